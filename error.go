@@ -1,0 +1,64 @@
+// Package pandastack holds the domain types of PandaStack (sandboxes, templates,
+// API keys), the interfaces that adapters implement (Store, Runtime) and the
+// error codes every layer shares. It imports only the standard library; any
+// package in the module may import it.
+package pandastack
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Stable error codes. Clients switch on these; never rename one.
+const (
+	EInvalid         = "invalid_request"     // the request is malformed or a value is out of range
+	EUnauthorized    = "unauthorized"        // missing, unknown or revoked API key
+	ENotFound        = "not_found"           // no such resource in the caller's project
+	EConflict        = "conflict"            // the resource is in a state that forbids the operation
+	ETimeout         = "timeout"             // the operation ran past its deadline
+	EUnavailable     = "sandbox_unavailable" // the sandbox is stopped or its agent does not answer
+	ECommandNotFound = "command_not_found"   // exec of an argv whose program does not exist
+	ETooLarge        = "payload_too_large"   // a request body over the server's limit
+	ETemplateMissing = "template_not_built"  // the template exists but has no built root filesystem
+	EInternal        = "internal"            // a bug or a host failure; the message is safe to show
+)
+
+// Error is the one error type whose code and message reach API clients.
+// Anything else that reaches the API is reported as EInternal with a generic
+// message, so host details never leak to users.
+type Error struct {
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Errorf returns an *Error with the given code and a formatted message.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// ErrorCode returns the code of the first *Error in err's chain, or EInternal.
+func ErrorCode(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return EInternal
+}
+
+// ErrorMessage returns the user-facing message of err: the *Error's message, or
+// a generic text for anything else.
+func ErrorMessage(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Message
+	}
+	return "internal error; see the server log"
+}
+
+// IsCode reports whether err carries the given code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}

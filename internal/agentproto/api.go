@@ -1,0 +1,91 @@
+package agentproto
+
+import (
+	"io"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// The agent's HTTP API, spoken over each yamux stream (HTTP/1.1):
+//
+//	GET    /v1/hello                     → Hello
+//	POST   /v1/exec           ExecRequest → 200 NDJSON stream of ExecEvent, ending with one "exit" event
+//	PUT    /v1/files?path=P   raw body    → FileInfo (parents created; owned by the sandbox user)
+//	GET    /v1/files?path=P               → raw file content
+//	DELETE /v1/files?path=P[&recursive=1] → 204
+//	GET    /v1/files/list?path=P          → []FileInfo
+//	GET    /v1/files/stat?path=P          → FileInfo
+//	POST   /v1/files/mkdir?path=P         → FileInfo (like mkdir -p)
+//
+// Relative paths are resolved against the sandbox user's home. Every failure
+// answers with a non-2xx status and an ErrorBody whose code is one of the
+// pandastack E* codes, which the host passes on to the API client unchanged.
+
+// Paths inside every sandbox.
+const (
+	AgentPath = "/.pandastack/agent" // the agent binary, mounted read-only
+	UserName  = "user"
+	UserUID   = 1000
+	UserGID   = 1000
+	UserHome  = "/home/user"
+)
+
+// Hello answers GET /v1/hello; the host sends it first on every new session.
+type Hello struct {
+	ProtocolVersion int       `json:"protocol_version"`
+	AgentVersion    string    `json:"agent_version"`
+	Epoch           uint32    `json:"epoch"` // the epoch of the session that asked
+	BootedAt        time.Time `json:"booted_at"`
+}
+
+// ExecRequest runs one command. Exactly one of Argv and Cmd is set; Cmd is a
+// shell string run by /bin/bash -c (or /bin/sh -c where bash is missing).
+type ExecRequest struct {
+	Argv      []string          `json:"argv,omitempty"`
+	Cmd       string            `json:"cmd,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`        // default: the user's home
+	TimeoutMS int64             `json:"timeout_ms,omitempty"` // 0: no timeout (the request's lifetime bounds it)
+	Stdin     []byte            `json:"stdin,omitempty"`      // written to the command's stdin, which is then closed
+	Root      bool              `json:"root,omitempty"`       // run as root instead of the sandbox user (host-internal use)
+}
+
+// ExecEvent is one line of the exec stream.
+type ExecEvent struct {
+	Type       string `json:"type"`           // "stdout", "stderr" or "exit"
+	Data       []byte `json:"data,omitempty"` // stdout/stderr bytes
+	ExitCode   int    `json:"exit_code"`      // exit: the exit status; -1 when killed by a signal
+	Signal     string `json:"signal,omitempty"`
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	DurationMS int64  `json:"duration_ms,omitempty"`
+}
+
+// FileInfo describes one file in the sandbox.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"` // absolute
+	Type    string    `json:"type"` // "file", "dir", "symlink" or "other"
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"` // permission bits in octal, e.g. "0644"
+	ModTime time.Time `json:"mod_time"`
+}
+
+// ErrorBody is the JSON of every error answer, on the agent as on the API.
+type ErrorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// MuxConfig is the yamux configuration both sides use.
+func MuxConfig() *yamux.Config {
+	c := yamux.DefaultConfig()
+	c.MaxStreamWindowSize = 1 << 20 // 1 MiB windows keep uploads fast over the pipe
+	c.KeepAliveInterval = 15 * time.Second
+	c.ConnectionWriteTimeout = 30 * time.Second
+	c.StreamOpenTimeout = 30 * time.Second
+	c.LogOutput = io.Discard
+	return c
+}

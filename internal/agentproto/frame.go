@@ -1,0 +1,196 @@
+// Package agentproto is the wire protocol between the host and the in-sandbox
+// agent: the epoch framing that carries a yamux session over the sandbox's
+// stdin/stdout pipes, and the JSON types of the HTTP/1.1 API spoken on the
+// session's streams. Both the host (internal/sandbox) and the agent
+// (internal/agent) import it; it imports only the standard library.
+//
+// Why epochs: the pipes outlive a host connection (a server restart, a
+// snapshot restore), so bytes of an old session may still sit in them. Every
+// frame carries the epoch of the host session that it belongs to. The agent
+// starts a fresh session whenever a frame of a new epoch arrives; the host
+// drops frames of any epoch but its own. A reader that finds no magic where a
+// header should be skips ahead to the next magic, so a half-written frame of a
+// dead session cannot wedge the stream.
+package agentproto
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"io"
+	"sync"
+)
+
+// ProtocolVersion is bumped on any incompatible change to framing or API.
+const ProtocolVersion = 1
+
+const (
+	frameMagic      = 0x50445331 // "PDS1"
+	headerSize      = 12         // magic, epoch, length: uint32 big-endian each
+	maxFramePayload = 64 << 10
+)
+
+// ErrStaleSession is returned by writes on a session that a newer epoch replaced.
+var ErrStaleSession = errors.New("agentproto: session replaced by a newer epoch")
+
+type frame struct {
+	epoch   uint32
+	payload []byte
+}
+
+// frameReader parses frames, resynchronising on the magic after garbage.
+type frameReader struct {
+	r *bufio.Reader
+}
+
+func newFrameReader(r io.Reader) *frameReader {
+	return &frameReader{r: bufio.NewReaderSize(r, maxFramePayload+headerSize)}
+}
+
+func (fr *frameReader) next() (frame, error) {
+	for {
+		hdr, err := fr.r.Peek(headerSize)
+		if err != nil {
+			return frame{}, err
+		}
+		if binary.BigEndian.Uint32(hdr[0:4]) != frameMagic {
+			fr.r.Discard(1) // garbage from a torn frame: slide to the next magic
+			continue
+		}
+		epoch := binary.BigEndian.Uint32(hdr[4:8])
+		n := binary.BigEndian.Uint32(hdr[8:12])
+		if n > maxFramePayload {
+			fr.r.Discard(1)
+			continue
+		}
+		fr.r.Discard(headerSize)
+		p := make([]byte, n)
+		if _, err := io.ReadFull(fr.r, p); err != nil {
+			return frame{}, err
+		}
+		return frame{epoch: epoch, payload: p}, nil
+	}
+}
+
+// frameWriter writes frames; safe for concurrent use.
+type frameWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (fw *frameWriter) write(epoch uint32, p []byte) (int, error) {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	written := 0
+	buf := make([]byte, headerSize+min(len(p), maxFramePayload))
+	for len(p) > 0 {
+		n := min(len(p), maxFramePayload)
+		binary.BigEndian.PutUint32(buf[0:4], frameMagic)
+		binary.BigEndian.PutUint32(buf[4:8], epoch)
+		binary.BigEndian.PutUint32(buf[8:12], uint32(n))
+		copy(buf[headerSize:], p[:n])
+		// One write per frame keeps a frame contiguous in the pipe.
+		if _, err := fw.w.Write(buf[:headerSize+n]); err != nil {
+			return written, err
+		}
+		written += n
+		p = p[n:]
+	}
+	return written, nil
+}
+
+// HostConn wraps the host's end of the pipes as a byte stream of one epoch:
+// writes are framed with epoch, reads return the payloads of that epoch's
+// frames only. Closing it closes rwc.
+func HostConn(rwc io.ReadWriteCloser, epoch uint32) io.ReadWriteCloser {
+	return &hostConn{rwc: rwc, epoch: epoch, fr: newFrameReader(rwc), fw: &frameWriter{w: rwc}}
+}
+
+type hostConn struct {
+	rwc   io.ReadWriteCloser
+	epoch uint32
+	fr    *frameReader
+	fw    *frameWriter
+	rest  []byte
+}
+
+func (c *hostConn) Read(p []byte) (int, error) {
+	for len(c.rest) == 0 {
+		f, err := c.fr.next()
+		if err != nil {
+			return 0, err
+		}
+		if f.epoch == c.epoch {
+			c.rest = f.payload
+		}
+	}
+	n := copy(p, c.rest)
+	c.rest = c.rest[n:]
+	return n, nil
+}
+
+func (c *hostConn) Write(p []byte) (int, error) { return c.fw.write(c.epoch, p) }
+func (c *hostConn) Close() error                { return c.rwc.Close() }
+
+// Serve runs the agent's side of the pipes until r fails (EOF when the host
+// side is gone for good). For every new epoch it calls onSession in a new
+// goroutine with a byte stream of that epoch; the stream of the previous
+// epoch is closed first, so its reads return io.EOF and its writes fail.
+func Serve(r io.Reader, w io.Writer, onSession func(epoch uint32, conn io.ReadWriteCloser)) error {
+	fr := newFrameReader(r)
+	fw := &frameWriter{w: w}
+	var cur *agentConn
+	defer func() {
+		if cur != nil {
+			cur.Close()
+		}
+	}()
+	for {
+		f, err := fr.next()
+		if err != nil {
+			return err
+		}
+		if cur == nil || f.epoch != cur.epoch {
+			if cur != nil {
+				cur.Close()
+			}
+			pr, pw := io.Pipe()
+			cur = &agentConn{epoch: f.epoch, pr: pr, pw: pw, fw: fw}
+			go onSession(f.epoch, cur)
+		}
+		if len(f.payload) > 0 {
+			// The session's reader (yamux) drains continuously; a pipe
+			// closed because the session ended just drops the bytes.
+			cur.pw.Write(f.payload)
+		}
+	}
+}
+
+type agentConn struct {
+	epoch  uint32
+	pr     *io.PipeReader
+	pw     *io.PipeWriter
+	fw     *frameWriter
+	mu     sync.Mutex
+	closed bool
+}
+
+func (c *agentConn) Read(p []byte) (int, error) { return c.pr.Read(p) }
+
+func (c *agentConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return 0, ErrStaleSession
+	}
+	return c.fw.write(c.epoch, p)
+}
+
+func (c *agentConn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	c.pw.Close()
+	return c.pr.Close()
+}

@@ -1,0 +1,87 @@
+// Package paths knows where PandaStack keeps things on the host by default
+// and which runsc build it pins. Any package may import it.
+package paths
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+)
+
+// RunscVersion is the gVisor release the setup builds from the Go module
+// proxy (DESIGN.md §2). Changing it changes the cache key, so the next setup
+// builds it afresh.
+const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
+
+// DataDir is the default data directory: /var/lib/pandastack for root,
+// $XDG_DATA_HOME/pandastack (or ~/.local/share/pandastack) otherwise.
+func DataDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/pandastack"
+	}
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "pandastack")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "share", "pandastack")
+}
+
+// CacheDir is the shared cache of heavy artifacts (runsc, template root
+// filesystems): $PANDASTACK_CACHE_DIR, else /var/cache/pandastack for root,
+// else $XDG_CACHE_HOME/pandastack (or ~/.cache/pandastack).
+func CacheDir() string {
+	if d := os.Getenv("PANDASTACK_CACHE_DIR"); d != "" {
+		return d
+	}
+	if os.Geteuid() == 0 {
+		return "/var/cache/pandastack"
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "pandastack")
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "pandastack")
+}
+
+// CachedRunsc is where the setup script puts the pinned runsc build.
+func CachedRunsc(cacheDir string) string {
+	return filepath.Join(cacheDir, "runsc", RunscVersion, "runsc")
+}
+
+// FindRunsc returns the runsc to use: explicit (a flag or PANDASTACK_RUNSC)
+// if set, else the pinned build in the cache, else runsc on PATH. It returns
+// "" when none exists.
+func FindRunsc(explicit, cacheDir string) string {
+	if explicit != "" {
+		return explicit
+	}
+	if p := CachedRunsc(cacheDir); isExecutable(p) {
+		return p
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p
+	}
+	return ""
+}
+
+// FindAgent returns the pandastack-agent binary: explicit if set, else the
+// one beside the running executable. It returns "" when none exists.
+func FindAgent(explicit string) string {
+	if explicit != "" {
+		return explicit
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(filepath.Dir(self), "pandastack-agent")
+	if isExecutable(p) {
+		return p
+	}
+	return ""
+}
+
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir() && st.Mode()&0o111 != 0
+}

@@ -1,0 +1,58 @@
+package pandastack
+
+import (
+	"context"
+	"io"
+)
+
+// RuntimeSpec describes one sandbox for a Runtime to start.
+type RuntimeSpec struct {
+	ID       string   // the sandbox id; also the runtime's container id
+	RootFS   string   // host path of the template's root filesystem; never written to
+	Env      []string // KEY=VALUE pairs for the agent, passed on to user processes
+	CPU      int      // CPUs (a quota of CPU*100 ms per 100 ms); 0 means unlimited
+	MemoryMB int      // memory limit of the whole sandbox; 0 means unlimited
+	PIDs     int      // limit on processes and threads; 0 means unlimited
+	Network  bool     // false: loopback only
+}
+
+// RuntimeState is what the runtime knows of a sandbox.
+type RuntimeState string
+
+const (
+	RuntimeRunning RuntimeState = "running"
+	RuntimeStopped RuntimeState = "stopped" // exited or killed but not yet removed
+)
+
+// RuntimeStats are host-side resource figures of one sandbox.
+type RuntimeStats struct {
+	PSSBytes int64 // proportional set size of all its host processes
+	PIDs     []int // its host processes
+}
+
+// Runtime isolates sandboxes on the host. The in-sandbox agent is PID 1 of
+// every sandbox; the runtime connects the agent's stdin and stdout to the
+// channel it returns. Implementations are safe for concurrent use and keep
+// their sandboxes alive independently of any ctx passed in: ctx bounds only
+// the call itself.
+type Runtime interface {
+	// Start boots a sandbox and returns the channel to its agent: writes go
+	// to the agent's stdin, reads come from its stdout. On any failure
+	// nothing of the sandbox is left on the host. Costs one sandbox boot
+	// (about 0.2 s on gVisor).
+	Start(ctx context.Context, spec RuntimeSpec) (io.ReadWriteCloser, error)
+	// Attach opens a new channel to a running sandbox, e.g. after the server
+	// restarted. Bytes of an earlier channel may still be in flight; the
+	// agent protocol resynchronises. ENotFound if the runtime has no such sandbox.
+	Attach(ctx context.Context, id string) (io.ReadWriteCloser, error)
+	// Stop kills the sandbox and removes everything of it from the host
+	// (processes, runtime state, mounts, cgroups, temp files). Stopping an
+	// unknown or already stopped sandbox is not an error.
+	Stop(ctx context.Context, id string) error
+	// State reports whether the sandbox runs. ENotFound if unknown.
+	State(ctx context.Context, id string) (RuntimeState, error)
+	// List returns the ids of every sandbox this runtime holds any state of.
+	List(ctx context.Context) ([]string, error)
+	// Stats measures the sandbox's host processes. ENotFound if unknown.
+	Stats(ctx context.Context, id string) (RuntimeStats, error)
+}

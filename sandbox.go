@@ -1,0 +1,83 @@
+package pandastack
+
+import (
+	"crypto/rand"
+	"encoding/base32"
+	"strings"
+	"time"
+)
+
+// SandboxState is the life-cycle state of a sandbox as users see it.
+type SandboxState string
+
+const (
+	StateStarting SandboxState = "starting" // the runtime is booting it
+	StateRunning  SandboxState = "running"  // its agent answers
+	StateStopped  SandboxState = "stopped"  // gone from the runtime; the record stays for a while
+)
+
+// Reasons a sandbox stopped, reported in Sandbox.StopReason.
+const (
+	StopExpired = "expired"      // its TTL ran out
+	StopKilled  = "killed"       // DELETE or `pandastack sandbox kill`
+	StopDied    = "died"         // the runtime lost it (crash, OOM of the whole sandbox)
+	StopLost    = "lost"         // after a server restart its agent could not be reached
+	StopFailed  = "start_failed" // creation failed part-way
+)
+
+// Sandbox is the stored record of one sandbox.
+type Sandbox struct {
+	ID         string            `json:"id"`
+	ProjectID  string            `json:"-"`
+	Template   string            `json:"template"`
+	State      SandboxState      `json:"state"`
+	Metadata   map[string]string `json:"metadata"`
+	CPU        int               `json:"cpu"`
+	MemoryMB   int               `json:"memory_mb"`
+	CreatedAt  time.Time         `json:"created_at"`
+	ExpiresAt  time.Time         `json:"expires_at"`
+	StoppedAt  *time.Time        `json:"stopped_at,omitempty"`
+	StopReason string            `json:"stop_reason,omitempty"`
+}
+
+// SandboxFilter selects sandboxes in List. Zero fields match everything.
+type SandboxFilter struct {
+	ProjectID string            // required by the API layer; empty means all projects (server-internal use)
+	States    []SandboxState    // any of these states
+	Metadata  map[string]string // every key must be present with exactly this value
+}
+
+// Project owns API keys and everything created with them.
+type Project struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+}
+
+// APIKey is a stored key. The secret itself is never stored, only its hash.
+type APIKey struct {
+	ID        string     `json:"id"`
+	ProjectID string     `json:"project_id"`
+	Name      string     `json:"name"`
+	Prefix    string     `json:"prefix"` // the first characters of the secret, to recognise it
+	Hash      string     `json:"-"`
+	CreatedAt time.Time  `json:"created_at"`
+	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+}
+
+// NewID returns prefix + "_" + 16 random lower-case base32 characters (80 bits).
+func NewID(prefix string) string {
+	return prefix + "_" + randomToken(10)
+}
+
+// randomToken returns n random bytes as lower-case unpadded base32.
+func randomToken(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b))
+}
+
+// NewAPIKeySecret returns a fresh key secret: "pds_" and 32 random characters (160 bits).
+func NewAPIKeySecret() string { return "pds_" + randomToken(20) }

@@ -1,0 +1,51 @@
+package pandastack
+
+import (
+	"context"
+	"time"
+)
+
+// Store persists projects, API keys and sandbox records. Implementations are
+// safe for concurrent use. Every method returns an *Error with ENotFound when
+// the record it names does not exist, and wraps any other failure (a locked or
+// broken database) as a plain error. Methods are short queries on an embedded
+// or nearby database; they honour ctx cancellation between statements.
+type Store interface {
+	// CreateProject adds a project; a duplicate name is an EConflict.
+	CreateProject(ctx context.Context, p Project) error
+	// ProjectByName returns the project with that name.
+	ProjectByName(ctx context.Context, name string) (Project, error)
+
+	// CreateAPIKey stores k (its Hash, never the secret).
+	CreateAPIKey(ctx context.Context, k APIKey) error
+	// APIKeyByHash returns the key with that hash, revoked or not.
+	APIKeyByHash(ctx context.Context, hash string) (APIKey, error)
+	// ListAPIKeys returns every key, oldest first.
+	ListAPIKeys(ctx context.Context) ([]APIKey, error)
+	// RevokeAPIKey marks the key with that id (or, failing that, the unique
+	// unrevoked key whose Prefix starts with it) revoked at t.
+	RevokeAPIKey(ctx context.Context, idOrPrefix string, t time.Time) error
+
+	// CreateSandbox stores a new record; a duplicate id is an EConflict.
+	CreateSandbox(ctx context.Context, s Sandbox) error
+	// GetSandbox returns the sandbox id of project projectID; an empty
+	// projectID matches any project. Another project's sandbox is ENotFound.
+	GetSandbox(ctx context.Context, projectID, id string) (Sandbox, error)
+	// ListSandboxes returns the matching sandboxes, oldest first.
+	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, error)
+	// SetSandboxState records a state change; reason and at are kept only
+	// for StateStopped (StopReason, StoppedAt).
+	SetSandboxState(ctx context.Context, id string, state SandboxState, reason string, at time.Time) error
+	// SetSandboxExpiry moves a sandbox's expiry.
+	SetSandboxExpiry(ctx context.Context, id string, expiresAt time.Time) error
+	// DeleteSandbox removes the record.
+	DeleteSandbox(ctx context.Context, id string) error
+	// ExpiredSandboxes returns the sandboxes not yet stopped whose expiry is
+	// at or before now.
+	ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error)
+	// PurgeStoppedSandboxes deletes records stopped before t and returns how many.
+	PurgeStoppedSandboxes(ctx context.Context, before time.Time) (int, error)
+
+	// Close releases the database.
+	Close() error
+}
