@@ -1,0 +1,357 @@
+// Package client is the Go client of the PandaStack REST API. The
+// `pandastack` CLI uses it, and so do the end-to-end tests.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// DefaultURL is used when PANDASTACK_API is not set.
+const DefaultURL = "http://localhost:8080"
+
+// Client calls one PandaStack server with one API key.
+type Client struct {
+	BaseURL string
+	APIKey  string
+	HTTP    *http.Client
+}
+
+// New returns a client for baseURL (DefaultURL when empty).
+func New(baseURL, apiKey string) *Client {
+	if baseURL == "" {
+		baseURL = DefaultURL
+	}
+	return &Client{BaseURL: strings.TrimRight(baseURL, "/"), APIKey: apiKey, HTTP: &http.Client{}}
+}
+
+// FromEnv reads PANDASTACK_API and PANDASTACK_API_KEY.
+func FromEnv() (*Client, error) {
+	key := os.Getenv("PANDASTACK_API_KEY")
+	if key == "" {
+		return nil, errors.New("PANDASTACK_API_KEY is not set: export the key that `pandastack serve` printed (also in <data dir>/api-key)")
+	}
+	return New(os.Getenv("PANDASTACK_API"), key), nil
+}
+
+// Error is an error answer of the API.
+type Error struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Message) }
+
+// IsCode reports whether err is an API error with that code.
+func IsCode(err error, code string) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Code == code
+}
+
+func (c *Client) newRequest(ctx context.Context, method, path string, q url.Values, body io.Reader) (*http.Request, error) {
+	u := c.BaseURL + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.APIKey)
+	}
+	return req, nil
+}
+
+func (c *Client) send(req *http.Request) (*http.Response, error) {
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		var eb struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
+			return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+		}
+		return nil, &Error{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(b))}
+	}
+	return resp, nil
+}
+
+// do sends JSON in (if non-nil) and decodes the answer into out (if non-nil).
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := c.newRequest(ctx, method, path, q, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// CreateSandboxRequest is the body of POST /v1/sandboxes.
+type CreateSandboxRequest struct {
+	Template   string            `json:"template,omitempty"`
+	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	CPU        int               `json:"cpu,omitempty"`
+	MemoryMB   int               `json:"memory_mb,omitempty"`
+}
+
+// Sandbox is a sandbox as the API shows it.
+type Sandbox = pandastack.Sandbox
+
+// CreateSandbox boots a sandbox.
+func (c *Client) CreateSandbox(ctx context.Context, req CreateSandboxRequest) (*Sandbox, error) {
+	var sb Sandbox
+	return &sb, c.do(ctx, http.MethodPost, "/v1/sandboxes", nil, req, &sb)
+}
+
+// GetSandbox returns one sandbox.
+func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
+	var sb Sandbox
+	return &sb, c.do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id), nil, nil, &sb)
+}
+
+// ListSandboxes lists running sandboxes whose metadata has all the given
+// pairs; state may be "", "running", "stopped" or "all".
+func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string, state string) ([]Sandbox, error) {
+	q := url.Values{}
+	for k, v := range metadata {
+		q.Set("metadata."+k, v)
+	}
+	if state != "" {
+		q.Set("state", state)
+	}
+	var out struct {
+		Sandboxes []Sandbox `json:"sandboxes"`
+	}
+	return out.Sandboxes, c.do(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &out)
+}
+
+// SetTTL makes the sandbox expire ttl from now.
+func (c *Client) SetTTL(ctx context.Context, id string, ttl time.Duration) (*Sandbox, error) {
+	var sb Sandbox
+	body := map[string]int64{"ttl_seconds": int64(ttl / time.Second)}
+	return &sb, c.do(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(id), nil, body, &sb)
+}
+
+// KillSandbox stops and deletes a sandbox.
+func (c *Client) KillSandbox(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id), nil, nil, nil)
+}
+
+// ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Set Cmd (a shell
+// string) or Argv.
+type ExecRequest struct {
+	Cmd            string            `json:"cmd,omitempty"`
+	Argv           []string          `json:"argv,omitempty"`
+	Env            map[string]string `json:"env,omitempty"`
+	Cwd            string            `json:"cwd,omitempty"`
+	TimeoutSeconds float64           `json:"timeout_seconds,omitempty"`
+	Stdin          string            `json:"stdin,omitempty"`
+}
+
+// ExecResult is the outcome of a command.
+type ExecResult struct {
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	ExitCode        int    `json:"exit_code"`
+	Signal          string `json:"signal,omitempty"`
+	DurationMS      int64  `json:"duration_ms"`
+	TimedOut        bool   `json:"timed_out"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+}
+
+// Exec runs a command and waits for it.
+func (c *Client) Exec(ctx context.Context, id string, req ExecRequest) (*ExecResult, error) {
+	var res ExecResult
+	return &res, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/exec", nil, req, &res)
+}
+
+// ExecEvent is one event of a streamed exec.
+type ExecEvent struct {
+	Type       string `json:"type"` // stdout, stderr, exit or error
+	Data       string `json:"data,omitempty"`
+	ExitCode   int    `json:"exit_code,omitempty"`
+	Signal     string `json:"signal,omitempty"`
+	TimedOut   bool   `json:"timed_out,omitempty"`
+	DurationMS int64  `json:"duration_ms,omitempty"`
+	Error      *struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error,omitempty"`
+}
+
+// ExecStream runs a command, calling onEvent for each output chunk as it
+// happens, and returns the collected result.
+func (c *Client) ExecStream(ctx context.Context, id string, req ExecRequest, onEvent func(ExecEvent)) (*ExecResult, error) {
+	b, _ := json.Marshal(req)
+	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/exec", nil, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "application/x-ndjson")
+	resp, err := c.send(hreq)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var res ExecResult
+	var out, errb strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 64<<20)
+	for sc.Scan() {
+		var ev ExecEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return nil, fmt.Errorf("bad stream event: %w", err)
+		}
+		if onEvent != nil {
+			onEvent(ev)
+		}
+		switch ev.Type {
+		case "stdout":
+			out.WriteString(ev.Data)
+		case "stderr":
+			errb.WriteString(ev.Data)
+		case "error":
+			return nil, &Error{Status: 200, Code: ev.Error.Code, Message: ev.Error.Message}
+		case "exit":
+			res.ExitCode, res.Signal, res.TimedOut, res.DurationMS = ev.ExitCode, ev.Signal, ev.TimedOut, ev.DurationMS
+			res.Stdout, res.Stderr = out.String(), errb.String()
+			return &res, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return nil, errors.New("exec stream ended without an exit event")
+}
+
+// FileInfo describes a file in a sandbox.
+type FileInfo struct {
+	Name    string    `json:"name"`
+	Path    string    `json:"path"`
+	Type    string    `json:"type"`
+	Size    int64     `json:"size"`
+	Mode    string    `json:"mode"`
+	ModTime time.Time `json:"mod_time"`
+}
+
+func filesPath(id, sub string) string { return "/v1/sandboxes/" + url.PathEscape(id) + "/files" + sub }
+
+// WriteFile streams r into path in the sandbox.
+func (c *Client) WriteFile(ctx context.Context, id, path string, r io.Reader) (*FileInfo, error) {
+	req, err := c.newRequest(ctx, http.MethodPut, filesPath(id, ""), url.Values{"path": {path}}, r)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var fi FileInfo
+	return &fi, json.NewDecoder(resp.Body).Decode(&fi)
+}
+
+// ReadFile opens path in the sandbox for streaming; close the reader.
+func (c *Client) ReadFile(ctx context.Context, id, path string) (io.ReadCloser, error) {
+	req, err := c.newRequest(ctx, http.MethodGet, filesPath(id, ""), url.Values{"path": {path}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, err
+	}
+	return resp.Body, nil
+}
+
+// RemoveFile deletes a file or empty directory (a tree when recursive).
+func (c *Client) RemoveFile(ctx context.Context, id, path string, recursive bool) error {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "true")
+	}
+	return c.do(ctx, http.MethodDelete, filesPath(id, ""), q, nil, nil)
+}
+
+// ListFiles lists a directory.
+func (c *Client) ListFiles(ctx context.Context, id, path string) ([]FileInfo, error) {
+	var out struct {
+		Files []FileInfo `json:"files"`
+	}
+	return out.Files, c.do(ctx, http.MethodGet, filesPath(id, "/list"), url.Values{"path": {path}}, nil, &out)
+}
+
+// StatFile describes one file.
+func (c *Client) StatFile(ctx context.Context, id, path string) (*FileInfo, error) {
+	var fi FileInfo
+	return &fi, c.do(ctx, http.MethodGet, filesPath(id, "/stat"), url.Values{"path": {path}}, nil, &fi)
+}
+
+// MakeDir creates a directory and its parents.
+func (c *Client) MakeDir(ctx context.Context, id, path string) (*FileInfo, error) {
+	var fi FileInfo
+	return &fi, c.do(ctx, http.MethodPost, filesPath(id, "/mkdir"), url.Values{"path": {path}}, nil, &fi)
+}
+
+// Template is a built template.
+type Template struct {
+	Name         string    `json:"name"`
+	Description  string    `json:"description,omitempty"`
+	Hash         string    `json:"hash"`
+	SizeBytes    int64     `json:"size_bytes"`
+	BuildSeconds float64   `json:"build_seconds"`
+	BuiltAt      time.Time `json:"built_at"`
+	CPU          int       `json:"cpu"`
+	MemoryMB     int       `json:"memory_mb"`
+}
+
+// ListTemplates lists the server's built templates.
+func (c *Client) ListTemplates(ctx context.Context) ([]Template, error) {
+	var out struct {
+		Templates []Template `json:"templates"`
+	}
+	return out.Templates, c.do(ctx, http.MethodGet, "/v1/templates", nil, nil, &out)
+}

@@ -1,0 +1,121 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/paths"
+)
+
+// Config is every setting of `pandastack serve`. Each field has a flag and a
+// PANDASTACK_* environment variable; a flag wins over the variable, which
+// wins over the default.
+type Config struct {
+	Listen         string        // address of the REST API
+	DataDir        string        // SQLite database, API key file, runtime state
+	CacheDir       string        // runsc and template root filesystems, shareable between data dirs
+	Runsc          string        // runsc binary; default: the pinned build in the cache, then PATH
+	Agent          string        // pandastack-agent binary; default: beside this executable
+	TemplatesDir   string        // a user's own template specs (*.yaml); default <data dir>/templates
+	Mirror         string        // Debian mirror for template builds
+	DefaultTTL     time.Duration // TTL of a sandbox created without ttl_seconds
+	MaxTTL         time.Duration // the largest TTL a caller may ask for
+	MaxCPU         int           // the most CPUs one sandbox may have
+	MaxMemoryMB    int           // the most memory one sandbox may have
+	MaxUploadBytes int64         // the largest file upload
+	ExecOutputCap  int           // bytes kept per stream in a non-streamed exec answer
+	BuildOnStart   string        // template built on first start when missing ("" for none)
+	LogLevel       string        // debug, info, warn or error
+}
+
+func defaultConfig() Config {
+	return Config{
+		Listen:         "127.0.0.1:8080",
+		DataDir:        paths.DataDir(),
+		CacheDir:       paths.CacheDir(),
+		DefaultTTL:     300 * time.Second,
+		MaxTTL:         24 * time.Hour,
+		MaxCPU:         2,
+		MaxMemoryMB:    8192,
+		MaxUploadBytes: 4 << 30,
+		ExecOutputCap:  4 << 20,
+		BuildOnStart:   "base",
+		LogLevel:       "info",
+	}
+}
+
+// bind registers the flags on fs with the environment applied as defaults.
+func (c *Config) bind(fs *flag.FlagSet) {
+	str := func(p *string, name, env, usage string) {
+		if v, ok := os.LookupEnv(env); ok {
+			*p = v
+		}
+		fs.StringVar(p, name, *p, usage+" ($"+env+")")
+	}
+	dur := func(p *time.Duration, name, env, usage string) {
+		if v, ok := os.LookupEnv(env); ok {
+			if d, err := parseDuration(v); err == nil {
+				*p = d
+			}
+		}
+		fs.DurationVar(p, name, *p, usage+" ($"+env+")")
+	}
+	num := func(p *int, name, env, usage string) {
+		if v, ok := os.LookupEnv(env); ok {
+			if n, err := strconv.Atoi(v); err == nil {
+				*p = n
+			}
+		}
+		fs.IntVar(p, name, *p, usage+" ($"+env+")")
+	}
+	str(&c.Listen, "listen", "PANDASTACK_LISTEN", "address of the REST API")
+	str(&c.DataDir, "data-dir", "PANDASTACK_DATA_DIR", "data directory (database, API key, runtime state)")
+	str(&c.CacheDir, "cache-dir", "PANDASTACK_CACHE_DIR", "cache of runsc and template root filesystems")
+	str(&c.Runsc, "runsc", "PANDASTACK_RUNSC", "runsc binary (default: the pinned build in the cache, then PATH)")
+	str(&c.Agent, "agent", "PANDASTACK_AGENT", "pandastack-agent binary (default: beside this executable)")
+	str(&c.TemplatesDir, "templates-dir", "PANDASTACK_TEMPLATES_DIR", "directory of your own template specs (default <data dir>/templates)")
+	str(&c.Mirror, "mirror", "PANDASTACK_DEBIAN_MIRROR", "Debian mirror for template builds")
+	dur(&c.DefaultTTL, "default-ttl", "PANDASTACK_DEFAULT_TTL", "TTL of a sandbox created without ttl_seconds")
+	dur(&c.MaxTTL, "max-ttl", "PANDASTACK_MAX_TTL", "largest TTL a caller may ask for")
+	num(&c.MaxCPU, "max-cpu", "PANDASTACK_MAX_CPU", "most CPUs of one sandbox")
+	num(&c.MaxMemoryMB, "max-memory-mb", "PANDASTACK_MAX_MEMORY_MB", "most memory of one sandbox, in MiB")
+	num(&c.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
+	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
+	str(&c.LogLevel, "log-level", "PANDASTACK_LOG_LEVEL", "debug, info, warn or error")
+	if v, ok := os.LookupEnv("PANDASTACK_MAX_UPLOAD_BYTES"); ok {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			c.MaxUploadBytes = n
+		}
+	}
+	fs.Int64Var(&c.MaxUploadBytes, "max-upload-bytes", c.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
+}
+
+// parseDuration accepts Go durations ("5m") and plain seconds ("300").
+func parseDuration(s string) (time.Duration, error) {
+	if n, err := strconv.Atoi(s); err == nil {
+		return time.Duration(n) * time.Second, nil
+	}
+	return time.ParseDuration(s)
+}
+
+func (c *Config) templatesDir() string {
+	if c.TemplatesDir != "" {
+		return c.TemplatesDir
+	}
+	return filepath.Join(c.DataDir, "templates")
+}
+
+func (c *Config) dbPath() string     { return filepath.Join(c.DataDir, "pandastack.db") }
+func (c *Config) keyPath() string    { return filepath.Join(c.DataDir, "api-key") }
+func (c *Config) runtimeDir() string { return filepath.Join(c.DataDir, "runtime") }
+
+func (c *Config) validate() error {
+	if c.DefaultTTL <= 0 || c.MaxTTL <= 0 || c.DefaultTTL > c.MaxTTL {
+		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.DefaultTTL, c.MaxTTL)
+	}
+	return nil
+}

@@ -1,0 +1,361 @@
+// Command pandastack is the PandaStack server and CLI: `pandastack serve`
+// runs the REST API and the gVisor runtime on this machine; the other verbs
+// manage keys, templates and sandboxes. This is the only package that picks
+// concrete adapters.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/paths"
+	"github.com/pandastack/pandastack/internal/runtime/gvisor"
+	"github.com/pandastack/pandastack/internal/sandbox"
+	"github.com/pandastack/pandastack/internal/store/sqlite"
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `pandastack: secure sandboxes for AI-generated code
+
+Usage:
+  pandastack serve [flags]                 run the REST API and the sandbox runtime
+  pandastack keys create [--project P]     create an API key (printed once)
+  pandastack keys list                     list API keys
+  pandastack keys revoke ID|PREFIX         revoke an API key
+  pandastack template build NAME [--force] build a template's root filesystem
+  pandastack template ls                   list template specs and their builds
+  pandastack sandbox create [flags]        create a sandbox (through the API)
+  pandastack sandbox ls                    list sandboxes
+  pandastack sandbox exec ID -- CMD...     run a command in a sandbox
+  pandastack sandbox kill ID               kill a sandbox
+  pandastack version
+
+Run "pandastack serve -h" for the server's flags and their PANDASTACK_* variables.
+The sandbox verbs read PANDASTACK_API (default http://localhost:8080) and
+PANDASTACK_API_KEY (default: the key file in the data directory).
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch verb, args := os.Args[1], os.Args[2:]; verb {
+	case "serve":
+		err = serve(args)
+	case "keys":
+		err = keys(args)
+	case "template", "templates":
+		err = templates(args)
+	case "sandbox", "sandboxes", "sbx":
+		err = sandboxCmd(args)
+	case "version", "--version":
+		fmt.Println("pandastack", version)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "pandastack: unknown command %q\n\n%s", verb, usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pandastack:", err)
+		os.Exit(1)
+	}
+}
+
+func newLogger(level string, w io.Writer) *slog.Logger {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		l = slog.LevelInfo
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}
+
+func serve(args []string) error {
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg.bind(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := cfg.validate(); err != nil {
+		return err
+	}
+	log := newLogger(cfg.LogLevel, os.Stderr)
+	if os.Geteuid() != 0 {
+		return errors.New("serve needs root: gVisor's runsc creates namespaces and cgroups (run it with sudo)")
+	}
+	runsc := paths.FindRunsc(cfg.Runsc, cfg.CacheDir)
+	if runsc == "" {
+		return fmt.Errorf("runsc (gVisor) not found: run ./scripts/setup.sh, which builds the pinned version into %s, or pass --runsc / PANDASTACK_RUNSC", paths.CachedRunsc(cfg.CacheDir))
+	}
+	agent := paths.FindAgent(cfg.Agent)
+	if agent == "" {
+		return errors.New("pandastack-agent not found beside this binary: build it with `CGO_ENABLED=0 go build -o bin/ ./cmd/...` or pass --agent / PANDASTACK_AGENT")
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return err
+	}
+	store, err := sqlite.Open(cfg.dbPath())
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := ensureFirstKey(ctx, store, cfg.keyPath()); err != nil {
+		return err
+	}
+
+	reg, err := loadTemplates(&cfg)
+	if err != nil {
+		return err
+	}
+	if cfg.BuildOnStart != "" {
+		spec, err := reg.Get(cfg.BuildOnStart)
+		if err != nil {
+			return err
+		}
+		if _, ok := template.Lookup(cfg.CacheDir, spec); !ok {
+			fmt.Fprintf(os.Stderr, "Template %q is not built yet; building it now (once; later starts reuse it).\n", spec.Name)
+			if _, err := template.Build(ctx, spec, template.BuildOptions{CacheDir: cfg.CacheDir, Mirror: cfg.Mirror, Progress: os.Stderr}); err != nil {
+				return fmt.Errorf("build template %s: %w", spec.Name, err)
+			}
+		}
+	}
+
+	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: cfg.runtimeDir(), AgentPath: agent, Log: log})
+	if err != nil {
+		return err
+	}
+	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir}
+	mgr := sandbox.New(sandbox.Config{
+		DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL, MaxCPU: cfg.MaxCPU, MaxMemoryMB: cfg.MaxMemoryMB,
+	}, store, rt, tpls, log)
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	defer mgr.Close()
+	srv := api.New(api.Config{MaxUploadBytes: cfg.MaxUploadBytes, ExecOutputCap: cfg.ExecOutputCap}, mgr, store, tpls, log)
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down; running sandboxes keep running and are re-adopted on the next start")
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return hs.Shutdown(sctx)
+}
+
+// ensureFirstKey creates the default project and its first key when the
+// store has no key at all, prints the key once and writes it to keyPath.
+func ensureFirstKey(ctx context.Context, store pandastack.Store, keyPath string) error {
+	keys, err := store.ListAPIKeys(ctx)
+	if err != nil {
+		return err
+	}
+	if len(keys) > 0 {
+		return nil
+	}
+	secret, err := createKey(ctx, store, "default", "first key")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(keyPath, []byte(secret+"\n"), 0o600); err != nil {
+		return err
+	}
+	fmt.Printf("Created API key (shown once; also saved to %s, readable only by its owner):\n\n    export PANDASTACK_API_KEY=%s\n\n", keyPath, secret)
+	return nil
+}
+
+// createKey makes a key in the named project, creating the project if needed.
+func createKey(ctx context.Context, store pandastack.Store, project, name string) (string, error) {
+	p, err := store.ProjectByName(ctx, project)
+	if pandastack.IsCode(err, pandastack.ENotFound) {
+		p = pandastack.Project{ID: pandastack.NewID("prj"), Name: project, CreatedAt: time.Now().UTC()}
+		err = store.CreateProject(ctx, p)
+	}
+	if err != nil {
+		return "", err
+	}
+	secret := pandastack.NewAPIKeySecret()
+	k := pandastack.APIKey{ID: pandastack.NewID("key"), ProjectID: p.ID, Name: name, Prefix: secret[:10], Hash: api.HashKey(secret), CreatedAt: time.Now().UTC()}
+	if err := store.CreateAPIKey(ctx, k); err != nil {
+		return "", err
+	}
+	return secret, nil
+}
+
+func loadTemplates(cfg *Config) (*template.Registry, error) {
+	dir := cfg.templatesDir()
+	if st, err := os.Stat(dir); err == nil && st.IsDir() {
+		return template.Load(dir)
+	}
+	return template.Load()
+}
+
+// templateSource adapts the template registry and cache to the sandbox
+// manager and the API.
+type templateSource struct {
+	reg      *template.Registry
+	cacheDir string
+}
+
+func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Template, error) {
+	spec, err := t.reg.Get(name)
+	if err != nil {
+		return sandbox.Template{}, err
+	}
+	b, ok := template.Lookup(t.cacheDir, spec)
+	if !ok {
+		return sandbox.Template{}, pandastack.Errorf(pandastack.ETemplateMissing, "template %q is not built on this server; run `pandastack template build %s`", name, name)
+	}
+	return sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB}, nil
+}
+
+func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) {
+	var out []api.TemplateInfo
+	for _, spec := range t.reg.List() {
+		b, ok := template.Lookup(t.cacheDir, spec)
+		if !ok {
+			continue
+		}
+		out = append(out, api.TemplateInfo{
+			Name: spec.Name, Description: spec.Description, Hash: b.Hash, SizeBytes: b.SizeBytes,
+			BuildSeconds: b.BuildSeconds, BuiltAt: b.BuiltAt, CPU: spec.CPU, MemoryMB: spec.MemoryMB,
+		})
+	}
+	return out, nil
+}
+
+func keys(args []string) error {
+	cfg := defaultConfig()
+	if len(args) == 0 {
+		return errors.New("keys: want create, list or revoke")
+	}
+	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
+	cfg.bind(fs)
+	project := fs.String("project", "default", "project the key belongs to (created if new)")
+	name := fs.String("name", "", "a label for the key")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return err
+	}
+	store, err := sqlite.Open(cfg.dbPath())
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	ctx := context.Background()
+	switch args[0] {
+	case "create":
+		secret, err := createKey(ctx, store, *project, *name)
+		if err != nil {
+			return err
+		}
+		fmt.Println(secret)
+		fmt.Fprintf(os.Stderr, "Created a key in project %q. It is shown only now; store it safely.\n", *project)
+	case "list", "ls":
+		ks, err := store.ListAPIKeys(ctx)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%-22s %-14s %-20s %-20s %s\n", "ID", "PREFIX", "NAME", "CREATED", "REVOKED")
+		for _, k := range ks {
+			revoked := "-"
+			if k.RevokedAt != nil {
+				revoked = k.RevokedAt.Format(time.RFC3339)
+			}
+			fmt.Printf("%-22s %-14s %-20s %-20s %s\n", k.ID, k.Prefix+"…", k.Name, k.CreatedAt.Format(time.RFC3339), revoked)
+		}
+	case "revoke":
+		if fs.NArg() != 1 {
+			return errors.New("keys revoke: give one key id or prefix")
+		}
+		if err := store.RevokeAPIKey(ctx, fs.Arg(0), time.Now().UTC()); err != nil {
+			return err
+		}
+		fmt.Fprintln(os.Stderr, "revoked", fs.Arg(0))
+	default:
+		return fmt.Errorf("keys: unknown verb %q; want create, list or revoke", args[0])
+	}
+	return nil
+}
+
+func templates(args []string) error {
+	cfg := defaultConfig()
+	if len(args) == 0 {
+		return errors.New("template: want build or ls")
+	}
+	fs := flag.NewFlagSet("template "+args[0], flag.ContinueOnError)
+	cfg.bind(fs)
+	force := fs.Bool("force", false, "rebuild even when cached")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	reg, err := loadTemplates(&cfg)
+	if err != nil {
+		return err
+	}
+	switch args[0] {
+	case "build":
+		if fs.NArg() != 1 {
+			return fmt.Errorf("template build: give one template name, one of %s", strings.Join(reg.Names(), ", "))
+		}
+		if os.Geteuid() != 0 {
+			return errors.New("template build needs root (debootstrap and chroot)")
+		}
+		spec, err := reg.Get(fs.Arg(0))
+		if err != nil {
+			return err
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		b, err := template.Build(ctx, spec, template.BuildOptions{CacheDir: cfg.CacheDir, Mirror: cfg.Mirror, Progress: os.Stderr, Force: *force})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%s %s %d MB %s\n", b.Name, b.Hash[:16], b.SizeBytes>>20, b.RootFS)
+	case "ls", "list":
+		fmt.Printf("%-20s %-18s %-10s %s\n", "NAME", "HASH", "SIZE", "BUILT")
+		for _, spec := range reg.List() {
+			size, built := "-", "not built"
+			if b, ok := template.Lookup(cfg.CacheDir, spec); ok {
+				size, built = fmt.Sprintf("%d MB", b.SizeBytes>>20), b.BuiltAt.Format(time.RFC3339)
+			}
+			fmt.Printf("%-20s %-18s %-10s %s\n", spec.Name, spec.Hash()[:16], size, built)
+		}
+	default:
+		return fmt.Errorf("template: unknown verb %q; want build or ls", args[0])
+	}
+	return nil
+}

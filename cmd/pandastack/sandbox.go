@@ -1,0 +1,155 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// cliClient builds an API client from PANDASTACK_API and PANDASTACK_API_KEY,
+// falling back to the key file of the local data directory.
+func cliClient() (*client.Client, error) {
+	key := os.Getenv("PANDASTACK_API_KEY")
+	if key == "" {
+		cfg := defaultConfig()
+		if v := os.Getenv("PANDASTACK_DATA_DIR"); v != "" {
+			cfg.DataDir = v
+		}
+		b, err := os.ReadFile(cfg.keyPath())
+		if err != nil {
+			return nil, fmt.Errorf("no API key: set PANDASTACK_API_KEY (could not read %s: %v)", cfg.keyPath(), err)
+		}
+		key = strings.TrimSpace(string(b))
+	}
+	return client.New(os.Getenv("PANDASTACK_API"), key), nil
+}
+
+type kvFlag map[string]string
+
+func (k kvFlag) String() string { return "" }
+func (k kvFlag) Set(s string) error {
+	key, val, ok := strings.Cut(s, "=")
+	if !ok || key == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", s)
+	}
+	k[key] = val
+	return nil
+}
+
+func sandboxCmd(args []string) error {
+	if len(args) == 0 {
+		return errors.New("sandbox: want create, ls, exec or kill")
+	}
+	c, err := cliClient()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	verb, args := args[0], args[1:]
+	switch verb {
+	case "create":
+		fs := flag.NewFlagSet("sandbox create", flag.ContinueOnError)
+		tpl := fs.String("template", "base", "template name")
+		ttl := fs.Duration("ttl", 0, "time to live, e.g. 10m (default: the server's)")
+		cpu := fs.Int("cpu", 0, "CPUs (default: the template's)")
+		mem := fs.Int("memory-mb", 0, "memory in MiB (default: the template's)")
+		md, env := kvFlag{}, kvFlag{}
+		fs.Var(md, "metadata", "KEY=VALUE metadata (repeatable)")
+		fs.Var(env, "env", "KEY=VALUE environment variable (repeatable)")
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{
+			Template: *tpl, TTLSeconds: int64(*ttl / time.Second), Metadata: md, Env: env, CPU: *cpu, MemoryMB: *mem,
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Println(sb.ID)
+		fmt.Fprintf(os.Stderr, "template %s, expires %s\n", sb.Template, sb.ExpiresAt.Local().Format(time.RFC3339))
+	case "ls", "list":
+		fs := flag.NewFlagSet("sandbox ls", flag.ContinueOnError)
+		state := fs.String("state", "", "running (default), stopped or all")
+		md := kvFlag{}
+		fs.Var(md, "metadata", "KEY=VALUE filter (repeatable)")
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		list, err := c.ListSandboxes(ctx, md, *state)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("%-22s %-18s %-9s %-22s %s\n", "ID", "TEMPLATE", "STATE", "EXPIRES", "METADATA")
+		for _, sb := range list {
+			keys := make([]string, 0, len(sb.Metadata))
+			for k, v := range sb.Metadata {
+				keys = append(keys, k+"="+v)
+			}
+			sort.Strings(keys)
+			fmt.Printf("%-22s %-18s %-9s %-22s %s\n", sb.ID, sb.Template, sb.State, sb.ExpiresAt.Local().Format(time.RFC3339), strings.Join(keys, ","))
+		}
+	case "exec":
+		fs := flag.NewFlagSet("sandbox exec", flag.ContinueOnError)
+		timeout := fs.Duration("timeout", 0, "kill the command after this long (default: the server's, 60s)")
+		cwd := fs.String("cwd", "", "working directory (default /home/user)")
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) > 0 && rest[0] == "--" {
+			rest = rest[1:]
+		}
+		if len(rest) < 2 {
+			return errors.New("usage: pandastack sandbox exec ID -- COMMAND [ARGS...]")
+		}
+		id := rest[0]
+		argv := rest[1:]
+		if argv[0] == "--" {
+			argv = argv[1:]
+		}
+		req := client.ExecRequest{Cwd: *cwd, TimeoutSeconds: timeout.Seconds()}
+		if len(argv) == 1 {
+			req.Cmd = argv[0] // one argument: a shell string, so pipes and globs work
+		} else {
+			req.Argv = argv
+		}
+		res, err := c.ExecStream(ctx, id, req, func(ev client.ExecEvent) {
+			switch ev.Type {
+			case "stdout":
+				os.Stdout.WriteString(ev.Data)
+			case "stderr":
+				os.Stderr.WriteString(ev.Data)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		if res.TimedOut {
+			fmt.Fprintln(os.Stderr, "pandastack: command timed out")
+		}
+		if res.ExitCode != 0 {
+			os.Exit(min(max(res.ExitCode, 1), 255))
+		}
+	case "kill", "rm":
+		if len(args) == 0 {
+			return errors.New("usage: pandastack sandbox kill ID...")
+		}
+		for _, id := range args {
+			if err := c.KillSandbox(ctx, id); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)
+	}
+	return nil
+}

@@ -1,0 +1,504 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+func TestExec(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Metadata: map[string]string{"test": "exec"}})
+	if sb.State != "running" || !strings.HasPrefix(sb.ID, "sbx_") || sb.Template != "base" {
+		t.Fatalf("created sandbox = %+v", sb)
+	}
+	if d := time.Until(sb.ExpiresAt); d < 290*time.Second || d > 301*time.Second {
+		t.Errorf("default TTL: expires in %s, want about 300 s", d)
+	}
+
+	t.Run("echo", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo hello from $(whoami) in $(pwd)"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != "hello from user in /home/user\n" || res.ExitCode != 0 || res.TimedOut {
+			t.Fatalf("exec = %+v", res)
+		}
+	})
+	t.Run("failing command", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo oops >&2; exit 3"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode != 3 || res.Stderr != "oops\n" {
+			t.Fatalf("exec = %+v", res)
+		}
+	})
+	t.Run("command not found in a shell", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "no-such-program"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.ExitCode != 127 || !strings.Contains(res.Stderr, "not found") {
+			t.Fatalf("exec = %+v", res)
+		}
+	})
+	t.Run("argv not found", func(t *testing.T) {
+		_, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"no-such-program", "x"}})
+		if !client.IsCode(err, "command_not_found") || !strings.Contains(err.Error(), "no-such-program") {
+			t.Fatalf("err = %v, want command_not_found naming the program", err)
+		}
+	})
+	t.Run("env and cwd", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{
+			Argv: []string{"sh", "-c", `echo "$GREETING"; pwd`}, Env: map[string]string{"GREETING": "hi there"}, Cwd: "/tmp",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != "hi there\n/tmp\n" {
+			t.Fatalf("stdout = %q", res.Stdout)
+		}
+	})
+	t.Run("stdin", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "tr a-z A-Z", Stdin: "shout\n"})
+		if err != nil || res.Stdout != "SHOUT\n" {
+			t.Fatalf("exec = %+v, %v", res, err)
+		}
+	})
+	t.Run("user is not root and cannot see the host", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "id -u; id -un; test -e /work && echo HOST-VISIBLE; ls /.pandastack"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != "1000\nuser\nagent\n" {
+			t.Fatalf("stdout = %q", res.Stdout)
+		}
+	})
+	t.Run("no network", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `python3 -c "
+import socket
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect(('1.1.1.1', 80)); print('CONNECTED')
+except OSError as e:
+    print('refused', e)
+"`})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(res.Stdout, "CONNECTED") || !strings.Contains(res.Stdout, "refused") {
+			t.Fatalf("network reachable? %+v", res)
+		}
+	})
+	t.Run("timeout kills the whole tree", func(t *testing.T) {
+		start := time.Now()
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "sleep 60 & sleep 61; echo never", TimeoutSeconds: 1})
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.TimedOut || took > 5*time.Second || strings.Contains(res.Stdout, "never") {
+			t.Fatalf("exec = %+v after %s, want timed out after about 1 s", res, took)
+		}
+		ps, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "ps -eo args"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(ps.Stdout, "sleep 6") {
+			t.Fatalf("sleeps survived the timeout:\n%s", ps.Stdout)
+		}
+	})
+	t.Run("streaming", func(t *testing.T) {
+		start := time.Now()
+		var firstAt time.Duration
+		var chunks []string
+		res, err := c.ExecStream(ctx, sb.ID, client.ExecRequest{Cmd: "for i in 1 2 3; do echo line$i; sleep 0.4; done"}, func(ev client.ExecEvent) {
+			if ev.Type == "stdout" {
+				if firstAt == 0 {
+					firstAt = time.Since(start)
+				}
+				chunks = append(chunks, ev.Data)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != "line1\nline2\nline3\n" || len(chunks) < 2 {
+			t.Fatalf("stream = %q in %d chunks", res.Stdout, len(chunks))
+		}
+		if total := time.Since(start); firstAt > total-600*time.Millisecond {
+			t.Fatalf("first chunk came at %s of %s: not streamed", firstAt, total)
+		}
+	})
+	t.Run("huge output is capped", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "head -c 1000000000 /dev/zero | tr '\\0' x; echo done >&2", TimeoutSeconds: 300})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.StdoutTruncated || len(res.Stdout) > 5<<20 || !strings.Contains(res.Stdout, "output truncated") || res.Stderr != "done\n" {
+			t.Fatalf("1 GB output: truncated=%v len=%d stderr=%q", res.StdoutTruncated, len(res.Stdout), res.Stderr)
+		}
+		// The sandbox still answers afterwards.
+		if r2, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo ok"}); err != nil || r2.Stdout != "ok\n" {
+			t.Fatalf("after big output: %+v %v", r2, err)
+		}
+	})
+}
+
+func TestFiles(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{})
+
+	t.Run("50 MB round trip", func(t *testing.T) {
+		data := make([]byte, 50<<20)
+		rand.Read(data)
+		want := sha256.Sum256(data)
+		fi, err := c.WriteFile(ctx, sb.ID, "data/blob.bin", bytes.NewReader(data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Path != "/home/user/data/blob.bin" || fi.Size != int64(len(data)) || fi.Type != "file" {
+			t.Fatalf("uploaded = %+v", fi)
+		}
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "sha256sum data/blob.bin; stat -c %U data/blob.bin"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(res.Stdout, fmt.Sprintf("%x ", want)) || !strings.HasSuffix(res.Stdout, "user\n") {
+			t.Fatalf("in the sandbox: %q, want sha %x owned by user", res.Stdout, want)
+		}
+		rc, err := c.ReadFile(ctx, sb.ID, "/home/user/data/blob.bin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, rc)
+		rc.Close()
+		if err != nil || n != int64(len(data)) || !bytes.Equal(h.Sum(nil), want[:]) {
+			t.Fatalf("download: %d bytes, err %v, sha mismatch=%v", n, err, !bytes.Equal(h.Sum(nil), want[:]))
+		}
+	})
+	t.Run("list stat mkdir delete", func(t *testing.T) {
+		if _, err := c.MakeDir(ctx, sb.ID, "/home/user/a/b/c"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.WriteFile(ctx, sb.ID, "/home/user/a/note.txt", strings.NewReader("hello")); err != nil {
+			t.Fatal(err)
+		}
+		list, err := c.ListFiles(ctx, sb.ID, "/home/user/a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) != 2 || list[0].Name != "b" || list[0].Type != "dir" || list[1].Name != "note.txt" || list[1].Size != 5 {
+			t.Fatalf("list = %+v", list)
+		}
+		fi, err := c.StatFile(ctx, sb.ID, "a/note.txt")
+		if err != nil || fi.Size != 5 || fi.Type != "file" {
+			t.Fatalf("stat = %+v, %v", fi, err)
+		}
+		if err := c.RemoveFile(ctx, sb.ID, "/home/user/a/note.txt", false); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.StatFile(ctx, sb.ID, "a/note.txt"); !client.IsCode(err, "not_found") {
+			t.Fatalf("stat after delete: %v, want not_found", err)
+		}
+		if err := c.RemoveFile(ctx, sb.ID, "/home/user/a", true); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.StatFile(ctx, sb.ID, "a"); !client.IsCode(err, "not_found") {
+			t.Fatalf("stat after recursive delete: %v", err)
+		}
+	})
+	t.Run("bad file requests", func(t *testing.T) {
+		if _, err := c.ReadFile(ctx, sb.ID, "/home"); !client.IsCode(err, "invalid_request") || !strings.Contains(err.Error(), "directory") {
+			t.Errorf("download of a directory: %v", err)
+		}
+		if _, err := c.ReadFile(ctx, sb.ID, "/nope"); !client.IsCode(err, "not_found") {
+			t.Errorf("download of a missing file: %v", err)
+		}
+		if _, err := c.ReadFile(ctx, sb.ID, ""); !client.IsCode(err, "invalid_request") {
+			t.Errorf("download without path: %v", err)
+		}
+	})
+}
+
+// api sends a raw request and decodes the error shape, for bad-input tests.
+func api(t *testing.T, s *server, key, method, path, body string) (int, string, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, s.url+path, strings.NewReader(body))
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var eb struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	json.Unmarshal(b, &eb)
+	return resp.StatusCode, eb.Error.Code, eb.Error.Message
+}
+
+func TestBadInput(t *testing.T) {
+	s := sharedServer(t)
+	sb := newSandbox(t, s, client.CreateSandboxRequest{})
+	cases := []struct {
+		name, key, method, path, body string
+		status                        int
+		code, msg                     string
+	}{
+		{"malformed JSON", s.key, "POST", "/v1/sandboxes", `{"template":`, 400, "invalid_request", "malformed JSON"},
+		{"wrong type", s.key, "POST", "/v1/sandboxes", `{"ttl_seconds":"ten"}`, 400, "invalid_request", "ttl_seconds"},
+		{"unknown field", s.key, "POST", "/v1/sandboxes", `{"ttl":10}`, 400, "invalid_request", `"ttl"`},
+		{"negative TTL", s.key, "POST", "/v1/sandboxes", `{"ttl_seconds":-5}`, 400, "invalid_request", "ttl_seconds"},
+		{"huge TTL", s.key, "POST", "/v1/sandboxes", `{"ttl_seconds":99999999999}`, 400, "invalid_request", "ttl_seconds"},
+		{"unknown template", s.key, "POST", "/v1/sandboxes", `{"template":"nope"}`, 404, "not_found", "base"},
+		{"bad env name", s.key, "POST", "/v1/sandboxes", `{"env":{"1X":"y"}}`, 400, "invalid_request", "1X"},
+		{"too much memory", s.key, "POST", "/v1/sandboxes", `{"memory_mb":999999}`, 400, "invalid_request", "memory_mb"},
+		{"missing key", "", "GET", "/v1/sandboxes", "", 401, "unauthorized", "Bearer"},
+		{"unknown key", "pds_notakey", "GET", "/v1/sandboxes", "", 401, "unauthorized", "unknown"},
+		{"unknown sandbox", s.key, "GET", "/v1/sandboxes/sbx_nope", "", 404, "not_found", "sbx_nope"},
+		{"exec on unknown sandbox", s.key, "POST", "/v1/sandboxes/sbx_nope/exec", `{"cmd":"true"}`, 404, "not_found", "sbx_nope"},
+		{"exec without command", s.key, "POST", "/v1/sandboxes/" + sb.ID + "/exec", `{}`, 400, "invalid_request", "cmd"},
+		{"exec with both", s.key, "POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":"x","argv":["y"]}`, 400, "invalid_request", "exactly one"},
+		{"exec bad timeout", s.key, "POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":"x","timeout_seconds":-1}`, 400, "invalid_request", "timeout_seconds"},
+		{"exec bad cwd", s.key, "POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":"x","cwd":"/nope"}`, 400, "invalid_request", "/nope"},
+		{"patch without ttl", s.key, "PATCH", "/v1/sandboxes/" + sb.ID, `{}`, 400, "invalid_request", "ttl_seconds"},
+		{"unknown route", s.key, "GET", "/v1/nothing", "", 404, "not_found", "no route"},
+		{"wrong method", s.key, "PUT", "/v1/sandboxes", "", 405, "method_not_allowed", "PUT"},
+		{"list with unknown filter", s.key, "GET", "/v1/sandboxes?foo=bar", "", 400, "invalid_request", "foo"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			status, code, msg := api(t, s, tc.key, tc.method, tc.path, tc.body)
+			if status != tc.status || code != tc.code || !strings.Contains(msg, tc.msg) {
+				t.Fatalf("%s %s %s → %d %s %q; want %d %s containing %q", tc.method, tc.path, tc.body, status, code, msg, tc.status, tc.code, tc.msg)
+			}
+		})
+	}
+	// The server is still healthy after all that.
+	if status, _, _ := api(t, s, "", "GET", "/healthz", ""); status != 200 {
+		t.Fatalf("healthz = %d", status)
+	}
+}
+
+func TestProjectsAreIsolated(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Metadata: map[string]string{"owner": "a"}})
+	other := client.New(s.url, s.newKey("other-project"))
+
+	if _, err := other.GetSandbox(ctx, sb.ID); !client.IsCode(err, "not_found") {
+		t.Fatalf("other project GET: %v, want not_found", err)
+	}
+	if _, err := other.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "true"}); !client.IsCode(err, "not_found") {
+		t.Fatalf("other project exec: %v, want not_found", err)
+	}
+	if err := other.KillSandbox(ctx, sb.ID); !client.IsCode(err, "not_found") {
+		t.Fatalf("other project kill: %v, want not_found", err)
+	}
+	list, err := other.ListSandboxes(ctx, nil, "all")
+	if err != nil || len(list) != 0 {
+		t.Fatalf("other project sees %d sandboxes (%v)", len(list), err)
+	}
+	mine, err := s.client().ListSandboxes(ctx, map[string]string{"owner": "a"}, "")
+	if err != nil || len(mine) != 1 || mine[0].ID != sb.ID {
+		t.Fatalf("metadata filter: %+v, %v", mine, err)
+	}
+
+	// A revoked key stops working at once.
+	key := s.newKey("short-lived")
+	if _, _, err := s.cli("keys", "revoke", key[:10]); err != nil {
+		t.Fatal(err)
+	}
+	if status, code, msg := api(t, s, key, "GET", "/v1/sandboxes", ""); status != 401 || code != "unauthorized" || !strings.Contains(msg, "revoked") {
+		t.Fatalf("revoked key: %d %s %s", status, code, msg)
+	}
+}
+
+func TestKillLeavesNothing(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "sleep 1000 &"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.assertGone(t, sb.ID)
+	if _, err := c.GetSandbox(ctx, sb.ID); !client.IsCode(err, "not_found") {
+		t.Fatalf("GET after kill: %v", err)
+	}
+	if err := c.KillSandbox(ctx, sb.ID); !client.IsCode(err, "not_found") {
+		t.Fatalf("second kill: %v", err)
+	}
+}
+
+func TestTTLExpiry(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Extending works and is measured from now.
+	ext, err := c.SetTTL(ctx, sb.ID, 3*time.Second)
+	if err != nil || time.Until(ext.ExpiresAt) < 2*time.Second {
+		t.Fatalf("extend: %+v %v", ext, err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got, err := c.GetSandbox(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == "stopped" {
+			if got.StopReason != "expired" {
+				t.Fatalf("stopped for %q, want expired", got.StopReason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox still %s 20 s after its TTL", got.State)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	s.assertGone(t, sb.ID)
+	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "true"}); !client.IsCode(err, "sandbox_unavailable") || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("exec on expired sandbox: %v", err)
+	}
+	if list, _ := c.ListSandboxes(ctx, nil, ""); containsID(list, sb.ID) {
+		t.Fatal("expired sandbox still listed as running")
+	}
+}
+
+func containsID(list []client.Sandbox, id string) bool {
+	for _, sb := range list {
+		if sb.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func TestConcurrentExecs(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	var sbs []*client.Sandbox
+	for i := 0; i < 5; i++ {
+		sbs = append(sbs, newSandbox(t, s, client.CreateSandboxRequest{}))
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			sb := sbs[i%5]
+			res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: fmt.Sprintf("sleep 0.2; echo %d-$PANDASTACK_SANDBOX_ID", i)})
+			if err != nil {
+				errs <- err
+				return
+			}
+			if want := fmt.Sprintf("%d-%s\n", i, sb.ID); res.Stdout != want {
+				errs <- fmt.Errorf("exec %d: got %q want %q", i, res.Stdout, want)
+			}
+		}(i)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestCLI(t *testing.T) {
+	s := sharedServer(t)
+	out, errOut, err := s.cli("sandbox", "create", "--metadata", "via=cli", "--ttl", "2m")
+	if err != nil {
+		t.Fatalf("create: %v %s", err, errOut)
+	}
+	id := strings.TrimSpace(out)
+	if !strings.HasPrefix(id, "sbx_") {
+		t.Fatalf("create printed %q", out)
+	}
+	out, _, err = s.cli("sandbox", "ls", "--metadata", "via=cli")
+	if err != nil || !strings.Contains(out, id) {
+		t.Fatalf("ls: %v %q", err, out)
+	}
+	out, _, err = s.cli("sandbox", "exec", id, "--", "echo", "hi", "from", "cli")
+	if err != nil || out != "hi from cli\n" {
+		t.Fatalf("exec: %v %q", err, out)
+	}
+	_, _, err = s.cli("sandbox", "exec", id, "--", "exit 7")
+	if ee, ok := err.(interface{ ExitCode() int }); !ok || ee.ExitCode() != 7 {
+		t.Fatalf("exec exit code: %v", err)
+	}
+	if _, errOut, err := s.cli("sandbox", "kill", id); err != nil {
+		t.Fatalf("kill: %v %s", err, errOut)
+	}
+	s.assertGone(t, id)
+}
+
+func TestServerRestartReadoptsSandboxes(t *testing.T) {
+	s := startServer(t, "")
+	defer func() { s.stop() }()
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo remembered > state.txt"}); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	time.Sleep(4 * time.Second) // the short one expires while the server is down
+	s.start()
+	c = s.client()
+
+	res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cat state.txt"})
+	if err != nil || res.Stdout != "remembered\n" {
+		t.Fatalf("after restart: %+v %v\n%s", res, err, tail(s.out.String(), 30))
+	}
+	got, err := c.GetSandbox(ctx, short.ID)
+	if err != nil || got.State != "stopped" || got.StopReason != "expired" {
+		t.Fatalf("short-lived sandbox after restart: %+v %v", got, err)
+	}
+	s.assertGone(t, short.ID)
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.assertGone(t, sb.ID)
+}

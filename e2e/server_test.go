@@ -1,0 +1,269 @@
+// Package e2e drives the real pandastack binary, with real gVisor sandboxes,
+// through the Go client, the CLI and raw HTTP. Nothing here is mocked.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/paths"
+	"github.com/pandastack/pandastack/internal/testutil"
+)
+
+// server is one running `pandastack serve`.
+type server struct {
+	t       testing.TB
+	bin     string
+	dataDir string
+	url     string
+	key     string
+	cmd     *exec.Cmd
+	out     *syncBuffer
+	env     []string
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freePort(t testing.TB) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startServer runs serve on a free loopback port with its own data dir
+// (or dataDir, to restart on an existing one).
+func startServer(t testing.TB, dataDir string, env ...string) *server {
+	t.Helper()
+	testutil.Runsc(t)
+	testutil.RequireDebootstrap(t)
+	bin := testutil.Binaries(t)
+	if dataDir == "" {
+		var err error
+		dataDir, err = os.MkdirTemp("", "pandastack-e2e-")
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &server{t: t, bin: bin, dataDir: dataDir, env: env}
+	s.start()
+	return s
+}
+
+func (s *server) start() {
+	t := s.t
+	port := freePort(t)
+	s.url = "http://127.0.0.1:" + strconv.Itoa(port)
+	s.out = &syncBuffer{}
+	s.cmd = exec.Command(filepath.Join(s.bin, "pandastack"), "serve")
+	s.cmd.Env = append(os.Environ(),
+		"PANDASTACK_LISTEN=127.0.0.1:"+strconv.Itoa(port),
+		"PANDASTACK_DATA_DIR="+s.dataDir,
+		"PANDASTACK_CACHE_DIR="+paths.CacheDir(),
+		"PANDASTACK_LOG_LEVEL=debug",
+	)
+	s.cmd.Env = append(s.cmd.Env, s.env...)
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	if err := s.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The first start may build the base template: give it time.
+	deadline := time.Now().Add(15 * time.Minute)
+	for {
+		resp, err := http.Get(s.url + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if s.cmd.ProcessState != nil || time.Now().After(deadline) {
+			t.Fatalf("server did not come up: %v\n%s", err, s.out.String())
+		}
+		if err := s.cmd.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Fatalf("server exited:\n%s", s.out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b, err := os.ReadFile(filepath.Join(s.dataDir, "api-key"))
+	if err != nil {
+		t.Fatalf("api-key file: %v", err)
+	}
+	s.key = strings.TrimSpace(string(b))
+}
+
+// stop ends serve with SIGTERM, as an operator would; sandboxes live on.
+func (s *server) stop() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	s.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		s.cmd.Process.Kill()
+		<-done
+	}
+	s.cmd = nil
+}
+
+func (s *server) client() *client.Client { return client.New(s.url, s.key) }
+
+// cli runs the pandastack binary as a user would, against this server.
+func (s *server) cli(args ...string) (string, string, error) {
+	cmd := exec.Command(filepath.Join(s.bin, "pandastack"), args...)
+	cmd.Env = append(os.Environ(), "PANDASTACK_API="+s.url, "PANDASTACK_API_KEY="+s.key, "PANDASTACK_DATA_DIR="+s.dataDir, "PANDASTACK_CACHE_DIR="+paths.CacheDir())
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return out.String(), errb.String(), err
+}
+
+// newKey creates a key in another project with the CLI.
+func (s *server) newKey(project string) string {
+	out, errOut, err := s.cli("keys", "create", "--project", project)
+	if err != nil {
+		s.t.Fatalf("keys create: %v\n%s", err, errOut)
+	}
+	return strings.TrimSpace(out)
+}
+
+// runscList lists the containers runsc knows in this server's state root.
+func (s *server) runscList() []string {
+	out, err := exec.Command(testutil.Runsc(s.t), "--root="+filepath.Join(s.dataDir, "runtime", "runsc"), "list", "--quiet").Output()
+	if err != nil {
+		s.t.Fatalf("runsc list: %v", err)
+	}
+	return strings.Fields(string(out))
+}
+
+// assertGone checks that nothing of sandbox id is left on the host: no
+// runsc container, no process, no state directory, no cgroup.
+func (s *server) assertGone(t *testing.T, id string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var left []string
+		for _, c := range s.runscList() {
+			if c == id {
+				left = append(left, "runsc container")
+			}
+		}
+		if pids := processesMentioning(id); len(pids) > 0 {
+			left = append(left, fmt.Sprintf("processes %v", pids))
+		}
+		if _, err := os.Stat(filepath.Join(s.dataDir, "runtime", "sandboxes", id)); err == nil {
+			left = append(left, "state directory")
+		}
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory/pandastack", id)); err == nil {
+			left = append(left, "memory cgroup")
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox %s left behind: %s", id, strings.Join(left, ", "))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// processesMentioning returns host pids whose command line contains s.
+func processesMentioning(s string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && bytes.Contains(b, []byte(s)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// shared is the server most tests use; TestMain starts and stops it.
+var shared *server
+
+func sharedServer(t *testing.T) *server {
+	t.Helper()
+	if shared == nil {
+		shared = startServer(t, "")
+	}
+	return shared
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if shared != nil {
+		// Kill what the tests left, then stop: a test that leaks is caught
+		// by TestNoLeaks, this only keeps the machine clean.
+		c := shared.client()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		if list, err := c.ListSandboxes(ctx, nil, ""); err == nil {
+			for _, sb := range list {
+				c.KillSandbox(ctx, sb.ID)
+			}
+		}
+		cancel()
+		shared.stop()
+		os.RemoveAll(shared.dataDir)
+	}
+	os.Exit(code)
+}
+
+func newSandbox(t *testing.T, s *server, req client.CreateSandboxRequest) *client.Sandbox {
+	t.Helper()
+	sb, err := s.client().CreateSandbox(context.Background(), req)
+	if err != nil {
+		t.Fatalf("create sandbox: %v\nserver log:\n%s", err, tail(s.out.String(), 40))
+	}
+	t.Cleanup(func() {
+		err := s.client().KillSandbox(context.Background(), sb.ID)
+		if err != nil && !client.IsCode(err, "not_found") {
+			t.Errorf("kill %s: %v", sb.ID, err)
+		}
+	})
+	return sb
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

@@ -1,0 +1,168 @@
+// Package agent is the server that runs inside every sandbox as PID 1: it
+// answers the HTTP API of internal/agentproto (exec, files) on the streams of
+// the host's yamux session. Only cmd/pandastack-agent and this package's
+// tests import it; the host side lives in internal/sandbox.
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// Config is what all sessions of one agent process share.
+type Config struct {
+	Version  string       // the agent's version, reported by hello
+	BootedAt time.Time    // when the agent started, reported by hello
+	Home     string       // the sandbox user's home; "" means agentproto.UserHome
+	Reaper   *Reaper      // nil: wait for each child by pid (when not PID 1)
+	Log      *slog.Logger // nil discards
+}
+
+// Server answers the agent API for one host session.
+type Server struct {
+	cfg   Config
+	epoch uint32
+	home  string
+	log   *slog.Logger
+}
+
+// NewServer returns the API of the session of the given epoch.
+func NewServer(cfg Config, epoch uint32) *Server {
+	if cfg.Home == "" {
+		cfg.Home = agentproto.UserHome
+	}
+	if cfg.Log == nil {
+		cfg.Log = discardLogger()
+	}
+	return &Server{cfg: cfg, epoch: epoch, home: cfg.Home, log: cfg.Log.With("epoch", epoch)}
+}
+
+// Handler routes the agent API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/hello", s.api(s.hello))
+	mux.HandleFunc("POST /v1/exec", s.api(s.exec))
+	mux.HandleFunc("PUT /v1/files", s.api(s.putFile))
+	mux.HandleFunc("GET /v1/files", s.api(s.getFile))
+	mux.HandleFunc("DELETE /v1/files", s.api(s.deleteFile))
+	mux.HandleFunc("GET /v1/files/list", s.api(s.listFiles))
+	mux.HandleFunc("GET /v1/files/stat", s.api(s.statFile))
+	mux.HandleFunc("POST /v1/files/mkdir", s.api(s.mkdir))
+	mux.HandleFunc("/", s.api(func(w http.ResponseWriter, r *http.Request) error {
+		return pandastack.Errorf(pandastack.ENotFound, "the agent has no endpoint %s %s; see internal/agentproto/api.go for its API", r.Method, r.URL.Path)
+	}))
+	return mux
+}
+
+// ServeSession serves the API on conn, the byte stream of one epoch handed
+// out by agentproto.Serve. It returns when the session ends (the host left,
+// or a newer epoch replaced it), after closing all of its streams; that
+// cancels the session's requests, which kills their commands.
+func ServeSession(cfg Config, epoch uint32, conn io.ReadWriteCloser) error {
+	sess, err := yamux.Server(conn, agentproto.MuxConfig())
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("session %d: %w", epoch, err)
+	}
+	s := NewServer(cfg, epoch)
+	srv := &http.Server{
+		Handler:  s.Handler(),
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	s.log.Info("session started")
+	err = srv.Serve(sess)
+	srv.Close()
+	sess.Close()
+	s.log.Info("session ended", "reason", err)
+	return err
+}
+
+func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
+	writeJSON(w, http.StatusOK, agentproto.Hello{
+		ProtocolVersion: agentproto.ProtocolVersion,
+		AgentVersion:    s.cfg.Version,
+		Epoch:           s.epoch,
+		BootedAt:        s.cfg.BootedAt,
+	})
+	return nil
+}
+
+// api adapts a handler that returns an error before writing anything.
+func (s *Server) api(f func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := f(w, r); err != nil {
+			code := pandastack.ErrorCode(err)
+			msg := err.Error()
+			if e, ok := err.(*pandastack.Error); ok {
+				msg = e.Message
+			}
+			if code == pandastack.EInternal {
+				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+			var body agentproto.ErrorBody
+			body.Error.Code = code
+			body.Error.Message = msg
+			writeJSON(w, httpStatus(code), body)
+		}
+	}
+}
+
+// httpStatus maps an error code to its HTTP status.
+func httpStatus(code string) int {
+	switch code {
+	case pandastack.EInvalid, pandastack.ECommandNotFound:
+		return http.StatusBadRequest
+	case pandastack.ENotFound:
+		return http.StatusNotFound
+	case pandastack.EConflict:
+		return http.StatusConflict
+	case pandastack.ETooLarge:
+		return http.StatusRequestEntityTooLarge
+	case pandastack.ETimeout:
+		return http.StatusGatewayTimeout
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	b = append(b, '\n')
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	w.Write(b)
+}
+
+// exitStatus is how a command ended: code -1 and a signal name when killed.
+type exitStatus struct {
+	code   int
+	signal string
+}
+
+func (e exitStatus) String() string {
+	if e.signal != "" {
+		return "killed by " + e.signal
+	}
+	return "exit " + strconv.Itoa(e.code)
+}
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// runningAsRoot reports whether the agent may chown and switch users.
+func runningAsRoot() bool { return os.Geteuid() == 0 }

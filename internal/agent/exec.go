@@ -1,0 +1,378 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+const (
+	maxExecRequest = 64 << 20 // stdin rides in the JSON; bigger inputs go through files
+	outputChunk    = 32 << 10
+	// drainAfterExit bounds how long output is still read after the command
+	// exited: a background child may hold the pipes open indefinitely.
+	drainAfterExit = 100 * time.Millisecond
+	defaultPath    = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	rootHome       = "/root"
+)
+
+// execSpec is a validated command, ready to start.
+type execSpec struct {
+	path string // resolved program
+	argv []string
+	env  []string
+	dir  string
+	root bool
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxExecRequest))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return pandastack.Errorf(pandastack.ETooLarge, "exec request over %d MiB; upload large input with PUT /v1/files and read it from there", maxExecRequest>>20)
+		}
+		return pandastack.Errorf(pandastack.EInvalid, "reading the exec request: %v", err)
+	}
+	var req agentproto.ExecRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return pandastack.Errorf(pandastack.EInvalid, "exec request is not valid JSON: %v", err)
+	}
+	spec, err := s.prepareExec(req)
+	if err != nil {
+		return err
+	}
+	return s.run(w, r, spec, req)
+}
+
+// prepareExec checks everything that can be checked before starting, so that
+// a mistake answers with an error status rather than an exit event.
+func (s *Server) prepareExec(req agentproto.ExecRequest) (*execSpec, error) {
+	switch {
+	case len(req.Argv) > 0 && req.Cmd != "":
+		return nil, pandastack.Errorf(pandastack.EInvalid, "give either argv or cmd, not both")
+	case len(req.Argv) == 0 && req.Cmd == "":
+		return nil, pandastack.Errorf(pandastack.EInvalid, "nothing to run: give argv (program and arguments) or cmd (a shell command line)")
+	case len(req.Argv) > 0 && req.Argv[0] == "":
+		return nil, pandastack.Errorf(pandastack.EInvalid, "argv[0] is empty; it must name the program to run")
+	case req.TimeoutMS < 0:
+		return nil, pandastack.Errorf(pandastack.EInvalid, "timeout_ms is %d; give a positive number of milliseconds, or 0 for none", req.TimeoutMS)
+	}
+	for _, a := range req.Argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return nil, pandastack.Errorf(pandastack.EInvalid, "argv holds a NUL byte; arguments cannot contain NUL")
+		}
+	}
+	if strings.IndexByte(req.Cmd, 0) >= 0 {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "cmd holds a NUL byte; a command line cannot contain NUL")
+	}
+	for k, v := range req.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return nil, pandastack.Errorf(pandastack.EInvalid, "env variable %q is invalid: names must be non-empty without '=' or NUL, values without NUL", k)
+		}
+	}
+
+	home, user := s.home, agentproto.UserName
+	if req.Root {
+		home, user = rootHome, "root"
+	}
+	env, pathVar := buildEnv(home, user, req.Env)
+
+	dir := req.Cwd
+	if dir == "" {
+		dir = home
+	} else if !filepath.IsAbs(dir) {
+		dir = filepath.Join(home, dir)
+	}
+	fi, err := os.Stat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "cwd %s does not exist; create it first (POST /v1/files/mkdir) or leave cwd empty for the home directory", dir)
+	} else if err != nil {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v", dir, errors.Unwrap(err))
+	} else if !fi.IsDir() {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "cwd %s is not a directory", dir)
+	}
+
+	spec := &execSpec{argv: req.Argv, env: env, dir: dir, root: req.Root}
+	if req.Cmd != "" {
+		spec.path = "/bin/bash"
+		if _, err := os.Stat(spec.path); err != nil {
+			spec.path = "/bin/sh"
+		}
+		spec.argv = []string{filepath.Base(spec.path), "-c", req.Cmd}
+		return spec, nil
+	}
+	if spec.path, err = lookPath(req.Argv[0], pathVar, dir); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+// buildEnv layers the defaults for the user, the agent's own environment
+// (which carries the sandbox-wide variables) and the request's variables.
+// HOME, USER and LOGNAME describe who runs the command, so the agent's own
+// values of those (root's) are not passed on. It also returns the final PATH.
+func buildEnv(home, user string, extra map[string]string) ([]string, string) {
+	var keys []string
+	vals := make(map[string]string)
+	set := func(k, v string) {
+		if _, ok := vals[k]; !ok {
+			keys = append(keys, k)
+		}
+		vals[k] = v
+	}
+	set("PATH", defaultPath)
+	set("HOME", home)
+	set("USER", user)
+	set("LOGNAME", user)
+	set("SHELL", "/bin/bash")
+	set("LANG", "C.UTF-8")
+	for _, kv := range os.Environ() {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || k == "HOME" || k == "USER" || k == "LOGNAME" {
+			continue
+		}
+		set(k, v)
+	}
+	for _, k := range slices.Sorted(func(yield func(string) bool) {
+		for k := range extra {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		set(k, extra[k])
+	}
+	env := make([]string, 0, len(keys))
+	for _, k := range keys {
+		env = append(env, k+"="+vals[k])
+	}
+	return env, vals["PATH"]
+}
+
+// lookPath finds the program like a shell would, with the command's PATH and
+// cwd rather than the agent's.
+func lookPath(name, pathVar, dir string) (string, error) {
+	notFound := pandastack.Errorf(pandastack.ECommandNotFound, "command not found: %q (not in PATH %s); install it or give its full path", name, pathVar)
+	if strings.Contains(name, "/") {
+		p := name
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			return "", pandastack.Errorf(pandastack.ECommandNotFound, "command not found: %q", name)
+		}
+		if fi.IsDir() {
+			return "", pandastack.Errorf(pandastack.EInvalid, "cannot run %q: it is a directory", name)
+		}
+		return p, nil // a file without x bits fails at start, with a clear error
+	}
+	for _, d := range filepath.SplitList(pathVar) {
+		if d == "" {
+			d = "."
+		}
+		if !filepath.IsAbs(d) {
+			d = filepath.Join(dir, d)
+		}
+		p := filepath.Join(d, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", notFound
+}
+
+func startError(spec *execSpec, err error) error {
+	name := spec.argv[0]
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return pandastack.Errorf(pandastack.ECommandNotFound, "cannot run %q: %v (for a script, check the interpreter on its #! line)", name, errors.Unwrap(err))
+	case errors.Is(err, fs.ErrPermission):
+		return pandastack.Errorf(pandastack.EInvalid, "cannot run %q: permission denied; check that it is executable and that the user may enter %s", name, spec.dir)
+	case errors.Is(err, syscall.ENOEXEC):
+		return pandastack.Errorf(pandastack.EInvalid, "cannot run %q: not an executable format; a script needs a #! line", name)
+	}
+	return fmt.Errorf("start %q: %w", name, err)
+}
+
+// run starts the command and streams its output and exit as NDJSON. The
+// request's context bounds the command: a client that goes away kills it.
+func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req agentproto.ExecRequest) error {
+	var files []*os.File
+	defer func() {
+		for _, f := range files {
+			f.Close() // a second Close is a harmless error
+		}
+	}()
+	pipe := func() (*os.File, *os.File, error) {
+		rd, wr, err := os.Pipe()
+		if err == nil {
+			files = append(files, rd, wr)
+		}
+		return rd, wr, err
+	}
+	inR, inW, err := pipe()
+	if err != nil {
+		return fmt.Errorf("exec pipes: %w", err)
+	}
+	outR, outW, err := pipe()
+	if err != nil {
+		return fmt.Errorf("exec pipes: %w", err)
+	}
+	errR, errW, err := pipe()
+	if err != nil {
+		return fmt.Errorf("exec pipes: %w", err)
+	}
+
+	start := time.Now()
+	c, err := s.cfg.Reaper.start(spec.path, spec.argv, &os.ProcAttr{
+		Dir:   spec.dir,
+		Env:   spec.env,
+		Files: []*os.File{inR, outW, errW},
+		Sys:   procAttr(spec.root),
+	})
+	// The child holds its own copies; ours would keep EOF from ever coming.
+	inR.Close()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		return startError(spec, err)
+	}
+	go func() {
+		// Fails harmlessly once run returns and closes inW, should the
+		// command never read its input.
+		inW.Write(req.Stdin)
+		inW.Close()
+	}()
+
+	events := make(chan agentproto.ExecEvent)
+	var wg sync.WaitGroup
+	for _, p := range []struct {
+		typ string
+		f   *os.File
+	}{{"stdout", outR}, {"stderr", errR}} {
+		wg.Go(func() {
+			for {
+				buf := make([]byte, outputChunk)
+				n, err := p.f.Read(buf)
+				if n > 0 {
+					events <- agentproto.ExecEvent{Type: p.typ, Data: buf[:n]}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	readersDone := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(readersDone)
+	}()
+
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	rc := http.NewResponseController(w)
+	send := func(ev agentproto.ExecEvent) error {
+		if err := enc.Encode(ev); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
+	broken := rc.Flush() != nil // the client is gone: drain, but stop writing
+
+	var (
+		status   exitStatus
+		exited   bool
+		killed   bool
+		timedOut bool
+		elapsed  time.Duration
+		timeoutC <-chan time.Time
+		drainC   <-chan time.Time
+		done     = c.done
+		ctxDone  = r.Context().Done()
+	)
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeoutC = t.C
+	}
+	kill := func() {
+		if !exited && !killed {
+			killed = true
+			killTree(c.pid)
+		}
+	}
+	if broken {
+		kill()
+	}
+	for !exited || readersDone != nil {
+		select {
+		case ev := <-events:
+			if !broken && send(ev) != nil {
+				broken = true
+				kill()
+			}
+		case <-readersDone:
+			readersDone = nil
+		case status = <-done:
+			exited, elapsed = true, time.Since(start)
+			done, timeoutC, ctxDone = nil, nil, nil
+			if readersDone != nil {
+				t := time.NewTimer(drainAfterExit)
+				defer t.Stop()
+				drainC = t.C
+			}
+		case <-timeoutC:
+			timeoutC = nil
+			timedOut = true
+			kill()
+		case <-ctxDone:
+			ctxDone = nil
+			broken = true
+			kill()
+		case <-drainC:
+			drainC = nil
+			outR.Close() // unblocks the readers
+			errR.Close()
+		}
+	}
+	if !broken {
+		send(agentproto.ExecEvent{
+			Type:       "exit",
+			ExitCode:   status.code,
+			Signal:     status.signal,
+			TimedOut:   timedOut,
+			DurationMS: elapsed.Milliseconds(),
+		})
+	}
+	s.log.Info("exec", "cmd", summarize(req), "pid", c.pid, "status", status.String(),
+		"timed_out", timedOut, "killed", killed, "ms", elapsed.Milliseconds())
+	return nil
+}
+
+func summarize(req agentproto.ExecRequest) string {
+	s := req.Cmd
+	if s == "" {
+		s = strings.Join(req.Argv, " ")
+	}
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}

@@ -1,0 +1,285 @@
+//go:build linux
+
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+func TestExecEcho(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		res := st.exec(t, agentproto.ExecRequest{Argv: []string{"echo", "hello", "world"}})
+		if got := res.stdout.String(); got != "hello world\n" {
+			t.Errorf("stdout %q, want %q", got, "hello world\n")
+		}
+		if res.exit.ExitCode != 0 || res.exit.Signal != "" || res.exit.TimedOut {
+			t.Errorf("exit %+v, want a clean exit 0", res.exit)
+		}
+	})
+}
+
+func TestExecFailingCommand(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		res := st.exec(t, agentproto.ExecRequest{Cmd: "echo out; echo oops >&2; exit 3"})
+		if res.exit.ExitCode != 3 {
+			t.Errorf("exit code %d, want 3", res.exit.ExitCode)
+		}
+		if got := res.stderr.String(); got != "oops\n" {
+			t.Errorf("stderr %q, want %q", got, "oops\n")
+		}
+		if got := res.stdout.String(); got != "out\n" {
+			t.Errorf("stdout %q, want %q", got, "out\n")
+		}
+	})
+}
+
+func TestExecEnvAndCwd(t *testing.T) {
+	t.Setenv("PANDASTACK_TEST_SANDBOX_VAR", "from-sandbox")
+	t.Setenv("PANDASTACK_TEST_OVERRIDDEN", "from-sandbox")
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		res := st.exec(t, agentproto.ExecRequest{
+			Cmd: `echo "$FOO|$HOME|$USER|$LOGNAME|$PANDASTACK_TEST_SANDBOX_VAR|$PANDASTACK_TEST_OVERRIDDEN|$PATH"; pwd`,
+			Env: map[string]string{"FOO": "bar baz", "PANDASTACK_TEST_OVERRIDDEN": "from-request", "PATH": "/usr/bin:/bin"},
+		})
+		want := "bar baz|" + cfg.Home + "|user|user|from-sandbox|from-request|/usr/bin:/bin\n" + cfg.Home + "\n"
+		if got := res.stdout.String(); got != want {
+			t.Errorf("stdout %q, want %q", got, want)
+		}
+
+		sub := filepath.Join(cfg.Home, "sub")
+		st.call(t, http.MethodPost, "/v1/files/mkdir", q("path", "sub"), nil, http.StatusOK, nil)
+		res = st.exec(t, agentproto.ExecRequest{Argv: []string{"pwd"}, Cwd: "sub"})
+		if got := res.stdout.String(); got != sub+"\n" {
+			t.Errorf("relative cwd: pwd printed %q, want %q", got, sub+"\n")
+		}
+		res = st.exec(t, agentproto.ExecRequest{Argv: []string{"pwd"}, Cwd: "/"})
+		if got := res.stdout.String(); got != "/\n" {
+			t.Errorf("cwd /: pwd printed %q", got)
+		}
+
+		msg := st.callError(t, http.MethodPost, "/v1/exec", nil,
+			jsonBody(t, agentproto.ExecRequest{Argv: []string{"pwd"}, Cwd: "no/such/dir"}),
+			http.StatusBadRequest, "invalid_request")
+		if !strings.Contains(msg, "does not exist") {
+			t.Errorf("missing cwd: message %q does not say it does not exist", msg)
+		}
+	})
+}
+
+func TestExecUser(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		want := strconv.Itoa(os.Geteuid())
+		if os.Geteuid() == 0 {
+			want = strconv.Itoa(agentproto.UserUID)
+		}
+		res := st.exec(t, agentproto.ExecRequest{Cmd: "id -u; id -G"})
+		if got := strings.Fields(res.stdout.String()); len(got) == 0 || got[0] != want {
+			t.Errorf("id -u printed %q, want %s", res.stdout.String(), want)
+		} else if os.Geteuid() == 0 && strings.Join(got[1:], " ") != strconv.Itoa(agentproto.UserGID) {
+			t.Errorf("id -G printed %q, want only the user's group", got[1:])
+		}
+		if os.Geteuid() != 0 {
+			return
+		}
+		res = st.exec(t, agentproto.ExecRequest{Cmd: "id -u; echo $HOME", Root: true})
+		if got := res.stdout.String(); got != "0\n/root\n" {
+			t.Errorf("root: printed %q, want %q", got, "0\n/root\n")
+		}
+	})
+}
+
+func TestExecStdin(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		res := st.exec(t, agentproto.ExecRequest{Argv: []string{"cat"}, Stdin: []byte("line one\nline two\n")})
+		if got := res.stdout.String(); got != "line one\nline two\n" {
+			t.Errorf("cat printed %q", got)
+		}
+		// Without stdin a reader sees EOF at once rather than hanging.
+		res = st.exec(t, agentproto.ExecRequest{Argv: []string{"wc", "-c"}, TimeoutMS: 5000})
+		if got := strings.TrimSpace(res.stdout.String()); got != "0" || res.exit.TimedOut {
+			t.Errorf("wc -c without stdin printed %q (exit %+v), want 0", got, res.exit)
+		}
+	})
+}
+
+func TestExecBadRequests(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		msg := st.callError(t, http.MethodPost, "/v1/exec", nil,
+			jsonBody(t, agentproto.ExecRequest{Argv: []string{"no-such-command-pandastack"}}),
+			http.StatusBadRequest, "command_not_found")
+		if !strings.Contains(msg, `command not found: "no-such-command-pandastack"`) {
+			t.Errorf("message %q does not name the command", msg)
+		}
+		st.callError(t, http.MethodPost, "/v1/exec", nil,
+			jsonBody(t, agentproto.ExecRequest{Argv: []string{"./missing.sh"}}),
+			http.StatusBadRequest, "command_not_found")
+		st.callError(t, http.MethodPost, "/v1/exec", nil, strings.NewReader(`{"argv": [`),
+			http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodPost, "/v1/exec", nil, jsonBody(t, agentproto.ExecRequest{}),
+			http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodPost, "/v1/exec", nil,
+			jsonBody(t, agentproto.ExecRequest{Argv: []string{"true"}, Cmd: "true"}),
+			http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodPost, "/v1/exec", nil,
+			jsonBody(t, agentproto.ExecRequest{Argv: []string{"true"}, TimeoutMS: -1}),
+			http.StatusBadRequest, "invalid_request")
+		// A command that the shell cannot find is the shell's business.
+		res := st.exec(t, agentproto.ExecRequest{Cmd: "no-such-command-pandastack"})
+		if res.exit.ExitCode != 127 {
+			t.Errorf("shell: exit %d, want 127", res.exit.ExitCode)
+		}
+	})
+}
+
+// treeCmd prints the pids of a shell, a background child in its process
+// group and one that escaped it with setsid, then waits.
+const treeCmd = `echo $$; sleep 60 & echo $!; setsid sleep 60 & echo $!; wait`
+
+func TestExecTimeoutKillsTree(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("needs setsid (util-linux)")
+	}
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		start := time.Now()
+		res := st.exec(t, agentproto.ExecRequest{Cmd: treeCmd, TimeoutMS: 1000})
+		took := time.Since(start)
+		if !res.exit.TimedOut || res.exit.ExitCode != -1 || res.exit.Signal != "SIGKILL" {
+			t.Errorf("exit %+v, want timed out and killed by SIGKILL", res.exit)
+		}
+		if took > 5*time.Second || took < 900*time.Millisecond {
+			t.Errorf("exec took %v, want about 1 s", took)
+		}
+		if d := res.exit.DurationMS; d < 900 || d > 5000 {
+			t.Errorf("duration_ms %d, want about 1000", d)
+		}
+		waitGone(t, parsePids(t, res.stdout.String(), 3))
+	})
+}
+
+func TestExecCancelKillsTree(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("needs setsid (util-linux)")
+	}
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		resp := st.request(t, ctx, http.MethodPost, "/v1/exec", nil, jsonBody(t, agentproto.ExecRequest{Cmd: treeCmd}))
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		dec := json.NewDecoder(resp.Body)
+		var out strings.Builder
+		for strings.Count(out.String(), "\n") < 3 {
+			var ev agentproto.ExecEvent
+			if err := dec.Decode(&ev); err != nil {
+				t.Fatalf("stream ended before the pids were printed: %v (stdout %q)", err, out.String())
+			}
+			if ev.Type == "exit" {
+				t.Fatalf("command exited early: %+v", ev)
+			}
+			if ev.Type == "stdout" {
+				out.Write(ev.Data)
+			}
+		}
+		pids := parsePids(t, out.String(), 3)
+		for _, pid := range pids {
+			if processGone(pid) {
+				t.Fatalf("process %d gone before the cancel", pid)
+			}
+		}
+		cancel()
+		waitGone(t, pids)
+	})
+}
+
+func TestExecStreamsBeforeExit(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		res := st.exec(t, agentproto.ExecRequest{Cmd: "for i in 1 2 3; do echo $i; sleep 0.3; done"})
+		if got := res.stdout.String(); got != "1\n2\n3\n" {
+			t.Errorf("stdout %q", got)
+		}
+		if res.chunks < 2 {
+			t.Errorf("output came in %d chunk(s), want one per line", res.chunks)
+		}
+		if gap := res.exitAt.Sub(res.firstOutput); gap < 400*time.Millisecond {
+			t.Errorf("first output arrived %v before the exit, want about 0.9 s: output is not streamed", gap)
+		}
+	})
+}
+
+func TestExecLargeOutput(t *testing.T) {
+	if testReaper != nil {
+		t.Skip("throughput does not depend on the reaper; the main run covers it")
+	}
+	const size = 50 << 20
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		n := 0
+		res := st.execStream(t, context.Background(), agentproto.ExecRequest{Cmd: "head -c " + strconv.Itoa(size) + " /dev/zero"},
+			func(ev agentproto.ExecEvent) {
+				if ev.Type == "stdout" {
+					n += len(ev.Data)
+					if len(ev.Data) > 32<<10 {
+						t.Errorf("a chunk of %d bytes, want at most 32 KiB", len(ev.Data))
+					}
+				}
+			})
+		if n != size || res.exit.ExitCode != 0 {
+			t.Errorf("got %d bytes and exit %+v, want %d bytes and exit 0", n, res.exit, size)
+		}
+	})
+}
+
+func TestExecBackgroundChildHoldsPipes(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		start := time.Now()
+		res := st.exec(t, agentproto.ExecRequest{Cmd: "echo started; sleep 3 &"})
+		if took := time.Since(start); took > 2*time.Second {
+			t.Errorf("exec took %v: it waited for the background child's pipes", took)
+		}
+		if res.stdout.String() != "started\n" || res.exit.ExitCode != 0 {
+			t.Errorf("stdout %q exit %+v", res.stdout.String(), res.exit)
+		}
+	})
+}
+
+// TestCentralReaper runs the exec tests again the way the agent runs as PID 1:
+// a subreaper whose one reaper goroutine waits for every child.
+func TestCentralReaper(t *testing.T) {
+	if testReaper != nil {
+		t.Skip("already in the central-reaper run")
+	}
+	if testing.Short() {
+		t.Skip("runs the exec tests again")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestExec", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), centralReaperEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("exec tests with the central reaper failed: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "--- PASS: TestExecTimeoutKillsTree") {
+		t.Fatalf("the timeout test did not run:\n%s", out)
+	}
+}
+
+func q(kv ...string) url.Values {
+	v := url.Values{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		v[kv[i]] = append(v[kv[i]], kv[i+1])
+	}
+	return v
+}

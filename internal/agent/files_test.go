@@ -1,0 +1,157 @@
+//go:build linux
+
+package agent_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/pandastack/pandastack/internal/agent"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+func TestFilesPutGetRoundTrip(t *testing.T) {
+	data := make([]byte, 20<<20)
+	rand.Read(data)
+	want := sha256.Sum256(data)
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		var info agentproto.FileInfo
+		st.call(t, http.MethodPut, "/v1/files", q("path", "deep/er/blob.bin"), bytes.NewReader(data), http.StatusOK, &info)
+		abs := filepath.Join(cfg.Home, "deep/er/blob.bin")
+		if info.Path != abs || info.Name != "blob.bin" || info.Type != "file" || info.Size != int64(len(data)) || info.Mode != "0644" {
+			t.Errorf("put answered %+v, want %s, a file of %d bytes, mode 0644", info, abs, len(data))
+		}
+
+		resp := st.request(t, context.Background(), http.MethodGet, "/v1/files", q("path", abs), nil)
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("get: status %d", resp.StatusCode)
+		}
+		if resp.ContentLength != int64(len(data)) {
+			t.Errorf("get: Content-Length %d, want %d", resp.ContentLength, len(data))
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, resp.Body)
+		if err != nil {
+			t.Fatalf("get: %v", err)
+		}
+		if got := h.Sum(nil); n != int64(len(data)) || !bytes.Equal(got, want[:]) {
+			t.Errorf("get: %d bytes with a different sha256", n)
+		}
+
+		if os.Geteuid() == 0 {
+			for _, p := range []string{abs, filepath.Dir(abs), filepath.Dir(filepath.Dir(abs))} {
+				fi, err := os.Stat(p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if sys := fi.Sys().(*syscall.Stat_t); sys.Uid != agentproto.UserUID || sys.Gid != agentproto.UserGID {
+					t.Errorf("%s owned by %d:%d, want the sandbox user", p, sys.Uid, sys.Gid)
+				}
+			}
+		}
+
+		// Overwriting replaces the content, and no temp file is left behind.
+		st.call(t, http.MethodPut, "/v1/files", q("path", abs), strings.NewReader("short"), http.StatusOK, &info)
+		if info.Size != 5 {
+			t.Errorf("overwrite: size %d, want 5", info.Size)
+		}
+		var list []agentproto.FileInfo
+		st.call(t, http.MethodGet, "/v1/files/list", q("path", "deep/er"), nil, http.StatusOK, &list)
+		if len(list) != 1 || list[0].Name != "blob.bin" {
+			t.Errorf("after the uploads the directory holds %+v, want only blob.bin", list)
+		}
+		// A command run as the user can read and replace the file.
+		res := st.exec(t, agentproto.ExecRequest{Cmd: "cat deep/er/blob.bin && echo more > deep/er/blob.bin"})
+		if res.stdout.String() != "short" || res.exit.ExitCode != 0 {
+			t.Errorf("user command: stdout %q stderr %q exit %d", res.stdout.String(), res.stderr.String(), res.exit.ExitCode)
+		}
+
+		st.call(t, http.MethodPut, "/v1/files", q("path", "empty"), nil, http.StatusOK, &info)
+		if info.Size != 0 {
+			t.Errorf("empty upload: size %d", info.Size)
+		}
+		resp = st.request(t, context.Background(), http.MethodGet, "/v1/files", q("path", "empty"), nil)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || len(b) != 0 {
+			t.Errorf("empty download: status %d, %d bytes", resp.StatusCode, len(b))
+		}
+	})
+}
+
+func TestFilesListStatMkdirDelete(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		var info agentproto.FileInfo
+		st.call(t, http.MethodPost, "/v1/files/mkdir", q("path", "proj/src"), nil, http.StatusOK, &info)
+		if info.Type != "dir" || info.Path != filepath.Join(cfg.Home, "proj/src") {
+			t.Errorf("mkdir answered %+v", info)
+		}
+		st.call(t, http.MethodPost, "/v1/files/mkdir", q("path", "proj/src"), nil, http.StatusOK, &info) // like mkdir -p
+		for _, name := range []string{"b.txt", "a.txt"} {
+			st.call(t, http.MethodPut, "/v1/files", q("path", "proj/"+name), strings.NewReader(name), http.StatusOK, nil)
+		}
+		if err := os.Symlink("a.txt", filepath.Join(cfg.Home, "proj/link")); err != nil {
+			t.Fatal(err)
+		}
+
+		var list []agentproto.FileInfo
+		st.call(t, http.MethodGet, "/v1/files/list", q("path", "proj"), nil, http.StatusOK, &list)
+		var got []string
+		for _, fi := range list {
+			got = append(got, fi.Name+":"+fi.Type+":"+strconv.FormatInt(fi.Size, 10))
+		}
+		if want := "a.txt:file:5 b.txt:file:5 link:symlink:5 src:dir"; !strings.HasPrefix(strings.Join(got, " "), want) {
+			t.Errorf("list: %v, want %s…", got, want)
+		}
+
+		st.call(t, http.MethodGet, "/v1/files/stat", q("path", filepath.Join(cfg.Home, "proj/a.txt")), nil, http.StatusOK, &info)
+		if info.Name != "a.txt" || info.Type != "file" || info.Size != 5 || info.Mode != "0644" || info.ModTime.IsZero() {
+			t.Errorf("stat: %+v", info)
+		}
+
+		st.callError(t, http.MethodPost, "/v1/files/mkdir", q("path", "proj/a.txt"), nil, http.StatusConflict, "conflict")
+		st.callError(t, http.MethodPost, "/v1/files/mkdir", q("path", "proj/a.txt/sub"), nil, http.StatusConflict, "conflict")
+		st.callError(t, http.MethodPut, "/v1/files", q("path", "proj/src"), strings.NewReader("x"), http.StatusConflict, "conflict")
+		st.callError(t, http.MethodGet, "/v1/files/list", q("path", "proj/a.txt"), nil, http.StatusBadRequest, "invalid_request")
+
+		st.call(t, http.MethodDelete, "/v1/files", q("path", "proj/b.txt"), nil, http.StatusNoContent, nil)
+		st.callError(t, http.MethodGet, "/v1/files/stat", q("path", "proj/b.txt"), nil, http.StatusNotFound, "not_found")
+		msg := st.callError(t, http.MethodDelete, "/v1/files", q("path", "proj"), nil, http.StatusConflict, "conflict")
+		if !strings.Contains(msg, "recursive") {
+			t.Errorf("deleting a full directory: message %q does not mention recursive", msg)
+		}
+		st.call(t, http.MethodDelete, "/v1/files", q("path", "proj/src"), nil, http.StatusNoContent, nil) // empty dir
+		st.call(t, http.MethodDelete, "/v1/files", q("path", "proj", "recursive", "1"), nil, http.StatusNoContent, nil)
+		if _, err := os.Lstat(filepath.Join(cfg.Home, "proj")); !os.IsNotExist(err) {
+			t.Errorf("proj still there after a recursive delete: %v", err)
+		}
+		st.callError(t, http.MethodDelete, "/v1/files", q("path", "proj"), nil, http.StatusNotFound, "not_found")
+		st.callError(t, http.MethodGet, "/v1/files/list", q("path", "proj"), nil, http.StatusNotFound, "not_found")
+	})
+}
+
+func TestFilesErrors(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		msg := st.callError(t, http.MethodGet, "/v1/files", q("path", cfg.Home), nil, http.StatusBadRequest, "invalid_request")
+		if !strings.Contains(msg, "directory") || !strings.Contains(msg, "files/list") {
+			t.Errorf("downloading a directory: message %q should say it is a directory and to use files/list", msg)
+		}
+		st.callError(t, http.MethodGet, "/v1/files", q("path", "nope.txt"), nil, http.StatusNotFound, "not_found")
+		st.callError(t, http.MethodGet, "/v1/files/stat", q("path", "nope.txt"), nil, http.StatusNotFound, "not_found")
+		st.callError(t, http.MethodGet, "/v1/files", nil, nil, http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodPut, "/v1/files", q("path", ""), strings.NewReader("x"), http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodDelete, "/v1/files", q("path", "/", "recursive", "true"), nil, http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodGet, "/v1/nothing", nil, nil, http.StatusNotFound, "not_found")
+	})
+}

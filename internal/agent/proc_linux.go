@@ -1,0 +1,220 @@
+//go:build linux
+
+package agent
+
+import (
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// Reaper starts the agent's commands and waits for them to exit.
+//
+// As PID 1 the agent must also reap orphans that the kernel re-parents to it,
+// which takes a wait4(-1) loop; such a loop would steal the status of a child
+// that something else waits for by pid. So in central mode one goroutine does
+// all the waiting and hands each status to whoever started that pid. Every
+// child of the agent must then be started through the Reaper (never os/exec).
+// A nil *Reaper waits for each child by pid, for processes that are not PID 1.
+type Reaper struct {
+	log *slog.Logger
+	// mu is held across each fork and its registration, and across each
+	// reaping pass, so a child is never reaped before it is registered: no
+	// status has to be kept for a late registration, and a recycled pid can
+	// never pick up a dead process's status.
+	mu      sync.Mutex
+	waiters map[int]chan exitStatus
+}
+
+// StartReaper starts the central reaper. Call it once, early, when running as
+// PID 1; it runs for the life of the process.
+func StartReaper(log *slog.Logger) *Reaper {
+	if log == nil {
+		log = discardLogger()
+	}
+	r := &Reaper{log: log, waiters: make(map[int]chan exitStatus)}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	go func() {
+		r.reap() // children that exited before Notify took effect
+		for range sigs {
+			r.reap()
+		}
+	}()
+	return r
+}
+
+// reap collects every exited child. SIGCHLDs coalesce, so it loops until
+// none is left.
+func (r *Reaper) reap() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			return
+		}
+		if ch, ok := r.waiters[pid]; ok {
+			delete(r.waiters, pid)
+			ch <- statusOf(ws)
+		} else {
+			r.log.Debug("reaped orphan", "pid", pid, "status", statusOf(ws).String())
+		}
+	}
+}
+
+// child is a started command; done yields its exit status once.
+type child struct {
+	pid  int
+	done <-chan exitStatus
+}
+
+func (r *Reaper) start(path string, argv []string, attr *os.ProcAttr) (*child, error) {
+	if r == nil {
+		p, err := os.StartProcess(path, argv, attr)
+		if err != nil {
+			return nil, err
+		}
+		done := make(chan exitStatus, 1)
+		go func() {
+			st, err := p.Wait()
+			if err != nil {
+				done <- exitStatus{code: -1}
+				return
+			}
+			done <- statusOf(st.Sys().(syscall.WaitStatus))
+		}()
+		return &child{pid: p.Pid, done: done}, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, err := os.StartProcess(path, argv, attr)
+	if err != nil {
+		return nil, err
+	}
+	pid := p.Pid
+	p.Release()
+	ch := make(chan exitStatus, 1)
+	r.waiters[pid] = ch
+	return &child{pid: pid, done: ch}, nil
+}
+
+func statusOf(ws syscall.WaitStatus) exitStatus {
+	if ws.Signaled() {
+		return exitStatus{code: -1, signal: signalName(ws.Signal())}
+	}
+	return exitStatus{code: ws.ExitStatus()}
+}
+
+var signalNames = map[syscall.Signal]string{
+	syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT",
+	syscall.SIGILL: "SIGILL", syscall.SIGTRAP: "SIGTRAP", syscall.SIGABRT: "SIGABRT",
+	syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE", syscall.SIGKILL: "SIGKILL",
+	syscall.SIGUSR1: "SIGUSR1", syscall.SIGSEGV: "SIGSEGV", syscall.SIGUSR2: "SIGUSR2",
+	syscall.SIGPIPE: "SIGPIPE", syscall.SIGALRM: "SIGALRM", syscall.SIGTERM: "SIGTERM",
+	syscall.SIGXCPU: "SIGXCPU", syscall.SIGXFSZ: "SIGXFSZ", syscall.SIGSYS: "SIGSYS",
+}
+
+func signalName(s syscall.Signal) string {
+	if n, ok := signalNames[s]; ok {
+		return n
+	}
+	return "SIG" + strconv.Itoa(int(s))
+}
+
+// procAttr puts the command in its own process group and, when the agent is
+// root, drops to the sandbox user unless asRoot.
+func procAttr(asRoot bool) *syscall.SysProcAttr {
+	a := &syscall.SysProcAttr{Setpgid: true}
+	if runningAsRoot() && !asRoot {
+		a.Credential = &syscall.Credential{Uid: agentproto.UserUID, Gid: agentproto.UserGID, Groups: []uint32{}}
+	}
+	return a
+}
+
+// killTree SIGKILLs pid's process group and every descendant of pid, also
+// those that left the group with setsid. It stops the tree first and walks it
+// until no new process shows up, so nothing can fork its way out; the walk
+// has to happen before pid dies, since orphans lose their parent link.
+func killTree(pid int) {
+	syscall.Kill(-pid, syscall.SIGSTOP)
+	syscall.Kill(pid, syscall.SIGSTOP)
+	seen := map[int]bool{pid: true}
+	for range 20 {
+		added := false
+		for _, p := range descendants(pid) {
+			if !seen[p] {
+				seen[p] = true
+				syscall.Kill(p, syscall.SIGSTOP)
+				added = true
+			}
+		}
+		if !added {
+			break
+		}
+	}
+	syscall.Kill(-pid, syscall.SIGKILL)
+	for p := range seen {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+}
+
+// descendants lists the processes below root by their /proc parent links.
+func descendants(root int) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	kids := make(map[int][]int)
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, ok := parentOf(pid); ok {
+			kids[ppid] = append(kids[ppid], pid)
+		}
+	}
+	var out []int
+	queue := []int{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for _, k := range kids[p] {
+			out = append(out, k)
+			queue = append(queue, k)
+		}
+	}
+	return out
+}
+
+// parentOf reads the ppid from /proc/<pid>/stat: "pid (comm) state ppid ...",
+// where comm may hold spaces and parentheses, so parse after the last ')'.
+func parentOf(pid int) (int, bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0, false
+	}
+	ppid, err := strconv.Atoi(f[1])
+	return ppid, err == nil
+}

@@ -1,0 +1,30 @@
+//go:build !linux
+
+package agent
+
+import (
+	"errors"
+	"log/slog"
+	"os"
+	"syscall"
+)
+
+// Reaper starts the agent's commands; the agent runs only on Linux, so
+// elsewhere it refuses to start anything. This file keeps the module building.
+type Reaper struct{}
+
+// StartReaper returns a Reaper that starts nothing.
+func StartReaper(log *slog.Logger) *Reaper { return &Reaper{} }
+
+type child struct {
+	pid  int
+	done <-chan exitStatus
+}
+
+func (r *Reaper) start(path string, argv []string, attr *os.ProcAttr) (*child, error) {
+	return nil, errors.New("running commands needs linux")
+}
+
+func procAttr(asRoot bool) *syscall.SysProcAttr { return nil }
+
+func killTree(pid int) {}

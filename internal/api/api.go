@@ -1,0 +1,317 @@
+// Package api is the REST API under /v1: routing, API-key auth, JSON
+// decoding with clear errors, the one error shape, and streaming. Only cmd/
+// imports it.
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/sandbox"
+)
+
+//go:embed openapi.json
+var openAPI []byte
+
+// TemplateInfo is a built template as GET /v1/templates shows it.
+type TemplateInfo struct {
+	Name         string    `json:"name"`
+	Description  string    `json:"description,omitempty"`
+	Hash         string    `json:"hash"`
+	SizeBytes    int64     `json:"size_bytes"`
+	BuildSeconds float64   `json:"build_seconds"`
+	BuiltAt      time.Time `json:"built_at"`
+	CPU          int       `json:"cpu"`
+	MemoryMB     int       `json:"memory_mb"`
+}
+
+// Catalog lists the built templates.
+type Catalog interface {
+	Built(ctx context.Context) ([]TemplateInfo, error)
+}
+
+// Config holds the API's limits.
+type Config struct {
+	MaxUploadBytes     int64         // largest file upload; 0 means 4 GiB
+	ExecOutputCap      int           // bytes kept per stream in a non-streamed exec answer; 0 means 4 MiB
+	DefaultExecTimeout time.Duration // when timeout_seconds is absent; 0 means 60 s
+	MaxExecTimeout     time.Duration // 0 means 24 h
+}
+
+// Server serves the API.
+type Server struct {
+	cfg     Config
+	mgr     *sandbox.Manager
+	store   pandastack.Store
+	catalog Catalog
+	log     *slog.Logger
+	mux     *http.ServeMux
+}
+
+// New builds the API server.
+func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catalog, log *slog.Logger) *Server {
+	if cfg.MaxUploadBytes == 0 {
+		cfg.MaxUploadBytes = 4 << 30
+	}
+	if cfg.ExecOutputCap == 0 {
+		cfg.ExecOutputCap = 4 << 20
+	}
+	if cfg.DefaultExecTimeout == 0 {
+		cfg.DefaultExecTimeout = 60 * time.Second
+	}
+	if cfg.MaxExecTimeout == 0 {
+		cfg.MaxExecTimeout = 24 * time.Hour
+	}
+	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	s.mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(openAPI)
+	})
+	auth := func(pattern string, h func(http.ResponseWriter, *http.Request, string)) {
+		s.mux.HandleFunc(pattern, s.authenticated(h))
+	}
+	auth("POST /v1/sandboxes", s.createSandbox)
+	auth("GET /v1/sandboxes", s.listSandboxes)
+	auth("GET /v1/sandboxes/{id}", s.getSandbox)
+	auth("PATCH /v1/sandboxes/{id}", s.patchSandbox)
+	auth("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
+	auth("POST /v1/sandboxes/{id}/exec", s.exec)
+	auth("PUT /v1/sandboxes/{id}/files", s.putFile)
+	auth("GET /v1/sandboxes/{id}/files", s.getFile)
+	auth("DELETE /v1/sandboxes/{id}/files", s.deleteFile)
+	auth("GET /v1/sandboxes/{id}/files/list", s.listFiles)
+	auth("GET /v1/sandboxes/{id}/files/stat", s.statFile)
+	auth("POST /v1/sandboxes/{id}/files/mkdir", s.mkdir)
+	auth("GET /v1/templates", s.listTemplates)
+}
+
+// Handler returns the API's root handler.
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w, status: 200}
+		defer func() {
+			if p := recover(); p != nil {
+				s.log.Error("panic in handler", "method", r.Method, "path", r.URL.Path, "panic", p)
+				if !rec.wrote {
+					writeError(rec, errors.New("panic"))
+				}
+			}
+			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(start).Milliseconds())
+		}()
+		if _, pattern := s.mux.Handler(r); pattern == "" {
+			// Unknown path or method: answer in the API's error shape
+			// rather than the mux's plain text.
+			probe := &statusRecorder{ResponseWriter: discardWriter{h: http.Header{}}, status: 200}
+			s.mux.ServeHTTP(probe, r)
+			if probe.status == http.StatusMethodNotAllowed {
+				writeError(rec, &pandastack.Error{Code: "method_not_allowed", Message: fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path)})
+				return
+			}
+			writeError(rec, pandastack.Errorf(pandastack.ENotFound, "no route %s %s; see /v1/openapi.json", r.Method, r.URL.Path))
+			return
+		}
+		s.mux.ServeHTTP(rec, r)
+	})
+}
+
+type discardWriter struct{ h http.Header }
+
+func (d discardWriter) Header() http.Header         { return d.h }
+func (d discardWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (d discardWriter) WriteHeader(int)             {}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.status, r.wrote = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	r.wrote = true
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *statusRecorder) Flush() {
+	if f, ok := r.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// HashKey is how API keys are stored: hex SHA-256 of the secret. The secret
+// has 160 random bits, so a fast hash is enough.
+func HashKey(secret string) string {
+	h := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(h[:])
+}
+
+func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		secret := ""
+		if a := r.Header.Get("Authorization"); a != "" {
+			scheme, tok, ok := strings.Cut(a, " ")
+			if !ok || !strings.EqualFold(scheme, "Bearer") {
+				writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "the Authorization header must be \"Bearer pds_...\""))
+				return
+			}
+			secret = strings.TrimSpace(tok)
+		} else {
+			secret = r.Header.Get("X-API-Key")
+		}
+		if secret == "" {
+			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "missing API key: send \"Authorization: Bearer pds_...\" (serve prints a key on first start and writes it to <data dir>/api-key)"))
+			return
+		}
+		key, err := s.store.APIKeyByHash(r.Context(), HashKey(secret))
+		if err != nil {
+			if pandastack.IsCode(err, pandastack.ENotFound) {
+				writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "unknown API key"))
+				return
+			}
+			writeError(w, err)
+			return
+		}
+		if key.RevokedAt != nil {
+			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "API key %s… was revoked", key.Prefix))
+			return
+		}
+		h(w, r, key.ProjectID)
+	}
+}
+
+// statusOf maps an error code to its HTTP status: the only place that does.
+func statusOf(code string) int {
+	switch code {
+	case pandastack.EInvalid, pandastack.ECommandNotFound:
+		return http.StatusBadRequest
+	case pandastack.EUnauthorized:
+		return http.StatusUnauthorized
+	case pandastack.ENotFound:
+		return http.StatusNotFound
+	case "method_not_allowed":
+		return http.StatusMethodNotAllowed
+	case pandastack.EConflict, pandastack.ETemplateMissing:
+		return http.StatusConflict
+	case pandastack.ETooLarge:
+		return http.StatusRequestEntityTooLarge
+	case pandastack.ETimeout:
+		return http.StatusGatewayTimeout
+	case pandastack.EUnavailable:
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func errorJSON(err error) errorBody {
+	var b errorBody
+	b.Error.Code = pandastack.ErrorCode(err)
+	b.Error.Message = pandastack.ErrorMessage(err)
+	return b
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	b := errorJSON(err)
+	writeJSON(w, statusOf(b.Error.Code), b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+// decode reads a JSON request body strictly. An empty body decodes as {}.
+func decode(r *http.Request, v any) error {
+	body := http.MaxBytesReader(nil, r.Body, 8<<20)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return jsonError(err)
+	}
+	if dec.More() {
+		return pandastack.Errorf(pandastack.EInvalid, "request body has data after the JSON object")
+	}
+	return nil
+}
+
+func jsonError(err error) error {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &syn):
+		return pandastack.Errorf(pandastack.EInvalid, "malformed JSON at byte %d: %v", syn.Offset, err)
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			return pandastack.Errorf(pandastack.EInvalid, "the request body must be a JSON object, got %s", typ.Value)
+		}
+		return pandastack.Errorf(pandastack.EInvalid, "field %q must be %s, got %s", field, jsonKind(typ.Type.Kind().String()), typ.Value)
+	case errors.As(err, &tooBig):
+		return pandastack.Errorf(pandastack.ETooLarge, "JSON body larger than %d bytes", tooBig.Limit)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return pandastack.Errorf(pandastack.EInvalid, "malformed JSON: the body ends too early")
+	case strings.HasPrefix(err.Error(), "json: unknown field"):
+		return pandastack.Errorf(pandastack.EInvalid, "%s; see /v1/openapi.json for the accepted fields", strings.TrimPrefix(err.Error(), "json: "))
+	}
+	return pandastack.Errorf(pandastack.EInvalid, "invalid JSON body: %v", err)
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "int", "int64", "int32", "uint32", "uint64":
+		return "an integer"
+	case "float64":
+		return "a number"
+	case "string":
+		return "a string"
+	case "map":
+		return "an object of strings"
+	case "slice":
+		return "an array"
+	case "bool":
+		return "true or false"
+	}
+	return "a " + k
+}

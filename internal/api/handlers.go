@@ -1,0 +1,438 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/sandbox"
+)
+
+type createSandboxRequest struct {
+	Template   string            `json:"template"`
+	TTLSeconds *int64            `json:"ttl_seconds"`
+	Metadata   map[string]string `json:"metadata"`
+	Env        map[string]string `json:"env"`
+	CPU        int               `json:"cpu"`
+	MemoryMB   int               `json:"memory_mb"`
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project string) {
+	var req createSandboxRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	sb, err := s.mgr.Create(r.Context(), project, sandbox.CreateRequest{
+		Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata,
+		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB,
+	})
+	if err != nil {
+		s.logFailure(r, err)
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, sb)
+}
+
+// logFailure logs errors that are not the caller's fault.
+func (s *Server) logFailure(r *http.Request, err error) {
+	if code := pandastack.ErrorCode(err); code == pandastack.EInternal || code == pandastack.EUnavailable {
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project string) {
+	f := pandastack.SandboxFilter{Metadata: map[string]string{}}
+	q := r.URL.Query()
+	for k, vs := range q {
+		switch {
+		case k == "state":
+		case strings.HasPrefix(k, "metadata."):
+			f.Metadata[strings.TrimPrefix(k, "metadata.")] = vs[0]
+		case k == "state" && vs[0] != "":
+			for _, v := range strings.Split(vs[0], ",") {
+				switch st := pandastack.SandboxState(v); st {
+				case pandastack.StateStarting, pandastack.StateRunning, pandastack.StateStopped:
+					f.States = append(f.States, st)
+				case "all":
+				default:
+					writeError(w, pandastack.Errorf(pandastack.EInvalid, "state must be starting, running, stopped or all, got %q", v))
+					return
+				}
+			}
+		default:
+			writeError(w, pandastack.Errorf(pandastack.EInvalid, "unknown query parameter %q; filter with metadata.<key>=<value> or state=", k))
+			return
+		}
+	}
+	if q.Get("state") == "" {
+		f.States = []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning}
+	}
+	list, err := s.mgr.List(r.Context(), project, f)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if list == nil {
+		list = []pandastack.Sandbox{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": list})
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, project string) {
+	sb, err := s.mgr.Get(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) patchSandbox(w http.ResponseWriter, r *http.Request, project string) {
+	var req struct {
+		TTLSeconds *int64 `json:"ttl_seconds"`
+	}
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.TTLSeconds == nil {
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "ttl_seconds is required"))
+		return
+	}
+	sb, err := s.mgr.SetTTL(r.Context(), project, r.PathValue("id"), *req.TTLSeconds)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, project string) {
+	if err := s.mgr.Kill(r.Context(), project, r.PathValue("id")); err != nil {
+		s.logFailure(r, err)
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type execRequest struct {
+	Cmd            string            `json:"cmd"`
+	Argv           []string          `json:"argv"`
+	Env            map[string]string `json:"env"`
+	Cwd            string            `json:"cwd"`
+	TimeoutSeconds *float64          `json:"timeout_seconds"`
+	Stdin          string            `json:"stdin"`
+}
+
+// ExecResult is the one-document answer of exec.
+type ExecResult struct {
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	ExitCode        int    `json:"exit_code"`
+	Signal          string `json:"signal,omitempty"`
+	DurationMS      int64  `json:"duration_ms"`
+	TimedOut        bool   `json:"timed_out"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+}
+
+// wantsStream reports whether the client asked for NDJSON streaming.
+func wantsStream(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "application/x-ndjson")
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
+	var req execRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if (req.Cmd == "") == (len(req.Argv) == 0) {
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "give exactly one of cmd (a shell string) or argv (a list)"))
+		return
+	}
+	if err := sandbox.ValidateEnv(req.Env); err != nil {
+		writeError(w, err)
+		return
+	}
+	timeout := s.cfg.DefaultExecTimeout
+	if req.TimeoutSeconds != nil {
+		t := *req.TimeoutSeconds
+		if t <= 0 || math.IsNaN(t) || time.Duration(t*float64(time.Second)) > s.cfg.MaxExecTimeout {
+			writeError(w, pandastack.Errorf(pandastack.EInvalid, "timeout_seconds must be above 0 and at most %d", int64(s.cfg.MaxExecTimeout/time.Second)))
+			return
+		}
+		timeout = time.Duration(t * float64(time.Second))
+	}
+	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	areq := agentproto.ExecRequest{Argv: req.Argv, Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, TimeoutMS: timeout.Milliseconds(), Stdin: []byte(req.Stdin)}
+	if wantsStream(r) {
+		s.execStream(w, r, agent, areq)
+		return
+	}
+	var res ExecResult
+	var out, errb capBuffer
+	out.max, errb.max = s.cfg.ExecOutputCap, s.cfg.ExecOutputCap
+	exit, err := agent.Exec(r.Context(), areq, func(ev agentproto.ExecEvent) error {
+		switch ev.Type {
+		case "stdout":
+			out.Write(ev.Data)
+		case "stderr":
+			errb.Write(ev.Data)
+		}
+		return nil
+	})
+	if err != nil {
+		s.logFailure(r, err)
+		writeError(w, err)
+		return
+	}
+	res.Stdout, res.StdoutTruncated = out.String(), out.dropped > 0
+	res.Stderr, res.StderrTruncated = errb.String(), errb.dropped > 0
+	res.ExitCode, res.Signal, res.DurationMS, res.TimedOut = exit.ExitCode, exit.Signal, exit.DurationMS, exit.TimedOut
+	writeJSON(w, http.StatusOK, res)
+}
+
+// capBuffer keeps the first max bytes and counts the rest.
+type capBuffer struct {
+	bytes.Buffer
+	max     int
+	dropped int64
+}
+
+func (b *capBuffer) Write(p []byte) {
+	room := b.max - b.Len()
+	if room >= len(p) {
+		b.Buffer.Write(p)
+		return
+	}
+	if room > 0 {
+		b.Buffer.Write(p[:room])
+	}
+	b.dropped += int64(len(p) - max(room, 0))
+}
+
+func (b *capBuffer) String() string {
+	if b.dropped == 0 {
+		return b.Buffer.String()
+	}
+	return b.Buffer.String() + fmt.Sprintf("\n[pandastack: output truncated, %d more bytes not kept; stream the exec with Accept: application/x-ndjson to get all of it]\n", b.dropped)
+}
+
+// streamEvent is one NDJSON line of a streamed exec.
+type streamEvent struct {
+	Type       string     `json:"type"`
+	Data       string     `json:"data,omitempty"`
+	ExitCode   *int       `json:"exit_code,omitempty"`
+	Signal     string     `json:"signal,omitempty"`
+	TimedOut   *bool      `json:"timed_out,omitempty"`
+	DurationMS *int64     `json:"duration_ms,omitempty"`
+	Error      *errorBody `json:"error,omitempty"`
+}
+
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandbox.AgentClient, req agentproto.ExecRequest) {
+	nd := newNDJSON(w)
+	_, err := agent.Exec(r.Context(), req, func(ev agentproto.ExecEvent) error {
+		out := streamEvent{Type: ev.Type}
+		switch ev.Type {
+		case "stdout", "stderr":
+			out.Data = string(ev.Data)
+		case "exit":
+			out.ExitCode, out.Signal, out.TimedOut, out.DurationMS = &ev.ExitCode, ev.Signal, &ev.TimedOut, &ev.DurationMS
+		}
+		return nd.send(out)
+	})
+	if err != nil {
+		if !nd.started {
+			writeError(w, err)
+			return
+		}
+		eb := errorJSON(err)
+		nd.send(streamEvent{Type: "error", Error: &eb})
+	}
+}
+
+// ndjson writes newline-delimited JSON, flushing after each line.
+type ndjson struct {
+	w       http.ResponseWriter
+	enc     *json.Encoder
+	rc      *http.ResponseController
+	started bool
+}
+
+func newNDJSON(w http.ResponseWriter) *ndjson {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return &ndjson{w: w, enc: enc, rc: http.NewResponseController(w)}
+}
+
+func (n *ndjson) send(v any) error {
+	if !n.started {
+		n.w.Header().Set("Content-Type", "application/x-ndjson")
+		n.w.Header().Set("X-Content-Type-Options", "nosniff")
+		n.w.WriteHeader(http.StatusOK)
+		n.started = true
+	}
+	if err := n.enc.Encode(v); err != nil {
+		return err
+	}
+	return n.rc.Flush()
+}
+
+// pathParam reads the required ?path= parameter.
+func pathParam(r *http.Request) (string, error) {
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		return "", pandastack.Errorf(pandastack.EInvalid, "the path query parameter is required, e.g. ?path=/home/user/data.csv")
+	}
+	return p, nil
+}
+
+func (s *Server) fileAgent(w http.ResponseWriter, r *http.Request, project string) (*sandbox.AgentClient, string, bool) {
+	p, err := pathParam(r)
+	if err == nil {
+		var agent *sandbox.AgentClient
+		if agent, err = s.mgr.Agent(r.Context(), project, r.PathValue("id")); err == nil {
+			return agent, p, true
+		}
+	}
+	writeError(w, err)
+	return nil, "", false
+}
+
+func (s *Server) putFile(w http.ResponseWriter, r *http.Request, project string) {
+	if r.ContentLength > s.cfg.MaxUploadBytes {
+		writeError(w, pandastack.Errorf(pandastack.ETooLarge, "upload of %d bytes is over the server's limit of %d", r.ContentLength, s.cfg.MaxUploadBytes))
+		return
+	}
+	agent, p, ok := s.fileAgent(w, r, project)
+	if !ok {
+		return
+	}
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
+	fi, err := agent.PutFile(r.Context(), p, body)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			err = pandastack.Errorf(pandastack.ETooLarge, "upload is over the server's limit of %d bytes", s.cfg.MaxUploadBytes)
+		}
+		s.logFailure(r, err)
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, fi)
+}
+
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request, project string) {
+	agent, p, ok := s.fileAgent(w, r, project)
+	if !ok {
+		return
+	}
+	rc, size, err := agent.GetFile(r.Context(), p)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if size >= 0 {
+		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	}
+	w.WriteHeader(http.StatusOK)
+	io.Copy(w, rc)
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, project string) {
+	agent, p, ok := s.fileAgent(w, r, project)
+	if !ok {
+		return
+	}
+	rec := r.URL.Query().Get("recursive")
+	if err := agent.RemoveFile(r.Context(), p, rec == "1" || rec == "true"); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, project string) {
+	agent, p, ok := s.fileAgent(w, r, project)
+	if !ok {
+		return
+	}
+	list, err := agent.ListFiles(r.Context(), p)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"files": list})
+}
+
+func (s *Server) statFile(w http.ResponseWriter, r *http.Request, project string) {
+	agent, p, ok := s.fileAgent(w, r, project)
+	if !ok {
+		return
+	}
+	fi, err := agent.StatFile(r.Context(), p)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, fi)
+}
+
+func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {
+	// The path may come as ?path= or as a JSON body {"path": ...}.
+	if r.URL.Query().Get("path") == "" {
+		var body struct {
+			Path string `json:"path"`
+		}
+		if err := decode(r, &body); err != nil {
+			writeError(w, err)
+			return
+		}
+		if body.Path != "" {
+			q := r.URL.Query()
+			q.Set("path", body.Path)
+			r.URL.RawQuery = q.Encode()
+		}
+	}
+	agent, p, ok := s.fileAgent(w, r, project)
+	if !ok {
+		return
+	}
+	fi, err := agent.MakeDir(r.Context(), p)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, fi)
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, project string) {
+	list, err := s.catalog.Built(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if list == nil {
+		list = []TemplateInfo{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"templates": list})
+}

@@ -1,0 +1,410 @@
+// Package gvisor is the Runtime driver that isolates each sandbox in a gVisor
+// (runsc) container on the systrap platform. Only cmd/ and tests import it.
+//
+// Every sandbox gets a directory under StateDir/sandboxes/<id> holding its OCI
+// bundle, two FIFOs for the agent's stdin and stdout, and logs. FIFOs rather
+// than anonymous pipes let a restarted server reattach to a running sandbox:
+// the sandbox keeps its ends open, the server just opens the files again.
+package gvisor
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// Config configures the driver.
+type Config struct {
+	Runsc     string       // path of the runsc binary
+	StateDir  string       // holds runsc's state root and one directory per sandbox
+	AgentPath string       // host path of the static pandastack-agent binary
+	Platform  string       // runsc --platform; "systrap" when empty (no KVM needed)
+	Log       *slog.Logger // operator log; nil discards
+}
+
+// Runtime is the gVisor driver.
+type Runtime struct {
+	cfg     Config
+	root    string // runsc --root
+	sbxRoot string // per-sandbox directories
+	log     *slog.Logger
+}
+
+var _ pandastack.Runtime = (*Runtime)(nil)
+
+// New checks the configuration and prepares the state directory.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Platform == "" {
+		cfg.Platform = "systrap"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.Runsc == "" {
+		return nil, errors.New("gvisor: no runsc binary configured")
+	}
+	if _, err := os.Stat(cfg.Runsc); err != nil {
+		return nil, fmt.Errorf("gvisor: runsc: %w", err)
+	}
+	if st, err := os.Stat(cfg.AgentPath); err != nil || st.IsDir() {
+		return nil, fmt.Errorf("gvisor: agent binary %q not found", cfg.AgentPath)
+	}
+	abs, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log}
+	for _, d := range []string{r.root, r.sbxRoot} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("gvisor: %w", err)
+		}
+	}
+	return r, nil
+}
+
+func (r *Runtime) dir(id string) string { return filepath.Join(r.sbxRoot, id) }
+
+// globalFlags are the runsc flags shared by every subcommand; runsc checks
+// that restore and checkpoint use the same ones as run. runsc creates the
+// log file's directory, so only `run` logs into the sandbox's directory:
+// anything else would bring a removed directory back.
+func (r *Runtime) globalFlags(logFile string) []string {
+	return []string{
+		"--root=" + r.root,
+		"--platform=" + r.cfg.Platform,
+		"--network=none",
+		"--overlay2=root:memory",
+		// runsc would log to stdout by default: that is the agent channel.
+		"--log=" + logFile,
+	}
+}
+
+func (r *Runtime) runsc(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags(filepath.Join(filepath.Dir(r.root), "runsc.log")), args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// Start implements pandastack.Runtime.
+func (r *Runtime) Start(ctx context.Context, spec pandastack.RuntimeSpec) (_ io.ReadWriteCloser, err error) {
+	if !validID(spec.ID) {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "invalid sandbox id %q", spec.ID)
+	}
+	dir := r.dir(spec.ID)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return nil, pandastack.Errorf(pandastack.EConflict, "sandbox %s already exists in the runtime", spec.ID)
+		}
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	undo = append(undo, func() { r.cleanup(spec.ID) })
+
+	for _, f := range []string{"in.fifo", "out.fifo"} {
+		if err := syscall.Mkfifo(filepath.Join(dir, f), 0o600); err != nil {
+			return nil, fmt.Errorf("start %s: mkfifo: %w", spec.ID, err)
+		}
+	}
+	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec), "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600); err != nil {
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+
+	// The sandbox's own ends, opened O_RDWR so neither side ever sees EOF or
+	// EPIPE while the server is away.
+	childIn, err := os.OpenFile(filepath.Join(dir, "in.fifo"), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	defer childIn.Close()
+	childOut, err := os.OpenFile(filepath.Join(dir, "out.fifo"), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	defer childOut.Close()
+	agentLog, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	defer agentLog.Close()
+
+	// Not CommandContext: with --detach runsc returns once the sandbox runs,
+	// and killing it half-way would strand a sandbox. ctx bounds the wait.
+	cmd := exec.Command(r.cfg.Runsc, append(r.globalFlags(filepath.Join(dir, "runsc.log")), "run", "--detach", "--bundle="+dir, spec.ID)...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, agentLog
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	undo = append(undo, func() { r.destroy(spec.ID) })
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		cmd.Process.Kill()
+		<-done
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("start %s: runsc run: %w: %s", spec.ID, err, r.logTail(spec.ID))
+	}
+	conn, err := r.open(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	r.log.Debug("sandbox started", "sandbox", spec.ID)
+	return conn, nil
+}
+
+// open returns the host's ends of the agent's stdin and stdout.
+func (r *Runtime) open(id string) (io.ReadWriteCloser, error) {
+	in, err := os.OpenFile(filepath.Join(r.dir(id), "in.fifo"), os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open channel %s: %w", id, err)
+	}
+	out, err := os.OpenFile(filepath.Join(r.dir(id), "out.fifo"), os.O_RDWR, 0)
+	if err != nil {
+		in.Close()
+		return nil, fmt.Errorf("open channel %s: %w", id, err)
+	}
+	return &pipeConn{w: in, r: out}, nil
+}
+
+type pipeConn struct{ w, r *os.File }
+
+func (p *pipeConn) Read(b []byte) (int, error)  { return p.r.Read(b) }
+func (p *pipeConn) Write(b []byte) (int, error) { return p.w.Write(b) }
+func (p *pipeConn) Close() error {
+	err := p.w.Close()
+	if err2 := p.r.Close(); err == nil {
+		err = err2
+	}
+	return err
+}
+
+// Close unmounts the network namespace that runsc pins under its root to
+// speed up later starts (runsc's null-netns). Running sandboxes keep their
+// own reference to it; the next start pins a new one. Call it on shutdown.
+func (r *Runtime) Close() error {
+	p := filepath.Join(r.root, "null-netns")
+	// Concurrent starts can stack several bind mounts on the same path.
+	for syscall.Unmount(p, syscall.MNT_DETACH) == nil {
+	}
+	return nil
+}
+
+// Attach implements pandastack.Runtime.
+func (r *Runtime) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	st, err := r.State(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if st != pandastack.RuntimeRunning {
+		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is %s", id, st)
+	}
+	return r.open(id)
+}
+
+// Stop implements pandastack.Runtime.
+func (r *Runtime) Stop(ctx context.Context, id string) error {
+	if !validID(id) {
+		return nil
+	}
+	r.destroy(id)
+	r.cleanup(id)
+	if pids := r.hostPIDs(id); len(pids) > 0 {
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		return fmt.Errorf("stop %s: processes %v were still alive after runsc delete; killed", id, pids)
+	}
+	return nil
+}
+
+// destroy kills and deletes the container; errors mean it was already gone.
+func (r *Runtime) destroy(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := r.runsc(ctx, "delete", "--force", id); err != nil && !strings.Contains(err.Error(), "does not exist") {
+		r.log.Warn("runsc delete", "sandbox", id, "err", err)
+	}
+}
+
+// cleanup removes the sandbox's directory and cgroups.
+func (r *Runtime) cleanup(id string) {
+	os.RemoveAll(r.dir(id))
+	removeCgroups(cgroupPath(id))
+}
+
+// State implements pandastack.Runtime.
+func (r *Runtime) State(ctx context.Context, id string) (pandastack.RuntimeState, error) {
+	if !validID(id) {
+		return "", pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
+	}
+	out, err := r.runsc(ctx, "state", id)
+	if err != nil {
+		if _, statErr := os.Stat(r.dir(id)); statErr == nil {
+			return pandastack.RuntimeStopped, nil
+		}
+		return "", pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return "", fmt.Errorf("state %s: %w", id, err)
+	}
+	if st.Status == "running" {
+		return pandastack.RuntimeRunning, nil
+	}
+	return pandastack.RuntimeStopped, nil
+}
+
+// List implements pandastack.Runtime.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	out, err := r.runsc(ctx, "list", "--quiet")
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range strings.Fields(string(out)) {
+		seen[l] = true
+	}
+	ents, err := os.ReadDir(r.sbxRoot)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range ents {
+		seen[e.Name()] = true
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// Stats implements pandastack.Runtime.
+func (r *Runtime) Stats(ctx context.Context, id string) (pandastack.RuntimeStats, error) {
+	pids := r.hostPIDs(id)
+	if len(pids) == 0 {
+		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no processes of sandbox %q", id)
+	}
+	var st pandastack.RuntimeStats
+	st.PIDs = pids
+	for _, p := range pids {
+		st.PSSBytes += pss(p)
+	}
+	return st, nil
+}
+
+// hostPIDs finds the host processes of a sandbox (runsc-sandbox, gofer) by
+// their command lines, which name our runsc root and the container id.
+func (r *Runtime) hostPIDs(id string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	self := os.Getpid()
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if hasArg(args, "--root="+r.root) && hasArg(args, id) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func hasArg(args []string, want string) bool {
+	for _, a := range args {
+		if a == want {
+			return true
+		}
+	}
+	return false
+}
+
+// pss reads a process's proportional set size in bytes.
+func pss(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "Pss:") {
+			f := strings.Fields(l)
+			if len(f) >= 2 {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				return kb << 10
+			}
+		}
+	}
+	return 0
+}
+
+// logTail returns the last lines of the sandbox's runsc and agent logs, for
+// error messages.
+func (r *Runtime) logTail(id string) string {
+	var parts []string
+	for _, f := range []string{"runsc.log", "agent.log"} {
+		b, err := os.ReadFile(filepath.Join(r.dir(id), f))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		if len(lines) > 10 {
+			lines = lines[len(lines)-10:]
+		}
+		parts = append(parts, f+": "+strings.Join(lines, " | "))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// validID keeps ids safe as path elements and runsc arguments.
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

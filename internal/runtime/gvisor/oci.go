@@ -1,0 +1,154 @@
+package gvisor
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// A small subset of the OCI runtime spec: only what we set.
+type ociSpec struct {
+	Version  string     `json:"ociVersion"`
+	Process  ociProcess `json:"process"`
+	Root     ociRoot    `json:"root"`
+	Hostname string     `json:"hostname"`
+	Mounts   []ociMount `json:"mounts"`
+	Linux    ociLinux   `json:"linux"`
+}
+
+type ociProcess struct {
+	User            ociUser  `json:"user"`
+	Args            []string `json:"args"`
+	Env             []string `json:"env"`
+	Cwd             string   `json:"cwd"`
+	Capabilities    ociCaps  `json:"capabilities"`
+	NoNewPrivileges bool     `json:"noNewPrivileges"`
+	Rlimits         []ociRl  `json:"rlimits"`
+}
+
+type ociUser struct {
+	UID uint32 `json:"uid"`
+	GID uint32 `json:"gid"`
+}
+
+type ociCaps struct {
+	Bounding  []string `json:"bounding"`
+	Effective []string `json:"effective"`
+	Permitted []string `json:"permitted"`
+}
+
+type ociRl struct {
+	Type string `json:"type"`
+	Hard uint64 `json:"hard"`
+	Soft uint64 `json:"soft"`
+}
+
+type ociRoot struct {
+	Path     string `json:"path"`
+	Readonly bool   `json:"readonly"`
+}
+
+type ociMount struct {
+	Destination string   `json:"destination"`
+	Type        string   `json:"type"`
+	Source      string   `json:"source"`
+	Options     []string `json:"options,omitempty"`
+}
+
+type ociLinux struct {
+	Namespaces  []ociNS       `json:"namespaces"`
+	Resources   *ociResources `json:"resources,omitempty"`
+	CgroupsPath string        `json:"cgroupsPath,omitempty"`
+}
+
+type ociNS struct {
+	Type string `json:"type"`
+}
+
+type ociResources struct {
+	Memory *struct {
+		Limit int64 `json:"limit"`
+	} `json:"memory,omitempty"`
+	CPU *struct {
+		Quota  int64  `json:"quota"`
+		Period uint64 `json:"period"`
+	} `json:"cpu,omitempty"`
+	Pids *struct {
+		Limit int64 `json:"limit"`
+	} `json:"pids,omitempty"`
+}
+
+// The agent is root inside the sandbox (gVisor's root, not the host's) so it
+// can drop to the sandbox user for user commands.
+var agentCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
+	"CAP_AUDIT_WRITE", "CAP_MKNOD",
+}
+
+func cgroupPath(id string) string { return "/pandastack/" + id }
+
+func (r *Runtime) ociSpec(s pandastack.RuntimeSpec) ociSpec {
+	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
+	spec := ociSpec{
+		Version: "1.0.2",
+		Process: ociProcess{
+			Args:            []string{agentproto.AgentPath},
+			Env:             env,
+			Cwd:             "/",
+			Capabilities:    ociCaps{Bounding: agentCaps, Effective: agentCaps, Permitted: agentCaps},
+			NoNewPrivileges: true,
+			Rlimits:         []ociRl{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
+		},
+		Root:     ociRoot{Path: s.RootFS},
+		Hostname: strings.ReplaceAll(s.ID, "_", "-"),
+		Mounts: []ociMount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+			{Destination: agentproto.AgentPath, Type: "bind", Source: r.cfg.AgentPath, Options: []string{"bind", "ro"}},
+		},
+		Linux: ociLinux{
+			Namespaces: []ociNS{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
+		},
+	}
+	if s.MemoryMB > 0 || s.CPU > 0 || s.PIDs > 0 {
+		res := &ociResources{}
+		if s.MemoryMB > 0 {
+			res.Memory = &struct {
+				Limit int64 `json:"limit"`
+			}{int64(s.MemoryMB) << 20}
+		}
+		if s.CPU > 0 {
+			res.CPU = &struct {
+				Quota  int64  `json:"quota"`
+				Period uint64 `json:"period"`
+			}{int64(s.CPU) * 100000, 100000}
+		}
+		if s.PIDs > 0 {
+			res.Pids = &struct {
+				Limit int64 `json:"limit"`
+			}{int64(s.PIDs)}
+		}
+		spec.Linux.Resources = res
+		spec.Linux.CgroupsPath = cgroupPath(s.ID)
+	}
+	return spec
+}
+
+// removeCgroups removes the sandbox's cgroup directories in every mounted
+// hierarchy (v1 controllers and the v2 unified mount). runsc usually removes
+// them itself; this catches a sandbox that died uncleanly.
+func removeCgroups(rel string) {
+	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
+	roots = append(roots, "/sys/fs/cgroup")
+	for _, root := range roots {
+		os.Remove(filepath.Join(root, rel)) // cgroup dirs are removed with rmdir, never recursively
+	}
+}

@@ -1,0 +1,341 @@
+// Package runtimetest is the conformance suite every pandastack.Runtime
+// driver passes. It boots real sandboxes with the real agent and talks to it
+// over the channel the driver returns. Only drivers' tests import it.
+package runtimetest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// Env is what the suite needs from a driver's test.
+type Env struct {
+	// New returns a fresh runtime; the suite stops every sandbox it starts.
+	New func(t *testing.T) pandastack.Runtime
+	// RootFS is a root filesystem with /bin/sh, head, tail, sleep, id and a
+	// /home/user directory.
+	RootFS string
+}
+
+// Run runs the suite.
+func Run(t *testing.T, env Env) {
+	tests := []struct {
+		name string
+		fn   func(*testing.T, Env)
+	}{
+		{"StartHelloStop", testStartHelloStop},
+		{"AttachNewEpoch", testAttach},
+		{"StopIsIdempotent", testStopIdempotent},
+		{"FailedStartLeavesNothing", testFailedStart},
+		{"DuplicateID", testDuplicateID},
+		{"MemoryLimit", testMemoryLimit},
+		{"ConcurrentStarts", testConcurrent},
+		{"ContextDoesNotOwnSandbox", testContextDoesNotOwn},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, env) })
+	}
+}
+
+func newID() string { return fmt.Sprintf("sbx_rt%08x", rand.Uint32()) }
+
+// session is a minimal host side of the agent protocol.
+type session struct {
+	sess *yamux.Session
+	http *http.Client
+}
+
+func dial(t *testing.T, rwc io.ReadWriteCloser) *session {
+	t.Helper()
+	epoch := rand.Uint32() | 1
+	sess, err := yamux.Client(agentproto.HostConn(rwc, epoch), agentproto.MuxConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &session{sess: sess, http: &http.Client{Transport: &http.Transport{
+		DialContext: func(context.Context, string, string) (net.Conn, error) { return sess.Open() },
+	}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://agent/v1/hello", nil)
+	resp, err := s.http.Do(req)
+	if err != nil {
+		t.Fatalf("hello: %v", err)
+	}
+	defer resp.Body.Close()
+	var h agentproto.Hello
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatalf("hello: %v", err)
+	}
+	if h.Epoch != epoch || h.ProtocolVersion != agentproto.ProtocolVersion {
+		t.Fatalf("hello = %+v, want epoch %d", h, epoch)
+	}
+	return s
+}
+
+func (s *session) close() { s.sess.Close() }
+
+// exec runs a shell command through the agent and returns stdout and the exit event.
+func (s *session) exec(t *testing.T, cmd string) (string, agentproto.ExecEvent) {
+	t.Helper()
+	out, ev, err := s.tryExec(cmd)
+	if err != nil {
+		t.Fatalf("exec %q: %v", cmd, err)
+	}
+	return out, ev
+}
+
+func (s *session) tryExec(cmd string) (string, agentproto.ExecEvent, error) {
+	b, _ := json.Marshal(agentproto.ExecRequest{Cmd: cmd, TimeoutMS: 120000})
+	resp, err := s.http.Post("http://agent/v1/exec", "application/json", bytes.NewReader(b))
+	if err != nil {
+		return "", agentproto.ExecEvent{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		body, _ := io.ReadAll(resp.Body)
+		return "", agentproto.ExecEvent{}, fmt.Errorf("%s %s", resp.Status, body)
+	}
+	var out strings.Builder
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 16<<20)
+	for sc.Scan() {
+		var ev agentproto.ExecEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return "", ev, err
+		}
+		switch ev.Type {
+		case "stdout":
+			out.Write(ev.Data)
+		case "exit":
+			return out.String(), ev, nil
+		}
+	}
+	return out.String(), agentproto.ExecEvent{}, fmt.Errorf("stream ended without exit (%v)", sc.Err())
+}
+
+func start(t *testing.T, rt pandastack.Runtime, spec pandastack.RuntimeSpec) io.ReadWriteCloser {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rwc, err := rt.Start(ctx, spec)
+	if err != nil {
+		t.Fatalf("start %s: %v", spec.ID, err)
+	}
+	t.Cleanup(func() { rt.Stop(context.Background(), spec.ID) })
+	return rwc
+}
+
+func assertGone(t *testing.T, rt pandastack.Runtime, id string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := rt.State(ctx, id); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Errorf("State after Stop: %v, want not_found", err)
+	}
+	if _, err := rt.Stats(ctx, id); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Errorf("Stats after Stop: %v, want not_found (processes left?)", err)
+	}
+	ids, err := rt.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range ids {
+		if x == id {
+			t.Errorf("List after Stop still has %s", id)
+		}
+	}
+	if pids := pgrep(id); len(pids) > 0 {
+		t.Errorf("host processes of %s left: %v", id, pids)
+	}
+}
+
+// pgrep returns host pids whose command line mentions s.
+func pgrep(s string) []string {
+	out, _ := exec.Command("pgrep", "-f", s).Output()
+	return strings.Fields(string(out))
+}
+
+func testStartHelloStop(t *testing.T, env Env) {
+	rt := env.New(t)
+	id := newID()
+	ctx := context.Background()
+	rwc := start(t, rt, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS, Env: []string{"HELLO=world"}})
+	s := dial(t, rwc)
+	defer s.close()
+	out, ev := s.exec(t, `echo "$HELLO $(id -u)"`)
+	if out != "world 1000\n" || ev.ExitCode != 0 {
+		t.Fatalf("exec = %q %+v", out, ev)
+	}
+	if st, err := rt.State(ctx, id); err != nil || st != pandastack.RuntimeRunning {
+		t.Fatalf("State = %v %v", st, err)
+	}
+	ids, err := rt.List(ctx)
+	if err != nil || !contains(ids, id) {
+		t.Fatalf("List = %v %v, want %s in it", ids, err, id)
+	}
+	stats, err := rt.Stats(ctx, id)
+	if err != nil || stats.PSSBytes < 1<<20 || len(stats.PIDs) == 0 {
+		t.Fatalf("Stats = %+v %v", stats, err)
+	}
+	if err := rt.Stop(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, rt, id)
+}
+
+func testAttach(t *testing.T, env Env) {
+	rt := env.New(t)
+	id := newID()
+	rwc := start(t, rt, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS})
+	s1 := dial(t, rwc)
+	if out, _ := s1.exec(t, "echo one > /tmp/x; cat /tmp/x"); out != "one\n" {
+		t.Fatalf("first session: %q", out)
+	}
+	s1.close()
+	rwc2, err := rt.Attach(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := dial(t, rwc2)
+	defer s2.close()
+	if out, _ := s2.exec(t, "cat /tmp/x"); out != "one\n" {
+		t.Fatalf("after attach: %q, want the same sandbox", out)
+	}
+	if _, err := rt.Attach(context.Background(), "sbx_unknown"); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("Attach unknown: %v", err)
+	}
+}
+
+func testStopIdempotent(t *testing.T, env Env) {
+	rt := env.New(t)
+	ctx := context.Background()
+	if err := rt.Stop(ctx, "sbx_neverexisted"); err != nil {
+		t.Fatalf("Stop unknown: %v", err)
+	}
+	id := newID()
+	rwc := start(t, rt, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS})
+	rwc.Close()
+	if err := rt.Stop(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Stop(ctx, id); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+	assertGone(t, rt, id)
+}
+
+func testFailedStart(t *testing.T, env Env) {
+	rt := env.New(t)
+	id := newID()
+	_, err := rt.Start(context.Background(), pandastack.RuntimeSpec{ID: id, RootFS: filepath.Join(os.TempDir(), "no-such-rootfs")})
+	if err == nil {
+		rt.Stop(context.Background(), id)
+		t.Fatal("Start with a missing rootfs succeeded")
+	}
+	assertGone(t, rt, id)
+}
+
+func testDuplicateID(t *testing.T, env Env) {
+	rt := env.New(t)
+	id := newID()
+	rwc := start(t, rt, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS})
+	if _, err := rt.Start(context.Background(), pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS}); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("second Start with the same id: %v, want conflict", err)
+	}
+	s := dial(t, rwc) // the first one is untouched
+	defer s.close()
+	if out, _ := s.exec(t, "echo alive"); out != "alive\n" {
+		t.Fatalf("first sandbox: %q", out)
+	}
+}
+
+func testMemoryLimit(t *testing.T, env Env) {
+	rt := env.New(t)
+	id := newID()
+	rwc := start(t, rt, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS, MemoryMB: 128})
+	s := dial(t, rwc)
+	defer s.close()
+	if out, _ := s.exec(t, "head -c 20000000 /dev/zero | tail -c 20000000 | wc -c"); strings.TrimSpace(out) != "20000000" {
+		t.Fatalf("20 MB in a 128 MB sandbox: %q", out)
+	}
+	// tail keeps a newline-free input whole in memory: 400 MB in a 128 MB
+	// sandbox must not succeed. Either the command is killed or (gVisor,
+	// where the host's cgroup limits the whole sandbox) the sandbox is.
+	start := time.Now()
+	out, ev, err := s.tryExec("head -c 400000000 /dev/zero | tail -c 400000000 | wc -c")
+	t.Logf("over-allocation ended after %s: out=%q exit=%+v err=%v", time.Since(start), out, ev, err)
+	if err == nil && ev.ExitCode == 0 {
+		t.Fatalf("allocating 400 MB in a 128 MB sandbox succeeded: %q", out)
+	}
+}
+
+func testConcurrent(t *testing.T, env Env) {
+	rt := env.New(t)
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			id := newID()
+			rwc, err := rt.Start(context.Background(), pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS})
+			if err != nil {
+				t.Errorf("start %d: %v", i, err)
+				return
+			}
+			defer rt.Stop(context.Background(), id)
+			s := dial(t, rwc)
+			defer s.close()
+			want := fmt.Sprintf("n%d\n", i)
+			if out, _ := s.exec(t, "echo n"+fmt.Sprint(i)); out != want {
+				t.Errorf("sandbox %d: %q", i, out)
+			}
+		}(i)
+	}
+	wg.Wait()
+}
+
+func testContextDoesNotOwn(t *testing.T, env Env) {
+	rt := env.New(t)
+	id := newID()
+	ctx, cancel := context.WithCancel(context.Background())
+	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Stop(context.Background(), id)
+	cancel()
+	time.Sleep(200 * time.Millisecond)
+	s := dial(t, rwc)
+	defer s.close()
+	if out, _ := s.exec(t, "echo still here"); out != "still here\n" {
+		t.Fatalf("after the start context ended: %q", out)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,234 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// AgentClient talks to one sandbox's agent over one channel session. It is
+// safe for concurrent use: every request rides its own yamux stream.
+type AgentClient struct {
+	id    string
+	epoch uint32
+	sess  *yamux.Session
+	http  *http.Client
+	hello agentproto.Hello
+}
+
+// dialAgent opens a new session (a new epoch) on rwc and says hello. On
+// failure it closes rwc.
+func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser) (*AgentClient, error) {
+	epoch := rand.Uint32() | 1 // never 0, so a zeroed header is never ours
+	sess, err := yamux.Client(agentproto.HostConn(rwc, epoch), agentproto.MuxConfig())
+	if err != nil {
+		rwc.Close()
+		return nil, fmt.Errorf("agent session %s: %w", id, err)
+	}
+	c := &AgentClient{id: id, epoch: epoch, sess: sess}
+	c.http = &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return sess.Open()
+		},
+		MaxIdleConnsPerHost: 32,
+		IdleConnTimeout:     60 * time.Second,
+		DisableCompression:  true,
+	}}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := c.do(ctx, http.MethodGet, "/v1/hello", nil, nil, &c.hello); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("agent hello %s: %w", id, err)
+	}
+	if c.hello.ProtocolVersion != agentproto.ProtocolVersion {
+		c.Close()
+		return nil, fmt.Errorf("agent hello %s: protocol version %d, want %d", id, c.hello.ProtocolVersion, agentproto.ProtocolVersion)
+	}
+	if c.hello.Epoch != epoch {
+		c.Close()
+		return nil, fmt.Errorf("agent hello %s: answered for epoch %d, want %d", id, c.hello.Epoch, epoch)
+	}
+	return c, nil
+}
+
+// Close ends the session; the sandbox keeps running.
+func (c *AgentClient) Close() error {
+	c.http.CloseIdleConnections()
+	return c.sess.Close()
+}
+
+// Alive reports whether the session still stands.
+func (c *AgentClient) Alive() bool { return !c.sess.IsClosed() }
+
+// Hello returns the agent's answer to the session's hello.
+func (c *AgentClient) Hello() agentproto.Hello { return c.hello }
+
+func (c *AgentClient) request(ctx context.Context, method, path string, q url.Values, body io.Reader) (*http.Response, error) {
+	u := "http://agent" + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if c.sess.IsClosed() {
+			return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering (its agent channel closed)", c.id)
+		}
+		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering: %v", c.id, err)
+	}
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		return nil, decodeAgentError(resp)
+	}
+	return resp, nil
+}
+
+// do sends a request and decodes a JSON answer into out (if non-nil).
+func (c *AgentClient) do(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	resp, err := c.request(ctx, method, path, q, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("agent %s %s: bad answer: %w", method, path, err)
+	}
+	return nil
+}
+
+func decodeAgentError(resp *http.Response) error {
+	var eb agentproto.ErrorBody
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
+		return &pandastack.Error{Code: eb.Error.Code, Message: eb.Error.Message}
+	}
+	return fmt.Errorf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b))
+}
+
+// Exec runs a command and calls onEvent for every output chunk and for the
+// final exit event, in order. It returns the exit event. If onEvent fails,
+// the command is cancelled and that error returned.
+func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEvent func(agentproto.ExecEvent) error) (agentproto.ExecEvent, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // cancelling the stream kills the command in the sandbox
+	b, err := json.Marshal(req)
+	if err != nil {
+		return agentproto.ExecEvent{}, err
+	}
+	resp, err := c.request(ctx, http.MethodPost, "/v1/exec", nil, bytes.NewReader(b))
+	if err != nil {
+		return agentproto.ExecEvent{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		var ev agentproto.ExecEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return agentproto.ExecEvent{}, fmt.Errorf("exec %s: bad event: %w", c.id, err)
+		}
+		if onEvent != nil {
+			if err := onEvent(ev); err != nil {
+				return agentproto.ExecEvent{}, err
+			}
+		}
+		if ev.Type == "exit" {
+			return ev, nil
+		}
+	}
+	if err := sc.Err(); err != nil && ctx.Err() != nil {
+		return agentproto.ExecEvent{}, ctx.Err()
+	}
+	return agentproto.ExecEvent{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during exec", c.id)
+}
+
+// PutFile streams r into the file at path.
+func (c *AgentClient) PutFile(ctx context.Context, path string, r io.Reader) (agentproto.FileInfo, error) {
+	var fi agentproto.FileInfo
+	resp, err := c.request(ctx, http.MethodPut, "/v1/files", url.Values{"path": {path}}, r)
+	if err != nil {
+		return fi, err
+	}
+	defer resp.Body.Close()
+	err = json.NewDecoder(resp.Body).Decode(&fi)
+	return fi, err
+}
+
+// GetFile opens the file at path for streaming; the caller closes the
+// reader. size is -1 when unknown.
+func (c *AgentClient) GetFile(ctx context.Context, path string) (rc io.ReadCloser, size int64, err error) {
+	resp, err := c.request(ctx, http.MethodGet, "/v1/files", url.Values{"path": {path}}, nil)
+	if err != nil {
+		return nil, 0, err
+	}
+	size = -1
+	if v := resp.Header.Get("Content-Length"); v != "" {
+		size, _ = strconv.ParseInt(v, 10, 64)
+	}
+	return resp.Body, size, nil
+}
+
+// RemoveFile deletes a file or an empty directory, or a tree when recursive.
+func (c *AgentClient) RemoveFile(ctx context.Context, path string, recursive bool) error {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "1")
+	}
+	return c.do(ctx, http.MethodDelete, "/v1/files", q, nil, nil)
+}
+
+// ListFiles lists a directory.
+func (c *AgentClient) ListFiles(ctx context.Context, path string) ([]agentproto.FileInfo, error) {
+	var out []agentproto.FileInfo
+	err := c.do(ctx, http.MethodGet, "/v1/files/list", url.Values{"path": {path}}, nil, &out)
+	if out == nil && err == nil {
+		out = []agentproto.FileInfo{}
+	}
+	return out, err
+}
+
+// StatFile describes one file.
+func (c *AgentClient) StatFile(ctx context.Context, path string) (agentproto.FileInfo, error) {
+	var fi agentproto.FileInfo
+	err := c.do(ctx, http.MethodGet, "/v1/files/stat", url.Values{"path": {path}}, nil, &fi)
+	return fi, err
+}
+
+// MakeDir creates a directory and its parents.
+func (c *AgentClient) MakeDir(ctx context.Context, path string) (agentproto.FileInfo, error) {
+	var fi agentproto.FileInfo
+	err := c.do(ctx, http.MethodPost, "/v1/files/mkdir", url.Values{"path": {path}}, nil, &fi)
+	return fi, err
+}

@@ -1,0 +1,517 @@
+// Package sandbox owns the life of sandboxes: create with rollback, the agent
+// channel of each running sandbox, TTL expiry, kill, and re-adoption after a
+// server restart. Runtime processes live under the Manager's lifetime, never
+// under a request's context. Only internal/api and cmd/ import it.
+package sandbox
+
+import (
+	"context"
+
+	"fmt"
+	"log/slog"
+	"maps"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// Config holds the manager's limits and timings. Zero fields take the
+// defaults documented on each.
+type Config struct {
+	DefaultTTL       time.Duration // 300 s
+	MaxTTL           time.Duration // 24 h
+	MaxCPU           int           // 2
+	MaxMemoryMB      int           // 8192
+	PIDsLimit        int           // processes and threads per sandbox; 1024
+	ReapInterval     time.Duration // how often TTLs and liveness are checked; 1 s
+	StoppedRetention time.Duration // how long records of stopped sandboxes stay visible; 24 h
+	StartTimeout     time.Duration // boot until the agent says hello; 30 s
+}
+
+func (c *Config) setDefaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	defInt := func(d *int, v int) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.DefaultTTL, 300*time.Second)
+	def(&c.MaxTTL, 24*time.Hour)
+	def(&c.ReapInterval, time.Second)
+	def(&c.StoppedRetention, 24*time.Hour)
+	def(&c.StartTimeout, 30*time.Second)
+	defInt(&c.MaxCPU, 2)
+	defInt(&c.MaxMemoryMB, 8192)
+	defInt(&c.PIDsLimit, 1024)
+}
+
+// Template is a built template as the manager needs it.
+type Template struct {
+	Name     string
+	RootFS   string
+	CPU      int
+	MemoryMB int
+}
+
+// Templates resolves template names. Resolve returns ENotFound for an
+// unknown name and ETemplateMissing for one that is not built.
+type Templates interface {
+	Resolve(ctx context.Context, name string) (Template, error)
+}
+
+// CreateRequest is what a caller may set on a new sandbox.
+type CreateRequest struct {
+	Template   string
+	TTLSeconds *int64
+	Metadata   map[string]string
+	Env        map[string]string
+	CPU        int
+	MemoryMB   int
+}
+
+// Manager runs sandboxes for the API.
+type Manager struct {
+	cfg       Config
+	store     pandastack.Store
+	rt        pandastack.Runtime
+	templates Templates
+	log       *slog.Logger
+	now       func() time.Time
+
+	mu     sync.Mutex
+	live   map[string]*AgentClient
+	busy   map[string]bool // ids being created or stopped
+	closed bool
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// New returns a manager; call Start before use.
+func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Templates, log *slog.Logger) *Manager {
+	cfg.setDefaults()
+	return &Manager{
+		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
+		live: map[string]*AgentClient{}, busy: map[string]bool{}, stop: make(chan struct{}),
+	}
+}
+
+// Config returns the effective configuration.
+func (m *Manager) Config() Config { return m.cfg }
+
+// Start re-adopts or cleans up the sandboxes of an earlier run, removes
+// runtime state nobody owns, and starts the TTL reaper.
+func (m *Manager) Start(ctx context.Context) error {
+	if err := m.recover(ctx); err != nil {
+		return err
+	}
+	m.wg.Add(1)
+	go m.reapLoop()
+	return nil
+}
+
+// Close stops the reaper and closes agent channels. Sandboxes keep running,
+// so the next Start re-adopts them.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.closed = true
+	clients := m.live
+	m.live = map[string]*AgentClient{}
+	m.mu.Unlock()
+	close(m.stop)
+	m.wg.Wait()
+	for _, c := range clients {
+		c.Close()
+	}
+}
+
+func (m *Manager) recover(ctx context.Context) error {
+	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning}})
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	owned := map[string]bool{}
+	for _, s := range recs {
+		switch {
+		case s.State == pandastack.StateStarting:
+			m.stopSandbox(s.ID, pandastack.StopFailed)
+		case !s.ExpiresAt.After(m.now()):
+			m.stopSandbox(s.ID, pandastack.StopExpired)
+		default:
+			if err := m.adopt(ctx, s.ID); err != nil {
+				m.log.Warn("sandbox lost across restart", "sandbox", s.ID, "err", err)
+				m.stopSandbox(s.ID, pandastack.StopLost)
+				continue
+			}
+			owned[s.ID] = true
+			m.log.Info("sandbox re-adopted", "sandbox", s.ID)
+		}
+	}
+	ids, err := m.rt.List(ctx)
+	if err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
+	for _, id := range ids {
+		if !owned[id] {
+			m.log.Info("removing orphaned runtime state", "sandbox", id)
+			if err := m.rt.Stop(ctx, id); err != nil {
+				m.log.Warn("remove orphan", "sandbox", id, "err", err)
+			}
+		}
+	}
+	return nil
+}
+
+func (m *Manager) adopt(ctx context.Context, id string) error {
+	rwc, err := m.rt.Attach(ctx, id)
+	if err != nil {
+		return err
+	}
+	c, err := dialAgent(ctx, id, rwc)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.live[id] = c
+	m.mu.Unlock()
+	return nil
+}
+
+var (
+	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+const (
+	maxMetadataKeys = 64
+	maxMetadataLen  = 1024
+	maxEnvVars      = 256
+	maxEnvValueLen  = 32 << 10
+)
+
+// ValidateMetadata checks metadata limits.
+func ValidateMetadata(md map[string]string) error {
+	if len(md) > maxMetadataKeys {
+		return pandastack.Errorf(pandastack.EInvalid, "metadata: at most %d keys, got %d", maxMetadataKeys, len(md))
+	}
+	for k, v := range md {
+		if k == "" || len(k) > 256 {
+			return pandastack.Errorf(pandastack.EInvalid, "metadata: keys must be 1 to 256 bytes, got %q", k)
+		}
+		if len(v) > maxMetadataLen {
+			return pandastack.Errorf(pandastack.EInvalid, "metadata %q: values must be at most %d bytes", k, maxMetadataLen)
+		}
+	}
+	return nil
+}
+
+// ValidateEnv checks environment variable names and sizes.
+func ValidateEnv(env map[string]string) error {
+	if len(env) > maxEnvVars {
+		return pandastack.Errorf(pandastack.EInvalid, "env: at most %d variables", maxEnvVars)
+	}
+	for k, v := range env {
+		if !envKeyRE.MatchString(k) {
+			return pandastack.Errorf(pandastack.EInvalid, "env: %q is not a valid variable name (letters, digits and _, not starting with a digit)", k)
+		}
+		if len(v) > maxEnvValueLen {
+			return pandastack.Errorf(pandastack.EInvalid, "env %s: value longer than %d bytes", k, maxEnvValueLen)
+		}
+	}
+	return nil
+}
+
+func (m *Manager) ttl(seconds *int64) (time.Duration, error) {
+	if seconds == nil {
+		return m.cfg.DefaultTTL, nil
+	}
+	if *seconds <= 0 || time.Duration(*seconds)*time.Second > m.cfg.MaxTTL || *seconds > int64(m.cfg.MaxTTL/time.Second) {
+		return 0, pandastack.Errorf(pandastack.EInvalid, "ttl_seconds must be between 1 and %d, got %d", int64(m.cfg.MaxTTL/time.Second), *seconds)
+	}
+	return time.Duration(*seconds) * time.Second, nil
+}
+
+// Create boots a sandbox for the project. On any failure nothing of it is
+// left on the host and its record says why it stopped.
+func (m *Manager) Create(ctx context.Context, projectID string, req CreateRequest) (_ pandastack.Sandbox, err error) {
+	if req.Template == "" {
+		req.Template = "base"
+	}
+	ttl, err := m.ttl(req.TTLSeconds)
+	if err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	if err := ValidateMetadata(req.Metadata); err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	if err := ValidateEnv(req.Env); err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	tpl, err := m.templates.Resolve(ctx, req.Template)
+	if err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	cpu, mem := tpl.CPU, tpl.MemoryMB
+	if req.CPU != 0 {
+		cpu = req.CPU
+	}
+	if req.MemoryMB != 0 {
+		mem = req.MemoryMB
+	}
+	if cpu < 1 || cpu > m.cfg.MaxCPU {
+		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "cpu must be between 1 and %d, got %d", m.cfg.MaxCPU, cpu)
+	}
+	if mem < 64 || mem > m.cfg.MaxMemoryMB {
+		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "memory_mb must be between 64 and %d, got %d", m.cfg.MaxMemoryMB, mem)
+	}
+
+	now := m.now().UTC()
+	sb := pandastack.Sandbox{
+		ID: pandastack.NewID("sbx"), ProjectID: projectID, Template: tpl.Name,
+		State: pandastack.StateStarting, Metadata: maps.Clone(req.Metadata),
+		CPU: cpu, MemoryMB: mem, CreatedAt: now, ExpiresAt: now.Add(ttl),
+	}
+	if sb.Metadata == nil {
+		sb.Metadata = map[string]string{}
+	}
+	if err := m.claim(sb.ID); err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	defer m.release(sb.ID)
+
+	if err := m.store.CreateSandbox(ctx, sb); err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	defer func() {
+		if err != nil {
+			// Rollback runs outside the request's context: a client that
+			// hung up must not leave a half-made sandbox behind.
+			m.rt.Stop(context.Background(), sb.ID)
+			m.store.SetSandboxState(context.Background(), sb.ID, pandastack.StateStopped, pandastack.StopFailed, m.now())
+		}
+	}()
+
+	env := make([]string, 0, len(req.Env)+1)
+	for k, v := range req.Env {
+		env = append(env, k+"="+v)
+	}
+	env = append(env, "PANDASTACK_SANDBOX_ID="+sb.ID)
+	// The boot is not cancelled with the request (STYLE habit 5): a client
+	// that hangs up gets nothing, and the rollback below cleans up.
+	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
+	defer cancel()
+	rwc, err := m.rt.Start(startCtx, pandastack.RuntimeSpec{
+		ID: sb.ID, RootFS: tpl.RootFS, Env: env, CPU: cpu, MemoryMB: mem, PIDs: m.cfg.PIDsLimit,
+	})
+	if err == nil {
+		var client *AgentClient
+		if client, err = dialAgent(startCtx, sb.ID, rwc); err == nil {
+			return m.started(ctx, sb, client)
+		}
+	}
+	if startCtx.Err() != nil {
+		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not start within %s", sb.ID, m.cfg.StartTimeout)
+	}
+	return pandastack.Sandbox{}, fmt.Errorf("create %s: %w", sb.ID, err)
+}
+
+// started records a booted sandbox as running.
+func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *AgentClient) (pandastack.Sandbox, error) {
+	if err := m.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, pandastack.StateRunning, "", m.now()); err != nil {
+		client.Close()
+		return pandastack.Sandbox{}, err
+	}
+	m.mu.Lock()
+	m.live[sb.ID] = client
+	m.mu.Unlock()
+	sb.State = pandastack.StateRunning
+	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.Template, "project", sb.ProjectID)
+	return sb, nil
+}
+
+// claim marks id as being worked on, so the reaper and Kill leave it alone.
+func (m *Manager) claim(id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
+	}
+	if m.busy[id] {
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s is being created or stopped", id)
+	}
+	m.busy[id] = true
+	return nil
+}
+
+func (m *Manager) release(id string) {
+	m.mu.Lock()
+	delete(m.busy, id)
+	m.mu.Unlock()
+}
+
+// Get returns a sandbox of the project.
+func (m *Manager) Get(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+	return m.store.GetSandbox(ctx, projectID, id)
+}
+
+// List returns the project's sandboxes matching f (f.ProjectID is forced).
+func (m *Manager) List(ctx context.Context, projectID string, f pandastack.SandboxFilter) ([]pandastack.Sandbox, error) {
+	f.ProjectID = projectID
+	return m.store.ListSandboxes(ctx, f)
+}
+
+// SetTTL makes the sandbox expire ttl from now.
+func (m *Manager) SetTTL(ctx context.Context, projectID, id string, seconds int64) (pandastack.Sandbox, error) {
+	ttl, err := m.ttl(&seconds)
+	if err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	sb, err := m.running(ctx, projectID, id)
+	if err != nil {
+		return sb, err
+	}
+	sb.ExpiresAt = m.now().UTC().Add(ttl)
+	if err := m.store.SetSandboxExpiry(ctx, id, sb.ExpiresAt); err != nil {
+		return sb, err
+	}
+	return sb, nil
+}
+
+// running returns the record of a running sandbox, or EUnavailable.
+func (m *Manager) running(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err != nil {
+		return sb, err
+	}
+	if sb.State != pandastack.StateRunning {
+		msg := fmt.Sprintf("sandbox %s is %s", id, sb.State)
+		if sb.StopReason != "" {
+			msg += " (" + sb.StopReason + ")"
+		}
+		return sb, pandastack.Errorf(pandastack.EUnavailable, "%s; create a new one", msg)
+	}
+	return sb, nil
+}
+
+// Agent returns the agent client of a running sandbox of the project.
+func (m *Manager) Agent(ctx context.Context, projectID, id string) (*AgentClient, error) {
+	if _, err := m.running(ctx, projectID, id); err != nil {
+		return nil, err
+	}
+	m.mu.Lock()
+	c := m.live[id]
+	m.mu.Unlock()
+	if c == nil || !c.Alive() {
+		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering", id)
+	}
+	return c, nil
+}
+
+// Kill stops the sandbox and deletes its record.
+func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
+	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+		return err
+	}
+	if err := m.claim(id); err != nil {
+		return err
+	}
+	defer m.release(id)
+	m.teardown(id)
+	if err := m.store.DeleteSandbox(context.Background(), id); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+		return err
+	}
+	m.log.Info("sandbox killed", "sandbox", id)
+	return nil
+}
+
+// teardown closes the channel and removes the sandbox from the runtime.
+func (m *Manager) teardown(id string) {
+	m.mu.Lock()
+	c := m.live[id]
+	delete(m.live, id)
+	m.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	if err := m.rt.Stop(context.Background(), id); err != nil {
+		m.log.Error("runtime stop", "sandbox", id, "err", err)
+	}
+}
+
+// stopSandbox tears a sandbox down and records why.
+func (m *Manager) stopSandbox(id, reason string) {
+	m.teardown(id)
+	if err := m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, reason, m.now()); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+		m.log.Error("record stop", "sandbox", id, "err", err)
+	}
+	m.log.Info("sandbox stopped", "sandbox", id, "reason", reason)
+}
+
+func (m *Manager) reapLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.ReapInterval)
+	defer t.Stop()
+	lastPurge := time.Time{}
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		m.reapOnce()
+		if time.Since(lastPurge) > time.Hour {
+			lastPurge = time.Now()
+			if n, err := m.store.PurgeStoppedSandboxes(context.Background(), m.now().Add(-m.cfg.StoppedRetention)); err == nil && n > 0 {
+				m.log.Info("purged old sandbox records", "count", n)
+			}
+		}
+	}
+}
+
+// reapOnce stops expired sandboxes and those whose agent channel died.
+func (m *Manager) reapOnce() {
+	ctx := context.Background()
+	expired, err := m.store.ExpiredSandboxes(ctx, m.now())
+	if err != nil {
+		m.log.Error("list expired sandboxes", "err", err)
+	}
+	for _, s := range expired {
+		if m.claim(s.ID) != nil {
+			continue // being created or killed right now
+		}
+		m.stopSandbox(s.ID, pandastack.StopExpired)
+		m.release(s.ID)
+	}
+	m.mu.Lock()
+	var dead []string
+	for id, c := range m.live {
+		if !c.Alive() && !m.busy[id] {
+			dead = append(dead, id)
+		}
+	}
+	m.mu.Unlock()
+	for _, id := range dead {
+		if m.claim(id) != nil {
+			continue
+		}
+		m.stopSandbox(id, pandastack.StopDied)
+		m.release(id)
+	}
+}
+
+// Stats returns the host-side resource use of a running sandbox.
+func (m *Manager) Stats(ctx context.Context, projectID, id string) (pandastack.RuntimeStats, error) {
+	if _, err := m.running(ctx, projectID, id); err != nil {
+		return pandastack.RuntimeStats{}, err
+	}
+	return m.rt.Stats(ctx, id)
+}

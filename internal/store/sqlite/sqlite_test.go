@@ -1,0 +1,165 @@
+package sqlite
+
+import (
+	"database/sql"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/store/storetest"
+)
+
+func open(t *testing.T, path string) *Store {
+	t.Helper()
+	s, err := Open(path)
+	if err != nil {
+		t.Fatalf("Open(%s): %v", path, err)
+	}
+	return s
+}
+
+func TestStore(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) pandastack.Store {
+		return open(t, filepath.Join(t.TempDir(), "pandastack.db"))
+	})
+}
+
+// Characters that mean something in a URI must not break the path.
+func TestOpenAwkwardPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a?b#c%20d e")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "x?.db")
+	s := open(t, path)
+	defer s.Close()
+	if err := s.CreateProject(t.Context(), pandastack.Project{ID: "prj_1", Name: "default"}); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != "x?.db" && e.Name() != "x?.db-wal" && e.Name() != "x?.db-shm" {
+			t.Errorf("unexpected file %q in %s", e.Name(), dir)
+		}
+	}
+	if _, err := os.Stat(path); err != nil {
+		t.Errorf("database not at its path: %v", err)
+	}
+}
+
+func TestFileModeAndPragmas(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pandastack.db")
+	s := open(t, path)
+	defer s.Close()
+	ctx := t.Context()
+	// A write makes SQLite create the -wal file.
+	if err := s.CreateProject(ctx, pandastack.Project{ID: "prj_1", Name: "default"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{path, path + "-wal"} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if perm := fi.Mode().Perm(); perm != 0o600 {
+			t.Errorf("%s mode = %o, want 600", filepath.Base(p), perm)
+		}
+	}
+
+	// Each pooled connection must carry the settings, so hold several.
+	const n = 3
+	conns := make([]*sql.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := s.db.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		var mode string
+		var fk, busy int
+		if err := c.QueryRowContext(ctx, `PRAGMA journal_mode`).Scan(&mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.QueryRowContext(ctx, `PRAGMA foreign_keys`).Scan(&fk); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.QueryRowContext(ctx, `PRAGMA busy_timeout`).Scan(&busy); err != nil {
+			t.Fatal(err)
+		}
+		if mode != "wal" || fk != 1 || busy < 1000 {
+			t.Errorf("connection has journal_mode=%s foreign_keys=%d busy_timeout=%d; want wal, 1, >=1000", mode, fk, busy)
+		}
+	}
+}
+
+func TestReopen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pandastack.db")
+	ctx := t.Context()
+	created := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+
+	s := open(t, path)
+	if err := s.CreateProject(ctx, pandastack.Project{ID: "prj_1", Name: "default", CreatedAt: created}); err != nil {
+		t.Fatal(err)
+	}
+	sb := pandastack.Sandbox{
+		ID: "sbx_1", ProjectID: "prj_1", Template: "python", State: pandastack.StateRunning,
+		Metadata: map[string]string{"k": "v"}, CPU: 1, MemoryMB: 256,
+		CreatedAt: created, ExpiresAt: created.Add(time.Hour),
+	}
+	if err := s.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	for i := range 2 {
+		s := open(t, path)
+		var version int
+		if err := s.db.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&version); err != nil {
+			t.Fatal(err)
+		}
+		if version != len(migrations) {
+			t.Errorf("reopen %d: user_version = %d, want %d", i, version, len(migrations))
+		}
+		// Re-running migrations on an up-to-date database changes nothing.
+		if err := s.migrate(ctx); err != nil {
+			t.Fatalf("reopen %d: migrate again: %v", i, err)
+		}
+		p, err := s.ProjectByName(ctx, "default")
+		if err != nil || p.ID != "prj_1" || !p.CreatedAt.Equal(created) {
+			t.Errorf("reopen %d: ProjectByName = %+v, %v", i, p, err)
+		}
+		got, err := s.GetSandbox(ctx, "prj_1", "sbx_1")
+		if err != nil || got.Metadata["k"] != "v" || !got.ExpiresAt.Equal(sb.ExpiresAt) {
+			t.Errorf("reopen %d: GetSandbox = %+v, %v", i, got, err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A database written by a newer binary is refused rather than misread.
+func TestNewerSchemaRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "pandastack.db")
+	s := open(t, path)
+	if _, err := s.db.ExecContext(t.Context(), `PRAGMA user_version = 999`); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if s, err := Open(path); err == nil {
+		s.Close()
+		t.Fatal("Open of a database with a newer schema succeeded")
+	}
+}

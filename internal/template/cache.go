@@ -1,0 +1,138 @@
+package template
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Cache layout under BuildOptions.CacheDir:
+//
+//	templates/<name>-<hash[:16]>/rootfs         a built root filesystem
+//	templates/<name>-<hash[:16]>/template.json  written last; its presence means done
+//	templates/stages/<suite>-<key>              pristine debootstrap output, shared
+//	templates/.<name>.lock                      serialises builds of one name
+//	templates/.build-<name>-*                   a build in progress (or a crashed one)
+//	debs/                                       debootstrap's .deb cache
+const (
+	templatesDir = "templates"
+	stagesDir    = "stages"
+	markerFile   = "template.json"
+	rootfsDir    = "rootfs"
+)
+
+// BuildOptions configures Build.
+type BuildOptions struct {
+	CacheDir string    // required; usually paths.CacheDir()
+	Mirror   string    // Debian mirror for specs without one; default DefaultMirror
+	Progress io.Writer // step lines and heartbeats; nil discards them
+	Force    bool      // rebuild even when a build with this hash exists (the debootstrap stage is still reused)
+}
+
+// Built describes a built template; it is also the content of template.json.
+type Built struct {
+	Name         string    `json:"name"`
+	Hash         string    `json:"hash"`
+	SizeBytes    int64     `json:"size_bytes"`
+	BuildSeconds float64   `json:"build_seconds"`
+	BuiltAt      time.Time `json:"built_at"`
+	Spec         Spec      `json:"spec"`
+
+	Dir    string `json:"-"` // the build's directory in the cache
+	RootFS string `json:"-"` // Dir/rootfs: give it to the runtime read-only
+}
+
+// Dir returns the directory Build uses for spec under cacheDir, whether or
+// not it exists yet.
+func Dir(cacheDir string, spec Spec) string {
+	return filepath.Join(cacheDir, templatesDir, spec.Name+"-"+spec.Hash()[:16])
+}
+
+// Lookup returns the finished build of spec (same name and hash) without
+// building anything. It costs one small file read.
+func Lookup(cacheDir string, spec Spec) (Built, bool) {
+	b, err := readBuilt(Dir(cacheDir, spec))
+	if err != nil || b.Name != spec.Name || b.Hash != spec.Hash() {
+		return Built{}, false
+	}
+	return b, true
+}
+
+func readBuilt(dir string) (Built, error) {
+	data, err := os.ReadFile(filepath.Join(dir, markerFile))
+	if err != nil {
+		return Built{}, err
+	}
+	var b Built
+	if err := json.Unmarshal(data, &b); err != nil {
+		return Built{}, fmt.Errorf("%s: %w", filepath.Join(dir, markerFile), err)
+	}
+	b.Dir = dir
+	b.RootFS = filepath.Join(dir, rootfsDir)
+	if st, err := os.Stat(b.RootFS); err != nil || !st.IsDir() {
+		return Built{}, fmt.Errorf("%s: rootfs missing", dir)
+	}
+	return b, nil
+}
+
+// ListBuilt returns every finished build in cacheDir, sorted by name and
+// then newest first. Builds in progress and unreadable entries are skipped;
+// a missing cache is an empty list.
+func ListBuilt(cacheDir string) ([]Built, error) {
+	root := filepath.Join(cacheDir, templatesDir)
+	entries, err := os.ReadDir(root)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list built templates: %w", err)
+	}
+	var out []Built
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") || e.Name() == stagesDir {
+			continue
+		}
+		if b, err := readBuilt(filepath.Join(root, e.Name())); err == nil {
+			out = append(out, b)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].BuiltAt.After(out[j].BuiltAt)
+	})
+	return out, nil
+}
+
+// Remove deletes a build from the cache. It refuses while anything is
+// mounted beneath it. The caller must know no sandbox still uses its rootfs.
+func Remove(b Built) error {
+	if b.Dir == "" || filepath.Base(filepath.Dir(b.Dir)) != templatesDir {
+		return fmt.Errorf("remove template: %q is not a build directory", b.Dir)
+	}
+	return removeTree(b.Dir)
+}
+
+// removeTree removes dir after making sure nothing is mounted beneath it:
+// os.RemoveAll through a bind mount would delete the host's files.
+func removeTree(dir string) error {
+	mounted, err := mountsUnder(dir)
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	if len(mounted) > 0 {
+		return fmt.Errorf("remove %s: still mounted: %s", dir, strings.Join(mounted, ", "))
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}

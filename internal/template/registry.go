@@ -1,0 +1,118 @@
+package template
+
+import (
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"sort"
+	"strings"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/templates"
+)
+
+// Registry holds the known template specs by name.
+type Registry struct {
+	specs  map[string]Spec
+	source map[string]string // name → file it came from, for messages
+}
+
+// Load reads the built-in templates (templates/*.yaml, embedded in the
+// binary) and then every *.yaml in dirs, in order; a later file with the same
+// name replaces an earlier one, so a user's own base.yaml overrides the
+// built-in base. A file's name field may be omitted (it defaults to the file
+// name without .yaml) but must otherwise match it. A directory that does not
+// exist, or any invalid spec, is an error naming the file.
+func Load(dirs ...string) (*Registry, error) {
+	r := &Registry{specs: map[string]Spec{}, source: map[string]string{}}
+	if err := r.addFS(templates.FS, "templates"); err != nil {
+		return nil, err
+	}
+	for _, d := range dirs {
+		st, err := os.Stat(d)
+		if err != nil {
+			return nil, fmt.Errorf("template directory: %w", err)
+		}
+		if !st.IsDir() {
+			return nil, fmt.Errorf("template directory %s is not a directory", d)
+		}
+		if err := r.addFS(os.DirFS(d), d); err != nil {
+			return nil, err
+		}
+	}
+	return r, nil
+}
+
+func (r *Registry) addFS(fsys fs.FS, label string) error {
+	names, err := fs.Glob(fsys, "*.yaml")
+	if err != nil {
+		return fmt.Errorf("list templates in %s: %w", label, err)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		file := path.Join(label, n)
+		data, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return fmt.Errorf("read template: %w", err)
+		}
+		stem := strings.TrimSuffix(n, ".yaml")
+		s, err := parseNamed(data, stem)
+		if err != nil {
+			return fmt.Errorf("%s: %w", file, err)
+		}
+		r.specs[s.Name] = s
+		r.source[s.Name] = file
+	}
+	return nil
+}
+
+// parseNamed parses a spec from a file called stem.yaml.
+func parseNamed(data []byte, stem string) (Spec, error) {
+	s, err := decode(data)
+	if err != nil {
+		return Spec{}, err
+	}
+	if s.Name == "" {
+		s.Name = stem
+	}
+	if s, err = s.complete(); err != nil {
+		return Spec{}, err
+	}
+	if s.Name != stem {
+		return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template name %q does not match its file name %s.yaml", s.Name, stem)
+	}
+	return s, nil
+}
+
+// Get returns the spec called name, or a *pandastack.Error with code
+// ENotFound whose message lists the available templates.
+func (r *Registry) Get(name string) (Spec, error) {
+	if s, ok := r.specs[name]; ok {
+		return s, nil
+	}
+	return Spec{}, pandastack.Errorf(pandastack.ENotFound, "no template %q; available: %s", name, strings.Join(r.Names(), ", "))
+}
+
+// Names returns the template names, sorted.
+func (r *Registry) Names() []string {
+	names := make([]string, 0, len(r.specs))
+	for n := range r.specs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// List returns every spec, sorted by name.
+func (r *Registry) List() []Spec {
+	out := make([]Spec, 0, len(r.specs))
+	for _, n := range r.Names() {
+		out = append(out, r.specs[n])
+	}
+	return out
+}
+
+// Source returns the file a template was read from ("templates/base.yaml" for
+// a built-in one), or "" for an unknown name.
+func (r *Registry) Source(name string) string { return r.source[name] }

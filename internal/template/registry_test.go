@@ -1,0 +1,101 @@
+package template
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack"
+)
+
+func writeFiles(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func TestBuiltinBase(t *testing.T) {
+	r, err := Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.Get("base")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pkg := range []string{"python3", "bash", "coreutils", "ca-certificates"} {
+		if !strings.Contains(" "+strings.Join(s.Apt, " ")+" ", " "+pkg+" ") {
+			t.Errorf("base apt %v lacks %s", s.Apt, pkg)
+		}
+	}
+	if s.Suite != "bookworm" || r.Source("base") != "templates/base.yaml" {
+		t.Errorf("suite %q source %q", s.Suite, r.Source("base"))
+	}
+}
+
+func TestGetUnknownListsTemplates(t *testing.T) {
+	r, err := Load(writeFiles(t, map[string]string{"zeta.yaml": "name: zeta\n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Get("nope")
+	if !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("Get(nope) = %v, want code %s", err, pandastack.ENotFound)
+	}
+	if msg := pandastack.ErrorMessage(err); !strings.Contains(msg, `"nope"`) || !strings.Contains(msg, "base, zeta") {
+		t.Errorf("message %q should name the template and list base, zeta", msg)
+	}
+}
+
+func TestUserTemplatesOverride(t *testing.T) {
+	first := writeFiles(t, map[string]string{
+		"base.yaml":  "name: base\ndescription: mine\napt: [python3]\n",
+		"extra.yaml": "description: no name field, so the file name\n",
+		"notes.txt":  "not a template",
+	})
+	second := writeFiles(t, map[string]string{"extra.yaml": "name: extra\ncpu: 4\n"})
+	r, err := Load(first, second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _ := r.Get("base")
+	if base.Description != "mine" || r.Source("base") != filepath.Join(first, "base.yaml") {
+		t.Errorf("base not overridden: %+v from %s", base, r.Source("base"))
+	}
+	extra, err := r.Get("extra")
+	if err != nil || extra.CPU != 4 {
+		t.Errorf("extra from the later dir: %+v %v", extra, err)
+	}
+	var names []string
+	for _, s := range r.List() {
+		names = append(names, s.Name)
+	}
+	if strings.Join(names, ",") != "base,extra" {
+		t.Errorf("List = %v", names)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	for _, tc := range []struct {
+		files map[string]string
+		want  string
+	}{
+		{map[string]string{"a.yaml": "name: b\n"}, `name "b" does not match its file name a.yaml`},
+		{map[string]string{"a.yaml": "name: a\ncpu: 0.5\n"}, `a.yaml: invalid_request: template spec: line 2: cpu "0.5" must be a whole number`},
+		{map[string]string{"a.yaml": "name: a\nbogus: 1\n"}, "field bogus not found"},
+	} {
+		_, err := Load(writeFiles(t, tc.files))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Load(%v) = %v, want error containing %q", tc.files, err, tc.want)
+		}
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("Load of a missing directory succeeded")
+	}
+}

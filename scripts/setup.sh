@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Installs what PandaStack needs on a Debian/Ubuntu host and builds it.
+# Idempotent: a second run only rebuilds the Go binaries. Heavy artifacts
+# (the runsc build, template root filesystems) go to the cache directory,
+# keyed by version, outside the repository.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
+RUNSC_VERSION=$(sed -n 's/^const RunscVersion = "\(.*\)"$/\1/p' internal/paths/paths.go)
+GO_WANT=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup needs root (apt-get, runsc, debootstrap): run it with sudo" >&2
+  exit 1
+fi
+
+# Debian packages: debootstrap builds template root filesystems; busybox-static
+# gives the runtime tests a tiny root filesystem; git and curl for the rest.
+missing=()
+for p in debootstrap busybox-static ca-certificates curl git; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "apt-get install ${missing[*]}"
+  apt-get update -q
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# Go: use the one on PATH when it is new enough, else fetch the toolchain
+# from the Go module proxy into the cache.
+go_ok() { command -v go >/dev/null 2>&1 && [ "$(printf '%s\n' "$GO_WANT" "$(go env GOVERSION | sed 's/^go//')" | sort -V | head -1)" = "$GO_WANT" ]; }
+if ! go_ok; then
+  GOV=go${GO_WANT%.0}
+  [ "${GO_WANT##*.}" = 0 ] && GOV=go$GO_WANT
+  GODIR="$CACHE/go/$GOV"
+  if [ ! -x "$GODIR/bin/go" ]; then
+    step "downloading the Go toolchain $GOV from the Go module proxy"
+    tmp=$(mktemp -d)
+    curl -fsSL "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-$GOV.linux-amd64.zip" -o "$tmp/go.zip"
+    (cd "$tmp" && python3 -m zipfile -e go.zip .)
+    mkdir -p "$CACHE/go"
+    rm -rf "$GODIR" && mv "$tmp/golang.org/toolchain@v0.0.1-$GOV.linux-amd64" "$GODIR"
+    chmod +x "$GODIR"/bin/* "$GODIR"/pkg/tool/*/*
+    rm -rf "$tmp"
+  fi
+  export PATH="$GODIR/bin:$PATH"
+fi
+export GOTOOLCHAIN=local
+
+# gVisor's runsc, built from the Go module proxy at the pinned version
+# (Debian's runsc package is years old). About 3 minutes, once.
+RUNSC="$CACHE/runsc/$RUNSC_VERSION/runsc"
+if [ ! -x "$RUNSC" ]; then
+  step "building gVisor runsc $RUNSC_VERSION (about 3 minutes, once; cached in $(dirname "$RUNSC"))"
+  mkdir -p "$(dirname "$RUNSC")"
+  tmpbin=$(mktemp -d)
+  GOBIN="$tmpbin" CGO_ENABLED=0 go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
+  mv "$tmpbin/runsc" "$RUNSC"
+  rmdir "$tmpbin"
+fi
+
+step "building bin/pandastack and bin/pandastack-agent"
+VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
+CGO_ENABLED=0 go build -ldflags "-X main.version=$VERSION" -o bin/ ./cmd/pandastack ./cmd/pandastack-agent
+
+step "template base (debootstrap; cached by its spec's hash)"
+PANDASTACK_CACHE_DIR="$CACHE" bin/pandastack template build base >/dev/null
+
+echo "setup done: runsc $RUNSC_VERSION, $(go version | cut -d' ' -f3), binaries in bin/" >&2
