@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -469,7 +470,7 @@ func TestCLI(t *testing.T) {
 
 func TestServerRestartReadoptsSandboxes(t *testing.T) {
 	s := startServer(t, "")
-	defer func() { s.stop() }()
+	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
 	ctx := context.Background()
 	c := s.client()
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 600})
@@ -501,4 +502,9 @@ func TestServerRestartReadoptsSandboxes(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.assertGone(t, sb.ID)
+	s.stop()
+	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mounts), s.dataDir) {
+		t.Fatalf("mounts under the data dir left after serve stopped:\n%s", mounts)
+	}
 }

@@ -242,6 +242,7 @@ func TestMain(m *testing.M) {
 		shared.stop()
 		os.RemoveAll(shared.dataDir)
 	}
+	testutil.RemoveBinaries()
 	os.Exit(code)
 }
 

@@ -41,5 +41,9 @@ func main() {
 	err := agentproto.Serve(os.Stdin, os.Stdout, func(epoch uint32, conn io.ReadWriteCloser) {
 		agent.ServeSession(cfg, epoch, conn)
 	})
-	log.Info("host channel closed; exiting", "err", err)
+	if err != io.EOF {
+		log.Error("reading the host channel failed; exiting", "err", err)
+		os.Exit(1)
+	}
+	log.Info("host channel closed; exiting")
 }

@@ -145,6 +145,7 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
+	defer rt.Close()
 	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir}
 	mgr := sandbox.New(sandbox.Config{
 		DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL, MaxCPU: cfg.MaxCPU, MaxMemoryMB: cfg.MaxMemoryMB,

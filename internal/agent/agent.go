@@ -102,12 +102,10 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) api(f func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if err := f(w, r); err != nil {
-			code := pandastack.ErrorCode(err)
-			msg := err.Error()
-			if e, ok := err.(*pandastack.Error); ok {
-				msg = e.Message
-			}
+			code, msg := pandastack.ErrorCode(err), pandastack.ErrorMessage(err)
 			if code == pandastack.EInternal {
+				// Inside the sandbox the details are the user's own.
+				msg = err.Error()
 				s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			}
 			var body agentproto.ErrorBody

@@ -383,12 +383,14 @@ func (b *builder) shell(ctx context.Context, rootfs, script string) error {
 }
 
 // command runs a program on the host (rootfs "") or chrooted into rootfs,
-// where name must be an absolute path inside the chroot. It runs as PID 1 of
-// its own PID namespace, so when it ends or is killed (ctx, or the builder
-// dying) everything it started dies with it. Its output is kept and the end
-// of it goes into the error.
+// where name must be an absolute path inside the chroot. A shell runs it as
+// PID 1 of a new PID namespace, so when that shell ends or is killed (ctx,
+// or by Pdeathsig when the builder dies) everything it started dies with it.
+// The shell is there because apt-get switches its euid, which clears its own
+// parent-death signal. The output is kept and its end goes into the error.
 func (b *builder) command(ctx context.Context, rootfs string, stdin io.Reader, name string, args ...string) error {
-	cmd := exec.CommandContext(ctx, name, args...)
+	// Not `exec "$@"`: the shell itself must stay PID 1.
+	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", `"$@"; exit $?`, "sh", name}, args...)...)
 	out := &tailBuffer{max: 64 << 10}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID, Pdeathsig: syscall.SIGKILL}

@@ -87,3 +87,10 @@ func Binaries(t testing.TB) string {
 	}
 	return buildDir
 }
+
+// RemoveBinaries deletes what Binaries built; call it from TestMain after m.Run.
+func RemoveBinaries() {
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+}

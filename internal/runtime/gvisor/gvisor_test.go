@@ -43,6 +43,12 @@ func busyboxRootFS(t *testing.T) string {
 	return root
 }
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testutil.RemoveBinaries()
+	os.Exit(code)
+}
+
 func TestConformance(t *testing.T) {
 	runsc := testutil.Runsc(t)
 	agent := filepath.Join(testutil.Binaries(t), "pandastack-agent")
