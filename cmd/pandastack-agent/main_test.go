@@ -19,17 +19,14 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/testutil"
 )
 
 // buildAgent builds the agent as it ships: static, with a version stamped in.
 func buildAgent(t *testing.T) string {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("needs the go tool to build the agent")
-	}
 	bin := filepath.Join(t.TempDir(), "pandastack-agent")
-	cmd := exec.Command(goBin, "build", "-o", bin, "-ldflags", "-X main.version=v-test", ".")
+	cmd := exec.Command("go", "build", "-buildvcs=false", "-o", bin, "-ldflags", "-X main.version=v-test", ".")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -48,9 +45,7 @@ func TestAgentProcess(t *testing.T) {
 	bin := buildAgent(t)
 	t.Run("child", func(t *testing.T) { runAgent(t, bin, nil) })
 	t.Run("pid1", func(t *testing.T) {
-		if os.Geteuid() != 0 {
-			t.Skip("a new PID namespace needs root")
-		}
+		testutil.RequireRoot(t) // for a new PID namespace
 		// PID 1 of its own namespace: commands are waited for by the central reaper.
 		runAgent(t, bin, &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID})
 	})

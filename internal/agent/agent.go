@@ -147,17 +147,23 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Write(b)
 }
 
-// exitStatus is how a command ended: code -1 and a signal name when killed.
-type exitStatus struct {
-	code   int
-	signal string
+// Process is a process started by a Reaper.
+type Process struct {
+	Pid  int
+	Done <-chan ExitStatus // yields the exit status once
 }
 
-func (e exitStatus) String() string {
-	if e.signal != "" {
-		return "killed by " + e.signal
+// ExitStatus is how a process ended.
+type ExitStatus struct {
+	Code   int    // the exit status; -1 when killed by a signal
+	Signal string // e.g. "SIGKILL" when killed
+}
+
+func (e ExitStatus) String() string {
+	if e.Signal != "" {
+		return "killed by " + e.Signal
 	}
-	return "exit " + strconv.Itoa(e.code)
+	return "exit " + strconv.Itoa(e.Code)
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

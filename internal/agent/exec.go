@@ -239,7 +239,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	}
 
 	start := time.Now()
-	c, err := s.cfg.Reaper.start(spec.path, spec.argv, &os.ProcAttr{
+	c, err := s.cfg.Reaper.Start(spec.path, spec.argv, &os.ProcAttr{
 		Dir:   spec.dir,
 		Env:   spec.env,
 		Files: []*os.File{inR, outW, errW},
@@ -297,14 +297,14 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	broken := rc.Flush() != nil // the client is gone: drain, but stop writing
 
 	var (
-		status   exitStatus
+		status   ExitStatus
 		exited   bool
 		killed   bool
 		timedOut bool
 		elapsed  time.Duration
 		timeoutC <-chan time.Time
 		drainC   <-chan time.Time
-		done     = c.done
+		done     = c.Done
 		ctxDone  = r.Context().Done()
 	)
 	if req.TimeoutMS > 0 {
@@ -315,7 +315,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	kill := func() {
 		if !exited && !killed {
 			killed = true
-			killTree(c.pid)
+			KillTree(c.Pid)
 		}
 	}
 	if broken {
@@ -355,13 +355,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	if !broken {
 		send(agentproto.ExecEvent{
 			Type:       "exit",
-			ExitCode:   status.code,
-			Signal:     status.signal,
+			ExitCode:   status.Code,
+			Signal:     status.Signal,
 			TimedOut:   timedOut,
 			DurationMS: elapsed.Milliseconds(),
 		})
 	}
-	s.log.Info("exec", "cmd", summarize(req), "pid", c.pid, "status", status.String(),
+	s.log.Info("exec", "cmd", summarize(req), "pid", c.Pid, "status", status.String(),
 		"timed_out", timedOut, "killed", killed, "ms", elapsed.Milliseconds())
 	return nil
 }

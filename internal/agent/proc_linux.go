@@ -30,7 +30,7 @@ type Reaper struct {
 	// status has to be kept for a late registration, and a recycled pid can
 	// never pick up a dead process's status.
 	mu      sync.Mutex
-	waiters map[int]chan exitStatus
+	waiters map[int]chan ExitStatus
 }
 
 // StartReaper starts the central reaper. Call it once, early, when running as
@@ -39,7 +39,7 @@ func StartReaper(log *slog.Logger) *Reaper {
 	if log == nil {
 		log = discardLogger()
 	}
-	r := &Reaper{log: log, waiters: make(map[int]chan exitStatus)}
+	r := &Reaper{log: log, waiters: make(map[int]chan ExitStatus)}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	go func() {
@@ -74,28 +74,24 @@ func (r *Reaper) reap() {
 	}
 }
 
-// child is a started command; done yields its exit status once.
-type child struct {
-	pid  int
-	done <-chan exitStatus
-}
-
-func (r *Reaper) start(path string, argv []string, attr *os.ProcAttr) (*child, error) {
+// Start starts a process like os.StartProcess. Its exit status arrives on
+// the returned Process's Done channel.
+func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process, error) {
 	if r == nil {
 		p, err := os.StartProcess(path, argv, attr)
 		if err != nil {
 			return nil, err
 		}
-		done := make(chan exitStatus, 1)
+		done := make(chan ExitStatus, 1)
 		go func() {
 			st, err := p.Wait()
 			if err != nil {
-				done <- exitStatus{code: -1}
+				done <- ExitStatus{Code: -1}
 				return
 			}
 			done <- statusOf(st.Sys().(syscall.WaitStatus))
 		}()
-		return &child{pid: p.Pid, done: done}, nil
+		return &Process{Pid: p.Pid, Done: done}, nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -105,16 +101,16 @@ func (r *Reaper) start(path string, argv []string, attr *os.ProcAttr) (*child, e
 	}
 	pid := p.Pid
 	p.Release()
-	ch := make(chan exitStatus, 1)
+	ch := make(chan ExitStatus, 1)
 	r.waiters[pid] = ch
-	return &child{pid: pid, done: ch}, nil
+	return &Process{Pid: pid, Done: ch}, nil
 }
 
-func statusOf(ws syscall.WaitStatus) exitStatus {
+func statusOf(ws syscall.WaitStatus) ExitStatus {
 	if ws.Signaled() {
-		return exitStatus{code: -1, signal: signalName(ws.Signal())}
+		return ExitStatus{Code: -1, Signal: signalName(ws.Signal())}
 	}
-	return exitStatus{code: ws.ExitStatus()}
+	return ExitStatus{Code: ws.ExitStatus()}
 }
 
 var signalNames = map[syscall.Signal]string{
@@ -143,11 +139,11 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 	return a
 }
 
-// killTree SIGKILLs pid's process group and every descendant of pid, also
+// KillTree SIGKILLs pid's process group and every descendant of pid, also
 // those that left the group with setsid. It stops the tree first and walks it
 // until no new process shows up, so nothing can fork its way out; the walk
 // has to happen before pid dies, since orphans lose their parent link.
-func killTree(pid int) {
+func KillTree(pid int) {
 	syscall.Kill(-pid, syscall.SIGSTOP)
 	syscall.Kill(pid, syscall.SIGSTOP)
 	seen := map[int]bool{pid: true}

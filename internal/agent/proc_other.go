@@ -16,15 +16,12 @@ type Reaper struct{}
 // StartReaper returns a Reaper that starts nothing.
 func StartReaper(log *slog.Logger) *Reaper { return &Reaper{} }
 
-type child struct {
-	pid  int
-	done <-chan exitStatus
-}
-
-func (r *Reaper) start(path string, argv []string, attr *os.ProcAttr) (*child, error) {
+// Start fails: running commands needs linux.
+func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process, error) {
 	return nil, errors.New("running commands needs linux")
 }
 
 func procAttr(asRoot bool) *syscall.SysProcAttr { return nil }
 
-func killTree(pid int) {}
+// KillTree does nothing here.
+func KillTree(pid int) {}
