@@ -33,11 +33,53 @@ var chrootEnv = []string{
 	"PIP_BREAK_SYSTEM_PACKAGES=1",
 }
 
+// buildCA is where the host's CA bundle goes in the chroot during a build;
+// the clean-up step empties /tmp.
+const buildCA = "/tmp/.pandastack-build-ca.crt"
+
+// buildEnv is chrootEnv plus what lets commands reach the network the way
+// the host does: its proxy settings and, when it has one, its CA bundle (a
+// host behind a TLS-inspecting proxy trusts a CA the template does not).
+// Neither stays in the template.
+func buildEnv(withCA bool) []string {
+	env := slices.Clone(chrootEnv)
+	for _, k := range []string{"http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	if withCA {
+		for _, k := range []string{"SSL_CERT_FILE", "PIP_CERT", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"} {
+			env = append(env, k+"="+buildCA)
+		}
+	}
+	return env
+}
+
+// hostCABundle returns the host's CA bundle, or nil.
+func hostCABundle() []byte {
+	for _, p := range []string{os.Getenv("SSL_CERT_FILE"), "/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"} {
+		if p == "" {
+			continue
+		}
+		if b, err := os.ReadFile(p); err == nil && len(b) > 0 {
+			return b
+		}
+	}
+	return nil
+}
+
+// aptOpts are apt-get's options for upgrade and install.
+var aptOpts = []string{"-q", "-y", "--no-install-recommends", "-o", "Acquire::Retries=3",
+	"-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold"}
+
 // errorLines is how much of a failed command's output its error carries.
 const errorLines = 30
 
-// Build makes spec's root filesystem under opts.CacheDir and returns it. A
-// finished build with the same hash is returned at once (unless opts.Force).
+// Build makes spec's root filesystem under opts.CacheDir and returns it: a
+// copy of the debootstrap stage, then in a chroot apt-get update, upgrade and
+// install, pip install, user "user" (1000:1000), files, run commands, clean
+// up. A finished build with the same hash is returned at once (unless opts.Force).
 // Builds of one name are serialised with a lock file, so a second builder
 // waits and then finds the first one's result. Build needs root and
 // debootstrap; a fresh build takes minutes (the debootstrap stage is cached
@@ -85,7 +127,8 @@ func Build(ctx context.Context, spec Spec, opts BuildOptions) (Built, error) {
 		p.line("%s", cachedLine(b))
 		return b, nil
 	}
-	b := &builder{spec: spec, hash: spec.Hash(), cache: cache, mirror: mirror, p: p}
+	b := &builder{spec: spec, hash: spec.Hash(), cache: cache, mirror: mirror, p: p, ca: hostCABundle()}
+	b.env = buildEnv(b.ca != nil)
 	built, err := b.build(ctx)
 	if err != nil {
 		return Built{}, fmt.Errorf("build template %s: %w", spec.Name, err)
@@ -104,6 +147,8 @@ type builder struct {
 	cache  string // absolute
 	mirror string
 	p      *progress
+	ca     []byte   // the host's CA bundle, or nil
+	env    []string // of commands in the chroot
 }
 
 type buildStep struct {
@@ -185,23 +230,27 @@ func (b *builder) build(ctx context.Context) (Built, error) {
 		return Built{}, err
 	}
 	final := Dir(b.cache, b.spec)
+	old := ""
 	if _, err := os.Lstat(final); err == nil {
 		// Forced rebuild (or a damaged build): move the old one aside first,
 		// since rename cannot replace a non-empty directory.
-		old := filepath.Join(root, fmt.Sprintf(".old.%s.%d", b.spec.Name, time.Now().UnixNano()))
+		old = filepath.Join(root, fmt.Sprintf(".old.%s.%d", b.spec.Name, time.Now().UnixNano()))
 		if err := os.Rename(final, old); err != nil {
 			return Built{}, err
 		}
-		defer func() {
-			if err := removeTree(old); err != nil {
-				b.p.line("warning: %v", err)
-			}
-		}()
 	}
 	if err := os.Rename(tmp, final); err != nil {
+		if old != "" {
+			os.Rename(old, final)
+		}
 		return Built{}, err
 	}
 	done = true
+	if old != "" {
+		if err := removeTree(old); err != nil {
+			b.p.line("warning: %v", err)
+		}
+	}
 	built.Dir = final
 	built.RootFS = filepath.Join(final, rootfsDir)
 	b.p.line("template %s built in %.1fs: %s (%s)", built.Name, built.BuildSeconds, built.RootFS, fmtSize(built.SizeBytes))
@@ -292,10 +341,12 @@ func (b *builder) chrootSteps() []buildStep {
 			buildStep{"apt-get update", func(ctx context.Context, rootfs string) error {
 				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", "-q", "-o", "Acquire::Retries=3", "update")
 			}},
+			// The stage is cached for long; bring its packages up to date.
+			buildStep{"apt-get upgrade", func(ctx context.Context, rootfs string) error {
+				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", slices.Concat(aptOpts, []string{"upgrade"})...)
+			}},
 			buildStep{shorten("apt-get install "+strings.Join(apt, " "), 72), func(ctx context.Context, rootfs string) error {
-				args := []string{"-q", "-y", "--no-install-recommends", "-o", "Acquire::Retries=3",
-					"-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold", "install"}
-				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", append(args, apt...)...)
+				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", slices.Concat(aptOpts, []string{"install"}, apt)...)
 			}})
 	}
 	if len(s.Pip) > 0 {
@@ -330,7 +381,7 @@ func (b *builder) chrootSteps() []buildStep {
 }
 
 // prepare keeps package scripts from starting services, keeps docs out of
-// the image, and gives apt the host's DNS servers.
+// the image, and gives the build the host's DNS servers and CA bundle.
 func (b *builder) prepare(ctx context.Context, rootfs string) error {
 	if err := b.writeFile(ctx, rootfs, "/usr/sbin/policy-rc.d", []byte("#!/bin/sh\nexit 101\n"), 0o755); err != nil {
 		return err
@@ -339,7 +390,12 @@ func (b *builder) prepare(ctx context.Context, rootfs string) error {
 		return err
 	}
 	if resolv, err := os.ReadFile("/etc/resolv.conf"); err == nil && len(resolv) > 0 {
-		return b.writeFile(ctx, rootfs, "/etc/resolv.conf", resolv, 0o644)
+		if err := b.writeFile(ctx, rootfs, "/etc/resolv.conf", resolv, 0o644); err != nil {
+			return err
+		}
+	}
+	if b.ca != nil {
+		return b.writeFile(ctx, rootfs, buildCA, b.ca, 0o644)
 	}
 	return nil
 }
@@ -399,7 +455,7 @@ func (b *builder) command(ctx context.Context, rootfs string, stdin io.Reader, n
 	if rootfs != "" {
 		cmd.SysProcAttr.Chroot = rootfs
 		cmd.Dir = "/"
-		cmd.Env = chrootEnv
+		cmd.Env = b.env
 	}
 	err := cmd.Run()
 	if ctx.Err() != nil {
@@ -449,7 +505,38 @@ func (b *builder) step(ctx context.Context, title, sizeOf string, fn func() erro
 	return nil
 }
 
-// removeStale removes leftovers named prefix* in dir.
+// RemoveStale removes what crashed builds left in cacheDir (their temp
+// directories) unless a live builder holds their lock. Build cleans up
+// after a crash of its own name; call this at server start to reclaim the rest.
+func RemoveStale(cacheDir string) error {
+	root := filepath.Join(cacheDir, templatesDir)
+	var errs []error
+	clean := func(dir string, prefixes ...string) {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			for _, prefix := range prefixes {
+				name, _, ok := strings.Cut(strings.TrimPrefix(e.Name(), prefix), ".")
+				if !strings.HasPrefix(e.Name(), prefix) || !ok {
+					continue
+				}
+				unlock, err := tryLock(filepath.Join(dir, "."+name+".lock"))
+				if err != nil {
+					continue // a build is running, or the lock is unusable
+				}
+				if err := removeTree(filepath.Join(dir, e.Name())); err != nil {
+					errs = append(errs, err)
+				}
+				unlock()
+			}
+		}
+	}
+	clean(root, ".build.", ".old.")
+	clean(filepath.Join(root, stagesDir), ".tmp.")
+	return errors.Join(errs...)
+}
+
+// removeStale removes leftovers named prefix* in dir; the caller holds
+// their lock.
 func (b *builder) removeStale(dir, prefix string) {
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
@@ -464,10 +551,11 @@ func (b *builder) removeStale(dir, prefix string) {
 // dirSize is the disk usage of the tree at root, like du: hard links count
 // once, and other filesystems mounted inside are skipped.
 func dirSize(root string) int64 {
-	var rootDev uint64
-	if st, err := os.Lstat(root); err == nil {
-		rootDev = uint64(st.Sys().(*syscall.Stat_t).Dev)
+	st, err := os.Lstat(root)
+	if err != nil {
+		return 0
 	}
+	rootDev := uint64(st.Sys().(*syscall.Stat_t).Dev)
 	type inode struct{ dev, ino uint64 }
 	seen := map[inode]bool{}
 	var total int64

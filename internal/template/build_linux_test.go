@@ -359,3 +359,55 @@ func TestUnescapeMountinfo(t *testing.T) {
 		t.Errorf("got %q", got)
 	}
 }
+
+func TestRemoveStale(t *testing.T) {
+	cache := t.TempDir()
+	root := filepath.Join(cache, templatesDir)
+	for _, d := range []string{".build.gone.1/rootfs/etc", ".old.gone.2", ".build.held.3", "stages/.tmp.bookworm-abc.4/usr", "kept-0123456789abcdef/rootfs"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unlock, err := lockFile(context.Background(), filepath.Join(root, ".held.lock"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if err := RemoveStale(cache); err != nil {
+		t.Fatal(err)
+	}
+	for d, want := range map[string]bool{
+		".build.gone.1": false, ".old.gone.2": false, "stages/.tmp.bookworm-abc.4": false,
+		".build.held.3": true, "kept-0123456789abcdef": true,
+	} {
+		if _, err := os.Stat(filepath.Join(root, d)); (err == nil) != want {
+			t.Errorf("%s: exists=%v, want %v", d, err == nil, want)
+		}
+	}
+}
+
+// TestBuildPip installs from PyPI through the host's network settings (CA
+// bundle, proxies), which the template must not keep.
+func TestBuildPip(t *testing.T) {
+	requireBuild(t)
+	cache := paths.CacheDir()
+	spec := Spec{
+		Name: "piptest",
+		Apt:  []string{"python3"},
+		Pip:  []string{"six==1.16.0"},
+		Run:  []string{"python3 -c 'import six; print(six.__version__)' > /six-version"},
+	}
+	spec.Files = []File{{Path: "/nonce", Content: nonce(t)}}
+	b, err := Build(context.Background(), spec, BuildOptions{CacheDir: cache})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer Remove(b)
+	if v, _ := os.ReadFile(filepath.Join(b.RootFS, "six-version")); string(v) != "1.16.0\n" {
+		t.Errorf("six version file = %q", v)
+	}
+	if _, err := os.Stat(filepath.Join(b.RootFS, buildCA)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the build's CA bundle stayed in the template: %v", err)
+	}
+	assertNoLeftovers(t, cache, spec.Name)
+}

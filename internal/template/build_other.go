@@ -14,3 +14,6 @@ func Build(ctx context.Context, spec Spec, opts BuildOptions) (Built, error) {
 
 // mountsUnder has nothing to report where builds never mount anything.
 func mountsUnder(dir string) ([]string, error) { return nil, nil }
+
+// RemoveStale has nothing to do where nothing is ever built.
+func RemoveStale(cacheDir string) error { return nil }

@@ -33,7 +33,7 @@ type BuildOptions struct {
 	CacheDir string    // required; usually paths.CacheDir()
 	Mirror   string    // Debian mirror for specs without one; default DefaultMirror
 	Progress io.Writer // step lines and heartbeats; nil discards them
-	Force    bool      // rebuild even when a build with this hash exists (the debootstrap stage is still reused)
+	Force    bool      // rebuild even when a build with this hash exists; the old one is deleted, so no sandbox may be using it (the debootstrap stage is still reused)
 }
 
 // Built describes a built template; it is also the content of template.json.
@@ -58,6 +58,9 @@ func Dir(cacheDir string, spec Spec) string {
 // Lookup returns the finished build of spec (same name and hash) without
 // building anything. It costs one small file read.
 func Lookup(cacheDir string, spec Spec) (Built, bool) {
+	if !nameRE.MatchString(spec.Name) {
+		return Built{}, false // and keep a name like ../x out of the path
+	}
 	b, err := readBuilt(Dir(cacheDir, spec))
 	if err != nil || b.Name != spec.Name || b.Hash != spec.Hash() {
 		return Built{}, false

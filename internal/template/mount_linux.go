@@ -211,6 +211,19 @@ func lockFile(ctx context.Context, path string, waiting func()) (unlock func(), 
 	}
 }
 
+// tryLock takes the lock on path if nobody holds it.
+func tryLock(path string) (unlock func(), err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { f.Close() }, nil
+}
+
 // syncFS flushes the disks, so the done marker never reaches the disk
 // before the files it vouches for. (syncfs(2) would do for one filesystem,
 // but package syscall lacks it; a build is rare enough for a full sync.)
