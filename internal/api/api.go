@@ -47,6 +47,8 @@ type Config struct {
 	ExecOutputCap      int           // bytes kept per stream in a non-streamed exec answer; 0 means 4 MiB
 	DefaultExecTimeout time.Duration // when timeout_seconds is absent; 0 means 60 s
 	MaxExecTimeout     time.Duration // 0 means 24 h
+	DefaultRunTimeout  time.Duration // run_code without timeout_seconds; 0 means 300 s
+	RunOutputCap       int           // bytes kept per stream per run_code; 0 means 1 MiB
 }
 
 // Server serves the API.
@@ -72,6 +74,12 @@ func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catal
 	}
 	if cfg.MaxExecTimeout == 0 {
 		cfg.MaxExecTimeout = 24 * time.Hour
+	}
+	if cfg.DefaultRunTimeout == 0 {
+		cfg.DefaultRunTimeout = 300 * time.Second
+	}
+	if cfg.RunOutputCap == 0 {
+		cfg.RunOutputCap = 1 << 20
 	}
 	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux()}
 	s.routes()
@@ -101,6 +109,13 @@ func (s *Server) routes() {
 	auth("GET /v1/sandboxes/{id}/files/list", s.listFiles)
 	auth("GET /v1/sandboxes/{id}/files/stat", s.statFile)
 	auth("POST /v1/sandboxes/{id}/files/mkdir", s.mkdir)
+	auth("POST /v1/sandboxes/{id}/contexts", s.createContext)
+	auth("GET /v1/sandboxes/{id}/contexts", s.listContexts)
+	auth("DELETE /v1/sandboxes/{id}/contexts/{cid}", s.deleteContext)
+	auth("POST /v1/sandboxes/{id}/contexts/{cid}/interrupt", s.interruptContext)
+	auth("POST /v1/sandboxes/{id}/contexts/{cid}/restart", s.restartContext)
+	auth("POST /v1/sandboxes/{id}/contexts/{cid}/run", s.runInContext)
+	auth("POST /v1/sandboxes/{id}/run_code", s.runCode)
 	auth("GET /v1/templates", s.listTemplates)
 }
 

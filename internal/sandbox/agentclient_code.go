@@ -1,0 +1,86 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// CreateContext starts a code context (a Jupyter kernel) in the sandbox.
+func (c *AgentClient) CreateContext(ctx context.Context, req agentproto.ContextRequest) (agentproto.Context, error) {
+	var out agentproto.Context
+	err := c.do(ctx, http.MethodPost, "/v1/contexts", nil, req, &out)
+	return out, err
+}
+
+// ListContexts lists the sandbox's code contexts.
+func (c *AgentClient) ListContexts(ctx context.Context) ([]agentproto.Context, error) {
+	var out []agentproto.Context
+	err := c.do(ctx, http.MethodGet, "/v1/contexts", nil, nil, &out)
+	if out == nil && err == nil {
+		out = []agentproto.Context{}
+	}
+	return out, err
+}
+
+func contextPath(id, sub string) string { return "/v1/contexts/" + url.PathEscape(id) + sub }
+
+// DeleteContext shuts the context's kernel down.
+func (c *AgentClient) DeleteContext(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, contextPath(id, ""), nil, nil, nil)
+}
+
+// InterruptContext interrupts the code running in a context.
+func (c *AgentClient) InterruptContext(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodPost, contextPath(id, "/interrupt"), nil, nil, nil)
+}
+
+// RestartContext restarts a context's kernel; its state is lost.
+func (c *AgentClient) RestartContext(ctx context.Context, id string) (agentproto.Context, error) {
+	var out agentproto.Context
+	err := c.do(ctx, http.MethodPost, contextPath(id, "/restart"), nil, nil, &out)
+	return out, err
+}
+
+// RunCode runs code in a context, calling onEvent for each output as it
+// happens (not for the final execution), and returns the whole Execution.
+func (c *AgentClient) RunCode(ctx context.Context, id string, req agentproto.RunRequest, onEvent func(agentproto.CodeEvent) error) (agentproto.Execution, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // hanging up interrupts the kernel in the sandbox
+	b, err := json.Marshal(req)
+	if err != nil {
+		return agentproto.Execution{}, err
+	}
+	resp, err := c.request(ctx, http.MethodPost, contextPath(id, "/run"), nil, bytes.NewReader(b))
+	if err != nil {
+		return agentproto.Execution{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 256<<20)
+	for sc.Scan() {
+		var ev agentproto.CodeEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return agentproto.Execution{}, fmt.Errorf("run %s: bad event: %w", id, err)
+		}
+		if ev.Type == "execution" && ev.Execution != nil {
+			return *ev.Execution, nil
+		}
+		if onEvent != nil {
+			if err := onEvent(ev); err != nil {
+				return agentproto.Execution{}, err
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return agentproto.Execution{}, ctx.Err()
+	}
+	return agentproto.Execution{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering while running code", c.id)
+}
