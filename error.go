@@ -11,16 +11,18 @@ import (
 
 // Stable error codes. Clients switch on these; never rename one.
 const (
-	EInvalid         = "invalid_request"     // the request is malformed or a value is out of range
-	EUnauthorized    = "unauthorized"        // missing, unknown or revoked API key
-	ENotFound        = "not_found"           // no such resource in the caller's project
-	EConflict        = "conflict"            // the resource is in a state that forbids the operation
-	ETimeout         = "timeout"             // the operation ran past its deadline
-	EUnavailable     = "sandbox_unavailable" // the sandbox is stopped or its agent does not answer
-	ECommandNotFound = "command_not_found"   // exec of an argv whose program does not exist
-	ETooLarge        = "payload_too_large"   // a request body over the server's limit
-	ETemplateMissing = "template_not_built"  // the template exists but has no built root filesystem
-	EInternal        = "internal"            // a bug or a host failure; the message is safe to show
+	EInvalid         = "invalid_request"      // the request is malformed or a value is out of range
+	EUnauthorized    = "unauthorized"         // missing, unknown or revoked API key
+	ENotFound        = "not_found"            // no such resource in the caller's project
+	EConflict        = "conflict"             // the resource is in a state that forbids the operation
+	ETimeout         = "timeout"              // the operation ran past its deadline
+	EUnavailable     = "sandbox_unavailable"  // the sandbox is stopped or its agent does not answer
+	ECommandNotFound = "command_not_found"    // exec of an argv whose program does not exist
+	ETooLarge        = "payload_too_large"    // a request body over the server's limit
+	ETemplateMissing = "template_not_built"   // the template exists but has no built root filesystem
+	ESnapshotCorrupt = "snapshot_corrupt"     // a snapshot's files are missing, truncated or altered
+	EStorage         = "insufficient_storage" // the server's disk is full
+	EInternal        = "internal"             // a bug or a host failure; the message is safe to show
 )
 
 // Error is the one error type whose code and message reach API clients.

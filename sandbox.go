@@ -13,6 +13,7 @@ type SandboxState string
 const (
 	StateStarting SandboxState = "starting" // the runtime is booting it
 	StateRunning  SandboxState = "running"  // its agent answers
+	StatePaused   SandboxState = "paused"   // checkpointed to disk, its memory and CPU freed; resumes on request
 	StateStopped  SandboxState = "stopped"  // gone from the runtime; the record stays for a while
 )
 
@@ -38,6 +39,20 @@ type Sandbox struct {
 	ExpiresAt  time.Time         `json:"expires_at"`
 	StoppedAt  *time.Time        `json:"stopped_at,omitempty"`
 	StopReason string            `json:"stop_reason,omitempty"`
+	AutoResume bool              `json:"auto_resume"` // resume automatically on any request while paused
+}
+
+// Snapshot is a saved sandbox state: memory, processes and filesystem.
+type Snapshot struct {
+	ID        string            `json:"id"` // "snap_…"
+	ProjectID string            `json:"-"`
+	SandboxID string            `json:"sandbox_id"` // the sandbox it was taken of
+	Template  string            `json:"template"`
+	SizeBytes int64             `json:"size_bytes"`
+	Metadata  map[string]string `json:"metadata"`
+	CreatedAt time.Time         `json:"created_at"`
+	CPU       int               `json:"cpu"`
+	MemoryMB  int               `json:"memory_mb"`
 }
 
 // SandboxFilter selects sandboxes in List. Zero fields match everything.

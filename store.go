@@ -5,11 +5,12 @@ import (
 	"time"
 )
 
-// Store persists projects, API keys and sandbox records. Implementations are
-// safe for concurrent use. Every method returns an *Error with ENotFound when
-// the record it names does not exist, and wraps any other failure (a locked or
-// broken database) as a plain error. Methods are short queries on an embedded
-// or nearby database; they honour ctx cancellation between statements.
+// Store persists projects, API keys, sandbox records and snapshot records.
+// Implementations are safe for concurrent use. Every method returns an *Error
+// with ENotFound when the record it names does not exist, and wraps any other
+// failure (a locked or broken database) as a plain error. Methods are short
+// queries on an embedded or nearby database; they honour ctx cancellation
+// between statements.
 type Store interface {
 	// CreateProject adds a project; a duplicate name is an EConflict.
 	CreateProject(ctx context.Context, p Project) error
@@ -40,11 +41,25 @@ type Store interface {
 	SetSandboxExpiry(ctx context.Context, id string, expiresAt time.Time) error
 	// DeleteSandbox removes the record.
 	DeleteSandbox(ctx context.Context, id string) error
-	// ExpiredSandboxes returns the sandboxes not yet stopped whose expiry is
-	// at or before now.
+	// ExpiredSandboxes returns the sandboxes not yet stopped (paused ones
+	// included) whose expiry is at or before now.
 	ExpiredSandboxes(ctx context.Context, now time.Time) ([]Sandbox, error)
 	// PurgeStoppedSandboxes deletes records stopped before t and returns how many.
 	PurgeStoppedSandboxes(ctx context.Context, before time.Time) (int, error)
+
+	// CreateSnapshot stores a new snapshot record; a duplicate id is an
+	// EConflict. The record does not depend on its sandbox's: it outlives
+	// DeleteSandbox and PurgeStoppedSandboxes of that sandbox.
+	CreateSnapshot(ctx context.Context, snap Snapshot) error
+	// GetSnapshot returns the snapshot id of project projectID; an empty
+	// projectID matches any project. Another project's snapshot is ENotFound.
+	GetSnapshot(ctx context.Context, projectID, id string) (Snapshot, error)
+	// ListSnapshots returns the snapshots of project projectID (an empty
+	// projectID means all projects), oldest first. Every metadata key must
+	// be present with exactly its value, as in SandboxFilter.Metadata.
+	ListSnapshots(ctx context.Context, projectID string, metadata map[string]string) ([]Snapshot, error)
+	// DeleteSnapshot removes the record.
+	DeleteSnapshot(ctx context.Context, id string) error
 
 	// Close releases the database.
 	Close() error

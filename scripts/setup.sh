@@ -19,7 +19,7 @@ fi
 # Debian packages: debootstrap builds template root filesystems; busybox-static
 # gives the runtime tests a tiny root filesystem; git and curl for the rest.
 missing=()
-for p in debootstrap busybox-static ca-certificates curl git; do
+for p in debootstrap busybox-static ca-certificates curl git python3 python3-venv; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -65,7 +65,8 @@ step "building bin/pandastack and bin/pandastack-agent"
 VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
 CGO_ENABLED=0 go build -ldflags "-X main.version=$VERSION" -o bin/ ./cmd/pandastack ./cmd/pandastack-agent
 
-step "template base (debootstrap; cached by its spec's hash)"
+step "templates base and code-interpreter (debootstrap, apt, pip; cached by their specs' hashes)"
 PANDASTACK_CACHE_DIR="$CACHE" bin/pandastack template build base >/dev/null
+PANDASTACK_CACHE_DIR="$CACHE" bin/pandastack template build code-interpreter >/dev/null
 
 echo "setup done: runsc $RUNSC_VERSION, $(go version | cut -d' ' -f3), binaries in bin/" >&2

@@ -6,23 +6,29 @@
 # makes a new one. Usage: export PANDASTACK_TEST_PYTHON=$(scripts/test-python-env.sh)
 set -euo pipefail
 
-PYTHON=${PYTHON:-python3}
+# The system python by default: unlike one under /root (pyenv), other users
+# can run it, which the tests of kernels run as another user need.
+if [ -z "${PYTHON:-}" ]; then
+	PYTHON=python3
+	if /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null; then
+		PYTHON=/usr/bin/python3
+	fi
+fi
 REQUIREMENTS='ipykernel==7.4.0
 matplotlib==3.11.2
 pandas==3.1.1'
 
 CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
-base_version=$("$PYTHON" -c 'import sys; print(sys.version)')
+base_version=$("$PYTHON" -c 'import sys; print(sys.executable, sys.version)')
 hash=$(printf '%s\n%s\n' "$REQUIREMENTS" "$base_version" | sha256sum | cut -c1-12)
 dir="$CACHE/pyenv/kernel-$hash"
 
 if [ ! -f "$dir/.complete" ]; then
 	echo "==> creating the kernel test venv in $dir" >&2
-	rm -rf "$dir" "$dir.tmp"
+	# A venv cannot be moved once made, so it is built in place and marked
+	# complete last; an interrupted build is started over.
+	rm -rf "$dir"
 	mkdir -p "$CACHE/pyenv"
-	# venvs are not relocatable: build in place under a temp name only for
-	# the pip step would break shebangs, so build at the final path and mark
-	# completion last.
 	"$PYTHON" -m venv "$dir" >&2
 	"$dir/bin/python3" -m pip install --quiet --disable-pip-version-check \
 		-r /dev/stdin >&2 <<<"$REQUIREMENTS"

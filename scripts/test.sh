@@ -6,9 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
-GO_WANT=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
 for d in "$CACHE"/go/go*/bin; do [ -x "$d/go" ] && PATH="$d:$PATH"; done
 export PATH GOTOOLCHAIN=local PANDASTACK_CACHE_DIR="$CACHE"
+# A Python with ipykernel for the Jupyter client's tests on the host.
+PANDASTACK_TEST_PYTHON=$(./scripts/test-python-env.sh)
+export PANDASTACK_TEST_PYTHON
 
 echo "==> go vet ./..." >&2
 go vet ./...

@@ -28,7 +28,9 @@ type Config struct {
 	MaxMemoryMB    int           // the most memory one sandbox may have
 	MaxUploadBytes int64         // the largest file upload
 	ExecOutputCap  int           // bytes kept per stream in a non-streamed exec answer
-	BuildOnStart   string        // template built on first start when missing ("" for none)
+	BuildOnStart   string        // templates built on start when missing, comma-separated ("" for none)
+	MaxFork        int           // the most children one fork may make
+	Warm           bool          // snapshot templates warm in the background so creates restore them
 	LogLevel       string        // debug, info, warn or error
 }
 
@@ -44,6 +46,8 @@ func defaultConfig() Config {
 		MaxUploadBytes: 4 << 30,
 		ExecOutputCap:  4 << 20,
 		BuildOnStart:   "base",
+		MaxFork:        16,
+		Warm:           true,
 		LogLevel:       "info",
 	}
 }
@@ -85,6 +89,11 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	num(&c.MaxMemoryMB, "max-memory-mb", "PANDASTACK_MAX_MEMORY_MB", "most memory of one sandbox, in MiB")
 	num(&c.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
 	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
+	num(&c.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
+	if v, ok := os.LookupEnv("PANDASTACK_WARM"); ok {
+		c.Warm = v != "0" && v != "false"
+	}
+	fs.BoolVar(&c.Warm, "warm", c.Warm, "snapshot templates warm so creates restore them ($PANDASTACK_WARM)")
 	str(&c.LogLevel, "log-level", "PANDASTACK_LOG_LEVEL", "debug, info, warn or error")
 	if v, ok := os.LookupEnv("PANDASTACK_MAX_UPLOAD_BYTES"); ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
@@ -109,9 +118,11 @@ func (c *Config) templatesDir() string {
 	return filepath.Join(c.DataDir, "templates")
 }
 
-func (c *Config) dbPath() string     { return filepath.Join(c.DataDir, "pandastack.db") }
-func (c *Config) keyPath() string    { return filepath.Join(c.DataDir, "api-key") }
-func (c *Config) runtimeDir() string { return filepath.Join(c.DataDir, "runtime") }
+func (c *Config) dbPath() string      { return filepath.Join(c.DataDir, "pandastack.db") }
+func (c *Config) keyPath() string     { return filepath.Join(c.DataDir, "api-key") }
+func (c *Config) runtimeDir() string  { return filepath.Join(c.DataDir, "runtime") }
+func (c *Config) snapshotDir() string { return filepath.Join(c.DataDir, "snapshots") }
+func (c *Config) pausedDir() string   { return filepath.Join(c.DataDir, "paused") }
 
 func (c *Config) validate() error {
 	if c.DefaultTTL <= 0 || c.MaxTTL <= 0 || c.DefaultTTL > c.MaxTTL {

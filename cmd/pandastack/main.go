@@ -6,6 +6,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -128,8 +131,11 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	if cfg.BuildOnStart != "" {
-		spec, err := reg.Get(cfg.BuildOnStart)
+	for _, name := range strings.Split(cfg.BuildOnStart, ",") {
+		if name = strings.TrimSpace(name); name == "" {
+			continue
+		}
+		spec, err := reg.Get(name)
 		if err != nil {
 			return err
 		}
@@ -141,19 +147,34 @@ func serve(args []string) error {
 		}
 	}
 
+	// Restores need the agent at the path it had at checkpoint time, so
+	// sandboxes mount a copy kept in the cache under its own hash.
+	agent, agentHash, err := stableAgent(agent, cfg.CacheDir)
+	if err != nil {
+		return err
+	}
+	for _, d := range []string{cfg.snapshotDir(), cfg.pausedDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
 	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: cfg.runtimeDir(), AgentPath: agent, Log: log})
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
-	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir}
+	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir, agentHash: agentHash}
 	mgr := sandbox.New(sandbox.Config{
 		DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL, MaxCPU: cfg.MaxCPU, MaxMemoryMB: cfg.MaxMemoryMB,
+		SnapshotDir: cfg.snapshotDir(), PausedDir: cfg.pausedDir(), MaxFork: cfg.MaxFork,
 	}, store, rt, tpls, log)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}
 	defer mgr.Close()
+	if cfg.Warm {
+		go warmTemplates(ctx, mgr, tpls, log)
+	}
 	srv := api.New(api.Config{MaxUploadBytes: cfg.MaxUploadBytes, ExecOutputCap: cfg.ExecOutputCap}, mgr, store, tpls, log)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -214,6 +235,29 @@ func createKey(ctx context.Context, store pandastack.Store, project, name string
 	return secret, nil
 }
 
+// stableAgent copies the agent binary to <cache>/agent/<sha256>/ (once) and
+// returns that path and the hash.
+func stableAgent(path, cacheDir string) (string, string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", "", err
+	}
+	sum := sha256.Sum256(b)
+	h := hex.EncodeToString(sum[:])
+	dst := filepath.Join(cacheDir, "agent", h[:16], "pandastack-agent")
+	if _, err := os.Stat(dst); err == nil {
+		return dst, h, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", "", err
+	}
+	tmp := dst + ".tmp-" + pandastack.NewID("t")
+	if err := os.WriteFile(tmp, b, 0o755); err != nil {
+		return "", "", err
+	}
+	return dst, h, os.Rename(tmp, dst)
+}
+
 func loadTemplates(cfg *Config) (*template.Registry, error) {
 	dir := cfg.templatesDir()
 	if st, err := os.Stat(dir); err == nil && st.IsDir() {
@@ -225,8 +269,43 @@ func loadTemplates(cfg *Config) (*template.Registry, error) {
 // templateSource adapts the template registry and cache to the sandbox
 // manager and the API.
 type templateSource struct {
-	reg      *template.Registry
-	cacheDir string
+	reg       *template.Registry
+	cacheDir  string
+	agentHash string
+}
+
+// warmDir is where the warm snapshot of a built template lives: keyed by
+// the spec's hash and the agent's build, since a restore needs both as they
+// were at checkpoint time.
+func (t *templateSource) warmDir(spec template.Spec) string {
+	return filepath.Join(t.cacheDir, "warm", spec.Name+"-"+spec.Hash()[:16]+"-"+t.agentHash[:16])
+}
+
+// warmTemplates makes the warm snapshot of every built template that has
+// warm-up code and none yet. Until it is done, creates boot cold.
+func warmTemplates(ctx context.Context, mgr *sandbox.Manager, t *templateSource, log *slog.Logger) {
+	for _, spec := range t.reg.List() {
+		if spec.Warmup == "" {
+			continue
+		}
+		b, ok := template.Lookup(t.cacheDir, spec)
+		if !ok {
+			continue
+		}
+		dir := t.warmDir(spec)
+		if _, err := os.Stat(dir); err == nil {
+			continue
+		}
+		os.MkdirAll(filepath.Dir(dir), 0o700)
+		start := time.Now()
+		log.Info("warming template (creates boot cold until this is done)", "template", spec.Name)
+		tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB}
+		if err := mgr.Warm(ctx, tpl, spec.Warmup, dir); err != nil {
+			log.Error("warming template failed; its sandboxes boot cold", "template", spec.Name, "err", err)
+			continue
+		}
+		log.Info("template warm", "template", spec.Name, "seconds", time.Since(start).Seconds())
+	}
 }
 
 func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Template, error) {
@@ -238,7 +317,13 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 	if !ok {
 		return sandbox.Template{}, pandastack.Errorf(pandastack.ETemplateMissing, "template %q is not built on this server; run `pandastack template build %s`", name, name)
 	}
-	return sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB}, nil
+	tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB}
+	if dir := t.warmDir(spec); spec.Warmup != "" {
+		if _, err := os.Stat(dir); err == nil {
+			tpl.WarmImage = dir
+		}
+	}
+	return tpl, nil
 }
 
 func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) {

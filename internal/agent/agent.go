@@ -26,6 +26,7 @@ type Config struct {
 	BootedAt time.Time    // when the agent started, reported by hello
 	Home     string       // the sandbox user's home; "" means agentproto.UserHome
 	Reaper   *Reaper      // nil: wait for each child by pid (when not PID 1)
+	Contexts *Contexts    // code contexts, shared by all sessions; nil: a new empty set
 	Log      *slog.Logger // nil discards
 }
 
@@ -45,6 +46,9 @@ func NewServer(cfg Config, epoch uint32) *Server {
 	if cfg.Log == nil {
 		cfg.Log = discardLogger()
 	}
+	if cfg.Contexts == nil {
+		cfg.Contexts = NewContexts()
+	}
 	return &Server{cfg: cfg, epoch: epoch, home: cfg.Home, log: cfg.Log.With("epoch", epoch)}
 }
 
@@ -59,6 +63,12 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/files/list", s.api(s.listFiles))
 	mux.HandleFunc("GET /v1/files/stat", s.api(s.statFile))
 	mux.HandleFunc("POST /v1/files/mkdir", s.api(s.mkdir))
+	mux.HandleFunc("POST /v1/contexts", s.api(s.createContext))
+	mux.HandleFunc("GET /v1/contexts", s.api(s.listContexts))
+	mux.HandleFunc("DELETE /v1/contexts/{id}", s.api(s.deleteContext))
+	mux.HandleFunc("POST /v1/contexts/{id}/interrupt", s.api(s.interruptContext))
+	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.api(s.restartContext))
+	mux.HandleFunc("POST /v1/contexts/{id}/run", s.api(s.runCode))
 	mux.HandleFunc("/", s.api(func(w http.ResponseWriter, r *http.Request) error {
 		return pandastack.Errorf(pandastack.ENotFound, "the agent has no endpoint %s %s; see internal/agentproto/api.go for its API", r.Method, r.URL.Path)
 	}))
@@ -89,6 +99,11 @@ func ServeSession(cfg Config, epoch uint32, conn io.ReadWriteCloser) error {
 }
 
 func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
+	// A sandbox restored from a snapshot or a fork learns its new id here;
+	// processes started from now on see it.
+	if id := r.URL.Query().Get("sandbox_id"); id != "" {
+		os.Setenv("PANDASTACK_SANDBOX_ID", id)
+	}
 	writeJSON(w, http.StatusOK, agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,
 		AgentVersion:    s.cfg.Version,

@@ -116,6 +116,13 @@ func (s *Server) routes() {
 	auth("POST /v1/sandboxes/{id}/contexts/{cid}/restart", s.restartContext)
 	auth("POST /v1/sandboxes/{id}/contexts/{cid}/run", s.runInContext)
 	auth("POST /v1/sandboxes/{id}/run_code", s.runCode)
+	auth("POST /v1/sandboxes/{id}/snapshots", s.createSnapshot)
+	auth("POST /v1/sandboxes/{id}/fork", s.fork)
+	auth("POST /v1/sandboxes/{id}/pause", s.pause)
+	auth("POST /v1/sandboxes/{id}/resume", s.resume)
+	auth("GET /v1/snapshots", s.listSnapshots)
+	auth("GET /v1/snapshots/{sid}", s.getSnapshot)
+	auth("DELETE /v1/snapshots/{sid}", s.deleteSnapshot)
 	auth("GET /v1/templates", s.listTemplates)
 }
 
@@ -241,6 +248,10 @@ func statusOf(code string) int {
 		return http.StatusGatewayTimeout
 	case pandastack.EUnavailable:
 		return http.StatusServiceUnavailable
+	case pandastack.ESnapshotCorrupt:
+		return http.StatusUnprocessableEntity
+	case pandastack.EStorage:
+		return http.StatusInsufficientStorage
 	default:
 		return http.StatusInternalServerError
 	}

@@ -157,6 +157,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 			}
 		}
 	}
+	defer s.mgr.Track(r.PathValue("id"))()
 	areq := agentproto.RunRequest{Code: *req.Code, TimeoutMS: timeout.Milliseconds(), Env: req.Env, OutputCap: s.cfg.RunOutputCap}
 	if wantsStream(r) {
 		nd := newNDJSON(w)

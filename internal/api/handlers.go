@@ -24,6 +24,8 @@ type createSandboxRequest struct {
 	Env        map[string]string `json:"env"`
 	CPU        int               `json:"cpu"`
 	MemoryMB   int               `json:"memory_mb"`
+	SnapshotID string            `json:"snapshot_id"`
+	AutoResume bool              `json:"auto_resume"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project string) {
@@ -34,7 +36,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 	}
 	sb, err := s.mgr.Create(r.Context(), project, sandbox.CreateRequest{
 		Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata,
-		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB,
+		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
 	})
 	if err != nil {
 		s.logFailure(r, err)
@@ -62,11 +64,11 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 		case k == "state" && vs[0] != "":
 			for _, v := range strings.Split(vs[0], ",") {
 				switch st := pandastack.SandboxState(v); st {
-				case pandastack.StateStarting, pandastack.StateRunning, pandastack.StateStopped:
+				case pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused, pandastack.StateStopped:
 					f.States = append(f.States, st)
 				case "all":
 				default:
-					writeError(w, pandastack.Errorf(pandastack.EInvalid, "state must be starting, running, stopped or all, got %q", v))
+					writeError(w, pandastack.Errorf(pandastack.EInvalid, "state must be starting, running, paused, stopped or all, got %q", v))
 					return
 				}
 			}
@@ -76,7 +78,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 		}
 	}
 	if q.Get("state") == "" {
-		f.States = []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning}
+		f.States = []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}
 	}
 	list, err := s.mgr.List(r.Context(), project, f)
 	if err != nil {
@@ -181,6 +183,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 		writeError(w, err)
 		return
 	}
+	defer s.mgr.Track(r.PathValue("id"))()
 	areq := agentproto.ExecRequest{Argv: req.Argv, Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, TimeoutMS: timeout.Milliseconds(), Stdin: []byte(req.Stdin)}
 	if wantsStream(r) {
 		s.execStream(w, r, agent, areq)

@@ -50,7 +50,7 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser) (*AgentCl
 	}}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if err := c.do(ctx, http.MethodGet, "/v1/hello", nil, nil, &c.hello); err != nil {
+	if err := c.do(ctx, http.MethodGet, "/v1/hello", url.Values{"sandbox_id": {id}}, nil, &c.hello); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("agent hello %s: %w", id, err)
 	}

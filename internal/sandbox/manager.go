@@ -6,10 +6,12 @@ package sandbox
 
 import (
 	"context"
-
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
+	"os"
+	"path/filepath"
 	"regexp"
 	"sync"
 	"time"
@@ -28,6 +30,9 @@ type Config struct {
 	ReapInterval     time.Duration // how often TTLs and liveness are checked; 1 s
 	StoppedRetention time.Duration // how long records of stopped sandboxes stay visible; 24 h
 	StartTimeout     time.Duration // boot until the agent says hello; 30 s
+	SnapshotDir      string        // where snapshots are stored (required)
+	PausedDir        string        // where paused sandboxes are kept (required)
+	MaxFork          int           // most children of one fork; 16
 }
 
 func (c *Config) setDefaults() {
@@ -49,14 +54,16 @@ func (c *Config) setDefaults() {
 	defInt(&c.MaxCPU, 2)
 	defInt(&c.MaxMemoryMB, 8192)
 	defInt(&c.PIDsLimit, 1024)
+	defInt(&c.MaxFork, 16)
 }
 
 // Template is a built template as the manager needs it.
 type Template struct {
-	Name     string
-	RootFS   string
-	CPU      int
-	MemoryMB int
+	Name      string
+	RootFS    string
+	CPU       int
+	MemoryMB  int
+	WarmImage string // an image directory of the template booted warm, or ""
 }
 
 // Templates resolves template names. Resolve returns ENotFound for an
@@ -73,6 +80,8 @@ type CreateRequest struct {
 	Env        map[string]string
 	CPU        int
 	MemoryMB   int
+	SnapshotID string // restore this snapshot instead of a template
+	AutoResume bool   // resume automatically on any request while paused
 }
 
 // Manager runs sandboxes for the API.
@@ -84,10 +93,11 @@ type Manager struct {
 	log       *slog.Logger
 	now       func() time.Time
 
-	mu     sync.Mutex
-	live   map[string]*AgentClient
-	busy   map[string]bool // ids being created or stopped
-	closed bool
+	mu       sync.Mutex
+	live     map[string]*AgentClient
+	busy     map[string]bool // ids being created or stopped
+	inflight map[string]int  // execs and runs in progress, by sandbox
+	closed   bool
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -98,7 +108,7 @@ func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Te
 	cfg.setDefaults()
 	return &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
-		live: map[string]*AgentClient{}, busy: map[string]bool{}, stop: make(chan struct{}),
+		live: map[string]*AgentClient{}, busy: map[string]bool{}, inflight: map[string]int{}, stop: make(chan struct{}),
 	}
 }
 
@@ -240,12 +250,11 @@ func (m *Manager) ttl(seconds *int64) (time.Duration, error) {
 	return time.Duration(*seconds) * time.Second, nil
 }
 
-// Create boots a sandbox for the project. On any failure nothing of it is
-// left on the host and its record says why it stopped.
-func (m *Manager) Create(ctx context.Context, projectID string, req CreateRequest) (_ pandastack.Sandbox, err error) {
-	if req.Template == "" {
-		req.Template = "base"
-	}
+// Create boots a sandbox for the project: from a snapshot when
+// req.SnapshotID is set, else from the template (restoring its warm
+// snapshot when it has one). On any failure nothing of it is left on the
+// host and its record says why it stopped.
+func (m *Manager) Create(ctx context.Context, projectID string, req CreateRequest) (pandastack.Sandbox, error) {
 	ttl, err := m.ttl(req.TTLSeconds)
 	if err != nil {
 		return pandastack.Sandbox{}, err
@@ -256,29 +265,74 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	if err := ValidateEnv(req.Env); err != nil {
 		return pandastack.Sandbox{}, err
 	}
+	p := plan{ttl: ttl, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume}
+	if req.SnapshotID != "" {
+		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || len(req.Env) > 0 {
+			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
+		}
+		snap, err := m.store.GetSnapshot(ctx, projectID, req.SnapshotID)
+		if err != nil {
+			return pandastack.Sandbox{}, err
+		}
+		dir := m.snapshotPath(snap.ID)
+		man, err := verifyImage(dir, "snapshot "+snap.ID)
+		if err != nil {
+			return pandastack.Sandbox{}, err
+		}
+		p.template, p.rootfs, p.image, p.cpu, p.mem = snap.Template, man.RootFS, filepath.Join(dir, "image"), snap.CPU, snap.MemoryMB
+		return m.launch(ctx, projectID, p)
+	}
+	if req.Template == "" {
+		req.Template = "base"
+	}
 	tpl, err := m.templates.Resolve(ctx, req.Template)
 	if err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	cpu, mem := tpl.CPU, tpl.MemoryMB
+	p.template, p.rootfs, p.cpu, p.mem = tpl.Name, tpl.RootFS, tpl.CPU, tpl.MemoryMB
 	if req.CPU != 0 {
-		cpu = req.CPU
+		p.cpu = req.CPU
 	}
 	if req.MemoryMB != 0 {
-		mem = req.MemoryMB
+		p.mem = req.MemoryMB
 	}
-	if cpu < 1 || cpu > m.cfg.MaxCPU {
-		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "cpu must be between 1 and %d, got %d", m.cfg.MaxCPU, cpu)
+	if p.cpu < 1 || p.cpu > m.cfg.MaxCPU {
+		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "cpu must be between 1 and %d, got %d", m.cfg.MaxCPU, p.cpu)
 	}
-	if mem < 64 || mem > m.cfg.MaxMemoryMB {
-		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "memory_mb must be between 64 and %d, got %d", m.cfg.MaxMemoryMB, mem)
+	if p.mem < 64 || p.mem > m.cfg.MaxMemoryMB {
+		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "memory_mb must be between 64 and %d, got %d", m.cfg.MaxMemoryMB, p.mem)
 	}
+	// A warm snapshot was taken with the template's own resources and no
+	// env, so only a plain create can use it.
+	if tpl.WarmImage != "" && req.CPU == 0 && req.MemoryMB == 0 && len(req.Env) == 0 {
+		if _, err := verifyImage(tpl.WarmImage, "warm snapshot of template "+tpl.Name); err == nil {
+			p.image = filepath.Join(tpl.WarmImage, "image")
+		} else {
+			m.log.Warn("warm template snapshot unusable; booting cold", "template", tpl.Name, "err", err)
+		}
+	}
+	return m.launch(ctx, projectID, p)
+}
 
+// plan is what launch boots.
+type plan struct {
+	template   string
+	rootfs     string
+	image      string // restore this checkpoint image instead of booting cold
+	cpu, mem   int
+	ttl        time.Duration
+	metadata   map[string]string
+	env        map[string]string
+	autoResume bool
+}
+
+// launch records a new sandbox, boots or restores it, and says hello.
+func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ pandastack.Sandbox, err error) {
 	now := m.now().UTC()
 	sb := pandastack.Sandbox{
-		ID: pandastack.NewID("sbx"), ProjectID: projectID, Template: tpl.Name,
-		State: pandastack.StateStarting, Metadata: maps.Clone(req.Metadata),
-		CPU: cpu, MemoryMB: mem, CreatedAt: now, ExpiresAt: now.Add(ttl),
+		ID: pandastack.NewID("sbx"), ProjectID: projectID, Template: p.template,
+		State: pandastack.StateStarting, Metadata: maps.Clone(p.metadata),
+		CPU: p.cpu, MemoryMB: p.mem, CreatedAt: now, ExpiresAt: now.Add(p.ttl), AutoResume: p.autoResume,
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
@@ -300,18 +354,22 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 		}
 	}()
 
-	env := make([]string, 0, len(req.Env)+1)
-	for k, v := range req.Env {
+	env := make([]string, 0, len(p.env)+1)
+	for k, v := range p.env {
 		env = append(env, k+"="+v)
 	}
 	env = append(env, "PANDASTACK_SANDBOX_ID="+sb.ID)
 	// The boot is not cancelled with the request (STYLE habit 5): a client
-	// that hangs up gets nothing, and the rollback below cleans up.
+	// that hangs up gets nothing, and the rollback cleans up.
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	rwc, err := m.rt.Start(startCtx, pandastack.RuntimeSpec{
-		ID: sb.ID, RootFS: tpl.RootFS, Env: env, CPU: cpu, MemoryMB: mem, PIDs: m.cfg.PIDsLimit,
-	})
+	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, PIDs: m.cfg.PIDsLimit}
+	var rwc io.ReadWriteCloser
+	if p.image != "" {
+		rwc, err = m.rt.Restore(startCtx, spec, p.image)
+	} else {
+		rwc, err = m.rt.Start(startCtx, spec)
+	}
 	if err == nil {
 		var client *AgentClient
 		if client, err = dialAgent(startCtx, sb.ID, rwc); err == nil {
@@ -402,9 +460,10 @@ func (m *Manager) running(ctx context.Context, projectID, id string) (pandastack
 	return sb, nil
 }
 
-// Agent returns the agent client of a running sandbox of the project.
+// Agent returns the agent client of a running sandbox of the project,
+// resuming it first if it is paused with auto_resume.
 func (m *Manager) Agent(ctx context.Context, projectID, id string) (*AgentClient, error) {
-	if _, err := m.running(ctx, projectID, id); err != nil {
+	if _, err := m.usable(ctx, projectID, id); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()
@@ -444,6 +503,9 @@ func (m *Manager) teardown(id string) {
 	}
 	if err := m.rt.Stop(context.Background(), id); err != nil {
 		m.log.Error("runtime stop", "sandbox", id, "err", err)
+	}
+	if m.cfg.PausedDir != "" {
+		os.RemoveAll(m.pausedPath(id))
 	}
 }
 

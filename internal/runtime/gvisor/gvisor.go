@@ -105,7 +105,44 @@ func (r *Runtime) runsc(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // Start implements pandastack.Runtime.
-func (r *Runtime) Start(ctx context.Context, spec pandastack.RuntimeSpec) (_ io.ReadWriteCloser, err error) {
+func (r *Runtime) Start(ctx context.Context, spec pandastack.RuntimeSpec) (io.ReadWriteCloser, error) {
+	return r.boot(ctx, spec, "")
+}
+
+// Restore implements pandastack.Runtime.
+func (r *Runtime) Restore(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) (io.ReadWriteCloser, error) {
+	if _, err := os.Stat(filepath.Join(imageDir, "checkpoint.img")); err != nil {
+		return nil, pandastack.Errorf(pandastack.ESnapshotCorrupt, "no checkpoint image in %s", imageDir)
+	}
+	return r.boot(ctx, spec, imageDir)
+}
+
+// Checkpoint implements pandastack.Runtime.
+func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error {
+	st, err := r.State(ctx, id)
+	if err != nil {
+		return err
+	}
+	if st != pandastack.RuntimeRunning {
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not running", id)
+	}
+	args := []string{"checkpoint", "--image-path=" + imageDir, "--exclude-committed-zero-pages"}
+	if leaveRunning {
+		args = append(args, "--leave-running")
+	}
+	if _, err := r.runsc(ctx, append(args, id)...); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	if !leaveRunning {
+		// The container stopped with the checkpoint; remove what is left.
+		r.destroy(id)
+		r.cleanup(id)
+	}
+	return nil
+}
+
+// boot runs a new container, or restores one from imageDir when set.
+func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) (_ io.ReadWriteCloser, err error) {
 	if !validID(spec.ID) {
 		return nil, pandastack.Errorf(pandastack.EInvalid, "invalid sandbox id %q", spec.ID)
 	}
@@ -159,7 +196,12 @@ func (r *Runtime) Start(ctx context.Context, spec pandastack.RuntimeSpec) (_ io.
 
 	// Not CommandContext: with --detach runsc returns once the sandbox runs,
 	// and killing it half-way would strand a sandbox. ctx bounds the wait.
-	cmd := exec.Command(r.cfg.Runsc, append(r.globalFlags(filepath.Join(dir, "runsc.log")), "run", "--detach", "--bundle="+dir, spec.ID)...)
+	args := []string{"run", "--detach", "--bundle=" + dir, spec.ID}
+	if imageDir != "" {
+		// --background loads memory pages lazily after restore returns.
+		args = []string{"restore", "--detach", "--background", "--bundle=" + dir, "--image-path=" + imageDir, spec.ID}
+	}
+	cmd := exec.Command(r.cfg.Runsc, append(r.globalFlags(filepath.Join(dir, "runsc.log")), args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, agentLog
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	undo = append(undo, func() { r.destroy(spec.ID) })
@@ -176,7 +218,7 @@ func (r *Runtime) Start(ctx context.Context, spec pandastack.RuntimeSpec) (_ io.
 		return nil, ctx.Err()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("start %s: runsc run: %w: %s", spec.ID, err, r.logTail(spec.ID))
+		return nil, fmt.Errorf("start %s: runsc %s: %w: %s", spec.ID, args[0], err, r.logTail(spec.ID))
 	}
 	conn, err := r.open(spec.ID)
 	if err != nil {

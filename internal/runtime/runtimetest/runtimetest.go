@@ -50,6 +50,9 @@ func Run(t *testing.T, env Env) {
 		{"MemoryLimit", testMemoryLimit},
 		{"ConcurrentStarts", testConcurrent},
 		{"ContextDoesNotOwnSandbox", testContextDoesNotOwn},
+		{"CheckpointRestoreFork", testCheckpointRestore},
+		{"PauseResume", testPauseResume},
+		{"RestoreCorrupt", testRestoreCorrupt},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, env) })
@@ -338,4 +341,88 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+func testCheckpointRestore(t *testing.T, env Env) {
+	rt := env.New(t)
+	ctx := context.Background()
+	id := newID()
+	rwc := start(t, rt, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS})
+	parent := dial(t, rwc)
+	defer parent.close()
+	parent.exec(t, "echo before > /home/user/f; echo tmp > /tmp/t")
+	img := t.TempDir()
+	t0 := time.Now()
+	if err := rt.Checkpoint(ctx, id, img, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("checkpoint with leave-running took %s", time.Since(t0))
+	// The parent keeps running, with its session.
+	if out, _ := parent.exec(t, "cat /home/user/f; echo after > /home/user/f"); out != "before\n" {
+		t.Fatalf("parent after checkpoint: %q", out)
+	}
+	// Two children from one image: each has the state at checkpoint time
+	// and is independent afterwards.
+	var kids []*session
+	for i := 0; i < 2; i++ {
+		cid := newID()
+		t0 := time.Now()
+		crwc, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: cid, RootFS: env.RootFS}, img)
+		if err != nil {
+			t.Fatalf("restore %d: %v", i, err)
+		}
+		t.Cleanup(func() { rt.Stop(context.Background(), cid) })
+		k := dial(t, crwc)
+		t.Logf("restore %d until hello took %s", i, time.Since(t0))
+		defer k.close()
+		kids = append(kids, k)
+	}
+	for i, k := range kids {
+		if out, _ := k.exec(t, "cat /home/user/f /tmp/t"); out != "before\ntmp\n" {
+			t.Fatalf("child %d sees %q", i, out)
+		}
+		k.exec(t, fmt.Sprintf("echo child%d > /home/user/f", i))
+	}
+	for i, k := range kids {
+		if out, _ := k.exec(t, "cat /home/user/f"); out != fmt.Sprintf("child%d\n", i) {
+			t.Fatalf("child %d not independent: %q", i, out)
+		}
+	}
+	if out, _ := parent.exec(t, "cat /home/user/f"); out != "after\n" {
+		t.Fatalf("parent changed by children: %q", out)
+	}
+}
+
+func testPauseResume(t *testing.T, env Env) {
+	rt := env.New(t)
+	ctx := context.Background()
+	id := newID()
+	rwc := start(t, rt, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS})
+	s := dial(t, rwc)
+	s.exec(t, "echo kept > /home/user/f")
+	s.close()
+	img := t.TempDir()
+	if err := rt.Checkpoint(ctx, id, img, false); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, rt, id)
+	rwc2, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS}, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2 := dial(t, rwc2)
+	defer s2.close()
+	if out, _ := s2.exec(t, "cat /home/user/f"); out != "kept\n" {
+		t.Fatalf("after resume: %q", out)
+	}
+}
+
+func testRestoreCorrupt(t *testing.T, env Env) {
+	rt := env.New(t)
+	id := newID()
+	_, err := rt.Restore(context.Background(), pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS}, t.TempDir())
+	if !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+		t.Fatalf("restore from an empty dir: %v, want snapshot_corrupt", err)
+	}
+	assertGone(t, rt, id)
 }

@@ -109,9 +109,32 @@ var migrations = []string{
 	CREATE INDEX sandboxes_project ON sandboxes(project_id, created_at);
 	CREATE INDEX sandboxes_expires ON sandboxes(expires_at);
 	CREATE INDEX sandboxes_stopped ON sandboxes(stopped_at);`,
+
+	// Snapshots outlive the sandbox they were taken of, so sandbox_id is no
+	// foreign key: stopped sandbox records are purged.
+	`CREATE TABLE snapshots (
+		id         TEXT PRIMARY KEY,
+		project_id TEXT NOT NULL,
+		sandbox_id TEXT NOT NULL,
+		template   TEXT NOT NULL,
+		size_bytes INTEGER NOT NULL,
+		metadata   TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(metadata)),
+		cpu        INTEGER NOT NULL,
+		memory_mb  INTEGER NOT NULL,
+		created_at INTEGER NOT NULL
+	) STRICT;
+	CREATE INDEX snapshots_project ON snapshots(project_id, created_at);`,
+
+	`ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0 CHECK (auto_resume IN (0, 1));`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {
+	return s.applyMigrations(ctx, migrations)
+}
+
+// applyMigrations brings the database to len(ms) applied migrations. Tests
+// pass a prefix of migrations to build a database as an older binary left it.
+func (s *Store) applyMigrations(ctx context.Context, ms []string) error {
 	// The immediate transaction also keeps two processes opening the same
 	// file from both applying a migration.
 	tx, err := s.db.BeginTx(ctx, nil)
@@ -123,19 +146,19 @@ func (s *Store) migrate(ctx context.Context) error {
 	if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&version); err != nil {
 		return fmt.Errorf("migrate: read version: %w", err)
 	}
-	if version > len(migrations) {
-		return fmt.Errorf("migrate: database schema version %d is newer than this binary's %d", version, len(migrations))
+	if version > len(ms) {
+		return fmt.Errorf("migrate: database schema version %d is newer than this binary's %d", version, len(ms))
 	}
-	if version == len(migrations) {
+	if version == len(ms) {
 		return nil
 	}
-	for i := version; i < len(migrations); i++ {
-		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+	for i := version; i < len(ms); i++ {
+		if _, err := tx.ExecContext(ctx, ms[i]); err != nil {
 			return fmt.Errorf("migrate: migration %d: %w", i+1, err)
 		}
 	}
 	// PRAGMA takes no bound parameters; the value is our own integer.
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations))); err != nil {
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(ms))); err != nil {
 		return fmt.Errorf("migrate: set version: %w", err)
 	}
 	if err := tx.Commit(); err != nil {
@@ -193,6 +216,40 @@ func rowsAffectedOrNotFound(res sql.Result, what, name string) error {
 		return notFound(what, name)
 	}
 	return nil
+}
+
+// encodeMetadata returns md as a JSON object; nil is stored as {}.
+func encodeMetadata(md map[string]string) (string, error) {
+	if md == nil {
+		md = map[string]string{}
+	}
+	b, err := json.Marshal(md)
+	return string(b), err
+}
+
+// decodeMetadata parses a stored JSON object, never returning a nil map.
+func decodeMetadata(s string) (map[string]string, error) {
+	var md map[string]string
+	if err := json.Unmarshal([]byte(s), &md); err != nil {
+		return nil, err
+	}
+	if md == nil {
+		md = map[string]string{}
+	}
+	return md, nil
+}
+
+// metadataWhere returns one condition (and its arguments) per entry of md,
+// each requiring table.metadata to hold that key with exactly that text
+// value. json_each compares whole keys, so a key is never parsed as a path.
+// table is one of our own table names, never user input.
+func metadataWhere(table string, md map[string]string) (where []string, args []any) {
+	for k, v := range md {
+		where = append(where, `EXISTS (SELECT 1 FROM json_each(`+table+`.metadata) AS m
+			WHERE m.key = ? AND m.type = 'text' AND m.value = ?)`)
+		args = append(args, k, v)
+	}
+	return where, args
 }
 
 // --- projects ---
@@ -358,7 +415,7 @@ func (s *Store) RevokeAPIKey(ctx context.Context, idOrPrefix string, t time.Time
 // --- sandboxes ---
 
 const sandboxColumns = `id, project_id, template, state, metadata, cpu, memory_mb,
-	created_at, expires_at, stopped_at, stop_reason`
+	created_at, expires_at, stopped_at, stop_reason, auto_resume`
 
 func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error) {
 	var sb pandastack.Sandbox
@@ -366,14 +423,12 @@ func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error
 	var created, expires int64
 	var stopped sql.NullInt64
 	if err := row.Scan(&sb.ID, &sb.ProjectID, &sb.Template, &sb.State, &md, &sb.CPU, &sb.MemoryMB,
-		&created, &expires, &stopped, &sb.StopReason); err != nil {
+		&created, &expires, &stopped, &sb.StopReason, &sb.AutoResume); err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	if err := json.Unmarshal([]byte(md), &sb.Metadata); err != nil {
+	var err error
+	if sb.Metadata, err = decodeMetadata(md); err != nil {
 		return pandastack.Sandbox{}, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
-	}
-	if sb.Metadata == nil {
-		sb.Metadata = map[string]string{}
 	}
 	sb.CreatedAt = fromMillis(created)
 	sb.ExpiresAt = fromMillis(expires)
@@ -400,18 +455,14 @@ func querySandboxes(ctx context.Context, db *sql.DB, query string, args ...any) 
 
 // CreateSandbox implements pandastack.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error {
-	md := sb.Metadata
-	if md == nil {
-		md = map[string]string{}
-	}
-	mdJSON, err := json.Marshal(md)
+	md, err := encodeMetadata(sb.Metadata)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: metadata: %w", sb.ID, err)
 	}
 	_, err = s.db.ExecContext(ctx,
-		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-		sb.ID, sb.ProjectID, sb.Template, string(sb.State), string(mdJSON), sb.CPU, sb.MemoryMB,
-		millis(sb.CreatedAt), millis(sb.ExpiresAt), millisPtr(sb.StoppedAt), sb.StopReason)
+		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sb.ID, sb.ProjectID, sb.Template, string(sb.State), md, sb.CPU, sb.MemoryMB,
+		millis(sb.CreatedAt), millis(sb.ExpiresAt), millisPtr(sb.StoppedAt), sb.StopReason, sb.AutoResume)
 	if isUnique(err) {
 		return pandastack.Errorf(pandastack.EConflict, "sandbox %q already exists", sb.ID)
 	}
@@ -449,12 +500,9 @@ func (s *Store) ListSandboxes(ctx context.Context, f pandastack.SandboxFilter) (
 			args = append(args, string(st))
 		}
 	}
-	// json_each compares whole keys, so a key is never parsed as a path.
-	for k, v := range f.Metadata {
-		where = append(where, `EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) AS m
-			WHERE m.key = ? AND m.type = 'text' AND m.value = ?)`)
-		args = append(args, k, v)
-	}
+	mdWhere, mdArgs := metadataWhere("sandboxes", f.Metadata)
+	where = append(where, mdWhere...)
+	args = append(args, mdArgs...)
 	q := `SELECT ` + sandboxColumns + ` FROM sandboxes`
 	if len(where) > 0 {
 		q += ` WHERE ` + strings.Join(where, ` AND `)
@@ -503,7 +551,8 @@ func (s *Store) DeleteSandbox(ctx context.Context, id string) error {
 	return rowsAffectedOrNotFound(res, "sandbox", id)
 }
 
-// ExpiredSandboxes implements pandastack.Store. The oldest expiry comes first.
+// ExpiredSandboxes implements pandastack.Store. The oldest expiry comes first;
+// paused sandboxes count as not stopped.
 func (s *Store) ExpiredSandboxes(ctx context.Context, now time.Time) ([]pandastack.Sandbox, error) {
 	out, err := querySandboxes(ctx, s.db,
 		`SELECT `+sandboxColumns+` FROM sandboxes
@@ -529,4 +578,102 @@ func (s *Store) PurgeStoppedSandboxes(ctx context.Context, before time.Time) (in
 		return 0, fmt.Errorf("purge stopped sandboxes: %w", err)
 	}
 	return int(n), nil
+}
+
+// --- snapshots ---
+
+const snapshotColumns = `id, project_id, sandbox_id, template, size_bytes, metadata,
+	cpu, memory_mb, created_at`
+
+func scanSnapshot(row interface{ Scan(...any) error }) (pandastack.Snapshot, error) {
+	var sn pandastack.Snapshot
+	var md string
+	var created int64
+	if err := row.Scan(&sn.ID, &sn.ProjectID, &sn.SandboxID, &sn.Template, &sn.SizeBytes, &md,
+		&sn.CPU, &sn.MemoryMB, &created); err != nil {
+		return pandastack.Snapshot{}, err
+	}
+	var err error
+	if sn.Metadata, err = decodeMetadata(md); err != nil {
+		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s metadata: %w", sn.ID, err)
+	}
+	sn.CreatedAt = fromMillis(created)
+	return sn, nil
+}
+
+// CreateSnapshot implements pandastack.Store.
+func (s *Store) CreateSnapshot(ctx context.Context, sn pandastack.Snapshot) error {
+	md, err := encodeMetadata(sn.Metadata)
+	if err != nil {
+		return fmt.Errorf("create snapshot %s: metadata: %w", sn.ID, err)
+	}
+	_, err = s.db.ExecContext(ctx,
+		`INSERT INTO snapshots (`+snapshotColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		sn.ID, sn.ProjectID, sn.SandboxID, sn.Template, sn.SizeBytes, md,
+		sn.CPU, sn.MemoryMB, millis(sn.CreatedAt))
+	if isUnique(err) {
+		return pandastack.Errorf(pandastack.EConflict, "snapshot %q already exists", sn.ID)
+	}
+	if err != nil {
+		return fmt.Errorf("create snapshot %s: %w", sn.ID, err)
+	}
+	return nil
+}
+
+// GetSnapshot implements pandastack.Store.
+func (s *Store) GetSnapshot(ctx context.Context, projectID, id string) (pandastack.Snapshot, error) {
+	sn, err := scanSnapshot(s.db.QueryRowContext(ctx,
+		`SELECT `+snapshotColumns+` FROM snapshots WHERE id = ?1 AND (?2 = '' OR project_id = ?2)`,
+		id, projectID))
+	if errors.Is(err, sql.ErrNoRows) {
+		return pandastack.Snapshot{}, notFound("snapshot", id)
+	}
+	if err != nil {
+		return pandastack.Snapshot{}, fmt.Errorf("get snapshot %s: %w", id, err)
+	}
+	return sn, nil
+}
+
+// ListSnapshots implements pandastack.Store.
+func (s *Store) ListSnapshots(ctx context.Context, projectID string, metadata map[string]string) ([]pandastack.Snapshot, error) {
+	var where []string
+	var args []any
+	if projectID != "" {
+		where = append(where, `project_id = ?`)
+		args = append(args, projectID)
+	}
+	mdWhere, mdArgs := metadataWhere("snapshots", metadata)
+	where = append(where, mdWhere...)
+	args = append(args, mdArgs...)
+	q := `SELECT ` + snapshotColumns + ` FROM snapshots`
+	if len(where) > 0 {
+		q += ` WHERE ` + strings.Join(where, ` AND `)
+	}
+	q += ` ORDER BY created_at, rowid`
+	rows, err := s.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	defer rows.Close()
+	var out []pandastack.Snapshot
+	for rows.Next() {
+		sn, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list snapshots: %w", err)
+		}
+		out = append(out, sn)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteSnapshot implements pandastack.Store.
+func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+	if err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", id, err)
+	}
+	return rowsAffectedOrNotFound(res, "snapshot", id)
 }

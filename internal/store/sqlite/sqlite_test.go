@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"database/sql"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -161,5 +162,100 @@ func TestNewerSchemaRefused(t *testing.T) {
 	if s, err := Open(path); err == nil {
 		s.Close()
 		t.Fatal("Open of a database with a newer schema succeeded")
+	}
+}
+
+// A database left by an older binary, at any earlier schema version, opens
+// and upgrades with its records intact.
+func TestUpgradeFromEveryOlderSchema(t *testing.T) {
+	created := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	for applied := 1; applied < len(migrations); applied++ {
+		t.Run(fmt.Sprintf("from_%d", applied), func(t *testing.T) {
+			ctx := t.Context()
+			path := filepath.Join(t.TempDir(), "pandastack.db")
+			db, err := sql.Open("sqlite", dsn(path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			old := &Store{db: db}
+			if err := old.applyMigrations(ctx, migrations[:applied]); err != nil {
+				t.Fatalf("apply %d migrations: %v", applied, err)
+			}
+			// Written with the columns of the first schema only, as the
+			// oldest binary would.
+			if _, err := db.ExecContext(ctx,
+				`INSERT INTO sandboxes (id, project_id, template, state, metadata, cpu, memory_mb, created_at, expires_at)
+				 VALUES ('sbx_old', 'prj_1', 'python', 'running', '{"k":"v"}', 1, 256, ?, ?)`,
+				created.UnixMilli(), created.Add(time.Hour).UnixMilli()); err != nil {
+				t.Fatal(err)
+			}
+			if err := old.Close(); err != nil {
+				t.Fatal(err)
+			}
+
+			s := open(t, path)
+			defer s.Close()
+			var version int
+			if err := s.db.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&version); err != nil {
+				t.Fatal(err)
+			}
+			if version != len(migrations) {
+				t.Errorf("user_version = %d, want %d", version, len(migrations))
+			}
+			got, err := s.GetSandbox(ctx, "prj_1", "sbx_old")
+			if err != nil {
+				t.Fatalf("GetSandbox of a pre-upgrade record: %v", err)
+			}
+			if got.Metadata["k"] != "v" || got.AutoResume || got.State != pandastack.StateRunning ||
+				!got.ExpiresAt.Equal(created.Add(time.Hour)) {
+				t.Errorf("pre-upgrade record = %+v", got)
+			}
+
+			// The new columns and tables work on the upgraded file.
+			sb := got
+			sb.ID, sb.State, sb.AutoResume = "sbx_new", pandastack.StatePaused, true
+			if err := s.CreateSandbox(ctx, sb); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := s.GetSandbox(ctx, "", "sbx_new"); err != nil || !got.AutoResume || got.State != pandastack.StatePaused {
+				t.Errorf("GetSandbox(sbx_new) = %+v, %v", got, err)
+			}
+			snap := pandastack.Snapshot{ID: "snap_1", ProjectID: "prj_1", SandboxID: "sbx_old", Template: "python",
+				SizeBytes: 1 << 20, Metadata: map[string]string{"k": "v"}, CreatedAt: created, CPU: 1, MemoryMB: 256}
+			if err := s.CreateSnapshot(ctx, snap); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := s.ListSnapshots(ctx, "prj_1", map[string]string{"k": "v"}); err != nil || len(got) != 1 || got[0].ID != "snap_1" {
+				t.Errorf("ListSnapshots = %+v, %v", got, err)
+			}
+		})
+	}
+}
+
+// The stored values of auto_resume are 0 and 1 only.
+func TestAutoResumeColumn(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "pandastack.db"))
+	defer s.Close()
+	ctx := t.Context()
+	for _, on := range []bool{false, true} {
+		id := fmt.Sprintf("sbx_%v", on)
+		if err := s.CreateSandbox(ctx, pandastack.Sandbox{ID: id, ProjectID: "prj_1", Template: "python",
+			State: pandastack.StatePaused, AutoResume: on}); err != nil {
+			t.Fatal(err)
+		}
+		var v any
+		if err := s.db.QueryRowContext(ctx, `SELECT auto_resume FROM sandboxes WHERE id = ?`, id).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(0)
+		if on {
+			want = 1
+		}
+		if v != want {
+			t.Errorf("%s: auto_resume stored as %#v, want %d", id, v, want)
+		}
+	}
+	if _, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET auto_resume = 2`); err == nil {
+		t.Error("auto_resume = 2 was accepted")
 	}
 }

@@ -53,6 +53,20 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"DeleteSandbox", testDeleteSandbox},
 		{"ExpiredSandboxes", testExpiredSandboxes},
 		{"PurgeStoppedSandboxes", testPurgeStoppedSandboxes},
+		{"PausedSandbox", testPausedSandbox},
+		{"ExpiredPausedSandboxes", testExpiredPausedSandboxes},
+		{"AutoResume", testAutoResume},
+		{"Snapshot", testSnapshot},
+		{"SnapshotTimestamps", testSnapshotTimestamps},
+		{"SnapshotMetadataNilAndEmpty", testSnapshotMetadataNilAndEmpty},
+		{"SnapshotConflict", testSnapshotConflict},
+		{"SnapshotProjectIsolation", testSnapshotProjectIsolation},
+		{"SnapshotNotFound", testSnapshotNotFound},
+		{"DeleteSnapshot", testDeleteSnapshot},
+		{"ListSnapshots", testListSnapshots},
+		{"ListSnapshotsByMetadata", testListSnapshotsByMetadata},
+		{"SnapshotOutlivesSandbox", testSnapshotOutlivesSandbox},
+		{"SnapshotCancelledContext", testSnapshotCancelledContext},
 		{"Concurrent", testConcurrent},
 		{"CancelledContext", testCancelledContext},
 	}
@@ -178,25 +192,42 @@ func checkSandbox(t *testing.T, got, want pandastack.Sandbox) {
 	t.Helper()
 	if got.ID != want.ID || got.ProjectID != want.ProjectID || got.Template != want.Template ||
 		got.State != want.State || got.CPU != want.CPU || got.MemoryMB != want.MemoryMB ||
-		got.StopReason != want.StopReason {
+		got.StopReason != want.StopReason || got.AutoResume != want.AutoResume {
 		t.Errorf("sandbox = %+v\nwant %+v", got, want)
 	}
-	if got.Metadata == nil {
-		t.Errorf("sandbox %s: Metadata is nil, want a non-nil map", want.ID)
-	}
-	if len(got.Metadata) != len(want.Metadata) {
-		t.Errorf("sandbox %s: Metadata = %q, want %q", want.ID, got.Metadata, want.Metadata)
-	} else {
-		for k, v := range want.Metadata {
-			if gv, ok := got.Metadata[k]; !ok || gv != v {
-				t.Errorf("sandbox %s: Metadata = %q, want %q", want.ID, got.Metadata, want.Metadata)
-				break
-			}
-		}
-	}
+	checkMetadata(t, "sandbox "+want.ID, got.Metadata, want.Metadata)
 	checkTime(t, want.ID+" CreatedAt", got.CreatedAt, want.CreatedAt)
 	checkTime(t, want.ID+" ExpiresAt", got.ExpiresAt, want.ExpiresAt)
 	checkTimePtr(t, want.ID+" StoppedAt", got.StoppedAt, want.StoppedAt)
+}
+
+// checkMetadata requires got to be non-nil and to hold exactly want's entries.
+func checkMetadata(t *testing.T, what string, got, want map[string]string) {
+	t.Helper()
+	if got == nil {
+		t.Errorf("%s: Metadata is nil, want a non-nil map", what)
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s: Metadata = %q, want %q", what, got, want)
+		return
+	}
+	for k, v := range want {
+		if gv, ok := got[k]; !ok || gv != v {
+			t.Errorf("%s: Metadata = %q, want %q", what, got, want)
+			return
+		}
+	}
+}
+
+func checkSnapshot(t *testing.T, got, want pandastack.Snapshot) {
+	t.Helper()
+	if got.ID != want.ID || got.ProjectID != want.ProjectID || got.SandboxID != want.SandboxID ||
+		got.Template != want.Template || got.SizeBytes != want.SizeBytes ||
+		got.CPU != want.CPU || got.MemoryMB != want.MemoryMB {
+		t.Errorf("snapshot = %+v\nwant %+v", got, want)
+	}
+	checkMetadata(t, "snapshot "+want.ID, got.Metadata, want.Metadata)
+	checkTime(t, want.ID+" CreatedAt", got.CreatedAt, want.CreatedAt)
 }
 
 func checkKey(t *testing.T, got, want pandastack.APIKey) {
@@ -636,7 +667,8 @@ func testListByState(t *testing.T, s pandastack.Store) {
 	checkIDs(t, "running", byStates(pandastack.StateRunning), "sbx_1", "sbx_3")
 	checkIDs(t, "stopped", byStates(pandastack.StateStopped), "sbx_2")
 	checkIDs(t, "starting|stopped", byStates(pandastack.StateStarting, pandastack.StateStopped), "sbx_0", "sbx_2")
-	checkIDs(t, "unknown state", byStates("paused"))
+	checkIDs(t, "paused, none", byStates(pandastack.StatePaused))
+	checkIDs(t, "unknown state", byStates("frozen"))
 	checkIDs(t, "running, all projects",
 		list(t, s, pandastack.SandboxFilter{States: []pandastack.SandboxState{pandastack.StateRunning}}),
 		"sbx_1", "sbx_3", "sbx_other")
@@ -898,5 +930,436 @@ func testCancelledContext(t *testing.T, s pandastack.Store) {
 	_, err = s.ListSandboxes(ctx, pandastack.SandboxFilter{})
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("ListSandboxes with a cancelled context: err = %v, want context.Canceled", err)
+	}
+}
+
+// --- paused sandboxes and auto-resume ---
+
+func testPausedSandbox(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	// Created directly in the paused state.
+	want := sandbox("sbx_p", 0)
+	want.State = pandastack.StatePaused
+	want.Metadata = map[string]string{"k": "v"}
+	mustSandbox(t, s, want)
+	checkSandbox(t, mustGet(t, s, "sbx_p"), want)
+
+	// Paused by a state change: no stop reason or time is kept.
+	run := sandbox("sbx_r", 1)
+	mustSandbox(t, s, run)
+	if err := s.SetSandboxState(ctx, "sbx_r", pandastack.StatePaused, "ignored", base.Add(time.Minute)); err != nil {
+		t.Fatalf("SetSandboxState(paused): %v", err)
+	}
+	run.State = pandastack.StatePaused
+	checkSandbox(t, mustGet(t, s, "sbx_r"), run)
+	mustSandbox(t, s, sandbox("sbx_x", 2))
+
+	got, err := s.ListSandboxes(ctx, pandastack.SandboxFilter{ProjectID: "prj_1", States: []pandastack.SandboxState{pandastack.StatePaused}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkIDs(t, "paused", ids(got), "sbx_p", "sbx_r")
+	for _, g := range got {
+		checkSandbox(t, g, map[string]pandastack.Sandbox{"sbx_p": want, "sbx_r": run}[g.ID])
+	}
+	checkIDs(t, "running", list(t, s, pandastack.SandboxFilter{States: []pandastack.SandboxState{pandastack.StateRunning}}), "sbx_x")
+
+	// And back: resumed, then stopped while paused.
+	if err := s.SetSandboxState(ctx, "sbx_r", pandastack.StateRunning, "", base.Add(2*time.Minute)); err != nil {
+		t.Fatalf("SetSandboxState(running): %v", err)
+	}
+	run.State = pandastack.StateRunning
+	checkSandbox(t, mustGet(t, s, "sbx_r"), run)
+	at := base.Add(3 * time.Minute)
+	if err := s.SetSandboxState(ctx, "sbx_p", pandastack.StateStopped, pandastack.StopKilled, at); err != nil {
+		t.Fatalf("SetSandboxState(stopped): %v", err)
+	}
+	want.State, want.StopReason, want.StoppedAt = pandastack.StateStopped, pandastack.StopKilled, &at
+	checkSandbox(t, mustGet(t, s, "sbx_p"), want)
+}
+
+// A paused sandbox is not stopped: its expiry still ends it.
+func testExpiredPausedSandboxes(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	now := base.Add(24 * time.Hour)
+	add := func(id string, state pandastack.SandboxState, expires time.Time) {
+		sb := sandbox(id, 0)
+		sb.State, sb.ExpiresAt, sb.AutoResume = state, expires, true
+		mustSandbox(t, s, sb)
+	}
+	add("sbx_paused_past", pandastack.StatePaused, now.Add(-time.Hour))
+	add("sbx_paused_exact", pandastack.StatePaused, now)
+	add("sbx_paused_future", pandastack.StatePaused, now.Add(time.Millisecond))
+	add("sbx_running_past", pandastack.StateRunning, now.Add(-time.Minute))
+	add("sbx_stopped_past", pandastack.StateStopped, now.Add(-time.Hour))
+
+	got, err := s.ExpiredSandboxes(ctx, now)
+	if err != nil {
+		t.Fatalf("ExpiredSandboxes: %v", err)
+	}
+	gotIDs := ids(got)
+	slices.Sort(gotIDs)
+	checkIDs(t, "expired", gotIDs, "sbx_paused_exact", "sbx_paused_past", "sbx_running_past")
+	for _, g := range got {
+		if g.ID == "sbx_paused_past" && (g.State != pandastack.StatePaused || !g.AutoResume) {
+			t.Errorf("expired sbx_paused_past has State %q AutoResume %v, want paused, true", g.State, g.AutoResume)
+		}
+	}
+}
+
+func testAutoResume(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	on := sandbox("sbx_on", 0)
+	on.AutoResume = true
+	on.State = pandastack.StatePaused
+	off := sandbox("sbx_off", 1)
+	mustSandbox(t, s, on)
+	mustSandbox(t, s, off)
+	checkSandbox(t, mustGet(t, s, "sbx_on"), on)
+	checkSandbox(t, mustGet(t, s, "sbx_off"), off)
+	got, err := s.GetSandbox(ctx, "prj_1", "sbx_on")
+	if err != nil || !got.AutoResume {
+		t.Errorf("GetSandbox(prj_1, sbx_on) = %+v, %v; want AutoResume", got, err)
+	}
+
+	all, err := s.ListSandboxes(ctx, pandastack.SandboxFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkIDs(t, "all", ids(all), "sbx_on", "sbx_off")
+	for _, g := range all {
+		checkSandbox(t, g, map[string]pandastack.Sandbox{"sbx_on": on, "sbx_off": off}[g.ID])
+	}
+
+	// Other updates leave it alone.
+	if err := s.SetSandboxState(ctx, "sbx_on", pandastack.StateRunning, "", base); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetSandboxExpiry(ctx, "sbx_on", base.Add(5*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	on.State, on.ExpiresAt = pandastack.StateRunning, base.Add(5*time.Hour)
+	checkSandbox(t, mustGet(t, s, "sbx_on"), on)
+}
+
+// --- snapshots ---
+
+// snapshot returns a snapshot of prj_1 taken of sbx_1 at base+minute.
+func snapshot(id string, minute int) pandastack.Snapshot {
+	return pandastack.Snapshot{
+		ID:        id,
+		ProjectID: "prj_1",
+		SandboxID: "sbx_1",
+		Template:  "python",
+		SizeBytes: 123 << 20,
+		Metadata:  map[string]string{},
+		CreatedAt: base.Add(time.Duration(minute) * time.Minute),
+		CPU:       1,
+		MemoryMB:  512,
+	}
+}
+
+func mustSnapshot(t *testing.T, s pandastack.Store, sn pandastack.Snapshot) {
+	t.Helper()
+	if err := s.CreateSnapshot(t.Context(), sn); err != nil {
+		t.Fatalf("CreateSnapshot(%s): %v", sn.ID, err)
+	}
+}
+
+func mustGetSnapshot(t *testing.T, s pandastack.Store, id string) pandastack.Snapshot {
+	t.Helper()
+	got, err := s.GetSnapshot(t.Context(), "", id)
+	if err != nil {
+		t.Fatalf("GetSnapshot(%s): %v", id, err)
+	}
+	return got
+}
+
+func listSnapshots(t *testing.T, s pandastack.Store, projectID string, md map[string]string) []string {
+	t.Helper()
+	got, err := s.ListSnapshots(t.Context(), projectID, md)
+	if err != nil {
+		t.Fatalf("ListSnapshots(%q, %q): %v", projectID, md, err)
+	}
+	out := make([]string, len(got))
+	for i, sn := range got {
+		out[i] = sn.ID
+	}
+	return out
+}
+
+func testSnapshot(t *testing.T, s pandastack.Store) {
+	want := snapshot("snap_1", 0)
+	want.SandboxID = "sbx_9"
+	want.Template = "node"
+	want.SizeBytes = 5<<30 + 7 // more than 32 bits
+	want.CPU = 4
+	want.MemoryMB = 8192
+	want.Metadata = map[string]string{"user": "ada", "run": "42"}
+	mustSnapshot(t, s, want)
+	mustSnapshot(t, s, snapshot("snap_2", 1))
+
+	got, err := s.GetSnapshot(t.Context(), "prj_1", "snap_1")
+	if err != nil {
+		t.Fatalf("GetSnapshot: %v", err)
+	}
+	checkSnapshot(t, got, want)
+	checkSnapshot(t, mustGetSnapshot(t, s, "snap_1"), want)
+	checkSnapshot(t, mustGetSnapshot(t, s, "snap_2"), snapshot("snap_2", 1))
+
+	// A caller mutating the map it passed in must not change the record.
+	want.Metadata["user"] = "eve"
+	if got := mustGetSnapshot(t, s, "snap_1"); got.Metadata["user"] != "ada" {
+		t.Errorf("stored metadata follows the caller's map: user = %q", got.Metadata["user"])
+	}
+}
+
+func testSnapshotTimestamps(t *testing.T, s pandastack.Store) {
+	zone := time.FixedZone("UTC+5:30", 5*3600+1800)
+	want := snapshot("snap_1", 0)
+	want.CreatedAt = time.Date(2025, 7, 9, 23, 59, 59, 987654321, zone)
+	mustSnapshot(t, s, want)
+	got := mustGetSnapshot(t, s, "snap_1")
+	checkSnapshot(t, got, want)
+	checkTime(t, "CreatedAt", got.CreatedAt, want.CreatedAt)
+
+	all, err := s.ListSnapshots(t.Context(), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 1 {
+		t.Fatalf("ListSnapshots returned %d snapshots, want 1", len(all))
+	}
+	checkTime(t, "listed CreatedAt", all[0].CreatedAt, want.CreatedAt)
+}
+
+func testSnapshotMetadataNilAndEmpty(t *testing.T, s pandastack.Store) {
+	a := snapshot("snap_nil", 0)
+	a.Metadata = nil
+	b := snapshot("snap_empty", 1)
+	b.Metadata = map[string]string{}
+	mustSnapshot(t, s, a)
+	mustSnapshot(t, s, b)
+	for _, id := range []string{"snap_nil", "snap_empty"} {
+		got := mustGetSnapshot(t, s, id)
+		if got.Metadata == nil || len(got.Metadata) != 0 {
+			t.Errorf("GetSnapshot(%s).Metadata = %#v, want an empty non-nil map", id, got.Metadata)
+		}
+	}
+	all, err := s.ListSnapshots(t.Context(), "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 {
+		t.Errorf("ListSnapshots returned %d snapshots, want 2", len(all))
+	}
+	for _, got := range all {
+		if got.Metadata == nil || len(got.Metadata) != 0 {
+			t.Errorf("ListSnapshots: %s.Metadata = %#v, want an empty non-nil map", got.ID, got.Metadata)
+		}
+	}
+}
+
+func testSnapshotConflict(t *testing.T, s pandastack.Store) {
+	orig := snapshot("snap_1", 0)
+	mustSnapshot(t, s, orig)
+	dup := snapshot("snap_1", 5)
+	dup.ProjectID = "prj_2"
+	dup.SandboxID = "sbx_2"
+	dup.SizeBytes = 1
+	err := s.CreateSnapshot(t.Context(), dup)
+	checkCode(t, "duplicate id", err, pandastack.EConflict)
+	checkSnapshot(t, mustGetSnapshot(t, s, "snap_1"), orig)
+	checkIDs(t, "after a rejected create", listSnapshots(t, s, "", nil), "snap_1")
+}
+
+func testSnapshotProjectIsolation(t *testing.T, s pandastack.Store) {
+	a := snapshot("snap_a", 0)
+	b := snapshot("snap_b", 1)
+	b.ProjectID = "prj_2"
+	mustSnapshot(t, s, a)
+	mustSnapshot(t, s, b)
+
+	_, err := s.GetSnapshot(t.Context(), "prj_1", "snap_b")
+	checkCode(t, "GetSnapshot of another project", err, pandastack.ENotFound)
+	got, err := s.GetSnapshot(t.Context(), "prj_2", "snap_b")
+	if err != nil {
+		t.Fatalf("GetSnapshot(prj_2, snap_b): %v", err)
+	}
+	checkSnapshot(t, got, b)
+	checkSnapshot(t, mustGetSnapshot(t, s, "snap_b"), b)
+
+	checkIDs(t, "prj_1", listSnapshots(t, s, "prj_1", nil), "snap_a")
+	checkIDs(t, "prj_2", listSnapshots(t, s, "prj_2", nil), "snap_b")
+	checkIDs(t, "prj_3", listSnapshots(t, s, "prj_3", nil))
+	checkIDs(t, "all projects", listSnapshots(t, s, "", nil), "snap_a", "snap_b")
+}
+
+func testSnapshotNotFound(t *testing.T, s pandastack.Store) {
+	mustSnapshot(t, s, snapshot("snap_1", 0))
+	// Snapshot and sandbox ids live apart.
+	mustSandbox(t, s, sandbox("sbx_1", 0))
+	for _, id := range []string{"snap_2", "sbx_1", ""} {
+		_, err := s.GetSnapshot(t.Context(), "", id)
+		checkCode(t, fmt.Sprintf("GetSnapshot(%q)", id), err, pandastack.ENotFound)
+		_, err = s.GetSnapshot(t.Context(), "prj_1", id)
+		checkCode(t, fmt.Sprintf("GetSnapshot(prj_1, %q)", id), err, pandastack.ENotFound)
+		err = s.DeleteSnapshot(t.Context(), id)
+		checkCode(t, fmt.Sprintf("DeleteSnapshot(%q)", id), err, pandastack.ENotFound)
+	}
+	checkIDs(t, "left", listSnapshots(t, s, "", nil), "snap_1")
+	mustGet(t, s, "sbx_1")
+}
+
+func testDeleteSnapshot(t *testing.T, s pandastack.Store) {
+	mustSnapshot(t, s, snapshot("snap_1", 0))
+	mustSnapshot(t, s, snapshot("snap_2", 1))
+	if err := s.DeleteSnapshot(t.Context(), "snap_1"); err != nil {
+		t.Fatalf("DeleteSnapshot: %v", err)
+	}
+	_, err := s.GetSnapshot(t.Context(), "", "snap_1")
+	checkCode(t, "GetSnapshot after delete", err, pandastack.ENotFound)
+	err = s.DeleteSnapshot(t.Context(), "snap_1")
+	checkCode(t, "DeleteSnapshot twice", err, pandastack.ENotFound)
+	checkIDs(t, "left", listSnapshots(t, s, "", nil), "snap_2")
+	// The id is free again.
+	mustSnapshot(t, s, snapshot("snap_1", 2))
+	checkIDs(t, "after re-create", listSnapshots(t, s, "", nil), "snap_2", "snap_1")
+}
+
+func testListSnapshots(t *testing.T, s pandastack.Store) {
+	checkIDs(t, "empty store", listSnapshots(t, s, "", nil))
+	checkIDs(t, "empty store, prj_1", listSnapshots(t, s, "prj_1", map[string]string{"a": "b"}))
+	// Inserted out of order, so insertion order cannot pass for age.
+	want := map[string]pandastack.Snapshot{}
+	for _, c := range []struct {
+		id     string
+		minute int
+	}{{"snap_c", 3}, {"snap_a", 1}, {"snap_d", 4}, {"snap_b", 2}} {
+		sn := snapshot(c.id, c.minute)
+		sn.Metadata = map[string]string{"n": c.id}
+		sn.SizeBytes = int64(c.minute)
+		mustSnapshot(t, s, sn)
+		want[c.id] = sn
+	}
+	got, err := s.ListSnapshots(t.Context(), "prj_1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotIDs := make([]string, len(got))
+	for i, g := range got {
+		gotIDs[i] = g.ID
+		checkSnapshot(t, g, want[g.ID])
+	}
+	checkIDs(t, "oldest first", gotIDs, "snap_a", "snap_b", "snap_c", "snap_d")
+	// A zero-length but non-nil filter matches everything too.
+	checkIDs(t, "empty metadata filter", listSnapshots(t, s, "prj_1", map[string]string{}),
+		"snap_a", "snap_b", "snap_c", "snap_d")
+	// Snapshots are not sandboxes.
+	checkIDs(t, "sandboxes", list(t, s, pandastack.SandboxFilter{}))
+}
+
+func testListSnapshotsByMetadata(t *testing.T, s pandastack.Store) {
+	md := []map[string]string{
+		{"env": "prod", "team": "a"},
+		{"env": "prod", "team": "b"},
+		{"env": "prod"},
+		{"env": "dev", "team": "a", "x": "1"},
+		{"team": "a", "empty": ""},
+		nil,
+	}
+	for i, m := range md {
+		sn := snapshot(fmt.Sprintf("snap_%d", i), i)
+		sn.Metadata = m
+		mustSnapshot(t, s, sn)
+	}
+	other := snapshot("snap_other", 9)
+	other.ProjectID = "prj_2"
+	other.Metadata = map[string]string{"env": "prod", "team": "a"}
+	mustSnapshot(t, s, other)
+	// A sandbox with matching metadata is not a snapshot.
+	sb := sandbox("sbx_1", 0)
+	sb.Metadata = map[string]string{"env": "prod"}
+	mustSandbox(t, s, sb)
+
+	byMeta := func(m map[string]string) []string { return listSnapshots(t, s, "prj_1", m) }
+	checkIDs(t, "env=prod", byMeta(map[string]string{"env": "prod"}), "snap_0", "snap_1", "snap_2")
+	checkIDs(t, "env=prod team=a", byMeta(map[string]string{"env": "prod", "team": "a"}), "snap_0")
+	checkIDs(t, "team=a", byMeta(map[string]string{"team": "a"}), "snap_0", "snap_3", "snap_4")
+	checkIDs(t, "env=dev team=a x=1", byMeta(map[string]string{"env": "dev", "team": "a", "x": "1"}), "snap_3")
+	checkIDs(t, "env=dev team=b", byMeta(map[string]string{"env": "dev", "team": "b"}))
+	checkIDs(t, "value is exact", byMeta(map[string]string{"env": "PROD"}))
+	checkIDs(t, "value is not a prefix", byMeta(map[string]string{"env": "pro"}))
+	// An empty value matches a present empty value, not a missing key.
+	checkIDs(t, "empty=\"\"", byMeta(map[string]string{"empty": ""}), "snap_4")
+	checkIDs(t, "missing key", byMeta(map[string]string{"nope": ""}))
+	checkIDs(t, "all projects",
+		listSnapshots(t, s, "", map[string]string{"env": "prod", "team": "a"}), "snap_0", "snap_other")
+
+	// Keys are arbitrary strings, never JSON paths, SQL or patterns.
+	awkward := []string{"a.b", `q"uote`, "$.env", "%", "_", "", "it's"}
+	for i, k := range awkward {
+		sn := snapshot(fmt.Sprintf("snap_awk_%d", i), 20+i)
+		sn.ProjectID = "prj_3"
+		sn.Metadata = map[string]string{k: "v" + k + `"'%`}
+		mustSnapshot(t, s, sn)
+	}
+	nested := snapshot("snap_nested", 40)
+	nested.ProjectID = "prj_3"
+	nested.Metadata = map[string]string{"a": "b"}
+	mustSnapshot(t, s, nested)
+	for i, k := range awkward {
+		id := fmt.Sprintf("snap_awk_%d", i)
+		got := mustGetSnapshot(t, s, id)
+		checkMetadata(t, id, got.Metadata, map[string]string{k: "v" + k + `"'%`})
+		checkIDs(t, fmt.Sprintf("key %q", k), listSnapshots(t, s, "prj_3", map[string]string{k: "v" + k + `"'%`}), id)
+	}
+	checkIDs(t, "a.b=b", listSnapshots(t, s, "prj_3", map[string]string{"a.b": "b"}))
+	checkIDs(t, "%=%", listSnapshots(t, s, "prj_3", map[string]string{"%": "%"}))
+}
+
+// A snapshot record does not go away with the sandbox it was taken of.
+func testSnapshotOutlivesSandbox(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	mustSandbox(t, s, sandbox("sbx_1", 0))
+	mustSandbox(t, s, sandbox("sbx_2", 1))
+	want1 := snapshot("snap_1", 2)
+	want2 := snapshot("snap_2", 3)
+	want2.SandboxID = "sbx_2"
+	mustSnapshot(t, s, want1)
+	mustSnapshot(t, s, want2)
+
+	if err := s.DeleteSandbox(ctx, "sbx_1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetSandboxState(ctx, "sbx_2", pandastack.StateStopped, pandastack.StopKilled, base); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.PurgeStoppedSandboxes(ctx, base.Add(time.Hour)); err != nil || n != 1 {
+		t.Fatalf("PurgeStoppedSandboxes = %d, %v; want 1, nil", n, err)
+	}
+	checkSnapshot(t, mustGetSnapshot(t, s, "snap_1"), want1)
+	checkSnapshot(t, mustGetSnapshot(t, s, "snap_2"), want2)
+
+	// Nor does a snapshot need its sandbox to exist.
+	orphan := snapshot("snap_3", 4)
+	orphan.SandboxID = "sbx_never"
+	mustSnapshot(t, s, orphan)
+	checkIDs(t, "snapshots", listSnapshots(t, s, "prj_1", nil), "snap_1", "snap_2", "snap_3")
+}
+
+func testSnapshotCancelledContext(t *testing.T, s pandastack.Store) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := s.CreateSnapshot(ctx, snapshot("snap_1", 0))
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("CreateSnapshot with a cancelled context: err = %v, want context.Canceled", err)
+	}
+	if _, err := s.GetSnapshot(t.Context(), "", "snap_1"); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Errorf("CreateSnapshot with a cancelled context stored the snapshot: GetSnapshot err = %v", err)
+	}
+	_, err = s.ListSnapshots(ctx, "", nil)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("ListSnapshots with a cancelled context: err = %v, want context.Canceled", err)
 	}
 }

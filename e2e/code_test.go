@@ -1,0 +1,181 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"image/png"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// codeSandbox creates a code-interpreter sandbox and a Python context.
+func codeSandbox(t *testing.T, s *server) (*client.Sandbox, *client.Context) {
+	t.Helper()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
+	cc, err := s.client().CreateContext(context.Background(), sb.ID, "python", "")
+	if err != nil {
+		t.Fatalf("create context: %v\n%s", err, tail(s.out.String(), 30))
+	}
+	return sb, cc
+}
+
+func run(t *testing.T, c *client.Client, sb *client.Sandbox, cc *client.Context, code string, timeout float64) *client.Execution {
+	t.Helper()
+	ex, err := c.Run(context.Background(), sb.ID, cc.ID, client.RunRequest{Code: code, TimeoutSeconds: timeout})
+	if err != nil {
+		t.Fatalf("run %q: %v", code, err)
+	}
+	return ex
+}
+
+func TestCodeContexts(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb, cc := codeSandbox(t, s)
+
+	t.Run("state persists", func(t *testing.T) {
+		run(t, c, sb, cc, "x = 41", 0)
+		ex := run(t, c, sb, cc, "x + 1", 0)
+		if ex.Text != "42" || ex.Error != nil || len(ex.Results) != 1 || !ex.Results[0].IsMainResult {
+			t.Fatalf("x + 1 = %+v", ex)
+		}
+	})
+	t.Run("contexts are separate", func(t *testing.T) {
+		other, err := c.CreateContext(ctx, sb.ID, "python", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex := run(t, c, sb, other, "x", 0)
+		if ex.Error == nil || ex.Error.Name != "NameError" {
+			t.Fatalf("x in another context: %+v", ex)
+		}
+		if err := c.DeleteContext(ctx, sb.ID, other.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Run(ctx, sb.ID, other.ID, client.RunRequest{Code: "1"}); !client.IsCode(err, "not_found") {
+			t.Fatalf("run on a deleted context: %v", err)
+		}
+	})
+	t.Run("print streams live", func(t *testing.T) {
+		start := time.Now()
+		var first time.Duration
+		ex, err := c.RunStream(ctx, sb.ID, cc.ID, client.RunRequest{Code: "import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(0.5)"}, func(ev client.CodeEvent) {
+			if ev.Type == "stdout" && first == 0 {
+				first = time.Since(start)
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ex.Stdout != "0\n1\n2\n" || first == 0 || first > time.Since(start)-700*time.Millisecond {
+			t.Fatalf("stdout %q, first chunk at %s of %s", ex.Stdout, first, time.Since(start))
+		}
+	})
+	t.Run("DataFrame gives text and HTML", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})", 60)
+		if ex.Error != nil || !strings.Contains(ex.Text, "a  b") || len(ex.Results) == 0 || !strings.Contains(ex.Results[0].HTML, "<table") {
+			t.Fatalf("DataFrame: %+v", ex)
+		}
+	})
+	t.Run("plt.show gives a PNG", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()", 120)
+		if ex.Error != nil || ex.PNG == "" {
+			t.Fatalf("plot: %+v", ex.Error)
+		}
+		raw, err := base64.StdEncoding.DecodeString(ex.PNG)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err := png.Decode(bytes.NewReader(raw))
+		if err != nil || len(raw) < 1024 || img.Bounds().Dx() < 100 {
+			t.Fatalf("PNG: %d bytes, err %v", len(raw), err)
+		}
+	})
+	t.Run("exception", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "def f():\n    raise ValueError('bad value')\nf()", 0)
+		if ex.Error == nil || ex.Error.Name != "ValueError" || ex.Error.Value != "bad value" ||
+			!strings.Contains(ex.Error.Traceback, "ValueError") || strings.Contains(ex.Error.Traceback, "\x1b[") {
+			t.Fatalf("error = %+v", ex.Error)
+		}
+		if again := run(t, c, sb, cc, "x", 0); again.Text != "41" {
+			t.Fatalf("context unusable after an exception: %+v", again)
+		}
+	})
+	t.Run("syntax error", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "def (", 0)
+		if ex.Error == nil || ex.Error.Name != "SyntaxError" {
+			t.Fatalf("error = %+v", ex.Error)
+		}
+	})
+	t.Run("timeout interrupts and keeps state", func(t *testing.T) {
+		start := time.Now()
+		ex := run(t, c, sb, cc, "print('before', flush=True)\nimport time\ntime.sleep(60)", 2)
+		if ex.Error == nil || ex.Error.Name != "TimeoutError" || !strings.Contains(ex.Stdout, "before") || time.Since(start) > 15*time.Second {
+			t.Fatalf("timeout: %+v after %s", ex, time.Since(start))
+		}
+		if again := run(t, c, sb, cc, "x", 0); again.Text != "41" {
+			t.Fatalf("state after timeout: %+v", again)
+		}
+		ex = run(t, c, sb, cc, "while True: pass", 2)
+		if ex.Error == nil || ex.Error.Name != "TimeoutError" {
+			t.Fatalf("busy loop: %+v", ex.Error)
+		}
+	})
+	t.Run("input does not hang", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "input('name? ')", 20)
+		if ex.Error == nil || ex.Error.Name == "TimeoutError" {
+			t.Fatalf("input(): %+v", ex.Error)
+		}
+	})
+	t.Run("kernel death and restart", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "import os\nos._exit(1)", 30)
+		if ex.Error == nil || ex.Error.Name != "KernelDied" {
+			t.Fatalf("os._exit: %+v", ex.Error)
+		}
+		if _, err := c.RestartContext(ctx, sb.ID, cc.ID); err != nil {
+			t.Fatal(err)
+		}
+		ex = run(t, c, sb, cc, "1 + 1", 30)
+		if ex.Text != "2" {
+			t.Fatalf("after restart: %+v", ex)
+		}
+		run(t, c, sb, cc, "x = 41", 0)
+	})
+	t.Run("output is capped", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "print('y' * 3_000_000)", 60)
+		if len(ex.Stdout) > (1<<20)+200 || !strings.Contains(ex.Stdout, "truncated") {
+			t.Fatalf("3 MB print kept %d bytes", len(ex.Stdout))
+		}
+	})
+	t.Run("run_code default context and bash", func(t *testing.T) {
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "y = 7"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "y * 6"})
+		if err != nil || ex.Text != "42" {
+			t.Fatalf("default context: %+v %v", ex, err)
+		}
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "echo from-bash-$((6*7))", Language: "bash"})
+		if err != nil || !strings.Contains(ex.Stdout, "from-bash-42") {
+			t.Fatalf("bash: %+v %v", ex, err)
+		}
+	})
+	t.Run("bad input", func(t *testing.T) {
+		if _, err := c.CreateContext(ctx, sb.ID, "cobol", ""); !client.IsCode(err, "invalid_request") || !strings.Contains(err.Error(), "python") {
+			t.Errorf("unknown language: %v", err)
+		}
+		if _, err := c.Run(ctx, sb.ID, "ctx_nope", client.RunRequest{Code: "1"}); !client.IsCode(err, "not_found") {
+			t.Errorf("unknown context: %v", err)
+		}
+		status, code, _ := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+"/contexts/"+cc.ID+"/run", `{"code": 42}`)
+		if status != 400 || code != "invalid_request" {
+			t.Errorf("code not a string: %d %s", status, code)
+		}
+	})
+}

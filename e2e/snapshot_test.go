@@ -1,0 +1,253 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// rawJSON sends an authenticated request and decodes a 2xx answer into out.
+func rawJSON(t *testing.T, s *server, method, path, body string, out any) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, s.url+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var raw json.RawMessage
+	json.NewDecoder(resp.Body).Decode(&raw)
+	if resp.StatusCode < 300 && out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, raw)
+		}
+	}
+	return resp.StatusCode, string(raw)
+}
+
+type snapshot struct {
+	ID        string `json:"id"`
+	SandboxID string `json:"sandbox_id"`
+	Template  string `json:"template"`
+	SizeBytes int64  `json:"size_bytes"`
+}
+
+func takeSnapshot(t *testing.T, s *server, id string) snapshot {
+	t.Helper()
+	var snap snapshot
+	if st, body := rawJSON(t, s, "POST", "/v1/sandboxes/"+id+"/snapshots", `{"metadata":{"k":"v"}}`, &snap); st != 201 {
+		t.Fatalf("snapshot: %d %s", st, body)
+	}
+	if !strings.HasPrefix(snap.ID, "snap_") || snap.SandboxID != id || snap.SizeBytes < 1<<20 {
+		t.Fatalf("snapshot = %+v", snap)
+	}
+	return snap
+}
+
+func TestSnapshotRestoreFork(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 600})
+	if _, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "import json, fractions\nsecret = 41\nimport os; os.makedirs('work', exist_ok=True); os.chdir('work')"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteFile(ctx, sb.ID, "/home/user/notes.txt", strings.NewReader("kept")); err != nil {
+		t.Fatal(err)
+	}
+	snap := takeSnapshot(t, s, sb.ID)
+
+	// The parent keeps running after the snapshot.
+	if ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret + 1"}); err != nil || ex.Text != "42" {
+		t.Fatalf("parent after snapshot: %+v %v", ex, err)
+	}
+
+	t.Run("restore brings back variables, modules, cwd and files", func(t *testing.T) {
+		var got client.Sandbox
+		if st, body := rawJSON(t, s, "POST", "/v1/sandboxes", fmt.Sprintf(`{"snapshot_id":%q,"ttl_seconds":300}`, snap.ID), &got); st != 201 {
+			t.Fatalf("create from snapshot: %d %s", st, body)
+		}
+		defer c.KillSandbox(ctx, got.ID)
+		ex, err := c.RunCode(ctx, got.ID, client.RunRequest{Code: "print(secret, fractions.Fraction(1, 2), os.getcwd())"})
+		if err != nil || ex.Error != nil || ex.Stdout != "41 1/2 /home/user/work\n" {
+			t.Fatalf("restored run: %+v %v", ex, err)
+		}
+		rc, err := c.ReadFile(ctx, got.ID, "/home/user/notes.txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc.Close()
+		res, _ := c.Exec(ctx, got.ID, client.ExecRequest{Cmd: "echo $PANDASTACK_SANDBOX_ID"})
+		if strings.TrimSpace(res.Stdout) != got.ID {
+			t.Fatalf("restored sandbox thinks it is %q", res.Stdout)
+		}
+	})
+
+	t.Run("fork gives independent children", func(t *testing.T) {
+		var out struct {
+			Sandboxes []client.Sandbox `json:"sandboxes"`
+		}
+		if st, body := rawJSON(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/fork", `{"count":4}`, &out); st != 201 || len(out.Sandboxes) != 4 {
+			t.Fatalf("fork: %d %s", st, body)
+		}
+		for _, k := range out.Sandboxes {
+			defer c.KillSandbox(ctx, k.ID)
+		}
+		for i, k := range out.Sandboxes {
+			if _, err := c.RunCode(ctx, k.ID, client.RunRequest{Code: fmt.Sprintf("secret = %d", 100+i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, k := range out.Sandboxes {
+			ex, err := c.RunCode(ctx, k.ID, client.RunRequest{Code: "secret"})
+			if err != nil || ex.Text != fmt.Sprint(100+i) {
+				t.Fatalf("child %d: %+v %v", i, ex, err)
+			}
+		}
+		if ex, _ := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"}); ex.Text != "41" {
+			t.Fatalf("parent changed by its children: %+v", ex)
+		}
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		cases := []struct{ method, path, body, code string }{
+			{"POST", "/v1/sandboxes", `{"snapshot_id":"snap_nope"}`, "not_found"},
+			{"POST", "/v1/sandboxes/" + sb.ID + "/fork", `{"count":0}`, "invalid_request"},
+			{"POST", "/v1/sandboxes/" + sb.ID + "/fork", `{"count":17}`, "invalid_request"},
+			{"GET", "/v1/snapshots/snap_nope", ``, "not_found"},
+		}
+		for _, tc := range cases {
+			status, code, msg := api(t, s, s.key, tc.method, tc.path, tc.body)
+			if code != tc.code || status < 400 {
+				t.Errorf("%s %s %s → %d %s %s, want %s", tc.method, tc.path, tc.body, status, code, msg, tc.code)
+			}
+		}
+		other := client.New(s.url, s.newKey("snap-other"))
+		if _, err := other.CreateSandbox(ctx, client.CreateSandboxRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest("GET", s.url+"/v1/snapshots/"+snap.ID, nil)
+		req.Header.Set("Authorization", "Bearer "+other.APIKey)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 404 {
+			t.Fatalf("another project sees the snapshot: %v %v", resp.StatusCode, err)
+		}
+		resp.Body.Close()
+	})
+
+	t.Run("corrupt snapshot", func(t *testing.T) {
+		snap2 := takeSnapshot(t, s, sb.ID)
+		dir := filepath.Join(s.dataDir, "snapshots", snap2.ID, "image")
+		var victim string
+		filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && !fi.IsDir() && (victim == "" || fi.Size() > 1<<20) {
+				victim = p
+			}
+			return nil
+		})
+		f, err := os.OpenFile(victim, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteAt([]byte("garbage!"), 4096)
+		f.Close()
+		before := len(s.runscList())
+		status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes", fmt.Sprintf(`{"snapshot_id":%q}`, snap2.ID))
+		if code != "snapshot_corrupt" || status != 422 || !strings.Contains(msg, "checksum") {
+			t.Fatalf("restore of an altered snapshot: %d %s %s", status, code, msg)
+		}
+		os.Truncate(victim, 100)
+		_, code, msg = api(t, s, s.key, "POST", "/v1/sandboxes", fmt.Sprintf(`{"snapshot_id":%q}`, snap2.ID))
+		if code != "snapshot_corrupt" || !strings.Contains(msg, "truncated") {
+			t.Fatalf("restore of a truncated snapshot: %s %s", code, msg)
+		}
+		if after := len(s.runscList()); after != before {
+			t.Fatalf("a corrupt restore left containers: %d → %d", before, after)
+		}
+		// Deleting removes the files.
+		if st, _ := rawJSON(t, s, "DELETE", "/v1/snapshots/"+snap2.ID, "", nil); st != 204 {
+			t.Fatalf("delete snapshot: %d", st)
+		}
+		if _, err := os.Stat(filepath.Join(s.dataDir, "snapshots", snap2.ID)); !os.IsNotExist(err) {
+			t.Fatalf("snapshot files left after delete: %v", err)
+		}
+	})
+
+	t.Run("listed with disk use", func(t *testing.T) {
+		var out struct {
+			Snapshots []snapshot `json:"snapshots"`
+			Total     int64      `json:"total_size_bytes"`
+		}
+		rawJSON(t, s, "GET", "/v1/snapshots?metadata.k=v", "", &out)
+		if len(out.Snapshots) == 0 || out.Total < snap.SizeBytes {
+			t.Fatalf("list = %+v", out)
+		}
+	})
+}
+
+func TestPauseResume(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 600})
+	if _, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "import numpy as np\nbig = np.ones(50_000_000)\nmarker = 'still here'"}); err != nil {
+		t.Fatal(err)
+	}
+	// gVisor keeps the sandbox's memory in a file the host charges to the
+	// sandbox's memory cgroup; that is what a pause must free.
+	stats := func() int64 {
+		b, err := os.ReadFile("/sys/fs/cgroup/memory/pandastack/" + sb.ID + "/memory.usage_in_bytes")
+		if err != nil {
+			return 0
+		}
+		var n int64
+		fmt.Sscan(strings.TrimSpace(string(b)), &n)
+		return n
+	}
+	before := stats()
+	var got client.Sandbox
+	if st, body := rawJSON(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/pause", "", &got); st != 200 || got.State != "paused" {
+		t.Fatalf("pause: %d %s", st, body)
+	}
+	after := stats()
+	t.Logf("host memory of the sandbox (cgroup): %d MiB running, %d MiB paused", before>>20, after>>20)
+	if before < 350<<20 || after != 0 || len(processesMentioning(sb.ID)) > 0 {
+		t.Fatalf("pause did not free memory: %d → %d bytes", before, after)
+	}
+	status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+"/exec", `{"cmd":"true"}`)
+	if status != 409 || code != "conflict" || !strings.Contains(msg, "paused") {
+		t.Fatalf("exec on a paused sandbox: %d %s %s", status, code, msg)
+	}
+	if status, code, _ := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", ""); status != 409 || code != "conflict" {
+		t.Fatalf("pause of a paused sandbox: %d %s", status, code)
+	}
+	if st, body := rawJSON(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/resume", "", &got); st != 200 || got.State != "running" {
+		t.Fatalf("resume: %d %s", st, body)
+	}
+	ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "marker, big.sum()"})
+	if err != nil || ex.Text != "('still here', np.float64(50000000.0))" {
+		t.Fatalf("after resume: %+v %v", ex, err)
+	}
+
+	t.Run("auto resume", func(t *testing.T) {
+		var auto client.Sandbox
+		if st, body := rawJSON(t, s, "POST", "/v1/sandboxes", `{"auto_resume":true}`, &auto); st != 201 {
+			t.Fatalf("create: %d %s", st, body)
+		}
+		defer c.KillSandbox(ctx, auto.ID)
+		c.Exec(ctx, auto.ID, client.ExecRequest{Cmd: "echo hi > f"})
+		rawJSON(t, s, "POST", "/v1/sandboxes/"+auto.ID+"/pause", "", nil)
+		res, err := c.Exec(ctx, auto.ID, client.ExecRequest{Cmd: "cat f"})
+		if err != nil || res.Stdout != "hi\n" {
+			t.Fatalf("exec on an auto-resume sandbox: %+v %v", res, err)
+		}
+	})
+}

@@ -1,0 +1,347 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agent/jupyter"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// Contexts holds the code contexts (Jupyter kernels) of the sandbox. It
+// outlives host sessions: a server restart or a new epoch keeps the kernels.
+type Contexts struct {
+	mu   sync.Mutex
+	ctxs map[string]*codeContext
+}
+
+type codeContext struct {
+	info   agentproto.Context
+	kernel *jupyter.Kernel
+}
+
+// NewContexts returns an empty registry.
+func NewContexts() *Contexts { return &Contexts{ctxs: map[string]*codeContext{}} }
+
+// kernelDirs are where Jupyter kernelspecs live in a template.
+var kernelDirs = []string{"/usr/local/share/jupyter/kernels", "/usr/share/jupyter/kernels", "/opt/venv/share/jupyter/kernels"}
+
+// languageKernels maps an API language to kernelspec names to try.
+var languageKernels = map[string][]string{
+	"python": {"python3", "python"},
+	"bash":   {"bash"},
+}
+
+// kernelArgv returns the argv of the kernel for language, from its kernelspec.
+func kernelArgv(language string) ([]string, error) {
+	names, ok := languageKernels[language]
+	if !ok {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "unknown language %q; supported: %s", language, strings.Join(supportedLanguages(), ", "))
+	}
+	for _, dir := range kernelDirs {
+		for _, n := range names {
+			b, err := os.ReadFile(filepath.Join(dir, n, "kernel.json"))
+			if err != nil {
+				continue
+			}
+			var spec struct {
+				Argv []string `json:"argv"`
+			}
+			if json.Unmarshal(b, &spec) == nil && len(spec.Argv) > 0 {
+				return spec.Argv, nil
+			}
+		}
+	}
+	if language == "python" {
+		if _, err := os.Stat("/usr/bin/python3"); err == nil && hasIPyKernel() {
+			return []string{"python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"}, nil
+		}
+	}
+	return nil, pandastack.Errorf(pandastack.EInvalid, "this sandbox's template has no %s Jupyter kernel; use the code-interpreter template", language)
+}
+
+func hasIPyKernel() bool {
+	m, _ := filepath.Glob("/usr/*/lib/python3*/*-packages/ipykernel")
+	m2, _ := filepath.Glob("/usr/lib/python3/dist-packages/ipykernel")
+	return len(m)+len(m2) > 0
+}
+
+func supportedLanguages() []string {
+	var l []string
+	for k := range languageKernels {
+		l = append(l, k)
+	}
+	sort.Strings(l)
+	return l
+}
+
+// launcher starts kernels through the agent's reaper as the sandbox user.
+func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) {
+	path := argv[0]
+	if !strings.Contains(path, "/") {
+		_, pathVar := buildEnv(s.home, agentproto.UserName, nil)
+		p, err := lookPath(path, pathVar, cwd)
+		if err != nil {
+			return nil, err
+		}
+		path = p
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	defer devnull.Close()
+	logf, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	p, err := s.cfg.Reaper.Start(path, argv, &os.ProcAttr{
+		Dir: cwd, Env: env, Files: []*os.File{devnull, logf, logf}, Sys: procAttr(false),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return newKernelProc(p), nil
+}
+
+// kernelProc adapts a reaper Process to jupyter.Proc.
+type kernelProc struct {
+	p      *Process
+	done   chan struct{}
+	status ExitStatus
+}
+
+func newKernelProc(p *Process) *kernelProc {
+	k := &kernelProc{p: p, done: make(chan struct{})}
+	go func() {
+		k.status = <-p.Done
+		close(k.done)
+	}()
+	return k
+}
+
+func (k *kernelProc) Pid() int              { return k.p.Pid }
+func (k *kernelProc) Done() <-chan struct{} { return k.done }
+
+// Kill kills the kernel's process tree; once the kernel was reaped its pid
+// may be reused, so then only its process group (left-behind children).
+func (k *kernelProc) Kill() {
+	select {
+	case <-k.done:
+		syscall.Kill(-k.p.Pid, syscall.SIGKILL)
+	default:
+		KillTree(k.p.Pid)
+	}
+}
+func (k *kernelProc) ExitReason() string {
+	select {
+	case <-k.done:
+	default:
+		return "running"
+	}
+	if k.status.Signal != "" {
+		reason := "killed by " + k.status.Signal
+		if k.status.Signal == "SIGKILL" {
+			reason += " (out of memory, or killed)"
+		}
+		return reason
+	}
+	return fmt.Sprintf("exit status %d", k.status.Code)
+}
+
+func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
+	var req agentproto.ContextRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		return pandastack.Errorf(pandastack.EInvalid, "bad context request: %v", err)
+	}
+	if req.Language == "" {
+		req.Language = "python"
+	}
+	if req.ID == "" {
+		return pandastack.Errorf(pandastack.EInvalid, "context id is required")
+	}
+	argv, err := kernelArgv(req.Language)
+	if err != nil {
+		return err
+	}
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = s.home
+	} else if !filepath.IsAbs(cwd) {
+		cwd = filepath.Join(s.home, cwd)
+	}
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		if errors.Is(err, fs.ErrNotExist) || err == nil {
+			return pandastack.Errorf(pandastack.EInvalid, "cwd %s is not an existing directory", cwd)
+		}
+		return pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v", cwd, err)
+	}
+	env, _ := buildEnv(s.home, agentproto.UserName, req.Env)
+	env = append(env, "MPLCONFIGDIR=/tmp/.matplotlib-"+req.ID, "PYTHONUNBUFFERED=1")
+
+	cs := s.cfg.Contexts
+	cs.mu.Lock()
+	if _, ok := cs.ctxs[req.ID]; ok {
+		cs.mu.Unlock()
+		return pandastack.Errorf(pandastack.EConflict, "context %s already exists", req.ID)
+	}
+	cc := &codeContext{info: agentproto.Context{ID: req.ID, Language: req.Language, Cwd: cwd}}
+	cs.ctxs[req.ID] = cc // reserve the id while the kernel starts
+	cs.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
+	defer cancel()
+	opts := jupyter.Options{Argv: argv, Env: env, Cwd: cwd, Launch: s.launcher, Log: s.log, RuntimeDir: os.TempDir()}
+	if runningAsRoot() {
+		opts.Owner = &jupyter.Owner{UID: agentproto.UserUID, GID: agentproto.UserGID}
+	}
+	if req.Language == "python" {
+		opts.EnvCode = jupyter.PythonEnvCode
+	}
+	k, err := jupyter.Start(ctx, opts)
+	if err != nil {
+		cs.mu.Lock()
+		delete(cs.ctxs, req.ID)
+		cs.mu.Unlock()
+		return fmt.Errorf("start %s kernel: %w", req.Language, err)
+	}
+	cs.mu.Lock()
+	cc.kernel = k
+	cs.mu.Unlock()
+	writeJSON(w, http.StatusOK, cc.info)
+	return nil
+}
+
+// context returns a started context by id.
+func (s *Server) context(id string) (*codeContext, error) {
+	cs := s.cfg.Contexts
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cc, ok := cs.ctxs[id]
+	if !ok {
+		return nil, pandastack.Errorf(pandastack.ENotFound, "no code context %s in this sandbox", id)
+	}
+	if cc.kernel == nil {
+		return nil, pandastack.Errorf(pandastack.EConflict, "context %s is still starting", id)
+	}
+	return cc, nil
+}
+
+func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) error {
+	cs := s.cfg.Contexts
+	cs.mu.Lock()
+	list := make([]agentproto.Context, 0, len(cs.ctxs))
+	for _, cc := range cs.ctxs {
+		if cc.kernel != nil {
+			list = append(list, cc.info)
+		}
+	}
+	cs.mu.Unlock()
+	sort.Slice(list, func(i, j int) bool { return list[i].ID < list[j].ID })
+	writeJSON(w, http.StatusOK, list)
+	return nil
+}
+
+func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) error {
+	cc, err := s.context(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	cs := s.cfg.Contexts
+	cs.mu.Lock()
+	delete(cs.ctxs, cc.info.ID)
+	cs.mu.Unlock()
+	cc.kernel.Close()
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) interruptContext(w http.ResponseWriter, r *http.Request) error {
+	cc, err := s.context(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	if err := cc.kernel.Interrupt(); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) error {
+	cc, err := s.context(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
+	defer cancel()
+	if err := cc.kernel.Restart(ctx); err != nil {
+		return fmt.Errorf("restart %s: %w", cc.info.ID, err)
+	}
+	writeJSON(w, http.StatusOK, cc.info)
+	return nil
+}
+
+func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
+	cc, err := s.context(r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	var req agentproto.RunRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		return pandastack.Errorf(pandastack.EInvalid, "bad run request: %v", err)
+	}
+	if cc.kernel.Busy() {
+		return pandastack.Errorf(pandastack.EConflict, "context %s is busy running other code; wait for it, or interrupt it", cc.info.ID)
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	rc := http.NewResponseController(w)
+	enc := json.NewEncoder(w)
+	started := false
+	var mu sync.Mutex
+	send := func(ev agentproto.CodeEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !started {
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		enc.Encode(ev)
+		rc.Flush()
+	}
+	opts := jupyter.ExecOptions{Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, OutputCap: req.OutputCap, Env: req.Env}
+	ex, err := cc.kernel.Execute(r.Context(), req.Code, opts, func(ev agentproto.CodeEvent) {
+		if ev.Type != "execution" {
+			send(ev)
+		}
+	})
+	if err != nil {
+		switch {
+		case errors.Is(err, jupyter.ErrBusy):
+			err = pandastack.Errorf(pandastack.EConflict, "context %s is busy running other code; wait for it, or interrupt it", cc.info.ID)
+		case errors.Is(err, jupyter.ErrDead):
+			err = pandastack.Errorf(pandastack.EConflict, "the kernel of context %s has died; restart it (POST …/contexts/%s/restart)", cc.info.ID, cc.info.ID)
+		case errors.Is(err, jupyter.ErrClosed):
+			err = pandastack.Errorf(pandastack.ENotFound, "context %s was deleted", cc.info.ID)
+		}
+		if !started {
+			return err
+		}
+		ex = agentproto.Execution{Error: &agentproto.ExecutionError{Name: "SandboxError", Value: err.Error()}}
+	}
+	send(agentproto.CodeEvent{Type: "execution", Execution: &ex})
+	return nil
+}

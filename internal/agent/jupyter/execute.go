@@ -1,0 +1,621 @@
+package jupyter
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// DefaultOutputCap is how many bytes of each stream a run keeps by default.
+const DefaultOutputCap = 1 << 20
+
+// ExecOptions tunes one Execute.
+type ExecOptions struct {
+	// Timeout bounds the run; 0 means none. On expiry the kernel is
+	// interrupted and the Execution carries a TimeoutError.
+	Timeout time.Duration
+	// OutputCap is how many bytes of stdout, and of stderr, are kept;
+	// 0 means DefaultOutputCap.
+	OutputCap int
+	// Env is set for this run only (needs Options.EnvCode).
+	Env map[string]string
+}
+
+// Execute runs code as one cell and returns its outcome. onEvent (may be
+// nil) sees the output live, in order, from the calling goroutine: "stdout"
+// and "stderr" chunks, a "result" per rich output, an "error", and last an
+// "execution" event with the same Execution that is returned.
+//
+// A failing cell, a timeout and a kernel that dies are all reported in the
+// Execution's Error (names: the exception's, "TimeoutError", "KernelDied"),
+// with a nil error. The error return is for a run that could not happen or
+// was abandoned: ErrBusy while another Execute runs, ErrDead when the kernel
+// is gone (restart it), ErrClosed, an invalid Env, or ctx.Err() when ctx
+// ended first. On cancellation the cell is interrupted; the kernel stays
+// busy (Busy, ErrBusy) until the cell has stopped, and is restarted if it
+// does not stop within Options.InterruptGrace.
+//
+// A timeout works the same way: the cell is interrupted and, if it stops,
+// the kernel's state survives; if not, the kernel is restarted and the
+// error's value says so.
+func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEvent func(agentproto.CodeEvent)) (agentproto.Execution, error) {
+	if onEvent == nil {
+		onEvent = func(agentproto.CodeEvent) {}
+	}
+	if len(o.Env) > 0 {
+		if k.opts.EnvCode == nil {
+			return agentproto.Execution{}, errors.New("this kernel does not support per-run environment variables")
+		}
+		if err := checkEnv(o.Env); err != nil {
+			return agentproto.Execution{}, err
+		}
+	}
+	if o.OutputCap <= 0 {
+		o.OutputCap = DefaultOutputCap
+	}
+	if !k.busy.CompareAndSwap(false, true) {
+		return agentproto.Execution{}, ErrBusy
+	}
+	release := true
+	defer func() {
+		if release {
+			k.busy.Store(false)
+		}
+	}()
+	in, err := k.current()
+	if err != nil {
+		return agentproto.Execution{}, err
+	}
+
+	start := time.Now()
+	r := newRun(o.OutputCap)
+	// The kernel runs shell requests in order, so the env code can be
+	// queued around the cell without waiting for its replies.
+	var restore string
+	if len(o.Env) > 0 {
+		var set string
+		set, restore = k.opts.EnvCode(o.Env)
+		in.sendSilent(set)
+	}
+	id, err := in.send(in.shell, "execute_request", executeRequest{
+		Code: code, StoreHistory: true, UserExpressions: map[string]any{},
+	}, r.handle)
+	if err != nil {
+		return agentproto.Execution{}, err
+	}
+	keep := false // an abandoned cell's handler lives on in abandon
+	defer func() {
+		if !keep {
+			in.forget(id)
+		}
+	}()
+	if restore != "" {
+		in.sendSilent(restore)
+	}
+
+	var timeout <-chan time.Time
+	if o.Timeout > 0 {
+		t := time.NewTimer(o.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	switch r.wait(ctx, in, timeout, onEvent) {
+	case finished:
+		return r.finish(start, nil, onEvent), nil
+	case died:
+		return r.finish(start, kernelDied(in), onEvent), nil
+	case cancelled:
+		release, keep = false, true
+		k.abandon(in, id, r)
+		return r.execution(start), ctx.Err()
+	}
+
+	// Timed out: interrupt, and give the cell a moment to stop.
+	r.timeOut()
+	if err := k.interrupt(in); err != nil {
+		k.log.Warn("interrupt timed-out cell", "err", err)
+	}
+	terr := &agentproto.ExecutionError{
+		Name:  "TimeoutError",
+		Value: "execution exceeded the " + seconds(o.Timeout) + " s timeout",
+	}
+	grace := time.NewTimer(k.opts.InterruptGrace)
+	defer grace.Stop()
+	switch r.wait(ctx, in, grace.C, onEvent) {
+	case finished:
+		terr.Traceback = r.interruptTraceback()
+		return r.finish(start, terr, onEvent), nil
+	case died:
+		return r.finish(start, kernelDied(in), onEvent), nil
+	case cancelled:
+		release, keep = false, true
+		k.abandon(in, id, r)
+		return r.execution(start), ctx.Err()
+	}
+	// The cell ignores interrupts (or the kernel is wedged): only a
+	// restart gets the kernel back.
+	rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := k.restartIf(rctx, in, "the kernel was restarted after a timeout"); err != nil {
+		terr.Value += "; the cell did not stop after an interrupt and restarting the kernel failed: " + err.Error()
+	} else {
+		terr.Value += "; the cell did not stop after an interrupt, so the kernel was restarted and its state is lost"
+	}
+	return r.finish(start, terr, onEvent), nil
+}
+
+// abandon stops a cell whose caller went away, in the background: it
+// interrupts it, waits for the kernel to go idle, and restarts it if it
+// does not. The kernel stays busy meanwhile, so no new cell can be hit by
+// the interrupt.
+func (k *Kernel) abandon(in *instance, id string, r *run) {
+	if err := k.interrupt(in); err != nil {
+		k.log.Debug("interrupt abandoned cell", "err", err)
+	}
+	go func() {
+		defer k.busy.Store(false)
+		defer in.forget(id)
+		t := time.NewTimer(k.opts.InterruptGrace)
+		defer t.Stop()
+		select {
+		case <-r.done:
+			return
+		case <-in.proc.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := k.restartIf(ctx, in, "the kernel was restarted after a cancelled cell did not stop"); err != nil {
+			k.log.Warn("restart after abandoned cell", "err", err)
+		}
+	}()
+}
+
+func kernelDied(in *instance) *agentproto.ExecutionError {
+	return &agentproto.ExecutionError{Name: "KernelDied", Value: in.deathReason()}
+}
+
+// seconds formats d as a number of seconds: "30", "0.5".
+func seconds(d time.Duration) string {
+	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64)
+}
+
+// checkEnv rejects what no environment can hold.
+func checkEnv(env map[string]string) error {
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return fmt.Errorf("invalid environment variable %q", k)
+		}
+	}
+	return nil
+}
+
+// PythonEnvCode is an Options.EnvCode for ipykernel: it saves and sets
+// os.environ, then puts it back, leaving no names in the user's namespace.
+func PythonEnvCode(env map[string]string) (set, restore string) {
+	b, _ := json.Marshal(env)
+	// A JSON string literal is a valid Python string literal.
+	lit, _ := json.Marshal(string(b))
+	set = "def _pandastack_env(env):\n" +
+		"    import os\n" +
+		"    os._pandastack_saved_env = {k: os.environ.get(k) for k in env}\n" +
+		"    os.environ.update(env)\n" +
+		"_pandastack_env(__import__('json').loads(" + string(lit) + "))\n" +
+		"del _pandastack_env\n"
+	restore = "def _pandastack_env():\n" +
+		"    import os\n" +
+		"    for k, v in os.__dict__.pop('_pandastack_saved_env', {}).items():\n" +
+		"        if v is None:\n" +
+		"            os.environ.pop(k, None)\n" +
+		"        else:\n" +
+		"            os.environ[k] = v\n" +
+		"_pandastack_env()\n" +
+		"del _pandastack_env\n"
+	return set, restore
+}
+
+type outcome int
+
+const (
+	finished  outcome = iota // idle and execute_reply arrived
+	died                     // the kernel process is gone
+	expired                  // the deadline channel fired
+	cancelled                // ctx ended
+)
+
+// run collects one cell's messages. handle runs in the socket readers;
+// everything else in Execute's goroutine.
+type run struct {
+	notify chan struct{} // a token when events are pending
+	done   chan struct{} // closed when idle and the reply have both come
+
+	mu             sync.Mutex
+	exec           agentproto.Execution
+	stdout, stderr capped
+	events         []agentproto.CodeEvent
+	gotIdle        bool
+	gotReply       bool
+	replyErr       *agentproto.ExecutionError
+	timedOut       bool // hide the KeyboardInterrupt our interrupt causes
+	interruptTB    string
+}
+
+func newRun(outputCap int) *run {
+	return &run{
+		notify: make(chan struct{}, 1),
+		done:   make(chan struct{}),
+		stdout: capped{limit: outputCap},
+		stderr: capped{limit: outputCap},
+		exec:   agentproto.Execution{Results: []agentproto.Result{}},
+	}
+}
+
+// wait delivers events until the run finishes, the kernel dies, deadline
+// fires or ctx ends.
+func (r *run) wait(ctx context.Context, in *instance, deadline <-chan time.Time, onEvent func(agentproto.CodeEvent)) outcome {
+	for {
+		select {
+		case <-r.notify:
+			r.flush(onEvent)
+		case <-r.done:
+			return finished
+		case <-in.proc.Done():
+			// A reply that raced the exit still counts.
+			select {
+			case <-r.done:
+				return finished
+			default:
+				return died
+			}
+		case <-deadline:
+			return expired
+		case <-ctx.Done():
+			return cancelled
+		}
+	}
+}
+
+// flush hands pending events to onEvent, outside the lock.
+func (r *run) flush(onEvent func(agentproto.CodeEvent)) {
+	r.mu.Lock()
+	evs := r.events
+	r.events = nil
+	r.mu.Unlock()
+	for _, ev := range evs {
+		onEvent(ev)
+	}
+}
+
+// emit queues a live event; r.mu is held.
+func (r *run) emit(ev agentproto.CodeEvent) {
+	r.events = append(r.events, ev)
+	select {
+	case r.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (r *run) timeOut() {
+	r.mu.Lock()
+	r.timedOut = true
+	r.mu.Unlock()
+}
+
+func (r *run) interruptTraceback() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.interruptTB
+}
+
+// execution is a snapshot of what the run has gathered.
+func (r *run) execution(start time.Time) agentproto.Execution {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.exec
+	e.Results = append([]agentproto.Result{}, r.exec.Results...)
+	e.Stdout = r.stdout.String()
+	e.Stderr = r.stderr.String()
+	if e.Error == nil {
+		e.Error = r.replyErr
+	}
+	e.DurationMS = time.Since(start).Milliseconds()
+	return e
+}
+
+// finish delivers the last events and returns the Execution, with override
+// as its error if not nil.
+func (r *run) finish(start time.Time, override *agentproto.ExecutionError, onEvent func(agentproto.CodeEvent)) agentproto.Execution {
+	r.flush(onEvent)
+	e := r.execution(start)
+	if override != nil {
+		e.Error = override
+		onEvent(agentproto.CodeEvent{Type: "error", Error: override})
+	}
+	onEvent(agentproto.CodeEvent{Type: "execution", Execution: &e})
+	return e
+}
+
+// handle maps one message of the cell onto the run.
+func (r *run) handle(channel string, m *message) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gotIdle && r.gotReply {
+		return
+	}
+	switch channel {
+	case "shell":
+		if m.Header.MsgType == "execute_reply" {
+			r.onReply(m.Content)
+			r.gotReply = true
+		}
+	case "iopub":
+		switch m.Header.MsgType {
+		case "status":
+			var c struct {
+				State string `json:"execution_state"`
+			}
+			if json.Unmarshal(m.Content, &c) == nil && c.State == "idle" {
+				r.gotIdle = true
+			}
+		case "stream":
+			var c struct {
+				Name string `json:"name"`
+				Text string `json:"text"`
+			}
+			if json.Unmarshal(m.Content, &c) == nil {
+				r.onStream(c.Name, c.Text)
+			}
+		case "execute_result", "display_data", "update_display_data":
+			var c struct {
+				Data map[string]json.RawMessage `json:"data"`
+			}
+			if json.Unmarshal(m.Content, &c) == nil {
+				r.onResult(toResult(c.Data, m.Header.MsgType == "execute_result"))
+			}
+		case "error":
+			var c errorContent
+			if json.Unmarshal(m.Content, &c) == nil {
+				r.onError(c.toError())
+			}
+		}
+	}
+	if r.gotIdle && r.gotReply {
+		close(r.done)
+	}
+}
+
+type errorContent struct {
+	Status    string   `json:"status"`
+	Ename     string   `json:"ename"`
+	Evalue    string   `json:"evalue"`
+	Traceback []string `json:"traceback"`
+}
+
+func (c errorContent) toError() *agentproto.ExecutionError {
+	return &agentproto.ExecutionError{
+		Name:      c.Ename,
+		Value:     c.Evalue,
+		Traceback: stripANSI(strings.Join(c.Traceback, "\n")),
+	}
+}
+
+func (r *run) onReply(content json.RawMessage) {
+	var c struct {
+		errorContent
+		ExecutionCount int `json:"execution_count"`
+	}
+	if json.Unmarshal(content, &c) != nil {
+		return
+	}
+	r.exec.ExecutionCount = c.ExecutionCount
+	switch c.Status {
+	case "error":
+		// Normally the iopub error came first and wins; this covers
+		// kernels that only reply.
+		r.replyErr = c.toError()
+		if r.timedOut {
+			r.replyErr = nil
+		}
+	case "aborted":
+		r.replyErr = &agentproto.ExecutionError{Name: "Aborted", Value: "the kernel aborted the execution"}
+	}
+}
+
+func (r *run) onStream(name, text string) {
+	var c *capped
+	switch name {
+	case "stdout":
+		c = &r.stdout
+	case "stderr":
+		c = &r.stderr
+	default:
+		return
+	}
+	kept, truncated := c.write(text)
+	if kept != "" {
+		r.emit(agentproto.CodeEvent{Type: name, Data: kept})
+	}
+	if truncated {
+		r.emit(agentproto.CodeEvent{Type: name, Data: fmt.Sprintf("\n[output truncated: %s exceeded %d bytes; the rest is omitted]\n", name, c.limit)})
+	}
+}
+
+func (r *run) onResult(res agentproto.Result) {
+	r.exec.Results = append(r.exec.Results, res)
+	if res.IsMainResult {
+		r.exec.Text = res.Text
+	}
+	if r.exec.PNG == "" && res.PNG != "" {
+		r.exec.PNG = res.PNG
+	}
+	r.emit(agentproto.CodeEvent{Type: "result", Result: &res})
+}
+
+func (r *run) onError(e *agentproto.ExecutionError) {
+	if r.timedOut {
+		// The KeyboardInterrupt of our own interrupt: its traceback shows
+		// where the cell was stopped, under the TimeoutError.
+		r.interruptTB = e.Traceback
+		return
+	}
+	r.exec.Error = e
+	r.emit(agentproto.CodeEvent{Type: "error", Error: e})
+}
+
+// capped keeps the first limit bytes written to it and counts the rest.
+type capped struct {
+	limit   int
+	b       strings.Builder
+	omitted int
+}
+
+// write stores s, returning the part of it that was kept and whether this
+// write is the one that crossed the limit.
+func (c *capped) write(s string) (kept string, truncated bool) {
+	if c.omitted > 0 {
+		c.omitted += len(s)
+		return "", false
+	}
+	room := c.limit - c.b.Len()
+	if len(s) <= room {
+		c.b.WriteString(s)
+		return s, false
+	}
+	// Cut on a rune boundary so the kept text stays valid UTF-8.
+	cut := room
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	c.b.WriteString(s[:cut])
+	c.omitted = len(s) - cut
+	return s[:cut], true
+}
+
+func (c *capped) String() string {
+	if c.omitted == 0 {
+		return c.b.String()
+	}
+	return c.b.String() + fmt.Sprintf("\n[output truncated: %d bytes omitted]\n", c.omitted)
+}
+
+// toResult maps a mime bundle onto a Result.
+func toResult(data map[string]json.RawMessage, main bool) agentproto.Result {
+	res := agentproto.Result{IsMainResult: main}
+	for mime, raw := range data {
+		switch mime {
+		case "text/plain":
+			res.Text = text(raw)
+		case "text/html":
+			res.HTML = text(raw)
+		case "text/markdown":
+			res.Markdown = text(raw)
+		case "image/svg+xml":
+			res.SVG = text(raw)
+		case "image/png":
+			res.PNG = base64Text(raw)
+		case "image/jpeg":
+			res.JPEG = base64Text(raw)
+		case "application/pdf":
+			res.PDF = base64Text(raw)
+		case "text/latex":
+			res.LaTeX = text(raw)
+		case "application/javascript":
+			res.JavaScript = text(raw)
+		case "application/json":
+			res.JSON = value(raw)
+		case "application/vnd.plotly.v1+json":
+			res.Plotly = value(raw)
+		default:
+			if res.Extra == nil {
+				res.Extra = make(map[string]any)
+			}
+			res.Extra[mime] = value(raw)
+		}
+	}
+	return res
+}
+
+// text decodes a text mime value: a string, or (as notebooks store it) a
+// list of lines.
+func text(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var lines []string
+	if json.Unmarshal(raw, &lines) == nil {
+		return strings.Join(lines, "")
+	}
+	return string(raw)
+}
+
+// base64Text is a binary mime value without the line breaks some kernels
+// put into their base64.
+func base64Text(raw json.RawMessage) string {
+	return strings.Join(strings.Fields(text(raw)), "")
+}
+
+func value(raw json.RawMessage) any {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return string(raw)
+	}
+	return v
+}
+
+// stripANSI removes terminal escape sequences (colors, cursor moves,
+// hyperlinks) that IPython puts into tracebacks.
+func stripANSI(s string) string {
+	if !strings.Contains(s, "\x1b") {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for i := 0; i < len(s); {
+		if s[i] != 0x1b {
+			b.WriteByte(s[i])
+			i++
+			continue
+		}
+		i++
+		if i >= len(s) {
+			break
+		}
+		switch s[i] {
+		case '[': // CSI: parameters and intermediates, then a final byte
+			i++
+			for i < len(s) && (s[i] < 0x40 || s[i] > 0x7e) {
+				i++
+			}
+			i++
+		case ']': // OSC: up to BEL or ESC \
+			i++
+			for i < len(s) {
+				if s[i] == 0x07 {
+					i++
+					break
+				}
+				if s[i] == 0x1b && i+1 < len(s) && s[i+1] == '\\' {
+					i += 2
+					break
+				}
+				i++
+			}
+		default: // intermediates, then a final byte: ESC c, ESC ( B
+			for i < len(s) && s[i] >= 0x20 && s[i] <= 0x2f {
+				i++
+			}
+			i++
+		}
+	}
+	return b.String()
+}

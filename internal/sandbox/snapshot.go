@@ -1,0 +1,282 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/pandastack/pandastack"
+)
+
+// Snapshots live in SnapshotDir/<snap id>/ (manifest.json + image/); paused
+// sandboxes in PausedDir/<sandbox id>/; forks checkpoint into a temp image
+// that is removed once every child runs.
+
+func (m *Manager) snapshotPath(id string) string { return filepath.Join(m.cfg.SnapshotDir, id) }
+func (m *Manager) pausedPath(id string) string   { return filepath.Join(m.cfg.PausedDir, id) }
+
+// Track marks work in flight on a sandbox (an exec, a run); snapshots,
+// forks and pauses wait for none and answer conflict instead. Call the
+// returned func when the work ends.
+func (m *Manager) Track(id string) func() {
+	m.mu.Lock()
+	m.inflight[id]++
+	m.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			m.mu.Lock()
+			if m.inflight[id]--; m.inflight[id] <= 0 {
+				delete(m.inflight, id)
+			}
+			m.mu.Unlock()
+		})
+	}
+}
+
+// quiet claims a running sandbox for a checkpoint: nothing may run in it.
+func (m *Manager) quiet(id, what string) error {
+	m.mu.Lock()
+	n := m.inflight[id]
+	m.mu.Unlock()
+	if n > 0 {
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s) or cell(s) running; %s once they finish (snapshots never wait)", id, n, what)
+	}
+	return m.claim(id)
+}
+
+// checkpoint writes the sandbox's state into a new image directory final.
+func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final string, leaveRunning bool) (int64, error) {
+	tpl, err := m.templates.Resolve(ctx, sb.Template)
+	rootfs := tpl.RootFS
+	if err != nil {
+		return 0, err
+	}
+	tmp := filepath.Join(filepath.Dir(final), ".tmp-"+filepath.Base(final)+"-"+pandastack.NewID("t"))
+	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
+		return 0, storageError(err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(tmp)
+		}
+	}()
+	if err := m.rt.Checkpoint(context.WithoutCancel(ctx), sb.ID, filepath.Join(tmp, "image"), leaveRunning); err != nil {
+		return 0, storageError(err)
+	}
+	size, err := sealImage(tmp, final, manifest{
+		SandboxID: sb.ID, Template: sb.Template, RootFS: rootfs, CPU: sb.CPU, MemoryMB: sb.MemoryMB, CreatedAt: m.now().UTC(),
+	})
+	if err != nil {
+		return 0, storageError(err)
+	}
+	ok = true
+	return size, nil
+}
+
+// Snapshot saves a running sandbox's state; the sandbox keeps running.
+func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata map[string]string) (pandastack.Snapshot, error) {
+	if err := ValidateMetadata(metadata); err != nil {
+		return pandastack.Snapshot{}, err
+	}
+	sb, err := m.usable(ctx, projectID, id)
+	if err != nil {
+		return pandastack.Snapshot{}, err
+	}
+	if err := m.quiet(id, "take the snapshot"); err != nil {
+		return pandastack.Snapshot{}, err
+	}
+	defer m.release(id)
+	snap := pandastack.Snapshot{
+		ID: pandastack.NewID("snap"), ProjectID: projectID, SandboxID: id, Template: sb.Template,
+		Metadata: maps.Clone(metadata), CreatedAt: m.now().UTC(), CPU: sb.CPU, MemoryMB: sb.MemoryMB,
+	}
+	if snap.Metadata == nil {
+		snap.Metadata = map[string]string{}
+	}
+	if snap.SizeBytes, err = m.checkpoint(ctx, sb, m.snapshotPath(snap.ID), true); err != nil {
+		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
+	}
+	if err := m.store.CreateSnapshot(context.WithoutCancel(ctx), snap); err != nil {
+		os.RemoveAll(m.snapshotPath(snap.ID))
+		return pandastack.Snapshot{}, err
+	}
+	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "bytes", snap.SizeBytes)
+	return snap, nil
+}
+
+// GetSnapshot returns a snapshot of the project.
+func (m *Manager) GetSnapshot(ctx context.Context, projectID, id string) (pandastack.Snapshot, error) {
+	return m.store.GetSnapshot(ctx, projectID, id)
+}
+
+// ListSnapshots returns the project's snapshots matching metadata.
+func (m *Manager) ListSnapshots(ctx context.Context, projectID string, metadata map[string]string) ([]pandastack.Snapshot, error) {
+	return m.store.ListSnapshots(ctx, projectID, metadata)
+}
+
+// DeleteSnapshot removes a snapshot and its files. Sandboxes restored from
+// it are not affected.
+func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) error {
+	if _, err := m.store.GetSnapshot(ctx, projectID, id); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(m.snapshotPath(id)); err != nil {
+		return err
+	}
+	return m.store.DeleteSnapshot(ctx, id)
+}
+
+// Fork makes count independent copies of a running sandbox, each starting
+// from its state at this instant. The parent keeps running.
+func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttlSeconds *int64, metadata map[string]string) ([]pandastack.Sandbox, error) {
+	if count < 1 || count > m.cfg.MaxFork {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "count must be between 1 and %d, got %d", m.cfg.MaxFork, count)
+	}
+	ttl, err := m.ttl(ttlSeconds)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := m.usable(ctx, projectID, id)
+	if err != nil {
+		return nil, err
+	}
+	if metadata == nil {
+		metadata = sb.Metadata
+	}
+	if err := ValidateMetadata(metadata); err != nil {
+		return nil, err
+	}
+	if err := m.quiet(id, "fork it"); err != nil {
+		return nil, err
+	}
+	img := filepath.Join(m.cfg.SnapshotDir, pandastack.NewID("fork"))
+	_, err = m.checkpoint(ctx, sb, img, true)
+	m.release(id)
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", id, err)
+	}
+	defer os.RemoveAll(img) // restored children keep their open image files
+	man, err := verifyImage(img, "fork image")
+	if err != nil {
+		return nil, err
+	}
+	kids := make([]pandastack.Sandbox, count)
+	errs := make([]error, count)
+	var wg sync.WaitGroup
+	for i := range count {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			kids[i], errs[i] = m.launch(ctx, projectID, plan{
+				template: sb.Template, rootfs: man.RootFS, image: filepath.Join(img, "image"),
+				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
+			})
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			for _, k := range kids {
+				if k.ID != "" {
+					m.Kill(context.Background(), projectID, k.ID)
+				}
+			}
+			return nil, fmt.Errorf("fork %s: %w", id, err)
+		}
+	}
+	return kids, nil
+}
+
+// Pause checkpoints a running sandbox to disk and frees its memory and CPU.
+func (m *Manager) Pause(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err != nil {
+		return sb, err
+	}
+	if sb.State == pandastack.StatePaused {
+		return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is already paused", id)
+	}
+	if sb, err = m.running(ctx, projectID, id); err != nil {
+		return sb, err
+	}
+	if err := m.quiet(id, "pause it"); err != nil {
+		return sb, err
+	}
+	defer m.release(id)
+	m.mu.Lock()
+	c := m.live[id]
+	delete(m.live, id)
+	m.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	if _, err := m.checkpoint(ctx, sb, m.pausedPath(id), false); err != nil {
+		// The checkpoint failed before stopping it: reattach.
+		if aerr := m.adopt(context.WithoutCancel(ctx), id); aerr != nil {
+			m.stopSandbox(id, pandastack.StopDied)
+		}
+		return sb, fmt.Errorf("pause %s: %w", id, err)
+	}
+	if err := m.store.SetSandboxState(context.WithoutCancel(ctx), id, pandastack.StatePaused, "", m.now()); err != nil {
+		return sb, err
+	}
+	sb.State = pandastack.StatePaused
+	m.log.Info("sandbox paused", "sandbox", id)
+	return sb, nil
+}
+
+// Resume restores a paused sandbox with everything in place.
+func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err != nil {
+		return sb, err
+	}
+	if sb.State != pandastack.StatePaused {
+		return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is %s, not paused", id, sb.State)
+	}
+	if err := m.claim(id); err != nil {
+		return sb, err
+	}
+	defer m.release(id)
+	dir := m.pausedPath(id)
+	man, err := verifyImage(dir, "paused sandbox "+id)
+	if err != nil {
+		return sb, err
+	}
+	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
+	defer cancel()
+	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}, filepath.Join(dir, "image"))
+	if err != nil {
+		return sb, fmt.Errorf("resume %s: %w", id, err)
+	}
+	client, err := dialAgent(startCtx, id, rwc)
+	if err != nil {
+		m.rt.Stop(context.Background(), id)
+		return sb, fmt.Errorf("resume %s: %w", id, err)
+	}
+	os.RemoveAll(dir)
+	return m.started(ctx, sb, client)
+}
+
+// usable returns a running sandbox, resuming a paused one when it was
+// created with auto_resume.
+func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err != nil {
+		return sb, err
+	}
+	if sb.State == pandastack.StatePaused {
+		if !sb.AutoResume {
+			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is paused; resume it first (POST /v1/sandboxes/%s/resume), or create sandboxes with auto_resume", id, id)
+		}
+		if sb, err = m.Resume(ctx, projectID, id); err != nil && !pandastack.IsCode(err, pandastack.EConflict) {
+			return sb, err
+		}
+	}
+	return m.running(ctx, projectID, id)
+}
