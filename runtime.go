@@ -13,7 +13,10 @@ type RuntimeSpec struct {
 	CPU      int      // CPUs (a quota of CPU*100 ms per 100 ms); 0 means unlimited
 	MemoryMB int      // memory limit of the whole sandbox; 0 means unlimited
 	PIDs     int      // limit on processes and threads; 0 means unlimited
-	Network  bool     // false: loopback only
+	// Lazy (Restore only) lets the sandbox run while its memory is still
+	// being loaded: a faster restore, slower first steps.
+	Lazy    bool
+	Network bool // false: loopback only
 }
 
 // RuntimeState is what the runtime knows of a sandbox.

@@ -31,6 +31,7 @@ type Config struct {
 	BuildOnStart   string        // templates built on start when missing, comma-separated ("" for none)
 	MaxFork        int           // the most children one fork may make
 	Warm           bool          // snapshot templates warm in the background so creates restore them
+	PoolSize       int           // sandboxes of each warm template kept restored ahead of creates
 	LogLevel       string        // debug, info, warn or error
 }
 
@@ -48,6 +49,7 @@ func defaultConfig() Config {
 		BuildOnStart:   "base",
 		MaxFork:        16,
 		Warm:           true,
+		PoolSize:       2,
 		LogLevel:       "info",
 	}
 }
@@ -90,6 +92,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	num(&c.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
 	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
 	num(&c.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
+	num(&c.PoolSize, "pool-size", "PANDASTACK_POOL_SIZE", "sandboxes of each warm template kept restored ahead of creates (0: none)")
 	if v, ok := os.LookupEnv("PANDASTACK_WARM"); ok {
 		c.Warm = v != "0" && v != "false"
 	}

@@ -172,8 +172,9 @@ func serve(args []string) error {
 		return err
 	}
 	defer mgr.Close()
+	tpls.mgr = mgr
 	if cfg.Warm {
-		go warmTemplates(ctx, mgr, tpls, log)
+		go warmTemplates(ctx, mgr, tpls, cfg.PoolSize, log)
 	}
 	srv := api.New(api.Config{MaxUploadBytes: cfg.MaxUploadBytes, ExecOutputCap: cfg.ExecOutputCap}, mgr, store, tpls, log)
 
@@ -272,6 +273,7 @@ type templateSource struct {
 	reg       *template.Registry
 	cacheDir  string
 	agentHash string
+	mgr       *sandbox.Manager // for pool stats; set once the manager exists
 }
 
 // warmDir is where the warm snapshot of a built template lives: keyed by
@@ -283,7 +285,7 @@ func (t *templateSource) warmDir(spec template.Spec) string {
 
 // warmTemplates makes the warm snapshot of every built template that has
 // warm-up code and none yet. Until it is done, creates boot cold.
-func warmTemplates(ctx context.Context, mgr *sandbox.Manager, t *templateSource, log *slog.Logger) {
+func warmTemplates(ctx context.Context, mgr *sandbox.Manager, t *templateSource, poolSize int, log *slog.Logger) {
 	for _, spec := range t.reg.List() {
 		if spec.Warmup == "" {
 			continue
@@ -293,18 +295,18 @@ func warmTemplates(ctx context.Context, mgr *sandbox.Manager, t *templateSource,
 			continue
 		}
 		dir := t.warmDir(spec)
-		if _, err := os.Stat(dir); err == nil {
-			continue
+		tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, WarmImage: dir}
+		if _, err := os.Stat(dir); err != nil {
+			os.MkdirAll(filepath.Dir(dir), 0o700)
+			start := time.Now()
+			log.Info("warming template (creates boot cold until this is done)", "template", spec.Name)
+			if err := mgr.Warm(ctx, tpl, spec.Warmup, dir); err != nil {
+				log.Error("warming template failed; its sandboxes boot cold", "template", spec.Name, "err", err)
+				continue
+			}
+			log.Info("template warm", "template", spec.Name, "seconds", time.Since(start).Seconds())
 		}
-		os.MkdirAll(filepath.Dir(dir), 0o700)
-		start := time.Now()
-		log.Info("warming template (creates boot cold until this is done)", "template", spec.Name)
-		tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB}
-		if err := mgr.Warm(ctx, tpl, spec.Warmup, dir); err != nil {
-			log.Error("warming template failed; its sandboxes boot cold", "template", spec.Name, "err", err)
-			continue
-		}
-		log.Info("template warm", "template", spec.Name, "seconds", time.Since(start).Seconds())
+		mgr.EnablePool(tpl, poolSize)
 	}
 }
 
@@ -328,6 +330,10 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 
 func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) {
 	var out []api.TemplateInfo
+	var pools map[string]sandbox.PoolStats
+	if t.mgr != nil {
+		pools = t.mgr.Pools(ctx)
+	}
 	for _, spec := range t.reg.List() {
 		b, ok := template.Lookup(t.cacheDir, spec)
 		if !ok {
@@ -337,6 +343,13 @@ func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) 
 			Name: spec.Name, Description: spec.Description, Hash: b.Hash, SizeBytes: b.SizeBytes,
 			BuildSeconds: b.BuildSeconds, BuiltAt: b.BuiltAt, CPU: spec.CPU, MemoryMB: spec.MemoryMB,
 		})
+		info := &out[len(out)-1]
+		if _, err := os.Stat(t.warmDir(spec)); err == nil && spec.Warmup != "" {
+			info.Warm = true
+		}
+		if ps, ok := pools[spec.Name]; ok {
+			info.Pool = &api.PoolInfo{Ready: ps.Ready, Size: ps.Size, PSSBytes: ps.PSSBytes}
+		}
 	}
 	return out, nil
 }

@@ -34,6 +34,15 @@ type TemplateInfo struct {
 	BuiltAt      time.Time `json:"built_at"`
 	CPU          int       `json:"cpu"`
 	MemoryMB     int       `json:"memory_mb"`
+	Warm         bool      `json:"warm"`           // creates restore a warm snapshot
+	Pool         *PoolInfo `json:"pool,omitempty"` // sandboxes restored ahead of creates
+}
+
+// PoolInfo describes a template's pool of pre-restored sandboxes.
+type PoolInfo struct {
+	Ready    int   `json:"ready"`
+	Size     int   `json:"size"`
+	PSSBytes int64 `json:"pss_bytes"` // host memory the ready ones hold
 }
 
 // Catalog lists the built templates.

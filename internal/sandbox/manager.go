@@ -95,8 +95,9 @@ type Manager struct {
 
 	mu       sync.Mutex
 	live     map[string]*AgentClient
-	busy     map[string]bool // ids being created or stopped
-	inflight map[string]int  // execs and runs in progress, by sandbox
+	busy     map[string]bool  // ids being created or stopped
+	pools    map[string]*pool // by template name
+	inflight map[string]int   // execs and runs in progress, by sandbox
 	closed   bool
 
 	stop chan struct{}
@@ -140,6 +141,7 @@ func (m *Manager) Close() {
 	m.mu.Unlock()
 	close(m.stop)
 	m.wg.Wait()
+	m.drainPools()
 	for _, c := range clients {
 		c.Close()
 	}
@@ -337,12 +339,20 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
+	pd, pooledOK := m.fromPool(p)
+	if pooledOK {
+		sb.ID = pd.id
+	}
 	if err := m.claim(sb.ID); err != nil {
 		return pandastack.Sandbox{}, err
 	}
 	defer m.release(sb.ID)
 
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
+		if pooledOK {
+			pd.client.Close()
+			m.rt.Stop(context.Background(), pd.id)
+		}
 		return pandastack.Sandbox{}, err
 	}
 	defer func() {
@@ -354,6 +364,9 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		}
 	}()
 
+	if pooledOK {
+		return m.started(ctx, sb, pd.client)
+	}
 	env := make([]string, 0, len(p.env)+1)
 	for k, v := range p.env {
 		env = append(env, k+"="+v)
@@ -363,7 +376,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	// that hangs up gets nothing, and the rollback cleans up.
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, PIDs: m.cfg.PIDsLimit}
+	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, PIDs: m.cfg.PIDsLimit, Lazy: true}
 	var rwc io.ReadWriteCloser
 	if p.image != "" {
 		rwc, err = m.rt.Restore(startCtx, spec, p.image)

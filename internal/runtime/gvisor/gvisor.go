@@ -198,8 +198,11 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 	// and killing it half-way would strand a sandbox. ctx bounds the wait.
 	args := []string{"run", "--detach", "--bundle=" + dir, spec.ID}
 	if imageDir != "" {
-		// --background loads memory pages lazily after restore returns.
-		args = []string{"restore", "--detach", "--background", "--bundle=" + dir, "--image-path=" + imageDir, spec.ID}
+		args = []string{"restore", "--detach", "--bundle=" + dir, "--image-path=" + imageDir, spec.ID}
+		if spec.Lazy {
+			// --background loads memory pages after restore returns.
+			args = append(args[:1], append([]string{"--background"}, args[1:]...)...)
+		}
 	}
 	cmd := exec.Command(r.cfg.Runsc, append(r.globalFlags(filepath.Join(dir, "runsc.log")), args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, agentLog
