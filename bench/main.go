@@ -1,314 +1,253 @@
-// Command bench measures PandaStack on this machine: it starts its own
-// `pandastack serve` on a free loopback port, runs each measurement several
-// times (comparisons alternate side by side, so a noisy machine affects both
-// sides alike), prints a table and writes bench/results/<date>-<host>.json.
+// Command bench measures PandaStack on this machine. It builds the binaries,
+// starts two `pandastack serve` of its own on free loopback ports with temp
+// data dirs (one with the default pool of pre-restored sandboxes, one with
+// --pool-size 0), measures everything issue 7 lists, alternating the two
+// sides of every comparison so a noisy machine affects both alike, and
+// writes bench/results/<date>-<host>.json, a PNG chart beside it (drawn by
+// bench/chart.py) and a markdown table on stdout. Everything it creates is
+// removed at the end, also after a failure or a Ctrl-C.
 //
-//	sudo go run ./bench [-n 20] [-quick]
+//	sudo go run ./bench [-n 30] [-quick] [-out bench/results]
 package main
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
-	"runtime"
-	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/pandastack/pandastack/client"
 	"github.com/pandastack/pandastack/internal/paths"
 )
 
-// Stat is a summary of repeated measurements.
-type Stat struct {
-	Name   string  `json:"name"`
-	Unit   string  `json:"unit"`
-	N      int     `json:"n"`
-	Median float64 `json:"median"`
-	P95    float64 `json:"p95"`
-	Min    float64 `json:"min"`
-	Max    float64 `json:"max"`
-	Note   string  `json:"note,omitempty"`
-}
-
-func summarize(name, unit string, xs []float64, note string) Stat {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	q := func(p float64) float64 {
-		if len(s) == 0 {
-			return 0
-		}
-		i := int(p*float64(len(s)-1) + 0.5)
-		return s[i]
-	}
-	return Stat{Name: name, Unit: unit, N: len(s), Median: q(0.5), P95: q(0.95), Min: s[0], Max: s[len(s)-1], Note: note}
+// Settings are the knobs of one run, recorded in the report.
+type Settings struct {
+	N            int     `json:"n"`             // repetitions of each sequential measurement
+	Burst        int     `json:"burst"`         // concurrent creates in the burst
+	Rounds       int     `json:"rounds"`        // rounds of fork and snapshot (each is heavy)
+	PoolSize     int     `json:"pool_size"`     // of the server with a pool
+	DensityMax   int     `json:"density_max"`   // most sandboxes in the density run
+	DensityGiB   float64 `json:"density_gib"`   // PSS budget of the density run
+	DensitySlowX float64 `json:"density_slow_x"` // a create this many times slower than the first ends it
 }
 
 // Report is the JSON the benchmark writes.
 type Report struct {
-	Date    time.Time         `json:"date"`
-	Machine map[string]string `json:"machine"`
-	Results []Stat            `json:"results"`
+	Date           time.Time         `json:"date"`
+	Host           string            `json:"host"`
+	Command        string            `json:"command"`
+	Settings       Settings          `json:"settings"`
+	Machine        map[string]string `json:"machine"`
+	Results        []Stat            `json:"results"`
+	PoolHits       map[string]string `json:"pool_hits,omitempty"`
+	Density        *Density          `json:"density,omitempty"`
+	Errors         []string          `json:"errors,omitempty"`
+	ServerProblems []string          `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
+	DurationS      float64           `json:"duration_s"`
 }
 
 func main() {
-	n := flag.Int("n", 20, "repetitions per measurement")
-	quick := flag.Bool("quick", false, "few repetitions, for a smoke run")
-	out := flag.String("out", "bench/results", "directory for the JSON report")
+	n := flag.Int("n", 30, "repetitions of each sequential measurement")
+	quick := flag.Bool("quick", false, "a smoke run: 3 repetitions, small burst and density run")
+	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
+	burst := flag.Int("burst", 20, "concurrent creates in the burst")
+	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
 	flag.Parse()
+	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2}
 	if *quick {
-		*n = 3
+		set.N, set.Burst, set.Rounds, set.DensityMax = 3, 4, 2, 4
 	}
-	if err := run(*n, *out); err != nil {
+	if set.N < 1 || set.Burst < 1 || set.DensityMax < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -n, -burst and -density-max must be at least 1")
+		os.Exit(2)
+	}
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "bench:", errNotRoot)
+		os.Exit(1)
+	}
+	if _, err := os.Stat("bench/hostkernel.py"); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: run it from the repository's root (go run ./bench)")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, set, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n int, outDir string) error {
-	binDir, err := os.MkdirTemp("", "pandastack-bench-bin-")
+// bench holds one run: its two servers and what it measured so far.
+type bench struct {
+	set    Settings
+	pool   *server // --pool-size 2 (the default)
+	noPool *server // --pool-size 0: every code-interpreter create restores lazily
+	rep    *Report
+}
+
+func (b *bench) add(s Stat) {
+	b.rep.Results = append(b.rep.Results, s)
+	tgt := ""
+	if s.Target > 0 {
+		tgt = fmt.Sprintf("  target %g (%s)", s.Target, map[bool]string{true: "met", false: "MISSED"}[s.met()])
+	}
+	fmt.Fprintf(os.Stderr, "  %-52s median %9.2f %-4s p95 %9.2f  (n=%d)%s\n", s.Name, s.Median, s.Unit, s.P95, s.N, tgt)
+}
+
+func run(ctx context.Context, set Settings, outDir string) error {
+	began := time.Now()
+	host, _ := os.Hostname()
+	runsc := paths.FindRunsc(os.Getenv("PANDASTACK_RUNSC"), paths.CacheDir())
+	if runsc == "" {
+		return fmt.Errorf("runsc not found: run ./scripts/setup.sh first")
+	}
+	rep := &Report{Date: began.UTC(), Host: host, Command: strings.Join(os.Args, " "), Settings: set, Machine: machine(runsc), PoolHits: map[string]string{}}
+	rep.Machine["loadavg_start"] = loadAvg()
+	rep.Machine["mem_available_start"] = memAvailable()
+
+	fmt.Fprintln(os.Stderr, "building pandastack and the agent")
+	binDir, err := buildBinaries()
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(binDir)
-	build := exec.Command("go", "build", "-o", binDir, "./cmd/pandastack", "./cmd/pandastack-agent")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("build: %w", err)
-	}
-	dataDir, err := os.MkdirTemp("", "pandastack-bench-data-")
+	python, err := kernelPython()
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dataDir)
-	srv, err := startServer(binDir, dataDir)
+
+	fmt.Fprintf(os.Stderr, "starting a server with --pool-size %d (builds %s if missing, warms code-interpreter)\n", set.PoolSize, buildOnStart)
+	pool, err := startServer(ctx, "pool", binDir, runsc, set.PoolSize)
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
-	c := client.New(srv.url, srv.key)
-	ctx := context.Background()
-	runsc := paths.FindRunsc(os.Getenv("PANDASTACK_RUNSC"), paths.CacheDir())
-	rep := Report{Date: time.Now().UTC(), Machine: machine(runsc)}
-	add := func(s Stat) {
-		rep.Results = append(rep.Results, s)
-		fmt.Fprintf(os.Stderr, "  %-48s median %9.2f %-4s p95 %9.2f  (n=%d)\n", s.Name, s.Median, s.Unit, s.P95, s.N)
+	defer pool.stop()
+	if err := pool.waitWarm(ctx, "code-interpreter", 20*time.Minute); err != nil {
+		return err
 	}
-
-	fmt.Fprintln(os.Stderr, "cold create of a base sandbox to the first exec result")
-	var create []float64
-	for i := 0; i < n; i++ {
-		t0 := time.Now()
-		sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{})
-		if err != nil {
-			return err
-		}
-		if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"true"}}); err != nil {
-			return err
-		}
-		create = append(create, ms(time.Since(t0)))
-		c.KillSandbox(ctx, sb.ID)
-	}
-	add(summarize("create base → first exec", "ms", create, "cold boot: runsc run + agent hello"))
-
-	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{})
+	fmt.Fprintln(os.Stderr, "starting a server with --pool-size 0")
+	noPool, err := startServer(ctx, "no-pool", binDir, runsc, 0)
 	if err != nil {
 		return err
 	}
-	defer c.KillSandbox(ctx, sb.ID)
-	fmt.Fprintln(os.Stderr, "exec `true`: API round trip vs runsc exec, alternating")
-	var viaAPI, viaRunsc []float64
-	runscRoot := filepath.Join(dataDir, "runtime", "runsc")
-	for i := 0; i < n; i++ {
-		t0 := time.Now()
-		if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"true"}}); err != nil {
-			return err
-		}
-		viaAPI = append(viaAPI, ms(time.Since(t0)))
-		t0 = time.Now()
-		if out, err := exec.Command(runsc, "--root="+runscRoot, "exec", sb.ID, "/bin/true").CombinedOutput(); err != nil {
-			return fmt.Errorf("runsc exec: %v: %s", err, out)
-		}
-		viaRunsc = append(viaRunsc, ms(time.Since(t0)))
+	defer noPool.stop()
+	if err := noPool.waitWarm(ctx, "code-interpreter", 20*time.Minute); err != nil {
+		return err
 	}
-	a, b := summarize("exec true via API", "ms", viaAPI, ""), summarize("exec true via runsc exec", "ms", viaRunsc, "baseline")
-	add(a)
-	add(b)
-	ratios := make([]float64, n)
-	for i := range ratios {
-		ratios[i] = viaAPI[i] / viaRunsc[i]
-	}
-	add(summarize("exec ratio API / runsc exec (pairwise)", "x", ratios, "below 1 means the API is faster"))
-	fmt.Fprintf(os.Stderr, "  API exec is %.1f× faster than runsc exec\n", b.Median/a.Median)
+	rep.Machine["other_gvisor_sandboxes_at_start"] = fmt.Sprint(otherSandboxes(pool.runscRoot, noPool.runscRoot))
+	b := &bench{set: set, pool: pool, noPool: noPool, rep: rep}
 
-	fmt.Fprintln(os.Stderr, "idle memory per base sandbox (PSS of its host processes)")
-	var pss []float64
-	for i := 0; i < min(n, 5); i++ {
-		s2, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{})
-		if err != nil {
-			return err
-		}
-		time.Sleep(500 * time.Millisecond)
-		pss = append(pss, float64(sandboxPSS(runscRoot, s2.ID))/(1<<20))
-		c.KillSandbox(ctx, s2.ID)
+	sections := []struct {
+		title string
+		fn    func(context.Context) error
+	}{
+		{"cold create of a base sandbox → first exec", b.baseCreate},
+		{"create code-interpreter → first run_code(\"1+1\"), sequential, pool vs no pool alternating", b.sequentialCreates},
+		{"create code-interpreter → first run_code, concurrent burst", b.bursts},
+		{"run_code(\"1+1\"): API vs jupyter_client to a host ipykernel, alternating", func(ctx context.Context) error { return b.runCode(ctx, python) }},
+		{"exec `true`: API vs runsc exec, alternating", b.execTrue},
+		{"2 MB upload and download", b.files},
+		{"fork: each child answering run_code, 1/4/8 children", b.forks},
+		{"snapshot and restore: warm code-interpreter, and with a 100 MB DataFrame", b.snapshots},
+		{"idle memory per sandbox (PSS of its host processes)", b.idlePSS},
+		{"density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
 	}
-	add(summarize("idle base sandbox PSS", "MiB", pss, ""))
-
-	fmt.Fprintln(os.Stderr, "2 MB upload and download")
-	blob := make([]byte, 2<<20)
-	rand.Read(blob)
-	var up, down []float64
-	for i := 0; i < n; i++ {
-		t0 := time.Now()
-		if _, err := c.WriteFile(ctx, sb.ID, "blob.bin", bytes.NewReader(blob)); err != nil {
-			return err
+	for _, s := range sections {
+		if ctx.Err() != nil {
+			break
 		}
-		up = append(up, 2/time.Since(t0).Seconds())
-		t0 = time.Now()
-		rc, err := c.ReadFile(ctx, sb.ID, "blob.bin")
-		if err != nil {
-			return err
+		fmt.Fprintf(os.Stderr, "%s\n", s.title)
+		b.pool.settle(ctx, 30*time.Second)
+		if err := s.fn(ctx); err != nil {
+			msg := fmt.Sprintf("%s: %v", s.title, err)
+			rep.Errors = append(rep.Errors, msg)
+			fmt.Fprintln(os.Stderr, "  FAILED:", err)
 		}
-		io.Copy(io.Discard, rc)
-		rc.Close()
-		down = append(down, 2/time.Since(t0).Seconds())
 	}
-	add(summarize("upload 2 MB", "MB/s", up, ""))
-	add(summarize("download 2 MB", "MB/s", down, ""))
+	rep.Machine["loadavg_end"] = loadAvg()
+	rep.Machine["mem_available_end"] = memAvailable()
+	rep.ServerProblems = append(pool.log.problems(), noPool.log.problems()...)
+	if len(rep.ServerProblems) > 50 {
+		rep.ServerProblems = rep.ServerProblems[:50]
+	}
+	rep.DurationS = time.Since(began).Seconds()
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted; nothing written (cleaning up)")
+	}
 
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
-	host, _ := os.Hostname()
-	path := filepath.Join(outDir, fmt.Sprintf("%s-%s.json", rep.Date.Format("2006-01-02"), host))
-	b2, _ := json.MarshalIndent(rep, "", "  ")
-	if err := os.WriteFile(path, append(b2, '\n'), 0o644); err != nil {
+	base := filepath.Join(outDir, fmt.Sprintf("%s-%s", rep.Date.Format("2006-01-02"), host))
+	js, _ := json.MarshalIndent(rep, "", "  ")
+	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
 		return err
 	}
-	fmt.Fprintln(os.Stderr, "wrote", path)
+	fmt.Fprintln(os.Stderr, "wrote", base+".json")
+	chart := exec.Command(python, "bench/chart.py", base+".json", base+".png")
+	chart.Stdout, chart.Stderr = os.Stderr, os.Stderr
+	if err := chart.Run(); err != nil {
+		rep.Errors = append(rep.Errors, "chart: "+err.Error())
+		fmt.Fprintln(os.Stderr, "bench: drawing the chart failed:", err)
+	} else {
+		fmt.Fprintln(os.Stderr, "wrote", base+".png")
+	}
 	printTable(rep)
+	if len(rep.Errors) > 0 {
+		return fmt.Errorf("%d measurement(s) failed: %s", len(rep.Errors), strings.Join(rep.Errors, "; "))
+	}
 	return nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func printTable(rep Report) {
-	fmt.Printf("| measurement | median | p95 | n |\n| --- | --- | --- | --- |\n")
+func printTable(rep *Report) {
+	m := rep.Machine
+	fmt.Printf("Machine: %s cores (%s), %s RAM, kernel %s, runsc %s; load average %s at start, %s at end; %s other gVisor sandboxes running at start.\n\n",
+		m["cores"], m["cpu"], m["memory"], m["kernel"], m["runsc"], m["loadavg_start"], m["loadavg_end"], m["other_gvisor_sandboxes_at_start"])
+	fmt.Printf("| measurement | median | p95 | n | target |\n| --- | --- | --- | --- | --- |\n")
 	for _, s := range rep.Results {
-		fmt.Printf("| %s | %.2f %s | %.2f %s | %d |\n", s.Name, s.Median, s.Unit, s.P95, s.Unit, s.N)
+		tgt := ""
+		if s.Target > 0 {
+			tgt = fmt.Sprintf("p50 ≤ %g", s.Target)
+			if s.TargetP95 > 0 {
+				tgt += fmt.Sprintf(", p95 ≤ %g", s.TargetP95)
+			}
+			tgt += fmt.Sprintf(" (%s): %s", s.TargetSource, map[bool]string{true: "met", false: "**missed**"}[s.met()])
+		}
+		fmt.Printf("| %s | %s %s | %s %s | %d | %s |\n", s.Name, num(s.Median), s.Unit, num(s.P95), s.Unit, s.N, tgt)
 	}
-}
-
-// sandboxPSS sums the PSS of the host processes of a sandbox.
-func sandboxPSS(runscRoot, id string) int64 {
-	var total int64
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		cl, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !bytes.Contains(cl, []byte("--root="+runscRoot)) || !bytes.Contains(cl, []byte(id)) {
-			continue
-		}
-		sm, _ := os.ReadFile("/proc/" + e.Name() + "/smaps_rollup")
-		for _, l := range strings.Split(string(sm), "\n") {
-			if f := strings.Fields(l); len(f) >= 2 && f[0] == "Pss:" {
-				kb, _ := strconv.ParseInt(f[1], 10, 64)
-				total += kb << 10
+	if len(rep.PoolHits) > 0 {
+		fmt.Println()
+		for _, k := range []string{"sequential", "burst"} {
+			if v, ok := rep.PoolHits[k]; ok {
+				fmt.Printf("- Served from the pool, %s: %s\n", k, v)
 			}
 		}
 	}
-	return total
+	if d := rep.Density; d != nil {
+		fmt.Printf("- Density (server without pool): %d idle code-interpreter sandboxes, %.0f MiB PSS in all (%.0f MiB each); stopped because %s\n",
+			d.Count, d.TotalPSSMiB, d.TotalPSSMiB/float64(max(d.Count, 1)), d.StopReason)
+	}
+	for _, e := range rep.Errors {
+		fmt.Printf("- FAILED: %s\n", e)
+	}
 }
 
-func machine(runsc string) map[string]string {
-	m := map[string]string{"cores": strconv.Itoa(runtime.NumCPU()), "go": runtime.Version()}
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		m["memory"] = strings.TrimSpace(strings.TrimPrefix(strings.Split(string(b), "\n")[0], "MemTotal:"))
+// num prints a figure with sensible precision.
+func num(x float64) string {
+	switch {
+	case x >= 100:
+		return fmt.Sprintf("%.0f", x)
+	case x >= 10:
+		return fmt.Sprintf("%.1f", x)
+	default:
+		return fmt.Sprintf("%.2f", x)
 	}
-	var u syscall.Utsname
-	if syscall.Uname(&u) == nil {
-		m["kernel"] = utsString(u.Release[:])
-	}
-	m["runsc"] = paths.RunscVersion
-	if out, err := exec.Command(runsc, "--version").Output(); err == nil {
-		m["runsc_version"] = strings.SplitN(string(out), "\n", 2)[0]
-	}
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "model name") {
-				m["cpu"] = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
-				break
-			}
-		}
-	}
-	return m
-}
-
-func utsString(b []int8) string {
-	var s []byte
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		s = append(s, byte(c))
-	}
-	return string(s)
-}
-
-type server struct {
-	cmd      *exec.Cmd
-	url, key string
-}
-
-func startServer(binDir, dataDir string) (*server, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(filepath.Join(binDir, "pandastack"), "serve", "--listen", addr, "--data-dir", dataDir)
-	var logBuf bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logBuf, &logBuf
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	s := &server{cmd: cmd, url: "http://" + addr}
-	deadline := time.Now().Add(15 * time.Minute)
-	for {
-		if resp, err := http.Get(s.url + "/healthz"); err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) || cmd.Process.Signal(syscall.Signal(0)) != nil {
-			s.stop()
-			return nil, fmt.Errorf("server did not start:\n%s", logBuf.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	b, err := os.ReadFile(filepath.Join(dataDir, "api-key"))
-	if err != nil {
-		return nil, err
-	}
-	s.key = strings.TrimSpace(string(b))
-	return s, nil
-}
-
-func (s *server) stop() {
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	s.cmd.Wait()
 }

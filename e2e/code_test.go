@@ -96,6 +96,25 @@ func TestCodeContexts(t *testing.T) {
 			t.Fatalf("PNG: %d bytes, err %v", len(raw), err)
 		}
 	})
+	t.Run("plotly show gives Plotly JSON, HTML and a PNG", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "import plotly.express as px\npx.line(x=[1, 2, 3], y=[3, 1, 2]).show()", 180)
+		if ex.Error != nil {
+			t.Fatalf("plotly: %+v", ex.Error)
+		}
+		var found bool
+		for _, r := range ex.Results {
+			if r.Plotly != nil && strings.Contains(r.HTML, "<div") && r.PNG != "" {
+				raw, err := base64.StdEncoding.DecodeString(r.PNG)
+				if _, perr := png.Decode(bytes.NewReader(raw)); err != nil || perr != nil {
+					t.Fatalf("plotly PNG does not decode: %v %v", err, perr)
+				}
+				found = true
+			}
+		}
+		if !found {
+			t.Fatalf("no result with plotly JSON, HTML and PNG: %+v", ex.Results)
+		}
+	})
 	t.Run("exception", func(t *testing.T) {
 		ex := run(t, c, sb, cc, "def f():\n    raise ValueError('bad value')\nf()", 0)
 		if ex.Error == nil || ex.Error.Name != "ValueError" || ex.Error.Value != "bad value" ||

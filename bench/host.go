@@ -1,0 +1,135 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/pandastack/pandastack/internal/paths"
+)
+
+// sandboxPIDs maps each sandbox under the runsc root to its host processes
+// (runsc-sandbox, runsc-gofer, a runsc command in flight), found by their
+// command lines, which name the root and end with the sandbox id.
+func sandboxPIDs(runscRoot string) map[string][]int {
+	out := map[string][]int{}
+	ents, _ := os.ReadDir("/proc")
+	self := os.Getpid()
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !bytes.Contains(b, []byte("--root="+runscRoot+"\x00")) {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if id := args[len(args)-1]; strings.HasPrefix(id, "sbx_") {
+			out[id] = append(out[id], pid)
+		}
+	}
+	return out
+}
+
+// pss sums the proportional set size of processes, in bytes.
+func pss(pids []int) int64 {
+	var total int64
+	for _, p := range pids {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/smaps_rollup")
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "Pss:" {
+				kb, _ := strconv.ParseInt(f[1], 10, 64)
+				total += kb << 10
+			}
+		}
+	}
+	return total
+}
+
+// sandboxPSS is the host memory of one sandbox: PSS of all its processes.
+func sandboxPSS(runscRoot, id string) int64 { return pss(sandboxPIDs(runscRoot)[id]) }
+
+// otherSandboxes counts gVisor sandboxes on the host that are not under
+// the given roots: other users' load shares the CPU with the benchmark.
+func otherSandboxes(roots ...string) int {
+	n := 0
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !bytes.HasPrefix(b, []byte("runsc-sandbox\x00")) {
+			continue
+		}
+		ours := false
+		for _, r := range roots {
+			ours = ours || bytes.Contains(b, []byte("--root="+r+"\x00"))
+		}
+		if !ours {
+			n++
+		}
+	}
+	return n
+}
+
+func loadAvg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func memAvailable() string {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "MemAvailable:") {
+			return strings.TrimSpace(strings.TrimPrefix(l, "MemAvailable:"))
+		}
+	}
+	return ""
+}
+
+// machine describes the host the figures were measured on.
+func machine(runsc string) map[string]string {
+	m := map[string]string{"cores": strconv.Itoa(runtime.NumCPU()), "go": runtime.Version()}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		m["memory"] = strings.TrimSpace(strings.TrimPrefix(strings.Split(string(b), "\n")[0], "MemTotal:"))
+	}
+	var u syscall.Utsname
+	if syscall.Uname(&u) == nil {
+		m["kernel"] = utsString(u.Release[:])
+	}
+	m["runsc"] = paths.RunscVersion
+	m["runsc_path"] = runsc
+	if out, err := exec.Command(runsc, "--version").Output(); err == nil {
+		m["runsc_version"] = strings.SplitN(string(out), "\n", 2)[0]
+	}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				m["cpu"] = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	return m
+}
+
+func utsString(b []int8) string {
+	var s []byte
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	return string(s)
+}
