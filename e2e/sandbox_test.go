@@ -397,6 +397,12 @@ func TestTTLExpiry(t *testing.T) {
 	if list, _ := c.ListSandboxes(ctx, nil, ""); containsID(list, sb.ID) {
 		t.Fatal("expired sandbox still listed as running")
 	}
+	if list, err := c.ListSandboxes(ctx, nil, "stopped"); err != nil || !containsID(list, sb.ID) {
+		t.Fatalf("state=stopped does not list the expired sandbox: %v", err)
+	}
+	if _, err := c.ListSandboxes(ctx, nil, "bogus"); !client.IsCode(err, "invalid_request") {
+		t.Fatalf("state=bogus: %v", err)
+	}
 }
 
 func containsID(list []client.Sandbox, id string) bool {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up (see setup.sh) and runs the whole test suite: the Go
-# tests, which include end-to-end tests of the real binary with real gVisor
-# sandboxes. Under CI=true a missing prerequisite fails instead of skipping.
+# tests (which include end-to-end tests of the real binary with real gVisor
+# sandboxes), then the Python and TypeScript SDK suites against a real
+# server. Under CI=true a missing prerequisite fails instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -16,3 +17,7 @@ echo "==> go vet ./..." >&2
 go vet ./...
 echo "==> go test ./..." >&2
 go test -count=1 -timeout 45m ./...
+echo "==> Python SDK tests" >&2
+./scripts/test-python.sh
+echo "==> TypeScript SDK tests" >&2
+./scripts/test-typescript.sh

@@ -168,7 +168,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 				return
 			}
 			eb := errorJSON(err)
-			nd.send(streamEvent{Type: "error", Error: &eb})
+			nd.send(streamEvent{Type: "error", Error: &eb.Error})
 			return
 		}
 		nd.send(agentproto.CodeEvent{Type: "execution", Execution: normalize(&ex)})

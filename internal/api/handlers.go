@@ -58,10 +58,10 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 	q := r.URL.Query()
 	for k, vs := range q {
 		switch {
-		case k == "state":
 		case strings.HasPrefix(k, "metadata."):
 			f.Metadata[strings.TrimPrefix(k, "metadata.")] = vs[0]
-		case k == "state" && vs[0] != "":
+		case k == "state" && vs[0] == "":
+		case k == "state":
 			for _, v := range strings.Split(vs[0], ",") {
 				switch st := pandastack.SandboxState(v); st {
 				case pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused, pandastack.StateStopped:
@@ -240,13 +240,13 @@ func (b *capBuffer) String() string {
 
 // streamEvent is one NDJSON line of a streamed exec.
 type streamEvent struct {
-	Type       string     `json:"type"`
-	Data       string     `json:"data,omitempty"`
-	ExitCode   *int       `json:"exit_code,omitempty"`
-	Signal     string     `json:"signal,omitempty"`
-	TimedOut   *bool      `json:"timed_out,omitempty"`
-	DurationMS *int64     `json:"duration_ms,omitempty"`
-	Error      *errorBody `json:"error,omitempty"`
+	Type       string       `json:"type"`
+	Data       string       `json:"data,omitempty"`
+	ExitCode   *int         `json:"exit_code,omitempty"`
+	Signal     string       `json:"signal,omitempty"`
+	TimedOut   *bool        `json:"timed_out,omitempty"`
+	DurationMS *int64       `json:"duration_ms,omitempty"`
+	Error      *errorDetail `json:"error,omitempty"`
 }
 
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandbox.AgentClient, req agentproto.ExecRequest) {
@@ -267,7 +267,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandb
 			return
 		}
 		eb := errorJSON(err)
-		nd.send(streamEvent{Type: "error", Error: &eb})
+		nd.send(streamEvent{Type: "error", Error: &eb.Error})
 	}
 }
 

@@ -330,7 +330,7 @@ type plan struct {
 
 // launch records a new sandbox, boots or restores it, and says hello.
 func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ pandastack.Sandbox, err error) {
-	now := m.now().UTC()
+	now := m.now().UTC().Truncate(time.Millisecond) // what the store keeps, so every answer agrees
 	sb := pandastack.Sandbox{
 		ID: pandastack.NewID("sbx"), ProjectID: projectID, Template: p.template,
 		State: pandastack.StateStarting, Metadata: maps.Clone(p.metadata),
@@ -450,7 +450,7 @@ func (m *Manager) SetTTL(ctx context.Context, projectID, id string, seconds int6
 	if err != nil {
 		return sb, err
 	}
-	sb.ExpiresAt = m.now().UTC().Add(ttl)
+	sb.ExpiresAt = m.now().UTC().Add(ttl).Truncate(time.Millisecond)
 	if err := m.store.SetSandboxExpiry(ctx, id, sb.ExpiresAt); err != nil {
 		return sb, err
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/pandastack/pandastack"
 )
@@ -93,7 +94,7 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	defer m.release(id)
 	snap := pandastack.Snapshot{
 		ID: pandastack.NewID("snap"), ProjectID: projectID, SandboxID: id, Template: sb.Template,
-		Metadata: maps.Clone(metadata), CreatedAt: m.now().UTC(), CPU: sb.CPU, MemoryMB: sb.MemoryMB,
+		Metadata: maps.Clone(metadata), CreatedAt: m.now().UTC().Truncate(time.Millisecond), CPU: sb.CPU, MemoryMB: sb.MemoryMB,
 	}
 	if snap.Metadata == nil {
 		snap.Metadata = map[string]string{}

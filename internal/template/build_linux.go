@@ -427,7 +427,10 @@ find /usr/share/doc -mindepth 1 -type d -empty -delete
 rm -f /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/debconf/*-old /var/lib/dpkg/*-old
 mkdir -p /tmp /var/tmp
 find /tmp /var/tmp -mindepth 1 -delete
-chmod 1777 /tmp /var/tmp`
+chmod 1777 /tmp /var/tmp
+# The agent's mount point, so runsc never has to create it in the template.
+mkdir -p /.pandastack
+touch /.pandastack/agent`
 
 func (b *builder) writeFile(ctx context.Context, rootfs, path string, content []byte, mode FileMode) error {
 	return b.command(ctx, rootfs, bytes.NewReader(content), "/bin/sh", "-ec", writeFileScript, "sh", path, mode.String())

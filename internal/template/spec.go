@@ -28,7 +28,7 @@ import (
 // BuilderVersion is part of every spec's hash and of the debootstrap stage's
 // key. Bump it whenever the build recipe changes, so every template is
 // rebuilt with the new recipe.
-const BuilderVersion = "1"
+const BuilderVersion = "2"
 
 // Defaults applied to a spec's omitted fields.
 const (
