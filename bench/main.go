@@ -28,12 +28,12 @@ import (
 
 // Settings are the knobs of one run, recorded in the report.
 type Settings struct {
-	N            int     `json:"n"`             // repetitions of each sequential measurement
-	Burst        int     `json:"burst"`         // concurrent creates in the burst
-	Rounds       int     `json:"rounds"`        // rounds of fork and snapshot (each is heavy)
-	PoolSize     int     `json:"pool_size"`     // of the server with a pool
-	DensityMax   int     `json:"density_max"`   // most sandboxes in the density run
-	DensityGiB   float64 `json:"density_gib"`   // PSS budget of the density run
+	N            int     `json:"n"`              // repetitions of each sequential measurement
+	Burst        int     `json:"burst"`          // concurrent creates in the burst
+	Rounds       int     `json:"rounds"`         // rounds of fork and snapshot (each is heavy)
+	PoolSize     int     `json:"pool_size"`      // of the server with a pool
+	DensityMax   int     `json:"density_max"`    // most sandboxes in the density run
+	DensityGiB   float64 `json:"density_gib"`    // PSS budget of the density run
 	DensitySlowX float64 `json:"density_slow_x"` // a create this many times slower than the first ends it
 }
 

@@ -17,11 +17,14 @@ type Stat struct {
 	Max    float64 `json:"max"`
 	// Target is the goal for the median (and TargetP95 for the p95) from
 	// the issue named in TargetSource; zero when there is none.
-	Target       float64   `json:"target,omitempty"`
-	TargetP95    float64   `json:"target_p95,omitempty"`
-	TargetSource string    `json:"target_source,omitempty"`
-	Note         string    `json:"note,omitempty"`
-	Samples      []float64 `json:"samples"`
+	Target       float64 `json:"target,omitempty"`
+	TargetP95    float64 `json:"target_p95,omitempty"`
+	TargetSource string  `json:"target_source,omitempty"`
+	Note         string  `json:"note,omitempty"`
+	// HigherIsBetter marks rates (MB/s): their p95 is the slow tail, the
+	// value 95% of the runs reached or beat (the 5th percentile).
+	HigherIsBetter bool      `json:"higher_is_better,omitempty"`
+	Samples        []float64 `json:"samples"`
 }
 
 // summarize computes median and p95 by nearest rank, so both are values
@@ -35,6 +38,17 @@ func summarize(group, name, unit string, xs []float64, note string) Stat {
 	}
 	q := func(p float64) float64 { return s[int(math.Round(p*float64(len(s)-1)))] }
 	st.Median, st.P95, st.Min, st.Max = q(0.5), q(0.95), s[0], s[len(s)-1]
+	return st
+}
+
+// summarizeRate is summarize for figures where more is better.
+func summarizeRate(group, name, unit string, xs []float64, note string) Stat {
+	st := summarize(group, name, unit, xs, note)
+	if st.N > 0 {
+		s := append([]float64(nil), xs...)
+		sort.Float64s(s)
+		st.P95, st.HigherIsBetter = s[int(math.Round(0.05*float64(len(s)-1)))], true
+	}
 	return st
 }
 
