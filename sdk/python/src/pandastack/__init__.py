@@ -1,0 +1,89 @@
+"""PandaStack: run untrusted, AI-generated code in isolated sandboxes on
+your own server.
+
+Quick start (``PANDASTACK_API_KEY`` set, a server at ``PANDASTACK_API``)::
+
+    from pandastack import Sandbox
+
+    with Sandbox.create(template="code-interpreter") as sandbox:
+        ctx = sandbox.create_code_context()
+        ctx.run_code("x = 41")
+        print(ctx.run_code("x + 1").text)        # 42
+        print(sandbox.exec("uname -a").stdout)
+
+The asyncio API is the same with ``AsyncSandbox`` and ``await``.
+"""
+
+from ._version import __version__
+from .async_sandbox import AsyncCodeContext, AsyncFiles, AsyncSandbox
+from .client import DEFAULT_API_URL, Client
+from .exceptions import (
+    APIConnectionError,
+    AuthenticationError,
+    CommandNotFoundError,
+    ConfigurationError,
+    ConflictError,
+    InternalServerError,
+    InvalidRequestError,
+    MethodNotAllowedError,
+    NotFoundError,
+    PandaStackError,
+    PayloadTooLargeError,
+    SandboxError,
+    SandboxUnavailableError,
+    SnapshotCorruptError,
+    InsufficientStorageError,
+    StreamError,
+    TemplateNotBuiltError,
+    TimeoutError,
+)
+from .models import (
+    ExecResult,
+    Execution,
+    ExecutionError,
+    FileInfo,
+    Result,
+    SnapshotInfo,
+    TemplateInfo,
+)
+from .sandbox import CodeContext, Files, Sandbox
+
+__all__ = [
+    "__version__",
+    "DEFAULT_API_URL",
+    # sandboxes and code
+    "Client",
+    "Sandbox",
+    "CodeContext",
+    "Files",
+    "AsyncSandbox",
+    "AsyncCodeContext",
+    "AsyncFiles",
+    # data
+    "Execution",
+    "Result",
+    "ExecutionError",
+    "ExecResult",
+    "FileInfo",
+    "TemplateInfo",
+    "SnapshotInfo",
+    # errors
+    "PandaStackError",
+    "ConfigurationError",
+    "APIConnectionError",
+    "InvalidRequestError",
+    "CommandNotFoundError",
+    "AuthenticationError",
+    "NotFoundError",
+    "MethodNotAllowedError",
+    "ConflictError",
+    "TemplateNotBuiltError",
+    "PayloadTooLargeError",
+    "InternalServerError",
+    "SandboxError",
+    "SandboxUnavailableError",
+    "SnapshotCorruptError",
+    "InsufficientStorageError",
+    "TimeoutError",
+    "StreamError",
+]

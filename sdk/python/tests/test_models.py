@@ -1,0 +1,119 @@
+"""The SDK's own parsing of the API's JSON shapes (no server needed): the
+corner cases a live server rarely produces."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from pandastack import (
+    ConflictError,
+    Execution,
+    ExecutionError,
+    InternalServerError,
+    NotFoundError,
+    PandaStackError,
+    Result,
+    SandboxUnavailableError,
+    StreamError,
+    TemplateNotBuiltError,
+)
+from pandastack._base import CodeStreamParser, ExecStreamParser, create_body, exec_body
+from pandastack.exceptions import error_from_response
+from pandastack.models import parse_time
+
+
+def test_parse_time_nanoseconds_and_zone():
+    assert parse_time("2026-01-02T15:04:05.123456789Z") == datetime(2026, 1, 2, 15, 4, 5, 123456, tzinfo=timezone.utc)
+    assert parse_time("2026-01-02T15:04:05Z") == datetime(2026, 1, 2, 15, 4, 5, tzinfo=timezone.utc)
+    assert parse_time("2026-01-02T15:04:05.5+02:00").utcoffset().total_seconds() == 7200
+    assert parse_time(None) is None and parse_time("") is None
+
+
+def test_execution_error_str_names_the_exception():
+    tb = "Traceback (most recent call last):\n  File x, line 1\nValueError: bad"
+    assert str(ExecutionError("ValueError", "bad", tb)) == tb
+    # errors the server makes up may have no traceback, or one without the name
+    assert str(ExecutionError("TimeoutError", "ran past 2 s", "")) == "TimeoutError: ran past 2 s"
+    assert str(ExecutionError("KernelDied", "", "")) == "KernelDied"
+    s = str(ExecutionError("TimeoutError", "ran past 2 s", "  File x, line 3\n    time.sleep(60)\n"))
+    assert s.endswith("TimeoutError: ran past 2 s") and "time.sleep(60)" in s
+
+
+def test_execution_text_and_png_fall_back_to_results():
+    ex = Execution.from_dict({
+        "execution_count": 3, "stdout": "", "stderr": "", "error": None, "duration_ms": 5,
+        "results": [
+            {"is_main_result": False, "png": "AAA", "text": "<Figure>"},
+            {"is_main_result": True, "text": "42", "json": {"a": 1}, "extra": {"application/x-thing": "t"}},
+        ],
+    })
+    assert ex.text == "42" and ex.png == "AAA" and ex.execution_count == 3
+    assert ex.main_result.json == {"a": 1}
+    assert ex.main_result.formats() == ["text", "json", "application/x-thing"]
+    assert str(ex.results[1]) == "42"
+    empty = Execution.from_dict({"results": None, "error": None})
+    assert (empty.text, empty.png, empty.results, empty.stdout) == (None, None, [], "")
+
+
+def test_result_fields():
+    r = Result.from_dict({"is_main_result": True, "html": "<b>x</b>", "plotly": {"data": []}, "latex": "$x$"})
+    assert (r.html, r.plotly, r.latex, r.text) == ("<b>x</b>", {"data": []}, "$x$", None)
+    assert r._repr_html_() == "<b>x</b>"
+
+
+def test_errors_by_code_then_status():
+    assert type(error_from_response("template_not_built", "m", 409)) is TemplateNotBuiltError
+    assert isinstance(error_from_response("template_not_built", "m", 409), ConflictError)
+    assert type(error_from_response(None, "bad gateway", 502)) is InternalServerError
+    assert type(error_from_response(None, "m", 404)) is NotFoundError
+    e = error_from_response("brand_new_code", "m", 418)
+    assert type(e) is PandaStackError and e.code == "brand_new_code" and e.status == 418
+
+
+def test_code_stream_parser():
+    p = CodeStreamParser()
+    assert p.feed('{"type":"stdout","data":"a"}') == ("on_stdout", "a")
+    act = p.feed('{"type":"result","result":{"is_main_result":true,"text":"1"}}')
+    assert act[0] == "on_result" and act[1].text == "1"
+    assert p.feed('{"type":"something_new"}') is None
+    p.feed('{"type":"execution","execution":{"stdout":"a","error":{"name":"E","value":"v","traceback":""},"results":[]}}')
+    ex, owed = p.finish()
+    # the error was only in the final execution: on_error is still owed
+    assert ex.error.name == "E" and owed == [("on_error", ex.error)]
+
+
+def test_code_stream_parser_failures():
+    p = CodeStreamParser()
+    with pytest.raises(SandboxUnavailableError) as ei:
+        p.feed('{"type":"error","error":{"error":{"code":"sandbox_unavailable","message":"gone"}}}')
+    assert ei.value.code == "sandbox_unavailable" and ei.value.message == "gone"
+    with pytest.raises(StreamError):
+        CodeStreamParser().finish()
+    with pytest.raises(StreamError):
+        CodeStreamParser().feed("not json")
+
+
+def test_exec_stream_parser_flat_error_too():
+    p = ExecStreamParser()
+    p.feed('{"type":"stdout","data":"x"}')
+    with pytest.raises(SandboxUnavailableError):
+        p.feed('{"type":"error","error":{"code":"sandbox_unavailable","message":"gone"}}')
+    p = ExecStreamParser()
+    p.feed('{"type":"stderr","data":"e"}')
+    p.feed('{"type":"exit","exit_code":-1,"signal":"SIGKILL","timed_out":true,"duration_ms":7}')
+    r = p.finish()
+    assert (r.stderr, r.exit_code, r.signal, r.timed_out, r.duration_ms) == ("e", -1, "SIGKILL", True, 7)
+
+
+def test_request_bodies():
+    assert create_body("base", None, None, None, None, None, None) == {"template": "base"}
+    # a restore takes the snapshot's template
+    assert create_body("base", 60, {"a": 1}, None, "snap_x", None, None, True) == {
+        "snapshot_id": "snap_x", "ttl_seconds": 60, "metadata": {"a": "1"}, "auto_resume": True}
+    assert exec_body("ls", None, None, None, None) == {"cmd": "ls"}
+    assert exec_body(("ls", "-l"), 2, {"A": "b"}, "/tmp", b"in") == {
+        "argv": ["ls", "-l"], "timeout_seconds": 2.0, "env": {"A": "b"}, "cwd": "/tmp", "stdin": "in"}
+    with pytest.raises(ValueError):
+        exec_body([], None, None, None, None)

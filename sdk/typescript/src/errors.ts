@@ -1,0 +1,105 @@
+/**
+ * Errors thrown by the SDK. Every error the server answers with has the shape
+ * `{"error": {"code": "...", "message": "..."}}`; the SDK turns it into a
+ * `PandaStackError` (or one of its subclasses) carrying that stable `code` and
+ * the HTTP `status`. Switch on `instanceof` or on `.code`, never on the message.
+ *
+ * Note: a Python exception inside a code context is not thrown. It comes back
+ * as `execution.error` (an {@link ExecutionError} in code.ts), because for an
+ * agent a failing cell is a normal outcome it should read and fix.
+ */
+
+/** Base class of every error the SDK throws. */
+export class PandaStackError extends Error {
+  /**
+   * The server's stable error code (`not_found`, `conflict`, ...), or one of
+   * the SDK's own: `missing_api_key`, `connection_error`, `bad_response`,
+   * `stream_error`.
+   */
+  readonly code: string;
+  /** HTTP status of the answer; `undefined` when there was no answer. */
+  readonly status: number | undefined;
+
+  constructor(message: string, code: string, status?: number, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+    this.code = code;
+    this.status = status;
+  }
+}
+
+/** 401 `unauthorized`: the API key is missing, unknown or revoked. */
+export class AuthenticationError extends PandaStackError {}
+
+/** 404 `not_found`: no such sandbox, context, file, template or snapshot in your project. */
+export class NotFoundError extends PandaStackError {}
+
+/**
+ * 409 `conflict` or `template_not_built`: the target's state forbids the
+ * operation (a busy code context, a non-empty directory, a paused sandbox, a
+ * template this server has not built).
+ */
+export class ConflictError extends PandaStackError {}
+
+/** 400 `invalid_request` or `command_not_found`: the request itself is wrong. */
+export class InvalidRequestError extends PandaStackError {}
+
+/**
+ * 503 `sandbox_unavailable`: the sandbox is not running, its agent does not
+ * answer, or the server is shutting down.
+ */
+export class SandboxUnavailableError extends PandaStackError {}
+
+/** 504 `timeout`: an operation ran past its deadline on the server. */
+export class TimeoutError extends PandaStackError {}
+
+/** Builds the typed error for a server error code. */
+export function errorFromCode(code: string, message: string, status?: number): PandaStackError {
+  const text = `${message} (${code}${status ? `, HTTP ${status}` : ""})`;
+  switch (code) {
+    case "unauthorized":
+      return new AuthenticationError(text, code, status);
+    case "not_found":
+      return new NotFoundError(text, code, status);
+    case "conflict":
+    case "template_not_built":
+      return new ConflictError(text, code, status);
+    case "invalid_request":
+    case "command_not_found":
+      return new InvalidRequestError(text, code, status);
+    case "sandbox_unavailable":
+      return new SandboxUnavailableError(text, code, status);
+    case "timeout":
+      return new TimeoutError(text, code, status);
+    default:
+      return new PandaStackError(text, code, status);
+  }
+}
+
+/** Error codes implied by a status when a body carries no code (a proxy's page, say). */
+export function codeForStatus(status: number): string {
+  switch (status) {
+    case 400:
+      return "invalid_request";
+    case 401:
+      return "unauthorized";
+    case 404:
+      return "not_found";
+    case 405:
+      return "method_not_allowed";
+    case 409:
+      return "conflict";
+    case 413:
+      return "payload_too_large";
+    case 422:
+      return "snapshot_corrupt";
+    case 503:
+      return "sandbox_unavailable";
+    case 504:
+      return "timeout";
+    case 507:
+      return "insufficient_storage";
+    default:
+      return status >= 500 ? "internal" : "http_error";
+  }
+}

@@ -1,0 +1,112 @@
+/**
+ * Files inside a running sandbox. Paths are absolute, or relative to
+ * `/home/user`, the sandbox user's home and default working directory.
+ */
+
+import { NotFoundError } from "./errors.js";
+import type { HttpClient } from "./http.js";
+
+/** A file as the sandbox describes it. */
+export interface FileInfo {
+  /** Base name. */
+  name: string;
+  /** Absolute path inside the sandbox. */
+  path: string;
+  type: "file" | "dir" | "symlink" | "other";
+  /** Size in bytes. */
+  size: number;
+  /** Permission bits in octal, e.g. `0644`. */
+  mode: string;
+  modTime: Date;
+}
+
+/** What `files.write` accepts: text (written as UTF-8) or bytes. */
+export type FileData = string | Uint8Array | ArrayBuffer | Blob;
+
+/** @internal */
+export interface WireFileInfo {
+  name: string;
+  path: string;
+  type: FileInfo["type"];
+  size: number;
+  mode: string;
+  mod_time: string;
+}
+
+function toFileInfo(w: WireFileInfo): FileInfo {
+  return { name: w.name, path: w.path, type: w.type, size: w.size, mode: w.mode, modTime: new Date(w.mod_time) };
+}
+
+/** The files of one sandbox; reach it as `sandbox.files`. */
+export class Files {
+  readonly #http: HttpClient;
+  readonly #base: string;
+
+  /** @internal */
+  constructor(http: HttpClient, sandboxId: string) {
+    this.#http = http;
+    this.#base = `/v1/sandboxes/${encodeURIComponent(sandboxId)}/files`;
+  }
+
+  /**
+   * Writes a file, replacing an existing one atomically (its mode is kept;
+   * a new file gets 0644). Missing parent directories are created.
+   */
+  async write(path: string, data: FileData): Promise<FileInfo> {
+    const body = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    const w = await this.#http.json<WireFileInfo>("PUT", this.#base, {
+      query: { path },
+      body,
+      headers: { "Content-Type": "application/octet-stream" },
+    });
+    return toFileInfo(w);
+  }
+
+  /** Reads a regular file's bytes. */
+  async read(path: string): Promise<Uint8Array> {
+    const resp = await this.#http.fetch("GET", this.#base, { query: { path } });
+    return new Uint8Array(await resp.arrayBuffer());
+  }
+
+  /** Reads a regular file as UTF-8 text. */
+  async readText(path: string): Promise<string> {
+    return new TextDecoder().decode(await this.read(path));
+  }
+
+  /** Lists a directory's entries, sorted by name. */
+  async list(path = "/home/user"): Promise<FileInfo[]> {
+    const w = await this.#http.json<{ files: WireFileInfo[] | null }>("GET", `${this.#base}/list`, { query: { path } });
+    return (w.files ?? []).map(toFileInfo);
+  }
+
+  /** Describes a file; a symlink is described itself, not its target. */
+  async stat(path: string): Promise<FileInfo> {
+    return toFileInfo(await this.#http.json<WireFileInfo>("GET", `${this.#base}/stat`, { query: { path } }));
+  }
+
+  /** Whether something exists at `path`. */
+  async exists(path: string): Promise<boolean> {
+    try {
+      await this.stat(path);
+      return true;
+    } catch (err) {
+      if (err instanceof NotFoundError) return false;
+      throw err;
+    }
+  }
+
+  /**
+   * Deletes a file, a symlink or an empty directory. A non-empty directory
+   * needs `{ recursive: true }`, otherwise it is a `ConflictError`.
+   */
+  async remove(path: string, opts: { recursive?: boolean } = {}): Promise<void> {
+    await this.#http.empty("DELETE", this.#base, {
+      query: { path, recursive: opts.recursive ? "true" : undefined },
+    });
+  }
+
+  /** Creates a directory and any missing parents, like `mkdir -p`. */
+  async mkdir(path: string): Promise<FileInfo> {
+    return toFileInfo(await this.#http.json<WireFileInfo>("POST", `${this.#base}/mkdir`, { query: { path } }));
+  }
+}

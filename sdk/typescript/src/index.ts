@@ -1,0 +1,52 @@
+/**
+ * @pandastack/sdk — the TypeScript SDK of PandaStack, a self-hostable sandbox
+ * for AI agents. Configure it with PANDASTACK_API_KEY (required unless passed
+ * as `apiKey`) and PANDASTACK_API (default http://localhost:8080).
+ *
+ * @example
+ * ```ts
+ * import { Sandbox } from "@pandastack/sdk";
+ *
+ * const sandbox = await Sandbox.create({ template: "code-interpreter", ttlSeconds: 600 });
+ * const ctx = await sandbox.createCodeContext({ language: "python" });
+ * const ex = await ctx.runCode("import math; math.pi");
+ * console.log(ex.text); // 3.141592653589793
+ * await sandbox.kill();
+ * ```
+ *
+ * @packageDocumentation
+ */
+
+export {
+  Sandbox,
+  Snapshot,
+  type ExecOptions,
+  type ExecResult,
+  type ForkOptions,
+  type SandboxCreateOptions,
+  type SandboxInfo,
+  type SandboxListOptions,
+  type SandboxRunCodeOptions,
+  type SandboxState,
+  type SnapshotInfo,
+} from "./sandbox.js";
+export {
+  CodeContext,
+  ExecutionError,
+  type CreateCodeContextOptions,
+  type Execution,
+  type Language,
+  type Result,
+  type RunCodeOptions,
+} from "./code.js";
+export { Files, type FileData, type FileInfo } from "./files.js";
+export { DEFAULT_API_URL, type ConnectionOptions } from "./http.js";
+export {
+  AuthenticationError,
+  ConflictError,
+  InvalidRequestError,
+  NotFoundError,
+  PandaStackError,
+  SandboxUnavailableError,
+  TimeoutError,
+} from "./errors.js";

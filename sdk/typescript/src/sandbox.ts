@@ -1,0 +1,475 @@
+/**
+ * Sandboxes: create, connect, list, exec, files, code, snapshots, fork,
+ * pause/resume, kill.
+ */
+
+import {
+  CodeContext,
+  type CreateCodeContextOptions,
+  type Execution,
+  type Language,
+  type RunCodeOptions,
+  type WireContext,
+  runCode,
+} from "./code.js";
+import { PandaStackError } from "./errors.js";
+import { Files } from "./files.js";
+import { type ConnectionOptions, HttpClient, streamError } from "./http.js";
+
+/** `starting`, `running`, `paused` or `stopped` (more may come). */
+export type SandboxState = "starting" | "running" | "paused" | "stopped" | (string & {});
+
+/** A sandbox as the server describes it. */
+export interface SandboxInfo {
+  /** `sbx_` and 16 random characters. */
+  id: string;
+  /** Name of the template it was created from. */
+  template: string;
+  state: SandboxState;
+  /** Your labels; `{}` when none were given. */
+  metadata: Record<string, string>;
+  /** CPUs it may use. */
+  cpu: number;
+  /** Memory limit in MiB. */
+  memoryMb: number;
+  createdAt: Date;
+  /** When the server stops it unless `setTtl` extends it. */
+  expiresAt: Date;
+  /** Present once stopped. */
+  stoppedAt?: Date;
+  /** Present once stopped: `expired`, `killed`, `died`, `lost` or `start_failed`. */
+  stopReason?: string;
+}
+
+/** Options of `Sandbox.create`. Every field is optional. */
+export interface SandboxCreateOptions extends ConnectionOptions {
+  /**
+   * Name of a built template (see `pandastack template ls`). Default: the
+   * server's, `base`. Use `code-interpreter` for code contexts with
+   * IPython, pandas, matplotlib and plotly.
+   */
+  template?: string;
+  /** Seconds until the server stops it (server default 300, at most its --max-ttl). */
+  ttlSeconds?: number;
+  /** Labels to find it again with `Sandbox.list({ metadata })`. */
+  metadata?: Record<string, string>;
+  /** Environment variables of every command and kernel in it. */
+  env?: Record<string, string>;
+  /**
+   * Restore this snapshot (`snap_...`) instead of booting a template: the
+   * variables of every code context, files and installed packages come back.
+   * With a snapshot only `ttlSeconds`, `metadata` and `autoResume` apply.
+   */
+  snapshotId?: string;
+  /**
+   * While paused, any request resumes the sandbox instead of failing with a
+   * `ConflictError`. Default false.
+   */
+  autoResume?: boolean;
+  /** CPUs; default the template's. */
+  cpu?: number;
+  /** Memory limit in MiB; default the template's. */
+  memoryMb?: number;
+}
+
+/** Options of `Sandbox.list`. */
+export interface SandboxListOptions extends ConnectionOptions {
+  /** Only sandboxes whose metadata has every one of these pairs. */
+  metadata?: Record<string, string>;
+  /** States to include, or `all`. Default: starting and running ones. */
+  state?: SandboxState[] | "all";
+}
+
+/** Options of `sandbox.exec`. */
+export interface ExecOptions {
+  /** Seconds before the command's process tree is killed (server default 60). */
+  timeout?: number;
+  /** Environment variables added to the sandbox's for this command. */
+  env?: Record<string, string>;
+  /** Working directory; relative to `/home/user`, the default. It must exist. */
+  cwd?: string;
+  /** Text written to the command's standard input, which is then closed. */
+  stdin?: string;
+  /**
+   * Called with each chunk of standard output as it is produced. Giving
+   * either callback streams the command; callbacks run one at a time in the
+   * order output was produced (a returned promise is awaited), and nothing
+   * is truncated.
+   */
+  onStdout?: (data: string) => void | Promise<void>;
+  /** Called with each chunk of standard error as it is produced. */
+  onStderr?: (data: string) => void | Promise<void>;
+  /** Aborts the request, which kills the command. */
+  signal?: AbortSignal;
+}
+
+/** The outcome of a command. A non-zero exit or a timeout is not an error. */
+export interface ExecResult {
+  stdout: string;
+  stderr: string;
+  /** Exit status; -1 when a signal ended the command. */
+  exitCode: number;
+  /** Wall time from start to exit. */
+  durationMs: number;
+  /** True when `timeout` killed the command. */
+  timedOut: boolean;
+  /** Name of the signal that ended the command, if one did. */
+  signal?: string;
+  /** True when stdout went past the server's cap (4 MiB) and was cut; stream to get all. */
+  stdoutTruncated?: boolean;
+  /** True when stderr went past the server's cap and was cut. */
+  stderrTruncated?: boolean;
+}
+
+/** Options of `sandbox.runCode`. */
+export interface SandboxRunCodeOptions extends RunCodeOptions {
+  /** Language of the sandbox's default context to run in; default `python`. */
+  language?: Language;
+  /** Run in this context instead of the default one. */
+  context?: CodeContext | string;
+}
+
+/** A snapshot as the server describes it. */
+export interface SnapshotInfo {
+  /** `snap_...` */
+  id: string;
+  /** The sandbox it was taken of. */
+  sandboxId: string;
+  template: string;
+  /** Disk used by the snapshot's image. */
+  sizeBytes: number;
+  metadata: Record<string, string>;
+  createdAt: Date;
+  /** CPUs and memory (MiB) of sandboxes restored from it. */
+  cpu: number;
+  memoryMb: number;
+}
+
+/** Options of `sandbox.fork`. */
+export interface ForkOptions {
+  /** TTL of each child; default the server's default TTL. */
+  ttlSeconds?: number;
+  /** Metadata of each child; default the parent's. */
+  metadata?: Record<string, string>;
+}
+
+interface WireSandbox {
+  id: string;
+  template: string;
+  state: string;
+  metadata?: Record<string, string> | null;
+  cpu: number;
+  memory_mb: number;
+  created_at: string;
+  expires_at: string;
+  stopped_at?: string;
+  stop_reason?: string;
+}
+
+interface WireSnapshot {
+  id: string;
+  sandbox_id: string;
+  template: string;
+  size_bytes: number;
+  created_at: string;
+  metadata?: Record<string, string> | null;
+  cpu?: number;
+  memory_mb?: number;
+}
+
+function toInfo(w: WireSandbox): SandboxInfo {
+  const info: SandboxInfo = {
+    id: w.id,
+    template: w.template,
+    state: w.state,
+    metadata: w.metadata ?? {},
+    cpu: w.cpu,
+    memoryMb: w.memory_mb,
+    createdAt: new Date(w.created_at),
+    expiresAt: new Date(w.expires_at),
+  };
+  if (w.stopped_at) info.stoppedAt = new Date(w.stopped_at);
+  if (w.stop_reason) info.stopReason = w.stop_reason;
+  return info;
+}
+
+function toSnapshotInfo(w: WireSnapshot): SnapshotInfo {
+  return {
+    id: w.id,
+    sandboxId: w.sandbox_id,
+    template: w.template,
+    sizeBytes: w.size_bytes,
+    metadata: w.metadata ?? {},
+    createdAt: new Date(w.created_at),
+    cpu: w.cpu ?? 0,
+    memoryMb: w.memory_mb ?? 0,
+  };
+}
+
+/**
+ * An isolated gVisor sandbox on a PandaStack server. Make one with
+ * `Sandbox.create()`, or reattach with `Sandbox.connect(id)`. Its
+ * description fields (`state`, `expiresAt`, ...) are as of the last answer
+ * the SDK got about it; `getInfo()` refreshes them.
+ */
+export class Sandbox implements SandboxInfo {
+  readonly id: string;
+  template!: string;
+  state!: SandboxState;
+  metadata!: Record<string, string>;
+  cpu!: number;
+  memoryMb!: number;
+  createdAt!: Date;
+  expiresAt!: Date;
+  stoppedAt?: Date;
+  stopReason?: string;
+  /** The sandbox's files. */
+  readonly files: Files;
+  readonly #http: HttpClient;
+
+  private constructor(http: HttpClient, w: WireSandbox) {
+    this.#http = http;
+    this.id = w.id;
+    this.files = new Files(http, w.id);
+    this.#update(w);
+  }
+
+  #update(w: WireSandbox): void {
+    const info = toInfo(w);
+    this.template = info.template;
+    this.state = info.state;
+    this.metadata = info.metadata;
+    this.cpu = info.cpu;
+    this.memoryMb = info.memoryMb;
+    this.createdAt = info.createdAt;
+    this.expiresAt = info.expiresAt;
+    this.stoppedAt = info.stoppedAt;
+    this.stopReason = info.stopReason;
+  }
+
+  #path(sub = ""): string {
+    return `/v1/sandboxes/${encodeURIComponent(this.id)}${sub}`;
+  }
+
+  /**
+   * Creates a sandbox and resolves once it runs. Reads PANDASTACK_API_KEY and
+   * PANDASTACK_API unless `apiKey` / `apiUrl` are given.
+   */
+  static async create(opts: SandboxCreateOptions = {}): Promise<Sandbox> {
+    const http = HttpClient.resolve(opts);
+    const body: Record<string, unknown> = {};
+    if (opts.template !== undefined) body.template = opts.template;
+    if (opts.ttlSeconds !== undefined) body.ttl_seconds = opts.ttlSeconds;
+    if (opts.metadata !== undefined) body.metadata = opts.metadata;
+    if (opts.env !== undefined) body.env = opts.env;
+    if (opts.snapshotId !== undefined) body.snapshot_id = opts.snapshotId;
+    if (opts.cpu !== undefined) body.cpu = opts.cpu;
+    if (opts.memoryMb !== undefined) body.memory_mb = opts.memoryMb;
+    if (opts.autoResume !== undefined) body.auto_resume = opts.autoResume;
+    return new Sandbox(http, await http.json<WireSandbox>("POST", "/v1/sandboxes", { json: body }));
+  }
+
+  /** Reattaches to an existing sandbox by id; `NotFoundError` if there is none. */
+  static async connect(id: string, opts: ConnectionOptions = {}): Promise<Sandbox> {
+    const http = HttpClient.resolve(opts);
+    return new Sandbox(http, await http.json<WireSandbox>("GET", `/v1/sandboxes/${encodeURIComponent(id)}`));
+  }
+
+  /** Lists your project's sandboxes, optionally filtered by metadata and state. */
+  static async list(opts: SandboxListOptions = {}): Promise<Sandbox[]> {
+    const http = HttpClient.resolve(opts);
+    const query: Record<string, string> = {};
+    for (const [k, v] of Object.entries(opts.metadata ?? {})) query[`metadata.${k}`] = v;
+    if (opts.state !== undefined) query.state = opts.state === "all" ? "all" : opts.state.join(",");
+    const w = await http.json<{ sandboxes: WireSandbox[] | null }>("GET", "/v1/sandboxes", { query });
+    return (w.sandboxes ?? []).map((s) => new Sandbox(http, s));
+  }
+
+  /** Fetches the sandbox's current description (and updates this object). */
+  async getInfo(): Promise<SandboxInfo> {
+    const w = await this.#http.json<WireSandbox>("GET", this.#path());
+    this.#update(w);
+    return toInfo(w);
+  }
+
+  /** Makes the sandbox expire `seconds` from now (not from its creation). */
+  async setTtl(seconds: number): Promise<void> {
+    this.#update(await this.#http.json<WireSandbox>("PATCH", this.#path(), { json: { ttl_seconds: seconds } }));
+  }
+
+  /** Stops the sandbox and deletes it; a later `connect` is a `NotFoundError`. */
+  async kill(): Promise<void> {
+    await this.#http.empty("DELETE", this.#path());
+    this.state = "stopped";
+    this.stopReason = "killed";
+  }
+
+  /**
+   * Runs one command as the user `user`: a string runs through `bash -c`,
+   * an array runs that program with those arguments, without a shell.
+   * There is no state between calls; for a notebook-like kernel use
+   * `createCodeContext()`.
+   */
+  async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult> {
+    const body: Record<string, unknown> = typeof cmd === "string" ? { cmd } : { argv: cmd };
+    if (opts.timeout !== undefined) body.timeout_seconds = opts.timeout;
+    if (opts.env !== undefined) body.env = opts.env;
+    if (opts.cwd !== undefined) body.cwd = opts.cwd;
+    if (opts.stdin !== undefined) body.stdin = opts.stdin;
+    const path = this.#path("/exec");
+    if (!opts.onStdout && !opts.onStderr) {
+      const w = await this.#http.json<WireExecResult>("POST", path, { json: body, signal: opts.signal });
+      return toExecResult(w, w.stdout ?? "", w.stderr ?? "");
+    }
+    let stdout = "";
+    let stderr = "";
+    for await (const ev of this.#http.ndjson("POST", path, { json: body, signal: opts.signal })) {
+      switch (ev.type) {
+        case "stdout": {
+          const data = String(ev.data ?? "");
+          stdout += data;
+          await opts.onStdout?.(data);
+          break;
+        }
+        case "stderr": {
+          const data = String(ev.data ?? "");
+          stderr += data;
+          await opts.onStderr?.(data);
+          break;
+        }
+        case "exit":
+          return toExecResult(ev as WireExecResult, stdout, stderr);
+        case "error":
+          throw streamError(ev.error);
+        default:
+      }
+    }
+    throw new PandaStackError(`exec in ${this.id}: the stream ended without an exit event (cut off?)`, "stream_error");
+  }
+
+  /** Starts a code context: a persistent Jupyter kernel in this sandbox. */
+  async createCodeContext(opts: CreateCodeContextOptions = {}): Promise<CodeContext> {
+    const body: Record<string, unknown> = {};
+    if (opts.language !== undefined) body.language = opts.language;
+    if (opts.cwd !== undefined) body.cwd = opts.cwd;
+    if (opts.env !== undefined) body.env = opts.env;
+    const w = await this.#http.json<WireContext>("POST", this.#path("/contexts"), { json: body });
+    return new CodeContext(this.#http, this.id, w);
+  }
+
+  /** The sandbox's code contexts, including default ones `runCode` made. */
+  async listCodeContexts(): Promise<CodeContext[]> {
+    const w = await this.#http.json<{ contexts: WireContext[] | null }>("GET", this.#path("/contexts"));
+    return (w.contexts ?? []).map((c) => new CodeContext(this.#http, this.id, c));
+  }
+
+  /**
+   * Runs code in the sandbox's default context of `language` (created on
+   * first use and kept: state persists between calls), or in `context`.
+   */
+  runCode(code: string, opts: SandboxRunCodeOptions = {}): Promise<Execution> {
+    const body: Record<string, unknown> = { code };
+    if (opts.context !== undefined) {
+      body.context_id = typeof opts.context === "string" ? opts.context : opts.context.id;
+    } else if (opts.language !== undefined) {
+      body.language = opts.language;
+    }
+    return runCode(this.#http, this.#path("/run_code"), body, opts);
+  }
+
+  /**
+   * Snapshots the sandbox — memory, processes (kernels with their variables)
+   * and files — and returns the snapshot's id. The sandbox keeps running.
+   * `Sandbox.create({ snapshotId })` brings the state back. While an exec or
+   * a run is in progress this is a `ConflictError`: snapshots never wait.
+   */
+  async snapshot(opts: { metadata?: Record<string, string> } = {}): Promise<string> {
+    const w = await this.#http.json<WireSnapshot>("POST", this.#path("/snapshots"), {
+      json: opts.metadata ? { metadata: opts.metadata } : {},
+    });
+    return w.id;
+  }
+
+  /**
+   * Makes `count` independent copies of this sandbox as it is now (kernels
+   * and files included; 1 to the server's maximum, 16 by default); each
+   * lives on separately. Like `snapshot`, a `ConflictError` while an exec or
+   * a run is in progress.
+   */
+  async fork(count = 1, opts: ForkOptions = {}): Promise<Sandbox[]> {
+    const body: Record<string, unknown> = { count };
+    if (opts.ttlSeconds !== undefined) body.ttl_seconds = opts.ttlSeconds;
+    if (opts.metadata !== undefined) body.metadata = opts.metadata;
+    const w = await this.#http.json<{ sandboxes: WireSandbox[] | null }>("POST", this.#path("/fork"), { json: body });
+    return (w.sandboxes ?? []).map((s) => new Sandbox(this.#http, s));
+  }
+
+  /**
+   * Checkpoints the sandbox to disk and frees its memory and CPU (state
+   * `paused`). Its TTL keeps counting. Until `resume()`, requests to it are a
+   * `ConflictError`, unless it was created with `autoResume`.
+   */
+  async pause(): Promise<void> {
+    await this.#stateChange("/pause");
+  }
+
+  /** Brings a paused sandbox back with everything in place. */
+  async resume(): Promise<void> {
+    await this.#stateChange("/resume");
+  }
+
+  async #stateChange(sub: string): Promise<void> {
+    this.#update(await this.#http.json<WireSandbox>("POST", this.#path(sub)));
+  }
+}
+
+/** Snapshots of your project. Take one with `sandbox.snapshot()`. */
+export class Snapshot {
+  private constructor() {}
+
+  /** Lists snapshots, oldest first, optionally only those whose metadata has every given pair. */
+  static async list(opts: ConnectionOptions & { metadata?: Record<string, string> } = {}): Promise<SnapshotInfo[]> {
+    const http = HttpClient.resolve(opts);
+    const query: Record<string, string> = {};
+    for (const [k, v] of Object.entries(opts.metadata ?? {})) query[`metadata.${k}`] = v;
+    const w = await http.json<{ snapshots: WireSnapshot[] | null }>("GET", "/v1/snapshots", { query });
+    return (w.snapshots ?? []).map(toSnapshotInfo);
+  }
+
+  /** Describes one snapshot; `NotFoundError` if there is none. */
+  static async get(id: string, opts: ConnectionOptions = {}): Promise<SnapshotInfo> {
+    const http = HttpClient.resolve(opts);
+    return toSnapshotInfo(await http.json<WireSnapshot>("GET", `/v1/snapshots/${encodeURIComponent(id)}`));
+  }
+
+  /** Deletes a snapshot and its files. */
+  static async delete(id: string, opts: ConnectionOptions = {}): Promise<void> {
+    const http = HttpClient.resolve(opts);
+    await http.empty("DELETE", `/v1/snapshots/${encodeURIComponent(id)}`);
+  }
+}
+
+interface WireExecResult {
+  stdout?: string;
+  stderr?: string;
+  exit_code?: number;
+  signal?: string;
+  duration_ms?: number;
+  timed_out?: boolean;
+  stdout_truncated?: boolean;
+  stderr_truncated?: boolean;
+}
+
+function toExecResult(w: WireExecResult, stdout: string, stderr: string): ExecResult {
+  const r: ExecResult = {
+    stdout,
+    stderr,
+    exitCode: w.exit_code ?? 0,
+    durationMs: w.duration_ms ?? 0,
+    timedOut: Boolean(w.timed_out),
+  };
+  if (w.signal) r.signal = w.signal;
+  if (w.stdout_truncated) r.stdoutTruncated = true;
+  if (w.stderr_truncated) r.stderrTruncated = true;
+  return r;
+}

@@ -1,0 +1,359 @@
+/**
+ * Sandboxes, exec, files and errors against the real server, with the base
+ * template (the cheapest to boot).
+ */
+
+import assert from "node:assert/strict";
+import { createServer } from "node:net";
+import { test } from "node:test";
+import {
+  AuthenticationError,
+  ConflictError,
+  InvalidRequestError,
+  NotFoundError,
+  PandaStackError,
+  Sandbox,
+  SandboxUnavailableError,
+  type SandboxState,
+} from "@pandastack/sdk";
+import { haveServer, newSandbox } from "./helpers.js";
+
+/** Runs fn with an environment variable unset, restoring it afterwards. */
+async function withoutEnv<T>(name: string, fn: () => Promise<T>): Promise<T> {
+  const saved = process.env[name];
+  delete process.env[name];
+  try {
+    return await fn();
+  } finally {
+    if (saved !== undefined) process.env[name] = saved;
+  }
+}
+
+test("a missing API key is a clear error naming PANDASTACK_API_KEY", async () => {
+  await withoutEnv("PANDASTACK_API_KEY", async () => {
+    for (const call of [() => Sandbox.create(), () => Sandbox.connect("sbx_x"), () => Sandbox.list()]) {
+      await assert.rejects(call, (err: unknown) => {
+        assert.ok(err instanceof AuthenticationError, `got ${String(err)}`);
+        assert.ok(err instanceof PandaStackError);
+        assert.equal(err.code, "missing_api_key");
+        assert.equal(err.status, undefined);
+        assert.match(err.message, /PANDASTACK_API_KEY/);
+        return true;
+      });
+    }
+  });
+});
+
+test("an unreachable server is a connection_error naming the URL", async () => {
+  // A port that was free a moment ago: nothing listens there.
+  const port = await new Promise<number>((ok) => {
+    const s = createServer().listen(0, "127.0.0.1", () => {
+      const p = (s.address() as { port: number }).port;
+      s.close(() => ok(p));
+    });
+  });
+  const apiUrl = `http://127.0.0.1:${port}`;
+  await assert.rejects(Sandbox.list({ apiKey: "pds_whatever", apiUrl }), (err: unknown) => {
+    assert.ok(err instanceof PandaStackError, `got ${String(err)}`);
+    assert.equal(err.code, "connection_error");
+    assert.ok(err.message.includes(apiUrl), err.message);
+    return true;
+  });
+});
+
+test("sandbox lifecycle", async (t) => {
+  if (!haveServer(t)) return;
+  const tag = `life-${process.pid}-${Date.now()}`;
+  const sb = await newSandbox(t, { ttlSeconds: 120, metadata: { tag }, env: { GREETING: "hi from env" } });
+
+  await t.test("create returns a running sandbox with camelCase fields", () => {
+    assert.match(sb.id, /^sbx_[a-z2-7]{16}$/);
+    assert.equal(sb.state, "running");
+    assert.equal(sb.template, "base");
+    assert.deepEqual(sb.metadata, { suite: "ts-sdk", tag });
+    assert.ok(sb.cpu >= 1);
+    assert.ok(sb.memoryMb >= 64);
+    assert.ok(sb.createdAt instanceof Date && !Number.isNaN(sb.createdAt.getTime()));
+    const ttl = (sb.expiresAt.getTime() - sb.createdAt.getTime()) / 1000;
+    assert.ok(ttl > 100 && ttl <= 121, `ttl ${ttl}`);
+  });
+
+  await t.test("env given at create reaches commands", async () => {
+    const r = await sb.exec("echo $GREETING");
+    assert.equal(r.stdout, "hi from env\n");
+  });
+
+  await t.test("connect finds it by id", async () => {
+    const again = await Sandbox.connect(sb.id);
+    assert.equal(again.id, sb.id);
+    assert.equal(again.state, "running");
+    assert.equal((await again.exec("echo same")).stdout, "same\n");
+  });
+
+  await t.test("list filters by metadata", async () => {
+    const found = await Sandbox.list({ metadata: { tag } });
+    assert.deepEqual(
+      found.map((s) => s.id),
+      [sb.id],
+    );
+    assert.deepEqual(await Sandbox.list({ metadata: { tag: "no-such-tag" } }), []);
+  });
+
+  await t.test("setTtl moves expiresAt", async () => {
+    const before = sb.expiresAt.getTime();
+    await sb.setTtl(1800);
+    const left = (sb.expiresAt.getTime() - Date.now()) / 1000;
+    assert.ok(left > 1700 && left <= 1800, `expires in ${left}s`);
+    assert.ok(sb.expiresAt.getTime() > before);
+    const info = await sb.getInfo();
+    assert.equal(info.expiresAt.getTime(), sb.expiresAt.getTime());
+  });
+
+  await t.test(
+    "list filters by state",
+    async () => {
+      const ids = async (state: SandboxState[] | "all") =>
+        (await Sandbox.list({ metadata: { tag }, state })).map((s) => s.id);
+      assert.deepEqual(await ids(["running"]), [sb.id]);
+      assert.deepEqual(await ids("all"), [sb.id]);
+      assert.deepEqual(await ids(["stopped"]), [], "state=stopped listed a running sandbox");
+    },
+  );
+
+  await t.test("kill deletes it", async () => {
+    await sb.kill();
+    await assert.rejects(Sandbox.connect(sb.id), NotFoundError);
+    await assert.rejects(sb.exec("true"), NotFoundError);
+    assert.deepEqual(await Sandbox.list({ metadata: { tag } }), []);
+  });
+});
+
+test("exec", async (t) => {
+  if (!haveServer(t)) return;
+  const sb = await newSandbox(t);
+
+  await t.test("a shell string", async () => {
+    const r = await sb.exec("echo out; echo err >&2; exit 3");
+    assert.equal(r.stdout, "out\n");
+    assert.equal(r.stderr, "err\n");
+    assert.equal(r.exitCode, 3);
+    assert.equal(r.timedOut, false);
+    assert.equal(typeof r.durationMs, "number");
+  });
+
+  await t.test("an argv array runs without a shell", async () => {
+    const r = await sb.exec(["printf", "%s|", "a b", "$HOME", "c"]);
+    assert.equal(r.stdout, "a b|$HOME|c|");
+    assert.equal(r.exitCode, 0);
+  });
+
+  await t.test("runs as user in /home/user; env, cwd and stdin apply", async () => {
+    assert.equal((await sb.exec("id -un; pwd")).stdout, "user\n/home/user\n");
+    const r = await sb.exec("echo $A-$B; pwd; cat", { env: { A: "1", B: "two" }, cwd: "/tmp", stdin: "piped\n" });
+    assert.equal(r.stdout, "1-two\n/tmp\npiped\n");
+  });
+
+  await t.test("a timeout kills the command and says so", async () => {
+    const r = await sb.exec("echo started; sleep 30", { timeout: 1 });
+    assert.equal(r.timedOut, true);
+    assert.equal(r.stdout, "started\n");
+    assert.ok(r.durationMs < 10_000, `took ${r.durationMs} ms`);
+  });
+
+  await t.test("streaming callbacks arrive in order, as output happens", async () => {
+    const events: string[] = [];
+    const seenAt: number[] = [];
+    const start = Date.now();
+    const r = await sb.exec("for i in 1 2 3; do echo out$i; sleep 0.2; echo err$i >&2; sleep 0.2; done; echo done", {
+      onStdout: (d) => {
+        events.push(`out:${d}`);
+        seenAt.push(Date.now() - start);
+      },
+      onStderr: (d) => {
+        events.push(`err:${d}`);
+      },
+    });
+    assert.equal(r.exitCode, 0);
+    assert.equal(r.stdout, "out1\nout2\nout3\ndone\n");
+    assert.equal(r.stderr, "err1\nerr2\nerr3\n");
+    // The order the command wrote in (200 ms apart), across both streams.
+    assert.deepEqual(
+      events.map((e) => e.trim()),
+      ["out:out1", "err:err1", "out:out2", "err:err2", "out:out3", "err:err3", "out:done"],
+    );
+    // The first chunk arrived well before the command ended: it streamed.
+    const total = Date.now() - start;
+    assert.ok(seenAt[0]! < total - 700, `first chunk at ${seenAt[0]} ms of ${total} ms`);
+  });
+
+  await t.test("async callbacks are awaited one at a time", async () => {
+    const seen: string[] = [];
+    let busy = false;
+    await sb.exec("for i in 1 2 3 4 5; do echo $i; done", {
+      onStdout: async (d) => {
+        assert.equal(busy, false, "a callback started before the previous one finished");
+        busy = true;
+        await new Promise((r) => setTimeout(r, 20));
+        seen.push(d);
+        busy = false;
+      },
+    });
+    assert.equal(seen.join(""), "1\n2\n3\n4\n5\n");
+  });
+
+  await t.test("a streamed command's timeout and exit code come back", async () => {
+    const r = await sb.exec("echo a; sleep 10", { timeout: 0.5, onStdout: () => {} });
+    assert.equal(r.timedOut, true);
+    assert.equal(r.stdout, "a\n");
+    const r2 = await sb.exec("exit 7", { onStdout: () => {} });
+    assert.equal(r2.exitCode, 7);
+  });
+
+  await t.test("a sandbox dying mid-stream throws SandboxUnavailableError", async () => {
+    const doomed = await newSandbox(t);
+    const chunks: string[] = [];
+    let started!: () => void;
+    const first = new Promise<void>((r) => (started = r));
+    const run = doomed.exec("echo first; sleep 20; echo never", {
+      onStdout: (d) => {
+        chunks.push(d);
+        started();
+      },
+    });
+    await Promise.race([first, run]); // also observes run, so its rejection is handled
+    await doomed.kill();
+    await assert.rejects(run, (err: unknown) => {
+      assert.ok(err instanceof SandboxUnavailableError, String(err));
+      assert.equal(err.code, "sandbox_unavailable");
+      assert.match(err.message, new RegExp(doomed.id));
+      return true;
+    });
+    assert.deepEqual(chunks, ["first\n"]);
+  });
+
+  await t.test("aborting the signal rejects with AbortError and kills the command", async () => {
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(), 300);
+    await assert.rejects(sb.exec("sleep 2; touch /tmp/should-not-exist", { signal: ac.signal }), { name: "AbortError" });
+    await new Promise((r) => setTimeout(r, 2500));
+    assert.equal(await sb.files.exists("/tmp/should-not-exist"), false, "the command outlived its request");
+  });
+
+  await t.test("a missing program is an InvalidRequestError with code command_not_found", async () => {
+    await assert.rejects(sb.exec(["no-such-program-xyz"]), (err: unknown) => {
+      assert.ok(err instanceof InvalidRequestError, String(err));
+      assert.equal(err.code, "command_not_found");
+      assert.equal(err.status, 400);
+      return true;
+    });
+  });
+});
+
+test("files", async (t) => {
+  if (!haveServer(t)) return;
+  const sb = await newSandbox(t);
+
+  await t.test("write text, read it back as bytes and text", async () => {
+    const text = "héllo, wörld ✓\nline 2\n";
+    const info = await sb.files.write("notes/hello.txt", text);
+    assert.equal(info.path, "/home/user/notes/hello.txt");
+    assert.equal(info.name, "hello.txt");
+    assert.equal(info.type, "file");
+    assert.equal(info.size, Buffer.byteLength(text));
+    assert.equal(info.mode, "0644");
+    assert.ok(info.modTime instanceof Date);
+    assert.equal(await sb.files.readText("/home/user/notes/hello.txt"), text);
+    assert.deepEqual(Buffer.from(await sb.files.read("notes/hello.txt")), Buffer.from(text));
+    // And the sandbox sees the same file.
+    assert.equal((await sb.exec("cat notes/hello.txt")).stdout, text);
+  });
+
+  await t.test("binary data round-trips exactly", async () => {
+    const data = new Uint8Array(300_000);
+    for (let i = 0; i < data.length; i++) data[i] = (i * 7 + (i >> 8)) & 0xff;
+    await sb.files.write("/tmp/blob.bin", data);
+    const back = await sb.files.read("/tmp/blob.bin");
+    assert.equal(back.length, data.length);
+    assert.deepEqual(Buffer.from(back), Buffer.from(data));
+    const sum = (await sb.exec("sha256sum /tmp/blob.bin | cut -d' ' -f1")).stdout.trim();
+    const { createHash } = await import("node:crypto");
+    assert.equal(sum, createHash("sha256").update(data).digest("hex"));
+  });
+
+  await t.test("mkdir, list, stat, exists", async () => {
+    const dir = await sb.files.mkdir("work/a/b");
+    assert.equal(dir.type, "dir");
+    assert.equal(dir.path, "/home/user/work/a/b");
+    await sb.files.write("work/z.txt", "z");
+    await sb.files.write("work/m.txt", "mm");
+    const names = (await sb.files.list("work")).map((f) => `${f.name}:${f.type}`);
+    assert.deepEqual(names, ["a:dir", "m.txt:file", "z.txt:file"]);
+    const st = await sb.files.stat("work/m.txt");
+    assert.equal(st.size, 2);
+    assert.equal(await sb.files.exists("work/m.txt"), true);
+    assert.equal(await sb.files.exists("work/nope.txt"), false);
+    assert.ok((await sb.files.list()).some((f) => f.name === "work"), "home directory listing");
+  });
+
+  await t.test("remove a file; a non-empty directory needs recursive", async () => {
+    await sb.files.remove("work/z.txt");
+    assert.equal(await sb.files.exists("work/z.txt"), false);
+    await assert.rejects(sb.files.remove("work"), (err: unknown) => {
+      assert.ok(err instanceof ConflictError, String(err));
+      assert.equal(err.status, 409);
+      return true;
+    });
+    await sb.files.remove("work", { recursive: true });
+    assert.equal(await sb.files.exists("work"), false);
+  });
+
+  await t.test("a missing file is a NotFoundError", async () => {
+    await assert.rejects(sb.files.read("/no/such/file"), (err: unknown) => {
+      assert.ok(err instanceof NotFoundError, String(err));
+      assert.equal(err.code, "not_found");
+      assert.equal(err.status, 404);
+      return true;
+    });
+    await assert.rejects(sb.files.stat("nope"), NotFoundError);
+  });
+});
+
+test("typed errors carry the server's code and status", async (t) => {
+  if (!haveServer(t)) return;
+
+  await t.test("unknown sandbox: NotFoundError", async () => {
+    await assert.rejects(Sandbox.connect("sbx_aaaaaaaaaaaaaaaa"), (err: unknown) => {
+      assert.ok(err instanceof NotFoundError, String(err));
+      assert.equal(err.code, "not_found");
+      assert.equal(err.status, 404);
+      assert.match(err.message, /sbx_aaaaaaaaaaaaaaaa/);
+      return true;
+    });
+  });
+
+  await t.test("wrong key: AuthenticationError", async () => {
+    await assert.rejects(Sandbox.list({ apiKey: "pds_00000000000000000000000000000000" }), (err: unknown) => {
+      assert.ok(err instanceof AuthenticationError, String(err));
+      assert.equal(err.code, "unauthorized");
+      assert.equal(err.status, 401);
+      return true;
+    });
+  });
+
+  await t.test("out-of-range ttl: InvalidRequestError", async () => {
+    await assert.rejects(Sandbox.create({ ttlSeconds: 10_000_000 }), (err: unknown) => {
+      assert.ok(err instanceof InvalidRequestError, String(err));
+      assert.equal(err.code, "invalid_request");
+      assert.equal(err.status, 400);
+      return true;
+    });
+  });
+
+  await t.test("unknown template: NotFoundError", async () => {
+    await assert.rejects(Sandbox.create({ template: "no-such-template" }), (err: unknown) => {
+      assert.ok(err instanceof PandaStackError, String(err));
+      assert.ok(err instanceof NotFoundError, `${err.name} ${err.code}`);
+      return true;
+    });
+  });
+});
