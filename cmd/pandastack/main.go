@@ -47,10 +47,11 @@ Usage:
   pandastack sandbox ls                    list sandboxes
   pandastack sandbox exec ID -- CMD...     run a command in a sandbox
   pandastack sandbox kill ID               kill a sandbox
+  pandastack mcp [flags]                   serve MCP tools on stdio (run code, exec, files, snapshots)
   pandastack version
 
 Run "pandastack serve -h" for the server's flags and their PANDASTACK_* variables.
-The sandbox verbs read PANDASTACK_API (default http://localhost:8080) and
+The sandbox and mcp verbs read PANDASTACK_API (default http://localhost:8080) and
 PANDASTACK_API_KEY (default: the key file in the data directory).
 `
 
@@ -69,6 +70,8 @@ func main() {
 		err = templates(args)
 	case "sandbox", "sandboxes", "sbx":
 		err = sandboxCmd(args)
+	case "mcp":
+		err = mcpCmd(args)
 	case "version", "--version":
 		fmt.Println("pandastack", version)
 	case "help", "-h", "--help":
@@ -283,9 +286,30 @@ func (t *templateSource) warmDir(spec template.Spec) string {
 	return filepath.Join(t.cacheDir, "warm", spec.Name+"-"+spec.Hash()[:16]+"-"+t.agentHash[:16])
 }
 
+// removeStaleWarm deletes warm snapshots of other template or agent builds
+// that nobody touched for a day: every rebuild of either leaves one behind,
+// and another server sharing the cache may still restore a recent one.
+func (t *templateSource) removeStaleWarm(log *slog.Logger) {
+	current := map[string]bool{}
+	for _, spec := range t.reg.List() {
+		current[filepath.Base(t.warmDir(spec))] = true
+	}
+	ents, _ := os.ReadDir(filepath.Join(t.cacheDir, "warm"))
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil || current[e.Name()] || time.Since(info.ModTime()) < 24*time.Hour {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(t.cacheDir, "warm", e.Name())); err == nil {
+			log.Info("removed a stale warm template snapshot", "dir", e.Name())
+		}
+	}
+}
+
 // warmTemplates makes the warm snapshot of every built template that has
 // warm-up code and none yet. Until it is done, creates boot cold.
 func warmTemplates(ctx context.Context, mgr *sandbox.Manager, t *templateSource, poolSize int, log *slog.Logger) {
+	t.removeStaleWarm(log)
 	for _, spec := range t.reg.List() {
 		if spec.Warmup == "" {
 			continue

@@ -1,0 +1,106 @@
+package mcpserver
+
+import (
+	"bytes"
+	"encoding/base64"
+	"image"
+	"image/color"
+	"image/png"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+func pngBase64(t *testing.T) (string, []byte) {
+	t.Helper()
+	img := image.NewGray(image.Rect(0, 0, 4, 3))
+	img.Set(1, 1, color.White)
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(b.Bytes()), b.Bytes()
+}
+
+func TestExecutionResult(t *testing.T) {
+	b64, raw := pngBase64(t)
+	// Jupyter may break base64 into lines; the image must survive that.
+	wrapped := b64[:10] + "\n" + b64[10:] + "\n"
+	ex := &client.Execution{
+		Stdout: "hi\n",
+		Stderr: "careful\n",
+		Results: []client.Result{
+			{Text: "<Figure size 640x480 with 1 Axes>", PNG: wrapped},
+			{Text: "<Figure size 640x480 with 1 Axes>", PNG: b64},
+			{IsMainResult: true, Text: "42"},
+		},
+	}
+	res := executionResult(ex)
+	if res.IsError {
+		t.Fatal("isError without an error")
+	}
+	if len(res.Content) != 3 {
+		t.Fatalf("want text + 2 images, got %d blocks", len(res.Content))
+	}
+	txt := res.Content[0].(*mcp.TextContent).Text
+	want := "hi\n\n[stderr]\ncareful\n\n[chart] image/png attached as image 1\n\n[chart] image/png attached as image 2\n\n[result] 42"
+	if txt != want {
+		t.Fatalf("text\n%q\nwant\n%q", txt, want)
+	}
+	for _, c := range res.Content[1:] {
+		img := c.(*mcp.ImageContent)
+		if img.MIMEType != "image/png" || !bytes.Equal(img.Data, raw) {
+			t.Fatalf("image %s %d bytes, want the PNG's %d", img.MIMEType, len(img.Data), len(raw))
+		}
+	}
+}
+
+func TestExecutionResultError(t *testing.T) {
+	for _, e := range []client.ExecutionError{
+		{Name: "NameError", Value: "name 'y' is not defined", Traceback: "Cell In[2], line 1\n----> 1 y\nNameError: name 'y' is not defined"},
+		{Name: "TimeoutError", Value: "execution exceeded the 1 s timeout"},
+		{Name: "KernelDied", Value: "the kernel exited"},
+	} {
+		res := executionResult(&client.Execution{Stdout: "partial\n", Error: &e})
+		txt := res.Content[0].(*mcp.TextContent).Text
+		if !res.IsError || !strings.HasPrefix(txt, "ERROR: "+e.Name+": "+e.Value) || !strings.Contains(txt, e.Traceback) || !strings.HasSuffix(txt, "[stdout]\npartial") {
+			t.Errorf("%s: isError %v, text:\n%s", e.Name, res.IsError, txt)
+		}
+	}
+}
+
+func TestExecutionResultEmptyAndBadImage(t *testing.T) {
+	if txt := executionResult(&client.Execution{}).Content[0].(*mcp.TextContent).Text; txt != "(no output)" {
+		t.Errorf("empty run: %q", txt)
+	}
+	res := executionResult(&client.Execution{Results: []client.Result{{PNG: "not base64!"}}})
+	if len(res.Content) != 1 || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "not attached") {
+		t.Errorf("bad PNG: %d blocks", len(res.Content))
+	}
+}
+
+func TestExecResult(t *testing.T) {
+	res := execResult(&client.ExecResult{Stdout: "a\n", ExitCode: 0})
+	if txt := res.Content[0].(*mcp.TextContent).Text; res.IsError || txt != "exit code 0\n\n[stdout]\na" {
+		t.Errorf("exit 0: isError %v, %q", res.IsError, txt)
+	}
+	res = execResult(&client.ExecResult{Stderr: "boom", ExitCode: 2, StderrTruncated: true})
+	if txt := res.Content[0].(*mcp.TextContent).Text; !res.IsError || txt != "exit code 2\n\n[stderr]\nboom\n(stderr truncated)" {
+		t.Errorf("exit 2: isError %v, %q", res.IsError, txt)
+	}
+	res = execResult(&client.ExecResult{ExitCode: -1, Signal: "SIGKILL", TimedOut: true})
+	if txt := res.Content[0].(*mcp.TextContent).Text; !res.IsError || !strings.HasPrefix(txt, "ERROR: timed out") {
+		t.Errorf("timeout: isError %v, %q", res.IsError, txt)
+	}
+}
+
+func TestIsText(t *testing.T) {
+	for in, want := range map[string]bool{"héllo\n": true, "": true, "a\x00b": false, "\xff\xfe": false} {
+		if got := isText([]byte(in)); got != want {
+			t.Errorf("isText(%q) = %v", in, got)
+		}
+	}
+}

@@ -1,0 +1,455 @@
+package mcpserver_test
+
+import (
+	"bytes"
+	"context"
+	"image/png"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/mcpserver"
+)
+
+// testLogger logs through t.Log.
+func testLogger(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// mcpSession is one MCP client session against an in-process
+// mcpserver.Server over the in-memory transport.
+type mcpSession struct {
+	*mcp.ClientSession
+	served chan error // Serve's result, once the session is over
+}
+
+func connect(t *testing.T, api *apiServer) *mcpSession {
+	t.Helper()
+	srv := mcpserver.New(mcpserver.Config{Client: api.client(), Log: testLogger(t)})
+	st, ct := mcp.NewInMemoryTransports()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(context.Background(), st) }()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "mcpserver-test", Version: "0"}, nil).Connect(context.Background(), ct, nil)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	s := &mcpSession{ClientSession: cs, served: served}
+	t.Cleanup(func() { s.end(t) })
+	return s
+}
+
+// end closes the client side and waits until the server has finished the
+// session (and so has killed its sandbox). Idempotent.
+func (s *mcpSession) end(t *testing.T) {
+	t.Helper()
+	if s.served == nil {
+		return
+	}
+	s.Close()
+	select {
+	case err := <-s.served:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Errorf("Serve did not return after the client closed")
+	}
+	s.served = nil
+}
+
+// call calls a tool and fails the test on a protocol error (not on isError).
+func (s *mcpSession) call(t *testing.T, tool string, args map[string]any) *mcp.CallToolResult {
+	t.Helper()
+	res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: tool, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s %v: %v", tool, args, err)
+	}
+	return res
+}
+
+// ok calls a tool and fails the test when the result has isError.
+func (s *mcpSession) ok(t *testing.T, tool string, args map[string]any) *mcp.CallToolResult {
+	t.Helper()
+	res := s.call(t, tool, args)
+	if res.IsError {
+		t.Fatalf("%s %v: isError: %s", tool, args, textOf(res))
+	}
+	return res
+}
+
+// textOf joins a result's text blocks.
+func textOf(res *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, tc.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+func imagesOf(res *mcp.CallToolResult) []*mcp.ImageContent {
+	var out []*mcp.ImageContent
+	for _, c := range res.Content {
+		if ic, ok := c.(*mcp.ImageContent); ok {
+			out = append(out, ic)
+		}
+	}
+	return out
+}
+
+// sessionSandboxes lists the running sandboxes MCP sessions made for themselves.
+func sessionSandboxes(t *testing.T, api *apiServer) []string {
+	t.Helper()
+	list, err := api.client().ListSandboxes(context.Background(), mcpserver.SessionMetadata, "running")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, sb := range list {
+		ids = append(ids, sb.ID)
+	}
+	return ids
+}
+
+// newSessionSandbox returns the one session sandbox in after that is not in before.
+func newSessionSandbox(t *testing.T, before, after []string) string {
+	t.Helper()
+	var added []string
+	for _, id := range after {
+		if !slices.Contains(before, id) {
+			added = append(added, id)
+		}
+	}
+	if len(added) != 1 {
+		t.Fatalf("want one new session sandbox, got %v (before %v)", added, before)
+	}
+	return added[0]
+}
+
+// assertStopped checks that a user no longer sees sandbox id running:
+// GET answers 404 or state stopped, and the running list leaves it out.
+func assertStopped(t *testing.T, api *apiServer, id string) {
+	t.Helper()
+	c := api.client()
+	sb, err := c.GetSandbox(context.Background(), id)
+	switch {
+	case client.IsCode(err, "not_found"):
+	case err != nil:
+		t.Fatalf("get %s: %v", id, err)
+	case sb.State != pandastack.StateStopped:
+		t.Fatalf("sandbox %s is %s, want stopped or gone", id, sb.State)
+	}
+	list, err := c.ListSandboxes(context.Background(), nil, "running")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list {
+		if sb.ID == id {
+			t.Fatalf("sandbox %s still listed as running", id)
+		}
+	}
+}
+
+func TestTools(t *testing.T) {
+	api := server(t)
+	before := sessionSandboxes(t, api)
+	s := connect(t, api)
+	var sessionSandbox string
+
+	t.Run("list tools", func(t *testing.T) {
+		res, err := s.ListTools(context.Background(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, tool := range res.Tools {
+			names = append(names, tool.Name)
+			if tool.Description == "" || tool.InputSchema == nil {
+				t.Errorf("tool %s has no description or input schema", tool.Name)
+			}
+		}
+		slices.Sort(names)
+		want := []string{"create_sandbox", "download_file", "exec", "kill_sandbox", "run_code", "snapshot", "upload_file"}
+		if !slices.Equal(names, want) {
+			t.Fatalf("tools %v, want %v", names, want)
+		}
+	})
+
+	t.Run("state persists in the session sandbox", func(t *testing.T) {
+		if got := sessionSandboxes(t, api); len(got) != len(before) {
+			t.Fatalf("a session sandbox exists before any call: %v", got)
+		}
+		s.ok(t, "run_code", map[string]any{"code": "x = 41"})
+		sessionSandbox = newSessionSandbox(t, before, sessionSandboxes(t, api))
+		res := s.ok(t, "run_code", map[string]any{"code": "x + 1"})
+		if txt := textOf(res); !strings.Contains(txt, "42") {
+			t.Fatalf("x + 1 gave %q", txt)
+		}
+		s.ok(t, "run_code", map[string]any{"code": "print('hello'); x * 2"})
+		if got := newSessionSandbox(t, before, sessionSandboxes(t, api)); got != sessionSandbox {
+			t.Fatalf("the session switched sandboxes: %s then %s", sessionSandbox, got)
+		}
+	})
+
+	t.Run("stdout, stderr and result", func(t *testing.T) {
+		res := s.ok(t, "run_code", map[string]any{"code": "import sys\nprint('out line')\nprint('err line', file=sys.stderr)\n'the' + ' value'"})
+		txt := textOf(res)
+		for _, want := range []string{"out line", "[stderr]\nerr line", "[result] 'the value'"} {
+			if !strings.Contains(txt, want) {
+				t.Errorf("text lacks %q:\n%s", want, txt)
+			}
+		}
+	})
+
+	t.Run("exception sets isError", func(t *testing.T) {
+		res := s.call(t, "run_code", map[string]any{"code": "print('before')\n1 / 0"})
+		txt := textOf(res)
+		if !res.IsError {
+			t.Fatalf("isError not set:\n%s", txt)
+		}
+		if !strings.HasPrefix(txt, "ERROR: ZeroDivisionError") || !strings.Contains(txt, "division by zero") || !strings.Contains(txt, "before") {
+			t.Fatalf("text does not name the exception and keep stdout:\n%s", txt)
+		}
+		// The kernel lives on after an exception.
+		if txt := textOf(s.ok(t, "run_code", map[string]any{"code": "x"})); !strings.Contains(txt, "41") {
+			t.Fatalf("x after the exception: %q", txt)
+		}
+	})
+
+	t.Run("timeout sets isError", func(t *testing.T) {
+		res := s.call(t, "run_code", map[string]any{"code": "import time\ntime.sleep(30)", "timeout_seconds": 1})
+		if txt := textOf(res); !res.IsError || !strings.Contains(txt, "TimeoutError") {
+			t.Fatalf("isError %v:\n%s", res.IsError, txt)
+		}
+	})
+
+	t.Run("chart comes back as a PNG image", func(t *testing.T) {
+		res := s.ok(t, "run_code", map[string]any{"code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nplt.show()"})
+		imgs := imagesOf(res)
+		if len(imgs) != 1 {
+			t.Fatalf("want 1 image block, got %d; text:\n%s", len(imgs), textOf(res))
+		}
+		if imgs[0].MIMEType != "image/png" {
+			t.Fatalf("mime type %q", imgs[0].MIMEType)
+		}
+		cfg, err := png.DecodeConfig(bytes.NewReader(imgs[0].Data))
+		if err != nil || cfg.Width < 100 || cfg.Height < 100 {
+			t.Fatalf("image data is not a chart PNG: %v, %dx%d", err, cfg.Width, cfg.Height)
+		}
+		if !strings.Contains(textOf(res), "[chart] image/png") {
+			t.Fatalf("text does not mention the chart:\n%s", textOf(res))
+		}
+		res = s.ok(t, "run_code", map[string]any{"code": "for i in range(2):\n    plt.figure(); plt.plot([i, 1]); plt.show()"})
+		if n := len(imagesOf(res)); n != 2 {
+			t.Fatalf("two charts gave %d image blocks", n)
+		}
+	})
+
+	t.Run("exec", func(t *testing.T) {
+		res := s.ok(t, "exec", map[string]any{"cmd": "echo hello from $(uname -s); echo warn >&2"})
+		txt := textOf(res)
+		if !strings.Contains(txt, "exit code 0") || !strings.Contains(txt, "hello from Linux") || !strings.Contains(txt, "[stderr]\nwarn") {
+			t.Fatalf("exec text:\n%s", txt)
+		}
+		res = s.call(t, "exec", map[string]any{"cmd": "echo failing; exit 3"})
+		if txt := textOf(res); !res.IsError || !strings.Contains(txt, "exit code 3") || !strings.Contains(txt, "failing") {
+			t.Fatalf("exit 3: isError %v:\n%s", res.IsError, txt)
+		}
+	})
+
+	t.Run("upload and download", func(t *testing.T) {
+		const body = "héllo\nwörld\n"
+		s.ok(t, "upload_file", map[string]any{"path": "/tmp/mcp/notes.txt", "content": body})
+		if got := textOf(s.ok(t, "download_file", map[string]any{"path": "/tmp/mcp/notes.txt"})); got != body {
+			t.Fatalf("download gave %q, want %q", got, body)
+		}
+		// The kernel sees the file: tools share the session sandbox.
+		if txt := textOf(s.ok(t, "run_code", map[string]any{"code": "open('/tmp/mcp/notes.txt').read().split()[1]"})); !strings.Contains(txt, "wörld") {
+			t.Fatalf("kernel read %q", txt)
+		}
+
+		bin := make([]byte, 256)
+		for i := range bin {
+			bin[i] = byte(i)
+		}
+		b64 := "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0BBQkNERUZHSElKS0xNTk9QUVJTVFVWV1hZWltcXV5fYGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6e3x9fn+AgYKDhIWGh4iJiouMjY6PkJGSk5SVlpeYmZqbnJ2en6ChoqOkpaanqKmqq6ytrq+wsbKztLW2t7i5uru8vb6/wMHCw8TFxsfIycrLzM3Oz9DR0tPU1dbX2Nna29zd3t/g4eLj5OXm5+jp6uvs7e7v8PHy8/T19vf4+fr7/P3+/w=="
+		s.ok(t, "upload_file", map[string]any{"path": "/tmp/mcp/bytes.bin", "content": b64, "base64": true})
+		if got := textOf(s.ok(t, "download_file", map[string]any{"path": "/tmp/mcp/bytes.bin"})); got != b64 {
+			t.Fatalf("binary download gave %q", got)
+		}
+		if txt := textOf(s.ok(t, "exec", map[string]any{"cmd": "wc -c < /tmp/mcp/bytes.bin"})); !strings.Contains(txt, "256") {
+			t.Fatalf("uploaded size: %s", txt)
+		}
+		res := s.call(t, "download_file", map[string]any{"path": "/tmp/mcp/missing.txt"})
+		if !res.IsError || !strings.Contains(textOf(res), "not_found") {
+			t.Fatalf("missing file: isError %v: %s", res.IsError, textOf(res))
+		}
+		if got := newSessionSandbox(t, before, sessionSandboxes(t, api)); got != sessionSandbox {
+			t.Fatalf("a missing file cost the session its sandbox: %s then %s", sessionSandbox, got)
+		}
+	})
+
+	t.Run("snapshot and restore", func(t *testing.T) {
+		res := s.ok(t, "snapshot", map[string]any{"metadata": map[string]string{"test": "mcp"}})
+		snap := textOf(res)
+		if !strings.HasPrefix(snap, "snap_") {
+			t.Fatalf("snapshot gave %q", snap)
+		}
+		t.Cleanup(func() { api.client().DeleteSnapshot(context.Background(), snap) })
+		res = s.ok(t, "create_sandbox", map[string]any{"snapshot_id": snap, "ttl_seconds": 300})
+		restored := textOf(res)
+		if txt := textOf(s.ok(t, "run_code", map[string]any{"code": "x", "sandbox_id": restored})); !strings.Contains(txt, "41") {
+			t.Fatalf("x in the restored sandbox: %q", txt)
+		}
+		s.ok(t, "kill_sandbox", map[string]any{"sandbox_id": restored})
+		assertStopped(t, api, restored)
+	})
+
+	t.Run("create_sandbox gives a separate sandbox", func(t *testing.T) {
+		res := s.ok(t, "create_sandbox", map[string]any{"ttl_seconds": 300, "metadata": map[string]string{"who": "mcp-test"}})
+		id := textOf(res)
+		sb, err := api.client().GetSandbox(context.Background(), id)
+		if err != nil {
+			t.Fatalf("get %q: %v", id, err)
+		}
+		if sb.Template != "code-interpreter" || sb.Metadata["who"] != "mcp-test" {
+			t.Fatalf("created %+v", sb)
+		}
+		res = s.call(t, "run_code", map[string]any{"code": "x", "sandbox_id": id})
+		if !res.IsError || !strings.Contains(textOf(res), "NameError") {
+			t.Fatalf("x in a new sandbox: %s", textOf(res))
+		}
+		if txt := textOf(s.ok(t, "exec", map[string]any{"cmd": "test -e /tmp/mcp/notes.txt && echo shared || echo separate", "sandbox_id": id})); !strings.Contains(txt, "separate") {
+			t.Fatalf("files leak between sandboxes: %s", txt)
+		}
+		s.ok(t, "kill_sandbox", map[string]any{"sandbox_id": id})
+		assertStopped(t, api, id)
+	})
+
+	t.Run("session sandbox is killed when the client closes", func(t *testing.T) {
+		s.end(t)
+		assertStopped(t, api, sessionSandbox)
+	})
+}
+
+// A session whose sandbox was killed from elsewhere says so once, then
+// carries on in a new one.
+func TestSessionSandboxReplaced(t *testing.T) {
+	api := server(t)
+	before := sessionSandboxes(t, api)
+	s := connect(t, api)
+	s.ok(t, "run_code", map[string]any{"code": "y = 1"})
+	first := newSessionSandbox(t, before, sessionSandboxes(t, api))
+	if err := api.client().KillSandbox(context.Background(), first); err != nil {
+		t.Fatal(err)
+	}
+	res := s.call(t, "run_code", map[string]any{"code": "y"})
+	if txt := textOf(res); !res.IsError || !strings.Contains(txt, "state is lost") {
+		t.Fatalf("run on a killed session sandbox: isError %v: %s", res.IsError, txt)
+	}
+	res = s.call(t, "run_code", map[string]any{"code": "y"})
+	if txt := textOf(res); !res.IsError || !strings.Contains(txt, "NameError") {
+		t.Fatalf("y in the new sandbox: %s", txt)
+	}
+	second := newSessionSandbox(t, before, sessionSandboxes(t, api))
+	if second == first {
+		t.Fatal("no new sandbox")
+	}
+	// kill_sandbox without an id ends the session sandbox too.
+	s.ok(t, "kill_sandbox", nil)
+	assertStopped(t, api, second)
+	if got := sessionSandboxes(t, api); len(got) != len(before) {
+		t.Fatalf("session sandboxes after kill_sandbox: %v", got)
+	}
+	s.end(t)
+}
+
+// The real binary over stdio, as an MCP client such as Claude Desktop runs it.
+func TestStdioBinary(t *testing.T) {
+	api := server(t)
+	before := sessionSandboxes(t, api)
+	var stderr syncBuffer
+	cmd := exec.Command(filepath.Join(api.bin, "pandastack"), "mcp")
+	cmd.Env = append(os.Environ(), "PANDASTACK_API="+api.url, "PANDASTACK_API_KEY="+api.key)
+	cmd.Stderr = &stderr
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "0"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, nil)
+	if err != nil {
+		t.Fatalf("initialize: %v\n%s", err, stderr.String())
+	}
+	if name := cs.InitializeResult().ServerInfo.Name; name != "pandastack" {
+		t.Errorf("server name %q", name)
+	}
+	tools, err := cs.ListTools(context.Background(), nil)
+	if err != nil {
+		t.Fatalf("tools/list: %v\n%s", err, stderr.String())
+	}
+	if len(tools.Tools) != 7 {
+		t.Errorf("%d tools", len(tools.Tools))
+	}
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_code", Arguments: map[string]any{"code": "print(6 * 7)"}})
+	if err != nil {
+		t.Fatalf("run_code: %v\n%s", err, stderr.String())
+	}
+	if txt := textOf(res); res.IsError || txt != "42" {
+		t.Fatalf("run_code: isError %v, text %q", res.IsError, txt)
+	}
+	id := newSessionSandbox(t, before, sessionSandboxes(t, api))
+	// Closing stdin ends the session; the process kills its sandbox and exits 0.
+	if err := cs.Close(); err != nil {
+		t.Errorf("close: %v\n%s", err, stderr.String())
+	}
+	if cmd.ProcessState == nil || !cmd.ProcessState.Success() {
+		t.Errorf("pandastack mcp exited with %v\n%s", cmd.ProcessState, stderr.String())
+	}
+	assertStopped(t, api, id)
+}
+
+// SIGTERM ends `pandastack mcp` cleanly, session sandbox included, even
+// while the client keeps stdin open.
+func TestStdioBinarySignal(t *testing.T) {
+	api := server(t)
+	before := sessionSandboxes(t, api)
+	var stderr syncBuffer
+	cmd := exec.Command(filepath.Join(api.bin, "pandastack"), "mcp")
+	cmd.Env = append(os.Environ(), "PANDASTACK_API="+api.url, "PANDASTACK_API_KEY="+api.key)
+	cmd.Stderr = &stderr
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "0"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, nil)
+	if err != nil {
+		t.Fatalf("initialize: %v\n%s", err, stderr.String())
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"cmd": "true"}})
+	if err != nil || res.IsError {
+		t.Fatalf("exec: %v %s\n%s", err, textOf(res), stderr.String())
+	}
+	id := newSessionSandbox(t, before, sessionSandboxes(t, api))
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cs.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("pandastack mcp did not exit on SIGTERM\n%s", stderr.String())
+	}
+	assertStopped(t, api, id)
+}

@@ -1,0 +1,329 @@
+package mcpserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// maxDownload bounds download_file: its answer goes into a model's context.
+const maxDownload = 8 << 20
+
+type createSandboxIn struct {
+	Template   string            `json:"template,omitempty" jsonschema:"template name; default code-interpreter (Python with pandas, numpy, matplotlib, plotly)"`
+	TTLSeconds int64             `json:"ttl_seconds,omitempty" jsonschema:"seconds until the sandbox is killed; default: the server's"`
+	Metadata   map[string]string `json:"metadata,omitempty" jsonschema:"string labels stored with the sandbox"`
+	SnapshotID string            `json:"snapshot_id,omitempty" jsonschema:"restore this snapshot (from the snapshot tool) instead of booting the template"`
+}
+
+type createSandboxOut struct {
+	SandboxID string    `json:"sandbox_id"`
+	Template  string    `json:"template"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+type runCodeIn struct {
+	Code           string  `json:"code" jsonschema:"source code to run"`
+	Language       string  `json:"language,omitempty" jsonschema:"kernel language; default python"`
+	SandboxID      string  `json:"sandbox_id,omitempty" jsonschema:"sandbox to run in; default: this session's sandbox"`
+	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"interrupt the run after this many seconds; default: the server's"`
+}
+
+type execIn struct {
+	Cmd            string  `json:"cmd" jsonschema:"shell command line, run with sh -c"`
+	SandboxID      string  `json:"sandbox_id,omitempty" jsonschema:"sandbox to run in; default: this session's sandbox"`
+	Cwd            string  `json:"cwd,omitempty" jsonschema:"working directory; default: the sandbox user's home"`
+	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"kill the command after this many seconds; default: the server's"`
+}
+
+type uploadIn struct {
+	Path      string `json:"path" jsonschema:"file path in the sandbox; parent directories are created"`
+	Content   string `json:"content" jsonschema:"the file's content: text, or base64 when base64 is true"`
+	Base64    bool   `json:"base64,omitempty" jsonschema:"content is base64-encoded binary"`
+	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox to write to; default: this session's sandbox"`
+}
+
+type downloadIn struct {
+	Path      string `json:"path" jsonschema:"file path in the sandbox"`
+	Base64    bool   `json:"base64,omitempty" jsonschema:"return base64 even when the file is text (binary files always come back as base64)"`
+	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox to read from; default: this session's sandbox"`
+}
+
+type snapshotIn struct {
+	SandboxID string            `json:"sandbox_id,omitempty" jsonschema:"sandbox to snapshot; default: this session's sandbox"`
+	Metadata  map[string]string `json:"metadata,omitempty" jsonschema:"string labels stored with the snapshot"`
+}
+
+type snapshotOut struct {
+	SnapshotID string `json:"snapshot_id"`
+	SandboxID  string `json:"sandbox_id"`
+	SizeBytes  int64  `json:"size_bytes"`
+}
+
+type killIn struct {
+	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox to kill; default: this session's sandbox (the next call makes a new one)"`
+}
+
+func (s *session) addTools(srv *mcp.Server) {
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "create_sandbox",
+		Description: "Create a new sandbox (or restore a snapshot) and return its id. Pass the id as sandbox_id to the other tools. It runs until kill_sandbox or its TTL; this session's own sandbox needs no create_sandbox.",
+	}, s.createSandbox)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name: "run_code",
+		Description: "Run code in a Jupyter kernel in the sandbox. Variables and imports persist between calls, like a notebook. " +
+			"Returns stdout, stderr and the last expression's value as text, and each chart (matplotlib plt.show(), plotly fig.show()) as a PNG image. " +
+			"An exception, a timeout or a dead kernel sets isError and the text starts with ERROR: and the traceback.",
+	}, s.runCode)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "exec",
+		Description: "Run a shell command in the sandbox and wait for it. Returns the exit code, stdout and stderr; a non-zero exit or a timeout sets isError.",
+	}, s.exec)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "upload_file",
+		Description: "Write a file in the sandbox from text, or from base64 for binary content.",
+	}, s.uploadFile)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "download_file",
+		Description: fmt.Sprintf("Read a file from the sandbox: text comes back as text, binary as base64 (at most %d MiB).", maxDownload>>20),
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+	}, s.downloadFile)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "snapshot",
+		Description: "Save the sandbox's memory, processes and files as a snapshot and return its id; the sandbox keeps running. create_sandbox with snapshot_id brings it back, kernel state included.",
+	}, s.snapshot)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "kill_sandbox",
+		Description: "Kill a sandbox. Without sandbox_id, kills this session's sandbox; the next call then starts a fresh one.",
+	}, s.killSandbox)
+}
+
+func text(format string, args ...any) *mcp.CallToolResult {
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf(format, args...)}}}
+}
+
+func (s *session) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in createSandboxIn) (*mcp.CallToolResult, createSandboxOut, error) {
+	var sb *client.Sandbox
+	var err error
+	if in.SnapshotID != "" {
+		if in.Template != "" {
+			return nil, createSandboxOut{}, errors.New("give template or snapshot_id, not both: a restored sandbox has its snapshot's template")
+		}
+		sb, err = s.c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: in.SnapshotID, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata})
+	} else {
+		tpl := in.Template
+		if tpl == "" {
+			tpl = s.cfg.Template
+		}
+		sb, err = s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: tpl, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata})
+	}
+	if err != nil {
+		return nil, createSandboxOut{}, err
+	}
+	s.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.Template)
+	out := createSandboxOut{SandboxID: sb.ID, Template: sb.Template, ExpiresAt: sb.ExpiresAt}
+	return text("%s", sb.ID), out, nil
+}
+
+func (s *session) runCode(ctx context.Context, _ *mcp.CallToolRequest, in runCodeIn) (*mcp.CallToolResult, any, error) {
+	res, err := s.onSandbox(ctx, in.SandboxID, func(id string) (*mcp.CallToolResult, error) {
+		ex, err := s.c.RunCode(ctx, id, client.RunRequest{Code: in.Code, Language: in.Language, TimeoutSeconds: in.TimeoutSeconds})
+		if err != nil {
+			return nil, err
+		}
+		return executionResult(ex), nil
+	})
+	return res, nil, err
+}
+
+// executionResult turns an Execution into one text block (the error and
+// traceback first, so a model reads them before anything else) and one
+// image block per chart.
+func executionResult(ex *client.Execution) *mcp.CallToolResult {
+	var parts []string
+	if e := ex.Error; e != nil {
+		msg := "ERROR: " + e.Name
+		if e.Value != "" {
+			msg += ": " + e.Value
+		}
+		if tb := strings.TrimSpace(e.Traceback); tb != "" {
+			msg += "\n" + tb
+		}
+		parts = append(parts, msg)
+	}
+	if ex.Stdout != "" {
+		if len(parts) > 0 {
+			parts = append(parts, "[stdout]\n"+strings.TrimRight(ex.Stdout, "\n"))
+		} else {
+			parts = append(parts, strings.TrimRight(ex.Stdout, "\n"))
+		}
+	}
+	if ex.Stderr != "" {
+		parts = append(parts, "[stderr]\n"+strings.TrimRight(ex.Stderr, "\n"))
+	}
+	var images []mcp.Content
+	for _, r := range ex.Results {
+		img, mime, err := resultImage(r)
+		switch {
+		case err != nil:
+			parts = append(parts, fmt.Sprintf("[chart] not attached: %v", err))
+		case img != nil:
+			images = append(images, &mcp.ImageContent{Data: img, MIMEType: mime})
+			parts = append(parts, fmt.Sprintf("[chart] %s attached as image %d", mime, len(images)))
+		case r.IsMainResult && r.Text != "":
+			parts = append(parts, "[result] "+r.Text)
+		case r.Text != "":
+			parts = append(parts, "[display] "+r.Text)
+		}
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "(no output)")
+	}
+	res := &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: strings.Join(parts, "\n\n")}}, images...)}
+	res.IsError = ex.Error != nil
+	return res
+}
+
+// resultImage returns the decoded chart of a result: its PNG, else its
+// JPEG; nil when it has neither.
+func resultImage(r client.Result) ([]byte, string, error) {
+	data, mime := r.PNG, "image/png"
+	if data == "" {
+		data, mime = r.JPEG, "image/jpeg"
+	}
+	if data == "" {
+		return nil, "", nil
+	}
+	// Jupyter may wrap base64 in lines.
+	b, err := base64.StdEncoding.DecodeString(strings.Join(strings.Fields(data), ""))
+	if err != nil {
+		return nil, "", fmt.Errorf("bad base64 %s: %w", mime, err)
+	}
+	return b, mime, nil
+}
+
+func (s *session) exec(ctx context.Context, _ *mcp.CallToolRequest, in execIn) (*mcp.CallToolResult, any, error) {
+	if strings.TrimSpace(in.Cmd) == "" {
+		return nil, nil, errors.New("cmd is empty")
+	}
+	res, err := s.onSandbox(ctx, in.SandboxID, func(id string) (*mcp.CallToolResult, error) {
+		r, err := s.c.Exec(ctx, id, client.ExecRequest{Cmd: in.Cmd, Cwd: in.Cwd, TimeoutSeconds: in.TimeoutSeconds})
+		if err != nil {
+			return nil, err
+		}
+		return execResult(r), nil
+	})
+	return res, nil, err
+}
+
+func execResult(r *client.ExecResult) *mcp.CallToolResult {
+	status := fmt.Sprintf("exit code %d", r.ExitCode)
+	if r.Signal != "" {
+		status += ", killed by " + r.Signal
+	}
+	if r.TimedOut {
+		status = "ERROR: timed out (" + status + ")"
+	}
+	parts := []string{status}
+	add := func(name, s string, truncated bool) {
+		if s == "" {
+			return
+		}
+		s = "[" + name + "]\n" + strings.TrimRight(s, "\n")
+		if truncated {
+			s += "\n(" + name + " truncated)"
+		}
+		parts = append(parts, s)
+	}
+	add("stdout", r.Stdout, r.StdoutTruncated)
+	add("stderr", r.Stderr, r.StderrTruncated)
+	res := text("%s", strings.Join(parts, "\n\n"))
+	res.IsError = r.ExitCode != 0 || r.TimedOut
+	return res
+}
+
+func (s *session) uploadFile(ctx context.Context, _ *mcp.CallToolRequest, in uploadIn) (*mcp.CallToolResult, any, error) {
+	data := []byte(in.Content)
+	if in.Base64 {
+		var err error
+		if data, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
+			return nil, nil, fmt.Errorf("content is not valid base64: %w", err)
+		}
+	}
+	res, err := s.onSandbox(ctx, in.SandboxID, func(id string) (*mcp.CallToolResult, error) {
+		fi, err := s.c.WriteFile(ctx, id, in.Path, bytes.NewReader(data))
+		if err != nil {
+			return nil, err
+		}
+		return text("wrote %d bytes to %s", fi.Size, fi.Path), nil
+	})
+	return res, nil, err
+}
+
+func (s *session) downloadFile(ctx context.Context, _ *mcp.CallToolRequest, in downloadIn) (*mcp.CallToolResult, any, error) {
+	res, err := s.onSandbox(ctx, in.SandboxID, func(id string) (*mcp.CallToolResult, error) {
+		rc, err := s.c.ReadFile(ctx, id, in.Path)
+		if err != nil {
+			return nil, err
+		}
+		defer rc.Close()
+		b, err := io.ReadAll(io.LimitReader(rc, maxDownload+1))
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", in.Path, err)
+		}
+		if len(b) > maxDownload {
+			return nil, fmt.Errorf("%s is larger than %d MiB; read part of it with exec (head, tail, split)", in.Path, maxDownload>>20)
+		}
+		if !in.Base64 && isText(b) {
+			return text("%s", b), nil
+		}
+		return text("%s", base64.StdEncoding.EncodeToString(b)), nil
+	})
+	return res, nil, err
+}
+
+// isText reports whether b reads as text: valid UTF-8 without NUL bytes.
+func isText(b []byte) bool {
+	return utf8.Valid(b) && bytes.IndexByte(b, 0) < 0
+}
+
+func (s *session) snapshot(ctx context.Context, _ *mcp.CallToolRequest, in snapshotIn) (*mcp.CallToolResult, snapshotOut, error) {
+	var out snapshotOut
+	res, err := s.onSandbox(ctx, in.SandboxID, func(id string) (*mcp.CallToolResult, error) {
+		snap, err := s.c.CreateSnapshot(ctx, id, in.Metadata)
+		if err != nil {
+			return nil, err
+		}
+		out = snapshotOut{SnapshotID: snap.ID, SandboxID: snap.SandboxID, SizeBytes: snap.SizeBytes}
+		return text("%s", snap.ID), nil
+	})
+	return res, out, err
+}
+
+func (s *session) killSandbox(ctx context.Context, _ *mcp.CallToolRequest, in killIn) (*mcp.CallToolResult, any, error) {
+	id := in.SandboxID
+	if id == "" {
+		s.mu.Lock()
+		id = s.id
+		s.mu.Unlock()
+		if id == "" {
+			return text("this session has no sandbox yet; nothing to kill"), nil, nil
+		}
+	}
+	if err := s.c.KillSandbox(ctx, id); err != nil {
+		return nil, nil, err
+	}
+	s.forget(id)
+	s.log.Info("sandbox killed", "sandbox", id)
+	return text("killed %s", id), nil, nil
+}
