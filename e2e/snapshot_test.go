@@ -251,3 +251,64 @@ func TestPauseResume(t *testing.T) {
 		}
 	})
 }
+
+// miniWheel builds a one-module wheel inside the sandbox (there is no
+// network, so pip can only install local files) and installs it for the user.
+const miniWheel = `import zipfile, subprocess, sys
+files = {
+    "pandamini/__init__.py": "ANSWER = 42\n",
+    "pandamini-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: pandamini\nVersion: 1.0\n",
+    "pandamini-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: handmade\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+files["pandamini-1.0.dist-info/RECORD"] = "".join(f"{n},,\n" for n in files) + "pandamini-1.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile("/tmp/pandamini-1.0-py3-none-any.whl", "w") as z:
+    for n, c in files.items():
+        z.writestr(n, c)
+r = subprocess.run([sys.executable, "-m", "pip", "install", "--user", "--no-index", "--break-system-packages", "/tmp/pandamini-1.0-py3-none-any.whl"], capture_output=True, text=True)
+print(r.returncode, r.stderr[-500:])
+import site, importlib; importlib.invalidate_caches()
+if site.getusersitepackages() not in sys.path: sys.path.append(site.getusersitepackages())
+import pandamini
+`
+
+func TestSnapshotSurvivesServerRestart(t *testing.T) {
+	s := startServer(t, "")
+	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: miniWheel + "\nimport statistics\nkept = [1, 2, 3]", TimeoutSeconds: 120})
+	if err != nil || ex.Error != nil || !strings.HasPrefix(ex.Stdout, "0 ") {
+		t.Fatalf("installing a wheel: %+v %v", ex, err)
+	}
+	if _, err := c.WriteFile(ctx, sb.ID, "data/file.txt", strings.NewReader("on disk")); err != nil {
+		t.Fatal(err)
+	}
+	snap := takeSnapshot(t, s, sb.ID)
+	c.KillSandbox(ctx, sb.ID)
+
+	s.stop()
+	s.start()
+	c = s.client()
+	var got client.Sandbox
+	if st, body := rawJSON(t, s, "POST", "/v1/sandboxes", fmt.Sprintf(`{"snapshot_id":%q}`, snap.ID), &got); st != 201 {
+		t.Fatalf("create from snapshot after restart: %d %s", st, body)
+	}
+	defer c.KillSandbox(ctx, got.ID)
+	ex, err = c.RunCode(ctx, got.ID, client.RunRequest{Code: "print(kept, statistics.mean(kept), pandamini.ANSWER, open('/home/user/data/file.txt').read())"})
+	if err != nil || ex.Error != nil || ex.Stdout != "[1, 2, 3] 2 42 on disk\n" {
+		t.Fatalf("after restart: %+v %v", ex, err)
+	}
+	// The package is installed on disk, not only imported: a new context finds it.
+	fresh, err := c.CreateContext(ctx, got.ID, "python", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ex, err = c.Run(ctx, got.ID, fresh.ID, client.RunRequest{Code: "import pandamini; pandamini.ANSWER"})
+	if err != nil || ex.Text != "42" {
+		t.Fatalf("a fresh import of the installed package: %+v %v", ex, err)
+	}
+}
