@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/pandastack/pandastack/client"
@@ -310,5 +311,38 @@ func TestSnapshotSurvivesServerRestart(t *testing.T) {
 	ex, err = c.Run(ctx, got.ID, fresh.ID, client.RunRequest{Code: "import pandamini; pandamini.ANSWER"})
 	if err != nil || ex.Text != "42" {
 		t.Fatalf("a fresh import of the installed package: %+v %v", ex, err)
+	}
+}
+
+func TestSnapshotDiskFull(t *testing.T) {
+	s := startServer(t, "")
+	snapDir := filepath.Join(s.dataDir, "snapshots")
+	defer func() {
+		s.stop()
+		syscall.Unmount(snapDir, syscall.MNT_DETACH)
+		os.RemoveAll(s.dataDir)
+	}()
+	// A 20 MiB disk for snapshots: a code-interpreter image is ~100 MB.
+	if err := syscall.Mount("tmpfs", snapDir, "tmpfs", 0, "size=20m"); err != nil {
+		t.Fatalf("mount a small tmpfs: %v", err)
+	}
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.KillSandbox(ctx, sb.ID)
+	c.RunCode(ctx, sb.ID, client.RunRequest{Code: "v = 'alive'"})
+	status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", "")
+	if status != 507 || code != "insufficient_storage" {
+		t.Fatalf("snapshot on a full disk: %d %s %s", status, code, msg)
+	}
+	if ents, _ := os.ReadDir(snapDir); len(ents) != 0 {
+		t.Fatalf("partial snapshot left behind: %v", ents)
+	}
+	ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "v"})
+	if err != nil || ex.Text != "'alive'" {
+		t.Fatalf("the parent after a failed snapshot: %+v %v", ex, err)
 	}
 }
