@@ -70,4 +70,14 @@ type Runtime interface {
 	// taken on. The image can be restored any number of times (fork). The
 	// channel and failure behaviour are as for Start.
 	Restore(ctx context.Context, spec RuntimeSpec, imageDir string) (io.ReadWriteCloser, error)
+	// Alive reports whether the sandbox's processes still run. Cheap (a
+	// /proc read after the first call), so it can be polled.
+	Alive(id string) bool
+	// DeathReason says why a sandbox that stopped answering died, when the
+	// runtime knows: ReasonOutOfMemory, or "" for unknown. Call it before
+	// Stop, which removes the evidence. Cheap: a file read.
+	DeathReason(id string) string
 }
+
+// ReasonOutOfMemory: the sandbox hit its memory limit and was killed.
+const ReasonOutOfMemory = "out_of_memory"

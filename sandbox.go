@@ -19,11 +19,12 @@ const (
 
 // Reasons a sandbox stopped, reported in Sandbox.StopReason.
 const (
-	StopExpired = "expired"      // its TTL ran out
-	StopKilled  = "killed"       // DELETE or `pandastack sandbox kill`
-	StopDied    = "died"         // the runtime lost it (crash, OOM of the whole sandbox)
-	StopLost    = "lost"         // after a server restart its agent could not be reached
-	StopFailed  = "start_failed" // creation failed part-way
+	StopExpired = "expired"       // its TTL ran out
+	StopKilled  = "killed"        // DELETE or `pandastack sandbox kill`
+	StopDied    = "died"          // the runtime lost it (a crash)
+	StopOOM     = "out_of_memory" // it used more than its memory_mb and was killed
+	StopLost    = "lost"          // after a server restart its agent could not be reached
+	StopFailed  = "start_failed"  // creation failed part-way
 )
 
 // Sandbox is the stored record of one sandbox.

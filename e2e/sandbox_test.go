@@ -514,3 +514,23 @@ func TestServerRestartReadoptsSandboxes(t *testing.T) {
 		t.Fatalf("mounts under the data dir left after serve stopped:\n%s", mounts)
 	}
 }
+
+func TestOutOfMemoryIsReported(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{MemoryMB: 256})
+	start := time.Now()
+	_, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `python3 -c "x = bytearray(700*1024*1024); print(len(x))"`, TimeoutSeconds: 120})
+	if !client.IsCode(err, "sandbox_unavailable") || !strings.Contains(err.Error(), "out of memory") {
+		t.Fatalf("allocating 700 MB in a 256 MB sandbox: %v", err)
+	}
+	if took := time.Since(start); took > 15*time.Second {
+		t.Fatalf("the death was noticed only after %s", took)
+	}
+	got, err := c.GetSandbox(ctx, sb.ID)
+	if err != nil || got.State != "stopped" || got.StopReason != "out_of_memory" {
+		t.Fatalf("after the OOM: %+v %v", got, err)
+	}
+	s.assertGone(t, sb.ID)
+}

@@ -163,6 +163,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		nd := newNDJSON(w)
 		ex, err := agent.RunCode(r.Context(), cid, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) })
 		if err != nil {
+			s.logFailure(r, err)
 			if !nd.started {
 				writeError(w, err)
 				return

@@ -46,10 +46,16 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 	writeJSON(w, http.StatusCreated, sb)
 }
 
-// logFailure logs errors that are not the caller's fault.
+// logFailure logs errors that are not the caller's fault. When a sandbox
+// stopped answering it also settles at once whether it died, so that the
+// caller's next GET shows why.
 func (s *Server) logFailure(r *http.Request, err error) {
-	if code := pandastack.ErrorCode(err); code == pandastack.EInternal || code == pandastack.EUnavailable {
+	code := pandastack.ErrorCode(err)
+	if code == pandastack.EInternal || code == pandastack.EUnavailable {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	if code == pandastack.EUnavailable && r.PathValue("id") != "" {
+		s.mgr.Reconcile(r.PathValue("id"))
 	}
 }
 
@@ -262,6 +268,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandb
 		return nd.send(out)
 	})
 	if err != nil {
+		s.logFailure(r, err)
 		if !nd.started {
 			writeError(w, err)
 			return

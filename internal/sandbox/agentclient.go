@@ -92,7 +92,7 @@ func (c *AgentClient) request(ctx context.Context, method, path string, q url.Va
 			return nil, ctx.Err()
 		}
 		if c.sess.IsClosed() {
-			return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering (its agent channel closed)", c.id)
+			return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
 		}
 		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering: %v", c.id, err)
 	}
@@ -171,7 +171,7 @@ func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEv
 	if err := sc.Err(); err != nil && ctx.Err() != nil {
 		return agentproto.ExecEvent{}, ctx.Err()
 	}
-	return agentproto.ExecEvent{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during exec", c.id)
+	return agentproto.ExecEvent{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during exec: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
 }
 
 // PutFile streams r into the file at path.

@@ -82,5 +82,5 @@ func (c *AgentClient) RunCode(ctx context.Context, id string, req agentproto.Run
 	if ctx.Err() != nil {
 		return agentproto.Execution{}, ctx.Err()
 	}
-	return agentproto.Execution{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering while running code", c.id)
+	return agentproto.Execution{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering while running code: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
 }

@@ -524,10 +524,12 @@ func (m *Manager) teardown(id string) {
 
 // stopSandbox tears a sandbox down and records why.
 func (m *Manager) stopSandbox(id, reason string) {
-	m.teardown(id)
+	// Recorded first: teardown fails the requests in flight, and a caller
+	// that looks right after must see why.
 	if err := m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, reason, m.now()); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		m.log.Error("record stop", "sandbox", id, "err", err)
 	}
+	m.teardown(id)
 	m.log.Info("sandbox stopped", "sandbox", id, "reason", reason)
 }
 
@@ -568,19 +570,37 @@ func (m *Manager) reapOnce() {
 	}
 	m.mu.Lock()
 	var dead []string
-	for id, c := range m.live {
-		if !c.Alive() && !m.busy[id] {
+	live := maps.Clone(m.live)
+	m.mu.Unlock()
+	for id, c := range live {
+		if !c.Alive() || !m.rt.Alive(id) {
 			dead = append(dead, id)
 		}
 	}
-	m.mu.Unlock()
 	for _, id := range dead {
-		if m.claim(id) != nil {
-			continue
-		}
-		m.stopSandbox(id, pandastack.StopDied)
-		m.release(id)
+		m.Reconcile(id)
 	}
+}
+
+// Reconcile checks at once whether a sandbox whose channel failed is dead,
+// and if so records it stopped with the reason (as the reaper would within
+// a second), so the caller's next GET already shows it.
+func (m *Manager) Reconcile(id string) {
+	m.mu.Lock()
+	c := m.live[id]
+	m.mu.Unlock()
+	if c == nil || (c.Alive() && m.rt.Alive(id)) {
+		return
+	}
+	if m.claim(id) != nil {
+		return
+	}
+	defer m.release(id)
+	reason := pandastack.StopDied
+	if m.rt.DeathReason(id) == pandastack.ReasonOutOfMemory {
+		reason = pandastack.StopOOM
+	}
+	m.stopSandbox(id, reason)
 }
 
 // Stats returns the host-side resource use of a running sandbox.

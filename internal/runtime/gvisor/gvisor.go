@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -42,6 +43,9 @@ type Runtime struct {
 	root    string // runsc --root
 	sbxRoot string // per-sandbox directories
 	log     *slog.Logger
+
+	mu   sync.Mutex
+	pids map[string]int // the runsc-sandbox process of each sandbox, for Alive
 }
 
 var _ pandastack.Runtime = (*Runtime)(nil)
@@ -67,7 +71,7 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log}
+	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]int{}}
 	for _, d := range []string{r.root, r.sbxRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
@@ -268,6 +272,44 @@ func (r *Runtime) Close() error {
 	return nil
 }
 
+// Alive implements pandastack.Runtime. The sandbox keeps its end of the
+// FIFOs open, so the host never reads EOF when it dies: this check is how a
+// dead sandbox is noticed at once rather than after a keepalive timeout.
+func (r *Runtime) Alive(id string) bool {
+	r.mu.Lock()
+	pid, ok := r.pids[id]
+	r.mu.Unlock()
+	if !ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		out, err := r.runsc(ctx, "state", id)
+		if err != nil {
+			return false
+		}
+		var st struct {
+			Pid int `json:"pid"`
+		}
+		if json.Unmarshal(out, &st) != nil || st.Pid <= 0 {
+			return false
+		}
+		pid = st.Pid
+		r.mu.Lock()
+		r.pids[id] = pid
+		r.mu.Unlock()
+	}
+	// The command line guards against a recycled pid; a zombie has none.
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && bytes.Contains(b, []byte(id))
+}
+
+// DeathReason implements pandastack.Runtime.
+func (r *Runtime) DeathReason(id string) string {
+	if validID(id) && oomKilled(cgroupPath(id)) {
+		return pandastack.ReasonOutOfMemory
+	}
+	return ""
+}
+
 // Attach implements pandastack.Runtime.
 func (r *Runtime) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
 	st, err := r.State(ctx, id)
@@ -285,6 +327,9 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 	if !validID(id) {
 		return nil
 	}
+	r.mu.Lock()
+	delete(r.pids, id)
+	r.mu.Unlock()
 	r.destroy(id)
 	r.cleanup(id)
 	if pids := r.hostPIDs(id); len(pids) > 0 {

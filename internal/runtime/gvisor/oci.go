@@ -152,3 +152,23 @@ func removeCgroups(rel string) {
 		os.Remove(filepath.Join(root, rel)) // cgroup dirs are removed with rmdir, never recursively
 	}
 }
+
+// oomKilled reports whether the kernel's OOM killer struck in the
+// sandbox's memory cgroup (cgroup v1 memory.oom_control, or v2 memory.events).
+func oomKilled(rel string) bool {
+	for _, f := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", rel, "memory.oom_control"),
+		filepath.Join("/sys/fs/cgroup", rel, "memory.events"),
+	} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, " "); ok && k == "oom_kill" && v != "0" {
+				return true
+			}
+		}
+	}
+	return false
+}

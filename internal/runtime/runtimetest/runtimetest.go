@@ -191,6 +191,9 @@ func testStartHelloStop(t *testing.T, env Env) {
 	if st, err := rt.State(ctx, id); err != nil || st != pandastack.RuntimeRunning {
 		t.Fatalf("State = %v %v", st, err)
 	}
+	if !rt.Alive(id) {
+		t.Fatal("Alive = false for a running sandbox")
+	}
 	ids, err := rt.List(ctx)
 	if err != nil || !contains(ids, id) {
 		t.Fatalf("List = %v %v, want %s in it", ids, err, id)
@@ -201,6 +204,9 @@ func testStartHelloStop(t *testing.T, env Env) {
 	}
 	if err := rt.Stop(ctx, id); err != nil {
 		t.Fatal(err)
+	}
+	if rt.Alive(id) {
+		t.Fatal("Alive = true after Stop")
 	}
 	assertGone(t, rt, id)
 }
@@ -288,6 +294,19 @@ func testMemoryLimit(t *testing.T, env Env) {
 	t.Logf("over-allocation ended after %s: out=%q exit=%+v err=%v", time.Since(start), out, ev, err)
 	if err == nil && ev.ExitCode == 0 {
 		t.Fatalf("allocating 400 MB in a 128 MB sandbox succeeded: %q", out)
+	}
+	if err != nil {
+		// The whole sandbox was killed: the runtime must see it and say why.
+		deadline := time.Now().Add(10 * time.Second)
+		for rt.Alive(id) && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if rt.Alive(id) {
+			t.Fatal("the channel died but Alive still says true")
+		}
+		if r := rt.DeathReason(id); r != pandastack.ReasonOutOfMemory {
+			t.Fatalf("DeathReason = %q, want %s", r, pandastack.ReasonOutOfMemory)
+		}
 	}
 }
 
