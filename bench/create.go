@@ -71,54 +71,93 @@ func (b *bench) baseCreate(ctx context.Context) error {
 }
 
 // sequentialCreates alternates a create on the pooled server with one on
-// the server without a pool, killing each sandbox after its first result.
-// Creates follow each other without waiting for the pool to refill, so
-// some on the pooled server find it empty; which ones is counted exactly:
-// a create was served from the pool when the sandbox's runsc processes
-// already existed before the create request was sent.
+// the server without a pool, killing each sandbox after its first result;
+// then it makes as many creates back to back on the pooled server alone,
+// where the pool has only the time of a create and a kill to refill.
+// Which creates were served from the pool is counted exactly: a sandbox
+// came from the pool when its runsc processes existed before the create
+// request was sent (pool sandboxes have their final ids from the start).
 func (b *bench) sequentialCreates(ctx context.Context) error {
-	var pooled, lazy, hitMS, missMS []float64
+	var pooled, lazy []float64
+	var alt poolSplit
 	for i := range b.set.N {
 		sides := []*server{b.pool, b.noPool}
 		if i%2 == 1 {
 			sides[0], sides[1] = sides[1], sides[0]
 		}
 		for _, s := range sides {
-			before := sandboxPIDs(s.runscRoot)
-			sb, d, err := s.createAndRun(ctx)
-			if sb != nil {
-				s.kill(sb.ID)
-			}
+			d, hit, err := s.createRunKill(ctx)
 			if err != nil {
 				return err
 			}
 			if s == b.pool {
-				pooled = append(pooled, ms(d))
-				if _, hit := before[sb.ID]; hit {
-					hitMS = append(hitMS, ms(d))
-				} else {
-					missMS = append(missMS, ms(d))
-				}
+				pooled = append(pooled, d)
+				alt.add(d, hit)
 			} else {
-				lazy = append(lazy, ms(d))
+				lazy = append(lazy, d)
 			}
 		}
 	}
 	b.add(summarize("create", fmt.Sprintf("create code-interpreter → first run_code, pool %d", b.set.PoolSize), "ms", pooled,
-		fmt.Sprintf("%d sequential creates, back to back; %d served from the pool", len(pooled), len(hitMS))).
+		fmt.Sprintf("%d sequential creates alternating with the no-pool server; %d served from the pool", len(pooled), len(alt.hit))).
 		withTarget(targetCreateP50, targetCreateP95, "issue 4"))
 	b.add(summarize("create", "create code-interpreter → first run_code, no pool", "ms", lazy,
 		"--pool-size 0: each create is a lazy restore (runsc restore --background) of the warm snapshot").
 		withTarget(targetCreateP50, targetCreateP95, "issue 4"))
-	if len(hitMS) > 0 {
-		b.add(summarize("create", "  of which served from the pool", "ms", hitMS, ""))
+	alt.report(b, "sequential, alternating with the no-pool server")
+
+	b.pool.settle(ctx, 30*time.Second)
+	var b2b []float64
+	var split poolSplit
+	for range b.set.N {
+		d, hit, err := b.pool.createRunKill(ctx)
+		if err != nil {
+			return err
+		}
+		b2b = append(b2b, d)
+		split.add(d, hit)
 	}
-	if len(missMS) > 0 {
-		b.add(summarize("create", "  of which found the pool empty", "ms", missMS, "restored on demand while the pool refilled"))
-	}
-	b.rep.PoolHits["sequential"] = fmt.Sprintf("%d of %d", len(hitMS), len(pooled))
-	fmt.Fprintf(os.Stderr, "  served from the pool: %d of %d\n", len(hitMS), len(pooled))
+	b.add(summarize("create", fmt.Sprintf("same, pool %d, back to back on that server alone", b.set.PoolSize), "ms", b2b,
+		fmt.Sprintf("%d creates, each right after the kill of the one before; %d served from the pool", len(b2b), len(split.hit))).
+		withTarget(targetCreateP50, targetCreateP95, "issue 4"))
+	split.report(b, "sequential, back to back")
 	return nil
+}
+
+// createRunKill is one sequential create: create → first result, then kill;
+// hit says whether the pool served it.
+func (s *server) createRunKill(ctx context.Context) (float64, bool, error) {
+	before := sandboxPIDs(s.runscRoot)
+	sb, d, err := s.createAndRun(ctx)
+	if sb != nil {
+		s.kill(sb.ID)
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	_, hit := before[sb.ID]
+	return ms(d), hit, nil
+}
+
+// poolSplit sorts one series' creates into pool hits and misses.
+type poolSplit struct{ hit, miss []float64 }
+
+func (p *poolSplit) add(d float64, hit bool) {
+	if hit {
+		p.hit = append(p.hit, d)
+	} else {
+		p.miss = append(p.miss, d)
+	}
+}
+
+// report records the count, and the two halves when the series has both.
+func (p *poolSplit) report(b *bench, series string) {
+	b.rep.PoolHits = append(b.rep.PoolHits, PoolHits{Series: series, Hits: len(p.hit), Creates: len(p.hit) + len(p.miss)})
+	fmt.Fprintf(os.Stderr, "  served from the pool (%s): %d of %d\n", series, len(p.hit), len(p.hit)+len(p.miss))
+	if len(p.hit) > 0 && len(p.miss) > 0 {
+		b.add(summarize("create", "  of which served from the pool", "ms", p.hit, series))
+		b.add(summarize("create", "  of which found the pool empty", "ms", p.miss, series+"; restored on demand while the pool refilled"))
+	}
 }
 
 // bursts starts b.set.Burst creates at once on each server; each one's
@@ -171,13 +210,13 @@ func (b *bench) bursts(ctx context.Context) error {
 		label := "no pool"
 		if s == b.pool {
 			label = fmt.Sprintf("pool %d", b.set.PoolSize)
-			b.rep.PoolHits["burst"] = fmt.Sprintf("%d of %d", hits, b.set.Burst)
+			b.rep.PoolHits = append(b.rep.PoolHits, PoolHits{Series: "burst", Hits: hits, Creates: b.set.Burst})
 		}
 		note := fmt.Sprintf("%d creates at once; all done in %.0f ms; %d served from the pool", b.set.Burst, ms(wall), hits)
 		if len(failed) > 0 {
 			note += fmt.Sprintf("; %d FAILED: %s", len(failed), failed[0])
 		}
-		b.add(summarize("create", fmt.Sprintf("burst of %d creates → first run_code, %s", b.set.Burst, label), "ms", ok, note))
+		b.add(summarize("burst", fmt.Sprintf("burst of %d creates → first run_code, %s", b.set.Burst, label), "ms", ok, note))
 		if len(failed) > 0 {
 			return fmt.Errorf("%d of %d concurrent creates on %s failed, first: %s", len(failed), b.set.Burst, s.name, failed[0])
 		}

@@ -37,15 +37,23 @@ type Settings struct {
 	DensitySlowX float64 `json:"density_slow_x"` // a create this many times slower than the first ends it
 }
 
+// PoolHits counts the creates of one series that a pool sandbox served.
+type PoolHits struct {
+	Series  string `json:"series"`
+	Hits    int    `json:"hits"`
+	Creates int    `json:"creates"`
+}
+
 // Report is the JSON the benchmark writes.
 type Report struct {
 	Date           time.Time         `json:"date"`
 	Host           string            `json:"host"`
 	Command        string            `json:"command"`
+	Revision       string            `json:"revision"` // git commit measured, "+dirty" with local changes
 	Settings       Settings          `json:"settings"`
 	Machine        map[string]string `json:"machine"`
 	Results        []Stat            `json:"results"`
-	PoolHits       map[string]string `json:"pool_hits,omitempty"`
+	PoolHits       []PoolHits        `json:"pool_hits,omitempty"`
 	Density        *Density          `json:"density,omitempty"`
 	Errors         []string          `json:"errors,omitempty"`
 	ServerProblems []string          `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
@@ -107,7 +115,7 @@ func run(ctx context.Context, set Settings, outDir string) error {
 	if runsc == "" {
 		return fmt.Errorf("runsc not found: run ./scripts/setup.sh first")
 	}
-	rep := &Report{Date: began.UTC(), Host: host, Command: strings.Join(os.Args, " "), Settings: set, Machine: machine(runsc), PoolHits: map[string]string{}}
+	rep := &Report{Date: began.UTC(), Host: host, Command: strings.TrimSpace("go run ./bench " + strings.Join(os.Args[1:], " ")), Revision: revision(), Settings: set, Machine: machine(runsc)}
 	rep.Machine["loadavg_start"] = loadAvg()
 	rep.Machine["mem_available_start"] = memAvailable()
 
@@ -205,6 +213,19 @@ func run(ctx context.Context, set Settings, outDir string) error {
 	return nil
 }
 
+// revision names the commit measured.
+func revision() string {
+	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	rev := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+		rev += "+dirty"
+	}
+	return rev
+}
+
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func printTable(rep *Report) {
@@ -225,11 +246,9 @@ func printTable(rep *Report) {
 	}
 	if len(rep.PoolHits) > 0 {
 		fmt.Println()
-		for _, k := range []string{"sequential", "burst"} {
-			if v, ok := rep.PoolHits[k]; ok {
-				fmt.Printf("- Served from the pool, %s: %s\n", k, v)
-			}
-		}
+	}
+	for _, p := range rep.PoolHits {
+		fmt.Printf("- Served from the pool, %s: %d of %d\n", p.Series, p.Hits, p.Creates)
 	}
 	if d := rep.Density; d != nil {
 		fmt.Printf("- Density (server without pool): %d idle code-interpreter sandboxes, %.0f MiB PSS in all (%.0f MiB each); stopped because %s\n",

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"os/exec"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// runCode compares run_code("1+1") through the API with the same code sent
+// by jupyter_client to an ipykernel on the host, alternating which goes
+// first. The API side is timed by the Go client (HTTP request to decoded
+// answer), the host side by jupyter_client (execute request until the
+// kernel is idle again).
+func (b *bench) runCode(ctx context.Context, python string) error {
+	sb, _, err := b.pool.createAndRun(ctx)
+	if sb != nil {
+		defer b.pool.kill(sb.ID)
+	}
+	if err != nil {
+		return err
+	}
+	hk, err := startHostKernel(ctx, python)
+	if err != nil {
+		return err
+	}
+	defer hk.close()
+	var inside []float64 // the Execution's duration_ms: the agent's own view
+	api := func() (float64, error) {
+		t0 := time.Now()
+		ex, err := b.pool.c.RunCode(ctx, sb.ID, client.RunRequest{Code: "1+1"})
+		d := ms(time.Since(t0))
+		if err == nil && (ex.Error != nil || ex.Text != "2") {
+			err = fmt.Errorf("run_code 1+1 via API: text %q, error %+v", ex.Text, ex.Error)
+		}
+		if err == nil {
+			inside = append(inside, float64(ex.DurationMS))
+		}
+		return d, err
+	}
+	host := func() (float64, error) {
+		d, text, err := hk.run(ctx, "1+1")
+		if err == nil && text != "2" {
+			err = fmt.Errorf("host kernel: 1+1 gave %q", text)
+		}
+		return d, err
+	}
+	for range 3 { // warm both up: first cells import and allocate
+		if _, err := api(); err != nil {
+			return err
+		}
+		if _, err := host(); err != nil {
+			return err
+		}
+	}
+	var viaAPI, viaHost []float64
+	inside = inside[:0]
+	for i := range b.set.N {
+		first, second := api, host
+		if i%2 == 1 {
+			first, second = host, api
+		}
+		d1, err := first()
+		if err != nil {
+			return err
+		}
+		d2, err := second()
+		if err != nil {
+			return err
+		}
+		if i%2 == 1 {
+			d1, d2 = d2, d1
+		}
+		viaAPI, viaHost = append(viaAPI, d1), append(viaHost, d2)
+	}
+	a := summarize("roundtrip", "run_code(\"1+1\") via API", "ms", viaAPI, "HTTP → agent → ipykernel in the sandbox → Execution JSON")
+	h := summarize("roundtrip", "run_code(\"1+1\") via jupyter_client, host ipykernel", "ms", viaHost, "baseline: no sandbox, no API")
+	b.add(a)
+	b.add(h)
+	b.add(summarize("roundtrip", "  run_code: duration_ms the API reports", "ms", inside, "the agent's time from the kernel request to its answer, whole ms"))
+	r := summarize("ratio", "run_code ratio API / host kernel (pairwise)", "x", ratios(viaAPI, viaHost), fmt.Sprintf("ratio of medians %.2f", a.Median/h.Median)).
+		withTarget(targetRunRatio, 0, "issue 3")
+	b.add(r)
+	return nil
+}
+
+// execTrue compares exec("true") through the API with `runsc exec` into the
+// same sandbox.
+func (b *bench) execTrue(ctx context.Context) error {
+	sb, err := b.pool.create(ctx, "base")
+	if err != nil {
+		return err
+	}
+	defer b.pool.kill(sb.ID)
+	api := func() (float64, error) {
+		t0 := time.Now()
+		res, err := b.pool.c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"true"}})
+		if err == nil && res.ExitCode != 0 {
+			err = fmt.Errorf("exec true: exit %d", res.ExitCode)
+		}
+		return ms(time.Since(t0)), err
+	}
+	direct := func() (float64, error) {
+		t0 := time.Now()
+		out, err := exec.CommandContext(ctx, b.pool.runsc, "--root="+b.pool.runscRoot, "exec", sb.ID, "/bin/true").CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("runsc exec: %v: %s", err, out)
+		}
+		return ms(time.Since(t0)), err
+	}
+	var viaAPI, viaRunsc []float64
+	for i := range b.set.N {
+		first, second := api, direct
+		if i%2 == 1 {
+			first, second = direct, api
+		}
+		d1, err := first()
+		if err != nil {
+			return err
+		}
+		d2, err := second()
+		if err != nil {
+			return err
+		}
+		if i%2 == 1 {
+			d1, d2 = d2, d1
+		}
+		viaAPI, viaRunsc = append(viaAPI, d1), append(viaRunsc, d2)
+	}
+	a := summarize("roundtrip", "exec true via API", "ms", viaAPI, "")
+	r := summarize("roundtrip", "exec true via runsc exec", "ms", viaRunsc, "baseline: a new runsc process per command")
+	b.add(a)
+	b.add(r)
+	b.add(summarize("ratio", "exec ratio API / runsc exec (pairwise)", "x", ratios(viaAPI, viaRunsc),
+		fmt.Sprintf("ratio of medians %.2f; below 1 means the API is faster", a.Median/r.Median)))
+	return nil
+}
+
+// files uploads and downloads 2 MB of random bytes, alternating.
+func (b *bench) files(ctx context.Context) error {
+	sb, err := b.pool.create(ctx, "base")
+	if err != nil {
+		return err
+	}
+	defer b.pool.kill(sb.ID)
+	blob := make([]byte, 2<<20)
+	rand.Read(blob)
+	mb := float64(len(blob)) / 1e6
+	var up, down []float64
+	for range b.set.N {
+		t0 := time.Now()
+		if _, err := b.pool.c.WriteFile(ctx, sb.ID, "blob.bin", bytes.NewReader(blob)); err != nil {
+			return err
+		}
+		up = append(up, mb/time.Since(t0).Seconds())
+		t0 = time.Now()
+		rc, err := b.pool.c.ReadFile(ctx, sb.ID, "blob.bin")
+		if err != nil {
+			return err
+		}
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return err
+		}
+		down = append(down, mb/time.Since(t0).Seconds())
+		if !bytes.Equal(got, blob) {
+			return fmt.Errorf("download: got %d bytes that differ from the upload", len(got))
+		}
+	}
+	b.add(summarizeRate("throughput", "upload 2 MiB", "MB/s", up, "PUT /files, whole request; p95 is the slow tail"))
+	b.add(summarizeRate("throughput", "download 2 MiB", "MB/s", down, "GET /files, whole body; p95 is the slow tail"))
+	return nil
+}
