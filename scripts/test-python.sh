@@ -7,7 +7,8 @@
 # ${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}/venvs/sdk-<hash>, keyed by
 # sdk/python/pyproject.toml, this script's requirements and the base
 # interpreter; the SDK is installed editable, so edits to its source need no
-# reinstall. Arguments go to pytest, e.g. scripts/test-python.sh -k files -x
+# reinstall. Arguments go to pytest, e.g. scripts/test-python.sh -k files -x,
+# or scripts/test-python.sh sdk/python/tests/integrations
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,9 +38,18 @@ if ! "$venv/bin/python" -c 'import os, sys, pandastack; here = os.path.realpath(
 	"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -e "sdk/python"
 fi
 
-echo "==> python -m pytest sdk/python/tests $*" >&2
+# A path among the arguments (sdk/python/tests/integrations, a file, a
+# file::test) narrows the run to it; without one the whole suite runs.
+targets=(sdk/python/tests)
+for a in "$@"; do
+	case "$a" in
+	-*) ;;
+	*) if [ -e "${a%%::*}" ]; then targets=(); break; fi ;;
+	esac
+done
+echo "==> python -m pytest ${targets[*]} $*" >&2
 set +e
-"$venv/bin/python" -m pytest sdk/python/tests -q "$@"
+"$venv/bin/python" -m pytest "${targets[@]}" -q "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -155,17 +155,25 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	if err := m.quiet(id, "fork it"); err != nil {
 		return nil, err
 	}
-	img := filepath.Join(m.cfg.SnapshotDir, pandastack.NewID("fork"))
-	_, err = m.checkpoint(ctx, sb, img, true)
-	m.release(id)
+	// A fork's image lives only until its children run, in this process:
+	// no manifest or checksums, which would add a pass over every byte.
+	tpl, err := m.templates.Resolve(ctx, sb.Template)
 	if err != nil {
-		return nil, fmt.Errorf("fork %s: %w", id, err)
-	}
-	defer os.RemoveAll(img) // restored children keep their open image files
-	man, err := verifyImage(img, "fork image")
-	if err != nil {
+		m.release(id)
 		return nil, err
 	}
+	img := filepath.Join(m.cfg.SnapshotDir, ".fork-"+pandastack.NewID("f"))
+	err = os.MkdirAll(img, 0o700)
+	if err == nil {
+		err = m.rt.Checkpoint(context.WithoutCancel(ctx), id, img, true)
+	}
+	m.release(id)
+	defer os.RemoveAll(img) // restored children keep their open image files
+	if err != nil {
+		return nil, fmt.Errorf("fork %s: %w", id, storageError(err))
+	}
+	man := manifest{RootFS: tpl.RootFS}
+
 	kids := make([]pandastack.Sandbox, count)
 	errs := make([]error, count)
 	var wg sync.WaitGroup
@@ -174,7 +182,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 		go func() {
 			defer wg.Done()
 			kids[i], errs[i] = m.launch(ctx, projectID, plan{
-				template: sb.Template, rootfs: man.RootFS, image: filepath.Join(img, "image"),
+				template: sb.Template, rootfs: man.RootFS, image: img,
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
 			})
 		}()

@@ -126,7 +126,9 @@ def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     needs_code = any(item.get_closest_marker("code_interpreter") for item in request.session.items)
     building = None
     if needs_code and CODE_TEMPLATE in known:
-        env["PANDASTACK_BUILD_ON_START"] = CODE_TEMPLATE
+        # The setting replaces serve's default ("base"), which the other
+        # tests need: keep it in the list.
+        env["PANDASTACK_BUILD_ON_START"] = f"base,{CODE_TEMPLATE}"
         building = CODE_TEMPLATE
 
     log_path = data_dir.with_name(data_dir.name + ".log")
