@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -31,6 +32,8 @@ type pool struct {
 	kick  chan struct{}
 	mu    sync.Mutex
 	ids   map[string]bool // the ready sandboxes, for stats
+
+	filling atomic.Bool // a restore for the pool is under way
 }
 
 // PoolStats describes a template's pool for GET /v1/templates.
@@ -72,7 +75,9 @@ func (m *Manager) fill(p *pool) {
 				return
 			default:
 			}
+			p.filling.Store(true)
 			pd, err := m.restoreForPool(p.tpl)
+			p.filling.Store(false)
 			if err != nil {
 				m.log.Warn("pool restore failed; retrying in 5 s", "template", p.tpl.Name, "err", err)
 				select {
@@ -135,23 +140,33 @@ func (m *Manager) fromPool(p plan) (pooled, bool) {
 	if pl == nil || p.image != filepath.Join(pl.tpl.WarmImage, "image") || len(p.env) > 0 {
 		return pooled{}, false
 	}
+	var pd pooled
 	select {
-	case pd := <-pl.ready:
-		pl.mu.Lock()
-		delete(pl.ids, pd.id)
-		pl.mu.Unlock()
-		select {
-		case pl.kick <- struct{}{}:
-		default:
-		}
-		if !pd.client.Alive() {
-			m.rt.Stop(context.Background(), pd.id)
+	case pd = <-pl.ready:
+	default:
+		// Empty, but a restore for the pool is under way: waiting for it
+		// beats a restore of our own competing with it for the CPU.
+		if !pl.filling.Load() {
 			return pooled{}, false
 		}
-		return pd, true
+		select {
+		case pd = <-pl.ready:
+		case <-time.After(2 * time.Second):
+			return pooled{}, false
+		}
+	}
+	pl.mu.Lock()
+	delete(pl.ids, pd.id)
+	pl.mu.Unlock()
+	select {
+	case pl.kick <- struct{}{}:
 	default:
+	}
+	if !pd.client.Alive() {
+		m.rt.Stop(context.Background(), pd.id)
 		return pooled{}, false
 	}
+	return pd, true
 }
 
 // drainPools stops the sandboxes waiting in pools; Close calls it.
