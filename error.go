@@ -7,6 +7,7 @@ package pandastack
 import (
 	"errors"
 	"fmt"
+	"net/http"
 )
 
 // Stable error codes. Clients switch on these; never rename one.
@@ -23,6 +24,7 @@ const (
 	ESnapshotCorrupt = "snapshot_corrupt"     // a snapshot's files are missing, truncated or altered
 	EStorage         = "insufficient_storage" // the server's disk is full
 	EInternal        = "internal"             // a bug or a host failure; the message is safe to show
+	EMethod          = "method_not_allowed"   // the path exists, the HTTP method does not
 )
 
 // Error is the one error type whose code and message reach API clients.
@@ -63,4 +65,33 @@ func ErrorMessage(err error) string {
 func IsCode(err error, code string) bool {
 	var e *Error
 	return errors.As(err, &e) && e.Code == code
+}
+
+// HTTPStatus maps an error code to its HTTP status: the one place that does,
+// for the REST API and the agent's API alike.
+func HTTPStatus(code string) int {
+	switch code {
+	case EInvalid, ECommandNotFound:
+		return http.StatusBadRequest
+	case EUnauthorized:
+		return http.StatusUnauthorized
+	case ENotFound:
+		return http.StatusNotFound
+	case EMethod:
+		return http.StatusMethodNotAllowed
+	case EConflict, ETemplateMissing:
+		return http.StatusConflict
+	case ETooLarge:
+		return http.StatusRequestEntityTooLarge
+	case ETimeout:
+		return http.StatusGatewayTimeout
+	case EUnavailable:
+		return http.StatusServiceUnavailable
+	case ESnapshotCorrupt:
+		return http.StatusUnprocessableEntity
+	case EStorage:
+		return http.StatusInsufficientStorage
+	default:
+		return http.StatusInternalServerError
+	}
 }

@@ -126,26 +126,8 @@ func (s *Server) api(f func(http.ResponseWriter, *http.Request) error) http.Hand
 			var body agentproto.ErrorBody
 			body.Error.Code = code
 			body.Error.Message = msg
-			writeJSON(w, httpStatus(code), body)
+			writeJSON(w, pandastack.HTTPStatus(code), body)
 		}
-	}
-}
-
-// httpStatus maps an error code to its HTTP status.
-func httpStatus(code string) int {
-	switch code {
-	case pandastack.EInvalid, pandastack.ECommandNotFound:
-		return http.StatusBadRequest
-	case pandastack.ENotFound:
-		return http.StatusNotFound
-	case pandastack.EConflict:
-		return http.StatusConflict
-	case pandastack.ETooLarge:
-		return http.StatusRequestEntityTooLarge
-	case pandastack.ETimeout:
-		return http.StatusGatewayTimeout
-	default:
-		return http.StatusInternalServerError
 	}
 }
 

@@ -155,7 +155,7 @@ func (s *Server) Handler() http.Handler {
 			probe := &statusRecorder{ResponseWriter: discardWriter{h: http.Header{}}, status: 200}
 			s.mux.ServeHTTP(probe, r)
 			if probe.status == http.StatusMethodNotAllowed {
-				writeError(rec, &pandastack.Error{Code: "method_not_allowed", Message: fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path)})
+				writeError(rec, &pandastack.Error{Code: pandastack.EMethod, Message: fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path)})
 				return
 			}
 			writeError(rec, pandastack.Errorf(pandastack.ENotFound, "no route %s %s; see /v1/openapi.json", r.Method, r.URL.Path))
@@ -239,32 +239,7 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 }
 
 // statusOf maps an error code to its HTTP status: the only place that does.
-func statusOf(code string) int {
-	switch code {
-	case pandastack.EInvalid, pandastack.ECommandNotFound:
-		return http.StatusBadRequest
-	case pandastack.EUnauthorized:
-		return http.StatusUnauthorized
-	case pandastack.ENotFound:
-		return http.StatusNotFound
-	case "method_not_allowed":
-		return http.StatusMethodNotAllowed
-	case pandastack.EConflict, pandastack.ETemplateMissing:
-		return http.StatusConflict
-	case pandastack.ETooLarge:
-		return http.StatusRequestEntityTooLarge
-	case pandastack.ETimeout:
-		return http.StatusGatewayTimeout
-	case pandastack.EUnavailable:
-		return http.StatusServiceUnavailable
-	case pandastack.ESnapshotCorrupt:
-		return http.StatusUnprocessableEntity
-	case pandastack.EStorage:
-		return http.StatusInsufficientStorage
-	default:
-		return http.StatusInternalServerError
-	}
-}
+func statusOf(code string) int { return pandastack.HTTPStatus(code) }
 
 type errorBody struct {
 	Error errorDetail `json:"error"`

@@ -1,9 +1,7 @@
 package api
 
 import (
-	"math"
 	"net/http"
-	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -132,14 +130,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		writeError(w, err)
 		return
 	}
-	timeout := s.cfg.DefaultRunTimeout
-	if req.TimeoutSeconds != nil {
-		t := *req.TimeoutSeconds
-		if t <= 0 || math.IsNaN(t) || time.Duration(t*float64(time.Second)) > s.cfg.MaxExecTimeout {
-			writeError(w, pandastack.Errorf(pandastack.EInvalid, "timeout_seconds must be above 0 and at most %d", int64(s.cfg.MaxExecTimeout/time.Second)))
-			return
-		}
-		timeout = time.Duration(t * float64(time.Second))
+	timeout, err := s.timeout(req.TimeoutSeconds, s.cfg.DefaultRunTimeout)
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
 	if err != nil {

@@ -175,14 +175,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 		writeError(w, err)
 		return
 	}
-	timeout := s.cfg.DefaultExecTimeout
-	if req.TimeoutSeconds != nil {
-		t := *req.TimeoutSeconds
-		if t <= 0 || math.IsNaN(t) || time.Duration(t*float64(time.Second)) > s.cfg.MaxExecTimeout {
-			writeError(w, pandastack.Errorf(pandastack.EInvalid, "timeout_seconds must be above 0 and at most %d", int64(s.cfg.MaxExecTimeout/time.Second)))
-			return
-		}
-		timeout = time.Duration(t * float64(time.Second))
+	timeout, err := s.timeout(req.TimeoutSeconds, s.cfg.DefaultExecTimeout)
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
 	if err != nil {
@@ -445,4 +441,17 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, project s
 		list = []TemplateInfo{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"templates": list})
+}
+
+// timeout reads an optional timeout_seconds: def when absent, else above 0
+// and at most the server's maximum.
+func (s *Server) timeout(seconds *float64, def time.Duration) (time.Duration, error) {
+	if seconds == nil {
+		return def, nil
+	}
+	t := *seconds
+	if t <= 0 || math.IsNaN(t) || time.Duration(t*float64(time.Second)) > s.cfg.MaxExecTimeout {
+		return 0, pandastack.Errorf(pandastack.EInvalid, "timeout_seconds must be above 0 and at most %d", int64(s.cfg.MaxExecTimeout/time.Second))
+	}
+	return time.Duration(t * float64(time.Second)), nil
 }
