@@ -121,7 +121,7 @@ func startServer(ctx context.Context, name, binDir, runsc string, poolSize int) 
 		log: &logBuffer{}, exited: make(chan struct{}), live: map[string]bool{}, seen: map[string]bool{},
 	}
 	s.cmd = exec.Command(filepath.Join(binDir, "pandastack"), "serve", "--listen", addr, "--data-dir", dataDir,
-		"--pool-size", strconv.Itoa(poolSize), "--build-on-start", buildOnStart, "--runsc", runsc)
+		"--pool-size", strconv.Itoa(poolSize), "--build-on-start", buildOnStart, "--runsc", runsc, "--kill-on-exit")
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {

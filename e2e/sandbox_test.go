@@ -475,7 +475,8 @@ func TestCLI(t *testing.T) {
 }
 
 func TestServerRestartReadoptsSandboxes(t *testing.T) {
-	s := startServer(t, "")
+	// Sandboxes outlive serve here, as they do for an operator.
+	s := startServer(t, "", "PANDASTACK_KILL_ON_EXIT=0")
 	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
 	ctx := context.Background()
 	c := s.client()

@@ -91,6 +91,7 @@ func (s *server) start() {
 		"PANDASTACK_DATA_DIR="+s.dataDir,
 		"PANDASTACK_CACHE_DIR="+paths.CacheDir(),
 		"PANDASTACK_LOG_LEVEL=debug",
+		"PANDASTACK_KILL_ON_EXIT=1", // a test that stops serve must not leave sandboxes behind
 	)
 	s.cmd.Env = append(s.cmd.Env, s.env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
@@ -240,6 +241,11 @@ func TestMain(m *testing.M) {
 		}
 		cancel()
 		shared.stop()
+		// serve runs with --kill-on-exit here: nothing of it may be left.
+		if pids := processesMentioning(shared.dataDir); len(pids) > 0 {
+			fmt.Fprintf(os.Stderr, "FAIL: processes of the test server's sandboxes left after it stopped: %v\n", pids)
+			code = 1
+		}
 		os.RemoveAll(shared.dataDir)
 	}
 	testutil.RemoveBinaries()

@@ -32,6 +32,7 @@ type Config struct {
 	MaxFork        int           // the most children one fork may make
 	Warm           bool          // snapshot templates warm in the background so creates restore them
 	PoolSize       int           // sandboxes of each warm template kept restored ahead of creates
+	KillOnExit     bool          // kill every sandbox when serve stops, instead of keeping them for the next start
 	LogLevel       string        // debug, info, warn or error
 }
 
@@ -97,6 +98,10 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		c.Warm = v != "0" && v != "false"
 	}
 	fs.BoolVar(&c.Warm, "warm", c.Warm, "snapshot templates warm so creates restore them ($PANDASTACK_WARM)")
+	if v, ok := os.LookupEnv("PANDASTACK_KILL_ON_EXIT"); ok {
+		c.KillOnExit = v == "1" || v == "true"
+	}
+	fs.BoolVar(&c.KillOnExit, "kill-on-exit", c.KillOnExit, "kill every sandbox when serve stops, instead of re-adopting them on the next start ($PANDASTACK_KILL_ON_EXIT)")
 	str(&c.LogLevel, "log-level", "PANDASTACK_LOG_LEVEL", "debug, info, warn or error")
 	if v, ok := os.LookupEnv("PANDASTACK_MAX_UPLOAD_BYTES"); ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {

@@ -194,10 +194,16 @@ func serve(args []string) error {
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down; running sandboxes keep running and are re-adopted on the next start")
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return hs.Shutdown(sctx)
+	err = hs.Shutdown(sctx)
+	if cfg.KillOnExit {
+		log.Info("shutting down; killing every sandbox (--kill-on-exit)")
+		mgr.KillAll(context.Background())
+	} else {
+		log.Info("shutting down; running sandboxes keep running and are re-adopted on the next start")
+	}
+	return err
 }
 
 // ensureFirstKey creates the default project and its first key when the

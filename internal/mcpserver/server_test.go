@@ -92,6 +92,7 @@ func startServer(bin string) (*apiServer, string) {
 		"PANDASTACK_CACHE_DIR="+paths.CacheDir(),
 		"PANDASTACK_BUILD_ON_START=base,code-interpreter",
 		"PANDASTACK_LOG_LEVEL=debug",
+		"PANDASTACK_KILL_ON_EXIT=1",
 	)
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
 	if err := s.cmd.Start(); err != nil {

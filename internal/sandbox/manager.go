@@ -127,6 +127,25 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
+// KillAll kills every sandbox of every project (running, paused or
+// starting), for a server run with --kill-on-exit.
+func (m *Manager) KillAll(ctx context.Context) {
+	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}})
+	if err != nil {
+		m.log.Error("kill all", "err", err)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, sb := range recs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m.Kill(ctx, sb.ProjectID, sb.ID)
+		}()
+	}
+	wg.Wait()
+}
+
 // Close stops the reaper and closes agent channels. Sandboxes keep running,
 // so the next Start re-adopts them.
 func (m *Manager) Close() {

@@ -117,6 +117,7 @@ def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     env.update(
         PANDASTACK_LISTEN=f"127.0.0.1:{port}",
         PANDASTACK_DATA_DIR=str(data_dir),
+        PANDASTACK_KILL_ON_EXIT="1",
         PANDASTACK_CACHE_DIR=os.environ.get("PANDASTACK_CACHE_DIR", "/var/cache/pandastack"),
         PANDASTACK_LOG_LEVEL="debug",
     )

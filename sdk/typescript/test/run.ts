@@ -81,6 +81,7 @@ async function startServer(bin: string): Promise<Server> {
       ...process.env,
       PANDASTACK_LISTEN: `127.0.0.1:${port}`,
       PANDASTACK_DATA_DIR: dataDir,
+      PANDASTACK_KILL_ON_EXIT: "1",
       PANDASTACK_CACHE_DIR: process.env.PANDASTACK_CACHE_DIR || "/var/cache/pandastack",
       PANDASTACK_BUILD_ON_START: buildOnStart,
     },
