@@ -33,7 +33,8 @@ type pool struct {
 	mu    sync.Mutex
 	ids   map[string]bool // the ready sandboxes, for stats
 
-	filling atomic.Bool // a restore for the pool is under way
+	filling atomic.Bool  // a restore for the pool is under way
+	waiting atomic.Int32 // creates waiting for that restore
 }
 
 // PoolStats describes a template's pool for GET /v1/templates.
@@ -144,11 +145,17 @@ func (m *Manager) fromPool(p plan) (pooled, bool) {
 	select {
 	case pd = <-pl.ready:
 	default:
-		// Empty, but a restore for the pool is under way: waiting for it
-		// beats a restore of our own competing with it for the CPU.
+		// Empty, but a restore for the pool is under way: for one create,
+		// waiting for it beats a restore of its own competing with it for
+		// the CPU. In a burst the others restore their own at once.
 		if !pl.filling.Load() {
 			return pooled{}, false
 		}
+		if pl.waiting.Add(1) > 1 {
+			pl.waiting.Add(-1)
+			return pooled{}, false
+		}
+		defer pl.waiting.Add(-1)
 		select {
 		case pd = <-pl.ready:
 		case <-time.After(2 * time.Second):
