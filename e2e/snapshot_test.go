@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/client"
 )
@@ -233,6 +234,8 @@ func TestPauseResume(t *testing.T) {
 	if st, body := rawJSON(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/resume", "", &got); st != 200 || got.State != "running" {
 		t.Fatalf("resume: %d %s", st, body)
 	}
+	// Past a few reaper passes: the resumed sandbox must not be taken for dead.
+	time.Sleep(2500 * time.Millisecond)
 	ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "marker, big.sum()"})
 	if err != nil || ex.Text != "('still here', np.float64(50000000.0))" {
 		t.Fatalf("after resume: %+v %v", ex, err)

@@ -72,6 +72,22 @@ func (fr *frameReader) next() (frame, error) {
 	}
 }
 
+// padding is written before the first frame of every new session, in both
+// directions. A writer that died mid-frame (a killed server, a checkpoint
+// taken during an upload) leaves a header promising bytes that never come;
+// the reader would take the new session's first bytes as the rest of that
+// frame. A full frame's worth of zeros completes any torn frame, and zeros
+// alone never form the magic, so the reader then skips them to the next
+// real header.
+var padding = make([]byte, headerSize+maxFramePayload)
+
+func (fw *frameWriter) pad() error {
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	_, err := fw.w.Write(padding)
+	return err
+}
+
 // frameWriter writes frames; safe for concurrent use.
 type frameWriter struct {
 	mu sync.Mutex
@@ -107,11 +123,12 @@ func HostConn(rwc io.ReadWriteCloser, epoch uint32) io.ReadWriteCloser {
 }
 
 type hostConn struct {
-	rwc   io.ReadWriteCloser
-	epoch uint32
-	fr    *frameReader
-	fw    *frameWriter
-	rest  []byte
+	rwc    io.ReadWriteCloser
+	epoch  uint32
+	fr     *frameReader
+	fw     *frameWriter
+	rest   []byte
+	padded sync.Once
 }
 
 func (c *hostConn) Read(p []byte) (int, error) {
@@ -129,8 +146,15 @@ func (c *hostConn) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (c *hostConn) Write(p []byte) (int, error) { return c.fw.write(c.epoch, p) }
-func (c *hostConn) Close() error                { return c.rwc.Close() }
+func (c *hostConn) Write(p []byte) (int, error) {
+	var err error
+	c.padded.Do(func() { err = c.fw.pad() })
+	if err != nil {
+		return 0, err
+	}
+	return c.fw.write(c.epoch, p)
+}
+func (c *hostConn) Close() error { return c.rwc.Close() }
 
 // Serve runs the agent's side of the pipes until r fails (EOF when the host
 // side is gone for good). For every new epoch it calls onSession in a new
@@ -153,6 +177,9 @@ func Serve(r io.Reader, w io.Writer, onSession func(epoch uint32, conn io.ReadWr
 		if cur == nil || f.epoch != cur.epoch {
 			if cur != nil {
 				cur.Close()
+			}
+			if err := fw.pad(); err != nil {
+				return err
 			}
 			pr, pw := io.Pipe()
 			cur = &agentConn{epoch: f.epoch, pr: pr, pw: pw, fw: fw}

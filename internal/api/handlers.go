@@ -331,6 +331,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, project string)
 	if !ok {
 		return
 	}
+	defer s.mgr.Track(r.PathValue("id"))()
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
 	fi, err := agent.PutFile(r.Context(), p, body)
 	if err != nil {
@@ -450,8 +451,10 @@ func (s *Server) timeout(seconds *float64, def time.Duration) (time.Duration, er
 		return def, nil
 	}
 	t := *seconds
-	if t <= 0 || math.IsNaN(t) || time.Duration(t*float64(time.Second)) > s.cfg.MaxExecTimeout {
+	// Compared as floats: a huge value must not wrap around to "none".
+	if !(t > 0) || t > s.cfg.MaxExecTimeout.Seconds() {
 		return 0, pandastack.Errorf(pandastack.EInvalid, "timeout_seconds must be above 0 and at most %d", int64(s.cfg.MaxExecTimeout/time.Second))
 	}
-	return time.Duration(t * float64(time.Second)), nil
+	// At least 1 ms: the agent reads 0 as no timeout.
+	return time.Duration(max(1, int64(math.Ceil(t*1000)))) * time.Millisecond, nil
 }

@@ -178,8 +178,17 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.stopSandbox(s.ID, pandastack.StopFailed)
 		case !s.ExpiresAt.After(m.now()):
 			m.stopSandbox(s.ID, pandastack.StopExpired)
+		case s.ProjectID == warmProject:
+			// A warm-up cut short by the last shutdown: nobody needs it.
+			m.teardown(s.ID)
+			m.store.DeleteSandbox(context.Background(), s.ID)
 		default:
-			if err := m.adopt(ctx, s.ID); err != nil {
+			if ctx.Err() != nil {
+				// Shutting down while re-adopting: leave the rest for the
+				// next start rather than stop them as lost.
+				return ctx.Err()
+			}
+			if err := m.adopt(context.WithoutCancel(ctx), s.ID); err != nil {
 				m.log.Warn("sandbox lost across restart", "sandbox", s.ID, "err", err)
 				m.stopSandbox(s.ID, pandastack.StopLost)
 				continue
@@ -465,9 +474,12 @@ func (m *Manager) SetTTL(ctx context.Context, projectID, id string, seconds int6
 	if err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	sb, err := m.running(ctx, projectID, id)
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
 	if err != nil {
 		return sb, err
+	}
+	if sb.State != pandastack.StateRunning && sb.State != pandastack.StatePaused {
+		return m.running(ctx, projectID, id) // the error that says why
 	}
 	sb.ExpiresAt = m.now().UTC().Add(ttl).Truncate(time.Millisecond)
 	if err := m.store.SetSandboxExpiry(ctx, id, sb.ExpiresAt); err != nil {

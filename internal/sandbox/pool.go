@@ -169,7 +169,8 @@ func (m *Manager) fromPool(p plan) (pooled, bool) {
 	case pl.kick <- struct{}{}:
 	default:
 	}
-	if !pd.client.Alive() {
+	if !pd.client.Alive() || !m.rt.Alive(pd.id) {
+		pd.client.Close()
 		m.rt.Stop(context.Background(), pd.id)
 		return pooled{}, false
 	}

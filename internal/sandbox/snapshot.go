@@ -260,16 +260,25 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
 	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}, filepath.Join(dir, "image"))
+	var client *AgentClient
+	if err == nil {
+		if client, err = dialAgent(startCtx, id, rwc); err != nil {
+			m.rt.Stop(context.Background(), id)
+		}
+	}
 	if err != nil {
+		if startCtx.Err() != nil {
+			return sb, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not resume within %s; it is still paused", id, m.cfg.StartTimeout)
+		}
 		return sb, fmt.Errorf("resume %s: %w", id, err)
 	}
-	client, err := dialAgent(startCtx, id, rwc)
-	if err != nil {
+	// Recorded running first: the image goes only once nothing needs it.
+	if sb, err = m.started(ctx, sb, client); err != nil {
 		m.rt.Stop(context.Background(), id)
-		return sb, fmt.Errorf("resume %s: %w", id, err)
+		return sb, err
 	}
 	os.RemoveAll(dir)
-	return m.started(ctx, sb, client)
+	return sb, nil
 }
 
 // usable returns a running sandbox, resuming a paused one when it was

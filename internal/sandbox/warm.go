@@ -32,6 +32,9 @@ func (m *Manager) Warm(ctx context.Context, tpl Template, warmup, dir string) er
 	m.mu.Lock()
 	agent := m.live[sb.ID]
 	m.mu.Unlock()
+	if agent == nil {
+		return fmt.Errorf("warm %s: the sandbox stopped during warm-up", tpl.Name)
+	}
 	if _, err := agent.CreateContext(ctx, agentproto.ContextRequest{ID: DefaultContextID("python"), Language: "python"}); err != nil {
 		return fmt.Errorf("warm %s: start the python context: %w", tpl.Name, err)
 	}

@@ -139,8 +139,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	}
 	if !leaveRunning {
 		// The container stopped with the checkpoint; remove what is left.
-		r.destroy(id)
-		r.cleanup(id)
+		r.Stop(ctx, id)
 	}
 	return nil
 }
@@ -150,6 +149,7 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 	if !validID(spec.ID) {
 		return nil, pandastack.Errorf(pandastack.EInvalid, "invalid sandbox id %q", spec.ID)
 	}
+	r.forgetPID(spec.ID) // a resume reuses the id with a new process
 	dir := r.dir(spec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
@@ -211,7 +211,9 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 	cmd := exec.Command(r.cfg.Runsc, append(r.globalFlags(filepath.Join(dir, "runsc.log")), args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, agentLog
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	undo = append(undo, func() { r.destroy(spec.ID) })
+	// Stop, not just runsc delete: a runsc killed half-way may leave
+	// children that only a process scan finds.
+	undo = append(undo, func() { r.Stop(context.Background(), spec.ID) })
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
@@ -284,7 +286,9 @@ func (r *Runtime) Alive(id string) bool {
 		defer cancel()
 		out, err := r.runsc(ctx, "state", id)
 		if err != nil {
-			return false
+			// Only a container runsc no longer knows is dead; a slow or
+			// failing runsc says nothing, and killing on it would be worse.
+			return !strings.Contains(err.Error(), "does not exist") && !strings.Contains(err.Error(), "file does not exist")
 		}
 		var st struct {
 			Pid int `json:"pid"`
@@ -300,6 +304,12 @@ func (r *Runtime) Alive(id string) bool {
 	// The command line guards against a recycled pid; a zombie has none.
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	return err == nil && bytes.Contains(b, []byte(id))
+}
+
+func (r *Runtime) forgetPID(id string) {
+	r.mu.Lock()
+	delete(r.pids, id)
+	r.mu.Unlock()
 }
 
 // DeathReason implements pandastack.Runtime.
@@ -327,9 +337,7 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 	if !validID(id) {
 		return nil
 	}
-	r.mu.Lock()
-	delete(r.pids, id)
-	r.mu.Unlock()
+	r.forgetPID(id)
 	r.destroy(id)
 	r.cleanup(id)
 	if pids := r.hostPIDs(id); len(pids) > 0 {
@@ -363,6 +371,9 @@ func (r *Runtime) State(ctx context.Context, id string) (pandastack.RuntimeState
 	}
 	out, err := r.runsc(ctx, "state", id)
 	if err != nil {
+		if !strings.Contains(err.Error(), "does not exist") {
+			return "", fmt.Errorf("state %s: %w", id, err) // runsc failed; the sandbox may be fine
+		}
 		if _, statErr := os.Stat(r.dir(id)); statErr == nil {
 			return pandastack.RuntimeStopped, nil
 		}
