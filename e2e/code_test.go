@@ -171,6 +171,17 @@ func TestCodeContexts(t *testing.T) {
 			t.Fatalf("3 MB print kept %d bytes", len(ex.Stdout))
 		}
 	})
+	t.Run("rich results are capped", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "from IPython.display import HTML, display\nfor i in range(50):\n    display(HTML('x' * 1_000_000))\n'done'", 120)
+		total, marker := 0, false
+		for _, r := range ex.Results {
+			total += len(r.HTML) + len(r.Text)
+			marker = marker || strings.Contains(r.Text, "results truncated")
+		}
+		if ex.Error != nil || total > 33<<20 || !marker || ex.Text != "'done'" {
+			t.Fatalf("50 MB of displays: error %+v, %d results, %d bytes kept, marker %v, text %q", ex.Error, len(ex.Results), total, marker, ex.Text)
+		}
+	})
 	t.Run("run_code default context and bash", func(t *testing.T) {
 		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "y = 7"})
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -64,7 +65,9 @@ func (c *AgentClient) RunCode(ctx context.Context, id string, req agentproto.Run
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 256<<20)
+	// The agent caps a run's outputs (1 MiB per stream, 32 MiB of results),
+	// so a longer line is a broken agent, not output to hold.
+	sc.Buffer(make([]byte, 64<<10), 64<<20)
 	for sc.Scan() {
 		var ev agentproto.CodeEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
@@ -81,6 +84,9 @@ func (c *AgentClient) RunCode(ctx context.Context, id string, req agentproto.Run
 	}
 	if ctx.Err() != nil {
 		return agentproto.Execution{}, ctx.Err()
+	}
+	if errors.Is(sc.Err(), bufio.ErrTooLong) {
+		return agentproto.Execution{}, pandastack.Errorf(pandastack.ETooLarge, "sandbox %s sent a run event over 64 MiB; the run's outputs were not kept", c.id)
 	}
 	return agentproto.Execution{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering while running code: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
 }

@@ -17,6 +17,11 @@ import (
 // DefaultOutputCap is how many bytes of each stream a run keeps by default.
 const DefaultOutputCap = 1 << 20
 
+// ResultsCap bounds the rich results one run keeps (their JSON size): past
+// it, further displays are dropped with a marker, so a cell that displays
+// without end cannot make the agent or the host hold it all in memory.
+const ResultsCap = 32 << 20
+
 // ExecOptions tunes one Execute.
 type ExecOptions struct {
 	// Timeout bounds the run; 0 means none. On expiry the kernel is
@@ -247,6 +252,8 @@ type run struct {
 	replyErr       *agentproto.ExecutionError
 	timedOut       bool // hide the KeyboardInterrupt our interrupt causes
 	interruptTB    string
+	resultsBytes   int // JSON size of the results kept
+	resultsDropped int
 }
 
 func newRun(outputCap int) *run {
@@ -450,6 +457,24 @@ func (r *run) onStream(name, text string) {
 }
 
 func (r *run) onResult(res agentproto.Result) {
+	size := len(res.Text) + len(res.HTML) + len(res.Markdown) + len(res.SVG) + len(res.PNG) + len(res.JPEG) +
+		len(res.PDF) + len(res.LaTeX) + len(res.JavaScript)
+	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra}); err == nil {
+		size += len(b)
+	}
+	if r.resultsBytes+size > ResultsCap {
+		r.resultsDropped++
+		if res.IsMainResult && len(res.Text) <= 64<<10 {
+			r.exec.Text = res.Text
+		}
+		if r.resultsDropped == 1 {
+			marker := agentproto.Result{Text: fmt.Sprintf("[results truncated: this cell's outputs passed %d MiB; later ones are omitted]", ResultsCap>>20)}
+			r.exec.Results = append(r.exec.Results, marker)
+			r.emit(agentproto.CodeEvent{Type: "result", Result: &marker})
+		}
+		return
+	}
+	r.resultsBytes += size
 	r.exec.Results = append(r.exec.Results, res)
 	if res.IsMainResult {
 		r.exec.Text = res.Text
