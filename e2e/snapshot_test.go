@@ -349,3 +349,28 @@ func TestSnapshotDiskFull(t *testing.T) {
 		t.Fatalf("the parent after a failed snapshot: %+v %v", ex, err)
 	}
 }
+
+func TestSnapshotDuringWorkIsConflict(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "sleep 2"})
+		done <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	for _, path := range []string{"/snapshots", "/fork", "/pause"} {
+		status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+path, "")
+		if status != 409 || code != "conflict" || !strings.Contains(msg, "running") {
+			t.Fatalf("%s during an exec: %d %s %s", path, status, code, msg)
+		}
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st, body := rawJSON(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", "", nil); st != 201 {
+		t.Fatalf("snapshot once the exec ended: %d %s", st, body)
+	}
+}

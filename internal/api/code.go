@@ -27,11 +27,12 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request, project s
 	if req.Language == "" {
 		req.Language = "python"
 	}
-	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
+	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	defer done()
 	cc, err := agent.CreateContext(r.Context(), agentproto.ContextRequest{ID: pandastack.NewID("ctx"), Language: req.Language, Cwd: req.Cwd, Env: req.Env})
 	if err != nil {
 		s.logFailure(r, err)
@@ -42,11 +43,12 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request, project s
 }
 
 func (s *Server) listContexts(w http.ResponseWriter, r *http.Request, project string) {
-	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
+	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	defer done()
 	list, err := agent.ListContexts(r.Context())
 	if err != nil {
 		writeError(w, err)
@@ -80,11 +82,12 @@ func (s *Server) interruptContext(w http.ResponseWriter, r *http.Request, projec
 }
 
 func (s *Server) restartContext(w http.ResponseWriter, r *http.Request, project string) {
-	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
+	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	defer done()
 	cc, err := agent.RestartContext(r.Context(), r.PathValue("cid"))
 	if err != nil {
 		writeError(w, err)
@@ -135,11 +138,12 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		writeError(w, err)
 		return
 	}
-	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
+	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	defer done()
 	if defaultContext {
 		if cid = req.ContextID; cid == "" {
 			if req.Language == "" {
@@ -151,7 +155,6 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 			}
 		}
 	}
-	defer s.mgr.Track(r.PathValue("id"))()
 	areq := agentproto.RunRequest{Code: *req.Code, TimeoutMS: timeout.Milliseconds(), Env: req.Env, OutputCap: s.cfg.RunOutputCap}
 	if wantsStream(r) {
 		nd := newNDJSON(w)

@@ -180,12 +180,12 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 		writeError(w, err)
 		return
 	}
-	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
+	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	defer s.mgr.Track(r.PathValue("id"))()
+	defer done()
 	areq := agentproto.ExecRequest{Argv: req.Argv, Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, TimeoutMS: timeout.Milliseconds(), Stdin: []byte(req.Stdin)}
 	if wantsStream(r) {
 		s.execStream(w, r, agent, areq)
@@ -327,11 +327,17 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, project string)
 		writeError(w, pandastack.Errorf(pandastack.ETooLarge, "upload of %d bytes is over the server's limit of %d", r.ContentLength, s.cfg.MaxUploadBytes))
 		return
 	}
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
+	p, err := pathParam(r)
+	if err != nil {
+		writeError(w, err)
 		return
 	}
-	defer s.mgr.Track(r.PathValue("id"))()
+	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
 	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
 	fi, err := agent.PutFile(r.Context(), p, body)
 	if err != nil {

@@ -511,12 +511,48 @@ func (m *Manager) Agent(ctx context.Context, projectID, id string) (*AgentClient
 		return nil, err
 	}
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.liveClient(id)
+}
+
+// liveClient returns the client of a sandbox nobody is checkpointing or
+// stopping. m.mu is held.
+func (m *Manager) liveClient(id string) (*AgentClient, error) {
+	if m.busy[id] {
+		return nil, pandastack.Errorf(pandastack.EConflict, "sandbox %s is being snapshotted, forked, paused or stopped; retry in a moment", id)
+	}
 	c := m.live[id]
-	m.mu.Unlock()
 	if c == nil || !c.Alive() {
 		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering", id)
 	}
 	return c, nil
+}
+
+// Acquire is Agent for work that changes the sandbox (exec, run, upload):
+// it also counts the work as in flight, in the same step, so a snapshot,
+// fork or pause either sees it and answers conflict, or is already under
+// way and this answers conflict. Call done when the work ends.
+func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentClient, done func(), _ error) {
+	if _, err := m.usable(ctx, projectID, id); err != nil {
+		return nil, nil, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, err := m.liveClient(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	m.inflight[id]++
+	var once sync.Once
+	return c, func() {
+		once.Do(func() {
+			m.mu.Lock()
+			if m.inflight[id]--; m.inflight[id] <= 0 {
+				delete(m.inflight, id)
+			}
+			m.mu.Unlock()
+		})
+	}, nil
 }
 
 // Kill stops the sandbox and deletes its record.

@@ -19,34 +19,22 @@ import (
 func (m *Manager) snapshotPath(id string) string { return filepath.Join(m.cfg.SnapshotDir, id) }
 func (m *Manager) pausedPath(id string) string   { return filepath.Join(m.cfg.PausedDir, id) }
 
-// Track marks work in flight on a sandbox (an exec, a run); snapshots,
-// forks and pauses wait for none and answer conflict instead. Call the
-// returned func when the work ends.
-func (m *Manager) Track(id string) func() {
-	m.mu.Lock()
-	m.inflight[id]++
-	m.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			m.mu.Lock()
-			if m.inflight[id]--; m.inflight[id] <= 0 {
-				delete(m.inflight, id)
-			}
-			m.mu.Unlock()
-		})
-	}
-}
-
-// quiet claims a running sandbox for a checkpoint: nothing may run in it.
+// quiet claims a running sandbox for a checkpoint: nothing may run in it,
+// and nothing new starts until release (Acquire answers conflict).
 func (m *Manager) quiet(id, what string) error {
 	m.mu.Lock()
-	n := m.inflight[id]
-	m.mu.Unlock()
-	if n > 0 {
-		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s) or cell(s) running; %s once they finish (snapshots never wait)", id, n, what)
+	defer m.mu.Unlock()
+	if n := m.inflight[id]; n > 0 {
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s) or upload(s) running; %s once they finish (snapshots never wait)", id, n, what)
 	}
-	return m.claim(id)
+	if m.closed {
+		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
+	}
+	if m.busy[id] {
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s is being snapshotted, forked, paused or stopped; retry in a moment", id)
+	}
+	m.busy[id] = true
+	return nil
 }
 
 // checkpoint writes the sandbox's state into a new image directory final.
