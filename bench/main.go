@@ -7,7 +7,7 @@
 // bench/chart.py) and a markdown table on stdout. Everything it creates is
 // removed at the end, also after a failure or a Ctrl-C.
 //
-//	sudo go run ./bench [-n 30] [-quick] [-out bench/results]
+//	go run ./bench [-n 30] [-quick] [-out bench/results]
 package main
 
 import (

@@ -29,7 +29,7 @@ func missing(t testing.TB, what, fix string) {
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		missing(t, "this test needs root", "run the tests as root: sudo ./scripts/test.sh")
+		missing(t, "this test needs root", "run the tests as root: ./scripts/test.sh")
 	}
 }
 

@@ -105,9 +105,9 @@ def server(request: pytest.FixtureRequest) -> Iterator[Server]:
     binary = _binary()
     if binary is None or not binary.exists():
         where = binary or REPO / "bin" / "pandastack"
-        missing(f"no pandastack binary at {where} ($PANDASTACK_BIN, else bin/pandastack): run `sudo ./scripts/setup.sh`")
+        missing(f"no pandastack binary at {where} ($PANDASTACK_BIN, else bin/pandastack): run `./scripts/setup.sh`")
     if os.geteuid() != 0:
-        missing("`pandastack serve` needs root (gVisor): run the tests as root, e.g. `sudo scripts/test-python.sh`")
+        missing("`pandastack serve` needs root (gVisor): run the tests as root, e.g. `scripts/test-python.sh`")
     assert binary is not None
 
     data_dir = Path(tempfile.mkdtemp(prefix="pandastack-sdk-test-"))
@@ -196,7 +196,7 @@ def require_code_interpreter(server: Server) -> None:
     if CODE_TEMPLATE not in server.templates_known:
         missing(
             f"this pandastack binary knows no {CODE_TEMPLATE!r} template (templates: {server.templates_known}); "
-            "rebuild it with `sudo ./scripts/setup.sh` once templates/code-interpreter.yaml exists"
+            "rebuild it with `./scripts/setup.sh` once templates/code-interpreter.yaml exists"
         )
 
 

@@ -6,7 +6,7 @@
  * removes the data dir.
  *
  * The binary is $PANDASTACK_BIN, else <repo>/bin/pandastack (built by
- * `sudo ./scripts/setup.sh`). Serving needs root. Without either, the tests
+ * `./scripts/setup.sh`). Serving needs root. Without either, the tests
  * that need a server skip with a hint; under CI=true they fail instead.
  *
  * Extra arguments go to `node --test` (e.g. `npm test -- --test-name-pattern=files`);
@@ -38,7 +38,7 @@ function findBinary(): { bin?: string; why?: string } {
   let bin = process.env.PANDASTACK_BIN || join(repoDir, "bin", "pandastack");
   if (existsSync(bin) && statSync(bin).isDirectory()) bin = join(bin, "pandastack");
   if (!existsSync(bin)) {
-    return { why: `no pandastack binary at ${bin}: build it with \`sudo ./scripts/setup.sh\` or set PANDASTACK_BIN` };
+    return { why: `no pandastack binary at ${bin}: build it with \`./scripts/setup.sh\` or set PANDASTACK_BIN` };
   }
   if (process.getuid?.() !== 0) {
     return { why: "`pandastack serve` needs root (gVisor creates namespaces and cgroups): run the tests as root" };
