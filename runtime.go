@@ -31,6 +31,7 @@ const (
 type RuntimeStats struct {
 	PSSBytes int64 // proportional set size of all its host processes
 	PIDs     []int // its host processes
+	CPUNanos int64 // CPU time used by all of it since it started (restored), in ns; -1 when unknown
 }
 
 // Runtime isolates sandboxes on the host. The in-sandbox agent is PID 1 of

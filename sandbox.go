@@ -13,7 +13,7 @@ type SandboxState string
 const (
 	StateStarting SandboxState = "starting" // the runtime is booting it
 	StateRunning  SandboxState = "running"  // its agent answers
-	StatePaused   SandboxState = "paused"   // checkpointed to disk, its memory and CPU freed; resumes on request
+	StatePaused   SandboxState = "paused"   // checkpointed to disk, its memory and CPU freed; resumes on request (see PauseReason)
 	StateStopped  SandboxState = "stopped"  // gone from the runtime; the record stays for a while
 )
 
@@ -25,6 +25,12 @@ const (
 	StopOOM     = "out_of_memory" // it used more than its memory_mb and was killed
 	StopLost    = "lost"          // after a server restart its agent could not be reached
 	StopFailed  = "start_failed"  // creation failed part-way
+)
+
+// Reasons a sandbox is paused, reported in Sandbox.PauseReason.
+const (
+	PauseRequested = ""     // POST …/pause
+	PauseIdle      = "idle" // nothing ran in it for its idle timeout; the next request resumes it
 )
 
 // Sandbox is the stored record of one sandbox.
@@ -41,6 +47,11 @@ type Sandbox struct {
 	StoppedAt  *time.Time        `json:"stopped_at,omitempty"`
 	StopReason string            `json:"stop_reason,omitempty"`
 	AutoResume bool              `json:"auto_resume"` // resume automatically on any request while paused
+	// IdleTimeoutSeconds: after this long with nothing in flight and its CPU
+	// quiet, the sandbox is paused to disk (PauseIdle) until the next
+	// request; 0 never.
+	IdleTimeoutSeconds int64  `json:"idle_timeout_seconds"`
+	PauseReason        string `json:"pause_reason,omitempty"` // while paused: PauseIdle, or "" when asked for
 }
 
 // Snapshot is a saved sandbox state: memory, processes and filesystem.

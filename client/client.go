@@ -132,6 +132,9 @@ type CreateSandboxRequest struct {
 	Env        map[string]string `json:"env,omitempty"`
 	CPU        int               `json:"cpu,omitempty"`
 	MemoryMB   int               `json:"memory_mb,omitempty"`
+	// IdleTimeoutSeconds suspends it after this long idle; nil takes the
+	// server's default, 0 never.
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -169,6 +172,14 @@ func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string, 
 func (c *Client) SetTTL(ctx context.Context, id string, ttl time.Duration) (*Sandbox, error) {
 	var sb Sandbox
 	body := map[string]int64{"ttl_seconds": int64(ttl / time.Second)}
+	return &sb, c.do(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(id), nil, body, &sb)
+}
+
+// SetIdleTimeout sets how long the sandbox may be idle before it is
+// suspended (0: never).
+func (c *Client) SetIdleTimeout(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
+	var sb Sandbox
+	body := map[string]int64{"idle_timeout_seconds": int64(d / time.Second)}
 	return &sb, c.do(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(id), nil, body, &sb)
 }
 

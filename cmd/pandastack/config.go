@@ -87,6 +87,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	num(&c.API.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
 	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
 	num(&c.Sandbox.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
+	dur(&c.Sandbox.IdleTimeout, "idle-timeout", "PANDASTACK_IDLE_TIMEOUT", "suspend a sandbox to disk after this long idle, unless it was created with its own idle_timeout_seconds (0: never)")
 	num(&c.Sandbox.PoolSize, "pool-size", "PANDASTACK_POOL_SIZE", "sandboxes of each warm template kept restored ahead of creates (0: none)")
 	if v, ok := os.LookupEnv("PANDASTACK_WARM"); ok {
 		c.Warm = v != "0" && v != "false"
@@ -128,6 +129,9 @@ func (c *Config) pausedDir() string   { return filepath.Join(c.DataDir, "paused"
 func (c *Config) warmDir() string     { return filepath.Join(c.CacheDir, "warm") }
 
 func (c *Config) validate() error {
+	if c.Sandbox.IdleTimeout < 0 {
+		return fmt.Errorf("idle timeout %s must not be negative (0 disables idle suspend)", c.Sandbox.IdleTimeout)
+	}
 	if c.Sandbox.DefaultTTL <= 0 || c.Sandbox.MaxTTL <= 0 || c.Sandbox.DefaultTTL > c.Sandbox.MaxTTL {
 		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.Sandbox.DefaultTTL, c.Sandbox.MaxTTL)
 	}

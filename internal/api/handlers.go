@@ -26,6 +26,8 @@ type createSandboxRequest struct {
 	MemoryMB   int               `json:"memory_mb"`
 	SnapshotID string            `json:"snapshot_id"`
 	AutoResume bool              `json:"auto_resume"`
+	// IdleTimeoutSeconds: nil takes the server's default; 0 never suspends.
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project string) {
@@ -37,6 +39,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 	sb, err := s.mgr.Create(r.Context(), project, sandbox.CreateRequest{
 		Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata,
 		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
+		IdleTimeoutSeconds: req.IdleTimeoutSeconds,
 	})
 	if err != nil {
 		s.logFailure(r, err)
@@ -106,19 +109,22 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, project stri
 	writeJSON(w, http.StatusOK, sb)
 }
 
+type patchSandboxRequest struct {
+	TTLSeconds         *int64 `json:"ttl_seconds"`
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds"`
+}
+
 func (s *Server) patchSandbox(w http.ResponseWriter, r *http.Request, project string) {
-	var req struct {
-		TTLSeconds *int64 `json:"ttl_seconds"`
-	}
+	var req patchSandboxRequest
 	if err := decode(r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	if req.TTLSeconds == nil {
-		writeError(w, pandastack.Errorf(pandastack.EInvalid, "ttl_seconds is required"))
+	if req.TTLSeconds == nil && req.IdleTimeoutSeconds == nil {
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "give ttl_seconds, idle_timeout_seconds or both"))
 		return
 	}
-	sb, err := s.mgr.SetTTL(r.Context(), project, r.PathValue("id"), *req.TTLSeconds)
+	sb, err := s.mgr.Update(r.Context(), project, r.PathValue("id"), req.TTLSeconds, req.IdleTimeoutSeconds)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -266,6 +266,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	for schema, v := range map[string]any{
 		"CreateSandboxRequest": createSandboxRequest{},
 		"ExecRequest":          execRequest{},
+		"PatchSandboxRequest":  patchSandboxRequest{},
 		"ExecResult":           pandastack.ExecResult{},
 		"Execution":            pandastack.Execution{},
 		"Result":               pandastack.Result{},

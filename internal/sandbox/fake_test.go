@@ -49,6 +49,7 @@ type fakeBox struct {
 	stop    func()            // ends the current agent loop
 	alive   bool
 	reason  string
+	cpu     int64 // CPU time used, in ns; tests move it
 	// hold, when set, makes exec of "hold" wait until it is closed.
 	hold chan struct{}
 }
@@ -207,7 +208,9 @@ func (r *fakeRuntime) Stats(ctx context.Context, id string) (pandastack.RuntimeS
 	if !r.Alive(id) {
 		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no sandbox %s", id)
 	}
-	return pandastack.RuntimeStats{PSSBytes: 1 << 20}, nil
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return pandastack.RuntimeStats{PSSBytes: 1 << 20, CPUNanos: r.boxes[id].cpu}, nil
 }
 
 type fakeImage struct {
@@ -226,6 +229,12 @@ func (r *fakeRuntime) Checkpoint(ctx context.Context, id, imageDir string, leave
 	if r.checkpointErr != nil {
 		if err := r.checkpointErr(id); err != nil {
 			os.WriteFile(filepath.Join(imageDir, "partial"), []byte("x"), 0o600)
+			if !leaveRunning {
+				// As runsc: a checkpoint that was to stop the sandbox
+				// stops it even when writing the image fails.
+				b.stop()
+				b.alive = false
+			}
 			return err
 		}
 	}
@@ -315,7 +324,7 @@ type harness struct {
 	t     *testing.T
 	dir   string
 	rt    *fakeRuntime
-	store pandastack.Store
+	store *hookStore
 	tpls  *fakeTemplates
 	m     *Manager
 }
@@ -325,11 +334,12 @@ const project = "prj_test"
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	dir := t.TempDir()
-	store, err := sqlite.Open(filepath.Join(dir, "db"))
+	db, err := sqlite.Open(filepath.Join(dir, "db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.Close() })
+	t.Cleanup(func() { db.Close() })
+	store := &hookStore{Store: db}
 	rootfs := filepath.Join(dir, "rootfs")
 	os.MkdirAll(rootfs, 0o700)
 	h := &harness{t: t, dir: dir, rt: newFakeRuntime(), store: store, tpls: &fakeTemplates{tpl: Template{Name: "base", RootFS: rootfs, CPU: 1, MemoryMB: 256}}}
@@ -417,3 +427,40 @@ func (m *Manager) entryIDs() []string {
 }
 
 var errInjected = errors.New("injected failure")
+
+// hookStore is the real store with one failure to inject.
+type hookStore struct {
+	pandastack.Store
+	mu          sync.Mutex
+	setStateErr func(id string, state pandastack.SandboxState) error
+}
+
+func (s *hookStore) SetSandboxState(ctx context.Context, id string, state pandastack.SandboxState, reason string, at time.Time) error {
+	s.mu.Lock()
+	hook := s.setStateErr
+	s.mu.Unlock()
+	if hook != nil {
+		if err := hook(id, state); err != nil {
+			return err
+		}
+	}
+	return s.Store.SetSandboxState(ctx, id, state, reason, at)
+}
+
+// clock is a settable time for idleness.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"io"
 	"io/fs"
@@ -149,10 +150,15 @@ func verifyImage(dir, what string) (manifest, error) {
 	return man, nil
 }
 
-// storageError turns a full disk into a clear error.
-func storageError(err error) error {
+// storageError turns a full disk into a short, clear error whose message
+// ends with outcome (what became of the operation); the details (host
+// paths, runsc's own trace) stay in the wrapped error, for the log.
+func storageError(err error, outcome string) error {
 	if errors.Is(err, syscall.ENOSPC) || strings.Contains(err.Error(), "no space left on device") {
-		return pandastack.Errorf(pandastack.EStorage, "the server's disk is full; the partial snapshot was removed (%v)", err)
+		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EStorage, "the server's disk is full; %s", outcome), err)
 	}
 	return err
 }
+
+// What a failed checkpoint leaves: nothing, and the sandbox as it was.
+const checkpointOutcome = "nothing was written and the sandbox runs on unchanged"

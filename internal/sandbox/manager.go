@@ -35,6 +35,7 @@ type Config struct {
 	WarmDir          string        // where warm template images are kept (required for StartWarming)
 	MaxFork          int           // the most children of one fork
 	PoolSize         int           // sandboxes of each warm template kept restored ahead of creates (0: none; never filled in)
+	IdleTimeout      time.Duration // idle timeout of a sandbox created without one (0: never; never filled in); see idle.go
 }
 
 // DefaultConfig returns the defaults: the one place they are written.
@@ -50,6 +51,7 @@ func DefaultConfig() Config {
 		StartTimeout:     30 * time.Second,
 		MaxFork:          16,
 		PoolSize:         2,
+		IdleTimeout:      300 * time.Second,
 	}
 }
 
@@ -101,6 +103,9 @@ type CreateRequest struct {
 	MemoryMB   int
 	SnapshotID string // restore this snapshot instead of a template
 	AutoResume bool   // resume automatically on any request while paused
+	// IdleTimeoutSeconds: suspend after this long idle (0: never); nil
+	// takes Config.IdleTimeout.
+	IdleTimeoutSeconds *int64
 }
 
 // Manager runs sandboxes for the API.
@@ -203,7 +208,7 @@ func (m *Manager) recover(ctx context.Context) error {
 				// next start rather than stop them as lost.
 				return ctx.Err()
 			}
-			if err := m.adopt(context.WithoutCancel(ctx), s.ID); err != nil {
+			if err := m.adopt(context.WithoutCancel(ctx), s); err != nil {
 				m.log.Warn("sandbox lost across restart", "sandbox", s.ID, "err", err)
 				m.stopSandbox(s.ID, pandastack.StopLost)
 				continue
@@ -227,16 +232,16 @@ func (m *Manager) recover(ctx context.Context) error {
 	return nil
 }
 
-func (m *Manager) adopt(ctx context.Context, id string) error {
-	rwc, err := m.rt.Attach(ctx, id)
+func (m *Manager) adopt(ctx context.Context, sb pandastack.Sandbox) error {
+	rwc, err := m.rt.Attach(ctx, sb.ID)
 	if err != nil {
 		return err
 	}
-	c, err := dialAgent(ctx, id, rwc)
+	c, err := dialAgent(ctx, sb.ID, rwc)
 	if err != nil {
 		return err
 	}
-	if !m.sbx.run(id, c) {
+	if !m.sbx.run(sb.ID, c, time.Duration(sb.IdleTimeoutSeconds)*time.Second) {
 		c.Close()
 	}
 	return nil
@@ -310,7 +315,11 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	if err := ValidateEnv(req.Env); err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	p := plan{ttl: ttl, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume}
+	idle, err := m.idleTimeout(req.IdleTimeoutSeconds)
+	if err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	p := plan{ttl: ttl, idle: idle, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume}
 	if req.SnapshotID != "" {
 		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || len(req.Env) > 0 {
 			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
@@ -366,6 +375,7 @@ type plan struct {
 	image      string // restore this checkpoint image instead of booting cold
 	cpu, mem   int
 	ttl        time.Duration
+	idle       time.Duration // idle timeout; 0 never
 	metadata   map[string]string
 	env        map[string]string
 	autoResume bool
@@ -378,6 +388,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		ID: pandastack.NewID("sbx"), ProjectID: projectID, Template: p.template,
 		State: pandastack.StateStarting, Metadata: maps.Clone(p.metadata),
 		CPU: p.cpu, MemoryMB: p.mem, CreatedAt: now, ExpiresAt: now.Add(p.ttl), AutoResume: p.autoResume,
+		IdleTimeoutSeconds: int64(p.idle / time.Second),
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
@@ -439,7 +450,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	if startCtx.Err() != nil {
 		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not start within %s", sb.ID, m.cfg.StartTimeout)
 	}
-	return pandastack.Sandbox{}, fmt.Errorf("create %s: %w", sb.ID, err)
+	return pandastack.Sandbox{}, fmt.Errorf("create %s: %w", sb.ID, storageError(err, "the sandbox was not created"))
 }
 
 // started records a claimed, booted sandbox as running and makes it so.
@@ -448,7 +459,7 @@ func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *Ag
 		client.Close()
 		return pandastack.Sandbox{}, err
 	}
-	if !m.sbx.run(sb.ID, client) {
+	if !m.sbx.run(sb.ID, client, time.Duration(sb.IdleTimeoutSeconds)*time.Second) {
 		client.Close() // shutting down: the next start re-adopts it
 	}
 	sb.State = pandastack.StateRunning
@@ -578,6 +589,7 @@ func (m *Manager) reapLoop() {
 		case <-t.C:
 		}
 		m.reapOnce()
+		m.suspendIdle()
 		if time.Since(lastPurge) > time.Hour {
 			lastPurge = time.Now()
 			if n, err := m.store.PurgeStoppedSandboxes(context.Background(), m.now().Add(-m.cfg.StoppedRetention)); err == nil && n > 0 {
@@ -587,6 +599,9 @@ func (m *Manager) reapLoop() {
 	}
 }
 
+// maxConcurrentStops bounds the expired sandboxes the reaper stops at once.
+const maxConcurrentStops = 8
+
 // reapOnce stops expired sandboxes and those whose agent channel died.
 func (m *Manager) reapOnce() {
 	ctx := context.Background()
@@ -594,13 +609,19 @@ func (m *Manager) reapOnce() {
 	if err != nil {
 		m.log.Error("list expired sandboxes", "err", err)
 	}
-	for _, s := range expired {
-		if m.sbx.begin(s.ID, phaseStopping) != nil {
-			continue // being created or killed right now
-		}
-		m.stopSandbox(s.ID, pandastack.StopExpired)
-		m.sbx.end(s.ID)
+	ids := make([]string, len(expired))
+	for i, s := range expired {
+		ids[i] = s.ID
 	}
+	// Concurrently, since each stop may take a while (runsc delete), but
+	// bounded, so a burst of expiries cannot start hundreds at once.
+	forEachBounded(ids, maxConcurrentStops, func(id string) {
+		if m.sbx.begin(id, phaseStopping) != nil {
+			return // being created, checkpointed or killed right now
+		}
+		m.stopSandbox(id, pandastack.StopExpired)
+		m.sbx.end(id)
+	})
 	var dead []string
 	for id, c := range m.sbx.running() {
 		if !c.Alive() || !m.rt.Alive(id) {
@@ -633,7 +654,7 @@ func (m *Manager) Reconcile(id string) {
 
 // Stats returns the host-side resource use of a running sandbox.
 func (m *Manager) Stats(ctx context.Context, projectID, id string) (pandastack.RuntimeStats, error) {
-	if _, err := m.running(ctx, projectID, id); err != nil {
+	if _, err := m.usable(ctx, projectID, id); err != nil {
 		return pandastack.RuntimeStats{}, err
 	}
 	return m.rt.Stats(ctx, id)

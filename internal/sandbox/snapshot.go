@@ -28,7 +28,7 @@ func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final s
 	}
 	tmp := filepath.Join(filepath.Dir(final), ".tmp-"+filepath.Base(final)+"-"+pandastack.NewID("t"))
 	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
-		return 0, storageError(err)
+		return 0, storageError(err, checkpointOutcome)
 	}
 	ok := false
 	defer func() {
@@ -37,13 +37,13 @@ func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final s
 		}
 	}()
 	if err := m.rt.Checkpoint(context.WithoutCancel(ctx), sb.ID, filepath.Join(tmp, "image"), leaveRunning); err != nil {
-		return 0, storageError(err)
+		return 0, storageError(err, checkpointOutcome)
 	}
 	size, err := sealImage(tmp, final, manifest{
 		SandboxID: sb.ID, Template: sb.Template, RootFS: rootfs, CPU: sb.CPU, MemoryMB: sb.MemoryMB, CreatedAt: m.now().UTC(),
 	})
 	if err != nil {
-		return 0, storageError(err)
+		return 0, storageError(err, checkpointOutcome)
 	}
 	ok = true
 	return size, nil
@@ -140,7 +140,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	m.sbx.settle(id)
 	defer os.RemoveAll(img) // restored children keep their open image files
 	if err != nil {
-		return nil, fmt.Errorf("fork %s: %w", id, storageError(err))
+		return nil, fmt.Errorf("fork %s: %w", id, storageError(err, checkpointOutcome))
 	}
 	man := manifest{RootFS: tpl.RootFS}
 
@@ -154,6 +154,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 			kids[i], errs[i] = m.launch(ctx, projectID, plan{
 				template: sb.Template, rootfs: man.RootFS, image: img,
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
+				idle: time.Duration(sb.IdleTimeoutSeconds) * time.Second,
 			})
 		}()
 	}
@@ -183,26 +184,43 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (pandastack.S
 	if sb, err = m.running(ctx, projectID, id); err != nil {
 		return sb, err
 	}
-	if err := m.sbx.quiesce(id, phasePausing, "pause it"); err != nil {
+	return m.pause(ctx, sb, pandastack.PauseRequested)
+}
+
+// pause checkpoints sb into its paused image and then stops it, recording
+// reason. The checkpoint leaves the sandbox running, so a pause that fails
+// (a full disk) leaves it running as it was.
+func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason string) (pandastack.Sandbox, error) {
+	id := sb.ID
+	ph := phasePausing
+	if reason == pandastack.PauseIdle {
+		ph = phaseSuspending
+	}
+	if err := m.sbx.quiesce(id, ph, "pause it"); err != nil {
 		return sb, err
+	}
+	ctx = context.WithoutCancel(ctx) // half a pause helps nobody
+	dir := m.pausedPath(id)
+	if _, err := m.checkpoint(ctx, sb, dir, true); err != nil {
+		m.sbx.settle(id)
+		return sb, fmt.Errorf("pause %s: %w", id, err)
+	}
+	// Recorded before the sandbox stops: a record that says running must
+	// never outlive its sandbox, nor may one that says paused lack its image.
+	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, reason, m.now()); err != nil {
+		os.RemoveAll(dir)
+		m.sbx.settle(id)
+		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
 	if c := m.sbx.detach(id); c != nil {
 		c.Close()
 	}
-	if _, err := m.checkpoint(ctx, sb, m.pausedPath(id), false); err != nil {
-		// The checkpoint failed before stopping it: reattach (running again).
-		if aerr := m.adopt(context.WithoutCancel(ctx), id); aerr != nil {
-			m.stopSandbox(id, pandastack.StopDied)
-			m.sbx.end(id)
-		}
-		return sb, fmt.Errorf("pause %s: %w", id, err)
+	if err := m.rt.Stop(ctx, id); err != nil {
+		m.log.Error("runtime stop after pause", "sandbox", id, "err", err)
 	}
-	defer m.sbx.end(id)
-	if err := m.store.SetSandboxState(context.WithoutCancel(ctx), id, pandastack.StatePaused, "", m.now()); err != nil {
-		return sb, err
-	}
-	sb.State = pandastack.StatePaused
-	m.log.Info("sandbox paused", "sandbox", id)
+	m.sbx.end(id)
+	sb.State, sb.PauseReason = pandastack.StatePaused, reason
+	m.log.Info("sandbox paused", "sandbox", id, "reason", reason)
 	return sb, nil
 }
 
@@ -255,19 +273,32 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 }
 
 // usable returns a running sandbox, resuming a paused one when it was
-// created with auto_resume.
+// created with auto_resume or suspended for idleness. A request that finds
+// it resuming or suspending waits for that, then looks again.
 func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
-	sb, err := m.store.GetSandbox(ctx, projectID, id)
-	if err != nil {
-		return sb, err
-	}
-	if sb.State == pandastack.StatePaused {
-		if !sb.AutoResume {
-			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is paused; resume it first (POST /v1/sandboxes/%s/resume), or create sandboxes with auto_resume", id, id)
-		}
-		if sb, err = m.Resume(ctx, projectID, id); err != nil && !pandastack.IsCode(err, pandastack.EConflict) {
+	for {
+		sb, err := m.store.GetSandbox(ctx, projectID, id)
+		if err != nil {
 			return sb, err
 		}
+		switch {
+		case sb.State == pandastack.StatePaused && !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle:
+			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is paused; resume it first (POST /v1/sandboxes/%s/resume), or create sandboxes with auto_resume", id, id)
+		case sb.State == pandastack.StatePaused:
+			if _, err := m.Resume(ctx, projectID, id); err != nil {
+				if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.wait(ctx, id) {
+					continue // another request is resuming it
+				}
+				if !pandastack.IsCode(err, pandastack.EConflict) {
+					return sb, err
+				}
+			}
+		case sb.State == pandastack.StateRunning && m.sbx.wait(ctx, id):
+			continue // being suspended; the next look resumes it
+		}
+		if err := ctx.Err(); err != nil {
+			return sb, err
+		}
+		return m.running(ctx, projectID, id)
 	}
-	return m.running(ctx, projectID, id)
 }

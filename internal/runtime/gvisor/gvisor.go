@@ -421,8 +421,10 @@ func (r *Runtime) Stats(ctx context.Context, id string) (pandastack.RuntimeStats
 	if len(pids) == 0 {
 		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no processes of sandbox %q", id)
 	}
-	var st pandastack.RuntimeStats
-	st.PIDs = pids
+	st := pandastack.RuntimeStats{PIDs: pids, CPUNanos: -1}
+	if validID(id) {
+		st.CPUNanos = cpuNanos(cgroupPath(id))
+	}
 	for _, p := range pids {
 		st.PSSBytes += pss(p)
 	}

@@ -3,6 +3,7 @@ package gvisor
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/pandastack/pandastack"
@@ -171,4 +172,24 @@ func oomKilled(rel string) bool {
 		}
 	}
 	return false
+}
+
+// cpuNanos reads the CPU time used by everything in the sandbox's cgroup
+// (cgroup v1 cpuacct.usage, or v2 cpu.stat's usage_usec), or -1.
+func cpuNanos(rel string) int64 {
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", rel, "cpuacct.usage")); err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			return n
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", rel, "cpu.stat")); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, " "); ok && k == "usage_usec" {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					return n * 1000
+				}
+			}
+		}
+	}
+	return -1
 }

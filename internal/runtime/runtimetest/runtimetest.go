@@ -202,6 +202,18 @@ func testStartHelloStop(t *testing.T, env Env) {
 	if err != nil || stats.PSSBytes < 1<<20 || len(stats.PIDs) == 0 {
 		t.Fatalf("Stats = %+v %v", stats, err)
 	}
+	if stats.CPUNanos == 0 || stats.CPUNanos < -1 {
+		t.Fatalf("Stats.CPUNanos = %d: a booted sandbox has used CPU (or say -1 for unknown)", stats.CPUNanos)
+	}
+	// With resources set, the CPU time is measured.
+	id2 := newID()
+	s2 := dial(t, start(t, rt, pandastack.RuntimeSpec{ID: id2, RootFS: env.RootFS, CPU: 1, MemoryMB: 256}))
+	s2.exec(t, "true")
+	s2.close()
+	if st, err := rt.Stats(ctx, id2); err != nil || st.CPUNanos <= 0 {
+		t.Fatalf("Stats of a sandbox with a CPU limit = %+v %v; want its CPU time", st, err)
+	}
+	rt.Stop(ctx, id2)
 	if err := rt.Stop(ctx, id); err != nil {
 		t.Fatal(err)
 	}

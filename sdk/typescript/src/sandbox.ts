@@ -39,6 +39,13 @@ export interface SandboxInfo {
   stoppedAt?: Date;
   /** Present once stopped: `expired`, `killed`, `died`, `lost` or `start_failed`. */
   stopReason?: string;
+  /**
+   * Seconds idle (nothing running, no request, CPU quiet) after which the
+   * server suspends it to disk; the next request resumes it. 0: never.
+   */
+  idleTimeoutSeconds: number;
+  /** While paused: `idle` when the server suspended it for idleness. */
+  pauseReason?: string;
 }
 
 /** Options of `Sandbox.create`. Every field is optional. */
@@ -58,7 +65,8 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   /**
    * Restore this snapshot (`snap_...`) instead of booting a template: the
    * variables of every code context, files and installed packages come back.
-   * With a snapshot only `ttlSeconds`, `metadata` and `autoResume` apply.
+   * With a snapshot only `ttlSeconds`, `idleTimeoutSeconds`, `metadata` and
+   * `autoResume` apply.
    */
   snapshotId?: string;
   /**
@@ -66,6 +74,11 @@ export interface SandboxCreateOptions extends ConnectionOptions {
    * `ConflictError`. Default false.
    */
   autoResume?: boolean;
+  /**
+   * Suspend it to disk after this many idle seconds; any later request
+   * resumes it transparently. 0: never. Default: the server's (300).
+   */
+  idleTimeoutSeconds?: number;
   /** CPUs; default the template's. */
   cpu?: number;
   /** Memory limit in MiB; default the template's. */
@@ -164,6 +177,8 @@ interface WireSandbox {
   expires_at: string;
   stopped_at?: string;
   stop_reason?: string;
+  idle_timeout_seconds?: number;
+  pause_reason?: string;
 }
 
 interface WireSnapshot {
@@ -187,9 +202,11 @@ function toInfo(w: WireSandbox): SandboxInfo {
     memoryMb: w.memory_mb,
     createdAt: new Date(w.created_at),
     expiresAt: new Date(w.expires_at),
+    idleTimeoutSeconds: w.idle_timeout_seconds ?? 0,
   };
   if (w.stopped_at) info.stoppedAt = new Date(w.stopped_at);
   if (w.stop_reason) info.stopReason = w.stop_reason;
+  if (w.pause_reason) info.pauseReason = w.pause_reason;
   return info;
 }
 
@@ -223,6 +240,8 @@ export class Sandbox implements SandboxInfo {
   expiresAt!: Date;
   stoppedAt?: Date;
   stopReason?: string;
+  idleTimeoutSeconds!: number;
+  pauseReason?: string;
   /** The sandbox's files. */
   readonly files: Files;
   readonly #http: HttpClient;
@@ -245,6 +264,8 @@ export class Sandbox implements SandboxInfo {
     this.expiresAt = info.expiresAt;
     this.stoppedAt = info.stoppedAt;
     this.stopReason = info.stopReason;
+    this.idleTimeoutSeconds = info.idleTimeoutSeconds;
+    this.pauseReason = info.pauseReason;
   }
 
   #path(sub = ""): string {
@@ -266,6 +287,7 @@ export class Sandbox implements SandboxInfo {
     if (opts.cpu !== undefined) body.cpu = opts.cpu;
     if (opts.memoryMb !== undefined) body.memory_mb = opts.memoryMb;
     if (opts.autoResume !== undefined) body.auto_resume = opts.autoResume;
+    if (opts.idleTimeoutSeconds !== undefined) body.idle_timeout_seconds = opts.idleTimeoutSeconds;
     return new Sandbox(http, await http.json<WireSandbox>("POST", "/v1/sandboxes", { json: body }));
   }
 
@@ -295,6 +317,11 @@ export class Sandbox implements SandboxInfo {
   /** Makes the sandbox expire `seconds` from now (not from its creation). */
   async setTtl(seconds: number): Promise<void> {
     this.#update(await this.#http.json<WireSandbox>("PATCH", this.#path(), { json: { ttl_seconds: seconds } }));
+  }
+
+  /** Sets the seconds idle after which the server suspends it (0: never). */
+  async setIdleTimeout(seconds: number): Promise<void> {
+    this.#update(await this.#http.json<WireSandbox>("PATCH", this.#path(), { json: { idle_timeout_seconds: seconds } }));
   }
 
   /** Stops the sandbox and deletes it; a later `connect` is a `NotFoundError`. */

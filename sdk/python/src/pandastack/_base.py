@@ -66,6 +66,7 @@ def create_body(
     cpu: Optional[int],
     memory_mb: Optional[int],
     auto_resume: Optional[bool] = None,
+    idle_timeout_seconds: Optional[int] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     if snapshot_id:
@@ -85,6 +86,8 @@ def create_body(
         body["memory_mb"] = int(memory_mb)
     if auto_resume is not None:
         body["auto_resume"] = bool(auto_resume)
+    if idle_timeout_seconds is not None:
+        body["idle_timeout_seconds"] = int(idle_timeout_seconds)
     return body
 
 
@@ -215,6 +218,18 @@ class SandboxRecord:
         """Whether any request resumes it while paused (else they answer
         :class:`ConflictError`)."""
         return bool(self._data.get("auto_resume", False))
+
+    @property
+    def idle_timeout_seconds(self) -> int:
+        """Seconds idle (nothing running, no request, CPU quiet) after which
+        the server suspends it to disk; the next request resumes it. 0: never."""
+        return int(self._data.get("idle_timeout_seconds") or 0)
+
+    @property
+    def pause_reason(self) -> Optional[str]:
+        """While paused: ``"idle"`` when the server suspended it for
+        idleness (any request resumes it), else None."""
+        return self._data.get("pause_reason") or None
 
     @property
     def created_at(self) -> Optional[datetime]:

@@ -123,10 +123,11 @@ class AsyncSandbox(SandboxRecord):
         memory_mb: Optional[int] = None,
         client: Optional[Client] = None,
         auto_resume: Optional[bool] = None,
+        idle_timeout_seconds: Optional[int] = None,
     ) -> "AsyncSandbox":
         """Boot a new sandbox; see :meth:`pandastack.Sandbox.create`."""
         c = client or default_client()
-        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume)
+        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds)
         return cls((await c._arequest("POST", "/v1/sandboxes", json=body)).json(), c)
 
     @classmethod
@@ -171,6 +172,11 @@ class AsyncSandbox(SandboxRecord):
     async def set_ttl(self, seconds: int) -> None:
         """Make the sandbox expire ``seconds`` from now."""
         r = await self._client._arequest("PATCH", sandbox_path(self.id), json={"ttl_seconds": int(seconds)})
+        self._update(r.json())
+
+    async def set_idle_timeout(self, seconds: int) -> None:
+        """Set the seconds idle after which the server suspends it (0: never)."""
+        r = await self._client._arequest("PATCH", sandbox_path(self.id), json={"idle_timeout_seconds": int(seconds)})
         self._update(r.json())
 
     async def __aenter__(self) -> "AsyncSandbox":

@@ -112,6 +112,7 @@ class Sandbox(SandboxRecord):
         memory_mb: Optional[int] = None,
         client: Optional[Client] = None,
         auto_resume: Optional[bool] = None,
+        idle_timeout_seconds: Optional[int] = None,
     ) -> "Sandbox":
         """Boot a new sandbox and return it once it runs.
 
@@ -129,6 +130,9 @@ class Sandbox(SandboxRecord):
             client: the server and key to use; default from the environment.
             auto_resume: while paused, any request resumes the sandbox
                 instead of answering :class:`ConflictError`.
+            idle_timeout_seconds: suspend it to disk after this many idle
+                seconds; the next request resumes it transparently. 0:
+                never; default the server's (300).
 
         Raises:
             ConfigurationError: no client and ``PANDASTACK_API_KEY`` unset.
@@ -137,7 +141,7 @@ class Sandbox(SandboxRecord):
             InvalidRequestError: a value out of range.
         """
         c = client or default_client()
-        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume)
+        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds)
         return cls(c._request("POST", "/v1/sandboxes", json=body).json(), c)
 
     @classmethod
@@ -194,6 +198,11 @@ class Sandbox(SandboxRecord):
         """Make the sandbox expire ``seconds`` from now (not from its
         creation); updates :attr:`expires_at`."""
         self._update(self._client._request("PATCH", sandbox_path(self.id), json={"ttl_seconds": int(seconds)}).json())
+
+    def set_idle_timeout(self, seconds: int) -> None:
+        """Set the seconds idle after which the server suspends it (0: never);
+        updates :attr:`idle_timeout_seconds`."""
+        self._update(self._client._request("PATCH", sandbox_path(self.id), json={"idle_timeout_seconds": int(seconds)}).json())
 
     def __enter__(self) -> "Sandbox":
         return self
