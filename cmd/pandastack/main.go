@@ -119,6 +119,11 @@ func serve(args []string) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	store, err := sqlite.Open(cfg.dbPath())
 	if err != nil {
 		return err
