@@ -128,13 +128,25 @@ func (c *AgentClient) do(ctx context.Context, method, path string, q url.Values,
 	return nil
 }
 
+// agentCodes are the error codes an agent may give a client: the agent
+// runs inside the sandbox, where user code could tamper with it, so
+// anything else (auth, method, storage codes, unknown ones) is internal.
+var agentCodes = map[string]bool{
+	pandastack.EInvalid: true, pandastack.ENotFound: true, pandastack.EConflict: true,
+	pandastack.ETimeout: true, pandastack.EUnavailable: true, pandastack.ECommandNotFound: true,
+	pandastack.ETooLarge: true, pandastack.EInternal: true,
+}
+
 func decodeAgentError(resp *http.Response) error {
 	var eb agentproto.ErrorBody
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
+		if !agentCodes[eb.Error.Code] {
+			return fmt.Errorf("agent answered %s with code %q, which it may not give: %.200s", resp.Status, eb.Error.Code, eb.Error.Message)
+		}
 		return &pandastack.Error{Code: eb.Error.Code, Message: eb.Error.Message}
 	}
-	return fmt.Errorf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b))
+	return fmt.Errorf("agent answered %s: %.200s", resp.Status, bytes.TrimSpace(b))
 }
 
 // Exec runs a command and calls onEvent for every output chunk and for the

@@ -103,6 +103,12 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 		json.NewDecoder(req.Body).Decode(&er)
 		var out string
 		switch {
+		case strings.HasPrefix(er.Cmd, "fail "):
+			w.WriteHeader(http.StatusBadRequest)
+			var eb agentproto.ErrorBody
+			eb.Error.Code, eb.Error.Message = er.Cmd[5:], "the agent says no"
+			json.NewEncoder(w).Encode(eb)
+			return
 		case er.Cmd == "hold":
 			r.mu.Lock()
 			h := b.hold

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -131,7 +132,8 @@ func verifyImage(dir, what string) (manifest, error) {
 	}
 	sums, _, err := checksumDir(filepath.Join(dir, "image"))
 	if err != nil {
-		return man, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: cannot read its files: %v", what, err)
+		// The message names no host path; the log has the details.
+		return man, fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are missing or unreadable; delete it and take a new one", what), err)
 	}
 	for name, want := range man.Files {
 		got, ok := sums[name]
@@ -162,3 +164,41 @@ func storageError(err error, outcome string) error {
 
 // What a failed checkpoint leaves: nothing, and the sandbox as it was.
 const checkpointOutcome = "nothing was written and the sandbox runs on unchanged"
+
+// sweepImages removes what an earlier run that died left half-written: the
+// temp directories of snapshots, forks and pauses, and paused images whose
+// sandbox is not paused (gone, stopped, or resumed just before the crash).
+// The data directory's lock (serve) guarantees no other process writes here.
+func (m *Manager) sweepImages(ctx context.Context) {
+	remove := func(dir string) {
+		if err := os.RemoveAll(dir); err != nil {
+			m.log.Warn("remove a leftover image", "dir", dir, "err", err)
+			return
+		}
+		m.log.Info("removed a leftover image", "dir", dir)
+	}
+	if m.cfg.SnapshotDir != "" {
+		ents, _ := os.ReadDir(m.cfg.SnapshotDir)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".tmp-") || strings.HasPrefix(e.Name(), ".fork-") {
+				remove(filepath.Join(m.cfg.SnapshotDir, e.Name()))
+			}
+		}
+	}
+	if m.cfg.PausedDir == "" {
+		return
+	}
+	ents, _ := os.ReadDir(m.cfg.PausedDir)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), ".tmp-") {
+			sb, err := m.store.GetSandbox(ctx, "", e.Name())
+			if err == nil && sb.State == pandastack.StatePaused {
+				continue
+			}
+			if err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+				continue // the store failed: keep it rather than guess
+			}
+		}
+		remove(filepath.Join(m.cfg.PausedDir, e.Name()))
+	}
+}

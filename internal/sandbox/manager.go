@@ -217,6 +217,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.log.Info("sandbox re-adopted", "sandbox", s.ID)
 		}
 	}
+	m.sweepImages(ctx)
 	ids, err := m.rt.List(ctx)
 	if err != nil {
 		return fmt.Errorf("recover: %w", err)

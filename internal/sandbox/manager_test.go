@@ -412,3 +412,81 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// A start after a crash removes half-written images and unowned paused
+// ones, and keeps whole snapshots and the images of paused sandboxes.
+func TestRecoverySweepsLeftovers(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	paused := h.create()
+	if _, err := h.m.Pause(ctx, project, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	running := h.create()
+	snap, err := h.m.Snapshot(ctx, project, running.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.m.Close()
+	leftovers := []string{
+		filepath.Join(h.m.cfg.SnapshotDir, ".tmp-snap_x-t_y"),
+		filepath.Join(h.m.cfg.SnapshotDir, ".fork-f_z"),
+		filepath.Join(h.m.cfg.PausedDir, ".tmp-sbx_a-t_b"),
+		filepath.Join(h.m.cfg.PausedDir, "sbx_gone"), // no record
+		filepath.Join(h.m.cfg.PausedDir, running.ID), // resumed before the crash
+	}
+	for _, d := range leftovers {
+		os.MkdirAll(filepath.Join(d, "image"), 0o700)
+		os.WriteFile(filepath.Join(d, "image", "pages"), []byte("x"), 0o600)
+	}
+	h.m = h.newManager()
+	for _, d := range leftovers {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s survived the start: %v", d, err)
+		}
+	}
+	for _, d := range []string{h.m.snapshotPath(snap.ID), h.m.pausedPath(paused.ID)} {
+		if _, err := verifyImage(d, d); err != nil {
+			t.Errorf("a whole image was touched: %v", err)
+		}
+	}
+	if _, err := h.m.Resume(ctx, project, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Only the agent's known error codes reach the client; anything else is
+// internal (the agent runs where user code could tamper with it).
+func TestAgentErrorCodesAllowListed(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	for code, want := range map[string]string{
+		pandastack.ENotFound:        pandastack.ENotFound,
+		pandastack.ECommandNotFound: pandastack.ECommandNotFound,
+		pandastack.EUnauthorized:    pandastack.EInternal,
+		pandastack.EStorage:         pandastack.EInternal,
+		"made_up":                   pandastack.EInternal,
+	} {
+		_, err := h.exec(sb.ID, "fail "+code)
+		if got := pandastack.ErrorCode(err); got != want {
+			t.Errorf("agent code %s reached the client as %s (%v), want %s", code, got, err, want)
+		}
+	}
+}
+
+// A snapshot whose files are gone is refused without naming host paths.
+func TestMissingImageNamesNoHostPath(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(h.m.snapshotPath(snap.ID), "image"))
+	_, err = h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	if msg := pandastack.ErrorMessage(err); strings.Contains(msg, h.dir) || strings.Contains(msg, "/") {
+		t.Fatalf("the message names a host path: %q", msg)
+	}
+}
