@@ -52,6 +52,9 @@ type Sandbox struct {
 	// request; 0 never.
 	IdleTimeoutSeconds int64  `json:"idle_timeout_seconds"`
 	PauseReason        string `json:"pause_reason,omitempty"` // while paused: PauseIdle, or "" when asked for
+	// RootFS is the host path of the root filesystem it runs on, which its
+	// checkpoints need; server-internal ("" in records older than it).
+	RootFS string `json:"-"`
 }
 
 // Snapshot is a saved sandbox state: memory, processes and filesystem.

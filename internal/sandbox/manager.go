@@ -389,7 +389,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		ID: pandastack.NewID("sbx"), ProjectID: projectID, Template: p.template,
 		State: pandastack.StateStarting, Metadata: maps.Clone(p.metadata),
 		CPU: p.cpu, MemoryMB: p.mem, CreatedAt: now, ExpiresAt: now.Add(p.ttl), AutoResume: p.autoResume,
-		IdleTimeoutSeconds: int64(p.idle / time.Second),
+		IdleTimeoutSeconds: int64(p.idle / time.Second), RootFS: p.rootfs,
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}

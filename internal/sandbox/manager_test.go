@@ -490,3 +490,43 @@ func TestMissingImageNamesNoHostPath(t *testing.T) {
 		t.Fatalf("the message names a host path: %q", msg)
 	}
 }
+
+// After the template's root filesystem changes under a running sandbox, its
+// snapshots, forks and pauses still restore onto the one it runs on.
+func TestCheckpointsRecordTheSandboxRootFS(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.exec(sb.ID, "set v=old")
+	rebuilt := filepath.Join(h.dir, "rootfs-rebuilt")
+	os.MkdirAll(rebuilt, 0o700)
+	h.tpls.tpl.RootFS = rebuilt
+
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatalf("restore after the template changed: %v", err)
+	}
+	kids, err := h.m.Fork(ctx, project, sb.ID, 1, nil, nil)
+	if err != nil {
+		t.Fatalf("fork after the template changed: %v", err)
+	}
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatalf("resume after the template changed: %v", err)
+	}
+	for _, id := range []string{restored.ID, kids[0].ID, sb.ID} {
+		if out, err := h.exec(id, "get v"); err != nil || out != "old" {
+			t.Errorf("%s: %q %v", id, out, err)
+		}
+	}
+	// A new sandbox runs on the rebuilt one.
+	if fresh := h.create(); h.record(fresh.ID).RootFS != rebuilt {
+		t.Errorf("a new sandbox records %q", h.record(fresh.ID).RootFS)
+	}
+}

@@ -19,10 +19,19 @@ import (
 func (m *Manager) snapshotPath(id string) string { return filepath.Join(m.cfg.SnapshotDir, id) }
 func (m *Manager) pausedPath(id string) string   { return filepath.Join(m.cfg.PausedDir, id) }
 
+// rootfs is the root filesystem sb runs on, which a restore of its image
+// needs: its record's, or for records older than that field the template's.
+func (m *Manager) rootfs(ctx context.Context, sb pandastack.Sandbox) (string, error) {
+	if sb.RootFS != "" {
+		return sb.RootFS, nil
+	}
+	tpl, err := m.templates.Resolve(ctx, sb.Template)
+	return tpl.RootFS, err
+}
+
 // checkpoint writes the sandbox's state into a new image directory final.
 func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final string, leaveRunning bool) (int64, error) {
-	tpl, err := m.templates.Resolve(ctx, sb.Template)
-	rootfs := tpl.RootFS
+	rootfs, err := m.rootfs(ctx, sb)
 	if err != nil {
 		return 0, err
 	}
@@ -127,7 +136,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	}
 	// A fork's image lives only until its children run, in this process:
 	// no manifest or checksums, which would add a pass over every byte.
-	tpl, err := m.templates.Resolve(ctx, sb.Template)
+	rootfs, err := m.rootfs(ctx, sb)
 	if err != nil {
 		m.sbx.settle(id)
 		return nil, err
@@ -142,7 +151,6 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", id, storageError(err, checkpointOutcome))
 	}
-	man := manifest{RootFS: tpl.RootFS}
 
 	kids := make([]pandastack.Sandbox, count)
 	errs := make([]error, count)
@@ -152,7 +160,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 		go func() {
 			defer wg.Done()
 			kids[i], errs[i] = m.launch(ctx, projectID, plan{
-				template: sb.Template, rootfs: man.RootFS, image: img,
+				template: sb.Template, rootfs: rootfs, image: img,
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
 				idle: time.Duration(sb.IdleTimeoutSeconds) * time.Second,
 			})

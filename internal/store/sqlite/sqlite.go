@@ -127,7 +127,8 @@ var migrations = []string{
 
 	`ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0 CHECK (auto_resume IN (0, 1));`,
 	`ALTER TABLE sandboxes ADD COLUMN idle_timeout_seconds INTEGER NOT NULL DEFAULT 0;
-	ALTER TABLE sandboxes ADD COLUMN pause_reason TEXT NOT NULL DEFAULT '';`,
+	ALTER TABLE sandboxes ADD COLUMN pause_reason TEXT NOT NULL DEFAULT '';
+	ALTER TABLE sandboxes ADD COLUMN rootfs TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {
@@ -423,7 +424,7 @@ func (s *Store) RevokeAPIKey(ctx context.Context, idOrPrefix string, t time.Time
 // --- sandboxes ---
 
 const sandboxColumns = `id, project_id, template, state, metadata, cpu, memory_mb,
-	created_at, expires_at, stopped_at, stop_reason, auto_resume, idle_timeout_seconds, pause_reason`
+	created_at, expires_at, stopped_at, stop_reason, auto_resume, idle_timeout_seconds, pause_reason, rootfs`
 
 func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error) {
 	var sb pandastack.Sandbox
@@ -431,7 +432,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error
 	var created, expires int64
 	var stopped sql.NullInt64
 	if err := row.Scan(&sb.ID, &sb.ProjectID, &sb.Template, &sb.State, &md, &sb.CPU, &sb.MemoryMB,
-		&created, &expires, &stopped, &sb.StopReason, &sb.AutoResume, &sb.IdleTimeoutSeconds, &sb.PauseReason); err != nil {
+		&created, &expires, &stopped, &sb.StopReason, &sb.AutoResume, &sb.IdleTimeoutSeconds, &sb.PauseReason, &sb.RootFS); err != nil {
 		return pandastack.Sandbox{}, err
 	}
 	var err error
@@ -468,10 +469,10 @@ func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error 
 		return fmt.Errorf("create sandbox %s: metadata: %w", sb.ID, err)
 	}
 	_, err = s.db.ExecContext(ctx,
-		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.ProjectID, sb.Template, string(sb.State), md, sb.CPU, sb.MemoryMB,
 		millis(sb.CreatedAt), millis(sb.ExpiresAt), millisPtr(sb.StoppedAt), sb.StopReason, sb.AutoResume,
-		sb.IdleTimeoutSeconds, sb.PauseReason)
+		sb.IdleTimeoutSeconds, sb.PauseReason, sb.RootFS)
 	if isUnique(err) {
 		return pandastack.Errorf(pandastack.EConflict, "sandbox %q already exists", sb.ID)
 	}

@@ -194,7 +194,8 @@ func checkSandbox(t *testing.T, got, want pandastack.Sandbox) {
 	if got.ID != want.ID || got.ProjectID != want.ProjectID || got.Template != want.Template ||
 		got.State != want.State || got.CPU != want.CPU || got.MemoryMB != want.MemoryMB ||
 		got.StopReason != want.StopReason || got.AutoResume != want.AutoResume ||
-		got.IdleTimeoutSeconds != want.IdleTimeoutSeconds || got.PauseReason != want.PauseReason {
+		got.IdleTimeoutSeconds != want.IdleTimeoutSeconds || got.PauseReason != want.PauseReason ||
+		got.RootFS != want.RootFS {
 		t.Errorf("sandbox = %+v\nwant %+v", got, want)
 	}
 	checkMetadata(t, "sandbox "+want.ID, got.Metadata, want.Metadata)
@@ -1372,6 +1373,7 @@ func testIdleSuspend(t *testing.T, s pandastack.Store) {
 	ctx := t.Context()
 	want := sandbox("sbx_1", 0)
 	want.IdleTimeoutSeconds = 300
+	want.RootFS = "/var/cache/pandastack/templates/base-0123/rootfs" // kept as given
 	mustSandbox(t, s, want)
 	mustSandbox(t, s, sandbox("sbx_2", 1))
 	checkSandbox(t, mustGet(t, s, "sbx_1"), want)
