@@ -121,7 +121,10 @@ func startServer(ctx context.Context, name, binDir, runsc string, poolSize int) 
 		log: &logBuffer{}, exited: make(chan struct{}), live: map[string]bool{}, seen: map[string]bool{},
 	}
 	s.cmd = exec.Command(filepath.Join(binDir, "pandastack"), "serve", "--listen", addr, "--data-dir", dataDir,
-		"--pool-size", strconv.Itoa(poolSize), "--build-on-start", buildOnStart, "--runsc", runsc, "--kill-on-exit")
+		"--pool-size", strconv.Itoa(poolSize), "--build-on-start", buildOnStart, "--runsc", runsc, "--kill-on-exit",
+		// Sandboxes that wait between measurements must not suspend
+		// themselves; the idle section sets its own idle timeout.
+		"--idle-timeout", "0")
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {

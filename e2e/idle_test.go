@@ -13,27 +13,23 @@ import (
 	"github.com/pandastack/pandastack/client"
 )
 
-// waitState polls the sandbox until pred holds (deadline generous: this is
-// no timing assertion, the machine is shared) and returns it.
+// waitState polls the sandbox until pred holds and returns it.
 func waitState(t *testing.T, s *server, id string, what string, pred func(*client.Sandbox) bool) *client.Sandbox {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
+	var last *client.Sandbox
+	eventually(t, "sandbox "+id+" to be "+what, func() bool {
 		sb, err := s.client().GetSandbox(context.Background(), id)
-		if err == nil && pred(sb) {
-			return sb
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sandbox %s never became %s (last: %+v, %v)\n%s", id, what, sb, err, tail(s.out.String(), 30))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		last = sb
+		return err == nil && pred(sb)
+	})
+	return last
 }
 
-// eventually polls cond until it holds, or fails after a generous deadline.
+// eventually polls cond until it holds, or fails after a generous deadline
+// (no timing assertion: the machine is shared).
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(2 * time.Minute)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("waited in vain for %s", what)
@@ -152,16 +148,7 @@ func TestIdleBusyIsNotSuspended(t *testing.T) {
 // A pause (asked for, or for idleness) on a full disk answers 507 with a
 // short message and leaves the sandbox running with its state.
 func TestPauseDiskFull(t *testing.T) {
-	s := startServer(t, "")
-	pausedDir := filepath.Join(s.dataDir, "paused")
-	defer func() {
-		s.stop()
-		syscall.Unmount(pausedDir, syscall.MNT_DETACH)
-		os.RemoveAll(s.dataDir)
-	}()
-	if err := syscall.Mount("tmpfs", pausedDir, "tmpfs", 0, "size=20m"); err != nil {
-		t.Fatalf("mount a small tmpfs: %v", err)
-	}
+	s, pausedDir := serverWithSmallDisk(t, "paused")
 	ctx := context.Background()
 	c := s.client()
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 300, IdleTimeoutSeconds: idleSeconds(0)})
@@ -206,6 +193,24 @@ func TestPauseDiskFull(t *testing.T) {
 	}
 	c.SetIdleTimeout(ctx, sb.ID, 0)
 	checkAlive("after an idle suspend on a full disk")
+}
+
+// serverWithSmallDisk starts a server of its own whose data subdirectory
+// sub is a 20 MiB disk (a code-interpreter image is ~100 MB). The test's
+// cleanup stops it, unmounts the disk and removes the data dir.
+func serverWithSmallDisk(t *testing.T, sub string) (*server, string) {
+	t.Helper()
+	s := startServer(t, "")
+	dir := filepath.Join(s.dataDir, sub)
+	t.Cleanup(func() {
+		s.stop()
+		syscall.Unmount(dir, syscall.MNT_DETACH)
+		os.RemoveAll(s.dataDir)
+	})
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=20m"); err != nil {
+		t.Fatalf("mount a small tmpfs: %v", err)
+	}
+	return s, dir
 }
 
 // A create on a data disk that is 100% full answers 507, not 500.

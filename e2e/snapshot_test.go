@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -318,17 +317,7 @@ func TestSnapshotSurvivesServerRestart(t *testing.T) {
 }
 
 func TestSnapshotDiskFull(t *testing.T) {
-	s := startServer(t, "")
-	snapDir := filepath.Join(s.dataDir, "snapshots")
-	defer func() {
-		s.stop()
-		syscall.Unmount(snapDir, syscall.MNT_DETACH)
-		os.RemoveAll(s.dataDir)
-	}()
-	// A 20 MiB disk for snapshots: a code-interpreter image is ~100 MB.
-	if err := syscall.Mount("tmpfs", snapDir, "tmpfs", 0, "size=20m"); err != nil {
-		t.Fatalf("mount a small tmpfs: %v", err)
-	}
+	s, snapDir := serverWithSmallDisk(t, "snapshots")
 	ctx := context.Background()
 	c := s.client()
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 300})

@@ -38,6 +38,7 @@ type fakeRuntime struct {
 	checkpointErr func(id string) error
 	restores      int  // Restore calls that succeeded
 	noAgent       bool // sandboxes boot with an agent that never answers
+	stopHook      func(id string) // called before Stop does anything, without r.mu
 }
 
 type fakeBox struct {
@@ -177,6 +178,9 @@ func (r *fakeRuntime) Attach(ctx context.Context, id string) (io.ReadWriteCloser
 }
 
 func (r *fakeRuntime) Stop(ctx context.Context, id string) error {
+	if r.stopHook != nil {
+		r.stopHook(id)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if b := r.boxes[id]; b != nil {

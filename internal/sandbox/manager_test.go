@@ -530,3 +530,30 @@ func TestCheckpointsRecordTheSandboxRootFS(t *testing.T) {
 		t.Errorf("a new sandbox records %q", h.record(fresh.ID).RootFS)
 	}
 }
+
+// The reaper stops expired sandboxes concurrently: one slow stop does not
+// hold up the others.
+func TestReaperStopsConcurrently(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	slow, quick := h.create(), h.create()
+	h.store.SetSandboxExpiry(ctx, slow.ID, time.Now().Add(-2*time.Second)) // first in line
+	h.store.SetSandboxExpiry(ctx, quick.ID, time.Now().Add(-time.Second))
+	release := make(chan struct{})
+	h.rt.stopHook = func(id string) {
+		if id == slow.ID {
+			<-release
+		}
+	}
+	reaped := make(chan struct{})
+	go func() { h.m.reapOnce(); close(reaped) }()
+	waitFor(t, func() bool { return !h.rt.Alive(quick.ID) })
+	close(release)
+	<-reaped
+	h.rt.stopHook = nil
+	for _, id := range []string{slow.ID, quick.ID} {
+		if rec := h.record(id); rec.State != pandastack.StateStopped {
+			t.Errorf("%s: %s", id, rec.State)
+		}
+	}
+}
