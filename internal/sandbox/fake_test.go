@@ -36,8 +36,8 @@ type fakeRuntime struct {
 	startErr      func(spec pandastack.RuntimeSpec) error
 	restoreErr    func(spec pandastack.RuntimeSpec) error
 	checkpointErr func(id string) error
-	restores      int  // Restore calls that succeeded
-	noAgent       bool // sandboxes boot with an agent that never answers
+	restores      int             // Restore calls that succeeded
+	noAgent       bool            // sandboxes boot with an agent that never answers
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 }
 
