@@ -109,8 +109,28 @@ func (t *table) setIdleTimeout(id string, d time.Duration) {
 // writes a sandbox's memory to disk.
 const maxConcurrentSuspends = 2
 
-// suspendIdle measures the quiet sandboxes and pauses the idle ones.
+// suspendIdle measures the quiet sandboxes and pauses the idle ones, in
+// the background so that expiry checks go on meanwhile; while one batch of
+// pauses runs, later passes measure nothing.
 func (m *Manager) suspendIdle() {
+	if !m.suspending.CompareAndSwap(false, true) {
+		return
+	}
+	ids := m.idleNow()
+	if len(ids) == 0 {
+		m.suspending.Store(false)
+		return
+	}
+	m.wg.Add(1) // the reaper's own count keeps Close waiting, so this cannot race its Wait
+	go func() {
+		defer m.wg.Done()
+		defer m.suspending.Store(false)
+		m.suspend(ids)
+	}()
+}
+
+// idleNow takes the CPU readings due and returns the sandboxes found idle.
+func (m *Manager) idleNow() []string {
 	var idle []string
 	for _, c := range m.sbx.idleDue() {
 		cpu := int64(-1)
@@ -121,6 +141,11 @@ func (m *Manager) suspendIdle() {
 			idle = append(idle, c.id)
 		}
 	}
+	return idle
+}
+
+// suspend pauses the given sandboxes for idleness, a few at a time.
+func (m *Manager) suspend(idle []string) {
 	forEachBounded(idle, maxConcurrentSuspends, func(id string) {
 		sb, err := m.store.GetSandbox(context.Background(), "", id)
 		if err != nil {

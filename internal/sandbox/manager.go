@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -121,6 +122,8 @@ type Manager struct {
 
 	mu    sync.Mutex
 	pools map[string]*pool // by template name
+
+	suspending atomic.Bool // idle suspends are under way (idle.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
