@@ -206,7 +206,9 @@ func run(ctx context.Context, set Settings, outDir string) error {
 	fmt.Fprintln(os.Stderr, "wrote", base+".json")
 	chart := exec.Command(python, "bench/chart.py", base+".json", base+".png")
 	chart.Stdout, chart.Stderr = os.Stderr, os.Stderr
-	if err := chart.Run(); err != nil {
+	if set.Only != "" {
+		fmt.Fprintln(os.Stderr, "no chart: it shows the whole run, and -only chose some sections")
+	} else if err := chart.Run(); err != nil {
 		rep.Errors = append(rep.Errors, "chart: "+err.Error())
 		fmt.Fprintln(os.Stderr, "bench: drawing the chart failed:", err)
 	} else {
