@@ -228,6 +228,11 @@ func TestCreateDiskFull(t *testing.T) {
 		syscall.Unmount(dataDir, syscall.MNT_DETACH)
 		os.RemoveAll(dataDir)
 	}()
+	before, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.client().KillSandbox(context.Background(), before.ID)
 	filler := filepath.Join(dataDir, "filler")
 	f, err := os.Create(filler)
 	if err != nil {
@@ -246,6 +251,10 @@ func TestCreateDiskFull(t *testing.T) {
 	}
 	if len(msg) > 200 || strings.Contains(msg, dataDir) {
 		t.Errorf("the 507 message is long or shows host details: %q", msg)
+	}
+	// A sandbox that runs already keeps working on the full disk.
+	if res, err := s.client().Exec(context.Background(), before.ID, client.ExecRequest{Cmd: "echo still here"}); err != nil || res.Stdout != "still here\n" {
+		t.Errorf("exec on a full data disk: %+v %v", res, err)
 	}
 	os.Remove(filler)
 	sb, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{})
