@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -34,6 +35,8 @@ type Config struct {
 	// in Sandbox are derived from DataDir and CacheDir.
 	Sandbox sandbox.Config
 	API     api.Config
+
+	envErrs []error // PANDASTACK_* values that did not parse; validate reports them
 }
 
 func defaultConfig() Config {
@@ -57,10 +60,15 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		}
 		fs.StringVar(p, name, *p, usage+" ($"+env+")")
 	}
+	bad := func(env, v, want string) {
+		c.envErrs = append(c.envErrs, fmt.Errorf("$%s=%q is not %s", env, v, want))
+	}
 	dur := func(p *time.Duration, name, env, usage string) {
 		if v, ok := os.LookupEnv(env); ok {
 			if d, err := parseDuration(v); err == nil {
 				*p = d
+			} else {
+				bad(env, v, "a duration (seconds, or like 5m)")
 			}
 		}
 		fs.DurationVar(p, name, *p, usage+" ($"+env+")")
@@ -69,9 +77,24 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		if v, ok := os.LookupEnv(env); ok {
 			if n, err := strconv.Atoi(v); err == nil {
 				*p = n
+			} else {
+				bad(env, v, "an integer")
 			}
 		}
 		fs.IntVar(p, name, *p, usage+" ($"+env+")")
+	}
+	boolean := func(p *bool, name, env, usage string) {
+		if v, ok := os.LookupEnv(env); ok {
+			switch v {
+			case "1", "true":
+				*p = true
+			case "0", "false":
+				*p = false
+			default:
+				bad(env, v, "a boolean (1, true, 0 or false)")
+			}
+		}
+		fs.BoolVar(p, name, *p, usage+" ($"+env+")")
 	}
 	str(&c.Listen, "listen", "PANDASTACK_LISTEN", "address of the REST API")
 	str(&c.DataDir, "data-dir", "PANDASTACK_DATA_DIR", "data directory (database, API key, runtime state)")
@@ -89,18 +112,14 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	num(&c.Sandbox.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
 	dur(&c.Sandbox.IdleTimeout, "idle-timeout", "PANDASTACK_IDLE_TIMEOUT", "suspend a sandbox to disk after this long idle, unless it was created with its own idle_timeout_seconds (0: never)")
 	num(&c.Sandbox.PoolSize, "pool-size", "PANDASTACK_POOL_SIZE", "sandboxes of each warm template kept restored ahead of creates (0: none)")
-	if v, ok := os.LookupEnv("PANDASTACK_WARM"); ok {
-		c.Warm = v != "0" && v != "false"
-	}
-	fs.BoolVar(&c.Warm, "warm", c.Warm, "snapshot templates warm so creates restore them ($PANDASTACK_WARM)")
-	if v, ok := os.LookupEnv("PANDASTACK_KILL_ON_EXIT"); ok {
-		c.KillOnExit = v == "1" || v == "true"
-	}
-	fs.BoolVar(&c.KillOnExit, "kill-on-exit", c.KillOnExit, "kill every sandbox when serve stops, instead of re-adopting them on the next start ($PANDASTACK_KILL_ON_EXIT)")
+	boolean(&c.Warm, "warm", "PANDASTACK_WARM", "snapshot templates warm so creates restore them")
+	boolean(&c.KillOnExit, "kill-on-exit", "PANDASTACK_KILL_ON_EXIT", "kill every sandbox when serve stops, instead of re-adopting them on the next start")
 	str(&c.LogLevel, "log-level", "PANDASTACK_LOG_LEVEL", "debug, info, warn or error")
 	if v, ok := os.LookupEnv("PANDASTACK_MAX_UPLOAD_BYTES"); ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			c.API.MaxUploadBytes = n
+		} else {
+			bad("PANDASTACK_MAX_UPLOAD_BYTES", v, "an integer")
 		}
 	}
 	fs.Int64Var(&c.API.MaxUploadBytes, "max-upload-bytes", c.API.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
@@ -128,7 +147,12 @@ func (c *Config) snapshotDir() string { return filepath.Join(c.DataDir, "snapsho
 func (c *Config) pausedDir() string   { return filepath.Join(c.DataDir, "paused") }
 func (c *Config) warmDir() string     { return filepath.Join(c.CacheDir, "warm") }
 
+// validate refuses settings that make no sense, and environment values
+// that did not parse (rather than ignore them).
 func (c *Config) validate() error {
+	if len(c.envErrs) > 0 {
+		return errors.Join(c.envErrs...)
+	}
 	if c.Sandbox.IdleTimeout < 0 {
 		return fmt.Errorf("idle timeout %s must not be negative (0 disables idle suspend)", c.Sandbox.IdleTimeout)
 	}

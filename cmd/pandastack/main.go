@@ -292,6 +292,9 @@ func keys(args []string) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
+	if err := cfg.validate(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
@@ -345,6 +348,9 @@ func templates(args []string) error {
 	cfg.bind(fs)
 	force := fs.Bool("force", false, "rebuild even when cached")
 	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if err := cfg.validate(); err != nil {
 		return err
 	}
 	reg, err := loadTemplates(&cfg)
