@@ -49,3 +49,38 @@ func TestDataDirIsLocked(t *testing.T) {
 	}
 	s.client().KillSandbox(t.Context(), sb.ID)
 }
+
+// A server killed mid-snapshot or mid-fork leaves partial images; the next
+// start sweeps them, and unowned paused images, and keeps whole snapshots.
+func TestRestartSweepsPartialImages(t *testing.T) {
+	s := startServer(t, "")
+	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
+	// Its sandboxes go with serve's own stop at the end (kill on exit).
+	sb, err := s.client().CreateSandbox(t.Context(), client.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := takeSnapshot(t, s, sb.ID)
+	s.cmd.Process.Kill() // as kill -9 would
+	s.cmd.Wait()
+	s.cmd = nil
+	leftovers := []string{
+		filepath.Join(s.dataDir, "snapshots", ".tmp-snap_x-t_y"),
+		filepath.Join(s.dataDir, "snapshots", ".fork-f_z"),
+		filepath.Join(s.dataDir, "paused", ".tmp-sbx_a-t_b"),
+		filepath.Join(s.dataDir, "paused", "sbx_nobodyhasthis"),
+	}
+	for _, d := range leftovers {
+		os.MkdirAll(filepath.Join(d, "image"), 0o700)
+		os.WriteFile(filepath.Join(d, "image", "pages-1.img"), make([]byte, 1<<20), 0o600)
+	}
+	s.start()
+	for _, d := range leftovers {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s survived the restart: %v", d, err)
+		}
+	}
+	if _, err := s.client().CreateSandboxFromSnapshot(t.Context(), client.RestoreRequest{SnapshotID: snap.ID}); err != nil {
+		t.Fatalf("the whole snapshot after the restart: %v", err)
+	}
+}

@@ -112,10 +112,7 @@ func TestIdleSuspend(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitState(t, s, sb.ID, "stopped (expired)", func(sb *client.Sandbox) bool { return sb.State == "stopped" && sb.StopReason == "expired" })
-		eventually(t, "the image of the expired suspended sandbox to go", func() bool {
-			_, err := os.Stat(image)
-			return os.IsNotExist(err)
-		})
+		s.assertGone(t, sb.ID) // its image included
 	})
 }
 

@@ -189,6 +189,9 @@ func (s *server) assertGone(t *testing.T, id string) {
 		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory/pandastack", id)); err == nil {
 			left = append(left, "memory cgroup")
 		}
+		if _, err := os.Stat(filepath.Join(s.dataDir, "paused", id)); err == nil {
+			left = append(left, "paused image")
+		}
 		if len(left) == 0 {
 			return
 		}
