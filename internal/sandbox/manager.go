@@ -530,7 +530,10 @@ func (m *Manager) Agent(ctx context.Context, projectID, id string) (*AgentClient
 // Acquire is Agent for work that changes the sandbox (exec, run, upload):
 // it also counts the work as in flight, in the same step, so a snapshot,
 // fork or pause either sees it and answers conflict, or is already under
-// way and this answers conflict. Call done when the work ends.
+// way and this answers conflict. Call done when the work ends. While work
+// is in flight the sandbox is never idle (idle.go); a long-lived use that
+// must not block snapshots (a PTY session, a proxied connection) takes Hold
+// instead.
 func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentClient, done func(), _ error) {
 	if _, err := m.usable(ctx, projectID, id); err != nil {
 		return nil, nil, err
