@@ -178,10 +178,7 @@ func forEachBounded(ids []string, n int, f func(string)) {
 // proxied connection): while held it is never idle, but snapshots, forks and
 // pauses still proceed. Call done when the use ends.
 func (m *Manager) Hold(ctx context.Context, projectID, id string) (_ *AgentClient, done func(), _ error) {
-	if _, err := m.usable(ctx, projectID, id); err != nil {
-		return nil, nil, err
-	}
-	return m.sbx.hold(id)
+	return m.use(ctx, projectID, id, m.sbx.hold)
 }
 
 // idleTimeout checks a requested idle timeout; nil means the server's default.

@@ -249,3 +249,46 @@ func TestSetIdleTimeout(t *testing.T) {
 	_, err := h.m.Create(ctx, project, CreateRequest{Template: "base", IdleTimeoutSeconds: &bad})
 	wantCode(t, err, pandastack.EInvalid)
 }
+
+// A request that arrives while an idle suspend is under way waits for it,
+// then resumes the sandbox, and succeeds.
+func TestRequestDuringSuspendWaits(t *testing.T) {
+	h, _ := idleHarness(t)
+	sb := h.createIdle(10)
+	h.exec(sb.ID, "set v=1")
+	inCheckpoint := make(chan struct{})
+	release := make(chan struct{})
+	h.rt.checkpointErr = func(string) error {
+		close(inCheckpoint)
+		h.rt.mu.Unlock()
+		<-release
+		h.rt.mu.Lock()
+		return nil
+	}
+	suspended := make(chan error, 1)
+	go func() {
+		_, err := h.m.pause(context.Background(), h.record(sb.ID), pandastack.PauseIdle)
+		suspended <- err
+	}()
+	<-inCheckpoint
+	h.rt.checkpointErr = nil
+	type result struct {
+		out string
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		out, err := h.exec(sb.ID, "get v")
+		got <- result{out, err}
+	}()
+	close(release)
+	if err := <-suspended; err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; r.err != nil || r.out != "1" {
+		t.Fatalf("a request during the suspend: %q %v", r.out, r.err)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Fatalf("after: %s", rec.State)
+	}
+}

@@ -521,10 +521,27 @@ func (m *Manager) running(ctx context.Context, projectID, id string) (pandastack
 // Agent returns the agent client of a running sandbox of the project,
 // resuming it first if it is paused with auto_resume.
 func (m *Manager) Agent(ctx context.Context, projectID, id string) (*AgentClient, error) {
-	if _, err := m.usable(ctx, projectID, id); err != nil {
-		return nil, err
+	c, _, err := m.use(ctx, projectID, id, func(id string) (*AgentClient, func(), error) {
+		c, err := m.sbx.agent(id)
+		return c, nil, err
+	})
+	return c, err
+}
+
+// use makes the sandbox usable and then takes its channel with take (one
+// of the table's agent, acquire or hold). An idle suspend that began in
+// between is waited out, and the sandbox resumed, as for any request.
+func (m *Manager) use(ctx context.Context, projectID, id string, take func(string) (*AgentClient, func(), error)) (*AgentClient, func(), error) {
+	for {
+		if _, err := m.usable(ctx, projectID, id); err != nil {
+			return nil, nil, err
+		}
+		c, done, err := take(id)
+		if err != nil && m.sbx.wait(ctx, id) {
+			continue
+		}
+		return c, done, err
 	}
-	return m.sbx.agent(id)
 }
 
 // Acquire is Agent for work that changes the sandbox (exec, run, upload):
@@ -535,10 +552,7 @@ func (m *Manager) Agent(ctx context.Context, projectID, id string) (*AgentClient
 // must not block snapshots (a PTY session, a proxied connection) takes Hold
 // instead.
 func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentClient, done func(), _ error) {
-	if _, err := m.usable(ctx, projectID, id); err != nil {
-		return nil, nil, err
-	}
-	return m.sbx.acquire(id)
+	return m.use(ctx, projectID, id, m.sbx.acquire)
 }
 
 // Kill stops the sandbox and deletes its record.
