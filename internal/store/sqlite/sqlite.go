@@ -223,6 +223,11 @@ func encodeMetadata(md map[string]string) (string, error) {
 	if md == nil {
 		md = map[string]string{}
 	}
+	for k, v := range md {
+		if !pandastack.StorableText(k, v) {
+			return "", pandastack.ErrUnstorableText("metadata key", k)
+		}
+	}
 	b, err := json.Marshal(md)
 	return string(b), err
 }
@@ -256,6 +261,9 @@ func metadataWhere(table string, md map[string]string) (where []string, args []a
 
 // CreateProject implements pandastack.Store.
 func (s *Store) CreateProject(ctx context.Context, p pandastack.Project) error {
+	if !pandastack.StorableText(p.ID, p.Name) {
+		return pandastack.ErrUnstorableText("project", p.Name)
+	}
 	_, err := s.db.ExecContext(ctx,
 		`INSERT INTO projects (id, name, created_at) VALUES (?, ?, ?)`,
 		p.ID, p.Name, millis(p.CreatedAt))
@@ -303,6 +311,9 @@ func scanKey(row interface{ Scan(...any) error }) (pandastack.APIKey, error) {
 
 // CreateAPIKey implements pandastack.Store. An unknown project is ENotFound.
 func (s *Store) CreateAPIKey(ctx context.Context, k pandastack.APIKey) error {
+	if !pandastack.StorableText(k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash) {
+		return pandastack.ErrUnstorableText("API key", k.ID)
+	}
 	_, err := s.db.ExecContext(ctx,
 		`INSERT INTO api_keys (`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash, millis(k.CreatedAt), millisPtr(k.RevokedAt))
@@ -455,9 +466,12 @@ func querySandboxes(ctx context.Context, db *sql.DB, query string, args ...any) 
 
 // CreateSandbox implements pandastack.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error {
+	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason) {
+		return pandastack.ErrUnstorableText("sandbox", sb.ID)
+	}
 	md, err := encodeMetadata(sb.Metadata)
 	if err != nil {
-		return fmt.Errorf("create sandbox %s: metadata: %w", sb.ID, err)
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
 	_, err = s.db.ExecContext(ctx,
 		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
@@ -522,6 +536,9 @@ func (s *Store) SetSandboxState(ctx context.Context, id string, state pandastack
 		stoppedAt = sql.NullInt64{Int64: millis(at), Valid: true}
 	} else {
 		reason = ""
+	}
+	if !pandastack.StorableText(string(state), reason) {
+		return pandastack.ErrUnstorableText("sandbox", id)
 	}
 	res, err := s.db.ExecContext(ctx,
 		`UPDATE sandboxes SET state = ?, stop_reason = ?, stopped_at = ? WHERE id = ?`,
@@ -603,9 +620,12 @@ func scanSnapshot(row interface{ Scan(...any) error }) (pandastack.Snapshot, err
 
 // CreateSnapshot implements pandastack.Store.
 func (s *Store) CreateSnapshot(ctx context.Context, sn pandastack.Snapshot) error {
+	if !pandastack.StorableText(sn.ID, sn.ProjectID, sn.SandboxID, sn.Template) {
+		return pandastack.ErrUnstorableText("snapshot", sn.ID)
+	}
 	md, err := encodeMetadata(sn.Metadata)
 	if err != nil {
-		return fmt.Errorf("create snapshot %s: metadata: %w", sn.ID, err)
+		return fmt.Errorf("create snapshot %s: %w", sn.ID, err)
 	}
 	_, err = s.db.ExecContext(ctx,
 		`INSERT INTO snapshots (`+snapshotColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
