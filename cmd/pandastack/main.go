@@ -27,7 +27,6 @@ import (
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/runtime/gvisor"
 	"github.com/pandastack/pandastack/internal/sandbox"
-	"github.com/pandastack/pandastack/internal/store/sqlite"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -119,13 +118,13 @@ func serve(args []string) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	store, err := sqlite.Open(cfg.dbPath())
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	store, storeDesc, err := openStore(ctx, &cfg)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if err := ensureFirstKey(ctx, store, cfg.keyPath()); err != nil {
 		return err
 	}
@@ -188,7 +187,7 @@ func serve(args []string) error {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
+	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
 	select {
 	case err := <-errc:
 		return err
@@ -233,6 +232,10 @@ func createKey(ctx context.Context, store pandastack.Store, project, name string
 	if pandastack.IsCode(err, pandastack.ENotFound) {
 		p = pandastack.Project{ID: pandastack.NewID("prj"), Name: project, CreatedAt: time.Now().UTC()}
 		err = store.CreateProject(ctx, p)
+		if pandastack.IsCode(err, pandastack.EConflict) {
+			// Another serve on a shared store made it first.
+			p, err = store.ProjectByName(ctx, project)
+		}
 	}
 	if err != nil {
 		return "", err
@@ -399,12 +402,12 @@ func keys(args []string) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	store, err := sqlite.Open(cfg.dbPath())
+	ctx := context.Background()
+	store, _, err := openStore(ctx, &cfg)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	ctx := context.Background()
 	switch args[0] {
 	case "create":
 		secret, err := createKey(ctx, store, *project, *name)
