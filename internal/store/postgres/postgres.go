@@ -10,7 +10,6 @@ package postgres
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/store/metajson"
 )
 
 var _ pandastack.Store = (*Store)(nil)
@@ -222,32 +222,6 @@ func affectedOrNotFound(tag pgconn.CommandTag, what, name string) error {
 	return nil
 }
 
-// encodeMetadata returns md as a JSON object; nil is stored as {}.
-func encodeMetadata(md map[string]string) (string, error) {
-	if md == nil {
-		md = map[string]string{}
-	}
-	for k, v := range md {
-		if !pandastack.StorableText(k, v) {
-			return "", pandastack.ErrUnstorableText("metadata key", k)
-		}
-	}
-	b, err := json.Marshal(md)
-	return string(b), err
-}
-
-// decodeMetadata parses a stored JSON object, never returning a nil map.
-func decodeMetadata(b []byte) (map[string]string, error) {
-	var md map[string]string
-	if err := json.Unmarshal(b, &md); err != nil {
-		return nil, err
-	}
-	if md == nil {
-		md = map[string]string{}
-	}
-	return md, nil
-}
-
 // where collects a query's conditions and their positional arguments.
 type where struct {
 	conds []string
@@ -281,7 +255,7 @@ func (w *where) metadata(md map[string]string) bool {
 	if len(md) == 0 {
 		return true
 	}
-	enc, err := encodeMetadata(md)
+	enc, err := metajson.Encode(md)
 	if err != nil {
 		return false
 	}
@@ -456,7 +430,7 @@ func scanSandbox(row pgx.Row) (pandastack.Sandbox, error) {
 		return pandastack.Sandbox{}, err
 	}
 	var err error
-	if sb.Metadata, err = decodeMetadata(md); err != nil {
+	if sb.Metadata, err = metajson.Decode(md); err != nil {
 		return pandastack.Sandbox{}, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
 	}
 	sb.CreatedAt = sb.CreatedAt.UTC()
@@ -478,7 +452,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error 
 	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason) {
 		return pandastack.ErrUnstorableText("sandbox", sb.ID)
 	}
-	md, err := encodeMetadata(sb.Metadata)
+	md, err := metajson.Encode(sb.Metadata)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
@@ -621,7 +595,7 @@ func scanSnapshot(row pgx.Row) (pandastack.Snapshot, error) {
 		return pandastack.Snapshot{}, err
 	}
 	var err error
-	if sn.Metadata, err = decodeMetadata(md); err != nil {
+	if sn.Metadata, err = metajson.Decode(md); err != nil {
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s metadata: %w", sn.ID, err)
 	}
 	sn.CreatedAt = sn.CreatedAt.UTC()
@@ -633,7 +607,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, sn pandastack.Snapshot) erro
 	if !pandastack.StorableText(sn.ID, sn.ProjectID, sn.SandboxID, sn.Template) {
 		return pandastack.ErrUnstorableText("snapshot", sn.ID)
 	}
-	md, err := encodeMetadata(sn.Metadata)
+	md, err := metajson.Encode(sn.Metadata)
 	if err != nil {
 		return fmt.Errorf("create snapshot %s: %w", sn.ID, err)
 	}

@@ -5,7 +5,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -18,6 +17,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/store/metajson"
 )
 
 var _ pandastack.Store = (*Store)(nil)
@@ -218,32 +218,6 @@ func rowsAffectedOrNotFound(res sql.Result, what, name string) error {
 	return nil
 }
 
-// encodeMetadata returns md as a JSON object; nil is stored as {}.
-func encodeMetadata(md map[string]string) (string, error) {
-	if md == nil {
-		md = map[string]string{}
-	}
-	for k, v := range md {
-		if !pandastack.StorableText(k, v) {
-			return "", pandastack.ErrUnstorableText("metadata key", k)
-		}
-	}
-	b, err := json.Marshal(md)
-	return string(b), err
-}
-
-// decodeMetadata parses a stored JSON object, never returning a nil map.
-func decodeMetadata(s string) (map[string]string, error) {
-	var md map[string]string
-	if err := json.Unmarshal([]byte(s), &md); err != nil {
-		return nil, err
-	}
-	if md == nil {
-		md = map[string]string{}
-	}
-	return md, nil
-}
-
 // metadataWhere returns one condition (and its arguments) per entry of md,
 // each requiring table.metadata to hold that key with exactly that text
 // value. json_each compares whole keys, so a key is never parsed as a path.
@@ -438,7 +412,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error
 		return pandastack.Sandbox{}, err
 	}
 	var err error
-	if sb.Metadata, err = decodeMetadata(md); err != nil {
+	if sb.Metadata, err = metajson.Decode([]byte(md)); err != nil {
 		return pandastack.Sandbox{}, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
 	}
 	sb.CreatedAt = fromMillis(created)
@@ -469,7 +443,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error 
 	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason) {
 		return pandastack.ErrUnstorableText("sandbox", sb.ID)
 	}
-	md, err := encodeMetadata(sb.Metadata)
+	md, err := metajson.Encode(sb.Metadata)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
@@ -611,7 +585,7 @@ func scanSnapshot(row interface{ Scan(...any) error }) (pandastack.Snapshot, err
 		return pandastack.Snapshot{}, err
 	}
 	var err error
-	if sn.Metadata, err = decodeMetadata(md); err != nil {
+	if sn.Metadata, err = metajson.Decode([]byte(md)); err != nil {
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s metadata: %w", sn.ID, err)
 	}
 	sn.CreatedAt = fromMillis(created)
@@ -623,7 +597,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, sn pandastack.Snapshot) erro
 	if !pandastack.StorableText(sn.ID, sn.ProjectID, sn.SandboxID, sn.Template) {
 		return pandastack.ErrUnstorableText("snapshot", sn.ID)
 	}
-	md, err := encodeMetadata(sn.Metadata)
+	md, err := metajson.Encode(sn.Metadata)
 	if err != nil {
 		return fmt.Errorf("create snapshot %s: %w", sn.ID, err)
 	}
