@@ -30,6 +30,10 @@ type Store struct {
 	pool *pgxpool.Pool
 }
 
+// defaultConnectTimeout bounds each new connection when the URL sets no
+// connect_timeout.
+const defaultConnectTimeout = 15 * time.Second
+
 // Open connects to the database at url (postgres://user:pass@host:port/db?…,
 // or a key=value string; pool_max_conns and the libpq settings apply),
 // checks that it answers, and applies any pending migrations. The
@@ -39,6 +43,10 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	if err != nil {
 		// pgx's message may quote the URL, password included.
 		return nil, pandastack.Errorf(pandastack.EInvalid, "store: not a PostgreSQL connection URL")
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		// An unreachable host fails the start instead of hanging it.
+		cfg.ConnConfig.ConnectTimeout = defaultConnectTimeout
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
