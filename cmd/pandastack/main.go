@@ -118,13 +118,13 @@ func serve(args []string) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	store, storeDesc, err := openStore(ctx, &cfg)
+	store, storeDesc, err := openStore(context.Background(), &cfg)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	if err := ensureFirstKey(ctx, store, cfg.keyPath()); err != nil {
 		return err
 	}
@@ -402,12 +402,12 @@ func keys(args []string) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	ctx := context.Background()
-	store, _, err := openStore(ctx, &cfg)
+	store, _, err := openStore(context.Background(), &cfg)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
+	ctx := context.Background()
 	switch args[0] {
 	case "create":
 		secret, err := createKey(ctx, store, *project, *name)
