@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -248,11 +249,7 @@ func (w *where) sql() string {
 	if len(w.conds) == 0 {
 		return ""
 	}
-	q := ` WHERE ` + w.conds[0]
-	for _, c := range w.conds[1:] {
-		q += ` AND ` + c
-	}
-	return q
+	return ` WHERE ` + strings.Join(w.conds, ` AND `)
 }
 
 // metadata requires the metadata column to hold every entry of md, each
