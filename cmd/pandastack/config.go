@@ -20,6 +20,7 @@ import (
 type Config struct {
 	Listen       string // address of the REST API
 	DataDir      string // SQLite database, API key file, runtime state
+	Store        string // "" or sqlite:///path: SQLite (default <data dir>/pandastack.db); postgres://…: PostgreSQL
 	CacheDir     string // runsc and template root filesystems, shareable between data dirs
 	Runsc        string // runsc binary; default: the pinned build in the cache, then PATH
 	Agent        string // pandastack-agent binary; default: beside this executable
@@ -98,6 +99,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	}
 	str(&c.Listen, "listen", "PANDASTACK_LISTEN", "address of the REST API")
 	str(&c.DataDir, "data-dir", "PANDASTACK_DATA_DIR", "data directory (database, API key, runtime state)")
+	str(&c.Store, "store", "PANDASTACK_STORE", "database: empty for SQLite in the data dir, sqlite:///path, or postgres://user:pass@host/db")
 	str(&c.CacheDir, "cache-dir", "PANDASTACK_CACHE_DIR", "cache of runsc and template root filesystems")
 	str(&c.Runsc, "runsc", "PANDASTACK_RUNSC", "runsc binary (default: the pinned build in the cache, then PATH)")
 	str(&c.Agent, "agent", "PANDASTACK_AGENT", "pandastack-agent binary (default: beside this executable)")

@@ -27,7 +27,6 @@ import (
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/runtime/gvisor"
 	"github.com/pandastack/pandastack/internal/sandbox"
-	"github.com/pandastack/pandastack/internal/store/sqlite"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -124,7 +123,7 @@ func serve(args []string) error {
 		return err
 	}
 	defer unlock()
-	store, err := sqlite.Open(cfg.dbPath())
+	store, storeDesc, err := openStore(context.Background(), &cfg)
 	if err != nil {
 		return err
 	}
@@ -192,7 +191,7 @@ func serve(args []string) error {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
+	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
 	select {
 	case err := <-errc:
 		return err
@@ -237,6 +236,10 @@ func createKey(ctx context.Context, store pandastack.Store, project, name string
 	if pandastack.IsCode(err, pandastack.ENotFound) {
 		p = pandastack.Project{ID: pandastack.NewID("prj"), Name: project, CreatedAt: time.Now().UTC()}
 		err = store.CreateProject(ctx, p)
+		if pandastack.IsCode(err, pandastack.EConflict) {
+			// Another serve on a shared store made it first.
+			p, err = store.ProjectByName(ctx, project)
+		}
 	}
 	if err != nil {
 		return "", err
@@ -298,7 +301,7 @@ func keys(args []string) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	store, err := sqlite.Open(cfg.dbPath())
+	store, _, err := openStore(context.Background(), &cfg)
 	if err != nil {
 		return err
 	}
