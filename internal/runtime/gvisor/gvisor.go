@@ -82,15 +82,18 @@ func New(cfg Config) (*Runtime, error) {
 
 func (r *Runtime) dir(id string) string { return filepath.Join(r.sbxRoot, id) }
 
-// globalFlags are the runsc flags shared by every subcommand; runsc checks
-// that restore and checkpoint use the same ones as run. runsc creates the
+// globalFlags are the runsc flags shared by every subcommand. runsc creates the
 // log file's directory, so only `run` logs into the sandbox's directory:
-// anything else would bring a removed directory back.
-func (r *Runtime) globalFlags(logFile string) []string {
+// anything else would bring a removed directory back. network is "none"
+// (loopback only) or "sandbox" (runsc's own network stack takes over the
+// interface of the namespace the sandbox joins); only run and restore read
+// it, and an image checkpointed with either restores with either (tried:
+// the restored stack takes the new namespace's addresses and routes).
+func (r *Runtime) globalFlags(logFile, network string) []string {
 	return []string{
 		"--root=" + r.root,
 		"--platform=" + r.cfg.Platform,
-		"--network=none",
+		"--network=" + network,
 		"--overlay2=root:memory",
 		// runsc would log to stdout by default: that is the agent channel.
 		"--log=" + logFile,
@@ -98,7 +101,7 @@ func (r *Runtime) globalFlags(logFile string) []string {
 }
 
 func (r *Runtime) runsc(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags(filepath.Join(filepath.Dir(r.root), "runsc.log")), args...)...)
+	cmd := exec.CommandContext(ctx, r.cfg.Runsc, append(r.globalFlags(filepath.Join(filepath.Dir(r.root), "runsc.log"), "none"), args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -208,7 +211,11 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 			args = append(args[:1], append([]string{"--background"}, args[1:]...)...)
 		}
 	}
-	cmd := exec.Command(r.cfg.Runsc, append(r.globalFlags(filepath.Join(dir, "runsc.log")), args...)...)
+	network := "none"
+	if spec.NetNS != "" {
+		network = "sandbox"
+	}
+	cmd := exec.Command(r.cfg.Runsc, append(r.globalFlags(filepath.Join(dir, "runsc.log"), network), args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, agentLog
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// Stop, not just runsc delete: a runsc killed half-way may leave

@@ -66,6 +66,7 @@ type ociLinux struct {
 
 type ociNS struct {
 	Type string `json:"type"`
+	Path string `json:"path,omitempty"` // join this namespace instead of making one
 }
 
 type ociResources struct {
@@ -115,7 +116,7 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec) ociSpec {
 			{Destination: agentproto.AgentPath, Type: "bind", Source: r.cfg.AgentPath, Options: []string{"bind", "ro"}},
 		},
 		Linux: ociLinux{
-			Namespaces: []ociNS{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
+			Namespaces: []ociNS{{Type: "pid"}, {Type: "network", Path: s.NetNS}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
 		},
 	}
 	if s.MemoryMB > 0 || s.CPU > 0 || s.PIDs > 0 {

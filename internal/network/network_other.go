@@ -1,0 +1,47 @@
+//go:build !linux
+
+package network
+
+import (
+	"errors"
+	"log/slog"
+	"net/netip"
+
+	"github.com/pandastack/pandastack"
+)
+
+// Config configures the sandbox network (Linux only).
+type Config struct {
+	CIDR         string
+	AllowPrivate []netip.Prefix
+	Default      pandastack.NetworkPolicy
+	StateDir     string
+	Instance     string
+	Resolvers    []netip.AddrPort
+	Log          *slog.Logger
+}
+
+// Network is unavailable off Linux.
+type Network struct{}
+
+var errUnsupported = errors.New("network: sandbox networking needs Linux")
+
+// InstanceID derives a short stable id from a server's data directory.
+func InstanceID(string) string { return "x" }
+
+// New fails off Linux.
+func New(Config) (*Network, error) { return nil, errUnsupported }
+
+func (n *Network) Prepare(string, *pandastack.NetworkPolicy) (string, error) {
+	return "", errUnsupported
+}
+func (n *Network) Adopt(string) error                               { return errUnsupported }
+func (n *Network) SetPolicy(string, pandastack.NetworkPolicy) error { return errUnsupported }
+func (n *Network) Policy(string) (pandastack.NetworkPolicy, bool) {
+	return pandastack.NetworkPolicy{}, false
+}
+func (n *Network) Validate(pandastack.NetworkPolicy) error { return errUnsupported }
+func (n *Network) Down(string)                             {}
+func (n *Network) Release(string)                          {}
+func (n *Network) Namespaces() []string                    { return nil }
+func (n *Network) Close() error                            { return nil }
