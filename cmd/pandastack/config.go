@@ -34,6 +34,7 @@ type Config struct {
 	PoolSize       int           // sandboxes of each warm template kept restored ahead of creates
 	KillOnExit     bool          // kill every sandbox when serve stops, instead of keeping them for the next start
 	LogLevel       string        // debug, info, warn or error
+	Net            NetConfig     // sandbox networking (network.go)
 }
 
 func defaultConfig() Config {
@@ -109,6 +110,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		}
 	}
 	fs.Int64Var(&c.MaxUploadBytes, "max-upload-bytes", c.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
+	c.Net.bind(fs)
 }
 
 // parseDuration accepts Go durations ("5m") and plain seconds ("300").

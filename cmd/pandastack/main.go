@@ -24,6 +24,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/runtime/gvisor"
 	"github.com/pandastack/pandastack/internal/sandbox"
@@ -166,11 +167,24 @@ func serve(args []string) error {
 		return err
 	}
 	defer rt.Close()
+	var sandboxes pandastack.Runtime = rt
+	netw, err := startNetwork(cfg.Net, cfg.DataDir, log)
+	if err != nil {
+		return err
+	}
+	if netw != nil {
+		wrapped := network.Wrap(rt, netw)
+		defer func() {
+			wrapped.Sweep(context.Background())
+			netw.Close()
+		}()
+		sandboxes = wrapped
+	}
 	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir, agentHash: agentHash}
 	mgr := sandbox.New(sandbox.Config{
 		DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL, MaxCPU: cfg.MaxCPU, MaxMemoryMB: cfg.MaxMemoryMB,
 		SnapshotDir: cfg.snapshotDir(), PausedDir: cfg.pausedDir(), MaxFork: cfg.MaxFork,
-	}, store, rt, tpls, log)
+	}, store, sandboxes, tpls, log)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}

@@ -5,128 +5,20 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/network/nettest"
 	"github.com/pandastack/pandastack/internal/testutil"
-	"github.com/vishvananda/netns"
 )
 
-// inNS runs f on a thread inside the namespace at path.
-func inNS(t *testing.T, path string, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		ns, err := netns.GetFromPath(path)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer ns.Close()
-		if err := netns.Set(ns); err != nil {
-			t.Error(err)
-			return
-		}
-		f()
-		if netns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	<-done
-}
-
-func sh(t *testing.T, cmd string) {
-	t.Helper()
-	if out, err := exec.Command("sh", "-c", cmd).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v: %s", cmd, err, out)
-	}
-}
-
-// Upstream is a namespace the test makes to play the internet: an HTTP
-// server on a documentation address (PublicIP), reachable through NAT, and
-// the same server on a private address (PrivateIP) and a DNS stub on
-// DNSAddr. Nothing leaves the machine: the host routes both /30s into it.
-type Upstream struct {
-	PublicIP, PrivateIP netip.Addr
-	DNS                 netip.AddrPort
-}
-
-// StartUpstream makes the namespace; cleanup removes it.
-func StartUpstream(t *testing.T, tag string, pubNet, privNet byte) Upstream {
-	t.Helper()
-	ns := "pstest-up-" + tag
-	hostIf := "pstu" + tag
-	exec.Command("ip", "netns", "del", ns).Run()
-	exec.Command("ip", "link", "del", hostIf).Run()
-	pub := fmt.Sprintf("198.51.100.%d", pubNet)
-	priv := fmt.Sprintf("172.31.254.%d", privNet)
-	sh(t, fmt.Sprintf(`ip netns add %[1]s && ip link add %[2]s type veth peer name eth0 netns %[1]s &&
-ip addr add 198.51.100.%[3]d/30 dev %[2]s && ip addr add 172.31.254.%[4]d/30 dev %[2]s && ip link set %[2]s up &&
-ip -n %[1]s addr add %[5]s/30 dev eth0 && ip -n %[1]s addr add %[6]s/30 dev eth0 &&
-ip -n %[1]s link set eth0 up && ip -n %[1]s link set lo up && ip -n %[1]s route add default via 198.51.100.%[3]d`,
-		ns, hostIf, pubNet-1, privNet-1, pub, priv))
-	t.Cleanup(func() {
-		exec.Command("ip", "link", "del", hostIf).Run()
-		exec.Command("ip", "netns", "del", ns).Run()
-	})
-	u := Upstream{PublicIP: netip.MustParseAddr(pub), PrivateIP: netip.MustParseAddr(priv), DNS: netip.AddrPortFrom(netip.MustParseAddr(pub), 5353)}
-	inNS(t, "/run/netns/"+ns, func() {
-		ln, err := net.Listen("tcp4", ":80")
-		if err != nil {
-			t.Fatal(err)
-		}
-		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			fmt.Fprintf(w, "upstream %s", r.Host)
-		})}
-		go srv.Serve(ln)
-		t.Cleanup(func() { srv.Close() })
-		pc, err := net.ListenPacket("udp4", u.DNS.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { pc.Close() })
-		go dnsStub(pc)
-	})
-	return u
-}
-
-// dnsStub answers every query with its own header and question echoed, one
-// A record 198.51.100.77.
-func dnsStub(pc net.PacketConn) {
-	buf := make([]byte, 1500)
-	for {
-		n, from, err := pc.ReadFrom(buf)
-		if err != nil {
-			return
-		}
-		if n < 12 {
-			continue
-		}
-		q := append([]byte(nil), buf[:n]...)
-		q[2] |= 0x80      // response
-		q[6], q[7] = 0, 1 // one answer
-		q[8], q[9], q[10], q[11] = 0, 0, 0, 0
-		q = append(q, 0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 198, 51, 100, 77)
-		pc.WriteTo(q, from)
-	}
-}
-
-func newTestNetwork(t *testing.T, up Upstream, def pandastack.NetworkPolicy) *Network {
+func newTestNetwork(t *testing.T, up nettest.Upstream, def pandastack.NetworkPolicy) *Network {
 	t.Helper()
 	testutil.RequireRoot(t)
 	if _, err := exec.LookPath("nft"); err != nil && os.Getenv("CI") == "true" {
@@ -167,7 +59,7 @@ func get(t *testing.T, ns string, addr netip.Addr) (string, time.Duration, error
 	var body string
 	var err error
 	var took time.Duration
-	inNS(t, ns, func() {
+	nettest.InNS(t, ns, func() {
 		start := time.Now()
 		var c net.Conn
 		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, 80).String(), 5*time.Second)
@@ -186,7 +78,7 @@ func get(t *testing.T, ns string, addr netip.Addr) (string, time.Duration, error
 }
 
 func TestSandboxNetwork(t *testing.T) {
-	up := StartUpstream(t, "a", 2, 2)
+	up := nettest.StartUpstream(t, "a", 2, 2)
 	n := newTestNetwork(t, up, pandastack.InternetPolicy())
 
 	ns, err := n.Prepare("sbx_neta", nil)
@@ -246,7 +138,7 @@ func TestSandboxNetwork(t *testing.T) {
 	}
 	_, b := n.addrs(n.sbx["sbx_neta"].Slot)
 	var lnErr error
-	inNS(t, ns, func() {
+	nettest.InNS(t, ns, func() {
 		ln, err := net.Listen("tcp4", ":80")
 		if lnErr = err; err == nil {
 			t.Cleanup(func() { ln.Close() })
@@ -269,7 +161,7 @@ func TestSandboxNetwork(t *testing.T) {
 }
 
 func TestResolverForwards(t *testing.T) {
-	up := StartUpstream(t, "b", 6, 6)
+	up := nettest.StartUpstream(t, "b", 6, 6)
 	n := newTestNetwork(t, up, pandastack.InternetPolicy())
 	ns, err := n.Prepare("sbx_dns", nil)
 	if err != nil {
@@ -279,7 +171,7 @@ func TestResolverForwards(t *testing.T) {
 	// Nothing listens on port 53 of the upstream: an answer can only come
 	// from our resolver, to which the firewall redirects any DNS.
 	var answer []byte
-	inNS(t, ns, func() {
+	nettest.InNS(t, ns, func() {
 		var c net.Conn
 		if c, err = net.Dial("udp4", netip.AddrPortFrom(up.PublicIP, 53).String()); err != nil {
 			return

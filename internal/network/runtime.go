@@ -96,3 +96,16 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	}
 	return ids, nil
 }
+
+// Sweep releases the network of every sandbox the runtime no longer runs
+// (a warm-up or a pool restore cut short by shutdown). Call it on exit,
+// before Network.Close; running sandboxes keep theirs.
+func (r *Runtime) Sweep(ctx context.Context) {
+	for _, id := range r.net.Namespaces() {
+		st, err := r.Runtime.State(ctx, id)
+		if pandastack.IsCode(err, pandastack.ENotFound) || (err == nil && st != pandastack.RuntimeRunning) {
+			r.Runtime.Stop(ctx, id)
+			r.net.Release(id)
+		}
+	}
+}

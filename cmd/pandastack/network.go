@@ -1,0 +1,81 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/network"
+)
+
+// NetConfig is the sandbox-network part of serve's configuration.
+type NetConfig struct {
+	Default      string         // internet, none or off (no namespaces: loopback only)
+	CIDR         string         // sandbox address range; "" picks a free /20
+	AllowPrivate []netip.Prefix // private ranges policies may open
+}
+
+type prefixList struct{ p *[]netip.Prefix }
+
+func (l prefixList) String() string {
+	if l.p == nil {
+		return ""
+	}
+	var s []string
+	for _, p := range *l.p {
+		s = append(s, p.String())
+	}
+	return strings.Join(s, ",")
+}
+
+func (l prefixList) Set(v string) error {
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("%q is not an IPv4 CIDR", f)
+		}
+		*l.p = append(*l.p, p.Masked())
+	}
+	return nil
+}
+
+func (c *NetConfig) bind(fs *flag.FlagSet) {
+	c.Default = "internet"
+	if v, ok := os.LookupEnv("PANDASTACK_NETWORK_DEFAULT"); ok {
+		c.Default = v
+	}
+	fs.StringVar(&c.Default, "network-default", c.Default, "network of a sandbox created without a policy: internet, none, or off for no sandbox networking at all ($PANDASTACK_NETWORK_DEFAULT)")
+	c.CIDR = os.Getenv("PANDASTACK_NETWORK_CIDR")
+	fs.StringVar(&c.CIDR, "network-cidr", c.CIDR, "IPv4 range of sandbox addresses, one /30 each; must not overlap a host route (default: a free /20 in 10.128.0.0/9) ($PANDASTACK_NETWORK_CIDR)")
+	if v := os.Getenv("PANDASTACK_NETWORK_ALLOW_PRIVATE"); v != "" {
+		prefixList{&c.AllowPrivate}.Set(v)
+	}
+	fs.Var(prefixList{&c.AllowPrivate}, "network-allow-private", "private range (CIDR) sandbox policies may open; repeatable ($PANDASTACK_NETWORK_ALLOW_PRIVATE, comma-separated)")
+}
+
+// startNetwork sets up sandbox networking, or returns nil with "off".
+func startNetwork(c NetConfig, dataDir string, log *slog.Logger) (*network.Network, error) {
+	var def pandastack.NetworkPolicy
+	switch c.Default {
+	case "off":
+		return nil, nil
+	case "internet":
+		def = pandastack.InternetPolicy()
+	case "none":
+		def = pandastack.NoNetworkPolicy()
+	default:
+		return nil, fmt.Errorf("--network-default must be internet, none or off, got %q", c.Default)
+	}
+	return network.New(network.Config{
+		CIDR: c.CIDR, AllowPrivate: c.AllowPrivate, Default: def,
+		StateDir: filepath.Join(dataDir, "network"), Instance: network.InstanceID(dataDir), Log: log,
+	})
+}

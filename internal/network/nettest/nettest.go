@@ -1,0 +1,124 @@
+//go:build linux
+
+// Package nettest plays the internet for tests of sandbox networking: a
+// network namespace the test makes, with servers on addresses it assigns,
+// routed from the host so no packet leaves the machine. Only tests import it.
+package nettest
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	"runtime"
+	"testing"
+
+	"github.com/vishvananda/netns"
+)
+
+// InNS runs f on a thread inside the namespace at path.
+func InNS(t testing.TB, path string, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		ns, err := netns.GetFromPath(path)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer ns.Close()
+		if err := netns.Set(ns); err != nil {
+			t.Error(err)
+			return
+		}
+		f()
+		if netns.Set(orig) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	<-done
+}
+
+func sh(t testing.TB, cmd string) {
+	t.Helper()
+	if out, err := exec.Command("sh", "-c", cmd).CombinedOutput(); err != nil {
+		t.Fatalf("%s: %v: %s", cmd, err, out)
+	}
+}
+
+// Upstream is a namespace the test makes to play the internet: an HTTP
+// server on a documentation address (PublicIP), reachable through NAT, and
+// the same server on a private address (PrivateIP) and a DNS stub on
+// DNSAddr. Nothing leaves the machine: the host routes both /30s into it.
+type Upstream struct {
+	PublicIP, PrivateIP netip.Addr
+	DNS                 netip.AddrPort
+}
+
+// StartUpstream makes the namespace; cleanup removes it.
+func StartUpstream(t testing.TB, tag string, pubNet, privNet byte) Upstream {
+	t.Helper()
+	ns := "pstest-up-" + tag
+	hostIf := "pstu" + tag
+	exec.Command("ip", "netns", "del", ns).Run()
+	exec.Command("ip", "link", "del", hostIf).Run()
+	pub := fmt.Sprintf("198.51.100.%d", pubNet)
+	priv := fmt.Sprintf("172.31.254.%d", privNet)
+	sh(t, fmt.Sprintf(`ip netns add %[1]s && ip link add %[2]s type veth peer name eth0 netns %[1]s &&
+ip addr add 198.51.100.%[3]d/30 dev %[2]s && ip addr add 172.31.254.%[4]d/30 dev %[2]s && ip link set %[2]s up &&
+ip -n %[1]s addr add %[5]s/30 dev eth0 && ip -n %[1]s addr add %[6]s/30 dev eth0 &&
+ip -n %[1]s link set eth0 up && ip -n %[1]s link set lo up && ip -n %[1]s route add default via 198.51.100.%[3]d`,
+		ns, hostIf, pubNet-1, privNet-1, pub, priv))
+	t.Cleanup(func() {
+		exec.Command("ip", "link", "del", hostIf).Run()
+		exec.Command("ip", "netns", "del", ns).Run()
+	})
+	u := Upstream{PublicIP: netip.MustParseAddr(pub), PrivateIP: netip.MustParseAddr(priv), DNS: netip.AddrPortFrom(netip.MustParseAddr(pub), 5353)}
+	InNS(t, "/run/netns/"+ns, func() {
+		ln, err := net.Listen("tcp4", ":80")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "upstream %s", r.Host)
+		})}
+		go srv.Serve(ln)
+		t.Cleanup(func() { srv.Close() })
+		pc, err := net.ListenPacket("udp4", u.DNS.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { pc.Close() })
+		go dnsStub(pc)
+	})
+	return u
+}
+
+// dnsStub answers every query with its own header and question echoed, one
+// A record 198.51.100.77.
+func dnsStub(pc net.PacketConn) {
+	buf := make([]byte, 1500)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		if n < 12 {
+			continue
+		}
+		q := append([]byte(nil), buf[:n]...)
+		q[2] |= 0x80      // response
+		q[6], q[7] = 0, 1 // one answer
+		q[8], q[9], q[10], q[11] = 0, 0, 0, 0
+		q = append(q, 0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 198, 51, 100, 77)
+		pc.WriteTo(q, from)
+	}
+}
