@@ -22,3 +22,14 @@ func InternetPolicy() NetworkPolicy {
 func NoNetworkPolicy() NetworkPolicy {
 	return NetworkPolicy{AllowOut: []string{}, DenyOut: []string{}}
 }
+
+// Normalized returns p with nil lists as empty ones, as the API shows them.
+func (p NetworkPolicy) Normalized() NetworkPolicy {
+	if p.AllowOut == nil {
+		p.AllowOut = []string{}
+	}
+	if p.DenyOut == nil {
+		p.DenyOut = []string{}
+	}
+	return p
+}

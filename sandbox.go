@@ -41,6 +41,9 @@ type Sandbox struct {
 	StoppedAt  *time.Time        `json:"stopped_at,omitempty"`
 	StopReason string            `json:"stop_reason,omitempty"`
 	AutoResume bool              `json:"auto_resume"` // resume automatically on any request while paused
+	// Network is its egress policy; nil when the server runs without
+	// sandbox networking. Kept by the network layer, not the store.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // Snapshot is a saved sandbox state: memory, processes and filesystem.

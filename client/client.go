@@ -132,6 +132,7 @@ type CreateSandboxRequest struct {
 	Env        map[string]string `json:"env,omitempty"`
 	CPU        int               `json:"cpu,omitempty"`
 	MemoryMB   int               `json:"memory_mb,omitempty"`
+	Network    *NetworkPolicy    `json:"network,omitempty"` // nil: the server's default
 }
 
 // Sandbox is a sandbox as the API shows it.

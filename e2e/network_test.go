@@ -36,38 +36,45 @@ func fetch(t *testing.T, s *server, id, addr string) string {
 	return strings.TrimSpace(res.Stdout + res.Stderr)
 }
 
-// assertNetworkGone fails when a namespace, veth or nftables table of the
-// server's network instance is left (all of them with none given).
-func assertNetworkGone(t *testing.T, s *server, ids ...string) {
-	t.Helper()
-	inst := network.InstanceID(s.dataDir)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var left []string
-		ents, _ := os.ReadDir("/run/netns")
-		for _, e := range ents {
-			for _, id := range ids {
-				if e.Name() == "pandastack-"+inst+"-"+id {
-					left = append(left, "namespace "+e.Name())
-				}
-			}
-			if len(ids) == 0 && strings.HasPrefix(e.Name(), "pandastack-"+inst+"-") {
+// networkLeft names what of a server's network instance is on the host:
+// namespaces (of ids, or all when none given), and with none given its
+// veths and nftables table.
+func networkLeft(dataDir string, ids ...string) string {
+	inst := network.InstanceID(dataDir)
+	var left []string
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		for _, id := range ids {
+			if e.Name() == "pandastack-"+inst+"-"+id {
 				left = append(left, "namespace "+e.Name())
 			}
 		}
-		if len(ids) == 0 {
-			if out, _ := exec.Command("ip", "-o", "link").Output(); strings.Contains(string(out), " ps"+inst) {
-				left = append(left, "veths")
-			}
-			if out, _ := exec.Command("nft", "list", "tables").Output(); strings.Contains(string(out), "pandastack_"+inst) {
-				left = append(left, "nftables table")
-			}
+		if len(ids) == 0 && strings.HasPrefix(e.Name(), "pandastack-"+inst+"-") {
+			left = append(left, "namespace "+e.Name())
 		}
-		if len(left) == 0 {
+	}
+	if len(ids) == 0 {
+		if out, _ := exec.Command("ip", "-o", "link").Output(); strings.Contains(string(out), " ps"+inst) {
+			left = append(left, "veths")
+		}
+		if out, _ := exec.Command("nft", "list", "tables").Output(); strings.Contains(string(out), "pandastack_"+inst) {
+			left = append(left, "nftables table")
+		}
+	}
+	return strings.Join(left, ", ")
+}
+
+// assertNetworkGone waits a little for networkLeft to be empty.
+func assertNetworkGone(t *testing.T, s *server, ids ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := networkLeft(s.dataDir, ids...)
+		if left == "" {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("network of the server left behind: %s", strings.Join(left, ", "))
+			t.Fatalf("network of the server left behind: %s", left)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -109,4 +116,116 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 	}
 	s.assertGone(t, sb.ID)
 	assertNetworkGone(t, s, sb.ID)
+}
+
+func TestNetworkPolicy(t *testing.T) {
+	up := nettest.StartUpstream(t, "p", 14, 14)
+	// Without kill-on-exit: the restart below must keep the sandboxes.
+	s := startServer(t, "", "PANDASTACK_WARM=0", "PANDASTACK_KILL_ON_EXIT=0")
+	t.Cleanup(func() {
+		s.stop()
+		defer os.RemoveAll(s.dataDir)
+		assertNetworkGone(t, s)
+	})
+	ctx := context.Background()
+	c := s.client()
+	pub := up.PublicIP.String()
+	refused := func(id string) {
+		t.Helper()
+		if got := fetch(t, s, id, pub); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
+			t.Errorf("sandbox %s → %s: %q, want ECONNREFUSED", id, pub, got)
+		}
+	}
+	reaches := func(id string) {
+		t.Helper()
+		if got := fetch(t, s, id, pub); got != "upstream e2e.test" {
+			t.Errorf("sandbox %s → %s: %q, want the test server's answer", id, pub, got)
+		}
+	}
+
+	// Created with no internet but the test server in allow_out.
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base", Network: &client.NetworkPolicy{AllowOut: []string{pub}}})
+	if sb.Network == nil || sb.Network.AllowInternetAccess || len(sb.Network.AllowOut) != 1 {
+		t.Fatalf("create answered network %+v", sb.Network)
+	}
+	reaches(sb.ID)
+
+	// Bad input: named by index, nothing half-applied.
+	for _, c := range []struct {
+		body   string
+		status int
+		code   string
+		names  string
+	}{
+		{`{"allow_internet_access": true, "allow_out": ["8.8.8.8", "300.1.1.1"]}`, 400, "invalid_request", "allow_out[1]"},
+		{`{"deny_out": ["example.com"]}`, 400, "invalid_request", "deny_out[0]"},
+		{`{"allow_out": ["192.168.0.0/24"]}`, 422, "network_denied", "allow_out[0]"},
+		{`{"allow_out": ["169.254.169.254"]}`, 422, "network_denied", "allow_out[0]"},
+		{`{"allow_out": "1.2.3.4"}`, 400, "invalid_request", ""},
+		{`{"allow_out": [], "bogus": 1}`, 400, "invalid_request", ""},
+	} {
+		status, code, msg := api(t, s, s.key, "PUT", "/v1/sandboxes/"+sb.ID+"/network", c.body)
+		if status != c.status || code != c.code || !strings.Contains(msg, c.names) {
+			t.Errorf("PUT network %s: %d %s %q, want %d %s naming %s", c.body, status, code, msg, c.status, c.code, c.names)
+		}
+	}
+	many := `{"deny_out": [` + strings.TrimSuffix(strings.Repeat(`"1.2.3.4",`, 257), ",") + `]}`
+	if status, code, _ := api(t, s, s.key, "PUT", "/v1/sandboxes/"+sb.ID+"/network", many); status != 400 || code != "invalid_request" {
+		t.Errorf("257 entries: %d %s, want 400", status, code)
+	}
+	if status, code, _ := api(t, s, s.key, "POST", "/v1/sandboxes", `{"template": "base", "network": {"allow_out": ["10.0.0.1"]}}`); status != 422 || code != "network_denied" {
+		t.Errorf("create with a denied entry: %d %s, want 422 network_denied", status, code)
+	}
+	reaches(sb.ID) // the old policy is still in force
+
+	// A live change: deny_out the server while the internet is on.
+	got, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{up.PublicIP.String() + "/32"}})
+	if err != nil || !got.Network.AllowInternetAccess {
+		t.Fatalf("set network: %+v, %v", got, err)
+	}
+	refused(sb.ID)
+	if g, _ := c.GetSandbox(ctx, sb.ID); g.Network == nil || len(g.Network.DenyOut) != 1 {
+		t.Errorf("GET shows network %+v", g.Network)
+	}
+
+	// The policy survives pause/resume and goes to fork children, each
+	// with an address of its own.
+	if _, err := c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	refused(sb.ID)
+	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{AllowOut: []string{pub}}); err != nil {
+		t.Fatal(err)
+	}
+	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids {
+		t.Cleanup(func() { c.KillSandbox(context.Background(), k.ID) })
+		if k.Network == nil || len(k.Network.AllowOut) != 1 || k.Network.AllowInternetAccess {
+			t.Errorf("fork child %s network %+v, want the parent's", k.ID, k.Network)
+		}
+		reaches(k.ID)
+	}
+	reaches(sb.ID)
+
+	// A serve restart keeps the sandbox, its network and its policy.
+	s.stop()
+	s.start()
+	c = s.client()
+	reaches(sb.ID)
+	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{}); err != nil {
+		t.Fatal(err)
+	}
+	refused(sb.ID)
+	for _, id := range append([]string{sb.ID}, kids[0].ID, kids[1].ID) {
+		if err := s.client().KillSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		s.assertGone(t, id)
+	}
 }

@@ -185,6 +185,9 @@ func serve(args []string) error {
 		DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL, MaxCPU: cfg.MaxCPU, MaxMemoryMB: cfg.MaxMemoryMB,
 		SnapshotDir: cfg.snapshotDir(), PausedDir: cfg.pausedDir(), MaxFork: cfg.MaxFork,
 	}, store, sandboxes, tpls, log)
+	if netw != nil {
+		mgr.UseNetwork(netw)
+	}
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}

@@ -18,14 +18,15 @@ import (
 )
 
 type createSandboxRequest struct {
-	Template   string            `json:"template"`
-	TTLSeconds *int64            `json:"ttl_seconds"`
-	Metadata   map[string]string `json:"metadata"`
-	Env        map[string]string `json:"env"`
-	CPU        int               `json:"cpu"`
-	MemoryMB   int               `json:"memory_mb"`
-	SnapshotID string            `json:"snapshot_id"`
-	AutoResume bool              `json:"auto_resume"`
+	Template   string                    `json:"template"`
+	TTLSeconds *int64                    `json:"ttl_seconds"`
+	Metadata   map[string]string         `json:"metadata"`
+	Env        map[string]string         `json:"env"`
+	CPU        int                       `json:"cpu"`
+	MemoryMB   int                       `json:"memory_mb"`
+	SnapshotID string                    `json:"snapshot_id"`
+	AutoResume bool                      `json:"auto_resume"`
+	Network    *pandastack.NetworkPolicy `json:"network"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project string) {
@@ -37,6 +38,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 	sb, err := s.mgr.Create(r.Context(), project, sandbox.CreateRequest{
 		Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata,
 		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
+		Network: req.Network,
 	})
 	if err != nil {
 		s.logFailure(r, err)

@@ -88,6 +88,7 @@ func New(cfg Config) (*Network, error) {
 	if len(cfg.Instance) == 0 || len(cfg.Instance) > 5 || strings.Trim(cfg.Instance, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
 		return nil, fmt.Errorf("network: instance id %q must be 1 to 5 of [a-z0-9]", cfg.Instance)
 	}
+	cfg.Default = cfg.Default.Normalized()
 	n := &Network{cfg: cfg, log: cfg.Log, sbx: map[string]*sandboxNet{}, slots: map[int]string{}}
 	n.fw = &firewall{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: "pandastack_" + cfg.Instance}, prefix: n.vethPrefix()}
 	if err := n.pickCIDR(); err != nil {
@@ -330,7 +331,7 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 		s = &sandboxNet{ID: id, Policy: n.cfg.Default}
 	}
 	if p != nil {
-		s.Policy = *p
+		s.Policy = p.Normalized()
 	}
 	comp, err := Compile(s.Policy, n.deny, n.cfg.AllowPrivate)
 	if err != nil {
@@ -458,7 +459,7 @@ func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
 		}
 	}
 	old := s.Policy
-	s.Policy = p
+	s.Policy = p.Normalized()
 	if err := n.saveState(s); err != nil {
 		s.Policy = old
 		return fmt.Errorf("network %s: %w", id, err)

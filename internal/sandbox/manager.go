@@ -80,8 +80,9 @@ type CreateRequest struct {
 	Env        map[string]string
 	CPU        int
 	MemoryMB   int
-	SnapshotID string // restore this snapshot instead of a template
-	AutoResume bool   // resume automatically on any request while paused
+	SnapshotID string                    // restore this snapshot instead of a template
+	AutoResume bool                      // resume automatically on any request while paused
+	Network    *pandastack.NetworkPolicy // nil: the server's default (network.go)
 }
 
 // Manager runs sandboxes for the API.
@@ -99,6 +100,7 @@ type Manager struct {
 	pools    map[string]*pool // by template name
 	inflight map[string]int   // execs and runs in progress, by sandbox
 	closed   bool
+	net      Network // sandbox networking, or nil (network.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -295,7 +297,10 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	if err := ValidateEnv(req.Env); err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	p := plan{ttl: ttl, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume}
+	if err := m.validNetwork(req.Network); err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	p := plan{ttl: ttl, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume, network: req.Network}
 	if req.SnapshotID != "" {
 		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || len(req.Env) > 0 {
 			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
@@ -354,6 +359,7 @@ type plan struct {
 	metadata   map[string]string
 	env        map[string]string
 	autoResume bool
+	network    *pandastack.NetworkPolicy // nil: the default, or the sandbox's own on a resume
 }
 
 // launch records a new sandbox, boots or restores it, and says hello.
@@ -393,6 +399,11 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	}()
 
 	if pooledOK {
+		// Pool sandboxes were restored with the default policy.
+		if err := m.applyNetwork(sb.ID, p.network); err != nil {
+			pd.client.Close()
+			return pandastack.Sandbox{}, err
+		}
 		return m.started(ctx, sb, pd.client)
 	}
 	env := make([]string, 0, len(p.env)+1)
@@ -404,7 +415,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	// that hangs up gets nothing, and the rollback cleans up.
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, PIDs: m.cfg.PIDsLimit, Lazy: true}
+	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, PIDs: m.cfg.PIDsLimit, Lazy: true, Network: p.network}
 	var rwc io.ReadWriteCloser
 	if p.image != "" {
 		rwc, err = m.rt.Restore(startCtx, spec, p.image)
@@ -433,6 +444,7 @@ func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *Ag
 	m.live[sb.ID] = client
 	m.mu.Unlock()
 	sb.State = pandastack.StateRunning
+	sb.Network = m.networkOf(sb.ID)
 	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.Template, "project", sb.ProjectID)
 	return sb, nil
 }
@@ -459,7 +471,11 @@ func (m *Manager) release(id string) {
 
 // Get returns a sandbox of the project.
 func (m *Manager) Get(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
-	return m.store.GetSandbox(ctx, projectID, id)
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err == nil {
+		sb.Network = m.networkOf(id)
+	}
+	return sb, err
 }
 
 // List returns the project's sandboxes matching f (f.ProjectID is forced).

@@ -172,6 +172,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 			kids[i], errs[i] = m.launch(ctx, projectID, plan{
 				template: sb.Template, rootfs: man.RootFS, image: img,
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
+				network: m.networkOf(id), // each child its own address, the parent's policy
 			})
 		}()
 	}
