@@ -229,3 +229,49 @@ func TestNetworkPolicy(t *testing.T) {
 		s.assertGone(t, id)
 	}
 }
+
+// TestPipInstallFromPackageIndex installs a small pure-Python package inside
+// a sandbox from the package index this machine reaches (pip's own default,
+// or the index the host's pip configuration names): the one test that sends
+// traffic off the machine. The host reaches the index through a
+// TLS-inspecting proxy, so this also proves the host's CA bundle is trusted
+// inside (serve --sandbox-ca-certs host, the default).
+func TestPipInstallFromPackageIndex(t *testing.T) {
+	s := startServer(t, "", "PANDASTACK_WARM=0")
+	t.Cleanup(func() {
+		s.stop()
+		defer os.RemoveAll(s.dataDir)
+		assertNetworkGone(t, s)
+	})
+	env := map[string]string{"PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+	if idx := hostPipIndex(); idx != "" {
+		env["PIP_INDEX_URL"] = idx
+	}
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter"})
+	res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{
+		Cmd: `echo "$SSL_CERT_FILE $REQUESTS_CA_BUNDLE $PIP_CERT $NODE_EXTRA_CA_CERTS"; python3 -m pip install --user --no-cache-dir six && python3 -c "import six; print('six', six.__version__)"`,
+		Env: env, TimeoutSeconds: 180,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bundle = "/etc/ssl/certs/ca-certificates.crt"
+	if first, _, _ := strings.Cut(res.Stdout, "\n"); first != strings.Repeat(bundle+" ", 3)+bundle {
+		t.Errorf("CA variables in the sandbox: %q", first)
+	}
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "\nsix ") {
+		t.Fatalf("pip install six in a sandbox: exit %d\n%s\n%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+}
+
+// hostPipIndex is the index URL of the host's pip configuration, if any.
+func hostPipIndex() string {
+	if v := os.Getenv("PIP_INDEX_URL"); v != "" {
+		return v
+	}
+	out, err := exec.Command("python3", "-m", "pip", "config", "get", "global.index-url").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}

@@ -188,6 +188,11 @@ func serve(args []string) error {
 	if netw != nil {
 		mgr.UseNetwork(netw)
 	}
+	caPEM, err := sandboxCA(cfg.Net.CACerts, log)
+	if err != nil {
+		return err
+	}
+	mgr.UseSandboxCA(caPEM)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ type NetConfig struct {
 	Default      string         // internet, none or off (no namespaces: loopback only)
 	CIDR         string         // sandbox address range; "" picks a free /20
 	AllowPrivate []netip.Prefix // private ranges policies may open
+	CACerts      string         // none, host (the host's system bundle) or a PEM file added to sandboxes' trust stores
 }
 
 type prefixList struct{ p *[]netip.Prefix }
@@ -58,6 +59,11 @@ func (c *NetConfig) bind(fs *flag.FlagSet) {
 	if v := os.Getenv("PANDASTACK_NETWORK_ALLOW_PRIVATE"); v != "" {
 		prefixList{&c.AllowPrivate}.Set(v)
 	}
+	c.CACerts = "host"
+	if v, ok := os.LookupEnv("PANDASTACK_SANDBOX_CA_CERTS"); ok {
+		c.CACerts = v
+	}
+	fs.StringVar(&c.CACerts, "sandbox-ca-certs", c.CACerts, "certificates every sandbox trusts besides its own: none, host (this host's system bundle, so TLS-inspecting proxies the host trusts work) or a PEM file ($PANDASTACK_SANDBOX_CA_CERTS)")
 	fs.Var(prefixList{&c.AllowPrivate}, "network-allow-private", "private range (CIDR) sandbox policies may open; repeatable ($PANDASTACK_NETWORK_ALLOW_PRIVATE, comma-separated)")
 }
 
@@ -78,4 +84,31 @@ func startNetwork(c NetConfig, dataDir string, log *slog.Logger) (*network.Netwo
 		CIDR: c.CIDR, AllowPrivate: c.AllowPrivate, Default: def,
 		StateDir: filepath.Join(dataDir, "network"), Instance: network.InstanceID(dataDir), Log: log,
 	})
+}
+
+// hostCABundle is the system bundle of Debian-family hosts.
+const hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
+
+// sandboxCA reads the certificates --sandbox-ca-certs adds to sandboxes.
+func sandboxCA(mode string, log *slog.Logger) ([]byte, error) {
+	switch mode {
+	case "none", "":
+		return nil, nil
+	case "host":
+		b, err := os.ReadFile(hostCABundle)
+		if err != nil {
+			log.Warn("no host CA bundle to add to sandboxes", "path", hostCABundle, "err", err)
+			return nil, nil
+		}
+		return b, nil
+	default:
+		b, err := os.ReadFile(mode)
+		if err != nil {
+			return nil, fmt.Errorf("--sandbox-ca-certs: %w", err)
+		}
+		if !strings.Contains(string(b), "-----BEGIN CERTIFICATE-----") {
+			return nil, fmt.Errorf("--sandbox-ca-certs: %s holds no PEM certificate", mode)
+		}
+		return b, nil
+	}
 }

@@ -101,6 +101,7 @@ type Manager struct {
 	inflight map[string]int   // execs and runs in progress, by sandbox
 	closed   bool
 	net      Network // sandbox networking, or nil (network.go)
+	caPEM    []byte  // certificates added to every sandbox's trust store (network.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -425,7 +426,10 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	if err == nil {
 		var client *AgentClient
 		if client, err = dialAgent(startCtx, sb.ID, rwc); err == nil {
-			return m.started(ctx, sb, client)
+			if err = m.setupSandbox(startCtx, client); err == nil {
+				return m.started(ctx, sb, client)
+			}
+			client.Close()
 		}
 	}
 	if startCtx.Err() != nil {

@@ -2,8 +2,12 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 // Network is what the manager needs of sandbox networking. The runtime it
@@ -70,4 +74,59 @@ func (m *Manager) SetNetwork(ctx context.Context, projectID, id string, p pandas
 	}
 	sb.Network = m.networkOf(id)
 	return sb, nil
+}
+
+// SandboxCAFile is where a sandbox's trust store ends up: its own system
+// bundle plus the certificates the server adds (UseSandboxCA), at the path
+// OpenSSL, curl and Debian's certifi read by default.
+const SandboxCAFile = "/etc/ssl/certs/ca-certificates.crt"
+
+// caEnv are the variables that make other tools use SandboxCAFile.
+var caEnv = map[string]string{
+	"SSL_CERT_FILE":       SandboxCAFile,
+	"REQUESTS_CA_BUNDLE":  SandboxCAFile,
+	"PIP_CERT":            SandboxCAFile,
+	"NODE_EXTRA_CA_CERTS": SandboxCAFile,
+}
+
+// installCA adds the PEM on stdin to the sandbox's system bundle (kept
+// aside once, so a restore or a second call does not add it twice) and
+// tells pip about it where no pip.conf of the template's own exists.
+const installCA = `set -e
+d=/usr/local/share/pandastack
+mkdir -p $d /etc/ssl/certs
+[ -f $d/system-ca.crt ] || { cat /etc/ssl/certs/ca-certificates.crt 2>/dev/null || true; } > $d/system-ca.crt
+cat $d/system-ca.crt - > $d/ca-certificates.crt
+cp $d/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+if [ ! -e /etc/pip.conf ] || grep -q '^# pandastack' /etc/pip.conf; then
+  printf '# pandastack: the sandbox trust store, with the server'"'"'s CA bundle\n[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > /etc/pip.conf
+fi
+`
+
+// UseSandboxCA makes every sandbox trust the certificates in pem (e.g. the
+// host's system bundle, whose authority a TLS-inspecting proxy may use) in
+// addition to its own; nil leaves sandboxes' trust stores alone. Call
+// before Start.
+func (m *Manager) UseSandboxCA(pem []byte) { m.caPEM = pem }
+
+// setupSandbox readies a freshly started or restored sandbox: its trust
+// store and the variables that point tools at it. A restored agent keeps
+// the environment it was checkpointed with, so this runs after every boot.
+func (m *Manager) setupSandbox(ctx context.Context, c *AgentClient) error {
+	if len(m.caPEM) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	ev, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: installCA, Stdin: m.caPEM, Root: true, TimeoutMS: 15_000}, nil)
+	if err == nil && ev.ExitCode != 0 {
+		err = fmt.Errorf("exit status %d", ev.ExitCode)
+	}
+	if err == nil {
+		err = c.do(ctx, http.MethodPost, "/v1/env", nil, agentproto.EnvRequest{Env: caEnv}, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("install the CA bundle in sandbox %s: %w", c.id, err)
+	}
+	return nil
 }

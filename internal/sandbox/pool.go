@@ -118,6 +118,9 @@ func (m *Manager) restoreForPool(tpl Template) (pooled, error) {
 	}
 	client, err := dialAgent(ctx, id, rwc)
 	if err == nil {
+		err = m.setupSandbox(ctx, client)
+	}
+	if err == nil {
 		// One cell pulls the kernel's pages in, so the user's first cell
 		// does not pay for the lazy restore.
 		_, err = client.RunCode(ctx, DefaultContextID("python"), agentproto.RunRequest{Code: "pass", TimeoutMS: 30_000}, nil)
