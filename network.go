@@ -1,5 +1,7 @@
 package pandastack
 
+import "time"
+
 // NetworkPolicy says where a sandbox may connect to. allow_out wins over
 // deny_out; a platform deny set (the host, loopback, link-local, private and
 // CGNAT ranges, multicast, other sandboxes) applies whatever the policy says.
@@ -32,4 +34,18 @@ func (p NetworkPolicy) Normalized() NetworkPolicy {
 		p.DenyOut = []string{}
 	}
 	return p
+}
+
+// EgressEntry is one line of a sandbox's egress log: a DNS answer or a
+// connection through the server's domain proxy.
+type EgressEntry struct {
+	Time     time.Time `json:"time"`
+	Kind     string    `json:"kind"`              // "dns" or "tcp"
+	Address  string    `json:"address,omitempty"` // destination IP (tcp); for dns, the addresses answered, comma-separated
+	Port     int       `json:"port,omitempty"`
+	Domain   string    `json:"domain,omitempty"` // from DNS, TLS SNI or the HTTP Host header
+	BytesOut int64     `json:"bytes_out"`        // sandbox → destination
+	BytesIn  int64     `json:"bytes_in"`         // destination → sandbox
+	Allowed  bool      `json:"allowed"`
+	Rule     string    `json:"rule"` // what decided: "allow_out[2]", "deny_out[0]", "platform", "internet", "no_internet"
 }

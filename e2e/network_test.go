@@ -275,3 +275,68 @@ func hostPipIndex() string {
 	}
 	return strings.TrimSpace(string(out))
 }
+
+// domainScript fetches http://NAME/ (resolved by the sandbox's resolver) or,
+// with a third argument, connects to that address and sends Host: NAME.
+const domainScript = `
+import socket, sys, errno
+name = sys.argv[1]
+try:
+    addr = sys.argv[2] if len(sys.argv) > 2 else socket.gethostbyname(name)
+    s = socket.create_connection((addr, 80), timeout=10)
+    s.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % name).encode())
+    head, body = s.makefile("rb").read().decode().split("\r\n\r\n", 1)
+    print(body, [l for l in head.split("\r\n") if l.startswith("X-Served-By")])
+except socket.gaierror as e:
+    print("DNS", e.args[0] == socket.EAI_NONAME)
+except OSError as e:
+    print("ERR", errno.errorcode.get(e.errno, e))
+`
+
+func TestNetworkDomainRules(t *testing.T) {
+	up := nettest.StartUpstream(t, "m", 26, 26)
+	up.SetDNS("api.allowed.test", up.PublicIP)
+	s := startServer(t, "", "PANDASTACK_WARM=0", "PANDASTACK_NETWORK_RESOLVERS="+up.DNS.String())
+	t.Cleanup(func() {
+		s.stop()
+		defer os.RemoveAll(s.dataDir)
+		assertNetworkGone(t, s)
+	})
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base", Network: &client.NetworkPolicy{AllowOut: []string{"api.allowed.test"}}})
+	run := func(args ...string) string {
+		t.Helper()
+		res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Argv: append([]string{"python3", "-c", domainScript}, args...), TimeoutSeconds: 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(res.Stdout + res.Stderr)
+	}
+	served := "X-Served-By: " + up.PublicIP.String() + ":80"
+	if got := run("api.allowed.test"); !strings.Contains(got, "upstream api.allowed.test") || !strings.Contains(got, served) {
+		t.Errorf("allowed domain: %q", got)
+	}
+	if got := run("evil.test"); got != "DNS True" {
+		t.Errorf("a name not allowed: %q, want NXDOMAIN", got)
+	}
+	if got := run("evil.test", up.PublicIP.String()); got != "ERR ECONNRESET" {
+		t.Errorf("Host evil.test to an address: %q, want a reset", got)
+	}
+	// A Host that names an allowed domain but aims at a private address
+	// reaches only what the name resolves to.
+	if got := run("api.allowed.test", up.PrivateIP.String()); !strings.Contains(got, served) {
+		t.Errorf("forged Host to %s: %q, want the public server", up.PrivateIP, got)
+	}
+	log, err := s.client().NetworkLog(context.Background(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok, blocked, dns bool
+	for _, e := range log {
+		ok = ok || (e.Kind == "tcp" && e.Domain == "api.allowed.test" && e.Allowed && e.BytesIn > 0 && e.Address == up.PublicIP.String())
+		blocked = blocked || (e.Kind == "tcp" && e.Domain == "evil.test" && !e.Allowed)
+		dns = dns || (e.Kind == "dns" && e.Domain == "evil.test" && !e.Allowed)
+	}
+	if !ok || !blocked || !dns {
+		t.Errorf("egress log (allowed %v, blocked %v, dns %v): %+v", ok, blocked, dns, log)
+	}
+}

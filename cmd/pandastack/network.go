@@ -19,6 +19,7 @@ type NetConfig struct {
 	CIDR         string         // sandbox address range; "" picks a free /20
 	AllowPrivate []netip.Prefix // private ranges policies may open
 	CACerts      string         // none, host (the host's system bundle) or a PEM file added to sandboxes' trust stores
+	Resolvers    string         // upstream DNS servers (host[:port], comma-separated); default /etc/resolv.conf's
 }
 
 type prefixList struct{ p *[]netip.Prefix }
@@ -64,6 +65,8 @@ func (c *NetConfig) bind(fs *flag.FlagSet) {
 		c.CACerts = v
 	}
 	fs.StringVar(&c.CACerts, "sandbox-ca-certs", c.CACerts, "certificates every sandbox trusts besides its own: none, host (this host's system bundle, so TLS-inspecting proxies the host trusts work) or a PEM file ($PANDASTACK_SANDBOX_CA_CERTS)")
+	c.Resolvers = os.Getenv("PANDASTACK_NETWORK_RESOLVERS")
+	fs.StringVar(&c.Resolvers, "network-resolvers", c.Resolvers, "DNS servers the sandboxes' resolver forwards to, IP[:port] comma-separated (default: those of /etc/resolv.conf) ($PANDASTACK_NETWORK_RESOLVERS)")
 	fs.Var(prefixList{&c.AllowPrivate}, "network-allow-private", "private range (CIDR) sandbox policies may open; repeatable ($PANDASTACK_NETWORK_ALLOW_PRIVATE, comma-separated)")
 }
 
@@ -80,8 +83,23 @@ func startNetwork(c NetConfig, dataDir string, log *slog.Logger) (*network.Netwo
 	default:
 		return nil, fmt.Errorf("--network-default must be internet, none or off, got %q", c.Default)
 	}
+	var resolvers []netip.AddrPort
+	for _, f := range strings.Split(c.Resolvers, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		ap, err := netip.ParseAddrPort(f)
+		if err != nil {
+			a, aerr := netip.ParseAddr(f)
+			if aerr != nil {
+				return nil, fmt.Errorf("--network-resolvers: %q is not IP or IP:port", f)
+			}
+			ap = netip.AddrPortFrom(a, 53)
+		}
+		resolvers = append(resolvers, ap)
+	}
 	return network.New(network.Config{
-		CIDR: c.CIDR, AllowPrivate: c.AllowPrivate, Default: def,
+		CIDR: c.CIDR, AllowPrivate: c.AllowPrivate, Default: def, Resolvers: resolvers,
 		StateDir: filepath.Join(dataDir, "network"), Instance: network.InstanceID(dataDir), Log: log,
 	})
 }

@@ -111,6 +111,7 @@ func (s *Server) routes() {
 	auth("GET /v1/sandboxes/{id}", s.getSandbox)
 	auth("PATCH /v1/sandboxes/{id}", s.patchSandbox)
 	auth("PUT /v1/sandboxes/{id}/network", s.putNetwork)
+	auth("GET /v1/sandboxes/{id}/network/log", s.networkLog)
 	auth("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	auth("POST /v1/sandboxes/{id}/exec", s.exec)
 	auth("PUT /v1/sandboxes/{id}/files", s.putFile)

@@ -21,3 +21,12 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request, project stri
 	}
 	writeJSON(w, http.StatusOK, sb)
 }
+
+func (s *Server) networkLog(w http.ResponseWriter, r *http.Request, project string) {
+	log, err := s.mgr.NetworkLog(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"entries": log})
+}

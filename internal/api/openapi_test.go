@@ -269,6 +269,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ExecRequest":          execRequest{},
 		"ExecResult":           ExecResult{},
 		"Sandbox":              pandastack.Sandbox{},
+		"NetworkPolicy":        pandastack.NetworkPolicy{},
+		"EgressEntry":          pandastack.EgressEntry{},
 		"FileInfo":             agentproto.FileInfo{},
 		"TemplateInfo":         TemplateInfo{},
 	} {

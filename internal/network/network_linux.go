@@ -1,6 +1,7 @@
 package network
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -76,7 +77,64 @@ type sandboxNet struct {
 	Slot   int                      `json:"slot"`
 	Policy pandastack.NetworkPolicy `json:"policy"`
 	up     bool
+	comp   Compiled // Policy compiled
 	dns    *resolver
+	proxy  *proxy
+	elog   egressLog
+}
+
+// view gives s's resolver and proxy its current policy and log.
+func (n *Network) view(s *sandboxNet) sandboxView {
+	return sandboxView{
+		policy: func() Compiled {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			return s.comp
+		},
+		denied: func(a netip.Addr) bool {
+			return n.cidr.Contains(a) || platformDenied(a, n.deny, n.cfg.AllowPrivate)
+		},
+		resolve: n.lookup,
+		log:     s.elog.add,
+	}
+}
+
+// lookup resolves a name for the domain proxy with the host's resolvers.
+func (n *Network) lookup(ctx context.Context, name string) ([]netip.Addr, error) {
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, n.resolvers[0].String())
+	}}
+	return r.LookupNetIP(ctx, "ip4", name)
+}
+
+// startServices starts s's resolver and domain proxy on its gateway.
+func (n *Network) startServices(s *sandboxNet, gw netip.Addr) error {
+	v := n.view(s)
+	dns, err := startResolver(gw, n.resolvers, v, n.log.With("sandbox", s.ID))
+	if err != nil {
+		return fmt.Errorf("network %s: resolver: %w", s.ID, err)
+	}
+	px, err := startProxy(gw, v)
+	if err != nil {
+		dns.Close()
+		return fmt.Errorf("network %s: domain proxy: %w", s.ID, err)
+	}
+	n.mu.Lock()
+	s.dns, s.proxy, s.up = dns, px, true
+	n.mu.Unlock()
+	return nil
+}
+
+// Log returns the sandbox's egress log, oldest first; nil when unknown.
+func (n *Network) Log(id string) []pandastack.EgressEntry {
+	n.mu.Lock()
+	s := n.sbx[id]
+	n.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	return s.elog.list()
 }
 
 // New checks the range, enables IPv4 forwarding and installs the firewall
@@ -356,6 +414,7 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 	}
 	n.slots[slot] = id
 	s.Slot = slot
+	s.comp = comp
 	n.sbx[id] = s
 	n.mu.Unlock()
 	defer func() {
@@ -380,13 +439,9 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 	if err != nil {
 		return "", fmt.Errorf("network %s: firewall: %w", id, err)
 	}
-	dns, err := startResolver(gw, n.resolvers, n.log.With("sandbox", id))
-	if err != nil {
-		return "", fmt.Errorf("network %s: resolver: %w", id, err)
+	if err := n.startServices(s, gw); err != nil {
+		return "", err
 	}
-	n.mu.Lock()
-	s.dns, s.up = dns, true
-	n.mu.Unlock()
 	return n.NSPath(id), nil
 }
 
@@ -425,15 +480,11 @@ func (n *Network) Adopt(id string) error {
 	if err != nil {
 		return fmt.Errorf("network %s: firewall: %w", id, err)
 	}
-	dns, err := startResolver(gw, n.resolvers, n.log.With("sandbox", id))
-	if err != nil {
-		return fmt.Errorf("network %s: resolver: %w", id, err)
-	}
 	n.mu.Lock()
 	n.slots[s.Slot] = id
-	s.dns, s.up = dns, true
+	s.comp = comp
 	n.mu.Unlock()
-	return nil
+	return n.startServices(s, gw)
 }
 
 // SetPolicy replaces a sandbox's policy at once; a policy that does not
@@ -464,6 +515,7 @@ func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
 		s.Policy = old
 		return fmt.Errorf("network %s: %w", id, err)
 	}
+	s.comp = comp
 	return nil
 }
 
@@ -493,12 +545,15 @@ func (n *Network) Release(id string) {
 // teardown undoes Prepare for s, whatever part of it was done.
 func (n *Network) teardown(s *sandboxNet) {
 	n.mu.Lock()
-	dns := s.dns
-	s.dns, s.up = nil, false
+	dns, px := s.dns, s.proxy
+	s.dns, s.proxy, s.up = nil, nil, false
 	owner, held := n.slots[s.Slot]
 	n.mu.Unlock()
 	if dns != nil {
 		dns.Close()
+	}
+	if px != nil {
+		px.Close()
 	}
 	if held && owner == s.ID {
 		n.nftMu.Lock()
@@ -630,11 +685,14 @@ func (n *Network) Close() error {
 	n.mu.Unlock()
 	for _, s := range all {
 		n.mu.Lock()
-		dns := s.dns
-		s.dns, s.up = nil, false
+		dns, px := s.dns, s.proxy
+		s.dns, s.proxy, s.up = nil, nil, false
 		n.mu.Unlock()
 		if dns != nil {
 			dns.Close()
+		}
+		if px != nil {
+			px.Close()
 		}
 		if l, err := netlink.LinkByName(n.veth(s.Slot)); err == nil {
 			netlink.LinkSetDown(l)

@@ -1,6 +1,7 @@
 package network
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -229,4 +230,130 @@ func TestCompile(t *testing.T) {
 	if !MatchDomain([]string{"*.example.org"}, "a.b.example.org") || MatchDomain([]string{"*.example.org"}, "example.org") || MatchDomain([]string{"api.example.com"}, "evilapi.example.com") {
 		t.Error("MatchDomain")
 	}
+}
+
+// request sends one HTTP/1.0 request with the given Host to addr:80 (or, with
+// sni set, over TLS to addr:443 with that server name) from inside ns and
+// returns the whole response.
+func request(t *testing.T, ns string, addr netip.Addr, host, sni string) (string, error) {
+	var out string
+	var err error
+	nettest.InNS(t, ns, func() {
+		port := uint16(80)
+		if sni != "" {
+			port = 443
+		}
+		var c net.Conn
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, port).String(), 5*time.Second)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if sni != "" {
+			tc := tls.Client(c, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
+			if err = tc.Handshake(); err != nil {
+				return
+			}
+			c = tc
+		}
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", host)
+		var b []byte
+		b, err = io.ReadAll(c)
+		out = string(b)
+	})
+	return out, err
+}
+
+func TestDomainRules(t *testing.T) {
+	up := nettest.StartUpstream(t, "d", 18, 18)
+	up.SetDNS("api.allowed.test", up.PublicIP)
+	up.SetDNS("www.wild.test", up.PublicIP)
+	up.SetDNS("rebind.allowed.test", up.PrivateIP)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	pol := pandastack.NetworkPolicy{AllowOut: []string{"api.allowed.test", "*.wild.test", "rebind.allowed.test"}}
+	ns, err := n.Prepare("sbx_dom", &pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_dom")
+	served := "X-Served-By: " + netip.AddrPortFrom(up.PublicIP, 80).String()
+
+	// Allowed by Host and by SNI (wildcard).
+	if out, err := request(t, ns, up.PublicIP, "api.allowed.test", ""); err != nil || !strings.Contains(out, "upstream api.allowed.test") {
+		t.Errorf("Host api.allowed.test: %q, %v", out, err)
+	}
+	if out, err := request(t, ns, up.PublicIP, "www.wild.test", "www.wild.test"); err != nil || !strings.Contains(out, "upstream www.wild.test") {
+		t.Errorf("SNI www.wild.test: %q, %v", out, err)
+	}
+	// A name not allowed: reset at once, not a hang.
+	if out, err := request(t, ns, up.PublicIP, "evil.test", ""); err == nil || !(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)) {
+		t.Errorf("Host evil.test: %q, %v; want a reset", out, err)
+	}
+	if _, err := request(t, ns, up.PublicIP, "x", "evil.test"); err == nil {
+		t.Error("SNI evil.test: handshake succeeded; want a reset")
+	}
+	// A forged Host aimed at a private address reaches only what the name
+	// resolves to, never the private server.
+	out, err := request(t, ns, up.PrivateIP, "api.allowed.test", "")
+	if err != nil || !strings.Contains(out, served) {
+		t.Errorf("forged Host to %s: %q, %v; want the public server's answer", up.PrivateIP, out, err)
+	}
+	// A name that resolves to a private address (rebinding): refused.
+	if out, err := request(t, ns, up.PublicIP, "rebind.allowed.test", ""); err == nil {
+		t.Errorf("rebinding name: %q; want a reset", out)
+	}
+	// A private address on port 80 without a name: the proxy resets it.
+	if _, _, err := get(t, ns, up.PrivateIP); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("private address: %v, want reset", err)
+	}
+
+	// DNS answers only allowed names.
+	if rc := queryRcode(t, ns, up.PublicIP, "api.allowed.test"); rc != 0 {
+		t.Errorf("DNS api.allowed.test: rcode %d, want 0", rc)
+	}
+	if rc := queryRcode(t, ns, up.PublicIP, "evil.test"); rc != 3 {
+		t.Errorf("DNS evil.test: rcode %d, want 3 (NXDOMAIN)", rc)
+	}
+
+	// The egress log has the allowed and the blocked connection and the DNS answers.
+	var sawAllowed, sawBlocked, sawDNS bool
+	for _, e := range n.Log("sbx_dom") {
+		switch {
+		case e.Kind == "tcp" && e.Domain == "api.allowed.test" && e.Allowed && e.BytesIn > 0 && e.Rule == "allow_out api.allowed.test":
+			sawAllowed = true
+		case e.Kind == "tcp" && e.Domain == "evil.test" && !e.Allowed:
+			sawBlocked = true
+		case e.Kind == "dns" && e.Domain == "evil.test" && !e.Allowed:
+			sawDNS = true
+		}
+	}
+	if !sawAllowed || !sawBlocked || !sawDNS {
+		t.Errorf("egress log lacks entries (allowed %v, blocked %v, dns %v): %+v", sawAllowed, sawBlocked, sawDNS, n.Log("sbx_dom"))
+	}
+}
+
+// queryRcode asks the sandbox's resolver (via any address: the firewall
+// redirects DNS) for name's A record and returns the answer's rcode.
+func queryRcode(t *testing.T, ns string, via netip.Addr, name string) int {
+	var rc = -1
+	nettest.InNS(t, ns, func() {
+		c, err := net.Dial("udp4", netip.AddrPortFrom(via, 53).String())
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		q := []byte{0xab, 0xcd, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0}
+		for _, l := range strings.Split(name, ".") {
+			q = append(append(q, byte(len(l))), l...)
+		}
+		q = append(q, 0, 0, 1, 0, 1)
+		c.Write(q)
+		buf := make([]byte, 512)
+		if k, err := c.Read(buf); err == nil && k >= 4 {
+			rc = int(buf[3] & 0x0f)
+		}
+	})
+	return rc
 }

@@ -29,6 +29,7 @@ type firewall struct {
 	table  *nftables.Table
 	prefix string // veth name prefix of this instance
 	out    *nftables.Chain
+	pre    *nftables.Chain // nat prerouting: per-sandbox jumps to the domain proxy redirects
 }
 
 func chainRef(t *nftables.Table, name string) *nftables.Chain {
@@ -54,6 +55,7 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	post := hook("postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
 	reject := c.AddChain(&nftables.Chain{Name: "reject", Table: t})
 	f.out = c.AddChain(&nftables.Chain{Name: "out", Table: t})
+	f.pre = pre
 	in := c.AddChain(&nftables.Chain{Name: "in", Table: t})
 	host := c.AddChain(&nftables.Chain{Name: "host", Table: t})
 	platform := c.AddChain(&nftables.Chain{Name: "platform", Table: t})
@@ -82,6 +84,9 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	rule(host, cat(established(), jump(expr.VerdictAccept, ""))...)
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		rule(host, cat(l4proto(proto), dport(53), jump(expr.VerdictAccept, ""))...)
+	}
+	for _, port := range []uint16{proxyHTTPPort, proxyTLSPort} {
+		rule(host, cat(l4proto(unix.IPPROTO_TCP), dport(port), jump(expr.VerdictAccept, ""))...)
 	}
 	rule(host, jump(expr.VerdictGoto, "reject")...)
 
@@ -126,6 +131,10 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 	cat := func(a, b []expr.Any) []expr.Any { return append(append([]expr.Any{}, a...), b...) }
 	// Only the sandbox's own address leaves its veth.
 	rule(cat(saddrNot(addr), jump(expr.VerdictDrop, ""))...)
+	if p.DomainRules() {
+		// QUIC cannot be checked by name: clients fall back to TCP.
+		rule(cat(l4proto(unix.IPPROTO_UDP), append(dport(443), jump(expr.VerdictGoto, "reject")...))...)
+	}
 	for _, n := range p.AllowNet {
 		rule(cat(daddr(n), jump(expr.VerdictAccept, ""))...)
 	}
@@ -137,6 +146,18 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 	}
 	rule(jump(expr.VerdictAccept, "")...)
 
+	// While domain rules are in force, HTTP and TLS go to the domain proxy.
+	nat := c.AddChain(&nftables.Chain{Name: "nat_" + strconv.Itoa(slot), Table: f.table, Type: nftables.ChainTypeNAT})
+	c.FlushChain(nat)
+	if p.DomainRules() {
+		for _, m := range [][2]uint16{{80, proxyHTTPPort}, {443, proxyTLSPort}} {
+			port := make([]byte, 2)
+			binary.BigEndian.PutUint16(port, m[1])
+			c.AddRule(&nftables.Rule{Table: f.table, Chain: nat, Exprs: append(append(l4proto(unix.IPPROTO_TCP), dport(m[0])...),
+				&expr.Immediate{Register: 1, Data: port}, &expr.Redir{RegisterProtoMin: 1})})
+		}
+	}
+
 	rules, err := c.GetRules(f.table, f.out)
 	if err != nil {
 		return err
@@ -145,19 +166,28 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 		c.AddRule(&nftables.Rule{Table: f.table, Chain: f.out, UserData: slotTag(slot),
 			Exprs: append(ifname(unix.NFT_META_IIFNAME, veth, false, expr.CmpOpEq), jump(expr.VerdictGoto, name)...)})
 	}
+	if rules, err = c.GetRules(f.table, f.pre); err != nil {
+		return err
+	}
+	if !hasTag(rules, slotTag(slot)) {
+		c.AddRule(&nftables.Rule{Table: f.table, Chain: f.pre, UserData: slotTag(slot),
+			Exprs: append(ifname(unix.NFT_META_IIFNAME, veth, false, expr.CmpOpEq), jump(expr.VerdictGoto, "nat_"+strconv.Itoa(slot))...)})
+	}
 	return c.Flush()
 }
 
 // removeSandbox deletes a sandbox's jump and chain; missing ones are fine.
 func (f *firewall) removeSandbox(c *nftables.Conn, slot int) error {
-	rules, err := c.GetRules(f.table, f.out)
-	if err != nil {
-		return err
-	}
-	for _, r := range rules {
-		if string(r.UserData) == string(slotTag(slot)) {
-			if err := c.DelRule(r); err != nil {
-				return err
+	for _, ch := range []*nftables.Chain{f.out, f.pre} {
+		rules, err := c.GetRules(f.table, ch)
+		if err != nil {
+			return err
+		}
+		for _, r := range rules {
+			if string(r.UserData) == string(slotTag(slot)) {
+				if err := c.DelRule(r); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -169,12 +199,11 @@ func (f *firewall) removeSandbox(c *nftables.Conn, slot int) error {
 		return err
 	}
 	for _, ch := range chains {
-		if ch.Table.Name == f.table.Name && ch.Name == "sbx_"+strconv.Itoa(slot) {
+		if ch.Table.Name == f.table.Name && (ch.Name == "sbx_"+strconv.Itoa(slot) || ch.Name == "nat_"+strconv.Itoa(slot)) {
 			c.DelChain(ch)
-			return c.Flush()
 		}
 	}
-	return nil
+	return c.Flush()
 }
 
 func hasTag(rules []*nftables.Rule, tag []byte) bool {

@@ -136,15 +136,73 @@ func denied(p netip.Prefix, deny, open []netip.Prefix) netip.Prefix {
 
 // MatchDomain reports whether name is allowed by one of the patterns.
 func MatchDomain(patterns []string, name string) bool {
+	_, ok := matchDomain(patterns, name)
+	return ok
+}
+
+// matchDomain returns the pattern that allows name.
+func matchDomain(patterns []string, name string) (string, bool) {
 	name = strings.ToLower(strings.TrimSuffix(name, "."))
 	for _, p := range patterns {
 		if suffix, ok := strings.CutPrefix(p, "*."); ok {
 			if strings.HasSuffix(name, "."+suffix) {
-				return true
+				return p, true
 			}
 		} else if name == p {
+			return p, true
+		}
+	}
+	return "", false
+}
+
+// DomainRules reports whether domain rules are in force: the policy names
+// domains and does not let everything out anyway. Then the resolver
+// answers only allowed names, HTTP and TLS go through the domain proxy and
+// QUIC is blocked so clients fall back to TCP.
+func (c Compiled) DomainRules() bool {
+	return len(c.Domains) > 0 && !(c.Internet && len(c.DenyNet) == 0)
+}
+
+// decideAddr says whether a connection to a may go out by the CIDR rules,
+// and which rule decided. deny is the full platform deny set.
+func (c Compiled) decideAddr(a netip.Addr, deny, open []netip.Prefix) (bool, string) {
+	if platformDenied(a, deny, open) {
+		return false, "platform"
+	}
+	for _, p := range c.AllowNet {
+		if p.Contains(a) {
+			return true, "allow_out " + p.String()
+		}
+	}
+	for _, p := range c.DenyNet {
+		if p.Contains(a) {
+			return false, "deny_out " + p.String()
+		}
+	}
+	if c.Internet {
+		return true, "internet"
+	}
+	return false, "no_internet"
+}
+
+// decideName says whether the sandbox may reach name by a domain rule.
+func (c Compiled) decideName(name string) (bool, string) {
+	if p, ok := matchDomain(c.Domains, name); ok {
+		return true, "allow_out " + p
+	}
+	return false, ""
+}
+
+func platformDenied(a netip.Addr, deny, open []netip.Prefix) bool {
+	for _, o := range open {
+		if o.Contains(a) {
+			return false
+		}
+	}
+	for _, d := range deny {
+		if d.Contains(a) {
 			return true
 		}
 	}
-	return false
+	return !a.Is4()
 }

@@ -1,21 +1,30 @@
 package network
 
 import (
+	"context"
+	"encoding/binary"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
+
+	"github.com/pandastack/pandastack"
+	"golang.org/x/net/dns/dnsmessage"
 )
 
 // resolver answers a sandbox's DNS on its gateway address (UDP and TCP port
 // 53; the firewall redirects DNS to any address there) by forwarding each
-// query to the host's own resolvers.
+// query to the host's own resolvers. While domain rules are in force it
+// answers only allowed names (NXDOMAIN otherwise). Every answer goes to the
+// sandbox's egress log.
 type resolver struct {
 	udp       net.PacketConn
 	tcp       net.Listener
 	upstreams []netip.AddrPort
+	view      sandboxView
 	log       *slog.Logger
 	sem       chan struct{}  // bounds queries in flight
 	wg        sync.WaitGroup // the two accept loops; queries in flight end on their own deadlines
@@ -23,7 +32,15 @@ type resolver struct {
 
 const resolverTimeout = 5 * time.Second
 
-func startResolver(addr netip.Addr, upstreams []netip.AddrPort, log *slog.Logger) (*resolver, error) {
+// sandboxView is what the proxy and resolver need of their sandbox.
+type sandboxView struct {
+	policy  func() Compiled
+	denied  func(netip.Addr) bool // the platform deny set with the server's openings
+	resolve func(ctx context.Context, name string) ([]netip.Addr, error)
+	log     func(pandastack.EgressEntry)
+}
+
+func startResolver(addr netip.Addr, upstreams []netip.AddrPort, view sandboxView, log *slog.Logger) (*resolver, error) {
 	ap := netip.AddrPortFrom(addr, 53).String()
 	udp, err := net.ListenPacket("udp4", ap)
 	if err != nil {
@@ -34,7 +51,7 @@ func startResolver(addr netip.Addr, upstreams []netip.AddrPort, log *slog.Logger
 		udp.Close()
 		return nil, err
 	}
-	r := &resolver{udp: udp, tcp: tcp, upstreams: upstreams, log: log, sem: make(chan struct{}, 64)}
+	r := &resolver{udp: udp, tcp: tcp, upstreams: upstreams, view: view, log: log, sem: make(chan struct{}, 64)}
 	r.wg.Add(2)
 	go r.serveUDP()
 	go r.serveTCP()
@@ -64,15 +81,129 @@ func (r *resolver) serveUDP() {
 		}
 		go func() {
 			defer func() { <-r.sem }()
-			if a := r.forwardUDP(q); a != nil {
+			if a := r.answer(q); a != nil {
 				r.udp.WriteTo(a, from)
 			}
 		}()
 	}
 }
 
-// forwardUDP asks each upstream in turn; nil when none answered.
-func (r *resolver) forwardUDP(q []byte) []byte {
+func (r *resolver) serveTCP() {
+	defer r.wg.Done()
+	for {
+		c, err := r.tcp.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			for {
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				var l [2]byte
+				if _, err := io.ReadFull(c, l[:]); err != nil {
+					return
+				}
+				q := make([]byte, binary.BigEndian.Uint16(l[:]))
+				if _, err := io.ReadFull(c, q); err != nil {
+					return
+				}
+				a := r.answer(q)
+				if a == nil {
+					return
+				}
+				binary.BigEndian.PutUint16(l[:], uint16(len(a)))
+				if _, err := c.Write(append(l[:], a...)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// answer returns the reply to query q, or nil to stay silent.
+func (r *resolver) answer(q []byte) []byte {
+	var p dnsmessage.Parser
+	h, err := p.Start(q)
+	if err != nil {
+		return nil
+	}
+	question, err := p.Question()
+	if err != nil {
+		return nil
+	}
+	name := strings.ToLower(strings.TrimSuffix(question.Name.String(), "."))
+	entry := pandastack.EgressEntry{Time: time.Now().UTC(), Kind: "dns", Domain: name}
+	if pol := r.view.policy(); pol.DomainRules() {
+		if ok, rule := pol.decideName(name); ok {
+			entry.Rule = rule
+		} else {
+			entry.Rule = "no_domain_rule"
+			r.view.log(entry)
+			return nxdomain(h, question)
+		}
+	} else if pol.Internet {
+		entry.Rule = "internet"
+	} else {
+		entry.Rule = "resolver"
+	}
+	a := r.forward(q)
+	if a == nil {
+		return nil
+	}
+	entry.Allowed = true
+	entry.Address = strings.Join(answerAddrs(a), ",")
+	r.view.log(entry)
+	return a
+}
+
+func nxdomain(h dnsmessage.Header, q dnsmessage.Question) []byte {
+	h.Response, h.RecursionAvailable, h.RCode = true, true, dnsmessage.RCodeNameError
+	b := dnsmessage.NewBuilder(nil, h)
+	b.EnableCompression()
+	if b.StartQuestions() != nil || b.Question(q) != nil {
+		return nil
+	}
+	out, err := b.Finish()
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// answerAddrs lists the A and AAAA records of a DNS answer.
+func answerAddrs(a []byte) []string {
+	var p dnsmessage.Parser
+	if _, err := p.Start(a); err != nil {
+		return nil
+	}
+	if p.SkipAllQuestions() != nil {
+		return nil
+	}
+	var out []string
+	for {
+		h, err := p.AnswerHeader()
+		if err != nil {
+			return out
+		}
+		switch h.Type {
+		case dnsmessage.TypeA:
+			if rr, err := p.AResource(); err == nil {
+				out = append(out, netip.AddrFrom4(rr.A).String())
+			}
+		case dnsmessage.TypeAAAA:
+			if rr, err := p.AAAAResource(); err == nil {
+				out = append(out, netip.AddrFrom16(rr.AAAA).String())
+			}
+		default:
+			if p.SkipAnswer() != nil {
+				return out
+			}
+		}
+	}
+}
+
+// forward asks each upstream in turn; nil when none answered.
+func (r *resolver) forward(q []byte) []byte {
 	buf := make([]byte, 65535)
 	for _, up := range r.upstreams {
 		c, err := net.Dial("udp", up.String())
@@ -92,32 +223,4 @@ func (r *resolver) forwardUDP(q []byte) []byte {
 	}
 	r.log.Debug("dns: no upstream answered")
 	return nil
-}
-
-func (r *resolver) serveTCP() {
-	defer r.wg.Done()
-	for {
-		c, err := r.tcp.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			for _, up := range r.upstreams {
-				u, err := net.DialTimeout("tcp", up.String(), resolverTimeout)
-				if err != nil {
-					continue
-				}
-				deadline := time.Now().Add(30 * time.Second)
-				c.SetDeadline(deadline)
-				u.SetDeadline(deadline)
-				done := make(chan struct{})
-				go func() { io.Copy(u, c); u.(*net.TCPConn).CloseWrite(); close(done) }()
-				io.Copy(c, u)
-				u.Close()
-				<-done
-				return
-			}
-		}()
-	}
 }

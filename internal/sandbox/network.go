@@ -20,6 +20,8 @@ type Network interface {
 	SetPolicy(id string, p pandastack.NetworkPolicy) error
 	// Policy returns a sandbox's policy; false when it has none.
 	Policy(id string) (pandastack.NetworkPolicy, bool)
+	// Log returns the sandbox's egress log, oldest first.
+	Log(id string) []pandastack.EgressEntry
 }
 
 // UseNetwork enables network policies; call before Start. Without it a
@@ -129,4 +131,20 @@ func (m *Manager) setupSandbox(ctx context.Context, c *AgentClient) error {
 		return fmt.Errorf("install the CA bundle in sandbox %s: %w", c.id, err)
 	}
 	return nil
+}
+
+// NetworkLog returns the egress log of a sandbox of the project: DNS
+// answers and connections through the domain proxy, newest kept.
+func (m *Manager) NetworkLog(ctx context.Context, projectID, id string) ([]pandastack.EgressEntry, error) {
+	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+		return nil, err
+	}
+	if m.net == nil {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "this server runs without sandbox networking")
+	}
+	log := m.net.Log(id)
+	if log == nil {
+		log = []pandastack.EgressEntry{}
+	}
+	return log, nil
 }

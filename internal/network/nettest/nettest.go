@@ -6,13 +6,23 @@
 package nettest
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
 	"os/exec"
 	"runtime"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netns"
 )
@@ -61,7 +71,11 @@ func sh(t testing.TB, cmd string) {
 type Upstream struct {
 	PublicIP, PrivateIP netip.Addr
 	DNS                 netip.AddrPort
+	zone                *sync.Map // name → netip.Addr for the DNS stub
 }
+
+// SetDNS makes the DNS stub answer name with a (default: 198.51.100.77).
+func (u Upstream) SetDNS(name string, a netip.Addr) { u.zone.Store(name, a) }
 
 // StartUpstream makes the namespace; cleanup removes it.
 func StartUpstream(t testing.TB, tag string, pubNet, privNet byte) Upstream {
@@ -81,30 +95,38 @@ ip -n %[1]s link set eth0 up && ip -n %[1]s link set lo up && ip -n %[1]s route 
 		exec.Command("ip", "link", "del", hostIf).Run()
 		exec.Command("ip", "netns", "del", ns).Run()
 	})
-	u := Upstream{PublicIP: netip.MustParseAddr(pub), PrivateIP: netip.MustParseAddr(priv), DNS: netip.AddrPortFrom(netip.MustParseAddr(pub), 5353)}
+	u := Upstream{PublicIP: netip.MustParseAddr(pub), PrivateIP: netip.MustParseAddr(priv), DNS: netip.AddrPortFrom(netip.MustParseAddr(pub), 5353), zone: &sync.Map{}}
 	InNS(t, "/run/netns/"+ns, func() {
 		ln, err := net.Listen("tcp4", ":80")
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The body names the Host asked for; X-Served-By the address the
+		// request reached, so a test sees which server answered.
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("X-Served-By", r.Context().Value(http.LocalAddrContextKey).(net.Addr).String())
 			fmt.Fprintf(w, "upstream %s", r.Host)
 		})}
 		go srv.Serve(ln)
 		t.Cleanup(func() { srv.Close() })
+		tln, err := net.Listen("tcp4", ":443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(tls.NewListener(tln, &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}}))
 		pc, err := net.ListenPacket("udp4", u.DNS.String())
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { pc.Close() })
-		go dnsStub(pc)
+		go dnsStub(pc, u.zone)
 	})
 	return u
 }
 
-// dnsStub answers every query with its own header and question echoed, one
-// A record 198.51.100.77.
-func dnsStub(pc net.PacketConn) {
+// dnsStub answers every A query with its header and question echoed and
+// one A record: the zone's address for the name, else 198.51.100.77.
+func dnsStub(pc net.PacketConn, zone *sync.Map) {
 	buf := make([]byte, 1500)
 	for {
 		n, from, err := pc.ReadFrom(buf)
@@ -115,10 +137,40 @@ func dnsStub(pc net.PacketConn) {
 			continue
 		}
 		q := append([]byte(nil), buf[:n]...)
+		var labels []string
+		i := 12
+		for ; i < n && q[i] != 0 && i+1+int(q[i]) <= n; i += 1 + int(q[i]) {
+			labels = append(labels, string(q[i+1:i+1+int(q[i])]))
+		}
+		if i+5 > n {
+			continue
+		}
+		q = q[:i+5] // the question only: drop an EDNS record in the additional section
+		a := netip.MustParseAddr("198.51.100.77")
+		if v, ok := zone.Load(strings.Join(labels, ".")); ok {
+			a = v.(netip.Addr)
+		}
+		ip := a.As4()
 		q[2] |= 0x80      // response
+		q[3] |= 0x80      // recursion available
 		q[6], q[7] = 0, 1 // one answer
 		q[8], q[9], q[10], q[11] = 0, 0, 0, 0
-		q = append(q, 0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 198, 51, 100, 77)
+		q = append(q, 0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, ip[0], ip[1], ip[2], ip[3])
 		pc.WriteTo(q, from)
 	}
+}
+
+// selfSigned makes a throwaway certificate for the HTTPS server.
+func selfSigned(t testing.TB) tls.Certificate {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "upstream.test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"*.test"}}
+	der, err := x509.CreateCertificate(rand.Reader, tpl, tpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
