@@ -26,6 +26,7 @@ const (
 	EInternal        = "internal"             // a bug or a host failure; the message is safe to show
 	EMethod          = "method_not_allowed"   // the path exists, the HTTP method does not
 	ENetworkDenied   = "network_denied"       // a network rule names a destination in the platform deny set
+	EPortClosed      = "port_unreachable"     // nothing answers on the sandbox port a request was proxied to
 )
 
 // Error is the one error type whose code and message reach API clients.
@@ -86,6 +87,8 @@ func HTTPStatus(code string) int {
 		return http.StatusRequestEntityTooLarge
 	case ETimeout:
 		return http.StatusGatewayTimeout
+	case EPortClosed:
+		return http.StatusBadGateway
 	case EUnavailable:
 		return http.StatusServiceUnavailable
 	case ESnapshotCorrupt, ENetworkDenied:

@@ -1,8 +1,13 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -338,5 +343,148 @@ func TestNetworkDomainRules(t *testing.T) {
 	}
 	if !ok || !blocked || !dns {
 		t.Errorf("egress log (allowed %v, blocked %v, dns %v): %+v", ok, blocked, dns, log)
+	}
+}
+
+// wsEcho is a WebSocket echo server on port 8765, in plain Python.
+const wsEcho = `
+import socket, hashlib, base64, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8765)); s.listen(5)
+def serve(c):
+    req = b""
+    while b"\r\n\r\n" not in req:
+        req += c.recv(4096)
+    key = [l.split(b":", 1)[1].strip() for l in req.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key")][0]
+    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    def rd(n):
+        b = b""
+        while len(b) < n:
+            x = c.recv(n - len(b))
+            if not x:
+                raise EOFError
+            b += x
+        return b
+    while True:
+        h0, h1 = rd(2)
+        n = h1 & 127
+        m = rd(4) if h1 & 128 else b"\0\0\0\0"
+        p = bytes(b ^ m[i % 4] for i, b in enumerate(rd(n)))
+        if h0 & 15 == 8:
+            return
+        c.sendall(bytes([0x81, len(p)]) + p)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+`
+
+func TestPortProxy(t *testing.T) {
+	s := startServer(t, "", "PANDASTACK_WARM=0")
+	t.Cleanup(func() {
+		s.stop()
+		defer os.RemoveAll(s.dataDir)
+		assertNetworkGone(t, s)
+	})
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
+	get := func(u string, withKey bool) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", u, nil)
+		if withKey {
+			req.Header.Set("Authorization", "Bearer "+s.key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+
+	// Nothing listens yet: 502 with a clear error, not a hang.
+	resp, body := get(c.PortURL(sb.ID, 8000), true)
+	if resp.StatusCode != 502 || !strings.Contains(body, "port_unreachable") {
+		t.Fatalf("no listener: %d %s", resp.StatusCode, body)
+	}
+	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cd /tmp && echo hello-from-sandbox > page.txt && nohup python3 -m http.server 8000 >/dev/null 2>&1 & nohup python3 -c \"$WS\" >/dev/null 2>&1 &", Env: map[string]string{"WS": wsEcho}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, body = get(c.PortURL(sb.ID, 8000)+"page.txt", true)
+		if resp.StatusCode == 200 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if resp.StatusCode != 200 || body != "hello-from-sandbox\n" {
+		t.Fatalf("GET page.txt through the port proxy: %d %q", resp.StatusCode, body)
+	}
+	if resp, _ := get(c.PortURL(sb.ID, 8000)+"page.txt", false); resp.StatusCode != 401 {
+		t.Errorf("without key or token: %d, want 401", resp.StatusCode)
+	}
+	if resp, body := get(strings.Replace(c.PortURL(sb.ID, 8000), "/8000/", "/70000/", 1), true); resp.StatusCode != 400 {
+		t.Errorf("port 70000: %d %s, want 400", resp.StatusCode, body)
+	}
+
+	// A token URL works with no header, sets a cookie for the page, and
+	// stops working once revoked.
+	tok, err := c.CreatePortToken(ctx, sb.ID, 8000, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(tok.URL)
+	u.Path += "page.txt"
+	resp, body = get(u.String(), false)
+	if resp.StatusCode != 200 || body != "hello-from-sandbox\n" || len(resp.Cookies()) == 0 {
+		t.Errorf("token URL: %d %q cookies %v", resp.StatusCode, body, resp.Cookies())
+	}
+	if resp, _ := get(strings.Replace(u.String(), "/8000/", "/8765/", 1), false); resp.StatusCode != 401 {
+		t.Errorf("token of port 8000 on port 8765: %d, want 401", resp.StatusCode)
+	}
+	if err := c.RevokePortTokens(ctx, sb.ID, 8000); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := get(u.String(), false); resp.StatusCode != 401 {
+		t.Errorf("revoked token: %d, want 401", resp.StatusCode)
+	}
+
+	// WebSocket through the proxy.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/ports/8765/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", sb.ID, s.key)
+	br := bufio.NewReader(conn)
+	status, _ := br.ReadString('\n')
+	if !strings.Contains(status, "101") {
+		t.Fatalf("WebSocket upgrade through the proxy: %q", status)
+	}
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil || l == "\r\n" {
+			break
+		}
+	}
+	msg := []byte("ping through the proxy")
+	mask := []byte{1, 2, 3, 4}
+	frame := append([]byte{0x81, 0x80 | byte(len(msg))}, mask...)
+	for i, b := range msg {
+		frame = append(frame, b^mask[i%4])
+	}
+	conn.Write(frame)
+	hdr := make([]byte, 2)
+	if _, err := io.ReadFull(br, hdr); err != nil {
+		t.Fatal(err)
+	}
+	echo := make([]byte, hdr[1]&127)
+	io.ReadFull(br, echo)
+	if string(echo) != string(msg) {
+		t.Errorf("WebSocket echo: %q", echo)
 	}
 }

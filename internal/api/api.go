@@ -68,6 +68,7 @@ type Server struct {
 	catalog Catalog
 	log     *slog.Logger
 	mux     *http.ServeMux
+	tokens  portTokens // port URLs that work without an API key (ports.go)
 }
 
 // New builds the API server.
@@ -112,6 +113,7 @@ func (s *Server) routes() {
 	auth("PATCH /v1/sandboxes/{id}", s.patchSandbox)
 	auth("PUT /v1/sandboxes/{id}/network", s.putNetwork)
 	auth("GET /v1/sandboxes/{id}/network/log", s.networkLog)
+	s.portRoutes()
 	auth("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	auth("POST /v1/sandboxes/{id}/exec", s.exec)
 	auth("PUT /v1/sandboxes/{id}/files", s.putFile)

@@ -126,6 +126,18 @@ func (n *Network) startServices(s *sandboxNet, gw netip.Addr) error {
 	return nil
 }
 
+// Addr returns the address of a sandbox whose network is up.
+func (n *Network) Addr(id string) (netip.Addr, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.sbx[id]
+	if s == nil || !s.up {
+		return netip.Addr{}, false
+	}
+	_, a := n.addrs(s.Slot)
+	return a, true
+}
+
 // Log returns the sandbox's egress log, oldest first; nil when unknown.
 func (n *Network) Log(id string) []pandastack.EgressEntry {
 	n.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -22,6 +23,8 @@ type Network interface {
 	Policy(id string) (pandastack.NetworkPolicy, bool)
 	// Log returns the sandbox's egress log, oldest first.
 	Log(id string) []pandastack.EgressEntry
+	// Addr returns the sandbox's address, where the host reaches its ports.
+	Addr(id string) (netip.Addr, bool)
 }
 
 // UseNetwork enables network policies; call before Start. Without it a
@@ -147,4 +150,20 @@ func (m *Manager) NetworkLog(ctx context.Context, projectID, id string) ([]panda
 		log = []pandastack.EgressEntry{}
 	}
 	return log, nil
+}
+
+// PortAddr returns where the host reaches port of a running sandbox of the
+// project (resuming it first when paused with auto_resume).
+func (m *Manager) PortAddr(ctx context.Context, projectID, id string, port int) (netip.AddrPort, error) {
+	if _, err := m.usable(ctx, projectID, id); err != nil {
+		return netip.AddrPort{}, err
+	}
+	if m.net == nil {
+		return netip.AddrPort{}, pandastack.Errorf(pandastack.EInvalid, "this server runs without sandbox networking: no ports to reach")
+	}
+	a, ok := m.net.Addr(id)
+	if !ok {
+		return netip.AddrPort{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s has no network address", id)
+	}
+	return netip.AddrPortFrom(a, uint16(port)), nil
 }
