@@ -487,4 +487,16 @@ func TestPortProxy(t *testing.T) {
 	if string(echo) != string(msg) {
 		t.Errorf("WebSocket echo: %q", echo)
 	}
+
+	// The CLI's network flags.
+	out, errOut, err := s.cli("sandbox", "create", "--template", "base", "--network", "none", "--allow-out", "198.51.100.0/24", "--allow-out", "api.example.com")
+	if err != nil {
+		t.Fatalf("sandbox create --network none: %v\n%s", err, errOut)
+	}
+	id := strings.TrimSpace(out)
+	t.Cleanup(func() { c.KillSandbox(context.Background(), id) })
+	got, err := c.GetSandbox(ctx, id)
+	if err != nil || got.Network == nil || got.Network.AllowInternetAccess || strings.Join(got.Network.AllowOut, " ") != "198.51.100.0/24 api.example.com" {
+		t.Errorf("CLI-created sandbox network: %+v, %v", got.Network, err)
+	}
 }

@@ -130,3 +130,27 @@ func sandboxCA(mode string, log *slog.Logger) ([]byte, error) {
 		return b, nil
 	}
 }
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// cliNetwork turns `sandbox create`'s flags into a policy; nil leaves the
+// server's default.
+func cliNetwork(mode string, allowOut, denyOut []string) (*pandastack.NetworkPolicy, error) {
+	if mode == "" && len(allowOut) == 0 && len(denyOut) == 0 {
+		return nil, nil
+	}
+	p := pandastack.NetworkPolicy{AllowInternetAccess: true, AllowOut: allowOut, DenyOut: denyOut}
+	switch mode {
+	case "", "internet":
+	case "none":
+		p.AllowInternetAccess = false
+	default:
+		return nil, fmt.Errorf("--network must be internet or none, got %q", mode)
+	}
+	p = p.Normalized()
+	return &p, nil
+}
