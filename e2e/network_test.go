@@ -85,9 +85,11 @@ func assertNetworkGone(t *testing.T, s *server, ids ...string) {
 	}
 }
 
-func TestNetworkInternetAndDenySet(t *testing.T) {
-	up := nettest.StartUpstream(t, "e", 10, 10)
-	s := startServer(t, "", "PANDASTACK_WARM=0")
+// networkServer starts a server of the test's own (no warm templates: the
+// tests boot base sandboxes) and, when the test ends, stops it and checks
+// that nothing of its network is left.
+func networkServer(t *testing.T, env ...string) *server {
+	s := startServer(t, "", append([]string{"PANDASTACK_WARM=0"}, env...)...)
 	t.Cleanup(func() {
 		s.stop()
 		defer os.RemoveAll(s.dataDir)
@@ -98,6 +100,12 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 		}()
 		assertNetworkGone(t, s)
 	})
+	return s
+}
+
+func TestNetworkInternetAndDenySet(t *testing.T) {
+	up := nettest.StartUpstream(t, "e", 10, 10)
+	s := networkServer(t)
 	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
 	if got := fetch(t, s, sb.ID, up.PublicIP.String()); got != "upstream e2e.test" {
 		t.Fatalf("sandbox → test server through NAT: %q\n%s", got, tail(s.out.String(), 30))
@@ -126,12 +134,7 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 func TestNetworkPolicy(t *testing.T) {
 	up := nettest.StartUpstream(t, "p", 14, 14)
 	// Without kill-on-exit: the restart below must keep the sandboxes.
-	s := startServer(t, "", "PANDASTACK_WARM=0", "PANDASTACK_KILL_ON_EXIT=0")
-	t.Cleanup(func() {
-		s.stop()
-		defer os.RemoveAll(s.dataDir)
-		assertNetworkGone(t, s)
-	})
+	s := networkServer(t, "PANDASTACK_KILL_ON_EXIT=0")
 	ctx := context.Background()
 	c := s.client()
 	pub := up.PublicIP.String()
@@ -242,12 +245,7 @@ func TestNetworkPolicy(t *testing.T) {
 // TLS-inspecting proxy, so this also proves the host's CA bundle is trusted
 // inside (serve --sandbox-ca-certs host, the default).
 func TestPipInstallFromPackageIndex(t *testing.T) {
-	s := startServer(t, "", "PANDASTACK_WARM=0")
-	t.Cleanup(func() {
-		s.stop()
-		defer os.RemoveAll(s.dataDir)
-		assertNetworkGone(t, s)
-	})
+	s := networkServer(t)
 	env := map[string]string{"PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 	if idx := hostPipIndex(); idx != "" {
 		env["PIP_INDEX_URL"] = idx
@@ -301,12 +299,7 @@ except OSError as e:
 func TestNetworkDomainRules(t *testing.T) {
 	up := nettest.StartUpstream(t, "m", 26, 26)
 	up.SetDNS("api.allowed.test", up.PublicIP)
-	s := startServer(t, "", "PANDASTACK_WARM=0", "PANDASTACK_NETWORK_RESOLVERS="+up.DNS.String())
-	t.Cleanup(func() {
-		s.stop()
-		defer os.RemoveAll(s.dataDir)
-		assertNetworkGone(t, s)
-	})
+	s := networkServer(t, "PANDASTACK_NETWORK_RESOLVERS="+up.DNS.String())
 	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base", Network: &client.NetworkPolicy{AllowOut: []string{"api.allowed.test"}}})
 	run := func(args ...string) string {
 		t.Helper()
@@ -380,12 +373,7 @@ while True:
 `
 
 func TestPortProxy(t *testing.T) {
-	s := startServer(t, "", "PANDASTACK_WARM=0")
-	t.Cleanup(func() {
-		s.stop()
-		defer os.RemoveAll(s.dataDir)
-		assertNetworkGone(t, s)
-	})
+	s := networkServer(t)
 	ctx := context.Background()
 	c := s.client()
 	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})

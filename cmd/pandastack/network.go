@@ -50,23 +50,21 @@ func (l prefixList) Set(v string) error {
 }
 
 func (c *NetConfig) bind(fs *flag.FlagSet) {
-	c.Default = "internet"
-	if v, ok := os.LookupEnv("PANDASTACK_NETWORK_DEFAULT"); ok {
-		c.Default = v
+	// str binds a string flag whose default an environment variable overrides.
+	str := func(p *string, name, env, def, usage string) {
+		*p = def
+		if v, ok := os.LookupEnv(env); ok {
+			*p = v
+		}
+		fs.StringVar(p, name, *p, usage+" ($"+env+")")
 	}
-	fs.StringVar(&c.Default, "network-default", c.Default, "network of a sandbox created without a policy: internet, none, or off for no sandbox networking at all ($PANDASTACK_NETWORK_DEFAULT)")
-	c.CIDR = os.Getenv("PANDASTACK_NETWORK_CIDR")
-	fs.StringVar(&c.CIDR, "network-cidr", c.CIDR, "IPv4 range of sandbox addresses, one /30 each; must not overlap a host route (default: a free /20 in 10.128.0.0/9) ($PANDASTACK_NETWORK_CIDR)")
+	str(&c.Default, "network-default", "PANDASTACK_NETWORK_DEFAULT", "internet", "network of a sandbox created without a policy: internet, none, or off for no sandbox networking at all")
+	str(&c.CIDR, "network-cidr", "PANDASTACK_NETWORK_CIDR", "", "IPv4 range of sandbox addresses, one /30 each; must not overlap a host route (default: a free /20 in 10.128.0.0/9)")
+	str(&c.CACerts, "sandbox-ca-certs", "PANDASTACK_SANDBOX_CA_CERTS", "host", "certificates every sandbox trusts besides its own: none, host (this host's system bundle, so TLS-inspecting proxies the host trusts work) or a PEM file")
+	str(&c.Resolvers, "network-resolvers", "PANDASTACK_NETWORK_RESOLVERS", "", "DNS servers the sandboxes' resolver forwards to, IP[:port] comma-separated (default: those of /etc/resolv.conf)")
 	if v := os.Getenv("PANDASTACK_NETWORK_ALLOW_PRIVATE"); v != "" {
 		prefixList{&c.AllowPrivate}.Set(v)
 	}
-	c.CACerts = "host"
-	if v, ok := os.LookupEnv("PANDASTACK_SANDBOX_CA_CERTS"); ok {
-		c.CACerts = v
-	}
-	fs.StringVar(&c.CACerts, "sandbox-ca-certs", c.CACerts, "certificates every sandbox trusts besides its own: none, host (this host's system bundle, so TLS-inspecting proxies the host trusts work) or a PEM file ($PANDASTACK_SANDBOX_CA_CERTS)")
-	c.Resolvers = os.Getenv("PANDASTACK_NETWORK_RESOLVERS")
-	fs.StringVar(&c.Resolvers, "network-resolvers", c.Resolvers, "DNS servers the sandboxes' resolver forwards to, IP[:port] comma-separated (default: those of /etc/resolv.conf) ($PANDASTACK_NETWORK_RESOLVERS)")
 	fs.Var(prefixList{&c.AllowPrivate}, "network-allow-private", "private range (CIDR) sandbox policies may open; repeatable ($PANDASTACK_NETWORK_ALLOW_PRIVATE, comma-separated)")
 }
 

@@ -4,30 +4,15 @@ package network
 
 import (
 	"errors"
-	"log/slog"
 	"net/netip"
 
 	"github.com/pandastack/pandastack"
 )
 
-// Config configures the sandbox network (Linux only).
-type Config struct {
-	CIDR         string
-	AllowPrivate []netip.Prefix
-	Default      pandastack.NetworkPolicy
-	StateDir     string
-	Instance     string
-	Resolvers    []netip.AddrPort
-	Log          *slog.Logger
-}
-
 // Network is unavailable off Linux.
 type Network struct{}
 
 var errUnsupported = errors.New("network: sandbox networking needs Linux")
-
-// InstanceID derives a short stable id from a server's data directory.
-func InstanceID(string) string { return "x" }
 
 // New fails off Linux.
 func New(Config) (*Network, error) { return nil, errUnsupported }
