@@ -35,6 +35,7 @@ type Settings struct {
 	DensityMax   int     `json:"density_max"`    // most sandboxes in the density run
 	DensityGiB   float64 `json:"density_gib"`    // PSS budget of the density run
 	DensitySlowX float64 `json:"density_slow_x"` // a create this many times slower than the first ends it
+	Only         string  `json:"only,omitempty"` // run only the sections whose title contains this
 }
 
 // PoolHits counts the creates of one series that a pool sandbox served.
@@ -66,8 +67,9 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
+	only := flag.String("only", "", "run only the sections whose title contains this (e.g. networking)")
 	flag.Parse()
-	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2}
+	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2, Only: *only}
 	if *quick {
 		set.N, set.Burst, set.Rounds, set.DensityMax = 3, 4, 2, 4
 	}
@@ -165,10 +167,14 @@ func run(ctx context.Context, set Settings, outDir string) error {
 		{"snapshot and restore: warm code-interpreter, and with a 100 MB DataFrame", b.snapshots},
 		{"idle memory per sandbox (PSS of its host processes)", b.idlePSS},
 		{"density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
+		{"networking: create → first run_code with networking on and off; HTTP throughput through NAT and the domain proxy vs the host", b.network},
 	}
 	for _, s := range sections {
 		if ctx.Err() != nil {
 			break
+		}
+		if set.Only != "" && !strings.Contains(s.title, set.Only) {
+			continue
 		}
 		fmt.Fprintf(os.Stderr, "%s\n", s.title)
 		b.pool.settle(ctx, 30*time.Second)

@@ -19,16 +19,25 @@ import (
 	"net/netip"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/vishvananda/netns"
 )
 
+// T is what the helpers need of a test: *testing.T and *testing.B are T,
+// and so is a benchmark's own stand-in.
+type T interface {
+	Helper()
+	Error(args ...any)
+	Fatal(args ...any)
+	Cleanup(func())
+}
+
 // InNS runs f on a thread inside the namespace at path.
-func InNS(t testing.TB, path string, f func()) {
+func InNS(t T, path string, f func()) {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
@@ -57,10 +66,10 @@ func InNS(t testing.TB, path string, f func()) {
 	<-done
 }
 
-func sh(t testing.TB, cmd string) {
+func sh(t T, cmd string) {
 	t.Helper()
 	if out, err := exec.Command("sh", "-c", cmd).CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v: %s", cmd, err, out)
+		t.Fatal(fmt.Sprintf("%s: %v: %s", cmd, err, out))
 	}
 }
 
@@ -78,7 +87,7 @@ type Upstream struct {
 func (u Upstream) SetDNS(name string, a netip.Addr) { u.zone.Store(name, a) }
 
 // StartUpstream makes the namespace; cleanup removes it.
-func StartUpstream(t testing.TB, tag string, pubNet, privNet byte) Upstream {
+func StartUpstream(t T, tag string, pubNet, privNet byte) Upstream {
 	t.Helper()
 	ns := "pstest-up-" + tag
 	hostIf := "pstu" + tag
@@ -103,8 +112,20 @@ ip -n %[1]s link set eth0 up && ip -n %[1]s link set lo up && ip -n %[1]s route 
 		}
 		// The body names the Host asked for; X-Served-By the address the
 		// request reached, so a test sees which server answered.
+		// /bytes?n=N answers N zero bytes, for throughput.
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-Served-By", r.Context().Value(http.LocalAddrContextKey).(net.Addr).String())
+			if r.URL.Path == "/bytes" {
+				n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
+				w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+				buf := make([]byte, 64<<10)
+				for ; n > 0; n -= int64(len(buf)) {
+					if _, err := w.Write(buf[:min(n, int64(len(buf)))]); err != nil {
+						return
+					}
+				}
+				return
+			}
 			fmt.Fprintf(w, "upstream %s", r.Host)
 		})}
 		go srv.Serve(ln)
@@ -161,7 +182,7 @@ func dnsStub(pc net.PacketConn, zone *sync.Map) {
 }
 
 // selfSigned makes a throwaway certificate for the HTTPS server.
-func selfSigned(t testing.TB) tls.Certificate {
+func selfSigned(t T) tls.Certificate {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
