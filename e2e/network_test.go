@@ -488,3 +488,15 @@ func TestPortProxy(t *testing.T) {
 		t.Errorf("CLI-created sandbox network: %+v, %v", got.Network, err)
 	}
 }
+
+// A server stopped while it warms its templates (a sandbox booting) leaves
+// no namespace, veth or table behind.
+func TestNetworkShutdownDuringWarmup(t *testing.T) {
+	s := startServer(t, "")
+	defer os.RemoveAll(s.dataDir)
+	time.Sleep(time.Second) // the warm-up boot is under way
+	s.stop()
+	if left := networkLeft(s.dataDir); left != "" {
+		t.Errorf("left after a stop during warm-up: %s\n%s", left, tail(s.out.String(), 40))
+	}
+}

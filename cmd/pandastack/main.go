@@ -173,10 +173,7 @@ func serve(args []string) error {
 	}
 	if netw != nil {
 		wrapped := network.Wrap(rt, netw)
-		defer func() {
-			wrapped.Sweep(context.Background())
-			netw.Close()
-		}()
+		defer wrapped.Close(context.Background())
 		sandboxes = wrapped
 	}
 	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash}

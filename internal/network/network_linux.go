@@ -32,10 +32,12 @@ type Network struct {
 	resolvers []netip.AddrPort
 	log       *slog.Logger
 
-	nftMu sync.Mutex // one nftables batch at a time
-	mu    sync.Mutex
-	sbx   map[string]*sandboxNet
-	slots map[int]string
+	nftMu     sync.Mutex // one nftables batch at a time
+	mu        sync.Mutex
+	sbx       map[string]*sandboxNet
+	slots     map[int]string
+	closing   bool           // Prepare refuses once Drain began
+	preparing sync.WaitGroup // Prepares under way
 }
 
 type sandboxNet struct {
@@ -362,6 +364,12 @@ func (n *Network) Validate(p pandastack.NetworkPolicy) error {
 // failure nothing of it is left.
 func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err error) {
 	n.mu.Lock()
+	if n.closing {
+		n.mu.Unlock()
+		return "", pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
+	}
+	n.preparing.Add(1)
+	defer n.preparing.Done()
 	s := n.sbx[id]
 	if s == nil {
 		s = &sandboxNet{ID: id, Policy: n.cfg.Default}
@@ -650,11 +658,22 @@ func ipnet(a netip.Addr, bits int) *net.IPNet {
 	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
 }
 
+// Drain refuses new Prepares and waits for those under way, so a boot
+// that was starting during shutdown cannot make a namespace after the
+// last sweep. Close drains too.
+func (n *Network) Drain() {
+	n.mu.Lock()
+	n.closing = true
+	n.mu.Unlock()
+	n.preparing.Wait()
+}
+
 // Close stops the resolvers and removes the firewall table. Sandboxes left
 // running (a server restart without --kill-on-exit) keep their namespaces
 // with their veths down, so they reach nothing until the next start
 // adopts them.
 func (n *Network) Close() error {
+	n.Drain()
 	n.mu.Lock()
 	var all []*sandboxNet
 	for _, s := range n.sbx {

@@ -31,4 +31,5 @@ func (n *Network) Log(string) []pandastack.EgressEntry     { return nil }
 func (n *Network) Down(string)                             {}
 func (n *Network) Release(string)                          {}
 func (n *Network) Namespaces() []string                    { return nil }
+func (n *Network) Drain()                                  {}
 func (n *Network) Close() error                            { return nil }

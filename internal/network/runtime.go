@@ -97,9 +97,17 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// Sweep releases the network of every sandbox the runtime no longer runs
-// (a warm-up or a pool restore cut short by shutdown). Call it on exit,
-// before Network.Close; running sandboxes keep theirs.
+// Close ends networking on server exit: no new namespaces, the network of
+// every sandbox the runtime no longer runs released (a warm-up or a pool
+// restore cut short by the shutdown), then Network.Close. Running
+// sandboxes keep theirs, with their veths down, for the next start.
+func (r *Runtime) Close(ctx context.Context) error {
+	r.net.Drain()
+	r.Sweep(ctx)
+	return r.net.Close()
+}
+
+// Sweep releases the network of every sandbox the runtime no longer runs.
 func (r *Runtime) Sweep(ctx context.Context) {
 	for _, id := range r.net.Namespaces() {
 		st, err := r.Runtime.State(ctx, id)

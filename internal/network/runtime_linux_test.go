@@ -63,3 +63,29 @@ func TestRuntimeFailedStartLeavesNoNetwork(t *testing.T) {
 		t.Error("namespace left after Stop")
 	}
 }
+
+func TestCloseLeavesNoNamespace(t *testing.T) {
+	up := nettest.StartUpstream(t, "c", 38, 38)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	if _, err := n.Prepare("sbx_gone", nil); err != nil {
+		t.Fatal(err)
+	}
+	// The runtime no longer has the sandbox (a boot cut short by shutdown).
+	rt := Wrap(&failingRuntime{Runtime: notFoundRuntime{}}, n)
+	if err := rt.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(n.NSPath("sbx_gone")); err == nil {
+		t.Error("namespace of a sandbox the runtime does not have left after Close")
+	}
+	if _, err := n.Prepare("sbx_late", nil); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Errorf("Prepare after Close: %v, want %s", err, pandastack.EUnavailable)
+	}
+}
+
+// notFoundRuntime knows no sandbox.
+type notFoundRuntime struct{ pandastack.Runtime }
+
+func (notFoundRuntime) State(context.Context, string) (pandastack.RuntimeState, error) {
+	return "", pandastack.Errorf(pandastack.ENotFound, "no such sandbox")
+}
