@@ -221,6 +221,24 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 	reaches(sb.ID)
 
+	// A sandbox restored from a snapshot gets the snapshotted policy.
+	snap, err := c.CreateSnapshot(ctx, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, err := c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restored.Network == nil || len(restored.Network.AllowOut) != 1 || restored.Network.AllowInternetAccess {
+		t.Errorf("restored sandbox network %+v, want the snapshotted one", restored.Network)
+	}
+	reaches(restored.ID)
+	if err := c.KillSandbox(ctx, restored.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.assertGone(t, restored.ID)
+
 	// A serve restart keeps the sandbox, its network and its policy.
 	s.stop()
 	s.start()

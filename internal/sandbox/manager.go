@@ -331,6 +331,9 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 			return pandastack.Sandbox{}, err
 		}
 		p.template, p.rootfs, p.image, p.cpu, p.mem = snap.Template, man.RootFS, filepath.Join(dir, "image"), snap.CPU, snap.MemoryMB
+		if p.network == nil {
+			p.network = man.Network // the snapshotted sandbox's policy
+		}
 		return m.launch(ctx, projectID, p)
 	}
 	if req.Template == "" {

@@ -41,6 +41,7 @@ func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final s
 	}
 	size, err := sealImage(tmp, final, manifest{
 		SandboxID: sb.ID, Template: sb.Template, RootFS: rootfs, CPU: sb.CPU, MemoryMB: sb.MemoryMB, CreatedAt: m.now().UTC(),
+		Network: m.networkOf(sb.ID),
 	})
 	if err != nil {
 		return 0, storageError(err)
