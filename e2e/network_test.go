@@ -391,7 +391,7 @@ while True:
 `
 
 func TestPortProxy(t *testing.T) {
-	s := networkServer(t)
+	s := networkServer(t, "PANDASTACK_PUBLIC_DOMAIN=sbx.test")
 	ctx := context.Background()
 	c := s.client()
 	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
@@ -428,6 +428,21 @@ func TestPortProxy(t *testing.T) {
 	}
 	if resp.StatusCode != 200 || body != "hello-from-sandbox\n" {
 		t.Fatalf("GET page.txt through the port proxy: %d %q", resp.StatusCode, body)
+	}
+	// Host-based routing: {port}-{id}.public-domain, the whole path passed on.
+	for _, host := range []string{"8000-" + sb.ID + ".sbx.test", "8000-" + strings.Replace(sb.ID, "_", "-", 1) + ".sbx.test"} {
+		req, _ := http.NewRequest("GET", s.url+"/page.txt", nil)
+		req.Host = host
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "hello-from-sandbox\n" {
+			t.Errorf("Host %s: %d %q", host, resp.StatusCode, b)
+		}
 	}
 	if resp, _ := get(c.PortURL(sb.ID, 8000)+"page.txt", false); resp.StatusCode != 401 {
 		t.Errorf("without key or token: %d, want 401", resp.StatusCode)

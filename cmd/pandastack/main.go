@@ -196,6 +196,7 @@ func serve(args []string) error {
 	if cfg.Warm {
 		mgr.StartWarming(tpls.warmSpecs())
 	}
+	cfg.API.PublicDomain = cfg.Net.PublicDomain
 	srv := api.New(cfg.API, mgr, store, tpls, log)
 
 	ln, err := net.Listen("tcp", cfg.Listen)

@@ -20,6 +20,7 @@ type NetConfig struct {
 	AllowPrivate []netip.Prefix // private ranges policies may open
 	CACerts      string         // none, host (the host's system bundle) or a PEM file added to sandboxes' trust stores
 	Resolvers    string         // upstream DNS servers (host[:port], comma-separated); default /etc/resolv.conf's
+	PublicDomain string         // {port}-{id}.PublicDomain routes to the port proxy
 }
 
 type prefixList struct{ p *[]netip.Prefix }
@@ -62,6 +63,7 @@ func (c *NetConfig) bind(fs *flag.FlagSet) {
 	str(&c.CIDR, "network-cidr", "PANDASTACK_NETWORK_CIDR", "", "IPv4 range of sandbox addresses, one /30 each; must not overlap a host route (default: a free /20 in 10.128.0.0/9)")
 	str(&c.CACerts, "sandbox-ca-certs", "PANDASTACK_SANDBOX_CA_CERTS", "host", "certificates every sandbox trusts besides its own: none, host (this host's system bundle, so TLS-inspecting proxies the host trusts work) or a PEM file")
 	str(&c.Resolvers, "network-resolvers", "PANDASTACK_NETWORK_RESOLVERS", "", "DNS servers the sandboxes' resolver forwards to, IP[:port] comma-separated (default: those of /etc/resolv.conf)")
+	str(&c.PublicDomain, "public-domain", "PANDASTACK_PUBLIC_DOMAIN", "", "serve sandbox ports also as {port}-{id}.DOMAIN (a wildcard DNS name pointing at this server)")
 	if v := os.Getenv("PANDASTACK_NETWORK_ALLOW_PRIVATE"); v != "" {
 		prefixList{&c.AllowPrivate}.Set(v)
 	}

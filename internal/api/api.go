@@ -58,6 +58,7 @@ type Config struct {
 	MaxExecTimeout     time.Duration // the longest timeout a caller may ask for
 	DefaultRunTimeout  time.Duration // run_code without timeout_seconds
 	RunOutputCap       int           // bytes kept per stream per run_code
+	PublicDomain       string        // with it, {port}-{id}.PublicDomain is the port proxy too (ports.go)
 }
 
 // DefaultConfig returns the defaults: the one place they are written. New
@@ -167,6 +168,9 @@ func (s *Server) Handler() http.Handler {
 			}
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(start).Milliseconds())
 		}()
+		if s.hostRoute(rec, r) {
+			return
+		}
 		if _, pattern := s.mux.Handler(r); pattern == "" {
 			// Unknown path or method: answer in the API's error shape
 			// rather than the mux's plain text.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,7 +185,11 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 		}
 		if fromQuery {
 			// Later requests of the page (scripts, images) carry the cookie.
-			http.SetCookie(w, &http.Cookie{Name: portTokenCookie, Value: secret, Path: "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/",
+			path := "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/"
+			if r.Pattern == "" {
+				path = "/" // host-routed: the whole host is the port's
+			}
+			http.SetCookie(w, &http.Cookie{Name: portTokenCookie, Value: secret, Path: path,
 				HttpOnly: true, SameSite: http.SameSiteLaxMode, Expires: tok.expires})
 		}
 		s.proxyPort(w, r, tok.project, id, port)
@@ -250,4 +255,30 @@ func removeCookie(r *http.Request, name string) {
 			r.AddCookie(c)
 		}
 	}
+}
+
+// hostRouteRE matches the first label of {port}-{id}.PublicDomain; the id
+// may be written with "-" for its "_", which some clients refuse in hosts.
+var hostRouteRE = regexp.MustCompile(`^([0-9]{1,5})-(sbx[_-][a-z2-7]{16})$`)
+
+// hostRoute serves {port}-{id}.PublicDomain as the port proxy of that
+// sandbox port, the whole path passed on; false when r is not for one.
+func (s *Server) hostRoute(w http.ResponseWriter, r *http.Request) bool {
+	if s.cfg.PublicDomain == "" {
+		return false
+	}
+	host := strings.ToLower(r.Host)
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, ok := strings.CutSuffix(host, "."+strings.ToLower(s.cfg.PublicDomain))
+	m := hostRouteRE.FindStringSubmatch(label)
+	if !ok || m == nil {
+		return false
+	}
+	r.SetPathValue("port", m[1])
+	r.SetPathValue("id", "sbx_"+m[2][4:])
+	r.SetPathValue("path", strings.TrimPrefix(r.URL.Path, "/"))
+	s.portProxy(w, r)
+	return true
 }
