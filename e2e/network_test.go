@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,22 +20,22 @@ import (
 	"github.com/pandastack/pandastack/internal/network/nettest"
 )
 
-// fetchScript prints the body of http://ADDR/ or the error's errno name,
-// and how long the connect took.
+// fetchScript prints the body of http://ADDR[:PORT]/ or the error's errno
+// name, and how long the connect took.
 const fetchScript = `
 import socket, sys, time, errno
 t = time.monotonic()
 try:
-    s = socket.create_connection((sys.argv[1], 80), timeout=10)
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 80), timeout=10)
     s.sendall(b"GET / HTTP/1.0\r\nHost: e2e.test\r\n\r\n")
     print(s.makefile("rb").read().decode().split("\r\n\r\n", 1)[1])
 except OSError as e:
     print("ERR", errno.errorcode.get(e.errno, e), round(time.monotonic() - t, 3))
 `
 
-func fetch(t *testing.T, s *server, id, addr string) string {
+func fetch(t *testing.T, s *server, id, addr string, port ...string) string {
 	t.Helper()
-	res, err := s.client().Exec(context.Background(), id, client.ExecRequest{Argv: []string{"python3", "-c", fetchScript, addr}, TimeoutSeconds: 30})
+	res, err := s.client().Exec(context.Background(), id, client.ExecRequest{Argv: append([]string{"python3", "-c", fetchScript, addr}, port...), TimeoutSeconds: 30})
 	if err != nil {
 		t.Fatalf("exec: %v", err)
 	}
@@ -103,6 +104,25 @@ func networkServer(t *testing.T, env ...string) *server {
 	return s
 }
 
+// gateway is the sandbox's default gateway (the host end of its veth).
+func gateway(t *testing.T, s *server, id string) string {
+	t.Helper()
+	res, err := s.client().Exec(context.Background(), id, client.ExecRequest{Cmd: "awk '$2 == \"00000000\" {print $3}' /proc/net/route"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := strings.TrimSpace(res.Stdout)
+	if len(h) != 8 {
+		t.Fatalf("no default route in the sandbox: %q %q", res.Stdout, res.Stderr)
+	}
+	var b [4]byte
+	for i := range 4 {
+		v, _ := strconv.ParseUint(h[2*i:2*i+2], 16, 8)
+		b[3-i] = byte(v) // /proc/net/route is little-endian
+	}
+	return net.IP(b[:]).String()
+}
+
 func TestNetworkInternetAndDenySet(t *testing.T) {
 	up := nettest.StartUpstream(t, "e", 10, 10)
 	s := networkServer(t)
@@ -110,19 +130,44 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 	if got := fetch(t, s, sb.ID, up.PublicIP.String()); got != "upstream e2e.test" {
 		t.Fatalf("sandbox → test server through NAT: %q\n%s", got, tail(s.out.String(), 30))
 	}
-	// Private ranges, the host itself and cloud metadata: refused at once.
-	targets := []string{up.PrivateIP.String(), "169.254.169.254"}
-	addrs, _ := net.InterfaceAddrs()
-	for _, a := range addrs {
-		if ip, ok := a.(*net.IPNet); ok && ip.IP.To4() != nil && !ip.IP.IsLoopback() && !strings.HasPrefix(ip.IP.String(), "10.") {
-			targets = append(targets, ip.IP.String()) // the host's own (not our gateways)
-		}
-	}
-	for _, addr := range targets {
+	// Private ranges and cloud metadata: refused at once.
+	for _, addr := range []string{up.PrivateIP.String(), "169.254.169.254"} {
 		got := fetch(t, s, sb.ID, addr)
 		if !strings.HasPrefix(got, "ERR ECONNREFUSED") {
 			t.Errorf("connect to %s from a sandbox: %q, want ECONNREFUSED", addr, got)
 		}
+	}
+	// The host itself: a server the test runs on all the host's addresses
+	// (the public-looking test veth's among them) is refused to sandboxes.
+	hostLn, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostLn.Close()
+	go func() {
+		for {
+			c, err := hostLn.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nhost server"))
+			c.Close()
+		}
+	}()
+	hostPort := strconv.Itoa(hostLn.Addr().(*net.TCPAddr).Port)
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		ip, ok := a.(*net.IPNet)
+		if !ok || ip.IP.To4() == nil || ip.IP.IsLoopback() || strings.HasPrefix(ip.IP.String(), "10.") {
+			continue // loopback is the sandbox's own; 10.x are the gateways of every server's sandboxes
+		}
+		if got := fetch(t, s, sb.ID, ip.IP.String(), hostPort); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
+			t.Errorf("connect to the host's %s:%s from a sandbox: %q, want ECONNREFUSED", ip.IP, hostPort, got)
+		}
+	}
+	// Its own gateway too, on any port but DNS and the domain proxy.
+	if got := fetch(t, s, sb.ID, gateway(t, s, sb.ID), hostPort); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
+		t.Errorf("connect to the gateway's %s from a sandbox: %q, want ECONNREFUSED", hostPort, got)
 	}
 	if err := s.client().KillSandbox(context.Background(), sb.ID); err != nil {
 		t.Fatal(err)
@@ -241,6 +286,13 @@ func TestNetworkPolicy(t *testing.T) {
 
 	// A serve restart keeps the sandbox, its network and its policy.
 	s.stop()
+	s.start()
+	c = s.client()
+	reaches(sb.ID)
+	// And a crash of serve: its table is left and remade on the next start.
+	s.cmd.Process.Kill()
+	s.cmd.Wait()
+	s.cmd = nil
 	s.start()
 	c = s.client()
 	reaches(sb.ID)
