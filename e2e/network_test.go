@@ -366,6 +366,20 @@ except OSError as e:
     print("ERR", errno.errorcode.get(e.errno, e))
 `
 
+// tlsScript fetches https://ADDR/ with the server name NAME (SNI and Host).
+const tlsScript = `
+import socket, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+try:
+    s = ctx.wrap_socket(socket.create_connection((sys.argv[1], 443), timeout=10), server_hostname=sys.argv[2])
+    s.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % sys.argv[2]).encode())
+    print(s.makefile("rb").read().decode().split("\r\n\r\n", 1)[1])
+except OSError as e:
+    print("ERR", type(e).__name__)
+`
+
 func TestNetworkDomainRules(t *testing.T) {
 	up := nettest.StartUpstream(t, "m", 26, 26)
 	up.SetDNS("api.allowed.test", up.PublicIP)
@@ -393,6 +407,16 @@ func TestNetworkDomainRules(t *testing.T) {
 	// reaches only what the name resolves to.
 	if got := run("api.allowed.test", up.PrivateIP.String()); !strings.Contains(got, served) {
 		t.Errorf("forged Host to %s: %q, want the public server", up.PrivateIP, got)
+	}
+	// TLS: the proxy reads the SNI (the test server's certificate is
+	// self-signed, so the client does not verify it).
+	res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Argv: []string{"python3", "-c", tlsScript, up.PublicIP.String(), "api.allowed.test"}, TimeoutSeconds: 30})
+	if err != nil || !strings.Contains(res.Stdout, "upstream api.allowed.test") {
+		t.Errorf("TLS with SNI api.allowed.test: %+v, %v", res, err)
+	}
+	res, err = s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Argv: []string{"python3", "-c", tlsScript, up.PublicIP.String(), "evil.test"}, TimeoutSeconds: 30})
+	if err != nil || !strings.Contains(res.Stdout, "ERR") {
+		t.Errorf("TLS with SNI evil.test: %+v, %v; want a reset", res, err)
 	}
 	log, err := s.client().NetworkLog(context.Background(), sb.ID)
 	if err != nil {

@@ -308,6 +308,22 @@ func TestDomainRules(t *testing.T) {
 		t.Errorf("private address: %v, want reset", err)
 	}
 
+	// QUIC (UDP 443) is rejected while domain rules are in force.
+	nettest.InNS(t, ns, func() {
+		c, err := net.Dial("udp4", netip.AddrPortFrom(up.PublicIP, 443).String())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write([]byte("quic initial"))
+		// ICMP administratively prohibited: the socket fails at once.
+		if _, err := c.Read(make([]byte, 16)); !errors.Is(err, syscall.EHOSTUNREACH) && !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("UDP 443: %v, want an ICMP error", err)
+		}
+	})
+
 	// DNS answers only allowed names.
 	if rc := queryRcode(t, ns, up.PublicIP, "api.allowed.test"); rc != 0 {
 		t.Errorf("DNS api.allowed.test: rcode %d, want 0", rc)
