@@ -36,11 +36,11 @@ func (p NetworkPolicy) Normalized() NetworkPolicy {
 	return p
 }
 
-// EgressEntry is one line of a sandbox's egress log: a DNS answer or a
-// connection through the server's domain proxy.
+// EgressEntry is one line of a sandbox's egress log: a DNS answer, or a
+// connection (through the domain proxy or through NAT).
 type EgressEntry struct {
 	Time     time.Time `json:"time"`
-	Kind     string    `json:"kind"`              // "dns" or "tcp"
+	Kind     string    `json:"kind"`              // "dns", "tcp" or "udp"
 	Address  string    `json:"address,omitempty"` // destination IP (tcp); for dns, the addresses answered, comma-separated
 	Port     int       `json:"port,omitempty"`
 	Domain   string    `json:"domain,omitempty"` // from DNS, TLS SNI or the HTTP Host header

@@ -38,6 +38,8 @@ type Network struct {
 	slots     map[int]string
 	closing   bool           // Prepare refuses once Drain began
 	preparing sync.WaitGroup // Prepares under way
+	stopFlows chan struct{}  // ends watchFlows
+	flowsDone chan struct{}
 }
 
 type sandboxNet struct {
@@ -49,6 +51,15 @@ type sandboxNet struct {
 	dns    *resolver
 	proxy  *proxy
 	elog   egressLog
+	names  sync.Map // netip.Addr → the name the resolver answered it for
+}
+
+// nameOf is the name the sandbox's resolver last gave a for, or "".
+func (s *sandboxNet) nameOf(a netip.Addr) string {
+	if v, ok := s.names.Load(a); ok {
+		return v.(string)
+	}
+	return ""
 }
 
 // view gives s's resolver and proxy its current policy and log.
@@ -64,6 +75,13 @@ func (n *Network) view(s *sandboxNet) sandboxView {
 		},
 		resolve: n.lookup,
 		log:     s.elog.add,
+		answered: func(name string, addrs []string) {
+			for _, a := range addrs {
+				if ip, err := netip.ParseAddr(a); err == nil {
+					s.names.Store(ip, name)
+				}
+			}
+		},
 	}
 }
 
@@ -159,6 +177,12 @@ func New(cfg Config) (*Network, error) {
 		return nil, fmt.Errorf("network: %w", err)
 	}
 	n.loadState()
+	enableConntrackAcct()
+	n.stopFlows, n.flowsDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(n.flowsDone)
+		n.watchFlows(n.stopFlows)
+	}()
 	n.log.Info("sandbox network ready", "cidr", n.cidr, "table", "inet "+n.fw.table.Name, "instance", cfg.Instance)
 	return n, nil
 }
@@ -675,6 +699,13 @@ func (n *Network) Drain() {
 func (n *Network) Close() error {
 	n.Drain()
 	n.mu.Lock()
+	if n.stopFlows != nil {
+		close(n.stopFlows)
+		n.stopFlows = nil
+		n.mu.Unlock()
+		<-n.flowsDone
+		n.mu.Lock()
+	}
 	var all []*sandboxNet
 	for _, s := range n.sbx {
 		all = append(all, s)

@@ -90,6 +90,19 @@ func TestSandboxNetwork(t *testing.T) {
 	if err != nil || !strings.Contains(body, "upstream test.example") {
 		t.Fatalf("internet policy: GET %s = %q, %v", up.PublicIP, body, err)
 	}
+	// The connection through NAT reaches the egress log (from connection
+	// tracking, read once a second) once it has closed.
+	var logged *pandastack.EgressEntry
+	for deadline := time.Now().Add(15 * time.Second); logged == nil && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		for _, e := range n.Log("sbx_neta") {
+			if e.Kind == "tcp" && e.Address == up.PublicIP.String() && e.Port == 80 {
+				logged = &e
+			}
+		}
+	}
+	if logged == nil || !logged.Allowed || logged.Rule != "internet" || logged.BytesIn < int64(len(body)) || logged.BytesOut == 0 {
+		t.Errorf("egress log entry of the NAT connection: %+v (log %+v)", logged, n.Log("sbx_neta"))
+	}
 
 	// The platform deny set: a private address, the host's own, metadata.
 	targets := []netip.Addr{up.PrivateIP, netip.MustParseAddr("169.254.169.254")}

@@ -38,6 +38,8 @@ type sandboxView struct {
 	denied  func(netip.Addr) bool // the platform deny set with the server's openings
 	resolve func(ctx context.Context, name string) ([]netip.Addr, error)
 	log     func(pandastack.EgressEntry)
+	// answered records which addresses the resolver gave out for a name.
+	answered func(name string, addrs []string)
 }
 
 func startResolver(addr netip.Addr, upstreams []netip.AddrPort, view sandboxView, log *slog.Logger) (*resolver, error) {
@@ -151,7 +153,11 @@ func (r *resolver) answer(q []byte) []byte {
 		return nil
 	}
 	entry.Allowed = true
-	entry.Address = strings.Join(answerAddrs(a), ",")
+	addrs := answerAddrs(a)
+	entry.Address = strings.Join(addrs, ",")
+	if r.view.answered != nil {
+		r.view.answered(name, addrs)
+	}
 	r.view.log(entry)
 	return a
 }

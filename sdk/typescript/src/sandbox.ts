@@ -190,7 +190,7 @@ export interface NetworkPolicy {
 /** One line of a sandbox's egress log. */
 export interface EgressEntry {
   time: string;
-  kind: "dns" | "tcp";
+  kind: "dns" | "tcp" | "udp";
   address?: string;
   port?: number;
   domain?: string;
