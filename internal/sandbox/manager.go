@@ -12,11 +12,11 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 // Config holds the manager's limits and timings. Zero fields take the
@@ -227,15 +227,9 @@ func (m *Manager) adopt(ctx context.Context, id string) error {
 	return nil
 }
 
-var (
-	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-)
-
 const (
 	maxMetadataKeys = 64
 	maxMetadataLen  = 1024
-	maxEnvVars      = 256
-	maxEnvValueLen  = 32 << 10
 )
 
 // ValidateMetadata checks metadata limits.
@@ -254,21 +248,9 @@ func ValidateMetadata(md map[string]string) error {
 	return nil
 }
 
-// ValidateEnv checks environment variable names and sizes.
-func ValidateEnv(env map[string]string) error {
-	if len(env) > maxEnvVars {
-		return pandastack.Errorf(pandastack.EInvalid, "env: at most %d variables", maxEnvVars)
-	}
-	for k, v := range env {
-		if !envKeyRE.MatchString(k) {
-			return pandastack.Errorf(pandastack.EInvalid, "env: %q is not a valid variable name (letters, digits and _, not starting with a digit)", k)
-		}
-		if len(v) > maxEnvValueLen {
-			return pandastack.Errorf(pandastack.EInvalid, "env %s: value longer than %d bytes", k, maxEnvValueLen)
-		}
-	}
-	return nil
-}
+// ValidateEnv checks environment variables as everything else does (create,
+// exec, contexts, the agent): agentproto.CheckEnv is the one check.
+func ValidateEnv(env map[string]string) error { return agentproto.CheckEnv(env) }
 
 func (m *Manager) ttl(seconds *int64) (time.Duration, error) {
 	if seconds == nil {
