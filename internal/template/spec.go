@@ -28,12 +28,16 @@ import (
 // BuilderVersion is part of every spec's hash and of the debootstrap stage's
 // key. Bump it whenever the build recipe changes, so every template is
 // rebuilt with the new recipe.
-const BuilderVersion = "2"
+const BuilderVersion = "3"
+
+// stageVersion keys the cached debootstrap stages; bump it only when the
+// debootstrap step itself changes (BuilderVersion 3 added the security
+// archive, which the stage does not use).
+const stageVersion = "2"
 
 // Defaults applied to a spec's omitted fields.
 const (
 	DefaultSuite    = "bookworm"
-	DefaultMirror   = "http://deb.debian.org/debian"
 	DefaultCPU      = 1
 	DefaultMemoryMB = 512
 	DefaultFileMode = FileMode(0o644)
