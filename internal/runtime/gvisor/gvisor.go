@@ -35,6 +35,9 @@ type Config struct {
 	AgentPath string       // host path of the static pandastack-agent binary
 	Platform  string       // runsc --platform; "systrap" when empty (no KVM needed)
 	Log       *slog.Logger // operator log; nil discards
+	// MaxAgentLog is the size past which a sandbox's agent.log is rotated
+	// (one old file, agent.log.1, is kept); 0 means DefaultMaxAgentLog.
+	MaxAgentLog int64
 }
 
 // Runtime is the gVisor driver.
@@ -46,6 +49,9 @@ type Runtime struct {
 
 	mu   sync.Mutex
 	pids map[string]int // the runsc-sandbox process of each sandbox, for Alive
+
+	stopRotate chan struct{}
+	closeOnce  sync.Once
 }
 
 var _ pandastack.Runtime = (*Runtime)(nil)
@@ -71,12 +77,16 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]int{}}
+	if cfg.MaxAgentLog <= 0 {
+		cfg.MaxAgentLog = DefaultMaxAgentLog
+	}
+	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]int{}, stopRotate: make(chan struct{})}
 	for _, d := range []string{r.root, r.sbxRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
+	go r.rotateLoop(cfg.MaxAgentLog, 10*time.Second, r.stopRotate)
 	return r, nil
 }
 
@@ -263,10 +273,11 @@ func (p *pipeConn) Close() error {
 	return err
 }
 
-// Close unmounts the network namespace that runsc pins under its root to
+// Close stops rotating the sandboxes' logs and unmounts the network namespace that runsc pins under its root to
 // speed up later starts (runsc's null-netns). Running sandboxes keep their
 // own reference to it; the next start pins a new one. Call it on shutdown.
 func (r *Runtime) Close() error {
+	r.closeOnce.Do(func() { close(r.stopRotate) })
 	p := filepath.Join(r.root, "null-netns")
 	// Concurrent starts can stack several bind mounts on the same path.
 	for syscall.Unmount(p, syscall.MNT_DETACH) == nil {
