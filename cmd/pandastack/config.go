@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -34,6 +35,8 @@ type Config struct {
 	PoolSize       int           // sandboxes of each warm template kept restored ahead of creates
 	KillOnExit     bool          // kill every sandbox when serve stops, instead of keeping them for the next start
 	LogLevel       string        // debug, info, warn or error
+
+	envErrs []error // malformed PANDASTACK_* values, refused by validate
 }
 
 func defaultConfig() Config {
@@ -63,10 +66,15 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		}
 		fs.StringVar(p, name, *p, usage+" ($"+env+")")
 	}
+	bad := func(env, v, want string) {
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: want %s", env, v, want))
+	}
 	dur := func(p *time.Duration, name, env, usage string) {
 		if v, ok := os.LookupEnv(env); ok {
 			if d, err := parseDuration(v); err == nil {
 				*p = d
+			} else {
+				bad(env, v, "a duration such as 300, 300s or 5m")
 			}
 		}
 		fs.DurationVar(p, name, *p, usage+" ($"+env+")")
@@ -75,6 +83,8 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		if v, ok := os.LookupEnv(env); ok {
 			if n, err := strconv.Atoi(v); err == nil {
 				*p = n
+			} else {
+				bad(env, v, "a whole number")
 			}
 		}
 		fs.IntVar(p, name, *p, usage+" ($"+env+")")
@@ -94,18 +104,25 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
 	num(&c.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
 	num(&c.PoolSize, "pool-size", "PANDASTACK_POOL_SIZE", "sandboxes of each warm template kept restored ahead of creates (0: none)")
-	if v, ok := os.LookupEnv("PANDASTACK_WARM"); ok {
-		c.Warm = v != "0" && v != "false"
+	boolEnv := func(p *bool, env string) {
+		if v, ok := os.LookupEnv(env); ok {
+			if b, err := strconv.ParseBool(v); err == nil {
+				*p = b
+			} else {
+				bad(env, v, "true or false (or 1 or 0)")
+			}
+		}
 	}
+	boolEnv(&c.Warm, "PANDASTACK_WARM")
 	fs.BoolVar(&c.Warm, "warm", c.Warm, "snapshot templates warm so creates restore them ($PANDASTACK_WARM)")
-	if v, ok := os.LookupEnv("PANDASTACK_KILL_ON_EXIT"); ok {
-		c.KillOnExit = v == "1" || v == "true"
-	}
+	boolEnv(&c.KillOnExit, "PANDASTACK_KILL_ON_EXIT")
 	fs.BoolVar(&c.KillOnExit, "kill-on-exit", c.KillOnExit, "kill every sandbox when serve stops, instead of re-adopting them on the next start ($PANDASTACK_KILL_ON_EXIT)")
 	str(&c.LogLevel, "log-level", "PANDASTACK_LOG_LEVEL", "debug, info, warn or error")
 	if v, ok := os.LookupEnv("PANDASTACK_MAX_UPLOAD_BYTES"); ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			c.MaxUploadBytes = n
+		} else {
+			bad("PANDASTACK_MAX_UPLOAD_BYTES", v, "a whole number of bytes")
 		}
 	}
 	fs.Int64Var(&c.MaxUploadBytes, "max-upload-bytes", c.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
@@ -133,6 +150,14 @@ func (c *Config) snapshotDir() string { return filepath.Join(c.DataDir, "snapsho
 func (c *Config) pausedDir() string   { return filepath.Join(c.DataDir, "paused") }
 
 func (c *Config) validate() error {
+	if len(c.envErrs) > 0 {
+		return fmt.Errorf("malformed environment: %w", errors.Join(c.envErrs...))
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log level %q: want debug, info, warn or error", c.LogLevel)
+	}
 	if c.DefaultTTL <= 0 || c.MaxTTL <= 0 || c.DefaultTTL > c.MaxTTL {
 		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.DefaultTTL, c.MaxTTL)
 	}
