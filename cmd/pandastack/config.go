@@ -28,6 +28,7 @@ type Config struct {
 	MaxCPU         int           // the most CPUs one sandbox may have
 	MaxMemoryMB    int           // the most memory one sandbox may have
 	MaxUploadBytes int64         // the largest file upload
+	DiskMB         int           // each sandbox's own disk (the writable layer over its template), in MiB; negative: in memory
 	ExecOutputCap  int           // bytes kept per stream in a non-streamed exec answer
 	BuildOnStart   string        // templates built on start when missing, comma-separated ("" for none)
 	MaxFork        int           // the most children one fork may make
@@ -49,6 +50,7 @@ func defaultConfig() Config {
 		MaxCPU:         2,
 		MaxMemoryMB:    8192,
 		MaxUploadBytes: 4 << 30,
+		DiskMB:         2048,
 		ExecOutputCap:  4 << 20,
 		BuildOnStart:   "base",
 		MaxFork:        16,
@@ -100,6 +102,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	dur(&c.MaxTTL, "max-ttl", "PANDASTACK_MAX_TTL", "largest TTL a caller may ask for")
 	num(&c.MaxCPU, "max-cpu", "PANDASTACK_MAX_CPU", "most CPUs of one sandbox")
 	num(&c.MaxMemoryMB, "max-memory-mb", "PANDASTACK_MAX_MEMORY_MB", "most memory of one sandbox, in MiB")
+	num(&c.DiskMB, "disk-mb", "PANDASTACK_DISK_MB", "each sandbox's own disk in MiB: a full disk is ENOSPC to the writer (negative: writes stay in memory)")
 	num(&c.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
 	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
 	num(&c.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")

@@ -436,6 +436,10 @@ rm -f /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/debc
 mkdir -p /tmp /var/tmp
 find /tmp /var/tmp -mindepth 1 -delete
 chmod 1777 /tmp /var/tmp
+# runsc mounts a tmpfs (memory) over an empty /tmp; with this file /tmp stays
+# on the sandbox's own disk, so filling it is ENOSPC, not out of memory.
+echo 'Keeps /tmp on the sandbox disk (PandaStack).' > /tmp/.pandastack-disk
+chmod 0444 /tmp/.pandastack-disk
 # The agent's mount point, so runsc never has to create it in the template.
 mkdir -p /.pandastack
 touch /.pandastack/agent`
