@@ -185,53 +185,45 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, project string)
 	}
 }
 
-// fileCtx bounds an operation that moves no data.
-func fileCtx(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(r.Context(), fileDeadline)
+// metaOp serves a file operation that moves no data: the query checked,
+// the agent found, call run under fileDeadline, and its answer (nil: 204)
+// or error written.
+func metaOp[T any](s *Server, w http.ResponseWriter, r *http.Request, project, what string, call func(context.Context, *sandbox.AgentClient, fileRequest) (T, error), extra ...string) {
+	agent, fr, ok := s.fileAgent(w, r, project, extra...)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), fileDeadline)
+	defer cancel()
+	out, err := call(ctx, agent, fr)
+	if err != nil {
+		writeError(w, fileError(ctx, err, what, fileDeadline))
+		return
+	}
+	if any(out) == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, project string) {
-	agent, fr, ok := s.fileAgent(w, r, project, "recursive")
-	if !ok {
-		return
-	}
-	ctx, cancel := fileCtx(r)
-	defer cancel()
-	if err := agent.RemoveFile(ctx, fr.path, fr.root, fr.recursive); err != nil {
-		writeError(w, fileError(ctx, err, "the delete", fileDeadline))
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	metaOp(s, w, r, project, "the delete", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (any, error) {
+		return nil, a.RemoveFile(ctx, fr.path, fr.root, fr.recursive)
+	}, "recursive")
 }
 
 func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, project string) {
-	agent, fr, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	ctx, cancel := fileCtx(r)
-	defer cancel()
-	list, err := agent.ListFiles(ctx, fr.path, fr.root)
-	if err != nil {
-		writeError(w, fileError(ctx, err, "the listing", fileDeadline))
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"files": list})
+	metaOp(s, w, r, project, "the listing", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (map[string]any, error) {
+		list, err := a.ListFiles(ctx, fr.path, fr.root)
+		return map[string]any{"files": list}, err
+	})
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request, project string) {
-	agent, fr, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	ctx, cancel := fileCtx(r)
-	defer cancel()
-	fi, err := agent.StatFile(ctx, fr.path, fr.root)
-	if err != nil {
-		writeError(w, fileError(ctx, err, "the stat", fileDeadline))
-		return
-	}
-	writeJSON(w, http.StatusOK, fi)
+	metaOp(s, w, r, project, "the stat", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (agentproto.FileInfo, error) {
+		return a.StatFile(ctx, fr.path, fr.root)
+	})
 }
 
 func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {
@@ -250,16 +242,7 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {
 			r.URL.RawQuery = q.Encode()
 		}
 	}
-	agent, fr, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	ctx, cancel := fileCtx(r)
-	defer cancel()
-	fi, err := agent.MakeDir(ctx, fr.path, fr.root)
-	if err != nil {
-		writeError(w, fileError(ctx, err, "the mkdir", fileDeadline))
-		return
-	}
-	writeJSON(w, http.StatusOK, fi)
+	metaOp(s, w, r, project, "the mkdir", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (agentproto.FileInfo, error) {
+		return a.MakeDir(ctx, fr.path, fr.root)
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -81,7 +82,7 @@ func parseOneLine(s string) []aptSource {
 func parseDeb822(s string) []aptSource {
 	var out []aptSource
 	flush := func(st map[string]string) {
-		if !containsString(strings.Fields(st["types"]), "deb") || strings.EqualFold(st["enabled"], "no") {
+		if !slices.Contains(strings.Fields(st["types"]), "deb") || strings.EqualFold(st["enabled"], "no") {
 			return
 		}
 		for _, u := range strings.Fields(st["uris"]) {
@@ -113,15 +114,6 @@ func parseDeb822(s string) []aptSource {
 	}
 	flush(st)
 	return out
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // pickMirrors takes the first http(s) archive of a release suite (no "-"
