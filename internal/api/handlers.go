@@ -21,6 +21,7 @@ type createSandboxRequest struct {
 	Env        map[string]string `json:"env"`
 	CPU        int               `json:"cpu"`
 	MemoryMB   int               `json:"memory_mb"`
+	DiskMB     int               `json:"disk_mb"`
 	SnapshotID string            `json:"snapshot_id"`
 	AutoResume bool              `json:"auto_resume"`
 }
@@ -33,7 +34,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 	}
 	sb, err := s.mgr.Create(r.Context(), project, sandbox.CreateRequest{
 		Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata,
-		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
+		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
 	})
 	if err != nil {
 		s.logFailure(r, err)

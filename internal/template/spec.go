@@ -55,6 +55,7 @@ type Spec struct {
 	Run         []string `yaml:"run" json:"run,omitempty"`       // each runs as `/bin/sh -ec` in the chroot, as root, last
 	CPU         int      `yaml:"cpu" json:"cpu"`                 // default vCPUs of a sandbox
 	MemoryMB    int      `yaml:"memory_mb" json:"memory_mb"`     // default memory of a sandbox
+	DiskMB      int      `yaml:"disk_mb" json:"disk_mb,omitempty"` // default disk of a sandbox; 0: the server's
 	Warmup      string   `yaml:"warmup" json:"warmup,omitempty"` // Python run before the template is snapshotted
 }
 
@@ -214,6 +215,9 @@ func (s Spec) Validate() error {
 	}
 	if s.MemoryMB < 64 || s.MemoryMB > 65536 {
 		return bad("memory_mb %d is out of range 64..65536", s.MemoryMB)
+	}
+	if s.DiskMB != 0 && (s.DiskMB < 64 || s.DiskMB > 1<<20) {
+		return bad("disk_mb %d is out of range 64..1048576 (or leave it out for the server's default)", s.DiskMB)
 	}
 	for i, p := range s.Apt {
 		if !aptPkgRE.MatchString(p) {
