@@ -132,6 +132,7 @@ type CreateSandboxRequest struct {
 	Env        map[string]string `json:"env,omitempty"`
 	CPU        int               `json:"cpu,omitempty"`
 	MemoryMB   int               `json:"memory_mb,omitempty"`
+	DiskMB     int               `json:"disk_mb,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.

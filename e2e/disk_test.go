@@ -52,4 +52,16 @@ func TestSandboxHasADiskOfItsOwn(t *testing.T) {
 	if err != nil || got.State != "running" {
 		t.Fatalf("after the full disk the sandbox is %+v, %v", got, err)
 	}
+
+	// A sandbox may ask for its own size, within limits.
+	small := newSandbox(t, s, client.CreateSandboxRequest{DiskMB: 128})
+	res, err = c.Exec(ctx, small.ID, client.ExecRequest{Cmd: "df -m / | tail -1 | tr -s ' ' | cut -d' ' -f2"})
+	if err != nil || strings.TrimSpace(res.Stdout) != "128" {
+		t.Fatalf("disk_mb 128: df says %q, %v", res.Stdout, err)
+	}
+	for _, body := range []string{`{"disk_mb":10}`, `{"disk_mb":99999999}`, `{"disk_mb":"big"}`} {
+		if status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes", body); status != 400 || code != "invalid_request" || !strings.Contains(msg, "disk_mb") {
+			t.Errorf("create %s → %d %s %q, want 400 naming disk_mb", body, status, code, msg)
+		}
+	}
 }
