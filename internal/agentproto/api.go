@@ -9,7 +9,7 @@ import (
 
 // The agent's HTTP API, spoken over each yamux stream (HTTP/1.1):
 //
-//	GET    /v1/hello                     → Hello
+//	GET    /v1/hello[?reseed=1]          → Hello (reseed: after a restore of a shared image, see code.go)
 //	POST   /v1/exec           ExecRequest → 200 NDJSON stream of ExecEvent, ending with one "exit" event
 //	PUT    /v1/files?path=P   raw body    → FileInfo (parents created; owned by the sandbox user)
 //	GET    /v1/files?path=P               → raw file content

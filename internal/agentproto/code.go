@@ -8,6 +8,10 @@ package agentproto
 //	POST   /v1/contexts/{id}/interrupt                → 204
 //	POST   /v1/contexts/{id}/restart                  → Context
 //	POST   /v1/contexts/{id}/run        RunRequest    → 200 NDJSON stream of CodeEvent, ending with one "execution" event
+//
+// GET /v1/hello?reseed=1 (see api.go) reseeds every kernel's random
+// generators: the host asks for it after restoring an image that other
+// sandboxes restore too.
 
 // ContextRequest creates a context.
 type ContextRequest struct {
@@ -15,13 +19,17 @@ type ContextRequest struct {
 	Language string            `json:"language"` // "python" or "bash"
 	Cwd      string            `json:"cwd,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
+	// AutoRestart: a run on a kernel that died restarts it (and says the
+	// state was lost) instead of failing; nil means true.
+	AutoRestart *bool `json:"auto_restart,omitempty"`
 }
 
 // Context describes a code context.
 type Context struct {
-	ID       string `json:"id"`
-	Language string `json:"language"`
-	Cwd      string `json:"cwd"`
+	ID          string `json:"id"`
+	Language    string `json:"language"`
+	Cwd         string `json:"cwd"`
+	AutoRestart bool   `json:"auto_restart"`
 }
 
 // RunRequest runs code in a context.
@@ -30,6 +38,12 @@ type RunRequest struct {
 	TimeoutMS int64             `json:"timeout_ms,omitempty"` // 0: none
 	Env       map[string]string `json:"env,omitempty"`        // set for this run only
 	OutputCap int               `json:"output_cap,omitempty"` // bytes kept per stream; 0: 1 MiB
+	// Language, if set, must be the context's: a mismatch is refused
+	// rather than run in the wrong language.
+	Language string `json:"language,omitempty"`
+	// NoHistory keeps the cell out of execution_count and the history:
+	// for the platform's own cells (warm-up), not the user's.
+	NoHistory bool `json:"no_history,omitempty"`
 }
 
 // Result is one rich output of a cell: a display_data or the execute_result.

@@ -217,7 +217,7 @@ func (m *Manager) adopt(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	c, err := dialAgent(ctx, id, rwc)
+	c, err := dialAgent(ctx, id, rwc, false)
 	if err != nil {
 		return err
 	}
@@ -413,7 +413,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	}
 	if err == nil {
 		var client *AgentClient
-		if client, err = dialAgent(startCtx, sb.ID, rwc); err == nil {
+		if client, err = dialAgent(startCtx, sb.ID, rwc, p.image != ""); err == nil {
 			return m.started(ctx, sb, client)
 		}
 	}
@@ -564,12 +564,27 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 		return err
 	}
 	defer m.release(id)
+	// Until the record goes, it says killed: a run cut off by this kill
+	// fails saying so, and a GET meanwhile must not say running.
+	m.markStopped(id, pandastack.StopKilled)
+	m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, pandastack.StopKilled, m.now())
 	m.teardown(id)
 	if err := m.store.DeleteSandbox(context.Background(), id); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		return err
 	}
 	m.log.Info("sandbox killed", "sandbox", id)
 	return nil
+}
+
+// markStopped tells the sandbox's agent client why it is being stopped,
+// before teardown closes it.
+func (m *Manager) markStopped(id, reason string) {
+	m.mu.Lock()
+	c := m.live[id]
+	m.mu.Unlock()
+	if c != nil {
+		c.markStopped(reason)
+	}
 }
 
 // teardown closes the channel and removes the sandbox from the runtime.
@@ -596,6 +611,7 @@ func (m *Manager) stopSandbox(id, reason string) {
 	if err := m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, reason, m.now()); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		m.log.Error("record stop", "sandbox", id, "err", err)
 	}
+	m.markStopped(id, reason)
 	m.teardown(id)
 	m.log.Info("sandbox stopped", "sandbox", id, "reason", reason)
 }
@@ -664,8 +680,11 @@ func (m *Manager) Reconcile(id string) {
 	}
 	defer m.release(id)
 	reason := pandastack.StopDied
-	if m.rt.DeathReason(id) == pandastack.ReasonOutOfMemory {
+	switch m.rt.DeathReason(id) {
+	case pandastack.ReasonOutOfMemory:
 		reason = pandastack.StopOOM
+	case pandastack.ReasonPIDsLimit:
+		reason = pandastack.StopPIDsLimit
 	}
 	m.stopSandbox(id, reason)
 }
