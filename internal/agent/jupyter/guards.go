@@ -79,6 +79,11 @@ var PythonSetupCode = `def _pandastack_setup():
         import contextlib
         ip._tee = lambda channel: contextlib.nullcontext()
 
+    # Results are cut at the output cap too, but never below 64 Ki
+    # characters (a small cap is for streams).
+    def rcap():
+        return max(cap[0], 1 << 16)
+
     formatter = ip.display_formatter
     plain = formatter.formatters['text/plain']
     from IPython.lib import pretty
@@ -88,9 +93,9 @@ var PythonSetupCode = `def _pandastack_setup():
         except KeyError:
             short = pretty._type_pprinters.get(type_) or (lambda obj, p, cycle: p.text(repr(obj)))
         def printer(obj, p, cycle):
-            if len(obj) <= cap[0]:
+            if len(obj) <= rcap():
                 return short(obj, p, cycle)
-            keep = max(cap[0] - 200, 0)  # so that the note stays within the cap
+            keep = rcap() - 200  # so that the note stays within the cap
             p.text(repr(obj[:keep]) + '... [result truncated: %d of %d items shown]' % (keep, len(obj)))
         return printer
     for t in (str, bytes, bytearray):
@@ -101,8 +106,8 @@ var PythonSetupCode = `def _pandastack_setup():
     def format(obj, include=None, exclude=None):
         data, md = fmt(obj, include=include, exclude=exclude)
         for mime, v in list(data.items()):
-            if isinstance(v, str) and mime.startswith('text/') and len(v) > cap[0]:
-                data[mime] = v[:cap[0]] + '\n[result truncated: %d characters omitted]' % (len(v) - cap[0])
+            if isinstance(v, str) and mime.startswith('text/') and len(v) > rcap():
+                data[mime] = v[:rcap()] + '\n[result truncated: %d characters omitted]' % (len(v) - rcap())
             elif isinstance(v, (str, bytes)) and len(v) > big:
                 del data[mime]
                 data.setdefault('text/plain', '[result too large: its %s form was omitted]' % mime)
