@@ -13,7 +13,33 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/agentproto"
 )
+
+// rlimitNProc is RLIMIT_NPROC on Linux (the syscall package lacks it).
+const rlimitNProc = 6
+
+// LimitProcesses sets the agent's RLIMIT_NPROC from agentproto.NProcEnv
+// if the runtime set it (gVisor enforces it per user, and everything the
+// agent starts inherits it), and removes the variable so that user
+// processes do not see it. It logs what it did.
+func LimitProcesses(log *slog.Logger) {
+	v, ok := os.LookupEnv(agentproto.NProcEnv)
+	if !ok {
+		return
+	}
+	os.Unsetenv(agentproto.NProcEnv)
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err == nil {
+		err = syscall.Setrlimit(rlimitNProc, &syscall.Rlimit{Cur: n, Max: n})
+	}
+	if err != nil {
+		log.Warn("cannot limit processes", "limit", v, "err", err)
+		return
+	}
+	log.Info("processes limited", "rlimit_nproc", n)
+}
 
 // userCanEnter says why the user uid:gid (with no other groups, as the
 // agent starts its processes) could not make dir its working directory:

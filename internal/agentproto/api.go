@@ -31,6 +31,11 @@ const (
 	UserHome  = "/home/user"
 )
 
+// NProcEnv names the environment variable of the agent's process (set by
+// the runtime) that holds the RLIMIT_NPROC the agent sets on itself at
+// boot, inherited by everything it starts.
+const NProcEnv = "PANDASTACK_NPROC"
+
 // Hello answers GET /v1/hello; the host sends it first on every new session.
 type Hello struct {
 	ProtocolVersion int       `json:"protocol_version"`

@@ -3,31 +3,34 @@ package gvisor
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 // TestNProcBelowPIDs: a sandbox with a pids limit gets RLIMIT_NPROC below
 // it, so a fork bomb meets EAGAIN before the host limit kills the sandbox.
 func TestNProcBelowPIDs(t *testing.T) {
 	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", PIDs: 1024})
-	var got *ociRl
-	for i, rl := range spec.Process.Rlimits {
-		if rl.Type == "RLIMIT_NPROC" {
-			got = &spec.Process.Rlimits[i]
-		}
-	}
-	if got == nil || got.Soft != 384 || got.Hard != 384 {
-		t.Fatalf("rlimits %+v, want RLIMIT_NPROC 384", spec.Process.Rlimits)
+	if !slices.Contains(spec.Process.Env, agentproto.NProcEnv+"=384") {
+		t.Fatalf("env %v, want %s=384", spec.Process.Env, agentproto.NProcEnv)
 	}
 	if spec.Linux.Resources == nil || spec.Linux.Resources.Pids == nil || spec.Linux.Resources.Pids.Limit != 1024 {
 		t.Fatalf("pids resources %+v", spec.Linux.Resources)
 	}
-	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/"})
-	for _, rl := range none.Process.Rlimits {
+	// Not in the rlimits: they must match across checkpoint and restore.
+	for _, rl := range spec.Process.Rlimits {
 		if rl.Type == "RLIMIT_NPROC" {
-			t.Fatalf("RLIMIT_NPROC without a pids limit: %+v", rl)
+			t.Fatalf("RLIMIT_NPROC in the spec's rlimits: %+v", rl)
+		}
+	}
+	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/"})
+	for _, e := range none.Process.Env {
+		if strings.HasPrefix(e, agentproto.NProcEnv+"=") {
+			t.Fatalf("%s without a pids limit", e)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"os"
+	"strconv"
 	"path/filepath"
 	"strings"
 
@@ -137,10 +138,12 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec) ociSpec {
 			}{int64(s.PIDs)}
 			// The host's pids limit counts gVisor's own threads too, and
 			// systrap gives each task host pids of its own: filling it
-			// kills the whole sandbox. RLIMIT_NPROC, which gVisor enforces per user,
-			// stops a fork bomb inside first, with EAGAIN in user code.
-			n := uint64(nprocLimit(s.PIDs))
-			spec.Process.Rlimits = append(spec.Process.Rlimits, ociRl{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
+			// kills the whole sandbox. RLIMIT_NPROC, which gVisor enforces
+			// per user, stops a fork bomb inside first, with EAGAIN in user
+			// code. The agent sets it on itself (agentproto.NProcEnv): in
+			// the spec's rlimits it would have to match every checkpoint
+			// restored, and no image taken before it could be.
+			spec.Process.Env = append(spec.Process.Env, agentproto.NProcEnv+"="+strconv.Itoa(nprocLimit(s.PIDs)))
 		}
 		spec.Linux.Resources = res
 		spec.Linux.CgroupsPath = cgroupPath(s.ID)
