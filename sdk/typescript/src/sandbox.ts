@@ -123,7 +123,10 @@ export interface ExecResult {
 
 /** Options of `sandbox.runCode`. */
 export interface SandboxRunCodeOptions extends RunCodeOptions {
-  /** Language of the sandbox's default context to run in; default `python`. */
+  /**
+   * Language of the sandbox's default context to run in; default `python`.
+   * With `context`, it must be that context's language (else a 400).
+   */
   language?: Language;
   /** Run in this context instead of the default one. */
   context?: CodeContext | string;
@@ -353,6 +356,7 @@ export class Sandbox implements SandboxInfo {
     if (opts.language !== undefined) body.language = opts.language;
     if (opts.cwd !== undefined) body.cwd = opts.cwd;
     if (opts.env !== undefined) body.env = opts.env;
+    if (opts.autoRestart !== undefined) body.auto_restart = opts.autoRestart;
     const w = await this.#http.json<WireContext>("POST", this.#path("/contexts"), { json: body });
     return new CodeContext(this.#http, this.id, w);
   }
@@ -371,9 +375,9 @@ export class Sandbox implements SandboxInfo {
     const body: Record<string, unknown> = { code };
     if (opts.context !== undefined) {
       body.context_id = typeof opts.context === "string" ? opts.context : opts.context.id;
-    } else if (opts.language !== undefined) {
-      body.language = opts.language;
     }
+    // With a context too: the server refuses a context of another language.
+    if (opts.language !== undefined) body.language = opts.language;
     return runCode(this.#http, this.#path("/run_code"), body, opts);
   }
 
