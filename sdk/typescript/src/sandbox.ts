@@ -37,7 +37,7 @@ export interface SandboxInfo {
   expiresAt: Date;
   /** Present once stopped. */
   stoppedAt?: Date;
-  /** Present once stopped: `expired`, `killed`, `died`, `lost` or `start_failed`. */
+  /** Present once stopped: `expired`, `killed`, `died`, `out_of_memory`, `pids_limit`, `lost` or `start_failed`. */
   stopReason?: string;
 }
 

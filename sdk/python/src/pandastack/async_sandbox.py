@@ -38,6 +38,7 @@ from ._base import (
     Command,
     ExecStreamParser,
     SandboxRecord,
+    context_args,
     context_path,
     create_body,
     exec_body,
@@ -314,13 +315,7 @@ class AsyncCodeContext:
 
     @classmethod
     def _from_dict(cls, sandbox: AsyncSandbox, d: Mapping[str, Any]) -> "AsyncCodeContext":
-        return cls(
-            sandbox,
-            str(d["id"]),
-            str(d.get("language") or "python"),
-            str(d.get("cwd") or ""),
-            bool(d.get("auto_restart", True)),
-        )
+        return cls(sandbox, *context_args(d))
 
     @classmethod
     async def connect(

@@ -15,6 +15,7 @@ from ._base import (
     Command,
     ExecStreamParser,
     SandboxRecord,
+    context_args,
     context_path,
     create_body,
     exec_body,
@@ -404,13 +405,7 @@ class CodeContext:
 
     @classmethod
     def _from_dict(cls, sandbox: Sandbox, d: Mapping[str, Any]) -> "CodeContext":
-        return cls(
-            sandbox,
-            str(d["id"]),
-            str(d.get("language") or "python"),
-            str(d.get("cwd") or ""),
-            bool(d.get("auto_restart", True)),
-        )
+        return cls(sandbox, *context_args(d))
 
     @classmethod
     def connect(cls, sandbox: Union[Sandbox, str], context_id: str, client: Optional[Client] = None) -> "CodeContext":
