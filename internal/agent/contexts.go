@@ -421,7 +421,8 @@ func (s *Server) autoRestart(r *http.Request, cc *codeContext, dead error) (agen
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
 	defer cancel()
 	start := time.Now()
-	if err := cc.kernel.Restart(ctx); err != nil {
+	// Two runs that found it dead restart it once; both report the loss.
+	if _, err := cc.kernel.RestartIfDead(ctx); err != nil {
 		return agentproto.Execution{}, fmt.Errorf("restart the dead kernel of context %s: %w", cc.info.ID, err)
 	}
 	why := strings.TrimPrefix(dead.Error(), jupyter.ErrDead.Error())

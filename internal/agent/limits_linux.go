@@ -172,8 +172,6 @@ func (cs *Contexts) checkMemory(total, perKernel, pressure int64, log *slog.Logg
 	if len(procs) == 0 {
 		return
 	}
-	var largest *kernelProc
-	var largestRSS int64
 	for _, k := range procs {
 		n, err := rss(k.Pid())
 		if err != nil {
@@ -184,14 +182,30 @@ func (cs *Contexts) checkMemory(total, perKernel, pressure int64, log *slog.Logg
 			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
 			return
 		}
+	}
+	_, avail, err := meminfo()
+	if err != nil || total-avail <= pressure {
+		return
+	}
+	// Nearly out as a whole: the kernel whose process tree (what its cells
+	// started included) holds most, if that is at least half of what is
+	// used; memory held elsewhere (an exec) is no kernel's fault.
+	used := total - avail
+	var largest *kernelProc
+	var largestRSS int64
+	for _, k := range procs {
+		n, _ := rss(k.Pid())
+		for _, d := range descendants(k.Pid()) {
+			m, _ := rss(d)
+			n += m
+		}
 		if n > largestRSS {
 			largest, largestRSS = k, n
 		}
 	}
-	_, avail, err := meminfo()
-	if err != nil || total-avail <= pressure || largest == nil || largestRSS < 64<<20 {
+	if largest == nil || largestRSS < used/2 {
 		return
 	}
-	log.Warn("sandbox nearly out of memory; killing its largest kernel", "pid", largest.Pid(), "rss_mib", largestRSS>>20, "used_mib", (total-avail)>>20)
-	largest.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, the largest (%d MiB), was killed", total>>20, (total-avail)>>20, largestRSS>>20))
+	log.Warn("sandbox nearly out of memory; killing its largest kernel", "pid", largest.Pid(), "rss_mib", largestRSS>>20, "used_mib", used>>20)
+	largest.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, largestRSS>>20))
 }

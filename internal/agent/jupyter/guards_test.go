@@ -1,6 +1,7 @@
 package jupyter
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -109,5 +110,28 @@ func TestBashReseedCode(t *testing.T) {
 	a, b := BashReseedCode(), BashReseedCode()
 	if !strings.HasPrefix(a, "RANDOM=") || a == b {
 		t.Fatalf("reseed code %q then %q", a, b)
+	}
+}
+
+// TestRestartIfDead: a dead kernel is restarted once, however many callers
+// found it dead; a live one is left alone.
+func TestRestartIfDead(t *testing.T) {
+	k := startKernel(t, guarded)
+	ctx := context.Background()
+	if did, err := k.RestartIfDead(ctx); did || err != nil {
+		t.Fatalf("RestartIfDead on a live kernel: %v %v", did, err)
+	}
+	mustText(t, k, "kept = 1\nkept", "1")
+	if e, _ := runCode(t, k, "import os\nos._exit(1)", ExecOptions{}); e.Error == nil || e.Error.Name != "KernelDied" {
+		t.Fatalf("os._exit: %+v", e.Error)
+	}
+	if did, err := k.RestartIfDead(ctx); !did || err != nil {
+		t.Fatalf("RestartIfDead on a dead kernel: %v %v", did, err)
+	}
+	if did, err := k.RestartIfDead(ctx); did || err != nil {
+		t.Fatalf("RestartIfDead again: %v %v", did, err)
+	}
+	if e, _ := runCode(t, k, "kept", ExecOptions{}); e.Error == nil || e.Error.Name != "NameError" {
+		t.Fatalf("state after the restart: %+v", e)
 	}
 }

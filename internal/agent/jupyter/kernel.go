@@ -243,6 +243,21 @@ func (k *Kernel) Restart(ctx context.Context) error {
 	return k.restartLocked(ctx, "the kernel was restarted")
 }
 
+// RestartIfDead is Restart for a kernel found dead: it restarts it unless
+// it is running again (another caller restarted it first), and reports
+// whether it did.
+func (k *Kernel) RestartIfDead(ctx context.Context) (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return false, ErrClosed
+	}
+	if k.inst != nil && !k.inst.exited() {
+		return false, nil
+	}
+	return true, k.restartLocked(ctx, "the kernel was restarted")
+}
+
 // restartIf restarts the kernel only if old is still the current instance,
 // so two reasons to restart at once restart it once.
 func (k *Kernel) restartIf(ctx context.Context, old *instance, why string) error {
