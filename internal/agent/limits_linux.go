@@ -80,15 +80,17 @@ func userCanEnter(dir string, uid, gid int) error {
 // /proc/meminfo (gVisor reports the sandbox's limit as MemTotal) and
 // SIGKILLs a kernel whose resident memory passes its limit, or the largest
 // kernel when the sandbox as a whole comes close to its own. At the rates
-// this machine allocates (about 1.2 GB/s in gVisor) a 50 ms period
-// overshoots by some 60 MB, well inside the margins below.
-const memWatchPeriod = 50 * time.Millisecond
+// this machine allocates (about 1.2 GB/s in gVisor) a 25 ms period
+// overshoots by some 30 MB. The reserve is large because the host counts
+// more than the sandbox sees: gVisor gives memory that was freed inside
+// back to the host only later, and has its own overhead.
+const memWatchPeriod = 25 * time.Millisecond
 
 // memLimits derives the limits from the sandbox's memory: a kernel may use
-// all but a reserve of a fifth (at least 128 MiB), and the sandbox all but
-// half that reserve. Sandboxes too small for such a reserve get no watch.
+// all but a reserve of a quarter (at least 192 MiB), and the sandbox all
+// but half that reserve. Sandboxes too small for such a reserve get none.
 func memLimits(total int64) (perKernel, pressure int64, ok bool) {
-	reserve := max(total/5, 128<<20)
+	reserve := max(total/4, 192<<20)
 	if total < 2*reserve {
 		return 0, 0, false
 	}

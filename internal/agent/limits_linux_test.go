@@ -52,10 +52,10 @@ func TestMemLimits(t *testing.T) {
 		total, perKernel, pressure int64
 		ok                         bool
 	}{
-		{1024 * mib, 1024*mib - 1024*mib/5, 1024*mib - 1024*mib/10, true},
-		{512 * mib, 384 * mib, 448 * mib, true},
-		{4096 * mib, 4096*mib - 4096*mib/5, 4096*mib - 4096*mib/10, true},
-		{200 * mib, 0, 0, false},
+		{1024 * mib, 768 * mib, 896 * mib, true},
+		{512 * mib, 320 * mib, 416 * mib, true},
+		{4096 * mib, 3072 * mib, 3584 * mib, true},
+		{300 * mib, 0, 0, false},
 	} {
 		k, p, ok := memLimits(c.total)
 		if k != c.perKernel || p != c.pressure || ok != c.ok {
