@@ -149,8 +149,9 @@ func parseDropped(s string) (stdout, stderr int) {
 // PythonReseedCode is an Options.ReseedCode for ipykernel: it reseeds
 // from the OS's entropy what the interpreter seeded when it started —
 // random's global generator, numpy's legacy global generator if numpy is
-// loaded, tempfile's name sequence. The string hash seed cannot change in a
-// running interpreter; docs/code-and-snapshots.md says so.
+// loaded, tempfile's name sequence, multiprocessing's authentication key if
+// loaded. The string hash seed cannot change in a running interpreter;
+// docs/code-and-snapshots.md says so.
 func PythonReseedCode() string {
 	return `def _pandastack_reseed():
     import sys, random
@@ -164,6 +165,10 @@ func PythonReseedCode() string {
             np.random.seed()
         except Exception:
             pass
+    mp = sys.modules.get('multiprocessing')
+    if mp is not None:
+        import os
+        mp.current_process().authkey = os.urandom(32)
 _pandastack_reseed()
 del _pandastack_reseed
 `

@@ -60,8 +60,10 @@ func TestReseed(t *testing.T) {
 	if e.Error != nil {
 		t.Fatal(e.Error)
 	}
+	mustText(t, k, "import multiprocessing\nkey = multiprocessing.current_process().authkey\nlen(key)", "32")
 	k.Reseed()
 	mustText(t, k, "(random.random(), numpy.random.rand()) == seeded", "False")
+	mustText(t, k, "multiprocessing.current_process().authkey == key", "False")
 	mustText(t, k, "random.seed(3); numpy.random.seed(3); (random.random(), numpy.random.rand()) == seeded", "True")
 }
 
