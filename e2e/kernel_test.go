@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/client"
 )
@@ -22,6 +25,7 @@ func TestRandomStateAfterRestore(t *testing.T) {
 	c := s.client()
 	ctx := context.Background()
 
+	waitWarm(t, s, "code-interpreter") // so that creates restore the one warm image
 	seen := map[string]string{}
 	record := func(who, out string) {
 		t.Helper()
@@ -224,5 +228,40 @@ func TestKillDuringRun(t *testing.T) {
 	}
 	if err != nil && !client.IsCode(err, "not_found") {
 		t.Fatal(err)
+	}
+}
+
+// waitWarm waits until the server has a warm image of the template, so
+// that creates restore it rather than boot cold.
+func waitWarm(t *testing.T, s *server, template string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		req, _ := http.NewRequest(http.MethodGet, s.url+"/v1/templates", nil)
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Templates []struct {
+				Name string `json:"name"`
+				Warm bool   `json:"warm"`
+			} `json:"templates"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tpl := range out.Templates {
+			if tpl.Name == template && tpl.Warm {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("template %s is not warm after 10 minutes:\n%s", template, tail(s.out.String(), 30))
+		}
+		time.Sleep(500 * time.Millisecond)
 	}
 }
