@@ -32,6 +32,8 @@ type Result struct {
 	JavaScript   string         `json:"javascript,omitempty"`
 	Plotly       any            `json:"plotly,omitempty"`
 	Extra        map[string]any `json:"extra,omitempty"`
+	Chart        map[string]any `json:"chart,omitempty"` // a matplotlib figure's structure
+	Data         map[string]any `json:"data,omitempty"`  // a DataFrame's or Series' table
 }
 
 // ExecutionError is the exception of a run.

@@ -47,7 +47,19 @@ type Result struct {
 	JavaScript   string         `json:"javascript,omitempty"`
 	Plotly       any            `json:"plotly,omitempty"` // application/vnd.plotly.v1+json
 	Extra        map[string]any `json:"extra,omitempty"`  // any other MIME type
+	// Chart is a displayed matplotlib figure's structure (ChartMIME), Data
+	// a displayed DataFrame's or Series' table (TableMIME): decoded JSON,
+	// built in the kernel by the code-interpreter template's extension.
+	Chart any `json:"chart,omitempty"`
+	Data  any `json:"data,omitempty"`
 }
+
+// MIME types of the structured data the code-interpreter template's IPython
+// extension adds beside a figure's PNG and a DataFrame's HTML.
+const (
+	ChartMIME = "application/vnd.pandastack.chart+json"
+	TableMIME = "application/vnd.pandastack.table+json"
+)
 
 // ExecutionError is a cell's exception.
 type ExecutionError struct {

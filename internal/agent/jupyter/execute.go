@@ -459,7 +459,7 @@ func (r *run) onStream(name, text string) {
 func (r *run) onResult(res agentproto.Result) {
 	size := len(res.Text) + len(res.HTML) + len(res.Markdown) + len(res.SVG) + len(res.PNG) + len(res.JPEG) +
 		len(res.PDF) + len(res.LaTeX) + len(res.JavaScript)
-	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra}); err == nil {
+	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra, res.Chart, res.Data}); err == nil {
 		size += len(b)
 	}
 	if r.resultsBytes+size > ResultsCap {
@@ -559,6 +559,10 @@ func toResult(data map[string]json.RawMessage, main bool) agentproto.Result {
 			res.JSON = value(raw)
 		case "application/vnd.plotly.v1+json":
 			res.Plotly = value(raw)
+		case agentproto.ChartMIME:
+			res.Chart = value(raw)
+		case agentproto.TableMIME:
+			res.Data = value(raw)
 		default:
 			if res.Extra == nil {
 				res.Extra = make(map[string]any)
