@@ -269,6 +269,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ExecResult":           ExecResult{},
 		"Sandbox":              pandastack.Sandbox{},
 		"FileInfo":             agentproto.FileInfo{},
+		"Process":              agentproto.Process{},
 		"TemplateInfo":         TemplateInfo{},
 	} {
 		s, ok := doc.Components.Schemas[schema]
