@@ -265,18 +265,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		typ string
 		f   *os.File
 	}{{"stdout", outR}, {"stderr", errR}} {
-		wg.Go(func() {
-			for {
-				buf := make([]byte, outputChunk)
-				n, err := p.f.Read(buf)
-				if n > 0 {
-					events <- agentproto.ExecEvent{Type: p.typ, Data: buf[:n]}
-				}
-				if err != nil {
-					return
-				}
-			}
-		})
+		wg.Go(func() { readChunks(p.f, p.typ, func(ev agentproto.ExecEvent) { events <- ev }) })
 	}
 	readersDone := make(chan struct{})
 	go func() {
@@ -364,6 +353,21 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	s.log.Info("exec", "cmd", summarize(req), "pid", c.Pid, "status", status.String(),
 		"timed_out", timedOut, "killed", killed, "ms", elapsed.Milliseconds())
 	return nil
+}
+
+// readChunks hands what f yields, in chunks of at most outputChunk bytes,
+// to emit as events of type typ, until f ends or fails.
+func readChunks(f *os.File, typ string, emit func(agentproto.ExecEvent)) {
+	for {
+		buf := make([]byte, outputChunk)
+		n, err := f.Read(buf)
+		if n > 0 {
+			emit(agentproto.ExecEvent{Type: typ, Data: buf[:n]})
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 func summarize(req agentproto.ExecRequest) string {

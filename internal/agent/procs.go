@@ -200,18 +200,7 @@ func (s *Server) watch(p *bgProc, c *Process, req agentproto.ExecRequest, start 
 		typ string
 		f   *os.File
 	}{{"stdout", outR}, {"stderr", errR}} {
-		wg.Go(func() {
-			for {
-				buf := make([]byte, outputChunk)
-				n, err := src.f.Read(buf)
-				if n > 0 {
-					p.append(agentproto.ExecEvent{Type: src.typ, Data: buf[:n]})
-				}
-				if err != nil {
-					return
-				}
-			}
-		})
+		wg.Go(func() { readChunks(src.f, src.typ, p.append) })
 	}
 	var timedOut bool
 	var timeout <-chan time.Time

@@ -51,6 +51,42 @@ export function toExecResult(w: WireExecResult, stdout: string, stderr: string):
   return r;
 }
 
+/**
+ * Folds a stream of exec events (a streamed exec, or a background process's
+ * output) into its ExecResult, calling the callbacks as output comes.
+ * @internal
+ */
+export async function collectExec(
+  events: AsyncIterable<Record<string, unknown>>,
+  opts: Pick<WaitOptions, "onStdout" | "onStderr">,
+  what: string,
+): Promise<ExecResult> {
+  let stdout = "";
+  let stderr = "";
+  for await (const ev of events) {
+    switch (ev.type) {
+      case "stdout": {
+        const data = String(ev.data ?? "");
+        stdout += data;
+        await opts.onStdout?.(data);
+        break;
+      }
+      case "stderr": {
+        const data = String(ev.data ?? "");
+        stderr += data;
+        await opts.onStderr?.(data);
+        break;
+      }
+      case "exit":
+        return toExecResult(ev as WireExecResult, stdout, stderr);
+      case "error":
+        throw streamError(ev.error);
+      default:
+    }
+  }
+  throw new PandaStackError(`${what}: the stream ended without an exit event (cut off?)`, "stream_error");
+}
+
 /** A background process as the server last described it. */
 export interface ProcessInfo {
   /** Process id inside the sandbox. */
@@ -156,32 +192,10 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
    * from the first byte kept; the callbacks see the output as it comes.
    */
   async wait(opts: WaitOptions = {}): Promise<ExecResult> {
-    let stdout = "";
-    let stderr = "";
     const events = this.#http.ndjson("GET", this.#path("/output"), { query: { follow: "true" }, signal: opts.signal });
-    for await (const ev of events) {
-      switch (ev.type) {
-        case "stdout": {
-          const data = String(ev.data ?? "");
-          stdout += data;
-          await opts.onStdout?.(data);
-          break;
-        }
-        case "stderr": {
-          const data = String(ev.data ?? "");
-          stderr += data;
-          await opts.onStderr?.(data);
-          break;
-        }
-        case "exit":
-          await this.refresh();
-          return toExecResult(ev as WireExecResult, stdout, stderr);
-        case "error":
-          throw streamError(ev.error);
-        default:
-      }
-    }
-    throw new PandaStackError(`process ${this.pid}: the output stream ended without an exit event (cut off?)`, "stream_error");
+    const res = await collectExec(events, opts, `process ${this.pid}`);
+    await this.refresh();
+    return res;
   }
 
   /** Writes to the command's standard input; `eof` closes it afterwards. */

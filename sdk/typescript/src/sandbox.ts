@@ -18,15 +18,15 @@ import {
   type ProcessInfo,
   type WireExecResult,
   type WireProcess,
+  collectExec,
   connectProcess,
   listProcesses,
   processesPath,
   toExecResult,
   toProcessInfo,
 } from "./commands.js";
-import { PandaStackError } from "./errors.js";
 import { Files } from "./files.js";
-import { type ConnectionOptions, HttpClient, streamError } from "./http.js";
+import { type ConnectionOptions, HttpClient } from "./http.js";
 
 /** `starting`, `running`, `paused` or `stopped` (more may come). */
 export type SandboxState = "starting" | "running" | "paused" | "stopped" | (string & {});
@@ -332,30 +332,7 @@ export class Sandbox implements SandboxInfo {
       const w = await this.#http.json<WireExecResult>("POST", path, { json: body, signal: opts.signal });
       return toExecResult(w, w.stdout ?? "", w.stderr ?? "");
     }
-    let stdout = "";
-    let stderr = "";
-    for await (const ev of this.#http.ndjson("POST", path, { json: body, signal: opts.signal })) {
-      switch (ev.type) {
-        case "stdout": {
-          const data = String(ev.data ?? "");
-          stdout += data;
-          await opts.onStdout?.(data);
-          break;
-        }
-        case "stderr": {
-          const data = String(ev.data ?? "");
-          stderr += data;
-          await opts.onStderr?.(data);
-          break;
-        }
-        case "exit":
-          return toExecResult(ev as WireExecResult, stdout, stderr);
-        case "error":
-          throw streamError(ev.error);
-        default:
-      }
-    }
-    throw new PandaStackError(`exec in ${this.id}: the stream ended without an exit event (cut off?)`, "stream_error");
+    return collectExec(this.#http.ndjson("POST", path, { json: body, signal: opts.signal }), opts, `exec in ${this.id}`);
   }
 
   /** Background processes, oldest first: the running ones and the last 64 that ended. */
