@@ -112,3 +112,16 @@ def test_execution_logs(code_sandbox: Sandbox):
     assert ex.logs.stdout == ["out\n"] and ex.logs.stderr == ["err\n"]
     assert "".join(ex.logs.stdout) == ex.stdout
     assert code_sandbox.run_code("1").logs.stdout == []
+
+
+@pytest.mark.anyio
+async def test_async_set_timeout(server):
+    from pandastack import AsyncSandbox
+
+    sb = await AsyncSandbox.create(ttl_seconds=120)
+    try:
+        before = sb.expires_at
+        await sb.set_timeout(3000)
+        assert sb.expires_at > before
+    finally:
+        await sb.kill()

@@ -173,6 +173,10 @@ class AsyncSandbox(SandboxRecord):
         r = await self._client._arequest("PATCH", sandbox_path(self.id), json={"ttl_seconds": int(seconds)})
         self._update(r.json())
 
+    async def set_timeout(self, seconds: int) -> None:
+        """Alias of :meth:`set_ttl`, under the name E2B's SDK uses."""
+        await self.set_ttl(seconds)
+
     async def __aenter__(self) -> "AsyncSandbox":
         return self
 
