@@ -125,3 +125,19 @@ async def test_async_set_timeout(server):
         assert sb.expires_at > before
     finally:
         await sb.kill()
+
+
+@pytest.mark.code_interpreter
+def test_languages(code_sandbox: Sandbox):
+    ex = code_sandbox.run_code("const n: number = await Promise.resolve(6); n * 7", language="typescript")
+    assert ex.error is None and ex.text == "42", ex
+    ctx = code_sandbox.create_code_context(language="javascript")
+    try:
+        ex = ctx.run_code('import { chunk } from "npm:lodash-es@4.17.21"; chunk([1, 2, 3], 2).length', env={"X": "1"})
+        assert ex.error is None and ex.text == "2", ex
+    finally:
+        ctx.close()
+    ex = code_sandbox.run_code('cat(Sys.getenv("GREETING"))', language="r", env={"GREETING": "hi from R"})
+    assert ex.error is None and ex.stdout == "hi from R", ex
+    langs = [c.language for c in code_sandbox.list_code_contexts()]
+    assert "typescript" in langs and "r" in langs and "javascript" not in langs

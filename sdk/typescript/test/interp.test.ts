@@ -105,3 +105,15 @@ test("background commands", async (t) => {
     assert.ok(sb.expiresAt.getTime() > before);
   });
 });
+
+test("javascript, typescript and r", async (t) => {
+  const sb = await codeSandbox(t);
+  if (!sb) return;
+  let ex = await sb.runCode("const s: string = await Promise.resolve('ts'); s.toUpperCase()", { language: "typescript" });
+  assert.equal(ex.error, undefined, String(ex.error));
+  assert.equal(ex.text, '"TS"');
+  const ctx = await sb.createCodeContext({ language: "r" });
+  ex = await ctx.runCode("x <- c(1, 2, 3); cat(sum(x), Sys.getenv('V'))", { env: { V: "env-ok" } });
+  assert.equal(ex.stdout, "6 env-ok");
+  await ctx.close();
+});
