@@ -12,7 +12,7 @@ package agentproto
 // ContextRequest creates a context.
 type ContextRequest struct {
 	ID       string            `json:"id"`       // chosen by the host ("ctx_…")
-	Language string            `json:"language"` // "python" or "bash"
+	Language string            `json:"language"` // "python", "bash", "javascript", "typescript" or "r"
 	Cwd      string            `json:"cwd,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 }

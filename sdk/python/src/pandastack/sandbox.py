@@ -338,7 +338,8 @@ class Sandbox(SandboxRecord):
         between :meth:`CodeContext.run_code` calls.
 
         Args:
-            language: ``"python"`` (IPython) or ``"bash"``.
+            language: ``"python"`` (IPython), ``"bash"``, ``"javascript"``
+                or ``"typescript"`` (Deno), or ``"r"`` (IRkernel).
             cwd: the kernel's working directory (default ``/home/user``).
             env: environment variables of the kernel.
         """
