@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/agent"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -98,3 +99,28 @@ func TestBackgroundProcess(t *testing.T) {
 		st.callError(t, http.MethodPost, "/v1/processes", nil, jsonBody(t, agentproto.ExecRequest{Argv: []string{"no-such-program"}}), http.StatusBadRequest, "command_not_found")
 	})
 }
+
+// TestBackgroundOutputKeepsTheLatest checks that a process writing more
+// than the agent keeps loses its oldest output, and says how much.
+func TestBackgroundOutputKeepsTheLatest(t *testing.T) {
+	cfg := testConfig(t)
+	st := directStack(t, cfg, 1)
+	var p agentproto.Process
+	// 6 MiB of lines, then a marker.
+	st.call(t, http.MethodPost, "/v1/processes", nil, jsonBody(t, agentproto.ExecRequest{Cmd: "yes 0123456789abcdef | head -c 6291456; echo; echo LAST"}), http.StatusOK, &p)
+	var list []agentproto.Process
+	for len(list) == 0 || list[0].Running {
+		time.Sleep(50 * time.Millisecond)
+		st.call(t, http.MethodGet, "/v1/processes", nil, nil, http.StatusOK, &list)
+	}
+	// Read only now: a reader following from the start would get it all.
+	out, exit := st.output(t, p.PID, false)
+	if exit == nil || exit.ExitCode != 0 || !strings.HasSuffix(out, "\nLAST\n") || len(out) > 4<<20 || len(out) < 3<<20 {
+		t.Fatalf("kept %d bytes ending %q, exit %+v", len(out), out[max(0, len(out)-20):], exit)
+	}
+	if len(list) != 1 || list[0].OutputDropped+int64(len(out)) != 6291456+len64("\nLAST\n") {
+		t.Fatalf("dropped %d + kept %d", list[0].OutputDropped, len(out))
+	}
+}
+
+func len64(s string) int64 { return int64(len(s)) }
