@@ -39,23 +39,32 @@ type execSpec struct {
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxExecRequest))
+	req, err := readExecRequest(w, r)
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return pandastack.Errorf(pandastack.ETooLarge, "exec request over %d MiB; upload large input with PUT /v1/files and read it from there", maxExecRequest>>20)
-		}
-		return pandastack.Errorf(pandastack.EInvalid, "reading the exec request: %v", err)
-	}
-	var req agentproto.ExecRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return pandastack.Errorf(pandastack.EInvalid, "exec request is not valid JSON: %v", err)
+		return err
 	}
 	spec, err := s.prepareExec(req)
 	if err != nil {
 		return err
 	}
 	return s.run(w, r, spec, req)
+}
+
+// readExecRequest decodes the body of an exec or a background start.
+func readExecRequest(w http.ResponseWriter, r *http.Request) (agentproto.ExecRequest, error) {
+	var req agentproto.ExecRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxExecRequest))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return req, pandastack.Errorf(pandastack.ETooLarge, "exec request over %d MiB; upload large input with PUT /v1/files and read it from there", maxExecRequest>>20)
+		}
+		return req, pandastack.Errorf(pandastack.EInvalid, "reading the exec request: %v", err)
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return req, pandastack.Errorf(pandastack.EInvalid, "exec request is not valid JSON: %v", err)
+	}
+	return req, nil
 }
 
 // prepareExec checks everything that can be checked before starting, so that

@@ -128,13 +128,9 @@ func (ps *Processes) get(pidText string) (*bgProc, error) {
 
 // startProcess starts a command in the background and answers at once.
 func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxExecRequest))
+	req, err := readExecRequest(w, r)
 	if err != nil {
-		return pandastack.Errorf(pandastack.EInvalid, "reading the request: %v", err)
-	}
-	var req agentproto.ExecRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return pandastack.Errorf(pandastack.EInvalid, "exec request is not valid JSON: %v", err)
+		return err
 	}
 	spec, err := s.prepareExec(req)
 	if err != nil {
