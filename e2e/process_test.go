@@ -103,6 +103,20 @@ func TestBackgroundCommands(t *testing.T) {
 		t.Fatalf("stdin to an ended process: %d %s", status, body)
 	}
 
+	// Another project sees none of it.
+	otherKey := s.newKey("other-processes")
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", base + "/processes", ""},
+		{"GET", out + "/output", ""},
+		{"POST", out + "/stdin", `{"data": "x"}`},
+		{"POST", out + "/kill", ""},
+		{"POST", base + "/exec", `{"cmd": "true", "background": true}`},
+	} {
+		if status, code, _ := api(t, s, otherKey, c.method, c.path, c.body); status != 404 || code != "not_found" {
+			t.Errorf("other project %s %s: %d %s", c.method, c.path, status, code)
+		}
+	}
+
 	// Bad input.
 	for _, c := range []struct {
 		method, path, body string
