@@ -141,3 +141,24 @@ def test_languages(code_sandbox: Sandbox):
     assert ex.error is None and ex.stdout == "hi from R", ex
     langs = [c.language for c in code_sandbox.list_code_contexts()]
     assert "typescript" in langs and "r" in langs and "javascript" not in langs
+
+
+@pytest.mark.anyio
+async def test_async_background_command(server):
+    from pandastack import AsyncCommandHandle, AsyncSandbox
+
+    sb = await AsyncSandbox.create(ttl_seconds=120)
+    try:
+        h = await sb.exec("read x; echo got $x", background=True)
+        assert isinstance(h, AsyncCommandHandle) and h.info.running
+        assert [p.pid for p in await sb.list_processes()] == [h.pid]
+        await h.send_stdin("async\n")
+        seen = [chunk async for chunk in h]
+        assert seen == [("stdout", "got async\n")]
+        res = await h.wait()
+        assert (res.stdout, res.exit_code) == ("got async\n", 0) and not h.info.running
+        h = await sb.exec("sleep 600", background=True)
+        await sb.kill_process(h.pid)
+        assert (await h.wait()).signal == "SIGKILL"
+    finally:
+        await sb.kill()

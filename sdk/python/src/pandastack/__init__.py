@@ -17,7 +17,7 @@ The asyncio API is the same with ``AsyncSandbox`` and ``await``.
 from ._version import __version__
 from .async_sandbox import AsyncCodeContext, AsyncFiles, AsyncSandbox
 from .client import DEFAULT_API_URL, Client
-from .commands import CommandHandle, Commands
+from .commands import AsyncCommandHandle, CommandHandle, Commands
 from .exceptions import (
     APIConnectionError,
     AuthenticationError,
@@ -66,6 +66,7 @@ __all__ = [
     "AsyncCodeContext",
     "AsyncFiles",
     "CommandHandle",
+    "AsyncCommandHandle",
     "Commands",
     # data
     "Execution",

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Mapping, Optional, Tuple, Union
+import inspect
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ._base import ExecStreamParser, parse_line, sandbox_path, stream_failure
 from .models import ExecResult, ProcessInfo
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .async_sandbox import AsyncSandbox
     from .sandbox import Sandbox
 
-__all__ = ["CommandHandle", "Commands"]
+__all__ = ["CommandHandle", "Commands", "AsyncCommandHandle"]
 
 OutputHandler = Callable[[str], Any]
 
@@ -152,3 +154,74 @@ class Commands:
     def connect(self, pid: int) -> CommandHandle:
         """Alias of :meth:`Sandbox.connect_process`."""
         return self._sandbox.connect_process(pid)
+
+
+class AsyncCommandHandle:
+    """The asyncio form of :class:`CommandHandle`, from
+    ``await async_sandbox.exec(cmd, background=True)``: ``async for stream,
+    text in handle``, ``await handle.wait()``, ``send_stdin``, ``kill``."""
+
+    def __init__(self, sandbox: "AsyncSandbox", info: ProcessInfo) -> None:
+        self._sandbox = sandbox
+        self.info = info
+
+    @property
+    def pid(self) -> int:
+        return self.info.pid
+
+    def __repr__(self) -> str:
+        return f"AsyncCommandHandle(pid={self.pid}, cmd={self.info.cmd!r}, sandbox={self._sandbox.id!r})"
+
+    def _path(self, sub: str) -> str:
+        return sandbox_path(self._sandbox.id, f"/processes/{self.pid}{sub}")
+
+    async def _lines(self, timeout: Optional[float]) -> AsyncIterator[str]:
+        client = self._sandbox.client
+        async with client._astream("GET", self._path("/output"), params={"follow": "true"}, timeout=timeout or FOLLOW_READ_TIMEOUT) as resp:
+            async for line in resp.aiter_lines():
+                if line.strip():
+                    yield line
+
+    async def __aiter__(self) -> AsyncIterator[Tuple[str, str]]:
+        async for line in self._lines(None):
+            ev = parse_line(line)
+            kind = ev.get("type")
+            if kind in ("stdout", "stderr"):
+                yield kind, ev.get("data") or ""
+            elif kind == "error":
+                raise stream_failure(ev.get("error"))
+
+    async def wait(
+        self,
+        on_stdout: Optional[OutputHandler] = None,
+        on_stderr: Optional[OutputHandler] = None,
+        timeout: Optional[float] = None,
+    ) -> ExecResult:
+        """See :meth:`CommandHandle.wait`; the callbacks may be coroutines."""
+        parser = ExecStreamParser()
+        handlers = {"on_stdout": on_stdout, "on_stderr": on_stderr}
+        async for line in self._lines(timeout):
+            action = parser.feed(line)
+            fn = handlers.get(action[0]) if action is not None else None
+            if fn is not None:
+                r = fn(action[1])  # type: ignore[index]
+                if inspect.isawaitable(r):
+                    await r
+            if parser.result is not None:
+                break
+        result = parser.finish()
+        await self.refresh()
+        return result
+
+    async def send_stdin(self, data: Union[str, bytes], eof: bool = False) -> None:
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        await self._sandbox.client._arequest("POST", self._path("/stdin"), json={"data": text, "eof": bool(eof)})
+
+    async def kill(self) -> None:
+        await self._sandbox.client._arequest("POST", self._path("/kill"))
+
+    async def refresh(self) -> ProcessInfo:
+        for p in await self._sandbox.list_processes():
+            if p.pid == self.pid:
+                self.info = p
+        return self.info
