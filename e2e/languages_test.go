@@ -47,6 +47,15 @@ JSON.stringify(chunk([1, 2, 3, 4], 2))`, nil)
 		if err != nil || ex.Error == nil || !strings.Contains(ex.Error.Name+ex.Error.Value, "bad") {
 			t.Fatalf("throw: %+v %v", ex.Error, err)
 		}
+		// A timeout interrupts the loop (an interrupt_request: SIGINT would
+		// kill Deno's kernel) and the state survives.
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "while (true) {}", Language: "javascript", TimeoutSeconds: 2})
+		if err != nil || ex.Error == nil || ex.Error.Name != "TimeoutError" || strings.Contains(ex.Error.Value, "restarted") {
+			t.Fatalf("busy loop: %+v %v", ex.Error, err)
+		}
+		if ex := runIn(t, "javascript", "v", nil); ex.Text != "21" {
+			t.Fatalf("v after the timeout = %q", ex.Text)
+		}
 	})
 	t.Run("typescript: types", func(t *testing.T) {
 		ex := runIn(t, "typescript", `interface P { x: number; y: number }

@@ -219,7 +219,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 		opts.EnvCode = jupyter.PythonEnvCode
 	}
 	if lk, ok := otherKernels[req.Language]; ok {
-		opts.EnvCode, opts.Transport = lk.envCode, lk.transport
+		opts.EnvCode, opts.Transport, opts.InterruptByMessage = lk.envCode, lk.transport, lk.byMessage
 	}
 	k, err := jupyter.Start(ctx, opts)
 	if err != nil {
