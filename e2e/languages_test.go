@@ -73,6 +73,10 @@ mean(df$temp)`, nil)
 		if !strings.Contains(ex.Stdout, "Oslo") || !strings.Contains(ex.Stdout, "19.0") || len(ex.Results) != 1 || ex.Results[0].Text != "[1] 11.25" {
 			t.Fatalf("stdout %q results %+v", ex.Stdout, ex.Results)
 		}
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "Sys.sleep(60)", Language: "r", TimeoutSeconds: 2})
+		if err != nil || ex.Error == nil || ex.Error.Name != "TimeoutError" || strings.Contains(ex.Error.Value, "restarted") {
+			t.Fatalf("R timeout: %+v %v", ex.Error, err)
+		}
 		ex = runIn(t, "r", `plot(1:10, (1:10)^2)`, nil)
 		if ex.PNG == "" {
 			t.Fatalf("no PNG from a base plot: %+v", ex.Results)
