@@ -560,9 +560,9 @@ func toResult(data map[string]json.RawMessage, main bool) agentproto.Result {
 		case "application/vnd.plotly.v1+json":
 			res.Plotly = value(raw)
 		case agentproto.ChartMIME:
-			res.Chart = value(raw)
+			res.Chart, _ = value(raw).(map[string]any)
 		case agentproto.TableMIME:
-			res.Data = value(raw)
+			res.Data, _ = value(raw).(map[string]any)
 		default:
 			if res.Extra == nil {
 				res.Extra = make(map[string]any)
