@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -133,4 +134,13 @@ func TestBackgroundCommands(t *testing.T) {
 			t.Errorf("%s %s: %d %s, want %d", c.method, c.path, status, body, c.status)
 		}
 	}
+
+	// A sandbox killed with a background process running leaves nothing.
+	if status, body := rawCall(t, s, "POST", base+"/exec", `{"cmd": "sleep 600 & sleep 600", "background": true}`); status != 200 {
+		t.Fatalf("background exec: %d %s", status, body)
+	}
+	if err := s.client().KillSandbox(context.Background(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.assertGone(t, sb.ID)
 }
