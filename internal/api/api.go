@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/console"
+	"github.com/pandastack/pandastack/internal/history"
 	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
@@ -68,6 +70,8 @@ type Server struct {
 	catalog Catalog
 	log     *slog.Logger
 	mux     *http.ServeMux
+	history *history.Log     // what was run in each sandbox
+	lineage *history.Lineage // where sandboxes came from
 }
 
 // New builds the API server.
@@ -90,7 +94,8 @@ func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catal
 	if cfg.RunOutputCap == 0 {
 		cfg.RunOutputCap = 1 << 20
 	}
-	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux(),
+		history: history.New(history.Limits{}), lineage: history.NewLineage(0)}
 	s.routes()
 	return s
 }
@@ -133,6 +138,13 @@ func (s *Server) routes() {
 	auth("GET /v1/snapshots/{sid}", s.getSnapshot)
 	auth("DELETE /v1/snapshots/{sid}", s.deleteSnapshot)
 	auth("GET /v1/templates", s.listTemplates)
+	auth("GET /v1/sandboxes/{id}/pty", s.pty)
+	auth("GET /v1/sandboxes/{id}/history", s.getHistory)
+	auth("GET /v1/sandboxes/{id}/stats", s.stats)
+	auth("GET /v1/lineage", s.getLineage)
+	auth("GET /v1/api-keys", s.listKeys)
+	auth("POST /v1/api-keys", s.createKey)
+	auth("DELETE /v1/api-keys/{kid}", s.revokeKey)
 }
 
 // Handler returns the API's root handler.
@@ -149,6 +161,10 @@ func (s *Server) Handler() http.Handler {
 			}
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(start).Milliseconds())
 		}()
+		if r.Method == http.MethodGet && console.Serves(r.URL.Path) {
+			console.Handler().ServeHTTP(rec, r)
+			return
+		}
 		if _, pattern := s.mux.Handler(r); pattern == "" {
 			// Unknown path or method: answer in the API's error shape
 			// rather than the mux's plain text.
@@ -214,8 +230,8 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 				return
 			}
 			secret = strings.TrimSpace(tok)
-		} else {
-			secret = r.Header.Get("X-API-Key")
+		} else if secret = r.Header.Get("X-API-Key"); secret == "" {
+			secret = wsKey(r)
 		}
 		if secret == "" {
 			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "missing API key: send \"Authorization: Bearer pds_...\" (serve prints a key on first start and writes it to <data dir>/api-key)"))

@@ -158,7 +158,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 	areq := agentproto.RunRequest{Code: *req.Code, TimeoutMS: timeout.Milliseconds(), Env: req.Env, OutputCap: s.cfg.RunOutputCap}
 	if wantsStream(r) {
 		nd := newNDJSON(w)
-		ex, err := agent.RunCode(r.Context(), cid, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) })
+		ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) })
 		if err != nil {
 			s.logFailure(r, err)
 			if !nd.started {
@@ -172,7 +172,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		nd.send(agentproto.CodeEvent{Type: "execution", Execution: normalize(&ex)})
 		return
 	}
-	ex, err := agent.RunCode(r.Context(), cid, areq, nil)
+	ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, nil)
 	if err != nil {
 		s.logFailure(r, err)
 		writeError(w, err)
