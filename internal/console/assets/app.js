@@ -214,7 +214,7 @@ function notebookPanel(id) {
     src.value = code;
     const out = h("div", { class: "output", "aria-live": "polite", "aria-label": `Output of cell ${n}` });
     const run = h("button", { type: "button", class: "primary", text: "Run", "aria-label": `Run cell ${n}` });
-    const state = h("span", { class: "muted" });
+    const state = h("span", { class: "muted", id: `cell-${n}-state` });
     const go = async () => {
       run.disabled = true;
       out.replaceChildren();
