@@ -17,9 +17,10 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages: debootstrap builds template root filesystems; busybox-static
-# gives the runtime tests a tiny root filesystem; git and curl for the rest.
+# gives the runtime tests a tiny root filesystem; chromium runs the browser
+# tests of the web console (scripts/test-browser.sh); git and curl for the rest.
 missing=()
-for p in debootstrap busybox-static ca-certificates curl git python3 python3-venv; do
+for p in debootstrap busybox-static ca-certificates chromium curl git python3 python3-venv; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then

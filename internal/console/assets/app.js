@@ -212,6 +212,7 @@ function notebookPanel(id) {
     const n = cells.children.length + 1;
     const src = h("textarea", { class: "code", id: `cell-${n}`, "aria-label": `Code of cell ${n}`, spellcheck: "false" });
     src.value = code;
+    src.rows = Math.max(4, code.split("\n").length + 1);
     const out = h("div", { class: "output", "aria-live": "polite", "aria-label": `Output of cell ${n}` });
     const run = h("button", { type: "button", class: "primary", text: "Run", "aria-label": `Run cell ${n}` });
     const state = h("span", { class: "muted", id: `cell-${n}-state` });
