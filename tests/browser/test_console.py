@@ -92,7 +92,11 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.keyboard.type("echo $((6*7))")
     page.keyboard.press("Enter")
     page.wait_for_function("() => /^42\\s*$/m.test(document.getElementById('terminal').textContent)")
-    page.get_by_role("button", name="Disconnect").click()
+    # The keyboard leaves the terminal with Shift+Escape and disconnects.
+    page.keyboard.press("Shift+Escape")
+    expect(page.locator("#terminal-connect")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("#terminal-state")).to_have_text("closed")
 
     # History: the cell and the terminal, newest first.
     page.get_by_role("tab", name="History").click()

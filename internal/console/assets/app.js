@@ -331,9 +331,10 @@ function filesPanel(id) {
 
 function terminalPanel(id) {
   const panel = h("section");
-  const pre = h("pre", { class: "terminal", id: "terminal", tabindex: "0", role: "textbox", "aria-multiline": "true", "aria-label": "Terminal: keys typed here go to the sandbox's shell; Shift+Escape then Tab leaves it" });
+  const pre = h("pre", { class: "terminal", id: "terminal", tabindex: "0", role: "textbox", "aria-multiline": "true", "aria-label": "Terminal: keys typed here go to the sandbox's shell; Shift+Escape leaves it" });
   const state = h("span", { class: "muted", id: "terminal-state", role: "status", text: "not connected" });
   const term = new Terminal(pre, (s) => { state.textContent = s; connect.textContent = term.connected ? "Disconnect" : "Connect"; });
+  pre.addEventListener("leave", () => connect.focus());
   const connect = h("button", { type: "button", id: "terminal-connect", text: "Connect", onclick: () => { if (term.connected) term.close(); else term.connect(id); connect.textContent = term.connected ? "Disconnect" : "Connect"; } });
   panel.append(h("div", { class: "toolbar" }, connect, state, h("span", { class: "muted", text: "An open terminal counts as work in progress: disconnect before a snapshot, fork or pause." })), pre);
   onLeave(() => term.close());

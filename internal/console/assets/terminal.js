@@ -58,7 +58,7 @@ export class Terminal {
 
   close() {
     if (this.observer) this.observer.disconnect();
-    if (this.ws) { const ws = this.ws; this.ws = null; ws.close(); }
+    if (this.ws) { const ws = this.ws; this.ws = null; ws.close(); this.onStatus("closed"); }
   }
 
   get connected() { return !!this.ws; }
@@ -69,7 +69,11 @@ export class Terminal {
 
   key(e) {
     if (e.key === "Tab" && !this.connected) return; // keep Tab for moving focus when idle
-    if (e.key === "Escape" && e.shiftKey) return;   // Shift+Escape leaves the terminal for the keyboard user
+    if (e.key === "Escape" && e.shiftKey) { // Shift+Escape hands focus back to the page
+      e.preventDefault();
+      this.pre.dispatchEvent(new CustomEvent("leave", { bubbles: true }));
+      return;
+    }
     const seq = {
       Enter: "\r", Backspace: "\x7f", Tab: "\t", Escape: "\x1b", ArrowUp: "\x1b[A", ArrowDown: "\x1b[B",
       ArrowRight: "\x1b[C", ArrowLeft: "\x1b[D", Home: "\x1b[H", End: "\x1b[F", Delete: "\x1b[3~",
