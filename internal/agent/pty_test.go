@@ -42,7 +42,9 @@ func dialPTY(t *testing.T, base, query string) (net.Conn, *bufio.Reader) {
 // returns the transcript and the exit status if an exit frame came.
 func readUntil(t *testing.T, conn net.Conn, br *bufio.Reader, want string) (string, *int) {
 	t.Helper()
-	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	// A bound on a hang, not a speed test: a login shell on a loaded machine
+	// can take many seconds to print its prompt.
+	conn.SetReadDeadline(time.Now().Add(2 * time.Minute))
 	var out strings.Builder
 	for {
 		typ, p, err := agentproto.ReadPTYFrame(br)
