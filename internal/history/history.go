@@ -55,6 +55,7 @@ type Limits struct {
 	EntriesPerSandbox int // 100
 	OutputBytes       int // kept per stream of an entry, and of a cell's source; 64 KiB
 	Sandboxes         int // the least recently used beyond this are forgotten; 1000
+	TotalBytes        int // text kept in all; beyond it the least recently used sandboxes go first; 64 MiB
 }
 
 // Log is the history of every sandbox. It is safe for concurrent use.
@@ -62,16 +63,33 @@ type Log struct {
 	lim Limits
 	now func() time.Time
 
-	mu   sync.Mutex
-	seq  int64
-	tick int64
-	sbx  map[string]*sandboxLog
+	mu    sync.Mutex
+	seq   int64
+	tick  int64
+	total int // bytes of text held
+	sbx   map[string]*sandboxLog
 }
 
 type sandboxLog struct {
 	project string
-	entries []*Entry // oldest first
-	used    int64    // tick of the last write, for LRU
+	entries []*item // oldest first
+	used    int64   // tick of the last write, for LRU
+	bytes   int
+}
+
+// item is an entry and the bytes it is counted for.
+type item struct {
+	e    Entry
+	size int
+	gone bool // dropped from the log: no longer counted
+}
+
+func (e *Entry) size() int {
+	n := len(e.Command) + len(e.Code) + len(e.Stdout) + len(e.Stderr) + len(e.Text) + len(e.Failure)
+	if e.Error != nil {
+		n += len(e.Error.Name) + len(e.Error.Value) + len(e.Error.Traceback)
+	}
+	return n
 }
 
 // New returns an empty log.
@@ -85,12 +103,17 @@ func New(lim Limits) *Log {
 	if lim.Sandboxes <= 0 {
 		lim.Sandboxes = 1000
 	}
+	if lim.TotalBytes <= 0 {
+		lim.TotalBytes = 64 << 20
+	}
 	return &Log{lim: lim, now: time.Now, sbx: map[string]*sandboxLog{}}
 }
 
 // Record is an entry being written.
 type Record struct {
 	l     *Log
+	s     *sandboxLog
+	it    *item
 	e     *Entry
 	start time.Time
 }
@@ -111,29 +134,63 @@ func (l *Log) Begin(projectID, sandboxID string, e Entry) *Record {
 	e.Command, _ = l.cut(e.Command)
 	s := l.sbx[sandboxID]
 	if s == nil || s.project != projectID {
-		s = &sandboxLog{project: projectID, used: l.tick}
+		if s != nil {
+			for _, it := range s.entries {
+				it.gone = true
+			}
+			l.total -= s.bytes
+		}
+		s = &sandboxLog{project: projectID}
 		l.sbx[sandboxID] = s
-		l.evict()
 	}
 	s.used = l.tick
-	s.entries = append(s.entries, &e)
-	if n := len(s.entries) - l.lim.EntriesPerSandbox; n > 0 {
-		s.entries = slices.Delete(s.entries, 0, n)
+	it := &item{e: e}
+	s.entries = append(s.entries, it)
+	l.grow(s, it, e.size())
+	for len(s.entries) > l.lim.EntriesPerSandbox {
+		l.dropOldest(s)
 	}
-	return &Record{l: l, e: &e, start: start}
+	l.shrink(s)
+	return &Record{l: l, s: s, it: it, e: &it.e, start: start}
 }
 
-// evict forgets the least recently written sandbox while there are too
-// many. l.mu is held.
-func (l *Log) evict() {
-	for len(l.sbx) > l.lim.Sandboxes {
+// grow counts n more bytes for the item. l.mu is held.
+func (l *Log) grow(s *sandboxLog, it *item, n int) {
+	it.size += n
+	s.bytes += n
+	l.total += n
+}
+
+func (l *Log) dropOldest(s *sandboxLog) {
+	s.entries[0].gone = true
+	s.bytes -= s.entries[0].size
+	l.total -= s.entries[0].size
+	s.entries = slices.Delete(s.entries, 0, 1)
+}
+
+// shrink forgets the least recently written sandboxes (never keep) while
+// there are too many or they hold too much text; if keep alone holds too
+// much, its oldest entries go, all but the newest. l.mu is held.
+func (l *Log) shrink(keep *sandboxLog) {
+	for len(l.sbx) > l.lim.Sandboxes || l.total > l.lim.TotalBytes {
 		var oldest string
 		var min int64 = -1
 		for id, s := range l.sbx {
-			if min < 0 || s.used < min {
+			if s != keep && (min < 0 || s.used < min) {
 				oldest, min = id, s.used
 			}
 		}
+		if oldest == "" {
+			if len(keep.entries) <= 1 {
+				return
+			}
+			l.dropOldest(keep)
+			continue
+		}
+		for _, it := range l.sbx[oldest].entries {
+			it.gone = true
+		}
+		l.total -= l.sbx[oldest].bytes
 		delete(l.sbx, oldest)
 	}
 }
@@ -160,6 +217,17 @@ func (r *Record) append(dst *string, p []byte) {
 		p = p[:max(room, 0)]
 	}
 	*dst += string(p)
+	r.recount()
+}
+
+// recount brings the entry's byte count up to date and keeps the log
+// within its budget. r.l.mu is held.
+func (r *Record) recount() {
+	if r.it.gone {
+		return
+	}
+	r.l.grow(r.s, r.it, r.e.size()-r.it.size)
+	r.l.shrink(r.s)
 }
 
 // End marks the entry finished and lets set fill in its outcome.
@@ -183,6 +251,7 @@ func (r *Record) End(set func(e *Entry)) {
 	if r.e.Error != nil {
 		r.e.Error.Traceback, _ = r.l.cut(r.e.Error.Traceback)
 	}
+	r.recount()
 }
 
 // List returns the history of the project's sandbox, newest first, and
@@ -198,7 +267,7 @@ func (l *Log) List(projectID, sandboxID string) ([]Entry, bool) {
 	}
 	now := l.now()
 	for i := len(s.entries) - 1; i >= 0; i-- {
-		e := *s.entries[i]
+		e := s.entries[i].e
 		e.Results = slices.Clone(e.Results)
 		if e.Error != nil {
 			ce := *e.Error

@@ -98,3 +98,31 @@ func list(l *Log, id string) []Entry {
 	out, _ := l.List("p", id)
 	return out
 }
+
+func TestTotalBytesBudget(t *testing.T) {
+	l := New(Limits{TotalBytes: 100, OutputBytes: 1000})
+	for _, id := range []string{"a", "b", "c"} {
+		r := l.Begin("p", id, Entry{Kind: KindExec, Command: "x"})
+		r.Stdout([]byte(strings.Repeat("o", 40)))
+		r.End(nil)
+	}
+	// 3 × 41 bytes is over 100: the least recently written sandbox went.
+	if len(list(l, "a")) != 0 || len(list(l, "b")) != 1 || len(list(l, "c")) != 1 {
+		t.Errorf("a=%d b=%d c=%d entries, want 0 1 1", len(list(l, "a")), len(list(l, "b")), len(list(l, "c")))
+	}
+	if l.total != 82 {
+		t.Errorf("total %d bytes, want 82", l.total)
+	}
+	// One sandbox alone over budget keeps its newest entry.
+	for range 3 {
+		r := l.Begin("p", "c", Entry{Kind: KindExec, Command: "y"})
+		r.Stdout([]byte(strings.Repeat("o", 60)))
+		r.End(nil)
+	}
+	if got := list(l, "c"); len(got) != 1 || got[0].Command != "y" || len(list(l, "b")) != 0 {
+		t.Errorf("c = %+v, b = %d entries; want c's newest entry alone", got, len(list(l, "b")))
+	}
+	if l.total != 61 {
+		t.Errorf("total %d bytes, want 61", l.total)
+	}
+}
