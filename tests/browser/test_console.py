@@ -137,8 +137,18 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.get_by_role("button", name=f"Revoke {key_row.get_attribute('data-id')}").click()
     expect(key_row).to_contain_text("revoked")
 
-    # Kill from the table: the row goes; its page says killed.
+    # Pause, resume and extend from the table.
     page.get_by_role("link", name="Sandboxes").click()
+    fork_row = page.locator(f'tr[data-id="{fork_id}"]')
+    page.get_by_role("button", name=f"Pause {fork_id}").click()
+    expect(fork_row.locator(".state")).to_have_text("paused")
+    page.get_by_role("button", name=f"Resume {fork_id}").click()
+    expect(fork_row.locator(".state")).to_have_text("running")
+    page.get_by_role("button", name=f"Extend by 10 minutes {fork_id}").click()
+    expect(page.locator("#status")).to_contain_text(f"Extended {fork_id}")
+    expect(fork_row.locator("td").nth(6)).to_contain_text(re.compile(r"^1[45] min"))  # 5 min of default TTL + 10
+
+    # Kill from the table: the row goes; its page says killed.
     page.get_by_role("button", name=f"Kill {fork_id}").click()
     page.get_by_role("button", name=f"Kill {sid}").click()
     expect(page.locator(f'tr[data-id="{sid}"]')).to_have_count(0)
