@@ -93,7 +93,7 @@ class DemoModel(Model):
         "print(f'{len(df)} rows, {len(df.columns)} columns: {\", \".join(df.columns)}')\n"
         "df.head(10)",
         "numeric = df.select_dtypes('number')\n"
-        "print(numeric.describe().round(2).to_string())\n"
+        "print(f'{len(numeric.columns)} numeric columns')\n"
         "numeric.describe().round(2)",
         "import matplotlib.pyplot as plt\n"
         "cols = list(numeric.columns)[:4]\n"
