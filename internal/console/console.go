@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"net/http"
 	"strings"
+	"sync"
 )
 
 //go:embed assets
@@ -26,8 +27,10 @@ func Serves(path string) bool {
 const csp = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; " +
 	"connect-src 'self'; frame-src 'self' data: blob:; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-// Handler serves the console.
-func Handler() http.Handler {
+// Handler serves the console; it is built once.
+var Handler = sync.OnceValue(newHandler)
+
+func newHandler() http.Handler {
 	sub, err := fs.Sub(assets, "assets")
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
