@@ -3,6 +3,7 @@
  * pause/resume, kill.
  */
 
+import { Terminal, type TerminalOptions } from "./terminal.js";
 import {
   CodeContext,
   type CreateCodeContextOptions,
@@ -295,6 +296,15 @@ export class Sandbox implements SandboxInfo {
   /** Makes the sandbox expire `seconds` from now (not from its creation). */
   async setTtl(seconds: number): Promise<void> {
     this.#update(await this.#http.json<WireSandbox>("PATCH", this.#path(), { json: { ttl_seconds: seconds } }));
+  }
+
+  /**
+   * Opens an interactive shell on a real terminal in the sandbox (see
+   * `Terminal`). Needs a WebSocket: the global one, or `opts.WebSocket`
+   * (e.g. the `ws` package's on Node 20).
+   */
+  terminal(opts: TerminalOptions = {}): Promise<Terminal> {
+    return Terminal.open(this.#http.apiUrl, this.#http.apiKey, this.id, opts);
   }
 
   /** Stops the sandbox and deletes it; a later `connect` is a `NotFoundError`. */
