@@ -138,15 +138,21 @@ func ParseManifest(b []byte, what string) (Manifest, error) {
 	return man, nil
 }
 
-// Verify reads the manifest of an image directory and checks every file
-// against it. Any mismatch is an ESnapshotCorrupt naming the file; what
-// names the image in errors.
-func Verify(dir, what string) (Manifest, error) {
+// ReadManifest reads and parses the manifest of an image directory
+// without checking its files (Verify does).
+func ReadManifest(dir, what string) (Manifest, error) {
 	b, err := os.ReadFile(filepath.Join(dir, ManifestName))
 	if err != nil {
 		return Manifest{}, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its manifest is missing or unreadable; delete it and take a new one", what)
 	}
-	man, err := ParseManifest(b, what)
+	return ParseManifest(b, what)
+}
+
+// Verify reads the manifest of an image directory and checks every file
+// against it. Any mismatch is an ESnapshotCorrupt naming the file; what
+// names the image in errors.
+func Verify(dir, what string) (Manifest, error) {
+	man, err := ReadManifest(dir, what)
 	if err != nil {
 		return man, err
 	}

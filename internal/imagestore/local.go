@@ -23,13 +23,8 @@ type Local struct {
 
 var _ pandastack.ImageStore = (*Local)(nil)
 
-// NewLocal returns the store on root, making it if needed.
-func NewLocal(root string) (*Local, error) {
-	if err := os.MkdirAll(root, 0o700); err != nil {
-		return nil, StorageError(err)
-	}
-	return &Local{root: root}, nil
-}
+// NewLocal returns the store on root; the first Put makes root if needed.
+func NewLocal(root string) *Local { return &Local{root: root} }
 
 // Root is the store's directory; a staging directory beside it makes Put a
 // rename.
@@ -44,6 +39,10 @@ func (l *Local) Put(ctx context.Context, id, dir string) (int64, error) {
 	if err != nil {
 		os.RemoveAll(dir)
 		return 0, err
+	}
+	if err := os.MkdirAll(l.root, 0o700); err != nil {
+		os.RemoveAll(dir)
+		return 0, StorageError(err)
 	}
 	final := filepath.Join(l.root, id)
 	if _, err := os.Lstat(final); err == nil {

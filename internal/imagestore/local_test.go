@@ -25,11 +25,7 @@ func TestLocal(t *testing.T) {
 	}
 	imagestoretest.Run(t, imagestoretest.Harness{
 		New: func(t *testing.T) pandastack.ImageStore {
-			s, err := imagestore.NewLocal(root(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			return s
+			return imagestore.NewLocal(root(t))
 		},
 		Corrupt: func(t *testing.T, id, name string, data []byte) {
 			p := filepath.Join(root(t), id, imagestore.FilesDir, name)
