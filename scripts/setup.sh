@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
 RUNSC_VERSION=$(sed -n 's/^const RunscVersion = "\(.*\)"$/\1/p' internal/paths/paths.go)
+VERSITYGW_VERSION=$(sed -n 's/^const VersityGWVersion = "\(.*\)"$/\1/p' internal/testutil/s3.go)
 GO_WANT=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -70,6 +71,19 @@ if [ ! -x "$RUNSC" ]; then
   rmdir "$tmpbin"
 fi
 
+# versitygw (Apache-2.0), an S3-compatible server the tests of the S3
+# snapshot store run on loopback; built from the Go module proxy at the
+# pinned version, once. Only the tests use it.
+VERSITYGW="$CACHE/versitygw/$VERSITYGW_VERSION/versitygw"
+if [ ! -x "$VERSITYGW" ]; then
+  step "building versitygw $VERSITYGW_VERSION for the tests (a few minutes, once; cached in $(dirname "$VERSITYGW"))"
+  mkdir -p "$(dirname "$VERSITYGW")"
+  tmpbin=$(mktemp -d)
+  GOBIN="$tmpbin" CGO_ENABLED=0 go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
+  mv "$tmpbin/versitygw" "$VERSITYGW"
+  rmdir "$tmpbin"
+fi
+
 step "building bin/pandastack and bin/pandastack-agent"
 VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
 CGO_ENABLED=0 go build -ldflags "-X main.version=$VERSION" -o bin/ ./cmd/pandastack ./cmd/pandastack-agent
@@ -78,4 +92,4 @@ step "templates base and code-interpreter (debootstrap, apt, pip; cached by thei
 PANDASTACK_CACHE_DIR="$CACHE" bin/pandastack template build base >/dev/null
 PANDASTACK_CACHE_DIR="$CACHE" bin/pandastack template build code-interpreter >/dev/null
 
-echo "setup done: runsc $RUNSC_VERSION, $(go version | cut -d' ' -f3), binaries in bin/" >&2
+echo "setup done: runsc $RUNSC_VERSION, versitygw $VERSITYGW_VERSION, $(go version | cut -d' ' -f3), binaries in bin/" >&2

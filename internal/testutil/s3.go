@@ -131,7 +131,9 @@ func (s *S3Server) Stop() error {
 		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
 		select {
 		case <-s.done:
-		case <-time.After(10 * time.Second):
+		// It waits for idle keep-alive connections of clients that are
+		// gone; nothing of a throwaway server needs that.
+		case <-time.After(2 * time.Second):
 			syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 			<-s.done
 		}
