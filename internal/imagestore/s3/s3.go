@@ -45,6 +45,8 @@ type Config struct {
 	CacheMaxBytes int64  // evict least recently used images past this; 0: no limit
 	PartSize      int64  // files larger than this upload in parts of this size; 0: 64 MiB
 	Parallel      int    // objects or parts in flight at once; 0: 4
+
+	HTTPClient *http.Client // nil: a client of its own
 }
 
 // DefaultPartSize is the multipart threshold and part size.
@@ -96,12 +98,15 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
 	client := awss3.New(awss3.Options{
 		Region:       cfg.Region,
 		BaseEndpoint: aws.String(cfg.Endpoint),
 		UsePathStyle: true,
 		Credentials:  credentials.NewStaticCredentialsProvider(cfg.AccessKey, cfg.SecretKey, ""),
-		HTTPClient:   &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()},
+		HTTPClient:   cfg.HTTPClient,
 		// Our own CRC-32C per file guards the bytes end to end; the SDK's
 		// optional checksums are not needed and not every server has them.
 		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,

@@ -1,8 +1,13 @@
 package s3_test
 
 import (
+	"crypto/rand"
+	"errors"
+	"io/fs"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -108,6 +113,69 @@ func TestS3(t *testing.T) {
 		}
 	})
 
+	// A file over the part size goes up in parts; the rest in one request.
+	t.Run("Multipart", func(t *testing.T) {
+		rec := &recorder{next: http.DefaultTransport}
+		s, err := s3.New(t.Context(), s3.Config{
+			Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+			CacheDir: t.TempDir(), PartSize: partSize, HTTPClient: &http.Client{Transport: rec},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := make([]byte, 2*partSize+1)
+		rand.Read(big)
+		root := t.TempDir()
+		tmp := filepath.Join(root, "tmp")
+		os.MkdirAll(filepath.Join(tmp, imagestore.FilesDir), 0o700)
+		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "pages"), big, 0o600)
+		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "small"), []byte("s"), 0o600)
+		imagestore.Seal(tmp, filepath.Join(root, "img"), imagestore.Manifest{})
+		if _, err := s.Put(t.Context(), "snap_big", filepath.Join(root, "img")); err != nil {
+			t.Fatal(err)
+		}
+		parts, completes, plain := rec.count()
+		if parts != 3 || completes != 1 || plain != 2 {
+			t.Errorf("uploads: %d parts, %d completes, %d single PUTs; want 3, 1 and 2 (small + manifest)", parts, completes, plain)
+		}
+	})
+
+	// An upload that breaks part way leaves no object and no image.
+	t.Run("FailedUploadLeavesNothing", func(t *testing.T) {
+		bucket := srv.NewBucket(t)
+		rec := &recorder{next: http.DefaultTransport, failPart: 2}
+		s, err := s3.New(t.Context(), s3.Config{
+			Endpoint: srv.Endpoint, Bucket: bucket, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+			CacheDir: t.TempDir(), PartSize: partSize, HTTPClient: &http.Client{Transport: rec},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := make([]byte, 2*partSize+1)
+		root := t.TempDir()
+		tmp := filepath.Join(root, "tmp")
+		os.MkdirAll(filepath.Join(tmp, imagestore.FilesDir), 0o700)
+		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "pages"), big, 0o600)
+		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "small"), []byte("s"), 0o600)
+		imagestore.Seal(tmp, filepath.Join(root, "img"), imagestore.Manifest{})
+		if _, err := s.Put(t.Context(), "snap_broken", filepath.Join(root, "img")); err == nil {
+			t.Fatal("Put succeeded through a failing connection")
+		}
+		_, err = newStore(t, srv, bucket, t.TempDir()).Open(t.Context(), "snap_broken")
+		if !pandastack.IsCode(err, pandastack.ENotFound) {
+			t.Errorf("Open after a failed Put: %v, want not_found", err)
+		}
+		filepath.WalkDir(filepath.Join(srv.Root, bucket), func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				t.Errorf("object left after a failed upload: %s", p)
+			}
+			return nil
+		})
+		if ents, _ := os.ReadDir(s.CacheRoot()); len(ents) != 0 {
+			t.Errorf("the cache holds %d entries after a failed upload", len(ents))
+		}
+	})
+
 	t.Run("WrongCredentials", func(t *testing.T) {
 		_, err := s3.New(t.Context(), s3.Config{Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: "nobody", SecretKey: "wrong", CacheDir: t.TempDir()})
 		if err == nil {
@@ -120,6 +188,38 @@ func TestS3(t *testing.T) {
 			t.Fatalf("New on a missing bucket: %v", err)
 		}
 	})
+}
+
+// recorder counts the upload requests that pass through it.
+type recorder struct {
+	next                     http.RoundTripper
+	failPart                 int // refuse to send this part number
+	mu                       sync.Mutex
+	parts, completes, plains int
+}
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	q := req.URL.Query()
+	if r.failPart > 0 && q.Get("partNumber") == strconv.Itoa(r.failPart) {
+		return nil, errors.New("connection reset (injected)")
+	}
+	r.mu.Lock()
+	switch {
+	case req.Method == http.MethodPut && q.Has("partNumber"):
+		r.parts++
+	case req.Method == http.MethodPost && q.Has("uploadId"):
+		r.completes++
+	case req.Method == http.MethodPut:
+		r.plains++
+	}
+	r.mu.Unlock()
+	return r.next.RoundTrip(req)
+}
+
+func (r *recorder) count() (int, int, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.parts, r.completes, r.plains
 }
 
 func putSample(t *testing.T, s *s3.Store) string {
