@@ -226,14 +226,27 @@ func testBadInput(t *testing.T, h Harness) {
 	if _, serr := os.Stat(dir); !errors.Is(serr, fs.ErrNotExist) {
 		t.Errorf("a refused Put left its input directory")
 	}
-	// An image altered after sealing is refused before it is stored.
+	// An image altered after sealing is refused by Put (ESnapshotCorrupt),
+	// or stored and then refused by every Open: it never restores.
 	dir = sealed(t, sample())
 	os.WriteFile(filepath.Join(dir, imagestore.FilesDir, "checkpoint.img"), []byte("changed"), 0o600)
 	id := newID()
 	_, err = s.Put(t.Context(), id, dir)
-	wantCode(t, "Put of an image that fails its manifest", err, pandastack.ESnapshotCorrupt)
-	_, err = h.New(t).Open(t.Context(), id)
-	wantCode(t, "Open of a refused image", err, pandastack.ENotFound)
+	_, oerr := h.New(t).Open(t.Context(), id)
+	if err != nil {
+		wantCode(t, "Put of an image that fails its manifest", err, pandastack.ESnapshotCorrupt)
+		wantCode(t, "Open of a refused image", oerr, pandastack.ENotFound)
+	} else {
+		wantCode(t, "Open of an image stored damaged", oerr, pandastack.ESnapshotCorrupt)
+	}
+	// A directory without a manifest is no image.
+	dir = t.TempDir()
+	os.MkdirAll(filepath.Join(dir, imagestore.FilesDir), 0o700)
+	_, err = s.Put(t.Context(), newID(), dir)
+	wantCode(t, "Put of a directory without a manifest", err, pandastack.ESnapshotCorrupt)
+	if _, serr := os.Stat(dir); !errors.Is(serr, fs.ErrNotExist) {
+		t.Errorf("a refused Put left its input directory")
+	}
 }
 
 func testDelete(t *testing.T, h Harness) {
