@@ -91,8 +91,11 @@ func TestSnapshotStoreS3(t *testing.T) {
 	if stored != snap.SizeBytes {
 		t.Errorf("the bucket holds %d bytes of the image, the snapshot says %d", stored, snap.SizeBytes)
 	}
-	if _, err := os.Stat(filepath.Join(a.dataDir, "snapshots", snap.ID)); err == nil {
-		t.Errorf("with an s3 store the image is also in A's local snapshot dir")
+	// Nothing is left in A's local snapshot dir: the image went to the
+	// bucket and into A's cache.
+	emptyDir(t, filepath.Join(a.dataDir, "snapshots"))
+	if _, err := os.Stat(filepath.Join(a.dataDir, "snapshot-cache", snap.ID, "manifest.json")); err != nil {
+		t.Errorf("A's cache has no copy of the image it uploaded: %v", err)
 	}
 
 	t.Logf("snapshot %s: %d bytes in the bucket", snap.ID, stored)
@@ -156,6 +159,7 @@ func TestSnapshotStoreS3(t *testing.T) {
 	if after := len(b.runscList()); after != before {
 		t.Errorf("a refused restore left containers on B: %d → %d", before, after)
 	}
+	emptyDir(t, filepath.Join(b.dataDir, "snapshots"))
 	ents, _ := os.ReadDir(filepath.Join(b.dataDir, "snapshot-cache"))
 	for _, e := range ents {
 		if e.Name() != snap.ID {
@@ -242,5 +246,16 @@ func replaceAltered(t *testing.T, p string) {
 	}
 	if err := os.Rename(p+".new", p); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func emptyDir(t *testing.T, dir string) {
+	t.Helper()
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("%s holds %v, want nothing", dir, names)
 	}
 }

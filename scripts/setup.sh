@@ -59,30 +59,29 @@ if ! go_ok; then
 fi
 export GOTOOLCHAIN=local
 
-# gVisor's runsc, built from the Go module proxy at the pinned version
-# (Debian's runsc package is years old). About 3 minutes, once.
-RUNSC="$CACHE/runsc/$RUNSC_VERSION/runsc"
-if [ ! -x "$RUNSC" ]; then
-  step "building gVisor runsc $RUNSC_VERSION (about 3 minutes, once; cached in $(dirname "$RUNSC"))"
-  mkdir -p "$(dirname "$RUNSC")"
+# go_install_cached PKG@VERSION DEST WHAT: builds a Go program from the Go
+# module proxy into DEST (in the cache), once.
+go_install_cached() {
+  local dest=$2
+  [ -x "$dest" ] && return 0
+  step "building $3 (once; cached in $(dirname "$dest"))"
+  mkdir -p "$(dirname "$dest")"
+  local tmpbin
   tmpbin=$(mktemp -d)
-  GOBIN="$tmpbin" CGO_ENABLED=0 go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
-  mv "$tmpbin/runsc" "$RUNSC"
+  GOBIN="$tmpbin" CGO_ENABLED=0 go install "$1"
+  mv "$tmpbin/$(basename "${1%@*}")" "$dest"
   rmdir "$tmpbin"
-fi
+}
+
+# gVisor's runsc at the pinned version (Debian's runsc package is years
+# old). About 3 minutes.
+RUNSC="$CACHE/runsc/$RUNSC_VERSION/runsc"
+go_install_cached "gvisor.dev/gvisor/runsc@$RUNSC_VERSION" "$RUNSC" "gVisor runsc $RUNSC_VERSION (about 3 minutes)"
 
 # versitygw (Apache-2.0), an S3-compatible server the tests of the S3
-# snapshot store run on loopback; built from the Go module proxy at the
-# pinned version, once. Only the tests use it.
-VERSITYGW="$CACHE/versitygw/$VERSITYGW_VERSION/versitygw"
-if [ ! -x "$VERSITYGW" ]; then
-  step "building versitygw $VERSITYGW_VERSION for the tests (a few minutes, once; cached in $(dirname "$VERSITYGW"))"
-  mkdir -p "$(dirname "$VERSITYGW")"
-  tmpbin=$(mktemp -d)
-  GOBIN="$tmpbin" CGO_ENABLED=0 go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
-  mv "$tmpbin/versitygw" "$VERSITYGW"
-  rmdir "$tmpbin"
-fi
+# snapshot store run on loopback. Only the tests use it.
+go_install_cached "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" \
+  "$CACHE/versitygw/$VERSITYGW_VERSION/versitygw" "versitygw $VERSITYGW_VERSION for the tests (a few minutes)"
 
 step "building bin/pandastack and bin/pandastack-agent"
 VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)

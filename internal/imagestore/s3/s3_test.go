@@ -123,15 +123,7 @@ func TestS3(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		big := make([]byte, 2*partSize+1)
-		rand.Read(big)
-		root := t.TempDir()
-		tmp := filepath.Join(root, "tmp")
-		os.MkdirAll(filepath.Join(tmp, imagestore.FilesDir), 0o700)
-		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "pages"), big, 0o600)
-		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "small"), []byte("s"), 0o600)
-		imagestore.Seal(tmp, filepath.Join(root, "img"), imagestore.Manifest{})
-		if _, err := s.Put(t.Context(), "snap_big", filepath.Join(root, "img")); err != nil {
+		if _, err := s.Put(t.Context(), "snap_big", bigImage(t)); err != nil {
 			t.Fatal(err)
 		}
 		parts, completes, plain := rec.count()
@@ -151,14 +143,7 @@ func TestS3(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		big := make([]byte, 2*partSize+1)
-		root := t.TempDir()
-		tmp := filepath.Join(root, "tmp")
-		os.MkdirAll(filepath.Join(tmp, imagestore.FilesDir), 0o700)
-		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "pages"), big, 0o600)
-		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "small"), []byte("s"), 0o600)
-		imagestore.Seal(tmp, filepath.Join(root, "img"), imagestore.Manifest{})
-		if _, err := s.Put(t.Context(), "snap_broken", filepath.Join(root, "img")); err == nil {
+		if _, err := s.Put(t.Context(), "snap_broken", bigImage(t)); err == nil {
 			t.Fatal("Put succeeded through a failing connection")
 		}
 		_, err = newStore(t, srv, bucket, t.TempDir()).Open(t.Context(), "snap_broken")
@@ -222,17 +207,34 @@ func (r *recorder) count() (int, int, int) {
 	return r.parts, r.completes, r.plains
 }
 
-func putSample(t *testing.T, s *s3.Store) string {
+// sealFiles makes a sealed image of files and returns its directory.
+func sealFiles(t *testing.T, files map[string][]byte) string {
 	t.Helper()
 	root := t.TempDir()
 	tmp := filepath.Join(root, "tmp")
-	os.MkdirAll(filepath.Join(tmp, imagestore.FilesDir), 0o700)
-	os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "f"), []byte("data"), 0o600)
+	for name, data := range files {
+		os.MkdirAll(filepath.Join(tmp, imagestore.FilesDir), 0o700)
+		if err := os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if _, err := imagestore.Seal(tmp, filepath.Join(root, "img"), imagestore.Manifest{Template: "base"}); err != nil {
 		t.Fatal(err)
 	}
+	return filepath.Join(root, "img")
+}
+
+// bigImage holds a file of three parts and a small one.
+func bigImage(t *testing.T) string {
+	big := make([]byte, 2*partSize+1)
+	rand.Read(big)
+	return sealFiles(t, map[string][]byte{"pages": big, "small": []byte("s")})
+}
+
+func putSample(t *testing.T, s *s3.Store) string {
+	t.Helper()
 	id := pandastack.NewID("snap")
-	if _, err := s.Put(t.Context(), id, filepath.Join(root, "img")); err != nil {
+	if _, err := s.Put(t.Context(), id, sealFiles(t, map[string][]byte{"f": []byte("data")})); err != nil {
 		t.Fatal(err)
 	}
 	return id
