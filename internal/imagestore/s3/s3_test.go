@@ -54,7 +54,7 @@ func harness(t *testing.T, srv *testutil.S3Server) imagestoretest.Harness {
 	}
 }
 
-func newStore(t *testing.T, srv *testutil.S3Server, bucket, cache string) *s3.Store {
+func newStore(t testing.TB, srv *testutil.S3Server, bucket, cache string) *s3.Store {
 	t.Helper()
 	s, err := s3.New(t.Context(), s3.Config{
 		Endpoint: srv.Endpoint, Bucket: bucket, Prefix: "/snapshots/", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
@@ -208,7 +208,7 @@ func (r *recorder) count() (int, int, int) {
 }
 
 // sealFiles makes a sealed image of files and returns its directory.
-func sealFiles(t *testing.T, files map[string][]byte) string {
+func sealFiles(t testing.TB, files map[string][]byte) string {
 	t.Helper()
 	root := t.TempDir()
 	tmp := filepath.Join(root, "tmp")
