@@ -191,6 +191,23 @@ func TestSnapshotStoreS3(t *testing.T) {
 		}
 		t.Errorf("objects left in the bucket after both deletes: %v", names)
 	}
+
+	// With the object storage gone a snapshot fails, leaves no record and
+	// no files, and the sandbox runs on.
+	if err := s3.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	status, code, msg = api(t, a, a.key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", "")
+	if status != 500 || code != "internal" {
+		t.Errorf("snapshot with the object storage down: %d %s %s", status, code, msg)
+	}
+	if list, _, err := ca.ListSnapshots(ctx, nil); err != nil || len(list) != 0 {
+		t.Errorf("snapshots after a failed upload: %v %v", list, err)
+	}
+	emptyDir(t, filepath.Join(a.dataDir, "snapshots"))
+	if ex, err := ca.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"}); err != nil || ex.Text != "41" {
+		t.Errorf("the sandbox after a failed snapshot: %+v %v", ex, err)
+	}
 }
 
 func contains(list []string, s string) bool {
