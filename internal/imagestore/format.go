@@ -158,7 +158,8 @@ func Verify(dir, what string) (Manifest, error) {
 	}
 	sums, _, err := Checksum(filepath.Join(dir, FilesDir))
 	if err != nil {
-		return man, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: cannot read its files: %v", what, err)
+		// The message names no host path; the log has the details.
+		return man, fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are missing or unreadable; delete it and take a new one", what), err)
 	}
 	for name, want := range man.Files {
 		got, ok := sums[name]
