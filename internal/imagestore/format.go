@@ -218,7 +218,8 @@ func StorageError(err error) error {
 		return err
 	}
 	if errors.Is(err, syscall.ENOSPC) || strings.Contains(err.Error(), "no space left on device") {
-		return pandastack.Errorf(pandastack.EStorage, "the server's disk is full; the partial image was removed (%v)", err)
+		// The message names no host path; the log has the details.
+		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EStorage, "the server's disk is full; the partial image was removed"), err)
 	}
 	return err
 }

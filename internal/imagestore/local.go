@@ -63,7 +63,7 @@ func (l *Local) Open(ctx context.Context, id string) (pandastack.OpenImage, erro
 	}
 	dir := filepath.Join(l.root, id)
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		return nil, pandastack.Errorf(pandastack.ENotFound, "the files of snapshot %s are not in %s", id, l.root)
+		return nil, pandastack.Errorf(pandastack.ENotFound, "no image %s", id)
 	}
 	if _, err := Verify(dir, "snapshot "+id); err != nil {
 		return nil, err

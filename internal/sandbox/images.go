@@ -32,7 +32,7 @@ func (m *Manager) openSnapshot(ctx context.Context, id string) (manifest, pandas
 	img, err := m.cfg.Images.Open(ctx, id)
 	if pandastack.IsCode(err, pandastack.ENotFound) {
 		// The record exists (the caller found it): its files do not.
-		return manifest{}, nil, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are gone from the snapshot store (%s); delete it and take a new one", what, pandastack.ErrorMessage(err))
+		return manifest{}, nil, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are gone from the snapshot store; delete it and take a new one", what)
 	}
 	if err != nil {
 		return manifest{}, nil, err

@@ -147,7 +147,7 @@ func (s *Store) Put(ctx context.Context, id, dir string) (int64, error) {
 	}
 	if _, err := s.head(ctx, s.key(id, imagestore.ManifestName)); err == nil {
 		os.RemoveAll(dir)
-		return 0, pandastack.Errorf(pandastack.EConflict, "image %s already exists in %s", id, s)
+		return 0, pandastack.Errorf(pandastack.EConflict, "image %s already exists", id)
 	} else if !pandastack.IsCode(err, pandastack.ENotFound) {
 		os.RemoveAll(dir)
 		return 0, err
@@ -270,7 +270,7 @@ func (s *Store) download(ctx context.Context, id, tmp, what string) error {
 	body, err := s.get(ctx, mkey)
 	if err != nil {
 		if pandastack.IsCode(err, pandastack.ENotFound) {
-			return pandastack.Errorf(pandastack.ENotFound, "the files of %s are not in %s (deleted, or never uploaded)", what, s)
+			return pandastack.Errorf(pandastack.ENotFound, "no image %s in the bucket (deleted, or never uploaded)", id)
 		}
 		return fmt.Errorf("download %s from %s: %w", what, s, err)
 	}
