@@ -93,7 +93,7 @@ func TestSnapshotStoreS3(t *testing.T) {
 	}
 	// Nothing is left in A's local snapshot dir: the image went to the
 	// bucket and into A's cache.
-	emptyDir(t, filepath.Join(a.dataDir, "snapshots"))
+	testutil.RequireEmptyDir(t, filepath.Join(a.dataDir, "snapshots"))
 	if _, err := os.Stat(filepath.Join(a.dataDir, "snapshot-cache", snap.ID, "manifest.json")); err != nil {
 		t.Errorf("A's cache has no copy of the image it uploaded: %v", err)
 	}
@@ -159,7 +159,7 @@ func TestSnapshotStoreS3(t *testing.T) {
 	if after := len(b.runscList()); after != before {
 		t.Errorf("a refused restore left containers on B: %d → %d", before, after)
 	}
-	emptyDir(t, filepath.Join(b.dataDir, "snapshots"))
+	testutil.RequireEmptyDir(t, filepath.Join(b.dataDir, "snapshots"))
 	ents, _ := os.ReadDir(filepath.Join(b.dataDir, "snapshot-cache"))
 	for _, e := range ents {
 		if e.Name() != snap.ID {
@@ -204,7 +204,7 @@ func TestSnapshotStoreS3(t *testing.T) {
 	if list, _, err := ca.ListSnapshots(ctx, nil); err != nil || len(list) != 0 {
 		t.Errorf("snapshots after a failed upload: %v %v", list, err)
 	}
-	emptyDir(t, filepath.Join(a.dataDir, "snapshots"))
+	testutil.RequireEmptyDir(t, filepath.Join(a.dataDir, "snapshots"))
 	if ex, err := ca.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"}); err != nil || ex.Text != "41" {
 		t.Errorf("the sandbox after a failed snapshot: %+v %v", ex, err)
 	}
@@ -263,16 +263,5 @@ func replaceAltered(t *testing.T, p string) {
 	}
 	if err := os.Rename(p+".new", p); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func emptyDir(t *testing.T, dir string) {
-	t.Helper()
-	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
-		}
-		t.Errorf("%s holds %v, want nothing", dir, names)
 	}
 }

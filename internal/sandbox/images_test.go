@@ -10,6 +10,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/imagestore"
+	"github.com/pandastack/pandastack/internal/testutil"
 )
 
 // images is an ImageStore on a local directory apart from SnapshotDir (as
@@ -53,17 +54,6 @@ func newImagesHarness(t *testing.T) (*harness, *images) {
 	return h, img
 }
 
-func emptyDir(t *testing.T, dir string) {
-	t.Helper()
-	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-		var names []string
-		for _, e := range ents {
-			names = append(names, e.Name())
-		}
-		t.Errorf("%s holds %v, want nothing", dir, names)
-	}
-}
-
 // A snapshot is sealed in SnapshotDir, handed to the image store, and
 // restored from what the store opens.
 func TestSnapshotGoesToImageStore(t *testing.T) {
@@ -84,7 +74,7 @@ func TestSnapshotGoesToImageStore(t *testing.T) {
 	if snap.SizeBytes <= 0 {
 		t.Errorf("snapshot size %d", snap.SizeBytes)
 	}
-	emptyDir(t, h.m.cfg.SnapshotDir)
+	testutil.RequireEmptyDir(t, h.m.cfg.SnapshotDir)
 
 	got, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
 	if err != nil {
@@ -117,7 +107,7 @@ func TestSnapshotStoreFailsPut(t *testing.T) {
 	if list, _ := h.m.ListSnapshots(ctx, project, nil); len(list) != 0 {
 		t.Errorf("a failed snapshot left records %v", list)
 	}
-	emptyDir(t, h.m.cfg.SnapshotDir)
+	testutil.RequireEmptyDir(t, h.m.cfg.SnapshotDir)
 	if _, err := h.exec(sb.ID, "set y=1"); err != nil {
 		t.Errorf("the sandbox after a failed snapshot: %v", err)
 	}
