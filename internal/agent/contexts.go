@@ -23,8 +23,9 @@ import (
 // Contexts holds the code contexts (Jupyter kernels) of the sandbox. It
 // outlives host sessions: a server restart or a new epoch keeps the kernels.
 type Contexts struct {
-	mu   sync.Mutex
-	ctxs map[string]*codeContext
+	mu     sync.Mutex
+	ctxs   map[string]*codeContext
+	spares spareSet // kernels warmed up ahead of time (spare.go)
 }
 
 type codeContext struct {
@@ -189,8 +190,6 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 		}
 		return pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v", cwd, err)
 	}
-	env, _ := buildEnv(s.home, agentproto.UserName, req.Env)
-	env = append(env, "MPLCONFIGDIR=/tmp/.matplotlib-"+req.ID, "PYTHONUNBUFFERED=1")
 
 	cs := s.cfg.Contexts
 	cs.mu.Lock()
@@ -204,14 +203,11 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
 	defer cancel()
-	opts := jupyter.Options{Argv: argv, Env: env, Cwd: cwd, Launch: s.launcher, Log: s.log, RuntimeDir: os.TempDir()}
-	if runningAsRoot() {
-		opts.Owner = &jupyter.Owner{UID: agentproto.UserUID, GID: agentproto.UserGID}
+	// A spare kernel, started and warmed up ahead of time, if it fits.
+	k := cs.takeSpare(ctx, req.Language, cwd == s.home && len(req.Env) == 0)
+	if k == nil {
+		k, err = jupyter.Start(ctx, s.kernelOptions(req.Language, argv, req.ID, cwd, req.Env))
 	}
-	if req.Language == "python" {
-		opts.EnvCode = jupyter.PythonEnvCode
-	}
-	k, err := jupyter.Start(ctx, opts)
 	if err != nil {
 		cs.mu.Lock()
 		delete(cs.ctxs, req.ID)
@@ -223,6 +219,21 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 	cs.mu.Unlock()
 	writeJSON(w, http.StatusOK, cc.info)
 	return nil
+}
+
+// kernelOptions says how to start a kernel of language with argv for the
+// context id.
+func (s *Server) kernelOptions(language string, argv []string, id, cwd string, extraEnv map[string]string) jupyter.Options {
+	env, _ := buildEnv(s.home, agentproto.UserName, extraEnv)
+	env = append(env, "MPLCONFIGDIR=/tmp/.matplotlib-"+id, "PYTHONUNBUFFERED=1")
+	opts := jupyter.Options{Argv: argv, Env: env, Cwd: cwd, Launch: s.launcher, Log: s.log, RuntimeDir: os.TempDir()}
+	if runningAsRoot() {
+		opts.Owner = &jupyter.Owner{UID: agentproto.UserUID, GID: agentproto.UserGID}
+	}
+	if language == "python" {
+		opts.EnvCode = jupyter.PythonEnvCode
+	}
+	return opts
 }
 
 // context returns a started context by id.

@@ -12,11 +12,16 @@ import (
 // warmProject owns the short-lived sandboxes that warm templates.
 const warmProject = "_warmup"
 
+// WarmSpares is how many spare Python kernels, warmed up like the default
+// context, a warm image holds for new contexts (each about a kernel's memory).
+const WarmSpares = 1
+
 // DefaultContextID is the id of a sandbox's default context of a language.
 func DefaultContextID(language string) string { return "ctx_default_" + language }
 
 // Warm boots tpl cold, starts its default Python context, runs warmup in
-// it, and checkpoints the whole sandbox into the image directory dir, which
+// it, has the agent start WarmSpares spare kernels warmed up the same way,
+// and checkpoints the whole sandbox into the image directory dir, which
 // must not exist. Sandboxes created from the template afterwards restore
 // that image: their default context is already up, with warmup's imports
 // done. If dir appears meanwhile (another server warmed it), Warm succeeds.
@@ -46,6 +51,11 @@ func (m *Manager) Warm(ctx context.Context, tpl Template, warmup, dir string) er
 		if ex.Error != nil {
 			return fmt.Errorf("warm %s: the warm-up code failed: %s: %s", tpl.Name, ex.Error.Name, ex.Error.Value)
 		}
+	}
+	// Spare kernels with the warm-up done, in the image too: a new context
+	// in a sandbox restored from it is as warm as the default one.
+	if _, err := agent.PrepareSpares(ctx, agentproto.SparesRequest{Language: "python", Count: WarmSpares, Warmup: warmup}); err != nil {
+		return fmt.Errorf("warm %s: spare kernels: %w", tpl.Name, err)
 	}
 	if _, err := m.checkpoint(ctx, sb, dir, false); err != nil {
 		if _, statErr := os.Stat(dir); statErr == nil {
