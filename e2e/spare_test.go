@@ -130,6 +130,17 @@ func TestWarmContexts(t *testing.T) {
 		time.Sleep(3 * time.Second)
 	}
 
+	// The default context (run_code without one) is as warm, in a sandbox
+	// of its own.
+	sb2 := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
+	ex, err = c.RunCode(ctx, sb2.ID, client.RunRequest{Code: warmProbe, TimeoutSeconds: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(ex.Stdout, "\n"); ex.Error != nil || lines[0] != "numpy,pandas,matplotlib.pyplot" || lines[2] != sb2.ID {
+		t.Fatalf("the default context's first cell: %+v", ex)
+	}
+
 	// A context with a cwd of its own starts its own kernel, in that cwd.
 	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "mkdir -p /home/user/work"}); err != nil {
 		t.Fatal(err)

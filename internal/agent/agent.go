@@ -67,6 +67,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/contexts", s.api(s.listContexts))
 	mux.HandleFunc("POST /v1/contexts/spares", s.api(s.prepareSpares))
 	mux.HandleFunc("GET /v1/contexts/spares", s.api(s.listSpares))
+	mux.HandleFunc("POST /v1/contexts/spares/touch", s.api(s.touchSpares))
 	mux.HandleFunc("DELETE /v1/contexts/{id}", s.api(s.deleteContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/interrupt", s.api(s.interruptContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.api(s.restartContext))

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -63,7 +64,12 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 		sp.mu.Unlock()
 		// The spare started before the sandbox got its present id (a
 		// restore of the warm image): give it the one the agent has now.
-		err := k.RunSilent(ctx, pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": os.Getenv("PANDASTACK_SANDBOX_ID")}))
+		code := pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": os.Getenv("PANDASTACK_SANDBOX_ID")})
+		err := k.RunSilent(ctx, code)
+		for errors.Is(err, jupyter.ErrBusy) && ctx.Err() == nil { // a touch still running
+			time.Sleep(10 * time.Millisecond)
+			err = k.RunSilent(ctx, code)
+		}
 		if err == nil {
 			return k
 		}
@@ -275,5 +281,26 @@ func (s *Server) listSpares(w http.ResponseWriter, r *http.Request) error {
 		out = append(out, s.spareStats(l))
 	}
 	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// touchSpares answers POST /v1/contexts/spares/touch: a silent no-op cell
+// in every ready spare, which pulls the pages of a lazily restored kernel
+// in before anyone waits for them (the pool does it ahead of a claim).
+func (s *Server) touchSpares(w http.ResponseWriter, r *http.Request) error {
+	var ks []*jupyter.Kernel
+	sp := &s.cfg.Contexts.spares
+	sp.mu.Lock()
+	for _, l := range sp.ready {
+		ks = append(ks, l...)
+	}
+	sp.mu.Unlock()
+	for _, k := range ks {
+		// A spare handed out meanwhile is busy or gone: not an error.
+		if err := k.RunSilent(r.Context(), "pass"); err != nil && !errors.Is(err, jupyter.ErrBusy) && !errors.Is(err, jupyter.ErrClosed) {
+			return fmt.Errorf("touch a spare kernel: %w", err)
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }

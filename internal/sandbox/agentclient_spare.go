@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"io"
 	"net/http"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -20,4 +21,18 @@ func (c *AgentClient) ListSpares(ctx context.Context) ([]agentproto.Spares, erro
 	var out []agentproto.Spares
 	err := c.do(ctx, http.MethodGet, "/v1/contexts/spares", nil, nil, &out)
 	return out, err
+}
+
+// TouchSpares runs a no-op in every spare kernel, so a lazily restored
+// sandbox loads their pages now rather than on its first context.
+func (c *AgentClient) TouchSpares(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/v1/contexts/spares/touch", nil, nil, nil)
+}
+
+// DialAgent opens a host session with the agent of a sandbox the caller
+// started or restored itself through a Runtime (rwc is its channel), as the
+// manager does: for tools that drive a runtime directly, such as the
+// benchmark's restore profile.
+func DialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser) (*AgentClient, error) {
+	return dialAgent(ctx, id, rwc)
 }

@@ -35,6 +35,8 @@ type Config struct {
 	AgentPath string       // host path of the static pandastack-agent binary
 	Platform  string       // runsc --platform; "systrap" when empty (no KVM needed)
 	Log       *slog.Logger // operator log; nil discards
+	// DebugLogDir, if set, receives runsc's debug logs (see debugFlags).
+	DebugLogDir string
 }
 
 // Runtime is the gVisor driver.
@@ -87,14 +89,24 @@ func (r *Runtime) dir(id string) string { return filepath.Join(r.sbxRoot, id) }
 // log file's directory, so only `run` logs into the sandbox's directory:
 // anything else would bring a removed directory back.
 func (r *Runtime) globalFlags(logFile string) []string {
-	return []string{
+	return append([]string{
 		"--root=" + r.root,
 		"--platform=" + r.cfg.Platform,
 		"--network=none",
 		"--overlay2=root:memory",
 		// runsc would log to stdout by default: that is the agent channel.
 		"--log=" + logFile,
+	}, r.debugFlags()...)
+}
+
+// debugFlags turn on runsc's debug logs, one file per runsc process (the
+// command, the sandbox, the gofer) with microsecond timestamps: for
+// profiling (bench's restore profile), far too verbose for a server.
+func (r *Runtime) debugFlags() []string {
+	if r.cfg.DebugLogDir == "" {
+		return nil
 	}
+	return []string{"--debug", "--debug-log=" + filepath.Clean(r.cfg.DebugLogDir) + "/"}
 }
 
 func (r *Runtime) runsc(ctx context.Context, args ...string) ([]byte, error) {
