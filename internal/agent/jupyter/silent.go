@@ -51,3 +51,16 @@ func (k *Kernel) RunSilent(ctx context.Context, code string) error {
 		return ctx.Err()
 	}
 }
+
+// QueueSilent sends code as a silent execute_request and returns without
+// waiting for it: the kernel runs shell requests in order, so the code runs
+// before any cell sent after it. A failure of the code is only logged. It
+// returns ErrDead or ErrClosed without a kernel.
+func (k *Kernel) QueueSilent(code string) error {
+	in, err := k.current()
+	if err != nil {
+		return err
+	}
+	in.sendSilent(code)
+	return nil
+}

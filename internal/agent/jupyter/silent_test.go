@@ -35,8 +35,20 @@ func TestRunSilent(t *testing.T) {
 	}
 	mustText(t, k, "warm", "1")
 
+	// Queued code runs before the next cell, without being waited for.
+	if err := k.QueueSilent("queued = warm + 6\nprint('hidden')"); err != nil {
+		t.Fatal(err)
+	}
+	e, _ = runCode(t, k, "queued", ExecOptions{})
+	if e.Text != "7" || e.Stdout != "" {
+		t.Fatalf("after QueueSilent: %+v", e)
+	}
+
 	k.Close()
 	if err := k.RunSilent(ctx, "1"); !errors.Is(err, ErrClosed) {
 		t.Fatalf("RunSilent after Close: %v", err)
+	}
+	if err := k.QueueSilent("1"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("QueueSilent after Close: %v", err)
 	}
 }
