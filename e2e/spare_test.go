@@ -41,18 +41,24 @@ import matplotlib
 print(",".join(m for m in ("numpy", "pandas", "matplotlib.pyplot") if m in sys.modules))
 print(matplotlib.get_backend())
 print(os.environ.get("PANDASTACK_SANDBOX_ID"))
-print(os.getpid())`
+print(os.getpid())
+import random, numpy
+print(random.random(), numpy.random.rand())`
 
 // probe runs warmProbe as the context's first cell and returns its lines.
 func probe(t *testing.T, c *client.Client, sb *client.Sandbox, cc *client.Context) (imported, backend, sandboxID, pid string, count int) {
 	t.Helper()
 	ex := run(t, c, sb, cc, warmProbe, 120)
 	lines := strings.Split(strings.TrimSpace(ex.Stdout), "\n")
-	if ex.Error != nil || len(lines) != 4 {
+	if ex.Error != nil || len(lines) != 5 {
 		t.Fatalf("probe: %+v", ex)
 	}
+	lastRandom = lines[4]
 	return lines[0], lines[1], lines[2], lines[3], ex.ExecutionCount
 }
+
+// lastRandom is the random numbers the last probe drew.
+var lastRandom string
 
 // TestWarmContexts: in a sandbox of a warm template, a new code context is
 // a kernel that already ran the template's warm-up (numpy, pandas and
@@ -71,6 +77,7 @@ func TestWarmContexts(t *testing.T) {
 		t.Fatal(err)
 	}
 	imported, backend, id, pidA, count := probe(t, c, sb, a)
+	randomA := lastRandom
 	if imported != "numpy,pandas,matplotlib.pyplot" || !strings.Contains(backend, "inline") {
 		t.Fatalf("a new context had imported %q before its first cell, backend %q: not warm", imported, backend)
 	}
@@ -137,8 +144,13 @@ func TestWarmContexts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lines := strings.Split(ex.Stdout, "\n"); ex.Error != nil || lines[0] != "numpy,pandas,matplotlib.pyplot" || lines[2] != sb2.ID {
+	lines := strings.Split(ex.Stdout, "\n")
+	if ex.Error != nil || len(lines) < 5 || lines[0] != "numpy,pandas,matplotlib.pyplot" || lines[2] != sb2.ID {
 		t.Fatalf("the default context's first cell: %+v", ex)
+	}
+	// Both kernels come from one warm image, yet draw different numbers.
+	if lines[4] == randomA {
+		t.Fatalf("warm kernels of two sandboxes share their random state: both drew %s", randomA)
 	}
 
 	// A context with a cwd of its own starts its own kernel, in that cwd.

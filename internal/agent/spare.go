@@ -62,10 +62,12 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 		sp.ready[language] = list[:len(list)-1]
 		sp.wake()
 		sp.mu.Unlock()
-		// The spare started before the sandbox got its present id (a
-		// restore of the warm image): give it the one the agent has now.
-		// Queued, not waited for: it runs before the context's first cell.
-		err := k.QueueSilent(pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": os.Getenv("PANDASTACK_SANDBOX_ID")}))
+		// The spare started before the sandbox got its present id, and
+		// its random generators were seeded in the sandbox that warmed the
+		// image up, which every sandbox restored from it shares: give it
+		// the id the agent has now and fresh seeds. Queued, not waited
+		// for: it runs before the context's first cell.
+		err := k.QueueSilent(pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": os.Getenv("PANDASTACK_SANDBOX_ID")}) + "\n" + pythonReseed)
 		if err == nil {
 			return k
 		}
@@ -98,6 +100,11 @@ const pythonPrime = `def _pandastack_prime():
         import pandas.plotting._matplotlib
 _pandastack_prime()
 del _pandastack_prime`
+
+// pythonReseed reseeds Python's and numpy's global random generators from
+// the OS, leaving no name behind.
+const pythonReseed = "__import__('random').seed()\n" +
+	"[m.random.seed() for m in [__import__('sys').modules.get('numpy')] if m is not None]"
 
 // pythonSetEnv is code that sets env in os.environ and leaves no name
 // behind in the user's namespace.

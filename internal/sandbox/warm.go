@@ -14,7 +14,8 @@ import (
 const warmProject = "_warmup"
 
 // WarmSpares is how many warmed-up spare Python kernels a warm image holds
-// for the contexts to come (each costs a kernel's memory, ~90 MiB).
+// for the contexts to come (each costs a kernel's memory: a sandbox holds
+// ~50 MiB more PSS once its first context took one and a replacement is warm).
 const WarmSpares = 1
 
 // DefaultContextID is the id of a sandbox's default context of a language.
