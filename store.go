@@ -2,15 +2,19 @@ package pandastack
 
 import (
 	"context"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Store persists projects, API keys, sandbox records and snapshot records.
-// Implementations are safe for concurrent use. Every method returns an *Error
-// with ENotFound when the record it names does not exist, and wraps any other
-// failure (a locked or broken database) as a plain error. Methods are short
-// queries on an embedded or nearby database; they honour ctx cancellation
-// between statements.
+// Implementations are safe for concurrent use, also by several processes
+// sharing one database where the implementation allows it (PostgreSQL):
+// each method is atomic. Every method returns an *Error with ENotFound when
+// the record it names does not exist, EInvalid for a record whose text fails
+// StorableText, and wraps any other failure (a locked or broken database) as
+// a plain error. Methods are short queries on an embedded or nearby
+// database; they honour ctx cancellation between statements.
 type Store interface {
 	// CreateProject adds a project; a duplicate name is an EConflict.
 	CreateProject(ctx context.Context, p Project) error
@@ -63,4 +67,23 @@ type Store interface {
 
 	// Close releases the database.
 	Close() error
+}
+
+// StorableText reports whether every Store can hold each of ss: valid UTF-8
+// with no NUL character (PostgreSQL's text holds neither). A Store refuses a
+// record holding anything else with EInvalid, and a lookup by such a string
+// finds nothing (ENotFound, or an empty list).
+func StorableText(ss ...string) bool {
+	for _, s := range ss {
+		if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// ErrUnstorableText is the EInvalid a Store returns for a record of kind
+// what (named name) holding text that fails StorableText.
+func ErrUnstorableText(what, name string) error {
+	return Errorf(EInvalid, "%s %q: text must be UTF-8 without NUL characters", what, name)
 }

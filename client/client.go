@@ -189,16 +189,7 @@ type ExecRequest struct {
 }
 
 // ExecResult is the outcome of a command.
-type ExecResult struct {
-	Stdout          string `json:"stdout"`
-	Stderr          string `json:"stderr"`
-	ExitCode        int    `json:"exit_code"`
-	Signal          string `json:"signal,omitempty"`
-	DurationMS      int64  `json:"duration_ms"`
-	TimedOut        bool   `json:"timed_out"`
-	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
-	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
-}
+type ExecResult = pandastack.ExecResult
 
 // Exec runs a command and waits for it.
 func (c *Client) Exec(ctx context.Context, id string, req ExecRequest) (*ExecResult, error) {

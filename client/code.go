@@ -8,50 +8,17 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+
+	"github.com/pandastack/pandastack"
 )
 
-// Context is a code context: a Jupyter kernel in a sandbox.
-type Context struct {
-	ID       string `json:"id"`
-	Language string `json:"language"`
-	Cwd      string `json:"cwd"`
-}
-
-// Result is one rich output of a run.
-type Result struct {
-	IsMainResult bool           `json:"is_main_result"`
-	Text         string         `json:"text,omitempty"`
-	HTML         string         `json:"html,omitempty"`
-	Markdown     string         `json:"markdown,omitempty"`
-	SVG          string         `json:"svg,omitempty"`
-	PNG          string         `json:"png,omitempty"`
-	JPEG         string         `json:"jpeg,omitempty"`
-	PDF          string         `json:"pdf,omitempty"`
-	LaTeX        string         `json:"latex,omitempty"`
-	JSON         any            `json:"json,omitempty"`
-	JavaScript   string         `json:"javascript,omitempty"`
-	Plotly       any            `json:"plotly,omitempty"`
-	Extra        map[string]any `json:"extra,omitempty"`
-}
-
-// ExecutionError is the exception of a run.
-type ExecutionError struct {
-	Name      string `json:"name"`
-	Value     string `json:"value"`
-	Traceback string `json:"traceback"`
-}
-
-// Execution is the outcome of a run.
-type Execution struct {
-	ExecutionCount int             `json:"execution_count"`
-	Stdout         string          `json:"stdout"`
-	Stderr         string          `json:"stderr"`
-	Text           string          `json:"text,omitempty"`
-	PNG            string          `json:"png,omitempty"`
-	Error          *ExecutionError `json:"error"`
-	Results        []Result        `json:"results"`
-	DurationMS     int64           `json:"duration_ms"`
-}
+// The results of runs are the root package's public types.
+type (
+	Context        = pandastack.CodeContext // a code context: a Jupyter kernel in a sandbox
+	Result         = pandastack.Result
+	ExecutionError = pandastack.ExecutionError
+	Execution      = pandastack.Execution
+)
 
 // CodeEvent is one event of a streamed run.
 type CodeEvent struct {

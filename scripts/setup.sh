@@ -17,15 +17,24 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages: debootstrap builds template root filesystems; busybox-static
-# gives the runtime tests a tiny root filesystem; git and curl for the rest.
+# gives the runtime tests a tiny root filesystem; postgresql-15's server
+# binaries run the throwaway clusters of the PostgreSQL store's tests (the
+# tests start their own; no system cluster is made); git and curl for the rest.
 missing=()
-for p in debootstrap busybox-static ca-certificates curl git python3 python3-venv; do
+for p in debootstrap busybox-static ca-certificates curl git python3 python3-venv postgresql-15; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   step "apt-get install ${missing[*]}"
+  if [[ " ${missing[*]} " == *" postgresql-15 "* ]] && [ ! -e /etc/postgresql-common/createcluster.conf ]; then
+    # Keep the package from creating and starting a cluster of its own.
+    mkdir -p /etc/postgresql-common
+    echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.conf
+  fi
   apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # confold: dpkg keeps that file instead of asking about it.
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 fi
 
 # Go: use the one on PATH when it is new enough, else fetch the toolchain

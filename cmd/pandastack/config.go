@@ -8,50 +8,45 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/api"
 	"github.com/pandastack/pandastack/internal/paths"
+	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
 // Config is every setting of `pandastack serve`. Each field has a flag and a
 // PANDASTACK_* environment variable; a flag wins over the variable, which
 // wins over the default.
 type Config struct {
-	Listen         string        // address of the REST API
-	DataDir        string        // SQLite database, API key file, runtime state
-	CacheDir       string        // runsc and template root filesystems, shareable between data dirs
-	Runsc          string        // runsc binary; default: the pinned build in the cache, then PATH
-	Agent          string        // pandastack-agent binary; default: beside this executable
-	TemplatesDir   string        // a user's own template specs (*.yaml); default <data dir>/templates
-	Mirror         string        // Debian mirror for template builds
-	DefaultTTL     time.Duration // TTL of a sandbox created without ttl_seconds
-	MaxTTL         time.Duration // the largest TTL a caller may ask for
-	MaxCPU         int           // the most CPUs one sandbox may have
-	MaxMemoryMB    int           // the most memory one sandbox may have
-	MaxUploadBytes int64         // the largest file upload
-	ExecOutputCap  int           // bytes kept per stream in a non-streamed exec answer
-	BuildOnStart   string        // templates built on start when missing, comma-separated ("" for none)
-	MaxFork        int           // the most children one fork may make
-	Warm           bool          // snapshot templates warm in the background so creates restore them
-	PoolSize       int           // sandboxes of each warm template kept restored ahead of creates
-	KillOnExit     bool          // kill every sandbox when serve stops, instead of keeping them for the next start
-	LogLevel       string        // debug, info, warn or error
+	Listen       string // address of the REST API
+	DataDir      string // SQLite database, API key file, runtime state
+	Store        string // "" or sqlite:///path: SQLite (default <data dir>/pandastack.db); postgres://…: PostgreSQL
+	CacheDir     string // runsc and template root filesystems, shareable between data dirs
+	Runsc        string // runsc binary; default: the pinned build in the cache, then PATH
+	Agent        string // pandastack-agent binary; default: beside this executable
+	TemplatesDir string // a user's own template specs (*.yaml); default <data dir>/templates
+	Mirror       string // Debian mirror for template builds
+	BuildOnStart string // templates built on start when missing, comma-separated ("" for none)
+	Warm         bool   // snapshot templates warm in the background so creates restore them
+	KillOnExit   bool   // kill every sandbox when serve stops, instead of keeping them for the next start
+	LogLevel     string // debug, info, warn or error
+
+	// The sandbox manager's and the API's settings, with their own
+	// defaults (sandbox.DefaultConfig, api.DefaultConfig); the directories
+	// in Sandbox are derived from DataDir and CacheDir.
+	Sandbox sandbox.Config
+	API     api.Config
 }
 
 func defaultConfig() Config {
 	return Config{
-		Listen:         "127.0.0.1:8080",
-		DataDir:        paths.DataDir(),
-		CacheDir:       paths.CacheDir(),
-		DefaultTTL:     300 * time.Second,
-		MaxTTL:         24 * time.Hour,
-		MaxCPU:         2,
-		MaxMemoryMB:    8192,
-		MaxUploadBytes: 4 << 30,
-		ExecOutputCap:  4 << 20,
-		BuildOnStart:   "base",
-		MaxFork:        16,
-		Warm:           true,
-		PoolSize:       2,
-		LogLevel:       "info",
+		Listen:       "127.0.0.1:8080",
+		DataDir:      paths.DataDir(),
+		CacheDir:     paths.CacheDir(),
+		BuildOnStart: "base",
+		Warm:         true,
+		LogLevel:     "info",
+		Sandbox:      sandbox.DefaultConfig(),
+		API:          api.DefaultConfig(),
 	}
 }
 
@@ -81,19 +76,20 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	}
 	str(&c.Listen, "listen", "PANDASTACK_LISTEN", "address of the REST API")
 	str(&c.DataDir, "data-dir", "PANDASTACK_DATA_DIR", "data directory (database, API key, runtime state)")
+	str(&c.Store, "store", "PANDASTACK_STORE", "database: empty for SQLite in the data dir, sqlite:///path, or postgres://user:pass@host/db")
 	str(&c.CacheDir, "cache-dir", "PANDASTACK_CACHE_DIR", "cache of runsc and template root filesystems")
 	str(&c.Runsc, "runsc", "PANDASTACK_RUNSC", "runsc binary (default: the pinned build in the cache, then PATH)")
 	str(&c.Agent, "agent", "PANDASTACK_AGENT", "pandastack-agent binary (default: beside this executable)")
 	str(&c.TemplatesDir, "templates-dir", "PANDASTACK_TEMPLATES_DIR", "directory of your own template specs (default <data dir>/templates)")
 	str(&c.Mirror, "mirror", "PANDASTACK_DEBIAN_MIRROR", "Debian mirror for template builds")
-	dur(&c.DefaultTTL, "default-ttl", "PANDASTACK_DEFAULT_TTL", "TTL of a sandbox created without ttl_seconds")
-	dur(&c.MaxTTL, "max-ttl", "PANDASTACK_MAX_TTL", "largest TTL a caller may ask for")
-	num(&c.MaxCPU, "max-cpu", "PANDASTACK_MAX_CPU", "most CPUs of one sandbox")
-	num(&c.MaxMemoryMB, "max-memory-mb", "PANDASTACK_MAX_MEMORY_MB", "most memory of one sandbox, in MiB")
-	num(&c.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
+	dur(&c.Sandbox.DefaultTTL, "default-ttl", "PANDASTACK_DEFAULT_TTL", "TTL of a sandbox created without ttl_seconds")
+	dur(&c.Sandbox.MaxTTL, "max-ttl", "PANDASTACK_MAX_TTL", "largest TTL a caller may ask for")
+	num(&c.Sandbox.MaxCPU, "max-cpu", "PANDASTACK_MAX_CPU", "most CPUs of one sandbox")
+	num(&c.Sandbox.MaxMemoryMB, "max-memory-mb", "PANDASTACK_MAX_MEMORY_MB", "most memory of one sandbox, in MiB")
+	num(&c.API.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
 	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
-	num(&c.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
-	num(&c.PoolSize, "pool-size", "PANDASTACK_POOL_SIZE", "sandboxes of each warm template kept restored ahead of creates (0: none)")
+	num(&c.Sandbox.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
+	num(&c.Sandbox.PoolSize, "pool-size", "PANDASTACK_POOL_SIZE", "sandboxes of each warm template kept restored ahead of creates (0: none)")
 	if v, ok := os.LookupEnv("PANDASTACK_WARM"); ok {
 		c.Warm = v != "0" && v != "false"
 	}
@@ -105,10 +101,10 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	str(&c.LogLevel, "log-level", "PANDASTACK_LOG_LEVEL", "debug, info, warn or error")
 	if v, ok := os.LookupEnv("PANDASTACK_MAX_UPLOAD_BYTES"); ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			c.MaxUploadBytes = n
+			c.API.MaxUploadBytes = n
 		}
 	}
-	fs.Int64Var(&c.MaxUploadBytes, "max-upload-bytes", c.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
+	fs.Int64Var(&c.API.MaxUploadBytes, "max-upload-bytes", c.API.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
 }
 
 // parseDuration accepts Go durations ("5m") and plain seconds ("300").
@@ -131,10 +127,11 @@ func (c *Config) keyPath() string     { return filepath.Join(c.DataDir, "api-key
 func (c *Config) runtimeDir() string  { return filepath.Join(c.DataDir, "runtime") }
 func (c *Config) snapshotDir() string { return filepath.Join(c.DataDir, "snapshots") }
 func (c *Config) pausedDir() string   { return filepath.Join(c.DataDir, "paused") }
+func (c *Config) warmDir() string     { return filepath.Join(c.CacheDir, "warm") }
 
 func (c *Config) validate() error {
-	if c.DefaultTTL <= 0 || c.MaxTTL <= 0 || c.DefaultTTL > c.MaxTTL {
-		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.DefaultTTL, c.MaxTTL)
+	if c.Sandbox.DefaultTTL <= 0 || c.Sandbox.MaxTTL <= 0 || c.Sandbox.DefaultTTL > c.Sandbox.MaxTTL {
+		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.Sandbox.DefaultTTL, c.Sandbox.MaxTTL)
 	}
 	return nil
 }

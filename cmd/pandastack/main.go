@@ -27,7 +27,6 @@ import (
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/runtime/gvisor"
 	"github.com/pandastack/pandastack/internal/sandbox"
-	"github.com/pandastack/pandastack/internal/store/sqlite"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -119,7 +118,7 @@ func serve(args []string) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	store, err := sqlite.Open(cfg.dbPath())
+	store, storeDesc, err := openStore(context.Background(), &cfg)
 	if err != nil {
 		return err
 	}
@@ -166,20 +165,19 @@ func serve(args []string) error {
 		return err
 	}
 	defer rt.Close()
-	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir, agentHash: agentHash}
-	mgr := sandbox.New(sandbox.Config{
-		DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL, MaxCPU: cfg.MaxCPU, MaxMemoryMB: cfg.MaxMemoryMB,
-		SnapshotDir: cfg.snapshotDir(), PausedDir: cfg.pausedDir(), MaxFork: cfg.MaxFork,
-	}, store, rt, tpls, log)
+	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash}
+	scfg := cfg.Sandbox
+	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()
+	mgr := sandbox.New(scfg, store, rt, tpls, log)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}
 	defer mgr.Close()
 	tpls.mgr = mgr
 	if cfg.Warm {
-		go warmTemplates(ctx, mgr, tpls, cfg.PoolSize, log)
+		mgr.StartWarming(tpls.warmSpecs())
 	}
-	srv := api.New(api.Config{MaxUploadBytes: cfg.MaxUploadBytes, ExecOutputCap: cfg.ExecOutputCap}, mgr, store, tpls, log)
+	srv := api.New(cfg.API, mgr, store, tpls, log)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -188,7 +186,7 @@ func serve(args []string) error {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
+	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
 	select {
 	case err := <-errc:
 		return err
@@ -233,6 +231,10 @@ func createKey(ctx context.Context, store pandastack.Store, project, name string
 	if pandastack.IsCode(err, pandastack.ENotFound) {
 		p = pandastack.Project{ID: pandastack.NewID("prj"), Name: project, CreatedAt: time.Now().UTC()}
 		err = store.CreateProject(ctx, p)
+		if pandastack.IsCode(err, pandastack.EConflict) {
+			// Another serve on a shared store made it first.
+			p, err = store.ProjectByName(ctx, project)
+		}
 	}
 	if err != nil {
 		return "", err
@@ -276,114 +278,6 @@ func loadTemplates(cfg *Config) (*template.Registry, error) {
 	return template.Load()
 }
 
-// templateSource adapts the template registry and cache to the sandbox
-// manager and the API.
-type templateSource struct {
-	reg       *template.Registry
-	cacheDir  string
-	agentHash string
-	mgr       *sandbox.Manager // for pool stats; set once the manager exists
-}
-
-// warmDir is where the warm snapshot of a built template lives: keyed by
-// the spec's hash and the agent's build, since a restore needs both as they
-// were at checkpoint time.
-func (t *templateSource) warmDir(spec template.Spec) string {
-	return filepath.Join(t.cacheDir, "warm", spec.Name+"-"+spec.Hash()[:16]+"-"+t.agentHash[:16])
-}
-
-// removeStaleWarm deletes warm snapshots of other template or agent builds
-// that nobody touched for a day: every rebuild of either leaves one behind,
-// and another server sharing the cache may still restore a recent one.
-func (t *templateSource) removeStaleWarm(log *slog.Logger) {
-	current := map[string]bool{}
-	for _, spec := range t.reg.List() {
-		current[filepath.Base(t.warmDir(spec))] = true
-	}
-	ents, _ := os.ReadDir(filepath.Join(t.cacheDir, "warm"))
-	for _, e := range ents {
-		info, err := e.Info()
-		if err != nil || current[e.Name()] || time.Since(info.ModTime()) < 24*time.Hour {
-			continue
-		}
-		if err := os.RemoveAll(filepath.Join(t.cacheDir, "warm", e.Name())); err == nil {
-			log.Info("removed a stale warm template snapshot", "dir", e.Name())
-		}
-	}
-}
-
-// warmTemplates makes the warm snapshot of every built template that has
-// warm-up code and none yet. Until it is done, creates boot cold.
-func warmTemplates(ctx context.Context, mgr *sandbox.Manager, t *templateSource, poolSize int, log *slog.Logger) {
-	t.removeStaleWarm(log)
-	for _, spec := range t.reg.List() {
-		if spec.Warmup == "" {
-			continue
-		}
-		b, ok := template.Lookup(t.cacheDir, spec)
-		if !ok {
-			continue
-		}
-		dir := t.warmDir(spec)
-		tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, WarmImage: dir}
-		if _, err := os.Stat(dir); err != nil {
-			os.MkdirAll(filepath.Dir(dir), 0o700)
-			start := time.Now()
-			log.Info("warming template (creates boot cold until this is done)", "template", spec.Name)
-			if err := mgr.Warm(ctx, tpl, spec.Warmup, dir); err != nil {
-				log.Error("warming template failed; its sandboxes boot cold", "template", spec.Name, "err", err)
-				continue
-			}
-			log.Info("template warm", "template", spec.Name, "seconds", time.Since(start).Seconds())
-		}
-		mgr.EnablePool(tpl, poolSize)
-	}
-}
-
-func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Template, error) {
-	spec, err := t.reg.Get(name)
-	if err != nil {
-		return sandbox.Template{}, err
-	}
-	b, ok := template.Lookup(t.cacheDir, spec)
-	if !ok {
-		return sandbox.Template{}, pandastack.Errorf(pandastack.ETemplateMissing, "template %q is not built on this server; run `pandastack template build %s`", name, name)
-	}
-	tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB}
-	if dir := t.warmDir(spec); spec.Warmup != "" {
-		if _, err := os.Stat(dir); err == nil {
-			tpl.WarmImage = dir
-		}
-	}
-	return tpl, nil
-}
-
-func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) {
-	var out []api.TemplateInfo
-	var pools map[string]sandbox.PoolStats
-	if t.mgr != nil {
-		pools = t.mgr.Pools(ctx)
-	}
-	for _, spec := range t.reg.List() {
-		b, ok := template.Lookup(t.cacheDir, spec)
-		if !ok {
-			continue
-		}
-		out = append(out, api.TemplateInfo{
-			Name: spec.Name, Description: spec.Description, Hash: b.Hash, SizeBytes: b.SizeBytes,
-			BuildSeconds: b.BuildSeconds, BuiltAt: b.BuiltAt, CPU: spec.CPU, MemoryMB: spec.MemoryMB,
-		})
-		info := &out[len(out)-1]
-		if _, err := os.Stat(t.warmDir(spec)); err == nil && spec.Warmup != "" {
-			info.Warm = true
-		}
-		if ps, ok := pools[spec.Name]; ok {
-			info.Pool = &api.PoolInfo{Ready: ps.Ready, Size: ps.Size, PSSBytes: ps.PSSBytes}
-		}
-	}
-	return out, nil
-}
-
 func keys(args []string) error {
 	cfg := defaultConfig()
 	if len(args) == 0 {
@@ -399,7 +293,7 @@ func keys(args []string) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
-	store, err := sqlite.Open(cfg.dbPath())
+	store, _, err := openStore(context.Background(), &cfg)
 	if err != nil {
 		return err
 	}

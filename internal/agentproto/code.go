@@ -1,5 +1,7 @@
 package agentproto
 
+import "github.com/pandastack/pandastack"
+
 // Code contexts: Jupyter kernels inside the sandbox, spoken to by the agent.
 //
 //	POST   /v1/contexts                 ContextRequest → Context
@@ -17,12 +19,14 @@ type ContextRequest struct {
 	Env      map[string]string `json:"env,omitempty"`
 }
 
-// Context describes a code context.
-type Context struct {
-	ID       string `json:"id"`
-	Language string `json:"language"`
-	Cwd      string `json:"cwd"`
-}
+// The results are the public types of the root package: the wire carries
+// exactly what the API answers.
+type (
+	Context        = pandastack.CodeContext
+	Result         = pandastack.Result
+	ExecutionError = pandastack.ExecutionError
+	Execution      = pandastack.Execution
+)
 
 // RunRequest runs code in a context.
 type RunRequest struct {
@@ -30,42 +34,6 @@ type RunRequest struct {
 	TimeoutMS int64             `json:"timeout_ms,omitempty"` // 0: none
 	Env       map[string]string `json:"env,omitempty"`        // set for this run only
 	OutputCap int               `json:"output_cap,omitempty"` // bytes kept per stream; 0: 1 MiB
-}
-
-// Result is one rich output of a cell: a display_data or the execute_result.
-type Result struct {
-	IsMainResult bool           `json:"is_main_result"`
-	Text         string         `json:"text,omitempty"`
-	HTML         string         `json:"html,omitempty"`
-	Markdown     string         `json:"markdown,omitempty"`
-	SVG          string         `json:"svg,omitempty"`
-	PNG          string         `json:"png,omitempty"`  // base64
-	JPEG         string         `json:"jpeg,omitempty"` // base64
-	PDF          string         `json:"pdf,omitempty"`  // base64
-	LaTeX        string         `json:"latex,omitempty"`
-	JSON         any            `json:"json,omitempty"`
-	JavaScript   string         `json:"javascript,omitempty"`
-	Plotly       any            `json:"plotly,omitempty"` // application/vnd.plotly.v1+json
-	Extra        map[string]any `json:"extra,omitempty"`  // any other MIME type
-}
-
-// ExecutionError is a cell's exception.
-type ExecutionError struct {
-	Name      string `json:"name"`
-	Value     string `json:"value"`
-	Traceback string `json:"traceback"` // plain text, no ANSI escapes
-}
-
-// Execution is the whole outcome of one run.
-type Execution struct {
-	ExecutionCount int             `json:"execution_count"`
-	Stdout         string          `json:"stdout"`
-	Stderr         string          `json:"stderr"`
-	Text           string          `json:"text,omitempty"` // the main result's text/plain
-	PNG            string          `json:"png,omitempty"`  // the cell's first PNG, base64
-	Error          *ExecutionError `json:"error"`
-	Results        []Result        `json:"results"`
-	DurationMS     int64           `json:"duration_ms"`
 }
 
 // CodeEvent is one line of a run's stream.

@@ -2,7 +2,8 @@
 // agent: the epoch framing that carries a yamux session over the sandbox's
 // stdin/stdout pipes, and the JSON types of the HTTP/1.1 API spoken on the
 // session's streams. Both the host (internal/sandbox) and the agent
-// (internal/agent) import it; it imports only the standard library.
+// (internal/agent) import it; it imports the standard library, yamux and the
+// root package, whose public result types the wire carries as they are.
 //
 // Why epochs: the pipes outlive a host connection (a server restart, a
 // snapshot restore), so bytes of an old session may still sit in them. Every

@@ -52,12 +52,25 @@ type Catalog interface {
 
 // Config holds the API's limits.
 type Config struct {
-	MaxUploadBytes     int64         // largest file upload; 0 means 4 GiB
-	ExecOutputCap      int           // bytes kept per stream in a non-streamed exec answer; 0 means 4 MiB
-	DefaultExecTimeout time.Duration // when timeout_seconds is absent; 0 means 60 s
-	MaxExecTimeout     time.Duration // 0 means 24 h
-	DefaultRunTimeout  time.Duration // run_code without timeout_seconds; 0 means 300 s
-	RunOutputCap       int           // bytes kept per stream per run_code; 0 means 1 MiB
+	MaxUploadBytes     int64         // largest file upload
+	ExecOutputCap      int           // bytes kept per stream in a non-streamed exec answer
+	DefaultExecTimeout time.Duration // when timeout_seconds is absent
+	MaxExecTimeout     time.Duration // the longest timeout a caller may ask for
+	DefaultRunTimeout  time.Duration // run_code without timeout_seconds
+	RunOutputCap       int           // bytes kept per stream per run_code
+}
+
+// DefaultConfig returns the defaults: the one place they are written. New
+// fills any zero field from it.
+func DefaultConfig() Config {
+	return Config{
+		MaxUploadBytes:     4 << 30,
+		ExecOutputCap:      4 << 20,
+		DefaultExecTimeout: 60 * time.Second,
+		MaxExecTimeout:     24 * time.Hour,
+		DefaultRunTimeout:  300 * time.Second,
+		RunOutputCap:       1 << 20,
+	}
 }
 
 // Server serves the API.
@@ -72,23 +85,24 @@ type Server struct {
 
 // New builds the API server.
 func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catalog, log *slog.Logger) *Server {
+	d := DefaultConfig()
 	if cfg.MaxUploadBytes == 0 {
-		cfg.MaxUploadBytes = 4 << 30
+		cfg.MaxUploadBytes = d.MaxUploadBytes
 	}
 	if cfg.ExecOutputCap == 0 {
-		cfg.ExecOutputCap = 4 << 20
+		cfg.ExecOutputCap = d.ExecOutputCap
 	}
 	if cfg.DefaultExecTimeout == 0 {
-		cfg.DefaultExecTimeout = 60 * time.Second
+		cfg.DefaultExecTimeout = d.DefaultExecTimeout
 	}
 	if cfg.MaxExecTimeout == 0 {
-		cfg.MaxExecTimeout = 24 * time.Hour
+		cfg.MaxExecTimeout = d.MaxExecTimeout
 	}
 	if cfg.DefaultRunTimeout == 0 {
-		cfg.DefaultRunTimeout = 300 * time.Second
+		cfg.DefaultRunTimeout = d.DefaultRunTimeout
 	}
 	if cfg.RunOutputCap == 0 {
-		cfg.RunOutputCap = 1 << 20
+		cfg.RunOutputCap = d.RunOutputCap
 	}
 	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux()}
 	s.routes()

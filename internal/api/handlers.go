@@ -144,18 +144,6 @@ type execRequest struct {
 	Stdin          string            `json:"stdin"`
 }
 
-// ExecResult is the one-document answer of exec.
-type ExecResult struct {
-	Stdout          string `json:"stdout"`
-	Stderr          string `json:"stderr"`
-	ExitCode        int    `json:"exit_code"`
-	Signal          string `json:"signal,omitempty"`
-	DurationMS      int64  `json:"duration_ms"`
-	TimedOut        bool   `json:"timed_out"`
-	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
-	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
-}
-
 // wantsStream reports whether the client asked for NDJSON streaming.
 func wantsStream(r *http.Request) bool {
 	return strings.Contains(r.Header.Get("Accept"), "application/x-ndjson")
@@ -191,7 +179,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 		s.execStream(w, r, agent, areq)
 		return
 	}
-	var res ExecResult
+	var res pandastack.ExecResult
 	var out, errb capBuffer
 	out.max, errb.max = s.cfg.ExecOutputCap, s.cfg.ExecOutputCap
 	exit, err := agent.Exec(r.Context(), areq, func(ev agentproto.ExecEvent) error {

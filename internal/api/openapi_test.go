@@ -266,7 +266,11 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	for schema, v := range map[string]any{
 		"CreateSandboxRequest": createSandboxRequest{},
 		"ExecRequest":          execRequest{},
-		"ExecResult":           ExecResult{},
+		"ExecResult":           pandastack.ExecResult{},
+		"Execution":            pandastack.Execution{},
+		"Result":               pandastack.Result{},
+		"ExecutionError":       pandastack.ExecutionError{},
+		"Context":              pandastack.CodeContext{},
 		"Sandbox":              pandastack.Sandbox{},
 		"FileInfo":             agentproto.FileInfo{},
 		"TemplateInfo":         TemplateInfo{},

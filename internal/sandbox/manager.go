@@ -19,42 +19,61 @@ import (
 	"github.com/pandastack/pandastack"
 )
 
-// Config holds the manager's limits and timings. Zero fields take the
-// defaults documented on each.
+// Config holds the manager's limits and timings. DefaultConfig has the
+// defaults; New fills any zero field from it.
 type Config struct {
-	DefaultTTL       time.Duration // 300 s
-	MaxTTL           time.Duration // 24 h
-	MaxCPU           int           // 2
-	MaxMemoryMB      int           // 8192
-	PIDsLimit        int           // processes and threads per sandbox; 1024
-	ReapInterval     time.Duration // how often TTLs and liveness are checked; 1 s
-	StoppedRetention time.Duration // how long records of stopped sandboxes stay visible; 24 h
-	StartTimeout     time.Duration // boot until the agent says hello; 30 s
+	DefaultTTL       time.Duration // TTL of a sandbox created without one
+	MaxTTL           time.Duration // the largest TTL a caller may ask for
+	MaxCPU           int           // the most CPUs of one sandbox
+	MaxMemoryMB      int           // the most memory of one sandbox, in MiB
+	PIDsLimit        int           // processes and threads per sandbox
+	ReapInterval     time.Duration // how often TTLs and liveness are checked
+	StoppedRetention time.Duration // how long records of stopped sandboxes stay visible
+	StartTimeout     time.Duration // boot until the agent says hello
 	SnapshotDir      string        // where snapshots are stored (required)
 	PausedDir        string        // where paused sandboxes are kept (required)
-	MaxFork          int           // most children of one fork; 16
+	WarmDir          string        // where warm template images are kept (required for StartWarming)
+	MaxFork          int           // the most children of one fork
+	PoolSize         int           // sandboxes of each warm template kept restored ahead of creates (0: none; never filled in)
+}
+
+// DefaultConfig returns the defaults: the one place they are written.
+func DefaultConfig() Config {
+	return Config{
+		DefaultTTL:       300 * time.Second,
+		MaxTTL:           24 * time.Hour,
+		MaxCPU:           2,
+		MaxMemoryMB:      8192,
+		PIDsLimit:        1024,
+		ReapInterval:     time.Second,
+		StoppedRetention: 24 * time.Hour,
+		StartTimeout:     30 * time.Second,
+		MaxFork:          16,
+		PoolSize:         2,
+	}
 }
 
 func (c *Config) setDefaults() {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
+	d := DefaultConfig()
+	def := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
 		}
 	}
-	defInt := func(d *int, v int) {
-		if *d == 0 {
-			*d = v
+	defInt := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
 		}
 	}
-	def(&c.DefaultTTL, 300*time.Second)
-	def(&c.MaxTTL, 24*time.Hour)
-	def(&c.ReapInterval, time.Second)
-	def(&c.StoppedRetention, 24*time.Hour)
-	def(&c.StartTimeout, 30*time.Second)
-	defInt(&c.MaxCPU, 2)
-	defInt(&c.MaxMemoryMB, 8192)
-	defInt(&c.PIDsLimit, 1024)
-	defInt(&c.MaxFork, 16)
+	def(&c.DefaultTTL, d.DefaultTTL)
+	def(&c.MaxTTL, d.MaxTTL)
+	def(&c.ReapInterval, d.ReapInterval)
+	def(&c.StoppedRetention, d.StoppedRetention)
+	def(&c.StartTimeout, d.StartTimeout)
+	defInt(&c.MaxCPU, d.MaxCPU)
+	defInt(&c.MaxMemoryMB, d.MaxMemoryMB)
+	defInt(&c.PIDsLimit, d.PIDsLimit)
+	defInt(&c.MaxFork, d.MaxFork)
 }
 
 // Template is a built template as the manager needs it.
@@ -93,12 +112,10 @@ type Manager struct {
 	log       *slog.Logger
 	now       func() time.Time
 
-	mu       sync.Mutex
-	live     map[string]*AgentClient
-	busy     map[string]bool  // ids being created or stopped
-	pools    map[string]*pool // by template name
-	inflight map[string]int   // execs and runs in progress, by sandbox
-	closed   bool
+	sbx *table // the sandboxes this process runs or works on, one entry each
+
+	mu    sync.Mutex
+	pools map[string]*pool // by template name
 
 	warmVerified sync.Map // warm images checksummed already (warm.go)
 
@@ -111,7 +128,7 @@ func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Te
 	cfg.setDefaults()
 	return &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
-		live: map[string]*AgentClient{}, busy: map[string]bool{}, inflight: map[string]int{}, stop: make(chan struct{}),
+		sbx: newTable(), stop: make(chan struct{}),
 	}
 }
 
@@ -152,15 +169,13 @@ func (m *Manager) KillAll(ctx context.Context) {
 // so the next Start re-adopts them.
 func (m *Manager) Close() {
 	m.mu.Lock()
-	if m.closed {
+	if m.stopped() {
 		m.mu.Unlock()
 		return
 	}
-	m.closed = true
-	clients := m.live
-	m.live = map[string]*AgentClient{}
+	close(m.stop) // under m.mu: no EnablePool or StartWarming adds to m.wg after this
 	m.mu.Unlock()
-	close(m.stop)
+	clients := m.sbx.close()
 	m.wg.Wait()
 	m.drainPools()
 	for _, c := range clients {
@@ -223,9 +238,9 @@ func (m *Manager) adopt(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	m.mu.Lock()
-	m.live[id] = c
-	m.mu.Unlock()
+	if !m.sbx.run(id, c) {
+		c.Close()
+	}
 	return nil
 }
 
@@ -373,12 +388,15 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	if pooledOK {
 		sb.ID = pd.id
 	}
-	if err := m.claim(sb.ID); err != nil {
+	if err := m.sbx.begin(sb.ID, phaseCreating); err != nil {
+		if pooledOK {
+			pd.client.Close()
+			m.rt.Stop(context.Background(), pd.id)
+		}
 		return pandastack.Sandbox{}, err
 	}
-	defer m.release(sb.ID)
-
 	if err := m.store.CreateSandbox(ctx, sb); err != nil {
+		m.sbx.end(sb.ID)
 		if pooledOK {
 			pd.client.Close()
 			m.rt.Stop(context.Background(), pd.id)
@@ -391,6 +409,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			// hung up must not leave a half-made sandbox behind.
 			m.rt.Stop(context.Background(), sb.ID)
 			m.store.SetSandboxState(context.Background(), sb.ID, pandastack.StateStopped, pandastack.StopFailed, m.now())
+			m.sbx.end(sb.ID)
 		}
 	}()
 
@@ -425,38 +444,18 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	return pandastack.Sandbox{}, fmt.Errorf("create %s: %w", sb.ID, err)
 }
 
-// started records a booted sandbox as running.
+// started records a claimed, booted sandbox as running and makes it so.
 func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *AgentClient) (pandastack.Sandbox, error) {
 	if err := m.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, pandastack.StateRunning, "", m.now()); err != nil {
 		client.Close()
 		return pandastack.Sandbox{}, err
 	}
-	m.mu.Lock()
-	m.live[sb.ID] = client
-	m.mu.Unlock()
+	if !m.sbx.run(sb.ID, client) {
+		client.Close() // shutting down: the next start re-adopts it
+	}
 	sb.State = pandastack.StateRunning
 	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.Template, "project", sb.ProjectID)
 	return sb, nil
-}
-
-// claim marks id as being worked on, so the reaper and Kill leave it alone.
-func (m *Manager) claim(id string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.closed {
-		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
-	}
-	if m.busy[id] {
-		return pandastack.Errorf(pandastack.EConflict, "sandbox %s is being created or stopped", id)
-	}
-	m.busy[id] = true
-	return nil
-}
-
-func (m *Manager) release(id string) {
-	m.mu.Lock()
-	delete(m.busy, id)
-	m.mu.Unlock()
 }
 
 // Get returns a sandbox of the project.
@@ -512,22 +511,7 @@ func (m *Manager) Agent(ctx context.Context, projectID, id string) (*AgentClient
 	if _, err := m.usable(ctx, projectID, id); err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.liveClient(id)
-}
-
-// liveClient returns the client of a sandbox nobody is checkpointing or
-// stopping. m.mu is held.
-func (m *Manager) liveClient(id string) (*AgentClient, error) {
-	if m.busy[id] {
-		return nil, pandastack.Errorf(pandastack.EConflict, "sandbox %s is being snapshotted, forked, paused or stopped; retry in a moment", id)
-	}
-	c := m.live[id]
-	if c == nil || !c.Alive() {
-		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering", id)
-	}
-	return c, nil
+	return m.sbx.agent(id)
 }
 
 // Acquire is Agent for work that changes the sandbox (exec, run, upload):
@@ -538,23 +522,7 @@ func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentCl
 	if _, err := m.usable(ctx, projectID, id); err != nil {
 		return nil, nil, err
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	c, err := m.liveClient(id)
-	if err != nil {
-		return nil, nil, err
-	}
-	m.inflight[id]++
-	var once sync.Once
-	return c, func() {
-		once.Do(func() {
-			m.mu.Lock()
-			if m.inflight[id]--; m.inflight[id] <= 0 {
-				delete(m.inflight, id)
-			}
-			m.mu.Unlock()
-		})
-	}, nil
+	return m.sbx.acquire(id)
 }
 
 // Kill stops the sandbox and deletes its record.
@@ -562,10 +530,10 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
 		return err
 	}
-	if err := m.claim(id); err != nil {
+	if err := m.sbx.begin(id, phaseStopping); err != nil {
 		return err
 	}
-	defer m.release(id)
+	defer m.sbx.end(id)
 	m.teardown(id)
 	if err := m.store.DeleteSandbox(context.Background(), id); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		return err
@@ -575,12 +543,9 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 }
 
 // teardown closes the channel and removes the sandbox from the runtime.
+// The caller holds the sandbox's claim.
 func (m *Manager) teardown(id string) {
-	m.mu.Lock()
-	c := m.live[id]
-	delete(m.live, id)
-	m.mu.Unlock()
-	if c != nil {
+	if c := m.sbx.detach(id); c != nil {
 		c.Close()
 	}
 	if err := m.rt.Stop(context.Background(), id); err != nil {
@@ -591,7 +556,8 @@ func (m *Manager) teardown(id string) {
 	}
 }
 
-// stopSandbox tears a sandbox down and records why.
+// stopSandbox tears a sandbox down and records why. The caller holds the
+// sandbox's claim.
 func (m *Manager) stopSandbox(id, reason string) {
 	// Recorded first: teardown fails the requests in flight, and a caller
 	// that looks right after must see why.
@@ -631,17 +597,14 @@ func (m *Manager) reapOnce() {
 		m.log.Error("list expired sandboxes", "err", err)
 	}
 	for _, s := range expired {
-		if m.claim(s.ID) != nil {
+		if m.sbx.begin(s.ID, phaseStopping) != nil {
 			continue // being created or killed right now
 		}
 		m.stopSandbox(s.ID, pandastack.StopExpired)
-		m.release(s.ID)
+		m.sbx.end(s.ID)
 	}
-	m.mu.Lock()
 	var dead []string
-	live := maps.Clone(m.live)
-	m.mu.Unlock()
-	for id, c := range live {
+	for id, c := range m.sbx.running() {
 		if !c.Alive() || !m.rt.Alive(id) {
 			dead = append(dead, id)
 		}
@@ -655,16 +618,14 @@ func (m *Manager) reapOnce() {
 // and if so records it stopped with the reason (as the reaper would within
 // a second), so the caller's next GET already shows it.
 func (m *Manager) Reconcile(id string) {
-	m.mu.Lock()
-	c := m.live[id]
-	m.mu.Unlock()
+	c := m.sbx.client(id)
 	if c == nil || (c.Alive() && m.rt.Alive(id)) {
 		return
 	}
-	if m.claim(id) != nil {
+	if m.sbx.begin(id, phaseStopping) != nil {
 		return
 	}
-	defer m.release(id)
+	defer m.sbx.end(id)
 	reason := pandastack.StopDied
 	if m.rt.DeathReason(id) == pandastack.ReasonOutOfMemory {
 		reason = pandastack.StopOOM

@@ -51,15 +51,17 @@ func (m *Manager) EnablePool(tpl Template, size int) {
 	}
 	p := &pool{tpl: tpl, ready: make(chan pooled, size), kick: make(chan struct{}, 1), ids: map[string]bool{}}
 	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped() {
+		return // after Close nothing may fill a pool: its sandboxes would leak
+	}
 	if m.pools == nil {
 		m.pools = map[string]*pool{}
 	}
 	if _, ok := m.pools[tpl.Name]; ok {
-		m.mu.Unlock()
 		return
 	}
 	m.pools[tpl.Name] = p
-	m.mu.Unlock()
 	m.wg.Add(1)
 	go m.fill(p)
 }

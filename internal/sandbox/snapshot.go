@@ -19,24 +19,6 @@ import (
 func (m *Manager) snapshotPath(id string) string { return filepath.Join(m.cfg.SnapshotDir, id) }
 func (m *Manager) pausedPath(id string) string   { return filepath.Join(m.cfg.PausedDir, id) }
 
-// quiet claims a running sandbox for a checkpoint: nothing may run in it,
-// and nothing new starts until release (Acquire answers conflict).
-func (m *Manager) quiet(id, what string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if n := m.inflight[id]; n > 0 {
-		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s) or upload(s) running; %s once they finish (snapshots never wait)", id, n, what)
-	}
-	if m.closed {
-		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
-	}
-	if m.busy[id] {
-		return pandastack.Errorf(pandastack.EConflict, "sandbox %s is being snapshotted, forked, paused or stopped; retry in a moment", id)
-	}
-	m.busy[id] = true
-	return nil
-}
-
 // checkpoint writes the sandbox's state into a new image directory final.
 func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final string, leaveRunning bool) (int64, error) {
 	tpl, err := m.templates.Resolve(ctx, sb.Template)
@@ -76,10 +58,10 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if err != nil {
 		return pandastack.Snapshot{}, err
 	}
-	if err := m.quiet(id, "take the snapshot"); err != nil {
+	if err := m.sbx.quiesce(id, phaseCheckpointing, "take the snapshot"); err != nil {
 		return pandastack.Snapshot{}, err
 	}
-	defer m.release(id)
+	defer m.sbx.settle(id)
 	snap := pandastack.Snapshot{
 		ID: pandastack.NewID("snap"), ProjectID: projectID, SandboxID: id, Template: sb.Template,
 		Metadata: maps.Clone(metadata), CreatedAt: m.now().UTC().Truncate(time.Millisecond), CPU: sb.CPU, MemoryMB: sb.MemoryMB,
@@ -140,14 +122,14 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	if err := ValidateMetadata(metadata); err != nil {
 		return nil, err
 	}
-	if err := m.quiet(id, "fork it"); err != nil {
+	if err := m.sbx.quiesce(id, phaseCheckpointing, "fork it"); err != nil {
 		return nil, err
 	}
 	// A fork's image lives only until its children run, in this process:
 	// no manifest or checksums, which would add a pass over every byte.
 	tpl, err := m.templates.Resolve(ctx, sb.Template)
 	if err != nil {
-		m.release(id)
+		m.sbx.settle(id)
 		return nil, err
 	}
 	img := filepath.Join(m.cfg.SnapshotDir, ".fork-"+pandastack.NewID("f"))
@@ -155,7 +137,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	if err == nil {
 		err = m.rt.Checkpoint(context.WithoutCancel(ctx), id, img, true)
 	}
-	m.release(id)
+	m.sbx.settle(id)
 	defer os.RemoveAll(img) // restored children keep their open image files
 	if err != nil {
 		return nil, fmt.Errorf("fork %s: %w", id, storageError(err))
@@ -201,24 +183,21 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (pandastack.S
 	if sb, err = m.running(ctx, projectID, id); err != nil {
 		return sb, err
 	}
-	if err := m.quiet(id, "pause it"); err != nil {
+	if err := m.sbx.quiesce(id, phasePausing, "pause it"); err != nil {
 		return sb, err
 	}
-	defer m.release(id)
-	m.mu.Lock()
-	c := m.live[id]
-	delete(m.live, id)
-	m.mu.Unlock()
-	if c != nil {
+	if c := m.sbx.detach(id); c != nil {
 		c.Close()
 	}
 	if _, err := m.checkpoint(ctx, sb, m.pausedPath(id), false); err != nil {
-		// The checkpoint failed before stopping it: reattach.
+		// The checkpoint failed before stopping it: reattach (running again).
 		if aerr := m.adopt(context.WithoutCancel(ctx), id); aerr != nil {
 			m.stopSandbox(id, pandastack.StopDied)
+			m.sbx.end(id)
 		}
 		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
+	defer m.sbx.end(id)
 	if err := m.store.SetSandboxState(context.WithoutCancel(ctx), id, pandastack.StatePaused, "", m.now()); err != nil {
 		return sb, err
 	}
@@ -236,10 +215,15 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	if sb.State != pandastack.StatePaused {
 		return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is %s, not paused", id, sb.State)
 	}
-	if err := m.claim(id); err != nil {
+	if err := m.sbx.begin(id, phaseResuming); err != nil {
 		return sb, err
 	}
-	defer m.release(id)
+	resumed := false
+	defer func() {
+		if !resumed {
+			m.sbx.end(id)
+		}
+	}()
 	dir := m.pausedPath(id)
 	man, err := verifyImage(dir, "paused sandbox "+id)
 	if err != nil {
@@ -265,6 +249,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 		m.rt.Stop(context.Background(), id)
 		return sb, err
 	}
+	resumed = true
 	os.RemoveAll(dir)
 	return sb, nil
 }

@@ -25,7 +25,8 @@ func DefaultContextID(language string) string { return "ctx_default_" + language
 // with warmup run in each (silently), and checkpoints the whole sandbox into
 // the image directory dir, which must not exist. Sandboxes created from the
 // template afterwards restore that image: their first code context, the
-// default one or any other, is a kernel with warmup's imports done. If dir appears meanwhile (another server warmed it), Warm succeeds.
+// default one or any other, is a kernel with warmup's imports done. If dir
+// appears meanwhile (another server warmed it), Warm succeeds.
 func (m *Manager) Warm(ctx context.Context, tpl Template, warmup, dir string) error {
 	if _, err := os.Stat(dir); err == nil {
 		return nil
@@ -35,9 +36,7 @@ func (m *Manager) Warm(ctx context.Context, tpl Template, warmup, dir string) er
 		return fmt.Errorf("warm %s: %w", tpl.Name, err)
 	}
 	defer m.Kill(context.Background(), warmProject, sb.ID)
-	m.mu.Lock()
-	agent := m.live[sb.ID]
-	m.mu.Unlock()
+	agent := m.sbx.client(sb.ID)
 	if agent == nil {
 		return fmt.Errorf("warm %s: the sandbox stopped during warm-up", tpl.Name)
 	}
@@ -82,4 +81,97 @@ func (m *Manager) verifyWarm(dir, what string) error {
 	}
 	m.warmVerified.Store(key, true)
 	return nil
+}
+
+// WarmImageDir is where the warm image of a template build lives under
+// root: keyed by the spec's hash and the agent's build, since a restore
+// needs both as they were at checkpoint time.
+func WarmImageDir(root, template, specHash, agentHash string) string {
+	return filepath.Join(root, template+"-"+short(specHash)+"-"+short(agentHash))
+}
+
+func short(h string) string { return h[:min(len(h), 16)] }
+
+// WarmSpec is a template to keep warm: its Template.WarmImage (see
+// WarmImageDir) is made by booting it and running Warmup.
+type WarmSpec struct {
+	Template Template
+	Warmup   string
+}
+
+// StartWarming removes stale warm images from cfg.WarmDir, then, in the
+// background, warms each spec that has no image yet and keeps a pool of
+// cfg.PoolSize sandboxes of it. Until a template is warm its creates boot
+// cold. The work belongs to the manager: Close stops it and waits for it.
+func (m *Manager) StartWarming(specs []WarmSpec) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped() {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			select {
+			case <-m.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		keep := map[string]bool{}
+		for _, s := range specs {
+			keep[filepath.Base(s.Template.WarmImage)] = true
+		}
+		m.removeStaleWarm(keep)
+		for _, s := range specs {
+			if ctx.Err() != nil {
+				return
+			}
+			dir := s.Template.WarmImage
+			if _, err := os.Stat(dir); err != nil {
+				os.MkdirAll(filepath.Dir(dir), 0o700)
+				start := time.Now()
+				m.log.Info("warming template (creates boot cold until this is done)", "template", s.Template.Name)
+				if err := m.Warm(ctx, s.Template, s.Warmup, dir); err != nil {
+					m.log.Error("warming template failed; its sandboxes boot cold", "template", s.Template.Name, "err", err)
+					continue
+				}
+				m.log.Info("template warm", "template", s.Template.Name, "seconds", time.Since(start).Seconds())
+			}
+			m.EnablePool(s.Template, m.cfg.PoolSize)
+		}
+	}()
+}
+
+// removeStaleWarm deletes warm images of other template or agent builds
+// that nobody touched for a day: every rebuild of either leaves one behind,
+// and another server sharing the cache may still restore a recent one.
+func (m *Manager) removeStaleWarm(keep map[string]bool) {
+	if m.cfg.WarmDir == "" {
+		return
+	}
+	ents, _ := os.ReadDir(m.cfg.WarmDir)
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil || keep[e.Name()] || time.Since(info.ModTime()) < 24*time.Hour {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(m.cfg.WarmDir, e.Name())); err == nil {
+			m.log.Info("removed a stale warm template snapshot", "dir", e.Name())
+		}
+	}
+}
+
+// stopped reports whether Close began. m.mu is held by callers that must
+// not race Close's wg.Wait with a wg.Add.
+func (m *Manager) stopped() bool {
+	select {
+	case <-m.stop:
+		return true
+	default:
+		return false
+	}
 }

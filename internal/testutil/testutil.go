@@ -1,5 +1,5 @@
 // Package testutil holds helpers for tests that need the real host setup
-// (root, runsc, debootstrap, built binaries). On a laptop without them the
+// (root, runsc, debootstrap, PostgreSQL, built binaries). On a laptop without them the
 // tests skip with a message naming the fix; under CI=true a missing
 // prerequisite fails the test, because a skipped suite is not green.
 // Only _test.go files import it.

@@ -5,7 +5,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -18,6 +17,7 @@ import (
 	sqlite3 "modernc.org/sqlite/lib"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/store/metajson"
 )
 
 var _ pandastack.Store = (*Store)(nil)
@@ -218,27 +218,6 @@ func rowsAffectedOrNotFound(res sql.Result, what, name string) error {
 	return nil
 }
 
-// encodeMetadata returns md as a JSON object; nil is stored as {}.
-func encodeMetadata(md map[string]string) (string, error) {
-	if md == nil {
-		md = map[string]string{}
-	}
-	b, err := json.Marshal(md)
-	return string(b), err
-}
-
-// decodeMetadata parses a stored JSON object, never returning a nil map.
-func decodeMetadata(s string) (map[string]string, error) {
-	var md map[string]string
-	if err := json.Unmarshal([]byte(s), &md); err != nil {
-		return nil, err
-	}
-	if md == nil {
-		md = map[string]string{}
-	}
-	return md, nil
-}
-
 // metadataWhere returns one condition (and its arguments) per entry of md,
 // each requiring table.metadata to hold that key with exactly that text
 // value. json_each compares whole keys, so a key is never parsed as a path.
@@ -256,6 +235,9 @@ func metadataWhere(table string, md map[string]string) (where []string, args []a
 
 // CreateProject implements pandastack.Store.
 func (s *Store) CreateProject(ctx context.Context, p pandastack.Project) error {
+	if !pandastack.StorableText(p.ID, p.Name) {
+		return pandastack.ErrUnstorableText("project", p.Name)
+	}
 	_, err := s.db.ExecContext(ctx,
 		`INSERT INTO projects (id, name, created_at) VALUES (?, ?, ?)`,
 		p.ID, p.Name, millis(p.CreatedAt))
@@ -303,6 +285,9 @@ func scanKey(row interface{ Scan(...any) error }) (pandastack.APIKey, error) {
 
 // CreateAPIKey implements pandastack.Store. An unknown project is ENotFound.
 func (s *Store) CreateAPIKey(ctx context.Context, k pandastack.APIKey) error {
+	if !pandastack.StorableText(k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash) {
+		return pandastack.ErrUnstorableText("API key", k.ID)
+	}
 	_, err := s.db.ExecContext(ctx,
 		`INSERT INTO api_keys (`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
 		k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash, millis(k.CreatedAt), millisPtr(k.RevokedAt))
@@ -427,7 +412,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error
 		return pandastack.Sandbox{}, err
 	}
 	var err error
-	if sb.Metadata, err = decodeMetadata(md); err != nil {
+	if sb.Metadata, err = metajson.Decode([]byte(md)); err != nil {
 		return pandastack.Sandbox{}, fmt.Errorf("sandbox %s metadata: %w", sb.ID, err)
 	}
 	sb.CreatedAt = fromMillis(created)
@@ -455,9 +440,12 @@ func querySandboxes(ctx context.Context, db *sql.DB, query string, args ...any) 
 
 // CreateSandbox implements pandastack.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error {
-	md, err := encodeMetadata(sb.Metadata)
+	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason) {
+		return pandastack.ErrUnstorableText("sandbox", sb.ID)
+	}
+	md, err := metajson.Encode(sb.Metadata)
 	if err != nil {
-		return fmt.Errorf("create sandbox %s: metadata: %w", sb.ID, err)
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
 	_, err = s.db.ExecContext(ctx,
 		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
@@ -522,6 +510,9 @@ func (s *Store) SetSandboxState(ctx context.Context, id string, state pandastack
 		stoppedAt = sql.NullInt64{Int64: millis(at), Valid: true}
 	} else {
 		reason = ""
+	}
+	if !pandastack.StorableText(string(state), reason) {
+		return pandastack.ErrUnstorableText("sandbox", id)
 	}
 	res, err := s.db.ExecContext(ctx,
 		`UPDATE sandboxes SET state = ?, stop_reason = ?, stopped_at = ? WHERE id = ?`,
@@ -594,7 +585,7 @@ func scanSnapshot(row interface{ Scan(...any) error }) (pandastack.Snapshot, err
 		return pandastack.Snapshot{}, err
 	}
 	var err error
-	if sn.Metadata, err = decodeMetadata(md); err != nil {
+	if sn.Metadata, err = metajson.Decode([]byte(md)); err != nil {
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s metadata: %w", sn.ID, err)
 	}
 	sn.CreatedAt = fromMillis(created)
@@ -603,9 +594,12 @@ func scanSnapshot(row interface{ Scan(...any) error }) (pandastack.Snapshot, err
 
 // CreateSnapshot implements pandastack.Store.
 func (s *Store) CreateSnapshot(ctx context.Context, sn pandastack.Snapshot) error {
-	md, err := encodeMetadata(sn.Metadata)
+	if !pandastack.StorableText(sn.ID, sn.ProjectID, sn.SandboxID, sn.Template) {
+		return pandastack.ErrUnstorableText("snapshot", sn.ID)
+	}
+	md, err := metajson.Encode(sn.Metadata)
 	if err != nil {
-		return fmt.Errorf("create snapshot %s: metadata: %w", sn.ID, err)
+		return fmt.Errorf("create snapshot %s: %w", sn.ID, err)
 	}
 	_, err = s.db.ExecContext(ctx,
 		`INSERT INTO snapshots (`+snapshotColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,

@@ -69,6 +69,10 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"SnapshotCancelledContext", testSnapshotCancelledContext},
 		{"Concurrent", testConcurrent},
 		{"CancelledContext", testCancelledContext},
+		{"RacingCreates", testRacingCreates},
+		{"RacingRevokes", testRacingRevokes},
+		{"UnstorableTextRefused", testUnstorableTextRefused},
+		{"UnstorableTextLookups", testUnstorableTextLookups},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,61 @@
+package pandastack
+
+// The public results of running code and commands. They are the API's
+// answers as clients see them; the agent's wire package (internal/agentproto)
+// and the Go client (client/) alias these types, so a change to the agent
+// protocol cannot change the public API without a change here.
+
+// CodeContext describes a code context: a Jupyter kernel in a sandbox.
+type CodeContext struct {
+	ID       string `json:"id"`
+	Language string `json:"language"`
+	Cwd      string `json:"cwd"`
+}
+
+// Result is one rich output of a cell: a display_data or the execute_result.
+type Result struct {
+	IsMainResult bool           `json:"is_main_result"`
+	Text         string         `json:"text,omitempty"`
+	HTML         string         `json:"html,omitempty"`
+	Markdown     string         `json:"markdown,omitempty"`
+	SVG          string         `json:"svg,omitempty"`
+	PNG          string         `json:"png,omitempty"`  // base64
+	JPEG         string         `json:"jpeg,omitempty"` // base64
+	PDF          string         `json:"pdf,omitempty"`  // base64
+	LaTeX        string         `json:"latex,omitempty"`
+	JSON         any            `json:"json,omitempty"`
+	JavaScript   string         `json:"javascript,omitempty"`
+	Plotly       any            `json:"plotly,omitempty"` // application/vnd.plotly.v1+json
+	Extra        map[string]any `json:"extra,omitempty"`  // any other MIME type
+}
+
+// ExecutionError is a cell's exception.
+type ExecutionError struct {
+	Name      string `json:"name"`
+	Value     string `json:"value"`
+	Traceback string `json:"traceback"` // plain text, no ANSI escapes
+}
+
+// Execution is the whole outcome of one run of code in a context.
+type Execution struct {
+	ExecutionCount int             `json:"execution_count"`
+	Stdout         string          `json:"stdout"`
+	Stderr         string          `json:"stderr"`
+	Text           string          `json:"text,omitempty"` // the main result's text/plain
+	PNG            string          `json:"png,omitempty"`  // the cell's first PNG, base64
+	Error          *ExecutionError `json:"error"`
+	Results        []Result        `json:"results"`
+	DurationMS     int64           `json:"duration_ms"`
+}
+
+// ExecResult is the outcome of a command (exec) answered as one document.
+type ExecResult struct {
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	ExitCode        int    `json:"exit_code"`
+	Signal          string `json:"signal,omitempty"`
+	DurationMS      int64  `json:"duration_ms"`
+	TimedOut        bool   `json:"timed_out"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+}

@@ -1,0 +1,259 @@
+package sandbox
+
+import (
+	"sync"
+
+	"github.com/pandastack/pandastack"
+)
+
+// The manager holds one entry per sandbox it is running or working on; the
+// store holds every sandbox's record. An entry's phase says what may happen
+// to the sandbox next, and every change of phase is one of the transitions
+// below, each a single step under one mutex. That is the whole of claim and
+// exclusion:
+//
+//	(none) --begin--> creating | resuming | stopping
+//	creating, resuming --run--> running          (or --end--> none on failure)
+//	running --quiesce--> checkpointing | pausing  (only with nothing in flight)
+//	checkpointing --settle--> running
+//	pausing --end--> none (paused on disk)        (or --run--> running if the checkpoint failed)
+//	running --begin(stopping)--> stopping --end--> none
+//
+// Work in a sandbox (exec, run, upload) is acquired only while it is
+// running, and counts as in flight until done; quiesce refuses while anything
+// is in flight, and acquire refuses in any phase but running, so a checkpoint
+// never sees work under way.
+
+// phase is where an entry is in its life.
+type phase int
+
+const (
+	phaseCreating      phase = iota + 1 // booting or restoring for a create; no agent yet
+	phaseResuming                       // restoring a paused sandbox
+	phaseRunning                        // its agent answers; work may be in flight
+	phaseCheckpointing                  // a snapshot or fork writes its image; it keeps running
+	phasePausing                        // being checkpointed to disk and stopped
+	phaseStopping                       // being killed, expired or reaped
+)
+
+func (p phase) String() string {
+	switch p {
+	case phaseCreating:
+		return "created"
+	case phaseResuming:
+		return "resumed"
+	case phaseRunning:
+		return "running"
+	case phaseCheckpointing:
+		return "snapshotted or forked"
+	case phasePausing:
+		return "paused"
+	case phaseStopping:
+		return "stopped"
+	}
+	return "unknown"
+}
+
+// entry is what the manager knows of one sandbox beyond its record. State
+// of a sandbox that only this process holds (its network, its PTY sessions
+// and port proxies) belongs here, guarded by table.mu.
+type entry struct {
+	phase    phase
+	client   *AgentClient // the agent's channel: set while running, checkpointing or stopping
+	inflight int          // work acquired and not yet done (exec, run, upload, …)
+}
+
+// table is the manager's entries and their transitions.
+type table struct {
+	mu      sync.Mutex
+	entries map[string]*entry
+	closed  bool // the manager is closing: nothing new begins
+}
+
+func newTable() *table { return &table{entries: map[string]*entry{}} }
+
+var errClosing = pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
+
+func busyError(id string, p phase) error {
+	return pandastack.Errorf(pandastack.EConflict, "sandbox %s is being %s; retry in a moment", id, p)
+}
+
+// begin claims a sandbox for p, one of creating, resuming or stopping.
+// Creating and resuming need a sandbox nobody holds; stopping also takes a
+// running one, whatever is in flight in it (that work then fails).
+func (t *table) begin(id string, p phase) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return errClosing
+	}
+	e := t.entries[id]
+	switch {
+	case e == nil:
+		t.entries[id] = &entry{phase: p}
+	case p == phaseStopping && e.phase == phaseRunning:
+		e.phase = p
+	default:
+		return busyError(id, e.phase)
+	}
+	return nil
+}
+
+// quiesce moves a running sandbox with nothing in flight to p
+// (checkpointing or pausing); what says what the caller wanted, for the
+// error when work is in flight. Checkpoints never wait for work.
+func (t *table) quiesce(id string, p phase, what string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[id]
+	if e != nil && e.inflight > 0 {
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s) or upload(s) running; %s once they finish (snapshots never wait)", id, e.inflight, what)
+	}
+	switch {
+	case t.closed:
+		return errClosing
+	case e == nil:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering", id)
+	case e.phase != phaseRunning:
+		return busyError(id, e.phase)
+	}
+	e.phase = p
+	return nil
+}
+
+// settle ends a checkpoint that left the sandbox running.
+func (t *table) settle(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.entries[id]; e != nil && e.phase == phaseCheckpointing {
+		e.phase = phaseRunning
+	}
+}
+
+// run makes a claimed sandbox running with the agent channel c. It reports
+// false, holding nothing, when the manager closed meanwhile: the caller
+// closes c (the sandbox runs on, for the next start to re-adopt).
+func (t *table) run(id string, c *AgentClient) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		delete(t.entries, id)
+		return false
+	}
+	e := t.entries[id]
+	if e == nil {
+		e = &entry{}
+		t.entries[id] = e
+	}
+	e.phase, e.client = phaseRunning, c
+	return true
+}
+
+// detach takes the agent channel out of a claimed entry, for the caller to
+// close; the entry stays claimed.
+func (t *table) detach(id string) *AgentClient {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[id]
+	if e == nil {
+		return nil
+	}
+	c := e.client
+	e.client = nil
+	return c
+}
+
+// end drops the entry: the sandbox is gone from this process (stopped,
+// paused to disk, or never made).
+func (t *table) end(id string) {
+	t.mu.Lock()
+	delete(t.entries, id)
+	t.mu.Unlock()
+}
+
+// agent returns the channel of a running sandbox.
+func (t *table) agent(id string) (*AgentClient, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, err := t.runningEntry(id)
+	if err != nil {
+		return nil, err
+	}
+	return e.client, nil
+}
+
+// runningEntry returns the entry of a running sandbox whose agent answers.
+// t.mu is held.
+func (t *table) runningEntry(id string) (*entry, error) {
+	e := t.entries[id]
+	if e != nil && e.phase != phaseRunning {
+		return nil, busyError(id, e.phase)
+	}
+	if e == nil || e.client == nil || !e.client.Alive() {
+		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering", id)
+	}
+	return e, nil
+}
+
+// acquire is agent for work that must not overlap a checkpoint: it counts
+// the work as in flight in the same step. done (idempotent) ends it.
+func (t *table) acquire(id string) (*AgentClient, func(), error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, err := t.runningEntry(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.inflight++
+	var once sync.Once
+	return e.client, func() {
+		once.Do(func() {
+			t.mu.Lock()
+			e.inflight--
+			t.mu.Unlock()
+		})
+	}, nil
+}
+
+// running returns the ids and channels of every running sandbox.
+func (t *table) running() map[string]*AgentClient {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make(map[string]*AgentClient, len(t.entries))
+	for id, e := range t.entries {
+		if e.phase == phaseRunning && e.client != nil {
+			out[id] = e.client
+		}
+	}
+	return out
+}
+
+// client returns the channel of a running sandbox, or nil.
+func (t *table) client(id string) *AgentClient {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.entries[id]; e != nil && e.phase == phaseRunning {
+		return e.client
+	}
+	return nil
+}
+
+// close refuses every later begin, quiesce and run, and hands back every
+// channel held, for the caller to close. Work already claimed finishes; a
+// create that finishes after this closes its own channel (see run).
+func (t *table) close() []*AgentClient {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil
+	}
+	t.closed = true
+	var out []*AgentClient
+	for _, e := range t.entries {
+		if e.client != nil {
+			out = append(out, e.client)
+			e.client = nil
+		}
+	}
+	return out
+}

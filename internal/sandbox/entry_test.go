@@ -1,0 +1,90 @@
+package sandbox
+
+import (
+	"testing"
+
+	"github.com/pandastack/pandastack"
+)
+
+// The state machine alone: every transition from every phase.
+func TestTableTransitions(t *testing.T) {
+	type step struct {
+		name string
+		do   func(*table) error
+		code string // "" for success
+	}
+	begin := func(p phase) func(*table) error { return func(tb *table) error { return tb.begin("s", p) } }
+	quiesce := func(p phase) func(*table) error { return func(tb *table) error { return tb.quiesce("s", p, "x") } }
+	run := func(tb *table) error { tb.run("s", nil); return nil }
+	settle := func(tb *table) error { tb.settle("s"); return nil }
+	end := func(tb *table) error { tb.end("s"); return nil }
+
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"create twice", []step{{"begin", begin(phaseCreating), ""}, {"begin again", begin(phaseCreating), pandastack.EConflict}}},
+		{"kill while creating", []step{{"begin", begin(phaseCreating), ""}, {"stop", begin(phaseStopping), pandastack.EConflict}}},
+		{"kill running", []step{{"begin", begin(phaseCreating), ""}, {"run", run, ""}, {"stop", begin(phaseStopping), ""}, {"stop again", begin(phaseStopping), pandastack.EConflict}, {"end", end, ""}, {"create after", begin(phaseCreating), ""}}},
+		{"stop unknown (paused)", []step{{"stop", begin(phaseStopping), ""}, {"resume meanwhile", begin(phaseResuming), pandastack.EConflict}}},
+		{"resume twice", []step{{"resume", begin(phaseResuming), ""}, {"resume again", begin(phaseResuming), pandastack.EConflict}}},
+		{"snapshot of unknown", []step{{"quiesce", quiesce(phaseCheckpointing), pandastack.EUnavailable}}},
+		{"snapshot while creating", []step{{"begin", begin(phaseCreating), ""}, {"quiesce", quiesce(phaseCheckpointing), pandastack.EConflict}}},
+		{"two checkpoints", []step{{"begin", begin(phaseCreating), ""}, {"run", run, ""}, {"snap", quiesce(phaseCheckpointing), ""}, {"pause", quiesce(phasePausing), pandastack.EConflict}, {"stop", begin(phaseStopping), pandastack.EConflict}, {"settle", settle, ""}, {"pause", quiesce(phasePausing), ""}}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tb := newTable()
+			for _, s := range tc.steps {
+				err := s.do(tb)
+				if s.code == "" && err != nil {
+					t.Fatalf("%s: %v", s.name, err)
+				}
+				if s.code != "" && !pandastack.IsCode(err, s.code) {
+					t.Fatalf("%s: got %v, want %s", s.name, err, s.code)
+				}
+			}
+		})
+	}
+}
+
+// Work and checkpoints exclude each other; done is idempotent.
+func TestTableInflight(t *testing.T) {
+	tb := newTable()
+	if err := tb.begin("s", phaseCreating); err != nil {
+		t.Fatal(err)
+	}
+	// A table entry without a live channel is not answering.
+	tb.run("s", nil)
+	if _, _, err := tb.acquire("s"); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Fatalf("acquire without a channel: %v", err)
+	}
+	e := tb.entries["s"]
+	e.inflight = 2
+	if err := tb.quiesce("s", phaseCheckpointing, "take the snapshot"); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("quiesce with work in flight: %v", err)
+	}
+	e.inflight = 0
+	if err := tb.quiesce("s", phaseCheckpointing, "take the snapshot"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := tb.acquire("s"); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("acquire while checkpointing: %v", err)
+	}
+}
+
+// After close nothing begins, and a create finishing late holds nothing.
+func TestTableClose(t *testing.T) {
+	tb := newTable()
+	tb.begin("a", phaseCreating)
+	tb.close()
+	if err := tb.begin("b", phaseCreating); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Fatalf("begin after close: %v", err)
+	}
+	if tb.run("a", nil) {
+		t.Fatal("run after close kept the channel")
+	}
+	if len(tb.entries) != 0 {
+		t.Fatalf("entries left: %v", tb.entries)
+	}
+}

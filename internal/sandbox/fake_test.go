@@ -1,0 +1,432 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/store/sqlite"
+)
+
+// fakeRuntime is a pandastack.Runtime whose sandboxes are in-process fake
+// agents speaking the real channel protocol (epoch framing, yamux, the
+// agent's HTTP API) over pipes. A sandbox's state is a map of variables;
+// Checkpoint writes it to the image and Restore reads it back, so restores
+// and forks carry state as real ones do. Hooks inject failures.
+type fakeRuntime struct {
+	mu    sync.Mutex
+	boxes map[string]*fakeBox
+
+	// Hooks, each optional; a non-nil error fails the call.
+	startErr      func(spec pandastack.RuntimeSpec) error
+	restoreErr    func(spec pandastack.RuntimeSpec) error
+	checkpointErr func(id string) error
+	restores      int  // Restore calls that succeeded
+	noAgent       bool // sandboxes boot with an agent that never answers
+}
+
+type fakeBox struct {
+	id      string
+	spec    pandastack.RuntimeSpec
+	vars    map[string]string // what the sandbox's "code" set
+	stdinW  *io.PipeWriter    // the host's end of the agent's stdin
+	stdoutR *io.PipeReader    // the host's end of the agent's stdout
+	stop    func()            // ends the current agent loop
+	alive   bool
+	reason  string
+	// hold, when set, makes exec of "hold" wait until it is closed.
+	hold chan struct{}
+}
+
+func newFakeRuntime() *fakeRuntime { return &fakeRuntime{boxes: map[string]*fakeBox{}} }
+
+var _ pandastack.Runtime = (*fakeRuntime)(nil)
+
+type pipeChannel struct {
+	io.Reader
+	io.Writer
+	close func() error
+}
+
+func (p pipeChannel) Close() error { return p.close() }
+
+// serve starts a fresh agent loop for b on new pipes and returns the host's
+// channel. r.mu is held.
+func (r *fakeRuntime) serve(b *fakeBox) io.ReadWriteCloser {
+	if b.stop != nil {
+		b.stop()
+	}
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	b.stdinW, b.stdoutR = inW, outR
+	b.stop = func() { inW.Close(); outR.Close(); inR.Close(); outW.Close() }
+	if r.noAgent {
+		go io.Copy(io.Discard, inR)
+		return pipeChannel{Reader: outR, Writer: inW, close: func() error { inW.Close(); return outR.Close() }}
+	}
+	go agentproto.Serve(inR, outW, func(epoch uint32, conn io.ReadWriteCloser) {
+		sess, err := yamux.Server(conn, agentproto.MuxConfig())
+		if err != nil {
+			return
+		}
+		srv := &http.Server{Handler: r.agentHandler(b, epoch)}
+		srv.Serve(sess)
+	})
+	return pipeChannel{Reader: outR, Writer: inW, close: func() error { inW.Close(); return outR.Close() }}
+}
+
+// agentHandler is the fake agent's API: hello, exec (cmd "set k=v" sets a
+// variable, "get k" prints it, "hold" waits for the test), contexts and run.
+func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/hello", func(w http.ResponseWriter, _ *http.Request) {
+		json.NewEncoder(w).Encode(agentproto.Hello{ProtocolVersion: agentproto.ProtocolVersion, Epoch: epoch})
+	})
+	mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, req *http.Request) {
+		var er agentproto.ExecRequest
+		json.NewDecoder(req.Body).Decode(&er)
+		var out string
+		switch {
+		case er.Cmd == "hold":
+			r.mu.Lock()
+			h := b.hold
+			r.mu.Unlock()
+			if h != nil {
+				select {
+				case <-h:
+				case <-req.Context().Done():
+				}
+			}
+		case len(er.Cmd) > 4 && er.Cmd[:4] == "set ":
+			k, v, _ := strings.Cut(er.Cmd[4:], "=")
+			r.mu.Lock()
+			b.vars[k] = v
+			r.mu.Unlock()
+		case len(er.Cmd) > 4 && er.Cmd[:4] == "get ":
+			r.mu.Lock()
+			out = b.vars[er.Cmd[4:]]
+			r.mu.Unlock()
+		}
+		enc := json.NewEncoder(w)
+		if out != "" {
+			enc.Encode(agentproto.ExecEvent{Type: "stdout", Data: []byte(out)})
+		}
+		enc.Encode(agentproto.ExecEvent{Type: "exit"})
+	})
+	mux.HandleFunc("POST /v1/contexts", func(w http.ResponseWriter, req *http.Request) {
+		var cr agentproto.ContextRequest
+		json.NewDecoder(req.Body).Decode(&cr)
+		json.NewEncoder(w).Encode(agentproto.Context{ID: cr.ID, Language: cr.Language})
+	})
+	mux.HandleFunc("POST /v1/contexts/{id}/run", func(w http.ResponseWriter, req *http.Request) {
+		json.NewEncoder(w).Encode(agentproto.CodeEvent{Type: "execution", Execution: &agentproto.Execution{}})
+	})
+	// Spare kernels (warm images): the fake has them ready at once, and
+	// remembers the warm-up it was given as the variable "spares".
+	mux.HandleFunc("POST /v1/contexts/spares", func(w http.ResponseWriter, req *http.Request) {
+		var sr agentproto.SparesRequest
+		json.NewDecoder(req.Body).Decode(&sr)
+		r.mu.Lock()
+		b.vars["spares"] = fmt.Sprintf("%s %d %s", sr.Language, sr.Count, sr.Warmup)
+		r.mu.Unlock()
+		json.NewEncoder(w).Encode(agentproto.Spares{Language: sr.Language, Count: sr.Count, Ready: sr.Count})
+	})
+	mux.HandleFunc("POST /v1/contexts/spares/touch", func(w http.ResponseWriter, req *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})
+	return mux
+}
+
+func (r *fakeRuntime) Start(ctx context.Context, spec pandastack.RuntimeSpec) (io.ReadWriteCloser, error) {
+	return r.boot(spec, map[string]string{}, r.startErr)
+}
+
+func (r *fakeRuntime) boot(spec pandastack.RuntimeSpec, vars map[string]string, hook func(pandastack.RuntimeSpec) error) (io.ReadWriteCloser, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if hook != nil {
+		if err := hook(spec); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := r.boxes[spec.ID]; ok {
+		return nil, pandastack.Errorf(pandastack.EConflict, "sandbox %s exists", spec.ID)
+	}
+	b := &fakeBox{id: spec.ID, spec: spec, vars: vars, alive: true}
+	r.boxes[spec.ID] = b
+	return r.serve(b), nil
+}
+
+func (r *fakeRuntime) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.boxes[id]
+	if b == nil || !b.alive {
+		return nil, pandastack.Errorf(pandastack.ENotFound, "no sandbox %s", id)
+	}
+	return r.serve(b), nil
+}
+
+func (r *fakeRuntime) Stop(ctx context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b := r.boxes[id]; b != nil {
+		b.stop()
+		delete(r.boxes, id)
+	}
+	return nil
+}
+
+func (r *fakeRuntime) State(ctx context.Context, id string) (pandastack.RuntimeState, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.boxes[id]
+	switch {
+	case b == nil:
+		return "", pandastack.Errorf(pandastack.ENotFound, "no sandbox %s", id)
+	case b.alive:
+		return pandastack.RuntimeRunning, nil
+	}
+	return pandastack.RuntimeStopped, nil
+}
+
+func (r *fakeRuntime) List(ctx context.Context) ([]string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []string
+	for id := range r.boxes {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+func (r *fakeRuntime) Stats(ctx context.Context, id string) (pandastack.RuntimeStats, error) {
+	if !r.Alive(id) {
+		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no sandbox %s", id)
+	}
+	return pandastack.RuntimeStats{PSSBytes: 1 << 20}, nil
+}
+
+type fakeImage struct {
+	ID     string            `json:"id"`
+	RootFS string            `json:"rootfs"`
+	Vars   map[string]string `json:"vars"`
+}
+
+func (r *fakeRuntime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.boxes[id]
+	if b == nil || !b.alive {
+		return pandastack.Errorf(pandastack.ENotFound, "no sandbox %s", id)
+	}
+	if r.checkpointErr != nil {
+		if err := r.checkpointErr(id); err != nil {
+			os.WriteFile(filepath.Join(imageDir, "partial"), []byte("x"), 0o600)
+			return err
+		}
+	}
+	data, _ := json.Marshal(fakeImage{ID: id, RootFS: b.spec.RootFS, Vars: b.vars})
+	if err := os.WriteFile(filepath.Join(imageDir, "state.json"), data, 0o600); err != nil {
+		return err
+	}
+	if !leaveRunning {
+		b.stop()
+		delete(r.boxes, id)
+	}
+	return nil
+}
+
+func (r *fakeRuntime) Restore(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) (io.ReadWriteCloser, error) {
+	data, err := os.ReadFile(filepath.Join(imageDir, "state.json"))
+	if err != nil {
+		return nil, err
+	}
+	var img fakeImage
+	if err := json.Unmarshal(data, &img); err != nil {
+		return nil, err
+	}
+	if img.RootFS != spec.RootFS {
+		return nil, fmt.Errorf("restore %s: image taken on %s, not %s", spec.ID, img.RootFS, spec.RootFS)
+	}
+	rwc, err := r.boot(spec, img.Vars, r.restoreErr)
+	if err == nil {
+		r.mu.Lock()
+		r.restores++
+		r.mu.Unlock()
+	}
+	return rwc, err
+}
+
+func (r *fakeRuntime) Alive(id string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.boxes[id]
+	return b != nil && b.alive
+}
+
+func (r *fakeRuntime) DeathReason(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b := r.boxes[id]; b != nil {
+		return b.reason
+	}
+	return ""
+}
+
+// die makes a sandbox die as a crash would: its processes end, its state
+// stays until Stop.
+func (r *fakeRuntime) die(id, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if b := r.boxes[id]; b != nil {
+		b.stop()
+		b.alive, b.reason = false, reason
+	}
+}
+
+func (r *fakeRuntime) ids() []string {
+	ids, _ := r.List(context.Background())
+	return ids
+}
+
+func (r *fakeRuntime) setHold(id string, h chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.boxes[id].hold = h
+}
+
+// fakeTemplates resolves one template, "base", onto a directory that stands
+// for its root filesystem.
+type fakeTemplates struct{ tpl Template }
+
+func (f *fakeTemplates) Resolve(ctx context.Context, name string) (Template, error) {
+	if name != f.tpl.Name {
+		return Template{}, pandastack.Errorf(pandastack.ENotFound, "no template %q", name)
+	}
+	return f.tpl, nil
+}
+
+// harness is a manager over a fake runtime and a real SQLite store.
+type harness struct {
+	t     *testing.T
+	dir   string
+	rt    *fakeRuntime
+	store pandastack.Store
+	tpls  *fakeTemplates
+	m     *Manager
+}
+
+const project = "prj_test"
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	store, err := sqlite.Open(filepath.Join(dir, "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	rootfs := filepath.Join(dir, "rootfs")
+	os.MkdirAll(rootfs, 0o700)
+	h := &harness{t: t, dir: dir, rt: newFakeRuntime(), store: store, tpls: &fakeTemplates{tpl: Template{Name: "base", RootFS: rootfs, CPU: 1, MemoryMB: 256}}}
+	h.m = h.newManager()
+	return h
+}
+
+// newManager starts a manager on the harness's runtime and store (a server
+// start); it is closed when the test ends.
+func (h *harness) newManager() *Manager {
+	h.t.Helper()
+	cfg := Config{
+		SnapshotDir: filepath.Join(h.dir, "snapshots"), PausedDir: filepath.Join(h.dir, "paused"), WarmDir: filepath.Join(h.dir, "warm"),
+		ReapInterval: time.Hour, // tests call reapOnce themselves
+	}
+	for _, d := range []string{cfg.SnapshotDir, cfg.PausedDir, cfg.WarmDir} {
+		os.MkdirAll(d, 0o700)
+	}
+	log := slog.New(slog.NewTextHandler(testWriter{h.t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	m := New(cfg, h.store, h.rt, h.tpls, log)
+	if err := m.Start(context.Background()); err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(m.Close)
+	return m
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(string(p[:len(p)-1]))
+	return len(p), nil
+}
+
+func (h *harness) create() pandastack.Sandbox {
+	h.t.Helper()
+	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	if err != nil {
+		h.t.Fatalf("create: %v", err)
+	}
+	return sb
+}
+
+// exec runs cmd in the sandbox through the manager and returns its stdout.
+func (h *harness) exec(id, cmd string) (string, error) {
+	c, done, err := h.m.Acquire(context.Background(), project, id)
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	var out string
+	_, err = c.Exec(context.Background(), agentproto.ExecRequest{Cmd: cmd}, func(ev agentproto.ExecEvent) error {
+		out += string(ev.Data)
+		return nil
+	})
+	return out, err
+}
+
+func (h *harness) record(id string) pandastack.Sandbox {
+	h.t.Helper()
+	sb, err := h.store.GetSandbox(context.Background(), "", id)
+	if err != nil {
+		h.t.Fatalf("get %s: %v", id, err)
+	}
+	return sb
+}
+
+func wantCode(t *testing.T, err error, code string) {
+	t.Helper()
+	if !pandastack.IsCode(err, code) {
+		t.Fatalf("got %v, want an error with code %s", err, code)
+	}
+}
+
+// entries returns the ids the manager holds, sorted.
+func (m *Manager) entryIDs() []string {
+	m.sbx.mu.Lock()
+	defer m.sbx.mu.Unlock()
+	var ids []string
+	for id := range m.sbx.entries {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+var errInjected = errors.New("injected failure")

@@ -1,0 +1,419 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+func TestCreateExecKill(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	if sb.State != pandastack.StateRunning || h.record(sb.ID).State != pandastack.StateRunning {
+		t.Fatalf("state %s, record %s", sb.State, h.record(sb.ID).State)
+	}
+	if _, err := h.exec(sb.ID, "set x=42"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.exec(sb.ID, "get x"); err != nil || out != "42" {
+		t.Fatalf("get x: %q %v", out, err)
+	}
+	if err := h.m.Kill(context.Background(), project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if ids := h.rt.ids(); len(ids) != 0 {
+		t.Fatalf("runtime still holds %v", ids)
+	}
+	if ids := h.m.entryIDs(); len(ids) != 0 {
+		t.Fatalf("manager still holds %v", ids)
+	}
+	if _, err := h.store.GetSandbox(context.Background(), project, sb.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("record after kill: %v", err)
+	}
+}
+
+// Work in flight and checkpoints exclude each other, both ways.
+func TestExclusion(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	ctx := context.Background()
+
+	// Work in flight: snapshot, fork and pause answer conflict; kill wins.
+	_, done, err := h.m.Acquire(ctx, project, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.m.Snapshot(ctx, project, sb.ID, nil)
+	wantCode(t, err, pandastack.EConflict)
+	_, err = h.m.Fork(ctx, project, sb.ID, 1, nil, nil)
+	wantCode(t, err, pandastack.EConflict)
+	_, err = h.m.Pause(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.EConflict)
+	done()
+	done() // idempotent: one piece of work counts once
+
+	// A checkpoint under way: new work and kill answer conflict.
+	inCheckpoint := make(chan struct{})
+	release := make(chan struct{})
+	h.rt.checkpointErr = func(string) error {
+		close(inCheckpoint)
+		h.rt.mu.Unlock() // let the test's calls into the runtime through while we wait
+		<-release
+		h.rt.mu.Lock()
+		return nil
+	}
+	snapErr := make(chan error, 1)
+	go func() {
+		_, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+		snapErr <- err
+	}()
+	<-inCheckpoint
+	_, _, err = h.m.Acquire(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.EConflict)
+	wantCode(t, h.m.Kill(ctx, project, sb.ID), pandastack.EConflict)
+	_, err = h.m.Pause(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.EConflict)
+	close(release)
+	if err := <-snapErr; err != nil {
+		t.Fatal(err)
+	}
+	h.rt.checkpointErr = nil
+
+	// Afterwards everything works again.
+	if _, err := h.exec(sb.ID, "set y=1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.m.Kill(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Concurrent work and snapshots: each snapshot either succeeds with no
+// work in flight or answers conflict; no work ever fails.
+func TestExclusionRace(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				if _, err := h.exec(sb.ID, "set a=1"); err != nil && !pandastack.IsCode(err, pandastack.EConflict) {
+					t.Errorf("exec: %v", err)
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for range 3 {
+				if _, err := h.m.Snapshot(ctx, project, sb.ID, nil); err != nil && !pandastack.IsCode(err, pandastack.EConflict) {
+					t.Errorf("snapshot: %v", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := h.m.sbx.entries[sb.ID].inflight; n != 0 {
+		t.Fatalf("in flight after all work ended: %d", n)
+	}
+}
+
+// A create that fails part-way leaves nothing behind and says why.
+func TestCreateRollback(t *testing.T) {
+	h := newHarness(t)
+	var failedID string
+	h.rt.startErr = func(spec pandastack.RuntimeSpec) error {
+		failedID = spec.ID
+		return errInjected
+	}
+	if _, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"}); err == nil {
+		t.Fatal("create succeeded")
+	}
+	if rec := h.record(failedID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopFailed {
+		t.Fatalf("record after a failed create: %s %s", rec.State, rec.StopReason)
+	}
+	if ids := h.rt.ids(); len(ids) != 0 {
+		t.Fatalf("runtime holds %v", ids)
+	}
+	if ids := h.m.entryIDs(); len(ids) != 0 {
+		t.Fatalf("manager holds %v", ids)
+	}
+	h.rt.startErr = nil
+
+	// Booted but the agent never answers hello: the runtime's sandbox goes too.
+	h.m.cfg.StartTimeout = 200 * time.Millisecond
+	h.rt.noAgent = true
+	_, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	wantCode(t, err, pandastack.ETimeout)
+	if ids := h.rt.ids(); len(ids) != 0 {
+		t.Fatalf("runtime holds %v after a silent agent", ids)
+	}
+	if ids := h.m.entryIDs(); len(ids) != 0 {
+		t.Fatalf("manager holds %v", ids)
+	}
+}
+
+// A fork whose children fail leaves no child, no image, and the parent running.
+func TestForkChildFailure(t *testing.T) {
+	h := newHarness(t)
+	parent := h.create()
+	h.exec(parent.ID, "set v=parent")
+	var mu sync.Mutex
+	n := 0
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if n++; n == 2 {
+			return errInjected
+		}
+		return nil
+	}
+	if _, err := h.m.Fork(context.Background(), project, parent.ID, 3, nil, nil); err == nil {
+		t.Fatal("fork succeeded")
+	}
+	if ids := h.rt.ids(); !slices.Equal(ids, []string{parent.ID}) {
+		t.Fatalf("runtime holds %v, want only the parent", ids)
+	}
+	if ids := h.m.entryIDs(); !slices.Equal(ids, []string{parent.ID}) {
+		t.Fatalf("manager holds %v, want only the parent", ids)
+	}
+	live, _ := h.store.ListSandboxes(context.Background(), pandastack.SandboxFilter{States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning}})
+	if len(live) != 1 || live[0].ID != parent.ID {
+		t.Fatalf("live records %v", live)
+	}
+	if ents, _ := os.ReadDir(h.m.cfg.SnapshotDir); len(ents) != 0 {
+		t.Fatalf("fork left %v in the snapshot dir", ents)
+	}
+	if out, err := h.exec(parent.ID, "get v"); err != nil || out != "parent" {
+		t.Fatalf("parent after the failed fork: %q %v", out, err)
+	}
+
+	// And a fork that works carries the parent's state into each child.
+	h.rt.restoreErr = nil
+	kids, err := h.m.Fork(context.Background(), project, parent.ID, 2, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids {
+		if out, err := h.exec(k.ID, "get v"); err != nil || out != "parent" {
+			t.Fatalf("child %s: %q %v", k.ID, out, err)
+		}
+	}
+}
+
+// Snapshot, restore, pause and resume through the manager.
+func TestSnapshotPauseResume(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.exec(sb.ID, "set v=1")
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, map[string]string{"k": "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := h.exec(restored.ID, "get v"); out != "1" {
+		t.Fatalf("restored: %q", out)
+	}
+	p, err := h.m.Pause(ctx, project, sb.ID)
+	if err != nil || p.State != pandastack.StatePaused {
+		t.Fatalf("pause: %v %s", err, p.State)
+	}
+	if h.rt.Alive(sb.ID) || slices.Contains(h.m.entryIDs(), sb.ID) {
+		t.Fatal("a paused sandbox is still held")
+	}
+	_, _, err = h.m.Acquire(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.EConflict) // paused without auto_resume
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := h.exec(sb.ID, "get v"); out != "1" {
+		t.Fatalf("resumed: %q", out)
+	}
+	if _, err := os.Stat(h.m.pausedPath(sb.ID)); !os.IsNotExist(err) {
+		t.Fatalf("paused image kept after resume: %v", err)
+	}
+}
+
+// A restart re-adopts what still runs, stops what does not, and removes
+// runtime state nobody owns.
+func TestRecovery(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	keep := h.create()
+	h.exec(keep.ID, "set v=kept")
+	lost := h.create()
+	expired := h.create()
+	h.m.Close()
+
+	h.rt.die(lost.ID, "")
+	h.store.SetSandboxExpiry(ctx, expired.ID, time.Now().Add(-time.Second))
+	h.rt.Start(ctx, pandastack.RuntimeSpec{ID: "sbx_orphan"})
+	starting := pandastack.Sandbox{ID: "sbx_halfmade", ProjectID: project, Template: "base", State: pandastack.StateStarting, Metadata: map[string]string{}, CreatedAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}
+	h.store.CreateSandbox(ctx, starting)
+
+	h.m = h.newManager()
+	if out, err := h.exec(keep.ID, "get v"); err != nil || out != "kept" {
+		t.Fatalf("re-adopted: %q %v", out, err)
+	}
+	for id, want := range map[string]string{lost.ID: pandastack.StopLost, expired.ID: pandastack.StopExpired, starting.ID: pandastack.StopFailed} {
+		if rec := h.record(id); rec.State != pandastack.StateStopped || rec.StopReason != want {
+			t.Errorf("%s: %s %s, want stopped %s", id, rec.State, rec.StopReason, want)
+		}
+	}
+	if ids := h.rt.ids(); !slices.Equal(ids, []string{keep.ID}) {
+		t.Fatalf("runtime holds %v, want only %s", ids, keep.ID)
+	}
+}
+
+// The reaper stops expired sandboxes and records sandboxes that died.
+func TestReaper(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	a, b, c := h.create(), h.create(), h.create()
+	h.store.SetSandboxExpiry(ctx, a.ID, time.Now().Add(-time.Second))
+	h.store.SetSandboxExpiry(ctx, b.ID, time.Now().Add(-time.Second))
+	h.rt.die(c.ID, pandastack.ReasonOutOfMemory)
+	h.m.reapOnce()
+	for id, want := range map[string]string{a.ID: pandastack.StopExpired, b.ID: pandastack.StopExpired, c.ID: pandastack.StopOOM} {
+		if rec := h.record(id); rec.State != pandastack.StateStopped || rec.StopReason != want {
+			t.Errorf("%s: %s %s, want stopped %s", id, rec.State, rec.StopReason, want)
+		}
+	}
+	if ids := h.rt.ids(); len(ids) != 0 {
+		t.Fatalf("runtime holds %v", ids)
+	}
+}
+
+// Warm makes a template image; the pool restores from it ahead of creates,
+// a create takes a pooled sandbox, and Close stops what waits in the pool.
+func TestWarmAndPool(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
+	if err := h.m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := verifyImage(tpl.WarmImage, "warm"); err != nil {
+		t.Fatal(err)
+	}
+	if ids := h.rt.ids(); len(ids) != 0 {
+		t.Fatalf("warm-up left %v", ids)
+	}
+	h.tpls.tpl = tpl
+	h.m.EnablePool(tpl, 1)
+	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
+	pooled := h.rt.ids()[0]
+	restores := h.rt.restores
+	sb := h.create()
+	if sb.ID != pooled {
+		t.Fatalf("create got %s, not the pooled %s", sb.ID, pooled)
+	}
+	if _, err := h.exec(sb.ID, "set a=1"); err != nil {
+		t.Fatal(err)
+	}
+	// The image holds the spare kernels Warm asked for, with the warm-up.
+	if got, err := h.exec(sb.ID, "get spares"); err != nil || got != fmt.Sprintf("python %d import x", WarmSpares) {
+		t.Fatalf("spares in the warm image: %q, %v", got, err)
+	}
+	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
+	if h.rt.restores != restores+1 {
+		t.Fatalf("restores %d, want %d (one refill)", h.rt.restores, restores+1)
+	}
+	h.m.Close()
+	if ids := h.rt.ids(); !slices.Equal(ids, []string{sb.ID}) {
+		t.Fatalf("after close the runtime holds %v, want only the created %s", ids, sb.ID)
+	}
+	// After Close no pool starts again.
+	h.m.EnablePool(Template{Name: "other", WarmImage: tpl.WarmImage, RootFS: tpl.RootFS}, 1)
+	if len(h.m.Pools(ctx)) != 1 {
+		t.Fatal("a pool was enabled after Close")
+	}
+}
+
+// StartWarming removes stale warm images, keeps current ones, and warms.
+func TestStartWarming(t *testing.T) {
+	h := newHarness(t)
+	stale := filepath.Join(h.m.cfg.WarmDir, "base-old-old")
+	recent := filepath.Join(h.m.cfg.WarmDir, "base-recent-recent")
+	for _, d := range []string{stale, recent} {
+		os.MkdirAll(d, 0o700)
+	}
+	old := time.Now().Add(-48 * time.Hour)
+	os.Chtimes(stale, old, old)
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, "base", "aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb")
+	h.m.cfg.PoolSize = 1
+	h.m.StartWarming([]WarmSpec{{Template: tpl, Warmup: "import x"}})
+	waitFor(t, func() bool { return h.m.Pools(context.Background())["base"].Ready == 1 })
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("stale warm image kept: %v", err)
+	}
+	if _, err := os.Stat(recent); err != nil {
+		t.Errorf("recent warm image of another build removed: %v", err)
+	}
+	if _, err := verifyImage(tpl.WarmImage, "warm"); err != nil {
+		t.Error(err)
+	}
+	if !strings.HasSuffix(tpl.WarmImage, "base-aaaaaaaaaaaaaaaa-bbbbbbbbbbbbbbbb") {
+		t.Errorf("warm image keyed as %s", tpl.WarmImage)
+	}
+}
+
+// A create that finishes after Close keeps its sandbox for the next start
+// and holds no channel (Close misses nothing).
+func TestCloseDuringCreate(t *testing.T) {
+	h := newHarness(t)
+	inStart := make(chan struct{})
+	release := make(chan struct{})
+	h.rt.startErr = func(pandastack.RuntimeSpec) error {
+		close(inStart)
+		h.rt.mu.Unlock()
+		<-release
+		h.rt.mu.Lock()
+		return nil
+	}
+	created := make(chan pandastack.Sandbox, 1)
+	go func() {
+		sb, _ := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+		created <- sb
+	}()
+	<-inStart
+	closed := make(chan struct{})
+	go func() { h.m.Close(); close(closed) }()
+	time.Sleep(10 * time.Millisecond) // let Close begin; correctness does not depend on it
+	close(release)
+	sb := <-created
+	<-closed
+	if ids := h.m.entryIDs(); len(ids) != 0 {
+		t.Fatalf("manager holds %v after Close", ids)
+	}
+	if sb.ID != "" && !h.rt.Alive(sb.ID) {
+		t.Fatalf("the created sandbox was stopped; it should wait for re-adoption")
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 10 s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
