@@ -13,6 +13,11 @@ type RuntimeSpec struct {
 	CPU      int      // CPUs (a quota of CPU*100 ms per 100 ms); 0 means unlimited
 	MemoryMB int      // memory limit of the whole sandbox; 0 means unlimited
 	PIDs     int      // limit on processes and threads; 0 means unlimited
+	// DiskMB sizes the sandbox's own disk, the writable layer over RootFS
+	// (and /tmp): a full disk is ENOSPC to the writer, not a dead sandbox.
+	// 0 means the runtime's default. A restore keeps the size the image
+	// was taken with.
+	DiskMB int
 	// Lazy (Restore only) lets the sandbox run while its memory is still
 	// being loaded: a faster restore, slower first steps.
 	Lazy    bool

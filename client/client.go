@@ -132,6 +132,7 @@ type CreateSandboxRequest struct {
 	Env        map[string]string `json:"env,omitempty"`
 	CPU        int               `json:"cpu,omitempty"`
 	MemoryMB   int               `json:"memory_mb,omitempty"`
+	DiskMB     int               `json:"disk_mb,omitempty"`
 	// IdleTimeoutSeconds suspends it after this long idle; nil takes the
 	// server's default, 0 never.
 	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds,omitempty"`

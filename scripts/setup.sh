@@ -37,22 +37,41 @@ if [ ${#missing[@]} -gt 0 ]; then
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 fi
 
-# Go: use the one on PATH when it is new enough, else fetch the toolchain
-# from the Go module proxy into the cache.
+# Go: use the one on PATH when it is new enough. Otherwise go fetches the
+# toolchain go.mod wants itself (GOTOOLCHAIN, Go 1.21 and later) through the
+# module proxy it is configured with (`go env GOPROXY`). With no Go at all,
+# Debian's golang-go serves to bootstrap; one older than 1.21 cannot switch
+# toolchains, so the same toolchain module is fetched from that proxy here.
 go_ok() { command -v go >/dev/null 2>&1 && [ "$(printf '%s\n' "$GO_WANT" "$(go env GOVERSION | sed 's/^go//')" | sort -V | head -1)" = "$GO_WANT" ]; }
 if ! go_ok; then
-  GOV=go${GO_WANT%.0}
-  [ "${GO_WANT##*.}" = 0 ] && GOV=go$GO_WANT
-  GODIR="$CACHE/go/$GOV"
-  if [ ! -x "$GODIR/bin/go" ]; then
-    step "downloading the Go toolchain $GOV from the Go module proxy"
-    tmp=$(mktemp -d)
-    curl -fsSL "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-$GOV.linux-amd64.zip" -o "$tmp/go.zip"
-    (cd "$tmp" && python3 -m zipfile -e go.zip .)
-    mkdir -p "$CACHE/go"
-    rm -rf "$GODIR" && mv "$tmp/golang.org/toolchain@v0.0.1-$GOV.linux-amd64" "$GODIR"
-    chmod +x "$GODIR"/bin/* "$GODIR"/pkg/tool/*/*
-    rm -rf "$tmp"
+  if ! command -v go >/dev/null 2>&1; then
+    step "apt-get install golang-go (to bootstrap the Go toolchain $GO_WANT)"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends golang-go
+  fi
+  GOV=go$GO_WANT
+  HAVE=$(go env GOVERSION | sed 's/^go//')
+  if [ "$(printf '%s\n' 1.21 "$HAVE" | sort -V | head -1)" = 1.21 ]; then
+    step "fetching the Go toolchain $GOV through GOTOOLCHAIN"
+    GODIR=$(GOTOOLCHAIN=$GOV go env GOROOT)
+  else
+    GODIR="$CACHE/go/$GOV"
+    if [ ! -x "$GODIR/bin/go" ]; then
+      PROXY=$(go env GOPROXY | tr ',|' '\n\n' | grep -v -x -e direct -e off | head -1)
+      if [ -z "$PROXY" ]; then
+        echo "go $HAVE is too old to fetch go $GO_WANT itself, and GOPROXY ($(go env GOPROXY)) names no proxy to fetch it from: install go $GO_WANT" >&2
+        exit 1
+      fi
+      step "fetching the Go toolchain $GOV from the module proxy $PROXY"
+      ZIP="golang.org/toolchain@v0.0.1-$GOV.linux-$(go env GOARCH)"
+      tmp=$(mktemp -d)
+      curl -fsSL "${PROXY%/}/golang.org/toolchain/@v/v0.0.1-$GOV.linux-$(go env GOARCH).zip" -o "$tmp/go.zip"
+      (cd "$tmp" && python3 -m zipfile -e go.zip .)
+      mkdir -p "$CACHE/go"
+      rm -rf "$GODIR" && mv "$tmp/$ZIP" "$GODIR"
+      chmod +x "$GODIR"/bin/* "$GODIR"/pkg/tool/*/*
+      rm -rf "$tmp"
+    fi
   fi
   export PATH="$GODIR/bin:$PATH"
 fi

@@ -30,6 +30,7 @@ type Config struct {
 	Warm         bool   // snapshot templates warm in the background so creates restore them
 	KillOnExit   bool   // kill every sandbox when serve stops, instead of keeping them for the next start
 	LogLevel     string // debug, info, warn or error
+	DiskMB       int    // each sandbox's own disk (the writable layer over its template), in MiB; negative: in memory
 
 	// The sandbox manager's and the API's settings, with their own
 	// defaults (sandbox.DefaultConfig, api.DefaultConfig); the directories
@@ -37,7 +38,7 @@ type Config struct {
 	Sandbox sandbox.Config
 	API     api.Config
 
-	envErrs []error // PANDASTACK_* values that did not parse; validate reports them
+	envErrs []error // malformed PANDASTACK_* values, refused by validate
 }
 
 func defaultConfig() Config {
@@ -48,6 +49,7 @@ func defaultConfig() Config {
 		BuildOnStart: "base",
 		Warm:         true,
 		LogLevel:     "info",
+		DiskMB:       2048,
 		Sandbox:      sandbox.DefaultConfig(),
 		API:          api.DefaultConfig(),
 	}
@@ -62,14 +64,14 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		fs.StringVar(p, name, *p, usage+" ($"+env+")")
 	}
 	bad := func(env, v, want string) {
-		c.envErrs = append(c.envErrs, fmt.Errorf("$%s=%q is not %s", env, v, want))
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: want %s", env, v, want))
 	}
 	dur := func(p *time.Duration, name, env, usage string) {
 		if v, ok := os.LookupEnv(env); ok {
 			if d, err := parseDuration(v); err == nil {
 				*p = d
 			} else {
-				bad(env, v, "a duration (seconds, or like 5m)")
+				bad(env, v, "a duration such as 300, 300s or 5m")
 			}
 		}
 		fs.DurationVar(p, name, *p, usage+" ($"+env+")")
@@ -79,20 +81,17 @@ func (c *Config) bind(fs *flag.FlagSet) {
 			if n, err := strconv.Atoi(v); err == nil {
 				*p = n
 			} else {
-				bad(env, v, "an integer")
+				bad(env, v, "a whole number")
 			}
 		}
 		fs.IntVar(p, name, *p, usage+" ($"+env+")")
 	}
 	boolean := func(p *bool, name, env, usage string) {
 		if v, ok := os.LookupEnv(env); ok {
-			switch v {
-			case "1", "true":
-				*p = true
-			case "0", "false":
-				*p = false
-			default:
-				bad(env, v, "a boolean (1, true, 0 or false)")
+			if b, err := strconv.ParseBool(v); err == nil {
+				*p = b
+			} else {
+				bad(env, v, "true or false (or 1 or 0)")
 			}
 		}
 		fs.BoolVar(p, name, *p, usage+" ($"+env+")")
@@ -109,6 +108,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	dur(&c.Sandbox.MaxTTL, "max-ttl", "PANDASTACK_MAX_TTL", "largest TTL a caller may ask for")
 	num(&c.Sandbox.MaxCPU, "max-cpu", "PANDASTACK_MAX_CPU", "most CPUs of one sandbox")
 	num(&c.Sandbox.MaxMemoryMB, "max-memory-mb", "PANDASTACK_MAX_MEMORY_MB", "most memory of one sandbox, in MiB")
+	num(&c.DiskMB, "disk-mb", "PANDASTACK_DISK_MB", "each sandbox's own disk in MiB: a full disk is ENOSPC to the writer (negative: writes stay in memory)")
 	num(&c.API.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
 	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
 	num(&c.Sandbox.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
@@ -121,7 +121,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			c.API.MaxUploadBytes = n
 		} else {
-			bad("PANDASTACK_MAX_UPLOAD_BYTES", v, "an integer")
+			bad("PANDASTACK_MAX_UPLOAD_BYTES", v, "a whole number of bytes")
 		}
 	}
 	fs.Int64Var(&c.API.MaxUploadBytes, "max-upload-bytes", c.API.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
@@ -153,10 +153,15 @@ func (c *Config) warmDir() string     { return filepath.Join(c.CacheDir, "warm")
 // that did not parse (rather than ignore them).
 func (c *Config) validate() error {
 	if len(c.envErrs) > 0 {
-		return errors.Join(c.envErrs...)
+		return fmt.Errorf("malformed environment: %w", errors.Join(c.envErrs...))
 	}
 	if c.Sandbox.IdleTimeout < 0 {
 		return fmt.Errorf("idle timeout %s must not be negative (0 disables idle suspend)", c.Sandbox.IdleTimeout)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log level %q: want debug, info, warn or error", c.LogLevel)
 	}
 	if c.Sandbox.DefaultTTL <= 0 || c.Sandbox.MaxTTL <= 0 || c.Sandbox.DefaultTTL > c.Sandbox.MaxTTL {
 		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.Sandbox.DefaultTTL, c.Sandbox.MaxTTL)

@@ -165,7 +165,7 @@ func serve(args []string) error {
 			return err
 		}
 	}
-	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: cfg.runtimeDir(), AgentPath: agent, Log: log})
+	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: cfg.runtimeDir(), AgentPath: agent, Log: log, DiskMB: cfg.DiskMB})
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	_ "embed"
@@ -156,6 +157,11 @@ func (s *Server) Handler() http.Handler {
 		rec := &statusRecorder{ResponseWriter: w, status: 200}
 		defer func() {
 			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					// A deliberate abort (a download that broke off):
+					// net/http must cut the connection, so pass it on.
+					panic(p)
+				}
 				s.log.Error("panic in handler", "method", r.Method, "path", r.URL.Path, "panic", p)
 				if !rec.wrote {
 					writeError(rec, errors.New("panic"))
@@ -284,12 +290,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc.Encode(v)
 }
 
-// decode reads a JSON request body strictly. An empty body decodes as {}.
+// decode reads a JSON request body strictly: one JSON object with known
+// fields and nothing after it. An empty body decodes as {}; null, an array
+// or any other value is refused.
 func decode(r *http.Request, v any) error {
 	body := http.MaxBytesReader(nil, r.Body, 8<<20)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -298,7 +307,38 @@ func decode(r *http.Request, v any) error {
 	if dec.More() {
 		return pandastack.Errorf(pandastack.EInvalid, "request body has data after the JSON object")
 	}
+	return decodeObject(raw, v)
+}
+
+// decodeObject decodes raw, which must be a JSON object, into v strictly.
+func decodeObject(raw []byte, v any) error {
+	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		kind := "empty"
+		if len(t) > 0 {
+			kind = jsonValueKind(t[0])
+		}
+		return pandastack.Errorf(pandastack.EInvalid, "the request body must be a JSON object, got %s", kind)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
 	return nil
+}
+
+func jsonValueKind(c byte) string {
+	switch c {
+	case 'n':
+		return "null"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "a boolean"
+	}
+	return "a number"
 }
 
 func jsonError(err error) error {

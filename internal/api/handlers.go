@@ -3,12 +3,9 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -24,6 +21,7 @@ type createSandboxRequest struct {
 	Env        map[string]string `json:"env"`
 	CPU        int               `json:"cpu"`
 	MemoryMB   int               `json:"memory_mb"`
+	DiskMB     int               `json:"disk_mb"`
 	SnapshotID string            `json:"snapshot_id"`
 	AutoResume bool              `json:"auto_resume"`
 	// IdleTimeoutSeconds: nil takes the server's default; 0 never suspends.
@@ -38,7 +36,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 	}
 	sb, err := s.mgr.Create(r.Context(), project, sandbox.CreateRequest{
 		Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata,
-		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
+		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
 		IdleTimeoutSeconds: req.IdleTimeoutSeconds,
 	})
 	if err != nil {
@@ -293,143 +291,6 @@ func (n *ndjson) send(v any) error {
 		return err
 	}
 	return n.rc.Flush()
-}
-
-// pathParam reads the required ?path= parameter.
-func pathParam(r *http.Request) (string, error) {
-	p := r.URL.Query().Get("path")
-	if p == "" {
-		return "", pandastack.Errorf(pandastack.EInvalid, "the path query parameter is required, e.g. ?path=/home/user/data.csv")
-	}
-	return p, nil
-}
-
-func (s *Server) fileAgent(w http.ResponseWriter, r *http.Request, project string) (*sandbox.AgentClient, string, bool) {
-	p, err := pathParam(r)
-	if err == nil {
-		var agent *sandbox.AgentClient
-		if agent, err = s.mgr.Agent(r.Context(), project, r.PathValue("id")); err == nil {
-			return agent, p, true
-		}
-	}
-	writeError(w, err)
-	return nil, "", false
-}
-
-func (s *Server) putFile(w http.ResponseWriter, r *http.Request, project string) {
-	if r.ContentLength > s.cfg.MaxUploadBytes {
-		writeError(w, pandastack.Errorf(pandastack.ETooLarge, "upload of %d bytes is over the server's limit of %d", r.ContentLength, s.cfg.MaxUploadBytes))
-		return
-	}
-	p, err := pathParam(r)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	defer done()
-	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
-	fi, err := agent.PutFile(r.Context(), p, body)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			err = pandastack.Errorf(pandastack.ETooLarge, "upload is over the server's limit of %d bytes", s.cfg.MaxUploadBytes)
-		}
-		s.logFailure(r, err)
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fi)
-}
-
-func (s *Server) getFile(w http.ResponseWriter, r *http.Request, project string) {
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	rc, size, err := agent.GetFile(r.Context(), p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	defer rc.Close()
-	w.Header().Set("Content-Type", "application/octet-stream")
-	if size >= 0 {
-		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
-	}
-	w.WriteHeader(http.StatusOK)
-	io.Copy(w, rc)
-}
-
-func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, project string) {
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	rec := r.URL.Query().Get("recursive")
-	if err := agent.RemoveFile(r.Context(), p, rec == "1" || rec == "true"); err != nil {
-		writeError(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, project string) {
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	list, err := agent.ListFiles(r.Context(), p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"files": list})
-}
-
-func (s *Server) statFile(w http.ResponseWriter, r *http.Request, project string) {
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	fi, err := agent.StatFile(r.Context(), p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fi)
-}
-
-func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {
-	// The path may come as ?path= or as a JSON body {"path": ...}.
-	if r.URL.Query().Get("path") == "" {
-		var body struct {
-			Path string `json:"path"`
-		}
-		if err := decode(r, &body); err != nil {
-			writeError(w, err)
-			return
-		}
-		if body.Path != "" {
-			q := r.URL.Query()
-			q.Set("path", body.Path)
-			r.URL.RawQuery = q.Encode()
-		}
-	}
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	fi, err := agent.MakeDir(r.Context(), p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fi)
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, project string) {

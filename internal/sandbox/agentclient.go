@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -186,10 +185,20 @@ func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEv
 	return agentproto.ExecEvent{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during exec: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
 }
 
+// fileQuery is the agent's query for a file at path, as the sandbox user or
+// as root.
+func fileQuery(path string, asRoot bool) url.Values {
+	q := url.Values{"path": {path}}
+	if asRoot {
+		q.Set("user", agentproto.FileUserRoot)
+	}
+	return q
+}
+
 // PutFile streams r into the file at path.
-func (c *AgentClient) PutFile(ctx context.Context, path string, r io.Reader) (agentproto.FileInfo, error) {
+func (c *AgentClient) PutFile(ctx context.Context, path string, asRoot bool, r io.Reader) (agentproto.FileInfo, error) {
 	var fi agentproto.FileInfo
-	resp, err := c.request(ctx, http.MethodPut, "/v1/files", url.Values{"path": {path}}, r)
+	resp, err := c.request(ctx, http.MethodPut, "/v1/files", fileQuery(path, asRoot), r)
 	if err != nil {
 		return fi, err
 	}
@@ -199,32 +208,29 @@ func (c *AgentClient) PutFile(ctx context.Context, path string, r io.Reader) (ag
 }
 
 // GetFile opens the file at path for streaming; the caller closes the
-// reader. size is -1 when unknown.
-func (c *AgentClient) GetFile(ctx context.Context, path string) (rc io.ReadCloser, size int64, err error) {
-	resp, err := c.request(ctx, http.MethodGet, "/v1/files", url.Values{"path": {path}}, nil)
+// reader. size is -1 when unknown. A read error of the reader means the
+// agent aborted the download midway.
+func (c *AgentClient) GetFile(ctx context.Context, path string, asRoot bool) (rc io.ReadCloser, size int64, err error) {
+	resp, err := c.request(ctx, http.MethodGet, "/v1/files", fileQuery(path, asRoot), nil)
 	if err != nil {
 		return nil, 0, err
 	}
-	size = -1
-	if v := resp.Header.Get("Content-Length"); v != "" {
-		size, _ = strconv.ParseInt(v, 10, 64)
-	}
-	return resp.Body, size, nil
+	return resp.Body, resp.ContentLength, nil
 }
 
 // RemoveFile deletes a file or an empty directory, or a tree when recursive.
-func (c *AgentClient) RemoveFile(ctx context.Context, path string, recursive bool) error {
-	q := url.Values{"path": {path}}
+func (c *AgentClient) RemoveFile(ctx context.Context, path string, asRoot, recursive bool) error {
+	q := fileQuery(path, asRoot)
 	if recursive {
-		q.Set("recursive", "1")
+		q.Set("recursive", "true")
 	}
 	return c.do(ctx, http.MethodDelete, "/v1/files", q, nil, nil)
 }
 
 // ListFiles lists a directory.
-func (c *AgentClient) ListFiles(ctx context.Context, path string) ([]agentproto.FileInfo, error) {
+func (c *AgentClient) ListFiles(ctx context.Context, path string, asRoot bool) ([]agentproto.FileInfo, error) {
 	var out []agentproto.FileInfo
-	err := c.do(ctx, http.MethodGet, "/v1/files/list", url.Values{"path": {path}}, nil, &out)
+	err := c.do(ctx, http.MethodGet, "/v1/files/list", fileQuery(path, asRoot), nil, &out)
 	if out == nil && err == nil {
 		out = []agentproto.FileInfo{}
 	}
@@ -232,15 +238,15 @@ func (c *AgentClient) ListFiles(ctx context.Context, path string) ([]agentproto.
 }
 
 // StatFile describes one file.
-func (c *AgentClient) StatFile(ctx context.Context, path string) (agentproto.FileInfo, error) {
+func (c *AgentClient) StatFile(ctx context.Context, path string, asRoot bool) (agentproto.FileInfo, error) {
 	var fi agentproto.FileInfo
-	err := c.do(ctx, http.MethodGet, "/v1/files/stat", url.Values{"path": {path}}, nil, &fi)
+	err := c.do(ctx, http.MethodGet, "/v1/files/stat", fileQuery(path, asRoot), nil, &fi)
 	return fi, err
 }
 
 // MakeDir creates a directory and its parents.
-func (c *AgentClient) MakeDir(ctx context.Context, path string) (agentproto.FileInfo, error) {
+func (c *AgentClient) MakeDir(ctx context.Context, path string, asRoot bool) (agentproto.FileInfo, error) {
 	var fi agentproto.FileInfo
-	err := c.do(ctx, http.MethodPost, "/v1/files/mkdir", url.Values{"path": {path}}, nil, &fi)
+	err := c.do(ctx, http.MethodPost, "/v1/files/mkdir", fileQuery(path, asRoot), nil, &fi)
 	return fi, err
 }

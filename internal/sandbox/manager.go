@@ -12,12 +12,12 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 // Config holds the manager's limits and timings. DefaultConfig has the
@@ -27,6 +27,7 @@ type Config struct {
 	MaxTTL           time.Duration // the largest TTL a caller may ask for
 	MaxCPU           int           // the most CPUs of one sandbox
 	MaxMemoryMB      int           // the most memory of one sandbox, in MiB
+	MaxDiskMB        int           // the largest disk_mb a caller may ask for
 	PIDsLimit        int           // processes and threads per sandbox
 	ReapInterval     time.Duration // how often TTLs and liveness are checked
 	StoppedRetention time.Duration // how long records of stopped sandboxes stay visible
@@ -46,6 +47,7 @@ func DefaultConfig() Config {
 		MaxTTL:           24 * time.Hour,
 		MaxCPU:           2,
 		MaxMemoryMB:      8192,
+		MaxDiskMB:        65536,
 		PIDsLimit:        1024,
 		ReapInterval:     time.Second,
 		StoppedRetention: 24 * time.Hour,
@@ -75,6 +77,7 @@ func (c *Config) setDefaults() {
 	def(&c.StartTimeout, d.StartTimeout)
 	defInt(&c.MaxCPU, d.MaxCPU)
 	defInt(&c.MaxMemoryMB, d.MaxMemoryMB)
+	defInt(&c.MaxDiskMB, d.MaxDiskMB)
 	defInt(&c.PIDsLimit, d.PIDsLimit)
 	defInt(&c.MaxFork, d.MaxFork)
 }
@@ -85,6 +88,7 @@ type Template struct {
 	RootFS    string
 	CPU       int
 	MemoryMB  int
+	DiskMB    int    // the sandbox's own disk; 0: the runtime's default
 	WarmImage string // an image directory of the template booted warm, or ""
 }
 
@@ -102,6 +106,7 @@ type CreateRequest struct {
 	Env        map[string]string
 	CPU        int
 	MemoryMB   int
+	DiskMB     int    // the sandbox's own disk, in MiB; 0: the template's (a restore keeps the snapshot's)
 	SnapshotID string // restore this snapshot instead of a template
 	AutoResume bool   // resume automatically on any request while paused
 	// IdleTimeoutSeconds: suspend after this long idle (0: never); nil
@@ -251,15 +256,9 @@ func (m *Manager) adopt(ctx context.Context, sb pandastack.Sandbox) error {
 	return nil
 }
 
-var (
-	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-)
-
 const (
 	maxMetadataKeys = 64
 	maxMetadataLen  = 1024
-	maxEnvVars      = 256
-	maxEnvValueLen  = 32 << 10
 )
 
 // ValidateMetadata checks metadata limits.
@@ -278,21 +277,9 @@ func ValidateMetadata(md map[string]string) error {
 	return nil
 }
 
-// ValidateEnv checks environment variable names and sizes.
-func ValidateEnv(env map[string]string) error {
-	if len(env) > maxEnvVars {
-		return pandastack.Errorf(pandastack.EInvalid, "env: at most %d variables", maxEnvVars)
-	}
-	for k, v := range env {
-		if !envKeyRE.MatchString(k) {
-			return pandastack.Errorf(pandastack.EInvalid, "env: %q is not a valid variable name (letters, digits and _, not starting with a digit)", k)
-		}
-		if len(v) > maxEnvValueLen {
-			return pandastack.Errorf(pandastack.EInvalid, "env %s: value longer than %d bytes", k, maxEnvValueLen)
-		}
-	}
-	return nil
-}
+// ValidateEnv checks environment variables as everything else does (create,
+// exec, contexts, the agent): agentproto.CheckEnv is the one check.
+func ValidateEnv(env map[string]string) error { return agentproto.CheckEnv(env) }
 
 func (m *Manager) ttl(seconds *int64) (time.Duration, error) {
 	if seconds == nil {
@@ -325,8 +312,8 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	}
 	p := plan{ttl: ttl, idle: idle, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume}
 	if req.SnapshotID != "" {
-		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || len(req.Env) > 0 {
-			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
+		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || req.DiskMB != 0 || len(req.Env) > 0 {
+			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory, disk and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
 		}
 		snap, err := m.store.GetSnapshot(ctx, projectID, req.SnapshotID)
 		if err != nil {
@@ -347,7 +334,13 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	if err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	p.template, p.rootfs, p.cpu, p.mem = tpl.Name, tpl.RootFS, tpl.CPU, tpl.MemoryMB
+	p.template, p.rootfs, p.cpu, p.mem, p.disk = tpl.Name, tpl.RootFS, tpl.CPU, tpl.MemoryMB, tpl.DiskMB
+	if req.DiskMB != 0 {
+		if req.DiskMB < 64 || req.DiskMB > m.cfg.MaxDiskMB {
+			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "disk_mb must be between 64 and %d, got %d", m.cfg.MaxDiskMB, req.DiskMB)
+		}
+		p.disk = req.DiskMB
+	}
 	if req.CPU != 0 {
 		p.cpu = req.CPU
 	}
@@ -362,7 +355,7 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	}
 	// A warm snapshot was taken with the template's own resources and no
 	// env, so only a plain create can use it.
-	if tpl.WarmImage != "" && req.CPU == 0 && req.MemoryMB == 0 && len(req.Env) == 0 {
+	if tpl.WarmImage != "" && req.CPU == 0 && req.MemoryMB == 0 && req.DiskMB == 0 && len(req.Env) == 0 {
 		if _, err := verifyImage(tpl.WarmImage, "warm snapshot of template "+tpl.Name); err == nil {
 			p.image = filepath.Join(tpl.WarmImage, "image")
 		} else {
@@ -378,6 +371,7 @@ type plan struct {
 	rootfs     string
 	image      string // restore this checkpoint image instead of booting cold
 	cpu, mem   int
+	disk       int // MiB; 0: the runtime's default
 	ttl        time.Duration
 	idle       time.Duration // idle timeout; 0 never
 	metadata   map[string]string
@@ -438,7 +432,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	// that hangs up gets nothing, and the rollback cleans up.
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, PIDs: m.cfg.PIDsLimit, Lazy: true}
+	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, DiskMB: p.disk, PIDs: m.cfg.PIDsLimit, Lazy: true}
 	var rwc io.ReadWriteCloser
 	if p.image != "" {
 		rwc, err = m.rt.Restore(startCtx, spec, p.image)

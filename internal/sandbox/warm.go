@@ -25,7 +25,7 @@ func (m *Manager) Warm(ctx context.Context, tpl Template, warmup, dir string) er
 	if _, err := os.Stat(dir); err == nil {
 		return nil
 	}
-	sb, err := m.launch(ctx, warmProject, plan{template: tpl.Name, rootfs: tpl.RootFS, cpu: tpl.CPU, mem: tpl.MemoryMB, ttl: 15 * time.Minute})
+	sb, err := m.launch(ctx, warmProject, plan{template: tpl.Name, rootfs: tpl.RootFS, cpu: tpl.CPU, mem: tpl.MemoryMB, disk: tpl.DiskMB, ttl: 15 * time.Minute})
 	if err != nil {
 		return fmt.Errorf("warm %s: %w", tpl.Name, err)
 	}

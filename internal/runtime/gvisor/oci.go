@@ -92,7 +92,11 @@ var agentCaps = []string{
 
 func cgroupPath(id string) string { return "/pandastack/" + id }
 
-func (r *Runtime) ociSpec(s pandastack.RuntimeSpec) ociSpec {
+// ociSpec is the bundle's spec. With a disk of its own the sandbox keeps
+// /tmp on that disk (runsc would still mount a tmpfs over an empty /tmp:
+// templates leave a file there); without, /tmp is a tmpfs in memory, as
+// images taken that way expect (a restore needs the checkpoint's mounts).
+func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
 	spec := ociSpec{
 		Version: "1.0.2",
@@ -112,12 +116,14 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec) ociSpec {
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 			{Destination: agentproto.AgentPath, Type: "bind", Source: r.cfg.AgentPath, Options: []string{"bind", "ro"}},
 		},
 		Linux: ociLinux{
 			Namespaces: []ociNS{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
 		},
+	}
+	if !ownDisk {
+		spec.Mounts = append(spec.Mounts, ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}})
 	}
 	if s.MemoryMB > 0 || s.CPU > 0 || s.PIDs > 0 {
 		res := &ociResources{}
