@@ -10,6 +10,9 @@ type CodeContext struct {
 	ID       string `json:"id"`
 	Language string `json:"language"`
 	Cwd      string `json:"cwd"`
+	// AutoRestart: a run on a kernel that died restarts it first and
+	// answers KernelRestarted (the code did not run).
+	AutoRestart bool `json:"auto_restart"`
 }
 
 // Result is one rich output of a cell: a display_data or the execute_result.

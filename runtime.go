@@ -80,10 +80,13 @@ type Runtime interface {
 	// /proc read after the first call), so it can be polled.
 	Alive(id string) bool
 	// DeathReason says why a sandbox that stopped answering died, when the
-	// runtime knows: ReasonOutOfMemory, or "" for unknown. Call it before
+	// runtime knows: ReasonOutOfMemory, ReasonPIDsLimit, or "" for unknown. Call it before
 	// Stop, which removes the evidence. Cheap: a file read.
 	DeathReason(id string) string
 }
 
 // ReasonOutOfMemory: the sandbox hit its memory limit and was killed.
 const ReasonOutOfMemory = "out_of_memory"
+
+// ReasonPIDsLimit: the sandbox filled its pids limit and died of it.
+const ReasonPIDsLimit = "pids_limit"

@@ -23,6 +23,9 @@ const (
 	StopKilled  = "killed"        // DELETE or `pandastack sandbox kill`
 	StopDied    = "died"          // the runtime lost it (a crash)
 	StopOOM     = "out_of_memory" // it used more than its memory_mb and was killed
+	// StopPIDsLimit: its processes and threads (gVisor's own included)
+	// filled the host's pids limit and it could not go on.
+	StopPIDsLimit = "pids_limit"
 	StopLost    = "lost"          // after a server restart its agent could not be reached
 	StopFailed  = "start_failed"  // creation failed part-way
 )

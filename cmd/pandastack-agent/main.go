@@ -37,6 +37,7 @@ func main() {
 	if os.Getpid() == 1 {
 		cfg.Reaper = agent.StartReaper(log)
 	}
+	agent.LimitProcesses(log)
 	log.Info("agent started", "pid", os.Getpid(), "uid", os.Geteuid())
 	err := agentproto.Serve(os.Stdin, os.Stdout, func(epoch uint32, conn io.ReadWriteCloser) {
 		agent.ServeSession(cfg, epoch, conn)

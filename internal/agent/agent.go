@@ -104,6 +104,11 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	if id := r.URL.Query().Get("sandbox_id"); id != "" {
 		os.Setenv("PANDASTACK_SANDBOX_ID", id)
 	}
+	// Restored from an image other sandboxes restore too: without this,
+	// their kernels would all draw the same "random" numbers.
+	if r.URL.Query().Get("reseed") == "1" {
+		s.cfg.Contexts.Reseed()
+	}
 	writeJSON(w, http.StatusOK, agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,
 		AgentVersion:    s.cfg.Version,

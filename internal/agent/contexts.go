@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,8 +24,10 @@ import (
 // Contexts holds the code contexts (Jupyter kernels) of the sandbox. It
 // outlives host sessions: a server restart or a new epoch keeps the kernels.
 type Contexts struct {
-	mu   sync.Mutex
-	ctxs map[string]*codeContext
+	mu    sync.Mutex
+	ctxs  map[string]*codeContext
+	procs map[*kernelProc]bool // live kernel processes, for the memory watch
+	watch sync.Once
 }
 
 type codeContext struct {
@@ -33,7 +36,25 @@ type codeContext struct {
 }
 
 // NewContexts returns an empty registry.
-func NewContexts() *Contexts { return &Contexts{ctxs: map[string]*codeContext{}} }
+func NewContexts() *Contexts {
+	return &Contexts{ctxs: map[string]*codeContext{}, procs: map[*kernelProc]bool{}}
+}
+
+// Reseed reseeds the random generators of every kernel (see
+// jupyter.Kernel.Reseed), for a sandbox restored from a shared image.
+func (cs *Contexts) Reseed() {
+	cs.mu.Lock()
+	var ks []*jupyter.Kernel
+	for _, cc := range cs.ctxs {
+		if cc.kernel != nil {
+			ks = append(ks, cc.kernel)
+		}
+	}
+	cs.mu.Unlock()
+	for _, k := range ks {
+		k.Reseed()
+	}
+}
 
 // kernelDirs are where Jupyter kernelspecs live in a template.
 var kernelDirs = []string{"/usr/local/share/jupyter/kernels", "/usr/share/jupyter/kernels", "/opt/venv/share/jupyter/kernels"}
@@ -114,7 +135,19 @@ func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) 
 	if err != nil {
 		return nil, err
 	}
-	return newKernelProc(p), nil
+	cs := s.cfg.Contexts
+	k := newKernelProc(p)
+	cs.mu.Lock()
+	cs.procs[k] = true
+	cs.mu.Unlock()
+	go func() {
+		<-k.done
+		cs.mu.Lock()
+		delete(cs.procs, k)
+		cs.mu.Unlock()
+	}()
+	cs.watch.Do(func() { go cs.watchMemory(s.cfg.Log) })
+	return k, nil
 }
 
 // kernelProc adapts a reaper Process to jupyter.Proc.
@@ -122,6 +155,7 @@ type kernelProc struct {
 	p      *Process
 	done   chan struct{}
 	status ExitStatus
+	oom    atomic.Pointer[string] // why the memory watch killed it
 }
 
 func newKernelProc(p *Process) *kernelProc {
@@ -131,6 +165,12 @@ func newKernelProc(p *Process) *kernelProc {
 		close(k.done)
 	}()
 	return k
+}
+
+// killForMemory kills the kernel's process tree and remembers why.
+func (k *kernelProc) killForMemory(why string) {
+	k.oom.CompareAndSwap(nil, &why)
+	k.Kill()
 }
 
 func (k *kernelProc) Pid() int              { return k.p.Pid }
@@ -151,6 +191,9 @@ func (k *kernelProc) ExitReason() string {
 	case <-k.done:
 	default:
 		return "running"
+	}
+	if why := k.oom.Load(); why != nil {
+		return *why
 	}
 	if k.status.Signal != "" {
 		reason := "killed by " + k.status.Signal
@@ -189,6 +232,11 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 		}
 		return pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v", cwd, err)
 	}
+	if runningAsRoot() {
+		if err := userCanEnter(cwd, agentproto.UserUID, agentproto.UserGID); err != nil {
+			return pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v; the kernel runs as the sandbox user (%s)", cwd, err, agentproto.UserName)
+		}
+	}
 	env, _ := buildEnv(s.home, agentproto.UserName, req.Env)
 	env = append(env, "MPLCONFIGDIR=/tmp/.matplotlib-"+req.ID, "PYTHONUNBUFFERED=1")
 
@@ -198,7 +246,8 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 		cs.mu.Unlock()
 		return pandastack.Errorf(pandastack.EConflict, "context %s already exists", req.ID)
 	}
-	cc := &codeContext{info: agentproto.Context{ID: req.ID, Language: req.Language, Cwd: cwd}}
+	auto := req.AutoRestart == nil || *req.AutoRestart
+	cc := &codeContext{info: agentproto.Context{ID: req.ID, Language: req.Language, Cwd: cwd, AutoRestart: auto}}
 	cs.ctxs[req.ID] = cc // reserve the id while the kernel starts
 	cs.mu.Unlock()
 
@@ -208,8 +257,16 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 	if runningAsRoot() {
 		opts.Owner = &jupyter.Owner{UID: agentproto.UserUID, GID: agentproto.UserGID}
 	}
-	if req.Language == "python" {
+	switch req.Language {
+	case "python":
 		opts.EnvCode = jupyter.PythonEnvCode
+		opts.SetupCode = jupyter.PythonSetupCode
+		opts.OutputCapCode = jupyter.PythonOutputCapCode
+		opts.DroppedExpr = jupyter.PythonDroppedExpr
+		opts.ReseedCode = jupyter.PythonReseedCode
+	case "bash":
+		opts.EnvCode = jupyter.BashEnvCode
+		opts.ReseedCode = jupyter.BashReseedCode
 	}
 	k, err := jupyter.Start(ctx, opts)
 	if err != nil {
@@ -304,6 +361,9 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		return pandastack.Errorf(pandastack.EInvalid, "bad run request: %v", err)
 	}
+	if req.Language != "" && req.Language != cc.info.Language {
+		return pandastack.Errorf(pandastack.EInvalid, "context %s runs %s, not %s; leave out the language, or use a %s context", cc.info.ID, cc.info.Language, req.Language, req.Language)
+	}
 	if cc.kernel.Busy() {
 		return pandastack.Errorf(pandastack.EConflict, "context %s is busy running other code; wait for it, or interrupt it", cc.info.ID)
 	}
@@ -322,14 +382,22 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 		enc.Encode(ev)
 		rc.Flush()
 	}
-	opts := jupyter.ExecOptions{Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, OutputCap: req.OutputCap, Env: req.Env}
+	opts := jupyter.ExecOptions{Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, OutputCap: req.OutputCap, Env: req.Env, NoHistory: req.NoHistory}
 	ex, err := cc.kernel.Execute(r.Context(), req.Code, opts, func(ev agentproto.CodeEvent) {
 		if ev.Type != "execution" {
 			send(ev)
 		}
 	})
+	if errors.Is(err, jupyter.ErrDead) && cc.info.AutoRestart {
+		ex, err = s.autoRestart(r, cc, err)
+		if err == nil {
+			send(agentproto.CodeEvent{Type: "error", Error: ex.Error})
+		}
+	}
 	if err != nil {
 		switch {
+		case errors.Is(err, jupyter.ErrInvalid):
+			err = pandastack.Errorf(pandastack.EInvalid, "%v", err)
 		case errors.Is(err, jupyter.ErrBusy):
 			err = pandastack.Errorf(pandastack.EConflict, "context %s is busy running other code; wait for it, or interrupt it", cc.info.ID)
 		case errors.Is(err, jupyter.ErrDead):
@@ -344,4 +412,31 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	}
 	send(agentproto.CodeEvent{Type: "execution", Execution: &ex})
 	return nil
+}
+
+// autoRestart restarts the dead kernel of cc for a run that found it dead,
+// and answers that run with a KernelRestarted error: its code did not run,
+// since whatever it builds on is gone with the old kernel's state.
+func (s *Server) autoRestart(r *http.Request, cc *codeContext, dead error) (agentproto.Execution, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	// Two runs that found it dead restart it once; both report the loss.
+	if _, err := cc.kernel.RestartIfDead(ctx); err != nil {
+		return agentproto.Execution{}, fmt.Errorf("restart the dead kernel of context %s: %w", cc.info.ID, err)
+	}
+	why := strings.TrimPrefix(dead.Error(), jupyter.ErrDead.Error())
+	why = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(why), "("), ")")
+	if why == "" {
+		why = "it had died"
+	}
+	s.log.Info("restarted a dead kernel", "context", cc.info.ID, "reason", why)
+	return agentproto.Execution{
+		Results:    []agentproto.Result{},
+		DurationMS: time.Since(start).Milliseconds(),
+		Error: &agentproto.ExecutionError{
+			Name:  "KernelRestarted",
+			Value: "the kernel of context " + cc.info.ID + " had died (" + why + "), so it was restarted: its variables and imports are lost, and this code was not run; run it again, with any setup it needs",
+		},
+	}, nil
 }

@@ -197,6 +197,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 	})
 	if err != nil {
 		s.logFailure(r, err)
+		err = agent.Explain(err) // after logFailure reconciled: say how it ended
 		writeError(w, err)
 		return
 	}
@@ -257,6 +258,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandb
 	})
 	if err != nil {
 		s.logFailure(r, err)
+		err = agent.Explain(err) // after logFailure reconciled: say how it ended
 		if !nd.started {
 			writeError(w, err)
 			return

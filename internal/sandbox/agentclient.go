@@ -5,12 +5,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -27,11 +30,16 @@ type AgentClient struct {
 	sess  *yamux.Session
 	http  *http.Client
 	hello agentproto.Hello
+	gone  atomic.Pointer[string] // the stop reason, once the manager stops the sandbox
 }
 
 // dialAgent opens a new session (a new epoch) on rwc and says hello. On
-// failure it closes rwc.
-func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser) (*AgentClient, error) {
+// failure it closes rwc. reseed is for a sandbox just restored from an
+// image that others restore too (a template's warm image, a snapshot, a
+// fork): the agent reseeds its kernels' random generators, as fresh
+// processes would be, so no two sandboxes draw the same numbers. A
+// sandbox's own image (pause, a server restart) keeps its state as is.
+func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bool) (*AgentClient, error) {
 	epoch := rand.Uint32() | 1 // never 0, so a zeroed header is never ours
 	sess, err := yamux.Client(agentproto.HostConn(rwc, epoch), agentproto.MuxConfig())
 	if err != nil {
@@ -49,7 +57,11 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser) (*AgentCl
 	}}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if err := c.do(ctx, http.MethodGet, "/v1/hello", url.Values{"sandbox_id": {id}}, nil, &c.hello); err != nil {
+	q := url.Values{"sandbox_id": {id}}
+	if reseed {
+		q.Set("reseed", "1")
+	}
+	if err := c.do(ctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("agent hello %s: %w", id, err)
 	}
@@ -68,6 +80,66 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser) (*AgentCl
 func (c *AgentClient) Close() error {
 	c.http.CloseIdleConnections()
 	return c.sess.Close()
+}
+
+// markStopped records why the manager is stopping the sandbox (a
+// pandastack.Stop* reason), before it closes the session, so that requests
+// in flight fail saying why rather than guessing.
+func (c *AgentClient) markStopped(reason string) {
+	c.gone.CompareAndSwap(nil, &reason)
+}
+
+// stopped is the error of a request cut off by the sandbox's end, during
+// what ("running code", "exec", "the request").
+func (c *AgentClient) stopped(what string) error {
+	reason := ""
+	if r := c.gone.Load(); r != nil {
+		reason = *r
+	}
+	switch reason {
+	case pandastack.StopKilled:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was killed (DELETE /v1/sandboxes/%s) during %s", c.id, c.id, what)
+	case pandastack.StopExpired:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s reached the end of its TTL and was stopped during %s", c.id, what)
+	case pandastack.StopOOM:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of memory (it used more than its memory_mb) and was stopped during %s", c.id, what)
+	case pandastack.StopPIDsLimit:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of processes (its pids limit) and was stopped during %s", c.id, what)
+	case "":
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during %s: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, what, c.id)
+	}
+	return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped (%s) during %s", c.id, reason, what)
+}
+
+// Explain turns an error of a request that the sandbox's end cut off into
+// one that says how it ended, once the manager knows (after Reconcile).
+func (c *AgentClient) Explain(err error) error {
+	if c.gone.Load() == nil || !pandastack.IsCode(err, pandastack.EUnavailable) {
+		return err
+	}
+	return c.stopped(c.during(err))
+}
+
+// describe names a request for an error message.
+func describe(method, path string) string {
+	switch {
+	case strings.HasSuffix(path, "/run"):
+		return "running code"
+	case path == "/v1/exec":
+		return "exec"
+	}
+	return method + " " + path
+}
+
+// during recovers what the request was doing from its error's message.
+func (c *AgentClient) during(err error) string {
+	msg := pandastack.ErrorMessage(err)
+	for _, what := range []string{"running code", "exec"} {
+		if strings.Contains(msg, what) {
+			return what
+		}
+	}
+	return "the request"
 }
 
 // Alive reports whether the session still stands.
@@ -91,7 +163,7 @@ func (c *AgentClient) request(ctx context.Context, method, path string, q url.Va
 			return nil, ctx.Err()
 		}
 		if c.sess.IsClosed() {
-			return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
+			return nil, c.stopped(describe(method, path))
 		}
 		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering: %v", c.id, err)
 	}
@@ -179,10 +251,22 @@ func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEv
 			return ev, nil
 		}
 	}
-	if err := sc.Err(); err != nil && ctx.Err() != nil {
-		return agentproto.ExecEvent{}, ctx.Err()
+	return agentproto.ExecEvent{}, c.streamEnded(ctx, sc.Err(), "exec")
+}
+
+// streamEnded explains why an NDJSON answer of the agent ended before its
+// last event: the caller left, a line too long to hold, a broken stream, or
+// the sandbox's end.
+func (c *AgentClient) streamEnded(ctx context.Context, err error, what string) error {
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, bufio.ErrTooLong):
+		return pandastack.Errorf(pandastack.ETooLarge, "sandbox %s sent an event line too long to hold during %s; its output was not kept", c.id, what)
+	case err != nil && !c.sess.IsClosed():
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s: reading its answer failed during %s: %v", c.id, what, err)
 	}
-	return agentproto.ExecEvent{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during exec: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
+	return c.stopped(what)
 }
 
 // fileQuery is the agent's query for a file at path, as the sandbox user or

@@ -208,7 +208,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.stopSandbox(s.ID, pandastack.StopExpired)
 		case s.ProjectID == warmProject:
 			// A warm-up cut short by the last shutdown: nobody needs it.
-			m.teardown(s.ID)
+			m.teardown(s.ID, "")
 			m.store.DeleteSandbox(context.Background(), s.ID)
 		default:
 			if ctx.Err() != nil {
@@ -246,7 +246,7 @@ func (m *Manager) adopt(ctx context.Context, sb pandastack.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	c, err := dialAgent(ctx, sb.ID, rwc)
+	c, err := dialAgent(ctx, sb.ID, rwc, false)
 	if err != nil {
 		return err
 	}
@@ -441,7 +441,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	}
 	if err == nil {
 		var client *AgentClient
-		if client, err = dialAgent(startCtx, sb.ID, rwc); err == nil {
+		if client, err = dialAgent(startCtx, sb.ID, rwc, p.image != ""); err == nil {
 			return m.started(ctx, sb, client)
 		}
 	}
@@ -558,7 +558,10 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 		return err
 	}
 	defer m.sbx.end(id)
-	m.teardown(id)
+	// Until the record goes, it says killed: a run cut off by this kill
+	// fails saying so, and a GET meanwhile must not say running.
+	m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, pandastack.StopKilled, m.now())
+	m.teardown(id, pandastack.StopKilled)
 	if err := m.store.DeleteSandbox(context.Background(), id); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		return err
 	}
@@ -567,9 +570,13 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 }
 
 // teardown closes the channel and removes the sandbox from the runtime.
-// The caller holds the sandbox's claim.
-func (m *Manager) teardown(id string) {
+// The caller holds the sandbox's claim. reason (a Stop* reason, or "") is
+// told to the channel first, so that requests it cuts off say why.
+func (m *Manager) teardown(id, reason string) {
 	if c := m.sbx.detach(id); c != nil {
+		if reason != "" {
+			c.markStopped(reason)
+		}
 		c.Close()
 	}
 	if err := m.rt.Stop(context.Background(), id); err != nil {
@@ -588,7 +595,7 @@ func (m *Manager) stopSandbox(id, reason string) {
 	if err := m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, reason, m.now()); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		m.log.Error("record stop", "sandbox", id, "err", err)
 	}
-	m.teardown(id)
+	m.teardown(id, reason)
 	m.log.Info("sandbox stopped", "sandbox", id, "reason", reason)
 }
 
@@ -661,8 +668,11 @@ func (m *Manager) Reconcile(id string) {
 	}
 	defer m.sbx.end(id)
 	reason := pandastack.StopDied
-	if m.rt.DeathReason(id) == pandastack.ReasonOutOfMemory {
+	switch m.rt.DeathReason(id) {
+	case pandastack.ReasonOutOfMemory:
 		reason = pandastack.StopOOM
+	case pandastack.ReasonPIDsLimit:
+		reason = pandastack.StopPIDsLimit
 	}
 	m.stopSandbox(id, reason)
 }

@@ -118,11 +118,11 @@ func (m *Manager) restoreForPool(tpl Template) (pooled, error) {
 	if err != nil {
 		return pooled{}, err
 	}
-	client, err := dialAgent(ctx, id, rwc)
+	client, err := dialAgent(ctx, id, rwc, true)
 	if err == nil {
 		// One cell pulls the kernel's pages in, so the user's first cell
 		// does not pay for the lazy restore.
-		_, err = client.RunCode(ctx, DefaultContextID("python"), agentproto.RunRequest{Code: "pass", TimeoutMS: 30_000}, nil)
+		_, err = client.RunCode(ctx, DefaultContextID("python"), agentproto.RunRequest{Code: "pass", TimeoutMS: 30_000, NoHistory: true}, nil)
 	}
 	if err != nil {
 		if client != nil {

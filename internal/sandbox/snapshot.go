@@ -260,7 +260,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}, filepath.Join(dir, "image"))
 	var client *AgentClient
 	if err == nil {
-		if client, err = dialAgent(startCtx, id, rwc); err != nil {
+		if client, err = dialAgent(startCtx, id, rwc, false); err != nil {
 			m.rt.Stop(context.Background(), id)
 		}
 	}

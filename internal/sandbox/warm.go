@@ -38,7 +38,7 @@ func (m *Manager) Warm(ctx context.Context, tpl Template, warmup, dir string) er
 		return fmt.Errorf("warm %s: start the python context: %w", tpl.Name, err)
 	}
 	if warmup != "" {
-		ex, err := agent.RunCode(ctx, DefaultContextID("python"), agentproto.RunRequest{Code: warmup, TimeoutMS: 300_000}, nil)
+		ex, err := agent.RunCode(ctx, DefaultContextID("python"), agentproto.RunRequest{Code: warmup, TimeoutMS: 300_000, NoHistory: true}, nil)
 		if err != nil {
 			return fmt.Errorf("warm %s: %w", tpl.Name, err)
 		}

@@ -354,8 +354,12 @@ func (r *Runtime) forgetPID(id string) {
 
 // DeathReason implements pandastack.Runtime.
 func (r *Runtime) DeathReason(id string) string {
-	if validID(id) && oomKilled(cgroupPath(id)) {
+	switch {
+	case !validID(id):
+	case oomKilled(cgroupPath(id)):
 		return pandastack.ReasonOutOfMemory
+	case pidsExhausted(cgroupPath(id)):
+		return pandastack.ReasonPIDsLimit
 	}
 	return ""
 }

@@ -142,6 +142,14 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
 			res.Pids = &struct {
 				Limit int64 `json:"limit"`
 			}{int64(s.PIDs)}
+			// The host's pids limit counts gVisor's own threads too, and
+			// systrap gives each task host pids of its own: filling it
+			// kills the whole sandbox. RLIMIT_NPROC, which gVisor enforces
+			// per user, stops a fork bomb inside first, with EAGAIN in user
+			// code. The agent sets it on itself (agentproto.NProcEnv): in
+			// the spec's rlimits it would have to match every checkpoint
+			// restored, and no image taken before it could be.
+			spec.Process.Env = append(spec.Process.Env, agentproto.NProcEnv+"="+strconv.Itoa(nprocLimit(s.PIDs)))
 		}
 		spec.Linux.Resources = res
 		spec.Linux.CgroupsPath = cgroupPath(s.ID)
@@ -160,19 +168,35 @@ func removeCgroups(rel string) {
 	}
 }
 
+// nprocLimit is RLIMIT_NPROC for a sandbox whose host pids limit is pids.
+// Measured here (systrap): an idle code-interpreter sandbox holds 52 host
+// pids, and each process inside adds 2 (its stub process and thread). So
+// a quarter of the limit is kept for gVisor itself and half of the rest
+// for the sandbox's tasks: 384 of 1024.
+func nprocLimit(pids int) int { return max((pids-pids/4)/2, 16) }
+
+// pidsExhausted reports whether the sandbox's pids cgroup refused a fork
+// (cgroup v1 or v2 pids.events "max N" with N > 0).
+func pidsExhausted(rel string) bool {
+	return cgroupEvent("max", filepath.Join("/sys/fs/cgroup/pids", rel, "pids.events"), filepath.Join("/sys/fs/cgroup", rel, "pids.events"))
+}
+
 // oomKilled reports whether the kernel's OOM killer struck in the
 // sandbox's memory cgroup (cgroup v1 memory.oom_control, or v2 memory.events).
 func oomKilled(rel string) bool {
-	for _, f := range []string{
-		filepath.Join("/sys/fs/cgroup/memory", rel, "memory.oom_control"),
-		filepath.Join("/sys/fs/cgroup", rel, "memory.events"),
-	} {
+	return cgroupEvent("oom_kill", filepath.Join("/sys/fs/cgroup/memory", rel, "memory.oom_control"), filepath.Join("/sys/fs/cgroup", rel, "memory.events"))
+}
+
+// cgroupEvent reports whether any of the files (of "key count" lines)
+// counts key at least once.
+func cgroupEvent(key string, files ...string) bool {
+	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
 		}
 		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, " "); ok && k == "oom_kill" && v != "0" {
+			if k, v, ok := strings.Cut(l, " "); ok && k == key && v != "0" {
 				return true
 			}
 		}

@@ -116,6 +116,13 @@ export interface CreateCodeContextOptions {
   cwd?: string;
   /** Environment variables of the kernel. */
   env?: Record<string, string>;
+  /**
+   * When the kernel dies (a crash, `os._exit`, out of memory), the next run
+   * restarts it and fails with `KernelRestarted` without running (the state
+   * is lost); later runs work. `false`: runs fail with a `ConflictError`
+   * until `restart()`. Default `true`.
+   */
+  autoRestart?: boolean;
 }
 
 /** @internal wire shapes */
@@ -123,6 +130,7 @@ export interface WireContext {
   id: string;
   language: string;
   cwd: string;
+  auto_restart?: boolean;
 }
 
 interface WireResult {
@@ -245,6 +253,8 @@ export class CodeContext {
   readonly sandboxId: string;
   readonly language: Language;
   readonly cwd: string;
+  /** Whether a run on a dead kernel restarts it first (see `CreateCodeContextOptions`). */
+  readonly autoRestart: boolean;
   readonly #http: HttpClient;
 
   /** @internal Use `sandbox.createCodeContext()`. */
@@ -254,6 +264,7 @@ export class CodeContext {
     this.id = w.id;
     this.language = w.language;
     this.cwd = w.cwd;
+    this.autoRestart = w.auto_restart ?? true;
   }
 
   #path(sub = ""): string {

@@ -37,7 +37,7 @@ export interface SandboxInfo {
   expiresAt: Date;
   /** Present once stopped. */
   stoppedAt?: Date;
-  /** Present once stopped: `expired`, `killed`, `died`, `lost` or `start_failed`. */
+  /** Present once stopped: `expired`, `killed`, `died`, `out_of_memory`, `pids_limit`, `lost` or `start_failed`. */
   stopReason?: string;
   /**
    * Seconds idle (nothing running, no request, CPU quiet) after which the
@@ -136,7 +136,10 @@ export interface ExecResult {
 
 /** Options of `sandbox.runCode`. */
 export interface SandboxRunCodeOptions extends RunCodeOptions {
-  /** Language of the sandbox's default context to run in; default `python`. */
+  /**
+   * Language of the sandbox's default context to run in; default `python`.
+   * With `context`, it must be that context's language (else a 400).
+   */
   language?: Language;
   /** Run in this context instead of the default one. */
   context?: CodeContext | string;
@@ -380,6 +383,7 @@ export class Sandbox implements SandboxInfo {
     if (opts.language !== undefined) body.language = opts.language;
     if (opts.cwd !== undefined) body.cwd = opts.cwd;
     if (opts.env !== undefined) body.env = opts.env;
+    if (opts.autoRestart !== undefined) body.auto_restart = opts.autoRestart;
     const w = await this.#http.json<WireContext>("POST", this.#path("/contexts"), { json: body });
     return new CodeContext(this.#http, this.id, w);
   }
@@ -398,9 +402,9 @@ export class Sandbox implements SandboxInfo {
     const body: Record<string, unknown> = { code };
     if (opts.context !== undefined) {
       body.context_id = typeof opts.context === "string" ? opts.context : opts.context.id;
-    } else if (opts.language !== undefined) {
-      body.language = opts.language;
     }
+    // With a context too: the server refuses a context of another language.
+    if (opts.language !== undefined) body.language = opts.language;
     return runCode(this.#http, this.#path("/run_code"), body, opts);
   }
 

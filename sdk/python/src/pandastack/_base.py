@@ -147,6 +147,16 @@ def exec_body(
     return body
 
 
+def context_args(d: Mapping[str, Any]) -> Tuple[str, str, str, bool]:
+    """A context's id, language, cwd and auto_restart, as the server describes it."""
+    return (
+        str(d["id"]),
+        str(d.get("language") or "python"),
+        str(d.get("cwd") or ""),
+        bool(d.get("auto_restart", True)),
+    )
+
+
 def run_body(
     code: str,
     timeout: Optional[float],
@@ -246,7 +256,8 @@ class SandboxRecord:
 
     @property
     def stop_reason(self) -> Optional[str]:
-        """Once stopped: ``expired``, ``killed``, ``died``, ``lost`` or ``start_failed``."""
+        """Once stopped: ``expired``, ``killed``, ``died``, ``out_of_memory``,
+        ``pids_limit``, ``lost`` or ``start_failed``."""
         return self._data.get("stop_reason") or None
 
     def to_dict(self) -> Dict[str, Any]:

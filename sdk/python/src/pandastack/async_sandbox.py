@@ -38,6 +38,7 @@ from ._base import (
     Command,
     ExecStreamParser,
     SandboxRecord,
+    context_args,
     context_path,
     create_body,
     exec_body,
@@ -219,6 +220,7 @@ class AsyncSandbox(SandboxRecord):
         language: str = "python",
         cwd: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
+        auto_restart: Optional[bool] = None,
     ) -> "AsyncCodeContext":
         """Start a persistent kernel; see :meth:`pandastack.Sandbox.create_code_context`."""
         body: Dict[str, Any] = {"language": language}
@@ -226,6 +228,8 @@ class AsyncSandbox(SandboxRecord):
             body["cwd"] = cwd
         if env is not None:
             body["env"] = dict(env)
+        if auto_restart is not None:
+            body["auto_restart"] = bool(auto_restart)
         data = (await self._client._arequest("POST", sandbox_path(self.id, "/contexts"), json=body)).json()
         return AsyncCodeContext._from_dict(self, data)
 
@@ -237,7 +241,7 @@ class AsyncSandbox(SandboxRecord):
     async def run_code(
         self,
         code: str,
-        language: str = "python",
+        language: Optional[str] = None,
         timeout: Optional[float] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
@@ -249,7 +253,7 @@ class AsyncSandbox(SandboxRecord):
         """Run code in the sandbox's default context of ``language``, or in
         ``context``; see :meth:`pandastack.Sandbox.run_code`."""
         cid = context.id if isinstance(context, AsyncCodeContext) else context
-        body = run_body(code, timeout, env, language=None if cid else language, context_id=cid)
+        body = run_body(code, timeout, env, language=language if cid else (language or "python"), context_id=cid)
         handlers = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
         return await _run(self._client, sandbox_path(self.id, "/run_code"), body, timeout, handlers)
 
@@ -306,15 +310,18 @@ class AsyncSandbox(SandboxRecord):
 class AsyncCodeContext:
     """The asyncio twin of :class:`pandastack.CodeContext`."""
 
-    def __init__(self, sandbox: AsyncSandbox, context_id: str, language: str = "python", cwd: str = "") -> None:
+    def __init__(
+        self, sandbox: AsyncSandbox, context_id: str, language: str = "python", cwd: str = "", auto_restart: bool = True
+    ) -> None:
         self.sandbox = sandbox
         self.id = context_id
         self.language = language
         self.cwd = cwd
+        self.auto_restart = auto_restart
 
     @classmethod
     def _from_dict(cls, sandbox: AsyncSandbox, d: Mapping[str, Any]) -> "AsyncCodeContext":
-        return cls(sandbox, str(d["id"]), str(d.get("language") or "python"), str(d.get("cwd") or ""))
+        return cls(sandbox, *context_args(d))
 
     @classmethod
     async def connect(

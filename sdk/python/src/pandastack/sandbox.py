@@ -15,6 +15,7 @@ from ._base import (
     Command,
     ExecStreamParser,
     SandboxRecord,
+    context_args,
     context_path,
     create_body,
     exec_body,
@@ -267,6 +268,7 @@ class Sandbox(SandboxRecord):
         language: str = "python",
         cwd: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
+        auto_restart: Optional[bool] = None,
     ) -> "CodeContext":
         """Start a persistent kernel (like a Jupyter notebook's) in the
         sandbox. Variables, imports and the working directory persist
@@ -276,12 +278,19 @@ class Sandbox(SandboxRecord):
             language: ``"python"`` (IPython) or ``"bash"``.
             cwd: the kernel's working directory (default ``/home/user``).
             env: environment variables of the kernel.
+            auto_restart: if the kernel dies (crash, ``os._exit``, out of
+                memory), the next run restarts it and fails with
+                ``KernelRestarted`` without running (its state is lost);
+                later runs work. ``False``: runs fail with a ConflictError
+                until :meth:`CodeContext.restart`. Default ``True``.
         """
         body: Dict[str, Any] = {"language": language}
         if cwd is not None:
             body["cwd"] = cwd
         if env is not None:
             body["env"] = dict(env)
+        if auto_restart is not None:
+            body["auto_restart"] = bool(auto_restart)
         data = self._client._request("POST", sandbox_path(self.id, "/contexts"), json=body).json()
         return CodeContext._from_dict(self, data)
 
@@ -294,7 +303,7 @@ class Sandbox(SandboxRecord):
     def run_code(
         self,
         code: str,
-        language: str = "python",
+        language: Optional[str] = None,
         timeout: Optional[float] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
@@ -307,7 +316,7 @@ class Sandbox(SandboxRecord):
         (created on first use, then shared by every call), or in
         ``context``. See :meth:`CodeContext.run_code` for the arguments."""
         cid = context.id if isinstance(context, CodeContext) else context
-        body = run_body(code, timeout, env, language=None if cid else language, context_id=cid)
+        body = run_body(code, timeout, env, language=language if cid else (language or "python"), context_id=cid)
         handlers = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
         return _run(self._client, sandbox_path(self.id, "/run_code"), body, timeout, handlers)
 
@@ -392,15 +401,20 @@ class CodeContext:
     existing one with :meth:`connect` or :meth:`Sandbox.list_code_contexts`.
     """
 
-    def __init__(self, sandbox: Sandbox, context_id: str, language: str = "python", cwd: str = "") -> None:
+    def __init__(
+        self, sandbox: Sandbox, context_id: str, language: str = "python", cwd: str = "", auto_restart: bool = True
+    ) -> None:
         self.sandbox = sandbox
         self.id = context_id
         self.language = language
         self.cwd = cwd
+        #: Whether a run on a kernel that died restarts it first (and fails
+        #: with ``KernelRestarted``); see :meth:`Sandbox.create_code_context`.
+        self.auto_restart = auto_restart
 
     @classmethod
     def _from_dict(cls, sandbox: Sandbox, d: Mapping[str, Any]) -> "CodeContext":
-        return cls(sandbox, str(d["id"]), str(d.get("language") or "python"), str(d.get("cwd") or ""))
+        return cls(sandbox, *context_args(d))
 
     @classmethod
     def connect(cls, sandbox: Union[Sandbox, str], context_id: str, client: Optional[Client] = None) -> "CodeContext":
