@@ -24,10 +24,11 @@ import (
 // Contexts holds the code contexts (Jupyter kernels) of the sandbox. It
 // outlives host sessions: a server restart or a new epoch keeps the kernels.
 type Contexts struct {
-	mu    sync.Mutex
-	ctxs  map[string]*codeContext
-	procs map[*kernelProc]bool // live kernel processes, for the memory watch
-	watch sync.Once
+	mu     sync.Mutex
+	ctxs   map[string]*codeContext
+	procs  map[*kernelProc]bool // live kernel processes, for the memory watch
+	watch  sync.Once
+	spares spareSet // kernels warmed up ahead of time (spare.go)
 }
 
 type codeContext struct {
@@ -41,19 +42,10 @@ func NewContexts() *Contexts {
 }
 
 // Reseed reseeds the random generators of every kernel (see
-// jupyter.Kernel.Reseed), for a sandbox restored from a shared image.
+// jupyter.Kernel.Reseed), spares included, for a sandbox restored from a
+// shared image.
 func (cs *Contexts) Reseed() {
-	cs.mu.Lock()
-	var ks []*jupyter.Kernel
-	for _, cc := range cs.ctxs {
-		if cc.kernel != nil {
-			ks = append(ks, cc.kernel)
-		}
-	}
-	cs.mu.Unlock()
-	for _, k := range ks {
-		k.Reseed()
-	}
+	cs.EachKernel((*jupyter.Kernel).Reseed)
 }
 
 // kernelDirs are where Jupyter kernelspecs live in a template.
@@ -237,8 +229,6 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 			return pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v; the kernel runs as the sandbox user (%s)", cwd, err, agentproto.UserName)
 		}
 	}
-	env, _ := buildEnv(s.home, agentproto.UserName, req.Env)
-	env = append(env, "MPLCONFIGDIR=/tmp/.matplotlib-"+req.ID, "PYTHONUNBUFFERED=1")
 
 	cs := s.cfg.Contexts
 	cs.mu.Lock()
@@ -253,22 +243,11 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
 	defer cancel()
-	opts := jupyter.Options{Argv: argv, Env: env, Cwd: cwd, Launch: s.launcher, Log: s.log, RuntimeDir: os.TempDir()}
-	if runningAsRoot() {
-		opts.Owner = &jupyter.Owner{UID: agentproto.UserUID, GID: agentproto.UserGID}
+	// A spare kernel, started and warmed up ahead of time, if it fits.
+	k := cs.takeSpare(ctx, req.Language, cwd == s.home && len(req.Env) == 0)
+	if k == nil {
+		k, err = jupyter.Start(ctx, s.kernelOptions(req.Language, argv, req.ID, cwd, req.Env))
 	}
-	switch req.Language {
-	case "python":
-		opts.EnvCode = jupyter.PythonEnvCode
-		opts.SetupCode = jupyter.PythonSetupCode
-		opts.OutputCapCode = jupyter.PythonOutputCapCode
-		opts.DroppedExpr = jupyter.PythonDroppedExpr
-		opts.ReseedCode = jupyter.PythonReseedCode
-	case "bash":
-		opts.EnvCode = jupyter.BashEnvCode
-		opts.ReseedCode = jupyter.BashReseedCode
-	}
-	k, err := jupyter.Start(ctx, opts)
 	if err != nil {
 		cs.mu.Lock()
 		delete(cs.ctxs, req.ID)
@@ -280,6 +259,29 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 	cs.mu.Unlock()
 	writeJSON(w, http.StatusOK, cc.info)
 	return nil
+}
+
+// kernelOptions says how to start a kernel of language with argv for the
+// context id.
+func (s *Server) kernelOptions(language string, argv []string, id, cwd string, extraEnv map[string]string) jupyter.Options {
+	env, _ := buildEnv(s.home, agentproto.UserName, extraEnv)
+	env = append(env, "MPLCONFIGDIR=/tmp/.matplotlib-"+id, "PYTHONUNBUFFERED=1")
+	opts := jupyter.Options{Argv: argv, Env: env, Cwd: cwd, Launch: s.launcher, Log: s.log, RuntimeDir: os.TempDir()}
+	if runningAsRoot() {
+		opts.Owner = &jupyter.Owner{UID: agentproto.UserUID, GID: agentproto.UserGID}
+	}
+	switch language {
+	case "python":
+		opts.EnvCode = jupyter.PythonEnvCode
+		opts.SetupCode = jupyter.PythonSetupCode
+		opts.OutputCapCode = jupyter.PythonOutputCapCode
+		opts.DroppedExpr = jupyter.PythonDroppedExpr
+		opts.ReseedCode = jupyter.PythonReseedCode
+	case "bash":
+		opts.EnvCode = jupyter.BashEnvCode
+		opts.ReseedCode = jupyter.BashReseedCode
+	}
+	return opts
 }
 
 // context returns a started context by id.

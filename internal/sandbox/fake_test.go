@@ -144,6 +144,19 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	mux.HandleFunc("POST /v1/contexts/{id}/run", func(w http.ResponseWriter, req *http.Request) {
 		json.NewEncoder(w).Encode(agentproto.CodeEvent{Type: "execution", Execution: &agentproto.Execution{}})
 	})
+	// Spare kernels (warm images): the fake has them ready at once, and
+	// remembers the warm-up it was given as the variable "spares".
+	mux.HandleFunc("POST /v1/contexts/spares", func(w http.ResponseWriter, req *http.Request) {
+		var sr agentproto.SparesRequest
+		json.NewDecoder(req.Body).Decode(&sr)
+		r.mu.Lock()
+		b.vars["spares"] = fmt.Sprintf("%s %d %s", sr.Language, sr.Count, sr.Warmup)
+		r.mu.Unlock()
+		json.NewEncoder(w).Encode(agentproto.Spares{Language: sr.Language, Count: sr.Count, Ready: sr.Count})
+	})
+	mux.HandleFunc("POST /v1/contexts/spares/touch", func(w http.ResponseWriter, req *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
+	})
 	return mux
 }
 

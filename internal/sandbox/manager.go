@@ -129,6 +129,7 @@ type Manager struct {
 	pools map[string]*pool // by template name
 
 	suspending atomic.Bool // idle suspends are under way (idle.go)
+	warmVerified sync.Map // warm images checksummed already (warm.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -356,7 +357,7 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	// A warm snapshot was taken with the template's own resources and no
 	// env, so only a plain create can use it.
 	if tpl.WarmImage != "" && req.CPU == 0 && req.MemoryMB == 0 && req.DiskMB == 0 && len(req.Env) == 0 {
-		if _, err := verifyImage(tpl.WarmImage, "warm snapshot of template "+tpl.Name); err == nil {
+		if err := m.verifyWarm(tpl.WarmImage, "warm snapshot of template "+tpl.Name); err == nil {
 			p.image = filepath.Join(tpl.WarmImage, "image")
 		} else {
 			m.log.Warn("warm template snapshot unusable; booting cold", "template", tpl.Name, "err", err)

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -324,6 +325,10 @@ func TestWarmAndPool(t *testing.T) {
 	}
 	if _, err := h.exec(sb.ID, "set a=1"); err != nil {
 		t.Fatal(err)
+	}
+	// The image holds the spare kernels Warm asked for, with the warm-up.
+	if got, err := h.exec(sb.ID, "get spares"); err != nil || got != fmt.Sprintf("python %d import x", WarmSpares) {
+		t.Fatalf("spares in the warm image: %q, %v", got, err)
 	}
 	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
 	if h.rt.restores != restores+1 {

@@ -42,6 +42,8 @@ type Config struct {
 	// DefaultDiskMB when 0; negative keeps writes in memory (no disk of
 	// its own, the old behaviour).
 	DiskMB int
+	// DebugLogDir, if set, receives runsc's debug logs (see debugFlags).
+	DebugLogDir string
 }
 
 // Runtime is the gVisor driver.
@@ -107,14 +109,24 @@ func (r *Runtime) globalFlags(logFile string) []string {
 // flags are the global flags with the given --overlay2 value. Only run and
 // restore act on it; other commands (checkpoint included) ignore it.
 func (r *Runtime) flags(logFile, overlay string) []string {
-	return []string{
+	return append([]string{
 		"--root=" + r.root,
 		"--platform=" + r.cfg.Platform,
 		"--network=none",
 		"--overlay2=" + overlay,
 		// runsc would log to stdout by default: that is the agent channel.
 		"--log=" + logFile,
+	}, r.debugFlags()...)
+}
+
+// debugFlags turn on runsc's debug logs, one file per runsc process (the
+// command, the sandbox, the gofer) with microsecond timestamps: for
+// profiling (bench's restore profile), far too verbose for a server.
+func (r *Runtime) debugFlags() []string {
+	if r.cfg.DebugLogDir == "" {
+		return nil
 	}
+	return []string{"--debug", "--debug-log=" + filepath.Clean(r.cfg.DebugLogDir) + "/"}
 }
 
 func (r *Runtime) runsc(ctx context.Context, args ...string) ([]byte, error) {
