@@ -20,8 +20,15 @@ type RuntimeSpec struct {
 	DiskMB int
 	// Lazy (Restore only) lets the sandbox run while its memory is still
 	// being loaded: a faster restore, slower first steps.
-	Lazy    bool
-	Network bool // false: loopback only
+	Lazy bool
+	// NetNS is the path of a network namespace holding one configured
+	// interface that the sandbox's own network stack takes over; "" gives
+	// the sandbox a loopback interface only.
+	NetNS string
+	// Network is the egress policy of a sandbox with networking; nil keeps
+	// the one it had (a resume) or takes the server's default. Only a
+	// networking layer in front of the runtime reads it.
+	Network *NetworkPolicy
 }
 
 // RuntimeState is what the runtime knows of a sandbox.

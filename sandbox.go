@@ -58,6 +58,9 @@ type Sandbox struct {
 	// RootFS is the host path of the root filesystem it runs on, which its
 	// checkpoints need; server-internal ("" in records older than it).
 	RootFS string `json:"-"`
+	// Network is its egress policy; nil when the server runs without
+	// sandbox networking. Kept by the network layer, not the store.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // Snapshot is a saved sandbox state: memory, processes and filesystem.

@@ -27,6 +27,7 @@ PANELS = [
     ("size", "Snapshot image (MB)"),
     ("memory", "Idle memory per sandbox (MiB PSS)"),
     ("throughput", "File transfer (MB/s)"),
+    ("network", "HTTP from a sandbox vs the host (MB/s)"),
 ]
 
 

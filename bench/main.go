@@ -186,6 +186,7 @@ func run(ctx context.Context, set Settings, outDir string) error {
 		{"pss", "idle memory per sandbox (PSS of its host processes)", b.idlePSS},
 		{"density", "density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
 		{"idle", "idle suspend: resume of an idle-suspended sandbox → first result, vs pause + resume", b.idleResume},
+		{"network", "networking: create → first run_code with networking on and off; HTTP throughput through NAT and the domain proxy vs the host", b.network},
 	}
 	for _, s := range sections {
 		if ctx.Err() != nil {

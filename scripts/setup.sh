@@ -17,11 +17,12 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages: debootstrap builds template root filesystems; busybox-static
-# gives the runtime tests a tiny root filesystem; postgresql-15's server
+# gives the runtime tests a tiny root filesystem; nftables (the nft tool) lets
+# tests and operators inspect the sandbox firewall; postgresql-15's server
 # binaries run the throwaway clusters of the PostgreSQL store's tests (the
 # tests start their own; no system cluster is made); git and curl for the rest.
 missing=()
-for p in debootstrap busybox-static ca-certificates curl git python3 python3-venv postgresql-15; do
+for p in debootstrap busybox-static ca-certificates curl git nftables python3 python3-venv postgresql-15; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -37,6 +37,7 @@ type Config struct {
 	// in Sandbox are derived from DataDir and CacheDir.
 	Sandbox sandbox.Config
 	API     api.Config
+	Net     NetConfig // sandbox networking (network.go)
 
 	envErrs []error // malformed PANDASTACK_* values, refused by validate
 }
@@ -125,6 +126,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		}
 	}
 	fs.Int64Var(&c.API.MaxUploadBytes, "max-upload-bytes", c.API.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
+	c.Net.bind(fs)
 }
 
 // parseDuration accepts Go durations ("5m") and plain seconds ("300").

@@ -24,6 +24,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/runtime/gvisor"
 	"github.com/pandastack/pandastack/internal/sandbox"
@@ -170,10 +171,28 @@ func serve(args []string) error {
 		return err
 	}
 	defer rt.Close()
+	var sandboxes pandastack.Runtime = rt
+	netw, err := startNetwork(cfg.Net, cfg.DataDir, log)
+	if err != nil {
+		return err
+	}
+	if netw != nil {
+		wrapped := network.Wrap(rt, netw)
+		defer wrapped.Close(context.Background())
+		sandboxes = wrapped
+	}
 	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash}
 	scfg := cfg.Sandbox
 	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()
-	mgr := sandbox.New(scfg, store, rt, tpls, log)
+	mgr := sandbox.New(scfg, store, sandboxes, tpls, log)
+	if netw != nil {
+		mgr.UseNetwork(netw)
+	}
+	caPEM, err := sandboxCA(cfg.Net.CACerts, log)
+	if err != nil {
+		return err
+	}
+	mgr.UseSandboxCA(caPEM)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}
@@ -182,6 +201,7 @@ func serve(args []string) error {
 	if cfg.Warm {
 		mgr.StartWarming(tpls.warmSpecs())
 	}
+	cfg.API.PublicDomain = cfg.Net.PublicDomain
 	srv := api.New(cfg.API, mgr, store, tpls, log)
 
 	ln, err := net.Listen("tcp", cfg.Listen)

@@ -57,6 +57,7 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/hello", s.api(s.hello))
 	mux.HandleFunc("POST /v1/exec", s.api(s.exec))
+	mux.HandleFunc("POST /v1/env", s.api(s.setEnv))
 	mux.HandleFunc("PUT /v1/files", s.api(s.putFile))
 	mux.HandleFunc("GET /v1/files", s.api(s.getFile))
 	mux.HandleFunc("DELETE /v1/files", s.api(s.deleteFile))

@@ -44,6 +44,12 @@ type Hello struct {
 	BootedAt        time.Time `json:"booted_at"`
 }
 
+// EnvRequest (POST /v1/env) sets environment variables for every process
+// the agent starts from then on; an empty value removes one.
+type EnvRequest struct {
+	Env map[string]string `json:"env"`
+}
+
 // ExecRequest runs one command. Exactly one of Argv and Cmd is set; Cmd is a
 // shell string run by /bin/bash -c (or /bin/sh -c where bash is missing).
 type ExecRequest struct {

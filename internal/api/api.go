@@ -59,6 +59,7 @@ type Config struct {
 	MaxExecTimeout     time.Duration // the longest timeout a caller may ask for
 	DefaultRunTimeout  time.Duration // run_code without timeout_seconds
 	RunOutputCap       int           // bytes kept per stream per run_code
+	PublicDomain       string        // with it, {port}-{id}.PublicDomain is the port proxy too (ports.go)
 }
 
 // DefaultConfig returns the defaults: the one place they are written. New
@@ -82,6 +83,7 @@ type Server struct {
 	catalog Catalog
 	log     *slog.Logger
 	mux     *http.ServeMux
+	tokens  portTokens // port URLs that work without an API key (ports.go)
 }
 
 // New builds the API server.
@@ -125,6 +127,9 @@ func (s *Server) routes() {
 	auth("GET /v1/sandboxes", s.listSandboxes)
 	auth("GET /v1/sandboxes/{id}", s.getSandbox)
 	auth("PATCH /v1/sandboxes/{id}", s.patchSandbox)
+	auth("PUT /v1/sandboxes/{id}/network", s.putNetwork)
+	auth("GET /v1/sandboxes/{id}/network/log", s.networkLog)
+	s.portRoutes()
 	auth("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	auth("POST /v1/sandboxes/{id}/exec", s.exec)
 	auth("PUT /v1/sandboxes/{id}/files", s.putFile)
@@ -169,6 +174,9 @@ func (s *Server) Handler() http.Handler {
 			}
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(start).Milliseconds())
 		}()
+		if s.hostRoute(rec, r) {
+			return
+		}
 		if _, pattern := s.mux.Handler(r); pattern == "" {
 			// Unknown path or method: answer in the API's error shape
 			// rather than the mux's plain text.

@@ -15,15 +15,16 @@ import (
 )
 
 type createSandboxRequest struct {
-	Template   string            `json:"template"`
-	TTLSeconds *int64            `json:"ttl_seconds"`
-	Metadata   map[string]string `json:"metadata"`
-	Env        map[string]string `json:"env"`
-	CPU        int               `json:"cpu"`
-	MemoryMB   int               `json:"memory_mb"`
-	DiskMB     int               `json:"disk_mb"`
-	SnapshotID string            `json:"snapshot_id"`
-	AutoResume bool              `json:"auto_resume"`
+	Template   string                    `json:"template"`
+	TTLSeconds *int64                    `json:"ttl_seconds"`
+	Metadata   map[string]string         `json:"metadata"`
+	Env        map[string]string         `json:"env"`
+	CPU        int                       `json:"cpu"`
+	MemoryMB   int                       `json:"memory_mb"`
+	DiskMB     int                       `json:"disk_mb"`
+	SnapshotID string                    `json:"snapshot_id"`
+	AutoResume bool                      `json:"auto_resume"`
+	Network    *pandastack.NetworkPolicy `json:"network"`
 	// IdleTimeoutSeconds: nil takes the server's default; 0 never suspends.
 	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds"`
 }
@@ -38,6 +39,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 		Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata,
 		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
 		IdleTimeoutSeconds: req.IdleTimeoutSeconds,
+		Network: req.Network,
 	})
 	if err != nil {
 		s.logFailure(r, err)

@@ -234,6 +234,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 		pandastack.EInvalid, pandastack.EUnauthorized, pandastack.ENotFound, pandastack.EConflict,
 		pandastack.ETimeout, pandastack.EUnavailable, pandastack.ECommandNotFound, pandastack.ETooLarge,
 		pandastack.ETemplateMissing, pandastack.ESnapshotCorrupt, pandastack.EStorage, pandastack.EInternal, "method_not_allowed",
+		pandastack.ENetworkDenied, pandastack.EPortClosed,
 	}
 	slices.Sort(want)
 	enum := slices.Clone(doc.Components.Schemas["ErrorDetail"].Properties["code"].Enum)
@@ -273,6 +274,8 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"ExecutionError":       pandastack.ExecutionError{},
 		"Context":              pandastack.CodeContext{},
 		"Sandbox":              pandastack.Sandbox{},
+		"NetworkPolicy":        pandastack.NetworkPolicy{},
+		"EgressEntry":          pandastack.EgressEntry{},
 		"FileInfo":             agentproto.FileInfo{},
 		"TemplateInfo":         TemplateInfo{},
 	} {

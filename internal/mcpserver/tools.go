@@ -24,6 +24,8 @@ type createSandboxIn struct {
 	TTLSeconds int64             `json:"ttl_seconds,omitempty" jsonschema:"seconds until the sandbox is killed; default: the server's"`
 	Metadata   map[string]string `json:"metadata,omitempty" jsonschema:"string labels stored with the sandbox"`
 	SnapshotID string            `json:"snapshot_id,omitempty" jsonschema:"restore this snapshot (from the snapshot tool) instead of booting the template"`
+	Internet   *bool             `json:"internet,omitempty" jsonschema:"whether the sandbox may reach the internet; default: the server's"`
+	AllowOut   []string          `json:"allow_out,omitempty" jsonschema:"IPs, CIDRs, domains or *.domains always reachable, even without internet"`
 }
 
 type createSandboxOut struct {
@@ -125,7 +127,13 @@ func (s *session) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in 
 		if tpl == "" {
 			tpl = s.cfg.Template
 		}
-		sb, err = s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: tpl, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata})
+		req := client.CreateSandboxRequest{Template: tpl, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata}
+		if in.Internet != nil || len(in.AllowOut) > 0 {
+			p := client.NetworkPolicy{AllowInternetAccess: in.Internet == nil || *in.Internet, AllowOut: in.AllowOut}
+			p = p.Normalized()
+			req.Network = &p
+		}
+		sb, err = s.c.CreateSandbox(ctx, req)
 	}
 	if err != nil {
 		return nil, createSandboxOut{}, err

@@ -38,6 +38,9 @@ type manifest struct {
 	MemoryMB  int                `json:"memory_mb"`
 	CreatedAt time.Time          `json:"created_at"`
 	Files     map[string]fileSum `json:"files"` // relative to image/
+	// Network is the sandbox's egress policy at checkpoint time; a sandbox
+	// restored from the image gets it unless the create names another.
+	Network *pandastack.NetworkPolicy `json:"network,omitempty"`
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)

@@ -112,6 +112,7 @@ type CreateRequest struct {
 	// IdleTimeoutSeconds: suspend after this long idle (0: never); nil
 	// takes Config.IdleTimeout.
 	IdleTimeoutSeconds *int64
+	Network    *pandastack.NetworkPolicy // nil: the server's default (network.go)
 }
 
 // Manager runs sandboxes for the API.
@@ -127,6 +128,8 @@ type Manager struct {
 
 	mu    sync.Mutex
 	pools map[string]*pool // by template name
+	net   Network          // sandbox networking, or nil (network.go)
+	caPEM []byte           // certificates added to every sandbox's trust store (network.go)
 
 	suspending atomic.Bool // idle suspends are under way (idle.go)
 	warmVerified sync.Map // warm images checksummed already (warm.go)
@@ -311,7 +314,10 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	if err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	p := plan{ttl: ttl, idle: idle, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume}
+	if err := m.validNetwork(req.Network); err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	p := plan{ttl: ttl, idle: idle, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume, network: req.Network}
 	if req.SnapshotID != "" {
 		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || req.DiskMB != 0 || len(req.Env) > 0 {
 			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory, disk and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
@@ -326,6 +332,9 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 			return pandastack.Sandbox{}, err
 		}
 		p.template, p.rootfs, p.image, p.cpu, p.mem = snap.Template, man.RootFS, filepath.Join(dir, "image"), snap.CPU, snap.MemoryMB
+		if p.network == nil {
+			p.network = man.Network // the snapshotted sandbox's policy
+		}
 		return m.launch(ctx, projectID, p)
 	}
 	if req.Template == "" {
@@ -378,6 +387,7 @@ type plan struct {
 	metadata   map[string]string
 	env        map[string]string
 	autoResume bool
+	network    *pandastack.NetworkPolicy // nil: the default, or the sandbox's own on a resume
 }
 
 // launch records a new sandbox, boots or restores it, and says hello.
@@ -422,6 +432,11 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	}()
 
 	if pooledOK {
+		// Pool sandboxes were restored with the default policy.
+		if err := m.applyNetwork(sb.ID, p.network); err != nil {
+			pd.client.Close()
+			return pandastack.Sandbox{}, err
+		}
 		return m.started(ctx, sb, pd.client)
 	}
 	env := make([]string, 0, len(p.env)+1)
@@ -433,7 +448,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	// that hangs up gets nothing, and the rollback cleans up.
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, DiskMB: p.disk, PIDs: m.cfg.PIDsLimit, Lazy: true}
+	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, DiskMB: p.disk, PIDs: m.cfg.PIDsLimit, Lazy: true, Network: p.network}
 	var rwc io.ReadWriteCloser
 	if p.image != "" {
 		rwc, err = m.rt.Restore(startCtx, spec, p.image)
@@ -443,7 +458,10 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	if err == nil {
 		var client *AgentClient
 		if client, err = dialAgent(startCtx, sb.ID, rwc, p.image != ""); err == nil {
-			return m.started(ctx, sb, client)
+			if err = m.setupSandbox(startCtx, client); err == nil {
+				return m.started(ctx, sb, client)
+			}
+			client.Close()
 		}
 	}
 	if startCtx.Err() != nil {
@@ -462,13 +480,18 @@ func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *Ag
 		client.Close() // shutting down: the next start re-adopts it
 	}
 	sb.State = pandastack.StateRunning
+	sb.Network = m.networkOf(sb.ID)
 	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.Template, "project", sb.ProjectID)
 	return sb, nil
 }
 
 // Get returns a sandbox of the project.
 func (m *Manager) Get(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
-	return m.store.GetSandbox(ctx, projectID, id)
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err == nil {
+		sb.Network = m.networkOf(id)
+	}
+	return sb, err
 }
 
 // List returns the project's sandboxes matching f (f.ProjectID is forced).

@@ -119,6 +119,9 @@ func (m *Manager) restoreForPool(tpl Template) (pooled, error) {
 	}
 	client, err := dialAgent(ctx, id, rwc, true)
 	if err == nil {
+		err = m.setupSandbox(ctx, client)
+	}
+	if err == nil {
 		// A no-op in the warm kernels pulls their pages in, so the user's
 		// first cell does not pay for the lazy restore.
 		err = client.TouchSpares(ctx)

@@ -50,6 +50,7 @@ func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final s
 	}
 	size, err := sealImage(tmp, final, manifest{
 		SandboxID: sb.ID, Template: sb.Template, RootFS: rootfs, CPU: sb.CPU, MemoryMB: sb.MemoryMB, CreatedAt: m.now().UTC(),
+		Network: m.networkOf(sb.ID),
 	})
 	if err != nil {
 		return 0, storageError(err, checkpointOutcome)
@@ -163,6 +164,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 				template: sb.Template, rootfs: rootfs, image: img,
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
 				idle: time.Duration(sb.IdleTimeoutSeconds) * time.Second,
+				network: m.networkOf(id), // each child its own address, the parent's policy
 			})
 		}()
 	}
@@ -260,7 +262,12 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}, filepath.Join(dir, "image"))
 	var client *AgentClient
 	if err == nil {
-		if client, err = dialAgent(startCtx, id, rwc, false); err != nil {
+		if client, err = dialAgent(startCtx, id, rwc, false); err == nil {
+			if err = m.setupSandbox(startCtx, client); err != nil {
+				client.Close()
+			}
+		}
+		if err != nil {
 			m.rt.Stop(context.Background(), id)
 		}
 	}

@@ -98,21 +98,25 @@ func New(cfg Config) (*Runtime, error) {
 
 func (r *Runtime) dir(id string) string { return filepath.Join(r.sbxRoot, id) }
 
-// globalFlags are the runsc flags shared by every subcommand; runsc checks
-// that restore and checkpoint use the same ones as run. runsc creates the
+// globalFlags are the runsc flags shared by every subcommand. runsc creates the
 // log file's directory, so only `run` logs into the sandbox's directory:
 // anything else would bring a removed directory back.
 func (r *Runtime) globalFlags(logFile string) []string {
-	return r.flags(logFile, "root:memory")
+	return r.flags(logFile, "none", "root:memory")
 }
 
-// flags are the global flags with the given --overlay2 value. Only run and
-// restore act on it; other commands (checkpoint included) ignore it.
-func (r *Runtime) flags(logFile, overlay string) []string {
+// flags are the global flags with the given --network and --overlay2
+// values. network is "none" (loopback only) or "sandbox" (runsc's own
+// network stack takes over the interface of the namespace the sandbox
+// joins). Only run and restore act on either; other commands (checkpoint
+// included) ignore them, and an image checkpointed with either network
+// restores with either (tried: the restored stack takes the new
+// namespace's addresses and routes).
+func (r *Runtime) flags(logFile, network, overlay string) []string {
 	return append([]string{
 		"--root=" + r.root,
 		"--platform=" + r.cfg.Platform,
-		"--network=none",
+		"--network=" + network,
 		"--overlay2=" + overlay,
 		// runsc would log to stdout by default: that is the agent channel.
 		"--log=" + logFile,
@@ -259,7 +263,11 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 			args = append(args[:1], append([]string{"--background"}, args[1:]...)...)
 		}
 	}
-	cmd := exec.Command(r.cfg.Runsc, append(r.flags(filepath.Join(dir, "runsc.log"), overlayFlag(dir, disk)), args...)...)
+	network := "none"
+	if spec.NetNS != "" {
+		network = "sandbox"
+	}
+	cmd := exec.Command(r.cfg.Runsc, append(r.flags(filepath.Join(dir, "runsc.log"), network, overlayFlag(dir, disk)), args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, agentLog
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// Stop, not just runsc delete: a runsc killed half-way may leave

@@ -67,6 +67,7 @@ type ociLinux struct {
 
 type ociNS struct {
 	Type string `json:"type"`
+	Path string `json:"path,omitempty"` // join this namespace instead of making one
 }
 
 type ociResources struct {
@@ -119,7 +120,7 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
 			{Destination: agentproto.AgentPath, Type: "bind", Source: r.cfg.AgentPath, Options: []string{"bind", "ro"}},
 		},
 		Linux: ociLinux{
-			Namespaces: []ociNS{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
+			Namespaces: []ociNS{{Type: "pid"}, {Type: "network", Path: s.NetNS}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
 		},
 	}
 	if !ownDisk {

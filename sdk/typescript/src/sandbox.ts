@@ -79,6 +79,8 @@ export interface SandboxCreateOptions extends ConnectionOptions {
    * resumes it transparently. 0: never. Default: the server's (300).
    */
   idleTimeoutSeconds?: number;
+  /** Egress policy; default the server's (internet unless configured otherwise). */
+  network?: NetworkPolicy;
   /** CPUs; default the template's. */
   cpu?: number;
   /** Memory limit in MiB; default the template's. */
@@ -182,6 +184,42 @@ interface WireSandbox {
   stop_reason?: string;
   idle_timeout_seconds?: number;
   pause_reason?: string;
+  network?: WireNetworkPolicy;
+}
+
+interface WireNetworkPolicy {
+  allow_internet_access: boolean;
+  allow_out: string[];
+  deny_out: string[];
+}
+
+/**
+ * A sandbox's egress policy. `allowOut` (IPs, CIDRs, domains, `*.domain`)
+ * wins over `denyOut` (IPs, CIDRs); without `allowInternetAccess` only
+ * `allowOut` is reachable. A platform deny set (the host, private ranges,
+ * cloud metadata, other sandboxes) always applies.
+ */
+export interface NetworkPolicy {
+  allowInternetAccess?: boolean;
+  allowOut?: string[];
+  denyOut?: string[];
+}
+
+/** One line of a sandbox's egress log. */
+export interface EgressEntry {
+  time: string;
+  kind: "dns" | "tcp" | "udp";
+  address?: string;
+  port?: number;
+  domain?: string;
+  bytes_out: number;
+  bytes_in: number;
+  allowed: boolean;
+  rule: string;
+}
+
+function wireNetwork(p: NetworkPolicy): WireNetworkPolicy {
+  return { allow_internet_access: p.allowInternetAccess ?? true, allow_out: p.allowOut ?? [], deny_out: p.denyOut ?? [] };
 }
 
 interface WireSnapshot {
@@ -245,6 +283,8 @@ export class Sandbox implements SandboxInfo {
   stopReason?: string;
   idleTimeoutSeconds!: number;
   pauseReason?: string;
+  /** Its egress policy, as of the last answer; undefined when the server runs without networking. */
+  network?: NetworkPolicy;
   /** The sandbox's files. */
   readonly files: Files;
   readonly #http: HttpClient;
@@ -269,6 +309,9 @@ export class Sandbox implements SandboxInfo {
     this.stopReason = info.stopReason;
     this.idleTimeoutSeconds = info.idleTimeoutSeconds;
     this.pauseReason = info.pauseReason;
+    this.network = w.network
+      ? { allowInternetAccess: w.network.allow_internet_access, allowOut: w.network.allow_out ?? [], denyOut: w.network.deny_out ?? [] }
+      : undefined;
   }
 
   #path(sub = ""): string {
@@ -291,6 +334,7 @@ export class Sandbox implements SandboxInfo {
     if (opts.memoryMb !== undefined) body.memory_mb = opts.memoryMb;
     if (opts.autoResume !== undefined) body.auto_resume = opts.autoResume;
     if (opts.idleTimeoutSeconds !== undefined) body.idle_timeout_seconds = opts.idleTimeoutSeconds;
+    if (opts.network !== undefined) body.network = wireNetwork(opts.network);
     return new Sandbox(http, await http.json<WireSandbox>("POST", "/v1/sandboxes", { json: body }));
   }
 
@@ -325,6 +369,35 @@ export class Sandbox implements SandboxInfo {
   /** Sets the seconds idle after which the server suspends it (0: never). */
   async setIdleTimeout(seconds: number): Promise<void> {
     this.#update(await this.#http.json<WireSandbox>("PATCH", this.#path(), { json: { idle_timeout_seconds: seconds } }));
+  }
+
+  /**
+   * Replaces the sandbox's egress policy; it takes effect at once. A rejected
+   * policy (`InvalidRequestError` naming the entry, `NetworkDeniedError` for
+   * the platform deny set) changes nothing.
+   */
+  async setNetwork(policy: NetworkPolicy): Promise<void> {
+    this.#update(await this.#http.json<WireSandbox>("PUT", this.#path("/network"), { json: wireNetwork(policy) }));
+  }
+
+  /** The egress log, oldest first: DNS answers and connections (through NAT or the domain proxy). */
+  async networkLog(): Promise<EgressEntry[]> {
+    const w = await this.#http.json<{ entries: EgressEntry[] | null }>("GET", this.#path("/network/log"));
+    return w.entries ?? [];
+  }
+
+  /**
+   * The URL of a server listening on `port` (on 0.0.0.0) inside the sandbox,
+   * through the server's port proxy. By default it carries an expiring token
+   * and opens in a browser with no header; with `{ token: false }` requests
+   * to it need the API key.
+   */
+  async getUrl(port: number, opts: { token?: boolean; ttlSeconds?: number } = {}): Promise<string> {
+    const path = this.#path(`/ports/${port}/`);
+    if (opts.token === false) return this.#http.apiUrl + path;
+    const body: Record<string, unknown> = {};
+    if (opts.ttlSeconds !== undefined) body.ttl_seconds = opts.ttlSeconds;
+    return (await this.#http.json<{ url: string }>("POST", path + "token", { json: body })).url;
   }
 
   /** Stops the sandbox and deletes it; a later `connect` is a `NotFoundError`. */

@@ -33,6 +33,8 @@ from .exceptions import (
     SandboxUnavailableError,
     SnapshotCorruptError,
     InsufficientStorageError,
+    NetworkDeniedError,
+    PortUnreachableError,
     StreamError,
     TemplateNotBuiltError,
     TimeoutError,
@@ -84,6 +86,8 @@ __all__ = [
     "SandboxUnavailableError",
     "SnapshotCorruptError",
     "InsufficientStorageError",
+    "NetworkDeniedError",
+    "PortUnreachableError",
     "TimeoutError",
     "StreamError",
 ]

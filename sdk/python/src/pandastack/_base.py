@@ -67,8 +67,11 @@ def create_body(
     memory_mb: Optional[int],
     auto_resume: Optional[bool] = None,
     idle_timeout_seconds: Optional[int] = None,
+    network: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
+    if network is not None:
+        body["network"] = network_body(**network)
     if snapshot_id:
         # A restored sandbox takes its template from the snapshot.
         body["snapshot_id"] = snapshot_id
@@ -178,6 +181,23 @@ def run_body(
     return body
 
 
+def network_body(
+    allow_internet_access: bool = True,
+    allow_out: Optional[Sequence[str]] = None,
+    deny_out: Optional[Sequence[str]] = None,
+) -> Dict[str, Any]:
+    """The JSON of a network policy (see docs/network.md)."""
+    return {
+        "allow_internet_access": bool(allow_internet_access),
+        "allow_out": [str(e) for e in allow_out or []],
+        "deny_out": [str(e) for e in deny_out or []],
+    }
+
+
+def port_path(sandbox_id: str, port: int) -> str:
+    return sandbox_path(sandbox_id, "/ports/%d/" % int(port))
+
+
 class SandboxRecord:
     """The server's view of a sandbox, refreshed by every call that returns
     it. Shared by :class:`Sandbox` and :class:`AsyncSandbox`."""
@@ -201,6 +221,13 @@ class SandboxRecord:
     def template(self) -> str:
         """Name of the template it was created from."""
         return str(self._data.get("template", ""))
+
+    @property
+    def network(self) -> Optional[Dict[str, Any]]:
+        """Its egress policy (``allow_internet_access``, ``allow_out``,
+        ``deny_out``), or None when the server runs without networking."""
+        n = self._data.get("network")
+        return dict(n) if n is not None else None
 
     @property
     def state(self) -> str:

@@ -44,6 +44,8 @@ from ._base import (
     exec_body,
     fork_body,
     list_params,
+    network_body,
+    port_path,
     read_timeout,
     run_body,
     sandbox_path,
@@ -125,10 +127,11 @@ class AsyncSandbox(SandboxRecord):
         client: Optional[Client] = None,
         auto_resume: Optional[bool] = None,
         idle_timeout_seconds: Optional[int] = None,
+        network: Optional[Mapping[str, Any]] = None,
     ) -> "AsyncSandbox":
         """Boot a new sandbox; see :meth:`pandastack.Sandbox.create`."""
         c = client or default_client()
-        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds)
+        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds, network)
         return cls((await c._arequest("POST", "/v1/sandboxes", json=body)).json(), c)
 
     @classmethod
@@ -169,6 +172,27 @@ class AsyncSandbox(SandboxRecord):
             pass
         self._data["state"] = "stopped"
         self._data.setdefault("stop_reason", "killed")
+
+    async def set_network(
+        self,
+        allow_internet_access: bool = True,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
+    ) -> None:
+        """Replace the egress policy; see :meth:`pandastack.Sandbox.set_network`."""
+        body = network_body(allow_internet_access, allow_out, deny_out)
+        self._update((await self._client._arequest("PUT", sandbox_path(self.id, "/network"), json=body)).json())
+
+    async def network_log(self) -> List[Dict[str, Any]]:
+        """The egress log; see :meth:`pandastack.Sandbox.network_log`."""
+        return list((await self._client._arequest("GET", sandbox_path(self.id, "/network/log"))).json().get("entries") or [])
+
+    async def get_url(self, port: int, token: bool = True, ttl_seconds: Optional[int] = None) -> str:
+        """A port's URL; see :meth:`pandastack.Sandbox.get_url`."""
+        if not token:
+            return self._client.api_url + port_path(self.id, port)
+        body = {} if ttl_seconds is None else {"ttl_seconds": int(ttl_seconds)}
+        return str((await self._client._arequest("POST", port_path(self.id, port) + "token", json=body)).json()["url"])
 
     async def set_ttl(self, seconds: int) -> None:
         """Make the sandbox expire ``seconds`` from now."""

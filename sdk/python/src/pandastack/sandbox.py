@@ -21,6 +21,8 @@ from ._base import (
     exec_body,
     fork_body,
     list_params,
+    network_body,
+    port_path,
     read_timeout,
     run_body,
     sandbox_path,
@@ -114,6 +116,7 @@ class Sandbox(SandboxRecord):
         client: Optional[Client] = None,
         auto_resume: Optional[bool] = None,
         idle_timeout_seconds: Optional[int] = None,
+        network: Optional[Mapping[str, Any]] = None,
     ) -> "Sandbox":
         """Boot a new sandbox and return it once it runs.
 
@@ -134,6 +137,9 @@ class Sandbox(SandboxRecord):
             idle_timeout_seconds: suspend it to disk after this many idle
                 seconds; the next request resumes it transparently. 0:
                 never; default the server's (300).
+            network: egress policy, e.g. ``{"allow_internet_access": False,
+                "allow_out": ["api.example.com", "1.2.3.0/24"]}``; default
+                the server's (internet unless configured otherwise).
 
         Raises:
             ConfigurationError: no client and ``PANDASTACK_API_KEY`` unset.
@@ -142,7 +148,7 @@ class Sandbox(SandboxRecord):
             InvalidRequestError: a value out of range.
         """
         c = client or default_client()
-        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds)
+        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds, network)
         return cls(c._request("POST", "/v1/sandboxes", json=body).json(), c)
 
     @classmethod
@@ -204,6 +210,41 @@ class Sandbox(SandboxRecord):
         """Set the seconds idle after which the server suspends it (0: never);
         updates :attr:`idle_timeout_seconds`."""
         self._update(self._client._request("PATCH", sandbox_path(self.id), json={"idle_timeout_seconds": int(seconds)}).json())
+
+    # ----- network -------------------------------------------------------
+
+    def set_network(
+        self,
+        allow_internet_access: bool = True,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
+    ) -> None:
+        """Replace the sandbox's egress policy; it takes effect at once.
+        ``allow_out`` (IPs, CIDRs, domains, ``*.domain``) wins over
+        ``deny_out`` (IPs, CIDRs). A rejected policy changes nothing.
+
+        Raises:
+            InvalidRequestError: a malformed entry (named by its index).
+            NetworkDeniedError: an entry inside the platform deny set.
+        """
+        body = network_body(allow_internet_access, allow_out, deny_out)
+        self._update(self._client._request("PUT", sandbox_path(self.id, "/network"), json=body).json())
+
+    def network_log(self) -> List[Dict[str, Any]]:
+        """The sandbox's egress log, oldest first: DNS answers and
+        connections, through NAT or the domain proxy (time, address, port,
+        domain, bytes each way, allowed, rule)."""
+        return list(self._client._request("GET", sandbox_path(self.id, "/network/log")).json().get("entries") or [])
+
+    def get_url(self, port: int, token: bool = True, ttl_seconds: Optional[int] = None) -> str:
+        """The URL of a server listening on ``port`` (on 0.0.0.0) inside
+        the sandbox, through the server's port proxy. With ``token`` (the
+        default) it carries an expiring token and opens in a browser with no
+        header; without, requests to it need the API key."""
+        if not token:
+            return self._client.api_url + port_path(self.id, port)
+        body = {} if ttl_seconds is None else {"ttl_seconds": int(ttl_seconds)}
+        return str(self._client._request("POST", port_path(self.id, port) + "token", json=body).json()["url"])
 
     def __enter__(self) -> "Sandbox":
         return self
