@@ -26,8 +26,8 @@ const (
 	// StopPIDsLimit: its processes and threads (gVisor's own included)
 	// filled the host's pids limit and it could not go on.
 	StopPIDsLimit = "pids_limit"
-	StopLost    = "lost"          // after a server restart its agent could not be reached
-	StopFailed  = "start_failed"  // creation failed part-way
+	StopLost      = "lost"         // after a server restart its agent could not be reached
+	StopFailed    = "start_failed" // creation failed part-way
 )
 
 // Reasons a sandbox is paused, reported in Sandbox.PauseReason.

@@ -135,8 +135,8 @@ type CreateSandboxRequest struct {
 	DiskMB     int               `json:"disk_mb,omitempty"`
 	// IdleTimeoutSeconds suspends it after this long idle; nil takes the
 	// server's default, 0 never.
-	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds,omitempty"`
-	Network    *NetworkPolicy    `json:"network,omitempty"` // nil: the server's default
+	IdleTimeoutSeconds *int64         `json:"idle_timeout_seconds,omitempty"`
+	Network            *NetworkPolicy `json:"network,omitempty"` // nil: the server's default
 }
 
 // Sandbox is a sandbox as the API shows it.

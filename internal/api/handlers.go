@@ -39,7 +39,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 		Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata,
 		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
 		IdleTimeoutSeconds: req.IdleTimeoutSeconds,
-		Network: req.Network,
+		Network:            req.Network,
 	})
 	if err != nil {
 		s.logFailure(r, err)

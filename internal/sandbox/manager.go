@@ -112,7 +112,7 @@ type CreateRequest struct {
 	// IdleTimeoutSeconds: suspend after this long idle (0: never); nil
 	// takes Config.IdleTimeout.
 	IdleTimeoutSeconds *int64
-	Network    *pandastack.NetworkPolicy // nil: the server's default (network.go)
+	Network            *pandastack.NetworkPolicy // nil: the server's default (network.go)
 }
 
 // Manager runs sandboxes for the API.
@@ -131,8 +131,8 @@ type Manager struct {
 	net   Network          // sandbox networking, or nil (network.go)
 	caPEM []byte           // certificates added to every sandbox's trust store (network.go)
 
-	suspending atomic.Bool // idle suspends are under way (idle.go)
-	warmVerified sync.Map // warm images checksummed already (warm.go)
+	suspending   atomic.Bool // idle suspends are under way (idle.go)
+	warmVerified sync.Map    // warm images checksummed already (warm.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup

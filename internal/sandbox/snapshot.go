@@ -163,7 +163,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 			kids[i], errs[i] = m.launch(ctx, projectID, plan{
 				template: sb.Template, rootfs: rootfs, image: img,
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
-				idle: time.Duration(sb.IdleTimeoutSeconds) * time.Second,
+				idle:    time.Duration(sb.IdleTimeoutSeconds) * time.Second,
 				network: m.networkOf(id), // each child its own address, the parent's policy
 			})
 		}()

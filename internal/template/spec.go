@@ -47,16 +47,16 @@ const (
 type Spec struct {
 	Name        string   `yaml:"name" json:"name"`
 	Description string   `yaml:"description" json:"description,omitempty"`
-	Suite       string   `yaml:"suite" json:"suite"`             // Debian suite for debootstrap
-	Mirror      string   `yaml:"mirror" json:"mirror,omitempty"` // empty: the builder's mirror
-	Apt         []string `yaml:"apt" json:"apt,omitempty"`       // apt-get install --no-install-recommends
-	Pip         []string `yaml:"pip" json:"pip,omitempty"`       // pip requirement strings, system-wide
-	Files       []File   `yaml:"files" json:"files,omitempty"`   // written after packages
-	Run         []string `yaml:"run" json:"run,omitempty"`       // each runs as `/bin/sh -ec` in the chroot, as root, last
-	CPU         int      `yaml:"cpu" json:"cpu"`                 // default vCPUs of a sandbox
-	MemoryMB    int      `yaml:"memory_mb" json:"memory_mb"`     // default memory of a sandbox
+	Suite       string   `yaml:"suite" json:"suite"`               // Debian suite for debootstrap
+	Mirror      string   `yaml:"mirror" json:"mirror,omitempty"`   // empty: the builder's mirror
+	Apt         []string `yaml:"apt" json:"apt,omitempty"`         // apt-get install --no-install-recommends
+	Pip         []string `yaml:"pip" json:"pip,omitempty"`         // pip requirement strings, system-wide
+	Files       []File   `yaml:"files" json:"files,omitempty"`     // written after packages
+	Run         []string `yaml:"run" json:"run,omitempty"`         // each runs as `/bin/sh -ec` in the chroot, as root, last
+	CPU         int      `yaml:"cpu" json:"cpu"`                   // default vCPUs of a sandbox
+	MemoryMB    int      `yaml:"memory_mb" json:"memory_mb"`       // default memory of a sandbox
 	DiskMB      int      `yaml:"disk_mb" json:"disk_mb,omitempty"` // default disk of a sandbox; 0: the server's
-	Warmup      string   `yaml:"warmup" json:"warmup,omitempty"` // Python run before the template is snapshotted
+	Warmup      string   `yaml:"warmup" json:"warmup,omitempty"`   // Python run before the template is snapshotted
 }
 
 // File is a file the builder writes into the root filesystem.

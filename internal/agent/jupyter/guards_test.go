@@ -80,7 +80,7 @@ func TestNoHistory(t *testing.T) {
 
 func TestParseDropped(t *testing.T) {
 	for in, want := range map[string][2]int{
-		"{'stdout': 0, 'stderr': 12}":     {0, 12},
+		"{'stdout': 0, 'stderr': 12}":      {0, 12},
 		"{'stderr': 5, 'stdout': 1234567}": {1234567, 5},
 		"garbage":                          {0, 0},
 	} {
