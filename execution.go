@@ -30,6 +30,12 @@ type Result struct {
 	JavaScript   string         `json:"javascript,omitempty"`
 	Plotly       any            `json:"plotly,omitempty"` // application/vnd.plotly.v1+json
 	Extra        map[string]any `json:"extra,omitempty"`  // any other MIME type
+	// Chart is a displayed matplotlib figure's structure and Data a
+	// displayed DataFrame's or Series' rows, as JSON objects built in the
+	// kernel by the code-interpreter template's extension (schemas in
+	// docs/code-and-snapshots.md and the OpenAPI document).
+	Chart map[string]any `json:"chart,omitempty"`
+	Data  map[string]any `json:"data,omitempty"`
 }
 
 // ExecutionError is a cell's exception.

@@ -33,7 +33,7 @@ func main() {
 	// Notify rather than Ignore: an ignored signal stays ignored in children.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
-	cfg := agent.Config{Version: version, BootedAt: time.Now().UTC(), Log: log, Contexts: agent.NewContexts()}
+	cfg := agent.Config{Version: version, BootedAt: time.Now().UTC(), Log: log, Contexts: agent.NewContexts(), Processes: agent.NewProcesses()}
 	if os.Getpid() == 1 {
 		cfg.Reaper = agent.StartReaper(log)
 	}

@@ -28,6 +28,10 @@ type Config struct {
 	Reaper   *Reaper      // nil: wait for each child by pid (when not PID 1)
 	Contexts *Contexts    // code contexts, shared by all sessions; nil: a new empty set
 	Log      *slog.Logger // nil discards
+
+	// Processes are the background processes, shared by all sessions;
+	// nil: a new empty set.
+	Processes *Processes
 }
 
 // Server answers the agent API for one host session.
@@ -48,6 +52,9 @@ func NewServer(cfg Config, epoch uint32) *Server {
 	}
 	if cfg.Contexts == nil {
 		cfg.Contexts = NewContexts()
+	}
+	if cfg.Processes == nil {
+		cfg.Processes = NewProcesses()
 	}
 	return &Server{cfg: cfg, epoch: epoch, home: cfg.Home, log: cfg.Log.With("epoch", epoch)}
 }
@@ -73,6 +80,11 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/contexts/{id}/interrupt", s.api(s.interruptContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.api(s.restartContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/run", s.api(s.runCode))
+	mux.HandleFunc("POST /v1/processes", s.api(s.startProcess))
+	mux.HandleFunc("GET /v1/processes", s.api(s.listProcesses))
+	mux.HandleFunc("GET /v1/processes/{pid}/output", s.api(s.processOutput))
+	mux.HandleFunc("POST /v1/processes/{pid}/stdin", s.api(s.processStdin))
+	mux.HandleFunc("POST /v1/processes/{pid}/kill", s.api(s.killProcess))
 	mux.HandleFunc("/", s.api(func(w http.ResponseWriter, r *http.Request) error {
 		return pandastack.Errorf(pandastack.ENotFound, "the agent has no endpoint %s %s; see internal/agentproto/api.go for its API", r.Method, r.URL.Path)
 	}))

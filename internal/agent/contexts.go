@@ -24,16 +24,18 @@ import (
 // Contexts holds the code contexts (Jupyter kernels) of the sandbox. It
 // outlives host sessions: a server restart or a new epoch keeps the kernels.
 type Contexts struct {
-	mu     sync.Mutex
-	ctxs   map[string]*codeContext
-	procs  map[*kernelProc]bool // live kernel processes, for the memory watch
-	watch  sync.Once
-	spares spareSet // kernels warmed up ahead of time (spare.go)
+	mu      sync.Mutex
+	ctxs    map[string]*codeContext
+	created uint64               // contexts made so far
+	procs   map[*kernelProc]bool // live kernel processes, for the memory watch
+	watch   sync.Once
+	spares  spareSet // kernels warmed up ahead of time (spare.go)
 }
 
 type codeContext struct {
-	info   agentproto.Context
-	kernel *jupyter.Kernel
+	info    agentproto.Context
+	kernel  *jupyter.Kernel
+	created uint64 // creation order, for listing oldest first
 }
 
 // NewContexts returns an empty registry.
@@ -55,6 +57,10 @@ var kernelDirs = []string{"/usr/local/share/jupyter/kernels", "/usr/share/jupyte
 var languageKernels = map[string][]string{
 	"python": {"python3", "python"},
 	"bash":   {"bash"},
+	// Deno's kernel runs both; a javascript context also takes TypeScript.
+	"javascript": {"deno"},
+	"typescript": {"deno"},
+	"r":          {"ir"},
 }
 
 // kernelArgv returns the argv of the kernel for language, from its kernelspec.
@@ -237,7 +243,8 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 		return pandastack.Errorf(pandastack.EConflict, "context %s already exists", req.ID)
 	}
 	auto := req.AutoRestart == nil || *req.AutoRestart
-	cc := &codeContext{info: agentproto.Context{ID: req.ID, Language: req.Language, Cwd: cwd, AutoRestart: auto}}
+	cs.created++
+	cc := &codeContext{info: agentproto.Context{ID: req.ID, Language: req.Language, Cwd: cwd, AutoRestart: auto}, created: cs.created}
 	cs.ctxs[req.ID] = cc // reserve the id while the kernel starts
 	cs.mu.Unlock()
 
@@ -281,6 +288,9 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 		opts.EnvCode = jupyter.BashEnvCode
 		opts.ReseedCode = jupyter.BashReseedCode
 	}
+	if lk, ok := otherKernels[language]; ok {
+		opts.EnvCode, opts.Transport, opts.InterruptByMessage, opts.ReseedCode = lk.envCode, lk.transport, lk.byMessage, lk.reseedCode
+	}
 	return opts
 }
 
@@ -302,14 +312,18 @@ func (s *Server) context(id string) (*codeContext, error) {
 func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) error {
 	cs := s.cfg.Contexts
 	cs.mu.Lock()
-	list := make([]agentproto.Context, 0, len(cs.ctxs))
+	ccs := make([]*codeContext, 0, len(cs.ctxs))
 	for _, cc := range cs.ctxs {
 		if cc.kernel != nil {
-			list = append(list, cc.info)
+			ccs = append(ccs, cc)
 		}
 	}
 	cs.mu.Unlock()
-	sort.Slice(list, func(i, j int) bool { return list[i].ID < list[j].ID })
+	sort.Slice(ccs, func(i, j int) bool { return ccs[i].created < ccs[j].created }) // oldest first
+	list := make([]agentproto.Context, len(ccs))
+	for i, cc := range ccs {
+		list[i] = cc.info
+	}
 	writeJSON(w, http.StatusOK, list)
 	return nil
 }

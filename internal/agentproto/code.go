@@ -18,7 +18,7 @@ import "github.com/pandastack/pandastack"
 // ContextRequest creates a context.
 type ContextRequest struct {
 	ID       string            `json:"id"`       // chosen by the host ("ctx_…")
-	Language string            `json:"language"` // "python" or "bash"
+	Language string            `json:"language"` // "python", "bash", "javascript", "typescript" or "r"
 	Cwd      string            `json:"cwd,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	// AutoRestart: a run on a kernel that died restarts it (and says the
@@ -48,6 +48,14 @@ type RunRequest struct {
 	// for the platform's own cells (warm-up), not the user's.
 	NoHistory bool `json:"no_history,omitempty"`
 }
+
+// MIME types of the structured data the code-interpreter template's IPython
+// extension adds beside a figure's PNG and a DataFrame's HTML (Result.Chart
+// and Result.Data).
+const (
+	ChartMIME = "application/vnd.pandastack.chart+json"
+	TableMIME = "application/vnd.pandastack.table+json"
+)
 
 // CodeEvent is one line of a run's stream.
 type CodeEvent struct {

@@ -148,6 +148,7 @@ type execRequest struct {
 	Cwd            string            `json:"cwd"`
 	TimeoutSeconds *float64          `json:"timeout_seconds"`
 	Stdin          string            `json:"stdin"`
+	Background     bool              `json:"background"` // answer a Process at once (processes.go)
 }
 
 // wantsStream reports whether the client asked for NDJSON streaming.
@@ -167,6 +168,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 	}
 	if err := sandbox.ValidateEnv(req.Env); err != nil {
 		writeError(w, err)
+		return
+	}
+	if req.Background {
+		s.execBackground(w, r, project, req)
 		return
 	}
 	timeout, err := s.timeout(req.TimeoutSeconds, s.cfg.DefaultExecTimeout)
@@ -249,14 +254,7 @@ type streamEvent struct {
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandbox.AgentClient, req agentproto.ExecRequest) {
 	nd := newNDJSON(w)
 	_, err := agent.Exec(r.Context(), req, func(ev agentproto.ExecEvent) error {
-		out := streamEvent{Type: ev.Type}
-		switch ev.Type {
-		case "stdout", "stderr":
-			out.Data = string(ev.Data)
-		case "exit":
-			out.ExitCode, out.Signal, out.TimedOut, out.DurationMS = &ev.ExitCode, ev.Signal, &ev.TimedOut, &ev.DurationMS
-		}
-		return nd.send(out)
+		return nd.send(toStreamEvent(ev))
 	})
 	if err != nil {
 		s.logFailure(r, err)
@@ -268,6 +266,18 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandb
 		eb := errorJSON(err)
 		nd.send(streamEvent{Type: "error", Error: &eb.Error})
 	}
+}
+
+// toStreamEvent is the API's form of an agent's exec event.
+func toStreamEvent(ev agentproto.ExecEvent) streamEvent {
+	out := streamEvent{Type: ev.Type}
+	switch ev.Type {
+	case "stdout", "stderr":
+		out.Data = string(ev.Data)
+	case "exit":
+		out.ExitCode, out.Signal, out.TimedOut, out.DurationMS = &ev.ExitCode, ev.Signal, &ev.TimedOut, &ev.DurationMS
+	}
+	return out
 }
 
 // ndjson writes newline-delimited JSON, flushing after each line.

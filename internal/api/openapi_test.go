@@ -277,6 +277,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"NetworkPolicy":        pandastack.NetworkPolicy{},
 		"EgressEntry":          pandastack.EgressEntry{},
 		"FileInfo":             agentproto.FileInfo{},
+		"Process":              agentproto.Process{},
 		"TemplateInfo":         TemplateInfo{},
 	} {
 		s, ok := doc.Components.Schemas[schema]

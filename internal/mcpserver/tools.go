@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -84,7 +85,7 @@ func (s *session) addTools(srv *mcp.Server) {
 	mcp.AddTool(srv, &mcp.Tool{
 		Name: "run_code",
 		Description: "Run code in a Jupyter kernel in the sandbox. Variables and imports persist between calls, like a notebook. " +
-			"Returns stdout, stderr and the last expression's value as text, and each chart (matplotlib plt.show(), plotly fig.show()) as a PNG image. " +
+			"Returns stdout, stderr and the last expression's value as text, and each chart (matplotlib plt.show(), plotly fig.show()) as a PNG image, with a matplotlib chart's data (type, axes, plotted values) as JSON text. " +
 			"An exception, a timeout or a dead kernel sets isError and the text starts with ERROR: and the traceback.",
 	}, s.runCode)
 	mcp.AddTool(srv, &mcp.Tool{
@@ -188,6 +189,9 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 		case img != nil:
 			images = append(images, &mcp.ImageContent{Data: img, MIMEType: mime})
 			parts = append(parts, fmt.Sprintf("[chart] %s attached as image %d", mime, len(images)))
+			if r.Chart != nil {
+				parts = append(parts, chartText(r.Chart))
+			}
 		case r.IsMainResult && r.Text != "":
 			parts = append(parts, "[result] "+r.Text)
 		case r.Text != "":
@@ -200,6 +204,21 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 	res := &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: strings.Join(parts, "\n\n")}}, images...)}
 	res.IsError = ex.Error != nil
 	return res
+}
+
+// chartLimit bounds the chart data put into the text, for a model that
+// cannot see the image: its type, axes and the first elements' data.
+const chartLimit = 8 << 10
+
+func chartText(chart map[string]any) string {
+	b, err := json.Marshal(chart)
+	if err != nil {
+		return "[chart data] unreadable: " + err.Error()
+	}
+	if len(b) > chartLimit {
+		return fmt.Sprintf("[chart data] (first %d of %d bytes) %s…", chartLimit, len(b), b[:chartLimit])
+	}
+	return "[chart data] " + string(b)
 }
 
 // resultImage returns the decoded chart of a result: its PNG, else its

@@ -480,7 +480,7 @@ func (r *run) onStream(name, text string) {
 func (r *run) onResult(res agentproto.Result) {
 	size := len(res.Text) + len(res.HTML) + len(res.Markdown) + len(res.SVG) + len(res.PNG) + len(res.JPEG) +
 		len(res.PDF) + len(res.LaTeX) + len(res.JavaScript)
-	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra}); err == nil {
+	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra, res.Chart, res.Data}); err == nil {
 		size += len(b)
 	}
 	if r.resultsBytes+size > ResultsCap {
@@ -582,6 +582,10 @@ func toResult(data map[string]json.RawMessage, main bool) agentproto.Result {
 			res.JSON = value(raw)
 		case "application/vnd.plotly.v1+json":
 			res.Plotly = value(raw)
+		case agentproto.ChartMIME:
+			res.Chart, _ = value(raw).(map[string]any)
+		case agentproto.TableMIME:
+			res.Data, _ = value(raw).(map[string]any)
 		default:
 			if res.Extra == nil {
 				res.Extra = make(map[string]any)

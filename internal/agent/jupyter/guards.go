@@ -182,6 +182,15 @@ func BashReseedCode() string {
 	return "RANDOM=" + strconv.FormatUint(uint64(binary.LittleEndian.Uint32(b[:])), 10) + "\n"
 }
 
+// RReseedCode is an Options.ReseedCode for IRkernel: R seeds its
+// generator from the time and its pid, both alike in forks of one image,
+// so it takes a seed from the host's randomness instead.
+func RReseedCode() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return "set.seed(" + strconv.FormatUint(uint64(binary.LittleEndian.Uint32(b[:])>>1), 10) + "L)\n"
+}
+
 // BashEnvCode is an Options.EnvCode for the bash kernel: it exports the
 // variables for the cell and then puts back each one as it was (a value,
 // exported or not, or unset).

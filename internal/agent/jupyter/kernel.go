@@ -105,6 +105,10 @@ type Options struct {
 	// ReseedCode returns code that reseeds what a fresh process seeds at
 	// start (random generators); Reseed runs it. Nil: Reseed does nothing.
 	ReseedCode func() string
+	// InterruptByMessage interrupts with an interrupt_request on the
+	// control channel (kernelspec interrupt_mode "message") instead of
+	// SIGINT, for kernels that a signal would kill, such as Deno's.
+	InterruptByMessage bool
 	// InterruptGrace is how long a timed-out or cancelled cell may take to
 	// stop after an interrupt before the kernel is restarted; default 5 s.
 	InterruptGrace time.Duration
@@ -204,6 +208,10 @@ func (k *Kernel) Interrupt() error {
 }
 
 func (k *Kernel) interrupt(in *instance) error {
+	if k.opts.InterruptByMessage {
+		_, err := in.send(in.control, "interrupt_request", struct{}{}, nil)
+		return err
+	}
 	err := signalInterrupt(in.proc.Pid())
 	if err == nil {
 		return nil

@@ -18,6 +18,7 @@
  */
 
 export {
+  Commands,
   Sandbox,
   Snapshot,
   type ExecOptions,
@@ -33,8 +34,17 @@ export {
   type SnapshotInfo,
 } from "./sandbox.js";
 export {
+  CommandHandle,
+  type OutputChunk,
+  type ProcessInfo,
+  type WaitOptions,
+} from "./commands.js";
+export {
   CodeContext,
   ExecutionError,
+  type Chart,
+  type ChartElement,
+  type Table,
   type CreateCodeContextOptions,
   type Execution,
   type Language,

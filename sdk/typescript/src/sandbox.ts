@@ -12,9 +12,21 @@ import {
   type WireContext,
   runCode,
 } from "./code.js";
-import { PandaStackError } from "./errors.js";
+import {
+  CommandHandle,
+  type ExecResult,
+  type ProcessInfo,
+  type WireExecResult,
+  type WireProcess,
+  collectExec,
+  connectProcess,
+  listProcesses,
+  processesPath,
+  toExecResult,
+  toProcessInfo,
+} from "./commands.js";
 import { Files } from "./files.js";
-import { type ConnectionOptions, HttpClient, streamError } from "./http.js";
+import { type ConnectionOptions, HttpClient } from "./http.js";
 
 /** `starting`, `running`, `paused` or `stopped` (more may come). */
 export type SandboxState = "starting" | "running" | "paused" | "stopped" | (string & {});
@@ -116,25 +128,14 @@ export interface ExecOptions {
   onStderr?: (data: string) => void | Promise<void>;
   /** Aborts the request, which kills the command. */
   signal?: AbortSignal;
+  /**
+   * Start the command and resolve at once with a `CommandHandle`; its
+   * output is kept by the server. No default timeout then.
+   */
+  background?: boolean;
 }
 
-/** The outcome of a command. A non-zero exit or a timeout is not an error. */
-export interface ExecResult {
-  stdout: string;
-  stderr: string;
-  /** Exit status; -1 when a signal ended the command. */
-  exitCode: number;
-  /** Wall time from start to exit. */
-  durationMs: number;
-  /** True when `timeout` killed the command. */
-  timedOut: boolean;
-  /** Name of the signal that ended the command, if one did. */
-  signal?: string;
-  /** True when stdout went past the server's cap (4 MiB) and was cut; stream to get all. */
-  stdoutTruncated?: boolean;
-  /** True when stderr went past the server's cap and was cut. */
-  stderrTruncated?: boolean;
-}
+export type { ExecResult } from "./commands.js";
 
 /** Options of `sandbox.runCode`. */
 export interface SandboxRunCodeOptions extends RunCodeOptions {
@@ -413,41 +414,57 @@ export class Sandbox implements SandboxInfo {
    * There is no state between calls; for a notebook-like kernel use
    * `createCodeContext()`.
    */
-  async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult> {
+  async exec(cmd: string | string[], opts: ExecOptions & { background: true }): Promise<CommandHandle>;
+  async exec(cmd: string | string[], opts?: ExecOptions & { background?: false }): Promise<ExecResult>;
+  async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult | CommandHandle> {
     const body: Record<string, unknown> = typeof cmd === "string" ? { cmd } : { argv: cmd };
     if (opts.timeout !== undefined) body.timeout_seconds = opts.timeout;
     if (opts.env !== undefined) body.env = opts.env;
     if (opts.cwd !== undefined) body.cwd = opts.cwd;
     if (opts.stdin !== undefined) body.stdin = opts.stdin;
     const path = this.#path("/exec");
+    if (opts.background) {
+      if (opts.onStdout || opts.onStderr) {
+        throw new TypeError("onStdout/onStderr go to CommandHandle.wait() for a background command");
+      }
+      body.background = true;
+      const w = await this.#http.json<WireProcess>("POST", path, { json: body, signal: opts.signal });
+      return new CommandHandle(this.#http, this.id, toProcessInfo(w));
+    }
     if (!opts.onStdout && !opts.onStderr) {
       const w = await this.#http.json<WireExecResult>("POST", path, { json: body, signal: opts.signal });
       return toExecResult(w, w.stdout ?? "", w.stderr ?? "");
     }
-    let stdout = "";
-    let stderr = "";
-    for await (const ev of this.#http.ndjson("POST", path, { json: body, signal: opts.signal })) {
-      switch (ev.type) {
-        case "stdout": {
-          const data = String(ev.data ?? "");
-          stdout += data;
-          await opts.onStdout?.(data);
-          break;
-        }
-        case "stderr": {
-          const data = String(ev.data ?? "");
-          stderr += data;
-          await opts.onStderr?.(data);
-          break;
-        }
-        case "exit":
-          return toExecResult(ev as WireExecResult, stdout, stderr);
-        case "error":
-          throw streamError(ev.error);
-        default:
-      }
-    }
-    throw new PandaStackError(`exec in ${this.id}: the stream ended without an exit event (cut off?)`, "stream_error");
+    return collectExec(this.#http.ndjson("POST", path, { json: body, signal: opts.signal }), opts, `exec in ${this.id}`);
+  }
+
+  /** Background processes, oldest first: the running ones and the last 64 that ended. */
+  listProcesses(): Promise<ProcessInfo[]> {
+    return listProcesses(this.#http, this.id);
+  }
+
+  /** A handle on background process `pid`; `NotFoundError` if there is none. */
+  connectProcess(pid: number): Promise<CommandHandle> {
+    return connectProcess(this.#http, this.id, pid);
+  }
+
+  /** SIGKILLs background process `pid` and everything it started. */
+  async killProcess(pid: number): Promise<void> {
+    await this.#http.empty("POST", processesPath(this.id, `/${pid}/kill`));
+  }
+
+  /**
+   * E2B's names for commands: `commands.run(cmd, opts)` is `exec`, and
+   * `list`, `kill`, `sendStdin`, `connect` act on background processes.
+   * Unlike E2B's, `run` does not throw on a non-zero exit.
+   */
+  get commands(): Commands {
+    return new Commands(this);
+  }
+
+  /** Alias of `setTtl`, under the name E2B's SDK uses. */
+  setTimeout(seconds: number): Promise<void> {
+    return this.setTtl(seconds);
   }
 
   /** Starts a code context: a persistent Jupyter kernel in this sandbox. */
@@ -553,27 +570,41 @@ export class Snapshot {
   }
 }
 
-interface WireExecResult {
-  stdout?: string;
-  stderr?: string;
-  exit_code?: number;
-  signal?: string;
-  duration_ms?: number;
-  timed_out?: boolean;
-  stdout_truncated?: boolean;
-  stderr_truncated?: boolean;
-}
+/** `sandbox.commands`: E2B's names, as aliases of the sandbox's own methods. */
+export class Commands {
+  readonly #sb: Sandbox;
 
-function toExecResult(w: WireExecResult, stdout: string, stderr: string): ExecResult {
-  const r: ExecResult = {
-    stdout,
-    stderr,
-    exitCode: w.exit_code ?? 0,
-    durationMs: w.duration_ms ?? 0,
-    timedOut: Boolean(w.timed_out),
-  };
-  if (w.signal) r.signal = w.signal;
-  if (w.stdout_truncated) r.stdoutTruncated = true;
-  if (w.stderr_truncated) r.stderrTruncated = true;
-  return r;
+  /** @internal */
+  constructor(sb: Sandbox) {
+    this.#sb = sb;
+  }
+
+  /** Alias of `sandbox.exec`. */
+  run(cmd: string | string[], opts: ExecOptions & { background: true }): Promise<CommandHandle>;
+  run(cmd: string | string[], opts?: ExecOptions & { background?: false }): Promise<ExecResult>;
+  run(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult | CommandHandle> {
+    return opts.background
+      ? this.#sb.exec(cmd, { ...opts, background: true })
+      : this.#sb.exec(cmd, { ...opts, background: false });
+  }
+
+  /** Alias of `sandbox.listProcesses`. */
+  list(): Promise<ProcessInfo[]> {
+    return this.#sb.listProcesses();
+  }
+
+  /** Alias of `sandbox.killProcess`. */
+  kill(pid: number): Promise<void> {
+    return this.#sb.killProcess(pid);
+  }
+
+  /** Writes to background process `pid`'s standard input. */
+  async sendStdin(pid: number, data: string): Promise<void> {
+    await (await this.#sb.connectProcess(pid)).sendStdin(data);
+  }
+
+  /** Alias of `sandbox.connectProcess`. */
+  connect(pid: number): Promise<CommandHandle> {
+    return this.#sb.connectProcess(pid);
+  }
 }

@@ -17,6 +17,7 @@ The asyncio API is the same with ``AsyncSandbox`` and ``await``.
 from ._version import __version__
 from .async_sandbox import AsyncCodeContext, AsyncFiles, AsyncSandbox
 from .client import DEFAULT_API_URL, Client
+from .commands import AsyncCommandHandle, CommandHandle, Commands
 from .exceptions import (
     APIConnectionError,
     AuthenticationError,
@@ -40,12 +41,17 @@ from .exceptions import (
     TimeoutError,
 )
 from .models import (
+    Chart,
+    ChartElement,
     ExecResult,
     Execution,
     ExecutionError,
     FileInfo,
+    Logs,
+    ProcessInfo,
     Result,
     SnapshotInfo,
+    Table,
     TemplateInfo,
 )
 from .sandbox import CodeContext, Files, Sandbox
@@ -61,6 +67,9 @@ __all__ = [
     "AsyncSandbox",
     "AsyncCodeContext",
     "AsyncFiles",
+    "CommandHandle",
+    "AsyncCommandHandle",
+    "Commands",
     # data
     "Execution",
     "Result",
@@ -69,6 +78,11 @@ __all__ = [
     "FileInfo",
     "TemplateInfo",
     "SnapshotInfo",
+    "ProcessInfo",
+    "Chart",
+    "ChartElement",
+    "Table",
+    "Logs",
     # errors
     "PandaStackError",
     "ConfigurationError",

@@ -54,8 +54,9 @@ from ._base import (
     snapshot_path,
 )
 from .client import Client, default_client
+from .commands import AsyncCommandHandle
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, Result, SnapshotInfo
+from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SnapshotInfo
 
 __all__ = ["AsyncSandbox", "AsyncCodeContext", "AsyncFiles"]
 
@@ -204,6 +205,10 @@ class AsyncSandbox(SandboxRecord):
         r = await self._client._arequest("PATCH", sandbox_path(self.id), json={"idle_timeout_seconds": int(seconds)})
         self._update(r.json())
 
+    async def set_timeout(self, seconds: int) -> None:
+        """Alias of :meth:`set_ttl`, under the name E2B's SDK uses."""
+        await self.set_ttl(seconds)
+
     async def __aenter__(self) -> "AsyncSandbox":
         return self
 
@@ -219,10 +224,19 @@ class AsyncSandbox(SandboxRecord):
         stdin: Optional[Union[str, bytes]] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
-    ) -> ExecResult:
-        """Run one command and wait for it; see :meth:`pandastack.Sandbox.exec`."""
+        background: bool = False,
+    ) -> Union[ExecResult, AsyncCommandHandle]:
+        """Run one command and wait for it, or start it in the background
+        and return an :class:`AsyncCommandHandle`; see
+        :meth:`pandastack.Sandbox.exec`."""
         body = exec_body(cmd, timeout, env, cwd, stdin)
         path = sandbox_path(self.id, "/exec")
+        if background:
+            if on_stdout is not None or on_stderr is not None:
+                raise TypeError("on_stdout/on_stderr go to AsyncCommandHandle.wait() for a background command")
+            body["background"] = True
+            data = (await self._client._arequest("POST", path, json=body)).json()
+            return AsyncCommandHandle(self, ProcessInfo.from_dict(data))
         read = read_timeout(timeout, EXEC_DEFAULT_TIMEOUT)
         if on_stdout is None and on_stderr is None:
             return ExecResult.from_dict((await self._client._arequest("POST", path, json=body, timeout=read)).json())
@@ -238,6 +252,15 @@ class AsyncSandbox(SandboxRecord):
                 if parser.result is not None:
                     break
         return parser.finish()
+
+    async def list_processes(self) -> List[ProcessInfo]:
+        """Background processes, oldest first; see :meth:`pandastack.Sandbox.list_processes`."""
+        data = (await self._client._arequest("GET", sandbox_path(self.id, "/processes"))).json()
+        return [ProcessInfo.from_dict(d) for d in data.get("processes") or []]
+
+    async def kill_process(self, pid: int) -> None:
+        """SIGKILL background process ``pid`` and everything it started."""
+        await self._client._arequest("POST", sandbox_path(self.id, f"/processes/{int(pid)}/kill"))
 
     async def create_code_context(
         self,

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Union, overload
 
 from ._base import (
     EXEC_DEFAULT_TIMEOUT,
@@ -31,8 +31,9 @@ from ._base import (
     snapshot_path,
 )
 from .client import Client, default_client
+from .commands import CommandHandle, Commands
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, Result, SnapshotInfo
+from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SnapshotInfo
 
 __all__ = ["Sandbox", "CodeContext", "Files"]
 
@@ -95,6 +96,8 @@ class Sandbox(SandboxRecord):
         self._update(data)
         self._client = client
         self.files = Files(self)
+        #: E2B's names for commands: ``commands.run`` is :meth:`exec`.
+        self.commands = Commands(self)
 
     @property
     def client(self) -> Client:
@@ -246,6 +249,10 @@ class Sandbox(SandboxRecord):
         body = {} if ttl_seconds is None else {"ttl_seconds": int(ttl_seconds)}
         return str(self._client._request("POST", port_path(self.id, port) + "token", json=body).json()["url"])
 
+    def set_timeout(self, seconds: int) -> None:
+        """Alias of :meth:`set_ttl`, under the name E2B's SDK uses."""
+        self.set_ttl(seconds)
+
     def __enter__(self) -> "Sandbox":
         return self
 
@@ -253,6 +260,33 @@ class Sandbox(SandboxRecord):
         self.kill()
 
     # ----- commands ------------------------------------------------------
+
+    @overload
+    def exec(
+        self,
+        cmd: Command,
+        timeout: Optional[float] = ...,
+        env: Optional[Mapping[str, str]] = ...,
+        cwd: Optional[str] = ...,
+        stdin: Optional[Union[str, bytes]] = ...,
+        on_stdout: Optional[OutputHandler] = ...,
+        on_stderr: Optional[OutputHandler] = ...,
+        background: Literal[False] = ...,
+    ) -> ExecResult: ...
+
+    @overload
+    def exec(
+        self,
+        cmd: Command,
+        timeout: Optional[float] = ...,
+        env: Optional[Mapping[str, str]] = ...,
+        cwd: Optional[str] = ...,
+        stdin: Optional[Union[str, bytes]] = ...,
+        on_stdout: Optional[OutputHandler] = ...,
+        on_stderr: Optional[OutputHandler] = ...,
+        *,
+        background: Literal[True],
+    ) -> CommandHandle: ...
 
     def exec(
         self,
@@ -263,27 +297,44 @@ class Sandbox(SandboxRecord):
         stdin: Optional[Union[str, bytes]] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
-    ) -> ExecResult:
-        """Run one command and wait for it to exit.
+        background: bool = False,
+    ) -> Union[ExecResult, CommandHandle]:
+        """Run one command and wait for it to exit, or, with
+        ``background=True``, start it and return a :class:`CommandHandle`
+        at once.
 
         Args:
             cmd: a shell command line (run with ``bash -c``) or a list of
                 program and arguments (run without a shell).
             timeout: seconds before its whole process tree is killed
-                (server default 60); the result then has ``timed_out=True``.
+                (server default 60; none for a background command); the
+                result then has ``timed_out=True``.
             env: extra environment variables.
             cwd: working directory (default ``/home/user``).
-            stdin: text written to its standard input.
+            stdin: text written to its standard input (closed after, except
+                for a background command: feed it more with
+                :meth:`CommandHandle.send_stdin`).
             on_stdout, on_stderr: called with each chunk of output as it is
-                produced; giving either streams the command's output.
+                produced; giving either streams the command's output. With
+                ``background=True`` give them to :meth:`CommandHandle.wait`.
+            background: start the command and return without waiting; its
+                output is kept by the server (the latest 4 MiB).
 
         Returns:
-            An :class:`ExecResult`. A non-zero exit status is not an error.
+            An :class:`ExecResult` (a non-zero exit status is not an error),
+            or a :class:`CommandHandle` for a background command.
 
         Raises:
             CommandNotFoundError: ``cmd`` is a list whose program is missing.
             SandboxUnavailableError: the sandbox is not running.
         """
+        if background:
+            if on_stdout is not None or on_stderr is not None:
+                raise TypeError("on_stdout/on_stderr go to CommandHandle.wait() for a background command")
+            body = exec_body(cmd, timeout, env, cwd, stdin)
+            body["background"] = True
+            data = self._client._request("POST", sandbox_path(self.id, "/exec"), json=body).json()
+            return CommandHandle(self, ProcessInfo.from_dict(data))
         body = exec_body(cmd, timeout, env, cwd, stdin)
         path = sandbox_path(self.id, "/exec")
         read = read_timeout(timeout, EXEC_DEFAULT_TIMEOUT)
@@ -302,6 +353,29 @@ class Sandbox(SandboxRecord):
                     break
         return parser.finish()
 
+    def list_processes(self) -> List[ProcessInfo]:
+        """The sandbox's background processes, oldest first: the running
+        ones and the last 64 that ended."""
+        data = self._client._request("GET", sandbox_path(self.id, "/processes")).json()
+        return [ProcessInfo.from_dict(d) for d in data.get("processes") or []]
+
+    def connect_process(self, pid: int) -> CommandHandle:
+        """A :class:`CommandHandle` for the background process ``pid``
+        (started by anyone, e.g. in an earlier program).
+
+        Raises:
+            NotFoundError: no such background process.
+        """
+        for p in self.list_processes():
+            if p.pid == pid:
+                return CommandHandle(self, p)
+        raise NotFoundError(f"no background process {pid} in sandbox {self.id}", code="not_found", status=404)
+
+    def kill_process(self, pid: int) -> None:
+        """SIGKILL the background process ``pid`` and everything it
+        started."""
+        self._client._request("POST", sandbox_path(self.id, f"/processes/{int(pid)}/kill"))
+
     # ----- code ----------------------------------------------------------
 
     def create_code_context(
@@ -316,7 +390,8 @@ class Sandbox(SandboxRecord):
         between :meth:`CodeContext.run_code` calls.
 
         Args:
-            language: ``"python"`` (IPython) or ``"bash"``.
+            language: ``"python"`` (IPython), ``"bash"``, ``"javascript"``
+                or ``"typescript"`` (Deno), or ``"r"`` (IRkernel).
             cwd: the kernel's working directory (default ``/home/user``).
             env: environment variables of the kernel.
             auto_restart: if the kernel dies (crash, ``os._exit``, out of
