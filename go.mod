@@ -3,6 +3,7 @@ module github.com/pandastack/pandastack
 go 1.26.0
 
 require (
+	github.com/coder/websocket v1.8.14
 	github.com/go-zeromq/zmq4 v0.17.0
 	github.com/google/nftables v0.3.0
 	github.com/hashicorp/yamux v0.1.2

@@ -83,16 +83,21 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var eb struct {
-			Error struct{ Code, Message string } `json:"error"`
-		}
-		if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
-			return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
-		}
-		return nil, &Error{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(b))}
+		return nil, decodeError(resp)
 	}
 	return resp, nil
+}
+
+// decodeError reads an error answer.
+func decodeError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var eb struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
+		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+	}
+	return &Error{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(b))}
 }
 
 // do sends JSON in (if non-nil) and decodes the answer into out (if non-nil).

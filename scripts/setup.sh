@@ -20,9 +20,10 @@ fi
 # gives the runtime tests a tiny root filesystem; nftables (the nft tool) lets
 # tests and operators inspect the sandbox firewall; postgresql-15's server
 # binaries run the throwaway clusters of the PostgreSQL store's tests (the
-# tests start their own; no system cluster is made); git and curl for the rest.
+# tests start their own; no system cluster is made); chromium runs the browser
+# tests of the web console (scripts/test-browser.sh); git and curl for the rest.
 missing=()
-for p in debootstrap busybox-static ca-certificates curl git nftables python3 python3-venv postgresql-15; do
+for p in debootstrap busybox-static ca-certificates chromium curl git nftables python3 python3-venv postgresql-15; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -65,6 +65,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/hello", s.api(s.hello))
 	mux.HandleFunc("POST /v1/exec", s.api(s.exec))
 	mux.HandleFunc("POST /v1/env", s.api(s.setEnv))
+	mux.HandleFunc("GET /v1/pty", s.api(s.pty))
 	mux.HandleFunc("PUT /v1/files", s.api(s.putFile))
 	mux.HandleFunc("GET /v1/files", s.api(s.getFile))
 	mux.HandleFunc("DELETE /v1/files", s.api(s.deleteFile))

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/console"
+	"github.com/pandastack/pandastack/internal/history"
 	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
@@ -84,6 +86,8 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	tokens  portTokens // port URLs that work without an API key (ports.go)
+	history *history.Log     // what was run in each sandbox
+	lineage *history.Lineage // where sandboxes came from
 }
 
 // New builds the API server.
@@ -107,7 +111,8 @@ func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catal
 	if cfg.RunOutputCap == 0 {
 		cfg.RunOutputCap = d.RunOutputCap
 	}
-	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux(),
+		history: history.New(history.Limits{}), lineage: history.NewLineage(0)}
 	s.routes()
 	return s
 }
@@ -157,6 +162,13 @@ func (s *Server) routes() {
 	auth("GET /v1/snapshots/{sid}", s.getSnapshot)
 	auth("DELETE /v1/snapshots/{sid}", s.deleteSnapshot)
 	auth("GET /v1/templates", s.listTemplates)
+	auth("GET /v1/sandboxes/{id}/pty", s.pty)
+	auth("GET /v1/sandboxes/{id}/history", s.getHistory)
+	auth("GET /v1/sandboxes/{id}/stats", s.stats)
+	auth("GET /v1/lineage", s.getLineage)
+	auth("GET /v1/api-keys", s.listKeys)
+	auth("POST /v1/api-keys", s.createKey)
+	auth("DELETE /v1/api-keys/{kid}", s.revokeKey)
 }
 
 // Handler returns the API's root handler.
@@ -179,6 +191,10 @@ func (s *Server) Handler() http.Handler {
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(start).Milliseconds())
 		}()
 		if s.hostRoute(rec, r) {
+			return
+		}
+		if r.Method == http.MethodGet && console.Serves(r.URL.Path) {
+			console.Handler().ServeHTTP(rec, r)
 			return
 		}
 		if _, pattern := s.mux.Handler(r); pattern == "" {
@@ -246,8 +262,8 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 				return
 			}
 			secret = strings.TrimSpace(tok)
-		} else {
-			secret = r.Header.Get("X-API-Key")
+		} else if secret = r.Header.Get("X-API-Key"); secret == "" {
+			secret = wsKey(r)
 		}
 		if secret == "" {
 			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "missing API key: send \"Authorization: Bearer pds_...\" (serve prints a key on first start and writes it to <data dir>/api-key)"))

@@ -162,7 +162,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 	}
 	if wantsStream(r) {
 		nd := newNDJSON(w)
-		ex, err := agent.RunCode(r.Context(), cid, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) })
+		ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) })
 		if err != nil {
 			s.logFailure(r, err)
 			err = agent.Explain(err) // after logFailure reconciled: say how it ended
@@ -177,7 +177,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		nd.send(agentproto.CodeEvent{Type: "execution", Execution: normalize(&ex)})
 		return
 	}
-	ex, err := agent.RunCode(r.Context(), cid, areq, nil)
+	ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, nil)
 	if err != nil {
 		s.logFailure(r, err)
 		err = agent.Explain(err) // after logFailure reconciled: say how it ended

@@ -46,6 +46,9 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 		writeError(w, err)
 		return
 	}
+	if req.SnapshotID != "" {
+		s.noteOrigins(project, "snapshot", req.SnapshotID, sb)
+	}
 	writeJSON(w, http.StatusCreated, sb)
 }
 
@@ -187,13 +190,13 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 	defer done()
 	areq := agentproto.ExecRequest{Argv: req.Argv, Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, TimeoutMS: timeout.Milliseconds(), Stdin: []byte(req.Stdin)}
 	if wantsStream(r) {
-		s.execStream(w, r, agent, areq)
+		s.execStream(w, r, project, agent, areq)
 		return
 	}
 	var res pandastack.ExecResult
 	var out, errb capBuffer
 	out.max, errb.max = s.cfg.ExecOutputCap, s.cfg.ExecOutputCap
-	exit, err := agent.Exec(r.Context(), areq, func(ev agentproto.ExecEvent) error {
+	exit, err := s.recordedExec(r.Context(), project, r.PathValue("id"), agent, areq, func(ev agentproto.ExecEvent) error {
 		switch ev.Type {
 		case "stdout":
 			out.Write(ev.Data)
@@ -251,9 +254,9 @@ type streamEvent struct {
 	Error      *errorDetail `json:"error,omitempty"`
 }
 
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandbox.AgentClient, req agentproto.ExecRequest) {
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, project string, agent *sandbox.AgentClient, req agentproto.ExecRequest) {
 	nd := newNDJSON(w)
-	_, err := agent.Exec(r.Context(), req, func(ev agentproto.ExecEvent) error {
+	_, err := s.recordedExec(r.Context(), project, r.PathValue("id"), agent, req, func(ev agentproto.ExecEvent) error {
 		return nd.send(toStreamEvent(ev))
 	})
 	if err != nil {

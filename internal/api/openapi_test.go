@@ -21,6 +21,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/history"
 )
 
 // openAPIDoc is the part of the OpenAPI document the tests look at.
@@ -279,6 +280,10 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"FileInfo":             agentproto.FileInfo{},
 		"Process":              agentproto.Process{},
 		"TemplateInfo":         TemplateInfo{},
+		"HistoryEntry":         history.Entry{},
+		"SandboxStats":         SandboxStats{},
+		"Origin":               history.Origin{},
+		"APIKey":               pandastack.APIKey{},
 	} {
 		s, ok := doc.Components.Schemas[schema]
 		if !ok {

@@ -17,6 +17,7 @@
  * @packageDocumentation
  */
 
+export { Terminal, type TerminalOptions, type WebSocketConstructor, type WebSocketLike } from "./terminal.js";
 export {
   Commands,
   Sandbox,

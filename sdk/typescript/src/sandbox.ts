@@ -3,6 +3,7 @@
  * pause/resume, kill.
  */
 
+import { Terminal, type TerminalOptions } from "./terminal.js";
 import {
   CodeContext,
   type CreateCodeContextOptions,
@@ -399,6 +400,15 @@ export class Sandbox implements SandboxInfo {
     const body: Record<string, unknown> = {};
     if (opts.ttlSeconds !== undefined) body.ttl_seconds = opts.ttlSeconds;
     return (await this.#http.json<{ url: string }>("POST", path + "token", { json: body })).url;
+  }
+
+  /**
+   * Opens an interactive shell on a real terminal in the sandbox (see
+   * `Terminal`). Needs a WebSocket: the global one, or `opts.WebSocket`
+   * (e.g. the `ws` package's on Node 20).
+   */
+  terminal(opts: TerminalOptions = {}): Promise<Terminal> {
+    return Terminal.open(this.#http.apiUrl, this.#http.apiKey, this.id, opts);
   }
 
   /** Stops the sandbox and deletes it; a later `connect` is a `NotFoundError`. */

@@ -55,8 +55,10 @@ from .models import (
     TemplateInfo,
 )
 from .sandbox import CodeContext, Files, Sandbox
+from .terminal import Terminal
 
 __all__ = [
+    "Terminal",
     "__version__",
     "DEFAULT_API_URL",
     # sandboxes and code

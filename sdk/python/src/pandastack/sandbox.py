@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Union, overload
+from typing import TYPE_CHECKING, IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Union, overload
 
 from ._base import (
     EXEC_DEFAULT_TIMEOUT,
@@ -34,6 +34,9 @@ from .client import Client, default_client
 from .commands import CommandHandle, Commands
 from .exceptions import NotFoundError
 from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SnapshotInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .terminal import Terminal
 
 __all__ = ["Sandbox", "CodeContext", "Files"]
 
@@ -203,6 +206,13 @@ class Sandbox(SandboxRecord):
             pass
         self._data["state"] = "stopped"
         self._data.setdefault("stop_reason", "killed")
+
+    def terminal(self, cols: int = 80, rows: int = 24) -> "Terminal":
+        """Open an interactive shell on a real terminal in the sandbox (see
+        :class:`pandastack.terminal.Terminal`); needs ``pandastack[terminal]``."""
+        from .terminal import Terminal
+
+        return Terminal(self._client, self.id, cols, rows)
 
     def set_ttl(self, seconds: int) -> None:
         """Make the sandbox expire ``seconds`` from now (not from its
