@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
 RUNSC_VERSION=$(sed -n 's/^const RunscVersion = "\(.*\)"$/\1/p' internal/paths/paths.go)
+VERSITYGW_VERSION=$(sed -n 's/^const VersityGWVersion = "\(.*\)"$/\1/p' internal/testutil/s3.go)
 GO_WANT=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -79,17 +80,29 @@ if ! go_ok; then
 fi
 export GOTOOLCHAIN=local
 
-# gVisor's runsc, built from the Go module proxy at the pinned version
-# (Debian's runsc package is years old). About 3 minutes, once.
-RUNSC="$CACHE/runsc/$RUNSC_VERSION/runsc"
-if [ ! -x "$RUNSC" ]; then
-  step "building gVisor runsc $RUNSC_VERSION (about 3 minutes, once; cached in $(dirname "$RUNSC"))"
-  mkdir -p "$(dirname "$RUNSC")"
+# go_install_cached PKG@VERSION DEST WHAT: builds a Go program from the Go
+# module proxy into DEST (in the cache), once.
+go_install_cached() {
+  local dest=$2
+  [ -x "$dest" ] && return 0
+  step "building $3 (once; cached in $(dirname "$dest"))"
+  mkdir -p "$(dirname "$dest")"
+  local tmpbin
   tmpbin=$(mktemp -d)
-  GOBIN="$tmpbin" CGO_ENABLED=0 go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
-  mv "$tmpbin/runsc" "$RUNSC"
+  GOBIN="$tmpbin" CGO_ENABLED=0 go install "$1"
+  mv "$tmpbin/$(basename "${1%@*}")" "$dest"
   rmdir "$tmpbin"
-fi
+}
+
+# gVisor's runsc at the pinned version (Debian's runsc package is years
+# old). About 3 minutes.
+RUNSC="$CACHE/runsc/$RUNSC_VERSION/runsc"
+go_install_cached "gvisor.dev/gvisor/runsc@$RUNSC_VERSION" "$RUNSC" "gVisor runsc $RUNSC_VERSION (about 3 minutes)"
+
+# versitygw (Apache-2.0), an S3-compatible server the tests of the S3
+# snapshot store run on loopback. Only the tests use it.
+go_install_cached "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" \
+  "$CACHE/versitygw/$VERSITYGW_VERSION/versitygw" "versitygw $VERSITYGW_VERSION for the tests (a few minutes)"
 
 step "building bin/pandastack and bin/pandastack-agent"
 VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
@@ -99,4 +112,4 @@ step "templates base and code-interpreter (debootstrap, apt, pip; cached by thei
 PANDASTACK_CACHE_DIR="$CACHE" bin/pandastack template build base >/dev/null
 PANDASTACK_CACHE_DIR="$CACHE" bin/pandastack template build code-interpreter >/dev/null
 
-echo "setup done: runsc $RUNSC_VERSION, $(go version | cut -d' ' -f3), binaries in bin/" >&2
+echo "setup done: runsc $RUNSC_VERSION, versitygw $VERSITYGW_VERSION, $(go version | cut -d' ' -f3), binaries in bin/" >&2

@@ -32,6 +32,12 @@ type Config struct {
 	LogLevel     string // debug, info, warn or error
 	DiskMB       int    // each sandbox's own disk (the writable layer over its template), in MiB; negative: in memory
 
+	// Where snapshots are kept: "" (<data dir>/snapshots), file:///path or
+	// s3://bucket/prefix (see openImages), and the most bytes the local
+	// cache of an s3 store keeps (0: no limit).
+	SnapshotStore         string
+	SnapshotCacheMaxBytes int64
+
 	// The sandbox manager's and the API's settings, with their own
 	// defaults (sandbox.DefaultConfig, api.DefaultConfig); the directories
 	// in Sandbox are derived from DataDir and CacheDir.
@@ -100,6 +106,13 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	str(&c.Listen, "listen", "PANDASTACK_LISTEN", "address of the REST API")
 	str(&c.DataDir, "data-dir", "PANDASTACK_DATA_DIR", "data directory (database, API key, runtime state)")
 	str(&c.Store, "store", "PANDASTACK_STORE", "database: empty for SQLite in the data dir, sqlite:///path, or postgres://user:pass@host/db")
+	str(&c.SnapshotStore, "snapshot-store", "PANDASTACK_SNAPSHOT_STORE", "where snapshots are kept: empty for <data dir>/snapshots, file:///path, or s3://bucket/prefix (endpoint from $PANDASTACK_S3_ENDPOINT, credentials from $AWS_ACCESS_KEY_ID/$AWS_SECRET_ACCESS_KEY)")
+	if v, ok := os.LookupEnv("PANDASTACK_SNAPSHOT_CACHE_MAX_BYTES"); ok {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			c.SnapshotCacheMaxBytes = n
+		}
+	}
+	fs.Int64Var(&c.SnapshotCacheMaxBytes, "snapshot-cache-max-bytes", c.SnapshotCacheMaxBytes, "most bytes of remote snapshots cached locally, least recently used evicted first (0: no limit) ($PANDASTACK_SNAPSHOT_CACHE_MAX_BYTES)")
 	str(&c.CacheDir, "cache-dir", "PANDASTACK_CACHE_DIR", "cache of runsc and template root filesystems")
 	str(&c.Runsc, "runsc", "PANDASTACK_RUNSC", "runsc binary (default: the pinned build in the cache, then PATH)")
 	str(&c.Agent, "agent", "PANDASTACK_AGENT", "pandastack-agent binary (default: beside this executable)")
@@ -150,6 +163,8 @@ func (c *Config) runtimeDir() string  { return filepath.Join(c.DataDir, "runtime
 func (c *Config) snapshotDir() string { return filepath.Join(c.DataDir, "snapshots") }
 func (c *Config) pausedDir() string   { return filepath.Join(c.DataDir, "paused") }
 func (c *Config) warmDir() string     { return filepath.Join(c.CacheDir, "warm") }
+
+func (c *Config) snapshotCacheDir() string { return filepath.Join(c.DataDir, "snapshot-cache") }
 
 // validate refuses settings that make no sense, and environment values
 // that did not parse (rather than ignore them).

@@ -184,6 +184,11 @@ func serve(args []string) error {
 	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash}
 	scfg := cfg.Sandbox
 	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()
+	images, imagesDesc, err := openImages(ctx, &cfg)
+	if err != nil {
+		return err
+	}
+	scfg.Images = images
 	mgr := sandbox.New(scfg, store, sandboxes, tpls, log)
 	if netw != nil {
 		mgr.UseNetwork(netw)
@@ -211,7 +216,7 @@ func serve(args []string) error {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
+	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "snapshot_store", imagesDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
 	select {
 	case err := <-errc:
 		return err

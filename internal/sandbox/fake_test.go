@@ -350,6 +350,8 @@ type harness struct {
 	store *hookStore
 	tpls  *fakeTemplates
 	m     *Manager
+
+	images pandastack.ImageStore // Config.Images of the next newManager (nil: the default)
 }
 
 const project = "prj_test"
@@ -377,6 +379,7 @@ func (h *harness) newManager() *Manager {
 	cfg := Config{
 		SnapshotDir: filepath.Join(h.dir, "snapshots"), PausedDir: filepath.Join(h.dir, "paused"), WarmDir: filepath.Join(h.dir, "warm"),
 		ReapInterval: time.Hour, // tests call reapOnce themselves
+		Images:       h.images,
 	}
 	for _, d := range []string{cfg.SnapshotDir, cfg.PausedDir, cfg.WarmDir} {
 		os.MkdirAll(d, 0o700)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/imagestore"
 )
 
 // Config holds the manager's limits and timings. DefaultConfig has the
@@ -32,12 +33,16 @@ type Config struct {
 	ReapInterval     time.Duration // how often TTLs and liveness are checked
 	StoppedRetention time.Duration // how long records of stopped sandboxes stay visible
 	StartTimeout     time.Duration // boot until the agent says hello
-	SnapshotDir      string        // where snapshots are stored (required)
+	SnapshotDir      string        // scratch space of snapshots and forks on their way (required)
 	PausedDir        string        // where paused sandboxes are kept (required)
 	WarmDir          string        // where warm template images are kept (required for StartWarming)
 	MaxFork          int           // the most children of one fork
 	PoolSize         int           // sandboxes of each warm template kept restored ahead of creates (0: none; never filled in)
 	IdleTimeout      time.Duration // idle timeout of a sandbox created without one (0: never; never filled in); see idle.go
+
+	// Images keeps snapshots; nil means a local directory store on
+	// SnapshotDir (imagestore.Local).
+	Images pandastack.ImageStore
 }
 
 // DefaultConfig returns the defaults: the one place they are written.
@@ -141,6 +146,9 @@ type Manager struct {
 // New returns a manager; call Start before use.
 func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Templates, log *slog.Logger) *Manager {
 	cfg.setDefaults()
+	if cfg.Images == nil {
+		cfg.Images = imagestore.NewLocal(cfg.SnapshotDir)
+	}
 	return &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
 		sbx: newTable(), stop: make(chan struct{}),
@@ -326,12 +334,12 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 		if err != nil {
 			return pandastack.Sandbox{}, err
 		}
-		dir := m.snapshotPath(snap.ID)
-		man, err := verifyImage(dir, "snapshot "+snap.ID)
+		man, img, err := m.openSnapshot(ctx, snap.ID)
 		if err != nil {
 			return pandastack.Sandbox{}, err
 		}
-		p.template, p.rootfs, p.image, p.cpu, p.mem = snap.Template, man.RootFS, filepath.Join(dir, "image"), snap.CPU, snap.MemoryMB
+		defer img.Close() // the restore has its files open by then
+		p.template, p.rootfs, p.image, p.cpu, p.mem = snap.Template, man.RootFS, filepath.Join(img.Dir(), imagestore.FilesDir), snap.CPU, snap.MemoryMB
 		if p.network == nil {
 			p.network = man.Network // the snapshotted sandbox's policy
 		}

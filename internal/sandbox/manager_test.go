@@ -450,7 +450,7 @@ func TestRecoverySweepsLeftovers(t *testing.T) {
 			t.Errorf("%s survived the start: %v", d, err)
 		}
 	}
-	for _, d := range []string{h.m.snapshotPath(snap.ID), h.m.pausedPath(paused.ID)} {
+	for _, d := range []string{filepath.Join(h.m.cfg.SnapshotDir, snap.ID), h.m.pausedPath(paused.ID)} {
 		if _, err := verifyImage(d, d); err != nil {
 			t.Errorf("a whole image was touched: %v", err)
 		}
@@ -488,7 +488,7 @@ func TestMissingImageNamesNoHostPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	os.RemoveAll(filepath.Join(h.m.snapshotPath(snap.ID), "image"))
+	os.RemoveAll(filepath.Join(filepath.Join(h.m.cfg.SnapshotDir, snap.ID), "image"))
 	_, err = h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
 	wantCode(t, err, pandastack.ESnapshotCorrupt)
 	if msg := pandastack.ErrorMessage(err); strings.Contains(msg, h.dir) || strings.Contains(msg, "/") {

@@ -12,12 +12,11 @@ import (
 	"github.com/pandastack/pandastack"
 )
 
-// Snapshots live in SnapshotDir/<snap id>/ (manifest.json + image/); paused
-// sandboxes in PausedDir/<sandbox id>/; forks checkpoint into a temp image
-// that is removed once every child runs.
+// Snapshots are sealed in SnapshotDir and handed to Config.Images (see
+// images.go); paused sandboxes live in PausedDir/<sandbox id>/; forks
+// checkpoint into a temp image that is removed once every child runs.
 
-func (m *Manager) snapshotPath(id string) string { return filepath.Join(m.cfg.SnapshotDir, id) }
-func (m *Manager) pausedPath(id string) string   { return filepath.Join(m.cfg.PausedDir, id) }
+func (m *Manager) pausedPath(id string) string { return filepath.Join(m.cfg.PausedDir, id) }
 
 // rootfs is the root filesystem sb runs on, which a restore of its image
 // needs: its record's, or for records older than that field the template's.
@@ -71,7 +70,6 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if err := m.sbx.quiesce(id, phaseCheckpointing, "take the snapshot"); err != nil {
 		return pandastack.Snapshot{}, err
 	}
-	defer m.sbx.settle(id)
 	snap := pandastack.Snapshot{
 		ID: pandastack.NewID("snap"), ProjectID: projectID, SandboxID: id, Template: sb.Template,
 		Metadata: maps.Clone(metadata), CreatedAt: m.now().UTC().Truncate(time.Millisecond), CPU: sb.CPU, MemoryMB: sb.MemoryMB,
@@ -79,11 +77,11 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if snap.Metadata == nil {
 		snap.Metadata = map[string]string{}
 	}
-	if snap.SizeBytes, err = m.checkpoint(ctx, sb, m.snapshotPath(snap.ID), true); err != nil {
+	if snap.SizeBytes, err = m.saveSnapshot(ctx, sb, snap.ID); err != nil {
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
 	if err := m.store.CreateSnapshot(context.WithoutCancel(ctx), snap); err != nil {
-		os.RemoveAll(m.snapshotPath(snap.ID))
+		m.cfg.Images.Delete(context.Background(), snap.ID)
 		return pandastack.Snapshot{}, err
 	}
 	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "bytes", snap.SizeBytes)
@@ -106,8 +104,8 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 	if _, err := m.store.GetSnapshot(ctx, projectID, id); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(m.snapshotPath(id)); err != nil {
-		return err
+	if err := m.cfg.Images.Delete(ctx, id); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
 	return m.store.DeleteSnapshot(ctx, id)
 }
