@@ -25,6 +25,8 @@ const (
 	EStorage         = "insufficient_storage" // the server's disk is full
 	EInternal        = "internal"             // a bug or a host failure; the message is safe to show
 	EMethod          = "method_not_allowed"   // the path exists, the HTTP method does not
+	ENetworkDenied   = "network_denied"       // a network rule names a destination in the platform deny set
+	EPortClosed      = "port_unreachable"     // nothing answers on the sandbox port a request was proxied to
 )
 
 // Error is the one error type whose code and message reach API clients.
@@ -85,9 +87,11 @@ func HTTPStatus(code string) int {
 		return http.StatusRequestEntityTooLarge
 	case ETimeout:
 		return http.StatusGatewayTimeout
+	case EPortClosed:
+		return http.StatusBadGateway
 	case EUnavailable:
 		return http.StatusServiceUnavailable
-	case ESnapshotCorrupt:
+	case ESnapshotCorrupt, ENetworkDenied:
 		return http.StatusUnprocessableEntity
 	case EStorage:
 		return http.StatusInsufficientStorage

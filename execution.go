@@ -10,6 +10,9 @@ type CodeContext struct {
 	ID       string `json:"id"`
 	Language string `json:"language"`
 	Cwd      string `json:"cwd"`
+	// AutoRestart: a run on a kernel that died restarts it first and
+	// answers KernelRestarted (the code did not run).
+	AutoRestart bool `json:"auto_restart"`
 }
 
 // Result is one rich output of a cell: a display_data or the execute_result.
@@ -27,6 +30,12 @@ type Result struct {
 	JavaScript   string         `json:"javascript,omitempty"`
 	Plotly       any            `json:"plotly,omitempty"` // application/vnd.plotly.v1+json
 	Extra        map[string]any `json:"extra,omitempty"`  // any other MIME type
+	// Chart is a displayed matplotlib figure's structure and Data a
+	// displayed DataFrame's or Series' rows, as JSON objects built in the
+	// kernel by the code-interpreter template's extension (schemas in
+	// docs/code-and-snapshots.md and the OpenAPI document).
+	Chart map[string]any `json:"chart,omitempty"`
+	Data  map[string]any `json:"data,omitempty"`
 }
 
 // ExecutionError is a cell's exception.

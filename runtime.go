@@ -13,10 +13,22 @@ type RuntimeSpec struct {
 	CPU      int      // CPUs (a quota of CPU*100 ms per 100 ms); 0 means unlimited
 	MemoryMB int      // memory limit of the whole sandbox; 0 means unlimited
 	PIDs     int      // limit on processes and threads; 0 means unlimited
+	// DiskMB sizes the sandbox's own disk, the writable layer over RootFS
+	// (and /tmp): a full disk is ENOSPC to the writer, not a dead sandbox.
+	// 0 means the runtime's default. A restore keeps the size the image
+	// was taken with.
+	DiskMB int
 	// Lazy (Restore only) lets the sandbox run while its memory is still
 	// being loaded: a faster restore, slower first steps.
-	Lazy    bool
-	Network bool // false: loopback only
+	Lazy bool
+	// NetNS is the path of a network namespace holding one configured
+	// interface that the sandbox's own network stack takes over; "" gives
+	// the sandbox a loopback interface only.
+	NetNS string
+	// Network is the egress policy of a sandbox with networking; nil keeps
+	// the one it had (a resume) or takes the server's default. Only a
+	// networking layer in front of the runtime reads it.
+	Network *NetworkPolicy
 }
 
 // RuntimeState is what the runtime knows of a sandbox.
@@ -31,6 +43,7 @@ const (
 type RuntimeStats struct {
 	PSSBytes int64 // proportional set size of all its host processes
 	PIDs     []int // its host processes
+	CPUNanos int64 // CPU time used by all of it since it started (restored), in ns; -1 when unknown
 }
 
 // Runtime isolates sandboxes on the host. The in-sandbox agent is PID 1 of
@@ -74,10 +87,13 @@ type Runtime interface {
 	// /proc read after the first call), so it can be polled.
 	Alive(id string) bool
 	// DeathReason says why a sandbox that stopped answering died, when the
-	// runtime knows: ReasonOutOfMemory, or "" for unknown. Call it before
+	// runtime knows: ReasonOutOfMemory, ReasonPIDsLimit, or "" for unknown. Call it before
 	// Stop, which removes the evidence. Cheap: a file read.
 	DeathReason(id string) string
 }
 
 // ReasonOutOfMemory: the sandbox hit its memory limit and was killed.
 const ReasonOutOfMemory = "out_of_memory"
+
+// ReasonPIDsLimit: the sandbox filled its pids limit and died of it.
+const ReasonPIDsLimit = "pids_limit"

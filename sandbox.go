@@ -13,7 +13,7 @@ type SandboxState string
 const (
 	StateStarting SandboxState = "starting" // the runtime is booting it
 	StateRunning  SandboxState = "running"  // its agent answers
-	StatePaused   SandboxState = "paused"   // checkpointed to disk, its memory and CPU freed; resumes on request
+	StatePaused   SandboxState = "paused"   // checkpointed to disk, its memory and CPU freed; resumes on request (see PauseReason)
 	StateStopped  SandboxState = "stopped"  // gone from the runtime; the record stays for a while
 )
 
@@ -23,8 +23,17 @@ const (
 	StopKilled  = "killed"        // DELETE or `pandastack sandbox kill`
 	StopDied    = "died"          // the runtime lost it (a crash)
 	StopOOM     = "out_of_memory" // it used more than its memory_mb and was killed
-	StopLost    = "lost"          // after a server restart its agent could not be reached
-	StopFailed  = "start_failed"  // creation failed part-way
+	// StopPIDsLimit: its processes and threads (gVisor's own included)
+	// filled the host's pids limit and it could not go on.
+	StopPIDsLimit = "pids_limit"
+	StopLost      = "lost"         // after a server restart its agent could not be reached
+	StopFailed    = "start_failed" // creation failed part-way
+)
+
+// Reasons a sandbox is paused, reported in Sandbox.PauseReason.
+const (
+	PauseRequested = ""     // POST …/pause
+	PauseIdle      = "idle" // nothing ran in it for its idle timeout; the next request resumes it
 )
 
 // Sandbox is the stored record of one sandbox.
@@ -41,6 +50,17 @@ type Sandbox struct {
 	StoppedAt  *time.Time        `json:"stopped_at,omitempty"`
 	StopReason string            `json:"stop_reason,omitempty"`
 	AutoResume bool              `json:"auto_resume"` // resume automatically on any request while paused
+	// IdleTimeoutSeconds: after this long with nothing in flight and its CPU
+	// quiet, the sandbox is paused to disk (PauseIdle) until the next
+	// request; 0 never.
+	IdleTimeoutSeconds int64  `json:"idle_timeout_seconds"`
+	PauseReason        string `json:"pause_reason,omitempty"` // while paused: PauseIdle, or "" when asked for
+	// RootFS is the host path of the root filesystem it runs on, which its
+	// checkpoints need; server-internal ("" in records older than it).
+	RootFS string `json:"-"`
+	// Network is its egress policy; nil when the server runs without
+	// sandbox networking. Kept by the network layer, not the store.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // Snapshot is a saved sandbox state: memory, processes and filesystem.

@@ -38,9 +38,12 @@ type Store interface {
 	GetSandbox(ctx context.Context, projectID, id string) (Sandbox, error)
 	// ListSandboxes returns the matching sandboxes, oldest first.
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, error)
-	// SetSandboxState records a state change; reason and at are kept only
-	// for StateStopped (StopReason, StoppedAt).
+	// SetSandboxState records a state change. For StateStopped reason and
+	// at are kept as StopReason and StoppedAt; for StatePaused reason is
+	// kept as PauseReason; any other state clears all three.
 	SetSandboxState(ctx context.Context, id string, state SandboxState, reason string, at time.Time) error
+	// SetSandboxIdleTimeout sets IdleTimeoutSeconds.
+	SetSandboxIdleTimeout(ctx context.Context, id string, seconds int64) error
 	// SetSandboxExpiry moves a sandbox's expiry.
 	SetSandboxExpiry(ctx context.Context, id string, expiresAt time.Time) error
 	// DeleteSandbox removes the record.

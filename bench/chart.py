@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 PANELS = [
+    ("recipe", "The recipe's path: create → context → plot with PNG (ms)"),
     ("create", "Create → first result, sequential (ms)"),
     ("burst", "Create → first result, concurrent burst (ms)"),
     ("roundtrip", "Round trips (ms)"),
@@ -26,6 +27,7 @@ PANELS = [
     ("size", "Snapshot image (MB)"),
     ("memory", "Idle memory per sandbox (MiB PSS)"),
     ("throughput", "File transfer (MB/s)"),
+    ("network", "HTTP from a sandbox vs the host (MB/s)"),
 ]
 
 
@@ -82,7 +84,7 @@ def main():
     src, dst = sys.argv[1], sys.argv[2]
     with open(src) as f:
         rep = json.load(f)
-    groups = [(g, t, [s for s in rep["results"] if s["group"] == g and s["n"] > 0]) for g, t in PANELS]
+    groups = [(g, t, [s for s in rep.get("results") or [] if s["group"] == g and s["n"] > 0]) for g, t in PANELS]
     groups = [g for g in groups if g[2]]
     panels = len(groups) + (1 if rep.get("density") else 0)
     cols = 2

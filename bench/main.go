@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -28,14 +29,18 @@ import (
 
 // Settings are the knobs of one run, recorded in the report.
 type Settings struct {
-	N            int     `json:"n"`              // repetitions of each sequential measurement
-	Burst        int     `json:"burst"`          // concurrent creates in the burst
-	Rounds       int     `json:"rounds"`         // rounds of fork and snapshot (each is heavy)
-	PoolSize     int     `json:"pool_size"`      // of the server with a pool
-	DensityMax   int     `json:"density_max"`    // most sandboxes in the density run
-	DensityGiB   float64 `json:"density_gib"`    // PSS budget of the density run
-	DensitySlowX float64 `json:"density_slow_x"` // a create this many times slower than the first ends it
+	N            int      `json:"n"`              // repetitions of each sequential measurement
+	Burst        int      `json:"burst"`          // concurrent creates in the burst
+	Rounds       int      `json:"rounds"`         // rounds of fork and snapshot (each is heavy)
+	PoolSize     int      `json:"pool_size"`      // of the server with a pool
+	DensityMax   int      `json:"density_max"`    // most sandboxes in the density run
+	DensityGiB   float64  `json:"density_gib"`    // PSS budget of the density run
+	DensitySlowX float64  `json:"density_slow_x"` // a create this many times slower than the first ends it
+	Only         []string `json:"only,omitempty"` // the sections run, when not all
 }
+
+// sectionKeys name the sections for -only, in the order they run.
+var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
@@ -46,18 +51,21 @@ type PoolHits struct {
 
 // Report is the JSON the benchmark writes.
 type Report struct {
-	Date           time.Time         `json:"date"`
-	Host           string            `json:"host"`
-	Command        string            `json:"command"`
-	Revision       string            `json:"revision"` // git commit measured, "+dirty" with local changes
-	Settings       Settings          `json:"settings"`
-	Machine        map[string]string `json:"machine"`
-	Results        []Stat            `json:"results"`
-	PoolHits       []PoolHits        `json:"pool_hits,omitempty"`
-	Density        *Density          `json:"density,omitempty"`
-	Errors         []string          `json:"errors,omitempty"`
-	ServerProblems []string          `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
-	DurationS      float64           `json:"duration_s"`
+	Date     time.Time         `json:"date"`
+	Host     string            `json:"host"`
+	Command  string            `json:"command"`
+	Revision string            `json:"revision"` // git commit measured, "+dirty" with local changes
+	Settings Settings          `json:"settings"`
+	Machine  map[string]string `json:"machine"`
+	Results  []Stat            `json:"results"`
+	PoolHits []PoolHits        `json:"pool_hits,omitempty"`
+	Density  *Density          `json:"density,omitempty"`
+	// RestoreProfile splits a restore into its steps (section restore-profile).
+	RestoreProfile    []RestoreStep `json:"restore_profile,omitempty"`
+	RestoreImageBytes int64         `json:"restore_image_bytes,omitempty"`
+	Errors            []string      `json:"errors,omitempty"`
+	ServerProblems    []string      `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
+	DurationS         float64       `json:"duration_s"`
 }
 
 func main() {
@@ -66,6 +74,7 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
+	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
 	flag.Parse()
 	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2}
 	if *quick {
@@ -85,6 +94,15 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *only != "" {
+		set.Only = strings.Split(*only, ",")
+		for _, k := range set.Only {
+			if !slices.Contains(sectionKeys, k) {
+				fmt.Fprintf(os.Stderr, "bench: no section %q; sections: %s\n", k, strings.Join(sectionKeys, ","))
+				os.Exit(2)
+			}
+		}
+	}
 	if err := run(ctx, set, *out); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -115,7 +133,7 @@ func run(ctx context.Context, set Settings, outDir string) error {
 	if runsc == "" {
 		return fmt.Errorf("runsc not found: run ./scripts/setup.sh first")
 	}
-	rep := &Report{Date: began.UTC(), Host: host, Command: strings.TrimSpace("go run ./bench " + strings.Join(os.Args[1:], " ")), Revision: revision(), Settings: set, Machine: machine(runsc)}
+	rep := &Report{Results: []Stat{}, Date: began.UTC(), Host: host, Command: strings.TrimSpace("go run ./bench " + strings.Join(os.Args[1:], " ")), Revision: revision(), Settings: set, Machine: machine(runsc)}
 	rep.Machine["loadavg_start"] = loadAvg()
 	rep.Machine["mem_available_start"] = memAvailable()
 
@@ -152,23 +170,30 @@ func run(ctx context.Context, set Settings, outDir string) error {
 	b := &bench{set: set, pool: pool, noPool: noPool, rep: rep}
 
 	sections := []struct {
-		title string
-		fn    func(context.Context) error
+		key, title string
+		fn         func(context.Context) error
 	}{
-		{"cold create of a base sandbox → first exec", b.baseCreate},
-		{"create code-interpreter → first run_code(\"1+1\"), sequential, pool vs no pool alternating", b.sequentialCreates},
-		{"create code-interpreter → first run_code, concurrent burst", b.bursts},
-		{"run_code(\"1+1\"): API vs jupyter_client to a host ipykernel, alternating", func(ctx context.Context) error { return b.runCode(ctx, python) }},
-		{"exec `true`: API vs runsc exec, alternating", b.execTrue},
-		{"2 MB upload and download", b.files},
-		{"fork: each child answering run_code, 1/4/8 children", b.forks},
-		{"snapshot and restore: warm code-interpreter, and with a 100 MB DataFrame", b.snapshots},
-		{"idle memory per sandbox (PSS of its host processes)", b.idlePSS},
-		{"density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
+		{"recipe", "the recipe's path: create → create_code_context → plot with PNG; warm context vs the old path", b.recipes},
+		{"base", "cold create of a base sandbox → first exec", b.baseCreate},
+		{"create", "create code-interpreter → first run_code(\"1+1\"), sequential, pool vs no pool alternating", b.sequentialCreates},
+		{"burst", "create code-interpreter → first run_code, concurrent burst", b.bursts},
+		{"runcode", "run_code(\"1+1\"): API vs jupyter_client to a host ipykernel, alternating", func(ctx context.Context) error { return b.runCode(ctx, python) }},
+		{"exec", "exec `true`: API vs runsc exec, alternating", b.execTrue},
+		{"files", "2 MB upload and download", b.files},
+		{"fork", "fork: each child answering run_code, 1/4/8 children", b.forks},
+		{"snapshot", "snapshot and restore: warm code-interpreter, and with a 100 MB DataFrame", b.snapshots},
+		{"restore-profile", "restore of the warm image, step by step (runsc debug log and our own timings)", b.restoreProfile},
+		{"pss", "idle memory per sandbox (PSS of its host processes)", b.idlePSS},
+		{"density", "density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
+		{"idle", "idle suspend: resume of an idle-suspended sandbox → first result, vs pause + resume", b.idleResume},
+		{"network", "networking: create → first run_code with networking on and off; HTTP throughput through NAT and the domain proxy vs the host", b.network},
 	}
 	for _, s := range sections {
 		if ctx.Err() != nil {
 			break
+		}
+		if len(set.Only) > 0 && !slices.Contains(set.Only, s.key) {
+			continue
 		}
 		fmt.Fprintf(os.Stderr, "%s\n", s.title)
 		b.pool.settle(ctx, 30*time.Second)
@@ -200,7 +225,9 @@ func run(ctx context.Context, set Settings, outDir string) error {
 	fmt.Fprintln(os.Stderr, "wrote", base+".json")
 	chart := exec.Command(python, "bench/chart.py", base+".json", base+".png")
 	chart.Stdout, chart.Stderr = os.Stderr, os.Stderr
-	if err := chart.Run(); err != nil {
+	if len(set.Only) > 0 {
+		fmt.Fprintln(os.Stderr, "no chart: it shows the whole run, and -only chose some sections")
+	} else if err := chart.Run(); err != nil {
 		rep.Errors = append(rep.Errors, "chart: "+err.Error())
 		fmt.Fprintln(os.Stderr, "bench: drawing the chart failed:", err)
 	} else {

@@ -103,7 +103,7 @@ func buildBinaries() (string, error) {
 // temp data dir. The server gets its own process group, so a Ctrl-C at the
 // terminal reaches only the benchmark, which then cleans up in order. On
 // error the data dir is removed and nothing is left running.
-func startServer(ctx context.Context, name, binDir, runsc string, poolSize int) (_ *server, err error) {
+func startServer(ctx context.Context, name, binDir, runsc string, poolSize int, extra ...string) (_ *server, err error) {
 	dataDir, err := os.MkdirTemp("", "pandastack-bench-data-")
 	if err != nil {
 		return nil, err
@@ -120,8 +120,12 @@ func startServer(ctx context.Context, name, binDir, runsc string, poolSize int) 
 		runscRoot: filepath.Join(dataDir, "runtime", "runsc"), runsc: runsc,
 		log: &logBuffer{}, exited: make(chan struct{}), live: map[string]bool{}, seen: map[string]bool{},
 	}
-	s.cmd = exec.Command(filepath.Join(binDir, "pandastack"), "serve", "--listen", addr, "--data-dir", dataDir,
-		"--pool-size", strconv.Itoa(poolSize), "--build-on-start", buildOnStart, "--runsc", runsc, "--kill-on-exit")
+	args := []string{"serve", "--listen", addr, "--data-dir", dataDir,
+		"--pool-size", strconv.Itoa(poolSize), "--build-on-start", buildOnStart, "--runsc", runsc, "--kill-on-exit",
+		// Sandboxes that wait between measurements must not suspend
+		// themselves; the idle section sets its own idle timeout.
+		"--idle-timeout", "0"}
+	s.cmd = exec.Command(filepath.Join(binDir, "pandastack"), append(args, extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := s.cmd.Start(); err != nil {

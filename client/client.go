@@ -83,16 +83,21 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		var eb struct {
-			Error struct{ Code, Message string } `json:"error"`
-		}
-		if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
-			return nil, &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
-		}
-		return nil, &Error{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(b))}
+		return nil, decodeError(resp)
 	}
 	return resp, nil
+}
+
+// decodeError reads an error answer.
+func decodeError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	var eb struct {
+		Error struct{ Code, Message string } `json:"error"`
+	}
+	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
+		return &Error{Status: resp.StatusCode, Code: eb.Error.Code, Message: eb.Error.Message}
+	}
+	return &Error{Status: resp.StatusCode, Code: "http_error", Message: strings.TrimSpace(string(b))}
 }
 
 // do sends JSON in (if non-nil) and decodes the answer into out (if non-nil).
@@ -132,6 +137,11 @@ type CreateSandboxRequest struct {
 	Env        map[string]string `json:"env,omitempty"`
 	CPU        int               `json:"cpu,omitempty"`
 	MemoryMB   int               `json:"memory_mb,omitempty"`
+	DiskMB     int               `json:"disk_mb,omitempty"`
+	// IdleTimeoutSeconds suspends it after this long idle; nil takes the
+	// server's default, 0 never.
+	IdleTimeoutSeconds *int64         `json:"idle_timeout_seconds,omitempty"`
+	Network            *NetworkPolicy `json:"network,omitempty"` // nil: the server's default
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -169,6 +179,14 @@ func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string, 
 func (c *Client) SetTTL(ctx context.Context, id string, ttl time.Duration) (*Sandbox, error) {
 	var sb Sandbox
 	body := map[string]int64{"ttl_seconds": int64(ttl / time.Second)}
+	return &sb, c.do(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(id), nil, body, &sb)
+}
+
+// SetIdleTimeout sets how long the sandbox may be idle before it is
+// suspended (0: never).
+func (c *Client) SetIdleTimeout(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
+	var sb Sandbox
+	body := map[string]int64{"idle_timeout_seconds": int64(d / time.Second)}
 	return &sb, c.do(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(id), nil, body, &sb)
 }
 

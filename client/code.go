@@ -107,6 +107,14 @@ func (c *Client) RunStream(ctx context.Context, id, cid string, req RunRequest, 
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return nil, fmt.Errorf("bad stream event: %w", err)
 		}
+		// An "error" event with a code is the server's, not the cell's:
+		// the run could not finish (e.g. the sandbox was killed).
+		var se struct {
+			Error *struct{ Code, Message string } `json:"error"`
+		}
+		if ev.Type == "error" && json.Unmarshal(sc.Bytes(), &se) == nil && se.Error != nil && se.Error.Code != "" {
+			return nil, &Error{Status: resp.StatusCode, Code: se.Error.Code, Message: se.Error.Message}
+		}
 		if onEvent != nil {
 			onEvent(ev)
 		}

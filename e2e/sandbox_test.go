@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/network/nettest"
 )
 
 func TestExec(t *testing.T) {
@@ -90,15 +91,23 @@ func TestExec(t *testing.T) {
 		}
 	})
 	t.Run("no network", func(t *testing.T) {
-		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `python3 -c "
-import socket
+		// A sandbox created with network none cannot reach a server (one
+		// the test runs in a namespace of its own: nothing leaves the
+		// machine) that a sandbox with the internet reaches.
+		up := nettest.StartUpstream(t, "x", 42, 42)
+		none := newSandbox(t, s, client.CreateSandboxRequest{Network: &client.NetworkPolicy{AllowOut: []string{}, DenyOut: []string{}}})
+		if got := fetch(t, s, sb.ID, up.PublicIP.String()); got != "upstream e2e.test" {
+			t.Fatalf("a sandbox with the internet → test server: %q", got)
+		}
+		res, err := c.Exec(ctx, none.ID, client.ExecRequest{Cmd: `python3 -c "
+import socket, sys
 s = socket.socket()
 s.settimeout(3)
 try:
-    s.connect(('1.1.1.1', 80)); print('CONNECTED')
+    s.connect((sys.argv[1], 80)); print('CONNECTED')
 except OSError as e:
     print('refused', e)
-"`})
+" ` + up.PublicIP.String()})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/testutil"
 )
@@ -169,7 +170,8 @@ func (s *server) runscList() []string {
 }
 
 // assertGone checks that nothing of sandbox id is left on the host: no
-// runsc container, no process, no state directory, no cgroup.
+// runsc container, no process, no state directory, no cgroup, no network
+// namespace.
 func (s *server) assertGone(t *testing.T, id string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -188,6 +190,12 @@ func (s *server) assertGone(t *testing.T, id string) {
 		}
 		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory/pandastack", id)); err == nil {
 			left = append(left, "memory cgroup")
+		}
+		if _, err := os.Stat(filepath.Join(s.dataDir, "paused", id)); err == nil {
+			left = append(left, "paused image")
+		}
+		if _, err := os.Stat("/run/netns/pandastack-" + network.InstanceID(s.dataDir) + "-" + id); err == nil {
+			left = append(left, "network namespace")
 		}
 		if len(left) == 0 {
 			return
@@ -244,6 +252,10 @@ func TestMain(m *testing.M) {
 		// serve runs with --kill-on-exit here: nothing of it may be left.
 		if pids := processesMentioning(shared.dataDir); len(pids) > 0 {
 			fmt.Fprintf(os.Stderr, "FAIL: processes of the test server's sandboxes left after it stopped: %v\n", pids)
+			code = 1
+		}
+		if left := networkLeft(shared.dataDir); left != "" {
+			fmt.Fprintf(os.Stderr, "FAIL: network of the test server left after it stopped: %s\n", left)
 			code = 1
 		}
 		os.RemoveAll(shared.dataDir)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -8,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,21 +18,14 @@ import (
 // rawJSON sends an authenticated request and decodes a 2xx answer into out.
 func rawJSON(t *testing.T, s *server, method, path, body string, out any) (int, string) {
 	t.Helper()
-	req, _ := http.NewRequest(method, s.url+path, strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+s.key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var raw json.RawMessage
-	json.NewDecoder(resp.Body).Decode(&raw)
-	if resp.StatusCode < 300 && out != nil {
+	status, raw := rawCall(t, s, method, path, body)
+	raw = bytes.TrimSpace(raw)
+	if status < 300 && out != nil {
 		if err := json.Unmarshal(raw, out); err != nil {
 			t.Fatalf("%s %s: %v: %s", method, path, err, raw)
 		}
 	}
-	return resp.StatusCode, string(raw)
+	return status, string(raw)
 }
 
 type snapshot struct {
@@ -318,17 +311,7 @@ func TestSnapshotSurvivesServerRestart(t *testing.T) {
 }
 
 func TestSnapshotDiskFull(t *testing.T) {
-	s := startServer(t, "")
-	snapDir := filepath.Join(s.dataDir, "snapshots")
-	defer func() {
-		s.stop()
-		syscall.Unmount(snapDir, syscall.MNT_DETACH)
-		os.RemoveAll(s.dataDir)
-	}()
-	// A 20 MiB disk for snapshots: a code-interpreter image is ~100 MB.
-	if err := syscall.Mount("tmpfs", snapDir, "tmpfs", 0, "size=20m"); err != nil {
-		t.Fatalf("mount a small tmpfs: %v", err)
-	}
+	s, snapDir := serverWithSmallDisk(t, "snapshots")
 	ctx := context.Background()
 	c := s.client()
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 300})

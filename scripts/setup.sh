@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
 RUNSC_VERSION=$(sed -n 's/^const RunscVersion = "\(.*\)"$/\1/p' internal/paths/paths.go)
+VERSITYGW_VERSION=$(sed -n 's/^const VersityGWVersion = "\(.*\)"$/\1/p' internal/testutil/s3.go)
 GO_WANT=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -17,11 +18,13 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 # Debian packages: debootstrap builds template root filesystems; busybox-static
-# gives the runtime tests a tiny root filesystem; postgresql-15's server
+# gives the runtime tests a tiny root filesystem; nftables (the nft tool) lets
+# tests and operators inspect the sandbox firewall; postgresql-15's server
 # binaries run the throwaway clusters of the PostgreSQL store's tests (the
-# tests start their own; no system cluster is made); git and curl for the rest.
+# tests start their own; no system cluster is made); chromium runs the browser
+# tests of the web console (scripts/test-browser.sh); git and curl for the rest.
 missing=()
-for p in debootstrap busybox-static ca-certificates curl git python3 python3-venv postgresql-15; do
+for p in debootstrap busybox-static ca-certificates chromium curl git nftables python3 python3-venv postgresql-15; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -37,38 +40,69 @@ if [ ${#missing[@]} -gt 0 ]; then
     -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "${missing[@]}"
 fi
 
-# Go: use the one on PATH when it is new enough, else fetch the toolchain
-# from the Go module proxy into the cache.
+# Go: use the one on PATH when it is new enough. Otherwise go fetches the
+# toolchain go.mod wants itself (GOTOOLCHAIN, Go 1.21 and later) through the
+# module proxy it is configured with (`go env GOPROXY`). With no Go at all,
+# Debian's golang-go serves to bootstrap; one older than 1.21 cannot switch
+# toolchains, so the same toolchain module is fetched from that proxy here.
 go_ok() { command -v go >/dev/null 2>&1 && [ "$(printf '%s\n' "$GO_WANT" "$(go env GOVERSION | sed 's/^go//')" | sort -V | head -1)" = "$GO_WANT" ]; }
 if ! go_ok; then
-  GOV=go${GO_WANT%.0}
-  [ "${GO_WANT##*.}" = 0 ] && GOV=go$GO_WANT
-  GODIR="$CACHE/go/$GOV"
-  if [ ! -x "$GODIR/bin/go" ]; then
-    step "downloading the Go toolchain $GOV from the Go module proxy"
-    tmp=$(mktemp -d)
-    curl -fsSL "https://proxy.golang.org/golang.org/toolchain/@v/v0.0.1-$GOV.linux-amd64.zip" -o "$tmp/go.zip"
-    (cd "$tmp" && python3 -m zipfile -e go.zip .)
-    mkdir -p "$CACHE/go"
-    rm -rf "$GODIR" && mv "$tmp/golang.org/toolchain@v0.0.1-$GOV.linux-amd64" "$GODIR"
-    chmod +x "$GODIR"/bin/* "$GODIR"/pkg/tool/*/*
-    rm -rf "$tmp"
+  if ! command -v go >/dev/null 2>&1; then
+    step "apt-get install golang-go (to bootstrap the Go toolchain $GO_WANT)"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends golang-go
+  fi
+  GOV=go$GO_WANT
+  HAVE=$(go env GOVERSION | sed 's/^go//')
+  if [ "$(printf '%s\n' 1.21 "$HAVE" | sort -V | head -1)" = 1.21 ]; then
+    step "fetching the Go toolchain $GOV through GOTOOLCHAIN"
+    GODIR=$(GOTOOLCHAIN=$GOV go env GOROOT)
+  else
+    GODIR="$CACHE/go/$GOV"
+    if [ ! -x "$GODIR/bin/go" ]; then
+      PROXY=$(go env GOPROXY | tr ',|' '\n\n' | grep -v -x -e direct -e off | head -1)
+      if [ -z "$PROXY" ]; then
+        echo "go $HAVE is too old to fetch go $GO_WANT itself, and GOPROXY ($(go env GOPROXY)) names no proxy to fetch it from: install go $GO_WANT" >&2
+        exit 1
+      fi
+      step "fetching the Go toolchain $GOV from the module proxy $PROXY"
+      ZIP="golang.org/toolchain@v0.0.1-$GOV.linux-$(go env GOARCH)"
+      tmp=$(mktemp -d)
+      curl -fsSL "${PROXY%/}/golang.org/toolchain/@v/v0.0.1-$GOV.linux-$(go env GOARCH).zip" -o "$tmp/go.zip"
+      (cd "$tmp" && python3 -m zipfile -e go.zip .)
+      mkdir -p "$CACHE/go"
+      rm -rf "$GODIR" && mv "$tmp/$ZIP" "$GODIR"
+      chmod +x "$GODIR"/bin/* "$GODIR"/pkg/tool/*/*
+      rm -rf "$tmp"
+    fi
   fi
   export PATH="$GODIR/bin:$PATH"
 fi
 export GOTOOLCHAIN=local
 
-# gVisor's runsc, built from the Go module proxy at the pinned version
-# (Debian's runsc package is years old). About 3 minutes, once.
-RUNSC="$CACHE/runsc/$RUNSC_VERSION/runsc"
-if [ ! -x "$RUNSC" ]; then
-  step "building gVisor runsc $RUNSC_VERSION (about 3 minutes, once; cached in $(dirname "$RUNSC"))"
-  mkdir -p "$(dirname "$RUNSC")"
+# go_install_cached PKG@VERSION DEST WHAT: builds a Go program from the Go
+# module proxy into DEST (in the cache), once.
+go_install_cached() {
+  local dest=$2
+  [ -x "$dest" ] && return 0
+  step "building $3 (once; cached in $(dirname "$dest"))"
+  mkdir -p "$(dirname "$dest")"
+  local tmpbin
   tmpbin=$(mktemp -d)
-  GOBIN="$tmpbin" CGO_ENABLED=0 go install "gvisor.dev/gvisor/runsc@$RUNSC_VERSION"
-  mv "$tmpbin/runsc" "$RUNSC"
+  GOBIN="$tmpbin" CGO_ENABLED=0 go install "$1"
+  mv "$tmpbin/$(basename "${1%@*}")" "$dest"
   rmdir "$tmpbin"
-fi
+}
+
+# gVisor's runsc at the pinned version (Debian's runsc package is years
+# old). About 3 minutes.
+RUNSC="$CACHE/runsc/$RUNSC_VERSION/runsc"
+go_install_cached "gvisor.dev/gvisor/runsc@$RUNSC_VERSION" "$RUNSC" "gVisor runsc $RUNSC_VERSION (about 3 minutes)"
+
+# versitygw (Apache-2.0), an S3-compatible server the tests of the S3
+# snapshot store run on loopback. Only the tests use it.
+go_install_cached "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION" \
+  "$CACHE/versitygw/$VERSITYGW_VERSION/versitygw" "versitygw $VERSITYGW_VERSION for the tests (a few minutes)"
 
 step "building bin/pandastack and bin/pandastack-agent"
 VERSION=$(git describe --always --dirty 2>/dev/null || echo dev)
@@ -78,4 +112,4 @@ step "templates base and code-interpreter (debootstrap, apt, pip; cached by thei
 PANDASTACK_CACHE_DIR="$CACHE" bin/pandastack template build base >/dev/null
 PANDASTACK_CACHE_DIR="$CACHE" bin/pandastack template build code-interpreter >/dev/null
 
-echo "setup done: runsc $RUNSC_VERSION, $(go version | cut -d' ' -f3), binaries in bin/" >&2
+echo "setup done: runsc $RUNSC_VERSION, versitygw $VERSITYGW_VERSION, $(go version | cut -d' ' -f3), binaries in bin/" >&2

@@ -2,7 +2,8 @@
 # Sets everything up (see setup.sh) and runs the whole test suite: the Go
 # tests (which include end-to-end tests of the real binary with real gVisor
 # sandboxes), then the Python and TypeScript SDK suites against a real
-# server. Under CI=true a missing prerequisite fails instead of skipping.
+# server, then the web console and the data-analyst example in a headless
+# Chromium. Under CI=true a missing prerequisite fails instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -21,3 +22,5 @@ echo "==> Python SDK tests" >&2
 ./scripts/test-python.sh
 echo "==> TypeScript SDK tests" >&2
 ./scripts/test-typescript.sh
+echo "==> Browser tests (web console, data-analyst example)" >&2
+./scripts/test-browser.sh

@@ -33,10 +33,11 @@ func main() {
 	// Notify rather than Ignore: an ignored signal stays ignored in children.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
-	cfg := agent.Config{Version: version, BootedAt: time.Now().UTC(), Log: log, Contexts: agent.NewContexts()}
+	cfg := agent.Config{Version: version, BootedAt: time.Now().UTC(), Log: log, Contexts: agent.NewContexts(), Processes: agent.NewProcesses()}
 	if os.Getpid() == 1 {
 		cfg.Reaper = agent.StartReaper(log)
 	}
+	agent.LimitProcesses(log)
 	log.Info("agent started", "pid", os.Getpid(), "uid", os.Geteuid())
 	err := agentproto.Serve(os.Stdin, os.Stdout, func(epoch uint32, conn io.ReadWriteCloser) {
 		agent.ServeSession(cfg, epoch, conn)

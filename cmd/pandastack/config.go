@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -29,12 +30,22 @@ type Config struct {
 	Warm         bool   // snapshot templates warm in the background so creates restore them
 	KillOnExit   bool   // kill every sandbox when serve stops, instead of keeping them for the next start
 	LogLevel     string // debug, info, warn or error
+	DiskMB       int    // each sandbox's own disk (the writable layer over its template), in MiB; negative: in memory
+
+	// Where snapshots are kept: "" (<data dir>/snapshots), file:///path or
+	// s3://bucket/prefix (see openImages), and the most bytes the local
+	// cache of an s3 store keeps (0: no limit).
+	SnapshotStore         string
+	SnapshotCacheMaxBytes int64
 
 	// The sandbox manager's and the API's settings, with their own
 	// defaults (sandbox.DefaultConfig, api.DefaultConfig); the directories
 	// in Sandbox are derived from DataDir and CacheDir.
 	Sandbox sandbox.Config
 	API     api.Config
+	Net     NetConfig // sandbox networking (network.go)
+
+	envErrs []error // malformed PANDASTACK_* values, refused by validate
 }
 
 func defaultConfig() Config {
@@ -45,6 +56,7 @@ func defaultConfig() Config {
 		BuildOnStart: "base",
 		Warm:         true,
 		LogLevel:     "info",
+		DiskMB:       2048,
 		Sandbox:      sandbox.DefaultConfig(),
 		API:          api.DefaultConfig(),
 	}
@@ -58,10 +70,15 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		}
 		fs.StringVar(p, name, *p, usage+" ($"+env+")")
 	}
+	bad := func(env, v, want string) {
+		c.envErrs = append(c.envErrs, fmt.Errorf("%s=%q: want %s", env, v, want))
+	}
 	dur := func(p *time.Duration, name, env, usage string) {
 		if v, ok := os.LookupEnv(env); ok {
 			if d, err := parseDuration(v); err == nil {
 				*p = d
+			} else {
+				bad(env, v, "a duration such as 300, 300s or 5m")
 			}
 		}
 		fs.DurationVar(p, name, *p, usage+" ($"+env+")")
@@ -70,13 +87,32 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		if v, ok := os.LookupEnv(env); ok {
 			if n, err := strconv.Atoi(v); err == nil {
 				*p = n
+			} else {
+				bad(env, v, "a whole number")
 			}
 		}
 		fs.IntVar(p, name, *p, usage+" ($"+env+")")
 	}
+	boolean := func(p *bool, name, env, usage string) {
+		if v, ok := os.LookupEnv(env); ok {
+			if b, err := strconv.ParseBool(v); err == nil {
+				*p = b
+			} else {
+				bad(env, v, "true or false (or 1 or 0)")
+			}
+		}
+		fs.BoolVar(p, name, *p, usage+" ($"+env+")")
+	}
 	str(&c.Listen, "listen", "PANDASTACK_LISTEN", "address of the REST API")
 	str(&c.DataDir, "data-dir", "PANDASTACK_DATA_DIR", "data directory (database, API key, runtime state)")
 	str(&c.Store, "store", "PANDASTACK_STORE", "database: empty for SQLite in the data dir, sqlite:///path, or postgres://user:pass@host/db")
+	str(&c.SnapshotStore, "snapshot-store", "PANDASTACK_SNAPSHOT_STORE", "where snapshots are kept: empty for <data dir>/snapshots, file:///path, or s3://bucket/prefix (endpoint from $PANDASTACK_S3_ENDPOINT, credentials from $AWS_ACCESS_KEY_ID/$AWS_SECRET_ACCESS_KEY)")
+	if v, ok := os.LookupEnv("PANDASTACK_SNAPSHOT_CACHE_MAX_BYTES"); ok {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			c.SnapshotCacheMaxBytes = n
+		}
+	}
+	fs.Int64Var(&c.SnapshotCacheMaxBytes, "snapshot-cache-max-bytes", c.SnapshotCacheMaxBytes, "most bytes of remote snapshots cached locally, least recently used evicted first (0: no limit) ($PANDASTACK_SNAPSHOT_CACHE_MAX_BYTES)")
 	str(&c.CacheDir, "cache-dir", "PANDASTACK_CACHE_DIR", "cache of runsc and template root filesystems")
 	str(&c.Runsc, "runsc", "PANDASTACK_RUNSC", "runsc binary (default: the pinned build in the cache, then PATH)")
 	str(&c.Agent, "agent", "PANDASTACK_AGENT", "pandastack-agent binary (default: beside this executable)")
@@ -86,25 +122,24 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	dur(&c.Sandbox.MaxTTL, "max-ttl", "PANDASTACK_MAX_TTL", "largest TTL a caller may ask for")
 	num(&c.Sandbox.MaxCPU, "max-cpu", "PANDASTACK_MAX_CPU", "most CPUs of one sandbox")
 	num(&c.Sandbox.MaxMemoryMB, "max-memory-mb", "PANDASTACK_MAX_MEMORY_MB", "most memory of one sandbox, in MiB")
+	num(&c.DiskMB, "disk-mb", "PANDASTACK_DISK_MB", "each sandbox's own disk in MiB: a full disk is ENOSPC to the writer (negative: writes stay in memory)")
 	num(&c.API.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
 	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
 	num(&c.Sandbox.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
+	dur(&c.Sandbox.IdleTimeout, "idle-timeout", "PANDASTACK_IDLE_TIMEOUT", "suspend a sandbox to disk after this long idle, unless it was created with its own idle_timeout_seconds (0: never)")
 	num(&c.Sandbox.PoolSize, "pool-size", "PANDASTACK_POOL_SIZE", "sandboxes of each warm template kept restored ahead of creates (0: none)")
-	if v, ok := os.LookupEnv("PANDASTACK_WARM"); ok {
-		c.Warm = v != "0" && v != "false"
-	}
-	fs.BoolVar(&c.Warm, "warm", c.Warm, "snapshot templates warm so creates restore them ($PANDASTACK_WARM)")
-	if v, ok := os.LookupEnv("PANDASTACK_KILL_ON_EXIT"); ok {
-		c.KillOnExit = v == "1" || v == "true"
-	}
-	fs.BoolVar(&c.KillOnExit, "kill-on-exit", c.KillOnExit, "kill every sandbox when serve stops, instead of re-adopting them on the next start ($PANDASTACK_KILL_ON_EXIT)")
+	boolean(&c.Warm, "warm", "PANDASTACK_WARM", "snapshot templates warm so creates restore them")
+	boolean(&c.KillOnExit, "kill-on-exit", "PANDASTACK_KILL_ON_EXIT", "kill every sandbox when serve stops, instead of re-adopting them on the next start")
 	str(&c.LogLevel, "log-level", "PANDASTACK_LOG_LEVEL", "debug, info, warn or error")
 	if v, ok := os.LookupEnv("PANDASTACK_MAX_UPLOAD_BYTES"); ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			c.API.MaxUploadBytes = n
+		} else {
+			bad("PANDASTACK_MAX_UPLOAD_BYTES", v, "a whole number of bytes")
 		}
 	}
 	fs.Int64Var(&c.API.MaxUploadBytes, "max-upload-bytes", c.API.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
+	c.Net.bind(fs)
 }
 
 // parseDuration accepts Go durations ("5m") and plain seconds ("300").
@@ -129,7 +164,22 @@ func (c *Config) snapshotDir() string { return filepath.Join(c.DataDir, "snapsho
 func (c *Config) pausedDir() string   { return filepath.Join(c.DataDir, "paused") }
 func (c *Config) warmDir() string     { return filepath.Join(c.CacheDir, "warm") }
 
+func (c *Config) snapshotCacheDir() string { return filepath.Join(c.DataDir, "snapshot-cache") }
+
+// validate refuses settings that make no sense, and environment values
+// that did not parse (rather than ignore them).
 func (c *Config) validate() error {
+	if len(c.envErrs) > 0 {
+		return fmt.Errorf("malformed environment: %w", errors.Join(c.envErrs...))
+	}
+	if c.Sandbox.IdleTimeout < 0 {
+		return fmt.Errorf("idle timeout %s must not be negative (0 disables idle suspend)", c.Sandbox.IdleTimeout)
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log level %q: want debug, info, warn or error", c.LogLevel)
+	}
 	if c.Sandbox.DefaultTTL <= 0 || c.Sandbox.MaxTTL <= 0 || c.Sandbox.DefaultTTL > c.Sandbox.MaxTTL {
 		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.Sandbox.DefaultTTL, c.Sandbox.MaxTTL)
 	}

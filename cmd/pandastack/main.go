@@ -24,6 +24,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/runtime/gvisor"
 	"github.com/pandastack/pandastack/internal/sandbox"
@@ -118,6 +119,11 @@ func serve(args []string) error {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	store, storeDesc, err := openStore(context.Background(), &cfg)
 	if err != nil {
 		return err
@@ -160,15 +166,38 @@ func serve(args []string) error {
 			return err
 		}
 	}
-	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: cfg.runtimeDir(), AgentPath: agent, Log: log})
+	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: cfg.runtimeDir(), AgentPath: agent, Log: log, DiskMB: cfg.DiskMB})
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
+	var sandboxes pandastack.Runtime = rt
+	netw, err := startNetwork(cfg.Net, cfg.DataDir, log)
+	if err != nil {
+		return err
+	}
+	if netw != nil {
+		wrapped := network.Wrap(rt, netw)
+		defer wrapped.Close(context.Background())
+		sandboxes = wrapped
+	}
 	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash}
 	scfg := cfg.Sandbox
 	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()
-	mgr := sandbox.New(scfg, store, rt, tpls, log)
+	images, imagesDesc, err := openImages(ctx, &cfg)
+	if err != nil {
+		return err
+	}
+	scfg.Images = images
+	mgr := sandbox.New(scfg, store, sandboxes, tpls, log)
+	if netw != nil {
+		mgr.UseNetwork(netw)
+	}
+	caPEM, err := sandboxCA(cfg.Net.CACerts, log)
+	if err != nil {
+		return err
+	}
+	mgr.UseSandboxCA(caPEM)
 	if err := mgr.Start(ctx); err != nil {
 		return err
 	}
@@ -177,6 +206,7 @@ func serve(args []string) error {
 	if cfg.Warm {
 		mgr.StartWarming(tpls.warmSpecs())
 	}
+	cfg.API.PublicDomain = cfg.Net.PublicDomain
 	srv := api.New(cfg.API, mgr, store, tpls, log)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -186,7 +216,7 @@ func serve(args []string) error {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
+	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "snapshot_store", imagesDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
 	select {
 	case err := <-errc:
 		return err
@@ -290,6 +320,9 @@ func keys(args []string) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
+	if err := cfg.validate(); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return err
 	}
@@ -343,6 +376,9 @@ func templates(args []string) error {
 	cfg.bind(fs)
 	force := fs.Bool("force", false, "rebuild even when cached")
 	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	if err := cfg.validate(); err != nil {
 		return err
 	}
 	reg, err := loadTemplates(&cfg)

@@ -65,11 +65,19 @@ func sandboxCmd(args []string) error {
 		md, env := kvFlag{}, kvFlag{}
 		fs.Var(md, "metadata", "KEY=VALUE metadata (repeatable)")
 		fs.Var(env, "env", "KEY=VALUE environment variable (repeatable)")
+		netMode := fs.String("network", "", "internet or none (default: the server's --network-default)")
+		var allowOut, denyOut listFlag
+		fs.Var(&allowOut, "allow-out", "IP, CIDR, domain or *.domain always reachable (repeatable)")
+		fs.Var(&denyOut, "deny-out", "IP or CIDR never reachable unless in --allow-out (repeatable)")
 		if err := fs.Parse(args); err != nil {
 			return err
 		}
+		pol, err := cliNetwork(*netMode, allowOut, denyOut)
+		if err != nil {
+			return err
+		}
 		sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{
-			Template: *tpl, TTLSeconds: int64(*ttl / time.Second), Metadata: md, Env: env, CPU: *cpu, MemoryMB: *mem,
+			Template: *tpl, TTLSeconds: int64(*ttl / time.Second), Metadata: md, Env: env, CPU: *cpu, MemoryMB: *mem, Network: pol,
 		})
 		if err != nil {
 			return err

@@ -35,7 +35,7 @@ func (t *templateSource) warmSpecs() []sandbox.WarmSpec {
 			continue
 		}
 		out = append(out, sandbox.WarmSpec{
-			Template: sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, WarmImage: t.warmImage(spec)},
+			Template: sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, WarmImage: t.warmImage(spec)},
 			Warmup:   spec.Warmup,
 		})
 	}
@@ -51,7 +51,7 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 	if !ok {
 		return sandbox.Template{}, pandastack.Errorf(pandastack.ETemplateMissing, "template %q is not built on this server; run `pandastack template build %s`", name, name)
 	}
-	tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB}
+	tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB}
 	if dir := t.warmImage(spec); spec.Warmup != "" {
 		if _, err := os.Stat(dir); err == nil {
 			tpl.WarmImage = dir

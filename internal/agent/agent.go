@@ -28,6 +28,10 @@ type Config struct {
 	Reaper   *Reaper      // nil: wait for each child by pid (when not PID 1)
 	Contexts *Contexts    // code contexts, shared by all sessions; nil: a new empty set
 	Log      *slog.Logger // nil discards
+
+	// Processes are the background processes, shared by all sessions;
+	// nil: a new empty set.
+	Processes *Processes
 }
 
 // Server answers the agent API for one host session.
@@ -49,6 +53,9 @@ func NewServer(cfg Config, epoch uint32) *Server {
 	if cfg.Contexts == nil {
 		cfg.Contexts = NewContexts()
 	}
+	if cfg.Processes == nil {
+		cfg.Processes = NewProcesses()
+	}
 	return &Server{cfg: cfg, epoch: epoch, home: cfg.Home, log: cfg.Log.With("epoch", epoch)}
 }
 
@@ -57,6 +64,8 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/hello", s.api(s.hello))
 	mux.HandleFunc("POST /v1/exec", s.api(s.exec))
+	mux.HandleFunc("POST /v1/env", s.api(s.setEnv))
+	mux.HandleFunc("GET /v1/pty", s.api(s.pty))
 	mux.HandleFunc("PUT /v1/files", s.api(s.putFile))
 	mux.HandleFunc("GET /v1/files", s.api(s.getFile))
 	mux.HandleFunc("DELETE /v1/files", s.api(s.deleteFile))
@@ -65,10 +74,18 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/files/mkdir", s.api(s.mkdir))
 	mux.HandleFunc("POST /v1/contexts", s.api(s.createContext))
 	mux.HandleFunc("GET /v1/contexts", s.api(s.listContexts))
+	mux.HandleFunc("POST /v1/contexts/spares", s.api(s.prepareSpares))
+	mux.HandleFunc("GET /v1/contexts/spares", s.api(s.listSpares))
+	mux.HandleFunc("POST /v1/contexts/spares/touch", s.api(s.touchSpares))
 	mux.HandleFunc("DELETE /v1/contexts/{id}", s.api(s.deleteContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/interrupt", s.api(s.interruptContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.api(s.restartContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/run", s.api(s.runCode))
+	mux.HandleFunc("POST /v1/processes", s.api(s.startProcess))
+	mux.HandleFunc("GET /v1/processes", s.api(s.listProcesses))
+	mux.HandleFunc("GET /v1/processes/{pid}/output", s.api(s.processOutput))
+	mux.HandleFunc("POST /v1/processes/{pid}/stdin", s.api(s.processStdin))
+	mux.HandleFunc("POST /v1/processes/{pid}/kill", s.api(s.killProcess))
 	mux.HandleFunc("/", s.api(func(w http.ResponseWriter, r *http.Request) error {
 		return pandastack.Errorf(pandastack.ENotFound, "the agent has no endpoint %s %s; see internal/agentproto/api.go for its API", r.Method, r.URL.Path)
 	}))
@@ -103,6 +120,11 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	// processes started from now on see it.
 	if id := r.URL.Query().Get("sandbox_id"); id != "" {
 		os.Setenv("PANDASTACK_SANDBOX_ID", id)
+	}
+	// Restored from an image other sandboxes restore too: without this,
+	// their kernels would all draw the same "random" numbers.
+	if r.URL.Query().Get("reseed") == "1" {
+		s.cfg.Contexts.Reseed()
 	}
 	writeJSON(w, http.StatusOK, agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,17 +24,31 @@ import (
 // Contexts holds the code contexts (Jupyter kernels) of the sandbox. It
 // outlives host sessions: a server restart or a new epoch keeps the kernels.
 type Contexts struct {
-	mu   sync.Mutex
-	ctxs map[string]*codeContext
+	mu      sync.Mutex
+	ctxs    map[string]*codeContext
+	created uint64               // contexts made so far
+	procs   map[*kernelProc]bool // live kernel processes, for the memory watch
+	watch   sync.Once
+	spares  spareSet // kernels warmed up ahead of time (spare.go)
 }
 
 type codeContext struct {
-	info   agentproto.Context
-	kernel *jupyter.Kernel
+	info    agentproto.Context
+	kernel  *jupyter.Kernel
+	created uint64 // creation order, for listing oldest first
 }
 
 // NewContexts returns an empty registry.
-func NewContexts() *Contexts { return &Contexts{ctxs: map[string]*codeContext{}} }
+func NewContexts() *Contexts {
+	return &Contexts{ctxs: map[string]*codeContext{}, procs: map[*kernelProc]bool{}}
+}
+
+// Reseed reseeds the random generators of every kernel (see
+// jupyter.Kernel.Reseed), spares included, for a sandbox restored from a
+// shared image.
+func (cs *Contexts) Reseed() {
+	cs.EachKernel((*jupyter.Kernel).Reseed)
+}
 
 // kernelDirs are where Jupyter kernelspecs live in a template.
 var kernelDirs = []string{"/usr/local/share/jupyter/kernels", "/usr/share/jupyter/kernels", "/opt/venv/share/jupyter/kernels"}
@@ -42,6 +57,10 @@ var kernelDirs = []string{"/usr/local/share/jupyter/kernels", "/usr/share/jupyte
 var languageKernels = map[string][]string{
 	"python": {"python3", "python"},
 	"bash":   {"bash"},
+	// Deno's kernel runs both; a javascript context also takes TypeScript.
+	"javascript": {"deno"},
+	"typescript": {"deno"},
+	"r":          {"ir"},
 }
 
 // kernelArgv returns the argv of the kernel for language, from its kernelspec.
@@ -114,7 +133,19 @@ func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) 
 	if err != nil {
 		return nil, err
 	}
-	return newKernelProc(p), nil
+	cs := s.cfg.Contexts
+	k := newKernelProc(p)
+	cs.mu.Lock()
+	cs.procs[k] = true
+	cs.mu.Unlock()
+	go func() {
+		<-k.done
+		cs.mu.Lock()
+		delete(cs.procs, k)
+		cs.mu.Unlock()
+	}()
+	cs.watch.Do(func() { go cs.watchMemory(s.cfg.Log) })
+	return k, nil
 }
 
 // kernelProc adapts a reaper Process to jupyter.Proc.
@@ -122,6 +153,7 @@ type kernelProc struct {
 	p      *Process
 	done   chan struct{}
 	status ExitStatus
+	oom    atomic.Pointer[string] // why the memory watch killed it
 }
 
 func newKernelProc(p *Process) *kernelProc {
@@ -131,6 +163,12 @@ func newKernelProc(p *Process) *kernelProc {
 		close(k.done)
 	}()
 	return k
+}
+
+// killForMemory kills the kernel's process tree and remembers why.
+func (k *kernelProc) killForMemory(why string) {
+	k.oom.CompareAndSwap(nil, &why)
+	k.Kill()
 }
 
 func (k *kernelProc) Pid() int              { return k.p.Pid }
@@ -151,6 +189,9 @@ func (k *kernelProc) ExitReason() string {
 	case <-k.done:
 	default:
 		return "running"
+	}
+	if why := k.oom.Load(); why != nil {
+		return *why
 	}
 	if k.status.Signal != "" {
 		reason := "killed by " + k.status.Signal
@@ -189,8 +230,11 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 		}
 		return pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v", cwd, err)
 	}
-	env, _ := buildEnv(s.home, agentproto.UserName, req.Env)
-	env = append(env, "MPLCONFIGDIR=/tmp/.matplotlib-"+req.ID, "PYTHONUNBUFFERED=1")
+	if runningAsRoot() {
+		if err := userCanEnter(cwd, agentproto.UserUID, agentproto.UserGID); err != nil {
+			return pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v; the kernel runs as the sandbox user (%s)", cwd, err, agentproto.UserName)
+		}
+	}
 
 	cs := s.cfg.Contexts
 	cs.mu.Lock()
@@ -198,20 +242,19 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 		cs.mu.Unlock()
 		return pandastack.Errorf(pandastack.EConflict, "context %s already exists", req.ID)
 	}
-	cc := &codeContext{info: agentproto.Context{ID: req.ID, Language: req.Language, Cwd: cwd}}
+	auto := req.AutoRestart == nil || *req.AutoRestart
+	cs.created++
+	cc := &codeContext{info: agentproto.Context{ID: req.ID, Language: req.Language, Cwd: cwd, AutoRestart: auto}, created: cs.created}
 	cs.ctxs[req.ID] = cc // reserve the id while the kernel starts
 	cs.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
 	defer cancel()
-	opts := jupyter.Options{Argv: argv, Env: env, Cwd: cwd, Launch: s.launcher, Log: s.log, RuntimeDir: os.TempDir()}
-	if runningAsRoot() {
-		opts.Owner = &jupyter.Owner{UID: agentproto.UserUID, GID: agentproto.UserGID}
+	// A spare kernel, started and warmed up ahead of time, if it fits.
+	k := cs.takeSpare(ctx, req.Language, cwd == s.home && len(req.Env) == 0)
+	if k == nil {
+		k, err = jupyter.Start(ctx, s.kernelOptions(req.Language, argv, req.ID, cwd, req.Env))
 	}
-	if req.Language == "python" {
-		opts.EnvCode = jupyter.PythonEnvCode
-	}
-	k, err := jupyter.Start(ctx, opts)
 	if err != nil {
 		cs.mu.Lock()
 		delete(cs.ctxs, req.ID)
@@ -223,6 +266,32 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 	cs.mu.Unlock()
 	writeJSON(w, http.StatusOK, cc.info)
 	return nil
+}
+
+// kernelOptions says how to start a kernel of language with argv for the
+// context id.
+func (s *Server) kernelOptions(language string, argv []string, id, cwd string, extraEnv map[string]string) jupyter.Options {
+	env, _ := buildEnv(s.home, agentproto.UserName, extraEnv)
+	env = append(env, "MPLCONFIGDIR=/tmp/.matplotlib-"+id, "PYTHONUNBUFFERED=1")
+	opts := jupyter.Options{Argv: argv, Env: env, Cwd: cwd, Launch: s.launcher, Log: s.log, RuntimeDir: os.TempDir()}
+	if runningAsRoot() {
+		opts.Owner = &jupyter.Owner{UID: agentproto.UserUID, GID: agentproto.UserGID}
+	}
+	switch language {
+	case "python":
+		opts.EnvCode = jupyter.PythonEnvCode
+		opts.SetupCode = jupyter.PythonSetupCode
+		opts.OutputCapCode = jupyter.PythonOutputCapCode
+		opts.DroppedExpr = jupyter.PythonDroppedExpr
+		opts.ReseedCode = jupyter.PythonReseedCode
+	case "bash":
+		opts.EnvCode = jupyter.BashEnvCode
+		opts.ReseedCode = jupyter.BashReseedCode
+	}
+	if lk, ok := otherKernels[language]; ok {
+		opts.EnvCode, opts.Transport, opts.InterruptByMessage, opts.ReseedCode = lk.envCode, lk.transport, lk.byMessage, lk.reseedCode
+	}
+	return opts
 }
 
 // context returns a started context by id.
@@ -243,14 +312,18 @@ func (s *Server) context(id string) (*codeContext, error) {
 func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) error {
 	cs := s.cfg.Contexts
 	cs.mu.Lock()
-	list := make([]agentproto.Context, 0, len(cs.ctxs))
+	ccs := make([]*codeContext, 0, len(cs.ctxs))
 	for _, cc := range cs.ctxs {
 		if cc.kernel != nil {
-			list = append(list, cc.info)
+			ccs = append(ccs, cc)
 		}
 	}
 	cs.mu.Unlock()
-	sort.Slice(list, func(i, j int) bool { return list[i].ID < list[j].ID })
+	sort.Slice(ccs, func(i, j int) bool { return ccs[i].created < ccs[j].created }) // oldest first
+	list := make([]agentproto.Context, len(ccs))
+	for i, cc := range ccs {
+		list[i] = cc.info
+	}
 	writeJSON(w, http.StatusOK, list)
 	return nil
 }
@@ -304,6 +377,9 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		return pandastack.Errorf(pandastack.EInvalid, "bad run request: %v", err)
 	}
+	if req.Language != "" && req.Language != cc.info.Language {
+		return pandastack.Errorf(pandastack.EInvalid, "context %s runs %s, not %s; leave out the language, or use a %s context", cc.info.ID, cc.info.Language, req.Language, req.Language)
+	}
 	if cc.kernel.Busy() {
 		return pandastack.Errorf(pandastack.EConflict, "context %s is busy running other code; wait for it, or interrupt it", cc.info.ID)
 	}
@@ -322,14 +398,22 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 		enc.Encode(ev)
 		rc.Flush()
 	}
-	opts := jupyter.ExecOptions{Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, OutputCap: req.OutputCap, Env: req.Env}
+	opts := jupyter.ExecOptions{Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, OutputCap: req.OutputCap, Env: req.Env, NoHistory: req.NoHistory}
 	ex, err := cc.kernel.Execute(r.Context(), req.Code, opts, func(ev agentproto.CodeEvent) {
 		if ev.Type != "execution" {
 			send(ev)
 		}
 	})
+	if errors.Is(err, jupyter.ErrDead) && cc.info.AutoRestart {
+		ex, err = s.autoRestart(r, cc, err)
+		if err == nil {
+			send(agentproto.CodeEvent{Type: "error", Error: ex.Error})
+		}
+	}
 	if err != nil {
 		switch {
+		case errors.Is(err, jupyter.ErrInvalid):
+			err = pandastack.Errorf(pandastack.EInvalid, "%v", err)
 		case errors.Is(err, jupyter.ErrBusy):
 			err = pandastack.Errorf(pandastack.EConflict, "context %s is busy running other code; wait for it, or interrupt it", cc.info.ID)
 		case errors.Is(err, jupyter.ErrDead):
@@ -344,4 +428,31 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	}
 	send(agentproto.CodeEvent{Type: "execution", Execution: &ex})
 	return nil
+}
+
+// autoRestart restarts the dead kernel of cc for a run that found it dead,
+// and answers that run with a KernelRestarted error: its code did not run,
+// since whatever it builds on is gone with the old kernel's state.
+func (s *Server) autoRestart(r *http.Request, cc *codeContext, dead error) (agentproto.Execution, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
+	defer cancel()
+	start := time.Now()
+	// Two runs that found it dead restart it once; both report the loss.
+	if _, err := cc.kernel.RestartIfDead(ctx); err != nil {
+		return agentproto.Execution{}, fmt.Errorf("restart the dead kernel of context %s: %w", cc.info.ID, err)
+	}
+	why := strings.TrimPrefix(dead.Error(), jupyter.ErrDead.Error())
+	why = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(why), "("), ")")
+	if why == "" {
+		why = "it had died"
+	}
+	s.log.Info("restarted a dead kernel", "context", cc.info.ID, "reason", why)
+	return agentproto.Execution{
+		Results:    []agentproto.Result{},
+		DurationMS: time.Since(start).Milliseconds(),
+		Error: &agentproto.ExecutionError{
+			Name:  "KernelRestarted",
+			Value: "the kernel of context " + cc.info.ID + " had died (" + why + "), so it was restarted: its variables and imports are lost, and this code was not run; run it again, with any setup it needs",
+		},
+	}, nil
 }

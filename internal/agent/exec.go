@@ -39,23 +39,32 @@ type execSpec struct {
 }
 
 func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxExecRequest))
+	req, err := readExecRequest(w, r)
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return pandastack.Errorf(pandastack.ETooLarge, "exec request over %d MiB; upload large input with PUT /v1/files and read it from there", maxExecRequest>>20)
-		}
-		return pandastack.Errorf(pandastack.EInvalid, "reading the exec request: %v", err)
-	}
-	var req agentproto.ExecRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		return pandastack.Errorf(pandastack.EInvalid, "exec request is not valid JSON: %v", err)
+		return err
 	}
 	spec, err := s.prepareExec(req)
 	if err != nil {
 		return err
 	}
 	return s.run(w, r, spec, req)
+}
+
+// readExecRequest decodes the body of an exec or a background start.
+func readExecRequest(w http.ResponseWriter, r *http.Request) (agentproto.ExecRequest, error) {
+	var req agentproto.ExecRequest
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxExecRequest))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return req, pandastack.Errorf(pandastack.ETooLarge, "exec request over %d MiB; upload large input with PUT /v1/files and read it from there", maxExecRequest>>20)
+		}
+		return req, pandastack.Errorf(pandastack.EInvalid, "reading the exec request: %v", err)
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return req, pandastack.Errorf(pandastack.EInvalid, "exec request is not valid JSON: %v", err)
+	}
+	return req, nil
 }
 
 // prepareExec checks everything that can be checked before starting, so that
@@ -265,18 +274,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		typ string
 		f   *os.File
 	}{{"stdout", outR}, {"stderr", errR}} {
-		wg.Go(func() {
-			for {
-				buf := make([]byte, outputChunk)
-				n, err := p.f.Read(buf)
-				if n > 0 {
-					events <- agentproto.ExecEvent{Type: p.typ, Data: buf[:n]}
-				}
-				if err != nil {
-					return
-				}
-			}
-		})
+		wg.Go(func() { readChunks(p.f, p.typ, func(ev agentproto.ExecEvent) { events <- ev }) })
 	}
 	readersDone := make(chan struct{})
 	go func() {
@@ -364,6 +362,21 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	s.log.Info("exec", "cmd", summarize(req), "pid", c.Pid, "status", status.String(),
 		"timed_out", timedOut, "killed", killed, "ms", elapsed.Milliseconds())
 	return nil
+}
+
+// readChunks hands what f yields, in chunks of at most outputChunk bytes,
+// to emit as events of type typ, until f ends or fails.
+func readChunks(f *os.File, typ string, emit func(agentproto.ExecEvent)) {
+	for {
+		buf := make([]byte, outputChunk)
+		n, err := f.Read(buf)
+		if n > 0 {
+			emit(agentproto.ExecEvent{Type: typ, Data: buf[:n]})
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 func summarize(req agentproto.ExecRequest) string {

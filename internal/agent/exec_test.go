@@ -283,3 +283,18 @@ func q(kv ...string) url.Values {
 	}
 	return v
 }
+
+func TestSetEnv(t *testing.T) {
+	t.Cleanup(func() { os.Unsetenv("PANDASTACK_TEST_SET") })
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		st.call(t, http.MethodPost, "/v1/env", nil, jsonBody(t, agentproto.EnvRequest{Env: map[string]string{"PANDASTACK_TEST_SET": "/x/ca.crt"}}), http.StatusOK, nil)
+		if got := st.exec(t, agentproto.ExecRequest{Cmd: `echo "$PANDASTACK_TEST_SET"`}).stdout.String(); got != "/x/ca.crt\n" {
+			t.Errorf("after POST /v1/env a command sees %q", got)
+		}
+		st.callError(t, http.MethodPost, "/v1/env", nil, jsonBody(t, agentproto.EnvRequest{Env: map[string]string{"1BAD": "x"}}), http.StatusBadRequest, "invalid_request")
+		st.call(t, http.MethodPost, "/v1/env", nil, jsonBody(t, agentproto.EnvRequest{Env: map[string]string{"PANDASTACK_TEST_SET": ""}}), http.StatusOK, nil)
+		if got := st.exec(t, agentproto.ExecRequest{Cmd: `echo "${PANDASTACK_TEST_SET-unset}"`}).stdout.String(); got != "unset\n" {
+			t.Errorf("after removing, a command sees %q", got)
+		}
+	})
+}

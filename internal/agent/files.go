@@ -1,34 +1,107 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
-// pathParam resolves ?path= against the user's home.
-func (s *Server) pathParam(r *http.Request) (string, error) {
-	p := r.URL.Query().Get("path")
-	if p == "" {
-		return "", pandastack.Errorf(pandastack.EInvalid, "missing ?path=: give a path, absolute or relative to %s", s.home)
+// fileOpTimeout bounds the file operations that walk the filesystem (a
+// recursive delete): none runs without a deadline.
+const fileOpTimeout = 2 * time.Minute
+
+// fileTarget is the path a file request acts on, and as whom.
+type fileTarget struct {
+	path string // absolute and clean
+	root bool   // act as root (?user=root) instead of the sandbox user
+}
+
+// run runs f with the target's credentials.
+func (t fileTarget) run(f func() error) error {
+	if t.root {
+		return f()
 	}
-	if strings.IndexByte(p, 0) >= 0 {
-		return "", pandastack.Errorf(pandastack.EInvalid, "path holds a NUL byte")
+	return asUser(f)
+}
+
+// target reads ?path= (resolved against the user's home) and ?user=, and
+// refuses any query parameter but those and extra.
+func (s *Server) target(r *http.Request, extra ...string) (fileTarget, error) {
+	q := r.URL.Query()
+	if err := agentproto.CheckQuery(q, append([]string{"path", "user"}, extra...)...); err != nil {
+		return fileTarget{}, err
+	}
+	p := q.Get("path")
+	if p == "" {
+		return fileTarget{}, pandastack.Errorf(pandastack.EInvalid, "missing ?path=: give a path, absolute or relative to %s", s.home)
+	}
+	if err := agentproto.CheckPath(p); err != nil {
+		return fileTarget{}, err
+	}
+	root, err := agentproto.CheckFileUser(q.Get("user"))
+	if err != nil {
+		return fileTarget{}, err
 	}
 	if !filepath.IsAbs(p) {
 		p = filepath.Join(s.home, p)
 	}
-	return filepath.Clean(p), nil
+	return fileTarget{path: filepath.Clean(p), root: root}, nil
+}
+
+// guard refuses paths the file API must not touch: the kernel's
+// pseudo-filesystems (their files block, fail midway or link back to /),
+// and for writes and deletes the host's own mounts under /.pandastack.
+// Symlinks are resolved first (all of p when the operation follows the last
+// one, else only its parent), so a link cannot lead around the check.
+func guard(p string, follow, write bool) error {
+	real := resolve(p, follow)
+	fsOf := real // statfs follows links: without follow, ask of the parent
+	if !follow {
+		fsOf = filepath.Dir(real)
+	}
+	pseudo := onPseudoFS(fsOf)
+	for _, d := range agentproto.PseudoFS {
+		if pseudo || agentproto.Under(p, d) || agentproto.Under(real, d) {
+			return pandastack.Errorf(pandastack.EInvalid, "%s is on a pseudo-filesystem (%s): the file API serves regular files only; read such files with exec (e.g. cat)", p, strings.Join(agentproto.PseudoFS, ", "))
+		}
+	}
+	if write && (agentproto.Under(p, agentproto.ProtectedPrefix) || agentproto.Under(real, agentproto.ProtectedPrefix)) {
+		return pandastack.Errorf(pandastack.EInvalid, "%s is where PandaStack mounts its agent into the sandbox; it cannot be written or deleted", p)
+	}
+	return nil
+}
+
+// resolve returns p with the symlinks of its longest existing prefix
+// resolved; with follow false the last element is kept as it is.
+func resolve(p string, follow bool) string {
+	dir, last := p, ""
+	if !follow && p != "/" {
+		dir, last = filepath.Dir(p), filepath.Base(p)
+	}
+	rest := ""
+	for {
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			return filepath.Join(real, rest, last)
+		}
+		if dir == "/" || dir == "." {
+			return p
+		}
+		rest = filepath.Join(filepath.Base(dir), rest)
+		dir = filepath.Dir(dir)
+	}
 }
 
 // fsError turns a filesystem error on path p into a user-facing one. A
@@ -51,6 +124,18 @@ func fsError(err error, p string, writing bool) error {
 		return pandastack.Errorf(pandastack.ETooLarge, "no space left on the sandbox's disk while writing %s; delete files or write less", p)
 	case errors.Is(err, syscall.ENAMETOOLONG):
 		return pandastack.Errorf(pandastack.EInvalid, "path too long: %s", p)
+	case errors.Is(err, syscall.EBUSY):
+		return pandastack.Errorf(pandastack.EInvalid, "%s is a mount point or in use; it cannot be replaced or deleted", p)
+	case errors.Is(err, syscall.ENXIO):
+		return pandastack.Errorf(pandastack.EInvalid, "%s is not a regular file (a socket or a device)", p)
+	case errors.Is(err, syscall.ELOOP):
+		return pandastack.Errorf(pandastack.EInvalid, "%s: too many levels of symbolic links", p)
+	}
+	// Any other failure of the system call is about the user's own file
+	// inside the sandbox: say which, rather than "internal".
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return pandastack.Errorf(pandastack.EInvalid, "%s: %v", p, errno)
 	}
 	return err
 }
@@ -75,16 +160,8 @@ func fileInfo(p string, fi fs.FileInfo) agentproto.FileInfo {
 	}
 }
 
-// chown gives p to the sandbox user; only a root agent can, and must, since
-// the user's commands run unprivileged.
-func chown(p string) error {
-	if !runningAsRoot() {
-		return nil
-	}
-	return os.Lchown(p, agentproto.UserUID, agentproto.UserGID)
-}
-
-// mkdirAll is mkdir -p that gives each directory it creates to the user.
+// mkdirAll is mkdir -p; run under the target's credentials, what it creates
+// belongs to whoever the request acts as.
 func mkdirAll(dir string) error {
 	fi, err := os.Stat(dir)
 	if err == nil {
@@ -105,7 +182,7 @@ func mkdirAll(dir string) error {
 		}
 		return err
 	}
-	return chown(dir)
+	return nil
 }
 
 // bodyReader records a failure to read the upload, to tell it from a failure
@@ -124,30 +201,41 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 }
 
 func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.pathParam(r)
+	t, err := s.target(r)
 	if err != nil {
 		return err
 	}
+	p := t.path
+	if err := guard(p, false, true); err != nil {
+		return err
+	}
+	var tmp *os.File
 	mode := fs.FileMode(0o644)
-	if fi, err := os.Stat(p); err == nil {
-		if fi.IsDir() {
-			return pandastack.Errorf(pandastack.EConflict, "%s is a directory; delete it first or upload to a path inside it", p)
+	err = t.run(func() error {
+		if fi, err := os.Stat(p); err == nil {
+			if fi.IsDir() {
+				return pandastack.Errorf(pandastack.EConflict, "%s is a directory; delete it first or upload to a path inside it", p)
+			}
+			mode = fi.Mode().Perm() // overwriting keeps the mode
 		}
-		mode = fi.Mode().Perm() // overwriting keeps the mode
-	}
-	dir := filepath.Dir(p)
-	if err := mkdirAll(dir); err != nil {
-		return fsError(err, dir, true)
-	}
-	// A temp file renamed into place: readers never see half an upload.
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(p)+".upload-*")
+		dir := filepath.Dir(p)
+		if err := mkdirAll(dir); err != nil {
+			return fsError(err, dir, true)
+		}
+		// A temp file renamed into place: readers never see half an upload.
+		var err error
+		if tmp, err = os.CreateTemp(dir, "."+filepath.Base(p)+".upload-*"); err != nil {
+			return fsError(err, p, true)
+		}
+		return nil
+	})
 	if err != nil {
-		return fsError(err, p, true)
+		return err
 	}
 	defer func() {
 		if tmp != nil {
 			tmp.Close()
-			os.Remove(tmp.Name())
+			t.run(func() error { return os.Remove(tmp.Name()) })
 		}
 	}()
 	body := &bodyReader{r: r.Body}
@@ -157,35 +245,51 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		}
 		return fsError(err, p, true)
 	}
-	if err := tmp.Chmod(mode); err != nil {
-		return fsError(err, p, true)
-	}
-	if runningAsRoot() {
-		if err := tmp.Chown(agentproto.UserUID, agentproto.UserGID); err != nil {
+	var fi fs.FileInfo
+	err = t.run(func() error {
+		if err := tmp.Chmod(mode); err != nil {
 			return fsError(err, p, true)
 		}
-	}
-	if err := tmp.Close(); err != nil {
-		return fsError(err, p, true)
-	}
-	if err := os.Rename(tmp.Name(), p); err != nil {
-		return fsError(err, p, true)
-	}
-	tmp = nil
-	fi, err := os.Lstat(p)
+		if err := tmp.Close(); err != nil {
+			return fsError(err, p, true)
+		}
+		if err := os.Rename(tmp.Name(), p); err != nil {
+			return fsError(err, p, true)
+		}
+		tmp = nil
+		var err error
+		if fi, err = os.Lstat(p); err != nil {
+			return fsError(err, p, false)
+		}
+		return nil
+	})
 	if err != nil {
-		return fsError(err, p, false)
+		return err
 	}
 	writeJSON(w, http.StatusOK, fileInfo(p, fi))
 	return nil
 }
 
+// getFile sends a regular file. It opens without blocking (a FIFO would
+// otherwise wait for a writer forever) and refuses anything not regular.
+// A read that fails before anything is sent is an error status; one that
+// fails later aborts the response, so the host never takes a truncated
+// file for a whole one.
 func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.pathParam(r)
+	t, err := s.target(r)
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(p)
+	p := t.path
+	if err := guard(p, true, false); err != nil {
+		return err
+	}
+	var f *os.File
+	err = t.run(func() error {
+		var err error
+		f, err = os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+		return err
+	})
 	if err != nil {
 		return fsError(err, p, false)
 	}
@@ -198,89 +302,210 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 		return pandastack.Errorf(pandastack.EInvalid, "%s is a directory, not a file; list it with GET /v1/files/list and download its files one by one", p)
 	}
 	if !fi.Mode().IsRegular() {
-		return pandastack.Errorf(pandastack.EInvalid, "%s is not a regular file (mode %s); only regular files can be downloaded", p, fi.Mode().Type())
+		return pandastack.Errorf(pandastack.EInvalid, "%s is not a regular file (%s); only regular files can be downloaded", p, fileKind(fi.Mode()))
 	}
+	size := fi.Size()
+	var src io.Reader = f
+	if size > 0 {
+		src = io.LimitReader(f, size) // a file that grows is sent as it was
+	}
+	buf := make([]byte, 64<<10)
+	n, err := io.ReadFull(src, buf)
+	if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+		return pandastack.Errorf(pandastack.EInvalid, "cannot read %s: %v", p, errors.Unwrap(err))
+	}
+	whole := err != nil // all of it is in buf
 	w.Header().Set("Content-Type", "application/octet-stream")
-	if fi.Size() > 0 {
-		// Files such as those in /proc report size 0 and are sent unsized.
-		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size(), 10))
-		w.WriteHeader(http.StatusOK)
-		io.CopyN(w, f, fi.Size())
-		return nil
+	if size > 0 {
+		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	} else if whole {
+		w.Header().Set("Content-Length", strconv.Itoa(n))
 	}
 	w.WriteHeader(http.StatusOK)
-	io.Copy(w, f)
+	sent := int64(n)
+	if _, err := w.Write(buf[:n]); err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if !whole {
+		m, err := io.CopyBuffer(w, src, buf)
+		sent += m
+		if err != nil {
+			s.log.Warn("download failed midway; aborting the response", "path", p, "sent", sent, "err", err)
+			panic(http.ErrAbortHandler)
+		}
+	}
+	if size > 0 && sent != size {
+		s.log.Warn("file shrank during download; aborting the response", "path", p, "sent", sent, "size", size)
+		panic(http.ErrAbortHandler)
+	}
 	return nil
 }
 
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeNamedPipe != 0:
+		return "a FIFO"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeDevice != 0:
+		return "a device"
+	case m&fs.ModeSymlink != 0:
+		return "a symlink"
+	}
+	return "mode " + m.Type().String()
+}
+
 func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.pathParam(r)
+	t, err := s.target(r, "recursive")
 	if err != nil {
 		return err
 	}
-	recursive := false
-	if v := r.URL.Query().Get("recursive"); v != "" {
-		if recursive, err = strconv.ParseBool(v); err != nil {
-			return pandastack.Errorf(pandastack.EInvalid, "recursive=%q: give 1 or true to delete a directory with its contents", v)
-		}
+	p := t.path
+	recursive, err := agentproto.ParseBool("recursive", r.URL.Query().Get("recursive"), false)
+	if err != nil {
+		return err
 	}
 	if p == "/" {
 		return pandastack.Errorf(pandastack.EInvalid, "refusing to delete /")
 	}
-	fi, err := os.Lstat(p)
+	if err := guard(p, false, true); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), fileOpTimeout)
+	defer cancel()
+	err = t.run(func() error {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return fsError(err, p, false)
+		}
+		if fi.IsDir() && recursive {
+			err = removeTree(ctx, p, fi)
+		} else {
+			err = os.Remove(p)
+		}
+		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+			return pandastack.Errorf(pandastack.EConflict, "directory %s is not empty; pass recursive=true to delete it with its contents", p)
+		}
+		if err != nil {
+			return fsError(err, p, true)
+		}
+		return nil
+	})
 	if err != nil {
-		return fsError(err, p, false)
-	}
-	if fi.IsDir() && recursive {
-		err = os.RemoveAll(p)
-	} else {
-		err = os.Remove(p)
-	}
-	if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
-		return pandastack.Errorf(pandastack.EConflict, "directory %s is not empty; pass recursive=1 to delete it with its contents", p)
-	}
-	if err != nil {
-		return fsError(err, p, true)
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 
-func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.pathParam(r)
+// removeTree deletes the directory dir (whose Lstat is fi) and everything in
+// it. It never follows a symlink (links are deleted, not their targets),
+// stays inside dir even if entries are swapped for links meanwhile (it works
+// through an os.Root), does not cross into another filesystem, and stops at
+// ctx's deadline.
+func removeTree(ctx context.Context, dir string, fi fs.FileInfo) error {
+	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return err
 	}
-	fi, err := os.Stat(p)
+	err = removeIn(ctx, root, dir, ".", deviceOf(fi))
+	root.Close()
 	if err != nil {
-		return fsError(err, p, false)
+		return err
 	}
-	if !fi.IsDir() {
-		return pandastack.Errorf(pandastack.EInvalid, "%s is a file, not a directory; use GET /v1/files/stat for its details", p)
-	}
-	ents, err := os.ReadDir(p) // sorted by name
+	return os.Remove(dir)
+}
+
+func removeIn(ctx context.Context, root *os.Root, top, rel string, dev uint64) error {
+	d, err := root.Open(rel)
 	if err != nil {
-		return fsError(err, p, false)
+		return err
 	}
-	out := make([]agentproto.FileInfo, 0, len(ents))
-	for _, e := range ents {
-		info, err := e.Info()
-		if err != nil {
-			continue // deleted while listing
+	defer d.Close()
+	for {
+		ents, err := d.ReadDir(256)
+		for _, e := range ents {
+			if ctx.Err() != nil {
+				return pandastack.Errorf(pandastack.ETimeout, "deleting %s did not finish within %s; what was deleted so far stays deleted", top, fileOpTimeout)
+			}
+			name := path.Join(rel, e.Name())
+			if e.IsDir() { // from the directory entry: a symlink is never IsDir
+				fi, err := root.Lstat(name)
+				if err != nil {
+					return err
+				}
+				if fi.IsDir() {
+					if deviceOf(fi) != dev {
+						return pandastack.Errorf(pandastack.EInvalid, "%s is a mount point of another filesystem; not deleting across it", filepath.Join(top, name))
+					}
+					if err := removeIn(ctx, root, top, name, dev); err != nil {
+						return err
+					}
+				}
+			}
+			if err := root.Remove(name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return err
+			}
 		}
-		out = append(out, fileInfo(filepath.Join(p, e.Name()), info))
+		if err == io.EOF || len(ents) == 0 {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.target(r)
+	if err != nil {
+		return err
+	}
+	p := t.path
+	if err := guard(p, true, false); err != nil {
+		return err
+	}
+	var out []agentproto.FileInfo
+	err = t.run(func() error {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fsError(err, p, false)
+		}
+		if !fi.IsDir() {
+			return pandastack.Errorf(pandastack.EInvalid, "%s is a file, not a directory; use GET /v1/files/stat for its details", p)
+		}
+		ents, err := os.ReadDir(p) // sorted by name
+		if err != nil {
+			return fsError(err, p, false)
+		}
+		out = make([]agentproto.FileInfo, 0, len(ents))
+		for _, e := range ents {
+			info, err := e.Info()
+			if err != nil {
+				continue // deleted while listing
+			}
+			out = append(out, fileInfo(filepath.Join(p, e.Name()), info))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
 func (s *Server) statFile(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.pathParam(r)
+	t, err := s.target(r)
 	if err != nil {
 		return err
 	}
-	fi, err := os.Lstat(p)
-	if err != nil {
+	p := t.path
+	if err := guard(p, false, false); err != nil {
+		return err
+	}
+	var fi fs.FileInfo
+	if err := t.run(func() (err error) { fi, err = os.Lstat(p); return }); err != nil {
 		return fsError(err, p, false)
 	}
 	writeJSON(w, http.StatusOK, fileInfo(p, fi))
@@ -288,19 +513,30 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
-	p, err := s.pathParam(r)
+	t, err := s.target(r)
 	if err != nil {
 		return err
 	}
-	if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
-		return pandastack.Errorf(pandastack.EConflict, "%s exists and is a file; delete it first or choose another path", p)
+	p := t.path
+	if err := guard(p, false, true); err != nil {
+		return err
 	}
-	if err := mkdirAll(p); err != nil {
-		return fsError(err, p, true)
-	}
-	fi, err := os.Lstat(p)
+	var fi fs.FileInfo
+	err = t.run(func() error {
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			return pandastack.Errorf(pandastack.EConflict, "%s exists and is a file; delete it first or choose another path", p)
+		}
+		if err := mkdirAll(p); err != nil {
+			return fsError(err, p, true)
+		}
+		var err error
+		if fi, err = os.Lstat(p); err != nil {
+			return fsError(err, p, false)
+		}
+		return nil
+	})
 	if err != nil {
-		return fsError(err, p, false)
+		return err
 	}
 	writeJSON(w, http.StatusOK, fileInfo(p, fi))
 	return nil

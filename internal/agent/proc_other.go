@@ -25,3 +25,11 @@ func procAttr(asRoot bool) *syscall.SysProcAttr { return nil }
 
 // KillTree does nothing here.
 func KillTree(pid int) {}
+
+func openPTY(cols, rows uint16) (master, tty *os.File, err error) {
+	return nil, nil, errors.New("terminals need linux")
+}
+
+func resizePTY(master *os.File, cols, rows uint16) {}
+
+func ttyProcAttr() *syscall.SysProcAttr { return nil }

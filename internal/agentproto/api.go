@@ -9,7 +9,7 @@ import (
 
 // The agent's HTTP API, spoken over each yamux stream (HTTP/1.1):
 //
-//	GET    /v1/hello                     → Hello
+//	GET    /v1/hello[?reseed=1]          → Hello (reseed: after a restore of a shared image, see code.go)
 //	POST   /v1/exec           ExecRequest → 200 NDJSON stream of ExecEvent, ending with one "exit" event
 //	PUT    /v1/files?path=P   raw body    → FileInfo (parents created; owned by the sandbox user)
 //	GET    /v1/files?path=P               → raw file content
@@ -31,12 +31,23 @@ const (
 	UserHome  = "/home/user"
 )
 
+// NProcEnv names the environment variable of the agent's process (set by
+// the runtime) that holds the RLIMIT_NPROC the agent sets on itself at
+// boot, inherited by everything it starts.
+const NProcEnv = "PANDASTACK_NPROC"
+
 // Hello answers GET /v1/hello; the host sends it first on every new session.
 type Hello struct {
 	ProtocolVersion int       `json:"protocol_version"`
 	AgentVersion    string    `json:"agent_version"`
 	Epoch           uint32    `json:"epoch"` // the epoch of the session that asked
 	BootedAt        time.Time `json:"booted_at"`
+}
+
+// EnvRequest (POST /v1/env) sets environment variables for every process
+// the agent starts from then on; an empty value removes one.
+type EnvRequest struct {
+	Env map[string]string `json:"env"`
 }
 
 // ExecRequest runs one command. Exactly one of Argv and Cmd is set; Cmd is a

@@ -10,13 +10,20 @@ import "github.com/pandastack/pandastack"
 //	POST   /v1/contexts/{id}/interrupt                → 204
 //	POST   /v1/contexts/{id}/restart                  → Context
 //	POST   /v1/contexts/{id}/run        RunRequest    → 200 NDJSON stream of CodeEvent, ending with one "execution" event
+//
+// GET /v1/hello?reseed=1 (see api.go) reseeds every kernel's random
+// generators: the host asks for it after restoring an image that other
+// sandboxes restore too.
 
 // ContextRequest creates a context.
 type ContextRequest struct {
 	ID       string            `json:"id"`       // chosen by the host ("ctx_…")
-	Language string            `json:"language"` // "python" or "bash"
+	Language string            `json:"language"` // "python", "bash", "javascript", "typescript" or "r"
 	Cwd      string            `json:"cwd,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
+	// AutoRestart: a run on a kernel that died restarts it (and says the
+	// state was lost) instead of failing; nil means true.
+	AutoRestart *bool `json:"auto_restart,omitempty"`
 }
 
 // The results are the public types of the root package: the wire carries
@@ -34,7 +41,21 @@ type RunRequest struct {
 	TimeoutMS int64             `json:"timeout_ms,omitempty"` // 0: none
 	Env       map[string]string `json:"env,omitempty"`        // set for this run only
 	OutputCap int               `json:"output_cap,omitempty"` // bytes kept per stream; 0: 1 MiB
+	// Language, if set, must be the context's: a mismatch is refused
+	// rather than run in the wrong language.
+	Language string `json:"language,omitempty"`
+	// NoHistory keeps the cell out of execution_count and the history:
+	// for the platform's own cells (warm-up), not the user's.
+	NoHistory bool `json:"no_history,omitempty"`
 }
+
+// MIME types of the structured data the code-interpreter template's IPython
+// extension adds beside a figure's PNG and a DataFrame's HTML (Result.Chart
+// and Result.Data).
+const (
+	ChartMIME = "application/vnd.pandastack.chart+json"
+	TableMIME = "application/vnd.pandastack.table+json"
+)
 
 // CodeEvent is one line of a run's stream.
 type CodeEvent struct {

@@ -4,6 +4,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	_ "embed"
@@ -18,6 +19,8 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/console"
+	"github.com/pandastack/pandastack/internal/history"
 	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
@@ -58,6 +61,7 @@ type Config struct {
 	MaxExecTimeout     time.Duration // the longest timeout a caller may ask for
 	DefaultRunTimeout  time.Duration // run_code without timeout_seconds
 	RunOutputCap       int           // bytes kept per stream per run_code
+	PublicDomain       string        // with it, {port}-{id}.PublicDomain is the port proxy too (ports.go)
 }
 
 // DefaultConfig returns the defaults: the one place they are written. New
@@ -81,6 +85,9 @@ type Server struct {
 	catalog Catalog
 	log     *slog.Logger
 	mux     *http.ServeMux
+	tokens  portTokens // port URLs that work without an API key (ports.go)
+	history *history.Log     // what was run in each sandbox
+	lineage *history.Lineage // where sandboxes came from
 }
 
 // New builds the API server.
@@ -104,7 +111,8 @@ func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catal
 	if cfg.RunOutputCap == 0 {
 		cfg.RunOutputCap = d.RunOutputCap
 	}
-	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux()}
+	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux(),
+		history: history.New(history.Limits{}), lineage: history.NewLineage(0)}
 	s.routes()
 	return s
 }
@@ -124,8 +132,15 @@ func (s *Server) routes() {
 	auth("GET /v1/sandboxes", s.listSandboxes)
 	auth("GET /v1/sandboxes/{id}", s.getSandbox)
 	auth("PATCH /v1/sandboxes/{id}", s.patchSandbox)
+	auth("PUT /v1/sandboxes/{id}/network", s.putNetwork)
+	auth("GET /v1/sandboxes/{id}/network/log", s.networkLog)
+	s.portRoutes()
 	auth("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	auth("POST /v1/sandboxes/{id}/exec", s.exec)
+	auth("GET /v1/sandboxes/{id}/processes", s.listProcesses)
+	auth("GET /v1/sandboxes/{id}/processes/{pid}/output", s.processOutput)
+	auth("POST /v1/sandboxes/{id}/processes/{pid}/stdin", s.processStdin)
+	auth("POST /v1/sandboxes/{id}/processes/{pid}/kill", s.killProcess)
 	auth("PUT /v1/sandboxes/{id}/files", s.putFile)
 	auth("GET /v1/sandboxes/{id}/files", s.getFile)
 	auth("DELETE /v1/sandboxes/{id}/files", s.deleteFile)
@@ -147,6 +162,13 @@ func (s *Server) routes() {
 	auth("GET /v1/snapshots/{sid}", s.getSnapshot)
 	auth("DELETE /v1/snapshots/{sid}", s.deleteSnapshot)
 	auth("GET /v1/templates", s.listTemplates)
+	auth("GET /v1/sandboxes/{id}/pty", s.pty)
+	auth("GET /v1/sandboxes/{id}/history", s.getHistory)
+	auth("GET /v1/sandboxes/{id}/stats", s.stats)
+	auth("GET /v1/lineage", s.getLineage)
+	auth("GET /v1/api-keys", s.listKeys)
+	auth("POST /v1/api-keys", s.createKey)
+	auth("DELETE /v1/api-keys/{kid}", s.revokeKey)
 }
 
 // Handler returns the API's root handler.
@@ -156,6 +178,11 @@ func (s *Server) Handler() http.Handler {
 		rec := &statusRecorder{ResponseWriter: w, status: 200}
 		defer func() {
 			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					// A deliberate abort (a download that broke off):
+					// net/http must cut the connection, so pass it on.
+					panic(p)
+				}
 				s.log.Error("panic in handler", "method", r.Method, "path", r.URL.Path, "panic", p)
 				if !rec.wrote {
 					writeError(rec, errors.New("panic"))
@@ -163,6 +190,13 @@ func (s *Server) Handler() http.Handler {
 			}
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(start).Milliseconds())
 		}()
+		if s.hostRoute(rec, r) {
+			return
+		}
+		if r.Method == http.MethodGet && console.Serves(r.URL.Path) {
+			console.Handler().ServeHTTP(rec, r)
+			return
+		}
 		if _, pattern := s.mux.Handler(r); pattern == "" {
 			// Unknown path or method: answer in the API's error shape
 			// rather than the mux's plain text.
@@ -228,8 +262,8 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 				return
 			}
 			secret = strings.TrimSpace(tok)
-		} else {
-			secret = r.Header.Get("X-API-Key")
+		} else if secret = r.Header.Get("X-API-Key"); secret == "" {
+			secret = wsKey(r)
 		}
 		if secret == "" {
 			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "missing API key: send \"Authorization: Bearer pds_...\" (serve prints a key on first start and writes it to <data dir>/api-key)"))
@@ -284,12 +318,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc.Encode(v)
 }
 
-// decode reads a JSON request body strictly. An empty body decodes as {}.
+// decode reads a JSON request body strictly: one JSON object with known
+// fields and nothing after it. An empty body decodes as {}; null, an array
+// or any other value is refused.
 func decode(r *http.Request, v any) error {
 	body := http.MaxBytesReader(nil, r.Body, 8<<20)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil
 		}
@@ -298,7 +335,38 @@ func decode(r *http.Request, v any) error {
 	if dec.More() {
 		return pandastack.Errorf(pandastack.EInvalid, "request body has data after the JSON object")
 	}
+	return decodeObject(raw, v)
+}
+
+// decodeObject decodes raw, which must be a JSON object, into v strictly.
+func decodeObject(raw []byte, v any) error {
+	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) == 0 || t[0] != '{' {
+		kind := "empty"
+		if len(t) > 0 {
+			kind = jsonValueKind(t[0])
+		}
+		return pandastack.Errorf(pandastack.EInvalid, "the request body must be a JSON object, got %s", kind)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
 	return nil
+}
+
+func jsonValueKind(c byte) string {
+	switch c {
+	case 'n':
+		return "null"
+	case '[':
+		return "an array"
+	case '"':
+		return "a string"
+	case 't', 'f':
+		return "a boolean"
+	}
+	return "a number"
 }
 
 func jsonError(err error) error {

@@ -9,9 +9,10 @@ import (
 )
 
 type createContextRequest struct {
-	Language string            `json:"language"`
-	Cwd      string            `json:"cwd"`
-	Env      map[string]string `json:"env"`
+	Language    string            `json:"language"`
+	Cwd         string            `json:"cwd"`
+	Env         map[string]string `json:"env"`
+	AutoRestart *bool             `json:"auto_restart"`
 }
 
 func (s *Server) createContext(w http.ResponseWriter, r *http.Request, project string) {
@@ -33,7 +34,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request, project s
 		return
 	}
 	defer done()
-	cc, err := agent.CreateContext(r.Context(), agentproto.ContextRequest{ID: pandastack.NewID("ctx"), Language: req.Language, Cwd: req.Cwd, Env: req.Env})
+	cc, err := agent.CreateContext(r.Context(), agentproto.ContextRequest{ID: pandastack.NewID("ctx"), Language: req.Language, Cwd: req.Cwd, Env: req.Env, AutoRestart: req.AutoRestart})
 	if err != nil {
 		s.logFailure(r, err)
 		writeError(w, err)
@@ -156,11 +157,15 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		}
 	}
 	areq := agentproto.RunRequest{Code: *req.Code, TimeoutMS: timeout.Milliseconds(), Env: req.Env, OutputCap: s.cfg.RunOutputCap}
+	if req.ContextID != "" {
+		areq.Language = req.Language // the agent refuses a context of another language
+	}
 	if wantsStream(r) {
 		nd := newNDJSON(w)
-		ex, err := agent.RunCode(r.Context(), cid, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) })
+		ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) })
 		if err != nil {
 			s.logFailure(r, err)
+			err = agent.Explain(err) // after logFailure reconciled: say how it ended
 			if !nd.started {
 				writeError(w, err)
 				return
@@ -172,9 +177,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		nd.send(agentproto.CodeEvent{Type: "execution", Execution: normalize(&ex)})
 		return
 	}
-	ex, err := agent.RunCode(r.Context(), cid, areq, nil)
+	ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, nil)
 	if err != nil {
 		s.logFailure(r, err)
+		err = agent.Explain(err) // after logFailure reconciled: say how it ended
 		writeError(w, err)
 		return
 	}

@@ -3,12 +3,9 @@ package api
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -18,14 +15,18 @@ import (
 )
 
 type createSandboxRequest struct {
-	Template   string            `json:"template"`
-	TTLSeconds *int64            `json:"ttl_seconds"`
-	Metadata   map[string]string `json:"metadata"`
-	Env        map[string]string `json:"env"`
-	CPU        int               `json:"cpu"`
-	MemoryMB   int               `json:"memory_mb"`
-	SnapshotID string            `json:"snapshot_id"`
-	AutoResume bool              `json:"auto_resume"`
+	Template   string                    `json:"template"`
+	TTLSeconds *int64                    `json:"ttl_seconds"`
+	Metadata   map[string]string         `json:"metadata"`
+	Env        map[string]string         `json:"env"`
+	CPU        int                       `json:"cpu"`
+	MemoryMB   int                       `json:"memory_mb"`
+	DiskMB     int                       `json:"disk_mb"`
+	SnapshotID string                    `json:"snapshot_id"`
+	AutoResume bool                      `json:"auto_resume"`
+	Network    *pandastack.NetworkPolicy `json:"network"`
+	// IdleTimeoutSeconds: nil takes the server's default; 0 never suspends.
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds"`
 }
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project string) {
@@ -36,12 +37,17 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 	}
 	sb, err := s.mgr.Create(r.Context(), project, sandbox.CreateRequest{
 		Template: req.Template, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata,
-		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
+		Env: req.Env, CPU: req.CPU, MemoryMB: req.MemoryMB, DiskMB: req.DiskMB, SnapshotID: req.SnapshotID, AutoResume: req.AutoResume,
+		IdleTimeoutSeconds: req.IdleTimeoutSeconds,
+		Network:            req.Network,
 	})
 	if err != nil {
 		s.logFailure(r, err)
 		writeError(w, err)
 		return
+	}
+	if req.SnapshotID != "" {
+		s.noteOrigins(project, "snapshot", req.SnapshotID, sb)
 	}
 	writeJSON(w, http.StatusCreated, sb)
 }
@@ -106,19 +112,22 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, project stri
 	writeJSON(w, http.StatusOK, sb)
 }
 
+type patchSandboxRequest struct {
+	TTLSeconds         *int64 `json:"ttl_seconds"`
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds"`
+}
+
 func (s *Server) patchSandbox(w http.ResponseWriter, r *http.Request, project string) {
-	var req struct {
-		TTLSeconds *int64 `json:"ttl_seconds"`
-	}
+	var req patchSandboxRequest
 	if err := decode(r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	if req.TTLSeconds == nil {
-		writeError(w, pandastack.Errorf(pandastack.EInvalid, "ttl_seconds is required"))
+	if req.TTLSeconds == nil && req.IdleTimeoutSeconds == nil {
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "give ttl_seconds, idle_timeout_seconds or both"))
 		return
 	}
-	sb, err := s.mgr.SetTTL(r.Context(), project, r.PathValue("id"), *req.TTLSeconds)
+	sb, err := s.mgr.Update(r.Context(), project, r.PathValue("id"), req.TTLSeconds, req.IdleTimeoutSeconds)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -142,6 +151,7 @@ type execRequest struct {
 	Cwd            string            `json:"cwd"`
 	TimeoutSeconds *float64          `json:"timeout_seconds"`
 	Stdin          string            `json:"stdin"`
+	Background     bool              `json:"background"` // answer a Process at once (processes.go)
 }
 
 // wantsStream reports whether the client asked for NDJSON streaming.
@@ -163,6 +173,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 		writeError(w, err)
 		return
 	}
+	if req.Background {
+		s.execBackground(w, r, project, req)
+		return
+	}
 	timeout, err := s.timeout(req.TimeoutSeconds, s.cfg.DefaultExecTimeout)
 	if err != nil {
 		writeError(w, err)
@@ -176,13 +190,13 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 	defer done()
 	areq := agentproto.ExecRequest{Argv: req.Argv, Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, TimeoutMS: timeout.Milliseconds(), Stdin: []byte(req.Stdin)}
 	if wantsStream(r) {
-		s.execStream(w, r, agent, areq)
+		s.execStream(w, r, project, agent, areq)
 		return
 	}
 	var res pandastack.ExecResult
 	var out, errb capBuffer
 	out.max, errb.max = s.cfg.ExecOutputCap, s.cfg.ExecOutputCap
-	exit, err := agent.Exec(r.Context(), areq, func(ev agentproto.ExecEvent) error {
+	exit, err := s.recordedExec(r.Context(), project, r.PathValue("id"), agent, areq, func(ev agentproto.ExecEvent) error {
 		switch ev.Type {
 		case "stdout":
 			out.Write(ev.Data)
@@ -193,6 +207,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 	})
 	if err != nil {
 		s.logFailure(r, err)
+		err = agent.Explain(err) // after logFailure reconciled: say how it ended
 		writeError(w, err)
 		return
 	}
@@ -239,20 +254,14 @@ type streamEvent struct {
 	Error      *errorDetail `json:"error,omitempty"`
 }
 
-func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandbox.AgentClient, req agentproto.ExecRequest) {
+func (s *Server) execStream(w http.ResponseWriter, r *http.Request, project string, agent *sandbox.AgentClient, req agentproto.ExecRequest) {
 	nd := newNDJSON(w)
-	_, err := agent.Exec(r.Context(), req, func(ev agentproto.ExecEvent) error {
-		out := streamEvent{Type: ev.Type}
-		switch ev.Type {
-		case "stdout", "stderr":
-			out.Data = string(ev.Data)
-		case "exit":
-			out.ExitCode, out.Signal, out.TimedOut, out.DurationMS = &ev.ExitCode, ev.Signal, &ev.TimedOut, &ev.DurationMS
-		}
-		return nd.send(out)
+	_, err := s.recordedExec(r.Context(), project, r.PathValue("id"), agent, req, func(ev agentproto.ExecEvent) error {
+		return nd.send(toStreamEvent(ev))
 	})
 	if err != nil {
 		s.logFailure(r, err)
+		err = agent.Explain(err) // after logFailure reconciled: say how it ended
 		if !nd.started {
 			writeError(w, err)
 			return
@@ -260,6 +269,18 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, agent *sandb
 		eb := errorJSON(err)
 		nd.send(streamEvent{Type: "error", Error: &eb.Error})
 	}
+}
+
+// toStreamEvent is the API's form of an agent's exec event.
+func toStreamEvent(ev agentproto.ExecEvent) streamEvent {
+	out := streamEvent{Type: ev.Type}
+	switch ev.Type {
+	case "stdout", "stderr":
+		out.Data = string(ev.Data)
+	case "exit":
+		out.ExitCode, out.Signal, out.TimedOut, out.DurationMS = &ev.ExitCode, ev.Signal, &ev.TimedOut, &ev.DurationMS
+	}
+	return out
 }
 
 // ndjson writes newline-delimited JSON, flushing after each line.
@@ -287,143 +308,6 @@ func (n *ndjson) send(v any) error {
 		return err
 	}
 	return n.rc.Flush()
-}
-
-// pathParam reads the required ?path= parameter.
-func pathParam(r *http.Request) (string, error) {
-	p := r.URL.Query().Get("path")
-	if p == "" {
-		return "", pandastack.Errorf(pandastack.EInvalid, "the path query parameter is required, e.g. ?path=/home/user/data.csv")
-	}
-	return p, nil
-}
-
-func (s *Server) fileAgent(w http.ResponseWriter, r *http.Request, project string) (*sandbox.AgentClient, string, bool) {
-	p, err := pathParam(r)
-	if err == nil {
-		var agent *sandbox.AgentClient
-		if agent, err = s.mgr.Agent(r.Context(), project, r.PathValue("id")); err == nil {
-			return agent, p, true
-		}
-	}
-	writeError(w, err)
-	return nil, "", false
-}
-
-func (s *Server) putFile(w http.ResponseWriter, r *http.Request, project string) {
-	if r.ContentLength > s.cfg.MaxUploadBytes {
-		writeError(w, pandastack.Errorf(pandastack.ETooLarge, "upload of %d bytes is over the server's limit of %d", r.ContentLength, s.cfg.MaxUploadBytes))
-		return
-	}
-	p, err := pathParam(r)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	defer done()
-	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes)
-	fi, err := agent.PutFile(r.Context(), p, body)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			err = pandastack.Errorf(pandastack.ETooLarge, "upload is over the server's limit of %d bytes", s.cfg.MaxUploadBytes)
-		}
-		s.logFailure(r, err)
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fi)
-}
-
-func (s *Server) getFile(w http.ResponseWriter, r *http.Request, project string) {
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	rc, size, err := agent.GetFile(r.Context(), p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	defer rc.Close()
-	w.Header().Set("Content-Type", "application/octet-stream")
-	if size >= 0 {
-		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
-	}
-	w.WriteHeader(http.StatusOK)
-	io.Copy(w, rc)
-}
-
-func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, project string) {
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	rec := r.URL.Query().Get("recursive")
-	if err := agent.RemoveFile(r.Context(), p, rec == "1" || rec == "true"); err != nil {
-		writeError(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
-}
-
-func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, project string) {
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	list, err := agent.ListFiles(r.Context(), p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"files": list})
-}
-
-func (s *Server) statFile(w http.ResponseWriter, r *http.Request, project string) {
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	fi, err := agent.StatFile(r.Context(), p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fi)
-}
-
-func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {
-	// The path may come as ?path= or as a JSON body {"path": ...}.
-	if r.URL.Query().Get("path") == "" {
-		var body struct {
-			Path string `json:"path"`
-		}
-		if err := decode(r, &body); err != nil {
-			writeError(w, err)
-			return
-		}
-		if body.Path != "" {
-			q := r.URL.Query()
-			q.Set("path", body.Path)
-			r.URL.RawQuery = q.Encode()
-		}
-	}
-	agent, p, ok := s.fileAgent(w, r, project)
-	if !ok {
-		return
-	}
-	fi, err := agent.MakeDir(r.Context(), p)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, fi)
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, project string) {

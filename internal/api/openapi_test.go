@@ -21,6 +21,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/history"
 )
 
 // openAPIDoc is the part of the OpenAPI document the tests look at.
@@ -234,6 +235,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 		pandastack.EInvalid, pandastack.EUnauthorized, pandastack.ENotFound, pandastack.EConflict,
 		pandastack.ETimeout, pandastack.EUnavailable, pandastack.ECommandNotFound, pandastack.ETooLarge,
 		pandastack.ETemplateMissing, pandastack.ESnapshotCorrupt, pandastack.EStorage, pandastack.EInternal, "method_not_allowed",
+		pandastack.ENetworkDenied, pandastack.EPortClosed,
 	}
 	slices.Sort(want)
 	enum := slices.Clone(doc.Components.Schemas["ErrorDetail"].Properties["code"].Enum)
@@ -266,14 +268,22 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 	for schema, v := range map[string]any{
 		"CreateSandboxRequest": createSandboxRequest{},
 		"ExecRequest":          execRequest{},
+		"PatchSandboxRequest":  patchSandboxRequest{},
 		"ExecResult":           pandastack.ExecResult{},
 		"Execution":            pandastack.Execution{},
 		"Result":               pandastack.Result{},
 		"ExecutionError":       pandastack.ExecutionError{},
 		"Context":              pandastack.CodeContext{},
 		"Sandbox":              pandastack.Sandbox{},
+		"NetworkPolicy":        pandastack.NetworkPolicy{},
+		"EgressEntry":          pandastack.EgressEntry{},
 		"FileInfo":             agentproto.FileInfo{},
+		"Process":              agentproto.Process{},
 		"TemplateInfo":         TemplateInfo{},
+		"HistoryEntry":         history.Entry{},
+		"SandboxStats":         SandboxStats{},
+		"Origin":               history.Origin{},
+		"APIKey":               pandastack.APIKey{},
 	} {
 		s, ok := doc.Components.Schemas[schema]
 		if !ok {

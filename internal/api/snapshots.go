@@ -85,6 +85,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, project string) {
 		writeError(w, err)
 		return
 	}
+	s.noteOrigins(project, "fork", r.PathValue("id"), kids...)
 	writeJSON(w, http.StatusCreated, map[string]any{"sandboxes": kids})
 }
 

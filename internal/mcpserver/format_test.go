@@ -104,3 +104,21 @@ func TestIsText(t *testing.T) {
 		}
 	}
 }
+
+// TestExecutionResultChartData checks that a chart's data reaches the text,
+// for models that cannot see the image, and is cut when large.
+func TestExecutionResultChartData(t *testing.T) {
+	b64, _ := pngBase64(t)
+	chart := map[string]any{"type": "bar", "elements": []any{map[string]any{"label": "a", "value": 3}}}
+	ex := &client.Execution{Results: []client.Result{{PNG: b64, Chart: chart}}}
+	txt := executionResult(ex).Content[0].(*mcp.TextContent).Text
+	want := "[chart] image/png attached as image 1\n\n[chart data] {\"elements\":[{\"label\":\"a\",\"value\":3}],\"type\":\"bar\"}"
+	if txt != want {
+		t.Fatalf("text\n%q\nwant\n%q", txt, want)
+	}
+	big := map[string]any{"type": "line", "elements": []any{map[string]any{"points": make([]int, 10000)}}}
+	txt = executionResult(&client.Execution{Results: []client.Result{{PNG: b64, Chart: big}}}).Content[0].(*mcp.TextContent).Text
+	if len(txt) > chartLimit+200 || !strings.Contains(txt, "[chart data] (first 8192 of") {
+		t.Fatalf("a large chart: %d bytes of text: %.200q", len(txt), txt)
+	}
+}

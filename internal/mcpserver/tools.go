@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,8 @@ type createSandboxIn struct {
 	TTLSeconds int64             `json:"ttl_seconds,omitempty" jsonschema:"seconds until the sandbox is killed; default: the server's"`
 	Metadata   map[string]string `json:"metadata,omitempty" jsonschema:"string labels stored with the sandbox"`
 	SnapshotID string            `json:"snapshot_id,omitempty" jsonschema:"restore this snapshot (from the snapshot tool) instead of booting the template"`
+	Internet   *bool             `json:"internet,omitempty" jsonschema:"whether the sandbox may reach the internet; default: the server's"`
+	AllowOut   []string          `json:"allow_out,omitempty" jsonschema:"IPs, CIDRs, domains or *.domains always reachable, even without internet"`
 }
 
 type createSandboxOut struct {
@@ -82,7 +85,7 @@ func (s *session) addTools(srv *mcp.Server) {
 	mcp.AddTool(srv, &mcp.Tool{
 		Name: "run_code",
 		Description: "Run code in a Jupyter kernel in the sandbox. Variables and imports persist between calls, like a notebook. " +
-			"Returns stdout, stderr and the last expression's value as text, and each chart (matplotlib plt.show(), plotly fig.show()) as a PNG image. " +
+			"Returns stdout, stderr and the last expression's value as text, and each chart (matplotlib plt.show(), plotly fig.show()) as a PNG image, with a matplotlib chart's data (type, axes, plotted values) as JSON text. " +
 			"An exception, a timeout or a dead kernel sets isError and the text starts with ERROR: and the traceback.",
 	}, s.runCode)
 	mcp.AddTool(srv, &mcp.Tool{
@@ -125,7 +128,13 @@ func (s *session) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in 
 		if tpl == "" {
 			tpl = s.cfg.Template
 		}
-		sb, err = s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: tpl, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata})
+		req := client.CreateSandboxRequest{Template: tpl, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata}
+		if in.Internet != nil || len(in.AllowOut) > 0 {
+			p := client.NetworkPolicy{AllowInternetAccess: in.Internet == nil || *in.Internet, AllowOut: in.AllowOut}
+			p = p.Normalized()
+			req.Network = &p
+		}
+		sb, err = s.c.CreateSandbox(ctx, req)
 	}
 	if err != nil {
 		return nil, createSandboxOut{}, err
@@ -180,6 +189,9 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 		case img != nil:
 			images = append(images, &mcp.ImageContent{Data: img, MIMEType: mime})
 			parts = append(parts, fmt.Sprintf("[chart] %s attached as image %d", mime, len(images)))
+			if r.Chart != nil {
+				parts = append(parts, chartText(r.Chart))
+			}
 		case r.IsMainResult && r.Text != "":
 			parts = append(parts, "[result] "+r.Text)
 		case r.Text != "":
@@ -192,6 +204,21 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 	res := &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: strings.Join(parts, "\n\n")}}, images...)}
 	res.IsError = ex.Error != nil
 	return res
+}
+
+// chartLimit bounds the chart data put into the text, for a model that
+// cannot see the image: its type, axes and the first elements' data.
+const chartLimit = 8 << 10
+
+func chartText(chart map[string]any) string {
+	b, err := json.Marshal(chart)
+	if err != nil {
+		return "[chart data] unreadable: " + err.Error()
+	}
+	if len(b) > chartLimit {
+		return fmt.Sprintf("[chart data] (first %d of %d bytes) %s…", chartLimit, len(b), b[:chartLimit])
+	}
+	return "[chart data] " + string(b)
 }
 
 // resultImage returns the decoded chart of a result: its PNG, else its

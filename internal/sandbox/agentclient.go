@@ -5,13 +5,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -28,11 +30,16 @@ type AgentClient struct {
 	sess  *yamux.Session
 	http  *http.Client
 	hello agentproto.Hello
+	gone  atomic.Pointer[string] // the stop reason, once the manager stops the sandbox
 }
 
 // dialAgent opens a new session (a new epoch) on rwc and says hello. On
-// failure it closes rwc.
-func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser) (*AgentClient, error) {
+// failure it closes rwc. reseed is for a sandbox just restored from an
+// image that others restore too (a template's warm image, a snapshot, a
+// fork): the agent reseeds its kernels' random generators, as fresh
+// processes would be, so no two sandboxes draw the same numbers. A
+// sandbox's own image (pause, a server restart) keeps its state as is.
+func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bool) (*AgentClient, error) {
 	epoch := rand.Uint32() | 1 // never 0, so a zeroed header is never ours
 	sess, err := yamux.Client(agentproto.HostConn(rwc, epoch), agentproto.MuxConfig())
 	if err != nil {
@@ -50,7 +57,11 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser) (*AgentCl
 	}}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	if err := c.do(ctx, http.MethodGet, "/v1/hello", url.Values{"sandbox_id": {id}}, nil, &c.hello); err != nil {
+	q := url.Values{"sandbox_id": {id}}
+	if reseed {
+		q.Set("reseed", "1")
+	}
+	if err := c.do(ctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("agent hello %s: %w", id, err)
 	}
@@ -69,6 +80,66 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser) (*AgentCl
 func (c *AgentClient) Close() error {
 	c.http.CloseIdleConnections()
 	return c.sess.Close()
+}
+
+// markStopped records why the manager is stopping the sandbox (a
+// pandastack.Stop* reason), before it closes the session, so that requests
+// in flight fail saying why rather than guessing.
+func (c *AgentClient) markStopped(reason string) {
+	c.gone.CompareAndSwap(nil, &reason)
+}
+
+// stopped is the error of a request cut off by the sandbox's end, during
+// what ("running code", "exec", "the request").
+func (c *AgentClient) stopped(what string) error {
+	reason := ""
+	if r := c.gone.Load(); r != nil {
+		reason = *r
+	}
+	switch reason {
+	case pandastack.StopKilled:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was killed (DELETE /v1/sandboxes/%s) during %s", c.id, c.id, what)
+	case pandastack.StopExpired:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s reached the end of its TTL and was stopped during %s", c.id, what)
+	case pandastack.StopOOM:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of memory (it used more than its memory_mb) and was stopped during %s", c.id, what)
+	case pandastack.StopPIDsLimit:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of processes (its pids limit) and was stopped during %s", c.id, what)
+	case "":
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during %s: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, what, c.id)
+	}
+	return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped (%s) during %s", c.id, reason, what)
+}
+
+// Explain turns an error of a request that the sandbox's end cut off into
+// one that says how it ended, once the manager knows (after Reconcile).
+func (c *AgentClient) Explain(err error) error {
+	if c.gone.Load() == nil || !pandastack.IsCode(err, pandastack.EUnavailable) {
+		return err
+	}
+	return c.stopped(c.during(err))
+}
+
+// describe names a request for an error message.
+func describe(method, path string) string {
+	switch {
+	case strings.HasSuffix(path, "/run"):
+		return "running code"
+	case path == "/v1/exec":
+		return "exec"
+	}
+	return method + " " + path
+}
+
+// during recovers what the request was doing from its error's message.
+func (c *AgentClient) during(err error) string {
+	msg := pandastack.ErrorMessage(err)
+	for _, what := range []string{"running code", "exec"} {
+		if strings.Contains(msg, what) {
+			return what
+		}
+	}
+	return "the request"
 }
 
 // Alive reports whether the session still stands.
@@ -92,7 +163,7 @@ func (c *AgentClient) request(ctx context.Context, method, path string, q url.Va
 			return nil, ctx.Err()
 		}
 		if c.sess.IsClosed() {
-			return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
+			return nil, c.stopped(describe(method, path))
 		}
 		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering: %v", c.id, err)
 	}
@@ -128,13 +199,25 @@ func (c *AgentClient) do(ctx context.Context, method, path string, q url.Values,
 	return nil
 }
 
+// agentCodes are the error codes an agent may give a client: the agent
+// runs inside the sandbox, where user code could tamper with it, so
+// anything else (auth, method, storage codes, unknown ones) is internal.
+var agentCodes = map[string]bool{
+	pandastack.EInvalid: true, pandastack.ENotFound: true, pandastack.EConflict: true,
+	pandastack.ETimeout: true, pandastack.EUnavailable: true, pandastack.ECommandNotFound: true,
+	pandastack.ETooLarge: true, pandastack.EInternal: true,
+}
+
 func decodeAgentError(resp *http.Response) error {
 	var eb agentproto.ErrorBody
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
+		if !agentCodes[eb.Error.Code] {
+			return fmt.Errorf("agent answered %s with code %q, which it may not give: %.200s", resp.Status, eb.Error.Code, eb.Error.Message)
+		}
 		return &pandastack.Error{Code: eb.Error.Code, Message: eb.Error.Message}
 	}
-	return fmt.Errorf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b))
+	return fmt.Errorf("agent answered %s: %.200s", resp.Status, bytes.TrimSpace(b))
 }
 
 // Exec runs a command and calls onEvent for every output chunk and for the
@@ -168,16 +251,38 @@ func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEv
 			return ev, nil
 		}
 	}
-	if err := sc.Err(); err != nil && ctx.Err() != nil {
-		return agentproto.ExecEvent{}, ctx.Err()
+	return agentproto.ExecEvent{}, c.streamEnded(ctx, sc.Err(), "exec")
+}
+
+// streamEnded explains why an NDJSON answer of the agent ended before its
+// last event: the caller left, a line too long to hold, a broken stream, or
+// the sandbox's end.
+func (c *AgentClient) streamEnded(ctx context.Context, err error, what string) error {
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, bufio.ErrTooLong):
+		return pandastack.Errorf(pandastack.ETooLarge, "sandbox %s sent an event line too long to hold during %s; its output was not kept", c.id, what)
+	case err != nil && !c.sess.IsClosed():
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s: reading its answer failed during %s: %v", c.id, what, err)
 	}
-	return agentproto.ExecEvent{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during exec: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
+	return c.stopped(what)
+}
+
+// fileQuery is the agent's query for a file at path, as the sandbox user or
+// as root.
+func fileQuery(path string, asRoot bool) url.Values {
+	q := url.Values{"path": {path}}
+	if asRoot {
+		q.Set("user", agentproto.FileUserRoot)
+	}
+	return q
 }
 
 // PutFile streams r into the file at path.
-func (c *AgentClient) PutFile(ctx context.Context, path string, r io.Reader) (agentproto.FileInfo, error) {
+func (c *AgentClient) PutFile(ctx context.Context, path string, asRoot bool, r io.Reader) (agentproto.FileInfo, error) {
 	var fi agentproto.FileInfo
-	resp, err := c.request(ctx, http.MethodPut, "/v1/files", url.Values{"path": {path}}, r)
+	resp, err := c.request(ctx, http.MethodPut, "/v1/files", fileQuery(path, asRoot), r)
 	if err != nil {
 		return fi, err
 	}
@@ -187,32 +292,29 @@ func (c *AgentClient) PutFile(ctx context.Context, path string, r io.Reader) (ag
 }
 
 // GetFile opens the file at path for streaming; the caller closes the
-// reader. size is -1 when unknown.
-func (c *AgentClient) GetFile(ctx context.Context, path string) (rc io.ReadCloser, size int64, err error) {
-	resp, err := c.request(ctx, http.MethodGet, "/v1/files", url.Values{"path": {path}}, nil)
+// reader. size is -1 when unknown. A read error of the reader means the
+// agent aborted the download midway.
+func (c *AgentClient) GetFile(ctx context.Context, path string, asRoot bool) (rc io.ReadCloser, size int64, err error) {
+	resp, err := c.request(ctx, http.MethodGet, "/v1/files", fileQuery(path, asRoot), nil)
 	if err != nil {
 		return nil, 0, err
 	}
-	size = -1
-	if v := resp.Header.Get("Content-Length"); v != "" {
-		size, _ = strconv.ParseInt(v, 10, 64)
-	}
-	return resp.Body, size, nil
+	return resp.Body, resp.ContentLength, nil
 }
 
 // RemoveFile deletes a file or an empty directory, or a tree when recursive.
-func (c *AgentClient) RemoveFile(ctx context.Context, path string, recursive bool) error {
-	q := url.Values{"path": {path}}
+func (c *AgentClient) RemoveFile(ctx context.Context, path string, asRoot, recursive bool) error {
+	q := fileQuery(path, asRoot)
 	if recursive {
-		q.Set("recursive", "1")
+		q.Set("recursive", "true")
 	}
 	return c.do(ctx, http.MethodDelete, "/v1/files", q, nil, nil)
 }
 
 // ListFiles lists a directory.
-func (c *AgentClient) ListFiles(ctx context.Context, path string) ([]agentproto.FileInfo, error) {
+func (c *AgentClient) ListFiles(ctx context.Context, path string, asRoot bool) ([]agentproto.FileInfo, error) {
 	var out []agentproto.FileInfo
-	err := c.do(ctx, http.MethodGet, "/v1/files/list", url.Values{"path": {path}}, nil, &out)
+	err := c.do(ctx, http.MethodGet, "/v1/files/list", fileQuery(path, asRoot), nil, &out)
 	if out == nil && err == nil {
 		out = []agentproto.FileInfo{}
 	}
@@ -220,15 +322,15 @@ func (c *AgentClient) ListFiles(ctx context.Context, path string) ([]agentproto.
 }
 
 // StatFile describes one file.
-func (c *AgentClient) StatFile(ctx context.Context, path string) (agentproto.FileInfo, error) {
+func (c *AgentClient) StatFile(ctx context.Context, path string, asRoot bool) (agentproto.FileInfo, error) {
 	var fi agentproto.FileInfo
-	err := c.do(ctx, http.MethodGet, "/v1/files/stat", url.Values{"path": {path}}, nil, &fi)
+	err := c.do(ctx, http.MethodGet, "/v1/files/stat", fileQuery(path, asRoot), nil, &fi)
 	return fi, err
 }
 
 // MakeDir creates a directory and its parents.
-func (c *AgentClient) MakeDir(ctx context.Context, path string) (agentproto.FileInfo, error) {
+func (c *AgentClient) MakeDir(ctx context.Context, path string, asRoot bool) (agentproto.FileInfo, error) {
 	var fi agentproto.FileInfo
-	err := c.do(ctx, http.MethodPost, "/v1/files/mkdir", url.Values{"path": {path}}, nil, &fi)
+	err := c.do(ctx, http.MethodPost, "/v1/files/mkdir", fileQuery(path, asRoot), nil, &fi)
 	return fi, err
 }

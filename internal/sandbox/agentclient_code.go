@@ -5,12 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
 
-	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
@@ -82,11 +80,5 @@ func (c *AgentClient) RunCode(ctx context.Context, id string, req agentproto.Run
 			}
 		}
 	}
-	if ctx.Err() != nil {
-		return agentproto.Execution{}, ctx.Err()
-	}
-	if errors.Is(sc.Err(), bufio.ErrTooLong) {
-		return agentproto.Execution{}, pandastack.Errorf(pandastack.ETooLarge, "sandbox %s sent a run event over 64 MiB; the run's outputs were not kept", c.id)
-	}
-	return agentproto.Execution{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering while running code: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, c.id)
+	return agentproto.Execution{}, c.streamEnded(ctx, sc.Err(), "running code")
 }

@@ -1,7 +1,9 @@
 package sandbox
 
 import (
+	"context"
 	"sync"
+	"time"
 
 	"github.com/pandastack/pandastack"
 )
@@ -14,15 +16,17 @@ import (
 //
 //	(none) --begin--> creating | resuming | stopping
 //	creating, resuming --run--> running          (or --end--> none on failure)
-//	running --quiesce--> checkpointing | pausing  (only with nothing in flight)
-//	checkpointing --settle--> running
-//	pausing --end--> none (paused on disk)        (or --run--> running if the checkpoint failed)
+//	running --quiesce--> checkpointing | pausing | suspending  (only with nothing in flight)
+//	checkpointing, pausing, suspending --settle--> running   (done, or failed and still running)
+//	pausing, suspending --end--> none (paused on disk)
 //	running --begin(stopping)--> stopping --end--> none
 //
 // Work in a sandbox (exec, run, upload) is acquired only while it is
 // running, and counts as in flight until done; quiesce refuses while anything
 // is in flight, and acquire refuses in any phase but running, so a checkpoint
-// never sees work under way.
+// never sees work under way. Requests that find a sandbox resuming or
+// suspending (an idle pause) wait for the phase to end (wait) instead of
+// failing: to them the sandbox is merely slow.
 
 // phase is where an entry is in its life.
 type phase int
@@ -32,7 +36,8 @@ const (
 	phaseResuming                       // restoring a paused sandbox
 	phaseRunning                        // its agent answers; work may be in flight
 	phaseCheckpointing                  // a snapshot or fork writes its image; it keeps running
-	phasePausing                        // being checkpointed to disk and stopped
+	phasePausing                        // being checkpointed to disk and stopped, as asked
+	phaseSuspending                     // as pausing, because it was idle; requests wait and resume it
 	phaseStopping                       // being killed, expired or reaped
 )
 
@@ -46,7 +51,7 @@ func (p phase) String() string {
 		return "running"
 	case phaseCheckpointing:
 		return "snapshotted or forked"
-	case phasePausing:
+	case phasePausing, phaseSuspending:
 		return "paused"
 	case phaseStopping:
 		return "stopped"
@@ -59,18 +64,31 @@ func (p phase) String() string {
 // and port proxies) belongs here, guarded by table.mu.
 type entry struct {
 	phase    phase
-	client   *AgentClient // the agent's channel: set while running, checkpointing or stopping
-	inflight int          // work acquired and not yet done (exec, run, upload, …)
+	changed  chan struct{} // closed when phase changes (or the entry ends)
+	client   *AgentClient  // the agent's channel: set while running, checkpointing or stopping
+	inflight int           // work acquired and not yet done (exec, run, upload, …)
+	holds    int           // long-lived uses (PTY sessions, proxied connections): not idle, yet checkpointable
+	idle     idleState     // see idle.go
+}
+
+func newEntry(p phase) *entry { return &entry{phase: p, changed: make(chan struct{})} }
+
+// setPhase changes the phase and wakes whoever waits on the old one.
+func (e *entry) setPhase(p phase) {
+	e.phase = p
+	close(e.changed)
+	e.changed = make(chan struct{})
 }
 
 // table is the manager's entries and their transitions.
 type table struct {
 	mu      sync.Mutex
 	entries map[string]*entry
-	closed  bool // the manager is closing: nothing new begins
+	closed  bool             // the manager is closing: nothing new begins
+	now     func() time.Time // the clock of idleness
 }
 
-func newTable() *table { return &table{entries: map[string]*entry{}} }
+func newTable() *table { return &table{entries: map[string]*entry{}, now: time.Now} }
 
 var errClosing = pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
 
@@ -90,9 +108,9 @@ func (t *table) begin(id string, p phase) error {
 	e := t.entries[id]
 	switch {
 	case e == nil:
-		t.entries[id] = &entry{phase: p}
+		t.entries[id] = newEntry(p)
 	case p == phaseStopping && e.phase == phaseRunning:
-		e.phase = p
+		e.setPhase(p)
 	default:
 		return busyError(id, e.phase)
 	}
@@ -100,8 +118,8 @@ func (t *table) begin(id string, p phase) error {
 }
 
 // quiesce moves a running sandbox with nothing in flight to p
-// (checkpointing or pausing); what says what the caller wanted, for the
-// error when work is in flight. Checkpoints never wait for work.
+// (checkpointing, pausing or suspending); what says what the caller wanted,
+// for the error when work is in flight. Checkpoints never wait for work.
 func (t *table) quiesce(id string, p phase, what string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -117,7 +135,7 @@ func (t *table) quiesce(id string, p phase, what string) error {
 	case e.phase != phaseRunning:
 		return busyError(id, e.phase)
 	}
-	e.phase = p
+	e.setPhase(p)
 	return nil
 }
 
@@ -125,28 +143,39 @@ func (t *table) quiesce(id string, p phase, what string) error {
 func (t *table) settle(id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e := t.entries[id]; e != nil && e.phase == phaseCheckpointing {
-		e.phase = phaseRunning
+	if e := t.entries[id]; e != nil && (e.phase == phaseCheckpointing || e.phase == phasePausing || e.phase == phaseSuspending) {
+		e.setPhase(phaseRunning)
 	}
 }
 
-// run makes a claimed sandbox running with the agent channel c. It reports
-// false, holding nothing, when the manager closed meanwhile: the caller
-// closes c (the sandbox runs on, for the next start to re-adopt).
-func (t *table) run(id string, c *AgentClient) bool {
+// run makes a claimed sandbox running with the agent channel c; it goes
+// idle after idleTimeout (0: never). It reports false, holding nothing, when
+// the manager closed meanwhile: the caller closes c (the sandbox runs on,
+// for the next start to re-adopt).
+func (t *table) run(id string, c *AgentClient, idleTimeout time.Duration) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	e := t.entries[id]
 	if t.closed {
-		delete(t.entries, id)
+		t.drop(id)
 		return false
 	}
-	e := t.entries[id]
 	if e == nil {
-		e = &entry{}
+		e = newEntry(phaseRunning)
 		t.entries[id] = e
 	}
-	e.phase, e.client = phaseRunning, c
+	e.client = c
+	e.idle = idleState{timeout: idleTimeout, lastUse: t.now()}
+	e.setPhase(phaseRunning)
 	return true
+}
+
+// drop removes an entry and wakes its waiters. t.mu is held.
+func (t *table) drop(id string) {
+	if e := t.entries[id]; e != nil {
+		close(e.changed)
+		delete(t.entries, id)
+	}
 }
 
 // detach takes the agent channel out of a claimed entry, for the caller to
@@ -167,8 +196,27 @@ func (t *table) detach(id string) *AgentClient {
 // paused to disk, or never made).
 func (t *table) end(id string) {
 	t.mu.Lock()
-	delete(t.entries, id)
+	t.drop(id)
 	t.mu.Unlock()
+}
+
+// wait blocks while the sandbox is resuming or suspending, until that
+// phase ends or ctx is done. It reports whether it waited: the caller then
+// looks again at what the sandbox has become.
+func (t *table) wait(ctx context.Context, id string) bool {
+	t.mu.Lock()
+	e := t.entries[id]
+	if e == nil || (e.phase != phaseResuming && e.phase != phaseSuspending) {
+		t.mu.Unlock()
+		return false
+	}
+	ch := e.changed
+	t.mu.Unlock()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+	return true
 }
 
 // agent returns the channel of a running sandbox.
@@ -179,6 +227,7 @@ func (t *table) agent(id string) (*AgentClient, error) {
 	if err != nil {
 		return nil, err
 	}
+	e.idle.used(t.now())
 	return e.client, nil
 }
 
@@ -198,18 +247,30 @@ func (t *table) runningEntry(id string) (*entry, error) {
 // acquire is agent for work that must not overlap a checkpoint: it counts
 // the work as in flight in the same step. done (idempotent) ends it.
 func (t *table) acquire(id string) (*AgentClient, func(), error) {
+	return t.count(id, func(e *entry) *int { return &e.inflight })
+}
+
+// hold is acquire for long-lived uses (a PTY session, a proxied
+// connection): the sandbox is not idle while held, but may be checkpointed.
+func (t *table) hold(id string) (*AgentClient, func(), error) {
+	return t.count(id, func(e *entry) *int { return &e.holds })
+}
+
+func (t *table) count(id string, counter func(*entry) *int) (*AgentClient, func(), error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, err := t.runningEntry(id)
 	if err != nil {
 		return nil, nil, err
 	}
-	e.inflight++
+	*counter(e)++
+	e.idle.used(t.now())
 	var once sync.Once
 	return e.client, func() {
 		once.Do(func() {
 			t.mu.Lock()
-			e.inflight--
+			*counter(e)--
+			e.idle.used(t.now())
 			t.mu.Unlock()
 		})
 	}, nil

@@ -15,7 +15,7 @@ func TestTableTransitions(t *testing.T) {
 	}
 	begin := func(p phase) func(*table) error { return func(tb *table) error { return tb.begin("s", p) } }
 	quiesce := func(p phase) func(*table) error { return func(tb *table) error { return tb.quiesce("s", p, "x") } }
-	run := func(tb *table) error { tb.run("s", nil); return nil }
+	run := func(tb *table) error { tb.run("s", nil, 0); return nil }
 	settle := func(tb *table) error { tb.settle("s"); return nil }
 	end := func(tb *table) error { tb.end("s"); return nil }
 
@@ -55,7 +55,7 @@ func TestTableInflight(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A table entry without a live channel is not answering.
-	tb.run("s", nil)
+	tb.run("s", nil, 0)
 	if _, _, err := tb.acquire("s"); !pandastack.IsCode(err, pandastack.EUnavailable) {
 		t.Fatalf("acquire without a channel: %v", err)
 	}
@@ -81,7 +81,7 @@ func TestTableClose(t *testing.T) {
 	if err := tb.begin("b", phaseCreating); !pandastack.IsCode(err, pandastack.EUnavailable) {
 		t.Fatalf("begin after close: %v", err)
 	}
-	if tb.run("a", nil) {
+	if tb.run("a", nil, 0) {
 		t.Fatal("run after close kept the channel")
 	}
 	if len(tb.entries) != 0 {

@@ -36,8 +36,9 @@ type fakeRuntime struct {
 	startErr      func(spec pandastack.RuntimeSpec) error
 	restoreErr    func(spec pandastack.RuntimeSpec) error
 	checkpointErr func(id string) error
-	restores      int  // Restore calls that succeeded
-	noAgent       bool // sandboxes boot with an agent that never answers
+	restores      int             // Restore calls that succeeded
+	noAgent       bool            // sandboxes boot with an agent that never answers
+	stopHook      func(id string) // called before Stop does anything, without r.mu
 }
 
 type fakeBox struct {
@@ -49,6 +50,7 @@ type fakeBox struct {
 	stop    func()            // ends the current agent loop
 	alive   bool
 	reason  string
+	cpu     int64 // CPU time used, in ns; tests move it
 	// hold, when set, makes exec of "hold" wait until it is closed.
 	hold chan struct{}
 }
@@ -102,6 +104,12 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 		json.NewDecoder(req.Body).Decode(&er)
 		var out string
 		switch {
+		case strings.HasPrefix(er.Cmd, "fail "):
+			w.WriteHeader(http.StatusBadRequest)
+			var eb agentproto.ErrorBody
+			eb.Error.Code, eb.Error.Message = er.Cmd[5:], "the agent says no"
+			json.NewEncoder(w).Encode(eb)
+			return
 		case er.Cmd == "hold":
 			r.mu.Lock()
 			h := b.hold
@@ -135,6 +143,19 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	})
 	mux.HandleFunc("POST /v1/contexts/{id}/run", func(w http.ResponseWriter, req *http.Request) {
 		json.NewEncoder(w).Encode(agentproto.CodeEvent{Type: "execution", Execution: &agentproto.Execution{}})
+	})
+	// Spare kernels (warm images): the fake has them ready at once, and
+	// remembers the warm-up it was given as the variable "spares".
+	mux.HandleFunc("POST /v1/contexts/spares", func(w http.ResponseWriter, req *http.Request) {
+		var sr agentproto.SparesRequest
+		json.NewDecoder(req.Body).Decode(&sr)
+		r.mu.Lock()
+		b.vars["spares"] = fmt.Sprintf("%s %d %s", sr.Language, sr.Count, sr.Warmup)
+		r.mu.Unlock()
+		json.NewEncoder(w).Encode(agentproto.Spares{Language: sr.Language, Count: sr.Count, Ready: sr.Count})
+	})
+	mux.HandleFunc("POST /v1/contexts/spares/touch", func(w http.ResponseWriter, req *http.Request) {
+		w.WriteHeader(http.StatusNoContent)
 	})
 	return mux
 }
@@ -170,6 +191,9 @@ func (r *fakeRuntime) Attach(ctx context.Context, id string) (io.ReadWriteCloser
 }
 
 func (r *fakeRuntime) Stop(ctx context.Context, id string) error {
+	if r.stopHook != nil {
+		r.stopHook(id)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if b := r.boxes[id]; b != nil {
@@ -207,7 +231,9 @@ func (r *fakeRuntime) Stats(ctx context.Context, id string) (pandastack.RuntimeS
 	if !r.Alive(id) {
 		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no sandbox %s", id)
 	}
-	return pandastack.RuntimeStats{PSSBytes: 1 << 20}, nil
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return pandastack.RuntimeStats{PSSBytes: 1 << 20, CPUNanos: r.boxes[id].cpu}, nil
 }
 
 type fakeImage struct {
@@ -226,6 +252,12 @@ func (r *fakeRuntime) Checkpoint(ctx context.Context, id, imageDir string, leave
 	if r.checkpointErr != nil {
 		if err := r.checkpointErr(id); err != nil {
 			os.WriteFile(filepath.Join(imageDir, "partial"), []byte("x"), 0o600)
+			if !leaveRunning {
+				// As runsc: a checkpoint that was to stop the sandbox
+				// stops it even when writing the image fails.
+				b.stop()
+				b.alive = false
+			}
 			return err
 		}
 	}
@@ -315,9 +347,11 @@ type harness struct {
 	t     *testing.T
 	dir   string
 	rt    *fakeRuntime
-	store pandastack.Store
+	store *hookStore
 	tpls  *fakeTemplates
 	m     *Manager
+
+	images pandastack.ImageStore // Config.Images of the next newManager (nil: the default)
 }
 
 const project = "prj_test"
@@ -325,11 +359,12 @@ const project = "prj_test"
 func newHarness(t *testing.T) *harness {
 	t.Helper()
 	dir := t.TempDir()
-	store, err := sqlite.Open(filepath.Join(dir, "db"))
+	db, err := sqlite.Open(filepath.Join(dir, "db"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { store.Close() })
+	t.Cleanup(func() { db.Close() })
+	store := &hookStore{Store: db}
 	rootfs := filepath.Join(dir, "rootfs")
 	os.MkdirAll(rootfs, 0o700)
 	h := &harness{t: t, dir: dir, rt: newFakeRuntime(), store: store, tpls: &fakeTemplates{tpl: Template{Name: "base", RootFS: rootfs, CPU: 1, MemoryMB: 256}}}
@@ -344,6 +379,7 @@ func (h *harness) newManager() *Manager {
 	cfg := Config{
 		SnapshotDir: filepath.Join(h.dir, "snapshots"), PausedDir: filepath.Join(h.dir, "paused"), WarmDir: filepath.Join(h.dir, "warm"),
 		ReapInterval: time.Hour, // tests call reapOnce themselves
+		Images:       h.images,
 	}
 	for _, d := range []string{cfg.SnapshotDir, cfg.PausedDir, cfg.WarmDir} {
 		os.MkdirAll(d, 0o700)
@@ -417,3 +453,40 @@ func (m *Manager) entryIDs() []string {
 }
 
 var errInjected = errors.New("injected failure")
+
+// hookStore is the real store with one failure to inject.
+type hookStore struct {
+	pandastack.Store
+	mu          sync.Mutex
+	setStateErr func(id string, state pandastack.SandboxState) error
+}
+
+func (s *hookStore) SetSandboxState(ctx context.Context, id string, state pandastack.SandboxState, reason string, at time.Time) error {
+	s.mu.Lock()
+	hook := s.setStateErr
+	s.mu.Unlock()
+	if hook != nil {
+		if err := hook(id, state); err != nil {
+			return err
+		}
+	}
+	return s.Store.SetSandboxState(ctx, id, state, reason, at)
+}
+
+// clock is a settable time for idleness.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}

@@ -12,11 +12,13 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/imagestore"
 )
 
 // Config holds the manager's limits and timings. DefaultConfig has the
@@ -26,15 +28,21 @@ type Config struct {
 	MaxTTL           time.Duration // the largest TTL a caller may ask for
 	MaxCPU           int           // the most CPUs of one sandbox
 	MaxMemoryMB      int           // the most memory of one sandbox, in MiB
+	MaxDiskMB        int           // the largest disk_mb a caller may ask for
 	PIDsLimit        int           // processes and threads per sandbox
 	ReapInterval     time.Duration // how often TTLs and liveness are checked
 	StoppedRetention time.Duration // how long records of stopped sandboxes stay visible
 	StartTimeout     time.Duration // boot until the agent says hello
-	SnapshotDir      string        // where snapshots are stored (required)
+	SnapshotDir      string        // scratch space of snapshots and forks on their way (required)
 	PausedDir        string        // where paused sandboxes are kept (required)
 	WarmDir          string        // where warm template images are kept (required for StartWarming)
 	MaxFork          int           // the most children of one fork
 	PoolSize         int           // sandboxes of each warm template kept restored ahead of creates (0: none; never filled in)
+	IdleTimeout      time.Duration // idle timeout of a sandbox created without one (0: never; never filled in); see idle.go
+
+	// Images keeps snapshots; nil means a local directory store on
+	// SnapshotDir (imagestore.Local).
+	Images pandastack.ImageStore
 }
 
 // DefaultConfig returns the defaults: the one place they are written.
@@ -44,12 +52,14 @@ func DefaultConfig() Config {
 		MaxTTL:           24 * time.Hour,
 		MaxCPU:           2,
 		MaxMemoryMB:      8192,
+		MaxDiskMB:        65536,
 		PIDsLimit:        1024,
 		ReapInterval:     time.Second,
 		StoppedRetention: 24 * time.Hour,
 		StartTimeout:     30 * time.Second,
 		MaxFork:          16,
 		PoolSize:         2,
+		IdleTimeout:      300 * time.Second,
 	}
 }
 
@@ -72,6 +82,7 @@ func (c *Config) setDefaults() {
 	def(&c.StartTimeout, d.StartTimeout)
 	defInt(&c.MaxCPU, d.MaxCPU)
 	defInt(&c.MaxMemoryMB, d.MaxMemoryMB)
+	defInt(&c.MaxDiskMB, d.MaxDiskMB)
 	defInt(&c.PIDsLimit, d.PIDsLimit)
 	defInt(&c.MaxFork, d.MaxFork)
 }
@@ -82,6 +93,7 @@ type Template struct {
 	RootFS    string
 	CPU       int
 	MemoryMB  int
+	DiskMB    int    // the sandbox's own disk; 0: the runtime's default
 	WarmImage string // an image directory of the template booted warm, or ""
 }
 
@@ -99,8 +111,13 @@ type CreateRequest struct {
 	Env        map[string]string
 	CPU        int
 	MemoryMB   int
+	DiskMB     int    // the sandbox's own disk, in MiB; 0: the template's (a restore keeps the snapshot's)
 	SnapshotID string // restore this snapshot instead of a template
 	AutoResume bool   // resume automatically on any request while paused
+	// IdleTimeoutSeconds: suspend after this long idle (0: never); nil
+	// takes Config.IdleTimeout.
+	IdleTimeoutSeconds *int64
+	Network            *pandastack.NetworkPolicy // nil: the server's default (network.go)
 }
 
 // Manager runs sandboxes for the API.
@@ -116,6 +133,11 @@ type Manager struct {
 
 	mu    sync.Mutex
 	pools map[string]*pool // by template name
+	net   Network          // sandbox networking, or nil (network.go)
+	caPEM []byte           // certificates added to every sandbox's trust store (network.go)
+
+	suspending   atomic.Bool // idle suspends are under way (idle.go)
+	warmVerified sync.Map    // warm images checksummed already (warm.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -124,6 +146,9 @@ type Manager struct {
 // New returns a manager; call Start before use.
 func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Templates, log *slog.Logger) *Manager {
 	cfg.setDefaults()
+	if cfg.Images == nil {
+		cfg.Images = imagestore.NewLocal(cfg.SnapshotDir)
+	}
 	return &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
 		sbx: newTable(), stop: make(chan struct{}),
@@ -195,7 +220,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.stopSandbox(s.ID, pandastack.StopExpired)
 		case s.ProjectID == warmProject:
 			// A warm-up cut short by the last shutdown: nobody needs it.
-			m.teardown(s.ID)
+			m.teardown(s.ID, "")
 			m.store.DeleteSandbox(context.Background(), s.ID)
 		default:
 			if ctx.Err() != nil {
@@ -203,7 +228,7 @@ func (m *Manager) recover(ctx context.Context) error {
 				// next start rather than stop them as lost.
 				return ctx.Err()
 			}
-			if err := m.adopt(context.WithoutCancel(ctx), s.ID); err != nil {
+			if err := m.adopt(context.WithoutCancel(ctx), s); err != nil {
 				m.log.Warn("sandbox lost across restart", "sandbox", s.ID, "err", err)
 				m.stopSandbox(s.ID, pandastack.StopLost)
 				continue
@@ -212,6 +237,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			m.log.Info("sandbox re-adopted", "sandbox", s.ID)
 		}
 	}
+	m.sweepImages(ctx)
 	ids, err := m.rt.List(ctx)
 	if err != nil {
 		return fmt.Errorf("recover: %w", err)
@@ -227,30 +253,24 @@ func (m *Manager) recover(ctx context.Context) error {
 	return nil
 }
 
-func (m *Manager) adopt(ctx context.Context, id string) error {
-	rwc, err := m.rt.Attach(ctx, id)
+func (m *Manager) adopt(ctx context.Context, sb pandastack.Sandbox) error {
+	rwc, err := m.rt.Attach(ctx, sb.ID)
 	if err != nil {
 		return err
 	}
-	c, err := dialAgent(ctx, id, rwc)
+	c, err := dialAgent(ctx, sb.ID, rwc, false)
 	if err != nil {
 		return err
 	}
-	if !m.sbx.run(id, c) {
+	if !m.sbx.run(sb.ID, c, time.Duration(sb.IdleTimeoutSeconds)*time.Second) {
 		c.Close()
 	}
 	return nil
 }
 
-var (
-	envKeyRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-)
-
 const (
 	maxMetadataKeys = 64
 	maxMetadataLen  = 1024
-	maxEnvVars      = 256
-	maxEnvValueLen  = 32 << 10
 )
 
 // ValidateMetadata checks metadata limits.
@@ -269,21 +289,9 @@ func ValidateMetadata(md map[string]string) error {
 	return nil
 }
 
-// ValidateEnv checks environment variable names and sizes.
-func ValidateEnv(env map[string]string) error {
-	if len(env) > maxEnvVars {
-		return pandastack.Errorf(pandastack.EInvalid, "env: at most %d variables", maxEnvVars)
-	}
-	for k, v := range env {
-		if !envKeyRE.MatchString(k) {
-			return pandastack.Errorf(pandastack.EInvalid, "env: %q is not a valid variable name (letters, digits and _, not starting with a digit)", k)
-		}
-		if len(v) > maxEnvValueLen {
-			return pandastack.Errorf(pandastack.EInvalid, "env %s: value longer than %d bytes", k, maxEnvValueLen)
-		}
-	}
-	return nil
-}
+// ValidateEnv checks environment variables as everything else does (create,
+// exec, contexts, the agent): agentproto.CheckEnv is the one check.
+func ValidateEnv(env map[string]string) error { return agentproto.CheckEnv(env) }
 
 func (m *Manager) ttl(seconds *int64) (time.Duration, error) {
 	if seconds == nil {
@@ -310,21 +318,31 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	if err := ValidateEnv(req.Env); err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	p := plan{ttl: ttl, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume}
+	idle, err := m.idleTimeout(req.IdleTimeoutSeconds)
+	if err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	if err := m.validNetwork(req.Network); err != nil {
+		return pandastack.Sandbox{}, err
+	}
+	p := plan{ttl: ttl, idle: idle, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume, network: req.Network}
 	if req.SnapshotID != "" {
-		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || len(req.Env) > 0 {
-			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
+		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || req.DiskMB != 0 || len(req.Env) > 0 {
+			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory, disk and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
 		}
 		snap, err := m.store.GetSnapshot(ctx, projectID, req.SnapshotID)
 		if err != nil {
 			return pandastack.Sandbox{}, err
 		}
-		dir := m.snapshotPath(snap.ID)
-		man, err := verifyImage(dir, "snapshot "+snap.ID)
+		man, img, err := m.openSnapshot(ctx, snap.ID)
 		if err != nil {
 			return pandastack.Sandbox{}, err
 		}
-		p.template, p.rootfs, p.image, p.cpu, p.mem = snap.Template, man.RootFS, filepath.Join(dir, "image"), snap.CPU, snap.MemoryMB
+		defer img.Close() // the restore has its files open by then
+		p.template, p.rootfs, p.image, p.cpu, p.mem = snap.Template, man.RootFS, filepath.Join(img.Dir(), imagestore.FilesDir), snap.CPU, snap.MemoryMB
+		if p.network == nil {
+			p.network = man.Network // the snapshotted sandbox's policy
+		}
 		return m.launch(ctx, projectID, p)
 	}
 	if req.Template == "" {
@@ -334,7 +352,13 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	if err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	p.template, p.rootfs, p.cpu, p.mem = tpl.Name, tpl.RootFS, tpl.CPU, tpl.MemoryMB
+	p.template, p.rootfs, p.cpu, p.mem, p.disk = tpl.Name, tpl.RootFS, tpl.CPU, tpl.MemoryMB, tpl.DiskMB
+	if req.DiskMB != 0 {
+		if req.DiskMB < 64 || req.DiskMB > m.cfg.MaxDiskMB {
+			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "disk_mb must be between 64 and %d, got %d", m.cfg.MaxDiskMB, req.DiskMB)
+		}
+		p.disk = req.DiskMB
+	}
 	if req.CPU != 0 {
 		p.cpu = req.CPU
 	}
@@ -349,8 +373,8 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	}
 	// A warm snapshot was taken with the template's own resources and no
 	// env, so only a plain create can use it.
-	if tpl.WarmImage != "" && req.CPU == 0 && req.MemoryMB == 0 && len(req.Env) == 0 {
-		if _, err := verifyImage(tpl.WarmImage, "warm snapshot of template "+tpl.Name); err == nil {
+	if tpl.WarmImage != "" && req.CPU == 0 && req.MemoryMB == 0 && req.DiskMB == 0 && len(req.Env) == 0 {
+		if err := m.verifyWarm(tpl.WarmImage, "warm snapshot of template "+tpl.Name); err == nil {
 			p.image = filepath.Join(tpl.WarmImage, "image")
 		} else {
 			m.log.Warn("warm template snapshot unusable; booting cold", "template", tpl.Name, "err", err)
@@ -365,10 +389,13 @@ type plan struct {
 	rootfs     string
 	image      string // restore this checkpoint image instead of booting cold
 	cpu, mem   int
+	disk       int // MiB; 0: the runtime's default
 	ttl        time.Duration
+	idle       time.Duration // idle timeout; 0 never
 	metadata   map[string]string
 	env        map[string]string
 	autoResume bool
+	network    *pandastack.NetworkPolicy // nil: the default, or the sandbox's own on a resume
 }
 
 // launch records a new sandbox, boots or restores it, and says hello.
@@ -378,6 +405,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		ID: pandastack.NewID("sbx"), ProjectID: projectID, Template: p.template,
 		State: pandastack.StateStarting, Metadata: maps.Clone(p.metadata),
 		CPU: p.cpu, MemoryMB: p.mem, CreatedAt: now, ExpiresAt: now.Add(p.ttl), AutoResume: p.autoResume,
+		IdleTimeoutSeconds: int64(p.idle / time.Second), RootFS: p.rootfs,
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
@@ -412,6 +440,11 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	}()
 
 	if pooledOK {
+		// Pool sandboxes were restored with the default policy.
+		if err := m.applyNetwork(sb.ID, p.network); err != nil {
+			pd.client.Close()
+			return pandastack.Sandbox{}, err
+		}
 		return m.started(ctx, sb, pd.client)
 	}
 	env := make([]string, 0, len(p.env)+1)
@@ -423,7 +456,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	// that hangs up gets nothing, and the rollback cleans up.
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, PIDs: m.cfg.PIDsLimit, Lazy: true}
+	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, DiskMB: p.disk, PIDs: m.cfg.PIDsLimit, Lazy: true, Network: p.network}
 	var rwc io.ReadWriteCloser
 	if p.image != "" {
 		rwc, err = m.rt.Restore(startCtx, spec, p.image)
@@ -432,14 +465,17 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	}
 	if err == nil {
 		var client *AgentClient
-		if client, err = dialAgent(startCtx, sb.ID, rwc); err == nil {
-			return m.started(ctx, sb, client)
+		if client, err = dialAgent(startCtx, sb.ID, rwc, p.image != ""); err == nil {
+			if err = m.setupSandbox(startCtx, client); err == nil {
+				return m.started(ctx, sb, client)
+			}
+			client.Close()
 		}
 	}
 	if startCtx.Err() != nil {
 		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not start within %s", sb.ID, m.cfg.StartTimeout)
 	}
-	return pandastack.Sandbox{}, fmt.Errorf("create %s: %w", sb.ID, err)
+	return pandastack.Sandbox{}, fmt.Errorf("create %s: %w", sb.ID, storageError(err, "the sandbox was not created"))
 }
 
 // started records a claimed, booted sandbox as running and makes it so.
@@ -448,17 +484,22 @@ func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *Ag
 		client.Close()
 		return pandastack.Sandbox{}, err
 	}
-	if !m.sbx.run(sb.ID, client) {
+	if !m.sbx.run(sb.ID, client, time.Duration(sb.IdleTimeoutSeconds)*time.Second) {
 		client.Close() // shutting down: the next start re-adopts it
 	}
 	sb.State = pandastack.StateRunning
+	sb.Network = m.networkOf(sb.ID)
 	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.Template, "project", sb.ProjectID)
 	return sb, nil
 }
 
 // Get returns a sandbox of the project.
 func (m *Manager) Get(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
-	return m.store.GetSandbox(ctx, projectID, id)
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err == nil {
+		sb.Network = m.networkOf(id)
+	}
+	return sb, err
 }
 
 // List returns the project's sandboxes matching f (f.ProjectID is forced).
@@ -506,21 +547,38 @@ func (m *Manager) running(ctx context.Context, projectID, id string) (pandastack
 // Agent returns the agent client of a running sandbox of the project,
 // resuming it first if it is paused with auto_resume.
 func (m *Manager) Agent(ctx context.Context, projectID, id string) (*AgentClient, error) {
-	if _, err := m.usable(ctx, projectID, id); err != nil {
-		return nil, err
+	c, _, err := m.use(ctx, projectID, id, func(id string) (*AgentClient, func(), error) {
+		c, err := m.sbx.agent(id)
+		return c, nil, err
+	})
+	return c, err
+}
+
+// use makes the sandbox usable and then takes its channel with take (one
+// of the table's agent, acquire or hold). An idle suspend that began in
+// between is waited out, and the sandbox resumed, as for any request.
+func (m *Manager) use(ctx context.Context, projectID, id string, take func(string) (*AgentClient, func(), error)) (*AgentClient, func(), error) {
+	for {
+		if _, err := m.usable(ctx, projectID, id); err != nil {
+			return nil, nil, err
+		}
+		c, done, err := take(id)
+		if err != nil && m.sbx.wait(ctx, id) {
+			continue
+		}
+		return c, done, err
 	}
-	return m.sbx.agent(id)
 }
 
 // Acquire is Agent for work that changes the sandbox (exec, run, upload):
 // it also counts the work as in flight, in the same step, so a snapshot,
 // fork or pause either sees it and answers conflict, or is already under
-// way and this answers conflict. Call done when the work ends.
+// way and this answers conflict. Call done when the work ends. While work
+// is in flight the sandbox is never idle (idle.go); a long-lived use that
+// must not block snapshots (a PTY session, a proxied connection) takes Hold
+// instead.
 func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentClient, done func(), _ error) {
-	if _, err := m.usable(ctx, projectID, id); err != nil {
-		return nil, nil, err
-	}
-	return m.sbx.acquire(id)
+	return m.use(ctx, projectID, id, m.sbx.acquire)
 }
 
 // Kill stops the sandbox and deletes its record.
@@ -532,7 +590,10 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 		return err
 	}
 	defer m.sbx.end(id)
-	m.teardown(id)
+	// Until the record goes, it says killed: a run cut off by this kill
+	// fails saying so, and a GET meanwhile must not say running.
+	m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, pandastack.StopKilled, m.now())
+	m.teardown(id, pandastack.StopKilled)
 	if err := m.store.DeleteSandbox(context.Background(), id); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		return err
 	}
@@ -541,9 +602,13 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 }
 
 // teardown closes the channel and removes the sandbox from the runtime.
-// The caller holds the sandbox's claim.
-func (m *Manager) teardown(id string) {
+// The caller holds the sandbox's claim. reason (a Stop* reason, or "") is
+// told to the channel first, so that requests it cuts off say why.
+func (m *Manager) teardown(id, reason string) {
 	if c := m.sbx.detach(id); c != nil {
+		if reason != "" {
+			c.markStopped(reason)
+		}
 		c.Close()
 	}
 	if err := m.rt.Stop(context.Background(), id); err != nil {
@@ -562,7 +627,7 @@ func (m *Manager) stopSandbox(id, reason string) {
 	if err := m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, reason, m.now()); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		m.log.Error("record stop", "sandbox", id, "err", err)
 	}
-	m.teardown(id)
+	m.teardown(id, reason)
 	m.log.Info("sandbox stopped", "sandbox", id, "reason", reason)
 }
 
@@ -578,6 +643,7 @@ func (m *Manager) reapLoop() {
 		case <-t.C:
 		}
 		m.reapOnce()
+		m.suspendIdle()
 		if time.Since(lastPurge) > time.Hour {
 			lastPurge = time.Now()
 			if n, err := m.store.PurgeStoppedSandboxes(context.Background(), m.now().Add(-m.cfg.StoppedRetention)); err == nil && n > 0 {
@@ -587,6 +653,9 @@ func (m *Manager) reapLoop() {
 	}
 }
 
+// maxConcurrentStops bounds the expired sandboxes the reaper stops at once.
+const maxConcurrentStops = 8
+
 // reapOnce stops expired sandboxes and those whose agent channel died.
 func (m *Manager) reapOnce() {
 	ctx := context.Background()
@@ -594,13 +663,19 @@ func (m *Manager) reapOnce() {
 	if err != nil {
 		m.log.Error("list expired sandboxes", "err", err)
 	}
-	for _, s := range expired {
-		if m.sbx.begin(s.ID, phaseStopping) != nil {
-			continue // being created or killed right now
-		}
-		m.stopSandbox(s.ID, pandastack.StopExpired)
-		m.sbx.end(s.ID)
+	ids := make([]string, len(expired))
+	for i, s := range expired {
+		ids[i] = s.ID
 	}
+	// Concurrently, since each stop may take a while (runsc delete), but
+	// bounded, so a burst of expiries cannot start hundreds at once.
+	forEachBounded(ids, maxConcurrentStops, func(id string) {
+		if m.sbx.begin(id, phaseStopping) != nil {
+			return // being created, checkpointed or killed right now
+		}
+		m.stopSandbox(id, pandastack.StopExpired)
+		m.sbx.end(id)
+	})
 	var dead []string
 	for id, c := range m.sbx.running() {
 		if !c.Alive() || !m.rt.Alive(id) {
@@ -625,15 +700,18 @@ func (m *Manager) Reconcile(id string) {
 	}
 	defer m.sbx.end(id)
 	reason := pandastack.StopDied
-	if m.rt.DeathReason(id) == pandastack.ReasonOutOfMemory {
+	switch m.rt.DeathReason(id) {
+	case pandastack.ReasonOutOfMemory:
 		reason = pandastack.StopOOM
+	case pandastack.ReasonPIDsLimit:
+		reason = pandastack.StopPIDsLimit
 	}
 	m.stopSandbox(id, reason)
 }
 
 // Stats returns the host-side resource use of a running sandbox.
 func (m *Manager) Stats(ctx context.Context, projectID, id string) (pandastack.RuntimeStats, error) {
-	if _, err := m.running(ctx, projectID, id); err != nil {
+	if _, err := m.usable(ctx, projectID, id); err != nil {
 		return pandastack.RuntimeStats{}, err
 	}
 	return m.rt.Stats(ctx, id)

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -325,6 +326,10 @@ func TestWarmAndPool(t *testing.T) {
 	if _, err := h.exec(sb.ID, "set a=1"); err != nil {
 		t.Fatal(err)
 	}
+	// The image holds the spare kernels Warm asked for, with the warm-up.
+	if got, err := h.exec(sb.ID, "get spares"); err != nil || got != fmt.Sprintf("python %d import x", WarmSpares) {
+		t.Fatalf("spares in the warm image: %q, %v", got, err)
+	}
 	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
 	if h.rt.restores != restores+1 {
 		t.Fatalf("restores %d, want %d (one refill)", h.rt.restores, restores+1)
@@ -410,5 +415,150 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 10 s")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A start after a crash removes half-written images and unowned paused
+// ones, and keeps whole snapshots and the images of paused sandboxes.
+func TestRecoverySweepsLeftovers(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	paused := h.create()
+	if _, err := h.m.Pause(ctx, project, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	running := h.create()
+	snap, err := h.m.Snapshot(ctx, project, running.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.m.Close()
+	leftovers := []string{
+		filepath.Join(h.m.cfg.SnapshotDir, ".tmp-snap_x-t_y"),
+		filepath.Join(h.m.cfg.SnapshotDir, ".fork-f_z"),
+		filepath.Join(h.m.cfg.PausedDir, ".tmp-sbx_a-t_b"),
+		filepath.Join(h.m.cfg.PausedDir, "sbx_gone"), // no record
+		filepath.Join(h.m.cfg.PausedDir, running.ID), // resumed before the crash
+	}
+	for _, d := range leftovers {
+		os.MkdirAll(filepath.Join(d, "image"), 0o700)
+		os.WriteFile(filepath.Join(d, "image", "pages"), []byte("x"), 0o600)
+	}
+	h.m = h.newManager()
+	for _, d := range leftovers {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s survived the start: %v", d, err)
+		}
+	}
+	for _, d := range []string{filepath.Join(h.m.cfg.SnapshotDir, snap.ID), h.m.pausedPath(paused.ID)} {
+		if _, err := verifyImage(d, d); err != nil {
+			t.Errorf("a whole image was touched: %v", err)
+		}
+	}
+	if _, err := h.m.Resume(ctx, project, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Only the agent's known error codes reach the client; anything else is
+// internal (the agent runs where user code could tamper with it).
+func TestAgentErrorCodesAllowListed(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	for code, want := range map[string]string{
+		pandastack.ENotFound:        pandastack.ENotFound,
+		pandastack.ECommandNotFound: pandastack.ECommandNotFound,
+		pandastack.EUnauthorized:    pandastack.EInternal,
+		pandastack.EStorage:         pandastack.EInternal,
+		"made_up":                   pandastack.EInternal,
+	} {
+		_, err := h.exec(sb.ID, "fail "+code)
+		if got := pandastack.ErrorCode(err); got != want {
+			t.Errorf("agent code %s reached the client as %s (%v), want %s", code, got, err, want)
+		}
+	}
+}
+
+// A snapshot whose files are gone is refused without naming host paths.
+func TestMissingImageNamesNoHostPath(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(filepath.Join(filepath.Join(h.m.cfg.SnapshotDir, snap.ID), "image"))
+	_, err = h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	if msg := pandastack.ErrorMessage(err); strings.Contains(msg, h.dir) || strings.Contains(msg, "/") {
+		t.Fatalf("the message names a host path: %q", msg)
+	}
+}
+
+// After the template's root filesystem changes under a running sandbox, its
+// snapshots, forks and pauses still restore onto the one it runs on.
+func TestCheckpointsRecordTheSandboxRootFS(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.exec(sb.ID, "set v=old")
+	rebuilt := filepath.Join(h.dir, "rootfs-rebuilt")
+	os.MkdirAll(rebuilt, 0o700)
+	h.tpls.tpl.RootFS = rebuilt
+
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatalf("restore after the template changed: %v", err)
+	}
+	kids, err := h.m.Fork(ctx, project, sb.ID, 1, nil, nil)
+	if err != nil {
+		t.Fatalf("fork after the template changed: %v", err)
+	}
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatalf("resume after the template changed: %v", err)
+	}
+	for _, id := range []string{restored.ID, kids[0].ID, sb.ID} {
+		if out, err := h.exec(id, "get v"); err != nil || out != "old" {
+			t.Errorf("%s: %q %v", id, out, err)
+		}
+	}
+	// A new sandbox runs on the rebuilt one.
+	if fresh := h.create(); h.record(fresh.ID).RootFS != rebuilt {
+		t.Errorf("a new sandbox records %q", h.record(fresh.ID).RootFS)
+	}
+}
+
+// The reaper stops expired sandboxes concurrently: one slow stop does not
+// hold up the others.
+func TestReaperStopsConcurrently(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	slow, quick := h.create(), h.create()
+	h.store.SetSandboxExpiry(ctx, slow.ID, time.Now().Add(-2*time.Second)) // first in line
+	h.store.SetSandboxExpiry(ctx, quick.ID, time.Now().Add(-time.Second))
+	release := make(chan struct{})
+	h.rt.stopHook = func(id string) {
+		if id == slow.ID {
+			<-release
+		}
+	}
+	reaped := make(chan struct{})
+	go func() { h.m.reapOnce(); close(reaped) }()
+	waitFor(t, func() bool { return !h.rt.Alive(quick.ID) })
+	close(release)
+	<-reaped
+	h.rt.stopHook = nil
+	for _, id := range []string{slow.ID, quick.ID} {
+		if rec := h.record(id); rec.State != pandastack.StateStopped {
+			t.Errorf("%s: %s", id, rec.State)
+		}
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
-	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 // A pool keeps a few sandboxes of a warm template restored ahead of time,
@@ -118,11 +117,14 @@ func (m *Manager) restoreForPool(tpl Template) (pooled, error) {
 	if err != nil {
 		return pooled{}, err
 	}
-	client, err := dialAgent(ctx, id, rwc)
+	client, err := dialAgent(ctx, id, rwc, true)
 	if err == nil {
-		// One cell pulls the kernel's pages in, so the user's first cell
-		// does not pay for the lazy restore.
-		_, err = client.RunCode(ctx, DefaultContextID("python"), agentproto.RunRequest{Code: "pass", TimeoutMS: 30_000}, nil)
+		err = m.setupSandbox(ctx, client)
+	}
+	if err == nil {
+		// A no-op in the warm kernels pulls their pages in, so the user's
+		// first cell does not pay for the lazy restore.
+		err = client.TouchSpares(ctx)
 	}
 	if err != nil {
 		if client != nil {

@@ -12,23 +12,31 @@ import (
 	"github.com/pandastack/pandastack"
 )
 
-// Snapshots live in SnapshotDir/<snap id>/ (manifest.json + image/); paused
-// sandboxes in PausedDir/<sandbox id>/; forks checkpoint into a temp image
-// that is removed once every child runs.
+// Snapshots are sealed in SnapshotDir and handed to Config.Images (see
+// images.go); paused sandboxes live in PausedDir/<sandbox id>/; forks
+// checkpoint into a temp image that is removed once every child runs.
 
-func (m *Manager) snapshotPath(id string) string { return filepath.Join(m.cfg.SnapshotDir, id) }
-func (m *Manager) pausedPath(id string) string   { return filepath.Join(m.cfg.PausedDir, id) }
+func (m *Manager) pausedPath(id string) string { return filepath.Join(m.cfg.PausedDir, id) }
+
+// rootfs is the root filesystem sb runs on, which a restore of its image
+// needs: its record's, or for records older than that field the template's.
+func (m *Manager) rootfs(ctx context.Context, sb pandastack.Sandbox) (string, error) {
+	if sb.RootFS != "" {
+		return sb.RootFS, nil
+	}
+	tpl, err := m.templates.Resolve(ctx, sb.Template)
+	return tpl.RootFS, err
+}
 
 // checkpoint writes the sandbox's state into a new image directory final.
 func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final string, leaveRunning bool) (int64, error) {
-	tpl, err := m.templates.Resolve(ctx, sb.Template)
-	rootfs := tpl.RootFS
+	rootfs, err := m.rootfs(ctx, sb)
 	if err != nil {
 		return 0, err
 	}
 	tmp := filepath.Join(filepath.Dir(final), ".tmp-"+filepath.Base(final)+"-"+pandastack.NewID("t"))
 	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
-		return 0, storageError(err)
+		return 0, storageError(err, checkpointOutcome)
 	}
 	ok := false
 	defer func() {
@@ -37,13 +45,14 @@ func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final s
 		}
 	}()
 	if err := m.rt.Checkpoint(context.WithoutCancel(ctx), sb.ID, filepath.Join(tmp, "image"), leaveRunning); err != nil {
-		return 0, storageError(err)
+		return 0, storageError(err, checkpointOutcome)
 	}
 	size, err := sealImage(tmp, final, manifest{
 		SandboxID: sb.ID, Template: sb.Template, RootFS: rootfs, CPU: sb.CPU, MemoryMB: sb.MemoryMB, CreatedAt: m.now().UTC(),
+		Network: m.networkOf(sb.ID),
 	})
 	if err != nil {
-		return 0, storageError(err)
+		return 0, storageError(err, checkpointOutcome)
 	}
 	ok = true
 	return size, nil
@@ -61,7 +70,6 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if err := m.sbx.quiesce(id, phaseCheckpointing, "take the snapshot"); err != nil {
 		return pandastack.Snapshot{}, err
 	}
-	defer m.sbx.settle(id)
 	snap := pandastack.Snapshot{
 		ID: pandastack.NewID("snap"), ProjectID: projectID, SandboxID: id, Template: sb.Template,
 		Metadata: maps.Clone(metadata), CreatedAt: m.now().UTC().Truncate(time.Millisecond), CPU: sb.CPU, MemoryMB: sb.MemoryMB,
@@ -69,11 +77,11 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if snap.Metadata == nil {
 		snap.Metadata = map[string]string{}
 	}
-	if snap.SizeBytes, err = m.checkpoint(ctx, sb, m.snapshotPath(snap.ID), true); err != nil {
+	if snap.SizeBytes, err = m.saveSnapshot(ctx, sb, snap.ID); err != nil {
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
 	if err := m.store.CreateSnapshot(context.WithoutCancel(ctx), snap); err != nil {
-		os.RemoveAll(m.snapshotPath(snap.ID))
+		m.cfg.Images.Delete(context.Background(), snap.ID)
 		return pandastack.Snapshot{}, err
 	}
 	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "bytes", snap.SizeBytes)
@@ -96,8 +104,8 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 	if _, err := m.store.GetSnapshot(ctx, projectID, id); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(m.snapshotPath(id)); err != nil {
-		return err
+	if err := m.cfg.Images.Delete(ctx, id); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
 	return m.store.DeleteSnapshot(ctx, id)
 }
@@ -127,7 +135,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	}
 	// A fork's image lives only until its children run, in this process:
 	// no manifest or checksums, which would add a pass over every byte.
-	tpl, err := m.templates.Resolve(ctx, sb.Template)
+	rootfs, err := m.rootfs(ctx, sb)
 	if err != nil {
 		m.sbx.settle(id)
 		return nil, err
@@ -140,9 +148,8 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	m.sbx.settle(id)
 	defer os.RemoveAll(img) // restored children keep their open image files
 	if err != nil {
-		return nil, fmt.Errorf("fork %s: %w", id, storageError(err))
+		return nil, fmt.Errorf("fork %s: %w", id, storageError(err, checkpointOutcome))
 	}
-	man := manifest{RootFS: tpl.RootFS}
 
 	kids := make([]pandastack.Sandbox, count)
 	errs := make([]error, count)
@@ -152,8 +159,10 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 		go func() {
 			defer wg.Done()
 			kids[i], errs[i] = m.launch(ctx, projectID, plan{
-				template: sb.Template, rootfs: man.RootFS, image: img,
+				template: sb.Template, rootfs: rootfs, image: img,
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
+				idle:    time.Duration(sb.IdleTimeoutSeconds) * time.Second,
+				network: m.networkOf(id), // each child its own address, the parent's policy
 			})
 		}()
 	}
@@ -183,27 +192,55 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (pandastack.S
 	if sb, err = m.running(ctx, projectID, id); err != nil {
 		return sb, err
 	}
-	if err := m.sbx.quiesce(id, phasePausing, "pause it"); err != nil {
+	return m.pause(ctx, sb, pandastack.PauseRequested)
+}
+
+// pause checkpoints sb into its paused image and then stops it, recording
+// reason. The checkpoint leaves the sandbox running, so a pause that fails
+// (a full disk) leaves it running as it was.
+func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason string) (pandastack.Sandbox, error) {
+	id := sb.ID
+	ph := phasePausing
+	if reason == pandastack.PauseIdle {
+		ph = phaseSuspending
+	}
+	if err := m.sbx.quiesce(id, ph, "pause it"); err != nil {
 		return sb, err
+	}
+	ctx = context.WithoutCancel(ctx) // half a pause helps nobody
+	dir := m.pausedPath(id)
+	if _, err := m.checkpoint(ctx, sb, dir, true); err != nil {
+		m.sbx.settle(id)
+		return sb, fmt.Errorf("pause %s: %w", id, err)
+	}
+	// Recorded before the sandbox stops: a record that says running must
+	// never outlive its sandbox, nor may one that says paused lack its image.
+	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, reason, m.now()); err != nil {
+		os.RemoveAll(dir)
+		m.sbx.settle(id)
+		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
 	if c := m.sbx.detach(id); c != nil {
 		c.Close()
 	}
-	if _, err := m.checkpoint(ctx, sb, m.pausedPath(id), false); err != nil {
-		// The checkpoint failed before stopping it: reattach (running again).
-		if aerr := m.adopt(context.WithoutCancel(ctx), id); aerr != nil {
-			m.stopSandbox(id, pandastack.StopDied)
-			m.sbx.end(id)
-		}
-		return sb, fmt.Errorf("pause %s: %w", id, err)
+	stop := m.rt.Stop
+	if ps, ok := m.rt.(pauseStopper); ok {
+		stop = ps.StopPaused
 	}
-	defer m.sbx.end(id)
-	if err := m.store.SetSandboxState(context.WithoutCancel(ctx), id, pandastack.StatePaused, "", m.now()); err != nil {
-		return sb, err
+	if err := stop(ctx, id); err != nil {
+		m.log.Error("runtime stop after pause", "sandbox", id, "err", err)
 	}
-	sb.State = pandastack.StatePaused
-	m.log.Info("sandbox paused", "sandbox", id)
+	m.sbx.end(id)
+	sb.State, sb.PauseReason = pandastack.StatePaused, reason
+	m.log.Info("sandbox paused", "sandbox", id, "reason", reason)
 	return sb, nil
+}
+
+// pauseStopper is a Runtime that must tell the stop that ends a pause from
+// a kill: sandbox networking keeps a paused sandbox's policy and address
+// for its resume (internal/network.Runtime).
+type pauseStopper interface {
+	StopPaused(ctx context.Context, id string) error
 }
 
 // Resume restores a paused sandbox with everything in place.
@@ -234,7 +271,12 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}, filepath.Join(dir, "image"))
 	var client *AgentClient
 	if err == nil {
-		if client, err = dialAgent(startCtx, id, rwc); err != nil {
+		if client, err = dialAgent(startCtx, id, rwc, false); err == nil {
+			if err = m.setupSandbox(startCtx, client); err != nil {
+				client.Close()
+			}
+		}
+		if err != nil {
 			m.rt.Stop(context.Background(), id)
 		}
 	}
@@ -255,19 +297,32 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 }
 
 // usable returns a running sandbox, resuming a paused one when it was
-// created with auto_resume.
+// created with auto_resume or suspended for idleness. A request that finds
+// it resuming or suspending waits for that, then looks again.
 func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
-	sb, err := m.store.GetSandbox(ctx, projectID, id)
-	if err != nil {
-		return sb, err
-	}
-	if sb.State == pandastack.StatePaused {
-		if !sb.AutoResume {
-			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is paused; resume it first (POST /v1/sandboxes/%s/resume), or create sandboxes with auto_resume", id, id)
-		}
-		if sb, err = m.Resume(ctx, projectID, id); err != nil && !pandastack.IsCode(err, pandastack.EConflict) {
+	for {
+		sb, err := m.store.GetSandbox(ctx, projectID, id)
+		if err != nil {
 			return sb, err
 		}
+		switch {
+		case sb.State == pandastack.StatePaused && !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle:
+			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is paused; resume it first (POST /v1/sandboxes/%s/resume), or create sandboxes with auto_resume", id, id)
+		case sb.State == pandastack.StatePaused:
+			if _, err := m.Resume(ctx, projectID, id); err != nil {
+				if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.wait(ctx, id) {
+					continue // another request is resuming it
+				}
+				if !pandastack.IsCode(err, pandastack.EConflict) {
+					return sb, err
+				}
+			}
+		case sb.State == pandastack.StateRunning && m.sbx.wait(ctx, id):
+			continue // being suspended; the next look resumes it
+		}
+		if err := ctx.Err(); err != nil {
+			return sb, err
+		}
+		return m.running(ctx, projectID, id)
 	}
-	return m.running(ctx, projectID, id)
 }

@@ -97,12 +97,9 @@ func Build(ctx context.Context, spec Spec, opts BuildOptions) (Built, error) {
 	if err != nil {
 		return Built{}, fmt.Errorf("build template %s: %w", spec.Name, err)
 	}
-	mirror := spec.Mirror
-	if mirror == "" {
-		mirror = opts.Mirror
-	}
-	if mirror == "" {
-		mirror = DefaultMirror
+	mirrors, err := opts.mirrors(spec)
+	if err != nil {
+		return Built{}, fmt.Errorf("build template %s: %w", spec.Name, err)
 	}
 	p := newProgress(opts.Progress)
 	if b, ok := Lookup(cache, spec); ok && !opts.Force {
@@ -127,7 +124,7 @@ func Build(ctx context.Context, spec Spec, opts BuildOptions) (Built, error) {
 		p.line("%s", cachedLine(b))
 		return b, nil
 	}
-	b := &builder{spec: spec, hash: spec.Hash(), cache: cache, mirror: mirror, p: p, ca: hostCABundle()}
+	b := &builder{spec: spec, hash: spec.Hash(), cache: cache, mirror: mirrors.Debian, security: mirrors.Security, p: p, ca: hostCABundle()}
 	b.env = buildEnv(b.ca != nil)
 	built, err := b.build(ctx)
 	if err != nil {
@@ -146,9 +143,12 @@ type builder struct {
 	hash   string
 	cache  string // absolute
 	mirror string
-	p      *progress
-	ca     []byte   // the host's CA bundle, or nil
-	env    []string // of commands in the chroot
+	// security is the archive of the suite's security updates ("" for
+	// none): apt-get upgrade and install take them.
+	security string
+	p        *progress
+	ca       []byte   // the host's CA bundle, or nil
+	env      []string // of commands in the chroot
 }
 
 type buildStep struct {
@@ -261,7 +261,7 @@ func (b *builder) build(ctx context.Context) (Built, error) {
 // and mirror, making it once: it is built in a temp dir and renamed into
 // place, so its presence means it is complete.
 func (b *builder) ensureStage(ctx context.Context) (string, error) {
-	sum := sha256.Sum256([]byte(strings.Join([]string{BuilderVersion, b.spec.Suite, b.mirror, runtime.GOARCH}, "\n")))
+	sum := sha256.Sum256([]byte(strings.Join([]string{stageVersion, b.spec.Suite, b.mirror, runtime.GOARCH}, "\n")))
 	name := b.spec.Suite + "-" + hex.EncodeToString(sum[:])[:12]
 	dir := filepath.Join(b.cache, templatesDir, stagesDir)
 	final := filepath.Join(dir, name)
@@ -394,6 +394,14 @@ func (b *builder) prepare(ctx context.Context, rootfs string) error {
 			return err
 		}
 	}
+	if b.security != "" {
+		line := "deb " + b.security + " " + b.spec.Suite + "-security main\n"
+		if err := b.writeFile(ctx, rootfs, "/etc/apt/sources.list.d/security.list", []byte(line), 0o644); err != nil {
+			return err
+		}
+	} else {
+		b.p.line("warning: the host's apt sources name no security archive; template %s is built without security updates", b.spec.Name)
+	}
 	if b.ca != nil {
 		return b.writeFile(ctx, rootfs, buildCA, b.ca, 0o644)
 	}
@@ -428,6 +436,10 @@ rm -f /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/debc
 mkdir -p /tmp /var/tmp
 find /tmp /var/tmp -mindepth 1 -delete
 chmod 1777 /tmp /var/tmp
+# runsc mounts a tmpfs (memory) over an empty /tmp; with this file /tmp stays
+# on the sandbox's own disk, so filling it is ENOSPC, not out of memory.
+echo 'Keeps /tmp on the sandbox disk (PandaStack).' > /tmp/.pandastack-disk
+chmod 0444 /tmp/.pandastack-disk
 # The agent's mount point, so runsc never has to create it in the template.
 mkdir -p /.pandastack
 touch /.pandastack/agent`

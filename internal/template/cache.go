@@ -30,10 +30,13 @@ const (
 
 // BuildOptions configures Build.
 type BuildOptions struct {
-	CacheDir string    // required; usually paths.CacheDir()
-	Mirror   string    // Debian mirror for specs without one; default DefaultMirror
-	Progress io.Writer // step lines and heartbeats; nil discards them
-	Force    bool      // rebuild even when a build with this hash exists; the old one is deleted, so no sandbox may be using it (the debootstrap stage is still reused)
+	CacheDir string // required; usually paths.CacheDir()
+	Mirror   string // Debian mirror for specs without one; default: the host's apt sources
+	// SecurityMirror is the archive of <suite>-security; default: the
+	// host's apt sources (none there: no security updates, with a warning).
+	SecurityMirror string
+	Progress       io.Writer // step lines and heartbeats; nil discards them
+	Force          bool      // rebuild even when a build with this hash exists; the old one is deleted, so no sandbox may be using it (the debootstrap stage is still reused)
 }
 
 // Built describes a built template; it is also the content of template.json.
@@ -138,4 +141,27 @@ func removeTree(dir string) error {
 		return fmt.Errorf("remove %s: %w", dir, err)
 	}
 	return nil
+}
+
+// mirrors resolves the archives a build of spec uses: the spec's own mirror,
+// else the operator's, else the host's apt sources.
+func (o BuildOptions) mirrors(spec Spec) (Mirrors, error) {
+	m := Mirrors{Debian: spec.Mirror, Security: o.SecurityMirror}
+	if m.Debian == "" {
+		m.Debian = o.Mirror
+	}
+	if m.Debian != "" && m.Security != "" {
+		return m, nil
+	}
+	host, err := HostMirrors()
+	if m.Debian == "" {
+		if err != nil {
+			return m, err
+		}
+		m.Debian = host.Debian
+	}
+	if m.Security == "" {
+		m.Security = host.Security
+	}
+	return m, nil
 }

@@ -28,12 +28,16 @@ import (
 // BuilderVersion is part of every spec's hash and of the debootstrap stage's
 // key. Bump it whenever the build recipe changes, so every template is
 // rebuilt with the new recipe.
-const BuilderVersion = "2"
+const BuilderVersion = "3"
+
+// stageVersion keys the cached debootstrap stages; bump it only when the
+// debootstrap step itself changes (BuilderVersion 3 added the security
+// archive, which the stage does not use).
+const stageVersion = "2"
 
 // Defaults applied to a spec's omitted fields.
 const (
 	DefaultSuite    = "bookworm"
-	DefaultMirror   = "http://deb.debian.org/debian"
 	DefaultCPU      = 1
 	DefaultMemoryMB = 512
 	DefaultFileMode = FileMode(0o644)
@@ -43,15 +47,16 @@ const (
 type Spec struct {
 	Name        string   `yaml:"name" json:"name"`
 	Description string   `yaml:"description" json:"description,omitempty"`
-	Suite       string   `yaml:"suite" json:"suite"`             // Debian suite for debootstrap
-	Mirror      string   `yaml:"mirror" json:"mirror,omitempty"` // empty: the builder's mirror
-	Apt         []string `yaml:"apt" json:"apt,omitempty"`       // apt-get install --no-install-recommends
-	Pip         []string `yaml:"pip" json:"pip,omitempty"`       // pip requirement strings, system-wide
-	Files       []File   `yaml:"files" json:"files,omitempty"`   // written after packages
-	Run         []string `yaml:"run" json:"run,omitempty"`       // each runs as `/bin/sh -ec` in the chroot, as root, last
-	CPU         int      `yaml:"cpu" json:"cpu"`                 // default vCPUs of a sandbox
-	MemoryMB    int      `yaml:"memory_mb" json:"memory_mb"`     // default memory of a sandbox
-	Warmup      string   `yaml:"warmup" json:"warmup,omitempty"` // Python run before the template is snapshotted
+	Suite       string   `yaml:"suite" json:"suite"`               // Debian suite for debootstrap
+	Mirror      string   `yaml:"mirror" json:"mirror,omitempty"`   // empty: the builder's mirror
+	Apt         []string `yaml:"apt" json:"apt,omitempty"`         // apt-get install --no-install-recommends
+	Pip         []string `yaml:"pip" json:"pip,omitempty"`         // pip requirement strings, system-wide
+	Files       []File   `yaml:"files" json:"files,omitempty"`     // written after packages
+	Run         []string `yaml:"run" json:"run,omitempty"`         // each runs as `/bin/sh -ec` in the chroot, as root, last
+	CPU         int      `yaml:"cpu" json:"cpu"`                   // default vCPUs of a sandbox
+	MemoryMB    int      `yaml:"memory_mb" json:"memory_mb"`       // default memory of a sandbox
+	DiskMB      int      `yaml:"disk_mb" json:"disk_mb,omitempty"` // default disk of a sandbox; 0: the server's
+	Warmup      string   `yaml:"warmup" json:"warmup,omitempty"`   // Python run before the template is snapshotted
 }
 
 // File is a file the builder writes into the root filesystem.
@@ -210,6 +215,9 @@ func (s Spec) Validate() error {
 	}
 	if s.MemoryMB < 64 || s.MemoryMB > 65536 {
 		return bad("memory_mb %d is out of range 64..65536", s.MemoryMB)
+	}
+	if s.DiskMB != 0 && (s.DiskMB < 64 || s.DiskMB > 1<<20) {
+		return bad("disk_mb %d is out of range 64..1048576 (or leave it out for the server's default)", s.DiskMB)
 	}
 	for i, p := range s.Apt {
 		if !aptPkgRE.MatchString(p) {

@@ -80,6 +80,7 @@ func TestParseErrors(t *testing.T) {
 		{"name: x\nsuite: \"\"\nmirror: ftp://x\n", "mirror"},
 		{"name: x\nsuite: 'book worm'\n", "suite"},
 		{"name: x\ncpu: 65\n", "cpu 65 is out of range 1..64"},
+		{"name: x\ndisk_mb: 10\n", "disk_mb 10 is out of range"},
 		{"name: x\ncpu: -1\n", "cpu -1"},
 		{"name: x\ncpu: 1.5\n", `cpu "1.5" must be a whole number`},
 		{"name: x\nmemory_mb: 1e3\n", "memory_mb"},

@@ -3,8 +3,8 @@ package jupyter
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +32,9 @@ type ExecOptions struct {
 	OutputCap int
 	// Env is set for this run only (needs Options.EnvCode).
 	Env map[string]string
+	// NoHistory runs the cell without counting it in execution_count or
+	// the kernel's history: for the platform's own cells (warm-up).
+	NoHistory bool
 }
 
 // Execute runs code as one cell and returns its outcome. onEvent (may be
@@ -57,10 +60,10 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	}
 	if len(o.Env) > 0 {
 		if k.opts.EnvCode == nil {
-			return agentproto.Execution{}, errors.New("this kernel does not support per-run environment variables")
+			return agentproto.Execution{}, fmt.Errorf("%w: this kernel does not support per-run environment variables", ErrInvalid)
 		}
 		if err := checkEnv(o.Env); err != nil {
-			return agentproto.Execution{}, err
+			return agentproto.Execution{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 		}
 	}
 	if o.OutputCap <= 0 {
@@ -84,14 +87,22 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	r := newRun(o.OutputCap)
 	// The kernel runs shell requests in order, so the env code can be
 	// queued around the cell without waiting for its replies.
+	if k.opts.OutputCapCode != nil && in.outputCap != o.OutputCap {
+		in.sendSilent(k.opts.OutputCapCode(o.OutputCap))
+		in.outputCap = o.OutputCap
+	}
 	var restore string
 	if len(o.Env) > 0 {
 		var set string
 		set, restore = k.opts.EnvCode(o.Env)
 		in.sendSilent(set)
 	}
+	exprs := map[string]any{}
+	if k.opts.DroppedExpr != "" {
+		exprs[droppedKey] = k.opts.DroppedExpr
+	}
 	id, err := in.send(in.shell, "execute_request", executeRequest{
-		Code: code, StoreHistory: true, UserExpressions: map[string]any{},
+		Code: code, StoreHistory: !o.NoHistory, UserExpressions: exprs,
 	}, r.handle)
 	if err != nil {
 		return agentproto.Execution{}, err
@@ -194,10 +205,13 @@ func seconds(d time.Duration) string {
 	return strconv.FormatFloat(d.Seconds(), 'f', -1, 64)
 }
 
-// checkEnv rejects what no environment can hold.
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// checkEnv rejects what no environment can hold, and names that are not
+// identifiers (every EnvCode writes them into code).
 func checkEnv(env map[string]string) error {
 	for k, v := range env {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+		if !envNameRE.MatchString(k) || strings.ContainsRune(v, 0) {
 			return fmt.Errorf("invalid environment variable %q", k)
 		}
 	}
@@ -418,12 +432,19 @@ func (c errorContent) toError() *agentproto.ExecutionError {
 func (r *run) onReply(content json.RawMessage) {
 	var c struct {
 		errorContent
-		ExecutionCount int `json:"execution_count"`
+		ExecutionCount  int `json:"execution_count"`
+		UserExpressions map[string]struct {
+			Data map[string]json.RawMessage `json:"data"`
+		} `json:"user_expressions"`
 	}
 	if json.Unmarshal(content, &c) != nil {
 		return
 	}
 	r.exec.ExecutionCount = c.ExecutionCount
+	if d, ok := c.UserExpressions[droppedKey]; ok {
+		// Counted at the end: the cell's last output may come after this.
+		r.stdout.dropped, r.stderr.dropped = parseDropped(text(d.Data["text/plain"]))
+	}
 	switch c.Status {
 	case "error":
 		// Normally the iopub error came first and wins; this covers
@@ -459,7 +480,7 @@ func (r *run) onStream(name, text string) {
 func (r *run) onResult(res agentproto.Result) {
 	size := len(res.Text) + len(res.HTML) + len(res.Markdown) + len(res.SVG) + len(res.PNG) + len(res.JPEG) +
 		len(res.PDF) + len(res.LaTeX) + len(res.JavaScript)
-	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra}); err == nil {
+	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra, res.Chart, res.Data}); err == nil {
 		size += len(b)
 	}
 	if r.resultsBytes+size > ResultsCap {
@@ -501,6 +522,7 @@ type capped struct {
 	limit   int
 	b       strings.Builder
 	omitted int
+	dropped int // what the kernel itself dropped (Options.DroppedExpr)
 }
 
 // write stores s, returning the part of it that was kept and whether this
@@ -526,10 +548,11 @@ func (c *capped) write(s string) (kept string, truncated bool) {
 }
 
 func (c *capped) String() string {
-	if c.omitted == 0 {
+	omitted := c.omitted + max(c.dropped, 0)
+	if omitted == 0 {
 		return c.b.String()
 	}
-	return c.b.String() + fmt.Sprintf("\n[output truncated: %d bytes omitted]\n", c.omitted)
+	return c.b.String() + fmt.Sprintf("\n[output truncated: %d bytes omitted]\n", omitted)
 }
 
 // toResult maps a mime bundle onto a Result.
@@ -559,6 +582,10 @@ func toResult(data map[string]json.RawMessage, main bool) agentproto.Result {
 			res.JSON = value(raw)
 		case "application/vnd.plotly.v1+json":
 			res.Plotly = value(raw)
+		case agentproto.ChartMIME:
+			res.Chart, _ = value(raw).(map[string]any)
+		case agentproto.TableMIME:
+			res.Data, _ = value(raw).(map[string]any)
 		default:
 			if res.Extra == nil {
 				res.Extra = make(map[string]any)

@@ -32,6 +32,9 @@ var (
 	ErrDead = errors.New("the kernel is dead: restart it")
 	// ErrClosed is returned by every method after Close.
 	ErrClosed = errors.New("the kernel is closed")
+	// ErrInvalid wraps a request the kernel cannot take, such as an
+	// environment variable it cannot hold (a client mistake).
+	ErrInvalid = errors.New("invalid request")
 )
 
 // Launcher starts a kernel process with argv, env (the whole environment,
@@ -87,6 +90,25 @@ type Options struct {
 	// Language-specific: PythonEnvCode for ipykernel. Nil makes Execute
 	// refuse a non-empty Env.
 	EnvCode func(env map[string]string) (set, restore string)
+	// SetupCode runs silently in every new kernel process, at start and
+	// after each restart, before any cell: PythonSetupCode installs the
+	// output and result caps of ipykernel.
+	SetupCode string
+	// OutputCapCode returns code that sets the kernel's own per-cell
+	// output cap to n characters per stream, sent before a cell whose
+	// ExecOptions.OutputCap differs from the last one set; nil: none.
+	OutputCapCode func(n int) string
+	// DroppedExpr is a user expression whose text/plain value holds how
+	// many characters of "stdout" and "stderr" the kernel itself dropped
+	// in the cell (see PythonSetupCode); "" when it drops none.
+	DroppedExpr string
+	// ReseedCode returns code that reseeds what a fresh process seeds at
+	// start (random generators); Reseed runs it. Nil: Reseed does nothing.
+	ReseedCode func() string
+	// InterruptByMessage interrupts with an interrupt_request on the
+	// control channel (kernelspec interrupt_mode "message") instead of
+	// SIGINT, for kernels that a signal would kill, such as Deno's.
+	InterruptByMessage bool
 	// InterruptGrace is how long a timed-out or cancelled cell may take to
 	// stop after an interrupt before the kernel is restarted; default 5 s.
 	InterruptGrace time.Duration
@@ -186,6 +208,10 @@ func (k *Kernel) Interrupt() error {
 }
 
 func (k *Kernel) interrupt(in *instance) error {
+	if k.opts.InterruptByMessage {
+		_, err := in.send(in.control, "interrupt_request", struct{}{}, nil)
+		return err
+	}
 	err := signalInterrupt(in.proc.Pid())
 	if err == nil {
 		return nil
@@ -194,6 +220,21 @@ func (k *Kernel) interrupt(in *instance) error {
 	k.log.Debug("interrupt by signal failed, sending interrupt_request", "err", err)
 	_, err = in.send(in.control, "interrupt_request", struct{}{}, nil)
 	return err
+}
+
+// Reseed runs Options.ReseedCode in the kernel, queued behind a running
+// cell, without waiting: for a kernel restored from an image that other
+// sandboxes restore too, whose random generators would otherwise draw the
+// same numbers in all of them. A dead or closed kernel needs none.
+func (k *Kernel) Reseed() {
+	if k.opts.ReseedCode == nil {
+		return
+	}
+	in, err := k.current()
+	if err != nil {
+		return
+	}
+	in.sendSilent(k.opts.ReseedCode())
 }
 
 // Restart kills the kernel (its state is lost) and starts a fresh one with
@@ -208,6 +249,21 @@ func (k *Kernel) Restart(ctx context.Context) error {
 		return ErrClosed
 	}
 	return k.restartLocked(ctx, "the kernel was restarted")
+}
+
+// RestartIfDead is Restart for a kernel found dead: it restarts it unless
+// it is running again (another caller restarted it first), and reports
+// whether it did.
+func (k *Kernel) RestartIfDead(ctx context.Context) (bool, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return false, ErrClosed
+	}
+	if k.inst != nil && !k.inst.exited() {
+		return false, nil
+	}
+	return true, k.restartLocked(ctx, "the kernel was restarted")
 }
 
 // restartIf restarts the kernel only if old is still the current instance,
@@ -278,6 +334,8 @@ type instance struct {
 	mu       sync.Mutex
 	handlers map[string]func(channel string, m *message) // by parent msg_id
 	why      string                                      // why we stopped it, if we did
+
+	outputCap int // the cap last set in the kernel by OutputCapCode; only Execute uses it
 }
 
 // launch starts a kernel process and connects to it, undoing every step if
@@ -434,6 +492,11 @@ func (k *Kernel) launch(ctx context.Context) (in *instance, err error) {
 		}
 	}
 	log.Debug("kernel started", "transport", ci.Transport, "requests", len(asked))
+	if o.SetupCode != "" {
+		// Queued ahead of every cell: the shell runs requests in order.
+		in.sendSilent(o.SetupCode)
+		in.outputCap = DefaultOutputCap
+	}
 	return in, nil
 }
 

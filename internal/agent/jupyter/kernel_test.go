@@ -695,3 +695,18 @@ func pidExists(pid int) bool {
 	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
 	return err == nil
 }
+
+// TestInterruptByMessage times a cell out with an interrupt_request on the
+// control channel instead of SIGINT; the kernel and its state survive.
+func TestInterruptByMessage(t *testing.T) {
+	k := startKernel(t, func(o *Options) { o.InterruptByMessage = true })
+	runCode(t, k, "w = 4", ExecOptions{})
+	pid := k.Pid()
+	e, _ := runCode(t, k, "import time\ntime.sleep(60)", ExecOptions{Timeout: time.Second})
+	if e.Error == nil || e.Error.Name != "TimeoutError" || strings.Contains(e.Error.Value, "restarted") {
+		t.Fatalf("error %+v", e.Error)
+	}
+	if e, _ = runCode(t, k, "w", ExecOptions{}); e.Text != "4" || k.Pid() != pid {
+		t.Fatalf("after the interrupt: %+v, pid %d then %d", e, pid, k.Pid())
+	}
+}

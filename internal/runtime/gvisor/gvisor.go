@@ -35,6 +35,15 @@ type Config struct {
 	AgentPath string       // host path of the static pandastack-agent binary
 	Platform  string       // runsc --platform; "systrap" when empty (no KVM needed)
 	Log       *slog.Logger // operator log; nil discards
+	// MaxAgentLog is the size past which a sandbox's agent.log is rotated
+	// (one old file, agent.log.1, is kept); 0 means DefaultMaxAgentLog.
+	MaxAgentLog int64
+	// DiskMB is the size of a sandbox's disk when its spec gives none:
+	// DefaultDiskMB when 0; negative keeps writes in memory (no disk of
+	// its own, the old behaviour).
+	DiskMB int
+	// DebugLogDir, if set, receives runsc's debug logs (see debugFlags).
+	DebugLogDir string
 }
 
 // Runtime is the gVisor driver.
@@ -46,6 +55,9 @@ type Runtime struct {
 
 	mu   sync.Mutex
 	pids map[string]int // the runsc-sandbox process of each sandbox, for Alive
+
+	stopRotate chan struct{}
+	closeOnce  sync.Once
 }
 
 var _ pandastack.Runtime = (*Runtime)(nil)
@@ -71,30 +83,54 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]int{}}
+	if cfg.MaxAgentLog <= 0 {
+		cfg.MaxAgentLog = DefaultMaxAgentLog
+	}
+	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]int{}, stopRotate: make(chan struct{})}
 	for _, d := range []string{r.root, r.sbxRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
 		}
 	}
+	go r.rotateLoop(cfg.MaxAgentLog, 10*time.Second, r.stopRotate)
 	return r, nil
 }
 
 func (r *Runtime) dir(id string) string { return filepath.Join(r.sbxRoot, id) }
 
-// globalFlags are the runsc flags shared by every subcommand; runsc checks
-// that restore and checkpoint use the same ones as run. runsc creates the
+// globalFlags are the runsc flags shared by every subcommand. runsc creates the
 // log file's directory, so only `run` logs into the sandbox's directory:
 // anything else would bring a removed directory back.
 func (r *Runtime) globalFlags(logFile string) []string {
-	return []string{
+	return r.flags(logFile, "none", "root:memory")
+}
+
+// flags are the global flags with the given --network and --overlay2
+// values. network is "none" (loopback only) or "sandbox" (runsc's own
+// network stack takes over the interface of the namespace the sandbox
+// joins). Only run and restore act on either; other commands (checkpoint
+// included) ignore them, and an image checkpointed with either network
+// restores with either (tried: the restored stack takes the new
+// namespace's addresses and routes).
+func (r *Runtime) flags(logFile, network, overlay string) []string {
+	return append([]string{
 		"--root=" + r.root,
 		"--platform=" + r.cfg.Platform,
-		"--network=none",
-		"--overlay2=root:memory",
+		"--network=" + network,
+		"--overlay2=" + overlay,
 		// runsc would log to stdout by default: that is the agent channel.
 		"--log=" + logFile,
+	}, r.debugFlags()...)
+}
+
+// debugFlags turn on runsc's debug logs, one file per runsc process (the
+// command, the sandbox, the gofer) with microsecond timestamps: for
+// profiling (bench's restore profile), far too verbose for a server.
+func (r *Runtime) debugFlags() []string {
+	if r.cfg.DebugLogDir == "" {
+		return nil
 	}
+	return []string{"--debug", "--debug-log=" + filepath.Clean(r.cfg.DebugLogDir) + "/"}
 }
 
 func (r *Runtime) runsc(ctx context.Context, args ...string) ([]byte, error) {
@@ -130,6 +166,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	if st != pandastack.RuntimeRunning {
 		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not running", id)
 	}
+	disk := sandboxDisk(r.dir(id)) // before a checkpoint that stops it removes the dir
 	args := []string{"checkpoint", "--image-path=" + imageDir, "--exclude-committed-zero-pages"}
 	if leaveRunning {
 		args = append(args, "--leave-running")
@@ -137,9 +174,13 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	if _, err := r.runsc(ctx, append(args, id)...); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
+	merr := markImageDisk(imageDir, disk)
 	if !leaveRunning {
 		// The container stopped with the checkpoint; remove what is left.
 		r.Stop(ctx, id)
+	}
+	if merr != nil {
+		return fmt.Errorf("checkpoint %s: %w", id, merr)
 	}
 	return nil
 }
@@ -172,7 +213,21 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 			return nil, fmt.Errorf("start %s: mkfifo: %w", spec.ID, err)
 		}
 	}
-	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec), "", "  ")
+	disk, err := r.diskFor(spec, imageDir)
+	if err != nil {
+		return nil, err
+	}
+	if disk > 0 && !flagSafe(dir) {
+		if imageDir != "" {
+			return nil, pandastack.Errorf(pandastack.EInvalid, "the image has a disk, which runsc cannot place in %q (a ',', ':' or '=' in the path)", dir)
+		}
+		r.log.Warn("the state directory's path cannot carry a disk in runsc's flags; the sandbox writes to memory", "dir", dir)
+		disk = 0
+	}
+	if err := os.WriteFile(filepath.Join(dir, diskFile), []byte(strconv.Itoa(disk)), 0o600); err != nil {
+		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, disk > 0), "", "  ")
 	if err != nil {
 		return nil, err
 	}
@@ -208,7 +263,11 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 			args = append(args[:1], append([]string{"--background"}, args[1:]...)...)
 		}
 	}
-	cmd := exec.Command(r.cfg.Runsc, append(r.globalFlags(filepath.Join(dir, "runsc.log")), args...)...)
+	network := "none"
+	if spec.NetNS != "" {
+		network = "sandbox"
+	}
+	cmd := exec.Command(r.cfg.Runsc, append(r.flags(filepath.Join(dir, "runsc.log"), network, overlayFlag(dir, disk)), args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, agentLog
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// Stop, not just runsc delete: a runsc killed half-way may leave
@@ -263,10 +322,11 @@ func (p *pipeConn) Close() error {
 	return err
 }
 
-// Close unmounts the network namespace that runsc pins under its root to
+// Close stops rotating the sandboxes' logs and unmounts the network namespace that runsc pins under its root to
 // speed up later starts (runsc's null-netns). Running sandboxes keep their
 // own reference to it; the next start pins a new one. Call it on shutdown.
 func (r *Runtime) Close() error {
+	r.closeOnce.Do(func() { close(r.stopRotate) })
 	p := filepath.Join(r.root, "null-netns")
 	// Concurrent starts can stack several bind mounts on the same path.
 	for syscall.Unmount(p, syscall.MNT_DETACH) == nil {
@@ -314,8 +374,12 @@ func (r *Runtime) forgetPID(id string) {
 
 // DeathReason implements pandastack.Runtime.
 func (r *Runtime) DeathReason(id string) string {
-	if validID(id) && oomKilled(cgroupPath(id)) {
+	switch {
+	case !validID(id):
+	case oomKilled(cgroupPath(id)):
 		return pandastack.ReasonOutOfMemory
+	case pidsExhausted(cgroupPath(id)):
+		return pandastack.ReasonPIDsLimit
 	}
 	return ""
 }
@@ -421,8 +485,10 @@ func (r *Runtime) Stats(ctx context.Context, id string) (pandastack.RuntimeStats
 	if len(pids) == 0 {
 		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no processes of sandbox %q", id)
 	}
-	var st pandastack.RuntimeStats
-	st.PIDs = pids
+	st := pandastack.RuntimeStats{PIDs: pids, CPUNanos: -1}
+	if validID(id) {
+		st.CPUNanos = cpuNanos(cgroupPath(id))
+	}
 	for _, p := range pids {
 		st.PSSBytes += pss(p)
 	}

@@ -28,6 +28,11 @@ func busyboxRootFS(t *testing.T) string {
 		}
 	}
 	os.Chown(filepath.Join(root, "home/user"), 1000, 1000)
+	// As in a template: a non-empty /tmp, which runsc leaves on the sandbox's disk.
+	os.Chmod(filepath.Join(root, "tmp"), 0o1777)
+	if err := os.WriteFile(filepath.Join(root, "tmp/.pandastack-disk"), nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
 	b, err := os.ReadFile(bb)
 	if err != nil {
 		t.Fatal(err)

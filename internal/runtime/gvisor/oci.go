@@ -3,6 +3,7 @@ package gvisor
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/pandastack/pandastack"
@@ -66,6 +67,7 @@ type ociLinux struct {
 
 type ociNS struct {
 	Type string `json:"type"`
+	Path string `json:"path,omitempty"` // join this namespace instead of making one
 }
 
 type ociResources struct {
@@ -91,7 +93,11 @@ var agentCaps = []string{
 
 func cgroupPath(id string) string { return "/pandastack/" + id }
 
-func (r *Runtime) ociSpec(s pandastack.RuntimeSpec) ociSpec {
+// ociSpec is the bundle's spec. With a disk of its own the sandbox keeps
+// /tmp on that disk (runsc would still mount a tmpfs over an empty /tmp:
+// templates leave a file there); without, /tmp is a tmpfs in memory, as
+// images taken that way expect (a restore needs the checkpoint's mounts).
+func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
 	spec := ociSpec{
 		Version: "1.0.2",
@@ -111,12 +117,14 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec) ociSpec {
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 			{Destination: agentproto.AgentPath, Type: "bind", Source: r.cfg.AgentPath, Options: []string{"bind", "ro"}},
 		},
 		Linux: ociLinux{
-			Namespaces: []ociNS{{"pid"}, {"network"}, {"ipc"}, {"uts"}, {"mount"}},
+			Namespaces: []ociNS{{Type: "pid"}, {Type: "network", Path: s.NetNS}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},
 		},
+	}
+	if !ownDisk {
+		spec.Mounts = append(spec.Mounts, ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}})
 	}
 	if s.MemoryMB > 0 || s.CPU > 0 || s.PIDs > 0 {
 		res := &ociResources{}
@@ -135,6 +143,14 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec) ociSpec {
 			res.Pids = &struct {
 				Limit int64 `json:"limit"`
 			}{int64(s.PIDs)}
+			// The host's pids limit counts gVisor's own threads too, and
+			// systrap gives each task host pids of its own: filling it
+			// kills the whole sandbox. RLIMIT_NPROC, which gVisor enforces
+			// per user, stops a fork bomb inside first, with EAGAIN in user
+			// code. The agent sets it on itself (agentproto.NProcEnv): in
+			// the spec's rlimits it would have to match every checkpoint
+			// restored, and no image taken before it could be.
+			spec.Process.Env = append(spec.Process.Env, agentproto.NProcEnv+"="+strconv.Itoa(nprocLimit(s.PIDs)))
 		}
 		spec.Linux.Resources = res
 		spec.Linux.CgroupsPath = cgroupPath(s.ID)
@@ -153,22 +169,58 @@ func removeCgroups(rel string) {
 	}
 }
 
+// nprocLimit is RLIMIT_NPROC for a sandbox whose host pids limit is pids.
+// Measured here (systrap): an idle code-interpreter sandbox holds 52 host
+// pids, and each process inside adds 2 (its stub process and thread). So
+// a quarter of the limit is kept for gVisor itself and half of the rest
+// for the sandbox's tasks: 384 of 1024.
+func nprocLimit(pids int) int { return max((pids-pids/4)/2, 16) }
+
+// pidsExhausted reports whether the sandbox's pids cgroup refused a fork
+// (cgroup v1 or v2 pids.events "max N" with N > 0).
+func pidsExhausted(rel string) bool {
+	return cgroupEvent("max", filepath.Join("/sys/fs/cgroup/pids", rel, "pids.events"), filepath.Join("/sys/fs/cgroup", rel, "pids.events"))
+}
+
 // oomKilled reports whether the kernel's OOM killer struck in the
 // sandbox's memory cgroup (cgroup v1 memory.oom_control, or v2 memory.events).
 func oomKilled(rel string) bool {
-	for _, f := range []string{
-		filepath.Join("/sys/fs/cgroup/memory", rel, "memory.oom_control"),
-		filepath.Join("/sys/fs/cgroup", rel, "memory.events"),
-	} {
+	return cgroupEvent("oom_kill", filepath.Join("/sys/fs/cgroup/memory", rel, "memory.oom_control"), filepath.Join("/sys/fs/cgroup", rel, "memory.events"))
+}
+
+// cgroupEvent reports whether any of the files (of "key count" lines)
+// counts key at least once.
+func cgroupEvent(key string, files ...string) bool {
+	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
 		}
 		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, " "); ok && k == "oom_kill" && v != "0" {
+			if k, v, ok := strings.Cut(l, " "); ok && k == key && v != "0" {
 				return true
 			}
 		}
 	}
 	return false
+}
+
+// cpuNanos reads the CPU time used by everything in the sandbox's cgroup
+// (cgroup v1 cpuacct.usage, or v2 cpu.stat's usage_usec), or -1.
+func cpuNanos(rel string) int64 {
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", rel, "cpuacct.usage")); err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			return n
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", rel, "cpu.stat")); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, " "); ok && k == "usage_usec" {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					return n * 1000
+				}
+			}
+		}
+	}
+	return -1
 }

@@ -31,7 +31,7 @@ import (
 type Env struct {
 	// New returns a fresh runtime; the suite stops every sandbox it starts.
 	New func(t *testing.T) pandastack.Runtime
-	// RootFS is a root filesystem with /bin/sh, head, tail, sleep, id and a
+	// RootFS is a root filesystem with /bin/sh, head, tail, sleep, id, dd, wc and a
 	// /home/user directory.
 	RootFS string
 }
@@ -48,6 +48,7 @@ func Run(t *testing.T, env Env) {
 		{"FailedStartLeavesNothing", testFailedStart},
 		{"DuplicateID", testDuplicateID},
 		{"MemoryLimit", testMemoryLimit},
+		{"DiskOfItsOwn", testDisk},
 		{"ConcurrentStarts", testConcurrent},
 		{"ContextDoesNotOwnSandbox", testContextDoesNotOwn},
 		{"CheckpointRestoreFork", testCheckpointRestore},
@@ -202,6 +203,18 @@ func testStartHelloStop(t *testing.T, env Env) {
 	if err != nil || stats.PSSBytes < 1<<20 || len(stats.PIDs) == 0 {
 		t.Fatalf("Stats = %+v %v", stats, err)
 	}
+	if stats.CPUNanos == 0 || stats.CPUNanos < -1 {
+		t.Fatalf("Stats.CPUNanos = %d: a booted sandbox has used CPU (or say -1 for unknown)", stats.CPUNanos)
+	}
+	// With resources set, the CPU time is measured.
+	id2 := newID()
+	s2 := dial(t, start(t, rt, pandastack.RuntimeSpec{ID: id2, RootFS: env.RootFS, CPU: 1, MemoryMB: 256}))
+	s2.exec(t, "true")
+	s2.close()
+	if st, err := rt.Stats(ctx, id2); err != nil || st.CPUNanos <= 0 {
+		t.Fatalf("Stats of a sandbox with a CPU limit = %+v %v; want its CPU time", st, err)
+	}
+	rt.Stop(ctx, id2)
 	if err := rt.Stop(ctx, id); err != nil {
 		t.Fatal(err)
 	}
@@ -360,6 +373,54 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// A sandbox's disk is not its memory (issue 11 item 11): a file larger than
+// the sandbox's memory fits on a larger disk, a full disk is ENOSPC to the
+// writer (in /tmp too) and the sandbox lives on, and the disk's content and
+// size come back with a restore.
+func testDisk(t *testing.T, env Env) {
+	rt := env.New(t)
+	ctx := context.Background()
+	id := newID()
+	rwc := start(t, rt, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS, MemoryMB: 128, DiskMB: 256})
+	s := dial(t, rwc)
+	defer s.close()
+	if out, ev := s.exec(t, "head -c 200000000 /dev/zero > /home/user/big && wc -c < /home/user/big"); strings.TrimSpace(out) != "200000000" {
+		t.Fatalf("200 MB onto a 256 MB disk of a 128 MB sandbox: %q, %+v", out, ev)
+	}
+	for _, p := range []string{"/home/user/more", "/tmp/more"} {
+		out, ev, err := s.tryExec("dd if=/dev/zero of=" + p + " bs=1M count=100 2>&1; echo exit=$?")
+		if err != nil {
+			t.Fatalf("filling the disk through %s killed the sandbox: %v", p, err)
+		}
+		if !strings.Contains(out, "No space left on device") || strings.Contains(out, "exit=0") {
+			t.Fatalf("filling the disk through %s: %q %+v, want ENOSPC", p, out, ev)
+		}
+		s.exec(t, "rm -f "+p)
+	}
+	if !rt.Alive(id) {
+		t.Fatal("the sandbox died of a full disk")
+	}
+	s.exec(t, "rm /home/user/big && head -c 150000000 /dev/zero > /home/user/f")
+	img := t.TempDir()
+	if err := rt.Checkpoint(ctx, id, img, true); err != nil {
+		t.Fatal(err)
+	}
+	cid := newID()
+	crwc, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: cid, RootFS: env.RootFS, MemoryMB: 128}, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Stop(context.Background(), cid) })
+	k := dial(t, crwc)
+	defer k.close()
+	if out, _ := k.exec(t, "wc -c < /home/user/f"); strings.TrimSpace(out) != "150000000" {
+		t.Fatalf("the restored disk holds %q bytes of f", out)
+	}
+	if out, _, _ := k.tryExec("dd if=/dev/zero of=/home/user/g bs=1M count=150 2>&1; echo exit=$?"); !strings.Contains(out, "No space left on device") {
+		t.Fatalf("the restored disk is not its 256 MB: writing 150 MB more gave %q", out)
+	}
 }
 
 func testCheckpointRestore(t *testing.T, env Env) {

@@ -128,6 +128,9 @@ var migrations = []string{
 	);
 	CREATE INDEX snapshots_project ON snapshots (project_id, created_at);
 	CREATE INDEX snapshots_metadata ON snapshots USING gin (metadata jsonb_path_ops);`,
+	`ALTER TABLE sandboxes ADD COLUMN idle_timeout_seconds bigint NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN pause_reason text NOT NULL DEFAULT '';
+	ALTER TABLE sandboxes ADD COLUMN rootfs text NOT NULL DEFAULT '';`,
 }
 
 // migrateLock is the advisory lock key every pandastack process takes while
@@ -425,13 +428,14 @@ func (s *Store) RevokeAPIKey(ctx context.Context, idOrPrefix string, t time.Time
 // --- sandboxes ---
 
 const sandboxColumns = `id, project_id, template, state, metadata, cpu, memory_mb,
-	created_at, expires_at, stopped_at, stop_reason, auto_resume`
+	created_at, expires_at, stopped_at, stop_reason, auto_resume, idle_timeout_seconds, pause_reason, rootfs`
 
 func scanSandbox(row pgx.Row) (pandastack.Sandbox, error) {
 	var sb pandastack.Sandbox
 	var md []byte
 	if err := row.Scan(&sb.ID, &sb.ProjectID, &sb.Template, &sb.State, &md, &sb.CPU, &sb.MemoryMB,
-		&sb.CreatedAt, &sb.ExpiresAt, &sb.StoppedAt, &sb.StopReason, &sb.AutoResume); err != nil {
+		&sb.CreatedAt, &sb.ExpiresAt, &sb.StoppedAt, &sb.StopReason, &sb.AutoResume,
+		&sb.IdleTimeoutSeconds, &sb.PauseReason, &sb.RootFS); err != nil {
 		return pandastack.Sandbox{}, err
 	}
 	var err error
@@ -454,7 +458,7 @@ func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) (
 
 // CreateSandbox implements pandastack.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error {
-	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason) {
+	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason, sb.PauseReason, sb.RootFS) {
 		return pandastack.ErrUnstorableText("sandbox", sb.ID)
 	}
 	md, err := metajson.Encode(sb.Metadata)
@@ -463,9 +467,10 @@ func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error 
 	}
 	_, err = s.pool.Exec(ctx,
 		`INSERT INTO sandboxes (`+sandboxColumns+`)
-		 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12)`,
+		 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`,
 		sb.ID, sb.ProjectID, sb.Template, string(sb.State), md, sb.CPU, sb.MemoryMB,
-		millis(sb.CreatedAt), millis(sb.ExpiresAt), millisPtr(sb.StoppedAt), sb.StopReason, sb.AutoResume)
+		millis(sb.CreatedAt), millis(sb.ExpiresAt), millisPtr(sb.StoppedAt), sb.StopReason, sb.AutoResume,
+		sb.IdleTimeoutSeconds, sb.PauseReason, sb.RootFS)
 	if pgCode(err) == uniqueViolation {
 		return pandastack.Errorf(pandastack.EConflict, "sandbox %q already exists", sb.ID)
 	}
@@ -520,23 +525,37 @@ func (s *Store) ListSandboxes(ctx context.Context, f pandastack.SandboxFilter) (
 // SetSandboxState implements pandastack.Store.
 func (s *Store) SetSandboxState(ctx context.Context, id string, state pandastack.SandboxState, reason string, at time.Time) error {
 	var stoppedAt *time.Time
-	if state == pandastack.StateStopped {
+	var stopReason, pauseReason string
+	switch state {
+	case pandastack.StateStopped:
 		m := millis(at)
-		stoppedAt = &m
-	} else {
-		reason = ""
+		stoppedAt, stopReason = &m, reason
+	case pandastack.StatePaused:
+		pauseReason = reason
 	}
-	if !pandastack.StorableText(string(state), reason) {
+	if !pandastack.StorableText(string(state), stopReason, pauseReason) {
 		return pandastack.ErrUnstorableText("sandbox", id)
 	}
 	if !pandastack.StorableText(id) {
 		return notFound("sandbox", id)
 	}
 	tag, err := s.pool.Exec(ctx,
-		`UPDATE sandboxes SET state = $1, stop_reason = $2, stopped_at = $3 WHERE id = $4`,
-		string(state), reason, stoppedAt, id)
+		`UPDATE sandboxes SET state = $1, stop_reason = $2, stopped_at = $3, pause_reason = $4 WHERE id = $5`,
+		string(state), stopReason, stoppedAt, pauseReason, id)
 	if err != nil {
 		return fmt.Errorf("set sandbox %s state: %w", id, err)
+	}
+	return affectedOrNotFound(tag, "sandbox", id)
+}
+
+// SetSandboxIdleTimeout implements pandastack.Store.
+func (s *Store) SetSandboxIdleTimeout(ctx context.Context, id string, seconds int64) error {
+	if !pandastack.StorableText(id) {
+		return notFound("sandbox", id)
+	}
+	tag, err := s.pool.Exec(ctx, `UPDATE sandboxes SET idle_timeout_seconds = $1 WHERE id = $2`, seconds, id)
+	if err != nil {
+		return fmt.Errorf("set sandbox %s idle timeout: %w", id, err)
 	}
 	return affectedOrNotFound(tag, "sandbox", id)
 }

@@ -126,6 +126,9 @@ var migrations = []string{
 	CREATE INDEX snapshots_project ON snapshots(project_id, created_at);`,
 
 	`ALTER TABLE sandboxes ADD COLUMN auto_resume INTEGER NOT NULL DEFAULT 0 CHECK (auto_resume IN (0, 1));`,
+	`ALTER TABLE sandboxes ADD COLUMN idle_timeout_seconds INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN pause_reason TEXT NOT NULL DEFAULT '';
+	ALTER TABLE sandboxes ADD COLUMN rootfs TEXT NOT NULL DEFAULT '';`,
 }
 
 func (s *Store) migrate(ctx context.Context) error {
@@ -195,6 +198,12 @@ func fromNullMillis(n sql.NullInt64) *time.Time {
 func constraint(err error, code int) bool {
 	var e *sqlite.Error
 	return errors.As(err, &e) && e.Code() == code
+}
+
+// isFull reports whether err is SQLite's "database or disk is full".
+func isFull(err error) bool {
+	var e *sqlite.Error
+	return errors.As(err, &e) && e.Code()&0xff == sqlite3.SQLITE_FULL
 }
 
 func isUnique(err error) bool {
@@ -400,7 +409,7 @@ func (s *Store) RevokeAPIKey(ctx context.Context, idOrPrefix string, t time.Time
 // --- sandboxes ---
 
 const sandboxColumns = `id, project_id, template, state, metadata, cpu, memory_mb,
-	created_at, expires_at, stopped_at, stop_reason, auto_resume`
+	created_at, expires_at, stopped_at, stop_reason, auto_resume, idle_timeout_seconds, pause_reason, rootfs`
 
 func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error) {
 	var sb pandastack.Sandbox
@@ -408,7 +417,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error
 	var created, expires int64
 	var stopped sql.NullInt64
 	if err := row.Scan(&sb.ID, &sb.ProjectID, &sb.Template, &sb.State, &md, &sb.CPU, &sb.MemoryMB,
-		&created, &expires, &stopped, &sb.StopReason, &sb.AutoResume); err != nil {
+		&created, &expires, &stopped, &sb.StopReason, &sb.AutoResume, &sb.IdleTimeoutSeconds, &sb.PauseReason, &sb.RootFS); err != nil {
 		return pandastack.Sandbox{}, err
 	}
 	var err error
@@ -440,7 +449,7 @@ func querySandboxes(ctx context.Context, db *sql.DB, query string, args ...any) 
 
 // CreateSandbox implements pandastack.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error {
-	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason) {
+	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason, sb.PauseReason, sb.RootFS) {
 		return pandastack.ErrUnstorableText("sandbox", sb.ID)
 	}
 	md, err := metajson.Encode(sb.Metadata)
@@ -448,11 +457,15 @@ func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error 
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
 	_, err = s.db.ExecContext(ctx,
-		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.ProjectID, sb.Template, string(sb.State), md, sb.CPU, sb.MemoryMB,
-		millis(sb.CreatedAt), millis(sb.ExpiresAt), millisPtr(sb.StoppedAt), sb.StopReason, sb.AutoResume)
+		millis(sb.CreatedAt), millis(sb.ExpiresAt), millisPtr(sb.StoppedAt), sb.StopReason, sb.AutoResume,
+		sb.IdleTimeoutSeconds, sb.PauseReason, sb.RootFS)
 	if isUnique(err) {
 		return pandastack.Errorf(pandastack.EConflict, "sandbox %q already exists", sb.ID)
+	}
+	if isFull(err) {
+		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EStorage, "the server's disk is full; the sandbox was not created"), err)
 	}
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
@@ -506,19 +519,32 @@ func (s *Store) ListSandboxes(ctx context.Context, f pandastack.SandboxFilter) (
 // SetSandboxState implements pandastack.Store.
 func (s *Store) SetSandboxState(ctx context.Context, id string, state pandastack.SandboxState, reason string, at time.Time) error {
 	stoppedAt := sql.NullInt64{}
-	if state == pandastack.StateStopped {
+	var stopReason, pauseReason string
+	switch state {
+	case pandastack.StateStopped:
 		stoppedAt = sql.NullInt64{Int64: millis(at), Valid: true}
-	} else {
-		reason = ""
+		stopReason = reason
+	case pandastack.StatePaused:
+		pauseReason = reason
 	}
 	if !pandastack.StorableText(string(state), reason) {
 		return pandastack.ErrUnstorableText("sandbox", id)
 	}
 	res, err := s.db.ExecContext(ctx,
-		`UPDATE sandboxes SET state = ?, stop_reason = ?, stopped_at = ? WHERE id = ?`,
-		string(state), reason, stoppedAt, id)
+		`UPDATE sandboxes SET state = ?, stop_reason = ?, stopped_at = ?, pause_reason = ? WHERE id = ?`,
+		string(state), stopReason, stoppedAt, pauseReason, id)
 	if err != nil {
 		return fmt.Errorf("set sandbox %s state: %w", id, err)
+	}
+	return rowsAffectedOrNotFound(res, "sandbox", id)
+}
+
+// SetSandboxIdleTimeout implements pandastack.Store.
+func (s *Store) SetSandboxIdleTimeout(ctx context.Context, id string, seconds int64) error {
+	res, err := s.db.ExecContext(ctx,
+		`UPDATE sandboxes SET idle_timeout_seconds = ? WHERE id = ?`, seconds, id)
+	if err != nil {
+		return fmt.Errorf("set sandbox %s idle timeout: %w", id, err)
 	}
 	return rowsAffectedOrNotFound(res, "sandbox", id)
 }

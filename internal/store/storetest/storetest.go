@@ -56,6 +56,7 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"PausedSandbox", testPausedSandbox},
 		{"ExpiredPausedSandboxes", testExpiredPausedSandboxes},
 		{"AutoResume", testAutoResume},
+		{"IdleSuspend", testIdleSuspend},
 		{"Snapshot", testSnapshot},
 		{"SnapshotTimestamps", testSnapshotTimestamps},
 		{"SnapshotMetadataNilAndEmpty", testSnapshotMetadataNilAndEmpty},
@@ -196,7 +197,9 @@ func checkSandbox(t *testing.T, got, want pandastack.Sandbox) {
 	t.Helper()
 	if got.ID != want.ID || got.ProjectID != want.ProjectID || got.Template != want.Template ||
 		got.State != want.State || got.CPU != want.CPU || got.MemoryMB != want.MemoryMB ||
-		got.StopReason != want.StopReason || got.AutoResume != want.AutoResume {
+		got.StopReason != want.StopReason || got.AutoResume != want.AutoResume ||
+		got.IdleTimeoutSeconds != want.IdleTimeoutSeconds || got.PauseReason != want.PauseReason ||
+		got.RootFS != want.RootFS {
 		t.Errorf("sandbox = %+v\nwant %+v", got, want)
 	}
 	checkMetadata(t, "sandbox "+want.ID, got.Metadata, want.Metadata)
@@ -951,7 +954,7 @@ func testPausedSandbox(t *testing.T, s pandastack.Store) {
 	// Paused by a state change: no stop reason or time is kept.
 	run := sandbox("sbx_r", 1)
 	mustSandbox(t, s, run)
-	if err := s.SetSandboxState(ctx, "sbx_r", pandastack.StatePaused, "ignored", base.Add(time.Minute)); err != nil {
+	if err := s.SetSandboxState(ctx, "sbx_r", pandastack.StatePaused, pandastack.PauseRequested, base.Add(time.Minute)); err != nil {
 		t.Fatalf("SetSandboxState(paused): %v", err)
 	}
 	run.State = pandastack.StatePaused
@@ -1366,4 +1369,43 @@ func testSnapshotCancelledContext(t *testing.T, s pandastack.Store) {
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("ListSnapshots with a cancelled context: err = %v, want context.Canceled", err)
 	}
+}
+
+// The idle timeout is stored as given and changed only by its setter; the
+// pause reason lives while paused and goes with any other state.
+func testIdleSuspend(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	want := sandbox("sbx_1", 0)
+	want.IdleTimeoutSeconds = 300
+	want.RootFS = "/var/cache/pandastack/templates/base-0123/rootfs" // kept as given
+	mustSandbox(t, s, want)
+	mustSandbox(t, s, sandbox("sbx_2", 1))
+	checkSandbox(t, mustGet(t, s, "sbx_1"), want)
+
+	if err := s.SetSandboxIdleTimeout(ctx, "sbx_1", 0); err != nil {
+		t.Fatalf("SetSandboxIdleTimeout: %v", err)
+	}
+	want.IdleTimeoutSeconds = 0
+	checkSandbox(t, mustGet(t, s, "sbx_1"), want)
+	checkCode(t, "SetSandboxIdleTimeout(unknown)", s.SetSandboxIdleTimeout(ctx, "sbx_9", 5), pandastack.ENotFound)
+
+	if err := s.SetSandboxState(ctx, "sbx_1", pandastack.StatePaused, pandastack.PauseIdle, base); err != nil {
+		t.Fatal(err)
+	}
+	want.State, want.PauseReason = pandastack.StatePaused, pandastack.PauseIdle
+	checkSandbox(t, mustGet(t, s, "sbx_1"), want)
+	if err := s.SetSandboxState(ctx, "sbx_1", pandastack.StateRunning, "", base); err != nil {
+		t.Fatal(err)
+	}
+	want.State, want.PauseReason = pandastack.StateRunning, ""
+	checkSandbox(t, mustGet(t, s, "sbx_1"), want)
+	// Stopping a paused sandbox keeps the stop reason, not the pause reason.
+	s.SetSandboxState(ctx, "sbx_1", pandastack.StatePaused, pandastack.PauseIdle, base)
+	at := base.Add(time.Minute)
+	if err := s.SetSandboxState(ctx, "sbx_1", pandastack.StateStopped, pandastack.StopExpired, at); err != nil {
+		t.Fatal(err)
+	}
+	want.State, want.StopReason, want.StoppedAt = pandastack.StateStopped, pandastack.StopExpired, &at
+	checkSandbox(t, mustGet(t, s, "sbx_1"), want)
+	checkSandbox(t, mustGet(t, s, "sbx_2"), sandbox("sbx_2", 1))
 }

@@ -112,6 +112,7 @@ def test_request_bodies():
     # a restore takes the snapshot's template
     assert create_body("base", 60, {"a": 1}, None, "snap_x", None, None, True) == {
         "snapshot_id": "snap_x", "ttl_seconds": 60, "metadata": {"a": "1"}, "auto_resume": True}
+    assert create_body("base", None, None, None, None, None, None, None, 0) == {"template": "base", "idle_timeout_seconds": 0}
     assert exec_body("ls", None, None, None, None) == {"cmd": "ls"}
     assert exec_body(("ls", "-l"), 2, {"A": "b"}, "/tmp", b"in") == {
         "argv": ["ls", "-l"], "timeout_seconds": 2.0, "env": {"A": "b"}, "cwd": "/tmp", "stdin": "in"}

@@ -86,6 +86,19 @@ def test_set_ttl(sandbox):
     assert sandbox.expires_at < datetime.now(timezone.utc) + timedelta(seconds=90)
 
 
+def test_idle_timeout(sandbox):
+    assert sandbox.idle_timeout_seconds == 300  # the server's default
+    assert sandbox.pause_reason is None
+    sandbox.set_idle_timeout(0)
+    assert sandbox.idle_timeout_seconds == 0
+    assert Sandbox.connect(sandbox.id).idle_timeout_seconds == 0
+    other = Sandbox.create(idle_timeout_seconds=45)
+    try:
+        assert other.idle_timeout_seconds == 45
+    finally:
+        other.kill()
+
+
 def test_refresh(sandbox):
     assert sandbox.refresh() is sandbox
     assert sandbox.state == "running"

@@ -7,7 +7,7 @@ import { PandaStackError } from "./errors.js";
 import { type HttpClient, streamError } from "./http.js";
 
 /** Languages a code context can run. */
-export type Language = "python" | "bash" | (string & {});
+export type Language = "python" | "bash" | "javascript" | "typescript" | "r" | (string & {});
 
 /**
  * One rich output of a run: a `display()`, a `plt.show()`, or the cell's last
@@ -35,8 +35,77 @@ export interface Result {
   javascript?: string;
   /** application/vnd.plotly.v1+json, decoded */
   plotly?: unknown;
+  /** A displayed matplotlib figure's structure (code-interpreter template). */
+  chart?: Chart;
+  /** A displayed pandas DataFrame or Series as JSON values (code-interpreter template). */
+  data?: Table;
   /** Other MIME types, keyed by MIME type. */
   extra?: Record<string, unknown>;
+  /** The representations present, e.g. `["text", "png", "chart"]`, then the `extra` MIME types. */
+  formats(): string[];
+}
+
+/**
+ * One element of a Chart; its keys depend on the chart's type: line and
+ * scatter have `label` and `points` (`[x, y]`, x or y an ISO 8601 string on
+ * a datetime axis, a category on a categorical one); bar has `label`,
+ * `value`, `group`; pie `label`, `angle` (degrees), `radius`;
+ * box_and_whisker `label`, `min`, `first_quartile`, `median`,
+ * `third_quartile`, `max`, `outliers`.
+ */
+export interface ChartElement {
+  label?: string | null;
+  points?: [unknown, unknown][];
+  value?: number | null;
+  group?: string | null;
+  angle?: number | null;
+  radius?: number | null;
+  min?: number | null;
+  first_quartile?: number | null;
+  median?: number | null;
+  third_quartile?: number | null;
+  max?: number | null;
+  outliers?: (number | null)[];
+}
+
+/**
+ * The structure of a displayed matplotlib figure, read from the figure in
+ * the sandbox. A superchart (several axes) has Charts as elements.
+ * `truncated` says points or elements were left out (5000 points per line,
+ * 1000 elements). Keys are as the API sends them (snake_case).
+ */
+export interface Chart {
+  type: "line" | "scatter" | "bar" | "pie" | "box_and_whisker" | "superchart" | "unknown";
+  title?: string | null;
+  x_label?: string | null;
+  y_label?: string | null;
+  /** linear, log, symlog, logit, datetime or categorical */
+  x_scale?: string;
+  y_scale?: string;
+  x_ticks?: unknown[];
+  x_tick_labels?: string[];
+  y_ticks?: unknown[];
+  y_tick_labels?: string[];
+  elements: (ChartElement | Chart)[];
+  truncated?: boolean;
+}
+
+/**
+ * A displayed pandas DataFrame or Series: at most 1000 rows and 200 columns
+ * (`truncated` when cut); NaN is null, timestamps ISO 8601 strings.
+ */
+export interface Table {
+  kind: "dataframe" | "series";
+  columns: unknown[];
+  dtypes: string[];
+  index: unknown[];
+  index_name?: unknown;
+  /** A Series' name. */
+  name?: string | null;
+  rows: unknown[][];
+  total_rows: number;
+  total_columns: number;
+  truncated?: boolean;
 }
 
 /**
@@ -84,6 +153,11 @@ export interface Execution {
   executionCount: number;
   /** Wall time of the run in milliseconds. */
   durationMs: number;
+  /**
+   * The output under E2B's name: `logs.stdout` and `logs.stderr` as lists of
+   * chunks (here the whole text as one chunk, none when empty).
+   */
+  readonly logs: { stdout: string[]; stderr: string[] };
 }
 
 /**
@@ -110,12 +184,19 @@ export interface RunCodeOptions {
 
 /** Options of a new code context. */
 export interface CreateCodeContextOptions {
-  /** `python` (the default) or `bash`. */
+  /** `python` (the default), `bash`, `javascript`, `typescript` or `r`. */
   language?: Language;
   /** Working directory of the kernel; default `/home/user`. */
   cwd?: string;
   /** Environment variables of the kernel. */
   env?: Record<string, string>;
+  /**
+   * When the kernel dies (a crash, `os._exit`, out of memory), the next run
+   * restarts it and fails with `KernelRestarted` without running (the state
+   * is lost); later runs work. `false`: runs fail with a `ConflictError`
+   * until `restart()`. Default `true`.
+   */
+  autoRestart?: boolean;
 }
 
 /** @internal wire shapes */
@@ -123,6 +204,7 @@ export interface WireContext {
   id: string;
   language: string;
   cwd: string;
+  auto_restart?: boolean;
 }
 
 interface WireResult {
@@ -138,7 +220,31 @@ interface WireResult {
   json?: unknown;
   javascript?: string;
   plotly?: unknown;
+  chart?: Chart;
+  data?: Table;
   extra?: Record<string, unknown>;
+}
+
+/** Result fields in the order `formats()` reports them. */
+const RESULT_FORMATS = [
+  "text",
+  "html",
+  "markdown",
+  "svg",
+  "png",
+  "jpeg",
+  "pdf",
+  "latex",
+  "json",
+  "javascript",
+  "plotly",
+  "chart",
+  "data",
+] as const;
+
+function formats(this: Result): string[] {
+  const out: string[] = RESULT_FORMATS.filter((k) => this[k] !== undefined);
+  return out.concat(Object.keys(this.extra ?? {}).sort());
 }
 
 interface WireError {
@@ -159,12 +265,16 @@ interface WireExecution {
 }
 
 function toResult(w: WireResult): Result {
-  const r: Result = { isMainResult: Boolean(w.is_main_result) };
+  const r = { isMainResult: Boolean(w.is_main_result) } as Result;
+  // Not enumerable: a Result still compares and prints as its data.
+  Object.defineProperty(r, "formats", { value: formats, enumerable: false });
   for (const k of ["text", "html", "markdown", "svg", "png", "jpeg", "pdf", "latex", "javascript"] as const) {
     if (typeof w[k] === "string") r[k] = w[k];
   }
   if (w.json !== undefined) r.json = w.json;
   if (w.plotly !== undefined) r.plotly = w.plotly;
+  if (w.chart != null) r.chart = w.chart;
+  if (w.data != null) r.data = w.data;
   if (w.extra && Object.keys(w.extra).length > 0) r.extra = w.extra;
   return r;
 }
@@ -175,13 +285,19 @@ function toExecutionError(w: WireError): ExecutionError {
 }
 
 function toExecution(w: WireExecution): Execution {
-  const ex: Execution = {
+  const ex = {
     stdout: w.stdout ?? "",
     stderr: w.stderr ?? "",
     results: (w.results ?? []).map(toResult),
     executionCount: w.execution_count ?? 0,
     durationMs: w.duration_ms ?? 0,
-  };
+  } as Execution;
+  Object.defineProperty(ex, "logs", {
+    enumerable: false,
+    get(this: Execution) {
+      return { stdout: this.stdout ? [this.stdout] : [], stderr: this.stderr ? [this.stderr] : [] };
+    },
+  });
   if (w.error) ex.error = toExecutionError(w.error);
   if (typeof w.text === "string") ex.text = w.text;
   if (typeof w.png === "string" && w.png) ex.png = w.png;
@@ -245,6 +361,8 @@ export class CodeContext {
   readonly sandboxId: string;
   readonly language: Language;
   readonly cwd: string;
+  /** Whether a run on a dead kernel restarts it first (see `CreateCodeContextOptions`). */
+  readonly autoRestart: boolean;
   readonly #http: HttpClient;
 
   /** @internal Use `sandbox.createCodeContext()`. */
@@ -254,6 +372,7 @@ export class CodeContext {
     this.id = w.id;
     this.language = w.language;
     this.cwd = w.cwd;
+    this.autoRestart = w.auto_restart ?? true;
   }
 
   #path(sub = ""): string {

@@ -45,6 +45,12 @@ export class ConflictError extends PandaStackError {}
 export class InvalidRequestError extends PandaStackError {}
 
 /**
+ * 422 `network_denied`: a network policy entry lies inside the platform deny
+ * set (the host, private ranges, cloud metadata, ...); nothing changed.
+ */
+export class NetworkDeniedError extends InvalidRequestError {}
+
+/**
  * 503 `sandbox_unavailable`: the sandbox is not running, its agent does not
  * answer, or the server is shutting down.
  */
@@ -67,6 +73,8 @@ export function errorFromCode(code: string, message: string, status?: number): P
     case "invalid_request":
     case "command_not_found":
       return new InvalidRequestError(text, code, status);
+    case "network_denied":
+      return new NetworkDeniedError(text, code, status);
     case "sandbox_unavailable":
       return new SandboxUnavailableError(text, code, status);
     case "timeout":

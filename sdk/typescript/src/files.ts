@@ -62,10 +62,12 @@ export class Files {
     return toFileInfo(w);
   }
 
-  /** Reads a regular file's bytes. */
+  /**
+   * Reads a regular file's bytes. A download that breaks off midway rejects
+   * with a `PandaStackError` of code `stream_error`.
+   */
   async read(path: string): Promise<Uint8Array> {
-    const resp = await this.#http.fetch("GET", this.#base, { query: { path } });
-    return new Uint8Array(await resp.arrayBuffer());
+    return this.#http.bytes("GET", this.#base, { query: { path } });
   }
 
   /** Reads a regular file as UTF-8 text. */

@@ -86,6 +86,23 @@ export class HttpClient {
     return resp;
   }
 
+  /**
+   * Sends a request and reads its raw body. A body that breaks off (the
+   * server aborts a download that failed midway) rejects with a
+   * `stream_error`, never resolves with a truncated body.
+   */
+  async bytes(method: string, path: string, opts: RequestOptions = {}): Promise<Uint8Array> {
+    const resp = await this.fetch(method, path, opts);
+    try {
+      return new Uint8Array(await resp.arrayBuffer());
+    } catch (err) {
+      if (isAbort(err)) throw err;
+      throw new PandaStackError(`${method} ${path}: the download broke off: ${describe(err)}`, "stream_error", resp.status, {
+        cause: err,
+      });
+    }
+  }
+
   /** Sends a request and decodes its JSON answer. */
   async json<T>(method: string, path: string, opts: RequestOptions = {}): Promise<T> {
     const resp = await this.fetch(method, path, opts);

@@ -17,12 +17,16 @@
  * @packageDocumentation
  */
 
+export { Terminal, type TerminalOptions, type WebSocketConstructor, type WebSocketLike } from "./terminal.js";
 export {
+  Commands,
   Sandbox,
   Snapshot,
   type ExecOptions,
   type ExecResult,
   type ForkOptions,
+  type EgressEntry,
+  type NetworkPolicy,
   type SandboxCreateOptions,
   type SandboxInfo,
   type SandboxListOptions,
@@ -31,8 +35,17 @@ export {
   type SnapshotInfo,
 } from "./sandbox.js";
 export {
+  CommandHandle,
+  type OutputChunk,
+  type ProcessInfo,
+  type WaitOptions,
+} from "./commands.js";
+export {
   CodeContext,
   ExecutionError,
+  type Chart,
+  type ChartElement,
+  type Table,
   type CreateCodeContextOptions,
   type Execution,
   type Language,
@@ -45,6 +58,7 @@ export {
   AuthenticationError,
   ConflictError,
   InvalidRequestError,
+  NetworkDeniedError,
   NotFoundError,
   PandaStackError,
   SandboxUnavailableError,

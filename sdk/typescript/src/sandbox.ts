@@ -3,6 +3,7 @@
  * pause/resume, kill.
  */
 
+import { Terminal, type TerminalOptions } from "./terminal.js";
 import {
   CodeContext,
   type CreateCodeContextOptions,
@@ -12,9 +13,21 @@ import {
   type WireContext,
   runCode,
 } from "./code.js";
-import { PandaStackError } from "./errors.js";
+import {
+  CommandHandle,
+  type ExecResult,
+  type ProcessInfo,
+  type WireExecResult,
+  type WireProcess,
+  collectExec,
+  connectProcess,
+  listProcesses,
+  processesPath,
+  toExecResult,
+  toProcessInfo,
+} from "./commands.js";
 import { Files } from "./files.js";
-import { type ConnectionOptions, HttpClient, streamError } from "./http.js";
+import { type ConnectionOptions, HttpClient } from "./http.js";
 
 /** `starting`, `running`, `paused` or `stopped` (more may come). */
 export type SandboxState = "starting" | "running" | "paused" | "stopped" | (string & {});
@@ -37,8 +50,15 @@ export interface SandboxInfo {
   expiresAt: Date;
   /** Present once stopped. */
   stoppedAt?: Date;
-  /** Present once stopped: `expired`, `killed`, `died`, `lost` or `start_failed`. */
+  /** Present once stopped: `expired`, `killed`, `died`, `out_of_memory`, `pids_limit`, `lost` or `start_failed`. */
   stopReason?: string;
+  /**
+   * Seconds idle (nothing running, no request, CPU quiet) after which the
+   * server suspends it to disk; the next request resumes it. 0: never.
+   */
+  idleTimeoutSeconds: number;
+  /** While paused: `idle` when the server suspended it for idleness. */
+  pauseReason?: string;
 }
 
 /** Options of `Sandbox.create`. Every field is optional. */
@@ -58,7 +78,8 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   /**
    * Restore this snapshot (`snap_...`) instead of booting a template: the
    * variables of every code context, files and installed packages come back.
-   * With a snapshot only `ttlSeconds`, `metadata` and `autoResume` apply.
+   * With a snapshot only `ttlSeconds`, `idleTimeoutSeconds`, `metadata` and
+   * `autoResume` apply.
    */
   snapshotId?: string;
   /**
@@ -66,6 +87,13 @@ export interface SandboxCreateOptions extends ConnectionOptions {
    * `ConflictError`. Default false.
    */
   autoResume?: boolean;
+  /**
+   * Suspend it to disk after this many idle seconds; any later request
+   * resumes it transparently. 0: never. Default: the server's (300).
+   */
+  idleTimeoutSeconds?: number;
+  /** Egress policy; default the server's (internet unless configured otherwise). */
+  network?: NetworkPolicy;
   /** CPUs; default the template's. */
   cpu?: number;
   /** Memory limit in MiB; default the template's. */
@@ -101,29 +129,21 @@ export interface ExecOptions {
   onStderr?: (data: string) => void | Promise<void>;
   /** Aborts the request, which kills the command. */
   signal?: AbortSignal;
+  /**
+   * Start the command and resolve at once with a `CommandHandle`; its
+   * output is kept by the server. No default timeout then.
+   */
+  background?: boolean;
 }
 
-/** The outcome of a command. A non-zero exit or a timeout is not an error. */
-export interface ExecResult {
-  stdout: string;
-  stderr: string;
-  /** Exit status; -1 when a signal ended the command. */
-  exitCode: number;
-  /** Wall time from start to exit. */
-  durationMs: number;
-  /** True when `timeout` killed the command. */
-  timedOut: boolean;
-  /** Name of the signal that ended the command, if one did. */
-  signal?: string;
-  /** True when stdout went past the server's cap (4 MiB) and was cut; stream to get all. */
-  stdoutTruncated?: boolean;
-  /** True when stderr went past the server's cap and was cut. */
-  stderrTruncated?: boolean;
-}
+export type { ExecResult } from "./commands.js";
 
 /** Options of `sandbox.runCode`. */
 export interface SandboxRunCodeOptions extends RunCodeOptions {
-  /** Language of the sandbox's default context to run in; default `python`. */
+  /**
+   * Language of the sandbox's default context to run in; default `python`.
+   * With `context`, it must be that context's language (else a 400).
+   */
   language?: Language;
   /** Run in this context instead of the default one. */
   context?: CodeContext | string;
@@ -164,6 +184,44 @@ interface WireSandbox {
   expires_at: string;
   stopped_at?: string;
   stop_reason?: string;
+  idle_timeout_seconds?: number;
+  pause_reason?: string;
+  network?: WireNetworkPolicy;
+}
+
+interface WireNetworkPolicy {
+  allow_internet_access: boolean;
+  allow_out: string[];
+  deny_out: string[];
+}
+
+/**
+ * A sandbox's egress policy. `allowOut` (IPs, CIDRs, domains, `*.domain`)
+ * wins over `denyOut` (IPs, CIDRs); without `allowInternetAccess` only
+ * `allowOut` is reachable. A platform deny set (the host, private ranges,
+ * cloud metadata, other sandboxes) always applies.
+ */
+export interface NetworkPolicy {
+  allowInternetAccess?: boolean;
+  allowOut?: string[];
+  denyOut?: string[];
+}
+
+/** One line of a sandbox's egress log. */
+export interface EgressEntry {
+  time: string;
+  kind: "dns" | "tcp" | "udp";
+  address?: string;
+  port?: number;
+  domain?: string;
+  bytes_out: number;
+  bytes_in: number;
+  allowed: boolean;
+  rule: string;
+}
+
+function wireNetwork(p: NetworkPolicy): WireNetworkPolicy {
+  return { allow_internet_access: p.allowInternetAccess ?? true, allow_out: p.allowOut ?? [], deny_out: p.denyOut ?? [] };
 }
 
 interface WireSnapshot {
@@ -187,9 +245,11 @@ function toInfo(w: WireSandbox): SandboxInfo {
     memoryMb: w.memory_mb,
     createdAt: new Date(w.created_at),
     expiresAt: new Date(w.expires_at),
+    idleTimeoutSeconds: w.idle_timeout_seconds ?? 0,
   };
   if (w.stopped_at) info.stoppedAt = new Date(w.stopped_at);
   if (w.stop_reason) info.stopReason = w.stop_reason;
+  if (w.pause_reason) info.pauseReason = w.pause_reason;
   return info;
 }
 
@@ -223,6 +283,10 @@ export class Sandbox implements SandboxInfo {
   expiresAt!: Date;
   stoppedAt?: Date;
   stopReason?: string;
+  idleTimeoutSeconds!: number;
+  pauseReason?: string;
+  /** Its egress policy, as of the last answer; undefined when the server runs without networking. */
+  network?: NetworkPolicy;
   /** The sandbox's files. */
   readonly files: Files;
   readonly #http: HttpClient;
@@ -245,6 +309,11 @@ export class Sandbox implements SandboxInfo {
     this.expiresAt = info.expiresAt;
     this.stoppedAt = info.stoppedAt;
     this.stopReason = info.stopReason;
+    this.idleTimeoutSeconds = info.idleTimeoutSeconds;
+    this.pauseReason = info.pauseReason;
+    this.network = w.network
+      ? { allowInternetAccess: w.network.allow_internet_access, allowOut: w.network.allow_out ?? [], denyOut: w.network.deny_out ?? [] }
+      : undefined;
   }
 
   #path(sub = ""): string {
@@ -266,6 +335,8 @@ export class Sandbox implements SandboxInfo {
     if (opts.cpu !== undefined) body.cpu = opts.cpu;
     if (opts.memoryMb !== undefined) body.memory_mb = opts.memoryMb;
     if (opts.autoResume !== undefined) body.auto_resume = opts.autoResume;
+    if (opts.idleTimeoutSeconds !== undefined) body.idle_timeout_seconds = opts.idleTimeoutSeconds;
+    if (opts.network !== undefined) body.network = wireNetwork(opts.network);
     return new Sandbox(http, await http.json<WireSandbox>("POST", "/v1/sandboxes", { json: body }));
   }
 
@@ -297,6 +368,49 @@ export class Sandbox implements SandboxInfo {
     this.#update(await this.#http.json<WireSandbox>("PATCH", this.#path(), { json: { ttl_seconds: seconds } }));
   }
 
+  /** Sets the seconds idle after which the server suspends it (0: never). */
+  async setIdleTimeout(seconds: number): Promise<void> {
+    this.#update(await this.#http.json<WireSandbox>("PATCH", this.#path(), { json: { idle_timeout_seconds: seconds } }));
+  }
+
+  /**
+   * Replaces the sandbox's egress policy; it takes effect at once. A rejected
+   * policy (`InvalidRequestError` naming the entry, `NetworkDeniedError` for
+   * the platform deny set) changes nothing.
+   */
+  async setNetwork(policy: NetworkPolicy): Promise<void> {
+    this.#update(await this.#http.json<WireSandbox>("PUT", this.#path("/network"), { json: wireNetwork(policy) }));
+  }
+
+  /** The egress log, oldest first: DNS answers and connections (through NAT or the domain proxy). */
+  async networkLog(): Promise<EgressEntry[]> {
+    const w = await this.#http.json<{ entries: EgressEntry[] | null }>("GET", this.#path("/network/log"));
+    return w.entries ?? [];
+  }
+
+  /**
+   * The URL of a server listening on `port` (on 0.0.0.0) inside the sandbox,
+   * through the server's port proxy. By default it carries an expiring token
+   * and opens in a browser with no header; with `{ token: false }` requests
+   * to it need the API key.
+   */
+  async getUrl(port: number, opts: { token?: boolean; ttlSeconds?: number } = {}): Promise<string> {
+    const path = this.#path(`/ports/${port}/`);
+    if (opts.token === false) return this.#http.apiUrl + path;
+    const body: Record<string, unknown> = {};
+    if (opts.ttlSeconds !== undefined) body.ttl_seconds = opts.ttlSeconds;
+    return (await this.#http.json<{ url: string }>("POST", path + "token", { json: body })).url;
+  }
+
+  /**
+   * Opens an interactive shell on a real terminal in the sandbox (see
+   * `Terminal`). Needs a WebSocket: the global one, or `opts.WebSocket`
+   * (e.g. the `ws` package's on Node 20).
+   */
+  terminal(opts: TerminalOptions = {}): Promise<Terminal> {
+    return Terminal.open(this.#http.apiUrl, this.#http.apiKey, this.id, opts);
+  }
+
   /** Stops the sandbox and deletes it; a later `connect` is a `NotFoundError`. */
   async kill(): Promise<void> {
     await this.#http.empty("DELETE", this.#path());
@@ -310,41 +424,57 @@ export class Sandbox implements SandboxInfo {
    * There is no state between calls; for a notebook-like kernel use
    * `createCodeContext()`.
    */
-  async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult> {
+  async exec(cmd: string | string[], opts: ExecOptions & { background: true }): Promise<CommandHandle>;
+  async exec(cmd: string | string[], opts?: ExecOptions & { background?: false }): Promise<ExecResult>;
+  async exec(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult | CommandHandle> {
     const body: Record<string, unknown> = typeof cmd === "string" ? { cmd } : { argv: cmd };
     if (opts.timeout !== undefined) body.timeout_seconds = opts.timeout;
     if (opts.env !== undefined) body.env = opts.env;
     if (opts.cwd !== undefined) body.cwd = opts.cwd;
     if (opts.stdin !== undefined) body.stdin = opts.stdin;
     const path = this.#path("/exec");
+    if (opts.background) {
+      if (opts.onStdout || opts.onStderr) {
+        throw new TypeError("onStdout/onStderr go to CommandHandle.wait() for a background command");
+      }
+      body.background = true;
+      const w = await this.#http.json<WireProcess>("POST", path, { json: body, signal: opts.signal });
+      return new CommandHandle(this.#http, this.id, toProcessInfo(w));
+    }
     if (!opts.onStdout && !opts.onStderr) {
       const w = await this.#http.json<WireExecResult>("POST", path, { json: body, signal: opts.signal });
       return toExecResult(w, w.stdout ?? "", w.stderr ?? "");
     }
-    let stdout = "";
-    let stderr = "";
-    for await (const ev of this.#http.ndjson("POST", path, { json: body, signal: opts.signal })) {
-      switch (ev.type) {
-        case "stdout": {
-          const data = String(ev.data ?? "");
-          stdout += data;
-          await opts.onStdout?.(data);
-          break;
-        }
-        case "stderr": {
-          const data = String(ev.data ?? "");
-          stderr += data;
-          await opts.onStderr?.(data);
-          break;
-        }
-        case "exit":
-          return toExecResult(ev as WireExecResult, stdout, stderr);
-        case "error":
-          throw streamError(ev.error);
-        default:
-      }
-    }
-    throw new PandaStackError(`exec in ${this.id}: the stream ended without an exit event (cut off?)`, "stream_error");
+    return collectExec(this.#http.ndjson("POST", path, { json: body, signal: opts.signal }), opts, `exec in ${this.id}`);
+  }
+
+  /** Background processes, oldest first: the running ones and the last 64 that ended. */
+  listProcesses(): Promise<ProcessInfo[]> {
+    return listProcesses(this.#http, this.id);
+  }
+
+  /** A handle on background process `pid`; `NotFoundError` if there is none. */
+  connectProcess(pid: number): Promise<CommandHandle> {
+    return connectProcess(this.#http, this.id, pid);
+  }
+
+  /** SIGKILLs background process `pid` and everything it started. */
+  async killProcess(pid: number): Promise<void> {
+    await this.#http.empty("POST", processesPath(this.id, `/${pid}/kill`));
+  }
+
+  /**
+   * E2B's names for commands: `commands.run(cmd, opts)` is `exec`, and
+   * `list`, `kill`, `sendStdin`, `connect` act on background processes.
+   * Unlike E2B's, `run` does not throw on a non-zero exit.
+   */
+  get commands(): Commands {
+    return new Commands(this);
+  }
+
+  /** Alias of `setTtl`, under the name E2B's SDK uses. */
+  setTimeout(seconds: number): Promise<void> {
+    return this.setTtl(seconds);
   }
 
   /** Starts a code context: a persistent Jupyter kernel in this sandbox. */
@@ -353,6 +483,7 @@ export class Sandbox implements SandboxInfo {
     if (opts.language !== undefined) body.language = opts.language;
     if (opts.cwd !== undefined) body.cwd = opts.cwd;
     if (opts.env !== undefined) body.env = opts.env;
+    if (opts.autoRestart !== undefined) body.auto_restart = opts.autoRestart;
     const w = await this.#http.json<WireContext>("POST", this.#path("/contexts"), { json: body });
     return new CodeContext(this.#http, this.id, w);
   }
@@ -371,9 +502,9 @@ export class Sandbox implements SandboxInfo {
     const body: Record<string, unknown> = { code };
     if (opts.context !== undefined) {
       body.context_id = typeof opts.context === "string" ? opts.context : opts.context.id;
-    } else if (opts.language !== undefined) {
-      body.language = opts.language;
     }
+    // With a context too: the server refuses a context of another language.
+    if (opts.language !== undefined) body.language = opts.language;
     return runCode(this.#http, this.#path("/run_code"), body, opts);
   }
 
@@ -449,27 +580,41 @@ export class Snapshot {
   }
 }
 
-interface WireExecResult {
-  stdout?: string;
-  stderr?: string;
-  exit_code?: number;
-  signal?: string;
-  duration_ms?: number;
-  timed_out?: boolean;
-  stdout_truncated?: boolean;
-  stderr_truncated?: boolean;
-}
+/** `sandbox.commands`: E2B's names, as aliases of the sandbox's own methods. */
+export class Commands {
+  readonly #sb: Sandbox;
 
-function toExecResult(w: WireExecResult, stdout: string, stderr: string): ExecResult {
-  const r: ExecResult = {
-    stdout,
-    stderr,
-    exitCode: w.exit_code ?? 0,
-    durationMs: w.duration_ms ?? 0,
-    timedOut: Boolean(w.timed_out),
-  };
-  if (w.signal) r.signal = w.signal;
-  if (w.stdout_truncated) r.stdoutTruncated = true;
-  if (w.stderr_truncated) r.stderrTruncated = true;
-  return r;
+  /** @internal */
+  constructor(sb: Sandbox) {
+    this.#sb = sb;
+  }
+
+  /** Alias of `sandbox.exec`. */
+  run(cmd: string | string[], opts: ExecOptions & { background: true }): Promise<CommandHandle>;
+  run(cmd: string | string[], opts?: ExecOptions & { background?: false }): Promise<ExecResult>;
+  run(cmd: string | string[], opts: ExecOptions = {}): Promise<ExecResult | CommandHandle> {
+    return opts.background
+      ? this.#sb.exec(cmd, { ...opts, background: true })
+      : this.#sb.exec(cmd, { ...opts, background: false });
+  }
+
+  /** Alias of `sandbox.listProcesses`. */
+  list(): Promise<ProcessInfo[]> {
+    return this.#sb.listProcesses();
+  }
+
+  /** Alias of `sandbox.killProcess`. */
+  kill(pid: number): Promise<void> {
+    return this.#sb.killProcess(pid);
+  }
+
+  /** Writes to background process `pid`'s standard input. */
+  async sendStdin(pid: number, data: string): Promise<void> {
+    await (await this.#sb.connectProcess(pid)).sendStdin(data);
+  }
+
+  /** Alias of `sandbox.connectProcess`. */
+  connect(pid: number): Promise<CommandHandle> {
+    return this.#sb.connectProcess(pid);
+  }
 }

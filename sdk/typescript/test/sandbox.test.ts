@@ -109,6 +109,20 @@ test("sandbox lifecycle", async (t) => {
     assert.equal(info.expiresAt.getTime(), sb.expiresAt.getTime());
   });
 
+  await t.test("idleTimeoutSeconds: the server's default, then set with PATCH", async () => {
+    assert.equal(sb.idleTimeoutSeconds, 300);
+    assert.equal(sb.pauseReason, undefined);
+    await sb.setIdleTimeout(0);
+    assert.equal(sb.idleTimeoutSeconds, 0);
+    assert.equal((await sb.getInfo()).idleTimeoutSeconds, 0);
+    const other = await Sandbox.create({ idleTimeoutSeconds: 45 });
+    try {
+      assert.equal(other.idleTimeoutSeconds, 45);
+    } finally {
+      await other.kill();
+    }
+  });
+
   await t.test(
     "list filters by state",
     async () => {

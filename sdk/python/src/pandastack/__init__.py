@@ -17,6 +17,7 @@ The asyncio API is the same with ``AsyncSandbox`` and ``await``.
 from ._version import __version__
 from .async_sandbox import AsyncCodeContext, AsyncFiles, AsyncSandbox
 from .client import DEFAULT_API_URL, Client
+from .commands import AsyncCommandHandle, CommandHandle, Commands
 from .exceptions import (
     APIConnectionError,
     AuthenticationError,
@@ -33,22 +34,31 @@ from .exceptions import (
     SandboxUnavailableError,
     SnapshotCorruptError,
     InsufficientStorageError,
+    NetworkDeniedError,
+    PortUnreachableError,
     StreamError,
     TemplateNotBuiltError,
     TimeoutError,
 )
 from .models import (
+    Chart,
+    ChartElement,
     ExecResult,
     Execution,
     ExecutionError,
     FileInfo,
+    Logs,
+    ProcessInfo,
     Result,
     SnapshotInfo,
+    Table,
     TemplateInfo,
 )
 from .sandbox import CodeContext, Files, Sandbox
+from .terminal import Terminal
 
 __all__ = [
+    "Terminal",
     "__version__",
     "DEFAULT_API_URL",
     # sandboxes and code
@@ -59,6 +69,9 @@ __all__ = [
     "AsyncSandbox",
     "AsyncCodeContext",
     "AsyncFiles",
+    "CommandHandle",
+    "AsyncCommandHandle",
+    "Commands",
     # data
     "Execution",
     "Result",
@@ -67,6 +80,11 @@ __all__ = [
     "FileInfo",
     "TemplateInfo",
     "SnapshotInfo",
+    "ProcessInfo",
+    "Chart",
+    "ChartElement",
+    "Table",
+    "Logs",
     # errors
     "PandaStackError",
     "ConfigurationError",
@@ -84,6 +102,8 @@ __all__ = [
     "SandboxUnavailableError",
     "SnapshotCorruptError",
     "InsufficientStorageError",
+    "NetworkDeniedError",
+    "PortUnreachableError",
     "TimeoutError",
     "StreamError",
 ]

@@ -66,8 +66,12 @@ def create_body(
     cpu: Optional[int],
     memory_mb: Optional[int],
     auto_resume: Optional[bool] = None,
+    idle_timeout_seconds: Optional[int] = None,
+    network: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
+    if network is not None:
+        body["network"] = network_body(**network)
     if snapshot_id:
         # A restored sandbox takes its template from the snapshot.
         body["snapshot_id"] = snapshot_id
@@ -85,6 +89,8 @@ def create_body(
         body["memory_mb"] = int(memory_mb)
     if auto_resume is not None:
         body["auto_resume"] = bool(auto_resume)
+    if idle_timeout_seconds is not None:
+        body["idle_timeout_seconds"] = int(idle_timeout_seconds)
     return body
 
 
@@ -144,6 +150,16 @@ def exec_body(
     return body
 
 
+def context_args(d: Mapping[str, Any]) -> Tuple[str, str, str, bool]:
+    """A context's id, language, cwd and auto_restart, as the server describes it."""
+    return (
+        str(d["id"]),
+        str(d.get("language") or "python"),
+        str(d.get("cwd") or ""),
+        bool(d.get("auto_restart", True)),
+    )
+
+
 def run_body(
     code: str,
     timeout: Optional[float],
@@ -163,6 +179,23 @@ def run_body(
     if context_id is not None:
         body["context_id"] = context_id
     return body
+
+
+def network_body(
+    allow_internet_access: bool = True,
+    allow_out: Optional[Sequence[str]] = None,
+    deny_out: Optional[Sequence[str]] = None,
+) -> Dict[str, Any]:
+    """The JSON of a network policy (see docs/network.md)."""
+    return {
+        "allow_internet_access": bool(allow_internet_access),
+        "allow_out": [str(e) for e in allow_out or []],
+        "deny_out": [str(e) for e in deny_out or []],
+    }
+
+
+def port_path(sandbox_id: str, port: int) -> str:
+    return sandbox_path(sandbox_id, "/ports/%d/" % int(port))
 
 
 class SandboxRecord:
@@ -188,6 +221,13 @@ class SandboxRecord:
     def template(self) -> str:
         """Name of the template it was created from."""
         return str(self._data.get("template", ""))
+
+    @property
+    def network(self) -> Optional[Dict[str, Any]]:
+        """Its egress policy (``allow_internet_access``, ``allow_out``,
+        ``deny_out``), or None when the server runs without networking."""
+        n = self._data.get("network")
+        return dict(n) if n is not None else None
 
     @property
     def state(self) -> str:
@@ -217,6 +257,18 @@ class SandboxRecord:
         return bool(self._data.get("auto_resume", False))
 
     @property
+    def idle_timeout_seconds(self) -> int:
+        """Seconds idle (nothing running, no request, CPU quiet) after which
+        the server suspends it to disk; the next request resumes it. 0: never."""
+        return int(self._data.get("idle_timeout_seconds") or 0)
+
+    @property
+    def pause_reason(self) -> Optional[str]:
+        """While paused: ``"idle"`` when the server suspended it for
+        idleness (any request resumes it), else None."""
+        return self._data.get("pause_reason") or None
+
+    @property
     def created_at(self) -> Optional[datetime]:
         return parse_time(self._data.get("created_at"))
 
@@ -231,7 +283,8 @@ class SandboxRecord:
 
     @property
     def stop_reason(self) -> Optional[str]:
-        """Once stopped: ``expired``, ``killed``, ``died``, ``lost`` or ``start_failed``."""
+        """Once stopped: ``expired``, ``killed``, ``died``, ``out_of_memory``,
+        ``pids_limit``, ``lost`` or ``start_failed``."""
         return self._data.get("stop_reason") or None
 
     def to_dict(self) -> Dict[str, Any]:

@@ -38,11 +38,14 @@ from ._base import (
     Command,
     ExecStreamParser,
     SandboxRecord,
+    context_args,
     context_path,
     create_body,
     exec_body,
     fork_body,
     list_params,
+    network_body,
+    port_path,
     read_timeout,
     run_body,
     sandbox_path,
@@ -51,8 +54,9 @@ from ._base import (
     snapshot_path,
 )
 from .client import Client, default_client
+from .commands import AsyncCommandHandle
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, Result, SnapshotInfo
+from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SnapshotInfo
 
 __all__ = ["AsyncSandbox", "AsyncCodeContext", "AsyncFiles"]
 
@@ -123,10 +127,12 @@ class AsyncSandbox(SandboxRecord):
         memory_mb: Optional[int] = None,
         client: Optional[Client] = None,
         auto_resume: Optional[bool] = None,
+        idle_timeout_seconds: Optional[int] = None,
+        network: Optional[Mapping[str, Any]] = None,
     ) -> "AsyncSandbox":
         """Boot a new sandbox; see :meth:`pandastack.Sandbox.create`."""
         c = client or default_client()
-        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume)
+        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds, network)
         return cls((await c._arequest("POST", "/v1/sandboxes", json=body)).json(), c)
 
     @classmethod
@@ -168,10 +174,40 @@ class AsyncSandbox(SandboxRecord):
         self._data["state"] = "stopped"
         self._data.setdefault("stop_reason", "killed")
 
+    async def set_network(
+        self,
+        allow_internet_access: bool = True,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
+    ) -> None:
+        """Replace the egress policy; see :meth:`pandastack.Sandbox.set_network`."""
+        body = network_body(allow_internet_access, allow_out, deny_out)
+        self._update((await self._client._arequest("PUT", sandbox_path(self.id, "/network"), json=body)).json())
+
+    async def network_log(self) -> List[Dict[str, Any]]:
+        """The egress log; see :meth:`pandastack.Sandbox.network_log`."""
+        return list((await self._client._arequest("GET", sandbox_path(self.id, "/network/log"))).json().get("entries") or [])
+
+    async def get_url(self, port: int, token: bool = True, ttl_seconds: Optional[int] = None) -> str:
+        """A port's URL; see :meth:`pandastack.Sandbox.get_url`."""
+        if not token:
+            return self._client.api_url + port_path(self.id, port)
+        body = {} if ttl_seconds is None else {"ttl_seconds": int(ttl_seconds)}
+        return str((await self._client._arequest("POST", port_path(self.id, port) + "token", json=body)).json()["url"])
+
     async def set_ttl(self, seconds: int) -> None:
         """Make the sandbox expire ``seconds`` from now."""
         r = await self._client._arequest("PATCH", sandbox_path(self.id), json={"ttl_seconds": int(seconds)})
         self._update(r.json())
+
+    async def set_idle_timeout(self, seconds: int) -> None:
+        """Set the seconds idle after which the server suspends it (0: never)."""
+        r = await self._client._arequest("PATCH", sandbox_path(self.id), json={"idle_timeout_seconds": int(seconds)})
+        self._update(r.json())
+
+    async def set_timeout(self, seconds: int) -> None:
+        """Alias of :meth:`set_ttl`, under the name E2B's SDK uses."""
+        await self.set_ttl(seconds)
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -188,10 +224,19 @@ class AsyncSandbox(SandboxRecord):
         stdin: Optional[Union[str, bytes]] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
-    ) -> ExecResult:
-        """Run one command and wait for it; see :meth:`pandastack.Sandbox.exec`."""
+        background: bool = False,
+    ) -> Union[ExecResult, AsyncCommandHandle]:
+        """Run one command and wait for it, or start it in the background
+        and return an :class:`AsyncCommandHandle`; see
+        :meth:`pandastack.Sandbox.exec`."""
         body = exec_body(cmd, timeout, env, cwd, stdin)
         path = sandbox_path(self.id, "/exec")
+        if background:
+            if on_stdout is not None or on_stderr is not None:
+                raise TypeError("on_stdout/on_stderr go to AsyncCommandHandle.wait() for a background command")
+            body["background"] = True
+            data = (await self._client._arequest("POST", path, json=body)).json()
+            return AsyncCommandHandle(self, ProcessInfo.from_dict(data))
         read = read_timeout(timeout, EXEC_DEFAULT_TIMEOUT)
         if on_stdout is None and on_stderr is None:
             return ExecResult.from_dict((await self._client._arequest("POST", path, json=body, timeout=read)).json())
@@ -208,11 +253,21 @@ class AsyncSandbox(SandboxRecord):
                     break
         return parser.finish()
 
+    async def list_processes(self) -> List[ProcessInfo]:
+        """Background processes, oldest first; see :meth:`pandastack.Sandbox.list_processes`."""
+        data = (await self._client._arequest("GET", sandbox_path(self.id, "/processes"))).json()
+        return [ProcessInfo.from_dict(d) for d in data.get("processes") or []]
+
+    async def kill_process(self, pid: int) -> None:
+        """SIGKILL background process ``pid`` and everything it started."""
+        await self._client._arequest("POST", sandbox_path(self.id, f"/processes/{int(pid)}/kill"))
+
     async def create_code_context(
         self,
         language: str = "python",
         cwd: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
+        auto_restart: Optional[bool] = None,
     ) -> "AsyncCodeContext":
         """Start a persistent kernel; see :meth:`pandastack.Sandbox.create_code_context`."""
         body: Dict[str, Any] = {"language": language}
@@ -220,6 +275,8 @@ class AsyncSandbox(SandboxRecord):
             body["cwd"] = cwd
         if env is not None:
             body["env"] = dict(env)
+        if auto_restart is not None:
+            body["auto_restart"] = bool(auto_restart)
         data = (await self._client._arequest("POST", sandbox_path(self.id, "/contexts"), json=body)).json()
         return AsyncCodeContext._from_dict(self, data)
 
@@ -231,7 +288,7 @@ class AsyncSandbox(SandboxRecord):
     async def run_code(
         self,
         code: str,
-        language: str = "python",
+        language: Optional[str] = None,
         timeout: Optional[float] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
@@ -243,7 +300,7 @@ class AsyncSandbox(SandboxRecord):
         """Run code in the sandbox's default context of ``language``, or in
         ``context``; see :meth:`pandastack.Sandbox.run_code`."""
         cid = context.id if isinstance(context, AsyncCodeContext) else context
-        body = run_body(code, timeout, env, language=None if cid else language, context_id=cid)
+        body = run_body(code, timeout, env, language=language if cid else (language or "python"), context_id=cid)
         handlers = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
         return await _run(self._client, sandbox_path(self.id, "/run_code"), body, timeout, handlers)
 
@@ -300,15 +357,18 @@ class AsyncSandbox(SandboxRecord):
 class AsyncCodeContext:
     """The asyncio twin of :class:`pandastack.CodeContext`."""
 
-    def __init__(self, sandbox: AsyncSandbox, context_id: str, language: str = "python", cwd: str = "") -> None:
+    def __init__(
+        self, sandbox: AsyncSandbox, context_id: str, language: str = "python", cwd: str = "", auto_restart: bool = True
+    ) -> None:
         self.sandbox = sandbox
         self.id = context_id
         self.language = language
         self.cwd = cwd
+        self.auto_restart = auto_restart
 
     @classmethod
     def _from_dict(cls, sandbox: AsyncSandbox, d: Mapping[str, Any]) -> "AsyncCodeContext":
-        return cls(sandbox, str(d["id"]), str(d.get("language") or "python"), str(d.get("cwd") or ""))
+        return cls(sandbox, *context_args(d))
 
     @classmethod
     async def connect(

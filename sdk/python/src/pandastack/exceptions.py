@@ -132,6 +132,17 @@ class SnapshotCorruptError(SandboxError):
     """``snapshot_corrupt``: a snapshot's files are missing, truncated or altered."""
 
 
+class NetworkDeniedError(InvalidRequestError):
+    """``network_denied``: a network policy entry lies inside the platform
+    deny set (the host, private ranges, metadata, ...), which no policy can
+    open; nothing changed."""
+
+
+class PortUnreachableError(SandboxError):
+    """``port_unreachable``: nothing answers on the sandbox port a request
+    was proxied to (a server must listen on 0.0.0.0 inside)."""
+
+
 class InsufficientStorageError(PandaStackError):
     """HTTP 507 ``insufficient_storage``: the server's disk is full (a
     snapshot, fork or pause could not be written; nothing was left behind)."""
@@ -166,6 +177,8 @@ _BY_CODE: Dict[str, Type[PandaStackError]] = {
     "snapshot_corrupt": SnapshotCorruptError,
     "insufficient_storage": InsufficientStorageError,
     "timeout": TimeoutError,
+    "network_denied": NetworkDeniedError,
+    "port_unreachable": PortUnreachableError,
 }
 
 _BY_STATUS: Dict[int, Type[PandaStackError]] = {

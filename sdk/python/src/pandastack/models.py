@@ -7,10 +7,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, TypedDict, Union
 
 __all__ = [
     "Result",
+    "Chart",
+    "ChartElement",
+    "Table",
+    "Logs",
+    "ProcessInfo",
     "ExecutionError",
     "Execution",
     "ExecResult",
@@ -38,6 +43,76 @@ def parse_time(value: Optional[str]) -> Optional[datetime]:
     return dt
 
 
+class ChartElement(TypedDict, total=False):
+    """One element of a :class:`Chart`; which keys it has depends on the
+    chart's type:
+
+    - ``line``, ``scatter``: ``label`` and ``points``, a list of ``[x, y]``
+      (x or y is an ISO 8601 string on a datetime axis, a category name on
+      a categorical one);
+    - ``bar``: ``label`` (the bar's category), ``value``, ``group`` (the
+      series' legend label);
+    - ``pie``: ``label``, ``angle`` (degrees), ``radius``;
+    - ``box_and_whisker``: ``label``, ``min``, ``first_quartile``,
+      ``median``, ``third_quartile``, ``max``, ``outliers``.
+    """
+
+    label: Optional[str]
+    points: List[List[Any]]
+    value: Optional[float]
+    group: Optional[str]
+    angle: Optional[float]
+    radius: Optional[float]
+    min: Optional[float]
+    first_quartile: Optional[float]
+    median: Optional[float]
+    third_quartile: Optional[float]
+    max: Optional[float]
+    outliers: List[Optional[float]]
+
+
+class Chart(TypedDict, total=False):
+    """The structure of a displayed matplotlib figure (``Result.chart``),
+    read from the figure itself in the code-interpreter template.
+
+    ``type`` is ``line``, ``scatter``, ``bar``, ``pie``,
+    ``box_and_whisker``, ``superchart`` (several axes: ``elements`` are
+    Charts) or ``unknown``. Scales are ``linear``, ``log``, ``symlog``,
+    ``logit``, ``datetime`` or ``categorical``. ``truncated`` is true when
+    points or elements were left out (5000 points per line, 1000 elements).
+    """
+
+    type: str
+    title: Optional[str]
+    x_label: Optional[str]
+    y_label: Optional[str]
+    x_scale: str
+    y_scale: str
+    x_ticks: List[Any]
+    x_tick_labels: List[str]
+    y_ticks: List[Any]
+    y_tick_labels: List[str]
+    elements: List[Union[ChartElement, "Chart"]]
+    truncated: bool
+
+
+class Table(TypedDict, total=False):
+    """A displayed pandas DataFrame or Series as JSON values
+    (``Result.data``): at most 1000 rows and 200 columns, ``truncated``
+    when cut. NaN is ``None``; timestamps are ISO 8601 strings."""
+
+    kind: str  # "dataframe" or "series"
+    columns: List[Any]
+    dtypes: List[str]
+    index: List[Any]
+    index_name: Any
+    name: Optional[str]  # a Series' name
+    rows: List[List[Any]]
+    total_rows: int
+    total_columns: int
+    truncated: bool
+
+
 # The MIME-derived fields of a Result, in the order formats() reports them.
 _RESULT_FORMATS = (
     "text",
@@ -51,6 +126,8 @@ _RESULT_FORMATS = (
     "json",
     "javascript",
     "plotly",
+    "chart",
+    "data",
 )
 
 
@@ -78,6 +155,8 @@ class Result:
     json: Any = None
     javascript: Optional[str] = None
     plotly: Any = None
+    chart: Optional[Chart] = None
+    data: Optional[Table] = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -112,6 +191,12 @@ class Result:
 
     def _repr_latex_(self) -> Optional[str]:
         return self.latex
+
+    def _repr_json_(self) -> Any:
+        return self.json
+
+    def _repr_javascript_(self) -> Optional[str]:
+        return self.javascript
 
 
 @dataclass
@@ -148,6 +233,16 @@ class ExecutionError:
         if self.name and self.name not in tb:
             return f"{tb}\n{summary}"
         return tb
+
+
+@dataclass(frozen=True)
+class Logs:
+    """``Execution.logs``: the name E2B's SDK uses for a run's output, each
+    stream as a list of chunks. Here each holds the whole text as one chunk
+    (none when empty), so ``"".join(ex.logs.stdout) == ex.stdout``."""
+
+    stdout: List[str]
+    stderr: List[str]
 
 
 @dataclass
@@ -210,6 +305,12 @@ class Execution:
         return None
 
     @property
+    def logs(self) -> Logs:
+        """The output under E2B's name: ``logs.stdout`` and ``logs.stderr``
+        (lists of chunks); an alias of :attr:`stdout` and :attr:`stderr`."""
+        return Logs(stdout=[self.stdout] if self.stdout else [], stderr=[self.stderr] if self.stderr else [])
+
+    @property
     def main_result(self) -> Optional[Result]:
         """The Result of the cell's last expression, if any."""
         for r in self.results:
@@ -253,6 +354,38 @@ class ExecResult:
     def ok(self) -> bool:
         """True when the command exited 0 within its timeout."""
         return self.exit_code == 0 and not self.timed_out
+
+
+@dataclass
+class ProcessInfo:
+    """A background process (``sandbox.exec(cmd, background=True)``), as
+    the server last described it."""
+
+    pid: int
+    cmd: str
+    cwd: str
+    started_at: Optional[datetime]
+    running: bool
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+    timed_out: bool = False
+    output_dropped: int = 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ProcessInfo":
+        """Build a ProcessInfo from the API's JSON object."""
+        code = d.get("exit_code")
+        return cls(
+            pid=int(d.get("pid") or 0),
+            cmd=d.get("cmd") or "",
+            cwd=d.get("cwd") or "",
+            started_at=parse_time(d.get("started_at")),
+            running=bool(d.get("running", False)),
+            exit_code=None if code is None else int(code),
+            signal=d.get("signal") or None,
+            timed_out=bool(d.get("timed_out", False)),
+            output_dropped=int(d.get("output_dropped") or 0),
+        )
 
 
 @dataclass

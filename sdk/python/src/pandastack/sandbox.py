@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import IO, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, IO, Any, Callable, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Union, overload
 
 from ._base import (
     EXEC_DEFAULT_TIMEOUT,
@@ -15,11 +15,14 @@ from ._base import (
     Command,
     ExecStreamParser,
     SandboxRecord,
+    context_args,
     context_path,
     create_body,
     exec_body,
     fork_body,
     list_params,
+    network_body,
+    port_path,
     read_timeout,
     run_body,
     sandbox_path,
@@ -28,8 +31,12 @@ from ._base import (
     snapshot_path,
 )
 from .client import Client, default_client
+from .commands import CommandHandle, Commands
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, Result, SnapshotInfo
+from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SnapshotInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .terminal import Terminal
 
 __all__ = ["Sandbox", "CodeContext", "Files"]
 
@@ -92,6 +99,8 @@ class Sandbox(SandboxRecord):
         self._update(data)
         self._client = client
         self.files = Files(self)
+        #: E2B's names for commands: ``commands.run`` is :meth:`exec`.
+        self.commands = Commands(self)
 
     @property
     def client(self) -> Client:
@@ -112,6 +121,8 @@ class Sandbox(SandboxRecord):
         memory_mb: Optional[int] = None,
         client: Optional[Client] = None,
         auto_resume: Optional[bool] = None,
+        idle_timeout_seconds: Optional[int] = None,
+        network: Optional[Mapping[str, Any]] = None,
     ) -> "Sandbox":
         """Boot a new sandbox and return it once it runs.
 
@@ -129,6 +140,12 @@ class Sandbox(SandboxRecord):
             client: the server and key to use; default from the environment.
             auto_resume: while paused, any request resumes the sandbox
                 instead of answering :class:`ConflictError`.
+            idle_timeout_seconds: suspend it to disk after this many idle
+                seconds; the next request resumes it transparently. 0:
+                never; default the server's (300).
+            network: egress policy, e.g. ``{"allow_internet_access": False,
+                "allow_out": ["api.example.com", "1.2.3.0/24"]}``; default
+                the server's (internet unless configured otherwise).
 
         Raises:
             ConfigurationError: no client and ``PANDASTACK_API_KEY`` unset.
@@ -137,7 +154,7 @@ class Sandbox(SandboxRecord):
             InvalidRequestError: a value out of range.
         """
         c = client or default_client()
-        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume)
+        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds, network)
         return cls(c._request("POST", "/v1/sandboxes", json=body).json(), c)
 
     @classmethod
@@ -190,10 +207,61 @@ class Sandbox(SandboxRecord):
         self._data["state"] = "stopped"
         self._data.setdefault("stop_reason", "killed")
 
+    def terminal(self, cols: int = 80, rows: int = 24) -> "Terminal":
+        """Open an interactive shell on a real terminal in the sandbox (see
+        :class:`pandastack.terminal.Terminal`); needs ``pandastack[terminal]``."""
+        from .terminal import Terminal
+
+        return Terminal(self._client, self.id, cols, rows)
+
     def set_ttl(self, seconds: int) -> None:
         """Make the sandbox expire ``seconds`` from now (not from its
         creation); updates :attr:`expires_at`."""
         self._update(self._client._request("PATCH", sandbox_path(self.id), json={"ttl_seconds": int(seconds)}).json())
+
+    def set_idle_timeout(self, seconds: int) -> None:
+        """Set the seconds idle after which the server suspends it (0: never);
+        updates :attr:`idle_timeout_seconds`."""
+        self._update(self._client._request("PATCH", sandbox_path(self.id), json={"idle_timeout_seconds": int(seconds)}).json())
+
+    # ----- network -------------------------------------------------------
+
+    def set_network(
+        self,
+        allow_internet_access: bool = True,
+        allow_out: Optional[Sequence[str]] = None,
+        deny_out: Optional[Sequence[str]] = None,
+    ) -> None:
+        """Replace the sandbox's egress policy; it takes effect at once.
+        ``allow_out`` (IPs, CIDRs, domains, ``*.domain``) wins over
+        ``deny_out`` (IPs, CIDRs). A rejected policy changes nothing.
+
+        Raises:
+            InvalidRequestError: a malformed entry (named by its index).
+            NetworkDeniedError: an entry inside the platform deny set.
+        """
+        body = network_body(allow_internet_access, allow_out, deny_out)
+        self._update(self._client._request("PUT", sandbox_path(self.id, "/network"), json=body).json())
+
+    def network_log(self) -> List[Dict[str, Any]]:
+        """The sandbox's egress log, oldest first: DNS answers and
+        connections, through NAT or the domain proxy (time, address, port,
+        domain, bytes each way, allowed, rule)."""
+        return list(self._client._request("GET", sandbox_path(self.id, "/network/log")).json().get("entries") or [])
+
+    def get_url(self, port: int, token: bool = True, ttl_seconds: Optional[int] = None) -> str:
+        """The URL of a server listening on ``port`` (on 0.0.0.0) inside
+        the sandbox, through the server's port proxy. With ``token`` (the
+        default) it carries an expiring token and opens in a browser with no
+        header; without, requests to it need the API key."""
+        if not token:
+            return self._client.api_url + port_path(self.id, port)
+        body = {} if ttl_seconds is None else {"ttl_seconds": int(ttl_seconds)}
+        return str(self._client._request("POST", port_path(self.id, port) + "token", json=body).json()["url"])
+
+    def set_timeout(self, seconds: int) -> None:
+        """Alias of :meth:`set_ttl`, under the name E2B's SDK uses."""
+        self.set_ttl(seconds)
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -202,6 +270,33 @@ class Sandbox(SandboxRecord):
         self.kill()
 
     # ----- commands ------------------------------------------------------
+
+    @overload
+    def exec(
+        self,
+        cmd: Command,
+        timeout: Optional[float] = ...,
+        env: Optional[Mapping[str, str]] = ...,
+        cwd: Optional[str] = ...,
+        stdin: Optional[Union[str, bytes]] = ...,
+        on_stdout: Optional[OutputHandler] = ...,
+        on_stderr: Optional[OutputHandler] = ...,
+        background: Literal[False] = ...,
+    ) -> ExecResult: ...
+
+    @overload
+    def exec(
+        self,
+        cmd: Command,
+        timeout: Optional[float] = ...,
+        env: Optional[Mapping[str, str]] = ...,
+        cwd: Optional[str] = ...,
+        stdin: Optional[Union[str, bytes]] = ...,
+        on_stdout: Optional[OutputHandler] = ...,
+        on_stderr: Optional[OutputHandler] = ...,
+        *,
+        background: Literal[True],
+    ) -> CommandHandle: ...
 
     def exec(
         self,
@@ -212,27 +307,44 @@ class Sandbox(SandboxRecord):
         stdin: Optional[Union[str, bytes]] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
-    ) -> ExecResult:
-        """Run one command and wait for it to exit.
+        background: bool = False,
+    ) -> Union[ExecResult, CommandHandle]:
+        """Run one command and wait for it to exit, or, with
+        ``background=True``, start it and return a :class:`CommandHandle`
+        at once.
 
         Args:
             cmd: a shell command line (run with ``bash -c``) or a list of
                 program and arguments (run without a shell).
             timeout: seconds before its whole process tree is killed
-                (server default 60); the result then has ``timed_out=True``.
+                (server default 60; none for a background command); the
+                result then has ``timed_out=True``.
             env: extra environment variables.
             cwd: working directory (default ``/home/user``).
-            stdin: text written to its standard input.
+            stdin: text written to its standard input (closed after, except
+                for a background command: feed it more with
+                :meth:`CommandHandle.send_stdin`).
             on_stdout, on_stderr: called with each chunk of output as it is
-                produced; giving either streams the command's output.
+                produced; giving either streams the command's output. With
+                ``background=True`` give them to :meth:`CommandHandle.wait`.
+            background: start the command and return without waiting; its
+                output is kept by the server (the latest 4 MiB).
 
         Returns:
-            An :class:`ExecResult`. A non-zero exit status is not an error.
+            An :class:`ExecResult` (a non-zero exit status is not an error),
+            or a :class:`CommandHandle` for a background command.
 
         Raises:
             CommandNotFoundError: ``cmd`` is a list whose program is missing.
             SandboxUnavailableError: the sandbox is not running.
         """
+        if background:
+            if on_stdout is not None or on_stderr is not None:
+                raise TypeError("on_stdout/on_stderr go to CommandHandle.wait() for a background command")
+            body = exec_body(cmd, timeout, env, cwd, stdin)
+            body["background"] = True
+            data = self._client._request("POST", sandbox_path(self.id, "/exec"), json=body).json()
+            return CommandHandle(self, ProcessInfo.from_dict(data))
         body = exec_body(cmd, timeout, env, cwd, stdin)
         path = sandbox_path(self.id, "/exec")
         read = read_timeout(timeout, EXEC_DEFAULT_TIMEOUT)
@@ -251,6 +363,29 @@ class Sandbox(SandboxRecord):
                     break
         return parser.finish()
 
+    def list_processes(self) -> List[ProcessInfo]:
+        """The sandbox's background processes, oldest first: the running
+        ones and the last 64 that ended."""
+        data = self._client._request("GET", sandbox_path(self.id, "/processes")).json()
+        return [ProcessInfo.from_dict(d) for d in data.get("processes") or []]
+
+    def connect_process(self, pid: int) -> CommandHandle:
+        """A :class:`CommandHandle` for the background process ``pid``
+        (started by anyone, e.g. in an earlier program).
+
+        Raises:
+            NotFoundError: no such background process.
+        """
+        for p in self.list_processes():
+            if p.pid == pid:
+                return CommandHandle(self, p)
+        raise NotFoundError(f"no background process {pid} in sandbox {self.id}", code="not_found", status=404)
+
+    def kill_process(self, pid: int) -> None:
+        """SIGKILL the background process ``pid`` and everything it
+        started."""
+        self._client._request("POST", sandbox_path(self.id, f"/processes/{int(pid)}/kill"))
+
     # ----- code ----------------------------------------------------------
 
     def create_code_context(
@@ -258,21 +393,30 @@ class Sandbox(SandboxRecord):
         language: str = "python",
         cwd: Optional[str] = None,
         env: Optional[Mapping[str, str]] = None,
+        auto_restart: Optional[bool] = None,
     ) -> "CodeContext":
         """Start a persistent kernel (like a Jupyter notebook's) in the
         sandbox. Variables, imports and the working directory persist
         between :meth:`CodeContext.run_code` calls.
 
         Args:
-            language: ``"python"`` (IPython) or ``"bash"``.
+            language: ``"python"`` (IPython), ``"bash"``, ``"javascript"``
+                or ``"typescript"`` (Deno), or ``"r"`` (IRkernel).
             cwd: the kernel's working directory (default ``/home/user``).
             env: environment variables of the kernel.
+            auto_restart: if the kernel dies (crash, ``os._exit``, out of
+                memory), the next run restarts it and fails with
+                ``KernelRestarted`` without running (its state is lost);
+                later runs work. ``False``: runs fail with a ConflictError
+                until :meth:`CodeContext.restart`. Default ``True``.
         """
         body: Dict[str, Any] = {"language": language}
         if cwd is not None:
             body["cwd"] = cwd
         if env is not None:
             body["env"] = dict(env)
+        if auto_restart is not None:
+            body["auto_restart"] = bool(auto_restart)
         data = self._client._request("POST", sandbox_path(self.id, "/contexts"), json=body).json()
         return CodeContext._from_dict(self, data)
 
@@ -285,7 +429,7 @@ class Sandbox(SandboxRecord):
     def run_code(
         self,
         code: str,
-        language: str = "python",
+        language: Optional[str] = None,
         timeout: Optional[float] = None,
         on_stdout: Optional[OutputHandler] = None,
         on_stderr: Optional[OutputHandler] = None,
@@ -298,7 +442,7 @@ class Sandbox(SandboxRecord):
         (created on first use, then shared by every call), or in
         ``context``. See :meth:`CodeContext.run_code` for the arguments."""
         cid = context.id if isinstance(context, CodeContext) else context
-        body = run_body(code, timeout, env, language=None if cid else language, context_id=cid)
+        body = run_body(code, timeout, env, language=language if cid else (language or "python"), context_id=cid)
         handlers = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}
         return _run(self._client, sandbox_path(self.id, "/run_code"), body, timeout, handlers)
 
@@ -383,15 +527,20 @@ class CodeContext:
     existing one with :meth:`connect` or :meth:`Sandbox.list_code_contexts`.
     """
 
-    def __init__(self, sandbox: Sandbox, context_id: str, language: str = "python", cwd: str = "") -> None:
+    def __init__(
+        self, sandbox: Sandbox, context_id: str, language: str = "python", cwd: str = "", auto_restart: bool = True
+    ) -> None:
         self.sandbox = sandbox
         self.id = context_id
         self.language = language
         self.cwd = cwd
+        #: Whether a run on a kernel that died restarts it first (and fails
+        #: with ``KernelRestarted``); see :meth:`Sandbox.create_code_context`.
+        self.auto_restart = auto_restart
 
     @classmethod
     def _from_dict(cls, sandbox: Sandbox, d: Mapping[str, Any]) -> "CodeContext":
-        return cls(sandbox, str(d["id"]), str(d.get("language") or "python"), str(d.get("cwd") or ""))
+        return cls(sandbox, *context_args(d))
 
     @classmethod
     def connect(cls, sandbox: Union[Sandbox, str], context_id: str, client: Optional[Client] = None) -> "CodeContext":

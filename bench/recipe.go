@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// Targets of issue 13 for the recipe's own path.
+const (
+	targetRecipeP50  = 200
+	targetContextP50 = 50
+)
+
+// recipeCell is the first cell of the recipe: the data stack and a plot,
+// whose PNG must come back.
+const recipeCell = `import numpy as np, pandas as pd, matplotlib.pyplot as plt
+df = pd.DataFrame({"x": np.arange(20), "y": np.random.rand(20).cumsum()})
+df.plot(x="x", y="y")
+plt.show()`
+
+// recipeTimes are the steps of one recipe path.
+type recipeTimes struct{ create, context, run, total float64 }
+
+// recipe runs the recipe's path on s: create a code-interpreter sandbox,
+// create a Python context (cwd "" takes the template's warm spare kernel;
+// any other cwd starts a kernel on demand, as every context did before the
+// spares), run recipeCell in it until its result with a PNG, then kill it.
+func (s *server) recipe(ctx context.Context, cwd string) (recipeTimes, error) {
+	var t recipeTimes
+	t0 := time.Now()
+	sb, err := s.create(ctx, ciTemplate)
+	if err != nil {
+		return t, fmt.Errorf("create on %s: %w", s.name, err)
+	}
+	defer s.kill(sb.ID)
+	t1 := time.Now()
+	cc, err := s.c.CreateContext(ctx, sb.ID, "python", cwd)
+	if err != nil {
+		return t, fmt.Errorf("create_code_context on %s: %w", s.name, err)
+	}
+	t2 := time.Now()
+	ex, err := s.c.Run(ctx, sb.ID, cc.ID, client.RunRequest{Code: recipeCell, TimeoutSeconds: 120})
+	if err != nil {
+		return t, fmt.Errorf("run_code on %s: %w", s.name, err)
+	}
+	t3 := time.Now()
+	if ex.Error != nil {
+		return t, fmt.Errorf("the recipe's cell failed: %s: %s", ex.Error.Name, ex.Error.Value)
+	}
+	png := false
+	for _, r := range ex.Results {
+		png = png || r.PNG != ""
+	}
+	if !png {
+		return t, fmt.Errorf("the recipe's cell returned no PNG: %+v", ex.Results)
+	}
+	return recipeTimes{create: ms(t1.Sub(t0)), context: ms(t2.Sub(t1)), run: ms(t3.Sub(t2)), total: ms(t3.Sub(t0))}, nil
+}
+
+// recipes measures the recipe's path, the headline figure: on the pooled
+// server a warm context (a spare kernel) alternates with the old path (a
+// kernel started on demand, then the imports in the first cell); then the
+// warm path on the server without a pool (each create a lazy restore).
+func (b *bench) recipes(ctx context.Context) error {
+	var warm, cold, lazy []recipeTimes
+	for i := range b.set.N {
+		order := []bool{true, false}
+		if i%2 == 1 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, isWarm := range order {
+			cwd := ""
+			if !isWarm {
+				cwd = "/tmp" // a cwd of its own: no spare fits
+			}
+			t, err := b.pool.recipe(ctx, cwd)
+			if err != nil {
+				return err
+			}
+			if isWarm {
+				warm = append(warm, t)
+			} else {
+				cold = append(cold, t)
+			}
+			b.pool.settle(ctx, 30*time.Second)
+		}
+	}
+	for range b.set.N {
+		t, err := b.noPool.recipe(ctx, "")
+		if err != nil {
+			return err
+		}
+		lazy = append(lazy, t)
+	}
+	pick := func(ts []recipeTimes, f func(recipeTimes) float64) []float64 {
+		xs := make([]float64, len(ts))
+		for i, t := range ts {
+			xs[i] = f(t)
+		}
+		return xs
+	}
+	total := func(t recipeTimes) float64 { return t.total }
+	step := func(t recipeTimes) float64 { return t.context }
+	run := func(t recipeTimes) float64 { return t.run }
+	create := func(t recipeTimes) float64 { return t.create }
+	pool := fmt.Sprintf("pool %d", b.set.PoolSize)
+	b.add(summarize("recipe", "recipe: create → create_code_context → plot with PNG, warm context, "+pool, "ms", pick(warm, total),
+		"the headline: the recipe's own path; the context is the template's spare kernel (warm-up done), alternating with the old path").
+		withTarget(targetRecipeP50, 0, "issue 13"))
+	b.add(summarize("recipe", "same, old path: kernel started on demand, "+pool, "ms", pick(cold, total),
+		"context with a cwd of its own, so no spare fits: a kernel start, then the imports in the first cell (what every context did before)"))
+	b.add(summarize("recipe", "same, warm context, no pool", "ms", pick(lazy, total), "each create is a lazy restore of the warm snapshot"))
+	b.add(summarize("recipe", "  create_code_context alone, warm, "+pool, "ms", pick(warm, step), "").withTarget(targetContextP50, 0, "issue 13"))
+	b.add(summarize("recipe", "  create_code_context alone, old path, "+pool, "ms", pick(cold, step), ""))
+	b.add(summarize("recipe", "  create_code_context alone, warm, no pool", "ms", pick(lazy, step), ""))
+	b.add(summarize("recipe", "  first cell (imports + plot) alone, warm, "+pool, "ms", pick(warm, run), ""))
+	b.add(summarize("recipe", "  first cell (imports + plot) alone, old path, "+pool, "ms", pick(cold, run), ""))
+	b.add(summarize("recipe", "  first cell (imports + plot) alone, warm, no pool", "ms", pick(lazy, run), ""))
+	b.add(summarize("recipe", "  create alone, "+pool, "ms", pick(append(warm, cold...), create), "both paths"))
+	b.add(summarize("recipe", "  create alone, no pool", "ms", pick(lazy, create), ""))
+	return nil
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func bindWith(t *testing.T, env map[string]string, args ...string) (Config, error) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg.bind(fs)
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.validate()
+}
+
+func TestEnvAndFlags(t *testing.T) {
+	cfg, err := bindWith(t, map[string]string{"PANDASTACK_IDLE_TIMEOUT": "90", "PANDASTACK_WARM": "false", "PANDASTACK_MAX_FORK": "4"}, "--max-fork", "8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Sandbox.IdleTimeout != 90*time.Second || cfg.Warm || cfg.Sandbox.MaxFork != 8 {
+		t.Fatalf("idle %s, warm %v, max fork %d", cfg.Sandbox.IdleTimeout, cfg.Warm, cfg.Sandbox.MaxFork)
+	}
+}
+
+// The defaults are the packages' own.
+func TestDefaults(t *testing.T) {
+	cfg, err := bindWith(t, nil)
+	if err != nil || cfg.Sandbox.IdleTimeout != 300*time.Second || cfg.Sandbox.DefaultTTL != 300*time.Second || cfg.API.ExecOutputCap != 4<<20 {
+		t.Fatalf("defaults: %+v %v", cfg.Sandbox, err)
+	}
+	if _, err := bindWith(t, nil, "--idle-timeout", "-1s"); err == nil {
+		t.Fatal("a negative idle timeout was accepted")
+	}
+}
+
+// Malformed PANDASTACK_* values used to be ignored silently; serve must
+// refuse to start on them, naming each one.
+func TestMalformedEnvironmentIsRefused(t *testing.T) {
+	for env, val := range map[string]string{
+		"PANDASTACK_MAX_CPU":          "two",
+		"PANDASTACK_DEFAULT_TTL":      "5 minutes",
+		"PANDASTACK_WARM":             "yes please",
+		"PANDASTACK_KILL_ON_EXIT":     "maybe",
+		"PANDASTACK_MAX_UPLOAD_BYTES": "4G",
+		"PANDASTACK_POOL_SIZE":        "-",
+	} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, val)
+			cfg := defaultConfig()
+			cfg.bind(flag.NewFlagSet("serve", flag.ContinueOnError))
+			err := cfg.validate()
+			if err == nil || !strings.Contains(err.Error(), env) || !strings.Contains(err.Error(), val) {
+				t.Fatalf("%s=%q: validate = %v, want an error naming it", env, val, err)
+			}
+		})
+	}
+	t.Run("log level", func(t *testing.T) {
+		t.Setenv("PANDASTACK_LOG_LEVEL", "loud")
+		cfg := defaultConfig()
+		cfg.bind(flag.NewFlagSet("serve", flag.ContinueOnError))
+		if err := cfg.validate(); err == nil || !strings.Contains(err.Error(), "loud") {
+			t.Fatalf("validate = %v", err)
+		}
+	})
+	t.Run("well-formed values pass", func(t *testing.T) {
+		for env, val := range map[string]string{"PANDASTACK_MAX_CPU": "2", "PANDASTACK_DEFAULT_TTL": "5m", "PANDASTACK_WARM": "0", "PANDASTACK_KILL_ON_EXIT": "true"} {
+			t.Setenv(env, val)
+		}
+		cfg := defaultConfig()
+		cfg.bind(flag.NewFlagSet("serve", flag.ContinueOnError))
+		if err := cfg.validate(); err != nil || cfg.Warm || !cfg.KillOnExit {
+			t.Fatalf("validate = %v (warm %v, kill on exit %v)", err, cfg.Warm, cfg.KillOnExit)
+		}
+	})
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/network"
+)
+
+// NetConfig is the sandbox-network part of serve's configuration.
+type NetConfig struct {
+	Default      string         // internet, none or off (no namespaces: loopback only)
+	CIDR         string         // sandbox address range; "" picks a free /20
+	AllowPrivate []netip.Prefix // private ranges policies may open
+	CACerts      string         // none, host (the host's system bundle) or a PEM file added to sandboxes' trust stores
+	Resolvers    string         // upstream DNS servers (host[:port], comma-separated); default /etc/resolv.conf's
+	PublicDomain string         // {port}-{id}.PublicDomain routes to the port proxy
+}
+
+type prefixList struct{ p *[]netip.Prefix }
+
+func (l prefixList) String() string {
+	if l.p == nil {
+		return ""
+	}
+	var s []string
+	for _, p := range *l.p {
+		s = append(s, p.String())
+	}
+	return strings.Join(s, ",")
+}
+
+func (l prefixList) Set(v string) error {
+	for _, f := range strings.Split(v, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(f)
+		if err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("%q is not an IPv4 CIDR", f)
+		}
+		*l.p = append(*l.p, p.Masked())
+	}
+	return nil
+}
+
+func (c *NetConfig) bind(fs *flag.FlagSet) {
+	// str binds a string flag whose default an environment variable overrides.
+	str := func(p *string, name, env, def, usage string) {
+		*p = def
+		if v, ok := os.LookupEnv(env); ok {
+			*p = v
+		}
+		fs.StringVar(p, name, *p, usage+" ($"+env+")")
+	}
+	str(&c.Default, "network-default", "PANDASTACK_NETWORK_DEFAULT", "internet", "network of a sandbox created without a policy: internet, none, or off for no sandbox networking at all")
+	str(&c.CIDR, "network-cidr", "PANDASTACK_NETWORK_CIDR", "", "IPv4 range of sandbox addresses, one /30 each; must not overlap a host route (default: a free /20 in 10.128.0.0/9)")
+	str(&c.CACerts, "sandbox-ca-certs", "PANDASTACK_SANDBOX_CA_CERTS", "host", "certificates every sandbox trusts besides its own: none, host (this host's system bundle, so TLS-inspecting proxies the host trusts work) or a PEM file")
+	str(&c.Resolvers, "network-resolvers", "PANDASTACK_NETWORK_RESOLVERS", "", "DNS servers the sandboxes' resolver forwards to, IP[:port] comma-separated (default: those of /etc/resolv.conf)")
+	str(&c.PublicDomain, "public-domain", "PANDASTACK_PUBLIC_DOMAIN", "", "serve sandbox ports also as {port}-{id}.DOMAIN (a wildcard DNS name pointing at this server)")
+	if v := os.Getenv("PANDASTACK_NETWORK_ALLOW_PRIVATE"); v != "" {
+		prefixList{&c.AllowPrivate}.Set(v)
+	}
+	fs.Var(prefixList{&c.AllowPrivate}, "network-allow-private", "private range (CIDR) sandbox policies may open; repeatable ($PANDASTACK_NETWORK_ALLOW_PRIVATE, comma-separated)")
+}
+
+// startNetwork sets up sandbox networking, or returns nil with "off".
+func startNetwork(c NetConfig, dataDir string, log *slog.Logger) (*network.Network, error) {
+	var def pandastack.NetworkPolicy
+	switch c.Default {
+	case "off":
+		return nil, nil
+	case "internet":
+		def = pandastack.InternetPolicy()
+	case "none":
+		def = pandastack.NoNetworkPolicy()
+	default:
+		return nil, fmt.Errorf("--network-default must be internet, none or off, got %q", c.Default)
+	}
+	var resolvers []netip.AddrPort
+	for _, f := range strings.Split(c.Resolvers, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		ap, err := netip.ParseAddrPort(f)
+		if err != nil {
+			a, aerr := netip.ParseAddr(f)
+			if aerr != nil {
+				return nil, fmt.Errorf("--network-resolvers: %q is not IP or IP:port", f)
+			}
+			ap = netip.AddrPortFrom(a, 53)
+		}
+		resolvers = append(resolvers, ap)
+	}
+	return network.New(network.Config{
+		CIDR: c.CIDR, AllowPrivate: c.AllowPrivate, Default: def, Resolvers: resolvers,
+		StateDir: filepath.Join(dataDir, "network"), Instance: network.InstanceID(dataDir), Log: log,
+	})
+}
+
+// hostCABundle is the system bundle of Debian-family hosts.
+const hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
+
+// sandboxCA reads the certificates --sandbox-ca-certs adds to sandboxes.
+func sandboxCA(mode string, log *slog.Logger) ([]byte, error) {
+	switch mode {
+	case "none", "":
+		return nil, nil
+	case "host":
+		b, err := os.ReadFile(hostCABundle)
+		if err != nil {
+			log.Warn("no host CA bundle to add to sandboxes", "path", hostCABundle, "err", err)
+			return nil, nil
+		}
+		return b, nil
+	default:
+		b, err := os.ReadFile(mode)
+		if err != nil {
+			return nil, fmt.Errorf("--sandbox-ca-certs: %w", err)
+		}
+		if !strings.Contains(string(b), "-----BEGIN CERTIFICATE-----") {
+			return nil, fmt.Errorf("--sandbox-ca-certs: %s holds no PEM certificate", mode)
+		}
+		return b, nil
+	}
+}
+
+// listFlag is a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// cliNetwork turns `sandbox create`'s flags into a policy; nil leaves the
+// server's default.
+func cliNetwork(mode string, allowOut, denyOut []string) (*pandastack.NetworkPolicy, error) {
+	if mode == "" && len(allowOut) == 0 && len(denyOut) == 0 {
+		return nil, nil
+	}
+	p := pandastack.NetworkPolicy{AllowInternetAccess: true, AllowOut: allowOut, DenyOut: denyOut}
+	switch mode {
+	case "", "internet":
+	case "none":
+		p.AllowInternetAccess = false
+	default:
+		return nil, fmt.Errorf("--network must be internet or none, got %q", mode)
+	}
+	p = p.Normalized()
+	return &p, nil
+}

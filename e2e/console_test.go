@@ -1,0 +1,349 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// readTerm reads the terminal until prev and its output since contain want
+// (or, with want "", until the shell exits), and returns both.
+func readTerm(t *testing.T, term *client.Terminal, prev, want string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out strings.Builder
+	out.WriteString(prev)
+	for {
+		p, err := term.Read(ctx)
+		if errors.Is(err, io.EOF) && want == "" {
+			return out.String()
+		}
+		if err != nil {
+			t.Fatalf("terminal read (waiting for %q; output so far %q): %v", want, out.String(), err)
+		}
+		out.Write(p)
+		if want != "" && strings.Contains(out.String(), want) {
+			return out.String()
+		}
+	}
+}
+
+func TestTerminal(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{TTLSeconds: 600})
+
+	term, err := c.OpenTerminal(ctx, sb.ID, 100, 30)
+	if err != nil {
+		t.Fatalf("open terminal: %v\n%s", err, tail(s.out.String(), 20))
+	}
+	type_ := func(keys string) {
+		if err := term.Write(ctx, []byte(keys)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A real terminal, a shell that evaluates, the sandbox user.
+	type_("echo A$((6*7))B; tty; stty size; id -un | sed s/^/who:/\r")
+	out := readTerm(t, term, "", "A42B")
+	out = readTerm(t, term, out, "who:user")
+	for _, want := range []string{"/dev/pts/", "30 100", "who:user"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("terminal output %q lacks %q", out, want)
+		}
+	}
+	if err := term.Resize(ctx, 120, 40); err != nil {
+		t.Fatal(err)
+	}
+	type_("stty size\r")
+	readTerm(t, term, "", "40 120")
+
+	// An open terminal is work in flight: no snapshot meanwhile.
+	if st, code, _ := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", "{}"); st != http.StatusConflict || code != "conflict" {
+		t.Errorf("snapshot with a terminal open: %d %s, want 409 conflict", st, code)
+	}
+	type_("exit 7\r")
+	readTerm(t, term, "", "")
+	if term.ExitCode == nil || *term.ExitCode != 7 {
+		t.Errorf("exit code %v, want 7", term.ExitCode)
+	}
+	term.Close()
+
+	// Hanging up kills what the shell started.
+	term, err = c.OpenTerminal(ctx, sb.ID, 80, 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type_("sleep 987654 & echo bg$((1+1))\r")
+	readTerm(t, term, "", "bg2")
+	term.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c "sleep 98765[4]"`})
+		if err == nil && strings.TrimSpace(res.Stdout) == "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminal's background job outlived the hang-up: %+v %v", res, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The session released the sandbox: a snapshot now works.
+	if st, _, msg := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", "{}"); st != http.StatusCreated {
+		t.Errorf("snapshot after the terminal closed: %d %s", st, msg)
+	}
+
+	// Bad input, and other projects.
+	if st, code, _ := api(t, s, s.key, "GET", "/v1/sandboxes/"+sb.ID+"/pty", ""); st != 400 || code != "invalid_request" {
+		t.Errorf("pty without a WebSocket upgrade: %d %s, want 400 invalid", st, code)
+	}
+	if _, err := c.OpenTerminal(ctx, sb.ID, 0, 24); !client.IsCode(err, "invalid_request") {
+		t.Errorf("cols 0: %v, want invalid", err)
+	}
+	other := client.New(s.url, s.newKey("terminal-other"))
+	if _, err := other.OpenTerminal(ctx, sb.ID, 80, 24); !client.IsCode(err, "not_found") {
+		t.Errorf("another project's terminal: %v, want not_found", err)
+	}
+	if _, err := client.New(s.url, "pds_nope").OpenTerminal(ctx, sb.ID, 80, 24); !client.IsCode(err, "unauthorized") {
+		t.Errorf("unknown key: %v, want unauthorized", err)
+	}
+}
+
+type historyEntry struct {
+	Kind     string   `json:"kind"`
+	Command  string   `json:"command"`
+	Code     string   `json:"code"`
+	Language string   `json:"language"`
+	Running  bool     `json:"running"`
+	Stdout   string   `json:"stdout"`
+	Text     string   `json:"text"`
+	Results  []string `json:"results"`
+	ExitCode *int     `json:"exit_code"`
+	Error    *struct {
+		Name      string `json:"name"`
+		Traceback string `json:"traceback"`
+	} `json:"error"`
+}
+
+func TestHistoryAndStats(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 600})
+
+	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo from-exec; exit 3"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\n6 * 7"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "1 / 0"}); err != nil {
+		t.Fatal(err)
+	}
+	term, err := c.OpenTerminal(ctx, sb.ID, 80, 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term.Write(ctx, []byte("echo T$((6*7))T\r"))
+	readTerm(t, term, "", "T42T")
+	term.Close()
+
+	var h struct{ History []historyEntry }
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if st, body := rawJSON(t, s, "GET", "/v1/sandboxes/"+sb.ID+"/history", "", &h); st != 200 {
+			t.Fatalf("history: %d %s", st, body)
+		}
+		if len(h.History) > 0 && !h.History[0].Running {
+			break // the terminal's entry ends once the server saw the hang-up
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the terminal's entry still runs: %+v", h.History[0])
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(h.History) != 4 {
+		t.Fatalf("history has %d entries, want 4: %+v", len(h.History), h.History)
+	}
+	term0, zero, cell, ex := h.History[0], h.History[1], h.History[2], h.History[3]
+	if term0.Kind != "terminal" || !strings.Contains(term0.Stdout, "T42T") || strings.Contains(term0.Stdout, "\x1b") {
+		t.Errorf("newest entry = %+v, want the terminal with T42T in a plain transcript", term0)
+	}
+	if zero.Kind != "code" || zero.Error == nil || zero.Error.Name != "ZeroDivisionError" || !strings.Contains(zero.Error.Traceback, "1 / 0") {
+		t.Errorf("second entry = %+v, want the 1 / 0 cell with its ZeroDivisionError", zero)
+	}
+	if cell.Kind != "code" || cell.Language != "python" || cell.Text != "42" || len(cell.Results) == 0 || cell.Results[0] != "png" {
+		t.Errorf("third entry = %+v, want the plotting cell: text 42, a png", cell)
+	}
+	if ex.Kind != "exec" || ex.Command != "echo from-exec; exit 3" || ex.Stdout != "from-exec\n" || ex.ExitCode == nil || *ex.ExitCode != 3 {
+		t.Errorf("oldest entry = %+v, want the exec with exit 3", ex)
+	}
+
+	var st struct {
+		MemoryBytes      int64   `json:"memory_bytes"`
+		MemoryLimitBytes int64   `json:"memory_limit_bytes"`
+		CPUSeconds       float64 `json:"cpu_seconds"`
+		CPULimit         int     `json:"cpu_limit"`
+	}
+	if code, body := rawJSON(t, s, "GET", "/v1/sandboxes/"+sb.ID+"/stats", "", &st); code != 200 {
+		t.Fatalf("stats: %d %s", code, body)
+	}
+	if st.MemoryBytes < 10<<20 || st.MemoryLimitBytes != int64(sb.MemoryMB)<<20 || st.CPUSeconds <= 0 || st.CPULimit != sb.CPU {
+		t.Errorf("stats = %+v for a sandbox of %d CPU, %d MiB that ran a kernel", st, sb.CPU, sb.MemoryMB)
+	}
+
+	// Another project sees neither; the history outlives a kill.
+	otherKey := s.newKey("history-other")
+	for _, p := range []string{"/history", "/stats"} {
+		if code, ecode, _ := api(t, s, otherKey, "GET", "/v1/sandboxes/"+sb.ID+p, ""); code != 404 || ecode != "not_found" {
+			t.Errorf("another project's %s: %d %s, want 404", p, code, ecode)
+		}
+	}
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := rawJSON(t, s, "GET", "/v1/sandboxes/"+sb.ID+"/history", "", &h); code != 200 || len(h.History) != 4 {
+		t.Errorf("history after kill: %d, %d entries", code, len(h.History))
+	}
+	if code, ecode, _ := api(t, s, s.key, "GET", "/v1/sandboxes/sbx_never/history", ""); code != 404 || ecode != "not_found" {
+		t.Errorf("history of an unknown sandbox: %d %s, want 404", code, ecode)
+	}
+}
+
+func TestAPIKeysAndLineage(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	// A project of its own, so its key list is only this test's.
+	admin := s.newKey("keys-test")
+	var created struct {
+		ID     string `json:"id"`
+		Name   string `json:"name"`
+		Prefix string `json:"prefix"`
+		Secret string `json:"secret"`
+	}
+	req, _ := http.NewRequest("POST", s.url+"/v1/api-keys", strings.NewReader(`{"name":"ci"}`))
+	req.Header.Set("Authorization", "Bearer "+admin)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decodeJSON(t, resp, &created)
+	if resp.StatusCode != 201 || !strings.HasPrefix(created.Secret, "pds_") || created.Name != "ci" || !strings.HasPrefix(created.Secret, created.Prefix) {
+		t.Fatalf("create key: %d %+v", resp.StatusCode, created)
+	}
+	if code, _, _ := api(t, s, created.Secret, "GET", "/v1/sandboxes", ""); code != 200 {
+		t.Fatalf("the new key does not work: %d", code)
+	}
+	var list struct {
+		APIKeys []struct {
+			ID        string  `json:"id"`
+			RevokedAt *string `json:"revoked_at"`
+			Secret    string  `json:"secret"`
+		} `json:"api_keys"`
+	}
+	req, _ = http.NewRequest("GET", s.url+"/v1/api-keys", nil)
+	req.Header.Set("Authorization", "Bearer "+created.Secret)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decodeJSON(t, resp, &list)
+	if len(list.APIKeys) != 2 || list.APIKeys[1].ID != created.ID || list.APIKeys[1].Secret != "" {
+		t.Errorf("the project's keys = %+v, want the admin key and the new one, no secrets", list.APIKeys)
+	}
+	// The shared project's key cannot revoke it; its own project can.
+	if code, ecode, _ := api(t, s, s.key, "DELETE", "/v1/api-keys/"+created.ID, ""); code != 404 || ecode != "not_found" {
+		t.Errorf("revoke from another project: %d %s, want 404", code, ecode)
+	}
+	if code, _, _ := api(t, s, admin, "DELETE", "/v1/api-keys/"+created.ID, ""); code != 204 {
+		t.Errorf("revoke: %d, want 204", code)
+	}
+	if code, ecode, _ := api(t, s, created.Secret, "GET", "/v1/sandboxes", ""); code != 401 || ecode != "unauthorized" {
+		t.Errorf("a revoked key: %d %s, want 401", code, ecode)
+	}
+	if code, ecode, _ := api(t, s, admin, "POST", "/v1/api-keys", `{"name":7}`); code != 400 || ecode != "invalid_request" {
+		t.Errorf("bad key name: %d %s, want 400", code, ecode)
+	}
+
+	// Lineage: a sandbox restored from a snapshot, and a fork of it.
+	c := client.New(s.url, admin)
+	parent, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.KillSandbox(ctx, parent.ID)
+	snap, err := c.CreateSnapshot(ctx, parent.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, err := c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: snap.ID, TTLSeconds: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.KillSandbox(ctx, restored.ID)
+	kids, err := c.Fork(ctx, restored.ID, client.ForkRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.KillSandbox(ctx, kids[0].ID)
+	var lin struct {
+		Origins []struct {
+			SandboxID string `json:"sandbox_id"`
+			Kind      string `json:"kind"`
+			From      string `json:"from"`
+		} `json:"origins"`
+	}
+	req, _ = http.NewRequest("GET", s.url+"/v1/lineage", nil)
+	req.Header.Set("Authorization", "Bearer "+admin)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decodeJSON(t, resp, &lin)
+	got := []string{}
+	for _, o := range lin.Origins {
+		got = append(got, o.SandboxID+"<"+o.Kind+"<"+o.From)
+	}
+	want := []string{restored.ID + "<snapshot<" + snap.ID, kids[0].ID + "<fork<" + restored.ID}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("lineage = %v, want %v", got, want)
+	}
+	// Another project's lineage is its own.
+	if code, body := rawJSON(t, s, "GET", "/v1/lineage", "", &lin); code != 200 || strings.Contains(body, restored.ID) {
+		t.Errorf("the shared project sees this project's lineage: %s", body)
+	}
+}
+
+func TestConsoleServed(t *testing.T) {
+	s := sharedServer(t)
+	resp, err := http.Get(s.url + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `<script type="module" src="/ui/app.js">`) {
+		t.Fatalf("GET /: %d %.200s", resp.StatusCode, b)
+	}
+	// The API's own 404s keep their shape beside the console.
+	if code, ecode, _ := api(t, s, s.key, "GET", "/v1/nothing", ""); code != 404 || ecode != "not_found" {
+		t.Errorf("GET /v1/nothing: %d %s", code, ecode)
+	}
+}
+
+func decodeJSON(t *testing.T, resp *http.Response, out any) {
+	t.Helper()
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(b, out); err != nil {
+		t.Fatalf("%s: %v: %s", resp.Request.URL, err, b)
+	}
+}

@@ -1,0 +1,67 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// zeros is an endless reader of zero bytes, cut with io.LimitReader.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
+
+// Issue 11 item 11: a sandbox's disk is not its memory. A 400 MB upload
+// into a 256 MiB sandbox used to kill it as out_of_memory; with a disk of
+// its own it fits, a full disk is an error to the writer (upload and exec,
+// /tmp included), and the sandbox lives on.
+func TestSandboxHasADiskOfItsOwn(t *testing.T) {
+	s := startServer(t, "", "PANDASTACK_DISK_MB=512")
+	// Registered first, so it runs after newSandbox's kill.
+	t.Cleanup(func() { s.stop(); os.RemoveAll(s.dataDir) })
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{MemoryMB: 256})
+
+	fi, err := c.WriteFile(ctx, sb.ID, "big.bin", io.LimitReader(zeros{}, 400<<20))
+	if err != nil {
+		t.Fatalf("a 400 MB upload into a 256 MiB sandbox with a 512 MiB disk: %v\n%s", err, tail(s.out.String(), 20))
+	}
+	if fi.Size != 400<<20 {
+		t.Fatalf("uploaded %d bytes", fi.Size)
+	}
+	_, err = c.WriteFile(ctx, sb.ID, "more.bin", io.LimitReader(zeros{}, 300<<20))
+	if !client.IsCode(err, "payload_too_large") || !strings.Contains(err.Error(), "no space left") {
+		t.Fatalf("an upload past the full disk: %v, want payload_too_large (no space left)", err)
+	}
+	res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "rm -f more.bin; dd if=/dev/zero of=/tmp/fill bs=1M count=300 2>&1; rm -f /tmp/fill; echo alive"})
+	if err != nil {
+		t.Fatalf("exec after a full disk: %v", err)
+	}
+	if !strings.Contains(res.Stdout, "No space left on device") || !strings.HasSuffix(res.Stdout, "alive\n") {
+		t.Fatalf("filling /tmp: %q, want ENOSPC and a live sandbox", res.Stdout)
+	}
+	got, err := c.GetSandbox(ctx, sb.ID)
+	if err != nil || got.State != "running" {
+		t.Fatalf("after the full disk the sandbox is %+v, %v", got, err)
+	}
+
+	// A sandbox may ask for its own size, within limits.
+	small := newSandbox(t, s, client.CreateSandboxRequest{DiskMB: 128})
+	res, err = c.Exec(ctx, small.ID, client.ExecRequest{Cmd: "df -m / | tail -1 | tr -s ' ' | cut -d' ' -f2"})
+	if err != nil || strings.TrimSpace(res.Stdout) != "128" {
+		t.Fatalf("disk_mb 128: df says %q, %v", res.Stdout, err)
+	}
+	for _, body := range []string{`{"disk_mb":10}`, `{"disk_mb":99999999}`, `{"disk_mb":"big"}`} {
+		if status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes", body); status != 400 || code != "invalid_request" || !strings.Contains(msg, "disk_mb") {
+			t.Errorf("create %s → %d %s %q, want 400 naming disk_mb", body, status, code, msg)
+		}
+	}
+}

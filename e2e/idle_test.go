@@ -1,0 +1,281 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// waitState polls the sandbox until pred holds and returns it.
+func waitState(t *testing.T, s *server, id string, what string, pred func(*client.Sandbox) bool) *client.Sandbox {
+	t.Helper()
+	var last *client.Sandbox
+	eventually(t, "sandbox "+id+" to be "+what, func() bool {
+		sb, err := s.client().GetSandbox(context.Background(), id)
+		last = sb
+		return err == nil && pred(sb)
+	})
+	return last
+}
+
+// eventually polls cond until it holds, or fails after a generous deadline
+// (no timing assertion: the machine is shared).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited in vain for %s", what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// linesWith returns the lines of log that contain any of words.
+func linesWith(log string, words ...string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func suspended(sb *client.Sandbox) bool { return sb.State == "paused" && sb.PauseReason == "idle" }
+
+func idleSeconds(n int64) *int64 { return &n }
+
+// An idle sandbox suspends itself to disk and the next request of any kind
+// resumes it with its state; concurrent requests during the resume all
+// succeed; TTL expiry of a suspended sandbox deletes its image.
+func TestIdleSuspend(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900, IdleTimeoutSeconds: idleSeconds(2)})
+	if sb.IdleTimeoutSeconds != 2 {
+		t.Fatalf("idle_timeout_seconds = %d", sb.IdleTimeoutSeconds)
+	}
+	t.Cleanup(func() {
+		if t.Failed() { // what the server said of it, and of idle suspends
+			t.Log(linesWith(s.out.String(), sb.ID, "idle", "suspend"))
+		}
+	})
+	if _, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret = 'kept'"}); err != nil {
+		t.Fatal(err)
+	}
+	image := filepath.Join(s.dataDir, "paused", sb.ID)
+
+	t.Run("resumes with its variables", func(t *testing.T) {
+		waitState(t, s, sb.ID, "suspended", suspended)
+		if _, err := os.Stat(filepath.Join(image, "manifest.json")); err != nil {
+			t.Fatalf("suspended without an image: %v", err)
+		}
+		// The record says paused just before the sandbox stops.
+		eventually(t, "the suspended sandbox's host processes to end", func() bool { return len(processesMentioning(sb.ID)) == 0 })
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"})
+		if err != nil || ex.Text != "'kept'" {
+			t.Fatalf("run after suspend: %+v %v", ex, err)
+		}
+		if got, _ := c.GetSandbox(ctx, sb.ID); got.State != "running" || got.PauseReason != "" {
+			t.Fatalf("after resume: %+v", got)
+		}
+	})
+
+	t.Run("concurrent requests during the resume", func(t *testing.T) {
+		waitState(t, s, sb.ID, "suspended", suspended)
+		const n = 6
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if i == 0 { // one cell: a kernel runs one at a time
+					ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"})
+					if err == nil && ex.Text != "'kept'" {
+						err = &client.Error{Code: "wrong", Message: ex.Text}
+					}
+					errs[i] = err
+					return
+				}
+				res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo hi"})
+				if err == nil && res.Stdout != "hi\n" {
+					err = &client.Error{Code: "wrong", Message: res.Stdout}
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("request %d during the resume: %v", i, err)
+			}
+		}
+	})
+
+	t.Run("expiry deletes the image", func(t *testing.T) {
+		waitState(t, s, sb.ID, "suspended", suspended)
+		if _, err := c.SetTTL(ctx, sb.ID, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		waitState(t, s, sb.ID, "stopped (expired)", func(sb *client.Sandbox) bool { return sb.State == "stopped" && sb.StopReason == "expired" })
+		s.assertGone(t, sb.ID) // its image included
+	})
+}
+
+// A sandbox whose processes keep working in the background is not idle, and
+// idle_timeout_seconds 0 (set with PATCH) never suspends.
+func TestIdleBusyIsNotSuspended(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	busy := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 600, IdleTimeoutSeconds: idleSeconds(1)})
+	spin := "import threading\ndef spin():\n    while True:\n        pass\nthreading.Thread(target=spin, daemon=True).start()"
+	if _, err := c.RunCode(ctx, busy.ID, client.RunRequest{Code: spin}); err != nil {
+		t.Fatal(err)
+	}
+	off := newSandbox(t, s, client.CreateSandboxRequest{IdleTimeoutSeconds: idleSeconds(1)})
+	if got, err := c.SetIdleTimeout(ctx, off.ID, 0); err != nil || got.IdleTimeoutSeconds != 0 {
+		t.Fatalf("PATCH idle_timeout_seconds 0: %+v %v", got, err)
+	}
+	// A control that does go idle in the same time shows the reaper ran.
+	control := newSandbox(t, s, client.CreateSandboxRequest{IdleTimeoutSeconds: idleSeconds(1)})
+	waitState(t, s, control.ID, "suspended", suspended)
+	time.Sleep(3 * time.Second) // several more idle windows
+	for _, id := range []string{busy.ID, off.ID} {
+		if got, _ := c.GetSandbox(ctx, id); got.State != "running" {
+			t.Errorf("%s was suspended: %+v", id, got)
+		}
+	}
+}
+
+// A pause (asked for, or for idleness) on a full disk answers 507 with a
+// short message and leaves the sandbox running with its state.
+func TestPauseDiskFull(t *testing.T) {
+	s, pausedDir := serverWithSmallDisk(t, "paused")
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 300, IdleTimeoutSeconds: idleSeconds(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.KillSandbox(ctx, sb.ID)
+	c.RunCode(ctx, sb.ID, client.RunRequest{Code: "v = 'alive'"})
+	status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+"/pause", "")
+	if status != 507 || code != "insufficient_storage" {
+		t.Fatalf("pause on a full disk: %d %s %s", status, code, msg)
+	}
+	if len(msg) > 200 || strings.Contains(msg, s.dataDir) || strings.Contains(msg, "goroutine") {
+		t.Errorf("the 507 message is long or shows host details: %q", msg)
+	}
+	checkAlive := func(when string) {
+		t.Helper()
+		if got, _ := c.GetSandbox(ctx, sb.ID); got.State != "running" {
+			t.Fatalf("%s: %+v", when, got)
+		}
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "v"})
+		if err != nil || ex.Text != "'alive'" {
+			t.Fatalf("%s: %+v %v", when, ex, err)
+		}
+		if ents, _ := os.ReadDir(pausedDir); len(ents) != 0 {
+			t.Fatalf("%s: partial image left behind: %v", when, ents)
+		}
+	}
+	checkAlive("after a pause on a full disk")
+
+	// An idle suspend on the full disk fails the same way, and the sandbox
+	// stays up. The server log shows it tried.
+	if _, err := c.SetIdleTimeout(ctx, sb.ID, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for !strings.Contains(s.out.String(), "idle suspend failed") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no idle suspend was tried:\n%s", tail(s.out.String(), 30))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.SetIdleTimeout(ctx, sb.ID, 0)
+	checkAlive("after an idle suspend on a full disk")
+}
+
+// serverWithSmallDisk starts a server of its own whose data subdirectory
+// sub is a 20 MiB disk (a code-interpreter image is ~100 MB). The test's
+// cleanup stops it, unmounts the disk and removes the data dir.
+func serverWithSmallDisk(t *testing.T, sub string) (*server, string) {
+	t.Helper()
+	s := startServer(t, "")
+	dir := filepath.Join(s.dataDir, sub)
+	t.Cleanup(func() {
+		s.stop()
+		syscall.Unmount(dir, syscall.MNT_DETACH)
+		os.RemoveAll(s.dataDir)
+	})
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=20m"); err != nil {
+		t.Fatalf("mount a small tmpfs: %v", err)
+	}
+	return s, dir
+}
+
+// A create on a data disk that is 100% full answers 507, not 500.
+func TestCreateDiskFull(t *testing.T) {
+	dataDir, err := os.MkdirTemp("", "pandastack-e2e-full-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", dataDir, "tmpfs", 0, "size=64m"); err != nil {
+		t.Fatalf("mount a small tmpfs: %v", err)
+	}
+	s := startServer(t, dataDir, "PANDASTACK_POOL_SIZE=0")
+	defer func() {
+		s.stop()
+		syscall.Unmount(dataDir, syscall.MNT_DETACH)
+		os.RemoveAll(dataDir)
+	}()
+	before, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.client().KillSandbox(context.Background(), before.ID)
+	filler := filepath.Join(dataDir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			break
+		}
+	}
+	f.Close()
+	status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes", `{}`)
+	if status != 507 || code != "insufficient_storage" {
+		t.Fatalf("create on a full disk: %d %s %s\n%s", status, code, msg, tail(s.out.String(), 20))
+	}
+	if len(msg) > 200 || strings.Contains(msg, dataDir) {
+		t.Errorf("the 507 message is long or shows host details: %q", msg)
+	}
+	// A sandbox that runs already keeps working on the full disk.
+	if res, err := s.client().Exec(context.Background(), before.ID, client.ExecRequest{Cmd: "echo still here"}); err != nil || res.Stdout != "still here\n" {
+		t.Errorf("exec on a full data disk: %+v %v", res, err)
+	}
+	os.Remove(filler)
+	sb, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{})
+	if err != nil {
+		t.Fatalf("create once there is room again: %v", err)
+	}
+	s.client().KillSandbox(context.Background(), sb.ID)
+}

@@ -1,0 +1,267 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// draw is what a fresh interpreter's generators give: random's and numpy's
+// legacy global one, and $RANDOM-free tempfile names.
+const draw = "import random, numpy\nprint(random.random(), numpy.random.rand())"
+
+// TestRandomStateAfterRestore: every create restores the same warm image,
+// and fork children restore one image too; each must draw its own numbers,
+// while a fork keeps the rest of its state.
+func TestRandomStateAfterRestore(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+
+	waitWarm(t, s, "code-interpreter") // so that creates restore the one warm image
+	seen := map[string]string{}
+	record := func(who, out string) {
+		t.Helper()
+		out = strings.TrimSpace(out)
+		if len(strings.Fields(out)) != 2 {
+			t.Fatalf("%s drew %q", who, out)
+		}
+		if other, ok := seen[out]; ok {
+			t.Errorf("%s drew the same numbers as %s: %s", who, other, out)
+		}
+		seen[out] = who
+	}
+	var parent *client.Sandbox
+	for i := range 2 {
+		sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: draw})
+		if err != nil || ex.Error != nil {
+			t.Fatalf("draw in a fresh sandbox: %+v %v", ex, err)
+		}
+		// Issue 14: warm-up cells are not counted.
+		if ex.ExecutionCount != 1 {
+			t.Errorf("first cell of a fresh sandbox has execution_count %d, want 1", ex.ExecutionCount)
+		}
+		record(fmt.Sprintf("fresh sandbox %d", i), ex.Stdout)
+		parent = sb
+	}
+
+	if _, err := c.RunCode(ctx, parent.ID, client.RunRequest{Code: "x = 41\nimport random\nrandom.seed(5)"}); err != nil {
+		t.Fatal(err)
+	}
+	kids, err := c.Fork(ctx, parent.ID, client.ForkRequest{Count: 2, TTLSeconds: 900})
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	for _, k := range kids {
+		t.Cleanup(func() { c.KillSandbox(context.Background(), k.ID) })
+	}
+	for i, k := range kids {
+		ex, err := c.RunCode(ctx, k.ID, client.RunRequest{Code: "print(x + 1)\n" + draw})
+		if err != nil || ex.Error != nil {
+			t.Fatalf("fork child %d: %+v %v", i, ex, err)
+		}
+		first, rest, _ := strings.Cut(ex.Stdout, "\n")
+		if first != "42" {
+			t.Errorf("fork child %d lost its state: x + 1 printed %q", i, first)
+		}
+		record(fmt.Sprintf("fork child %d", i), rest)
+	}
+}
+
+// TestKernelLimits: what a cell can do to its kernel stays in its kernel.
+func TestKernelLimits(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb, cc := codeSandbox(t, s)
+	run(t, c, sb, cc, "marker = 'alive'", 0)
+	alive := func(t *testing.T, what string) {
+		t.Helper()
+		if ex := run(t, c, sb, cc, "marker", 30); ex.Text != "'alive'" {
+			t.Fatalf("after %s the kernel lost its state: %+v", what, ex)
+		}
+	}
+
+	for _, size := range []int{64 << 10, 1 << 20} {
+		t.Run(fmt.Sprintf("print flood of %d-byte writes", size), func(t *testing.T) {
+			n := (512 << 20) / size
+			ex := run(t, c, sb, cc, fmt.Sprintf("import sys\nfor i in range(%d): sys.stdout.write('a' * %d)\nprint('done', file=sys.stderr)", n, size), 300)
+			want := fmt.Sprintf("[output truncated: %d bytes omitted]", n*size-(1<<20))
+			if ex.Error != nil || !strings.Contains(ex.Stdout, want) || len(ex.Stdout) > (1<<20)+200 || ex.Stderr != "done\n" {
+				t.Fatalf("flood: error %+v, %d bytes of stdout ending %q, stderr %q; want the cap and %q", ex.Error, len(ex.Stdout), ex.Stdout[max(len(ex.Stdout)-80, 0):], ex.Stderr, want)
+			}
+			alive(t, "a print flood")
+		})
+	}
+	t.Run("200 MB result", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "big = 'a' * 200_000_000\nbig", 300)
+		if ex.Error != nil || len(ex.Text) > (1<<20)+200 || !strings.Contains(ex.Text, "result truncated") {
+			t.Fatalf("200 MB result: error %+v, text of %d bytes", ex.Error, len(ex.Text))
+		}
+		if ex := run(t, c, sb, cc, "len(big)", 30); ex.Text != "200000000" {
+			t.Fatalf("len(big) = %+v", ex)
+		}
+		run(t, c, sb, cc, "del big", 30)
+		alive(t, "a 200 MB result")
+	})
+	t.Run("fork bomb fails with EAGAIN", func(t *testing.T) {
+		// Children exec sleep at once, so each costs one task and little
+		// memory; the parent kills them all afterwards.
+		ex := run(t, c, sb, cc, `import os, signal
+kids, err = [], None
+while len(kids) < 5000:
+    try:
+        pid = os.fork()
+    except OSError as e:
+        err = e
+        break
+    if pid == 0:
+        os.execv('/bin/sleep', ['sleep', 'infinity'])
+    kids.append(pid)
+for pid in kids:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+print(len(kids), err.errno if err else None)`, 600)
+		f := strings.Fields(ex.Stdout)
+		if ex.Error != nil || len(f) != 2 || f[1] != "11" {
+			t.Fatalf("fork bomb: %+v; want some processes, then errno 11 (EAGAIN)", ex)
+		}
+		got, err := c.GetSandbox(ctx, sb.ID)
+		if err != nil || got.State != "running" {
+			t.Fatalf("after the fork bomb: %+v %v", got, err)
+		}
+		alive(t, "a fork bomb")
+	})
+	t.Run("memory exhaustion kills only its kernel", func(t *testing.T) {
+		hog, err := c.CreateContext(ctx, sb.ID, "python", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ex := run(t, c, sb, hog, "import numpy\nblocks = []\nwhile True:\n    blocks.append(numpy.ones(32 << 17))", 300)
+		if ex.Error == nil || ex.Error.Name != "KernelDied" || !strings.Contains(ex.Error.Value, "out_of_memory") {
+			t.Fatalf("memory hog: %+v, want KernelDied with out_of_memory", ex.Error)
+		}
+		alive(t, "another context ran out of memory")
+		ex = run(t, c, sb, hog, "1 + 1", 60)
+		if ex.Error == nil || ex.Error.Name != "KernelRestarted" || ex.Text != "" {
+			t.Fatalf("first run after the kernel died: %+v, want KernelRestarted without running", ex)
+		}
+		if ex := run(t, c, sb, hog, "1 + 1", 60); ex.Error != nil || ex.Text != "2" {
+			t.Fatalf("second run after the kernel died: %+v", ex)
+		}
+		if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != "running" {
+			t.Fatalf("sandbox after a kernel ran out of memory: %+v %v", got, err)
+		}
+	})
+	t.Run("auto_restart false keeps the dead kernel dead", func(t *testing.T) {
+		no := false
+		manual, err := c.CreateContextWith(ctx, sb.ID, client.ContextOptions{AutoRestart: &no})
+		if err != nil || manual.AutoRestart {
+			t.Fatalf("create with auto_restart false: %+v %v", manual, err)
+		}
+		if ex := run(t, c, sb, manual, "import os\nos._exit(3)", 30); ex.Error == nil || ex.Error.Name != "KernelDied" {
+			t.Fatalf("os._exit: %+v", ex.Error)
+		}
+		if _, err := c.Run(ctx, sb.ID, manual.ID, client.RunRequest{Code: "1"}); !client.IsCode(err, "conflict") || !strings.Contains(err.Error(), "restart") {
+			t.Fatalf("run on a dead kernel without auto_restart: %v, want conflict", err)
+		}
+	})
+	t.Run("per-run env in bash", func(t *testing.T) {
+		env := map[string]string{"GREETING": "it's \"here\"", "TWO": "a\nb"}
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Language: "bash", Code: `echo "[$GREETING] [$TWO]"; bash -c 'echo child:$GREETING'`, Env: env})
+		if err != nil || ex.Stdout != "[it's \"here\"] [a\nb]\nchild:it's \"here\"\n" {
+			t.Fatalf("bash with env: %+v %v", ex, err)
+		}
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Language: "bash", Code: `echo "after:${GREETING-unset}"`})
+		if err != nil || ex.Stdout != "after:unset\n" {
+			t.Fatalf("env leaked into the next bash run: %+v %v", ex, err)
+		}
+	})
+	t.Run("bad requests answer 400", func(t *testing.T) {
+		_, err := c.CreateContext(ctx, sb.ID, "python", "/root")
+		if !client.IsCode(err, "invalid_request") || !strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("context in /root: %v, want invalid_request saying permission denied", err)
+		}
+		_, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "1", Language: "javascript", ContextID: cc.ID})
+		if !client.IsCode(err, "invalid_request") || !strings.Contains(err.Error(), "python") {
+			t.Errorf("javascript in a python context: %v, want invalid_request", err)
+		}
+	})
+}
+
+// TestKillDuringRun: a run cut off by DELETE says it was killed, and by
+// then the sandbox no longer says running.
+func TestKillDuringRun(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb, cc := codeSandbox(t, s)
+	started := make(chan struct{})
+	var runErr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		var once sync.Once
+		_, runErr = c.RunStream(ctx, sb.ID, cc.ID, client.RunRequest{Code: "print('go', flush=True)\nimport time\ntime.sleep(120)"}, func(ev client.CodeEvent) {
+			once.Do(func() { close(started) })
+		})
+		once.Do(func() { close(started) })
+	})
+	<-started
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if runErr == nil || !strings.Contains(runErr.Error(), "killed") {
+		t.Fatalf("the run cut off by the kill: %v, want an error saying killed", runErr)
+	}
+	got, err := c.GetSandbox(ctx, sb.ID)
+	if err == nil && (got.State != "stopped" || got.StopReason != "killed") {
+		t.Fatalf("after the kill: %s (%s), want gone or stopped (killed)", got.State, got.StopReason)
+	}
+	if err != nil && !client.IsCode(err, "not_found") {
+		t.Fatal(err)
+	}
+}
+
+// waitWarm waits until the server has a warm image of the template, so
+// that creates restore it rather than boot cold.
+func waitWarm(t *testing.T, s *server, template string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		req, _ := http.NewRequest(http.MethodGet, s.url+"/v1/templates", nil)
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Templates []struct {
+				Name string `json:"name"`
+				Warm bool   `json:"warm"`
+			} `json:"templates"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&out)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tpl := range out.Templates {
+			if tpl.Name == template && tpl.Warm {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("template %s is not warm after 10 minutes:\n%s", template, tail(s.out.String(), 30))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}

@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// TestLanguages runs JavaScript, TypeScript and R cells in their real
+// kernels (Deno's and IRkernel), each default context started on first use.
+func TestLanguages(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
+	runIn := func(t *testing.T, lang, code string, env map[string]string) *client.Execution {
+		t.Helper()
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: code, Language: lang, Env: env, TimeoutSeconds: 120})
+		if err != nil {
+			t.Fatalf("%s %q: %v", lang, code, err)
+		}
+		if ex.Error != nil {
+			t.Fatalf("%s %q: %+v", lang, code, ex.Error)
+		}
+		return ex
+	}
+	// Python first, as in a sandbox restored from the warm snapshot, whose
+	// default Python context already exists.
+	runIn(t, "python", "1", nil)
+
+	t.Run("javascript: top-level await and an npm import", func(t *testing.T) {
+		ex := runIn(t, "javascript", `import { chunk } from "npm:lodash-es@4.17.21";
+const v = await Promise.resolve(21);
+console.log("doubled", v * 2);
+JSON.stringify(chunk([1, 2, 3, 4], 2))`, nil)
+		if ex.Stdout != "doubled 42\n" || ex.Text != `"[[1,2],[3,4]]"` {
+			t.Fatalf("stdout %q text %q", ex.Stdout, ex.Text)
+		}
+		// State persists in the default context.
+		if ex := runIn(t, "javascript", "v + 1", nil); ex.Text != "22" {
+			t.Fatalf("v + 1 = %q", ex.Text)
+		}
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "throw new TypeError('bad')", Language: "javascript"})
+		if err != nil || ex.Error == nil || !strings.Contains(ex.Error.Name+ex.Error.Value, "bad") {
+			t.Fatalf("throw: %+v %v", ex.Error, err)
+		}
+		// A timeout interrupts the loop (an interrupt_request: SIGINT would
+		// kill Deno's kernel) and the state survives.
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "while (true) {}", Language: "javascript", TimeoutSeconds: 2})
+		if err != nil || ex.Error == nil || ex.Error.Name != "TimeoutError" || strings.Contains(ex.Error.Value, "restarted") {
+			t.Fatalf("busy loop: %+v %v", ex.Error, err)
+		}
+		if ex := runIn(t, "javascript", "v", nil); ex.Text != "21" {
+			t.Fatalf("v after the timeout = %q", ex.Text)
+		}
+	})
+	t.Run("typescript: types", func(t *testing.T) {
+		ex := runIn(t, "typescript", `interface P { x: number; y: number }
+const norm = (p: P): number => Math.hypot(p.x, p.y);
+norm({ x: 3, y: 4 })`, nil)
+		if ex.Text != "5" {
+			t.Fatalf("text %q", ex.Text)
+		}
+	})
+	t.Run("r: a data frame and a base plot", func(t *testing.T) {
+		ex := runIn(t, "r", `df <- data.frame(city = c("Oslo", "Lima"), temp = c(3.5, 19))
+print(df)
+mean(df$temp)`, nil)
+		// IRkernel shows a cell's value as a display, not as an execute_result.
+		if !strings.Contains(ex.Stdout, "Oslo") || !strings.Contains(ex.Stdout, "19.0") || len(ex.Results) != 1 || ex.Results[0].Text != "[1] 11.25" {
+			t.Fatalf("stdout %q results %+v", ex.Stdout, ex.Results)
+		}
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "Sys.sleep(60)", Language: "r", TimeoutSeconds: 2})
+		if err != nil || ex.Error == nil || ex.Error.Name != "TimeoutError" || strings.Contains(ex.Error.Value, "restarted") {
+			t.Fatalf("R timeout: %+v %v", ex.Error, err)
+		}
+		ex = runIn(t, "r", `plot(1:10, (1:10)^2)`, nil)
+		if ex.PNG == "" {
+			t.Fatalf("no PNG from a base plot: %+v", ex.Results)
+		}
+	})
+	t.Run("env per run", func(t *testing.T) {
+		env := map[string]string{"PANDA_VAR": `a "quoted" <value>\`}
+		want := env["PANDA_VAR"]
+		if ex := runIn(t, "javascript", `Deno.env.get("PANDA_VAR")`, env); ex.Text != `'a "quoted" <value>\\'` {
+			t.Errorf("javascript: %q", ex.Text)
+		}
+		if ex := runIn(t, "javascript", `String(Deno.env.get("PANDA_VAR"))`, nil); ex.Text != `"undefined"` {
+			t.Errorf("javascript after the run: %q", ex.Text)
+		}
+		if ex := runIn(t, "r", `cat(Sys.getenv("PANDA_VAR"))`, env); ex.Stdout != want {
+			t.Errorf("r: %q", ex.Stdout)
+		}
+		if ex := runIn(t, "r", `cat(Sys.getenv("PANDA_VAR", "unset"))`, nil); ex.Stdout != "unset" {
+			t.Errorf("r after the run: %q", ex.Stdout)
+		}
+		if ex := runIn(t, "python", `import os; os.environ["PANDA_VAR"]`, env); ex.Text != `'a "quoted" <value>\\'` {
+			t.Errorf("python: %q", ex.Text)
+		}
+	})
+	t.Run("contexts are listed oldest first, defaults included", func(t *testing.T) {
+		mine, err := c.CreateContext(ctx, sb.ID, "r", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		status, body := rawCall(t, s, "GET", "/v1/sandboxes/"+sb.ID+"/contexts", "")
+		var got struct {
+			Contexts []client.Context `json:"contexts"`
+		}
+		if status != 200 || json.Unmarshal(body, &got) != nil {
+			t.Fatalf("list: %d %s", status, body)
+		}
+		var ids []string
+		for _, cc := range got.Contexts {
+			ids = append(ids, cc.ID+"/"+cc.Language)
+		}
+		// In the order they were made: the default contexts on first use.
+		want := []string{"ctx_default_python/python", "ctx_default_javascript/javascript", "ctx_default_typescript/typescript", "ctx_default_r/r", mine.ID + "/r"}
+		if strings.Join(ids, " ") != strings.Join(want, " ") {
+			t.Fatalf("contexts %v, want %v", ids, want)
+		}
+	})
+}

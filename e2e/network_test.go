@@ -1,0 +1,611 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/network"
+	"github.com/pandastack/pandastack/internal/network/nettest"
+)
+
+// fetchScript prints the body of http://ADDR[:PORT]/ or the error's errno
+// name, and how long the connect took.
+const fetchScript = `
+import socket, sys, time, errno
+t = time.monotonic()
+try:
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 80), timeout=10)
+    s.sendall(b"GET / HTTP/1.0\r\nHost: e2e.test\r\n\r\n")
+    print(s.makefile("rb").read().decode().split("\r\n\r\n", 1)[1])
+except OSError as e:
+    print("ERR", errno.errorcode.get(e.errno, e), round(time.monotonic() - t, 3))
+`
+
+func fetch(t *testing.T, s *server, id, addr string, port ...string) string {
+	t.Helper()
+	res, err := s.client().Exec(context.Background(), id, client.ExecRequest{Argv: append([]string{"python3", "-c", fetchScript, addr}, port...), TimeoutSeconds: 30})
+	if err != nil {
+		t.Fatalf("exec: %v", err)
+	}
+	return strings.TrimSpace(res.Stdout + res.Stderr)
+}
+
+// networkLeft names what of a server's network instance is on the host:
+// namespaces (of ids, or all when none given), and with none given its
+// veths and nftables table.
+func networkLeft(dataDir string, ids ...string) string {
+	inst := network.InstanceID(dataDir)
+	var left []string
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		for _, id := range ids {
+			if e.Name() == "pandastack-"+inst+"-"+id {
+				left = append(left, "namespace "+e.Name())
+			}
+		}
+		if len(ids) == 0 && strings.HasPrefix(e.Name(), "pandastack-"+inst+"-") {
+			left = append(left, "namespace "+e.Name())
+		}
+	}
+	if len(ids) == 0 {
+		if out, _ := exec.Command("ip", "-o", "link").Output(); strings.Contains(string(out), " ps"+inst) {
+			left = append(left, "veths")
+		}
+		if out, _ := exec.Command("nft", "list", "tables").Output(); strings.Contains(string(out), "pandastack_"+inst) {
+			left = append(left, "nftables table")
+		}
+	}
+	return strings.Join(left, ", ")
+}
+
+// assertNetworkGone waits a little for networkLeft to be empty.
+func assertNetworkGone(t *testing.T, s *server, ids ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		left := networkLeft(s.dataDir, ids...)
+		if left == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("network of the server left behind: %s", left)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// networkServer starts a server of the test's own (no warm templates: the
+// tests boot base sandboxes) and, when the test ends, stops it and checks
+// that nothing of its network is left.
+func networkServer(t *testing.T, env ...string) *server {
+	s := startServer(t, "", append([]string{"PANDASTACK_WARM=0"}, env...)...)
+	t.Cleanup(func() {
+		s.stop()
+		defer os.RemoveAll(s.dataDir)
+		defer func() {
+			if t.Failed() {
+				t.Log(tail(s.out.String(), 80))
+			}
+		}()
+		assertNetworkGone(t, s)
+	})
+	return s
+}
+
+// gateway is the sandbox's default gateway (the host end of its veth).
+func gateway(t *testing.T, s *server, id string) string {
+	t.Helper()
+	res, err := s.client().Exec(context.Background(), id, client.ExecRequest{Cmd: "awk '$2 == \"00000000\" {print $3}' /proc/net/route"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := strings.TrimSpace(res.Stdout)
+	if len(h) != 8 {
+		t.Fatalf("no default route in the sandbox: %q %q", res.Stdout, res.Stderr)
+	}
+	var b [4]byte
+	for i := range 4 {
+		v, _ := strconv.ParseUint(h[2*i:2*i+2], 16, 8)
+		b[3-i] = byte(v) // /proc/net/route is little-endian
+	}
+	return net.IP(b[:]).String()
+}
+
+func TestNetworkInternetAndDenySet(t *testing.T) {
+	up := nettest.StartUpstream(t, "e", 10, 10)
+	s := networkServer(t)
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
+	if got := fetch(t, s, sb.ID, up.PublicIP.String()); got != "upstream e2e.test" {
+		t.Fatalf("sandbox → test server through NAT: %q\n%s", got, tail(s.out.String(), 30))
+	}
+	// Private ranges and cloud metadata: refused at once.
+	for _, addr := range []string{up.PrivateIP.String(), "169.254.169.254"} {
+		got := fetch(t, s, sb.ID, addr)
+		if !strings.HasPrefix(got, "ERR ECONNREFUSED") {
+			t.Errorf("connect to %s from a sandbox: %q, want ECONNREFUSED", addr, got)
+		}
+	}
+	// The host itself: a server the test runs on all the host's addresses
+	// (the public-looking test veth's among them) is refused to sandboxes.
+	hostLn, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostLn.Close()
+	go func() {
+		for {
+			c, err := hostLn.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.0 200 OK\r\n\r\nhost server"))
+			c.Close()
+		}
+	}()
+	hostPort := strconv.Itoa(hostLn.Addr().(*net.TCPAddr).Port)
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		ip, ok := a.(*net.IPNet)
+		if !ok || ip.IP.To4() == nil || ip.IP.IsLoopback() || strings.HasPrefix(ip.IP.String(), "10.") {
+			continue // loopback is the sandbox's own; 10.x are the gateways of every server's sandboxes
+		}
+		if got := fetch(t, s, sb.ID, ip.IP.String(), hostPort); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
+			t.Errorf("connect to the host's %s:%s from a sandbox: %q, want ECONNREFUSED", ip.IP, hostPort, got)
+		}
+	}
+	// Its own gateway too, on any port but DNS and the domain proxy.
+	if got := fetch(t, s, sb.ID, gateway(t, s, sb.ID), hostPort); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
+		t.Errorf("connect to the gateway's %s from a sandbox: %q, want ECONNREFUSED", hostPort, got)
+	}
+	if err := s.client().KillSandbox(context.Background(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.assertGone(t, sb.ID)
+	assertNetworkGone(t, s, sb.ID)
+}
+
+func TestNetworkPolicy(t *testing.T) {
+	up := nettest.StartUpstream(t, "p", 14, 14)
+	// Without kill-on-exit: the restart below must keep the sandboxes.
+	s := networkServer(t, "PANDASTACK_KILL_ON_EXIT=0")
+	ctx := context.Background()
+	c := s.client()
+	pub := up.PublicIP.String()
+	refused := func(id string) {
+		t.Helper()
+		if got := fetch(t, s, id, pub); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
+			t.Errorf("sandbox %s → %s: %q, want ECONNREFUSED", id, pub, got)
+		}
+	}
+	reaches := func(id string) {
+		t.Helper()
+		if got := fetch(t, s, id, pub); got != "upstream e2e.test" {
+			t.Errorf("sandbox %s → %s: %q, want the test server's answer", id, pub, got)
+		}
+	}
+
+	// Created with no internet but the test server in allow_out.
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base", Network: &client.NetworkPolicy{AllowOut: []string{pub}}})
+	if sb.Network == nil || sb.Network.AllowInternetAccess || len(sb.Network.AllowOut) != 1 {
+		t.Fatalf("create answered network %+v", sb.Network)
+	}
+	reaches(sb.ID)
+
+	// Bad input: named by index, nothing half-applied.
+	for _, c := range []struct {
+		body   string
+		status int
+		code   string
+		names  string
+	}{
+		{`{"allow_internet_access": true, "allow_out": ["8.8.8.8", "300.1.1.1"]}`, 400, "invalid_request", "allow_out[1]"},
+		{`{"deny_out": ["example.com"]}`, 400, "invalid_request", "deny_out[0]"},
+		{`{"allow_out": ["192.168.0.0/24"]}`, 422, "network_denied", "allow_out[0]"},
+		{`{"allow_out": ["169.254.169.254"]}`, 422, "network_denied", "allow_out[0]"},
+		{`{"allow_out": "1.2.3.4"}`, 400, "invalid_request", ""},
+		{`{"allow_out": [], "bogus": 1}`, 400, "invalid_request", ""},
+	} {
+		status, code, msg := api(t, s, s.key, "PUT", "/v1/sandboxes/"+sb.ID+"/network", c.body)
+		if status != c.status || code != c.code || !strings.Contains(msg, c.names) {
+			t.Errorf("PUT network %s: %d %s %q, want %d %s naming %s", c.body, status, code, msg, c.status, c.code, c.names)
+		}
+	}
+	many := `{"deny_out": [` + strings.TrimSuffix(strings.Repeat(`"1.2.3.4",`, 257), ",") + `]}`
+	if status, code, _ := api(t, s, s.key, "PUT", "/v1/sandboxes/"+sb.ID+"/network", many); status != 400 || code != "invalid_request" {
+		t.Errorf("257 entries: %d %s, want 400", status, code)
+	}
+	if status, code, _ := api(t, s, s.key, "POST", "/v1/sandboxes", `{"template": "base", "network": {"allow_out": ["10.0.0.1"]}}`); status != 422 || code != "network_denied" {
+		t.Errorf("create with a denied entry: %d %s, want 422 network_denied", status, code)
+	}
+	reaches(sb.ID) // the old policy is still in force
+
+	// A live change: deny_out the server while the internet is on.
+	got, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{up.PublicIP.String() + "/32"}})
+	if err != nil || !got.Network.AllowInternetAccess {
+		t.Fatalf("set network: %+v, %v", got, err)
+	}
+	refused(sb.ID)
+	if g, _ := c.GetSandbox(ctx, sb.ID); g.Network == nil || len(g.Network.DenyOut) != 1 {
+		t.Errorf("GET shows network %+v", g.Network)
+	}
+
+	// The policy survives pause/resume and goes to fork children, each
+	// with an address of its own.
+	if _, err := c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	refused(sb.ID)
+	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{AllowOut: []string{pub}}); err != nil {
+		t.Fatal(err)
+	}
+	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids {
+		t.Cleanup(func() { c.KillSandbox(context.Background(), k.ID) })
+		if k.Network == nil || len(k.Network.AllowOut) != 1 || k.Network.AllowInternetAccess {
+			t.Errorf("fork child %s network %+v, want the parent's", k.ID, k.Network)
+		}
+		reaches(k.ID)
+	}
+	reaches(sb.ID)
+
+	// A sandbox restored from a snapshot gets the snapshotted policy.
+	snap, err := c.CreateSnapshot(ctx, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, err := c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restored.Network == nil || len(restored.Network.AllowOut) != 1 || restored.Network.AllowInternetAccess {
+		t.Errorf("restored sandbox network %+v, want the snapshotted one", restored.Network)
+	}
+	reaches(restored.ID)
+	if err := c.KillSandbox(ctx, restored.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.assertGone(t, restored.ID)
+
+	// A serve restart keeps the sandbox, its network and its policy.
+	s.stop()
+	s.start()
+	c = s.client()
+	reaches(sb.ID)
+	// And a crash of serve: its table is left and remade on the next start.
+	s.cmd.Process.Kill()
+	s.cmd.Wait()
+	s.cmd = nil
+	s.start()
+	c = s.client()
+	reaches(sb.ID)
+	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{}); err != nil {
+		t.Fatal(err)
+	}
+	refused(sb.ID)
+	for _, id := range append([]string{sb.ID}, kids[0].ID, kids[1].ID) {
+		if err := s.client().KillSandbox(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		s.assertGone(t, id)
+	}
+}
+
+// TestPipInstallFromPackageIndex installs a small pure-Python package inside
+// a sandbox from the package index this machine reaches (pip's own default,
+// or the index the host's pip configuration names): the one test that sends
+// traffic off the machine. The host reaches the index through a
+// TLS-inspecting proxy, so this also proves the host's CA bundle is trusted
+// inside (serve --sandbox-ca-certs host, the default).
+func TestPipInstallFromPackageIndex(t *testing.T) {
+	s := networkServer(t)
+	env := map[string]string{"PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+	if idx := hostPipIndex(); idx != "" {
+		env["PIP_INDEX_URL"] = idx
+	}
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter"})
+	res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{
+		Cmd: `echo "$SSL_CERT_FILE $REQUESTS_CA_BUNDLE $PIP_CERT $NODE_EXTRA_CA_CERTS"; python3 -m pip install --user --no-cache-dir six && python3 -c "import six; print('six', six.__version__)"`,
+		Env: env, TimeoutSeconds: 180,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bundle = "/etc/ssl/certs/ca-certificates.crt"
+	if first, _, _ := strings.Cut(res.Stdout, "\n"); first != strings.Repeat(bundle+" ", 3)+bundle {
+		t.Errorf("CA variables in the sandbox: %q", first)
+	}
+	if res.ExitCode != 0 || !strings.Contains(res.Stdout, "\nsix ") {
+		t.Fatalf("pip install six in a sandbox: exit %d\n%s\n%s", res.ExitCode, res.Stdout, res.Stderr)
+	}
+}
+
+// hostPipIndex is the index URL of the host's pip configuration, if any.
+func hostPipIndex() string {
+	if v := os.Getenv("PIP_INDEX_URL"); v != "" {
+		return v
+	}
+	out, err := exec.Command("python3", "-m", "pip", "config", "get", "global.index-url").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// domainScript fetches http://NAME/ (resolved by the sandbox's resolver) or,
+// with a third argument, connects to that address and sends Host: NAME.
+const domainScript = `
+import socket, sys, errno
+name = sys.argv[1]
+try:
+    addr = sys.argv[2] if len(sys.argv) > 2 else socket.gethostbyname(name)
+    s = socket.create_connection((addr, 80), timeout=10)
+    s.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % name).encode())
+    head, body = s.makefile("rb").read().decode().split("\r\n\r\n", 1)
+    print(body, [l for l in head.split("\r\n") if l.startswith("X-Served-By")])
+except socket.gaierror as e:
+    print("DNS", e.args[0] == socket.EAI_NONAME)
+except OSError as e:
+    print("ERR", errno.errorcode.get(e.errno, e))
+`
+
+// tlsScript fetches https://ADDR/ with the server name NAME (SNI and Host).
+const tlsScript = `
+import socket, ssl, sys
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+try:
+    s = ctx.wrap_socket(socket.create_connection((sys.argv[1], 443), timeout=10), server_hostname=sys.argv[2])
+    s.sendall(("GET / HTTP/1.0\r\nHost: %s\r\n\r\n" % sys.argv[2]).encode())
+    print(s.makefile("rb").read().decode().split("\r\n\r\n", 1)[1])
+except OSError as e:
+    print("ERR", type(e).__name__)
+`
+
+func TestNetworkDomainRules(t *testing.T) {
+	up := nettest.StartUpstream(t, "m", 26, 26)
+	up.SetDNS("api.allowed.test", up.PublicIP)
+	s := networkServer(t, "PANDASTACK_NETWORK_RESOLVERS="+up.DNS.String())
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base", Network: &client.NetworkPolicy{AllowOut: []string{"api.allowed.test"}}})
+	run := func(args ...string) string {
+		t.Helper()
+		res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Argv: append([]string{"python3", "-c", domainScript}, args...), TimeoutSeconds: 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(res.Stdout + res.Stderr)
+	}
+	served := "X-Served-By: " + up.PublicIP.String() + ":80"
+	if got := run("api.allowed.test"); !strings.Contains(got, "upstream api.allowed.test") || !strings.Contains(got, served) {
+		t.Errorf("allowed domain: %q", got)
+	}
+	if got := run("evil.test"); got != "DNS True" {
+		t.Errorf("a name not allowed: %q, want NXDOMAIN", got)
+	}
+	if got := run("evil.test", up.PublicIP.String()); got != "ERR ECONNRESET" {
+		t.Errorf("Host evil.test to an address: %q, want a reset", got)
+	}
+	// A Host that names an allowed domain but aims at a private address
+	// reaches only what the name resolves to.
+	if got := run("api.allowed.test", up.PrivateIP.String()); !strings.Contains(got, served) {
+		t.Errorf("forged Host to %s: %q, want the public server", up.PrivateIP, got)
+	}
+	// TLS: the proxy reads the SNI (the test server's certificate is
+	// self-signed, so the client does not verify it).
+	res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Argv: []string{"python3", "-c", tlsScript, up.PublicIP.String(), "api.allowed.test"}, TimeoutSeconds: 30})
+	if err != nil || !strings.Contains(res.Stdout, "upstream api.allowed.test") {
+		t.Errorf("TLS with SNI api.allowed.test: %+v, %v", res, err)
+	}
+	res, err = s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Argv: []string{"python3", "-c", tlsScript, up.PublicIP.String(), "evil.test"}, TimeoutSeconds: 30})
+	if err != nil || !strings.Contains(res.Stdout, "ERR") {
+		t.Errorf("TLS with SNI evil.test: %+v, %v; want a reset", res, err)
+	}
+	log, err := s.client().NetworkLog(context.Background(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok, blocked, dns bool
+	for _, e := range log {
+		ok = ok || (e.Kind == "tcp" && e.Domain == "api.allowed.test" && e.Allowed && e.BytesIn > 0 && e.Address == up.PublicIP.String())
+		blocked = blocked || (e.Kind == "tcp" && e.Domain == "evil.test" && !e.Allowed)
+		dns = dns || (e.Kind == "dns" && e.Domain == "evil.test" && !e.Allowed)
+	}
+	if !ok || !blocked || !dns {
+		t.Errorf("egress log (allowed %v, blocked %v, dns %v): %+v", ok, blocked, dns, log)
+	}
+}
+
+// wsEcho is a WebSocket echo server on port 8765, in plain Python.
+const wsEcho = `
+import socket, hashlib, base64, threading
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 8765)); s.listen(5)
+def serve(c):
+    req = b""
+    while b"\r\n\r\n" not in req:
+        req += c.recv(4096)
+    key = [l.split(b":", 1)[1].strip() for l in req.split(b"\r\n") if l.lower().startswith(b"sec-websocket-key")][0]
+    acc = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
+    c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + acc + b"\r\n\r\n")
+    def rd(n):
+        b = b""
+        while len(b) < n:
+            x = c.recv(n - len(b))
+            if not x:
+                raise EOFError
+            b += x
+        return b
+    while True:
+        h0, h1 = rd(2)
+        n = h1 & 127
+        m = rd(4) if h1 & 128 else b"\0\0\0\0"
+        p = bytes(b ^ m[i % 4] for i, b in enumerate(rd(n)))
+        if h0 & 15 == 8:
+            return
+        c.sendall(bytes([0x81, len(p)]) + p)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+`
+
+func TestPortProxy(t *testing.T) {
+	s := networkServer(t, "PANDASTACK_PUBLIC_DOMAIN=sbx.test")
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
+	get := func(u string, withKey bool) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", u, nil)
+		if withKey {
+			req.Header.Set("Authorization", "Bearer "+s.key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+
+	// Nothing listens yet: 502 with a clear error, not a hang.
+	resp, body := get(c.PortURL(sb.ID, 8000), true)
+	if resp.StatusCode != 502 || !strings.Contains(body, "port_unreachable") {
+		t.Fatalf("no listener: %d %s", resp.StatusCode, body)
+	}
+	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cd /tmp && echo hello-from-sandbox > page.txt && nohup python3 -m http.server 8000 >/dev/null 2>&1 & nohup python3 -c \"$WS\" >/dev/null 2>&1 &", Env: map[string]string{"WS": wsEcho}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, body = get(c.PortURL(sb.ID, 8000)+"page.txt", true)
+		if resp.StatusCode == 200 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if resp.StatusCode != 200 || body != "hello-from-sandbox\n" {
+		t.Fatalf("GET page.txt through the port proxy: %d %q", resp.StatusCode, body)
+	}
+	// Host-based routing: {port}-{id}.public-domain, the whole path passed on.
+	for _, host := range []string{"8000-" + sb.ID + ".sbx.test", "8000-" + strings.Replace(sb.ID, "_", "-", 1) + ".sbx.test"} {
+		req, _ := http.NewRequest("GET", s.url+"/page.txt", nil)
+		req.Host = host
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "hello-from-sandbox\n" {
+			t.Errorf("Host %s: %d %q", host, resp.StatusCode, b)
+		}
+	}
+	if resp, _ := get(c.PortURL(sb.ID, 8000)+"page.txt", false); resp.StatusCode != 401 {
+		t.Errorf("without key or token: %d, want 401", resp.StatusCode)
+	}
+	if resp, body := get(strings.Replace(c.PortURL(sb.ID, 8000), "/8000/", "/70000/", 1), true); resp.StatusCode != 400 {
+		t.Errorf("port 70000: %d %s, want 400", resp.StatusCode, body)
+	}
+
+	// A token URL works with no header, sets a cookie for the page, and
+	// stops working once revoked.
+	tok, err := c.CreatePortToken(ctx, sb.ID, 8000, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(tok.URL)
+	u.Path += "page.txt"
+	resp, body = get(u.String(), false)
+	if resp.StatusCode != 200 || body != "hello-from-sandbox\n" || len(resp.Cookies()) == 0 {
+		t.Errorf("token URL: %d %q cookies %v", resp.StatusCode, body, resp.Cookies())
+	}
+	if resp, _ := get(strings.Replace(u.String(), "/8000/", "/8765/", 1), false); resp.StatusCode != 401 {
+		t.Errorf("token of port 8000 on port 8765: %d, want 401", resp.StatusCode)
+	}
+	if err := c.RevokePortTokens(ctx, sb.ID, 8000); err != nil {
+		t.Fatal(err)
+	}
+	if resp, _ := get(u.String(), false); resp.StatusCode != 401 {
+		t.Errorf("revoked token: %d, want 401", resp.StatusCode)
+	}
+
+	// WebSocket through the proxy.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/ports/8765/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", sb.ID, s.key)
+	br := bufio.NewReader(conn)
+	status, _ := br.ReadString('\n')
+	if !strings.Contains(status, "101") {
+		t.Fatalf("WebSocket upgrade through the proxy: %q", status)
+	}
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil || l == "\r\n" {
+			break
+		}
+	}
+	msg := []byte("ping through the proxy")
+	mask := []byte{1, 2, 3, 4}
+	frame := append([]byte{0x81, 0x80 | byte(len(msg))}, mask...)
+	for i, b := range msg {
+		frame = append(frame, b^mask[i%4])
+	}
+	conn.Write(frame)
+	hdr := make([]byte, 2)
+	if _, err := io.ReadFull(br, hdr); err != nil {
+		t.Fatal(err)
+	}
+	echo := make([]byte, hdr[1]&127)
+	io.ReadFull(br, echo)
+	if string(echo) != string(msg) {
+		t.Errorf("WebSocket echo: %q", echo)
+	}
+
+	// The CLI's network flags.
+	out, errOut, err := s.cli("sandbox", "create", "--template", "base", "--network", "none", "--allow-out", "198.51.100.0/24", "--allow-out", "api.example.com")
+	if err != nil {
+		t.Fatalf("sandbox create --network none: %v\n%s", err, errOut)
+	}
+	id := strings.TrimSpace(out)
+	t.Cleanup(func() { c.KillSandbox(context.Background(), id) })
+	got, err := c.GetSandbox(ctx, id)
+	if err != nil || got.Network == nil || got.Network.AllowInternetAccess || strings.Join(got.Network.AllowOut, " ") != "198.51.100.0/24 api.example.com" {
+		t.Errorf("CLI-created sandbox network: %+v, %v", got.Network, err)
+	}
+}
+
+// A server stopped while it warms its templates (a sandbox booting) leaves
+// no namespace, veth or table behind.
+func TestNetworkShutdownDuringWarmup(t *testing.T) {
+	s := startServer(t, "")
+	defer os.RemoveAll(s.dataDir)
+	time.Sleep(time.Second) // the warm-up boot is under way
+	s.stop()
+	if left := networkLeft(s.dataDir); left != "" {
+		t.Errorf("left after a stop during warm-up: %s\n%s", left, tail(s.out.String(), 40))
+	}
+}

@@ -1,0 +1,146 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// ndjsonEvents decodes an NDJSON body.
+func ndjsonEvents(t *testing.T, body []byte) []map[string]any {
+	t.Helper()
+	var evs []map[string]any
+	dec := json.NewDecoder(bytes.NewReader(body))
+	for dec.More() {
+		var ev map[string]any
+		if err := dec.Decode(&ev); err != nil {
+			t.Fatalf("NDJSON %q: %v", body, err)
+		}
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// stdoutOf joins the stdout events and returns the exit event, if any.
+func stdoutOf(evs []map[string]any) (string, map[string]any) {
+	var b strings.Builder
+	var exit map[string]any
+	for _, ev := range evs {
+		switch ev["type"] {
+		case "stdout":
+			b.WriteString(ev["data"].(string))
+		case "exit":
+			exit = ev
+		}
+	}
+	return b.String(), exit
+}
+
+// TestBackgroundCommands starts commands with background: true, reads
+// their output while they run and after, feeds one stdin and kills one.
+func TestBackgroundCommands(t *testing.T) {
+	s := sharedServer(t)
+	sb := newSandbox(t, s, client.CreateSandboxRequest{TTLSeconds: 600})
+	base := "/v1/sandboxes/" + sb.ID
+
+	status, body := rawCall(t, s, "POST", base+"/exec", `{"cmd": "echo ready; read name; echo hello $name; sleep 0.2; echo bye", "background": true}`)
+	var p struct {
+		PID     int    `json:"pid"`
+		Running bool   `json:"running"`
+		Cmd     string `json:"cmd"`
+	}
+	if status != 200 || json.Unmarshal(body, &p) != nil || p.PID <= 0 || !p.Running || !strings.Contains(p.Cmd, "echo ready") {
+		t.Fatalf("background exec: %d %s", status, body)
+	}
+	out := base + "/processes/" + strconv.Itoa(p.PID)
+
+	// Without follow: what there is so far, no exit.
+	for {
+		status, body = rawCall(t, s, "GET", out+"/output", "")
+		if status != 200 {
+			t.Fatalf("output: %d %s", status, body)
+		}
+		got, exit := stdoutOf(ndjsonEvents(t, body))
+		if exit != nil {
+			t.Fatalf("ended before its input: %s", body)
+		}
+		if got == "ready\n" {
+			break
+		}
+	}
+	status, body = rawCall(t, s, "GET", base+"/processes", "")
+	if status != 200 || !strings.Contains(string(body), `"pid":`+strconv.Itoa(p.PID)) || !strings.Contains(string(body), `"running":true`) {
+		t.Fatalf("list: %d %s", status, body)
+	}
+	if status, body = rawCall(t, s, "POST", out+"/stdin", `{"data": "panda\n"}`); status != 204 {
+		t.Fatalf("stdin: %d %s", status, body)
+	}
+	// Following: to the end, from the start.
+	status, body = rawCall(t, s, "GET", out+"/output?follow=true", "")
+	got, exit := stdoutOf(ndjsonEvents(t, body))
+	if status != 200 || got != "ready\nhello panda\nbye\n" || exit == nil || exit["exit_code"] != 0.0 {
+		t.Fatalf("followed output: %d %s", status, body)
+	}
+
+	// Kill.
+	status, body = rawCall(t, s, "POST", base+"/exec", `{"cmd": "echo up; sleep 600", "background": true}`)
+	if status != 200 || json.Unmarshal(body, &p) != nil {
+		t.Fatalf("background exec: %d %s", status, body)
+	}
+	out = base + "/processes/" + strconv.Itoa(p.PID)
+	if status, body = rawCall(t, s, "POST", out+"/kill", ""); status != 204 {
+		t.Fatalf("kill: %d %s", status, body)
+	}
+	_, body = rawCall(t, s, "GET", out+"/output?follow=1", "")
+	if got, exit := stdoutOf(ndjsonEvents(t, body)); got != "up\n" && got != "" || exit == nil || exit["signal"] != "SIGKILL" {
+		t.Fatalf("killed process output: %s", body)
+	}
+	if status, body = rawCall(t, s, "POST", out+"/stdin", `{"data": "x"}`); status != 409 {
+		t.Fatalf("stdin to an ended process: %d %s", status, body)
+	}
+
+	// Another project sees none of it.
+	otherKey := s.newKey("other-processes")
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", base + "/processes", ""},
+		{"GET", out + "/output", ""},
+		{"POST", out + "/stdin", `{"data": "x"}`},
+		{"POST", out + "/kill", ""},
+		{"POST", base + "/exec", `{"cmd": "true", "background": true}`},
+	} {
+		if status, code, _ := api(t, s, otherKey, c.method, c.path, c.body); status != 404 || code != "not_found" {
+			t.Errorf("other project %s %s: %d %s", c.method, c.path, status, code)
+		}
+	}
+
+	// Bad input.
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+	}{
+		{"GET", base + "/processes/999999/output", "", 404},
+		{"GET", base + "/processes/abc/output", "", 400},
+		{"GET", out + "/output?follow=maybe", "", 400},
+		{"POST", out + "/stdin", `{"data": 1}`, 400},
+		{"POST", base + "/exec", `{"argv": ["no-such-program"], "background": true}`, 400},
+		{"GET", "/v1/sandboxes/sbx_nope/processes", "", 404},
+	} {
+		if status, body := rawCall(t, s, c.method, c.path, c.body); status != c.status {
+			t.Errorf("%s %s: %d %s, want %d", c.method, c.path, status, body, c.status)
+		}
+	}
+
+	// A sandbox killed with a background process running leaves nothing.
+	if status, body := rawCall(t, s, "POST", base+"/exec", `{"cmd": "sleep 600 & sleep 600", "background": true}`); status != 200 {
+		t.Fatalf("background exec: %d %s", status, body)
+	}
+	if err := s.client().KillSandbox(context.Background(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.assertGone(t, sb.ID)
+}

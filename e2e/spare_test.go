@@ -1,0 +1,167 @@
+package e2e
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// waitWarmTemplate waits until the server has the warm snapshot of a
+// template (serve makes it in the background after it starts).
+func waitWarmTemplate(t *testing.T, s *server, name string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Minute)
+	for {
+		var out struct {
+			Templates []struct {
+				Name string `json:"name"`
+				Warm bool   `json:"warm"`
+			} `json:"templates"`
+		}
+		rawJSON(t, s, "GET", "/v1/templates", "", &out)
+		for _, tp := range out.Templates {
+			if tp.Name == name && tp.Warm {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("template %s never became warm:\n%s", name, tail(s.out.String(), 40))
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// warmProbe is a first cell that says what the kernel had imported before
+// it, which backend matplotlib uses, and who the kernel is.
+const warmProbe = `import sys, os
+import matplotlib
+print(",".join(m for m in ("numpy", "pandas", "matplotlib.pyplot") if m in sys.modules))
+print(matplotlib.get_backend())
+print(os.environ.get("PANDASTACK_SANDBOX_ID"))
+print(os.getpid())
+import random, numpy
+print(random.random(), numpy.random.rand())`
+
+// probe runs warmProbe as the context's first cell and returns its lines.
+func probe(t *testing.T, c *client.Client, sb *client.Sandbox, cc *client.Context) (imported, backend, sandboxID, pid string, count int) {
+	t.Helper()
+	ex := run(t, c, sb, cc, warmProbe, 120)
+	lines := strings.Split(strings.TrimSpace(ex.Stdout), "\n")
+	if ex.Error != nil || len(lines) != 5 {
+		t.Fatalf("probe: %+v", ex)
+	}
+	lastRandom = lines[4]
+	return lines[0], lines[1], lines[2], lines[3], ex.ExecutionCount
+}
+
+// lastRandom is the random numbers the last probe drew.
+var lastRandom string
+
+// TestWarmContexts: in a sandbox of a warm template, a new code context is
+// a kernel that already ran the template's warm-up (numpy, pandas and
+// matplotlib imported, the inline backend on), yet shares nothing with the
+// other contexts; once handed out, a replacement is warmed up in the
+// background for the next one.
+func TestWarmContexts(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	waitWarmTemplate(t, s, "code-interpreter")
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
+
+	a, err := c.CreateContext(ctx, sb.ID, "python", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	imported, backend, id, pidA, count := probe(t, c, sb, a)
+	randomA := lastRandom
+	if imported != "numpy,pandas,matplotlib.pyplot" || !strings.Contains(backend, "inline") {
+		t.Fatalf("a new context had imported %q before its first cell, backend %q: not warm", imported, backend)
+	}
+	if id != sb.ID {
+		t.Fatalf("the kernel of a new context thinks its sandbox is %q, not %s", id, sb.ID)
+	}
+	if count != 1 {
+		t.Fatalf("the first cell of a new context has execution count %d, want 1 (the warm-up must not count)", count)
+	}
+	ex := run(t, c, sb, a, "secret = 42\nimport matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()", 60)
+	if ex.Error != nil || len(ex.Results) != 1 || ex.Results[0].PNG == "" {
+		t.Fatalf("a plot in a warm context: %+v", ex)
+	}
+
+	// Contexts share nothing: not the variables, not the process.
+	b, err := c.CreateContext(ctx, sb.ID, "python", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, pidB, _ := probe(t, c, sb, b)
+	if pidB == pidA {
+		t.Fatalf("two contexts run in one kernel process (pid %s)", pidA)
+	}
+	if ex := run(t, c, sb, b, "'secret' in globals()", 30); ex.Text != "False" {
+		t.Fatalf("a variable of one context is seen in another: %+v", ex)
+	}
+	for _, cc := range []*client.Context{a, b} {
+		if err := c.DeleteContext(ctx, sb.ID, cc.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The spare handed out is replaced once the sandbox is quiet: a later
+	// context is warm again, and clean.
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		later, err := c.CreateContext(ctx, sb.ID, "python", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		imported, _, _, pid, _ := probe(t, c, sb, later)
+		if ex := run(t, c, sb, later, "'secret' in globals()", 30); ex.Text != "False" {
+			t.Fatalf("a variable of a deleted context is seen in a later one: %+v", ex)
+		}
+		if pid == pidA || pid == pidB {
+			t.Fatalf("a later context reuses the kernel process %s of a deleted one", pid)
+		}
+		if err := c.DeleteContext(ctx, sb.ID, later.ID); err != nil {
+			t.Fatal(err)
+		}
+		if imported == "numpy,pandas,matplotlib.pyplot" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no warm context again after the spare was handed out (last had %q imported)", imported)
+		}
+		time.Sleep(3 * time.Second)
+	}
+
+	// The default context (run_code without one) is as warm, in a sandbox
+	// of its own.
+	sb2 := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
+	ex, err = c.RunCode(ctx, sb2.ID, client.RunRequest{Code: warmProbe, TimeoutSeconds: 120})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(ex.Stdout, "\n")
+	if ex.Error != nil || len(lines) < 5 || lines[0] != "numpy,pandas,matplotlib.pyplot" || lines[2] != sb2.ID {
+		t.Fatalf("the default context's first cell: %+v", ex)
+	}
+	// Both kernels come from one warm image, yet draw different numbers.
+	if lines[4] == randomA {
+		t.Fatalf("warm kernels of two sandboxes share their random state: both drew %s", randomA)
+	}
+
+	// A context with a cwd of its own starts its own kernel, in that cwd.
+	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "mkdir -p /home/user/work"}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := c.CreateContext(ctx, sb.ID, "python", "/home/user/work")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex := run(t, c, sb, w, "import os; os.getcwd()", 60); ex.Text != "'/home/user/work'" {
+		t.Fatalf("cwd of a context: %+v", ex)
+	}
+}

@@ -1,0 +1,216 @@
+package jupyter
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Code the agent runs inside kernels for its own ends: caps that keep a
+// cell's output from exhausting the kernel's memory, per-run environment
+// variables, and reseeding after a restore. Each piece runs silently
+// (no output, no history) and leaves no names in the user's namespace.
+
+// droppedKey is the user expression that reports the kernel's own drops.
+const droppedKey = "pandastack_dropped"
+
+// PythonSetupCode is an Options.SetupCode for ipykernel. ipykernel buffers
+// what a cell writes to stdout and stderr for 0.2 s and sends it as one
+// message, and IPython 9 also keeps all of it in its output history, so a
+// cell that writes fast (8000 writes of 64 KiB, or 1 MiB writes) makes the
+// kernel hold hundreds of MB and die; and a huge last expression (a 200 MB
+// string) is formatted, encoded and sent whole. So:
+//   - IPython's output history is off;
+//   - each stream's write keeps at most the cap's characters per cell and
+//     counts the rest (reported through PythonDroppedExpr);
+//   - str and bytes longer than the cap are shown truncated without
+//     computing their whole repr, and any displayed text value is cut at
+//     the cap, any other value over ResultsCap dropped with a note.
+//
+// The cap starts at DefaultOutputCap; PythonOutputCapCode changes it.
+var PythonSetupCode = `def _pandastack_setup():
+    import sys
+    import ipykernel.iostream as iostream
+    from IPython import get_ipython
+    ip = get_ipython()
+    cap = [` + strconv.Itoa(DefaultOutputCap+1) + `]
+    sent = {'stdout': 0, 'stderr': 0}
+    dropped = {'stdout': 0, 'stderr': 0}
+    iostream._pandastack_cap = cap
+    iostream._pandastack_dropped = dropped
+
+    # On the class: IPython's tee (below) saves and puts back the instance's
+    # write around every cell, this one included, so an instance attribute
+    # would not last; reset drops the one it leaves behind.
+    orig_write = iostream.OutStream.write
+    def write(self, s):
+        name = getattr(self, 'name', None)
+        if name not in sent or not isinstance(s, str):
+            return orig_write(self, s)
+        n = len(s)
+        room = cap[0] - sent[name]
+        if n > room:
+            dropped[name] += n - max(room, 0)
+            if room <= 0:
+                return n
+            s = s[:room]
+        sent[name] += len(s)
+        orig_write(self, s)
+        return n
+    iostream.OutStream.write = write
+
+    def reset(*args):
+        for k in sent:
+            sent[k] = 0
+            dropped[k] = 0
+        for stream in (sys.stdout, sys.stderr):
+            w = getattr(stream, '__dict__', {}).get('write')
+            if getattr(w, '__func__', None) is orig_write:
+                del stream.__dict__['write']
+    ip.events.register('pre_run_cell', reset)
+
+    # IPython 9 tees every write of a cell into its history (kept for the
+    # kernel's life, uncapped, above our cap): 500 MB printed is 500 MB
+    # held. The platform has no use for output history.
+    if hasattr(ip, '_tee'):
+        import contextlib
+        ip._tee = lambda channel: contextlib.nullcontext()
+
+    # Results are cut at the output cap too, but never below 64 Ki
+    # characters (a small cap is for streams).
+    def rcap():
+        return max(cap[0], 1 << 16)
+
+    formatter = ip.display_formatter
+    plain = formatter.formatters['text/plain']
+    from IPython.lib import pretty
+    def long_printer(type_):
+        try:
+            short = plain.lookup_by_type(type_)
+        except KeyError:
+            short = pretty._type_pprinters.get(type_) or (lambda obj, p, cycle: p.text(repr(obj)))
+        def printer(obj, p, cycle):
+            if len(obj) <= rcap():
+                return short(obj, p, cycle)
+            keep = rcap() - 200  # so that the note stays within the cap
+            p.text(repr(obj[:keep]) + '... [result truncated: %d of %d items shown]' % (keep, len(obj)))
+        return printer
+    for t in (str, bytes, bytearray):
+        plain.for_type(t, long_printer(t))
+
+    big = ` + strconv.Itoa(ResultsCap) + `
+    fmt = formatter.format
+    def format(obj, include=None, exclude=None):
+        data, md = fmt(obj, include=include, exclude=exclude)
+        for mime, v in list(data.items()):
+            if isinstance(v, str) and mime.startswith('text/') and len(v) > rcap():
+                data[mime] = v[:rcap()] + '\n[result truncated: %d characters omitted]' % (len(v) - rcap())
+            elif isinstance(v, (str, bytes)) and len(v) > big:
+                del data[mime]
+                data.setdefault('text/plain', '[result too large: its %s form was omitted]' % mime)
+        return data, md
+    formatter.format = format
+_pandastack_setup()
+del _pandastack_setup
+`
+
+// PythonOutputCapCode is an Options.OutputCapCode for PythonSetupCode. One
+// more character than the cap goes through, so the agent sees the cap
+// passed and says so.
+func PythonOutputCapCode(n int) string {
+	return "__import__('ipykernel.iostream', fromlist=['_'])._pandastack_cap[0] = " + strconv.Itoa(n+1) + "\n"
+}
+
+// PythonDroppedExpr is an Options.DroppedExpr for PythonSetupCode.
+const PythonDroppedExpr = "__import__('ipykernel.iostream', fromlist=['_'])._pandastack_dropped"
+
+var droppedRE = regexp.MustCompile(`'(stdout|stderr)':\s*(\d+)`)
+
+// parseDropped reads the text/plain of PythonDroppedExpr's value, a dict
+// such as {'stdout': 0, 'stderr': 12}.
+func parseDropped(s string) (stdout, stderr int) {
+	for _, m := range droppedRE.FindAllStringSubmatch(s, -1) {
+		n, err := strconv.Atoi(m[2])
+		if err != nil {
+			continue
+		}
+		if m[1] == "stdout" {
+			stdout = n
+		} else {
+			stderr = n
+		}
+	}
+	return stdout, stderr
+}
+
+// PythonReseedCode is an Options.ReseedCode for ipykernel: it reseeds
+// from the OS's entropy what the interpreter seeded when it started —
+// random's global generator, numpy's legacy global generator if numpy is
+// loaded, tempfile's name sequence, multiprocessing's authentication key if
+// loaded. The string hash seed cannot change in a running interpreter;
+// docs/code-and-snapshots.md says so.
+func PythonReseedCode() string {
+	return `def _pandastack_reseed():
+    import sys, random
+    random.seed()
+    tempfile = sys.modules.get('tempfile')
+    if tempfile is not None:
+        tempfile._name_sequence = None
+    np = sys.modules.get('numpy')
+    if np is not None:
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+    mp = sys.modules.get('multiprocessing')
+    if mp is not None:
+        import os
+        mp.current_process().authkey = os.urandom(32)
+_pandastack_reseed()
+del _pandastack_reseed
+`
+}
+
+// BashReseedCode is an Options.ReseedCode for the bash kernel: $RANDOM
+// from a fresh seed.
+func BashReseedCode() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return "RANDOM=" + strconv.FormatUint(uint64(binary.LittleEndian.Uint32(b[:])), 10) + "\n"
+}
+
+// RReseedCode is an Options.ReseedCode for IRkernel: R seeds its
+// generator from the time and its pid, both alike in forks of one image,
+// so it takes a seed from the host's randomness instead.
+func RReseedCode() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return "set.seed(" + strconv.FormatUint(uint64(binary.LittleEndian.Uint32(b[:])>>1), 10) + "L)\n"
+}
+
+// BashEnvCode is an Options.EnvCode for the bash kernel: it exports the
+// variables for the cell and then puts back each one as it was (a value,
+// exported or not, or unset).
+func BashEnvCode(env map[string]string) (set, restore string) {
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var s, r strings.Builder
+	for i, k := range keys {
+		saved := "__pandastack_env_" + strconv.Itoa(i)
+		// declare -p prints a declare command that recreates the variable.
+		s.WriteString(saved + "=$(declare -p " + k + " 2>/dev/null); export " + k + "=" + shellQuote(env[k]) + "\n")
+		r.WriteString("unset " + k + "; if [ -n \"$" + saved + "\" ]; then eval \"$" + saved + "\"; fi; unset " + saved + "\n")
+	}
+	return s.String(), r.String()
+}
+
+// shellQuote quotes s for bash as one word.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

@@ -1,0 +1,139 @@
+package jupyter
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func guarded(o *Options) {
+	o.SetupCode = PythonSetupCode
+	o.OutputCapCode = PythonOutputCapCode
+	o.DroppedExpr = PythonDroppedExpr
+	o.ReseedCode = PythonReseedCode
+}
+
+// TestOutputFloodIsCappedInTheKernel: whatever the write size, a cell's
+// output is cut at the cap inside the kernel, which survives it, and the
+// truncation marker counts every byte left out.
+func TestOutputFloodIsCappedInTheKernel(t *testing.T) {
+	k := startKernel(t, guarded)
+	mustText(t, k, "marker = 7\nmarker", "7")
+	for _, size := range []int{64 << 10, 1 << 20} {
+		n := (256 << 20) / size
+		e, _ := runCode(t, k, fmt.Sprintf("import sys\nfor i in range(%d): sys.stdout.write('a' * %d)", n, size), ExecOptions{})
+		want := fmt.Sprintf("[output truncated: %d bytes omitted]", n*size-DefaultOutputCap)
+		if e.Error != nil || !strings.HasPrefix(e.Stdout, strings.Repeat("a", DefaultOutputCap)) || !strings.Contains(e.Stdout, want) {
+			t.Fatalf("%d writes of %d bytes: error %+v, stdout of %d bytes ending %q; want %q", n, size, e.Error, len(e.Stdout), e.Stdout[max(len(e.Stdout)-60, 0):], want)
+		}
+		mustText(t, k, "marker", "7")
+	}
+	// A smaller cap for one run, then the default again.
+	e, _ := runCode(t, k, "print('b' * 100)", ExecOptions{OutputCap: 10})
+	if !strings.HasPrefix(e.Stdout, "bbbbbbbbbb\n[output truncated: 91 bytes omitted]") {
+		t.Fatalf("cap 10: %q", e.Stdout)
+	}
+	if e, _ = runCode(t, k, "print('c' * 100)", ExecOptions{}); e.Stdout != strings.Repeat("c", 100)+"\n" {
+		t.Fatalf("default cap after a small one: %q", e.Stdout)
+	}
+}
+
+// TestHugeResultIsBounded: a 200 MB string as the cell's value answers
+// with a bounded text and leaves the kernel with its state.
+func TestHugeResultIsBounded(t *testing.T) {
+	k := startKernel(t, guarded)
+	e, _ := runCode(t, k, "big = 'x' * 200_000_000\nbig", ExecOptions{})
+	if e.Error != nil || len(e.Text) > DefaultOutputCap+200 || !strings.Contains(e.Text, "result truncated") {
+		t.Fatalf("200 MB result: error %+v, text of %d bytes", e.Error, len(e.Text))
+	}
+	mustText(t, k, "len(big)", "200000000")
+	mustText(t, k, "'short'", "'short'")
+}
+
+// TestReseed: after Reseed a kernel no longer repeats the sequence it was
+// seeded with, as two restores of one image would.
+func TestReseed(t *testing.T) {
+	k := startKernel(t, guarded)
+	e, _ := runCode(t, k, "import random, numpy\nrandom.seed(3); numpy.random.seed(3)\nseeded = (random.random(), numpy.random.rand())\nrandom.seed(3); numpy.random.seed(3)", ExecOptions{})
+	if e.Error != nil {
+		t.Fatal(e.Error)
+	}
+	mustText(t, k, "import multiprocessing\nkey = multiprocessing.current_process().authkey\nlen(key)", "32")
+	k.Reseed()
+	mustText(t, k, "(random.random(), numpy.random.rand()) == seeded", "False")
+	mustText(t, k, "multiprocessing.current_process().authkey == key", "False")
+	mustText(t, k, "random.seed(3); numpy.random.seed(3); (random.random(), numpy.random.rand()) == seeded", "True")
+}
+
+// TestNoHistory: platform cells leave execution_count alone.
+func TestNoHistory(t *testing.T) {
+	k := startKernel(t, guarded)
+	if e, _ := runCode(t, k, "import math", ExecOptions{NoHistory: true}); e.Error != nil {
+		t.Fatal(e.Error)
+	}
+	if e, _ := runCode(t, k, "math.pi > 3", ExecOptions{}); e.ExecutionCount != 1 || e.Text != "True" {
+		t.Fatalf("first counted cell: %+v", e)
+	}
+}
+
+func TestParseDropped(t *testing.T) {
+	for in, want := range map[string][2]int{
+		"{'stdout': 0, 'stderr': 12}":      {0, 12},
+		"{'stderr': 5, 'stdout': 1234567}": {1234567, 5},
+		"garbage":                          {0, 0},
+	} {
+		if o, e := parseDropped(in); o != want[0] || e != want[1] {
+			t.Errorf("parseDropped(%q) = %d, %d, want %v", in, o, e, want)
+		}
+	}
+}
+
+// TestBashEnvCode runs the generated code in a real bash: the variables
+// are set for the cell, exported to its children, and put back after.
+func TestBashEnvCode(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash")
+	}
+	set, restore := BashEnvCode(map[string]string{"NEW": "it's $HOME \"q\"\nline", "KEEP": "temp", "LOCAL": "x"})
+	script := "KEEP=orig; export KEEP; LOCAL=mine\n" + set +
+		"echo \"cell:$NEW|$KEEP|$LOCAL\"; bash -c 'echo child:$LOCAL'\n" + restore +
+		"echo \"after:${NEW-unset}|$KEEP|$LOCAL\"; bash -c 'echo child:${LOCAL-unset}:$KEEP'\n"
+	out, err := exec.Command(bash, "-c", script).CombinedOutput()
+	want := "cell:it's $HOME \"q\"\nline|temp|x\nchild:x\nafter:unset|orig|mine\nchild:unset:orig\n"
+	if err != nil || string(out) != want {
+		t.Fatalf("bash env code: %v\n%s\nwant\n%s", err, out, want)
+	}
+}
+
+func TestBashReseedCode(t *testing.T) {
+	a, b := BashReseedCode(), BashReseedCode()
+	if !strings.HasPrefix(a, "RANDOM=") || a == b {
+		t.Fatalf("reseed code %q then %q", a, b)
+	}
+}
+
+// TestRestartIfDead: a dead kernel is restarted once, however many callers
+// found it dead; a live one is left alone.
+func TestRestartIfDead(t *testing.T) {
+	k := startKernel(t, guarded)
+	ctx := context.Background()
+	if did, err := k.RestartIfDead(ctx); did || err != nil {
+		t.Fatalf("RestartIfDead on a live kernel: %v %v", did, err)
+	}
+	mustText(t, k, "kept = 1\nkept", "1")
+	if e, _ := runCode(t, k, "import os\nos._exit(1)", ExecOptions{}); e.Error == nil || e.Error.Name != "KernelDied" {
+		t.Fatalf("os._exit: %+v", e.Error)
+	}
+	if did, err := k.RestartIfDead(ctx); !did || err != nil {
+		t.Fatalf("RestartIfDead on a dead kernel: %v %v", did, err)
+	}
+	if did, err := k.RestartIfDead(ctx); did || err != nil {
+		t.Fatalf("RestartIfDead again: %v %v", did, err)
+	}
+	if e, _ := runCode(t, k, "kept", ExecOptions{}); e.Error == nil || e.Error.Name != "NameError" {
+		t.Fatalf("state after the restart: %+v", e)
+	}
+}

@@ -1,0 +1,25 @@
+package agent
+
+import "github.com/pandastack/pandastack/internal/agent/jupyter"
+
+// langKernel is what a non-Python kernel needs beyond its kernelspec.
+type langKernel struct {
+	// transport: Deno's kernel binds no ipc:// sockets, so TCP on loopback.
+	transport jupyter.Transport
+	envCode   func(map[string]string) (set, restore string)
+	// byMessage: SIGINT kills Deno's kernel; an interrupt_request stops a
+	// running cell (not a pending await: after the grace the kernel restarts).
+	byMessage bool
+	// reseedCode: see jupyter.Options.ReseedCode. Deno has none: V8 seeds
+	// Math.random once per process and offers no way to reseed it (its
+	// crypto.getRandomValues reads the OS's randomness each call).
+	reseedCode func() string
+}
+
+// otherKernels are the kernels of the code-interpreter template besides
+// ipykernel and the bash kernel.
+var otherKernels = map[string]langKernel{
+	"javascript": {jupyter.TCP, jupyter.DenoEnvCode, true, nil},
+	"typescript": {jupyter.TCP, jupyter.DenoEnvCode, true, nil},
+	"r":          {jupyter.TCP, jupyter.REnvCode, false, jupyter.RReseedCode},
+}

@@ -1,0 +1,213 @@
+//go:build linux
+
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// rlimitNProc is RLIMIT_NPROC on Linux (the syscall package lacks it).
+const rlimitNProc = 6
+
+// LimitProcesses sets the agent's RLIMIT_NPROC from agentproto.NProcEnv
+// if the runtime set it (gVisor enforces it per user, and everything the
+// agent starts inherits it), and removes the variable so that user
+// processes do not see it. It logs what it did.
+func LimitProcesses(log *slog.Logger) {
+	v, ok := os.LookupEnv(agentproto.NProcEnv)
+	if !ok {
+		return
+	}
+	os.Unsetenv(agentproto.NProcEnv)
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err == nil {
+		err = syscall.Setrlimit(rlimitNProc, &syscall.Rlimit{Cur: n, Max: n})
+	}
+	if err != nil {
+		log.Warn("cannot limit processes", "limit", v, "err", err)
+		return
+	}
+	log.Info("processes limited", "rlimit_nproc", n)
+}
+
+// userCanEnter says why the user uid:gid (with no other groups, as the
+// agent starts its processes) could not make dir its working directory:
+// every directory on the way needs its search (x) bit for that user.
+func userCanEnter(dir string, uid, gid int) error {
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return err
+	}
+	p := "/"
+	for _, part := range append([]string{""}, strings.Split(strings.Trim(real, "/"), "/")...) {
+		p = filepath.Join(p, part)
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			return err
+		}
+		mode := st.Mode & 0o777
+		var ok bool
+		switch {
+		case int(st.Uid) == uid:
+			ok = mode&0o100 != 0
+		case int(st.Gid) == gid:
+			ok = mode&0o010 != 0
+		default:
+			ok = mode&0o001 != 0
+		}
+		if !ok {
+			return fmt.Errorf("permission denied: uid %d cannot enter %s (mode %s, owner uid %d gid %d)", uid, p, os.FileMode(mode)|os.ModeDir, st.Uid, st.Gid)
+		}
+	}
+	return nil
+}
+
+// The memory watch gives each kernel a memory limit below the sandbox's:
+// gVisor enforces the sandbox's limit from the host by killing the whole
+// sandbox, so a cell that allocates without end would take every context
+// (and the agent) with it. The watch reads the sandbox's memory from
+// /proc/meminfo (gVisor reports the sandbox's limit as MemTotal) and
+// SIGKILLs a kernel whose resident memory passes its limit, or the largest
+// kernel when the sandbox as a whole comes close to its own. At the rates
+// this machine allocates (about 1.2 GB/s in gVisor) a 25 ms period
+// overshoots by some 30 MB. The reserve is large because the host counts
+// more than the sandbox sees: gVisor gives memory that was freed inside
+// back to the host only later, and has its own overhead.
+const memWatchPeriod = 25 * time.Millisecond
+
+// memLimits derives the limits from the sandbox's memory: a kernel may use
+// all but a reserve of a quarter (at least 192 MiB), and the sandbox all
+// but half that reserve. Sandboxes too small for such a reserve get none.
+func memLimits(total int64) (perKernel, pressure int64, ok bool) {
+	reserve := max(total/4, 192<<20)
+	if total < 2*reserve {
+		return 0, 0, false
+	}
+	return total - reserve, total - reserve/2, true
+}
+
+// meminfo returns MemTotal and MemAvailable in bytes.
+func meminfo() (total, avail int64, err error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, 0, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
+			continue
+		}
+		n, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch f[0] {
+		case "MemTotal:":
+			total = n << 10
+		case "MemAvailable:":
+			avail = n << 10
+		}
+	}
+	if total == 0 {
+		return 0, 0, fmt.Errorf("/proc/meminfo has no MemTotal")
+	}
+	return total, avail, nil
+}
+
+// rss returns a process's resident memory in bytes.
+func rss(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/statm")
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("statm of %d: %q", pid, b)
+	}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	return pages * int64(os.Getpagesize()), nil
+}
+
+// watchMemory runs the memory watch for the life of the agent.
+func (cs *Contexts) watchMemory(log *slog.Logger) {
+	total, _, err := meminfo()
+	if err != nil {
+		log.Warn("no memory watch for kernels", "err", err)
+		return
+	}
+	perKernel, pressure, ok := memLimits(total)
+	if !ok {
+		log.Info("no memory watch for kernels: the sandbox is too small", "mib", total>>20)
+		return
+	}
+	log.Info("kernel memory watch", "kernel_limit_mib", perKernel>>20, "sandbox_mib", total>>20)
+	t := time.NewTicker(memWatchPeriod)
+	defer t.Stop()
+	for range t.C {
+		cs.checkMemory(total, perKernel, pressure, log)
+	}
+}
+
+// checkMemory is one pass of the watch.
+func (cs *Contexts) checkMemory(total, perKernel, pressure int64, log *slog.Logger) {
+	cs.mu.Lock()
+	procs := make([]*kernelProc, 0, len(cs.procs))
+	for k := range cs.procs {
+		procs = append(procs, k)
+	}
+	cs.mu.Unlock()
+	if len(procs) == 0 {
+		return
+	}
+	for _, k := range procs {
+		n, err := rss(k.Pid())
+		if err != nil {
+			continue
+		}
+		if n > perKernel {
+			log.Warn("kernel over its memory limit; killing it", "pid", k.Pid(), "rss_mib", n>>20, "limit_mib", perKernel>>20)
+			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
+			return
+		}
+	}
+	_, avail, err := meminfo()
+	if err != nil || total-avail <= pressure {
+		return
+	}
+	// Nearly out as a whole: the kernel whose process tree (what its cells
+	// started included) holds most, if that is at least half of what is
+	// used; memory held elsewhere (an exec) is no kernel's fault.
+	used := total - avail
+	var largest *kernelProc
+	var largestRSS int64
+	for _, k := range procs {
+		n, _ := rss(k.Pid())
+		for _, d := range descendants(k.Pid()) {
+			m, _ := rss(d)
+			n += m
+		}
+		if n > largestRSS {
+			largest, largestRSS = k, n
+		}
+	}
+	if largest == nil || largestRSS < used/2 {
+		return
+	}
+	log.Warn("sandbox nearly out of memory; killing its largest kernel", "pid", largest.Pid(), "rss_mib", largestRSS>>20, "used_mib", used>>20)
+	largest.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, largestRSS>>20))
+}

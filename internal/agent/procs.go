@@ -1,0 +1,358 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+const (
+	// keptOutput bounds the output kept per background process: past it
+	// the oldest chunks go, so a long-running server keeps its latest logs.
+	keptOutput = 4 << 20
+	// keptExited is how many ended processes stay listed (and readable).
+	keptExited = 64
+	// stdinWait bounds a write to a process that does not read its input.
+	stdinWait = 10 * time.Second
+)
+
+// Processes holds the sandbox's background processes. Like Contexts it
+// outlives host sessions: a process started by one session is read, fed
+// and killed by later ones.
+type Processes struct {
+	mu    sync.Mutex
+	procs []*bgProc // oldest first
+}
+
+// NewProcesses returns an empty registry.
+func NewProcesses() *Processes { return &Processes{} }
+
+// bgProc is one background process and the output it has written.
+type bgProc struct {
+	pid   int
+	stdin *os.File
+
+	mu      sync.Mutex
+	info    agentproto.Process
+	events  []agentproto.ExecEvent // kept output, oldest first
+	first   int                    // sequence number of events[0]
+	size    int                    // bytes in events
+	reaped  bool                   // it exited: its pid may be reused
+	exit    *agentproto.ExecEvent  // set once it ended and its output is read
+	changed chan struct{}          // closed and replaced on every change
+}
+
+func (p *bgProc) notify() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (p *bgProc) append(ev agentproto.ExecEvent) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, ev)
+	p.size += len(ev.Data)
+	for p.size > keptOutput && len(p.events) > 1 {
+		p.size -= len(p.events[0].Data)
+		p.info.OutputDropped += int64(len(p.events[0].Data))
+		p.events[0] = agentproto.ExecEvent{}
+		p.events = p.events[1:]
+		p.first++
+	}
+	p.notify()
+}
+
+func (p *bgProc) snapshot() agentproto.Process {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.info
+}
+
+// add registers p, forgetting any ended process whose pid was reused and
+// the oldest ended ones past keptExited.
+func (ps *Processes) add(p *bgProc) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var kept []*bgProc
+	ended := 0
+	for _, q := range ps.procs {
+		if q.ended() && q.pid == p.pid {
+			continue
+		}
+		if q.ended() {
+			ended++
+		}
+		kept = append(kept, q)
+	}
+	ps.procs = kept[:0]
+	for _, q := range kept {
+		if q.ended() && ended > keptExited-1 {
+			ended--
+			continue
+		}
+		ps.procs = append(ps.procs, q)
+	}
+	ps.procs = append(ps.procs, p)
+}
+
+func (p *bgProc) ended() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reaped
+}
+
+func (ps *Processes) get(pidText string) (*bgProc, error) {
+	pid, err := strconv.Atoi(pidText)
+	if err != nil {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "process id %q is not a number", pidText)
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for i := len(ps.procs) - 1; i >= 0; i-- {
+		if ps.procs[i].pid == pid {
+			return ps.procs[i], nil
+		}
+	}
+	return nil, pandastack.Errorf(pandastack.ENotFound, "no background process %d in this sandbox (list them with GET …/processes)", pid)
+}
+
+// startProcess starts a command in the background and answers at once.
+func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
+	req, err := readExecRequest(w, r)
+	if err != nil {
+		return err
+	}
+	spec, err := s.prepareExec(req)
+	if err != nil {
+		return err
+	}
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("process pipes: %w", err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		return fmt.Errorf("process pipes: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		for _, f := range []*os.File{inR, inW, outR, outW} {
+			f.Close()
+		}
+		return fmt.Errorf("process pipes: %w", err)
+	}
+	start := time.Now()
+	c, err := s.cfg.Reaper.Start(spec.path, spec.argv, &os.ProcAttr{
+		Dir: spec.dir, Env: spec.env, Files: []*os.File{inR, outW, errW}, Sys: procAttr(spec.root),
+	})
+	inR.Close()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		inW.Close()
+		outR.Close()
+		errR.Close()
+		return startError(spec, err)
+	}
+	p := &bgProc{
+		pid:     c.Pid,
+		stdin:   inW,
+		changed: make(chan struct{}),
+		info: agentproto.Process{
+			PID: c.Pid, Cmd: summarize(req), Cwd: spec.dir, StartedAt: start.UTC(), Running: true,
+		},
+	}
+	if len(req.Stdin) > 0 {
+		go func() {
+			inW.SetWriteDeadline(time.Now().Add(stdinWait))
+			inW.Write(req.Stdin)
+			inW.SetWriteDeadline(time.Time{})
+		}()
+	}
+	s.cfg.Processes.add(p)
+	go s.watch(p, c, req, start, outR, errR)
+	s.log.Info("background process", "cmd", p.info.Cmd, "pid", c.Pid)
+	writeJSON(w, http.StatusOK, p.snapshot())
+	return nil
+}
+
+// watch collects the output of p until it exits (or its timeout kills it),
+// then records the exit. Its goroutines end with the process's output.
+func (s *Server) watch(p *bgProc, c *Process, req agentproto.ExecRequest, start time.Time, outR, errR *os.File) {
+	var wg sync.WaitGroup
+	for _, src := range []struct {
+		typ string
+		f   *os.File
+	}{{"stdout", outR}, {"stderr", errR}} {
+		wg.Go(func() { readChunks(src.f, src.typ, p.append) })
+	}
+	var timedOut bool
+	var timeout <-chan time.Time
+	if req.TimeoutMS > 0 {
+		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var status ExitStatus
+	select {
+	case status = <-c.Done:
+	case <-timeout:
+		p.mu.Lock()
+		timedOut = true
+		KillTree(c.Pid)
+		p.mu.Unlock()
+		status = <-c.Done
+	}
+	p.mu.Lock()
+	p.reaped = true
+	p.mu.Unlock()
+	elapsed := time.Since(start)
+	// A child that inherited the pipes may hold them open: read what is
+	// there for a moment, then stop.
+	readers := make(chan struct{})
+	go func() { wg.Wait(); close(readers) }()
+	select {
+	case <-readers:
+	case <-time.After(drainAfterExit):
+		outR.Close()
+		errR.Close()
+		<-readers
+	}
+	outR.Close()
+	errR.Close()
+	p.stdin.Close()
+
+	exit := agentproto.ExecEvent{Type: "exit", ExitCode: status.Code, Signal: status.Signal, TimedOut: timedOut, DurationMS: elapsed.Milliseconds()}
+	p.mu.Lock()
+	p.exit = &exit
+	code := status.Code
+	p.info.Running, p.info.ExitCode, p.info.Signal, p.info.TimedOut = false, &code, status.Signal, timedOut
+	p.notify()
+	p.mu.Unlock()
+	s.log.Info("background process ended", "pid", p.pid, "status", status.String(), "timed_out", timedOut, "ms", elapsed.Milliseconds())
+}
+
+func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request) error {
+	ps := s.cfg.Processes
+	ps.mu.Lock()
+	list := make([]agentproto.Process, 0, len(ps.procs))
+	for _, p := range ps.procs {
+		list = append(list, p.snapshot())
+	}
+	ps.mu.Unlock()
+	writeJSON(w, http.StatusOK, list)
+	return nil
+}
+
+// processOutput streams a process's kept output from the start; with
+// follow it goes on until the process has ended, else it stops at what
+// there is. The exit event comes last once the process has ended.
+func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.cfg.Processes.get(r.PathValue("pid"))
+	if err != nil {
+		return err
+	}
+	follow := isTrue(r.URL.Query().Get("follow"))
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	next := 0
+	for {
+		p.mu.Lock()
+		next = max(next, p.first)
+		pending := append([]agentproto.ExecEvent(nil), p.events[next-p.first:]...)
+		next += len(pending)
+		exit, changed := p.exit, p.changed
+		p.mu.Unlock()
+		for _, ev := range pending {
+			if enc.Encode(ev) != nil {
+				return nil
+			}
+		}
+		if exit != nil {
+			enc.Encode(exit)
+			rc.Flush()
+			return nil
+		}
+		if rc.Flush() != nil || !follow {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-r.Context().Done():
+			return nil
+		}
+	}
+}
+
+func isTrue(v string) bool {
+	switch strings.ToLower(v) {
+	case "1", "true", "yes":
+		return true
+	}
+	return false
+}
+
+func (s *Server) processStdin(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.cfg.Processes.get(r.PathValue("pid"))
+	if err != nil {
+		return err
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxExecRequest))
+	if err != nil {
+		return pandastack.Errorf(pandastack.EInvalid, "reading the request: %v", err)
+	}
+	var req agentproto.StdinRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return pandastack.Errorf(pandastack.EInvalid, "stdin request is not valid JSON: %v", err)
+	}
+	if !p.snapshot().Running {
+		return pandastack.Errorf(pandastack.EConflict, "process %d has ended; its input is closed", p.pid)
+	}
+	if len(req.Data) > 0 {
+		p.stdin.SetWriteDeadline(time.Now().Add(stdinWait))
+		_, err := p.stdin.Write(req.Data)
+		p.stdin.SetWriteDeadline(time.Time{})
+		switch {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return pandastack.Errorf(pandastack.EConflict, "process %d is not reading its input (nothing taken for %s)", p.pid, stdinWait)
+		case errors.Is(err, os.ErrClosed):
+			return pandastack.Errorf(pandastack.EConflict, "the input of process %d is closed", p.pid)
+		case err != nil:
+			return pandastack.Errorf(pandastack.EConflict, "writing to process %d: %v", p.pid, err)
+		}
+	}
+	if req.EOF {
+		p.stdin.Close()
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
+	p, err := s.cfg.Processes.get(r.PathValue("pid"))
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if !p.reaped {
+		KillTree(p.pid)
+	}
+	p.mu.Unlock()
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

@@ -1,0 +1,145 @@
+package agent
+
+import (
+	"bufio"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// pty serves GET /v1/pty: a login shell of the sandbox user on a new
+// pseudo-terminal, spoken to in PTY frames over the upgraded stream. The
+// shell and everything it started are killed when the host closes the
+// stream; when the shell exits the host gets its status and the stream ends.
+func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), agentproto.PTYUpgrade) {
+		return pandastack.Errorf(pandastack.EInvalid, "a terminal needs \"Upgrade: %s\"", agentproto.PTYUpgrade)
+	}
+	q := r.URL.Query()
+	cols, err1 := strconv.ParseUint(q.Get("cols"), 10, 16)
+	rows, err2 := strconv.ParseUint(q.Get("rows"), 10, 16)
+	if err1 != nil || err2 != nil || cols == 0 || rows == 0 {
+		return pandastack.Errorf(pandastack.EInvalid, "cols and rows must be whole numbers from 1 to 65535")
+	}
+	dir := q.Get("cwd")
+	if dir == "" {
+		dir = s.home
+	} else if !filepath.IsAbs(dir) {
+		dir = filepath.Join(s.home, dir)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return pandastack.Errorf(pandastack.EInvalid, "cwd %s is not a directory", dir)
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		return pandastack.Errorf(pandastack.EInternal, "this connection cannot be upgraded")
+	}
+
+	master, tty, err := openPTY(uint16(cols), uint16(rows))
+	if err != nil {
+		return err
+	}
+	defer master.Close()
+	env, _ := buildEnv(s.home, agentproto.UserName, map[string]string{"TERM": "xterm-256color"})
+	shell := "/bin/bash"
+	if _, err := os.Stat(shell); err != nil {
+		shell = "/bin/sh"
+	}
+	c, err := s.cfg.Reaper.Start(shell, []string{"-" + filepath.Base(shell)}, &os.ProcAttr{
+		Dir: dir, Env: env, Files: []*os.File{tty, tty, tty}, Sys: ttyProcAttr(),
+	})
+	tty.Close() // the shell holds its own copies
+	if err != nil {
+		return startError(&execSpec{argv: []string{shell}}, err)
+	}
+
+	conn, brw, err := hj.Hijack()
+	if err != nil {
+		KillTree(c.Pid)
+		<-c.Done
+		return err
+	}
+	defer conn.Close()
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + agentproto.PTYUpgrade + "\r\n\r\n")
+	if err := brw.Flush(); err != nil {
+		KillTree(c.Pid)
+		<-c.Done
+		return nil
+	}
+	start := time.Now()
+	var wmu sync.Mutex
+	send := func(typ byte, p []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return agentproto.WritePTYFrame(conn, typ, p)
+	}
+
+	// Output: the shell's terminal to the host, until the terminal closes
+	// (every holder of its other end is gone).
+	outDone := make(chan struct{})
+	go func() {
+		defer close(outDone)
+		buf := make([]byte, outputChunk)
+		for {
+			n, err := master.Read(buf)
+			if n > 0 && send(agentproto.PTYData, buf[:n]) != nil {
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	// Input: keystrokes and resizes from the host, until it hangs up.
+	hostGone := make(chan struct{})
+	go func() {
+		defer close(hostGone)
+		in := bufio.NewReader(io.MultiReader(brw.Reader, conn))
+		for {
+			typ, p, err := agentproto.ReadPTYFrame(in)
+			if err != nil {
+				return
+			}
+			switch typ {
+			case agentproto.PTYData:
+				if _, err := master.Write(p); err != nil {
+					return
+				}
+			case agentproto.PTYResize:
+				if cols, rows, err := agentproto.ParseResize(p); err == nil && cols > 0 && rows > 0 {
+					resizePTY(master, cols, rows)
+				}
+			}
+		}
+	}()
+
+	var status ExitStatus
+	select {
+	case status = <-c.Done:
+		// A background child may keep the terminal open: give the output a
+		// moment to drain, then stop reading.
+		select {
+		case <-outDone:
+		case <-time.After(drainAfterExit):
+		}
+		KillTree(c.Pid) // what the shell left running dies with the terminal
+		master.Close()
+		<-outDone
+		send(agentproto.PTYExit, agentproto.ExitPayload(status.Code))
+	case <-hostGone:
+		KillTree(c.Pid)
+		status = <-c.Done
+		master.Close()
+		<-outDone
+	}
+	s.log.Info("terminal", "pid", c.Pid, "status", status.String(), "ms", time.Since(start).Milliseconds())
+	return nil
+}

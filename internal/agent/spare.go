@@ -1,0 +1,328 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agent/jupyter"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// Spare kernels make a new code context as warm as the default one. The
+// host asks for them (POST /v1/contexts/spares) while it warms a template,
+// after the warm-up, so the template's warm image holds them already started
+// and warmed up; every sandbox restored from it hands one out on its first
+// context create instead of paying a kernel start (1.4 s in gVisor) and the
+// imports of the warm-up (2 s). Each spare is a kernel process of its own,
+// handed out once: contexts share nothing. A hand-out wakes the refiller,
+// which starts a replacement once the sandbox is quiet (see refillDelay), so
+// the replacement's start does not compete with the user's first cells for
+// the sandbox's CPU.
+
+// maxSpares bounds the spares of one language: each holds a kernel's memory.
+const maxSpares = 4
+
+// refillDelay is how long the refiller waits after a hand-out, and then for
+// as long as any context runs code, before it starts a replacement.
+var refillDelay = 2 * time.Second
+
+type spareSet struct {
+	mu    sync.Mutex
+	want  map[string]int               // spares to keep, by language
+	ready map[string][]*jupyter.Kernel // warmed up, not handed out
+	start map[string]func(context.Context) (*jupyter.Kernel, error)
+	kick  chan struct{} // wakes the refiller; nil until the first request
+	log   func(msg string, args ...any)
+}
+
+// takeSpare hands out a ready spare kernel of language, or nil when there
+// is none or the context does not fit one (fits false: a cwd or env of its
+// own, which a kernel gets when it starts). ctx bounds the hand-out.
+func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *jupyter.Kernel {
+	sp := &cs.spares
+	if !fits {
+		return nil
+	}
+	for {
+		sp.mu.Lock()
+		list := sp.ready[language]
+		if len(list) == 0 {
+			sp.mu.Unlock()
+			return nil
+		}
+		k := list[len(list)-1]
+		sp.ready[language] = list[:len(list)-1]
+		sp.wake()
+		sp.mu.Unlock()
+		// The spare started before the sandbox got its present id: give it
+		// the id the agent has now (its random generators were reseeded
+		// when the host said hello after the restore, see Contexts.Reseed).
+		// Queued, not waited for: it runs before the context's first cell.
+		err := k.QueueSilent(pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": os.Getenv("PANDASTACK_SANDBOX_ID")}))
+		if err == nil {
+			return k
+		}
+		sp.log("a spare kernel failed its hand-out; trying the next", "err", err)
+		go k.Close()
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// pythonPrime runs after a warm-up that imported matplotlib.pyplot: it
+// draws and renders a tiny figure, so the fonts, the Agg renderer and
+// pandas' plotting module are loaded before the first user's plot rather
+// than during it (100-170 ms of the recipe's first cell in gVisor). It
+// leaves no figure open and no name behind.
+const pythonPrime = `def _pandastack_prime():
+    import sys
+    if "matplotlib.pyplot" not in sys.modules:
+        return
+    import io
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(2, 2))
+    plt.plot([0, 1], [0, 1], label="x")
+    plt.title("t")
+    plt.legend()
+    fig.savefig(io.BytesIO(), format="png", bbox_inches="tight")
+    plt.close(fig)
+    if "pandas" in sys.modules:
+        import pandas.plotting._matplotlib
+_pandastack_prime()
+del _pandastack_prime`
+
+// pythonSetEnv is code that sets env in os.environ and leaves no name
+// behind in the user's namespace.
+func pythonSetEnv(env map[string]string) string {
+	b, _ := json.Marshal(env)
+	lit, _ := json.Marshal(string(b)) // a JSON string literal is a Python one
+	return "__import__('os').environ.update(__import__('json').loads(" + string(lit) + "))"
+}
+
+// wake tells the refiller to look. sp.mu is held.
+func (sp *spareSet) wake() {
+	select {
+	case sp.kick <- struct{}{}:
+	default:
+	}
+}
+
+// EachKernel calls f on every kernel of the sandbox: the contexts' and the
+// spares' not handed out yet. For what every kernel needs after a restore,
+// such as fresh random state; a spare the refiller starts later is a new
+// process and needs nothing.
+func (cs *Contexts) EachKernel(f func(*jupyter.Kernel)) {
+	var ks []*jupyter.Kernel
+	cs.mu.Lock()
+	for _, cc := range cs.ctxs {
+		if cc.kernel != nil {
+			ks = append(ks, cc.kernel)
+		}
+	}
+	cs.mu.Unlock()
+	cs.spares.mu.Lock()
+	for _, l := range cs.spares.ready {
+		ks = append(ks, l...)
+	}
+	cs.spares.mu.Unlock()
+	for _, k := range ks {
+		f(k)
+	}
+}
+
+// anyBusy reports whether a context is running code.
+func (cs *Contexts) anyBusy() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, cc := range cs.ctxs {
+		if cc.kernel != nil && cc.kernel.Busy() {
+			return true
+		}
+	}
+	return false
+}
+
+// refill keeps the spares at their count, forever: after each wake-up it
+// waits for a quiet sandbox, then starts the missing spares one at a time.
+func (cs *Contexts) refill() {
+	sp := &cs.spares
+	backoff := 5 * time.Second
+	for range sp.kick {
+		for {
+			time.Sleep(refillDelay)
+			for cs.anyBusy() {
+				time.Sleep(refillDelay / 4)
+			}
+			sp.mu.Lock()
+			var lang string
+			for _, l := range sortedKeys(sp.want) {
+				if len(sp.ready[l]) < sp.want[l] {
+					lang = l
+					break
+				}
+			}
+			start := sp.start[lang]
+			sp.mu.Unlock()
+			if lang == "" {
+				break
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			k, err := start(ctx)
+			cancel()
+			if err != nil {
+				sp.log("starting a spare kernel failed; retrying later", "language", lang, "err", err, "retry_in", backoff)
+				time.Sleep(backoff)
+				backoff = min(2*backoff, 2*time.Minute)
+				continue
+			}
+			backoff = 5 * time.Second
+			sp.add(lang, k)
+		}
+	}
+}
+
+// add keeps k as a spare of lang, or closes it if no longer wanted.
+func (sp *spareSet) add(lang string, k *jupyter.Kernel) {
+	sp.mu.Lock()
+	keep := len(sp.ready[lang]) < sp.want[lang]
+	if keep {
+		sp.ready[lang] = append(sp.ready[lang], k)
+	}
+	sp.mu.Unlock()
+	if !keep {
+		k.Close()
+	}
+}
+
+func sortedKeys(m map[string]int) []string {
+	ks := make([]string, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	return ks
+}
+
+// prepareSpares answers POST /v1/contexts/spares: it sets how many spares
+// of a language to keep and with which warm-up, and returns once that many
+// are ready.
+func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
+	var req agentproto.SparesRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		return pandastack.Errorf(pandastack.EInvalid, "bad spares request: %v", err)
+	}
+	if req.Language != "python" {
+		return pandastack.Errorf(pandastack.EInvalid, "spare kernels are kept for python only, not %q", req.Language)
+	}
+	if req.Count < 0 || req.Count > maxSpares {
+		return pandastack.Errorf(pandastack.EInvalid, "count must be between 0 and %d, got %d", maxSpares, req.Count)
+	}
+	argv, err := kernelArgv(req.Language)
+	if err != nil {
+		return err
+	}
+	cs := s.cfg.Contexts
+	sp := &cs.spares
+	var n int
+	var nmu sync.Mutex
+	start := func(ctx context.Context) (*jupyter.Kernel, error) {
+		nmu.Lock()
+		n++
+		id := fmt.Sprintf("spare-%s-%d-%d", req.Language, s.epoch, n)
+		nmu.Unlock()
+		k, err := jupyter.Start(ctx, s.kernelOptions(req.Language, argv, id, s.home, nil))
+		if err != nil {
+			return nil, err
+		}
+		if req.Warmup != "" {
+			if err := k.RunSilent(ctx, req.Warmup); err != nil {
+				k.Close()
+				return nil, fmt.Errorf("the warm-up failed: %w", err)
+			}
+			if err := k.RunSilent(ctx, pythonPrime); err != nil {
+				s.log.Warn("priming a spare kernel failed; it stays usable", "err", err)
+			}
+		}
+		return k, nil
+	}
+
+	sp.mu.Lock()
+	if sp.kick == nil {
+		sp.want, sp.ready = map[string]int{}, map[string][]*jupyter.Kernel{}
+		sp.start = map[string]func(context.Context) (*jupyter.Kernel, error){}
+		sp.kick = make(chan struct{}, 1)
+		sp.log = func(msg string, args ...any) { s.cfg.Log.Warn(msg, args...) }
+		go cs.refill()
+	}
+	sp.want[req.Language], sp.start[req.Language] = req.Count, start
+	extra := sp.ready[req.Language][min(req.Count, len(sp.ready[req.Language])):]
+	sp.ready[req.Language] = sp.ready[req.Language][:len(sp.ready[req.Language])-len(extra)]
+	missing := req.Count - len(sp.ready[req.Language])
+	sp.mu.Unlock()
+	for _, k := range extra {
+		k.Close()
+	}
+
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Minute)
+	defer cancel()
+	for range missing {
+		k, err := start(ctx)
+		if err != nil {
+			return fmt.Errorf("start a spare %s kernel: %w", req.Language, err)
+		}
+		sp.add(req.Language, k)
+	}
+	writeJSON(w, http.StatusOK, s.spareStats(req.Language))
+	return nil
+}
+
+func (s *Server) spareStats(language string) agentproto.Spares {
+	sp := &s.cfg.Contexts.spares
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return agentproto.Spares{Language: language, Count: sp.want[language], Ready: len(sp.ready[language])}
+}
+
+// listSpares answers GET /v1/contexts/spares.
+func (s *Server) listSpares(w http.ResponseWriter, r *http.Request) error {
+	sp := &s.cfg.Contexts.spares
+	sp.mu.Lock()
+	langs := sortedKeys(sp.want)
+	sp.mu.Unlock()
+	out := make([]agentproto.Spares, 0, len(langs))
+	for _, l := range langs {
+		out = append(out, s.spareStats(l))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// touchSpares answers POST /v1/contexts/spares/touch: a silent no-op cell
+// in every ready spare, which pulls the pages of a lazily restored kernel
+// in before anyone waits for them (the pool does it ahead of a claim).
+func (s *Server) touchSpares(w http.ResponseWriter, r *http.Request) error {
+	var ks []*jupyter.Kernel
+	sp := &s.cfg.Contexts.spares
+	sp.mu.Lock()
+	for _, l := range sp.ready {
+		ks = append(ks, l...)
+	}
+	sp.mu.Unlock()
+	for _, k := range ks {
+		// A spare handed out meanwhile is busy or gone: not an error.
+		if err := k.RunSilent(r.Context(), "pass"); err != nil && !errors.Is(err, jupyter.ErrBusy) && !errors.Is(err, jupyter.ErrClosed) {
+			return fmt.Errorf("touch a spare kernel: %w", err)
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

@@ -1,0 +1,20 @@
+package agentproto
+
+// SparesRequest (POST /v1/contexts/spares) asks the agent to keep Count
+// kernels of Language started ahead of time, each with Warmup already run
+// in it silently, and to hand one out on the next context create that fits
+// (default cwd, no env), replacing it in the background. The call returns
+// once Count spares are ready, so a checkpoint taken right after holds them.
+// Count 0 stops keeping spares (the ready ones are shut down).
+type SparesRequest struct {
+	Language string `json:"language"`
+	Count    int    `json:"count"`
+	Warmup   string `json:"warmup,omitempty"`
+}
+
+// Spares describes the spare kernels of one language.
+type Spares struct {
+	Language string `json:"language"`
+	Count    int    `json:"count"` // how many are kept
+	Ready    int    `json:"ready"` // how many are ready now
+}

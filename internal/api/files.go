@@ -1,0 +1,248 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/sandbox"
+)
+
+// fileRequest is a file route's query, checked before the sandbox is asked.
+type fileRequest struct {
+	path      string
+	root      bool // ?user=root
+	recursive bool // DELETE only
+}
+
+// fileQuery checks a file route's query strictly with the same checks the
+// agent applies (agentproto): known parameters only, a sane path, a known
+// user, a real boolean. A refused path is logged, since a client sending
+// 100 kB paths is worth an operator's look.
+func (s *Server) fileQuery(r *http.Request, extra ...string) (fileRequest, error) {
+	q := r.URL.Query()
+	if err := agentproto.CheckQuery(q, append([]string{"path", "user"}, extra...)...); err != nil {
+		return fileRequest{}, err
+	}
+	var fr fileRequest
+	fr.path = q.Get("path")
+	if fr.path == "" {
+		return fr, pandastack.Errorf(pandastack.EInvalid, "the path query parameter is required, e.g. ?path=/home/user/data.csv")
+	}
+	if err := agentproto.CheckPath(fr.path); err != nil {
+		s.log.Warn("file request refused: bad path", "method", r.Method, "route", r.URL.Path, "path_bytes", len(fr.path), "err", pandastack.ErrorMessage(err))
+		return fr, err
+	}
+	var err error
+	if fr.root, err = agentproto.CheckFileUser(q.Get("user")); err != nil {
+		return fr, err
+	}
+	if len(extra) > 0 {
+		if fr.recursive, err = agentproto.ParseBool("recursive", q.Get("recursive"), false); err != nil {
+			return fr, err
+		}
+	}
+	return fr, nil
+}
+
+// fileDeadline bounds a file operation that moves no data (stat, list,
+// mkdir, delete); the agent bounds its own walks a little sooner.
+const fileDeadline = 3 * time.Minute
+
+// fileIdle is how long a transfer may move no bytes before it is abandoned.
+const fileIdle = time.Minute
+
+// fileError turns a missed deadline into ETimeout.
+func fileError(ctx context.Context, err error, what string, limit time.Duration) error {
+	if errors.Is(err, context.DeadlineExceeded) || (ctx.Err() != nil && errors.Is(context.Cause(ctx), errIdle)) {
+		return pandastack.Errorf(pandastack.ETimeout, "%s did not finish within %s", what, limit)
+	}
+	return err
+}
+
+var errIdle = errors.New("transfer idle")
+
+// idleGuard cancels a transfer's context when no bytes move for fileIdle.
+type idleGuard struct {
+	mu     sync.Mutex
+	timer  *time.Timer
+	cancel context.CancelCauseFunc
+}
+
+func newIdleGuard(ctx context.Context) (context.Context, *idleGuard) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	g := &idleGuard{cancel: cancel}
+	g.timer = time.AfterFunc(fileIdle, func() { cancel(errIdle) })
+	return ctx, g
+}
+
+func (g *idleGuard) touch() { g.timer.Reset(fileIdle) }
+
+func (g *idleGuard) stop() {
+	g.timer.Stop()
+	g.cancel(nil)
+}
+
+// reader wraps r so that every read that moves bytes resets the guard.
+func (g *idleGuard) reader(r io.Reader) io.Reader {
+	return readerFunc(func(p []byte) (int, error) {
+		n, err := r.Read(p)
+		if n > 0 {
+			g.touch()
+		}
+		return n, err
+	})
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// fileAgent checks the query and finds the sandbox's agent; on failure it
+// has answered already.
+func (s *Server) fileAgent(w http.ResponseWriter, r *http.Request, project string, extra ...string) (*sandbox.AgentClient, fileRequest, bool) {
+	fr, err := s.fileQuery(r, extra...)
+	if err == nil {
+		var agent *sandbox.AgentClient
+		if agent, err = s.mgr.Agent(r.Context(), project, r.PathValue("id")); err == nil {
+			return agent, fr, true
+		}
+	}
+	writeError(w, err)
+	return nil, fr, false
+}
+
+func (s *Server) putFile(w http.ResponseWriter, r *http.Request, project string) {
+	if r.ContentLength > s.cfg.MaxUploadBytes {
+		writeError(w, pandastack.Errorf(pandastack.ETooLarge, "upload of %d bytes is over the server's limit of %d", r.ContentLength, s.cfg.MaxUploadBytes))
+		return
+	}
+	fr, err := s.fileQuery(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
+	ctx, idle := newIdleGuard(r.Context())
+	defer idle.stop()
+	body := idle.reader(http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes))
+	fi, err := agent.PutFile(ctx, fr.path, fr.root, body)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			err = pandastack.Errorf(pandastack.ETooLarge, "upload is over the server's limit of %d bytes", s.cfg.MaxUploadBytes)
+		}
+		err = fileError(ctx, err, "the upload (no data moved for a while)", fileIdle)
+		s.logFailure(r, err)
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, fi)
+}
+
+// getFile relays a download. A failure after the status line went out
+// cannot be an error answer any more: the response is aborted instead
+// (the connection is cut before the body is complete), so no client takes
+// a truncated file for a whole one.
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request, project string) {
+	agent, fr, ok := s.fileAgent(w, r, project)
+	if !ok {
+		return
+	}
+	ctx, idle := newIdleGuard(r.Context())
+	defer idle.stop()
+	rc, size, err := agent.GetFile(ctx, fr.path, fr.root)
+	if err != nil {
+		err = fileError(ctx, err, "the download", fileIdle)
+		s.logFailure(r, err)
+		writeError(w, err)
+		return
+	}
+	defer rc.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if size >= 0 {
+		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	}
+	w.WriteHeader(http.StatusOK)
+	n, err := io.Copy(w, idle.reader(rc))
+	if err == nil && size >= 0 && n != size {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		s.log.Warn("download broke off; aborting the response", "sandbox", r.PathValue("id"), "sent", n, "err", err)
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// metaOp serves a file operation that moves no data: the query checked,
+// the agent found, call run under fileDeadline, and its answer (nil: 204)
+// or error written.
+func metaOp[T any](s *Server, w http.ResponseWriter, r *http.Request, project, what string, call func(context.Context, *sandbox.AgentClient, fileRequest) (T, error), extra ...string) {
+	agent, fr, ok := s.fileAgent(w, r, project, extra...)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), fileDeadline)
+	defer cancel()
+	out, err := call(ctx, agent, fr)
+	if err != nil {
+		writeError(w, fileError(ctx, err, what, fileDeadline))
+		return
+	}
+	if any(out) == nil {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request, project string) {
+	metaOp(s, w, r, project, "the delete", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (any, error) {
+		return nil, a.RemoveFile(ctx, fr.path, fr.root, fr.recursive)
+	}, "recursive")
+}
+
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request, project string) {
+	metaOp(s, w, r, project, "the listing", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (map[string]any, error) {
+		list, err := a.ListFiles(ctx, fr.path, fr.root)
+		return map[string]any{"files": list}, err
+	})
+}
+
+func (s *Server) statFile(w http.ResponseWriter, r *http.Request, project string) {
+	metaOp(s, w, r, project, "the stat", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (agentproto.FileInfo, error) {
+		return a.StatFile(ctx, fr.path, fr.root)
+	})
+}
+
+func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {
+	// The path may come as ?path= or as a JSON body {"path": ...}.
+	if r.URL.Query().Get("path") == "" {
+		var body struct {
+			Path string `json:"path"`
+		}
+		if err := decode(r, &body); err != nil {
+			writeError(w, err)
+			return
+		}
+		if body.Path != "" {
+			q := r.URL.Query()
+			q.Set("path", body.Path)
+			r.URL.RawQuery = q.Encode()
+		}
+	}
+	metaOp(s, w, r, project, "the mkdir", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (agentproto.FileInfo, error) {
+		return a.MakeDir(ctx, fr.path, fr.root)
+	})
+}

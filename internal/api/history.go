@@ -1,0 +1,106 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"strings"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/history"
+	"github.com/pandastack/pandastack/internal/sandbox"
+)
+
+// getHistory serves GET /v1/sandboxes/{id}/history: what was run in the
+// sandbox through the API, newest first. It outlives the sandbox (until the
+// server forgets it), so a killed sandbox's history can still be read.
+func (s *Server) getHistory(w http.ResponseWriter, r *http.Request, project string) {
+	id := r.PathValue("id")
+	list, ok := s.history.List(project, id)
+	if !ok {
+		if _, err := s.mgr.Get(r.Context(), project, id); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"history": list})
+}
+
+// recordedExec is agent.Exec, written to the sandbox's history as it runs.
+func (s *Server) recordedExec(ctx context.Context, project, id string, agent *sandbox.AgentClient, req agentproto.ExecRequest, onEvent func(agentproto.ExecEvent) error) (agentproto.ExecEvent, error) {
+	cmd := req.Cmd
+	if cmd == "" {
+		cmd = strings.Join(req.Argv, " ")
+	}
+	rec := s.history.Begin(project, id, history.Entry{Kind: history.KindExec, Command: cmd})
+	exit, err := agent.Exec(ctx, req, func(ev agentproto.ExecEvent) error {
+		switch ev.Type {
+		case "stdout":
+			rec.Stdout(ev.Data)
+		case "stderr":
+			rec.Stderr(ev.Data)
+		}
+		return onEvent(ev)
+	})
+	rec.End(func(e *history.Entry) {
+		if err != nil {
+			e.Failure = pandastack.ErrorMessage(err)
+			return
+		}
+		e.ExitCode, e.TimedOut = &exit.ExitCode, exit.TimedOut
+	})
+	return exit, err
+}
+
+// recordedRun is agent.RunCode, written to the sandbox's history as it runs.
+func (s *Server) recordedRun(ctx context.Context, project, id, cid, language string, agent *sandbox.AgentClient, req agentproto.RunRequest, onEvent func(agentproto.CodeEvent) error) (agentproto.Execution, error) {
+	rec := s.history.Begin(project, id, history.Entry{Kind: history.KindCode, Code: req.Code, Language: language, ContextID: cid})
+	ex, err := agent.RunCode(ctx, cid, req, func(ev agentproto.CodeEvent) error {
+		switch ev.Type {
+		case "stdout":
+			rec.Stdout([]byte(ev.Data))
+		case "stderr":
+			rec.Stderr([]byte(ev.Data))
+		}
+		if onEvent == nil {
+			return nil
+		}
+		return onEvent(ev)
+	})
+	rec.End(func(e *history.Entry) {
+		if err != nil {
+			e.Failure = pandastack.ErrorMessage(err)
+			return
+		}
+		// The whole outcome replaces what streamed in.
+		e.Stdout, e.Stderr, e.Text = ex.Stdout, ex.Stderr, ex.Text
+		for _, res := range ex.Results {
+			e.Results = append(e.Results, resultKinds(res)...)
+		}
+		if ex.Error != nil {
+			e.Error = &history.CodeError{Name: ex.Error.Name, Value: ex.Error.Value, Traceback: ex.Error.Traceback}
+		}
+	})
+	return ex, err
+}
+
+// resultKinds names the formats a rich output carries.
+func resultKinds(r agentproto.Result) []string {
+	var out []string
+	for _, f := range []struct {
+		name string
+		has  bool
+	}{
+		{"png", r.PNG != ""}, {"jpeg", r.JPEG != ""}, {"svg", r.SVG != ""}, {"html", r.HTML != ""},
+		{"markdown", r.Markdown != ""}, {"latex", r.LaTeX != ""}, {"json", r.JSON != nil}, {"pdf", r.PDF != ""},
+		{"javascript", r.JavaScript != ""}, {"plotly", r.Plotly != nil},
+	} {
+		if f.has {
+			out = append(out, f.name)
+		}
+	}
+	if len(out) == 0 && r.Text != "" {
+		out = append(out, "text")
+	}
+	return out
+}

@@ -1,0 +1,284 @@
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// Exposed ports: /v1/sandboxes/{id}/ports/{port}/{path...} is a reverse
+// proxy to a server listening on {port} on the sandbox's address (any
+// method, streamed bodies, WebSocket upgrades). It takes the API key, or a
+// port token (POST .../token) as ?pandastack_token= or, after a first
+// request with it, the cookie that request set: so a token URL works in a
+// browser. Tokens live in this server's memory: a restart revokes them.
+
+const (
+	tokenParam      = "pandastack_token"
+	defaultTokenTTL = time.Hour
+	maxTokenTTL     = 7 * 24 * time.Hour
+	portTokenPrefix = "pst_"
+	portTokenCookie = "pandastack_port_token"
+)
+
+type portToken struct {
+	project, sandbox string
+	port             int
+	expires          time.Time
+}
+
+type portTokens struct {
+	mu sync.Mutex
+	m  map[string]portToken
+}
+
+func (t *portTokens) add(secret string, tok portToken) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.m == nil {
+		t.m = map[string]portToken{}
+	}
+	now := time.Now()
+	for k, v := range t.m { // drop expired ones as new ones come
+		if now.After(v.expires) {
+			delete(t.m, k)
+		}
+	}
+	t.m[secret] = tok
+}
+
+func (t *portTokens) get(secret string) (portToken, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	tok, ok := t.m[secret]
+	if !ok || time.Now().After(tok.expires) {
+		return portToken{}, false
+	}
+	return tok, true
+}
+
+// revoke removes every token of the sandbox's port.
+func (t *portTokens) revoke(sandbox string, port int) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for k, v := range t.m {
+		if v.sandbox == sandbox && v.port == port {
+			delete(t.m, k)
+			n++
+		}
+	}
+	return n
+}
+
+func (s *Server) portRoutes() {
+	route := func(pattern string, h http.HandlerFunc) { s.mux.HandleFunc(pattern, h) }
+	route("GET /v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy)
+	route("POST /v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy)
+	route("PUT /v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy)
+	route("PATCH /v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy)
+	route("DELETE /v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy)
+	route("OPTIONS /v1/sandboxes/{id}/ports/{port}/{path...}", s.portProxy)
+	route("POST /v1/sandboxes/{id}/ports/{port}/token", s.authenticated(s.createPortToken))
+	route("DELETE /v1/sandboxes/{id}/ports/{port}/token", s.authenticated(s.revokePortTokens))
+}
+
+func parsePort(r *http.Request) (int, error) {
+	p, err := strconv.Atoi(r.PathValue("port"))
+	if err != nil || p < 1 || p > 65535 {
+		return 0, pandastack.Errorf(pandastack.EInvalid, "port must be between 1 and 65535, got %q", r.PathValue("port"))
+	}
+	return p, nil
+}
+
+type portTokenRequest struct {
+	TTLSeconds *int64 `json:"ttl_seconds"`
+}
+
+// PortToken answers POST /v1/sandboxes/{id}/ports/{port}/token.
+type PortToken struct {
+	URL       string    `json:"url"` // works in a browser with no header
+	Token     string    `json:"token"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+func (s *Server) createPortToken(w http.ResponseWriter, r *http.Request, project string) {
+	port, err := parsePort(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var req portTokenRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	ttl := defaultTokenTTL
+	if req.TTLSeconds != nil {
+		if *req.TTLSeconds < 1 || *req.TTLSeconds > int64(maxTokenTTL/time.Second) {
+			writeError(w, pandastack.Errorf(pandastack.EInvalid, "ttl_seconds must be between 1 and %d", int64(maxTokenTTL/time.Second)))
+			return
+		}
+		ttl = time.Duration(*req.TTLSeconds) * time.Second
+	}
+	id := r.PathValue("id")
+	if _, err := s.mgr.Get(r.Context(), project, id); err != nil {
+		writeError(w, err)
+		return
+	}
+	secret := portTokenPrefix + strings.TrimPrefix(pandastack.NewAPIKeySecret(), "pds_")
+	exp := time.Now().Add(ttl).UTC().Truncate(time.Second)
+	s.tokens.add(secret, portToken{project: project, sandbox: id, port: port, expires: exp})
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	u := scheme + "://" + r.Host + "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/?" + tokenParam + "=" + secret
+	writeJSON(w, http.StatusCreated, PortToken{URL: u, Token: secret, ExpiresAt: exp})
+}
+
+func (s *Server) revokePortTokens(w http.ResponseWriter, r *http.Request, project string) {
+	port, err := parsePort(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	id := r.PathValue("id")
+	if _, err := s.mgr.Get(r.Context(), project, id); err != nil {
+		writeError(w, err)
+		return
+	}
+	n := s.tokens.revoke(id, port)
+	writeJSON(w, http.StatusOK, map[string]int{"revoked": n})
+}
+
+// portProxy authorises by port token (query or cookie) or API key, then
+// proxies to the sandbox's port.
+func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	port, err := parsePort(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	secret := r.URL.Query().Get(tokenParam)
+	fromQuery := secret != ""
+	if !fromQuery {
+		if c, err := r.Cookie(portTokenCookie); err == nil {
+			secret = c.Value
+		}
+	}
+	if secret != "" && r.Header.Get("Authorization") == "" && r.Header.Get("X-API-Key") == "" {
+		tok, ok := s.tokens.get(secret)
+		if !ok || subtle.ConstantTimeCompare([]byte(tok.sandbox), []byte(id)) != 1 || tok.port != port {
+			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "this port token is unknown, expired, revoked or for another sandbox port"))
+			return
+		}
+		if fromQuery {
+			// Later requests of the page (scripts, images) carry the cookie.
+			path := "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/"
+			if r.Pattern == "" {
+				path = "/" // host-routed: the whole host is the port's
+			}
+			http.SetCookie(w, &http.Cookie{Name: portTokenCookie, Value: secret, Path: path,
+				HttpOnly: true, SameSite: http.SameSiteLaxMode, Expires: tok.expires})
+		}
+		s.proxyPort(w, r, tok.project, id, port)
+		return
+	}
+	s.authenticated(func(w http.ResponseWriter, r *http.Request, project string) {
+		s.proxyPort(w, r, project, id, port)
+	})(w, r)
+}
+
+func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id string, port int) {
+	target, err := s.mgr.PortAddr(r.Context(), project, id, port)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = target.String()
+			pr.Out.URL.Path = "/" + r.PathValue("path")
+			pr.Out.URL.RawPath = ""
+			q := pr.Out.URL.Query()
+			q.Del(tokenParam)
+			pr.Out.URL.RawQuery = q.Encode()
+			// The API key and our cookie are for us, not for the sandbox.
+			pr.Out.Header.Del("Authorization")
+			pr.Out.Header.Del("X-API-Key")
+			removeCookie(pr.Out, portTokenCookie)
+			pr.SetXForwarded()
+		},
+		Transport: &http.Transport{
+			DialContext: (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
+			// A sandbox may stream (SSE, long polls): no overall timeout.
+			ResponseHeaderTimeout: 0,
+			DisableCompression:    true,
+			DisableKeepAlives:     true, // one transport per request: keep nothing open
+		},
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() == context.Canceled {
+				return
+			}
+			writeError(w, pandastack.Errorf(pandastack.EPortClosed, "nothing answers on port %d of sandbox %s (a server must listen on 0.0.0.0:%d inside it): %v", port, id, port, shortNetErr(err)))
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+func shortNetErr(err error) string {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		return msg[i+2:]
+	}
+	return msg
+}
+
+func removeCookie(r *http.Request, name string) {
+	cs := r.Cookies()
+	r.Header.Del("Cookie")
+	for _, c := range cs {
+		if c.Name != name {
+			r.AddCookie(c)
+		}
+	}
+}
+
+// hostRouteRE matches the first label of {port}-{id}.PublicDomain; the id
+// may be written with "-" for its "_", which some clients refuse in hosts.
+var hostRouteRE = regexp.MustCompile(`^([0-9]{1,5})-(sbx[_-][a-z2-7]{16})$`)
+
+// hostRoute serves {port}-{id}.PublicDomain as the port proxy of that
+// sandbox port, the whole path passed on; false when r is not for one.
+func (s *Server) hostRoute(w http.ResponseWriter, r *http.Request) bool {
+	if s.cfg.PublicDomain == "" {
+		return false
+	}
+	host := strings.ToLower(r.Host)
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, ok := strings.CutSuffix(host, "."+strings.ToLower(s.cfg.PublicDomain))
+	m := hostRouteRE.FindStringSubmatch(label)
+	if !ok || m == nil {
+		return false
+	}
+	r.SetPathValue("port", m[1])
+	r.SetPathValue("id", "sbx_"+m[2][4:])
+	r.SetPathValue("path", strings.TrimPrefix(r.URL.Path, "/"))
+	s.portProxy(w, r)
+	return true
+}

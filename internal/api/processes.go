@@ -1,0 +1,137 @@
+package api
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/sandbox"
+)
+
+// execBackground starts req in the background (exec with background:
+// true) and answers with its Process at once. Without timeout_seconds it
+// runs until it ends, is killed, or the sandbox goes.
+func (s *Server) execBackground(w http.ResponseWriter, r *http.Request, project string, req execRequest) {
+	var timeoutMS int64
+	if req.TimeoutSeconds != nil {
+		timeout, err := s.timeout(req.TimeoutSeconds, 0)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		timeoutMS = timeout.Milliseconds()
+	}
+	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
+	p, err := agent.StartProcess(r.Context(), agentproto.ExecRequest{Argv: req.Argv, Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, TimeoutMS: timeoutMS, Stdin: []byte(req.Stdin)})
+	if err != nil {
+		s.logFailure(r, err)
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, p)
+}
+
+// processAgent resolves the sandbox's agent and the {pid} of the path.
+func (s *Server) processAgent(w http.ResponseWriter, r *http.Request, project string) (*sandbox.AgentClient, int, bool) {
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "process id %q is not a positive number", r.PathValue("pid")))
+		return nil, 0, false
+	}
+	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return nil, 0, false
+	}
+	return agent, pid, true
+}
+
+func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, project string) {
+	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	list, err := agent.ListProcesses(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"processes": list})
+}
+
+// processOutput streams a background process's output as NDJSON, the same
+// events as a streamed exec: from the first kept byte, with ?follow=true
+// until the process ends.
+func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, project string) {
+	agent, pid, ok := s.processAgent(w, r, project)
+	if !ok {
+		return
+	}
+	var follow bool
+	switch v := r.URL.Query().Get("follow"); v {
+	case "", "false", "0":
+	case "true", "1":
+		follow = true
+	default:
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "follow must be true or false, not %q", v))
+		return
+	}
+	nd := newNDJSON(w)
+	_, err := agent.ProcessOutput(r.Context(), pid, follow, func(ev agentproto.ExecEvent) error {
+		return nd.send(toStreamEvent(ev))
+	})
+	if err != nil && r.Context().Err() == nil {
+		if !nd.started {
+			writeError(w, err)
+			return
+		}
+		eb := errorJSON(err)
+		nd.send(streamEvent{Type: "error", Error: &eb.Error})
+		return
+	}
+	if !nd.started { // no output yet: an empty stream
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		w.WriteHeader(http.StatusOK)
+	}
+}
+
+type stdinRequest struct {
+	Data string `json:"data"`
+	EOF  bool   `json:"eof"`
+}
+
+func (s *Server) processStdin(w http.ResponseWriter, r *http.Request, project string) {
+	var req stdinRequest
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	agent, pid, ok := s.processAgent(w, r, project)
+	if !ok {
+		return
+	}
+	if err := agent.ProcessStdin(r.Context(), pid, agentproto.StdinRequest{Data: []byte(req.Data), EOF: req.EOF}); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) killProcess(w http.ResponseWriter, r *http.Request, project string) {
+	agent, pid, ok := s.processAgent(w, r, project)
+	if !ok {
+		return
+	}
+	if err := agent.KillProcess(r.Context(), pid); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

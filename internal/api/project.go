@@ -1,0 +1,113 @@
+package api
+
+import (
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/history"
+)
+
+// SandboxStats is GET /v1/sandboxes/{id}/stats: the host-side resource use
+// of a running sandbox, measured when asked.
+type SandboxStats struct {
+	MemoryBytes      int64     `json:"memory_bytes"`       // proportional set size of its host processes
+	MemoryLimitBytes int64     `json:"memory_limit_bytes"` // its memory_mb
+	CPUSeconds       float64   `json:"cpu_seconds"`        // CPU time its host processes used so far; rate = difference of two samples
+	CPULimit         int       `json:"cpu_limit"`          // its cpu
+	SampledAt        time.Time `json:"sampled_at"`
+}
+
+func (s *Server) stats(w http.ResponseWriter, r *http.Request, project string) {
+	id := r.PathValue("id")
+	sb, err := s.mgr.Get(r.Context(), project, id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	st, err := s.mgr.Stats(r.Context(), project, id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, SandboxStats{
+		MemoryBytes: st.PSSBytes, MemoryLimitBytes: int64(sb.MemoryMB) << 20,
+		CPUSeconds: cpuSeconds(st.PIDs), CPULimit: sb.CPU, SampledAt: time.Now().UTC(),
+	})
+}
+
+// APIKeyCreated answers POST /v1/api-keys: the only time the secret is shown.
+type APIKeyCreated struct {
+	pandastack.APIKey
+	Secret string `json:"secret"`
+}
+
+func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, project string) {
+	all, err := s.store.ListAPIKeys(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := slices.DeleteFunc(all, func(k pandastack.APIKey) bool { return k.ProjectID != project })
+	if out == nil {
+		out = []pandastack.APIKey{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"api_keys": out})
+}
+
+func (s *Server) createKey(w http.ResponseWriter, r *http.Request, project string) {
+	var req struct {
+		Name string `json:"name"`
+	}
+	if err := decode(r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if len(req.Name) > 256 {
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "name must be at most 256 bytes"))
+		return
+	}
+	secret := pandastack.NewAPIKeySecret()
+	k := pandastack.APIKey{ID: pandastack.NewID("key"), ProjectID: project, Name: req.Name, Prefix: secret[:10], Hash: HashKey(secret), CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}
+	if err := s.store.CreateAPIKey(r.Context(), k); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, APIKeyCreated{APIKey: k, Secret: secret})
+}
+
+func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, project string) {
+	kid := r.PathValue("kid")
+	all, err := s.store.ListAPIKeys(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	i := slices.IndexFunc(all, func(k pandastack.APIKey) bool { return k.ID == kid && k.ProjectID == project })
+	if i < 0 {
+		writeError(w, pandastack.Errorf(pandastack.ENotFound, "no API key %s", kid))
+		return
+	}
+	if all[i].RevokedAt == nil {
+		if err := s.store.RevokeAPIKey(r.Context(), kid, time.Now().UTC()); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// getLineage serves GET /v1/lineage: which sandbox was restored from which
+// snapshot or forked from which sandbox, since the server started. With the
+// snapshots' sandbox_id it draws the whole tree.
+func (s *Server) getLineage(w http.ResponseWriter, r *http.Request, project string) {
+	writeJSON(w, http.StatusOK, map[string]any{"origins": s.lineage.List(project)})
+}
+
+// noteOrigins records where new sandboxes came from.
+func (s *Server) noteOrigins(project, kind, from string, kids ...pandastack.Sandbox) {
+	for _, k := range kids {
+		s.lineage.Add(project, history.Origin{SandboxID: k.ID, Kind: kind, From: from, At: k.CreatedAt})
+	}
+}

@@ -1,0 +1,169 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/coder/websocket"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/history"
+)
+
+// ptySubprotocol is the WebSocket subprotocol of the terminal. A browser
+// cannot set the Authorization header on a WebSocket, so it may send its key
+// as a second subprotocol, "bearer.<key>"; only ptySubprotocol is echoed.
+const (
+	ptySubprotocol = "pandastack.pty"
+	bearerProtocol = "bearer."
+)
+
+// wsKey returns an API key sent as a WebSocket subprotocol, or "".
+func wsKey(r *http.Request) string {
+	for _, h := range r.Header.Values("Sec-WebSocket-Protocol") {
+		for _, p := range strings.Split(h, ",") {
+			if k, ok := strings.CutPrefix(strings.TrimSpace(p), bearerProtocol); ok {
+				return k
+			}
+		}
+	}
+	return ""
+}
+
+// ptyControl is a text message of the terminal WebSocket.
+type ptyControl struct {
+	Type     string `json:"type"`                // client: "resize"; server: "exit"
+	Cols     int    `json:"cols,omitempty"`      // resize
+	Rows     int    `json:"rows,omitempty"`      // resize
+	ExitCode *int   `json:"exit_code,omitempty"` // exit
+}
+
+// termSize reads a terminal dimension from the query: def when absent.
+func termSize(r *http.Request, name string, def int) (uint16, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return uint16(def), nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 1000 {
+		return 0, pandastack.Errorf(pandastack.EInvalid, "%s must be a whole number from 1 to 1000, got %q", name, v)
+	}
+	return uint16(n), nil
+}
+
+// pty serves GET /v1/sandboxes/{id}/pty: a WebSocket to a login shell of
+// the sandbox user on a real terminal. Binary messages carry terminal bytes
+// both ways; text messages are JSON: {"type":"resize","cols":C,"rows":R}
+// from the client, {"type":"exit","exit_code":N} from the server when the
+// shell ends. The session counts as work in flight for its whole life.
+func (s *Server) pty(w http.ResponseWriter, r *http.Request, project string) {
+	cols, err := termSize(r, "cols", 80)
+	if err == nil {
+		var rows uint16
+		if rows, err = termSize(r, "rows", 24); err == nil {
+			s.ptySession(w, r, project, cols, rows)
+			return
+		}
+	}
+	writeError(w, err)
+}
+
+func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project string, cols, rows uint16) {
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "GET /v1/sandboxes/{id}/pty is a WebSocket: send the upgrade headers (any WebSocket client does)"))
+		return
+	}
+	id := r.PathValue("id")
+	agent, done, err := s.mgr.Acquire(r.Context(), project, id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
+	term, err := agent.PTY(r.Context(), cols, rows, r.URL.Query().Get("cwd"))
+	if err != nil {
+		s.logFailure(r, err)
+		writeError(w, err)
+		return
+	}
+	defer term.Close()
+	ws, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{ptySubprotocol}})
+	if err != nil {
+		return // Accept has answered
+	}
+	defer ws.CloseNow()
+	ws.SetReadLimit(1 << 20)
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+
+	rec := s.history.Begin(project, id, history.Entry{Kind: history.KindTerminal, Command: "terminal"})
+	exitCode := -1
+	defer func() { rec.End(func(e *history.Entry) { e.ExitCode = &exitCode }) }()
+
+	// Shell → browser.
+	outDone := make(chan struct{})
+	go func() {
+		defer close(outDone)
+		defer cancel()
+		for {
+			typ, p, err := agentproto.ReadPTYFrame(term)
+			if err != nil {
+				return
+			}
+			switch typ {
+			case agentproto.PTYData:
+				rec.Stdout(p)
+				if ws.Write(ctx, websocket.MessageBinary, p) != nil {
+					return
+				}
+			case agentproto.PTYExit:
+				code, _ := agentproto.ParseExit(p)
+				exitCode = code
+				msg, _ := json.Marshal(ptyControl{Type: "exit", ExitCode: &code})
+				ws.Write(ctx, websocket.MessageText, msg)
+				ws.Close(websocket.StatusNormalClosure, "the shell exited")
+				return
+			}
+		}
+	}()
+
+	// Browser → shell.
+	var wmu sync.Mutex
+	toShell := func(typ byte, p []byte) error {
+		wmu.Lock()
+		defer wmu.Unlock()
+		return agentproto.WritePTYFrame(term, typ, p)
+	}
+	for {
+		typ, p, err := ws.Read(ctx)
+		if err != nil {
+			if !errors.Is(err, context.Canceled) && websocket.CloseStatus(err) == -1 && !errors.Is(err, io.EOF) {
+				s.log.Debug("terminal closed", "sandbox", id, "err", err)
+			}
+			break
+		}
+		if typ == websocket.MessageBinary {
+			err = toShell(agentproto.PTYData, p)
+		} else {
+			var c ptyControl
+			if json.Unmarshal(p, &c) != nil || c.Type != "resize" || c.Cols < 1 || c.Rows < 1 || c.Cols > 1000 || c.Rows > 1000 {
+				ws.Close(websocket.StatusPolicyViolation, `text messages must be {"type":"resize","cols":1..1000,"rows":1..1000}`)
+				break
+			}
+			err = toShell(agentproto.PTYResize, agentproto.ResizePayload(uint16(c.Cols), uint16(c.Rows)))
+		}
+		if err != nil {
+			break
+		}
+	}
+	term.Close() // the agent kills the shell
+	cancel()
+	<-outDone
+}

@@ -1,0 +1,71 @@
+// The console's client of the public REST API. The key lives only in this
+// browser tab's sessionStorage.
+const KEY = "pandastack.key";
+
+export const session = {
+  get key() { return sessionStorage.getItem(KEY) || ""; },
+  set key(v) { v ? sessionStorage.setItem(KEY, v) : sessionStorage.removeItem(KEY); },
+};
+
+export class APIError extends Error {
+  constructor(status, code, message) { super(message); this.status = status; this.code = code; }
+}
+
+async function failure(res) {
+  let code = "http_" + res.status, message = res.statusText;
+  try { const b = await res.json(); code = b.error.code; message = b.error.message; } catch { /* not JSON */ }
+  if (res.status === 401) window.dispatchEvent(new CustomEvent("pandastack:unauthorized", { detail: message }));
+  return new APIError(res.status, code, message);
+}
+
+// api calls the API and returns the decoded JSON (or null for 204).
+export async function api(method, path, body, opts = {}) {
+  const headers = { Authorization: "Bearer " + session.key, ...(opts.headers || {}) };
+  let payload = body;
+  if (body !== undefined && !(body instanceof Blob) && !(body instanceof ArrayBuffer)) {
+    headers["Content-Type"] = "application/json";
+    payload = JSON.stringify(body);
+  }
+  const res = await fetch(path, { method, headers, body: payload, signal: opts.signal });
+  if (!res.ok) throw await failure(res);
+  if (opts.raw) return res;
+  if (res.status === 204) return null;
+  return res.json();
+}
+
+// stream POSTs body and calls onEvent for each NDJSON line as it arrives.
+export async function stream(path, body, onEvent, signal) {
+  const res = await fetch(path, {
+    method: "POST", signal,
+    headers: { Authorization: "Bearer " + session.key, "Content-Type": "application/json", Accept: "application/x-ndjson" },
+    body: JSON.stringify(body),
+  });
+  if (!res.ok) throw await failure(res);
+  const reader = res.body.getReader();
+  const dec = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += dec.decode(value, { stream: true });
+    let i;
+    while ((i = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, i).trim();
+      buf = buf.slice(i + 1);
+      if (line) onEvent(JSON.parse(line));
+    }
+  }
+  if (buf.trim()) onEvent(JSON.parse(buf));
+}
+
+// ptySocket opens the terminal WebSocket; the key rides as a subprotocol,
+// since a browser cannot set headers on a WebSocket.
+export function ptySocket(id, cols, rows) {
+  const proto = location.protocol === "https:" ? "wss:" : "ws:";
+  const ws = new WebSocket(`${proto}//${location.host}/v1/sandboxes/${encodeURIComponent(id)}/pty?cols=${cols}&rows=${rows}`,
+    ["pandastack.pty", "bearer." + session.key]);
+  ws.binaryType = "arraybuffer";
+  return ws;
+}
+
+export const enc = encodeURIComponent;

@@ -1,0 +1,476 @@
+// The console: a hash-routed single page over the public REST API.
+import { api, stream, session, enc } from "./api.js";
+import { h, bytes, duration, result, execError } from "./render.js";
+import { Terminal } from "./terminal.js";
+
+const main = document.getElementById("main");
+const statusBox = document.getElementById("status");
+let cleanups = [];
+
+function onLeave(fn) { cleanups.push(fn); }
+
+function say(text, isError = false) {
+  const m = h("div", { class: "msg" + (isError ? " error" : ""), text });
+  statusBox.append(m);
+  setTimeout(() => m.remove(), isError ? 9000 : 4000);
+}
+
+// act runs an action and reports its failure.
+async function act(what, fn) {
+  try { const r = await fn(); return r; } catch (e) { say(`${what} failed: ${e.message}`, true); return undefined; }
+}
+
+function every(ms, fn) {
+  fn();
+  const t = setInterval(fn, ms);
+  onLeave(() => clearInterval(t));
+}
+
+function page(title, ...kids) {
+  document.title = title + " · PandaStack";
+  main.replaceChildren(h("h1", { text: title }), ...kids);
+}
+
+// ---- sign in ----
+
+function signIn(message) {
+  document.getElementById("nav").hidden = true;
+  const input = h("input", { id: "apikey", type: "password", autocomplete: "off", required: true, placeholder: "pds_…" });
+  const form = h("form", { class: "signin", "aria-labelledby": "signin-title" },
+    h("h1", { id: "signin-title", text: "Sign in to PandaStack" }),
+    h("p", { class: "muted", text: "Paste an API key. `pandastack serve` prints one on first start and saves it to <data dir>/api-key. The key stays in this browser tab only." }),
+    message ? h("p", { class: "error", role: "alert", text: message }) : null,
+    h("label", { for: "apikey", text: "API key" }), input,
+    h("button", { type: "submit", class: "primary", text: "Sign in" }));
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    session.key = input.value.trim();
+    try { await api("GET", "/v1/sandboxes"); } catch (err) { session.key = ""; signIn(err.message); return; }
+    location.hash = "#/sandboxes";
+    route();
+  });
+  main.replaceChildren(form);
+  input.focus();
+}
+
+window.addEventListener("pandastack:unauthorized", (e) => { session.key = ""; leave(); signIn(e.detail); });
+document.getElementById("signout").addEventListener("click", () => { session.key = ""; leave(); signIn(); });
+
+// ---- sandboxes ----
+
+const cpuSamples = new Map(); // sandbox id → last {cpu_seconds, at}
+
+function cpuPercent(id, st) {
+  const now = Date.parse(st.sampled_at), prev = cpuSamples.get(id);
+  cpuSamples.set(id, { s: st.cpu_seconds, at: now });
+  if (!prev || now <= prev.at) return null;
+  return (100 * (st.cpu_seconds - prev.s)) / ((now - prev.at) / 1000);
+}
+
+function stateCell(s) { return h("span", { class: "state state-" + s.state, text: s.state }); }
+
+function metadataTags(md) { return Object.entries(md || {}).map(([k, v]) => h("span", { class: "tag", text: `${k}=${v}` })); }
+
+function sandboxActions(s, refresh) {
+  const b = (label, text, fn, cls) => h("button", { type: "button", class: cls, "aria-label": `${label} ${s.id}`, text, onclick: fn });
+  const out = [];
+  if (s.state === "running" || s.state === "paused") out.push(b("Extend by 10 minutes", "+10 min", () => act("Extend", async () => { await api("PATCH", `/v1/sandboxes/${s.id}`, { ttl_seconds: 600 + Math.max(0, Math.round((Date.parse(s.expires_at) - Date.now()) / 1000)) }); say(`Extended ${s.id}`); refresh(); })));
+  if (s.state === "running") {
+    out.push(b("Pause", "Pause", () => act("Pause", async () => { await api("POST", `/v1/sandboxes/${s.id}/pause`); say(`Paused ${s.id}`); refresh(); })));
+    out.push(b("Snapshot", "Snapshot", () => act("Snapshot", async () => { const sn = await api("POST", `/v1/sandboxes/${s.id}/snapshots`, {}); say(`Snapshot ${sn.id} of ${s.id} taken`); refresh(); })));
+    out.push(b("Fork", "Fork", () => act("Fork", async () => { const r = await api("POST", `/v1/sandboxes/${s.id}/fork`, { count: 1 }); say(`Forked ${s.id} into ${r.sandboxes.map((k) => k.id).join(", ")}`); refresh(); })));
+  }
+  if (s.state === "paused") out.push(b("Resume", "Resume", () => act("Resume", async () => { await api("POST", `/v1/sandboxes/${s.id}/resume`); say(`Resumed ${s.id}`); refresh(); })));
+  if (s.state !== "stopped") out.push(b("Kill", "Kill", () => act("Kill", async () => {
+    if (!confirm(`Kill sandbox ${s.id}? Its state is lost (snapshots stay).`)) return;
+    await api("DELETE", `/v1/sandboxes/${s.id}`); say(`Killed ${s.id}`); refresh();
+  }), "danger"));
+  return h("div", { class: "actions" }, out);
+}
+
+async function templateOptions(select) {
+  const r = await act("Listing templates", () => api("GET", "/v1/templates"));
+  for (const t of r?.templates || []) select.append(h("option", { value: t.name, text: t.name }));
+  if (select.querySelector('option[value="code-interpreter"]')) select.value = "code-interpreter";
+}
+
+function sandboxesPage() {
+  const filter = h("input", { id: "filter", type: "search", placeholder: "key=value", value: sessionStorage.getItem("pandastack.filter") || "" });
+  const showStopped = h("input", { id: "show-stopped", type: "checkbox" });
+  const tbody = h("tbody");
+  const table = h("table", { "aria-label": "Sandboxes" },
+    h("thead", {}, h("tr", {}, ["Sandbox", "State", "Template", "Metadata", "CPU", "Memory", "Expires in", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody);
+  const tpl = h("select", { id: "create-template" });
+  const ttl = h("input", { id: "create-ttl", type: "number", min: 1, value: 1800, size: 6 });
+  const md = h("input", { id: "create-metadata", placeholder: "key=value, …" });
+  const create = h("form", { class: "inline", "aria-label": "Create a sandbox" },
+    h("label", { for: "create-template", text: "Template" }), tpl,
+    h("label", { for: "create-ttl", text: "TTL (seconds)" }), ttl,
+    h("label", { for: "create-metadata", text: "Metadata" }), md,
+    h("button", { type: "submit", class: "primary", text: "Create sandbox" }));
+  templateOptions(tpl);
+  const parsePairs = (s) => Object.fromEntries(s.split(",").map((p) => p.trim()).filter(Boolean).map((p) => { const i = p.indexOf("="); return i < 0 ? [p, ""] : [p.slice(0, i).trim(), p.slice(i + 1).trim()]; }));
+  create.addEventListener("submit", (e) => {
+    e.preventDefault();
+    const button = create.querySelector("button");
+    button.disabled = true;
+    act("Create", async () => {
+      const s = await api("POST", "/v1/sandboxes", { template: tpl.value, ttl_seconds: parseInt(ttl.value, 10), metadata: parsePairs(md.value) });
+      say(`Created ${s.id}`);
+      refresh();
+    }).finally(() => { button.disabled = false; });
+  });
+
+  let latest = 0;
+  async function refresh() {
+    const n = ++latest;
+    sessionStorage.setItem("pandastack.filter", filter.value);
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(parsePairs(filter.value))) q.set("metadata." + k, v);
+    if (showStopped.checked) q.set("state", "all");
+    let list;
+    try { list = (await api("GET", "/v1/sandboxes?" + q)).sandboxes; } catch (e) { if (n === latest) say("Listing sandboxes failed: " + e.message, true); return; }
+    const stats = await Promise.all(list.map((s) => s.state === "running" ? api("GET", `/v1/sandboxes/${s.id}/stats`).catch(() => null) : null));
+    if (n !== latest) return;
+    const rows = list.slice().reverse().map((s, i) => {
+      const st = stats[list.length - 1 - i];
+      const cpu = st ? cpuPercent(s.id, st) : null;
+      return h("tr", { "data-id": s.id },
+        h("td", {}, h("a", { href: `#/sandboxes/${s.id}`, class: "mono", text: s.id })),
+        h("td", {}, stateCell(s), s.stop_reason ? h("span", { class: "muted", text: ` (${s.stop_reason})` }) : null),
+        h("td", { text: s.template }),
+        h("td", {}, metadataTags(s.metadata)),
+        h("td", { text: cpu === null ? (st ? "…" : "") : `${cpu.toFixed(0)} % of ${s.cpu}` }),
+        h("td", { text: st ? `${bytes(st.memory_bytes)} / ${bytes(st.memory_limit_bytes)}` : "" }),
+        h("td", { text: s.state === "stopped" ? "" : duration(Date.parse(s.expires_at) - Date.now()) }),
+        h("td", {}, sandboxActions(s, refresh)));
+    });
+    tbody.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 8, class: "muted", text: "No sandboxes. Create one above." }))]));
+  }
+  filter.addEventListener("input", refresh);
+  showStopped.addEventListener("change", refresh);
+  page("Sandboxes",
+    create,
+    h("div", { class: "toolbar" },
+      h("label", { for: "filter", text: "Filter by metadata" }), filter,
+      h("label", {}, showStopped, "Show stopped")),
+    table);
+  every(3000, refresh);
+}
+
+// ---- one sandbox ----
+
+function tabs(names, panels) {
+  const buttons = names.map((name, i) => h("button", {
+    type: "button", role: "tab", id: "tab-" + name.toLowerCase(), "aria-controls": "panel-" + name.toLowerCase(),
+    "aria-selected": i === 0 ? "true" : "false", tabindex: i === 0 ? "0" : "-1", text: name,
+  }));
+  const select = (i) => {
+    buttons.forEach((b, j) => { b.setAttribute("aria-selected", String(i === j)); b.tabIndex = i === j ? 0 : -1; panels[j].hidden = i !== j; });
+    buttons[i].focus();
+    panels[i].dispatchEvent(new Event("shown"));
+  };
+  buttons.forEach((b, i) => {
+    b.addEventListener("click", () => select(i));
+    b.addEventListener("keydown", (e) => {
+      if (e.key === "ArrowRight") select((i + 1) % buttons.length);
+      if (e.key === "ArrowLeft") select((i + buttons.length - 1) % buttons.length);
+    });
+  });
+  panels.forEach((p, i) => { p.setAttribute("role", "tabpanel"); p.id = "panel-" + names[i].toLowerCase(); p.setAttribute("aria-labelledby", "tab-" + names[i].toLowerCase()); p.hidden = i !== 0; });
+  return h("div", { role: "tablist", "aria-label": "Sandbox views" }, buttons);
+}
+
+function sandboxPage(id) {
+  const head = h("div", { class: "toolbar" });
+  async function refreshHead() {
+    try {
+      const s = await api("GET", `/v1/sandboxes/${id}`);
+      head.replaceChildren(h("span", {}, "State: ", stateCell(s)), h("span", { class: "muted", text: `template ${s.template} · ${s.cpu} CPU · ${s.memory_mb} MiB · expires in ${duration(Date.parse(s.expires_at) - Date.now())}` }), ...metadataTags(s.metadata), sandboxActions(s, refreshHead));
+    } catch (e) {
+      head.replaceChildren(h("span", {}, "State: ", h("span", { class: "state state-killed", text: e.status === 404 ? "killed" : "unknown" })), h("span", { class: "muted", text: e.status === 404 ? " (the sandbox is gone; its history stays below)" : e.message }));
+    }
+  }
+  const panels = [notebookPanel(id), historyPanel(id), filesPanel(id), terminalPanel(id), metricsPanel(id)];
+  page("Sandbox " + id, head, tabs(["Notebook", "History", "Files", "Terminal", "Metrics"], panels), ...panels);
+  every(5000, refreshHead);
+}
+
+function notebookPanel(id) {
+  const panel = h("section");
+  const lang = h("select", { id: "nb-language" }, ["python", "bash", "javascript", "r"].map((l) => h("option", { value: l, text: l })));
+  const ctx = h("select", { id: "nb-context" }, h("option", { value: "", text: "default context of the language" }));
+  const loadContexts = async () => {
+    const r = await api("GET", `/v1/sandboxes/${id}/contexts`).catch(() => null);
+    const keep = ctx.value;
+    ctx.replaceChildren(h("option", { value: "", text: "default context of the language" }), ...(r?.contexts || []).map((c) => h("option", { value: c.id, text: `${c.id} (${c.language})` })));
+    ctx.value = keep;
+  };
+  const newCtx = h("button", { type: "button", text: "New context", onclick: () => act("New context", async () => { const c = await api("POST", `/v1/sandboxes/${id}/contexts`, { language: lang.value }); await loadContexts(); ctx.value = c.id; say(`Context ${c.id} created`); }) });
+  const cells = h("div");
+  const addCell = (code = "") => {
+    const n = cells.children.length + 1;
+    const src = h("textarea", { class: "code", id: `cell-${n}`, "aria-label": `Code of cell ${n}`, spellcheck: "false" });
+    src.value = code;
+    src.rows = Math.max(4, code.split("\n").length + 1);
+    const out = h("div", { class: "output", "aria-live": "polite", "aria-label": `Output of cell ${n}` });
+    const run = h("button", { type: "button", class: "primary", text: "Run", "aria-label": `Run cell ${n}` });
+    const state = h("span", { class: "muted", id: `cell-${n}-state` });
+    const go = async () => {
+      run.disabled = true;
+      out.replaceChildren();
+      state.textContent = "running…";
+      let stdout = null, stderr = null;
+      const append = (cls, text) => {
+        let pre = cls === "stdout" ? stdout : stderr;
+        if (!pre) { pre = h("pre", { class: cls }); out.append(pre); if (cls === "stdout") stdout = pre; else stderr = pre; }
+        pre.textContent += text;
+      };
+      const body = { code: src.value };
+      let path = `/v1/sandboxes/${id}/run_code`;
+      if (ctx.value) path = `/v1/sandboxes/${id}/contexts/${ctx.value}/run`; else body.language = lang.value;
+      try {
+        await stream(path, body, (ev) => {
+          if (ev.type === "stdout" || ev.type === "stderr") append(ev.type, ev.data);
+          else if (ev.type === "result") { out.append(result(ev.result)); stdout = stderr = null; }
+          else if (ev.type === "error" && ev.error?.traceback !== undefined) out.append(execError(ev.error));
+          else if (ev.type === "error") out.append(h("div", { class: "error", role: "alert", text: `${ev.error.code}: ${ev.error.message}` }));
+          else if (ev.type === "execution") state.textContent = `done in ${ev.execution.duration_ms} ms` + (ev.execution.error ? " with an error" : "");
+        });
+      } catch (e) {
+        out.append(h("div", { class: "error", role: "alert", text: `${e.code || "error"}: ${e.message}` }));
+        state.textContent = "failed";
+      } finally { run.disabled = false; }
+    };
+    run.addEventListener("click", go);
+    src.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey || e.shiftKey)) { e.preventDefault(); go(); } });
+    cells.append(h("div", { class: "cell" }, src, h("div", { class: "toolbar" }, run, state, h("span", { class: "muted", text: "Shift+Enter or Ctrl+Enter runs" })), out));
+    return src;
+  };
+  panel.append(h("div", { class: "toolbar" },
+    h("label", { for: "nb-language", text: "Language" }), lang,
+    h("label", { for: "nb-context", text: "Context" }), ctx, newCtx,
+    h("button", { type: "button", text: "Add cell", onclick: () => addCell().focus() })), cells);
+  addCell("import pandas as pd\nimport matplotlib.pyplot as plt\ndf = pd.DataFrame({'x': [1, 2, 3, 4], 'y': [1, 4, 9, 16]})\nplt.plot(df.x, df.y)\nplt.show()\ndf");
+  loadContexts();
+  return panel;
+}
+
+function historyPanel(id) {
+  const panel = h("section");
+  const list = h("div", { "aria-live": "polite" });
+  const load = async () => {
+    const r = await act("Loading history", () => api("GET", `/v1/sandboxes/${id}/history`));
+    if (!r) return;
+    list.replaceChildren(...(r.history.length ? r.history.map((e) => {
+      const what = e.kind === "exec" ? e.command : e.kind === "code" ? e.code : "interactive terminal";
+      const outcome = e.running ? "running" : e.failure ? "failed: " + e.failure : e.error ? `${e.error.name}: ${e.error.value}` : e.exit_code !== undefined ? `exit ${e.exit_code}` : "ok";
+      return h("article", { class: "history-entry", "data-kind": e.kind },
+        h("header", {}, h("strong", { text: e.kind }), h("span", { class: "muted", text: `${new Date(e.started_at).toLocaleTimeString()} · ${e.duration_ms} ms · ${outcome}` }),
+          e.language ? h("span", { class: "tag", text: e.language }) : null, ...(e.results || []).map((k) => h("span", { class: "tag", text: k }))),
+        h("pre", { class: "mono", text: what }),
+        e.stdout ? h("details", { open: e.kind === "terminal" ? true : undefined }, h("summary", { text: e.kind === "terminal" ? "transcript" : "stdout" }), h("pre", { class: "out", text: e.stdout })) : null,
+        e.stderr ? h("details", {}, h("summary", { text: "stderr" }), h("pre", { text: e.stderr })) : null,
+        e.text ? h("pre", { text: e.text }) : null,
+        e.error?.traceback ? h("details", {}, h("summary", { text: "traceback" }), h("pre", { text: e.error.traceback })) : null);
+    }) : [h("p", { class: "muted", text: "Nothing was run in this sandbox through the API yet." })]));
+  };
+  panel.append(h("div", { class: "toolbar" }, h("button", { type: "button", text: "Refresh history", onclick: load })), list);
+  panel.addEventListener("shown", load);
+  return panel;
+}
+
+function filesPanel(id) {
+  const panel = h("section");
+  const dir = h("input", { id: "files-path", value: "/home/user", size: 40 });
+  const tbody = h("tbody");
+  const join = (d, n) => (d.endsWith("/") ? d : d + "/") + n;
+  const load = async () => {
+    const r = await act("Listing files", () => api("GET", `/v1/sandboxes/${id}/files/list?path=${enc(dir.value)}`));
+    if (!r) return;
+    const parent = dir.value.replace(/\/[^/]+\/?$/, "") || "/";
+    const rows = r.files.sort((a, b) => (a.type === "dir") === (b.type === "dir") ? a.name.localeCompare(b.name) : a.type === "dir" ? -1 : 1).map((f) => h("tr", { "data-name": f.name },
+      h("td", {}, f.type === "dir" ? h("button", { type: "button", class: "link", text: f.name + "/", "aria-label": `Open folder ${f.name}`, onclick: () => { dir.value = f.path; load(); } }) : h("span", { class: "mono", text: f.name })),
+      h("td", { text: f.type }), h("td", { text: f.type === "file" ? bytes(f.size) : "" }), h("td", { text: new Date(f.mod_time).toLocaleString() }),
+      h("td", {}, h("div", { class: "actions" },
+        f.type === "file" ? h("button", { type: "button", text: "Download", "aria-label": `Download ${f.name}`, onclick: () => download(f) }) : null,
+        h("button", { type: "button", class: "danger", text: "Delete", "aria-label": `Delete ${f.name}`, onclick: () => act("Delete", async () => {
+          if (!confirm(`Delete ${f.path}${f.type === "dir" ? " and everything in it" : ""}?`)) return;
+          await api("DELETE", `/v1/sandboxes/${id}/files?path=${enc(f.path)}&recursive=${f.type === "dir" ? 1 : 0}`); say(`Deleted ${f.path}`); load();
+        }) })))));
+    if (dir.value !== "/") rows.unshift(h("tr", {}, h("td", { colspan: 5 }, h("button", { type: "button", text: "../ (up)", "aria-label": "Up one folder", onclick: () => { dir.value = parent; load(); } }))));
+    tbody.replaceChildren(...rows);
+  };
+  const download = (f) => act("Download", async () => {
+    const res = await api("GET", `/v1/sandboxes/${id}/files?path=${enc(f.path)}`, undefined, { raw: true });
+    const url = URL.createObjectURL(await res.blob());
+    const a = h("a", { href: url, download: f.name });
+    document.body.append(a); a.click(); a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  });
+  const upload = async (files) => {
+    for (const file of files) {
+      await act("Upload", async () => { await api("PUT", `/v1/sandboxes/${id}/files?path=${enc(join(dir.value, file.name))}`, file); say(`Uploaded ${file.name}`); });
+    }
+    load();
+  };
+  const picker = h("input", { id: "files-upload", type: "file", multiple: true, onchange: () => upload(picker.files) });
+  const zone = h("div", { class: "dropzone", id: "dropzone", tabindex: "0", role: "button", "aria-label": "Drop files here to upload them to the folder shown, or press Enter to choose files" }, "Drop files here to upload them, or press Enter to choose");
+  zone.addEventListener("dragover", (e) => { e.preventDefault(); zone.classList.add("over"); });
+  zone.addEventListener("dragleave", () => zone.classList.remove("over"));
+  zone.addEventListener("drop", (e) => { e.preventDefault(); zone.classList.remove("over"); upload(e.dataTransfer.files); });
+  zone.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); picker.click(); } });
+  zone.addEventListener("click", () => picker.click());
+  dir.addEventListener("keydown", (e) => { if (e.key === "Enter") load(); });
+  panel.append(h("div", { class: "toolbar" }, h("label", { for: "files-path", text: "Folder" }), dir, h("button", { type: "button", text: "List", onclick: load }),
+    h("label", { for: "files-upload", text: "Upload files" }), picker), zone,
+  h("table", { "aria-label": "Files" }, h("thead", {}, h("tr", {}, ["Name", "Type", "Size", "Modified", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody));
+  panel.addEventListener("shown", load);
+  return panel;
+}
+
+function terminalPanel(id) {
+  const panel = h("section");
+  const pre = h("pre", { class: "terminal", id: "terminal", tabindex: "0", role: "textbox", "aria-multiline": "true", "aria-label": "Terminal: keys typed here go to the sandbox's shell; Shift+Escape leaves it" });
+  const state = h("span", { class: "muted", id: "terminal-state", role: "status", text: "not connected" });
+  const term = new Terminal(pre, (s) => { state.textContent = s; connect.textContent = term.connected ? "Disconnect" : "Connect"; });
+  pre.addEventListener("leave", () => connect.focus());
+  const connect = h("button", { type: "button", id: "terminal-connect", text: "Connect", onclick: () => { if (term.connected) term.close(); else term.connect(id); connect.textContent = term.connected ? "Disconnect" : "Connect"; } });
+  panel.append(h("div", { class: "toolbar" }, connect, state, h("span", { class: "muted", text: "An open terminal counts as work in progress: disconnect before a snapshot, fork or pause." })), pre);
+  onLeave(() => term.close());
+  window.pandastackTerminal = term; // for tests and the devtools console
+  return panel;
+}
+
+function metricsPanel(id) {
+  const panel = h("section");
+  const cpu = h("canvas", { width: 420, height: 160, role: "img", "aria-label": "CPU use over the last two minutes" });
+  const mem = h("canvas", { width: 420, height: 160, role: "img", "aria-label": "Memory use over the last two minutes" });
+  const cpuNow = h("figcaption"), memNow = h("figcaption");
+  const samples = [];
+  const draw = (canvas, values, max, color) => {
+    const c = canvas.getContext("2d"), W = canvas.width, H = canvas.height;
+    c.clearRect(0, 0, W, H);
+    c.strokeStyle = "#d7dde3"; c.beginPath(); for (let i = 1; i < 4; i++) { c.moveTo(0, (H * i) / 4); c.lineTo(W, (H * i) / 4); } c.stroke();
+    c.strokeStyle = color; c.lineWidth = 2; c.beginPath();
+    values.forEach((v, i) => { const x = (W * i) / 59, y = H - (H * Math.min(v, max)) / max; i ? c.lineTo(x, y) : c.moveTo(x, y); });
+    c.stroke();
+  };
+  let prev = null;
+  const poll = async () => {
+    if (panel.hidden) return;
+    const st = await api("GET", `/v1/sandboxes/${id}/stats`).catch(() => null);
+    if (!st) { cpuNow.textContent = "CPU: not running"; return; }
+    const at = Date.parse(st.sampled_at);
+    const pct = prev && at > prev.at ? (100 * (st.cpu_seconds - prev.s)) / ((at - prev.at) / 1000) : 0;
+    prev = { s: st.cpu_seconds, at };
+    samples.push({ pct, mem: st.memory_bytes });
+    if (samples.length > 60) samples.shift();
+    draw(cpu, samples.map((x) => x.pct), 100 * st.cpu_limit, "#1f6feb");
+    draw(mem, samples.map((x) => x.mem), st.memory_limit_bytes, "#107c41");
+    cpuNow.textContent = `CPU: ${pct.toFixed(1)} % (limit ${st.cpu_limit} CPU = ${100 * st.cpu_limit} %)`;
+    memNow.textContent = `Memory: ${bytes(st.memory_bytes)} of ${bytes(st.memory_limit_bytes)}`;
+  };
+  panel.append(h("div", { class: "charts" }, h("figure", {}, cpu, cpuNow), h("figure", {}, mem, memNow)));
+  panel.addEventListener("shown", poll);
+  const t = setInterval(poll, 2000);
+  onLeave(() => clearInterval(t));
+  return panel;
+}
+
+// ---- snapshots ----
+
+async function snapshotsPage() {
+  const tbody = h("tbody");
+  const tree = h("div", { class: "tree", id: "lineage" });
+  const total = h("p", { class: "muted" });
+  page("Snapshots", total, h("table", { "aria-label": "Snapshots" },
+    h("thead", {}, h("tr", {}, ["Snapshot", "Of sandbox", "Template", "Size", "Taken", "Metadata", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody),
+  h("h2", { text: "Lineage: which sandbox came from which snapshot or fork" }), tree);
+  const load = async () => {
+    const [snaps, sbx, lin] = await Promise.all([api("GET", "/v1/snapshots"), api("GET", "/v1/sandboxes?state=all"), api("GET", "/v1/lineage")]).catch((e) => { say("Loading snapshots failed: " + e.message, true); return []; });
+    if (!snaps) return;
+    total.textContent = `${snaps.snapshots.length} snapshots, ${bytes(snaps.total_size_bytes)} in all`;
+    tbody.replaceChildren(...snaps.snapshots.slice().reverse().map((sn) => h("tr", { "data-id": sn.id },
+      h("td", { class: "mono", text: sn.id }), h("td", {}, h("a", { href: `#/sandboxes/${sn.sandbox_id}`, class: "mono", text: sn.sandbox_id })), h("td", { text: sn.template }),
+      h("td", { text: bytes(sn.size_bytes) }), h("td", { text: new Date(sn.created_at).toLocaleString() }), h("td", {}, metadataTags(sn.metadata)),
+      h("td", {}, h("div", { class: "actions" },
+        h("button", { type: "button", text: "New sandbox", "aria-label": `Create a sandbox from ${sn.id}`, onclick: () => act("Restore", async () => { const s = await api("POST", "/v1/sandboxes", { snapshot_id: sn.id, ttl_seconds: 1800 }); say(`Created ${s.id} from ${sn.id}`); load(); }) }),
+        h("button", { type: "button", class: "danger", text: "Delete", "aria-label": `Delete ${sn.id}`, onclick: () => act("Delete", async () => { if (!confirm(`Delete snapshot ${sn.id}?`)) return; await api("DELETE", `/v1/snapshots/${sn.id}`); load(); }) }))))));
+    // The tree: snapshot → the sandbox it was taken of; sandbox → its snapshot or fork parent.
+    const parent = new Map(), label = new Map();
+    for (const s of sbx.sandboxes) label.set(s.id, `${s.id} · ${s.state} · ${s.template}`);
+    for (const sn of snaps.snapshots) { parent.set(sn.id, sn.sandbox_id); label.set(sn.id, `${sn.id} · snapshot · ${bytes(sn.size_bytes)}`); }
+    for (const o of lin.origins) { parent.set(o.sandbox_id, o.from); if (!label.has(o.sandbox_id)) label.set(o.sandbox_id, `${o.sandbox_id} · killed`); }
+    const kids = new Map();
+    for (const [c, p] of parent) { if (!label.has(p)) label.set(p, `${p} · gone`); if (!kids.has(p)) kids.set(p, []); kids.get(p).push(c); }
+    const node = (id, how) => h("li", { "data-node": id }, h("span", { class: id.startsWith("snap_") ? "mono" : "mono" }, how ? h("span", { class: "tag", text: how }) : null, " ", id.startsWith("sbx_") ? h("a", { href: `#/sandboxes/${id}`, text: label.get(id) }) : label.get(id)),
+      kids.has(id) ? h("ul", {}, kids.get(id).map((k) => node(k, k.startsWith("snap_") ? "snapshot" : id.startsWith("sbx_") ? "fork" : "restored"))) : null);
+    const roots = [...kids.keys()].filter((id) => !parent.has(id));
+    tree.replaceChildren(roots.length ? h("ul", {}, roots.map((r) => node(r))) : h("p", { class: "muted", text: "No snapshots or forks yet." }));
+  };
+  await load();
+}
+
+// ---- templates and keys ----
+
+async function templatesPage() {
+  const r = await act("Listing templates", () => api("GET", "/v1/templates"));
+  page("Templates", h("table", { "aria-label": "Templates" },
+    h("thead", {}, h("tr", {}, ["Template", "Description", "CPU", "Memory", "Size", "Built", "Warm", "Pool"].map((t) => h("th", { scope: "col", text: t })))),
+    h("tbody", {}, (r?.templates || []).map((t) => h("tr", {},
+      h("td", { class: "mono", text: t.name }), h("td", { text: t.description || "" }), h("td", { text: t.cpu }), h("td", { text: t.memory_mb + " MiB" }),
+      h("td", { text: bytes(t.size_bytes) }), h("td", { text: `${new Date(t.built_at).toLocaleString()} (${t.build_seconds.toFixed(0)} s)` }),
+      h("td", { text: t.warm ? "yes" : "no" }), h("td", { text: t.pool ? `${t.pool.ready} of ${t.pool.size} ready (${bytes(t.pool.pss_bytes)})` : "none" }))))));
+}
+
+async function keysPage() {
+  const tbody = h("tbody");
+  const name = h("input", { id: "key-name", placeholder: "e.g. ci, agent-42" });
+  const shown = h("div", { "aria-live": "polite" });
+  const load = async () => {
+    const r = await act("Listing keys", () => api("GET", "/v1/api-keys"));
+    tbody.replaceChildren(...(r?.api_keys || []).map((k) => h("tr", { "data-id": k.id },
+      h("td", { class: "mono", text: k.id }), h("td", { text: k.name || "" }), h("td", { class: "mono", text: k.prefix + "…" }),
+      h("td", { text: new Date(k.created_at).toLocaleString() }), h("td", { text: k.revoked_at ? "revoked " + new Date(k.revoked_at).toLocaleString() : "active" }),
+      h("td", {}, k.revoked_at ? null : h("button", { type: "button", class: "danger", text: "Revoke", "aria-label": `Revoke ${k.id}`, onclick: () => act("Revoke", async () => {
+        if (!confirm(`Revoke ${k.id} (${k.prefix}…)? Anything using it stops working.`)) return;
+        await api("DELETE", `/v1/api-keys/${k.id}`); say(`Revoked ${k.id}`); load();
+      }) })))));
+  };
+  const form = h("form", { class: "inline", "aria-label": "Create an API key" }, h("label", { for: "key-name", text: "Name" }), name, h("button", { type: "submit", class: "primary", text: "Create key" }));
+  form.addEventListener("submit", (e) => {
+    e.preventDefault();
+    act("Create key", async () => {
+      const k = await api("POST", "/v1/api-keys", { name: name.value });
+      shown.replaceChildren(h("div", { class: "secret", role: "alert" }, h("p", { text: `Key ${k.id} created. Copy it now: it is shown only once.` }), h("code", { id: "new-secret", text: k.secret })));
+      name.value = "";
+      load();
+    });
+  });
+  page("API keys", form, shown, h("table", { "aria-label": "API keys" }, h("thead", {}, h("tr", {}, ["Key", "Name", "Starts with", "Created", "Status", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody));
+  load();
+}
+
+// ---- routing ----
+
+function leave() { for (const f of cleanups) f(); cleanups = []; }
+
+function route() {
+  leave();
+  if (!session.key) { signIn(); return; }
+  document.getElementById("nav").hidden = false;
+  const path = location.hash.replace(/^#/, "") || "/sandboxes";
+  for (const a of document.querySelectorAll("nav a")) a.toggleAttribute("aria-current", path.startsWith(a.getAttribute("href").slice(1)));
+  for (const a of document.querySelectorAll("nav a")) if (a.hasAttribute("aria-current")) a.setAttribute("aria-current", "page");
+  let m;
+  if ((m = /^\/sandboxes\/([\w-]+)$/.exec(path))) sandboxPage(m[1]);
+  else if (path === "/snapshots") snapshotsPage();
+  else if (path === "/templates") templatesPage();
+  else if (path === "/keys") keysPage();
+  else sandboxesPage();
+  main.focus();
+}
+
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,181 @@
+// A small terminal: enough of a VT100 screen for a shell and readline
+// (printable text, CR, LF, backspace, tab, erase in line and display,
+// cursor moves), rendered into a <pre>. Keys typed while it has focus go
+// to the sandbox over the PTY WebSocket.
+import { ptySocket } from "./api.js";
+
+export class Terminal {
+  constructor(pre, onStatus) {
+    this.pre = pre;
+    this.onStatus = onStatus;
+    this.lines = [""];
+    this.row = 0; this.col = 0;
+    this.pending = "";
+    this.dec = new TextDecoder();
+    this.ws = null;
+    pre.addEventListener("keydown", (e) => this.key(e));
+    pre.addEventListener("paste", (e) => { e.preventDefault(); this.send(e.clipboardData.getData("text")); });
+  }
+
+  get size() {
+    const probe = document.createElement("span");
+    probe.textContent = "M";
+    this.pre.appendChild(probe);
+    const w = probe.getBoundingClientRect().width || 8, h = probe.getBoundingClientRect().height || 16;
+    probe.remove();
+    const style = getComputedStyle(this.pre);
+    const inner = this.pre.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    return { cols: Math.max(20, Math.floor(inner / w) - 1), rows: Math.max(5, Math.floor((this.pre.clientHeight - 16) / h)) };
+  }
+
+  connect(sandboxID) {
+    this.close();
+    const { cols, rows } = this.size;
+    const ws = ptySocket(sandboxID, cols, rows);
+    this.ws = ws;
+    ws.onopen = () => { this.onStatus("connected"); this.pre.focus(); };
+    ws.onmessage = (ev) => {
+      if (typeof ev.data === "string") {
+        const m = JSON.parse(ev.data);
+        if (m.type === "exit") this.onStatus(`the shell exited with status ${m.exit_code}`);
+        return;
+      }
+      this.write(this.dec.decode(new Uint8Array(ev.data), { stream: true }));
+    };
+    ws.onclose = (ev) => { if (this.ws === ws) { this.ws = null; this.onStatus(ev.reason ? "closed: " + ev.reason : "closed"); } };
+    ws.onerror = () => this.onStatus("could not connect (is the sandbox running, and nothing snapshotting it?)");
+    this.observer = new ResizeObserver(() => this.resize());
+    this.observer.observe(this.pre);
+  }
+
+  resize() {
+    if (!this.ws || this.ws.readyState !== WebSocket.OPEN) return;
+    const { cols, rows } = this.size;
+    if (cols === this.cols && rows === this.rows) return;
+    this.cols = cols; this.rows = rows;
+    this.ws.send(JSON.stringify({ type: "resize", cols, rows }));
+  }
+
+  close() {
+    if (this.observer) this.observer.disconnect();
+    if (this.ws) { const ws = this.ws; this.ws = null; ws.close(); this.onStatus("closed"); }
+  }
+
+  get connected() { return !!this.ws; }
+
+  send(text) {
+    if (this.ws && this.ws.readyState === WebSocket.OPEN) this.ws.send(new TextEncoder().encode(text));
+  }
+
+  key(e) {
+    if (e.key === "Tab" && !this.connected) return; // keep Tab for moving focus when idle
+    if (e.key === "Escape" && e.shiftKey) { // Shift+Escape hands focus back to the page
+      e.preventDefault();
+      this.pre.dispatchEvent(new CustomEvent("leave", { bubbles: true }));
+      return;
+    }
+    const seq = {
+      Enter: "\r", Backspace: "\x7f", Tab: "\t", Escape: "\x1b", ArrowUp: "\x1b[A", ArrowDown: "\x1b[B",
+      ArrowRight: "\x1b[C", ArrowLeft: "\x1b[D", Home: "\x1b[H", End: "\x1b[F", Delete: "\x1b[3~",
+    }[e.key];
+    let out = seq;
+    if (!out && e.ctrlKey && !e.altKey && e.key.length === 1) {
+      const c = e.key.toUpperCase().charCodeAt(0);
+      if (c >= 64 && c <= 95) out = String.fromCharCode(c - 64);
+    } else if (!out && !e.ctrlKey && !e.metaKey && e.key.length === 1) {
+      out = e.key;
+    }
+    if (out) { e.preventDefault(); this.send(out); }
+  }
+
+  // write interprets terminal output.
+  write(s) {
+    s = this.pending + s;
+    this.pending = "";
+    let i = 0;
+    while (i < s.length) {
+      const ch = s[i];
+      if (ch === "\x1b") {
+        const m = /^\x1b(\[[0-9;?<=>!]*[ -\/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\^_]|[()][0-9A-Za-z])/.exec(s.slice(i));
+        if (!m) {
+          if (s.length - i < 64) { this.pending = s.slice(i); break; } // an escape cut in two: wait for the rest
+          i++; continue;
+        }
+        if (m[1][0] === "[") this.csi(m[1]);
+        i += m[0].length;
+        continue;
+      }
+      if (ch === "\r") this.col = 0;
+      else if (ch === "\n") { this.row++; if (this.row >= this.lines.length) this.lines.push(""); }
+      else if (ch === "\b") this.col = Math.max(0, this.col - 1);
+      else if (ch === "\t") this.put(" ".repeat(8 - (this.col % 8)));
+      else if (ch === "\x07") { /* bell */ }
+      else if (ch >= " ") this.put(ch);
+      i++;
+    }
+    if (this.lines.length > 2000) { const drop = this.lines.length - 2000; this.lines.splice(0, drop); this.row -= drop; }
+    this.render();
+  }
+
+  put(text) {
+    let line = this.lines[this.row] || "";
+    if (line.length < this.col) line += " ".repeat(this.col - line.length);
+    this.lines[this.row] = line.slice(0, this.col) + text + line.slice(this.col + text.length);
+    this.col += text.length;
+  }
+
+  csi(seq) {
+    const final = seq[seq.length - 1];
+    const args = seq.slice(1, -1).replace(/^[?<=>!]/, "").split(";").map((x) => parseInt(x, 10));
+    const n = isNaN(args[0]) ? 1 : Math.max(1, args[0]);
+    const line = this.lines[this.row] || "";
+    switch (final) {
+      case "C": this.col += n; break;
+      case "D": this.col = Math.max(0, this.col - n); break;
+      case "A": this.row = Math.max(0, this.row - n); break;
+      case "B": this.row += n; while (this.row >= this.lines.length) this.lines.push(""); break;
+      case "G": this.col = n - 1; break;
+      case "K": {
+        const mode = isNaN(args[0]) ? 0 : args[0];
+        if (mode === 0) this.lines[this.row] = line.slice(0, this.col);
+        else if (mode === 1) this.lines[this.row] = " ".repeat(this.col) + line.slice(this.col);
+        else this.lines[this.row] = "";
+        break;
+      }
+      case "P": this.lines[this.row] = line.slice(0, this.col) + line.slice(this.col + n); break;
+      case "@": this.lines[this.row] = line.slice(0, this.col) + " ".repeat(n) + line.slice(this.col); break;
+      case "J": if ((args[0] || 0) >= 2) { this.lines = [""]; this.row = 0; this.col = 0; } else { this.lines.length = this.row + 1; this.lines[this.row] = line.slice(0, this.col); } break;
+      case "H": case "f": {
+        // Absolute moves are relative to the visible screen: the last rows lines.
+        const rows = this.rows || 24, top = Math.max(0, this.lines.length - rows);
+        this.row = top + (isNaN(args[0]) ? 0 : args[0] - 1);
+        this.col = isNaN(args[1]) ? 0 : args[1] - 1;
+        while (this.row >= this.lines.length) this.lines.push("");
+        break;
+      }
+      default: break; // colours and modes: ignored
+    }
+  }
+
+  render() {
+    const frag = document.createDocumentFragment();
+    this.lines.forEach((line, r) => {
+      if (r === this.row) {
+        const padded = line.length > this.col ? line : line + " ".repeat(this.col - line.length + 1);
+        frag.append(padded.slice(0, this.col));
+        const cur = document.createElement("span");
+        cur.className = "cursor";
+        cur.textContent = padded[this.col] || " ";
+        frag.append(cur, padded.slice(this.col + 1));
+      } else {
+        frag.append(line);
+      }
+      if (r < this.lines.length - 1) frag.append("\n");
+    });
+    this.pre.replaceChildren(frag);
+    this.pre.scrollTop = this.pre.scrollHeight;
+  }
+
+  // text is what the screen shows, for tests and copy.
+  get text() { return this.lines.join("\n"); }
+}

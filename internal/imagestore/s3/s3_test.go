@@ -1,0 +1,260 @@
+package s3_test
+
+import (
+	"crypto/rand"
+	"errors"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/imagestore"
+	"github.com/pandastack/pandastack/internal/imagestore/imagestoretest"
+	"github.com/pandastack/pandastack/internal/imagestore/s3"
+	"github.com/pandastack/pandastack/internal/testutil"
+)
+
+const partSize = 5 << 20 // S3's smallest part: the suite's big file goes in 3
+
+// harness runs the suite on a real versitygw: a bucket per test, and a
+// fresh local cache for every store (every "server").
+func harness(t *testing.T, srv *testutil.S3Server) imagestoretest.Harness {
+	var mu sync.Mutex
+	buckets := map[*testing.T]string{}
+	bucket := func(t *testing.T) string {
+		mu.Lock()
+		defer mu.Unlock()
+		if buckets[t] == "" {
+			buckets[t] = srv.NewBucket(t)
+		}
+		return buckets[t]
+	}
+	return imagestoretest.Harness{
+		New: func(t *testing.T) pandastack.ImageStore {
+			return newStore(t, srv, bucket(t), t.TempDir())
+		},
+		Corrupt: func(t *testing.T, id, name string, data []byte) {
+			p := filepath.Join(srv.Root, bucket(t), "snapshots", id, imagestore.FilesDir, name)
+			if data == nil {
+				if err := os.Remove(p); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err := os.WriteFile(p, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		},
+		BigFile: 2*partSize + 12345,
+	}
+}
+
+func newStore(t testing.TB, srv *testutil.S3Server, bucket, cache string) *s3.Store {
+	t.Helper()
+	s, err := s3.New(t.Context(), s3.Config{
+		Endpoint: srv.Endpoint, Bucket: bucket, Prefix: "/snapshots/", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+		CacheDir: cache, PartSize: partSize,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestS3(t *testing.T) {
+	srv := testutil.StartS3(t)
+	imagestoretest.Run(t, harness(t, srv))
+
+	// A damaged copy in one server's cache is dropped and fetched again.
+	t.Run("DamagedCacheRefetched", func(t *testing.T) {
+		bucket := srv.NewBucket(t)
+		cache := t.TempDir()
+		s := newStore(t, srv, bucket, cache)
+		id := putSample(t, s)
+		os.WriteFile(filepath.Join(cache, id, imagestore.FilesDir, "f"), []byte("XXXX"), 0o600)
+		img, err := s.Open(t.Context(), id)
+		if err != nil {
+			t.Fatalf("Open with a damaged cache copy: %v", err)
+		}
+		defer img.Close()
+		if b, _ := os.ReadFile(filepath.Join(img.Dir(), imagestore.FilesDir, "f")); string(b) != "data" {
+			t.Errorf("after refetch the file holds %q, want %q", b, "data")
+		}
+	})
+
+	// Past its size limit the cache evicts images nobody holds open.
+	t.Run("CacheEviction", func(t *testing.T) {
+		bucket := srv.NewBucket(t)
+		s, err := s3.New(t.Context(), s3.Config{Endpoint: srv.Endpoint, Bucket: bucket, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, CacheDir: t.TempDir(), CacheMaxBytes: 6})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, b := putSample(t, s), putSample(t, s) // 4 bytes each
+		if _, err := os.Stat(filepath.Join(s.CacheRoot(), a)); err == nil {
+			t.Errorf("the older image %s is still cached past the limit", a)
+		}
+		held, err := s.Open(t.Context(), b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer held.Close()
+		if img, err := s.Open(t.Context(), a); err != nil {
+			t.Fatalf("Open of an evicted image (downloads it again): %v", err)
+		} else {
+			img.Close()
+		}
+		if _, err := os.Stat(held.Dir()); err != nil {
+			t.Errorf("an image held open was evicted: %v", err)
+		}
+	})
+
+	// A file over the part size goes up in parts; the rest in one request.
+	t.Run("Multipart", func(t *testing.T) {
+		rec := &recorder{next: http.DefaultTransport}
+		s, err := s3.New(t.Context(), s3.Config{
+			Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+			CacheDir: t.TempDir(), PartSize: partSize, HTTPClient: &http.Client{Transport: rec},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Put(t.Context(), "snap_big", bigImage(t)); err != nil {
+			t.Fatal(err)
+		}
+		parts, completes, plain := rec.count()
+		if parts != 3 || completes != 1 || plain != 2 {
+			t.Errorf("uploads: %d parts, %d completes, %d single PUTs; want 3, 1 and 2 (small + manifest)", parts, completes, plain)
+		}
+	})
+
+	// An upload that breaks part way leaves no object and no image.
+	t.Run("FailedUploadLeavesNothing", func(t *testing.T) {
+		bucket := srv.NewBucket(t)
+		rec := &recorder{next: http.DefaultTransport, failPart: 2}
+		s, err := s3.New(t.Context(), s3.Config{
+			Endpoint: srv.Endpoint, Bucket: bucket, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+			CacheDir: t.TempDir(), PartSize: partSize, HTTPClient: &http.Client{Transport: rec},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Put(t.Context(), "snap_broken", bigImage(t)); err == nil {
+			t.Fatal("Put succeeded through a failing connection")
+		}
+		_, err = newStore(t, srv, bucket, t.TempDir()).Open(t.Context(), "snap_broken")
+		if !pandastack.IsCode(err, pandastack.ENotFound) {
+			t.Errorf("Open after a failed Put: %v, want not_found", err)
+		}
+		filepath.WalkDir(filepath.Join(srv.Root, bucket), func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				t.Errorf("object left after a failed upload: %s", p)
+			}
+			return nil
+		})
+		if ents, _ := os.ReadDir(s.CacheRoot()); len(ents) != 0 {
+			t.Errorf("the cache holds %d entries after a failed upload", len(ents))
+		}
+	})
+
+	t.Run("WrongCredentials", func(t *testing.T) {
+		_, err := s3.New(t.Context(), s3.Config{Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: "nobody", SecretKey: "wrong", CacheDir: t.TempDir()})
+		if err == nil {
+			t.Fatal("New with wrong credentials succeeded")
+		}
+	})
+	t.Run("NoSuchBucket", func(t *testing.T) {
+		_, err := s3.New(t.Context(), s3.Config{Endpoint: srv.Endpoint, Bucket: "absent", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, CacheDir: t.TempDir()})
+		if err == nil || !strings.Contains(err.Error(), "absent") {
+			t.Fatalf("New on a missing bucket: %v", err)
+		}
+	})
+}
+
+// recorder counts the upload requests that pass through it.
+type recorder struct {
+	next                     http.RoundTripper
+	failPart                 int // refuse to send this part number
+	mu                       sync.Mutex
+	parts, completes, plains int
+}
+
+func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
+	q := req.URL.Query()
+	if r.failPart > 0 && q.Get("partNumber") == strconv.Itoa(r.failPart) {
+		return nil, errors.New("connection reset (injected)")
+	}
+	r.mu.Lock()
+	switch {
+	case req.Method == http.MethodPut && q.Has("partNumber"):
+		r.parts++
+	case req.Method == http.MethodPost && q.Has("uploadId"):
+		r.completes++
+	case req.Method == http.MethodPut:
+		r.plains++
+	}
+	r.mu.Unlock()
+	return r.next.RoundTrip(req)
+}
+
+func (r *recorder) count() (int, int, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.parts, r.completes, r.plains
+}
+
+// sealFiles makes a sealed image of files and returns its directory.
+func sealFiles(t testing.TB, files map[string][]byte) string {
+	t.Helper()
+	root := t.TempDir()
+	tmp := filepath.Join(root, "tmp")
+	for name, data := range files {
+		os.MkdirAll(filepath.Join(tmp, imagestore.FilesDir), 0o700)
+		if err := os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := imagestore.Seal(tmp, filepath.Join(root, "img"), imagestore.Manifest{Template: "base"}); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "img")
+}
+
+// bigImage holds a file of three parts and a small one.
+func bigImage(t *testing.T) string {
+	big := make([]byte, 2*partSize+1)
+	rand.Read(big)
+	return sealFiles(t, map[string][]byte{"pages": big, "small": []byte("s")})
+}
+
+func putSample(t *testing.T, s *s3.Store) string {
+	t.Helper()
+	id := pandastack.NewID("snap")
+	if _, err := s.Put(t.Context(), id, sealFiles(t, map[string][]byte{"f": []byte("data")})); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func TestParseURL(t *testing.T) {
+	for raw, want := range map[string][2]string{
+		"s3://b":              {"b", ""},
+		"s3://b/":             {"b", ""},
+		"s3://b/pre/fix/":     {"b", "pre/fix"},
+		"s3://my-bucket/snap": {"my-bucket", "snap"},
+	} {
+		b, p, err := s3.ParseURL(raw)
+		if err != nil || b != want[0] || p != want[1] {
+			t.Errorf("ParseURL(%q) = %q, %q, %v; want %q, %q", raw, b, p, err, want[0], want[1])
+		}
+	}
+	for _, bad := range []string{"", "s3://", "http://b/p", "s3://u:p@b/p", "s3://b/p?x=1", "b/p"} {
+		if _, _, err := s3.ParseURL(bad); err == nil {
+			t.Errorf("ParseURL(%q) accepted", bad)
+		}
+	}
+}

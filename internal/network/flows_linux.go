@@ -1,0 +1,125 @@
+package network
+
+import (
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/vishvananda/netlink"
+)
+
+// Connections through NAT do not pass the domain proxy; the egress log
+// learns of them from the kernel's connection tracking, read once a second.
+// A TCP connection is logged when it closes (or its tracking ends), a UDP
+// flow when its tracking times out, with the bytes each way (which needs
+// net.netfilter.nf_conntrack_acct=1: New sets it). Flows to the sandbox's
+// gateway (DNS, the domain proxy) are logged by those instead.
+
+type flowKey struct {
+	proto    uint8
+	src, dst netip.AddrPort
+}
+
+type flowSeen struct {
+	first   time.Time
+	out, in uint64
+	sbx     *sandboxNet
+	logged  bool
+}
+
+const tcpTimeWait = 7 // conntrack's TCP state after a close
+
+func enableConntrackAcct() {
+	os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_acct", []byte("1"), 0o644)
+}
+
+func (n *Network) watchFlows(stop <-chan struct{}) {
+	seen := map[flowKey]*flowSeen{}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		n.pollFlows(seen)
+	}
+}
+
+// pollFlows reads the tracking table once and logs the flows that ended.
+func (n *Network) pollFlows(seen map[flowKey]*flowSeen) {
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+	if err != nil {
+		return
+	}
+	bySrc := n.sandboxesByAddr()
+	now := time.Now().UTC()
+	live := map[flowKey]bool{}
+	for _, f := range flows {
+		src, ok := netip.AddrFromSlice(f.Forward.SrcIP.To4())
+		if !ok || !n.cidr.Contains(src) {
+			continue
+		}
+		if rsrc, ok := netip.AddrFromSlice(f.Reverse.SrcIP.To4()); ok && n.cidr.Contains(rsrc) {
+			continue // to the gateway: DNS or the domain proxy
+		}
+		s := bySrc[src]
+		dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
+		k := flowKey{f.Forward.Protocol, netip.AddrPortFrom(src, f.Forward.SrcPort), netip.AddrPortFrom(dst, f.Forward.DstPort)}
+		live[k] = true
+		fs := seen[k]
+		if fs == nil {
+			if s == nil {
+				continue
+			}
+			fs = &flowSeen{first: now, sbx: s}
+			seen[k] = fs
+		}
+		fs.out, fs.in = f.Forward.Bytes, f.Reverse.Bytes
+		if tcp, ok := f.ProtoInfo.(*netlink.ProtoInfoTCP); ok && tcp.State >= tcpTimeWait && !fs.logged {
+			n.logFlow(k, fs)
+		}
+	}
+	for k, fs := range seen {
+		if !live[k] {
+			if !fs.logged {
+				n.logFlow(k, fs)
+			}
+			delete(seen, k)
+		}
+	}
+}
+
+func (n *Network) logFlow(k flowKey, fs *flowSeen) {
+	fs.logged = true
+	kind := "tcp"
+	if k.proto == 17 {
+		kind = "udp"
+	} else if k.proto != 6 {
+		return
+	}
+	n.mu.Lock()
+	comp := fs.sbx.comp
+	n.mu.Unlock()
+	_, rule := comp.decideAddr(k.dst.Addr(), nil, nil)
+	fs.sbx.elog.add(pandastack.EgressEntry{
+		Time: fs.first, Kind: kind, Address: k.dst.Addr().String(), Port: int(k.dst.Port()),
+		Domain: fs.sbx.nameOf(k.dst.Addr()), BytesOut: int64(fs.out), BytesIn: int64(fs.in), Allowed: true, Rule: rule,
+	})
+}
+
+// sandboxesByAddr maps each sandbox address with its network up to it.
+func (n *Network) sandboxesByAddr() map[netip.Addr]*sandboxNet {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := make(map[netip.Addr]*sandboxNet, len(n.sbx))
+	for _, s := range n.sbx {
+		if s.up {
+			_, a := n.addrs(s.Slot)
+			m[a] = s
+		}
+	}
+	return m
+}

@@ -1,0 +1,732 @@
+package network
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/pandastack/pandastack"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Network gives each sandbox a namespace, a veth pair, firewall rules and
+// a DNS resolver. Safe for concurrent use.
+type Network struct {
+	cfg       Config
+	cidr      netip.Prefix
+	deny      []netip.Prefix // the platform deny set with the host's own addresses
+	fw        *firewall
+	resolvers []netip.AddrPort
+	log       *slog.Logger
+
+	nftMu     sync.Mutex // one nftables batch at a time
+	mu        sync.Mutex
+	sbx       map[string]*sandboxNet
+	slots     map[int]string
+	closing   bool           // Prepare refuses once Drain began
+	preparing sync.WaitGroup // Prepares under way
+	stopFlows chan struct{}  // ends watchFlows
+	flowsDone chan struct{}
+}
+
+type sandboxNet struct {
+	ID     string                   `json:"id"`
+	Slot   int                      `json:"slot"`
+	Policy pandastack.NetworkPolicy `json:"policy"`
+	up     bool
+	comp   Compiled // Policy compiled
+	dns    *resolver
+	proxy  *proxy
+	elog   egressLog
+	names  sync.Map // netip.Addr → the name the resolver answered it for
+}
+
+// nameOf is the name the sandbox's resolver last gave a for, or "".
+func (s *sandboxNet) nameOf(a netip.Addr) string {
+	if v, ok := s.names.Load(a); ok {
+		return v.(string)
+	}
+	return ""
+}
+
+// view gives s's resolver and proxy its current policy and log.
+func (n *Network) view(s *sandboxNet) sandboxView {
+	return sandboxView{
+		policy: func() Compiled {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			return s.comp
+		},
+		denied: func(a netip.Addr) bool {
+			return n.cidr.Contains(a) || platformDenied(a, n.deny, n.cfg.AllowPrivate)
+		},
+		resolve: n.lookup,
+		log:     s.elog.add,
+		answered: func(name string, addrs []string) {
+			for _, a := range addrs {
+				if ip, err := netip.ParseAddr(a); err == nil {
+					s.names.Store(ip, name)
+				}
+			}
+		},
+	}
+}
+
+// lookup resolves a name for the domain proxy with the host's resolvers.
+func (n *Network) lookup(ctx context.Context, name string) ([]netip.Addr, error) {
+	r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, n.resolvers[0].String())
+	}}
+	return r.LookupNetIP(ctx, "ip4", name)
+}
+
+// startServices starts s's resolver and domain proxy on its gateway.
+func (n *Network) startServices(s *sandboxNet, gw netip.Addr) error {
+	v := n.view(s)
+	dns, err := startResolver(gw, n.resolvers, v, n.log.With("sandbox", s.ID))
+	if err != nil {
+		return fmt.Errorf("network %s: resolver: %w", s.ID, err)
+	}
+	px, err := startProxy(gw, v)
+	if err != nil {
+		dns.Close()
+		return fmt.Errorf("network %s: domain proxy: %w", s.ID, err)
+	}
+	n.mu.Lock()
+	s.dns, s.proxy, s.up = dns, px, true
+	n.mu.Unlock()
+	return nil
+}
+
+// Addr returns the address of a sandbox whose network is up.
+func (n *Network) Addr(id string) (netip.Addr, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.sbx[id]
+	if s == nil || !s.up {
+		return netip.Addr{}, false
+	}
+	_, a := n.addrs(s.Slot)
+	return a, true
+}
+
+// Log returns the sandbox's egress log, oldest first; nil when unknown.
+func (n *Network) Log(id string) []pandastack.EgressEntry {
+	n.mu.Lock()
+	s := n.sbx[id]
+	n.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	return s.elog.list()
+}
+
+// New checks the range, enables IPv4 forwarding and installs the firewall
+// table. Call Close on exit.
+func New(cfg Config) (*Network, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if len(cfg.Instance) == 0 || len(cfg.Instance) > 5 || strings.Trim(cfg.Instance, "abcdefghijklmnopqrstuvwxyz0123456789") != "" {
+		return nil, fmt.Errorf("network: instance id %q must be 1 to 5 of [a-z0-9]", cfg.Instance)
+	}
+	cfg.Default = cfg.Default.Normalized()
+	n := &Network{cfg: cfg, log: cfg.Log, sbx: map[string]*sandboxNet{}, slots: map[int]string{}}
+	n.fw = &firewall{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: "pandastack_" + cfg.Instance}, prefix: n.vethPrefix()}
+	if err := n.pickCIDR(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	// Forwarding is host-wide and left on at exit: other servers on this
+	// host (or other software) may rely on it by then.
+	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+		return nil, fmt.Errorf("network: enable net.ipv4.ip_forward: %w", err)
+	}
+	n.resolvers = cfg.Resolvers
+	if len(n.resolvers) == 0 {
+		n.resolvers = systemResolvers("/etc/resolv.conf")
+	}
+	if len(n.resolvers) == 0 {
+		return nil, errors.New("network: no DNS resolver in /etc/resolv.conf for the sandboxes' resolver to forward to")
+	}
+	n.deny = append(append([]netip.Prefix{}, PlatformDeny...), hostAddrs()...)
+	if _, err := Compile(cfg.Default, n.deny, cfg.AllowPrivate); err != nil {
+		return nil, fmt.Errorf("network: default policy: %w", err)
+	}
+	c, err := nftables.New()
+	if err != nil {
+		return nil, fmt.Errorf("network: nftables: %w", err)
+	}
+	if err := n.fw.install(c, n.cidr, n.deny, cfg.AllowPrivate); err != nil {
+		return nil, fmt.Errorf("network: %w", err)
+	}
+	n.loadState()
+	enableConntrackAcct()
+	n.stopFlows, n.flowsDone = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(n.flowsDone)
+		n.watchFlows(n.stopFlows)
+	}()
+	n.log.Info("sandbox network ready", "cidr", n.cidr, "table", "inet "+n.fw.table.Name, "instance", cfg.Instance)
+	return n, nil
+}
+
+// CIDR returns the range sandbox addresses come from.
+func (n *Network) CIDR() netip.Prefix { return n.cidr }
+
+func (n *Network) vethPrefix() string   { return "ps" + n.cfg.Instance }
+func (n *Network) veth(slot int) string { return n.vethPrefix() + strconv.FormatInt(int64(slot), 36) }
+func (n *Network) nsName(id string) string {
+	return "pandastack-" + n.cfg.Instance + "-" + id
+}
+
+// NSPath is where a sandbox's namespace is pinned.
+func (n *Network) NSPath(id string) string { return filepath.Join("/run/netns", n.nsName(id)) }
+
+// addrs returns a slot's gateway (host side) and sandbox addresses.
+func (n *Network) addrs(slot int) (gw, sb netip.Addr) {
+	base := n.cidr.Addr().As4()
+	v := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
+	v += uint32(slot) * 4
+	gw = netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v + 1)})
+	sb = netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v + 2)})
+	return gw, sb
+}
+
+func (n *Network) maxSlots() int {
+	s := 1 << (32 - n.cidr.Bits()) / 4
+	if s > 1<<20 { // veth names hold at most 4 base-36 digits
+		s = 1 << 20
+	}
+	return s
+}
+
+// pickCIDR checks the configured range, or picks a free one.
+func (n *Network) pickCIDR() error {
+	routes, err := n.hostRoutes()
+	if err != nil {
+		return err
+	}
+	overlap := func(p netip.Prefix) netip.Prefix {
+		for _, r := range routes {
+			if r.Overlaps(p) {
+				return r
+			}
+		}
+		return netip.Prefix{}
+	}
+	if n.cfg.CIDR != "" {
+		p, err := netip.ParsePrefix(n.cfg.CIDR)
+		if err != nil || !p.Addr().Is4() || p.Bits() > 28 {
+			return fmt.Errorf("network: --network-cidr %q must be an IPv4 CIDR of /28 or larger", n.cfg.CIDR)
+		}
+		p = p.Masked()
+		if r := overlap(p); r.IsValid() {
+			return fmt.Errorf("network: --network-cidr %s overlaps the host's route to %s; pick a free range", p, r)
+		}
+		n.cidr = p
+		return nil
+	}
+	// 2048 blocks of /20 in 10.128.0.0/9; start where the instance id says.
+	h, _ := strconv.ParseUint(n.cfg.Instance, 36, 64)
+	for i := range 2048 {
+		blk := (int(h) + i) % 2048
+		a := netip.AddrFrom4([4]byte{10, byte(128 + blk>>4), byte(blk & 15 << 4), 0})
+		p := netip.PrefixFrom(a, 20)
+		if !overlap(p).IsValid() {
+			n.cidr = p
+			return nil
+		}
+	}
+	return errors.New("network: no free /20 in 10.128.0.0/9 for sandboxes; pass --network-cidr")
+}
+
+// hostRoutes lists the host's IPv4 routes except default routes and our
+// own veths' (a restarted server finds those of its running sandboxes).
+func (n *Network) hostRoutes() ([]netip.Prefix, error) {
+	rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("network: list routes: %w", err)
+	}
+	names := map[int]string{}
+	links, _ := netlink.LinkList()
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	var out []netip.Prefix
+	for _, r := range rs {
+		if r.Dst == nil || strings.HasPrefix(names[r.LinkIndex], n.vethPrefix()) {
+			continue
+		}
+		ones, _ := r.Dst.Mask.Size()
+		a, ok := netip.AddrFromSlice(r.Dst.IP.To4())
+		if !ok || ones == 0 {
+			continue
+		}
+		out = append(out, netip.PrefixFrom(a, ones).Masked())
+	}
+	return out, nil
+}
+
+// hostAddrs returns the host's own IPv4 addresses as /32s.
+func hostAddrs() []netip.Prefix {
+	addrs, _ := netlink.AddrList(nil, netlink.FAMILY_V4)
+	var out []netip.Prefix
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			out = append(out, netip.PrefixFrom(ip, 32))
+		}
+	}
+	return out
+}
+
+// systemResolvers reads the nameservers of a resolv.conf.
+func systemResolvers(path string) []netip.AddrPort {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []netip.AddrPort
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 2 && f[0] == "nameserver" {
+			if a, err := netip.ParseAddr(f[1]); err == nil {
+				out = append(out, netip.AddrPortFrom(a, 53))
+			}
+		}
+	}
+	return out
+}
+
+func (n *Network) statePath(id string) string { return filepath.Join(n.cfg.StateDir, id+".json") }
+
+func (n *Network) saveState(s *sandboxNet) error {
+	b, _ := json.Marshal(s)
+	tmp := n.statePath(s.ID) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, n.statePath(s.ID))
+}
+
+// loadState reads the policies of sandboxes an earlier run left running
+// or paused.
+func (n *Network) loadState() {
+	ents, _ := os.ReadDir(n.cfg.StateDir)
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(n.cfg.StateDir, e.Name()))
+		var s sandboxNet
+		if err != nil || json.Unmarshal(b, &s) != nil || s.ID == "" {
+			continue
+		}
+		n.sbx[s.ID] = &s
+		if _, taken := n.slots[s.Slot]; !taken && n.nsExists(s.ID) {
+			n.slots[s.Slot] = s.ID
+		}
+	}
+}
+
+func (n *Network) nsExists(id string) bool {
+	_, err := os.Stat(n.NSPath(id))
+	return err == nil
+}
+
+// Namespaces lists the sandbox ids with a namespace of ours on the host.
+func (n *Network) Namespaces() []string {
+	ents, _ := os.ReadDir("/run/netns")
+	var ids []string
+	pfx := "pandastack-" + n.cfg.Instance + "-"
+	for _, e := range ents {
+		if id, ok := strings.CutPrefix(e.Name(), pfx); ok {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// Policy returns a sandbox's policy; ok is false for an unknown sandbox.
+func (n *Network) Policy(id string) (pandastack.NetworkPolicy, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.sbx[id]
+	if s == nil {
+		return pandastack.NetworkPolicy{}, false
+	}
+	return s.Policy, true
+}
+
+// Validate checks a policy as SetPolicy and Prepare would.
+func (n *Network) Validate(p pandastack.NetworkPolicy) error {
+	_, err := Compile(p, n.deny, n.cfg.AllowPrivate)
+	return err
+}
+
+// Prepare makes the sandbox's namespace, veth pair, addresses, firewall
+// chain and resolver before its runtime starts or restores it, and returns
+// the namespace's path. p nil keeps the sandbox's policy (a resume) or takes
+// the default. runsc moves the interface's addresses into its own stack,
+// so every boot needs a fresh namespace: an existing one is rebuilt. On
+// failure nothing of it is left.
+func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err error) {
+	n.mu.Lock()
+	if n.closing {
+		n.mu.Unlock()
+		return "", pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
+	}
+	n.preparing.Add(1)
+	defer n.preparing.Done()
+	s := n.sbx[id]
+	if s == nil {
+		s = &sandboxNet{ID: id, Policy: n.cfg.Default}
+	}
+	if p != nil {
+		s.Policy = p.Normalized()
+	}
+	comp, err := Compile(s.Policy, n.deny, n.cfg.AllowPrivate)
+	if err != nil {
+		n.mu.Unlock()
+		return "", err
+	}
+	if s.up {
+		n.mu.Unlock()
+		n.teardown(s)
+		n.mu.Lock()
+	}
+	slot := -1
+	for i := range n.maxSlots() {
+		if _, taken := n.slots[i]; !taken {
+			slot = i
+			break
+		}
+	}
+	if slot < 0 {
+		n.mu.Unlock()
+		return "", pandastack.Errorf(pandastack.EUnavailable, "no free sandbox address in %s", n.cidr)
+	}
+	n.slots[slot] = id
+	s.Slot = slot
+	s.comp = comp
+	n.sbx[id] = s
+	n.mu.Unlock()
+	defer func() {
+		if err != nil {
+			n.teardown(s)
+			n.mu.Lock()
+			delete(n.sbx, id)
+			n.mu.Unlock()
+			os.Remove(n.statePath(id))
+		}
+	}()
+	if err := n.saveState(s); err != nil {
+		return "", fmt.Errorf("network %s: %w", id, err)
+	}
+	gw, addr := n.addrs(slot)
+	if err := n.makeNamespace(id, n.veth(slot), gw, addr); err != nil {
+		return "", fmt.Errorf("network %s: %w", id, err)
+	}
+	n.nftMu.Lock()
+	err = n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, slot, n.veth(slot), addr, comp) })
+	n.nftMu.Unlock()
+	if err != nil {
+		return "", fmt.Errorf("network %s: firewall: %w", id, err)
+	}
+	if err := n.startServices(s, gw); err != nil {
+		return "", err
+	}
+	return n.NSPath(id), nil
+}
+
+func (n *Network) withConn(f func(*nftables.Conn) error) error {
+	c, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	return f(c)
+}
+
+// Adopt takes over a running sandbox's namespace after a server restart:
+// its veth comes up again, its chain and resolver are remade.
+func (n *Network) Adopt(id string) error {
+	n.mu.Lock()
+	s := n.sbx[id]
+	n.mu.Unlock()
+	if s == nil || !n.nsExists(id) {
+		return nil // it never had networking
+	}
+	comp, err := Compile(s.Policy, n.deny, n.cfg.AllowPrivate)
+	if err != nil {
+		return err
+	}
+	l, err := netlink.LinkByName(n.veth(s.Slot))
+	if err != nil {
+		return fmt.Errorf("network %s: veth: %w", id, err)
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return fmt.Errorf("network %s: %w", id, err)
+	}
+	gw, addr := n.addrs(s.Slot)
+	n.nftMu.Lock()
+	err = n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, s.Slot, n.veth(s.Slot), addr, comp) })
+	n.nftMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("network %s: firewall: %w", id, err)
+	}
+	n.mu.Lock()
+	n.slots[s.Slot] = id
+	s.comp = comp
+	n.mu.Unlock()
+	return n.startServices(s, gw)
+}
+
+// SetPolicy replaces a sandbox's policy at once; a policy that does not
+// validate changes nothing.
+func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
+	comp, err := Compile(p, n.deny, n.cfg.AllowPrivate)
+	if err != nil {
+		return err
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.sbx[id]
+	if s == nil {
+		return pandastack.Errorf(pandastack.ENotFound, "sandbox %s has no network", id)
+	}
+	if s.up {
+		_, addr := n.addrs(s.Slot)
+		n.nftMu.Lock()
+		err = n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, s.Slot, n.veth(s.Slot), addr, comp) })
+		n.nftMu.Unlock()
+		if err != nil {
+			return fmt.Errorf("network %s: firewall: %w", id, err)
+		}
+	}
+	old := s.Policy
+	s.Policy = p.Normalized()
+	if err := n.saveState(s); err != nil {
+		s.Policy = old
+		return fmt.Errorf("network %s: %w", id, err)
+	}
+	s.comp = comp
+	return nil
+}
+
+// Down removes the sandbox's namespace, veth, chain and resolver but keeps
+// its policy for a later Prepare (pause).
+func (n *Network) Down(id string) {
+	n.mu.Lock()
+	s := n.sbx[id]
+	n.mu.Unlock()
+	if s != nil {
+		n.teardown(s)
+	} else {
+		n.removeNamespace(id)
+	}
+}
+
+// Release removes everything of the sandbox, its policy too. Releasing an
+// unknown sandbox is not an error.
+func (n *Network) Release(id string) {
+	n.Down(id)
+	n.mu.Lock()
+	delete(n.sbx, id)
+	n.mu.Unlock()
+	os.Remove(n.statePath(id))
+}
+
+// teardown undoes Prepare for s, whatever part of it was done.
+func (n *Network) teardown(s *sandboxNet) {
+	n.mu.Lock()
+	dns, px := s.dns, s.proxy
+	s.dns, s.proxy, s.up = nil, nil, false
+	owner, held := n.slots[s.Slot]
+	n.mu.Unlock()
+	if dns != nil {
+		dns.Close()
+	}
+	if px != nil {
+		px.Close()
+	}
+	if held && owner == s.ID {
+		n.nftMu.Lock()
+		if err := n.withConn(func(c *nftables.Conn) error { return n.fw.removeSandbox(c, s.Slot) }); err != nil {
+			n.log.Warn("remove firewall chain", "sandbox", s.ID, "err", err)
+		}
+		n.nftMu.Unlock()
+		if l, err := netlink.LinkByName(n.veth(s.Slot)); err == nil {
+			netlink.LinkDel(l) // takes the peer with it, at once
+		}
+	}
+	n.removeNamespace(s.ID)
+	n.mu.Lock()
+	if n.slots[s.Slot] == s.ID {
+		delete(n.slots, s.Slot)
+	}
+	n.mu.Unlock()
+}
+
+func (n *Network) removeNamespace(id string) {
+	if n.nsExists(id) {
+		if err := netns.DeleteNamed(n.nsName(id)); err != nil {
+			n.log.Warn("remove network namespace", "sandbox", id, "err", err)
+		}
+	}
+}
+
+// makeNamespace pins a new namespace with the sandbox end of a veth pair
+// (eth0, addr/30, default route via gw) and the host end (gw/30, up).
+func (n *Network) makeNamespace(id, veth string, gw, addr netip.Addr) error {
+	name := n.nsName(id)
+	if n.nsExists(id) {
+		netns.DeleteNamed(name)
+	}
+	if l, err := netlink.LinkByName(veth); err == nil {
+		netlink.LinkDel(l) // left by a crash
+	}
+	ns, err := newNamed(name)
+	if err != nil {
+		return fmt.Errorf("create namespace: %w", err)
+	}
+	defer ns.Close()
+	la := netlink.NewLinkAttrs()
+	la.Name = veth
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
+		return fmt.Errorf("veth: %w", err)
+	}
+	host, err := netlink.LinkByName(veth)
+	if err != nil {
+		return err
+	}
+	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(gw, 30)}); err != nil {
+		return fmt.Errorf("gateway address: %w", err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return err
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	for _, name := range []string{"lo", "eth0"} {
+		l, err := h.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		if name == "eth0" {
+			if err := h.AddrAdd(l, &netlink.Addr{IPNet: ipnet(addr, 30)}); err != nil {
+				return fmt.Errorf("sandbox address: %w", err)
+			}
+		}
+		if err := h.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	eth0, _ := h.LinkByName("eth0")
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.IP(gw.AsSlice())}); err != nil {
+		return fmt.Errorf("default route: %w", err)
+	}
+	return nil
+}
+
+// newNamed creates and pins a named namespace without leaving the calling
+// goroutine's thread in it.
+func newNamed(name string) (netns.NsHandle, error) {
+	type result struct {
+		ns  netns.NsHandle
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: err}
+			return
+		}
+		defer orig.Close()
+		ns, err := netns.NewNamed(name)
+		if serr := netns.Set(orig); serr != nil {
+			// The thread stays in the wrong namespace: let it die with the
+			// goroutine rather than return to the pool.
+			ch <- result{ns, err}
+			return
+		}
+		runtime.UnlockOSThread()
+		ch <- result{ns, err}
+	}()
+	r := <-ch
+	return r.ns, r.err
+}
+
+func ipnet(a netip.Addr, bits int) *net.IPNet {
+	return &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, 32)}
+}
+
+// Drain refuses new Prepares and waits for those under way, so a boot
+// that was starting during shutdown cannot make a namespace after the
+// last sweep. Close drains too.
+func (n *Network) Drain() {
+	n.mu.Lock()
+	n.closing = true
+	n.mu.Unlock()
+	n.preparing.Wait()
+}
+
+// Close stops the resolvers and removes the firewall table. Sandboxes left
+// running (a server restart without --kill-on-exit) keep their namespaces
+// with their veths down, so they reach nothing until the next start
+// adopts them.
+func (n *Network) Close() error {
+	n.Drain()
+	n.mu.Lock()
+	if n.stopFlows != nil {
+		close(n.stopFlows)
+		n.stopFlows = nil
+		n.mu.Unlock()
+		<-n.flowsDone
+		n.mu.Lock()
+	}
+	var all []*sandboxNet
+	for _, s := range n.sbx {
+		all = append(all, s)
+	}
+	n.mu.Unlock()
+	for _, s := range all {
+		n.mu.Lock()
+		dns, px := s.dns, s.proxy
+		s.dns, s.proxy, s.up = nil, nil, false
+		n.mu.Unlock()
+		if dns != nil {
+			dns.Close()
+		}
+		if px != nil {
+			px.Close()
+		}
+		if l, err := netlink.LinkByName(n.veth(s.Slot)); err == nil {
+			netlink.LinkSetDown(l)
+		}
+	}
+	n.nftMu.Lock()
+	defer n.nftMu.Unlock()
+	return n.withConn(func(c *nftables.Conn) error { return n.fw.remove(c) })
+}

@@ -1,0 +1,388 @@
+package network
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/network/nettest"
+	"github.com/pandastack/pandastack/internal/testutil"
+)
+
+func newTestNetwork(t *testing.T, up nettest.Upstream, def pandastack.NetworkPolicy) *Network {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("nft"); err != nil && os.Getenv("CI") == "true" {
+		t.Fatal("nft not installed: run scripts/setup.sh")
+	}
+	inst := InstanceID(t.TempDir())
+	n, err := New(Config{Instance: inst, StateDir: t.TempDir(), Default: def, Resolvers: []netip.AddrPort{up.DNS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		assertNoLeaks(t, inst)
+	})
+	return n
+}
+
+// assertNoLeaks fails if any namespace, veth or table of the instance is left.
+func assertNoLeaks(t *testing.T, inst string) {
+	t.Helper()
+	out, _ := exec.Command("ip", "-o", "link").CombinedOutput()
+	if strings.Contains(string(out), "ps"+inst) {
+		t.Errorf("veth of instance %s left: %s", inst, out)
+	}
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "pandastack-"+inst+"-") {
+			t.Errorf("namespace %s left", e.Name())
+		}
+	}
+	if out, err := exec.Command("nft", "list", "tables").CombinedOutput(); err == nil && strings.Contains(string(out), "pandastack_"+inst) {
+		t.Errorf("table pandastack_%s left", inst)
+	}
+}
+
+// get fetches http://addr/ from inside ns; the error says how it failed.
+func get(t *testing.T, ns string, addr netip.Addr) (string, time.Duration, error) {
+	var body string
+	var err error
+	var took time.Duration
+	nettest.InNS(t, ns, func() {
+		start := time.Now()
+		var c net.Conn
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, 80).String(), 5*time.Second)
+		took = time.Since(start)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: test.example\r\n\r\n")
+		var b []byte
+		b, err = io.ReadAll(c)
+		body = string(b)
+	})
+	return body, took, err
+}
+
+func TestSandboxNetwork(t *testing.T) {
+	up := nettest.StartUpstream(t, "a", 2, 2)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+
+	ns, err := n.Prepare("sbx_neta", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _, err := get(t, ns, up.PublicIP)
+	if err != nil || !strings.Contains(body, "upstream test.example") {
+		t.Fatalf("internet policy: GET %s = %q, %v", up.PublicIP, body, err)
+	}
+	// The connection through NAT reaches the egress log (from connection
+	// tracking, read once a second) once it has closed.
+	var logged *pandastack.EgressEntry
+	for deadline := time.Now().Add(15 * time.Second); logged == nil && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		for _, e := range n.Log("sbx_neta") {
+			if e.Kind == "tcp" && e.Address == up.PublicIP.String() && e.Port == 80 {
+				logged = &e
+			}
+		}
+	}
+	if logged == nil || !logged.Allowed || logged.Rule != "internet" || logged.BytesIn < int64(len(body)) || logged.BytesOut == 0 {
+		t.Errorf("egress log entry of the NAT connection: %+v (log %+v)", logged, n.Log("sbx_neta"))
+	}
+
+	// The platform deny set: a private address, the host's own, metadata.
+	targets := []netip.Addr{up.PrivateIP, netip.MustParseAddr("169.254.169.254")}
+	for _, p := range hostAddrs() {
+		targets = append(targets, p.Addr())
+	}
+	for _, a := range targets {
+		_, took, err := get(t, ns, a)
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("connect to %s from a sandbox: %v after %s; want connection refused at once", a, err, took)
+		}
+	}
+
+	// A live change: deny_out the server, then allow_out wins.
+	pol := pandastack.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{up.PublicIP.String() + "/32"}}
+	if err := n.SetPolicy("sbx_neta", pol); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("deny_out: %v, want refused", err)
+	}
+	pol.AllowOut = []string{up.PublicIP.String()}
+	if err := n.SetPolicy("sbx_neta", pol); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := get(t, ns, up.PublicIP); err != nil {
+		t.Errorf("allow_out wins over deny_out: %v", err)
+	}
+	if err := n.SetPolicy("sbx_neta", pandastack.NoNetworkPolicy()); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("no internet: %v, want refused", err)
+	}
+	// A bad policy changes nothing.
+	if err := n.SetPolicy("sbx_neta", pandastack.NetworkPolicy{AllowInternetAccess: true, AllowOut: []string{"10.1.2.3"}}); !pandastack.IsCode(err, pandastack.ENetworkDenied) {
+		t.Errorf("allow_out into the deny set: %v, want %s", err, pandastack.ENetworkDenied)
+	}
+	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("after a rejected change: %v, want the old policy (refused)", err)
+	}
+
+	// Two sandboxes cannot reach each other.
+	ns2, err := n.Prepare("sbx_netb", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, b := n.addrs(n.sbx["sbx_neta"].Slot)
+	var lnErr error
+	nettest.InNS(t, ns, func() {
+		ln, err := net.Listen("tcp4", ":80")
+		if lnErr = err; err == nil {
+			t.Cleanup(func() { ln.Close() })
+		}
+	})
+	if lnErr != nil {
+		t.Fatal(lnErr)
+	}
+	if _, _, err := get(t, ns2, b); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("sandbox to sandbox: %v, want refused", err)
+	}
+
+	n.Release("sbx_neta")
+	n.Release("sbx_netb")
+	for _, id := range []string{"sbx_neta", "sbx_netb"} {
+		if _, err := os.Stat(n.NSPath(id)); err == nil {
+			t.Errorf("namespace of %s left after Release", id)
+		}
+	}
+}
+
+func TestResolverForwards(t *testing.T) {
+	up := nettest.StartUpstream(t, "b", 6, 6)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	ns, err := n.Prepare("sbx_dns", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_dns")
+	// Nothing listens on port 53 of the upstream: an answer can only come
+	// from our resolver, to which the firewall redirects any DNS.
+	var answer []byte
+	nettest.InNS(t, ns, func() {
+		var c net.Conn
+		if c, err = net.Dial("udp4", netip.AddrPortFrom(up.PublicIP, 53).String()); err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		// id 0x1234, recursion desired, one question: pypi.test A IN.
+		q := []byte{0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0, 4, 'p', 'y', 'p', 'i', 4, 't', 'e', 's', 't', 0, 0, 1, 0, 1}
+		if _, err = c.Write(q); err != nil {
+			return
+		}
+		buf := make([]byte, 512)
+		var k int
+		k, err = c.Read(buf)
+		answer = buf[:k]
+	})
+	if err != nil || len(answer) < 4 || answer[0] != 0x12 || !strings.HasSuffix(string(answer), string([]byte{198, 51, 100, 77})) {
+		t.Fatalf("query through the sandbox resolver: % x, %v", answer, err)
+	}
+}
+
+func TestCompile(t *testing.T) {
+	deny := PlatformDeny
+	open := []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}
+	cases := []struct {
+		p    pandastack.NetworkPolicy
+		code string
+		want string
+	}{
+		{pandastack.NetworkPolicy{AllowOut: []string{"1.2.3.0/24", "8.8.8.8", "api.example.com", "*.example.org"}, DenyOut: []string{"0.0.0.0/0"}}, "", ""},
+		{pandastack.NetworkPolicy{AllowOut: []string{"8.8.8.8", "1.2.3.4/40"}}, pandastack.EInvalid, "allow_out[1]"},
+		{pandastack.NetworkPolicy{AllowOut: []string{"exa mple.com"}}, pandastack.EInvalid, "allow_out[0]"},
+		{pandastack.NetworkPolicy{DenyOut: []string{"1.2.3.4", "example.com"}}, pandastack.EInvalid, "deny_out[1]"},
+		{pandastack.NetworkPolicy{AllowOut: []string{"192.168.1.1"}}, pandastack.ENetworkDenied, "allow_out[0]"},
+		{pandastack.NetworkPolicy{AllowOut: []string{"169.254.169.254"}}, pandastack.ENetworkDenied, "allow_out[0]"},
+		{pandastack.NetworkPolicy{AllowOut: []string{"0.0.0.0/0"}}, "", ""},
+		{pandastack.NetworkPolicy{AllowOut: []string{"10.0.0.0/7"}}, "", ""},
+		{pandastack.NetworkPolicy{AllowOut: []string{"10.9.1.0/24"}}, "", ""},
+		{pandastack.NetworkPolicy{AllowOut: []string{"10.8.1.0/24"}}, pandastack.ENetworkDenied, "allow_out[0]"},
+		{pandastack.NetworkPolicy{AllowOut: []string{"1.2.3.999"}}, pandastack.EInvalid, "allow_out[0]"},
+		{pandastack.NetworkPolicy{DenyOut: make([]string, MaxRules+1)}, pandastack.EInvalid, "at most"},
+	}
+	for i, c := range cases {
+		_, err := Compile(c.p, deny, open)
+		if c.code == "" {
+			if err != nil {
+				t.Errorf("case %d: %v", i, err)
+			}
+			continue
+		}
+		if !pandastack.IsCode(err, c.code) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("case %d: %v, want %s naming %s", i, err, c.code, c.want)
+		}
+	}
+	if !MatchDomain([]string{"*.example.org"}, "a.b.example.org") || MatchDomain([]string{"*.example.org"}, "example.org") || MatchDomain([]string{"api.example.com"}, "evilapi.example.com") {
+		t.Error("MatchDomain")
+	}
+}
+
+// request sends one HTTP/1.0 request with the given Host to addr:80 (or, with
+// sni set, over TLS to addr:443 with that server name) from inside ns and
+// returns the whole response.
+func request(t *testing.T, ns string, addr netip.Addr, host, sni string) (string, error) {
+	var out string
+	var err error
+	nettest.InNS(t, ns, func() {
+		port := uint16(80)
+		if sni != "" {
+			port = 443
+		}
+		var c net.Conn
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, port).String(), 5*time.Second)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if sni != "" {
+			tc := tls.Client(c, &tls.Config{ServerName: sni, InsecureSkipVerify: true})
+			if err = tc.Handshake(); err != nil {
+				return
+			}
+			c = tc
+		}
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", host)
+		var b []byte
+		b, err = io.ReadAll(c)
+		out = string(b)
+	})
+	return out, err
+}
+
+func TestDomainRules(t *testing.T) {
+	up := nettest.StartUpstream(t, "d", 18, 18)
+	up.SetDNS("api.allowed.test", up.PublicIP)
+	up.SetDNS("www.wild.test", up.PublicIP)
+	up.SetDNS("rebind.allowed.test", up.PrivateIP)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	pol := pandastack.NetworkPolicy{AllowOut: []string{"api.allowed.test", "*.wild.test", "rebind.allowed.test"}}
+	ns, err := n.Prepare("sbx_dom", &pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_dom")
+	served := "X-Served-By: " + netip.AddrPortFrom(up.PublicIP, 80).String()
+
+	// Allowed by Host and by SNI (wildcard).
+	if out, err := request(t, ns, up.PublicIP, "api.allowed.test", ""); err != nil || !strings.Contains(out, "upstream api.allowed.test") {
+		t.Errorf("Host api.allowed.test: %q, %v", out, err)
+	}
+	if out, err := request(t, ns, up.PublicIP, "www.wild.test", "www.wild.test"); err != nil || !strings.Contains(out, "upstream www.wild.test") {
+		t.Errorf("SNI www.wild.test: %q, %v", out, err)
+	}
+	// A name not allowed: reset at once, not a hang.
+	if out, err := request(t, ns, up.PublicIP, "evil.test", ""); err == nil || !(errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)) {
+		t.Errorf("Host evil.test: %q, %v; want a reset", out, err)
+	}
+	if _, err := request(t, ns, up.PublicIP, "x", "evil.test"); err == nil {
+		t.Error("SNI evil.test: handshake succeeded; want a reset")
+	}
+	// A forged Host aimed at a private address reaches only what the name
+	// resolves to, never the private server.
+	out, err := request(t, ns, up.PrivateIP, "api.allowed.test", "")
+	if err != nil || !strings.Contains(out, served) {
+		t.Errorf("forged Host to %s: %q, %v; want the public server's answer", up.PrivateIP, out, err)
+	}
+	// A name that resolves to a private address (rebinding): refused.
+	if out, err := request(t, ns, up.PublicIP, "rebind.allowed.test", ""); err == nil {
+		t.Errorf("rebinding name: %q; want a reset", out)
+	}
+	// A private address on port 80 without a name: the proxy resets it.
+	if _, _, err := get(t, ns, up.PrivateIP); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("private address: %v, want reset", err)
+	}
+
+	// QUIC (UDP 443) is rejected while domain rules are in force.
+	nettest.InNS(t, ns, func() {
+		c, err := net.Dial("udp4", netip.AddrPortFrom(up.PublicIP, 443).String())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write([]byte("quic initial"))
+		// ICMP administratively prohibited: the socket fails at once.
+		if _, err := c.Read(make([]byte, 16)); !errors.Is(err, syscall.EHOSTUNREACH) && !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("UDP 443: %v, want an ICMP error", err)
+		}
+	})
+
+	// DNS answers only allowed names.
+	if rc := queryRcode(t, ns, up.PublicIP, "api.allowed.test"); rc != 0 {
+		t.Errorf("DNS api.allowed.test: rcode %d, want 0", rc)
+	}
+	if rc := queryRcode(t, ns, up.PublicIP, "evil.test"); rc != 3 {
+		t.Errorf("DNS evil.test: rcode %d, want 3 (NXDOMAIN)", rc)
+	}
+
+	// The egress log has the allowed and the blocked connection and the DNS answers.
+	var sawAllowed, sawBlocked, sawDNS bool
+	for _, e := range n.Log("sbx_dom") {
+		switch {
+		case e.Kind == "tcp" && e.Domain == "api.allowed.test" && e.Allowed && e.BytesIn > 0 && e.Rule == "allow_out api.allowed.test":
+			sawAllowed = true
+		case e.Kind == "tcp" && e.Domain == "evil.test" && !e.Allowed:
+			sawBlocked = true
+		case e.Kind == "dns" && e.Domain == "evil.test" && !e.Allowed:
+			sawDNS = true
+		}
+	}
+	if !sawAllowed || !sawBlocked || !sawDNS {
+		t.Errorf("egress log lacks entries (allowed %v, blocked %v, dns %v): %+v", sawAllowed, sawBlocked, sawDNS, n.Log("sbx_dom"))
+	}
+}
+
+// queryRcode asks the sandbox's resolver (via any address: the firewall
+// redirects DNS) for name's A record and returns the answer's rcode.
+func queryRcode(t *testing.T, ns string, via netip.Addr, name string) int {
+	var rc = -1
+	nettest.InNS(t, ns, func() {
+		c, err := net.Dial("udp4", netip.AddrPortFrom(via, 53).String())
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		q := []byte{0xab, 0xcd, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0}
+		for _, l := range strings.Split(name, ".") {
+			q = append(append(q, byte(len(l))), l...)
+		}
+		q = append(q, 0, 0, 1, 0, 1)
+		c.Write(q)
+		buf := make([]byte, 512)
+		if k, err := c.Read(buf); err == nil && k >= 4 {
+			rc = int(buf[3] & 0x0f)
+		}
+	})
+	return rc
+}

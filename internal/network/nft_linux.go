@@ -1,0 +1,288 @@
+package network
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"strconv"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+)
+
+// The firewall is one inet table per server instance, holding:
+//
+//	forward (hook): from our veths → jump out; to our veths → jump in
+//	input   (hook): from our veths → jump host
+//	prerouting (nat hook): DNS from our veths → redirect to the resolver on the gateway
+//	postrouting (nat hook): from our range to anywhere but our veths → masquerade
+//	out:      established → accept; IPv6 → reject; jump platform; per veth → goto sbx_N
+//	platform: other sandboxes → reject; opened private ranges → return; deny set → reject
+//	sbx_N:    the sandbox's policy (anti-spoofing, allow_out, deny_out, internet)
+//	in, host: established → accept (and DNS to the gateway, for host); else reject
+//	reject:   TCP → reset; anything else → ICMP administratively prohibited
+//
+// Rejects rather than drops: a blocked connect fails at once inside the
+// sandbox instead of hanging until its timeout.
+type firewall struct {
+	table  *nftables.Table
+	prefix string // veth name prefix of this instance
+	out    *nftables.Chain
+	pre    *nftables.Chain // nat prerouting: per-sandbox jumps to the domain proxy redirects
+}
+
+func chainRef(t *nftables.Table, name string) *nftables.Chain {
+	return &nftables.Chain{Name: name, Table: t}
+}
+
+// install (re)creates the instance's table from nothing.
+func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []netip.Prefix) error {
+	if old, _ := c.ListTableOfFamily(f.table.Name, nftables.TableFamilyINet); old != nil {
+		c.DelTable(f.table)
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("remove stale table %s: %w", f.table.Name, err)
+		}
+	}
+	t := c.AddTable(f.table)
+	accept := nftables.ChainPolicyAccept
+	hook := func(name string, typ nftables.ChainType, h *nftables.ChainHook, prio *nftables.ChainPriority) *nftables.Chain {
+		return c.AddChain(&nftables.Chain{Name: name, Table: t, Type: typ, Hooknum: h, Priority: prio, Policy: &accept})
+	}
+	forward := hook("forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
+	input := hook("input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
+	pre := hook("prerouting", nftables.ChainTypeNAT, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest)
+	post := hook("postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)
+	reject := c.AddChain(&nftables.Chain{Name: "reject", Table: t})
+	f.out = c.AddChain(&nftables.Chain{Name: "out", Table: t})
+	f.pre = pre
+	in := c.AddChain(&nftables.Chain{Name: "in", Table: t})
+	host := c.AddChain(&nftables.Chain{Name: "host", Table: t})
+	platform := c.AddChain(&nftables.Chain{Name: "platform", Table: t})
+
+	rule := func(ch *nftables.Chain, ex ...expr.Any) { c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: ex}) }
+	cat := func(parts ...[]expr.Any) []expr.Any {
+		var all []expr.Any
+		for _, p := range parts {
+			all = append(all, p...)
+		}
+		return all
+	}
+	rule(reject, cat(l4proto(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})...)
+	rule(reject, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
+
+	rule(forward, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "out"))...)
+	rule(forward, cat(ifname(unix.NFT_META_OIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "in"))...)
+	rule(input, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "host"))...)
+
+	rule(f.out, cat(established(), jump(expr.VerdictAccept, ""))...)
+	rule(f.out, cat(nfproto(unix.NFPROTO_IPV6), jump(expr.VerdictGoto, "reject"))...)
+	rule(f.out, jump(expr.VerdictJump, "platform")...)
+	// Per-sandbox rules are appended here; an unknown veth falls through.
+	rule(in, cat(established(), jump(expr.VerdictAccept, ""))...)
+	rule(in, jump(expr.VerdictGoto, "reject")...)
+	rule(host, cat(established(), jump(expr.VerdictAccept, ""))...)
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		rule(host, cat(l4proto(proto), dport(53), jump(expr.VerdictAccept, ""))...)
+	}
+	for _, port := range []uint16{proxyHTTPPort, proxyTLSPort} {
+		rule(host, cat(l4proto(unix.IPPROTO_TCP), dport(port), jump(expr.VerdictAccept, ""))...)
+	}
+	rule(host, jump(expr.VerdictGoto, "reject")...)
+
+	rule(platform, cat(daddr(cidr), jump(expr.VerdictGoto, "reject"))...)
+	for _, p := range open {
+		rule(platform, cat(daddr(p), jump(expr.VerdictReturn, ""))...)
+	}
+	for _, p := range deny {
+		rule(platform, cat(daddr(p), jump(expr.VerdictGoto, "reject"))...)
+	}
+
+	// DNS of any destination goes to our resolver on the sandbox's gateway.
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		rule(pre, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), l4proto(proto), dport(53), []expr.Any{&expr.Redir{}})...)
+	}
+	rule(post, cat(saddr(cidr), ifname(unix.NFT_META_OIFNAME, f.prefix, true, expr.CmpOpNeq), []expr.Any{&expr.Masq{}})...)
+	_ = in
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("install table %s: %w", f.table.Name, err)
+	}
+	return nil
+}
+
+// remove deletes the instance's table; a missing table is not an error.
+func (f *firewall) remove(c *nftables.Conn) error {
+	if t, _ := c.ListTableOfFamily(f.table.Name, nftables.TableFamilyINet); t == nil {
+		return nil
+	}
+	c.DelTable(f.table)
+	return c.Flush()
+}
+
+func slotTag(slot int) []byte { return []byte("sbx:" + strconv.Itoa(slot)) }
+
+// setSandbox (re)writes a sandbox's chain and its jump in one batch, so a
+// policy change applies whole or not at all.
+func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr netip.Addr, p Compiled) error {
+	name := "sbx_" + strconv.Itoa(slot)
+	ch := c.AddChain(&nftables.Chain{Name: name, Table: f.table})
+	c.FlushChain(ch)
+	rule := func(ex ...expr.Any) { c.AddRule(&nftables.Rule{Table: f.table, Chain: ch, Exprs: ex}) }
+	cat := func(a, b []expr.Any) []expr.Any { return append(append([]expr.Any{}, a...), b...) }
+	// Only the sandbox's own address leaves its veth.
+	rule(cat(saddrNot(addr), jump(expr.VerdictDrop, ""))...)
+	if p.DomainRules() {
+		// QUIC cannot be checked by name: clients fall back to TCP.
+		rule(cat(l4proto(unix.IPPROTO_UDP), append(dport(443), jump(expr.VerdictGoto, "reject")...))...)
+	}
+	for _, n := range p.AllowNet {
+		rule(cat(daddr(n), jump(expr.VerdictAccept, ""))...)
+	}
+	for _, n := range p.DenyNet {
+		rule(cat(daddr(n), jump(expr.VerdictGoto, "reject"))...)
+	}
+	if !p.Internet {
+		rule(jump(expr.VerdictGoto, "reject")...)
+	}
+	rule(jump(expr.VerdictAccept, "")...)
+
+	// While domain rules are in force, HTTP and TLS go to the domain proxy.
+	nat := c.AddChain(&nftables.Chain{Name: "nat_" + strconv.Itoa(slot), Table: f.table, Type: nftables.ChainTypeNAT})
+	c.FlushChain(nat)
+	if p.DomainRules() {
+		for _, m := range [][2]uint16{{80, proxyHTTPPort}, {443, proxyTLSPort}} {
+			port := make([]byte, 2)
+			binary.BigEndian.PutUint16(port, m[1])
+			c.AddRule(&nftables.Rule{Table: f.table, Chain: nat, Exprs: append(append(l4proto(unix.IPPROTO_TCP), dport(m[0])...),
+				&expr.Immediate{Register: 1, Data: port}, &expr.Redir{RegisterProtoMin: 1})})
+		}
+	}
+
+	rules, err := c.GetRules(f.table, f.out)
+	if err != nil {
+		return err
+	}
+	if !hasTag(rules, slotTag(slot)) {
+		c.AddRule(&nftables.Rule{Table: f.table, Chain: f.out, UserData: slotTag(slot),
+			Exprs: append(ifname(unix.NFT_META_IIFNAME, veth, false, expr.CmpOpEq), jump(expr.VerdictGoto, name)...)})
+	}
+	if rules, err = c.GetRules(f.table, f.pre); err != nil {
+		return err
+	}
+	if !hasTag(rules, slotTag(slot)) {
+		c.AddRule(&nftables.Rule{Table: f.table, Chain: f.pre, UserData: slotTag(slot),
+			Exprs: append(ifname(unix.NFT_META_IIFNAME, veth, false, expr.CmpOpEq), jump(expr.VerdictGoto, "nat_"+strconv.Itoa(slot))...)})
+	}
+	return c.Flush()
+}
+
+// removeSandbox deletes a sandbox's jump and chain; missing ones are fine.
+func (f *firewall) removeSandbox(c *nftables.Conn, slot int) error {
+	for _, ch := range []*nftables.Chain{f.out, f.pre} {
+		rules, err := c.GetRules(f.table, ch)
+		if err != nil {
+			return err
+		}
+		for _, r := range rules {
+			if string(r.UserData) == string(slotTag(slot)) {
+				if err := c.DelRule(r); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return err
+	}
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return err
+	}
+	for _, ch := range chains {
+		if ch.Table.Name == f.table.Name && (ch.Name == "sbx_"+strconv.Itoa(slot) || ch.Name == "nat_"+strconv.Itoa(slot)) {
+			c.DelChain(ch)
+		}
+	}
+	return c.Flush()
+}
+
+func hasTag(rules []*nftables.Rule, tag []byte) bool {
+	for _, r := range rules {
+		if string(r.UserData) == string(tag) {
+			return true
+		}
+	}
+	return false
+}
+
+// Expression helpers. Each match loads into register 1 and compares.
+
+func jump(kind expr.VerdictKind, chain string) []expr.Any {
+	return []expr.Any{&expr.Verdict{Kind: kind, Chain: chain}}
+}
+
+// ifname matches the in/out interface name, whole or by prefix (the kernel
+// compares only as many bytes as given, so a prefix leaves out the NUL).
+func ifname(key expr.MetaKey, name string, prefix bool, op expr.CmpOp) []expr.Any {
+	data := []byte(name)
+	if !prefix {
+		data = make([]byte, unix.IFNAMSIZ)
+		copy(data, name)
+	}
+	return []expr.Any{&expr.Meta{Key: key, Register: 1}, &expr.Cmp{Op: op, Register: 1, Data: data}}
+}
+
+func nfproto(p byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+}
+
+func l4proto(p byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{p}}}
+}
+
+func dport(port uint16) []expr.Any {
+	b := make([]byte, 2)
+	binary.BigEndian.PutUint16(b, port)
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b},
+	}
+}
+
+func established() []expr.Any {
+	mask := make([]byte, 4)
+	binary.NativeEndian.PutUint32(mask, expr.CtStateBitESTABLISHED|expr.CtStateBitRELATED)
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// addrMatch matches the IPv4 source (offset 12) or destination (16) address
+// against p.
+func addrMatch(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
+	p = p.Masked()
+	a := p.Addr().As4()
+	mask := net4Mask(p.Bits())
+	ex := append(nfproto(unix.NFPROTO_IPV4), &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4})
+	if p.Bits() < 32 {
+		ex = append(ex, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)})
+	}
+	return append(ex, &expr.Cmp{Op: op, Register: 1, Data: a[:]})
+}
+
+func daddr(p netip.Prefix) []expr.Any { return addrMatch(16, p, expr.CmpOpEq) }
+func saddr(p netip.Prefix) []expr.Any { return addrMatch(12, p, expr.CmpOpEq) }
+func saddrNot(a netip.Addr) []expr.Any {
+	return addrMatch(12, netip.PrefixFrom(a, 32), expr.CmpOpNeq)
+}
+
+func net4Mask(bits int) []byte {
+	m := make([]byte, 4)
+	binary.BigEndian.PutUint32(m, ^uint32(0)<<(32-bits))
+	if bits == 0 {
+		return make([]byte, 4)
+	}
+	return m
+}

@@ -1,0 +1,232 @@
+package network
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"golang.org/x/net/dns/dnsmessage"
+)
+
+// resolver answers a sandbox's DNS on its gateway address (UDP and TCP port
+// 53; the firewall redirects DNS to any address there) by forwarding each
+// query to the host's own resolvers. While domain rules are in force it
+// answers only allowed names (NXDOMAIN otherwise). Every answer goes to the
+// sandbox's egress log.
+type resolver struct {
+	udp       net.PacketConn
+	tcp       net.Listener
+	upstreams []netip.AddrPort
+	view      sandboxView
+	log       *slog.Logger
+	sem       chan struct{}  // bounds queries in flight
+	wg        sync.WaitGroup // the two accept loops; queries in flight end on their own deadlines
+}
+
+const resolverTimeout = 5 * time.Second
+
+// sandboxView is what the proxy and resolver need of their sandbox.
+type sandboxView struct {
+	policy  func() Compiled
+	denied  func(netip.Addr) bool // the platform deny set with the server's openings
+	resolve func(ctx context.Context, name string) ([]netip.Addr, error)
+	log     func(pandastack.EgressEntry)
+	// answered records which addresses the resolver gave out for a name.
+	answered func(name string, addrs []string)
+}
+
+func startResolver(addr netip.Addr, upstreams []netip.AddrPort, view sandboxView, log *slog.Logger) (*resolver, error) {
+	ap := netip.AddrPortFrom(addr, 53).String()
+	udp, err := net.ListenPacket("udp4", ap)
+	if err != nil {
+		return nil, err
+	}
+	tcp, err := net.Listen("tcp4", ap)
+	if err != nil {
+		udp.Close()
+		return nil, err
+	}
+	r := &resolver{udp: udp, tcp: tcp, upstreams: upstreams, view: view, log: log, sem: make(chan struct{}, 64)}
+	r.wg.Add(2)
+	go r.serveUDP()
+	go r.serveTCP()
+	return r, nil
+}
+
+// Close stops listening; queries in flight finish within their timeouts.
+func (r *resolver) Close() {
+	r.udp.Close()
+	r.tcp.Close()
+	r.wg.Wait()
+}
+
+func (r *resolver) serveUDP() {
+	defer r.wg.Done()
+	buf := make([]byte, 65535)
+	for {
+		n, from, err := r.udp.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		q := append([]byte(nil), buf[:n]...)
+		select {
+		case r.sem <- struct{}{}:
+		default:
+			continue // overloaded: the client retries
+		}
+		go func() {
+			defer func() { <-r.sem }()
+			if a := r.answer(q); a != nil {
+				r.udp.WriteTo(a, from)
+			}
+		}()
+	}
+}
+
+func (r *resolver) serveTCP() {
+	defer r.wg.Done()
+	for {
+		c, err := r.tcp.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			for {
+				c.SetDeadline(time.Now().Add(30 * time.Second))
+				var l [2]byte
+				if _, err := io.ReadFull(c, l[:]); err != nil {
+					return
+				}
+				q := make([]byte, binary.BigEndian.Uint16(l[:]))
+				if _, err := io.ReadFull(c, q); err != nil {
+					return
+				}
+				a := r.answer(q)
+				if a == nil {
+					return
+				}
+				binary.BigEndian.PutUint16(l[:], uint16(len(a)))
+				if _, err := c.Write(append(l[:], a...)); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// answer returns the reply to query q, or nil to stay silent.
+func (r *resolver) answer(q []byte) []byte {
+	var p dnsmessage.Parser
+	h, err := p.Start(q)
+	if err != nil {
+		return nil
+	}
+	question, err := p.Question()
+	if err != nil {
+		return nil
+	}
+	name := strings.ToLower(strings.TrimSuffix(question.Name.String(), "."))
+	entry := pandastack.EgressEntry{Time: time.Now().UTC(), Kind: "dns", Domain: name}
+	if pol := r.view.policy(); pol.DomainRules() {
+		if ok, rule := pol.decideName(name); ok {
+			entry.Rule = rule
+		} else {
+			entry.Rule = "no_domain_rule"
+			r.view.log(entry)
+			return nxdomain(h, question)
+		}
+	} else if pol.Internet {
+		entry.Rule = "internet"
+	} else {
+		entry.Rule = "resolver"
+	}
+	a := r.forward(q)
+	if a == nil {
+		return nil
+	}
+	entry.Allowed = true
+	addrs := answerAddrs(a)
+	entry.Address = strings.Join(addrs, ",")
+	if r.view.answered != nil {
+		r.view.answered(name, addrs)
+	}
+	r.view.log(entry)
+	return a
+}
+
+func nxdomain(h dnsmessage.Header, q dnsmessage.Question) []byte {
+	h.Response, h.RecursionAvailable, h.RCode = true, true, dnsmessage.RCodeNameError
+	b := dnsmessage.NewBuilder(nil, h)
+	b.EnableCompression()
+	if b.StartQuestions() != nil || b.Question(q) != nil {
+		return nil
+	}
+	out, err := b.Finish()
+	if err != nil {
+		return nil
+	}
+	return out
+}
+
+// answerAddrs lists the A and AAAA records of a DNS answer.
+func answerAddrs(a []byte) []string {
+	var p dnsmessage.Parser
+	if _, err := p.Start(a); err != nil {
+		return nil
+	}
+	if p.SkipAllQuestions() != nil {
+		return nil
+	}
+	var out []string
+	for {
+		h, err := p.AnswerHeader()
+		if err != nil {
+			return out
+		}
+		switch h.Type {
+		case dnsmessage.TypeA:
+			if rr, err := p.AResource(); err == nil {
+				out = append(out, netip.AddrFrom4(rr.A).String())
+			}
+		case dnsmessage.TypeAAAA:
+			if rr, err := p.AAAAResource(); err == nil {
+				out = append(out, netip.AddrFrom16(rr.AAAA).String())
+			}
+		default:
+			if p.SkipAnswer() != nil {
+				return out
+			}
+		}
+	}
+}
+
+// forward asks each upstream in turn; nil when none answered.
+func (r *resolver) forward(q []byte) []byte {
+	buf := make([]byte, 65535)
+	for _, up := range r.upstreams {
+		c, err := net.Dial("udp", up.String())
+		if err != nil {
+			continue
+		}
+		c.SetDeadline(time.Now().Add(resolverTimeout))
+		_, err = c.Write(q)
+		var n int
+		if err == nil {
+			n, err = c.Read(buf)
+		}
+		c.Close()
+		if err == nil && n >= 12 && buf[0] == q[0] && buf[1] == q[1] {
+			return buf[:n]
+		}
+	}
+	r.log.Debug("dns: no upstream answered")
+	return nil
+}

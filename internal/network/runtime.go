@@ -1,0 +1,129 @@
+package network
+
+import (
+	"context"
+	"io"
+	"slices"
+
+	"github.com/pandastack/pandastack"
+)
+
+// Runtime puts a network in front of a pandastack.Runtime: every sandbox it
+// starts or restores gets a fresh namespace with the policy of its spec
+// (or the one it had, or the default), and loses it when it stops. The
+// sandbox manager needs no change to run with networking.
+type Runtime struct {
+	pandastack.Runtime
+	net *Network
+}
+
+var _ pandastack.Runtime = (*Runtime)(nil)
+
+// Wrap returns rt with sandbox networking from n.
+func Wrap(rt pandastack.Runtime, n *Network) *Runtime { return &Runtime{Runtime: rt, net: n} }
+
+// Start implements pandastack.Runtime.
+func (r *Runtime) Start(ctx context.Context, spec pandastack.RuntimeSpec) (io.ReadWriteCloser, error) {
+	return r.boot(spec, func(s pandastack.RuntimeSpec) (io.ReadWriteCloser, error) { return r.Runtime.Start(ctx, s) })
+}
+
+// Restore implements pandastack.Runtime. A restored stack takes the
+// addresses of the namespace it finds, so a fork child gets its own.
+func (r *Runtime) Restore(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) (io.ReadWriteCloser, error) {
+	return r.boot(spec, func(s pandastack.RuntimeSpec) (io.ReadWriteCloser, error) {
+		return r.Runtime.Restore(ctx, s, imageDir)
+	})
+}
+
+func (r *Runtime) boot(spec pandastack.RuntimeSpec, start func(pandastack.RuntimeSpec) (io.ReadWriteCloser, error)) (io.ReadWriteCloser, error) {
+	ns, err := r.net.Prepare(spec.ID, spec.Network)
+	if err != nil {
+		return nil, err
+	}
+	spec.NetNS = ns
+	rwc, err := start(spec)
+	if err != nil {
+		r.net.Release(spec.ID)
+		return nil, err
+	}
+	return rwc, nil
+}
+
+// Attach implements pandastack.Runtime: after a server restart the
+// sandbox's network is taken over too.
+func (r *Runtime) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
+	rwc, err := r.Runtime.Attach(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.net.Adopt(id); err != nil {
+		rwc.Close()
+		return nil, err
+	}
+	return rwc, nil
+}
+
+// Stop implements pandastack.Runtime.
+func (r *Runtime) Stop(ctx context.Context, id string) error {
+	err := r.Runtime.Stop(ctx, id)
+	r.net.Release(id)
+	return err
+}
+
+// StopPaused stops a sandbox whose pause image is written (the manager
+// checkpoints it left running, so a failed checkpoint leaves it whole): it
+// gives its namespace up and keeps its policy for the resume, as
+// Checkpoint does when it stops the sandbox itself.
+func (r *Runtime) StopPaused(ctx context.Context, id string) error {
+	err := r.Runtime.Stop(ctx, id)
+	r.net.Down(id)
+	return err
+}
+
+// Checkpoint implements pandastack.Runtime. A paused sandbox (not left
+// running) gives its namespace up and keeps its policy for the resume.
+func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error {
+	if err := r.Runtime.Checkpoint(ctx, id, imageDir, leaveRunning); err != nil {
+		return err
+	}
+	if !leaveRunning {
+		r.net.Down(id)
+	}
+	return nil
+}
+
+// List implements pandastack.Runtime: namespaces of ours whose sandbox the
+// runtime no longer has are listed too, so recovery removes them.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	ids, err := r.Runtime.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range r.net.Namespaces() {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+// Close ends networking on server exit: no new namespaces, the network of
+// every sandbox the runtime no longer runs released (a warm-up or a pool
+// restore cut short by the shutdown), then Network.Close. Running
+// sandboxes keep theirs, with their veths down, for the next start.
+func (r *Runtime) Close(ctx context.Context) error {
+	r.net.Drain()
+	r.Sweep(ctx)
+	return r.net.Close()
+}
+
+// Sweep releases the network of every sandbox the runtime no longer runs.
+func (r *Runtime) Sweep(ctx context.Context) {
+	for _, id := range r.net.Namespaces() {
+		st, err := r.Runtime.State(ctx, id)
+		if pandastack.IsCode(err, pandastack.ENotFound) || (err == nil && st != pandastack.RuntimeRunning) {
+			r.Runtime.Stop(ctx, id)
+			r.net.Release(id)
+		}
+	}
+}

@@ -1,0 +1,91 @@
+package network
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"testing"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/network/nettest"
+)
+
+// failingRuntime is a pandastack.Runtime whose boots fail and whose other
+// calls record what they were asked: enough to see the wrapper clean up.
+type failingRuntime struct {
+	pandastack.Runtime
+	sawNetNS string
+	stopped  []string
+}
+
+func (f *failingRuntime) Start(_ context.Context, spec pandastack.RuntimeSpec) (io.ReadWriteCloser, error) {
+	f.sawNetNS = spec.NetNS
+	return nil, errors.New("boot failed")
+}
+
+func (f *failingRuntime) Stop(_ context.Context, id string) error {
+	f.stopped = append(f.stopped, id)
+	return nil
+}
+
+func TestRuntimeFailedStartLeavesNoNetwork(t *testing.T) {
+	up := nettest.StartUpstream(t, "r", 30, 30)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	inner := &failingRuntime{}
+	rt := Wrap(inner, n)
+	if _, err := rt.Start(context.Background(), pandastack.RuntimeSpec{ID: "sbx_fail"}); err == nil {
+		t.Fatal("Start succeeded")
+	}
+	if inner.sawNetNS != n.NSPath("sbx_fail") {
+		t.Errorf("runtime saw namespace %q, want %q", inner.sawNetNS, n.NSPath("sbx_fail"))
+	}
+	if _, err := os.Stat(n.NSPath("sbx_fail")); err == nil {
+		t.Error("namespace left after a failed start")
+	}
+	if _, ok := n.Policy("sbx_fail"); ok {
+		t.Error("policy state left after a failed start")
+	}
+
+	// A bad policy fails before anything is made.
+	bad := pandastack.NetworkPolicy{AllowOut: []string{"10.0.0.1"}}
+	if _, err := rt.Start(context.Background(), pandastack.RuntimeSpec{ID: "sbx_bad", Network: &bad}); !pandastack.IsCode(err, pandastack.ENetworkDenied) {
+		t.Errorf("start with a denied policy: %v", err)
+	}
+
+	// Stop of a sandbox releases its network, and a second Stop is fine.
+	if _, err := n.Prepare("sbx_stop", nil); err != nil {
+		t.Fatal(err)
+	}
+	rt.Stop(context.Background(), "sbx_stop")
+	rt.Stop(context.Background(), "sbx_stop")
+	if _, err := os.Stat(n.NSPath("sbx_stop")); err == nil {
+		t.Error("namespace left after Stop")
+	}
+}
+
+func TestCloseLeavesNoNamespace(t *testing.T) {
+	up := nettest.StartUpstream(t, "c", 38, 38)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	if _, err := n.Prepare("sbx_gone", nil); err != nil {
+		t.Fatal(err)
+	}
+	// The runtime no longer has the sandbox (a boot cut short by shutdown).
+	rt := Wrap(&failingRuntime{Runtime: notFoundRuntime{}}, n)
+	if err := rt.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(n.NSPath("sbx_gone")); err == nil {
+		t.Error("namespace of a sandbox the runtime does not have left after Close")
+	}
+	if _, err := n.Prepare("sbx_late", nil); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Errorf("Prepare after Close: %v, want %s", err, pandastack.EUnavailable)
+	}
+}
+
+// notFoundRuntime knows no sandbox.
+type notFoundRuntime struct{ pandastack.Runtime }
+
+func (notFoundRuntime) State(context.Context, string) (pandastack.RuntimeState, error) {
+	return "", pandastack.Errorf(pandastack.ENotFound, "no such sandbox")
+}

@@ -1,0 +1,65 @@
+package gvisor
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// TestNProcBelowPIDs: a sandbox with a pids limit gets RLIMIT_NPROC below
+// it, so a fork bomb meets EAGAIN before the host limit kills the sandbox.
+func TestNProcBelowPIDs(t *testing.T) {
+	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", PIDs: 1024}, false)
+	if !slices.Contains(spec.Process.Env, agentproto.NProcEnv+"=384") {
+		t.Fatalf("env %v, want %s=384", spec.Process.Env, agentproto.NProcEnv)
+	}
+	if spec.Linux.Resources == nil || spec.Linux.Resources.Pids == nil || spec.Linux.Resources.Pids.Limit != 1024 {
+		t.Fatalf("pids resources %+v", spec.Linux.Resources)
+	}
+	// Not in the rlimits: they must match across checkpoint and restore.
+	for _, rl := range spec.Process.Rlimits {
+		if rl.Type == "RLIMIT_NPROC" {
+			t.Fatalf("RLIMIT_NPROC in the spec's rlimits: %+v", rl)
+		}
+	}
+	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/"}, false)
+	for _, e := range none.Process.Env {
+		if strings.HasPrefix(e, agentproto.NProcEnv+"=") {
+			t.Fatalf("%s without a pids limit", e)
+		}
+	}
+}
+
+func TestCgroupEvent(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	hit := write("pids.events", "max 3\n")
+	miss := write("pids.events.0", "max 0\n")
+	oom := write("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+	for _, c := range []struct {
+		key   string
+		files []string
+		want  bool
+	}{
+		{"max", []string{hit}, true},
+		{"max", []string{miss}, false},
+		{"max", []string{filepath.Join(dir, "absent"), hit}, true},
+		{"oom_kill", []string{oom}, true},
+		{"max", []string{oom}, false},
+	} {
+		if got := cgroupEvent(c.key, c.files...); got != c.want {
+			t.Errorf("cgroupEvent(%s, %v) = %v, want %v", c.key, c.files, got, c.want)
+		}
+	}
+}

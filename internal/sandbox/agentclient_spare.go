@@ -1,0 +1,39 @@
+package sandbox
+
+import (
+	"context"
+	"io"
+	"net/http"
+
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// PrepareSpares asks the agent to keep spare kernels started and warmed up,
+// and returns once they are ready (see agentproto.SparesRequest).
+func (c *AgentClient) PrepareSpares(ctx context.Context, req agentproto.SparesRequest) (agentproto.Spares, error) {
+	var out agentproto.Spares
+	err := c.do(ctx, http.MethodPost, "/v1/contexts/spares", nil, req, &out)
+	return out, err
+}
+
+// ListSpares reports the agent's spare kernels.
+func (c *AgentClient) ListSpares(ctx context.Context) ([]agentproto.Spares, error) {
+	var out []agentproto.Spares
+	err := c.do(ctx, http.MethodGet, "/v1/contexts/spares", nil, nil, &out)
+	return out, err
+}
+
+// TouchSpares runs a no-op in every spare kernel, so a lazily restored
+// sandbox loads their pages now rather than on its first context.
+func (c *AgentClient) TouchSpares(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/v1/contexts/spares/touch", nil, nil, nil)
+}
+
+// DialAgent opens a host session with the agent of a sandbox the caller
+// started or restored itself through a Runtime (rwc is its channel), as the
+// manager does: for tools that drive a runtime directly, such as the
+// benchmark's restore profile. reseed asks the agent to reseed its kernels'
+// random generators, as after a restore from a shared image.
+func DialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bool) (*AgentClient, error) {
+	return dialAgent(ctx, id, rwc, reseed)
+}

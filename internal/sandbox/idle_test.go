@@ -1,0 +1,294 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// idleHarness is a harness whose idleness runs on a settable clock.
+func idleHarness(t *testing.T) (*harness, *clock) {
+	h := newHarness(t)
+	c := &clock{t: time.Now()}
+	h.m.sbx.now = c.now
+	return h, c
+}
+
+func (h *harness) createIdle(seconds int64) pandastack.Sandbox {
+	h.t.Helper()
+	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base", IdleTimeoutSeconds: &seconds})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if sb.IdleTimeoutSeconds != seconds || h.record(sb.ID).IdleTimeoutSeconds != seconds {
+		h.t.Fatalf("idle timeout %d, record %d; want %d", sb.IdleTimeoutSeconds, h.record(sb.ID).IdleTimeoutSeconds, seconds)
+	}
+	return sb
+}
+
+// passIdle runs the reaper's idle pass over a whole quiet spell.
+func (h *harness) passIdle(c *clock, d time.Duration) {
+	h.m.suspend(h.m.idleNow()) // opens the spell
+	c.advance(d)
+	h.m.suspend(h.m.idleNow()) // decides
+}
+
+func TestIdleSuspendAndResume(t *testing.T) {
+	h, c := idleHarness(t)
+	sb := h.createIdle(10)
+	if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
+		t.Fatal(err)
+	}
+	h.passIdle(c, 5*time.Second)
+	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Fatalf("suspended before its idle timeout: %s", rec.State)
+	}
+	c.advance(6 * time.Second)
+	h.m.suspend(h.m.idleNow())
+	rec := h.record(sb.ID)
+	if rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseIdle {
+		t.Fatalf("after the idle timeout: %s %q, want paused idle", rec.State, rec.PauseReason)
+	}
+	if h.rt.Alive(sb.ID) {
+		t.Fatal("a suspended sandbox still runs")
+	}
+	// The next request resumes it, with its state, and it is running again.
+	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
+		t.Fatalf("after resume: %q %v", out, err)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning || rec.PauseReason != "" {
+		t.Fatalf("after resume: %s %q", rec.State, rec.PauseReason)
+	}
+	if _, err := os.Stat(h.m.pausedPath(sb.ID)); !os.IsNotExist(err) {
+		t.Fatalf("image kept after resume: %v", err)
+	}
+}
+
+// Work in flight, a hold, CPU use in the background, a recent request, or
+// a timeout of 0 all keep a sandbox awake.
+func TestIdleKeepsBusySandboxesAwake(t *testing.T) {
+	h, c := idleHarness(t)
+	ctx := context.Background()
+
+	inflight := h.createIdle(10)
+	_, done, err := h.m.Acquire(ctx, project, inflight.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := h.createIdle(10)
+	_, unhold, err := h.m.Hold(ctx, project, held.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu := h.createIdle(10)
+	never := h.createIdle(0)
+	used := h.createIdle(10)
+
+	h.m.suspend(h.m.idleNow())
+	h.rt.mu.Lock()
+	h.rt.boxes[cpu.ID].cpu += int64(5 * time.Second) // half a CPU over the spell
+	h.rt.mu.Unlock()
+	c.advance(9 * time.Second)
+	h.exec(used.ID, "set a=1") // a request near the end of the spell
+	c.advance(2 * time.Second)
+	h.m.suspend(h.m.idleNow())
+	for _, sb := range []pandastack.Sandbox{inflight, held, cpu, never, used} {
+		if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
+			t.Errorf("%s was suspended", sb.ID)
+		}
+	}
+	// Once the work ends and the CPU is quiet, they do go idle.
+	done()
+	unhold()
+	h.passIdle(c, 11*time.Second)
+	for _, sb := range []pandastack.Sandbox{inflight, held, cpu, used} {
+		if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+			t.Errorf("%s: %s after a quiet spell, want paused", sb.ID, rec.State)
+		}
+	}
+	if rec := h.record(never.ID); rec.State != pandastack.StateRunning {
+		t.Errorf("idle_timeout 0 was suspended")
+	}
+}
+
+// Requests that arrive while a suspended sandbox resumes wait for it and
+// all succeed.
+func TestIdleConcurrentResume(t *testing.T) {
+	h, c := idleHarness(t)
+	sb := h.createIdle(10)
+	h.exec(sb.ID, "set v=1")
+	h.passIdle(c, 11*time.Second)
+	if h.record(sb.ID).State != pandastack.StatePaused {
+		t.Fatal("not suspended")
+	}
+	inRestore := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		once.Do(func() { close(inRestore) })
+		h.rt.mu.Unlock()
+		<-release
+		h.rt.mu.Lock()
+		return nil
+	}
+	const n = 6
+	errs := make(chan error, n)
+	outs := make(chan string, n)
+	for range n {
+		go func() {
+			out, err := h.exec(sb.ID, "get v")
+			outs <- out
+			errs <- err
+		}()
+	}
+	<-inRestore
+	time.Sleep(20 * time.Millisecond) // let the others arrive during the resume; the test holds without it
+	close(release)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("a request during the resume: %v", err)
+		}
+		if out := <-outs; out != "1" {
+			t.Errorf("a request during the resume saw %q", out)
+		}
+	}
+	if h.rt.restores != 1 {
+		t.Fatalf("%d restores, want 1", h.rt.restores)
+	}
+}
+
+// A suspend (or a pause) on a full disk leaves the sandbox running as it was.
+func TestPauseOnFullDiskKeepsRunning(t *testing.T) {
+	h, c := idleHarness(t)
+	ctx := context.Background()
+	sb := h.createIdle(10)
+	h.exec(sb.ID, "set v=1")
+	h.rt.checkpointErr = func(string) error { return &os.PathError{Op: "write", Path: "/var/lib/x/pages", Err: syscall.ENOSPC} }
+
+	h.passIdle(c, 11*time.Second)
+	_, err := h.m.Pause(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.EStorage)
+	if msg := pandastack.ErrorMessage(err); strings.Contains(msg, "/var/lib") || len(msg) > 200 {
+		t.Errorf("the 507 message shows host details or is long: %q", msg)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Fatalf("after failed pauses: %s %s", rec.State, rec.StopReason)
+	}
+	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "1" {
+		t.Fatalf("after failed pauses: %q %v", out, err)
+	}
+	if ents, _ := os.ReadDir(h.m.cfg.PausedDir); len(ents) != 0 {
+		t.Fatalf("partial images left: %v", ents)
+	}
+}
+
+// If the paused state cannot be recorded, the sandbox keeps running and the
+// image goes: a record must never say running for a stopped sandbox.
+func TestPauseRecordFailureKeepsRunning(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	h.exec(sb.ID, "set v=1")
+	h.store.setStateErr = func(id string, st pandastack.SandboxState) error {
+		if st == pandastack.StatePaused {
+			return errInjected
+		}
+		return nil
+	}
+	if _, err := h.m.Pause(context.Background(), project, sb.ID); err == nil {
+		t.Fatal("pause succeeded")
+	}
+	h.store.setStateErr = nil
+	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "1" {
+		t.Fatalf("after a failed pause: %q %v", out, err)
+	}
+	if _, err := os.Stat(h.m.pausedPath(sb.ID)); !os.IsNotExist(err) {
+		t.Fatalf("image of a failed pause kept: %v", err)
+	}
+}
+
+// TTL expiry of a suspended sandbox deletes its image.
+func TestIdleExpiryDeletesImage(t *testing.T) {
+	h, c := idleHarness(t)
+	sb := h.createIdle(10)
+	h.passIdle(c, 11*time.Second)
+	if _, err := os.Stat(h.m.pausedPath(sb.ID)); err != nil {
+		t.Fatalf("suspended without an image: %v", err)
+	}
+	h.store.SetSandboxExpiry(context.Background(), sb.ID, time.Now().Add(-time.Second))
+	h.m.reapOnce()
+	if rec := h.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopExpired {
+		t.Fatalf("%s %s", rec.State, rec.StopReason)
+	}
+	if _, err := os.Stat(h.m.pausedPath(sb.ID)); !os.IsNotExist(err) {
+		t.Fatalf("image of an expired suspended sandbox kept: %v", err)
+	}
+}
+
+// PATCH of the idle timeout applies at once; invalid values are refused.
+func TestSetIdleTimeout(t *testing.T) {
+	h, c := idleHarness(t)
+	ctx := context.Background()
+	sb := h.createIdle(0)
+	if _, err := h.m.SetIdleTimeout(ctx, project, sb.ID, -1); !pandastack.IsCode(err, pandastack.EInvalid) {
+		t.Fatalf("-1: %v", err)
+	}
+	if got, err := h.m.SetIdleTimeout(ctx, project, sb.ID, 5); err != nil || got.IdleTimeoutSeconds != 5 {
+		t.Fatalf("set: %+v %v", got, err)
+	}
+	h.passIdle(c, 6*time.Second)
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused || rec.IdleTimeoutSeconds != 5 {
+		t.Fatalf("%s %d", rec.State, rec.IdleTimeoutSeconds)
+	}
+	bad := int64(-5)
+	_, err := h.m.Create(ctx, project, CreateRequest{Template: "base", IdleTimeoutSeconds: &bad})
+	wantCode(t, err, pandastack.EInvalid)
+}
+
+// A request that arrives while an idle suspend is under way waits for it,
+// then resumes the sandbox, and succeeds.
+func TestRequestDuringSuspendWaits(t *testing.T) {
+	h, _ := idleHarness(t)
+	sb := h.createIdle(10)
+	h.exec(sb.ID, "set v=1")
+	inCheckpoint := make(chan struct{})
+	release := make(chan struct{})
+	h.rt.checkpointErr = func(string) error {
+		close(inCheckpoint)
+		h.rt.mu.Unlock()
+		<-release
+		h.rt.mu.Lock()
+		return nil
+	}
+	suspended := make(chan error, 1)
+	go func() {
+		_, err := h.m.pause(context.Background(), h.record(sb.ID), pandastack.PauseIdle)
+		suspended <- err
+	}()
+	<-inCheckpoint
+	h.rt.checkpointErr = nil
+	type result struct {
+		out string
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		out, err := h.exec(sb.ID, "get v")
+		got <- result{out, err}
+	}()
+	close(release)
+	if err := <-suspended; err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; r.err != nil || r.out != "1" {
+		t.Fatalf("a request during the suspend: %q %v", r.out, r.err)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Fatalf("after: %s", rec.State)
+	}
+}

@@ -1,0 +1,49 @@
+package sandbox
+
+import (
+	"context"
+	"path/filepath"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/imagestore"
+)
+
+// saveSnapshot checkpoints a quiesced sandbox into a sealed image in
+// SnapshotDir, lets the sandbox go on, and hands the image to the image
+// store: the sandbox does not wait for an upload. It returns the image's
+// size.
+func (m *Manager) saveSnapshot(ctx context.Context, sb pandastack.Sandbox, snapID string) (int64, error) {
+	// A crash leaves at most a .tmp-* directory, swept at start.
+	staged := filepath.Join(m.cfg.SnapshotDir, ".tmp-"+snapID+"-sealed")
+	_, err := m.checkpoint(ctx, sb, staged, true)
+	m.sbx.settle(sb.ID)
+	if err != nil {
+		return 0, err
+	}
+	// The snapshot is taken: a client that hangs up does not undo it.
+	return m.cfg.Images.Put(context.WithoutCancel(ctx), snapID, staged)
+}
+
+// openSnapshot makes the image of snapshot id available on local disk,
+// checked against its manifest, and returns the manifest. Close the image
+// once the restore has opened its files.
+func (m *Manager) openSnapshot(ctx context.Context, id string) (manifest, pandastack.OpenImage, error) {
+	what := "snapshot " + id
+	img, err := m.cfg.Images.Open(ctx, id)
+	if pandastack.IsCode(err, pandastack.ENotFound) {
+		// The record exists (the caller found it): its files do not.
+		return manifest{}, nil, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are gone from the snapshot store; delete it and take a new one", what)
+	}
+	if err != nil {
+		return manifest{}, nil, err
+	}
+	man, err := imagestore.ReadManifest(img.Dir(), what)
+	if err == nil {
+		err = checkRootFS(man, what)
+	}
+	if err != nil {
+		img.Close()
+		return manifest{}, nil, err
+	}
+	return man, img, nil
+}

@@ -1,0 +1,141 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/imagestore"
+	"github.com/pandastack/pandastack/internal/testutil"
+)
+
+// images is an ImageStore on a local directory apart from SnapshotDir (as
+// a remote store is), recording calls and failing on demand.
+type images struct {
+	*imagestore.Local
+	mu              sync.Mutex
+	puts, opens     []string
+	putErr, openErr error
+}
+
+func (s *images) Put(ctx context.Context, id, dir string) (int64, error) {
+	s.mu.Lock()
+	s.puts = append(s.puts, id)
+	err := s.putErr
+	s.mu.Unlock()
+	if err != nil {
+		os.RemoveAll(dir) // as the contract says
+		return 0, err
+	}
+	return s.Local.Put(ctx, id, dir)
+}
+
+func (s *images) Open(ctx context.Context, id string) (pandastack.OpenImage, error) {
+	s.mu.Lock()
+	s.opens = append(s.opens, id)
+	err := s.openErr
+	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return s.Local.Open(ctx, id)
+}
+
+func newImagesHarness(t *testing.T) (*harness, *images) {
+	h := newHarness(t)
+	img := &images{Local: imagestore.NewLocal(filepath.Join(h.dir, "store"))}
+	h.images = img
+	h.m.Close()
+	h.m = h.newManager()
+	return h, img
+}
+
+// A snapshot is sealed in SnapshotDir, handed to the image store, and
+// restored from what the store opens.
+func TestSnapshotGoesToImageStore(t *testing.T) {
+	h, img := newImagesHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.exec(sb.ID, "set x=7")
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(img.puts) != 1 || img.puts[0] != snap.ID {
+		t.Fatalf("puts = %v, want [%s]", img.puts, snap.ID)
+	}
+	if _, err := imagestore.Verify(filepath.Join(h.dir, "store", snap.ID), "stored"); err != nil {
+		t.Fatalf("the store does not hold a sealed image: %v", err)
+	}
+	if snap.SizeBytes <= 0 {
+		t.Errorf("snapshot size %d", snap.SizeBytes)
+	}
+	testutil.RequireEmptyDir(t, h.m.cfg.SnapshotDir)
+
+	got, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.exec(got.ID, "get x"); err != nil || out != "7" {
+		t.Fatalf("restored: get x = %q, %v", out, err)
+	}
+	if len(img.opens) != 1 {
+		t.Errorf("opens = %v, want one", img.opens)
+	}
+	if err := h.m.DeleteSnapshot(ctx, project, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(h.dir, "store", snap.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("image still in the store after DeleteSnapshot: %v", err)
+	}
+}
+
+// A store that fails the upload: no snapshot record, nothing staged left,
+// and the sandbox goes on working.
+func TestSnapshotStoreFailsPut(t *testing.T) {
+	h, img := newImagesHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	img.putErr = errors.New("object storage unreachable")
+	if _, err := h.m.Snapshot(ctx, project, sb.ID, nil); err == nil || !errors.Is(err, img.putErr) {
+		t.Fatalf("Snapshot = %v, want the store's error", err)
+	}
+	if list, _ := h.m.ListSnapshots(ctx, project, nil); len(list) != 0 {
+		t.Errorf("a failed snapshot left records %v", list)
+	}
+	testutil.RequireEmptyDir(t, h.m.cfg.SnapshotDir)
+	if _, err := h.exec(sb.ID, "set y=1"); err != nil {
+		t.Errorf("the sandbox after a failed snapshot: %v", err)
+	}
+}
+
+// A snapshot whose files the store lost is snapshot_corrupt (the record
+// exists); a store that fails otherwise passes its error on. Neither
+// leaves a sandbox behind.
+func TestSnapshotStoreFailsOpen(t *testing.T) {
+	h, img := newImagesHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := h.rt.ids()
+	img.openErr = pandastack.Errorf(pandastack.ENotFound, "no such object")
+	_, err = h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	img.openErr = errors.New("connection refused")
+	if _, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID}); !errors.Is(err, img.openErr) {
+		t.Fatalf("Create = %v, want the store's error", err)
+	}
+	if after := h.rt.ids(); len(after) != len(before) {
+		t.Errorf("failed restores left sandboxes: %v → %v", before, after)
+	}
+	if list, _ := h.m.List(ctx, project, pandastack.SandboxFilter{}); len(list) != 1 {
+		t.Errorf("records after failed restores: %v", list)
+	}
+}

@@ -1,0 +1,169 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// Network is what the manager needs of sandbox networking. The runtime it
+// was given already puts each sandbox in its network; this is only for
+// policies. Implemented by internal/network.
+type Network interface {
+	// Validate checks a policy: EInvalid or ENetworkDenied naming the entry.
+	Validate(p pandastack.NetworkPolicy) error
+	// SetPolicy replaces a sandbox's policy at once, or changes nothing.
+	SetPolicy(id string, p pandastack.NetworkPolicy) error
+	// Policy returns a sandbox's policy; false when it has none.
+	Policy(id string) (pandastack.NetworkPolicy, bool)
+	// Log returns the sandbox's egress log, oldest first.
+	Log(id string) []pandastack.EgressEntry
+	// Addr returns the sandbox's address, where the host reaches its ports.
+	Addr(id string) (netip.Addr, bool)
+}
+
+// UseNetwork enables network policies; call before Start. Without it a
+// create that asks for a network is refused.
+func (m *Manager) UseNetwork(n Network) { m.net = n }
+
+func (m *Manager) validNetwork(p *pandastack.NetworkPolicy) error {
+	if p == nil {
+		return nil
+	}
+	if m.net == nil {
+		return pandastack.Errorf(pandastack.EInvalid, "network: this server runs without sandbox networking (serve --network-default off)")
+	}
+	return m.net.Validate(*p)
+}
+
+// applyNetwork sets the policy of a sandbox that was started with the
+// default one (a pool sandbox); nil keeps the default.
+func (m *Manager) applyNetwork(id string, p *pandastack.NetworkPolicy) error {
+	if p == nil || m.net == nil {
+		return nil
+	}
+	return m.net.SetPolicy(id, *p)
+}
+
+// networkOf returns the sandbox's policy, or nil when it has none.
+func (m *Manager) networkOf(id string) *pandastack.NetworkPolicy {
+	if m.net == nil {
+		return nil
+	}
+	if p, ok := m.net.Policy(id); ok {
+		return &p
+	}
+	return nil
+}
+
+// SetNetwork replaces the policy of a running or paused sandbox of the
+// project; it takes effect at once. A rejected policy changes nothing.
+func (m *Manager) SetNetwork(ctx context.Context, projectID, id string, p pandastack.NetworkPolicy) (pandastack.Sandbox, error) {
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err != nil {
+		return sb, err
+	}
+	if err := m.validNetwork(&p); err != nil {
+		return sb, err
+	}
+	if sb.State != pandastack.StateRunning && sb.State != pandastack.StatePaused {
+		return m.running(ctx, projectID, id) // the error that says why
+	}
+	if err := m.net.SetPolicy(id, p); err != nil {
+		return sb, err
+	}
+	sb.Network = m.networkOf(id)
+	return sb, nil
+}
+
+// SandboxCAFile is where a sandbox's trust store ends up: its own system
+// bundle plus the certificates the server adds (UseSandboxCA), at the path
+// OpenSSL, curl and Debian's certifi read by default.
+const SandboxCAFile = "/etc/ssl/certs/ca-certificates.crt"
+
+// caEnv are the variables that make other tools use SandboxCAFile.
+var caEnv = map[string]string{
+	"SSL_CERT_FILE":       SandboxCAFile,
+	"REQUESTS_CA_BUNDLE":  SandboxCAFile,
+	"PIP_CERT":            SandboxCAFile,
+	"NODE_EXTRA_CA_CERTS": SandboxCAFile,
+}
+
+// installCA adds the PEM on stdin to the sandbox's system bundle (kept
+// aside once, so a restore or a second call does not add it twice) and
+// tells pip about it where no pip.conf of the template's own exists.
+const installCA = `set -e
+d=/usr/local/share/pandastack
+mkdir -p $d /etc/ssl/certs
+[ -f $d/system-ca.crt ] || { cat /etc/ssl/certs/ca-certificates.crt 2>/dev/null || true; } > $d/system-ca.crt
+cat $d/system-ca.crt - > $d/ca-certificates.crt
+cp $d/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
+if [ ! -e /etc/pip.conf ] || grep -q '^# pandastack' /etc/pip.conf; then
+  printf '# pandastack: the sandbox trust store, with the server'"'"'s CA bundle\n[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' > /etc/pip.conf
+fi
+`
+
+// UseSandboxCA makes every sandbox trust the certificates in pem (e.g. the
+// host's system bundle, whose authority a TLS-inspecting proxy may use) in
+// addition to its own; nil leaves sandboxes' trust stores alone. Call
+// before Start.
+func (m *Manager) UseSandboxCA(pem []byte) { m.caPEM = pem }
+
+// setupSandbox readies a freshly started or restored sandbox: its trust
+// store and the variables that point tools at it. A restored agent keeps
+// the environment it was checkpointed with, so this runs after every boot.
+func (m *Manager) setupSandbox(ctx context.Context, c *AgentClient) error {
+	if len(m.caPEM) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	ev, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: installCA, Stdin: m.caPEM, Root: true, TimeoutMS: 15_000}, nil)
+	if err == nil && ev.ExitCode != 0 {
+		err = fmt.Errorf("exit status %d", ev.ExitCode)
+	}
+	if err == nil {
+		err = c.do(ctx, http.MethodPost, "/v1/env", nil, agentproto.EnvRequest{Env: caEnv}, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("install the CA bundle in sandbox %s: %w", c.id, err)
+	}
+	return nil
+}
+
+// NetworkLog returns the egress log of a sandbox of the project: DNS
+// answers and connections through the domain proxy, newest kept.
+func (m *Manager) NetworkLog(ctx context.Context, projectID, id string) ([]pandastack.EgressEntry, error) {
+	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+		return nil, err
+	}
+	if m.net == nil {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "this server runs without sandbox networking")
+	}
+	log := m.net.Log(id)
+	if log == nil {
+		log = []pandastack.EgressEntry{}
+	}
+	return log, nil
+}
+
+// PortAddr returns where the host reaches port of a running sandbox of the
+// project (resuming it first when paused with auto_resume).
+func (m *Manager) PortAddr(ctx context.Context, projectID, id string, port int) (netip.AddrPort, error) {
+	if _, err := m.usable(ctx, projectID, id); err != nil {
+		return netip.AddrPort{}, err
+	}
+	if m.net == nil {
+		return netip.AddrPort{}, pandastack.Errorf(pandastack.EInvalid, "this server runs without sandbox networking: no ports to reach")
+	}
+	a, ok := m.net.Addr(id)
+	if !ok {
+		return netip.AddrPort{}, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s has no network address", id)
+	}
+	return netip.AddrPortFrom(a, uint16(port)), nil
+}

@@ -1,0 +1,52 @@
+package sandbox
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// TestVerifyWarm: a warm image is checksummed once per manifest; a damaged
+// image is refused by a new process (a new Manager), and by this one as
+// soon as its manifest is rewritten.
+func TestVerifyWarm(t *testing.T) {
+	root := t.TempDir()
+	tmp, final := filepath.Join(root, ".tmp"), filepath.Join(root, "warm")
+	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(tmp, "image", "checkpoint.img")
+	if err := os.WriteFile(img, []byte("pages and state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sealImage(tmp, final, manifest{Template: "t", RootFS: root}); err != nil {
+		t.Fatal(err)
+	}
+	m := &Manager{}
+	if err := m.verifyWarm(final, "warm"); err != nil {
+		t.Fatalf("a sound image: %v", err)
+	}
+	// Damaged behind our back, same size: this process trusts its check.
+	if err := os.WriteFile(filepath.Join(final, "image", "checkpoint.img"), []byte("PAGES AND STATE"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.verifyWarm(final, "warm"); err != nil {
+		t.Fatalf("a second check read the image again: %v", err)
+	}
+	if err := (&Manager{}).verifyWarm(final, "warm"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+		t.Fatalf("a new process took a damaged image: %v", err)
+	}
+	later := time.Now().Add(time.Second)
+	if err := os.Chtimes(filepath.Join(final, "manifest.json"), later, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.verifyWarm(final, "warm"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+		t.Fatalf("a rewritten manifest was not checked again: %v", err)
+	}
+	if err := m.verifyWarm(filepath.Join(root, "none"), "warm"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+		t.Fatalf("a missing image: %v", err)
+	}
+}

@@ -1,0 +1,116 @@
+"""An interactive shell in a sandbox, on a real terminal
+(``GET /v1/sandboxes/{id}/pty``, a WebSocket)::
+
+    with sandbox.terminal(cols=100, rows=30) as term:
+        term.write("echo $((6*7))\\r")
+        print(term.read_until("42"))
+
+Needs the ``websockets`` package (``pip install 'pandastack[terminal]'``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import time
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Optional, Union
+from urllib.parse import quote, urlencode
+
+from .exceptions import PandaStackError, TimeoutError, error_from_response
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+__all__ = ["Terminal"]
+
+SUBPROTOCOL = "pandastack.pty"
+
+
+class Terminal:
+    """A login shell of the sandbox user on a pseudo-terminal. Keys go in with
+    :meth:`write` (``"\\r"`` is Enter, ``"\\x03"`` is Ctrl-C); output comes out
+    with :meth:`read`. Closing it (or leaving the ``with`` block) kills the
+    shell and everything it started. While it is open the sandbox counts as
+    busy: a snapshot, fork or pause answers ``ConflictError``."""
+
+    def __init__(self, client: "Client", sandbox_id: str, cols: int = 80, rows: int = 24) -> None:
+        try:
+            from websockets.exceptions import InvalidStatus
+            from websockets.sync.client import connect
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise ImportError(f"Sandbox.terminal needs websockets: pip install 'pandastack[terminal]' ({e})") from e
+        base = client.api_url.replace("http", "ws", 1)
+        url = f"{base}/v1/sandboxes/{quote(sandbox_id)}/pty?{urlencode({'cols': cols, 'rows': rows})}"
+        self._stack = ExitStack()
+        try:
+            self._ws = self._stack.enter_context(connect(
+                url,
+                additional_headers={"Authorization": f"Bearer {client.api_key}"},
+                subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+                open_timeout=60,
+                max_size=1 << 20,
+            ))
+        except InvalidStatus as e:
+            body = e.response.body or b""
+            code, message = None, body.decode(errors="replace")
+            try:
+                err = json.loads(body)["error"]
+                code, message = err["code"], err["message"]
+            except (ValueError, KeyError, TypeError):
+                pass
+            raise error_from_response(code, message, e.response.status_code) from None
+        self.exit_code: Optional[int] = None
+        self.closed = False
+
+    def write(self, data: Union[str, bytes]) -> None:
+        """Send keys to the shell."""
+        self._ws.send(data.encode() if isinstance(data, str) else bytes(data))
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Change the terminal's size (the shell gets SIGWINCH)."""
+        self._ws.send(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
+
+    def read(self, timeout: Optional[float] = None) -> str:
+        """The next output of the terminal (decoded as UTF-8), or ``""`` once
+        the shell has exited (then :attr:`exit_code` is set). Raises
+        :class:`TimeoutError` when nothing comes within ``timeout`` seconds."""
+        from websockets.exceptions import ConnectionClosed
+
+        while True:
+            try:
+                msg = self._ws.recv(timeout=timeout)
+            except ConnectionClosed:
+                self.closed = True
+                return ""
+            except builtins.TimeoutError:
+                raise TimeoutError(f"no terminal output within {timeout} s", code="timeout") from None
+            if isinstance(msg, bytes):
+                return msg.decode(errors="replace")
+            ev = json.loads(msg)
+            if ev.get("type") == "exit":
+                self.exit_code = ev.get("exit_code")
+
+    def read_until(self, text: str, timeout: float = 60) -> str:
+        """Read until the output so far contains ``text``; return all of it."""
+        out, deadline = "", time.monotonic() + timeout
+        while text not in out:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{text!r} did not appear within {timeout} s; the terminal showed {out[-500:]!r}", code="timeout")
+            chunk = self.read(timeout=left)
+            if chunk == "" and self.closed:
+                raise PandaStackError(f"the shell exited (status {self.exit_code}) before {text!r} appeared: {out[-500:]!r}")
+            out += chunk
+        return out
+
+    def close(self) -> None:
+        """End the session: the shell and its children are killed."""
+        self._stack.close()
+        self.closed = True
+
+    def __enter__(self) -> "Terminal":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,156 @@
+/**
+ * An interactive shell in a sandbox on a real terminal, over the WebSocket
+ * `GET /v1/sandboxes/{id}/pty`.
+ *
+ * It uses the standard `WebSocket` (browsers, Node 22 and newer); on Node 20
+ * pass one, e.g. `import WebSocket from "ws"` and `{ WebSocket }`. The key
+ * rides as the subprotocol `bearer.<key>`, since the standard WebSocket
+ * cannot set headers.
+ */
+
+import { PandaStackError, TimeoutError } from "./errors.js";
+
+/** The part of the standard WebSocket the terminal uses. */
+export interface WebSocketLike {
+  binaryType: string;
+  readonly readyState: number;
+  send(data: string | ArrayBufferView | ArrayBuffer): void;
+  close(code?: number, reason?: string): void;
+  onopen: ((ev: unknown) => void) | null;
+  onmessage: ((ev: { data: unknown }) => void) | null;
+  onclose: ((ev: { code: number; reason: string }) => void) | null;
+  onerror: ((ev: unknown) => void) | null;
+}
+
+/** A constructor of WebSockets, like the standard one or the `ws` package's. */
+export type WebSocketConstructor = new (url: string, protocols?: string[]) => WebSocketLike;
+
+/** Options of `Sandbox.terminal()`. */
+export interface TerminalOptions {
+  /** Columns; default 80. */
+  cols?: number;
+  /** Rows; default 24. */
+  rows?: number;
+  /** The WebSocket implementation; default the global one. */
+  WebSocket?: WebSocketConstructor;
+}
+
+/**
+ * A login shell of the sandbox user. Keys go in with `write` ("\r" is
+ * Enter); output arrives through `onData` and `readUntil`. `close()` kills
+ * the shell and everything it started. While it is open the sandbox counts
+ * as busy: snapshot, fork and pause answer `ConflictError`.
+ */
+export class Terminal {
+  /** The shell's exit status, once it exited. */
+  exitCode?: number;
+  /** Resolves when the session ends, whichever side ended it. */
+  readonly closed: Promise<void>;
+  #ws: WebSocketLike;
+  #dec = new TextDecoder();
+  #out = "";
+  #listeners = new Set<(text: string) => void>();
+  #done = false;
+
+  private constructor(ws: WebSocketLike) {
+    this.#ws = ws;
+    this.closed = new Promise((resolve) => {
+      ws.onclose = () => {
+        this.#done = true;
+        this.#emit("");
+        resolve();
+      };
+    });
+    ws.onmessage = (ev) => {
+      if (typeof ev.data === "string") {
+        const m = JSON.parse(ev.data) as { type?: string; exit_code?: number };
+        if (m.type === "exit") this.exitCode = m.exit_code;
+        return;
+      }
+      const bytes = ev.data instanceof ArrayBuffer ? new Uint8Array(ev.data) : (ev.data as Uint8Array);
+      this.#emit(this.#dec.decode(bytes, { stream: true }));
+    };
+  }
+
+  /** Opens a terminal; rejects when the server refuses it. */
+  static open(url: string, apiKey: string, sandboxId: string, opts: TerminalOptions = {}): Promise<Terminal> {
+    const WS = opts.WebSocket ?? (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket;
+    if (!WS) {
+      return Promise.reject(
+        new PandaStackError("this runtime has no WebSocket: pass one, e.g. { WebSocket } from the ws package", "no_websocket"),
+      );
+    }
+    const q = new URLSearchParams({ cols: String(opts.cols ?? 80), rows: String(opts.rows ?? 24) });
+    const ws = new WS(`${url.replace(/^http/, "ws")}/v1/sandboxes/${encodeURIComponent(sandboxId)}/pty?${q}`, [
+      "pandastack.pty",
+      `bearer.${apiKey}`,
+    ]);
+    ws.binaryType = "arraybuffer";
+    return new Promise((resolve, reject) => {
+      ws.onopen = () => resolve(new Terminal(ws));
+      ws.onerror = (ev) => {
+        const detail = (ev as { message?: string }).message ?? "";
+        reject(new PandaStackError(`could not open the terminal of ${sandboxId}: ${detail || "the server refused it"}`, "terminal_refused"));
+      };
+    });
+  }
+
+  #emit(text: string): void {
+    this.#out += text;
+    for (const l of this.#listeners) l(text);
+  }
+
+  /** Calls fn with each piece of output ("" once the session ended). Returns an unsubscribe function. */
+  onData(fn: (text: string) => void): () => void {
+    this.#listeners.add(fn);
+    return () => this.#listeners.delete(fn);
+  }
+
+  /** Everything the terminal printed so far. */
+  get output(): string {
+    return this.#out;
+  }
+
+  /** Sends keys to the shell. */
+  write(data: string | Uint8Array): void {
+    this.#ws.send(typeof data === "string" ? new TextEncoder().encode(data) : data);
+  }
+
+  /** Changes the terminal's size; the shell gets SIGWINCH. */
+  resize(cols: number, rows: number): void {
+    this.#ws.send(JSON.stringify({ type: "resize", cols, rows }));
+  }
+
+  /**
+   * Waits until the output printed after `since` (an offset into `output`,
+   * default 0) contains `text`, and returns the whole output.
+   */
+  readUntil(text: string, opts: { since?: number; timeoutMs?: number } = {}): Promise<string> {
+    const since = opts.since ?? 0;
+    const found = () => this.#out.indexOf(text, since) >= 0;
+    if (found()) return Promise.resolve(this.#out);
+    return new Promise((resolve, reject) => {
+      const timer = setTimeout(() => {
+        off();
+        reject(new TimeoutError(`${JSON.stringify(text)} did not appear within ${opts.timeoutMs ?? 60000} ms`, "timeout"));
+      }, opts.timeoutMs ?? 60000);
+      const off = this.onData(() => {
+        if (found()) {
+          clearTimeout(timer);
+          off();
+          resolve(this.#out);
+        } else if (this.#done) {
+          clearTimeout(timer);
+          off();
+          reject(new PandaStackError(`the terminal closed before ${JSON.stringify(text)} appeared`, "terminal_closed"));
+        }
+      });
+    });
+  }
+
+  /** Ends the session: the shell and its children are killed. */
+  close(): Promise<void> {
+    if (!this.#done) this.#ws.close(1000);
+    return this.closed;
+  }
+}

@@ -1,0 +1,38 @@
+/**
+ * Sandbox.terminal(): a real shell on a real terminal, over the WebSocket,
+ * with the `ws` package's WebSocket (Node 20 has no global one).
+ */
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import WebSocket from "ws";
+import { ConflictError, PandaStackError, type WebSocketConstructor } from "@pandastack/sdk";
+import { haveServer, newSandbox } from "./helpers.js";
+
+const WS = ((globalThis as { WebSocket?: unknown }).WebSocket ?? WebSocket) as unknown as WebSocketConstructor;
+
+test("a terminal runs a shell as the sandbox user, resizes, and reports its exit", async (t) => {
+  if (!haveServer(t)) return;
+  const sb = await newSandbox(t);
+  const term = await sb.terminal({ cols: 90, rows: 20, WebSocket: WS });
+  term.write("echo $((6*7)); stty size; whoami; echo E$((1+1))ND\r");
+  const out = (await term.readUntil("E2ND")).replace(/\r/g, "");
+  assert.ok(out.includes("42\n20 90\nuser\nE2ND"), out);
+
+  term.resize(120, 40);
+  const mark = term.output.length;
+  term.write("stty size\r");
+  await term.readUntil("40 120", { since: mark });
+
+  await assert.rejects(sb.snapshot(), ConflictError);
+  term.write("exit 5\r");
+  await term.closed;
+  assert.equal(term.exitCode, 5);
+});
+
+test("a terminal of a sandbox that is gone is refused", async (t) => {
+  if (!haveServer(t)) return;
+  const sb = await newSandbox(t);
+  await sb.kill();
+  await assert.rejects(sb.terminal({ WebSocket: WS }), PandaStackError);
+});

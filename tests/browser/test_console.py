@@ -1,0 +1,156 @@
+"""The web console in a real browser: everything a newcomer does on it,
+against a real server with real sandboxes."""
+
+from __future__ import annotations
+
+import re
+
+from playwright.sync_api import Page, expect
+
+# Every form control and button must have an accessible name.
+UNLABELLED = """() => [...document.querySelectorAll('button, input, select, textarea, [role=button], [role=tab], [role=textbox]')]
+  .filter((e) => !e.closest('[hidden]'))
+  .filter((e) => {
+    if (e.getAttribute('aria-label') || e.getAttribute('aria-labelledby')) return false;
+    if (e.id && document.querySelector(`label[for="${e.id}"]`)) return false;
+    if (e.closest('label')) return false;
+    return !(e.tagName === 'BUTTON' || e.getAttribute('role') === 'button' || e.getAttribute('role') === 'tab') || !e.textContent.trim();
+  })
+  .map((e) => e.outerHTML.slice(0, 120))"""
+
+
+def assert_labelled(page: Page) -> None:
+    assert page.evaluate(UNLABELLED) == [], "controls without a label"
+
+
+def sign_in(page: Page, serve) -> None:
+    page.goto(serve.url + "/")
+    assert_labelled(page)
+    # With the keyboard only: the key field has focus; Enter submits.
+    expect(page.locator("#apikey")).to_be_focused()
+    page.keyboard.type(serve.key)
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", name="Sandboxes")).to_be_visible()
+
+
+def test_console_end_to_end(page: Page, serve, artifacts) -> None:
+    page.on("dialog", lambda d: d.accept())
+    page.goto(serve.url + "/")
+    page.fill("#apikey", "pds_not_a_key")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("alert")).to_contain_text("unknown API key")
+    sign_in(page, serve)
+    assert_labelled(page)
+
+    # Create a sandbox from the form.
+    page.select_option("#create-template", "code-interpreter")
+    page.fill("#create-metadata", "suite=browser")
+    page.get_by_role("button", name="Create sandbox").click()
+    row = page.locator("tr[data-id]", has=page.locator(".tag", has_text="suite=browser"))
+    expect(row).to_have_count(1)
+    sid = row.get_attribute("data-id")
+    expect(row.locator(".state")).to_have_text("running")
+    # The filter keeps it and drops what does not match.
+    page.fill("#filter", "suite=nothing")
+    expect(row).to_have_count(0)
+    page.fill("#filter", "suite=browser")
+    expect(row).to_have_count(1)
+    expect(row.locator("td").nth(5)).to_contain_text("MiB")  # memory of a live sandbox
+
+    # Its page: a cell that plots and shows a DataFrame.
+    row.get_by_role("link", name=sid).click()
+    expect(page.get_by_role("heading", name=f"Sandbox {sid}")).to_be_visible()
+    assert_labelled(page)
+    page.get_by_role("button", name="Run cell 1").click()
+    out = page.get_by_label("Output of cell 1")
+    expect(out.locator("img")).to_be_visible()
+    assert out.locator("img").get_attribute("src").startswith("data:image/png;base64,")
+    expect(out.locator("table.df")).to_be_visible()
+    expect(out.locator("table.df")).to_contain_text("16")
+    expect(page.locator("#cell-1-state")).to_contain_text("done in")
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(artifacts / "console.png"))
+    # An error shows its traceback.
+    page.get_by_role("button", name="Add cell").click()
+    page.fill("#cell-2", "1 / 0")
+    page.keyboard.press("Shift+Enter")
+    expect(page.get_by_label("Output of cell 2").get_by_role("alert")).to_contain_text("ZeroDivisionError")
+
+    # Files: upload by drag and drop, see it listed.
+    page.get_by_role("tab", name="Files").click()
+    drop = page.evaluate_handle("""() => { const dt = new DataTransfer();
+        dt.items.add(new File(['city,temp\\nOslo,4\\n'], 'dropped.csv', {type: 'text/csv'})); return dt; }""")
+    page.dispatch_event("#dropzone", "drop", {"dataTransfer": drop})
+    expect(page.locator('tr[data-name="dropped.csv"]')).to_be_visible()
+    expect(page.locator('tr[data-name="dropped.csv"]')).to_contain_text("file")
+
+    # Terminal: type, read the answer.
+    page.get_by_role("tab", name="Terminal").click()
+    page.get_by_role("button", name="Connect").click()
+    expect(page.locator("#terminal-state")).to_have_text("connected")
+    page.locator("#terminal").focus()
+    page.keyboard.type("echo $((6*7))")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => /^42\\s*$/m.test(document.getElementById('terminal').textContent)")
+    # The keyboard leaves the terminal with Shift+Escape and disconnects.
+    page.keyboard.press("Shift+Escape")
+    expect(page.locator("#terminal-connect")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("#terminal-state")).to_have_text("closed")
+
+    # History: the cell and the terminal, newest first.
+    page.get_by_role("tab", name="History").click()
+    page.get_by_role("button", name="Refresh history").click()
+    entries = page.locator("article.history-entry")
+    expect(entries.first).to_have_attribute("data-kind", "terminal")
+    expect(entries.first).to_contain_text("echo $((6*7))")
+    expect(entries.first.locator("pre.out")).to_contain_text(re.compile(r"^42$", re.M))
+    expect(page.locator('article[data-kind="code"]', has_text="plt.plot")).to_have_count(1)
+
+    # Metrics draw live figures.
+    page.get_by_role("tab", name="Metrics").click()
+    expect(page.locator("figcaption").nth(1)).to_contain_text("MiB of")
+
+    # Snapshot and fork from the sandbox's page, then the tree.
+    page.get_by_role("button", name=f"Snapshot {sid}").click()
+    expect(page.locator("#status")).to_contain_text("Snapshot snap_")
+    page.get_by_role("button", name=f"Fork {sid}").click()
+    expect(page.locator("#status")).to_contain_text(f"Forked {sid} into sbx_")
+    fork_id = re.search(r"into (sbx_\w+)", page.locator("#status").inner_text()).group(1)
+    page.get_by_role("link", name="Snapshots").click()
+    node = page.locator(f'#lineage li[data-node="{sid}"]')
+    expect(node.locator("> ul > li[data-node^='snap_']")).to_have_count(1)
+    expect(node.locator(f'> ul > li[data-node="{fork_id}"]')).to_contain_text("fork")
+    expect(page.locator("table[aria-label=Snapshots] tr[data-id^='snap_']")).to_have_count(1)
+    assert_labelled(page)
+    page.screenshot(path=str(artifacts / "console-snapshots.png"))
+
+    # Templates and keys pages render what the API says.
+    page.get_by_role("link", name="Templates").click()
+    expect(page.locator("td", has_text="code-interpreter").first).to_be_visible()
+    page.get_by_role("link", name="API keys").click()
+    page.fill("#key-name", "from-the-console")
+    page.get_by_role("button", name="Create key").click()
+    secret = page.locator("#new-secret").inner_text()
+    assert secret.startswith("pds_")
+    key_row = page.locator("tr[data-id]", has_text="from-the-console")
+    page.get_by_role("button", name=f"Revoke {key_row.get_attribute('data-id')}").click()
+    expect(key_row).to_contain_text("revoked")
+
+    # Pause, resume and extend from the table.
+    page.get_by_role("link", name="Sandboxes").click()
+    fork_row = page.locator(f'tr[data-id="{fork_id}"]')
+    page.get_by_role("button", name=f"Pause {fork_id}").click()
+    expect(fork_row.locator(".state")).to_have_text("paused")
+    page.get_by_role("button", name=f"Resume {fork_id}").click()
+    expect(fork_row.locator(".state")).to_have_text("running")
+    page.get_by_role("button", name=f"Extend by 10 minutes {fork_id}").click()
+    expect(page.locator("#status")).to_contain_text(f"Extended {fork_id}")
+    expect(fork_row.locator("td").nth(6)).to_contain_text(re.compile(r"^1[45] min"))  # 5 min of default TTL + 10
+
+    # Kill from the table: the row goes; its page says killed.
+    page.get_by_role("button", name=f"Kill {fork_id}").click()
+    page.get_by_role("button", name=f"Kill {sid}").click()
+    expect(page.locator(f'tr[data-id="{sid}"]')).to_have_count(0)
+    page.goto(f"{serve.url}/#/sandboxes/{sid}")
+    expect(page.locator(".state")).to_have_text("killed")
