@@ -60,14 +60,16 @@ func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project,
 		writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s runs on another node; send the request to any node without the %s header", id, forwardedHeader))
 		return true
 	}
-	s.proxyTo(w, r, target)
+	s.proxyTo(w, r, target, nil)
 	return true
 }
 
 // placeCreate places a POST /v1/sandboxes and passes it to the chosen node
 // when that is another one; it reports whether it did. A body this node
-// cannot read is left to the local handler, which says what is wrong.
-func (s *Server) placeCreate(w http.ResponseWriter, r *http.Request, project string) bool {
+// cannot read is left to the local handler, which says what is wrong; so is
+// a create whose chosen node cannot be reached (it went down within its
+// grace period): local creates it here instead.
+func (s *Server) placeCreate(w http.ResponseWriter, r *http.Request, project string, local func(http.ResponseWriter, *http.Request, string)) bool {
 	if r.Header.Get(forwardedHeader) != "" {
 		return false
 	}
@@ -96,7 +98,10 @@ func (s *Server) placeCreate(w http.ResponseWriter, r *http.Request, project str
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
-	s.proxyTo(w, r, target)
+	s.proxyTo(w, r, target, func(w http.ResponseWriter, r *http.Request) {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		local(w, r, project)
+	})
 	return true
 }
 
@@ -110,8 +115,10 @@ func (e errReader) Read([]byte) (int, error) {
 	return 0, io.EOF
 }
 
-// proxyTo passes r to the node at base and copies its answer back.
-func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string) {
+// proxyTo passes r to the node at base and copies its answer back. When
+// that node cannot be dialled, unreached (if not nil) answers instead:
+// nothing of the request reached it.
+func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, unreached func(http.ResponseWriter, *http.Request)) {
 	u, err := url.Parse(base)
 	if err != nil {
 		writeError(w, err)
@@ -131,6 +138,11 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string) {
 				return // the caller hung up
 			}
 			s.log.Warn("forward to node failed", "node_url", base, "path", r.URL.Path, "err", err)
+			var op *net.OpError
+			if unreached != nil && errors.As(err, &op) && op.Op == "dial" {
+				unreached(w, r)
+				return
+			}
 			writeError(w, pandastack.Errorf(pandastack.EUnavailable,
 				"the node that runs this sandbox does not answer; if it stays silent for %s its sandboxes are marked lost", s.mgr.Config().Node.Grace))
 		},

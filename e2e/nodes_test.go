@@ -1,0 +1,317 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/paths"
+	"github.com/pandastack/pandastack/internal/testutil"
+)
+
+// startNodes runs n serves as nodes sharing one PostgreSQL database and one
+// S3 bucket, each with its own data dir on loopback; the first makes the API
+// key, the others find it in the shared database.
+func startNodes(t *testing.T, n int, env ...string) []*server {
+	t.Helper()
+	db := testutil.StartPostgres(t).NewDatabase(t)
+	s3 := testutil.StartS3(t)
+	bucket := s3.NewBucket(t)
+	env = append(append([]string{
+		"PANDASTACK_STORE=" + db, "PANDASTACK_SNAPSHOT_STORE=s3://" + bucket + "/pandastack",
+		"PANDASTACK_WARM=0", "PANDASTACK_POOL_SIZE=0",
+		"PANDASTACK_NODE_HEARTBEAT=1s", "PANDASTACK_NODE_GRACE=4s",
+		// kill -9 of a node leaves its sandboxes' namespaces to the test;
+		// these tests are about nodes, not sandbox networking.
+		"PANDASTACK_NETWORK_DEFAULT=off",
+	}, s3.Env()...), env...)
+	nodes := []*server{startServer(t, "", env...)}
+	for range n - 1 {
+		dir, err := os.MkdirTemp("", "pandastack-e2e-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "api-key"), []byte(nodes[0].key+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		nodes = append(nodes, startServer(t, dir, env...))
+	}
+	return nodes
+}
+
+// sharedStoreKey makes a key of another project in the store s shares.
+func sharedStoreKey(t *testing.T, s *server, project string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(s.bin, "pandastack"), "keys", "create", "--project", project)
+	cmd.Env = append(append(os.Environ(), "PANDASTACK_DATA_DIR="+s.dataDir, "PANDASTACK_CACHE_DIR="+paths.CacheDir()), s.env...)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("keys create: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// nodeID is the id a serve made for itself and keeps in its data dir.
+func nodeID(t *testing.T, s *server) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(s.dataDir, "node-id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// stopNodes kills the sandboxes through their nodes' own stop (kill on
+// exit) and checks that no process of any node is left.
+func stopNodes(t *testing.T, nodes []*server) {
+	for _, s := range nodes {
+		s.stop()
+	}
+	for _, s := range nodes {
+		if list := s.runscList(); len(list) > 0 {
+			t.Errorf("containers of %s left after it stopped: %v", s.dataDir, list)
+		}
+		if pids := processesMentioning(s.dataDir); len(pids) > 0 {
+			t.Errorf("processes of %s left after it stopped: %v", s.dataDir, pids)
+		}
+		os.RemoveAll(s.dataDir)
+	}
+}
+
+// Three nodes on one PostgreSQL store and one bucket: creates through one
+// node spread over all three; any node answers for any sandbox (exec,
+// streamed exec, files, the terminal's WebSocket, fork); a snapshot taken
+// on one node restores on another; after kill -9 of a node its sandboxes
+// are reported lost by the others, whose own sandboxes and API go on; the
+// killed node, started again, clears what it left.
+func TestNodes(t *testing.T) {
+	testutil.Runsc(t)
+	ctx := context.Background()
+	nodes := startNodes(t, 3)
+	defer stopNodes(t, nodes)
+	byID := map[string]*server{}
+	for _, s := range nodes {
+		id := nodeID(t, s)
+		if !strings.Contains(s.out.String(), `node=`+id) {
+			t.Errorf("%s's log does not name its node %s", s.dataDir, id)
+		}
+		byID[id] = s
+	}
+	if len(byID) != 3 {
+		t.Fatalf("three serves made node ids %v", byID)
+	}
+	// Each node has seen the others heartbeat before the first create.
+	time.Sleep(2 * time.Second)
+	a := nodes[0]
+	ca := a.client()
+
+	// Placement: six creates through A land on every node, each where its
+	// record says.
+	count := map[string]int{}
+	var sbs []*client.Sandbox
+	for i := range 6 {
+		sb, err := ca.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 600, Metadata: map[string]string{"n": fmt.Sprint(i)}})
+		if err != nil {
+			t.Fatalf("create %d through A: %v\n%s", i, err, tail(a.out.String(), 30))
+		}
+		owner, ok := byID[sb.NodeID]
+		if !ok {
+			t.Fatalf("sandbox %s names node %q", sb.ID, sb.NodeID)
+		}
+		if !contains(owner.runscList(), sb.ID) {
+			t.Errorf("sandbox %s does not run on its node %s", sb.ID, sb.NodeID)
+		}
+		count[sb.NodeID]++
+		sbs = append(sbs, sb)
+	}
+	for id := range byID {
+		if count[id] == 0 {
+			t.Errorf("six creates through A placed %v: none on %s", count, id)
+		}
+	}
+	t.Logf("placement of 6 creates: %v", count)
+
+	// Any node answers for any sandbox.
+	for _, sb := range sbs[:3] {
+		for _, via := range nodes {
+			c := via.client()
+			res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo $PANDASTACK_SANDBOX_ID"})
+			if err != nil || strings.TrimSpace(res.Stdout) != sb.ID {
+				t.Fatalf("exec in %s (node %s) through %s: %+v %v", sb.ID, sb.NodeID, nodeID(t, via), res, err)
+			}
+		}
+	}
+	sb := sbs[0]
+	owner := byID[sb.NodeID]
+	var other *server // a node that does not run sb
+	for _, s := range nodes {
+		if s != owner {
+			other = s
+			break
+		}
+	}
+	co := other.client()
+	// A streamed exec comes through line by line.
+	var lines []string
+	res, err := co.ExecStream(ctx, sb.ID, client.ExecRequest{Cmd: "for i in 1 2 3; do echo line$i; sleep 0.2; done"}, func(ev client.ExecEvent) {
+		if ev.Type == "stdout" {
+			lines = append(lines, ev.Data)
+		}
+	})
+	if err != nil || res.ExitCode != 0 || strings.Join(lines, "") != "line1\nline2\nline3\n" {
+		t.Errorf("streamed exec through another node: %+v %q %v", res, lines, err)
+	}
+	// Files both ways.
+	if _, err := co.WriteFile(ctx, sb.ID, "/home/user/notes.txt", strings.NewReader("written through "+nodeID(t, other))); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := owner.client().Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cat /home/user/notes.txt"}); err != nil || res.Stdout != "written through "+nodeID(t, other) {
+		t.Errorf("file written through another node, read on its own: %+v %v", res, err)
+	}
+	// The terminal's WebSocket.
+	term, err := co.OpenTerminal(ctx, sb.ID, 80, 24)
+	if err != nil {
+		t.Fatalf("terminal through another node: %v", err)
+	}
+	term.Write(ctx, []byte("echo T$((6*7))T\r"))
+	readTerm(t, term, "", "T42T")
+	term.Write(ctx, []byte("exit\r"))
+	readTerm(t, term, "", "")
+	term.Close()
+	// Another project's key gets 404 through any node, as on the owner.
+	stranger := sharedStoreKey(t, a, "nodes-stranger")
+	if st, code, _ := api(t, other, stranger, "GET", "/v1/sandboxes/"+sb.ID, ""); st != http.StatusNotFound || code != "not_found" {
+		t.Errorf("another project's GET through another node: %d %s", st, code)
+	}
+	// The forwarding header grants nothing: a request that says it was
+	// forwarded, about a sandbox of another node, is refused, not acted on.
+	req, _ := http.NewRequest("DELETE", other.url+"/v1/sandboxes/"+sb.ID, nil)
+	req.Header.Set("Authorization", "Bearer "+a.key)
+	req.Header.Set("X-Pandastack-Forwarded-By", "someone")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("a DELETE claiming to be forwarded: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if got, err := ca.GetSandbox(ctx, sb.ID); err != nil || got.State != "running" {
+		t.Errorf("after the refused DELETE: %+v %v", got, err)
+	}
+
+	// Fork through another node: the children run beside their parent.
+	kids, err := co.Fork(ctx, sb.ID, client.ForkRequest{Count: 2, TTLSeconds: 600})
+	if err != nil || len(kids) != 2 {
+		t.Fatalf("fork through another node: %v %v", kids, err)
+	}
+	for _, k := range kids {
+		if k.NodeID != sb.NodeID || !contains(owner.runscList(), k.ID) {
+			t.Errorf("fork child %s on node %q, parent on %s", k.ID, k.NodeID, sb.NodeID)
+		}
+		if res, err := ca.Exec(ctx, k.ID, client.ExecRequest{Cmd: "cat /home/user/notes.txt"}); err != nil || !strings.HasPrefix(res.Stdout, "written through") {
+			t.Errorf("fork child %s through A: %+v %v", k.ID, res, err)
+		}
+	}
+
+	// A snapshot taken through another node restores on a third.
+	snap := takeSnapshot(t, other, sb.ID)
+	restoredElsewhere := false
+	for i := 0; i < 3 && !restoredElsewhere; i++ {
+		got, err := nodes[2].client().CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: snap.ID, TTLSeconds: 600})
+		if err != nil {
+			t.Fatalf("restore: %v", err)
+		}
+		res, err := ca.Exec(ctx, got.ID, client.ExecRequest{Cmd: "cat /home/user/notes.txt"})
+		if err != nil || !strings.HasPrefix(res.Stdout, "written through") {
+			t.Fatalf("restored sandbox %s on %s: %+v %v", got.ID, got.NodeID, res, err)
+		}
+		restoredElsewhere = got.NodeID != sb.NodeID
+		t.Logf("snapshot of a sandbox on %s restored on %s", sb.NodeID, got.NodeID)
+	}
+	if !restoredElsewhere {
+		t.Errorf("three restores all placed on the snapshotted sandbox's node %s", sb.NodeID)
+	}
+
+	// kill -9 of a node that runs sandboxes, not A.
+	var victim *server
+	for _, s := range nodes[1:] {
+		if count[nodeID(t, s)] > 0 {
+			victim = s
+			break
+		}
+	}
+	victimID := nodeID(t, victim)
+	var theirs, ours []string
+	for _, s := range sbs {
+		if s.NodeID == victimID {
+			theirs = append(theirs, s.ID)
+		} else {
+			ours = append(ours, s.ID)
+		}
+	}
+	if len(ours) == 0 {
+		t.Fatal("every sandbox on the victim")
+	}
+	victim.cmd.Process.Signal(syscall.SIGKILL)
+	victim.cmd.Wait()
+	victim.cmd = nil
+	// Within the grace period a request for its sandbox says the node does
+	// not answer; a create through A never fails for it.
+	if _, err := ca.Exec(ctx, theirs[0], client.ExecRequest{Cmd: "true"}); !client.IsCode(err, "sandbox_unavailable") {
+		t.Errorf("exec in a sandbox of a killed node: %v, want sandbox_unavailable", err)
+	}
+	for range 3 {
+		sb, err := ca.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 600})
+		if err != nil {
+			t.Fatalf("create through A with a node just killed: %v", err)
+		}
+		if sb.NodeID == victimID {
+			t.Errorf("create %s recorded on the killed node", sb.ID)
+		}
+	}
+	// After the grace period its sandboxes are stopped, lost.
+	deadline := time.Now().Add(60 * time.Second)
+	for _, id := range theirs {
+		for {
+			got, err := ca.GetSandbox(ctx, id)
+			if err == nil && got.State == "stopped" && got.StopReason == "lost" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox %s of the killed node: %+v %v, want stopped lost", id, got, err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	// The others' sandboxes and the API go on, through every live node.
+	for _, s := range nodes {
+		if s == victim {
+			continue
+		}
+		for _, id := range ours {
+			if res, err := s.client().Exec(ctx, id, client.ExecRequest{Cmd: "echo ok"}); err != nil || res.Stdout != "ok\n" {
+				t.Errorf("sandbox %s through %s after the kill: %+v %v", id, nodeID(t, s), res, err)
+			}
+		}
+		list, err := s.client().ListSandboxes(ctx, nil, "all")
+		if err != nil || len(list) < len(sbs) {
+			t.Errorf("list through %s: %d sandboxes, %v", nodeID(t, s), len(list), err)
+		}
+	}
+	// The killed node's sandboxes still hold runsc processes: the node,
+	// started again with its data dir, keeps their records lost and
+	// removes them.
+	victim.start()
+	for _, id := range theirs {
+		victim.assertGone(t, id)
+		if got, err := victim.client().GetSandbox(ctx, id); err != nil || got.StopReason != "lost" {
+			t.Errorf("sandbox %s after its node came back: %+v %v", id, got, err)
+		}
+	}
+}
