@@ -141,7 +141,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	}
 	fs.Int64Var(&c.API.MaxUploadBytes, "max-upload-bytes", c.API.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
 	c.Net.bind(fs)
-	c.Nodes.bind(fs, bad)
+	c.Nodes.bind(str, dur)
 }
 
 // parseDuration accepts Go durations ("5m") and plain seconds ("300").

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"net/url"
@@ -26,25 +25,11 @@ type NodesConfig struct {
 	Placement    string        // spread (default) or local
 }
 
-func (c *NodesConfig) bind(fs *flag.FlagSet, bad func(env, v, want string)) {
+// bind registers the flags with Config.bind's helpers (a flag wins over
+// the variable, which wins over the default).
+func (c *NodesConfig) bind(str func(p *string, name, env, usage string), dur func(p *time.Duration, name, env, usage string)) {
 	d := sandbox.DefaultNodeConfig()
 	c.Heartbeat, c.Grace, c.Placement = d.Heartbeat, d.Grace, "spread"
-	str := func(p *string, name, env, usage string) {
-		if v, ok := os.LookupEnv(env); ok {
-			*p = v
-		}
-		fs.StringVar(p, name, *p, usage+" ($"+env+")")
-	}
-	dur := func(p *time.Duration, name, env, usage string) {
-		if v, ok := os.LookupEnv(env); ok {
-			if d, err := parseDuration(v); err == nil {
-				*p = d
-			} else {
-				bad(env, v, "a duration such as 30, 30s or 1m")
-			}
-		}
-		fs.DurationVar(p, name, *p, usage+" ($"+env+")")
-	}
 	str(&c.ID, "node-id", "PANDASTACK_NODE_ID", "this node's id among the serves sharing a store (default: one made once and kept in <data dir>/node-id)")
 	str(&c.AdvertiseURL, "advertise-url", "PANDASTACK_ADVERTISE_URL", "base URL other nodes forward requests to (default: http://<listen address>)")
 	dur(&c.Heartbeat, "node-heartbeat", "PANDASTACK_NODE_HEARTBEAT", "how often this node heartbeats in the store")
