@@ -1,9 +1,13 @@
 package e2e
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -313,5 +317,114 @@ func TestNodes(t *testing.T) {
 		if got, err := victim.client().GetSandbox(ctx, id); err != nil || got.StopReason != "lost" {
 			t.Errorf("sandbox %s after its node came back: %+v %v", id, got, err)
 		}
+	}
+}
+
+// The port proxy across nodes, with sandbox networking on: a sandbox's port
+// is reached through a node that does not run it, by path, by host name
+// ({port}-{id}.domain) and by a token URL minted through that node, and a
+// WebSocket to the port passes through both hops.
+func TestNodesPortProxy(t *testing.T) {
+	testutil.Runsc(t)
+	ctx := context.Background()
+	nodes := startNodes(t, 2, "PANDASTACK_NETWORK_DEFAULT=internet", "PANDASTACK_PUBLIC_DOMAIN=sbx.test")
+	defer func() {
+		stopNodes(t, nodes)
+		for _, s := range nodes {
+			assertNetworkGone(t, s)
+		}
+	}()
+	time.Sleep(2 * time.Second) // each has seen the other heartbeat
+	sb, err := nodes[0].client().CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := nodes[0]
+	if sb.NodeID == nodeID(t, other) {
+		other = nodes[1]
+	}
+	co := other.client()
+	if _, err := co.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cd /tmp && echo hello-from-" + sb.NodeID + " > page.txt && nohup python3 -m http.server 8000 >/dev/null 2>&1 & nohup python3 -c \"$WS\" >/dev/null 2>&1 &", Env: map[string]string{"WS": wsEcho}}); err != nil {
+		t.Fatal(err)
+	}
+	want := "hello-from-" + sb.NodeID + "\n"
+	get := func(u, host string, withKey bool) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", u, nil)
+		if host != "" {
+			req.Host = host
+		}
+		if withKey {
+			req.Header.Set("Authorization", "Bearer "+other.key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	page := co.PortURL(sb.ID, 8000) + "page.txt"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, body := get(page, "", true)
+		if st == 200 && body == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GET page.txt through the node that does not run the sandbox: %d %q", st, body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if st, body := get(other.url+"/page.txt", "8000-"+sb.ID+".sbx.test", true); st != 200 || body != want {
+		t.Errorf("host-routed through the other node: %d %q", st, body)
+	}
+	if st, _ := get(page, "", false); st != http.StatusUnauthorized {
+		t.Errorf("without key or token through the other node: %d, want 401", st)
+	}
+	tok, err := co.CreatePortToken(ctx, sb.ID, 8000, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(tok.URL)
+	u.Path += "page.txt"
+	u.Host = strings.TrimPrefix(other.url, "http://") // with no key: the other node forwards, the owner checks the token
+	if st, body := get(u.String(), "", false); st != 200 || body != want {
+		t.Errorf("token URL minted through the other node (%s): %d %q", u, st, body)
+	}
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(other.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/ports/8765/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", sb.ID, other.key)
+	br := bufio.NewReader(conn)
+	if status, _ := br.ReadString('\n'); !strings.Contains(status, "101") {
+		t.Fatalf("WebSocket upgrade through the other node: %q", status)
+	}
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil || l == "\r\n" {
+			break
+		}
+	}
+	msg := []byte("ping across nodes")
+	mask := []byte{1, 2, 3, 4}
+	frame := append([]byte{0x81, 0x80 | byte(len(msg))}, mask...)
+	for i, b := range msg {
+		frame = append(frame, b^mask[i%4])
+	}
+	conn.Write(frame)
+	hdr := make([]byte, 2)
+	if _, err := io.ReadFull(br, hdr); err != nil {
+		t.Fatal(err)
+	}
+	echo := make([]byte, hdr[1]&127)
+	io.ReadFull(br, echo)
+	if string(echo) != string(msg) {
+		t.Errorf("WebSocket echo across nodes: %q", echo)
 	}
 }
