@@ -189,6 +189,9 @@ func serve(args []string) error {
 		return err
 	}
 	scfg.Images = images
+	if scfg.Node, err = cfg.Nodes.node(cfg.DataDir, cfg.Listen, strings.HasPrefix(cfg.SnapshotStore, "s3://")); err != nil {
+		return err
+	}
 	mgr := sandbox.New(scfg, store, sandboxes, tpls, log)
 	if netw != nil {
 		mgr.UseNetwork(netw)
@@ -216,7 +219,7 @@ func serve(args []string) error {
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "snapshot_store", imagesDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
+	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "snapshot_store", imagesDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version, "node", scfg.Node.ID, "advertise_url", scfg.Node.URL)
 	select {
 	case err := <-errc:
 		return err
