@@ -1,0 +1,71 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/sandbox"
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+// templateGC removes the template builds and warm images that nothing of
+// this data directory refers to (see sandbox.CollectRootFSRefs and
+// template.GC), printing one line per build or image it removes or keeps.
+func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge time.Duration, dryRun bool, w io.Writer) error {
+	current := map[string]string{}
+	for _, spec := range reg.List() {
+		if b, ok := template.Lookup(cfg.CacheDir, spec); ok {
+			current[filepath.Clean(b.RootFS)] = "current build of " + spec.Name
+		}
+	}
+	store, _, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	images, _, err := openImages(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	refs, warm, err := sandbox.CollectRootFSRefs(ctx, sandbox.RefSources{
+		Store: store, Images: images, PausedDir: cfg.pausedDir(), WarmDir: cfg.warmDir(),
+		Current:    func(rootfs string) bool { return current[filepath.Clean(rootfs)] != "" },
+		WarmMinAge: minAge, DryRun: dryRun,
+	})
+	if err != nil {
+		return fmt.Errorf("template gc: %w (nothing removed)", err)
+	}
+	verb := "removed"
+	if dryRun {
+		verb = "would remove"
+	}
+	for _, dir := range warm {
+		fmt.Fprintf(w, "%s warm image %s\n", verb, dir)
+	}
+	res, err := template.GC(cfg.CacheDir, template.GCOptions{
+		MinAge: minAge, DryRun: dryRun,
+		Keep: func(b template.Built) (string, bool) {
+			if why := current[filepath.Clean(b.RootFS)]; why != "" {
+				return why, true
+			}
+			return refs.Keeps(b.Name, b.RootFS, b.BuiltAt)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	var freed int64
+	for _, r := range res {
+		if r.Removed {
+			freed += r.Build.SizeBytes
+			fmt.Fprintf(w, "%s %s (%d MB)\n", verb, r.Build.Dir, r.Build.SizeBytes>>20)
+		} else {
+			fmt.Fprintf(w, "kept %s: %s\n", r.Build.Dir, r.Reason)
+		}
+	}
+	fmt.Fprintf(w, "%s %d MB of template builds\n", verb, freed>>20)
+	return nil
+}
