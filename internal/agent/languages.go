@@ -22,4 +22,6 @@ var otherKernels = map[string]langKernel{
 	"javascript": {jupyter.TCP, jupyter.DenoEnvCode, true, nil},
 	"typescript": {jupyter.TCP, jupyter.DenoEnvCode, true, nil},
 	"r":          {jupyter.TCP, jupyter.REnvCode, false, jupyter.RReseedCode},
+	// JJava (Java on JShell): an interrupt_request stops a running cell.
+	"java": {jupyter.TCP, jupyter.JavaEnvCode, true, jupyter.JavaReseedCode},
 }
