@@ -70,6 +70,10 @@ func TestRandomStateAfterRestore(t *testing.T) {
 	if ex, err := c.RunCode(ctx, parent.ID, client.RunRequest{Code: "set.seed(5); kept <- 41", Language: "r", TimeoutSeconds: 120}); err != nil || ex.Error != nil {
 		t.Fatalf("start an R context: %+v %v", ex, err)
 	}
+	// And JavaScript: V8 seeds Math.random once per process.
+	if ex, err := c.RunCode(ctx, parent.ID, client.RunRequest{Code: "var keptJS = 41; Math.random()", Language: "javascript", TimeoutSeconds: 120}); err != nil || ex.Error != nil {
+		t.Fatalf("start a JavaScript context: %+v %v", ex, err)
+	}
 	kids, err := c.Fork(ctx, parent.ID, client.ForkRequest{Count: 2, TTLSeconds: 900})
 	if err != nil {
 		t.Fatalf("fork: %v", err)
@@ -96,6 +100,15 @@ func TestRandomStateAfterRestore(t *testing.T) {
 			t.Errorf("fork child %d lost its R state: %q", i, ex.Stdout)
 		}
 		record(fmt.Sprintf("fork child %d in R", i), rest)
+		ex, err = c.RunCode(ctx, k.ID, client.RunRequest{Code: "console.log(keptJS + 1, Math.random(), Math.random())", Language: "javascript"})
+		if err != nil || ex.Error != nil {
+			t.Fatalf("fork child %d, JavaScript: %+v %v", i, ex, err)
+		}
+		first, rest, _ = strings.Cut(strings.TrimSpace(ex.Stdout), " ")
+		if first != "42" {
+			t.Errorf("fork child %d lost its JavaScript state: %q", i, ex.Stdout)
+		}
+		record(fmt.Sprintf("fork child %d in JavaScript", i), rest)
 	}
 }
 
