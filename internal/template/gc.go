@@ -61,10 +61,8 @@ func GC(cacheDir string, o GCOptions) ([]GCResult, error) {
 			r.Reason = "mounted by a running process: " + m
 		} else if o.DryRun {
 			r.Removed = true
-		} else if err := Remove(b); err != nil {
-			r.Reason = err.Error()
 		} else {
-			r.Removed = true
+			r.Removed, r.Reason = removeUnlessBuilding(cacheDir, b)
 		}
 		out = append(out, r)
 	}
@@ -79,4 +77,19 @@ func builtAt(b Built) time.Time {
 		t = fi.ModTime()
 	}
 	return t
+}
+
+// removeUnlessBuilding removes b under the lock of its template name, so
+// that no build of that name (a --force rebuild of the same hash) runs
+// meanwhile; a running build keeps it.
+func removeUnlessBuilding(cacheDir string, b Built) (bool, string) {
+	unlock, err := tryLockName(cacheDir, b.Name)
+	if err != nil {
+		return false, "a build of " + b.Name + " is running"
+	}
+	defer unlock()
+	if err := Remove(b); err != nil {
+		return false, err.Error()
+	}
+	return true, ""
 }

@@ -94,3 +94,8 @@ func readMountinfo(path string) ([]mountEntry, error) {
 	}
 	return out, sc.Err()
 }
+
+// tryLockName takes the build lock of a template name without waiting.
+func tryLockName(cacheDir, name string) (func(), error) {
+	return tryLock(filepath.Join(cacheDir, templatesDir, "."+name+".lock"))
+}

@@ -83,6 +83,21 @@ func TestGCRemovesOnlyUnreferencedOldBuilds(t *testing.T) {
 			t.Errorf("%s was removed", d)
 		}
 	}
+	// A build of the same name running holds the name's lock: its
+	// builds stay until it is done.
+	busy := fakeBuild(t, cache, "code-interpreter", "9999999999999999", old)
+	unlock, err := tryLockName(cache, "code-interpreter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = GC(cache, GCOptions{Keep: keep, MinAge: time.Hour})
+	unlock()
+	if err != nil || !exists(busy.Dir) {
+		t.Fatalf("GC removed a build while a build of its name ran: %v %+v", err, res)
+	}
+	if _, err := GC(cache, GCOptions{Keep: keep, MinAge: time.Hour}); err != nil || exists(busy.Dir) {
+		t.Fatalf("the build is still there once the lock is free: %v", err)
+	}
 	if _, err := GC(cache, GCOptions{}); err == nil {
 		t.Error("GC without a Keep function succeeded")
 	}
