@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/sandbox"
 	"github.com/pandastack/pandastack/internal/template"
 )
@@ -15,11 +19,25 @@ import (
 // this data directory refers to (see sandbox.CollectRootFSRefs and
 // template.GC), printing one line per build or image it removes or keeps.
 func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge time.Duration, dryRun bool, w io.Writer) error {
-	current := map[string]string{}
+	// The warm images a server with the agent beside this binary restores;
+	// without an agent to go by, those of every agent are current.
+	agentHash := ""
+	if p := paths.FindAgent(cfg.Agent); p != "" {
+		if b, err := os.ReadFile(p); err == nil {
+			sum := sha256.Sum256(b)
+			agentHash = hex.EncodeToString(sum[:])
+		}
+	}
+	current, currentWarm := map[string]string{}, map[string]bool{}
 	for _, spec := range reg.List() {
 		if b, ok := template.Lookup(cfg.CacheDir, spec); ok {
 			current[filepath.Clean(b.RootFS)] = "current build of " + spec.Name
+			currentWarm[filepath.Base(sandbox.WarmImageDir(cfg.warmDir(), spec.Name, spec.Hash(), agentHash))] = true
 		}
+	}
+	var isCurrentWarm func(string) bool
+	if agentHash != "" {
+		isCurrentWarm = func(name string) bool { return currentWarm[name] }
 	}
 	store, _, err := openStore(ctx, cfg)
 	if err != nil {
@@ -32,8 +50,9 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 	}
 	refs, warm, err := sandbox.CollectRootFSRefs(ctx, sandbox.RefSources{
 		Store: store, Images: images, PausedDir: cfg.pausedDir(), WarmDir: cfg.warmDir(),
-		Current:    func(rootfs string) bool { return current[filepath.Clean(rootfs)] != "" },
-		WarmMinAge: minAge, DryRun: dryRun,
+		Current:     func(rootfs string) bool { return current[filepath.Clean(rootfs)] != "" },
+		CurrentWarm: isCurrentWarm,
+		WarmMinAge:  minAge, DryRun: dryRun,
 	})
 	if err != nil {
 		return fmt.Errorf("template gc: %w (nothing removed)", err)

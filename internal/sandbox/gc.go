@@ -65,9 +65,14 @@ type RefSources struct {
 	// removed (unless DryRun) and refers to nothing: no create restores it
 	// any more, and another server sharing the cache had WarmMinAge to
 	// stop using it.
-	Current    func(rootfs string) bool
-	WarmMinAge time.Duration
-	DryRun     bool
+	Current func(rootfs string) bool
+	// CurrentWarm, when set, further says whether a warm image (by its
+	// directory's name, see WarmImageDir) is the one a server with this
+	// agent restores: one of a current build but an older agent is
+	// removed like one of an old build.
+	CurrentWarm func(name string) bool
+	WarmMinAge  time.Duration
+	DryRun      bool
 }
 
 // CollectRootFSRefs finds every reference to a template rootfs in the
@@ -117,8 +122,9 @@ func CollectRootFSRefs(ctx context.Context, src RefSources) (RootFSRefs, []strin
 		man, err := imagestore.ReadManifest(dir, "warm image "+e)
 		fi, statErr := os.Stat(dir)
 		old := statErr == nil && time.Since(fi.ModTime()) >= src.WarmMinAge
+		current := err == nil && src.Current != nil && src.Current(man.RootFS) && (src.CurrentWarm == nil || src.CurrentWarm(e))
 		switch {
-		case err == nil && src.Current != nil && src.Current(man.RootFS):
+		case current:
 			refs.add(man.RootFS, "warm image "+e)
 		case !old && err == nil:
 			refs.add(man.RootFS, "warm image "+e+" (recent)")

@@ -56,10 +56,13 @@ func TestCollectRootFSRefs(t *testing.T) {
 	staleWarm := fakeWarm(t, warm, "base-old-x", "/gone/rootfs-old", old)
 	recentWarm := fakeWarm(t, warm, "base-recent-x", "/some/rootfs-recent", time.Now())
 	currentWarm := fakeWarm(t, warm, "base-current-x", third, old)
+	oldAgentWarm := fakeWarm(t, warm, "base-current-oldagent", third, old)
 
 	src := RefSources{
 		Store: h.store, Images: imagestore.NewLocal(h.m.cfg.SnapshotDir), PausedDir: h.m.cfg.PausedDir, WarmDir: warm,
-		Current: func(rootfs string) bool { return rootfs == third }, WarmMinAge: time.Hour,
+		Current:     func(rootfs string) bool { return rootfs == third },
+		CurrentWarm: func(name string) bool { return name == "base-current-x" },
+		WarmMinAge:  time.Hour,
 	}
 	refs, removed, err := CollectRootFSRefs(ctx, src)
 	if err != nil {
@@ -75,16 +78,18 @@ func TestCollectRootFSRefs(t *testing.T) {
 	if by, ok := refs.Keeps("base", "/gone/rootfs-old", time.Now()); ok {
 		t.Errorf("the stale warm image's rootfs is kept by %q", by)
 	}
-	if len(removed) != 1 || removed[0] != staleWarm {
-		t.Errorf("removed warm images %v, want only %s", removed, staleWarm)
+	if strings.Join(removed, " ") != oldAgentWarm+" "+staleWarm {
+		t.Errorf("removed warm images %v, want %s and %s", removed, oldAgentWarm, staleWarm)
 	}
 	for _, d := range []string{recentWarm, currentWarm} {
 		if _, err := os.Stat(d); err != nil {
 			t.Errorf("warm image %s was removed", d)
 		}
 	}
-	if _, err := os.Stat(staleWarm); err == nil {
-		t.Error("the stale warm image is still there")
+	for _, d := range []string{staleWarm, oldAgentWarm} {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("the stale warm image %s is still there", d)
+		}
 	}
 
 	// A snapshot store whose manifests are not local files (S3): every
