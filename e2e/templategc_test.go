@@ -88,10 +88,10 @@ func TestTemplateGC(t *testing.T) {
 	// The spec changes: version 2 is current from now on.
 	v2 := writeSpec("2")
 
-	gc := func(args ...string) string {
+	gcIn := func(dataDir string, args ...string) string {
 		t.Helper()
 		cmd := exec.Command(filepath.Join(s.bin, "pandastack"), append([]string{"template", "gc", "--min-age", "0s"}, args...)...)
-		cmd.Env = append(os.Environ(), "PANDASTACK_DATA_DIR="+dataDir, "PANDASTACK_CACHE_DIR="+cache)
+		cmd.Env = append(os.Environ(), "PANDASTACK_DATA_DIR="+dataDir, "PANDASTACK_CACHE_DIR="+cache, "PANDASTACK_TEMPLATES_DIR="+specDir)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Run(); err != nil {
@@ -99,6 +99,7 @@ func TestTemplateGC(t *testing.T) {
 		}
 		return out.String()
 	}
+	gc := func(args ...string) string { t.Helper(); return gcIn(dataDir, args...) }
 	exists := func(dir string) bool { _, err := os.Stat(dir); return err == nil }
 	keptFor := func(out, dir, why string) {
 		t.Helper()
@@ -110,6 +111,14 @@ func TestTemplateGC(t *testing.T) {
 	out := gc()
 	keptFor(out, v1, "sandbox "+sb.ID)
 	keptFor(out, v2, "current build of base")
+	// Seen from another data directory (another server sharing the cache
+	// and the specs), nothing in the store refers to v1: the sandbox's runsc
+	// mount keeps it.
+	other := t.TempDir()
+	if _, _, err := s.cli("keys", "list", "--data-dir", other); err != nil {
+		t.Fatalf("make a store in another data dir: %v", err)
+	}
+	keptFor(gcIn(other), v1, "mounted by a running process")
 
 	if err := c.KillSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)
