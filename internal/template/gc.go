@@ -88,6 +88,12 @@ func removeUnlessBuilding(cacheDir string, b Built) (bool, string) {
 		return false, "a build of " + b.Name + " is running"
 	}
 	defer unlock()
+	// Again, right before: a sandbox may have started on it since.
+	if mounted, err := inUseBy(); err != nil {
+		return false, err.Error()
+	} else if m := mounted(b.Dir); m != "" {
+		return false, "mounted by a running process: " + m
+	}
 	if err := Remove(b); err != nil {
 		return false, err.Error()
 	}
