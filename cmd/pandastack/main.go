@@ -43,6 +43,8 @@ Usage:
   pandastack keys revoke ID|PREFIX         revoke an API key
   pandastack template build NAME [--force] build a template's root filesystem
   pandastack template ls                   list template specs and their builds
+  pandastack template gc [--dry-run] [--min-age 24h]
+                                           remove template builds and warm images nothing uses
   pandastack sandbox create [flags]        create a sandbox (through the API)
   pandastack sandbox ls                    list sandboxes
   pandastack sandbox exec ID -- CMD...     run a command in a sandbox
@@ -373,11 +375,13 @@ func keys(args []string) error {
 func templates(args []string) error {
 	cfg := defaultConfig()
 	if len(args) == 0 {
-		return errors.New("template: want build or ls")
+		return errors.New("template: want build, ls or gc")
 	}
 	fs := flag.NewFlagSet("template "+args[0], flag.ContinueOnError)
 	cfg.bind(fs)
 	force := fs.Bool("force", false, "rebuild even when cached")
+	minAge := fs.Duration("min-age", 24*time.Hour, "gc: spare builds and warm images younger than this")
+	dryRun := fs.Bool("dry-run", false, "gc: only say what would be removed")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -416,8 +420,10 @@ func templates(args []string) error {
 			}
 			fmt.Printf("%-20s %-18s %-10s %s\n", spec.Name, spec.Hash()[:16], size, built)
 		}
+	case "gc":
+		return templateGC(context.Background(), &cfg, reg, *minAge, *dryRun, os.Stdout)
 	default:
-		return fmt.Errorf("template: unknown verb %q; want build or ls", args[0])
+		return fmt.Errorf("template: unknown verb %q; want build, ls or gc", args[0])
 	}
 	return nil
 }
