@@ -85,7 +85,7 @@ type Server struct {
 	catalog Catalog
 	log     *slog.Logger
 	mux     *http.ServeMux
-	tokens  portTokens // port URLs that work without an API key (ports.go)
+	tokens  portTokens       // port URLs that work without an API key (ports.go)
 	history *history.Log     // what was run in each sandbox
 	lineage *history.Lineage // where sandboxes came from
 }
