@@ -123,6 +123,25 @@ func gateway(t *testing.T, s *server, id string) string {
 	return net.IP(b[:]).String()
 }
 
+// waitRefusedEntry waits for the sandbox's egress log to list a refused
+// TCP connect to addr:port by rule.
+func waitRefusedEntry(t *testing.T, s *server, id, addr string, port int, rule string) {
+	t.Helper()
+	var log []client.EgressEntry
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var err error
+		if log, err = s.client().NetworkLog(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range log {
+			if e.Kind == "tcp" && e.Address == addr && e.Port == port && !e.Allowed && e.Rule == rule {
+				return
+			}
+		}
+	}
+	t.Errorf("egress log of %s has no refused connect to %s:%d by %q: %+v", id, addr, port, rule, log)
+}
+
 func TestNetworkInternetAndDenySet(t *testing.T) {
 	up := nettest.StartUpstream(t, "e", 10, 10)
 	s := networkServer(t)
@@ -136,6 +155,7 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 		if !strings.HasPrefix(got, "ERR ECONNREFUSED") {
 			t.Errorf("connect to %s from a sandbox: %q, want ECONNREFUSED", addr, got)
 		}
+		waitRefusedEntry(t, s, sb.ID, addr, 80, "platform")
 	}
 	// The host itself: a server the test runs on all the host's addresses
 	// (the public-looking test veth's among them) is refused to sandboxes.
@@ -237,6 +257,7 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Fatalf("set network: %+v, %v", got, err)
 	}
 	refused(sb.ID)
+	waitRefusedEntry(t, s, sb.ID, pub, 80, "deny_out "+pub+"/32")
 	if g, _ := c.GetSandbox(ctx, sb.ID); g.Network == nil || len(g.Network.DenyOut) != 1 {
 		t.Errorf("GET shows network %+v", g.Network)
 	}

@@ -40,6 +40,8 @@ type Network struct {
 	preparing sync.WaitGroup // Prepares under way
 	stopFlows chan struct{}  // ends watchFlows
 	flowsDone chan struct{}
+	refused   *nflog // reads what the firewall refuses; nil when unavailable
+	refDone   chan struct{}
 }
 
 type sandboxNet struct {
@@ -173,8 +175,25 @@ func New(cfg Config) (*Network, error) {
 	if err != nil {
 		return nil, fmt.Errorf("network: nftables: %w", err)
 	}
+	// Without NFLOG the sandboxes still work; only refused connects go
+	// unlogged.
+	if n.refused, err = openNFLOG(cfg.Instance); err != nil {
+		n.log.Warn("refused connections will not be in the egress log", "err", err)
+	} else {
+		n.fw.group = n.refused.group
+	}
 	if err := n.fw.install(c, n.cidr, n.deny, cfg.AllowPrivate); err != nil {
+		if n.refused != nil {
+			n.refused.Close()
+		}
 		return nil, fmt.Errorf("network: %w", err)
+	}
+	if n.refused != nil {
+		n.refDone = make(chan struct{})
+		go func() {
+			defer close(n.refDone)
+			n.refused.read(n.logRefused)
+		}()
 	}
 	n.loadState()
 	enableConntrackAcct()
@@ -727,6 +746,12 @@ func (n *Network) Close() error {
 		}
 	}
 	n.nftMu.Lock()
-	defer n.nftMu.Unlock()
-	return n.withConn(func(c *nftables.Conn) error { return n.fw.remove(c) })
+	err := n.withConn(func(c *nftables.Conn) error { return n.fw.remove(c) })
+	n.nftMu.Unlock()
+	if n.refused != nil {
+		n.refused.Close()
+		<-n.refDone
+		n.refused = nil
+	}
+	return err
 }

@@ -115,6 +115,12 @@ func TestSandboxNetwork(t *testing.T) {
 			t.Errorf("connect to %s from a sandbox: %v after %s; want connection refused at once", a, err, took)
 		}
 	}
+	// Each refused connect is in the egress log, with the rule that refused it.
+	for _, a := range targets {
+		if !a.IsLoopback() { // the namespace's own loopback refused that one
+			waitRefused(t, n, "sbx_neta", a, 80, "platform")
+		}
+	}
 
 	// A live change: deny_out the server, then allow_out wins.
 	pol := pandastack.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{up.PublicIP.String() + "/32"}}
@@ -124,6 +130,7 @@ func TestSandboxNetwork(t *testing.T) {
 	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("deny_out: %v, want refused", err)
 	}
+	waitRefused(t, n, "sbx_neta", up.PublicIP, 80, "deny_out "+up.PublicIP.String()+"/32")
 	pol.AllowOut = []string{up.PublicIP.String()}
 	if err := n.SetPolicy("sbx_neta", pol); err != nil {
 		t.Fatal(err)
@@ -137,6 +144,7 @@ func TestSandboxNetwork(t *testing.T) {
 	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("no internet: %v, want refused", err)
 	}
+	waitRefused(t, n, "sbx_neta", up.PublicIP, 80, "no_internet")
 	// A bad policy changes nothing.
 	if err := n.SetPolicy("sbx_neta", pandastack.NetworkPolicy{AllowInternetAccess: true, AllowOut: []string{"10.1.2.3"}}); !pandastack.IsCode(err, pandastack.ENetworkDenied) {
 		t.Errorf("allow_out into the deny set: %v, want %s", err, pandastack.ENetworkDenied)
@@ -171,6 +179,60 @@ func TestSandboxNetwork(t *testing.T) {
 		if _, err := os.Stat(n.NSPath(id)); err == nil {
 			t.Errorf("namespace of %s left after Release", id)
 		}
+	}
+}
+
+// waitRefused waits for the egress log entry of a refused connect to addr:port.
+func waitRefused(t *testing.T, n *Network, id string, addr netip.Addr, port int, rule string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, e := range n.Log(id) {
+			if e.Kind == "tcp" && e.Address == addr.String() && e.Port == port && !e.Allowed && e.Rule == rule {
+				return
+			}
+		}
+	}
+	t.Errorf("no refused entry for %s:%d by %q in the egress log: %+v", addr, port, rule, n.Log(id))
+}
+
+// A flood of refused packets is logged only up to the firewall's limit.
+func TestRefusedFloodIsRateLimited(t *testing.T) {
+	up := nettest.StartUpstream(t, "f", 42, 42)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	ns, err := n.Prepare("sbx_flood", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_flood")
+	const sent = 3000
+	nettest.InNS(t, ns, func() {
+		c, err := net.ListenPacket("udp4", ":0")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(up.PrivateIP, 9))
+		for range sent {
+			c.WriteTo([]byte("x"), to)
+		}
+	})
+	count := func() int {
+		k := 0
+		for _, e := range n.Log("sbx_flood") {
+			if e.Kind == "udp" && e.Address == up.PrivateIP.String() && e.Port == 9 && !e.Allowed && e.Rule == "platform" {
+				k++
+			}
+		}
+		return k
+	}
+	for deadline := time.Now().Add(10 * time.Second); count() == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	}
+	time.Sleep(500 * time.Millisecond) // the rest of what was logged
+	k := count()
+	t.Logf("%d of %d refused datagrams logged", k, sent)
+	if k == 0 || k >= sent/2 {
+		t.Errorf("%d of %d refused datagrams logged; want some, limited to about %d a second after a burst of %d", k, sent, refusedLogRate, refusedLogBurst)
 	}
 }
 
