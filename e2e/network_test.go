@@ -271,9 +271,17 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused(sb.ID)
+	// A policy set while paused is the one the resume brings.
+	if _, err := c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{AllowOut: []string{pub}}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	reaches(sb.ID)
 	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 2})
 	if err != nil {
 		t.Fatal(err)

@@ -517,7 +517,8 @@ func (n *Network) Adopt(id string) error {
 }
 
 // SetPolicy replaces a sandbox's policy at once; a policy that does not
-// validate changes nothing.
+// validate changes nothing. For a sandbox with no network now (a paused
+// one, whose runtime was stopped) it is kept for its next Prepare.
 func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
 	comp, err := Compile(p, n.deny, n.cfg.AllowPrivate)
 	if err != nil {
@@ -527,7 +528,12 @@ func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
 	defer n.mu.Unlock()
 	s := n.sbx[id]
 	if s == nil {
-		return pandastack.Errorf(pandastack.ENotFound, "sandbox %s has no network", id)
+		s = &sandboxNet{ID: id, Slot: -1, Policy: p.Normalized(), comp: comp}
+		if err := n.saveState(s); err != nil {
+			return fmt.Errorf("network %s: %w", id, err)
+		}
+		n.sbx[id] = s
+		return nil
 	}
 	if s.up {
 		_, addr := n.addrs(s.Slot)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"syscall"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -88,4 +89,33 @@ type notFoundRuntime struct{ pandastack.Runtime }
 
 func (notFoundRuntime) State(context.Context, string) (pandastack.RuntimeState, error) {
 	return "", pandastack.Errorf(pandastack.ENotFound, "no such sandbox")
+}
+
+// A paused sandbox's runtime is stopped, which releases its network; the
+// policy set then (or kept by the pause) is the one its resume gets.
+func TestPolicyOfStoppedSandboxKeptForPrepare(t *testing.T) {
+	up := nettest.StartUpstream(t, "k", 46, 46)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	rt := Wrap(&failingRuntime{}, n)
+	if _, err := n.Prepare("sbx_paus", nil); err != nil {
+		t.Fatal(err)
+	}
+	rt.Stop(context.Background(), "sbx_paus")
+	if err := n.SetPolicy("sbx_paus", pandastack.NoNetworkPolicy()); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := n.Policy("sbx_paus"); !ok || p.AllowInternetAccess {
+		t.Fatalf("policy of the stopped sandbox: %+v %v", p, ok)
+	}
+	ns, err := n.Prepare("sbx_paus", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_paus")
+	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("after Prepare with the kept no-internet policy: %v, want refused", err)
+	}
+	if err := n.SetPolicy("sbx_paus", pandastack.NetworkPolicy{AllowOut: []string{"10.0.0.1"}}); !pandastack.IsCode(err, pandastack.ENetworkDenied) {
+		t.Errorf("a denied policy: %v", err)
+	}
 }

@@ -223,8 +223,14 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	if c := m.sbx.detach(id); c != nil {
 		c.Close()
 	}
+	policy := m.networkOf(id)
 	if err := m.rt.Stop(ctx, id); err != nil {
 		m.log.Error("runtime stop after pause", "sandbox", id, "err", err)
+	}
+	// Stopping released the network with its policy: keep the policy for
+	// the resume (and for a PUT while paused).
+	if err := m.applyNetwork(id, policy); err != nil {
+		m.log.Error("keep the network policy of a paused sandbox", "sandbox", id, "err", err)
 	}
 	m.sbx.end(id)
 	sb.State, sb.PauseReason = pandastack.StatePaused, reason
@@ -257,7 +263,11 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	}
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}, filepath.Join(dir, "image"))
+	spec := pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}
+	if m.networkOf(id) == nil {
+		spec.Network = man.Network // the policy at pause time, if the network lost it
+	}
+	rwc, err := m.rt.Restore(startCtx, spec, filepath.Join(dir, "image"))
 	var client *AgentClient
 	if err == nil {
 		if client, err = dialAgent(startCtx, id, rwc, false); err == nil {
