@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -269,6 +270,10 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 	if _, err := c.Resume(ctx, sb.ID); err != nil {
 		t.Fatal(err)
+	}
+	// The egress log is kept across the pause.
+	if log, err := c.NetworkLog(ctx, sb.ID); err != nil || !slices.ContainsFunc(log, func(e client.EgressEntry) bool { return e.Rule == "deny_out "+pub+"/32" }) {
+		t.Errorf("egress log after pause/resume: %+v, %v; want the refused connect from before", log, err)
 	}
 	refused(sb.ID)
 	// A policy set while paused is the one the resume brings.

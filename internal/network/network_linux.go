@@ -49,6 +49,7 @@ type sandboxNet struct {
 	Slot   int                      `json:"slot"`
 	Policy pandastack.NetworkPolicy `json:"policy"`
 	up     bool
+	hold   bool     // the next Release only takes the network down (a pause)
 	comp   Compiled // Policy compiled
 	dns    *resolver
 	proxy  *proxy
@@ -568,13 +569,28 @@ func (n *Network) Down(id string) {
 }
 
 // Release removes everything of the sandbox, its policy too. Releasing an
-// unknown sandbox is not an error.
+// unknown sandbox is not an error. After Hold, one Release is only a Down.
 func (n *Network) Release(id string) {
 	n.Down(id)
 	n.mu.Lock()
+	if s := n.sbx[id]; s != nil && s.hold {
+		s.hold = false
+		n.mu.Unlock()
+		return
+	}
 	delete(n.sbx, id)
 	n.mu.Unlock()
 	os.Remove(n.statePath(id))
+}
+
+// Hold keeps a sandbox's policy and egress log through the next Release:
+// a pause stops the sandbox's runtime, and its resume is a new Prepare.
+func (n *Network) Hold(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s := n.sbx[id]; s != nil {
+		s.hold = true
+	}
 }
 
 // teardown undoes Prepare for s, whatever part of it was done.

@@ -25,6 +25,9 @@ type Network interface {
 	Log(id string) []pandastack.EgressEntry
 	// Addr returns the sandbox's address, where the host reaches its ports.
 	Addr(id string) (netip.Addr, bool)
+	// Hold keeps the sandbox's policy and log through the runtime's next
+	// Stop (a pause), for its resume.
+	Hold(id string)
 }
 
 // UseNetwork enables network policies; call before Start. Without it a

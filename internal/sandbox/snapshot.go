@@ -223,14 +223,11 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	if c := m.sbx.detach(id); c != nil {
 		c.Close()
 	}
-	policy := m.networkOf(id)
+	if m.net != nil {
+		m.net.Hold(id) // the policy and egress log stay for the resume
+	}
 	if err := m.rt.Stop(ctx, id); err != nil {
 		m.log.Error("runtime stop after pause", "sandbox", id, "err", err)
-	}
-	// Stopping released the network with its policy: keep the policy for
-	// the resume (and for a PUT while paused).
-	if err := m.applyNetwork(id, policy); err != nil {
-		m.log.Error("keep the network policy of a paused sandbox", "sandbox", id, "err", err)
 	}
 	m.sbx.end(id)
 	sb.State, sb.PauseReason = pandastack.StatePaused, reason
