@@ -40,7 +40,7 @@ type Settings struct {
 }
 
 // sectionKeys name the sections for -only, in the order they run.
-var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle"}
+var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle", "network"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
