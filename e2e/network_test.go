@@ -186,6 +186,10 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 			t.Errorf("connect to the host's %s:%s from a sandbox: %q, want ECONNREFUSED", ip.IP, hostPort, got)
 		}
 	}
+	// Its resolv.conf names the resolver on its gateway, whatever the template had.
+	if res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Cmd: "grep ^nameserver /etc/resolv.conf"}); err != nil || strings.TrimSpace(res.Stdout) != "nameserver "+gateway(t, s, sb.ID) {
+		t.Errorf("resolv.conf of the sandbox: %+v, %v; want its gateway only", res, err)
+	}
 	// Its own gateway too, on any port but DNS and the domain proxy.
 	if got := fetch(t, s, sb.ID, gateway(t, s, sb.ID), hostPort); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
 		t.Errorf("connect to the gateway's %s from a sandbox: %q, want ECONNREFUSED", hostPort, got)
