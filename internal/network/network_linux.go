@@ -632,6 +632,13 @@ func (n *Network) removeNamespace(id string) {
 	}
 }
 
+// vethMTU is the MTU of both ends of a sandbox's veth. gVisor's netstack
+// pays per packet, so larger packets between the sandbox and the host (the
+// port proxy, the domain proxy, DNS) cost it less; TCP to the internet
+// still takes the remote's smaller MSS, and the host fragments or answers
+// "fragmentation needed" for anything else, as on any router.
+const vethMTU = 65000
+
 // makeNamespace pins a new namespace with the sandbox end of a veth pair
 // (eth0, addr/30, default route via gw) and the host end (gw/30, up).
 func (n *Network) makeNamespace(id, veth string, gw, addr netip.Addr) error {
@@ -649,6 +656,7 @@ func (n *Network) makeNamespace(id, veth string, gw, addr netip.Addr) error {
 	defer ns.Close()
 	la := netlink.NewLinkAttrs()
 	la.Name = veth
+	la.MTU = vethMTU // the peer takes the same
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
 		return fmt.Errorf("veth: %w", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/network/nettest"
 	"github.com/pandastack/pandastack/internal/testutil"
+	"github.com/vishvananda/netlink"
 )
 
 func newTestNetwork(t *testing.T, up nettest.Upstream, def pandastack.NetworkPolicy) *Network {
@@ -85,6 +86,9 @@ func TestSandboxNetwork(t *testing.T) {
 	ns, err := n.Prepare("sbx_neta", nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if l, err := netlink.LinkByName(n.veth(n.sbx["sbx_neta"].Slot)); err != nil || l.Attrs().MTU != vethMTU {
+		t.Errorf("host end of the veth: %v, want MTU %d", err, vethMTU)
 	}
 	body, _, err := get(t, ns, up.PublicIP)
 	if err != nil || !strings.Contains(body, "upstream test.example") {
