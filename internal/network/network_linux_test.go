@@ -452,3 +452,59 @@ func queryRcode(t *testing.T, ns string, via netip.Addr, name string) int {
 	})
 	return rc
 }
+
+// --network-cidr: a range that overlaps a route of the host, or is too
+// small, is refused at start.
+func TestCIDRChecked(t *testing.T) {
+	up := nettest.StartUpstream(t, "o", 50, 50)
+	testutil.RequireRoot(t)
+	for _, c := range []struct{ cidr, want string }{
+		{"198.51.100.0/24", "overlaps the host's route to 198.51.100."},
+		{"10.99.0.0/30", "/28 or larger"},
+		{"fd00::/64", "IPv4"},
+	} {
+		_, err := New(Config{Instance: InstanceID(t.TempDir()), StateDir: t.TempDir(), CIDR: c.cidr, Resolvers: []netip.AddrPort{up.DNS}})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--network-cidr %s: %v, want an error saying %q", c.cidr, err, c.want)
+		}
+	}
+}
+
+// --network-allow-private opens a private range to policies that name it;
+// without it the same policy is refused.
+func TestAllowPrivate(t *testing.T) {
+	up := nettest.StartUpstream(t, "v", 54, 54)
+	priv := netip.PrefixFrom(up.PrivateIP, 30).Masked()
+	pol := pandastack.NetworkPolicy{AllowOut: []string{up.PrivateIP.String()}}
+	closed := newTestNetwork(t, up, pandastack.NoNetworkPolicy())
+	if err := closed.Validate(pol); !pandastack.IsCode(err, pandastack.ENetworkDenied) {
+		t.Errorf("allow_out %s without --network-allow-private: %v, want %s", up.PrivateIP, err, pandastack.ENetworkDenied)
+	}
+	inst := InstanceID(t.TempDir())
+	n, err := New(Config{Instance: inst, StateDir: t.TempDir(), Default: pandastack.NoNetworkPolicy(), AllowPrivate: []netip.Prefix{priv}, Resolvers: []netip.AddrPort{up.DNS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		assertNoLeaks(t, inst)
+	})
+	ns, err := n.Prepare("sbx_priv", &pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_priv")
+	if body, _, err := get(t, ns, up.PrivateIP); err != nil || !strings.Contains(body, "upstream") {
+		t.Errorf("allow_out %s with the range opened: %q, %v", up.PrivateIP, body, err)
+	}
+	// Opened to policies only: one without it still cannot reach it.
+	ns2, err := n.Prepare("sbx_priv2", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_priv2")
+	if _, _, err := get(t, ns2, up.PrivateIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("default policy to the opened range: %v, want refused", err)
+	}
+	waitRefused(t, n, "sbx_priv2", up.PrivateIP, 80, "no_internet")
+}
