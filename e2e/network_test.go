@@ -194,11 +194,25 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 	if got := fetch(t, s, sb.ID, gateway(t, s, sb.ID), hostPort); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
 		t.Errorf("connect to the gateway's %s from a sandbox: %q, want ECONNREFUSED", hostPort, got)
 	}
+	gw := gateway(t, s, sb.ID)
+	if listeners(gw) == "" {
+		t.Errorf("no resolver or domain proxy listening on the gateway %s", gw)
+	}
 	if err := s.client().KillSandbox(context.Background(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
 	s.assertGone(t, sb.ID)
 	assertNetworkGone(t, s, sb.ID)
+	if l := listeners(gw); l != "" {
+		t.Errorf("listeners left on the killed sandbox's gateway %s:\n%s", gw, l)
+	}
+}
+
+// listeners lists the sockets listening on addr (the resolver's and the
+// domain proxy's on a sandbox's gateway).
+func listeners(addr string) string {
+	out, _ := exec.Command("ss", "-Hlntu", "src", addr).Output()
+	return strings.TrimSpace(string(out))
 }
 
 func TestNetworkPolicy(t *testing.T) {
