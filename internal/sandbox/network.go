@@ -164,7 +164,8 @@ func (m *Manager) resolverSetup(id string) string {
 }
 
 // NetworkLog returns the egress log of a sandbox of the project: DNS
-// answers and connections through the domain proxy, newest kept.
+// answers, connections through NAT or the domain proxy and connects the
+// firewall refused, newest kept.
 func (m *Manager) NetworkLog(ctx context.Context, projectID, id string) ([]pandastack.EgressEntry, error) {
 	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
 		return nil, err
