@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/pandastack/pandastack"
@@ -54,7 +55,21 @@ type sandboxNet struct {
 	dns    *resolver
 	proxy  *proxy
 	elog   egressLog
-	names  sync.Map // netip.Addr → the name the resolver answered it for
+	names  sync.Map     // netip.Addr → the name the resolver answered it for
+	nNames atomic.Int64 // about how many names holds
+}
+
+// maxNames bounds what a sandbox's resolver remembers of its answers: a
+// sandbox that resolves name after name cannot grow the server's memory.
+// Past it the memory starts afresh (older NAT entries then lack a domain).
+const maxNames = 4096
+
+// remember records that the resolver answered a for name.
+func (s *sandboxNet) remember(a netip.Addr, name string) {
+	if _, loaded := s.names.Swap(a, name); !loaded && s.nNames.Add(1) > maxNames {
+		s.names.Clear()
+		s.nNames.Store(0)
+	}
 }
 
 // nameOf is the name the sandbox's resolver last gave a for, or "".
@@ -81,7 +96,7 @@ func (n *Network) view(s *sandboxNet) sandboxView {
 		answered: func(name string, addrs []string) {
 			for _, a := range addrs {
 				if ip, err := netip.ParseAddr(a); err == nil {
-					s.names.Store(ip, name)
+					s.remember(ip, name)
 				}
 			}
 		},
