@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -507,4 +508,60 @@ func TestAllowPrivate(t *testing.T) {
 		t.Errorf("default policy to the opened range: %v, want refused", err)
 	}
 	waitRefused(t, n, "sbx_priv2", up.PrivateIP, 80, "no_internet")
+}
+
+// A sandbox cannot hold more than maxProxyConns connections through the
+// domain proxy at once: the rest are reset at once.
+func TestProxyConnectionsBounded(t *testing.T) {
+	up := nettest.StartUpstream(t, "x", 58, 58)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	pol := pandastack.NetworkPolicy{AllowOut: []string{"api.allowed.test"}}
+	ns, err := n.Prepare("sbx_many", &pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_many")
+	const extra = 20
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	resets := 0
+	nettest.InNS(t, ns, func() {
+		for range maxProxyConns + extra {
+			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(up.PublicIP, 80).String(), 5*time.Second)
+			if errors.Is(err, syscall.ECONNRESET) {
+				resets++ // reset before the connect returned
+				continue
+			}
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conns = append(conns, c) // says nothing: the proxy waits for its Host header
+		}
+	})
+	// Each read at once (a read past its deadline would not look): those
+	// let through wait for their Host header until the deadline.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(3 * time.Second)
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(deadline)
+			if _, err := c.Read(make([]byte, 1)); errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) {
+				mu.Lock()
+				resets++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if resets < extra {
+		t.Errorf("%d of %d connections reset, want at least the %d past the bound", resets, maxProxyConns+extra, extra)
+	}
 }
