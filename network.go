@@ -36,8 +36,9 @@ func (p NetworkPolicy) Normalized() NetworkPolicy {
 	return p
 }
 
-// EgressEntry is one line of a sandbox's egress log: a DNS answer, or a
-// connection (through the domain proxy or through NAT).
+// EgressEntry is one line of a sandbox's egress log: a DNS answer, a
+// connection (through the domain proxy or through NAT), or a connect the
+// firewall refused (Allowed false, no bytes).
 type EgressEntry struct {
 	Time     time.Time `json:"time"`
 	Kind     string    `json:"kind"`              // "dns", "tcp" or "udp"
@@ -47,5 +48,5 @@ type EgressEntry struct {
 	BytesOut int64     `json:"bytes_out"`        // sandbox → destination
 	BytesIn  int64     `json:"bytes_in"`         // destination → sandbox
 	Allowed  bool      `json:"allowed"`
-	Rule     string    `json:"rule"` // what decided: "allow_out[2]", "deny_out[0]", "platform", "internet", "no_internet"
+	Rule     string    `json:"rule"` // what decided: "allow_out api.example.com", "deny_out 1.2.3.0/24", "platform", "internet", "no_internet", "no_domain_rule", "quic"
 }

@@ -23,7 +23,9 @@ func (c *Client) SetNetwork(ctx context.Context, id string, p NetworkPolicy) (*S
 // EgressEntry is one line of a sandbox's egress log.
 type EgressEntry = pandastack.EgressEntry
 
-// NetworkLog returns a sandbox's egress log, oldest first.
+// NetworkLog returns a sandbox's egress log, oldest first: DNS answers,
+// connections through NAT or the domain proxy, and connects the firewall
+// refused (Allowed false).
 func (c *Client) NetworkLog(ctx context.Context, id string) ([]EgressEntry, error) {
 	var out struct {
 		Entries []EgressEntry `json:"entries"`

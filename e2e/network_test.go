@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -123,6 +124,25 @@ func gateway(t *testing.T, s *server, id string) string {
 	return net.IP(b[:]).String()
 }
 
+// waitRefusedEntry waits for the sandbox's egress log to list a refused
+// TCP connect to addr:port by rule.
+func waitRefusedEntry(t *testing.T, s *server, id, addr string, port int, rule string) {
+	t.Helper()
+	var log []client.EgressEntry
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		var err error
+		if log, err = s.client().NetworkLog(context.Background(), id); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range log {
+			if e.Kind == "tcp" && e.Address == addr && e.Port == port && !e.Allowed && e.Rule == rule {
+				return
+			}
+		}
+	}
+	t.Errorf("egress log of %s has no refused connect to %s:%d by %q: %+v", id, addr, port, rule, log)
+}
+
 func TestNetworkInternetAndDenySet(t *testing.T) {
 	up := nettest.StartUpstream(t, "e", 10, 10)
 	s := networkServer(t)
@@ -136,6 +156,7 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 		if !strings.HasPrefix(got, "ERR ECONNREFUSED") {
 			t.Errorf("connect to %s from a sandbox: %q, want ECONNREFUSED", addr, got)
 		}
+		waitRefusedEntry(t, s, sb.ID, addr, 80, "platform")
 	}
 	// The host itself: a server the test runs on all the host's addresses
 	// (the public-looking test veth's among them) is refused to sandboxes.
@@ -165,15 +186,33 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 			t.Errorf("connect to the host's %s:%s from a sandbox: %q, want ECONNREFUSED", ip.IP, hostPort, got)
 		}
 	}
+	// Its resolv.conf names the resolver on its gateway, whatever the template had.
+	if res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Cmd: "grep ^nameserver /etc/resolv.conf"}); err != nil || strings.TrimSpace(res.Stdout) != "nameserver "+gateway(t, s, sb.ID) {
+		t.Errorf("resolv.conf of the sandbox: %+v, %v; want its gateway only", res, err)
+	}
 	// Its own gateway too, on any port but DNS and the domain proxy.
 	if got := fetch(t, s, sb.ID, gateway(t, s, sb.ID), hostPort); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
 		t.Errorf("connect to the gateway's %s from a sandbox: %q, want ECONNREFUSED", hostPort, got)
+	}
+	gw := gateway(t, s, sb.ID)
+	if listeners(gw) == "" {
+		t.Errorf("no resolver or domain proxy listening on the gateway %s", gw)
 	}
 	if err := s.client().KillSandbox(context.Background(), sb.ID); err != nil {
 		t.Fatal(err)
 	}
 	s.assertGone(t, sb.ID)
 	assertNetworkGone(t, s, sb.ID)
+	if l := listeners(gw); l != "" {
+		t.Errorf("listeners left on the killed sandbox's gateway %s:\n%s", gw, l)
+	}
+}
+
+// listeners lists the sockets listening on addr (the resolver's and the
+// domain proxy's on a sandbox's gateway).
+func listeners(addr string) string {
+	out, _ := exec.Command("ss", "-Hlntu", "src", addr).Output()
+	return strings.TrimSpace(string(out))
 }
 
 func TestNetworkPolicy(t *testing.T) {
@@ -237,6 +276,7 @@ func TestNetworkPolicy(t *testing.T) {
 		t.Fatalf("set network: %+v, %v", got, err)
 	}
 	refused(sb.ID)
+	waitRefusedEntry(t, s, sb.ID, pub, 80, "deny_out "+pub+"/32")
 	if g, _ := c.GetSandbox(ctx, sb.ID); g.Network == nil || len(g.Network.DenyOut) != 1 {
 		t.Errorf("GET shows network %+v", g.Network)
 	}
@@ -249,10 +289,22 @@ func TestNetworkPolicy(t *testing.T) {
 	if _, err := c.Resume(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
+	// The egress log is kept across the pause.
+	if log, err := c.NetworkLog(ctx, sb.ID); err != nil || !slices.ContainsFunc(log, func(e client.EgressEntry) bool { return e.Rule == "deny_out "+pub+"/32" }) {
+		t.Errorf("egress log after pause/resume: %+v, %v; want the refused connect from before", log, err)
+	}
 	refused(sb.ID)
+	// A policy set while paused is the one the resume brings.
+	if _, err := c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{AllowOut: []string{pub}}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	reaches(sb.ID)
 	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 2})
 	if err != nil {
 		t.Fatal(err)

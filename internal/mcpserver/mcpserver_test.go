@@ -344,6 +344,23 @@ func TestTools(t *testing.T) {
 		assertStopped(t, api, id)
 	})
 
+	t.Run("create_sandbox with a network policy", func(t *testing.T) {
+		res := s.ok(t, "create_sandbox", map[string]any{"ttl_seconds": 300, "internet": false, "allow_out": []string{"198.51.100.0/24", "api.example.com"}})
+		id := textOf(res)
+		sb, err := api.client().GetSandbox(context.Background(), id)
+		if err != nil {
+			t.Fatalf("get %q: %v", id, err)
+		}
+		if sb.Network == nil || sb.Network.AllowInternetAccess || strings.Join(sb.Network.AllowOut, " ") != "198.51.100.0/24 api.example.com" {
+			t.Errorf("network of the created sandbox: %+v", sb.Network)
+		}
+		s.ok(t, "kill_sandbox", map[string]any{"sandbox_id": id})
+		assertStopped(t, api, id)
+		if res := s.call(t, "create_sandbox", map[string]any{"allow_out": []string{"10.0.0.1"}}); !res.IsError || !strings.Contains(textOf(res), "allow_out[0]") {
+			t.Errorf("allow_out into the platform deny set: %s", textOf(res))
+		}
+	})
+
 	t.Run("session sandbox is killed when the client closes", func(t *testing.T) {
 		s.end(t)
 		assertStopped(t, api, sessionSandbox)

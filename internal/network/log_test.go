@@ -1,6 +1,7 @@
 package network
 
 import (
+	"net/netip"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -14,5 +15,22 @@ func TestEgressLogKeepsNewest(t *testing.T) {
 	got := l.list()
 	if len(got) != MaxLogEntries || got[0].Port != 5 || got[len(got)-1].Port != MaxLogEntries+4 {
 		t.Fatalf("ring of %d: first %d, last %d", len(got), got[0].Port, got[len(got)-1].Port)
+	}
+}
+
+func TestResolverMemoryBounded(t *testing.T) {
+	var s sandboxNet
+	for i := range 3 * maxNames {
+		s.remember(netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}), "n.test")
+	}
+	n := 0
+	s.names.Range(func(any, any) bool { n++; return true })
+	if n == 0 || n > maxNames {
+		t.Errorf("%d names remembered after %d answers, want 1..%d", n, 3*maxNames, maxNames)
+	}
+	k := 3*maxNames - 1
+	last := netip.AddrFrom4([4]byte{198, 18, byte(k >> 8), byte(k)})
+	if s.nameOf(last) != "n.test" {
+		t.Error("the newest answer is forgotten")
 	}
 }

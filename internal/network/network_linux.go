@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/google/nftables"
 	"github.com/pandastack/pandastack"
@@ -40,6 +41,8 @@ type Network struct {
 	preparing sync.WaitGroup // Prepares under way
 	stopFlows chan struct{}  // ends watchFlows
 	flowsDone chan struct{}
+	refused   *nflog // reads what the firewall refuses; nil when unavailable
+	refDone   chan struct{}
 }
 
 type sandboxNet struct {
@@ -47,11 +50,26 @@ type sandboxNet struct {
 	Slot   int                      `json:"slot"`
 	Policy pandastack.NetworkPolicy `json:"policy"`
 	up     bool
+	hold   bool     // the next Release only takes the network down (a pause)
 	comp   Compiled // Policy compiled
 	dns    *resolver
 	proxy  *proxy
 	elog   egressLog
-	names  sync.Map // netip.Addr → the name the resolver answered it for
+	names  sync.Map     // netip.Addr → the name the resolver answered it for
+	nNames atomic.Int64 // about how many names holds
+}
+
+// maxNames bounds what a sandbox's resolver remembers of its answers: a
+// sandbox that resolves name after name cannot grow the server's memory.
+// Past it the memory starts afresh (older NAT entries then lack a domain).
+const maxNames = 4096
+
+// remember records that the resolver answered a for name.
+func (s *sandboxNet) remember(a netip.Addr, name string) {
+	if _, loaded := s.names.Swap(a, name); !loaded && s.nNames.Add(1) > maxNames {
+		s.names.Clear()
+		s.nNames.Store(0)
+	}
 }
 
 // nameOf is the name the sandbox's resolver last gave a for, or "".
@@ -78,7 +96,7 @@ func (n *Network) view(s *sandboxNet) sandboxView {
 		answered: func(name string, addrs []string) {
 			for _, a := range addrs {
 				if ip, err := netip.ParseAddr(a); err == nil {
-					s.names.Store(ip, name)
+					s.remember(ip, name)
 				}
 			}
 		},
@@ -173,8 +191,25 @@ func New(cfg Config) (*Network, error) {
 	if err != nil {
 		return nil, fmt.Errorf("network: nftables: %w", err)
 	}
+	// Without NFLOG the sandboxes still work; only refused connects go
+	// unlogged.
+	if n.refused, err = openNFLOG(cfg.Instance); err != nil {
+		n.log.Warn("refused connections will not be in the egress log", "err", err)
+	} else {
+		n.fw.group = n.refused.group
+	}
 	if err := n.fw.install(c, n.cidr, n.deny, cfg.AllowPrivate); err != nil {
+		if n.refused != nil {
+			n.refused.Close()
+		}
 		return nil, fmt.Errorf("network: %w", err)
+	}
+	if n.refused != nil {
+		n.refDone = make(chan struct{})
+		go func() {
+			defer close(n.refDone)
+			n.refused.read(n.logRefused)
+		}()
 	}
 	n.loadState()
 	enableConntrackAcct()
@@ -498,7 +533,8 @@ func (n *Network) Adopt(id string) error {
 }
 
 // SetPolicy replaces a sandbox's policy at once; a policy that does not
-// validate changes nothing.
+// validate changes nothing. For a sandbox with no network now (a paused
+// one, whose runtime was stopped) it is kept for its next Prepare.
 func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
 	comp, err := Compile(p, n.deny, n.cfg.AllowPrivate)
 	if err != nil {
@@ -508,7 +544,12 @@ func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
 	defer n.mu.Unlock()
 	s := n.sbx[id]
 	if s == nil {
-		return pandastack.Errorf(pandastack.ENotFound, "sandbox %s has no network", id)
+		s = &sandboxNet{ID: id, Slot: -1, Policy: p.Normalized(), comp: comp}
+		if err := n.saveState(s); err != nil {
+			return fmt.Errorf("network %s: %w", id, err)
+		}
+		n.sbx[id] = s
+		return nil
 	}
 	if s.up {
 		_, addr := n.addrs(s.Slot)
@@ -543,13 +584,28 @@ func (n *Network) Down(id string) {
 }
 
 // Release removes everything of the sandbox, its policy too. Releasing an
-// unknown sandbox is not an error.
+// unknown sandbox is not an error. After Hold, one Release is only a Down.
 func (n *Network) Release(id string) {
 	n.Down(id)
 	n.mu.Lock()
+	if s := n.sbx[id]; s != nil && s.hold {
+		s.hold = false
+		n.mu.Unlock()
+		return
+	}
 	delete(n.sbx, id)
 	n.mu.Unlock()
 	os.Remove(n.statePath(id))
+}
+
+// Hold keeps a sandbox's policy and egress log through the next Release:
+// a pause stops the sandbox's runtime, and its resume is a new Prepare.
+func (n *Network) Hold(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if s := n.sbx[id]; s != nil {
+		s.hold = true
+	}
 }
 
 // teardown undoes Prepare for s, whatever part of it was done.
@@ -591,6 +647,13 @@ func (n *Network) removeNamespace(id string) {
 	}
 }
 
+// vethMTU is the MTU of both ends of a sandbox's veth. gVisor's netstack
+// pays per packet, so larger packets between the sandbox and the host (the
+// port proxy, the domain proxy, DNS) cost it less; TCP to the internet
+// still takes the remote's smaller MSS, and the host fragments or answers
+// "fragmentation needed" for anything else, as on any router.
+const vethMTU = 65000
+
 // makeNamespace pins a new namespace with the sandbox end of a veth pair
 // (eth0, addr/30, default route via gw) and the host end (gw/30, up).
 func (n *Network) makeNamespace(id, veth string, gw, addr netip.Addr) error {
@@ -608,6 +671,7 @@ func (n *Network) makeNamespace(id, veth string, gw, addr netip.Addr) error {
 	defer ns.Close()
 	la := netlink.NewLinkAttrs()
 	la.Name = veth
+	la.MTU = vethMTU // the peer takes the same
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(ns))}); err != nil {
 		return fmt.Errorf("veth: %w", err)
 	}
@@ -727,6 +791,12 @@ func (n *Network) Close() error {
 		}
 	}
 	n.nftMu.Lock()
-	defer n.nftMu.Unlock()
-	return n.withConn(func(c *nftables.Conn) error { return n.fw.remove(c) })
+	err := n.withConn(func(c *nftables.Conn) error { return n.fw.remove(c) })
+	n.nftMu.Unlock()
+	if n.refused != nil {
+		n.refused.Close()
+		<-n.refDone
+		n.refused = nil
+	}
+	return err
 }

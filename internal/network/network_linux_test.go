@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/network/nettest"
 	"github.com/pandastack/pandastack/internal/testutil"
+	"github.com/vishvananda/netlink"
 )
 
 func newTestNetwork(t *testing.T, up nettest.Upstream, def pandastack.NetworkPolicy) *Network {
@@ -86,6 +88,9 @@ func TestSandboxNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if l, err := netlink.LinkByName(n.veth(n.sbx["sbx_neta"].Slot)); err != nil || l.Attrs().MTU != vethMTU {
+		t.Errorf("host end of the veth: %v, want MTU %d", err, vethMTU)
+	}
 	body, _, err := get(t, ns, up.PublicIP)
 	if err != nil || !strings.Contains(body, "upstream test.example") {
 		t.Fatalf("internet policy: GET %s = %q, %v", up.PublicIP, body, err)
@@ -115,6 +120,12 @@ func TestSandboxNetwork(t *testing.T) {
 			t.Errorf("connect to %s from a sandbox: %v after %s; want connection refused at once", a, err, took)
 		}
 	}
+	// Each refused connect is in the egress log, with the rule that refused it.
+	for _, a := range targets {
+		if !a.IsLoopback() { // the namespace's own loopback refused that one
+			waitRefused(t, n, "sbx_neta", a, 80, "platform")
+		}
+	}
 
 	// A live change: deny_out the server, then allow_out wins.
 	pol := pandastack.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{up.PublicIP.String() + "/32"}}
@@ -124,6 +135,7 @@ func TestSandboxNetwork(t *testing.T) {
 	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("deny_out: %v, want refused", err)
 	}
+	waitRefused(t, n, "sbx_neta", up.PublicIP, 80, "deny_out "+up.PublicIP.String()+"/32")
 	pol.AllowOut = []string{up.PublicIP.String()}
 	if err := n.SetPolicy("sbx_neta", pol); err != nil {
 		t.Fatal(err)
@@ -137,6 +149,7 @@ func TestSandboxNetwork(t *testing.T) {
 	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("no internet: %v, want refused", err)
 	}
+	waitRefused(t, n, "sbx_neta", up.PublicIP, 80, "no_internet")
 	// A bad policy changes nothing.
 	if err := n.SetPolicy("sbx_neta", pandastack.NetworkPolicy{AllowInternetAccess: true, AllowOut: []string{"10.1.2.3"}}); !pandastack.IsCode(err, pandastack.ENetworkDenied) {
 		t.Errorf("allow_out into the deny set: %v, want %s", err, pandastack.ENetworkDenied)
@@ -171,6 +184,60 @@ func TestSandboxNetwork(t *testing.T) {
 		if _, err := os.Stat(n.NSPath(id)); err == nil {
 			t.Errorf("namespace of %s left after Release", id)
 		}
+	}
+}
+
+// waitRefused waits for the egress log entry of a refused connect to addr:port.
+func waitRefused(t *testing.T, n *Network, id string, addr netip.Addr, port int, rule string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		for _, e := range n.Log(id) {
+			if e.Kind == "tcp" && e.Address == addr.String() && e.Port == port && !e.Allowed && e.Rule == rule {
+				return
+			}
+		}
+	}
+	t.Errorf("no refused entry for %s:%d by %q in the egress log: %+v", addr, port, rule, n.Log(id))
+}
+
+// A flood of refused packets is logged only up to the firewall's limit.
+func TestRefusedFloodIsRateLimited(t *testing.T) {
+	up := nettest.StartUpstream(t, "f", 42, 42)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	ns, err := n.Prepare("sbx_flood", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_flood")
+	const sent = 3000
+	nettest.InNS(t, ns, func() {
+		c, err := net.ListenPacket("udp4", ":0")
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		to := net.UDPAddrFromAddrPort(netip.AddrPortFrom(up.PrivateIP, 9))
+		for range sent {
+			c.WriteTo([]byte("x"), to)
+		}
+	})
+	count := func() int {
+		k := 0
+		for _, e := range n.Log("sbx_flood") {
+			if e.Kind == "udp" && e.Address == up.PrivateIP.String() && e.Port == 9 && !e.Allowed && e.Rule == "platform" {
+				k++
+			}
+		}
+		return k
+	}
+	for deadline := time.Now().Add(10 * time.Second); count() == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+	}
+	time.Sleep(500 * time.Millisecond) // the rest of what was logged
+	k := count()
+	t.Logf("%d of %d refused datagrams logged", k, sent)
+	if k == 0 || k >= sent/2 {
+		t.Errorf("%d of %d refused datagrams logged; want some, limited to about %d a second after a burst of %d", k, sent, refusedLogRate, refusedLogBurst)
 	}
 }
 
@@ -385,4 +452,116 @@ func queryRcode(t *testing.T, ns string, via netip.Addr, name string) int {
 		}
 	})
 	return rc
+}
+
+// --network-cidr: a range that overlaps a route of the host, or is too
+// small, is refused at start.
+func TestCIDRChecked(t *testing.T) {
+	up := nettest.StartUpstream(t, "o", 50, 50)
+	testutil.RequireRoot(t)
+	for _, c := range []struct{ cidr, want string }{
+		{"198.51.100.0/24", "overlaps the host's route to 198.51.100."},
+		{"10.99.0.0/30", "/28 or larger"},
+		{"fd00::/64", "IPv4"},
+	} {
+		_, err := New(Config{Instance: InstanceID(t.TempDir()), StateDir: t.TempDir(), CIDR: c.cidr, Resolvers: []netip.AddrPort{up.DNS}})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--network-cidr %s: %v, want an error saying %q", c.cidr, err, c.want)
+		}
+	}
+}
+
+// --network-allow-private opens a private range to policies that name it;
+// without it the same policy is refused.
+func TestAllowPrivate(t *testing.T) {
+	up := nettest.StartUpstream(t, "v", 54, 54)
+	priv := netip.PrefixFrom(up.PrivateIP, 30).Masked()
+	pol := pandastack.NetworkPolicy{AllowOut: []string{up.PrivateIP.String()}}
+	closed := newTestNetwork(t, up, pandastack.NoNetworkPolicy())
+	if err := closed.Validate(pol); !pandastack.IsCode(err, pandastack.ENetworkDenied) {
+		t.Errorf("allow_out %s without --network-allow-private: %v, want %s", up.PrivateIP, err, pandastack.ENetworkDenied)
+	}
+	inst := InstanceID(t.TempDir())
+	n, err := New(Config{Instance: inst, StateDir: t.TempDir(), Default: pandastack.NoNetworkPolicy(), AllowPrivate: []netip.Prefix{priv}, Resolvers: []netip.AddrPort{up.DNS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		assertNoLeaks(t, inst)
+	})
+	ns, err := n.Prepare("sbx_priv", &pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_priv")
+	if body, _, err := get(t, ns, up.PrivateIP); err != nil || !strings.Contains(body, "upstream") {
+		t.Errorf("allow_out %s with the range opened: %q, %v", up.PrivateIP, body, err)
+	}
+	// Opened to policies only: one without it still cannot reach it.
+	ns2, err := n.Prepare("sbx_priv2", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_priv2")
+	if _, _, err := get(t, ns2, up.PrivateIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("default policy to the opened range: %v, want refused", err)
+	}
+	waitRefused(t, n, "sbx_priv2", up.PrivateIP, 80, "no_internet")
+}
+
+// A sandbox cannot hold more than maxProxyConns connections through the
+// domain proxy at once: the rest are reset at once.
+func TestProxyConnectionsBounded(t *testing.T) {
+	up := nettest.StartUpstream(t, "x", 58, 58)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	pol := pandastack.NetworkPolicy{AllowOut: []string{"api.allowed.test"}}
+	ns, err := n.Prepare("sbx_many", &pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_many")
+	const extra = 20
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	resets := 0
+	nettest.InNS(t, ns, func() {
+		for range maxProxyConns + extra {
+			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(up.PublicIP, 80).String(), 5*time.Second)
+			if errors.Is(err, syscall.ECONNRESET) {
+				resets++ // reset before the connect returned
+				continue
+			}
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conns = append(conns, c) // says nothing: the proxy waits for its Host header
+		}
+	})
+	// Each read at once (a read past its deadline would not look): those
+	// let through wait for their Host header until the deadline.
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(3 * time.Second)
+	for _, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(deadline)
+			if _, err := c.Read(make([]byte, 1)); errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF) {
+				mu.Lock()
+				resets++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if resets < extra {
+		t.Errorf("%d of %d connections reset, want at least the %d past the bound", resets, maxProxyConns+extra, extra)
+	}
 }

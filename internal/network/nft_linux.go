@@ -18,18 +18,34 @@ import (
 //	prerouting (nat hook): DNS from our veths → redirect to the resolver on the gateway
 //	postrouting (nat hook): from our range to anywhere but our veths → masquerade
 //	out:      established → accept; IPv6 → reject; jump platform; per veth → goto sbx_N
-//	platform: other sandboxes → reject; opened private ranges → return; deny set → reject
+//	platform: other sandboxes → refused; opened private ranges → return; deny set → refused
 //	sbx_N:    the sandbox's policy (anti-spoofing, allow_out, deny_out, internet)
-//	in, host: established → accept (and DNS to the gateway, for host); else reject
+//	in:       established → accept; else reject
+//	host:     established, DNS and the domain proxy → accept; else refused
+//	refused:  per veth → log to the NFLOG group (rate-limited); then goto reject
 //	reject:   TCP → reset; anything else → ICMP administratively prohibited
 //
 // Rejects rather than drops: a blocked connect fails at once inside the
-// sandbox instead of hanging until its timeout.
+// sandbox instead of hanging until its timeout. What a sandbox sends that
+// is refused goes through "refused" with a mark saying why (refusedPlatform,
+// ...), so the egress log lists it.
 type firewall struct {
 	table  *nftables.Table
 	prefix string // veth name prefix of this instance
+	group  uint16 // NFLOG group refused packets are logged to; 0: not logged
 	out    *nftables.Chain
 	pre    *nftables.Chain // nat prerouting: per-sandbox jumps to the domain proxy redirects
+	refus  *nftables.Chain // per-sandbox logging of refused packets
+}
+
+// refuse marks a packet with why it is refused and sends it to the
+// "refused" chain, which logs and rejects it.
+func refuse(why uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Immediate{Register: 1, Data: binary.NativeEndian.AppendUint32(nil, why)},
+		&expr.Meta{Key: expr.MetaKeyMARK, SourceRegister: true, Register: 1},
+		&expr.Verdict{Kind: expr.VerdictGoto, Chain: "refused"},
+	}
 }
 
 func chainRef(t *nftables.Table, name string) *nftables.Chain {
@@ -59,6 +75,7 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	in := c.AddChain(&nftables.Chain{Name: "in", Table: t})
 	host := c.AddChain(&nftables.Chain{Name: "host", Table: t})
 	platform := c.AddChain(&nftables.Chain{Name: "platform", Table: t})
+	f.refus = c.AddChain(&nftables.Chain{Name: "refused", Table: t})
 
 	rule := func(ch *nftables.Chain, ex ...expr.Any) { c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: ex}) }
 	cat := func(parts ...[]expr.Any) []expr.Any {
@@ -70,6 +87,7 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	}
 	rule(reject, cat(l4proto(unix.IPPROTO_TCP), []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}})...)
 	rule(reject, &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED})
+	rule(f.refus, jump(expr.VerdictGoto, "reject")...) // per-sandbox logging rules go before this
 
 	rule(forward, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "out"))...)
 	rule(forward, cat(ifname(unix.NFT_META_OIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "in"))...)
@@ -88,14 +106,14 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	for _, port := range []uint16{proxyHTTPPort, proxyTLSPort} {
 		rule(host, cat(l4proto(unix.IPPROTO_TCP), dport(port), jump(expr.VerdictAccept, ""))...)
 	}
-	rule(host, jump(expr.VerdictGoto, "reject")...)
+	rule(host, refuse(refusedHost)...)
 
-	rule(platform, cat(daddr(cidr), jump(expr.VerdictGoto, "reject"))...)
+	rule(platform, cat(daddr(cidr), refuse(refusedPlatform))...)
 	for _, p := range open {
 		rule(platform, cat(daddr(p), jump(expr.VerdictReturn, ""))...)
 	}
 	for _, p := range deny {
-		rule(platform, cat(daddr(p), jump(expr.VerdictGoto, "reject"))...)
+		rule(platform, cat(daddr(p), refuse(refusedPlatform))...)
 	}
 
 	// DNS of any destination goes to our resolver on the sandbox's gateway.
@@ -133,16 +151,16 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 	rule(cat(saddrNot(addr), jump(expr.VerdictDrop, ""))...)
 	if p.DomainRules() {
 		// QUIC cannot be checked by name: clients fall back to TCP.
-		rule(cat(l4proto(unix.IPPROTO_UDP), append(dport(443), jump(expr.VerdictGoto, "reject")...))...)
+		rule(cat(l4proto(unix.IPPROTO_UDP), append(dport(443), refuse(refusedQUIC)...))...)
 	}
 	for _, n := range p.AllowNet {
 		rule(cat(daddr(n), jump(expr.VerdictAccept, ""))...)
 	}
 	for _, n := range p.DenyNet {
-		rule(cat(daddr(n), jump(expr.VerdictGoto, "reject"))...)
+		rule(cat(daddr(n), refuse(refusedPolicy))...)
 	}
 	if !p.Internet {
-		rule(jump(expr.VerdictGoto, "reject")...)
+		rule(refuse(refusedPolicy)...)
 	}
 	rule(jump(expr.VerdictAccept, "")...)
 
@@ -166,6 +184,20 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 		c.AddRule(&nftables.Rule{Table: f.table, Chain: f.out, UserData: slotTag(slot),
 			Exprs: append(ifname(unix.NFT_META_IIFNAME, veth, false, expr.CmpOpEq), jump(expr.VerdictGoto, name)...)})
 	}
+	if f.group != 0 {
+		if rules, err = c.GetRules(f.table, f.refus); err != nil {
+			return err
+		}
+		if !hasTag(rules, slotTag(slot)) {
+			// Its own limit per sandbox: one sandbox's flood cannot crowd
+			// out another's entries.
+			c.InsertRule(&nftables.Rule{Table: f.table, Chain: f.refus, UserData: slotTag(slot),
+				Exprs: append(ifname(unix.NFT_META_IIFNAME, veth, false, expr.CmpOpEq),
+					&expr.Limit{Type: expr.LimitTypePkts, Rate: refusedLogRate, Unit: expr.LimitTimeSecond, Burst: refusedLogBurst},
+					&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_SNAPLEN | 1<<unix.NFTA_LOG_QTHRESHOLD,
+						Group: f.group, Snaplen: refusedSnaplen, QThreshold: 1})})
+		}
+	}
 	if rules, err = c.GetRules(f.table, f.pre); err != nil {
 		return err
 	}
@@ -178,7 +210,7 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 
 // removeSandbox deletes a sandbox's jump and chain; missing ones are fine.
 func (f *firewall) removeSandbox(c *nftables.Conn, slot int) error {
-	for _, ch := range []*nftables.Chain{f.out, f.pre} {
+	for _, ch := range []*nftables.Chain{f.out, f.pre, f.refus} {
 		rules, err := c.GetRules(f.table, ch)
 		if err != nil {
 			return err

@@ -27,14 +27,19 @@ const (
 	proxyTLSPort  = 10443
 )
 
+// maxProxyConns bounds a sandbox's connections through the domain proxy at
+// once: each holds two sockets and buffers on the host. More are reset.
+const maxProxyConns = 256
+
 type proxy struct {
-	view sandboxView
-	lns  []net.Listener
-	wg   sync.WaitGroup
+	view  sandboxView
+	lns   []net.Listener
+	wg    sync.WaitGroup
+	slots chan struct{} // one per connection being proxied
 }
 
 func startProxy(gw netip.Addr, view sandboxView) (*proxy, error) {
-	p := &proxy{view: view}
+	p := &proxy{view: view, slots: make(chan struct{}, maxProxyConns)}
 	for _, port := range []uint16{proxyHTTPPort, proxyTLSPort} {
 		ln, err := net.Listen("tcp4", netip.AddrPortFrom(gw, port).String())
 		if err != nil {
@@ -63,7 +68,15 @@ func (p *proxy) serve(ln net.Listener, tls bool) {
 		if err != nil {
 			return
 		}
-		go p.handle(c.(*net.TCPConn), tls)
+		select {
+		case p.slots <- struct{}{}:
+			go func() {
+				defer func() { <-p.slots }()
+				p.handle(c.(*net.TCPConn), tls)
+			}()
+		default:
+			reset(c.(*net.TCPConn)) // too many at once: fail at once, not hang
+		}
 	}
 }
 

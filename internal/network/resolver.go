@@ -90,14 +90,26 @@ func (r *resolver) serveUDP() {
 	}
 }
 
+// maxDNSConns bounds a sandbox's DNS-over-TCP connections at once; more
+// are closed.
+const maxDNSConns = 32
+
 func (r *resolver) serveTCP() {
 	defer r.wg.Done()
+	conns := make(chan struct{}, maxDNSConns)
 	for {
 		c, err := r.tcp.Accept()
 		if err != nil {
 			return
 		}
+		select {
+		case conns <- struct{}{}:
+		default:
+			c.Close()
+			continue
+		}
 		go func() {
+			defer func() { <-conns }()
 			defer c.Close()
 			for {
 				c.SetDeadline(time.Now().Add(30 * time.Second))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"syscall"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -88,4 +89,58 @@ type notFoundRuntime struct{ pandastack.Runtime }
 
 func (notFoundRuntime) State(context.Context, string) (pandastack.RuntimeState, error) {
 	return "", pandastack.Errorf(pandastack.ENotFound, "no such sandbox")
+}
+
+// A paused sandbox's runtime is stopped: after Hold that keeps its policy
+// and egress log for the resume's Prepare; a policy set on a sandbox with
+// no network is kept for its next Prepare too.
+func TestPolicyOfStoppedSandboxKeptForPrepare(t *testing.T) {
+	up := nettest.StartUpstream(t, "k", 46, 46)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	rt := Wrap(&failingRuntime{}, n)
+	none := pandastack.NoNetworkPolicy()
+	ns, err := n.Prepare("sbx_paus", &none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("no internet: %v, want refused", err)
+	}
+	waitRefused(t, n, "sbx_paus", up.PublicIP, 80, "no_internet")
+	n.Hold("sbx_paus")
+	rt.Stop(context.Background(), "sbx_paus")
+	if _, err := os.Stat(ns); err == nil {
+		t.Error("namespace left after Stop")
+	}
+	if p, ok := n.Policy("sbx_paus"); !ok || p.AllowInternetAccess {
+		t.Errorf("policy after Hold and Stop: %+v %v", p, ok)
+	}
+	if len(n.Log("sbx_paus")) == 0 {
+		t.Error("egress log lost by Hold and Stop")
+	}
+	if ns, err = n.Prepare("sbx_paus", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("after the resume's Prepare: %v, want refused (the kept policy)", err)
+	}
+	rt.Stop(context.Background(), "sbx_paus") // no Hold: a kill
+	if _, ok := n.Policy("sbx_paus"); ok {
+		t.Error("policy left after a Stop without Hold")
+	}
+
+	// A policy set while the sandbox has no network is its next one.
+	if err := n.SetPolicy("sbx_paus", none); err != nil {
+		t.Fatal(err)
+	}
+	if ns, err = n.Prepare("sbx_paus", nil); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_paus")
+	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("after Prepare with the policy set while down: %v, want refused", err)
+	}
+	if err := n.SetPolicy("sbx_paus", pandastack.NetworkPolicy{AllowOut: []string{"10.0.0.1"}}); !pandastack.IsCode(err, pandastack.ENetworkDenied) {
+		t.Errorf("a denied policy: %v", err)
+	}
 }

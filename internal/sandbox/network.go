@@ -25,6 +25,9 @@ type Network interface {
 	Log(id string) []pandastack.EgressEntry
 	// Addr returns the sandbox's address, where the host reaches its ports.
 	Addr(id string) (netip.Addr, bool)
+	// Hold keeps the sandbox's policy and log through the runtime's next
+	// Stop (a pause), for its resume.
+	Hold(id string)
 }
 
 // UseNetwork enables network policies; call before Start. Without it a
@@ -114,30 +117,55 @@ fi
 // before Start.
 func (m *Manager) UseSandboxCA(pem []byte) { m.caPEM = pem }
 
-// setupSandbox readies a freshly started or restored sandbox: its trust
-// store and the variables that point tools at it. A restored agent keeps
-// the environment it was checkpointed with, so this runs after every boot.
+// setupSandbox readies a freshly started or restored sandbox: its
+// resolver, its trust store and the variables that point tools at it, in
+// one exec. A restored agent keeps the environment it was checkpointed
+// with, and a restored sandbox may sit behind a new gateway, so this runs
+// after every boot.
 func (m *Manager) setupSandbox(ctx context.Context, c *AgentClient) error {
-	if len(m.caPEM) == 0 {
+	cmd := m.resolverSetup(c.id)
+	if len(m.caPEM) > 0 {
+		cmd += installCA
+	}
+	if cmd == "" {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	ev, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: installCA, Stdin: m.caPEM, Root: true, TimeoutMS: 15_000}, nil)
+	ev, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: "set -e\n" + cmd, Stdin: m.caPEM, Root: true, TimeoutMS: 15_000}, nil)
 	if err == nil && ev.ExitCode != 0 {
 		err = fmt.Errorf("exit status %d", ev.ExitCode)
 	}
-	if err == nil {
+	if err == nil && len(m.caPEM) > 0 {
 		err = c.do(ctx, http.MethodPost, "/v1/env", nil, agentproto.EnvRequest{Env: caEnv}, nil)
 	}
 	if err != nil {
-		return fmt.Errorf("install the CA bundle in sandbox %s: %w", c.id, err)
+		return fmt.Errorf("set up sandbox %s (resolver, CA bundle): %w", c.id, err)
 	}
 	return nil
 }
 
+// resolverSetup is the shell command that points the sandbox's
+// /etc/resolv.conf at the resolver on its gateway (the first address of
+// its /30), or "" without networking. The firewall redirects DNS to any
+// address there anyway, but not to a loopback nameserver a template took
+// from its build host (systemd-resolved's 127.0.0.53), which would never
+// leave the sandbox. mv replaces a symlink rather than writing through it.
+func (m *Manager) resolverSetup(id string) string {
+	if m.net == nil {
+		return ""
+	}
+	a, ok := m.net.Addr(id)
+	if !ok {
+		return ""
+	}
+	return "printf '# pandastack: the sandbox resolver, on its gateway\\nnameserver %s\\n' " + a.Prev().String() +
+		" > /etc/resolv.conf.pandastack && mv -f /etc/resolv.conf.pandastack /etc/resolv.conf\n"
+}
+
 // NetworkLog returns the egress log of a sandbox of the project: DNS
-// answers and connections through the domain proxy, newest kept.
+// answers, connections through NAT or the domain proxy and connects the
+// firewall refused, newest kept.
 func (m *Manager) NetworkLog(ctx context.Context, projectID, id string) ([]pandastack.EgressEntry, error) {
 	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
 		return nil, err

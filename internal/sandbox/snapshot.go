@@ -223,24 +223,16 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	if c := m.sbx.detach(id); c != nil {
 		c.Close()
 	}
-	stop := m.rt.Stop
-	if ps, ok := m.rt.(pauseStopper); ok {
-		stop = ps.StopPaused
+	if m.net != nil {
+		m.net.Hold(id) // the policy and egress log stay for the resume
 	}
-	if err := stop(ctx, id); err != nil {
+	if err := m.rt.Stop(ctx, id); err != nil {
 		m.log.Error("runtime stop after pause", "sandbox", id, "err", err)
 	}
 	m.sbx.end(id)
 	sb.State, sb.PauseReason = pandastack.StatePaused, reason
 	m.log.Info("sandbox paused", "sandbox", id, "reason", reason)
 	return sb, nil
-}
-
-// pauseStopper is a Runtime that must tell the stop that ends a pause from
-// a kill: sandbox networking keeps a paused sandbox's policy and address
-// for its resume (internal/network.Runtime).
-type pauseStopper interface {
-	StopPaused(ctx context.Context, id string) error
 }
 
 // Resume restores a paused sandbox with everything in place.
@@ -268,7 +260,11 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	}
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}, filepath.Join(dir, "image"))
+	spec := pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}
+	if m.networkOf(id) == nil {
+		spec.Network = man.Network // the policy at pause time, if the network lost it
+	}
+	rwc, err := m.rt.Restore(startCtx, spec, filepath.Join(dir, "image"))
 	var client *AgentClient
 	if err == nil {
 		if client, err = dialAgent(startCtx, id, rwc, false); err == nil {

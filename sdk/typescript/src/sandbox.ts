@@ -382,7 +382,7 @@ export class Sandbox implements SandboxInfo {
     this.#update(await this.#http.json<WireSandbox>("PUT", this.#path("/network"), { json: wireNetwork(policy) }));
   }
 
-  /** The egress log, oldest first: DNS answers and connections (through NAT or the domain proxy). */
+  /** The egress log, oldest first: DNS answers, connections (through NAT or the domain proxy) and connects the firewall refused. */
   async networkLog(): Promise<EgressEntry[]> {
     const w = await this.#http.json<{ entries: EgressEntry[] | null }>("GET", this.#path("/network/log"));
     return w.entries ?? [];

@@ -244,9 +244,10 @@ class Sandbox(SandboxRecord):
         self._update(self._client._request("PUT", sandbox_path(self.id, "/network"), json=body).json())
 
     def network_log(self) -> List[Dict[str, Any]]:
-        """The sandbox's egress log, oldest first: DNS answers and
-        connections, through NAT or the domain proxy (time, address, port,
-        domain, bytes each way, allowed, rule)."""
+        """The sandbox's egress log, oldest first: DNS answers,
+        connections through NAT or the domain proxy, and connects the
+        firewall refused (time, address, port, domain, bytes each way,
+        allowed, rule)."""
         return list(self._client._request("GET", sandbox_path(self.id, "/network/log")).json().get("entries") or [])
 
     def get_url(self, port: int, token: bool = True, ttl_seconds: Optional[int] = None) -> str:
