@@ -39,6 +39,10 @@ type fakeRuntime struct {
 	restores      int             // Restore calls that succeeded
 	noAgent       bool            // sandboxes boot with an agent that never answers
 	stopHook      func(id string) // called before Stop does anything, without r.mu
+	// sparesHold, when set, makes the spares request signal sparesAsked
+	// and wait until the request is given up.
+	sparesHold  bool
+	sparesAsked chan struct{}
 }
 
 type fakeBox struct {
@@ -149,6 +153,11 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	mux.HandleFunc("POST /v1/contexts/spares", func(w http.ResponseWriter, req *http.Request) {
 		var sr agentproto.SparesRequest
 		json.NewDecoder(req.Body).Decode(&sr)
+		if r.sparesHold {
+			close(r.sparesAsked)
+			<-req.Context().Done()
+			return
+		}
 		r.mu.Lock()
 		b.vars["spares"] = fmt.Sprintf("%s %d %s", sr.Language, sr.Count, sr.Warmup)
 		r.mu.Unlock()

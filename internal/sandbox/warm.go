@@ -35,7 +35,15 @@ func (m *Manager) Warm(ctx context.Context, tpl Template, warmup, dir string) er
 	if err != nil {
 		return fmt.Errorf("warm %s: %w", tpl.Name, err)
 	}
-	defer m.Kill(context.Background(), warmProject, sb.ID)
+	defer func() {
+		if err := m.Kill(context.Background(), warmProject, sb.ID); err != nil {
+			// Shutting down: the registry takes no claim any more, and
+			// nobody else needs a warm-up sandbox; stop it here rather
+			// than leave it running (with --kill-on-exit nothing may stay).
+			m.teardown(sb.ID, "")
+			m.store.DeleteSandbox(context.Background(), sb.ID)
+		}
+	}()
 	agent := m.sbx.client(sb.ID)
 	if agent == nil {
 		return fmt.Errorf("warm %s: the sandbox stopped during warm-up", tpl.Name)

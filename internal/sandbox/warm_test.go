@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
@@ -48,5 +49,35 @@ func TestVerifyWarm(t *testing.T) {
 	}
 	if err := m.verifyWarm(filepath.Join(root, "none"), "warm"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
 		t.Fatalf("a missing image: %v", err)
+	}
+}
+
+// A warm-up cut short by a shutdown leaves no sandbox running: the kill at
+// its end cannot claim the sandbox once the manager is closing, so it must
+// stop it some other way.
+func TestWarmCutShortByCloseLeavesNothing(t *testing.T) {
+	h := newHarness(t)
+	h.rt.sparesHold, h.rt.sparesAsked = true, make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- h.m.Warm(ctx, h.tpls.tpl, "import x", filepath.Join(h.dir, "warm", "base")) }()
+	<-h.rt.sparesAsked
+	closed := make(chan struct{})
+	go func() { h.m.Close(); close(closed) }()
+	for !h.m.stopped() {
+		time.Sleep(time.Millisecond)
+	}
+	cancel() // what a shutdown does to the warm-up's context
+	if err := <-done; err == nil {
+		t.Fatal("a warm-up cut short reported success")
+	}
+	<-closed
+	h.rt.mu.Lock()
+	defer h.rt.mu.Unlock()
+	for id, b := range h.rt.boxes {
+		if b.alive {
+			t.Errorf("warm-up sandbox %s still running after the shutdown", id)
+		}
 	}
 }
