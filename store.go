@@ -68,6 +68,9 @@ type Store interface {
 	// DeleteSnapshot removes the record.
 	DeleteSnapshot(ctx context.Context, id string) error
 
+	// HistoryStore: runs and origins (history.go).
+	HistoryStore
+
 	// Close releases the database.
 	Close() error
 }

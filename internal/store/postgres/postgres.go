@@ -131,6 +131,7 @@ var migrations = []string{
 	`ALTER TABLE sandboxes ADD COLUMN idle_timeout_seconds bigint NOT NULL DEFAULT 0;
 	ALTER TABLE sandboxes ADD COLUMN pause_reason text NOT NULL DEFAULT '';
 	ALTER TABLE sandboxes ADD COLUMN rootfs text NOT NULL DEFAULT '';`,
+	historyMigration,
 }
 
 // migrateLock is the advisory lock key every pandastack process takes while

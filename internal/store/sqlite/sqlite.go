@@ -129,6 +129,7 @@ var migrations = []string{
 	`ALTER TABLE sandboxes ADD COLUMN idle_timeout_seconds INTEGER NOT NULL DEFAULT 0;
 	ALTER TABLE sandboxes ADD COLUMN pause_reason TEXT NOT NULL DEFAULT '';
 	ALTER TABLE sandboxes ADD COLUMN rootfs TEXT NOT NULL DEFAULT '';`,
+	historyMigration,
 }
 
 func (s *Store) migrate(ctx context.Context) error {

@@ -74,6 +74,9 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"RacingRevokes", testRacingRevokes},
 		{"UnstorableTextRefused", testUnstorableTextRefused},
 		{"UnstorableTextLookups", testUnstorableTextLookups},
+		{"History", testHistory},
+		{"HistoryTrim", testHistoryTrim},
+		{"Origins", testOrigins},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
