@@ -127,6 +127,7 @@ type historyEntry struct {
 	Text     string   `json:"text"`
 	Results  []string `json:"results"`
 	ExitCode *int     `json:"exit_code"`
+	Failure  string   `json:"failure"`
 	Error    *struct {
 		Name      string `json:"name"`
 		Traceback string `json:"traceback"`
