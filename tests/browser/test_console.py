@@ -83,6 +83,15 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.dispatch_event("#dropzone", "drop", {"dataTransfer": drop})
     expect(page.locator('tr[data-name="dropped.csv"]')).to_be_visible()
     expect(page.locator('tr[data-name="dropped.csv"]')).to_contain_text("file")
+    with page.expect_download() as dl:
+        page.get_by_role("button", name="Download dropped.csv").click()
+    assert open(dl.value.path()).read() == "city,temp\nOslo,4\n"
+    # Upload with the keyboard's file picker, then delete.
+    page.set_input_files("#files-upload", {"name": "scratch.txt", "mimeType": "text/plain", "buffer": b"x"})
+    expect(page.locator('tr[data-name="scratch.txt"]')).to_be_visible()
+    page.get_by_role("button", name="Delete scratch.txt").click()
+    expect(page.locator('tr[data-name="scratch.txt"]')).to_have_count(0)
+    expect(page.locator('tr[data-name="dropped.csv"]')).to_be_visible()
 
     # Terminal: type, read the answer.
     page.get_by_role("tab", name="Terminal").click()
@@ -127,8 +136,14 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
 
     # Templates and keys pages render what the API says.
     page.get_by_role("link", name="Templates").click()
-    expect(page.locator("td", has_text="code-interpreter").first).to_be_visible()
+    tpl_row = page.locator("tr", has=page.locator("td.mono", has_text=re.compile(r"^code-interpreter$")))
+    expect(tpl_row).to_have_count(1)
+    expect(tpl_row.locator("td").nth(4)).to_contain_text(re.compile(r"[MG]iB"))  # size
+    expect(tpl_row.locator("td").nth(5)).to_contain_text(re.compile(r"\(\d+ s\)"))  # built, and how long it took
+    expect(tpl_row.locator("td").nth(6)).to_have_text(re.compile(r"^(yes|no)$"))  # warm
+    expect(tpl_row.locator("td").nth(7)).to_have_text(re.compile(r"ready|none"))  # pool
     page.get_by_role("link", name="API keys").click()
+    assert_labelled(page)
     page.fill("#key-name", "from-the-console")
     page.get_by_role("button", name="Create key").click()
     secret = page.locator("#new-secret").inner_text()
@@ -154,3 +169,42 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     expect(page.locator(f'tr[data-id="{sid}"]')).to_have_count(0)
     page.goto(f"{serve.url}/#/sandboxes/{sid}")
     expect(page.locator(".state")).to_have_text("killed")
+
+
+def test_idle_sandbox_pauses_and_the_console_lets_it_sleep(page: Page, serve) -> None:
+    page.on("dialog", lambda d: d.accept())
+    sign_in(page, serve)
+    # A sandbox that pauses itself after 2 s of nothing, made from the form.
+    page.select_option("#create-template", "base")
+    page.fill("#create-metadata", "suite=idle")
+    page.fill("#create-idle", "2")
+    page.get_by_role("button", name="Create sandbox").click()
+    row = page.locator("tr[data-id]", has=page.locator(".tag", has_text="suite=idle"))
+    expect(row).to_have_count(1)
+    sid = row.get_attribute("data-id")
+    # The table, which keeps polling, shows it paused for idleness.
+    expect(row.locator(".state")).to_have_text("paused")
+    expect(row.locator(".reason")).to_contain_text("idle: resumes on the next request")
+    expect(row.get_by_role("button", name=f"Resume {sid}")).to_be_visible()
+
+    # Its page says so too, and looking at it does not wake it.
+    row.get_by_role("link", name=sid).click()
+    expect(page.locator("#sandbox-state")).to_contain_text("paused (idle")
+    # The tabs work with the keyboard: arrows move between them.
+    page.get_by_role("tab", name="Notebook").focus()
+    page.keyboard.press("ArrowLeft")
+    expect(page.get_by_role("tab", name="Metrics")).to_be_focused()
+    expect(page.get_by_role("tab", name="Metrics")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("figcaption").first).to_contain_text("paused")
+    page.wait_for_timeout(2500)  # a metrics poll and a state poll go by
+    with serve.api() as api:
+        assert api.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused", "viewing the sandbox woke it"
+        # Awake from now on, so that it does not doze off again mid-test.
+        assert api.patch(f"/v1/sandboxes/{sid}", json={"idle_timeout_seconds": 0}).status_code == 200
+
+    # Resume from its page; the metrics come back.
+    page.get_by_role("button", name=f"Resume {sid}").click()
+    expect(page.locator("#sandbox-state .state")).to_have_text("running")
+    expect(page.locator("figcaption").nth(1)).to_contain_text("MiB of")
+    page.get_by_role("button", name=f"Kill {sid}").click()
+    expect(page.locator("#sandbox-state .state")).to_have_text("killed")
