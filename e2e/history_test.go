@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -55,20 +56,7 @@ func TestHistoryOutlivesRestart(t *testing.T) {
 	if len(h) != 1 || h[0].Command != "echo sleeping; sleep 600" || h[0].Running || h[0].Failure == "" {
 		t.Errorf("the command cut short by the restart = %+v, want it ended with a failure", h)
 	}
-	var lin struct {
-		Origins []struct {
-			SandboxID string `json:"sandbox_id"`
-			Kind      string `json:"kind"`
-			From      string `json:"from"`
-		} `json:"origins"`
-	}
-	if code, body := rawJSON(t, s, "GET", "/v1/lineage", "", &lin); code != 200 {
-		t.Fatalf("lineage: %d %s", code, body)
-	}
-	var got []string
-	for _, o := range lin.Origins {
-		got = append(got, o.SandboxID+"<"+o.Kind+"<"+o.From)
-	}
+	got := lineage(t, s, s.key)
 	want := []string{restored.ID + "<snapshot<" + snap.ID, kids[0].ID + "<fork<" + sb.ID}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("lineage after a restart = %v, want %v", got, want)
@@ -95,4 +83,28 @@ func waitHistory(t *testing.T, s *server, id string, ok func([]historyEntry) boo
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// lineage returns the project's origins as "sandbox<kind<from", oldest first.
+func lineage(t *testing.T, s *server, key string) []string {
+	t.Helper()
+	var lin struct {
+		Origins []struct {
+			SandboxID string `json:"sandbox_id"`
+			Kind      string `json:"kind"`
+			From      string `json:"from"`
+		} `json:"origins"`
+	}
+	req, _ := http.NewRequest("GET", s.url+"/v1/lineage", nil)
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decodeJSON(t, resp, &lin)
+	got := []string{}
+	for _, o := range lin.Origins {
+		got = append(got, o.SandboxID+"<"+o.Kind+"<"+o.From)
+	}
+	return got
 }
