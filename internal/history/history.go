@@ -98,6 +98,7 @@ type Record struct {
 	sandbox string
 	e       Entry // guarded by l.mu
 	start   time.Time
+	begun   chan struct{} // closed once the running entry is stored
 }
 
 // Begin adds e (running, started now) to the history of the project's
@@ -110,11 +111,16 @@ func (l *Log) Begin(projectID, sandboxID string, e Entry) *Record {
 	e.Running = true
 	e.Code, _ = l.cut(e.Code)
 	e.Command, _ = l.cut(e.Command)
-	r := &Record{l: l, project: projectID, sandbox: sandboxID, e: e, start: start}
+	r := &Record{l: l, project: projectID, sandbox: sandboxID, e: e, start: start, begun: make(chan struct{})}
 	l.mu.Lock()
 	l.live[e.ID] = r
 	l.mu.Unlock()
-	l.put(r.project, r.sandbox, e)
+	// Stored while the work runs, not before it: List shows it from live
+	// meanwhile, and End waits for it so that the ended entry lands last.
+	go func() {
+		defer close(r.begun)
+		l.put(r.project, r.sandbox, e)
+	}()
 	return r
 }
 
@@ -197,6 +203,7 @@ func (r *Record) End(set func(e *Entry)) {
 	}
 	l.mu.Unlock()
 
+	<-r.begun
 	l.put(r.project, r.sandbox, e)
 	if trim {
 		l.Trim()
@@ -228,6 +235,7 @@ func (l *Log) List(ctx context.Context, projectID, sandboxID string) ([]Entry, b
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	list = l.withUnstored(list, projectID, sandboxID)
 	for i := range list {
 		e := &list[i]
 		if e.Running {
@@ -247,6 +255,22 @@ func (l *Log) List(ctx context.Context, projectID, sandboxID string) ([]Entry, b
 		}
 	}
 	return list, len(list) > 0, nil
+}
+
+// withUnstored adds to list (newest first) the sandbox's running entries
+// whose first write has not landed yet. l.mu is held.
+func (l *Log) withUnstored(list []Entry, projectID, sandboxID string) []Entry {
+	var extra []Entry
+	for id, r := range l.live {
+		if r.project == projectID && r.sandbox == sandboxID && !slices.ContainsFunc(list, func(e Entry) bool { return e.ID == id }) {
+			extra = append(extra, Entry{ID: id, Running: true, StartedAt: r.e.StartedAt})
+		}
+	}
+	list = append(list, extra...)
+	// Entries are stored as work begins, but a moment after: order them by
+	// when they began.
+	slices.SortStableFunc(list, func(a, b Entry) int { return b.StartedAt.Compare(a.StartedAt) })
+	return list
 }
 
 // AddOrigin records where a new sandbox came from.

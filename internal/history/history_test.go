@@ -2,10 +2,12 @@ package history
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,5 +174,40 @@ func TestTotalBytesBudget(t *testing.T) {
 	a, b := len(list(t, l, "a")), len(list(t, l, "b"))
 	if a+b >= 10 || a+b < 2 || a == 0 || b == 0 {
 		t.Errorf("a=%d b=%d entries after 10 over a budget that holds a few", a, b)
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	l, _, _ := newLog(t, Limits{EntriesPerSandbox: 50})
+	l.now = time.Now
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20 {
+			list(t, l, "s")
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				r := l.Begin("p", "s", Entry{Kind: KindExec, Command: fmt.Sprint(g, i)})
+				r.Stdout([]byte("out"))
+				r.End(nil)
+			}
+		}()
+	}
+	wg.Wait()
+	<-done
+	got := list(t, l, "s")
+	if len(got) != 50 {
+		t.Errorf("%d entries, want the newest 50 of 80", len(got))
+	}
+	for _, e := range got {
+		if e.Running || e.Stdout != "out" {
+			t.Errorf("entry %+v, want ended with its output", e)
+		}
 	}
 }
