@@ -56,6 +56,10 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.fill("#filter", "suite=browser")
     expect(row).to_have_count(1)
     expect(row.locator("td").nth(5)).to_contain_text("MiB")  # memory of a live sandbox
+    # The table refreshes itself; the keyboard's focus stays on its button.
+    page.get_by_role("button", name=f"Extend by 10 minutes {sid}").focus()
+    page.wait_for_timeout(3500)  # a poll of the table goes by
+    expect(page.get_by_role("button", name=f"Extend by 10 minutes {sid}")).to_be_focused()
 
     # Its page: a cell that plots and shows a DataFrame.
     row.get_by_role("link", name=sid).click()
@@ -69,7 +73,7 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     expect(out.locator("table.df")).to_contain_text("16")
     expect(page.locator("#cell-1-state")).to_contain_text("done in")
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=str(artifacts / "console.png"))
+    page.screenshot(path=str(artifacts / "console.png"), full_page=True)  # the chart and the DataFrame
     # An error shows its traceback.
     page.get_by_role("button", name="Add cell").click()
     page.fill("#cell-2", "1 / 0")

@@ -136,6 +136,7 @@ function sandboxesPage() {
   });
 
   let latest = 0;
+  const shown = new Map(); // sandbox id → {sig, tr}
   async function refresh() {
     const n = ++latest;
     sessionStorage.setItem("pandastack.filter", filter.value);
@@ -146,20 +147,33 @@ function sandboxesPage() {
     try { list = (await api("GET", "/v1/sandboxes?" + q)).sandboxes; } catch (e) { if (n === latest) say("Listing sandboxes failed: " + e.message, true); return; }
     const stats = await Promise.all(list.map((s) => s.state === "running" ? api("GET", `/v1/sandboxes/${s.id}/stats`).catch(() => null) : null));
     if (n !== latest) return;
+    // A row is rebuilt only when what its buttons act on changed; the
+    // figures change in place. Rebuilding every poll would take the
+    // keyboard's focus, and a click under way, away from its button.
     const rows = list.slice().reverse().map((s, i) => {
       const st = stats[list.length - 1 - i];
       const cpu = st ? cpuPercent(s.id, st) : null;
-      return h("tr", { "data-id": s.id },
-        h("td", {}, h("a", { href: `#/sandboxes/${s.id}`, class: "mono", text: s.id })),
-        h("td", {}, stateCell(s), stateReason(s)),
-        h("td", { text: s.template }),
-        h("td", {}, metadataTags(s.metadata)),
-        h("td", { text: cpu === null ? (st ? "…" : "") : `${cpu.toFixed(0)} % of ${s.cpu}` }),
-        h("td", { text: st ? `${bytes(st.memory_bytes)} / ${bytes(st.memory_limit_bytes)}` : "" }),
-        h("td", { text: s.state === "stopped" ? "" : duration(Date.parse(s.expires_at) - Date.now()) }),
-        h("td", {}, sandboxActions(s, refresh)));
+      const sig = JSON.stringify([s.state, s.pause_reason, s.stop_reason, s.auto_resume, s.idle_timeout_seconds, s.template, s.metadata, s.expires_at]);
+      let row = shown.get(s.id);
+      if (!row || row.sig !== sig) {
+        row = { sig, tr: h("tr", { "data-id": s.id },
+          h("td", {}, h("a", { href: `#/sandboxes/${s.id}`, class: "mono", text: s.id })),
+          h("td", {}, stateCell(s), stateReason(s)),
+          h("td", { text: s.template }),
+          h("td", {}, metadataTags(s.metadata)),
+          h("td"), h("td"), h("td"),
+          h("td", {}, sandboxActions(s, refresh))) };
+        shown.set(s.id, row);
+      }
+      const td = row.tr.children;
+      td[4].textContent = cpu === null ? (st ? "…" : "") : `${cpu.toFixed(0)} % of ${s.cpu}`;
+      td[5].textContent = st ? `${bytes(st.memory_bytes)} / ${bytes(st.memory_limit_bytes)}` : "";
+      td[6].textContent = s.state === "stopped" ? "" : duration(Date.parse(s.expires_at) - Date.now());
+      return row.tr;
     });
-    tbody.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 8, class: "muted", text: "No sandboxes. Create one above." }))]));
+    for (const id of [...shown.keys()]) if (!list.some((s) => s.id === id)) shown.delete(id);
+    const same = rows.length === tbody.children.length && rows.every((tr, i) => tbody.children[i] === tr);
+    if (!same) tbody.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 8, class: "muted", text: "No sandboxes. Create one above." }))]));
   }
   filter.addEventListener("input", refresh);
   showStopped.addEventListener("change", refresh);
@@ -199,17 +213,25 @@ function sandboxPage(id) {
   const head = h("div", { class: "toolbar" });
   // The state last read: panels that poll leave a paused sandbox asleep
   // (any request that needs it would resume it).
-  const known = { state: "", onRunning: [] };
+  const known = { state: "", sig: "", onRunning: [] };
   async function refreshHead() {
     try {
       const s = await api("GET", `/v1/sandboxes/${id}`);
       const wasRunning = known.state === "running";
       known.state = s.state;
       const idle = s.idle_timeout_seconds ? ` · pauses after ${duration(s.idle_timeout_seconds * 1000)} idle` : "";
-      head.replaceChildren(h("span", { id: "sandbox-state" }, "State: ", stateCell(s), stateReason(s)), h("span", { class: "muted", text: `template ${s.template} · ${s.cpu} CPU · ${s.memory_mb} MiB · expires in ${duration(Date.parse(s.expires_at) - Date.now())}${idle}` }), ...metadataTags(s.metadata), sandboxActions(s, refreshHead));
+      const info = `template ${s.template} · ${s.cpu} CPU · ${s.memory_mb} MiB · expires in ${duration(Date.parse(s.expires_at) - Date.now())}${idle}`;
+      // Rebuilt only when its buttons would change (focus stays put).
+      const sig = JSON.stringify([s.state, s.pause_reason, s.stop_reason, s.auto_resume, s.metadata, s.expires_at]);
+      if (sig !== known.sig) {
+        known.sig = sig;
+        head.replaceChildren(h("span", { id: "sandbox-state" }, "State: ", stateCell(s), stateReason(s)), h("span", { class: "muted", id: "sandbox-info" }), ...metadataTags(s.metadata), sandboxActions(s, refreshHead));
+      }
+      head.querySelector("#sandbox-info").textContent = info;
       if (s.state === "running" && !wasRunning) known.onRunning.forEach((f) => f());
     } catch (e) {
       known.state = e.status === 404 ? "killed" : "";
+      known.sig = "";
       head.replaceChildren(h("span", { id: "sandbox-state" }, "State: ", h("span", { class: "state state-killed", text: e.status === 404 ? "killed" : "unknown" })), h("span", { class: "muted", text: e.status === 404 ? " (the sandbox is gone; its history stays below)" : e.message }));
     }
   }
