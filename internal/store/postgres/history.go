@@ -60,15 +60,26 @@ func (s *Store) PutHistory(ctx context.Context, projectID, sandboxID string, e p
 	if tag.RowsAffected() == 0 {
 		return pandastack.Errorf(pandastack.EConflict, "history entry %q belongs to another sandbox", e.ID)
 	}
-	if keep > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM history WHERE sandbox_id = $1 AND seq <=
-			(SELECT seq FROM history WHERE sandbox_id = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)`,
-			sandboxID, keep); err != nil {
-			return fmt.Errorf("put history %s: trim: %w", e.ID, err)
-		}
+	if err := keepNewest(ctx, tx, "history", "sandbox_id", sandboxID, keep); err != nil {
+		return fmt.Errorf("put history %s: %w", e.ID, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("put history %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// keepNewest deletes the rows of table whose column is value but for the
+// newest keep (by seq); keep <= 0 keeps all. table and column are our own
+// names, never user input.
+func keepNewest(ctx context.Context, tx pgx.Tx, table, column, value string, keep int) error {
+	if keep <= 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM `+table+` WHERE `+column+` = $1 AND seq <=
+		(SELECT seq FROM `+table+` WHERE `+column+` = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)`, value, keep)
+	if err != nil {
+		return fmt.Errorf("keep the newest %d of %s: %w", keep, table, err)
 	}
 	return nil
 }
@@ -134,12 +145,8 @@ func (s *Store) AddOrigin(ctx context.Context, projectID string, o pandastack.Or
 	if err != nil {
 		return fmt.Errorf("add origin of %s: %w", o.SandboxID, err)
 	}
-	if keep > 0 {
-		if _, err := tx.Exec(ctx, `DELETE FROM origins WHERE project_id = $1 AND seq <=
-			(SELECT seq FROM origins WHERE project_id = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)`,
-			projectID, keep); err != nil {
-			return fmt.Errorf("add origin of %s: trim: %w", o.SandboxID, err)
-		}
+	if err := keepNewest(ctx, tx, "origins", "project_id", projectID, keep); err != nil {
+		return fmt.Errorf("add origin of %s: %w", o.SandboxID, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("add origin of %s: %w", o.SandboxID, err)
