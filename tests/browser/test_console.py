@@ -33,6 +33,18 @@ def sign_in(page: Page, serve) -> None:
     expect(page.get_by_role("heading", name="Sandboxes")).to_be_visible()
 
 
+def create_from_form(page: Page, template: str, tag: str, idle: str = "") -> tuple:
+    """Creates a sandbox with the form; returns its row (found by its
+    metadata tag) and its id."""
+    page.select_option("#create-template", template)
+    page.fill("#create-metadata", tag)
+    page.fill("#create-idle", idle)
+    page.get_by_role("button", name="Create sandbox").click()
+    row = page.locator("tr[data-id]", has=page.locator(".tag", has_text=tag))
+    expect(row).to_have_count(1)
+    return row, row.get_attribute("data-id")
+
+
 def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.on("dialog", lambda d: d.accept())
     page.goto(serve.url + "/")
@@ -42,13 +54,7 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     sign_in(page, serve)
     assert_labelled(page)
 
-    # Create a sandbox from the form.
-    page.select_option("#create-template", "code-interpreter")
-    page.fill("#create-metadata", "suite=browser")
-    page.get_by_role("button", name="Create sandbox").click()
-    row = page.locator("tr[data-id]", has=page.locator(".tag", has_text="suite=browser"))
-    expect(row).to_have_count(1)
-    sid = row.get_attribute("data-id")
+    row, sid = create_from_form(page, "code-interpreter", "suite=browser")
     expect(row.locator(".state")).to_have_text("running")
     # The filter keeps it and drops what does not match.
     page.fill("#filter", "suite=nothing")
@@ -178,14 +184,8 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
 def test_idle_sandbox_pauses_and_the_console_lets_it_sleep(page: Page, serve) -> None:
     page.on("dialog", lambda d: d.accept())
     sign_in(page, serve)
-    # A sandbox that pauses itself after 2 s of nothing, made from the form.
-    page.select_option("#create-template", "base")
-    page.fill("#create-metadata", "suite=idle")
-    page.fill("#create-idle", "2")
-    page.get_by_role("button", name="Create sandbox").click()
-    row = page.locator("tr[data-id]", has=page.locator(".tag", has_text="suite=idle"))
-    expect(row).to_have_count(1)
-    sid = row.get_attribute("data-id")
+    # A sandbox that pauses itself after 2 s of nothing.
+    row, sid = create_from_form(page, "base", "suite=idle", idle="2")
     # The table, which keeps polling, shows it paused for idleness.
     expect(row.locator(".state")).to_have_text("paused")
     expect(row.locator(".reason")).to_contain_text("idle: resumes on the next request")
