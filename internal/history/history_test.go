@@ -99,6 +99,7 @@ func TestOutlivesRestart(t *testing.T) {
 	r.End(func(e *Entry) { code := 0; e.ExitCode = &code })
 	running := l.Begin("p", "s", Entry{Kind: KindExec, Command: "sleep 100"})
 	running.Stdout([]byte("partial"))
+	<-running.begun // stored beside the work; the work outlasts it
 	l.AddOrigin("p", Origin{SandboxID: "s2", Kind: "fork", From: "s", At: *clock})
 
 	*clock = clock.Add(time.Minute)
