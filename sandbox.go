@@ -26,7 +26,7 @@ const (
 	// StopPIDsLimit: its processes and threads (gVisor's own included)
 	// filled the host's pids limit and it could not go on.
 	StopPIDsLimit = "pids_limit"
-	StopLost      = "lost"         // after a server restart its agent could not be reached
+	StopLost      = "lost"         // after a server restart its agent could not be reached, or its node stopped heartbeating (node.go)
 	StopFailed    = "start_failed" // creation failed part-way
 )
 
@@ -61,6 +61,9 @@ type Sandbox struct {
 	// Network is its egress policy; nil when the server runs without
 	// sandbox networking. Kept by the network layer, not the store.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// NodeID is the node that runs it (node.go); "" in records made
+	// before nodes existed, which belong to whichever node finds them.
+	NodeID string `json:"node_id,omitempty"`
 }
 
 // Snapshot is a saved sandbox state: memory, processes and filesystem.
@@ -81,6 +84,9 @@ type SandboxFilter struct {
 	ProjectID string            // required by the API layer; empty means all projects (server-internal use)
 	States    []SandboxState    // any of these states
 	Metadata  map[string]string // every key must be present with exactly this value
+	// Node: only the sandboxes of this node, and those of no node (records
+	// made before nodes existed).
+	Node string
 }
 
 // Project owns API keys and everything created with them.

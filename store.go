@@ -68,6 +68,8 @@ type Store interface {
 	// DeleteSnapshot removes the record.
 	DeleteSnapshot(ctx context.Context, id string) error
 
+	NodeStore
+
 	// HistoryStore: runs and origins (history.go).
 	HistoryStore
 

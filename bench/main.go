@@ -40,7 +40,7 @@ type Settings struct {
 }
 
 // sectionKeys name the sections for -only, in the order they run.
-var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle"}
+var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle", "languages", "network", "nodes"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
@@ -186,6 +186,8 @@ func run(ctx context.Context, set Settings, outDir string) error {
 		{"pss", "idle memory per sandbox (PSS of its host processes)", b.idlePSS},
 		{"density", "density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
 		{"idle", "idle suspend: resume of an idle-suspended sandbox → first result, vs pause + resume", b.idleResume},
+		{"languages", "first and second run_code per language (python, bash, javascript, typescript, r, java)", b.languages},
+		{"nodes", "several hosts: create through a forwarding node vs direct; restore from object storage on another node vs local", b.nodes},
 		{"network", "networking: create → first run_code with networking on and off; HTTP throughput through NAT and the domain proxy vs the host", b.network},
 	}
 	for _, s := range sections {

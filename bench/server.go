@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -161,8 +162,8 @@ func startServer(ctx context.Context, name, binDir, runsc string, poolSize int, 
 		}
 	}
 	b, err := os.ReadFile(filepath.Join(dataDir, "api-key"))
-	if err != nil {
-		return nil, err
+	if err != nil && !(errors.Is(err, os.ErrNotExist) && slices.Contains(extra, "--store")) {
+		return nil, err // (a node on a shared store that has keys writes none: the caller sets one)
 	}
 	s.key = strings.TrimSpace(string(b))
 	s.c = client.New(s.url, s.key)

@@ -38,6 +38,20 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// linesWith returns the lines of log that contain any of words.
+func linesWith(log string, words ...string) string {
+	var out []string
+	for _, l := range strings.Split(log, "\n") {
+		for _, w := range words {
+			if strings.Contains(l, w) {
+				out = append(out, l)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 func suspended(sb *client.Sandbox) bool { return sb.State == "paused" && sb.PauseReason == "idle" }
 
 func idleSeconds(n int64) *int64 { return &n }
@@ -53,6 +67,11 @@ func TestIdleSuspend(t *testing.T) {
 	if sb.IdleTimeoutSeconds != 2 {
 		t.Fatalf("idle_timeout_seconds = %d", sb.IdleTimeoutSeconds)
 	}
+	t.Cleanup(func() {
+		if t.Failed() { // what the server said of it, and of idle suspends
+			t.Log(linesWith(s.out.String(), sb.ID, "idle", "suspend"))
+		}
+	})
 	if _, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret = 'kept'"}); err != nil {
 		t.Fatal(err)
 	}

@@ -38,10 +38,17 @@ func TestRandomStateAfterRestore(t *testing.T) {
 		}
 		seen[out] = who
 	}
+	// The two fresh sandboxes belong to two projects: one tenant must not
+	// predict another's numbers.
+	other := client.New(s.url, s.newKey("reseed-other-project"))
 	var parent *client.Sandbox
-	for i := range 2 {
-		sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
-		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: draw})
+	for i, cl := range []*client.Client{c, other} {
+		sb, err := cl.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.KillSandbox(context.Background(), sb.ID) })
+		ex, err := cl.RunCode(ctx, sb.ID, client.RunRequest{Code: draw})
 		if err != nil || ex.Error != nil {
 			t.Fatalf("draw in a fresh sandbox: %+v %v", ex, err)
 		}
@@ -49,12 +56,23 @@ func TestRandomStateAfterRestore(t *testing.T) {
 		if ex.ExecutionCount != 1 {
 			t.Errorf("first cell of a fresh sandbox has execution_count %d, want 1", ex.ExecutionCount)
 		}
-		record(fmt.Sprintf("fresh sandbox %d", i), ex.Stdout)
-		parent = sb
+		record(fmt.Sprintf("fresh sandbox %d (project %d)", i, i), ex.Stdout)
+		if parent == nil {
+			parent = sb
+		}
 	}
 
 	if _, err := c.RunCode(ctx, parent.ID, client.RunRequest{Code: "x = 41\nimport random\nrandom.seed(5)"}); err != nil {
 		t.Fatal(err)
+	}
+	// An R context too: R seeds its generator from the time and its pid,
+	// alike in every copy of one image.
+	if ex, err := c.RunCode(ctx, parent.ID, client.RunRequest{Code: "set.seed(5); kept <- 41", Language: "r", TimeoutSeconds: 120}); err != nil || ex.Error != nil {
+		t.Fatalf("start an R context: %+v %v", ex, err)
+	}
+	// And JavaScript: V8 seeds Math.random once per process.
+	if ex, err := c.RunCode(ctx, parent.ID, client.RunRequest{Code: "var keptJS = 41; Math.random()", Language: "javascript", TimeoutSeconds: 120}); err != nil || ex.Error != nil {
+		t.Fatalf("start a JavaScript context: %+v %v", ex, err)
 	}
 	kids, err := c.Fork(ctx, parent.ID, client.ForkRequest{Count: 2, TTLSeconds: 900})
 	if err != nil {
@@ -73,6 +91,24 @@ func TestRandomStateAfterRestore(t *testing.T) {
 			t.Errorf("fork child %d lost its state: x + 1 printed %q", i, first)
 		}
 		record(fmt.Sprintf("fork child %d", i), rest)
+		ex, err = c.RunCode(ctx, k.ID, client.RunRequest{Code: "cat(kept + 1, runif(1), runif(1))", Language: "r"})
+		if err != nil || ex.Error != nil {
+			t.Fatalf("fork child %d, R: %+v %v", i, ex, err)
+		}
+		first, rest, _ = strings.Cut(ex.Stdout, " ")
+		if first != "42" {
+			t.Errorf("fork child %d lost its R state: %q", i, ex.Stdout)
+		}
+		record(fmt.Sprintf("fork child %d in R", i), rest)
+		ex, err = c.RunCode(ctx, k.ID, client.RunRequest{Code: "console.log(keptJS + 1, Math.random(), Math.random())", Language: "javascript"})
+		if err != nil || ex.Error != nil {
+			t.Fatalf("fork child %d, JavaScript: %+v %v", i, ex, err)
+		}
+		first, rest, _ = strings.Cut(strings.TrimSpace(ex.Stdout), " ")
+		if first != "42" {
+			t.Errorf("fork child %d lost its JavaScript state: %q", i, ex.Stdout)
+		}
+		record(fmt.Sprintf("fork child %d in JavaScript", i), rest)
 	}
 }
 

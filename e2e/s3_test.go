@@ -17,9 +17,8 @@ import (
 // never seen it (it downloads the image into its own cache, checked), and
 // the restored sandbox forks on B. An image altered in the bucket is
 // refused on B with snapshot_corrupt and leaves nothing behind; a delete on
-// B removes the objects. Both serves start before any sandbox exists: a
-// serve's start-up recovery still acts on every record of a shared store
-// (issue 12 part 4), and each sandbox is killed through its own serve.
+// B removes the objects. Creates stay on the serve asked (placement local):
+// this test is about the image store; TestNodes covers placement.
 func TestSnapshotStoreS3(t *testing.T) {
 	testutil.Runsc(t)
 	ctx := context.Background()
@@ -28,7 +27,7 @@ func TestSnapshotStoreS3(t *testing.T) {
 	bucket := s3.NewBucket(t)
 	env := append([]string{
 		"PANDASTACK_STORE=" + db, "PANDASTACK_SNAPSHOT_STORE=s3://" + bucket + "/pandastack",
-		"PANDASTACK_WARM=0", "PANDASTACK_POOL_SIZE=0",
+		"PANDASTACK_WARM=0", "PANDASTACK_POOL_SIZE=0", "PANDASTACK_PLACEMENT=local",
 	}, s3.Env()...)
 
 	a := startServer(t, "", env...)

@@ -43,7 +43,8 @@ type Config struct {
 	// in Sandbox are derived from DataDir and CacheDir.
 	Sandbox sandbox.Config
 	API     api.Config
-	Net     NetConfig // sandbox networking (network.go)
+	Net     NetConfig   // sandbox networking (network.go)
+	Nodes   NodesConfig // this serve as one of several nodes (nodes.go)
 
 	envErrs []error // malformed PANDASTACK_* values, refused by validate
 }
@@ -140,6 +141,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	}
 	fs.Int64Var(&c.API.MaxUploadBytes, "max-upload-bytes", c.API.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
 	c.Net.bind(fs)
+	c.Nodes.bind(str, dur)
 }
 
 // parseDuration accepts Go durations ("5m") and plain seconds ("300").
@@ -179,6 +181,9 @@ func (c *Config) validate() error {
 	case "debug", "info", "warn", "error":
 	default:
 		return fmt.Errorf("log level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if err := c.Nodes.validate(); err != nil {
+		return err
 	}
 	if c.Sandbox.DefaultTTL <= 0 || c.Sandbox.MaxTTL <= 0 || c.Sandbox.DefaultTTL > c.Sandbox.MaxTTL {
 		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.Sandbox.DefaultTTL, c.Sandbox.MaxTTL)

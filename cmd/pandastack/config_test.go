@@ -84,3 +84,40 @@ func TestMalformedEnvironmentIsRefused(t *testing.T) {
 		}
 	})
 }
+
+// The node id is made once and kept in the data dir; bad node settings are
+// refused at start.
+func TestNodeSettings(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := bindWith(t, nil, "--listen", "127.0.0.1:9000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n1, err := cfg.Nodes.node(dir, cfg.Listen, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2, err := cfg.Nodes.node(dir, cfg.Listen, true)
+	if err != nil || n2.ID != n1.ID || !strings.HasPrefix(n1.ID, "node_") {
+		t.Fatalf("node ids %q then %q (%v); want one stable id", n1.ID, n2.ID, err)
+	}
+	if n1.URL != "http://127.0.0.1:9000" || n1.PlaceRestores || !n2.PlaceRestores || n1.PlaceLocal {
+		t.Errorf("node settings = %+v", n1)
+	}
+	cfg, err = bindWith(t, map[string]string{"PANDASTACK_NODE_ID": "edge-1"}, "--advertise-url", "http://10.0.0.5:8080/", "--placement", "local")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := cfg.Nodes.node(dir, cfg.Listen, false)
+	if err != nil || n.ID != "edge-1" || n.URL != "http://10.0.0.5:8080" || !n.PlaceLocal {
+		t.Errorf("node from flags = %+v, %v", n, err)
+	}
+	for _, args := range [][]string{
+		{"--node-id", "no spaces"}, {"--advertise-url", "10.0.0.5:8080"}, {"--placement", "random"},
+		{"--node-heartbeat", "10s", "--node-grace", "15s"},
+	} {
+		if _, err := bindWith(t, nil, args...); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}

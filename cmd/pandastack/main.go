@@ -43,6 +43,8 @@ Usage:
   pandastack keys revoke ID|PREFIX         revoke an API key
   pandastack template build NAME [--force] build a template's root filesystem
   pandastack template ls                   list template specs and their builds
+  pandastack template gc [--dry-run] [--min-age 24h]
+                                           remove template builds and warm images nothing uses
   pandastack sandbox create [flags]        create a sandbox (through the API)
   pandastack sandbox ls                    list sandboxes
   pandastack sandbox exec ID -- CMD...     run a command in a sandbox
@@ -189,6 +191,9 @@ func serve(args []string) error {
 		return err
 	}
 	scfg.Images = images
+	if scfg.Node, err = cfg.Nodes.node(cfg.DataDir, cfg.Listen, strings.HasPrefix(cfg.SnapshotStore, "s3://")); err != nil {
+		return err
+	}
 	mgr := sandbox.New(scfg, store, sandboxes, tpls, log)
 	if netw != nil {
 		mgr.UseNetwork(netw)
@@ -217,7 +222,7 @@ func serve(args []string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	fmt.Printf("Web console: http://%s/ (sign in with an API key)\n", ln.Addr())
-	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "snapshot_store", imagesDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version)
+	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "snapshot_store", imagesDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version, "node", scfg.Node.ID, "advertise_url", scfg.Node.URL)
 	select {
 	case err := <-errc:
 		return err
@@ -371,11 +376,13 @@ func keys(args []string) error {
 func templates(args []string) error {
 	cfg := defaultConfig()
 	if len(args) == 0 {
-		return errors.New("template: want build or ls")
+		return errors.New("template: want build, ls or gc")
 	}
 	fs := flag.NewFlagSet("template "+args[0], flag.ContinueOnError)
 	cfg.bind(fs)
 	force := fs.Bool("force", false, "rebuild even when cached")
+	minAge := fs.Duration("min-age", 24*time.Hour, "gc: spare builds and warm images younger than this")
+	dryRun := fs.Bool("dry-run", false, "gc: only say what would be removed")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -414,8 +421,10 @@ func templates(args []string) error {
 			}
 			fmt.Printf("%-20s %-18s %-10s %s\n", spec.Name, spec.Hash()[:16], size, built)
 		}
+	case "gc":
+		return templateGC(context.Background(), &cfg, reg, *minAge, *dryRun, os.Stdout)
 	default:
-		return fmt.Errorf("template: unknown verb %q; want build or ls", args[0])
+		return fmt.Errorf("template: unknown verb %q; want build, ls or gc", args[0])
 	}
 	return nil
 }

@@ -61,6 +61,7 @@ var languageKernels = map[string][]string{
 	"javascript": {"deno"},
 	"typescript": {"deno"},
 	"r":          {"ir"},
+	"java":       {"java"},
 }
 
 // kernelArgv returns the argv of the kernel for language, from its kernelspec.

@@ -18,7 +18,7 @@ import "github.com/pandastack/pandastack"
 // ContextRequest creates a context.
 type ContextRequest struct {
 	ID       string            `json:"id"`       // chosen by the host ("ctx_…")
-	Language string            `json:"language"` // "python", "bash", "javascript", "typescript" or "r"
+	Language string            `json:"language"` // "python", "bash", "javascript", "typescript", "r" or "java"
 	Cwd      string            `json:"cwd,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	// AutoRestart: a run on a kernel that died restarts it (and says the

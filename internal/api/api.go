@@ -281,6 +281,12 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "API key %s… was revoked", key.Prefix))
 			return
 		}
+		if id := r.PathValue("id"); id != "" && s.forwardSandbox(w, r, key.ProjectID, id) {
+			return // another node's sandbox (forward.go)
+		}
+		if r.Method == http.MethodPost && r.URL.Path == "/v1/sandboxes" && s.placeCreate(w, r, key.ProjectID, h) {
+			return // placed on another node (forward.go)
+		}
 		h(w, r, key.ProjectID)
 	}
 }

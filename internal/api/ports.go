@@ -165,6 +165,9 @@ func (s *Server) revokePortTokens(w http.ResponseWriter, r *http.Request, projec
 // proxies to the sandbox's port.
 func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
+	if s.forwardSandbox(w, r, "", id) {
+		return // its node checks the token (forward.go)
+	}
 	port, err := parsePort(r)
 	if err != nil {
 		writeError(w, err)

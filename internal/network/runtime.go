@@ -70,6 +70,16 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 	return err
 }
 
+// StopPaused stops a sandbox whose pause image is written (the manager
+// checkpoints it left running, so a failed checkpoint leaves it whole): it
+// gives its namespace up and keeps its policy for the resume, as
+// Checkpoint does when it stops the sandbox itself.
+func (r *Runtime) StopPaused(ctx context.Context, id string) error {
+	err := r.Runtime.Stop(ctx, id)
+	r.net.Down(id)
+	return err
+}
+
 // Checkpoint implements pandastack.Runtime. A paused sandbox (not left
 // running) gives its namespace up and keeps its policy for the resume.
 func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunning bool) error {

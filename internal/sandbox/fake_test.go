@@ -352,6 +352,7 @@ type harness struct {
 	m     *Manager
 
 	images pandastack.ImageStore // Config.Images of the next newManager (nil: the default)
+	node   NodeConfig            // Config.Node of the next newManager (node_test.go)
 }
 
 const project = "prj_test"
@@ -380,6 +381,7 @@ func (h *harness) newManager() *Manager {
 		SnapshotDir: filepath.Join(h.dir, "snapshots"), PausedDir: filepath.Join(h.dir, "paused"), WarmDir: filepath.Join(h.dir, "warm"),
 		ReapInterval: time.Hour, // tests call reapOnce themselves
 		Images:       h.images,
+		Node:         h.node,
 	}
 	for _, d := range []string{cfg.SnapshotDir, cfg.PausedDir, cfg.WarmDir} {
 		os.MkdirAll(d, 0o700)

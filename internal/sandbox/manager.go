@@ -43,6 +43,8 @@ type Config struct {
 	// Images keeps snapshots; nil means a local directory store on
 	// SnapshotDir (imagestore.Local).
 	Images pandastack.ImageStore
+
+	Node NodeConfig // this server as one node of several (node.go); zero: the only one
 }
 
 // DefaultConfig returns the defaults: the one place they are written.
@@ -85,6 +87,9 @@ func (c *Config) setDefaults() {
 	defInt(&c.MaxDiskMB, d.MaxDiskMB)
 	defInt(&c.PIDsLimit, d.PIDsLimit)
 	defInt(&c.MaxFork, d.MaxFork)
+	if c.Node.ID != "" {
+		c.Node.setDefaults()
+	}
 }
 
 // Template is a built template as the manager needs it.
@@ -138,6 +143,7 @@ type Manager struct {
 
 	suspending   atomic.Bool // idle suspends are under way (idle.go)
 	warmVerified sync.Map    // warm images checksummed already (warm.go)
+	node         nodeState   // the other nodes as of the last heartbeat (node.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -161,6 +167,9 @@ func (m *Manager) Config() Config { return m.cfg }
 // Start re-adopts or cleans up the sandboxes of an earlier run, removes
 // runtime state nobody owns, and starts the TTL reaper.
 func (m *Manager) Start(ctx context.Context) error {
+	if err := m.startNode(ctx); err != nil {
+		return fmt.Errorf("node %s: %w", m.cfg.Node.ID, err)
+	}
 	if err := m.recover(ctx); err != nil {
 		return err
 	}
@@ -169,10 +178,10 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
-// KillAll kills every sandbox of every project (running, paused or
-// starting), for a server run with --kill-on-exit.
+// KillAll kills every sandbox of this node (running, paused or starting)
+// of every project, for a server run with --kill-on-exit.
 func (m *Manager) KillAll(ctx context.Context) {
-	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}})
+	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: m.cfg.Node.ID, States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}})
 	if err != nil {
 		m.log.Error("kill all", "err", err)
 		return
@@ -207,7 +216,7 @@ func (m *Manager) Close() {
 }
 
 func (m *Manager) recover(ctx context.Context) error {
-	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning}})
+	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: m.cfg.Node.ID, States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning}})
 	if err != nil {
 		return fmt.Errorf("recover: %w", err)
 	}
@@ -405,7 +414,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		ID: pandastack.NewID("sbx"), ProjectID: projectID, Template: p.template,
 		State: pandastack.StateStarting, Metadata: maps.Clone(p.metadata),
 		CPU: p.cpu, MemoryMB: p.mem, CreatedAt: now, ExpiresAt: now.Add(p.ttl), AutoResume: p.autoResume,
-		IdleTimeoutSeconds: int64(p.idle / time.Second), RootFS: p.rootfs,
+		IdleTimeoutSeconds: int64(p.idle / time.Second), RootFS: p.rootfs, NodeID: m.cfg.Node.ID,
 	}
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
@@ -663,9 +672,11 @@ func (m *Manager) reapOnce() {
 	if err != nil {
 		m.log.Error("list expired sandboxes", "err", err)
 	}
-	ids := make([]string, len(expired))
-	for i, s := range expired {
-		ids[i] = s.ID
+	ids := make([]string, 0, len(expired))
+	for _, s := range expired {
+		if m.owns(s) { // another node reaps its own
+			ids = append(ids, s.ID)
+		}
 	}
 	// Concurrently, since each stop may take a while (runsc delete), but
 	// bounded, so a burst of expiries cannot start hundreds at once.

@@ -283,12 +283,13 @@ func TestRecovery(t *testing.T) {
 func TestReaper(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	a, b, c := h.create(), h.create(), h.create()
+	a, b, c, d := h.create(), h.create(), h.create(), h.create()
 	h.store.SetSandboxExpiry(ctx, a.ID, time.Now().Add(-time.Second))
 	h.store.SetSandboxExpiry(ctx, b.ID, time.Now().Add(-time.Second))
 	h.rt.die(c.ID, pandastack.ReasonOutOfMemory)
+	h.rt.die(d.ID, pandastack.ReasonPIDsLimit) // a fork bomb the in-sandbox limit did not stop
 	h.m.reapOnce()
-	for id, want := range map[string]string{a.ID: pandastack.StopExpired, b.ID: pandastack.StopExpired, c.ID: pandastack.StopOOM} {
+	for id, want := range map[string]string{a.ID: pandastack.StopExpired, b.ID: pandastack.StopExpired, c.ID: pandastack.StopOOM, d.ID: pandastack.StopPIDsLimit} {
 		if rec := h.record(id); rec.State != pandastack.StateStopped || rec.StopReason != want {
 			t.Errorf("%s: %s %s, want stopped %s", id, rec.State, rec.StopReason, want)
 		}

@@ -223,13 +223,24 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	if c := m.sbx.detach(id); c != nil {
 		c.Close()
 	}
-	if err := m.rt.Stop(ctx, id); err != nil {
+	stop := m.rt.Stop
+	if ps, ok := m.rt.(pauseStopper); ok {
+		stop = ps.StopPaused
+	}
+	if err := stop(ctx, id); err != nil {
 		m.log.Error("runtime stop after pause", "sandbox", id, "err", err)
 	}
 	m.sbx.end(id)
 	sb.State, sb.PauseReason = pandastack.StatePaused, reason
 	m.log.Info("sandbox paused", "sandbox", id, "reason", reason)
 	return sb, nil
+}
+
+// pauseStopper is a Runtime that must tell the stop that ends a pause from
+// a kill: sandbox networking keeps a paused sandbox's policy and address
+// for its resume (internal/network.Runtime).
+type pauseStopper interface {
+	StopPaused(ctx context.Context, id string) error
 }
 
 // Resume restores a paused sandbox with everything in place.

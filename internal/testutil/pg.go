@@ -41,7 +41,17 @@ type Postgres struct {
 // $PANDASTACK_PG_BIN, else the newest of Debian's /usr/lib/postgresql/*/bin.
 func PostgresBin(t testing.TB) string {
 	t.Helper()
-	const fix = "apt-get install postgresql-15 (./scripts/setup.sh does it), or point PANDASTACK_PG_BIN at a directory holding initdb and pg_ctl"
+	bin := findPostgresBin()
+	if bin == "" {
+		missing(t, "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found", pgFix)
+	}
+	return bin
+}
+
+const pgFix = "apt-get install postgresql-15 (./scripts/setup.sh does it), or point PANDASTACK_PG_BIN at a directory holding initdb and pg_ctl"
+
+// findPostgresBin is PostgresBin without a test: "" when there is none.
+func findPostgresBin() string {
 	dirs := []string{os.Getenv("PANDASTACK_PG_BIN")}
 	if dirs[0] == "" {
 		found, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
@@ -54,7 +64,6 @@ func PostgresBin(t testing.TB) string {
 			return d
 		}
 	}
-	missing(t, "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found", fix)
 	return ""
 }
 
@@ -121,14 +130,33 @@ func StopSharedPostgres() error {
 func startPostgres(t testing.TB) (*Postgres, error) {
 	t.Helper()
 	bin := PostgresBin(t)
+	if os.Getuid() == 0 {
+		if _, err := user.Lookup("postgres"); err != nil {
+			missing(t, "the tests run as root and there is no user \"postgres\" to run PostgreSQL as", "apt-get install postgresql-15, which creates it (./scripts/setup.sh does it)")
+			return nil, err
+		}
+	}
+	return newPostgres(bin)
+}
+
+// NewPostgres starts a cluster for a program that is no test (the
+// benchmark); the caller stops it.
+func NewPostgres() (*Postgres, error) {
+	bin := findPostgresBin()
+	if bin == "" {
+		return nil, fmt.Errorf("PostgreSQL server binaries not found: %s", pgFix)
+	}
+	return newPostgres(bin)
+}
+
+func newPostgres(bin string) (*Postgres, error) {
 	p := &Postgres{bin: bin}
 	uid, gid := os.Getuid(), os.Getgid()
 	if uid == 0 {
 		// PostgreSQL refuses to run as root; Debian's package made this user.
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			missing(t, "the tests run as root and there is no user \"postgres\" to run PostgreSQL as", "apt-get install postgresql-15, which creates it (./scripts/setup.sh does it)")
-			return nil, err
+			return nil, fmt.Errorf("running as root and no user \"postgres\" to run PostgreSQL as: %w", err)
 		}
 		uid, _ = strconv.Atoi(u.Uid)
 		gid, _ = strconv.Atoi(u.Gid)
@@ -185,6 +213,15 @@ func (p *Postgres) URL(db string) string {
 // NewDatabase creates an empty database and returns its URL.
 func (p *Postgres) NewDatabase(t testing.TB) string {
 	t.Helper()
+	u, err := p.CreateDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// CreateDatabase is NewDatabase without a test.
+func (p *Postgres) CreateDatabase() (string, error) {
 	p.mu.Lock()
 	p.n++
 	name := fmt.Sprintf("t%d", p.n)
@@ -193,13 +230,13 @@ func (p *Postgres) NewDatabase(t testing.TB) string {
 	defer cancel()
 	conn, err := pgx.Connect(ctx, p.URL("postgres"))
 	if err != nil {
-		t.Fatalf("connect to the test cluster: %v", err)
+		return "", fmt.Errorf("connect to the test cluster: %w", err)
 	}
 	defer conn.Close(ctx)
 	if _, err := conn.Exec(ctx, `CREATE DATABASE `+name); err != nil {
-		t.Fatalf("create database %s: %v", name, err)
+		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
-	return p.URL(name)
+	return p.URL(name), nil
 }
 
 // Stop stops the server (fast shutdown: sessions are ended) and removes

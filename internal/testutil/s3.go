@@ -42,10 +42,7 @@ type S3Server struct {
 // pinned build in the cache.
 func VersityGW(t testing.TB) string {
 	t.Helper()
-	p := os.Getenv("PANDASTACK_VERSITYGW")
-	if p == "" {
-		p = filepath.Join(paths.CacheDir(), "versitygw", VersityGWVersion, "versitygw")
-	}
+	p := versityGWPath()
 	if !isExecutable(p) {
 		missing(t, "the S3-compatible test server versitygw "+VersityGWVersion+" is not at "+p, "run ./scripts/setup.sh, which builds it from the Go module proxy into the cache, or point PANDASTACK_VERSITYGW at one")
 	}
@@ -55,27 +52,59 @@ func VersityGW(t testing.TB) string {
 // StartS3 starts a server and stops it and removes its files when t ends.
 func StartS3(t testing.TB) *S3Server {
 	t.Helper()
-	bin := VersityGW(t)
-	root, err := os.MkdirTemp("", "pandastack-s3-")
+	s, err := startS3(VersityGW(t))
+	if s != nil {
+		t.Cleanup(func() {
+			if err := s.Stop(); err != nil {
+				t.Errorf("stop versitygw: %v", err)
+			}
+		})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+func versityGWPath() string {
+	if p := os.Getenv("PANDASTACK_VERSITYGW"); p != "" {
+		return p
+	}
+	return filepath.Join(paths.CacheDir(), "versitygw", VersityGWVersion, "versitygw")
+}
+
+// NewS3 starts a server for a program that is no test (the benchmark);
+// the caller stops it.
+func NewS3() (*S3Server, error) {
+	bin := versityGWPath()
+	if !isExecutable(bin) {
+		return nil, fmt.Errorf("versitygw %s is not at %s: run ./scripts/setup.sh", VersityGWVersion, bin)
+	}
+	s, err := startS3(bin)
+	if err != nil && s != nil {
+		s.Stop()
+	}
+	return s, err
+}
+
+// startS3 starts versitygw; on error the returned server (if any) still
+// needs its Stop.
+func startS3(bin string) (*S3Server, error) {
+	root, err := os.MkdirTemp("", "pandastack-s3-")
+	if err != nil {
+		return nil, err
+	}
 	s := &S3Server{AccessKey: "AK" + pandastack.NewID("t"), SecretKey: "SK" + pandastack.NewID("s"), Root: root, done: make(chan struct{})}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Errorf("stop versitygw: %v", err)
-		}
-	})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		return s, err
 	}
 	addr := ln.Addr().String()
 	ln.Close()
 	s.Endpoint = "http://" + addr
 	logf, err := os.Create(filepath.Join(root, ".log"))
 	if err != nil {
-		t.Fatal(err)
+		return s, err
 	}
 	defer logf.Close()
 	// Credentials through the environment, not argv (ps shows argv).
@@ -84,7 +113,8 @@ func StartS3(t testing.TB) *S3Server {
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start versitygw: %v", err)
+		s.cmd = nil
+		return s, fmt.Errorf("start versitygw: %w", err)
 	}
 	go func() { s.cmd.Wait(); close(s.done) }()
 	deadline := time.Now().Add(60 * time.Second)
@@ -92,16 +122,16 @@ func StartS3(t testing.TB) *S3Server {
 		c, err := net.DialTimeout("tcp", addr, time.Second)
 		if err == nil {
 			c.Close()
-			return s
+			return s, nil
 		}
 		select {
 		case <-s.done:
 			log, _ := os.ReadFile(filepath.Join(root, ".log"))
-			t.Fatalf("versitygw exited at start:\n%s", log)
+			return s, fmt.Errorf("versitygw exited at start:\n%s", log)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("versitygw did not listen on %s: %v", addr, err)
+			return s, fmt.Errorf("versitygw did not listen on %s: %v", addr, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -110,14 +140,20 @@ func StartS3(t testing.TB) *S3Server {
 // NewBucket makes an empty bucket and returns its name.
 func (s *S3Server) NewBucket(t testing.TB) string {
 	t.Helper()
+	name, err := s.CreateBucket()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// CreateBucket is NewBucket without a test.
+func (s *S3Server) CreateBucket() (string, error) {
 	s.mu.Lock()
 	s.n++
 	name := "bucket-" + strconv.Itoa(s.n)
 	s.mu.Unlock()
-	if err := os.Mkdir(filepath.Join(s.Root, name), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return name
+	return name, os.Mkdir(filepath.Join(s.Root, name), 0o755)
 }
 
 // Env is what serve needs to reach the server.

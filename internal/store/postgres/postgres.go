@@ -131,6 +131,21 @@ var migrations = []string{
 	`ALTER TABLE sandboxes ADD COLUMN idle_timeout_seconds bigint NOT NULL DEFAULT 0;
 	ALTER TABLE sandboxes ADD COLUMN pause_reason text NOT NULL DEFAULT '';
 	ALTER TABLE sandboxes ADD COLUMN rootfs text NOT NULL DEFAULT '';`,
+	// Several hosts (nodes.go): each sandbox belongs to a node.
+	`ALTER TABLE sandboxes ADD COLUMN node_id text NOT NULL DEFAULT '';
+	CREATE INDEX sandboxes_node ON sandboxes (node_id, state);
+	CREATE TABLE nodes (
+		id             text PRIMARY KEY,
+		url            text NOT NULL,
+		state          text NOT NULL,
+		started_at     timestamptz NOT NULL,
+		heartbeat_at   timestamptz NOT NULL,
+		cpus           bigint NOT NULL,
+		memory_mb      bigint NOT NULL,
+		free_memory_mb bigint NOT NULL,
+		pool           jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(pool) = 'object'),
+		placed_at      timestamptz NOT NULL DEFAULT 'epoch'
+	);`,
 	historyMigration,
 }
 
@@ -429,14 +444,14 @@ func (s *Store) RevokeAPIKey(ctx context.Context, idOrPrefix string, t time.Time
 // --- sandboxes ---
 
 const sandboxColumns = `id, project_id, template, state, metadata, cpu, memory_mb,
-	created_at, expires_at, stopped_at, stop_reason, auto_resume, idle_timeout_seconds, pause_reason, rootfs`
+	created_at, expires_at, stopped_at, stop_reason, auto_resume, idle_timeout_seconds, pause_reason, rootfs, node_id`
 
 func scanSandbox(row pgx.Row) (pandastack.Sandbox, error) {
 	var sb pandastack.Sandbox
 	var md []byte
 	if err := row.Scan(&sb.ID, &sb.ProjectID, &sb.Template, &sb.State, &md, &sb.CPU, &sb.MemoryMB,
 		&sb.CreatedAt, &sb.ExpiresAt, &sb.StoppedAt, &sb.StopReason, &sb.AutoResume,
-		&sb.IdleTimeoutSeconds, &sb.PauseReason, &sb.RootFS); err != nil {
+		&sb.IdleTimeoutSeconds, &sb.PauseReason, &sb.RootFS, &sb.NodeID); err != nil {
 		return pandastack.Sandbox{}, err
 	}
 	var err error
@@ -459,7 +474,7 @@ func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) (
 
 // CreateSandbox implements pandastack.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error {
-	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason, sb.PauseReason, sb.RootFS) {
+	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason, sb.PauseReason, sb.RootFS, sb.NodeID) {
 		return pandastack.ErrUnstorableText("sandbox", sb.ID)
 	}
 	md, err := metajson.Encode(sb.Metadata)
@@ -468,10 +483,10 @@ func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error 
 	}
 	_, err = s.pool.Exec(ctx,
 		`INSERT INTO sandboxes (`+sandboxColumns+`)
-		 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)`,
+		 VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)`,
 		sb.ID, sb.ProjectID, sb.Template, string(sb.State), md, sb.CPU, sb.MemoryMB,
 		millis(sb.CreatedAt), millis(sb.ExpiresAt), millisPtr(sb.StoppedAt), sb.StopReason, sb.AutoResume,
-		sb.IdleTimeoutSeconds, sb.PauseReason, sb.RootFS)
+		sb.IdleTimeoutSeconds, sb.PauseReason, sb.RootFS, sb.NodeID)
 	if pgCode(err) == uniqueViolation {
 		return pandastack.Errorf(pandastack.EConflict, "sandbox %q already exists", sb.ID)
 	}
@@ -513,7 +528,10 @@ func (s *Store) ListSandboxes(ctx context.Context, f pandastack.SandboxFilter) (
 		}
 		w.add(`state = ANY(` + w.arg(states) + `::text[])`)
 	}
-	if !pandastack.StorableText(f.ProjectID) || !w.metadata(f.Metadata) {
+	if f.Node != "" {
+		w.add(`node_id IN ('', ` + w.arg(f.Node) + `)`)
+	}
+	if !pandastack.StorableText(f.ProjectID, f.Node) || !w.metadata(f.Metadata) {
 		return nil, ctx.Err() // nothing stored can match
 	}
 	out, err := s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes`+w.sql()+` ORDER BY created_at, seq`, w.args...)

@@ -129,6 +129,21 @@ var migrations = []string{
 	`ALTER TABLE sandboxes ADD COLUMN idle_timeout_seconds INTEGER NOT NULL DEFAULT 0;
 	ALTER TABLE sandboxes ADD COLUMN pause_reason TEXT NOT NULL DEFAULT '';
 	ALTER TABLE sandboxes ADD COLUMN rootfs TEXT NOT NULL DEFAULT '';`,
+	// Several hosts (nodes.go): each sandbox belongs to a node.
+	`ALTER TABLE sandboxes ADD COLUMN node_id TEXT NOT NULL DEFAULT '';
+	CREATE INDEX sandboxes_node ON sandboxes(node_id, state);
+	CREATE TABLE nodes (
+		id             TEXT PRIMARY KEY,
+		url            TEXT NOT NULL,
+		state          TEXT NOT NULL,
+		started_at     INTEGER NOT NULL,
+		heartbeat_at   INTEGER NOT NULL,
+		cpus           INTEGER NOT NULL,
+		memory_mb      INTEGER NOT NULL,
+		free_memory_mb INTEGER NOT NULL,
+		pool           TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(pool)),
+		placed_at      INTEGER NOT NULL DEFAULT 0
+	) STRICT;`,
 	historyMigration,
 }
 
@@ -410,7 +425,7 @@ func (s *Store) RevokeAPIKey(ctx context.Context, idOrPrefix string, t time.Time
 // --- sandboxes ---
 
 const sandboxColumns = `id, project_id, template, state, metadata, cpu, memory_mb,
-	created_at, expires_at, stopped_at, stop_reason, auto_resume, idle_timeout_seconds, pause_reason, rootfs`
+	created_at, expires_at, stopped_at, stop_reason, auto_resume, idle_timeout_seconds, pause_reason, rootfs, node_id`
 
 func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error) {
 	var sb pandastack.Sandbox
@@ -418,7 +433,7 @@ func scanSandbox(row interface{ Scan(...any) error }) (pandastack.Sandbox, error
 	var created, expires int64
 	var stopped sql.NullInt64
 	if err := row.Scan(&sb.ID, &sb.ProjectID, &sb.Template, &sb.State, &md, &sb.CPU, &sb.MemoryMB,
-		&created, &expires, &stopped, &sb.StopReason, &sb.AutoResume, &sb.IdleTimeoutSeconds, &sb.PauseReason, &sb.RootFS); err != nil {
+		&created, &expires, &stopped, &sb.StopReason, &sb.AutoResume, &sb.IdleTimeoutSeconds, &sb.PauseReason, &sb.RootFS, &sb.NodeID); err != nil {
 		return pandastack.Sandbox{}, err
 	}
 	var err error
@@ -450,7 +465,7 @@ func querySandboxes(ctx context.Context, db *sql.DB, query string, args ...any) 
 
 // CreateSandbox implements pandastack.Store.
 func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error {
-	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason, sb.PauseReason, sb.RootFS) {
+	if !pandastack.StorableText(sb.ID, sb.ProjectID, sb.Template, string(sb.State), sb.StopReason, sb.PauseReason, sb.RootFS, sb.NodeID) {
 		return pandastack.ErrUnstorableText("sandbox", sb.ID)
 	}
 	md, err := metajson.Encode(sb.Metadata)
@@ -458,10 +473,10 @@ func (s *Store) CreateSandbox(ctx context.Context, sb pandastack.Sandbox) error 
 		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
 	}
 	_, err = s.db.ExecContext(ctx,
-		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		`INSERT INTO sandboxes (`+sandboxColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sb.ID, sb.ProjectID, sb.Template, string(sb.State), md, sb.CPU, sb.MemoryMB,
 		millis(sb.CreatedAt), millis(sb.ExpiresAt), millisPtr(sb.StoppedAt), sb.StopReason, sb.AutoResume,
-		sb.IdleTimeoutSeconds, sb.PauseReason, sb.RootFS)
+		sb.IdleTimeoutSeconds, sb.PauseReason, sb.RootFS, sb.NodeID)
 	if isUnique(err) {
 		return pandastack.Errorf(pandastack.EConflict, "sandbox %q already exists", sb.ID)
 	}
@@ -501,6 +516,10 @@ func (s *Store) ListSandboxes(ctx context.Context, f pandastack.SandboxFilter) (
 		for _, st := range f.States {
 			args = append(args, string(st))
 		}
+	}
+	if f.Node != "" {
+		where = append(where, `node_id IN ('', ?)`)
+		args = append(args, f.Node)
 	}
 	mdWhere, mdArgs := metadataWhere("sandboxes", f.Metadata)
 	where = append(where, mdWhere...)

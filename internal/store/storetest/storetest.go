@@ -74,6 +74,12 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"RacingRevokes", testRacingRevokes},
 		{"UnstorableTextRefused", testUnstorableTextRefused},
 		{"UnstorableTextLookups", testUnstorableTextLookups},
+		{"Nodes", testNodes},
+		{"ListByNode", testListByNode},
+		{"PlaceSandbox", testPlaceSandbox},
+		{"PlaceByPool", testPlaceByPool},
+		{"LoseNodes", testLoseNodes},
+		{"RacingPlacements", testRacingPlacements},
 		{"History", testHistory},
 		{"HistoryTrim", testHistoryTrim},
 		{"Origins", testOrigins},
@@ -202,7 +208,7 @@ func checkSandbox(t *testing.T, got, want pandastack.Sandbox) {
 		got.State != want.State || got.CPU != want.CPU || got.MemoryMB != want.MemoryMB ||
 		got.StopReason != want.StopReason || got.AutoResume != want.AutoResume ||
 		got.IdleTimeoutSeconds != want.IdleTimeoutSeconds || got.PauseReason != want.PauseReason ||
-		got.RootFS != want.RootFS {
+		got.RootFS != want.RootFS || got.NodeID != want.NodeID {
 		t.Errorf("sandbox = %+v\nwant %+v", got, want)
 	}
 	checkMetadata(t, "sandbox "+want.ID, got.Metadata, want.Metadata)

@@ -143,6 +143,21 @@ def test_languages(code_sandbox: Sandbox):
     assert "typescript" in langs and "r" in langs and "javascript" not in langs
 
 
+@pytest.mark.code_interpreter
+def test_java(code_sandbox: Sandbox):
+    ex = code_sandbox.run_code(
+        'var xs = java.util.List.of(1, 2, 3);\nSystem.out.println(System.getenv("V"));',
+        language="java",
+        env={"V": "env-ok"},
+        timeout=180,
+    )
+    assert ex.error is None and ex.stdout == "env-ok\n", ex
+    ex = code_sandbox.run_code("xs.stream().mapToInt(Integer::intValue).sum() * 7", language="java")
+    assert ex.error is None and ex.text == "42", ex
+    ex = code_sandbox.run_code('throw new IllegalStateException("bad")', language="java")
+    assert ex.error is not None and "bad" in ex.error.value, ex
+
+
 @pytest.mark.anyio
 async def test_async_background_command(server):
     from pandastack import AsyncCommandHandle, AsyncSandbox

@@ -59,3 +59,47 @@ def test_cwd_the_user_cannot_enter(code_sandbox):
     assert ei.value.status == 400 and "permission denied" in ei.value.message
 
 
+
+
+def test_first_cell_of_a_fresh_sandbox_counts_one(server):
+    from pandastack import Sandbox
+
+    sb = Sandbox.create(template="code-interpreter", ttl_seconds=300)
+    try:
+        ex = sb.run_code("6 * 7")
+        assert ex.text == "42" and ex.execution_count == 1, ex
+    finally:
+        sb.kill()
+
+
+def test_kill_during_a_run_says_killed(server):
+    import threading
+
+    from pandastack import NotFoundError, PandaStackError, Sandbox
+
+    sb = Sandbox.create(template="code-interpreter", ttl_seconds=300)
+    started = threading.Event()
+    outcome = {}
+
+    def run():
+        try:
+            outcome["ex"] = sb.run_code(
+                "print('go', flush=True)\nimport time\ntime.sleep(120)", on_stdout=lambda _: started.set(), timeout=300
+            )
+        except PandaStackError as e:
+            outcome["err"] = e
+        finally:
+            started.set()
+
+    t = threading.Thread(target=run)
+    t.start()
+    assert started.wait(120)
+    Sandbox.connect(sb.id).kill()
+    t.join(120)
+    assert "err" in outcome, outcome
+    assert "killed" in str(outcome["err"]), outcome["err"]
+    try:
+        sb.refresh()
+        assert (sb.state, sb.stop_reason) == ("stopped", "killed")
+    except NotFoundError:
+        pass

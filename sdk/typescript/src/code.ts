@@ -7,7 +7,7 @@ import { PandaStackError } from "./errors.js";
 import { type HttpClient, streamError } from "./http.js";
 
 /** Languages a code context can run. */
-export type Language = "python" | "bash" | "javascript" | "typescript" | "r" | (string & {});
+export type Language = "python" | "bash" | "javascript" | "typescript" | "r" | "java" | (string & {});
 
 /**
  * One rich output of a run: a `display()`, a `plt.show()`, or the cell's last
@@ -184,7 +184,7 @@ export interface RunCodeOptions {
 
 /** Options of a new code context. */
 export interface CreateCodeContextOptions {
-  /** `python` (the default), `bash`, `javascript`, `typescript` or `r`. */
+  /** `python` (the default), `bash`, `javascript`, `typescript`, `r` or `java`. */
   language?: Language;
   /** Working directory of the kernel; default `/home/user`. */
   cwd?: string;

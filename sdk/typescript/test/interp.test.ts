@@ -117,3 +117,18 @@ test("javascript, typescript and r", async (t) => {
   assert.equal(ex.stdout, "6 env-ok");
   await ctx.close();
 });
+
+test("java", async (t) => {
+  const sb = await codeSandbox(t);
+  if (!sb) return;
+  const ctx = await sb.createCodeContext({ language: "java" });
+  let ex = await ctx.runCode("var xs = java.util.List.of(1, 2, 3);\nSystem.out.println(System.getenv(\"V\"));", {
+    env: { V: "env-ok" },
+    timeout: 180,
+  });
+  assert.equal(ex.error, undefined, String(ex.error?.value));
+  assert.equal(ex.stdout, "env-ok\n");
+  ex = await ctx.runCode("xs.stream().mapToInt(Integer::intValue).sum() * 7");
+  assert.equal(ex.text, "42");
+  await ctx.close();
+});

@@ -5,7 +5,7 @@
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { ConflictError, InvalidRequestError } from "@pandastack/sdk";
+import { ConflictError, InvalidRequestError, NotFoundError, Sandbox } from "@pandastack/sdk";
 import { codeSandbox } from "./helpers.js";
 
 test("kernel lifecycle", async (t) => {
@@ -49,5 +49,37 @@ test("kernel lifecycle", async (t) => {
       assert.match((e as Error).message, /permission denied/);
       return true;
     });
+  });
+});
+
+test("a fresh sandbox and a kill during a run", async (t) => {
+  await t.test("the first cell of a fresh sandbox has execution count 1", async (tt) => {
+    const sb = await codeSandbox(tt);
+    if (!sb) return;
+    const ex = await sb.runCode("6 * 7");
+    assert.equal(ex.text, "42");
+    assert.equal(ex.executionCount, 1);
+  });
+
+  await t.test("a run cut off by a kill says killed, and the sandbox is stopped", async (tt) => {
+    const sb = await codeSandbox(tt);
+    if (!sb) return;
+    let started!: () => void;
+    const go = new Promise<void>((resolve) => (started = resolve));
+    const run = sb.runCode("print('go', flush=True)\nimport time\ntime.sleep(120)", { onStdout: () => started(), timeout: 300 });
+    run.catch(() => started());
+    await go;
+    await (await Sandbox.connect(sb.id)).kill();
+    await assert.rejects(run, (e: unknown) => {
+      assert.match(String((e as Error).message), /killed/);
+      return true;
+    });
+    try {
+      const info = await sb.getInfo();
+      assert.equal(info.state, "stopped");
+      assert.equal(info.stopReason, "killed");
+    } catch (e) {
+      if (!(e instanceof NotFoundError)) throw e;
+    }
   });
 });

@@ -401,7 +401,8 @@ class Sandbox(SandboxRecord):
 
         Args:
             language: ``"python"`` (IPython), ``"bash"``, ``"javascript"``
-                or ``"typescript"`` (Deno), or ``"r"`` (IRkernel).
+                or ``"typescript"`` (Deno), ``"r"`` (IRkernel) or ``"java"``
+                (JJava).
             cwd: the kernel's working directory (default ``/home/user``).
             env: environment variables of the kernel.
             auto_restart: if the kernel dies (crash, ``os._exit``, out of

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/paths"
+	"github.com/pandastack/pandastack/internal/sandbox"
+	"github.com/pandastack/pandastack/internal/template"
+)
+
+// templateGC removes the template builds and warm images that nothing of
+// this data directory refers to (see sandbox.CollectRootFSRefs and
+// template.GC), printing one line per build or image it removes or keeps.
+func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge time.Duration, dryRun bool, w io.Writer) error {
+	// The warm images a server with the agent beside this binary restores;
+	// without an agent to go by, those of every agent are current.
+	agentHash := ""
+	if p := paths.FindAgent(cfg.Agent); p != "" {
+		if b, err := os.ReadFile(p); err == nil {
+			sum := sha256.Sum256(b)
+			agentHash = hex.EncodeToString(sum[:])
+		}
+	}
+	current, currentWarm := map[string]string{}, map[string]bool{}
+	for _, spec := range reg.List() {
+		if b, ok := template.Lookup(cfg.CacheDir, spec); ok {
+			current[filepath.Clean(b.RootFS)] = "current build of " + spec.Name
+			currentWarm[filepath.Base(sandbox.WarmImageDir(cfg.warmDir(), spec.Name, spec.Hash(), agentHash))] = true
+		}
+	}
+	var isCurrentWarm func(string) bool
+	if agentHash != "" {
+		isCurrentWarm = func(name string) bool { return currentWarm[name] }
+	}
+	store, _, err := openStore(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	images, _, err := openImages(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	refs, warm, err := sandbox.CollectRootFSRefs(ctx, sandbox.RefSources{
+		Store: store, Images: images, PausedDir: cfg.pausedDir(), WarmDir: cfg.warmDir(),
+		Current:     func(rootfs string) bool { return current[filepath.Clean(rootfs)] != "" },
+		CurrentWarm: isCurrentWarm,
+		WarmMinAge:  minAge, DryRun: dryRun,
+	})
+	if err != nil {
+		return fmt.Errorf("template gc: %w (nothing removed)", err)
+	}
+	verb := "removed"
+	if dryRun {
+		verb = "would remove"
+	}
+	for _, dir := range warm {
+		fmt.Fprintf(w, "%s warm image %s\n", verb, dir)
+	}
+	res, err := template.GC(cfg.CacheDir, template.GCOptions{
+		MinAge: minAge, DryRun: dryRun,
+		Keep: func(b template.Built) (string, bool) {
+			if why := current[filepath.Clean(b.RootFS)]; why != "" {
+				return why, true
+			}
+			return refs.Keeps(b.Name, b.RootFS, b.BuiltAt)
+		},
+	})
+	if err != nil {
+		return err
+	}
+	var freed int64
+	for _, r := range res {
+		if r.Removed {
+			freed += r.Build.SizeBytes
+			fmt.Fprintf(w, "%s %s (%d MB)\n", verb, r.Build.Dir, r.Build.SizeBytes>>20)
+		} else {
+			fmt.Fprintf(w, "kept %s: %s\n", r.Build.Dir, r.Reason)
+		}
+	}
+	fmt.Fprintf(w, "%s %d MB of template builds\n", verb, freed>>20)
+	return nil
+}

@@ -1,0 +1,152 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/paths"
+	"github.com/pandastack/pandastack/internal/template"
+	"github.com/pandastack/pandastack/internal/testutil"
+	"github.com/pandastack/pandastack/templates"
+)
+
+// TestTemplateGC: `pandastack template gc` keeps a superseded build while a
+// sandbox runs on it or a snapshot was taken on it, and removes it once
+// nothing refers to it; the current build always stays. The server runs on
+// a cache of its own, holding copies of the base build under the hashes of
+// two versions of a base spec in the data dir's templates directory.
+func TestTemplateGC(t *testing.T) {
+	sharedServer(t) // builds the base template if this machine has none
+	real, ok := builtBase(t)
+	if !ok {
+		t.Fatal("no build of the base template after a server start")
+	}
+	cache := t.TempDir()
+	dataDir := t.TempDir()
+	specDir := filepath.Join(dataDir, "templates")
+	os.MkdirAll(specDir, 0o700)
+	baseYAML, err := templates.FS.ReadFile("base.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Versions differ in their description: drop the built-in one.
+	var lines []string
+	for _, l := range strings.Split(string(baseYAML), "\n") {
+		if !strings.HasPrefix(l, "description:") {
+			lines = append(lines, l)
+		}
+	}
+	baseYAML = []byte(strings.Join(lines, "\n"))
+	// writeSpec writes a version of the base spec and a copy of the real
+	// build under its hash, and returns that build's directory.
+	writeSpec := func(version string) string {
+		t.Helper()
+		spec := append([]byte(nil), baseYAML...)
+		spec = append(spec, []byte("\n# version "+version+"\ndescription: base, version "+version+"\n")...)
+		if err := os.WriteFile(filepath.Join(specDir, "base.yaml"), spec, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		reg, err := template.Load(specDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, _ := reg.Get("base")
+		dir := template.Dir(cache, s)
+		os.MkdirAll(dir, 0o755)
+		if out, err := exec.Command("cp", "-a", real.RootFS, filepath.Join(dir, "rootfs")).CombinedOutput(); err != nil {
+			t.Fatalf("copy the base rootfs: %v %s", err, out)
+		}
+		b := real
+		b.Hash, b.Spec = s.Hash(), s
+		data, _ := json.Marshal(b)
+		if err := os.WriteFile(filepath.Join(dir, "template.json"), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	v1 := writeSpec("1")
+	s := startServer(t, dataDir, "PANDASTACK_CACHE_DIR="+cache, "PANDASTACK_RUNSC="+testutil.Runsc(t), "PANDASTACK_WARM=0")
+	defer s.stop()
+	c := s.client()
+	ctx := context.Background()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.KillSandbox(ctx, sb.ID)
+	snap, err := c.CreateSnapshot(ctx, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The spec changes: version 2 is current from now on.
+	v2 := writeSpec("2")
+
+	gcIn := func(dataDir string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(s.bin, "pandastack"), append([]string{"template", "gc", "--min-age", "0s"}, args...)...)
+		cmd.Env = append(os.Environ(), "PANDASTACK_DATA_DIR="+dataDir, "PANDASTACK_CACHE_DIR="+cache, "PANDASTACK_TEMPLATES_DIR="+specDir)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("template gc: %v\n%s", err, out.String())
+		}
+		return out.String()
+	}
+	gc := func(args ...string) string { t.Helper(); return gcIn(dataDir, args...) }
+	exists := func(dir string) bool { _, err := os.Stat(dir); return err == nil }
+	keptFor := func(out, dir, why string) {
+		t.Helper()
+		if !strings.Contains(out, "kept "+dir+": ") || !strings.Contains(out, why) || !exists(dir) {
+			t.Fatalf("want %s kept for %q:\n%s", dir, why, out)
+		}
+	}
+
+	out := gc()
+	keptFor(out, v1, "sandbox "+sb.ID)
+	keptFor(out, v2, "current build of base")
+	// Seen from another data directory (another server sharing the cache
+	// and the specs), nothing in the store refers to v1: the sandbox's runsc
+	// mount keeps it.
+	other := t.TempDir()
+	if _, _, err := s.cli("keys", "list", "--data-dir", other); err != nil {
+		t.Fatalf("make a store in another data dir: %v", err)
+	}
+	keptFor(gcIn(other), v1, "mounted by a running process")
+
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	out = gc()
+	keptFor(out, v1, "snapshot "+snap.ID)
+
+	if err := c.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	out = gc("--dry-run")
+	if !strings.Contains(out, "would remove "+v1) || !exists(v1) {
+		t.Fatalf("a dry run should name %s and keep it:\n%s", v1, out)
+	}
+	out = gc()
+	if !strings.Contains(out, "removed "+v1) || exists(v1) {
+		t.Fatalf("the unreferenced build %s should be gone:\n%s", v1, out)
+	}
+	keptFor(out, v2, "current build of base")
+}
+
+// builtBase is the machine's current build of the built-in base template.
+func builtBase(t *testing.T) (template.Built, bool) {
+	t.Helper()
+	reg, err := template.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := reg.Get("base")
+	return template.Lookup(paths.CacheDir(), spec)
+}

@@ -1,0 +1,152 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/sandbox"
+)
+
+// Several nodes share a store (issue 12): any node answers any request.
+// A request about a sandbox of another node is passed to that node's
+// advertised URL as it came — method, path, query, body, the caller's API
+// key — by httputil.ReverseProxy, which also carries NDJSON streams
+// (flushed as they come) and WebSocket upgrades (PTY, port proxy). The
+// owner authenticates the caller's key again against the shared store: no
+// node trusts another, and there is no internal path without a key.
+//
+// A create is placed first (Manager.Place) and passed to the chosen node
+// the same way.
+
+// forwardedHeader marks a request one node passed to another, with the
+// sender's node id. The receiver answers it itself: a request is passed on
+// at most once. It grants nothing: a caller who sets it only stops the
+// request from being passed on.
+const forwardedHeader = "X-Pandastack-Forwarded-By"
+
+// forwardTransport is the proxies' transport: direct (no proxy from the
+// environment: nodes talk to each other on their own network), with
+// bounded dials.
+var forwardTransport = &http.Transport{
+	Proxy:                 nil,
+	DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+	MaxIdleConnsPerHost:   64,
+	IdleConnTimeout:       90 * time.Second,
+	ResponseHeaderTimeout: 0, // a run_code may take its whole timeout before its first byte
+}
+
+// forwardSandbox passes r to the node that runs sandbox id of project (""
+// matches any project: the port proxy, whose tokens the owner checks) and
+// reports whether it did. A request another node already passed on, about
+// a sandbox that is not this node's, is refused rather than acted on here.
+func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project, id string) bool {
+	target, err := s.mgr.Remote(r.Context(), project, id)
+	if err != nil {
+		writeError(w, err)
+		return true
+	}
+	if target == "" {
+		return false
+	}
+	if r.Header.Get(forwardedHeader) != "" {
+		writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s runs on another node; send the request to any node without the %s header", id, forwardedHeader))
+		return true
+	}
+	s.proxyTo(w, r, target, nil)
+	return true
+}
+
+// placeCreate places a POST /v1/sandboxes and passes it to the chosen node
+// when that is another one; it reports whether it did. A body this node
+// cannot read is left to the local handler, which says what is wrong; so is
+// a create whose chosen node cannot be reached (it went down within its
+// grace period): local creates it here instead.
+func (s *Server) placeCreate(w http.ResponseWriter, r *http.Request, project string, local func(http.ResponseWriter, *http.Request, string)) bool {
+	if r.Header.Get(forwardedHeader) != "" {
+		return false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 8<<20))
+	r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body), errReader{err}))
+	if err != nil {
+		return false
+	}
+	var req createSandboxRequest
+	probe := r.Clone(r.Context())
+	probe.Body = io.NopCloser(bytes.NewReader(body))
+	if decode(probe, &req) != nil {
+		return false
+	}
+	target, err := s.mgr.Place(r.Context(), project, sandbox.CreateRequest{
+		Template: req.Template, CPU: req.CPU, MemoryMB: req.MemoryMB, SnapshotID: req.SnapshotID,
+	})
+	if err != nil {
+		// No node has room by the books, or the store failed: this node
+		// tries, and its create says what went wrong.
+		s.log.Warn("placement failed; creating here", "err", err)
+		return false
+	}
+	if target == "" {
+		return false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	s.proxyTo(w, r, target, func(w http.ResponseWriter, r *http.Request) {
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		local(w, r, project)
+	})
+	return true
+}
+
+// errReader returns err, or io.EOF when it is nil.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	return 0, io.EOF
+}
+
+// proxyTo passes r to the node at base and copies its answer back. When
+// that node cannot be dialled, unreached (if not nil) answers instead:
+// nothing of the request reached it.
+func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, unreached func(http.ResponseWriter, *http.Request)) {
+	u, err := url.Parse(base)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	p := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(u)
+			pr.Out.Host = pr.In.Host // the port proxy's {port}-{id}.domain routes by it
+			pr.SetXForwarded()
+			pr.Out.Header.Set(forwardedHeader, s.mgr.NodeID())
+		},
+		Transport:     forwardTransport,
+		FlushInterval: -1, // NDJSON lines and SSE events as they come
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return // the caller hung up
+			}
+			s.log.Warn("forward to node failed", "node_url", base, "path", r.URL.Path, "err", err)
+			var op *net.OpError
+			if unreached != nil && errors.As(err, &op) && op.Op == "dial" {
+				unreached(w, r)
+				return
+			}
+			writeError(w, pandastack.Errorf(pandastack.EUnavailable,
+				"the node that runs this sandbox does not answer; if it stays silent for %s its sandboxes are marked lost", s.mgr.Config().Node.Grace))
+		},
+	}
+	s.log.Debug("forwarding", "method", r.Method, "path", r.URL.Path, "node_url", base)
+	p.ServeHTTP(w, r)
+}

@@ -1,0 +1,163 @@
+package api
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack/internal/sandbox"
+)
+
+// forwarder is a Server with only what proxyTo uses: a manager that is
+// node "node-x" (no store, runtime or templates: the proxy needs none).
+func forwarder(t *testing.T) *Server {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	mgr := sandbox.New(sandbox.Config{Node: sandbox.NodeConfig{ID: "node-x"}}, nil, nil, nil, log)
+	return &Server{mgr: mgr, log: log}
+}
+
+// serveProxied runs proxyTo for every request to a front server.
+func serveProxied(t *testing.T, s *Server, target string, unreached func(http.ResponseWriter, *http.Request)) *httptest.Server {
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.proxyTo(w, r, target, unreached)
+	}))
+	t.Cleanup(front.Close)
+	return front
+}
+
+// A forwarded request keeps method, path, query, body, the caller's key
+// and its Host, and says which node sent it; the answer comes back whole.
+func TestProxyPassesRequest(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		json.NewEncoder(w).Encode(map[string]string{
+			"method": r.Method, "path": r.URL.RequestURI(), "body": string(body),
+			"auth": r.Header.Get("Authorization"), "host": r.Host, "by": r.Header.Get(forwardedHeader),
+		})
+	}))
+	defer owner.Close()
+	front := serveProxied(t, forwarder(t), owner.URL, nil)
+	req, _ := http.NewRequest("POST", front.URL+"/v1/sandboxes/sbx_a/exec?x=1", strings.NewReader(`{"cmd":"true"}`))
+	req.Header.Set("Authorization", "Bearer pds_secret")
+	req.Host = "8080-sbxa.example.test"
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got map[string]string
+	json.NewDecoder(resp.Body).Decode(&got)
+	want := map[string]string{"method": "POST", "path": "/v1/sandboxes/sbx_a/exec?x=1", "body": `{"cmd":"true"}`,
+		"auth": "Bearer pds_secret", "host": "8080-sbxa.example.test", "by": "node-x"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s at the owner = %q, want %q", k, got[k], v)
+		}
+	}
+}
+
+// NDJSON lines reach the caller as the owner writes them: the owner writes
+// the second line only after the caller has read the first.
+func TestProxyStreams(t *testing.T) {
+	firstRead := make(chan struct{})
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		io.WriteString(w, `{"type":"stdout","data":"1"}`+"\n")
+		w.(http.Flusher).Flush()
+		<-firstRead
+		io.WriteString(w, `{"type":"exit"}`+"\n")
+	}))
+	defer owner.Close()
+	front := serveProxied(t, forwarder(t), owner.URL, nil)
+	resp, err := http.Get(front.URL + "/v1/sandboxes/sbx_a/exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.Contains(line, `"stdout"`) {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	close(firstRead)
+	if line, err = br.ReadString('\n'); err != nil || !strings.Contains(line, `"exit"`) {
+		t.Fatalf("second line %q, %v", line, err)
+	}
+}
+
+// An upgrade (the terminal's and the port proxy's WebSockets) becomes one
+// connection through to the owner, both ways.
+func TestProxyUpgrades(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") != "websocket" {
+			http.Error(w, "want an upgrade", http.StatusBadRequest)
+			return
+		}
+		conn, rw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		rw.Flush()
+		line, _ := rw.ReadString('\n')
+		rw.WriteString("echo:" + line)
+		rw.Flush()
+	}))
+	defer owner.Close()
+	front := serveProxied(t, forwarder(t), owner.URL, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "GET /v1/sandboxes/sbx_a/pty HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade through the proxy: %v %v", resp, err)
+	}
+	io.WriteString(conn, "hello\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "echo:hello\n" {
+		t.Fatalf("through the upgraded connection: %q %v", line, err)
+	}
+}
+
+// A node that cannot be dialled: sandbox_unavailable, or the fallback
+// (a create then runs on the node asked).
+func TestProxyUnreachable(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	s := forwarder(t)
+	resp, err := http.Get(serveProxied(t, s, dead, nil).URL + "/v1/sandboxes/sbx_a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var e errorBody
+	json.NewDecoder(resp.Body).Decode(&e)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || e.Error.Code != "sandbox_unavailable" || !strings.Contains(e.Error.Message, "does not answer") {
+		t.Errorf("proxy to a dead node: %d %+v", resp.StatusCode, e)
+	}
+	fell := false
+	front := serveProxied(t, s, dead, func(w http.ResponseWriter, r *http.Request) {
+		fell = true
+		w.WriteHeader(http.StatusCreated)
+	})
+	resp, err = http.Post(front.URL+"/v1/sandboxes", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !fell || resp.StatusCode != http.StatusCreated {
+		t.Errorf("fallback ran %v, status %d", fell, resp.StatusCode)
+	}
+}

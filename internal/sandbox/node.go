@@ -1,0 +1,304 @@
+package sandbox
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// NodeConfig makes the manager one node of several sharing a store (issue
+// 12): it heartbeats with its capacity, acts only on its own sandboxes
+// (recovery, the reaper, idle suspend, KillAll), and marks the sandboxes of
+// nodes that stopped heartbeating lost. With no ID the manager acts on
+// every record, as a single server did before nodes existed.
+type NodeConfig struct {
+	ID        string        // this node's id, kept on each of its sandbox records
+	URL       string        // its advertised base URL, where other nodes forward requests
+	Heartbeat time.Duration // how often it heartbeats and looks for lost nodes
+	// Grace: a node silent this long is lost and its sandboxes stopped
+	// with StopLost. It must exceed the heartbeat interval and any clock
+	// skew between hosts (times are the nodes' own).
+	Grace    time.Duration
+	CPUs     int // CPUs offered to sandboxes (0: the host's)
+	MemoryMB int // memory offered to sandboxes (0: the host's total)
+	// PlaceRestores: restores are placed like creates, for a snapshot
+	// store every node reads (s3). With a local one a restore runs on the
+	// node that was asked.
+	PlaceRestores bool
+	PlaceLocal    bool // every create runs on the node asked (a balancer in front places them)
+}
+
+// DefaultNodeConfig has the timings a node uses when its own are zero.
+func DefaultNodeConfig() NodeConfig {
+	return NodeConfig{Heartbeat: 2 * time.Second, Grace: 30 * time.Second}
+}
+
+func (c *NodeConfig) setDefaults() {
+	d := DefaultNodeConfig()
+	if c.Heartbeat == 0 {
+		c.Heartbeat = d.Heartbeat
+	}
+	if c.Grace == 0 {
+		c.Grace = d.Grace
+	}
+	if c.CPUs == 0 {
+		c.CPUs = runtime.NumCPU()
+	}
+}
+
+// nodeState is what the manager keeps of the cluster between heartbeats.
+type nodeState struct {
+	started time.Time
+	mu      sync.Mutex
+	urls    map[string]string // node id → URL, as of the last heartbeat
+	lost    map[string]bool   // node ids found lost
+}
+
+// NodeID returns this node's id ("" without nodes).
+func (m *Manager) NodeID() string { return m.cfg.Node.ID }
+
+// owns reports whether a sandbox record is this node's to act on.
+func (m *Manager) owns(sb pandastack.Sandbox) bool {
+	return sb.NodeID == "" || sb.NodeID == m.cfg.Node.ID
+}
+
+// heartbeat records this node as up with its capacity, marks nodes silent
+// for the grace period lost, and drops what this node still runs of its
+// own sandboxes that another node marked lost meanwhile (a stall longer
+// than the grace period).
+func (m *Manager) heartbeat(ctx context.Context) error {
+	nc := m.cfg.Node
+	nodes, err := m.store.ListNodes(ctx)
+	if err != nil {
+		return err
+	}
+	wasLost := false
+	urls, lost := map[string]string{}, map[string]bool{}
+	for _, n := range nodes {
+		urls[n.ID] = n.URL
+		if n.State == pandastack.NodeLost {
+			lost[n.ID] = true
+			wasLost = wasLost || n.ID == nc.ID
+		}
+	}
+	total, free := hostMemoryMB()
+	if nc.MemoryMB > 0 {
+		total = nc.MemoryMB
+	}
+	pool := map[string]int{}
+	m.mu.Lock()
+	for name, pl := range m.pools {
+		pool[name] = len(pl.ready)
+	}
+	m.mu.Unlock()
+	now := m.now()
+	if err := m.store.Heartbeat(ctx, pandastack.Node{
+		ID: nc.ID, URL: nc.URL, StartedAt: m.node.started, HeartbeatAt: now,
+		CPUs: nc.CPUs, MemoryMB: total, FreeMemoryMB: free, Pool: pool,
+	}); err != nil {
+		return err
+	}
+	urls[nc.ID], lost[nc.ID] = nc.URL, false
+	gone, err := m.store.LoseNodes(ctx, now.Add(-nc.Grace), now)
+	if err != nil {
+		return err
+	}
+	for _, id := range gone {
+		lost[id] = true
+		m.log.Warn("node lost: its sandboxes are stopped as lost", "node", id, "grace", nc.Grace)
+	}
+	m.node.mu.Lock()
+	m.node.urls, m.node.lost = urls, lost
+	m.node.mu.Unlock()
+	if wasLost {
+		m.log.Warn("this node was marked lost by another; dropping the sandboxes it recorded lost", "node", nc.ID)
+		m.dropLost(ctx)
+	}
+	return nil
+}
+
+// dropLost tears down what this node runs or keeps paused of its sandboxes
+// whose records say lost.
+func (m *Manager) dropLost(ctx context.Context) {
+	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: m.cfg.Node.ID, States: []pandastack.SandboxState{pandastack.StateStopped}})
+	if err != nil {
+		m.log.Error("list lost sandboxes", "err", err)
+		return
+	}
+	for _, sb := range recs {
+		if sb.StopReason != pandastack.StopLost || m.sbx.begin(sb.ID, phaseStopping) != nil {
+			continue
+		}
+		m.teardown(sb.ID, pandastack.StopLost)
+		m.sbx.end(sb.ID)
+	}
+}
+
+func (m *Manager) heartbeatLoop() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.cfg.Node.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Node.Grace)
+		if err := m.heartbeat(ctx); err != nil {
+			m.log.Error("node heartbeat", "node", m.cfg.Node.ID, "err", err)
+		}
+		cancel()
+	}
+}
+
+// startNode heartbeats once, so that this node is up before it recovers,
+// and then keeps heartbeating.
+func (m *Manager) startNode(ctx context.Context) error {
+	if m.cfg.Node.ID == "" {
+		return nil
+	}
+	m.node.started = m.now()
+	if err := m.heartbeat(ctx); err != nil {
+		return err
+	}
+	m.wg.Add(1)
+	go m.heartbeatLoop()
+	return nil
+}
+
+// Remote says where a request about sandbox id must go: "" when this node
+// answers it (its own sandbox, a record of no node, a stopped one, or one
+// whose node is lost), else the owning node's URL.
+func (m *Manager) Remote(ctx context.Context, projectID, id string) (string, error) {
+	if m.cfg.Node.ID == "" {
+		return "", nil
+	}
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err != nil || m.owns(sb) || sb.State == pandastack.StateStopped {
+		return "", nil // this node answers, errors included
+	}
+	return m.nodeURL(ctx, sb.NodeID)
+}
+
+// nodeURL returns the URL of a node that is up, or "" when it is lost or
+// unknown (this node then answers from the store).
+func (m *Manager) nodeURL(ctx context.Context, id string) (string, error) {
+	m.node.mu.Lock()
+	url, known := m.node.urls[id]
+	lost := m.node.lost[id]
+	m.node.mu.Unlock()
+	if known {
+		if lost {
+			return "", nil
+		}
+		return url, nil
+	}
+	// A node that joined since the last heartbeat.
+	nodes, err := m.store.ListNodes(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, n := range nodes {
+		if n.ID == id && n.State == pandastack.NodeUp {
+			return n.URL, nil
+		}
+	}
+	return "", nil
+}
+
+// nodesUp counts the nodes up as of the last heartbeat.
+func (m *Manager) nodesUp() int {
+	m.node.mu.Lock()
+	defer m.node.mu.Unlock()
+	n := 0
+	for id := range m.node.urls {
+		if !m.node.lost[id] {
+			n++
+		}
+	}
+	return n
+}
+
+// Place picks the node for a create: "" for this node, else the chosen
+// node's URL. Without nodes, or when the create names nothing placement can
+// weigh (a template that does not resolve here), it stays here and the
+// local create gives the answer.
+func (m *Manager) Place(ctx context.Context, projectID string, req CreateRequest) (string, error) {
+	if m.cfg.Node.ID == "" || m.cfg.Node.PlaceLocal || m.nodesUp() < 2 {
+		return "", nil
+	}
+	p := pandastack.Placement{Template: req.Template, CPU: req.CPU, MemoryMB: req.MemoryMB}
+	if req.SnapshotID != "" {
+		if !m.cfg.Node.PlaceRestores {
+			return "", nil
+		}
+		snap, err := m.store.GetSnapshot(ctx, projectID, req.SnapshotID)
+		if err != nil {
+			return "", nil
+		}
+		p.Template, p.CPU, p.MemoryMB = "", snap.CPU, snap.MemoryMB
+	} else {
+		if p.Template == "" {
+			p.Template = "base"
+		}
+		tpl, err := m.templates.Resolve(ctx, p.Template)
+		if err != nil {
+			return "", nil
+		}
+		if p.CPU == 0 {
+			p.CPU = tpl.CPU
+		}
+		if p.MemoryMB == 0 {
+			p.MemoryMB = tpl.MemoryMB
+		}
+	}
+	now := m.now()
+	p.Since, p.At = now.Add(-m.cfg.Node.Grace), now
+	n, err := m.store.PlaceSandbox(ctx, p)
+	if err != nil {
+		return "", err
+	}
+	if n.ID == m.cfg.Node.ID {
+		return "", nil
+	}
+	return n.URL, nil
+}
+
+// hostMemoryMB returns the host's total and available memory in MiB from
+// /proc/meminfo; elsewhere (or if it cannot be read) a large figure for
+// both, so placement weighs only what is committed.
+func hostMemoryMB() (total, free int) {
+	const unknown = 1 << 20
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return unknown, unknown
+	}
+	defer f.Close()
+	total, free = unknown, unknown
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, err := strconv.Atoi(fields[1])
+		if err != nil {
+			continue
+		}
+		switch fields[0] {
+		case "MemTotal:":
+			total = kb / 1024
+		case "MemAvailable:":
+			free = kb / 1024
+		}
+	}
+	return total, free
+}

@@ -1,0 +1,171 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// nodeHarness is a manager that is node id, on its own fake runtime and
+// directories, sharing shared's store (nil: a new store). Heartbeats are
+// left to the test (the loop's interval is an hour).
+func nodeHarness(t *testing.T, id string, shared *harness) *harness {
+	t.Helper()
+	var h *harness
+	if shared == nil {
+		h = newHarness(t)
+		h.m.Close()
+	} else {
+		dir := t.TempDir()
+		rootfs := filepath.Join(dir, "rootfs")
+		os.MkdirAll(rootfs, 0o700)
+		h = &harness{t: t, dir: dir, rt: newFakeRuntime(), store: shared.store, tpls: &fakeTemplates{tpl: Template{Name: "base", RootFS: rootfs, CPU: 1, MemoryMB: 256}}}
+	}
+	h.node = NodeConfig{ID: id, URL: "http://" + id + ".test", Heartbeat: time.Hour, Grace: 10 * time.Second}
+	h.m = h.newManager()
+	return h
+}
+
+// Two nodes on one store: the reaper, KillAll and recovery of one leave
+// the other's sandboxes alone, and each record names its node.
+func TestNodesActOnOwnSandboxes(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	sa, sb := a.create(), b.create()
+	b.exec(sb.ID, "set v=still")
+	if sa.NodeID != "node-a" || a.record(sa.ID).NodeID != "node-a" || b.record(sb.ID).NodeID != "node-b" {
+		t.Fatalf("records name nodes %q and %q", a.record(sa.ID).NodeID, b.record(sb.ID).NodeID)
+	}
+	for _, id := range []string{sa.ID, sb.ID} {
+		a.store.SetSandboxExpiry(ctx, id, time.Now().Add(-time.Second))
+	}
+	a.m.reapOnce()
+	if rec := a.record(sa.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopExpired {
+		t.Errorf("A's expired sandbox: %s %s", rec.State, rec.StopReason)
+	}
+	if rec := a.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Errorf("A's reaper touched B's sandbox: %s %s", rec.State, rec.StopReason)
+	}
+	b.store.SetSandboxExpiry(ctx, sb.ID, time.Now().Add(time.Hour))
+
+	// A restarts: B's running sandbox is not A's to adopt or call lost.
+	a.m.Close()
+	a.m = a.newManager()
+	if rec := a.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Errorf("A's recovery touched B's sandbox: %s %s", rec.State, rec.StopReason)
+	}
+	if out, err := b.exec(sb.ID, "get v"); err != nil || out != "still" {
+		t.Errorf("B's sandbox after A restarted: %q %v", out, err)
+	}
+
+	a2 := a.create()
+	a.m.KillAll(ctx)
+	if _, err := a.store.GetSandbox(ctx, "", a2.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Errorf("A's KillAll left its sandbox: %v", err)
+	}
+	if rec := a.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Errorf("A's KillAll touched B's sandbox: %s %s", rec.State, rec.StopReason)
+	}
+	if ids := b.rt.ids(); !slices.Equal(ids, []string{sb.ID}) {
+		t.Errorf("B's runtime holds %v, want %s", ids, sb.ID)
+	}
+	// Requests about B's sandbox go to B; about A's own, A answers.
+	if url, err := a.m.Remote(ctx, project, sb.ID); err != nil || url != "http://node-b.test" {
+		t.Errorf("Remote of B's sandbox from A = %q, %v", url, err)
+	}
+	if url, err := b.m.Remote(ctx, project, sb.ID); err != nil || url != "" {
+		t.Errorf("Remote of B's sandbox from B = %q, %v", url, err)
+	}
+}
+
+// A node silent for the grace period is lost: a survivor stops its
+// sandboxes as lost. The lost node, coming back, drops what it still runs.
+func TestLostNode(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	sa, sb := a.create(), b.create()
+
+	c := &clock{t: time.Now().Add(time.Minute)} // A's clock: B last heartbeat a minute ago
+	a.m.now = c.now
+	if err := a.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := a.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopLost {
+		t.Errorf("B's sandbox after B went silent: %s %s, want stopped lost", rec.State, rec.StopReason)
+	}
+	if rec := a.record(sa.ID); rec.State != pandastack.StateRunning {
+		t.Errorf("A's own sandbox: %s %s", rec.State, rec.StopReason)
+	}
+	if url, err := a.m.Remote(ctx, project, sb.ID); err != nil || url != "" {
+		t.Errorf("Remote of a lost sandbox = %q, %v; A answers it from the store", url, err)
+	}
+	nodes, _ := a.store.ListNodes(ctx)
+	for _, n := range nodes {
+		if want := map[string]pandastack.NodeState{"node-a": pandastack.NodeUp, "node-b": pandastack.NodeLost}[n.ID]; n.State != want {
+			t.Errorf("node %s is %s, want %s", n.ID, n.State, want)
+		}
+	}
+
+	// B was only stalled: its next heartbeat finds it lost, drops the
+	// sandbox it still runs, and it is up again.
+	if err := b.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := b.rt.ids(); len(ids) != 0 {
+		t.Errorf("B still runs %v after it learnt they were lost", ids)
+	}
+	if got := b.m.entryIDs(); len(got) != 0 {
+		t.Errorf("B still holds entries %v", got)
+	}
+	if _, err := b.m.Agent(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Errorf("a lost sandbox answers %v, want %s", err, pandastack.EUnavailable)
+	}
+	again := b.create()
+	b.exec(again.ID, "set v=ok")
+	if out, err := b.exec(again.ID, "get v"); err != nil || out != "ok" {
+		t.Errorf("B after it came back: %q %v", out, err)
+	}
+}
+
+// Placement spreads creates over equal nodes, following what each has
+// committed; a create asked of A may land on B.
+func TestPlaceSpreads(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	if url, err := a.m.Place(ctx, project, CreateRequest{Template: "base"}); err != nil || url != "" {
+		t.Fatalf("A places on %q, %v before its heartbeat saw B", url, err)
+	}
+	if err := a.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	on := map[string]*harness{"": a, "http://node-b.test": b}
+	count := map[string]int{}
+	for range 4 {
+		url, err := a.m.Place(ctx, project, CreateRequest{Template: "base"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, ok := on[url]
+		if !ok {
+			t.Fatalf("placed on unknown %q", url)
+		}
+		count[h.node.ID]++
+		h.create()
+	}
+	if count["node-a"] != 2 || count["node-b"] != 2 {
+		t.Errorf("4 creates placed %v, want 2 on each", count)
+	}
+	// Without nodes there is nothing to place.
+	h := newHarness(t)
+	if url, err := h.m.Place(ctx, project, CreateRequest{}); err != nil || url != "" {
+		t.Errorf("Place without nodes = %q, %v", url, err)
+	}
+}

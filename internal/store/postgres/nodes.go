@@ -1,0 +1,149 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pandastack/pandastack"
+)
+
+const nodeColumns = `id, url, state, started_at, heartbeat_at, cpus, memory_mb, free_memory_mb, pool`
+
+func scanNode(row pgx.Row) (pandastack.Node, error) {
+	var n pandastack.Node
+	var pool []byte
+	if err := row.Scan(&n.ID, &n.URL, &n.State, &n.StartedAt, &n.HeartbeatAt, &n.CPUs, &n.MemoryMB, &n.FreeMemoryMB, &pool); err != nil {
+		return pandastack.Node{}, err
+	}
+	if err := json.Unmarshal(pool, &n.Pool); err != nil {
+		return pandastack.Node{}, fmt.Errorf("node %s pool: %w", n.ID, err)
+	}
+	n.StartedAt, n.HeartbeatAt = n.StartedAt.UTC(), n.HeartbeatAt.UTC()
+	return n, nil
+}
+
+// Heartbeat implements pandastack.NodeStore.
+func (s *Store) Heartbeat(ctx context.Context, n pandastack.Node) error {
+	if !pandastack.StorableText(n.ID, n.URL) {
+		return pandastack.ErrUnstorableText("node", n.ID)
+	}
+	pool, err := json.Marshal(n.Pool)
+	if err != nil || n.Pool == nil {
+		pool = []byte("{}")
+	}
+	_, err = s.pool.Exec(ctx,
+		`INSERT INTO nodes (`+nodeColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb)
+		 ON CONFLICT (id) DO UPDATE SET url = excluded.url, state = excluded.state,
+		   started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, cpus = excluded.cpus,
+		   memory_mb = excluded.memory_mb, free_memory_mb = excluded.free_memory_mb, pool = excluded.pool`,
+		n.ID, n.URL, string(pandastack.NodeUp), millis(n.StartedAt), millis(n.HeartbeatAt), n.CPUs, n.MemoryMB, n.FreeMemoryMB, string(pool))
+	if err != nil {
+		return fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
+	}
+	return nil
+}
+
+// ListNodes implements pandastack.NodeStore.
+func (s *Store) ListNodes(ctx context.Context) ([]pandastack.Node, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+nodeColumns+` FROM nodes ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pandastack.Node, error) { return scanNode(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	return out, nil
+}
+
+// committed sums a column of a node's starting and running sandboxes:
+// what placement counts as taken (a paused sandbox holds neither).
+func committed(col string) string {
+	return `(SELECT coalesce(sum(s.` + col + `), 0) FROM sandboxes s
+		WHERE s.node_id = n.id AND s.state IN ('` + string(pandastack.StateStarting) + `', '` + string(pandastack.StateRunning) + `'))`
+}
+
+// PlaceSandbox implements pandastack.NodeStore: the candidate row is locked
+// FOR UPDATE SKIP LOCKED, so a concurrent placement takes the next best
+// node rather than wait, and its placed_at moves so that ties rotate.
+func (s *Store) PlaceSandbox(ctx context.Context, p pandastack.Placement) (pandastack.Node, error) {
+	if !pandastack.StorableText(p.Template) {
+		return pandastack.Node{}, pandastack.ErrUnstorableText("template", p.Template)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return pandastack.Node{}, fmt.Errorf("place sandbox: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	// First the best node nobody is placing on right now; when every
+	// candidate is locked, wait for the best one instead.
+	var id string
+	for _, lock := range []string{"FOR UPDATE OF n SKIP LOCKED", "FOR UPDATE OF n"} {
+		err = tx.QueryRow(ctx,
+			`SELECT n.id FROM nodes n
+			 WHERE n.state = $1 AND n.heartbeat_at >= $2 AND n.free_memory_mb >= $3
+			 ORDER BY coalesce((n.pool ->> $4::text)::bigint, 0) > 0 DESC,
+			   n.memory_mb - `+committed("memory_mb")+` DESC,
+			   n.cpus - `+committed("cpu")+` DESC,
+			   n.placed_at, n.id
+			 LIMIT 1 `+lock,
+			string(pandastack.NodeUp), millis(p.Since), p.MemoryMB, p.Template).Scan(&id)
+		if !errors.Is(err, pgx.ErrNoRows) {
+			break
+		}
+	}
+	if errors.Is(err, pgx.ErrNoRows) {
+		return pandastack.Node{}, pandastack.Errorf(pandastack.EUnavailable, "no node has room for a sandbox of %d MiB", p.MemoryMB)
+	}
+	if err != nil {
+		return pandastack.Node{}, fmt.Errorf("place sandbox: %w", err)
+	}
+	n, err := scanNode(tx.QueryRow(ctx, `UPDATE nodes SET placed_at = $1 WHERE id = $2 RETURNING `+nodeColumns, millis(p.At), id))
+	if err != nil {
+		return pandastack.Node{}, fmt.Errorf("place sandbox: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return pandastack.Node{}, fmt.Errorf("place sandbox: %w", err)
+	}
+	return n, nil
+}
+
+// LoseNodes implements pandastack.NodeStore. Nodes another survivor is
+// marking right now are skipped (SKIP LOCKED): it does the same work.
+func (s *Store) LoseNodes(ctx context.Context, before, at time.Time) ([]string, error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lose nodes: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, `SELECT id FROM nodes WHERE state = $1 AND heartbeat_at < $2 ORDER BY id FOR UPDATE SKIP LOCKED`,
+		string(pandastack.NodeUp), millis(before))
+	if err != nil {
+		return nil, fmt.Errorf("lose nodes: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("lose nodes: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	if _, err := tx.Exec(ctx, `UPDATE nodes SET state = $1 WHERE id = ANY($2::text[])`, string(pandastack.NodeLost), ids); err != nil {
+		return nil, fmt.Errorf("lose nodes: %w", err)
+	}
+	if _, err := tx.Exec(ctx,
+		`UPDATE sandboxes SET state = $1, stop_reason = $2, stopped_at = $3, pause_reason = ''
+		 WHERE node_id = ANY($4::text[]) AND state != $1`,
+		string(pandastack.StateStopped), pandastack.StopLost, millis(at), ids); err != nil {
+		return nil, fmt.Errorf("lose nodes: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("lose nodes: %w", err)
+	}
+	return ids, nil
+}

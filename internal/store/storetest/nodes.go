@@ -1,0 +1,241 @@
+package storetest
+
+import (
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// node returns an up node heartbeating at base+second, offering 4 CPUs and
+// 8 GiB with 6 GiB free.
+func node(id string, second int) pandastack.Node {
+	return pandastack.Node{
+		ID: id, URL: "http://" + id + ":8080", StartedAt: base,
+		HeartbeatAt: base.Add(time.Duration(second) * time.Second),
+		CPUs:        4, MemoryMB: 8192, FreeMemoryMB: 6144,
+	}
+}
+
+func mustHeartbeat(t *testing.T, s pandastack.Store, n pandastack.Node) {
+	t.Helper()
+	if err := s.Heartbeat(t.Context(), n); err != nil {
+		t.Fatalf("Heartbeat(%s): %v", n.ID, err)
+	}
+}
+
+func nodesByID(t *testing.T, s pandastack.Store) map[string]pandastack.Node {
+	t.Helper()
+	ns, err := s.ListNodes(t.Context())
+	if err != nil {
+		t.Fatalf("ListNodes: %v", err)
+	}
+	out := map[string]pandastack.Node{}
+	for _, n := range ns {
+		out[n.ID] = n
+	}
+	return out
+}
+
+func place(t *testing.T, s pandastack.Store, p pandastack.Placement) string {
+	t.Helper()
+	n, err := s.PlaceSandbox(t.Context(), p)
+	if err != nil {
+		t.Fatalf("PlaceSandbox(%+v): %v", p, err)
+	}
+	return n.ID
+}
+
+// A heartbeat inserts the node, a later one replaces what it reports; a
+// lost node that heartbeats again is up.
+func testNodes(t *testing.T, s pandastack.Store) {
+	if ns, err := s.ListNodes(t.Context()); err != nil || len(ns) != 0 {
+		t.Fatalf("ListNodes of an empty store = %v, %v", ns, err)
+	}
+	a := node("node-a", 0)
+	a.Pool = map[string]int{"python": 2}
+	mustHeartbeat(t, s, a)
+	mustHeartbeat(t, s, node("node-b", 0))
+	got := nodesByID(t, s)
+	if len(got) != 2 {
+		t.Fatalf("nodes = %v", got)
+	}
+	g := got["node-a"]
+	if g.URL != a.URL || g.State != pandastack.NodeUp || g.CPUs != 4 || g.MemoryMB != 8192 || g.FreeMemoryMB != 6144 || !maps.Equal(g.Pool, a.Pool) {
+		t.Errorf("node-a = %+v, want %+v", g, a)
+	}
+	checkTime(t, "StartedAt", g.StartedAt, base)
+	checkTime(t, "HeartbeatAt", g.HeartbeatAt, base)
+
+	a = node("node-a", 30)
+	a.URL, a.FreeMemoryMB = "http://elsewhere:9090", 100
+	mustHeartbeat(t, s, a)
+	g = nodesByID(t, s)["node-a"]
+	if g.URL != a.URL || g.FreeMemoryMB != 100 || len(g.Pool) != 0 {
+		t.Errorf("node-a after its second heartbeat = %+v", g)
+	}
+	checkTime(t, "HeartbeatAt", g.HeartbeatAt, a.HeartbeatAt)
+
+	if lost, err := s.LoseNodes(t.Context(), base.Add(10*time.Second), base.Add(10*time.Second)); err != nil || fmt.Sprint(lost) != "[node-b]" {
+		t.Fatalf("LoseNodes = %v, %v; want [node-b]", lost, err)
+	}
+	if st := nodesByID(t, s)["node-b"].State; st != pandastack.NodeLost {
+		t.Errorf("node-b after LoseNodes is %q", st)
+	}
+	mustHeartbeat(t, s, node("node-b", 40))
+	if st := nodesByID(t, s)["node-b"].State; st != pandastack.NodeUp {
+		t.Errorf("node-b after a new heartbeat is %q", st)
+	}
+	bad := node("node-\x00", 0)
+	checkCode(t, "Heartbeat of a NUL id", s.Heartbeat(t.Context(), bad), pandastack.EInvalid)
+}
+
+// The Node filter matches a node's own sandboxes and those of no node.
+func testListByNode(t *testing.T, s pandastack.Store) {
+	mine, theirs, legacy := sandbox("sbx_mine", 1), sandbox("sbx_theirs", 2), sandbox("sbx_legacy", 3)
+	mine.NodeID, theirs.NodeID = "node-a", "node-b"
+	for _, sb := range []pandastack.Sandbox{mine, theirs, legacy} {
+		mustSandbox(t, s, sb)
+	}
+	checkSandbox(t, mustGet(t, s, "sbx_mine"), mine)
+	checkIDs(t, "node-a", list(t, s, pandastack.SandboxFilter{Node: "node-a"}), "sbx_mine", "sbx_legacy")
+	checkIDs(t, "node-b running", list(t, s, pandastack.SandboxFilter{Node: "node-b", States: []pandastack.SandboxState{pandastack.StateRunning}}), "sbx_theirs", "sbx_legacy")
+	checkIDs(t, "every node", list(t, s, pandastack.SandboxFilter{}), "sbx_mine", "sbx_theirs", "sbx_legacy")
+}
+
+// Placement takes the node with the most memory not committed to starting
+// and running sandboxes; it skips nodes silent since p.Since, lost nodes,
+// and nodes with less free memory than asked; ties rotate.
+func testPlaceSandbox(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	p := pandastack.Placement{Template: "python", CPU: 1, MemoryMB: 512, Since: base, At: base.Add(time.Minute)}
+	if _, err := s.PlaceSandbox(ctx, p); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Fatalf("PlaceSandbox with no nodes: %v, want %s", err, pandastack.EUnavailable)
+	}
+	mustHeartbeat(t, s, node("node-a", 0))
+	mustHeartbeat(t, s, node("node-b", 0))
+	stale := node("node-stale", -1) // heartbeat before Since
+	stale.MemoryMB = 1 << 20
+	mustHeartbeat(t, s, stale)
+	tight := node("node-tight", 0) // room on paper, but the host is short
+	tight.MemoryMB, tight.FreeMemoryMB = 1<<20, 256
+	mustHeartbeat(t, s, tight)
+
+	// node-a has 1 GiB committed, node-b a paused and a stopped sandbox
+	// (neither counts): node-b wins.
+	sa, sp, ss := sandbox("sbx_a", 1), sandbox("sbx_paused", 2), sandbox("sbx_stopped", 3)
+	sa.NodeID, sa.MemoryMB = "node-a", 1024
+	sp.NodeID, sp.State, sp.MemoryMB = "node-b", pandastack.StatePaused, 4096
+	ss.NodeID, ss.State, ss.MemoryMB = "node-b", pandastack.StateStopped, 4096
+	for _, sb := range []pandastack.Sandbox{sa, sp, ss} {
+		mustSandbox(t, s, sb)
+	}
+	if got := place(t, s, p); got != "node-b" {
+		t.Errorf("placed on %s, want node-b (the most uncommitted memory)", got)
+	}
+	// Equal memory: the most uncommitted CPUs, then the node placed on
+	// longest ago.
+	sb := sandbox("sbx_b", 4)
+	sb.NodeID, sb.MemoryMB, sb.CPU = "node-b", 1024, 2
+	mustSandbox(t, s, sb)
+	if got := place(t, s, p); got != "node-a" {
+		t.Errorf("placed on %s, want node-a (as much memory, more CPUs free)", got)
+	}
+	if err := s.SetSandboxState(ctx, "sbx_b", pandastack.StateStopped, pandastack.StopKilled, base); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetSandboxState(ctx, "sbx_a", pandastack.StateStopped, pandastack.StopKilled, base); err != nil {
+		t.Fatal(err)
+	}
+	first := place(t, s, pandastack.Placement{MemoryMB: 512, Since: base, At: base.Add(2 * time.Minute)})
+	second := place(t, s, pandastack.Placement{MemoryMB: 512, Since: base, At: base.Add(3 * time.Minute)})
+	if first == second {
+		t.Errorf("two placements on equal nodes both went to %s", first)
+	}
+	// A lost node is no candidate.
+	if _, err := s.LoseNodes(ctx, base.Add(time.Second), base.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PlaceSandbox(ctx, p); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Errorf("PlaceSandbox with every node lost: %v, want %s", err, pandastack.EUnavailable)
+	}
+	checkCode(t, "a NUL template", func() error { _, err := s.PlaceSandbox(ctx, pandastack.Placement{Template: "a\x00"}); return err }(), pandastack.EInvalid)
+}
+
+// A ready pool of the template outweighs free memory.
+func testPlaceByPool(t *testing.T, s pandastack.Store) {
+	a, b := node("node-a", 0), node("node-b", 0)
+	a.MemoryMB = 1 << 20
+	b.Pool = map[string]int{"python": 1, "other": 0}
+	mustHeartbeat(t, s, a)
+	mustHeartbeat(t, s, b)
+	if got := place(t, s, pandastack.Placement{Template: "python", MemoryMB: 512, Since: base, At: base}); got != "node-b" {
+		t.Errorf("python placed on %s, want node-b (its pool is ready)", got)
+	}
+	if got := place(t, s, pandastack.Placement{Template: "other", MemoryMB: 512, Since: base, At: base}); got != "node-a" {
+		t.Errorf("other placed on %s, want node-a (node-b's pool of it is empty)", got)
+	}
+}
+
+// LoseNodes stops the silent node's sandboxes, and only those.
+func testLoseNodes(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	mustHeartbeat(t, s, node("node-a", 0))
+	mustHeartbeat(t, s, node("node-b", 60))
+	run, paused, killed, other, legacy := sandbox("sbx_run", 1), sandbox("sbx_paused", 2), sandbox("sbx_killed", 3), sandbox("sbx_other", 4), sandbox("sbx_legacy", 5)
+	run.NodeID, paused.NodeID, killed.NodeID, other.NodeID = "node-a", "node-a", "node-a", "node-b"
+	paused.State, paused.PauseReason = pandastack.StatePaused, pandastack.PauseIdle
+	killedAt := base.Add(time.Minute)
+	killed.State, killed.StopReason, killed.StoppedAt = pandastack.StateStopped, pandastack.StopKilled, &killedAt
+	for _, sb := range []pandastack.Sandbox{run, paused, killed, other, legacy} {
+		mustSandbox(t, s, sb)
+	}
+	at := base.Add(2 * time.Minute)
+	lost, err := s.LoseNodes(ctx, base.Add(30*time.Second), at)
+	if err != nil || fmt.Sprint(lost) != "[node-a]" {
+		t.Fatalf("LoseNodes = %v, %v; want [node-a]", lost, err)
+	}
+	for _, id := range []string{"sbx_run", "sbx_paused"} {
+		g := mustGet(t, s, id)
+		if g.State != pandastack.StateStopped || g.StopReason != pandastack.StopLost || g.PauseReason != "" {
+			t.Errorf("%s of the lost node = %s/%q/%q, want stopped/lost", id, g.State, g.StopReason, g.PauseReason)
+		}
+		checkTimePtr(t, id+" StoppedAt", g.StoppedAt, &at)
+	}
+	if g := mustGet(t, s, "sbx_killed"); g.StopReason != pandastack.StopKilled {
+		t.Errorf("an already stopped sandbox now says %q", g.StopReason)
+	}
+	for _, id := range []string{"sbx_other", "sbx_legacy"} {
+		if g := mustGet(t, s, id); g.State != pandastack.StateRunning {
+			t.Errorf("%s (not the lost node's) is %s", id, g.State)
+		}
+	}
+	if lost, err := s.LoseNodes(ctx, base.Add(30*time.Second), at); err != nil || len(lost) != 0 {
+		t.Errorf("LoseNodes again = %v, %v; want nothing", lost, err)
+	}
+}
+
+// Concurrent placements over equal nodes spread over them.
+func testRacingPlacements(t *testing.T, s pandastack.Store) {
+	mustHeartbeat(t, s, node("node-a", 0))
+	mustHeartbeat(t, s, node("node-b", 0))
+	got := make([]string, racers)
+	for i, err := range race(func(i int) error {
+		n, err := s.PlaceSandbox(t.Context(), pandastack.Placement{MemoryMB: 512, Since: base, At: base.Add(time.Duration(i+1) * time.Second)})
+		got[i] = n.ID
+		return err
+	}) {
+		if err != nil {
+			t.Fatalf("racer %d: %v", i, err)
+		}
+	}
+	count := map[string]int{}
+	for _, id := range got {
+		count[id]++
+	}
+	if count["node-a"] == 0 || count["node-b"] == 0 {
+		t.Errorf("%d racing placements over two equal nodes went %v", racers, count)
+	}
+}

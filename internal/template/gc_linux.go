@@ -1,0 +1,101 @@
+package template
+
+import (
+	"bufio"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// mountEntry is one line of a mountinfo file (proc(5)): the device, the
+// directory of that filesystem it shows (root) and where (point).
+type mountEntry struct{ dev, root, point string }
+
+// inUseBy returns a function that reports a mount, in any mount namespace
+// on this machine, of dir or of something beneath it, or "" when there is
+// none. A runsc gofer serves a sandbox's root filesystem from a bind mount
+// of the template's rootfs in a namespace of its own, where the mount point
+// is "/" and only the (device, root) pair names the rootfs; dir is
+// therefore translated to its own filesystem's terms through this
+// process's mount table. Processes that are gone or unreadable are skipped.
+func inUseBy() (func(dir string) string, error) {
+	self, err := readMountinfo("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var all []mountEntry
+	for _, p := range procs {
+		if c := p.Name()[0]; c < '0' || c > '9' {
+			continue
+		}
+		ns, err := os.Readlink(filepath.Join("/proc", p.Name(), "ns", "mnt"))
+		if err != nil || seen[ns] {
+			continue
+		}
+		seen[ns] = true
+		ents, _ := readMountinfo(filepath.Join("/proc", p.Name(), "mountinfo"))
+		all = append(all, ents...)
+	}
+	return func(dir string) string {
+		dir = filepath.Clean(dir)
+		if real, err := filepath.EvalSymlinks(dir); err == nil {
+			dir = real
+		}
+		for _, e := range self {
+			if under(e.point, dir) {
+				return e.point
+			}
+		}
+		// The filesystem dir lives on: the longest mount point above it.
+		var host mountEntry
+		for _, e := range self {
+			if under(dir, e.point) && len(e.point) >= len(host.point) {
+				host = e
+			}
+		}
+		if host.point == "" {
+			return ""
+		}
+		rel := filepath.Join(host.root, strings.TrimPrefix(dir, host.point))
+		for _, e := range all {
+			if e.dev == host.dev && under(e.root, rel) {
+				return e.root
+			}
+		}
+		return ""
+	}, nil
+}
+
+// under reports whether p is dir or lies beneath it.
+func under(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+}
+
+func readMountinfo(path string) ([]mountEntry, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []mountEntry
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		out = append(out, mountEntry{dev: fields[2], root: filepath.Clean(unescapeMountinfo(fields[3])), point: filepath.Clean(unescapeMountinfo(fields[4]))})
+	}
+	return out, sc.Err()
+}
+
+// tryLockName takes the build lock of a template name without waiting.
+func tryLockName(cacheDir, name string) (func(), error) {
+	return tryLock(filepath.Join(cacheDir, templatesDir, "."+name+".lock"))
+}

@@ -1,0 +1,152 @@
+package template
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/testutil"
+)
+
+// fakeBuild writes a finished build of name with a made-up hash, built at.
+func fakeBuild(t *testing.T, cache, name, hash string, at time.Time) Built {
+	t.Helper()
+	dir := filepath.Join(cache, templatesDir, name+"-"+hash)
+	if err := os.MkdirAll(filepath.Join(dir, rootfsDir, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b := Built{Name: name, Hash: hash + strings.Repeat("0", 48), BuiltAt: at}
+	data, _ := json.Marshal(b)
+	marker := filepath.Join(dir, markerFile)
+	if err := os.WriteFile(marker, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chtimes(marker, at, at)
+	b.Dir, b.RootFS = dir, filepath.Join(dir, rootfsDir)
+	return b
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+func TestGCRemovesOnlyUnreferencedOldBuilds(t *testing.T) {
+	cache := t.TempDir()
+	old := time.Now().Add(-48 * time.Hour)
+	current := fakeBuild(t, cache, "base", "aaaaaaaaaaaaaaaa", old)
+	pinned := fakeBuild(t, cache, "base", "bbbbbbbbbbbbbbbb", old)
+	young := fakeBuild(t, cache, "base", "cccccccccccccccc", time.Now().Add(-time.Minute))
+	garbage := fakeBuild(t, cache, "code-interpreter", "dddddddddddddddd", old)
+	stage := filepath.Join(cache, templatesDir, stagesDir, "bookworm-x")
+	inProgress := filepath.Join(cache, templatesDir, ".build-base-123")
+	for _, d := range []string{stage, inProgress} {
+		os.MkdirAll(d, 0o755)
+	}
+	keep := func(b Built) (string, bool) {
+		switch b.RootFS {
+		case current.RootFS:
+			return "current build of base", true
+		case pinned.RootFS:
+			return "snapshot snap_1", true
+		}
+		return "", false
+	}
+
+	res, err := GC(cache, GCOptions{Keep: keep, MinAge: time.Hour, DryRun: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 4 {
+		t.Fatalf("GC looked at %d builds, want 4: %+v", len(res), res)
+	}
+	for _, r := range res {
+		if r.Removed != (r.Build.Dir == garbage.Dir) {
+			t.Errorf("dry run: %s removed=%v (%s)", r.Build.Dir, r.Removed, r.Reason)
+		}
+	}
+	if !exists(garbage.Dir) {
+		t.Fatal("a dry run removed a build")
+	}
+
+	if _, err := GC(cache, GCOptions{Keep: keep, MinAge: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if exists(garbage.Dir) {
+		t.Error("the unreferenced old build is still there")
+	}
+	for _, d := range []string{current.Dir, pinned.Dir, young.Dir, stage, inProgress} {
+		if !exists(d) {
+			t.Errorf("%s was removed", d)
+		}
+	}
+	// A build of the same name running holds the name's lock: its
+	// builds stay until it is done.
+	busy := fakeBuild(t, cache, "code-interpreter", "9999999999999999", old)
+	unlock, err := tryLockName(cache, "code-interpreter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err = GC(cache, GCOptions{Keep: keep, MinAge: time.Hour})
+	unlock()
+	if err != nil || !exists(busy.Dir) {
+		t.Fatalf("GC removed a build while a build of its name ran: %v %+v", err, res)
+	}
+	if _, err := GC(cache, GCOptions{Keep: keep, MinAge: time.Hour}); err != nil || exists(busy.Dir) {
+		t.Fatalf("the build is still there once the lock is free: %v", err)
+	}
+	if _, err := GC(cache, GCOptions{}); err == nil {
+		t.Error("GC without a Keep function succeeded")
+	}
+}
+
+// A build whose rootfs a process in another mount namespace has bind
+// mounted, as runsc's gofer does for a sandbox of any server sharing the
+// cache, is kept even when nothing this server knows refers to it.
+func TestGCKeepsABuildMountedElsewhere(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("mount namespaces are Linux's")
+	}
+	testutil.RequireRoot(t)
+	cache := t.TempDir()
+	old := time.Now().Add(-48 * time.Hour)
+	used := fakeBuild(t, cache, "base", "eeeeeeeeeeeeeeee", old)
+	free := fakeBuild(t, cache, "base", "ffffffffffffffff", old)
+	target := t.TempDir()
+	// A process in a private mount namespace holds the bind mount, like a
+	// gofer: nothing of it shows in this process's own mount table.
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" "$2" && echo ready && exec sleep 600`, "sh", used.RootFS, target)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("bind mount in a new namespace failed: %q", line)
+	}
+	if m := hostMountsUnder(t, used.Dir); len(m) != 0 {
+		t.Fatalf("the mount leaked into the test's namespace: %v", m)
+	}
+	res, err := GC(cache, GCOptions{Keep: func(Built) (string, bool) { return "", false }, MinAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !exists(used.Dir) {
+		t.Fatal("GC removed a build another mount namespace has mounted")
+	}
+	if exists(free.Dir) {
+		t.Error("GC kept the build nobody uses")
+	}
+	for _, r := range res {
+		if r.Build.Dir == used.Dir && !strings.Contains(r.Reason, "mounted") {
+			t.Errorf("kept for %q, want a reason naming the mount", r.Reason)
+		}
+	}
+}

@@ -1,0 +1,67 @@
+package pandastack
+
+import (
+	"context"
+	"time"
+)
+
+// NodeState says whether a node is taking part.
+type NodeState string
+
+const (
+	NodeUp   NodeState = "up"   // it heartbeats
+	NodeLost NodeState = "lost" // it missed its heartbeats for the grace period; its sandboxes were stopped as lost
+)
+
+// Node is one `serve` process sharing a store with others: its identity,
+// where the others reach it, and the capacity it last reported.
+type Node struct {
+	ID          string    `json:"id"`
+	URL         string    `json:"url"` // its advertised base URL, e.g. http://10.0.0.5:8080
+	State       NodeState `json:"state"`
+	StartedAt   time.Time `json:"started_at"`
+	HeartbeatAt time.Time `json:"heartbeat_at"`
+	CPUs        int       `json:"cpus"`      // CPUs it offers to sandboxes
+	MemoryMB    int       `json:"memory_mb"` // memory it offers to sandboxes, in MiB
+	// FreeMemoryMB is the host's available memory at the heartbeat;
+	// placement skips a node with less than a create asks for.
+	FreeMemoryMB int `json:"free_memory_mb"`
+	// Pool counts the ready pre-restored sandboxes of each template.
+	Pool map[string]int `json:"pool,omitempty"`
+}
+
+// Placement is what a create needs of a node.
+type Placement struct {
+	Template string
+	CPU      int
+	MemoryMB int
+	// Since: only nodes that heartbeat at or after it are candidates.
+	Since time.Time
+	At    time.Time // recorded as the chosen node's last placement
+}
+
+// NodeStore keeps the nodes sharing a store. Both stores implement it; on
+// SQLite there is only ever the one node of the process that owns the file.
+// Errors follow Store's rules.
+type NodeStore interface {
+	// Heartbeat records n (inserting it the first time) as up at
+	// n.HeartbeatAt, with the capacity it reports.
+	Heartbeat(ctx context.Context, n Node) error
+	// ListNodes returns every node, lost ones included, by id.
+	ListNodes(ctx context.Context) ([]Node, error)
+	// PlaceSandbox picks the node for a new sandbox among those up since
+	// p.Since with at least p.MemoryMB free: one with a ready pool of
+	// p.Template first, then the most memory not committed to its
+	// starting and running sandboxes, then the most CPUs likewise, then
+	// the one placed on longest ago. The choice is made under a row lock
+	// (PostgreSQL: FOR UPDATE SKIP LOCKED, then FOR UPDATE when every
+	// candidate is locked), so concurrent placements pick different nodes
+	// where they can and wait only when they must. EUnavailable when no
+	// node fits.
+	PlaceSandbox(ctx context.Context, p Placement) (Node, error)
+	// LoseNodes marks every node still up whose last heartbeat is before
+	// before as lost, and records each of its sandboxes that is not
+	// stopped as stopped at at with StopLost, in one transaction. It
+	// returns the ids of the nodes it marked.
+	LoseNodes(ctx context.Context, before, at time.Time) ([]string, error)
+}
