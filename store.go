@@ -70,6 +70,9 @@ type Store interface {
 
 	NodeStore
 
+	// HistoryStore: runs and origins (history.go).
+	HistoryStore
+
 	// Close releases the database.
 	Close() error
 }

@@ -127,6 +127,7 @@ type historyEntry struct {
 	Text     string   `json:"text"`
 	Results  []string `json:"results"`
 	ExitCode *int     `json:"exit_code"`
+	Failure  string   `json:"failure"`
 	Error    *struct {
 		Name      string `json:"name"`
 		Traceback string `json:"traceback"`
@@ -294,31 +295,14 @@ func TestAPIKeysAndLineage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.KillSandbox(ctx, kids[0].ID)
-	var lin struct {
-		Origins []struct {
-			SandboxID string `json:"sandbox_id"`
-			Kind      string `json:"kind"`
-			From      string `json:"from"`
-		} `json:"origins"`
-	}
-	req, _ = http.NewRequest("GET", s.url+"/v1/lineage", nil)
-	req.Header.Set("Authorization", "Bearer "+admin)
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	decodeJSON(t, resp, &lin)
-	got := []string{}
-	for _, o := range lin.Origins {
-		got = append(got, o.SandboxID+"<"+o.Kind+"<"+o.From)
-	}
+	got := lineage(t, s, admin)
 	want := []string{restored.ID + "<snapshot<" + snap.ID, kids[0].ID + "<fork<" + restored.ID}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("lineage = %v, want %v", got, want)
 	}
 	// Another project's lineage is its own.
-	if code, body := rawJSON(t, s, "GET", "/v1/lineage", "", &lin); code != 200 || strings.Contains(body, restored.ID) {
-		t.Errorf("the shared project sees this project's lineage: %s", body)
+	if other := lineage(t, s, s.key); strings.Contains(strings.Join(other, " "), restored.ID) {
+		t.Errorf("the shared project sees this project's lineage: %v", other)
 	}
 }
 

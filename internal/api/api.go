@@ -85,9 +85,8 @@ type Server struct {
 	catalog Catalog
 	log     *slog.Logger
 	mux     *http.ServeMux
-	tokens  portTokens       // port URLs that work without an API key (ports.go)
-	history *history.Log     // what was run in each sandbox
-	lineage *history.Lineage // where sandboxes came from
+	tokens  portTokens   // port URLs that work without an API key (ports.go)
+	history *history.Log // what was run in each sandbox, and where sandboxes came from
 }
 
 // New builds the API server.
@@ -112,7 +111,7 @@ func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catal
 		cfg.RunOutputCap = d.RunOutputCap
 	}
 	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux(),
-		history: history.New(history.Limits{}), lineage: history.NewLineage(0)}
+		history: history.New(history.Limits{}, store, log)}
 	s.routes()
 	return s
 }

@@ -12,11 +12,15 @@ import (
 )
 
 // getHistory serves GET /v1/sandboxes/{id}/history: what was run in the
-// sandbox through the API, newest first. It outlives the sandbox (until the
-// server forgets it), so a killed sandbox's history can still be read.
+// sandbox through the API, newest first. It is kept in the store: it
+// outlives the sandbox and a restart of serve (until the bounds push it out).
 func (s *Server) getHistory(w http.ResponseWriter, r *http.Request, project string) {
 	id := r.PathValue("id")
-	list, ok := s.history.List(project, id)
+	list, ok, err := s.history.List(r.Context(), project, id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	if !ok {
 		if _, err := s.mgr.Get(r.Context(), project, id); err != nil {
 			writeError(w, err)

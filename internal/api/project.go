@@ -99,15 +99,20 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, project strin
 }
 
 // getLineage serves GET /v1/lineage: which sandbox was restored from which
-// snapshot or forked from which sandbox, since the server started. With the
+// snapshot or forked from which sandbox (kept in the store). With the
 // snapshots' sandbox_id it draws the whole tree.
 func (s *Server) getLineage(w http.ResponseWriter, r *http.Request, project string) {
-	writeJSON(w, http.StatusOK, map[string]any{"origins": s.lineage.List(project)})
+	origins, err := s.history.Origins(r.Context(), project)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"origins": origins})
 }
 
 // noteOrigins records where new sandboxes came from.
 func (s *Server) noteOrigins(project, kind, from string, kids ...pandastack.Sandbox) {
 	for _, k := range kids {
-		s.lineage.Add(project, history.Origin{SandboxID: k.ID, Kind: kind, From: from, At: k.CreatedAt})
+		s.history.AddOrigin(project, history.Origin{SandboxID: k.ID, Kind: kind, From: from, At: k.CreatedAt})
 	}
 }

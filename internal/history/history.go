@@ -1,17 +1,24 @@
-// Package history keeps, in memory, what was run in each sandbox through
-// the API (commands, code cells, terminal sessions) with their outputs, so an
-// operator can see what an agent did. It is bounded: a number of entries per
-// sandbox, a number of bytes per output, a number of sandboxes. It also keeps
-// the lineage of sandboxes (which came from which snapshot or fork). Only
+// Package history records what was run in each sandbox through the API
+// (commands, code cells, terminal sessions) with their outputs, so an
+// operator can see what an agent did, and where sandboxes came from
+// (snapshots and forks). Both are kept in the Store (pandastack.HistoryStore),
+// so they outlive the sandbox and a restart of serve; an entry still running
+// is also held here, where its output grows until it ends. The log is
+// bounded: entries per sandbox, bytes per output, bytes in all. Only
 // internal/api imports it.
 package history
 
 import (
+	"context"
+	"log/slog"
 	"regexp"
 	"slices"
-	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
+
+	"github.com/pandastack/pandastack"
 )
 
 // Kinds of entries.
@@ -21,185 +28,125 @@ const (
 	KindTerminal = "terminal"
 )
 
-// Entry is one thing run in a sandbox.
-type Entry struct {
-	ID              string     `json:"id"`
-	Kind            string     `json:"kind"`                 // exec, code or terminal
-	Command         string     `json:"command,omitempty"`    // exec: the command line (argv joined by spaces)
-	Code            string     `json:"code,omitempty"`       // code: the cell's source
-	Language        string     `json:"language,omitempty"`   // code
-	ContextID       string     `json:"context_id,omitempty"` // code
-	StartedAt       time.Time  `json:"started_at"`
-	DurationMS      int64      `json:"duration_ms"`
-	Running         bool       `json:"running"`
-	Stdout          string     `json:"stdout"` // for a terminal: its transcript, escape sequences removed
-	Stderr          string     `json:"stderr"`
-	Text            string     `json:"text,omitempty"`      // code: the main result's text
-	Results         []string   `json:"results,omitempty"`   // code: the kinds of rich outputs, e.g. "png", "html"
-	ExitCode        *int       `json:"exit_code,omitempty"` // exec and terminal
-	TimedOut        bool       `json:"timed_out,omitempty"`
-	Error           *CodeError `json:"error,omitempty"`   // code: the cell's exception
-	Failure         string     `json:"failure,omitempty"` // the request itself failed: why
-	OutputTruncated bool       `json:"output_truncated,omitempty"`
-}
+type (
+	// Entry is one thing run in a sandbox.
+	Entry = pandastack.HistoryEntry
+	// CodeError is a cell's exception.
+	CodeError = pandastack.HistoryError
+	// Origin says where a sandbox came from.
+	Origin = pandastack.Origin
+)
 
-// CodeError is a cell's exception.
-type CodeError struct {
-	Name      string `json:"name"`
-	Value     string `json:"value"`
-	Traceback string `json:"traceback"`
-}
+// Interrupted is the Failure of an entry that was running when serve stopped.
+const Interrupted = "interrupted: the server stopped before this finished"
 
 // Limits bound the log. Zero fields take the documented defaults.
 type Limits struct {
-	EntriesPerSandbox int // 100
-	OutputBytes       int // kept per stream of an entry, and of a cell's source; 64 KiB
-	Sandboxes         int // the least recently used beyond this are forgotten; 1000
-	TotalBytes        int // text kept in all; beyond it the least recently used sandboxes go first; 64 MiB
+	EntriesPerSandbox int   // 100
+	OutputBytes       int   // kept per stream of an entry, and of a cell's source; 64 KiB
+	TotalBytes        int64 // stored in all; beyond it the oldest entries of any sandbox go; 256 MiB
+	OriginsPerProject int   // 10000
+	// TrimEvery is how many finished entries pass between two trims to
+	// TotalBytes (a trim reads every entry's size); 64.
+	TrimEvery int
 }
+
+// storeTimeout bounds each write to the store; it does not follow the
+// request's context, which a client's hang-up cancels before the entry ends.
+const storeTimeout = 10 * time.Second
 
 // Log is the history of every sandbox. It is safe for concurrent use.
 type Log struct {
-	lim Limits
-	now func() time.Time
+	lim   Limits
+	store pandastack.HistoryStore
+	log   *slog.Logger
+	now   func() time.Time
+	born  time.Time // when this process began to log: older running entries were cut short
 
 	mu    sync.Mutex
-	seq   int64
-	tick  int64
-	total int // bytes of text held
-	sbx   map[string]*sandboxLog
+	live  map[string]*Record // entries running, by id
+	ended int                // entries ended since the last trim
 }
 
-type sandboxLog struct {
-	project string
-	entries []*item // oldest first
-	used    int64   // tick of the last write, for LRU
-	bytes   int
-}
-
-// item is an entry and the bytes it is counted for.
-type item struct {
-	e    Entry
-	size int
-	gone bool // dropped from the log: no longer counted
-}
-
-func (e *Entry) size() int {
-	n := len(e.Command) + len(e.Code) + len(e.Stdout) + len(e.Stderr) + len(e.Text) + len(e.Failure)
-	if e.Error != nil {
-		n += len(e.Error.Name) + len(e.Error.Value) + len(e.Error.Traceback)
-	}
-	return n
-}
-
-// New returns an empty log.
-func New(lim Limits) *Log {
+// New returns the log kept in store. Failures to write it are logged to log,
+// never returned: the history must not fail what it records.
+func New(lim Limits, store pandastack.HistoryStore, log *slog.Logger) *Log {
 	if lim.EntriesPerSandbox <= 0 {
 		lim.EntriesPerSandbox = 100
 	}
 	if lim.OutputBytes <= 0 {
 		lim.OutputBytes = 64 << 10
 	}
-	if lim.Sandboxes <= 0 {
-		lim.Sandboxes = 1000
-	}
 	if lim.TotalBytes <= 0 {
-		lim.TotalBytes = 64 << 20
+		lim.TotalBytes = 256 << 20
 	}
-	return &Log{lim: lim, now: time.Now, sbx: map[string]*sandboxLog{}}
+	if lim.OriginsPerProject <= 0 {
+		lim.OriginsPerProject = 10000
+	}
+	if lim.TrimEvery <= 0 {
+		lim.TrimEvery = 64
+	}
+	l := &Log{lim: lim, store: store, log: log, now: time.Now, live: map[string]*Record{}}
+	l.born = l.now().Truncate(time.Millisecond)
+	return l
 }
 
 // Record is an entry being written.
 type Record struct {
-	l     *Log
-	s     *sandboxLog
-	it    *item
-	e     *Entry
-	start time.Time
+	l       *Log
+	project string
+	sandbox string
+	e       Entry // guarded by l.mu
+	start   time.Time
+	begun   chan struct{} // closed once the running entry is stored
 }
 
 // Begin adds e (running, started now) to the history of the project's
 // sandbox. Its ID and StartedAt are set here; long fields are cut to the
 // output limit.
 func (l *Log) Begin(projectID, sandboxID string, e Entry) *Record {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.seq++
-	l.tick++
 	start := l.now()
-	e.ID = "run_" + strconv.FormatInt(l.seq, 10)
+	e.ID = pandastack.NewID("run")
 	e.StartedAt = start.UTC().Truncate(time.Millisecond)
 	e.Running = true
 	e.Code, _ = l.cut(e.Code)
 	e.Command, _ = l.cut(e.Command)
-	s := l.sbx[sandboxID]
-	if s == nil || s.project != projectID {
-		if s != nil {
-			for _, it := range s.entries {
-				it.gone = true
-			}
-			l.total -= s.bytes
-		}
-		s = &sandboxLog{project: projectID}
-		l.sbx[sandboxID] = s
-	}
-	s.used = l.tick
-	it := &item{e: e}
-	s.entries = append(s.entries, it)
-	l.grow(s, it, e.size())
-	for len(s.entries) > l.lim.EntriesPerSandbox {
-		l.dropOldest(s)
-	}
-	l.shrink(s)
-	return &Record{l: l, s: s, it: it, e: &it.e, start: start}
+	r := &Record{l: l, project: projectID, sandbox: sandboxID, e: e, start: start, begun: make(chan struct{})}
+	l.mu.Lock()
+	l.live[e.ID] = r
+	l.mu.Unlock()
+	// Stored while the work runs, not before it: List shows it from live
+	// meanwhile, and End waits for it so that the ended entry lands last.
+	go func() {
+		defer close(r.begun)
+		l.put(r.project, r.sandbox, e)
+	}()
+	return r
 }
 
-// grow counts n more bytes for the item. l.mu is held.
-func (l *Log) grow(s *sandboxLog, it *item, n int) {
-	it.size += n
-	s.bytes += n
-	l.total += n
-}
-
-func (l *Log) dropOldest(s *sandboxLog) {
-	s.entries[0].gone = true
-	s.bytes -= s.entries[0].size
-	l.total -= s.entries[0].size
-	s.entries = slices.Delete(s.entries, 0, 1)
-}
-
-// shrink forgets the least recently written sandboxes (never keep) while
-// there are too many or they hold too much text; if keep alone holds too
-// much, its oldest entries go, all but the newest. l.mu is held.
-func (l *Log) shrink(keep *sandboxLog) {
-	for len(l.sbx) > l.lim.Sandboxes || l.total > l.lim.TotalBytes {
-		var oldest string
-		var min int64 = -1
-		for id, s := range l.sbx {
-			if s != keep && (min < 0 || s.used < min) {
-				oldest, min = id, s.used
-			}
-		}
-		if oldest == "" {
-			if len(keep.entries) <= 1 {
-				return
-			}
-			l.dropOldest(keep)
-			continue
-		}
-		for _, it := range l.sbx[oldest].entries {
-			it.gone = true
-		}
-		l.total -= l.sbx[oldest].bytes
-		delete(l.sbx, oldest)
+// put writes e to the store, logging a failure.
+func (l *Log) put(projectID, sandboxID string, e Entry) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := l.store.PutHistory(ctx, projectID, sandboxID, e, l.lim.EntriesPerSandbox); err != nil {
+		l.log.Warn("history: cannot store an entry", "sandbox", sandboxID, "entry", e.ID, "err", err)
 	}
 }
 
+// cut keeps the first OutputBytes of s, whole characters of valid UTF-8
+// without NUL (what every store can hold), and says whether it cut.
 func (l *Log) cut(s string) (string, bool) {
+	if !pandastack.StorableText(s) {
+		s = strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+	}
 	if len(s) <= l.lim.OutputBytes {
 		return s, false
 	}
-	return s[:l.lim.OutputBytes], true
+	n := l.lim.OutputBytes
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n], true
 }
 
 // Stdout appends to the entry's stdout (the transcript, for a terminal).
@@ -208,80 +155,136 @@ func (r *Record) Stdout(p []byte) { r.append(&r.e.Stdout, p) }
 // Stderr appends to the entry's stderr.
 func (r *Record) Stderr(p []byte) { r.append(&r.e.Stderr, p) }
 
+// append keeps the output while it runs; End cuts it to the limit.
 func (r *Record) append(dst *string, p []byte) {
 	r.l.mu.Lock()
 	defer r.l.mu.Unlock()
-	room := r.l.lim.OutputBytes - len(*dst)
-	if len(p) > room {
+	if room := r.l.lim.OutputBytes + utf8.UTFMax - len(*dst); len(p) > room {
 		r.e.OutputTruncated = true
 		p = p[:max(room, 0)]
 	}
 	*dst += string(p)
-	r.recount()
 }
 
-// recount brings the entry's byte count up to date and keeps the log
-// within its budget. r.l.mu is held.
-func (r *Record) recount() {
-	if r.it.gone {
-		return
-	}
-	r.l.grow(r.s, r.it, r.e.size()-r.it.size)
-	r.l.shrink(r.s)
-}
-
-// End marks the entry finished and lets set fill in its outcome.
+// End marks the entry finished, lets set fill in its outcome and stores it.
+// A second End does nothing.
 func (r *Record) End(set func(e *Entry)) {
-	r.l.mu.Lock()
-	defer r.l.mu.Unlock()
+	l := r.l
+	l.mu.Lock()
 	if !r.e.Running {
+		l.mu.Unlock()
 		return
 	}
 	if set != nil {
-		set(r.e)
+		set(&r.e)
 	}
 	r.e.Running = false
-	r.e.DurationMS = r.l.now().Sub(r.start).Milliseconds()
-	for _, f := range []*string{&r.e.Stdout, &r.e.Stderr, &r.e.Text} {
+	r.e.DurationMS = l.now().Sub(r.start).Milliseconds()
+	for _, f := range []*string{&r.e.Stdout, &r.e.Stderr, &r.e.Text, &r.e.Failure} {
 		var cut bool
-		if *f, cut = r.l.cut(*f); cut {
+		if *f, cut = l.cut(*f); cut {
 			r.e.OutputTruncated = true
 		}
 	}
 	if r.e.Error != nil {
-		r.e.Error.Traceback, _ = r.l.cut(r.e.Error.Traceback)
+		ce := *r.e.Error
+		ce.Name, _ = l.cut(ce.Name)
+		ce.Value, _ = l.cut(ce.Value)
+		ce.Traceback, _ = l.cut(ce.Traceback)
+		r.e.Error = &ce
 	}
-	r.recount()
+	r.e.Results = slices.Clone(r.e.Results)
+	e := r.e
+	delete(l.live, e.ID)
+	l.ended++
+	trim := l.ended >= l.lim.TrimEvery
+	if trim {
+		l.ended = 0
+	}
+	l.mu.Unlock()
+
+	<-r.begun
+	l.put(r.project, r.sandbox, e)
+	if trim {
+		l.Trim()
+	}
+}
+
+// Trim forgets the oldest entries beyond TotalBytes. End calls it now and then.
+func (l *Log) Trim() {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if n, err := l.store.TrimHistory(ctx, l.lim.TotalBytes); err != nil {
+		l.log.Warn("history: cannot trim", "err", err)
+	} else if n > 0 {
+		l.log.Debug("history: forgot the oldest entries", "count", n)
+	}
 }
 
 // List returns the history of the project's sandbox, newest first, and
-// whether there is any (it outlives the sandbox until evicted). Entries
-// still running show their output so far and the time since they began.
-func (l *Log) List(projectID, sandboxID string) ([]Entry, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	s := l.sbx[sandboxID]
-	out := make([]Entry, 0, 8)
-	if s == nil || s.project != projectID {
-		return out, false
+// whether there is any (it outlives the sandbox). Entries still running
+// show their output so far and the time since they began; an entry that
+// was running when a previous serve stopped shows as Interrupted (one that
+// began since this log was made, elsewhere, is another serve's on the same
+// store, and shows as running).
+func (l *Log) List(ctx context.Context, projectID, sandboxID string) ([]Entry, bool, error) {
+	list, err := l.store.ListHistory(ctx, projectID, sandboxID)
+	if err != nil {
+		return nil, false, err
 	}
 	now := l.now()
-	for i := len(s.entries) - 1; i >= 0; i-- {
-		e := s.entries[i].e
-		e.Results = slices.Clone(e.Results)
-		if e.Error != nil {
-			ce := *e.Error
-			e.Error = &ce
-		}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	list = l.withUnstored(list, projectID, sandboxID)
+	for i := range list {
+		e := &list[i]
 		if e.Running {
-			e.DurationMS = now.Sub(e.StartedAt).Milliseconds()
+			if r := l.live[e.ID]; r != nil {
+				*e = r.e
+				e.Results = slices.Clone(e.Results)
+				e.Stdout, _ = l.cut(e.Stdout)
+				e.Stderr, _ = l.cut(e.Stderr)
+				e.DurationMS = now.Sub(e.StartedAt).Milliseconds()
+			} else if e.StartedAt.Before(l.born) {
+				e.Running = false
+				e.Failure = Interrupted
+			} // else another serve on the same store runs it
 		}
 		if e.Kind == KindTerminal {
 			e.Stdout = PlainText(e.Stdout)
 		}
-		out = append(out, e)
 	}
-	return out, true
+	return list, len(list) > 0, nil
+}
+
+// withUnstored adds to list (newest first) the sandbox's running entries
+// whose first write has not landed yet. l.mu is held.
+func (l *Log) withUnstored(list []Entry, projectID, sandboxID string) []Entry {
+	var extra []Entry
+	for id, r := range l.live {
+		if r.project == projectID && r.sandbox == sandboxID && !slices.ContainsFunc(list, func(e Entry) bool { return e.ID == id }) {
+			extra = append(extra, Entry{ID: id, Running: true, StartedAt: r.e.StartedAt})
+		}
+	}
+	list = append(list, extra...)
+	// Entries are stored as work begins, but a moment after: order them by
+	// when they began.
+	slices.SortStableFunc(list, func(a, b Entry) int { return b.StartedAt.Compare(a.StartedAt) })
+	return list
+}
+
+// AddOrigin records where a new sandbox came from.
+func (l *Log) AddOrigin(projectID string, o Origin) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	if err := l.store.AddOrigin(ctx, projectID, o, l.lim.OriginsPerProject); err != nil {
+		l.log.Warn("history: cannot store an origin", "sandbox", o.SandboxID, "err", err)
+	}
+}
+
+// Origins returns the project's origins, oldest first.
+func (l *Log) Origins(ctx context.Context, projectID string) ([]Origin, error) {
+	return l.store.ListOrigins(ctx, projectID)
 }
 
 // escapes matches terminal control sequences: CSI (ESC [ … final), OSC

@@ -1,23 +1,59 @@
 package history
 
 import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/store/sqlite"
 )
 
+// newLog returns a log on a real SQLite store in a temp dir, with a clock
+// the test moves, and a function that reopens both as a restarted serve.
+func newLog(t *testing.T, lim Limits) (l *Log, clock *time.Time, reopen func() *Log) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "store.db")
+	c := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock = &c
+	open := func() *Log {
+		st, err := sqlite.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		l := New(lim, st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		l.now = func() time.Time { return *clock }
+		l.born = *clock
+		return l
+	}
+	return open(), clock, open
+}
+
+func list(t *testing.T, l *Log, id string) []Entry {
+	t.Helper()
+	out, _, err := l.List(context.Background(), "p", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
 func TestNewestFirstAndBounded(t *testing.T) {
-	l := New(Limits{EntriesPerSandbox: 3, OutputBytes: 8})
-	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	l.now = func() time.Time { return clock }
+	l, clock, _ := newLog(t, Limits{EntriesPerSandbox: 3, OutputBytes: 8})
 	for i, cmd := range []string{"a", "b", "c", "d"} {
 		r := l.Begin("p", "sbx_1", Entry{Kind: KindExec, Command: cmd})
 		r.Stdout([]byte("out-" + cmd))
-		clock = clock.Add(time.Second)
+		*clock = clock.Add(time.Second)
 		code := i
 		r.End(func(e *Entry) { e.ExitCode = &code })
 	}
-	got := list(l, "sbx_1")
+	got := list(t, l, "sbx_1")
 	if len(got) != 3 {
 		t.Fatalf("%d entries, want the newest 3", len(got))
 	}
@@ -29,100 +65,150 @@ func TestNewestFirstAndBounded(t *testing.T) {
 	if *got[0].ExitCode != 3 {
 		t.Errorf("exit code %d, want 3", *got[0].ExitCode)
 	}
-	if len(list(l, "sbx_other")) != 0 {
+	if len(list(t, l, "sbx_other")) != 0 {
 		t.Error("another sandbox's history is not empty")
+	}
+	if other, ok, _ := l.List(context.Background(), "q", "sbx_1"); ok || len(other) != 0 {
+		t.Errorf("another project sees %d entries", len(other))
 	}
 
 	// Output over the limit is cut and flagged; a running entry shows so.
 	r := l.Begin("p", "sbx_1", Entry{Kind: KindCode, Code: "print('a very long cell')"})
 	r.Stdout([]byte("12345"))
 	r.Stdout([]byte("67890"))
-	e := list(l, "sbx_1")[0]
-	if !e.Running || e.Stdout != "12345678" || !e.OutputTruncated || e.Code != "print('a" {
+	*clock = clock.Add(2 * time.Second)
+	e := list(t, l, "sbx_1")[0]
+	if !e.Running || e.Stdout != "12345678" || e.Code != "print('a" || e.DurationMS != 2000 {
 		t.Errorf("running entry = %+v", e)
 	}
 	r.End(func(e *Entry) { e.Error = &CodeError{Name: "ValueError", Traceback: strings.Repeat("x", 100)} })
 	r.End(func(e *Entry) { e.Failure = "twice" }) // a second End changes nothing
-	e = list(l, "sbx_1")[0]
-	if e.Running || e.Failure != "" || len(e.Error.Traceback) != 8 {
+	e = list(t, l, "sbx_1")[0]
+	if e.Running || e.Failure != "" || len(e.Error.Traceback) != 8 || e.Stdout != "12345678" || !e.OutputTruncated {
 		t.Errorf("ended entry = %+v", e)
 	}
-	// Callers get copies.
-	e.Error.Name = "changed"
-	if list(l, "sbx_1")[0].Error.Name != "ValueError" {
-		t.Error("List handed out the log's own entry")
+	if n := len(list(t, l, "sbx_1")); n != 3 {
+		t.Errorf("%d entries after a fifth, want 3", n)
 	}
 }
 
-func TestLeastRecentlyUsedSandboxForgotten(t *testing.T) {
-	l := New(Limits{Sandboxes: 2})
-	l.Begin("p", "a", Entry{Kind: KindExec}).End(nil)
-	l.Begin("p", "b", Entry{Kind: KindExec}).End(nil)
-	l.Begin("p", "a", Entry{Kind: KindExec}).End(nil) // a is now newer than b
-	l.Begin("p", "c", Entry{Kind: KindExec}).End(nil)
-	if len(list(l, "b")) != 0 || len(list(l, "a")) != 2 || len(list(l, "c")) != 1 {
-		t.Errorf("after eviction a=%d b=%d c=%d entries, want 2 0 1", len(list(l, "a")), len(list(l, "b")), len(list(l, "c")))
+func TestOutlivesRestart(t *testing.T) {
+	l, clock, reopen := newLog(t, Limits{})
+	r := l.Begin("p", "s", Entry{Kind: KindExec, Command: "echo done"})
+	r.Stdout([]byte("done\n"))
+	r.End(func(e *Entry) { code := 0; e.ExitCode = &code })
+	running := l.Begin("p", "s", Entry{Kind: KindExec, Command: "sleep 100"})
+	running.Stdout([]byte("partial"))
+	<-running.begun // stored beside the work; the work outlasts it
+	l.AddOrigin("p", Origin{SandboxID: "s2", Kind: "fork", From: "s", At: *clock})
+
+	*clock = clock.Add(time.Minute)
+	l2 := reopen()
+	got := list(t, l2, "s")
+	if len(got) != 2 || got[1].Command != "echo done" || got[1].Stdout != "done\n" || *got[1].ExitCode != 0 {
+		t.Fatalf("after a restart: %+v", got)
+	}
+	// What ran when serve stopped is no longer running, and says why.
+	if got[0].Command != "sleep 100" || got[0].Running || got[0].Failure != Interrupted {
+		t.Errorf("the entry cut short = %+v", got[0])
+	}
+	o, err := l2.Origins(context.Background(), "p")
+	if err != nil || len(o) != 1 || o[0].SandboxID != "s2" || o[0].From != "s" || !o[0].At.Equal(clock.Add(-time.Minute)) {
+		t.Errorf("origins after a restart = %+v, %v", o, err)
+	}
+}
+
+func TestUnstorableOutputKept(t *testing.T) {
+	l, _, _ := newLog(t, Limits{OutputBytes: 6})
+	r := l.Begin("p", "s", Entry{Kind: KindExec, Command: "cat /bin/true"})
+	r.Stdout([]byte("a\x00b\xffcé"))
+	r.End(nil)
+	e := list(t, l, "s")[0]
+	// NUL and the invalid byte become U+FFFD (3 bytes each); é is not split.
+	if e.Stdout != "a\uFFFDb" || !e.OutputTruncated {
+		t.Errorf("stdout = %q (truncated %v)", e.Stdout, e.OutputTruncated)
 	}
 }
 
 func TestTerminalTranscriptIsPlainText(t *testing.T) {
-	l := New(Limits{})
+	l, _, _ := newLog(t, Limits{})
 	r := l.Begin("p", "s", Entry{Kind: KindTerminal})
 	r.Stdout([]byte("\x1b[?2004huser@sbx:~$ echo $((6*7))\r\n\x1b[?2004l\r42\r\n\x1b]0;title\x07\x1b[01;32mok\x1b[0m\r\n"))
-	got := list(l, "s")[0].Stdout
 	want := "user@sbx:~$ echo $((6*7))\n42\nok\n"
-	if got != want {
+	if got := list(t, l, "s")[0].Stdout; got != want {
+		t.Errorf("running transcript = %q, want %q", got, want)
+	}
+	r.End(nil)
+	if got := list(t, l, "s")[0].Stdout; got != want {
 		t.Errorf("transcript = %q, want %q", got, want)
 	}
 }
 
-func TestLineage(t *testing.T) {
-	l := NewLineage(2)
-	if got := l.List("p"); got == nil || len(got) != 0 {
-		t.Errorf("empty lineage = %v, want []", got)
+func TestOrigins(t *testing.T) {
+	l, _, _ := newLog(t, Limits{OriginsPerProject: 2})
+	ctx := context.Background()
+	if got, err := l.Origins(ctx, "p"); err != nil || got == nil || len(got) != 0 {
+		t.Errorf("empty lineage = %v, %v; want []", got, err)
 	}
-	l.Add("p", Origin{SandboxID: "s1", Kind: "snapshot", From: "snap_1"})
-	l.Add("p", Origin{SandboxID: "s2", Kind: "fork", From: "s1"})
-	l.Add("p", Origin{SandboxID: "s3", Kind: "fork", From: "s1"})
-	l.Add("q", Origin{SandboxID: "x", Kind: "fork", From: "y"})
-	got := l.List("p")
+	l.AddOrigin("p", Origin{SandboxID: "s1", Kind: "snapshot", From: "snap_1"})
+	l.AddOrigin("p", Origin{SandboxID: "s2", Kind: "fork", From: "s1"})
+	l.AddOrigin("p", Origin{SandboxID: "s3", Kind: "fork", From: "s1"})
+	l.AddOrigin("q", Origin{SandboxID: "x", Kind: "fork", From: "y"})
+	got, _ := l.Origins(ctx, "p")
 	if len(got) != 2 || got[0].SandboxID != "s2" || got[1].SandboxID != "s3" {
 		t.Errorf("lineage of p = %+v, want the newest two", got)
 	}
-	if len(l.List("q")) != 1 {
+	if q, _ := l.Origins(ctx, "q"); len(q) != 1 {
 		t.Error("projects share a lineage")
 	}
 }
 
-func list(l *Log, id string) []Entry {
-	out, _ := l.List("p", id)
-	return out
-}
-
 func TestTotalBytesBudget(t *testing.T) {
-	l := New(Limits{TotalBytes: 100, OutputBytes: 1000})
-	for _, id := range []string{"a", "b", "c"} {
-		r := l.Begin("p", id, Entry{Kind: KindExec, Command: "x"})
+	// Each entry is stored as about 220 bytes of JSON; a trim after every
+	// second entry keeps the total within 1000.
+	l, _, _ := newLog(t, Limits{TotalBytes: 1000, TrimEvery: 2})
+	for i := range 10 {
+		r := l.Begin("p", string(rune('a'+i%2)), Entry{Kind: KindExec, Command: "x"})
 		r.Stdout([]byte(strings.Repeat("o", 40)))
 		r.End(nil)
 	}
-	// 3 × 41 bytes is over 100: the least recently written sandbox went.
-	if len(list(l, "a")) != 0 || len(list(l, "b")) != 1 || len(list(l, "c")) != 1 {
-		t.Errorf("a=%d b=%d c=%d entries, want 0 1 1", len(list(l, "a")), len(list(l, "b")), len(list(l, "c")))
+	a, b := len(list(t, l, "a")), len(list(t, l, "b"))
+	if a+b >= 10 || a+b < 2 || a == 0 || b == 0 {
+		t.Errorf("a=%d b=%d entries after 10 over a budget that holds a few", a, b)
 	}
-	if l.total != 82 {
-		t.Errorf("total %d bytes, want 82", l.total)
+}
+
+func TestConcurrentUse(t *testing.T) {
+	l, _, _ := newLog(t, Limits{EntriesPerSandbox: 50})
+	l.now = time.Now
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 20 {
+			list(t, l, "s")
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 20 {
+				r := l.Begin("p", "s", Entry{Kind: KindExec, Command: fmt.Sprint(g, i)})
+				r.Stdout([]byte("out"))
+				r.End(nil)
+			}
+		}()
 	}
-	// One sandbox alone over budget keeps its newest entry.
-	for range 3 {
-		r := l.Begin("p", "c", Entry{Kind: KindExec, Command: "y"})
-		r.Stdout([]byte(strings.Repeat("o", 60)))
-		r.End(nil)
+	wg.Wait()
+	<-done
+	got := list(t, l, "s")
+	if len(got) != 50 {
+		t.Errorf("%d entries, want the newest 50 of 80", len(got))
 	}
-	if got := list(l, "c"); len(got) != 1 || got[0].Command != "y" || len(list(l, "b")) != 0 {
-		t.Errorf("c = %+v, b = %d entries; want c's newest entry alone", got, len(list(l, "b")))
-	}
-	if l.total != 61 {
-		t.Errorf("total %d bytes, want 61", l.total)
+	for _, e := range got {
+		if e.Running || e.Stdout != "out" {
+			t.Errorf("entry %+v, want ended with its output", e)
+		}
 	}
 }

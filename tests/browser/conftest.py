@@ -4,7 +4,9 @@ against it, and headless Chromium from the system's packages driven by
 Playwright (no browser download: PANDASTACK_CHROMIUM or /usr/bin/chromium).
 
 A failing test saves a screenshot to the artifacts folder, which the
-session prints (PANDASTACK_BROWSER_ARTIFACTS, default a temp dir).
+session prints (PANDASTACK_BROWSER_ARTIFACTS, default a temp dir); a run
+that passes copies the README's screenshots to PANDASTACK_README_IMAGES
+when it is set (docs/img).
 Prerequisites missing skip the tests on a developer machine and fail them
 under CI=true.
 """
@@ -67,9 +69,24 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+# The screenshots the README shows; with PANDASTACK_README_IMAGES=docs/img a
+# run that passes refreshes them there.
+README_IMAGES = ("console.png", "console-snapshots.png", "data-analyst.png")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     print(f"\nbrowser test screenshots go to {ARTIFACTS}", file=sys.stderr)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    dest = os.environ.get("PANDASTACK_README_IMAGES")
+    if not dest or exitstatus != 0:
+        return
+    for name in README_IMAGES:
+        if (ARTIFACTS / name).exists():
+            shutil.copyfile(ARTIFACTS / name, Path(dest) / name)
+            print(f"\n{Path(dest) / name} refreshed", file=sys.stderr)
 
 
 @pytest.hookimpl(hookwrapper=True)

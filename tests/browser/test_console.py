@@ -33,6 +33,18 @@ def sign_in(page: Page, serve) -> None:
     expect(page.get_by_role("heading", name="Sandboxes")).to_be_visible()
 
 
+def create_from_form(page: Page, template: str, tag: str, idle: str = "") -> tuple:
+    """Creates a sandbox with the form; returns its row (found by its
+    metadata tag) and its id."""
+    page.select_option("#create-template", template)
+    page.fill("#create-metadata", tag)
+    page.fill("#create-idle", idle)
+    page.get_by_role("button", name="Create sandbox").click()
+    row = page.locator("tr[data-id]", has=page.locator(".tag", has_text=tag))
+    expect(row).to_have_count(1)
+    return row, row.get_attribute("data-id")
+
+
 def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.on("dialog", lambda d: d.accept())
     page.goto(serve.url + "/")
@@ -42,13 +54,7 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     sign_in(page, serve)
     assert_labelled(page)
 
-    # Create a sandbox from the form.
-    page.select_option("#create-template", "code-interpreter")
-    page.fill("#create-metadata", "suite=browser")
-    page.get_by_role("button", name="Create sandbox").click()
-    row = page.locator("tr[data-id]", has=page.locator(".tag", has_text="suite=browser"))
-    expect(row).to_have_count(1)
-    sid = row.get_attribute("data-id")
+    row, sid = create_from_form(page, "code-interpreter", "suite=browser")
     expect(row.locator(".state")).to_have_text("running")
     # The filter keeps it and drops what does not match.
     page.fill("#filter", "suite=nothing")
@@ -56,6 +62,10 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.fill("#filter", "suite=browser")
     expect(row).to_have_count(1)
     expect(row.locator("td").nth(5)).to_contain_text("MiB")  # memory of a live sandbox
+    # The table refreshes itself; the keyboard's focus stays on its button.
+    page.get_by_role("button", name=f"Extend by 10 minutes {sid}").focus()
+    page.wait_for_timeout(3500)  # a poll of the table goes by
+    expect(page.get_by_role("button", name=f"Extend by 10 minutes {sid}")).to_be_focused()
 
     # Its page: a cell that plots and shows a DataFrame.
     row.get_by_role("link", name=sid).click()
@@ -69,7 +79,7 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     expect(out.locator("table.df")).to_contain_text("16")
     expect(page.locator("#cell-1-state")).to_contain_text("done in")
     page.evaluate("window.scrollTo(0, 0)")
-    page.screenshot(path=str(artifacts / "console.png"))
+    page.screenshot(path=str(artifacts / "console.png"), full_page=True)  # the chart and the DataFrame
     # An error shows its traceback.
     page.get_by_role("button", name="Add cell").click()
     page.fill("#cell-2", "1 / 0")
@@ -83,6 +93,15 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.dispatch_event("#dropzone", "drop", {"dataTransfer": drop})
     expect(page.locator('tr[data-name="dropped.csv"]')).to_be_visible()
     expect(page.locator('tr[data-name="dropped.csv"]')).to_contain_text("file")
+    with page.expect_download() as dl:
+        page.get_by_role("button", name="Download dropped.csv").click()
+    assert open(dl.value.path()).read() == "city,temp\nOslo,4\n"
+    # Upload with the keyboard's file picker, then delete.
+    page.set_input_files("#files-upload", {"name": "scratch.txt", "mimeType": "text/plain", "buffer": b"x"})
+    expect(page.locator('tr[data-name="scratch.txt"]')).to_be_visible()
+    page.get_by_role("button", name="Delete scratch.txt").click()
+    expect(page.locator('tr[data-name="scratch.txt"]')).to_have_count(0)
+    expect(page.locator('tr[data-name="dropped.csv"]')).to_be_visible()
 
     # Terminal: type, read the answer.
     page.get_by_role("tab", name="Terminal").click()
@@ -127,8 +146,14 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
 
     # Templates and keys pages render what the API says.
     page.get_by_role("link", name="Templates").click()
-    expect(page.locator("td", has_text="code-interpreter").first).to_be_visible()
+    tpl_row = page.locator("tr", has=page.locator("td.mono", has_text=re.compile(r"^code-interpreter$")))
+    expect(tpl_row).to_have_count(1)
+    expect(tpl_row.locator("td").nth(4)).to_contain_text(re.compile(r"[MG]iB"))  # size
+    expect(tpl_row.locator("td").nth(5)).to_contain_text(re.compile(r"\(\d+ s\)"))  # built, and how long it took
+    expect(tpl_row.locator("td").nth(6)).to_have_text(re.compile(r"^(yes|no)$"))  # warm
+    expect(tpl_row.locator("td").nth(7)).to_have_text(re.compile(r"ready|none"))  # pool
     page.get_by_role("link", name="API keys").click()
+    assert_labelled(page)
     page.fill("#key-name", "from-the-console")
     page.get_by_role("button", name="Create key").click()
     secret = page.locator("#new-secret").inner_text()
@@ -154,3 +179,36 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     expect(page.locator(f'tr[data-id="{sid}"]')).to_have_count(0)
     page.goto(f"{serve.url}/#/sandboxes/{sid}")
     expect(page.locator(".state")).to_have_text("killed")
+
+
+def test_idle_sandbox_pauses_and_the_console_lets_it_sleep(page: Page, serve) -> None:
+    page.on("dialog", lambda d: d.accept())
+    sign_in(page, serve)
+    # A sandbox that pauses itself after 2 s of nothing.
+    row, sid = create_from_form(page, "base", "suite=idle", idle="2")
+    # The table, which keeps polling, shows it paused for idleness.
+    expect(row.locator(".state")).to_have_text("paused")
+    expect(row.locator(".reason")).to_contain_text("idle: resumes on the next request")
+    expect(row.get_by_role("button", name=f"Resume {sid}")).to_be_visible()
+
+    # Its page says so too, and looking at it does not wake it.
+    row.get_by_role("link", name=sid).click()
+    expect(page.locator("#sandbox-state")).to_contain_text("paused (idle")
+    # The tabs work with the keyboard: arrows move between them.
+    page.get_by_role("tab", name="Notebook").focus()
+    page.keyboard.press("ArrowLeft")
+    expect(page.get_by_role("tab", name="Metrics")).to_be_focused()
+    expect(page.get_by_role("tab", name="Metrics")).to_have_attribute("aria-selected", "true")
+    expect(page.locator("figcaption").first).to_contain_text("paused")
+    page.wait_for_timeout(2500)  # a metrics poll and a state poll go by
+    with serve.api() as api:
+        assert api.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused", "viewing the sandbox woke it"
+        # Awake from now on, so that it does not doze off again mid-test.
+        assert api.patch(f"/v1/sandboxes/{sid}", json={"idle_timeout_seconds": 0}).status_code == 200
+
+    # Resume from its page; the metrics come back.
+    page.get_by_role("button", name=f"Resume {sid}").click()
+    expect(page.locator("#sandbox-state .state")).to_have_text("running")
+    expect(page.locator("figcaption").nth(1)).to_contain_text("MiB of")
+    page.get_by_role("button", name=f"Kill {sid}").click()
+    expect(page.locator("#sandbox-state .state")).to_have_text("killed")

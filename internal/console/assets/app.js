@@ -69,6 +69,16 @@ function cpuPercent(id, st) {
 
 function stateCell(s) { return h("span", { class: "state state-" + s.state, text: s.state }); }
 
+// stateReason says why a sandbox is paused or stopped, in words.
+function stateReason(s) {
+  if (s.state === "paused" && s.pause_reason === "idle") {
+    return h("span", { class: "reason muted", title: `Nothing ran in it for ${s.idle_timeout_seconds} s, so it was saved to disk and uses no CPU or memory; the next request resumes it.`, text: " (idle: resumes on the next request)" });
+  }
+  if (s.state === "paused") return h("span", { class: "reason muted", text: s.auto_resume ? " (asked for; resumes on the next request)" : " (asked for; resume it to use it)" });
+  if (s.stop_reason) return h("span", { class: "reason muted", text: ` (${s.stop_reason})` });
+  return null;
+}
+
 function metadataTags(md) { return Object.entries(md || {}).map(([k, v]) => h("span", { class: "tag", text: `${k}=${v}` })); }
 
 function sandboxActions(s, refresh) {
@@ -103,10 +113,12 @@ function sandboxesPage() {
   const tpl = h("select", { id: "create-template" });
   const ttl = h("input", { id: "create-ttl", type: "number", min: 1, value: 1800, size: 6 });
   const md = h("input", { id: "create-metadata", placeholder: "key=value, …" });
+  const idle = h("input", { id: "create-idle", type: "number", min: 0, size: 6, placeholder: "default" });
   const create = h("form", { class: "inline", "aria-label": "Create a sandbox" },
     h("label", { for: "create-template", text: "Template" }), tpl,
     h("label", { for: "create-ttl", text: "TTL (seconds)" }), ttl,
     h("label", { for: "create-metadata", text: "Metadata" }), md,
+    h("label", { for: "create-idle", text: "Pause when idle for (seconds, 0 never)" }), idle,
     h("button", { type: "submit", class: "primary", text: "Create sandbox" }));
   templateOptions(tpl);
   const parsePairs = (s) => Object.fromEntries(s.split(",").map((p) => p.trim()).filter(Boolean).map((p) => { const i = p.indexOf("="); return i < 0 ? [p, ""] : [p.slice(0, i).trim(), p.slice(i + 1).trim()]; }));
@@ -115,13 +127,16 @@ function sandboxesPage() {
     const button = create.querySelector("button");
     button.disabled = true;
     act("Create", async () => {
-      const s = await api("POST", "/v1/sandboxes", { template: tpl.value, ttl_seconds: parseInt(ttl.value, 10), metadata: parsePairs(md.value) });
+      const req = { template: tpl.value, ttl_seconds: parseInt(ttl.value, 10), metadata: parsePairs(md.value) };
+      if (idle.value !== "") req.idle_timeout_seconds = parseInt(idle.value, 10);
+      const s = await api("POST", "/v1/sandboxes", req);
       say(`Created ${s.id}`);
       refresh();
     }).finally(() => { button.disabled = false; });
   });
 
   let latest = 0;
+  const shown = new Map(); // sandbox id → {sig, tr}
   async function refresh() {
     const n = ++latest;
     sessionStorage.setItem("pandastack.filter", filter.value);
@@ -132,20 +147,33 @@ function sandboxesPage() {
     try { list = (await api("GET", "/v1/sandboxes?" + q)).sandboxes; } catch (e) { if (n === latest) say("Listing sandboxes failed: " + e.message, true); return; }
     const stats = await Promise.all(list.map((s) => s.state === "running" ? api("GET", `/v1/sandboxes/${s.id}/stats`).catch(() => null) : null));
     if (n !== latest) return;
+    // A row is rebuilt only when what its buttons act on changed; the
+    // figures change in place. Rebuilding every poll would take the
+    // keyboard's focus, and a click under way, away from its button.
     const rows = list.slice().reverse().map((s, i) => {
       const st = stats[list.length - 1 - i];
       const cpu = st ? cpuPercent(s.id, st) : null;
-      return h("tr", { "data-id": s.id },
-        h("td", {}, h("a", { href: `#/sandboxes/${s.id}`, class: "mono", text: s.id })),
-        h("td", {}, stateCell(s), s.stop_reason ? h("span", { class: "muted", text: ` (${s.stop_reason})` }) : null),
-        h("td", { text: s.template }),
-        h("td", {}, metadataTags(s.metadata)),
-        h("td", { text: cpu === null ? (st ? "…" : "") : `${cpu.toFixed(0)} % of ${s.cpu}` }),
-        h("td", { text: st ? `${bytes(st.memory_bytes)} / ${bytes(st.memory_limit_bytes)}` : "" }),
-        h("td", { text: s.state === "stopped" ? "" : duration(Date.parse(s.expires_at) - Date.now()) }),
-        h("td", {}, sandboxActions(s, refresh)));
+      const sig = JSON.stringify([s.state, s.pause_reason, s.stop_reason, s.auto_resume, s.idle_timeout_seconds, s.template, s.metadata, s.expires_at]);
+      let row = shown.get(s.id);
+      if (!row || row.sig !== sig) {
+        row = { sig, tr: h("tr", { "data-id": s.id },
+          h("td", {}, h("a", { href: `#/sandboxes/${s.id}`, class: "mono", text: s.id })),
+          h("td", {}, stateCell(s), stateReason(s)),
+          h("td", { text: s.template }),
+          h("td", {}, metadataTags(s.metadata)),
+          h("td"), h("td"), h("td"),
+          h("td", {}, sandboxActions(s, refresh))) };
+        shown.set(s.id, row);
+      }
+      const td = row.tr.children;
+      td[4].textContent = cpu === null ? (st ? "…" : "") : `${cpu.toFixed(0)} % of ${s.cpu}`;
+      td[5].textContent = st ? `${bytes(st.memory_bytes)} / ${bytes(st.memory_limit_bytes)}` : "";
+      td[6].textContent = s.state === "stopped" ? "" : duration(Date.parse(s.expires_at) - Date.now());
+      return row.tr;
     });
-    tbody.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 8, class: "muted", text: "No sandboxes. Create one above." }))]));
+    for (const id of [...shown.keys()]) if (!list.some((s) => s.id === id)) shown.delete(id);
+    const same = rows.length === tbody.children.length && rows.every((tr, i) => tbody.children[i] === tr);
+    if (!same) tbody.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 8, class: "muted", text: "No sandboxes. Create one above." }))]));
   }
   filter.addEventListener("input", refresh);
   showStopped.addEventListener("change", refresh);
@@ -183,20 +211,36 @@ function tabs(names, panels) {
 
 function sandboxPage(id) {
   const head = h("div", { class: "toolbar" });
+  // The state last read: panels that poll leave a paused sandbox asleep
+  // (any request that needs it would resume it).
+  const known = { state: "", sig: "", onRunning: [] };
   async function refreshHead() {
     try {
       const s = await api("GET", `/v1/sandboxes/${id}`);
-      head.replaceChildren(h("span", {}, "State: ", stateCell(s)), h("span", { class: "muted", text: `template ${s.template} · ${s.cpu} CPU · ${s.memory_mb} MiB · expires in ${duration(Date.parse(s.expires_at) - Date.now())}` }), ...metadataTags(s.metadata), sandboxActions(s, refreshHead));
+      const wasRunning = known.state === "running";
+      known.state = s.state;
+      const idle = s.idle_timeout_seconds ? ` · pauses after ${duration(s.idle_timeout_seconds * 1000)} idle` : "";
+      const info = `template ${s.template} · ${s.cpu} CPU · ${s.memory_mb} MiB · expires in ${duration(Date.parse(s.expires_at) - Date.now())}${idle}`;
+      // Rebuilt only when its buttons would change (focus stays put).
+      const sig = JSON.stringify([s.state, s.pause_reason, s.stop_reason, s.auto_resume, s.metadata, s.expires_at]);
+      if (sig !== known.sig) {
+        known.sig = sig;
+        head.replaceChildren(h("span", { id: "sandbox-state" }, "State: ", stateCell(s), stateReason(s)), h("span", { class: "muted", id: "sandbox-info" }), ...metadataTags(s.metadata), sandboxActions(s, refreshHead));
+      }
+      head.querySelector("#sandbox-info").textContent = info;
+      if (s.state === "running" && !wasRunning) known.onRunning.forEach((f) => f());
     } catch (e) {
-      head.replaceChildren(h("span", {}, "State: ", h("span", { class: "state state-killed", text: e.status === 404 ? "killed" : "unknown" })), h("span", { class: "muted", text: e.status === 404 ? " (the sandbox is gone; its history stays below)" : e.message }));
+      known.state = e.status === 404 ? "killed" : "";
+      known.sig = "";
+      head.replaceChildren(h("span", { id: "sandbox-state" }, "State: ", h("span", { class: "state state-killed", text: e.status === 404 ? "killed" : "unknown" })), h("span", { class: "muted", text: e.status === 404 ? " (the sandbox is gone; its history stays below)" : e.message }));
     }
   }
-  const panels = [notebookPanel(id), historyPanel(id), filesPanel(id), terminalPanel(id), metricsPanel(id)];
+  const panels = [notebookPanel(id, known), historyPanel(id), filesPanel(id), terminalPanel(id), metricsPanel(id, known)];
   page("Sandbox " + id, head, tabs(["Notebook", "History", "Files", "Terminal", "Metrics"], panels), ...panels);
   every(5000, refreshHead);
 }
 
-function notebookPanel(id) {
+function notebookPanel(id, known) {
   const panel = h("section");
   const lang = h("select", { id: "nb-language" }, ["python", "bash", "javascript", "r"].map((l) => h("option", { value: l, text: l })));
   const ctx = h("select", { id: "nb-context" }, h("option", { value: "", text: "default context of the language" }));
@@ -206,6 +250,9 @@ function notebookPanel(id) {
     ctx.replaceChildren(h("option", { value: "", text: "default context of the language" }), ...(r?.contexts || []).map((c) => h("option", { value: c.id, text: `${c.id} (${c.language})` })));
     ctx.value = keep;
   };
+  // Listing contexts needs the sandbox: list them once it runs, or when asked.
+  known.onRunning.push(loadContexts);
+  ctx.addEventListener("focus", loadContexts);
   const newCtx = h("button", { type: "button", text: "New context", onclick: () => act("New context", async () => { const c = await api("POST", `/v1/sandboxes/${id}/contexts`, { language: lang.value }); await loadContexts(); ctx.value = c.id; say(`Context ${c.id} created`); }) });
   const cells = h("div");
   const addCell = (code = "") => {
@@ -252,7 +299,6 @@ function notebookPanel(id) {
     h("label", { for: "nb-context", text: "Context" }), ctx, newCtx,
     h("button", { type: "button", text: "Add cell", onclick: () => addCell().focus() })), cells);
   addCell("import pandas as pd\nimport matplotlib.pyplot as plt\ndf = pd.DataFrame({'x': [1, 2, 3, 4], 'y': [1, 4, 9, 16]})\nplt.plot(df.x, df.y)\nplt.show()\ndf");
-  loadContexts();
   return panel;
 }
 
@@ -342,7 +388,7 @@ function terminalPanel(id) {
   return panel;
 }
 
-function metricsPanel(id) {
+function metricsPanel(id, known) {
   const panel = h("section");
   const cpu = h("canvas", { width: 420, height: 160, role: "img", "aria-label": "CPU use over the last two minutes" });
   const mem = h("canvas", { width: 420, height: 160, role: "img", "aria-label": "Memory use over the last two minutes" });
@@ -359,6 +405,11 @@ function metricsPanel(id) {
   let prev = null;
   const poll = async () => {
     if (panel.hidden) return;
+    if (known.state !== "running") {
+      cpuNow.textContent = known.state === "paused" ? "CPU: none, the sandbox is paused (saved to disk)" : "CPU: not running";
+      memNow.textContent = known.state === "paused" ? "Memory: none while paused" : "";
+      return;
+    }
     const st = await api("GET", `/v1/sandboxes/${id}/stats`).catch(() => null);
     if (!st) { cpuNow.textContent = "CPU: not running"; return; }
     const at = Date.parse(st.sampled_at);

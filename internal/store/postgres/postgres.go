@@ -146,6 +146,7 @@ var migrations = []string{
 		pool           jsonb NOT NULL DEFAULT '{}' CHECK (jsonb_typeof(pool) = 'object'),
 		placed_at      timestamptz NOT NULL DEFAULT 'epoch'
 	);`,
+	historyMigration,
 }
 
 // migrateLock is the advisory lock key every pandastack process takes while

@@ -144,6 +144,7 @@ var migrations = []string{
 		pool           TEXT NOT NULL DEFAULT '{}' CHECK (json_valid(pool)),
 		placed_at      INTEGER NOT NULL DEFAULT 0
 	) STRICT;`,
+	historyMigration,
 }
 
 func (s *Store) migrate(ctx context.Context) error {

@@ -80,6 +80,9 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"PlaceByPool", testPlaceByPool},
 		{"LoseNodes", testLoseNodes},
 		{"RacingPlacements", testRacingPlacements},
+		{"History", testHistory},
+		{"HistoryTrim", testHistoryTrim},
+		{"Origins", testOrigins},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,181 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pandastack/pandastack"
+)
+
+// historyMigration keeps what was run in sandboxes and where sandboxes came
+// from (pandastack.HistoryStore). An entry is kept whole as JSON text (not
+// jsonb, which refuses \u0000): it is written and read as one and never
+// searched by its fields. seq orders entries by insertion; an entry replaced
+// by PutHistory keeps its seq.
+const historyMigration = `CREATE TABLE history (
+		seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		id         text NOT NULL UNIQUE,
+		project_id text NOT NULL,
+		sandbox_id text NOT NULL,
+		size       bigint NOT NULL,
+		entry      text NOT NULL
+	);
+	CREATE INDEX history_sandbox ON history (sandbox_id, seq);
+	CREATE TABLE origins (
+		seq        bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		sandbox_id text NOT NULL UNIQUE,
+		project_id text NOT NULL,
+		kind       text NOT NULL,
+		from_id    text NOT NULL,
+		at         timestamptz NOT NULL
+	);
+	CREATE INDEX origins_project ON origins (project_id, seq);`
+
+// PutHistory implements pandastack.HistoryStore.
+func (s *Store) PutHistory(ctx context.Context, projectID, sandboxID string, e pandastack.HistoryEntry, keep int) error {
+	if !pandastack.StorableText(projectID, sandboxID, e.ID) {
+		return pandastack.ErrUnstorableText("history entry", e.ID)
+	}
+	e.StartedAt = millis(e.StartedAt)
+	body, err := json.Marshal(e) // invalid UTF-8 becomes U+FFFD, NUL \u0000: always storable
+	if err != nil {
+		return fmt.Errorf("put history %s: %w", e.ID, err)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("put history %s: %w", e.ID, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	tag, err := tx.Exec(ctx, `INSERT INTO history (id, project_id, sandbox_id, size, entry) VALUES ($1, $2, $3, $4, $5)
+		ON CONFLICT (id) DO UPDATE SET size = $4, entry = $5
+		WHERE history.project_id = $2 AND history.sandbox_id = $3`,
+		e.ID, projectID, sandboxID, len(body), string(body))
+	if err != nil {
+		return fmt.Errorf("put history %s: %w", e.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return pandastack.Errorf(pandastack.EConflict, "history entry %q belongs to another sandbox", e.ID)
+	}
+	if err := keepNewest(ctx, tx, "history", "sandbox_id", sandboxID, keep); err != nil {
+		return fmt.Errorf("put history %s: %w", e.ID, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("put history %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// keepNewest deletes the rows of table whose column is value but for the
+// newest keep (by seq); keep <= 0 keeps all. table and column are our own
+// names, never user input.
+func keepNewest(ctx context.Context, tx pgx.Tx, table, column, value string, keep int) error {
+	if keep <= 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM `+table+` WHERE `+column+` = $1 AND seq <=
+		(SELECT seq FROM `+table+` WHERE `+column+` = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)`, value, keep)
+	if err != nil {
+		return fmt.Errorf("keep the newest %d of %s: %w", keep, table, err)
+	}
+	return nil
+}
+
+// ListHistory implements pandastack.HistoryStore.
+func (s *Store) ListHistory(ctx context.Context, projectID, sandboxID string) ([]pandastack.HistoryEntry, error) {
+	if !pandastack.StorableText(projectID, sandboxID) {
+		return []pandastack.HistoryEntry{}, ctx.Err() // nothing stored can match
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id, entry FROM history
+		WHERE project_id = $1 AND sandbox_id = $2 ORDER BY seq DESC`, projectID, sandboxID)
+	if err != nil {
+		return nil, fmt.Errorf("list history of %s: %w", sandboxID, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pandastack.HistoryEntry, error) {
+		var id, body string
+		var e pandastack.HistoryEntry
+		if err := r.Scan(&id, &body); err != nil {
+			return e, err
+		}
+		if err := json.Unmarshal([]byte(body), &e); err != nil {
+			return e, fmt.Errorf("entry %s: %w", id, err)
+		}
+		e.ID = id
+		return e, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list history of %s: %w", sandboxID, err)
+	}
+	if out == nil {
+		out = []pandastack.HistoryEntry{}
+	}
+	return out, nil
+}
+
+// TrimHistory implements pandastack.HistoryStore: it deletes the newest
+// entry whose running total (newest first) passes maxBytes, and all older.
+func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM history WHERE seq <=
+		(SELECT seq FROM (SELECT seq, SUM(size) OVER (ORDER BY seq DESC) AS total FROM history) AS t
+		 WHERE total > $1 ORDER BY seq DESC LIMIT 1)`, maxBytes)
+	if err != nil {
+		return 0, fmt.Errorf("trim history: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// AddOrigin implements pandastack.HistoryStore.
+func (s *Store) AddOrigin(ctx context.Context, projectID string, o pandastack.Origin, keep int) error {
+	if !pandastack.StorableText(projectID, o.SandboxID, o.Kind, o.From) {
+		return pandastack.ErrUnstorableText("origin of sandbox", o.SandboxID)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("add origin of %s: %w", o.SandboxID, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	_, err = tx.Exec(ctx, `INSERT INTO origins (sandbox_id, project_id, kind, from_id, at) VALUES ($1, $2, $3, $4, $5)`,
+		o.SandboxID, projectID, o.Kind, o.From, millis(o.At))
+	if pgCode(err) == uniqueViolation {
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %q already has an origin", o.SandboxID)
+	}
+	if err != nil {
+		return fmt.Errorf("add origin of %s: %w", o.SandboxID, err)
+	}
+	if err := keepNewest(ctx, tx, "origins", "project_id", projectID, keep); err != nil {
+		return fmt.Errorf("add origin of %s: %w", o.SandboxID, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("add origin of %s: %w", o.SandboxID, err)
+	}
+	return nil
+}
+
+// ListOrigins implements pandastack.HistoryStore.
+func (s *Store) ListOrigins(ctx context.Context, projectID string) ([]pandastack.Origin, error) {
+	if !pandastack.StorableText(projectID) {
+		return []pandastack.Origin{}, ctx.Err()
+	}
+	rows, err := s.pool.Query(ctx, `SELECT sandbox_id, kind, from_id, at FROM origins
+		WHERE project_id = $1 ORDER BY seq`, projectID)
+	if err != nil {
+		return nil, fmt.Errorf("list origins: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (pandastack.Origin, error) {
+		var o pandastack.Origin
+		var at time.Time
+		err := r.Scan(&o.SandboxID, &o.Kind, &o.From, &at)
+		o.At = at.UTC()
+		return o, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list origins: %w", err)
+	}
+	if out == nil {
+		out = []pandastack.Origin{}
+	}
+	return out, nil
+}
