@@ -58,6 +58,13 @@ func TestIdleSuspendAndResume(t *testing.T) {
 	if h.rt.Alive(sb.ID) {
 		t.Fatal("a suspended sandbox still runs")
 	}
+	// A look at its figures does not wake it: it holds nothing.
+	if st, err := h.m.Stats(context.Background(), project, sb.ID); err != nil || st.PSSBytes != 0 || len(st.PIDs) != 0 {
+		t.Fatalf("stats of a suspended sandbox: %+v %v", st, err)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused || h.rt.Alive(sb.ID) {
+		t.Fatalf("stats woke the suspended sandbox: %s", rec.State)
+	}
 	// The next request resumes it, with its state, and it is running again.
 	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
 		t.Fatalf("after resume: %q %v", out, err)

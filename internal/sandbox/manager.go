@@ -722,6 +722,14 @@ func (m *Manager) Reconcile(id string) {
 
 // Stats returns the host-side resource use of a running sandbox.
 func (m *Manager) Stats(ctx context.Context, projectID, id string) (pandastack.RuntimeStats, error) {
+	// A paused sandbox holds no memory and uses no CPU; a look at its
+	// figures must not wake it (a console polling them would keep every
+	// idle sandbox from sleeping).
+	if sb, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+		return pandastack.RuntimeStats{}, err
+	} else if sb.State == pandastack.StatePaused {
+		return pandastack.RuntimeStats{}, nil
+	}
 	if _, err := m.usable(ctx, projectID, id); err != nil {
 		return pandastack.RuntimeStats{}, err
 	}
