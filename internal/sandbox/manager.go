@@ -138,6 +138,7 @@ type Manager struct {
 
 	suspending   atomic.Bool // idle suspends are under way (idle.go)
 	warmVerified sync.Map    // warm images checksummed already (warm.go)
+	ownPaused    sync.Map    // sandbox id → ownPaused: paused images this process wrote (resume.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -616,6 +617,7 @@ func (m *Manager) teardown(id, reason string) {
 	}
 	if m.cfg.PausedDir != "" {
 		os.RemoveAll(m.pausedPath(id))
+		m.forgetPaused(id)
 	}
 }
 

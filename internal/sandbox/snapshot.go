@@ -213,10 +213,12 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 		m.sbx.settle(id)
 		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
+	m.rememberPaused(id, dir)
 	// Recorded before the sandbox stops: a record that says running must
 	// never outlive its sandbox, nor may one that says paused lack its image.
 	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, reason, m.now()); err != nil {
 		os.RemoveAll(dir)
+		m.forgetPaused(id)
 		m.sbx.settle(id)
 		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
@@ -250,20 +252,36 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 			m.sbx.end(id)
 		}
 	}()
+	steps := newResumeSteps()
 	dir := m.pausedPath(id)
-	man, err := verifyImage(dir, "paused sandbox "+id)
+	what := "paused sandbox " + id
+	man, own := m.pausedByUs(id, dir)
+	if own {
+		err = checkRootFS(man, what)
+	} else {
+		man, err = verifyImage(dir, what)
+	}
 	if err != nil {
 		return sb, err
 	}
+	steps.done("verify_ms")
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}, filepath.Join(dir, "image"))
+	// Lazy: the sandbox answers while its memory still loads, as a restore
+	// of a snapshot does; the image stays readable to runsc after its
+	// directory goes below.
+	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit, Lazy: true}, filepath.Join(dir, "image"))
+	steps.done("restore_ms")
 	var client *AgentClient
 	if err == nil {
 		if client, err = dialAgent(startCtx, id, rwc, false); err == nil {
-			if err = m.setupSandbox(startCtx, client); err != nil {
-				client.Close()
+			steps.done("agent_ms")
+			if !own {
+				if err = m.setupSandbox(startCtx, client); err != nil {
+					client.Close()
+				}
 			}
+			steps.done("setup_ms")
 		}
 		if err != nil {
 			m.rt.Stop(context.Background(), id)
@@ -280,8 +298,11 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 		m.rt.Stop(context.Background(), id)
 		return sb, err
 	}
+	steps.done("record_ms")
+	steps.log(m.log, id, own)
 	resumed = true
 	os.RemoveAll(dir)
+	m.forgetPaused(id)
 	return sb, nil
 }
 

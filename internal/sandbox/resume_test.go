@@ -1,0 +1,115 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/imagestore"
+)
+
+func (r *fakeRuntime) setups(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.envSets[id]
+}
+
+// A sandbox this process paused resumes without being set up again (its
+// image holds the CA bundle and variables its setup left); after a server
+// restart the same image is set up again, and checked in full.
+func TestResumeOwnAndForeignImages(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\n"))
+	sb := h.create()
+	h.exec(sb.ID, "set v=kept")
+	if n := h.rt.setups(sb.ID); n != 1 {
+		t.Fatalf("create set the sandbox up %d times, want 1", n)
+	}
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
+		t.Fatalf("after resume: %q %v", out, err)
+	}
+	if n := h.rt.setups(sb.ID); n != 1 {
+		t.Fatalf("set up %d times after resuming its own image, want 1", n)
+	}
+	if _, ok := h.m.ownPaused.Load(sb.ID); ok {
+		t.Fatal("the record of the paused image outlived the resume")
+	}
+
+	// Paused, then the server restarts: the image is not this process's.
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.m.Close()
+	h.m = h.newManager()
+	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\n"))
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
+		t.Fatalf("after resume across a restart: %q %v", out, err)
+	}
+	if n := h.rt.setups(sb.ID); n != 2 {
+		t.Fatalf("set up %d times in all after a resume across a restart, want 2", n)
+	}
+}
+
+// An image altered while its server was down fails its checksum on resume
+// and the sandbox stays paused; so does one this process paused whose
+// manifest was rewritten since.
+func TestResumeVerifiesImagesItDidNotJustWrite(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	alter := func(id string) {
+		t.Helper()
+		p := filepath.Join(h.m.pausedPath(id), imagestore.FilesDir, "state.json")
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)-2] ^= 1 // same size, other bytes
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := h.create(), h.create()
+	for _, sb := range []pandastack.Sandbox{a, b} {
+		if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b: the manifest is rewritten (as a new image in the same place would
+	// be), so the record of this process no longer vouches for it.
+	alter(b.ID)
+	mf := filepath.Join(h.m.pausedPath(b.ID), imagestore.ManifestName)
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(mf, later, later); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.m.Resume(ctx, project, b.ID)
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+
+	// a: altered across a restart.
+	h.m.Close()
+	alter(a.ID)
+	h.m = h.newManager()
+	_, err = h.m.Resume(ctx, project, a.ID)
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	for _, sb := range []pandastack.Sandbox{a, b} {
+		if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+			t.Fatalf("%s after a refused resume: %s, want paused", sb.ID, rec.State)
+		}
+		if h.rt.Alive(sb.ID) {
+			t.Fatalf("%s runs after a refused resume", sb.ID)
+		}
+	}
+}
