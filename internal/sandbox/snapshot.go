@@ -267,10 +267,10 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	steps.done("verify_ms")
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	// Lazy: the sandbox answers while its memory still loads, as a restore
-	// of a snapshot does; the image stays readable to runsc after its
-	// directory goes below.
-	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit, Lazy: true}, filepath.Join(dir, "image"))
+	// Not lazy (runsc restore --background): measured side by side it
+	// gained nothing here, and the image's directory is reused by the next
+	// pause while a lazy restore could still be reading it.
+	rwc, err := m.rt.Restore(startCtx, pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}, filepath.Join(dir, "image"))
 	steps.done("restore_ms")
 	var client *AgentClient
 	if err == nil {
@@ -291,6 +291,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 		if startCtx.Err() != nil {
 			return sb, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not resume within %s; it is still paused", id, m.cfg.StartTimeout)
 		}
+		m.log.Warn("resume failed; the sandbox stays paused", "sandbox", id, "err", err)
 		return sb, fmt.Errorf("resume %s: %w", id, err)
 	}
 	// Recorded running first: the image goes only once nothing needs it.
