@@ -44,7 +44,7 @@ type SuspendedLevel struct {
 
 // suspendedDensity creates code-interpreter sandboxes with an idle timeout
 // of 1 s one after another on the pooled server; they suspend themselves.
-// At 1, 10, 25, 50, 100, 200, 500 (up to -suspended-max) it waits until
+// At 1, 10, 25, 50, 100, 200, 500, at -suspended-max and where it stops it waits until
 // all are suspended, then wakes a few at random with run_code and checks
 // each answers with its own state, timing it. It stops early when the
 // paused images would pass -suspended-disk-gib or leave less than 10 GiB
@@ -79,7 +79,12 @@ func (b *bench) suspendedDensity(ctx context.Context) error {
 			break
 		}
 		creates = append(creates, ms(time.Since(t0)))
-		if !slices.Contains(levels, n) && n != b.set.SuspendedMax {
+		// Checked on every create: the images written so far, and the
+		// average so far for the next one (a running one has none yet).
+		if written := float64(dirBytes(filepath.Join(s.dataDir, "paused"))) / (1 << 30); n > 1 && written*float64(n)/float64(n-1) > b.set.SuspendedDiskGiB {
+			d.StopReason = fmt.Sprintf("the paused images would pass %g GiB (-suspended-disk-gib)", b.set.SuspendedDiskGiB)
+		}
+		if !slices.Contains(levels, n) && n != b.set.SuspendedMax && d.StopReason == "" {
 			continue
 		}
 		for _, id := range ids {
@@ -110,9 +115,7 @@ func (b *bench) suspendedDensity(ctx context.Context) error {
 			fmt.Sprintf("a random one of them woken by run_code; paused images %.0f MiB in all, MemAvailable %s", lv.ImageMiB, lv.MemAvail))
 		b.add(stat.withTarget(targetIdleResumeP50, targetIdleResumeP95, "issue 13"))
 		fmt.Fprintf(os.Stderr, "  %d suspended: paused images %.0f MiB (%.0f MiB each), MemAvailable %s\n", n, lv.ImageMiB, d.ImageMiBEach, lv.MemAvail)
-		next := float64(n+1) * d.ImageMiBEach / 1024
-		if next > b.set.SuspendedDiskGiB {
-			d.StopReason = fmt.Sprintf("the next sandbox would take the paused images past %g GiB (-suspended-disk-gib)", b.set.SuspendedDiskGiB)
+		if d.StopReason != "" {
 			break
 		}
 		if err := syscall.Statfs(s.dataDir, &st); err == nil && float64(st.Bavail)*float64(st.Bsize)/(1<<30) < 10 {

@@ -44,12 +44,20 @@ func TestResumeOwnAndForeignImages(t *testing.T) {
 	if _, ok := h.m.ownPaused.Load(sb.ID); ok {
 		t.Fatal("the record of the paused image outlived the resume")
 	}
+	if _, err := os.Stat(h.m.pausedPath(sb.ID)); !os.IsNotExist(err) {
+		t.Fatalf("the image is still in place after the resume: %v", err)
+	}
 
 	// Paused, then the server restarts: the image is not this process's.
 	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
 		t.Fatal(err)
 	}
 	h.m.Close()
+	// Close waited for the delete of the resumed image: only the new
+	// pause's image is left.
+	if ents, err := os.ReadDir(h.m.cfg.PausedDir); err != nil || len(ents) != 1 || ents[0].Name() != sb.ID {
+		t.Fatalf("paused dir after close: %v %v, want only %s", ents, err, sb.ID)
+	}
 	h.m = h.newManager()
 	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\n"))
 	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {

@@ -302,8 +302,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	steps.done("record_ms")
 	steps.log(m.log, id, own)
 	resumed = true
-	os.RemoveAll(dir)
-	m.forgetPaused(id)
+	m.discardPaused(id)
 	return sb, nil
 }
 
@@ -311,6 +310,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 // created with auto_resume or suspended for idleness. A request that finds
 // it resuming or suspending waits for that, then looks again.
 func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+	t0 := time.Now()
 	for {
 		sb, err := m.store.GetSandbox(ctx, projectID, id)
 		if err != nil {
@@ -327,6 +327,9 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 				if !pandastack.IsCode(err, pandastack.EConflict) {
 					return sb, err
 				}
+			} else {
+				// With the wait for a suspend still stopping the sandbox.
+				m.log.Info("sandbox resumed on demand", "sandbox", id, "request_ms", msSince(t0, time.Now()))
 			}
 		case sb.State == pandastack.StateRunning && m.sbx.wait(ctx, id):
 			continue // being suspended; the next look resumes it
