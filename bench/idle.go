@@ -111,12 +111,14 @@ func (b *bench) idleResume(ctx context.Context) error {
 var logField = regexp.MustCompile(`(\w+_ms)=([0-9.]+)`)
 
 // resumeSteps collects the step timings of the "sandbox resumed" lines
-// about sandbox id in a server's log, in the order the first line has them.
+// about sandbox id in a server's log, in the order the first line has them,
+// and request_ms of the "sandbox resumed on demand" ones (the request's
+// whole wait in the server until the sandbox runs).
 func resumeSteps(log, id string) (map[string][]float64, []string) {
 	steps := map[string][]float64{}
 	var order []string
 	for _, line := range strings.Split(log, "\n") {
-		if !strings.Contains(line, `msg="sandbox resumed"`) || !strings.Contains(line, "sandbox="+id) {
+		if !strings.Contains(line, `msg="sandbox resumed`) || !strings.Contains(line, "sandbox="+id) {
 			continue
 		}
 		for _, m := range logField.FindAllStringSubmatch(line, -1) {
