@@ -32,15 +32,21 @@ func TestResumeOwnAndForeignImages(t *testing.T) {
 	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
-		t.Fatal(err)
+	// resume resumes sb, checks its state, and that it was set up setups
+	// times in all.
+	resume := func(what string, setups int) {
+		t.Helper()
+		if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
+			t.Fatalf("after %s: %q %v", what, out, err)
+		}
+		if n := h.rt.setups(sb.ID); n != setups {
+			t.Fatalf("set up %d times in all after %s, want %d", n, what, setups)
+		}
 	}
-	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
-		t.Fatalf("after resume: %q %v", out, err)
-	}
-	if n := h.rt.setups(sb.ID); n != 1 {
-		t.Fatalf("set up %d times after resuming its own image, want 1", n)
-	}
+	resume("resuming its own image", 1)
 	if _, ok := h.m.ownPaused.Load(sb.ID); ok {
 		t.Fatal("the record of the paused image outlived the resume")
 	}
@@ -60,15 +66,7 @@ func TestResumeOwnAndForeignImages(t *testing.T) {
 	}
 	h.m = h.newManager()
 	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\n"))
-	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
-		t.Fatalf("after resume across a restart: %q %v", out, err)
-	}
-	if n := h.rt.setups(sb.ID); n != 2 {
-		t.Fatalf("set up %d times in all after a resume across a restart, want 2", n)
-	}
+	resume("a resume across a restart", 2)
 }
 
 // An image altered while its server was down fails its checksum on resume
