@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack/client"
@@ -17,61 +20,143 @@ const (
 // idleResume measures the first answer of a sandbox the server suspended
 // for idleness: from the run_code request that resumes it until its result,
 // with the variable set before the suspend. Side by side, alternating: the
-// same sandbox paused on request, then POST resume and the same run_code.
+// same sandbox paused on request, then POST resume and the same run_code;
+// with -baseline, the same idle rounds on the other revision's server too.
+// The server's own timing of each resume's steps ("sandbox resumed" in its
+// log) gives the breakdown.
 func (b *bench) idleResume(ctx context.Context) error {
-	s := b.pool
-	one := int64(1)
-	sb, err := s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: ciTemplate, TTLSeconds: sandboxTTL, IdleTimeoutSeconds: &one})
-	if err != nil {
-		return err
+	type side struct {
+		name         string
+		s            *server
+		id           string
+		idle, manual []float64
+		logFrom      int
 	}
-	s.track(sb.ID)
-	defer s.kill(sb.ID)
-	var idle, manual []float64
-	for r := range b.set.N {
-		want := fmt.Sprint(r)
-		if err := expectText(ctx, s.c, sb.ID, "x = "+want+"\nx", want); err != nil {
+	sides := []*side{{name: "", s: b.pool}}
+	if b.baseline != nil {
+		sides = append(sides, &side{name: "baseline (-baseline): ", s: b.baseline})
+	}
+	one := int64(1)
+	for _, sd := range sides {
+		sb, err := sd.s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: ciTemplate, TTLSeconds: sandboxTTL, IdleTimeoutSeconds: &one})
+		if err != nil {
 			return err
 		}
-		if r%2 == 0 {
-			if err := waitSuspended(ctx, s.c, sb.ID); err != nil {
+		sd.s.track(sb.ID)
+		defer sd.s.kill(sb.ID)
+		sd.id, sd.logFrom = sb.ID, len(sd.s.log.String())
+	}
+	for r := range b.set.N {
+		for _, sd := range sides {
+			s := sd.s
+			want := fmt.Sprint(r)
+			if err := expectText(ctx, s.c, sd.id, "x = "+want+"\nx", want); err != nil {
+				return err
+			}
+			if r%2 == 0 || b.baseline != nil {
+				if err := waitSuspended(ctx, s.c, sd.id); err != nil {
+					return err
+				}
+				if err := waitStopped(ctx, s, sd.id); err != nil {
+					return err
+				}
+				t0 := time.Now()
+				if err := expectText(ctx, s.c, sd.id, "x", want); err != nil {
+					return fmt.Errorf("%safter an idle suspend: %w", sd.name, err)
+				}
+				sd.idle = append(sd.idle, ms(time.Since(t0)))
+				continue
+			}
+			// The sandbox may be suspending itself already; pause answers
+			// conflict then, and the idle suspend does the job instead.
+			if _, err := s.c.Pause(ctx, sd.id); err != nil && !client.IsCode(err, "conflict") {
+				return err
+			}
+			if err := waitState(ctx, s.c, sd.id, "paused"); err != nil {
+				return err
+			}
+			if err := waitStopped(ctx, s, sd.id); err != nil {
 				return err
 			}
 			t0 := time.Now()
-			if err := expectText(ctx, s.c, sb.ID, "x", want); err != nil {
-				return fmt.Errorf("after an idle suspend: %w", err)
+			if _, err := s.c.Resume(ctx, sd.id); err != nil {
+				return err
 			}
-			idle = append(idle, ms(time.Since(t0)))
+			if err := expectText(ctx, s.c, sd.id, "x", want); err != nil {
+				return fmt.Errorf("after a pause: %w", err)
+			}
+			sd.manual = append(sd.manual, ms(time.Since(t0)))
+		}
+	}
+	for _, sd := range sides {
+		st := summarize("idle", sd.name+"resume of an idle-suspended sandbox → first result", "ms", sd.idle,
+			"code-interpreter with idle_timeout_seconds 1; from the run_code that resumes it to its result (the variable set before the suspend)")
+		if sd.name == "" {
+			st = st.withTarget(targetIdleResumeP50, targetIdleResumeP95, "issue 13")
+		}
+		b.add(st)
+		if len(sd.manual) > 0 {
+			b.add(summarize("idle", sd.name+"baseline: paused on request, POST resume + first result", "ms", sd.manual,
+				"the same sandbox, alternating with the idle rounds"))
+		}
+		steps, order := resumeSteps(sd.s.log.String()[sd.logFrom:], sd.id)
+		for _, k := range order {
+			b.add(summarize("idle", sd.name+"resume step (server's timing): "+k, "ms", steps[k],
+				"from the server's log line \"sandbox resumed\" of this section's resumes"))
+		}
+	}
+	return nil
+}
+
+var logField = regexp.MustCompile(`(\w+_ms)=([0-9.]+)`)
+
+// resumeSteps collects the step timings of the "sandbox resumed" lines
+// about sandbox id in a server's log, in the order the first line has them,
+// and request_ms of the "sandbox resumed on demand" ones (the request's
+// whole wait in the server until the sandbox runs).
+func resumeSteps(log, id string) (map[string][]float64, []string) {
+	steps := map[string][]float64{}
+	var order []string
+	for _, line := range strings.Split(log, "\n") {
+		if !strings.Contains(line, `msg="sandbox resumed`) || !strings.Contains(line, "sandbox="+id) {
 			continue
 		}
-		// The sandbox may be suspending itself already; pause answers
-		// conflict then, and the idle suspend does the job instead.
-		if _, err := s.c.Pause(ctx, sb.ID); err != nil && !client.IsCode(err, "conflict") {
-			return err
+		for _, m := range logField.FindAllStringSubmatch(line, -1) {
+			v, err := strconv.ParseFloat(m[2], 64)
+			if err != nil {
+				continue
+			}
+			if _, ok := steps[m[1]]; !ok {
+				order = append(order, m[1])
+			}
+			steps[m[1]] = append(steps[m[1]], v)
 		}
-		if err := waitState(ctx, s.c, sb.ID, "paused"); err != nil {
-			return err
-		}
-		t0 := time.Now()
-		if _, err := s.c.Resume(ctx, sb.ID); err != nil {
-			return err
-		}
-		if err := expectText(ctx, s.c, sb.ID, "x", want); err != nil {
-			return fmt.Errorf("after a pause: %w", err)
-		}
-		manual = append(manual, ms(time.Since(t0)))
 	}
-	b.add(summarize("idle", "resume of an idle-suspended sandbox → first result", "ms", idle,
-		"code-interpreter with idle_timeout_seconds 1; from the run_code that resumes it to its result (the variable set before the suspend)").
-		withTarget(targetIdleResumeP50, targetIdleResumeP95, "issue 13"))
-	b.add(summarize("idle", "baseline: paused on request, POST resume + first result", "ms", manual,
-		"the same sandbox, alternating with the idle rounds"))
-	return nil
+	return steps, order
 }
 
 // waitSuspended waits until the server suspended the sandbox for idleness.
 func waitSuspended(ctx context.Context, c *client.Client, id string) error {
 	return waitFor(ctx, c, id, "suspended for idleness", func(sb *client.Sandbox) bool { return sb.State == "paused" && sb.PauseReason == "idle" })
+}
+
+// waitStopped waits until no host process of the sandbox is left. The
+// server records a pause before it stops the sandbox, and a request in
+// that window waits for the stop: a resume is measured from a sandbox
+// fully suspended.
+func waitStopped(ctx context.Context, s *server, id string) error {
+	deadline := time.Now().Add(time.Minute)
+	for len(sandboxPIDs(s.runscRoot)[id]) > 0 {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sandbox %s still has host processes 1 min after its pause", id)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // waitState waits until the sandbox's record shows state.

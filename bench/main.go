@@ -29,18 +29,22 @@ import (
 
 // Settings are the knobs of one run, recorded in the report.
 type Settings struct {
-	N            int      `json:"n"`              // repetitions of each sequential measurement
-	Burst        int      `json:"burst"`          // concurrent creates in the burst
-	Rounds       int      `json:"rounds"`         // rounds of fork and snapshot (each is heavy)
-	PoolSize     int      `json:"pool_size"`      // of the server with a pool
-	DensityMax   int      `json:"density_max"`    // most sandboxes in the density run
-	DensityGiB   float64  `json:"density_gib"`    // PSS budget of the density run
-	DensitySlowX float64  `json:"density_slow_x"` // a create this many times slower than the first ends it
-	Only         []string `json:"only,omitempty"` // the sections run, when not all
+	N            int     `json:"n"`              // repetitions of each sequential measurement
+	Burst        int     `json:"burst"`          // concurrent creates in the burst
+	Rounds       int     `json:"rounds"`         // rounds of fork and snapshot (each is heavy)
+	PoolSize     int     `json:"pool_size"`      // of the server with a pool
+	DensityMax   int     `json:"density_max"`    // most sandboxes in the density run
+	DensityGiB   float64 `json:"density_gib"`    // PSS budget of the density run
+	DensitySlowX float64 `json:"density_slow_x"` // a create this many times slower than the first ends it
+	// SuspendedMax and SuspendedDiskGiB bound the section "suspended":
+	// sandboxes suspended for idleness, and their paused images on disk.
+	SuspendedMax     int      `json:"suspended_max"`
+	SuspendedDiskGiB float64  `json:"suspended_disk_gib"`
+	Only             []string `json:"only,omitempty"` // the sections run, when not all
 }
 
 // sectionKeys name the sections for -only, in the order they run.
-var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle", "languages", "network", "nodes"}
+var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle", "suspended", "languages", "network", "nodes"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
@@ -56,10 +60,13 @@ type Report struct {
 	Command  string            `json:"command"`
 	Revision string            `json:"revision"` // git commit measured, "+dirty" with local changes
 	Settings Settings          `json:"settings"`
+	Baseline string            `json:"baseline,omitempty"` // -baseline: the other revision's binaries
 	Machine  map[string]string `json:"machine"`
 	Results  []Stat            `json:"results"`
 	PoolHits []PoolHits        `json:"pool_hits,omitempty"`
 	Density  *Density          `json:"density,omitempty"`
+	// Suspended is the density run with idle suspend (section suspended).
+	Suspended *SuspendedDensity `json:"suspended,omitempty"`
 	// RestoreProfile splits a restore into its steps (section restore-profile).
 	RestoreProfile    []RestoreStep `json:"restore_profile,omitempty"`
 	RestoreImageBytes int64         `json:"restore_image_bytes,omitempty"`
@@ -74,11 +81,15 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
+	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle section alternates its rounds with a server of those (side by side)")
+	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
+	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
 	flag.Parse()
-	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2}
+	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2,
+		SuspendedMax: *suspendedMax, SuspendedDiskGiB: *suspendedDisk}
 	if *quick {
-		set.N, set.Burst, set.Rounds, set.DensityMax = 3, 4, 2, 4
+		set.N, set.Burst, set.Rounds, set.DensityMax, set.SuspendedMax = 3, 4, 2, 4, min(set.SuspendedMax, 10)
 	}
 	if set.N < 1 || set.Burst < 1 || set.DensityMax < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -n, -burst and -density-max must be at least 1")
@@ -103,10 +114,24 @@ func main() {
 			}
 		}
 	}
-	if err := run(ctx, set, *out); err != nil {
+	if err := run(ctx, set, *out, *baseline); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
+}
+
+// startWarmServer starts a server and waits until code-interpreter is warm
+// (and its pool full); on error nothing is left running.
+func startWarmServer(ctx context.Context, name, binDir, runsc string, poolSize int) (*server, error) {
+	s, err := startServer(ctx, name, binDir, runsc, poolSize)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.waitWarm(ctx, "code-interpreter", 20*time.Minute); err != nil {
+		s.stop()
+		return nil, err
+	}
+	return s, nil
 }
 
 // bench holds one run: its two servers and what it measured so far.
@@ -114,7 +139,10 @@ type bench struct {
 	set    Settings
 	pool   *server // --pool-size 2 (the default)
 	noPool *server // --pool-size 0: every code-interpreter create restores lazily
-	rep    *Report
+	// baseline runs another revision's binaries (-baseline), for the
+	// sections that compare revisions side by side; nil without.
+	baseline *server
+	rep      *Report
 }
 
 func (b *bench) add(s Stat) {
@@ -126,7 +154,7 @@ func (b *bench) add(s Stat) {
 	fmt.Fprintf(os.Stderr, "  %-52s median %9.2f %-4s p95 %9.2f  (n=%d)%s\n", s.Name, s.Median, s.Unit, s.P95, s.N, tgt)
 }
 
-func run(ctx context.Context, set Settings, outDir string) error {
+func run(ctx context.Context, set Settings, outDir, baselineBin string) error {
 	began := time.Now()
 	host, _ := os.Hostname()
 	runsc := paths.FindRunsc(os.Getenv("PANDASTACK_RUNSC"), paths.CacheDir())
@@ -149,31 +177,33 @@ func run(ctx context.Context, set Settings, outDir string) error {
 	}
 
 	fmt.Fprintf(os.Stderr, "starting a server with --pool-size %d (builds %s if missing, warms code-interpreter)\n", set.PoolSize, buildOnStart)
-	pool, err := startServer(ctx, "pool", binDir, runsc, set.PoolSize)
+	pool, err := startWarmServer(ctx, "pool", binDir, runsc, set.PoolSize)
 	if err != nil {
 		return err
 	}
 	defer pool.stop()
-	if err := pool.waitWarm(ctx, "code-interpreter", 20*time.Minute); err != nil {
-		return err
-	}
 	fmt.Fprintln(os.Stderr, "starting a server with --pool-size 0")
-	noPool, err := startServer(ctx, "no-pool", binDir, runsc, 0)
+	noPool, err := startWarmServer(ctx, "no-pool", binDir, runsc, 0)
 	if err != nil {
 		return err
 	}
 	defer noPool.stop()
-	if err := noPool.waitWarm(ctx, "code-interpreter", 20*time.Minute); err != nil {
-		return err
+	b := &bench{set: set, pool: pool, noPool: noPool, rep: rep}
+	if baselineBin != "" {
+		fmt.Fprintf(os.Stderr, "starting a baseline server from %s with --pool-size %d\n", baselineBin, set.PoolSize)
+		if b.baseline, err = startWarmServer(ctx, "baseline", baselineBin, runsc, set.PoolSize); err != nil {
+			return err
+		}
+		defer b.baseline.stop()
+		rep.Baseline = baselineBin
 	}
 	rep.Machine["other_gvisor_sandboxes_at_start"] = fmt.Sprint(otherSandboxes(pool.runscRoot, noPool.runscRoot))
-	b := &bench{set: set, pool: pool, noPool: noPool, rep: rep}
 
 	sections := []struct {
 		key, title string
 		fn         func(context.Context) error
 	}{
-		{"recipe", "the recipe's path: create → create_code_context → plot with PNG; warm context vs the old path", b.recipes},
+		{"recipe", "the recipe's path: create → create_code_context → plot with PNG; warm context vs the old path", func(ctx context.Context) error { return b.recipes(ctx, python) }},
 		{"base", "cold create of a base sandbox → first exec", b.baseCreate},
 		{"create", "create code-interpreter → first run_code(\"1+1\"), sequential, pool vs no pool alternating", b.sequentialCreates},
 		{"burst", "create code-interpreter → first run_code, concurrent burst", b.bursts},
@@ -186,6 +216,7 @@ func run(ctx context.Context, set Settings, outDir string) error {
 		{"pss", "idle memory per sandbox (PSS of its host processes)", b.idlePSS},
 		{"density", "density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
 		{"idle", "idle suspend: resume of an idle-suspended sandbox → first result, vs pause + resume", b.idleResume},
+		{"suspended", "density with idle suspend: code-interpreter sandboxes that suspend themselves, a random one woken at each level", b.suspendedDensity},
 		{"languages", "first and second run_code per language (python, bash, javascript, typescript, r, java)", b.languages},
 		{"nodes", "several hosts: create through a forwarding node vs direct; restore from object storage on another node vs local", b.nodes},
 		{"network", "networking: create → first run_code with networking on and off; HTTP throughput through NAT and the domain proxy vs the host", b.network},
@@ -208,6 +239,9 @@ func run(ctx context.Context, set Settings, outDir string) error {
 	rep.Machine["loadavg_end"] = loadAvg()
 	rep.Machine["mem_available_end"] = memAvailable()
 	rep.ServerProblems = append(pool.log.problems(), noPool.log.problems()...)
+	if b.baseline != nil {
+		rep.ServerProblems = append(rep.ServerProblems, b.baseline.log.problems()...)
+	}
 	if len(rep.ServerProblems) > 50 {
 		rep.ServerProblems = rep.ServerProblems[:50]
 	}
@@ -282,6 +316,11 @@ func printTable(rep *Report) {
 	if d := rep.Density; d != nil {
 		fmt.Printf("- Density (server without pool): %d idle code-interpreter sandboxes, %.0f MiB PSS in all (%.0f MiB each); stopped because %s\n",
 			d.Count, d.TotalPSSMiB, d.TotalPSSMiB/float64(max(d.Count, 1)), d.StopReason)
+	}
+	if d := rep.Suspended; d != nil && len(d.Levels) > 0 {
+		last := d.Levels[len(d.Levels)-1]
+		fmt.Printf("- Density with idle suspend (pooled server): %d code-interpreter sandboxes alive, %d suspended, %.0f MiB of paused images (%.0f MiB each); stopped because %s; the %.0f GiB free on disk at the start would hold %d (target %d)\n",
+			last.Sandboxes, last.Suspended, last.ImageMiB, d.ImageMiBEach, d.StopReason, d.DiskFreeGiB, d.ProjectedMax, targetSuspendedCount)
 	}
 	for _, e := range rep.Errors {
 		fmt.Printf("- FAILED: %s\n", e)

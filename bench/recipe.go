@@ -16,6 +16,13 @@ const (
 
 // recipeCell is the first cell of the recipe: the data stack and a plot,
 // whose PNG must come back.
+// hostWarmup readies the host kernel as a template's spare is: the
+// warm-up's imports, then a tiny figure rendered (the agent's prime).
+const hostWarmup = `import io, numpy, pandas, matplotlib.pyplot as plt
+import pandas.plotting._matplotlib
+_f = plt.figure(figsize=(2, 2)); plt.plot([0, 1], [0, 1], label="x"); plt.title("t"); plt.legend()
+_f.savefig(io.BytesIO(), format="png", bbox_inches="tight"); plt.close(_f); del _f`
+
 const recipeCell = `import numpy as np, pandas as pd, matplotlib.pyplot as plt
 df = pd.DataFrame({"x": np.arange(20), "y": np.random.rand(20).cumsum()})
 df.plot(x="x", y="y")
@@ -64,9 +71,27 @@ func (s *server) recipe(ctx context.Context, cwd string) (recipeTimes, error) {
 // server a warm context (a spare kernel) alternates with the old path (a
 // kernel started on demand, then the imports in the first cell); then the
 // warm path on the server without a pool (each create a lazy restore).
-func (b *bench) recipes(ctx context.Context) error {
+//
+// The first cell's floor: the same cell in an ipykernel on the host (no
+// sandbox, no network hop, no chart extraction), warmed up as a spare is,
+// alternating with the warm path.
+func (b *bench) recipes(ctx context.Context, python string) error {
 	var warm, cold, lazy []recipeTimes
+	var native []float64
+	hk, err := startHostKernel(ctx, python)
+	if err != nil {
+		return err
+	}
+	defer hk.close()
+	if _, _, err := hk.run(ctx, hostWarmup); err != nil {
+		return fmt.Errorf("host kernel warm-up: %w", err)
+	}
 	for i := range b.set.N {
+		ms, _, err := hk.run(ctx, recipeCell)
+		if err != nil {
+			return fmt.Errorf("the recipe's cell on the host: %w", err)
+		}
+		native = append(native, ms)
 		order := []bool{true, false}
 		if i%2 == 1 {
 			order[0], order[1] = order[1], order[0]
@@ -119,6 +144,8 @@ func (b *bench) recipes(ctx context.Context) error {
 	b.add(summarize("recipe", "  first cell (imports + plot) alone, warm, "+pool, "ms", pick(warm, run), ""))
 	b.add(summarize("recipe", "  first cell (imports + plot) alone, old path, "+pool, "ms", pick(cold, run), ""))
 	b.add(summarize("recipe", "  first cell (imports + plot) alone, warm, no pool", "ms", pick(lazy, run), ""))
+	b.add(summarize("recipe", "  the same cell natively: ipykernel on the host, warmed up alike", "ms", native,
+		"jupyter_client's execute_interactive until idle, alternating with the warm path; no sandbox, no API hop, no chart extraction: the floor the cell's rendering sets on this machine"))
 	b.add(summarize("recipe", "  create alone, "+pool, "ms", pick(append(warm, cold...), create), "both paths"))
 	b.add(summarize("recipe", "  create alone, no pool", "ms", pick(lazy, create), ""))
 	return nil

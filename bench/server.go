@@ -288,6 +288,12 @@ func (s *server) kill(id string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err := s.c.KillSandbox(ctx, id)
+	// A sandbox being suspended for idleness answers conflict until the
+	// pause is done.
+	for client.IsCode(err, "conflict") && ctx.Err() == nil {
+		time.Sleep(200 * time.Millisecond)
+		err = s.c.KillSandbox(ctx, id)
+	}
 	if err == nil || client.IsCode(err, "not_found") {
 		s.mu.Lock()
 		delete(s.live, id)

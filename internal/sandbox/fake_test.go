@@ -37,6 +37,7 @@ type fakeRuntime struct {
 	restoreErr    func(spec pandastack.RuntimeSpec) error
 	checkpointErr func(id string) error
 	restores      int             // Restore calls that succeeded
+	envSets       map[string]int  // POST /v1/env calls (a sandbox's setup), by sandbox
 	noAgent       bool            // sandboxes boot with an agent that never answers
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 	// sparesHold, when set, makes the spares request signal sparesAsked
@@ -139,6 +140,15 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 			enc.Encode(agentproto.ExecEvent{Type: "stdout", Data: []byte(out)})
 		}
 		enc.Encode(agentproto.ExecEvent{Type: "exit"})
+	})
+	mux.HandleFunc("POST /v1/env", func(w http.ResponseWriter, _ *http.Request) {
+		r.mu.Lock()
+		if r.envSets == nil {
+			r.envSets = map[string]int{}
+		}
+		r.envSets[b.id]++
+		r.mu.Unlock()
+		w.Write([]byte("{}"))
 	})
 	mux.HandleFunc("POST /v1/contexts", func(w http.ResponseWriter, req *http.Request) {
 		var cr agentproto.ContextRequest

@@ -144,6 +144,7 @@ type Manager struct {
 	suspending   atomic.Bool // idle suspends are under way (idle.go)
 	warmVerified sync.Map    // warm images checksummed already (warm.go)
 	node         nodeState   // the other nodes as of the last heartbeat (node.go)
+	ownPaused    sync.Map    // sandbox id → ownPaused: paused images this process wrote (resume.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -625,6 +626,7 @@ func (m *Manager) teardown(id, reason string) {
 	}
 	if m.cfg.PausedDir != "" {
 		os.RemoveAll(m.pausedPath(id))
+		m.forgetPaused(id)
 	}
 }
 

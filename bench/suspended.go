@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// Target of issue 13 (density with idle suspend).
+const targetSuspendedCount = 500
+
+// SuspendedDensity is the run of the section "suspended": sandboxes that
+// suspend themselves pile up, and at each level a few of them are woken by
+// a run_code, timed.
+type SuspendedDensity struct {
+	Levels     []SuspendedLevel `json:"levels"`
+	StopReason string           `json:"stop_reason"`
+	// What one suspended sandbox costs the host: its paused image on disk
+	// (memory: none); the last level's average.
+	ImageMiBEach float64 `json:"image_mib_each"`
+	// DiskFreeGiB is what the data dir's file system had free at the start;
+	// ProjectedMax is how many suspended sandboxes that disk would hold.
+	DiskFreeGiB  float64 `json:"disk_free_gib_at_start"`
+	ProjectedMax int     `json:"projected_max_by_disk"`
+}
+
+// SuspendedLevel is one level of the run.
+type SuspendedLevel struct {
+	Sandboxes   int       `json:"sandboxes"` // created and alive
+	Suspended   int       `json:"suspended"` // of which paused for idleness when measured
+	ImageMiB    float64   `json:"paused_images_mib"`
+	MemAvail    string    `json:"mem_available"`
+	ResumeMS    []float64 `json:"resume_first_result_ms"` // a random suspended one: run_code → its result
+	CreateMSP50 float64   `json:"create_first_result_ms_p50"`
+}
+
+// suspendedDensity creates code-interpreter sandboxes with an idle timeout
+// of 1 s one after another on the pooled server; they suspend themselves.
+// At 1, 10, 25, 50, 100, 200, 500, at -suspended-max and where it stops it waits until
+// all are suspended, then wakes a few at random with run_code and checks
+// each answers with its own state, timing it. It stops early when the
+// paused images would pass -suspended-disk-gib or leave less than 10 GiB
+// free on the shared disk. Everything is killed at the end.
+func (b *bench) suspendedDensity(ctx context.Context) error {
+	s := b.pool
+	d := &SuspendedDensity{}
+	b.rep.Suspended = d
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(s.dataDir, &st); err != nil {
+		return err
+	}
+	d.DiskFreeGiB = float64(st.Bavail) * float64(st.Bsize) / (1 << 30)
+	var ids []string
+	defer func() { s.killAll(ids) }()
+	levels := []int{1, 10, 25, 50, 100, 200, 500, 1000}
+	var creates []float64
+	one := int64(1)
+	probes := min(b.set.N, 5)
+	for len(ids) < b.set.SuspendedMax {
+		t0 := time.Now()
+		sb, err := s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: ciTemplate, TTLSeconds: sandboxTTL, IdleTimeoutSeconds: &one})
+		if err != nil {
+			d.StopReason = fmt.Sprintf("create %d failed: %v", len(ids)+1, err)
+			break
+		}
+		s.track(sb.ID)
+		ids = append(ids, sb.ID)
+		n := len(ids)
+		if err := expectText(ctx, s.c, sb.ID, fmt.Sprintf("x = %d\nx", n), fmt.Sprint(n)); err != nil {
+			d.StopReason = fmt.Sprintf("sandbox %d did not answer: %v", n, err)
+			break
+		}
+		creates = append(creates, ms(time.Since(t0)))
+		// Checked on every create: the images written so far, and the
+		// average so far for the next one (a running one has none yet).
+		if written := float64(dirBytes(filepath.Join(s.dataDir, "paused"))) / (1 << 30); n > 1 && written*float64(n)/float64(n-1) > b.set.SuspendedDiskGiB {
+			d.StopReason = fmt.Sprintf("the paused images would pass %g GiB (-suspended-disk-gib)", b.set.SuspendedDiskGiB)
+		}
+		if !slices.Contains(levels, n) && n != b.set.SuspendedMax && d.StopReason == "" {
+			continue
+		}
+		for _, id := range ids {
+			if err := waitSuspended(ctx, s.c, id); err != nil {
+				return err
+			}
+		}
+		lv := SuspendedLevel{Sandboxes: n, Suspended: n, ImageMiB: float64(dirBytes(filepath.Join(s.dataDir, "paused"))) / mib,
+			MemAvail: memAvailable(), CreateMSP50: summarize("", "", "", creates, "").Median}
+		creates = creates[:0]
+		for range probes {
+			i := rand.IntN(n)
+			if err := waitSuspended(ctx, s.c, ids[i]); err != nil {
+				return err
+			}
+			if err := waitStopped(ctx, s, ids[i]); err != nil {
+				return err
+			}
+			t0 := time.Now()
+			if err := expectText(ctx, s.c, ids[i], "x", fmt.Sprint(i+1)); err != nil {
+				return fmt.Errorf("waking sandbox %d of %d: %w", i+1, n, err)
+			}
+			lv.ResumeMS = append(lv.ResumeMS, ms(time.Since(t0)))
+		}
+		d.Levels = append(d.Levels, lv)
+		d.ImageMiBEach = lv.ImageMiB / float64(n)
+		stat := summarize("density", fmt.Sprintf("resume → first result with %d sandboxes suspended", n), "ms", lv.ResumeMS,
+			fmt.Sprintf("a random one of them woken by run_code; paused images %.0f MiB in all, MemAvailable %s", lv.ImageMiB, lv.MemAvail))
+		b.add(stat.withTarget(targetIdleResumeP50, targetIdleResumeP95, "issue 13"))
+		fmt.Fprintf(os.Stderr, "  %d suspended: paused images %.0f MiB (%.0f MiB each), MemAvailable %s\n", n, lv.ImageMiB, d.ImageMiBEach, lv.MemAvail)
+		if d.StopReason != "" {
+			break
+		}
+		if err := syscall.Statfs(s.dataDir, &st); err == nil && float64(st.Bavail)*float64(st.Bsize)/(1<<30) < 10 {
+			d.StopReason = "less than 10 GiB left free on the shared disk"
+			break
+		}
+	}
+	if d.StopReason == "" {
+		d.StopReason = fmt.Sprintf("reached the cap of %d sandboxes (-suspended-max)", b.set.SuspendedMax)
+	}
+	if d.ImageMiBEach > 0 {
+		d.ProjectedMax = int(d.DiskFreeGiB * 1024 / d.ImageMiBEach)
+	}
+	fmt.Fprintf(os.Stderr, "  stopped: %s; %.0f GiB free disk would hold %d suspended sandboxes\n", d.StopReason, d.DiskFreeGiB, d.ProjectedMax)
+	return nil
+}
+
+// dirBytes sums the sizes of the files under dir.
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, e fs.DirEntry, err error) error {
+		if err == nil && !e.IsDir() {
+			if fi, err := e.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}

@@ -1,0 +1,121 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/imagestore"
+)
+
+func (r *fakeRuntime) setups(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.envSets[id]
+}
+
+// A sandbox this process paused resumes without being set up again (its
+// image holds the CA bundle and variables its setup left); after a server
+// restart the same image is set up again, and checked in full.
+func TestResumeOwnAndForeignImages(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\n"))
+	sb := h.create()
+	h.exec(sb.ID, "set v=kept")
+	if n := h.rt.setups(sb.ID); n != 1 {
+		t.Fatalf("create set the sandbox up %d times, want 1", n)
+	}
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	// resume resumes sb, checks its state, and that it was set up setups
+	// times in all.
+	resume := func(what string, setups int) {
+		t.Helper()
+		if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
+			t.Fatalf("after %s: %q %v", what, out, err)
+		}
+		if n := h.rt.setups(sb.ID); n != setups {
+			t.Fatalf("set up %d times in all after %s, want %d", n, what, setups)
+		}
+	}
+	resume("resuming its own image", 1)
+	if _, ok := h.m.ownPaused.Load(sb.ID); ok {
+		t.Fatal("the record of the paused image outlived the resume")
+	}
+	if _, err := os.Stat(h.m.pausedPath(sb.ID)); !os.IsNotExist(err) {
+		t.Fatalf("the image is still in place after the resume: %v", err)
+	}
+
+	// Paused, then the server restarts: the image is not this process's.
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.m.Close()
+	// Close waited for the delete of the resumed image: only the new
+	// pause's image is left.
+	if ents, err := os.ReadDir(h.m.cfg.PausedDir); err != nil || len(ents) != 1 || ents[0].Name() != sb.ID {
+		t.Fatalf("paused dir after close: %v %v, want only %s", ents, err, sb.ID)
+	}
+	h.m = h.newManager()
+	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\n"))
+	resume("a resume across a restart", 2)
+}
+
+// An image altered while its server was down fails its checksum on resume
+// and the sandbox stays paused; so does one this process paused whose
+// manifest was rewritten since.
+func TestResumeVerifiesImagesItDidNotJustWrite(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	alter := func(id string) {
+		t.Helper()
+		p := filepath.Join(h.m.pausedPath(id), imagestore.FilesDir, "state.json")
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)-2] ^= 1 // same size, other bytes
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := h.create(), h.create()
+	for _, sb := range []pandastack.Sandbox{a, b} {
+		if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// b: the manifest is rewritten (as a new image in the same place would
+	// be), so the record of this process no longer vouches for it.
+	alter(b.ID)
+	mf := filepath.Join(h.m.pausedPath(b.ID), imagestore.ManifestName)
+	later := time.Now().Add(time.Minute)
+	if err := os.Chtimes(mf, later, later); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.m.Resume(ctx, project, b.ID)
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+
+	// a: altered across a restart.
+	h.m.Close()
+	alter(a.ID)
+	h.m = h.newManager()
+	_, err = h.m.Resume(ctx, project, a.ID)
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	for _, sb := range []pandastack.Sandbox{a, b} {
+		if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+			t.Fatalf("%s after a refused resume: %s, want paused", sb.ID, rec.State)
+		}
+		if h.rt.Alive(sb.ID) {
+			t.Fatalf("%s runs after a refused resume", sb.ID)
+		}
+	}
+}
