@@ -187,8 +187,12 @@ func (s *Server) Handler() http.Handler {
 					writeError(rec, errors.New("panic"))
 				}
 			}
+			if rec.err != nil && !rec.logged {
+				s.logFailure(r, rec.err) // a handler that answered an error without logging it
+			}
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(start).Milliseconds())
 		}()
+		r = r.WithContext(context.WithValue(r.Context(), recorderKey{}, rec))
 		if s.hostRoute(rec, r) {
 			return
 		}
@@ -222,7 +226,12 @@ type statusRecorder struct {
 	http.ResponseWriter
 	status int
 	wrote  bool
+	err    error // the error writeError answered with, if any
+	logged bool  // logFailure saw this request's failure
 }
+
+// recorderKey is the request context's key of its statusRecorder.
+type recorderKey struct{}
 
 func (r *statusRecorder) WriteHeader(code int) {
 	if !r.wrote {
@@ -311,6 +320,9 @@ func errorJSON(err error) errorBody {
 }
 
 func writeError(w http.ResponseWriter, err error) {
+	if rec, ok := w.(*statusRecorder); ok {
+		rec.err = err // logged once the handler returns, unless it was
+	}
 	b := errorJSON(err)
 	writeJSON(w, statusOf(b.Error.Code), b)
 }

@@ -56,6 +56,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 // stopped answering it also settles at once whether it died, so that the
 // caller's next GET shows why.
 func (s *Server) logFailure(r *http.Request, err error) {
+	if rec, ok := r.Context().Value(recorderKey{}).(*statusRecorder); ok {
+		if rec.logged {
+			return
+		}
+		rec.logged = true
+	}
 	code := pandastack.ErrorCode(err)
 	if code == pandastack.EInternal || code == pandastack.EUnavailable {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
