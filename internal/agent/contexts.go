@@ -29,7 +29,8 @@ type Contexts struct {
 	created uint64               // contexts made so far
 	procs   map[*kernelProc]bool // live kernel processes, for the memory watch
 	watch   sync.Once
-	spares  spareSet // kernels warmed up ahead of time (spare.go)
+	memKick chan struct{} // wakes the memory watch when a cell starts
+	spares  spareSet      // kernels warmed up ahead of time (spare.go)
 }
 
 type codeContext struct {
@@ -40,7 +41,16 @@ type codeContext struct {
 
 // NewContexts returns an empty registry.
 func NewContexts() *Contexts {
-	return &Contexts{ctxs: map[string]*codeContext{}, procs: map[*kernelProc]bool{}}
+	return &Contexts{ctxs: map[string]*codeContext{}, procs: map[*kernelProc]bool{}, memKick: make(chan struct{}, 1)}
+}
+
+// wakeMemoryWatch makes the memory watch (limits_linux.go) look now and
+// take its busy pace.
+func (cs *Contexts) wakeMemoryWatch() {
+	select {
+	case cs.memKick <- struct{}{}:
+	default:
+	}
 }
 
 // Reseed reseeds the random generators of every kernel (see
@@ -400,6 +410,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 		rc.Flush()
 	}
 	opts := jupyter.ExecOptions{Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, OutputCap: req.OutputCap, Env: req.Env, NoHistory: req.NoHistory}
+	s.cfg.Contexts.wakeMemoryWatch() // a cell may allocate fast: watch at the busy pace now
 	ex, err := cc.kernel.Execute(r.Context(), req.Code, opts, func(ev agentproto.CodeEvent) {
 		if ev.Type != "execution" {
 			send(ev)
