@@ -302,9 +302,9 @@ func printTable(rep *Report) {
 	for _, s := range rep.Results {
 		tgt := ""
 		if s.Target > 0 {
-			tgt = fmt.Sprintf("p50 ≤ %g", s.Target)
+			tgt = fmt.Sprintf("p50 %s %g", s.cmp(), s.Target)
 			if s.TargetP95 > 0 {
-				tgt += fmt.Sprintf(", p95 ≤ %g", s.TargetP95)
+				tgt += fmt.Sprintf(", p95 %s %g", s.cmp(), s.TargetP95)
 			}
 			tgt += fmt.Sprintf(" (%s): %s", s.TargetSource, map[bool]string{true: "met", false: "**missed**"}[s.met()])
 		}
