@@ -5,6 +5,7 @@
  */
 
 import { AuthenticationError, PandaStackError, codeForStatus, errorFromCode } from "./errors.js";
+import { FrameDecoder, STREAM_MEDIA_TYPE } from "./frames.js";
 
 /** Where the SDK looks when `apiUrl` is neither passed nor in PANDASTACK_API. */
 export const DEFAULT_API_URL = "http://localhost:8080";
@@ -134,6 +135,46 @@ export class HttpClient {
       ...opts,
       headers: { ...opts.headers, Accept: "application/x-ndjson" },
     });
+    yield* this.#lines(method, path, resp);
+  }
+
+  /**
+   * Like ndjson, for a streamed exec: asks for the binary frames (raw
+   * output, no JSON per chunk) and yields the same events, decoded from
+   * whichever form the server answers in.
+   */
+  async *execEvents(method: string, path: string, opts: RequestOptions = {}): AsyncGenerator<Record<string, unknown>> {
+    const resp = await this.fetch(method, path, {
+      ...opts,
+      headers: { ...opts.headers, Accept: `${STREAM_MEDIA_TYPE}, application/x-ndjson` },
+    });
+    if (!(resp.headers.get("content-type") ?? "").startsWith(STREAM_MEDIA_TYPE)) {
+      yield* this.#lines(method, path, resp); // a server older than the frames
+      return;
+    }
+    if (!resp.body) return;
+    const reader = resp.body.getReader();
+    const frames = new FrameDecoder();
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        yield* frames.feed(value);
+      }
+      frames.finish();
+    } catch (err) {
+      if (err instanceof PandaStackError) throw err;
+      if (isAbort(err)) throw err;
+      throw new PandaStackError(`${method} ${path}: the stream broke off: ${describe(err)}`, "stream_error", resp.status, {
+        cause: err,
+      });
+    } finally {
+      await reader.cancel().catch(() => {});
+      reader.releaseLock();
+    }
+  }
+
+  async *#lines(method: string, path: string, resp: Response): AsyncGenerator<Record<string, unknown>> {
     if (!resp.body) return;
     const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
     let buf = "";
