@@ -57,7 +57,7 @@ func TestExecStreamBinary(t *testing.T) {
 			t.Fatalf("err = %v, want the writer's error", err)
 		}
 		// The command is gone: the sandbox has no yes left running.
-		ps, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "for i in $(seq 50); do pgrep -x yes || exit 0; sleep 0.1; done; exit 1"})
+		ps, err := c.Exec(ctx, sb.ID, client.ExecRequest{TimeoutSeconds: 90, Cmd: "for i in $(seq 200); do pgrep -x yes >/dev/null || exit 0; sleep 0.1; done; ps -eo pid,args; exit 1"})
 		if err != nil || ps.ExitCode != 0 {
 			t.Fatalf("yes still running: %+v %v", ps, err)
 		}
