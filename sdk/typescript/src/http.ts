@@ -153,44 +153,47 @@ export class HttpClient {
       return;
     }
     if (!resp.body) return;
-    const reader = resp.body.getReader();
     const frames = new FrameDecoder();
-    try {
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        yield* frames.feed(value);
-      }
+    yield* this.#decode(method, path, resp, resp.body.getReader(), (chunk) => frames.feed(chunk), () => {
       frames.finish();
-    } catch (err) {
-      if (err instanceof PandaStackError) throw err;
-      if (isAbort(err)) throw err;
-      throw new PandaStackError(`${method} ${path}: the stream broke off: ${describe(err)}`, "stream_error", resp.status, {
-        cause: err,
-      });
-    } finally {
-      await reader.cancel().catch(() => {});
-      reader.releaseLock();
-    }
+      return [];
+    });
   }
 
   async *#lines(method: string, path: string, resp: Response): AsyncGenerator<Record<string, unknown>> {
     if (!resp.body) return;
-    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
     let buf = "";
+    const lines = (chunk: string): Record<string, unknown>[] => {
+      buf += chunk;
+      const out: Record<string, unknown>[] = [];
+      let nl: number;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        const line = buf.slice(0, nl).trim();
+        buf = buf.slice(nl + 1);
+        if (line) out.push(parseLine(line));
+      }
+      return out;
+    };
+    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    yield* this.#decode(method, path, resp, reader, lines, () => (buf.trim() ? [parseLine(buf.trim())] : []));
+  }
+
+  /** Reads a streamed answer chunk by chunk, yielding what feed makes of each and, at its end, of end. */
+  async *#decode<C>(
+    method: string,
+    path: string,
+    resp: Response,
+    reader: ReadableStreamDefaultReader<C>,
+    feed: (chunk: C) => Record<string, unknown>[],
+    end: () => Record<string, unknown>[],
+  ): AsyncGenerator<Record<string, unknown>> {
     try {
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
-        buf += value;
-        let nl: number;
-        while ((nl = buf.indexOf("\n")) >= 0) {
-          const line = buf.slice(0, nl).trim();
-          buf = buf.slice(nl + 1);
-          if (line) yield parseLine(line);
-        }
+        yield* feed(value);
       }
-      if (buf.trim()) yield parseLine(buf.trim());
+      yield* end();
     } catch (err) {
       if (err instanceof PandaStackError) throw err;
       if (isAbort(err)) throw err;
