@@ -40,11 +40,12 @@ type Settings struct {
 	// sandboxes suspended for idleness, and their paused images on disk.
 	SuspendedMax     int      `json:"suspended_max"`
 	SuspendedDiskGiB float64  `json:"suspended_disk_gib"`
+	StreamMB         int      `json:"stream_mb"`      // exec output of the section stream
 	Only             []string `json:"only,omitempty"` // the sections run, when not all
 }
 
 // sectionKeys name the sections for -only, in the order they run.
-var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle", "suspended", "languages", "network", "nodes"}
+var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle", "suspended", "languages", "network", "nodes"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
@@ -87,9 +88,10 @@ func main() {
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
 	flag.Parse()
 	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2,
-		SuspendedMax: *suspendedMax, SuspendedDiskGiB: *suspendedDisk}
+		SuspendedMax: *suspendedMax, SuspendedDiskGiB: *suspendedDisk, StreamMB: 1024}
 	if *quick {
 		set.N, set.Burst, set.Rounds, set.DensityMax, set.SuspendedMax = 3, 4, 2, 4, min(set.SuspendedMax, 10)
+		set.StreamMB = 256
 	}
 	if set.N < 1 || set.Burst < 1 || set.DensityMax < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -n, -burst and -density-max must be at least 1")
@@ -209,6 +211,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin string) error {
 		{"burst", "create code-interpreter → first run_code, concurrent burst", b.bursts},
 		{"runcode", "run_code(\"1+1\"): API vs jupyter_client to a host ipykernel, alternating", func(ctx context.Context) error { return b.runCode(ctx, python) }},
 		{"exec", "exec `true`: API vs runsc exec, alternating", b.execTrue},
+		{"stream", "exec output streamed to the caller: NDJSON vs binary frames vs runsc exec vs the host", b.streamExec},
 		{"files", "2 MB upload and download", b.files},
 		{"fork", "fork: each child answering run_code, 1/4/8 children", b.forks},
 		{"snapshot", "snapshot and restore: warm code-interpreter, and with a 100 MB DataFrame", b.snapshots},
@@ -299,9 +302,9 @@ func printTable(rep *Report) {
 	for _, s := range rep.Results {
 		tgt := ""
 		if s.Target > 0 {
-			tgt = fmt.Sprintf("p50 ≤ %g", s.Target)
+			tgt = fmt.Sprintf("p50 %s %g", s.cmp(), s.Target)
 			if s.TargetP95 > 0 {
-				tgt += fmt.Sprintf(", p95 ≤ %g", s.TargetP95)
+				tgt += fmt.Sprintf(", p95 %s %g", s.cmp(), s.TargetP95)
 			}
 			tgt += fmt.Sprintf(" (%s): %s", s.TargetSource, map[bool]string{true: "met", false: "**missed**"}[s.met()])
 		}

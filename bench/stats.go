@@ -60,7 +60,18 @@ func (s Stat) withTarget(median, p95 float64, source string) Stat {
 
 // met says whether the figure meets its targets.
 func (s Stat) met() bool {
+	if s.HigherIsBetter { // a rate: the target is a floor
+		return s.N > 0 && (s.Target == 0 || s.Median >= s.Target) && (s.TargetP95 == 0 || s.P95 >= s.TargetP95)
+	}
 	return s.N > 0 && (s.Target == 0 || s.Median <= s.Target) && (s.TargetP95 == 0 || s.P95 <= s.TargetP95)
+}
+
+// cmp is how the target reads: "≤", or "≥" for a rate.
+func (s Stat) cmp() string {
+	if s.HigherIsBetter {
+		return "≥"
+	}
+	return "≤"
 }
 
 func round3(xs []float64) []float64 {

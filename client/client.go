@@ -230,7 +230,9 @@ type ExecEvent struct {
 }
 
 // ExecStream runs a command, calling onEvent for each output chunk as it
-// happens, and returns the collected result.
+// happens, and returns the collected result. It reads NDJSON and keeps all
+// output in memory; for large output, ExecPipe streams binary frames to
+// writers.
 func (c *Client) ExecStream(ctx context.Context, id string, req ExecRequest, onEvent func(ExecEvent)) (*ExecResult, error) {
 	b, _ := json.Marshal(req)
 	hreq, err := c.newRequest(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/exec", nil, bytes.NewReader(b))

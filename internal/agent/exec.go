@@ -17,6 +17,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/streamframe"
 )
 
 const (
@@ -218,7 +219,29 @@ func startError(spec *execSpec, err error) error {
 	return fmt.Errorf("start %q: %w", name, err)
 }
 
-// run starts the command and streams its output and exit as NDJSON. The
+// execEncoder sets the answer's Content-Type and returns how to write one
+// event: binary frames (streamframe) when the host asks for them, else NDJSON.
+func execEncoder(w http.ResponseWriter, r *http.Request) func(agentproto.ExecEvent) error {
+	if strings.Contains(r.Header.Get("Accept"), streamframe.MediaType) {
+		w.Header().Set("Content-Type", streamframe.MediaType)
+		fw := streamframe.NewWriter(w)
+		return func(ev agentproto.ExecEvent) error {
+			if ev.Type != "exit" {
+				return fw.WriteFrame(streamframe.TypeOf(ev.Type), ev.Data)
+			}
+			b, err := json.Marshal(ev)
+			if err != nil {
+				return err
+			}
+			return fw.WriteFrame(streamframe.Exit, b)
+		}
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	return func(ev agentproto.ExecEvent) error { return enc.Encode(ev) }
+}
+
+// run starts the command and streams its output and exit as events. The
 // request's context bounds the command: a client that goes away kills it.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req agentproto.ExecRequest) error {
 	var files []*os.File
@@ -282,12 +305,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		close(readersDone)
 	}()
 
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
-	enc := json.NewEncoder(w)
 	rc := http.NewResponseController(w)
+	encode := execEncoder(w, r)
+	w.WriteHeader(http.StatusOK)
 	send := func(ev agentproto.ExecEvent) error {
-		if err := enc.Encode(ev); err != nil {
+		if err := encode(ev); err != nil {
 			return err
 		}
 		return rc.Flush()

@@ -195,6 +195,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request, project string) {
 	}
 	defer done()
 	areq := agentproto.ExecRequest{Argv: req.Argv, Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, TimeoutMS: timeout.Milliseconds(), Stdin: []byte(req.Stdin)}
+	if wantsFrames(r) {
+		s.execFrames(w, r, project, agent, areq)
+		return
+	}
 	if wantsStream(r) {
 		s.execStream(w, r, project, agent, areq)
 		return

@@ -22,6 +22,7 @@ import (
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
 	"github.com/pandastack/pandastack/internal/history"
+	"github.com/pandastack/pandastack/internal/streamframe"
 )
 
 // openAPIDoc is the part of the OpenAPI document the tests look at.
@@ -284,6 +285,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"SandboxStats":         SandboxStats{},
 		"Origin":               history.Origin{},
 		"APIKey":               pandastack.APIKey{},
+		"ExecStreamExit":       frameExit{},
 	} {
 		s, ok := doc.Components.Schemas[schema]
 		if !ok {
@@ -336,5 +338,30 @@ func TestOpenAPIServed(t *testing.T) {
 	}
 	if !bytes.Equal(rec.Body.Bytes(), onDisk) {
 		t.Error("the served document differs from openapi.json")
+	}
+}
+
+// TestOpenAPIExecStreamMediaType checks that the exec answer documents the
+// binary stream under the media type the server negotiates.
+func TestOpenAPIExecStreamMediaType(t *testing.T) {
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	var op struct {
+		Responses map[string]struct {
+			Content map[string]json.RawMessage `json:"content"`
+		} `json:"responses"`
+	}
+	if err := json.Unmarshal(openAPI, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(doc.Paths["/v1/sandboxes/{id}/exec"]["post"], &op); err != nil {
+		t.Fatal(err)
+	}
+	content := op.Responses["200"].Content
+	for _, mt := range []string{"application/json", "application/x-ndjson", streamframe.MediaType} {
+		if _, ok := content[mt]; !ok {
+			t.Errorf("exec 200 answer does not document %s", mt)
+		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/streamframe"
 )
 
 // AgentClient talks to one sandbox's agent over one channel session. It is
@@ -149,6 +150,11 @@ func (c *AgentClient) Alive() bool { return !c.sess.IsClosed() }
 func (c *AgentClient) Hello() agentproto.Hello { return c.hello }
 
 func (c *AgentClient) request(ctx context.Context, method, path string, q url.Values, body io.Reader) (*http.Response, error) {
+	return c.requestAccept(ctx, method, path, q, body, "")
+}
+
+// requestAccept is request with an Accept header (none if accept is "").
+func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q url.Values, body io.Reader, accept string) (*http.Response, error) {
 	u := "http://agent" + path
 	if len(q) > 0 {
 		u += "?" + q.Encode()
@@ -156,6 +162,9 @@ func (c *AgentClient) request(ctx context.Context, method, path string, q url.Va
 	req, err := http.NewRequestWithContext(ctx, method, u, body)
 	if err != nil {
 		return nil, err
+	}
+	if accept != "" {
+		req.Header.Set("Accept", accept)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -222,7 +231,11 @@ func decodeAgentError(resp *http.Response) error {
 
 // Exec runs a command and calls onEvent for every output chunk and for the
 // final exit event, in order. It returns the exit event. If onEvent fails,
-// the command is cancelled and that error returned.
+// the command is cancelled and that error returned. An event's Data is valid
+// only during its onEvent call.
+//
+// The agent answers in binary frames (streamframe), or in NDJSON if it is
+// older than this host (an agent of a restored snapshot) and ignores Accept.
 func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEvent func(agentproto.ExecEvent) error) (agentproto.ExecEvent, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // cancelling the stream kills the command in the sandbox
@@ -230,11 +243,17 @@ func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEv
 	if err != nil {
 		return agentproto.ExecEvent{}, err
 	}
-	resp, err := c.request(ctx, http.MethodPost, "/v1/exec", nil, bytes.NewReader(b))
+	resp, err := c.requestAccept(ctx, http.MethodPost, "/v1/exec", nil, bytes.NewReader(b), streamframe.MediaType+", application/x-ndjson")
 	if err != nil {
 		return agentproto.ExecEvent{}, err
 	}
 	defer resp.Body.Close()
+	if onEvent == nil {
+		onEvent = func(agentproto.ExecEvent) error { return nil }
+	}
+	if resp.Header.Get("Content-Type") == streamframe.MediaType {
+		return c.execFrames(ctx, resp.Body, onEvent)
+	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
@@ -242,16 +261,48 @@ func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEv
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return agentproto.ExecEvent{}, fmt.Errorf("exec %s: bad event: %w", c.id, err)
 		}
-		if onEvent != nil {
-			if err := onEvent(ev); err != nil {
-				return agentproto.ExecEvent{}, err
-			}
+		if err := onEvent(ev); err != nil {
+			return agentproto.ExecEvent{}, err
 		}
 		if ev.Type == "exit" {
 			return ev, nil
 		}
 	}
 	return agentproto.ExecEvent{}, c.streamEnded(ctx, sc.Err(), "exec")
+}
+
+// execFrames reads the agent's binary exec answer.
+func (c *AgentClient) execFrames(ctx context.Context, body io.Reader, onEvent func(agentproto.ExecEvent) error) (agentproto.ExecEvent, error) {
+	fr := streamframe.NewReader(body)
+	for {
+		t, p, err := fr.Next()
+		if err == io.EOF {
+			err = nil
+		}
+		if err != nil || t == 0 {
+			if errors.Is(err, streamframe.ErrBadFrame) && ctx.Err() == nil && !c.sess.IsClosed() {
+				return agentproto.ExecEvent{}, fmt.Errorf("exec %s: %w", c.id, err)
+			}
+			return agentproto.ExecEvent{}, c.streamEnded(ctx, err, "exec")
+		}
+		ev := agentproto.ExecEvent{Type: streamframe.TypeName(t)}
+		switch t {
+		case streamframe.Stdout, streamframe.Stderr:
+			ev.Data = p
+		case streamframe.Exit:
+			if err := json.Unmarshal(p, &ev); err != nil || ev.Type != "exit" {
+				return agentproto.ExecEvent{}, fmt.Errorf("exec %s: bad exit frame: %.200q", c.id, p)
+			}
+		default: // the agent reports failures before its answer starts
+			return agentproto.ExecEvent{}, fmt.Errorf("exec %s: unexpected %s frame: %.200q", c.id, ev.Type, p)
+		}
+		if err := onEvent(ev); err != nil {
+			return agentproto.ExecEvent{}, err
+		}
+		if t == streamframe.Exit {
+			return ev, nil
+		}
+	}
 }
 
 // streamEnded explains why an NDJSON answer of the agent ended before its

@@ -5,6 +5,7 @@
  */
 
 import { AuthenticationError, PandaStackError, codeForStatus, errorFromCode } from "./errors.js";
+import { FrameDecoder, STREAM_MEDIA_TYPE } from "./frames.js";
 
 /** Where the SDK looks when `apiUrl` is neither passed nor in PANDASTACK_API. */
 export const DEFAULT_API_URL = "http://localhost:8080";
@@ -134,22 +135,65 @@ export class HttpClient {
       ...opts,
       headers: { ...opts.headers, Accept: "application/x-ndjson" },
     });
+    yield* this.#lines(method, path, resp);
+  }
+
+  /**
+   * Like ndjson, for a streamed exec: asks for the binary frames (raw
+   * output, no JSON per chunk) and yields the same events, decoded from
+   * whichever form the server answers in.
+   */
+  async *execEvents(method: string, path: string, opts: RequestOptions = {}): AsyncGenerator<Record<string, unknown>> {
+    const resp = await this.fetch(method, path, {
+      ...opts,
+      headers: { ...opts.headers, Accept: `${STREAM_MEDIA_TYPE}, application/x-ndjson` },
+    });
+    if (!(resp.headers.get("content-type") ?? "").startsWith(STREAM_MEDIA_TYPE)) {
+      yield* this.#lines(method, path, resp); // a server older than the frames
+      return;
+    }
     if (!resp.body) return;
-    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    const frames = new FrameDecoder();
+    yield* this.#decode(method, path, resp, resp.body.getReader(), (chunk) => frames.feed(chunk), () => {
+      frames.finish();
+      return [];
+    });
+  }
+
+  async *#lines(method: string, path: string, resp: Response): AsyncGenerator<Record<string, unknown>> {
+    if (!resp.body) return;
     let buf = "";
+    const lines = (chunk: string): Record<string, unknown>[] => {
+      buf += chunk;
+      const out: Record<string, unknown>[] = [];
+      let nl: number;
+      while ((nl = buf.indexOf("\n")) >= 0) {
+        const line = buf.slice(0, nl).trim();
+        buf = buf.slice(nl + 1);
+        if (line) out.push(parseLine(line));
+      }
+      return out;
+    };
+    const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
+    yield* this.#decode(method, path, resp, reader, lines, () => (buf.trim() ? [parseLine(buf.trim())] : []));
+  }
+
+  /** Reads a streamed answer chunk by chunk, yielding what feed makes of each and, at its end, of end. */
+  async *#decode<C>(
+    method: string,
+    path: string,
+    resp: Response,
+    reader: ReadableStreamDefaultReader<C>,
+    feed: (chunk: C) => Record<string, unknown>[],
+    end: () => Record<string, unknown>[],
+  ): AsyncGenerator<Record<string, unknown>> {
     try {
       for (;;) {
         const { value, done } = await reader.read();
         if (done) break;
-        buf += value;
-        let nl: number;
-        while ((nl = buf.indexOf("\n")) >= 0) {
-          const line = buf.slice(0, nl).trim();
-          buf = buf.slice(nl + 1);
-          if (line) yield parseLine(line);
-        }
+        yield* feed(value);
       }
-      if (buf.trim()) yield parseLine(buf.trim());
+      yield* end();
     } catch (err) {
       if (err instanceof PandaStackError) throw err;
       if (isAbort(err)) throw err;

@@ -445,7 +445,7 @@ export class Sandbox implements SandboxInfo {
       const w = await this.#http.json<WireExecResult>("POST", path, { json: body, signal: opts.signal });
       return toExecResult(w, w.stdout ?? "", w.stderr ?? "");
     }
-    return collectExec(this.#http.ndjson("POST", path, { json: body, signal: opts.signal }), opts, `exec in ${this.id}`);
+    return collectExec(this.#http.execEvents("POST", path, { json: body, signal: opts.signal }), opts, `exec in ${this.id}`);
   }
 
   /** Background processes, oldest first: the running ones and the last 64 that ended. */

@@ -4,6 +4,7 @@
  */
 
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { createServer } from "node:net";
 import { test } from "node:test";
 import {
@@ -213,6 +214,16 @@ test("exec", async (t) => {
       },
     });
     assert.equal(seen.join(""), "1\n2\n3\n4\n5\n");
+  });
+
+  await t.test("a streamed command's large output arrives whole (binary stream)", async () => {
+    const made = await sb.exec("head -c 12582912 /dev/urandom | base64 -w 100 > blob && sha256sum blob", { timeout: 120 });
+    const want = made.stdout.split(" ")[0];
+    const h = createHash("sha256");
+    const r = await sb.exec("cat blob; exit 5", { timeout: 300, onStdout: (d) => void h.update(d) });
+    assert.equal(r.exitCode, 5);
+    assert.equal(h.digest("hex"), want);
+    assert.equal(createHash("sha256").update(r.stdout).digest("hex"), want);
   });
 
   await t.test("a streamed command's timeout and exit code come back", async () => {

@@ -3,9 +3,11 @@ sandbox record, and the parsers of the two NDJSON streams. No I/O here."""
 
 from __future__ import annotations
 
+import codecs
 import json
+import struct
 from datetime import datetime
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 from urllib.parse import quote
 
 from .exceptions import InvalidRequestError, PandaStackError, StreamError, error_from_response
@@ -375,6 +377,9 @@ class ExecStreamParser:
         self._out: List[str] = []
         self._err: List[str] = []
         self.result: Optional[ExecResult] = None
+        # Frames may cut a UTF-8 character; these keep the pieces.
+        self._dec_out = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._dec_err = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def feed(self, line: str) -> Optional[Action]:
         ev = parse_line(line)
@@ -400,10 +405,81 @@ class ExecStreamParser:
             raise stream_failure(ev.get("error"))
         return None
 
+    def feed_frame(self, kind: int, payload: bytes) -> Optional[Action]:
+        """Like feed, for one frame of the binary stream (STREAM_MEDIA_TYPE)."""
+        if kind == FRAME_STDOUT:
+            data = self._dec_out.decode(payload)
+            self._out.append(data)
+            return ("on_stdout", data) if data else None
+        if kind == FRAME_STDERR:
+            data = self._dec_err.decode(payload)
+            self._err.append(data)
+            return ("on_stderr", data) if data else None
+        try:
+            ev = json.loads(payload)
+        except ValueError:
+            raise StreamError(f"bad {'exit' if kind == FRAME_EXIT else 'error'} frame in the exec stream: {payload[:200]!r}", code="stream_error")
+        if not isinstance(ev, dict):
+            raise StreamError(f"bad frame in the exec stream: {payload[:200]!r}", code="stream_error")
+        ev["type"] = "exit" if kind == FRAME_EXIT else "error"
+        if kind == FRAME_EXIT:  # a character cut at the very end
+            self._out.append(self._dec_out.decode(b"", final=True))
+            self._err.append(self._dec_err.decode(b"", final=True))
+        return self.feed(json.dumps(ev))
+
     def finish(self) -> ExecResult:
         if self.result is None:
             raise StreamError("the command's stream ended without its exit event (connection cut?)", code="stream_error")
         return self.result
+
+
+# The binary exec stream: frames of a type byte, a big-endian uint32 length
+# and the payload (stdout/stderr bytes, exit/error JSON).
+STREAM_MEDIA_TYPE = "application/vnd.pandastack.stream"
+FRAME_STDOUT, FRAME_STDERR, FRAME_EXIT, FRAME_ERROR = 1, 2, 3, 4
+FRAME_MAX_PAYLOAD = 1 << 20
+_FRAME_HEADER = struct.Struct(">BI")
+
+
+class FrameDecoder:
+    """Cuts the bytes of a binary exec stream, fed in pieces of any size,
+    into (type, payload) frames."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> List[Tuple[int, bytes]]:
+        self._buf += data
+        frames: List[Tuple[int, bytes]] = []
+        pos = 0
+        while len(self._buf) - pos >= _FRAME_HEADER.size:
+            kind, n = _FRAME_HEADER.unpack_from(self._buf, pos)
+            if kind not in (FRAME_STDOUT, FRAME_STDERR, FRAME_EXIT, FRAME_ERROR):
+                raise StreamError(f"bad frame in the exec stream: unknown type {kind}", code="stream_error")
+            if n > FRAME_MAX_PAYLOAD:
+                raise StreamError(f"bad frame in the exec stream: {n} bytes, more than the {FRAME_MAX_PAYLOAD} allowed", code="stream_error")
+            end = pos + _FRAME_HEADER.size + n
+            if len(self._buf) < end:
+                break
+            frames.append((kind, bytes(self._buf[pos + _FRAME_HEADER.size : end])))
+            pos = end
+        del self._buf[:pos]
+        return frames
+
+    def actions(self, parser: ExecStreamParser, data: bytes) -> Iterator[Action]:
+        """Feeds data, then each whole frame to parser; yields the callback
+        actions, up to the exit frame."""
+        for kind, payload in self.feed(data):
+            action = parser.feed_frame(kind, payload)
+            if action is not None:
+                yield action
+            if parser.result is not None:
+                return
+
+    def finish(self) -> None:
+        """Raises if the stream stopped inside a frame."""
+        if self._buf:
+            raise StreamError("the command's stream was cut inside a frame (connection cut?)", code="stream_error")
 
 
 FILE_CHUNK = 1 << 20

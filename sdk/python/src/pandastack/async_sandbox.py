@@ -33,10 +33,12 @@ from ._base import (
     EXEC_DEFAULT_TIMEOUT,
     FILE_CHUNK,
     RUN_DEFAULT_TIMEOUT,
+    STREAM_MEDIA_TYPE,
     Action,
     CodeStreamParser,
     Command,
     ExecStreamParser,
+    FrameDecoder,
     SandboxRecord,
     context_args,
     context_path,
@@ -242,15 +244,26 @@ class AsyncSandbox(SandboxRecord):
             return ExecResult.from_dict((await self._client._arequest("POST", path, json=body, timeout=read)).json())
         parser = ExecStreamParser()
         handlers = {"on_stdout": on_stdout, "on_stderr": on_stderr}
-        async with self._client._astream("POST", path, json=body, headers={"Accept": "application/x-ndjson"}, timeout=read) as resp:
-            async for line in resp.aiter_lines():
-                if not line.strip():
-                    continue
-                action = parser.feed(line)
-                if action is not None:
-                    await _dispatch(action, handlers)
-                if parser.result is not None:
-                    break
+        accept = STREAM_MEDIA_TYPE + ", application/x-ndjson"
+        async with self._client._astream("POST", path, json=body, headers={"Accept": accept}, timeout=read) as resp:
+            if resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
+                frames = FrameDecoder()
+                async for chunk in resp.aiter_bytes():
+                    for action in frames.actions(parser, chunk):
+                        await _dispatch(action, handlers)
+                    if parser.result is not None:
+                        break
+                if parser.result is None:
+                    frames.finish()
+            else:  # a server older than the binary stream
+                async for line in resp.aiter_lines():
+                    if not line.strip():
+                        continue
+                    action = parser.feed(line)
+                    if action is not None:
+                        await _dispatch(action, handlers)
+                    if parser.result is not None:
+                        break
         return parser.finish()
 
     async def list_processes(self) -> List[ProcessInfo]:

@@ -10,10 +10,12 @@ from ._base import (
     EXEC_DEFAULT_TIMEOUT,
     FILE_CHUNK,
     RUN_DEFAULT_TIMEOUT,
+    STREAM_MEDIA_TYPE,
     Action,
     CodeStreamParser,
     Command,
     ExecStreamParser,
+    FrameDecoder,
     SandboxRecord,
     context_args,
     context_path,
@@ -353,15 +355,26 @@ class Sandbox(SandboxRecord):
             return ExecResult.from_dict(self._client._request("POST", path, json=body, timeout=read).json())
         parser = ExecStreamParser()
         handlers = {"on_stdout": on_stdout, "on_stderr": on_stderr}
-        with self._client._stream("POST", path, json=body, headers={"Accept": "application/x-ndjson"}, timeout=read) as resp:
-            for line in resp.iter_lines():
-                if not line.strip():
-                    continue
-                action = parser.feed(line)
-                if action is not None:
-                    _dispatch(action, handlers)
-                if parser.result is not None:
-                    break
+        accept = STREAM_MEDIA_TYPE + ", application/x-ndjson"
+        with self._client._stream("POST", path, json=body, headers={"Accept": accept}, timeout=read) as resp:
+            if resp.headers.get("content-type", "").startswith(STREAM_MEDIA_TYPE):
+                frames = FrameDecoder()
+                for chunk in resp.iter_bytes():
+                    for action in frames.actions(parser, chunk):
+                        _dispatch(action, handlers)
+                    if parser.result is not None:
+                        break
+                if parser.result is None:
+                    frames.finish()
+            else:  # a server older than the binary stream
+                for line in resp.iter_lines():
+                    if not line.strip():
+                        continue
+                    action = parser.feed(line)
+                    if action is not None:
+                        _dispatch(action, handlers)
+                    if parser.result is not None:
+                        break
         return parser.finish()
 
     def list_processes(self) -> List[ProcessInfo]:
