@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -341,6 +343,16 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	if broken {
 		kill()
 	}
+	// A client that goes away kills the command even while this loop is
+	// stuck in a write to it (a full stream window the host no longer
+	// reads), which the select below would not notice.
+	var gone atomic.Bool // the command has exited: its pid may be reused
+	stopWatch := context.AfterFunc(r.Context(), func() {
+		if !gone.Load() {
+			KillTree(c.Pid)
+		}
+	})
+	defer stopWatch()
 	for !exited || readersDone != nil {
 		select {
 		case ev := <-events:
@@ -351,6 +363,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		case <-readersDone:
 			readersDone = nil
 		case status = <-done:
+			gone.Store(true)
 			exited, elapsed = true, time.Since(start)
 			done, timeoutC, ctxDone = nil, nil, nil
 			if readersDone != nil {
