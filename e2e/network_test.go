@@ -602,40 +602,7 @@ func TestPortProxy(t *testing.T) {
 	}
 
 	// WebSocket through the proxy.
-	conn, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/ports/8765/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", sb.ID, s.key)
-	br := bufio.NewReader(conn)
-	status, _ := br.ReadString('\n')
-	if !strings.Contains(status, "101") {
-		t.Fatalf("WebSocket upgrade through the proxy: %q", status)
-	}
-	for {
-		l, err := br.ReadString('\n')
-		if err != nil || l == "\r\n" {
-			break
-		}
-	}
-	msg := []byte("ping through the proxy")
-	mask := []byte{1, 2, 3, 4}
-	frame := append([]byte{0x81, 0x80 | byte(len(msg))}, mask...)
-	for i, b := range msg {
-		frame = append(frame, b^mask[i%4])
-	}
-	conn.Write(frame)
-	hdr := make([]byte, 2)
-	if _, err := io.ReadFull(br, hdr); err != nil {
-		t.Fatal(err)
-	}
-	echo := make([]byte, hdr[1]&127)
-	io.ReadFull(br, echo)
-	if string(echo) != string(msg) {
-		t.Errorf("WebSocket echo: %q", echo)
-	}
+	checkWSEcho(t, s.url, sb.ID, s.key, "ping through the proxy")
 
 	// The CLI's network flags.
 	out, errOut, err := s.cli("sandbox", "create", "--template", "base", "--network", "none", "--allow-out", "198.51.100.0/24", "--allow-out", "api.example.com")
@@ -659,5 +626,44 @@ func TestNetworkShutdownDuringWarmup(t *testing.T) {
 	s.stop()
 	if left := networkLeft(s.dataDir); left != "" {
 		t.Errorf("left after a stop during warm-up: %s\n%s", left, tail(s.out.String(), 40))
+	}
+}
+
+// checkWSEcho opens a WebSocket to the echo server on port 8765 of sandbox id
+// through the port proxy of the server at apiURL, sends msg in one masked
+// text frame and checks that the same text comes back.
+func checkWSEcho(t *testing.T, apiURL, id, key, msg string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(apiURL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/ports/8765/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", id, key)
+	br := bufio.NewReader(conn)
+	if status, _ := br.ReadString('\n'); !strings.Contains(status, "101") {
+		t.Fatalf("WebSocket upgrade through %s: %q", apiURL, status)
+	}
+	for {
+		l, err := br.ReadString('\n')
+		if err != nil || l == "\r\n" {
+			break
+		}
+	}
+	mask := []byte{1, 2, 3, 4}
+	frame := append([]byte{0x81, 0x80 | byte(len(msg))}, mask...)
+	for i := range len(msg) {
+		frame = append(frame, msg[i]^mask[i%4])
+	}
+	conn.Write(frame)
+	hdr := make([]byte, 2)
+	if _, err := io.ReadFull(br, hdr); err != nil {
+		t.Fatal(err)
+	}
+	echo := make([]byte, hdr[1]&127)
+	io.ReadFull(br, echo)
+	if string(echo) != msg {
+		t.Errorf("WebSocket echo through %s: %q, want %q", apiURL, echo, msg)
 	}
 }

@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -394,37 +392,5 @@ func TestNodesPortProxy(t *testing.T) {
 		t.Errorf("token URL minted through the other node (%s): %d %q", u, st, body)
 	}
 
-	conn, err := net.Dial("tcp", strings.TrimPrefix(other.url, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(20 * time.Second))
-	fmt.Fprintf(conn, "GET /v1/sandboxes/%s/ports/8765/ws HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n", sb.ID, other.key)
-	br := bufio.NewReader(conn)
-	if status, _ := br.ReadString('\n'); !strings.Contains(status, "101") {
-		t.Fatalf("WebSocket upgrade through the other node: %q", status)
-	}
-	for {
-		l, err := br.ReadString('\n')
-		if err != nil || l == "\r\n" {
-			break
-		}
-	}
-	msg := []byte("ping across nodes")
-	mask := []byte{1, 2, 3, 4}
-	frame := append([]byte{0x81, 0x80 | byte(len(msg))}, mask...)
-	for i, b := range msg {
-		frame = append(frame, b^mask[i%4])
-	}
-	conn.Write(frame)
-	hdr := make([]byte, 2)
-	if _, err := io.ReadFull(br, hdr); err != nil {
-		t.Fatal(err)
-	}
-	echo := make([]byte, hdr[1]&127)
-	io.ReadFull(br, echo)
-	if string(echo) != string(msg) {
-		t.Errorf("WebSocket echo across nodes: %q", echo)
-	}
+	checkWSEcho(t, other.url, sb.ID, other.key, "ping across nodes")
 }
