@@ -1,0 +1,218 @@
+// Command runsc-precompiled fills in the precompiled seccomp-bpf programs of a
+// writable copy of gVisor's source, so that the runsc built from it installs
+// its sandbox (sentry) and gofer filters without compiling them at every
+// start. gVisor's Bazel build does this with a generator of its own; the
+// module proxy's copy, which `go install` builds, ships the two registries
+// empty (PrecompilationDisabledAtBuildTime = true), and every runsc start
+// then spends about 0.2 s building its filters.
+//
+// It must run inside that copy (scripts/setup.sh copies this directory into
+// it and runs it from there), so the programs it writes come from the very
+// rules the runsc built beside them uses. It is its own module so that
+// PandaStack's module never depends on gVisor.
+//
+// One flaw of gVisor's own precompilation needs a fix first (-patch, a
+// separate run, since the generator must be compiled from the fixed source):
+// the systrap platform's rule for rt_tgsigqueueinfo compares the target PID
+// with os.Getpid() of the process that builds the program, not with a
+// variable. Precompiled as is, it would hold the generator's PID, so the
+// sandbox could signal that PID and not its own. The patch makes it a
+// variable filled in at run time, like the sentry's own self_pid.
+//
+//	go run ./pandastack-precompiled -patch -root .
+//	go run ./pandastack-precompiled -root . [-all]
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"go/format"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
+	sentryconfig "gvisor.dev/gvisor/runsc/boot/filter/config"
+	goferconfig "gvisor.dev/gvisor/runsc/fsgofer/filter/config"
+)
+
+// The two files runsc reads its precompiled programs from (package filter
+// beside each config package).
+const (
+	sentryFile = "runsc/boot/filter/filter_precompiled.go"
+	goferFile  = "runsc/fsgofer/filter/filter_precompiled.go"
+)
+
+func main() {
+	root := flag.String("root", ".", "root of the writable gVisor source copy")
+	patch := flag.Bool("patch", false, "only fix the systrap filter's PID (see the package doc), then exit")
+	all := flag.Bool("all", false, "keep every sentry variant gVisor lists (all platforms, GPU/TPU/RDMA proxies), not only the ones PandaStack runs")
+	flag.Parse()
+	do := func() error { return run(*root, *all) }
+	if *patch {
+		do = func() error { return patchSystrap(*root) }
+	}
+	if err := do(); err != nil {
+		fmt.Fprintln(os.Stderr, "runsc-precompiled:", err)
+		os.Exit(1)
+	}
+}
+
+func run(root string, all bool) error {
+	start := time.Now()
+	sentry, err := sentryconfig.PrecompiledPrograms()
+	if err != nil {
+		return fmt.Errorf("sentry programs: %w", err)
+	}
+	kept := sentry[:0]
+	for _, p := range sentry {
+		if all || wanted(p.Name) {
+			kept = append(kept, p)
+		}
+	}
+	if len(kept) == 0 {
+		return fmt.Errorf("no sentry program left of %d after selection: did the key format change?", len(sentry))
+	}
+	gofer, err := goferconfig.PrecompiledPrograms()
+	if err != nil {
+		return fmt.Errorf("gofer programs: %w", err)
+	}
+	for _, f := range []struct {
+		path  string
+		progs []precompiledseccomp.Program
+	}{{sentryFile, kept}, {goferFile, gofer}} {
+		src, err := render(f.progs)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.path, err)
+		}
+		if err := os.WriteFile(filepath.Join(root, f.path), src, 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "runsc-precompiled: %s: %d programs, %d KiB\n", f.path, len(f.progs), len(src)/1024)
+	}
+	fmt.Fprintf(os.Stderr, "runsc-precompiled: done in %s\n", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// The systrap filter's source and the edits that turn the PID it compares
+// with into a run-time variable.
+const (
+	systrapFile   = "pkg/sentry/platform/systrap/filters.go"
+	systrapPIDVar = "pandastack_systrap_pid"
+)
+
+var systrapEdits = []struct{ old, new string }{
+	{
+		"\tvars := precompiledseccomp.Values{}\n",
+		"\tvars := precompiledseccomp.Values{}\n\tvars.SetUint64(\"" + systrapPIDVar + "\", uint64(os.Getpid()))\n",
+	},
+	{
+		"\t\t\tseccomp.EqualTo(os.Getpid()),\n",
+		"\t\t\tseccomp.EqualTo(vars.GetUint64(\"" + systrapPIDVar + "\")),\n",
+	},
+}
+
+// patchSystrap applies systrapEdits, each of which must match exactly once:
+// a gVisor version whose source differs fails here rather than building a
+// runsc with a wrong filter (the verify test would catch that too).
+func patchSystrap(root string) error {
+	path := filepath.Join(root, systrapFile)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	src, err := applyEdits(string(b))
+	if err != nil {
+		return fmt.Errorf("%s: %w", systrapFile, err)
+	}
+	return os.WriteFile(path, []byte(src), 0o644)
+}
+
+func applyEdits(src string) (string, error) {
+	for _, e := range systrapEdits {
+		if n := strings.Count(src, e.old); n != 1 {
+			return "", fmt.Errorf("expected %q once, found it %d times: this gVisor version needs a new patch", e.old, n)
+		}
+		src = strings.Replace(src, e.old, e.new, 1)
+	}
+	return src, nil
+}
+
+// wanted reports whether a sentry program's key is one PandaStack can use:
+// the systrap platform (internal/runtime/gvisor's default, no KVM needed)
+// with no device proxies, in every network and directfs variant. Keeping
+// only these makes the generated file some 40 times smaller than the full
+// cross product, which takes minutes to compile on a small machine. -all
+// keeps everything.
+func wanted(key string) bool {
+	f := keyFields(key)
+	return f["Platform"] == `"systrap"` && f["NVProxy"] == "false" && f["TPUProxy"] == "false" && f["RDMAProxy"] == "false"
+}
+
+// keyFields splits a program key (Options.ConfigKey: `Name=value` pairs
+// separated by spaces) into its fields.
+func keyFields(key string) map[string]string {
+	f := map[string]string{}
+	for _, kv := range strings.Fields(key) {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			f[k] = v
+		}
+	}
+	return f
+}
+
+// render writes package filter's registry of programs: the same API as the
+// file it replaces (PrecompilationDisabledAtBuildTime, GetPrecompiled,
+// ListPrecompiled), now with programs in it.
+func render(progs []precompiledseccomp.Program) ([]byte, error) {
+	sort.Slice(progs, func(i, j int) bool { return progs[i].Name < progs[j].Name })
+	var b bytes.Buffer
+	b.WriteString(`// Code generated by PandaStack's scripts/runsc-precompiled. DO NOT EDIT.
+
+package filter
+
+import (
+	"sort"
+	"sync"
+
+	"gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
+)
+
+// PrecompilationDisabledAtBuildTime is false: this build carries programs.
+const PrecompilationDisabledAtBuildTime = false
+
+var (
+	programsOnce sync.Once
+	programs     map[string]precompiledseccomp.Program
+)
+
+// GetPrecompiled returns the program precompiled for a key, if any.
+func GetPrecompiled(key string) (precompiledseccomp.Program, bool) {
+	programsOnce.Do(registerPrograms)
+	p, ok := programs[key]
+	return p, ok
+}
+
+// ListPrecompiled returns the keys of all precompiled programs, sorted.
+func ListPrecompiled() []string {
+	programsOnce.Do(registerPrograms)
+	keys := make([]string, 0, len(programs))
+	for k := range programs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func registerPrograms() {
+	m := make(map[string]precompiledseccomp.Program, `)
+	fmt.Fprintf(&b, "%d)\n", len(progs))
+	for _, p := range progs {
+		b.WriteString(p.Registration("\t", "precompiledseccomp", "m"))
+	}
+	b.WriteString("\tprograms = m\n}\n")
+	return format.Source(b.Bytes())
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"gvisor.dev/gvisor/pkg/sentry/devices/nvproxy/nvconf"
+	"gvisor.dev/gvisor/pkg/sentry/platform/ptrace"
+	"gvisor.dev/gvisor/pkg/sentry/platform/systrap"
+	sentryconfig "gvisor.dev/gvisor/runsc/boot/filter/config"
+)
+
+func TestWantedKeepsWhatPandaStackRuns(t *testing.T) {
+	sys := (*systrap.Systrap)(nil).SeccompInfo()
+	for _, tc := range []struct {
+		opt  sentryconfig.Options
+		want bool
+	}{
+		{sentryconfig.Options{Platform: sys}, true},
+		{sentryconfig.Options{Platform: sys, HostFilesystem: true}, true},
+		{sentryconfig.Options{Platform: sys, HostNetwork: true, HostNetworkRawSockets: true}, true},
+		{sentryconfig.Options{Platform: (*ptrace.PTrace)(nil).SeccompInfo()}, false},
+		{sentryconfig.Options{Platform: sys, NVProxy: true, NVProxyCaps: nvconf.DefaultDriverCaps}, false},
+		{sentryconfig.Options{Platform: sys, TPUProxy: true}, false},
+		{sentryconfig.Options{Platform: sys, RDMAProxy: true}, false},
+	} {
+		key := tc.opt.ConfigKey()
+		if got := wanted(key); got != tc.want {
+			t.Errorf("wanted(%s) = %v, want %v", key, got, tc.want)
+		}
+	}
+}
+
+func TestRenderIsValidGo(t *testing.T) {
+	src, err := render(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"package filter", "PrecompilationDisabledAtBuildTime = false", "func GetPrecompiled(", "func ListPrecompiled("} {
+		if !strings.Contains(string(src), s) {
+			t.Errorf("rendered file lacks %q", s)
+		}
+	}
+}
+
+func TestApplyEditsFailsOnUnknownSource(t *testing.T) {
+	if _, err := applyEdits("package systrap\n"); err == nil {
+		t.Fatal("applyEdits accepted a source without the expected lines")
+	}
+	src := "\tvars := precompiledseccomp.Values{}\n\t\t\tseccomp.EqualTo(os.Getpid()),\n"
+	got, err := applyEdits(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(got, "EqualTo(os.Getpid())") || !strings.Contains(got, `vars.GetUint64("`+systrapPIDVar+`")`) {
+		t.Errorf("patched source still compares with the builder's PID:\n%s", got)
+	}
+	if _, err := applyEdits(src + src); err == nil {
+		t.Fatal("applyEdits accepted a source with the lines twice")
+	}
+}

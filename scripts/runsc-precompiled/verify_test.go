@@ -1,0 +1,117 @@
+//go:build pandastack_generated
+
+// This test runs only inside the gVisor copy, after the generator wrote its
+// files there (scripts/setup.sh: go test -tags pandastack_generated). It
+// checks each precompiled program against the program runsc builds when it
+// finds none: the same rules compiled at run time for the same options and
+// the same run-time values must give the very same BPF instructions.
+
+package main
+
+import (
+	"bytes"
+	"testing"
+
+	"gvisor.dev/gvisor/pkg/bpf"
+	"gvisor.dev/gvisor/pkg/seccomp"
+	"gvisor.dev/gvisor/pkg/sentry/platform/systrap"
+	sentryfilter "gvisor.dev/gvisor/runsc/boot/filter"
+	sentryconfig "gvisor.dev/gvisor/runsc/boot/filter/config"
+	goferfilter "gvisor.dev/gvisor/runsc/fsgofer/filter"
+	goferconfig "gvisor.dev/gvisor/runsc/fsgofer/filter/config"
+)
+
+// same fails the test unless the two programs encode the same instructions.
+func same(t *testing.T, key string, precompiled, runtime []bpf.Instruction) {
+	t.Helper()
+	if !bytes.Equal(bpf.ToBytecode(precompiled), bpf.ToBytecode(runtime)) {
+		t.Errorf("%s: the precompiled program (%d instructions) differs from the one built at run time (%d instructions)", key, len(precompiled), len(runtime))
+	}
+}
+
+func bools() []bool { return []bool{false, true} }
+
+func TestSentryProgramsMatchRuntimeBuild(t *testing.T) {
+	if sentryfilter.PrecompilationDisabledAtBuildTime {
+		t.Fatal("runsc/boot/filter has no precompiled programs: run the generator first")
+	}
+	checked := map[string]bool{}
+	// Every variant the generator keeps: systrap, each network mode
+	// (netstack, which --network=sandbox and --network=none both use; host;
+	// host with raw sockets), directfs on and off. Two controller FDs show
+	// that the run-time value lands where it should.
+	for _, net := range []struct{ host, raw bool }{{false, false}, {true, false}, {true, true}} {
+		for _, directfs := range bools() {
+			for _, fd := range []uint32{5, 1234} {
+				opt := sentryconfig.Options{
+					Platform:              (*systrap.Systrap)(nil).SeccompInfo(),
+					HostNetwork:           net.host,
+					HostNetworkRawSockets: net.raw,
+					HostFilesystem:        directfs,
+					ControllerFD:          fd,
+				}
+				key := opt.ConfigKey()
+				p, ok := sentryfilter.GetPrecompiled(key)
+				if !ok {
+					t.Fatalf("no precompiled sentry program for %s", key)
+				}
+				got, err := p.RenderInstructions(opt.Vars())
+				if err != nil {
+					t.Fatalf("%s: render: %v", key, err)
+				}
+				rules, deny := sentryconfig.Rules(opt)
+				want, _, err := (&seccomp.Program{
+					RuleSets: []seccomp.RuleSet{{Rules: deny}, {Rules: rules, Action: seccomp.Allow}},
+					Options:  sentryconfig.SeccompOptions(opt),
+				}).Build()
+				if err != nil {
+					t.Fatalf("%s: build: %v", key, err)
+				}
+				same(t, key, got, want)
+				checked[key] = true
+			}
+		}
+	}
+	if n := len(sentryfilter.ListPrecompiled()); n != len(checked) {
+		t.Errorf("%d sentry programs precompiled, %d checked: every program must be checked", n, len(checked))
+	}
+}
+
+func TestGoferProgramsMatchRuntimeBuild(t *testing.T) {
+	if goferfilter.PrecompilationDisabledAtBuildTime {
+		t.Fatal("runsc/fsgofer/filter has no precompiled programs: run the generator first")
+	}
+	checked := map[string]bool{}
+	for _, udsOpen := range bools() {
+		for _, udsCreate := range bools() {
+			for _, directfs := range bools() {
+				for _, lisafs := range bools() {
+					for _, cgo := range bools() {
+						opt := goferconfig.Options{UDSOpenEnabled: udsOpen, UDSCreateEnabled: udsCreate, DirectFS: directfs, LisafsNeeded: lisafs, CgoEnabled: cgo}
+						key := opt.ConfigKey()
+						p, ok := goferfilter.GetPrecompiled(key)
+						if !ok {
+							t.Fatalf("no precompiled gofer program for %s", key)
+						}
+						got, err := p.RenderInstructions(opt.Vars())
+						if err != nil {
+							t.Fatalf("%s: render: %v", key, err)
+						}
+						rules, deny := goferconfig.Rules(opt)
+						want, _, err := (&seccomp.Program{
+							RuleSets: []seccomp.RuleSet{{Rules: deny}, {Rules: rules, Action: seccomp.Allow}},
+						}).Build()
+						if err != nil {
+							t.Fatalf("%s: build: %v", key, err)
+						}
+						same(t, key, got, want)
+						checked[key] = true
+					}
+				}
+			}
+		}
+	}
+	if n := len(goferfilter.ListPrecompiled()); n != len(checked) {
+		t.Errorf("%d gofer programs precompiled, %d checked: every program must be checked", n, len(checked))
+	}
+}
