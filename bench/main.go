@@ -56,16 +56,19 @@ type PoolHits struct {
 
 // Report is the JSON the benchmark writes.
 type Report struct {
-	Date     time.Time         `json:"date"`
-	Host     string            `json:"host"`
-	Command  string            `json:"command"`
-	Revision string            `json:"revision"` // git commit measured, "+dirty" with local changes
-	Settings Settings          `json:"settings"`
-	Baseline string            `json:"baseline,omitempty"` // -baseline: the other revision's binaries
-	Machine  map[string]string `json:"machine"`
-	Results  []Stat            `json:"results"`
-	PoolHits []PoolHits        `json:"pool_hits,omitempty"`
-	Density  *Density          `json:"density,omitempty"`
+	Date     time.Time `json:"date"`
+	Host     string    `json:"host"`
+	Command  string    `json:"command"`
+	Revision string    `json:"revision"` // git commit measured, "+dirty" with local changes
+	Settings Settings  `json:"settings"`
+	Baseline string    `json:"baseline,omitempty"` // -baseline: the other revision's binaries
+	// BaselineRunsc is the baseline server's runsc (-baseline-runsc), when
+	// it differs from the other servers'.
+	BaselineRunsc string            `json:"baseline_runsc,omitempty"`
+	Machine       map[string]string `json:"machine"`
+	Results       []Stat            `json:"results"`
+	PoolHits      []PoolHits        `json:"pool_hits,omitempty"`
+	Density       *Density          `json:"density,omitempty"`
 	// Suspended is the density run with idle suspend (section suspended).
 	Suspended *SuspendedDensity `json:"suspended,omitempty"`
 	// RestoreProfile splits a restore into its steps (section restore-profile).
@@ -83,6 +86,7 @@ func main() {
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
 	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle section alternates its rounds with a server of those (side by side)")
+	baselineRunsc := flag.String("baseline-runsc", "", "with -baseline: the runsc its server uses (default: the same as the others'), to compare runsc builds with the same pandastack binaries")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
@@ -116,7 +120,7 @@ func main() {
 			}
 		}
 	}
-	if err := run(ctx, set, *out, *baseline); err != nil {
+	if err := run(ctx, set, *out, *baseline, *baselineRunsc); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -156,7 +160,7 @@ func (b *bench) add(s Stat) {
 	fmt.Fprintf(os.Stderr, "  %-52s median %9.2f %-4s p95 %9.2f  (n=%d)%s\n", s.Name, s.Median, s.Unit, s.P95, s.N, tgt)
 }
 
-func run(ctx context.Context, set Settings, outDir, baselineBin string) error {
+func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc string) error {
 	began := time.Now()
 	host, _ := os.Hostname()
 	runsc := paths.FindRunsc(os.Getenv("PANDASTACK_RUNSC"), paths.CacheDir())
@@ -192,8 +196,12 @@ func run(ctx context.Context, set Settings, outDir, baselineBin string) error {
 	defer noPool.stop()
 	b := &bench{set: set, pool: pool, noPool: noPool, rep: rep}
 	if baselineBin != "" {
-		fmt.Fprintf(os.Stderr, "starting a baseline server from %s with --pool-size %d\n", baselineBin, set.PoolSize)
-		if b.baseline, err = startWarmServer(ctx, "baseline", baselineBin, runsc, set.PoolSize); err != nil {
+		brunsc := runsc
+		if baselineRunsc != "" {
+			brunsc, rep.BaselineRunsc = baselineRunsc, baselineRunsc
+		}
+		fmt.Fprintf(os.Stderr, "starting a baseline server from %s (runsc %s) with --pool-size %d\n", baselineBin, brunsc, set.PoolSize)
+		if b.baseline, err = startWarmServer(ctx, "baseline", baselineBin, brunsc, set.PoolSize); err != nil {
 			return err
 		}
 		defer b.baseline.stop()

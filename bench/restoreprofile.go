@@ -45,7 +45,9 @@ var runscMarks = []struct{ step, file, re string }{
 	{"restore RPC received", "boot", `Timeline Restore reached midpoint cm.Restore RPC`},
 	{"state file opened", "boot", `reached midpoint created statefile reader`},
 	{"memory pages: async load started", "boot", `async page loading started`},
-	{"seccomp filters built and installed", "boot", `reached midpoint seccomp program installed`},
+	// A runsc with precompiled filters (scripts/runsc-precompiled) renders
+	// one and installs it right after; one without builds it first.
+	{"seccomp filters built and installed", "boot", `reached midpoint (seccomp program installed|precompiled seccomp program rendered)`},
 	{"kernel state load starts", "boot", `Timeline Restore reached midpoint loading kernel`},
 	{"memory pages: async load done", "boot", `Async page loading completed`},
 	{"kernel state loaded (VFS restored)", "boot", `Timeline Restore reached midpoint kernel loaded`},

@@ -95,9 +95,44 @@ go_install_cached() {
 }
 
 # gVisor's runsc at the pinned version (Debian's runsc package is years
-# old). About 3 minutes.
-RUNSC="$CACHE/runsc/$RUNSC_VERSION/runsc"
-go_install_cached "gvisor.dev/gvisor/runsc@$RUNSC_VERSION" "$RUNSC" "gVisor runsc $RUNSC_VERSION (about 3 minutes)"
+# old), with its seccomp filters precompiled: the module proxy's source
+# ships them empty, and a runsc without them compiles its filters at every
+# start (about 0.2 s of each create, restore and fork). Built from a
+# writable copy of the module source into which scripts/runsc-precompiled
+# writes the programs (docs/architecture.md, "runsc build"). Once; about
+# 5 minutes or more.
+build_runsc() {
+  local dest=$1 gen=scripts/runsc-precompiled
+  [ -x "$dest" ] && return 0
+  if ! grep -q "gvisor.dev/gvisor $RUNSC_VERSION\$" "$gen/go.mod"; then
+    echo "$gen/go.mod does not require gvisor.dev/gvisor $RUNSC_VERSION (internal/paths.RunscVersion): update it with go get there" >&2
+    return 1
+  fi
+  step "building gVisor runsc $RUNSC_VERSION with precompiled seccomp filters (once, 5 minutes or more; cached in $(dirname "$dest"))"
+  local src tmp
+  src=$(cd "$gen" && go mod download -json gvisor.dev/gvisor | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -d "$src" ] || { echo "go mod download gvisor.dev/gvisor@$RUNSC_VERSION gave no source directory" >&2; return 1; }
+  tmp=$(mktemp -d)
+  cp -r "$src" "$tmp/gvisor" && chmod -R u+w "$tmp/gvisor" &&
+    mkdir "$tmp/gvisor/pandastack-precompiled" && cp "$gen"/*.go "$tmp/gvisor/pandastack-precompiled/" &&
+    (
+      cd "$tmp/gvisor" &&
+        export CGO_ENABLED=0 && # as runsc is built: cgo changes the filters' keys
+        echo "  patching the systrap filter's PID into a run-time variable" >&2 &&
+        go run ./pandastack-precompiled -patch -root . &&
+        echo "  precompiling the seccomp programs (gVisor computes every variant: minutes of CPU)" >&2 &&
+        go run ./pandastack-precompiled -root . &&
+        echo "  checking each precompiled program against runsc's run-time build of it" >&2 &&
+        go test -count=1 -tags pandastack_generated ./pandastack-precompiled >&2 &&
+        echo "  building runsc" >&2 &&
+        go build -o "$tmp/runsc" ./runsc
+    ) || { rm -rf "$tmp"; echo "building runsc failed" >&2; return 1; }
+  mkdir -p "$(dirname "$dest")"
+  mv "$tmp/runsc" "$dest"
+  rm -rf "$tmp"
+}
+RUNSC="$CACHE/runsc/$RUNSC_VERSION-precompiled/runsc"
+build_runsc "$RUNSC"
 
 # versitygw (Apache-2.0), an S3-compatible server the tests of the S3
 # snapshot store run on loopback. Only the tests use it.

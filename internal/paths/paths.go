@@ -43,9 +43,10 @@ func CacheDir() string {
 	return filepath.Join(home, ".cache", "pandastack")
 }
 
-// CachedRunsc is where the setup script puts the pinned runsc build.
+// CachedRunsc is where the setup script puts the pinned runsc build, the
+// one with precompiled seccomp filters (scripts/runsc-precompiled).
 func CachedRunsc(cacheDir string) string {
-	return filepath.Join(cacheDir, "runsc", RunscVersion, "runsc")
+	return filepath.Join(cacheDir, "runsc", RunscVersion+"-precompiled", "runsc")
 }
 
 // FindRunsc returns the runsc to use: explicit (a flag or PANDASTACK_RUNSC)
