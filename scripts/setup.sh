@@ -97,7 +97,7 @@ go_install_cached() {
 # gVisor's runsc at the pinned version (Debian's runsc package is years
 # old), with its seccomp filters precompiled: the module proxy's source
 # ships them empty, and a runsc without them compiles its filters at every
-# start (about 0.2 s of each create, restore and fork). Built from a
+# start (0.1-0.2 s of CPU in each create, restore and fork). Built from a
 # writable copy of the module source into which scripts/runsc-precompiled
 # writes the programs (docs/architecture.md, "runsc build"). Once; about
 # 5 minutes or more.
