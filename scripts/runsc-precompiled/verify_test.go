@@ -14,6 +14,7 @@ import (
 
 	"gvisor.dev/gvisor/pkg/bpf"
 	"gvisor.dev/gvisor/pkg/seccomp"
+	"gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
 	"gvisor.dev/gvisor/pkg/sentry/platform/systrap"
 	sentryfilter "gvisor.dev/gvisor/runsc/boot/filter"
 	sentryconfig "gvisor.dev/gvisor/runsc/boot/filter/config"
@@ -21,11 +22,25 @@ import (
 	goferconfig "gvisor.dev/gvisor/runsc/fsgofer/filter/config"
 )
 
-// same fails the test unless the two programs encode the same instructions.
-func same(t *testing.T, key string, precompiled, runtime []bpf.Instruction) {
+// check fails the test unless the program precompiled for key (looked up
+// with get), rendered with the run-time values vars, encodes the same
+// instructions as prog, the program runsc builds at run time.
+func check(t *testing.T, key string, get func(string) (precompiledseccomp.Program, bool), vars precompiledseccomp.Values, prog *seccomp.Program) {
 	t.Helper()
-	if !bytes.Equal(bpf.ToBytecode(precompiled), bpf.ToBytecode(runtime)) {
-		t.Errorf("%s: the precompiled program (%d instructions) differs from the one built at run time (%d instructions)", key, len(precompiled), len(runtime))
+	p, ok := get(key)
+	if !ok {
+		t.Fatalf("no precompiled program for %s", key)
+	}
+	got, err := p.RenderInstructions(vars)
+	if err != nil {
+		t.Fatalf("%s: render: %v", key, err)
+	}
+	want, _, err := prog.Build()
+	if err != nil {
+		t.Fatalf("%s: build: %v", key, err)
+	}
+	if !bytes.Equal(bpf.ToBytecode(got), bpf.ToBytecode(want)) {
+		t.Errorf("%s: the precompiled program (%d instructions) differs from the one built at run time (%d instructions)", key, len(got), len(want))
 	}
 }
 
@@ -51,23 +66,11 @@ func TestSentryProgramsMatchRuntimeBuild(t *testing.T) {
 					ControllerFD:          fd,
 				}
 				key := opt.ConfigKey()
-				p, ok := sentryfilter.GetPrecompiled(key)
-				if !ok {
-					t.Fatalf("no precompiled sentry program for %s", key)
-				}
-				got, err := p.RenderInstructions(opt.Vars())
-				if err != nil {
-					t.Fatalf("%s: render: %v", key, err)
-				}
 				rules, deny := sentryconfig.Rules(opt)
-				want, _, err := (&seccomp.Program{
+				check(t, key, sentryfilter.GetPrecompiled, opt.Vars(), &seccomp.Program{
 					RuleSets: []seccomp.RuleSet{{Rules: deny}, {Rules: rules, Action: seccomp.Allow}},
 					Options:  sentryconfig.SeccompOptions(opt),
-				}).Build()
-				if err != nil {
-					t.Fatalf("%s: build: %v", key, err)
-				}
-				same(t, key, got, want)
+				})
 				checked[key] = true
 			}
 		}
@@ -89,22 +92,10 @@ func TestGoferProgramsMatchRuntimeBuild(t *testing.T) {
 					for _, cgo := range bools() {
 						opt := goferconfig.Options{UDSOpenEnabled: udsOpen, UDSCreateEnabled: udsCreate, DirectFS: directfs, LisafsNeeded: lisafs, CgoEnabled: cgo}
 						key := opt.ConfigKey()
-						p, ok := goferfilter.GetPrecompiled(key)
-						if !ok {
-							t.Fatalf("no precompiled gofer program for %s", key)
-						}
-						got, err := p.RenderInstructions(opt.Vars())
-						if err != nil {
-							t.Fatalf("%s: render: %v", key, err)
-						}
 						rules, deny := goferconfig.Rules(opt)
-						want, _, err := (&seccomp.Program{
+						check(t, key, goferfilter.GetPrecompiled, opt.Vars(), &seccomp.Program{
 							RuleSets: []seccomp.RuleSet{{Rules: deny}, {Rules: rules, Action: seccomp.Allow}},
-						}).Build()
-						if err != nil {
-							t.Fatalf("%s: build: %v", key, err)
-						}
-						same(t, key, got, want)
+						})
 						checked[key] = true
 					}
 				}
