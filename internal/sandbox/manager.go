@@ -141,6 +141,8 @@ type Manager struct {
 	net   Network          // sandbox networking, or nil (network.go)
 	caPEM []byte           // certificates added to every sandbox's trust store (network.go)
 
+	caDigest string // of caPEM, hex (network.go)
+
 	suspending   atomic.Bool // idle suspends are under way (idle.go)
 	warmVerified sync.Map    // warm images checksummed already (warm.go)
 	node         nodeState   // the other nodes as of the last heartbeat (node.go)

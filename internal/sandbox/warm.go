@@ -93,10 +93,15 @@ func (m *Manager) verifyWarm(dir, what string) error {
 
 // WarmImageDir is where the warm image of a template build lives under
 // root: keyed by the spec's hash and the agent's build, since a restore
-// needs both as they were at checkpoint time.
+// needs both as they were at checkpoint time, and by warmRevision.
 func WarmImageDir(root, template, specHash, agentHash string) string {
-	return filepath.Join(root, template+"-"+short(specHash)+"-"+short(agentHash))
+	return filepath.Join(root, template+"-"+short(specHash)+"-"+short(agentHash)+warmRevision)
 }
+
+// warmRevision names what the manager itself puts into a warm image
+// besides the template and the agent; it changes when that does, so that
+// servers warm the template again. "-s2": the CA marker (caMarker).
+const warmRevision = "-s2"
 
 func short(h string) string { return h[:min(len(h), 16)] }
 
