@@ -82,7 +82,7 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
-	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle section alternates its rounds with a server of those (side by side)")
+	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle, create and burst sections alternate their rounds with servers of those (side by side)")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
@@ -144,7 +144,10 @@ type bench struct {
 	// baseline runs another revision's binaries (-baseline), for the
 	// sections that compare revisions side by side; nil without.
 	baseline *server
-	rep      *Report
+	// baselineNoPool is the baseline's --pool-size 0 server (for the
+	// create and burst sections); nil without -baseline.
+	baselineNoPool *server
+	rep            *Report
 }
 
 func (b *bench) add(s Stat) {
@@ -197,6 +200,10 @@ func run(ctx context.Context, set Settings, outDir, baselineBin string) error {
 			return err
 		}
 		defer b.baseline.stop()
+		if b.baselineNoPool, err = startWarmServer(ctx, "baseline-no-pool", baselineBin, runsc, 0); err != nil {
+			return err
+		}
+		defer b.baselineNoPool.stop()
 		rep.Baseline = baselineBin
 	}
 	rep.Machine["other_gvisor_sandboxes_at_start"] = fmt.Sprint(otherSandboxes(pool.runscRoot, noPool.runscRoot))
@@ -244,6 +251,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin string) error {
 	rep.ServerProblems = append(pool.log.problems(), noPool.log.problems()...)
 	if b.baseline != nil {
 		rep.ServerProblems = append(rep.ServerProblems, b.baseline.log.problems()...)
+		rep.ServerProblems = append(rep.ServerProblems, b.baselineNoPool.log.problems()...)
 	}
 	if len(rep.ServerProblems) > 50 {
 		rep.ServerProblems = rep.ServerProblems[:50]
