@@ -37,6 +37,22 @@ func acquireAsync(t *testing.T, a *admission, ctx context.Context, background bo
 	return ch
 }
 
+// next checks that want gets a slot and none of others does, and returns
+// want's release.
+func next(t *testing.T, what string, want <-chan func(), others ...<-chan func()) func() {
+	t.Helper()
+	rel, ok := granted(want)
+	if !ok {
+		t.Fatalf("%s did not get the slot", what)
+	}
+	for _, o := range others {
+		if _, ok := granted(o); ok {
+			t.Fatalf("another went along with %s", what)
+		}
+	}
+	return rel
+}
+
 // Creates beyond the limit wait and go in arrival order; a refill waits
 // while any create restores or waits.
 func TestAdmissionOrder(t *testing.T) {
@@ -57,36 +73,14 @@ func TestAdmissionOrder(t *testing.T) {
 	}
 	first()
 	first() // a second release changes nothing
-	rel2, ok := granted(second)
-	if !ok {
-		t.Fatal("the oldest create did not get the freed slot")
-	}
-	if _, ok := granted(third); ok {
-		t.Fatal("two creates hold the one slot")
-	}
-	rel2()
-	rel3, ok := granted(third)
-	if !ok {
-		t.Fatal("the next create did not go")
-	}
-	if _, ok := granted(refill); ok {
-		t.Fatal("a refill went while a create restores")
-	}
-	rel3()
-	relR, ok := granted(refill)
-	if !ok {
-		t.Fatal("the refill did not go once no create restores")
-	}
+	next(t, "the oldest create", second, third)()
+	next(t, "the next create", third, refill)()
+	relR := next(t, "the refill, once no create restores or waits", refill)
 	// A create while a refill runs waits for the slot, and goes first.
-	next := acquireAsync(t, a, ctx, false)
+	create := acquireAsync(t, a, ctx, false)
 	refill2 := acquireAsync(t, a, ctx, true)
 	relR()
-	if _, ok := granted(next); !ok {
-		t.Fatal("the create did not go after the refill")
-	}
-	if _, ok := granted(refill2); ok {
-		t.Fatal("a refill went alongside a create")
-	}
+	next(t, "the create after the refill", create, refill2)
 }
 
 // With no limit creates never wait, but refills still wait for them.

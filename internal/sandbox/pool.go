@@ -91,15 +91,8 @@ func (m *Manager) EnablePool(tpl Template, size int) {
 // and every poolTick.
 func (m *Manager) fill(p *pool) {
 	defer m.wg.Done()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := m.untilClose()
 	defer cancel()
-	go func() {
-		select {
-		case <-m.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	var refills sync.WaitGroup
 	defer refills.Wait() // before Close drains the pool
 	failed := make(chan struct{}, 1)

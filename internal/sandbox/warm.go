@@ -125,15 +125,8 @@ func (m *Manager) StartWarming(specs []WarmSpec) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := m.untilClose()
 		defer cancel()
-		go func() {
-			select {
-			case <-m.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		keep := map[string]bool{}
 		for _, s := range specs {
 			keep[filepath.Base(s.Template.WarmImage)] = true
@@ -176,6 +169,20 @@ func (m *Manager) removeStaleWarm(keep map[string]bool) {
 			m.log.Info("removed a stale warm template snapshot", "dir", e.Name())
 		}
 	}
+}
+
+// untilClose returns a context that Close cancels, for the manager's own
+// background work; call cancel when the work ends.
+func (m *Manager) untilClose() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-m.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // stopped reports whether Close began. m.mu is held by callers that must
