@@ -34,8 +34,9 @@ type pool struct {
 	mu    sync.Mutex
 	ids   map[string]bool // the ready sandboxes, for stats
 
-	filling atomic.Int32 // restores for the pool under way
-	waiting atomic.Int32 // creates waiting for one of those
+	filling   atomic.Int32 // refills under way, in line for a slot or restoring
+	restoring atomic.Int32 // of which restoring
+	waiting   atomic.Int32 // creates waiting for one of those restoring
 }
 
 // poolCeiling bounds a pool whatever its memory budget.
@@ -140,21 +141,26 @@ func (m *Manager) refill(ctx context.Context, p *pool) bool {
 		return true // shutting down
 	}
 	start := m.now()
+	p.restoring.Add(1)
 	pd, err := m.restoreForPool(p.tpl)
 	release()
 	if err != nil {
+		p.restoring.Add(-1)
 		m.log.Warn("pool restore", "template", p.tpl.Name, "err", err)
 		return false
 	}
+	took := m.now().Sub(start)
+	p.mu.Lock()
+	p.ids[pd.id] = true
+	p.mu.Unlock()
+	p.ready <- pd       // never blocks: ready + filling stay within the target, at most its capacity
+	p.restoring.Add(-1) // after the push: a create waiting for it finds it
+	// Measured after the push, which it would delay (smaps of each process).
 	var pss int64
 	if st, err := m.rt.Stats(context.Background(), pd.id); err == nil {
 		pss = st.PSSBytes
 	}
-	p.size.refilled(m.now().Sub(start), pss)
-	p.mu.Lock()
-	p.ids[pd.id] = true
-	p.mu.Unlock()
-	p.ready <- pd // never blocks: ready + filling stay within the target, at most its capacity
+	p.size.refilled(took, pss)
 	return true
 }
 
@@ -235,8 +241,9 @@ func (m *Manager) fromPool(p plan) (pooled, bool) {
 	default:
 		// Empty, but restores for the pool are under way: for a create,
 		// waiting for one beats a restore of its own competing with it
-		// for the CPU. Creates beyond those restores restore their own.
-		if pl.waiting.Add(1) > pl.filling.Load() {
+		// for the CPU. Creates beyond those restores restore their own
+		// (refills still in line wait for creates: none waits for them).
+		if pl.waiting.Add(1) > pl.restoring.Load() {
 			pl.waiting.Add(-1)
 			return pooled{}, false
 		}
