@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,11 @@ type pool struct {
 
 // poolCeiling bounds a pool whatever its memory budget.
 const poolCeiling = 64
+
+// maxRefills bounds a pool's refills under way: one per CPU, so that a
+// pool falling short by many after a burst does not restore them all at
+// once beside the burst's first cells.
+var maxRefills = runtime.NumCPU()
 
 // poolTick is how often a pool looks at its target without a claim (it
 // shrinks as the demand it saw fades).
@@ -86,10 +92,11 @@ func (m *Manager) EnablePool(tpl Template, size int) {
 }
 
 // fill keeps the pool at its target until the manager closes: it starts
-// restores (each in a background slot of the admission line, so never
-// ahead of a waiting create) while ready and under way fall short, and
-// stops surplus sandboxes once the target shrinks. It acts on every claim
-// and every poolTick.
+// restores (at most maxRefills at once, each in a background slot of the
+// admission line, so never ahead of a waiting create) while ready and
+// under way fall short, and stops surplus sandboxes once the target
+// shrinks. It acts on every claim, every finished refill and every
+// poolTick.
 func (m *Manager) fill(p *pool) {
 	defer m.wg.Done()
 	ctx, cancel := m.untilClose()
@@ -101,17 +108,23 @@ func (m *Manager) fill(p *pool) {
 	defer t.Stop()
 	for {
 		target := p.size.target(m.now())
-		for int(p.filling.Load())+len(p.ready) < target {
+		for int(p.filling.Load())+len(p.ready) < target && int(p.filling.Load()) < maxRefills {
 			p.filling.Add(1)
 			refills.Add(1)
 			go func() {
 				defer refills.Done()
-				defer p.filling.Add(-1)
-				if !m.refill(ctx, p) {
+				ok := m.refill(ctx, p)
+				p.filling.Add(-1) // before the kick, which looks at it
+				if !ok {
 					select {
 					case failed <- struct{}{}:
 					default:
 					}
+					return
+				}
+				select {
+				case p.kick <- struct{}{}:
+				default:
 				}
 			}()
 		}
