@@ -13,7 +13,7 @@ import (
 //     few at a time should let the first finish early and bring the median
 //     down (20 at once on 2 cores all finish together, 5.6 s p50); on a
 //     host busy with other work it cedes that work the CPU and the median
-//     nearly doubled when measured (docs/code-and-snapshots.md), so it is
+//     grew 1.5-1.8x when measured (docs/code-and-snapshots.md), so it is
 //     off by default.
 //   - Pool refills (background) restore only while no create restores or
 //     waits, so a pool never slows the creates it exists to serve.
