@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -70,57 +71,112 @@ func (b *bench) baseCreate(ctx context.Context) error {
 	return nil
 }
 
-// sequentialCreates alternates a create on the pooled server with one on
-// the server without a pool, killing each sandbox after its first result;
-// then it makes as many creates back to back on the pooled server alone,
-// where the pool has only the time of a create and a kill to refill.
-// Which creates were served from the pool is counted exactly: a sandbox
-// came from the pool when its runsc processes existed before the create
-// request was sent (pool sandboxes have their final ids from the start).
-func (b *bench) sequentialCreates(ctx context.Context) error {
-	var pooled, lazy []float64
-	var alt poolSplit
-	for i := range b.set.N {
-		sides := []*server{b.pool, b.noPool}
-		if i%2 == 1 {
-			sides[0], sides[1] = sides[1], sides[0]
+// createSide is a server of the create and burst sections: this
+// revision's, or with -baseline the other revision's, labelled so.
+type createSide struct {
+	s     *server
+	label string // appended to the series' names
+}
+
+// createSides returns the servers with a pool (pooled) or without, this
+// revision's first.
+func (b *bench) createSides(pooled bool) []createSide {
+	sides := []createSide{{s: b.noPool}}
+	if pooled {
+		sides[0].s = b.pool
+	}
+	if b.baseline != nil {
+		bs := b.baselineNoPool
+		if pooled {
+			bs = b.baseline
 		}
-		for _, s := range sides {
+		sides = append(sides, createSide{s: bs, label: " (baseline)"})
+	}
+	return sides
+}
+
+// sequentialCreates alternates a create on the pooled server with one on
+// the server without a pool (with -baseline, on the other revision's two
+// as well), killing each sandbox after its first result; then it makes as
+// many creates back to back on each pooled server alone, in two blocks per
+// server taking turns, where the pool has only the time of a create and a
+// kill to refill. Which creates were served from the pool is counted
+// exactly: a sandbox came from the pool when its runsc processes existed
+// before the create request was sent (pool sandboxes have their final ids
+// from the start).
+func (b *bench) sequentialCreates(ctx context.Context) error {
+	pools, lazies := b.createSides(true), b.createSides(false)
+	pooled := make([][]float64, len(pools))
+	lazy := make([][]float64, len(lazies))
+	alt := make([]poolSplit, len(pools))
+	for i := range b.set.N {
+		type turn struct {
+			side int
+			pool bool
+		}
+		var turns []turn
+		for k := range pools {
+			turns = append(turns, turn{k, true}, turn{k, false})
+		}
+		if i%2 == 1 {
+			slices.Reverse(turns)
+		}
+		for _, tn := range turns {
+			s := lazies[tn.side].s
+			if tn.pool {
+				s = pools[tn.side].s
+			}
 			d, hit, err := s.createRunKill(ctx)
 			if err != nil {
 				return err
 			}
-			if s == b.pool {
-				pooled = append(pooled, d)
-				alt.add(d, hit)
+			if tn.pool {
+				pooled[tn.side] = append(pooled[tn.side], d)
+				alt[tn.side].add(d, hit)
 			} else {
-				lazy = append(lazy, d)
+				lazy[tn.side] = append(lazy[tn.side], d)
 			}
 		}
 	}
-	b.add(summarize("create", fmt.Sprintf("create code-interpreter → first run_code, pool %d", b.set.PoolSize), "ms", pooled,
-		fmt.Sprintf("%d sequential creates alternating with the no-pool server; %d served from the pool", len(pooled), len(alt.hit))).
-		withTarget(targetCreateP50, targetCreateP95, "issue 4"))
-	b.add(summarize("create", "create code-interpreter → first run_code, no pool", "ms", lazy,
-		"--pool-size 0: each create is a lazy restore (runsc restore --background) of the warm snapshot").
-		withTarget(targetCreateP50, targetCreateP95, "issue 4"))
-	alt.report(b, "sequential, alternating with the no-pool server")
-
-	b.pool.settle(ctx, 30*time.Second)
-	var b2b []float64
-	var split poolSplit
-	for range b.set.N {
-		d, hit, err := b.pool.createRunKill(ctx)
-		if err != nil {
-			return err
-		}
-		b2b = append(b2b, d)
-		split.add(d, hit)
+	for k, sd := range pools {
+		b.add(summarize("create", fmt.Sprintf("create code-interpreter → first run_code, pool %d%s", b.set.PoolSize, sd.label), "ms", pooled[k],
+			fmt.Sprintf("%d sequential creates alternating with the no-pool server; %d served from the pool", len(pooled[k]), len(alt[k].hit))).
+			withTarget(targetCreateP50, targetCreateP95, "issue 4"))
 	}
-	b.add(summarize("create", fmt.Sprintf("same, pool %d, back to back on that server alone", b.set.PoolSize), "ms", b2b,
-		fmt.Sprintf("%d creates, each right after the kill of the one before; %d served from the pool", len(b2b), len(split.hit))).
-		withTarget(targetCreateP50, targetCreateP95, "issue 4"))
-	split.report(b, "sequential, back to back")
+	for k, sd := range lazies {
+		b.add(summarize("create", "create code-interpreter → first run_code, no pool"+sd.label, "ms", lazy[k],
+			"--pool-size 0: each create is a lazy restore (runsc restore --background) of the warm snapshot").
+			withTarget(targetCreateP50, targetCreateP95, "issue 4"))
+	}
+	for k, sd := range pools {
+		alt[k].report(b, "sequential, alternating with the no-pool server"+sd.label)
+	}
+
+	b2b := make([][]float64, len(pools))
+	split := make([]poolSplit, len(pools))
+	for block := range 2 {
+		for k, sd := range pools {
+			sd.s.settle(ctx, 30*time.Second)
+			n := b.set.N / 2
+			if block == 0 {
+				n = b.set.N - n
+			}
+			for range n {
+				d, hit, err := sd.s.createRunKill(ctx)
+				if err != nil {
+					return err
+				}
+				b2b[k] = append(b2b[k], d)
+				split[k].add(d, hit)
+			}
+		}
+	}
+	for k, sd := range pools {
+		b.add(summarize("create", fmt.Sprintf("same, pool %d, back to back on that server alone%s", b.set.PoolSize, sd.label), "ms", b2b[k],
+			fmt.Sprintf("%d creates, each right after the kill of the one before, in 2 blocks; %d served from the pool", len(b2b[k]), len(split[k].hit))).
+			withTarget(targetCreateP50, targetCreateP95, "issue 4"))
+		split[k].report(b, "sequential, back to back"+sd.label)
+	}
 	return nil
 }
 
@@ -160,11 +216,21 @@ func (p *poolSplit) report(b *bench, series string) {
 	}
 }
 
-// bursts starts b.set.Burst creates at once on each server; each one's
+// bursts starts b.set.Burst creates at once on each server (with
+// -baseline, on the other revision's too, taking turns); each one's
 // latency counts from the common start to its first run_code result.
 func (b *bench) bursts(ctx context.Context) error {
-	for _, s := range []*server{b.pool, b.noPool} {
-		b.pool.settle(ctx, 30*time.Second)
+	var sides []createSide
+	pools, lazies := b.createSides(true), b.createSides(false)
+	for k := range pools {
+		sides = append(sides, pools[k])
+	}
+	for k := range lazies {
+		sides = append(sides, lazies[k])
+	}
+	for _, sd := range sides {
+		s := sd.s
+		s.settle(ctx, 30*time.Second)
 		before := sandboxPIDs(s.runscRoot)
 		lat := make([]float64, b.set.Burst)
 		ids := make([]string, b.set.Burst)
@@ -207,10 +273,10 @@ func (b *bench) bursts(ctx context.Context) error {
 			}
 		}
 		s.killAll(live)
-		label := "no pool"
-		if s == b.pool {
-			label = fmt.Sprintf("pool %d", b.set.PoolSize)
-			b.rep.PoolHits = append(b.rep.PoolHits, PoolHits{Series: "burst", Hits: hits, Creates: b.set.Burst})
+		label := "no pool" + sd.label
+		if s.poolSize > 0 {
+			label = fmt.Sprintf("pool %d%s", b.set.PoolSize, sd.label)
+			b.rep.PoolHits = append(b.rep.PoolHits, PoolHits{Series: "burst" + sd.label, Hits: hits, Creates: b.set.Burst})
 		}
 		note := fmt.Sprintf("%d creates at once; all done in %.0f ms; %d served from the pool", b.set.Burst, ms(wall), hits)
 		if len(failed) > 0 {

@@ -85,7 +85,7 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
-	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle section alternates its rounds with a server of those (side by side)")
+	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle, suspended, create, burst, stream, recipe and runcode sections alternate their rounds with servers of those (side by side)")
 	baselineRunsc := flag.String("baseline-runsc", "", "with -baseline: the runsc its server uses (default: the same as the others'), to compare runsc builds with the same pandastack binaries")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
@@ -148,7 +148,10 @@ type bench struct {
 	// baseline runs another revision's binaries (-baseline), for the
 	// sections that compare revisions side by side; nil without.
 	baseline *server
-	rep      *Report
+	// baselineNoPool is the baseline's --pool-size 0 server (for the
+	// create and burst sections); nil without -baseline.
+	baselineNoPool *server
+	rep            *Report
 }
 
 func (b *bench) add(s Stat) {
@@ -205,6 +208,10 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 			return err
 		}
 		defer b.baseline.stop()
+		if b.baselineNoPool, err = startWarmServer(ctx, "baseline-no-pool", baselineBin, runsc, 0); err != nil {
+			return err
+		}
+		defer b.baselineNoPool.stop()
 		rep.Baseline = baselineBin
 	}
 	rep.Machine["other_gvisor_sandboxes_at_start"] = fmt.Sprint(otherSandboxes(pool.runscRoot, noPool.runscRoot))
@@ -252,6 +259,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 	rep.ServerProblems = append(pool.log.problems(), noPool.log.problems()...)
 	if b.baseline != nil {
 		rep.ServerProblems = append(rep.ServerProblems, b.baseline.log.problems()...)
+		rep.ServerProblems = append(rep.ServerProblems, b.baselineNoPool.log.problems()...)
 	}
 	if len(rep.ServerProblems) > 50 {
 		rep.ServerProblems = rep.ServerProblems[:50]

@@ -38,6 +38,7 @@ type fakeRuntime struct {
 	checkpointErr func(id string) error
 	restores      int             // Restore calls that succeeded
 	envSets       map[string]int  // POST /v1/env calls (a sandbox's setup), by sandbox
+	installs      int             // CA installs (the exec that writes caMarker)
 	noAgent       bool            // sandboxes boot with an agent that never answers
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 	// sparesHold, when set, makes the spares request signal sparesAsked
@@ -109,6 +110,14 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 		json.NewDecoder(req.Body).Decode(&er)
 		var out string
 		switch {
+		case strings.Contains(er.Cmd, " > "+caMarker):
+			// The CA setup: its last line writes the marker.
+			line := er.Cmd[strings.LastIndex(strings.TrimSuffix(er.Cmd, "\n"), "\n")+1:]
+			digest, _, _ := strings.Cut(strings.TrimPrefix(line, "echo "), " ")
+			r.mu.Lock()
+			b.vars["file:"+caMarker] = digest + "\n"
+			r.installs++
+			r.mu.Unlock()
 		case strings.HasPrefix(er.Cmd, "fail "):
 			w.WriteHeader(http.StatusBadRequest)
 			var eb agentproto.ErrorBody
@@ -140,6 +149,28 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 			enc.Encode(agentproto.ExecEvent{Type: "stdout", Data: []byte(out)})
 		}
 		enc.Encode(agentproto.ExecEvent{Type: "exit"})
+	})
+	// Files live among the variables, so checkpoints keep them.
+	mux.HandleFunc("GET /v1/files", func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		data, ok := b.vars["file:"+req.URL.Query().Get("path")]
+		r.mu.Unlock()
+		if !ok {
+			w.WriteHeader(http.StatusNotFound)
+			var eb agentproto.ErrorBody
+			eb.Error.Code, eb.Error.Message = pandastack.ENotFound, "no such file"
+			json.NewEncoder(w).Encode(eb)
+			return
+		}
+		io.WriteString(w, data)
+	})
+	mux.HandleFunc("PUT /v1/files", func(w http.ResponseWriter, req *http.Request) {
+		data, _ := io.ReadAll(req.Body)
+		p := req.URL.Query().Get("path")
+		r.mu.Lock()
+		b.vars["file:"+p] = string(data)
+		r.mu.Unlock()
+		json.NewEncoder(w).Encode(agentproto.FileInfo{Path: p, Size: int64(len(data))})
 	})
 	mux.HandleFunc("POST /v1/env", func(w http.ResponseWriter, _ *http.Request) {
 		r.mu.Lock()

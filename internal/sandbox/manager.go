@@ -39,6 +39,14 @@ type Config struct {
 	MaxFork          int           // the most children of one fork
 	PoolSize         int           // sandboxes of each warm template kept restored ahead of creates (0: none; never filled in)
 	IdleTimeout      time.Duration // idle timeout of a sandbox created without one (0: never; never filled in); see idle.go
+	// PoolMemoryMB is the memory pools may hold to follow demand: each
+	// keeps PoolSize ready and more while creates come faster (pool.go).
+	// 0: every pool keeps exactly PoolSize; never filled in.
+	PoolMemoryMB int
+	// MaxRestores is how many creates restore at once; more wait in
+	// line, first come first served (admit.go). 0: no limit; never
+	// filled in.
+	MaxRestores int
 
 	// Images keeps snapshots; nil means a local directory store on
 	// SnapshotDir (imagestore.Local).
@@ -62,6 +70,7 @@ func DefaultConfig() Config {
 		MaxFork:          16,
 		PoolSize:         2,
 		IdleTimeout:      300 * time.Second,
+		PoolMemoryMB:     1024,
 	}
 }
 
@@ -141,6 +150,9 @@ type Manager struct {
 	net   Network          // sandbox networking, or nil (network.go)
 	caPEM []byte           // certificates added to every sandbox's trust store (network.go)
 
+	caDigest string     // of caPEM, hex (network.go)
+	admit    *admission // the line of restores (admit.go)
+
 	suspending   atomic.Bool // idle suspends are under way (idle.go)
 	warmVerified sync.Map    // warm images checksummed already (warm.go)
 	node         nodeState   // the other nodes as of the last heartbeat (node.go)
@@ -158,7 +170,7 @@ func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Te
 	}
 	return &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
-		sbx: newTable(), stop: make(chan struct{}),
+		sbx: newTable(), stop: make(chan struct{}), admit: newAdmission(cfg.MaxRestores),
 	}
 }
 
@@ -335,7 +347,7 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	if err := m.validNetwork(req.Network); err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	p := plan{ttl: ttl, idle: idle, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume, network: req.Network}
+	p := plan{ttl: ttl, idle: idle, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume, network: req.Network, line: true}
 	if req.SnapshotID != "" {
 		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || req.DiskMB != 0 || len(req.Env) > 0 {
 			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory, disk and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
@@ -406,6 +418,7 @@ type plan struct {
 	env        map[string]string
 	autoResume bool
 	network    *pandastack.NetworkPolicy // nil: the default, or the sandbox's own on a resume
+	line       bool                      // wait in the admission line for the boot (admit.go)
 }
 
 // launch records a new sandbox, boots or restores it, and says hello.
@@ -423,6 +436,14 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	pd, pooledOK := m.fromPool(p)
 	if pooledOK {
 		sb.ID = pd.id
+	} else if p.line {
+		// In line before the record: a caller that gives up waiting
+		// leaves nothing behind.
+		release, err := m.admit.acquire(ctx, false)
+		if err != nil {
+			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "gave up waiting for a free restore slot (%d creates in line): %v", m.admit.waiting(), err)
+		}
+		defer release()
 	}
 	if err := m.sbx.begin(sb.ID, phaseCreating); err != nil {
 		if pooledOK {

@@ -370,7 +370,7 @@ func TestStartWarming(t *testing.T) {
 	if _, err := verifyImage(tpl.WarmImage, "warm"); err != nil {
 		t.Error(err)
 	}
-	if !strings.HasSuffix(tpl.WarmImage, "base-aaaaaaaaaaaaaaaa-bbbbbbbbbbbbbbbb") {
+	if !strings.HasSuffix(tpl.WarmImage, "base-aaaaaaaaaaaaaaaa-bbbbbbbbbbbbbbbb"+warmRevision) {
 		t.Errorf("warm image keyed as %s", tpl.WarmImage)
 	}
 }

@@ -2,9 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -27,29 +29,43 @@ type pooled struct {
 
 type pool struct {
 	tpl   Template
-	ready chan pooled
+	ready chan pooled // capacity: poolCeiling
 	kick  chan struct{}
+	size  *poolSizer
 	mu    sync.Mutex
 	ids   map[string]bool // the ready sandboxes, for stats
 
-	filling atomic.Bool  // a restore for the pool is under way
-	waiting atomic.Int32 // creates waiting for that restore
+	filling   atomic.Int32 // refills under way, in line for a slot or restoring
+	restoring atomic.Int32 // of which restoring
+	waiting   atomic.Int32 // creates waiting for one of those restoring
 }
+
+// poolCeiling bounds a pool whatever its memory budget.
+const poolCeiling = 64
+
+// maxRefills bounds a pool's refills under way: one per CPU, so that a
+// pool falling short by many after a burst does not restore them all at
+// once beside the burst's first cells.
+var maxRefills = runtime.NumCPU()
+
+// poolTick is how often a pool looks at its target without a claim (it
+// shrinks as the demand it saw fades).
+const poolTick = 5 * time.Second
 
 // PoolStats describes a template's pool for GET /v1/templates.
 type PoolStats struct {
 	Ready    int   `json:"ready"`
-	Size     int   `json:"size"`
+	Size     int   `json:"size"`      // the number it keeps ready now (adaptive with Config.PoolMemoryMB)
 	PSSBytes int64 `json:"pss_bytes"` // host memory the ready sandboxes hold
 }
 
 // EnablePool keeps size sandboxes of tpl (which must have a WarmImage)
-// restored and waiting. Call after Start.
+// restored and waiting, more while creates come faster if
+// Config.PoolMemoryMB gives a budget (poolSizer). Call after Start.
 func (m *Manager) EnablePool(tpl Template, size int) {
 	if size <= 0 || tpl.WarmImage == "" {
 		return
 	}
-	p := &pool{tpl: tpl, ready: make(chan pooled, size), kick: make(chan struct{}, 1), ids: map[string]bool{}}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopped() {
@@ -61,43 +77,118 @@ func (m *Manager) EnablePool(tpl Template, size int) {
 	if _, ok := m.pools[tpl.Name]; ok {
 		return
 	}
+	// The budget is shared by the pools alike; warm templates are few.
+	budget := float64(m.cfg.PoolMemoryMB) / float64(len(m.pools)+1)
+	for _, pl := range m.pools {
+		pl.size.mu.Lock()
+		pl.size.budgetMiB = budget
+		pl.size.mu.Unlock()
+	}
+	p := &pool{tpl: tpl, ready: make(chan pooled, max(poolCeiling, size)), kick: make(chan struct{}, 1), ids: map[string]bool{},
+		size: newPoolSizer(size, poolCeiling, budget)}
 	m.pools[tpl.Name] = p
 	m.wg.Add(1)
 	go m.fill(p)
 }
 
-// fill restores sandboxes into the pool until it is full, again after every
-// claim, until the manager closes.
+// fill keeps the pool at its target until the manager closes: it starts
+// restores (at most maxRefills at once, each in a background slot of the
+// admission line, so never ahead of a waiting create) while ready and
+// under way fall short, and stops surplus sandboxes once the target
+// shrinks. It acts on every claim, every finished refill and every
+// poolTick.
 func (m *Manager) fill(p *pool) {
 	defer m.wg.Done()
+	ctx, cancel := m.untilClose()
+	defer cancel()
+	var refills sync.WaitGroup
+	defer refills.Wait() // before Close drains the pool
+	failed := make(chan struct{}, 1)
+	t := time.NewTicker(poolTick)
+	defer t.Stop()
 	for {
-		for len(p.ready) < cap(p.ready) {
-			select {
-			case <-m.stop:
-				return
-			default:
-			}
-			p.filling.Store(true)
-			pd, err := m.restoreForPool(p.tpl)
-			p.filling.Store(false)
-			if err != nil {
-				m.log.Warn("pool restore failed; retrying in 5 s", "template", p.tpl.Name, "err", err)
-				select {
-				case <-m.stop:
+		target := p.size.target(m.now())
+		for int(p.filling.Load())+len(p.ready) < target && int(p.filling.Load()) < maxRefills {
+			p.filling.Add(1)
+			refills.Add(1)
+			go func() {
+				defer refills.Done()
+				ok := m.refill(ctx, p)
+				p.filling.Add(-1) // before the kick, which looks at it
+				if !ok {
+					select {
+					case failed <- struct{}{}:
+					default:
+					}
 					return
-				case <-time.After(5 * time.Second):
 				}
-				continue
-			}
-			p.mu.Lock()
-			p.ids[pd.id] = true
-			p.mu.Unlock()
-			p.ready <- pd
+				select {
+				case p.kick <- struct{}{}:
+				default:
+				}
+			}()
+		}
+		if surplus := len(p.ready) + int(p.filling.Load()) - target; surplus > 0 {
+			m.shrink(p, min(surplus, len(p.ready)))
 		}
 		select {
-		case <-m.stop:
+		case <-ctx.Done():
 			return
 		case <-p.kick:
+		case <-t.C:
+		case <-failed:
+			m.log.Warn("pool restore failed; retrying in 5 s", "template", p.tpl.Name)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(5 * time.Second):
+			}
+		}
+	}
+}
+
+// refill restores one sandbox into the pool; false if that failed.
+func (m *Manager) refill(ctx context.Context, p *pool) bool {
+	release, err := m.admit.acquire(ctx, true)
+	if err != nil {
+		return true // shutting down
+	}
+	start := m.now()
+	p.restoring.Add(1)
+	pd, err := m.restoreForPool(p.tpl)
+	release()
+	if err != nil {
+		p.restoring.Add(-1)
+		m.log.Warn("pool restore", "template", p.tpl.Name, "err", err)
+		return false
+	}
+	took := m.now().Sub(start)
+	p.mu.Lock()
+	p.ids[pd.id] = true
+	p.mu.Unlock()
+	p.ready <- pd       // never blocks: ready + filling stay within the target, at most its capacity
+	p.restoring.Add(-1) // after the push: a create waiting for it finds it
+	// Measured after the push, which it would delay (smaps of each process).
+	var pss int64
+	if st, err := m.rt.Stats(context.Background(), pd.id); err == nil {
+		pss = st.PSSBytes
+	}
+	p.size.refilled(took, pss)
+	return true
+}
+
+// shrink stops n ready sandboxes of the pool.
+func (m *Manager) shrink(p *pool, n int) {
+	for range n {
+		select {
+		case pd := <-p.ready:
+			p.mu.Lock()
+			delete(p.ids, pd.id)
+			p.mu.Unlock()
+			pd.client.Close()
+			m.rt.Stop(context.Background(), pd.id)
+		default:
+			return
 		}
 	}
 }
@@ -126,6 +217,11 @@ func (m *Manager) restoreForPool(tpl Template) (pooled, error) {
 		// first cell does not pay for the lazy restore.
 		err = client.TouchSpares(ctx)
 	}
+	if err == nil && !m.rt.Alive(id) {
+		// Also the claim's liveness check, done here: the first one of a
+		// sandbox asks runsc (a process; 40-130 ms of a claim, measured).
+		err = fmt.Errorf("pool sandbox %s died after its restore", id)
+	}
 	if err != nil {
 		if client != nil {
 			client.Close()
@@ -145,17 +241,22 @@ func (m *Manager) fromPool(p plan) (pooled, bool) {
 	if pl == nil || p.image != filepath.Join(pl.tpl.WarmImage, "image") || len(p.env) > 0 {
 		return pooled{}, false
 	}
+	pl.size.arrive(m.now())
+	defer func() {
+		select {
+		case pl.kick <- struct{}{}:
+		default:
+		}
+	}()
 	var pd pooled
 	select {
 	case pd = <-pl.ready:
 	default:
-		// Empty, but a restore for the pool is under way: for one create,
-		// waiting for it beats a restore of its own competing with it for
-		// the CPU. In a burst the others restore their own at once.
-		if !pl.filling.Load() {
-			return pooled{}, false
-		}
-		if pl.waiting.Add(1) > 1 {
+		// Empty, but restores for the pool are under way: for a create,
+		// waiting for one beats a restore of its own competing with it
+		// for the CPU. Creates beyond those restores restore their own
+		// (refills still in line wait for creates: none waits for them).
+		if pl.waiting.Add(1) > pl.restoring.Load() {
 			pl.waiting.Add(-1)
 			return pooled{}, false
 		}
@@ -169,10 +270,6 @@ func (m *Manager) fromPool(p plan) (pooled, bool) {
 	pl.mu.Lock()
 	delete(pl.ids, pd.id)
 	pl.mu.Unlock()
-	select {
-	case pl.kick <- struct{}{}:
-	default:
-	}
 	if !pd.client.Alive() || !m.rt.Alive(pd.id) {
 		pd.client.Close()
 		m.rt.Stop(context.Background(), pd.id)
@@ -213,7 +310,7 @@ func (m *Manager) Pools(ctx context.Context) map[string]PoolStats {
 	m.mu.Unlock()
 	out := map[string]PoolStats{}
 	for name, pl := range pools {
-		st := PoolStats{Size: cap(pl.ready)}
+		st := PoolStats{Size: pl.size.target(m.now())}
 		pl.mu.Lock()
 		ids := slices.Collect(maps.Keys(pl.ids))
 		pl.mu.Unlock()

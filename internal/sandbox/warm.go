@@ -93,10 +93,15 @@ func (m *Manager) verifyWarm(dir, what string) error {
 
 // WarmImageDir is where the warm image of a template build lives under
 // root: keyed by the spec's hash and the agent's build, since a restore
-// needs both as they were at checkpoint time.
+// needs both as they were at checkpoint time, and by warmRevision.
 func WarmImageDir(root, template, specHash, agentHash string) string {
-	return filepath.Join(root, template+"-"+short(specHash)+"-"+short(agentHash))
+	return filepath.Join(root, template+"-"+short(specHash)+"-"+short(agentHash)+warmRevision)
 }
+
+// warmRevision names what the manager itself puts into a warm image
+// besides the template and the agent; it changes when that does, so that
+// servers warm the template again. "-s2": the CA marker (caMarker).
+const warmRevision = "-s2"
 
 func short(h string) string { return h[:min(len(h), 16)] }
 
@@ -120,15 +125,8 @@ func (m *Manager) StartWarming(specs []WarmSpec) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := m.untilClose()
 		defer cancel()
-		go func() {
-			select {
-			case <-m.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
 		keep := map[string]bool{}
 		for _, s := range specs {
 			keep[filepath.Base(s.Template.WarmImage)] = true
@@ -171,6 +169,20 @@ func (m *Manager) removeStaleWarm(keep map[string]bool) {
 			m.log.Info("removed a stale warm template snapshot", "dir", e.Name())
 		}
 	}
+}
+
+// untilClose returns a context that Close cancels, for the manager's own
+// background work; call cancel when the work ends.
+func (m *Manager) untilClose() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-m.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }
 
 // stopped reports whether Close began. m.mu is held by callers that must

@@ -1,0 +1,122 @@
+package sandbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+func TestPoolSizer(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	if n := newPoolSizer(2, 64, 0).target(t0); n != 2 {
+		t.Fatalf("without a budget: %d, want the floor 2", n)
+	}
+	s := newPoolSizer(2, 64, 1024)
+	if n := s.target(t0); n != 2 {
+		t.Fatalf("no demand yet: %d, want 2", n)
+	}
+	s.refilled(500*time.Millisecond, 120<<20)
+	// One create every 10 s needs no more than the floor.
+	at := t0
+	for range 6 {
+		at = at.Add(10 * time.Second)
+		s.arrive(at)
+	}
+	if n := s.target(at); n != 2 {
+		t.Fatalf("a create every 10 s: %d, want 2", n)
+	}
+	// Back to back, 4 a second: the pool grows, within the budget.
+	for range 12 {
+		at = at.Add(250 * time.Millisecond)
+		s.arrive(at)
+	}
+	grown := s.target(at)
+	if grown <= 2 || grown > 1024/120 {
+		t.Fatalf("4 creates a second: %d, want more than 2 and at most %d", grown, 1024/120)
+	}
+	// It holds for a while, then falls back to the floor.
+	if n := s.target(at.Add(time.Minute)); n < 2 || n > grown {
+		t.Fatalf("a minute later: %d", n)
+	}
+	if n := s.target(at.Add(time.Hour)); n != 2 {
+		t.Fatalf("an hour later: %d, want the floor 2", n)
+	}
+	// A burst of 100 at once is capped by the budget, and by the ceiling.
+	for range 100 {
+		s.arrive(at.Add(time.Hour))
+	}
+	if n := s.target(at.Add(time.Hour)); n != 1024/120 {
+		t.Fatalf("after a burst: %d, want the budget's %d", n, 1024/120)
+	}
+	small := newPoolSizer(2, 3, 1<<20)
+	for range 100 {
+		small.arrive(t0)
+	}
+	if n := small.target(t0); n != 3 {
+		t.Fatalf("with a ceiling of 3: %d", n)
+	}
+	// A budget below the floor keeps the floor.
+	tight := newPoolSizer(2, 64, 100)
+	for range 100 {
+		tight.arrive(t0)
+	}
+	if n := tight.target(t0); n != 2 {
+		t.Fatalf("a budget for less than the floor: %d, want 2", n)
+	}
+}
+
+// With a memory budget the pool grows while creates come back to back,
+// serves them, and gives the surplus back once they stop.
+func TestAdaptivePool(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	clk := &clock{t: time.Now()}
+	h.m.now = clk.now
+	h.m.cfg.PoolMemoryMB = 4 // the fake's sandboxes hold 1 MiB each: at most 4
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
+	if err := h.m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
+		t.Fatal(err)
+	}
+	h.tpls.tpl = tpl
+	// A restore takes half a second of the clock.
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error { clk.advance(500 * time.Millisecond); return nil }
+	h.m.EnablePool(tpl, 1)
+	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
+	for range 8 {
+		clk.advance(200 * time.Millisecond)
+		sb := h.create()
+		if err := h.m.Kill(ctx, project, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each refill moves the clock, which moves the target a little: look
+	// again (as every claim and tick does) until the pool has caught up.
+	kick := func() {
+		select {
+		case h.m.pools["base"].kick <- struct{}{}:
+		default:
+		}
+	}
+	var st PoolStats
+	waitFor(t, func() bool {
+		kick()
+		st = h.m.Pools(ctx)["base"]
+		return st.Ready == st.Size && h.m.pools["base"].filling.Load() == 0
+	})
+	if st.Size < 2 || st.Size > 4 {
+		t.Fatalf("after 8 creates back to back the pool's size is %d, want 2 to 4 (the budget)", st.Size)
+	}
+	if n := len(h.rt.ids()); n != st.Size {
+		t.Fatalf("the runtime holds %d sandboxes, want the %d ready", n, st.Size)
+	}
+	// Demand gone for an hour: back to one, the rest stopped.
+	clk.advance(time.Hour)
+	kick()
+	waitFor(t, func() bool { return len(h.rt.ids()) == 1 })
+	if st := h.m.Pools(ctx)["base"]; st.Size != 1 || st.Ready != 1 {
+		t.Fatalf("an hour later: %+v, want size 1, ready 1", st)
+	}
+}

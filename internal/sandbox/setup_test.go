@@ -1,0 +1,41 @@
+package sandbox
+
+import (
+	"context"
+	"testing"
+)
+
+// A sandbox restored from an image that holds the server's certificates
+// (a warm image, a snapshot) is not set up again; one taken with other
+// certificates, or a cold boot, is.
+func TestSetupSkipsInstalledCA(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\nA\n"))
+	sb := h.create()
+	if n := h.rt.setups(sb.ID); n != 1 || h.rt.installs != 1 {
+		t.Fatalf("a cold boot was set up %d times (%d installs), want 1", n, h.rt.installs)
+	}
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := h.rt.setups(same.ID); n != 0 || h.rt.installs != 1 {
+		t.Fatalf("a restore with the certificates in place was set up %d times (%d installs in all), want 0", n, h.rt.installs)
+	}
+	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\nB\n"))
+	other, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := h.rt.setups(other.ID); n != 1 || h.rt.installs != 2 {
+		t.Fatalf("a restore with other certificates was set up %d times (%d installs in all), want 1", n, h.rt.installs)
+	}
+	if got, _ := h.exec(other.ID, "get file:"+caMarker); got != h.m.caDigest+"\n" {
+		t.Fatalf("marker after the new install: %q, want the new digest", got)
+	}
+}
