@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +30,11 @@ func (b *bench) forks(ctx context.Context) error {
 	counts := []int{1, 4, 8}
 	child := map[int][]float64{}
 	call := map[int][]float64{}
+	cpu := map[int][]float64{}              // each child's CPU until its answer
+	steps := map[int]map[string][]float64{} // the server's breakdown of each fork
+	for _, c := range counts {
+		steps[c] = map[string][]float64{}
+	}
 	for r := range b.set.Rounds {
 		for k := range counts {
 			count := counts[(r+k)%len(counts)]
@@ -41,7 +48,11 @@ func (b *bench) forks(ctx context.Context) error {
 				return fmt.Errorf("fork %d: %w", count, err)
 			}
 			call[count] = append(call[count], ms(time.Since(t0)))
+			for k, v := range forkSteps(s.log.String(), parent.ID) {
+				steps[count][k] = append(steps[count][k], v)
+			}
 			lat := make([]float64, len(kids))
+			used := make([]float64, len(kids))
 			errs := make([]error, len(kids))
 			var wg sync.WaitGroup
 			for i, kid := range kids {
@@ -50,6 +61,7 @@ func (b *bench) forks(ctx context.Context) error {
 					defer wg.Done()
 					errs[i] = expectText(ctx, s.c, kid.ID, "token", "'"+token+"'")
 					lat[i] = ms(time.Since(t0))
+					used[i] = sandboxCPU(kid.ID)
 				}()
 			}
 			wg.Wait()
@@ -67,6 +79,11 @@ func (b *bench) forks(ctx context.Context) error {
 				return fmt.Errorf("fork %d made %d children", count, len(kids))
 			}
 			child[count] = append(child[count], lat...)
+			for _, u := range used {
+				if u >= 0 {
+					cpu[count] = append(cpu[count], u)
+				}
+			}
 		}
 	}
 	for _, c := range counts {
@@ -77,7 +94,67 @@ func (b *bench) forks(ctx context.Context) error {
 	for _, c := range counts {
 		b.add(summarize("fork", fmt.Sprintf("fork %d: the fork request alone", c), "ms", call[c], "checkpoint of the parent + restore of every child"))
 	}
+	for _, c := range counts {
+		for _, st := range forkStepNames {
+			b.add(summarize("fork", fmt.Sprintf("  fork %d: %s", c, st.label), "ms", steps[c][st.key], "the server's log (sandbox forked)"))
+		}
+		b.add(summarize("fork", fmt.Sprintf("  fork %d: a child's CPU until its answer", c), "ms", cpu[c], "the child's cgroup (cpuacct): restore, hello, setup and the cell; less sensitive to a busy machine than the times"))
+	}
 	return nil
+}
+
+// forkStepNames are the keys of the server's "sandbox forked" log line.
+var forkStepNames = []struct{ key, label string }{
+	{"checkpoint_ms", "checkpoint of the parent"},
+	{"children_ms", "every child restored, wall"},
+	{"child_restore_ms", "a child's record, network and runsc restore"},
+	{"child_agent_ms", "a child's agent hello"},
+	{"child_setup_ms", "a child's setup (resolver, CA)"},
+	{"child_record_ms", "a child recorded running"},
+}
+
+// forkSteps reads the last "sandbox forked" line the server logged for
+// parent: its *_ms figures by key.
+func forkSteps(log, parent string) map[string]float64 {
+	lines := strings.Split(log, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := lines[i]
+		if !strings.Contains(l, `msg="sandbox forked"`) || !strings.Contains(l, "sandbox="+parent+" ") {
+			continue
+		}
+		out := map[string]float64{}
+		for _, f := range strings.Fields(l) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok || !strings.HasSuffix(k, "_ms") {
+				continue
+			}
+			if x, err := strconv.ParseFloat(v, 64); err == nil {
+				out[k] = x
+			}
+		}
+		return out
+	}
+	return nil
+}
+
+// sandboxCPU is the CPU time the sandbox's cgroup used so far, in ms
+// (cgroup v1 cpuacct, or v2 cpu.stat), or -1.
+func sandboxCPU(id string) float64 {
+	if b, err := os.ReadFile("/sys/fs/cgroup/cpuacct/pandastack/" + id + "/cpuacct.usage"); err == nil {
+		if n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil {
+			return float64(n) / 1e6
+		}
+	}
+	if b, err := os.ReadFile("/sys/fs/cgroup/pandastack/" + id + "/cpu.stat"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, " "); ok && k == "usage_usec" {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					return float64(n) / 1e3
+				}
+			}
+		}
+	}
+	return -1
 }
 
 func randomToken() string {

@@ -419,6 +419,7 @@ type plan struct {
 	autoResume bool
 	network    *pandastack.NetworkPolicy // nil: the default, or the sandbox's own on a resume
 	line       bool                      // wait in the admission line for the boot (admit.go)
+	steps      *resumeSteps              // times the boot's steps (a fork's children), or nil
 }
 
 // launch records a new sandbox, boots or restores it, and says hello.
@@ -494,11 +495,16 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	} else {
 		rwc, err = m.rt.Start(startCtx, spec)
 	}
+	p.steps.done("restore_ms")
 	if err == nil {
 		var client *AgentClient
 		if client, err = dialAgent(startCtx, sb.ID, rwc, p.image != ""); err == nil {
+			p.steps.done("agent_ms")
 			if err = m.setupSandbox(startCtx, client); err == nil {
-				return m.started(ctx, sb, client)
+				p.steps.done("setup_ms")
+				out, err := m.started(ctx, sb, client)
+				p.steps.done("record_ms")
+				return out, err
 			}
 			client.Close()
 		}

@@ -73,9 +73,22 @@ func newResumeSteps() *resumeSteps {
 
 // done ends the step named step (its key in the log, e.g. "restore_ms").
 func (s *resumeSteps) done(step string) {
+	if s == nil {
+		return
+	}
 	now := time.Now()
 	s.attrs = append(s.attrs, step, msSince(s.last, now))
 	s.last = now
+}
+
+// get returns the time of a step that is done.
+func (s *resumeSteps) get(step string) (float64, bool) {
+	for i := 0; i+1 < len(s.attrs); i += 2 {
+		if s.attrs[i] == step {
+			return s.attrs[i+1].(float64), true
+		}
+	}
+	return 0, false
 }
 
 func (s *resumeSteps) log(log *slog.Logger, id string, own bool) {
@@ -100,16 +113,5 @@ func (m *Manager) discardPaused(id string) {
 		os.RemoveAll(dir)
 		return
 	}
-	m.mu.Lock()
-	if m.stopped() {
-		m.mu.Unlock()
-		os.RemoveAll(trash)
-		return
-	}
-	m.wg.Add(1)
-	m.mu.Unlock()
-	go func() {
-		defer m.wg.Done()
-		os.RemoveAll(trash)
-	}()
+	m.removeLater(trash)
 }

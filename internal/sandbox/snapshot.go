@@ -6,7 +6,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -108,76 +107,6 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
 	return m.store.DeleteSnapshot(ctx, id)
-}
-
-// Fork makes count independent copies of a running sandbox, each starting
-// from its state at this instant. The parent keeps running.
-func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttlSeconds *int64, metadata map[string]string) ([]pandastack.Sandbox, error) {
-	if count < 1 || count > m.cfg.MaxFork {
-		return nil, pandastack.Errorf(pandastack.EInvalid, "count must be between 1 and %d, got %d", m.cfg.MaxFork, count)
-	}
-	ttl, err := m.ttl(ttlSeconds)
-	if err != nil {
-		return nil, err
-	}
-	sb, err := m.usable(ctx, projectID, id)
-	if err != nil {
-		return nil, err
-	}
-	if metadata == nil {
-		metadata = sb.Metadata
-	}
-	if err := ValidateMetadata(metadata); err != nil {
-		return nil, err
-	}
-	if err := m.sbx.quiesce(id, phaseCheckpointing, "fork it"); err != nil {
-		return nil, err
-	}
-	// A fork's image lives only until its children run, in this process:
-	// no manifest or checksums, which would add a pass over every byte.
-	rootfs, err := m.rootfs(ctx, sb)
-	if err != nil {
-		m.sbx.settle(id)
-		return nil, err
-	}
-	img := filepath.Join(m.cfg.SnapshotDir, ".fork-"+pandastack.NewID("f"))
-	err = os.MkdirAll(img, 0o700)
-	if err == nil {
-		err = m.rt.Checkpoint(context.WithoutCancel(ctx), id, img, true)
-	}
-	m.sbx.settle(id)
-	defer os.RemoveAll(img) // restored children keep their open image files
-	if err != nil {
-		return nil, fmt.Errorf("fork %s: %w", id, storageError(err, checkpointOutcome))
-	}
-
-	kids := make([]pandastack.Sandbox, count)
-	errs := make([]error, count)
-	var wg sync.WaitGroup
-	for i := range count {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			kids[i], errs[i] = m.launch(ctx, projectID, plan{
-				template: sb.Template, rootfs: rootfs, image: img,
-				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
-				idle:    time.Duration(sb.IdleTimeoutSeconds) * time.Second,
-				network: m.networkOf(id), // each child its own address, the parent's policy
-			})
-		}()
-	}
-	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			for _, k := range kids {
-				if k.ID != "" {
-					m.Kill(context.Background(), projectID, k.ID)
-				}
-			}
-			return nil, fmt.Errorf("fork %s: %w", id, err)
-		}
-	}
-	return kids, nil
 }
 
 // Pause checkpoints a running sandbox to disk and frees its memory and CPU.

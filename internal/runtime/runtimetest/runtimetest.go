@@ -486,6 +486,10 @@ func testPauseResume(t *testing.T, env Env) {
 		t.Fatal(err)
 	}
 	assertGone(t, rt, id)
+	// A checkpoint of a sandbox that is gone fails saying so.
+	if err := rt.Checkpoint(ctx, id, t.TempDir(), true); !pandastack.IsCode(err, pandastack.ENotFound) && !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Fatalf("checkpoint of a paused sandbox: %v, want not_found or unavailable", err)
+	}
 	rwc2, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS}, img)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,28 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"testing"
+)
+
+// A fork that works leaves its image for the background to delete: gone
+// once the manager closes, and the children keep what it held.
+func TestForkImageRemoved(t *testing.T) {
+	h := newHarness(t)
+	parent := h.create()
+	h.exec(parent.ID, "set v=parent")
+	kids, err := h.m.Fork(context.Background(), project, parent.ID, 3, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids {
+		if out, err := h.exec(k.ID, "get v"); err != nil || out != "parent" {
+			t.Fatalf("child %s: %q %v", k.ID, out, err)
+		}
+	}
+	h.m.Close()
+	if ents, _ := os.ReadDir(h.m.cfg.SnapshotDir); len(ents) != 0 {
+		t.Fatalf("fork left %v in the snapshot dir", ents)
+	}
+}
