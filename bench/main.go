@@ -82,7 +82,7 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
-	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle section alternates its rounds with a server of those (side by side)")
+	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle and stream sections alternate their rounds with a server of those (side by side)")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))

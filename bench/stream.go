@@ -19,6 +19,8 @@ import (
 // as binary frames (application/vnd.pandastack.stream), against the same
 // command through `runsc exec` with its stdout read by this process, and on
 // the host without any sandbox. Rounds alternate the order of the four.
+// With -baseline, the two API forms on the other revision's server join
+// the rotation: a before/after comparison side by side.
 func (b *bench) streamExec(ctx context.Context) error {
 	sb, err := b.pool.create(ctx, "base")
 	if err != nil {
@@ -27,27 +29,31 @@ func (b *bench) streamExec(ctx context.Context) error {
 	defer b.pool.kill(sb.ID)
 	size := int64(b.set.StreamMB) << 20
 	cmd := fmt.Sprintf("yes | head -c %d", size)
-	c := b.pool.c
 	req := client.ExecRequest{Cmd: cmd, TimeoutSeconds: 900}
 	rate := func(n int64, d time.Duration) float64 { return float64(n) / 1e6 / d.Seconds() }
 
-	binary := func() (float64, error) {
-		var n countingWriter
-		t0 := time.Now()
-		res, err := c.ExecPipe(ctx, sb.ID, req, &n, nil)
-		if err == nil && (res.ExitCode != 0 || int64(n) != size) {
-			err = fmt.Errorf("binary stream: exit %d, %d bytes of %d", res.ExitCode, n, size)
+	binaryOn := func(s *server, id string) func() (float64, error) {
+		return func() (float64, error) {
+			var n countingWriter
+			t0 := time.Now()
+			res, err := s.c.ExecPipe(ctx, id, req, &n, nil)
+			if err == nil && (res.ExitCode != 0 || int64(n) != size) {
+				err = fmt.Errorf("binary stream: exit %d, %d bytes of %d", res.ExitCode, n, size)
+			}
+			return rate(int64(n), time.Since(t0)), err
 		}
-		return rate(int64(n), time.Since(t0)), err
 	}
-	ndjson := func() (float64, error) {
-		t0 := time.Now()
-		n, err := b.execNDJSON(ctx, sb.ID, req)
-		if err == nil && n != size {
-			err = fmt.Errorf("ndjson stream: %d bytes of %d", n, size)
+	ndjsonOn := func(s *server, id string) func() (float64, error) {
+		return func() (float64, error) {
+			t0 := time.Now()
+			n, err := execNDJSON(ctx, s, id, req)
+			if err == nil && n != size {
+				err = fmt.Errorf("ndjson stream: %d bytes of %d", n, size)
+			}
+			return rate(n, time.Since(t0)), err
 		}
-		return rate(n, time.Since(t0)), err
 	}
+	binary, ndjson := binaryOn(b.pool, sb.ID), ndjsonOn(b.pool, sb.ID)
 	pipe := func(name string, args ...string) func() (float64, error) {
 		return func() (float64, error) {
 			var n countingWriter
@@ -65,6 +71,14 @@ func (b *bench) streamExec(ctx context.Context) error {
 	host := pipe("/bin/sh", "-c", cmd)
 
 	ways := []func() (float64, error){ndjson, binary, runsc, host}
+	if b.baseline != nil {
+		old, err := b.baseline.create(ctx, "base")
+		if err != nil {
+			return err
+		}
+		defer b.baseline.kill(old.ID)
+		ways = append(ways, ndjsonOn(b.baseline, old.ID), binaryOn(b.baseline, old.ID))
+	}
 	got := make([][]float64, len(ways))
 	for i := range b.set.Rounds {
 		for j := range ways {
@@ -82,18 +96,22 @@ func (b *bench) streamExec(ctx context.Context) error {
 		withTarget(100, 0, "issue 13"))
 	b.add(summarizeRate("stream", "exec output via runsc exec", "MB/s", got[2], mb+"; baseline: runsc exec's stdout read by the bench"))
 	b.add(summarizeRate("stream", "exec output on the host", "MB/s", got[3], mb+"; baseline: the same command without a sandbox"))
+	if b.baseline != nil {
+		b.add(summarizeRate("stream", "baseline (-baseline): exec output via API, NDJSON", "MB/s", got[4], mb+"; the other revision's server, in the same rotation"))
+		b.add(summarizeRate("stream", "baseline (-baseline): exec output via API, binary frames", "MB/s", got[5], mb+"; the other revision's server, in the same rotation"))
+	}
 	return nil
 }
 
-// execNDJSON streams an exec as NDJSON and decodes every line, as a client
-// must; it returns the output bytes seen.
-func (b *bench) execNDJSON(ctx context.Context, id string, req client.ExecRequest) (int64, error) {
+// execNDJSON streams an exec on s as NDJSON and decodes every line, as a
+// client must; it returns the output bytes seen.
+func execNDJSON(ctx context.Context, s *server, id string, req client.ExecRequest) (int64, error) {
 	body, _ := json.Marshal(req)
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, b.pool.url+"/v1/sandboxes/"+id+"/exec", bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url+"/v1/sandboxes/"+id+"/exec", bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
-	hreq.Header.Set("Authorization", "Bearer "+b.pool.key)
+	hreq.Header.Set("Authorization", "Bearer "+s.key)
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "application/x-ndjson")
 	resp, err := http.DefaultClient.Do(hreq)
