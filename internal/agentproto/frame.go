@@ -41,13 +41,15 @@ type frame struct {
 
 // frameReader parses frames, resynchronising on the magic after garbage.
 type frameReader struct {
-	r *bufio.Reader
+	r   *bufio.Reader
+	buf []byte // the last frame's payload, reused
 }
 
 func newFrameReader(r io.Reader) *frameReader {
 	return &frameReader{r: bufio.NewReaderSize(r, maxFramePayload+headerSize)}
 }
 
+// next returns the next frame; its payload is valid until the next call.
 func (fr *frameReader) next() (frame, error) {
 	for {
 		hdr, err := fr.r.Peek(headerSize)
@@ -65,7 +67,10 @@ func (fr *frameReader) next() (frame, error) {
 			continue
 		}
 		fr.r.Discard(headerSize)
-		p := make([]byte, n)
+		if fr.buf == nil {
+			fr.buf = make([]byte, maxFramePayload)
+		}
+		p := fr.buf[:n]
 		if _, err := io.ReadFull(fr.r, p); err != nil {
 			return frame{}, err
 		}
@@ -151,7 +156,7 @@ func (c *hostConn) Read(p []byte) (int, error) {
 			return 0, err
 		}
 		if f.epoch == c.epoch {
-			c.rest = f.payload
+			c.rest = f.payload // fr's buffer: drained before the next frame
 		}
 	}
 	n := copy(p, c.rest)

@@ -1,6 +1,7 @@
 package agentproto
 
 import (
+	"bytes"
 	"encoding/binary"
 	"io"
 	"testing"
@@ -85,7 +86,7 @@ func TestAgentSendsDataHeaderWithItsBody(t *testing.T) {
 				close(frames)
 				return
 			}
-			frames <- f.payload
+			frames <- bytes.Clone(f.payload) // valid until the next call
 		}
 	}()
 	agent := <-sessions
