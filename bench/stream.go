@@ -8,7 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack/client"
@@ -32,28 +36,41 @@ func (b *bench) streamExec(ctx context.Context) error {
 	req := client.ExecRequest{Cmd: cmd, TimeoutSeconds: 900}
 	rate := func(n int64, d time.Duration) float64 { return float64(n) / 1e6 / d.Seconds() }
 
-	binaryOn := func(s *server, id string) func() (float64, error) {
+	// CPU seconds per GiB of each API series: on a machine others load,
+	// the rate follows the CPU share we get, the CPU spent per byte does not.
+	cpu := map[string][]float64{}
+	metered := func(name string, s *server, id string, f func() (int64, error)) func() (float64, error) {
 		return func() (float64, error) {
-			var n countingWriter
+			c0 := cpuUsed(s, id)
 			t0 := time.Now()
+			n, err := f()
+			d := time.Since(t0)
+			if c := cpuUsed(s, id) - c0; c > 0 && n > 0 {
+				cpu[name] = append(cpu[name], c.Seconds()/(float64(n)/(1<<30)))
+			}
+			return rate(n, d), err
+		}
+	}
+	binaryOn := func(name string, s *server, id string) func() (float64, error) {
+		return metered(name, s, id, func() (int64, error) {
+			var n countingWriter
 			res, err := s.c.ExecPipe(ctx, id, req, &n, nil)
 			if err == nil && (res.ExitCode != 0 || int64(n) != size) {
 				err = fmt.Errorf("binary stream: exit %d, %d bytes of %d", res.ExitCode, n, size)
 			}
-			return rate(int64(n), time.Since(t0)), err
-		}
+			return int64(n), err
+		})
 	}
-	ndjsonOn := func(s *server, id string) func() (float64, error) {
-		return func() (float64, error) {
-			t0 := time.Now()
+	ndjsonOn := func(name string, s *server, id string) func() (float64, error) {
+		return metered(name, s, id, func() (int64, error) {
 			n, err := execNDJSON(ctx, s, id, req)
 			if err == nil && n != size {
 				err = fmt.Errorf("ndjson stream: %d bytes of %d", n, size)
 			}
-			return rate(n, time.Since(t0)), err
-		}
+			return n, err
+		})
 	}
-	binary, ndjson := binaryOn(b.pool, sb.ID), ndjsonOn(b.pool, sb.ID)
+	binary, ndjson := binaryOn("binary", b.pool, sb.ID), ndjsonOn("ndjson", b.pool, sb.ID)
 	pipe := func(name string, args ...string) func() (float64, error) {
 		return func() (float64, error) {
 			var n countingWriter
@@ -77,7 +94,7 @@ func (b *bench) streamExec(ctx context.Context) error {
 			return err
 		}
 		defer b.baseline.kill(old.ID)
-		ways = append(ways, ndjsonOn(b.baseline, old.ID), binaryOn(b.baseline, old.ID))
+		ways = append(ways, ndjsonOn("baseline ndjson", b.baseline, old.ID), binaryOn("baseline binary", b.baseline, old.ID))
 	}
 	got := make([][]float64, len(ways))
 	for i := range b.set.Rounds {
@@ -100,7 +117,63 @@ func (b *bench) streamExec(ctx context.Context) error {
 		b.add(summarizeRate("stream", "baseline (-baseline): exec output via API, NDJSON", "MB/s", got[4], mb+"; the other revision's server, in the same rotation"))
 		b.add(summarizeRate("stream", "baseline (-baseline): exec output via API, binary frames", "MB/s", got[5], mb+"; the other revision's server, in the same rotation"))
 	}
+	for _, w := range []struct{ key, name string }{
+		{"ndjson", "NDJSON"}, {"binary", "binary frames"},
+		{"baseline ndjson", "baseline (-baseline): NDJSON"}, {"baseline binary", "baseline (-baseline): binary frames"},
+	} {
+		if xs := cpu[w.key]; len(xs) > 0 {
+			b.add(summarize("stream", "exec output via API, "+w.name+": CPU per GiB", "s", xs,
+				"CPU seconds the server process and the sandbox's cgroup (sentry, gofer, agent, the command) spent per GiB streamed; less is better"))
+		}
+	}
 	return nil
+}
+
+// cpuUsed is the CPU time spent so far by the server s and by sandbox id:
+// the server process's user and system time, and the cpuacct (cgroup v1)
+// or cpu.stat (v2) usage of the sandbox's cgroup, which holds the sentry,
+// the gofer and the processes gVisor runs for the sandbox's threads. Zero
+// when it cannot be read.
+func cpuUsed(s *server, id string) time.Duration {
+	var total time.Duration
+	if s.cmd != nil && s.cmd.Process != nil {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+		// Fields after the command name, which ends with ')': utime and
+		// stime are the 12th and 13th, in clock ticks (100 a second).
+		if i := bytes.LastIndexByte(b, ')'); i > 0 {
+			if f := strings.Fields(string(b[i+1:])); len(f) > 12 {
+				ut, _ := strconv.ParseInt(f[11], 10, 64)
+				st, _ := strconv.ParseInt(f[12], 10, 64)
+				total += time.Duration(ut+st) * 10 * time.Millisecond
+			}
+		}
+	}
+	pids := sandboxPIDs(s.runscRoot)[id]
+	if len(pids) == 0 {
+		return total
+	}
+	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pids[0]))
+	for _, l := range strings.Split(string(cg), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		switch {
+		case slices.Contains(strings.Split(f[1], ","), "cpuacct"):
+			b, _ := os.ReadFile("/sys/fs/cgroup/cpuacct" + f[2] + "/cpuacct.usage")
+			ns, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			return total + time.Duration(ns)
+		case f[0] == "0" && f[1] == "" && f[2] != "/":
+			b, _ := os.ReadFile("/sys/fs/cgroup" + f[2] + "/cpu.stat")
+			for _, l := range strings.Split(string(b), "\n") {
+				if us, ok := strings.CutPrefix(l, "usage_usec "); ok {
+					n, _ := strconv.ParseInt(us, 10, 64)
+					return total + time.Duration(n)*time.Microsecond
+				}
+			}
+		}
+	}
+	return total
 }
 
 // execNDJSON streams an exec on s as NDJSON and decodes every line, as a
