@@ -2,6 +2,7 @@ package agent
 
 import (
 	"io"
+	"slices"
 	"sync"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -53,15 +54,20 @@ func (q *outputQueue) push(typ string, p []byte) {
 	for len(p) > 0 {
 		last := len(q.events) - 1
 		if last >= 0 && q.events[last].Type == typ && len(q.events[last].Data) < outputBatch {
-			n := min(len(p), outputBatch-len(q.events[last].Data))
-			q.events[last].Data = append(q.events[last].Data, p[:n]...)
+			ev := &q.events[last]
+			n := min(len(p), outputBatch-len(ev.Data))
+			if cap(ev.Data)-len(ev.Data) < n {
+				// A second read merges: more is likely on its way, so
+				// make room for a whole batch at once, not by doublings.
+				ev.Data = slices.Grow(ev.Data, outputBatch-len(ev.Data))
+			}
+			ev.Data = append(ev.Data, p[:n]...)
 			q.size += n
 			p = p[n:]
 			continue
 		}
 		n := min(len(p), outputBatch)
-		data := make([]byte, n, max(n, min(2*n, outputBatch)))
-		copy(data, p)
+		data := append([]byte(nil), p[:n]...)
 		q.events = append(q.events, agentproto.ExecEvent{Type: typ, Data: data})
 		q.size += n
 		p = p[n:]
