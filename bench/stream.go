@@ -8,7 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack/client"
@@ -19,6 +23,8 @@ import (
 // as binary frames (application/vnd.pandastack.stream), against the same
 // command through `runsc exec` with its stdout read by this process, and on
 // the host without any sandbox. Rounds alternate the order of the four.
+// With -baseline, the two API forms on the other revision's server join
+// the rotation: a before/after comparison side by side.
 func (b *bench) streamExec(ctx context.Context) error {
 	sb, err := b.pool.create(ctx, "base")
 	if err != nil {
@@ -27,44 +33,78 @@ func (b *bench) streamExec(ctx context.Context) error {
 	defer b.pool.kill(sb.ID)
 	size := int64(b.set.StreamMB) << 20
 	cmd := fmt.Sprintf("yes | head -c %d", size)
-	c := b.pool.c
 	req := client.ExecRequest{Cmd: cmd, TimeoutSeconds: 900}
 	rate := func(n int64, d time.Duration) float64 { return float64(n) / 1e6 / d.Seconds() }
 
-	binary := func() (float64, error) {
-		var n countingWriter
-		t0 := time.Now()
-		res, err := c.ExecPipe(ctx, sb.ID, req, &n, nil)
-		if err == nil && (res.ExitCode != 0 || int64(n) != size) {
-			err = fmt.Errorf("binary stream: exit %d, %d bytes of %d", res.ExitCode, n, size)
-		}
-		return rate(int64(n), time.Since(t0)), err
-	}
-	ndjson := func() (float64, error) {
-		t0 := time.Now()
-		n, err := b.execNDJSON(ctx, sb.ID, req)
-		if err == nil && n != size {
-			err = fmt.Errorf("ndjson stream: %d bytes of %d", n, size)
-		}
-		return rate(n, time.Since(t0)), err
-	}
-	pipe := func(name string, args ...string) func() (float64, error) {
+	// CPU seconds per GiB of each API series: on a machine others load,
+	// the rate follows the CPU share we get, the CPU spent per byte does not.
+	cpu := map[string][]float64{}
+	timed := func(f func() (int64, error)) func() (float64, error) {
 		return func() (float64, error) {
-			var n countingWriter
 			t0 := time.Now()
+			n, err := f()
+			return rate(n, time.Since(t0)), err
+		}
+	}
+	metered := func(name string, s *server, id string, f func() (int64, error)) func() (float64, error) {
+		return func() (float64, error) {
+			c0 := cpuUsed(s, id)
+			t0 := time.Now()
+			n, err := f()
+			d := time.Since(t0)
+			if c := cpuUsed(s, id) - c0; c > 0 && n > 0 {
+				cpu[name] = append(cpu[name], c.Seconds()/(float64(n)/(1<<30)))
+			}
+			return rate(n, d), err
+		}
+	}
+	binaryOn := func(name string, s *server, id string) func() (float64, error) {
+		return metered(name, s, id, func() (int64, error) {
+			var n countingWriter
+			res, err := s.c.ExecPipe(ctx, id, req, &n, nil)
+			if err == nil && (res.ExitCode != 0 || int64(n) != size) {
+				err = fmt.Errorf("binary stream: exit %d, %d bytes of %d", res.ExitCode, n, size)
+			}
+			return int64(n), err
+		})
+	}
+	ndjsonOn := func(name string, s *server, id string) func() (float64, error) {
+		return metered(name, s, id, func() (int64, error) {
+			n, err := execNDJSON(ctx, s, id, req)
+			if err == nil && n != size {
+				err = fmt.Errorf("ndjson stream: %d bytes of %d", n, size)
+			}
+			return n, err
+		})
+	}
+	binary, ndjson := binaryOn("binary", b.pool, sb.ID), ndjsonOn("ndjson", b.pool, sb.ID)
+	pipe := func(name string, args ...string) func() (int64, error) {
+		return func() (int64, error) {
+			var n countingWriter
 			x := exec.CommandContext(ctx, name, args...)
 			x.Stdout = &n
 			err := x.Run()
 			if err == nil && int64(n) != size {
 				err = fmt.Errorf("%s: %d bytes of %d", name, n, size)
 			}
-			return rate(int64(n), time.Since(t0)), err
+			return int64(n), err
 		}
 	}
-	runsc := pipe(b.pool.runsc, "--root="+b.pool.runscRoot, "exec", "--user=1000:1000", sb.ID, "/bin/sh", "-c", cmd)
-	host := pipe("/bin/sh", "-c", cmd)
+	// runsc exec's CPU: the sandbox's cgroup (the command in gVisor, with
+	// no agent in the way) and the idle server; the runsc exec process
+	// itself is not counted.
+	runsc := metered("runsc", b.pool, sb.ID, pipe(b.pool.runsc, "--root="+b.pool.runscRoot, "exec", "--user=1000:1000", sb.ID, "/bin/sh", "-c", cmd))
+	host := timed(pipe("/bin/sh", "-c", cmd))
 
 	ways := []func() (float64, error){ndjson, binary, runsc, host}
+	if b.baseline != nil {
+		old, err := b.baseline.create(ctx, "base")
+		if err != nil {
+			return err
+		}
+		defer b.baseline.kill(old.ID)
+		ways = append(ways, ndjsonOn("baseline ndjson", b.baseline, old.ID), binaryOn("baseline binary", b.baseline, old.ID))
+	}
 	got := make([][]float64, len(ways))
 	for i := range b.set.Rounds {
 		for j := range ways {
@@ -82,18 +122,80 @@ func (b *bench) streamExec(ctx context.Context) error {
 		withTarget(100, 0, "issue 13"))
 	b.add(summarizeRate("stream", "exec output via runsc exec", "MB/s", got[2], mb+"; baseline: runsc exec's stdout read by the bench"))
 	b.add(summarizeRate("stream", "exec output on the host", "MB/s", got[3], mb+"; baseline: the same command without a sandbox"))
+	if b.baseline != nil {
+		b.add(summarizeRate("stream", "baseline (-baseline): exec output via API, NDJSON", "MB/s", got[4], mb+"; the other revision's server, in the same rotation"))
+		b.add(summarizeRate("stream", "baseline (-baseline): exec output via API, binary frames", "MB/s", got[5], mb+"; the other revision's server, in the same rotation"))
+	}
+	for _, w := range []struct{ key, name string }{
+		{"ndjson", "exec output via API, NDJSON"}, {"binary", "exec output via API, binary frames"},
+		{"runsc", "exec output via runsc exec"},
+		{"baseline ndjson", "baseline (-baseline): exec output via API, NDJSON"},
+		{"baseline binary", "baseline (-baseline): exec output via API, binary frames"},
+	} {
+		if xs := cpu[w.key]; len(xs) > 0 {
+			b.add(summarize("stream", w.name+": CPU per GiB", "s", xs,
+				"CPU seconds the server process and the sandbox's cgroup (sentry, gofer, agent, the command) spent per GiB streamed; less is better"))
+		}
+	}
 	return nil
 }
 
-// execNDJSON streams an exec as NDJSON and decodes every line, as a client
-// must; it returns the output bytes seen.
-func (b *bench) execNDJSON(ctx context.Context, id string, req client.ExecRequest) (int64, error) {
+// cpuUsed is the CPU time spent so far by the server s and by sandbox id:
+// the server process's user and system time, and the cpuacct (cgroup v1)
+// or cpu.stat (v2) usage of the sandbox's cgroup, which holds the sentry,
+// the gofer and the processes gVisor runs for the sandbox's threads. Zero
+// when it cannot be read.
+func cpuUsed(s *server, id string) time.Duration {
+	var total time.Duration
+	if s.cmd != nil && s.cmd.Process != nil {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+		// Fields after the command name, which ends with ')': utime and
+		// stime are the 12th and 13th, in clock ticks (100 a second).
+		if i := bytes.LastIndexByte(b, ')'); i > 0 {
+			if f := strings.Fields(string(b[i+1:])); len(f) > 12 {
+				ut, _ := strconv.ParseInt(f[11], 10, 64)
+				st, _ := strconv.ParseInt(f[12], 10, 64)
+				total += time.Duration(ut+st) * 10 * time.Millisecond
+			}
+		}
+	}
+	pids := sandboxPIDs(s.runscRoot)[id]
+	if len(pids) == 0 {
+		return total
+	}
+	cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pids[0]))
+	for _, l := range strings.Split(string(cg), "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		switch {
+		case slices.Contains(strings.Split(f[1], ","), "cpuacct"):
+			b, _ := os.ReadFile("/sys/fs/cgroup/cpuacct" + f[2] + "/cpuacct.usage")
+			ns, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			return total + time.Duration(ns)
+		case f[0] == "0" && f[1] == "" && f[2] != "/":
+			b, _ := os.ReadFile("/sys/fs/cgroup" + f[2] + "/cpu.stat")
+			for _, l := range strings.Split(string(b), "\n") {
+				if us, ok := strings.CutPrefix(l, "usage_usec "); ok {
+					n, _ := strconv.ParseInt(us, 10, 64)
+					return total + time.Duration(n)*time.Microsecond
+				}
+			}
+		}
+	}
+	return total
+}
+
+// execNDJSON streams an exec on s as NDJSON and decodes every line, as a
+// client must; it returns the output bytes seen.
+func execNDJSON(ctx context.Context, s *server, id string, req client.ExecRequest) (int64, error) {
 	body, _ := json.Marshal(req)
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, b.pool.url+"/v1/sandboxes/"+id+"/exec", bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url+"/v1/sandboxes/"+id+"/exec", bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
-	hreq.Header.Set("Authorization", "Bearer "+b.pool.key)
+	hreq.Header.Set("Authorization", "Bearer "+s.key)
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "application/x-ndjson")
 	resp, err := http.DefaultClient.Do(hreq)

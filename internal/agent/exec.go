@@ -293,13 +293,13 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		inW.Close()
 	}()
 
-	events := make(chan agentproto.ExecEvent)
+	out := newOutputQueue()
 	var wg sync.WaitGroup
 	for _, p := range []struct {
 		typ string
 		f   *os.File
 	}{{"stdout", outR}, {"stderr", errR}} {
-		wg.Go(func() { readChunks(p.f, p.typ, func(ev agentproto.ExecEvent) { events <- ev }) })
+		wg.Go(func() { out.read(p.f, p.typ) })
 	}
 	readersDone := make(chan struct{})
 	go func() {
@@ -310,9 +310,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	rc := http.NewResponseController(w)
 	encode := execEncoder(w, r)
 	w.WriteHeader(http.StatusOK)
-	send := func(ev agentproto.ExecEvent) error {
-		if err := encode(ev); err != nil {
-			return err
+	send := func(evs ...agentproto.ExecEvent) error {
+		for _, ev := range evs {
+			if err := encode(ev); err != nil {
+				return err
+			}
 		}
 		return rc.Flush()
 	}
@@ -353,15 +355,20 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		}
 	})
 	defer stopWatch()
+	// deliver writes the waiting output, all of it before one flush.
+	deliver := func() {
+		if evs := out.take(); len(evs) > 0 && !broken && send(evs...) != nil {
+			broken = true
+			kill()
+		}
+	}
 	for !exited || readersDone != nil {
 		select {
-		case ev := <-events:
-			if !broken && send(ev) != nil {
-				broken = true
-				kill()
-			}
+		case <-out.ready:
+			deliver()
 		case <-readersDone:
 			readersDone = nil
+			deliver() // what the readers pushed last
 		case status = <-done:
 			gone.Store(true)
 			exited, elapsed = true, time.Since(start)

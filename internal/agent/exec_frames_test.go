@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/agent"
@@ -79,4 +80,42 @@ func TestExecBinaryFrames(t *testing.T) {
 			t.Errorf("stdout sha256 %q, the file's %q", got, want.stdout.String())
 		}
 	})
+}
+
+// BenchmarkExecFramesChannel streams `yes | head -c 64 MiB` as binary
+// frames through the whole channel (epoch framing, yamux, HTTP over two
+// pipes), as the host reads it; for profiles of the agent's output path
+// outside gVisor (-cpuprofile). MB/s in the report.
+func BenchmarkExecFramesChannel(b *testing.B) {
+	const size = 64 << 20
+	cfg := testConfig(b)
+	st, _ := newHostPipes(b, cfg).connect(b, 1)
+	body, _ := json.Marshal(agentproto.ExecRequest{Cmd: "yes | head -c " + strconv.Itoa(size)})
+	b.SetBytes(size)
+	for b.Loop() {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, st.base+"/v1/exec", bytes.NewReader(body))
+		req.Header.Set("Accept", streamframe.MediaType)
+		resp, err := st.hc.Do(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fr := streamframe.NewReader(resp.Body)
+		n := 0
+		for {
+			typ, p, err := fr.Next()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if typ == streamframe.Stdout {
+				n += len(p)
+			}
+			if typ == streamframe.Exit {
+				break
+			}
+		}
+		resp.Body.Close()
+		if n != size {
+			b.Fatalf("%d bytes, want %d", n, size)
+		}
+	}
 }

@@ -41,13 +41,15 @@ type frame struct {
 
 // frameReader parses frames, resynchronising on the magic after garbage.
 type frameReader struct {
-	r *bufio.Reader
+	r   *bufio.Reader
+	buf []byte // the last frame's payload, reused
 }
 
 func newFrameReader(r io.Reader) *frameReader {
 	return &frameReader{r: bufio.NewReaderSize(r, maxFramePayload+headerSize)}
 }
 
+// next returns the next frame; its payload is valid until the next call.
 func (fr *frameReader) next() (frame, error) {
 	for {
 		hdr, err := fr.r.Peek(headerSize)
@@ -65,7 +67,10 @@ func (fr *frameReader) next() (frame, error) {
 			continue
 		}
 		fr.r.Discard(headerSize)
-		p := make([]byte, n)
+		if fr.buf == nil {
+			fr.buf = make([]byte, maxFramePayload)
+		}
+		p := fr.buf[:n]
 		if _, err := io.ReadFull(fr.r, p); err != nil {
 			return frame{}, err
 		}
@@ -91,27 +96,39 @@ func (fw *frameWriter) pad() error {
 
 // frameWriter writes frames; safe for concurrent use.
 type frameWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu  sync.Mutex
+	w   io.Writer
+	buf []byte // one frame, reused
 }
 
+// write sends p as frames of epoch; it returns how many bytes of p went out.
 func (fw *frameWriter) write(epoch uint32, p []byte) (int, error) {
+	return fw.write2(epoch, nil, p)
+}
+
+// write2 sends a followed by p as frames of epoch, as if they were one
+// slice; it returns how many bytes of p went out.
+func (fw *frameWriter) write2(epoch uint32, a, p []byte) (int, error) {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
+	if fw.buf == nil {
+		fw.buf = make([]byte, headerSize+maxFramePayload)
+	}
 	written := 0
-	buf := make([]byte, headerSize+min(len(p), maxFramePayload))
-	for len(p) > 0 {
-		n := min(len(p), maxFramePayload)
+	for len(a)+len(p) > 0 {
+		n := min(len(a)+len(p), maxFramePayload)
+		buf := fw.buf[:headerSize+n]
 		binary.BigEndian.PutUint32(buf[0:4], frameMagic)
 		binary.BigEndian.PutUint32(buf[4:8], epoch)
 		binary.BigEndian.PutUint32(buf[8:12], uint32(n))
-		copy(buf[headerSize:], p[:n])
+		na := copy(buf[headerSize:], a)
+		np := copy(buf[headerSize+na:], p)
 		// One write per frame keeps a frame contiguous in the pipe.
-		if _, err := fw.w.Write(buf[:headerSize+n]); err != nil {
+		if _, err := fw.w.Write(buf); err != nil {
 			return written, err
 		}
-		written += n
-		p = p[n:]
+		a, p = a[na:], p[np:]
+		written += np
 	}
 	return written, nil
 }
@@ -139,7 +156,7 @@ func (c *hostConn) Read(p []byte) (int, error) {
 			return 0, err
 		}
 		if f.epoch == c.epoch {
-			c.rest = f.payload
+			c.rest = f.payload // fr's buffer: drained before the next frame
 		}
 	}
 	n := copy(p, c.rest)
@@ -201,10 +218,18 @@ type agentConn struct {
 	fw     *frameWriter
 	mu     sync.Mutex
 	closed bool
+
+	wmu  sync.Mutex // not mu: Close must not wait for a write stuck on a full pipe
+	held []byte     // a yamux data header waiting for its body
 }
 
 func (c *agentConn) Read(p []byte) (int, error) { return c.pr.Read(p) }
 
+// Write frames p. yamux writes each data message as two writes, its header
+// and then its body; the header of one that has a body is held back and
+// sent in one frame with the body. Every write through the sandbox's pipe
+// is a host system call of gVisor's sentry, and streamed output is mostly
+// data messages, so this halves them.
 func (c *agentConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	closed := c.closed
@@ -212,7 +237,23 @@ func (c *agentConn) Write(p []byte) (int, error) {
 	if closed {
 		return 0, ErrStaleSession
 	}
-	return c.fw.write(c.epoch, p)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.held == nil && isDataHeader(p) {
+		c.held = append(make([]byte, 0, len(p)), p...)
+		return len(p), nil
+	}
+	held := c.held
+	c.held = nil
+	return c.fw.write2(c.epoch, held, p)
+}
+
+// isDataHeader reports whether p is exactly the header of a yamux data
+// message with a body (version 0, type 0, a non-zero length), which yamux
+// follows at once with a write of the body.
+func isDataHeader(p []byte) bool {
+	const yamuxHeader = 12 // version, type, flags (2), stream id (4), length (4)
+	return len(p) == yamuxHeader && p[0] == 0 && p[1] == 0 && binary.BigEndian.Uint32(p[8:12]) > 0
 }
 
 func (c *agentConn) Close() error {

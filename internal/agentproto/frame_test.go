@@ -1,6 +1,7 @@
 package agentproto
 
 import (
+	"bytes"
 	"encoding/binary"
 	"io"
 	"testing"
@@ -65,5 +66,84 @@ func TestTornFramesDoNotWedgeTheNextSession(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the host never got the agent's answer")
+	}
+}
+
+// The agent sends a yamux data message (a header write, then a body write)
+// as one frame, and any other message at once, on its own.
+func TestAgentSendsDataHeaderWithItsBody(t *testing.T) {
+	toAgentR, toAgentW := io.Pipe()
+	toHostR, toHostW := io.Pipe()
+	sessions := make(chan io.ReadWriteCloser, 1)
+	go Serve(toAgentR, toHostW, func(_ uint32, c io.ReadWriteCloser) { sessions <- c })
+	go (&frameWriter{w: toAgentW}).write(5, []byte("x")) // opens epoch 5
+	frames := make(chan []byte, 10)
+	go func() {
+		fr := newFrameReader(toHostR) // skips the agent's padding
+		for {
+			f, err := fr.next()
+			if err != nil {
+				close(frames)
+				return
+			}
+			frames <- bytes.Clone(f.payload) // valid until the next call
+		}
+	}()
+	agent := <-sessions
+	if _, err := io.ReadFull(agent, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	header := func(typ byte, length uint32) []byte {
+		h := make([]byte, 12)
+		h[1] = typ
+		binary.BigEndian.PutUint32(h[4:8], 3) // stream id
+		binary.BigEndian.PutUint32(h[8:12], length)
+		return h
+	}
+	next := func() []byte {
+		select {
+		case f := <-frames:
+			return f
+		case <-time.After(5 * time.Second):
+			t.Fatal("no frame reached the host")
+			return nil
+		}
+	}
+
+	data := header(0, 5)
+	if n, err := agent.Write(data); n != 12 || err != nil {
+		t.Fatalf("header write: %d, %v", n, err)
+	}
+	data[11] = 0xff // yamux reuses its header buffer: the held copy must not change
+	if n, err := agent.Write([]byte("hello")); n != 5 || err != nil {
+		t.Fatalf("body write: %d, %v", n, err)
+	}
+	if got, want := next(), append(header(0, 5), "hello"...); string(got) != string(want) {
+		t.Fatalf("frame %q, want the header and its body in one: %q", got, want)
+	}
+
+	// A window update has no body: it goes out alone, at once; so does a
+	// data header without a body (a bare flag).
+	for _, h := range [][]byte{header(1, 1<<20), header(0, 0)} {
+		if _, err := agent.Write(h); err != nil {
+			t.Fatal(err)
+		}
+		if got := next(); string(got) != string(h) {
+			t.Fatalf("frame %q, want the header %q alone", got, h)
+		}
+	}
+
+	// A body longer than a frame: the header rides in the first one.
+	body := make([]byte, maxFramePayload+100)
+	for i := range body {
+		body[i] = byte(i)
+	}
+	go func() {
+		agent.Write(header(0, uint32(len(body))))
+		agent.Write(body)
+	}()
+	got := append(next(), next()...)
+	if want := append(header(0, uint32(len(body))), body...); string(got) != string(want) {
+		t.Fatalf("a long message arrived as %d bytes, not its %d", len(got), len(want))
 	}
 }

@@ -55,6 +55,9 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bo
 		MaxIdleConnsPerHost: 32,
 		IdleConnTimeout:     60 * time.Second,
 		DisableCompression:  true,
+		// Streamed output comes in frames of up to 256 KiB: a bigger
+		// buffer than the default 4 KiB takes it in fewer stream reads.
+		ReadBufferSize: 64 << 10,
 	}}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()

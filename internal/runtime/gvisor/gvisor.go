@@ -310,6 +310,8 @@ func (r *Runtime) open(id string) (io.ReadWriteCloser, error) {
 		in.Close()
 		return nil, fmt.Errorf("open channel %s: %w", id, err)
 	}
+	growPipe(in)
+	growPipe(out)
 	return &pipeConn{w: in, r: out}, nil
 }
 

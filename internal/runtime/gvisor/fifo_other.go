@@ -1,0 +1,7 @@
+//go:build !linux
+
+package gvisor
+
+import "os"
+
+func growPipe(*os.File) {}
