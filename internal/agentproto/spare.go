@@ -18,3 +18,12 @@ type Spares struct {
 	Count    int    `json:"count"` // how many are kept
 	Ready    int    `json:"ready"` // how many are ready now
 }
+
+// Released answers POST /v1/contexts/spares/release, which readies an idle
+// sandbox for its suspend: its spare kernels are shut down (they are
+// started again after the resume, see the refill) and the heaps of its
+// idle Python kernels trimmed, so the paused image holds neither.
+type Released struct {
+	Spares  int `json:"spares"`  // spare kernels shut down
+	Trimmed int `json:"trimmed"` // idle kernels whose heaps were trimmed
+}
