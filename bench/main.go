@@ -68,6 +68,8 @@ type Report struct {
 	Density  *Density          `json:"density,omitempty"`
 	// Suspended is the density run with idle suspend (section suspended).
 	Suspended *SuspendedDensity `json:"suspended,omitempty"`
+	// SuspendedBaseline is the same run on the -baseline server.
+	SuspendedBaseline *SuspendedDensity `json:"suspended_baseline,omitempty"`
 	// RestoreProfile splits a restore into its steps (section restore-profile).
 	RestoreProfile    []RestoreStep `json:"restore_profile,omitempty"`
 	RestoreImageBytes int64         `json:"restore_image_bytes,omitempty"`
@@ -82,7 +84,7 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
-	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle section alternates its rounds with a server of those (side by side)")
+	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle section alternates its rounds with a server of those (side by side); the suspended section runs on it too, after")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
