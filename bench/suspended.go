@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -44,6 +45,29 @@ type SuspendedLevel struct {
 	// sandbox, and how many of those contexts had the warm imports.
 	ContextMS   []float64 `json:"context_after_resume_ms"`
 	ContextWarm int       `json:"context_after_resume_warm"`
+	// What the suspended ones still hold on the host when measured: how
+	// many have host processes, and how many a network namespace.
+	WithProcesses int `json:"suspended_with_host_processes"`
+	WithNetns     int `json:"suspended_with_netns"`
+}
+
+// hostFootprint counts the sandboxes among ids that have host processes,
+// and those with a network namespace of ours (/run/netns/pandastack-*-ID).
+func hostFootprint(s *server, ids []string) (procs, netns int) {
+	running := sandboxPIDs(s.runscRoot)
+	ents, _ := os.ReadDir("/run/netns")
+	for _, id := range ids {
+		if len(running[id]) > 0 {
+			procs++
+		}
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "pandastack-") && strings.HasSuffix(e.Name(), "-"+id) {
+				netns++
+				break
+			}
+		}
+	}
+	return procs, netns
 }
 
 // suspendedDensity creates code-interpreter sandboxes with an idle timeout
@@ -109,6 +133,7 @@ func (b *bench) suspendedOn(ctx context.Context, s *server, d *SuspendedDensity,
 		}
 		lv := SuspendedLevel{Sandboxes: n, Suspended: n, ImageMiB: float64(dirBytes(filepath.Join(s.dataDir, "paused"))) / mib,
 			MemAvail: memAvailable(), CreateMSP50: summarize("", "", "", creates, "").Median}
+		lv.WithProcesses, lv.WithNetns = hostFootprint(s, ids)
 		creates = creates[:0]
 		for range probes {
 			i := rand.IntN(n)
@@ -155,7 +180,8 @@ func (b *bench) suspendedOn(ctx context.Context, s *server, d *SuspendedDensity,
 		b.add(stat.withTarget(targetIdleResumeP50, targetIdleResumeP95, "issue 13"))
 		b.add(summarize("density", fmt.Sprintf("%screate_code_context right after that resume (%d suspended)", name, n), "ms", lv.ContextMS,
 			fmt.Sprintf("%d of %d got a warm kernel (numpy, pandas, matplotlib imported)", lv.ContextWarm, len(lv.ContextMS))))
-		fmt.Fprintf(os.Stderr, "  %s%d suspended: paused images %.0f MiB (%.0f MiB each), MemAvailable %s\n", name, n, lv.ImageMiB, d.ImageMiBEach, lv.MemAvail)
+		fmt.Fprintf(os.Stderr, "  %s%d suspended: paused images %.0f MiB (%.0f MiB each), MemAvailable %s; %d with host processes, %d with a network namespace\n",
+			name, n, lv.ImageMiB, d.ImageMiBEach, lv.MemAvail, lv.WithProcesses, lv.WithNetns)
 		if d.StopReason != "" {
 			break
 		}
