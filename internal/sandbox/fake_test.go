@@ -45,8 +45,7 @@ type fakeRuntime struct {
 	sparesHold  bool
 	sparesAsked chan struct{}
 	// suspendLog records, in order, the agent's releases and refills of
-	// its spares and the checkpoints ("checkpoint" or "checkpoint
-	// compressed"), each followed by the sandbox's id.
+	// its spares and the checkpoints, each followed by the sandbox's id.
 	suspendLog []string
 }
 
@@ -284,11 +283,7 @@ func (r *fakeRuntime) Checkpoint(ctx context.Context, id, imageDir string, leave
 	if b == nil || !b.alive {
 		return pandastack.Errorf(pandastack.ENotFound, "no sandbox %s", id)
 	}
-	what := "checkpoint "
-	if pandastack.CompressedCheckpoint(ctx) {
-		what = "checkpoint compressed "
-	}
-	r.suspendLog = append(r.suspendLog, what+id)
+	r.suspendLog = append(r.suspendLog, "checkpoint "+id)
 	if r.checkpointErr != nil {
 		if err := r.checkpointErr(id); err != nil {
 			os.WriteFile(filepath.Join(imageDir, "partial"), []byte("x"), 0o600)

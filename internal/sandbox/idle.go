@@ -152,7 +152,7 @@ func (m *Manager) suspend(idle []string) {
 			return
 		}
 		released := m.releaseForSuspend(id)
-		if _, err := m.pause(pandastack.WithCompressedCheckpoint(context.Background()), sb, pandastack.PauseIdle); err != nil {
+		if _, err := m.pause(context.Background(), sb, pandastack.PauseIdle); err != nil {
 			m.log.Warn("idle suspend failed; the sandbox keeps running", "sandbox", id, "err", err)
 			if released != nil {
 				ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)

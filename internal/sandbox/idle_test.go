@@ -301,9 +301,9 @@ func TestRequestDuringSuspendWaits(t *testing.T) {
 	}
 }
 
-// An idle suspend first has the agent release its spare kernels, then
-// writes a compressed image; a pause asked for does neither. A suspend that
-// fails has the agent start its spares again.
+// An idle suspend first has the agent release its spare kernels; a pause
+// asked for does not. A suspend that fails has the agent start its spares
+// again.
 func TestIdleSuspendReleasesSpares(t *testing.T) {
 	h, c := idleHarness(t)
 	ctx := context.Background()
@@ -312,12 +312,12 @@ func TestIdleSuspendReleasesSpares(t *testing.T) {
 	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
 		t.Fatalf("not suspended: %s", rec.State)
 	}
-	want := []string{"release " + sb.ID, "checkpoint compressed " + sb.ID}
+	want := []string{"release " + sb.ID, "checkpoint " + sb.ID}
 	if got := h.rt.takeSuspendLog(); !slices.Equal(got, want) {
 		t.Fatalf("idle suspend: %q, want %q", got, want)
 	}
 
-	// Resumed by a request; then paused on request: all of it, uncompressed.
+	// Resumed by a request; then paused on request: all of it.
 	if _, err := h.exec(sb.ID, "set v=1"); err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +338,7 @@ func TestIdleSuspendReleasesSpares(t *testing.T) {
 	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
 		t.Fatalf("after a failed suspend: %s", rec.State)
 	}
-	want = []string{"release " + sb.ID, "checkpoint compressed " + sb.ID, "refill " + sb.ID}
+	want = []string{"release " + sb.ID, "checkpoint " + sb.ID, "refill " + sb.ID}
 	if got := h.rt.takeSuspendLog(); !slices.Equal(got, want) {
 		t.Fatalf("failed idle suspend: %q, want %q", got, want)
 	}

@@ -171,9 +171,6 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	if leaveRunning {
 		args = append(args, "--leave-running")
 	}
-	if pandastack.CompressedCheckpoint(ctx) {
-		args = append(args, "--compression=flate-best-speed")
-	}
 	if _, err := r.runsc(ctx, append(args, id)...); err != nil {
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
