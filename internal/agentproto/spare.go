@@ -20,10 +20,9 @@ type Spares struct {
 }
 
 // Released answers POST /v1/contexts/spares/release, which readies an idle
-// sandbox for its suspend: its spare kernels are shut down (they are
-// started again after the resume, see the refill) and the heaps of its
-// idle Python kernels trimmed, so the paused image holds neither.
+// sandbox for its suspend: its spare kernels are shut down, so the paused
+// image does not hold them; they are started again after the resume (the
+// host's hello) or on POST /v1/contexts/spares/refill.
 type Released struct {
-	Spares  int `json:"spares"`  // spare kernels shut down
-	Trimmed int `json:"trimmed"` // idle kernels whose heaps were trimmed
+	Spares int `json:"spares"` // spare kernels shut down
 }

@@ -30,7 +30,7 @@ func (c *AgentClient) TouchSpares(ctx context.Context) error {
 }
 
 // ReleaseSpares readies an idle sandbox for its suspend: the agent shuts
-// its spare kernels down and trims its idle kernels' heaps.
+// its spare kernels down until the resume.
 func (c *AgentClient) ReleaseSpares(ctx context.Context) (agentproto.Released, error) {
 	var out agentproto.Released
 	err := c.do(ctx, http.MethodPost, "/v1/contexts/spares/release", nil, nil, &out)

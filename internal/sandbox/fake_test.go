@@ -183,7 +183,7 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 		r.mu.Lock()
 		r.suspendLog = append(r.suspendLog, "release "+b.id)
 		r.mu.Unlock()
-		json.NewEncoder(w).Encode(agentproto.Released{Spares: 1, Trimmed: 1})
+		json.NewEncoder(w).Encode(agentproto.Released{Spares: 1})
 	})
 	mux.HandleFunc("POST /v1/contexts/spares/refill", func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
