@@ -30,6 +30,10 @@ import (
 // maxSpares bounds the spares of one language: each holds a kernel's memory.
 const maxSpares = 4
 
+// maxSpareWait bounds how long a hand-out waits for a spare being started
+// (a start takes 3-4 s here) before the context starts a kernel of its own.
+var maxSpareWait = 20 * time.Second
+
 // refillDelay is how long the refiller waits after a hand-out, and then for
 // as long as any context runs code, before it starts a replacement.
 var refillDelay = 2 * time.Second
@@ -59,6 +63,9 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 	if !fits {
 		return nil
 	}
+	// The wait for a start in progress is bounded, so that a start slowed
+	// down leaves the caller time to start a kernel of its own.
+	waitOver := time.After(maxSpareWait)
 	for {
 		sp.mu.Lock()
 		list := sp.ready[language]
@@ -76,6 +83,8 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 			select {
 			case <-added:
 				continue
+			case <-waitOver:
+				return nil
 			case <-ctx.Done():
 				return nil
 			}

@@ -84,4 +84,10 @@ func TestTakeSpareWaitsForAStart(t *testing.T) {
 	if isNil := <-got; !isNil {
 		t.Fatal("a spare after the hand-out's context ended")
 	}
+	// A start that takes too long: the hand-out stops waiting for it.
+	defer func(d time.Duration) { maxSpareWait = d }(maxSpareWait)
+	maxSpareWait = 50 * time.Millisecond
+	if k := cs.takeSpare(context.Background(), "python", true); k != nil {
+		t.Fatal("a spare out of a start that never ended")
+	}
 }
