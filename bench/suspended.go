@@ -133,6 +133,11 @@ func (b *bench) suspendedOn(ctx context.Context, s *server, d *SuspendedDensity,
 		}
 		lv := SuspendedLevel{Sandboxes: n, Suspended: n, ImageMiB: float64(dirBytes(filepath.Join(s.dataDir, "paused"))) / mib,
 			MemAvail: memAvailable(), CreateMSP50: summarize("", "", "", creates, "").Median}
+		for _, id := range ids { // the record says paused just before the stop
+			if err := waitStopped(ctx, s, id); err != nil {
+				return err
+			}
+		}
 		lv.WithProcesses, lv.WithNetns = hostFootprint(s, ids)
 		creates = creates[:0]
 		for range probes {
