@@ -118,10 +118,14 @@ func (b *bench) suspendedOn(ctx context.Context, s *server, d *SuspendedDensity,
 			break
 		}
 		creates = append(creates, ms(time.Since(t0)))
-		// Checked on every create: the images written so far, and the
-		// average so far for the next one (a running one has none yet).
-		if written := float64(dirBytes(filepath.Join(s.dataDir, "paused"))) / (1 << 30); n > 1 && written*float64(n)/float64(n-1) > b.set.SuspendedDiskGiB {
-			d.StopReason = fmt.Sprintf("the paused images would pass %g GiB (-suspended-disk-gib)", b.set.SuspendedDiskGiB)
+		// Checked on every create: the average image so far (of the
+		// sealed ones: suspends lag behind the creates) times all the
+		// sandboxes, the one just made included.
+		paused := filepath.Join(s.dataDir, "paused")
+		if sealed := sealedImages(paused); sealed > 0 {
+			if avg := float64(dirBytes(paused)) / (1 << 30) / float64(sealed); avg*float64(n+1) > b.set.SuspendedDiskGiB {
+				d.StopReason = fmt.Sprintf("the paused images would pass %g GiB (-suspended-disk-gib)", b.set.SuspendedDiskGiB)
+			}
 		}
 		if !slices.Contains(levels, n) && n != b.set.SuspendedMax && d.StopReason == "" {
 			continue
@@ -203,6 +207,18 @@ func (b *bench) suspendedOn(ctx context.Context, s *server, d *SuspendedDensity,
 	}
 	fmt.Fprintf(os.Stderr, "  %sstopped: %s; %.0f GiB free disk would hold %d suspended sandboxes\n", name, d.StopReason, d.DiskFreeGiB, d.ProjectedMax)
 	return nil
+}
+
+// sealedImages counts the paused images in dir that are complete.
+func sealedImages(dir string) int {
+	ents, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range ents {
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "manifest.json")); err == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // dirBytes sums the sizes of the files under dir.
