@@ -2,8 +2,8 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"testing"
-	"time"
 
 	"github.com/pandastack/pandastack/client"
 )
@@ -50,26 +50,6 @@ func TestIdleSuspendSpares(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The spare comes back: a later new context is warm.
-		deadline := time.Now().Add(3 * time.Minute)
-		for {
-			later, err := c.CreateContext(ctx, sb.ID, "python", "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			imported, _, id, _, _ := probe(t, c, sb, later)
-			if err := c.DeleteContext(ctx, sb.ID, later.ID); err != nil {
-				t.Fatal(err)
-			}
-			if id != sb.ID {
-				t.Fatalf("round %d: the kernel of a new context thinks its sandbox is %q, not %s", round, id, sb.ID)
-			}
-			if imported == "numpy,pandas,matplotlib.pyplot" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: no warm context after the resume (last had %q imported)", round, imported)
-			}
-			time.Sleep(2 * time.Second)
-		}
+		untilWarmContext(t, c, sb, fmt.Sprintf("after resume %d", round+1), nil)
 	}
 }
