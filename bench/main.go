@@ -71,6 +71,8 @@ type Report struct {
 	Density       *Density          `json:"density,omitempty"`
 	// Suspended is the density run with idle suspend (section suspended).
 	Suspended *SuspendedDensity `json:"suspended,omitempty"`
+	// SuspendedBaseline is the same run on the -baseline server.
+	SuspendedBaseline *SuspendedDensity `json:"suspended_baseline,omitempty"`
 	// RestoreProfile splits a restore into its steps (section restore-profile).
 	RestoreProfile    []RestoreStep `json:"restore_profile,omitempty"`
 	RestoreImageBytes int64         `json:"restore_image_bytes,omitempty"`

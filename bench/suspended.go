@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,6 +41,33 @@ type SuspendedLevel struct {
 	MemAvail    string    `json:"mem_available"`
 	ResumeMS    []float64 `json:"resume_first_result_ms"` // a random suspended one: run_code → its result
 	CreateMSP50 float64   `json:"create_first_result_ms_p50"`
+	// After each of those first results, create_code_context in the same
+	// sandbox, and how many of those contexts had the warm imports.
+	ContextMS   []float64 `json:"context_after_resume_ms"`
+	ContextWarm int       `json:"context_after_resume_warm"`
+	// What the suspended ones still hold on the host when measured: how
+	// many have host processes, and how many a network namespace.
+	WithProcesses int `json:"suspended_with_host_processes"`
+	WithNetns     int `json:"suspended_with_netns"`
+}
+
+// hostFootprint counts the sandboxes among ids that have host processes,
+// and those with a network namespace of ours (/run/netns/pandastack-*-ID).
+func hostFootprint(s *server, ids []string) (procs, netns int) {
+	running := sandboxPIDs(s.runscRoot)
+	ents, _ := os.ReadDir("/run/netns")
+	for _, id := range ids {
+		if len(running[id]) > 0 {
+			procs++
+		}
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "pandastack-") && strings.HasSuffix(e.Name(), "-"+id) {
+				netns++
+				break
+			}
+		}
+	}
+	return procs, netns
 }
 
 // suspendedDensity creates code-interpreter sandboxes with an idle timeout
@@ -49,10 +77,21 @@ type SuspendedLevel struct {
 // each answers with its own state, timing it. It stops early when the
 // paused images would pass -suspended-disk-gib or leave less than 10 GiB
 // free on the shared disk. Everything is killed at the end.
+// With -baseline the same run follows on the other revision's server.
 func (b *bench) suspendedDensity(ctx context.Context) error {
-	s := b.pool
 	d := &SuspendedDensity{}
 	b.rep.Suspended = d
+	if err := b.suspendedOn(ctx, b.pool, d, ""); err != nil || b.baseline == nil {
+		return err
+	}
+	d = &SuspendedDensity{}
+	b.rep.SuspendedBaseline = d
+	return b.suspendedOn(ctx, b.baseline, d, "baseline (-baseline): ")
+}
+
+// suspendedOn is the run of the section on the server s; name prefixes
+// its measurements.
+func (b *bench) suspendedOn(ctx context.Context, s *server, d *SuspendedDensity, name string) error {
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(s.dataDir, &st); err != nil {
 		return err
@@ -79,10 +118,14 @@ func (b *bench) suspendedDensity(ctx context.Context) error {
 			break
 		}
 		creates = append(creates, ms(time.Since(t0)))
-		// Checked on every create: the images written so far, and the
-		// average so far for the next one (a running one has none yet).
-		if written := float64(dirBytes(filepath.Join(s.dataDir, "paused"))) / (1 << 30); n > 1 && written*float64(n)/float64(n-1) > b.set.SuspendedDiskGiB {
-			d.StopReason = fmt.Sprintf("the paused images would pass %g GiB (-suspended-disk-gib)", b.set.SuspendedDiskGiB)
+		// Checked on every create: the average image so far (of the
+		// sealed ones: suspends lag behind the creates) times all the
+		// sandboxes, the one just made included.
+		paused := filepath.Join(s.dataDir, "paused")
+		if sealed := sealedImages(paused); sealed > 0 {
+			if avg := float64(dirBytes(paused)) / (1 << 30) / float64(sealed); avg*float64(n+1) > b.set.SuspendedDiskGiB {
+				d.StopReason = fmt.Sprintf("the paused images would pass %g GiB (-suspended-disk-gib)", b.set.SuspendedDiskGiB)
+			}
 		}
 		if !slices.Contains(levels, n) && n != b.set.SuspendedMax && d.StopReason == "" {
 			continue
@@ -94,6 +137,12 @@ func (b *bench) suspendedDensity(ctx context.Context) error {
 		}
 		lv := SuspendedLevel{Sandboxes: n, Suspended: n, ImageMiB: float64(dirBytes(filepath.Join(s.dataDir, "paused"))) / mib,
 			MemAvail: memAvailable(), CreateMSP50: summarize("", "", "", creates, "").Median}
+		for _, id := range ids { // the record says paused just before the stop
+			if err := waitStopped(ctx, s, id); err != nil {
+				return err
+			}
+		}
+		lv.WithProcesses, lv.WithNetns = hostFootprint(s, ids)
 		creates = creates[:0]
 		for range probes {
 			i := rand.IntN(n)
@@ -108,13 +157,40 @@ func (b *bench) suspendedDensity(ctx context.Context) error {
 				return fmt.Errorf("waking sandbox %d of %d: %w", i+1, n, err)
 			}
 			lv.ResumeMS = append(lv.ResumeMS, ms(time.Since(t0)))
+			// Then a new context, as the recipe makes: the sandbox's spare
+			// kernel was shut down for the suspend and is being started
+			// again, so this one may get a kernel without the warm-up.
+			t0 = time.Now()
+			cc, err := s.c.CreateContext(ctx, ids[i], "python", "")
+			if err != nil {
+				return fmt.Errorf("a context in sandbox %d of %d after its resume: %w", i+1, n, err)
+			}
+			lv.ContextMS = append(lv.ContextMS, ms(time.Since(t0)))
+			ex, err := s.c.RunCode(ctx, ids[i], client.RunRequest{Code: `import sys; all(m in sys.modules for m in ("numpy", "pandas", "matplotlib.pyplot"))`, ContextID: cc.ID})
+			if err != nil || ex.Error != nil {
+				return fmt.Errorf("a context in sandbox %d of %d after its resume: %v %+v", i+1, n, err, ex)
+			}
+			if ex.Text == "True" {
+				lv.ContextWarm++
+			}
+			if err := s.c.DeleteContext(ctx, ids[i], cc.ID); err != nil {
+				return err
+			}
+			// Suspended again before the next probe, so that its spare's
+			// start does not share the CPU with the next resume.
+			if err := waitSuspended(ctx, s.c, ids[i]); err != nil {
+				return err
+			}
 		}
 		d.Levels = append(d.Levels, lv)
 		d.ImageMiBEach = lv.ImageMiB / float64(n)
-		stat := summarize("density", fmt.Sprintf("resume → first result with %d sandboxes suspended", n), "ms", lv.ResumeMS,
+		stat := summarize("density", fmt.Sprintf("%sresume → first result with %d sandboxes suspended", name, n), "ms", lv.ResumeMS,
 			fmt.Sprintf("a random one of them woken by run_code; paused images %.0f MiB in all, MemAvailable %s", lv.ImageMiB, lv.MemAvail))
 		b.add(stat.withTarget(targetIdleResumeP50, targetIdleResumeP95, "issue 13"))
-		fmt.Fprintf(os.Stderr, "  %d suspended: paused images %.0f MiB (%.0f MiB each), MemAvailable %s\n", n, lv.ImageMiB, d.ImageMiBEach, lv.MemAvail)
+		b.add(summarize("density", fmt.Sprintf("%screate_code_context right after that resume (%d suspended)", name, n), "ms", lv.ContextMS,
+			fmt.Sprintf("%d of %d got a warm kernel (numpy, pandas, matplotlib imported)", lv.ContextWarm, len(lv.ContextMS))))
+		fmt.Fprintf(os.Stderr, "  %s%d suspended: paused images %.0f MiB (%.0f MiB each), MemAvailable %s; %d with host processes, %d with a network namespace\n",
+			name, n, lv.ImageMiB, d.ImageMiBEach, lv.MemAvail, lv.WithProcesses, lv.WithNetns)
 		if d.StopReason != "" {
 			break
 		}
@@ -129,8 +205,20 @@ func (b *bench) suspendedDensity(ctx context.Context) error {
 	if d.ImageMiBEach > 0 {
 		d.ProjectedMax = int(d.DiskFreeGiB * 1024 / d.ImageMiBEach)
 	}
-	fmt.Fprintf(os.Stderr, "  stopped: %s; %.0f GiB free disk would hold %d suspended sandboxes\n", d.StopReason, d.DiskFreeGiB, d.ProjectedMax)
+	fmt.Fprintf(os.Stderr, "  %sstopped: %s; %.0f GiB free disk would hold %d suspended sandboxes\n", name, d.StopReason, d.DiskFreeGiB, d.ProjectedMax)
 	return nil
+}
+
+// sealedImages counts the paused images in dir that are complete.
+func sealedImages(dir string) int {
+	ents, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range ents {
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "manifest.json")); err == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // dirBytes sums the sizes of the files under dir.

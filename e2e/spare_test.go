@@ -112,30 +112,14 @@ func TestWarmContexts(t *testing.T) {
 
 	// The spare handed out is replaced once the sandbox is quiet: a later
 	// context is warm again, and clean.
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		later, err := c.CreateContext(ctx, sb.ID, "python", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		imported, _, _, pid, _ := probe(t, c, sb, later)
+	untilWarmContext(t, c, sb, "after the spare was handed out", func(later *client.Context, pid string) {
 		if ex := run(t, c, sb, later, "'secret' in globals()", 30); ex.Text != "False" {
 			t.Fatalf("a variable of a deleted context is seen in a later one: %+v", ex)
 		}
 		if pid == pidA || pid == pidB {
 			t.Fatalf("a later context reuses the kernel process %s of a deleted one", pid)
 		}
-		if err := c.DeleteContext(ctx, sb.ID, later.ID); err != nil {
-			t.Fatal(err)
-		}
-		if imported == "numpy,pandas,matplotlib.pyplot" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no warm context again after the spare was handed out (last had %q imported)", imported)
-		}
-		time.Sleep(3 * time.Second)
-	}
+	})
 
 	// The default context (run_code without one) is as warm, in a sandbox
 	// of its own.
@@ -163,5 +147,36 @@ func TestWarmContexts(t *testing.T) {
 	}
 	if ex := run(t, c, sb, w, "import os; os.getcwd()", 60); ex.Text != "'/home/user/work'" {
 		t.Fatalf("cwd of a context: %+v", ex)
+	}
+}
+
+// untilWarmContext creates, probes (then check, if not nil) and deletes new
+// contexts in sb until one is warm (the warm-up's imports done), as once the
+// agent has a spare again; it fails after 3 minutes. when says after what.
+func untilWarmContext(t *testing.T, c *client.Client, sb *client.Sandbox, when string, check func(cc *client.Context, pid string)) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		cc, err := c.CreateContext(context.Background(), sb.ID, "python", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		imported, _, id, pid, _ := probe(t, c, sb, cc)
+		if id != sb.ID {
+			t.Fatalf("the kernel of a new context thinks its sandbox is %q, not %s", id, sb.ID)
+		}
+		if check != nil {
+			check(cc, pid)
+		}
+		if err := c.DeleteContext(context.Background(), sb.ID, cc.ID); err != nil {
+			t.Fatal(err)
+		}
+		if imported == "numpy,pandas,matplotlib.pyplot" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no warm context again %s (last had %q imported)", when, imported)
+		}
+		time.Sleep(2 * time.Second)
 	}
 }

@@ -77,6 +77,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/contexts/spares", s.api(s.prepareSpares))
 	mux.HandleFunc("GET /v1/contexts/spares", s.api(s.listSpares))
 	mux.HandleFunc("POST /v1/contexts/spares/touch", s.api(s.touchSpares))
+	mux.HandleFunc("POST /v1/contexts/spares/release", s.api(s.releaseSpares))
+	mux.HandleFunc("POST /v1/contexts/spares/refill", s.api(s.refillSpares))
 	mux.HandleFunc("DELETE /v1/contexts/{id}", s.api(s.deleteContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/interrupt", s.api(s.interruptContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.api(s.restartContext))
@@ -126,6 +128,8 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	if r.URL.Query().Get("reseed") == "1" {
 		s.cfg.Contexts.Reseed()
 	}
+	// Resumed after an idle suspend: start the spares again.
+	s.cfg.Contexts.spares.unrelease()
 	writeJSON(w, http.StatusOK, agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,
 		AgentVersion:    s.cfg.Version,

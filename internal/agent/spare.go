@@ -30,6 +30,10 @@ import (
 // maxSpares bounds the spares of one language: each holds a kernel's memory.
 const maxSpares = 4
 
+// maxSpareWait bounds how long a hand-out waits for a spare being started
+// (a start takes 3-4 s here) before the context starts a kernel of its own.
+var maxSpareWait = 20 * time.Second
+
 // refillDelay is how long the refiller waits after a hand-out, and then for
 // as long as any context runs code, before it starts a replacement.
 var refillDelay = 2 * time.Second
@@ -41,6 +45,14 @@ type spareSet struct {
 	start map[string]func(context.Context) (*jupyter.Kernel, error)
 	kick  chan struct{} // wakes the refiller; nil until the first request
 	log   func(msg string, args ...any)
+	// released: the spares were shut down for an idle suspend (see
+	// releaseSpares); none is started until the next hello or refill.
+	released bool
+	// starting counts the spares being started, by language; added is
+	// closed (and replaced) whenever one is added, for a hand-out that
+	// waits for a start in progress.
+	starting map[string]int
+	added    chan struct{}
 }
 
 // takeSpare hands out a ready spare kernel of language, or nil when there
@@ -51,12 +63,31 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 	if !fits {
 		return nil
 	}
+	// The wait for a start in progress is bounded, so that a start slowed
+	// down leaves the caller time to start a kernel of its own.
+	waitOver := time.After(maxSpareWait)
 	for {
 		sp.mu.Lock()
 		list := sp.ready[language]
 		if len(list) == 0 {
+			// A spare being started (after a resume, or a refill) is
+			// ready sooner than a kernel started now, which would also
+			// compete with it for the CPU.
+			added := sp.added
+			wait := sp.starting[language] > 0 && added != nil
+			sp.wake()
 			sp.mu.Unlock()
-			return nil
+			if !wait {
+				return nil
+			}
+			select {
+			case <-added:
+				continue
+			case <-waitOver:
+				return nil
+			case <-ctx.Done():
+				return nil
+			}
 		}
 		k := list[len(list)-1]
 		sp.ready[language] = list[:len(list)-1]
@@ -110,6 +141,9 @@ func pythonSetEnv(env map[string]string) string {
 
 // wake tells the refiller to look. sp.mu is held.
 func (sp *spareSet) wake() {
+	if sp.released {
+		return
+	}
 	select {
 	case sp.kick <- struct{}{}:
 	default:
@@ -165,12 +199,15 @@ func (cs *Contexts) refill() {
 			sp.mu.Lock()
 			var lang string
 			for _, l := range sortedKeys(sp.want) {
-				if len(sp.ready[l]) < sp.want[l] {
+				if len(sp.ready[l]) < sp.want[l] && !sp.released {
 					lang = l
 					break
 				}
 			}
 			start := sp.start[lang]
+			if lang != "" {
+				sp.starting[lang]++
+			}
 			sp.mu.Unlock()
 			if lang == "" {
 				break
@@ -178,6 +215,12 @@ func (cs *Contexts) refill() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			k, err := start(ctx)
 			cancel()
+			sp.mu.Lock()
+			sp.starting[lang]--
+			if err != nil {
+				sp.signal() // a hand-out waiting for it looks again
+			}
+			sp.mu.Unlock()
 			if err != nil {
 				sp.log("starting a spare kernel failed; retrying later", "language", lang, "err", err, "retry_in", backoff)
 				time.Sleep(backoff)
@@ -193,13 +236,22 @@ func (cs *Contexts) refill() {
 // add keeps k as a spare of lang, or closes it if no longer wanted.
 func (sp *spareSet) add(lang string, k *jupyter.Kernel) {
 	sp.mu.Lock()
-	keep := len(sp.ready[lang]) < sp.want[lang]
+	keep := len(sp.ready[lang]) < sp.want[lang] && !sp.released
 	if keep {
 		sp.ready[lang] = append(sp.ready[lang], k)
 	}
+	sp.signal()
 	sp.mu.Unlock()
 	if !keep {
 		k.Close()
+	}
+}
+
+// signal wakes the hand-outs waiting for a spare. sp.mu is held.
+func (sp *spareSet) signal() {
+	if sp.added != nil {
+		close(sp.added)
+		sp.added = make(chan struct{})
 	}
 }
 
@@ -260,6 +312,7 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 		sp.want, sp.ready = map[string]int{}, map[string][]*jupyter.Kernel{}
 		sp.start = map[string]func(context.Context) (*jupyter.Kernel, error){}
 		sp.kick = make(chan struct{}, 1)
+		sp.starting, sp.added = map[string]int{}, make(chan struct{})
 		sp.log = func(msg string, args ...any) { s.cfg.Log.Warn(msg, args...) }
 		go cs.refill()
 	}

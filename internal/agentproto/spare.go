@@ -18,3 +18,11 @@ type Spares struct {
 	Count    int    `json:"count"` // how many are kept
 	Ready    int    `json:"ready"` // how many are ready now
 }
+
+// Released answers POST /v1/contexts/spares/release, which readies an idle
+// sandbox for its suspend: its spare kernels are shut down, so the paused
+// image does not hold them; they are started again after the resume (the
+// host's hello) or on POST /v1/contexts/spares/refill.
+type Released struct {
+	Spares int `json:"spares"` // spare kernels shut down
+}

@@ -29,6 +29,20 @@ func (c *AgentClient) TouchSpares(ctx context.Context) error {
 	return c.do(ctx, http.MethodPost, "/v1/contexts/spares/touch", nil, nil, nil)
 }
 
+// ReleaseSpares readies an idle sandbox for its suspend: the agent shuts
+// its spare kernels down until the resume.
+func (c *AgentClient) ReleaseSpares(ctx context.Context) (agentproto.Released, error) {
+	var out agentproto.Released
+	err := c.do(ctx, http.MethodPost, "/v1/contexts/spares/release", nil, nil, &out)
+	return out, err
+}
+
+// RefillSpares undoes ReleaseSpares when the suspend did not happen (a
+// resume's hello does it otherwise).
+func (c *AgentClient) RefillSpares(ctx context.Context) error {
+	return c.do(ctx, http.MethodPost, "/v1/contexts/spares/refill", nil, nil, nil)
+}
+
 // DialAgent opens a host session with the agent of a sandbox the caller
 // started or restored itself through a Runtime (rwc is its channel), as the
 // manager does: for tools that drive a runtime directly, such as the

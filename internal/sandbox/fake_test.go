@@ -45,6 +45,9 @@ type fakeRuntime struct {
 	// and wait until the request is given up.
 	sparesHold  bool
 	sparesAsked chan struct{}
+	// suspendLog records, in order, the agent's releases and refills of
+	// its spares and the checkpoints, each followed by the sandbox's id.
+	suspendLog []string
 }
 
 type fakeBox struct {
@@ -207,6 +210,18 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	mux.HandleFunc("POST /v1/contexts/spares/touch", func(w http.ResponseWriter, req *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	})
+	mux.HandleFunc("POST /v1/contexts/spares/release", func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		r.suspendLog = append(r.suspendLog, "release "+b.id)
+		r.mu.Unlock()
+		json.NewEncoder(w).Encode(agentproto.Released{Spares: 1})
+	})
+	mux.HandleFunc("POST /v1/contexts/spares/refill", func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		r.suspendLog = append(r.suspendLog, "refill "+b.id)
+		r.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	})
 	return mux
 }
 
@@ -299,6 +314,7 @@ func (r *fakeRuntime) Checkpoint(ctx context.Context, id, imageDir string, leave
 	if b == nil || !b.alive {
 		return pandastack.Errorf(pandastack.ENotFound, "no sandbox %s", id)
 	}
+	r.suspendLog = append(r.suspendLog, "checkpoint "+id)
 	if r.checkpointErr != nil {
 		if err := r.checkpointErr(id); err != nil {
 			os.WriteFile(filepath.Join(imageDir, "partial"), []byte("x"), 0o600)
@@ -541,4 +557,13 @@ func (c *clock) advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
+}
+
+// takeSuspendLog returns the suspend log so far and empties it.
+func (r *fakeRuntime) takeSuspendLog() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := r.suspendLog
+	r.suspendLog = nil
+	return l
 }

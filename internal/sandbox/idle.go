@@ -151,12 +151,48 @@ func (m *Manager) suspend(idle []string) {
 		if err != nil {
 			return
 		}
+		released := m.releaseForSuspend(id)
 		if _, err := m.pause(context.Background(), sb, pandastack.PauseIdle); err != nil {
 			m.log.Warn("idle suspend failed; the sandbox keeps running", "sandbox", id, "err", err)
+			if released != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+				defer cancel()
+				if err := released.RefillSpares(ctx); err != nil {
+					m.log.Warn("restarting the spare kernels after a failed suspend", "sandbox", id, "err", err)
+				}
+			}
 			return
 		}
 		m.log.Info("sandbox suspended (idle)", "sandbox", id)
 	})
+}
+
+// releaseTimeout bounds the agent's preparation for a suspend (and its
+// undoing): kernels to shut down.
+const releaseTimeout = 15 * time.Second
+
+// releaseForSuspend has the agent of a sandbox about to be suspended for
+// idleness shut its spare kernels down, so that its paused image does not
+// hold them (a spare is a whole warmed-up Python: about half of a
+// code-interpreter sandbox's image, 198 → 104 MiB). The agent starts them
+// again after the resume. It returns the agent to undo it with if the
+// suspend fails, or nil if nothing was released.
+func (m *Manager) releaseForSuspend(id string) *AgentClient {
+	c := m.sbx.client(id)
+	if c == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	r, err := c.ReleaseSpares(ctx)
+	if err != nil {
+		// An agent of an older build has no such call: the suspend goes
+		// on with its spares in the image.
+		m.log.Warn("releasing the spare kernels before a suspend", "sandbox", id, "err", err)
+		return nil
+	}
+	m.log.Debug("spares released for the suspend", "sandbox", id, "spares", r.Spares)
+	return c
 }
 
 // forEachBounded runs f for every id, at most n at a time, and waits.

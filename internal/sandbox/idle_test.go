@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -297,5 +298,48 @@ func TestRequestDuringSuspendWaits(t *testing.T) {
 	}
 	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
 		t.Fatalf("after: %s", rec.State)
+	}
+}
+
+// An idle suspend first has the agent release its spare kernels; a pause
+// asked for does not. A suspend that fails has the agent start its spares
+// again.
+func TestIdleSuspendReleasesSpares(t *testing.T) {
+	h, c := idleHarness(t)
+	ctx := context.Background()
+	sb := h.createIdle(10)
+	h.passIdle(c, 11*time.Second)
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+		t.Fatalf("not suspended: %s", rec.State)
+	}
+	want := []string{"release " + sb.ID, "checkpoint " + sb.ID}
+	if got := h.rt.takeSuspendLog(); !slices.Equal(got, want) {
+		t.Fatalf("idle suspend: %q, want %q", got, want)
+	}
+
+	// Resumed by a request; then paused on request: all of it.
+	if _, err := h.exec(sb.ID, "set v=1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := h.rt.takeSuspendLog(), []string{"checkpoint " + sb.ID}; !slices.Equal(got, want) {
+		t.Fatalf("pause: %q, want %q", got, want)
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// A suspend that fails (a full disk) gives the sandbox its spares back.
+	h.rt.checkpointErr = func(string) error { return &os.PathError{Op: "write", Path: "pages", Err: syscall.ENOSPC} }
+	h.rt.takeSuspendLog()
+	h.passIdle(c, 11*time.Second)
+	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Fatalf("after a failed suspend: %s", rec.State)
+	}
+	want = []string{"release " + sb.ID, "checkpoint " + sb.ID, "refill " + sb.ID}
+	if got := h.rt.takeSuspendLog(); !slices.Equal(got, want) {
+		t.Fatalf("failed idle suspend: %q, want %q", got, want)
 	}
 }
