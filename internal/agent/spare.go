@@ -83,7 +83,9 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 // pandas' plotting module are loaded before the first user's plot rather
 // than during it (100-170 ms of the recipe's first cell in gVisor). It
 // leaves no figure open and no name behind. jupyter.PythonMemFontsCode
-// runs just before it, so the fonts it loads are read from memory.
+// runs just before it, so the fonts it loads are read from memory, and
+// jupyter.PythonFastPNGCode after it, once its figure has set up the
+// inline backend's PNG formatter.
 const pythonPrime = `def _pandastack_prime():
     import sys
     if "matplotlib.pyplot" not in sys.modules:
@@ -249,7 +251,7 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 				k.Close()
 				return nil, fmt.Errorf("the warm-up failed: %w", err)
 			}
-			if err := k.RunSilent(ctx, jupyter.PythonMemFontsCode+pythonPrime); err != nil {
+			if err := k.RunSilent(ctx, jupyter.PythonMemFontsCode+pythonPrime+jupyter.PythonFastPNGCode); err != nil {
 				s.log.Warn("priming a spare kernel failed; it stays usable", "err", err)
 			}
 		}
