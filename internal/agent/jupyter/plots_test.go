@@ -36,27 +36,12 @@ print(sorted(n for n in globals() if 'pandastack' in n))
 
 const fontCheckWant = "glyphs from memory\nfname True\npng True\npdf True\n[]\n"
 
-// TestMemFontsAfterImport: in a kernel with the setup code, matplotlib's
-// fonts come from memory from the cell after the one that imported it.
-func TestMemFontsAfterImport(t *testing.T) {
-	k := startKernel(t, guarded)
-	if e, _ := runCode(t, k, "import matplotlib.pyplot as plt", ExecOptions{}); e.Error != nil {
-		t.Fatalf("import: %+v", e.Error)
-	}
-	e, _ := runCode(t, k, fontCheck, ExecOptions{})
-	if e.Error != nil || e.Stdout != fontCheckWant {
-		t.Fatalf("error %+v, stdout:\n%s\nwant:\n%s", e.Error, e.Stdout, fontCheckWant)
-	}
-}
-
 // TestPlotsCode: PythonPlotsCode run silently after a warm-up (as a spare
 // kernel's prime does) takes effect at once, and twice is harmless;
 // without it a font is read from its file, which the check can tell.
 func TestPlotsCode(t *testing.T) {
 	k := startKernel(t)
-	if e, _ := runCode(t, k, "import matplotlib.pyplot as plt\nplt.close(plt.figure())", ExecOptions{}); e.Error != nil {
-		t.Fatalf("import: %+v", e.Error)
-	}
+	mustStdout(t, k, firstFigure, "")
 	e, _ := runCode(t, k, fontCheck, ExecOptions{})
 	if !strings.HasPrefix(e.Stdout, "glyphs from the file\n") {
 		t.Fatalf("without the code: error %+v, stdout:\n%s", e.Error, e.Stdout)
@@ -68,14 +53,8 @@ func TestPlotsCode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e, _ = runCode(t, k, fontCheck, ExecOptions{})
-	if e.Error != nil || e.Stdout != fontCheckWant {
-		t.Fatalf("error %+v, stdout:\n%s\nwant:\n%s", e.Error, e.Stdout, fontCheckWant)
-	}
-	e, _ = runCode(t, k, pngCheck, ExecOptions{})
-	if e.Error != nil || e.Stdout != pngCheckWant {
-		t.Fatalf("error %+v, stdout:\n%s\nwant:\n%s", e.Error, e.Stdout, pngCheckWant)
-	}
+	mustStdout(t, k, fontCheck, fontCheckWant)
+	mustStdout(t, k, pngCheck, pngCheckWant)
 }
 
 // pngCheck compares what the PNG formatter gives for two figures with
@@ -104,20 +83,28 @@ plt.close('all')
 
 const pngCheckWant = "single draw True\nsame size True\nsame picture True\noutside: matplotlib path True\n"
 
-// TestFastPNG: after the hook ran, a displayed figure's PNG is drawn once
-// and matches matplotlib's tight PNG; plt.show still gives a PNG result.
-func TestFastPNG(t *testing.T) {
+// TestPlotsHook: in a kernel with the setup code, from the cell after its
+// first figure (which sets up the inline backend's formatters), fonts come
+// from memory and a displayed figure is drawn once; plt.show still gives a
+// PNG.
+func TestPlotsHook(t *testing.T) {
 	k := startKernel(t, guarded)
-	// The inline backend sets up its formatters at the first figure.
-	if e, _ := runCode(t, k, "import matplotlib.pyplot as plt\nplt.close(plt.figure())", ExecOptions{}); e.Error != nil {
-		t.Fatalf("import: %+v", e.Error)
-	}
-	e, _ := runCode(t, k, pngCheck, ExecOptions{})
-	if e.Error != nil || e.Stdout != pngCheckWant {
-		t.Fatalf("error %+v, stdout:\n%s\nwant:\n%s", e.Error, e.Stdout, pngCheckWant)
-	}
-	e, _ = runCode(t, k, "plt.plot([1, 2])\nplt.show()", ExecOptions{})
+	mustStdout(t, k, firstFigure, "")
+	mustStdout(t, k, fontCheck, fontCheckWant)
+	mustStdout(t, k, pngCheck, pngCheckWant)
+	e, _ := runCode(t, k, "plt.plot([1, 2])\nplt.show()", ExecOptions{})
 	if e.Error != nil || e.PNG == "" {
 		t.Fatalf("plt.show: error %+v, PNG of %d bytes", e.Error, len(e.PNG))
+	}
+}
+
+const firstFigure = "import matplotlib.pyplot as plt\nplt.close(plt.figure())"
+
+// mustStdout runs code and fails unless it prints want without an error.
+func mustStdout(t *testing.T, k *testKernel, code, want string) {
+	t.Helper()
+	e, _ := runCode(t, k, code, ExecOptions{})
+	if e.Error != nil || e.Stdout != want {
+		t.Fatalf("error %+v, stdout:\n%s\nwant:\n%s", e.Error, e.Stdout, want)
 	}
 }
