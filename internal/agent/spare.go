@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -102,6 +103,13 @@ const pythonPrime = `def _pandastack_prime():
         import pandas.plotting._matplotlib
 _pandastack_prime()
 del _pandastack_prime`
+
+// sparePrimeCode is what a spare runs after its warm-up, in one silent
+// cell: the pieces are whole statements, so each starts on a line of its
+// own.
+func sparePrimeCode() string {
+	return strings.Join([]string{jupyter.PythonMemFontsCode, pythonPrime, jupyter.PythonFastPNGCode}, "\n")
+}
 
 // pythonSetEnv is code that sets env in os.environ and leaves no name
 // behind in the user's namespace.
@@ -251,7 +259,7 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 				k.Close()
 				return nil, fmt.Errorf("the warm-up failed: %w", err)
 			}
-			if err := k.RunSilent(ctx, jupyter.PythonMemFontsCode+pythonPrime+jupyter.PythonFastPNGCode); err != nil {
+			if err := k.RunSilent(ctx, sparePrimeCode()); err != nil {
 				s.log.Warn("priming a spare kernel failed; it stays usable", "err", err)
 			}
 		}
