@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/pandastack/pandastack/client"
@@ -164,7 +163,7 @@ func (b *bench) recipes(ctx context.Context, python string) error {
 	}
 	b.add(summarize("recipe", "  create alone, "+pool, "ms", pick(append(warm, cold...), create), "both paths"))
 	b.add(summarize("recipe", "  create alone, no pool", "ms", pick(lazy, create), ""))
-	return b.recipeCPUs(ctx)
+	return nil
 }
 
 // baselineRecipe runs the warm recipe once on the -baseline server.
@@ -175,66 +174,5 @@ func (b *bench) baselineRecipe(ctx context.Context, into *[]recipeTimes) error {
 	}
 	*into = append(*into, t)
 	b.baseline.settle(ctx, 30*time.Second)
-	return nil
-}
-
-// recipeCPU is the CPU time the kernel spends on recipeCell in a warm
-// context on s, in ms: the kernel process's time.process_time() (all its
-// threads) read in a cell before and a cell after. On a machine shared with
-// other work the wall times swing with the load; CPU time much less.
-func (s *server) recipeCPU(ctx context.Context) (float64, error) {
-	sb, err := s.create(ctx, ciTemplate)
-	if err != nil {
-		return 0, fmt.Errorf("create on %s: %w", s.name, err)
-	}
-	defer s.kill(sb.ID)
-	cc, err := s.c.CreateContext(ctx, sb.ID, "python", "")
-	if err != nil {
-		return 0, fmt.Errorf("create_code_context on %s: %w", s.name, err)
-	}
-	var cpu float64
-	for _, code := range []string{"import time as _bench_time\n_bench_cpu = _bench_time.process_time()", recipeCell, "(_bench_time.process_time() - _bench_cpu) * 1000"} {
-		ex, err := s.c.Run(ctx, sb.ID, cc.ID, client.RunRequest{Code: code, TimeoutSeconds: 120})
-		if err == nil && ex.Error != nil {
-			err = fmt.Errorf("%s: %s", ex.Error.Name, ex.Error.Value)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("recipe CPU on %s: %w", s.name, err)
-		}
-		if ex.Text != "" {
-			cpu, err = strconv.ParseFloat(ex.Text, 64)
-			if err != nil {
-				return 0, fmt.Errorf("recipe CPU on %s: %q", s.name, ex.Text)
-			}
-		}
-	}
-	return cpu, nil
-}
-
-// recipeCPUs measures recipeCPU on the pooled server, alternating with the
-// -baseline server if there is one.
-func (b *bench) recipeCPUs(ctx context.Context) error {
-	sides := []*server{b.pool}
-	if b.baseline != nil {
-		sides = append(sides, b.baseline)
-	}
-	cpu := make([][]float64, len(sides))
-	for i := range b.set.N {
-		for j := range sides {
-			k := (i + j) % len(sides)
-			ms, err := sides[k].recipeCPU(ctx)
-			if err != nil {
-				return err
-			}
-			cpu[k] = append(cpu[k], ms)
-			sides[k].settle(ctx, 30*time.Second)
-		}
-	}
-	pool := fmt.Sprintf("pool %d", b.set.PoolSize)
-	b.add(summarize("recipe", "  first cell: the kernel's CPU time, warm, "+pool, "ms", cpu[0],
-		"time.process_time() of the kernel process (all threads) from a cell before to a cell after the recipe's cell, in a warm context; steadier than wall time on a loaded machine"))
-	if b.baseline != nil {
-		b.add(summarize("recipe", "  baseline (-baseline): first cell: the kernel's CPU time, warm, "+pool, "ms", cpu[1], "alternating round by round with the line above"))
-	}
 	return nil
 }
