@@ -76,7 +76,7 @@ func (s *server) recipe(ctx context.Context, cwd string) (recipeTimes, error) {
 // sandbox, no network hop, no chart extraction), warmed up as a spare is,
 // alternating with the warm path.
 func (b *bench) recipes(ctx context.Context, python string) error {
-	var warm, cold, lazy []recipeTimes
+	var warm, cold, lazy, base []recipeTimes
 	var native []float64
 	hk, err := startHostKernel(ctx, python)
 	if err != nil {
@@ -92,6 +92,11 @@ func (b *bench) recipes(ctx context.Context, python string) error {
 			return fmt.Errorf("the recipe's cell on the host: %w", err)
 		}
 		native = append(native, ms)
+		if b.baseline != nil && i%2 == 0 {
+			if err := b.baselineRecipe(ctx, &base); err != nil {
+				return err
+			}
+		}
 		order := []bool{true, false}
 		if i%2 == 1 {
 			order[0], order[1] = order[1], order[0]
@@ -111,6 +116,11 @@ func (b *bench) recipes(ctx context.Context, python string) error {
 				cold = append(cold, t)
 			}
 			b.pool.settle(ctx, 30*time.Second)
+		}
+		if b.baseline != nil && i%2 == 1 {
+			if err := b.baselineRecipe(ctx, &base); err != nil {
+				return err
+			}
 		}
 	}
 	for range b.set.N {
@@ -146,7 +156,23 @@ func (b *bench) recipes(ctx context.Context, python string) error {
 	b.add(summarize("recipe", "  first cell (imports + plot) alone, warm, no pool", "ms", pick(lazy, run), ""))
 	b.add(summarize("recipe", "  the same cell natively: ipykernel on the host, warmed up alike", "ms", native,
 		"jupyter_client's execute_interactive until idle, alternating with the warm path; no sandbox, no API hop, no chart extraction: the floor the cell's rendering sets on this machine"))
+	if b.baseline != nil {
+		b.add(summarize("recipe", "baseline (-baseline): recipe, warm context, "+pool, "ms", pick(base, total),
+			"the other revision's server, alternating round by round with the warm path above"))
+		b.add(summarize("recipe", "  baseline (-baseline): first cell alone, warm, "+pool, "ms", pick(base, run), ""))
+	}
 	b.add(summarize("recipe", "  create alone, "+pool, "ms", pick(append(warm, cold...), create), "both paths"))
 	b.add(summarize("recipe", "  create alone, no pool", "ms", pick(lazy, create), ""))
+	return nil
+}
+
+// baselineRecipe runs the warm recipe once on the -baseline server.
+func (b *bench) baselineRecipe(ctx context.Context, into *[]recipeTimes) error {
+	t, err := b.baseline.recipe(ctx, "")
+	if err != nil {
+		return err
+	}
+	*into = append(*into, t)
+	b.baseline.settle(ctx, 30*time.Second)
 	return nil
 }

@@ -30,18 +30,34 @@ func (b *bench) runCode(ctx context.Context, python string) error {
 		return err
 	}
 	defer hk.close()
-	var inside []float64 // the Execution's duration_ms: the agent's own view
-	api := func() (float64, error) {
-		t0 := time.Now()
-		ex, err := b.pool.c.RunCode(ctx, sb.ID, client.RunRequest{Code: "1+1"})
-		d := ms(time.Since(t0))
-		if err == nil && (ex.Error != nil || ex.Text != "2") {
-			err = fmt.Errorf("run_code 1+1 via API: text %q, error %+v", ex.Text, ex.Error)
+	var inside, baseInside []float64 // the Execution's duration_ms: the agent's own view
+	apiOn := func(s *server, id string, inside *[]float64) func() (float64, error) {
+		return func() (float64, error) {
+			t0 := time.Now()
+			ex, err := s.c.RunCode(ctx, id, client.RunRequest{Code: "1+1"})
+			d := ms(time.Since(t0))
+			if err == nil && (ex.Error != nil || ex.Text != "2") {
+				err = fmt.Errorf("run_code 1+1 via API on %s: text %q, error %+v", s.name, ex.Text, ex.Error)
+			}
+			if err == nil {
+				*inside = append(*inside, float64(ex.DurationMS))
+			}
+			return d, err
 		}
-		if err == nil {
-			inside = append(inside, float64(ex.DurationMS))
+	}
+	api := apiOn(b.pool, sb.ID, &inside)
+	// With -baseline, the other revision's server takes its turn in each
+	// round too.
+	baseAPI := func() (float64, error) { return 0, nil }
+	if b.baseline != nil {
+		bsb, _, err := b.baseline.createAndRun(ctx)
+		if bsb != nil {
+			defer b.baseline.kill(bsb.ID)
 		}
-		return d, err
+		if err != nil {
+			return err
+		}
+		baseAPI = apiOn(b.baseline, bsb.ID, &baseInside)
 	}
 	host := func() (float64, error) {
 		d, text, err := hk.run(ctx, "1+1")
@@ -57,10 +73,20 @@ func (b *bench) runCode(ctx context.Context, python string) error {
 		if _, err := host(); err != nil {
 			return err
 		}
+		if _, err := baseAPI(); err != nil {
+			return err
+		}
 	}
-	var viaAPI, viaHost []float64
-	inside = inside[:0]
+	var viaAPI, viaHost, viaBase []float64
+	inside, baseInside = inside[:0], baseInside[:0]
 	for i := range b.set.N {
+		if b.baseline != nil {
+			d, err := baseAPI()
+			if err != nil {
+				return err
+			}
+			viaBase = append(viaBase, d)
+		}
 		first, second := api, host
 		if i%2 == 1 {
 			first, second = host, api
@@ -83,6 +109,10 @@ func (b *bench) runCode(ctx context.Context, python string) error {
 	b.add(a)
 	b.add(h)
 	b.add(summarize("roundtrip", "  run_code: duration_ms the API reports", "ms", inside, "the agent's time from the kernel request to its answer, whole ms"))
+	if b.baseline != nil {
+		b.add(summarize("roundtrip", "baseline (-baseline): run_code(\"1+1\") via API", "ms", viaBase, "the other revision's server, in the same rounds"))
+		b.add(summarize("roundtrip", "  baseline (-baseline): duration_ms the API reports", "ms", baseInside, ""))
+	}
 	r := summarize("ratio", "run_code ratio API / host kernel (pairwise)", "x", ratios(viaAPI, viaHost), fmt.Sprintf("ratio of medians %.2f", a.Median/h.Median)).
 		withTarget(targetRunRatio, 0, "issue 3")
 	b.add(r)

@@ -5,10 +5,13 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -106,6 +109,10 @@ func meminfo() (total, avail int64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
+	return parseMeminfo(b)
+}
+
+func parseMeminfo(b []byte) (total, avail int64, err error) {
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -135,6 +142,10 @@ func rss(pid int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	return parseStatm(pid, b)
+}
+
+func parseStatm(pid int, b []byte) (int64, error) {
 	f := strings.Fields(string(b))
 	if len(f) < 2 {
 		return 0, fmt.Errorf("statm of %d: %q", pid, b)
@@ -144,6 +155,84 @@ func rss(pid int) (int64, error) {
 		return 0, err
 	}
 	return pages * int64(os.Getpagesize()), nil
+}
+
+// procFiles keeps the /proc files the memory watch reads on every pass
+// open, and reads them with one pread each: os.ReadFile costs five
+// syscalls or more (open, fstat, read, read, close), and in gVisor a pass
+// over /proc/meminfo and one kernel's statm took ~270 µs that way against
+// ~40 µs with the files kept open (a /proc file read at offset 0 is made
+// afresh). A kernel's statm stays open until the kernel is gone, so it
+// never reads another process that got the same pid. Only the watch's
+// goroutine uses it.
+type procFiles struct {
+	meminfo *os.File
+	statm   map[*kernelProc]*os.File
+	buf     [4096]byte
+}
+
+// read reads *fp (opening path first if nil) from its start; on an error
+// it closes the file so the next read opens it again.
+func (pf *procFiles) read(path string, fp **os.File) ([]byte, error) {
+	if *fp == nil {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		*fp = f
+	}
+	n, err := (*fp).ReadAt(pf.buf[:], 0)
+	if err != nil && !(errors.Is(err, io.EOF) && n > 0) {
+		(*fp).Close()
+		*fp = nil
+		return nil, err
+	}
+	return pf.buf[:n], nil
+}
+
+func (pf *procFiles) readMeminfo() (total, avail int64, err error) {
+	b, err := pf.read("/proc/meminfo", &pf.meminfo)
+	if err != nil {
+		return 0, 0, err
+	}
+	return parseMeminfo(b)
+}
+
+// rss is the resident memory of k's process.
+func (pf *procFiles) rss(k *kernelProc) (int64, error) {
+	if pf.statm == nil {
+		pf.statm = map[*kernelProc]*os.File{}
+	}
+	f := pf.statm[k]
+	b, err := pf.read("/proc/"+strconv.Itoa(k.Pid())+"/statm", &f)
+	if f != nil {
+		pf.statm[k] = f
+	} else {
+		delete(pf.statm, k)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return parseStatm(k.Pid(), b)
+}
+
+// keep closes the statm files of kernels not in live.
+func (pf *procFiles) keep(live []*kernelProc) {
+	for k, f := range pf.statm {
+		if !slices.Contains(live, k) {
+			f.Close()
+			delete(pf.statm, k)
+		}
+	}
+}
+
+// close closes every file.
+func (pf *procFiles) close() {
+	pf.keep(nil)
+	if pf.meminfo != nil {
+		pf.meminfo.Close()
+		pf.meminfo = nil
+	}
 }
 
 // watchMemory runs the memory watch for the life of the agent.
@@ -161,6 +250,8 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 	log.Info("kernel memory watch", "kernel_limit_mib", perKernel>>20, "sandbox_mib", total>>20)
 	t := time.NewTimer(memWatchPeriod)
 	defer t.Stop()
+	var pf procFiles
+	defer pf.close()
 	for {
 		kicked := false
 		select {
@@ -168,7 +259,7 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 		case <-cs.memKick:
 			kicked = true // the cell may not count as busy yet
 		}
-		cs.checkMemory(total, perKernel, pressure, log)
+		cs.checkMemory(&pf, total, perKernel, pressure, log)
 		if kicked {
 			t.Reset(memWatchPeriod)
 		} else {
@@ -192,19 +283,20 @@ func (cs *Contexts) memWatchPace() time.Duration {
 	return memWatchIdlePeriod
 }
 
-// checkMemory is one pass of the watch.
-func (cs *Contexts) checkMemory(total, perKernel, pressure int64, log *slog.Logger) {
+// checkMemory is one pass of the watch, reading /proc through pf.
+func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64, log *slog.Logger) {
 	cs.mu.Lock()
 	procs := make([]*kernelProc, 0, len(cs.procs))
 	for k := range cs.procs {
 		procs = append(procs, k)
 	}
 	cs.mu.Unlock()
+	pf.keep(procs)
 	if len(procs) == 0 {
 		return
 	}
 	for _, k := range procs {
-		n, err := rss(k.Pid())
+		n, err := pf.rss(k)
 		if err != nil {
 			continue
 		}
@@ -214,7 +306,7 @@ func (cs *Contexts) checkMemory(total, perKernel, pressure int64, log *slog.Logg
 			return
 		}
 	}
-	_, avail, err := meminfo()
+	_, avail, err := pf.readMeminfo()
 	if err != nil || total-avail <= pressure {
 		return
 	}
@@ -225,7 +317,7 @@ func (cs *Contexts) checkMemory(total, perKernel, pressure int64, log *slog.Logg
 	var largest *kernelProc
 	var largestRSS int64
 	for _, k := range procs {
-		n, _ := rss(k.Pid())
+		n, _ := pf.rss(k)
 		for _, d := range descendants(k.Pid()) {
 			m, _ := rss(d)
 			n += m

@@ -5,6 +5,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -75,14 +76,16 @@ func TestMemoryWatchKillsAKernelOverItsLimit(t *testing.T) {
 	defer k.Kill()
 	cs := NewContexts()
 	cs.procs[k] = true
+	var pf procFiles
+	defer pf.close()
 	// Its limit far above it: untouched.
-	cs.checkMemory(1<<40, 1<<39, 1<<40, discardLogger())
+	cs.checkMemory(&pf, 1<<40, 1<<39, 1<<40, discardLogger())
 	select {
 	case <-k.Done():
 		t.Fatalf("a kernel within its limit was killed: %s", k.ExitReason())
 	case <-time.After(200 * time.Millisecond):
 	}
-	cs.checkMemory(1<<40, 1, 1<<40, discardLogger())
+	cs.checkMemory(&pf, 1<<40, 1, 1<<40, discardLogger())
 	select {
 	case <-k.Done():
 	case <-time.After(10 * time.Second):
@@ -90,5 +93,69 @@ func TestMemoryWatchKillsAKernelOverItsLimit(t *testing.T) {
 	}
 	if r := k.ExitReason(); !strings.HasPrefix(r, "out_of_memory: ") {
 		t.Fatalf("exit reason %q, want out_of_memory", r)
+	}
+}
+
+// TestProcFiles: the watch's kept-open /proc files give fresh values on
+// every read, are closed once their kernel is gone from the watch, and a
+// kernel that exited reads as an error, not as another process.
+func TestProcFiles(t *testing.T) {
+	var pf procFiles
+	defer pf.close()
+	var self *os.File
+	defer func() {
+		if self != nil {
+			self.Close()
+		}
+	}()
+	resident := func() int64 {
+		b, err := pf.read("/proc/self/statm", &self)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := parseStatm(os.Getpid(), b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := resident()
+	grow := make([]byte, 64<<20)
+	for i := range grow {
+		grow[i] = 1
+	}
+	if after := resident(); after < before+32<<20 {
+		t.Fatalf("resident memory read through the same file: %d then %d after touching 64 MiB", before, after)
+	}
+	runtime.KeepAlive(grow)
+	if total, avail, err := pf.readMeminfo(); err != nil || total <= 0 || avail <= 0 || avail > total {
+		t.Fatalf("meminfo: %d %d %v", total, avail, err)
+	}
+
+	p, err := (*Reaper)(nil).Start("/bin/sleep", []string{"sleep", "60"}, &os.ProcAttr{Sys: procAttr(true)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := newKernelProc(p)
+	defer k.Kill()
+	if n, err := pf.rss(k); err != nil || n <= 0 {
+		t.Fatalf("rss of a live kernel: %d %v", n, err)
+	}
+	if len(pf.statm) != 1 {
+		t.Fatalf("%d statm files open, want 1", len(pf.statm))
+	}
+	pf.keep([]*kernelProc{k})
+	if len(pf.statm) != 1 {
+		t.Fatal("keep closed the file of a live kernel")
+	}
+	k.Kill()
+	<-k.Done()
+	if n, err := pf.rss(k); err == nil {
+		t.Fatalf("rss of an exited kernel: %d, want an error", n)
+	}
+	pf.rss(k) // reopens nothing: the pid is gone
+	pf.keep(nil)
+	if len(pf.statm) != 0 {
+		t.Fatalf("%d statm files open after keep(nil)", len(pf.statm))
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -113,7 +114,10 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 // draws and renders a tiny figure, so the fonts, the Agg renderer and
 // pandas' plotting module are loaded before the first user's plot rather
 // than during it (100-170 ms of the recipe's first cell in gVisor). It
-// leaves no figure open and no name behind.
+// leaves no figure open and no name behind. jupyter.PythonMemFontsCode
+// runs just before it, so the fonts it loads are read from memory, and
+// jupyter.PythonFastPNGCode after it, once its figure has set up the
+// inline backend's PNG formatter.
 const pythonPrime = `def _pandastack_prime():
     import sys
     if "matplotlib.pyplot" not in sys.modules:
@@ -130,6 +134,13 @@ const pythonPrime = `def _pandastack_prime():
         import pandas.plotting._matplotlib
 _pandastack_prime()
 del _pandastack_prime`
+
+// sparePrimeCode is what a spare runs after its warm-up, in one silent
+// cell: the pieces are whole statements, so each starts on a line of its
+// own.
+func sparePrimeCode() string {
+	return strings.Join([]string{jupyter.PythonMemFontsCode, pythonPrime, jupyter.PythonFastPNGCode}, "\n")
+}
 
 // pythonSetEnv is code that sets env in os.environ and leaves no name
 // behind in the user's namespace.
@@ -300,7 +311,7 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 				k.Close()
 				return nil, fmt.Errorf("the warm-up failed: %w", err)
 			}
-			if err := k.RunSilent(ctx, pythonPrime); err != nil {
+			if err := k.RunSilent(ctx, sparePrimeCode()); err != nil {
 				s.log.Warn("priming a spare kernel failed; it stays usable", "err", err)
 			}
 		}

@@ -64,3 +64,19 @@ func TestPythonSetEnv(t *testing.T) {
 		t.Fatalf("got %q, want %q", got, want)
 	}
 }
+
+// TestSparePrimeCodeCompiles: the pieces a spare runs after its warm-up
+// make one valid cell (a silent cell that does not compile fails whole,
+// and the spare is then not primed at all).
+func TestSparePrimeCodeCompiles(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("no python3 on this machine")
+	}
+	cmd := exec.Command(py, "-c", "import sys; compile(sys.stdin.read(), 'prime', 'exec')")
+	cmd.Stdin = strings.NewReader(sparePrimeCode())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+}

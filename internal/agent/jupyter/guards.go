@@ -30,6 +30,9 @@ const droppedKey = "pandastack_dropped"
 //     computing their whole repr, and any displayed text value is cut at
 //     the cap, any other value over ResultsCap dropped with a note.
 //
+// It also runs PythonPlotsCode before the first cell after matplotlib's
+// pyplot is imported (faster plots, see there).
+//
 // The cap starts at DefaultOutputCap; PythonOutputCapCode changes it.
 var PythonSetupCode = `def _pandastack_setup():
     import sys
@@ -71,7 +74,7 @@ var PythonSetupCode = `def _pandastack_setup():
             if getattr(w, '__func__', None) is orig_write:
                 del stream.__dict__['write']
     ip.events.register('pre_run_cell', reset)
-
+` + pythonPlotsHook + `
     # IPython 9 tees every write of a cell into its history (kept for the
     # kernel's life, uncapped, above our cap): 500 MB printed is 500 MB
     # held. The platform has no use for output history.
