@@ -88,7 +88,7 @@ func main() {
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
 	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle, suspended, create, burst, stream, recipe and runcode sections alternate their rounds with servers of those (side by side)")
-	baselineRunsc := flag.String("baseline-runsc", "", "with -baseline: the runsc its server uses (default: the same as the others'), to compare runsc builds with the same pandastack binaries")
+	baselineRunsc := flag.String("baseline-runsc", "", "with -baseline: the runsc its servers use (default: the same as the others'), to compare runsc builds with the same pandastack binaries")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
@@ -205,12 +205,12 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 		if baselineRunsc != "" {
 			brunsc, rep.BaselineRunsc = baselineRunsc, baselineRunsc
 		}
-		fmt.Fprintf(os.Stderr, "starting a baseline server from %s (runsc %s) with --pool-size %d\n", baselineBin, brunsc, set.PoolSize)
+		fmt.Fprintf(os.Stderr, "starting baseline servers from %s (runsc %s) with --pool-size %d and 0\n", baselineBin, brunsc, set.PoolSize)
 		if b.baseline, err = startWarmServer(ctx, "baseline", baselineBin, brunsc, set.PoolSize); err != nil {
 			return err
 		}
 		defer b.baseline.stop()
-		if b.baselineNoPool, err = startWarmServer(ctx, "baseline-no-pool", baselineBin, runsc, 0); err != nil {
+		if b.baselineNoPool, err = startWarmServer(ctx, "baseline-no-pool", baselineBin, brunsc, 0); err != nil {
 			return err
 		}
 		defer b.baselineNoPool.stop()
