@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -16,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/pandastack/pandastack"
@@ -640,11 +643,32 @@ func (n *Network) teardown(s *sandboxNet) {
 }
 
 func (n *Network) removeNamespace(id string) {
-	if n.nsExists(id) {
-		if err := netns.DeleteNamed(n.nsName(id)); err != nil {
-			n.log.Warn("remove network namespace", "sandbox", id, "err", err)
-		}
+	if err := removePinned(n.NSPath(id)); err != nil {
+		n.log.Warn("remove network namespace", "sandbox", id, "err", err)
 	}
+}
+
+// removePinned unpins a namespace: it unmounts every bind mount stacked on
+// path, then removes the file. netns.DeleteNamed unmounts once and gives
+// up on the first error; under heavy load (load above 100 here) the
+// remove then failed with EBUSY, and a later one found the file no longer
+// a mount point (EINVAL) and left it, so the sandbox's next Prepare (its
+// resume) failed with "file exists". A missing path is not an error.
+func removePinned(path string) error {
+	var err error
+	for attempt := range 5 {
+		for syscall.Unmount(path, syscall.MNT_DETACH) == nil {
+		}
+		err = os.Remove(path)
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond << attempt)
+	}
+	return err
 }
 
 // vethMTU is the MTU of both ends of a sandbox's veth. gVisor's netstack
@@ -658,8 +682,8 @@ const vethMTU = 65000
 // (eth0, addr/30, default route via gw) and the host end (gw/30, up).
 func (n *Network) makeNamespace(id, veth string, gw, addr netip.Addr) error {
 	name := n.nsName(id)
-	if n.nsExists(id) {
-		netns.DeleteNamed(name)
+	if err := removePinned(n.NSPath(id)); err != nil { // left by a crash, or a failed removal
+		return fmt.Errorf("create namespace: remove the old one: %w", err)
 	}
 	if l, err := netlink.LinkByName(veth); err == nil {
 		netlink.LinkDel(l) // left by a crash

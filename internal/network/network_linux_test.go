@@ -565,3 +565,51 @@ func TestProxyConnectionsBounded(t *testing.T) {
 		t.Errorf("%d of %d connections reset, want at least the %d past the bound", resets, maxProxyConns+extra, extra)
 	}
 }
+
+// TestRemovePinnedStacked: a namespace file with bind mounts stacked on it
+// is unpinned and removed whole, and a plain file left behind is removed
+// too, so the sandbox's next Prepare can pin its namespace there again.
+func TestRemovePinnedStacked(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := t.TempDir()
+	path := dir + "/ns"
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := syscall.Mount("/proc/self/ns/net", path, "", syscall.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for syscall.Unmount(path, syscall.MNT_DETACH) == nil {
+		}
+	})
+	if err := removePinned(path); err != nil {
+		t.Fatalf("removePinned with two mounts stacked: %v", err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("after removePinned: stat %s: %v, want it gone", path, err)
+	}
+	if err := removePinned(path); err != nil {
+		t.Errorf("removePinned of a missing path: %v, want nil", err)
+	}
+}
+
+// TestPrepareOverStaleFile: a plain file where the sandbox's namespace is
+// pinned (a removal that failed half-way) does not stop its next Prepare.
+func TestPrepareOverStaleFile(t *testing.T) {
+	up := nettest.StartUpstream(t, "s", 2, 2)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	if err := os.WriteFile(n.NSPath("sbx_stale"), nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	ns, err := n.Prepare("sbx_stale", nil)
+	if err != nil {
+		t.Fatalf("Prepare over a stale namespace file: %v", err)
+	}
+	if body, _, err := get(t, ns, up.PublicIP); err != nil || !strings.Contains(body, "upstream test.example") {
+		t.Errorf("GET %s from the new namespace = %q, %v", up.PublicIP, body, err)
+	}
+	n.Release("sbx_stale")
+}
