@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/mountinfo"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 )
@@ -173,6 +175,9 @@ func New(cfg Config) (*Network, error) {
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("network: %w", err)
+	}
+	if err := ownMount("/run/netns"); err != nil {
+		n.log.Warn("/run/netns is not a mount of its own: a later `ip netns add` would hide the namespaces pinned now from their removal", "err", err)
 	}
 	// Forwarding is host-wide and left on at exit: other servers on this
 	// host (or other software) may rely on it by then.
@@ -669,6 +674,31 @@ func removePinned(path string) error {
 		time.Sleep(10 * time.Millisecond << attempt)
 	}
 	return err
+}
+
+// ownMount makes dir (/run/netns) a mount of its own, a bind of itself,
+// unless it is one already or already holds mounts. iproute2's `ip netns
+// add` (run by an admin, or a test) makes it one when it is not: that
+// bind hides every namespace pinned in dir before it, which then can be
+// neither unmounted through its path (EINVAL) nor removed (EBUSY), so
+// those sandboxes could never be paused and resumed again. Done before our
+// first pin, iproute2 finds a mount and only changes its propagation.
+func ownMount(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	dir = filepath.Clean(dir)
+	mounts, err := mountinfo.Under(dir)
+	if err != nil {
+		return err
+	}
+	if slices.Contains(mounts, dir) {
+		return nil
+	}
+	if len(mounts) > 0 {
+		return fmt.Errorf("%s holds mounts (%s) but is no mount itself: a later `ip netns add` would hide them", dir, mounts[0])
+	}
+	return syscall.Mount(dir, dir, "", syscall.MS_BIND, "")
 }
 
 // vethMTU is the MTU of both ends of a sandbox's veth. gVisor's netstack

@@ -613,3 +613,65 @@ func TestPrepareOverStaleFile(t *testing.T) {
 	}
 	n.Release("sbx_stale")
 }
+
+// iprouteNetnsAdd does to dir what iproute2's `ip netns add` does to
+// /run/netns before it pins a namespace there: make it shared, binding it
+// onto itself first when it is not a mount of its own.
+func iprouteNetnsAdd(t *testing.T, dir string) {
+	t.Helper()
+	err := syscall.Mount("", dir, "", syscall.MS_SHARED|syscall.MS_REC, "")
+	if errors.Is(err, syscall.EINVAL) {
+		if err = syscall.Mount(dir, dir, "", syscall.MS_BIND|syscall.MS_REC, ""); err == nil {
+			err = syscall.Mount("", dir, "", syscall.MS_SHARED|syscall.MS_REC, "")
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOwnMountKeepsPinsRemovable: a namespace pinned in a directory that
+// iproute2 later binds onto itself can no longer be removed, unless the
+// directory was a mount of its own first (what New does to /run/netns).
+func TestOwnMountKeepsPinsRemovable(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, own := range []bool{false, true} {
+		dir := t.TempDir()
+		if own {
+			if err := ownMount(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := ownMount(dir); err != nil {
+				t.Fatalf("ownMount of a mount already: %v", err)
+			}
+		}
+		pin := dir + "/ns"
+		if err := os.WriteFile(pin, nil, 0o444); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Mount("/proc/self/ns/net", pin, "", syscall.MS_BIND, ""); err != nil {
+			t.Fatal(err)
+		}
+		iprouteNetnsAdd(t, dir)
+		err := removePinned(pin)
+		switch {
+		case own && err != nil:
+			t.Errorf("own mount: removePinned after iproute2's bind: %v", err)
+		case !own && err == nil:
+			t.Errorf("no own mount: removePinned after iproute2's bind succeeded; the hazard this guards against is gone?")
+		}
+		// Undo: the binds on dir, then what they hid.
+		for syscall.Unmount(dir, syscall.MNT_DETACH) == nil {
+		}
+		removePinned(pin)
+		if _, err := os.Stat(pin); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("own=%v: %s left: %v", own, pin, err)
+		}
+	}
+	fresh := t.TempDir() + "/new"
+	if err := ownMount(fresh); err != nil {
+		t.Errorf("ownMount of a new directory: %v", err)
+	}
+	for syscall.Unmount(fresh, syscall.MNT_DETACH) == nil {
+	}
+}

@@ -354,12 +354,6 @@ func TestMountNamespaceIsPrivate(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	if got := unescapeMountinfo(`/a\040b\134c\011`); got != "/a b\\c\t" {
-		t.Errorf("got %q", got)
-	}
-}
-
 func TestRemoveStale(t *testing.T) {
 	cache := t.TempDir()
 	root := filepath.Join(cache, templatesDir)

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/pandastack/pandastack/internal/mountinfo"
 )
 
 // mountEntry is one line of a mountinfo file (proc(5)): the device, the
@@ -90,7 +92,7 @@ func readMountinfo(path string) ([]mountEntry, error) {
 		if len(fields) < 5 {
 			continue
 		}
-		out = append(out, mountEntry{dev: fields[2], root: filepath.Clean(unescapeMountinfo(fields[3])), point: filepath.Clean(unescapeMountinfo(fields[4]))})
+		out = append(out, mountEntry{dev: fields[2], root: filepath.Clean(mountinfo.Unescape(fields[3])), point: filepath.Clean(mountinfo.Unescape(fields[4]))})
 	}
 	return out, sc.Err()
 }

@@ -1,17 +1,17 @@
 package template
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/mountinfo"
 )
 
 // inMountNS runs fn on its own OS thread in a new, private mount namespace.
@@ -130,57 +130,8 @@ func mountBuildFS(rootfs string) (undo func() error, err error) {
 }
 
 // mountsUnder lists the mount points at or below dir as the calling thread
-// sees them (thread-self: inside inMountNS that is the private namespace).
-func mountsUnder(dir string) ([]string, error) {
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, err
-	}
-	if real, err := filepath.EvalSymlinks(dir); err == nil {
-		dir = real
-	}
-	f, err := os.Open("/proc/thread-self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mounts: %w", err)
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mounts: %w", err)
-	}
-	return out, nil
-}
-
-// unescapeMountinfo undoes the kernel's octal escapes (\040 for a space).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
+// sees them (inside inMountNS that is the private namespace).
+func mountsUnder(dir string) ([]string, error) { return mountinfo.Under(dir) }
 
 // lockFile takes an exclusive flock on path, polling so that ctx can cancel
 // the wait; waiting is called once if another process holds the lock.
