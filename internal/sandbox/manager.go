@@ -163,7 +163,7 @@ type Manager struct {
 	idleCPUs func(context.Context, time.Duration) (float64, error)
 
 	suspending   atomic.Bool // idle suspends are under way (idle.go)
-	warmVerified sync.Map    // warm images checksummed already (warm.go)
+	warmVerified sync.Map    // key → *warmCheck: warm images checksummed (warm.go)
 	node         nodeState   // the other nodes as of the last heartbeat (node.go)
 	ownPaused    sync.Map    // sandbox id → ownPaused: paused images this process wrote (resume.go)
 
