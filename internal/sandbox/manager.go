@@ -153,8 +153,17 @@ type Manager struct {
 	caDigest string     // of caPEM, hex (network.go)
 	admit    *admission // the line of restores (admit.go)
 
+	// Creates under way, and when the last one ended (unix ns of m.now):
+	// pool refills yield to them and to the work that follows them
+	// (yieldToCreates in pool.go).
+	creates    atomic.Int32
+	lastCreate atomic.Int64
+	// idleCPUs measures the host's idle CPUs over a while (hostcpu.go;
+	// unit tests replace it).
+	idleCPUs func(context.Context, time.Duration) (float64, error)
+
 	suspending   atomic.Bool // idle suspends are under way (idle.go)
-	warmVerified sync.Map    // warm images checksummed already (warm.go)
+	warmVerified sync.Map    // key → *warmCheck: warm images checksummed (warm.go)
 	node         nodeState   // the other nodes as of the last heartbeat (node.go)
 	ownPaused    sync.Map    // sandbox id → ownPaused: paused images this process wrote (resume.go)
 
@@ -170,7 +179,7 @@ func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Te
 	}
 	return &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
-		sbx: newTable(), stop: make(chan struct{}), admit: newAdmission(cfg.MaxRestores),
+		sbx: newTable(), stop: make(chan struct{}), admit: newAdmission(cfg.MaxRestores), idleCPUs: idleCPUs,
 	}
 }
 
@@ -434,7 +443,23 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
+	m.creates.Add(1)
+	defer func() {
+		m.lastCreate.Store(m.now().UnixNano()) // before the count drops: a refill that sees none also sees this
+		m.creates.Add(-1)
+	}()
+	// A create's own steps, for the debug log: where a burst's time goes.
+	trace := p.steps == nil && m.log.Enabled(ctx, slog.LevelDebug)
+	if trace {
+		p.steps = newResumeSteps()
+		defer func() {
+			if err == nil {
+				p.steps.debug(m.log, "sandbox create steps", sb.ID)
+			}
+		}()
+	}
 	pd, pooledOK := m.fromPool(p)
+	p.steps.done("pool_ms")
 	if pooledOK {
 		sb.ID = pd.id
 	} else if p.line {
@@ -445,6 +470,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "gave up waiting for a free restore slot (%d creates in line): %v", m.admit.waiting(), err)
 		}
 		defer release()
+		p.steps.done("line_ms")
 	}
 	if err := m.sbx.begin(sb.ID, phaseCreating); err != nil {
 		if pooledOK {
@@ -476,6 +502,9 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		if err := m.applyNetwork(sb.ID, p.network); err != nil {
 			pd.client.Close()
 			return pandastack.Sandbox{}, err
+		}
+		if p.steps != nil {
+			p.steps.attrs = append(p.steps.attrs, "pooled", true)
 		}
 		return m.started(ctx, sb, pd.client)
 	}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -119,4 +120,74 @@ func TestAdaptivePool(t *testing.T) {
 	if st := h.m.Pools(ctx)["base"]; st.Size != 1 || st.Ready != 1 {
 		t.Fatalf("an hour later: %+v, want size 1, ready 1", st)
 	}
+}
+
+// A refill waits while creates are under way, and after them while the
+// host's CPUs are busy, until refillQuiet has passed since the last one.
+func TestRefillYieldsToCreates(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	clk := &clock{t: time.Now()}
+	h.m.now = clk.now
+	var mu sync.Mutex
+	idle, samples := 64.0, 0
+	h.m.idleCPUs = func(context.Context, time.Duration) (float64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		samples++
+		return idle, nil
+	}
+	setIdle := func(v float64) {
+		mu.Lock()
+		idle, samples = v, 0
+		mu.Unlock()
+	}
+	sampled := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return samples
+	}
+	restores := func() int {
+		h.rt.mu.Lock()
+		defer h.rt.mu.Unlock()
+		return h.rt.restores
+	}
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
+	if err := h.m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
+		t.Fatal(err)
+	}
+	h.tpls.tpl = tpl
+	h.m.EnablePool(tpl, 1)
+	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
+
+	// Busy host: the create's claim starts a refill, which only samples.
+	setIdle(0.1)
+	before := restores()
+	h.create()
+	waitFor(t, func() bool { return sampled() >= 3 })
+	if n := restores(); n != before {
+		t.Fatalf("%d refills restored while the host was busy right after a create", n-before)
+	}
+	// A create under way holds it back whatever the host's load.
+	h.m.creates.Add(1)
+	setIdle(64)
+	clk.advance(refillQuiet)
+	time.Sleep(3 * refillSample) // a few of the refill's looks
+	if n := restores(); n != before {
+		t.Fatalf("%d refills restored while a create was under way", n-before)
+	}
+	h.m.creates.Add(-1)
+	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
+
+	// Busy host, but no create for refillQuiet: the pool refills anyway.
+	setIdle(0)
+	before = restores()
+	h.create()
+	waitFor(t, func() bool { return sampled() >= 2 })
+	if n := restores(); n != before {
+		t.Fatalf("%d refills restored on a busy host right after a create", n-before)
+	}
+	clk.advance(refillQuiet)
+	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
 }

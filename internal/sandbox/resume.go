@@ -96,6 +96,12 @@ func (s *resumeSteps) log(log *slog.Logger, id string, own bool) {
 	log.Info("sandbox resumed", attrs...)
 }
 
+// debug logs the steps at debug level under msg.
+func (s *resumeSteps) debug(log *slog.Logger, msg, id string) {
+	attrs := append([]any{"sandbox", id, "total_ms", msSince(s.start, time.Now())}, s.attrs...)
+	log.Debug(msg, attrs...)
+}
+
 func msSince(t0, t1 time.Time) float64 {
 	return float64(t1.Sub(t0).Microseconds()) / 1000
 }

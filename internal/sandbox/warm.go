@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -72,8 +73,10 @@ func (m *Manager) Warm(ctx context.Context, tpl Template, warmup, dir string) er
 // verifyWarm checks a warm image like verifyImage, once per process and
 // version of its manifest: Warm writes a warm image once and nothing
 // changes it, and checksumming its ~100 MB on every create cost 20-50 ms of
-// CPU per create here. A rewritten manifest (a new image in the same place)
-// is checked again.
+// CPU per create here. Creates that come together wait for one check
+// rather than each checksumming the image (the first burst after a start
+// did that 20 times over). A rewritten manifest (a new image in the same
+// place) is checked again, and so is an image that failed.
 func (m *Manager) verifyWarm(dir, what string) error {
 	fi, err := os.Stat(filepath.Join(dir, "manifest.json"))
 	if err != nil {
@@ -81,14 +84,23 @@ func (m *Manager) verifyWarm(dir, what string) error {
 		return err
 	}
 	key := fmt.Sprintf("%s|%d|%d", dir, fi.ModTime().UnixNano(), fi.Size())
-	if _, ok := m.warmVerified.Load(key); ok {
-		return nil
+	v, _ := m.warmVerified.LoadOrStore(key, &warmCheck{})
+	wc := v.(*warmCheck)
+	wc.once.Do(func() { _, wc.err = checkWarm(dir, what) })
+	if wc.err != nil {
+		m.warmVerified.CompareAndDelete(key, wc)
 	}
-	if _, err := verifyImage(dir, what); err != nil {
-		return err
-	}
-	m.warmVerified.Store(key, true)
-	return nil
+	return wc.err
+}
+
+// checkWarm is verifyImage; a test counts its calls.
+var checkWarm = verifyImage
+
+// warmCheck is one check of a warm image, shared by the creates that ask
+// for it at once.
+type warmCheck struct {
+	once sync.Once
+	err  error
 }
 
 // WarmImageDir is where the warm image of a template build lives under

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,6 +50,70 @@ func TestVerifyWarm(t *testing.T) {
 	}
 	if err := m.verifyWarm(filepath.Join(root, "none"), "warm"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
 		t.Fatalf("a missing image: %v", err)
+	}
+}
+
+// Creates that verify a warm image at once share one check; a check that
+// failed is made again next time.
+func TestVerifyWarmOnceForMany(t *testing.T) {
+	root := t.TempDir()
+	tmp, final := filepath.Join(root, ".tmp"), filepath.Join(root, "warm")
+	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(tmp, "image", "checkpoint.img")
+	if err := os.WriteFile(img, []byte("pages and state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sealImage(tmp, final, manifest{Template: "t", RootFS: root}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	checks := 0
+	broken := true
+	checkWarm = func(dir, what string) (manifest, error) {
+		mu.Lock()
+		checks++
+		fail := broken
+		mu.Unlock()
+		time.Sleep(50 * time.Millisecond) // long enough for the others to come
+		if fail {
+			return manifest{}, pandastack.Errorf(pandastack.ESnapshotCorrupt, "damaged")
+		}
+		return verifyImage(dir, what)
+	}
+	defer func() { checkWarm = verifyImage }()
+	m := &Manager{}
+	verifyAll := func() []error {
+		errs := make([]error, 20)
+		var wg sync.WaitGroup
+		for i := range errs {
+			wg.Add(1)
+			go func() { defer wg.Done(); errs[i] = m.verifyWarm(final, "warm") }()
+		}
+		wg.Wait()
+		return errs
+	}
+	for _, err := range verifyAll() {
+		if !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+			t.Fatalf("a damaged image: %v", err)
+		}
+	}
+	mu.Lock()
+	broken, first := false, checks
+	mu.Unlock()
+	if first < 1 || first > 2 { // (a late one may start a second check after the first failed)
+		t.Fatalf("20 creates at once made %d checks of the damaged image, want 1", first)
+	}
+	for _, err := range verifyAll() {
+		if err != nil {
+			t.Fatalf("after the damage went: %v", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if checks != first+1 {
+		t.Fatalf("%d checks of the sound image, want 1 (and the failed check made again)", checks-first)
 	}
 }
 
