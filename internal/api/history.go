@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -57,9 +58,11 @@ func (s *Server) recordedExec(ctx context.Context, project, id string, agent *sa
 }
 
 // recordedRun is agent.RunCode, written to the sandbox's history as it runs.
-func (s *Server) recordedRun(ctx context.Context, project, id, cid, language string, agent *sandbox.AgentClient, req agentproto.RunRequest, onEvent func(agentproto.CodeEvent) error) (agentproto.Execution, error) {
+// clock receives the times of its steps.
+func (s *Server) recordedRun(ctx context.Context, project, id, cid, language string, agent *sandbox.AgentClient, req agentproto.RunRequest, onEvent func(agentproto.CodeEvent) error, clock *runClock) (agentproto.Execution, error) {
 	rec := s.history.Begin(project, id, history.Entry{Kind: history.KindCode, Code: req.Code, Language: language, ContextID: cid})
-	ex, err := agent.RunCode(ctx, cid, req, func(ev agentproto.CodeEvent) error {
+	clock.agentSent = time.Now()
+	ex, timing, err := agent.RunCodeTimed(ctx, cid, req, func(ev agentproto.CodeEvent) error {
 		switch ev.Type {
 		case "stdout":
 			rec.Stdout([]byte(ev.Data))
@@ -71,6 +74,7 @@ func (s *Server) recordedRun(ctx context.Context, project, id, cid, language str
 		}
 		return onEvent(ev)
 	})
+	clock.agentDone, clock.agent = time.Now(), timing
 	rec.End(func(e *history.Entry) {
 		if err != nil {
 			e.Failure = pandastack.ErrorMessage(err)
@@ -85,6 +89,7 @@ func (s *Server) recordedRun(ctx context.Context, project, id, cid, language str
 			e.Error = &history.CodeError{Name: ex.Error.Name, Value: ex.Error.Value, Traceback: ex.Error.Traceback}
 		}
 	})
+	clock.recorded = time.Now()
 	return ex, err
 }
 
