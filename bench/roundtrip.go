@@ -230,7 +230,7 @@ var runSteps = []struct{ key, label string }{
 	{"kernel_execute_us", "      kernel: busy → execute_reply"},
 	{"kernel_reply_to_idle_us", "      kernel: execute_reply → idle"},
 	{"kernel_back_us", "      kernel → agent: idle sent → reply and idle received"},
-	{"history_end_us", "server: history entry ended (store write)"},
+	{"history_end_us", "server: history entry ended before the answer (its store write comes after it)"},
 	{"answer_us", "server: answer written"},
 }
 

@@ -169,7 +169,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 	}
 	if wantsStream(r) {
 		nd := newNDJSON(w)
-		ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) }, &clock)
+		ex, store, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) }, &clock)
+		defer store()
 		if err != nil {
 			s.logFailure(r, err)
 			err = agent.Explain(err) // after logFailure reconciled: say how it ended
@@ -185,7 +186,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		clock.answered = time.Now()
 		return
 	}
-	ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, nil, &clock)
+	ex, store, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, nil, &clock)
+	defer store()
 	if err != nil {
 		s.logFailure(r, err)
 		err = agent.Explain(err) // after logFailure reconciled: say how it ended
