@@ -45,7 +45,7 @@ type Settings struct {
 }
 
 // sectionKeys name the sections for -only, in the order they run.
-var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "pss", "density", "idle", "suspended", "languages", "network", "nodes"}
+var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "runcode-profile", "pss", "density", "idle", "suspended", "languages", "network", "nodes"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
@@ -76,9 +76,12 @@ type Report struct {
 	// RestoreProfile splits a restore into its steps (section restore-profile).
 	RestoreProfile    []RestoreStep `json:"restore_profile,omitempty"`
 	RestoreImageBytes int64         `json:"restore_image_bytes,omitempty"`
-	Errors            []string      `json:"errors,omitempty"`
-	ServerProblems    []string      `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
-	DurationS         float64       `json:"duration_s"`
+	// RuncodeProfile counts the system calls of run_code("1+1") (section
+	// runcode-profile), for this revision and the -baseline one.
+	RuncodeProfile []RuncodeProfile `json:"runcode_profile,omitempty"`
+	Errors         []string         `json:"errors,omitempty"`
+	ServerProblems []string         `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
+	DurationS      float64          `json:"duration_s"`
 }
 
 func main() {
@@ -233,6 +236,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 		{"fork", "fork: each child answering run_code, 1/4/8 children", b.forks},
 		{"snapshot", "snapshot and restore: warm code-interpreter, and with a 100 MB DataFrame", b.snapshots},
 		{"restore-profile", "restore of the warm image, step by step (runsc debug log and our own timings)", b.restoreProfile},
+		{"runcode-profile", "system calls of one run_code(\"1+1\") in the sandbox, by thread and call (runsc --strace)", b.runcodeProfiles},
 		{"pss", "idle memory per sandbox (PSS of its host processes)", b.idlePSS},
 		{"density", "density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
 		{"idle", "idle suspend: resume of an idle-suspended sandbox → first result, vs pause + resume", b.idleResume},

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack/client"
@@ -49,6 +51,7 @@ func (b *bench) runCode(ctx context.Context, python string) error {
 	// With -baseline, the other revision's server takes its turn in each
 	// round too.
 	baseAPI := func() (float64, error) { return 0, nil }
+	bsbID := ""
 	if b.baseline != nil {
 		bsb, _, err := b.baseline.createAndRun(ctx)
 		if bsb != nil {
@@ -58,6 +61,7 @@ func (b *bench) runCode(ctx context.Context, python string) error {
 			return err
 		}
 		baseAPI = apiOn(b.baseline, bsb.ID, &baseInside)
+		bsbID = bsb.ID
 	}
 	host := func() (float64, error) {
 		d, text, err := hk.run(ctx, "1+1")
@@ -65,6 +69,13 @@ func (b *bench) runCode(ctx context.Context, python string) error {
 			err = fmt.Errorf("host kernel: 1+1 gave %q", text)
 		}
 		return d, err
+	}
+	// The first run_code took the warm spare kernel; the sandbox starts a
+	// replacement a moment later (seconds of CPU): let it finish, so that
+	// the CPU per run below is the runs'.
+	waitCPUQuiet(ctx, sb.ID)
+	if bsbID != "" {
+		waitCPUQuiet(ctx, bsbID)
 	}
 	for range 3 { // warm both up: first cells import and allocate
 		if _, err := api(); err != nil {
@@ -79,6 +90,9 @@ func (b *bench) runCode(ctx context.Context, python string) error {
 	}
 	var viaAPI, viaHost, viaBase []float64
 	inside, baseInside = inside[:0], baseInside[:0]
+	// The sandboxes' CPU over the rounds (their cgroups): what a run costs
+	// inside, which a busy machine stretches far less than the times.
+	cpu0, baseCPU0 := sandboxCPU(sb.ID), sandboxCPU(bsbID)
 	for i := range b.set.N {
 		if b.baseline != nil {
 			d, err := baseAPI()
@@ -104,14 +118,23 @@ func (b *bench) runCode(ctx context.Context, python string) error {
 		}
 		viaAPI, viaHost = append(viaAPI, d1), append(viaHost, d2)
 	}
+	cpu1, baseCPU1 := sandboxCPU(sb.ID), sandboxCPU(bsbID)
 	a := summarize("roundtrip", "run_code(\"1+1\") via API", "ms", viaAPI, "HTTP → agent → ipykernel in the sandbox → Execution JSON")
 	h := summarize("roundtrip", "run_code(\"1+1\") via jupyter_client, host ipykernel", "ms", viaHost, "baseline: no sandbox, no API")
 	b.add(a)
 	b.add(h)
 	b.add(summarize("roundtrip", "  run_code: duration_ms the API reports", "ms", inside, "the agent's time from the kernel request to its answer, whole ms"))
+	if cpu0 >= 0 && cpu1 >= 0 {
+		b.add(summarize("runcode-breakdown", "sandbox CPU per run_code(\"1+1\") (cgroup, mean over the rounds)", "ms", []float64{(cpu1 - cpu0) / float64(len(viaAPI))}, "the sandbox's cpuacct before and after the rounds, over their count: agent and kernel, idle work included"))
+	}
+	if b.baseline != nil && baseCPU0 >= 0 && baseCPU1 >= 0 {
+		b.add(summarize("runcode-breakdown", "baseline (-baseline): sandbox CPU per run_code(\"1+1\") (cgroup, mean over the rounds)", "ms", []float64{(baseCPU1 - baseCPU0) / float64(len(viaBase))}, ""))
+	}
+	b.addRunBreakdown(b.pool, sb.ID, len(viaAPI), "")
 	if b.baseline != nil {
 		b.add(summarize("roundtrip", "baseline (-baseline): run_code(\"1+1\") via API", "ms", viaBase, "the other revision's server, in the same rounds"))
 		b.add(summarize("roundtrip", "  baseline (-baseline): duration_ms the API reports", "ms", baseInside, ""))
+		b.addRunBreakdown(b.baseline, bsbID, len(viaBase), "baseline (-baseline): ")
 	}
 	r := summarize("ratio", "run_code ratio API / host kernel (pairwise)", "x", ratios(viaAPI, viaHost), fmt.Sprintf("ratio of medians %.2f", a.Median/h.Median)).
 		withTarget(targetRunRatio, 0, "issue 3")
@@ -206,4 +229,82 @@ func (b *bench) files(ctx context.Context) error {
 	b.add(summarizeRate("throughput", "upload 2 MiB", "MB/s", up, "PUT /files, whole request; p95 is the slow tail"))
 	b.add(summarizeRate("throughput", "download 2 MiB", "MB/s", down, "GET /files, whole body; p95 is the slow tail"))
 	return nil
+}
+
+// runSteps are the keys of the server's "code run" debug line, in the order
+// of a run, with what each measures.
+var runSteps = []struct{ key, label string }{
+	{"total_us", "server: whole request, handler start → answer written"},
+	{"decode_acquire_us", "server: request decoded, sandbox acquired"},
+	{"context_us", "server: default context found or created"},
+	{"history_begin_us", "server: history entry begun"},
+	{"agent_us", "server: agent request → execution event"},
+	{"agent_transport_us", "  host ⇄ agent: that minus the agent's handling (HTTP, yamux, FIFOs)"},
+	{"agent_handler_us", "  agent: handling, request → execution event"},
+	{"agent_queue_us", "    agent: before the execute_request (decode, plumbing cells)"},
+	{"kernel_us", "    agent ⇄ kernel: execute_request → reply and idle received"},
+	{"kernel_to_us", "      agent → kernel: execute_request sent → kernel busy"},
+	{"kernel_execute_us", "      kernel: busy → execute_reply"},
+	{"kernel_reply_to_idle_us", "      kernel: execute_reply → idle"},
+	{"kernel_back_us", "      kernel → agent: idle sent → reply and idle received"},
+	{"history_end_us", "server: history entry ended before the answer (its store write comes after it)"},
+	{"answer_us", "server: answer written"},
+}
+
+// addRunBreakdown adds the breakdown of the last n runs the server logged
+// for sandbox id (its "code run" debug lines), if it logs them.
+func (b *bench) addRunBreakdown(s *server, id string, n int, prefix string) {
+	got := runBreakdown(s.log.String(), id, n)
+	if got == nil {
+		return
+	}
+	for _, st := range runSteps {
+		if xs := got[st.key]; len(xs) > 0 {
+			b.add(summarize("runcode-breakdown", prefix+st.label, "ms", xs, st.key+" of the server's \"code run\" debug line"))
+		}
+	}
+}
+
+// runBreakdown reads the last n "code run" lines logged for sandbox id:
+// each *_us figure by key, in ms; nil if there are fewer than n.
+func runBreakdown(log, id string, n int) map[string][]float64 {
+	var lines []string
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, `msg="code run"`) && strings.Contains(l, "sandbox="+id+" ") {
+			lines = append(lines, l)
+		}
+	}
+	if n == 0 || len(lines) < n {
+		return nil
+	}
+	out := map[string][]float64{}
+	for _, l := range lines[len(lines)-n:] {
+		for _, f := range strings.Fields(l) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok || !strings.HasSuffix(k, "_us") {
+				continue
+			}
+			if x, err := strconv.ParseFloat(v, 64); err == nil {
+				out[k] = append(out[k], x/1000)
+			}
+		}
+	}
+	return out
+}
+
+// waitCPUQuiet waits until sandbox id uses under 3 % of a CPU over a
+// second (its cgroup), for at most a minute: after 3 s, since the agent
+// starts a replacement spare 2 s after a hand-out.
+func waitCPUQuiet(ctx context.Context, id string) {
+	deadline := time.Now().Add(time.Minute)
+	time.Sleep(3 * time.Second)
+	prev := sandboxCPU(id)
+	for prev >= 0 && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(time.Second)
+		now := sandboxCPU(id)
+		if now-prev < 30 {
+			return
+		}
+		prev = now
+	}
 }

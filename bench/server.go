@@ -125,7 +125,10 @@ func startServer(ctx context.Context, name, binDir, runsc string, poolSize int, 
 		"--pool-size", strconv.Itoa(poolSize), "--build-on-start", buildOnStart, "--runsc", runsc, "--kill-on-exit",
 		// Sandboxes that wait between measurements must not suspend
 		// themselves; the idle section sets its own idle timeout.
-		"--idle-timeout", "0"}
+		"--idle-timeout", "0",
+		// Debug: the breakdowns the server logs, such as each run's
+		// ("code run", section runcode).
+		"--log-level", "debug"}
 	s.cmd = exec.Command(filepath.Join(binDir, "pandastack"), append(args, extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

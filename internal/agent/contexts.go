@@ -380,6 +380,7 @@ func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
+	begun := time.Now()
 	cc, err := s.context(r.PathValue("id"))
 	if err != nil {
 		return err
@@ -409,8 +410,10 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 		enc.Encode(ev)
 		rc.Flush()
 	}
-	opts := jupyter.ExecOptions{Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, OutputCap: req.OutputCap, Env: req.Env, NoHistory: req.NoHistory}
+	timing := &agentproto.RunTiming{}
+	opts := jupyter.ExecOptions{Timeout: time.Duration(req.TimeoutMS) * time.Millisecond, OutputCap: req.OutputCap, Env: req.Env, NoHistory: req.NoHistory, Timing: timing}
 	s.cfg.Contexts.wakeMemoryWatch() // a cell may allocate fast: watch at the busy pace now
+	executing := time.Now()
 	ex, err := cc.kernel.Execute(r.Context(), req.Code, opts, func(ev agentproto.CodeEvent) {
 		if ev.Type != "execution" {
 			send(ev)
@@ -438,7 +441,9 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 		}
 		ex = agentproto.Execution{Error: &agentproto.ExecutionError{Name: "SandboxError", Value: err.Error()}}
 	}
-	send(agentproto.CodeEvent{Type: "execution", Execution: &ex})
+	timing.QueueUS += executing.Sub(begun).Microseconds()
+	timing.HandlerUS = time.Since(begun).Microseconds()
+	send(agentproto.CodeEvent{Type: "execution", Execution: &ex, Timing: timing})
 	return nil
 }
 

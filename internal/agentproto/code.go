@@ -64,4 +64,36 @@ type CodeEvent struct {
 	Result    *Result         `json:"result,omitempty"`
 	Error     *ExecutionError `json:"error,omitempty"`
 	Execution *Execution      `json:"execution,omitempty"`
+	// Timing, on the "execution" event only, is where the run's time went
+	// inside the sandbox: for the host's debug log, never passed on to
+	// API clients.
+	Timing *RunTiming `json:"timing,omitempty"`
+}
+
+// RunTiming splits a run inside the sandbox, in microseconds. The kernel's
+// figures come from the timestamps of its own messages (a Jupyter header's
+// date), on the same clock as the agent's. A figure the run did not give
+// (a kernel that sent no status, a run that ended early) is 0.
+type RunTiming struct {
+	// HandlerUS is the agent's whole handling of the request: from its
+	// start to the execution event.
+	HandlerUS int64 `json:"handler_us"`
+	// QueueUS is from the handler's start to the execute_request's send
+	// (request decoding, plumbing cells queued ahead of it).
+	QueueUS int64 `json:"queue_us"`
+	// ToKernelUS is from the send to the kernel's busy status.
+	ToKernelUS int64 `json:"to_kernel_us"`
+	// ExecuteUS is from the kernel's busy status to its execute_reply:
+	// the kernel's handling of the cell.
+	ExecuteUS int64 `json:"execute_us"`
+	// ReplyToIdleUS is from the kernel's execute_reply to its idle status.
+	ReplyToIdleUS int64 `json:"reply_to_idle_us"`
+	// BackUS is from the kernel's idle status to the agent's having both
+	// the reply and the idle status.
+	BackUS int64 `json:"back_us"`
+	// KernelUS is from the send to the agent's having both: what the
+	// kernel round trip cost the agent.
+	KernelUS int64 `json:"kernel_us"`
+	// Messages counts the kernel's messages the run got (every channel).
+	Messages int `json:"messages"`
 }

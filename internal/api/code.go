@@ -1,7 +1,10 @@
 package api
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -117,6 +120,8 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request, project string)
 // run serves both /contexts/{cid}/run and /run_code, which picks the
 // sandbox's default context of the language when no context_id is given.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string, defaultContext bool) {
+	clock := runClock{begun: time.Now()}
+	defer clock.log(s.log, r.PathValue("id"), &cid)
 	var req runRequest
 	if err := decode(r, &req); err != nil {
 		writeError(w, err)
@@ -145,6 +150,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		return
 	}
 	defer done()
+	clock.acquired = time.Now()
 	if defaultContext {
 		if cid = req.ContextID; cid == "" {
 			if req.Language == "" {
@@ -156,13 +162,15 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 			}
 		}
 	}
+	clock.contextReady = time.Now()
 	areq := agentproto.RunRequest{Code: *req.Code, TimeoutMS: timeout.Milliseconds(), Env: req.Env, OutputCap: s.cfg.RunOutputCap}
 	if req.ContextID != "" {
 		areq.Language = req.Language // the agent refuses a context of another language
 	}
 	if wantsStream(r) {
 		nd := newNDJSON(w)
-		ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) })
+		ex, store, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, func(ev agentproto.CodeEvent) error { return nd.send(ev) }, &clock)
+		defer store()
 		if err != nil {
 			s.logFailure(r, err)
 			err = agent.Explain(err) // after logFailure reconciled: say how it ended
@@ -175,9 +183,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 			return
 		}
 		nd.send(agentproto.CodeEvent{Type: "execution", Execution: normalize(&ex)})
+		clock.answered = time.Now()
 		return
 	}
-	ex, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, nil)
+	ex, store, err := s.recordedRun(r.Context(), project, r.PathValue("id"), cid, req.Language, agent, areq, nil, &clock)
+	defer store()
 	if err != nil {
 		s.logFailure(r, err)
 		err = agent.Explain(err) // after logFailure reconciled: say how it ended
@@ -185,6 +195,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 		return
 	}
 	writeJSON(w, http.StatusOK, normalize(&ex))
+	clock.answered = time.Now()
 }
 
 // normalize makes results an empty list rather than null.
@@ -199,10 +210,53 @@ func normalize(ex *agentproto.Execution) *agentproto.Execution {
 // language, creating it on first use. Its id is fixed per language, so
 // concurrent first uses race safely: one creates it, the other sees conflict.
 func (s *Server) defaultContext(r *http.Request, agent *sandbox.AgentClient, language string) (string, error) {
-	id := "ctx_default_" + language
+	id := sandbox.DefaultContextID(language)
+	if agent.HasContext(id) {
+		return id, nil // made or found before in this session: no need to ask
+	}
 	_, err := agent.CreateContext(r.Context(), agentproto.ContextRequest{ID: id, Language: language})
 	if err != nil && !pandastack.IsCode(err, pandastack.EConflict) {
 		return "", err
 	}
 	return id, nil
+}
+
+// runClock times the steps of one run for the debug log ("code run"): the
+// server's share, the agent's round trip, and the agent's own breakdown.
+type runClock struct {
+	begun, acquired, contextReady time.Time // handler start, sandbox acquired, context known
+	agentSent, agentDone          time.Time // the agent's request and its execution event
+	recorded, answered            time.Time // history entry ended, answer written
+	agent                         *agentproto.RunTiming
+}
+
+// log writes the breakdown of a run that reached the agent, in µs.
+func (c *runClock) log(log *slog.Logger, sandboxID string, cid *string) {
+	if c.agentDone.IsZero() || c.answered.IsZero() || !log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	us := func(from, to time.Time) int64 { return to.Sub(from).Microseconds() }
+	args := []any{"sandbox", sandboxID, "context", *cid,
+		"total_us", us(c.begun, c.answered),
+		"decode_acquire_us", us(c.begun, c.acquired),
+		"context_us", us(c.acquired, c.contextReady),
+		"history_begin_us", us(c.contextReady, c.agentSent),
+		"agent_us", us(c.agentSent, c.agentDone),
+		"history_end_us", us(c.agentDone, c.recorded),
+		"answer_us", us(c.recorded, c.answered),
+	}
+	if t := c.agent; t != nil {
+		args = append(args,
+			"agent_transport_us", us(c.agentSent, c.agentDone)-t.HandlerUS,
+			"agent_handler_us", t.HandlerUS,
+			"agent_queue_us", t.QueueUS,
+			"kernel_us", t.KernelUS,
+			"kernel_to_us", t.ToKernelUS,
+			"kernel_execute_us", t.ExecuteUS,
+			"kernel_reply_to_idle_us", t.ReplyToIdleUS,
+			"kernel_back_us", t.BackUS,
+			"kernel_messages", t.Messages,
+		)
+	}
+	log.Debug("code run", args...)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -57,9 +58,15 @@ func (s *Server) recordedExec(ctx context.Context, project, id string, agent *sa
 }
 
 // recordedRun is agent.RunCode, written to the sandbox's history as it runs.
-func (s *Server) recordedRun(ctx context.Context, project, id, cid, language string, agent *sandbox.AgentClient, req agentproto.RunRequest, onEvent func(agentproto.CodeEvent) error) (agentproto.Execution, error) {
+// The entry is finished when it returns, not stored yet: the caller calls
+// the returned store once it has answered, so that the store's write is not
+// on the answer's path (the history shows the outcome meanwhile). clock
+// receives the times of its steps.
+func (s *Server) recordedRun(ctx context.Context, project, id, cid, language string, agent *sandbox.AgentClient, req agentproto.RunRequest, onEvent func(agentproto.CodeEvent) error, clock *runClock) (ex agentproto.Execution, store func(), err error) {
 	rec := s.history.Begin(project, id, history.Entry{Kind: history.KindCode, Code: req.Code, Language: language, ContextID: cid})
-	ex, err := agent.RunCode(ctx, cid, req, func(ev agentproto.CodeEvent) error {
+	clock.agentSent = time.Now()
+	var timing *agentproto.RunTiming
+	ex, timing, err = agent.RunCodeTimed(ctx, cid, req, func(ev agentproto.CodeEvent) error {
 		switch ev.Type {
 		case "stdout":
 			rec.Stdout([]byte(ev.Data))
@@ -71,7 +78,8 @@ func (s *Server) recordedRun(ctx context.Context, project, id, cid, language str
 		}
 		return onEvent(ev)
 	})
-	rec.End(func(e *history.Entry) {
+	clock.agentDone, clock.agent = time.Now(), timing
+	rec.Finish(func(e *history.Entry) {
 		if err != nil {
 			e.Failure = pandastack.ErrorMessage(err)
 			return
@@ -85,7 +93,8 @@ func (s *Server) recordedRun(ctx context.Context, project, id, cid, language str
 			e.Error = &history.CodeError{Name: ex.Error.Name, Value: ex.Error.Value, Traceback: ex.Error.Traceback}
 		}
 	})
-	return ex, err
+	clock.recorded = time.Now()
+	return ex, rec.Store, err
 }
 
 // resultKinds names the formats a rich output carries.

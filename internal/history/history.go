@@ -99,6 +99,9 @@ type Record struct {
 	e       Entry // guarded by l.mu
 	start   time.Time
 	begun   chan struct{} // closed once the running entry is stored
+	// finished: Finish ran (e holds the outcome); stored: Store ran.
+	// Guarded by l.mu.
+	finished, stored bool
 }
 
 // Begin adds e (running, started now) to the history of the project's
@@ -169,11 +172,22 @@ func (r *Record) append(dst *string, p []byte) {
 // End marks the entry finished, lets set fill in its outcome and stores it.
 // A second End does nothing.
 func (r *Record) End(set func(e *Entry)) {
+	if r.Finish(set) {
+		r.Store()
+	}
+}
+
+// Finish is the first half of End: the entry is finished, with the
+// outcome set fills in, for List at once; Store writes it. A caller that
+// answers its client in between keeps the store write off the answer's
+// path, and List shows the outcome whenever the client asks. It reports
+// whether it finished the entry: false if it was finished before.
+func (r *Record) Finish(set func(e *Entry)) bool {
 	l := r.l
 	l.mu.Lock()
-	if !r.e.Running {
-		l.mu.Unlock()
-		return
+	defer l.mu.Unlock()
+	if !r.e.Running || r.finished {
+		return false
 	}
 	if set != nil {
 		set(&r.e)
@@ -194,8 +208,22 @@ func (r *Record) End(set func(e *Entry)) {
 		r.e.Error = &ce
 	}
 	r.e.Results = slices.Clone(r.e.Results)
+	r.finished = true
+	return true
+}
+
+// Store is the second half of End, after Finish: it writes the finished
+// entry to the store, after its first write, and then List reads it from
+// there. A second Store does nothing.
+func (r *Record) Store() {
+	l := r.l
+	l.mu.Lock()
+	if !r.finished || r.stored {
+		l.mu.Unlock()
+		return
+	}
+	r.stored = true
 	e := r.e
-	delete(l.live, e.ID)
 	l.ended++
 	trim := l.ended >= l.lim.TrimEvery
 	if trim {
@@ -205,6 +233,9 @@ func (r *Record) End(set func(e *Entry)) {
 
 	<-r.begun
 	l.put(r.project, r.sandbox, e)
+	l.mu.Lock()
+	delete(l.live, e.ID)
+	l.mu.Unlock()
 	if trim {
 		l.Trim()
 	}
@@ -242,9 +273,11 @@ func (l *Log) List(ctx context.Context, projectID, sandboxID string) ([]Entry, b
 			if r := l.live[e.ID]; r != nil {
 				*e = r.e
 				e.Results = slices.Clone(e.Results)
-				e.Stdout, _ = l.cut(e.Stdout)
-				e.Stderr, _ = l.cut(e.Stderr)
-				e.DurationMS = now.Sub(e.StartedAt).Milliseconds()
+				if !r.finished { // (a finished one, not stored yet, holds its outcome)
+					e.Stdout, _ = l.cut(e.Stdout)
+					e.Stderr, _ = l.cut(e.Stderr)
+					e.DurationMS = now.Sub(e.StartedAt).Milliseconds()
+				}
 			} else if e.StartedAt.Before(l.born) {
 				e.Running = false
 				e.Failure = Interrupted

@@ -212,3 +212,29 @@ func TestConcurrentUse(t *testing.T) {
 		}
 	}
 }
+
+// TestFinishThenStore: between Finish and Store (while the server answers
+// its client) List already shows the outcome; after Store it comes from
+// the store, also for a restarted serve.
+func TestFinishThenStore(t *testing.T) {
+	l, clock, reopen := newLog(t, Limits{})
+	r := l.Begin("p", "s", Entry{Kind: KindCode, Code: "1+1"})
+	*clock = clock.Add(1500 * time.Millisecond)
+	if !r.Finish(func(e *Entry) { e.Text = "2" }) {
+		t.Fatal("Finish of a running entry said it did nothing")
+	}
+	*clock = clock.Add(time.Minute) // the duration is the one Finish saw
+	got := list(t, l, "s")
+	if len(got) != 1 || got[0].Running || got[0].Text != "2" || got[0].DurationMS != 1500 {
+		t.Fatalf("finished, not stored: %+v", got)
+	}
+	if r.Finish(func(e *Entry) { e.Text = "3" }) {
+		t.Fatal("a second Finish changed the entry")
+	}
+	r.Store()
+	r.Store() // a second Store does nothing
+	r.End(func(e *Entry) { e.Text = "4" })
+	if got := list(t, reopen(), "s"); len(got) != 1 || got[0].Running || got[0].Text != "2" || got[0].DurationMS != 1500 {
+		t.Fatalf("stored, seen by a restarted serve: %+v", got)
+	}
+}

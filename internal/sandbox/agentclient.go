@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -32,6 +33,9 @@ type AgentClient struct {
 	http  *http.Client
 	hello agentproto.Hello
 	gone  atomic.Pointer[string] // the stop reason, once the manager stops the sandbox
+	// contexts holds the ids of the code contexts known to exist (see
+	// HasContext).
+	contexts sync.Map
 }
 
 // dialAgent opens a new session (a new epoch) on rwc and says hello. On

@@ -9,14 +9,30 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 // CreateContext starts a code context (a Jupyter kernel) in the sandbox.
+// Afterwards HasContext knows the id, also when the create failed because
+// the context exists (EConflict).
 func (c *AgentClient) CreateContext(ctx context.Context, req agentproto.ContextRequest) (agentproto.Context, error) {
 	var out agentproto.Context
 	err := c.do(ctx, http.MethodPost, "/v1/contexts", nil, req, &out)
+	if err == nil || pandastack.IsCode(err, pandastack.EConflict) {
+		c.contexts.Store(req.ID, true)
+	}
 	return out, err
+}
+
+// HasContext reports whether this session made or found the context id
+// (CreateContext) and did not delete it since (DeleteContext): for the
+// default context, which a run creates on first use, so that later runs
+// need not ask. Contexts go only through DeleteContext, and a new session
+// (a resume, a restore) starts with none known.
+func (c *AgentClient) HasContext(id string) bool {
+	_, ok := c.contexts.Load(id)
+	return ok
 }
 
 // ListContexts lists the sandbox's code contexts.
@@ -33,6 +49,7 @@ func contextPath(id, sub string) string { return "/v1/contexts/" + url.PathEscap
 
 // DeleteContext shuts the context's kernel down.
 func (c *AgentClient) DeleteContext(ctx context.Context, id string) error {
+	c.contexts.Delete(id)
 	return c.do(ctx, http.MethodDelete, contextPath(id, ""), nil, nil, nil)
 }
 
@@ -51,15 +68,27 @@ func (c *AgentClient) RestartContext(ctx context.Context, id string) (agentproto
 // RunCode runs code in a context, calling onEvent for each output as it
 // happens (not for the final execution), and returns the whole Execution.
 func (c *AgentClient) RunCode(ctx context.Context, id string, req agentproto.RunRequest, onEvent func(agentproto.CodeEvent) error) (agentproto.Execution, error) {
+	ex, _, err := c.RunCodeTimed(ctx, id, req, onEvent)
+	return ex, err
+}
+
+// RunCodeTimed is RunCode that also returns the agent's breakdown of the
+// run (nil from an agent that gives none).
+func (c *AgentClient) RunCodeTimed(ctx context.Context, id string, req agentproto.RunRequest, onEvent func(agentproto.CodeEvent) error) (agentproto.Execution, *agentproto.RunTiming, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // hanging up interrupts the kernel in the sandbox
 	b, err := json.Marshal(req)
 	if err != nil {
-		return agentproto.Execution{}, err
+		return agentproto.Execution{}, nil, err
 	}
 	resp, err := c.request(ctx, http.MethodPost, contextPath(id, "/run"), nil, bytes.NewReader(b))
 	if err != nil {
-		return agentproto.Execution{}, err
+		if pandastack.IsCode(err, pandastack.ENotFound) {
+			// Gone after all (a create that conflicted with one that
+			// then failed): the next CreateContext finds out.
+			c.contexts.Delete(id)
+		}
+		return agentproto.Execution{}, nil, err
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -69,16 +98,17 @@ func (c *AgentClient) RunCode(ctx context.Context, id string, req agentproto.Run
 	for sc.Scan() {
 		var ev agentproto.CodeEvent
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return agentproto.Execution{}, fmt.Errorf("run %s: bad event: %w", id, err)
+			return agentproto.Execution{}, nil, fmt.Errorf("run %s: bad event: %w", id, err)
 		}
 		if ev.Type == "execution" && ev.Execution != nil {
-			return *ev.Execution, nil
+			return *ev.Execution, ev.Timing, nil
 		}
 		if onEvent != nil {
+			ev.Timing = nil // the agent's, for the host only
 			if err := onEvent(ev); err != nil {
-				return agentproto.Execution{}, err
+				return agentproto.Execution{}, nil, err
 			}
 		}
 	}
-	return agentproto.Execution{}, c.streamEnded(ctx, sc.Err(), "running code")
+	return agentproto.Execution{}, nil, c.streamEnded(ctx, sc.Err(), "running code")
 }

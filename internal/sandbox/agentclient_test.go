@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,5 +90,103 @@ func TestRunCutByKill(t *testing.T) {
 	}
 	if err := c.Explain(pandastack.Errorf(pandastack.EUnavailable, "sandbox sbx_test stopped answering during exec")); !strings.Contains(err.Error(), "was killed") || !strings.Contains(err.Error(), "exec") {
 		t.Fatalf("Explain: %v", err)
+	}
+}
+
+// TestHasContext: a context made or found by CreateContext is known until
+// DeleteContext, or until a run finds it gone; a failed create teaches
+// nothing.
+func TestHasContext(t *testing.T) {
+	exists := map[string]bool{"ctx_there": true}
+	var mu sync.Mutex
+	c := fakeAgent(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /v1/contexts", func(w http.ResponseWriter, r *http.Request) {
+			var req agentproto.ContextRequest
+			json.NewDecoder(r.Body).Decode(&req)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case req.Language != "python":
+				w.WriteHeader(http.StatusBadRequest)
+				agentError(w, pandastack.EInvalid, "unknown language")
+			case exists[req.ID]:
+				w.WriteHeader(http.StatusConflict)
+				agentError(w, pandastack.EConflict, "exists")
+			default:
+				exists[req.ID] = true
+				json.NewEncoder(w).Encode(agentproto.Context{ID: req.ID, Language: req.Language})
+			}
+		})
+		mux.HandleFunc("DELETE /v1/contexts/{id}", func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			delete(exists, r.PathValue("id"))
+			mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+		})
+		mux.HandleFunc("POST /v1/contexts/{id}/run", func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusNotFound)
+			agentError(w, pandastack.ENotFound, "no code context")
+		})
+	})
+	ctx := context.Background()
+	if c.HasContext("ctx_new") || c.HasContext("ctx_there") {
+		t.Fatal("a new session knows contexts it never asked about")
+	}
+	if _, err := c.CreateContext(ctx, agentproto.ContextRequest{ID: "ctx_new", Language: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateContext(ctx, agentproto.ContextRequest{ID: "ctx_there", Language: "python"}); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("create of an existing context: %v, want conflict", err)
+	}
+	if _, err := c.CreateContext(ctx, agentproto.ContextRequest{ID: "ctx_cobol", Language: "cobol"}); !pandastack.IsCode(err, pandastack.EInvalid) {
+		t.Fatalf("create in an unknown language: %v, want invalid", err)
+	}
+	if !c.HasContext("ctx_new") || !c.HasContext("ctx_there") || c.HasContext("ctx_cobol") {
+		t.Fatalf("known: new %v, there %v, cobol %v; want true, true, false", c.HasContext("ctx_new"), c.HasContext("ctx_there"), c.HasContext("ctx_cobol"))
+	}
+	if err := c.DeleteContext(ctx, "ctx_new"); err != nil {
+		t.Fatal(err)
+	}
+	if c.HasContext("ctx_new") {
+		t.Fatal("a deleted context is still known")
+	}
+	if _, err := c.RunCode(ctx, "ctx_there", agentproto.RunRequest{Code: "1+1"}, nil); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("run in a context the agent lost: %v, want not_found", err)
+	}
+	if c.HasContext("ctx_there") {
+		t.Fatal("a context a run found gone is still known")
+	}
+}
+
+// agentError answers an error as the agent does, after the status.
+func agentError(w http.ResponseWriter, code, msg string) {
+	var eb agentproto.ErrorBody
+	eb.Error.Code, eb.Error.Message = code, msg
+	json.NewEncoder(w).Encode(eb)
+}
+
+// TestRunCodeTimed: the agent's breakdown comes back with the execution,
+// and never with an output event.
+func TestRunCodeTimed(t *testing.T) {
+	c := fakeAgent(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /v1/contexts/{id}/run", func(w http.ResponseWriter, r *http.Request) {
+			enc := json.NewEncoder(w)
+			enc.Encode(agentproto.CodeEvent{Type: "stdout", Data: "hi", Timing: &agentproto.RunTiming{HandlerUS: 1}})
+			enc.Encode(agentproto.CodeEvent{Type: "execution", Execution: &agentproto.Execution{Text: "2"}, Timing: &agentproto.RunTiming{HandlerUS: 1500, KernelUS: 1200, Messages: 4}})
+		})
+	})
+	var events []agentproto.CodeEvent
+	ex, timing, err := c.RunCodeTimed(context.Background(), "ctx_1", agentproto.RunRequest{Code: "1+1"}, func(ev agentproto.CodeEvent) error {
+		events = append(events, ev)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ex.Text != "2" || timing == nil || timing.HandlerUS != 1500 || timing.KernelUS != 1200 || timing.Messages != 4 {
+		t.Fatalf("execution %+v, timing %+v", ex, timing)
+	}
+	if len(events) != 1 || events[0].Data != "hi" || events[0].Timing != nil {
+		t.Fatalf("events %+v: want the stdout event without timing", events)
 	}
 }

@@ -35,6 +35,9 @@ type ExecOptions struct {
 	// NoHistory runs the cell without counting it in execution_count or
 	// the kernel's history: for the platform's own cells (warm-up).
 	NoHistory bool
+	// Timing, if not nil, receives the run's breakdown (all but
+	// HandlerUS, which is the caller's) once Execute returns.
+	Timing *agentproto.RunTiming
 }
 
 // Execute runs code as one cell and returns its outcome. onEvent (may be
@@ -101,11 +104,15 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	if k.opts.DroppedExpr != "" {
 		exprs[droppedKey] = k.opts.DroppedExpr
 	}
+	r.sent = time.Now()
 	id, err := in.send(in.shell, "execute_request", executeRequest{
 		Code: code, StoreHistory: !o.NoHistory, UserExpressions: exprs,
 	}, r.handle)
 	if err != nil {
 		return agentproto.Execution{}, err
+	}
+	if o.Timing != nil {
+		defer func() { r.timing(start, o.Timing) }()
 	}
 	keep := false // an abandoned cell's handler lives on in abandon
 	defer func() {
@@ -268,6 +275,13 @@ type run struct {
 	interruptTB    string
 	resultsBytes   int // JSON size of the results kept
 	resultsDropped int
+
+	// For ExecOptions.Timing: when the request went, when the reply and
+	// the idle status came, and the kernel's own stamps of its busy
+	// status, reply and idle status.
+	sent, gotReplyAt, gotIdleAt time.Time
+	kBusy, kReply, kIdle        time.Time
+	messages                    int
 }
 
 func newRun(outputCap int) *run {
@@ -365,6 +379,41 @@ func (r *run) finish(start time.Time, override *agentproto.ExecutionError, onEve
 	return e
 }
 
+// stamp parses a Jupyter header's date; the zero time if it cannot.
+func stamp(date string) time.Time {
+	t, err := time.Parse(time.RFC3339Nano, date)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
+}
+
+// timing fills t from what the run saw; start is Execute's.
+func (r *run) timing(start time.Time, t *agentproto.RunTiming) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	us := func(from, to time.Time) int64 {
+		if from.IsZero() || to.IsZero() {
+			return 0
+		}
+		return to.Sub(from).Microseconds()
+	}
+	done := r.gotReplyAt
+	if r.gotIdleAt.After(done) {
+		done = r.gotIdleAt
+	}
+	if !r.gotReply || !r.gotIdle {
+		done = time.Time{}
+	}
+	t.QueueUS = us(start, r.sent)
+	t.ToKernelUS = us(r.sent, r.kBusy)
+	t.ExecuteUS = us(r.kBusy, r.kReply)
+	t.ReplyToIdleUS = us(r.kReply, r.kIdle)
+	t.BackUS = us(r.kIdle, done)
+	t.KernelUS = us(r.sent, done)
+	t.Messages = r.messages
+}
+
 // handle maps one message of the cell onto the run.
 func (r *run) handle(channel string, m *message) {
 	r.mu.Lock()
@@ -372,11 +421,13 @@ func (r *run) handle(channel string, m *message) {
 	if r.gotIdle && r.gotReply {
 		return
 	}
+	r.messages++
 	switch channel {
 	case "shell":
 		if m.Header.MsgType == "execute_reply" {
 			r.onReply(m.Content)
 			r.gotReply = true
+			r.gotReplyAt, r.kReply = time.Now(), stamp(m.Header.Date)
 		}
 	case "iopub":
 		switch m.Header.MsgType {
@@ -384,8 +435,14 @@ func (r *run) handle(channel string, m *message) {
 			var c struct {
 				State string `json:"execution_state"`
 			}
-			if json.Unmarshal(m.Content, &c) == nil && c.State == "idle" {
-				r.gotIdle = true
+			if json.Unmarshal(m.Content, &c) == nil {
+				switch c.State {
+				case "idle":
+					r.gotIdle = true
+					r.gotIdleAt, r.kIdle = time.Now(), stamp(m.Header.Date)
+				case "busy":
+					r.kBusy = stamp(m.Header.Date)
+				}
 			}
 		case "stream":
 			var c struct {

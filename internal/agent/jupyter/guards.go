@@ -53,6 +53,8 @@ var PythonSetupCode = `def _pandastack_setup():
         name = getattr(self, 'name', None)
         if name not in sent or not isinstance(s, str):
             return orig_write(self, s)
+        if not s:
+            return 0  # IPython writes '' around each result: no flush for nothing
         n = len(s)
         room = cap[0] - sent[name]
         if n > room:
@@ -75,6 +77,49 @@ var PythonSetupCode = `def _pandastack_setup():
                 del stream.__dict__['write']
     ip.events.register('pre_run_cell', reset)
 ` + pythonPlotsHook + `
+    # What ipykernel and IPython do around every cell costs system calls,
+    # 10-30 µs each in gVisor: some 750 for a cell of "1+1". Drop what
+    # the agent, the kernel's only client, has no use for. Each piece
+    # checks that the attribute it changes exists, as older ipykernels
+    # have them too but other kernels may not.
+    kernel = getattr(ip, 'kernel', None)
+    if hasattr(kernel, '_execute_sleep'):
+        # A 0.5 ms sleep before each reply, for clients that stop reading
+        # at the reply; the agent waits for the idle status, which comes
+        # after every output.
+        kernel._execute_sleep = 0
+    if hasattr(kernel, '_publish_execute_input'):
+        # The cell's code echoed on iopub for other frontends; the agent
+        # ignores it.
+        kernel._publish_execute_input = lambda *args, **kwargs: None
+    # A flush of stdout or stderr hands work to ipykernel's IOPub thread
+    # and waits for it, four times per cell even when nothing was written.
+    # Skip it when there is nothing to send: nothing buffered, no flush
+    # pending or under way (an output being sent must still go before the
+    # idle status).
+    orig_flush, orig_do_flush = iostream.OutStream.flush, getattr(iostream.OutStream, '_flush', None)
+    if orig_do_flush is not None:
+        def do_flush(self):
+            self.__dict__['_pandastack_flushing'] = self.__dict__.get('_pandastack_flushing', 0) + 1
+            try:
+                return orig_do_flush(self)
+            finally:
+                self.__dict__['_pandastack_flushing'] -= 1
+        def flush(self):
+            if (getattr(self, '_buffers', True) or getattr(self, '_flush_pending', True)
+                    or getattr(self, '_subprocess_flush_pending', True) or self.__dict__.get('_pandastack_flushing', 0)):
+                return orig_flush(self)
+        iostream.OutStream._flush = do_flush
+        iostream.OutStream.flush = flush
+    # The input history goes to its SQLite file every 20 cells rather
+    # than after each (some 60 calls of its thread per cell); %history
+    # writes it out first whenever it reads the file. A kernel killed
+    # (restart, out of memory) loses up to 19 cells of it for the
+    # sessions after, not for its own.
+    hm = getattr(ip, 'history_manager', None)
+    if hm is not None and getattr(hm, 'db_cache_size', 20) < 20:
+        hm.db_cache_size = 20
+
     # IPython 9 tees every write of a cell into its history (kept for the
     # kernel's life, uncapped, above our cap): 500 MB printed is 500 MB
     # held. The platform has no use for output history.

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 func guarded(o *Options) {
@@ -135,5 +137,57 @@ func TestRestartIfDead(t *testing.T) {
 	}
 	if e, _ := runCode(t, k, "kept", ExecOptions{}); e.Error == nil || e.Error.Name != "NameError" {
 		t.Fatalf("state after the restart: %+v", e)
+	}
+}
+
+// TestTrimmedCellKeepsWhatUsersSee: the setup code drops per-cell work the
+// agent has no use for (the 0.5 ms sleep, execute_input, empty flushes,
+// a history write per cell), and a user still sees In, Out, _, the
+// execution count, %history (the session's, a search, the tail), output
+// written at a cell's very end, and output of a background thread.
+func TestTrimmedCellKeepsWhatUsersSee(t *testing.T) {
+	k := startKernel(t, guarded)
+	var timing agentproto.RunTiming
+	e, _ := runCode(t, k, "1+1", ExecOptions{Timing: &timing})
+	if e.Text != "2" || e.Error != nil {
+		t.Fatalf("1+1: %+v", e)
+	}
+	// busy, execute_result, idle and the reply; no execute_input.
+	if timing.Messages != 4 || timing.KernelUS <= 0 || timing.ExecuteUS <= 0 || timing.QueueUS < 0 {
+		t.Fatalf("timing of 1+1: %+v; want 4 messages and the kernel's times", timing)
+	}
+	mustText(t, k, "ip = get_ipython(); (ip.kernel._execute_sleep, ip.history_manager.db_cache_size)", "(0.0, 20)")
+	mustText(t, k, "alpha = 40\nalpha + 2", "42")
+	first, _ := runCode(t, k, "In[-1], _, _ + 1", ExecOptions{})
+	if first.Text != "('In[-1], _, _ + 1', 42, 43)" {
+		t.Fatalf("In, _: %q", first.Text)
+	}
+	count := first.ExecutionCount
+	e, _ = runCode(t, k, "Out[_ih.index('alpha = 40\\nalpha + 2')]", ExecOptions{})
+	if e.Text != "42" || e.ExecutionCount != count+1 {
+		t.Fatalf("Out[n]: %q at count %d, want 42 at %d", e.Text, e.ExecutionCount, count+1)
+	}
+	for _, c := range []struct{ code, want string }{
+		{"%history -n 1-3", "alpha = 40"},
+		{"%history -g alpha = 40", "alpha = 40"},
+		{"%history -l 3", "Out[_ih.index("},
+	} {
+		e, _ = runCode(t, k, c.code, ExecOptions{})
+		if e.Error != nil || !strings.Contains(e.Stdout, c.want) {
+			t.Fatalf("%s: stdout %q, error %+v; want %q in it", c.code, e.Stdout, e.Error, c.want)
+		}
+	}
+	// Output that the last statement writes, with and without a newline,
+	// to both streams, and from a thread that ends before the cell.
+	e, _ = runCode(t, k, "import sys, threading\nprint('a')\nth = threading.Thread(target=lambda: print('from a thread'))\nth.start(); th.join()\nsys.stderr.write('e')\nsys.stdout.write('z')", ExecOptions{})
+	if e.Stdout != "a\nfrom a thread\nz" || e.Stderr != "e" {
+		t.Fatalf("stdout %q, stderr %q", e.Stdout, e.Stderr)
+	}
+	// Output pending in ipykernel's 0.2 s buffer when the cell ends.
+	for range 5 {
+		e, _ = runCode(t, k, "import time\nprint('x', end='')\ntime.sleep(0.19)\nprint('y', end='')", ExecOptions{})
+		if e.Stdout != "xy" {
+			t.Fatalf("stdout %q, want xy", e.Stdout)
+		}
 	}
 }

@@ -440,7 +440,7 @@ func (k *Kernel) launch(ctx context.Context) (in *instance, err error) {
 		sock zmq4.Socket
 		port int
 	}{{"shell", in.shell, ci.ShellPort}, {"control", in.control, ci.ControlPort}, {"iopub", in.iopub, ci.IOPubPort}} {
-		if err := s.sock.Dial(ci.endpoint(s.port)); err != nil {
+		if err := s.sock.Dial(dialEndpoint(ci.endpoint(s.port))); err != nil {
 			return nil, fail("connect "+s.name, err)
 		}
 		in.readers.Add(1)

@@ -44,6 +44,10 @@ type Config struct {
 	DiskMB int
 	// DebugLogDir, if set, receives runsc's debug logs (see debugFlags).
 	DebugLogDir string
+	// Strace, with DebugLogDir, also logs every system call the sandbox's
+	// processes make, with its duration (runsc --strace): for counting
+	// them (bench's runcode profile). It slows every call down.
+	Strace bool
 }
 
 // Runtime is the gVisor driver.
@@ -130,7 +134,11 @@ func (r *Runtime) debugFlags() []string {
 	if r.cfg.DebugLogDir == "" {
 		return nil
 	}
-	return []string{"--debug", "--debug-log=" + filepath.Clean(r.cfg.DebugLogDir) + "/"}
+	flags := []string{"--debug", "--debug-log=" + filepath.Clean(r.cfg.DebugLogDir) + "/"}
+	if r.cfg.Strace {
+		flags = append(flags, "--strace")
+	}
+	return flags
 }
 
 func (r *Runtime) runsc(ctx context.Context, args ...string) ([]byte, error) {
