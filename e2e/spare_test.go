@@ -96,7 +96,7 @@ func TestWarmContexts(t *testing.T) {
 	// Contexts share nothing: not the variables, not the process.
 	b, err := c.CreateContext(ctx, sb.ID, "python", "")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\n%s", err, tail(s.out.String(), 60))
 	}
 	_, _, _, pidB, _ := probe(t, c, sb, b)
 	if pidB == pidA {
@@ -200,7 +200,7 @@ func TestForkChildrenWarmContexts(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 2, TTLSeconds: 900})
 	if err != nil {
-		t.Fatalf("fork: %v", err)
+		t.Fatalf("fork: %v\n%s", err, tail(s.out.String(), 60))
 	}
 	for _, k := range kids {
 		t.Cleanup(func() { c.KillSandbox(context.Background(), k.ID) })
@@ -208,7 +208,7 @@ func TestForkChildrenWarmContexts(t *testing.T) {
 	for i, k := range kids {
 		ex, err := c.RunCode(ctx, k.ID, client.RunRequest{Code: fmt.Sprintf("kept += %d\nkept", i+1)})
 		if err != nil || ex.Error != nil || ex.Text != fmt.Sprint(8+i) {
-			t.Fatalf("fork child %d: %+v %v", i, ex, err)
+			t.Fatalf("fork child %d: %+v %v\n%s", i, ex, err, tail(s.out.String(), 60))
 		}
 	}
 	if ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "kept"}); err != nil || ex.Text != "7" {
