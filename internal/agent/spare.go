@@ -39,12 +39,6 @@ var maxSpareWait = 20 * time.Second
 // as long as any context runs code, before it starts a replacement.
 var refillDelay = 2 * time.Second
 
-// abandonedDelay is how much longer it waits after a start it abandoned
-// (abandonStarts): the restore of a fork child or a snapshot on a busy
-// machine is slow, and a start 2 s after the hello competed with the host's
-// setup of the sandbox (bench runs at load 100-160 here).
-var abandonedDelay = 10 * time.Second
-
 type spareSet struct {
 	mu    sync.Mutex
 	want  map[string]int               // spares to keep, by language
@@ -244,11 +238,8 @@ func (cs *Contexts) refill() {
 			}
 			sp.mu.Unlock()
 			if err != nil && life.Err() != nil {
-				// Abandoned (abandonStarts), not failed: no failure
-				// backoff, but a longer wait than after a hand-out, as
-				// the sandbox was just restored and its host is setting
-				// it up and its user sending its first cells.
-				time.Sleep(abandonedDelay)
+				// Abandoned (abandonStarts), not failed: start afresh
+				// once the sandbox is quiet, without a backoff.
 				continue
 			}
 			if err != nil {
@@ -264,8 +255,7 @@ func (cs *Contexts) refill() {
 }
 
 // abandonStarts drops the spare starts under way: their kernels are killed
-// and the refiller starts them again after abandonedDelay, once the sandbox
-// is quiet. For a
+// and the refiller starts them again once the sandbox is quiet. For a
 // sandbox restored from an image that other sandboxes restore too (a fork's
 // children, a snapshot's restores): a start caught by the checkpoint half
 // done would otherwise go on in every one of them at once, each redoing

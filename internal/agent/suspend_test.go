@@ -95,12 +95,11 @@ func TestTakeSpareWaitsForAStart(t *testing.T) {
 
 // TestAbandonStartsStartsThemAgain: after a restore of a shared image the
 // hello drops the spare start the image caught under way (its context
-// ends); the refiller then starts it afresh after abandonedDelay, once the
-// sandbox is quiet, as no failure (no failure backoff, nothing logged). A
-// ready spare stays.
+// ends); the refiller then starts it afresh once the sandbox is quiet, as
+// no failure (no backoff, nothing logged). A ready spare stays.
 func TestAbandonStartsStartsThemAgain(t *testing.T) {
-	defer func(d, a time.Duration) { refillDelay, abandonedDelay = d, a }(refillDelay, abandonedDelay)
-	refillDelay, abandonedDelay = 10*time.Millisecond, 10*time.Millisecond
+	defer func(d time.Duration) { refillDelay = d }(refillDelay)
+	refillDelay = 10 * time.Millisecond
 	cs := NewContexts()
 	sp := &cs.spares
 	var logged, calls atomic.Int32
