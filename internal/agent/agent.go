@@ -124,14 +124,9 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 		os.Setenv("PANDASTACK_SANDBOX_ID", id)
 	}
 	// Restored from an image other sandboxes restore too: without this,
-	// their kernels would all draw the same "random" numbers; and a spare
-	// start caught half done by the checkpoint would go on in each of them
-	// at once (see spareSet.abandonStarts).
+	// their kernels would all draw the same "random" numbers.
 	if r.URL.Query().Get("reseed") == "1" {
 		s.cfg.Contexts.Reseed()
-		if n := s.cfg.Contexts.spares.abandonStarts(); n > 0 {
-			s.log.Info("dropped the spare kernel starts the image caught under way; they start again once the sandbox is quiet", "starts", n)
-		}
 	}
 	// Resumed after an idle suspend: start the spares again.
 	s.cfg.Contexts.spares.unrelease()

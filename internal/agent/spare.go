@@ -54,10 +54,6 @@ type spareSet struct {
 	// waits for a start in progress.
 	starting map[string]int
 	added    chan struct{}
-	// life is the context the refiller's starts run under; abandonStarts
-	// cancels it (and makes a new one) to drop the starts under way.
-	life    context.Context
-	abandon context.CancelFunc
 }
 
 // takeSpare hands out a ready spare kernel of language, or nil when there
@@ -223,12 +219,11 @@ func (cs *Contexts) refill() {
 			if lang != "" {
 				sp.starting[lang]++
 			}
-			life := sp.life
 			sp.mu.Unlock()
 			if lang == "" {
 				break
 			}
-			ctx, cancel := context.WithTimeout(life, 5*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			k, err := start(ctx)
 			cancel()
 			sp.mu.Lock()
@@ -237,11 +232,6 @@ func (cs *Contexts) refill() {
 				sp.signal() // a hand-out waiting for it looks again
 			}
 			sp.mu.Unlock()
-			if err != nil && life.Err() != nil {
-				// Abandoned (abandonStarts), not failed: start afresh
-				// once the sandbox is quiet, without a backoff.
-				continue
-			}
 			if err != nil {
 				sp.log("starting a spare kernel failed; retrying later", "language", lang, "err", err, "retry_in", backoff)
 				time.Sleep(backoff)
@@ -252,31 +242,6 @@ func (cs *Contexts) refill() {
 			sp.add(lang, k)
 		}
 	}
-}
-
-// abandonStarts drops the spare starts under way: their kernels are killed
-// and the refiller starts them again once the sandbox is quiet. For a
-// sandbox restored from an image that other sandboxes restore too (a fork's
-// children, a snapshot's restores): a start caught by the checkpoint half
-// done would otherwise go on in every one of them at once, each redoing
-// seconds of imports beside the first cells its user is waiting for (eight
-// fork children on two cores). A spare that was ready stays. It returns how
-// many starts it dropped.
-func (sp *spareSet) abandonStarts() int {
-	sp.mu.Lock()
-	defer sp.mu.Unlock()
-	if sp.kick == nil {
-		return 0 // no spares were ever asked for
-	}
-	n := 0
-	for _, c := range sp.starting {
-		n += c
-	}
-	if n > 0 {
-		sp.abandon()
-		sp.life, sp.abandon = context.WithCancel(context.Background())
-	}
-	return n
 }
 
 // add keeps k as a spare of lang, or closes it if no longer wanted.
@@ -343,18 +308,10 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 		}
 		if req.Warmup != "" {
 			if err := k.RunSilent(ctx, req.Warmup); err != nil {
-				if ctx.Err() != nil {
-					k.Discard() // still importing: no use waiting for a shutdown
-				} else {
-					k.Close()
-				}
+				k.Close()
 				return nil, fmt.Errorf("the warm-up failed: %w", err)
 			}
 			if err := k.RunSilent(ctx, sparePrimeCode()); err != nil {
-				if ctx.Err() != nil {
-					k.Discard()
-					return nil, fmt.Errorf("priming a spare kernel: %w", err)
-				}
 				s.log.Warn("priming a spare kernel failed; it stays usable", "err", err)
 			}
 		}
@@ -362,7 +319,14 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 	}
 
 	sp.mu.Lock()
-	cs.initSpares(func(msg string, args ...any) { s.cfg.Log.Warn(msg, args...) })
+	if sp.kick == nil {
+		sp.want, sp.ready = map[string]int{}, map[string][]*jupyter.Kernel{}
+		sp.start = map[string]func(context.Context) (*jupyter.Kernel, error){}
+		sp.kick = make(chan struct{}, 1)
+		sp.starting, sp.added = map[string]int{}, make(chan struct{})
+		sp.log = func(msg string, args ...any) { s.cfg.Log.Warn(msg, args...) }
+		go cs.refill()
+	}
 	sp.want[req.Language], sp.start[req.Language] = req.Count, start
 	extra := sp.ready[req.Language][min(req.Count, len(sp.ready[req.Language])):]
 	sp.ready[req.Language] = sp.ready[req.Language][:len(sp.ready[req.Language])-len(extra)]
@@ -383,22 +347,6 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, s.spareStats(req.Language))
 	return nil
-}
-
-// initSpares readies the spare set on its first request and starts its
-// refiller; log gets its warnings. cs.spares.mu is held.
-func (cs *Contexts) initSpares(log func(msg string, args ...any)) {
-	sp := &cs.spares
-	if sp.kick != nil {
-		return
-	}
-	sp.want, sp.ready = map[string]int{}, map[string][]*jupyter.Kernel{}
-	sp.start = map[string]func(context.Context) (*jupyter.Kernel, error){}
-	sp.kick = make(chan struct{}, 1)
-	sp.starting, sp.added = map[string]int{}, make(chan struct{})
-	sp.life, sp.abandon = context.WithCancel(context.Background())
-	sp.log = log
-	go cs.refill()
 }
 
 func (s *Server) spareStats(language string) agentproto.Spares {

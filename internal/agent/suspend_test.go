@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,66 +89,5 @@ func TestTakeSpareWaitsForAStart(t *testing.T) {
 	maxSpareWait = 50 * time.Millisecond
 	if k := cs.takeSpare(context.Background(), "python", true); k != nil {
 		t.Fatal("a spare out of a start that never ended")
-	}
-}
-
-// TestAbandonStartsStartsThemAgain: after a restore of a shared image the
-// hello drops the spare start the image caught under way (its context
-// ends); the refiller then starts it afresh once the sandbox is quiet, as
-// no failure (no backoff, nothing logged). A ready spare stays.
-func TestAbandonStartsStartsThemAgain(t *testing.T) {
-	defer func(d time.Duration) { refillDelay = d }(refillDelay)
-	refillDelay = 10 * time.Millisecond
-	cs := NewContexts()
-	sp := &cs.spares
-	var logged, calls atomic.Int32
-	first := make(chan struct{})
-	sp.mu.Lock()
-	cs.initSpares(func(string, ...any) { logged.Add(1) })
-	sp.want["python"] = 1
-	sp.start["python"] = func(ctx context.Context) (*jupyter.Kernel, error) {
-		if calls.Add(1) == 1 {
-			close(first) // under way until abandoned
-			<-ctx.Done()
-			return nil, ctx.Err()
-		}
-		return &jupyter.Kernel{}, nil
-	}
-	sp.mu.Unlock()
-	if n := sp.abandonStarts(); n != 0 {
-		t.Fatalf("with no start under way, %d dropped", n)
-	}
-	sp.mu.Lock()
-	sp.wake()
-	sp.mu.Unlock()
-	select {
-	case <-first:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the refiller never started a spare")
-	}
-	if n := sp.abandonStarts(); n != 1 {
-		t.Fatalf("abandonStarts dropped %d starts, want 1", n)
-	}
-	// The backoff after a failed start is 5 s; an abandoned one must not
-	// wait for it. The bound here is only against a hang.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		sp.mu.Lock()
-		ready, starting := len(sp.ready["python"]), sp.starting["python"]
-		sp.mu.Unlock()
-		if ready == 1 && starting == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no spare after the abandoned start: %d ready, %d starting", ready, starting)
-		}
-	}
-	if n := calls.Load(); n != 2 {
-		t.Fatalf("%d starts, want 2 (the abandoned one, then its replacement)", n)
-	}
-	if n := logged.Load(); n != 0 {
-		t.Fatalf("an abandoned start was logged %d times as a failure", n)
-	}
-	if n := sp.abandonStarts(); n != 0 || len(sp.ready["python"]) != 1 {
-		t.Fatalf("abandonStarts with a ready spare: dropped %d, %d ready; want 0 and the spare kept", n, len(sp.ready["python"]))
 	}
 }

@@ -12,9 +12,8 @@ import "github.com/pandastack/pandastack"
 //	POST   /v1/contexts/{id}/run        RunRequest    → 200 NDJSON stream of CodeEvent, ending with one "execution" event
 //
 // GET /v1/hello?reseed=1 (see api.go) reseeds every kernel's random
-// generators, and drops the spare kernel starts the image caught under way
-// (they start again once the sandbox is quiet): the host asks for it after
-// restoring an image that other sandboxes restore too.
+// generators: the host asks for it after restoring an image that other
+// sandboxes restore too.
 
 // ContextRequest creates a context.
 type ContextRequest struct {
