@@ -315,25 +315,6 @@ func (k *Kernel) Close() error {
 	return in.stop("the kernel was shut down", k.opts.ShutdownGrace)
 }
 
-// Discard is Close without asking the kernel to shut down first: the
-// process is killed at once. For a kernel whose work nobody wants any more
-// (a spare start abandoned half-way), where a busy kernel would otherwise
-// go on burning CPU for the shutdown grace.
-func (k *Kernel) Discard() error {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	if k.closed {
-		return nil
-	}
-	k.closed = true
-	in := k.inst
-	k.inst = nil
-	if in == nil {
-		return nil
-	}
-	return in.stop("the kernel was discarded", 0)
-}
-
 // instance is one kernel process and our connection to it. A restart
 // replaces the whole instance.
 type instance struct {

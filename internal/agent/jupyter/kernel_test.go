@@ -606,49 +606,6 @@ func TestCloseLeavesNothing(t *testing.T) {
 	}
 }
 
-// TestDiscardDoesNotWaitForTheKernel: Discard kills a kernel that cannot
-// answer a shutdown (stopped here, as one deep in an import is busy) at
-// once, where Close would wait out its shutdown grace (ten minutes here),
-// and leaves nothing behind.
-func TestDiscardDoesNotWaitForTheKernel(t *testing.T) {
-	k := startKernel(t, func(o *Options) { o.ShutdownGrace = 10 * time.Minute })
-	pid := k.Pid()
-	if err := k.QueueSilent("import os, signal; os.kill(os.getpid(), signal.SIGSTOP)"); err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:])); len(f) > 0 && f[0] == "T" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the kernel never stopped itself: %s", b)
-		}
-	}
-	done := make(chan error, 1)
-	go func() { done <- k.Discard() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("Discard waited for a kernel that cannot answer")
-	}
-	if pidExists(pid) {
-		t.Errorf("kernel %d outlived Discard", pid)
-	}
-	if ents, _ := os.ReadDir(k.runtimeDir); len(ents) != 0 {
-		t.Errorf("left behind: %v", ents)
-	}
-	if _, err := k.Execute(context.Background(), "1", ExecOptions{}, nil); !errors.Is(err, ErrClosed) {
-		t.Errorf("execute after discard: %v", err)
-	}
-}
-
 // The agent runs as root and its kernels as the sandbox user.
 func TestKernelAsAnotherUser(t *testing.T) {
 	if os.Geteuid() != 0 {
