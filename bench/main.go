@@ -90,7 +90,7 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
-	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle, suspended, create, burst, stream, recipe and runcode sections alternate their rounds with servers of those (side by side)")
+	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle, suspended, create, burst, stream, recipe, runcode and fork sections alternate their rounds with servers of those (side by side)")
 	baselineRunsc := flag.String("baseline-runsc", "", "with -baseline: the runsc its servers use (default: the same as the others'), to compare runsc builds with the same pandastack binaries")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -95,7 +96,7 @@ func TestWarmContexts(t *testing.T) {
 	// Contexts share nothing: not the variables, not the process.
 	b, err := c.CreateContext(ctx, sb.ID, "python", "")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v\n%s", err, tail(s.out.String(), 60))
 	}
 	_, _, _, pidB, _ := probe(t, c, sb, b)
 	if pidB == pidA {
@@ -178,5 +179,42 @@ func untilWarmContext(t *testing.T, c *client.Client, sb *client.Sandbox, when s
 			t.Fatalf("no warm context again %s (last had %q imported)", when, imported)
 		}
 		time.Sleep(2 * time.Second)
+	}
+}
+
+// TestForkChildrenWarmContexts: a fork taken while the parent's replacement
+// spare is likely still starting (its first context took the spare; the
+// replacement starts 2 s later and takes seconds) gives children that
+// answer with the parent's state, each its own, and whose new contexts are
+// warm again once they are quiet: a child drops the start its image caught
+// half done and starts its spare afresh.
+func TestForkChildrenWarmContexts(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	waitWarmTemplate(t, s, "code-interpreter")
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
+	if ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "kept = 7"}); err != nil || ex.Error != nil {
+		t.Fatalf("the parent's first cell: %+v %v", ex, err)
+	}
+	time.Sleep(3 * time.Second)
+	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 2, TTLSeconds: 900})
+	if err != nil {
+		t.Fatalf("fork: %v\n%s", err, tail(s.out.String(), 60))
+	}
+	for _, k := range kids {
+		t.Cleanup(func() { c.KillSandbox(context.Background(), k.ID) })
+	}
+	for i, k := range kids {
+		ex, err := c.RunCode(ctx, k.ID, client.RunRequest{Code: fmt.Sprintf("kept += %d\nkept", i+1)})
+		if err != nil || ex.Error != nil || ex.Text != fmt.Sprint(8+i) {
+			t.Fatalf("fork child %d: %+v %v\n%s", i, ex, err, tail(s.out.String(), 60))
+		}
+	}
+	if ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "kept"}); err != nil || ex.Text != "7" {
+		t.Fatalf("the parent after its children ran: %+v %v", ex, err)
+	}
+	for i := range kids {
+		untilWarmContext(t, c, &kids[i], fmt.Sprintf("in fork child %d", i), nil)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -93,17 +94,39 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 			return nil, fmt.Errorf("fork %s: %w", id, err)
 		}
 	}
+	tChildren := time.Now()
+	size := dirSize(img)
 	m.removeLater(img)
-	logFork(m.log, id, count, msSince(t0, tCheckpoint), msSince(tCheckpoint, time.Now()), steps)
+	logFork(m.log, id, count, msSince(t0, tCheckpoint), msSince(tCheckpoint, tChildren), size, steps)
 	return kids, nil
 }
 
+// dirSize is the bytes of the files directly in dir (a checkpoint image is
+// flat), or -1 if it cannot be read.
+func dirSize(dir string) int64 {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return -1
+	}
+	var n int64
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+	}
+	return n
+}
+
 // logFork logs a fork's breakdown: the parent's checkpoint (with the wait
-// for its quiet), the children's restores as a whole, and the median child's
-// steps (restore_ms: the network and runsc restore; agent_ms: the new
-// session's hello; setup_ms: resolver and trust store; record_ms: the store).
-func logFork(log *slog.Logger, id string, count int, checkpointMS, childrenMS float64, steps []*resumeSteps) {
+// for its quiet), the image's size, the children's restores as a whole, and
+// the median child's steps (restore_ms: the network and runsc restore;
+// agent_ms: the new session's hello; setup_ms: resolver and trust store;
+// record_ms: the store).
+func logFork(log *slog.Logger, id string, count int, checkpointMS, childrenMS float64, imageBytes int64, steps []*resumeSteps) {
 	attrs := []any{"sandbox", id, "count", count, "checkpoint_ms", checkpointMS, "children_ms", childrenMS}
+	if imageBytes >= 0 {
+		attrs = append(attrs, "image_mb", math.Round(float64(imageBytes)/1e5)/10)
+	}
 	for _, key := range []string{"restore_ms", "agent_ms", "setup_ms", "record_ms"} {
 		var xs []float64
 		for _, s := range steps {

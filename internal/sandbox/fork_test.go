@@ -26,3 +26,18 @@ func TestForkImageRemoved(t *testing.T) {
 		t.Fatalf("fork left %v in the snapshot dir", ents)
 	}
 }
+
+// dirSize adds up the files of a flat image directory, and says -1 when
+// the directory cannot be read (the fork line then leaves image_mb out).
+func TestDirSize(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(dir+"/pages.bin", make([]byte, 3000), 0o600)
+	os.WriteFile(dir+"/checkpoint.img", make([]byte, 500), 0o600)
+	os.Mkdir(dir+"/sub", 0o700)
+	if got := dirSize(dir); got != 3500 {
+		t.Fatalf("dirSize = %d, want 3500", got)
+	}
+	if got := dirSize(dir + "/missing"); got != -1 {
+		t.Fatalf("dirSize of a missing dir = %d, want -1", got)
+	}
+}
