@@ -151,6 +151,15 @@ func (b *bench) sequentialCreates(ctx context.Context) error {
 	for k, sd := range pools {
 		alt[k].report(b, "sequential, alternating with the no-pool server"+sd.label)
 	}
+	for _, sd := range lazies {
+		// The servers' own timing of each create's boot (its log line
+		// "sandbox booted"): where a no-pool create's time goes.
+		steps, order := logSteps(sd.s.log.String(), `msg="sandbox booted"`, "")
+		for _, k := range order {
+			b.add(summarize("create", "no-pool create step (server's timing)"+sd.label+": "+k, "ms", steps[k],
+				"from the server's log line \"sandbox booted\" (this revision's servers only; the warm-up's boot included)"))
+		}
+	}
 
 	b2b := make([][]float64, len(pools))
 	split := make([]poolSplit, len(pools))

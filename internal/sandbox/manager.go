@@ -47,6 +47,10 @@ type Config struct {
 	// line, first come first served (admit.go). 0: no limit; never
 	// filled in.
 	MaxRestores int
+	// PreparedResumes is how many of the sandboxes suspended last for
+	// idleness have their resume prepared ahead (prepare.go): each keeps
+	// two waiting host processes. 0: none; never filled in.
+	PreparedResumes int
 
 	// Images keeps snapshots; nil means a local directory store on
 	// SnapshotDir (imagestore.Local).
@@ -71,6 +75,7 @@ func DefaultConfig() Config {
 		PoolSize:         2,
 		IdleTimeout:      300 * time.Second,
 		PoolMemoryMB:     1024,
+		PreparedResumes:  4,
 	}
 }
 
@@ -157,6 +162,7 @@ type Manager struct {
 	warmVerified sync.Map    // warm images checksummed already (warm.go)
 	node         nodeState   // the other nodes as of the last heartbeat (node.go)
 	ownPaused    sync.Map    // sandbox id → ownPaused: paused images this process wrote (resume.go)
+	prepared     preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -418,8 +424,9 @@ type plan struct {
 	env        map[string]string
 	autoResume bool
 	network    *pandastack.NetworkPolicy // nil: the default, or the sandbox's own on a resume
+	pooled     bool                      // served from a pool (launch sets it)
 	line       bool                      // wait in the admission line for the boot (admit.go)
-	steps      *resumeSteps              // times the boot's steps (a fork's children), or nil
+	steps      *resumeSteps              // times the boot's steps (a fork's children); nil: launch times and logs them itself
 }
 
 // launch records a new sandbox, boots or restores it, and says hello.
@@ -434,7 +441,17 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	if sb.Metadata == nil {
 		sb.Metadata = map[string]string{}
 	}
+	if p.steps == nil {
+		// A create's own boot logs its steps (a fork logs its children's).
+		p.steps = newResumeSteps()
+		defer func() {
+			if err == nil && !p.pooled {
+				p.steps.logCreate(m.log, sb.ID)
+			}
+		}()
+	}
 	pd, pooledOK := m.fromPool(p)
+	p.pooled = pooledOK
 	if pooledOK {
 		sb.ID = pd.id
 	} else if p.line {
@@ -445,6 +462,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "gave up waiting for a free restore slot (%d creates in line): %v", m.admit.waiting(), err)
 		}
 		defer release()
+		p.steps.done("admit_ms")
 	}
 	if err := m.sbx.begin(sb.ID, phaseCreating); err != nil {
 		if pooledOK {
@@ -461,6 +479,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		}
 		return pandastack.Sandbox{}, err
 	}
+	p.steps.done("store_ms")
 	defer func() {
 		if err != nil {
 			// Rollback runs outside the request's context: a client that
@@ -648,6 +667,7 @@ func (m *Manager) teardown(id, reason string) {
 		}
 		c.Close()
 	}
+	m.prepared.forget(id) // the stop removes it
 	if err := m.rt.Stop(context.Background(), id); err != nil {
 		m.log.Error("runtime stop", "sandbox", id, "err", err)
 	}
