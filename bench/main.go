@@ -76,9 +76,12 @@ type Report struct {
 	// RestoreProfile splits a restore into its steps (section restore-profile).
 	RestoreProfile    []RestoreStep `json:"restore_profile,omitempty"`
 	RestoreImageBytes int64         `json:"restore_image_bytes,omitempty"`
-	Errors            []string      `json:"errors,omitempty"`
-	ServerProblems    []string      `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
-	DurationS         float64       `json:"duration_s"`
+	// RestorePreparedPSS is the PSS of each container the restore profile
+	// made ahead (runsc create, waiting for its restore), in bytes.
+	RestorePreparedPSS []int64  `json:"restore_prepared_pss_bytes,omitempty"`
+	Errors             []string `json:"errors,omitempty"`
+	ServerProblems     []string `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
+	DurationS          float64  `json:"duration_s"`
 }
 
 func main() {

@@ -185,6 +185,9 @@ func (b *bench) restoreProfile(ctx context.Context) error {
 	}
 	b.rep.RestoreImageBytes = imageBytes
 	fmt.Fprintf(os.Stderr, "  image restored: %.0f MB\n", float64(imageBytes)/1e6)
+	if pss := b.rep.RestorePreparedPSS; len(pss) > 0 {
+		fmt.Fprintf(os.Stderr, "  a container prepared ahead holds %.1f MiB PSS (first of %d)\n", float64(pss[0])/(1<<20), len(pss))
+	}
 	return nil
 }
 
@@ -234,7 +237,7 @@ func (b *bench) preparedRestore(ctx context.Context, dir, runsc, agent, rootfs s
 		return fmt.Errorf("restore profile (prepared): %w", err)
 	}
 	add("prepared ahead: runsc create (not on the restore's path)", prep)
-	add("prepared ahead: PSS of the waiting container, MiB", float64(pssBytes)/(1<<20))
+	b.rep.RestorePreparedPSS = append(b.rep.RestorePreparedPSS, pssBytes)
 	add("prepared ahead: runsc restore returns", ms(t1.Sub(t0)))
 	add("prepared ahead: agent hello", ms(t2.Sub(t1)))
 	add("prepared ahead: warm kernel answers a silent cell", ms(t3.Sub(t2)))

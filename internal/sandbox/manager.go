@@ -51,6 +51,11 @@ type Config struct {
 	// idleness have their resume prepared ahead (prepare.go): each keeps
 	// two waiting host processes. 0: none; never filled in.
 	PreparedResumes int
+	// PreparedCreates is how many containers of each warm template are
+	// kept created ahead for the creates no pool sandbox serves
+	// (standby.go): each holds two waiting host processes. 0: none;
+	// never filled in.
+	PreparedCreates int
 
 	// Images keeps snapshots; nil means a local directory store on
 	// SnapshotDir (imagestore.Local).
@@ -76,6 +81,7 @@ func DefaultConfig() Config {
 		IdleTimeout:      300 * time.Second,
 		PoolMemoryMB:     1024,
 		PreparedResumes:  4,
+		PreparedCreates:  1,
 	}
 }
 
@@ -150,18 +156,19 @@ type Manager struct {
 
 	sbx *table // the sandboxes this process runs or works on, one entry each
 
-	mu    sync.Mutex
-	pools map[string]*pool // by template name
-	net   Network          // sandbox networking, or nil (network.go)
-	caPEM []byte           // certificates added to every sandbox's trust store (network.go)
+	mu       sync.Mutex
+	pools    map[string]*pool    // by template name
+	standbys map[string]*standby // containers prepared for creates, by template name (standby.go)
+	net      Network             // sandbox networking, or nil (network.go)
+	caPEM    []byte              // certificates added to every sandbox's trust store (network.go)
 
 	caDigest string     // of caPEM, hex (network.go)
 	admit    *admission // the line of restores (admit.go)
 
-	suspending   atomic.Bool // idle suspends are under way (idle.go)
-	warmVerified sync.Map    // warm images checksummed already (warm.go)
-	node         nodeState   // the other nodes as of the last heartbeat (node.go)
-	ownPaused    sync.Map    // sandbox id → ownPaused: paused images this process wrote (resume.go)
+	suspending   atomic.Bool     // idle suspends are under way (idle.go)
+	warmVerified sync.Map        // warm images checksummed already (warm.go)
+	node         nodeState       // the other nodes as of the last heartbeat (node.go)
+	ownPaused    sync.Map        // sandbox id → ownPaused: paused images this process wrote (resume.go)
 	prepared     preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
 
 	stop chan struct{}
@@ -464,10 +471,19 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		defer release()
 		p.steps.done("admit_ms")
 	}
+	standbyOK := false
+	if !pooledOK {
+		var done func()
+		if sb.ID, done, standbyOK = m.takeStandby(p, sb.ID); standbyOK {
+			defer done() // restored into the container prepared as sb.ID
+		}
+	}
 	if err := m.sbx.begin(sb.ID, phaseCreating); err != nil {
 		if pooledOK {
 			pd.client.Close()
-			m.rt.Stop(context.Background(), pd.id)
+		}
+		if pooledOK || standbyOK {
+			m.rt.Stop(context.Background(), sb.ID)
 		}
 		return pandastack.Sandbox{}, err
 	}
@@ -475,7 +491,9 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		m.sbx.end(sb.ID)
 		if pooledOK {
 			pd.client.Close()
-			m.rt.Stop(context.Background(), pd.id)
+		}
+		if pooledOK || standbyOK {
+			m.rt.Stop(context.Background(), sb.ID)
 		}
 		return pandastack.Sandbox{}, err
 	}

@@ -216,3 +216,60 @@ func TestPreparedResumesList(t *testing.T) {
 		t.Fatal("forget")
 	}
 }
+
+// Containers prepared for creates: a plain create of the warm template
+// takes one (its id becomes the sandbox's) and another is prepared after
+// it; a create with its own env restores afresh; Close removes the
+// prepared ones that are left.
+func TestPreparedCreates(t *testing.T) {
+	h, _, rt := preparingHarness(t, 0)
+	ctx := context.Background()
+	h.m.Close()
+	cfg := h.m.cfg
+	cfg.PreparedCreates = 1
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
+	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	h.m = m
+	if err := m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
+		t.Fatal(err)
+	}
+	h.tpls.tpl = tpl
+	m.enableStandby(tpl)
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	first := rt.preparedIDs()[0]
+	rt.takeCalls()
+	sb := h.create()
+	if sb.ID != first {
+		t.Fatalf("create got %s, not the prepared %s", sb.ID, first)
+	}
+	if _, err := h.exec(sb.ID, "set a=1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	second := rt.preparedIDs()[0]
+	if got := rt.takeCalls(); len(got) != 2 || got[0] != "restore "+first+" prepared" || got[1] != "prepare "+second {
+		t.Fatalf("runtime calls %q", got)
+	}
+	// With env of its own the spec differs: no prepared container.
+	own, err := m.Create(ctx, project, CreateRequest{Template: "base", Env: map[string]string{"K": "v"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if own.ID == second || !slices.Equal(rt.preparedIDs(), []string{second}) {
+		t.Fatalf("a create with env took the prepared container: %s, left %v", own.ID, rt.preparedIDs())
+	}
+	m.Close()
+	if got := rt.preparedIDs(); len(got) != 0 {
+		t.Fatalf("prepared containers left after Close: %v", got)
+	}
+	for _, id := range rt.ids() {
+		if id == second {
+			t.Fatalf("the runtime still holds %s after Close", id)
+		}
+	}
+}
