@@ -432,6 +432,7 @@ type plan struct {
 	autoResume bool
 	network    *pandastack.NetworkPolicy // nil: the default, or the sandbox's own on a resume
 	pooled     bool                      // served from a pool (launch sets it)
+	prepared   bool                      // restored into a container prepared for creates (launch sets it)
 	line       bool                      // wait in the admission line for the boot (admit.go)
 	steps      *resumeSteps              // times the boot's steps (a fork's children); nil: launch times and logs them itself
 }
@@ -453,7 +454,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		p.steps = newResumeSteps()
 		defer func() {
 			if err == nil && !p.pooled {
-				p.steps.logCreate(m.log, sb.ID)
+				p.steps.logCreate(m.log, sb.ID, p.prepared)
 			}
 		}()
 	}
@@ -477,6 +478,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		if sb.ID, done, standbyOK = m.takeStandby(p, sb.ID); standbyOK {
 			defer done() // restored into the container prepared as sb.ID
 		}
+		p.prepared = standbyOK
 	}
 	if err := m.sbx.begin(sb.ID, phaseCreating); err != nil {
 		if pooledOK {

@@ -99,9 +99,10 @@ func (s *resumeSteps) log(log *slog.Logger, id string, own, prepared bool) {
 // logCreate logs the steps of a create's boot (admit_ms: the wait in the
 // admission line; store_ms: the new record; restore_ms: the network and
 // the runtime's restore or start; agent_ms: the hello; setup_ms: resolver
-// and trust store; record_ms: the record says running).
-func (s *resumeSteps) logCreate(log *slog.Logger, id string) {
-	attrs := append([]any{"sandbox", id, "total_ms", msSince(s.start, time.Now())}, s.attrs...)
+// and trust store; record_ms: the record says running), and whether it
+// restored into a container prepared for creates (standby.go).
+func (s *resumeSteps) logCreate(log *slog.Logger, id string, prepared bool) {
+	attrs := append([]any{"sandbox", id, "prepared", prepared, "total_ms", msSince(s.start, time.Now())}, s.attrs...)
 	log.Info("sandbox booted", attrs...)
 }
 
