@@ -19,7 +19,8 @@ import (
 // id becomes the sandbox's, as with a pool sandbox) and restores into it.
 // One holds two waiting host processes (about 11 MiB PSS) and a network
 // namespace, not a sandbox's memory. The next one is prepared once the
-// create that took one is done, so that it does not compete with it.
+// create that took one is done, and in the admission line's background
+// (admit.go) like a pool refill, so that it competes with no create.
 
 // standby is a warm template's prepared containers.
 type standby struct {
@@ -92,10 +93,17 @@ func (m *Manager) keepStandby(s *standby, rp pandastack.RuntimePreparer) {
 	image := filepath.Join(s.tpl.WarmImage, "image")
 	for {
 		for s.count() < m.cfg.PreparedCreates && ctx.Err() == nil {
+			// In the line's background, as a pool refill: never while a
+			// create restores or waits.
+			release, err := m.admit.acquire(ctx, true)
+			if err != nil {
+				continue // shutting down
+			}
 			id := pandastack.NewID("sbx")
 			pctx, done := context.WithTimeout(ctx, m.cfg.StartTimeout)
-			err := rp.Prepare(pctx, m.standbySpec(s.tpl, id), image)
+			err = rp.Prepare(pctx, m.standbySpec(s.tpl, id), image)
 			done()
+			release()
 			if err != nil {
 				if ctx.Err() == nil {
 					m.log.Warn("preparing a container for creates; retrying in 5 s", "template", s.tpl.Name, "err", err)
