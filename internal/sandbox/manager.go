@@ -53,8 +53,8 @@ type Config struct {
 	PreparedResumes int
 	// PreparedCreates is how many containers of each warm template are
 	// kept created ahead for the creates no pool sandbox serves
-	// (standby.go): each holds two waiting host processes. 0: none;
-	// never filled in.
+	// (standby.go): each holds two waiting host processes. 0 (the
+	// default: no gain measured yet, see standby.go): none.
 	PreparedCreates int
 
 	// Images keeps snapshots; nil means a local directory store on
@@ -81,7 +81,6 @@ func DefaultConfig() Config {
 		IdleTimeout:      300 * time.Second,
 		PoolMemoryMB:     1024,
 		PreparedResumes:  4,
-		PreparedCreates:  1,
 	}
 }
 

@@ -21,6 +21,13 @@ import (
 // namespace, not a sandbox's memory. The next one is prepared once the
 // create that took one is done, and in the admission line's background
 // (admit.go) like a pool refill, so that it competes with no create.
+//
+// Off by default: on the least loaded run so far (load falling from 2 to
+// 1, bench/results/2026-12-01-vm-restore/run5.json) no-pool creates with it
+// answered their first run_code in 890 ms p50 against main's 657 ms, with
+// every create restored into a prepared container; the restore profile's
+// lazy restores into one were faster (348 vs 532 ms). Why the server's
+// creates did not gain is not known yet.
 
 // standby is a warm template's prepared containers.
 type standby struct {
