@@ -92,6 +92,19 @@ type Runtime interface {
 	DeathReason(id string) string
 }
 
+// RuntimePreparer is a Runtime that can do the start of a Restore ahead of
+// it (optional: the manager asks for it with a type assertion).
+type RuntimePreparer interface {
+	// Prepare readies a Restore of spec from imageDir: the sandbox's host
+	// processes are started and wait, so that the Restore of spec.ID with
+	// the same spec only loads the image. A Restore with another spec, or
+	// Stop, removes the prepared sandbox. Until then it holds host
+	// processes and some memory (no image), and State says stopped. On
+	// failure nothing of it is left. EConflict if the runtime holds the id
+	// already. Costs the start of a restore; ctx bounds the call only.
+	Prepare(ctx context.Context, spec RuntimeSpec, imageDir string) error
+}
+
 // ReasonOutOfMemory: the sandbox hit its memory limit and was killed.
 const ReasonOutOfMemory = "out_of_memory"
 

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -115,10 +117,16 @@ var logField = regexp.MustCompile(`(\w+_ms)=([0-9.]+)`)
 // and request_ms of the "sandbox resumed on demand" ones (the request's
 // whole wait in the server until the sandbox runs).
 func resumeSteps(log, id string) (map[string][]float64, []string) {
+	return logSteps(log, `msg="sandbox resumed`, "sandbox="+id)
+}
+
+// logSteps collects the *_ms fields of the log lines that contain both
+// msg and also, in the order the first line has them.
+func logSteps(log, msg, also string) (map[string][]float64, []string) {
 	steps := map[string][]float64{}
 	var order []string
 	for _, line := range strings.Split(log, "\n") {
-		if !strings.Contains(line, `msg="sandbox resumed`) || !strings.Contains(line, "sandbox="+id) {
+		if !strings.Contains(line, msg) || !strings.Contains(line, also) {
 			continue
 		}
 		for _, m := range logField.FindAllStringSubmatch(line, -1) {
@@ -140,13 +148,15 @@ func waitSuspended(ctx context.Context, c *client.Client, id string) error {
 	return waitFor(ctx, c, id, "suspended for idleness", func(sb *client.Sandbox) bool { return sb.State == "paused" && sb.PauseReason == "idle" })
 }
 
-// waitStopped waits until no host process of the sandbox is left. The
+// waitStopped waits until the sandbox no longer runs: no host process of
+// it is left, or only those of its resume prepared ahead (a runsc
+// container created, not running: the server's --prepared-resumes). The
 // server records a pause before it stops the sandbox, and a request in
 // that window waits for the stop: a resume is measured from a sandbox
 // fully suspended.
 func waitStopped(ctx context.Context, s *server, id string) error {
 	deadline := time.Now().Add(time.Minute)
-	for len(sandboxPIDs(s.runscRoot)[id]) > 0 {
+	for len(sandboxPIDs(s.runscRoot)[id]) > 0 && containerStatus(s, id) != "created" {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("sandbox %s still has host processes 1 min after its pause", id)
 		}
@@ -157,6 +167,20 @@ func waitStopped(ctx context.Context, s *server, id string) error {
 		}
 	}
 	return nil
+}
+
+// containerStatus is the status runsc gives the sandbox's container
+// ("running", "created", ...), or "" when it has none.
+func containerStatus(s *server, id string) string {
+	out, err := exec.Command(s.runsc, "--root="+s.runscRoot, "state", id).Output()
+	if err != nil {
+		return ""
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	json.Unmarshal(out, &st)
+	return st.Status
 }
 
 // waitState waits until the sandbox's record shows state.

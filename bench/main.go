@@ -79,9 +79,12 @@ type Report struct {
 	// RuncodeProfile counts the system calls of run_code("1+1") (section
 	// runcode-profile), for this revision and the -baseline one.
 	RuncodeProfile []RuncodeProfile `json:"runcode_profile,omitempty"`
-	Errors         []string         `json:"errors,omitempty"`
-	ServerProblems []string         `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
-	DurationS      float64          `json:"duration_s"`
+	// RestorePreparedPSS is the PSS of each container the restore profile
+	// made ahead (runsc create, waiting for its restore), in bytes.
+	RestorePreparedPSS []int64  `json:"restore_prepared_pss_bytes,omitempty"`
+	Errors             []string `json:"errors,omitempty"`
+	ServerProblems     []string `json:"server_problems,omitempty"` // WARN/ERROR lines the servers logged
+	DurationS          float64  `json:"duration_s"`
 }
 
 func main() {

@@ -49,6 +49,12 @@ var runscMarks = []struct{ step, file, re string }{
 	// one and installs it right after; one without builds it first.
 	{"seccomp filters built and installed", "boot", `reached midpoint (seccomp program installed|precompiled seccomp program rendered)`},
 	{"kernel state load starts", "boot", `Timeline Restore reached midpoint loading kernel`},
+	// The kernel load's own timeline (kernel.LoadFrom): the state file
+	// decoded, the network stack restored, then the VFS (every file the
+	// image's processes hold, reopened through the gofer or directly).
+	{"kernel load: kernel objects decoded", "boot", `reached midpoint Kernel loaded`},
+	{"kernel load: network stack restored", "boot", `reached midpoint Network stack restored`},
+	{"kernel load: VFS restored", "boot", `reached midpoint VFS restored`},
 	{"memory pages: async load done", "boot", `Async page loading completed`},
 	{"kernel state loaded (VFS restored)", "boot", `Timeline Restore reached midpoint kernel loaded`},
 	{"sandbox kernel started", "boot", `reached midpoint kernel started`},
@@ -113,6 +119,9 @@ func (b *bench) restoreProfile(ctx context.Context) error {
 		return nil
 	})
 	for i := range b.set.N {
+		if err := b.preparedRestore(ctx, filepath.Join(tmp, fmt.Sprintf("prepared-%d", i)), s.runsc, agent, man.RootFS, man.CPU, man.MemoryMB, filepath.Join(snapDir, "image"), add); err != nil {
+			return err
+		}
 		logDir := filepath.Join(tmp, fmt.Sprintf("logs-%d", i))
 		rt, err := gvisor.New(gvisor.Config{Runsc: s.runsc, StateDir: filepath.Join(tmp, "state"), AgentPath: agent, DebugLogDir: logDir,
 			Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -168,7 +177,7 @@ func (b *bench) restoreProfile(ctx context.Context) error {
 		xs := steps[st]
 		sum := summarize("restore", st, "ms", xs, "")
 		src := "ours"
-		if strings.HasPrefix(st, "runsc log") {
+		if strings.Contains(st, "runsc log") {
 			src = "runsc debug log"
 		}
 		b.rep.RestoreProfile = append(b.rep.RestoreProfile, RestoreStep{Step: st, Source: src, Median: sum.Median, P95: sum.P95, N: sum.N, Values: sum.Samples})
@@ -176,6 +185,72 @@ func (b *bench) restoreProfile(ctx context.Context) error {
 	}
 	b.rep.RestoreImageBytes = imageBytes
 	fmt.Fprintf(os.Stderr, "  image restored: %.0f MB\n", float64(imageBytes)/1e6)
+	if pss := b.rep.RestorePreparedPSS; len(pss) > 0 {
+		fmt.Fprintf(os.Stderr, "  a container prepared ahead holds %.1f MiB PSS (first of %d)\n", float64(pss[0])/(1<<20), len(pss))
+	}
+	return nil
+}
+
+// preparedRestore is one round of the restore profile's second variant:
+// the container made ahead with gvisor.Runtime.Prepare (runsc create: gofer
+// and sentry started, waiting), then timed from the restore into it until
+// the kernel answers.
+func (b *bench) preparedRestore(ctx context.Context, dir, runsc, agent, rootfs string, cpu, mem int, image string, add func(string, float64)) error {
+	logDir := filepath.Join(dir, "logs")
+	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: filepath.Join(dir, "state"), AgentPath: agent, DebugLogDir: logDir,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	id := pandastack.NewID("sbx")
+	defer rt.Stop(context.Background(), id)
+	spec := pandastack.RuntimeSpec{ID: id, RootFS: rootfs, CPU: cpu, MemoryMB: mem, PIDs: 1024, Lazy: true,
+		Env: []string{"PANDASTACK_SANDBOX_ID=" + id}}
+	tp := time.Now()
+	if err := rt.Prepare(ctx, spec, image); err != nil {
+		return fmt.Errorf("restore profile: %w", err)
+	}
+	prep := ms(time.Since(tp))
+	var pssBytes int64
+	if st, err := rt.Stats(ctx, id); err == nil {
+		pssBytes = st.PSSBytes
+	}
+	time.Sleep(100 * time.Millisecond) // as a container made ahead would have: the create's work done
+	t0 := time.Now()
+	rwc, err := rt.Restore(ctx, spec, image)
+	t1 := time.Now()
+	var c *sandbox.AgentClient
+	var t2, t3 time.Time
+	if err == nil {
+		c, err = sandbox.DialAgent(ctx, id, rwc, true)
+		t2 = time.Now()
+	}
+	if err == nil {
+		err = c.TouchSpares(ctx)
+		t3 = time.Now()
+	}
+	if c != nil {
+		c.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("restore profile (prepared): %w", err)
+	}
+	add("prepared ahead: runsc create (not on the restore's path)", prep)
+	b.rep.RestorePreparedPSS = append(b.rep.RestorePreparedPSS, pssBytes)
+	add("prepared ahead: runsc restore returns", ms(t1.Sub(t0)))
+	add("prepared ahead: agent hello", ms(t2.Sub(t1)))
+	add("prepared ahead: warm kernel answers a silent cell", ms(t3.Sub(t2)))
+	add("prepared ahead: total: restore → kernel answers", ms(t3.Sub(t0)))
+	marks, err := runscTimes(logDir, t0)
+	if err != nil {
+		return err
+	}
+	for _, m := range runscMarks {
+		if v, ok := marks[m.step]; ok {
+			add("prepared ahead: runsc log, at: "+m.step, v)
+		}
+	}
 	return nil
 }
 

@@ -356,6 +356,12 @@ func (s *server) stop() {
 	}
 	s.sweep()
 	os.RemoveAll(s.dataDir)
+	if dir := os.Getenv("BENCH_SERVER_LOGS"); dir != "" {
+		// For reading the servers' own timings afterwards (with
+		// PANDASTACK_LOG_LEVEL=debug, the network's too).
+		os.MkdirAll(dir, 0o755)
+		os.WriteFile(filepath.Join(dir, s.name+".log"), []byte(s.log.String()), 0o644)
+	}
 }
 
 // sweep is the last resort after the server is gone: it deletes every

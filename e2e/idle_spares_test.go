@@ -33,7 +33,7 @@ func TestIdleSuspendSpares(t *testing.T) {
 	}
 	for round := range 2 {
 		waitState(t, s, sb.ID, "suspended", suspended)
-		eventually(t, "the suspended sandbox's host processes to end", func() bool { return len(processesMentioning(sb.ID)) == 0 })
+		eventually(t, "the suspended sandbox to stop running", func() bool { return s.suspendedStopped(sb.ID) })
 		// The request that resumes it finds the context as it was.
 		if ex := run(t, c, sb, kept, "secret, int(df.a.sum())", 60); ex.Error != nil || ex.Text != "('kept', 6)" {
 			t.Fatalf("round %d: the context after the resume: %+v", round, ex)

@@ -82,8 +82,10 @@ func TestIdleSuspend(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(image, "manifest.json")); err != nil {
 			t.Fatalf("suspended without an image: %v", err)
 		}
-		// The record says paused just before the sandbox stops.
-		eventually(t, "the suspended sandbox's host processes to end", func() bool { return len(processesMentioning(sb.ID)) == 0 })
+		// The record says paused just before the sandbox stops; then its
+		// resume is prepared (--prepared-resumes): a runsc container
+		// created, waiting for the image.
+		eventually(t, "the suspended sandbox's resume to be prepared", func() bool { return s.runscStatus(sb.ID) == "created" })
 		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"})
 		if err != nil || ex.Text != "'kept'" {
 			t.Fatalf("run after suspend: %+v %v", ex, err)

@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -167,6 +168,27 @@ func (s *server) runscList() []string {
 		s.t.Fatalf("runsc list: %v", err)
 	}
 	return strings.Fields(string(out))
+}
+
+// runscStatus is the status runsc gives sandbox id's container in this
+// server's state root ("running", "created", ...), or "" if it has none.
+func (s *server) runscStatus(id string) string {
+	out, err := exec.Command(testutil.Runsc(s.t), "--root="+filepath.Join(s.dataDir, "runtime", "runsc"), "state", id).Output()
+	if err != nil {
+		return ""
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	json.Unmarshal(out, &st)
+	return st.Status
+}
+
+// suspendedStopped reports whether a suspended sandbox stopped running: no
+// host process of it is left, or only the two waiting ones of its resume
+// prepared ahead (a runsc container created, not running).
+func (s *server) suspendedStopped(id string) bool {
+	return len(processesMentioning(id)) == 0 || s.runscStatus(id) == "created"
 }
 
 // assertGone checks that nothing of sandbox id is left on the host: no

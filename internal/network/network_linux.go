@@ -479,22 +479,28 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 			os.Remove(n.statePath(id))
 		}
 	}()
+	t0 := time.Now()
 	if err := n.saveState(s); err != nil {
 		return "", fmt.Errorf("network %s: %w", id, err)
 	}
+	t1 := time.Now()
 	gw, addr := n.addrs(slot)
 	if err := n.makeNamespace(id, n.veth(slot), gw, addr); err != nil {
 		return "", fmt.Errorf("network %s: %w", id, err)
 	}
+	t2 := time.Now()
 	n.nftMu.Lock()
 	err = n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, slot, n.veth(slot), addr, comp) })
 	n.nftMu.Unlock()
 	if err != nil {
 		return "", fmt.Errorf("network %s: firewall: %w", id, err)
 	}
+	t3 := time.Now()
 	if err := n.startServices(s, gw); err != nil {
 		return "", err
 	}
+	n.log.Debug("network prepared", "sandbox", id, "state_ms", ms(t1.Sub(t0)), "namespace_ms", ms(t2.Sub(t1)),
+		"firewall_ms", ms(t3.Sub(t2)), "services_ms", ms(time.Since(t3)))
 	return n.NSPath(id), nil
 }
 
@@ -854,3 +860,5 @@ func (n *Network) Close() error {
 	}
 	return err
 }
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"slices"
+	"sync"
 
 	"github.com/pandastack/pandastack"
 )
@@ -14,10 +15,14 @@ import (
 // sandbox manager needs no change to run with networking.
 type Runtime struct {
 	pandastack.Runtime
-	net *Network
+	net      *Network
+	prepared sync.Map // sandbox id → its namespace's path, for a prepared restore (Prepare)
 }
 
-var _ pandastack.Runtime = (*Runtime)(nil)
+var (
+	_ pandastack.Runtime         = (*Runtime)(nil)
+	_ pandastack.RuntimePreparer = (*Runtime)(nil)
+)
 
 // Wrap returns rt with sandbox networking from n.
 func Wrap(rt pandastack.Runtime, n *Network) *Runtime { return &Runtime{Runtime: rt, net: n} }
@@ -28,11 +33,55 @@ func (r *Runtime) Start(ctx context.Context, spec pandastack.RuntimeSpec) (io.Re
 }
 
 // Restore implements pandastack.Runtime. A restored stack takes the
-// addresses of the namespace it finds, so a fork child gets its own.
+// addresses of the namespace it finds, so a fork child gets its own. A
+// sandbox prepared ahead (Prepare) keeps the network made for it then.
 func (r *Runtime) Restore(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) (io.ReadWriteCloser, error) {
+	if ns, ok := r.prepared.LoadAndDelete(spec.ID); ok {
+		spec.NetNS = ns.(string)
+		if spec.Network != nil {
+			if err := r.net.SetPolicy(spec.ID, *spec.Network); err != nil {
+				r.Runtime.Stop(ctx, spec.ID)
+				r.net.Release(spec.ID)
+				return nil, err
+			}
+		}
+		rwc, err := r.Runtime.Restore(ctx, spec, imageDir)
+		if err != nil {
+			r.net.Release(spec.ID)
+			return nil, err
+		}
+		return rwc, nil
+	}
 	return r.boot(spec, func(s pandastack.RuntimeSpec) (io.ReadWriteCloser, error) {
 		return r.Runtime.Restore(ctx, s, imageDir)
 	})
+}
+
+// Prepare implements pandastack.RuntimePreparer when the wrapped runtime
+// does: the sandbox's network is made now, with the policy it has (a
+// paused sandbox's) or spec's, and the restore keeps it. On failure a
+// sandbox that had a policy keeps it.
+func (r *Runtime) Prepare(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) error {
+	p, ok := r.Runtime.(pandastack.RuntimePreparer)
+	if !ok {
+		return pandastack.Errorf(pandastack.EUnavailable, "the runtime cannot prepare restores")
+	}
+	_, had := r.net.Policy(spec.ID)
+	ns, err := r.net.Prepare(spec.ID, spec.Network)
+	if err != nil {
+		return err
+	}
+	spec.NetNS = ns
+	if err := p.Prepare(ctx, spec, imageDir); err != nil {
+		if had {
+			r.net.Down(spec.ID)
+		} else {
+			r.net.Release(spec.ID)
+		}
+		return err
+	}
+	r.prepared.Store(spec.ID, ns)
+	return nil
 }
 
 func (r *Runtime) boot(spec pandastack.RuntimeSpec, start func(pandastack.RuntimeSpec) (io.ReadWriteCloser, error)) (io.ReadWriteCloser, error) {
@@ -65,6 +114,7 @@ func (r *Runtime) Attach(ctx context.Context, id string) (io.ReadWriteCloser, er
 
 // Stop implements pandastack.Runtime.
 func (r *Runtime) Stop(ctx context.Context, id string) error {
+	r.prepared.Delete(id)
 	err := r.Runtime.Stop(ctx, id)
 	r.net.Release(id)
 	return err

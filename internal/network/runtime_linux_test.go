@@ -144,3 +144,102 @@ func TestPolicyOfStoppedSandboxKeptForPrepare(t *testing.T) {
 		t.Errorf("a denied policy: %v", err)
 	}
 }
+
+// preparingRuntime records Prepare and Restore; restores fail when fail
+// is set.
+type preparingRuntime struct {
+	failingRuntime
+	prepared, restored []string // the namespace each saw
+	prepareErr         error
+	restoreErr         error
+}
+
+func (p *preparingRuntime) Prepare(_ context.Context, spec pandastack.RuntimeSpec, _ string) error {
+	p.prepared = append(p.prepared, spec.NetNS)
+	return p.prepareErr
+}
+
+func (p *preparingRuntime) Restore(_ context.Context, spec pandastack.RuntimeSpec, _ string) (io.ReadWriteCloser, error) {
+	p.restored = append(p.restored, spec.NetNS)
+	if p.restoreErr != nil {
+		return nil, p.restoreErr
+	}
+	return nopRWC{}, nil
+}
+
+type nopRWC struct{}
+
+func (nopRWC) Read([]byte) (int, error)    { return 0, io.EOF }
+func (nopRWC) Write(b []byte) (int, error) { return len(b), nil }
+func (nopRWC) Close() error                { return nil }
+
+// A prepared sandbox gets its network at Prepare and keeps that namespace
+// for its restore (a second Prepare of the network would give runsc's
+// waiting sandbox a namespace it is not in); a policy given at the
+// restore applies; a failed Prepare of a sandbox that had a policy (a
+// paused one) keeps the policy; a failed restore releases the network.
+func TestRuntimePrepareKeepsNetwork(t *testing.T) {
+	up := nettest.StartUpstream(t, "r", 30, 30)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	inner := &preparingRuntime{}
+	rt := Wrap(inner, n)
+	ctx := context.Background()
+	if err := rt.Prepare(ctx, pandastack.RuntimeSpec{ID: "sbx_prep"}, "img"); err != nil {
+		t.Fatal(err)
+	}
+	ns := n.NSPath("sbx_prep")
+	if len(inner.prepared) != 1 || inner.prepared[0] != ns {
+		t.Fatalf("prepare saw %q, want %q", inner.prepared, ns)
+	}
+	fi, err := os.Stat(ns)
+	if err != nil {
+		t.Fatalf("no namespace after Prepare: %v", err)
+	}
+	none := pandastack.NetworkPolicy{}
+	if _, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: "sbx_prep", Network: &none}, "img"); err != nil {
+		t.Fatal(err)
+	}
+	fi2, err := os.Stat(ns)
+	if err != nil || !os.SameFile(fi, fi2) {
+		t.Fatalf("the restore did not keep the prepared namespace: %v", err)
+	}
+	if p, _ := n.Policy("sbx_prep"); p.AllowInternetAccess {
+		t.Errorf("the restore's policy was not applied: %+v", p)
+	}
+	rt.Stop(ctx, "sbx_prep")
+	if _, err := os.Stat(ns); err == nil {
+		t.Error("namespace left after Stop")
+	}
+
+	// A paused sandbox's policy survives a failed Prepare.
+	deny := pandastack.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{"8.8.8.8"}}
+	if _, err := n.Prepare("sbx_paused", &deny); err != nil {
+		t.Fatal(err)
+	}
+	n.Hold("sbx_paused")
+	n.Release("sbx_paused") // the pause's stop
+	inner.prepareErr = errors.New("no room")
+	if err := rt.Prepare(ctx, pandastack.RuntimeSpec{ID: "sbx_paused"}, "img"); err == nil {
+		t.Fatal("Prepare succeeded")
+	}
+	if p, ok := n.Policy("sbx_paused"); !ok || len(p.DenyOut) != 1 {
+		t.Errorf("a failed Prepare lost the paused sandbox's policy: %+v %v", p, ok)
+	}
+	if _, err := os.Stat(n.NSPath("sbx_paused")); err == nil {
+		t.Error("namespace left after a failed Prepare")
+	}
+	inner.prepareErr = nil
+
+	// A failed restore into a prepared sandbox releases its network.
+	if err := rt.Prepare(ctx, pandastack.RuntimeSpec{ID: "sbx_rfail"}, "img"); err != nil {
+		t.Fatal(err)
+	}
+	inner.restoreErr = errors.New("restore failed")
+	if _, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: "sbx_rfail"}, "img"); err == nil {
+		t.Fatal("Restore succeeded")
+	}
+	if _, err := os.Stat(n.NSPath("sbx_rfail")); err == nil {
+		t.Error("namespace left after a failed restore")
+	}
+	rt.Stop(ctx, "sbx_paused")
+}

@@ -47,6 +47,15 @@ type Config struct {
 	// line, first come first served (admit.go). 0: no limit; never
 	// filled in.
 	MaxRestores int
+	// PreparedResumes is how many of the sandboxes suspended last for
+	// idleness have their resume prepared ahead (prepare.go): each keeps
+	// two waiting host processes. 0: none; never filled in.
+	PreparedResumes int
+	// PreparedCreates is how many containers of each warm template are
+	// kept created ahead for the creates no pool sandbox serves
+	// (standby.go): each holds two waiting host processes. 0 (the
+	// default: no gain measured yet, see standby.go): none.
+	PreparedCreates int
 
 	// Images keeps snapshots; nil means a local directory store on
 	// SnapshotDir (imagestore.Local).
@@ -71,6 +80,7 @@ func DefaultConfig() Config {
 		PoolSize:         2,
 		IdleTimeout:      300 * time.Second,
 		PoolMemoryMB:     1024,
+		PreparedResumes:  4,
 	}
 }
 
@@ -145,10 +155,11 @@ type Manager struct {
 
 	sbx *table // the sandboxes this process runs or works on, one entry each
 
-	mu    sync.Mutex
-	pools map[string]*pool // by template name
-	net   Network          // sandbox networking, or nil (network.go)
-	caPEM []byte           // certificates added to every sandbox's trust store (network.go)
+	mu       sync.Mutex
+	pools    map[string]*pool    // by template name
+	standbys map[string]*standby // containers prepared for creates, by template name (standby.go)
+	net      Network             // sandbox networking, or nil (network.go)
+	caPEM    []byte              // certificates added to every sandbox's trust store (network.go)
 
 	caDigest string     // of caPEM, hex (network.go)
 	admit    *admission // the line of restores (admit.go)
@@ -162,10 +173,11 @@ type Manager struct {
 	// unit tests replace it).
 	idleCPUs func(context.Context, time.Duration) (float64, error)
 
-	suspending   atomic.Bool // idle suspends are under way (idle.go)
-	warmVerified sync.Map    // key → *warmCheck: warm images checksummed (warm.go)
-	node         nodeState   // the other nodes as of the last heartbeat (node.go)
-	ownPaused    sync.Map    // sandbox id → ownPaused: paused images this process wrote (resume.go)
+	suspending   atomic.Bool     // idle suspends are under way (idle.go)
+	warmVerified sync.Map        // key → *warmCheck: warm images checksummed (warm.go)
+	node         nodeState       // the other nodes as of the last heartbeat (node.go)
+	ownPaused    sync.Map        // sandbox id → ownPaused: paused images this process wrote (resume.go)
+	prepared     preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -427,8 +439,10 @@ type plan struct {
 	env        map[string]string
 	autoResume bool
 	network    *pandastack.NetworkPolicy // nil: the default, or the sandbox's own on a resume
+	pooled     bool                      // served from a pool (launch sets it)
+	prepared   bool                      // restored into a container prepared for creates (launch sets it)
 	line       bool                      // wait in the admission line for the boot (admit.go)
-	steps      *resumeSteps              // times the boot's steps (a fork's children), or nil
+	steps      *resumeSteps              // times the boot's steps (a fork's children); nil: launch times and logs them itself
 }
 
 // launch records a new sandbox, boots or restores it, and says hello.
@@ -448,18 +462,23 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		m.lastCreate.Store(m.now().UnixNano()) // before the count drops: a refill that sees none also sees this
 		m.creates.Add(-1)
 	}()
-	// A create's own steps, for the debug log: where a burst's time goes.
-	trace := p.steps == nil && m.log.Enabled(ctx, slog.LevelDebug)
-	if trace {
+	if p.steps == nil {
+		// A create's own steps (a fork logs its children's): a boot's at
+		// info level ("sandbox booted"), a pool hand-out's at debug level.
 		p.steps = newResumeSteps()
 		defer func() {
-			if err == nil {
+			switch {
+			case err != nil:
+			case p.pooled:
 				p.steps.debug(m.log, "sandbox create steps", sb.ID)
+			default:
+				p.steps.logCreate(m.log, sb.ID, p.prepared)
 			}
 		}()
 	}
 	pd, pooledOK := m.fromPool(p)
 	p.steps.done("pool_ms")
+	p.pooled = pooledOK
 	if pooledOK {
 		sb.ID = pd.id
 	} else if p.line {
@@ -470,12 +489,22 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "gave up waiting for a free restore slot (%d creates in line): %v", m.admit.waiting(), err)
 		}
 		defer release()
-		p.steps.done("line_ms")
+		p.steps.done("admit_ms")
+	}
+	standbyOK := false
+	if !pooledOK {
+		var done func()
+		if sb.ID, done, standbyOK = m.takeStandby(p, sb.ID); standbyOK {
+			defer done() // restored into the container prepared as sb.ID
+		}
+		p.prepared = standbyOK
 	}
 	if err := m.sbx.begin(sb.ID, phaseCreating); err != nil {
 		if pooledOK {
 			pd.client.Close()
-			m.rt.Stop(context.Background(), pd.id)
+		}
+		if pooledOK || standbyOK {
+			m.rt.Stop(context.Background(), sb.ID)
 		}
 		return pandastack.Sandbox{}, err
 	}
@@ -483,10 +512,13 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		m.sbx.end(sb.ID)
 		if pooledOK {
 			pd.client.Close()
-			m.rt.Stop(context.Background(), pd.id)
+		}
+		if pooledOK || standbyOK {
+			m.rt.Stop(context.Background(), sb.ID)
 		}
 		return pandastack.Sandbox{}, err
 	}
+	p.steps.done("store_ms")
 	defer func() {
 		if err != nil {
 			// Rollback runs outside the request's context: a client that
@@ -677,6 +709,7 @@ func (m *Manager) teardown(id, reason string) {
 		}
 		c.Close()
 	}
+	m.prepared.forget(id) // the stop removes it
 	if err := m.rt.Stop(context.Background(), id); err != nil {
 		m.log.Error("runtime stop", "sandbox", id, "err", err)
 	}

@@ -167,7 +167,9 @@ const (
 func (m *Manager) yieldToCreates(ctx context.Context) error {
 	for {
 		if m.creates.Load() == 0 {
-			if m.now().Sub(time.Unix(0, m.lastCreate.Load())) >= refillQuiet {
+			// The count again after the clock: a create that began since
+			// the first look is under way, whatever the clock says.
+			if m.now().Sub(time.Unix(0, m.lastCreate.Load())) >= refillQuiet && m.creates.Load() == 0 {
 				return nil
 			}
 			idle, err := m.idleCPUs(ctx, refillSample)

@@ -132,6 +132,7 @@ func TestRefillYieldsToCreates(t *testing.T) {
 	var mu sync.Mutex
 	idle, samples := 64.0, 0
 	h.m.idleCPUs = func(context.Context, time.Duration) (float64, error) {
+		time.Sleep(time.Millisecond) // a sample takes a while, as the real one does
 		mu.Lock()
 		defer mu.Unlock()
 		samples++

@@ -91,8 +91,8 @@ func (s *resumeSteps) get(step string) (float64, bool) {
 	return 0, false
 }
 
-func (s *resumeSteps) log(log *slog.Logger, id string, own bool) {
-	attrs := append([]any{"sandbox", id, "own_image", own, "total_ms", msSince(s.start, time.Now())}, s.attrs...)
+func (s *resumeSteps) log(log *slog.Logger, id string, own, prepared bool) {
+	attrs := append([]any{"sandbox", id, "own_image", own, "prepared", prepared, "total_ms", msSince(s.start, time.Now())}, s.attrs...)
 	log.Info("sandbox resumed", attrs...)
 }
 
@@ -100,6 +100,16 @@ func (s *resumeSteps) log(log *slog.Logger, id string, own bool) {
 func (s *resumeSteps) debug(log *slog.Logger, msg, id string) {
 	attrs := append([]any{"sandbox", id, "total_ms", msSince(s.start, time.Now())}, s.attrs...)
 	log.Debug(msg, attrs...)
+}
+
+// logCreate logs the steps of a create's boot (pool_ms: the look in the
+// pool; admit_ms: the wait in the admission line; store_ms: the new record; restore_ms: the network and
+// the runtime's restore or start; agent_ms: the hello; setup_ms: resolver
+// and trust store; record_ms: the record says running), and whether it
+// restored into a container prepared for creates (standby.go).
+func (s *resumeSteps) logCreate(log *slog.Logger, id string, prepared bool) {
+	attrs := append([]any{"sandbox", id, "prepared", prepared, "total_ms", msSince(s.start, time.Now())}, s.attrs...)
+	log.Info("sandbox booted", attrs...)
 }
 
 func msSince(t0, t1 time.Time) float64 {

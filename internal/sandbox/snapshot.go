@@ -160,8 +160,13 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	if err := m.rt.Stop(ctx, id); err != nil {
 		m.log.Error("runtime stop after pause", "sandbox", id, "err", err)
 	}
-	m.sbx.end(id)
 	sb.State, sb.PauseReason = pandastack.StatePaused, reason
+	if reason == pandastack.PauseIdle {
+		// Still suspending: a request that comes meanwhile waits, then
+		// resumes into what this prepared.
+		m.prepareResume(sb)
+	}
+	m.sbx.end(id)
 	m.log.Info("sandbox paused", "sandbox", id, "reason", reason)
 	return sb, nil
 }
@@ -202,11 +207,8 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	// Not lazy (runsc restore --background): measured side by side it
 	// gained nothing here, and the image's directory is reused by the next
 	// pause while a lazy restore could still be reading it.
-	spec := pandastack.RuntimeSpec{ID: id, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}
-	if m.networkOf(id) == nil {
-		spec.Network = man.Network // the policy at pause time, if the network lost it
-	}
-	rwc, err := m.rt.Restore(startCtx, spec, filepath.Join(dir, "image"))
+	prepared := m.prepared.forget(id) // the restore takes it, or removes it
+	rwc, err := m.rt.Restore(startCtx, m.resumeSpec(sb, man), filepath.Join(dir, "image"))
 	steps.done("restore_ms")
 	var client *AgentClient
 	if err == nil {
@@ -236,7 +238,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 		return sb, err
 	}
 	steps.done("record_ms")
-	steps.log(m.log, id, own)
+	steps.log(m.log, id, own, prepared)
 	resumed = true
 	m.discardPaused(id)
 	return sb, nil

@@ -160,6 +160,7 @@ func (m *Manager) StartWarming(specs []WarmSpec) {
 				m.log.Info("template warm", "template", s.Template.Name, "seconds", time.Since(start).Seconds())
 			}
 			m.EnablePool(s.Template, m.cfg.PoolSize)
+			m.enableStandby(s.Template)
 		}
 	}()
 }

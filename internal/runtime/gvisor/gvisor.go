@@ -58,13 +58,17 @@ type Runtime struct {
 	log     *slog.Logger
 
 	mu   sync.Mutex
-	pids map[string]int // the runsc-sandbox process of each sandbox, for Alive
+	pids map[string]int       // the runsc-sandbox process of each sandbox, for Alive
+	prep map[string]*prepared // containers created ahead of their restore (prepare.go)
 
 	stopRotate chan struct{}
 	closeOnce  sync.Once
 }
 
-var _ pandastack.Runtime = (*Runtime)(nil)
+var (
+	_ pandastack.Runtime         = (*Runtime)(nil)
+	_ pandastack.RuntimePreparer = (*Runtime)(nil)
+)
 
 // New checks the configuration and prepares the state directory.
 func New(cfg Config) (*Runtime, error) {
@@ -90,7 +94,7 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.MaxAgentLog <= 0 {
 		cfg.MaxAgentLog = DefaultMaxAgentLog
 	}
-	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]int{}, stopRotate: make(chan struct{})}
+	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]int{}, prep: map[string]*prepared{}, stopRotate: make(chan struct{})}
 	for _, d := range []string{r.root, r.sbxRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
@@ -196,18 +200,55 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	return nil
 }
 
-// boot runs a new container, or restores one from imageDir when set.
-func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) (_ io.ReadWriteCloser, err error) {
+// boot runs a new container, or restores one from imageDir when set: into
+// the container Prepare made for it, when there is one that fits.
+func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) (io.ReadWriteCloser, error) {
 	if !validID(spec.ID) {
 		return nil, pandastack.Errorf(pandastack.EInvalid, "invalid sandbox id %q", spec.ID)
 	}
+	if imageDir != "" {
+		if p := r.takePrepared(spec.ID); p != nil {
+			if p.err == nil && p.key == prepareKey(spec, p.disk) && r.imageDisk(imageDir) == p.disk {
+				return r.restorePrepared(ctx, spec, imageDir, p)
+			}
+			// Failed, or made for another spec: start afresh.
+			r.remove(spec.ID)
+		}
+	}
+	mode := modeRun
+	if imageDir != "" {
+		mode = modeRestore
+	}
+	if _, err := r.launch(ctx, spec, imageDir, mode); err != nil {
+		return nil, err
+	}
+	conn, err := r.open(spec.ID)
+	if err != nil {
+		r.remove(spec.ID)
+		return nil, err
+	}
+	r.log.Debug("sandbox started", "sandbox", spec.ID)
+	return conn, nil
+}
+
+// What launch runs: runsc run, restore, or create (Prepare).
+const (
+	modeRun = iota
+	modeRestore
+	modeCreate
+)
+
+// launch makes the sandbox's directory (bundle, FIFOs, disk record) and
+// runs runsc in the given mode; it returns the sandbox's disk size. On
+// failure nothing of the sandbox is left.
+func (r *Runtime) launch(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string, mode int) (_ int, err error) {
 	r.forgetPID(spec.ID) // a resume reuses the id with a new process
 	dir := r.dir(spec.ID)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return nil, pandastack.Errorf(pandastack.EConflict, "sandbox %s already exists in the runtime", spec.ID)
+			return 0, pandastack.Errorf(pandastack.EConflict, "sandbox %s already exists in the runtime", spec.ID)
 		}
-		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		return 0, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	var undo []func()
 	defer func() {
@@ -221,71 +262,97 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 
 	for _, f := range []string{"in.fifo", "out.fifo"} {
 		if err := syscall.Mkfifo(filepath.Join(dir, f), 0o600); err != nil {
-			return nil, fmt.Errorf("start %s: mkfifo: %w", spec.ID, err)
+			return 0, fmt.Errorf("start %s: mkfifo: %w", spec.ID, err)
 		}
 	}
 	disk, err := r.diskFor(spec, imageDir)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	if disk > 0 && !flagSafe(dir) {
 		if imageDir != "" {
-			return nil, pandastack.Errorf(pandastack.EInvalid, "the image has a disk, which runsc cannot place in %q (a ',', ':' or '=' in the path)", dir)
+			return 0, pandastack.Errorf(pandastack.EInvalid, "the image has a disk, which runsc cannot place in %q (a ',', ':' or '=' in the path)", dir)
 		}
 		r.log.Warn("the state directory's path cannot carry a disk in runsc's flags; the sandbox writes to memory", "dir", dir)
 		disk = 0
 	}
 	if err := os.WriteFile(filepath.Join(dir, diskFile), []byte(strconv.Itoa(disk)), 0o600); err != nil {
-		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		return 0, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, disk > 0), "", "  ")
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfgJSON, 0o600); err != nil {
-		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		return 0, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 
 	// The sandbox's own ends, opened O_RDWR so neither side ever sees EOF or
 	// EPIPE while the server is away.
 	childIn, err := os.OpenFile(filepath.Join(dir, "in.fifo"), os.O_RDWR, 0)
 	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		return 0, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	defer childIn.Close()
 	childOut, err := os.OpenFile(filepath.Join(dir, "out.fifo"), os.O_RDWR, 0)
 	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		return 0, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	defer childOut.Close()
-	agentLog, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
-	}
-	defer agentLog.Close()
 
 	// Not CommandContext: with --detach runsc returns once the sandbox runs,
 	// and killing it half-way would strand a sandbox. ctx bounds the wait.
-	args := []string{"run", "--detach", "--bundle=" + dir, spec.ID}
-	if imageDir != "" {
-		args = []string{"restore", "--detach", "--bundle=" + dir, "--image-path=" + imageDir, spec.ID}
-		if spec.Lazy {
-			// --background loads memory pages after restore returns.
-			args = append(args[:1], append([]string{"--background"}, args[1:]...)...)
-		}
+	var args []string
+	switch mode {
+	case modeRun:
+		args = []string{"run", "--detach", "--bundle=" + dir, spec.ID}
+	case modeRestore:
+		args = restoreArgs(dir, imageDir, spec)
+	case modeCreate:
+		// The container's stdio is create's: the FIFOs, as for run.
+		args = []string{"create", "--bundle=" + dir, spec.ID}
 	}
+	// Stop, not just runsc delete: a runsc killed half-way may leave
+	// children that only a process scan finds.
+	undo = append(undo, func() { r.remove(spec.ID) })
+	if err := r.runDetached(ctx, spec, disk, args, childIn, childOut); err != nil {
+		return 0, err
+	}
+	return disk, nil
+}
+
+// restoreArgs are runsc's arguments to restore imageDir into spec.ID's
+// container, made from the bundle dir if none was created ahead.
+func restoreArgs(dir, imageDir string, spec pandastack.RuntimeSpec) []string {
+	args := []string{"restore", "--detach", "--bundle=" + dir, "--image-path=" + imageDir, spec.ID}
+	if spec.Lazy {
+		// --background loads memory pages after restore returns.
+		args = append(args[:1], append([]string{"--background"}, args[1:]...)...)
+	}
+	return args
+}
+
+// runDetached runs a runsc command that returns once the sandbox is
+// created or running, with the sandbox's flags, stdio and logs.
+func (r *Runtime) runDetached(ctx context.Context, spec pandastack.RuntimeSpec, disk int, args []string, stdin, stdout *os.File) error {
+	dir := r.dir(spec.ID)
+	agentLog, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	defer agentLog.Close()
 	network := "none"
 	if spec.NetNS != "" {
 		network = "sandbox"
 	}
 	cmd := exec.Command(r.cfg.Runsc, append(r.flags(filepath.Join(dir, "runsc.log"), network, overlayFlag(dir, disk)), args...)...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = childIn, childOut, agentLog
+	cmd.Stderr = agentLog
+	if stdin != nil {
+		cmd.Stdin, cmd.Stdout = stdin, stdout
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	// Stop, not just runsc delete: a runsc killed half-way may leave
-	// children that only a process scan finds.
-	undo = append(undo, func() { r.Stop(context.Background(), spec.ID) })
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", spec.ID, err)
+		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
@@ -294,17 +361,12 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 	case <-ctx.Done():
 		cmd.Process.Kill()
 		<-done
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("start %s: runsc %s: %w: %s", spec.ID, args[0], err, r.logTail(spec.ID))
+		return fmt.Errorf("start %s: runsc %s: %w: %s", spec.ID, args[0], err, r.logTail(spec.ID))
 	}
-	conn, err := r.open(spec.ID)
-	if err != nil {
-		return nil, err
-	}
-	r.log.Debug("sandbox started", "sandbox", spec.ID)
-	return conn, nil
+	return nil
 }
 
 // open returns the host's ends of the agent's stdin and stdout.
@@ -414,6 +476,13 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 	if !validID(id) {
 		return nil
 	}
+	r.forgetPrepared(id)
+	return r.remove(id)
+}
+
+// remove is Stop for the driver's own rollbacks, which may run inside a
+// Prepare of id (Stop would wait for that Prepare to end).
+func (r *Runtime) remove(id string) error {
 	r.forgetPID(id)
 	r.destroy(id)
 	r.cleanup(id)

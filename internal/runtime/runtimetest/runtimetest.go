@@ -54,6 +54,7 @@ func Run(t *testing.T, env Env) {
 		{"CheckpointRestoreFork", testCheckpointRestore},
 		{"PauseResume", testPauseResume},
 		{"RestoreCorrupt", testRestoreCorrupt},
+		{"PreparedRestore", testPreparedRestore},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, env) })
@@ -509,4 +510,88 @@ func testRestoreCorrupt(t *testing.T, env Env) {
 		t.Fatalf("restore from an empty dir: %v, want snapshot_corrupt", err)
 	}
 	assertGone(t, rt, id)
+}
+
+// testPreparedRestore checks pandastack.RuntimePreparer, for a driver that
+// has it: a restore into a sandbox prepared for it brings the state back;
+// a prepared sandbox is stopped (not running) until then, and Stop removes
+// it; a restore with another spec than the one prepared still works; a
+// second Prepare of the id is a conflict; a failed Prepare leaves nothing.
+func testPreparedRestore(t *testing.T, env Env) {
+	rt := env.New(t)
+	rp, ok := rt.(pandastack.RuntimePreparer)
+	if !ok {
+		t.Skip("the driver has no Prepare (optional)")
+	}
+	ctx := context.Background()
+	id := newID()
+	spec := pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS, MemoryMB: 256}
+	s := dial(t, start(t, rt, spec))
+	s.exec(t, "echo kept > /home/user/f")
+	s.close()
+	img := t.TempDir()
+	if err := rt.Checkpoint(ctx, id, img, false); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, rt, id)
+
+	// Prepared, it holds the id but does not run; a second Prepare conflicts.
+	if err := rp.Prepare(ctx, spec, img); err != nil {
+		t.Fatalf("prepare: %v", err)
+	}
+	if st, err := rt.State(ctx, id); err != nil || st != pandastack.RuntimeStopped {
+		t.Fatalf("state of a prepared sandbox: %v %v, want stopped", st, err)
+	}
+	if err := rp.Prepare(ctx, spec, img); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("second prepare: %v, want conflict", err)
+	}
+	rwc, err := rt.Restore(ctx, spec, img)
+	if err != nil {
+		t.Fatalf("restore into the prepared sandbox: %v", err)
+	}
+	s2 := dial(t, rwc)
+	if out, _ := s2.exec(t, "cat /home/user/f"); out != "kept\n" {
+		t.Fatalf("after a prepared restore: %q", out)
+	}
+	s2.close()
+	if st, err := rt.State(ctx, id); err != nil || st != pandastack.RuntimeRunning {
+		t.Fatalf("state after a prepared restore: %v %v", st, err)
+	}
+
+	// Prepared for one spec, restored with another: a fresh restore.
+	kid := newID()
+	t.Cleanup(func() { rt.Stop(context.Background(), kid) })
+	if err := rp.Prepare(ctx, pandastack.RuntimeSpec{ID: kid, RootFS: env.RootFS, MemoryMB: 512}, img); err != nil {
+		t.Fatal(err)
+	}
+	rwc, err = rt.Restore(ctx, pandastack.RuntimeSpec{ID: kid, RootFS: env.RootFS, MemoryMB: 256}, img)
+	if err != nil {
+		t.Fatalf("restore with another spec than prepared: %v", err)
+	}
+	k := dial(t, rwc)
+	if out, _ := k.exec(t, "cat /home/user/f"); out != "kept\n" {
+		t.Fatalf("restored with another spec: %q", out)
+	}
+	k.close()
+	if err := rt.Stop(ctx, kid); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, rt, kid)
+
+	// Prepared and never restored: Stop removes it.
+	other := newID()
+	if err := rp.Prepare(ctx, pandastack.RuntimeSpec{ID: other, RootFS: env.RootFS}, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Stop(ctx, other); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, rt, other)
+
+	// No image: refused, nothing left.
+	bad := newID()
+	if err := rp.Prepare(ctx, pandastack.RuntimeSpec{ID: bad, RootFS: env.RootFS}, t.TempDir()); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+		t.Fatalf("prepare from an empty dir: %v, want snapshot_corrupt", err)
+	}
+	assertGone(t, rt, bad)
 }

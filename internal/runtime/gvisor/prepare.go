@@ -1,0 +1,129 @@
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/pandastack/pandastack"
+)
+
+// A restore starts two host processes, runsc's gofer and its sandbox (the
+// sentry), and only then loads the image into them. Prepare does that
+// start ahead of time with `runsc create`, which leaves the container
+// created and waiting; `runsc restore` of the same id then restores into
+// it (runsc/cmd/restore.go loads an existing container before it would
+// make one), so the restore's caller waits only for the image to load.
+// Everything fixed when runsc creates a container (id, bundle, mounts,
+// limits, network namespace, the disk's medium) must be as the restore
+// wants it, so a prepared container serves one restore of one id with the
+// same spec; any other restore of that id removes it and starts afresh.
+
+// prepared is a container created ahead of a restore, or being created.
+type prepared struct {
+	done chan struct{} // closed when the create ended; then err and disk are set
+	err  error
+	key  string // prepareKey of the spec it was created with
+	disk int    // its disk size (0: in memory), as the image has it
+}
+
+// prepareKey is what a restore must share with the prepared container.
+func prepareKey(s pandastack.RuntimeSpec, disk int) string {
+	return fmt.Sprintf("%s|%d|%d|%d|%s|%d|%s", s.RootFS, s.CPU, s.MemoryMB, s.PIDs, s.NetNS, disk, strings.Join(s.Env, "\x00"))
+}
+
+// Prepare does the start of a later Restore of spec from imageDir now:
+// the sandbox's directory and `runsc create`, which starts its gofer and
+// sentry and leaves them waiting. A Restore of spec.ID with the same spec
+// then only loads the image. Until restored, a prepared sandbox holds its
+// two host processes (their memory, no image) and shows as stopped; Stop
+// removes it. EConflict if the runtime has the id already. Costs what the
+// start of a restore costs (50-100 ms here); ctx bounds the call only.
+func (r *Runtime) Prepare(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) error {
+	if !validID(spec.ID) {
+		return pandastack.Errorf(pandastack.EInvalid, "invalid sandbox id %q", spec.ID)
+	}
+	if _, err := os.Stat(filepath.Join(imageDir, "checkpoint.img")); err != nil {
+		return pandastack.Errorf(pandastack.ESnapshotCorrupt, "no checkpoint image in %s", imageDir)
+	}
+	p := &prepared{done: make(chan struct{})}
+	r.mu.Lock()
+	if _, busy := r.prep[spec.ID]; busy {
+		r.mu.Unlock()
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s is prepared already", spec.ID)
+	}
+	r.prep[spec.ID] = p
+	r.mu.Unlock()
+	disk, err := r.launch(ctx, spec, imageDir, modeCreate)
+	p.err, p.disk, p.key = err, disk, prepareKey(spec, disk)
+	close(p.done)
+	if err != nil {
+		r.mu.Lock()
+		if r.prep[spec.ID] == p {
+			delete(r.prep, spec.ID)
+		}
+		r.mu.Unlock()
+		return fmt.Errorf("prepare %s: %w", spec.ID, err)
+	}
+	r.log.Debug("sandbox prepared", "sandbox", spec.ID)
+	return nil
+}
+
+// takePrepared removes and returns id's prepared container, after its
+// create ended, or nil if none. A create still running is waited for: it
+// is bounded by the Prepare's ctx, and a restore started beside it could
+// only fail on the id.
+func (r *Runtime) takePrepared(id string) *prepared {
+	r.mu.Lock()
+	p := r.prep[id]
+	delete(r.prep, id)
+	r.mu.Unlock()
+	if p != nil {
+		<-p.done
+	}
+	return p
+}
+
+// forgetPrepared drops id's prepared container from the books, waiting
+// for a create under way to end (Stop then removes what it made).
+func (r *Runtime) forgetPrepared(id string) {
+	r.mu.Lock()
+	p := r.prep[id]
+	delete(r.prep, id)
+	r.mu.Unlock()
+	if p != nil {
+		<-p.done
+	}
+}
+
+// imageDisk is the disk size recorded in an image (0 when unreadable: the
+// mismatch then makes a fresh start, whose own check says what is wrong).
+func (r *Runtime) imageDisk(imageDir string) int {
+	n, err := r.diskFor(pandastack.RuntimeSpec{}, imageDir)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// restorePrepared restores imageDir into the container prepared for
+// spec.ID. On failure the container is removed.
+func (r *Runtime) restorePrepared(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string, p *prepared) (_ io.ReadWriteCloser, err error) {
+	defer func() {
+		if err != nil {
+			r.remove(spec.ID)
+		}
+	}()
+	if err := r.runDetached(ctx, spec, p.disk, restoreArgs(r.dir(spec.ID), imageDir, spec), nil, nil); err != nil {
+		return nil, err
+	}
+	conn, err := r.open(spec.ID)
+	if err != nil {
+		return nil, err
+	}
+	r.log.Debug("sandbox restored into its prepared container", "sandbox", spec.ID)
+	return conn, nil
+}

@@ -1,0 +1,102 @@
+package sandbox
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"github.com/pandastack/pandastack"
+)
+
+// Resumes prepared ahead. The request that wakes an idle-suspended sandbox
+// waits for its whole restore, and the first part of a restore needs
+// nothing of the image's content: the sandbox's network and runsc's gofer
+// and sentry processes. So a runtime that can (pandastack.RuntimePreparer)
+// does that part at the end of an idle suspend, for the
+// Config.PreparedResumes sandboxes suspended last: each of those keeps two
+// waiting host processes (no memory of its own processes) until it
+// resumes, is killed or expires, or newer suspends take its place.
+
+// preparedResumes are the suspended sandboxes whose resume is prepared,
+// oldest first.
+type preparedResumes struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (p *preparedResumes) add(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ids = append(slices.DeleteFunc(p.ids, func(s string) bool { return s == id }), id)
+}
+
+// forget drops id; true if it was there.
+func (p *preparedResumes) forget(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.ids)
+	p.ids = slices.DeleteFunc(p.ids, func(s string) bool { return s == id })
+	return len(p.ids) < n
+}
+
+// over takes out and returns the oldest ids beyond the newest keep.
+func (p *preparedResumes) over(keep int) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := max(len(p.ids)-keep, 0)
+	out := slices.Clone(p.ids[:n])
+	p.ids = slices.Delete(p.ids, 0, n)
+	return out
+}
+
+// resumeSpec is the runtime spec that resumes sb from its paused image.
+func (m *Manager) resumeSpec(sb pandastack.Sandbox, man manifest) pandastack.RuntimeSpec {
+	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}
+	if m.networkOf(sb.ID) == nil {
+		spec.Network = man.Network // the policy at pause time, if the network lost it
+	}
+	return spec
+}
+
+// prepareResume prepares the resume of sb, which this process just
+// suspended and whose claim (suspending) the caller still holds, making
+// room among the prepared ones first. Failure only costs the head start.
+func (m *Manager) prepareResume(sb pandastack.Sandbox) {
+	rp, ok := m.rt.(pandastack.RuntimePreparer)
+	if !ok || m.cfg.PreparedResumes <= 0 {
+		return
+	}
+	dir := m.pausedPath(sb.ID)
+	man, own := m.pausedByUs(sb.ID, dir)
+	if !own {
+		return
+	}
+	m.dropPrepared(m.cfg.PreparedResumes - 1)
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StartTimeout)
+	defer cancel()
+	if err := rp.Prepare(ctx, m.resumeSpec(sb, man), filepath.Join(dir, "image")); err != nil {
+		m.log.Warn("preparing the resume of a suspended sandbox", "sandbox", sb.ID, "err", err)
+		return
+	}
+	m.prepared.add(sb.ID)
+}
+
+// dropPrepared removes the prepared resumes beyond the newest keep. A
+// sandbox resuming or being killed right now is left to that.
+func (m *Manager) dropPrepared(keep int) {
+	for _, id := range m.prepared.over(keep) {
+		if m.sbx.begin(id, phaseStopping) != nil {
+			continue
+		}
+		if sb, err := m.store.GetSandbox(context.Background(), "", id); err == nil && sb.State == pandastack.StatePaused {
+			if m.net != nil {
+				m.net.Hold(id) // the stop takes only the network down
+			}
+			if err := m.rt.Stop(context.Background(), id); err != nil {
+				m.log.Warn("removing a prepared resume", "sandbox", id, "err", err)
+			}
+		}
+		m.sbx.end(id)
+	}
+}

@@ -1,0 +1,275 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// preparingRuntime is the fake runtime with pandastack.RuntimePreparer: a
+// prepared id is remembered with its spec, a Restore of it with the same
+// spec counts as a prepared one, and Stop or any Restore of the id drops it.
+type preparingRuntime struct {
+	*fakeRuntime
+	mu         sync.Mutex
+	prepared   map[string]pandastack.RuntimeSpec
+	prepareErr error
+	calls      []string // "prepare ID", "restore ID prepared|cold", "stop ID", in order
+}
+
+var _ pandastack.RuntimePreparer = (*preparingRuntime)(nil)
+
+func (r *preparingRuntime) log(s string) {
+	r.mu.Lock()
+	r.calls = append(r.calls, s)
+	r.mu.Unlock()
+}
+
+func (r *preparingRuntime) Prepare(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) error {
+	r.log("prepare " + spec.ID)
+	if r.prepareErr != nil {
+		return r.prepareErr
+	}
+	if !r.Alive(spec.ID) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if _, ok := r.prepared[spec.ID]; ok {
+			return pandastack.Errorf(pandastack.EConflict, "prepared already")
+		}
+		r.prepared[spec.ID] = spec
+		return nil
+	}
+	return pandastack.Errorf(pandastack.EConflict, "sandbox %s runs", spec.ID)
+}
+
+func (r *preparingRuntime) Restore(ctx context.Context, spec pandastack.RuntimeSpec, imageDir string) (io.ReadWriteCloser, error) {
+	r.mu.Lock()
+	p, ok := r.prepared[spec.ID]
+	delete(r.prepared, spec.ID)
+	r.mu.Unlock()
+	how := "cold"
+	if ok && p.RootFS == spec.RootFS && p.CPU == spec.CPU && p.MemoryMB == spec.MemoryMB && p.PIDs == spec.PIDs {
+		how = "prepared"
+	}
+	r.log("restore " + spec.ID + " " + how)
+	return r.fakeRuntime.Restore(ctx, spec, imageDir)
+}
+
+func (r *preparingRuntime) Stop(ctx context.Context, id string) error {
+	r.mu.Lock()
+	_, ok := r.prepared[id]
+	delete(r.prepared, id)
+	r.mu.Unlock()
+	if ok {
+		r.log("stop " + id)
+	}
+	return r.fakeRuntime.Stop(ctx, id)
+}
+
+func (r *preparingRuntime) preparedIDs() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var ids []string
+	for id := range r.prepared {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (r *preparingRuntime) takeCalls() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.calls
+	r.calls = nil
+	return c
+}
+
+// preparingHarness is an idle harness whose manager runs on a
+// preparingRuntime and prepares the resumes of the last keep suspends.
+func preparingHarness(t *testing.T, keep int) (*harness, *clock, *preparingRuntime) {
+	h, c := idleHarness(t)
+	h.m.Close()
+	rt := &preparingRuntime{fakeRuntime: h.rt, prepared: map[string]pandastack.RuntimeSpec{}}
+	cfg := h.m.cfg
+	cfg.PreparedResumes = keep
+	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err := m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	m.sbx.now = c.now
+	h.m = m
+	return h, c, rt
+}
+
+func TestIdleSuspendPreparesResume(t *testing.T) {
+	h, c, rt := preparingHarness(t, 2)
+	var ids []string
+	for i := range 3 {
+		sb := h.createIdle(10)
+		if _, err := h.exec(sb.ID, "set v=kept"+string(rune('0'+i))); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, sb.ID)
+	}
+	rt.takeCalls()
+	// One at a time, so the order of the suspends is known.
+	for _, id := range ids {
+		h.m.suspend([]string{id})
+		if rec := h.record(id); rec.State != pandastack.StatePaused {
+			t.Fatalf("%s not suspended: %s", id, rec.State)
+		}
+	}
+	// Each suspend prepared its resume; the third took the place of the
+	// first, which stays paused with its image.
+	want := []string{"prepare " + ids[0], "prepare " + ids[1], "stop " + ids[0], "prepare " + ids[2]}
+	if got := rt.takeCalls(); !slices.Equal(got, want) {
+		t.Fatalf("runtime calls %q, want %q", got, want)
+	}
+	if got := rt.preparedIDs(); !slices.Equal(got, slices.Sorted(slices.Values(ids[1:]))) {
+		t.Fatalf("prepared %v, want %v", got, ids[1:])
+	}
+	if rec := h.record(ids[0]); rec.State != pandastack.StatePaused {
+		t.Fatalf("the sandbox whose prepared resume was dropped: %s", rec.State)
+	}
+	// A request resumes each with its state: into its prepared container,
+	// or, for the first, afresh.
+	for i, id := range ids {
+		if out, err := h.exec(id, "get v"); err != nil || out != "kept"+string(rune('0'+i)) {
+			t.Fatalf("sandbox %d after its resume: %q %v", i, out, err)
+		}
+	}
+	want = []string{"restore " + ids[0] + " cold", "restore " + ids[1] + " prepared", "restore " + ids[2] + " prepared"}
+	if got := rt.takeCalls(); !slices.Equal(got, want) {
+		t.Fatalf("runtime calls %q, want %q", got, want)
+	}
+	// Suspended again and killed: the prepared resume goes with it.
+	c.advance(11 * time.Second)
+	h.passIdle(c, 11*time.Second)
+	if rec := h.record(ids[2]); rec.State != pandastack.StatePaused {
+		t.Fatalf("not suspended again: %s", rec.State)
+	}
+	if len(rt.preparedIDs()) != 2 {
+		t.Fatalf("prepared after the second suspends: %v", rt.preparedIDs())
+	}
+	for _, id := range ids {
+		if err := h.m.Kill(context.Background(), project, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := rt.preparedIDs(); len(got) != 0 {
+		t.Fatalf("prepared resumes left after the kills: %v", got)
+	}
+	if len(h.m.prepared.ids) != 0 {
+		t.Fatalf("the manager still counts prepared resumes: %v", h.m.prepared.ids)
+	}
+}
+
+func TestPrepareFailureKeepsSuspend(t *testing.T) {
+	h, _, rt := preparingHarness(t, 2)
+	rt.prepareErr = errors.New("no room")
+	sb := h.createIdle(10)
+	h.exec(sb.ID, "set v=kept")
+	h.m.suspend([]string{sb.ID})
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseIdle {
+		t.Fatalf("after a failed prepare: %s %q", rec.State, rec.PauseReason)
+	}
+	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
+		t.Fatalf("resume after a failed prepare: %q %v", out, err)
+	}
+	if got := rt.takeCalls(); !slices.Equal(got, []string{"prepare " + sb.ID, "restore " + sb.ID + " cold"}) {
+		t.Fatalf("runtime calls %q", got)
+	}
+}
+
+func TestPauseOnRequestPreparesNothing(t *testing.T) {
+	h, _, rt := preparingHarness(t, 2)
+	sb := h.createIdle(0)
+	if _, err := h.m.Pause(context.Background(), project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := rt.takeCalls(); len(got) != 0 {
+		t.Fatalf("a pause asked for prepared its resume: %q", got)
+	}
+}
+
+func TestPreparedResumesList(t *testing.T) {
+	var p preparedResumes
+	for _, id := range []string{"a", "b", "c", "b"} {
+		p.add(id)
+	}
+	if !slices.Equal(p.ids, []string{"a", "c", "b"}) {
+		t.Fatalf("ids %v", p.ids)
+	}
+	if got := p.over(1); !slices.Equal(got, []string{"a", "c"}) || !slices.Equal(p.ids, []string{"b"}) {
+		t.Fatalf("over(1) = %v, left %v", got, p.ids)
+	}
+	if !p.forget("b") || p.forget("b") || len(p.over(0)) != 0 {
+		t.Fatal("forget")
+	}
+}
+
+// Containers prepared for creates: a plain create of the warm template
+// takes one (its id becomes the sandbox's) and another is prepared after
+// it; a create with its own env restores afresh; Close removes the
+// prepared ones that are left.
+func TestPreparedCreates(t *testing.T) {
+	h, _, rt := preparingHarness(t, 0)
+	ctx := context.Background()
+	h.m.Close()
+	cfg := h.m.cfg
+	cfg.PreparedCreates = 1
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
+	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	h.m = m
+	if err := m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
+		t.Fatal(err)
+	}
+	h.tpls.tpl = tpl
+	m.enableStandby(tpl)
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	first := rt.preparedIDs()[0]
+	rt.takeCalls()
+	sb := h.create()
+	if sb.ID != first {
+		t.Fatalf("create got %s, not the prepared %s", sb.ID, first)
+	}
+	if _, err := h.exec(sb.ID, "set a=1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	second := rt.preparedIDs()[0]
+	if got := rt.takeCalls(); len(got) != 2 || got[0] != "restore "+first+" prepared" || got[1] != "prepare "+second {
+		t.Fatalf("runtime calls %q", got)
+	}
+	// With env of its own the spec differs: no prepared container.
+	own, err := m.Create(ctx, project, CreateRequest{Template: "base", Env: map[string]string{"K": "v"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if own.ID == second || !slices.Equal(rt.preparedIDs(), []string{second}) {
+		t.Fatalf("a create with env took the prepared container: %s, left %v", own.ID, rt.preparedIDs())
+	}
+	m.Close()
+	if got := rt.preparedIDs(); len(got) != 0 {
+		t.Fatalf("prepared containers left after Close: %v", got)
+	}
+	for _, id := range rt.ids() {
+		if id == second {
+			t.Fatalf("the runtime still holds %s after Close", id)
+		}
+	}
+}

@@ -1,0 +1,168 @@
+package sandbox
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/pandastack/pandastack"
+)
+
+// Creates prepared ahead. A create that no pool sandbox serves restores
+// the template's warm image, and the first part of that restore (the
+// sandbox's network, runsc's gofer and sentry) needs nothing of the image's
+// content. So for each warm template a runtime that can
+// (pandastack.RuntimePreparer) keeps Config.PreparedCreates containers
+// created ahead (runsc create), each with its own id and the default
+// network policy, waiting; a plain create of the template takes one (its
+// id becomes the sandbox's, as with a pool sandbox) and restores into it.
+// One holds two waiting host processes (about 11 MiB PSS) and a network
+// namespace, not a sandbox's memory. The next one is prepared once the
+// create that took one is done, and in the admission line's background
+// (admit.go) like a pool refill, so that it competes with no create.
+//
+// Off by default: on the least loaded run so far (load falling from 2 to
+// 1, bench/results/2026-12-01-vm-restore/run5.json) no-pool creates with it
+// answered their first run_code in 890 ms p50 against main's 657 ms, with
+// every create restored into a prepared container; the restore profile's
+// lazy restores into one were faster (348 vs 532 ms). Why the server's
+// creates did not gain is not known yet.
+
+// standby is a warm template's prepared containers.
+type standby struct {
+	tpl  Template
+	kick chan struct{} // a container was taken: prepare another
+	mu   sync.Mutex
+	ids  []string
+}
+
+func (s *standby) take() (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.ids) == 0 {
+		return "", false
+	}
+	id := s.ids[len(s.ids)-1]
+	s.ids = s.ids[:len(s.ids)-1]
+	return id, true
+}
+
+func (s *standby) put(id string) {
+	s.mu.Lock()
+	s.ids = append(s.ids, id)
+	s.mu.Unlock()
+}
+
+func (s *standby) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.ids)
+}
+
+// standbySpec is the spec of a plain create of tpl as id: what launch
+// restores with, so what a container prepared for it must match.
+func (m *Manager) standbySpec(tpl Template, id string) pandastack.RuntimeSpec {
+	return pandastack.RuntimeSpec{ID: id, RootFS: tpl.RootFS, Env: []string{"PANDASTACK_SANDBOX_ID=" + id},
+		CPU: tpl.CPU, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB, PIDs: m.cfg.PIDsLimit, Lazy: true}
+}
+
+// enableStandby keeps Config.PreparedCreates containers of tpl (which must
+// have a WarmImage) prepared until Close.
+func (m *Manager) enableStandby(tpl Template) {
+	rp, ok := m.rt.(pandastack.RuntimePreparer)
+	if !ok || m.cfg.PreparedCreates <= 0 || tpl.WarmImage == "" {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped() {
+		return
+	}
+	if m.standbys == nil {
+		m.standbys = map[string]*standby{}
+	}
+	if _, ok := m.standbys[tpl.Name]; ok {
+		return
+	}
+	s := &standby{tpl: tpl, kick: make(chan struct{}, 1)}
+	m.standbys[tpl.Name] = s
+	m.wg.Add(1)
+	go m.keepStandby(s, rp)
+}
+
+// keepStandby prepares containers while s has fewer than it keeps, and
+// after each kick; on Close it removes those left.
+func (m *Manager) keepStandby(s *standby, rp pandastack.RuntimePreparer) {
+	defer m.wg.Done()
+	ctx, cancel := m.untilClose()
+	defer cancel()
+	image := filepath.Join(s.tpl.WarmImage, "image")
+	for {
+		for s.count() < m.cfg.PreparedCreates && ctx.Err() == nil {
+			// As a pool refill: after the creates under way and their
+			// first work, in the line's background.
+			if m.yieldToCreates(ctx) != nil {
+				continue // shutting down
+			}
+			release, err := m.admit.acquire(ctx, true)
+			if err != nil {
+				continue // shutting down
+			}
+			id := pandastack.NewID("sbx")
+			pctx, done := context.WithTimeout(ctx, m.cfg.StartTimeout)
+			err = rp.Prepare(pctx, m.standbySpec(s.tpl, id), image)
+			done()
+			release()
+			if err != nil {
+				if ctx.Err() == nil {
+					m.log.Warn("preparing a container for creates; retrying in 5 s", "template", s.tpl.Name, "err", err)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(5 * time.Second):
+				}
+				continue
+			}
+			s.put(id)
+		}
+		select {
+		case <-ctx.Done():
+			for {
+				id, ok := s.take()
+				if !ok {
+					return
+				}
+				m.rt.Stop(context.Background(), id)
+			}
+		case <-s.kick:
+		}
+	}
+}
+
+// takeStandby hands a plain create of a warm template a container
+// prepared for it: its id, and a func to call once the create is done
+// (it has the next one prepared). ok false: none fits or none is ready,
+// and id is the one given.
+func (m *Manager) takeStandby(p plan, id string) (_ string, done func(), ok bool) {
+	if p.image == "" || len(p.env) > 0 {
+		return id, nil, false
+	}
+	m.mu.Lock()
+	s := m.standbys[p.template]
+	m.mu.Unlock()
+	if s == nil || p.image != filepath.Join(s.tpl.WarmImage, "image") || p.rootfs != s.tpl.RootFS ||
+		p.cpu != s.tpl.CPU || p.mem != s.tpl.MemoryMB || p.disk != s.tpl.DiskMB {
+		return id, nil, false
+	}
+	prepared, ok := s.take()
+	if !ok {
+		return id, nil, false
+	}
+	return prepared, func() {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}, true
+}
