@@ -70,29 +70,12 @@ var runscMarks = []struct{ step, file, re string }{
 // pages); runsc's own timestamps split the first step.
 func (b *bench) restoreProfile(ctx context.Context) error {
 	s := b.noPool
-	sb, err := s.create(ctx, ciTemplate)
+	src, done, err := profileSource(ctx, s, "profile")
 	if err != nil {
 		return err
 	}
-	defer s.kill(sb.ID)
-	snap, err := s.c.CreateSnapshot(ctx, sb.ID, map[string]string{"bench": "profile"})
-	if err != nil {
-		return err
-	}
-	defer s.c.DeleteSnapshot(context.Background(), snap.ID)
-	snapDir := filepath.Join(s.dataDir, "snapshots", snap.ID)
-	var man struct {
-		RootFS   string `json:"rootfs"`
-		CPU      int    `json:"cpu"`
-		MemoryMB int    `json:"memory_mb"`
-	}
-	if err := readJSON(filepath.Join(snapDir, "manifest.json"), &man); err != nil {
-		return err
-	}
-	agent, err := agentSource(filepath.Join(s.dataDir, "runtime", "sandboxes", sb.ID, "config.json"))
-	if err != nil {
-		return err
-	}
+	defer done()
+	snapDir, man, agent := src.snapDir, src.man, src.agent
 	tmp, err := os.MkdirTemp("", "pandastack-bench-profile-")
 	if err != nil {
 		return err
@@ -260,6 +243,48 @@ func readJSON(path string, v any) error {
 		return err
 	}
 	return json.Unmarshal(b, v)
+}
+
+// profiled is what a profile restores: the snapshot of a fresh
+// code-interpreter sandbox (its directory and manifest) and the host path
+// of the agent binary that sandbox runs.
+type profiled struct {
+	snapDir string
+	man     struct {
+		RootFS   string `json:"rootfs"`
+		CPU      int    `json:"cpu"`
+		MemoryMB int    `json:"memory_mb"`
+	}
+	agent string
+}
+
+// profileSource creates a code-interpreter sandbox on s and snapshots it
+// for a profile; done deletes the snapshot and kills the sandbox.
+func profileSource(ctx context.Context, s *server, label string) (_ profiled, done func(), err error) {
+	var p profiled
+	sb, err := s.create(ctx, ciTemplate)
+	if err != nil {
+		return p, nil, err
+	}
+	snap, err := s.c.CreateSnapshot(ctx, sb.ID, map[string]string{"bench": label})
+	if err != nil {
+		s.kill(sb.ID)
+		return p, nil, err
+	}
+	done = func() {
+		s.c.DeleteSnapshot(context.Background(), snap.ID)
+		s.kill(sb.ID)
+	}
+	p.snapDir = filepath.Join(s.dataDir, "snapshots", snap.ID)
+	if err := readJSON(filepath.Join(p.snapDir, "manifest.json"), &p.man); err != nil {
+		done()
+		return p, nil, err
+	}
+	if p.agent, err = agentSource(filepath.Join(s.dataDir, "runtime", "sandboxes", sb.ID, "config.json")); err != nil {
+		done()
+		return p, nil, err
+	}
+	return p, done, nil
 }
 
 // agentSource finds the host path of the agent binary a sandbox mounts.

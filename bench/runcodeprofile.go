@@ -54,29 +54,12 @@ const runcodeProfileRuns = 20
 // debug log. Under --strace every call is slower; the counts, not the
 // times, are the point.
 func (b *bench) runcodeProfile(ctx context.Context, s *server, name string) error {
-	sb, err := s.create(ctx, ciTemplate)
+	src, done, err := profileSource(ctx, s, "runcode-profile")
 	if err != nil {
 		return err
 	}
-	defer s.kill(sb.ID)
-	snap, err := s.c.CreateSnapshot(ctx, sb.ID, map[string]string{"bench": "runcode-profile"})
-	if err != nil {
-		return err
-	}
-	defer s.c.DeleteSnapshot(context.Background(), snap.ID)
-	snapDir := filepath.Join(s.dataDir, "snapshots", snap.ID)
-	var man struct {
-		RootFS   string `json:"rootfs"`
-		CPU      int    `json:"cpu"`
-		MemoryMB int    `json:"memory_mb"`
-	}
-	if err := readJSON(filepath.Join(snapDir, "manifest.json"), &man); err != nil {
-		return err
-	}
-	agentBin, err := agentSource(filepath.Join(s.dataDir, "runtime", "sandboxes", sb.ID, "config.json"))
-	if err != nil {
-		return err
-	}
+	defer done()
+	snapDir, man, agentBin := src.snapDir, src.man, src.agent
 	tmp, err := os.MkdirTemp("", "pandastack-bench-runcode-")
 	if err != nil {
 		return err
