@@ -252,7 +252,9 @@ var shared *server
 func sharedServer(t *testing.T) *server {
 	t.Helper()
 	if shared == nil {
-		shared = startServer(t, "")
+		// With prepared resumes (off by default), so that path is tested
+		// end to end too.
+		shared = startServer(t, "", "PANDASTACK_PREPARED_RESUMES=4")
 	}
 	return shared
 }

@@ -49,7 +49,8 @@ type Config struct {
 	MaxRestores int
 	// PreparedResumes is how many of the sandboxes suspended last for
 	// idleness have their resume prepared ahead (prepare.go): each keeps
-	// two waiting host processes. 0: none; never filled in.
+	// two waiting host processes. 0 (the default: no gain measured on a
+	// quiet machine, see docs/code-and-snapshots.md): none.
 	PreparedResumes int
 	// PreparedCreates is how many containers of each warm template are
 	// kept created ahead for the creates no pool sandbox serves
@@ -80,7 +81,6 @@ func DefaultConfig() Config {
 		PoolSize:         2,
 		IdleTimeout:      300 * time.Second,
 		PoolMemoryMB:     1024,
-		PreparedResumes:  4,
 	}
 }
 
