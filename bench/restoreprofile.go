@@ -76,15 +76,11 @@ func (b *bench) restoreProfile(ctx context.Context) error {
 	}
 	defer done()
 	snapDir, man, agent := src.snapDir, src.man, src.agent
-	tmp, err := os.MkdirTemp("", "pandastack-bench-profile-")
+	tmp, cleanup, err := profileTemp("pandastack-bench-profile-", "")
 	if err != nil {
 		return err
 	}
-	if keep := os.Getenv("BENCH_PROFILE_LOGS"); keep != "" {
-		defer os.Rename(tmp, keep) // to read the logs afterwards
-	} else {
-		defer os.RemoveAll(tmp)
-	}
+	defer cleanup()
 
 	steps := map[string][]float64{}
 	var order []string
@@ -146,14 +142,8 @@ func (b *bench) restoreProfile(ctx context.Context) error {
 		add("agent hello on a new session", ms(t2.Sub(t1)))
 		add("warm kernel answers a silent cell (Jupyter reconnect, its pages)", ms(t3.Sub(t2)))
 		add("total: restore → kernel answers", ms(t3.Sub(t0)))
-		marks, err := runscTimes(logDir, t0)
-		if err != nil {
+		if err := addRunscMarks(add, "runsc log, at: ", logDir, t0); err != nil {
 			return err
-		}
-		for _, m := range runscMarks {
-			if v, ok := marks[m.step]; ok {
-				add("runsc log, at: "+m.step, v)
-			}
 		}
 	}
 	for _, st := range order {
@@ -225,13 +215,19 @@ func (b *bench) preparedRestore(ctx context.Context, dir, runsc, agent, rootfs s
 	add("prepared ahead: agent hello", ms(t2.Sub(t1)))
 	add("prepared ahead: warm kernel answers a silent cell", ms(t3.Sub(t2)))
 	add("prepared ahead: total: restore → kernel answers", ms(t3.Sub(t0)))
+	return addRunscMarks(add, "prepared ahead: runsc log, at: ", logDir, t0)
+}
+
+// addRunscMarks adds, under prefix, when each step of runsc's timeline in
+// the debug logs of logDir happened after t0.
+func addRunscMarks(add func(string, float64), prefix, logDir string, t0 time.Time) error {
 	marks, err := runscTimes(logDir, t0)
 	if err != nil {
 		return err
 	}
 	for _, m := range runscMarks {
 		if v, ok := marks[m.step]; ok {
-			add("prepared ahead: runsc log, at: "+m.step, v)
+			add(prefix+m.step, v)
 		}
 	}
 	return nil
@@ -285,6 +281,20 @@ func profileSource(ctx context.Context, s *server, label string) (_ profiled, do
 		return p, nil, err
 	}
 	return p, done, nil
+}
+
+// profileTemp makes a profile's temp directory; cleanup removes it, or
+// with BENCH_PROFILE_LOGS set moves it there (plus suffix), to read the
+// logs afterwards.
+func profileTemp(prefix, suffix string) (dir string, cleanup func(), err error) {
+	dir, err = os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", nil, err
+	}
+	if keep := os.Getenv("BENCH_PROFILE_LOGS"); keep != "" {
+		return dir, func() { os.Rename(dir, keep+suffix) }, nil
+	}
+	return dir, func() { os.RemoveAll(dir) }, nil
 }
 
 // agentSource finds the host path of the agent binary a sandbox mounts.

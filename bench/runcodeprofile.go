@@ -60,15 +60,11 @@ func (b *bench) runcodeProfile(ctx context.Context, s *server, name string) erro
 	}
 	defer done()
 	snapDir, man, agentBin := src.snapDir, src.man, src.agent
-	tmp, err := os.MkdirTemp("", "pandastack-bench-runcode-")
+	tmp, cleanup, err := profileTemp("pandastack-bench-runcode-", "-"+name)
 	if err != nil {
 		return err
 	}
-	if keep := os.Getenv("BENCH_PROFILE_LOGS"); keep != "" {
-		defer os.Rename(tmp, keep+"-"+name) // to read the logs afterwards
-	} else {
-		defer os.RemoveAll(tmp)
-	}
+	defer cleanup()
 	logDir := filepath.Join(tmp, "logs")
 	rt, err := gvisor.New(gvisor.Config{Runsc: s.runsc, StateDir: filepath.Join(tmp, "state"), AgentPath: agentBin, DebugLogDir: logDir, Strace: true,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
