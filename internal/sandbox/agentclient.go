@@ -63,14 +63,17 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bo
 		// buffer than the default 4 KiB takes it in fewer stream reads.
 		ReadBufferSize: 64 << 10,
 	}}
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	hctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
 	q := url.Values{"sandbox_id": {id}}
 	if reseed {
 		q.Set("reseed", "1")
 	}
-	if err := c.do(ctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
+	if err := c.do(hctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
 		c.Close()
+		if ownDeadline(hctx, ctx) {
+			return nil, pandastack.Errorf(pandastack.ETimeout, "sandbox %s: its agent did not answer its hello within %s; the host may be overloaded", id, setupTimeout)
+		}
 		return nil, fmt.Errorf("agent hello %s: %w", id, err)
 	}
 	if c.hello.ProtocolVersion != agentproto.ProtocolVersion {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -139,8 +140,8 @@ func (m *Manager) UseSandboxCA(pem []byte) {
 // restored agent keeps the environment it was checkpointed with, and a
 // restored sandbox may sit behind a new gateway, so this runs after every
 // boot; it uses the agent's file API (no process) where it can.
-func (m *Manager) setupSandbox(ctx context.Context, c *AgentClient) error {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+func (m *Manager) setupSandbox(parent context.Context, c *AgentClient) error {
+	ctx, cancel := context.WithTimeout(parent, setupTimeout)
 	defer cancel()
 	err := m.setupResolver(ctx, c)
 	if err == nil && len(m.caPEM) > 0 && !m.hasCA(ctx, c) {
@@ -155,9 +156,23 @@ func (m *Manager) setupSandbox(ctx context.Context, c *AgentClient) error {
 		}
 	}
 	if err != nil {
+		if ownDeadline(ctx, parent) {
+			return pandastack.Errorf(pandastack.ETimeout, "sandbox %s: its setup (resolver, CA bundle) did not finish within %s; the host may be overloaded", c.id, setupTimeout)
+		}
 		return fmt.Errorf("set up sandbox %s (resolver, CA bundle): %w", c.id, err)
 	}
 	return nil
+}
+
+// setupTimeout bounds a sandbox's setup after each boot, and its agent's
+// hello: both are a few round trips to the agent.
+var setupTimeout = 15 * time.Second
+
+// ownDeadline reports whether ctx, derived from parent, ended by its own
+// deadline while parent still runs: work that ran past its own bound,
+// reported as ETimeout rather than as an internal error.
+func ownDeadline(ctx, parent context.Context) bool {
+	return errors.Is(ctx.Err(), context.DeadlineExceeded) && parent.Err() == nil
 }
 
 // hasCA reports whether the sandbox has the server's certificates

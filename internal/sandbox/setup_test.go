@@ -2,7 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"net/http"
 	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
 )
 
 // A sandbox restored from an image that holds the server's certificates
@@ -37,5 +41,27 @@ func TestSetupSkipsInstalledCA(t *testing.T) {
 	}
 	if got, _ := h.exec(other.ID, "get file:"+caMarker); got != h.m.caDigest+"\n" {
 		t.Fatalf("marker after the new install: %q, want the new digest", got)
+	}
+}
+
+// TestSetupTimeoutIsTimeout: a setup that runs past its own bound (an
+// overloaded host) is reported as a timeout, not as an internal error; one
+// whose caller gave up is not relabelled.
+func TestSetupTimeoutIsTimeout(t *testing.T) {
+	old := setupTimeout
+	setupTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { setupTimeout = old })
+	c := fakeAgent(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	})
+	m := &Manager{}
+	m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\nA\n"))
+	err := m.setupSandbox(context.Background(), c)
+	wantCode(t, err, pandastack.ETimeout)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := m.setupSandbox(ctx, c); pandastack.IsCode(err, pandastack.ETimeout) || err == nil {
+		t.Fatalf("setup whose caller's deadline passed: %v, want the caller's own error", err)
 	}
 }
