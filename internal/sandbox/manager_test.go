@@ -346,6 +346,38 @@ func TestWarmAndPool(t *testing.T) {
 	}
 }
 
+// TestCloseCutsPoolRefill: Close does not wait for a refill whose sandbox
+// hangs (here its agent never answers): it cuts it short, and what the
+// refill started is removed.
+func TestCloseCutsPoolRefill(t *testing.T) {
+	old := setupTimeout
+	setupTimeout = time.Hour // only Close may end the wait
+	t.Cleanup(func() { setupTimeout = old })
+	h := newHarness(t)
+	ctx := context.Background()
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
+	if err := h.m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
+		t.Fatal(err)
+	}
+	h.tpls.tpl = tpl
+	h.rt.mu.Lock()
+	h.rt.noAgent = true
+	h.rt.mu.Unlock()
+	h.m.EnablePool(tpl, 1)
+	waitFor(t, func() bool { return len(h.rt.ids()) == 1 }) // restored, its hello hangs
+	closed := make(chan struct{})
+	go func() { h.m.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Close waited for a hanging pool refill")
+	}
+	if ids := h.rt.ids(); len(ids) != 0 {
+		t.Fatalf("after Close the runtime holds %v, want nothing", ids)
+	}
+}
+
 // StartWarming removes stale warm images, keeps current ones, and warms.
 func TestStartWarming(t *testing.T) {
 	h := newHarness(t)

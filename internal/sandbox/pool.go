@@ -202,10 +202,13 @@ func (m *Manager) refill(ctx context.Context, p *pool) bool {
 	}
 	start := m.now()
 	p.restoring.Add(1)
-	pd, err := m.restoreForPool(p.tpl)
+	pd, err := m.restoreForPool(ctx, p.tpl)
 	release()
 	if err != nil {
 		p.restoring.Add(-1)
+		if ctx.Err() != nil {
+			return true // shutting down
+		}
 		m.log.Warn("pool restore", "template", p.tpl.Name, "err", err)
 		return false
 	}
@@ -241,8 +244,11 @@ func (m *Manager) shrink(p *pool, n int) {
 	}
 }
 
-func (m *Manager) restoreForPool(tpl Template) (pooled, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StartTimeout)
+// restoreForPool restores a ready sandbox of tpl for the pool. ctx is the
+// pool's, which Close cancels: a shutdown cuts a refill short (what it
+// started is removed) rather than wait for it.
+func (m *Manager) restoreForPool(ctx context.Context, tpl Template) (pooled, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StartTimeout)
 	defer cancel()
 	if _, err := os.Stat(tpl.WarmImage); err != nil {
 		return pooled{}, err
