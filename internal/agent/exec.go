@@ -328,6 +328,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		elapsed  time.Duration
 		timeoutC <-chan time.Time
 		drainC   <-chan time.Time
+		drainT   *time.Timer
 		done     = c.Done
 		ctxDone  = r.Context().Done()
 	)
@@ -374,9 +375,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 			exited, elapsed = true, time.Since(start)
 			done, timeoutC, ctxDone = nil, nil, nil
 			if readersDone != nil {
-				t := time.NewTimer(drainAfterExit)
-				defer t.Stop()
-				drainC = t.C
+				drainT = time.NewTimer(drainAfterExit)
+				defer drainT.Stop()
+				drainC = drainT.C
 			}
 		case <-timeoutC:
 			timeoutC = nil
@@ -387,6 +388,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 			broken = true
 			kill()
 		case <-drainC:
+			if keepDraining(start.Add(elapsed), outR, errR) {
+				drainT.Reset(drainPoll) // the readers lag behind
+				continue
+			}
 			drainC = nil
 			outR.Close() // unblocks the readers
 			errR.Close()

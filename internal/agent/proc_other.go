@@ -33,3 +33,6 @@ func openPTY(cols, rows uint16) (master, tty *os.File, err error) {
 func resizePTY(master *os.File, cols, rows uint16) {}
 
 func ttyProcAttr() *syscall.SysProcAttr { return nil }
+
+// unread cannot tell elsewhere: nothing waits.
+func unread(files ...*os.File) int { return 0 }

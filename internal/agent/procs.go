@@ -223,9 +223,7 @@ func (s *Server) watch(p *bgProc, c *Process, req agentproto.ExecRequest, start 
 	// there for a moment, then stop.
 	readers := make(chan struct{})
 	go func() { wg.Wait(); close(readers) }()
-	select {
-	case <-readers:
-	case <-time.After(drainAfterExit):
+	if !drained(readers, start.Add(elapsed), outR, errR) {
 		outR.Close()
 		errR.Close()
 		<-readers

@@ -126,10 +126,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	case status = <-c.Done:
 		// A background child may keep the terminal open: give the output a
 		// moment to drain, then stop reading.
-		select {
-		case <-outDone:
-		case <-time.After(drainAfterExit):
-		}
+		drained(outDone, time.Now(), master)
 		KillTree(c.Pid) // what the shell left running dies with the terminal
 		master.Close()
 		<-outDone

@@ -1,0 +1,43 @@
+package agent
+
+import (
+	"os"
+	"time"
+)
+
+// After a command exits, its output is read on until the readers meet
+// EOF. A child that inherited the pipes (or the terminal) may hold them
+// open for good, so after drainAfterExit the readers are stopped, but only
+// once nothing is left unread: on a loaded host they may lag behind the
+// last output, which would otherwise be lost. drainMax bounds that too (a
+// child that keeps writing).
+const (
+	drainMax  = 5 * time.Second
+	drainPoll = 10 * time.Millisecond
+)
+
+// keepDraining reports whether output is still to be read from files,
+// whose command exited at exited.
+func keepDraining(exited time.Time, files ...*os.File) bool {
+	return time.Since(exited) < drainMax && unread(files...) > 0
+}
+
+// drained waits, after a command exited at exited, until its readers end
+// (closed readers), or until drainAfterExit has passed and keepDraining
+// says no more; it reports whether the readers ended. If not, the caller
+// closes files, which ends the readers, and waits for them.
+func drained(readers <-chan struct{}, exited time.Time, files ...*os.File) bool {
+	t := time.NewTimer(drainAfterExit)
+	defer t.Stop()
+	for {
+		select {
+		case <-readers:
+			return true
+		case <-t.C:
+		}
+		if !keepDraining(exited, files...) {
+			return false
+		}
+		t.Reset(drainPoll)
+	}
+}
