@@ -144,6 +144,11 @@ func (m *Manager) StartWarming(specs []WarmSpec) {
 			keep[filepath.Base(s.Template.WarmImage)] = true
 		}
 		m.removeStaleWarm(keep)
+		m.wg.Add(1) // safe while Close waits: this goroutine's count is still held
+		go func() {
+			defer m.wg.Done()
+			m.keepWarmFresh(ctx, specs)
+		}()
 		for _, s := range specs {
 			if ctx.Err() != nil {
 				return
@@ -164,6 +169,29 @@ func (m *Manager) StartWarming(specs []WarmSpec) {
 		}
 	}()
 }
+
+// keepWarmFresh marks the warm images of specs as in use, now and then
+// every warmTouchEvery until ctx ends: removeStaleWarm and template gc, of
+// this server or another one sharing the cache, remove only warm images
+// nobody marked for a day. An image being made is marked on the next round.
+func (m *Manager) keepWarmFresh(ctx context.Context, specs []WarmSpec) {
+	t := time.NewTicker(warmTouchEvery)
+	defer t.Stop()
+	for {
+		now := time.Now()
+		for _, s := range specs {
+			os.Chtimes(s.Template.WarmImage, now, now) // none yet: nothing to mark
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// warmTouchEvery is how often a server marks its warm images in use.
+const warmTouchEvery = time.Hour
 
 // removeStaleWarm deletes warm images of other template or agent builds
 // that nobody touched for a day: every rebuild of either leaves one behind,

@@ -146,3 +146,30 @@ func TestWarmCutShortByCloseLeavesNothing(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepWarmFresh: the warm images a server uses are marked recent, so
+// that no server sharing the cache removes them as stale; a spec whose
+// image is not made yet is skipped.
+func TestKeepWarmFresh(t *testing.T) {
+	h := newHarness(t)
+	used := filepath.Join(h.m.cfg.WarmDir, "base-made-two-days-ago")
+	os.MkdirAll(used, 0o700)
+	old := time.Now().Add(-48 * time.Hour)
+	os.Chtimes(used, old, old)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // one round, then return
+	h.m.keepWarmFresh(ctx, []WarmSpec{
+		{Template: Template{Name: "base", WarmImage: used}},
+		{Template: Template{Name: "other", WarmImage: filepath.Join(h.m.cfg.WarmDir, "not-made-yet")}},
+	})
+	if fi, err := os.Stat(used); err != nil || time.Since(fi.ModTime()) > time.Hour {
+		t.Fatalf("a warm image in use was not marked recent: %v", err)
+	}
+	h.m.removeStaleWarm(map[string]bool{})
+	if _, err := os.Stat(used); err != nil {
+		t.Fatalf("a warm image in use was removed as stale: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(h.m.cfg.WarmDir, "not-made-yet")); !os.IsNotExist(err) {
+		t.Fatalf("marking made an image directory: %v", err)
+	}
+}
