@@ -18,7 +18,8 @@ package jupyter
 //     itself, as ipykernel 6 did and as ipykernel 7 still does when it has
 //     no such thread. Its one loss is kernel subshells (concurrent shell
 //     requests on other threads, which the agent never sends): kernel_info
-//     no longer lists them and a create_subshell_request gets an error reply.
+//     no longer lists them, and ipykernel leaves a create_subshell_request
+//     unanswered (it logs an error), as in any kernel without them.
 //   - IOPub messages of the main thread, and of the IOPub thread itself, are
 //     sent on the spot rather than queued for the IOPub thread; the socket is
 //     used under one lock, so messages of other threads (the control thread,
