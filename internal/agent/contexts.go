@@ -290,6 +290,7 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 	}
 	switch language {
 	case "python":
+		opts.Argv = jupyter.PythonLauncherArgv(argv)
 		opts.EnvCode = jupyter.PythonEnvCode
 		opts.SetupCode = jupyter.PythonSetupCode
 		opts.OutputCapCode = jupyter.PythonOutputCapCode

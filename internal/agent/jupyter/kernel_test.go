@@ -159,7 +159,8 @@ func startKernel(t *testing.T, tune ...func(*Options)) *testKernel {
 		return strings.HasPrefix(e, "MPLBACKEND=")
 	})
 	o := Options{
-		Argv:       []string{py, "-m", "ipykernel_launcher", "-f", "{connection_file}"},
+		// The agent's launcher, as the agent starts Python kernels.
+		Argv:       PythonLauncherArgv([]string{py, "-m", "ipykernel_launcher", "-f", "{connection_file}"}),
 		Env:        append(env, "MPLCONFIGDIR="+filepath.Join(tmp, "mpl"), "PYDEVD_DISABLE_FILE_VALIDATION=1"),
 		Cwd:        tmp,
 		Launch:     testLaunch(logPath),
