@@ -135,11 +135,51 @@ const pythonPrime = `def _pandastack_prime():
 _pandastack_prime()
 del _pandastack_prime`
 
+// pythonPrimeDisplay runs after jupyter.PythonFastPNGCode: it takes the
+// path of a displayed pandas plot once, as the recipe's first cell does
+// (DataFrame.plot, then every MIME type the display formatter makes of the
+// figure: the single-draw PNG, the chart JSON, the text), without
+// publishing anything. A kernel's first plot cost twice its second in
+// gVisor (the memory its first drawing grows into, and the pages of the
+// code it runs); drawn here, that is paid before the checkpoint, and again
+// by the touch after a pool's restore (spareTouchCode) rather than by the
+// user's first cell. Its data are fixed (no random draw), it leaves no
+// figure open and no name behind.
+const pythonPrimeDisplay = `def _pandastack_prime_display():
+    import sys
+    if "matplotlib.pyplot" not in sys.modules:
+        return
+    import matplotlib.pyplot as plt
+    from IPython import get_ipython
+    ip = get_ipython()
+    if ip is None:
+        return
+    if "pandas" in sys.modules:
+        import pandas as pd
+        fig = pd.DataFrame({"x": [0, 1, 2, 3], "y": [0.0, 1.0, 0.5, 1.5]}).plot(x="x", y="y").figure
+    else:
+        fig = plt.figure()
+        plt.plot([0, 1, 2, 3], [0.0, 1.0, 0.5, 1.5], label="y")
+        plt.legend()
+    try:
+        ip.display_formatter.format(fig)
+    finally:
+        plt.close(fig)
+_pandastack_prime_display()
+del _pandastack_prime_display`
+
 // sparePrimeCode is what a spare runs after its warm-up, in one silent
 // cell: the pieces are whole statements, so each starts on a line of its
 // own.
 func sparePrimeCode() string {
-	return strings.Join([]string{jupyter.PythonMemFontsCode, pythonPrime, jupyter.PythonFastPNGCode}, "\n")
+	return strings.Join([]string{jupyter.PythonMemFontsCode, pythonPrime, jupyter.PythonFastPNGCode, pythonPrimeDisplay}, "\n")
+}
+
+// spareTouchCode is what a spare runs when the host touches it after a
+// restore (touchSpares): the prime's drawings again, so that the pages
+// they use are loaded and mapped before the user's first plot needs them.
+func spareTouchCode() string {
+	return pythonPrime + "\n" + pythonPrimeDisplay
 }
 
 // pythonSetEnv is code that sets env in os.environ and leaves no name
@@ -370,9 +410,10 @@ func (s *Server) listSpares(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// touchSpares answers POST /v1/contexts/spares/touch: a silent no-op cell
-// in every ready spare, which pulls the pages of a lazily restored kernel
-// in before anyone waits for them (the pool does it ahead of a claim).
+// touchSpares answers POST /v1/contexts/spares/touch: a silent cell in
+// every ready spare that draws what its prime drew (spareTouchCode), which
+// pulls the pages of a restored kernel in, and maps them, before anyone
+// waits for them (the pool does it ahead of a claim).
 func (s *Server) touchSpares(w http.ResponseWriter, r *http.Request) error {
 	var ks []*jupyter.Kernel
 	sp := &s.cfg.Contexts.spares
@@ -382,9 +423,16 @@ func (s *Server) touchSpares(w http.ResponseWriter, r *http.Request) error {
 	}
 	sp.mu.Unlock()
 	for _, k := range ks {
-		// A spare handed out meanwhile is busy or gone: not an error.
-		if err := k.RunSilent(r.Context(), "pass"); err != nil && !errors.Is(err, jupyter.ErrBusy) && !errors.Is(err, jupyter.ErrClosed) {
+		err := k.RunSilent(r.Context(), spareTouchCode())
+		switch {
+		case err == nil, errors.Is(err, jupyter.ErrBusy), errors.Is(err, jupyter.ErrClosed):
+			// A spare handed out meanwhile is busy or gone: not an error.
+		case errors.Is(err, jupyter.ErrDead), r.Context().Err() != nil:
 			return fmt.Errorf("touch a spare kernel: %w", err)
+		default:
+			// The drawing failed in a live kernel (as a prime may): the
+			// spare stays usable, its first plot is just slower.
+			s.log.Warn("touching a spare kernel failed; it stays usable", "err", err)
 		}
 	}
 	w.WriteHeader(http.StatusNoContent)

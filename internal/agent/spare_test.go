@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -79,4 +80,83 @@ func TestSparePrimeCodeCompiles(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
+}
+
+// primeCheck runs a spare's prime after the template's warm-up in a real
+// IPython shell with the inline backend (stdin: the prime, a separator
+// line, the touch), touches twice, and prints what a user could tell.
+const primeCheck = `import os, sys
+os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+from IPython.core.interactiveshell import InteractiveShell
+ip = InteractiveShell.instance()
+prime, touch = sys.stdin.read().split("\n#----\n")
+def run(code):
+    ip.run_cell(code, silent=True).raise_error()
+run("import numpy, pandas, matplotlib.pyplot")
+import numpy as np
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+import pandas.plotting._core as core
+before = set(ip.user_ns)
+state = np.random.get_state()[1].copy()
+run(prime)
+print("pandas plotted", "matplotlib" in core._backends)
+run(touch)
+run(touch)
+print("figures", plt.get_fignums())
+print("names", sorted(set(ip.user_ns) - before))
+print("random state kept", bool((np.random.get_state()[1] == state).all()))
+fmt = ip.display_formatter.formatters["image/png"].lookup_by_type(Figure)
+print("single draw", getattr(fmt, "_pandastack", False))
+fig = plt.figure()
+plt.plot([1, 3, 2])
+data, md = ip.display_formatter.format(fig)
+print("user's figure", fig.number, "png", data.get("image/png", "")[:4] == "iVBO")
+`
+
+const primeCheckWant = `pandas plotted True
+figures []
+names []
+random state kept True
+single draw True
+user's figure 1 png True
+`
+
+// TestSparePrimeAndTouch: the prime draws a pandas plot through the
+// display formatter (the path of a user's first plot), and it and the
+// touch leave nothing a user could see: no figure open, no name, the same
+// random state, the first figure of the user still number 1 with its PNG.
+func TestSparePrimeAndTouch(t *testing.T) {
+	py := pythonWith(t, "IPython, matplotlib_inline, matplotlib, pandas")
+	cmd := exec.Command(py, "-c", primeCheck)
+	cmd.Stdin = strings.NewReader(sparePrimeCode() + "\n#----\n" + spareTouchCode())
+	cmd.Env = append(os.Environ(), "MPLCONFIGDIR="+t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if string(out) != primeCheckWant {
+		t.Fatalf("got:\n%s\nwant:\n%s", out, primeCheckWant)
+	}
+}
+
+// pythonWith returns a python3 that imports modules: PANDASTACK_TEST_PYTHON
+// (scripts/test-python-env.sh makes one), or the one on PATH. Without one
+// the test skips, and fails under CI=true.
+func pythonWith(t *testing.T, modules string) string {
+	t.Helper()
+	for _, p := range []string{os.Getenv("PANDASTACK_TEST_PYTHON"), "python3"} {
+		if p == "" {
+			continue
+		}
+		if path, err := exec.LookPath(p); err == nil && exec.Command(path, "-c", "import "+modules).Run() == nil {
+			return path
+		}
+	}
+	msg := "no python3 that imports " + modules + "; fix: export PANDASTACK_TEST_PYTHON=$(scripts/test-python-env.sh)"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
 }
