@@ -17,9 +17,16 @@ const (
 	// outputQueued bounds what waits for the writer; past it the readers
 	// stop reading, and the command blocks on its full pipe.
 	outputQueued = 1 << 20
+	// outputPipe is the room asked for in the command's stdout and stderr
+	// pipes (64 KiB by default). A command that writes in small pieces
+	// (8 KiB at a time, as head and cat do) fills it while the agent is
+	// busy writing the previous events, and the readers then take it in a
+	// few large reads: in gVisor every read, every wakeup and every time
+	// the command blocks on a full pipe is a trip through the sentry.
+	outputPipe = 1 << 20
 	// outputRead is the readers' buffer: a pipe read returns at most what
-	// the pipe holds (64 KiB by default).
-	outputRead = 64 << 10
+	// the pipe holds.
+	outputRead = 256 << 10
 )
 
 // outputQueue carries a command's output from its readers (one per pipe)
