@@ -91,9 +91,10 @@ func (fr *frameReader) next() (frame, error) {
 // directions. A writer that died mid-frame (a killed server, a checkpoint
 // taken during an upload) leaves a header promising bytes that never come;
 // the reader would take the new session's first bytes as the rest of that
-// frame. A full frame's worth of zeros completes any torn frame, and zeros
-// alone never form the magic, so the reader then skips them to the next
-// real header.
+// frame. A full frame's worth of zeros completes any torn frame (a reader
+// takes no frame over maxFramePayload before its own session's first,
+// large frames included), and zeros alone never form the magic, so the
+// reader then skips them to the next real header.
 var padding = make([]byte, headerSize+maxFramePayload)
 
 func (fw *frameWriter) pad() error {
