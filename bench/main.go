@@ -45,7 +45,7 @@ type Settings struct {
 }
 
 // sectionKeys name the sections for -only, in the order they run.
-var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "runcode-profile", "pss", "density", "idle", "suspended", "languages", "network", "nodes"}
+var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "runcode-profile", "stream-profile", "pss", "density", "idle", "suspended", "languages", "network", "nodes"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
@@ -79,6 +79,9 @@ type Report struct {
 	// RuncodeProfile counts the system calls of run_code("1+1") (section
 	// runcode-profile), for this revision and the -baseline one.
 	RuncodeProfile []RuncodeProfile `json:"runcode_profile,omitempty"`
+	// StreamProfile counts the system calls in the sandbox per MiB of
+	// streamed exec output (section stream-profile), both revisions.
+	StreamProfile []StreamProfile `json:"stream_profile,omitempty"`
 	// RestorePreparedPSS is the PSS of each container the restore profile
 	// made ahead (runsc create, waiting for its restore), in bytes.
 	RestorePreparedPSS []int64  `json:"restore_prepared_pss_bytes,omitempty"`
@@ -240,6 +243,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 		{"snapshot", "snapshot and restore: warm code-interpreter, and with a 100 MB DataFrame", b.snapshots},
 		{"restore-profile", "restore of the warm image, step by step (runsc debug log and our own timings)", b.restoreProfile},
 		{"runcode-profile", "system calls of one run_code(\"1+1\") in the sandbox, by thread and call (runsc --strace)", b.runcodeProfiles},
+		{"stream-profile", "system calls in the sandbox per MiB of exec output streamed as binary frames, by task and call (runsc --strace)", b.streamProfiles},
 		{"pss", "idle memory per sandbox (PSS of its host processes)", b.idlePSS},
 		{"density", "density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
 		{"idle", "idle suspend: resume of an idle-suspended sandbox → first result, vs pause + resume", b.idleResume},

@@ -40,6 +40,7 @@ type Server struct {
 	epoch uint32
 	home  string
 	log   *slog.Logger
+	conn  io.ReadWriteCloser // the session's stream from agentproto.Serve; nil when served otherwise
 }
 
 // NewServer returns the API of the session of the given epoch.
@@ -105,6 +106,7 @@ func ServeSession(cfg Config, epoch uint32, conn io.ReadWriteCloser) error {
 		return fmt.Errorf("session %d: %w", epoch, err)
 	}
 	s := NewServer(cfg, epoch)
+	s.conn = conn
 	srv := &http.Server{
 		Handler:  s.Handler(),
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
@@ -127,6 +129,11 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	// their kernels would all draw the same "random" numbers.
 	if r.URL.Query().Get("reseed") == "1" {
 		s.cfg.Contexts.Reseed()
+	}
+	// A host that reads frames of up to 1 MiB gets them: streamed output
+	// then crosses stdout in fewer, larger writes.
+	if r.URL.Query().Get("large_frames") == "1" {
+		agentproto.AllowLargeFrames(s.conn)
 	}
 	// Resumed after an idle suspend: start the spares again.
 	s.cfg.Contexts.spares.unrelease()

@@ -19,7 +19,6 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
-	"github.com/pandastack/pandastack/internal/streamframe"
 )
 
 const (
@@ -221,28 +220,6 @@ func startError(spec *execSpec, err error) error {
 	return fmt.Errorf("start %q: %w", name, err)
 }
 
-// execEncoder sets the answer's Content-Type and returns how to write one
-// event: binary frames (streamframe) when the host asks for them, else NDJSON.
-func execEncoder(w http.ResponseWriter, r *http.Request) func(agentproto.ExecEvent) error {
-	if strings.Contains(r.Header.Get("Accept"), streamframe.MediaType) {
-		w.Header().Set("Content-Type", streamframe.MediaType)
-		fw := streamframe.NewWriter(w)
-		return func(ev agentproto.ExecEvent) error {
-			if ev.Type != "exit" {
-				return fw.WriteFrame(streamframe.TypeOf(ev.Type), ev.Data)
-			}
-			b, err := json.Marshal(ev)
-			if err != nil {
-				return err
-			}
-			return fw.WriteFrame(streamframe.Exit, b)
-		}
-	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	enc := json.NewEncoder(w)
-	return func(ev agentproto.ExecEvent) error { return enc.Encode(ev) }
-}
-
 // run starts the command and streams its output and exit as events. The
 // request's context bounds the command: a client that goes away kills it.
 func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req agentproto.ExecRequest) error {
@@ -271,6 +248,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	if err != nil {
 		return fmt.Errorf("exec pipes: %w", err)
 	}
+	growPipe(outR, outputPipe)
+	growPipe(errR, outputPipe)
 
 	start := time.Now()
 	c, err := s.cfg.Reaper.Start(spec.path, spec.argv, &os.ProcAttr{
@@ -307,18 +286,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		close(readersDone)
 	}()
 
-	rc := http.NewResponseController(w)
-	encode := execEncoder(w, r)
-	w.WriteHeader(http.StatusOK)
-	send := func(evs ...agentproto.ExecEvent) error {
-		for _, ev := range evs {
-			if err := encode(ev); err != nil {
-				return err
-			}
-		}
-		return rc.Flush()
-	}
-	broken := rc.Flush() != nil // the client is gone: drain, but stop writing
+	ans, err := startAnswer(w, r)
+	defer ans.end()
+	send := ans.send
+	broken := err != nil // the client is gone: drain, but stop writing
 
 	var (
 		status   ExitStatus
@@ -330,7 +301,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		drainC   <-chan time.Time
 		drainT   *time.Timer
 		done     = c.Done
-		ctxDone  = r.Context().Done()
+		ctxDone  = ans.ctx.Done()
 	)
 	if req.TimeoutMS > 0 {
 		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
@@ -350,7 +321,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	// stuck in a write to it (a full stream window the host no longer
 	// reads), which the select below would not notice.
 	var gone atomic.Bool // the command has exited: its pid may be reused
-	stopWatch := context.AfterFunc(r.Context(), func() {
+	stopWatch := context.AfterFunc(ans.ctx, func() {
 		if !gone.Load() {
 			KillTree(c.Pid)
 		}

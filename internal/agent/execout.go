@@ -4,6 +4,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -17,9 +18,26 @@ const (
 	// outputQueued bounds what waits for the writer; past it the readers
 	// stop reading, and the command blocks on its full pipe.
 	outputQueued = 1 << 20
+	// outputPipe is the room asked for in the command's stdout and stderr
+	// pipes (64 KiB by default). A command that writes in small pieces
+	// (8 KiB at a time, as head and cat do) fills it while the agent is
+	// busy writing the previous events, and the readers then take it in a
+	// few large reads: in gVisor every read, every wakeup and every time
+	// the command blocks on a full pipe is a trip through the sentry.
+	outputPipe = 1 << 20
 	// outputRead is the readers' buffer: a pipe read returns at most what
-	// the pipe holds (64 KiB by default).
-	outputRead = 64 << 10
+	// the pipe holds.
+	outputRead = 256 << 10
+	// After a read of at least outputFlood bytes a reader waits
+	// outputPace before it reads again. A command that floods its pipe
+	// then fills it meanwhile, and the next read takes tens of KiB
+	// instead of the 4 or 8 KiB of its last write: in gVisor every read
+	// costs the agent a read, a wakeup of its goroutine and the runtime's
+	// calls around it. Output that trickles in (a line, a prompt) comes
+	// in smaller reads, which go out at once; after a large one, what
+	// follows waits at most outputPace.
+	outputFlood = 4 << 10
+	outputPace  = time.Millisecond
 )
 
 // outputQueue carries a command's output from its readers (one per pipe)
@@ -99,6 +117,9 @@ func (q *outputQueue) read(r io.Reader, typ string) {
 		}
 		if err != nil {
 			return
+		}
+		if n >= outputFlood {
+			time.Sleep(outputPace)
 		}
 	}
 }

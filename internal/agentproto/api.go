@@ -9,7 +9,8 @@ import (
 
 // The agent's HTTP API, spoken over each yamux stream (HTTP/1.1):
 //
-//	GET    /v1/hello[?reseed=1]          → Hello (reseed: after a restore of a shared image, see code.go)
+//	GET    /v1/hello[?reseed=1][&large_frames=1] → Hello (reseed: after a restore of a shared image, see code.go;
+//	                                     large_frames: the host reads frames of up to 1 MiB, see AllowLargeFrames)
 //	POST   /v1/exec           ExecRequest → 200 NDJSON stream of ExecEvent, ending with one "exit" event
 //	PUT    /v1/files?path=P   raw body    → FileInfo (parents created; owned by the sandbox user)
 //	GET    /v1/files?path=P               → raw file content

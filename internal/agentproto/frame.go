@@ -26,9 +26,17 @@ import (
 const ProtocolVersion = 1
 
 const (
-	frameMagic      = 0x50445331 // "PDS1"
-	headerSize      = 12         // magic, epoch, length: uint32 big-endian each
+	frameMagic = 0x50445331 // "PDS1"
+	headerSize = 12         // magic, epoch, length: uint32 big-endian each
+	// maxFramePayload bounds a frame towards the agent, a frame from an
+	// agent the host has not asked for large frames, and any frame a
+	// reader takes before it met one of its own session: the padding
+	// covers that much.
 	maxFramePayload = 64 << 10
+	// maxLargeFrame bounds a frame from an agent that the host asked for
+	// large frames (AllowLargeFrames): streamed output then crosses the
+	// sandbox's stdout in a write per batch instead of one per 64 KiB.
+	maxLargeFrame = 1 << 20
 )
 
 // ErrStaleSession is returned by writes on a session that a newer epoch replaced.
@@ -43,10 +51,11 @@ type frame struct {
 type frameReader struct {
 	r   *bufio.Reader
 	buf []byte // the last frame's payload, reused
+	max uint32 // the largest payload taken; a larger length is garbage
 }
 
 func newFrameReader(r io.Reader) *frameReader {
-	return &frameReader{r: bufio.NewReaderSize(r, maxFramePayload+headerSize)}
+	return &frameReader{r: bufio.NewReaderSize(r, maxFramePayload+headerSize), max: maxFramePayload}
 }
 
 // next returns the next frame; its payload is valid until the next call.
@@ -62,13 +71,13 @@ func (fr *frameReader) next() (frame, error) {
 		}
 		epoch := binary.BigEndian.Uint32(hdr[4:8])
 		n := binary.BigEndian.Uint32(hdr[8:12])
-		if n > maxFramePayload {
+		if n > fr.max {
 			fr.r.Discard(1)
 			continue
 		}
 		fr.r.Discard(headerSize)
-		if fr.buf == nil {
-			fr.buf = make([]byte, maxFramePayload)
+		if uint32(cap(fr.buf)) < n || fr.buf == nil {
+			fr.buf = make([]byte, max(n, maxFramePayload))
 		}
 		p := fr.buf[:n]
 		if _, err := io.ReadFull(fr.r, p); err != nil {
@@ -82,9 +91,10 @@ func (fr *frameReader) next() (frame, error) {
 // directions. A writer that died mid-frame (a killed server, a checkpoint
 // taken during an upload) leaves a header promising bytes that never come;
 // the reader would take the new session's first bytes as the rest of that
-// frame. A full frame's worth of zeros completes any torn frame, and zeros
-// alone never form the magic, so the reader then skips them to the next
-// real header.
+// frame. A full frame's worth of zeros completes any torn frame (a reader
+// takes no frame over maxFramePayload before its own session's first,
+// large frames included), and zeros alone never form the magic, so the
+// reader then skips them to the next real header.
 var padding = make([]byte, headerSize+maxFramePayload)
 
 func (fw *frameWriter) pad() error {
@@ -103,20 +113,20 @@ type frameWriter struct {
 
 // write sends p as frames of epoch; it returns how many bytes of p went out.
 func (fw *frameWriter) write(epoch uint32, p []byte) (int, error) {
-	return fw.write2(epoch, nil, p)
+	return fw.write2(epoch, nil, p, maxFramePayload)
 }
 
-// write2 sends a followed by p as frames of epoch, as if they were one
-// slice; it returns how many bytes of p went out.
-func (fw *frameWriter) write2(epoch uint32, a, p []byte) (int, error) {
+// write2 sends a followed by p as frames of epoch of up to limit bytes, as
+// if they were one slice; it returns how many bytes of p went out.
+func (fw *frameWriter) write2(epoch uint32, a, p []byte, limit int) (int, error) {
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
-	if fw.buf == nil {
-		fw.buf = make([]byte, headerSize+maxFramePayload)
+	if want := headerSize + min(len(a)+len(p), limit); len(fw.buf) < want {
+		fw.buf = make([]byte, max(want, headerSize+maxFramePayload))
 	}
 	written := 0
 	for len(a)+len(p) > 0 {
-		n := min(len(a)+len(p), maxFramePayload)
+		n := min(len(a)+len(p), limit)
 		buf := fw.buf[:headerSize+n]
 		binary.BigEndian.PutUint32(buf[0:4], frameMagic)
 		binary.BigEndian.PutUint32(buf[4:8], epoch)
@@ -157,6 +167,9 @@ func (c *hostConn) Read(p []byte) (int, error) {
 		}
 		if f.epoch == c.epoch {
 			c.rest = f.payload // fr's buffer: drained before the next frame
+			// Past the padding: from here on the pipe holds whole
+			// frames, which may be large if the agent was asked for them.
+			c.fr.max = maxLargeFrame
 		}
 	}
 	n := copy(p, c.rest)
@@ -200,7 +213,7 @@ func Serve(r io.Reader, w io.Writer, onSession func(epoch uint32, conn io.ReadWr
 				return err
 			}
 			pr, pw := io.Pipe()
-			cur = &agentConn{epoch: f.epoch, pr: pr, pw: pw, fw: fw}
+			cur = &agentConn{epoch: f.epoch, pr: pr, pw: pw, fw: fw, limit: maxFramePayload}
 			go onSession(f.epoch, cur)
 		}
 		if len(f.payload) > 0 {
@@ -219,8 +232,23 @@ type agentConn struct {
 	mu     sync.Mutex
 	closed bool
 
-	wmu  sync.Mutex // not mu: Close must not wait for a write stuck on a full pipe
-	held []byte     // a yamux data header waiting for its body
+	wmu   sync.Mutex // not mu: Close must not wait for a write stuck on a full pipe
+	held  []byte     // a yamux data header waiting for its body
+	limit int        // the largest frame payload to write; under wmu
+}
+
+// AllowLargeFrames lets the agent's side of a session (a stream handed to
+// Serve's onSession) write frames of up to 1 MiB, which the host says it
+// reads (hosts before it took 64 KiB at most). It reports whether conn is
+// such a stream.
+func AllowLargeFrames(conn io.ReadWriteCloser) bool {
+	c, ok := conn.(*agentConn)
+	if ok {
+		c.wmu.Lock()
+		c.limit = maxLargeFrame
+		c.wmu.Unlock()
+	}
+	return ok
 }
 
 func (c *agentConn) Read(p []byte) (int, error) { return c.pr.Read(p) }
@@ -245,7 +273,7 @@ func (c *agentConn) Write(p []byte) (int, error) {
 	}
 	held := c.held
 	c.held = nil
-	return c.fw.write2(c.epoch, held, p)
+	return c.fw.write2(c.epoch, held, p, c.limit)
 }
 
 // isDataHeader reports whether p is exactly the header of a yamux data

@@ -147,3 +147,98 @@ func TestAgentSendsDataHeaderWithItsBody(t *testing.T) {
 		t.Fatalf("a long message arrived as %d bytes, not its %d", len(got), len(want))
 	}
 }
+
+// An agent asked for large frames sends a big write as one frame, which
+// the host reads whole; without the request its frames stay at 64 KiB.
+func TestLargeFrames(t *testing.T) {
+	for _, large := range []bool{false, true} {
+		toAgentR, toAgentW := io.Pipe()
+		toHostR, toHostW := io.Pipe()
+		sessions := make(chan io.ReadWriteCloser, 1)
+		go Serve(toAgentR, toHostW, func(_ uint32, c io.ReadWriteCloser) { sessions <- c })
+		body := make([]byte, 700<<10)
+		for i := range body {
+			body[i] = byte(i * 7)
+		}
+		// A spy on the pipe sees the frames as the host's reader meets them.
+		spyR, spyW := io.Pipe()
+		host := HostConn(pipeRWC{io.TeeReader(toHostR, spyW), toAgentW}, 5)
+		sizes := make(chan []int, 1)
+		go func() {
+			fr := newFrameReader(spyR)
+			fr.max = maxLargeFrame
+			var got []int
+			for total := 0; total < 2+len(body); {
+				f, err := fr.next()
+				if err != nil {
+					break
+				}
+				if f.epoch == 5 {
+					got = append(got, len(f.payload))
+					total += len(f.payload)
+				}
+			}
+			sizes <- got
+			io.Copy(io.Discard, spyR)
+		}()
+		read := make(chan []byte, 1)
+		go func() {
+			got := make([]byte, 2+len(body))
+			io.ReadFull(host, got)
+			read <- got
+		}()
+		go host.Write([]byte("x")) // opens epoch 5
+		agent := <-sessions
+		if _, err := io.ReadFull(agent, make([]byte, 1)); err != nil {
+			t.Fatal(err)
+		}
+		if large && !AllowLargeFrames(agent) {
+			t.Fatal("AllowLargeFrames: not a session stream")
+		}
+		go func() {
+			agent.Write([]byte("hi"))
+			agent.Write(body)
+		}()
+		got := <-read
+		if string(got[:2]) != "hi" || !bytes.Equal(got[2:], body) {
+			t.Fatalf("large=%v: the host read other bytes than were written", large)
+		}
+		frames := <-sizes
+		biggest := 0
+		for _, n := range frames {
+			biggest = max(biggest, n)
+		}
+		if want := map[bool]int{false: maxFramePayload, true: len(body)}[large]; biggest != want {
+			t.Fatalf("large=%v: frames of %v bytes, want the largest %d", large, frames, want)
+		}
+		toHostW.Close()
+		toAgentW.Close()
+		spyW.Close()
+	}
+}
+
+// Before a host reader has met a frame of its own session, a header that
+// promises more than 64 KiB is garbage: a torn large frame of an old
+// session cannot swallow the padding and the new session's first frame.
+func TestTornLargeFrameBeforeSync(t *testing.T) {
+	var pipe bytes.Buffer
+	torn := make([]byte, headerSize+100)
+	binary.BigEndian.PutUint32(torn[0:4], frameMagic)
+	binary.BigEndian.PutUint32(torn[4:8], 3)
+	binary.BigEndian.PutUint32(torn[8:12], maxLargeFrame) // promises 1 MiB, delivers 100 bytes
+	pipe.Write(torn)
+	fw := &frameWriter{w: &pipe}
+	if err := fw.pad(); err != nil {
+		t.Fatal(err)
+	}
+	fw.write(9, []byte("first"))
+	fw.write2(9, nil, bytes.Repeat([]byte("L"), 200<<10), maxLargeFrame)
+	c := HostConn(pipeRWC{&pipe, io.Discard}, 9)
+	got := make([]byte, 5+200<<10)
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("the new session's frames were lost: %v", err)
+	}
+	if string(got[:5]) != "first" || !bytes.Equal(got[5:], bytes.Repeat([]byte("L"), 200<<10)) {
+		t.Fatalf("read %q…, want the new session's frames", got[:16])
+	}
+}

@@ -54,6 +54,7 @@ func FuzzFrames(f *testing.F) {
 			if err != nil {
 				break
 			}
+			fm.payload = bytes.Clone(fm.payload) // valid until the next call
 			frames = append(frames, fm)
 		}
 		n := (len(payload) + maxFramePayload - 1) / maxFramePayload

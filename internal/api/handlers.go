@@ -267,7 +267,7 @@ type streamEvent struct {
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, project string, agent *sandbox.AgentClient, req agentproto.ExecRequest) {
 	nd := newNDJSON(w)
 	_, err := s.recordedExec(r.Context(), project, r.PathValue("id"), agent, req, func(ev agentproto.ExecEvent) error {
-		return nd.send(toStreamEvent(ev))
+		return nd.sendExec(ev)
 	})
 	if err != nil {
 		s.logFailure(r, err)
@@ -299,6 +299,7 @@ type ndjson struct {
 	enc     *json.Encoder
 	rc      *http.ResponseController
 	started bool
+	line    []byte // sendExec's, reused
 }
 
 func newNDJSON(w http.ResponseWriter) *ndjson {
@@ -307,14 +308,32 @@ func newNDJSON(w http.ResponseWriter) *ndjson {
 	return &ndjson{w: w, enc: enc, rc: http.NewResponseController(w)}
 }
 
-func (n *ndjson) send(v any) error {
+func (n *ndjson) start() {
 	if !n.started {
 		n.w.Header().Set("Content-Type", "application/x-ndjson")
 		n.w.Header().Set("X-Content-Type-Options", "nosniff")
 		n.w.WriteHeader(http.StatusOK)
 		n.started = true
 	}
+}
+
+func (n *ndjson) send(v any) error {
+	n.start()
 	if err := n.enc.Encode(v); err != nil {
+		return err
+	}
+	return n.rc.Flush()
+}
+
+// sendExec writes an exec event as send(toStreamEvent(ev)) would.
+func (n *ndjson) sendExec(ev agentproto.ExecEvent) error {
+	line, ok := appendExecEvent(n.line[:0], ev)
+	if !ok {
+		return n.send(toStreamEvent(ev))
+	}
+	n.line = line
+	n.start()
+	if _, err := n.w.Write(line); err != nil {
 		return err
 	}
 	return n.rc.Flush()

@@ -85,7 +85,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, project s
 	}
 	nd := newNDJSON(w)
 	_, err := agent.ProcessOutput(r.Context(), pid, follow, func(ev agentproto.ExecEvent) error {
-		return nd.send(toStreamEvent(ev))
+		return nd.sendExec(ev)
 	})
 	if err != nil && r.Context().Err() == nil {
 		if !nd.started {

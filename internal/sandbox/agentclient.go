@@ -65,7 +65,9 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bo
 	}}
 	hctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
-	q := url.Values{"sandbox_id": {id}}
+	// large_frames: this host reads the agent's frames of up to 1 MiB
+	// (agentproto.AllowLargeFrames); an older agent ignores it.
+	q := url.Values{"sandbox_id": {id}, "large_frames": {"1"}}
 	if reseed {
 		q.Set("reseed", "1")
 	}

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 )
 
 // MediaType names the format in Accept and Content-Type headers.
@@ -101,6 +102,26 @@ func (fw *Writer) WriteFrame(t byte, p []byte) error {
 		p = p[n:]
 		if len(p) == 0 {
 			return nil
+		}
+	}
+}
+
+// AppendFrame appends p to dst as frames of type t, split at MaxPayload,
+// as WriteFrame would write them: for a writer that sends several frames
+// in one write. An empty p appends one empty frame.
+func AppendFrame(dst []byte, t byte, p []byte) ([]byte, error) {
+	if TypeName(t) == "" {
+		return dst, fmt.Errorf("streamframe: unknown frame type %d", t)
+	}
+	dst = slices.Grow(dst, len(p)+HeaderSize*(1+len(p)/MaxPayload))
+	for {
+		n := min(len(p), MaxPayload)
+		dst = append(dst, t)
+		dst = binary.BigEndian.AppendUint32(dst, uint32(n))
+		dst = append(dst, p[:n]...)
+		p = p[n:]
+		if len(p) == 0 {
+			return dst, nil
 		}
 	}
 }

@@ -143,3 +143,34 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+// AppendFrame gives the very bytes WriteFrame writes, big payloads split
+// at MaxPayload and empty ones as one empty frame, after what dst held.
+func TestAppendFrameMatchesWriteFrame(t *testing.T) {
+	big := make([]byte, MaxPayload*2+7)
+	for i := range big {
+		big[i] = byte(i * 13)
+	}
+	frames := []struct {
+		t byte
+		p []byte
+	}{{Stdout, []byte("hello\n")}, {Stderr, []byte{0, 0xff}}, {Stdout, nil}, {Stdout, big}, {Exit, []byte(`{"exit_code":0}`)}}
+	var want bytes.Buffer
+	w := NewWriter(&want)
+	got := []byte("kept")
+	for _, f := range frames {
+		if err := w.WriteFrame(f.t, f.p); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if got, err = AppendFrame(got, f.t, f.p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, append([]byte("kept"), want.Bytes()...)) {
+		t.Fatalf("AppendFrame gave %d bytes, WriteFrame %d (+4 kept)", len(got), want.Len())
+	}
+	if out, err := AppendFrame([]byte("x"), 9, []byte("y")); err == nil || string(out) != "x" {
+		t.Fatalf("unknown type: %q, %v; want an error and dst unchanged", out, err)
+	}
+}

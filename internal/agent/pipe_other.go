@@ -1,0 +1,7 @@
+//go:build !linux
+
+package agent
+
+import "os"
+
+func growPipe(*os.File, int) {}
