@@ -4,7 +4,6 @@ import (
 	"io"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -28,16 +27,6 @@ const (
 	// outputRead is the readers' buffer: a pipe read returns at most what
 	// the pipe holds.
 	outputRead = 256 << 10
-	// After a read of at least outputFlood bytes a reader waits
-	// outputPace before it reads again. A command that floods its pipe
-	// then fills it meanwhile, and the next read takes tens of KiB
-	// instead of the 4 or 8 KiB of its last write: in gVisor every read
-	// costs the agent a read, a wakeup of its goroutine and the runtime's
-	// calls around it. Output that trickles in (a line, a prompt) comes
-	// in smaller reads, which go out at once; after a large one, what
-	// follows waits at most outputPace.
-	outputFlood = 4 << 10
-	outputPace  = time.Millisecond
 )
 
 // outputQueue carries a command's output from its readers (one per pipe)
@@ -117,9 +106,6 @@ func (q *outputQueue) read(r io.Reader, typ string) {
 		}
 		if err != nil {
 			return
-		}
-		if n >= outputFlood {
-			time.Sleep(outputPace)
 		}
 	}
 }
