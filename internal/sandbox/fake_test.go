@@ -471,6 +471,18 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// warmBase makes a warm image of the harness's template (the warm-up
+// "import x") and returns the template with it, not yet in h.tpls.
+func (h *harness) warmBase() Template {
+	h.t.Helper()
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
+	if err := h.m.Warm(context.Background(), tpl, "import x", tpl.WarmImage); err != nil {
+		h.t.Fatal(err)
+	}
+	return tpl
+}
+
 func (h *harness) create() pandastack.Sandbox {
 	h.t.Helper()
 	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})

@@ -304,11 +304,7 @@ func TestReaper(t *testing.T) {
 func TestWarmAndPool(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	tpl := h.tpls.tpl
-	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
-	if err := h.m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
-		t.Fatal(err)
-	}
+	tpl := h.warmBase()
 	if _, err := verifyImage(tpl.WarmImage, "warm"); err != nil {
 		t.Fatal(err)
 	}
@@ -354,12 +350,7 @@ func TestCloseCutsPoolRefill(t *testing.T) {
 	setupTimeout = time.Hour // only Close may end the wait
 	t.Cleanup(func() { setupTimeout = old })
 	h := newHarness(t)
-	ctx := context.Background()
-	tpl := h.tpls.tpl
-	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
-	if err := h.m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
-		t.Fatal(err)
-	}
+	tpl := h.warmBase()
 	h.tpls.tpl = tpl
 	h.rt.mu.Lock()
 	h.rt.noAgent = true

@@ -76,11 +76,7 @@ func TestAdaptivePool(t *testing.T) {
 	clk := &clock{t: time.Now()}
 	h.m.now = clk.now
 	h.m.cfg.PoolMemoryMB = 4 // the fake's sandboxes hold 1 MiB each: at most 4
-	tpl := h.tpls.tpl
-	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
-	if err := h.m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
-		t.Fatal(err)
-	}
+	tpl := h.warmBase()
 	h.tpls.tpl = tpl
 	// A restore takes half a second of the clock.
 	h.rt.restoreErr = func(pandastack.RuntimeSpec) error { clk.advance(500 * time.Millisecond); return nil }
@@ -153,11 +149,7 @@ func TestRefillYieldsToCreates(t *testing.T) {
 		defer h.rt.mu.Unlock()
 		return h.rt.restores
 	}
-	tpl := h.tpls.tpl
-	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
-	if err := h.m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
-		t.Fatal(err)
-	}
+	tpl := h.warmBase()
 	h.tpls.tpl = tpl
 	h.m.EnablePool(tpl, 1)
 	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
