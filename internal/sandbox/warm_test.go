@@ -11,12 +11,13 @@ import (
 	"github.com/pandastack/pandastack"
 )
 
-// TestVerifyWarm: a warm image is checksummed once per manifest; a damaged
-// image is refused by a new process (a new Manager), and by this one as
-// soon as its manifest is rewritten.
-func TestVerifyWarm(t *testing.T) {
+// sealedWarm seals a small warm image in a temp dir and returns its
+// directory.
+func sealedWarm(t *testing.T) string {
+	t.Helper()
 	root := t.TempDir()
-	tmp, final := filepath.Join(root, ".tmp"), filepath.Join(root, "warm")
+	tmp := filepath.Join(root, ".tmp")
+	final := filepath.Join(root, "warm")
 	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -27,6 +28,14 @@ func TestVerifyWarm(t *testing.T) {
 	if _, err := sealImage(tmp, final, manifest{Template: "t", RootFS: root}); err != nil {
 		t.Fatal(err)
 	}
+	return final
+}
+
+// TestVerifyWarm: a warm image is checksummed once per manifest; a damaged
+// image is refused by a new process (a new Manager), and by this one as
+// soon as its manifest is rewritten.
+func TestVerifyWarm(t *testing.T) {
+	final := sealedWarm(t)
 	m := &Manager{}
 	if err := m.verifyWarm(final, "warm"); err != nil {
 		t.Fatalf("a sound image: %v", err)
@@ -48,7 +57,7 @@ func TestVerifyWarm(t *testing.T) {
 	if err := m.verifyWarm(final, "warm"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
 		t.Fatalf("a rewritten manifest was not checked again: %v", err)
 	}
-	if err := m.verifyWarm(filepath.Join(root, "none"), "warm"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+	if err := m.verifyWarm(filepath.Join(filepath.Dir(final), "none"), "warm"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
 		t.Fatalf("a missing image: %v", err)
 	}
 }
@@ -56,18 +65,7 @@ func TestVerifyWarm(t *testing.T) {
 // Creates that verify a warm image at once share one check; a check that
 // failed is made again next time.
 func TestVerifyWarmOnceForMany(t *testing.T) {
-	root := t.TempDir()
-	tmp, final := filepath.Join(root, ".tmp"), filepath.Join(root, "warm")
-	if err := os.MkdirAll(filepath.Join(tmp, "image"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	img := filepath.Join(tmp, "image", "checkpoint.img")
-	if err := os.WriteFile(img, []byte("pages and state"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sealImage(tmp, final, manifest{Template: "t", RootFS: root}); err != nil {
-		t.Fatal(err)
-	}
+	final := sealedWarm(t)
 	var mu sync.Mutex
 	checks := 0
 	broken := true
