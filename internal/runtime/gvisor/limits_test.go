@@ -63,3 +63,17 @@ func TestCgroupEvent(t *testing.T) {
 		}
 	}
 }
+
+// TestCPUQuotaPeriod: cpu × the period per period, with the long period
+// that lets a restore's short burst over the quota run unthrottled.
+func TestCPUQuotaPeriod(t *testing.T) {
+	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", CPU: 2}, false)
+	cpu := spec.Linux.Resources.CPU
+	if cpu == nil || cpu.Period != 1_000_000 || cpu.Quota != 2_000_000 {
+		t.Fatalf("cpu resources %+v, want 2 s of CPU per 1 s period", cpu)
+	}
+	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/", MemoryMB: 256}, false)
+	if none.Linux.Resources.CPU != nil {
+		t.Fatalf("a CPU quota without cpu: %+v", none.Linux.Resources.CPU)
+	}
+}
