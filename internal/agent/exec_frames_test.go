@@ -31,17 +31,8 @@ func TestExecBinaryFrames(t *testing.T) {
 		// 3 MiB of every byte value on stdout, a line on stderr, exit 3.
 		blob := filepath.Join(t.TempDir(), "blob")
 		script := `head -c 3145728 /dev/urandom > "$1"; cat "$1"; echo oops >&2; exit 3`
-		b, _ := json.Marshal(agentproto.ExecRequest{Argv: []string{"bash", "-c", script, "bash", blob}, Root: true})
-		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, st.base+"/v1/exec", bytes.NewReader(b))
-		req.Header.Set("Accept", streamframe.MediaType)
-		resp, err := st.hc.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
+		resp := framesExec(t, context.Background(), st, agentproto.ExecRequest{Argv: []string{"bash", "-c", script, "bash", blob}, Root: true})
 		defer resp.Body.Close()
-		if ct := resp.Header.Get("Content-Type"); resp.StatusCode != 200 || ct != streamframe.MediaType {
-			t.Fatalf("status %d, Content-Type %q", resp.StatusCode, ct)
-		}
 		fr := streamframe.NewReader(resp.Body)
 		out := sha256.New()
 		var stderr bytes.Buffer
