@@ -50,9 +50,9 @@ func (b *bench) idleResume(ctx context.Context) error {
 		sd.id, sd.logFrom = sb.ID, len(sd.s.log.String())
 	}
 	for r := range b.set.N {
-		// The sides take turns going first: with a fixed order the second
-		// side's resumes measured ~85 ms faster, whichever revision it was
-		// (two runs; the cause is not pinned down).
+		// The sides take turns going first, so neither always follows the
+		// other. (This did not remove the offset an A/A run shows between
+		// the two servers: see the idle row of bench/README.md.)
 		order := slices.Clone(sides)
 		if r%2 == 1 {
 			slices.Reverse(order)
