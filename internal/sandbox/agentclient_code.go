@@ -29,10 +29,30 @@ func (c *AgentClient) CreateContext(ctx context.Context, req agentproto.ContextR
 // (CreateContext) and did not delete it since (DeleteContext): for the
 // default context, which a run creates on first use, so that later runs
 // need not ask. Contexts go only through DeleteContext, and a new session
-// (a resume, a restore) starts with none known.
+// (a resume, a restore) starts with none known, except the resume of an
+// image this process paused (knowContexts).
 func (c *AgentClient) HasContext(id string) bool {
 	_, ok := c.contexts.Load(id)
 	return ok
+}
+
+// KnownContexts returns the ids HasContext knows, in no order.
+func (c *AgentClient) KnownContexts() []string {
+	var ids []string
+	c.contexts.Range(func(k, _ any) bool {
+		ids = append(ids, k.(string))
+		return true
+	})
+	return ids
+}
+
+// knowContexts makes HasContext know ids: for a session with an agent
+// resumed from the image a pause of this process wrote, whose contexts are
+// the ones the session before the pause knew.
+func (c *AgentClient) knowContexts(ids []string) {
+	for _, id := range ids {
+		c.contexts.Store(id, true)
+	}
 }
 
 // ListContexts lists the sandbox's code contexts.

@@ -19,14 +19,19 @@ import (
 //     sandbox): the image holds the filesystem and the agent's environment
 //     that this process's setup left, with this process's bundle.
 //
+// Nor does the first run in the default context after such a resume ask
+// the agent whether that context exists: the pause recorded the contexts
+// its session knew (AgentClient.HasContext), and the image holds them.
+//
 // An image from before a server restart is checked in full, and set up
 // again (the bundle may have changed with the restart). The record is
 // dropped when the image goes (resume, kill, expiry).
 
 // ownPaused is what a pause of this process recorded of its image.
 type ownPaused struct {
-	man     manifest
-	modTime time.Time // of manifest.json, so a rewritten image is not trusted
+	man      manifest
+	modTime  time.Time // of manifest.json, so a rewritten image is not trusted
+	contexts []string  // the code contexts the paused session knew
 }
 
 // rememberPaused records the image a pause of this process just sealed.
@@ -40,6 +45,24 @@ func (m *Manager) rememberPaused(id, dir string) {
 		return
 	}
 	m.ownPaused.Store(id, ownPaused{man: man, modTime: fi.ModTime()})
+}
+
+// pausedContexts records the code contexts the session of a sandbox this
+// process just paused knew (c, its agent channel, about to be closed).
+func (m *Manager) pausedContexts(id string, c *AgentClient) {
+	if v, ok := m.ownPaused.Load(id); ok && c != nil {
+		own := v.(ownPaused)
+		own.contexts = c.KnownContexts()
+		m.ownPaused.Store(id, own)
+	}
+}
+
+// contextsAtPause returns the code contexts recorded by pausedContexts.
+func (m *Manager) contextsAtPause(id string) []string {
+	if v, ok := m.ownPaused.Load(id); ok {
+		return v.(ownPaused).contexts
+	}
+	return nil
 }
 
 // pausedByUs returns the manifest of id's paused image in dir when this

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
 	"github.com/pandastack/pandastack/internal/imagestore"
 )
 
@@ -120,4 +121,52 @@ func TestResumeVerifiesImagesItDidNotJustWrite(t *testing.T) {
 			t.Fatalf("%s runs after a refused resume", sb.ID)
 		}
 	}
+}
+
+// The contexts a session knew before a pause are known to the session
+// after the resume of that image, so the default context's first run after
+// a resume need not ask the agent; after a server restart none is known.
+func TestResumeKnowsThePausedContexts(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	c, done, err := h.m.Acquire(ctx, project, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.CreateContext(ctx, agentproto.ContextRequest{ID: "ctx_default_python", Language: "python"})
+	done()
+	if err != nil {
+		t.Fatal(err)
+	}
+	known := func(what string, want bool) {
+		t.Helper()
+		c, done, err := h.m.Acquire(ctx, project, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer done()
+		if got := c.HasContext("ctx_default_python"); got != want {
+			t.Fatalf("%s: the default context known %v, want %v", what, got, want)
+		}
+	}
+	for range 2 { // twice: the second pause records what the resume knew
+		if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		known("after resuming its own image", true)
+	}
+
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.m.Close()
+	h.m = h.newManager()
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	known("after a resume across a restart", false)
 }

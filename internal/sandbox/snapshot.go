@@ -152,6 +152,7 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
 	if c := m.sbx.detach(id); c != nil {
+		m.pausedContexts(id, c)
 		c.Close()
 	}
 	if m.net != nil {
@@ -214,7 +215,9 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	if err == nil {
 		if client, err = dialAgent(startCtx, id, rwc, false); err == nil {
 			steps.done("agent_ms")
-			if !own {
+			if own {
+				client.knowContexts(m.contextsAtPause(id))
+			} else {
 				if err = m.setupSandbox(startCtx, client); err != nil {
 					client.Close()
 				}
