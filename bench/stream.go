@@ -213,8 +213,6 @@ func cpuUsed(s *server, id string) time.Duration {
 	return total
 }
 
-// execNDJSON streams an exec on s as NDJSON and decodes every line, as a
-// client must; it returns the output bytes seen.
 // The stream section's source: a file of `yes` output in the sandbox (and
 // one on the host), which the command reads over and over.
 const (
@@ -266,6 +264,8 @@ func hostStreamSource() (string, error) {
 	return f.Name(), nil
 }
 
+// execNDJSON streams an exec on s as NDJSON and decodes every line, as a
+// client must; it returns the output bytes seen.
 func execNDJSON(ctx context.Context, s *server, id string, req client.ExecRequest) (int64, error) {
 	body, _ := json.Marshal(req)
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url+"/v1/sandboxes/"+id+"/exec", bytes.NewReader(body))

@@ -134,7 +134,7 @@ func TestResumeKnowsThePausedContexts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.CreateContext(ctx, agentproto.ContextRequest{ID: "ctx_default_python", Language: "python"})
+	_, err = c.CreateContext(ctx, agentproto.ContextRequest{ID: DefaultContextID("python"), Language: "python"})
 	done()
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +146,7 @@ func TestResumeKnowsThePausedContexts(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer done()
-		if got := c.HasContext("ctx_default_python"); got != want {
+		if got := c.HasContext(DefaultContextID("python")); got != want {
 			t.Fatalf("%s: the default context known %v, want %v", what, got, want)
 		}
 	}
