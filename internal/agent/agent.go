@@ -130,6 +130,11 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	if r.URL.Query().Get("reseed") == "1" {
 		s.cfg.Contexts.Reseed()
 	}
+	// The spares learn the id now, before a hand-out: a pool's sandbox
+	// says hello long before its first context is made.
+	if id := r.URL.Query().Get("sandbox_id"); id != "" {
+		s.cfg.Contexts.spares.setSandboxID(id)
+	}
 	// A host that reads frames of up to 1 MiB gets them: streamed output
 	// then crosses stdout in fewer, larger writes.
 	if r.URL.Query().Get("large_frames") == "1" {

@@ -54,6 +54,12 @@ type spareSet struct {
 	// waits for a start in progress.
 	starting map[string]int
 	added    chan struct{}
+	// ids holds, for each ready spare, the sandbox id its kernel has in
+	// PANDASTACK_SANDBOX_ID: the agent's when it started, or the one a
+	// hello gave it since (setSandboxID). A hand-out sets the variable
+	// only when it differs from the agent's, so that the first cell of a
+	// context made from a pool's sandbox does not wait for that cell.
+	ids map[*jupyter.Kernel]string
 }
 
 // takeSpare hands out a ready spare kernel of language, or nil when there
@@ -92,13 +98,20 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 		}
 		k := list[len(list)-1]
 		sp.ready[language] = list[:len(list)-1]
+		has, known := sp.ids[k]
+		delete(sp.ids, k)
 		sp.wake()
 		sp.mu.Unlock()
-		// The spare started before the sandbox got its present id: give it
-		// the id the agent has now (its random generators were reseeded
-		// when the host said hello after the restore, see Contexts.Reseed).
-		// Queued, not waited for: it runs before the context's first cell.
-		err := k.QueueSilent(pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": os.Getenv("PANDASTACK_SANDBOX_ID")}))
+		// A spare that started before the sandbox got its present id, and
+		// missed the hello that gave it (setSandboxID), gets the id the
+		// agent has now (its random generators were reseeded when the host
+		// said hello after the restore, see Contexts.Reseed). Queued, not
+		// waited for: it runs before the context's first cell.
+		id := os.Getenv("PANDASTACK_SANDBOX_ID")
+		if known && has == id {
+			return k
+		}
+		err := k.QueueSilent(pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": id}))
 		if err == nil {
 			return k
 		}
@@ -291,10 +304,50 @@ func (sp *spareSet) add(lang string, k *jupyter.Kernel) {
 	if keep {
 		sp.ready[lang] = append(sp.ready[lang], k)
 	}
+	if !keep {
+		delete(sp.ids, k)
+	}
 	sp.signal()
 	sp.mu.Unlock()
 	if !keep {
 		k.Close()
+	}
+}
+
+// startedWith records the sandbox id a spare kernel k started with (its
+// environment's), before it is added.
+func (sp *spareSet) startedWith(k *jupyter.Kernel, id string) {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.ids == nil {
+		sp.ids = map[*jupyter.Kernel]string{}
+	}
+	sp.ids[k] = id
+}
+
+// setSandboxID gives every ready spare whose kernel has another sandbox id
+// the agent's present one, id (a hello's), queued behind what runs there.
+// A spare handed out meanwhile may get it twice, which does no harm.
+func (sp *spareSet) setSandboxID(id string) {
+	sp.mu.Lock()
+	var ks []*jupyter.Kernel
+	for _, l := range sp.ready {
+		for _, k := range l {
+			if has, ok := sp.ids[k]; !ok || has != id {
+				ks = append(ks, k)
+			}
+		}
+	}
+	sp.mu.Unlock()
+	for _, k := range ks {
+		if k.QueueSilent(pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": id})) != nil {
+			continue // closed or dead: not handed out either
+		}
+		sp.mu.Lock()
+		if _, ok := sp.ids[k]; ok { // not handed out or shut down since
+			sp.ids[k] = id
+		}
+		sp.mu.Unlock()
 	}
 }
 
@@ -342,10 +395,12 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 		n++
 		id := fmt.Sprintf("spare-%s-%d-%d", req.Language, s.epoch, n)
 		nmu.Unlock()
+		sandboxID := os.Getenv("PANDASTACK_SANDBOX_ID") // what the kernel's environment gets
 		k, err := jupyter.Start(ctx, s.kernelOptions(req.Language, argv, id, s.home, nil))
 		if err != nil {
 			return nil, err
 		}
+		sp.startedWith(k, sandboxID)
 		if req.Warmup != "" {
 			if err := k.RunSilent(ctx, req.Warmup); err != nil {
 				k.Close()
@@ -371,6 +426,9 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 	extra := sp.ready[req.Language][min(req.Count, len(sp.ready[req.Language])):]
 	sp.ready[req.Language] = sp.ready[req.Language][:len(sp.ready[req.Language])-len(extra)]
 	missing := req.Count - len(sp.ready[req.Language])
+	for _, k := range extra {
+		delete(sp.ids, k)
+	}
 	sp.mu.Unlock()
 	for _, k := range extra {
 		k.Close()

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pandastack/pandastack/internal/agent/jupyter"
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
@@ -159,4 +160,39 @@ func pythonWith(t *testing.T, modules string) string {
 	}
 	t.Skip(msg)
 	return ""
+}
+
+// A hand-out queues the cell that sets PANDASTACK_SANDBOX_ID only in a
+// spare whose kernel has another id than the agent's: one that started
+// with it (or got it from a hello) is handed out as it is. The kernels here
+// have no process, so a hand-out that must queue the cell fails.
+func TestSpareHandOutSetsTheIDOnlyWhenStale(t *testing.T) {
+	t.Setenv("PANDASTACK_SANDBOX_ID", "sbx_now")
+	cs := NewContexts()
+	sp := &cs.spares
+	current, stale := &jupyter.Kernel{}, &jupyter.Kernel{}
+	sp.want = map[string]int{"python": 2}
+	sp.ready = map[string][]*jupyter.Kernel{"python": {stale, current}} // the last one goes first
+	sp.log = func(msg string, args ...any) { t.Log(append([]any{msg}, args...)...) }
+	sp.startedWith(stale, "sbx_warm")
+	sp.startedWith(current, "sbx_now")
+
+	if k := cs.takeSpare(context.Background(), "python", true); k != current {
+		t.Fatalf("the spare with the present id: handed out %p, want %p", k, current)
+	}
+	if k := cs.takeSpare(context.Background(), "python", true); k != nil {
+		t.Fatal("the spare with an old id was handed out without its variable set")
+	}
+	// A hello's id reaches only spares it can queue the cell in.
+	sp.mu.Lock()
+	sp.ready["python"] = []*jupyter.Kernel{stale}
+	sp.mu.Unlock()
+	sp.startedWith(stale, "sbx_warm")
+	sp.setSandboxID("sbx_now")
+	if got := sp.ids[stale]; got != "sbx_warm" {
+		t.Fatalf("a spare the cell could not reach is recorded with %q", got)
+	}
+	if len(sp.ids) != 1 {
+		t.Fatalf("ids kept for kernels handed out: %v", sp.ids)
+	}
 }

@@ -51,6 +51,9 @@ func (sp *spareSet) release() []*jupyter.Kernel {
 		ks = append(ks, l...)
 		sp.ready[lang] = nil
 	}
+	for _, k := range ks {
+		delete(sp.ids, k)
+	}
 	return ks
 }
 
