@@ -400,7 +400,6 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return nil, err
 		}
-		sp.startedWith(k, sandboxID)
 		if req.Warmup != "" {
 			if err := k.RunSilent(ctx, req.Warmup); err != nil {
 				k.Close()
@@ -410,6 +409,7 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 				s.log.Warn("priming a spare kernel failed; it stays usable", "err", err)
 			}
 		}
+		sp.startedWith(k, sandboxID)
 		return k, nil
 	}
 
