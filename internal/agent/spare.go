@@ -111,7 +111,7 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 		if known && has == id {
 			return k
 		}
-		err := k.QueueSilent(pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": id}))
+		err := k.QueueSilent(sandboxIDCode(id))
 		if err == nil {
 			return k
 		}
@@ -340,7 +340,7 @@ func (sp *spareSet) setSandboxID(id string) {
 	}
 	sp.mu.Unlock()
 	for _, k := range ks {
-		if k.QueueSilent(pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": id})) != nil {
+		if k.QueueSilent(sandboxIDCode(id)) != nil {
 			continue // closed or dead: not handed out either
 		}
 		sp.mu.Lock()
@@ -349,6 +349,12 @@ func (sp *spareSet) setSandboxID(id string) {
 		}
 		sp.mu.Unlock()
 	}
+}
+
+// sandboxIDCode is the silent cell that sets PANDASTACK_SANDBOX_ID to id
+// in a spare's Python kernel.
+func sandboxIDCode(id string) string {
+	return pythonSetEnv(map[string]string{"PANDASTACK_SANDBOX_ID": id})
 }
 
 // signal wakes the hand-outs waiting for a spare. sp.mu is held.
