@@ -122,19 +122,15 @@ func ServeSession(cfg Config, epoch uint32, conn io.ReadWriteCloser) error {
 func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	// A sandbox restored from a snapshot or a fork learns its new id here;
 	// processes started from now on see it.
-	if id := r.URL.Query().Get("sandbox_id"); id != "" {
+	id := r.URL.Query().Get("sandbox_id")
+	if id != "" {
 		os.Setenv("PANDASTACK_SANDBOX_ID", id)
 	}
-	// Restored from an image other sandboxes restore too: without this,
-	// their kernels would all draw the same "random" numbers.
-	if r.URL.Query().Get("reseed") == "1" {
-		s.cfg.Contexts.Reseed()
-	}
-	// The spares learn the id now, before a hand-out: a pool's sandbox
-	// says hello long before its first context is made.
-	if id := r.URL.Query().Get("sandbox_id"); id != "" {
-		s.cfg.Contexts.spares.setSandboxID(id)
-	}
+	// Restored from an image other sandboxes restore too: without the
+	// reseed, their kernels would all draw the same "random" numbers. The
+	// spares learn the id now, before a hand-out: a pool's sandbox says
+	// hello long before its first context is made.
+	s.cfg.Contexts.Restored(id, r.URL.Query().Get("reseed") == "1")
 	// A host that reads frames of up to 1 MiB gets them: streamed output
 	// then crosses stdout in fewer, larger writes.
 	if r.URL.Query().Get("large_frames") == "1" {

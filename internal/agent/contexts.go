@@ -53,11 +53,29 @@ func (cs *Contexts) wakeMemoryWatch() {
 	}
 }
 
-// Reseed reseeds the random generators of every kernel (see
-// jupyter.Kernel.Reseed), spares included, for a sandbox restored from a
-// shared image.
-func (cs *Contexts) Reseed() {
-	cs.EachKernel((*jupyter.Kernel).Reseed)
+// Restored readies the kernels after the host's hello to a restored
+// sandbox: with reseed (restored from an image other sandboxes restore
+// too), every kernel's random generators are reseeded, spares included
+// (see jupyter.Kernel.Reseed; a spare the refiller starts later is a new
+// process and needs nothing); with id (the sandbox's id now, "" when unchanged), every ready
+// spare whose kernel has another id learns it. A spare needing both gets
+// them in one silent cell, so a context's first cell waits behind one cell
+// rather than two.
+func (cs *Contexts) Restored(id string, reseed bool) {
+	cs.mu.Lock()
+	var ks []*jupyter.Kernel
+	for _, cc := range cs.ctxs {
+		if cc.kernel != nil {
+			ks = append(ks, cc.kernel)
+		}
+	}
+	cs.mu.Unlock()
+	if reseed {
+		for _, k := range ks {
+			k.Reseed()
+		}
+	}
+	cs.spares.restored(id, reseed)
 }
 
 // kernelDirs are where Jupyter kernelspecs live in a template.

@@ -56,7 +56,7 @@ type spareSet struct {
 	added    chan struct{}
 	// ids holds, for each ready spare, the sandbox id its kernel has in
 	// PANDASTACK_SANDBOX_ID: the agent's when it started, or the one a
-	// hello gave it since (setSandboxID). A hand-out sets the variable
+	// hello gave it since (restored). A hand-out sets the variable
 	// only when it differs from the agent's, so that the first cell of a
 	// context made from a pool's sandbox does not wait for that cell.
 	ids map[*jupyter.Kernel]string
@@ -103,9 +103,9 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 		sp.wake()
 		sp.mu.Unlock()
 		// A spare that started before the sandbox got its present id, and
-		// missed the hello that gave it (setSandboxID), gets the id the
+		// missed the hello that gave it (restored), gets the id the
 		// agent has now (its random generators were reseeded when the host
-		// said hello after the restore, see Contexts.Reseed). Queued, not
+		// said hello after the restore, see Contexts.Restored). Queued, not
 		// waited for: it runs before the context's first cell.
 		id := os.Getenv("PANDASTACK_SANDBOX_ID")
 		if known && has == id {
@@ -214,29 +214,6 @@ func (sp *spareSet) wake() {
 	}
 }
 
-// EachKernel calls f on every kernel of the sandbox: the contexts' and the
-// spares' not handed out yet. For what every kernel needs after a restore,
-// such as fresh random state; a spare the refiller starts later is a new
-// process and needs nothing.
-func (cs *Contexts) EachKernel(f func(*jupyter.Kernel)) {
-	var ks []*jupyter.Kernel
-	cs.mu.Lock()
-	for _, cc := range cs.ctxs {
-		if cc.kernel != nil {
-			ks = append(ks, cc.kernel)
-		}
-	}
-	cs.mu.Unlock()
-	cs.spares.mu.Lock()
-	for _, l := range cs.spares.ready {
-		ks = append(ks, l...)
-	}
-	cs.spares.mu.Unlock()
-	for _, k := range ks {
-		f(k)
-	}
-}
-
 // anyBusy reports whether a context is running code.
 func (cs *Contexts) anyBusy() bool {
 	cs.mu.Lock()
@@ -325,22 +302,33 @@ func (sp *spareSet) startedWith(k *jupyter.Kernel, id string) {
 	sp.ids[k] = id
 }
 
-// setSandboxID gives every ready spare whose kernel has another sandbox id
-// the agent's present one, id (a hello's), queued behind what runs there.
-// A spare handed out meanwhile may get it twice, which does no harm.
-func (sp *spareSet) setSandboxID(id string) {
+// restored is Contexts.Restored for the ready spares: with reseed each is
+// reseeded, and with id (a hello's) each whose kernel has another sandbox
+// id learns it, in one silent cell per spare queued behind what runs
+// there. A spare handed out meanwhile may get the id twice, which does no
+// harm.
+func (sp *spareSet) restored(id string, reseed bool) {
 	sp.mu.Lock()
-	var ks []*jupyter.Kernel
+	var ks, stale []*jupyter.Kernel
 	for _, l := range sp.ready {
 		for _, k := range l {
-			if has, ok := sp.ids[k]; !ok || has != id {
+			if has, ok := sp.ids[k]; id != "" && (!ok || has != id) {
+				stale = append(stale, k)
+			} else if reseed {
 				ks = append(ks, k)
 			}
 		}
 	}
 	sp.mu.Unlock()
 	for _, k := range ks {
-		if k.QueueSilent(sandboxIDCode(id)) != nil {
+		k.Reseed()
+	}
+	for _, k := range stale {
+		send := k.QueueSilent
+		if reseed {
+			send = k.ReseedThen
+		}
+		if send(sandboxIDCode(id)) != nil {
 			continue // closed or dead: not handed out either
 		}
 		sp.mu.Lock()

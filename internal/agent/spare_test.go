@@ -188,9 +188,11 @@ func TestSpareHandOutSetsTheIDOnlyWhenStale(t *testing.T) {
 	sp.ready["python"] = []*jupyter.Kernel{stale}
 	sp.mu.Unlock()
 	sp.startedWith(stale, "sbx_warm")
-	sp.setSandboxID("sbx_now")
-	if got := sp.ids[stale]; got != "sbx_warm" {
-		t.Fatalf("a spare the cell could not reach is recorded with %q", got)
+	for _, reseed := range []bool{false, true} {
+		sp.restored("sbx_now", reseed)
+		if got := sp.ids[stale]; got != "sbx_warm" {
+			t.Fatalf("reseed %v: a spare the cell could not reach is recorded with %q", reseed, got)
+		}
 	}
 	if len(sp.ids) != 1 {
 		t.Fatalf("ids kept for kernels handed out: %v", sp.ids)

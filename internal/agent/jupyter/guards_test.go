@@ -67,6 +67,15 @@ func TestReseed(t *testing.T) {
 	mustText(t, k, "(random.random(), numpy.random.rand()) == seeded", "False")
 	mustText(t, k, "multiprocessing.current_process().authkey == key", "False")
 	mustText(t, k, "random.seed(3); numpy.random.seed(3); (random.random(), numpy.random.rand()) == seeded", "True")
+	// ReseedThen: the reseed, then code of its own, in one silent cell.
+	// Seeded with 3 again, the code's draw would repeat seeded without the
+	// reseed before it.
+	mustText(t, k, "random.seed(3); numpy.random.seed(3); 'seeded again'", "'seeded again'")
+	if err := k.ReseedThen("after_reseed = (random.random(), numpy.random.rand())"); err != nil {
+		t.Fatal(err)
+	}
+	mustText(t, k, "after_reseed == seeded", "False")
+	mustText(t, k, "random.seed(3); numpy.random.seed(3); (random.random(), numpy.random.rand()) == seeded", "True")
 }
 
 // TestNoHistory: platform cells leave execution_count alone.

@@ -226,15 +226,29 @@ func (k *Kernel) interrupt(in *instance) error {
 // cell, without waiting: for a kernel restored from an image that other
 // sandboxes restore too, whose random generators would otherwise draw the
 // same numbers in all of them. A dead or closed kernel needs none.
-func (k *Kernel) Reseed() {
-	if k.opts.ReseedCode == nil {
-		return
+func (k *Kernel) Reseed() { k.ReseedThen("") }
+
+// ReseedThen is Reseed with code run in the same silent cell after the
+// reseed (code alone for a kernel without Options.ReseedCode): one cell on
+// the way to the next execution rather than two. Empty code with nothing
+// to reseed sends nothing. It fails only for a dead or closed kernel.
+func (k *Kernel) ReseedThen(code string) error {
+	if k.opts.ReseedCode != nil {
+		rc := k.opts.ReseedCode()
+		if code != "" && !strings.HasSuffix(rc, "\n") {
+			rc += "\n"
+		}
+		code = rc + code
+	}
+	if code == "" {
+		return nil
 	}
 	in, err := k.current()
 	if err != nil {
-		return
+		return err
 	}
-	in.sendSilent(k.opts.ReseedCode())
+	in.sendSilent(code)
+	return nil
 }
 
 // Restart kills the kernel (its state is lost) and starts a fresh one with
