@@ -494,7 +494,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	standbyOK := false
 	if !pooledOK {
 		var done func()
-		if sb.ID, done, standbyOK = m.takeStandby(p, sb.ID); standbyOK {
+		if sb.ID, done, standbyOK = m.takeStandby(ctx, p, sb.ID); standbyOK {
 			defer done() // restored into the container prepared as sb.ID
 		}
 		p.prepared = standbyOK

@@ -273,3 +273,49 @@ func TestPreparedCreates(t *testing.T) {
 		}
 	}
 }
+
+// A create that finds no prepared container while one is being prepared
+// waits for that one; a failed prepare or the create's own deadline ends
+// the wait with none, and with nothing under way there is no wait.
+func TestStandbyTakeWaitsForAPrepareUnderWay(t *testing.T) {
+	s := newStandby(Template{Name: "t"})
+	if _, ok := s.take(context.Background()); ok {
+		t.Fatal("took a container from an empty standby")
+	}
+	got := make(chan string, 1)
+	take := func(ctx context.Context) {
+		id, ok := s.take(ctx)
+		if !ok {
+			id = "none"
+		}
+		got <- id
+	}
+	s.begin()
+	go take(context.Background())
+	select {
+	case id := <-got:
+		t.Fatalf("take returned %q before the prepare under way ended", id)
+	case <-time.After(50 * time.Millisecond):
+	}
+	s.end("sbx_prepared")
+	if id := <-got; id != "sbx_prepared" {
+		t.Fatalf("took %q, want the container whose prepare it waited for", id)
+	}
+	s.begin()
+	go take(context.Background())
+	s.end("") // the prepare failed
+	if id := <-got; id != "none" {
+		t.Fatalf("after a failed prepare: %q", id)
+	}
+	s.begin()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	go take(ctx)
+	if id := <-got; id != "none" {
+		t.Fatalf("past its deadline: %q", id)
+	}
+	s.end("sbx_later")
+	if id, ok := s.take(context.Background()); !ok || id != "sbx_later" {
+		t.Fatalf("the container prepared after a create gave up: %q %v", id, ok)
+	}
+}

@@ -26,8 +26,10 @@ import (
 // 1, bench/results/2026-12-01-vm-restore/run5.json) no-pool creates with it
 // answered their first run_code in 890 ms p50 against main's 657 ms, with
 // every create restored into a prepared container; the restore profile's
-// lazy restores into one were faster (348 vs 532 ms). Why the server's
-// creates did not gain is not known yet.
+// lazy restores into one were faster (348 vs 532 ms). Side by side with
+// the same build (docs/code-and-snapshots.md), the side with prepared
+// creates won or lost by a wide margin depending on which side it was:
+// the prepares run in the background of the other side's creates too.
 
 // standby is a warm template's prepared containers.
 type standby struct {
@@ -35,22 +37,61 @@ type standby struct {
 	kick chan struct{} // a container was taken: prepare another
 	mu   sync.Mutex
 	ids  []string
+	// preparing: a container is being prepared; ended is closed (and
+	// replaced) when that prepare ends, with a container or without.
+	preparing bool
+	ended     chan struct{}
 }
 
-func (s *standby) take() (string, bool) {
+func newStandby(tpl Template) *standby {
+	return &standby{tpl: tpl, kick: make(chan struct{}, 1), ended: make(chan struct{})}
+}
+
+// take hands out a prepared container's id. When none is ready but one is
+// being prepared, it waits for that one until ctx ends: that container is
+// further along than a restore starting afresh would be, and such a
+// restore would compete with its prepare for the CPU (the bench's creates
+// that came while a prepare ran were the slowest).
+func (s *standby) take(ctx context.Context) (string, bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.ids) == 0 {
-		return "", false
+	for {
+		if n := len(s.ids); n > 0 {
+			id := s.ids[n-1]
+			s.ids = s.ids[:n-1]
+			s.mu.Unlock()
+			return id, true
+		}
+		if !s.preparing {
+			s.mu.Unlock()
+			return "", false
+		}
+		ended := s.ended
+		s.mu.Unlock()
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			return "", false
+		}
+		s.mu.Lock()
 	}
-	id := s.ids[len(s.ids)-1]
-	s.ids = s.ids[:len(s.ids)-1]
-	return id, true
 }
 
-func (s *standby) put(id string) {
+// begin marks a prepare under way.
+func (s *standby) begin() {
 	s.mu.Lock()
-	s.ids = append(s.ids, id)
+	s.preparing = true
+	s.mu.Unlock()
+}
+
+// end marks the prepare done: id is its container, "" if it failed.
+func (s *standby) end(id string) {
+	s.mu.Lock()
+	if id != "" {
+		s.ids = append(s.ids, id)
+	}
+	s.preparing = false
+	close(s.ended)
+	s.ended = make(chan struct{})
 	s.mu.Unlock()
 }
 
@@ -85,7 +126,7 @@ func (m *Manager) enableStandby(tpl Template) {
 	if _, ok := m.standbys[tpl.Name]; ok {
 		return
 	}
-	s := &standby{tpl: tpl, kick: make(chan struct{}, 1)}
+	s := newStandby(tpl)
 	m.standbys[tpl.Name] = s
 	m.wg.Add(1)
 	go m.keepStandby(s, rp)
@@ -110,11 +151,13 @@ func (m *Manager) keepStandby(s *standby, rp pandastack.RuntimePreparer) {
 				continue // shutting down
 			}
 			id := pandastack.NewID("sbx")
+			s.begin()
 			pctx, done := context.WithTimeout(ctx, m.cfg.StartTimeout)
 			err = rp.Prepare(pctx, m.standbySpec(s.tpl, id), image)
 			done()
 			release()
 			if err != nil {
+				s.end("")
 				if ctx.Err() == nil {
 					m.log.Warn("preparing a container for creates; retrying in 5 s", "template", s.tpl.Name, "err", err)
 				}
@@ -124,12 +167,12 @@ func (m *Manager) keepStandby(s *standby, rp pandastack.RuntimePreparer) {
 				}
 				continue
 			}
-			s.put(id)
+			s.end(id)
 		}
 		select {
 		case <-ctx.Done():
 			for {
-				id, ok := s.take()
+				id, ok := s.take(ctx) // nothing is being prepared now: no wait
 				if !ok {
 					return
 				}
@@ -142,9 +185,10 @@ func (m *Manager) keepStandby(s *standby, rp pandastack.RuntimePreparer) {
 
 // takeStandby hands a plain create of a warm template a container
 // prepared for it: its id, and a func to call once the create is done
-// (it has the next one prepared). ok false: none fits or none is ready,
-// and id is the one given.
-func (m *Manager) takeStandby(p plan, id string) (_ string, done func(), ok bool) {
+// (it has the next one prepared). One being prepared is waited for (see
+// standby.take) until ctx ends. ok false: none fits or none is ready or
+// under way, and id is the one given.
+func (m *Manager) takeStandby(ctx context.Context, p plan, id string) (_ string, done func(), ok bool) {
 	if p.image == "" || len(p.env) > 0 {
 		return id, nil, false
 	}
@@ -155,7 +199,7 @@ func (m *Manager) takeStandby(p plan, id string) (_ string, done func(), ok bool
 		p.cpu != s.tpl.CPU || p.mem != s.tpl.MemoryMB || p.disk != s.tpl.DiskMB {
 		return id, nil, false
 	}
-	prepared, ok := s.take()
+	prepared, ok := s.take(ctx)
 	if !ok {
 		return id, nil, false
 	}
