@@ -57,10 +57,10 @@ func (cs *Contexts) wakeMemoryWatch() {
 // sandbox: with reseed (restored from an image other sandboxes restore
 // too), every kernel's random generators are reseeded, spares included
 // (see jupyter.Kernel.Reseed; a spare the refiller starts later is a new
-// process and needs nothing); with id (the sandbox's id now, "" when unchanged), every ready
-// spare whose kernel has another id learns it. A spare needing both gets
-// them in one silent cell, so a context's first cell waits behind one cell
-// rather than two.
+// process and needs nothing); with id (the sandbox's id now; "" leaves
+// ids alone), every ready spare whose kernel has another id learns it. A
+// spare needing both gets them in one silent cell, so a context's first
+// cell waits behind one cell rather than two.
 func (cs *Contexts) Restored(id string, reseed bool) {
 	cs.mu.Lock()
 	var ks []*jupyter.Kernel
