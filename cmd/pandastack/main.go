@@ -219,10 +219,12 @@ func serve(args []string) error {
 		return err
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	// Said before the first request is served: whoever sees the server
+	// answer (a health check) finds this line in its log already.
 	fmt.Printf("Web console: http://%s/ (sign in with an API key)\n", ln.Addr())
 	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "snapshot_store", imagesDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version, "node", scfg.Node.ID, "advertise_url", scfg.Node.URL)
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return err
