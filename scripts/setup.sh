@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 
 CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
 RUNSC_VERSION=$(sed -n 's/^const RunscVersion = "\(.*\)"$/\1/p' internal/paths/paths.go)
+RUNSC_BUILD=$(sed -n 's/^const RunscBuild = "\(.*\)"$/\1/p' internal/paths/paths.go)
 VERSITYGW_VERSION=$(sed -n 's/^const VersityGWVersion = "\(.*\)"$/\1/p' internal/testutil/s3.go)
 GO_WANT=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
 step() { printf '\n==> %s\n' "$*" >&2; }
@@ -99,8 +100,9 @@ go_install_cached() {
 # ships them empty, and a runsc without them compiles its filters at every
 # start (0.1-0.2 s of CPU in each create, restore and fork). Built from a
 # writable copy of the module source into which scripts/runsc-precompiled
-# writes the programs (docs/architecture.md, "runsc build"). Once; about
-# 5 minutes or more.
+# writes the programs, after two small patches (docs/architecture.md,
+# "runsc build"). Cached by RunscVersion and RunscBuild; once, about 5
+# minutes or more.
 build_runsc() {
   local dest=$1 gen=scripts/runsc-precompiled
   [ -x "$dest" ] && return 0
@@ -118,7 +120,7 @@ build_runsc() {
     (
       cd "$tmp/gvisor" &&
         export CGO_ENABLED=0 && # as runsc is built: cgo changes the filters' keys
-        echo "  patching the systrap filter's PID into a run-time variable" >&2 &&
+        echo "  patching the source: the systrap filter's PID, the pages file's parallel reads" >&2 &&
         go run ./pandastack-precompiled -patch -root . &&
         echo "  precompiling the seccomp programs (gVisor computes every variant: minutes of CPU)" >&2 &&
         go run ./pandastack-precompiled -root . &&
@@ -131,7 +133,7 @@ build_runsc() {
   mv "$tmp/runsc" "$dest"
   rm -rf "$tmp"
 }
-RUNSC="$CACHE/runsc/$RUNSC_VERSION-precompiled/runsc"
+RUNSC="$CACHE/runsc/$RUNSC_VERSION-$RUNSC_BUILD/runsc"
 build_runsc "$RUNSC"
 
 # versitygw (Apache-2.0), an S3-compatible server the tests of the S3

@@ -13,6 +13,13 @@ import (
 // builds it afresh.
 const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 
+// RunscBuild names what PandaStack's build of runsc changes in gVisor's
+// source (scripts/runsc-precompiled: precompiled seccomp filters, the
+// systrap filter's PID, the pages file's parallel reads). It keys the cached
+// build with RunscVersion, so a changed build is built again; change it
+// whenever that script changes what it patches.
+const RunscBuild = "precompiled-2"
+
 // DataDir is the default data directory: /var/lib/pandastack for root,
 // $XDG_DATA_HOME/pandastack (or ~/.local/share/pandastack) otherwise.
 func DataDir() string {
@@ -43,10 +50,10 @@ func CacheDir() string {
 	return filepath.Join(home, ".cache", "pandastack")
 }
 
-// CachedRunsc is where the setup script puts the pinned runsc build, the
-// one with precompiled seccomp filters (scripts/runsc-precompiled).
+// CachedRunsc is where the setup script puts the pinned runsc build, ours
+// (scripts/runsc-precompiled, RunscBuild).
 func CachedRunsc(cacheDir string) string {
-	return filepath.Join(cacheDir, "runsc", RunscVersion+"-precompiled", "runsc")
+	return filepath.Join(cacheDir, "runsc", RunscVersion+"-"+RunscBuild, "runsc")
 }
 
 // FindRunsc returns the runsc to use: explicit (a flag or PANDASTACK_RUNSC)

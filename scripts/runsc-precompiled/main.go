@@ -19,6 +19,13 @@
 // sandbox could signal that PID and not its own. The patch makes it a
 // variable filled in at run time, like the sentry's own self_pid.
 //
+// -patch also changes how many reads of a restore's pages file run at once
+// (pagesEdits): gVisor runs 128, each on a thread of its own, while the
+// restore decodes the kernel's state on one more thread. On a small host
+// the decode then gets a small share of the CPU until the pages are in, and
+// the restore returns only after both; with one read fewer than the host
+// has CPUs, the decode keeps a CPU to itself.
+//
 //	go run ./pandastack-precompiled -patch -root .
 //	go run ./pandastack-precompiled -root . [-all]
 package main
@@ -48,12 +55,12 @@ const (
 
 func main() {
 	root := flag.String("root", ".", "root of the writable gVisor source copy")
-	patch := flag.Bool("patch", false, "only fix the systrap filter's PID (see the package doc), then exit")
+	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads: see the package doc), then exit")
 	all := flag.Bool("all", false, "keep every sentry variant gVisor lists (all platforms, GPU/TPU/RDMA proxies), not only the ones PandaStack runs")
 	flag.Parse()
 	do := func() error { return run(*root, *all) }
 	if *patch {
-		do = func() error { return patchSystrap(*root) }
+		do = func() error { return patchSource(*root) }
 	}
 	if err := do(); err != nil {
 		fmt.Fprintln(os.Stderr, "runsc-precompiled:", err)
@@ -104,7 +111,7 @@ const (
 	systrapPIDVar = "pandastack_systrap_pid"
 )
 
-var systrapEdits = []struct{ old, new string }{
+var systrapEdits = []edit{
 	{
 		"\tvars := precompiledseccomp.Values{}\n",
 		"\tvars := precompiledseccomp.Values{}\n\tvars.SetUint64(\"" + systrapPIDVar + "\", uint64(os.Getpid()))\n",
@@ -115,24 +122,54 @@ var systrapEdits = []struct{ old, new string }{
 	},
 }
 
-// patchSystrap applies systrapEdits, each of which must match exactly once:
-// a gVisor version whose source differs fails here rather than building a
-// runsc with a wrong filter (the verify test would catch that too).
-func patchSystrap(root string) error {
-	path := filepath.Join(root, systrapFile)
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	src, err := applyEdits(string(b))
-	if err != nil {
-		return fmt.Errorf("%s: %w", systrapFile, err)
-	}
-	return os.WriteFile(path, []byte(src), 0o644)
+// The pages file reader's source and the edits that size its parallel
+// reads by the host's CPUs (see the package doc).
+const pagesFile = "pkg/sentry/state/stateio/pagesfile.go"
+
+var pagesEdits = []edit{
+	{
+		"import (\n\t\"gvisor.dev/gvisor/pkg/hostarch\"\n)\n",
+		"import (\n\t\"runtime\"\n\n\t\"gvisor.dev/gvisor/pkg/hostarch\"\n)\n",
+	},
+	{
+		"\treturn NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)\n}\n",
+		"\treturn NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pandastackReadParallel())\n}\n\n" +
+			"// pandastackReadParallel (PandaStack's scripts/runsc-precompiled): one\n" +
+			"// read fewer than the host has CPUs, so that the state decode that runs\n" +
+			"// beside them keeps one; gVisor's default is 128.\n" +
+			"func pandastackReadParallel() int {\n\treturn min(max(1, runtime.NumCPU()-1), pagesFileFDDefaultMaxParallel)\n}\n",
+	},
 }
 
-func applyEdits(src string) (string, error) {
-	for _, e := range systrapEdits {
+type edit struct{ old, new string }
+
+// patchSource applies systrapEdits and pagesEdits, each of which must match
+// exactly once: a gVisor version whose source differs fails here rather
+// than building a runsc with a wrong filter (the verify test would catch
+// that too) or without the pages file's change.
+func patchSource(root string) error {
+	for _, f := range []struct {
+		path  string
+		edits []edit
+	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}} {
+		path := filepath.Join(root, f.path)
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		src, err := applyEdits(string(b), f.edits)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f.path, err)
+		}
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func applyEdits(src string, edits []edit) (string, error) {
+	for _, e := range edits {
 		if n := strings.Count(src, e.old); n != 1 {
 			return "", fmt.Errorf("expected %q once, found it %d times: this gVisor version needs a new patch", e.old, n)
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"go/format"
 	"strings"
 	"testing"
 
@@ -44,18 +45,40 @@ func TestRenderIsValidGo(t *testing.T) {
 }
 
 func TestApplyEditsFailsOnUnknownSource(t *testing.T) {
-	if _, err := applyEdits("package systrap\n"); err == nil {
+	if _, err := applyEdits("package systrap\n", systrapEdits); err == nil {
 		t.Fatal("applyEdits accepted a source without the expected lines")
 	}
 	src := "\tvars := precompiledseccomp.Values{}\n\t\t\tseccomp.EqualTo(os.Getpid()),\n"
-	got, err := applyEdits(src)
+	got, err := applyEdits(src, systrapEdits)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(got, "EqualTo(os.Getpid())") || !strings.Contains(got, `vars.GetUint64("`+systrapPIDVar+`")`) {
 		t.Errorf("patched source still compares with the builder's PID:\n%s", got)
 	}
-	if _, err := applyEdits(src + src); err == nil {
+	if _, err := applyEdits(src+src, systrapEdits); err == nil {
 		t.Fatal("applyEdits accepted a source with the lines twice")
+	}
+}
+
+// The pages file edits apply to source shaped as gVisor's and leave valid
+// Go with the reader sized by the CPUs; a source without those lines fails.
+func TestPagesEdits(t *testing.T) {
+	src := "package stateio\n\nimport (\n\t\"gvisor.dev/gvisor/pkg/hostarch\"\n)\n\n" +
+		"const (\n\tpagesFileFDDefaultMaxIOBytes  = 256 << 10\n\tpagesFileFDDefaultMaxParallel = 128\n)\n\n" +
+		"func NewPagesFileFDReaderDefault(fd int32) *FDReader {\n" +
+		"\treturn NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)\n}\n"
+	got, err := applyEdits(src, pagesEdits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := format.Source([]byte(got)); err != nil {
+		t.Fatalf("patched source does not parse: %v\n%s", err, got)
+	}
+	if !strings.Contains(got, "NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pandastackReadParallel())") || !strings.Contains(got, "runtime.NumCPU()") {
+		t.Errorf("the reader is not sized by the CPUs:\n%s", got)
+	}
+	if _, err := applyEdits(got, pagesEdits); err == nil {
+		t.Fatal("the edits applied twice")
 	}
 }

@@ -10,12 +10,16 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"runtime"
+	"syscall"
 	"testing"
 
 	"gvisor.dev/gvisor/pkg/bpf"
 	"gvisor.dev/gvisor/pkg/seccomp"
 	"gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
 	"gvisor.dev/gvisor/pkg/sentry/platform/systrap"
+	"gvisor.dev/gvisor/pkg/sentry/state/stateio"
 	sentryfilter "gvisor.dev/gvisor/runsc/boot/filter"
 	sentryconfig "gvisor.dev/gvisor/runsc/boot/filter/config"
 	goferfilter "gvisor.dev/gvisor/runsc/fsgofer/filter"
@@ -104,5 +108,24 @@ func TestGoferProgramsMatchRuntimeBuild(t *testing.T) {
 	}
 	if n := len(goferfilter.ListPrecompiled()); n != len(checked) {
 		t.Errorf("%d gofer programs precompiled, %d checked: every program must be checked", n, len(checked))
+	}
+}
+
+// TestPagesFileReadsFollowTheCPUs: the runsc built beside this test reads a
+// restore's pages file with one read fewer than the host has CPUs at once
+// (pagesEdits), not gVisor's 128.
+func TestPagesFileReadsFollowTheCPUs(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "pages")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Dup(int(f.Fd())) // the reader owns and closes it
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := stateio.NewPagesFileFDReaderDefault(int32(fd))
+	defer r.Close()
+	if got, want := r.MaxParallel(), max(1, runtime.NumCPU()-1); got != min(want, 128) {
+		t.Fatalf("the pages file reader runs %d reads at once, want %d", got, min(want, 128))
 	}
 }
