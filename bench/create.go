@@ -125,6 +125,9 @@ func (b *bench) sequentialCreates(ctx context.Context) error {
 			if tn.pool {
 				s = pools[tn.side].s
 			}
+			if err := b.gate.wait(ctx); err != nil {
+				return err
+			}
 			d, hit, err := s.createRunKill(ctx)
 			if err != nil {
 				return err
@@ -150,6 +153,7 @@ func (b *bench) sequentialCreates(ctx context.Context) error {
 	for k, sd := range pools {
 		alt[k].report(b, "sequential, alternating with the no-pool server"+sd.label)
 	}
+	b.gate.report(b, "create")
 	for _, sd := range lazies {
 		// The servers' own timing of each create's boot (its log line
 		// "sandbox booted"): where a no-pool create's time goes.

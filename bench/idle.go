@@ -78,6 +78,9 @@ func (b *bench) idleResume(ctx context.Context) error {
 				if err := waitStopped(ctx, s, sd.id); err != nil {
 					return err
 				}
+				if err := b.gate.wait(ctx); err != nil {
+					return err
+				}
 				t0 := time.Now()
 				if err := expectText(ctx, s.c, sd.id, "x", want); err != nil {
 					return fmt.Errorf("%safter an idle suspend: %w", sd.name, err)
@@ -94,6 +97,9 @@ func (b *bench) idleResume(ctx context.Context) error {
 				return err
 			}
 			if err := waitStopped(ctx, s, sd.id); err != nil {
+				return err
+			}
+			if err := b.gate.wait(ctx); err != nil {
 				return err
 			}
 			t0 := time.Now()
@@ -123,6 +129,7 @@ func (b *bench) idleResume(ctx context.Context) error {
 				"from the server's log line \"sandbox resumed\" of this section's resumes"))
 		}
 	}
+	b.gate.report(b, "idle")
 	return nil
 }
 

@@ -41,6 +41,7 @@ type Settings struct {
 	SuspendedMax     int      `json:"suspended_max"`
 	SuspendedDiskGiB float64  `json:"suspended_disk_gib"`
 	StreamMB         int      `json:"stream_mb"`      // exec output of the section stream
+	Quiet            bool     `json:"quiet,omitempty"` // the create and idle sections' timed turns wait for a quiet host (quiet.go)
 	Only             []string `json:"only,omitempty"` // the sections run, when not all
 }
 
@@ -100,10 +101,11 @@ func main() {
 	baselineRunsc := flag.String("baseline-runsc", "", "with -baseline: the runsc its servers use (default: the same as the others'), to compare runsc builds with the same pandastack binaries")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
+	quiet := flag.Bool("quiet", false, "the create and idle sections wait before each timed turn until the host's CPUs are quiet, so no turn shares them with work left by another server's turn (quiet.go)")
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
 	flag.Parse()
 	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2,
-		SuspendedMax: *suspendedMax, SuspendedDiskGiB: *suspendedDisk, StreamMB: 1024}
+		SuspendedMax: *suspendedMax, SuspendedDiskGiB: *suspendedDisk, StreamMB: 1024, Quiet: *quiet}
 	if *quick {
 		set.N, set.Burst, set.Rounds, set.DensityMax, set.SuspendedMax = 3, 4, 2, 4, min(set.SuspendedMax, 10)
 		set.StreamMB = 256
@@ -163,6 +165,7 @@ type bench struct {
 	// create and burst sections); nil without -baseline.
 	baselineNoPool *server
 	rep            *Report
+	gate           quietGate // -quiet
 }
 
 func (b *bench) add(s Stat) {
@@ -208,7 +211,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 		return err
 	}
 	defer noPool.stop()
-	b := &bench{set: set, pool: pool, noPool: noPool, rep: rep}
+	b := &bench{set: set, pool: pool, noPool: noPool, rep: rep, gate: quietGate{on: set.Quiet}}
 	if baselineBin != "" {
 		brunsc := runsc
 		if baselineRunsc != "" {
