@@ -52,8 +52,58 @@ func (b *bench) forks(ctx context.Context) error {
 	for _, sd := range sides {
 		sd.report(b)
 	}
+	return b.freshForks(ctx)
+}
+
+// freshForks forks a parent just after its first run_code, while its agent
+// replaces the spare kernel that cell's context took (a kernel's start and
+// the template's imports, begun 2 s after the hand-out): what a user who
+// forks right after setting a sandbox up meets. Each round makes a new
+// parent on each side (the sides take turns going first), waits
+// freshForkDelay after its first result, and forks it into freshForkCount.
+func (b *bench) freshForks(ctx context.Context) error {
+	sides := []*forkSide{newForkSide(b.pool, " (fresh parent)")}
+	if b.baseline != nil {
+		sides = append(sides, newForkSide(b.baseline, " (fresh parent, baseline)"))
+	}
+	for _, sd := range sides {
+		sd.counts = []int{freshForkCount}
+	}
+	for r := range min(b.set.Rounds, 5) {
+		order := slices.Clone(sides)
+		if r%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, sd := range order {
+			parent, _, err := sd.s.createAndRun(ctx)
+			if err != nil {
+				if parent != nil {
+					sd.s.kill(parent.ID)
+				}
+				return err
+			}
+			sd.parent = parent
+			select {
+			case <-ctx.Done():
+			case <-time.After(freshForkDelay):
+			}
+			err = sd.fork(ctx, freshForkCount)
+			sd.s.kill(parent.ID)
+			if err != nil {
+				return err
+			}
+		}
+	}
+	for _, sd := range sides {
+		sd.report(b)
+	}
 	return nil
 }
+
+const (
+	freshForkCount = 4
+	freshForkDelay = 2500 * time.Millisecond
+)
 
 // forkCounts are the children of the section's forks.
 var forkCounts = []int{1, 4, 8}
@@ -63,6 +113,7 @@ var forkCounts = []int{1, 4, 8}
 type forkSide struct {
 	s      *server
 	label  string // appended to the series' names: "" or " (baseline)"
+	counts []int  // the counts of children reported: forkCounts unless set
 	parent *client.Sandbox
 	child  map[int][]float64 // each child: fork request → its answer
 	call   map[int][]float64 // the fork request alone
@@ -167,7 +218,11 @@ func (sd *forkSide) fork(ctx context.Context, count int) error {
 var forkTargets = map[int]float64{1: targetForkChild, 8: 600}
 
 func (sd *forkSide) report(b *bench) {
-	for _, c := range forkCounts {
+	counts := forkCounts
+	if sd.counts != nil {
+		counts = sd.counts
+	}
+	for _, c := range counts {
 		note := fmt.Sprintf("%d rounds; from the fork request to the child's first result; every child saw the parent's variable", len(sd.call[c]))
 		if n := len(sd.failed[c]); n > 0 {
 			note += fmt.Sprintf("; %d more forks failed, left out: %s", n, strings.Join(sd.failed[c], "; "))
@@ -179,10 +234,10 @@ func (sd *forkSide) report(b *bench) {
 		}
 		b.add(st)
 	}
-	for _, c := range forkCounts {
+	for _, c := range counts {
 		b.add(summarize("fork", fmt.Sprintf("fork %d: the fork request alone%s", c, sd.label), "ms", sd.call[c], "checkpoint of the parent + restore of every child"))
 	}
-	for _, c := range forkCounts {
+	for _, c := range counts {
 		for _, st := range forkStepNames {
 			if xs := sd.steps[c][st.key]; len(xs) > 0 { // an older server may not log every key
 				b.add(summarize("fork", fmt.Sprintf("  fork %d: %s%s", c, st.label, sd.label), st.unit, xs, "the server's log (sandbox forked)"))
@@ -196,6 +251,7 @@ func (sd *forkSide) report(b *bench) {
 
 // forkStepNames are the keys of the server's "sandbox forked" log line.
 var forkStepNames = []struct{ key, label, unit string }{
+	{"spares_ms", "the wait for the parent's spare kernels", "ms"},
 	{"checkpoint_ms", "checkpoint of the parent", "ms"},
 	{"image_mb", "the fork image's size", "MB"},
 	{"children_ms", "every child restored, wall", "ms"},

@@ -80,6 +80,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/contexts/spares/touch", s.api(s.touchSpares))
 	mux.HandleFunc("POST /v1/contexts/spares/release", s.api(s.releaseSpares))
 	mux.HandleFunc("POST /v1/contexts/spares/refill", s.api(s.refillSpares))
+	mux.HandleFunc("POST /v1/contexts/spares/hold", s.api(s.holdSpares))
 	mux.HandleFunc("DELETE /v1/contexts/{id}", s.api(s.deleteContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/interrupt", s.api(s.interruptContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.api(s.restartContext))
@@ -136,7 +137,8 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	if r.URL.Query().Get("large_frames") == "1" {
 		agentproto.AllowLargeFrames(s.conn)
 	}
-	// Resumed after an idle suspend: start the spares again.
+	// Resumed after an idle suspend, or a fork's child: start the spares
+	// again.
 	s.cfg.Contexts.spares.unrelease()
 	writeJSON(w, http.StatusOK, agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,

@@ -49,6 +49,11 @@ type spareSet struct {
 	// released: the spares were shut down for an idle suspend (see
 	// releaseSpares); none is started until the next hello or refill.
 	released bool
+	// held: a fork's checkpoint is coming (hold.go); the ready spares are
+	// kept, but none is started until the next hello or refill. abort
+	// gives up the start in flight, if any.
+	held  bool
+	abort context.CancelFunc
 	// starting counts the spares being started, by language; added is
 	// closed (and replaced) whenever one is added, for a hand-out that
 	// waits for a start in progress.
@@ -205,7 +210,7 @@ func pythonSetEnv(env map[string]string) string {
 
 // wake tells the refiller to look. sp.mu is held.
 func (sp *spareSet) wake() {
-	if sp.released {
+	if sp.released || sp.held {
 		return
 	}
 	select {
@@ -240,28 +245,33 @@ func (cs *Contexts) refill() {
 			sp.mu.Lock()
 			var lang string
 			for _, l := range sortedKeys(sp.want) {
-				if len(sp.ready[l]) < sp.want[l] && !sp.released {
+				if len(sp.ready[l]) < sp.want[l] && !sp.released && !sp.held {
 					lang = l
 					break
 				}
 			}
 			start := sp.start[lang]
-			if lang != "" {
-				sp.starting[lang]++
-			}
-			sp.mu.Unlock()
 			if lang == "" {
+				sp.mu.Unlock()
 				break
 			}
+			sp.starting[lang]++
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			sp.abort = cancel
+			sp.mu.Unlock()
 			k, err := start(ctx)
 			cancel()
 			sp.mu.Lock()
 			sp.starting[lang]--
+			sp.abort = nil
+			given := err != nil && sp.held // given up for a fork (hold.go)
 			if err != nil {
-				sp.signal() // a hand-out waiting for it looks again
+				sp.signal() // a hand-out or a hold waiting for it looks again
 			}
 			sp.mu.Unlock()
+			if given {
+				continue // started again after the hold
+			}
 			if err != nil {
 				sp.log("starting a spare kernel failed; retrying later", "language", lang, "err", err, "retry_in", backoff)
 				time.Sleep(backoff)
@@ -396,7 +406,11 @@ func (s *Server) prepareSpares(w http.ResponseWriter, r *http.Request) error {
 		}
 		if req.Warmup != "" {
 			if err := k.RunSilent(ctx, req.Warmup); err != nil {
-				k.Close()
+				if ctx.Err() != nil {
+					k.Kill() // given up (hold.go): nothing to shut down cleanly
+				} else {
+					k.Close()
+				}
 				return nil, fmt.Errorf("the warm-up failed: %w", err)
 			}
 			if err := k.RunSilent(ctx, sparePrimeCode()); err != nil {

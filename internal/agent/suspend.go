@@ -30,7 +30,8 @@ func (s *Server) releaseSpares(w http.ResponseWriter, r *http.Request) error {
 }
 
 // refillSpares answers POST /v1/contexts/spares/refill: the suspend the
-// spares were released for did not happen.
+// spares were released for did not happen, or the checkpoint they were held
+// for is done (hold.go).
 func (s *Server) refillSpares(w http.ResponseWriter, r *http.Request) error {
 	s.cfg.Contexts.spares.unrelease()
 	w.WriteHeader(http.StatusNoContent)
@@ -57,13 +58,14 @@ func (sp *spareSet) release() []*jupyter.Kernel {
 	return ks
 }
 
-// unrelease keeps the spares again and wakes the refiller to start them.
+// unrelease keeps the spares again after a release or a hold (hold.go)
+// and wakes the refiller to start those missing.
 func (sp *spareSet) unrelease() {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	if !sp.released {
+	if !sp.released && !sp.held {
 		return
 	}
-	sp.released = false
+	sp.released, sp.held = false, false
 	sp.wake()
 }

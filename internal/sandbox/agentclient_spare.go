@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -41,6 +44,16 @@ func (c *AgentClient) ReleaseSpares(ctx context.Context) (agentproto.Released, e
 // resume's hello does it otherwise).
 func (c *AgentClient) RefillSpares(ctx context.Context) error {
 	return c.do(ctx, http.MethodPost, "/v1/contexts/spares/refill", nil, nil, nil)
+}
+
+// HoldSpares readies a sandbox for a fork's checkpoint: the agent starts
+// no spare kernel until the next hello or RefillSpares, and waits up to
+// wait for the starts in flight (see agentproto.Held).
+func (c *AgentClient) HoldSpares(ctx context.Context, wait time.Duration) (agentproto.Held, error) {
+	var out agentproto.Held
+	q := url.Values{"wait_ms": {strconv.FormatInt(wait.Milliseconds(), 10)}}
+	err := c.do(ctx, http.MethodPost, "/v1/contexts/spares/hold", q, nil, &out)
+	return out, err
 }
 
 // DialAgent opens a host session with the agent of a sandbox the caller

@@ -41,6 +41,13 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	if err := ValidateMetadata(metadata); err != nil {
 		return nil, err
 	}
+	tHold := time.Now()
+	held := m.holdForFork(ctx, id)
+	if held != nil {
+		// The parent's refiller may start its missing spares again once
+		// the checkpoint is done; each child's hello does the same.
+		defer m.unholdAfterFork(held, id)
+	}
 	t0 := time.Now()
 	if err := m.sbx.quiesce(id, phaseCheckpointing, "fork it"); err != nil {
 		return nil, err
@@ -97,8 +104,55 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	tChildren := time.Now()
 	size := dirSize(img)
 	m.removeLater(img)
-	logFork(m.log, id, count, msSince(t0, tCheckpoint), msSince(tCheckpoint, tChildren), size, steps)
+	logFork(m.log, id, count, msSince(tHold, t0), msSince(t0, tCheckpoint), msSince(tCheckpoint, tChildren), size, steps)
 	return kids, nil
+}
+
+// forkSpareWait bounds how long a fork waits for its parent's agent to give
+// up a spare kernel's start in flight (the kernel killed and reaped).
+const forkSpareWait = 5 * time.Second
+
+// holdForFork has the parent's agent start no spare kernel until the fork
+// is done, and give up a start in flight (agentproto.Held): otherwise the
+// image holds a kernel halfway through its start, which every child
+// finishes at once, beside the other children's restores. It returns the
+// agent to undo the hold with, or nil when there was none (an agent of an
+// older build, or none connected).
+func (m *Manager) holdForFork(ctx context.Context, id string) *AgentClient {
+	c := m.sbx.client(id)
+	if c == nil {
+		return nil
+	}
+	hctx, cancel := context.WithTimeout(ctx, forkSpareWait+releaseTimeout)
+	defer cancel()
+	h, err := c.HoldSpares(hctx, forkSpareWait)
+	if err != nil {
+		m.log.Warn("holding the spare kernels for a fork; forking as they are", "sandbox", id, "err", err)
+		return nil
+	}
+	if h.Starting > 0 {
+		m.log.Info("forking with a spare kernel's start under way: each child finishes it", "sandbox", id, "starting", h.Starting)
+	}
+	return c
+}
+
+// unholdAfterFork lets the parent's agent start its missing spares again,
+// in the background.
+func (m *Manager) unholdAfterFork(c *AgentClient, id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped() {
+		return
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		if err := c.RefillSpares(ctx); err != nil {
+			m.log.Warn("letting the spare kernels start again after a fork", "sandbox", id, "err", err)
+		}
+	}()
 }
 
 // dirSize is the bytes of the files directly in dir (a checkpoint image is
@@ -117,13 +171,14 @@ func dirSize(dir string) int64 {
 	return n
 }
 
-// logFork logs a fork's breakdown: the parent's checkpoint (with the wait
-// for its quiet), the image's size, the children's restores as a whole, and
+// logFork logs a fork's breakdown: the wait for the parent's spares
+// (holdForFork), the parent's checkpoint (with the wait for its quiet), the
+// image's size, the children's restores as a whole, and
 // the median child's steps (restore_ms: the network and runsc restore;
 // agent_ms: the new session's hello; setup_ms: resolver and trust store;
 // record_ms: the store).
-func logFork(log *slog.Logger, id string, count int, checkpointMS, childrenMS float64, imageBytes int64, steps []*resumeSteps) {
-	attrs := []any{"sandbox", id, "count", count, "checkpoint_ms", checkpointMS, "children_ms", childrenMS}
+func logFork(log *slog.Logger, id string, count int, sparesMS, checkpointMS, childrenMS float64, imageBytes int64, steps []*resumeSteps) {
+	attrs := []any{"sandbox", id, "count", count, "spares_ms", sparesMS, "checkpoint_ms", checkpointMS, "children_ms", childrenMS}
 	if imageBytes >= 0 {
 		attrs = append(attrs, "image_mb", math.Round(float64(imageBytes)/1e5)/10)
 	}

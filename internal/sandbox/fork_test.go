@@ -3,7 +3,9 @@ package sandbox
 import (
 	"context"
 	"os"
+	"slices"
 	"testing"
+	"time"
 )
 
 // A fork that works leaves its image for the background to delete: gone
@@ -39,5 +41,30 @@ func TestDirSize(t *testing.T) {
 	}
 	if got := dirSize(dir + "/missing"); got != -1 {
 		t.Fatalf("dirSize of a missing dir = %d, want -1", got)
+	}
+}
+
+// A fork holds the parent's spare kernels across its checkpoint (the agent
+// gives up a start in flight, waiting up to 5 s for that) and lets them
+// start again after.
+func TestForkHoldsTheParentsSpares(t *testing.T) {
+	h := newHarness(t)
+	parent := h.create()
+	h.rt.takeSuspendLog()
+	for _, count := range []int{3, 1} {
+		if _, err := h.m.Fork(context.Background(), project, parent.ID, count, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"hold " + parent.ID + " wait_ms=5000", "checkpoint " + parent.ID, "refill " + parent.ID}
+		var got []string
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			// The refill is sent in the background after the answer.
+			if got = append(got, h.rt.takeSuspendLog()...); len(got) >= len(want) {
+				break
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("fork of %d: the parent's agent saw %q, want %q", count, got, want)
+		}
 	}
 }

@@ -314,7 +314,14 @@ func (k *Kernel) restartLocked(ctx context.Context, why string) error {
 // reaped and the connection file and sockets are removed, unless an error
 // says otherwise. A running Execute ends with a KernelDied error. Close is
 // idempotent.
-func (k *Kernel) Close() error {
+func (k *Kernel) Close() error { return k.closeWithin(k.opts.ShutdownGrace) }
+
+// Kill is Close without the shutdown_request: SIGKILL at once. For a
+// kernel whose work is to be thrown away (a start given up), which may be
+// too busy to answer the request within the grace.
+func (k *Kernel) Kill() error { return k.closeWithin(0) }
+
+func (k *Kernel) closeWithin(grace time.Duration) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.closed {
@@ -326,7 +333,7 @@ func (k *Kernel) Close() error {
 	if in == nil {
 		return nil
 	}
-	return in.stop("the kernel was shut down", k.opts.ShutdownGrace)
+	return in.stop("the kernel was shut down", grace)
 }
 
 // instance is one kernel process and our connection to it. A restart

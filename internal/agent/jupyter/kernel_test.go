@@ -607,6 +607,40 @@ func TestCloseLeavesNothing(t *testing.T) {
 	}
 }
 
+// Kill ends a kernel busy in a cell at once, without waiting out the
+// shutdown grace, and leaves nothing behind.
+func TestKillABusyKernel(t *testing.T) {
+	k := startKernel(t)
+	pid := k.Pid()
+	busy := make(chan agentproto.Execution, 1)
+	go func() {
+		e, _ := k.Execute(context.Background(), "import time\nwhile True: time.sleep(0.01)", ExecOptions{}, nil)
+		busy <- e
+	}()
+	for !k.Busy() {
+		time.Sleep(5 * time.Millisecond)
+	}
+	t0 := time.Now()
+	if err := k.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(t0); took >= k.opts.ShutdownGrace {
+		t.Errorf("Kill took %v, as long as the shutdown grace (%v)", took, k.opts.ShutdownGrace)
+	}
+	if pidExists(pid) {
+		t.Errorf("kernel %d outlived Kill", pid)
+	}
+	if e := <-busy; e.Error == nil || e.Error.Name != "KernelDied" {
+		t.Errorf("the cell running during Kill ended with %+v, want a KernelDied error", e.Error)
+	}
+	if ents, _ := os.ReadDir(k.runtimeDir); len(ents) != 0 {
+		t.Errorf("left behind: %v", ents)
+	}
+	if _, err := k.Execute(context.Background(), "1", ExecOptions{}, nil); !errors.Is(err, ErrClosed) {
+		t.Errorf("execute after kill: %v", err)
+	}
+}
+
 // The agent runs as root and its kernels as the sandbox user.
 func TestKernelAsAnotherUser(t *testing.T) {
 	if os.Geteuid() != 0 {

@@ -1,0 +1,78 @@
+package agent
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// Before a fork's checkpoint the host asks the agent to hold its spares
+// (agentproto.Held). The refiller begins a spare's replacement 2 s after a
+// context took the spare, and the start (a kernel's start, then the
+// template's imports) runs for 3-4 s here, so a fork made right after a
+// sandbox's first run_code tends to catch one halfway. In the image, every
+// child would finish that start at once, beside the other children's
+// restores: the first fork of 8 from a fresh sandbox took 7.8 s to restore
+// its children, against 3.6 s from the same parent once its spare was
+// ready (bench/results/2026-12-01-vm-session9-vs-ab1f797.json, its server
+// log). Waiting for the start instead cost the fork the rest of it: 4.1 s
+// p50 for a fork of 4 of a fresh parent, 6.4 s in all against 3.9 s
+// (bench/results/2026-12-01-vm-fork-hold-wait-vs-c32c9d5.json). So a hold
+// gives the start in flight up (its kernel is killed) and waits only for
+// that to end: 23 ms, and the fork's children answered in 1.9 s against
+// 3.7 s (…-fork-hold-vs-c32c9d5.json). The parent, and each child after its hello, starts its
+// missing spares again once quiet, as after any hand-out. Held, the
+// refiller starts nothing.
+
+// maxHoldWait bounds the wait a hold request may ask for.
+const maxHoldWait = time.Minute
+
+// holdSpares answers POST /v1/contexts/spares/hold.
+func (s *Server) holdSpares(w http.ResponseWriter, r *http.Request) error {
+	var wait time.Duration
+	if v := r.URL.Query().Get("wait_ms"); v != "" {
+		ms, err := strconv.Atoi(v)
+		if err != nil || ms < 0 || time.Duration(ms)*time.Millisecond > maxHoldWait {
+			return pandastack.Errorf(pandastack.EInvalid, "wait_ms must be a number of milliseconds from 0 to %d, got %q", maxHoldWait.Milliseconds(), v)
+		}
+		wait = time.Duration(ms) * time.Millisecond
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), wait)
+	defer cancel()
+	writeJSON(w, http.StatusOK, s.cfg.Contexts.spares.hold(ctx))
+	return nil
+}
+
+// hold stops the refiller from starting spares until unrelease, gives up
+// the start in flight, and waits until it has ended or ctx ends.
+func (sp *spareSet) hold(ctx context.Context) agentproto.Held {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.held = true
+	if sp.abort != nil {
+		sp.abort()
+	}
+	for {
+		var out agentproto.Held
+		for _, l := range sp.ready {
+			out.Ready += len(l)
+		}
+		for _, n := range sp.starting {
+			out.Starting += n
+		}
+		if out.Starting == 0 || ctx.Err() != nil || sp.added == nil {
+			return out
+		}
+		added := sp.added // closed when a start ends, with a spare or without
+		sp.mu.Unlock()
+		select {
+		case <-added:
+		case <-ctx.Done():
+		}
+		sp.mu.Lock()
+	}
+}

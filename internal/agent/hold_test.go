@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/internal/agent/jupyter"
+	"github.com/pandastack/pandastack/internal/agentproto"
+)
+
+// TestHoldGivesUpAStartAndStopsTheRefiller: a hold gives up the start in
+// flight and waits until it has ended; while held nothing wakes the
+// refiller; a hello or refill (unrelease) ends the hold and wakes it once.
+func TestHoldGivesUpAStartAndStopsTheRefiller(t *testing.T) {
+	aborted := make(chan struct{})
+	sp := &spareSet{kick: make(chan struct{}, 1), want: map[string]int{"python": 1}, ready: map[string][]*jupyter.Kernel{},
+		starting: map[string]int{"python": 1}, added: make(chan struct{}), abort: func() { close(aborted) }}
+	got := make(chan agentproto.Held, 1)
+	go func() { got <- sp.hold(context.Background()) }()
+	<-aborted
+	select {
+	case h := <-got:
+		t.Fatalf("the hold did not wait for the start it gave up to end: %+v", h)
+	case <-time.After(100 * time.Millisecond):
+	}
+	sp.mu.Lock()
+	sp.starting["python"]-- // the start ends, without a spare
+	sp.abort = nil
+	sp.signal()
+	sp.mu.Unlock()
+	if h := <-got; h != (agentproto.Held{}) {
+		t.Fatalf("hold = %+v, want nothing ready or starting", h)
+	}
+	sp.mu.Lock()
+	sp.wake() // a hand-out while held
+	sp.mu.Unlock()
+	if len(sp.kick) != 0 {
+		t.Fatal("a held spare set woke its refiller")
+	}
+	sp.unrelease()
+	if sp.held || len(sp.kick) != 1 {
+		t.Fatalf("after unrelease: held %v, %d wake-ups queued, want false and 1", sp.held, len(sp.kick))
+	}
+}
+
+// TestHoldGivesUpWithItsContext: a start that does not end within the
+// wait is reported as still starting, and the spares stay held.
+func TestHoldGivesUpWithItsContext(t *testing.T) {
+	sp := &spareSet{kick: make(chan struct{}, 1), want: map[string]int{"python": 1}, ready: map[string][]*jupyter.Kernel{},
+		starting: map[string]int{"python": 1}, added: make(chan struct{})}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if h := sp.hold(ctx); h != (agentproto.Held{Starting: 1}) || !sp.held {
+		t.Fatalf("hold = %+v, held %v; want one starting, held", h, sp.held)
+	}
+}
+
+// TestHoldRequests: an agent that never kept spares answers a hold at once
+// with nothing; a wait_ms that is not a number of ms up to a minute is
+// refused with the stable code invalid_request.
+func TestHoldRequests(t *testing.T) {
+	h := NewServer(Config{Home: t.TempDir()}, 1).Handler()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/contexts/spares/hold?wait_ms=5000", nil))
+	var out agentproto.Held
+	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &out) != nil || out != (agentproto.Held{}) {
+		t.Fatalf("hold: %d %s, want 200 with nothing ready or starting", rec.Code, rec.Body)
+	}
+	for _, bad := range []string{"-1", "x", "60001"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/contexts/spares/hold?wait_ms="+bad, nil))
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), `"invalid_request"`) {
+			t.Errorf("hold?wait_ms=%s: %d %s, want 400 invalid_request", bad, rec.Code, rec.Body)
+		}
+	}
+}
