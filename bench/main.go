@@ -40,9 +40,9 @@ type Settings struct {
 	// sandboxes suspended for idleness, and their paused images on disk.
 	SuspendedMax     int      `json:"suspended_max"`
 	SuspendedDiskGiB float64  `json:"suspended_disk_gib"`
-	StreamMB         int      `json:"stream_mb"`      // exec output of the section stream
+	StreamMB         int      `json:"stream_mb"`       // exec output of the section stream
 	Quiet            bool     `json:"quiet,omitempty"` // the create and idle sections' timed turns wait for a quiet host (quiet.go)
-	Only             []string `json:"only,omitempty"` // the sections run, when not all
+	Only             []string `json:"only,omitempty"`  // the sections run, when not all
 }
 
 // sectionKeys name the sections for -only, in the order they run.
