@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,6 +160,25 @@ func (s *server) newKey(project string) string {
 		s.t.Fatalf("keys create: %v\n%s", err, errOut)
 	}
 	return strings.TrimSpace(out)
+}
+
+// containersSince lists the containers runsc knows now that were not in
+// before, leaving out those the server logged as prepared for creates
+// (--prepared-creates): it prepares them on its own, in the background.
+func (s *server) containersSince(before []string) []string {
+	prepared := map[string]bool{}
+	for _, l := range strings.Split(s.out.String(), "\n") {
+		if strings.Contains(l, `msg="container prepared for creates"`) {
+			prepared[l[strings.LastIndex(l, "sandbox=")+len("sandbox="):]] = true
+		}
+	}
+	var out []string
+	for _, id := range s.runscList() {
+		if !slices.Contains(before, id) && !prepared[id] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // runscList lists the containers runsc knows in this server's state root.

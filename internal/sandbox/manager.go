@@ -54,8 +54,8 @@ type Config struct {
 	PreparedResumes int
 	// PreparedCreates is how many containers of each warm template are
 	// kept created ahead for the creates no pool sandbox serves
-	// (standby.go): each holds two waiting host processes. 0 (the
-	// default: no gain measured yet, see standby.go): none.
+	// (standby.go): each holds two waiting host processes. 0: none;
+	// DefaultConfig keeps 1.
 	PreparedCreates int
 
 	// Images keeps snapshots; nil means a local directory store on
@@ -81,6 +81,7 @@ func DefaultConfig() Config {
 		PoolSize:         2,
 		IdleTimeout:      300 * time.Second,
 		PoolMemoryMB:     1024,
+		PreparedCreates:  1,
 	}
 }
 

@@ -22,14 +22,15 @@ import (
 // create that took one is done, and in the admission line's background
 // (admit.go) like a pool refill, so that it competes with no create.
 //
-// Off by default: on the least loaded run so far (load falling from 2 to
-// 1, bench/results/2026-12-01-vm-restore/run5.json) no-pool creates with it
-// answered their first run_code in 890 ms p50 against main's 657 ms, with
-// every create restored into a prepared container; the restore profile's
-// lazy restores into one were faster (348 vs 532 ms). Side by side with
-// the same build (docs/code-and-snapshots.md), the side with prepared
-// creates won or lost by a wide margin depending on which side it was:
-// the prepares run in the background of the other side's creates too.
+// One by default (Config.PreparedCreates). Side by side with the same
+// build, each create starting on a quiet host (go run ./bench -quiet -only
+// create), no-pool creates with it answered their first run_code in 363
+// and 414 ms p50 against 522 and 521 ms without, one run each way round;
+// the restore step took 208-234 ms against 341-343
+// (bench/results/2026-12-01-vm-create-quiet-*.json). Without the quiet
+// gate the side with prepared creates won or lost by a wide margin
+// depending on which side it was: the prepares ran in the background of
+// the other side's creates too.
 
 // standby is a warm template's prepared containers.
 type standby struct {
@@ -169,6 +170,7 @@ func (m *Manager) keepStandby(s *standby, rp pandastack.RuntimePreparer) {
 				continue
 			}
 			s.end(id)
+			m.log.Debug("container prepared for creates", "template", s.tpl.Name, "sandbox", id)
 		}
 		select {
 		case <-ctx.Done():
