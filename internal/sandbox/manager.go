@@ -49,8 +49,7 @@ type Config struct {
 	MaxRestores int
 	// PreparedResumes is how many of the sandboxes suspended last for
 	// idleness have their resume prepared ahead (prepare.go): each keeps
-	// two waiting host processes. 0 (the default: no gain measured on a
-	// quiet machine, see docs/code-and-snapshots.md): none.
+	// two waiting host processes. 0: none; DefaultConfig keeps 4.
 	PreparedResumes int
 	// PreparedCreates is how many containers of each warm template are
 	// kept created ahead for the creates no pool sandbox serves
@@ -82,6 +81,7 @@ func DefaultConfig() Config {
 		IdleTimeout:      300 * time.Second,
 		PoolMemoryMB:     1024,
 		PreparedCreates:  1,
+		PreparedResumes:  4,
 	}
 }
 
