@@ -73,7 +73,7 @@ func readCPUTimes() (cpuTimes, error) {
 
 // quietGate waits, when -quiet is on, until the host was at most quietBusy
 // busy over a window, or quietLimit passed; each wait is kept for the
-// section's report (gateReport).
+// section's report (report).
 type quietGate struct {
 	on       bool
 	waits    []float64

@@ -24,9 +24,9 @@ import (
 // (bench/results/2026-12-01-vm-fork-hold-wait-vs-c32c9d5.json). So a hold
 // gives the start in flight up (its kernel is killed) and waits only for
 // that to end: 23 ms, and the fork's children answered in 1.9 s against
-// 3.7 s (…-fork-hold-vs-c32c9d5.json). The parent, and each child after its hello, starts its
-// missing spares again once quiet, as after any hand-out. Held, the
-// refiller starts nothing.
+// 3.7 s (…-fork-hold-vs-c32c9d5.json). The parent, and each child after
+// its hello, starts its missing spares again once quiet, as after any
+// hand-out. Held, the refiller starts nothing.
 
 // maxHoldWait bounds the wait a hold request may ask for.
 const maxHoldWait = time.Minute
