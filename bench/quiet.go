@@ -3,10 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
+	"runtime"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
 // The quiet gate (-quiet). Servers measured side by side leave work in the
@@ -27,48 +27,10 @@ const (
 	quietSection = "  the quiet gate: wait before a timed turn"
 )
 
-// cpuTimes is the first line of /proc/stat: busy and all jiffies.
-type cpuTimes struct{ busy, total uint64 }
-
-// parseCPUTimes reads the aggregate "cpu" line of /proc/stat; idle and
-// iowait count as not busy.
-func parseCPUTimes(stat string) (cpuTimes, error) {
-	line, _, _ := strings.Cut(stat, "\n")
-	f := strings.Fields(line)
-	if len(f) < 5 || f[0] != "cpu" {
-		return cpuTimes{}, fmt.Errorf("/proc/stat: no aggregate cpu line: %q", line)
-	}
-	var t cpuTimes
-	for i, s := range f[1:] {
-		if i >= 8 { // guest and guest_nice are already in user and nice
-			break
-		}
-		v, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return cpuTimes{}, fmt.Errorf("/proc/stat: %q: %w", line, err)
-		}
-		t.total += v
-		if i != 3 && i != 4 { // idle, iowait
-			t.busy += v
-		}
-	}
-	return t, nil
-}
-
-// busyShare is the share of CPU time spent busy between a and b (0 to 1).
-func busyShare(a, b cpuTimes) float64 {
-	if b.total <= a.total {
-		return 0
-	}
-	return float64(b.busy-a.busy) / float64(b.total-a.total)
-}
-
-func readCPUTimes() (cpuTimes, error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return cpuTimes{}, err
-	}
-	return parseCPUTimes(string(b))
+// quietEnough says whether idle of the host's cpus CPUs sat idle over a
+// window leaves at most quietBusy of them busy.
+func quietEnough(idle float64, cpus int) bool {
+	return cpus > 0 && 1-idle/float64(cpus) <= quietBusy
 }
 
 // quietGate waits, when -quiet is on, until the host was at most quietBusy
@@ -85,28 +47,18 @@ func (g *quietGate) wait(ctx context.Context) error {
 		return nil
 	}
 	t0 := time.Now()
-	prev, err := readCPUTimes()
-	if err != nil {
-		return err
-	}
 	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(quietWindow):
-		}
-		cur, err := readCPUTimes()
+		idle, err := sandbox.IdleCPUs(ctx, quietWindow)
 		if err != nil {
 			return err
 		}
-		if busyShare(prev, cur) <= quietBusy {
+		if quietEnough(idle, runtime.NumCPU()) {
 			break
 		}
 		if time.Since(t0) >= quietLimit {
 			g.timeouts++
 			break
 		}
-		prev = cur
 	}
 	g.waits = append(g.waits, ms(time.Since(t0)))
 	return nil

@@ -139,20 +139,13 @@ func (m *Manager) holdForFork(ctx context.Context, id string) *AgentClient {
 // unholdAfterFork lets the parent's agent start its missing spares again,
 // in the background.
 func (m *Manager) unholdAfterFork(c *AgentClient, id string) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.stopped() {
-		return
-	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
+	m.goBackground(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
 		if err := c.RefillSpares(ctx); err != nil {
 			m.log.Warn("letting the spare kernels start again after a fork", "sandbox", id, "err", err)
 		}
-	}()
+	})
 }
 
 // dirSize is the bytes of the files directly in dir (a checkpoint image is

@@ -33,6 +33,10 @@ func idleCPUs(ctx context.Context, d time.Duration) (float64, error) {
 	return float64(n) * float64(idle1-idle0) / float64(total1-total0), nil
 }
 
+// IdleCPUs is idleCPUs for tools outside the package, such as the
+// benchmark's quiet gate.
+func IdleCPUs(ctx context.Context, d time.Duration) (float64, error) { return idleCPUs(ctx, d) }
+
 // cpuTicks reads the host's CPU time so far from /proc/stat: idle and
 // I/O wait ticks, all ticks, and the number of CPUs.
 func cpuTicks() (idle, total uint64, cpus int, err error) {

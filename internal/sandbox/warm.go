@@ -129,14 +129,7 @@ type WarmSpec struct {
 // cfg.PoolSize sandboxes of it. Until a template is warm its creates boot
 // cold. The work belongs to the manager: Close stops it and waits for it.
 func (m *Manager) StartWarming(specs []WarmSpec) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.stopped() {
-		return
-	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
+	m.goBackground(func() {
 		ctx, cancel := m.untilClose()
 		defer cancel()
 		keep := map[string]bool{}
@@ -167,7 +160,24 @@ func (m *Manager) StartWarming(specs []WarmSpec) {
 			m.EnablePool(s.Template, m.cfg.PoolSize)
 			m.enableStandby(s.Template)
 		}
+	})
+}
+
+// goBackground runs f in the background as the manager's own work, which
+// Close waits for; once the manager is closed it runs nothing and returns
+// false.
+func (m *Manager) goBackground(f func()) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopped() {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		f()
 	}()
+	return true
 }
 
 // keepWarmFresh marks the warm images of specs as in use, now and then
