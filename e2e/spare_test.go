@@ -185,9 +185,10 @@ func untilWarmContext(t *testing.T, c *client.Client, sb *client.Sandbox, when s
 // TestForkChildrenWarmContexts: a fork taken while the parent's replacement
 // spare is likely still starting (its first context took the spare; the
 // replacement starts 2 s later and takes seconds) gives children that
-// answer with the parent's state, each its own, and whose new contexts are
-// warm again once they are quiet: a child drops the start its image caught
-// half done and starts its spare afresh.
+// answer with the parent's state, each its own. The fork has the parent's
+// agent give that start up (its hold of the spares); the children's new
+// contexts are warm again once they are quiet (their hello ends the hold),
+// and so are the parent's (the fork ends its hold).
 func TestForkChildrenWarmContexts(t *testing.T) {
 	s := sharedServer(t)
 	c := s.client()
@@ -217,4 +218,5 @@ func TestForkChildrenWarmContexts(t *testing.T) {
 	for i := range kids {
 		untilWarmContext(t, c, &kids[i], fmt.Sprintf("in fork child %d", i), nil)
 	}
+	untilWarmContext(t, c, sb, "in the fork's parent", nil)
 }

@@ -81,6 +81,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/contexts/spares/release", s.api(s.releaseSpares))
 	mux.HandleFunc("POST /v1/contexts/spares/refill", s.api(s.refillSpares))
 	mux.HandleFunc("POST /v1/contexts/spares/hold", s.api(s.holdSpares))
+	mux.HandleFunc("DELETE /v1/contexts/spares/hold", s.api(s.unholdSpares))
 	mux.HandleFunc("DELETE /v1/contexts/{id}", s.api(s.deleteContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/interrupt", s.api(s.interruptContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.api(s.restartContext))

@@ -24,9 +24,10 @@ import (
 // (bench/results/2026-12-01-vm-fork-hold-wait-vs-c32c9d5.json). So a hold
 // gives the start in flight up (its kernel is killed) and waits only for
 // that to end: 23 ms, and the fork's children answered in 1.9 s against
-// 3.7 s (…-fork-hold-vs-c32c9d5.json). The parent, and each child after
-// its hello, starts its missing spares again once quiet, as after any
-// hand-out. Held, the refiller starts nothing.
+// 3.7 s (…-fork-hold-vs-c32c9d5.json). The parent, once its forks ended
+// their holds (holds are counted: two forks may overlap), and each child
+// after its hello, starts its missing spares again once quiet, as after
+// any hand-out. Held, the refiller starts nothing.
 
 // maxHoldWait bounds the wait a hold request may ask for.
 const maxHoldWait = time.Minute
@@ -47,12 +48,31 @@ func (s *Server) holdSpares(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// hold stops the refiller from starting spares until unrelease, gives up
-// the start in flight, and waits until it has ended or ctx ends.
+// unholdSpares answers DELETE /v1/contexts/spares/hold.
+func (s *Server) unholdSpares(w http.ResponseWriter, r *http.Request) error {
+	s.cfg.Contexts.spares.unhold()
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// unhold ends one hold; the last one wakes the refiller.
+func (sp *spareSet) unhold() {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if sp.held == 0 {
+		return
+	}
+	sp.held--
+	sp.wake()
+}
+
+// hold stops the refiller from starting spares until as many unholds (or
+// unrelease), gives up the start in flight, and waits until it has ended
+// or ctx ends.
 func (sp *spareSet) hold(ctx context.Context) agentproto.Held {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	sp.held = true
+	sp.held++
 	if sp.abort != nil {
 		sp.abort()
 	}

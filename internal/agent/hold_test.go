@@ -15,7 +15,7 @@ import (
 
 // TestHoldGivesUpAStartAndStopsTheRefiller: a hold gives up the start in
 // flight and waits until it has ended; while held nothing wakes the
-// refiller; a hello or refill (unrelease) ends the hold and wakes it once.
+// refiller; the hold's end wakes it once.
 func TestHoldGivesUpAStartAndStopsTheRefiller(t *testing.T) {
 	aborted := make(chan struct{})
 	sp := &spareSet{kick: make(chan struct{}, 1), want: map[string]int{"python": 1}, ready: map[string][]*jupyter.Kernel{},
@@ -42,9 +42,32 @@ func TestHoldGivesUpAStartAndStopsTheRefiller(t *testing.T) {
 	if len(sp.kick) != 0 {
 		t.Fatal("a held spare set woke its refiller")
 	}
+	sp.unhold()
+	if sp.held != 0 || len(sp.kick) != 1 {
+		t.Fatalf("after unhold: held %d, %d wake-ups queued, want 0 and 1", sp.held, len(sp.kick))
+	}
+	sp.unhold() // not held: nothing more
+	if sp.held != 0 || len(sp.kick) != 1 {
+		t.Fatalf("an unhold of a set not held: held %d, %d wake-ups queued", sp.held, len(sp.kick))
+	}
+}
+
+// TestHoldsAreCounted: of two forks' holds, the first to end leaves the
+// other in force; a hello (unrelease: a fork's child, or a resume) ends
+// every hold.
+func TestHoldsAreCounted(t *testing.T) {
+	sp := &spareSet{kick: make(chan struct{}, 1), want: map[string]int{"python": 1}, ready: map[string][]*jupyter.Kernel{},
+		starting: map[string]int{}, added: make(chan struct{})}
+	sp.hold(context.Background())
+	sp.hold(context.Background())
+	sp.unhold()
+	if sp.held != 1 || len(sp.kick) != 0 {
+		t.Fatalf("after one of two unholds: held %d, %d wake-ups queued, want 1 and 0", sp.held, len(sp.kick))
+	}
+	sp.hold(context.Background())
 	sp.unrelease()
-	if sp.held || len(sp.kick) != 1 {
-		t.Fatalf("after unrelease: held %v, %d wake-ups queued, want false and 1", sp.held, len(sp.kick))
+	if sp.held != 0 || len(sp.kick) != 1 {
+		t.Fatalf("after a hello: held %d, %d wake-ups queued, want 0 and 1", sp.held, len(sp.kick))
 	}
 }
 
@@ -55,13 +78,13 @@ func TestHoldGivesUpWithItsContext(t *testing.T) {
 		starting: map[string]int{"python": 1}, added: make(chan struct{})}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if h := sp.hold(ctx); h != (agentproto.Held{Starting: 1}) || !sp.held {
-		t.Fatalf("hold = %+v, held %v; want one starting, held", h, sp.held)
+	if h := sp.hold(ctx); h != (agentproto.Held{Starting: 1}) || sp.held != 1 {
+		t.Fatalf("hold = %+v, held %d; want one starting, held once", h, sp.held)
 	}
 }
 
 // TestHoldRequests: an agent that never kept spares answers a hold at once
-// with nothing; a wait_ms that is not a number of ms up to a minute is
+// with nothing, and its end with 204; a wait_ms that is not a number of ms up to a minute is
 // refused with the stable code invalid_request.
 func TestHoldRequests(t *testing.T) {
 	h := NewServer(Config{Home: t.TempDir()}, 1).Handler()
@@ -70,6 +93,11 @@ func TestHoldRequests(t *testing.T) {
 	var out agentproto.Held
 	if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &out) != nil || out != (agentproto.Held{}) {
 		t.Fatalf("hold: %d %s, want 200 with nothing ready or starting", rec.Code, rec.Body)
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("DELETE", "/v1/contexts/spares/hold", nil))
+	if rec.Code != http.StatusNoContent {
+		t.Fatalf("unhold: %d %s, want 204", rec.Code, rec.Body)
 	}
 	for _, bad := range []string{"-1", "x", "60001"} {
 		rec := httptest.NewRecorder()

@@ -49,10 +49,10 @@ type spareSet struct {
 	// released: the spares were shut down for an idle suspend (see
 	// releaseSpares); none is started until the next hello or refill.
 	released bool
-	// held: a fork's checkpoint is coming (hold.go); the ready spares are
-	// kept, but none is started until the next hello or refill. abort
-	// gives up the start in flight, if any.
-	held  bool
+	// held counts the forks whose checkpoint is coming (hold.go); while
+	// any, the ready spares are kept but none is started. abort gives up
+	// the start in flight, if any.
+	held  int
 	abort context.CancelFunc
 	// starting counts the spares being started, by language; added is
 	// closed (and replaced) whenever one is added, for a hand-out that
@@ -210,7 +210,7 @@ func pythonSetEnv(env map[string]string) string {
 
 // wake tells the refiller to look. sp.mu is held.
 func (sp *spareSet) wake() {
-	if sp.released || sp.held {
+	if sp.released || sp.held > 0 {
 		return
 	}
 	select {
@@ -245,7 +245,7 @@ func (cs *Contexts) refill() {
 			sp.mu.Lock()
 			var lang string
 			for _, l := range sortedKeys(sp.want) {
-				if len(sp.ready[l]) < sp.want[l] && !sp.released && !sp.held {
+				if len(sp.ready[l]) < sp.want[l] && !sp.released && sp.held == 0 {
 					lang = l
 					break
 				}
@@ -264,7 +264,7 @@ func (cs *Contexts) refill() {
 			sp.mu.Lock()
 			sp.starting[lang]--
 			sp.abort = nil
-			given := err != nil && sp.held // given up for a fork (hold.go)
+			given := err != nil && sp.held > 0 // given up for a fork (hold.go)
 			if err != nil {
 				sp.signal() // a hand-out or a hold waiting for it looks again
 			}

@@ -30,8 +30,7 @@ func (s *Server) releaseSpares(w http.ResponseWriter, r *http.Request) error {
 }
 
 // refillSpares answers POST /v1/contexts/spares/refill: the suspend the
-// spares were released for did not happen, or the checkpoint they were held
-// for is done (hold.go).
+// spares were released for did not happen.
 func (s *Server) refillSpares(w http.ResponseWriter, r *http.Request) error {
 	s.cfg.Contexts.spares.unrelease()
 	w.WriteHeader(http.StatusNoContent)
@@ -58,14 +57,15 @@ func (sp *spareSet) release() []*jupyter.Kernel {
 	return ks
 }
 
-// unrelease keeps the spares again after a release or a hold (hold.go)
-// and wakes the refiller to start those missing.
+// unrelease keeps the spares again after a release, or holds (hold.go)
+// that were never ended (a hello: a fork's child, or a resume), and wakes
+// the refiller to start those missing.
 func (sp *spareSet) unrelease() {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	if !sp.released && !sp.held {
+	if !sp.released && sp.held == 0 {
 		return
 	}
-	sp.released, sp.held = false, false
+	sp.released, sp.held = false, 0
 	sp.wake()
 }

@@ -29,11 +29,11 @@ type Released struct {
 
 // Held answers POST /v1/contexts/spares/hold?wait_ms=N, which readies a
 // sandbox for a checkpoint that several sandboxes will restore (a fork): no
-// spare kernel starts from then until the next hello or POST
-// /v1/contexts/spares/refill, and a start in flight is given up (its kernel
-// killed), the call waiting up to N ms for that to end, so that the image
-// holds no spare halfway through its start, which every child would then
-// finish.
+// spare kernel starts from then until as many DELETE
+// /v1/contexts/spares/hold (or the next hello), and a start in flight is
+// given up (its kernel killed), the call waiting up to N ms for that to
+// end, so that the image holds no spare halfway through its start, which
+// every child would then finish.
 type Held struct {
 	Ready    int `json:"ready"`    // spare kernels ready, all languages
 	Starting int `json:"starting"` // starts still in flight when the wait ended

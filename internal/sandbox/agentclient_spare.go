@@ -47,13 +47,19 @@ func (c *AgentClient) RefillSpares(ctx context.Context) error {
 }
 
 // HoldSpares readies a sandbox for a fork's checkpoint: the agent starts
-// no spare kernel until the next hello or RefillSpares, and waits up to
-// wait for the starts in flight (see agentproto.Held).
+// no spare kernel until UnholdSpares (or the next hello), and gives up a
+// start in flight, waiting up to wait for it to end (see agentproto.Held).
 func (c *AgentClient) HoldSpares(ctx context.Context, wait time.Duration) (agentproto.Held, error) {
 	var out agentproto.Held
 	q := url.Values{"wait_ms": {strconv.FormatInt(wait.Milliseconds(), 10)}}
 	err := c.do(ctx, http.MethodPost, "/v1/contexts/spares/hold", q, nil, &out)
 	return out, err
+}
+
+// UnholdSpares ends one HoldSpares: once none is left, the agent may start
+// its missing spares again.
+func (c *AgentClient) UnholdSpares(ctx context.Context) error {
+	return c.do(ctx, http.MethodDelete, "/v1/contexts/spares/hold", nil, nil, nil)
 }
 
 // DialAgent opens a host session with the agent of a sandbox the caller

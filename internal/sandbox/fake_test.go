@@ -45,8 +45,8 @@ type fakeRuntime struct {
 	// and wait until the request is given up.
 	sparesHold  bool
 	sparesAsked chan struct{}
-	// suspendLog records, in order, the agent's releases, holds and
-	// refills of its spares and the checkpoints, each followed by the
+	// suspendLog records, in order, the agent's releases, holds, unholds
+	// and refills of its spares and the checkpoints, each followed by the
 	// sandbox's id.
 	suspendLog []string
 }
@@ -222,6 +222,12 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 		r.suspendLog = append(r.suspendLog, "hold "+b.id+" wait_ms="+req.URL.Query().Get("wait_ms"))
 		r.mu.Unlock()
 		json.NewEncoder(w).Encode(agentproto.Held{Ready: 1})
+	})
+	mux.HandleFunc("DELETE /v1/contexts/spares/hold", func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		r.suspendLog = append(r.suspendLog, "unhold "+b.id)
+		r.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /v1/contexts/spares/refill", func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()

@@ -42,10 +42,10 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 		return nil, err
 	}
 	tHold := time.Now()
-	held := m.holdForFork(ctx, id)
-	if held != nil {
-		// The parent's refiller may start its missing spares again once
-		// the checkpoint is done; each child's hello does the same.
+	if held := m.holdForFork(ctx, id); held != nil {
+		// Once the children run, the parent's refiller may start its
+		// missing spares again (each child's hello does the same); not
+		// before, so that it does not compete with their restores.
 		defer m.unholdAfterFork(held, id)
 	}
 	t0 := time.Now()
@@ -136,13 +136,14 @@ func (m *Manager) holdForFork(ctx context.Context, id string) *AgentClient {
 	return c
 }
 
-// unholdAfterFork lets the parent's agent start its missing spares again,
-// in the background.
+// unholdAfterFork ends the hold holdForFork took, in the background: the
+// parent's agent may start its missing spares again once no other fork
+// holds them.
 func (m *Manager) unholdAfterFork(c *AgentClient, id string) {
 	m.goBackground(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 		defer cancel()
-		if err := c.RefillSpares(ctx); err != nil {
+		if err := c.UnholdSpares(ctx); err != nil {
 			m.log.Warn("letting the spare kernels start again after a fork", "sandbox", id, "err", err)
 		}
 	})

@@ -45,8 +45,8 @@ func TestDirSize(t *testing.T) {
 }
 
 // A fork holds the parent's spare kernels across its checkpoint (the agent
-// gives up a start in flight, waiting up to 5 s for that) and lets them
-// start again after.
+// gives up a start in flight, waiting up to 5 s for that) and ends its
+// hold once its children run.
 func TestForkHoldsTheParentsSpares(t *testing.T) {
 	h := newHarness(t)
 	parent := h.create()
@@ -55,10 +55,10 @@ func TestForkHoldsTheParentsSpares(t *testing.T) {
 		if _, err := h.m.Fork(context.Background(), project, parent.ID, count, nil, nil); err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"hold " + parent.ID + " wait_ms=5000", "checkpoint " + parent.ID, "refill " + parent.ID}
+		want := []string{"hold " + parent.ID + " wait_ms=5000", "checkpoint " + parent.ID, "unhold " + parent.ID}
 		var got []string
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			// The refill is sent in the background after the answer.
+			// The unhold is sent in the background after the answer.
 			if got = append(got, h.rt.takeSuspendLog()...); len(got) >= len(want) {
 				break
 			}

@@ -479,9 +479,10 @@ func (k *Kernel) launch(ctx context.Context) (in *instance, err error) {
 		}
 	}
 	var asked []string
+	started := in // the result is nil when the handshake fails
 	defer func() {
 		for _, id := range asked {
-			in.forget(id)
+			started.forget(id)
 		}
 	}()
 	tick := time.NewTicker(200 * time.Millisecond)

@@ -726,6 +726,51 @@ func TestStartFailure(t *testing.T) {
 	}
 }
 
+// A kernel that binds its sockets but never answers kernel_info: ctx ends
+// the start during the handshake, which fails cleanly (it once dereferenced
+// the instance it had already given up).
+func TestStartGivenUpDuringHandshake(t *testing.T) {
+	py := requirePython(t)
+	dir := t.TempDir()
+	mute := filepath.Join(t.TempDir(), "mute.py")
+	os.WriteFile(mute, []byte(`import json, sys, time, zmq
+ci = json.load(open(sys.argv[1]))
+ctx = zmq.Context()
+kinds = {"shell_port": zmq.ROUTER, "control_port": zmq.ROUTER, "stdin_port": zmq.ROUTER, "iopub_port": zmq.PUB, "hb_port": zmq.REP}
+socks = []
+for name, kind in kinds.items():
+    s = ctx.socket(kind)
+    if ci["transport"] == "ipc":
+        s.bind("ipc://%s-%s" % (ci["ip"], ci[name]))
+    else:
+        s.bind("tcp://%s:%s" % (ci["ip"], ci[name]))
+    socks.append(s)
+time.sleep(60)
+`), 0o644)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var proc Proc
+	launch := testLaunch(filepath.Join(t.TempDir(), "log"))
+	_, err := Start(ctx, Options{
+		Argv: []string{py, mute, "{connection_file}"},
+		Launch: func(argv, env []string, cwd string) (Proc, error) {
+			p, err := launch(argv, env, cwd)
+			proc = p
+			return p, err
+		},
+		RuntimeDir: dir,
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("start of a kernel that never answers: %v, want the deadline", err)
+	}
+	if pidExists(proc.Pid()) {
+		t.Error("the process outlived the failed start")
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Errorf("left behind: %v", ents)
+	}
+}
+
 func pidExists(pid int) bool {
 	_, err := os.Stat("/proc/" + strconv.Itoa(pid))
 	return err == nil
