@@ -702,12 +702,21 @@ func TestStartFailure(t *testing.T) {
 	}
 
 	// A kernel that never answers: ctx bounds the start.
-	ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+	startGivenUp(t, []string{"sleep", "60"}, time.Second)
+}
+
+// startGivenUp starts a kernel with argv that never gets ready, within
+// limit: the start must end with ctx's deadline, leaving no process and no
+// file behind.
+func startGivenUp(t *testing.T, argv []string, limit time.Duration) {
+	t.Helper()
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
 	var proc Proc
 	launch := testLaunch(filepath.Join(t.TempDir(), "log"))
-	_, err = Start(ctx, Options{
-		Argv: []string{"sleep", "60"},
+	_, err := Start(ctx, Options{
+		Argv: argv,
 		Launch: func(argv, env []string, cwd string) (Proc, error) {
 			p, err := launch(argv, env, cwd)
 			proc = p
@@ -716,7 +725,7 @@ func TestStartFailure(t *testing.T) {
 		RuntimeDir: dir,
 	})
 	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("start: %v", err)
+		t.Fatalf("start of a kernel that never gets ready: %v, want the deadline", err)
 	}
 	if pidExists(proc.Pid()) {
 		t.Error("the process outlived the failed start")
@@ -731,7 +740,6 @@ func TestStartFailure(t *testing.T) {
 // the instance it had already given up).
 func TestStartGivenUpDuringHandshake(t *testing.T) {
 	py := requirePython(t)
-	dir := t.TempDir()
 	mute := filepath.Join(t.TempDir(), "mute.py")
 	os.WriteFile(mute, []byte(`import json, sys, time, zmq
 ci = json.load(open(sys.argv[1]))
@@ -747,28 +755,7 @@ for name, kind in kinds.items():
     socks.append(s)
 time.sleep(60)
 `), 0o644)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	var proc Proc
-	launch := testLaunch(filepath.Join(t.TempDir(), "log"))
-	_, err := Start(ctx, Options{
-		Argv: []string{py, mute, "{connection_file}"},
-		Launch: func(argv, env []string, cwd string) (Proc, error) {
-			p, err := launch(argv, env, cwd)
-			proc = p
-			return p, err
-		},
-		RuntimeDir: dir,
-	})
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("start of a kernel that never answers: %v, want the deadline", err)
-	}
-	if pidExists(proc.Pid()) {
-		t.Error("the process outlived the failed start")
-	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
-		t.Errorf("left behind: %v", ents)
-	}
+	startGivenUp(t, []string{py, mute, "{connection_file}"}, 2*time.Second)
 }
 
 func pidExists(pid int) bool {
