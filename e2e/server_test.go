@@ -266,6 +266,21 @@ func processesMentioning(s string) []int {
 	return pids
 }
 
+// emptyCgroups lists the sandboxes' cgroup directories (every hierarchy)
+// that hold no process.
+func emptyCgroups() []string {
+	var dirs []string
+	for _, pat := range []string{"/sys/fs/cgroup/*/pandastack/sbx_*", "/sys/fs/cgroup/pandastack/sbx_*"} {
+		m, _ := filepath.Glob(pat)
+		for _, d := range m {
+			if b, err := os.ReadFile(filepath.Join(d, "cgroup.procs")); err == nil && len(bytes.TrimSpace(b)) == 0 {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	return dirs
+}
+
 // shared is the server most tests use; TestMain starts and stops it.
 var shared *server
 
@@ -280,6 +295,7 @@ func sharedServer(t *testing.T) *server {
 }
 
 func TestMain(m *testing.M) {
+	cgroupsBefore := emptyCgroups()
 	code := m.Run()
 	if shared != nil {
 		// Kill what the tests left, then stop: a test that leaks is caught
@@ -303,6 +319,14 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 		os.RemoveAll(shared.dataDir)
+	}
+	// A stopped sandbox's cgroups go with it (the cgroups of sandboxes
+	// still running, another server's perhaps, have processes in them).
+	for _, d := range emptyCgroups() {
+		if !slices.Contains(cgroupsBefore, d) {
+			fmt.Fprintf(os.Stderr, "FAIL: cgroup of a stopped sandbox left behind: %s\n", d)
+			code = 1
+		}
 	}
 	testutil.RemoveBinaries()
 	os.Exit(code)

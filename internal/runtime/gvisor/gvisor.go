@@ -485,14 +485,16 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 func (r *Runtime) remove(id string) error {
 	r.forgetPID(id)
 	r.destroy(id)
-	r.cleanup(id)
+	var err error
 	if pids := r.hostPIDs(id); len(pids) > 0 {
+		// Before the cleanup: their cgroups can go only once they exit.
 		for _, p := range pids {
 			syscall.Kill(p, syscall.SIGKILL)
 		}
-		return fmt.Errorf("stop %s: processes %v were still alive after runsc delete; killed", id, pids)
+		err = fmt.Errorf("stop %s: processes %v were still alive after runsc delete; killed", id, pids)
 	}
-	return nil
+	r.cleanup(id)
+	return err
 }
 
 // destroy kills and deletes the container; errors mean it was already gone.
@@ -507,7 +509,9 @@ func (r *Runtime) destroy(id string) {
 // cleanup removes the sandbox's directory and cgroups.
 func (r *Runtime) cleanup(id string) {
 	os.RemoveAll(r.dir(id))
-	removeCgroups(cgroupPath(id))
+	if err := removeCgroups(cgroupPath(id)); err != nil {
+		r.log.Warn("removing the cgroups of a sandbox", "sandbox", id, "err", err)
+	}
 }
 
 // State implements pandastack.Runtime.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -57,6 +58,15 @@ func TestMain(m *testing.M) {
 func TestConformance(t *testing.T) {
 	runsc := testutil.Runsc(t)
 	agent := filepath.Join(testutil.Binaries(t), "pandastack-agent")
+	before := conformanceCgroups()
+	defer func() {
+		// Every sandbox the suite made is gone; so are its cgroups.
+		for _, d := range conformanceCgroups() {
+			if !slices.Contains(before, d) {
+				t.Errorf("cgroup left behind: %s", d)
+			}
+		}
+	}()
 	runtimetest.Run(t, runtimetest.Env{
 		RootFS: busyboxRootFS(t),
 		New: func(t *testing.T) pandastack.Runtime {
@@ -68,4 +78,15 @@ func TestConformance(t *testing.T) {
 			return rt
 		},
 	})
+}
+
+// conformanceCgroups lists the cgroup directories of the conformance
+// suite's sandboxes (ids sbx_rt…), wherever runsc may have made them.
+func conformanceCgroups() []string {
+	var dirs []string
+	for _, pat := range []string{"/sys/fs/cgroup/*/pandastack/sbx_rt*", "/sys/fs/cgroup/*/sbx_rt*", "/sys/fs/cgroup/pandastack/sbx_rt*", "/sys/fs/cgroup/sbx_rt*"} {
+		m, _ := filepath.Glob(pat)
+		dirs = append(dirs, m...)
+	}
+	return dirs
 }

@@ -1,10 +1,16 @@
 package gvisor
 
 import (
+	"bufio"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -75,5 +81,52 @@ func TestCPUQuotaPeriod(t *testing.T) {
 	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/", MemoryMB: 256}, false)
 	if none.Linux.Resources.CPU != nil {
 		t.Fatalf("a CPU quota without cpu: %+v", none.Linux.Resources.CPU)
+	}
+}
+
+// TestRemoveCgroupsWaitsForExit: a cgroup whose last process is still
+// exiting when the removal starts is removed once that process is gone,
+// as after a SIGKILL to a sentry with much memory to free.
+func TestRemoveCgroupsWaitsForExit(t *testing.T) {
+	root := "/sys/fs/cgroup/pids"
+	if _, err := os.Stat(root); err != nil {
+		root = "/sys/fs/cgroup" // the v2 unified hierarchy
+	}
+	rel := fmt.Sprintf("/pandastack/test_%d", os.Getpid())
+	dir := filepath.Join(root, rel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("cannot make a cgroup (run as root): %v", err)
+		}
+		t.Skipf("cannot make a cgroup (run as root): %v", err)
+	}
+	t.Cleanup(func() { syscall.Rmdir(dir) })
+	// A shell that takes 300 ms to exit after SIGTERM.
+	cmd := exec.Command("sh", "-c", `trap 'sleep 0.3; exit 0' TERM; echo ready; while :; do sleep 0.05; done`)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+	if _, err := bufio.NewReader(out).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Rmdir(dir); !errors.Is(err, syscall.EBUSY) {
+		t.Fatalf("rmdir of a cgroup with a process in it: %v, want EBUSY", err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := removeCgroups(rel); err != nil {
+		t.Fatalf("removeCgroups: %v", err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("%s is still there: %v", dir, err)
 	}
 }

@@ -1,10 +1,14 @@
 package gvisor
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -134,6 +138,9 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
 	if !ownDisk {
 		spec.Mounts = append(spec.Mounts, ociMount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}})
 	}
+	// Always our path: without one runsc makes /<id> in every hierarchy,
+	// which removeCgroups would not find.
+	spec.Linux.CgroupsPath = cgroupPath(s.ID)
 	if s.MemoryMB > 0 || s.CPU > 0 || s.PIDs > 0 {
 		res := &ociResources{}
 		if s.MemoryMB > 0 {
@@ -161,19 +168,41 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
 			spec.Process.Env = append(spec.Process.Env, agentproto.NProcEnv+"="+strconv.Itoa(nprocLimit(s.PIDs)))
 		}
 		spec.Linux.Resources = res
-		spec.Linux.CgroupsPath = cgroupPath(s.ID)
 	}
 	return spec
 }
 
+// cgroupRemoveWait bounds removeCgroups' wait for the processes of a
+// sandbox just killed to leave its cgroups: a sentry tearing down a large
+// address space can take hundreds of ms to exit.
+const cgroupRemoveWait = 5 * time.Second
+
 // removeCgroups removes the sandbox's cgroup directories in every mounted
 // hierarchy (v1 controllers and the v2 unified mount). runsc usually removes
-// them itself; this catches a sandbox that died uncleanly.
-func removeCgroups(rel string) {
+// them itself; this catches a sandbox that died uncleanly, or whose runsc
+// was killed half-way. A cgroup still holding a process that is exiting
+// (EBUSY) is tried again until cgroupRemoveWait has passed; the error
+// names what is left.
+func removeCgroups(rel string) error {
 	roots, _ := filepath.Glob("/sys/fs/cgroup/*")
 	roots = append(roots, "/sys/fs/cgroup")
-	for _, root := range roots {
-		os.Remove(filepath.Join(root, rel)) // cgroup dirs are removed with rmdir, never recursively
+	deadline := time.Now().Add(cgroupRemoveWait)
+	for {
+		var busy []string
+		for _, root := range roots {
+			// cgroup dirs are removed with rmdir, never recursively.
+			if err := syscall.Rmdir(filepath.Join(root, rel)); errors.Is(err, syscall.EBUSY) {
+				busy = append(busy, root)
+			}
+		}
+		if len(busy) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s still in use after %v in %s", rel, cgroupRemoveWait, strings.Join(busy, ", "))
+		}
+		roots = busy
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
