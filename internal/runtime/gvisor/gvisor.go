@@ -366,6 +366,12 @@ func (r *Runtime) runDetached(ctx context.Context, spec pandastack.RuntimeSpec, 
 	if err != nil {
 		return fmt.Errorf("start %s: runsc %s: %w: %s", spec.ID, args[0], err, r.logTail(spec.ID))
 	}
+	if spec.MemoryMB > 0 {
+		// The sentry runs with its total memory taken: now the headroom.
+		if err := raiseMemoryLimit(cgroupPath(spec.ID), spec.MemoryMB); err != nil {
+			r.log.Warn("raising a sandbox's host memory limit", "sandbox", spec.ID, "err", err)
+		}
+	}
 	return nil
 }
 

@@ -1,10 +1,17 @@
 package gvisor_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -89,4 +96,37 @@ func conformanceCgroups() []string {
 		dirs = append(dirs, m...)
 	}
 	return dirs
+}
+
+// TestHostMemoryHeadroom: the host lets a sandbox hold an eighth more than
+// its memory (at least 64 MiB more), for gVisor's own; the sandbox still
+// sees its memory (the conformance suite checks /proc/meminfo).
+func TestHostMemoryHeadroom(t *testing.T) {
+	runsc := testutil.Runsc(t)
+	agent := filepath.Join(testutil.Binaries(t), "pandastack-agent")
+	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: t.TempDir(), AgentPath: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	root := busyboxRootFS(t)
+	for _, c := range []struct{ mb, wantMB int }{{128, 192}, {1024, 1152}} {
+		id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
+		rwc, err := rt.Start(context.Background(), pandastack.RuntimeSpec{ID: id, RootFS: root, MemoryMB: c.mb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rwc.Close()
+		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/pandastack", id, "memory.limit_in_bytes"))
+		if errors.Is(err, fs.ErrNotExist) {
+			b, err = os.ReadFile(filepath.Join("/sys/fs/cgroup/pandastack", id, "memory.max"))
+		}
+		rt.Stop(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(string(b)); got != strconv.Itoa(c.wantMB<<20) {
+			t.Errorf("host memory limit of a %d MiB sandbox: %s bytes, want %d MiB", c.mb, got, c.wantMB)
+		}
+	}
 }

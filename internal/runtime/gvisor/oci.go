@@ -172,6 +172,36 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
 	return spec
 }
 
+// hostMemoryLimit is the host's memory limit of a sandbox of memMB: its
+// memory plus headroom for what the host charges it beyond what it sees
+// (gVisor's own heap, the page tables and stub processes of its tasks, and
+// memory freed inside that the sentry gives back to the host later). The
+// sandbox sees memMB: runsc takes the limit as the sentry's total memory
+// when it starts the sentry, and the limit is raised only after that
+// (raiseMemoryLimit). The agent keeps the kernels within memMB by polling;
+// the headroom is also the time its polling has. Measured here, a kernel's
+// allocation loop was stopped with the sandbox 54 MiB past the agent's
+// threshold, and the host counting 945 MiB of a 1024 MiB sandbox.
+func hostMemoryLimit(memMB int) int64 {
+	b := int64(memMB) << 20
+	return b + max(b/8, 64<<20)
+}
+
+// raiseMemoryLimit sets the memory limit of the sandbox's cgroup rel to
+// hostMemoryLimit(memMB), in the v1 hierarchy or the v2 one.
+func raiseMemoryLimit(rel string, memMB int) error {
+	limit := []byte(strconv.FormatInt(hostMemoryLimit(memMB), 10))
+	for _, f := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", rel, "memory.limit_in_bytes"),
+		filepath.Join("/sys/fs/cgroup", rel, "memory.max"),
+	} {
+		if _, err := os.Stat(f); err == nil {
+			return os.WriteFile(f, limit, 0o644)
+		}
+	}
+	return fmt.Errorf("no memory cgroup %s", rel)
+}
+
 // cgroupRemoveWait bounds removeCgroups' wait for the processes of a
 // sandbox just killed to leave its cgroups: a sentry tearing down a large
 // address space can take hundreds of ms to exit.

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -100,6 +101,16 @@ func dial(t *testing.T, rwc io.ReadWriteCloser) *session {
 func (s *session) close() { s.sess.Close() }
 
 // exec runs a shell command through the agent and returns stdout and the exit event.
+// seesMemory checks that the sandbox sees mb MiB of memory in all
+// (/proc/meminfo's MemTotal), whatever the host allows it beyond.
+func (s *session) seesMemory(t *testing.T, mb int) {
+	t.Helper()
+	out, _ := s.exec(t, "head -1 /proc/meminfo")
+	if f := strings.Fields(out); len(f) != 3 || f[1] != strconv.Itoa(mb<<10) {
+		t.Fatalf("a sandbox of %d MiB: /proc/meminfo says %q, want MemTotal %d kB", mb, out, mb<<10)
+	}
+}
+
 func (s *session) exec(t *testing.T, cmd string) (string, agentproto.ExecEvent) {
 	t.Helper()
 	out, ev, err := s.tryExec(cmd)
@@ -297,6 +308,7 @@ func testMemoryLimit(t *testing.T, env Env) {
 	rwc := start(t, rt, pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS, MemoryMB: 128})
 	s := dial(t, rwc)
 	defer s.close()
+	s.seesMemory(t, 128)
 	if out, _ := s.exec(t, "head -c 20000000 /dev/zero | tail -c 20000000 | wc -c"); strings.TrimSpace(out) != "20000000" {
 		t.Fatalf("20 MB in a 128 MB sandbox: %q", out)
 	}
@@ -553,6 +565,7 @@ func testPreparedRestore(t *testing.T, env Env) {
 	if out, _ := s2.exec(t, "cat /home/user/f"); out != "kept\n" {
 		t.Fatalf("after a prepared restore: %q", out)
 	}
+	s2.seesMemory(t, 256)
 	s2.close()
 	if st, err := rt.State(ctx, id); err != nil || st != pandastack.RuntimeRunning {
 		t.Fatalf("state after a prepared restore: %v %v", st, err)
@@ -572,6 +585,7 @@ func testPreparedRestore(t *testing.T, env Env) {
 	if out, _ := k.exec(t, "cat /home/user/f"); out != "kept\n" {
 		t.Fatalf("restored with another spec: %q", out)
 	}
+	k.seesMemory(t, 256)
 	k.close()
 	if err := rt.Stop(ctx, kid); err != nil {
 		t.Fatal(err)
