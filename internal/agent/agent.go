@@ -146,6 +146,7 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 		AgentVersion:    s.cfg.Version,
 		Epoch:           s.epoch,
 		BootedAt:        s.cfg.BootedAt,
+		Contexts:        s.cfg.Contexts.readyIDs(),
 	})
 	return nil
 }

@@ -339,8 +339,8 @@ func (s *Server) context(id string) (*codeContext, error) {
 	return cc, nil
 }
 
-func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) error {
-	cs := s.cfg.Contexts
+// ready returns the contexts whose kernel has started, oldest first.
+func (cs *Contexts) ready() []*codeContext {
 	cs.mu.Lock()
 	ccs := make([]*codeContext, 0, len(cs.ctxs))
 	for _, cc := range cs.ctxs {
@@ -349,7 +349,22 @@ func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	cs.mu.Unlock()
-	sort.Slice(ccs, func(i, j int) bool { return ccs[i].created < ccs[j].created }) // oldest first
+	sort.Slice(ccs, func(i, j int) bool { return ccs[i].created < ccs[j].created })
+	return ccs
+}
+
+// readyIDs returns the ids of the contexts whose kernel has started.
+func (cs *Contexts) readyIDs() []string {
+	ccs := cs.ready()
+	ids := make([]string, len(ccs))
+	for i, cc := range ccs {
+		ids[i] = cc.info.ID
+	}
+	return ids
+}
+
+func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) error {
+	ccs := s.cfg.Contexts.ready()
 	list := make([]agentproto.Context, len(ccs))
 	for i, cc := range ccs {
 		list[i] = cc.info

@@ -43,6 +43,10 @@ type Hello struct {
 	AgentVersion    string    `json:"agent_version"`
 	Epoch           uint32    `json:"epoch"` // the epoch of the session that asked
 	BootedAt        time.Time `json:"booted_at"`
+	// Contexts are the ids of the code contexts the agent has ready (a warm
+	// image's default context, say), so that the host need not ask before
+	// the first run in one. Older agents leave it out.
+	Contexts []string `json:"contexts,omitempty"`
 }
 
 // EnvRequest (POST /v1/env) sets environment variables for every process

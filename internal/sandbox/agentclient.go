@@ -86,6 +86,7 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bo
 		c.Close()
 		return nil, fmt.Errorf("agent hello %s: answered for epoch %d, want %d", id, c.hello.Epoch, epoch)
 	}
+	c.knowContexts(c.hello.Contexts)
 	return c, nil
 }
 

@@ -28,9 +28,10 @@ func (c *AgentClient) CreateContext(ctx context.Context, req agentproto.ContextR
 // HasContext reports whether this session made or found the context id
 // (CreateContext) and did not delete it since (DeleteContext): for the
 // default context, which a run creates on first use, so that later runs
-// need not ask. Contexts go only through DeleteContext, and a new session
-// (a resume, a restore) starts with none known, except the resume of an
-// image this process paused (knowContexts).
+// need not ask. Contexts go only through DeleteContext. A new session (a
+// resume, a restore) starts knowing the contexts its agent's hello lists,
+// and, for the resume of an image this process paused, those the session
+// before the pause knew (knowContexts; an older agent's hello lists none).
 func (c *AgentClient) HasContext(id string) bool {
 	_, ok := c.contexts.Load(id)
 	return ok

@@ -20,6 +20,12 @@ import (
 // a pair of pipes, and returns a client of it.
 func fakeAgent(t *testing.T, handler func(mux *http.ServeMux)) *AgentClient {
 	t.Helper()
+	return fakeAgentWithContexts(t, nil, handler)
+}
+
+// fakeAgentWithContexts is fakeAgent whose hello lists contexts.
+func fakeAgentWithContexts(t *testing.T, contexts []string, handler func(mux *http.ServeMux)) *AgentClient {
+	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	go agentproto.Serve(inR, outW, func(epoch uint32, conn io.ReadWriteCloser) {
@@ -29,7 +35,7 @@ func fakeAgent(t *testing.T, handler func(mux *http.ServeMux)) *AgentClient {
 		}
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /v1/hello", func(w http.ResponseWriter, r *http.Request) {
-			json.NewEncoder(w).Encode(agentproto.Hello{ProtocolVersion: agentproto.ProtocolVersion, Epoch: epoch})
+			json.NewEncoder(w).Encode(agentproto.Hello{ProtocolVersion: agentproto.ProtocolVersion, Epoch: epoch, Contexts: contexts})
 		})
 		handler(mux)
 		http.Serve(sess, mux)
@@ -47,6 +53,20 @@ func fakeAgent(t *testing.T, handler func(mux *http.ServeMux)) *AgentClient {
 	}
 	t.Cleanup(func() { c.Close(); inR.Close(); outW.Close() })
 	return c
+}
+
+// TestHelloContextsAreKnown: the contexts a hello lists are known to the
+// session (no create before a run in them); others are not.
+func TestHelloContextsAreKnown(t *testing.T) {
+	c := fakeAgentWithContexts(t, []string{"ctx_default_python", "ctx_x"}, func(*http.ServeMux) {})
+	for id, want := range map[string]bool{"ctx_default_python": true, "ctx_x": true, "ctx_default_bash": false} {
+		if got := c.HasContext(id); got != want {
+			t.Errorf("HasContext(%s) = %v, want %v", id, got, want)
+		}
+	}
+	if c := fakeAgent(t, func(*http.ServeMux) {}); len(c.KnownContexts()) != 0 {
+		t.Errorf("an older agent's hello (no contexts): known %v", c.KnownContexts())
+	}
 }
 
 type closerFunc func() error
