@@ -26,6 +26,12 @@
 // the restore returns only after both; with one read fewer than the host
 // has CPUs, the decode keeps a CPU to itself.
 //
+// -patch also turns Go's garbage collector off while a restore decodes the
+// kernel's state (kernelEdits), unless the sentry's heap passes 256 MiB:
+// the decode allocates what it keeps, and the collector's cycles as the
+// heap grows from nothing only cost the restore time (measured: 10 to 40
+// ms of a restore step of about 200-280 ms; docs/architecture.md).
+//
 //	go run ./pandastack-precompiled -patch -root .
 //	go run ./pandastack-precompiled -root . [-all]
 package main
@@ -141,6 +147,29 @@ var pagesEdits = []edit{
 	},
 }
 
+// The kernel's restore and the edits that keep the Go garbage collector
+// off while it decodes the kernel's state (see the package doc).
+const kernelFile = "pkg/sentry/kernel/kernel.go"
+
+var kernelEdits = []edit{
+	{
+		"\t\"path/filepath\"\n\t\"time\"\n",
+		"\t\"path/filepath\"\n\t\"runtime/debug\"\n\t\"time\"\n",
+	},
+	{
+		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n\tstats, err := state.Load(ctx, r, k)\n",
+		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n" +
+			"\t// PandaStack (scripts/runsc-precompiled): no garbage collection\n" +
+			"\t// during the decode, whose heap mostly grows, unless the heap\n" +
+			"\t// passes 256 MiB (a very large image).\n" +
+			"\tpandastackGC := debug.SetGCPercent(-1)\n" +
+			"\tpandastackLimit := debug.SetMemoryLimit(256 << 20)\n" +
+			"\tstats, err := state.Load(ctx, r, k)\n" +
+			"\tdebug.SetMemoryLimit(pandastackLimit)\n" +
+			"\tdebug.SetGCPercent(pandastackGC)\n",
+	},
+}
+
 type edit struct{ old, new string }
 
 // patchSource applies systrapEdits and pagesEdits, each of which must match
@@ -151,7 +180,7 @@ func patchSource(root string) error {
 	for _, f := range []struct {
 		path  string
 		edits []edit
-	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}} {
+	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}, {kernelFile, kernelEdits}} {
 		path := filepath.Join(root, f.path)
 		b, err := os.ReadFile(path)
 		if err != nil {

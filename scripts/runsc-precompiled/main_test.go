@@ -82,3 +82,30 @@ func TestPagesEdits(t *testing.T) {
 		t.Fatal("the edits applied twice")
 	}
 }
+
+// The kernel edits apply to source shaped as gVisor's LoadFrom and leave
+// valid Go that turns the collector off around the state's decode only.
+func TestKernelEdits(t *testing.T) {
+	src := "package kernel\n\nimport (\n\t\"path/filepath\"\n\t\"time\"\n)\n\n" +
+		"func load() {\n\t_ = filepath.Join\n" +
+		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n\tstats, err := state.Load(ctx, r, k)\n\t_, _, _ = kernelStart, stats, err\n}\n"
+	got, err := applyEdits(src, kernelEdits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := format.Source([]byte(got)); err != nil {
+		t.Fatalf("patched source does not parse: %v\n%s", err, got)
+	}
+	off := strings.Index(got, "debug.SetGCPercent(-1)")
+	load := strings.Index(got, "state.Load(ctx, r, k)")
+	on := strings.Index(got, "debug.SetGCPercent(pandastackGC)")
+	if !strings.Contains(got, "debug.SetMemoryLimit(256 << 20)") || strings.Index(got, "debug.SetMemoryLimit(pandastackLimit)") < load {
+		t.Errorf("the decode's heap has no bound, or it stays after the decode:\n%s", got)
+	}
+	if off < 0 || !(off < load && load < on) || !strings.Contains(got, "\"runtime/debug\"") {
+		t.Errorf("the collector is not off around the decode alone:\n%s", got)
+	}
+	if _, err := applyEdits(got, kernelEdits); err == nil {
+		t.Fatal("the edits applied twice")
+	}
+}
