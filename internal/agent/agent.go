@@ -139,8 +139,13 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 		agentproto.AllowLargeFrames(s.conn)
 	}
 	// Resumed after an idle suspend, or a fork's child: start the spares
-	// again.
-	s.cfg.Contexts.spares.unrelease()
+	// again; or, for a host that paces the refills of its sandboxes
+	// (hold_spares=1), once it ends the hold it leaves (hold.go).
+	if r.URL.Query().Get("hold_spares") == "1" {
+		s.cfg.Contexts.spares.unreleaseHeld()
+	} else {
+		s.cfg.Contexts.spares.unrelease()
+	}
 	writeJSON(w, http.StatusOK, agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,
 		AgentVersion:    s.cfg.Version,

@@ -55,6 +55,18 @@ func (s *Server) unholdSpares(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// unreleaseHeld is unrelease for a hello that asks for a hold of its own
+// (hold_spares=1): every hold ends and the host's one begins, which it
+// ends (DELETE /v1/contexts/spares/hold) once the host has a CPU to spare.
+// A host that starts many sandboxes at once (a burst of creates, a fork)
+// keeps their refills, each a kernel's start and imports (3-4 s of CPU),
+// from competing with the restores and first cells still under way.
+func (sp *spareSet) unreleaseHeld() {
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	sp.released, sp.held = false, 1
+}
+
 // unhold ends one hold; the last one wakes the refiller.
 func (sp *spareSet) unhold() {
 	sp.mu.Lock()

@@ -36,6 +36,8 @@ type AgentClient struct {
 	// contexts holds the ids of the code contexts known to exist (see
 	// HasContext).
 	contexts sync.Map
+	// heldSpares: the hello held the agent's spare refills (refills.go).
+	heldSpares bool
 }
 
 // dialAgent opens a new session (a new epoch) on rwc and says hello. On
@@ -45,6 +47,16 @@ type AgentClient struct {
 // processes would be, so no two sandboxes draw the same numbers. A
 // sandbox's own image (pause, a server restart) keeps its state as is.
 func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bool) (*AgentClient, error) {
+	return dialAgentWith(ctx, id, rwc, hello{reseed: reseed})
+}
+
+// hello is what a dial asks of the agent in its hello: reseed (see
+// dialAgent), and holdSpares, a hold of the spares' refills that the
+// manager's refill pacer ends (refills.go).
+type hello struct{ reseed, holdSpares bool }
+
+// dialAgentWith is dialAgent with more to ask in the hello.
+func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hello) (*AgentClient, error) {
 	epoch := rand.Uint32() | 1 // never 0, so a zeroed header is never ours
 	sess, err := yamux.Client(agentproto.HostConn(rwc, epoch), agentproto.MuxConfig())
 	if err != nil {
@@ -68,8 +80,11 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bo
 	// large_frames: this host reads the agent's frames of up to 1 MiB
 	// (agentproto.AllowLargeFrames); an older agent ignores it.
 	q := url.Values{"sandbox_id": {id}, "large_frames": {"1"}}
-	if reseed {
+	if h.reseed {
 		q.Set("reseed", "1")
+	}
+	if h.holdSpares {
+		q.Set("hold_spares", "1")
 	}
 	if err := c.do(hctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
 		c.Close()
@@ -87,6 +102,7 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bo
 		return nil, fmt.Errorf("agent hello %s: answered for epoch %d, want %d", id, c.hello.Epoch, epoch)
 	}
 	c.knowContexts(c.hello.Contexts)
+	c.heldSpares = h.holdSpares
 	return c, nil
 }
 

@@ -56,6 +56,9 @@ type Config struct {
 	// (standby.go): each holds two waiting host processes. 0: none;
 	// DefaultConfig keeps 1.
 	PreparedCreates int
+	// UnpacedRefills lets every agent refill its spare kernels on its own
+	// schedule, instead of when the host has a CPU to spare (refills.go).
+	UnpacedRefills bool
 
 	// Images keeps snapshots; nil means a local directory store on
 	// SnapshotDir (imagestore.Local).
@@ -179,6 +182,7 @@ type Manager struct {
 	node         nodeState       // the other nodes as of the last heartbeat (node.go)
 	ownPaused    sync.Map        // sandbox id → ownPaused: paused images this process wrote (resume.go)
 	prepared     preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
+	refills      refillHolds     // sandboxes whose spare refills wait for the host (refills.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -560,7 +564,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	p.steps.done("restore_ms")
 	if err == nil {
 		var client *AgentClient
-		if client, err = dialAgent(startCtx, sb.ID, rwc, p.image != ""); err == nil {
+		if client, err = dialAgentWith(startCtx, sb.ID, rwc, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}); err == nil {
 			p.steps.done("agent_ms")
 			if err = m.setupSandbox(startCtx, client); err == nil {
 				p.steps.done("setup_ms")
@@ -585,6 +589,8 @@ func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *Ag
 	}
 	if !m.sbx.run(sb.ID, client, time.Duration(sb.IdleTimeoutSeconds)*time.Second) {
 		client.Close() // shutting down: the next start re-adopts it
+	} else {
+		m.holdRefills(sb.ID, client)
 	}
 	sb.State = pandastack.StateRunning
 	sb.Network = m.networkOf(sb.ID)

@@ -213,7 +213,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	steps.done("restore_ms")
 	var client *AgentClient
 	if err == nil {
-		if client, err = dialAgent(startCtx, id, rwc, false); err == nil {
+		if client, err = dialAgentWith(startCtx, id, rwc, hello{holdSpares: m.pacesRefills()}); err == nil {
 			steps.done("agent_ms")
 			if own {
 				client.knowContexts(m.contextsAtPause(id))
