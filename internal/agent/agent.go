@@ -10,8 +10,11 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -32,6 +35,10 @@ type Config struct {
 	// Processes are the background processes, shared by all sessions;
 	// nil: a new empty set.
 	Processes *Processes
+
+	// ResolvConf and CAMarker are the files a hello's setup writes and
+	// reads; "" means /etc/resolv.conf and agentproto.CAMarkerPath.
+	ResolvConf, CAMarker string
 }
 
 // Server answers the agent API for one host session.
@@ -56,6 +63,12 @@ func NewServer(cfg Config, epoch uint32) *Server {
 	}
 	if cfg.Processes == nil {
 		cfg.Processes = NewProcesses()
+	}
+	if cfg.ResolvConf == "" {
+		cfg.ResolvConf = "/etc/resolv.conf"
+	}
+	if cfg.CAMarker == "" {
+		cfg.CAMarker = agentproto.CAMarkerPath
 	}
 	return &Server{cfg: cfg, epoch: epoch, home: cfg.Home, log: cfg.Log.With("epoch", epoch)}
 }
@@ -146,14 +159,75 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	} else {
 		s.cfg.Contexts.spares.unrelease()
 	}
-	writeJSON(w, http.StatusOK, agentproto.Hello{
+	h := agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,
 		AgentVersion:    s.cfg.Version,
 		Epoch:           s.epoch,
 		BootedAt:        s.cfg.BootedAt,
 		Contexts:        s.cfg.Contexts.readyIDs(),
-	})
+		Features:        []string{agentproto.FeatureRunCreates},
+	}
+	// The host's setup of a sandbox after a boot or restore, in the same
+	// round trip: its resolver, and whether its trust store has the host's
+	// certificates already.
+	if ns := r.URL.Query().Get("resolver"); ns != "" {
+		if err := writeResolver(s.cfg.ResolvConf, ns); err != nil {
+			return err
+		}
+		h.Resolver = ns
+	}
+	if r.URL.Query().Get("ca_marker") == "1" {
+		m := readMarker(s.cfg.CAMarker)
+		h.CAMarker = &m
+	}
+	writeJSON(w, http.StatusOK, h)
 	return nil
+}
+
+// writeResolver points the sandbox's resolver at nameserver: path (its
+// /etc/resolv.conf) is replaced by a new file renamed into place, so a
+// symlink there (a template's systemd-resolved stub) is replaced rather
+// than written through.
+func writeResolver(path, nameserver string) error {
+	addr, err := netip.ParseAddr(nameserver)
+	if err != nil {
+		return pandastack.Errorf(pandastack.EInvalid, "resolver %q is not an IP address", nameserver)
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".new-*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	_, err = tmp.WriteString(agentproto.ResolvConf(addr.String()))
+	if err == nil {
+		err = tmp.Chmod(0o644)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// readMarker returns what the small file at path holds, trimmed; "" when
+// it cannot be read.
+func readMarker(path string) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.LimitReader(f, 256))
+	return strings.TrimSpace(string(b))
 }
 
 // api adapts a handler that returns an error before writing anything.

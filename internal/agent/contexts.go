@@ -237,15 +237,24 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		return pandastack.Errorf(pandastack.EInvalid, "bad context request: %v", err)
 	}
+	cc, err := s.newContext(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, cc.info)
+	return nil
+}
+
+// newContext creates the context req asks for (POST /v1/contexts, or a
+// run's RunRequest.Create) and returns it with its kernel started: a spare
+// when one fits, else a kernel started now. The start is not cancelled
+// with ctx's request.
+func (s *Server) newContext(rctx context.Context, req agentproto.ContextRequest) (*codeContext, error) {
 	if req.Language == "" {
 		req.Language = "python"
 	}
 	if req.ID == "" {
-		return pandastack.Errorf(pandastack.EInvalid, "context id is required")
-	}
-	argv, err := kernelArgv(req.Language)
-	if err != nil {
-		return err
+		return nil, pandastack.Errorf(pandastack.EInvalid, "context id is required")
 	}
 	cwd := req.Cwd
 	if cwd == "" {
@@ -255,13 +264,13 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 	}
 	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
 		if errors.Is(err, fs.ErrNotExist) || err == nil {
-			return pandastack.Errorf(pandastack.EInvalid, "cwd %s is not an existing directory", cwd)
+			return nil, pandastack.Errorf(pandastack.EInvalid, "cwd %s is not an existing directory", cwd)
 		}
-		return pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v", cwd, err)
+		return nil, pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v", cwd, err)
 	}
 	if runningAsRoot() {
 		if err := userCanEnter(cwd, agentproto.UserUID, agentproto.UserGID); err != nil {
-			return pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v; the kernel runs as the sandbox user (%s)", cwd, err, agentproto.UserName)
+			return nil, pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v; the kernel runs as the sandbox user (%s)", cwd, err, agentproto.UserName)
 		}
 	}
 
@@ -269,7 +278,7 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 	cs.mu.Lock()
 	if _, ok := cs.ctxs[req.ID]; ok {
 		cs.mu.Unlock()
-		return pandastack.Errorf(pandastack.EConflict, "context %s already exists", req.ID)
+		return nil, pandastack.Errorf(pandastack.EConflict, "context %s already exists", req.ID)
 	}
 	auto := req.AutoRestart == nil || *req.AutoRestart
 	cs.created++
@@ -277,24 +286,31 @@ func (s *Server) createContext(w http.ResponseWriter, r *http.Request) error {
 	cs.ctxs[req.ID] = cc // reserve the id while the kernel starts
 	cs.mu.Unlock()
 
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(rctx), 60*time.Second)
 	defer cancel()
-	// A spare kernel, started and warmed up ahead of time, if it fits.
+	// A spare kernel, started and warmed up ahead of time, if it fits;
+	// else one started now (a language without a kernel fails here).
+	var err error
 	k := cs.takeSpare(ctx, req.Language, cwd == s.home && len(req.Env) == 0)
 	if k == nil {
-		k, err = jupyter.Start(ctx, s.kernelOptions(req.Language, argv, req.ID, cwd, req.Env))
+		var argv []string
+		if argv, err = kernelArgv(req.Language); err == nil {
+			k, err = jupyter.Start(ctx, s.kernelOptions(req.Language, argv, req.ID, cwd, req.Env))
+		}
 	}
 	if err != nil {
 		cs.mu.Lock()
 		delete(cs.ctxs, req.ID)
 		cs.mu.Unlock()
-		return fmt.Errorf("start %s kernel: %w", req.Language, err)
+		if pandastack.IsCode(err, pandastack.EInvalid) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("start %s kernel: %w", req.Language, err)
 	}
 	cs.mu.Lock()
 	cc.kernel = k
 	cs.mu.Unlock()
-	writeJSON(w, http.StatusOK, cc.info)
-	return nil
+	return cc, nil
 }
 
 // kernelOptions says how to start a kernel of language with argv for the
@@ -337,6 +353,25 @@ func (s *Server) context(id string) (*codeContext, error) {
 		return nil, pandastack.Errorf(pandastack.EConflict, "context %s is still starting", id)
 	}
 	return cc, nil
+}
+
+// runContext returns the context id for a run; with create (the run's
+// RunRequest.Create), one that does not exist yet is created first. Two
+// first runs at once create it once: the second finds it made or still
+// starting, as a run after a POST /v1/contexts would.
+func (s *Server) runContext(ctx context.Context, id string, create *agentproto.ContextRequest) (*codeContext, error) {
+	cc, err := s.context(id)
+	if create == nil || !pandastack.IsCode(err, pandastack.ENotFound) {
+		return cc, err
+	}
+	if create.ID != id {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "the run's create names context %q, not this run's %s", create.ID, id)
+	}
+	cc, err = s.newContext(ctx, *create)
+	if pandastack.IsCode(err, pandastack.EConflict) {
+		return s.context(id)
+	}
+	return cc, err
 }
 
 // ready returns the contexts whose kernel has started, oldest first.
@@ -415,13 +450,13 @@ func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) error {
 
 func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	begun := time.Now()
-	cc, err := s.context(r.PathValue("id"))
-	if err != nil {
-		return err
-	}
 	var req agentproto.RunRequest
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		return pandastack.Errorf(pandastack.EInvalid, "bad run request: %v", err)
+	}
+	cc, err := s.runContext(r.Context(), r.PathValue("id"), req.Create)
+	if err != nil {
+		return err
 	}
 	if req.Language != "" && req.Language != cc.info.Language {
 		return pandastack.Errorf(pandastack.EInvalid, "context %s runs %s, not %s; leave out the language, or use a %s context", cc.info.ID, cc.info.Language, req.Language, req.Language)

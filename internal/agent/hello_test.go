@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -78,5 +80,64 @@ func TestHelloHoldsSpares(t *testing.T) {
 	call("GET", "/v1/hello", http.StatusOK)
 	if held, _, kicks := state(); held != 0 || kicks != 1 {
 		t.Fatalf("after a plain hello: held %d, %d wake-ups; want 0 and 1", held, kicks)
+	}
+}
+
+// TestHelloDoesTheSetup: a hello asked for the host's setup writes the
+// resolver (replacing a symlink there rather than writing through it) and
+// reports the CA marker; an address that is not one is refused; a plain
+// hello touches neither and reports no marker, as an older agent's.
+func TestHelloDoesTheSetup(t *testing.T) {
+	dir := t.TempDir()
+	resolv, marker, stub := filepath.Join(dir, "etc", "resolv.conf"), filepath.Join(dir, "ca.sha256"), filepath.Join(dir, "stub")
+	os.MkdirAll(filepath.Dir(resolv), 0o755)
+	os.WriteFile(stub, []byte("nameserver 127.0.0.53\n"), 0o644)
+	if err := os.Symlink(stub, resolv); err != nil {
+		t.Fatal(err)
+	}
+	h := NewServer(Config{Home: t.TempDir(), ResolvConf: resolv, CAMarker: marker}, 1).Handler()
+	hello := func(query string, want int) agentproto.Hello {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/v1/hello"+query, nil))
+		var out agentproto.Hello
+		if rec.Code != want || (want == http.StatusOK && json.Unmarshal(rec.Body.Bytes(), &out) != nil) {
+			t.Fatalf("hello%s: %d %s, want %d", query, rec.Code, rec.Body, want)
+		}
+		return out
+	}
+	out := hello("", http.StatusOK)
+	if out.Resolver != "" || out.CAMarker != nil || !out.HasFeature(agentproto.FeatureRunCreates) {
+		t.Fatalf("plain hello: resolver %q, marker %v, features %q", out.Resolver, out.CAMarker, out.Features)
+	}
+	if fi, err := os.Lstat(resolv); err != nil || fi.Mode()&os.ModeSymlink == 0 {
+		t.Fatalf("a plain hello changed the resolver: %v %v", fi, err)
+	}
+
+	out = hello("?resolver=10.11.0.1&ca_marker=1", http.StatusOK)
+	if out.Resolver != "10.11.0.1" || out.CAMarker == nil || *out.CAMarker != "" {
+		t.Fatalf("setup hello without a marker: resolver %q, marker %v", out.Resolver, out.CAMarker)
+	}
+	if b, err := os.ReadFile(resolv); err != nil || string(b) != agentproto.ResolvConf("10.11.0.1") {
+		t.Fatalf("resolv.conf: %q %v", b, err)
+	}
+	if b, _ := os.ReadFile(stub); string(b) != "nameserver 127.0.0.53\n" {
+		t.Fatalf("the symlink's target was written through: %q", b)
+	}
+	if fi, _ := os.Stat(resolv); fi.Mode().Perm() != 0o644 {
+		t.Fatalf("resolv.conf mode %v, want 0644", fi.Mode().Perm())
+	}
+
+	os.WriteFile(marker, []byte("abc123\n"), 0o644)
+	if out = hello("?ca_marker=1", http.StatusOK); out.CAMarker == nil || *out.CAMarker != "abc123" {
+		t.Fatalf("marker: %v", out.CAMarker)
+	}
+
+	hello("?resolver=10.11.0.1%0Anameserver+1.1.1.1", http.StatusBadRequest)
+	if b, _ := os.ReadFile(resolv); string(b) != agentproto.ResolvConf("10.11.0.1") {
+		t.Fatalf("a refused hello changed resolv.conf: %q", b)
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(resolv)); len(ents) != 1 {
+		t.Fatalf("temp files left beside resolv.conf: %v", ents)
 	}
 }

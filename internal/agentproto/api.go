@@ -9,8 +9,9 @@ import (
 
 // The agent's HTTP API, spoken over each yamux stream (HTTP/1.1):
 //
-//	GET    /v1/hello[?reseed=1][&large_frames=1] → Hello (reseed: after a restore of a shared image, see code.go;
-//	                                     large_frames: the host reads frames of up to 1 MiB, see AllowLargeFrames)
+//	GET    /v1/hello[?reseed=1][&large_frames=1][&resolver=ADDR][&ca_marker=1] → Hello (reseed: after a restore of a
+//	                                     shared image, see code.go; large_frames: the host reads frames of up to
+//	                                     1 MiB, see AllowLargeFrames; resolver and ca_marker: see Hello)
 //	POST   /v1/exec           ExecRequest → 200 NDJSON stream of ExecEvent, ending with one "exit" event
 //	PUT    /v1/files?path=P   raw body    → FileInfo (parents created; owned by the sandbox user)
 //	GET    /v1/files?path=P               → raw file content
@@ -47,6 +48,47 @@ type Hello struct {
 	// image's default context, say), so that the host need not ask before
 	// the first run in one. Older agents leave it out.
 	Contexts []string `json:"contexts,omitempty"`
+	// Features names what this agent does beyond its protocol version
+	// (the Feature* constants). Older agents leave it out, and a host
+	// asks them the older way.
+	Features []string `json:"features,omitempty"`
+	// Resolver is the nameserver address the hello wrote into
+	// /etc/resolv.conf (ResolvConf) when asked (resolver=ADDR): the
+	// host's setup of a sandbox, done without a round trip of its own.
+	// Empty when not asked, or from an older agent.
+	Resolver string `json:"resolver,omitempty"`
+	// CAMarker is what CAMarkerPath holds (trimmed; "" when missing),
+	// when asked (ca_marker=1): the host then knows whether the sandbox
+	// trusts its certificates already. Nil from an older agent.
+	CAMarker *string `json:"ca_marker,omitempty"`
+}
+
+// Features an agent names in its hello.
+const (
+	// FeatureRunCreates: a run (POST /v1/contexts/{id}/run) whose
+	// RunRequest.Create is set creates its context first when there is
+	// none, in the same round trip.
+	FeatureRunCreates = "run_creates_context"
+)
+
+// HasFeature reports whether the hello names feature f.
+func (h Hello) HasFeature(f string) bool {
+	for _, g := range h.Features {
+		if g == f {
+			return true
+		}
+	}
+	return false
+}
+
+// CAMarkerPath holds the digest of the certificates the host installed in
+// a sandbox's trust store (its caMarker).
+const CAMarkerPath = "/usr/local/share/pandastack/ca.sha256"
+
+// ResolvConf is the /etc/resolv.conf that points a sandbox at the resolver
+// on its gateway, nameserver.
+func ResolvConf(nameserver string) string {
+	return "# pandastack: the sandbox resolver, on its gateway\nnameserver " + nameserver + "\n"
 }
 
 // EnvRequest (POST /v1/env) sets environment variables for every process

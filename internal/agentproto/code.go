@@ -10,6 +10,7 @@ import "github.com/pandastack/pandastack"
 //	POST   /v1/contexts/{id}/interrupt                → 204
 //	POST   /v1/contexts/{id}/restart                  → Context
 //	POST   /v1/contexts/{id}/run        RunRequest    → 200 NDJSON stream of CodeEvent, ending with one "execution" event
+//	                                                    (RunRequest.Create: the context is created first if missing)
 //
 // GET /v1/hello?reseed=1 (see api.go) reseeds every kernel's random
 // generators: the host asks for it after restoring an image that other
@@ -47,6 +48,12 @@ type RunRequest struct {
 	// NoHistory keeps the cell out of execution_count and the history:
 	// for the platform's own cells (warm-up), not the user's.
 	NoHistory bool `json:"no_history,omitempty"`
+	// Create, if set, creates the context as POST /v1/contexts would
+	// (its ID must be the run's) when the sandbox has none of that id yet,
+	// before the run: the first run in a sandbox's default context in one
+	// round trip. An existing context is used as it is. Only for an agent
+	// whose hello names FeatureRunCreates.
+	Create *ContextRequest `json:"create,omitempty"`
 }
 
 // MIME types of the structured data the code-interpreter template's IPython

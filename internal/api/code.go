@@ -151,19 +151,20 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 	}
 	defer done()
 	clock.acquired = time.Now()
+	var create *agentproto.ContextRequest
 	if defaultContext {
 		if cid = req.ContextID; cid == "" {
 			if req.Language == "" {
 				req.Language = "python"
 			}
-			if cid, err = s.defaultContext(r, agent, req.Language); err != nil {
+			if cid, create, err = s.defaultContext(r, agent, req.Language); err != nil {
 				writeError(w, err)
 				return
 			}
 		}
 	}
 	clock.contextReady = time.Now()
-	areq := agentproto.RunRequest{Code: *req.Code, TimeoutMS: timeout.Milliseconds(), Env: req.Env, OutputCap: s.cfg.RunOutputCap}
+	areq := agentproto.RunRequest{Code: *req.Code, TimeoutMS: timeout.Milliseconds(), Env: req.Env, OutputCap: s.cfg.RunOutputCap, Create: create}
 	if req.ContextID != "" {
 		areq.Language = req.Language // the agent refuses a context of another language
 	}
@@ -207,18 +208,25 @@ func normalize(ex *agentproto.Execution) *agentproto.Execution {
 }
 
 // defaultContext returns the id of the sandbox's default context of a
-// language, creating it on first use. Its id is fixed per language, so
-// concurrent first uses race safely: one creates it, the other sees conflict.
-func (s *Server) defaultContext(r *http.Request, agent *sandbox.AgentClient, language string) (string, error) {
+// language, creating it on first use: an agent that can (its hello names
+// agentproto.FeatureRunCreates) in the run's own round trip (create, for
+// the run's request), an older one first. Its id is fixed per language,
+// so concurrent first uses race safely: one creates it, the other finds
+// it made.
+func (s *Server) defaultContext(r *http.Request, agent *sandbox.AgentClient, language string) (string, *agentproto.ContextRequest, error) {
 	id := sandbox.DefaultContextID(language)
 	if agent.HasContext(id) {
-		return id, nil // made or found before in this session: no need to ask
+		return id, nil, nil // made or found before in this session: no need to ask
 	}
-	_, err := agent.CreateContext(r.Context(), agentproto.ContextRequest{ID: id, Language: language})
+	req := agentproto.ContextRequest{ID: id, Language: language}
+	if agent.Hello().HasFeature(agentproto.FeatureRunCreates) {
+		return id, &req, nil
+	}
+	_, err := agent.CreateContext(r.Context(), req)
 	if err != nil && !pandastack.IsCode(err, pandastack.EConflict) {
-		return "", err
+		return "", nil, err
 	}
-	return id, nil
+	return id, nil, nil
 }
 
 // runClock times the steps of one run for the debug log ("code run"): the

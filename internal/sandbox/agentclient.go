@@ -51,9 +51,16 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bo
 }
 
 // hello is what a dial asks of the agent in its hello: reseed (see
-// dialAgent), and holdSpares, a hold of the spares' refills that the
-// manager's refill pacer ends (refills.go).
-type hello struct{ reseed, holdSpares bool }
+// dialAgent); holdSpares, a hold of the spares' refills that the
+// manager's refill pacer ends (refills.go); and the sandbox's setup
+// (setupSandbox) done in the same round trip: resolver, the nameserver to
+// write into its resolv.conf, and caMarker, to learn whether its trust
+// store has the host's certificates.
+type hello struct {
+	reseed, holdSpares bool
+	resolver           string
+	caMarker           bool
+}
 
 // dialAgentWith is dialAgent with more to ask in the hello.
 func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hello) (*AgentClient, error) {
@@ -85,6 +92,12 @@ func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hel
 	}
 	if h.holdSpares {
 		q.Set("hold_spares", "1")
+	}
+	if h.resolver != "" {
+		q.Set("resolver", h.resolver)
+	}
+	if h.caMarker {
+		q.Set("ca_marker", "1")
 	}
 	if err := c.do(hctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
 		c.Close()

@@ -88,6 +88,9 @@ func (c *AgentClient) RestartContext(ctx context.Context, id string) (agentproto
 
 // RunCode runs code in a context, calling onEvent for each output as it
 // happens (not for the final execution), and returns the whole Execution.
+// With req.Create (for an agent whose hello names
+// agentproto.FeatureRunCreates) the agent creates a missing context first,
+// and HasContext knows it once the run started.
 func (c *AgentClient) RunCode(ctx context.Context, id string, req agentproto.RunRequest, onEvent func(agentproto.CodeEvent) error) (agentproto.Execution, error) {
 	ex, _, err := c.RunCodeTimed(ctx, id, req, onEvent)
 	return ex, err
@@ -110,6 +113,9 @@ func (c *AgentClient) RunCodeTimed(ctx context.Context, id string, req agentprot
 			c.contexts.Delete(id)
 		}
 		return agentproto.Execution{}, nil, err
+	}
+	if req.Create != nil {
+		c.contexts.Store(id, true) // the run started: the context exists
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)

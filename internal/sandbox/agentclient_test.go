@@ -69,6 +69,48 @@ func TestHelloContextsAreKnown(t *testing.T) {
 	}
 }
 
+// TestRunCreatesContext: a run that carries its context's create (an
+// agent whose hello names FeatureRunCreates) makes HasContext know the
+// context once the agent started it; one the agent refused does not.
+func TestRunCreatesContext(t *testing.T) {
+	var mu sync.Mutex
+	var created []string
+	c := fakeAgent(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /v1/contexts/{id}/run", func(w http.ResponseWriter, r *http.Request) {
+			var req agentproto.RunRequest
+			json.NewDecoder(r.Body).Decode(&req)
+			if r.PathValue("id") == "ctx_bad" {
+				w.WriteHeader(http.StatusBadRequest)
+				var eb agentproto.ErrorBody
+				eb.Error.Code, eb.Error.Message = pandastack.EInvalid, "no kernel for that"
+				json.NewEncoder(w).Encode(eb)
+				return
+			}
+			if req.Create != nil {
+				mu.Lock()
+				created = append(created, req.Create.ID)
+				mu.Unlock()
+			}
+			json.NewEncoder(w).Encode(agentproto.CodeEvent{Type: "execution", Execution: &agentproto.Execution{}})
+		})
+	})
+	ctx := context.Background()
+	for _, id := range []string{"ctx_default_python", "ctx_bad"} {
+		c.RunCode(ctx, id, agentproto.RunRequest{Code: "1", Create: &agentproto.ContextRequest{ID: id, Language: "python"}}, nil)
+	}
+	if !c.HasContext("ctx_default_python") || c.HasContext("ctx_bad") {
+		t.Fatalf("known after runs with create: %v, want ctx_default_python alone", c.KnownContexts())
+	}
+	if _, err := c.RunCode(ctx, "ctx_x", agentproto.RunRequest{Code: "1"}, nil); err != nil || c.HasContext("ctx_x") {
+		t.Fatalf("a run without create: %v, known %v", err, c.KnownContexts())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(created) != 1 || created[0] != "ctx_default_python" {
+		t.Fatalf("the agent was asked to create %q", created)
+	}
+}
+
 type closerFunc func() error
 
 func (f closerFunc) Close() error { return f() }

@@ -39,6 +39,8 @@ type fakeRuntime struct {
 	restores      int             // Restore calls that succeeded
 	envSets       map[string]int  // POST /v1/env calls (a sandbox's setup), by sandbox
 	installs      int             // CA installs (the exec that writes caMarker)
+	markerReads   int             // GET /v1/files of caMarker (an older agent's setup)
+	helloSetup    bool            // the hello reports the CA marker when asked, as agents since ca_marker do
 	noAgent       bool            // sandboxes boot with an agent that never answers
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 	// sparesHold, when set, makes the spares request signal sparesAsked
@@ -106,8 +108,15 @@ func (r *fakeRuntime) serve(b *fakeBox) io.ReadWriteCloser {
 // variable, "get k" prints it, "hold" waits for the test), contexts and run.
 func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /v1/hello", func(w http.ResponseWriter, _ *http.Request) {
-		json.NewEncoder(w).Encode(agentproto.Hello{ProtocolVersion: agentproto.ProtocolVersion, Epoch: epoch})
+	mux.HandleFunc("GET /v1/hello", func(w http.ResponseWriter, req *http.Request) {
+		h := agentproto.Hello{ProtocolVersion: agentproto.ProtocolVersion, Epoch: epoch}
+		r.mu.Lock()
+		if r.helloSetup && req.URL.Query().Get("ca_marker") == "1" {
+			mk := strings.TrimSpace(b.vars["file:"+caMarker])
+			h.CAMarker = &mk
+		}
+		r.mu.Unlock()
+		json.NewEncoder(w).Encode(h)
 	})
 	mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, req *http.Request) {
 		var er agentproto.ExecRequest
@@ -157,6 +166,9 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	// Files live among the variables, so checkpoints keep them.
 	mux.HandleFunc("GET /v1/files", func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
+		if req.URL.Query().Get("path") == caMarker {
+			r.markerReads++
+		}
 		data, ok := b.vars["file:"+req.URL.Query().Get("path")]
 		r.mu.Unlock()
 		if !ok {

@@ -564,7 +564,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	p.steps.done("restore_ms")
 	if err == nil {
 		var client *AgentClient
-		if client, err = dialAgentWith(startCtx, sb.ID, rwc, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}); err == nil {
+		if client, err = dialAgentWith(startCtx, sb.ID, rwc, m.withSetup(sb.ID, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()})); err == nil {
 			p.steps.done("agent_ms")
 			if err = m.setupSandbox(startCtx, client); err == nil {
 				p.steps.done("setup_ms")

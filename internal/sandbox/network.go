@@ -121,7 +121,7 @@ fi
 // alike, so a restored sandbox that has the server's digest already (every
 // create from a warm image or a pool) skips installCA: a shell and five
 // processes in gVisor, 130-240 ms of a create here.
-const caMarker = "/usr/local/share/pandastack/ca.sha256"
+const caMarker = agentproto.CAMarkerPath
 
 // UseSandboxCA makes every sandbox trust the certificates in pem (e.g. the
 // host's system bundle, whose authority a TLS-inspecting proxy may use) in
@@ -135,11 +135,25 @@ func (m *Manager) UseSandboxCA(pem []byte) {
 	}
 }
 
+// withSetup adds to h what the agent of sandbox id (booted or restored,
+// its network up) can do of setupSandbox in its hello: write the resolver,
+// report the CA marker. An older agent ignores both, and setupSandbox
+// then does them itself.
+func (m *Manager) withSetup(id string, h hello) hello {
+	if ns, ok := m.resolverOf(id); ok {
+		h.resolver = ns
+	}
+	h.caMarker = len(m.caPEM) > 0
+	return h
+}
+
 // setupSandbox readies a freshly started or restored sandbox: its
 // resolver, its trust store and the variables that point tools at it. A
 // restored agent keeps the environment it was checkpointed with, and a
 // restored sandbox may sit behind a new gateway, so this runs after every
-// boot; it uses the agent's file API (no process) where it can.
+// boot; it uses the agent's file API (no process) where it can, and
+// nothing at all for what the session's hello did already (withSetup): on
+// a create from a warm image, no round trip.
 func (m *Manager) setupSandbox(parent context.Context, c *AgentClient) error {
 	ctx, cancel := context.WithTimeout(parent, setupTimeout)
 	defer cancel()
@@ -176,8 +190,12 @@ func ownDeadline(ctx, parent context.Context) bool {
 }
 
 // hasCA reports whether the sandbox has the server's certificates
-// installed already (caMarker); any doubt says no.
+// installed already (caMarker), from the hello's report when it made one;
+// any doubt says no.
 func (m *Manager) hasCA(ctx context.Context, c *AgentClient) bool {
+	if mk := c.hello.CAMarker; mk != nil {
+		return *mk == m.caDigest
+	}
 	rc, _, err := c.GetFile(ctx, caMarker, true)
 	if err != nil {
 		return false
@@ -187,23 +205,31 @@ func (m *Manager) hasCA(ctx context.Context, c *AgentClient) bool {
 	return err == nil && strings.TrimSpace(string(b)) == m.caDigest
 }
 
-// setupResolver points the sandbox's /etc/resolv.conf at the resolver on
-// its gateway (the first address of its /30); nothing without networking.
-// The firewall redirects DNS to any address there anyway, but not to a
-// loopback nameserver a template took from its build host
-// (systemd-resolved's 127.0.0.53), which would never leave the sandbox.
-// The file API renames a new file into place, replacing a symlink rather
-// than writing through it.
-func (m *Manager) setupResolver(ctx context.Context, c *AgentClient) error {
+// resolverOf returns the nameserver of sandbox id: the resolver on its
+// gateway (the first address of its /30); false without networking.
+func (m *Manager) resolverOf(id string) (string, bool) {
 	if m.net == nil {
-		return nil
+		return "", false
 	}
-	a, ok := m.net.Addr(c.id)
+	a, ok := m.net.Addr(id)
 	if !ok {
+		return "", false
+	}
+	return a.Prev().String(), true
+}
+
+// setupResolver points the sandbox's /etc/resolv.conf at its resolver
+// (resolverOf), unless the hello did. The firewall redirects DNS to any
+// address there anyway, but not to a loopback nameserver a template took
+// from its build host (systemd-resolved's 127.0.0.53), which would never
+// leave the sandbox. The file API renames a new file into place,
+// replacing a symlink rather than writing through it.
+func (m *Manager) setupResolver(ctx context.Context, c *AgentClient) error {
+	ns, ok := m.resolverOf(c.id)
+	if !ok || c.hello.Resolver == ns {
 		return nil
 	}
-	conf := "# pandastack: the sandbox resolver, on its gateway\nnameserver " + a.Prev().String() + "\n"
-	_, err := c.PutFile(ctx, "/etc/resolv.conf", true, strings.NewReader(conf))
+	_, err := c.PutFile(ctx, "/etc/resolv.conf", true, strings.NewReader(agentproto.ResolvConf(ns)))
 	return err
 }
 

@@ -262,7 +262,7 @@ func (m *Manager) restoreForPool(ctx context.Context, tpl Template) (pooled, err
 	if err != nil {
 		return pooled{}, err
 	}
-	client, err := dialAgent(ctx, id, rwc, true)
+	client, err := dialAgentWith(ctx, id, rwc, m.withSetup(id, hello{reseed: true}))
 	if err == nil {
 		err = m.setupSandbox(ctx, client)
 	}

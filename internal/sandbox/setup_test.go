@@ -44,6 +44,43 @@ func TestSetupSkipsInstalledCA(t *testing.T) {
 	}
 }
 
+// TestSetupInTheHello: with an agent whose hello reports the CA marker, a
+// restore whose certificates are in place costs no round trip after the
+// hello, one with other certificates is set up as before; an older agent's
+// setup reads the marker itself.
+func TestSetupInTheHello(t *testing.T) {
+	for _, newer := range []bool{true, false} {
+		h := newHarness(t)
+		h.rt.helloSetup = newer
+		ctx := context.Background()
+		h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\nA\n"))
+		sb := h.create()
+		snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reads := h.rt.markerReads
+		same, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := h.rt.setups(same.ID); n != 0 || h.rt.installs != 1 {
+			t.Fatalf("newer %v: a restore with the certificates in place was set up %d times (%d installs in all), want 0", newer, n, h.rt.installs)
+		}
+		if got, want := h.rt.markerReads-reads, map[bool]int{true: 0, false: 1}[newer]; got != want {
+			t.Fatalf("newer %v: the restore's setup read the marker %d times, want %d", newer, got, want)
+		}
+		h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\nB\n"))
+		other, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := h.rt.setups(other.ID); n != 1 || h.rt.installs != 2 {
+			t.Fatalf("newer %v: a restore with other certificates was set up %d times (%d installs in all), want 1", newer, n, h.rt.installs)
+		}
+	}
+}
+
 // TestSetupTimeoutIsTimeout: a setup that runs past its own bound (an
 // overloaded host) is reported as a timeout, not as an internal error; one
 // whose caller gave up is not relabelled.

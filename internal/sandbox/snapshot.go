@@ -213,7 +213,11 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	steps.done("restore_ms")
 	var client *AgentClient
 	if err == nil {
-		if client, err = dialAgentWith(startCtx, id, rwc, hello{holdSpares: m.pacesRefills()}); err == nil {
+		h := hello{holdSpares: m.pacesRefills()}
+		if !own {
+			h = m.withSetup(id, h)
+		}
+		if client, err = dialAgentWith(startCtx, id, rwc, h); err == nil {
 			steps.done("agent_ms")
 			if own {
 				client.knowContexts(m.contextsAtPause(id))
