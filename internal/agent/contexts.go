@@ -355,10 +355,10 @@ func (s *Server) context(id string) (*codeContext, error) {
 	return cc, nil
 }
 
-// runContext returns the context id for a run; with create (the run's
-// RunRequest.Create), one that does not exist yet is created first. Two
-// first runs at once create it once: the second finds it made or still
-// starting, as a run after a POST /v1/contexts would.
+// runContext returns the context a run of id goes to; with create (the
+// run's RunRequest.Create), one that does not exist yet is created first.
+// Two first runs at once create it once: the second finds it made, or
+// still starting (EConflict), as a run after a POST /v1/contexts would.
 func (s *Server) runContext(ctx context.Context, id string, create *agentproto.ContextRequest) (*codeContext, error) {
 	cc, err := s.context(id)
 	if create == nil || !pandastack.IsCode(err, pandastack.ENotFound) {
