@@ -87,6 +87,48 @@ func loadAvg() string {
 	return strings.Join(f[:3], " ")
 }
 
+// cpuTimes are the host's CPU times since boot, from /proc/stat's "cpu"
+// line, in clock ticks: steal is the time the hypervisor ran something
+// else while this machine's CPUs wanted to run, total all of it.
+type cpuTimes struct{ steal, total uint64 }
+
+func readCPUTimes() cpuTimes {
+	b, _ := os.ReadFile("/proc/stat")
+	return parseCPUTimes(string(b))
+}
+
+// parseCPUTimes reads the first line of /proc/stat ("cpu  user nice
+// system idle iowait irq softirq steal guest guest_nice"); guest time is
+// counted in user already. Anything else gives zero times.
+func parseCPUTimes(stat string) cpuTimes {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return cpuTimes{}
+	}
+	var t cpuTimes
+	for i, v := range f[1:min(len(f), 9)] {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return cpuTimes{}
+		}
+		t.total += n
+		if i == 7 {
+			t.steal = n
+		}
+	}
+	return t
+}
+
+// stealPercent is the share of the CPU time between a and b that the
+// hypervisor took (steal), as text; "" when unknown.
+func stealPercent(a, b cpuTimes) string {
+	if b.total <= a.total || b.steal < a.steal {
+		return ""
+	}
+	return strconv.FormatFloat(100*float64(b.steal-a.steal)/float64(b.total-a.total), 'f', 1, 64)
+}
+
 func memAvailable() string {
 	b, _ := os.ReadFile("/proc/meminfo")
 	for _, l := range strings.Split(string(b), "\n") {

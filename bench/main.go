@@ -187,6 +187,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 	rep := &Report{Results: []Stat{}, Date: began.UTC(), Host: host, Command: strings.TrimSpace("go run ./bench " + strings.Join(os.Args[1:], " ")), Revision: revision(), Settings: set, Machine: machine(runsc)}
 	rep.Machine["loadavg_start"] = loadAvg()
 	rep.Machine["mem_available_start"] = memAvailable()
+	cpuStart := readCPUTimes()
 
 	fmt.Fprintln(os.Stderr, "building pandastack and the agent")
 	binDir, err := buildBinaries()
@@ -272,6 +273,10 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 	}
 	rep.Machine["loadavg_end"] = loadAvg()
 	rep.Machine["mem_available_end"] = memAvailable()
+	// A virtual machine's hypervisor can take CPU time from it: how much it
+	// took during the run says whether the figures were measured on a
+	// whole machine.
+	rep.Machine["cpu_steal_percent"] = stealPercent(cpuStart, readCPUTimes())
 	rep.ServerProblems = append(pool.log.problems(), noPool.log.problems()...)
 	if b.baseline != nil {
 		rep.ServerProblems = append(rep.ServerProblems, b.baseline.log.problems()...)
@@ -328,8 +333,8 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func printTable(rep *Report) {
 	m := rep.Machine
-	fmt.Printf("Machine: %s cores (%s), %s RAM, kernel %s, runsc %s; load average %s at start, %s at end; %s other gVisor sandboxes running at start.\n\n",
-		m["cores"], m["cpu"], m["memory"], m["kernel"], m["runsc"], m["loadavg_start"], m["loadavg_end"], m["other_gvisor_sandboxes_at_start"])
+	fmt.Printf("Machine: %s cores (%s), %s RAM, kernel %s, runsc %s; load average %s at start, %s at end; %s%% of the CPU time taken by the hypervisor (steal) during the run; %s other gVisor sandboxes running at start.\n\n",
+		m["cores"], m["cpu"], m["memory"], m["kernel"], m["runsc"], m["loadavg_start"], m["loadavg_end"], m["cpu_steal_percent"], m["other_gvisor_sandboxes_at_start"])
 	fmt.Printf("| measurement | median | p95 | n | target |\n| --- | --- | --- | --- | --- |\n")
 	for _, s := range rep.Results {
 		tgt := ""

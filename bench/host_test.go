@@ -1,0 +1,21 @@
+package main
+
+import "testing"
+
+func TestParseCPUTimes(t *testing.T) {
+	got := parseCPUTimes("cpu  2533211 1890320 3965590 5586132 67725 0 42878 562542 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+	if want := (cpuTimes{steal: 562542, total: 2533211 + 1890320 + 3965590 + 5586132 + 67725 + 42878 + 562542}); got != want {
+		t.Fatalf("parseCPUTimes: %+v, want %+v", got, want)
+	}
+	for _, bad := range []string{"", "intr 1 2 3", "cpu 1 2 3", "cpu 1 2 3 4 5 6 7 x 0 0"} {
+		if got := parseCPUTimes(bad); got != (cpuTimes{}) {
+			t.Errorf("parseCPUTimes(%q) = %+v, want zero", bad, got)
+		}
+	}
+	if got := stealPercent(cpuTimes{steal: 10, total: 1000}, cpuTimes{steal: 60, total: 2000}); got != "5.0" {
+		t.Errorf("stealPercent: %q, want 5.0", got)
+	}
+	if got := stealPercent(cpuTimes{}, cpuTimes{}); got != "" {
+		t.Errorf("stealPercent without times: %q, want empty", got)
+	}
+}
