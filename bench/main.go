@@ -46,7 +46,7 @@ type Settings struct {
 }
 
 // sectionKeys name the sections for -only, in the order they run.
-var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "runcode-profile", "stream-profile", "pss", "density", "idle", "suspended", "languages", "network", "nodes"}
+var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "runcode-profile", "stream-profile", "pss", "density", "idle", "idle-cold", "suspended", "languages", "network", "nodes"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
@@ -97,11 +97,11 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
-	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle, suspended, create, burst, stream, recipe, runcode and fork sections alternate their rounds with servers of those (side by side)")
+	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle, idle-cold, suspended, create, burst, stream, recipe, runcode and fork sections alternate their rounds with servers of those (side by side)")
 	baselineRunsc := flag.String("baseline-runsc", "", "with -baseline: the runsc its servers use (default: the same as the others'), to compare runsc builds with the same pandastack binaries")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
-	quiet := flag.Bool("quiet", false, "the create and idle sections wait before each timed turn until the host's CPUs are quiet, so no turn shares them with work left by another server's turn (quiet.go)")
+	quiet := flag.Bool("quiet", false, "the create, idle and idle-cold sections wait before each timed turn until the host's CPUs are quiet, so no turn shares them with work left by another server's turn (quiet.go)")
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
 	flag.Parse()
 	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2,
@@ -251,6 +251,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 		{"pss", "idle memory per sandbox (PSS of its host processes)", b.idlePSS},
 		{"density", "density: idle code-interpreter sandboxes until 8 GiB, a failure or a 2× slower create", b.density},
 		{"idle", "idle suspend: resume of an idle-suspended sandbox → first result, vs pause + resume", b.idleResume},
+		{"idle-cold", "idle suspend: resume → first result with the paused image in the page cache vs dropped from it", b.idleCold},
 		{"suspended", "density with idle suspend: code-interpreter sandboxes that suspend themselves, a random one woken at each level", b.suspendedDensity},
 		{"languages", "first and second run_code per language (python, bash, javascript, typescript, r, java)", b.languages},
 		{"nodes", "several hosts: create through a forwarding node vs direct; restore from object storage on another node vs local", b.nodes},

@@ -9,9 +9,47 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack/client"
 )
+
+// dropAndCount asks the host to drop path from its page cache
+// (POSIX_FADV_DONTNEED: pages in use or locked stay), then counts its pages
+// still cached (mincore) and all of them.
+func dropAndCount(t *testing.T, path string) (cached, total int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() == 0 {
+		t.Fatalf("%s is empty", path)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		t.Fatal(e)
+	}
+	for _, v := range vec {
+		cached += int(v & 1)
+	}
+	return cached, len(vec)
+}
 
 // waitState polls the sandbox until pred holds and returns it.
 func waitState(t *testing.T, s *server, id string, what string, pred func(*client.Sandbox) bool) *client.Sandbox {
@@ -86,6 +124,13 @@ func TestIdleSuspend(t *testing.T) {
 		// resume is prepared (--prepared-resumes): a runsc container
 		// created, waiting for the image.
 		eventually(t, "the suspended sandbox's resume to be prepared", func() bool { return s.runscStatus(sb.ID) == "created" })
+		// And its image is held in the page cache for it: pages the host
+		// drops (here: the test asks it to) the restore would read from disk.
+		pages := filepath.Join(image, "image", "pages.img")
+		eventually(t, "the prepared resume's image to stay in the page cache when dropped", func() bool {
+			cached, total := dropAndCount(t, pages)
+			return cached == total
+		})
 		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"})
 		if err != nil || ex.Text != "'kept'" {
 			t.Fatalf("run after suspend: %+v %v", ex, err)

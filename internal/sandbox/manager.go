@@ -249,6 +249,7 @@ func (m *Manager) Close() {
 	clients := m.sbx.close()
 	m.wg.Wait()
 	m.drainPools()
+	m.prepared.releaseAll()
 	for _, c := range clients {
 		c.Close()
 	}

@@ -25,16 +25,30 @@ import (
 // (bench/results/2026-12-01-vm-idle-quiet-*.json).
 
 // preparedResumes are the suspended sandboxes whose resume is prepared,
-// oldest first.
+// oldest first, with their images held in the page cache (pin.go).
 type preparedResumes struct {
-	mu  sync.Mutex
-	ids []string
+	mu   sync.Mutex
+	ids  []string
+	pins map[string]*pinnedImage
 }
 
-func (p *preparedResumes) add(id string) {
+// add records id's prepared resume and takes pin (nil: none) to release
+// when the resume goes.
+func (p *preparedResumes) add(id string, pin *pinnedImage) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.ids = append(slices.DeleteFunc(p.ids, func(s string) bool { return s == id }), id)
+	if p.pins == nil {
+		p.pins = map[string]*pinnedImage{}
+	}
+	p.pins[id].release()
+	p.pins[id] = pin
+}
+
+// unpin releases id's image; the caller holds p.mu.
+func (p *preparedResumes) unpin(id string) {
+	p.pins[id].release()
+	delete(p.pins, id)
 }
 
 // forget drops id; true if it was there.
@@ -43,6 +57,7 @@ func (p *preparedResumes) forget(id string) bool {
 	defer p.mu.Unlock()
 	n := len(p.ids)
 	p.ids = slices.DeleteFunc(p.ids, func(s string) bool { return s == id })
+	p.unpin(id)
 	return len(p.ids) < n
 }
 
@@ -53,7 +68,33 @@ func (p *preparedResumes) over(keep int) []string {
 	n := max(len(p.ids)-keep, 0)
 	out := slices.Clone(p.ids[:n])
 	p.ids = slices.Delete(p.ids, 0, n)
+	for _, id := range out {
+		p.unpin(id)
+	}
 	return out
+}
+
+// pinnedBytes is how much of the prepared resumes' images is held.
+func (p *preparedResumes) pinnedBytes() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for _, pin := range p.pins {
+		if pin != nil {
+			n += pin.bytes
+		}
+	}
+	return n
+}
+
+// releaseAll lets every held image go (the manager's Close); the prepared
+// containers are left to the next start, which removes them.
+func (p *preparedResumes) releaseAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id := range p.pins {
+		p.unpin(id)
+	}
 }
 
 // resumeSpec is the runtime spec that resumes sb from its paused image.
@@ -81,11 +122,18 @@ func (m *Manager) prepareResume(sb pandastack.Sandbox) {
 	m.dropPrepared(m.cfg.PreparedResumes - 1)
 	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StartTimeout)
 	defer cancel()
+	// Its image stays in the page cache until the resume (pin.go), held
+	// first: it is cached now, just written.
+	pin, err := pinImage(filepath.Join(dir, "image"))
+	if err != nil {
+		m.log.Warn("holding a suspended sandbox's image in memory; its resume may read it from disk", "sandbox", sb.ID, "err", err)
+	}
 	if err := rp.Prepare(ctx, m.resumeSpec(sb, man), filepath.Join(dir, "image")); err != nil {
+		pin.release()
 		m.log.Warn("preparing the resume of a suspended sandbox", "sandbox", sb.ID, "err", err)
 		return
 	}
-	m.prepared.add(sb.ID)
+	m.prepared.add(sb.ID, pin)
 }
 
 // dropPrepared removes the prepared resumes beyond the newest keep. A

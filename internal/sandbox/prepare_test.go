@@ -5,7 +5,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -137,6 +141,10 @@ func TestIdleSuspendPreparesResume(t *testing.T) {
 	if got := rt.preparedIDs(); !slices.Equal(got, slices.Sorted(slices.Values(ids[1:]))) {
 		t.Fatalf("prepared %v, want %v", got, ids[1:])
 	}
+	// The two prepared ones hold their images in memory, the dropped one not.
+	if got := h.m.prepared.pinnedBytes(); got != 2*fakePagesSize {
+		t.Fatalf("images held: %d bytes, want %d", got, 2*fakePagesSize)
+	}
 	if rec := h.record(ids[0]); rec.State != pandastack.StatePaused {
 		t.Fatalf("the sandbox whose prepared resume was dropped: %s", rec.State)
 	}
@@ -168,8 +176,8 @@ func TestIdleSuspendPreparesResume(t *testing.T) {
 	if got := rt.preparedIDs(); len(got) != 0 {
 		t.Fatalf("prepared resumes left after the kills: %v", got)
 	}
-	if len(h.m.prepared.ids) != 0 {
-		t.Fatalf("the manager still counts prepared resumes: %v", h.m.prepared.ids)
+	if len(h.m.prepared.ids) != 0 || h.m.prepared.pinnedBytes() != 0 {
+		t.Fatalf("the manager still counts prepared resumes: %v, %d bytes held", h.m.prepared.ids, h.m.prepared.pinnedBytes())
 	}
 }
 
@@ -178,7 +186,11 @@ func TestPrepareFailureKeepsSuspend(t *testing.T) {
 	rt.prepareErr = errors.New("no room")
 	sb := h.createIdle(10)
 	h.exec(sb.ID, "set v=kept")
+	locked := lockedKB(t)
 	h.m.suspend([]string{sb.ID})
+	if got := lockedKB(t) - locked; got != 0 {
+		t.Fatalf("a failed prepare left %d kB of its image locked", got)
+	}
 	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseIdle {
 		t.Fatalf("after a failed prepare: %s %q", rec.State, rec.PauseReason)
 	}
@@ -204,7 +216,7 @@ func TestPauseOnRequestPreparesNothing(t *testing.T) {
 func TestPreparedResumesList(t *testing.T) {
 	var p preparedResumes
 	for _, id := range []string{"a", "b", "c", "b"} {
-		p.add(id)
+		p.add(id, nil)
 	}
 	if !slices.Equal(p.ids, []string{"a", "c", "b"}) {
 		t.Fatalf("ids %v", p.ids)
@@ -317,5 +329,56 @@ func TestStandbyTakeWaitsForAPrepareUnderWay(t *testing.T) {
 	s.end("sbx_later")
 	if id, ok := s.take(context.Background()); !ok || id != "sbx_later" {
 		t.Fatalf("the container prepared after a create gave up: %q %v", id, ok)
+	}
+}
+
+// lockedKB is this process's locked memory (VmLck).
+func lockedKB(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmLck:"); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return n
+		}
+	}
+	t.Fatal("no VmLck in /proc/self/status")
+	return 0
+}
+
+// A pinned image is locked in memory until its prepared resume goes, by
+// forget or by over.
+func TestPinnedImages(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "checkpoint.img"), []byte("state"), 0o600)
+	os.WriteFile(filepath.Join(dir, "pages.img"), make([]byte, 1<<20), 0o600)
+	before := lockedKB(t)
+	var p preparedResumes
+	for _, id := range []string{"a", "b"} {
+		pin, err := pinImage(dir)
+		if err != nil {
+			t.Fatalf("pinImage: %v", err)
+		}
+		if pin.bytes != 1<<20+5 {
+			t.Fatalf("pinned %d bytes, want %d", pin.bytes, 1<<20+5)
+		}
+		p.add(id, pin)
+	}
+	if got := lockedKB(t) - before; got < 2<<10 {
+		t.Fatalf("%d kB locked with two images of 1 MiB held", got)
+	}
+	p.forget("a")
+	if got := lockedKB(t) - before; got < 1<<10 || got >= 2<<10 {
+		t.Fatalf("%d kB locked with one image held", got)
+	}
+	p.over(0)
+	if got := lockedKB(t) - before; got != 0 || p.pinnedBytes() != 0 {
+		t.Fatalf("%d kB locked, %d bytes counted with none held", got, p.pinnedBytes())
+	}
+	if _, err := pinImage(filepath.Join(dir, "missing")); err != nil {
+		t.Errorf("pinImage of a dir without image files: %v, want nothing pinned", err)
 	}
 }

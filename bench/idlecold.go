@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// idleCold measures the resume of an idle-suspended sandbox whose paused
+// image has left the host's page cache, as it has when the resume comes
+// minutes after the suspend: memory pressure drops file pages nobody reads,
+// and on the project's VM the kernel's DAMON reclaim pages them out after
+// 60 s unread (a 110 MB file there lost a third of its pages in 4 idle
+// minutes). The idle section resumes within a second of the suspend, its
+// image still cached. Each round, on each side, the sandbox suspends itself
+// twice: once it is resumed as it is (image cached), once after the bench
+// dropped its image's pages (posix_fadvise DONTNEED on each of its files);
+// the two take turns going first, and with -baseline the sides do too.
+func (b *bench) idleCold(ctx context.Context) error {
+	type side struct {
+		name      string
+		s         *server
+		id        string
+		hot, cold []float64
+		resident  []float64
+		steps     [2]map[string][]float64 // by mode: hot, cold
+		order     []string
+	}
+	sides := []*side{{name: "", s: b.pool}}
+	if b.baseline != nil {
+		sides = append(sides, &side{name: "baseline (-baseline): ", s: b.baseline})
+	}
+	one := int64(1)
+	for _, sd := range sides {
+		sb, err := sd.s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: ciTemplate, TTLSeconds: sandboxTTL, IdleTimeoutSeconds: &one})
+		if err != nil {
+			return err
+		}
+		sd.s.track(sb.ID)
+		defer sd.s.kill(sb.ID)
+		sd.id = sb.ID
+		sd.steps = [2]map[string][]float64{{}, {}}
+		// A first cell at once, as in the idle section: the default
+		// context takes the warm spare before any suspend.
+		if err := expectText(ctx, sd.s.c, sb.ID, "x = -1\nx", "-1"); err != nil {
+			return err
+		}
+	}
+	const hot, cold = 0, 1
+	for r := range b.set.N {
+		order := slices.Clone(sides)
+		modes := []int{hot, cold}
+		if r%2 == 1 {
+			slices.Reverse(order)
+			slices.Reverse(modes)
+		}
+		for _, sd := range order {
+			s := sd.s
+			for _, mode := range modes {
+				want := fmt.Sprint(2*r + mode)
+				if err := expectText(ctx, s.c, sd.id, "x = "+want+"\nx", want); err != nil {
+					return err
+				}
+				if err := waitSuspended(ctx, s.c, sd.id); err != nil {
+					return err
+				}
+				if err := waitStopped(ctx, s, sd.id); err != nil {
+					return err
+				}
+				if mode == cold {
+					left, err := dropCache(filepath.Join(s.dataDir, "paused", sd.id))
+					if err != nil {
+						return err
+					}
+					sd.resident = append(sd.resident, 100*left)
+				}
+				if err := b.gate.wait(ctx); err != nil {
+					return err
+				}
+				from := len(s.log.String())
+				t0 := time.Now()
+				if err := expectText(ctx, s.c, sd.id, "x", want); err != nil {
+					return fmt.Errorf("%safter an idle suspend: %w", sd.name, err)
+				}
+				took := ms(time.Since(t0))
+				if mode == cold {
+					sd.cold = append(sd.cold, took)
+				} else {
+					sd.hot = append(sd.hot, took)
+				}
+				// The first resume logged after the request began is its own.
+				steps, order := firstResumeSteps(s.log.String()[from:], sd.id)
+				for _, k := range order {
+					if !slices.Contains(sd.order, k) {
+						sd.order = append(sd.order, k)
+					}
+					sd.steps[mode][k] = append(sd.steps[mode][k], steps[k])
+				}
+			}
+		}
+	}
+	for _, sd := range sides {
+		b.add(summarize("idle-cold", sd.name+"resume of an idle-suspended sandbox → first result, image in the page cache", "ms", sd.hot,
+			"as the idle section: the run_code that resumes it until its result"))
+		st := summarize("idle-cold", sd.name+"resume of an idle-suspended sandbox → first result, image dropped from the page cache", "ms", sd.cold,
+			"the same sandbox, alternating: its paused image's pages dropped (posix_fadvise DONTNEED) before the run_code, as a resume minutes after the suspend finds it")
+		if sd.name == "" {
+			st = st.withTarget(targetIdleResumeP50, targetIdleResumeP95, "issue 13")
+		}
+		b.add(st)
+		b.add(summarize("idle-cold", sd.name+"share of the image still in the page cache after the drop", "%", sd.resident,
+			"mincore over the paused image's files, right after the drop"))
+		for mode, what := range []string{"image cached", "image dropped"} {
+			for _, k := range sd.order {
+				b.add(summarize("idle-cold", sd.name+"resume step, "+what+": "+k, "ms", sd.steps[mode][k],
+					"from the server's log line \"sandbox resumed\" of the timed resume"))
+			}
+		}
+	}
+	b.gate.report(b, "idle-cold")
+	return nil
+}
+
+// firstResumeSteps is the *_ms fields of the first "sandbox resumed" line
+// about sandbox id in log, in their order.
+func firstResumeSteps(log, id string) (map[string]float64, []string) {
+	steps, order := resumeSteps(log, id)
+	first := map[string]float64{}
+	for _, k := range order {
+		first[k] = steps[k][0]
+	}
+	return first, order
+}
+
+// dropCache drops the page cache of every file under dir (a paused image
+// is synced before the server records it, so its pages are clean and go)
+// and returns the share of dir's bytes still cached afterwards.
+func dropCache(dir string) (float64, error) {
+	var total, cached int64
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+			return fmt.Errorf("drop %s from the page cache: %w", path, err)
+		}
+		n, size, err := residentBytes(f)
+		total += size
+		cached += n
+		return err
+	})
+	if err != nil || total == 0 {
+		return 0, err
+	}
+	return float64(cached) / float64(total), nil
+}
+
+// residentBytes is how many of f's bytes are in the page cache (mincore
+// over a read-only mapping of it), and f's size.
+func residentBytes(f *os.File) (int64, int64, error) {
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		return 0, 0, err
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return 0, 0, fmt.Errorf("map %s: %w", f.Name(), err)
+	}
+	defer unix.Munmap(m)
+	page := int64(os.Getpagesize())
+	vec := make([]byte, (fi.Size()+page-1)/page)
+	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+		return 0, 0, fmt.Errorf("mincore %s: %w", f.Name(), e)
+	}
+	var n int64
+	for _, v := range vec {
+		if v&1 != 0 {
+			n += page
+		}
+	}
+	return min(n, fi.Size()), fi.Size(), nil
+}
