@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/paths"
 )
 
 // idleCold measures the resume of an idle-suspended sandbox whose paused
@@ -193,4 +194,63 @@ func residentBytes(f *os.File) (int64, int64, error) {
 		}
 	}
 	return min(n, fi.Size()), fi.Size(), nil
+}
+
+// coldCreates measures the creates that restore a template's warm image
+// (no pool) once the host has dropped that image from its page cache, as
+// the first create after a quiet spell of minutes meets it: on the servers
+// without a pool (with -baseline, the other revision's too), creates with
+// the warm images as they are alternate with creates right after the bench
+// dropped every warm image under the cache from the page cache (an image a
+// server holds stays: what it holds is the point).
+func (b *bench) coldCreates(ctx context.Context) error {
+	sides := b.createSides(false)
+	hot := make([][]float64, len(sides))
+	cold := make([][]float64, len(sides))
+	resident := make([][]float64, len(sides))
+	warm := filepath.Join(paths.CacheDir(), "warm")
+	for r := range b.set.N {
+		type turn struct {
+			side int
+			cold bool
+		}
+		var turns []turn
+		for k := range sides {
+			turns = append(turns, turn{k, false}, turn{k, true})
+		}
+		if r%2 == 1 {
+			slices.Reverse(turns)
+		}
+		for _, tn := range turns {
+			if err := b.gate.wait(ctx); err != nil {
+				return err
+			}
+			if tn.cold {
+				left, err := dropCache(warm)
+				if err != nil {
+					return err
+				}
+				resident[tn.side] = append(resident[tn.side], 100*left)
+			}
+			d, _, err := sides[tn.side].s.createRunKill(ctx)
+			if err != nil {
+				return err
+			}
+			if tn.cold {
+				cold[tn.side] = append(cold[tn.side], d)
+			} else {
+				hot[tn.side] = append(hot[tn.side], d)
+			}
+		}
+	}
+	for k, sd := range sides {
+		b.add(summarize("create-cold", "create code-interpreter → first run_code, no pool, warm image in the page cache"+sd.label, "ms", hot[k],
+			"--pool-size 0, alternating with the creates below"))
+		b.add(summarize("create-cold", "create code-interpreter → first run_code, no pool, warm images dropped from the page cache"+sd.label, "ms", cold[k],
+			"the bench dropped every warm image under the cache from the page cache (posix_fadvise DONTNEED) right before the create"))
+		b.add(summarize("create-cold", "share of the warm images still in the page cache after the drop"+sd.label, "%", resident[k],
+			"mincore over every warm image under the cache (both revisions' when side by side), right after the drop"))
+	}
+	b.gate.report(b, "create-cold")
+	return nil
 }

@@ -46,7 +46,7 @@ type Settings struct {
 }
 
 // sectionKeys name the sections for -only, in the order they run.
-var sectionKeys = []string{"recipe", "base", "create", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "runcode-profile", "stream-profile", "pss", "density", "idle", "idle-cold", "suspended", "languages", "network", "nodes"}
+var sectionKeys = []string{"recipe", "base", "create", "create-cold", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "runcode-profile", "stream-profile", "pss", "density", "idle", "idle-cold", "suspended", "languages", "network", "nodes"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
@@ -97,11 +97,11 @@ func main() {
 	out := flag.String("out", "bench/results", "directory for the JSON report and the chart")
 	burst := flag.Int("burst", 20, "concurrent creates in the burst")
 	densityMax := flag.Int("density-max", 40, "most sandboxes in the density run")
-	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle, idle-cold, suspended, create, burst, stream, recipe, runcode and fork sections alternate their rounds with servers of those (side by side)")
+	baseline := flag.String("baseline", "", "a directory with pandastack and pandastack-agent of another revision: the idle, idle-cold, suspended, create, create-cold, burst, stream, recipe, runcode and fork sections alternate their rounds with servers of those (side by side)")
 	baselineRunsc := flag.String("baseline-runsc", "", "with -baseline: the runsc its servers use (default: the same as the others'), to compare runsc builds with the same pandastack binaries")
 	suspendedMax := flag.Int("suspended-max", 100, "most sandboxes in the section suspended (each suspends itself)")
 	suspendedDisk := flag.Float64("suspended-disk-gib", 12, "most disk the section suspended lets paused images take")
-	quiet := flag.Bool("quiet", false, "the create, idle and idle-cold sections wait before each timed turn until the host's CPUs are quiet, so no turn shares them with work left by another server's turn (quiet.go)")
+	quiet := flag.Bool("quiet", false, "the create, create-cold, idle and idle-cold sections wait before each timed turn until the host's CPUs are quiet, so no turn shares them with work left by another server's turn (quiet.go)")
 	only := flag.String("only", "", "comma-separated sections to run (default all): "+strings.Join(sectionKeys, ","))
 	flag.Parse()
 	set := Settings{N: *n, Burst: *burst, Rounds: min(*n, 10), PoolSize: 2, DensityMax: *densityMax, DensityGiB: 8, DensitySlowX: 2,
@@ -238,6 +238,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 		{"recipe", "the recipe's path: create → create_code_context → plot with PNG; warm context vs the old path", func(ctx context.Context) error { return b.recipes(ctx, python) }},
 		{"base", "cold create of a base sandbox → first exec", b.baseCreate},
 		{"create", "create code-interpreter → first run_code(\"1+1\"), sequential, pool vs no pool alternating", b.sequentialCreates},
+		{"create-cold", "create code-interpreter → first run_code without a pool, the warm image in the page cache vs dropped from it", b.coldCreates},
 		{"burst", "create code-interpreter → first run_code, concurrent burst", b.bursts},
 		{"runcode", "run_code(\"1+1\"): API vs jupyter_client to a host ipykernel, alternating", func(ctx context.Context) error { return b.runCode(ctx, python) }},
 		{"exec", "exec `true`: API vs runsc exec, alternating", b.execTrue},

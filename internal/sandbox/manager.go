@@ -182,6 +182,7 @@ type Manager struct {
 	node         nodeState       // the other nodes as of the last heartbeat (node.go)
 	ownPaused    sync.Map        // sandbox id → ownPaused: paused images this process wrote (resume.go)
 	prepared     preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
+	warmHeld     heldImages      // the warm images, held in the page cache (pin.go)
 	refills      refillHolds     // sandboxes whose spare refills wait for the host (refills.go)
 
 	stop chan struct{}
@@ -250,6 +251,7 @@ func (m *Manager) Close() {
 	m.wg.Wait()
 	m.drainPools()
 	m.prepared.releaseAll()
+	m.warmHeld.releaseAll()
 	for _, c := range clients {
 		c.Close()
 	}

@@ -396,6 +396,14 @@ func TestStartWarming(t *testing.T) {
 	if !strings.HasSuffix(tpl.WarmImage, "base-aaaaaaaaaaaaaaaa-bbbbbbbbbbbbbbbb"+warmRevision) {
 		t.Errorf("warm image keyed as %s", tpl.WarmImage)
 	}
+	// The warm image is held in the page cache until Close.
+	if got := h.m.warmHeld.bytes(); got != fakePagesSize {
+		t.Errorf("warm image held: %d bytes, want %d", got, fakePagesSize)
+	}
+	h.m.Close()
+	if got := h.m.warmHeld.bytes(); got != 0 {
+		t.Errorf("after Close %d bytes of warm images still held", got)
+	}
 }
 
 // A create that finishes after Close keeps its sandbox for the next start

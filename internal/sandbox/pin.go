@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -73,4 +74,50 @@ func (p *pinnedImage) release() {
 		unix.Munmap(b)
 	}
 	p.maps, p.bytes = nil, 0
+}
+
+// heldImages are the warm images a manager holds in the page cache while
+// it runs, by directory: every create that no pool sandbox serves, and
+// every pool refill, restores one, and the first create after a quiet
+// spell of minutes would read it from disk.
+type heldImages struct {
+	mu   sync.Mutex
+	pins map[string]*pinnedImage
+}
+
+// hold pins the image in dir unless it is held already.
+func (h *heldImages) hold(dir string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.pins[dir] != nil {
+		return nil
+	}
+	pin, err := pinImage(dir)
+	if err != nil {
+		return err
+	}
+	if h.pins == nil {
+		h.pins = map[string]*pinnedImage{}
+	}
+	h.pins[dir] = pin
+	return nil
+}
+
+func (h *heldImages) bytes() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var n int64
+	for _, p := range h.pins {
+		n += p.bytes
+	}
+	return n
+}
+
+func (h *heldImages) releaseAll() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for dir, p := range h.pins {
+		p.release()
+		delete(h.pins, dir)
+	}
 }

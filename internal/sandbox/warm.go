@@ -157,6 +157,12 @@ func (m *Manager) StartWarming(specs []WarmSpec) {
 				}
 				m.log.Info("template warm", "template", s.Template.Name, "seconds", time.Since(start).Seconds())
 			}
+			// Held in the page cache while the server runs (pin.go); made
+			// by an earlier start, it is read from disk here, not by the
+			// first create.
+			if err := m.warmHeld.hold(filepath.Join(dir, "image")); err != nil {
+				m.log.Warn("holding a warm image in memory; creates may read it from disk", "template", s.Template.Name, "err", err)
+			}
 			m.EnablePool(s.Template, m.cfg.PoolSize)
 			m.enableStandby(s.Template)
 		}
