@@ -39,24 +39,17 @@ func (b *bench) idleResume(ctx context.Context) error {
 	if b.baseline != nil {
 		sides = append(sides, &side{name: "baseline (-baseline): ", s: b.baseline})
 	}
-	one := int64(1)
-	for _, sd := range sides {
-		sb, err := sd.s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: ciTemplate, TTLSeconds: sandboxTTL, IdleTimeoutSeconds: &one})
-		if err != nil {
-			return err
-		}
-		sd.s.track(sb.ID)
-		defer sd.s.kill(sb.ID)
-		sd.id, sd.logFrom = sb.ID, len(sd.s.log.String())
-		// A first cell at once, as a user's, on every side: it makes the
-		// default context from a warm spare kernel before any suspend. A
-		// side left to suspend first got a cold kernel for it after its
-		// resume (the suspend releases the spares), an image of 41 MiB
-		// instead of 110, and resumes about 100 ms faster: that was the
-		// offset between two sides of the same build.
-		if err := expectText(ctx, sd.s.c, sb.ID, "x = -1\nx", "-1"); err != nil {
-			return err
-		}
+	servers := make([]*server, len(sides))
+	for i, sd := range sides {
+		servers[i], sd.logFrom = sd.s, len(sd.s.log.String())
+	}
+	ids, done, err := idleSandboxes(ctx, servers)
+	defer done()
+	if err != nil {
+		return err
+	}
+	for i, sd := range sides {
+		sd.id = ids[i]
 	}
 	for r := range b.set.N {
 		// The sides take turns going first, so neither always follows the
@@ -131,6 +124,38 @@ func (b *bench) idleResume(ctx context.Context) error {
 	}
 	b.gate.report(b, "idle")
 	return nil
+}
+
+// idleSandboxes creates on each server a code-interpreter sandbox that
+// suspends itself after 1 s idle, and runs its first cell; done kills
+// those made, also after an error.
+func idleSandboxes(ctx context.Context, servers []*server) (ids []string, done func(), err error) {
+	made := map[*server]string{}
+	done = func() {
+		for s, id := range made {
+			s.kill(id)
+		}
+	}
+	one := int64(1)
+	for _, s := range servers {
+		sb, err := s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: ciTemplate, TTLSeconds: sandboxTTL, IdleTimeoutSeconds: &one})
+		if err != nil {
+			return nil, done, err
+		}
+		s.track(sb.ID)
+		made[s] = sb.ID
+		ids = append(ids, sb.ID)
+		// A first cell at once, as a user's, on every side: it makes the
+		// default context from a warm spare kernel before any suspend. A
+		// side left to suspend first got a cold kernel for it after its
+		// resume (the suspend releases the spares), an image of 41 MiB
+		// instead of 110, and resumes about 100 ms faster: that was the
+		// offset between two sides of the same build.
+		if err := expectText(ctx, s.c, sb.ID, "x = -1\nx", "-1"); err != nil {
+			return nil, done, err
+		}
+	}
+	return ids, done, nil
 }
 
 var logField = regexp.MustCompile(`(\w+_ms)=([0-9.]+)`)

@@ -12,7 +12,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/pandastack/pandastack/client"
 	"github.com/pandastack/pandastack/internal/paths"
 )
 
@@ -40,21 +39,17 @@ func (b *bench) idleCold(ctx context.Context) error {
 	if b.baseline != nil {
 		sides = append(sides, &side{name: "baseline (-baseline): ", s: b.baseline})
 	}
-	one := int64(1)
-	for _, sd := range sides {
-		sb, err := sd.s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: ciTemplate, TTLSeconds: sandboxTTL, IdleTimeoutSeconds: &one})
-		if err != nil {
-			return err
-		}
-		sd.s.track(sb.ID)
-		defer sd.s.kill(sb.ID)
-		sd.id = sb.ID
-		sd.steps = [2]map[string][]float64{{}, {}}
-		// A first cell at once, as in the idle section: the default
-		// context takes the warm spare before any suspend.
-		if err := expectText(ctx, sd.s.c, sb.ID, "x = -1\nx", "-1"); err != nil {
-			return err
-		}
+	servers := make([]*server, len(sides))
+	for i, sd := range sides {
+		servers[i] = sd.s
+	}
+	ids, done, err := idleSandboxes(ctx, servers)
+	defer done()
+	if err != nil {
+		return err
+	}
+	for i, sd := range sides {
+		sd.id, sd.steps = ids[i], [2]map[string][]float64{{}, {}}
 	}
 	const hot, cold = 0, 1
 	for r := range b.set.N {

@@ -106,9 +106,16 @@ func (h *heldImages) hold(dir string) error {
 func (h *heldImages) bytes() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	return heldBytes(h.pins)
+}
+
+// heldBytes sums the bytes of pins (nil ones hold none).
+func heldBytes(pins map[string]*pinnedImage) int64 {
 	var n int64
-	for _, p := range h.pins {
-		n += p.bytes
+	for _, p := range pins {
+		if p != nil {
+			n += p.bytes
+		}
 	}
 	return n
 }

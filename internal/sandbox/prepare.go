@@ -78,13 +78,7 @@ func (p *preparedResumes) over(keep int) []string {
 func (p *preparedResumes) pinnedBytes() int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var n int64
-	for _, pin := range p.pins {
-		if pin != nil {
-			n += pin.bytes
-		}
-	}
-	return n
+	return heldBytes(p.pins)
 }
 
 // releaseAll lets every held image go (the manager's Close); the prepared
