@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/pandastack/pandastack"
 )
@@ -53,13 +54,34 @@ func (p *preparedResumes) unpin(id string) {
 
 // forget drops id; true if it was there.
 func (p *preparedResumes) forget(id string) bool {
+	ok, pin := p.take(id)
+	pin.release()
+	return ok
+}
+
+// take drops id like forget, but hands its held image (or nil) to the
+// caller to release: a resume does that once the restore is done, not on
+// its way (unmapping a code-interpreter image takes 15-20 ms here).
+func (p *preparedResumes) take(id string) (bool, *pinnedImage) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.ids)
 	p.ids = slices.DeleteFunc(p.ids, func(s string) bool { return s == id })
-	p.unpin(id)
-	return len(p.ids) < n
+	pin := p.pins[id]
+	delete(p.pins, id)
+	return len(p.ids) < n, pin
 }
+
+// releaseLater releases pin a while after a resume that used its image,
+// once the resumed sandbox's first requests are likely served.
+func releaseLater(pin *pinnedImage) {
+	if pin != nil {
+		time.AfterFunc(pinReleaseDelay, pin.release)
+	}
+}
+
+// pinReleaseDelay is how long a resume keeps its image held after it.
+const pinReleaseDelay = 5 * time.Second
 
 // over takes out and returns the oldest ids beyond the newest keep.
 func (p *preparedResumes) over(keep int) []string {

@@ -374,6 +374,15 @@ func TestPinnedImages(t *testing.T) {
 	if got := lockedKB(t) - before; got < 1<<10 || got >= 2<<10 {
 		t.Fatalf("%d kB locked with one image held", got)
 	}
+	// A resume takes the held image out and releases it itself, later.
+	ok, pin := p.take("b")
+	if !ok || pin == nil || p.pinnedBytes() != 0 {
+		t.Fatalf("take: %v %v, %d bytes still counted", ok, pin, p.pinnedBytes())
+	}
+	if got := lockedKB(t) - before; got < 1<<10 {
+		t.Fatalf("%d kB locked once taken: released before its taker did", got)
+	}
+	pin.release()
 	p.over(0)
 	if got := lockedKB(t) - before; got != 0 || p.pinnedBytes() != 0 {
 		t.Fatalf("%d kB locked, %d bytes counted with none held", got, p.pinnedBytes())

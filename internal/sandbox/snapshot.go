@@ -208,7 +208,8 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	// Not lazy (runsc restore --background): measured side by side it
 	// gained nothing here, and the image's directory is reused by the next
 	// pause while a lazy restore could still be reading it.
-	prepared := m.prepared.forget(id) // the restore takes it, or removes it
+	prepared, pin := m.prepared.take(id) // the restore takes it, or removes it
+	defer releaseLater(pin)
 	rwc, err := m.rt.Restore(startCtx, m.resumeSpec(sb, man), filepath.Join(dir, "image"))
 	steps.done("restore_ms")
 	var client *AgentClient
