@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,13 +88,23 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+// conformanceID matches the ids the conformance suite gives its sandboxes
+// (runtimetest's sbx_rt and 8 hex digits), and not the server's (sbx_ and
+// 16 letters and digits, which may begin with "rt" too): the e2e tests run
+// beside this package and their sandboxes come and go meanwhile.
+var conformanceID = regexp.MustCompile(`^sbx_rt[0-9a-f]{8}$`)
+
 // conformanceCgroups lists the cgroup directories of the conformance
-// suite's sandboxes (ids sbx_rt…), wherever runsc may have made them.
+// suite's sandboxes, wherever runsc may have made them.
 func conformanceCgroups() []string {
 	var dirs []string
 	for _, pat := range []string{"/sys/fs/cgroup/*/pandastack/sbx_rt*", "/sys/fs/cgroup/*/sbx_rt*", "/sys/fs/cgroup/pandastack/sbx_rt*", "/sys/fs/cgroup/sbx_rt*"} {
 		m, _ := filepath.Glob(pat)
-		dirs = append(dirs, m...)
+		for _, d := range m {
+			if conformanceID.MatchString(filepath.Base(d)) {
+				dirs = append(dirs, d)
+			}
+		}
 	}
 	return dirs
 }
