@@ -38,78 +38,103 @@ func dialPTY(t *testing.T, base, query string) (net.Conn, *bufio.Reader) {
 	return conn, br
 }
 
-// readUntil reads output frames until the transcript contains want, and
-// returns the transcript and the exit status if an exit frame came.
-func readUntil(t *testing.T, conn net.Conn, br *bufio.Reader, want string) (string, *int) {
-	t.Helper()
+// terminal reads a terminal's frames and keeps everything it printed, so
+// that what one wait read past its match is still there for the next.
+type terminal struct {
+	t    *testing.T
+	conn net.Conn
+	br   *bufio.Reader
+	all  strings.Builder // everything printed so far
+	from int             // where the next wait starts looking
+	exit *int            // the shell's status, once the exit frame came
+}
+
+// waitFor reads until the output after the last wait's match contains
+// want (or, with want "", until the shell exits), and returns that output.
+func (term *terminal) waitFor(want string) string {
+	term.t.Helper()
 	// A bound on a hang, not a speed test: a login shell on a loaded machine
 	// can take many seconds to print its prompt.
-	conn.SetReadDeadline(time.Now().Add(2 * time.Minute))
-	var out strings.Builder
+	term.conn.SetReadDeadline(time.Now().Add(2 * time.Minute))
 	for {
-		typ, p, err := agentproto.ReadPTYFrame(br)
+		rest := term.all.String()[term.from:]
+		if i := strings.Index(rest, want); want != "" && i >= 0 {
+			term.from += i + len(want)
+			return rest
+		}
+		if term.exit != nil {
+			if want != "" {
+				term.t.Fatalf("the shell exited (%d) before printing %q (transcript %q)", *term.exit, want, term.all.String())
+			}
+			return rest
+		}
+		typ, p, err := agentproto.ReadPTYFrame(term.br)
 		if err != nil {
-			t.Fatalf("reading the terminal (transcript so far %q): %v", out.String(), err)
+			term.t.Fatalf("reading the terminal, waiting for %q (transcript %q): %v", want, term.all.String(), err)
 		}
 		switch typ {
 		case agentproto.PTYData:
-			out.Write(p)
-			if want != "" && strings.Contains(out.String(), want) {
-				return out.String(), nil
-			}
+			term.all.Write(p)
 		case agentproto.PTYExit:
 			code, err := agentproto.ParseExit(p)
 			if err != nil {
-				t.Fatal(err)
+				term.t.Fatal(err)
 			}
-			return out.String(), &code
+			term.exit = &code
 		}
 	}
+}
+
+func (term *terminal) send(typ byte, p []byte) {
+	term.t.Helper()
+	if err := agentproto.WritePTYFrame(term.conn, typ, p); err != nil {
+		term.t.Fatal(err)
+	}
+}
+
+func openTerminal(t *testing.T, base, query string) *terminal {
+	conn, br := dialPTY(t, base, query)
+	return &terminal{t: t, conn: conn, br: br}
 }
 
 func TestPTYShell(t *testing.T) {
 	cfg := testConfig(t)
 	s := directStack(t, cfg, 1)
-	conn, br := dialPTY(t, s.base, "cols=100&rows=30")
-	send := func(typ byte, p []byte) {
-		if err := agentproto.WritePTYFrame(conn, typ, p); err != nil {
-			t.Fatal(err)
-		}
-	}
+	term := openTerminal(t, s.base, "cols=100&rows=30")
 	// The shell evaluates what is typed, on a terminal of the asked size, as
-	// the sandbox user in its home.
-	send(agentproto.PTYData, []byte("echo A$((6*7))B; stty size; tty; pwd\r"))
-	out, _ := readUntil(t, conn, br, "A42B")
-	out2, _ := readUntil(t, conn, br, cfg.Home)
-	out += out2
+	// the sandbox user in its home. Each command is typed once the shell
+	// printed the previous one's answer, as a person would.
+	term.send(agentproto.PTYData, []byte("echo A$((6*7))B; stty size; tty; pwd\r"))
+	term.waitFor("A42B")
+	out := term.waitFor(cfg.Home)
 	for _, want := range []string{"30 100", "/dev/pts/"} {
 		if !strings.Contains(out, want) {
-			t.Errorf("transcript %q lacks %q", out, want)
+			t.Errorf("transcript %q lacks %q", term.all.String(), want)
 		}
 	}
-	send(agentproto.PTYResize, agentproto.ResizePayload(132, 43))
-	send(agentproto.PTYData, []byte("stty size\r"))
-	readUntil(t, conn, br, "43 132")
+	term.send(agentproto.PTYResize, agentproto.ResizePayload(132, 43))
+	term.send(agentproto.PTYData, []byte("stty size\r"))
+	term.waitFor("43 132")
 	if os.Geteuid() == 0 {
-		send(agentproto.PTYData, []byte("id -u | sed s/^/uid:/\r"))
-		readUntil(t, conn, br, "uid:1000")
+		term.send(agentproto.PTYData, []byte("id -u | sed s/^/uid:/\r"))
+		term.waitFor("uid:1000")
 	}
 	// exit ends the stream with the shell's status.
-	send(agentproto.PTYData, []byte("exit 3\r"))
-	out, code := readUntil(t, conn, br, "")
-	if code == nil || *code != 3 {
-		t.Fatalf("exit status %v, want 3 (transcript %q)", code, out)
+	term.send(agentproto.PTYData, []byte("exit 3\r"))
+	term.waitFor("")
+	if *term.exit != 3 {
+		t.Fatalf("exit status %d, want 3 (transcript %q)", *term.exit, term.all.String())
 	}
 }
 
 func TestPTYHangupKillsShell(t *testing.T) {
 	cfg := testConfig(t)
 	s := directStack(t, cfg, 1)
-	conn, br := dialPTY(t, s.base, "cols=80&rows=24")
+	term := openTerminal(t, s.base, "cols=80&rows=24")
 	marker := cfg.Home + "/alive"
-	agentproto.WritePTYFrame(conn, agentproto.PTYData, []byte("sleep 1000 & while :; do touch "+marker+"; echo tick; sleep 0.05; done\r"))
-	readUntil(t, conn, br, "tick\r\n")
-	conn.Close()
+	term.send(agentproto.PTYData, []byte("sleep 1000 & while :; do touch "+marker+"; echo tick; sleep 0.05; done\r"))
+	term.waitFor("tick\r\n")
+	term.conn.Close()
 	// Once the host hung up, nothing keeps touching the marker.
 	deadline := time.Now().Add(20 * time.Second)
 	for {
