@@ -8,10 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/pandastack/pandastack/internal/pagecache"
 	"github.com/pandastack/pandastack/internal/paths"
 )
 
@@ -151,10 +149,10 @@ func dropCache(dir string) (float64, error) {
 			return err
 		}
 		defer f.Close()
-		if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
-			return fmt.Errorf("drop %s from the page cache: %w", path, err)
+		if err := pagecache.Drop(f); err != nil {
+			return err
 		}
-		n, size, err := residentBytes(f)
+		n, size, err := pagecache.Resident(f)
 		total += size
 		cached += n
 		return err
@@ -165,44 +163,19 @@ func dropCache(dir string) (float64, error) {
 	return float64(cached) / float64(total), nil
 }
 
-// residentBytes is how many of f's bytes are in the page cache (mincore
-// over a read-only mapping of it), and f's size.
-func residentBytes(f *os.File) (int64, int64, error) {
-	fi, err := f.Stat()
-	if err != nil || fi.Size() == 0 {
-		return 0, 0, err
-	}
-	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return 0, 0, fmt.Errorf("map %s: %w", f.Name(), err)
-	}
-	defer unix.Munmap(m)
-	page := int64(os.Getpagesize())
-	vec := make([]byte, (fi.Size()+page-1)/page)
-	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
-		return 0, 0, fmt.Errorf("mincore %s: %w", f.Name(), e)
-	}
-	var n int64
-	for _, v := range vec {
-		if v&1 != 0 {
-			n += page
-		}
-	}
-	return min(n, fi.Size()), fi.Size(), nil
-}
-
 // coldCreates measures the creates that restore a template's warm image
 // (no pool) once the host has dropped that image from its page cache, as
 // the first create after a quiet spell of minutes meets it: on the servers
 // without a pool (with -baseline, the other revision's too), creates with
 // the warm images as they are alternate with creates right after the bench
-// dropped every warm image under the cache from the page cache (an image a
-// server holds stays: what it holds is the point).
+// dropped every warm image under the cache, and the server's runsc binary,
+// from the page cache (what a server holds stays: that is the point).
 func (b *bench) coldCreates(ctx context.Context) error {
 	sides := b.createSides(false)
 	hot := make([][]float64, len(sides))
 	cold := make([][]float64, len(sides))
 	resident := make([][]float64, len(sides))
+	runscLeft := make([][]float64, len(sides))
 	warm := filepath.Join(paths.CacheDir(), "warm")
 	for r := range b.set.N {
 		type turn struct {
@@ -226,6 +199,13 @@ func (b *bench) coldCreates(ctx context.Context) error {
 					return err
 				}
 				resident[tn.side] = append(resident[tn.side], 100*left)
+				// So is the server's runsc binary, which a quiet spell
+				// pages out as well.
+				left, err = dropCache(sides[tn.side].s.runsc)
+				if err != nil {
+					return err
+				}
+				runscLeft[tn.side] = append(runscLeft[tn.side], 100*left)
 			}
 			d, _, err := sides[tn.side].s.createRunKill(ctx)
 			if err != nil {
@@ -242,9 +222,11 @@ func (b *bench) coldCreates(ctx context.Context) error {
 		b.add(summarize("create-cold", "create code-interpreter → first run_code, no pool, warm image in the page cache"+sd.label, "ms", hot[k],
 			"--pool-size 0, alternating with the creates below"))
 		b.add(summarize("create-cold", "create code-interpreter → first run_code, no pool, warm images dropped from the page cache"+sd.label, "ms", cold[k],
-			"the bench dropped every warm image under the cache from the page cache (posix_fadvise DONTNEED) right before the create"))
+			"the bench dropped every warm image under the cache and the server's runsc binary from the page cache (posix_fadvise DONTNEED) right before the create"))
 		b.add(summarize("create-cold", "share of the warm images still in the page cache after the drop"+sd.label, "%", resident[k],
 			"mincore over every warm image under the cache (both revisions' when side by side), right after the drop"))
+		b.add(summarize("create-cold", "share of the server's runsc binary still in the page cache after the drop"+sd.label, "%", runscLeft[k],
+			"mincore over the runsc the server runs, right after the drop; give -baseline-runsc a copy of it, or the two sides share its pages"))
 	}
 	b.gate.report(b, "create-cold")
 	return nil

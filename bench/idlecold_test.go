@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/pandastack/pandastack/internal/pagecache"
 )
 
 func TestFirstResumeSteps(t *testing.T) {
@@ -25,7 +27,7 @@ time=4 level=DEBUG msg="sandbox resumed" sandbox=s1 verify_ms=1 restore_ms=300 a
 }
 
 // dropCache is measured against mincore itself: whatever share the file
-// system lets go (a tmpfs keeps every page), it is what residentBytes
+// system lets go (a tmpfs keeps every page), it is what pagecache.Resident
 // reads afterwards, and a file just written is cached in full.
 func TestDropCache(t *testing.T) {
 	dir := t.TempDir()
@@ -41,16 +43,16 @@ func TestDropCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	n, size, err := residentBytes(f)
+	n, size, err := pagecache.Resident(f)
 	if err != nil || size != int64(len(data)) || n != size {
-		t.Fatalf("residentBytes of a file just written: %d of %d, %v; want all of %d", n, size, err, len(data))
+		t.Fatalf("pagecache.Resident of a file just written: %d of %d, %v; want all of %d", n, size, err, len(data))
 	}
 	f.Sync()
 	left, err := dropCache(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, _, err = residentBytes(f)
+	n, _, err = pagecache.Resident(f)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,11 +9,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/pagecache"
 )
 
 // dropAndCount asks the host to drop path from its page cache
@@ -26,29 +24,18 @@ func dropAndCount(t *testing.T, path string) (cached, total int) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+	if err := pagecache.Drop(f); err != nil {
 		t.Fatal(err)
 	}
-	fi, err := f.Stat()
+	n, size, err := pagecache.Resident(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fi.Size() == 0 {
+	if size == 0 {
 		t.Fatalf("%s is empty", path)
 	}
-	m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(m)
-	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
-	if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
-		t.Fatal(e)
-	}
-	for _, v := range vec {
-		cached += int(v & 1)
-	}
-	return cached, len(vec)
+	page := int64(os.Getpagesize())
+	return int((n + page - 1) / page), int((size + page - 1) / page)
 }
 
 // waitState polls the sandbox until pred holds and returns it.

@@ -2,13 +2,11 @@ package sandbox
 
 import (
 	"errors"
-	"fmt"
 	"io/fs"
-	"os"
 	"path/filepath"
 	"sync"
 
-	"golang.org/x/sys/unix"
+	"github.com/pandastack/pandastack/internal/pagecache"
 )
 
 // pinnedImage keeps a checkpoint image's files in the host's page cache:
@@ -20,7 +18,7 @@ import (
 // the resume, the restore step took 274 ms p50 held against 405 ms not
 // (go run ./bench -only idle-cold, docs/code-and-snapshots.md).
 type pinnedImage struct {
-	maps  [][]byte
+	files []*pagecache.Held
 	bytes int64
 }
 
@@ -33,35 +31,18 @@ var pinnedFiles = []string{"checkpoint.img", "pages_meta.img", "pages.img"}
 func pinImage(dir string) (*pinnedImage, error) {
 	p := &pinnedImage{}
 	for _, name := range pinnedFiles {
-		if err := p.pin(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		h, err := pagecache.Hold(filepath.Join(dir, name))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
 			p.release()
 			return nil, err
 		}
+		p.files = append(p.files, h)
+		p.bytes += h.Bytes()
 	}
 	return p, nil
-}
-
-func (p *pinnedImage) pin(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil || fi.Size() == 0 {
-		return err
-	}
-	b, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
-	if err != nil {
-		return fmt.Errorf("map %s: %w", path, err)
-	}
-	if err := unix.Mlock(b); err != nil {
-		unix.Munmap(b)
-		return fmt.Errorf("lock %s in memory: %w", path, err)
-	}
-	p.maps = append(p.maps, b)
-	p.bytes += fi.Size()
-	return nil
 }
 
 // release unlocks and unmaps the files: their pages stay cached until the
@@ -70,10 +51,10 @@ func (p *pinnedImage) release() {
 	if p == nil {
 		return
 	}
-	for _, b := range p.maps {
-		unix.Munmap(b)
+	for _, h := range p.files {
+		h.Release()
 	}
-	p.maps, p.bytes = nil, 0
+	p.files, p.bytes = nil, 0
 }
 
 // heldImages are the warm images a manager holds in the page cache while
