@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/pagecache"
@@ -68,6 +69,13 @@ func (b *bench) idleCold(ctx context.Context) error {
 					return err
 				}
 				if err := waitStopped(ctx, s, sd.id); err != nil {
+					return err
+				}
+				// Its resume prepared and its image held before the drop,
+				// whichever came first of the old sandbox's end and the
+				// new container (waitStopped): a drop before the hold
+				// measured a hold that reads the image back.
+				if err := waitPrepared(ctx, s, sd.id); err != nil {
 					return err
 				}
 				if mode == cold {
@@ -133,6 +141,37 @@ func firstResumeSteps(log, id string) (map[string]float64, []string) {
 		first[k] = steps[k][0]
 	}
 	return first, order
+}
+
+// preparesResumes says whether the bench's servers prepare the resumes of
+// the sandboxes suspended last: they inherit the bench's environment, and
+// serve's default is 4.
+func preparesResumes() bool {
+	v, ok := os.LookupEnv("PANDASTACK_PREPARED_RESUMES")
+	n, err := strconv.Atoi(v)
+	return !ok || v == "" || err != nil || n > 0
+}
+
+// waitPrepared waits until the server has prepared the resume of the
+// suspended sandbox id (its container created, waiting for the image;
+// the server holds the image before it creates the container), when
+// the servers prepare resumes at all.
+func waitPrepared(ctx context.Context, s *server, id string) error {
+	if !preparesResumes() {
+		return nil
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for containerStatus(s, id) != "created" {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the resume of %s was not prepared 30 s after its suspend (PANDASTACK_PREPARED_RESUMES=0 runs the section without prepared resumes)", id)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // dropCache drops the page cache of every file under dir (a paused image

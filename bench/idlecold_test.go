@@ -63,3 +63,12 @@ func TestDropCache(t *testing.T) {
 		t.Error("dropCache of a missing dir: no error")
 	}
 }
+
+func TestPreparesResumes(t *testing.T) {
+	for v, want := range map[string]bool{"": true, "4": true, "1": true, "0": false, "x": true} {
+		t.Setenv("PANDASTACK_PREPARED_RESUMES", v)
+		if got := preparesResumes(); got != want {
+			t.Errorf("PANDASTACK_PREPARED_RESUMES=%q: %v, want %v", v, got, want)
+		}
+	}
+}
