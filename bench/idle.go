@@ -203,18 +203,30 @@ func waitSuspended(ctx context.Context, c *client.Client, id string) error {
 // that window waits for the stop: a resume is measured from a sandbox
 // fully suspended.
 func waitStopped(ctx context.Context, s *server, id string) error {
-	deadline := time.Now().Add(time.Minute)
-	for len(sandboxPIDs(s.runscRoot)[id]) > 0 && containerStatus(s, id) != "created" {
+	ok, err := pollUntil(ctx, time.Minute, func() bool {
+		return len(sandboxPIDs(s.runscRoot)[id]) == 0 || containerStatus(s, id) == "created"
+	})
+	if err == nil && !ok {
+		err = fmt.Errorf("sandbox %s still has host processes 1 min after its pause", id)
+	}
+	return err
+}
+
+// pollUntil checks cond every 50 ms until it holds (true), within has
+// passed (false) or ctx ends (its error).
+func pollUntil(ctx context.Context, within time.Duration, cond func() bool) (bool, error) {
+	deadline := time.Now().Add(within)
+	for !cond() {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("sandbox %s still has host processes 1 min after its pause", id)
+			return false, nil
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return nil
+	return true, nil
 }
 
 // containerStatus is the status runsc gives the sandbox's container

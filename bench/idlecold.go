@@ -160,18 +160,11 @@ func waitPrepared(ctx context.Context, s *server, id string) error {
 	if !preparesResumes() {
 		return nil
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for containerStatus(s, id) != "created" {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the resume of %s was not prepared 30 s after its suspend (PANDASTACK_PREPARED_RESUMES=0 runs the section without prepared resumes)", id)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
+	ok, err := pollUntil(ctx, 30*time.Second, func() bool { return containerStatus(s, id) == "created" })
+	if err == nil && !ok {
+		err = fmt.Errorf("the resume of %s was not prepared 30 s after its suspend (PANDASTACK_PREPARED_RESUMES=0 runs the section without prepared resumes)", id)
 	}
-	return nil
+	return err
 }
 
 // dropCache drops the page cache of every file under dir (a paused image

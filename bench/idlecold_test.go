@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/pagecache"
 )
@@ -70,5 +72,20 @@ func TestPreparesResumes(t *testing.T) {
 		if got := preparesResumes(); got != want {
 			t.Errorf("PANDASTACK_PREPARED_RESUMES=%q: %v, want %v", v, got, want)
 		}
+	}
+}
+
+func TestPollUntil(t *testing.T) {
+	n := 0
+	if ok, err := pollUntil(context.Background(), time.Minute, func() bool { n++; return n == 3 }); !ok || err != nil || n != 3 {
+		t.Errorf("a condition true on its third check: %v %v after %d checks", ok, err, n)
+	}
+	if ok, err := pollUntil(context.Background(), 120*time.Millisecond, func() bool { return false }); ok || err != nil {
+		t.Errorf("a condition never true: %v %v, want false and no error", ok, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if ok, err := pollUntil(ctx, time.Minute, func() bool { return false }); ok || err != context.Canceled {
+		t.Errorf("an ended context: %v %v, want its error", ok, err)
 	}
 }
