@@ -163,12 +163,26 @@ func (s *server) newKey(project string) string {
 }
 
 // containersSince lists the containers runsc knows now that were not in
-// before, leaving out those the server logged as prepared for creates
-// (--prepared-creates): it prepares them on its own, in the background.
+// before, leaving out those the server logged as prepared ahead, for
+// creates (--prepared-creates) or for a suspended sandbox's resume: it
+// prepares them on its own, in the background. One it is preparing right
+// now is listed by runsc before the server logs it, so a container not
+// accounted for is given a while to be logged or removed before it counts.
 func (s *server) containersSince(before []string) []string {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		left := s.unexplainedContainers(before)
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+func (s *server) unexplainedContainers(before []string) []string {
 	prepared := map[string]bool{}
 	for _, l := range strings.Split(s.out.String(), "\n") {
-		if strings.Contains(l, `msg="container prepared for creates"`) {
+		if strings.Contains(l, `msg="container prepared for creates"`) || strings.Contains(l, `msg="resume prepared"`) {
 			prepared[l[strings.LastIndex(l, "sandbox=")+len("sandbox="):]] = true
 		}
 	}

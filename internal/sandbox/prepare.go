@@ -150,6 +150,7 @@ func (m *Manager) prepareResume(sb pandastack.Sandbox) {
 		return
 	}
 	m.prepared.add(sb.ID, pin)
+	m.log.Debug("resume prepared", "sandbox", sb.ID)
 }
 
 // dropPrepared removes the prepared resumes beyond the newest keep. A
