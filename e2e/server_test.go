@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -134,7 +135,11 @@ func (s *server) stop() {
 	go func() { s.cmd.Wait(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(20 * time.Second):
+	case <-time.After(2 * time.Minute):
+		// serve's own shutdown waits 10 s for requests, then stops
+		// sandboxes (--kill-on-exit), which a loaded host makes slow; a
+		// kill before it is done would leave what the checks look for.
+		fmt.Fprintf(os.Stderr, "serve (%s) did not stop within 2 minutes of SIGTERM; killing it\n", s.dataDir)
 		s.cmd.Process.Kill()
 		<-done
 	}
@@ -164,8 +169,8 @@ func (s *server) newKey(project string) string {
 
 // containersSince lists the containers runsc knows now that were not in
 // before, leaving out those the server logged as prepared ahead, for
-// creates (--prepared-creates) or for a suspended sandbox's resume: it
-// prepares them on its own, in the background. One it is preparing right
+// creates (--prepared-creates), for a suspended sandbox's resume or as a
+// pool refill: it prepares them on its own, in the background. One it is preparing right
 // now is listed by runsc before the server logs it, so a container not
 // accounted for is given a while to be logged or removed before it counts.
 func (s *server) containersSince(before []string) []string {
@@ -179,11 +184,17 @@ func (s *server) containersSince(before []string) []string {
 	}
 }
 
+// logSandbox finds the sandbox attribute of a server log line.
+var logSandbox = regexp.MustCompile(` sandbox=(sbx_[a-z0-9]+)`)
+
 func (s *server) unexplainedContainers(before []string) []string {
 	prepared := map[string]bool{}
 	for _, l := range strings.Split(s.out.String(), "\n") {
-		if strings.Contains(l, `msg="container prepared for creates"`) || strings.Contains(l, `msg="resume prepared"`) {
-			prepared[l[strings.LastIndex(l, "sandbox=")+len("sandbox="):]] = true
+		if !strings.Contains(l, `msg="container prepared for creates"`) && !strings.Contains(l, `msg="resume prepared"`) && !strings.Contains(l, `msg="pool refilled"`) {
+			continue
+		}
+		if m := logSandbox.FindStringSubmatch(l); m != nil {
+			prepared[m[1]] = true
 		}
 	}
 	var out []string
@@ -336,11 +347,25 @@ func TestMain(m *testing.M) {
 	}
 	// A stopped sandbox's cgroups go with it (the cgroups of sandboxes
 	// still running, another server's perhaps, have processes in them).
-	for _, d := range emptyCgroups() {
-		if !slices.Contains(cgroupsBefore, d) {
-			fmt.Fprintf(os.Stderr, "FAIL: cgroup of a stopped sandbox left behind: %s\n", d)
-			code = 1
+	// Removal waits a few seconds for the last processes to leave, and
+	// other packages' tests make and remove theirs meanwhile: an empty
+	// cgroup counts only if it stays.
+	newEmpty := func() []string {
+		var left []string
+		for _, d := range emptyCgroups() {
+			if !slices.Contains(cgroupsBefore, d) {
+				left = append(left, d)
+			}
 		}
+		return left
+	}
+	left := newEmpty()
+	for deadline := time.Now().Add(20 * time.Second); len(left) > 0 && time.Now().Before(deadline); left = newEmpty() {
+		time.Sleep(500 * time.Millisecond)
+	}
+	for _, d := range left {
+		fmt.Fprintf(os.Stderr, "FAIL: cgroup of a stopped sandbox left behind: %s\n", d)
+		code = 1
 	}
 	testutil.RemoveBinaries()
 	os.Exit(code)
