@@ -43,7 +43,7 @@ func TestExecStreamBinary(t *testing.T) {
 	})
 	t.Run("timeout ends with the exit frame", func(t *testing.T) {
 		var out syncBuffer
-		res, err := c.ExecPipe(ctx, sb.ID, client.ExecRequest{Cmd: "echo start; sleep 60", TimeoutSeconds: 1}, &out, nil)
+		res, err := c.ExecPipe(ctx, sb.ID, client.ExecRequest{Cmd: "echo start; sleep 60", TimeoutSeconds: 5}, &out, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -180,7 +180,8 @@ func TestIdleBusyIsNotSuspended(t *testing.T) {
 	if _, err := c.RunCode(ctx, busy.ID, client.RunRequest{Code: spin}); err != nil {
 		t.Fatal(err)
 	}
-	off := newSandbox(t, s, client.CreateSandboxRequest{IdleTimeoutSeconds: idleSeconds(1)})
+	// Long enough not to suspend before the PATCH on a loaded host.
+	off := newSandbox(t, s, client.CreateSandboxRequest{IdleTimeoutSeconds: idleSeconds(60)})
 	if got, err := c.SetIdleTimeout(ctx, off.ID, 0); err != nil || got.IdleTimeoutSeconds != 0 {
 		t.Fatalf("PATCH idle_timeout_seconds 0: %+v %v", got, err)
 	}

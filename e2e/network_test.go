@@ -485,11 +485,13 @@ func TestNetworkDomainRules(t *testing.T) {
 	}
 }
 
-// wsEcho is a WebSocket echo server on port 8765, in plain Python.
+// wsEcho is a WebSocket echo server on port 8765, in plain Python. It
+// makes /tmp/ws.ready once it listens; startPortServers waits for that.
 const wsEcho = `
 import socket, hashlib, base64, threading
 s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("0.0.0.0", 8765)); s.listen(5)
+open("/tmp/ws.ready", "w").close()
 def serve(c):
     req = b""
     while b"\r\n\r\n" not in req:
@@ -543,9 +545,7 @@ func TestPortProxy(t *testing.T) {
 	if resp.StatusCode != 502 || !strings.Contains(body, "port_unreachable") {
 		t.Fatalf("no listener: %d %s", resp.StatusCode, body)
 	}
-	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cd /tmp && echo hello-from-sandbox > page.txt && nohup python3 -m http.server 8000 >/dev/null 2>&1 & nohup python3 -c \"$WS\" >/dev/null 2>&1 &", Env: map[string]string{"WS": wsEcho}}); err != nil {
-		t.Fatal(err)
-	}
+	startPortServers(t, c, sb.ID, "hello-from-sandbox")
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		resp, body = get(c.PortURL(sb.ID, 8000)+"page.txt", true)
@@ -626,6 +626,20 @@ func TestNetworkShutdownDuringWarmup(t *testing.T) {
 	s.stop()
 	if left := networkLeft(s.dataDir); left != "" {
 		t.Errorf("left after a stop during warm-up: %s\n%s", left, tail(s.out.String(), 40))
+	}
+}
+
+// startPortServers starts, in sandbox id, a web server on port 8000
+// serving /tmp/page.txt (page, a line) and wsEcho on port 8765, and waits
+// until the echo server listens (the caller polls port 8000 itself).
+func startPortServers(t *testing.T, c *client.Client, id, page string) {
+	t.Helper()
+	cmd := "cd /tmp && rm -f ws.ready && echo " + page + " > page.txt && " +
+		"{ nohup python3 -m http.server 8000 >/dev/null 2>&1 & nohup python3 -c \"$WS\" >/dev/null 2>&1 & } && " +
+		"for i in $(seq 600); do [ -e ws.ready ] && exit 0; sleep 0.1; done; echo 'the WebSocket server did not start' >&2; exit 1"
+	res, err := c.Exec(context.Background(), id, client.ExecRequest{Cmd: cmd, Env: map[string]string{"WS": wsEcho}, TimeoutSeconds: 120})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("starting the servers: %+v %v", res, err)
 	}
 }
 

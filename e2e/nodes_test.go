@@ -30,7 +30,10 @@ func startNodes(t *testing.T, n int, env ...string) []*server {
 	env = append(append([]string{
 		"PANDASTACK_STORE=" + db, "PANDASTACK_SNAPSHOT_STORE=s3://" + bucket + "/pandastack",
 		"PANDASTACK_WARM=0", "PANDASTACK_POOL_SIZE=0",
-		"PANDASTACK_NODE_HEARTBEAT=1s", "PANDASTACK_NODE_GRACE=4s",
+		"PANDASTACK_NODE_HEARTBEAT=1s",
+		// Long enough that a node starved by a loaded host (three serves,
+		// PostgreSQL and restores on two cores) is not taken for lost.
+		"PANDASTACK_NODE_GRACE=12s",
 		// kill -9 of a node leaves its sandboxes' namespaces to the test;
 		// these tests are about nodes, not sandbox networking.
 		"PANDASTACK_NETWORK_DEFAULT=off",
@@ -342,9 +345,7 @@ func TestNodesPortProxy(t *testing.T) {
 		other = nodes[1]
 	}
 	co := other.client()
-	if _, err := co.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "cd /tmp && echo hello-from-" + sb.NodeID + " > page.txt && nohup python3 -m http.server 8000 >/dev/null 2>&1 & nohup python3 -c \"$WS\" >/dev/null 2>&1 &", Env: map[string]string{"WS": wsEcho}}); err != nil {
-		t.Fatal(err)
-	}
+	startPortServers(t, co, sb.ID, "hello-from-"+sb.NodeID)
 	want := "hello-from-" + sb.NodeID + "\n"
 	get := func(u, host string, withKey bool) (int, string) {
 		t.Helper()

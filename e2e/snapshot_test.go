@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -338,22 +339,47 @@ func TestSnapshotDuringWorkIsConflict(t *testing.T) {
 	ctx := context.Background()
 	c := s.client()
 	sb := newSandbox(t, s, client.CreateSandboxRequest{})
+	// An exec that has printed is under way; it runs until the checks are
+	// done and the test hangs up.
+	started := make(chan struct{})
 	done := make(chan error, 1)
+	ectx, stop := context.WithCancel(ctx)
+	defer stop()
 	go func() {
-		_, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "sleep 2"})
+		var once sync.Once
+		_, err := c.ExecStream(ectx, sb.ID, client.ExecRequest{Cmd: "echo started; sleep 120", TimeoutSeconds: 180}, func(ev client.ExecEvent) {
+			if ev.Type == "stdout" && strings.Contains(ev.Data, "started") {
+				once.Do(func() { close(started) })
+			}
+		})
 		done <- err
 	}()
-	time.Sleep(500 * time.Millisecond)
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("exec ended before the checks: %v", err)
+	case <-time.After(time.Minute):
+		t.Fatal("exec printed nothing in a minute")
+	}
 	for _, path := range []string{"/snapshots", "/fork", "/pause"} {
 		status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+path, "")
 		if status != 409 || code != "conflict" || !strings.Contains(msg, "running") {
 			t.Fatalf("%s during an exec: %d %s %s", path, status, code, msg)
 		}
 	}
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if st, body := rawJSON(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", "", nil); st != 201 {
-		t.Fatalf("snapshot once the exec ended: %d %s", st, body)
+	// A caller that goes away ends its exec (the server notices the
+	// closed connection soon after, not at once).
+	stop()
+	<-done
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, body := rawJSON(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", "", nil)
+		if st == 201 {
+			break
+		}
+		if st != 409 || time.Now().After(deadline) {
+			t.Fatalf("snapshot once the exec's caller went away: %d %s", st, body)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -86,7 +86,10 @@ type Upstream struct {
 // SetDNS makes the DNS stub answer name with a (default: 198.51.100.77).
 func (u Upstream) SetDNS(name string, a netip.Addr) { u.zone.Store(name, a) }
 
-// StartUpstream makes the namespace; cleanup removes it.
+// StartUpstream makes the namespace; cleanup removes it. Its tag and its
+// /30 networks (pubNet, privNet: the namespace's end) must be unique
+// among every package's calls, not just this package's: go test runs
+// packages at once, and a start removes what has the same name first.
 func StartUpstream(t T, tag string, pubNet, privNet byte) Upstream {
 	t.Helper()
 	ns := "pstest-up-" + tag
