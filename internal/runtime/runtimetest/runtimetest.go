@@ -80,7 +80,9 @@ func dial(t *testing.T, rwc io.ReadWriteCloser) *session {
 	s := &session{sess: sess, http: &http.Client{Transport: &http.Transport{
 		DialContext: func(context.Context, string, string) (net.Conn, error) { return sess.Open() },
 	}}}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	// As long as a start may take: the agent answers once the sandbox runs,
+	// which a loaded host delays.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", "http://agent/v1/hello", nil)
 	resp, err := s.http.Do(req)
