@@ -170,13 +170,21 @@ func (s *server) newKey(project string) string {
 // containersSince lists the containers runsc knows now that were not in
 // before, leaving out those the server logged as prepared ahead, for
 // creates (--prepared-creates), for a suspended sandbox's resume or as a
-// pool refill: it prepares them on its own, in the background. One it is preparing right
-// now is listed by runsc before the server logs it, so a container not
-// accounted for is given a while to be logged or removed before it counts.
+// pool refill: it prepares them on its own, in the background. One it is
+// preparing right now is listed by runsc before the server logs it, so a
+// container not accounted for is given a while to be logged or removed
+// before it counts.
 func (s *server) containersSince(before []string) []string {
-	deadline := time.Now().Add(30 * time.Second)
+	return settled(30*time.Second, func() []string { return s.unexplainedContainers(before) })
+}
+
+// settled calls list until it returns nothing or d has passed, and
+// returns its last answer: for leftovers that the server's or other
+// packages' background work may still be removing.
+func settled(d time.Duration, list func() []string) []string {
+	deadline := time.Now().Add(d)
 	for {
-		left := s.unexplainedContainers(before)
+		left := list()
 		if len(left) == 0 || time.Now().After(deadline) {
 			return left
 		}
@@ -350,7 +358,7 @@ func TestMain(m *testing.M) {
 	// Removal waits a few seconds for the last processes to leave, and
 	// other packages' tests make and remove theirs meanwhile: an empty
 	// cgroup counts only if it stays.
-	newEmpty := func() []string {
+	left := settled(20*time.Second, func() []string {
 		var left []string
 		for _, d := range emptyCgroups() {
 			if !slices.Contains(cgroupsBefore, d) {
@@ -358,11 +366,7 @@ func TestMain(m *testing.M) {
 			}
 		}
 		return left
-	}
-	left := newEmpty()
-	for deadline := time.Now().Add(20 * time.Second); len(left) > 0 && time.Now().Before(deadline); left = newEmpty() {
-		time.Sleep(500 * time.Millisecond)
-	}
+	})
 	for _, d := range left {
 		fmt.Fprintf(os.Stderr, "FAIL: cgroup of a stopped sandbox left behind: %s\n", d)
 		code = 1
