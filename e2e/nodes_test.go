@@ -113,9 +113,13 @@ func TestNodes(t *testing.T) {
 	if len(byID) != 3 {
 		t.Fatalf("three serves made node ids %v", byID)
 	}
-	// Each node has seen the others heartbeat before the first create.
-	time.Sleep(2 * time.Second)
+	// A has seen the others heartbeat before the first create.
 	a := nodes[0]
+	for id := range byID {
+		if id != nodeID(t, a) {
+			eventually(t, "A sees node "+id, func() bool { return strings.Contains(a.out.String(), `msg="node seen" node=`+id) })
+		}
+	}
 	ca := a.client()
 
 	// Placement: six creates through A land on every node, each where its

@@ -452,6 +452,7 @@ type harness struct {
 
 	images pandastack.ImageStore // Config.Images of the next newManager (nil: the default)
 	node   NodeConfig            // Config.Node of the next newManager (node_test.go)
+	logs   logLines              // what its managers logged
 }
 
 const project = "prj_test"
@@ -485,7 +486,7 @@ func (h *harness) newManager() *Manager {
 	for _, d := range []string{cfg.SnapshotDir, cfg.PausedDir, cfg.WarmDir} {
 		os.MkdirAll(d, 0o700)
 	}
-	log := slog.New(slog.NewTextHandler(testWriter{h.t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := slog.New(slog.NewTextHandler(testWriter{h.t, &h.logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m := New(cfg, h.store, h.rt, h.tpls, log)
 	// The host's CPU load is no business of these tests: always idle
 	// (TestRefillYieldsToCreates sets its own).
@@ -497,11 +498,42 @@ func (h *harness) newManager() *Manager {
 	return m
 }
 
-type testWriter struct{ t *testing.T }
+// testWriter passes a manager's log to the test's and keeps its lines.
+type testWriter struct {
+	t    *testing.T
+	keep *logLines
+}
 
 func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(string(p[:len(p)-1]))
+	line := string(p[:len(p)-1])
+	w.t.Log(line)
+	w.keep.add(line)
 	return len(p), nil
+}
+
+// logLines is what a harness's managers logged, one entry a line.
+type logLines struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *logLines) add(line string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, line)
+}
+
+// with returns the lines that contain s.
+func (l *logLines) with(s string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, line := range l.lines {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return out
 }
 
 // warmBase makes a warm image of the harness's template (the warm-up

@@ -115,8 +115,14 @@ func (m *Manager) heartbeat(ctx context.Context) error {
 		m.log.Warn("node lost: its sandboxes are stopped as lost", "node", id, "grace", nc.Grace)
 	}
 	m.node.mu.Lock()
+	before := m.node.urls
 	m.node.urls, m.node.lost = urls, lost
 	m.node.mu.Unlock()
+	for id, url := range urls {
+		if _, seen := before[id]; !seen && id != nc.ID && !lost[id] {
+			m.log.Info("node seen", "node", id, "url", url)
+		}
+	}
 	if wasLost {
 		m.log.Warn("this node was marked lost by another; dropping the sandboxes it recorded lost", "node", nc.ID)
 		m.dropLost(ctx)

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -167,5 +168,35 @@ func TestPlaceSpreads(t *testing.T) {
 	h := newHarness(t)
 	if url, err := h.m.Place(ctx, project, CreateRequest{}); err != nil || url != "" {
 		t.Errorf("Place without nodes = %q, %v", url, err)
+	}
+}
+
+// A node says once when it first sees another up, which is when it may
+// place creates there; a lost one is not announced.
+func TestNodeSeenLogged(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	for range 2 {
+		if err := a.m.heartbeat(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := a.logs.with(`msg="node seen"`); len(got) != 1 || !strings.Contains(got[0], "node=node-b") || !strings.Contains(got[0], "url=http://node-b.test") {
+		t.Errorf("A's log of nodes seen: %q, want node-b once", got)
+	}
+	if got := b.logs.with(`msg="node seen" node=node-b`); len(got) != 0 {
+		t.Errorf("B announced itself: %q", got)
+	}
+	// C joins and goes silent before B's next heartbeat: B finds it lost.
+	c := nodeHarness(t, "node-c", a)
+	c.m.Close()
+	clk := &clock{t: time.Now().Add(time.Minute)}
+	b.m.now = clk.now
+	if err := b.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.logs.with(`msg="node seen" node=node-c`); len(got) != 0 {
+		t.Errorf("B announced a lost node: %q", got)
 	}
 }

@@ -104,7 +104,7 @@ func preparingHarness(t *testing.T, keep int) (*harness, *clock, *preparingRunti
 	rt := &preparingRuntime{fakeRuntime: h.rt, prepared: map[string]pandastack.RuntimeSpec{}}
 	cfg := h.m.cfg
 	cfg.PreparedResumes = keep
-	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t, &h.logs}, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err := m.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestPreparedCreates(t *testing.T) {
 	cfg.PreparedCreates = 1
 	tpl := h.tpls.tpl
 	tpl.WarmImage = WarmImageDir(cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
-	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t}, nil)))
+	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t, &h.logs}, nil)))
 	if err := m.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
