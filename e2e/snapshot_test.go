@@ -127,9 +127,11 @@ func TestSnapshotRestoreFork(t *testing.T) {
 			}
 		}
 		other := client.New(s.url, s.newKey("snap-other"))
-		if _, err := other.CreateSandbox(ctx, client.CreateSandboxRequest{}); err != nil {
+		theirs, err := other.CreateSandbox(ctx, client.CreateSandboxRequest{})
+		if err != nil {
 			t.Fatal(err)
 		}
+		defer other.KillSandbox(ctx, theirs.ID)
 		req, _ := http.NewRequest("GET", s.url+"/v1/snapshots/"+snap.ID, nil)
 		req.Header.Set("Authorization", "Bearer "+other.APIKey)
 		resp, err := http.DefaultClient.Do(req)
