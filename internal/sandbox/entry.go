@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -204,9 +205,15 @@ func (t *table) end(id string) {
 // phase ends or ctx is done. It reports whether it waited: the caller then
 // looks again at what the sandbox has become.
 func (t *table) wait(ctx context.Context, id string) bool {
+	return t.waitOut(ctx, id, phaseResuming, phaseSuspending)
+}
+
+// waitOut blocks while the sandbox is in one of phases, until its phase
+// changes or ctx is done, and reports whether it waited.
+func (t *table) waitOut(ctx context.Context, id string, phases ...phase) bool {
 	t.mu.Lock()
 	e := t.entries[id]
-	if e == nil || (e.phase != phaseResuming && e.phase != phaseSuspending) {
+	if e == nil || !slices.Contains(phases, e.phase) {
 		t.mu.Unlock()
 		return false
 	}

@@ -689,13 +689,24 @@ func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentCl
 	return m.use(ctx, projectID, id, m.sbx.acquire)
 }
 
-// Kill stops the sandbox and deletes its record.
+// Kill stops the sandbox and deletes its record. A stop already under way
+// (its TTL, running out of memory, the reaper, another kill) is waited
+// for; the kill then removes what that stop left.
 func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
-	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
-		return err
-	}
-	if err := m.sbx.begin(id, phaseStopping); err != nil {
-		return err
+	for {
+		if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+			return err
+		}
+		err := m.sbx.begin(id, phaseStopping)
+		if err == nil {
+			break
+		}
+		if !m.sbx.waitOut(ctx, id, phaseStopping) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 	}
 	defer m.sbx.end(id)
 	// Until the record goes, it says killed: a run cut off by this kill

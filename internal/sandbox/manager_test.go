@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -593,4 +594,48 @@ func TestReaperStopsConcurrently(t *testing.T) {
 			t.Errorf("%s: %s", id, rec.State)
 		}
 	}
+}
+
+// A kill that comes while the server stops the sandbox itself (its TTL,
+// out of memory, the reaper) waits for that stop and then deletes the
+// record, instead of answering conflict; a second kill after it finds
+// nothing.
+func TestKillDuringAStop(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	if err := h.m.sbx.begin(sb.ID, phaseStopping); err != nil { // as the reaper does
+		t.Fatal(err)
+	}
+	killed := make(chan error, 1)
+	go func() { killed <- h.m.Kill(ctx, project, sb.ID) }()
+	select {
+	case err := <-killed:
+		t.Fatalf("kill during a stop returned at once: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	h.m.stopSandbox(sb.ID, pandastack.StopOOM)
+	h.m.sbx.end(sb.ID)
+	select {
+	case err := <-killed:
+		if err != nil {
+			t.Fatalf("kill after the stop: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("kill still waiting after the stop ended")
+	}
+	if _, err := h.store.GetSandbox(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Errorf("record after the kill: %v, want not found", err)
+	}
+	wantCode(t, h.m.Kill(ctx, project, sb.ID), pandastack.ENotFound)
+
+	// A kill given up while it waits says so.
+	sb = h.create()
+	h.m.sbx.begin(sb.ID, phaseStopping)
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := h.m.Kill(cctx, project, sb.ID); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("kill whose caller gave up: %v", err)
+	}
+	h.m.sbx.end(sb.ID)
 }
