@@ -12,9 +12,13 @@ pytest.importorskip("websockets")
 
 def test_terminal_runs_a_shell_and_reports_its_exit(sandbox: Sandbox) -> None:
     with sandbox.terminal(cols=90, rows=20) as term:
-        term.write("echo $((6*7)); stty size; whoami; echo E$((1+1))ND\r")
+        term.write("PS1='py> '; echo $((6*7)); stty size; whoami; echo E$((1+1))ND\r")
         out = term.read_until("E2ND").replace("\r", "")
         assert "42\n20 90\nuser\nE2ND" in out
+        # Resized at the next prompt (it may have come in the same read as
+        # E2ND): readline reads the size and writes it back as it takes the
+        # terminal for a new line, so a resize landing in between is undone.
+        term.read_until("py> ", since=term.output.rindex("E2ND"))
         term.resize(120, 40)
         term.write("stty size\r")
         term.read_until("40 120")
@@ -33,3 +37,31 @@ def test_terminal_errors(sandbox: Sandbox) -> None:
     sandbox.kill()
     with pytest.raises(pandastack.NotFoundError):
         sandbox.terminal()
+
+
+class _Frames:
+    """The terminal's WebSocket, as a list of output frames (a unit test of
+    read_until's bookkeeping; the tests above drive a real shell)."""
+
+    def __init__(self, *frames: bytes) -> None:
+        self.frames = list(frames)
+
+    def recv(self, timeout: float | None = None) -> bytes:
+        if not self.frames:
+            raise TimeoutError
+        return self.frames.pop(0)
+
+
+def test_read_until_since_sees_what_an_earlier_read_got() -> None:
+    from pandastack.terminal import Terminal
+
+    term = Terminal.__new__(Terminal)
+    term._ws = _Frames(b"echo hi\r\nhi\r\nE2ND\r\n$ ", b"more")
+    term.exit_code, term.closed, term.output = None, False, ""
+    assert term.read_until("E2ND").endswith("$ ")
+    # The prompt came in the same frame as E2ND: only since finds it.
+    assert term.read_until("$ ", since=term.output.rindex("E2ND")) == "E2ND\r\n$ "
+    assert term.read_until("more") == "more"
+    assert term.output == "echo hi\r\nhi\r\nE2ND\r\n$ more"
+    with pytest.raises(pandastack.TimeoutError):
+        term.read_until("never", timeout=0.5)

@@ -15,10 +15,13 @@ test("a terminal runs a shell as the sandbox user, resizes, and reports its exit
   if (!haveServer(t)) return;
   const sb = await newSandbox(t);
   const term = await sb.terminal({ cols: 90, rows: 20, WebSocket: WS });
-  term.write("echo $((6*7)); stty size; whoami; echo E$((1+1))ND\r");
+  term.write("PS1='ts> '; echo $((6*7)); stty size; whoami; echo E$((1+1))ND\r");
   const out = (await term.readUntil("E2ND")).replace(/\r/g, "");
   assert.ok(out.includes("42\n20 90\nuser\nE2ND"), out);
 
+  // Resized at the next prompt: readline reads the size and writes it back
+  // as it takes the terminal for a new line, undoing a resize in between.
+  await term.readUntil("ts> ", { since: term.output.lastIndexOf("E2ND") });
   term.resize(120, 40);
   const mark = term.output.length;
   term.write("stty size\r");

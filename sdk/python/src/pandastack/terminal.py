@@ -62,6 +62,8 @@ class Terminal:
             raise error_from_response(code, message, e.response.status_code) from None
         self.exit_code: Optional[int] = None
         self.closed = False
+        #: Everything the terminal has output so far, as :meth:`read` got it.
+        self.output = ""
 
     def write(self, data: Union[str, bytes]) -> None:
         """Send keys to the shell."""
@@ -86,23 +88,29 @@ class Terminal:
             except builtins.TimeoutError:
                 raise TimeoutError(f"no terminal output within {timeout} s", code="timeout") from None
             if isinstance(msg, bytes):
-                return msg.decode(errors="replace")
+                text = msg.decode(errors="replace")
+                self.output += text
+                return text
             ev = json.loads(msg)
             if ev.get("type") == "exit":
                 self.exit_code = ev.get("exit_code")
 
-    def read_until(self, text: str, timeout: float = 60) -> str:
-        """Read until the output so far contains ``text``; return all of it."""
-        out, deadline = "", time.monotonic() + timeout
-        while text not in out:
+    def read_until(self, text: str, timeout: float = 60, since: Optional[int] = None) -> str:
+        """Read until the output contains ``text``, and return the output
+        looked at. By default that is what this call reads. With ``since``, an
+        offset into :attr:`output`, it is everything from there, including
+        what earlier reads already got: use it to wait for text that may
+        have come in the same read as an earlier match."""
+        start = len(self.output) if since is None else since
+        deadline = time.monotonic() + timeout
+        while text not in self.output[start:]:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"{text!r} did not appear within {timeout} s; the terminal showed {out[-500:]!r}", code="timeout")
+                raise TimeoutError(f"{text!r} did not appear within {timeout} s; the terminal showed {self.output[start:][-500:]!r}", code="timeout")
             chunk = self.read(timeout=left)
             if chunk == "" and self.closed:
-                raise PandaStackError(f"the shell exited (status {self.exit_code}) before {text!r} appeared: {out[-500:]!r}")
-            out += chunk
-        return out
+                raise PandaStackError(f"the shell exited (status {self.exit_code}) before {text!r} appeared: {self.output[start:][-500:]!r}")
+        return self.output[start:]
 
     def close(self) -> None:
         """End the session: the shell and its children are killed."""
