@@ -29,9 +29,8 @@ type Contexts struct {
 	created uint64               // contexts made so far
 	procs   map[*kernelProc]bool // live kernel processes, for the memory watch
 	watch   sync.Once
-	memKick chan struct{}            // wakes the memory watch when a cell starts
-	mem     atomic.Pointer[memWatch] // the memory watch's limits, once it runs
-	spares  spareSet                 // kernels warmed up ahead of time (spare.go)
+	memKick chan struct{} // wakes the memory watch when a cell starts
+	spares  spareSet      // kernels warmed up ahead of time (spare.go)
 }
 
 type codeContext struct {
@@ -165,7 +164,6 @@ func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) 
 	}
 	cs := s.cfg.Contexts
 	k := newKernelProc(p)
-	k.cs = cs
 	cs.mu.Lock()
 	cs.procs[k] = true
 	cs.mu.Unlock()
@@ -185,11 +183,6 @@ type kernelProc struct {
 	done   chan struct{}
 	status ExitStatus
 	oom    atomic.Pointer[string] // why the memory watch killed it
-	cs     *Contexts              // its registry, for KillIfOverMemory
-
-	// Only the memory watch's goroutine uses these.
-	asCap       int64 // the RLIMIT_AS the watch set (0: none)
-	asCapFailed bool  // setting it failed once: never again
 }
 
 func newKernelProc(p *Process) *kernelProc {

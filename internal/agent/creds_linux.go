@@ -23,30 +23,20 @@ import (
 // threads from a clean template thread, never from a locked one, so nothing
 // inherits the switched credentials; if switching back fails the goroutine
 // exits still locked and Go discards the thread.
-func asUser(f func() error) error { return onThreadAsUser(false, f) }
-
-// asOwner runs f with the sandbox user as real user too (and the same
-// group): what prlimit(2) checks before it changes the limits of another
-// process without CAP_SYS_RESOURCE. The saved uid stays root, so the thread
-// can switch back, and its permitted capabilities stay with it.
-func asOwner(f func() error) error { return onThreadAsUser(true, f) }
-
-// onThreadAsUser runs f on a thread of its own switched to the sandbox
-// user: its effective ids, and with real its real ids too.
-func onThreadAsUser(real bool, f func() error) error {
+func asUser(f func() error) error {
 	if !runningAsRoot() {
 		return f()
 	}
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		if err := setIDs(agentproto.UserUID, agentproto.UserGID, real, false); err != nil {
+		if err := setEffective(agentproto.UserUID, agentproto.UserGID, false); err != nil {
 			// Partly switched, perhaps: never reuse this thread.
 			done <- fmt.Errorf("switch to the sandbox user: %w", err)
 			return
 		}
 		err := f()
-		if rerr := setIDs(0, 0, real, true); rerr != nil {
+		if rerr := setEffective(0, 0, true); rerr != nil {
 			done <- fmt.Errorf("switch back to root: %w", rerr)
 			return // the thread dies with this goroutine
 		}
@@ -56,11 +46,10 @@ func onThreadAsUser(real bool, f func() error) error {
 	return <-done
 }
 
-// setIDs sets this thread's effective uid and gid, and with real its real
-// ones too. Going to a user it drops the supplementary groups first (that
-// needs root); going back to root it restores the uid first (the gid and
-// groups need it).
-func setIDs(uid, gid int, real, toRoot bool) error {
+// setEffective sets this thread's effective uid and gid. Going to a user it
+// drops the supplementary groups first (that needs root); going back to root
+// it restores the uid first (the gid and groups need it).
+func setEffective(uid, gid int, toRoot bool) error {
 	call := func(nr, a1, a2, a3 uintptr) error {
 		if _, _, e := syscall.RawSyscall(nr, a1, a2, a3); e != 0 {
 			return e
@@ -68,14 +57,10 @@ func setIDs(uid, gid int, real, toRoot bool) error {
 		return nil
 	}
 	keep := ^uintptr(0) // -1: leave unchanged
-	ruid, rgid := keep, keep
-	if real {
-		ruid, rgid = uintptr(uid), uintptr(gid)
-	}
 	steps := []func() error{
 		func() error { return call(syscall.SYS_SETGROUPS, 0, 0, 0) },
-		func() error { return call(syscall.SYS_SETRESGID, rgid, uintptr(gid), keep) },
-		func() error { return call(syscall.SYS_SETRESUID, ruid, uintptr(uid), keep) },
+		func() error { return call(syscall.SYS_SETRESGID, keep, uintptr(gid), keep) },
+		func() error { return call(syscall.SYS_SETRESUID, keep, uintptr(uid), keep) },
 	}
 	if toRoot {
 		steps[0], steps[2] = steps[2], steps[0]

@@ -17,8 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
@@ -94,6 +92,17 @@ const memWatchPeriod = 25 * time.Millisecond
 // memWatchIdlePeriod is the watch's period while no cell runs.
 const memWatchIdlePeriod = time.Second
 
+// memLimits derives the limits from the sandbox's memory: a kernel may use
+// all but a reserve of a quarter (at least 192 MiB), and the sandbox all
+// but half that reserve. Sandboxes too small for such a reserve get none.
+func memLimits(total int64) (perKernel, pressure int64, ok bool) {
+	reserve := max(total/4, 192<<20)
+	if total < 2*reserve {
+		return 0, 0, false
+	}
+	return total - reserve, total - reserve/2, true
+}
+
 // meminfo returns MemTotal and MemAvailable in bytes.
 func meminfo() (total, avail int64, err error) {
 	b, err := os.ReadFile("/proc/meminfo")
@@ -133,24 +142,19 @@ func rss(pid int) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	_, n, err := parseStatm(pid, b)
-	return n, err
+	return parseStatm(pid, b)
 }
 
-// parseStatm returns a process's mapped (vsz) and resident memory in bytes.
-func parseStatm(pid int, b []byte) (vsz, rss int64, err error) {
+func parseStatm(pid int, b []byte) (int64, error) {
 	f := strings.Fields(string(b))
 	if len(f) < 2 {
-		return 0, 0, fmt.Errorf("statm of %d: %q", pid, b)
+		return 0, fmt.Errorf("statm of %d: %q", pid, b)
 	}
-	var pages [2]int64
-	for i := range pages {
-		if pages[i], err = strconv.ParseInt(f[i], 10, 64); err != nil {
-			return 0, 0, err
-		}
+	pages, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		return 0, err
 	}
-	page := int64(os.Getpagesize())
-	return pages[0] * page, pages[1] * page, nil
+	return pages * int64(os.Getpagesize()), nil
 }
 
 // procFiles keeps the /proc files the memory watch reads on every pass
@@ -162,9 +166,9 @@ func parseStatm(pid int, b []byte) (vsz, rss int64, err error) {
 // never reads another process that got the same pid. Only the watch's
 // goroutine uses it.
 type procFiles struct {
-	meminfo    *os.File
-	statmFiles map[*kernelProc]*os.File
-	buf        [4096]byte
+	meminfo *os.File
+	statm   map[*kernelProc]*os.File
+	buf     [4096]byte
 }
 
 // read reads *fp (opening path first if nil) from its start; on an error
@@ -194,36 +198,30 @@ func (pf *procFiles) readMeminfo() (total, avail int64, err error) {
 	return parseMeminfo(b)
 }
 
-// statm is the mapped and resident memory of k's process.
-func (pf *procFiles) statm(k *kernelProc) (vsz, rss int64, err error) {
-	if pf.statmFiles == nil {
-		pf.statmFiles = map[*kernelProc]*os.File{}
+// rss is the resident memory of k's process.
+func (pf *procFiles) rss(k *kernelProc) (int64, error) {
+	if pf.statm == nil {
+		pf.statm = map[*kernelProc]*os.File{}
 	}
-	f := pf.statmFiles[k]
+	f := pf.statm[k]
 	b, err := pf.read("/proc/"+strconv.Itoa(k.Pid())+"/statm", &f)
 	if f != nil {
-		pf.statmFiles[k] = f
+		pf.statm[k] = f
 	} else {
-		delete(pf.statmFiles, k)
+		delete(pf.statm, k)
 	}
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	return parseStatm(k.Pid(), b)
 }
 
-// rss is the resident memory of k's process.
-func (pf *procFiles) rss(k *kernelProc) (int64, error) {
-	_, n, err := pf.statm(k)
-	return n, err
-}
-
 // keep closes the statm files of kernels not in live.
 func (pf *procFiles) keep(live []*kernelProc) {
-	for k, f := range pf.statmFiles {
+	for k, f := range pf.statm {
 		if !slices.Contains(live, k) {
 			f.Close()
-			delete(pf.statmFiles, k)
+			delete(pf.statm, k)
 		}
 	}
 }
@@ -244,13 +242,12 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 		log.Warn("no memory watch for kernels", "err", err)
 		return
 	}
-	l, ok := memLimits(total)
+	perKernel, pressure, ok := memLimits(total)
 	if !ok {
 		log.Info("no memory watch for kernels: the sandbox is too small", "mib", total>>20)
 		return
 	}
-	cs.mem.Store(&memWatch{limit: l, log: log})
-	log.Info("kernel memory watch", "kernel_limit_mib", l.perKernel>>20, "sandbox_mib", total>>20)
+	log.Info("kernel memory watch", "kernel_limit_mib", perKernel>>20, "sandbox_mib", total>>20)
 	t := time.NewTimer(memWatchPeriod)
 	defer t.Stop()
 	var pf procFiles
@@ -262,7 +259,7 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 		case <-cs.memKick:
 			kicked = true // the cell may not count as busy yet
 		}
-		cs.checkMemory(&pf, l, log)
+		cs.checkMemory(&pf, total, perKernel, pressure, log)
 		if kicked {
 			t.Reset(memWatchPeriod)
 		} else {
@@ -286,141 +283,52 @@ func (cs *Contexts) memWatchPace() time.Duration {
 	return memWatchIdlePeriod
 }
 
-// checkMemory is one pass of the watch, reading /proc through pf: it kills
-// what is over a limit, and limits the address space of the others.
-func (cs *Contexts) checkMemory(pf *procFiles, l memLimit, log *slog.Logger) {
-	procs := cs.kernels()
-	pf.keep(procs)
-	if len(procs) == 0 {
-		return
-	}
-	sizes, used, killed := cs.killOverLimit(pf, l, procs, log)
-	if killed || used < 0 {
-		return
-	}
-	for _, s := range sizes {
-		k := s.k
-		limit := l.asCap(s.vsz, s.rss, used)
-		// Within a MiB of the limit set: not worth the system calls.
-		if k.asCapFailed || (limit == 0) == (k.asCap == 0) && abs(limit-k.asCap) < 1<<20 {
-			continue
-		}
-		if err := k.setASCap(limit); err != nil {
-			k.asCapFailed = true // once; the watch goes on without
-			log.Warn("cannot limit a kernel's address space", "pid", k.Pid(), "err", err)
-			continue
-		}
-		k.asCap = limit
-	}
-}
-
-func abs(n int64) int64 { return max(n, -n) }
-
-// kernels lists the live kernel processes.
-func (cs *Contexts) kernels() []*kernelProc {
+// checkMemory is one pass of the watch, reading /proc through pf.
+func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64, log *slog.Logger) {
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
 	procs := make([]*kernelProc, 0, len(cs.procs))
 	for k := range cs.procs {
 		procs = append(procs, k)
 	}
-	return procs
-}
-
-// kernelSize is a kernel's mapped and resident memory, as one look saw it.
-type kernelSize struct {
-	k        *kernelProc
-	vsz, rss int64
-}
-
-// killOverLimit kills a kernel past its limit, or the largest kernel if
-// the sandbox is past its own, and says whether it did. It returns the
-// sizes it read and the sandbox's memory in use (-1 if unknown).
-func (cs *Contexts) killOverLimit(pf *procFiles, l memLimit, procs []*kernelProc, log *slog.Logger) (sizes []kernelSize, used int64, killed bool) {
-	used = -1
-	if _, avail, err := pf.readMeminfo(); err == nil {
-		used = l.total - avail
+	cs.mu.Unlock()
+	pf.keep(procs)
+	if len(procs) == 0 {
+		return
 	}
 	for _, k := range procs {
-		vsz, n, err := pf.statm(k)
+		n, err := pf.rss(k)
 		if err != nil {
 			continue
 		}
-		if n > l.perKernel {
-			log.Warn("kernel over its memory limit; killing it", "pid", k.Pid(), "rss_mib", n>>20, "limit_mib", l.perKernel>>20)
-			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, l.perKernel>>20, l.total>>20))
-			return nil, used, true
+		if n > perKernel {
+			log.Warn("kernel over its memory limit; killing it", "pid", k.Pid(), "rss_mib", n>>20, "limit_mib", perKernel>>20)
+			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
+			return
 		}
-		sizes = append(sizes, kernelSize{k, vsz, n})
 	}
-	if used <= l.pressure {
-		return sizes, used, false
+	_, avail, err := pf.readMeminfo()
+	if err != nil || total-avail <= pressure {
+		return
 	}
 	// Nearly out as a whole: the kernel whose process tree (what its cells
 	// started included) holds most, if that is at least half of what is
 	// used; memory held elsewhere (an exec) is no kernel's fault.
+	used := total - avail
 	var largest *kernelProc
 	var largestRSS int64
-	for _, s := range sizes {
-		n := s.rss
-		for _, d := range descendants(s.k.Pid()) {
+	for _, k := range procs {
+		n, _ := pf.rss(k)
+		for _, d := range descendants(k.Pid()) {
 			m, _ := rss(d)
 			n += m
 		}
 		if n > largestRSS {
-			largest, largestRSS = s.k, n
+			largest, largestRSS = k, n
 		}
 	}
 	if largest == nil || largestRSS < used/2 {
-		return sizes, used, false
+		return
 	}
 	log.Warn("sandbox nearly out of memory; killing its largest kernel", "pid", largest.Pid(), "rss_mib", largestRSS>>20, "used_mib", used>>20)
-	largest.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, with what it started the largest user (%d MiB), was killed", l.total>>20, used>>20, largestRSS>>20))
-	return nil, used, true
-}
-
-// KillIfOverMemory looks at once at what the memory watch looks at every
-// pass, kills what is over a limit, and says whether that was k (a
-// jupyter.MemoryLimited). A cell's MemoryError can come from the limit
-// asCap set rather than a look of the watch; the kernel then ends as it
-// would have had the watch looked first. False without a watch.
-func (k *kernelProc) KillIfOverMemory() bool {
-	if k.cs == nil {
-		return false
-	}
-	w := k.cs.mem.Load()
-	if w == nil {
-		return false
-	}
-	var pf procFiles
-	defer pf.close()
-	k.cs.killOverLimit(&pf, w.limit, k.cs.kernels(), w.log)
-	return k.oom.Load() != nil
-}
-
-// setASCap sets the soft RLIMIT_AS of k's process to limit, or back to its
-// hard limit (none, as the agent starts kernels) for 0. Changing another
-// process's limits takes CAP_SYS_RESOURCE, which the agent does not have,
-// or the process's own user as real user: one thread switches (asOwner).
-// Only the soft limit changes, so no privilege is needed.
-func (k *kernelProc) setASCap(limit int64) error {
-	select {
-	case <-k.done:
-		return nil // its pid may be another process's by now
-	default:
-	}
-	return asOwner(func() error {
-		var cur unix.Rlimit
-		if err := unix.Prlimit(k.Pid(), unix.RLIMIT_AS, nil, &cur); err != nil {
-			return err
-		}
-		soft := cur.Max
-		if limit > 0 && uint64(limit) < cur.Max {
-			soft = uint64(limit)
-		}
-		if soft == cur.Cur {
-			return nil
-		}
-		return unix.Prlimit(k.Pid(), unix.RLIMIT_AS, &unix.Rlimit{Cur: soft, Max: cur.Max}, nil)
-	})
+	largest.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, largestRSS>>20))
 }

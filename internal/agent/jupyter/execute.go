@@ -132,9 +132,6 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	}
 	switch r.wait(ctx, in, timeout, onEvent) {
 	case finished:
-		if r.raised("MemoryError") && killedForMemory(in) {
-			return r.finish(start, kernelDied(in), onEvent), nil
-		}
 		return r.finish(start, nil, onEvent), nil
 	case died:
 		return r.finish(start, kernelDied(in), onEvent), nil
@@ -204,23 +201,6 @@ func (k *Kernel) abandon(in *instance, id string, r *run) {
 			k.log.Warn("restart after abandoned cell", "err", err)
 		}
 	}()
-}
-
-// killedForMemory asks a MemoryLimited kernel whether a MemoryError came
-// from its memory limit, and if it was killed for that waits (a while) for
-// it to be gone, so that its death reason is known.
-func killedForMemory(in *instance) bool {
-	m, ok := in.proc.(MemoryLimited)
-	if !ok || !m.KillIfOverMemory() {
-		return false
-	}
-	t := time.NewTimer(30 * time.Second)
-	defer t.Stop()
-	select {
-	case <-in.proc.Done():
-	case <-t.C:
-	}
-	return true
 }
 
 func kernelDied(in *instance) *agentproto.ExecutionError {
@@ -384,17 +364,6 @@ func (r *run) execution(start time.Time) agentproto.Execution {
 	}
 	e.DurationMS = time.Since(start).Milliseconds()
 	return e
-}
-
-// raised reports whether the cell ended in an exception of that name.
-func (r *run) raised(name string) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	e := r.exec.Error
-	if e == nil {
-		e = r.replyErr
-	}
-	return e != nil && e.Name == name
 }
 
 // finish delivers the last events and returns the Execution, with override

@@ -58,17 +58,6 @@ type Proc interface {
 	Kill()
 }
 
-// MemoryLimited is a Proc held to a memory limit from outside (the agent's
-// memory watch) that can also fail the kernel's allocations at that limit.
-// A cell ending in MemoryError then asks it whether the kernel is past the
-// limit; if it killed the kernel for that, the cell ends as KernelDied with
-// the Proc's ExitReason, as when the watch kills a kernel mid-cell.
-type MemoryLimited interface {
-	// KillIfOverMemory kills the process if it is over its limit, and
-	// says whether it did.
-	KillIfOverMemory() bool
-}
-
 // Owner is a user that must be able to use the kernel's private
 // directory, when the kernel runs as another user than this process.
 type Owner struct{ UID, GID int }

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -776,74 +775,5 @@ func TestInterruptByMessage(t *testing.T) {
 	}
 	if e, _ = runCode(t, k, "w", ExecOptions{}); e.Text != "4" || k.Pid() != pid {
 		t.Fatalf("after the interrupt: %+v, pid %d then %d", e, pid, k.Pid())
-	}
-}
-
-// memProc is a testProc with a memory limit the test decides it is over.
-type memProc struct {
-	*testProc
-	over   *atomic.Bool
-	killed atomic.Bool
-}
-
-func (p *memProc) KillIfOverMemory() bool {
-	if !p.over.Load() {
-		return false
-	}
-	p.killed.Store(true)
-	p.Kill()
-	return true
-}
-
-func (p *memProc) ExitReason() string {
-	if p.killed.Load() {
-		return "out_of_memory: over the test's limit"
-	}
-	return p.testProc.ExitReason()
-}
-
-// TestMemoryErrorAtTheLimit: a cell's MemoryError from a kernel that is
-// over its memory limit ends as KernelDied with the Proc's reason, as when
-// the watch kills it mid-cell; any other MemoryError, or another exception
-// from a kernel over its limit, stays what it is.
-func TestMemoryErrorAtTheLimit(t *testing.T) {
-	var over atomic.Bool
-	k := startKernel(t, func(o *Options) {
-		launch := o.Launch
-		o.Launch = func(argv, env []string, cwd string) (Proc, error) {
-			p, err := launch(argv, env, cwd)
-			if err != nil {
-				return nil, err
-			}
-			return &memProc{testProc: p.(*testProc), over: &over}, nil
-		}
-	})
-	runCode(t, k, "kept = 1", ExecOptions{})
-	e, _ := runCode(t, k, "raise MemoryError('within the limit')", ExecOptions{})
-	if e.Error == nil || e.Error.Name != "MemoryError" || e.Error.Value != "within the limit" {
-		t.Fatalf("MemoryError within the limit: %+v", e.Error)
-	}
-	over.Store(true)
-	e, _ = runCode(t, k, "raise ValueError('not memory')", ExecOptions{})
-	if e.Error == nil || e.Error.Name != "ValueError" {
-		t.Fatalf("ValueError over the limit: %+v", e.Error)
-	}
-	mustText(t, k, "kept", "1")
-	e, evs := runCode(t, k, "print('before', flush=True)\nraise MemoryError()", ExecOptions{})
-	want := "the kernel process exited (out_of_memory: over the test's limit)"
-	if e.Error == nil || e.Error.Name != "KernelDied" || e.Error.Value != want || e.Stdout != "before\n" {
-		t.Fatalf("MemoryError over the limit: %+v, want KernelDied: %s", e, want)
-	}
-	var names []string
-	for _, ev := range evs {
-		if ev.Type == "error" {
-			names = append(names, ev.Error.Name)
-		}
-	}
-	if !slices.Equal(names, []string{"MemoryError", "KernelDied"}) {
-		t.Errorf("error events %v, want the MemoryError, then KernelDied", names)
-	}
-	if _, err := k.Execute(context.Background(), "1", ExecOptions{}, nil); !errors.Is(err, ErrDead) {
-		t.Fatalf("execute after the kill: %v, want the kernel dead", err)
 	}
 }
