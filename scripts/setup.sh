@@ -100,7 +100,7 @@ go_install_cached() {
 # ships them empty, and a runsc without them compiles its filters at every
 # start (0.1-0.2 s of CPU in each create, restore and fork). Built from a
 # writable copy of the module source into which scripts/runsc-precompiled
-# writes the programs, after two small patches (docs/architecture.md,
+# writes the programs, after small patches (docs/architecture.md,
 # "runsc build"). Cached by RunscVersion and RunscBuild; once, about 5
 # minutes or more.
 build_runsc() {
@@ -120,7 +120,7 @@ build_runsc() {
     (
       cd "$tmp/gvisor" &&
         export CGO_ENABLED=0 && # as runsc is built: cgo changes the filters' keys
-        echo "  patching the source: the systrap filter's PID, the pages file's parallel reads, the restore's collector" >&2 &&
+        echo "  patching the source: the systrap filter's PID, the pages file's parallel reads, the restore's collector, the clocks' calibration" >&2 &&
         go run ./pandastack-precompiled -patch -root . &&
         echo "  precompiling the seccomp programs (gVisor computes every variant: minutes of CPU)" >&2 &&
         go run ./pandastack-precompiled -root . &&

@@ -109,3 +109,30 @@ func TestKernelEdits(t *testing.T) {
 		t.Fatal("the edits applied twice")
 	}
 }
+
+// The timekeeper edits apply to source shaped as gVisor's update and leave
+// valid Go that takes the next sample soon only while the clocks are not
+// ready.
+func TestTimekeeperEdits(t *testing.T) {
+	src := "package kernel\n\nimport \"time\"\n\n" +
+		"func (t *Timekeeper) update(parked bool) {\n" +
+		"\tif err := t.params.Write(func() vdsoParams {\n\t\tres := t.clocks.Update(parked)\n" +
+		"\t\tvar p vdsoParams\n\t\t_ = res\n\t\treturn p\n" +
+		"\t}); err != nil {\n" +
+		"\t\tlog.Warningf(\"Unable to update VDSO parameter page: %v\", err)\n\t}\n}\n\nvar _ = time.Second\n"
+	got, err := applyEdits(src, timekeeperEdits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := format.Source([]byte(got)); err != nil {
+		t.Fatalf("patched source does not parse: %v\n%s", err, got)
+	}
+	ready := strings.Index(got, "pandastackReady = res.MonotonicOk && res.RealtimeOk")
+	reset := strings.Index(got, "if !pandastackReady {\n\t\tt.timer.Reset(pandastackCalibrationInterval)")
+	if ready < 0 || reset < ready || !strings.Contains(got, "pandastackCalibrationInterval = 20 * time.Millisecond") {
+		t.Errorf("the next sample is not brought forward while the clocks are not ready:\n%s", got)
+	}
+	if _, err := applyEdits(got, timekeeperEdits); err == nil {
+		t.Fatal("the edits applied twice")
+	}
+}
