@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -164,6 +165,10 @@ func (b *bench) sequentialCreates(ctx context.Context) error {
 		}
 	}
 
+	if err := b.earlyRuns(ctx, lazies); err != nil {
+		return err
+	}
+
 	b2b := make([][]float64, len(pools))
 	split := make([]poolSplit, len(pools))
 	for block := range 2 {
@@ -188,6 +193,68 @@ func (b *bench) sequentialCreates(ctx context.Context) error {
 			fmt.Sprintf("%d creates, each right after the kill of the one before, in 2 blocks; %d served from the pool", len(b2b[k]), len(split[k].hit))).
 			withTarget(targetCreateP50, targetCreateP95, "issue 4"))
 		split[k].report(b, "sequential, back to back"+sd.label)
+	}
+	return nil
+}
+
+// clockCell measures, inside the sandbox, one clock read of a kernel (ns
+// per time.monotonic(), over 2000 reads).
+const clockCell = "import time\n_t = time.perf_counter()\nfor _ in range(2000): time.monotonic()\nround((time.perf_counter() - _t) / 2000 * 1e9)"
+
+// earlyRuns measures the cells that come right after a no-pool create's
+// first result: five run_code("1+1") one after the other, then a cell that
+// times the kernel's clock reads. A restored sandbox is slower at first
+// (pages it has not touched yet, gVisor's clocks calibrating: until then
+// every clock read is a system call); these say by how much. The sides
+// take turns, each create killed after its cells.
+func (b *bench) earlyRuns(ctx context.Context, sides []createSide) error {
+	runs := make([][]float64, len(sides))
+	clock := make([][]float64, len(sides))
+	for i := range b.set.N {
+		order := make([]int, len(sides))
+		for k := range order {
+			order[k] = k
+		}
+		if i%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, k := range order {
+			s := sides[k].s
+			if err := b.gate.wait(ctx); err != nil {
+				return err
+			}
+			sb, _, err := s.createAndRun(ctx)
+			if err == nil {
+				for range 5 {
+					t0 := time.Now()
+					if err = expectText(ctx, s.c, sb.ID, "1+1", "2"); err != nil {
+						break
+					}
+					runs[k] = append(runs[k], ms(time.Since(t0)))
+				}
+			}
+			var ex *client.Execution
+			if err == nil {
+				ex, err = s.c.RunCode(ctx, sb.ID, client.RunRequest{Code: clockCell})
+			}
+			if sb != nil {
+				s.kill(sb.ID)
+			}
+			if err != nil {
+				return err
+			}
+			ns, perr := strconv.ParseFloat(ex.Text, 64)
+			if ex.Error != nil || perr != nil {
+				return fmt.Errorf("clock cell: %+v %q", ex.Error, ex.Text)
+			}
+			clock[k] = append(clock[k], ns)
+		}
+	}
+	for k, sd := range sides {
+		b.add(summarize("create", "  run_code(\"1+1\") right after a no-pool create's first result"+sd.label, "ms", runs[k],
+			"the 2nd to 6th run_code of the sandbox, one after the other"))
+		b.add(summarize("create", "  a kernel's clock read right after those"+sd.label, "ns", clock[k],
+			"ns per time.monotonic() in the 7th cell, some 100-200 ms after the create; a system call into gVisor's sentry costs microseconds, its VDSO about 100 ns"))
 	}
 	return nil
 }
