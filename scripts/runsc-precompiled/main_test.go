@@ -68,18 +68,9 @@ func TestPagesEdits(t *testing.T) {
 		"const (\n\tpagesFileFDDefaultMaxIOBytes  = 256 << 10\n\tpagesFileFDDefaultMaxParallel = 128\n)\n\n" +
 		"func NewPagesFileFDReaderDefault(fd int32) *FDReader {\n" +
 		"\treturn NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)\n}\n"
-	got, err := applyEdits(src, pagesEdits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := format.Source([]byte(got)); err != nil {
-		t.Fatalf("patched source does not parse: %v\n%s", err, got)
-	}
+	got := patched(t, src, pagesEdits)
 	if !strings.Contains(got, "NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pandastackReadParallel())") || !strings.Contains(got, "runtime.NumCPU()") {
 		t.Errorf("the reader is not sized by the CPUs:\n%s", got)
-	}
-	if _, err := applyEdits(got, pagesEdits); err == nil {
-		t.Fatal("the edits applied twice")
 	}
 }
 
@@ -89,13 +80,7 @@ func TestKernelEdits(t *testing.T) {
 	src := "package kernel\n\nimport (\n\t\"path/filepath\"\n\t\"time\"\n)\n\n" +
 		"func load() {\n\t_ = filepath.Join\n" +
 		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n\tstats, err := state.Load(ctx, r, k)\n\t_, _, _ = kernelStart, stats, err\n}\n"
-	got, err := applyEdits(src, kernelEdits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := format.Source([]byte(got)); err != nil {
-		t.Fatalf("patched source does not parse: %v\n%s", err, got)
-	}
+	got := patched(t, src, kernelEdits)
 	off := strings.Index(got, "debug.SetGCPercent(-1)")
 	load := strings.Index(got, "state.Load(ctx, r, k)")
 	on := strings.Index(got, "debug.SetGCPercent(pandastackGC)")
@@ -104,9 +89,6 @@ func TestKernelEdits(t *testing.T) {
 	}
 	if off < 0 || !(off < load && load < on) || !strings.Contains(got, "\"runtime/debug\"") {
 		t.Errorf("the collector is not off around the decode alone:\n%s", got)
-	}
-	if _, err := applyEdits(got, kernelEdits); err == nil {
-		t.Fatal("the edits applied twice")
 	}
 }
 
@@ -120,19 +102,27 @@ func TestTimekeeperEdits(t *testing.T) {
 		"\t\tvar p vdsoParams\n\t\t_ = res\n\t\treturn p\n" +
 		"\t}); err != nil {\n" +
 		"\t\tlog.Warningf(\"Unable to update VDSO parameter page: %v\", err)\n\t}\n}\n\nvar _ = time.Second\n"
-	got, err := applyEdits(src, timekeeperEdits)
+	got := patched(t, src, timekeeperEdits)
+	ready := strings.Index(got, "pandastackReady = res.MonotonicOk && res.RealtimeOk")
+	reset := strings.Index(got, "if !pandastackReady {\n\t\tt.timer.Reset(pandastackCalibrationInterval)")
+	if ready < 0 || reset < ready || !strings.Contains(got, "pandastackCalibrationInterval = 20 * time.Millisecond") {
+		t.Errorf("the next sample is not brought forward while the clocks are not ready:\n%s", got)
+	}
+}
+
+// patched applies edits to src, checks that the result is valid Go and
+// that the edits do not apply to it a second time, and returns it.
+func patched(t *testing.T, src string, edits []edit) string {
+	t.Helper()
+	got, err := applyEdits(src, edits)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := format.Source([]byte(got)); err != nil {
 		t.Fatalf("patched source does not parse: %v\n%s", err, got)
 	}
-	ready := strings.Index(got, "pandastackReady = res.MonotonicOk && res.RealtimeOk")
-	reset := strings.Index(got, "if !pandastackReady {\n\t\tt.timer.Reset(pandastackCalibrationInterval)")
-	if ready < 0 || reset < ready || !strings.Contains(got, "pandastackCalibrationInterval = 20 * time.Millisecond") {
-		t.Errorf("the next sample is not brought forward while the clocks are not ready:\n%s", got)
-	}
-	if _, err := applyEdits(got, timekeeperEdits); err == nil {
+	if _, err := applyEdits(got, edits); err == nil {
 		t.Fatal("the edits applied twice")
 	}
+	return got
 }
