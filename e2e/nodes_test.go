@@ -176,7 +176,7 @@ func TestNodes(t *testing.T) {
 		}
 	})
 	if err != nil || res.ExitCode != 0 || strings.Join(lines, "") != "line1\nline2\nline3\n" {
-		t.Errorf("streamed exec through another node: %+v %q %v", res, lines, err)
+		t.Errorf("streamed exec through another node: %+v %q %v\nits log:\n%s\nthe owner's log:\n%s", res, lines, err, tail(other.out.String(), 30), tail(owner.out.String(), 30))
 	}
 	// Files both ways.
 	if _, err := co.WriteFile(ctx, sb.ID, "/home/user/notes.txt", strings.NewReader("written through "+nodeID(t, other))); err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -132,6 +133,7 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 			pr.Out.Header.Set(forwardedHeader, s.mgr.NodeID())
 		},
 		Transport:     forwardTransport,
+		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		FlushInterval: -1, // NDJSON lines and SSE events as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
@@ -148,5 +150,15 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 		},
 	}
 	s.log.Debug("forwarding", "method", r.Method, "path", r.URL.Path, "node_url", base)
+	serveProxy(p, w, r)
+}
+
+// serveProxy runs p for r with the caller's body going on while the answer
+// comes back. By default net/http's HTTP/1 server drains and closes a
+// request's body as the answer's first bytes go out; p's transport, still
+// reading that body (if only for its end), then fails and drops its
+// connection, which cuts the answer off mid-stream.
+func serveProxy(p *httputil.ReverseProxy, w http.ResponseWriter, r *http.Request) {
+	http.NewResponseController(w).EnableFullDuplex()
 	p.ServeHTTP(w, r)
 }

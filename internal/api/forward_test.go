@@ -3,6 +3,7 @@ package api
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/sandbox"
 )
@@ -89,6 +91,51 @@ func TestProxyStreams(t *testing.T) {
 	close(firstRead)
 	if line, err = br.ReadString('\n'); err != nil || !strings.Contains(line, `"exit"`) {
 		t.Fatalf("second line %q, %v", line, err)
+	}
+}
+
+// The caller's body and the owner's answer pass each other: the owner
+// answers a line before it has read the body, the caller sends its body
+// only once that line has come through, and the owner echoes it. A proxy
+// whose server drained and closed the caller's body on its first line of
+// answer (net/http's default for HTTP/1) stalls here; worse, when the
+// transport then reads that closed body, it drops its connection to the
+// owner and the caller's stream breaks off ("unexpected EOF" in a
+// streamed exec through another node, seen under load).
+func TestProxyFullDuplex(t *testing.T) {
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex()
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		io.WriteString(w, "first\n")
+		w.(http.Flusher).Flush()
+		body, err := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "body:%s %v\n", body, err)
+	}))
+	defer owner.Close()
+	front := serveProxied(t, forwarder(t), owner.URL, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(conn, "POST /v1/sandboxes/sbx_a/exec HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the owner's answer before the body was sent: %v", err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	if line, err := rd.ReadString('\n'); err != nil || line != "first\n" {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	io.WriteString(conn, `{"cmd":"true"}`)
+	if line, err := rd.ReadString('\n'); err != nil || line != `body:{"cmd":"true"} <nil>`+"\n" {
+		t.Fatalf("the owner read %q, %v", line, err)
+	}
+	if rest, err := io.ReadAll(rd); err != nil || len(rest) > 0 {
+		t.Fatalf("after the echo: %q, %v", rest, err)
 	}
 }
 

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"crypto/subtle"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -232,6 +233,7 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 			DisableKeepAlives:     true, // one transport per request: keep nothing open
 		},
 		FlushInterval: -1,
+		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelDebug), // the sandbox's server broke off
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() == context.Canceled {
 				return
@@ -239,7 +241,7 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 			writeError(w, pandastack.Errorf(pandastack.EPortClosed, "nothing answers on port %d of sandbox %s (a server must listen on 0.0.0.0:%d inside it): %v", port, id, port, shortNetErr(err)))
 		},
 	}
-	rp.ServeHTTP(w, r)
+	serveProxy(rp, w, r)
 }
 
 func shortNetErr(err error) string {
