@@ -158,7 +158,13 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 // request's body as the answer's first bytes go out; p's transport, still
 // reading that body (if only for its end), then fails and drops its
 // connection, which cuts the answer off mid-stream.
+//
+// What p left of the body is drained before the handler returns: in full
+// duplex net/http would drain it only after its last check for a
+// background read, and then panic on the connection's next request
+// (golang/go#68560), resetting the caller's connection.
 func serveProxy(p *httputil.ReverseProxy, w http.ResponseWriter, r *http.Request) {
 	http.NewResponseController(w).EnableFullDuplex()
 	p.ServeHTTP(w, r)
+	r.Body.Close()
 }

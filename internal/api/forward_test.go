@@ -208,3 +208,36 @@ func TestProxyUnreachable(t *testing.T) {
 		t.Errorf("fallback ran %v, status %d", fell, resp.StatusCode)
 	}
 }
+
+// A request with a body that fails to reach its node (a dead node's
+// sandbox_unavailable) leaves the caller's connection fit for the next
+// request. In full duplex net/http drains an unread body after its last
+// look for a background read, then panics on the connection's next
+// request (golang/go#68560), which the caller saw as a reset.
+func TestProxyFailureKeepsConnection(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	front := serveProxied(t, forwarder(t), dead, nil)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(conn)
+	for i := range 3 {
+		io.WriteString(conn, "POST /v1/sandboxes/sbx_a/exec HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n"+`{"cmd":"true"}`)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("request %d on one connection: %v", i+1, err)
+		}
+		var e errorBody
+		json.NewDecoder(resp.Body).Decode(&e)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || e.Error.Code != "sandbox_unavailable" {
+			t.Fatalf("request %d: %d %+v", i+1, resp.StatusCode, e)
+		}
+	}
+}
