@@ -8,7 +8,7 @@
 # They run in the Python SDK's test venv (its [dev] extra has Playwright and
 # uvicorn), through scripts/test-python.sh. Screenshots (of failures, and
 # those in the README) go to $PANDASTACK_BROWSER_ARTIFACTS, default a temp
-# dir the run prints; with PANDASTACK_README_IMAGES=docs/img a run that
+# dir the run prints and removes when it passes; with PANDASTACK_README_IMAGES=docs/img a run that
 # passes refreshes the README's. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."

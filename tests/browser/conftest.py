@@ -4,9 +4,9 @@ against it, and headless Chromium from the system's packages driven by
 Playwright (no browser download: PANDASTACK_CHROMIUM or /usr/bin/chromium).
 
 A failing test saves a screenshot to the artifacts folder, which the
-session prints (PANDASTACK_BROWSER_ARTIFACTS, default a temp dir); a run
-that passes copies the README's screenshots to PANDASTACK_README_IMAGES
-when it is set (docs/img).
+session prints (PANDASTACK_BROWSER_ARTIFACTS, default a temp dir, removed
+after a run that passes); a run that passes copies the README's
+screenshots to PANDASTACK_README_IMAGES when it is set (docs/img).
 Prerequisites missing skip the tests on a developer machine and fail them
 under CI=true.
 """
@@ -80,13 +80,16 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    dest = os.environ.get("PANDASTACK_README_IMAGES")
-    if not dest or exitstatus != 0:
+    if exitstatus != 0:
         return
-    for name in README_IMAGES:
+    dest = os.environ.get("PANDASTACK_README_IMAGES")
+    for name in README_IMAGES if dest else ():
         if (ARTIFACTS / name).exists():
             shutil.copyfile(ARTIFACTS / name, Path(dest) / name)
             print(f"\n{Path(dest) / name} refreshed", file=sys.stderr)
+    if not os.environ.get("PANDASTACK_BROWSER_ARTIFACTS"):
+        # Our own temp dir: nothing in it is wanted after a run that passes.
+        shutil.rmtree(ARTIFACTS, ignore_errors=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
