@@ -34,6 +34,17 @@ func serveProxied(t *testing.T, s *Server, target string, unreached func(http.Re
 	return front
 }
 
+// dialFront opens a raw connection to front, closed when the test ends.
+func dialFront(t *testing.T, front *httptest.Server) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 // A forwarded request keeps method, path, query, body, the caller's key
 // and its Host, and says which node sent it; the answer comes back whole.
 func TestProxyPassesRequest(t *testing.T) {
@@ -111,13 +122,8 @@ func TestProxyFullDuplex(t *testing.T) {
 		body, err := io.ReadAll(r.Body)
 		fmt.Fprintf(w, "body:%s %v\n", body, err)
 	}))
-	defer owner.Close()
-	front := serveProxied(t, forwarder(t), owner.URL, nil)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	t.Cleanup(owner.Close) // after the connection's close: it may be what ends the owner's handler
+	conn := dialFront(t, serveProxied(t, forwarder(t), owner.URL, nil))
 	conn.SetDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(conn, "POST /v1/sandboxes/sbx_a/exec HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n")
 	br := bufio.NewReader(conn)
@@ -158,13 +164,8 @@ func TestProxyUpgrades(t *testing.T) {
 		rw.WriteString("echo:" + line)
 		rw.Flush()
 	}))
-	defer owner.Close()
-	front := serveProxied(t, forwarder(t), owner.URL, nil)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	t.Cleanup(owner.Close) // after the connection's close: it may be what ends the owner's handler
+	conn := dialFront(t, serveProxied(t, forwarder(t), owner.URL, nil))
 	io.WriteString(conn, "GET /v1/sandboxes/sbx_a/pty HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
@@ -218,12 +219,7 @@ func TestProxyFailureKeepsConnection(t *testing.T) {
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	dead := "http://" + ln.Addr().String()
 	ln.Close()
-	front := serveProxied(t, forwarder(t), dead, nil)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(front.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialFront(t, serveProxied(t, forwarder(t), dead, nil))
 	conn.SetDeadline(time.Now().Add(10 * time.Second))
 	br := bufio.NewReader(conn)
 	for i := range 3 {
