@@ -44,6 +44,17 @@ var forwardTransport = &http.Transport{
 	ResponseHeaderTimeout: 0, // a run_code may take its whole timeout before its first byte
 }
 
+// placeTransport passes creates on, each on a connection of its own. A
+// create falls back to the node asked only when nothing of it reached the
+// chosen node, which a failed dial proves. A kept-alive connection to a
+// node that died a moment ago would fail after the request was written,
+// and the create would fail with it; a dial costs far less than a create.
+var placeTransport = func() *http.Transport {
+	t := forwardTransport.Clone()
+	t.DisableKeepAlives = true
+	return t
+}()
+
 // forwardSandbox passes r to the node that runs sandbox id of project (""
 // matches any project: the port proxy, whose tokens the owner checks) and
 // reports whether it did. A request another node already passed on, about
@@ -118,12 +129,17 @@ func (e errReader) Read([]byte) (int, error) {
 
 // proxyTo passes r to the node at base and copies its answer back. When
 // that node cannot be dialled, unreached (if not nil) answers instead:
-// nothing of the request reached it.
+// nothing of the request reached it. Such a request goes on a new
+// connection (placeTransport), so that a dead node shows as a failed dial.
 func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, unreached func(http.ResponseWriter, *http.Request)) {
 	u, err := url.Parse(base)
 	if err != nil {
 		writeError(w, err)
 		return
+	}
+	transport := forwardTransport
+	if unreached != nil {
+		transport = placeTransport
 	}
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -132,7 +148,7 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 			pr.SetXForwarded()
 			pr.Out.Header.Set(forwardedHeader, s.mgr.NodeID())
 		},
-		Transport:     forwardTransport,
+		Transport:     transport,
 		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		FlushInterval: -1, // NDJSON lines and SSE events as they come
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,5 +236,46 @@ func TestProxyFailureKeepsConnection(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable || e.Error.Code != "sandbox_unavailable" {
 			t.Fatalf("request %d: %d %+v", i+1, resp.StatusCode, e)
 		}
+	}
+}
+
+// A placed create goes on a connection of its own, other requests on the
+// kept-alive ones: a node that died since the last create then shows as a
+// failed dial, and the create runs on the node asked instead of failing.
+func TestProxyCreateOwnConnection(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]map[string]bool{} // path → the owner's peers
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if seen[r.URL.Path] == nil {
+			seen[r.URL.Path] = map[string]bool{}
+		}
+		seen[r.URL.Path][r.RemoteAddr] = true
+		mu.Unlock()
+		io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(owner.Close)
+	s := forwarder(t)
+	creates := serveProxied(t, s, owner.URL, func(w http.ResponseWriter, r *http.Request) {
+		t.Error("fell back with the owner up")
+	})
+	others := serveProxied(t, s, owner.URL, nil)
+	for range 3 {
+		for _, u := range []string{creates.URL + "/v1/sandboxes", others.URL + "/v1/sandboxes/sbx_a/exec"} {
+			resp, err := http.Post(u, "application/json", strings.NewReader("{}"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := len(seen["/v1/sandboxes"]); n != 3 {
+		t.Errorf("3 creates came on %d connections, want 3", n)
+	}
+	if n := len(seen["/v1/sandboxes/sbx_a/exec"]); n != 1 {
+		t.Errorf("3 execs came on %d connections, want 1 (kept alive)", n)
 	}
 }
