@@ -83,10 +83,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus != 0:
         return
     dest = os.environ.get("PANDASTACK_README_IMAGES")
-    for name in README_IMAGES if dest else ():
-        if (ARTIFACTS / name).exists():
-            shutil.copyfile(ARTIFACTS / name, Path(dest) / name)
-            print(f"\n{Path(dest) / name} refreshed", file=sys.stderr)
+    if dest:
+        for name in README_IMAGES:
+            if (ARTIFACTS / name).exists():
+                shutil.copyfile(ARTIFACTS / name, Path(dest) / name)
+                print(f"\n{Path(dest) / name} refreshed", file=sys.stderr)
     if not os.environ.get("PANDASTACK_BROWSER_ARTIFACTS"):
         # Our own temp dir: nothing in it is wanted after a run that passes.
         shutil.rmtree(ARTIFACTS, ignore_errors=True)
