@@ -101,7 +101,7 @@ go_install_cached() {
 # start (0.1-0.2 s of CPU in each create, restore and fork). Built from a
 # writable copy of the module source into which scripts/runsc-precompiled
 # writes the programs, after small patches (docs/architecture.md,
-# "runsc build"). Cached by RunscVersion and RunscBuild; once, about 5
+# "Security model"). Cached by RunscVersion and RunscBuild; once, about 5
 # minutes or more.
 build_runsc() {
   local dest=$1 gen=scripts/runsc-precompiled

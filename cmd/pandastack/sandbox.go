@@ -86,7 +86,7 @@ func sandboxCmd(args []string) error {
 		fmt.Fprintf(os.Stderr, "template %s, expires %s\n", sb.Template, sb.ExpiresAt.Local().Format(time.RFC3339))
 	case "ls", "list":
 		fs := flag.NewFlagSet("sandbox ls", flag.ContinueOnError)
-		state := fs.String("state", "", "running (default), stopped or all")
+		state := fs.String("state", "", "starting, running, paused, stopped (a comma list) or all; default: starting, running and paused")
 		md := kvFlag{}
 		fs.Var(md, "metadata", "KEY=VALUE filter (repeatable)")
 		if err := fs.Parse(args); err != nil {
