@@ -59,7 +59,7 @@ func readExecRequest(w http.ResponseWriter, r *http.Request) (agentproto.ExecReq
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return req, pandastack.Errorf(pandastack.ETooLarge, "exec request over %d MiB; upload large input with PUT /v1/files and read it from there", maxExecRequest>>20)
+			return req, pandastack.Errorf(pandastack.ETooLarge, "exec request over %d MiB; upload large input with PUT /v1/sandboxes/{id}/files and read it from there", maxExecRequest>>20)
 		}
 		return req, pandastack.Errorf(pandastack.EInvalid, "reading the exec request: %v", err)
 	}
@@ -67,6 +67,16 @@ func readExecRequest(w http.ResponseWriter, r *http.Request) (agentproto.ExecReq
 		return req, pandastack.Errorf(pandastack.EInvalid, "exec request is not valid JSON: %v", err)
 	}
 	return req, nil
+}
+
+// maxArgLen is the longest argument or environment entry ("NAME=value")
+// the kernel passes to a new program: 32 pages less its terminating NUL
+// (Linux's MAX_ARG_STRLEN; gVisor has the same limit).
+const maxArgLen = 32*4096 - 1
+
+// argTooLong refuses an argument (or env entry) over maxArgLen.
+func argTooLong(what string, n int) error {
+	return pandastack.Errorf(pandastack.EInvalid, "%s is %d bytes; a program's argument or environment entry can be at most %d bytes (128 KiB); pass large input on stdin or in a file (PUT /v1/sandboxes/{id}/files)", what, n, maxArgLen)
 }
 
 // prepareExec checks everything that can be checked before starting, so that
@@ -82,17 +92,26 @@ func (s *Server) prepareExec(req agentproto.ExecRequest) (*execSpec, error) {
 	case req.TimeoutMS < 0:
 		return nil, pandastack.Errorf(pandastack.EInvalid, "timeout_ms is %d; give a positive number of milliseconds, or 0 for none", req.TimeoutMS)
 	}
-	for _, a := range req.Argv {
+	for i, a := range req.Argv {
 		if strings.IndexByte(a, 0) >= 0 {
 			return nil, pandastack.Errorf(pandastack.EInvalid, "argv holds a NUL byte; arguments cannot contain NUL")
+		}
+		if len(a) > maxArgLen {
+			return nil, argTooLong(fmt.Sprintf("argv[%d]", i), len(a))
 		}
 	}
 	if strings.IndexByte(req.Cmd, 0) >= 0 {
 		return nil, pandastack.Errorf(pandastack.EInvalid, "cmd holds a NUL byte; a command line cannot contain NUL")
 	}
+	if len(req.Cmd) > maxArgLen {
+		return nil, argTooLong("cmd", len(req.Cmd))
+	}
 	for k, v := range req.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
 			return nil, pandastack.Errorf(pandastack.EInvalid, "env variable %q is invalid: names must be non-empty without '=' or NUL, values without NUL", k)
+		}
+		if len(k)+1+len(v) > maxArgLen {
+			return nil, argTooLong(fmt.Sprintf("env variable %q", k), len(k)+1+len(v))
 		}
 	}
 
@@ -109,8 +128,10 @@ func (s *Server) prepareExec(req agentproto.ExecRequest) (*execSpec, error) {
 		dir = filepath.Join(home, dir)
 	}
 	fi, err := os.Stat(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, pandastack.Errorf(pandastack.EInvalid, "cwd %s does not exist; create it first (POST /v1/files/mkdir) or leave cwd empty for the home directory", dir)
+	if errors.Is(err, fs.ErrNotExist) && req.Cwd == "" {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "the home directory %s does not exist (it was removed); create it again (POST /v1/sandboxes/{id}/files/mkdir) or give a cwd that exists", dir)
+	} else if errors.Is(err, fs.ErrNotExist) {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "cwd %s does not exist; create it first (POST /v1/sandboxes/{id}/files/mkdir) or leave cwd empty for the home directory", dir)
 	} else if err != nil {
 		return nil, pandastack.Errorf(pandastack.EInvalid, "cwd %s: %v", dir, errors.Unwrap(err))
 	} else if !fi.IsDir() {
@@ -216,6 +237,10 @@ func startError(spec *execSpec, err error) error {
 		return pandastack.Errorf(pandastack.EInvalid, "cannot run %q: permission denied; check that it is executable and that the user may enter %s", name, spec.dir)
 	case errors.Is(err, syscall.ENOEXEC):
 		return pandastack.Errorf(pandastack.EInvalid, "cannot run %q: not an executable format; a script needs a #! line", name)
+	case errors.Is(err, syscall.E2BIG), errors.Is(err, syscall.ENAMETOOLONG):
+		// Each argument passed prepareExec's check, so it is their sum
+		// (gVisor answers ENAMETOOLONG where Linux answers E2BIG).
+		return pandastack.Errorf(pandastack.EInvalid, "cannot run %q: its arguments and environment are too large in all for the kernel; pass large input on stdin or in a file (PUT /v1/sandboxes/{id}/files)", name)
 	}
 	return fmt.Errorf("start %q: %w", name, err)
 }

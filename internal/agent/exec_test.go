@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -136,6 +137,23 @@ func TestExecBadRequests(t *testing.T) {
 		st.callError(t, http.MethodPost, "/v1/exec", nil,
 			jsonBody(t, agentproto.ExecRequest{Argv: []string{"true"}, TimeoutMS: -1}),
 			http.StatusBadRequest, "invalid_request")
+		// Arguments the kernel would refuse: one over 128 KiB, and many
+		// that are each allowed but too large in all.
+		long := strings.Repeat("a", 128<<10)
+		for name, req := range map[string]agentproto.ExecRequest{
+			"argv[1]":          {Argv: []string{"echo", long}},
+			"cmd":              {Cmd: "#" + long},
+			"env variable":     {Argv: []string{"true"}, Env: map[string]string{"BIG": long}},
+			"too large in all": {Argv: append([]string{"true"}, slices.Repeat([]string{long[:100<<10]}, 80)...)},
+		} {
+			msg := st.callError(t, http.MethodPost, "/v1/exec", nil, jsonBody(t, req), http.StatusBadRequest, "invalid_request")
+			if !strings.Contains(msg, name) || !strings.Contains(msg, "stdin or in a file") {
+				t.Errorf("%s: message %q does not say what is too large and what to do", name, msg)
+			}
+		}
+		if res := st.exec(t, agentproto.ExecRequest{Argv: []string{"echo", long[:32<<10]}}); res.exit.ExitCode != 0 || res.stdout.Len() != 32<<10+1 {
+			t.Errorf("a 32 KiB argument: exit %d, %d bytes out", res.exit.ExitCode, res.stdout.Len())
+		}
 		// A command that the shell cannot find is the shell's business.
 		res := st.exec(t, agentproto.ExecRequest{Cmd: "no-such-command-pandastack"})
 		if res.exit.ExitCode != 127 {

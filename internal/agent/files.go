@@ -299,7 +299,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 		return fsError(err, p, false)
 	}
 	if fi.IsDir() {
-		return pandastack.Errorf(pandastack.EInvalid, "%s is a directory, not a file; list it with GET /v1/files/list and download its files one by one", p)
+		return pandastack.Errorf(pandastack.EInvalid, "%s is a directory, not a file; list it with GET /v1/sandboxes/{id}/files/list and download its files one by one", p)
 	}
 	if !fi.Mode().IsRegular() {
 		return pandastack.Errorf(pandastack.EInvalid, "%s is not a regular file (%s); only regular files can be downloaded", p, fileKind(fi.Mode()))
@@ -472,7 +472,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
 			return fsError(err, p, false)
 		}
 		if !fi.IsDir() {
-			return pandastack.Errorf(pandastack.EInvalid, "%s is a file, not a directory; use GET /v1/files/stat for its details", p)
+			return pandastack.Errorf(pandastack.EInvalid, "%s is a file, not a directory; use GET /v1/sandboxes/{id}/files/stat for its details", p)
 		}
 		ents, err := os.ReadDir(p) // sorted by name
 		if err != nil {
