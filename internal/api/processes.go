@@ -88,6 +88,8 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, project s
 		return nd.sendExec(ev)
 	})
 	if err != nil && r.Context().Err() == nil {
+		s.logFailure(r, err)
+		err = agent.Explain(err) // after logFailure reconciled: say how it ended
 		if !nd.started {
 			writeError(w, err)
 			return

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -176,14 +177,14 @@ func describe(method, path string) string {
 
 // during recovers what the request was doing from its error's message.
 func (c *AgentClient) during(err error) string {
-	msg := pandastack.ErrorMessage(err)
-	for _, what := range []string{"running code", "exec"} {
-		if strings.Contains(msg, what) {
-			return what
-		}
+	if m := duringRE.FindStringSubmatch(pandastack.ErrorMessage(err)); m != nil {
+		return m[1]
 	}
 	return "the request"
 }
+
+// duringRE finds what a request was doing in its error's message.
+var duringRE = regexp.MustCompile(`during (running code|exec|the output of process \d+)`)
 
 // Alive reports whether the session still stands.
 func (c *AgentClient) Alive() bool { return !c.sess.IsClosed() }

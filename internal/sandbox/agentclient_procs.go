@@ -61,10 +61,12 @@ func (c *AgentClient) ProcessOutput(ctx context.Context, pid int, follow bool, o
 			return &ev, nil
 		}
 	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
+	// Without follow the output so far ends the answer; a stream cut off
+	// (an error, or the session gone) says how.
+	if err := sc.Err(); err != nil || ctx.Err() != nil || c.sess.IsClosed() {
+		return nil, c.streamEnded(ctx, err, fmt.Sprintf("the output of process %d", pid))
 	}
-	return nil, sc.Err()
+	return nil, nil
 }
 
 // ProcessStdin writes to a background process's input, closing it after

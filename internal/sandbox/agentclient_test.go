@@ -155,6 +155,41 @@ func TestRunCutByKill(t *testing.T) {
 	}
 }
 
+// TestProcessOutputCutByKill: following a background process's output
+// when the sandbox is killed fails saying so (it was an internal error),
+// and the output so far without follow still ends cleanly.
+func TestProcessOutputCutByKill(t *testing.T) {
+	started := make(chan struct{})
+	c := fakeAgent(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("GET /v1/processes/{pid}/output", func(w http.ResponseWriter, r *http.Request) {
+			w.Write([]byte(`{"type":"stdout","data":"Z28="}` + "\n"))
+			if r.URL.Query().Get("follow") == "" {
+				return
+			}
+			w.(http.Flusher).Flush()
+			close(started)
+			<-r.Context().Done()
+		})
+	})
+	var got int
+	count := func(agentproto.ExecEvent) error { got++; return nil }
+	if ev, err := c.ProcessOutput(context.Background(), 7, false, count); err != nil || ev != nil || got != 1 {
+		t.Fatalf("output so far: %v %v, %d events", ev, err, got)
+	}
+	go func() {
+		<-started
+		c.markStopped(pandastack.StopKilled)
+		c.Close()
+	}()
+	_, err := c.ProcessOutput(context.Background(), 7, true, count)
+	if !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "was killed") || !strings.Contains(err.Error(), "the output of process 7") {
+		t.Fatalf("output followed, cut off by a kill: %v", err)
+	}
+	if err := c.Explain(err); !strings.Contains(err.Error(), "during the output of process 7") {
+		t.Fatalf("Explain: %v", err)
+	}
+}
+
 // TestHasContext: a context made or found by CreateContext is known until
 // DeleteContext, or until a run finds it gone; a failed create teaches
 // nothing.
