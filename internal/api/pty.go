@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,9 +76,42 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request, project string) {
 	writeError(w, err)
 }
 
+// wsHandshakeError checks what websocket.Accept checks of a handshake, so
+// that a request it would refuse gets a JSON error and opens no shell.
+func wsHandshakeError(r *http.Request) error {
+	const route = "GET /v1/sandboxes/{id}/pty is a WebSocket"
+	switch {
+	case !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") || !headerHasToken(r.Header, "Connection", "upgrade"):
+		return pandastack.Errorf(pandastack.EInvalid, "%s: send the upgrade headers (Upgrade: websocket, Connection: Upgrade; any WebSocket client does)", route)
+	case r.Header.Get("Sec-WebSocket-Version") != "13":
+		return pandastack.Errorf(pandastack.EInvalid, "%s: Sec-WebSocket-Version must be 13, got %q", route, r.Header.Get("Sec-WebSocket-Version"))
+	case r.Header.Get("Sec-WebSocket-Key") == "":
+		return pandastack.Errorf(pandastack.EInvalid, "%s: the Sec-WebSocket-Key header is missing", route)
+	}
+	if origin := r.Header.Get("Origin"); origin != "" {
+		u, err := url.Parse(origin)
+		if err != nil || !strings.EqualFold(u.Host, r.Host) {
+			return pandastack.Errorf(pandastack.EInvalid, "%s: a page from origin %q may not open it; only pages this server serves (%s) may", route, origin, r.Host)
+		}
+	}
+	return nil
+}
+
+// headerHasToken reports whether a comma-separated header holds token.
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project string, cols, rows uint16) {
-	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		writeError(w, pandastack.Errorf(pandastack.EInvalid, "GET /v1/sandboxes/{id}/pty is a WebSocket: send the upgrade headers (any WebSocket client does)"))
+	if err := wsHandshakeError(r); err != nil {
+		writeError(w, err)
 		return
 	}
 	id := r.PathValue("id")

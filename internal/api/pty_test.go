@@ -1,8 +1,12 @@
 package api
 
 import (
+	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+
+	"github.com/coder/websocket"
 )
 
 func TestWebSocketKeyFromSubprotocol(t *testing.T) {
@@ -38,6 +42,58 @@ func TestTermSize(t *testing.T) {
 		}
 		if err != nil || int(got) != want {
 			t.Errorf("%q: %d, %v; want %d", q, got, err, want)
+		}
+	}
+}
+
+// TestWebSocketHandshakeCheck: the check made before a shell is opened
+// refuses exactly the handshakes websocket.Accept refuses, so a bad one
+// gets a JSON error and opens no shell, and a good one is not turned away.
+func TestWebSocketHandshakeCheck(t *testing.T) {
+	type verdict struct{ check, accepted bool }
+	got := make(chan verdict, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := verdict{check: wsHandshakeError(r) == nil}
+		ws, err := websocket.Accept(w, r, nil)
+		if v.accepted = err == nil; v.accepted {
+			ws.CloseNow()
+		}
+		got <- v
+	}))
+	defer srv.Close()
+	good := map[string]string{"Upgrade": "websocket", "Connection": "keep-alive, Upgrade", "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+	host := strings.TrimPrefix(srv.URL, "http://")
+	for name, change := range map[string]map[string]string{
+		"good":            {},
+		"same origin":     {"Origin": "http://" + strings.ToUpper(host)},
+		"no upgrade":      {"Upgrade": ""},
+		"no connection":   {"Connection": ""},
+		"version 12":      {"Sec-WebSocket-Version": "12"},
+		"no version":      {"Sec-WebSocket-Version": ""},
+		"no key":          {"Sec-WebSocket-Key": ""},
+		"other origin":    {"Origin": "http://elsewhere.test"},
+		"no origin host":  {"Origin": "null"},
+		"connection only": {"Connection": "close"},
+	} {
+		req, _ := http.NewRequest("GET", srv.URL, nil)
+		for k, v := range good {
+			req.Header.Set(k, v)
+		}
+		for k, v := range change {
+			if v == "" {
+				req.Header.Del(k)
+			} else {
+				req.Header.Set(k, v)
+			}
+		}
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		resp.Body.Close()
+		v := <-got
+		if v.check != v.accepted || v.accepted != (name == "good" || name == "same origin") {
+			t.Errorf("%s: our check passes %v, websocket.Accept accepts %v", name, v.check, v.accepted)
 		}
 	}
 }
