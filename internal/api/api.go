@@ -139,7 +139,7 @@ func (s *Server) routes() {
 	auth("GET /v1/sandboxes/{id}/processes", s.listProcesses)
 	auth("GET /v1/sandboxes/{id}/processes/{pid}/output", s.processOutput)
 	auth("POST /v1/sandboxes/{id}/processes/{pid}/stdin", s.processStdin)
-	auth("POST /v1/sandboxes/{id}/processes/{pid}/kill", s.killProcess)
+	auth("POST /v1/sandboxes/{id}/processes/{pid}/kill", bodiless(s.killProcess))
 	auth("PUT /v1/sandboxes/{id}/files", s.putFile)
 	auth("GET /v1/sandboxes/{id}/files", s.getFile)
 	auth("DELETE /v1/sandboxes/{id}/files", s.deleteFile)
@@ -149,14 +149,14 @@ func (s *Server) routes() {
 	auth("POST /v1/sandboxes/{id}/contexts", s.createContext)
 	auth("GET /v1/sandboxes/{id}/contexts", s.listContexts)
 	auth("DELETE /v1/sandboxes/{id}/contexts/{cid}", s.deleteContext)
-	auth("POST /v1/sandboxes/{id}/contexts/{cid}/interrupt", s.interruptContext)
-	auth("POST /v1/sandboxes/{id}/contexts/{cid}/restart", s.restartContext)
+	auth("POST /v1/sandboxes/{id}/contexts/{cid}/interrupt", bodiless(s.interruptContext))
+	auth("POST /v1/sandboxes/{id}/contexts/{cid}/restart", bodiless(s.restartContext))
 	auth("POST /v1/sandboxes/{id}/contexts/{cid}/run", s.runInContext)
 	auth("POST /v1/sandboxes/{id}/run_code", s.runCode)
 	auth("POST /v1/sandboxes/{id}/snapshots", s.createSnapshot)
 	auth("POST /v1/sandboxes/{id}/fork", s.fork)
-	auth("POST /v1/sandboxes/{id}/pause", s.pause)
-	auth("POST /v1/sandboxes/{id}/resume", s.resume)
+	auth("POST /v1/sandboxes/{id}/pause", bodiless(s.pause))
+	auth("POST /v1/sandboxes/{id}/resume", bodiless(s.resume))
 	auth("GET /v1/snapshots", s.listSnapshots)
 	auth("GET /v1/snapshots/{sid}", s.getSnapshot)
 	auth("DELETE /v1/snapshots/{sid}", s.deleteSnapshot)
@@ -338,6 +338,19 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // decode reads a JSON request body strictly: one JSON object with known
 // fields and nothing after it. An empty body decodes as {}; null, an array
 // or any other value is refused.
+// bodiless wraps the handler of a POST that takes nothing in its body: an
+// empty body or {} goes through, anything else is refused as any other
+// POST refuses a body it cannot use, rather than ignored.
+func bodiless(h func(http.ResponseWriter, *http.Request, string)) func(http.ResponseWriter, *http.Request, string) {
+	return func(w http.ResponseWriter, r *http.Request, project string) {
+		if err := decode(r, &struct{}{}); err != nil {
+			writeError(w, err)
+			return
+		}
+		h(w, r, project)
+	}
+}
+
 func decode(r *http.Request, v any) error {
 	body := http.MaxBytesReader(nil, r.Body, 8<<20)
 	dec := json.NewDecoder(body)

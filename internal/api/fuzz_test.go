@@ -2,7 +2,9 @@ package api
 
 import (
 	"bytes"
+	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -30,4 +32,24 @@ func FuzzDecodeBody(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestBodiless: a POST that takes nothing in its body runs with an empty
+// body or {} and refuses anything else with invalid_request, unrun.
+func TestBodiless(t *testing.T) {
+	for body, want := range map[string]int{"": 204, "{}": 204, " {} ": 204, "garbage{": 400, `{"force":true}`: 400, "[]": 400, "null": 400, "{} {}": 400} {
+		ran := false
+		h := bodiless(func(w http.ResponseWriter, r *http.Request, project string) {
+			ran = true
+			w.WriteHeader(http.StatusNoContent)
+		})
+		rec := httptest.NewRecorder()
+		h(rec, httptest.NewRequest("POST", "/v1/sandboxes/x/pause", strings.NewReader(body)), "prj")
+		if rec.Code != want || ran != (want == 204) {
+			t.Errorf("body %q: %d, ran %v; want %d", body, rec.Code, ran, want)
+		}
+		if want == 400 && !strings.Contains(rec.Body.String(), `"invalid_request"`) {
+			t.Errorf("body %q: %s", body, rec.Body)
+		}
+	}
 }
