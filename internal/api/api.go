@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"reflect"
 	"strings"
 	"time"
 
@@ -411,7 +412,16 @@ func jsonError(err error) error {
 		if field == "" {
 			return pandastack.Errorf(pandastack.EInvalid, "the request body must be a JSON object, got %s", typ.Value)
 		}
-		return pandastack.Errorf(pandastack.EInvalid, "field %q must be %s, got %s", field, jsonKind(typ.Type.Kind().String()), typ.Value)
+		kind := typ.Type.Kind()
+		if i := strings.IndexByte(field, '.'); i > 0 && stringMaps[field[:i]] || stringMaps[field] {
+			// A value inside an object of strings (Go names the field, or
+			// the field and the key).
+			return pandastack.Errorf(pandastack.EInvalid, "field %q must be an object whose values are strings, got %s", field, typ.Value)
+		}
+		if n, ok := strings.CutPrefix(typ.Value, "number "); ok && kind >= reflect.Int && kind <= reflect.Uint64 && isWhole(n) {
+			return pandastack.Errorf(pandastack.EInvalid, "field %q is out of range: %s", field, n)
+		}
+		return pandastack.Errorf(pandastack.EInvalid, "field %q must be %s, got %s", field, jsonKind(kind.String()), typ.Value)
 	case errors.As(err, &tooBig):
 		return pandastack.Errorf(pandastack.ETooLarge, "JSON body larger than %d bytes", tooBig.Limit)
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -422,6 +432,15 @@ func jsonError(err error) error {
 	return pandastack.Errorf(pandastack.EInvalid, "invalid JSON body: %v", err)
 }
 
+// stringMaps are the request fields that are objects of strings.
+var stringMaps = map[string]bool{"metadata": true, "env": true}
+
+// isWhole reports whether a JSON number has no fraction or exponent.
+func isWhole(n string) bool {
+	n = strings.TrimPrefix(n, "-")
+	return n != "" && strings.Trim(n, "0123456789") == ""
+}
+
 func jsonKind(k string) string {
 	switch k {
 	case "int", "int64", "int32", "uint32", "uint64":
@@ -430,8 +449,8 @@ func jsonKind(k string) string {
 		return "a number"
 	case "string":
 		return "a string"
-	case "map":
-		return "an object of strings"
+	case "map", "struct":
+		return "a JSON object"
 	case "slice":
 		return "an array"
 	case "bool":
