@@ -58,14 +58,14 @@ func TestBodiless(t *testing.T) {
 // in the API's terms (JSON objects, not Go's structs), naming the field.
 func TestDecodeMessages(t *testing.T) {
 	for body, want := range map[string]string{
-		`{"network":[]}`:                           `field "network" must be a JSON object, got array`,
-		`{"metadata":{"a":1}}`:                     `must be an object whose values are strings, got number`,
-		`{"metadata":5}`:                           `field "metadata" must be an object whose values are strings, got number`,
-		`{"env":{"A":true}}`:                       `must be an object whose values are strings, got bool`,
+		`{"network":[]}`:                          `field "network" must be a JSON object, got array`,
+		`{"metadata":{"a":1}}`:                    `must be an object whose values are strings, got number`,
+		`{"metadata":5}`:                          `field "metadata" must be an object whose values are strings, got number`,
+		`{"env":{"A":true}}`:                      `must be an object whose values are strings, got bool`,
 		`{"ttl_seconds":99999999999999999999999}`: `field "ttl_seconds" is out of range: 99999999999999999999999`,
-		`{"cpu":-99999999999999999999}`:            `field "cpu" is out of range: -99999999999999999999`,
-		`{"cpu":1.5}`:                              `field "cpu" must be an integer, got number 1.5`,
-		`{"template":3}`:                           `field "template" must be a string, got number`,
+		`{"cpu":-99999999999999999999}`:           `field "cpu" is out of range: -99999999999999999999`,
+		`{"cpu":1.5}`:                             `field "cpu" must be an integer, got number 1.5`,
+		`{"template":3}`:                          `field "template" must be a string, got number`,
 	} {
 		err := decode(httptest.NewRequest("POST", "/", strings.NewReader(body)), &createSandboxRequest{})
 		if !pandastack.IsCode(err, pandastack.EInvalid) || !strings.Contains(err.Error(), want) {
