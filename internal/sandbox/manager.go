@@ -336,6 +336,9 @@ func ValidateMetadata(md map[string]string) error {
 		if len(v) > maxMetadataLen {
 			return pandastack.Errorf(pandastack.EInvalid, "metadata %q: values must be at most %d bytes", k, maxMetadataLen)
 		}
+		if !pandastack.StorableText(k, v) {
+			return pandastack.Errorf(pandastack.EInvalid, "metadata %q: keys and values must be UTF-8 without NUL characters", k)
+		}
 	}
 	return nil
 }

@@ -639,3 +639,24 @@ func TestKillDuringAStop(t *testing.T) {
 	}
 	h.m.sbx.end(sb.ID)
 }
+
+// TestValidateMetadata: metadata the stores could not hold is refused up
+// front, naming the entry, whether the key or the value is at fault.
+func TestValidateMetadata(t *testing.T) {
+	for _, md := range []map[string]string{
+		{"": "x"},
+		{strings.Repeat("k", 257): "x"},
+		{"a": strings.Repeat("v", 4097)},
+		{"a": "x\x00y"},
+		{"a\x00": "x"},
+		{"a": "\xff"},
+	} {
+		err := ValidateMetadata(md)
+		if !pandastack.IsCode(err, pandastack.EInvalid) || !strings.HasPrefix(pandastack.ErrorMessage(err), "metadata") {
+			t.Errorf("%q: %v", md, err)
+		}
+	}
+	if err := ValidateMetadata(map[string]string{"tool": "smolagents-run-python", "ünï": "cödé"}); err != nil {
+		t.Errorf("good metadata: %v", err)
+	}
+}

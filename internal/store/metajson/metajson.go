@@ -17,7 +17,7 @@ func Encode(md map[string]string) (string, error) {
 	}
 	for k, v := range md {
 		if !pandastack.StorableText(k, v) {
-			return "", pandastack.ErrUnstorableText("metadata key", k)
+			return "", pandastack.ErrUnstorableText("metadata entry", k)
 		}
 	}
 	b, err := json.Marshal(md)
