@@ -382,7 +382,7 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	p := plan{ttl: ttl, idle: idle, metadata: req.Metadata, env: req.Env, autoResume: req.AutoResume, network: req.Network, line: true}
 	if req.SnapshotID != "" {
 		if req.Template != "" || req.CPU != 0 || req.MemoryMB != 0 || req.DiskMB != 0 || len(req.Env) > 0 {
-			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory, disk and env from the snapshot; give only snapshot_id, ttl_seconds, metadata and auto_resume")
+			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "a sandbox from a snapshot takes its template, cpu, memory, disk and env from the snapshot; give only snapshot_id, ttl_seconds, metadata, auto_resume, idle_timeout_seconds and network")
 		}
 		snap, err := m.store.GetSnapshot(ctx, projectID, req.SnapshotID)
 		if err != nil {
