@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -63,6 +64,11 @@ func (s *Server) logFailure(r *http.Request, err error) {
 		rec.logged = true
 	}
 	code := pandastack.ErrorCode(err)
+	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
+		// The caller hung up (or its deadline passed): nothing failed here.
+		s.log.Debug("request ended by its caller", "method", r.Method, "path", r.URL.Path, "err", err)
+		return
+	}
 	if code == pandastack.EInternal || code == pandastack.EUnavailable {
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}

@@ -2,7 +2,9 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -29,9 +31,18 @@ func TestFailuresAreLoggedOnce(t *testing.T) {
 	s.mux.HandleFunc("GET /test/caller", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, pandastack.Errorf(pandastack.EInvalid, "bad input"))
 	})
-	for _, path := range []string{"/test/silent", "/test/logged", "/test/caller"} {
+	s.mux.HandleFunc("GET /test/hangup", func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		writeError(w, fmt.Errorf("exec: %w", r.Context().Err()))
+	})
+	for _, path := range []string{"/test/silent", "/test/logged", "/test/caller", "/test/hangup"} {
 		rec := httptest.NewRecorder()
-		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		ctx, cancel := context.WithCancel(context.Background())
+		if path == "/test/hangup" {
+			cancel() // the caller is gone
+		}
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil).WithContext(ctx))
+		cancel()
 	}
 	log := buf.String()
 	if n := strings.Count(log, "runsc restore failed"); n != 1 {
@@ -42,5 +53,8 @@ func TestFailuresAreLoggedOnce(t *testing.T) {
 	}
 	if strings.Contains(log, "bad input") {
 		t.Errorf("a caller's mistake was logged as a failure:\n%s", log)
+	}
+	if strings.Contains(log, "context canceled") {
+		t.Errorf("a caller that hung up was logged as a failure:\n%s", log)
 	}
 }
