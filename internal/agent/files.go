@@ -206,6 +206,9 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	p := t.path
+	if raw := r.URL.Query().Get("path"); strings.HasSuffix(raw, "/") {
+		return pandastack.Errorf(pandastack.EInvalid, "path %q ends with /, which names a directory; give the file's path (such as %sdata.csv)", raw, raw)
+	}
 	if err := guard(p, false, true); err != nil {
 		return err
 	}

@@ -151,6 +151,16 @@ func TestFilesErrors(t *testing.T) {
 		st.callError(t, http.MethodGet, "/v1/files/stat", q("path", "nope.txt"), nil, http.StatusNotFound, "not_found")
 		st.callError(t, http.MethodGet, "/v1/files", nil, nil, http.StatusBadRequest, "invalid_request")
 		st.callError(t, http.MethodPut, "/v1/files", q("path", ""), strings.NewReader("x"), http.StatusBadRequest, "invalid_request")
+		// A path that names a directory makes no file of that name.
+		for _, p := range []string{"zz/", filepath.Join(cfg.Home, "sub") + "/"} {
+			msg = st.callError(t, http.MethodPut, "/v1/files", q("path", p), strings.NewReader("x"), http.StatusBadRequest, "invalid_request")
+			if !strings.Contains(msg, "ends with /") {
+				t.Errorf("PUT %s: %q", p, msg)
+			}
+			if _, err := os.Lstat(filepath.Join(cfg.Home, strings.TrimSuffix(filepath.Base(p), "/"))); err == nil {
+				t.Errorf("PUT %s made a file", p)
+			}
+		}
 		st.callError(t, http.MethodDelete, "/v1/files", q("path", "/", "recursive", "true"), nil, http.StatusBadRequest, "invalid_request")
 		st.callError(t, http.MethodGet, "/v1/nothing", nil, nil, http.StatusNotFound, "not_found")
 	})
