@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -135,12 +137,32 @@ func TestBackgroundCommands(t *testing.T) {
 		}
 	}
 
-	// A sandbox killed with a background process running leaves nothing.
-	if status, body := rawCall(t, s, "POST", base+"/exec", `{"cmd": "sleep 600 & sleep 600", "background": true}`); status != 200 {
+	// A sandbox killed with a background process running leaves nothing,
+	// and whoever follows its output learns why it ended.
+	status, body = rawCall(t, s, "POST", base+"/exec", `{"cmd": "echo up; sleep 600 & sleep 600", "background": true}`)
+	if status != 200 || json.Unmarshal(body, &p) != nil {
 		t.Fatalf("background exec: %d %s", status, body)
+	}
+	req, _ := http.NewRequest("GET", s.url+base+"/processes/"+strconv.Itoa(p.PID)+"/output?follow=1", nil)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	if !lines.Scan() || !strings.Contains(lines.Text(), `"stdout"`) {
+		t.Fatalf("followed output: %d %q %v", resp.StatusCode, lines.Text(), lines.Err())
 	}
 	if err := s.client().KillSandbox(context.Background(), sb.ID); err != nil {
 		t.Fatal(err)
+	}
+	var last string
+	for lines.Scan() {
+		last = lines.Text()
+	}
+	if !strings.Contains(last, `"type":"error"`) || !strings.Contains(last, `"sandbox_unavailable"`) || !strings.Contains(last, "was killed") {
+		t.Fatalf("output followed through a kill ended with %q (%v), want an error saying the sandbox was killed", last, lines.Err())
 	}
 	s.assertGone(t, sb.ID)
 }

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -273,6 +274,8 @@ func api(t *testing.T, s *server, key, method, path, body string) (int, string, 
 func TestBadInput(t *testing.T) {
 	s := sharedServer(t)
 	sb := newSandbox(t, s, client.CreateSandboxRequest{})
+	arg := strings.Repeat("a", 128<<10)                                            // one over the kernel's limit per argument
+	args := `"` + strings.Join(slices.Repeat([]string{arg[:100<<10]}, 40), `","`) + `"` // each allowed, 4 MB in all
 	cases := []struct {
 		name, key, method, path, body string
 		status                        int
@@ -298,6 +301,13 @@ func TestBadInput(t *testing.T) {
 		{"unknown route", s.key, "GET", "/v1/nothing", "", 404, "not_found", "no route"},
 		{"wrong method", s.key, "PUT", "/v1/sandboxes", "", 405, "method_not_allowed", "PUT"},
 		{"list with unknown filter", s.key, "GET", "/v1/sandboxes?foo=bar", "", 400, "invalid_request", "foo"},
+		{"exec argument over 128 KiB", s.key, "POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"argv":["echo","` + arg + `"]}`, 400, "invalid_request", "argv[1] is 131072 bytes"},
+		{"exec command over 128 KiB", s.key, "POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"cmd":"#` + arg + `"}`, 400, "invalid_request", "cmd is 131073 bytes"},
+		{"exec arguments too large in all", s.key, "POST", "/v1/sandboxes/" + sb.ID + "/exec", `{"argv":["true",` + args + `]}`, 400, "invalid_request", "too large in all"},
+		{"pause with a body it cannot use", s.key, "POST", "/v1/sandboxes/" + sb.ID + "/pause", `garbage{`, 400, "invalid_request", "malformed JSON"},
+		{"upload to a directory's path", s.key, "PUT", "/v1/sandboxes/" + sb.ID + "/files?path=zz/", "x", 400, "invalid_request", "ends with /"},
+		{"NUL in a metadata value", s.key, "POST", "/v1/sandboxes", `{"metadata":{"a":"x\u0000y"}}`, 400, "invalid_request", `metadata "a"`},
+		{"network not an object", s.key, "POST", "/v1/sandboxes", `{"network":[]}`, 400, "invalid_request", "must be a JSON object"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -306,6 +316,10 @@ func TestBadInput(t *testing.T) {
 				t.Fatalf("%s %s %s → %d %s %q; want %d %s containing %q", tc.method, tc.path, tc.body, status, code, msg, tc.status, tc.code, tc.msg)
 			}
 		})
+	}
+	// The refused pause paused nothing.
+	if got, err := s.client().GetSandbox(context.Background(), sb.ID); err != nil || got.State != "running" {
+		t.Fatalf("after a refused pause: %v %v, want running", got.State, err)
 	}
 	// The server is still healthy after all that.
 	if status, _, _ := api(t, s, "", "GET", "/healthz", ""); status != 200 {
