@@ -143,7 +143,9 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 
 	// Timed out: interrupt, and give the cell a moment to stop.
 	r.timeOut()
-	if err := k.interrupt(in); err != nil {
+	stopInterrupts, err := k.interruptRun(in, r)
+	defer stopInterrupts()
+	if err != nil {
 		k.log.Warn("interrupt timed-out cell", "err", err)
 	}
 	terr := &agentproto.ExecutionError{
@@ -180,12 +182,14 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 // does not. The kernel stays busy meanwhile, so no new cell can be hit by
 // the interrupt.
 func (k *Kernel) abandon(in *instance, id string, r *run) {
-	if err := k.interrupt(in); err != nil {
+	stopInterrupts, err := k.interruptRun(in, r)
+	if err != nil {
 		k.log.Debug("interrupt abandoned cell", "err", err)
 	}
 	go func() {
 		defer k.busy.Store(false)
 		defer in.forget(id)
+		defer stopInterrupts()
 		t := time.NewTimer(k.opts.InterruptGrace)
 		defer t.Stop()
 		select {
@@ -202,6 +206,59 @@ func (k *Kernel) abandon(in *instance, id string, r *run) {
 		}
 	}()
 }
+
+// interruptRun interrupts r's cell. ipykernel raises KeyboardInterrupt
+// wherever its main thread is, and one raised outside the cell's code is
+// caught by the kernel and lost: the cell runs on (or, hit while the
+// kernel was taking the request, never runs and never answers) and, once
+// the grace has passed, the kernel is restarted and its state lost. That
+// is what an interrupt sent before the kernel began the cell (a short
+// timeout, a cell queued behind another request, a cancel right after the
+// request) or just as it began would do. So the interrupt waits until the
+// cell has run for cellSettle since the kernel announced its input; a
+// kernel that announces nothing within beginWait gets it then. stop ends
+// the wait; call it once the cell is over.
+func (k *Kernel) interruptRun(in *instance, r *run) (stop func(), err error) {
+	if began, ok := r.beganAt(); ok && time.Since(began) >= cellSettle {
+		return func() {}, k.interrupt(in)
+	}
+	quit := make(chan struct{})
+	go func() {
+		fallback := time.NewTimer(beginWait)
+		defer fallback.Stop()
+		select {
+		case <-r.started:
+			began, _ := r.beganAt()
+			t := time.NewTimer(time.Until(began.Add(cellSettle)))
+			defer t.Stop()
+			select {
+			case <-t.C:
+			case <-quit:
+				return
+			case <-r.done:
+				return
+			}
+		case <-fallback.C:
+		case <-quit:
+			return
+		case <-r.done:
+			return
+		}
+		if err := k.interrupt(in); err != nil {
+			k.log.Warn("interrupt a cell", "err", err)
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(quit) }) }, nil
+}
+
+// cellSettle is how long after announcing a cell's input ipykernel may
+// still be readying its run, where an interrupt would be lost; beginWait
+// bounds the wait for that announcement (well within the InterruptGrace).
+var (
+	cellSettle = 50 * time.Millisecond
+	beginWait  = time.Second
+)
 
 func kernelDied(in *instance) *agentproto.ExecutionError {
 	return &agentproto.ExecutionError{Name: "KernelDied", Value: in.deathReason()}
@@ -261,8 +318,9 @@ const (
 // run collects one cell's messages. handle runs in the socket readers;
 // everything else in Execute's goroutine.
 type run struct {
-	notify chan struct{} // a token when events are pending
-	done   chan struct{} // closed when idle and the reply have both come
+	notify  chan struct{} // a token when events are pending
+	done    chan struct{} // closed when idle and the reply have both come
+	started chan struct{} // closed when the kernel announces the cell's input
 
 	mu             sync.Mutex
 	exec           agentproto.Execution
@@ -270,6 +328,8 @@ type run struct {
 	events         []agentproto.CodeEvent
 	gotIdle        bool
 	gotReply       bool
+	gotInput       bool      // execute_input came: the cell runs
+	inputAt        time.Time // when
 	replyErr       *agentproto.ExecutionError
 	timedOut       bool // hide the KeyboardInterrupt our interrupt causes
 	interruptTB    string
@@ -286,11 +346,12 @@ type run struct {
 
 func newRun(outputCap int) *run {
 	return &run{
-		notify: make(chan struct{}, 1),
-		done:   make(chan struct{}),
-		stdout: capped{limit: outputCap},
-		stderr: capped{limit: outputCap},
-		exec:   agentproto.Execution{Results: []agentproto.Result{}},
+		notify:  make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		started: make(chan struct{}),
+		stdout:  capped{limit: outputCap},
+		stderr:  capped{limit: outputCap},
+		exec:    agentproto.Execution{Results: []agentproto.Result{}},
 	}
 }
 
@@ -337,6 +398,13 @@ func (r *run) emit(ev agentproto.CodeEvent) {
 	case r.notify <- struct{}{}:
 	default:
 	}
+}
+
+// beganAt is when the kernel announced the cell's input, if it has.
+func (r *run) beganAt() (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.inputAt, r.gotInput
 }
 
 func (r *run) timeOut() {
@@ -443,6 +511,11 @@ func (r *run) handle(channel string, m *message) {
 				case "busy":
 					r.kBusy = stamp(m.Header.Date)
 				}
+			}
+		case "execute_input":
+			if !r.gotInput {
+				r.gotInput, r.inputAt = true, time.Now()
+				close(r.started)
 			}
 		case "stream":
 			var c struct {

@@ -572,6 +572,36 @@ func TestTimeoutIgnoringInterruptRestarts(t *testing.T) {
 	}
 }
 
+// TestInterruptBeforeTheCellBegins: a timeout that fires before the kernel
+// began the cell (it waited behind another request, or the timeout was
+// shorter than the way to the kernel) still stops the cell once it begins,
+// and the kernel keeps its state rather than being restarted.
+func TestInterruptBeforeTheCellBegins(t *testing.T) {
+	k := startKernel(t, func(o *Options) { o.InterruptGrace = 3 * time.Second })
+	runCode(t, k, "v = 11", ExecOptions{})
+	for _, tc := range []struct {
+		name    string
+		ahead   string // silent code queued ahead of the cell
+		timeout time.Duration
+	}{
+		{"behind another request", "import time; time.sleep(0.5)", 100 * time.Millisecond},
+		{"a timeout of 1 ms", "", time.Millisecond},
+	} {
+		if tc.ahead != "" {
+			in, err := k.current()
+			if err != nil {
+				t.Fatal(err)
+			}
+			in.sendSilent(tc.ahead)
+		}
+		e, _ := runCode(t, k, "import time\ntime.sleep(30)", ExecOptions{Timeout: tc.timeout})
+		if e.Error == nil || e.Error.Name != "TimeoutError" || strings.Contains(e.Error.Value, "restarted") {
+			t.Fatalf("%s: error %+v", tc.name, e.Error)
+		}
+		mustText(t, k, "v", "11")
+	}
+}
+
 func TestCloseLeavesNothing(t *testing.T) {
 	k := startKernel(t)
 	runCode(t, k, "import subprocess; p = subprocess.Popen(['sleep', '300'])", ExecOptions{})
