@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -561,4 +562,45 @@ func TestOutOfMemoryIsReported(t *testing.T) {
 		t.Fatalf("after the OOM: %+v %v", got, err)
 	}
 	s.assertGone(t, sb.ID)
+}
+
+// TestCreateCallerHangsUp: a create whose caller hangs up before the
+// sandbox is ready leaves no sandbox running: nobody would learn its id.
+func TestCreateCallerHangsUp(t *testing.T) {
+	s := sharedServer(t)
+	tag := map[string]string{"test": "caller-hangs-up-" + strconv.FormatInt(time.Now().UnixNano(), 36)}
+	body, _ := json.Marshal(map[string]any{"template": "base", "env": map[string]string{"COLD": "1"}, "metadata": tag}) // own env: a cold boot, long enough to hang up during
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", s.url+"/v1/sandboxes", bytes.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the create answered %d within 150 ms; it should have taken longer", resp.StatusCode)
+	}
+	c := s.client()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		list, err := c.ListSandboxes(context.Background(), tag, "all")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var live []string
+		for _, sb := range list {
+			if sb.State != "stopped" {
+				live = append(live, sb.ID+" "+string(sb.State))
+			}
+		}
+		if len(list) > 0 && len(live) == 0 {
+			s.assertGone(t, list[0].ID)
+			return
+		}
+		if len(list) == 0 && time.Until(deadline) < 50*time.Second {
+			return // the create stopped before it made a record
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute after the caller hung up: %v (%d records)", live, len(list))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

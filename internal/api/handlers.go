@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,10 +48,29 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request, project s
 		writeError(w, err)
 		return
 	}
+	if s.orphaned(r, project, sb) {
+		return
+	}
 	if req.SnapshotID != "" {
 		s.noteOrigins(project, "snapshot", req.SnapshotID, sb)
 	}
 	writeJSON(w, http.StatusCreated, sb)
+}
+
+// orphaned kills sandboxes made for a caller that hung up before they
+// were ready: nobody would ever learn their ids, and they would hold
+// memory until their TTL. It reports whether it did.
+func (s *Server) orphaned(r *http.Request, project string, made ...pandastack.Sandbox) bool {
+	if r.Context().Err() == nil {
+		return false
+	}
+	for _, sb := range made {
+		s.log.Info("the caller hung up before its sandbox was ready; killing it", "sandbox", sb.ID, "path", r.URL.Path)
+		if err := s.mgr.Kill(context.WithoutCancel(r.Context()), project, sb.ID); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+			s.log.Warn("killing a sandbox nobody will know of", "sandbox", sb.ID, "err", err)
+		}
+	}
+	return true
 }
 
 // logFailure logs errors that are not the caller's fault. When a sandbox

@@ -85,6 +85,9 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, project string) {
 		writeError(w, err)
 		return
 	}
+	if s.orphaned(r, project, kids...) {
+		return
+	}
 	s.noteOrigins(project, "fork", r.PathValue("id"), kids...)
 	writeJSON(w, http.StatusCreated, map[string]any{"sandboxes": kids})
 }
