@@ -7,8 +7,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
 	"github.com/pandastack/pandastack/internal/mcpserver"
 )
 
@@ -32,7 +30,7 @@ func mcpCmd(args []string) error {
 	srv := mcpserver.New(mcpserver.Config{
 		Client: c, Log: newLogger(*level, os.Stderr), Template: *tpl, SessionTTL: *ttl, Version: version,
 	})
-	err = srv.Serve(ctx, &mcp.StdioTransport{})
+	err = srv.Serve(ctx, mcpserver.StdioTransport(os.Stdin, os.Stdout))
 	if ctx.Err() != nil {
 		return nil // a signal ended the session; its sandbox is already killed
 	}
