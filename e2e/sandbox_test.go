@@ -10,6 +10,8 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -492,9 +494,44 @@ func TestCLI(t *testing.T) {
 	if err != nil || out != "hi from cli\n" {
 		t.Fatalf("exec: %v %q", err, out)
 	}
+	exitCode := func(err error) int {
+		if ee, ok := err.(interface{ ExitCode() int }); ok {
+			return ee.ExitCode()
+		}
+		return -1
+	}
 	_, _, err = s.cli("sandbox", "exec", id, "--", "exit 7")
-	if ee, ok := err.(interface{ ExitCode() int }); !ok || ee.ExitCode() != 7 {
+	if exitCode(err) != 7 {
 		t.Fatalf("exec exit code: %v", err)
+	}
+	// Output comes back byte for byte; a command killed by a signal exits
+	// as a shell's would, 128+N, and says so; --stdin feeds the command.
+	out, _, err = s.cli("sandbox", "exec", id, "--", `printf '\377\376\n'`)
+	if err != nil || out != "\xff\xfe\n" {
+		t.Fatalf("binary output: %v %q", err, out)
+	}
+	_, errOut, err = s.cli("sandbox", "exec", id, "--", "kill -9 $$")
+	if exitCode(err) != 137 || !strings.Contains(errOut, "SIGKILL") {
+		t.Fatalf("a command killed by SIGKILL: %v %q", err, errOut)
+	}
+	cmd := exec.Command(filepath.Join(s.bin, "pandastack"), "sandbox", "exec", "--stdin", id, "--", "tr a-z A-Z")
+	cmd.Env = append(os.Environ(), "PANDASTACK_API="+s.url, "PANDASTACK_API_KEY="+s.key)
+	cmd.Stdin = strings.NewReader("piped in\n")
+	if b, err := cmd.Output(); err != nil || string(b) != "PIPED IN\n" {
+		t.Fatalf("exec --stdin: %v %q", err, b)
+	}
+	// Mistakes in the command line are refused before anything is made.
+	for _, args := range [][]string{
+		{"sandbox", "create", "code-interpreter", "--ttl", "1m"}, // a template given as an argument
+		{"sandbox", "create", "--ttl", "500ms"},                  // less than the API's second
+		{"sandbox", "kill", "-h"},
+	} {
+		if out, errOut, err := s.cli(args...); exitCode(err) != 1 || out != "" || errOut == "" {
+			t.Errorf("%q: exit %d, %q %q", args, exitCode(err), out, errOut)
+		}
+	}
+	if out, _, err := s.cli("sandbox", "-h"); err != nil || !strings.Contains(out, "create|ls|exec|kill") {
+		t.Errorf("sandbox -h: %v %q", err, out)
 	}
 	if _, errOut, err := s.cli("sandbox", "kill", id); err != nil {
 		t.Fatalf("kill: %v %s", err, errOut)

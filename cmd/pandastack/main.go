@@ -82,7 +82,11 @@ func main() {
 		fmt.Fprintf(os.Stderr, "pandastack: unknown command %q\n\n%s", verb, usage)
 		os.Exit(2)
 	}
-	if err != nil {
+	switch {
+	case err == nil, errors.Is(err, errHelp):
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	default:
 		fmt.Fprintln(os.Stderr, "pandastack:", err)
 		os.Exit(1)
 	}
@@ -100,7 +104,7 @@ func serve(args []string) error {
 	cfg := defaultConfig()
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfg.bind(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
 	}
 	if err := cfg.validate(); err != nil {
@@ -318,14 +322,14 @@ func loadTemplates(cfg *Config) (*template.Registry, error) {
 
 func keys(args []string) error {
 	cfg := defaultConfig()
-	if len(args) == 0 {
-		return errors.New("keys: want create, list or revoke")
+	if len(args) == 0 || isHelp(args[0]) {
+		return verbsHelp(args, "usage: pandastack keys create|list|revoke [flags] (pandastack keys VERB -h for its flags)")
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	cfg.bind(fs)
 	project := fs.String("project", "default", "project the key belongs to (created if new)")
 	name := fs.String("name", "", "a label for the key")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(fs, args[1:], true); err != nil {
 		return err
 	}
 	if err := cfg.validate(); err != nil {
@@ -377,15 +381,15 @@ func keys(args []string) error {
 
 func templates(args []string) error {
 	cfg := defaultConfig()
-	if len(args) == 0 {
-		return errors.New("template: want build, ls or gc")
+	if len(args) == 0 || isHelp(args[0]) {
+		return verbsHelp(args, "usage: pandastack template build|ls|gc [flags] [NAME] (pandastack template VERB -h for its flags)")
 	}
 	fs := flag.NewFlagSet("template "+args[0], flag.ContinueOnError)
 	cfg.bind(fs)
 	force := fs.Bool("force", false, "rebuild even when cached")
 	minAge := fs.Duration("min-age", 24*time.Hour, "gc: spare builds and warm images younger than this")
 	dryRun := fs.Bool("dry-run", false, "gc: only say what would be removed")
-	if err := fs.Parse(args[1:]); err != nil {
+	if err := parseFlags(fs, args[1:], true); err != nil {
 		return err
 	}
 	if err := cfg.validate(); err != nil {

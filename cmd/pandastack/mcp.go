@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -18,8 +19,11 @@ func mcpCmd(args []string) error {
 	tpl := fs.String("template", mcpserver.DefaultTemplate, "template of the session's sandbox and of create_sandbox without one")
 	ttl := fs.Duration("session-ttl", mcpserver.DefaultSessionTTL, "TTL of the session's sandbox, pushed ahead on each use")
 	level := fs.String("log-level", "info", "stderr log level: debug, info, warn or error")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, false); err != nil {
 		return err
+	}
+	if _, err := wholeSeconds("--session-ttl", *ttl); err != nil || *ttl <= 0 {
+		return fmt.Errorf("--session-ttl %v: give a positive whole number of seconds, such as 15m", *ttl)
 	}
 	c, err := cliClient()
 	if err != nil {

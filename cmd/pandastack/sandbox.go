@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -45,8 +46,8 @@ func (k kvFlag) Set(s string) error {
 }
 
 func sandboxCmd(args []string) error {
-	if len(args) == 0 {
-		return errors.New("sandbox: want create, ls, exec or kill")
+	if len(args) == 0 || isHelp(args[0]) {
+		return verbsHelp(args, "usage: pandastack sandbox create|ls|exec|kill ... (pandastack sandbox VERB -h for its flags)")
 	}
 	c, err := cliClient()
 	if err != nil {
@@ -69,15 +70,19 @@ func sandboxCmd(args []string) error {
 		var allowOut, denyOut listFlag
 		fs.Var(&allowOut, "allow-out", "IP, CIDR, domain or *.domain always reachable (repeatable)")
 		fs.Var(&denyOut, "deny-out", "IP or CIDR never reachable unless in --allow-out (repeatable)")
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args, false); err != nil {
 			return err
 		}
 		pol, err := cliNetwork(*netMode, allowOut, denyOut)
 		if err != nil {
 			return err
 		}
+		ttlSeconds, err := wholeSeconds("--ttl", *ttl)
+		if err != nil {
+			return err
+		}
 		sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{
-			Template: *tpl, TTLSeconds: int64(*ttl / time.Second), Metadata: md, Env: env, CPU: *cpu, MemoryMB: *mem, Network: pol,
+			Template: *tpl, TTLSeconds: ttlSeconds, Metadata: md, Env: env, CPU: *cpu, MemoryMB: *mem, Network: pol,
 		})
 		if err != nil {
 			return err
@@ -89,7 +94,7 @@ func sandboxCmd(args []string) error {
 		state := fs.String("state", "", "starting, running, paused, stopped (a comma list) or all; default: starting, running and paused")
 		md := kvFlag{}
 		fs.Var(md, "metadata", "KEY=VALUE filter (repeatable)")
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args, false); err != nil {
 			return err
 		}
 		list, err := c.ListSandboxes(ctx, md, *state)
@@ -109,7 +114,8 @@ func sandboxCmd(args []string) error {
 		fs := flag.NewFlagSet("sandbox exec", flag.ContinueOnError)
 		timeout := fs.Duration("timeout", 0, "kill the command after this long (default: the server's, 60s)")
 		cwd := fs.String("cwd", "", "working directory (default /home/user)")
-		if err := fs.Parse(args); err != nil {
+		withStdin := fs.Bool("stdin", false, "send this command's standard input (read to its end first; text) to the command")
+		if err := parseFlags(fs, args, true); err != nil {
 			return err
 		}
 		rest := fs.Args()
@@ -130,31 +136,32 @@ func sandboxCmd(args []string) error {
 		} else {
 			req.Argv = argv
 		}
-		res, err := c.ExecStream(ctx, id, req, func(ev client.ExecEvent) {
-			switch ev.Type {
-			case "stdout":
-				os.Stdout.WriteString(ev.Data)
-			case "stderr":
-				os.Stderr.WriteString(ev.Data)
+		if *withStdin {
+			if req.Stdin, err = readStdin(); err != nil {
+				return err
 			}
-		})
+		}
+		// Binary frames: the output's bytes as they are, streamed.
+		res, err := c.ExecPipe(ctx, id, req, os.Stdout, os.Stderr)
 		if err != nil {
 			return err
 		}
-		if res.TimedOut {
-			fmt.Fprintln(os.Stderr, "pandastack: command timed out")
-		}
-		if res.ExitCode != 0 {
-			os.Exit(min(max(res.ExitCode, 1), 255))
+		if code := execExitCode(res); code != 0 {
+			os.Exit(code)
 		}
 	case "kill", "rm":
-		if len(args) == 0 {
+		if len(args) == 0 || slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "-") || a == "" }) {
 			return errors.New("usage: pandastack sandbox kill ID...")
 		}
+		// Every sandbox named is tried; the errors are reported together.
+		var errs []error
 		for _, id := range args {
 			if err := c.KillSandbox(ctx, id); err != nil {
-				return err
+				errs = append(errs, fmt.Errorf("%s: %w", id, err))
 			}
+		}
+		if err := errors.Join(errs...); err != nil {
+			return err
 		}
 	default:
 		return fmt.Errorf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+var (
+	// errHelp: -h printed the usage; the command succeeded.
+	errHelp = errors.New("help requested")
+	// errUsage: the flag package already printed what was wrong, and the
+	// usage; main exits 2 without saying it again.
+	errUsage = errors.New("usage error")
+)
+
+// parseFlags parses args into fs. Without positional, an argument left
+// over is refused: the flag package stops at the first one, so every flag
+// after it would be dropped unseen.
+func parseFlags(fs *flag.FlagSet, args []string, positional bool) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return errUsage
+	}
+	if !positional && fs.NArg() > 0 {
+		return fmt.Errorf("%s: unexpected argument %q: it takes flags only (see pandastack %s -h)", fs.Name(), fs.Arg(0), fs.Name())
+	}
+	return nil
+}
+
+func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help" }
+
+// verbsHelp answers a command given no verb (an error) or asking for help
+// (the usage on stdout, success).
+func verbsHelp(args []string, usage string) error {
+	if len(args) == 0 {
+		return errors.New(usage)
+	}
+	fmt.Println(usage)
+	return errHelp
+}
+
+// wholeSeconds turns a duration flag into the API's seconds, refusing
+// what the API cannot say (0 stays 0: the server's default).
+func wholeSeconds(flagName string, d time.Duration) (int64, error) {
+	if d < 0 || d%time.Second != 0 {
+		return 0, fmt.Errorf("%s %v: give a whole number of seconds, such as 90s or 10m", flagName, d)
+	}
+	return int64(d / time.Second), nil
+}
+
+// maxStdin is what `sandbox exec --stdin` sends at most: the server takes
+// exec requests of up to 64 MiB, JSON escapes included.
+const maxStdin = 32 << 20
+
+// readStdin reads this process's standard input for `sandbox exec --stdin`.
+func readStdin() (string, error) {
+	b, err := io.ReadAll(io.LimitReader(os.Stdin, maxStdin+1))
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("--stdin: %w", err)
+	case len(b) > maxStdin:
+		return "", fmt.Errorf("--stdin: over %d MiB; upload large input as a file and read it from there", maxStdin>>20)
+	case !utf8.Valid(b):
+		return "", errors.New("--stdin: the input is not UTF-8 text; upload binary input as a file and read it from there")
+	}
+	return string(b), nil
+}
+
+// execExitCode is the exit code of `sandbox exec` for a command's result,
+// as a shell would give it: the command's own, 128+N for one killed by
+// signal N, 124 for a timeout (as timeout(1)). It says why on stderr when
+// the command did not exit by itself.
+func execExitCode(res *client.ExecResult) int {
+	switch {
+	case res.TimedOut:
+		fmt.Fprintln(os.Stderr, "pandastack: the command timed out and was killed")
+		return 124
+	case res.Signal != "":
+		fmt.Fprintf(os.Stderr, "pandastack: the command was killed by %s\n", res.Signal)
+		if n := unix.SignalNum(res.Signal); n > 0 {
+			return 128 + int(n)
+		}
+		return 1
+	}
+	return min(max(res.ExitCode, 0), 255)
+}
