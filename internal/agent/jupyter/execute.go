@@ -252,6 +252,9 @@ func (k *Kernel) interruptRun(in *instance, r *run) (stop func(), err error) {
 	return func() { once.Do(func() { close(quit) }) }, nil
 }
 
+// deathDrain bounds the wait for a dead kernel's last messages.
+var deathDrain = time.Second
+
 // cellSettle is how long after announcing a cell's input ipykernel may
 // still be readying its run, where an interrupt would be lost; beginWait
 // bounds the wait for that announcement (well within the InterruptGrace).
@@ -365,7 +368,17 @@ func (r *run) wait(ctx context.Context, in *instance, deadline <-chan time.Time,
 		case <-r.done:
 			return finished
 		case <-in.proc.Done():
-			// A reply that raced the exit still counts.
+			// What the kernel sent before it died (a flushed print, say)
+			// may still be on its way: take it in, up to the iopub
+			// connection's drop. A reply that raced the exit still counts.
+			t := time.NewTimer(deathDrain)
+			select {
+			case <-in.iopubDropped:
+			case <-r.done:
+			case <-t.C:
+			}
+			t.Stop()
+			r.flush(onEvent)
 			select {
 			case <-r.done:
 				return finished

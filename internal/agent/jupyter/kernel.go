@@ -351,6 +351,10 @@ type instance struct {
 
 	iopubLive     chan struct{} // closed by the first valid iopub message
 	iopubLiveOnce sync.Once
+	// iopubDropped is closed when the iopub connection drops (the kernel
+	// died), after every message the kernel sent before was handled.
+	iopubDropped     chan struct{}
+	iopubDroppedOnce sync.Once
 
 	mu       sync.Mutex
 	handlers map[string]func(channel string, m *message) // by parent msg_id
@@ -407,14 +411,15 @@ func (k *Kernel) launch(ctx context.Context) (in *instance, err error) {
 
 	sctx, cancel := context.WithCancel(context.Background())
 	in = &instance{
-		log:       log,
-		proc:      proc,
-		dir:       dir,
-		sig:       &signer{key: key, session: newUUID()},
-		ctx:       sctx,
-		close:     cancel,
-		iopubLive: make(chan struct{}),
-		handlers:  make(map[string]func(string, *message)),
+		log:          log,
+		proc:         proc,
+		dir:          dir,
+		sig:          &signer{key: key, session: newUUID()},
+		ctx:          sctx,
+		close:        cancel,
+		iopubLive:    make(chan struct{}),
+		iopubDropped: make(chan struct{}),
+		handlers:     make(map[string]func(string, *message)),
 	}
 	undo = append(undo, in.closeSockets)
 
@@ -535,6 +540,9 @@ func (in *instance) read(name string, s zmq4.Socket) {
 			// The connection dropped (the kernel died): zmq4 removes it and
 			// the next Recv blocks until the socket closes.
 			in.log.Debug("recv", "socket", name, "err", err)
+			if name == "iopub" {
+				in.iopubDroppedOnce.Do(func() { close(in.iopubDropped) })
+			}
 			continue
 		}
 		if msg.Type == zmq4.CmdMsg {

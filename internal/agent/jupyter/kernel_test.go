@@ -540,6 +540,25 @@ func TestKernelDiesAndRestarts(t *testing.T) {
 	}
 }
 
+// TestLastWordsBeforeDeath: what a cell printed (flushed) right before its
+// kernel died comes back with the KernelDied error, however soon the death
+// came after it.
+func TestLastWordsBeforeDeath(t *testing.T) {
+	k := startKernel(t)
+	for i := range 12 {
+		e, _ := runCode(t, k, "print('last words', flush=True)\nimport os\nos._exit(1)", ExecOptions{})
+		if e.Error == nil || e.Error.Name != "KernelDied" || e.Stdout != "last words\n" {
+			t.Fatalf("run %d: stdout %q, error %+v", i, e.Stdout, e.Error)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		err := k.Restart(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func TestKilledFromOutside(t *testing.T) {
 	k := startKernel(t)
 	pid := k.Pid()
