@@ -98,3 +98,30 @@ def test_unreachable_server_is_a_connection_error(monkeypatch):
     assert f"127.0.0.1:{port}" in str(ei.value) and "PANDASTACK_API" in str(ei.value)
     assert ei.value.code == "connection_error" and ei.value.status is None
     assert not Client().health()
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"ttl_seconds": True}, "ttl_seconds"),
+        ({"ttl_seconds": 10.5}, "ttl_seconds"),
+        ({"ttl_seconds": "ten"}, "ttl_seconds"),
+        ({"cpu": "many"}, "cpu"),
+        ({"metadata": {"owner": None}}, "metadata['owner']"),
+    ],
+)
+def test_bad_create_arguments_are_refused_before_sending(monkeypatch, kwargs, word):
+    # Refused in the SDK, with the server's error class: no request is made (the port is closed).
+    monkeypatch.setenv("PANDASTACK_API", "http://127.0.0.1:1")
+    monkeypatch.setenv("PANDASTACK_API_KEY", "pds_test")
+    with pytest.raises(pandastack.InvalidRequestError) as e:
+        Sandbox.create(template="base", **kwargs)
+    assert word in str(e.value)
+
+
+def test_binary_stdin_that_is_not_text_is_refused():
+    from pandastack._base import exec_body
+
+    assert exec_body("cat", None, None, None, b"caf\xc3\xa9")["stdin"] == "café"
+    with pytest.raises(pandastack.InvalidRequestError, match="UTF-8"):
+        exec_body("cat", None, None, None, b"\xff\x00")

@@ -3,7 +3,7 @@
  * Execution a run of code returns (stdout, stderr, rich results, error).
  */
 
-import { PandaStackError } from "./errors.js";
+import { NotFoundError, PandaStackError } from "./errors.js";
 import { type HttpClient, streamError } from "./http.js";
 
 /** Languages a code context can run. */
@@ -401,6 +401,11 @@ export class CodeContext {
 
   /** Shuts the kernel down; the context cannot be used afterwards. */
   async close(): Promise<void> {
-    await this.#http.empty("DELETE", this.#path());
+    try {
+      await this.#http.empty("DELETE", this.#path());
+    } catch (e) {
+      // Closing a context that is already gone (or whose sandbox is) is not an error.
+      if (!(e instanceof NotFoundError)) throw e;
+    }
   }
 }

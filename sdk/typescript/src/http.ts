@@ -58,7 +58,8 @@ export class HttpClient {
         "missing_api_key",
       );
     }
-    const apiUrl = (opts.apiUrl ?? env("PANDASTACK_API") ?? DEFAULT_API_URL).replace(/\/+$/, "");
+    let apiUrl = (opts.apiUrl ?? env("PANDASTACK_API") ?? DEFAULT_API_URL).trim().replace(/\/+$/, "");
+    if (!apiUrl.includes("://")) apiUrl = "http://" + apiUrl; // host:port, as the Python SDK takes it
     return new HttpClient(apiUrl, apiKey);
   }
 

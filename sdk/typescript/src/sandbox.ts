@@ -26,6 +26,7 @@ import {
   toExecResult,
   toProcessInfo,
 } from "./commands.js";
+import { NotFoundError } from "./errors.js";
 import { Files } from "./files.js";
 import { type ConnectionOptions, HttpClient } from "./http.js";
 
@@ -411,9 +412,16 @@ export class Sandbox implements SandboxInfo {
     return Terminal.open(this.#http.apiUrl, this.#http.apiKey, this.id, opts);
   }
 
-  /** Stops the sandbox and deletes it; a later `connect` is a `NotFoundError`. */
+  /**
+   * Stops the sandbox and deletes it; a later `connect` is a `NotFoundError`.
+   * Killing a sandbox that is already gone is not an error.
+   */
   async kill(): Promise<void> {
-    await this.#http.empty("DELETE", this.#path());
+    try {
+      await this.#http.empty("DELETE", this.#path());
+    } catch (e) {
+      if (!(e instanceof NotFoundError)) throw e;
+    }
     this.state = "stopped";
     this.stopReason = "killed";
   }

@@ -177,6 +177,7 @@ test("code contexts", async (t) => {
     await ctx.close();
     await assert.rejects(ctx.runCode("1"), NotFoundError);
     assert.ok(!(await sb.listCodeContexts()).some((c) => c.id === ctx.id));
+    await ctx.close(); // closing it again is not an error
   });
 
   await t.test("sandbox.runCode uses a default context that persists", async () => {

@@ -60,6 +60,13 @@ test("an unreachable server is a connection_error naming the URL", async () => {
     assert.ok(err.message.includes(apiUrl), err.message);
     return true;
   });
+  // host:port without a scheme is taken as http, as the Python SDK does
+  // (it was an "Invalid URL" reported as the server being unreachable).
+  await assert.rejects(Sandbox.list({ apiKey: "pds_whatever", apiUrl: `127.0.0.1:${port}` }), (err: unknown) => {
+    assert.ok(err instanceof PandaStackError && err.message.includes(apiUrl), `got ${String(err)}`);
+    assert.ok(!err.message.includes("Invalid URL"), err.message);
+    return true;
+  });
 });
 
 test("sandbox lifecycle", async (t) => {
@@ -140,6 +147,11 @@ test("sandbox lifecycle", async (t) => {
     await assert.rejects(Sandbox.connect(sb.id), NotFoundError);
     await assert.rejects(sb.exec("true"), NotFoundError);
     assert.deepEqual(await Sandbox.list({ metadata: { tag } }), []);
+  });
+
+  await t.test("killing it again is not an error (cleanup code may)", async () => {
+    await sb.kill();
+    assert.equal(sb.state, "stopped");
   });
 });
 

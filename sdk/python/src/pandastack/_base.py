@@ -56,7 +56,21 @@ def _str_map(name: str, m: Optional[Mapping[str, Any]]) -> Optional[Dict[str, st
         return None
     if not isinstance(m, Mapping):
         raise TypeError(f"{name} must be a mapping of strings, got {type(m).__name__}")
+    for k, v in m.items():
+        if v is None:
+            raise InvalidRequestError(f"{name}[{k!r}] is None; give a string", code="invalid_request")
     return {str(k): str(v) for k, v in m.items()}
+
+
+def _int(name: str, v: Any) -> int:
+    """v as a whole number, as the server takes it: True, 10.5 or "ten" are refused rather than
+    sent as 1, 10 or a bare ValueError."""
+    if isinstance(v, bool) or (isinstance(v, float) and not v.is_integer()):
+        raise InvalidRequestError(f"{name} must be a whole number, got {v!r}", code="invalid_request")
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise InvalidRequestError(f"{name} must be a whole number, got {v!r}", code="invalid_request") from None
 
 
 def create_body(
@@ -80,26 +94,26 @@ def create_body(
     elif template:
         body["template"] = template
     if ttl_seconds is not None:
-        body["ttl_seconds"] = int(ttl_seconds)
+        body["ttl_seconds"] = _int("ttl_seconds", ttl_seconds)
     if metadata is not None:
         body["metadata"] = _str_map("metadata", metadata)
     if env is not None:
         body["env"] = _str_map("env", env)
     if cpu is not None:
-        body["cpu"] = int(cpu)
+        body["cpu"] = _int("cpu", cpu)
     if memory_mb is not None:
-        body["memory_mb"] = int(memory_mb)
+        body["memory_mb"] = _int("memory_mb", memory_mb)
     if auto_resume is not None:
         body["auto_resume"] = bool(auto_resume)
     if idle_timeout_seconds is not None:
-        body["idle_timeout_seconds"] = int(idle_timeout_seconds)
+        body["idle_timeout_seconds"] = _int("idle_timeout_seconds", idle_timeout_seconds)
     return body
 
 
 def fork_body(count: int, ttl_seconds: Optional[int], metadata: Optional[Mapping[str, str]]) -> Dict[str, Any]:
-    body: Dict[str, Any] = {"count": int(count)}
+    body: Dict[str, Any] = {"count": _int("count", count)}
     if ttl_seconds is not None:
-        body["ttl_seconds"] = int(ttl_seconds)
+        body["ttl_seconds"] = _int("ttl_seconds", ttl_seconds)
     if metadata is not None:
         body["metadata"] = _str_map("metadata", metadata)
     return body
@@ -148,7 +162,15 @@ def exec_body(
     if cwd is not None:
         body["cwd"] = cwd
     if stdin is not None:
-        body["stdin"] = stdin.decode("utf-8") if isinstance(stdin, bytes) else stdin
+        if isinstance(stdin, bytes):
+            try:
+                stdin = stdin.decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidRequestError(
+                    "stdin must be UTF-8 text; write binary input to a file (sandbox.files.write) and read it from there",
+                    code="invalid_request",
+                ) from None
+        body["stdin"] = stdin
     return body
 
 
