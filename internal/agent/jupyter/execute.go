@@ -51,8 +51,9 @@ type ExecOptions struct {
 // was abandoned: ErrBusy while another Execute runs, ErrDead when the kernel
 // is gone (restart it), ErrClosed, an invalid Env, or ctx.Err() when ctx
 // ended first. On cancellation the cell is interrupted; the kernel stays
-// busy (Busy, ErrBusy) until the cell has stopped, and is restarted if it
-// does not stop within Options.InterruptGrace.
+// busy (Busy) until the cell has stopped, and is restarted if it does not
+// stop within Options.InterruptGrace; an Execute meanwhile waits for that
+// (within its ctx) instead of failing with ErrBusy.
 //
 // A timeout works the same way: the cell is interrupted and, if it stops,
 // the kernel's state survives; if not, the kernel is restarted and the
@@ -72,8 +73,18 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	if o.OutputCap <= 0 {
 		o.OutputCap = DefaultOutputCap
 	}
-	if !k.busy.CompareAndSwap(false, true) {
-		return agentproto.Execution{}, ErrBusy
+	for !k.busy.CompareAndSwap(false, true) {
+		// A cell whose caller went away is being stopped (abandon): the
+		// next one waits for that rather than failing busy.
+		stopped := k.stopping.Load()
+		if stopped == nil {
+			return agentproto.Execution{}, ErrBusy
+		}
+		select {
+		case <-*stopped:
+		case <-ctx.Done():
+			return agentproto.Execution{}, ctx.Err()
+		}
 	}
 	release := true
 	defer func() {
@@ -186,8 +197,14 @@ func (k *Kernel) abandon(in *instance, id string, r *run) {
 	if err != nil {
 		k.log.Debug("interrupt abandoned cell", "err", err)
 	}
+	stopped := make(chan struct{})
+	k.stopping.Store(&stopped)
 	go func() {
-		defer k.busy.Store(false)
+		defer func() {
+			k.stopping.Store(nil)
+			k.busy.Store(false)
+			close(stopped)
+		}()
 		defer in.forget(id)
 		defer stopInterrupts()
 		t := time.NewTimer(k.opts.InterruptGrace)

@@ -123,6 +123,9 @@ type Kernel struct {
 	opts Options
 	log  *slog.Logger
 	busy atomic.Bool
+	// stopping is closed once a cell whose caller went away has stopped
+	// (nil when none is being stopped); Execute waits for it.
+	stopping atomic.Pointer[chan struct{}]
 
 	// mu guards inst and closed, and is held across Restart and Close so
 	// that lifecycle changes happen one at a time.
