@@ -53,7 +53,14 @@ type Error struct {
 	Message string
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Message) }
+// Error reads "code (HTTP status): message"; an error that cut a stream
+// off after its 200 has no status of its own: "code: message".
+func (e *Error) Error() string {
+	if e.Status == http.StatusOK {
+		return fmt.Sprintf("%s: %s", e.Code, e.Message)
+	}
+	return fmt.Sprintf("%s (%d): %s", e.Code, e.Status, e.Message)
+}
 
 // IsCode reports whether err is an API error with that code.
 func IsCode(err error, code string) bool {

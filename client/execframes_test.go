@@ -43,7 +43,7 @@ func TestReadFramesFailures(t *testing.T) {
 		in   *bytes.Buffer
 		want string
 	}{
-		{"error frame", frames(t, streamframe.Stdout, "x", streamframe.Error, `{"error":{"code":"unavailable","message":"sandbox stopped"}}`), "unavailable (200): sandbox stopped"},
+		{"error frame", frames(t, streamframe.Stdout, "x", streamframe.Error, `{"error":{"code":"unavailable","message":"sandbox stopped"}}`), "unavailable: sandbox stopped"},
 		{"no exit", frames(t, streamframe.Stdout, "x"), "ended without an exit frame"},
 		{"bad exit", frames(t, streamframe.Exit, `{`), "bad exit frame"},
 		{"bad error", frames(t, streamframe.Error, `{}`), "bad error frame"},

@@ -25,6 +25,11 @@ func mcpCmd(args []string) error {
 	if _, err := wholeSeconds("--session-ttl", *ttl); err != nil || *ttl <= 0 {
 		return fmt.Errorf("--session-ttl %v: give a positive whole number of seconds, such as 15m", *ttl)
 	}
+	switch *level {
+	case "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
+	}
 	c, err := cliClient()
 	if err != nil {
 		return err

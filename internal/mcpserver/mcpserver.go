@@ -74,7 +74,7 @@ func New(cfg Config) *Server {
 func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
 	sess := &session{cfg: &s.cfg, c: s.cfg.Client, log: s.cfg.Log}
 	srv := mcp.NewServer(&mcp.Implementation{Name: "pandastack", Title: "PandaStack", Version: s.cfg.Version}, &mcp.ServerOptions{
-		Instructions: instructions,
+		Instructions: fmt.Sprintf(instructions, s.cfg.Template),
 		Logger:       s.cfg.Log,
 		// Tools only; no logging capability.
 		Capabilities: &mcp.ServerCapabilities{},
@@ -105,7 +105,7 @@ func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
 }
 
 const instructions = `PandaStack runs code in isolated gVisor sandboxes.
-run_code, exec, upload_file, download_file and snapshot act on this session's own sandbox (template code-interpreter, created on first use) unless you pass sandbox_id: variables, imports and files persist between calls. The session's sandbox is killed when the session ends.
+run_code, exec, upload_file, download_file and snapshot act on this session's own sandbox (template %s, created on first use) unless you pass sandbox_id: variables, imports and files persist between calls. The session's sandbox is killed when the session ends.
 Use run_code for Python (state kept like a notebook; matplotlib charts come back as images), exec for shell commands.`
 
 // session is the state of one MCP session: its default sandbox.
