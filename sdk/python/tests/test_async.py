@@ -148,3 +148,21 @@ async def test_explicit_client_and_templates(server):
         sb = await AsyncSandbox.create(ttl_seconds=60, client=c)
         assert sb.client is c
         await sb.kill()
+
+
+async def test_commands_e2b_names(server):
+    # The same E2B names as Sandbox.commands, as coroutines.
+    async with await AsyncSandbox.create(ttl_seconds=120) as sb:
+        r = await sb.commands.run("echo ran")
+        assert (r.stdout, r.exit_code) == ("ran\n", 0)
+        h = await sb.commands.run("read line; echo got $line", background=True)
+        assert [p.pid for p in await sb.commands.list() if p.running] == [h.pid]
+        again = await sb.commands.connect(h.pid)
+        assert again.pid == h.pid
+        await sb.commands.send_stdin(h.pid, "it\n")
+        assert (await again.wait()).stdout == "got it\n"
+        sleeper = await sb.commands.run("sleep 600", background=True)
+        await sb.commands.kill(sleeper.pid)
+        assert (await sleeper.wait()).exit_code != 0
+        with pytest.raises(NotFoundError):
+            await sb.connect_process(999999)

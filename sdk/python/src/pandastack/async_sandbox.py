@@ -56,7 +56,7 @@ from ._base import (
     snapshot_path,
 )
 from .client import Client, default_client
-from .commands import AsyncCommandHandle
+from .commands import AsyncCommandHandle, AsyncCommands
 from .exceptions import NotFoundError
 from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SnapshotInfo
 
@@ -111,6 +111,7 @@ class AsyncSandbox(SandboxRecord):
         self._update(data)
         self._client = client
         self.files = AsyncFiles(self)
+        self.commands = AsyncCommands(self)
 
     @property
     def client(self) -> Client:
@@ -274,6 +275,18 @@ class AsyncSandbox(SandboxRecord):
     async def kill_process(self, pid: int) -> None:
         """SIGKILL background process ``pid`` and everything it started."""
         await self._client._arequest("POST", sandbox_path(self.id, f"/processes/{int(pid)}/kill"))
+
+    async def connect_process(self, pid: int) -> AsyncCommandHandle:
+        """An :class:`AsyncCommandHandle` for background process ``pid``; see
+        :meth:`pandastack.Sandbox.connect_process`.
+
+        Raises:
+            NotFoundError: no such background process.
+        """
+        for p in await self.list_processes():
+            if p.pid == pid:
+                return AsyncCommandHandle(self, p)
+        raise NotFoundError(f"no background process {pid} in sandbox {self.id}", code="not_found", status=404)
 
     async def create_code_context(
         self,

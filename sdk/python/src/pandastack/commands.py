@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .async_sandbox import AsyncSandbox
     from .sandbox import Sandbox
 
-__all__ = ["CommandHandle", "Commands", "AsyncCommandHandle"]
+__all__ = ["CommandHandle", "Commands", "AsyncCommandHandle", "AsyncCommands"]
 
 OutputHandler = Callable[[str], Any]
 
@@ -225,3 +225,32 @@ class AsyncCommandHandle:
             if p.pid == self.pid:
                 self.info = p
         return self.info
+
+
+class AsyncCommands:
+    """``async_sandbox.commands``: the asyncio form of :class:`Commands`."""
+
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self._sandbox = sandbox
+
+    async def run(
+        self, cmd: Union[str, List[str]], background: bool = False, **kwargs: Any
+    ) -> Union[ExecResult, AsyncCommandHandle]:
+        """Alias of :meth:`AsyncSandbox.exec` (same arguments)."""
+        return await self._sandbox.exec(cmd, background=background, **kwargs)
+
+    async def list(self) -> List[ProcessInfo]:
+        """Alias of :meth:`AsyncSandbox.list_processes`."""
+        return await self._sandbox.list_processes()
+
+    async def kill(self, pid: int) -> None:
+        """Alias of :meth:`AsyncSandbox.kill_process`."""
+        await self._sandbox.kill_process(pid)
+
+    async def send_stdin(self, pid: int, data: Union[str, bytes]) -> None:
+        """Write to a background process's standard input."""
+        await (await self._sandbox.connect_process(pid)).send_stdin(data)
+
+    async def connect(self, pid: int) -> AsyncCommandHandle:
+        """Alias of :meth:`AsyncSandbox.connect_process`."""
+        return await self._sandbox.connect_process(pid)
