@@ -53,6 +53,16 @@ export class Files {
    * a new file gets 0644). Missing parent directories are created.
    */
   async write(path: string, data: FileData): Promise<FileInfo> {
+    // Checked here: fetch would send anything else as its String(), so
+    // 123 or an object would be written as "123" or "[object Object]".
+    if (
+      typeof data !== "string" &&
+      !(data instanceof Uint8Array) &&
+      !(data instanceof ArrayBuffer) &&
+      !(typeof Blob !== "undefined" && data instanceof Blob)
+    ) {
+      throw new TypeError(`files.write: data must be a string, Uint8Array, ArrayBuffer or Blob, got ${data === null ? "null" : typeof data}`);
+    }
     const body = typeof data === "string" ? new TextEncoder().encode(data) : data;
     const w = await this.#http.json<WireFileInfo>("PUT", this.#base, {
       query: { path },

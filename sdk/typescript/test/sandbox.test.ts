@@ -317,6 +317,13 @@ test("files", async (t) => {
     assert.equal(sum, createHash("sha256").update(data).digest("hex"));
   });
 
+  await t.test("data of another type is a TypeError, and nothing is written", async () => {
+    for (const bad of [123, { a: 1 }, null]) {
+      await assert.rejects(sb.files.write("/tmp/bad.txt", bad as unknown as string), TypeError);
+    }
+    assert.equal(await sb.files.exists("/tmp/bad.txt"), false);
+  });
+
   await t.test("mkdir, list, stat, exists", async () => {
     const dir = await sb.files.mkdir("work/a/b");
     assert.equal(dir.type, "dir");
