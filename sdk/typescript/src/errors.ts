@@ -59,6 +59,33 @@ export class SandboxUnavailableError extends PandaStackError {}
 /** 504 `timeout`: an operation ran past its deadline on the server. */
 export class TimeoutError extends PandaStackError {}
 
+/** 409 `template_not_built`: build it with `pandastack template build NAME`. */
+export class TemplateNotBuiltError extends ConflictError {}
+
+/** 400 `command_not_found`: exec of a program that does not exist in the sandbox. */
+export class CommandNotFoundError extends InvalidRequestError {}
+
+/** 405 `method_not_allowed`: the path exists, the HTTP method does not. */
+export class MethodNotAllowedError extends PandaStackError {}
+
+/** 413 `payload_too_large`: a body over the server's limit, or the sandbox's disk is full. */
+export class PayloadTooLargeError extends PandaStackError {}
+
+/** 422 `snapshot_corrupt`: a snapshot's files are missing, truncated or altered. */
+export class SnapshotCorruptError extends PandaStackError {}
+
+/** 502 `port_unreachable`: nothing answers on the sandbox port a request was proxied to. */
+export class PortUnreachableError extends PandaStackError {}
+
+/** 507 `insufficient_storage`: the server's disk is full. */
+export class InsufficientStorageError extends PandaStackError {}
+
+/** 500 `internal`: a bug or a host failure on the server; the message is safe to show. */
+export class InternalServerError extends PandaStackError {}
+
+/** `connection_error`: the server could not be reached (no HTTP answer). */
+export class APIConnectionError extends PandaStackError {}
+
 /** Builds the typed error for a server error code. */
 export function errorFromCode(code: string, message: string, status?: number): PandaStackError {
   const text = `${message} (${code}${status ? `, HTTP ${status}` : ""})`;
@@ -68,11 +95,25 @@ export function errorFromCode(code: string, message: string, status?: number): P
     case "not_found":
       return new NotFoundError(text, code, status);
     case "conflict":
-    case "template_not_built":
       return new ConflictError(text, code, status);
+    case "template_not_built":
+      return new TemplateNotBuiltError(text, code, status);
     case "invalid_request":
-    case "command_not_found":
       return new InvalidRequestError(text, code, status);
+    case "command_not_found":
+      return new CommandNotFoundError(text, code, status);
+    case "method_not_allowed":
+      return new MethodNotAllowedError(text, code, status);
+    case "payload_too_large":
+      return new PayloadTooLargeError(text, code, status);
+    case "snapshot_corrupt":
+      return new SnapshotCorruptError(text, code, status);
+    case "port_unreachable":
+      return new PortUnreachableError(text, code, status);
+    case "insufficient_storage":
+      return new InsufficientStorageError(text, code, status);
+    case "internal":
+      return new InternalServerError(text, code, status);
     case "network_denied":
       return new NetworkDeniedError(text, code, status);
     case "sandbox_unavailable":

@@ -4,7 +4,7 @@
  * typed errors. Internal; the public surface is Sandbox and friends.
  */
 
-import { AuthenticationError, PandaStackError, codeForStatus, errorFromCode } from "./errors.js";
+import { APIConnectionError, AuthenticationError, PandaStackError, codeForStatus, errorFromCode } from "./errors.js";
 import { FrameDecoder, STREAM_MEDIA_TYPE } from "./frames.js";
 
 /** Where the SDK looks when `apiUrl` is neither passed nor in PANDASTACK_API. */
@@ -269,7 +269,7 @@ function describe(err: unknown): string {
 function connectionError(err: unknown, method: string, url: string): unknown {
   // An abort is the caller's decision: let their AbortError through as is.
   if (isAbort(err)) return err;
-  return new PandaStackError(
+  return new APIConnectionError(
     `cannot reach PandaStack at ${url} (${method}): ${describe(err)}. ` +
       "Is `pandastack serve` running, and does PANDASTACK_API point at it?",
     "connection_error",

@@ -55,12 +55,21 @@ export {
 export { Files, type FileData, type FileInfo } from "./files.js";
 export { DEFAULT_API_URL, type ConnectionOptions } from "./http.js";
 export {
+  APIConnectionError,
   AuthenticationError,
+  CommandNotFoundError,
   ConflictError,
+  InsufficientStorageError,
+  InternalServerError,
   InvalidRequestError,
+  MethodNotAllowedError,
   NetworkDeniedError,
   NotFoundError,
   PandaStackError,
+  PayloadTooLargeError,
+  PortUnreachableError,
   SandboxUnavailableError,
+  SnapshotCorruptError,
+  TemplateNotBuiltError,
   TimeoutError,
 } from "./errors.js";

@@ -8,13 +8,22 @@ import { createHash } from "node:crypto";
 import { createServer } from "node:net";
 import { test } from "node:test";
 import {
+  APIConnectionError,
   AuthenticationError,
+  CommandNotFoundError,
   ConflictError,
+  InsufficientStorageError,
+  InternalServerError,
   InvalidRequestError,
+  MethodNotAllowedError,
   NotFoundError,
   PandaStackError,
+  PayloadTooLargeError,
+  PortUnreachableError,
   Sandbox,
   SandboxUnavailableError,
+  SnapshotCorruptError,
+  TemplateNotBuiltError,
   type SandboxState,
 } from "@pandastack/sdk";
 import { haveServer, newSandbox } from "./helpers.js";
@@ -45,6 +54,39 @@ test("a missing API key is a clear error naming PANDASTACK_API_KEY", async () =>
   });
 });
 
+test("each server error code has its own class, as in the Python SDK", async () => {
+  // A local server that answers every request with the error code asked for.
+  const http = await import("node:http");
+  const statuses: Record<string, number> = {
+    template_not_built: 409, command_not_found: 400, method_not_allowed: 405, payload_too_large: 413,
+    snapshot_corrupt: 422, port_unreachable: 502, insufficient_storage: 507, internal: 500,
+  };
+  const srv = http.createServer((req, res) => {
+    const code = new URL(req.url ?? "/", "http://x").searchParams.get("metadata.code") ?? "internal";
+    res.writeHead(statuses[code] ?? 500, { "Content-Type": "application/json" });
+    res.end(JSON.stringify({ error: { code, message: "from the test" } }));
+  });
+  await new Promise<void>((ok) => srv.listen(0, "127.0.0.1", ok));
+  try {
+    const apiUrl = `http://127.0.0.1:${(srv.address() as { port: number }).port}`;
+    const want: Record<string, Function> = {
+      template_not_built: TemplateNotBuiltError, command_not_found: CommandNotFoundError,
+      method_not_allowed: MethodNotAllowedError, payload_too_large: PayloadTooLargeError,
+      snapshot_corrupt: SnapshotCorruptError, port_unreachable: PortUnreachableError,
+      insufficient_storage: InsufficientStorageError, internal: InternalServerError,
+    };
+    for (const [code, cls] of Object.entries(want)) {
+      await assert.rejects(Sandbox.list({ apiKey: "pds_x", apiUrl, metadata: { code } }), (err: unknown) => {
+        assert.ok(err instanceof cls && err instanceof PandaStackError, `${code}: got ${String(err)}`);
+        assert.equal((err as PandaStackError).code, code);
+        return true;
+      });
+    }
+  } finally {
+    srv.close();
+  }
+});
+
 test("an unreachable server is a connection_error naming the URL", async () => {
   // A port that was free a moment ago: nothing listens there.
   const port = await new Promise<number>((ok) => {
@@ -55,7 +97,7 @@ test("an unreachable server is a connection_error naming the URL", async () => {
   });
   const apiUrl = `http://127.0.0.1:${port}`;
   await assert.rejects(Sandbox.list({ apiKey: "pds_whatever", apiUrl }), (err: unknown) => {
-    assert.ok(err instanceof PandaStackError, `got ${String(err)}`);
+    assert.ok(err instanceof APIConnectionError, `got ${String(err)}`);
     assert.equal(err.code, "connection_error");
     assert.ok(err.message.includes(apiUrl), err.message);
     return true;
@@ -278,7 +320,7 @@ test("exec", async (t) => {
 
   await t.test("a missing program is an InvalidRequestError with code command_not_found", async () => {
     await assert.rejects(sb.exec(["no-such-program-xyz"]), (err: unknown) => {
-      assert.ok(err instanceof InvalidRequestError, String(err));
+      assert.ok(err instanceof InvalidRequestError && err instanceof CommandNotFoundError, String(err));
       assert.equal(err.code, "command_not_found");
       assert.equal(err.status, 400);
       return true;
