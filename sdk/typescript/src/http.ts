@@ -4,7 +4,14 @@
  * typed errors. Internal; the public surface is Sandbox and friends.
  */
 
-import { APIConnectionError, AuthenticationError, PandaStackError, codeForStatus, errorFromCode } from "./errors.js";
+import {
+  APIConnectionError,
+  AuthenticationError,
+  PandaStackError,
+  TimeoutError,
+  codeForStatus,
+  errorFromCode,
+} from "./errors.js";
 import { FrameDecoder, STREAM_MEDIA_TYPE } from "./frames.js";
 
 /** Where the SDK looks when `apiUrl` is neither passed nor in PANDASTACK_API. */
@@ -16,6 +23,14 @@ export interface ConnectionOptions {
   apiKey?: string;
   /** Server URL. Default: PANDASTACK_API, else `http://localhost:8080`. */
   apiUrl?: string;
+  /**
+   * How long a request may wait for the server's answer to begin, in
+   * milliseconds; past it the request is aborted with a `TimeoutError` of
+   * code `client_timeout`. A streamed answer (exec, runCode) is not bounded
+   * once it has begun: give those a `signal` or their own timeout. Default:
+   * no limit.
+   */
+  timeoutMs?: number;
 }
 
 type Query = Record<string, string | undefined>;
@@ -42,10 +57,12 @@ function env(name: string): string | undefined {
 export class HttpClient {
   readonly apiUrl: string;
   readonly apiKey: string;
+  readonly timeoutMs: number | undefined;
 
-  private constructor(apiUrl: string, apiKey: string) {
+  private constructor(apiUrl: string, apiKey: string, timeoutMs?: number) {
     this.apiUrl = apiUrl;
     this.apiKey = apiKey;
+    this.timeoutMs = timeoutMs;
   }
 
   /** Resolves options against the environment; throws when no key is found. */
@@ -60,7 +77,10 @@ export class HttpClient {
     }
     let apiUrl = (opts.apiUrl ?? env("PANDASTACK_API") ?? DEFAULT_API_URL).trim().replace(/\/+$/, "");
     if (!apiUrl.includes("://")) apiUrl = "http://" + apiUrl; // host:port, as the Python SDK takes it
-    return new HttpClient(apiUrl, apiKey);
+    if (opts.timeoutMs !== undefined && !(opts.timeoutMs > 0)) {
+      throw new TypeError(`timeoutMs must be a positive number of milliseconds, got ${opts.timeoutMs}`);
+    }
+    return new HttpClient(apiUrl, apiKey, opts.timeoutMs);
   }
 
   /** Sends a request and returns the response once it is known to be a success. */
@@ -79,10 +99,32 @@ export class HttpClient {
       headers["Content-Type"] = "application/json";
     }
     let resp: Response;
+    // timeoutMs bounds the wait for the answer to begin, not its body.
+    let signal = opts.signal;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    let timedOut = false;
+    if (this.timeoutMs !== undefined) {
+      const ctrl = new AbortController();
+      timer = setTimeout(() => {
+        timedOut = true;
+        ctrl.abort();
+      }, this.timeoutMs);
+      signal = opts.signal ? AbortSignal.any([opts.signal, ctrl.signal]) : ctrl.signal;
+    }
     try {
-      resp = await fetch(url, { method, headers, body, signal: opts.signal });
+      resp = await fetch(url, { method, headers, body, signal });
     } catch (err) {
+      if (timedOut && !opts.signal?.aborted) {
+        throw new TimeoutError(
+          `${method} ${url}: no answer within timeoutMs (${this.timeoutMs} ms) (client_timeout)`,
+          "client_timeout",
+          undefined,
+          { cause: err },
+        );
+      }
       throw connectionError(err, method, url);
+    } finally {
+      clearTimeout(timer);
     }
     if (!resp.ok) throw await errorFromResponse(resp);
     return resp;

@@ -24,6 +24,7 @@ import {
   SandboxUnavailableError,
   SnapshotCorruptError,
   TemplateNotBuiltError,
+  TimeoutError,
   type SandboxState,
 } from "@pandastack/sdk";
 import { haveServer, newSandbox } from "./helpers.js";
@@ -83,6 +84,28 @@ test("each server error code has its own class, as in the Python SDK", async () 
       });
     }
   } finally {
+    srv.close();
+  }
+});
+
+test("timeoutMs bounds the wait for an answer (client_timeout)", async () => {
+  // A server that takes the connection and never answers.
+  const http = await import("node:http");
+  const srv = http.createServer(() => {});
+  await new Promise<void>((ok) => srv.listen(0, "127.0.0.1", ok));
+  try {
+    const apiUrl = `http://127.0.0.1:${(srv.address() as { port: number }).port}`;
+    const start = Date.now();
+    await assert.rejects(Sandbox.list({ apiKey: "pds_x", apiUrl, timeoutMs: 300 }), (err: unknown) => {
+      assert.ok(err instanceof TimeoutError, `got ${String(err)}`);
+      assert.equal(err.code, "client_timeout");
+      return true;
+    });
+    const took = Date.now() - start;
+    assert.ok(took >= 250 && took < 10_000, `took ${took} ms`);
+    await assert.rejects(Sandbox.list({ apiKey: "pds_x", apiUrl, timeoutMs: 0 }), TypeError);
+  } finally {
+    srv.closeAllConnections();
     srv.close();
   }
 });
