@@ -158,6 +158,8 @@ export interface Execution {
    * chunks (here the whole text as one chunk, none when empty).
    */
   readonly logs: { stdout: string[]; stderr: string[] };
+  /** The Result of the cell's last expression, if any (Python's `main_result`). */
+  readonly mainResult: Result | undefined;
 }
 
 /**
@@ -296,6 +298,12 @@ function toExecution(w: WireExecution): Execution {
     enumerable: false,
     get(this: Execution) {
       return { stdout: this.stdout ? [this.stdout] : [], stderr: this.stderr ? [this.stderr] : [] };
+    },
+  });
+  Object.defineProperty(ex, "mainResult", {
+    enumerable: false,
+    get(this: Execution) {
+      return this.results.find((r) => r.isMainResult);
     },
   });
   if (w.error) ex.error = toExecutionError(w.error);

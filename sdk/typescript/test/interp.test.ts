@@ -66,6 +66,13 @@ test("structured data and output kinds", async (t) => {
     const ex = await sb.runCode("print('hi')");
     assert.deepEqual(ex.logs, { stdout: ["hi\n"], stderr: [] });
   });
+
+  await t.test("Execution.mainResult", async () => {
+    const ex = await sb.runCode("print('shown')\n6 * 7");
+    assert.equal(ex.mainResult?.text, "42");
+    assert.equal(ex.mainResult?.isMainResult, true);
+    assert.equal((await sb.runCode("x = 1")).mainResult, undefined);
+  });
 });
 
 test("background commands", async (t) => {
