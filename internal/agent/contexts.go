@@ -461,7 +461,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	if req.Language != "" && req.Language != cc.info.Language {
 		return pandastack.Errorf(pandastack.EInvalid, "context %s runs %s, not %s; leave out the language, or use a %s context", cc.info.ID, cc.info.Language, req.Language, req.Language)
 	}
-	if cc.kernel.Busy() {
+	if cc.kernel.Busy() && !cc.kernel.Stopping() { // a cancelled cell being stopped: Execute waits for it
 		return pandastack.Errorf(pandastack.EConflict, "context %s is busy running other code; wait for it, or interrupt it", cc.info.ID)
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")

@@ -201,8 +201,8 @@ func (k *Kernel) abandon(in *instance, id string, r *run) {
 	k.stopping.Store(&stopped)
 	go func() {
 		defer func() {
-			k.stopping.Store(nil)
 			k.busy.Store(false)
+			k.stopping.CompareAndSwap(&stopped, nil)
 			close(stopped)
 		}()
 		defer in.forget(id)
@@ -239,8 +239,9 @@ func (k *Kernel) interruptRun(in *instance, r *run) (stop func(), err error) {
 	if began, ok := r.beganAt(); ok && time.Since(began) >= cellSettle {
 		return func() {}, k.interrupt(in)
 	}
-	quit := make(chan struct{})
+	quit, exited := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(exited)
 		fallback := time.NewTimer(beginWait)
 		defer fallback.Stop()
 		select {
@@ -261,12 +262,24 @@ func (k *Kernel) interruptRun(in *instance, r *run) (stop func(), err error) {
 		case <-r.done:
 			return
 		}
+		select { // a timer and the end may fire together
+		case <-quit:
+			return
+		case <-r.done:
+			return
+		default:
+		}
 		if err := k.interrupt(in); err != nil {
 			k.log.Warn("interrupt a cell", "err", err)
 		}
 	}()
+	// stop returns once no interrupt can come any more, so that one meant
+	// for this cell never reaches the next.
 	var once sync.Once
-	return func() { once.Do(func() { close(quit) }) }, nil
+	return func() {
+		once.Do(func() { close(quit) })
+		<-exited
+	}, nil
 }
 
 // deathDrain bounds the wait for a dead kernel's last messages.
@@ -277,7 +290,7 @@ var deathDrain = time.Second
 // bounds the wait for that announcement (well within the InterruptGrace).
 var (
 	cellSettle = 50 * time.Millisecond
-	beginWait  = time.Second
+	beginWait  = 2 * time.Second
 )
 
 func kernelDied(in *instance) *agentproto.ExecutionError {

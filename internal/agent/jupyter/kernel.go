@@ -169,6 +169,10 @@ func Start(ctx context.Context, o Options) (*Kernel, error) {
 	return k, nil
 }
 
+// Stopping reports whether a cell whose caller went away is being stopped;
+// an Execute meanwhile waits for it rather than failing with ErrBusy.
+func (k *Kernel) Stopping() bool { return k.stopping.Load() != nil }
+
 // Busy reports whether an Execute is running (or a cancelled one is still
 // being stopped).
 func (k *Kernel) Busy() bool { return k.busy.Load() }

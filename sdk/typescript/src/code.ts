@@ -327,9 +327,9 @@ export async function runCode(
   if (opts.env !== undefined) body.env = opts.env;
   const streaming = Boolean(opts.onStdout || opts.onStderr || opts.onResult || opts.onError);
   if (!streaming) {
-    return toExecution(await http.json<WireExecution>("POST", path, { json: body, signal: opts.signal }));
+    return toExecution(await http.json<WireExecution>("POST", path, { json: body, signal: opts.signal, long: true }));
   }
-  for await (const ev of http.ndjson("POST", path, { json: body, signal: opts.signal })) {
+  for await (const ev of http.ndjson("POST", path, { json: body, signal: opts.signal, long: true })) {
     switch (ev.type) {
       case "stdout":
         await opts.onStdout?.(String(ev.data ?? ""));

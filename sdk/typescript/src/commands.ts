@@ -181,7 +181,7 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
   }
 
   async *[Symbol.asyncIterator](): AsyncIterator<OutputChunk> {
-    for await (const ev of this.#http.ndjson("GET", this.#path("/output"), { query: { follow: "true" } })) {
+    for await (const ev of this.#http.ndjson("GET", this.#path("/output"), { query: { follow: "true" }, long: true })) {
       if (ev.type === "stdout" || ev.type === "stderr") yield { stream: ev.type, data: String(ev.data ?? "") };
       else if (ev.type === "error") throw streamError(ev.error);
     }
@@ -192,7 +192,7 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
    * from the first byte kept; the callbacks see the output as it comes.
    */
   async wait(opts: WaitOptions = {}): Promise<ExecResult> {
-    const events = this.#http.ndjson("GET", this.#path("/output"), { query: { follow: "true" }, signal: opts.signal });
+    const events = this.#http.ndjson("GET", this.#path("/output"), { query: { follow: "true" }, signal: opts.signal, long: true });
     const res = await collectExec(events, opts, `process ${this.pid}`);
     await this.refresh();
     return res;

@@ -68,6 +68,7 @@ export class Files {
       query: { path },
       body,
       headers: { "Content-Type": "application/octet-stream" },
+      long: true,
     });
     return toFileInfo(w);
   }

@@ -26,9 +26,10 @@ export interface ConnectionOptions {
   /**
    * How long a request may wait for the server's answer to begin, in
    * milliseconds; past it the request is aborted with a `TimeoutError` of
-   * code `client_timeout`. A streamed answer (exec, runCode) is not bounded
-   * once it has begun: give those a `signal` or their own timeout. Default:
-   * no limit.
+   * code `client_timeout`. Requests whose answer comes only as their work
+   * goes (exec, runCode, following a process's output, file uploads) are
+   * not bounded by it: give them their own `timeout` or a `signal`.
+   * Default: no limit.
    */
   timeoutMs?: number;
 }
@@ -43,6 +44,11 @@ interface RequestOptions {
   body?: string | Uint8Array | ArrayBuffer | Blob;
   headers?: Record<string, string>;
   signal?: AbortSignal;
+  /**
+   * The answer comes only as the work goes (an exec, a run of code, a
+   * followed output, an upload): not bounded by timeoutMs.
+   */
+  long?: boolean;
 }
 
 function env(name: string): string | undefined {
@@ -103,7 +109,7 @@ export class HttpClient {
     let signal = opts.signal;
     let timer: ReturnType<typeof setTimeout> | undefined;
     let timedOut = false;
-    if (this.timeoutMs !== undefined) {
+    if (this.timeoutMs !== undefined && !opts.long) {
       const ctrl = new AbortController();
       timer = setTimeout(() => {
         timedOut = true;

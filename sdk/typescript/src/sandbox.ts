@@ -450,10 +450,10 @@ export class Sandbox implements SandboxInfo {
       return new CommandHandle(this.#http, this.id, toProcessInfo(w));
     }
     if (!opts.onStdout && !opts.onStderr) {
-      const w = await this.#http.json<WireExecResult>("POST", path, { json: body, signal: opts.signal });
+      const w = await this.#http.json<WireExecResult>("POST", path, { json: body, signal: opts.signal, long: true });
       return toExecResult(w, w.stdout ?? "", w.stderr ?? "");
     }
-    return collectExec(this.#http.execEvents("POST", path, { json: body, signal: opts.signal }), opts, `exec in ${this.id}`);
+    return collectExec(this.#http.execEvents("POST", path, { json: body, signal: opts.signal, long: true }), opts, `exec in ${this.id}`);
   }
 
   /** Background processes, oldest first: the running ones and the last 64 that ended. */

@@ -88,10 +88,22 @@ test("each server error code has its own class, as in the Python SDK", async () 
   }
 });
 
-test("timeoutMs bounds the wait for an answer (client_timeout)", async () => {
-  // A server that takes the connection and never answers.
+test("timeoutMs bounds the wait for an answer (client_timeout), not an exec's", async () => {
+  // A server that never answers a list, answers a sandbox at once, and an
+  // exec only after its command's 600 ms.
   const http = await import("node:http");
-  const srv = http.createServer(() => {});
+  const srv = http.createServer((req, res) => {
+    if (req.url?.startsWith("/v1/sandboxes/sbx_t/exec")) {
+      setTimeout(() => {
+        res.writeHead(200, { "Content-Type": "application/x-ndjson" });
+        res.end(JSON.stringify({ type: "exit", exit_code: 0, duration_ms: 600 }) + "\n");
+      }, 600);
+    } else if (req.url === "/v1/sandboxes/sbx_t") {
+      res.writeHead(200, { "Content-Type": "application/json" });
+      const now = new Date().toISOString();
+      res.end(JSON.stringify({ id: "sbx_t", template: "base", state: "running", cpu: 1, memory_mb: 512, created_at: now, expires_at: now }));
+    }
+  });
   await new Promise<void>((ok) => srv.listen(0, "127.0.0.1", ok));
   try {
     const apiUrl = `http://127.0.0.1:${(srv.address() as { port: number }).port}`;
@@ -103,6 +115,8 @@ test("timeoutMs bounds the wait for an answer (client_timeout)", async () => {
     });
     const took = Date.now() - start;
     assert.ok(took >= 250 && took < 10_000, `took ${took} ms`);
+    const sb = await Sandbox.connect("sbx_t", { apiKey: "pds_x", apiUrl, timeoutMs: 300 });
+    assert.equal((await sb.exec("sleep 0.6")).exitCode, 0);
     await assert.rejects(Sandbox.list({ apiKey: "pds_x", apiUrl, timeoutMs: 0 }), TypeError);
   } finally {
     srv.closeAllConnections();
