@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -91,57 +93,52 @@ func readLine(br *bufio.Reader, max int) (line []byte, tooLong bool, err error) 
 }
 
 // checkMessage returns a JSON-RPC error code (0: none), its message, and
-// the id to answer with, for a line that is not a JSON-RPC 2.0 message or
-// batch of them.
+// the id to answer with, for a line the SDK would not take as one JSON-RPC
+// 2.0 message: the SDK's own decoder decides, so that what passes here
+// cannot end the session there. Batches are refused: MCP dropped them
+// (2025-06-18), and the SDK ends a session that sends one after that.
 func checkMessage(line []byte) (id json.RawMessage, code int, msg string) {
 	if !json.Valid(line) {
-		return nil, -32700, "Parse error: the line is not one JSON value (one message per line)"
+		return nil, jsonrpc.CodeParseError, "Parse error: the line is not one JSON value (one message per line)"
 	}
 	line = bytes.TrimSpace(line)
 	switch line[0] {
 	case '{':
-		return checkObject(line)
 	case '[':
-		var batch []json.RawMessage
-		json.Unmarshal(line, &batch)
-		if len(batch) == 0 {
-			return nil, -32600, "Invalid Request: an empty batch"
+		return nil, jsonrpc.CodeInvalidRequest, "Invalid Request: batches are not supported; send one message per line"
+	default:
+		return nil, jsonrpc.CodeInvalidRequest, "Invalid Request: a JSON-RPC message is a JSON object"
+	}
+	m, err := jsonrpc.DecodeMessage(line)
+	if err != nil {
+		// The decoder's own words name Go types; say it in the protocol's.
+		why := `"jsonrpc" must be "2.0", "id" a string or a number, "method" a string`
+		if strings.Contains(err.Error(), "version tag") {
+			why = `"jsonrpc" must be "2.0"`
 		}
-		for _, m := range batch {
-			if m = bytes.TrimSpace(m); len(m) == 0 || m[0] != '{' {
-				return nil, -32600, "Invalid Request: a batch holds JSON-RPC messages (objects) only"
-			}
-			if _, code, msg := checkObject(m); code != 0 {
-				return nil, code, msg
-			}
-		}
-		return nil, 0, ""
+		return replyID(line), jsonrpc.CodeInvalidRequest, "Invalid Request: " + why
 	}
-	return nil, -32600, "Invalid Request: a JSON-RPC message is a JSON object"
-}
-
-func checkObject(b []byte) (json.RawMessage, int, string) {
-	var m struct {
-		JSONRPC string          `json:"jsonrpc"`
-		ID      json.RawMessage `json:"id"`
-		Method  *string         `json:"method"`
-		Result  json.RawMessage `json:"result"`
-		Error   json.RawMessage `json:"error"`
-	}
-	if json.Unmarshal(b, &m) != nil {
-		return nil, -32600, "Invalid Request: malformed JSON-RPC fields (jsonrpc, id, method)"
-	}
-	id := m.ID
-	if len(id) > 0 && id[0] != '"' && id[0] != '-' && (id[0] < '0' || id[0] > '9') && string(id) != "null" {
-		return nil, -32600, "Invalid Request: id must be a string or a number"
-	}
-	switch {
-	case m.JSONRPC != "2.0":
-		return id, -32600, `Invalid Request: "jsonrpc" must be "2.0"`
-	case m.Method == nil && (len(id) == 0 || m.Result == nil && m.Error == nil):
-		return id, -32600, "Invalid Request: neither a request (method) nor a response (id with result or error)"
+	if r, ok := m.(*jsonrpc.Response); ok && r.Result == nil && r.Error == nil {
+		return replyID(line), jsonrpc.CodeInvalidRequest, "Invalid Request: neither a request (method) nor a response (result or error)"
 	}
 	return nil, 0, ""
+}
+
+// replyID is the id of a refused message to answer with: its own when it
+// is a string or a whole number, else none (null).
+func replyID(line []byte) json.RawMessage {
+	var m struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if json.Unmarshal(line, &m) != nil || len(m.ID) == 0 {
+		return nil
+	}
+	var s string
+	var n int64
+	if json.Unmarshal(m.ID, &s) == nil || json.Unmarshal(m.ID, &n) == nil {
+		return m.ID
+	}
+	return nil
 }
 
 // reply writes a JSON-RPC error response on out.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -66,12 +67,17 @@ func TestStdioSurvivesBadLines(t *testing.T) {
 		{`{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}`, nil, -32600},
 		{`{"jsonrpc":"2.0","id":3,"method":"ping"} trailing`, nil, -32700},
 		{`{"jsonrpc":"2.0","id":"x"}`, "x", -32600},
+		{`{"JSONRPC":"2.0","id":5,"method":"ping"}`, 5.0, -32600},
+		{`{"jsonrpc":"2.0","id":6,"error":"oops"}`, 6.0, -32600},
+		{`{"jsonrpc":"2.0","id":1e400,"method":"ping"}`, nil, -32600},
+		{`[{"jsonrpc":"2.0","id":7,"method":"ping"}]`, nil, -32600},
+		{`{"jsonrpc":"2.0","id":8,"method":"ping","params":` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}`, nil, -32600},
 		{`{"jsonrpc":"2.0","id":4,"method":"ping","params":"` + strings.Repeat("a", 2000) + `"}`, nil, -32600},
 	} {
 		send(tc.line)
 		m := next()
 		e, _ := m["error"].(map[string]any)
-		if m["jsonrpc"] != "2.0" || m["id"] != tc.id || e == nil || e["code"] != tc.code || e["message"] == "" {
+		if m["jsonrpc"] != "2.0" || m["id"] != tc.id || e == nil || e["code"] != tc.code || e["message"] == "" || strings.Contains(fmt.Sprint(e["message"]), "Go ") {
 			t.Errorf("%.60s: %v; want error %v for id %v", tc.line, m, tc.code, tc.id)
 		}
 	}
