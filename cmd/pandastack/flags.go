@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -91,7 +93,12 @@ func execExitCode(res *client.ExecResult) int {
 		if n := unix.SignalNum(res.Signal); n > 0 {
 			return 128 + int(n)
 		}
+		if n, err := strconv.Atoi(strings.TrimPrefix(res.Signal, "SIG")); err == nil && n > 0 && n < 128 {
+			return 128 + n // a real-time signal, named by number ("SIG34")
+		}
 		return 1
+	case res.ExitCode < 0:
+		return 1 // no exit status (the agent could not wait for it): a failure
 	}
-	return min(max(res.ExitCode, 0), 255)
+	return min(res.ExitCode, 255)
 }

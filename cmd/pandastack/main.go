@@ -329,7 +329,7 @@ func keys(args []string) error {
 	cfg.bind(fs)
 	project := fs.String("project", "default", "project the key belongs to (created if new)")
 	name := fs.String("name", "", "a label for the key")
-	if err := parseFlags(fs, args[1:], true); err != nil {
+	if err := parseFlags(fs, args[1:], args[0] == "revoke"); err != nil {
 		return err
 	}
 	if err := cfg.validate(); err != nil {
@@ -389,7 +389,7 @@ func templates(args []string) error {
 	force := fs.Bool("force", false, "rebuild even when cached")
 	minAge := fs.Duration("min-age", 24*time.Hour, "gc: spare builds and warm images younger than this")
 	dryRun := fs.Bool("dry-run", false, "gc: only say what would be removed")
-	if err := parseFlags(fs, args[1:], true); err != nil {
+	if err := parseFlags(fs, args[1:], args[0] == "build"); err != nil {
 		return err
 	}
 	if err := cfg.validate(); err != nil {

@@ -336,9 +336,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc.Encode(v)
 }
 
-// decode reads a JSON request body strictly: one JSON object with known
-// fields and nothing after it. An empty body decodes as {}; null, an array
-// or any other value is refused.
 // bodiless wraps the handler of a POST that takes nothing in its body: an
 // empty body or {} goes through, anything else is refused as any other
 // POST refuses a body it cannot use, rather than ignored.
@@ -352,6 +349,9 @@ func bodiless(h func(http.ResponseWriter, *http.Request, string)) func(http.Resp
 	}
 }
 
+// decode reads a JSON request body strictly: one JSON object with known
+// fields and nothing after it. An empty body decodes as {}; null, an array
+// or any other value is refused.
 func decode(r *http.Request, v any) error {
 	body := http.MaxBytesReader(nil, r.Body, 8<<20)
 	dec := json.NewDecoder(body)

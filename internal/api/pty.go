@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -83,10 +84,15 @@ func wsHandshakeError(r *http.Request) error {
 	switch {
 	case !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") || !headerHasToken(r.Header, "Connection", "upgrade"):
 		return pandastack.Errorf(pandastack.EInvalid, "%s: send the upgrade headers (Upgrade: websocket, Connection: Upgrade; any WebSocket client does)", route)
+	case !r.ProtoAtLeast(1, 1):
+		return pandastack.Errorf(pandastack.EInvalid, "%s: it needs HTTP/1.1 or later, got %s", route, r.Proto)
 	case r.Header.Get("Sec-WebSocket-Version") != "13":
 		return pandastack.Errorf(pandastack.EInvalid, "%s: Sec-WebSocket-Version must be 13, got %q", route, r.Header.Get("Sec-WebSocket-Version"))
-	case r.Header.Get("Sec-WebSocket-Key") == "":
-		return pandastack.Errorf(pandastack.EInvalid, "%s: the Sec-WebSocket-Key header is missing", route)
+	}
+	if keys := r.Header.Values("Sec-WebSocket-Key"); len(keys) != 1 {
+		return pandastack.Errorf(pandastack.EInvalid, "%s: give one Sec-WebSocket-Key header, got %d", route, len(keys))
+	} else if k, err := base64.StdEncoding.DecodeString(keys[0]); err != nil || len(k) != 16 {
+		return pandastack.Errorf(pandastack.EInvalid, "%s: Sec-WebSocket-Key must be 16 bytes in base64", route)
 	}
 	if origin := r.Header.Get("Origin"); origin != "" {
 		u, err := url.Parse(origin)

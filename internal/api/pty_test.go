@@ -71,6 +71,8 @@ func TestWebSocketHandshakeCheck(t *testing.T) {
 		"version 12":      {"Sec-WebSocket-Version": "12"},
 		"no version":      {"Sec-WebSocket-Version": ""},
 		"no key":          {"Sec-WebSocket-Key": ""},
+		"short key":       {"Sec-WebSocket-Key": "c2hvcnQ="},
+		"key not base64":  {"Sec-WebSocket-Key": "not base64 at all!!!!!!"},
 		"other origin":    {"Origin": "http://elsewhere.test"},
 		"no origin host":  {"Origin": "null"},
 		"connection only": {"Connection": "close"},
