@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -604,6 +605,52 @@ func TestPortProxy(t *testing.T) {
 	// WebSocket through the proxy.
 	checkWSEcho(t, s.url, sb.ID, s.key, "ping through the proxy")
 
+	// The path and query reach the sandbox's server as the caller wrote
+	// them; a slow stream through the proxy, and a followed output, are
+	// work in flight: the sandbox is not idle-suspended under them.
+	res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `nohup python3 -c "$SRV" >/dev/null 2>&1 &`, Env: map[string]string{"SRV": echoPathServer}})
+	if err != nil || res.ExitCode != 0 {
+		t.Fatalf("starting the echo server: %+v %v", res, err)
+	}
+	deadline = time.Now().Add(20 * time.Second)
+	for {
+		resp, body = get(c.PortURL(sb.ID, 8001)+"a%2Fb?b=2&a=1&flag&t=%20", true)
+		if resp.StatusCode == 200 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if resp.StatusCode != 200 || body != "/a%2Fb?b=2&a=1&flag&t=%20" {
+		t.Errorf("path and query through the proxy: %d %q", resp.StatusCode, body)
+	}
+	if _, err := c.SetIdleTimeout(ctx, sb.ID, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if resp, body := get(c.PortURL(sb.ID, 8001)+"slow", true); resp.StatusCode != 200 || strings.Count(body, "tick") != 6 {
+		t.Errorf("a 6 s stream through the proxy with a 1 s idle timeout: %d %q", resp.StatusCode, body)
+	}
+	status, started := rawCall(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/exec", `{"cmd": "for i in 1 2 3 4 5 6; do echo tick $i; sleep 1; done", "background": true}`)
+	var h struct {
+		PID int `json:"pid"`
+	}
+	if status != 200 || json.Unmarshal(started, &h) != nil {
+		t.Fatalf("background exec: %d %s", status, started)
+	}
+	req, _ := http.NewRequest("GET", s.url+"/v1/sandboxes/"+sb.ID+"/processes/"+strconv.Itoa(h.PID)+"/output?follow=1", nil)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Count(string(b), "tick") != 6 || !strings.Contains(string(b), `"exit"`) || strings.Contains(string(b), `"error"`) {
+			t.Errorf("a 6 s followed output with a 1 s idle timeout: %d %s", resp.StatusCode, b)
+		}
+	}
+	if _, err := c.SetIdleTimeout(ctx, sb.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+
 	// The CLI's network flags.
 	out, errOut, err := s.cli("sandbox", "create", "--template", "base", "--network", "none", "--allow-out", "198.51.100.0/24", "--allow-out", "api.example.com")
 	if err != nil {
@@ -628,6 +675,30 @@ func TestNetworkShutdownDuringWarmup(t *testing.T) {
 		t.Errorf("left after a stop during warm-up: %s\n%s", left, tail(s.out.String(), 40))
 	}
 }
+
+// echoPathServer, on port 8001, answers a GET with the request's path and
+// query as they arrived, and /slow with six lines, one a second.
+const echoPathServer = `
+import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/slow":
+            self.send_response(200)
+            self.end_headers()
+            for i in range(6):
+                self.wfile.write(b"tick %d\n" % i)
+                self.wfile.flush()
+                time.sleep(1)
+            return
+        b = self.path.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", 8001), H).serve_forever()
+`
 
 // startPortServers starts, in sandbox id, a web server on port 8000
 // serving /tmp/page.txt (page, a line) and wsEcho on port 8765, and waits

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -205,20 +206,29 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id string, port int) {
+	// A proxied request or connection is work in flight: the sandbox is
+	// not idle (nor suspended under it) until it ends.
+	_, done, err := s.mgr.Hold(r.Context(), project, id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
 	target, err := s.mgr.PortAddr(r.Context(), project, id, port)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	rawPath := proxiedPath(r)
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = target.String()
-			pr.Out.URL.Path = "/" + r.PathValue("path")
-			pr.Out.URL.RawPath = ""
-			q := pr.Out.URL.Query()
-			q.Del(tokenParam)
-			pr.Out.URL.RawQuery = q.Encode()
+			// The path and query as the caller wrote them (%2F, order,
+			// flags without =), less our token.
+			pr.Out.URL.Path, _ = url.PathUnescape(rawPath)
+			pr.Out.URL.RawPath = rawPath
+			pr.Out.URL.RawQuery = withoutParam(r.URL.RawQuery, tokenParam)
 			// The API key and our cookie are for us, not for the sandbox.
 			pr.Out.Header.Del("Authorization")
 			pr.Out.Header.Del("X-API-Key")
@@ -242,6 +252,40 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 		},
 	}
 	serveProxy(rp, w, r)
+}
+
+// proxiedPath is the escaped path a proxied request goes to in the
+// sandbox: what follows /v1/sandboxes/{id}/ports/{port} as the caller
+// wrote it.
+func proxiedPath(r *http.Request) string {
+	p := r.URL.EscapedPath()
+	const mark = "/ports/"
+	i := strings.Index(p, mark)
+	if i < 0 {
+		return "/" + r.PathValue("path")
+	}
+	rest := p[i+len(mark):] // {port}/{path...}
+	if j := strings.IndexByte(rest, '/'); j >= 0 {
+		return rest[j:]
+	}
+	return "/"
+}
+
+// withoutParam removes the parameter name from a raw query, leaving every
+// other one as it was written.
+func withoutParam(raw, name string) string {
+	if raw == "" {
+		return ""
+	}
+	kept := make([]string, 0, strings.Count(raw, "&")+1)
+	for _, kv := range strings.Split(raw, "&") {
+		k, _, _ := strings.Cut(kv, "=")
+		if uk, err := url.QueryUnescape(k); err == nil && uk == name {
+			continue
+		}
+		kept = append(kept, kv)
+	}
+	return strings.Join(kept, "&")
 }
 
 func shortNetErr(err error) string {

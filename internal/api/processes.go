@@ -70,10 +70,19 @@ func (s *Server) listProcesses(w http.ResponseWriter, r *http.Request, project s
 // events as a streamed exec: from the first kept byte, with ?follow=true
 // until the process ends.
 func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, project string) {
-	agent, pid, ok := s.processAgent(w, r, project)
-	if !ok {
+	pid, err := strconv.Atoi(r.PathValue("pid"))
+	if err != nil || pid <= 0 {
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "process id %q is not a positive number", r.PathValue("pid")))
 		return
 	}
+	// Someone following the output is using the sandbox: it is not idle
+	// (nor suspended under the stream) until the stream ends.
+	agent, done, err := s.mgr.Hold(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
 	var follow bool
 	switch v := r.URL.Query().Get("follow"); v {
 	case "", "false", "0":
@@ -84,7 +93,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, project s
 		return
 	}
 	nd := newNDJSON(w)
-	_, err := agent.ProcessOutput(r.Context(), pid, follow, func(ev agentproto.ExecEvent) error {
+	_, err = agent.ProcessOutput(r.Context(), pid, follow, func(ev agentproto.ExecEvent) error {
 		return nd.sendExec(ev)
 	})
 	if err != nil && r.Context().Err() == nil {

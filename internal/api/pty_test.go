@@ -99,3 +99,29 @@ func TestWebSocketHandshakeCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestPortProxyKeepsTheQuery: the proxy drops only its own token from the
+// query; everything else goes on as written.
+func TestPortProxyKeepsTheQuery(t *testing.T) {
+	for raw, want := range map[string]string{
+		"":                                      "",
+		"b=2&a=1&flag&t=%20&u=x;y":              "b=2&a=1&flag&t=%20&u=x;y",
+		"pandastack_token=abc":                  "",
+		"a=1&pandastack_token=abc&b=2":          "a=1&b=2",
+		"a=1&pandastack%5Ftoken=abc&pandastack": "a=1&pandastack",
+	} {
+		if got := withoutParam(raw, tokenParam); got != want {
+			t.Errorf("%q: %q, want %q", raw, got, want)
+		}
+	}
+	for path, want := range map[string]string{
+		"/v1/sandboxes/sbx_a/ports/8000/a%2Fb": "/a%2Fb",
+		"/v1/sandboxes/sbx_a/ports/8000/":      "/",
+		"/v1/sandboxes/sbx_a/ports/8000":       "/",
+	} {
+		r := httptest.NewRequest("GET", path, nil)
+		if got := proxiedPath(r); got != want {
+			t.Errorf("%s: %q, want %q", path, got, want)
+		}
+	}
+}
