@@ -22,10 +22,12 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	mdnetlink "github.com/mdlayher/netlink"
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/mountinfo"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Network gives each sandbox a namespace, a veth pair, firewall rules and
@@ -195,7 +197,7 @@ func New(cfg Config) (*Network, error) {
 	if _, err := Compile(cfg.Default, n.deny, cfg.AllowPrivate); err != nil {
 		return nil, fmt.Errorf("network: default policy: %w", err)
 	}
-	c, err := nftables.New()
+	c, err := newNFT()
 	if err != nil {
 		return nil, fmt.Errorf("network: nftables: %w", err)
 	}
@@ -504,8 +506,34 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 	return n.NSPath(id), nil
 }
 
+// nftRecvBuffer is the receive buffer of our nftables sockets. The kernel
+// acknowledges every message of a batch, and a sandbox's policy of
+// MaxRules entries is hundreds of messages: with the default buffer (208 KiB) the
+// acknowledgements of a policy over about 128 entries overflowed it
+// (ENOBUFS), so a change the kernel had made was reported as failed.
+const nftRecvBuffer = 8 << 20
+
+// newNFT opens an nftables connection whose receive buffer holds the
+// acknowledgements of the largest batch we send: SO_RCVBUFFORCE (we have
+// CAP_NET_ADMIN, as nftables needs), else as much as net.core.rmem_max
+// allows.
+func newNFT() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(func(c *mdnetlink.Conn) error {
+		raw, err := c.SyscallConn()
+		if err == nil {
+			var serr error
+			if err = raw.Control(func(fd uintptr) {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, nftRecvBuffer)
+			}); err == nil && serr == nil {
+				return nil
+			}
+		}
+		return c.SetReadBuffer(nftRecvBuffer)
+	}))
+}
+
 func (n *Network) withConn(f func(*nftables.Conn) error) error {
-	c, err := nftables.New()
+	c, err := newNFT()
 	if err != nil {
 		return err
 	}

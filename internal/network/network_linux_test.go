@@ -157,6 +157,18 @@ func TestSandboxNetwork(t *testing.T) {
 	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("after a rejected change: %v, want the old policy (refused)", err)
 	}
+	// The largest policy the API takes: the kernel's acknowledgements of
+	// its batch overflowed the socket's default buffer past about 128
+	// entries (ENOBUFS), and a change the kernel had made was reported
+	// as failed.
+	var big pandastack.NetworkPolicy
+	for i := range MaxRules / 2 {
+		big.AllowOut = append(big.AllowOut, fmt.Sprintf("1.2.%d.%d/32", i/250, i%250))
+		big.DenyOut = append(big.DenyOut, fmt.Sprintf("1.3.%d.%d/32", i/250, i%250))
+	}
+	if err := n.SetPolicy("sbx_neta", big); err != nil {
+		t.Errorf("a policy of %d + %d entries: %v", len(big.AllowOut), len(big.DenyOut), err)
+	}
 
 	// Two sandboxes cannot reach each other.
 	ns2, err := n.Prepare("sbx_netb", nil)
