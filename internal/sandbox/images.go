@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"path/filepath"
+	"sync"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/imagestore"
@@ -29,7 +30,11 @@ func (m *Manager) saveSnapshot(ctx context.Context, sb pandastack.Sandbox, snapI
 // once the restore has opened its files.
 func (m *Manager) openSnapshot(ctx context.Context, id string) (manifest, pandastack.OpenImage, error) {
 	what := "snapshot " + id
+	release := m.snapUse.take(id)
 	img, err := m.cfg.Images.Open(ctx, id)
+	if err != nil {
+		release()
+	}
 	if pandastack.IsCode(err, pandastack.ENotFound) {
 		// The record exists (the caller found it): its files do not.
 		return manifest{}, nil, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are gone from the snapshot store; delete it and take a new one", what)
@@ -43,7 +48,53 @@ func (m *Manager) openSnapshot(ctx context.Context, id string) (manifest, pandas
 	}
 	if err != nil {
 		img.Close()
+		release()
 		return manifest{}, nil, err
 	}
-	return man, img, nil
+	return man, usedImage{OpenImage: img, release: release}, nil
+}
+
+// snapshotUse counts the restores in flight from each snapshot, so that
+// deleting one under a restore is refused rather than failing the restore
+// (runsc opens the pages file while it restores).
+type snapshotUse struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// take counts a use of snapshot id; call the returned release once.
+func (u *snapshotUse) take(id string) (release func()) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.n == nil {
+		u.n = make(map[string]int)
+	}
+	u.n[id]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			u.mu.Lock()
+			defer u.mu.Unlock()
+			if u.n[id]--; u.n[id] == 0 {
+				delete(u.n, id)
+			}
+		})
+	}
+}
+
+func (u *snapshotUse) inUse(id string) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.n[id] > 0
+}
+
+// usedImage releases its snapshot's use when closed.
+type usedImage struct {
+	pandastack.OpenImage
+	release func()
+}
+
+func (i usedImage) Close() error {
+	defer i.release()
+	return i.OpenImage.Close()
 }

@@ -184,6 +184,7 @@ type Manager struct {
 	prepared     preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
 	warmHeld     heldImages      // the warm images, held in the page cache (pin.go)
 	refills      refillHolds     // sandboxes whose spare refills wait for the host (refills.go)
+	snapUse      snapshotUse     // snapshots being restored from (images.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -390,6 +391,9 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 		}
 		man, img, err := m.openSnapshot(ctx, snap.ID)
 		if err != nil {
+			if _, gerr := m.store.GetSnapshot(ctx, projectID, snap.ID); pandastack.IsCode(gerr, pandastack.ENotFound) {
+				return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ENotFound, "snapshot %s was deleted", snap.ID)
+			}
 			return pandastack.Sandbox{}, err
 		}
 		defer img.Close() // the restore has its files open by then

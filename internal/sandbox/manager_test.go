@@ -249,6 +249,33 @@ func TestSnapshotPauseResume(t *testing.T) {
 	}
 }
 
+// A snapshot being restored from cannot be deleted under the restore (runsc
+// would find its pages file gone and the create fail as an internal
+// error); once no restore uses it, it can.
+func TestDeleteSnapshotUnderARestore(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if h.m.snapUse.inUse(snap.ID) {
+		t.Fatal("a finished restore still counts as a use of its snapshot")
+	}
+	release := h.m.snapUse.take(snap.ID) // a restore in flight
+	wantCode(t, h.m.DeleteSnapshot(ctx, project, snap.ID), pandastack.EConflict)
+	release()
+	if err := h.m.DeleteSnapshot(ctx, project, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	wantCode(t, err, pandastack.ENotFound)
+}
+
 // A restart re-adopts what still runs, stops what does not, and removes
 // runtime state nobody owns.
 func TestRecovery(t *testing.T) {

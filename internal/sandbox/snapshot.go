@@ -103,6 +103,9 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 	if _, err := m.store.GetSnapshot(ctx, projectID, id); err != nil {
 		return err
 	}
+	if m.snapUse.inUse(id) {
+		return pandastack.Errorf(pandastack.EConflict, "snapshot %s is being restored into a new sandbox; delete it once that create is done", id)
+	}
 	if err := m.cfg.Images.Delete(ctx, id); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
