@@ -623,8 +623,13 @@ func TestPortProxy(t *testing.T) {
 	if resp.StatusCode != 200 || body != "/a%2Fb?b=2&a=1&flag&t=%20" {
 		t.Errorf("path and query through the proxy: %d %q", resp.StatusCode, body)
 	}
-	if _, err := c.SetIdleTimeout(ctx, sb.ID, time.Second); err != nil {
-		t.Fatal(err)
+	// Every answer describing the sandbox has its network policy: PATCH
+	// and the list too, not only GET and create.
+	if got, err := c.SetIdleTimeout(ctx, sb.ID, time.Second); err != nil || got.Network == nil {
+		t.Fatalf("PATCH: %+v %v", got, err)
+	}
+	if list, err := c.ListSandboxes(ctx, nil, ""); err != nil || !slices.ContainsFunc(list, func(x client.Sandbox) bool { return x.ID == sb.ID && x.Network != nil }) {
+		t.Errorf("the list has no network policy for %s: %v", sb.ID, err)
 	}
 	if resp, body := get(c.PortURL(sb.ID, 8001)+"slow", true); resp.StatusCode != 200 || strings.Count(body, "tick") != 6 {
 		t.Errorf("a 6 s stream through the proxy with a 1 s idle timeout: %d %q", resp.StatusCode, body)

@@ -277,7 +277,7 @@ func api(t *testing.T, s *server, key, method, path, body string) (int, string, 
 func TestBadInput(t *testing.T) {
 	s := sharedServer(t)
 	sb := newSandbox(t, s, client.CreateSandboxRequest{})
-	arg := strings.Repeat("a", 128<<10)                                            // one over the kernel's limit per argument
+	arg := strings.Repeat("a", 128<<10)                                                 // one over the kernel's limit per argument
 	args := `"` + strings.Join(slices.Repeat([]string{arg[:100<<10]}, 40), `","`) + `"` // each allowed, 4 MB in all
 	cases := []struct {
 		name, key, method, path, body string

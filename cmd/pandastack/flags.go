@@ -40,7 +40,9 @@ func parseFlags(fs *flag.FlagSet, args []string, positional bool) error {
 	return nil
 }
 
-func isHelp(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help" }
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
+}
 
 // verbsHelp answers a command given no verb (an error) or asking for help
 // (the usage on stdout, success).

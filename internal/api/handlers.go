@@ -132,6 +132,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 	if list == nil {
 		list = []pandastack.Sandbox{}
 	}
+	for i := range list {
+		list[i] = s.mgr.WithNetwork(list[i])
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": list})
 }
 
@@ -164,7 +167,7 @@ func (s *Server) patchSandbox(w http.ResponseWriter, r *http.Request, project st
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, s.mgr.WithNetwork(sb))
 }
 
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request, project string) {

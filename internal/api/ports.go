@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"crypto/subtle"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -248,7 +249,12 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 			if r.Context().Err() == context.Canceled {
 				return
 			}
-			writeError(w, pandastack.Errorf(pandastack.EPortClosed, "nothing answers on port %d of sandbox %s (a server must listen on 0.0.0.0:%d inside it): %v", port, id, port, shortNetErr(err)))
+			var op *net.OpError
+			if errors.As(err, &op) && op.Op == "dial" {
+				writeError(w, pandastack.Errorf(pandastack.EPortClosed, "nothing answers on port %d of sandbox %s (a server must listen on 0.0.0.0:%d inside it): %v", port, id, port, shortNetErr(err)))
+				return
+			}
+			writeError(w, pandastack.Errorf(pandastack.EPortClosed, "the server on port %d of sandbox %s broke off or did not answer in HTTP: %v", port, id, shortNetErr(err)))
 		},
 	}
 	serveProxy(rp, w, r)

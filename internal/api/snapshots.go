@@ -99,7 +99,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request, project string) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, s.mgr.WithNetwork(sb))
 }
 
 func (s *Server) resume(w http.ResponseWriter, r *http.Request, project string) {
@@ -109,5 +109,5 @@ func (s *Server) resume(w http.ResponseWriter, r *http.Request, project string) 
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, sb)
+	writeJSON(w, http.StatusOK, s.mgr.WithNetwork(sb))
 }

@@ -553,7 +553,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		if p.steps != nil {
 			p.steps.attrs = append(p.steps.attrs, "pooled", true)
 		}
-		return m.started(ctx, sb, pd.client)
+		return m.started(ctx, sb, pd.client, true)
 	}
 	env := make([]string, 0, len(p.env)+1)
 	for k, v := range p.env {
@@ -578,7 +578,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			p.steps.done("agent_ms")
 			if err = m.setupSandbox(startCtx, client); err == nil {
 				p.steps.done("setup_ms")
-				out, err := m.started(ctx, sb, client)
+				out, err := m.started(ctx, sb, client, true)
 				p.steps.done("record_ms")
 				return out, err
 			}
@@ -591,8 +591,10 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	return pandastack.Sandbox{}, fmt.Errorf("create %s: %w", sb.ID, storageError(err, "the sandbox was not created"))
 }
 
-// started records a claimed, booted sandbox as running and makes it so.
-func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *AgentClient) (pandastack.Sandbox, error) {
+// started records a claimed, booted sandbox as running and makes it so;
+// created says whether to log it as a new sandbox (a resume logs its own
+// line).
+func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *AgentClient, created bool) (pandastack.Sandbox, error) {
 	if err := m.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, pandastack.StateRunning, "", m.now()); err != nil {
 		client.Close()
 		return pandastack.Sandbox{}, err
@@ -604,7 +606,9 @@ func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *Ag
 	}
 	sb.State = pandastack.StateRunning
 	sb.Network = m.networkOf(sb.ID)
-	m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.Template, "project", sb.ProjectID)
+	if created {
+		m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.Template, "project", sb.ProjectID)
+	}
 	return sb, nil
 }
 

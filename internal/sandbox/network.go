@@ -58,6 +58,13 @@ func (m *Manager) applyNetwork(id string, p *pandastack.NetworkPolicy) error {
 }
 
 // networkOf returns the sandbox's policy, or nil when it has none.
+// WithNetwork fills in the sandbox's network policy, as Get does: records
+// from the store do not hold it.
+func (m *Manager) WithNetwork(sb pandastack.Sandbox) pandastack.Sandbox {
+	sb.Network = m.networkOf(sb.ID)
+	return sb
+}
+
 func (m *Manager) networkOf(id string) *pandastack.NetworkPolicy {
 	if m.net == nil {
 		return nil

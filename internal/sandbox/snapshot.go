@@ -244,7 +244,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 		return sb, fmt.Errorf("resume %s: %w", id, err)
 	}
 	// Recorded running first: the image goes only once nothing needs it.
-	if sb, err = m.started(ctx, sb, client); err != nil {
+	if sb, err = m.started(ctx, sb, client, false); err != nil {
 		m.rt.Stop(context.Background(), id)
 		return sb, err
 	}
