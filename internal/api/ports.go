@@ -261,20 +261,18 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 }
 
 // proxiedPath is the escaped path a proxied request goes to in the
-// sandbox: what follows /v1/sandboxes/{id}/ports/{port} as the caller
-// wrote it.
+// sandbox, as the caller wrote it: what follows /v1/sandboxes/{id}/ports/
+// {port}, or the whole path of a host route ({port}-{id}.PublicDomain).
 func proxiedPath(r *http.Request) string {
 	p := r.URL.EscapedPath()
-	const mark = "/ports/"
-	i := strings.Index(p, mark)
-	if i < 0 {
-		return "/" + r.PathValue("path")
+	rest, ok := strings.CutPrefix(p, "/v1/sandboxes/"+r.PathValue("id")+"/ports/"+r.PathValue("port"))
+	switch {
+	case !ok:
+		return p // a host route: the whole path
+	case rest == "":
+		return "/"
 	}
-	rest := p[i+len(mark):] // {port}/{path...}
-	if j := strings.IndexByte(rest, '/'); j >= 0 {
-		return rest[j:]
-	}
-	return "/"
+	return rest
 }
 
 // withoutParam removes the parameter name from a raw query, leaving every

@@ -115,11 +115,15 @@ func TestPortProxyKeepsTheQuery(t *testing.T) {
 		}
 	}
 	for path, want := range map[string]string{
-		"/v1/sandboxes/sbx_a/ports/8000/a%2Fb": "/a%2Fb",
-		"/v1/sandboxes/sbx_a/ports/8000/":      "/",
-		"/v1/sandboxes/sbx_a/ports/8000":       "/",
+		"/v1/sandboxes/sbx_a/ports/8000/a%2Fb":       "/a%2Fb",
+		"/v1/sandboxes/sbx_a/ports/8000/":            "/",
+		"/v1/sandboxes/sbx_a/ports/8000":             "/",
+		"/v1/sandboxes/sbx_a/ports/8000/x/ports/9/y": "/x/ports/9/y",
+		"/app/ports/3/detail%2Fx":                    "/app/ports/3/detail%2Fx", // a host route: all of it
 	} {
 		r := httptest.NewRequest("GET", path, nil)
+		r.SetPathValue("id", "sbx_a")
+		r.SetPathValue("port", "8000")
 		if got := proxiedPath(r); got != want {
 			t.Errorf("%s: %q, want %q", path, got, want)
 		}
