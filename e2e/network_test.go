@@ -546,15 +546,20 @@ func TestPortProxy(t *testing.T) {
 	if resp.StatusCode != 502 || !strings.Contains(body, "port_unreachable") {
 		t.Fatalf("no listener: %d %s", resp.StatusCode, body)
 	}
-	startPortServers(t, c, sb.ID, "hello-from-sandbox")
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, body = get(c.PortURL(sb.ID, 8000)+"page.txt", true)
-		if resp.StatusCode == 200 || time.Now().After(deadline) {
-			break
+	// getOnceUp polls u until the server behind it answers 200, for 20 s.
+	getOnceUp := func(u string) (*http.Response, string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			resp, body := get(u, true)
+			if resp.StatusCode == 200 || time.Now().After(deadline) {
+				return resp, body
+			}
+			time.Sleep(200 * time.Millisecond)
 		}
-		time.Sleep(200 * time.Millisecond)
 	}
+	startPortServers(t, c, sb.ID, "hello-from-sandbox")
+	resp, body = getOnceUp(c.PortURL(sb.ID, 8000) + "page.txt")
 	if resp.StatusCode != 200 || body != "hello-from-sandbox\n" {
 		t.Fatalf("GET page.txt through the port proxy: %d %q", resp.StatusCode, body)
 	}
@@ -612,14 +617,7 @@ func TestPortProxy(t *testing.T) {
 	if err != nil || res.ExitCode != 0 {
 		t.Fatalf("starting the echo server: %+v %v", res, err)
 	}
-	deadline = time.Now().Add(20 * time.Second)
-	for {
-		resp, body = get(c.PortURL(sb.ID, 8001)+"a%2Fb?b=2&a=1&flag&t=%20", true)
-		if resp.StatusCode == 200 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	resp, body = getOnceUp(c.PortURL(sb.ID, 8001) + "a%2Fb?b=2&a=1&flag&t=%20")
 	if resp.StatusCode != 200 || body != "/a%2Fb?b=2&a=1&flag&t=%20" {
 		t.Errorf("path and query through the proxy: %d %q", resp.StatusCode, body)
 	}

@@ -557,6 +557,16 @@ func (h *harness) create() pandastack.Sandbox {
 	return sb
 }
 
+// snapshot takes a snapshot of sandbox id, without metadata.
+func (h *harness) snapshot(id string) pandastack.Snapshot {
+	h.t.Helper()
+	snap, err := h.m.Snapshot(context.Background(), project, id, nil)
+	if err != nil {
+		h.t.Fatalf("snapshot: %v", err)
+	}
+	return snap
+}
+
 // exec runs cmd in the sandbox through the manager and returns its stdout.
 func (h *harness) exec(id, cmd string) (string, error) {
 	c, done, err := h.m.Acquire(context.Background(), project, id)

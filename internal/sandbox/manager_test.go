@@ -255,11 +255,7 @@ func TestSnapshotPauseResume(t *testing.T) {
 func TestDeleteSnapshotUnderARestore(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	sb := h.create()
-	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := h.snapshot(h.create().ID)
 	if _, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID}); err != nil {
 		t.Fatal(err)
 	}
@@ -272,7 +268,7 @@ func TestDeleteSnapshotUnderARestore(t *testing.T) {
 	if err := h.m.DeleteSnapshot(ctx, project, snap.ID); err != nil {
 		t.Fatal(err)
 	}
-	_, err = h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	_, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
 	wantCode(t, err, pandastack.ENotFound)
 }
 
