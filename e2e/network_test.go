@@ -621,6 +621,36 @@ func TestPortProxy(t *testing.T) {
 	if resp.StatusCode != 200 || body != "/a%2Fb?b=2&a=1&flag&t=%20" {
 		t.Errorf("path and query through the proxy: %d %q", resp.StatusCode, body)
 	}
+	// The path form shares the console's origin: a sandbox's server may
+	// not widen a service worker's scope to it, nor clear its data; the key
+	// a browser sends as a WebSocket subprotocol stays with us. A host route
+	// is an origin of its own and passes those headers on.
+	req, _ := http.NewRequest("GET", c.PortURL(sb.ID, 8001)+"headers", nil)
+	req.Header.Set("Sec-WebSocket-Protocol", "chat, bearer."+s.key)
+	req.Header.Add("Sec-WebSocket-Protocol", "bearer."+s.key)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "['chat']" {
+			t.Errorf("subprotocols reaching the sandbox: %d %s", resp.StatusCode, b)
+		}
+		if h := resp.Header; h.Get("Service-Worker-Allowed") != "" || h.Get("Clear-Site-Data") != "" || h.Get("X-Kept") != "yes" {
+			t.Errorf("origin-wide headers through the path form: %v", h)
+		}
+	}
+	req, _ = http.NewRequest("GET", s.url+"/headers", nil)
+	req.Host = "8001-" + sb.ID + ".sbx.test"
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Service-Worker-Allowed") != "/" {
+			t.Errorf("a host route's answer: %d %v", resp.StatusCode, resp.Header)
+		}
+	}
 	// Every answer describing the sandbox has its network policy: PATCH
 	// and the list too, not only GET and create.
 	if got, err := c.SetIdleTimeout(ctx, sb.ID, time.Second); err != nil || got.Network == nil {
@@ -639,7 +669,7 @@ func TestPortProxy(t *testing.T) {
 	if status != 200 || json.Unmarshal(started, &h) != nil {
 		t.Fatalf("background exec: %d %s", status, started)
 	}
-	req, _ := http.NewRequest("GET", s.url+"/v1/sandboxes/"+sb.ID+"/processes/"+strconv.Itoa(h.PID)+"/output?follow=1", nil)
+	req, _ = http.NewRequest("GET", s.url+"/v1/sandboxes/"+sb.ID+"/processes/"+strconv.Itoa(h.PID)+"/output?follow=1", nil)
 	req.Header.Set("Authorization", "Bearer "+s.key)
 	if resp, err := http.DefaultClient.Do(req); err != nil {
 		t.Fatal(err)
@@ -680,7 +710,9 @@ func TestNetworkShutdownDuringWarmup(t *testing.T) {
 }
 
 // echoPathServer, on port 8001, answers a GET with the request's path and
-// query as they arrived, and /slow with six lines, one a second.
+// query as they arrived, /headers with the Sec-WebSocket-Protocol headers it
+// got, and /slow with six lines, one a second. Its answers carry headers that
+// act on a whole origin (Service-Worker-Allowed, Clear-Site-Data).
 const echoPathServer = `
 import http.server, time
 class H(http.server.BaseHTTPRequestHandler):
@@ -694,8 +726,13 @@ class H(http.server.BaseHTTPRequestHandler):
                 time.sleep(1)
             return
         b = self.path.encode()
+        if self.path == "/headers":
+            b = repr(self.headers.get_all("Sec-WebSocket-Protocol")).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(b)))
+        self.send_header("Service-Worker-Allowed", "/")
+        self.send_header("Clear-Site-Data", '"storage"')
+        self.send_header("X-Kept", "yes")
         self.end_headers()
         self.wfile.write(b)
     def log_message(self, *a):

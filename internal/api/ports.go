@@ -234,7 +234,14 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 			pr.Out.Header.Del("Authorization")
 			pr.Out.Header.Del("X-API-Key")
 			removeCookie(pr.Out, portTokenCookie)
+			removeBearerProtocols(pr.Out.Header)
 			pr.SetXForwarded()
+		},
+		ModifyResponse: func(res *http.Response) error {
+			if r.Pattern != "" {
+				sameOriginResponse(res.Header)
+			}
+			return nil
 		},
 		Transport: &http.Transport{
 			DialContext: (&net.Dialer{Timeout: 10 * time.Second}).DialContext,
@@ -298,6 +305,33 @@ func shortNetErr(err error) string {
 		return msg[i+2:]
 	}
 	return msg
+}
+
+// removeBearerProtocols drops the "bearer.<key>" entries a browser's
+// WebSocket sends its API key in (wsKey), keeping the others.
+func removeBearerProtocols(h http.Header) {
+	var kept []string
+	for _, v := range h.Values("Sec-WebSocket-Protocol") {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" && !strings.HasPrefix(p, bearerProtocol) {
+				kept = append(kept, p)
+			}
+		}
+	}
+	h.Del("Sec-WebSocket-Protocol")
+	if len(kept) > 0 {
+		h.Set("Sec-WebSocket-Protocol", strings.Join(kept, ", "))
+	}
+}
+
+// sameOriginResponse removes, from an answer of a sandbox's server on the
+// path form (/v1/sandboxes/{id}/ports/{port}/), the headers that act on the
+// whole origin, which that form shares with the API and the console: a
+// service worker's scope widened beyond the port's path (it would see the
+// console's requests and their key) and an order to clear the origin's data.
+func sameOriginResponse(h http.Header) {
+	h.Del("Service-Worker-Allowed")
+	h.Del("Clear-Site-Data")
 }
 
 func removeCookie(r *http.Request, name string) {

@@ -129,3 +129,27 @@ func TestPortProxyKeepsTheQuery(t *testing.T) {
 		}
 	}
 }
+
+// TestBearerProtocolsStayWithUs: the key a browser sends as a WebSocket
+// subprotocol is not passed on to a sandbox's server; its other
+// subprotocols are.
+func TestBearerProtocolsStayWithUs(t *testing.T) {
+	for _, c := range []struct {
+		in   []string
+		want string
+	}{
+		{nil, ""},
+		{[]string{"bearer.pds_x"}, ""},
+		{[]string{"chat, bearer.pds_x", "bearer.pds_y"}, "chat"},
+		{[]string{"pandastack.pty,bearer.pds_x, v2.json"}, "pandastack.pty, v2.json"},
+	} {
+		h := http.Header{}
+		for _, v := range c.in {
+			h.Add("Sec-WebSocket-Protocol", v)
+		}
+		removeBearerProtocols(h)
+		if got := strings.Join(h.Values("Sec-WebSocket-Protocol"), "|"); got != c.want || strings.Contains(got, "pds_") {
+			t.Errorf("%q: %q, want %q", c.in, got, c.want)
+		}
+	}
+}

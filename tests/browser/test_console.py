@@ -212,3 +212,61 @@ def test_idle_sandbox_pauses_and_the_console_lets_it_sleep(page: Page, serve) ->
     expect(page.locator("figcaption").nth(1)).to_contain_text("MiB of")
     page.get_by_role("button", name=f"Kill {sid}").click()
     expect(page.locator("#sandbox-state .state")).to_have_text("killed")
+
+
+# A page and a service worker served by a sandbox's own web server, which
+# tries what hostile code would: read the console's key from the origin's
+# storage, and put a service worker over the whole origin (it would see every
+# request of the console, key included).
+HOSTILE_PAGE = """<!doctype html><title>hostile</title><script>
+const out = {storage: JSON.stringify({...sessionStorage, ...localStorage})};
+navigator.serviceWorker.register("sw.js", {scope: "/"})
+  .then(() => { out.sw = "registered"; }, (e) => { out.sw = "refused: " + e.name; })
+  .finally(() => { document.body.textContent = JSON.stringify(out); document.title = "done"; });
+</script>"""
+HOSTILE_SERVER = """
+import http.server
+PAGE = open("/tmp/hostile.html", "rb").read()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        js = self.path.startswith("/sw.js")
+        b = b"self.addEventListener('fetch', () => {});" if js else PAGE
+        self.send_response(200)
+        self.send_header("Content-Type", "text/javascript" if js else "text/html")
+        self.send_header("Service-Worker-Allowed", "/")
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+http.server.ThreadingHTTPServer(("0.0.0.0", 8002), H).serve_forever()
+"""
+
+
+def test_a_sandbox_page_cannot_reach_the_console_key(page: Page, serve) -> None:
+    """The port proxy's path form serves a sandbox's pages on the console's
+    origin: opened in the tab the console was signed in, such a page finds
+    no key in the origin's storage and cannot widen a service worker's scope
+    to the console."""
+    import json
+    import time
+
+    with serve.api() as api:
+        sid = api.post("/v1/sandboxes", json={"template": "base", "metadata": {"suite": "hostile-page"}}).json()["id"]
+        try:
+            r = api.put(f"/v1/sandboxes/{sid}/files", params={"path": "/tmp/hostile.html"}, content=HOSTILE_PAGE.encode())
+            assert r.status_code < 300, r.text
+            r = api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": 'nohup python3 -c "$SRV" >/dev/null 2>&1 &', "env": {"SRV": HOSTILE_SERVER}})
+            assert r.status_code == 200 and r.json()["exit_code"] == 0, r.text
+            token_url = api.post(f"/v1/sandboxes/{sid}/ports/8002/token").json()["url"]
+            deadline = time.monotonic() + 30
+            while api.get(f"/v1/sandboxes/{sid}/ports/8002/").status_code != 200:
+                assert time.monotonic() < deadline, "the sandbox's server did not start"
+                time.sleep(0.2)
+
+            sign_in(page, serve)
+            page.goto(token_url)
+            page.wait_for_function("() => document.title === 'done'")
+            out = json.loads(page.locator("body").inner_text())
+            assert "pds_" not in out["storage"], out
+            assert out["sw"].startswith("refused"), out
+        finally:
+            api.delete(f"/v1/sandboxes/{sid}")

@@ -1,10 +1,11 @@
 // The console's client of the public REST API. The key lives only in this
-// browser tab's sessionStorage.
-const KEY = "pandastack.key";
+// page's memory, never in storage: pages a sandbox serves through the port
+// proxy share the console's origin, and could read any web storage of it.
+let key = "";
 
 export const session = {
-  get key() { return sessionStorage.getItem(KEY) || ""; },
-  set key(v) { v ? sessionStorage.setItem(KEY, v) : sessionStorage.removeItem(KEY); },
+  get key() { return key; },
+  set key(v) { key = v || ""; },
 };
 
 export class APIError extends Error {

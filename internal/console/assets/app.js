@@ -38,7 +38,7 @@ function signIn(message) {
   const input = h("input", { id: "apikey", type: "password", autocomplete: "off", required: true, placeholder: "pds_…" });
   const form = h("form", { class: "signin", "aria-labelledby": "signin-title" },
     h("h1", { id: "signin-title", text: "Sign in to PandaStack" }),
-    h("p", { class: "muted", text: "Paste an API key. `pandastack serve` prints one on first start and saves it to <data dir>/api-key. The key stays in this browser tab only." }),
+    h("p", { class: "muted", text: "Paste an API key. `pandastack serve` prints one on first start and saves it to <data dir>/api-key. The console keeps it in this page's memory only: a reload asks for it again." }),
     message ? h("p", { class: "error", role: "alert", text: message }) : null,
     h("label", { for: "apikey", text: "API key" }), input,
     h("button", { type: "submit", class: "primary", text: "Sign in" }));
