@@ -247,7 +247,9 @@ func (b *builder) build(ctx context.Context) (Built, error) {
 	}
 	done = true
 	if old != "" {
-		if err := removeTree(old); err != nil {
+		if err := removeTree(old); errors.Is(err, errInUse) {
+			b.p.line("the previous build stays at %s while a running sandbox uses it; the next start of serve, or `pandastack template gc`, removes it once nothing does", old)
+		} else if err != nil {
 			b.p.line("warning: %v", err)
 		}
 	}

@@ -36,7 +36,7 @@ type BuildOptions struct {
 	// host's apt sources (none there: no security updates, with a warning).
 	SecurityMirror string
 	Progress       io.Writer // step lines and heartbeats; nil discards them
-	Force          bool      // rebuild even when a build with this hash exists; the old one is deleted, so no sandbox may be using it (the debootstrap stage is still reused)
+	Force          bool      // rebuild even when a build with this hash exists; the old one is deleted, or kept aside while a running sandbox has it mounted (RemoveStale and GC delete it later); the debootstrap stage is still reused
 }
 
 // Built describes a built template; it is also the content of template.json.
@@ -118,6 +118,9 @@ func ListBuilt(cacheDir string) ([]Built, error) {
 	return out, nil
 }
 
+// errInUse: a process (a running sandbox) has the tree mounted.
+var errInUse = errors.New("mounted by a running process")
+
 // Remove deletes a build from the cache. It refuses while anything is
 // mounted beneath it. The caller must know no sandbox still uses its rootfs.
 func Remove(b Built) error {
@@ -136,6 +139,16 @@ func removeTree(dir string) error {
 	}
 	if len(mounted) > 0 {
 		return fmt.Errorf("remove %s: still mounted: %s", dir, strings.Join(mounted, ", "))
+	}
+	// A sandbox's gofer holds its rootfs in a mount namespace of its own:
+	// this process's table does not show it, and deleting the files would
+	// pull the root filesystem out from under a running sandbox.
+	used, err := inUseBy()
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	if m := used(dir); m != "" {
+		return fmt.Errorf("remove %s: %w (%s)", dir, errInUse, m)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("remove %s: %w", dir, err)

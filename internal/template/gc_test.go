@@ -3,6 +3,7 @@ package template
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -148,5 +149,54 @@ func TestGCKeepsABuildMountedElsewhere(t *testing.T) {
 		if r.Build.Dir == used.Dir && !strings.Contains(r.Reason, "mounted") {
 			t.Errorf("kept for %q, want a reason naming the mount", r.Reason)
 		}
+	}
+}
+
+// A tree another mount namespace has mounted (a sandbox's rootfs, held by
+// its gofer) is not removed: not by removeTree, which a --force rebuild
+// uses on the build it replaces, nor by GC's clean-up of such leftovers.
+// Once unmounted, GC removes the leftover.
+func TestRemoveTreeKeepsWhatASandboxHasMounted(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("mount namespaces are Linux's")
+	}
+	testutil.RequireRoot(t)
+	cache := t.TempDir()
+	b := fakeBuild(t, cache, "base", "eeeeeeeeeeeeeeee", time.Now())
+	old := filepath.Join(filepath.Dir(b.Dir), ".old.base.1")
+	if err := os.Rename(b.Dir, old); err != nil { // as a --force rebuild does
+		t.Fatal(err)
+	}
+	target := t.TempDir()
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" "$2" && echo ready && exec sleep 600`, "sh", filepath.Join(old, rootfsDir), target)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("bind mount in a new namespace failed: %q", line)
+	}
+	if err := removeTree(old); !errors.Is(err, errInUse) {
+		t.Errorf("removeTree of a tree mounted elsewhere: %v, want errInUse", err)
+	}
+	keep := func(Built) (string, bool) { return "", true }
+	if _, err := GC(cache, GCOptions{Keep: keep}); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(filepath.Join(old, rootfsDir)) {
+		t.Fatal("the mounted tree was deleted")
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	if _, err := GC(cache, GCOptions{Keep: keep}); err != nil {
+		t.Fatal(err)
+	}
+	if exists(old) {
+		t.Error("GC kept the leftover once nothing had it mounted")
 	}
 }
