@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -220,6 +221,110 @@ func TestHistoryAndStats(t *testing.T) {
 	}
 	if code, ecode, _ := api(t, s, s.key, "GET", "/v1/sandboxes/sbx_never/history", ""); code != 404 || ecode != "not_found" {
 		t.Errorf("history of an unknown sandbox: %d %s, want 404", code, ecode)
+	}
+}
+
+// A revoked key stops working everywhere: what it has open (a terminal, a
+// streamed exec, a port token) ends too, at once when it is revoked through
+// the API, within seconds when `pandastack keys revoke` does it beside the
+// running server. The project's other keys go on.
+func TestRevokedKeyEndsWhatItOpened(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	k1, k2, k3 := s.newKey("revoke-live"), s.newKey("revoke-live"), s.newKey("revoke-live")
+	c1, c2, c3 := client.New(s.url, k1), client.New(s.url, k2), client.New(s.url, k3)
+	sb, err := c2.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", TTLSeconds: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.KillSandbox(context.Background(), sb.ID)
+	// ends reports when the terminal's reads stop.
+	ends := func(term *client.Terminal) chan error {
+		ch := make(chan error, 1)
+		go func() {
+			for {
+				if _, err := term.Read(ctx); err != nil {
+					ch <- err
+					return
+				}
+			}
+		}()
+		return ch
+	}
+	within := func(what string, ch chan error) {
+		t.Helper()
+		select {
+		case err := <-ch:
+			if !strings.Contains(fmt.Sprint(err), "revoked") {
+				t.Errorf("%s ended with %v, want the revocation", what, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s still open 30 s after its key was revoked", what)
+		}
+	}
+	term1, err := c1.OpenTerminal(ctx, sb.ID, 80, 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer term1.Close()
+	term1Done := ends(term1)
+	execDone := make(chan error, 1)
+	go func() {
+		_, err := c1.ExecStream(ctx, sb.ID, client.ExecRequest{Cmd: "sleep 120", TimeoutSeconds: 200}, func(client.ExecEvent) {})
+		execDone <- err
+	}()
+	tok, err := c1.CreatePortToken(ctx, sb.ID, 8000, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term3, err := c3.OpenTerminal(ctx, sb.ID, 80, 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer term3.Close()
+	term3Done := ends(term3)
+	time.Sleep(500 * time.Millisecond) // the exec is under way
+
+	// Through the API, by another key of the project.
+	var list struct {
+		APIKeys []struct {
+			ID     string `json:"id"`
+			Prefix string `json:"prefix"`
+		} `json:"api_keys"`
+	}
+	req, _ := http.NewRequest("GET", s.url+"/v1/api-keys", nil)
+	req.Header.Set("Authorization", "Bearer "+k2)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	decodeJSON(t, resp, &list)
+	id1 := ""
+	for _, k := range list.APIKeys {
+		if strings.HasPrefix(k1, k.Prefix) {
+			id1 = k.ID
+		}
+	}
+	if code, _, msg := api(t, s, k2, "DELETE", "/v1/api-keys/"+id1, ""); code != 204 {
+		t.Fatalf("revoke %q: %d %s", id1, code, msg)
+	}
+	within("a terminal", term1Done)
+	within("a streamed exec", execDone)
+	resp, err = http.Get(tok.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Errorf("the port token of a revoked key: %d, want 401", resp.StatusCode)
+	}
+	// Beside the server, with the CLI.
+	if _, errOut, err := s.cli("keys", "revoke", k3[:10]); err != nil {
+		t.Fatalf("keys revoke: %v %s", err, errOut)
+	}
+	within("a terminal of a key revoked with the CLI", term3Done)
+	if res, err := c2.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo still-mine"}); err != nil || strings.TrimSpace(res.Stdout) != "still-mine" {
+		t.Errorf("the project's other key after the revokes: %+v %v", res, err)
 	}
 }
 

@@ -87,6 +87,7 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	tokens  portTokens   // port URLs that work without an API key (ports.go)
+	live    liveKeys     // requests in flight by API key, cut when it is revoked (keywatch.go)
 	history *history.Log // what was run in each sandbox, and where sandboxes came from
 }
 
@@ -227,8 +228,9 @@ type statusRecorder struct {
 	http.ResponseWriter
 	status int
 	wrote  bool
-	err    error // the error writeError answered with, if any
-	logged bool  // logFailure saw this request's failure
+	err    error           // the error writeError answered with, if any
+	logged bool            // logFailure saw this request's failure
+	keyCtx context.Context // the request's context as its API key's revocation cuts it
 }
 
 // recorderKey is the request context's key of its statusRecorder.
@@ -291,6 +293,9 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "API key %s… was revoked", key.Prefix))
 			return
 		}
+		ctx, done := s.trackKey(r.Context(), key.ID)
+		defer done()
+		r = r.WithContext(ctx)
 		if id := r.PathValue("id"); id != "" && s.forwardSandbox(w, r, key.ProjectID, id) {
 			return // another node's sandbox (forward.go)
 		}
@@ -322,6 +327,7 @@ func errorJSON(err error) errorBody {
 
 func writeError(w http.ResponseWriter, err error) {
 	if rec, ok := w.(*statusRecorder); ok {
+		err = revokedErr(rec.keyCtx, err)
 		rec.err = err // logged once the handler returns, unless it was
 	}
 	b := errorJSON(err)

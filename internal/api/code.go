@@ -179,7 +179,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, project, cid string
 				writeError(w, err)
 				return
 			}
-			eb := errorJSON(err)
+			eb := errorJSON(revokedErr(r.Context(), err))
 			nd.send(streamEvent{Type: "error", Error: &eb.Error})
 			return
 		}

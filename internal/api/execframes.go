@@ -60,7 +60,7 @@ func (s *Server) execFrames(w http.ResponseWriter, r *http.Request, project stri
 			writeError(w, err)
 			return
 		}
-		b, _ := json.Marshal(errorJSON(err))
+		b, _ := json.Marshal(errorJSON(revokedErr(r.Context(), err)))
 		send(streamframe.Error, b)
 	}
 }

@@ -305,7 +305,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, project stri
 			writeError(w, err)
 			return
 		}
-		eb := errorJSON(err)
+		eb := errorJSON(revokedErr(r.Context(), err))
 		nd.send(streamEvent{Type: "error", Error: &eb.Error})
 	}
 }

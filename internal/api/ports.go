@@ -37,6 +37,7 @@ type portToken struct {
 	project, sandbox string
 	port             int
 	expires          time.Time
+	keyID            string // the API key that made it: revoking the key drops it
 }
 
 type portTokens struct {
@@ -81,6 +82,38 @@ func (t *portTokens) revoke(sandbox string, port int) int {
 		}
 	}
 	return n
+}
+
+// revokeKey removes every token the API key made.
+func (t *portTokens) revokeKey(keyID string) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for k, v := range t.m {
+		if v.keyID == keyID {
+			delete(t.m, k)
+			n++
+		}
+	}
+	return n
+}
+
+// keys lists the ids of the API keys that made the live tokens.
+func (t *portTokens) keys() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var ids []string
+	seen := map[string]bool{}
+	now := time.Now()
+	for k, v := range t.m {
+		if now.After(v.expires) {
+			delete(t.m, k)
+		} else if !seen[v.keyID] {
+			seen[v.keyID] = true
+			ids = append(ids, v.keyID)
+		}
+	}
+	return ids
 }
 
 func (s *Server) portRoutes() {
@@ -140,7 +173,7 @@ func (s *Server) createPortToken(w http.ResponseWriter, r *http.Request, project
 	}
 	secret := portTokenPrefix + strings.TrimPrefix(pandastack.NewAPIKeySecret(), "pds_")
 	exp := time.Now().Add(ttl).UTC().Truncate(time.Second)
-	s.tokens.add(secret, portToken{project: project, sandbox: id, port: port, expires: exp})
+	s.tokens.add(secret, portToken{project: project, sandbox: id, port: port, expires: exp, keyID: keyIDOf(r.Context())})
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
@@ -198,7 +231,9 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 			http.SetCookie(w, &http.Cookie{Name: portTokenCookie, Value: secret, Path: path,
 				HttpOnly: true, SameSite: http.SameSiteLaxMode, Expires: tok.expires})
 		}
-		s.proxyPort(w, r, tok.project, id, port)
+		ctx, done := s.trackKey(r.Context(), tok.keyID)
+		defer done()
+		s.proxyPort(w, r.WithContext(ctx), tok.project, id, port)
 		return
 	}
 	s.authenticated(func(w http.ResponseWriter, r *http.Request, project string) {

@@ -96,14 +96,14 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, project s
 	_, err = agent.ProcessOutput(r.Context(), pid, follow, func(ev agentproto.ExecEvent) error {
 		return nd.sendExec(ev)
 	})
-	if err != nil && r.Context().Err() == nil {
+	if err != nil && (r.Context().Err() == nil || revokedErr(r.Context(), nil) != nil) {
 		s.logFailure(r, err)
 		err = agent.Explain(err) // after logFailure reconciled: say how it ended
 		if !nd.started {
 			writeError(w, err)
 			return
 		}
-		eb := errorJSON(err)
+		eb := errorJSON(revokedErr(r.Context(), err))
 		nd.send(streamEvent{Type: "error", Error: &eb.Error})
 		return
 	}

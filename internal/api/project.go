@@ -96,6 +96,8 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, project strin
 		}
 	}
 	w.WriteHeader(http.StatusNoContent)
+	// After the answer: a key revoking itself cuts this request too.
+	s.keyRevoked(kid, all[i].Prefix)
 }
 
 // getLineage serves GET /v1/lineage: which sandbox was restored from which

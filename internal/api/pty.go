@@ -140,8 +140,20 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 	}
 	defer ws.CloseNow()
 	ws.SetReadLimit(1 << 20)
-	ctx, cancel := context.WithCancel(r.Context())
+	// The socket's own context: a request cut by its key's revocation
+	// closes it with the reason, rather than dropping the connection.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
+	go func() {
+		select {
+		case <-r.Context().Done():
+			if c := revokedErr(r.Context(), nil); c != nil {
+				ws.Close(websocket.StatusPolicyViolation, pandastack.ErrorMessage(c))
+			}
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 
 	rec := s.history.Begin(project, id, history.Entry{Kind: history.KindTerminal, Command: "terminal"})
 	exitCode := -1
