@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -88,6 +89,16 @@ func StorableText(ss ...string) bool {
 		}
 	}
 	return true
+}
+
+// ValidLabel checks a name people read in lists (an API key's, a
+// project's): at most 256 bytes of UTF-8 without control characters, which
+// a terminal listing it would obey (escape sequences, line breaks).
+func ValidLabel(what, s string) error {
+	if len(s) > 256 || !utf8.ValidString(s) || strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		return Errorf(EInvalid, "%s must be at most 256 bytes of UTF-8 without control characters (line breaks, tabs, escapes), got %q", what, s)
+	}
+	return nil
 }
 
 // ErrUnstorableText is the EInvalid a Store returns for a record of kind

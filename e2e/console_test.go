@@ -382,6 +382,16 @@ func TestAPIKeysAndLineage(t *testing.T) {
 	if code, ecode, _ := api(t, s, admin, "POST", "/v1/api-keys", `{"name":7}`); code != 400 || ecode != "invalid_request" {
 		t.Errorf("bad key name: %d %s, want 400", code, ecode)
 	}
+	// A name with control characters would rewrite the operator's terminal
+	// in `keys list`: refused by the API and by the CLI.
+	if code, ecode, _ := api(t, s, admin, "POST", "/v1/api-keys", `{"name":"\u001b[2J\nkey_fake"}`); code != 400 || ecode != "invalid_request" {
+		t.Errorf("a key name with escapes: %d %s, want 400", code, ecode)
+	}
+	for _, args := range [][]string{{"--project", "keys-test", "--name", "a\x1b]0;t\x07"}, {"--project", ""}} {
+		if _, _, err := s.cli(append([]string{"keys", "create"}, args...)...); err == nil {
+			t.Errorf("keys create %q succeeded", args)
+		}
+	}
 
 	// Lineage: a sandbox restored from a snapshot, and a fork of it.
 	c := client.New(s.url, admin)

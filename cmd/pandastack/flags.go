@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
@@ -38,6 +39,38 @@ func parseFlags(fs *flag.FlagSet, args []string, positional bool) error {
 		return fmt.Errorf("%s: unexpected argument %q: it takes flags only (see pandastack %s -h)", fs.Name(), fs.Arg(0), fs.Name())
 	}
 	return nil
+}
+
+// parseInterspersed parses args into fs with flags before, between and
+// after the positional arguments (`template build NAME --force`); after
+// "--" everything is positional. For commands whose positional arguments
+// are never a command line of their own.
+func parseInterspersed(fs *flag.FlagSet, args []string) error {
+	var pos []string
+	for {
+		if err := parseFlags(fs, args, true); err != nil {
+			return err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if used := len(args) - len(rest); used > 0 && args[used-1] == "--" {
+			pos = append(pos, rest...)
+			break
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+	return fs.Parse(append([]string{"--"}, pos...))
+}
+
+// printable is s for a terminal: as it is, or quoted with its control
+// characters escaped (a name stored before they were refused).
+func printable(s string) string {
+	if strings.IndexFunc(s, unicode.IsControl) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 func isHelp(arg string) bool {

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,5 +65,48 @@ func TestParseFlagsRefusesStrayArguments(t *testing.T) {
 	}
 	if err := parseFlags(newFS(), []string{"--nope"}, false); err != errUsage {
 		t.Errorf("an unknown flag: %v, want errUsage", err)
+	}
+}
+
+// `template build NAME --force`, as the usage writes it: flags after the
+// name count; after "--" everything is a name.
+func TestParseInterspersed(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		force bool
+		dir   string
+		pos   string
+	}{
+		{[]string{"base", "--force"}, true, "", "base"},
+		{[]string{"--force", "base"}, true, "", "base"},
+		{[]string{"key_1", "--data-dir", "/d", "key_2"}, false, "/d", "key_1 key_2"},
+		{[]string{"a", "--", "--force"}, false, "", "a --force"},
+		{nil, false, "", ""},
+	} {
+		fs := flag.NewFlagSet("template build", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		force := fs.Bool("force", false, "")
+		dir := fs.String("data-dir", "", "")
+		if err := parseInterspersed(fs, tc.args); err != nil {
+			t.Errorf("%q: %v", tc.args, err)
+			continue
+		}
+		if *force != tc.force || *dir != tc.dir || strings.Join(fs.Args(), " ") != tc.pos {
+			t.Errorf("%q: force %v dir %q args %q", tc.args, *force, *dir, fs.Args())
+		}
+	}
+	fs := flag.NewFlagSet("template build", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	if err := parseInterspersed(fs, []string{"base", "--nope"}); err == nil {
+		t.Error("an unknown flag after the name was accepted")
+	}
+}
+
+func TestPrintable(t *testing.T) {
+	if got := printable("ci key é"); got != "ci key é" {
+		t.Errorf("plain name: %q", got)
+	}
+	if got := printable("\x1b[2Jfake\nrow"); strings.ContainsAny(got, "\x1b\n") {
+		t.Errorf("control characters reach the terminal: %q", got)
 	}
 }

@@ -329,8 +329,11 @@ func keys(args []string) error {
 	cfg.bind(fs)
 	project := fs.String("project", "default", "project the key belongs to (created if new)")
 	name := fs.String("name", "", "a label for the key")
-	if err := parseFlags(fs, args[1:], args[0] == "revoke"); err != nil {
+	if err := parseInterspersed(fs, args[1:]); err != nil {
 		return err
+	}
+	if args[0] != "revoke" && fs.NArg() > 0 {
+		return fmt.Errorf("keys %s: unexpected argument %q: it takes flags only (see pandastack keys %s -h)", args[0], fs.Arg(0), args[0])
 	}
 	if err := cfg.validate(); err != nil {
 		return err
@@ -346,6 +349,14 @@ func keys(args []string) error {
 	ctx := context.Background()
 	switch args[0] {
 	case "create":
+		if *project == "" {
+			return errors.New("keys create: --project must name a project")
+		}
+		for what, v := range map[string]string{"--project": *project, "--name": *name} {
+			if err := pandastack.ValidLabel(what, v); err != nil {
+				return err
+			}
+		}
 		secret, err := createKey(ctx, store, *project, *name)
 		if err != nil {
 			return err
@@ -357,13 +368,13 @@ func keys(args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%-22s %-14s %-20s %-20s %s\n", "ID", "PREFIX", "NAME", "CREATED", "REVOKED")
+		fmt.Printf("%-22s %-22s %-14s %-20s %-20s %s\n", "ID", "PROJECT", "PREFIX", "NAME", "CREATED", "REVOKED")
 		for _, k := range ks {
 			revoked := "-"
 			if k.RevokedAt != nil {
 				revoked = k.RevokedAt.Format(time.RFC3339)
 			}
-			fmt.Printf("%-22s %-14s %-20s %-20s %s\n", k.ID, k.Prefix+"…", k.Name, k.CreatedAt.Format(time.RFC3339), revoked)
+			fmt.Printf("%-22s %-22s %-14s %-20s %-20s %s\n", k.ID, k.ProjectID, k.Prefix+"…", printable(k.Name), k.CreatedAt.Format(time.RFC3339), revoked)
 		}
 	case "revoke":
 		if fs.NArg() != 1 {
@@ -389,8 +400,11 @@ func templates(args []string) error {
 	force := fs.Bool("force", false, "rebuild even when cached")
 	minAge := fs.Duration("min-age", 24*time.Hour, "gc: spare builds and warm images younger than this")
 	dryRun := fs.Bool("dry-run", false, "gc: only say what would be removed")
-	if err := parseFlags(fs, args[1:], args[0] == "build"); err != nil {
+	if err := parseInterspersed(fs, args[1:]); err != nil {
 		return err
+	}
+	if args[0] != "build" && fs.NArg() > 0 {
+		return fmt.Errorf("template %s: unexpected argument %q: it takes flags only (see pandastack template %s -h)", args[0], fs.Arg(0), args[0])
 	}
 	if err := cfg.validate(); err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -227,7 +228,9 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		}
 		// A temp file renamed into place: readers never see half an upload.
 		var err error
-		if tmp, err = os.CreateTemp(dir, "."+filepath.Base(p)+".upload-*"); err != nil {
+		// Its name is short whatever the file's (a name of up to 255 bytes
+		// must upload), with a bit of the file's to tell what it is for.
+		if tmp, err = os.CreateTemp(dir, "."+truncName(filepath.Base(p), 32)+".upload-*"); err != nil {
 			return fsError(err, p, true)
 		}
 		return nil
@@ -543,4 +546,15 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, fileInfo(p, fi))
 	return nil
+}
+
+// truncName is name cut to at most n bytes, on a UTF-8 boundary.
+func truncName(name string, n int) string {
+	if len(name) <= n {
+		return name
+	}
+	for n > 0 && !utf8.RuneStart(name[n]) {
+		n--
+	}
+	return name[:n]
 }

@@ -141,6 +141,22 @@ func TestFilesListStatMkdirDelete(t *testing.T) {
 	})
 }
 
+// A file name of up to 255 bytes, the filesystem's own limit, uploads
+// (the temp file beside it must not make a longer name); one over it is a
+// clear 400.
+func TestFilesLongNames(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		for _, name := range []string{strings.Repeat("a", 255), strings.Repeat("é", 127)} {
+			var info agentproto.FileInfo
+			st.call(t, http.MethodPut, "/v1/files", q("path", name), strings.NewReader("x"), http.StatusOK, &info)
+			if b, err := os.ReadFile(filepath.Join(cfg.Home, name)); err != nil || string(b) != "x" {
+				t.Errorf("a %d-byte name: %q %v", len(name), b, err)
+			}
+		}
+		st.callError(t, http.MethodPut, "/v1/files", q("path", strings.Repeat("a", 256)), strings.NewReader("x"), http.StatusBadRequest, "invalid_request")
+	})
+}
+
 func TestFilesErrors(t *testing.T) {
 	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
 		msg := st.callError(t, http.MethodGet, "/v1/files", q("path", cfg.Home), nil, http.StatusBadRequest, "invalid_request")

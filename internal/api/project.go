@@ -64,8 +64,8 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, project strin
 		writeError(w, err)
 		return
 	}
-	if len(req.Name) > 256 || !pandastack.StorableText(req.Name) {
-		writeError(w, pandastack.Errorf(pandastack.EInvalid, "name must be at most 256 bytes of UTF-8 without NUL characters"))
+	if err := pandastack.ValidLabel("name", req.Name); err != nil {
+		writeError(w, err)
 		return
 	}
 	secret := pandastack.NewAPIKeySecret()
