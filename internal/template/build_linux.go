@@ -420,10 +420,16 @@ path-exclude=/usr/share/locale/*
 
 // writeFileScript runs in the chroot, so symlinks resolve inside it; a
 // symlink at the path itself is replaced, not written through.
+// Beneath the user's home the file, and the directories made for it,
+// belong to the user.
 const writeFileScript = `if [ -L "$1" ]; then rm -f "$1"; fi
 mkdir -p "$(dirname "$1")"
 cat > "$1"
-chmod "$2" "$1"`
+chmod "$2" "$1"
+case "$1" in /home/user/*)
+	p="$1"
+	while [ "$p" != /home/user ]; do chown -h 1000:1000 "$p"; p="$(dirname "$p")"; done
+esac`
 
 const createUserScript = `groupadd --gid 1000 user
 useradd --uid 1000 --gid 1000 --home-dir /home/user --create-home --shell /bin/bash user

@@ -119,7 +119,7 @@ func TestBuild(t *testing.T) {
 	n := nonce(t)
 	spec := baseSpec(t)
 	spec.Name = "buildtest"
-	spec.Files = []File{{Path: "/opt/pandastack/marker", Content: "marker " + n + "\n"}}
+	spec.Files = []File{{Path: "/opt/pandastack/marker", Content: "marker " + n + "\n"}, {Path: "/home/user/.config/app/settings.ini", Content: "a=1\n"}}
 	spec.Run = []string{"cp /opt/pandastack/marker /etc/marker-copy && chown user:user /etc/marker-copy"}
 
 	out := &syncWriter{}
@@ -153,6 +153,13 @@ func TestBuild(t *testing.T) {
 	st, err := os.Stat(filepath.Join(b.RootFS, "etc/marker-copy"))
 	if err != nil || st.Sys().(*syscall.Stat_t).Uid != 1000 {
 		t.Errorf("run command's output: %v (want owned by uid 1000 via the name user)", err)
+	}
+	// A file under the user's home, and the directories made for it, are
+	// the user's: a sandbox can edit them.
+	for _, p := range []string{"home/user/.config", "home/user/.config/app", "home/user/.config/app/settings.ini"} {
+		if st, err := os.Lstat(filepath.Join(b.RootFS, p)); err != nil || st.Sys().(*syscall.Stat_t).Uid != 1000 || st.Sys().(*syscall.Stat_t).Gid != 1000 {
+			t.Errorf("/%s not owned by 1000:1000: %v", p, err)
+		}
 	}
 	passwd, _ := os.ReadFile(filepath.Join(b.RootFS, "etc/passwd"))
 	if !strings.Contains(string(passwd), "\nuser:x:1000:1000::/home/user:/bin/bash\n") {

@@ -73,11 +73,6 @@ func inUseBy() (func(dir string) string, error) {
 	}, nil
 }
 
-// under reports whether p is dir or lies beneath it.
-func under(p, dir string) bool {
-	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
-}
-
 func readMountinfo(path string) ([]mountEntry, error) {
 	f, err := os.Open(path)
 	if err != nil {

@@ -49,15 +49,28 @@ func (r *Registry) addFS(fsys fs.FS, label string) error {
 	if err != nil {
 		return fmt.Errorf("list templates in %s: %w", label, err)
 	}
+	yml, _ := fs.Glob(fsys, "*.yml")
+	names = append(names, yml...)
 	sort.Strings(names)
+	seen := map[string]string{}
 	for _, n := range names {
+		if strings.HasPrefix(n, ".") {
+			continue // an editor's lock or backup file, not a spec
+		}
 		file := path.Join(label, n)
+		if fi, err := fs.Stat(fsys, n); err == nil && fi.Size() > maxSpecBytes {
+			return fmt.Errorf("%s: %w", file, pandastack.Errorf(pandastack.EInvalid, "a template spec holds at most %d MiB (this one has %d MiB); copy large files in with a run step instead", maxSpecBytes>>20, fi.Size()>>20))
+		}
 		data, err := fs.ReadFile(fsys, n)
 		if err != nil {
 			return fmt.Errorf("read template: %w", err)
 		}
-		stem := strings.TrimSuffix(n, ".yaml")
-		s, err := parseNamed(data, stem)
+		stem := strings.TrimSuffix(strings.TrimSuffix(n, ".yaml"), ".yml")
+		if other, ok := seen[stem]; ok {
+			return fmt.Errorf("%s: %w", file, pandastack.Errorf(pandastack.EInvalid, "template %s is also in %s: keep one of them", stem, other))
+		}
+		seen[stem] = file
+		s, err := parseNamed(data, stem, n)
 		if err != nil {
 			return fmt.Errorf("%s: %w", file, err)
 		}
@@ -67,8 +80,12 @@ func (r *Registry) addFS(fsys fs.FS, label string) error {
 	return nil
 }
 
-// parseNamed parses a spec from a file called stem.yaml.
-func parseNamed(data []byte, stem string) (Spec, error) {
+// maxSpecBytes is the largest spec file read.
+const maxSpecBytes = 4 << 20
+
+// parseNamed parses a spec from the file called name, stem.yaml or
+// stem.yml.
+func parseNamed(data []byte, stem, name string) (Spec, error) {
 	s, err := decode(data)
 	if err != nil {
 		return Spec{}, err
@@ -80,7 +97,7 @@ func parseNamed(data []byte, stem string) (Spec, error) {
 		return Spec{}, err
 	}
 	if s.Name != stem {
-		return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template name %q does not match its file name %s.yaml", s.Name, stem)
+		return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template name %q does not match its file name %s", s.Name, name)
 	}
 	return s, nil
 }

@@ -90,11 +90,19 @@ func TestLoadErrors(t *testing.T) {
 		{map[string]string{"a.yaml": "name: b\n"}, `name "b" does not match its file name a.yaml`},
 		{map[string]string{"a.yaml": "name: a\ncpu: 0.5\n"}, `a.yaml: invalid_request: template spec: line 2: cpu "0.5" must be a whole number`},
 		{map[string]string{"a.yaml": "name: a\nbogus: 1\n"}, "field bogus not found"},
+		{map[string]string{"a.yml": "name: b\n"}, `name "b" does not match its file name a.yml`},
+		{map[string]string{"a.yml": "name: a\n", "a.yaml": "name: a\n"}, "template a is also in"},
+		{map[string]string{"a.yaml": "name: a\ndescription: " + strings.Repeat("x", 5<<20) + "\n"}, "at most 4 MiB"},
 	} {
 		_, err := Load(writeFiles(t, tc.files))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Load(%v) = %v, want error containing %q", tc.files, err, tc.want)
 		}
+	}
+	// Hidden files (an editor's) are not specs; .yml is as .yaml.
+	r, err := Load(writeFiles(t, map[string]string{".#a.yaml": "junk", "b.yml": "name: b\n"}))
+	if err != nil || strings.Join(r.Names(), " ") != "b base code-interpreter" {
+		t.Errorf("Load with a hidden file and a .yml: %v %v", r, err)
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("Load of a missing directory succeeded")

@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -135,13 +136,22 @@ func decode(data []byte) (Spec, error) {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec: want one YAML document, found more")
 	}
-	// yaml.v3 truncates a float into an int field: cpu: 0.5 would become the default 1.
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err == nil && len(doc.Content) == 1 && doc.Content[0].Kind == yaml.MappingNode {
-		m := doc.Content[0].Content
-		for i := 0; i+1 < len(m); i += 2 {
-			if (m[i].Value == "cpu" || m[i].Value == "memory_mb") && m[i+1].Tag != "!!int" {
-				return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec: line %d: %s %q must be a whole number", m[i+1].Line, m[i].Value, m[i+1].Value)
+	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) != 1 || doc.Content[0].Kind != yaml.MappingNode {
+		return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec: want a mapping of fields (name: …, apt: […]), not a single value")
+	}
+	m := doc.Content[0].Content
+	for i := 0; i+1 < len(m); i += 2 {
+		switch k, v := m[i].Value, m[i+1]; k {
+		case "cpu", "memory_mb", "disk_mb":
+			// yaml.v3 truncates a float into an int field: cpu: 0.5 would
+			// become the default 1, disk_mb: 100.7 would be 100.
+			if v.Tag != "!!int" {
+				return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec: line %d: %s %q must be a whole number", v.Line, k, v.Value)
+			}
+			// 0 would silently mean the default.
+			if k != "disk_mb" && v.Value == "0" {
+				return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec: line %d: %s 0 is out of range (leave it out for the default)", v.Line, k)
 			}
 		}
 	}
@@ -235,6 +245,9 @@ func (s Spec) Validate() error {
 		if !path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || f.Path == "/" {
 			return bad("files[%d].path %q must be a clean absolute path", i, f.Path)
 		}
+		if under(f.Path, "/tmp") || under(f.Path, "/var/tmp") {
+			return bad("files[%d].path %q: the build empties /tmp and /var/tmp at its end; put the file elsewhere (a sandbox's /tmp starts empty)", i, f.Path)
+		}
 		if seen[f.Path] {
 			return bad("files[%d].path %q appears twice", i, f.Path)
 		}
@@ -251,6 +264,15 @@ func (s Spec) Validate() error {
 	return nil
 }
 
+// UserHome is the home of the sandbox user (uid and gid 1000); the files a
+// spec puts beneath it are the user's.
+const UserHome = "/home/user"
+
+// under reports whether p is dir or lies beneath it.
+func under(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+}
+
 // Hash identifies what Build makes of the spec: the sha256 (hex) of the
 // spec's canonical JSON (defaults applied, empty fields omitted) and
 // BuilderVersion. Any change to the spec changes it.
@@ -263,5 +285,10 @@ func (s Spec) Hash() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "pandastack-template/%s\n", BuilderVersion)
 	h.Write(b)
+	if slices.ContainsFunc(s.Files, func(f File) bool { return under(f.Path, UserHome) }) {
+		// Since files under the user's home belong to the user: builds
+		// made before, with root's files there, are not reused.
+		h.Write([]byte("\nhome files owned by the user"))
+	}
 	return hex.EncodeToString(h.Sum(nil))
 }

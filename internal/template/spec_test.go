@@ -1,6 +1,10 @@
 package template
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -95,6 +99,13 @@ func TestParseErrors(t *testing.T) {
 		{"name: x\nfiles: [{path: /a, mode: 0999}]\n", "octal permission"},
 		{"name: x\nfiles: [{path: /a, mode: 17777}]\n", "octal permission"},
 		{"name: x\nrun: [\"  \"]\n", "run[0] is empty"},
+		{"null\n", "mapping of fields"},
+		{"just words\n", "cannot unmarshal"},
+		{"name: x\ndisk_mb: 100.7\n", `disk_mb "100.7" must be a whole number`},
+		{"name: x\ncpu: 0\n", "cpu 0 is out of range (leave it out for the default)"},
+		{"name: x\nmemory_mb: 0\n", "memory_mb 0 is out of range"},
+		{"name: x\nfiles: [{path: /tmp/a}]\n", "empties /tmp"},
+		{"name: x\nfiles: [{path: /var/tmp/a/b}]\n", "empties /tmp"},
 	} {
 		_, err := Parse([]byte(tc.yaml))
 		if err == nil {
@@ -170,6 +181,24 @@ warmup: w
 			t.Errorf("changing %s gives the same hash as %s", name, prev)
 		}
 		seen[h] = name
+	}
+}
+
+// A spec with files under the user's home does not reuse a build made
+// when those files were root's; other specs keep their hash.
+func TestHashOfUserFiles(t *testing.T) {
+	etc := Spec{Name: "x", Files: []File{{Path: "/etc/a"}}}
+	home := Spec{Name: "x", Files: []File{{Path: "/home/user/a"}}}
+	homeRoot := Spec{Name: "x", Files: []File{{Path: "/home/usera"}}}
+	if etc.Hash() == home.Hash() {
+		t.Error("the path is not in the hash")
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "pandastack-template/%s\n", BuilderVersion)
+	b, _ := json.Marshal(func() Spec { s := homeRoot; s.applyDefaults(); return s }())
+	h.Write(b)
+	if homeRoot.Hash() != hex.EncodeToString(h.Sum(nil)) {
+		t.Error("a spec without files under /home/user has a new hash")
 	}
 }
 
