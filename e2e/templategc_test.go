@@ -150,3 +150,31 @@ func builtBase(t *testing.T) (template.Built, bool) {
 	spec, _ := reg.Get("base")
 	return template.Lookup(paths.CacheDir(), spec)
 }
+
+// A spec put in the templates directory while serve runs is known at its
+// first use (to be built); one that does not load says so.
+func TestTemplateAddedWhileServing(t *testing.T) {
+	s := sharedServer(t)
+	dir := filepath.Join(s.dataDir, "templates")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := filepath.Join(dir, "late-comer.yaml")
+	if err := os.WriteFile(spec, []byte("description: added while serving\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(spec) })
+	code, ecode, msg := api(t, s, s.key, "POST", "/v1/sandboxes", `{"template": "late-comer"}`)
+	if code != 409 || ecode != "template_not_built" || !strings.Contains(msg, "template build late-comer") {
+		t.Errorf("create from a spec added while serving: %d %s %s, want 409 template_not_built", code, ecode, msg)
+	}
+	broken := filepath.Join(dir, "broken.yaml")
+	if err := os.WriteFile(broken, []byte("cpu: lots\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(broken)
+	code, ecode, msg = api(t, s, s.key, "POST", "/v1/sandboxes", `{"template": "broken"}`)
+	if code != 404 || ecode != "not_found" || !strings.Contains(msg, "broken.yaml") {
+		t.Errorf("create from a spec that does not load: %d %s %s, want 404 naming the file", code, ecode, msg)
+	}
+}

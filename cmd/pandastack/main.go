@@ -187,7 +187,8 @@ func serve(args []string) error {
 		defer wrapped.Close(context.Background())
 		sandboxes = wrapped
 	}
-	tpls := &templateSource{reg: reg, cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash}
+	tpls := &templateSource{reg: reg, load: func() (*template.Registry, error) { return loadTemplates(&cfg) },
+		cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash}
 	scfg := cfg.Sandbox
 	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()
 	images, imagesDesc, err := openImages(ctx, &cfg)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"sync"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/api"
@@ -13,7 +14,11 @@ import (
 // templateSource adapts the template registry and cache to the sandbox
 // manager and the API.
 type templateSource struct {
-	reg       *template.Registry
+	mu  sync.Mutex
+	reg *template.Registry
+	// load reads the specs again, for those added while serve runs; nil:
+	// none are.
+	load      func() (*template.Registry, error)
 	cacheDir  string
 	warmDir   string // where warm images live (sandbox.Config.WarmDir)
 	agentHash string
@@ -29,7 +34,7 @@ func (t *templateSource) warmImage(spec template.Spec) string {
 // manager to keep warm.
 func (t *templateSource) warmSpecs() []sandbox.WarmSpec {
 	var out []sandbox.WarmSpec
-	for _, spec := range t.reg.List() {
+	for _, spec := range t.specs() {
 		b, ok := template.Lookup(t.cacheDir, spec)
 		if spec.Warmup == "" || !ok {
 			continue
@@ -42,8 +47,49 @@ func (t *templateSource) warmSpecs() []sandbox.WarmSpec {
 	return out
 }
 
-func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Template, error) {
+// specs lists the templates known.
+func (t *templateSource) specs() []template.Spec {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.reg.List()
+}
+
+// refresh adds the specs put in the templates directory since they were
+// read. Specs already known stay as read at start: a pool, a warm image
+// may be made of them (a change needs a restart of serve).
+func (t *templateSource) refresh() error {
+	if t.load == nil {
+		return nil
+	}
+	fresh, err := t.load()
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.reg.AddNew(fresh)
+	return nil
+}
+
+// spec is the template called name, read again from the templates
+// directory when it is not known yet.
+func (t *templateSource) spec(name string) (template.Spec, error) {
+	t.mu.Lock()
 	spec, err := t.reg.Get(name)
+	t.mu.Unlock()
+	if !pandastack.IsCode(err, pandastack.ENotFound) {
+		return spec, err
+	}
+	if rerr := t.refresh(); rerr != nil {
+		return spec, pandastack.Errorf(pandastack.ENotFound, "%s (the templates directory does not load: %v)", pandastack.ErrorMessage(err), rerr)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.reg.Get(name)
+}
+
+func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Template, error) {
+	spec, err := t.spec(name)
 	if err != nil {
 		return sandbox.Template{}, err
 	}
@@ -66,7 +112,8 @@ func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) 
 	if t.mgr != nil {
 		pools = t.mgr.Pools(ctx)
 	}
-	for _, spec := range t.reg.List() {
+	_ = t.refresh() // a spec that does not load shows when it is used
+	for _, spec := range t.specs() {
 		b, ok := template.Lookup(t.cacheDir, spec)
 		if !ok {
 			continue

@@ -111,6 +111,19 @@ func (r *Registry) Get(name string) (Spec, error) {
 	return Spec{}, pandastack.Errorf(pandastack.ENotFound, "no template %q; available: %s", name, strings.Join(r.Names(), ", "))
 }
 
+// AddNew adds the specs of from whose names r does not have; it returns
+// their names. The specs r has stay as they are.
+func (r *Registry) AddNew(from *Registry) []string {
+	var added []string
+	for _, n := range from.Names() {
+		if _, ok := r.specs[n]; !ok {
+			r.specs[n], r.source[n] = from.specs[n], from.source[n]
+			added = append(added, n)
+		}
+	}
+	return added
+}
+
 // Names returns the template names, sorted.
 func (r *Registry) Names() []string {
 	names := make([]string, 0, len(r.specs))

@@ -108,3 +108,24 @@ func TestLoadErrors(t *testing.T) {
 		t.Error("Load of a missing directory succeeded")
 	}
 }
+
+// AddNew takes only the names a registry does not have.
+func TestAddNew(t *testing.T) {
+	r, err := Load(writeFiles(t, map[string]string{"a.yaml": "description: first\n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	later, err := Load(writeFiles(t, map[string]string{"a.yaml": "description: changed\n", "b.yaml": "description: new\n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if added := r.AddNew(later); strings.Join(added, " ") != "b" {
+		t.Errorf("added %q, want b", added)
+	}
+	if a, _ := r.Get("a"); a.Description != "first" {
+		t.Errorf("a known spec changed: %q", a.Description)
+	}
+	if _, err := r.Get("b"); err != nil {
+		t.Error(err)
+	}
+}
