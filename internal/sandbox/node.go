@@ -56,7 +56,13 @@ func (c *NodeConfig) setDefaults() {
 // nodeState is what the manager keeps of the cluster between heartbeats.
 type nodeState struct {
 	started time.Time
-	mu      sync.Mutex
+	// okSince starts this node's current run of heartbeats without a
+	// failure or a gap; lastOK is the last of them. Only a node that has
+	// heartbeated for the whole grace period judges others: after an
+	// outage of the store (or a stall of this node) every other node's
+	// heartbeat is old because nobody could write one, not because it died.
+	okSince, lastOK time.Time
+	mu              sync.Mutex
 	urls    map[string]string // node id → URL, as of the last heartbeat
 	lost    map[string]bool   // node ids found lost
 }
@@ -73,8 +79,15 @@ func (m *Manager) owns(sb pandastack.Sandbox) bool {
 // for the grace period lost, and drops what this node still runs of its
 // own sandboxes that another node marked lost meanwhile (a stall longer
 // than the grace period).
-func (m *Manager) heartbeat(ctx context.Context) error {
+func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	nc := m.cfg.Node
+	defer func() {
+		if err != nil {
+			m.node.mu.Lock()
+			m.node.okSince = time.Time{}
+			m.node.mu.Unlock()
+		}
+	}()
 	nodes, err := m.store.ListNodes(ctx)
 	if err != nil {
 		return err
@@ -106,9 +119,18 @@ func (m *Manager) heartbeat(ctx context.Context) error {
 		return err
 	}
 	urls[nc.ID], lost[nc.ID] = nc.URL, false
-	gone, err := m.store.LoseNodes(ctx, now.Add(-nc.Grace), now)
-	if err != nil {
-		return err
+	m.node.mu.Lock()
+	if m.node.okSince.IsZero() || now.Sub(m.node.lastOK) > 2*nc.Heartbeat {
+		m.node.okSince = now
+	}
+	m.node.lastOK = now
+	judge := now.Sub(m.node.okSince) >= nc.Grace
+	m.node.mu.Unlock()
+	var gone []string
+	if judge {
+		if gone, err = m.store.LoseNodes(ctx, now.Add(-nc.Grace), now); err != nil {
+			return err
+		}
 	}
 	for _, id := range gone {
 		lost[id] = true

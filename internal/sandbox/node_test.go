@@ -135,6 +135,48 @@ func TestLostNode(t *testing.T) {
 	}
 }
 
+// An outage of the store longer than the grace period loses no node: when
+// it ends every heartbeat is old because nobody could write one. A node
+// judges others only once it has heartbeated for a whole grace period
+// since its last failure; then a node that stays silent is lost.
+func TestStoreOutageLosesNoNode(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	sb := b.create()
+	start := time.Now()
+	c := &clock{t: start}
+	a.m.now, b.m.now = c.now, c.now
+	down, cancel := context.WithCancel(ctx)
+	cancel() // the store cannot be reached
+	if err := a.m.heartbeat(down); err == nil {
+		t.Fatal("a heartbeat through a dead connection succeeded")
+	}
+	c.t = start.Add(15 * time.Second) // the outage outlasts the 10 s grace
+	if err := a.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := a.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Fatalf("B's sandbox after the store came back: %s %s, want running", rec.State, rec.StopReason)
+	}
+	if err := b.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := b.rt.ids(); !slices.Equal(ids, []string{sb.ID}) {
+		t.Fatalf("B runs %v after the outage, want %s", ids, sb.ID)
+	}
+	// B goes silent; A heartbeats on, and after a grace period it judges.
+	for i := 1; i <= 12; i++ {
+		c.t = start.Add(15*time.Second + time.Duration(i)*time.Second)
+		if err := a.m.heartbeat(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rec := a.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopLost {
+		t.Errorf("B's sandbox after B was silent for the grace period: %s %s, want stopped lost", rec.State, rec.StopReason)
+	}
+}
+
 // Placement spreads creates over equal nodes, following what each has
 // committed; a create asked of A may land on B.
 func TestPlaceSpreads(t *testing.T) {
