@@ -792,3 +792,38 @@ func checkWSEcho(t *testing.T, apiURL, id, key, msg string) {
 		t.Errorf("WebSocket echo through %s: %q, want %q", apiURL, echo, msg)
 	}
 }
+
+// A policy set while a sandbox is suspended for idleness (its resume
+// prepared ahead) is the one it has after a restart of serve, and the one
+// its resume gets: it used to go with the prepared container's clean-up,
+// leaving the older, more open policy of pause time.
+func TestPolicySetWhilePausedOutlivesARestart(t *testing.T) {
+	s := networkServer(t, "PANDASTACK_KILL_ON_EXIT=0")
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", IdleTimeoutSeconds: idleSeconds(2), TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.client().KillSandbox(context.Background(), sb.ID) }()
+	waitState(t, s, sb.ID, "paused for idleness", func(x *client.Sandbox) bool { return x.State == "paused" })
+	closed := client.NetworkPolicy{AllowInternetAccess: false, AllowOut: []string{"198.51.100.7"}}
+	if _, err := c.SetNetwork(ctx, sb.ID, closed); err != nil {
+		t.Fatal(err)
+	}
+	for _, how := range []string{"a restart", "a second restart"} {
+		s.stop()
+		s.start()
+		c = s.client()
+		got, err := c.GetSandbox(ctx, sb.ID)
+		if err != nil || got.State != "paused" || got.Network == nil || got.Network.AllowInternetAccess || strings.Join(got.Network.AllowOut, ",") != "198.51.100.7" {
+			t.Fatalf("after %s: %+v %v, want paused with the policy set while paused", how, got, err)
+		}
+	}
+	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "true"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("resume: %+v %v", res, err)
+	}
+	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.Network == nil || got.Network.AllowInternetAccess {
+		t.Errorf("after the resume: %+v %v", got.Network, err)
+	}
+}

@@ -251,7 +251,13 @@ func (m *Manager) Close() {
 	clients := m.sbx.close()
 	m.wg.Wait()
 	m.drainPools()
-	m.prepared.releaseAll()
+	for _, id := range m.prepared.releaseAll() {
+		// Their sandboxes stay paused: the runtime's clean-up of the
+		// prepared containers takes only their network down.
+		if m.net != nil {
+			m.net.Hold(id)
+		}
+	}
 	m.warmHeld.releaseAll()
 	for _, c := range clients {
 		c.Close()
@@ -297,6 +303,11 @@ func (m *Manager) recover(ctx context.Context) error {
 	for _, id := range ids {
 		if !owned[id] {
 			m.log.Info("removing orphaned runtime state", "sandbox", id)
+			if sb, err := m.store.GetSandbox(ctx, "", id); err == nil && sb.State == pandastack.StatePaused && m.net != nil {
+				// A paused sandbox's prepared resume, or a resume cut short:
+				// the sandbox keeps its policy for the next resume.
+				m.net.Hold(id)
+			}
 			if err := m.rt.Stop(ctx, id); err != nil {
 				m.log.Warn("remove orphan", "sandbox", id, "err", err)
 			}

@@ -103,14 +103,16 @@ func (p *preparedResumes) pinnedBytes() int64 {
 	return heldBytes(p.pins)
 }
 
-// releaseAll lets every held image go (the manager's Close); the prepared
-// containers are left to the next start, which removes them.
-func (p *preparedResumes) releaseAll() {
+// releaseAll lets every held image go (the manager's Close) and returns
+// the ids prepared; the prepared containers are left to the runtime's
+// clean-up on exit, or to the next start.
+func (p *preparedResumes) releaseAll() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for id := range p.pins {
 		p.unpin(id)
 	}
+	return slices.Clone(p.ids)
 }
 
 // resumeSpec is the runtime spec that resumes sb from its paused image.
