@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -579,6 +580,42 @@ func TestServerRestartReadoptsSandboxes(t *testing.T) {
 	if strings.Contains(string(mounts), s.dataDir) {
 		t.Fatalf("mounts under the data dir left after serve stopped:\n%s", mounts)
 	}
+}
+
+// A SIGTERM while a request runs past serve's 10 s of grace: the caller is
+// told the server is shutting down (not that its sandbox died), serve exits
+// 0, and the sandbox is there after the restart.
+func TestShutdownCutsALongRequestOff(t *testing.T) {
+	s := startServer(t, "", "PANDASTACK_KILL_ON_EXIT=0", "PANDASTACK_WARM=0")
+	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "sleep 60", TimeoutSeconds: 120})
+		done <- err
+	}()
+	time.Sleep(time.Second)
+	cmd := s.cmd
+	cmd.Process.Signal(syscall.SIGTERM)
+	werr := cmd.Wait()
+	s.cmd = nil
+	if werr != nil {
+		t.Errorf("serve after SIGTERM: %v, want exit status 0\n%s", werr, tail(s.out.String(), 20))
+	}
+	if err := <-done; !client.IsCode(err, "sandbox_unavailable") || !strings.Contains(err.Error(), "shutting down") {
+		t.Errorf("the long exec: %v, want sandbox_unavailable saying the server is shutting down", err)
+	}
+	s.start()
+	c = s.client()
+	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo back"}); err != nil || res.Stdout != "back\n" {
+		t.Errorf("the sandbox after the restart: %+v %v", res, err)
+	}
+	c.KillSandbox(ctx, sb.ID)
 }
 
 func TestOutOfMemoryIsReported(t *testing.T) {

@@ -244,6 +244,17 @@ func serve(args []string) error {
 	} else {
 		log.Info("shutting down; running sandboxes keep running and are re-adopted on the next start")
 	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		// Requests still running (a long exec, a followed output) are cut
+		// off, and their callers told why.
+		log.Warn("requests still running after 10 s were cut off by the shutdown")
+		mgr.Close()
+		fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		hs.Shutdown(fctx) // the cut-off requests answer
+		fcancel()
+		hs.Close()
+		err = nil
+	}
 	return err
 }
 

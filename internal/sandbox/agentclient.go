@@ -126,6 +126,10 @@ func (c *AgentClient) Close() error {
 	return c.sess.Close()
 }
 
+// reasonShutdown marks the sessions the manager's Close ends: the server
+// stops, the sandbox does not.
+const reasonShutdown = "server shutdown"
+
 // markStopped records why the manager is stopping the sandbox (a
 // pandastack.Stop* reason), before it closes the session, so that requests
 // in flight fail saying why rather than guessing.
@@ -149,6 +153,8 @@ func (c *AgentClient) stopped(what string) error {
 		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of memory (it used more than its memory_mb) and was stopped during %s", c.id, what)
 	case pandastack.StopPIDsLimit:
 		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of processes (its pids limit) and was stopped during %s", c.id, what)
+	case reasonShutdown:
+		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down and cut off %s in sandbox %s, which keeps running: retry once the server is back", what, c.id)
 	case "":
 		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during %s: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, what, c.id)
 	}

@@ -260,6 +260,7 @@ func (m *Manager) Close() {
 	}
 	m.warmHeld.releaseAll()
 	for _, c := range clients {
+		c.markStopped(reasonShutdown)
 		c.Close()
 	}
 }
