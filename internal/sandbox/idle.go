@@ -32,6 +32,34 @@ type idleState struct {
 	lastUse  time.Time     // the last start or end of a use
 	cpuAt    time.Time     // when cpuStart was read; zero: not yet in this quiet spell
 	cpuStart int64         // the runtime's CPU time then, in ns
+	// A suspend that failed (a full disk) is not tried again before
+	// retryAt: each try writes the sandbox's memory out and throws it away.
+	retryAt  time.Time
+	failures int
+}
+
+// Back-off of failed idle suspends: the first retry after a minute, each
+// next one after twice as long, at most half an hour.
+const (
+	suspendRetryFirst = time.Minute
+	suspendRetryMax   = 30 * time.Minute
+)
+
+// suspendFailed puts the next idle suspend of id off.
+func (t *table) suspendFailed(id string) time.Duration {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[id]
+	if e == nil {
+		return 0
+	}
+	s := &e.idle
+	wait := suspendRetryFirst << min(s.failures, 5)
+	wait = min(wait, suspendRetryMax)
+	s.failures++
+	s.retryAt = t.now().Add(wait)
+	s.cpuAt = time.Time{}
+	return wait
 }
 
 func (s *idleState) used(now time.Time) {
@@ -54,7 +82,7 @@ func (t *table) idleDue() []idleCheck {
 	var out []idleCheck
 	for id, e := range t.entries {
 		s := &e.idle
-		if e.phase != phaseRunning || s.timeout <= 0 || e.inflight > 0 || e.holds > 0 {
+		if e.phase != phaseRunning || s.timeout <= 0 || e.inflight > 0 || e.holds > 0 || now.Before(s.retryAt) {
 			continue
 		}
 		switch {
@@ -153,7 +181,8 @@ func (m *Manager) suspend(idle []string) {
 		}
 		released := m.releaseForSuspend(id)
 		if _, err := m.pause(context.Background(), sb, pandastack.PauseIdle); err != nil {
-			m.log.Warn("idle suspend failed; the sandbox keeps running", "sandbox", id, "err", err)
+			wait := m.sbx.suspendFailed(id)
+			m.log.Warn("idle suspend failed; the sandbox keeps running", "sandbox", id, "err", err, "next_try_in", wait)
 			if released != nil {
 				ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 				defer cancel()

@@ -196,6 +196,45 @@ func TestPauseOnFullDiskKeepsRunning(t *testing.T) {
 	}
 }
 
+// A failed idle suspend is not tried again at once: each try writes the
+// sandbox's memory out (onto a full disk) and throws it away. The tries
+// back off, and one succeeds once the disk has room.
+func TestFailedIdleSuspendBacksOff(t *testing.T) {
+	h, c := idleHarness(t)
+	sb := h.createIdle(10)
+	tries := 0
+	h.rt.checkpointErr = func(string) error {
+		tries++
+		return &os.PathError{Op: "write", Path: "/x/pages", Err: syscall.ENOSPC}
+	}
+	h.passIdle(c, 11*time.Second)
+	if tries != 1 {
+		t.Fatalf("%d tries, want 1", tries)
+	}
+	for i := 0; i < 5; i++ { // 50 s: within the first back-off
+		h.passIdle(c, 11*time.Second)
+	}
+	if tries != 1 {
+		t.Errorf("%d tries within a minute of a failed one, want 1", tries)
+	}
+	c.advance(time.Minute)
+	h.passIdle(c, 11*time.Second)
+	if tries != 2 {
+		t.Errorf("%d tries after the back-off, want 2", tries)
+	}
+	c.advance(90 * time.Second) // the second back-off is 2 minutes
+	h.passIdle(c, 11*time.Second)
+	if tries != 2 {
+		t.Errorf("%d tries within the second back-off, want 2", tries)
+	}
+	h.rt.checkpointErr = nil
+	c.advance(time.Minute)
+	h.passIdle(c, 11*time.Second)
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+		t.Errorf("once the disk has room: %s, want paused", rec.State)
+	}
+}
+
 // If the paused state cannot be recorded, the sandbox keeps running and the
 // image goes: a record must never say running for a stopped sandbox.
 func TestPauseRecordFailureKeepsRunning(t *testing.T) {
