@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/imagestore"
 )
@@ -52,6 +54,25 @@ func storageError(err error, outcome string) error {
 		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EStorage, "the server's disk is full; %s", outcome), err)
 	}
 	return err
+}
+
+// roomError turns the failure of a restore of image into a clear
+// EStorage when the filesystem holding it has less room left than the image
+// takes: runsc then fails for want of space without saying so (exit status
+// 128, no message), since a restore writes the sandbox's disk out again.
+func roomError(err error, image, outcome string) error {
+	if err == nil || pandastack.IsCode(err, pandastack.EStorage) {
+		return err
+	}
+	var st unix.Statfs_t
+	if unix.Statfs(image, &st) != nil {
+		return err
+	}
+	free, need := int64(st.Bavail)*int64(st.Bsize), dirSize(image)
+	if need < 0 || free >= need {
+		return storageError(err, outcome)
+	}
+	return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EStorage, "the server's disk is nearly full (%d MiB free, and the restore writes up to %d MiB); %s", free>>20, need>>20, outcome), err)
 }
 
 // What a failed checkpoint leaves: nothing, and the sandbox as it was.

@@ -63,8 +63,8 @@ type nodeState struct {
 	// heartbeat is old because nobody could write one, not because it died.
 	okSince, lastOK time.Time
 	mu              sync.Mutex
-	urls    map[string]string // node id → URL, as of the last heartbeat
-	lost    map[string]bool   // node ids found lost
+	urls            map[string]string // node id → URL, as of the last heartbeat
+	lost            map[string]bool   // node ids found lost
 }
 
 // NodeID returns this node's id ("" without nodes).

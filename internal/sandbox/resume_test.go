@@ -2,10 +2,14 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -169,4 +173,28 @@ func TestResumeKnowsThePausedContexts(t *testing.T) {
 		t.Fatal(err)
 	}
 	known("after a resume across a restart", false)
+}
+
+// A restore that fails on a disk with less room than its image takes says
+// the disk is full (runsc says nothing); with room, the error stays.
+func TestRoomError(t *testing.T) {
+	image := t.TempDir()
+	cause := errors.New("runsc restore: exit status 128: ")
+	if err := roomError(cause, image, "the sandbox stays paused"); err != cause {
+		t.Errorf("an empty image: %v", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(image, &st); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(image, "pages.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Truncate(int64(st.Bavail)*int64(st.Bsize) + 1<<30) // sparse: takes no room
+	f.Close()
+	err = roomError(cause, image, "the sandbox stays paused")
+	if !pandastack.IsCode(err, pandastack.EStorage) || !strings.Contains(pandastack.ErrorMessage(err), "the sandbox stays paused") {
+		t.Errorf("an image larger than the room left: %v", err)
+	}
 }

@@ -240,6 +240,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 		if startCtx.Err() != nil {
 			return sb, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not resume within %s; it is still paused", id, m.cfg.StartTimeout)
 		}
+		err = roomError(err, filepath.Join(dir, "image"), "the sandbox stays paused")
 		m.log.Warn("resume failed; the sandbox stays paused", "sandbox", id, "err", err)
 		return sb, fmt.Errorf("resume %s: %w", id, err)
 	}
