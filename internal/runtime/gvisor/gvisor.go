@@ -537,14 +537,34 @@ func (r *Runtime) State(ctx context.Context, id string) (pandastack.RuntimeState
 	}
 	var st struct {
 		Status string `json:"status"`
+		PID    int    `json:"pid"`
 	}
 	if err := json.Unmarshal(out, &st); err != nil {
 		return "", fmt.Errorf("state %s: %w", id, err)
 	}
-	if st.Status == "running" {
+	// runsc counts a dead sandbox process that is not reaped yet (a
+	// zombie: an init slow to reap, after a kill -9 or the host's OOM
+	// killer) as running; so would a restart of serve, and wait in vain
+	// for its agent.
+	if st.Status == "running" && (st.PID <= 0 || processAlive(st.PID)) {
 		return pandastack.RuntimeRunning, nil
 	}
 	return pandastack.RuntimeStopped, nil
+}
+
+// processAlive reports whether pid is a process that has not exited: it
+// exists and is no zombie.
+func processAlive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return !errors.Is(err, fs.ErrNotExist) // unreadable: assume it lives
+	}
+	// pid (comm) S ...: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return true
+	}
+	return b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 // List implements pandastack.Runtime.
