@@ -178,7 +178,8 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.get_by_role("button", name=f"Kill {sid}").click()
     expect(page.locator(f'tr[data-id="{sid}"]')).to_have_count(0)
     page.goto(f"{serve.url}/#/sandboxes/{sid}")
-    expect(page.locator(".state")).to_have_text("killed")
+    expect(page.locator(".state")).to_have_text("not found")
+    expect(page.locator("#sandbox-state + .muted")).to_contain_text("killed, or no sandbox of this project")
 
 
 def test_idle_sandbox_pauses_and_the_console_lets_it_sleep(page: Page, serve) -> None:
@@ -270,3 +271,47 @@ def test_a_sandbox_page_cannot_reach_the_console_key(page: Page, serve) -> None:
             assert out["sw"].startswith("refused"), out
         finally:
             api.delete(f"/v1/sandboxes/{sid}")
+
+
+def test_notebook_interrupts_and_keeps_html_whole(page: Page, serve) -> None:
+    """A cell can be interrupted from the notebook; leaving the page cancels
+    a running cell instead of leaving its context busy; HTML that is more
+    than a table is shown whole, not cut down to its first table."""
+    page.on("dialog", lambda d: d.accept())
+    sign_in(page, serve)
+    row, sid = create_from_form(page, "code-interpreter", "suite=interrupt")
+    expect(row.locator(".state")).to_have_text("running")
+    row.get_by_role("link", name=sid).click()
+
+    page.fill("#cell-1", "import time\nfor i in range(600):\n    time.sleep(0.1)")
+    page.get_by_role("button", name="Run cell 1").click()
+    page.get_by_role("button", name="Interrupt cell 1").click()
+    out = page.get_by_label("Output of cell 1")
+    expect(out.get_by_role("alert")).to_contain_text("KeyboardInterrupt")
+    expect(page.locator("#cell-1-state")).to_contain_text("with an error")
+    expect(page.get_by_role("button", name="Interrupt cell 1")).to_be_hidden()
+
+    # A long cell, then away and back: the context is free at once.
+    page.fill("#cell-1", "import time\ntime.sleep(120)")
+    page.get_by_role("button", name="Run cell 1").click()
+    expect(page.locator("#cell-1-state")).to_have_text("running…")
+    page.get_by_role("link", name="Sandboxes").click()
+    page.locator(f'tr[data-id="{sid}"]').get_by_role("link", name=sid).click()
+    page.fill("#cell-1", "21 * 2")
+    page.get_by_role("button", name="Run cell 1").click()
+    expect(page.get_by_label("Output of cell 1")).to_contain_text("42")
+
+    # A heading, a table with markup in its cells, a note: all of it shows.
+    page.fill("#cell-1", 'from IPython.display import HTML, display\n'
+              'display(HTML("<h3>Quarterly report</h3><table><tr><td><b>100</b> USD</td></tr></table><p>Note: unaudited</p>"))')
+    page.get_by_role("button", name="Run cell 1").click()
+    out = page.get_by_label("Output of cell 1")
+    expect(out.locator("iframe")).to_have_count(1)
+    expect(out.locator("table.df")).to_have_count(0)
+    # A long DataFrame: its table, and the line saying how big it is.
+    page.fill("#cell-1", "import pandas as pd\npd.DataFrame({'a': range(100)})")
+    page.get_by_role("button", name="Run cell 1").click()
+    expect(out.locator("table.df")).to_be_visible()
+    expect(out).to_contain_text("100 rows × 1 columns")
+    page.get_by_role("button", name=f"Kill {sid}").click()
+    expect(page.locator("#sandbox-state .state")).to_have_text("killed")

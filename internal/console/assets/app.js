@@ -213,12 +213,13 @@ function sandboxPage(id) {
   const head = h("div", { class: "toolbar" });
   // The state last read: panels that poll leave a paused sandbox asleep
   // (any request that needs it would resume it).
-  const known = { state: "", sig: "", onRunning: [] };
+  const known = { state: "", sig: "", onRunning: [], seen: false };
   async function refreshHead() {
     try {
       const s = await api("GET", `/v1/sandboxes/${id}`);
       const wasRunning = known.state === "running";
       known.state = s.state;
+      known.seen = true;
       const idle = s.idle_timeout_seconds ? ` · pauses after ${duration(s.idle_timeout_seconds * 1000)} idle` : "";
       const info = `template ${s.template} · ${s.cpu} CPU · ${s.memory_mb} MiB · expires in ${duration(Date.parse(s.expires_at) - Date.now())}${idle}`;
       // Rebuilt only when its buttons would change (focus stays put).
@@ -232,7 +233,7 @@ function sandboxPage(id) {
     } catch (e) {
       known.state = e.status === 404 ? "killed" : "";
       known.sig = "";
-      head.replaceChildren(h("span", { id: "sandbox-state" }, "State: ", h("span", { class: "state state-killed", text: e.status === 404 ? "killed" : "unknown" })), h("span", { class: "muted", text: e.status === 404 ? " (the sandbox is gone; its history stays below)" : e.message }));
+      head.replaceChildren(h("span", { id: "sandbox-state" }, "State: ", h("span", { class: "state state-killed", text: e.status !== 404 ? "unknown" : known.seen ? "killed" : "not found" })), h("span", { class: "muted", text: e.status !== 404 ? e.message : known.seen ? " (the sandbox is gone; its history stays below)" : " (killed, or no sandbox of this project; its history, if any, stays below)" }));
     }
   }
   const panels = [notebookPanel(id, known), historyPanel(id), filesPanel(id), terminalPanel(id), metricsPanel(id, known)];
@@ -262,9 +263,18 @@ function notebookPanel(id, known) {
     src.rows = Math.max(4, code.split("\n").length + 1);
     const out = h("div", { class: "output", "aria-live": "polite", "aria-label": `Output of cell ${n}` });
     const run = h("button", { type: "button", class: "primary", text: "Run", "aria-label": `Run cell ${n}` });
+    const stop = h("button", { type: "button", text: "Interrupt", "aria-label": `Interrupt cell ${n}` });
+    stop.hidden = true;
     const state = h("span", { class: "muted", id: `cell-${n}-state` });
     const go = async () => {
       run.disabled = true;
+      // Interrupt the context the cell runs in; leaving the page cancels
+      // the run (the server then interrupts it), so no cell runs on unseen.
+      const cid = ctx.value || `ctx_default_${lang.value}`;
+      const cancel = new AbortController();
+      onLeave(() => cancel.abort());
+      stop.onclick = () => act("Interrupt", async () => { await api("POST", `/v1/sandboxes/${id}/contexts/${cid}/interrupt`); state.textContent = "interrupting…"; });
+      stop.hidden = false;
       out.replaceChildren();
       state.textContent = "running…";
       let stdout = null, stderr = null;
@@ -283,15 +293,16 @@ function notebookPanel(id, known) {
           else if (ev.type === "error" && ev.error?.traceback !== undefined) out.append(execError(ev.error));
           else if (ev.type === "error") out.append(h("div", { class: "error", role: "alert", text: `${ev.error.code}: ${ev.error.message}` }));
           else if (ev.type === "execution") state.textContent = `done in ${ev.execution.duration_ms} ms` + (ev.execution.error ? " with an error" : "");
-        });
+        }, cancel.signal);
       } catch (e) {
+        if (cancel.signal.aborted) return; // the page was left
         out.append(h("div", { class: "error", role: "alert", text: `${e.code || "error"}: ${e.message}` }));
         state.textContent = "failed";
-      } finally { run.disabled = false; }
+      } finally { run.disabled = false; stop.hidden = true; }
     };
     run.addEventListener("click", go);
     src.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey || e.shiftKey)) { e.preventDefault(); go(); } });
-    cells.append(h("div", { class: "cell" }, src, h("div", { class: "toolbar" }, run, state, h("span", { class: "muted", text: "Shift+Enter or Ctrl+Enter runs" })), out));
+    cells.append(h("div", { class: "cell" }, src, h("div", { class: "toolbar" }, run, stop, state, h("span", { class: "muted", text: "Shift+Enter or Ctrl+Enter runs" })), out));
     return src;
   };
   panel.append(h("div", { class: "toolbar" },

@@ -33,23 +33,35 @@ export function duration(ms) {
   return Math.floor(s / 3600) + " h " + Math.floor((s % 3600) / 60) + " min";
 }
 
-// tableFromHTML rebuilds the first <table> of html from its text alone.
+// tableFromHTML rebuilds html from its text alone when it is one table (a
+// DataFrame), with at most some text beside it ("100 rows × 1 columns"):
+// each cell keeps its text, not its markup. Anything else (headings, a
+// second table, images) returns null, for the sandboxed iframe, so that
+// nothing is dropped.
 export function tableFromHTML(html) {
   const doc = new DOMParser().parseFromString(html, "text/html");
-  const src = doc.querySelector("table");
-  if (!src) return null;
+  for (const s of doc.querySelectorAll("style, script")) s.remove();
+  const tables = doc.querySelectorAll("table");
+  if (tables.length !== 1) return null;
+  const src = tables[0];
+  if (src.querySelector("img, svg, iframe, video, audio, canvas, object")) return null;
+  const beside = [...doc.body.querySelectorAll("*")].filter((e) => !src.contains(e) && !e.contains(src));
+  if (beside.some((e) => !["p", "span", "div", "br", "small"].includes(e.tagName.toLowerCase()))) return null;
+  const structure = ["table", "thead", "tbody", "tfoot", "tr"];
   const copy = (node) => {
     const tag = node.tagName.toLowerCase();
-    if (!["table", "thead", "tbody", "tfoot", "tr", "th", "td", "caption"].includes(tag)) return null;
+    if (!structure.includes(tag) && !["th", "td", "caption"].includes(tag)) return null;
     const el = document.createElement(tag);
     for (const a of ["colspan", "rowspan"]) if (node.hasAttribute(a)) el.setAttribute(a, String(parseInt(node.getAttribute(a), 10) || 1));
-    for (const kid of node.children) { const c = copy(kid); if (c) el.append(c); }
-    if (!node.children.length) el.textContent = node.textContent;
+    if (structure.includes(tag)) for (const kid of node.children) { const c = copy(kid); if (c) el.append(c); }
+    else el.textContent = node.textContent;
     return el;
   };
   const t = copy(src);
   t.className = "df";
-  return t;
+  src.remove();
+  const rest = doc.body.textContent.trim();
+  return rest ? h("div", {}, t, h("p", { class: "muted", text: rest })) : t;
 }
 
 function image(mime, b64, alt) {

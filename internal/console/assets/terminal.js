@@ -31,9 +31,11 @@ export class Terminal {
   connect(sandboxID) {
     this.close();
     const { cols, rows } = this.size;
+    this.cols = cols; this.rows = rows; // the size the shell starts with
     const ws = ptySocket(sandboxID, cols, rows);
     this.ws = ws;
-    ws.onopen = () => { this.onStatus("connected"); this.pre.focus(); };
+    let failed = false;
+    ws.onopen = () => { this.onStatus("connected"); this.pre.focus(); this.resize(); };
     ws.onmessage = (ev) => {
       if (typeof ev.data === "string") {
         const m = JSON.parse(ev.data);
@@ -42,8 +44,16 @@ export class Terminal {
       }
       this.write(this.dec.decode(new Uint8Array(ev.data), { stream: true }));
     };
-    ws.onclose = (ev) => { if (this.ws === ws) { this.ws = null; this.onStatus(ev.reason ? "closed: " + ev.reason : "closed"); } };
-    ws.onerror = () => this.onStatus("could not connect (is the sandbox running, and nothing snapshotting it?)");
+    ws.onclose = (ev) => {
+      if (this.ws !== ws) return;
+      this.ws = null;
+      // A connection that failed keeps the error's message: "closed" says less.
+      if (!failed || ev.reason) this.onStatus(ev.reason ? "closed: " + ev.reason : "closed");
+    };
+    ws.onerror = () => {
+      failed = ws.readyState !== WebSocket.OPEN && !this.connected;
+      this.onStatus("could not connect (is the sandbox running, and nothing snapshotting it?)");
+    };
     this.observer = new ResizeObserver(() => this.resize());
     this.observer.observe(this.pre);
   }
