@@ -123,4 +123,20 @@ mean(df$temp)`, nil)
 			t.Fatalf("contexts %v, want %v", ids, want)
 		}
 	})
+	t.Run("input ends at once: bash read, R readline", func(t *testing.T) {
+		// The kernels have no terminal input: a cell that reads ends now,
+		// not when it times out (runIn's timeout is 120 s, this one 20 s).
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "cd /tmp\nread x; echo \"got[$x] $?\"\nf() { echo kept; }", Language: "bash", TimeoutSeconds: 20})
+		if err != nil || ex.Error != nil || ex.Stdout != "got[] 1\n" {
+			t.Fatalf("bash read: %+v %+v %v", ex, ex.Error, err)
+		}
+		// What the cell set stays for the next one.
+		if ex := runIn(t, "bash", "pwd; f", nil); ex.Stdout != "/tmp\nkept\n" {
+			t.Errorf("bash after a wrapped cell: %q", ex.Stdout)
+		}
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: `x <- readline("name? ")`, Language: "r", TimeoutSeconds: 20})
+		if err != nil || ex.Error == nil || !strings.Contains(ex.Error.Value, "no input") {
+			t.Fatalf("R readline: %+v %v", ex, err)
+		}
+	})
 }

@@ -352,6 +352,9 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 	case "bash":
 		opts.EnvCode = jupyter.BashEnvCode
 		opts.ReseedCode = jupyter.BashReseedCode
+		opts.WrapCode = jupyter.BashWrapCode
+	case "r":
+		opts.SetupCode = jupyter.RSetupCode
 	}
 	if lk, ok := otherKernels[language]; ok {
 		opts.EnvCode, opts.Transport, opts.InterruptByMessage, opts.ReseedCode = lk.envCode, lk.transport, lk.byMessage, lk.reseedCode

@@ -115,6 +115,9 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	if k.opts.DroppedExpr != "" {
 		exprs[droppedKey] = k.opts.DroppedExpr
 	}
+	if k.opts.WrapCode != nil {
+		code = k.opts.WrapCode(code)
+	}
 	r.sent = time.Now()
 	id, err := in.send(in.shell, "execute_request", executeRequest{
 		Code: code, StoreHistory: !o.NoHistory, UserExpressions: exprs,

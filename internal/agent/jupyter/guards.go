@@ -239,6 +239,18 @@ func RReseedCode() string {
 	return "set.seed(" + strconv.FormatUint(uint64(binary.LittleEndian.Uint32(b[:])>>1), 10) + "L)\n"
 }
 
+// BashWrapCode is an Options.WrapCode for the bash kernel: the cell's
+// commands get /dev/null for stdin, so that one that reads input (read, cat)
+// sees its end at once instead of waiting on the kernel's terminal until
+// the cell times out. Braces, not a subshell: variables, functions and cd
+// stay for the next cell.
+func BashWrapCode(code string) string { return "{\n" + code + "\n} </dev/null" }
+
+// RSetupCode is an Options.SetupCode for IRkernel: readline() fails at once
+// (the kernel runs without stdin, as Python's input() does) rather than
+// waiting until the cell times out.
+const RSetupCode = `readline <- function(prompt = "") stop("readline(): this kernel has no input; pass values as variables or read them from a file", call. = FALSE)` + "\n"
+
 // BashEnvCode is an Options.EnvCode for the bash kernel: it exports the
 // variables for the cell and then puts back each one as it was (a value,
 // exported or not, or unset).

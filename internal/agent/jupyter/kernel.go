@@ -90,6 +90,9 @@ type Options struct {
 	// Language-specific: PythonEnvCode for ipykernel. Nil makes Execute
 	// refuse a non-empty Env.
 	EnvCode func(env map[string]string) (set, restore string)
+	// WrapCode, when set, turns a cell's code into what the kernel runs
+	// (BashWrapCode: the cell's commands read no terminal).
+	WrapCode func(code string) string
 	// SetupCode runs silently in every new kernel process, at start and
 	// after each restart, before any cell: PythonSetupCode installs the
 	// output and result caps of ipykernel.
