@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/imagestore"
@@ -31,6 +32,9 @@ func openImages(ctx context.Context, cfg *Config) (pandastack.ImageStore, string
 		if !filepath.IsAbs(path) {
 			return nil, "", fmt.Errorf("--snapshot-store %s: give an absolute path, e.g. file:///srv/pandastack/snapshots", ref)
 		}
+		// Copies a dead server left, from another filesystem; an hour
+		// without a write tells them from one under way elsewhere.
+		imagestore.SweepCopies(path, time.Hour)
 		return imagestore.NewLocal(path), "local " + path, nil
 	case strings.HasPrefix(ref, "s3://"):
 		bucket, prefix, err := s3.ParseURL(ref)

@@ -26,6 +26,34 @@ var _ pandastack.ImageStore = (*Local)(nil)
 // NewLocal returns the store on root; the first Put makes root if needed.
 func NewLocal(root string) *Local { return &Local{root: root} }
 
+// SweepCopies removes the copies into root that a Put across filesystems
+// left when its process died (.tmp-copy-*), once nothing in one has been
+// written for olderThan: several servers may share the directory, and
+// another's copy may be under way. It returns how many it removed.
+func SweepCopies(root string, olderThan time.Duration) int {
+	ents, _ := os.ReadDir(root)
+	n := 0
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), ".tmp-copy-") {
+			continue
+		}
+		dir := filepath.Join(root, e.Name())
+		newest := time.Time{}
+		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil {
+				if fi, err := d.Info(); err == nil && fi.ModTime().After(newest) {
+					newest = fi.ModTime()
+				}
+			}
+			return nil
+		})
+		if time.Since(newest) >= olderThan && os.RemoveAll(dir) == nil {
+			n++
+		}
+	}
+	return n
+}
+
 // Root is the store's directory; a staging directory beside it makes Put a
 // rename.
 func (l *Local) Root() string { return l.root }

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/imagestore"
@@ -39,4 +40,31 @@ func TestLocal(t *testing.T) {
 		},
 		BigFile: 12 << 20,
 	})
+}
+
+// A copy a dead server left in a shared store goes once nothing in it was
+// written for the age given; a fresh one (another server's, under way)
+// and the images stay.
+func TestSweepCopies(t *testing.T) {
+	root := t.TempDir()
+	old := filepath.Join(root, ".tmp-copy-snap_a-c_1")
+	fresh := filepath.Join(root, ".tmp-copy-snap_b-c_2")
+	image := filepath.Join(root, "snap_c")
+	for _, d := range []string{old, fresh, image} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(d, "pages.img"), []byte("x"), 0o600)
+	}
+	past := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(filepath.Join(old, "pages.img"), past, past)
+	os.Chtimes(old, past, past)
+	if n := imagestore.SweepCopies(root, time.Hour); n != 1 {
+		t.Errorf("removed %d, want 1", n)
+	}
+	for d, want := range map[string]bool{old: false, fresh: true, image: true} {
+		if _, err := os.Stat(d); (err == nil) != want {
+			t.Errorf("%s exists: %v, want %v", filepath.Base(d), err == nil, want)
+		}
+	}
 }
