@@ -371,6 +371,11 @@ type run struct {
 	interruptTB    string
 	resultsBytes   int // JSON size of the results kept
 	resultsDropped int
+	// displays maps a display_id (IPython's display(..., display_id=True))
+	// to the results showing it, which an update_display_data replaces.
+	displays map[string][]int
+	// clearWait: a clear_output(wait=True) came; the next output clears.
+	clearWait bool
 
 	// For ExecOptions.Timing: when the request went, when the reply and
 	// the idle status came, and the kernel's own stamps of its busy
@@ -569,14 +574,38 @@ func (r *run) handle(channel string, m *message) {
 				Text string `json:"text"`
 			}
 			if json.Unmarshal(m.Content, &c) == nil {
+				r.clearIfWaiting()
 				r.onStream(c.Name, c.Text)
 			}
 		case "execute_result", "display_data", "update_display_data":
 			var c struct {
-				Data map[string]json.RawMessage `json:"data"`
+				Data      map[string]json.RawMessage `json:"data"`
+				Transient struct {
+					DisplayID string `json:"display_id"`
+				} `json:"transient"`
 			}
-			if json.Unmarshal(m.Content, &c) == nil {
-				r.onResult(toResult(c.Data, m.Header.MsgType == "execute_result"))
+			if json.Unmarshal(m.Content, &c) != nil {
+				break
+			}
+			res := toResult(c.Data, m.Header.MsgType == "execute_result")
+			id := c.Transient.DisplayID
+			if m.Header.MsgType == "update_display_data" && r.updateDisplay(id, res) {
+				break
+			}
+			r.clearIfWaiting()
+			if n := len(r.exec.Results); r.onResult(res) && id != "" {
+				if r.displays == nil {
+					r.displays = map[string][]int{}
+				}
+				r.displays[id] = append(r.displays[id], n)
+			}
+		case "clear_output":
+			var c struct {
+				Wait bool `json:"wait"`
+			}
+			json.Unmarshal(m.Content, &c)
+			if r.clearWait = c.Wait; !c.Wait {
+				r.clearOutput()
 			}
 		case "error":
 			var c errorContent
@@ -653,7 +682,43 @@ func (r *run) onStream(name, text string) {
 	}
 }
 
-func (r *run) onResult(res agentproto.Result) {
+// updateDisplay replaces the results showing display id with res, as a
+// notebook redraws them in place (a progress display updated a thousand
+// times is one result, not a thousand); false when this cell showed no such
+// display (one of an earlier cell: then res is kept as a new result). The
+// update is not streamed: streamed results are only ever added.
+func (r *run) updateDisplay(id string, res agentproto.Result) bool {
+	idx := r.displays[id]
+	if id == "" || len(idx) == 0 {
+		return false
+	}
+	for _, i := range idx {
+		r.exec.Results[i] = res
+	}
+	return true
+}
+
+// clearOutput drops what the cell has shown so far, as IPython's
+// clear_output() clears a notebook cell; what was streamed stays streamed.
+func (r *run) clearOutput() {
+	r.clearWait = false
+	r.stdout.reset()
+	r.stderr.reset()
+	r.exec.Results = []agentproto.Result{}
+	r.exec.Text, r.exec.PNG = "", ""
+	r.resultsBytes, r.resultsDropped = 0, 0
+	r.displays = nil
+}
+
+// clearIfWaiting carries out a clear_output(wait=True) at the next output.
+func (r *run) clearIfWaiting() {
+	if r.clearWait {
+		r.clearOutput()
+	}
+}
+
+// onResult keeps res (false: it was over the cap and is not kept).
+func (r *run) onResult(res agentproto.Result) bool {
 	size := len(res.Text) + len(res.HTML) + len(res.Markdown) + len(res.SVG) + len(res.PNG) + len(res.JPEG) +
 		len(res.PDF) + len(res.LaTeX) + len(res.JavaScript)
 	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra, res.Chart, res.Data}); err == nil {
@@ -669,7 +734,7 @@ func (r *run) onResult(res agentproto.Result) {
 			r.exec.Results = append(r.exec.Results, marker)
 			r.emit(agentproto.CodeEvent{Type: "result", Result: &marker})
 		}
-		return
+		return false
 	}
 	r.resultsBytes += size
 	r.exec.Results = append(r.exec.Results, res)
@@ -680,6 +745,7 @@ func (r *run) onResult(res agentproto.Result) {
 		r.exec.PNG = res.PNG
 	}
 	r.emit(agentproto.CodeEvent{Type: "result", Result: &res})
+	return true
 }
 
 func (r *run) onError(e *agentproto.ExecutionError) {
@@ -721,6 +787,12 @@ func (c *capped) write(s string) (kept string, truncated bool) {
 	c.b.WriteString(s[:cut])
 	c.omitted = len(s) - cut
 	return s[:cut], true
+}
+
+// reset empties c (a clear_output).
+func (c *capped) reset() {
+	c.b.Reset()
+	c.omitted, c.dropped = 0, 0
 }
 
 func (c *capped) String() string {

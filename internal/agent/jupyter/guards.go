@@ -58,7 +58,8 @@ var PythonSetupCode = `def _pandastack_setup():
         n = len(s)
         room = cap[0] - sent[name]
         if n > room:
-            dropped[name] += n - max(room, 0)
+            # In bytes, as the agent counts what it cuts.
+            dropped[name] += len(s[max(room, 0):].encode('utf-8', 'surrogatepass'))
             if room <= 0:
                 return n
             s = s[:room]

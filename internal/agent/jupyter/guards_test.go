@@ -200,3 +200,34 @@ func TestTrimmedCellKeepsWhatUsersSee(t *testing.T) {
 		}
 	}
 }
+
+// TestDisplaysAsInANotebook: an updated display is one result showing its
+// last state; clear_output() drops what the cell showed before it (at once,
+// or with wait=True at the next output).
+func TestDisplaysAsInANotebook(t *testing.T) {
+	k := startKernel(t, guarded)
+	e, _ := runCode(t, k, "h = display('start', display_id=True)\nfor i in range(300): h.update(str(i))\nprint('done')", ExecOptions{})
+	if e.Error != nil || len(e.Results) != 1 || e.Results[0].Text != "'299'" || e.Stdout != "done\n" {
+		t.Errorf("an updated display: %+v", e)
+	}
+	e, _ = runCode(t, k, "from IPython.display import clear_output, display\nprint('a'); display('x')\nclear_output()\nprint('b')", ExecOptions{})
+	if e.Error != nil || len(e.Results) != 0 || e.Stdout != "b\n" {
+		t.Errorf("clear_output(): %+v", e)
+	}
+	e, _ = runCode(t, k, "for i in range(3):\n    clear_output(wait=True)\n    print('step', i)\n    display(i)", ExecOptions{})
+	if e.Error != nil || len(e.Results) != 1 || e.Results[0].Text != "2" || e.Stdout != "step 2\n" {
+		t.Errorf("clear_output(wait=True): %+v", e)
+	}
+}
+
+// TestTruncationCountsBytes: the marker counts bytes, also of text whose
+// characters take several (the kernel cuts by characters, the agent by
+// bytes).
+func TestTruncationCountsBytes(t *testing.T) {
+	k := startKernel(t, guarded)
+	e, _ := runCode(t, k, "print('é' * 3_000_000)", ExecOptions{})
+	// 6_000_001 bytes in all, 1 MiB of them kept.
+	if want := fmt.Sprintf("[output truncated: %d bytes omitted]", 6_000_001-DefaultOutputCap); e.Error != nil || !strings.Contains(e.Stdout, want) {
+		t.Errorf("stdout ends %q, want %q", e.Stdout[max(len(e.Stdout)-60, 0):], want)
+	}
+}
