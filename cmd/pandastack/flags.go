@@ -73,6 +73,26 @@ func printable(s string) string {
 	return strconv.Quote(s)
 }
 
+// showOnly makes -h of fs list only the named flags: a command that binds
+// every setting of serve (Config.bind) but reads a few of them. The others
+// still parse, as their environment variables do.
+func showOnly(fs *flag.FlagSet, names ...string) {
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		shown := flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
+		shown.SetOutput(fs.Output())
+		fs.VisitAll(func(f *flag.Flag) {
+			for _, n := range names {
+				if f.Name == n {
+					shown.Var(f.Value, f.Name, f.Usage)
+					shown.Lookup(f.Name).DefValue = f.DefValue
+				}
+			}
+		})
+		shown.PrintDefaults()
+	}
+}
+
 func isHelp(arg string) bool {
 	return arg == "-h" || arg == "-help" || arg == "--help" || arg == "help"
 }

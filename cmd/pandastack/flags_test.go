@@ -110,3 +110,22 @@ func TestPrintable(t *testing.T) {
 		t.Errorf("control characters reach the terminal: %q", got)
 	}
 }
+
+// -h of a command that binds every setting lists only what it reads.
+func TestShowOnly(t *testing.T) {
+	fs := flag.NewFlagSet("keys create", flag.ContinueOnError)
+	var out strings.Builder
+	fs.SetOutput(&out)
+	fs.String("project", "default", "project of the key")
+	fs.Duration("idle-timeout", 0, "a serve setting")
+	showOnly(fs, "project")
+	if err := parseFlags(fs, []string{"-h"}, false); err != errHelp {
+		t.Fatalf("-h: %v", err)
+	}
+	if !strings.Contains(out.String(), "-project") || strings.Contains(out.String(), "idle-timeout") {
+		t.Errorf("usage:\n%s", out.String())
+	}
+	if err := parseFlags(fs, []string{"--idle-timeout", "5s"}, false); err != nil {
+		t.Errorf("a setting left out of the usage no longer parses: %v", err)
+	}
+}

@@ -341,6 +341,11 @@ func keys(args []string) error {
 	cfg.bind(fs)
 	project := fs.String("project", "default", "project the key belongs to (created if new)")
 	name := fs.String("name", "", "a label for the key")
+	if args[0] == "create" {
+		showOnly(fs, "project", "name", "data-dir", "store")
+	} else {
+		showOnly(fs, "data-dir", "store")
+	}
 	if err := parseInterspersed(fs, args[1:]); err != nil {
 		return err
 	}
@@ -412,6 +417,14 @@ func templates(args []string) error {
 	force := fs.Bool("force", false, "rebuild even when cached")
 	minAge := fs.Duration("min-age", 24*time.Hour, "gc: spare builds and warm images younger than this")
 	dryRun := fs.Bool("dry-run", false, "gc: only say what would be removed")
+	switch args[0] {
+	case "build":
+		showOnly(fs, "force", "cache-dir", "templates-dir", "data-dir", "mirror")
+	case "gc":
+		showOnly(fs, "min-age", "dry-run", "cache-dir", "templates-dir", "data-dir", "store", "snapshot-store")
+	default:
+		showOnly(fs, "cache-dir", "templates-dir", "data-dir")
+	}
 	if err := parseInterspersed(fs, args[1:]); err != nil {
 		return err
 	}
