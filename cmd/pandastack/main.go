@@ -188,7 +188,7 @@ func serve(args []string) error {
 		sandboxes = wrapped
 	}
 	tpls := &templateSource{reg: reg, load: func() (*template.Registry, error) { return loadTemplates(&cfg) },
-		cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash}
+		cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash, diskMB: cfg.DiskMB}
 	scfg := cfg.Sandbox
 	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()
 	images, imagesDesc, err := openImages(ctx, &cfg)

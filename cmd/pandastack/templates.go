@@ -22,6 +22,7 @@ type templateSource struct {
 	cacheDir  string
 	warmDir   string // where warm images live (sandbox.Config.WarmDir)
 	agentHash string
+	diskMB    int              // serve's --disk-mb, for templates without their own
 	mgr       *sandbox.Manager // for pool stats; set once the manager exists
 }
 
@@ -121,8 +122,12 @@ func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) 
 		out = append(out, api.TemplateInfo{
 			Name: spec.Name, Description: spec.Description, Hash: b.Hash, SizeBytes: b.SizeBytes,
 			BuildSeconds: b.BuildSeconds, BuiltAt: b.BuiltAt, CPU: spec.CPU, MemoryMB: spec.MemoryMB,
+			DiskMB: spec.DiskMB,
 		})
 		info := &out[len(out)-1]
+		if info.DiskMB == 0 {
+			info.DiskMB = max(t.diskMB, 0)
+		}
 		if _, err := os.Stat(t.warmImage(spec)); err == nil && spec.Warmup != "" {
 			info.Warm = true
 		}

@@ -38,6 +38,7 @@ type TemplateInfo struct {
 	BuiltAt      time.Time `json:"built_at"`
 	CPU          int       `json:"cpu"`
 	MemoryMB     int       `json:"memory_mb"`
+	DiskMB       int       `json:"disk_mb"`        // its sandboxes' own disk; 0: writes stay in memory
 	Warm         bool      `json:"warm"`           // creates restore a warm snapshot
 	Pool         *PoolInfo `json:"pool,omitempty"` // sandboxes restored ahead of creates
 }

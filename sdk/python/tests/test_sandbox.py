@@ -268,7 +268,10 @@ def test_errors_carry_server_code(server, sandbox):
 def test_explicit_client(server):
     c = Client(api_key=server.api_key, api_url=server.url)
     assert c.health()
-    assert "base" in [t.name for t in c.list_templates()]
+    templates = {t.name: t for t in c.list_templates()}
+    assert "base" in templates
+    # Each says the disk its sandboxes get (the server's default 2048 MiB).
+    assert [t.disk_mb for t in templates.values()] == [2048] * len(templates), templates
     with Sandbox.create(ttl_seconds=120, client=c) as sb:
         assert sb.client is c
         assert sb.exec("echo via explicit client").stdout == "via explicit client\n"

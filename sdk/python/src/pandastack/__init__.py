@@ -52,6 +52,7 @@ from .models import (
     Result,
     SnapshotInfo,
     Table,
+    PoolInfo,
     TemplateInfo,
 )
 from .sandbox import CodeContext, Files, Sandbox
@@ -78,6 +79,7 @@ __all__ = [
     "ExecutionError",
     "ExecResult",
     "FileInfo",
+    "PoolInfo",
     "TemplateInfo",
     "SnapshotInfo",
     "ProcessInfo",

@@ -421,6 +421,20 @@ class FileInfo:
 
 
 @dataclass
+class PoolInfo:
+    """A template's pool: sandboxes restored ahead of creates."""
+
+    ready: int
+    size: int
+    pss_bytes: int = 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "PoolInfo":
+        """Build a PoolInfo from the API's JSON object."""
+        return cls(ready=int(d.get("ready") or 0), size=int(d.get("size") or 0), pss_bytes=int(d.get("pss_bytes") or 0))
+
+
+@dataclass
 class TemplateInfo:
     """A template the server has built and can create sandboxes from."""
 
@@ -432,10 +446,17 @@ class TemplateInfo:
     built_at: Optional[datetime]
     build_seconds: float = 0.0
     description: str = ""
+    #: Default size in MiB of a sandbox's own disk (0: writes stay in memory).
+    disk_mb: int = 0
+    #: Creates restore a warm snapshot (the default Python context already up).
+    warm: bool = False
+    #: Sandboxes restored ahead of creates, or None when the template has no pool.
+    pool: Optional[PoolInfo] = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "TemplateInfo":
         """Build a TemplateInfo from the API's JSON object."""
+        pool = d.get("pool")
         return cls(
             name=d.get("name", ""),
             hash=d.get("hash", ""),
@@ -445,6 +466,9 @@ class TemplateInfo:
             built_at=parse_time(d.get("built_at")),
             build_seconds=float(d.get("build_seconds") or 0),
             description=d.get("description") or "",
+            disk_mb=int(d.get("disk_mb") or 0),
+            warm=bool(d.get("warm")),
+            pool=PoolInfo.from_dict(pool) if isinstance(pool, Mapping) else None,
         )
 
 
