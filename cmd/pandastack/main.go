@@ -456,13 +456,13 @@ func templates(args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%s %s %d MB %s\n", b.Name, b.Hash[:16], b.SizeBytes>>20, b.RootFS)
+		fmt.Printf("%s %s %d MB %s\n", b.Name, b.Hash[:16], (b.SizeBytes+500_000)/1_000_000, b.RootFS)
 	case "ls", "list":
 		fmt.Printf("%-20s %-18s %-10s %s\n", "NAME", "HASH", "SIZE", "BUILT")
 		for _, spec := range reg.List() {
 			size, built := "-", "not built"
 			if b, ok := template.Lookup(cfg.CacheDir, spec); ok {
-				size, built = fmt.Sprintf("%d MB", b.SizeBytes>>20), b.BuiltAt.Format(time.RFC3339)
+				size, built = fmt.Sprintf("%d MB", (b.SizeBytes+500_000)/1_000_000), b.BuiltAt.Format(time.RFC3339)
 			}
 			fmt.Printf("%-20s %-18s %-10s %s\n", spec.Name, spec.Hash()[:16], size, built)
 		}
