@@ -338,12 +338,7 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 	if avail < (total-pressure)/4 {
 		running := cs.runningPIDs()
 		for k, n := range now {
-			base, seen := pf.base[k]
-			if !seen && pf.base != nil {
-				// A kernel started since: its start is not a cell's growth.
-				pf.base[k], base = n, n
-			}
-			if g := n - base; running[k.Pid()] && g > most {
+			if g := n - pf.base[k]; running[k.Pid()] && g > most {
 				grown, most = k, g
 			}
 		}
