@@ -31,25 +31,6 @@ type Contexts struct {
 	watch   sync.Once
 	memKick chan struct{} // wakes the memory watch when a cell starts
 	spares  spareSet      // kernels warmed up ahead of time (spare.go)
-	// running lists the pids of the kernels running a cell; nil: those of
-	// ctxs (a test sets its own).
-	running func() map[int]bool
-}
-
-// runningPIDs are the pids of the kernels running a cell now.
-func (cs *Contexts) runningPIDs() map[int]bool {
-	if cs.running != nil {
-		return cs.running()
-	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	out := map[int]bool{}
-	for _, cc := range cs.ctxs {
-		if cc.kernel != nil && cc.kernel.Busy() {
-			out[cc.kernel.Pid()] = true
-		}
-	}
-	return out
 }
 
 type codeContext struct {

@@ -326,21 +326,13 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 	}
 	used := total - avail
 	// Nearly out as a whole. Many kernels, none large, can fill a sandbox
-	// together: the one running a cell that grew most since the sandbox was
-	// last out of danger brought it here (a cell allocating), and it goes.
-	// A kernel starting (another language's, a spare) grows too, but is
-	// not the cause: a sandbox of several languages lives near this line.
-	// It waits for the last quarter of the margin: a sandbox of several
-	// kernels lives inside it, and gVisor's count runs ahead of the host's
-	// limit (an eighth above memory_mb).
+	// together: the one that grew most since the sandbox was last out of
+	// danger brought it here (a cell allocating), and it goes.
 	var grown *kernelProc
 	var most int64
-	if avail < (total-pressure)/4 {
-		running := cs.runningPIDs()
-		for k, n := range now {
-			if g := n - pf.base[k]; running[k.Pid()] && g > most {
-				grown, most = k, g
-			}
+	for k, n := range now {
+		if g := n - pf.base[k]; g > most {
+			grown, most = k, g
 		}
 	}
 	if grown != nil && most >= minKernelGrowth {
