@@ -169,10 +169,6 @@ type procFiles struct {
 	meminfo *os.File
 	statm   map[*kernelProc]*os.File
 	buf     [4096]byte
-	// base is each kernel's resident memory at the watch's last look that
-	// found the sandbox out of danger: a kernel that grew most since is
-	// what brought it to the edge.
-	base map[*kernelProc]int64
 }
 
 // read reads *fp (opening path first if nil) from its start; on an error
@@ -287,10 +283,6 @@ func (cs *Contexts) memWatchPace() time.Duration {
 	return memWatchIdlePeriod
 }
 
-// minKernelGrowth is the least growth that marks a kernel as the one that
-// filled the sandbox; less is noise.
-const minKernelGrowth = 16 << 20
-
 // checkMemory is one pass of the watch, reading /proc through pf.
 func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64, log *slog.Logger) {
 	cs.mu.Lock()
@@ -303,13 +295,11 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 	if len(procs) == 0 {
 		return
 	}
-	now := make(map[*kernelProc]int64, len(procs))
 	for _, k := range procs {
 		n, err := pf.rss(k)
 		if err != nil {
 			continue
 		}
-		now[k] = n
 		if n > perKernel {
 			log.Warn("kernel over its memory limit; killing it", "pid", k.Pid(), "rss_mib", n>>20, "limit_mib", perKernel>>20)
 			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
@@ -317,32 +307,13 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 		}
 	}
 	_, avail, err := pf.readMeminfo()
-	if err != nil {
+	if err != nil || total-avail <= pressure {
 		return
 	}
-	if total-avail <= pressure {
-		pf.base = now
-		return
-	}
+	// Nearly out as a whole: the kernel whose process tree (what its cells
+	// started included) holds most, if that is at least half of what is
+	// used; memory held elsewhere (an exec) is no kernel's fault.
 	used := total - avail
-	// Nearly out as a whole. Many kernels, none large, can fill a sandbox
-	// together: the one that grew most since the sandbox was last out of
-	// danger brought it here (a cell allocating), and it goes.
-	var grown *kernelProc
-	var most int64
-	for k, n := range now {
-		if g := n - pf.base[k]; g > most {
-			grown, most = k, g
-		}
-	}
-	if grown != nil && most >= minKernelGrowth {
-		log.Warn("sandbox nearly out of memory; killing the kernel that grew most", "pid", grown.Pid(), "rss_mib", now[grown]>>20, "grew_mib", most>>20, "used_mib", used>>20)
-		grown.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, which had grown by %d MiB to %d MiB since there was room, more than any other, was killed", total>>20, used>>20, most>>20, now[grown]>>20))
-		return
-	}
-	// Else the kernel whose process tree (what its cells started included)
-	// holds most, if that is at least half of what is used; memory held
-	// elsewhere (an exec) is no kernel's fault.
 	var largest *kernelProc
 	var largestRSS int64
 	for _, k := range procs {
