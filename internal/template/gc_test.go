@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -104,6 +105,29 @@ func TestGCRemovesOnlyUnreferencedOldBuilds(t *testing.T) {
 	}
 }
 
+// mountElsewhere bind mounts src from a process in a private mount
+// namespace of its own, as a sandbox's gofer does: nothing of it shows in
+// this process's mount table. The returned func (also a cleanup) ends it.
+func mountElsewhere(t *testing.T, src string) func() {
+	t.Helper()
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" "$2" && echo ready && exec sleep 600`, "sh", src, t.TempDir())
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	end := func() { once.Do(func() { cmd.Process.Kill(); cmd.Wait() }) }
+	t.Cleanup(end)
+	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
+		t.Fatalf("bind mount in a new namespace failed: %q", line)
+	}
+	return end
+}
+
 // A build whose rootfs a process in another mount namespace has bind
 // mounted, as runsc's gofer does for a sandbox of any server sharing the
 // cache, is kept even when nothing this server knows refers to it.
@@ -116,22 +140,7 @@ func TestGCKeepsABuildMountedElsewhere(t *testing.T) {
 	old := time.Now().Add(-48 * time.Hour)
 	used := fakeBuild(t, cache, "base", "eeeeeeeeeeeeeeee", old)
 	free := fakeBuild(t, cache, "base", "ffffffffffffffff", old)
-	target := t.TempDir()
-	// A process in a private mount namespace holds the bind mount, like a
-	// gofer: nothing of it shows in this process's own mount table.
-	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
-		`mount --bind "$1" "$2" && echo ready && exec sleep 600`, "sh", used.RootFS, target)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
-		t.Fatalf("bind mount in a new namespace failed: %q", line)
-	}
+	mountElsewhere(t, used.RootFS)
 	if m := hostMountsUnder(t, used.Dir); len(m) != 0 {
 		t.Fatalf("the mount leaked into the test's namespace: %v", m)
 	}
@@ -167,20 +176,7 @@ func TestRemoveTreeKeepsWhatASandboxHasMounted(t *testing.T) {
 	if err := os.Rename(b.Dir, old); err != nil { // as a --force rebuild does
 		t.Fatal(err)
 	}
-	target := t.TempDir()
-	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
-		`mount --bind "$1" "$2" && echo ready && exec sleep 600`, "sh", filepath.Join(old, rootfsDir), target)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "ready\n" {
-		t.Fatalf("bind mount in a new namespace failed: %q", line)
-	}
+	unmount := mountElsewhere(t, filepath.Join(old, rootfsDir))
 	if err := removeTree(old); !errors.Is(err, errInUse) {
 		t.Errorf("removeTree of a tree mounted elsewhere: %v, want errInUse", err)
 	}
@@ -191,8 +187,7 @@ func TestRemoveTreeKeepsWhatASandboxHasMounted(t *testing.T) {
 	if !exists(filepath.Join(old, rootfsDir)) {
 		t.Fatal("the mounted tree was deleted")
 	}
-	cmd.Process.Kill()
-	cmd.Wait()
+	unmount()
 	if _, err := GC(cache, GCOptions{Keep: keep}); err != nil {
 		t.Fatal(err)
 	}
