@@ -134,7 +134,10 @@ mean(df$temp)`, nil)
 		if ex := runIn(t, "bash", "pwd; f", nil); ex.Stdout != "/tmp\nkept\n" {
 			t.Errorf("bash after a wrapped cell: %q", ex.Stdout)
 		}
-		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: `x <- readline("name? ")`, Language: "r", TimeoutSeconds: 20})
+		if ex := runIn(t, "bash", "# a cell of comments only", nil); ex.Error != nil {
+			t.Errorf("a bash cell of comments: %+v", ex.Error)
+		}
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "rm(list = ls())\nx <- readline(\"name? \")", Language: "r", TimeoutSeconds: 20})
 		if err != nil || ex.Error == nil || !strings.Contains(ex.Error.Value, "no input") {
 			t.Fatalf("R readline: %+v %v", ex, err)
 		}

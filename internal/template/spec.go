@@ -150,7 +150,7 @@ func decode(data []byte) (Spec, error) {
 				return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec: line %d: %s %q must be a whole number", v.Line, k, v.Value)
 			}
 			// 0 would silently mean the default.
-			if k != "disk_mb" && v.Value == "0" {
+			if n, err := strconv.ParseInt(v.Value, 0, 64); err == nil && n == 0 {
 				return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec: line %d: %s 0 is out of range (leave it out for the default)", v.Line, k)
 			}
 		}

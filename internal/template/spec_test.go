@@ -104,6 +104,8 @@ func TestParseErrors(t *testing.T) {
 		{"name: x\ndisk_mb: 100.7\n", `disk_mb "100.7" must be a whole number`},
 		{"name: x\ncpu: 0\n", "cpu 0 is out of range (leave it out for the default)"},
 		{"name: x\nmemory_mb: 0\n", "memory_mb 0 is out of range"},
+		{"name: x\ndisk_mb: 0\n", "disk_mb 0 is out of range"},
+		{"name: x\ncpu: 00\n", "cpu 0 is out of range"},
 		{"name: x\nfiles: [{path: /tmp/a}]\n", "empties /tmp"},
 		{"name: x\nfiles: [{path: /var/tmp/a/b}]\n", "empties /tmp"},
 	} {

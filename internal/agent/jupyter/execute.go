@@ -692,10 +692,29 @@ func (r *run) updateDisplay(id string, res agentproto.Result) bool {
 	if id == "" || len(idx) == 0 {
 		return false
 	}
+	// Within the cap on the cell's results, as a new result would be.
+	grow := 0
+	for _, i := range idx {
+		grow += resultSize(res) - resultSize(r.exec.Results[i])
+	}
+	if r.resultsBytes+grow > ResultsCap {
+		return true // dropped: the display keeps its last state that fit
+	}
+	r.resultsBytes += grow
 	for _, i := range idx {
 		r.exec.Results[i] = res
 	}
 	return true
+}
+
+// resultSize is what a result counts against ResultsCap.
+func resultSize(res agentproto.Result) int {
+	size := len(res.Text) + len(res.HTML) + len(res.Markdown) + len(res.SVG) + len(res.PNG) + len(res.JPEG) +
+		len(res.PDF) + len(res.LaTeX) + len(res.JavaScript)
+	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra, res.Chart, res.Data}); err == nil {
+		size += len(b)
+	}
+	return size
 }
 
 // clearOutput drops what the cell has shown so far, as IPython's
@@ -719,11 +738,7 @@ func (r *run) clearIfWaiting() {
 
 // onResult keeps res (false: it was over the cap and is not kept).
 func (r *run) onResult(res agentproto.Result) bool {
-	size := len(res.Text) + len(res.HTML) + len(res.Markdown) + len(res.SVG) + len(res.PNG) + len(res.JPEG) +
-		len(res.PDF) + len(res.LaTeX) + len(res.JavaScript)
-	if b, err := json.Marshal([]any{res.JSON, res.Plotly, res.Extra, res.Chart, res.Data}); err == nil {
-		size += len(b)
-	}
+	size := resultSize(res)
 	if r.resultsBytes+size > ResultsCap {
 		r.resultsDropped++
 		if res.IsMainResult && len(res.Text) <= 64<<10 {

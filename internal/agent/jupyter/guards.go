@@ -77,6 +77,16 @@ var PythonSetupCode = `def _pandastack_setup():
             if getattr(w, '__func__', None) is orig_write:
                 del stream.__dict__['write']
     ip.events.register('pre_run_cell', reset)
+
+    # clear_output() starts the cell's output afresh, its cap too.
+    pub = ip.display_pub
+    orig_clear = pub.clear_output
+    def clear_output(*args, **kwargs):
+        for k in sent:
+            sent[k] = 0
+            dropped[k] = 0
+        return orig_clear(*args, **kwargs)
+    pub.clear_output = clear_output
 ` + pythonPlotsHook + `
     # What ipykernel and IPython do around every cell costs system calls,
     # 10-30 µs each in gVisor: some 750 for a cell of "1+1". Drop what
@@ -244,13 +254,21 @@ func RReseedCode() string {
 // commands get /dev/null for stdin, so that one that reads input (read, cat)
 // sees its end at once instead of waiting on the kernel's terminal until
 // the cell times out. Braces, not a subshell: variables, functions and cd
-// stay for the next cell.
-func BashWrapCode(code string) string { return "{\n" + code + "\n} </dev/null" }
+// stay for the next cell; the ":" keeps a cell of comments only valid. Bash
+// parses the group whole, so a shopt or alias takes effect from the next
+// cell on, not later in its own.
+func BashWrapCode(code string) string { return "{ :\n" + code + "\n} </dev/null" }
 
 // RSetupCode is an Options.SetupCode for IRkernel: readline() fails at once
 // (the kernel runs without stdin, as Python's input() does) rather than
 // waiting until the cell times out.
-const RSetupCode = `readline <- function(prompt = "") stop("readline(): this kernel has no input; pass values as variables or read them from a file", call. = FALSE)` + "\n"
+// It is attached, not in the global environment, so rm(list = ls()) keeps it.
+const RSetupCode = `local({
+  e <- new.env()
+  e$readline <- function(prompt = "") stop("readline(): this kernel has no input; pass values as variables or read them from a file", call. = FALSE)
+  attach(e, name = "pandastack:input", warn.conflicts = FALSE)
+})
+`
 
 // BashEnvCode is an Options.EnvCode for the bash kernel: it exports the
 // variables for the cell and then puts back each one as it was (a value,

@@ -218,6 +218,12 @@ func TestDisplaysAsInANotebook(t *testing.T) {
 	if e.Error != nil || len(e.Results) != 1 || e.Results[0].Text != "2" || e.Stdout != "step 2\n" {
 		t.Errorf("clear_output(wait=True): %+v", e)
 	}
+	// A clear starts the cap afresh: ten lines of 300 KiB, each after a
+	// clear, leave the last whole (3 MB in all, the cap is 1 MiB).
+	e, _ = runCode(t, k, "for i in range(10):\n    clear_output(wait=True)\n    print(str(i) * 300_000)", ExecOptions{})
+	if e.Error != nil || e.Stdout != strings.Repeat("9", 300_000)+"\n" {
+		t.Errorf("prints after clears: error %+v, %d bytes of stdout ending %q", e.Error, len(e.Stdout), e.Stdout[max(len(e.Stdout)-60, 0):])
+	}
 }
 
 // TestTruncationCountsBytes: the marker counts bytes, also of text whose
