@@ -124,6 +124,10 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 		m.node.okSince = now
 	}
 	m.node.lastOK = now
+	// A node whose heartbeat hung until its timeout (Grace/4) and then
+	// waits an interval writes again within Grace/4 + Heartbeat of the
+	// store coming back: judging only after a whole grace of this node's
+	// own heartbeats leaves it that.
 	judge := now.Sub(m.node.okSince) >= nc.Grace
 	m.node.mu.Unlock()
 	var gone []string
@@ -179,7 +183,10 @@ func (m *Manager) heartbeatLoop() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Node.Grace)
+		// Well within the grace: a heartbeat hung on a dead connection
+		// must fail, and this node count as silent, long before another
+		// node that came back first may judge it.
+		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Node.Grace/4)
 		if err := m.heartbeat(ctx); err != nil {
 			m.log.Error("node heartbeat", "node", m.cfg.Node.ID, "err", err)
 		}

@@ -214,6 +214,9 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	prepared, pin := m.prepared.take(id) // the restore takes it, or removes it
 	defer releaseLater(pin)
 	rwc, err := m.rt.Restore(startCtx, m.resumeSpec(sb, man), filepath.Join(dir, "image"))
+	// runsc fails for want of disk without saying so (exit status 128, no
+	// message); the disk's fault only when the restore itself failed.
+	err = roomError(err, filepath.Join(dir, "image"), "the sandbox stays paused")
 	steps.done("restore_ms")
 	var client *AgentClient
 	if err == nil {
@@ -240,7 +243,6 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 		if startCtx.Err() != nil {
 			return sb, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not resume within %s; it is still paused", id, m.cfg.StartTimeout)
 		}
-		err = roomError(err, filepath.Join(dir, "image"), "the sandbox stays paused")
 		m.log.Warn("resume failed; the sandbox stays paused", "sandbox", id, "err", err)
 		return sb, fmt.Errorf("resume %s: %w", id, err)
 	}

@@ -308,6 +308,11 @@ def test_notebook_interrupts_and_keeps_html_whole(page: Page, serve) -> None:
     out = page.get_by_label("Output of cell 1")
     expect(out.locator("iframe")).to_have_count(1)
     expect(out.locator("table.df")).to_have_count(0)
+    # A table alone is rebuilt as a table; a cell's markup leaves its text.
+    page.fill("#cell-1", 'from IPython.display import HTML, display\n'
+              'display(HTML("<table><tr><th>revenue</th></tr><tr><td><b>100</b> USD</td></tr></table>"))')
+    page.get_by_role("button", name="Run cell 1").click()
+    expect(out.locator("table.df td")).to_have_text("100 USD")
     # A long DataFrame: its table, and the line saying how big it is.
     page.fill("#cell-1", "import pandas as pd\npd.DataFrame({'a': range(100)})")
     page.get_by_role("button", name="Run cell 1").click()

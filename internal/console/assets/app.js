@@ -272,7 +272,8 @@ function notebookPanel(id, known) {
       // the run (the server then interrupts it), so no cell runs on unseen.
       const cid = ctx.value || `ctx_default_${lang.value}`;
       const cancel = new AbortController();
-      onLeave(() => cancel.abort());
+      const abort = () => cancel.abort();
+      onLeave(abort);
       stop.onclick = () => act("Interrupt", async () => { await api("POST", `/v1/sandboxes/${id}/contexts/${cid}/interrupt`); state.textContent = "interrupting…"; });
       stop.hidden = false;
       out.replaceChildren();
@@ -298,7 +299,7 @@ function notebookPanel(id, known) {
         if (cancel.signal.aborted) return; // the page was left
         out.append(h("div", { class: "error", role: "alert", text: `${e.code || "error"}: ${e.message}` }));
         state.textContent = "failed";
-      } finally { run.disabled = false; stop.hidden = true; }
+      } finally { run.disabled = false; stop.hidden = true; cleanups = cleanups.filter((f) => f !== abort); }
     };
     run.addEventListener("click", go);
     src.addEventListener("keydown", (e) => { if (e.key === "Enter" && (e.ctrlKey || e.metaKey || e.shiftKey)) { e.preventDefault(); go(); } });

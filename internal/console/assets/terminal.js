@@ -34,8 +34,8 @@ export class Terminal {
     this.cols = cols; this.rows = rows; // the size the shell starts with
     const ws = ptySocket(sandboxID, cols, rows);
     this.ws = ws;
-    let failed = false;
-    ws.onopen = () => { this.onStatus("connected"); this.pre.focus(); this.resize(); };
+    let opened = false;
+    ws.onopen = () => { opened = true; this.onStatus("connected"); this.pre.focus(); this.resize(); };
     ws.onmessage = (ev) => {
       if (typeof ev.data === "string") {
         const m = JSON.parse(ev.data);
@@ -47,13 +47,11 @@ export class Terminal {
     ws.onclose = (ev) => {
       if (this.ws !== ws) return;
       this.ws = null;
-      // A connection that failed keeps the error's message: "closed" says less.
-      if (!failed || ev.reason) this.onStatus(ev.reason ? "closed: " + ev.reason : "closed");
+      // A connection that never opened keeps the error's message: "closed"
+      // says less.
+      if (opened || ev.reason) this.onStatus(ev.reason ? "closed: " + ev.reason : "closed");
     };
-    ws.onerror = () => {
-      failed = ws.readyState !== WebSocket.OPEN && !this.connected;
-      this.onStatus("could not connect (is the sandbox running, and nothing snapshotting it?)");
-    };
+    ws.onerror = () => { if (!opened) this.onStatus("could not connect (is the sandbox running, and nothing snapshotting it?)"); };
     this.observer = new ResizeObserver(() => this.resize());
     this.observer.observe(this.pre);
   }
