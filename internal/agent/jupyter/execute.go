@@ -481,8 +481,36 @@ func (r *run) execution(start time.Time) agentproto.Execution {
 	if e.Error == nil {
 		e.Error = r.replyErr
 	}
+	if e.Error != nil && e.Error.Traceback == "" {
+		if tb := printedTraceback(e.Stderr); tb != "" {
+			cp := *e.Error
+			cp.Traceback = tb
+			e.Error = &cp
+		}
+	}
 	e.DurationMS = time.Since(start).Milliseconds()
 	return e
+}
+
+// printedTraceback is the last traceback in stderr, from its heading line
+// on: IPython prints an ExceptionGroup's traceback there and sends its
+// error without one.
+func printedTraceback(stderr string) string {
+	stderr = stripANSI(stderr)
+	// A group's heading comes first; the tracebacks of its members, inside.
+	i := strings.LastIndex(stderr, "Exception Group Traceback (most recent call last):")
+	if i < 0 {
+		i = strings.LastIndex(stderr, "Traceback (most recent call last):")
+	}
+	if i < 0 {
+		return ""
+	}
+	if nl := strings.LastIndexByte(stderr[:i], '\n'); nl >= 0 {
+		i = nl + 1 // the whole line: "  + Exception Group …"
+	} else {
+		i = 0
+	}
+	return strings.TrimRight(stderr[i:], "\n")
 }
 
 // finish delivers the last events and returns the Execution, with override

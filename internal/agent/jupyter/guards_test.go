@@ -237,3 +237,17 @@ func TestTruncationCountsBytes(t *testing.T) {
 		t.Errorf("stdout ends %q, want %q", e.Stdout[max(len(e.Stdout)-60, 0):], want)
 	}
 }
+
+// TestExceptionGroupTraceback: IPython prints an ExceptionGroup's traceback
+// to stderr and sends the error without one; the Execution's error has it.
+func TestExceptionGroupTraceback(t *testing.T) {
+	k := startKernel(t, guarded)
+	e, _ := runCode(t, k, `raise ExceptionGroup("grp", [ValueError("a"), TypeError("b")])`, ExecOptions{})
+	if e.Error == nil || e.Error.Name != "ExceptionGroup" || !strings.Contains(e.Error.Traceback, "ValueError: a") || !strings.Contains(e.Error.Traceback, "TypeError: b") {
+		t.Errorf("error %+v", e.Error)
+	}
+	e, _ = runCode(t, k, "1/0", ExecOptions{})
+	if e.Error == nil || !strings.Contains(e.Error.Traceback, "ZeroDivisionError") {
+		t.Errorf("a plain error's traceback: %+v", e.Error)
+	}
+}
