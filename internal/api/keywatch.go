@@ -99,24 +99,9 @@ func (s *Server) watchKeysLocked() {
 		t := time.NewTicker(keyCheckInterval)
 		defer t.Stop()
 		for range t.C {
-			s.live.mu.Lock()
-			ids := map[string]bool{}
-			for id := range s.live.reqs {
-				ids[id] = true
-			}
-			s.live.mu.Unlock()
-			for _, id := range s.tokens.keys() {
-				ids[id] = true
-			}
-			if len(ids) == 0 {
-				s.live.mu.Lock()
-				if len(s.live.reqs) == 0 && len(s.tokens.keys()) == 0 {
-					s.live.watching = false
-					s.live.mu.Unlock()
-					return
-				}
-				s.live.mu.Unlock()
-				continue
+			ids := s.liveKeyIDs()
+			if ids == nil {
+				return
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), keyCheckInterval)
 			all, err := s.store.ListAPIKeys(ctx)
@@ -132,4 +117,24 @@ func (s *Server) watchKeysLocked() {
 			}
 		}
 	}()
+}
+
+// liveKeyIDs are the keys with a request in flight or a port token; nil
+// when there are none, and then the watch ends (under the lock, so that a
+// request tracked meanwhile starts a new one).
+func (s *Server) liveKeyIDs() map[string]bool {
+	s.live.mu.Lock()
+	defer s.live.mu.Unlock()
+	ids := map[string]bool{}
+	for id := range s.live.reqs {
+		ids[id] = true
+	}
+	for _, id := range s.tokens.keys() {
+		ids[id] = true
+	}
+	if len(ids) == 0 {
+		s.live.watching = false
+		return nil
+	}
+	return ids
 }
