@@ -187,7 +187,7 @@ func serve(args []string) error {
 		defer wrapped.Close(context.Background())
 		sandboxes = wrapped
 	}
-	tpls := &templateSource{reg: reg, load: func() (*template.Registry, error) { return loadTemplates(&cfg) },
+	tpls := &templateSource{reg: reg, load: func() (*template.Registry, error) { return loadTemplates(&cfg) }, dir: cfg.templatesDir(),
 		cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash, diskMB: cfg.DiskMB}
 	scfg := cfg.Sandbox
 	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()

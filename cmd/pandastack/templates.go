@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/api"
@@ -16,9 +17,11 @@ import (
 type templateSource struct {
 	mu  sync.Mutex
 	reg *template.Registry
-	// load reads the specs again, for those added while serve runs; nil:
-	// none are.
+	// load reads the specs again, for those added to dir while serve runs;
+	// nil: none are. stamp is dir's as last read (dirStamp).
 	load      func() (*template.Registry, error)
+	dir       string
+	stamp     time.Time
 	cacheDir  string
 	warmDir   string // where warm images live (sandbox.Config.WarmDir)
 	agentHash string
@@ -62,14 +65,41 @@ func (t *templateSource) refresh() error {
 	if t.load == nil {
 		return nil
 	}
+	// Read again only when a file there changed: a listing or an unknown
+	// name costs a stat of each spec, not a parse of every one.
+	stamp := dirStamp(t.dir)
+	t.mu.Lock()
+	same := stamp.IsZero() || stamp.Equal(t.stamp) // no directory: nothing to add
+	t.mu.Unlock()
+	if same {
+		return nil
+	}
 	fresh, err := t.load()
 	if err != nil {
-		return err
+		return err // read again next time: the fix may not change stamp
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.reg.AddNew(fresh)
+	t.stamp = stamp
 	return nil
+}
+
+// dirStamp is the latest modification time of dir and the files in it;
+// zero when it cannot be read.
+func dirStamp(dir string) time.Time {
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return time.Time{}
+	}
+	latest := fi.ModTime()
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		if info, err := e.Info(); err == nil && info.ModTime().After(latest) {
+			latest = info.ModTime()
+		}
+	}
+	return latest
 }
 
 // spec is the template called name, read again from the templates
