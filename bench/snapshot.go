@@ -259,6 +259,7 @@ var forkStepNames = []struct{ key, label, unit string }{
 	{"checkpoint_ms", "checkpoint of the parent", "ms"},
 	{"image_mb", "the fork image's size", "MB"},
 	{"children_ms", "every child restored, wall", "ms"},
+	{"children_prepared", "children restored into a container prepared for creates", "children"},
 	{"child_restore_ms", "a child's record, network and runsc restore", "ms"},
 	{"child_agent_ms", "a child's agent hello", "ms"},
 	{"child_setup_ms", "a child's setup (resolver, CA)", "ms"},
@@ -277,13 +278,13 @@ func forkLines(log, parent string) []string {
 	return out
 }
 
-// forkSteps reads the *_ms and *_mb figures of one "sandbox forked" line,
-// by key.
+// forkSteps reads the *_ms and *_mb figures and the count of prepared
+// children of one "sandbox forked" line, by key.
 func forkSteps(line string) map[string]float64 {
 	out := map[string]float64{}
 	for _, f := range strings.Fields(line) {
 		k, v, ok := strings.Cut(f, "=")
-		if !ok || !(strings.HasSuffix(k, "_ms") || strings.HasSuffix(k, "_mb")) {
+		if !ok || !(strings.HasSuffix(k, "_ms") || strings.HasSuffix(k, "_mb") || k == "children_prepared") {
 			continue
 		}
 		if x, err := strconv.ParseFloat(v, 64); err == nil {

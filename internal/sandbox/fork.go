@@ -167,8 +167,9 @@ func dirSize(dir string) int64 {
 
 // logFork logs a fork's breakdown: the wait for the parent's spares
 // (holdForFork), the parent's checkpoint (with the wait for its quiet), the
-// image's size, the children's restores as a whole, and
-// the median child's steps (restore_ms: the network and runsc restore;
+// image's size, the children's restores as a whole, how many children
+// restored into a container prepared for creates (standby.go), and the
+// median child's steps (restore_ms: the network and runsc restore;
 // agent_ms: the new session's hello; setup_ms: resolver and trust store;
 // record_ms: the store).
 func logFork(log *slog.Logger, id string, count int, sparesMS, checkpointMS, childrenMS float64, imageBytes int64, steps []*resumeSteps) {
@@ -176,6 +177,13 @@ func logFork(log *slog.Logger, id string, count int, sparesMS, checkpointMS, chi
 	if imageBytes >= 0 {
 		attrs = append(attrs, "image_mb", math.Round(float64(imageBytes)/1e5)/10)
 	}
+	prepared := 0
+	for _, s := range steps {
+		if s.prepared {
+			prepared++
+		}
+	}
+	attrs = append(attrs, "children_prepared", prepared)
 	for _, key := range []string{"restore_ms", "agent_ms", "setup_ms", "record_ms"} {
 		var xs []float64
 		for _, s := range steps {

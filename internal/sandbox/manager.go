@@ -525,6 +525,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			defer done() // restored into the container prepared as sb.ID
 		}
 		p.prepared = standbyOK
+		p.steps.prepared = standbyOK
 	}
 	if err := m.sbx.begin(sb.ID, phaseCreating); err != nil {
 		if pooledOK {

@@ -234,25 +234,9 @@ func TestPreparedResumesList(t *testing.T) {
 // it; a create with its own env restores afresh; Close removes the
 // prepared ones that are left.
 func TestPreparedCreates(t *testing.T) {
-	h, _, rt := preparingHarness(t, 0)
+	h, rt := standbyHarness(t)
 	ctx := context.Background()
-	h.m.Close()
-	cfg := h.m.cfg
-	cfg.PreparedCreates = 1
-	tpl := h.tpls.tpl
-	tpl.WarmImage = WarmImageDir(cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
-	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t, &h.logs}, nil)))
-	if err := m.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(m.Close)
-	h.m = m
-	if err := m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
-		t.Fatal(err)
-	}
-	h.tpls.tpl = tpl
-	m.enableStandby(tpl)
-	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	m := h.m
 	first := rt.preparedIDs()[0]
 	rt.takeCalls()
 	sb := h.create()
@@ -283,6 +267,91 @@ func TestPreparedCreates(t *testing.T) {
 		if id == second {
 			t.Fatalf("the runtime still holds %s after Close", id)
 		}
+	}
+}
+
+// standbyHarness is a preparing harness whose base template is warm and
+// keeps one container prepared for its creates; it returns once that one
+// is ready.
+func standbyHarness(t *testing.T) (*harness, *preparingRuntime) {
+	h, _, rt := preparingHarness(t, 0)
+	ctx := context.Background()
+	h.m.Close()
+	cfg := h.m.cfg
+	cfg.PreparedCreates = 1
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")
+	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t, &h.logs}, nil)))
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	h.m = m
+	if err := m.Warm(ctx, tpl, "import x", tpl.WarmImage); err != nil {
+		t.Fatal(err)
+	}
+	h.tpls.tpl = tpl
+	m.enableStandby(tpl)
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	return h, rt
+}
+
+// A fork's child and a sandbox made from a snapshot restore into a
+// container prepared for the template's creates when their resources are
+// the template's; the child has the parent's state. A sandbox with
+// resources of its own forks into fresh containers.
+func TestForksAndSnapshotsTakePreparedContainers(t *testing.T) {
+	h, rt := standbyHarness(t)
+	ctx := context.Background()
+	parent := h.create()
+	if _, err := h.exec(parent.ID, "set a=forked"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	ready := rt.preparedIDs()[0]
+	rt.takeCalls()
+	kids, err := h.m.Fork(ctx, project, parent.ID, 2, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := slices.IndexFunc(kids, func(k pandastack.Sandbox) bool { return k.ID == ready })
+	if took < 0 {
+		t.Fatalf("no child took the prepared %s: %s, %s", ready, kids[0].ID, kids[1].ID)
+	}
+	other := kids[1-took].ID
+	calls := rt.takeCalls()
+	if !slices.Contains(calls, "restore "+ready+" prepared") || !slices.Contains(calls, "restore "+other+" cold") {
+		t.Fatalf("runtime calls %q", calls)
+	}
+	for _, k := range kids {
+		if out, err := h.exec(k.ID, "get a"); err != nil || out != "forked" {
+			t.Fatalf("child %s: %q, %v", k.ID, out, err)
+		}
+	}
+
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	ready = rt.preparedIDs()[0]
+	snap := h.snapshot(parent.ID)
+	restored, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if restored.ID != ready {
+		t.Fatalf("the restore of a snapshot got %s, not the prepared %s", restored.ID, ready)
+	}
+
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	ready = rt.preparedIDs()[0]
+	own, err := h.m.Create(ctx, project, CreateRequest{Template: "base", MemoryMB: h.tpls.tpl.MemoryMB * 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kids, err = h.m.Fork(ctx, project, own.ID, 1, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kids[0].ID == ready || !slices.Equal(rt.preparedIDs(), []string{ready}) {
+		t.Fatalf("a child with memory of its own took the prepared container: %s, left %v", kids[0].ID, rt.preparedIDs())
 	}
 }
 

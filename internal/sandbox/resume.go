@@ -87,6 +87,7 @@ func (m *Manager) forgetPaused(id string) { m.ownPaused.Delete(id) }
 type resumeSteps struct {
 	start, last time.Time
 	attrs       []any
+	prepared    bool // restored into a container prepared for creates (launch sets it)
 }
 
 func newResumeSteps() *resumeSteps {

@@ -16,7 +16,9 @@ import (
 // (pandastack.RuntimePreparer) keeps Config.PreparedCreates containers
 // created ahead (runsc create), each with its own id and the default
 // network policy, waiting; a plain create of the template takes one (its
-// id becomes the sandbox's, as with a pool sandbox) and restores into it.
+// id becomes the sandbox's, as with a pool sandbox) and restores into it,
+// and so does a fork's child or a restore of a snapshot of the template
+// with its resources (takeStandby).
 // One holds two waiting host processes (about 11 MiB PSS) and a network
 // namespace, not a sandbox's memory. The next one is prepared once the
 // create that took one is done, and in the admission line's background
@@ -186,11 +188,19 @@ func (m *Manager) keepStandby(s *standby, rp pandastack.RuntimePreparer) {
 	}
 }
 
-// takeStandby hands a plain create of a warm template a container
-// prepared for it: its id, and a func to call once the create is done
+// takeStandby hands a restore of a warm template's sandbox a container
+// prepared for it: its id, and a func to call once the restore is done
 // (it has the next one prepared). One being prepared is waited for (see
 // standby.take) until ctx ends. ok false: none fits or none is ready or
 // under way, and id is the one given.
+//
+// A plain create restores the warm image; a fork's child, or a sandbox
+// made from a snapshot, restores another image of the same root
+// filesystem into the same kind of container (runsc create needs nothing
+// of the image's content), so each of those may take one too when its
+// resources are the template's. Such an image keeps the disk it was
+// taken with: when that is not the container's, the runtime removes the
+// container and restores afresh.
 func (m *Manager) takeStandby(ctx context.Context, p plan, id string) (_ string, done func(), ok bool) {
 	if p.image == "" || len(p.env) > 0 {
 		return id, nil, false
@@ -198,8 +208,10 @@ func (m *Manager) takeStandby(ctx context.Context, p plan, id string) (_ string,
 	m.mu.Lock()
 	s := m.standbys[p.template]
 	m.mu.Unlock()
-	if s == nil || p.image != filepath.Join(s.tpl.WarmImage, "image") || p.rootfs != s.tpl.RootFS ||
-		p.cpu != s.tpl.CPU || p.mem != s.tpl.MemoryMB || p.disk != s.tpl.DiskMB {
+	if s == nil || p.rootfs != s.tpl.RootFS || p.cpu != s.tpl.CPU || p.mem != s.tpl.MemoryMB {
+		return id, nil, false
+	}
+	if p.image == filepath.Join(s.tpl.WarmImage, "image") && p.disk != s.tpl.DiskMB {
 		return id, nil, false
 	}
 	prepared, ok := s.take(ctx)

@@ -3,8 +3,10 @@ BaseLLM with native function calling), against the real server."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from typing import Any, Dict, List
 
@@ -17,11 +19,15 @@ pytestmark = [
 ]
 
 # CrewAI reports telemetry and may offer execution traces: neither here (no
-# network, and no questions on stdin). Its storage goes to a scratch dir.
+# network, and no questions on stdin). Its storage goes to a scratch dir,
+# removed when the run ends.
 os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
 os.environ.setdefault("CREWAI_DISABLE_VERSION_CHECK", "true")
-os.environ.setdefault("CREWAI_STORAGE_DIR", tempfile.mkdtemp(prefix="crewai-test-"))
+if "CREWAI_STORAGE_DIR" not in os.environ:
+    _storage = tempfile.mkdtemp(prefix="crewai-test-")
+    atexit.register(shutil.rmtree, _storage, ignore_errors=True)
+    os.environ["CREWAI_STORAGE_DIR"] = _storage
 
 pytest.importorskip("crewai")
 
