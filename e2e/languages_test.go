@@ -137,6 +137,19 @@ mean(df$temp)`, nil)
 		if ex := runIn(t, "bash", "# a cell of comments only", nil); ex.Error != nil {
 			t.Errorf("a bash cell of comments: %+v", ex.Error)
 		}
+		// A failed last command is an error named Error, its value the exit
+		// status; an exit ends the shell, which the run says.
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "false", Language: "bash"})
+		if err != nil || ex.Error == nil || ex.Error.Name != "Error" || ex.Error.Value != "1" {
+			t.Errorf("bash false: %+v %v", ex.Error, err)
+		}
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "y=set; exit 3", Language: "bash"})
+		if err != nil || ex.Error == nil || ex.Error.Name != "ShellExited" {
+			t.Errorf("bash exit: %+v %v", ex.Error, err)
+		}
+		if ex := runIn(t, "bash", "echo ${y:-gone}", nil); ex.Stdout != "gone\n" {
+			t.Errorf("bash after an exit: %q", ex.Stdout)
+		}
 		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "rm(list = ls())\nx <- readline(\"name? \")", Language: "r", TimeoutSeconds: 20})
 		if err != nil || ex.Error == nil || !strings.Contains(ex.Error.Value, "no input") {
 			t.Fatalf("R readline: %+v %v", ex, err)

@@ -334,6 +334,7 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 		opts.EnvCode = jupyter.BashEnvCode
 		opts.ReseedCode = jupyter.BashReseedCode
 		opts.WrapCode = jupyter.BashWrapCode
+		opts.ShellExited = jupyter.BashShellExited
 	case "r":
 		opts.SetupCode = jupyter.RSetupCode
 	}

@@ -146,7 +146,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	}
 	switch r.wait(ctx, in, timeout, onEvent) {
 	case finished:
-		return r.finish(start, nil, onEvent), nil
+		return r.finish(start, r.shellExited(k.opts.ShellExited), onEvent), nil
 	case died:
 		return r.finish(start, kernelDied(in), onEvent), nil
 	case cancelled:
@@ -513,6 +513,23 @@ func printedTraceback(stderr string) string {
 	return strings.TrimRight(stderr[i:], "\n")
 }
 
+// shellExited is the error of a run whose stdout ends with marker
+// (Options.ShellExited) and that has no error of its own, or nil.
+func (r *run) shellExited(marker string) *agentproto.ExecutionError {
+	if marker == "" {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.exec.Error != nil || r.replyErr != nil || !strings.HasSuffix(strings.TrimRight(r.stdout.String(), "\r\n"), marker) {
+		return nil
+	}
+	return &agentproto.ExecutionError{
+		Name:  "ShellExited",
+		Value: "the cell ended the context's shell (exit); a new shell was started, without the variables, functions and working directory of the cells before",
+	}
+}
+
 // finish delivers the last events and returns the Execution, with override
 // as its error if not nil.
 func (r *run) finish(start time.Time, override *agentproto.ExecutionError, onEvent func(agentproto.CodeEvent)) agentproto.Execution {
@@ -654,9 +671,17 @@ type errorContent struct {
 	Traceback []string `json:"traceback"`
 }
 
+// toError is the Execution's error for a kernel's error message. A kernel
+// that names none gets "Error": bash_kernel sends an empty name with the
+// failed command's exit status as the value ("1"), which a client would
+// otherwise show as ": 1".
 func (c errorContent) toError() *agentproto.ExecutionError {
+	name := c.Ename
+	if strings.TrimSpace(name) == "" {
+		name = "Error"
+	}
 	return &agentproto.ExecutionError{
-		Name:      c.Ename,
+		Name:      name,
 		Value:     c.Evalue,
 		Traceback: stripANSI(strings.Join(c.Traceback, "\n")),
 	}

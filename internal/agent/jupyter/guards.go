@@ -259,6 +259,11 @@ func RReseedCode() string {
 // cell on, not later in its own.
 func BashWrapCode(code string) string { return "{ :\n" + code + "\n} </dev/null" }
 
+// BashShellExited is an Options.ShellExited for the bash kernel: what
+// bash_kernel prints when a cell's `exit` ended its bash and it started
+// another.
+const BashShellExited = "Restarting Bash"
+
 // RSetupCode is an Options.SetupCode for IRkernel: readline() fails at once
 // (the kernel runs without stdin, as Python's input() does) rather than
 // waiting until the cell times out.

@@ -93,6 +93,11 @@ type Options struct {
 	// WrapCode, when set, turns a cell's code into what the kernel runs
 	// (BashWrapCode: the cell's commands read no terminal).
 	WrapCode func(code string) string
+	// ShellExited, when set, is what the kernel prints at the end of a
+	// cell's stdout when the cell ended the kernel's own interpreter and
+	// the kernel started a new one (BashShellExited: bash_kernel after an
+	// `exit`). Such a run answers with the error ShellExited.
+	ShellExited string
 	// SetupCode runs silently in every new kernel process, at start and
 	// after each restart, before any cell: PythonSetupCode installs the
 	// output and result caps of ipykernel.

@@ -39,3 +39,46 @@ func TestToResultStructuredData(t *testing.T) {
 		t.Fatalf("wire form %s", b)
 	}
 }
+
+// A kernel's error without a name (bash_kernel's failed command: the exit
+// status as the value) is named "Error"; a named one keeps its name.
+func TestErrorNames(t *testing.T) {
+	for _, tc := range []struct{ ename, evalue, want string }{
+		{"", "1", "Error"},
+		{" ", "Cell has trailing backslash", "Error"},
+		{"ValueError", "bad", "ValueError"},
+	} {
+		e := errorContent{Ename: tc.ename, Evalue: tc.evalue, Traceback: []string{"\x1b[31mline\x1b[0m"}}.toError()
+		if e.Name != tc.want || e.Value != tc.evalue || e.Traceback != "line" {
+			t.Errorf("%q/%q: %+v", tc.ename, tc.evalue, e)
+		}
+	}
+}
+
+// A run whose stdout ends with the kernel's restart line (bash_kernel's,
+// after a cell's exit) answers ShellExited; one that only prints the line
+// earlier, or has an error of its own, does not.
+func TestShellExited(t *testing.T) {
+	for _, tc := range []struct {
+		out    string
+		reply  bool
+		marker string
+		want   bool
+	}{
+		{"bye\nRestarting Bash", false, BashShellExited, true},
+		{"bye\nRestarting Bash\r\n", false, BashShellExited, true},
+		{"Restarting Bash\nand on", false, BashShellExited, false},
+		{"bye\nRestarting Bash", true, BashShellExited, false},
+		{"bye\nRestarting Bash", false, "", false},
+	} {
+		r := newRun(1 << 20)
+		r.onStream("stdout", tc.out)
+		if tc.reply {
+			r.replyErr = &agentproto.ExecutionError{Name: "Error", Value: "1"}
+		}
+		e := r.shellExited(tc.marker)
+		if (e != nil) != tc.want || (e != nil && e.Name != "ShellExited") {
+			t.Errorf("%q (reply error %v, marker %q): %+v", tc.out, tc.reply, tc.marker, e)
+		}
+	}
+}
