@@ -70,8 +70,10 @@ norm({ x: 3, y: 4 })`, nil)
 print(df)
 mean(df$temp)`, nil)
 		// IRkernel shows a cell's value as a display, not as an execute_result.
-		if !strings.Contains(ex.Stdout, "Oslo") || !strings.Contains(ex.Stdout, "19.0") || len(ex.Results) != 1 || ex.Results[0].Text != "[1] 11.25" {
-			t.Fatalf("stdout %q results %+v", ex.Stdout, ex.Results)
+		// Its last visible value is the main result, and so the text.
+		if !strings.Contains(ex.Stdout, "Oslo") || !strings.Contains(ex.Stdout, "19.0") || len(ex.Results) != 1 || ex.Results[0].Text != "[1] 11.25" ||
+			!ex.Results[0].IsMainResult || ex.Text != "[1] 11.25" {
+			t.Fatalf("stdout %q text %q results %+v", ex.Stdout, ex.Text, ex.Results)
 		}
 		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "Sys.sleep(60)", Language: "r", TimeoutSeconds: 2})
 		if err != nil || ex.Error == nil || ex.Error.Name != "TimeoutError" || strings.Contains(ex.Error.Value, "restarted") {

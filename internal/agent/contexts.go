@@ -337,6 +337,7 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 		opts.ShellExited = jupyter.BashShellExited
 	case "r":
 		opts.SetupCode = jupyter.RSetupCode
+		opts.ValueDisplays = true
 	}
 	if lk, ok := otherKernels[language]; ok {
 		opts.EnvCode, opts.Transport, opts.InterruptByMessage, opts.ReseedCode = lk.envCode, lk.transport, lk.byMessage, lk.reseedCode

@@ -99,6 +99,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 
 	start := time.Now()
 	r := newRun(o.OutputCap)
+	r.valueDisplays = k.opts.ValueDisplays
 	// The kernel runs shell requests in order, so the env code can be
 	// queued around the cell without waiting for its replies.
 	if k.opts.OutputCapCode != nil && in.outputCap != o.OutputCap {
@@ -376,6 +377,8 @@ type run struct {
 	displays map[string][]int
 	// clearWait: a clear_output(wait=True) came; the next output clears.
 	clearWait bool
+	// valueDisplays: Options.ValueDisplays.
+	valueDisplays bool
 
 	// For ExecOptions.Timing: when the request went, when the reply and
 	// the idle status came, and the kernel's own stamps of its busy
@@ -476,6 +479,9 @@ func (r *run) execution(start time.Time) agentproto.Execution {
 	defer r.mu.Unlock()
 	e := r.exec
 	e.Results = append([]agentproto.Result{}, r.exec.Results...)
+	if r.valueDisplays {
+		mainValue(&e)
+	}
 	e.Stdout = r.stdout.String()
 	e.Stderr = r.stderr.String()
 	if e.Error == nil {
@@ -490,6 +496,26 @@ func (r *run) execution(start time.Time) agentproto.Execution {
 	}
 	e.DurationMS = time.Since(start).Milliseconds()
 	return e
+}
+
+// mainValue makes e's last display that is not an image its main result
+// (and its text), unless it has one: a kernel with Options.ValueDisplays
+// shows each visible value of a cell as a display. Streamed results were
+// sent as they came, not main.
+func mainValue(e *agentproto.Execution) {
+	last := -1
+	for i, res := range e.Results {
+		if res.IsMainResult {
+			return
+		}
+		if res.Text != "" && res.PNG == "" && res.JPEG == "" && res.SVG == "" {
+			last = i
+		}
+	}
+	if last >= 0 && !strings.HasPrefix(e.Results[last].Text, "[results truncated:") {
+		e.Results[last].IsMainResult = true
+		e.Text = e.Results[last].Text
+	}
 }
 
 // printedTraceback is the last traceback in stderr, from its heading line

@@ -98,6 +98,10 @@ type Options struct {
 	// the kernel started a new one (BashShellExited: bash_kernel after an
 	// `exit`). Such a run answers with the error ShellExited.
 	ShellExited string
+	// ValueDisplays says the kernel shows a cell's values as displays,
+	// not as an execute_result (IRkernel): the run's last display that is
+	// not an image becomes its main result, and so its text.
+	ValueDisplays bool
 	// SetupCode runs silently in every new kernel process, at start and
 	// after each restart, before any cell: PythonSetupCode installs the
 	// output and result caps of ipykernel.

@@ -3,6 +3,7 @@ package jupyter
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -79,6 +80,34 @@ func TestShellExited(t *testing.T) {
 		e := r.shellExited(tc.marker)
 		if (e != nil) != tc.want || (e != nil && e.Name != "ShellExited") {
 			t.Errorf("%q (reply error %v, marker %q): %+v", tc.out, tc.reply, tc.marker, e)
+		}
+	}
+}
+
+// With value displays (IRkernel), the last display that is not an image is
+// the main result and gives the text; a run that has a main result, or
+// only images, is left as it is.
+func TestMainValue(t *testing.T) {
+	value := func(s string) agentproto.Result { return agentproto.Result{Text: s} }
+	plot := agentproto.Result{Text: "plot without title", PNG: "iVBO"}
+	for _, tc := range []struct {
+		name    string
+		results []agentproto.Result
+		want    int // index of the main result; -1 none
+	}{
+		{"values and a plot", []agentproto.Result{value("[1] 1"), value("[1] 2"), plot}, 1},
+		{"a plot only", []agentproto.Result{plot}, -1},
+		{"a main result already", []agentproto.Result{{Text: "x", IsMainResult: true}, value("[1] 2")}, 0},
+		{"the truncation marker", []agentproto.Result{value("[1] 1"), value("[results truncated: this cell's outputs passed 32 MiB; later ones are omitted]")}, -1},
+	} {
+		e := agentproto.Execution{Results: tc.results}
+		if i := slices.IndexFunc(tc.results, func(r agentproto.Result) bool { return r.IsMainResult }); i >= 0 {
+			e.Text = tc.results[i].Text // as onResult sets it
+		}
+		mainValue(&e)
+		got := slices.IndexFunc(e.Results, func(r agentproto.Result) bool { return r.IsMainResult })
+		if got != tc.want || (got >= 0 && e.Text != e.Results[got].Text) {
+			t.Errorf("%s: main %d text %q, want main %d", tc.name, got, e.Text, tc.want)
 		}
 	}
 }
