@@ -17,7 +17,7 @@ const (
 	ENotFound        = "not_found"            // no such resource in the caller's project
 	EConflict        = "conflict"             // the resource is in a state that forbids the operation
 	ETimeout         = "timeout"              // the operation ran past its deadline
-	EUnavailable     = "sandbox_unavailable"  // the sandbox is stopped or its agent does not answer
+	EUnavailable     = "sandbox_unavailable"  // the sandbox is stopped or its agent does not answer; also the server shutting down or its database unreachable
 	ECommandNotFound = "command_not_found"    // exec of an argv whose program does not exist
 	ETooLarge        = "payload_too_large"    // a request body over the server's limit
 	ETemplateMissing = "template_not_built"   // the template exists but has no built root filesystem

@@ -78,6 +78,16 @@ type Store interface {
 	Close() error
 }
 
+// StoreErrors is implemented by a Store that can tell, among the plain
+// errors its methods return, those of a database that cannot be reached
+// or has no room left. The API answers such an error with EUnavailable
+// (503: retry) or EStorage (507) instead of EInternal.
+type StoreErrors interface {
+	// ClassifyError returns err wrapped in an *Error with such a code, or
+	// err unchanged.
+	ClassifyError(err error) error
+}
+
 // StorableText reports whether every Store can hold each of ss: valid UTF-8
 // with no NUL character (PostgreSQL's text holds neither). A Store refuses a
 // record holding anything else with EInvalid, and a lookup by such a string

@@ -177,7 +177,7 @@ func (s *Server) routes() {
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w, status: 200}
+		rec := &statusRecorder{ResponseWriter: w, status: 200, classify: s.classifyError}
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
@@ -232,6 +232,8 @@ type statusRecorder struct {
 	err    error           // the error writeError answered with, if any
 	logged bool            // logFailure saw this request's failure
 	keyCtx context.Context // the request's context as its API key's revocation cuts it
+	// classify gives a store's failure its code (Server.classifyError).
+	classify func(error) error
 }
 
 // recorderKey is the request context's key of its statusRecorder.
@@ -329,10 +331,28 @@ func errorJSON(err error) errorBody {
 func writeError(w http.ResponseWriter, err error) {
 	if rec, ok := w.(*statusRecorder); ok {
 		err = revokedErr(rec.keyCtx, err)
+		if rec.classify != nil {
+			err = rec.classify(err)
+		}
 		rec.err = err // logged once the handler returns, unless it was
 	}
 	b := errorJSON(err)
 	writeJSON(w, statusOf(b.Error.Code), b)
+}
+
+// classifyError gives an error that carries no code of its own the one
+// the store finds for it (pandastack.StoreErrors): a database that cannot
+// be reached answers 503, one without room 507, not 500.
+func (s *Server) classifyError(err error) error {
+	se, ok := s.store.(pandastack.StoreErrors)
+	if !ok {
+		return err
+	}
+	var e *pandastack.Error
+	if errors.As(err, &e) {
+		return err
+	}
+	return se.ClassifyError(err)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

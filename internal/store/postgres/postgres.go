@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"time"
 
@@ -713,4 +715,36 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
 	return affectedOrNotFound(tag, "snapshot", id)
+}
+
+// ClassifyError implements pandastack.StoreErrors: a database that cannot
+// be reached (no connection, a connection lost, the server shutting down
+// or refusing connections) is EUnavailable, one out of disk space
+// EStorage; anything else is returned unchanged.
+func (s *Store) ClassifyError(err error) error {
+	unavailable := func() error {
+		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EUnavailable, "the server's database cannot be reached; retry"), err)
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch {
+		case pe.Code == "53100": // disk_full
+			return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EStorage, "the database server's disk is full: the change was not saved"), err)
+		case strings.HasPrefix(pe.Code, "08"), // connection exception
+			pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03", // shutting down, cannot connect now
+			pe.Code == "53300": // too many connections
+			return unavailable()
+		}
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err // the caller's own deadline (a context error is a net.Error too)
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	if errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || pgconn.SafeToRetry(err) {
+		return unavailable()
+	}
+	return err
 }

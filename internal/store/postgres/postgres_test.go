@@ -259,3 +259,33 @@ func TestSchemaConstraints(t *testing.T) {
 		t.Error("a key of an unknown project was accepted")
 	}
 }
+
+// A store whose server went away fails with errors ClassifyError names
+// EUnavailable (the API's 503: retry); other errors pass unchanged.
+func TestClassifyErrorServerGone(t *testing.T) {
+	pg := testutil.StartPostgres(t) // its own cluster: this test stops it
+	url := pg.NewDatabase(t)
+	s := open(t, url)
+	defer s.Close()
+	ctx := t.Context()
+	if err := s.CreateProject(ctx, pandastack.Project{ID: "prj_a", Name: "a", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pg.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The pool's connection dies with the server, and a new one is refused.
+	for range 2 {
+		_, err := s.ProjectByName(ctx, "a")
+		if err == nil {
+			t.Fatal("a query answered with the server stopped")
+		}
+		if got := s.ClassifyError(err); !pandastack.IsCode(got, pandastack.EUnavailable) {
+			t.Fatalf("with the server stopped: %v, classified %v", err, got)
+		}
+	}
+	plain := fmt.Errorf("something else")
+	if got := s.ClassifyError(plain); got != plain {
+		t.Fatalf("a plain error became %v", got)
+	}
+}

@@ -717,3 +717,20 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	}
 	return rowsAffectedOrNotFound(res, "snapshot", id)
 }
+
+// ClassifyError implements pandastack.StoreErrors: SQLite's "database or
+// disk is full" is EStorage, a database another process holds locked past
+// the busy timeout is EUnavailable; anything else is returned unchanged.
+func (s *Store) ClassifyError(err error) error {
+	var e *sqlite.Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	switch e.Code() & 0xff {
+	case sqlite3.SQLITE_FULL:
+		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EStorage, "the server's disk is full: the change was not saved"), err)
+	case sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED:
+		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EUnavailable, "the server's database is busy; retry"), err)
+	}
+	return err
+}

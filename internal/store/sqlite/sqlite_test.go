@@ -259,3 +259,34 @@ func TestAutoResumeColumn(t *testing.T) {
 		t.Error("auto_resume = 2 was accepted")
 	}
 }
+
+// A database that has no room left (here: SQLite's page limit, as a full
+// disk does) fails a write with an error ClassifyError names EStorage;
+// other errors pass unchanged.
+func TestClassifyError(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "pandastack.db"))
+	defer s.Close()
+	ctx := t.Context()
+	s.db.SetMaxOpenConns(1) // the page limit is the connection's
+	var pages int
+	if err := s.db.QueryRowContext(ctx, `PRAGMA page_count`).Scan(&pages); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.db.ExecContext(ctx, fmt.Sprintf(`PRAGMA max_page_count = %d`, pages)); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	for i := 0; i < 10000 && err == nil; i++ {
+		err = s.CreateProject(ctx, pandastack.Project{ID: fmt.Sprintf("prj_%06d", i), Name: fmt.Sprintf("project %06d %0200d", i, i), CreatedAt: time.Now()})
+	}
+	if err == nil {
+		t.Fatal("10000 projects fitted in a database held to its first pages")
+	}
+	if got := s.ClassifyError(err); !pandastack.IsCode(got, pandastack.EStorage) {
+		t.Fatalf("a write to a full database: %v, classified %v", err, got)
+	}
+	plain := fmt.Errorf("something else")
+	if got := s.ClassifyError(plain); got != plain {
+		t.Fatalf("a plain error became %v", got)
+	}
+}

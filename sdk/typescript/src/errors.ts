@@ -52,7 +52,8 @@ export class NetworkDeniedError extends InvalidRequestError {}
 
 /**
  * 503 `sandbox_unavailable`: the sandbox is not running, its agent does not
- * answer, or the server is shutting down.
+ * answer, the server is shutting down, or its database cannot be reached
+ * (retry).
  */
 export class SandboxUnavailableError extends PandaStackError {}
 

@@ -125,7 +125,8 @@ class SandboxError(PandaStackError):
 
 class SandboxUnavailableError(SandboxError):
     """HTTP 503 ``sandbox_unavailable``: the sandbox is not running, its agent
-    does not answer, or the server is shutting down."""
+    does not answer, the server is shutting down, or its database cannot be
+    reached (retry)."""
 
 
 class SnapshotCorruptError(SandboxError):
