@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"fmt"
 	"image/png"
 	"strings"
 	"testing"
@@ -101,6 +102,9 @@ func TestCodeContexts(t *testing.T) {
 		if ex.Error != nil {
 			t.Fatalf("plotly: %+v", ex.Error)
 		}
+		if len(ex.Results) != 1 {
+			t.Errorf("plotly's first show gave %d results, not one", len(ex.Results))
+		}
 		var found bool
 		for _, r := range ex.Results {
 			if r.Plotly != nil && strings.Contains(r.HTML, "<div") && r.PNG != "" {
@@ -113,6 +117,22 @@ func TestCodeContexts(t *testing.T) {
 		}
 		if !found {
 			t.Fatalf("no result with plotly JSON, HTML and PNG: %+v", ex.Results)
+		}
+	})
+	t.Run("a subprocess's output is whole", func(t *testing.T) {
+		// More than ipykernel's reader of the process's stdout has read when
+		// the subprocess ends, and a character split between two writes.
+		var want strings.Builder
+		for i := 1; i <= 20000; i++ {
+			fmt.Fprintf(&want, "%d\n", i)
+		}
+		ex := run(t, c, sb, cc, "import subprocess\n_ = subprocess.run(['seq', '1', '20000'])", 0)
+		if ex.Error != nil || ex.Stdout != want.String() {
+			t.Fatalf("%d of %d bytes, error %+v", len(ex.Stdout), want.Len(), ex.Error)
+		}
+		ex = run(t, c, sb, cc, "import subprocess\n_ = subprocess.run(['python3', '-c', 'print(\"\u4e16\u754c\" * 3000)'])", 0)
+		if ex.Error != nil || ex.Stdout != strings.Repeat("\u4e16\u754c", 3000)+"\n" {
+			t.Fatalf("CJK from a subprocess: %d bytes, %d U+FFFD, error %+v", len(ex.Stdout), strings.Count(ex.Stdout, "\uFFFD"), ex.Error)
 		}
 	})
 	t.Run("exception", func(t *testing.T) {

@@ -655,7 +655,7 @@ func (r *run) handle(channel string, m *message) {
 					DisplayID string `json:"display_id"`
 				} `json:"transient"`
 			}
-			if json.Unmarshal(m.Content, &c) != nil {
+			if json.Unmarshal(m.Content, &c) != nil || plotlyInit(c.Data) {
 				break
 			}
 			res := toResult(c.Data, m.Header.MsgType == "execute_result")
@@ -895,6 +895,22 @@ func (c *capped) String() string {
 		return c.b.String()
 	}
 	return c.b.String() + fmt.Sprintf("\n[output truncated: %d bytes omitted]\n", omitted)
+}
+
+// plotlyInit reports whether data is the display Plotly's notebook
+// renderers send before a kernel's first figure: a script that sets up
+// plotly.js in a notebook page, shown nowhere and no figure, which would
+// otherwise be a cell's first result (its html) beside the figure's own.
+func plotlyInit(data map[string]json.RawMessage) bool {
+	if len(data) != 1 {
+		return false
+	}
+	html, ok := data["text/html"]
+	if !ok {
+		return false
+	}
+	h := text(html)
+	return strings.Contains(h, "window.PlotlyConfig = {MathJaxConfig: 'local'};") && !strings.Contains(h, "<div")
 }
 
 // toResult maps a mime bundle onto a Result.

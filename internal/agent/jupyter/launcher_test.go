@@ -3,6 +3,7 @@ package jupyter
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -136,6 +137,30 @@ func TestPythonLauncher(t *testing.T) {
 			}
 		})
 	}
+
+	// What a subprocess writes before the cell ends is all in the cell's
+	// output, however far behind ipykernel's reader of the pipe is.
+	t.Run("SubprocessOutputWhole", func(t *testing.T) {
+		var want strings.Builder
+		for i := 1; i <= 20000; i++ {
+			fmt.Fprintf(&want, "%d\n", i)
+		}
+		for i := range 3 {
+			e, _ := runCode(t, k, "import subprocess\n_ = subprocess.run(['seq', '1', '20000'])", ExecOptions{})
+			if e.Error != nil || e.Stdout != want.String() {
+				t.Fatalf("run %d: %d of %d bytes, error %+v", i, len(e.Stdout), want.Len(), e.Error)
+			}
+		}
+		mustText(t, k, "1 + 1", "2") // and nothing of it comes after
+	})
+
+	// A UTF-8 character written in two pieces comes out whole.
+	t.Run("SplitCharacter", func(t *testing.T) {
+		e, _ := runCode(t, k, "import os, time\nb = '\\U0001F43C'.encode()\nos.write(1, b[:2]); time.sleep(0.3); os.write(1, b[2:] + b'\\n')", ExecOptions{})
+		if e.Error != nil || e.Stdout != "\U0001F43C\n" {
+			t.Fatalf("%q %+v", e.Stdout, e.Error)
+		}
+	})
 
 	t.Run("Printing", func(t *testing.T) {
 		e, evs := runCode(t, k, "for i in range(3):\n    print(i)\n'done'", ExecOptions{})

@@ -111,3 +111,23 @@ func TestMainValue(t *testing.T) {
 		}
 	}
 }
+
+// Plotly's notebook setup script is no result; a figure's HTML, or HTML
+// with more than the script, is.
+func TestPlotlyInit(t *testing.T) {
+	script := `"<script>\nwindow.PlotlyConfig = {MathJaxConfig: 'local'};\n</script>\n<script type=\"module\">import \"https://cdn.plot.ly/plotly-3.0.1.min\"</script>"`
+	figure := `"<div id=\"f\"></div><script>window.PlotlyConfig = {MathJaxConfig: 'local'};</script>"`
+	for _, tc := range []struct {
+		data map[string]json.RawMessage
+		want bool
+	}{
+		{map[string]json.RawMessage{"text/html": json.RawMessage(script)}, true},
+		{map[string]json.RawMessage{"text/html": json.RawMessage(figure)}, false},
+		{map[string]json.RawMessage{"text/html": json.RawMessage(script), "text/plain": json.RawMessage(`"x"`)}, false},
+		{map[string]json.RawMessage{"text/html": json.RawMessage(`"<b>hi</b>"`)}, false},
+	} {
+		if got := plotlyInit(tc.data); got != tc.want {
+			t.Errorf("%v: %v", tc.data, got)
+		}
+	}
+}
