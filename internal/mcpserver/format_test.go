@@ -122,3 +122,44 @@ func TestExecutionResultChartData(t *testing.T) {
 		t.Fatalf("a large chart: %d bytes of text: %.200q", len(txt), txt)
 	}
 }
+
+// A display whose text/plain only names the object gives the model its
+// HTML or Markdown instead; a DataFrame keeps its text.
+func TestResultTextOfRichDisplays(t *testing.T) {
+	for _, tc := range []struct {
+		r    client.Result
+		want string
+	}{
+		{client.Result{Text: "<IPython.core.display.HTML object>", HTML: "<b>hi</b>"}, "<b>hi</b>"},
+		{client.Result{Text: "<IPython.core.display.Markdown object>", Markdown: "# Title", HTML: "<h1>Title</h1>"}, "# Title"},
+		{client.Result{Text: "<mymod.Thing object at 0x7f3a2b>", JSON: map[string]any{"a": 1.0}}, `{"a":1}`},
+		{client.Result{Text: "   a  b\n0  1  3", HTML: "<table>…</table>"}, "   a  b\n0  1  3"},
+		{client.Result{Text: "<IPython.core.display.HTML object>"}, "<IPython.core.display.HTML object>"},
+	} {
+		if got := resultText(tc.r); got != tc.want {
+			t.Errorf("%+v: %q, want %q", tc.r, got, tc.want)
+		}
+	}
+	long := client.Result{Text: "<IPython.core.display.HTML object>", HTML: strings.Repeat("é", richLimit)}
+	if got := resultText(long); len(got) > richLimit+64 || !strings.Contains(got, "(first 8192 of 16384 bytes)") {
+		t.Errorf("a long HTML display: %d bytes, ends %q", len(got), got[len(got)-40:])
+	}
+}
+
+// Output past what a model should read keeps its head and tail with a
+// note; the server's own truncation note (advice for HTTP clients) becomes
+// the same note.
+func TestForModel(t *testing.T) {
+	if got := forModel("short\n\n"); got != "short" {
+		t.Errorf("short: %q", got)
+	}
+	long := strings.Repeat("x", outputHead) + strings.Repeat("y", 1000) + strings.Repeat("z", outputTail)
+	got := forModel(long)
+	if !strings.HasPrefix(got, strings.Repeat("x", outputHead)+"\n[… 1000 bytes of output left out here") || !strings.HasSuffix(got, strings.Repeat("z", outputTail)) {
+		t.Errorf("long: %d bytes, around the cut %q", len(got), got[outputHead-5:outputHead+120])
+	}
+	cut := "out\n[pandastack: output truncated, 123 more bytes not kept; stream the exec with Accept: application/x-ndjson to get all of it]\n"
+	if got := forModel(cut); strings.Contains(got, "Accept") || !strings.Contains(got, "[… 123 bytes of output left out here") {
+		t.Errorf("the server's note: %q", got)
+	}
+}

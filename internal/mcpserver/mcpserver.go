@@ -120,6 +120,34 @@ type session struct {
 	id      string    // the default sandbox, "" until first use
 	touched time.Time // when its expiry was last pushed ahead
 	closed  bool
+
+	// turns holds one slot per sandbox and language: run_code calls that
+	// go to the same default context take turns, as the SDK's agent tools
+	// do, instead of all but one failing with "context is busy" (clients
+	// make parallel tool calls).
+	turnsMu sync.Mutex
+	turns   map[string]chan struct{}
+}
+
+// turn waits until no other run_code of this session runs in key's
+// context, or ctx ends; release ends the turn.
+func (s *session) turn(ctx context.Context, key string) (release func(), err error) {
+	s.turnsMu.Lock()
+	if s.turns == nil {
+		s.turns = map[string]chan struct{}{}
+	}
+	slot, ok := s.turns[key]
+	if !ok {
+		slot = make(chan struct{}, 1)
+		s.turns[key] = slot
+	}
+	s.turnsMu.Unlock()
+	select {
+	case slot <- struct{}{}:
+		return func() { <-slot }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // touchEvery bounds how often a call pushes the default sandbox's expiry

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -238,6 +239,36 @@ func TestTools(t *testing.T) {
 		res := s.call(t, "run_code", map[string]any{"code": "import time\ntime.sleep(30)", "timeout_seconds": 1})
 		if txt := textOf(res); !res.IsError || !strings.Contains(txt, "TimeoutError") {
 			t.Fatalf("isError %v:\n%s", res.IsError, txt)
+		}
+	})
+
+	t.Run("parallel runs take turns", func(t *testing.T) {
+		// Clients make parallel tool calls; both go to the session's one
+		// context, which runs one cell at a time.
+		var wg sync.WaitGroup
+		res := make([]*mcp.CallToolResult, 2)
+		for i, code := range []string{"import time\ntime.sleep(1)\n'first'", "'second'"} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if i == 1 {
+					time.Sleep(200 * time.Millisecond) // while the first runs
+				}
+				res[i] = s.call(t, "run_code", map[string]any{"code": code})
+			}()
+		}
+		wg.Wait()
+		for i, want := range []string{"'first'", "'second'"} {
+			if txt := textOf(res[i]); res[i].IsError || !strings.Contains(txt, want) {
+				t.Errorf("run %d: isError %v:\n%s", i, res[i].IsError, txt)
+			}
+		}
+	})
+
+	t.Run("an HTML display gives its HTML", func(t *testing.T) {
+		res := s.ok(t, "run_code", map[string]any{"code": "from IPython.display import HTML, display\ndisplay(HTML('<b>hi</b>'))"})
+		if txt := textOf(res); !strings.Contains(txt, "[display] <b>hi</b>") {
+			t.Fatalf("text:\n%s", txt)
 		}
 	})
 

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -43,7 +45,7 @@ type runCodeIn struct {
 }
 
 type execIn struct {
-	Cmd            string  `json:"cmd" jsonschema:"shell command line, run with sh -c"`
+	Cmd            string  `json:"cmd" jsonschema:"shell command line, run with bash -c"`
 	SandboxID      string  `json:"sandbox_id,omitempty" jsonschema:"sandbox to run in; default: this session's sandbox"`
 	Cwd            string  `json:"cwd,omitempty" jsonschema:"working directory; default: the sandbox user's home"`
 	TimeoutSeconds float64 `json:"timeout_seconds,omitempty" jsonschema:"kill the command after this many seconds; default: the server's"`
@@ -146,6 +148,15 @@ func (s *session) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in 
 
 func (s *session) runCode(ctx context.Context, _ *mcp.CallToolRequest, in runCodeIn) (*mcp.CallToolResult, any, error) {
 	res, err := s.onSandbox(ctx, in.SandboxID, func(id string) (*mcp.CallToolResult, error) {
+		lang := in.Language
+		if lang == "" {
+			lang = "python"
+		}
+		release, err := s.turn(ctx, id+"/"+lang)
+		if err != nil {
+			return nil, err
+		}
+		defer release()
 		ex, err := s.c.RunCode(ctx, id, client.RunRequest{Code: in.Code, Language: in.Language, TimeoutSeconds: in.TimeoutSeconds})
 		if err != nil {
 			return nil, err
@@ -172,13 +183,13 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 	}
 	if ex.Stdout != "" {
 		if len(parts) > 0 {
-			parts = append(parts, "[stdout]\n"+strings.TrimRight(ex.Stdout, "\n"))
+			parts = append(parts, "[stdout]\n"+forModel(ex.Stdout))
 		} else {
-			parts = append(parts, strings.TrimRight(ex.Stdout, "\n"))
+			parts = append(parts, forModel(ex.Stdout))
 		}
 	}
 	if ex.Stderr != "" {
-		parts = append(parts, "[stderr]\n"+strings.TrimRight(ex.Stderr, "\n"))
+		parts = append(parts, "[stderr]\n"+forModel(ex.Stderr))
 	}
 	var images []mcp.Content
 	for _, r := range ex.Results {
@@ -192,10 +203,10 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 			if r.Chart != nil {
 				parts = append(parts, chartText(r.Chart))
 			}
-		case r.IsMainResult && r.Text != "":
-			parts = append(parts, "[result] "+r.Text)
-		case r.Text != "":
-			parts = append(parts, "[display] "+r.Text)
+		case r.IsMainResult && resultText(r) != "":
+			parts = append(parts, "[result] "+resultText(r))
+		case resultText(r) != "":
+			parts = append(parts, "[display] "+resultText(r))
 		}
 	}
 	if len(parts) == 0 {
@@ -204,6 +215,94 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 	res := &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: strings.Join(parts, "\n\n")}}, images...)}
 	res.IsError = ex.Error != nil
 	return res
+}
+
+// reprRE matches the text/plain of an object that has no text of its own,
+// such as IPython's HTML or Markdown displays.
+var reprRE = regexp.MustCompile(`^<[\w.]+ object(?: at 0x[0-9a-f]+)?>$`)
+
+// richLimit bounds the HTML, Markdown, LaTeX or JSON put into the text in
+// place of a result's empty text/plain.
+const richLimit = 8 << 10
+
+// resultText is what a model reads of a result: its text/plain, or, when
+// that only names the object ("<IPython.core.display.HTML object>"), its
+// Markdown, HTML, LaTeX or JSON, at most richLimit bytes.
+func resultText(r client.Result) string {
+	if !reprRE.MatchString(strings.TrimSpace(r.Text)) {
+		return r.Text
+	}
+	rich := ""
+	switch {
+	case r.Markdown != "":
+		rich = r.Markdown
+	case r.HTML != "":
+		rich = r.HTML
+	case r.LaTeX != "":
+		rich = r.LaTeX
+	case r.JSON != nil:
+		if b, err := json.Marshal(r.JSON); err == nil {
+			rich = string(b)
+		}
+	}
+	if rich == "" {
+		return r.Text
+	}
+	if len(rich) > richLimit {
+		rich = fmt.Sprintf("%s… (first %d of %d bytes)", truncUTF8(rich, richLimit), richLimit, len(rich))
+	}
+	return rich
+}
+
+// outputLimit bounds each stream of a run or an exec in a tool's answer,
+// which goes into a model's context: its head and tail are kept.
+const (
+	outputHead = 96 << 10
+	outputTail = 32 << 10
+)
+
+// serverCut is the note the server ends an exec's output with when it kept
+// only its first part; its advice (stream the exec) is not for a model.
+var serverCut = regexp.MustCompile(`\n\[pandastack: output truncated, (\d+) more bytes not kept; [^\]]*\]\n$`)
+
+// forModel is a stream's text for a model: without trailing newlines, and
+// when longer than outputHead+outputTail, its head and tail with a note of
+// what was left out and how to see it.
+func forModel(s string) string {
+	omitted := 0
+	if m := serverCut.FindStringSubmatchIndex(s); m != nil {
+		omitted, _ = strconv.Atoi(s[m[2]:m[3]])
+		s = s[:m[0]]
+	}
+	s = strings.TrimRight(s, "\n")
+	if len(s) > outputHead+outputTail {
+		head := truncUTF8(s, outputHead)
+		tail := s[len(s)-outputTail:]
+		for len(tail) > 0 && !utf8.RuneStart(tail[0]) {
+			tail = tail[1:]
+		}
+		omitted += len(s) - len(head) - len(tail)
+		s = head + "\n" + cutNote(omitted) + "\n" + tail
+	} else if omitted > 0 {
+		s += "\n" + cutNote(omitted)
+	}
+	return s
+}
+
+func cutNote(omitted int) string {
+	return fmt.Sprintf("[… %d bytes of output left out here; to see them, write the output to a file and read parts of it (head, tail, grep, sed -n)]", omitted)
+}
+
+// truncUTF8 returns the longest prefix of s of at most n bytes that ends
+// on a character boundary.
+func truncUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // chartLimit bounds the chart data put into the text, for a model that
@@ -266,8 +365,8 @@ func execResult(r *client.ExecResult) *mcp.CallToolResult {
 		if s == "" {
 			return
 		}
-		s = "[" + name + "]\n" + strings.TrimRight(s, "\n")
-		if truncated {
+		s = "[" + name + "]\n" + forModel(s)
+		if truncated && !strings.Contains(s, "bytes of output left out") {
 			s += "\n(" + name + " truncated)"
 		}
 		parts = append(parts, s)
