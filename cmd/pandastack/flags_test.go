@@ -3,10 +3,12 @@ package main
 import (
 	"flag"
 	"io"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/client"
 )
 
@@ -127,5 +129,42 @@ func TestShowOnly(t *testing.T) {
 	}
 	if err := parseFlags(fs, []string{"--idle-timeout", "5s"}, false); err != nil {
 		t.Errorf("a setting left out of the usage no longer parses: %v", err)
+	}
+}
+
+// The CLI's policy is never more open than its flags say: --allow-out
+// alone reaches only those, and --deny-out needs --network internet.
+func TestCLINetwork(t *testing.T) {
+	for _, tc := range []struct {
+		mode            string
+		allow, deny     []string
+		want            *pandastack.NetworkPolicy
+		wantErrContains string
+	}{
+		{"", nil, nil, nil, ""},
+		{"", []string{"api.example.com"}, nil, &pandastack.NetworkPolicy{AllowOut: []string{"api.example.com"}}, ""},
+		{"internet", nil, []string{"198.51.100.0/24"}, &pandastack.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{"198.51.100.0/24"}}, ""},
+		{"none", nil, nil, &pandastack.NetworkPolicy{}, ""},
+		{"", nil, []string{"198.51.100.0/24"}, nil, "--deny-out needs --network internet"},
+		{"open", nil, nil, nil, "--network must be internet or none"},
+	} {
+		got, err := cliNetwork(tc.mode, tc.allow, tc.deny)
+		if tc.wantErrContains != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErrContains) {
+				t.Errorf("%q %v %v: err %v", tc.mode, tc.allow, tc.deny, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q %v %v: %v", tc.mode, tc.allow, tc.deny, err)
+			continue
+		}
+		if tc.want != nil {
+			w := tc.want.Normalized()
+			tc.want = &w
+		}
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%q %v %v: %+v, want %+v", tc.mode, tc.allow, tc.deny, got, tc.want)
+		}
 	}
 }

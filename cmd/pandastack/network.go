@@ -143,11 +143,18 @@ func cliNetwork(mode string, allowOut, denyOut []string) (*pandastack.NetworkPol
 	if mode == "" && len(allowOut) == 0 && len(denyOut) == 0 {
 		return nil, nil
 	}
-	p := pandastack.NetworkPolicy{AllowInternetAccess: true, AllowOut: allowOut, DenyOut: denyOut}
+	// As in the API, a policy is never more open than it says: with
+	// --allow-out and no --network only those are reachable, and a
+	// --deny-out, which carves out of the internet, needs --network internet.
+	p := pandastack.NetworkPolicy{AllowOut: allowOut, DenyOut: denyOut}
 	switch mode {
-	case "", "internet":
+	case "internet":
+		p.AllowInternetAccess = true
 	case "none":
-		p.AllowInternetAccess = false
+	case "":
+		if len(denyOut) > 0 {
+			return nil, fmt.Errorf("--deny-out needs --network internet: without internet access only --allow-out is reachable")
+		}
 	default:
 		return nil, fmt.Errorf("--network must be internet or none, got %q", mode)
 	}

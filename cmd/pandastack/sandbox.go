@@ -66,10 +66,10 @@ func sandboxCmd(args []string) error {
 		md, env := kvFlag{}, kvFlag{}
 		fs.Var(md, "metadata", "KEY=VALUE metadata (repeatable)")
 		fs.Var(env, "env", "KEY=VALUE environment variable (repeatable)")
-		netMode := fs.String("network", "", "internet or none (default: the server's --network-default)")
+		netMode := fs.String("network", "", "internet or none (default: the server's --network-default; with --allow-out, none: only those are reachable)")
 		var allowOut, denyOut listFlag
 		fs.Var(&allowOut, "allow-out", "IP, CIDR, domain or *.domain always reachable (repeatable)")
-		fs.Var(&denyOut, "deny-out", "IP or CIDR never reachable unless in --allow-out (repeatable)")
+		fs.Var(&denyOut, "deny-out", "IP or CIDR never reachable unless in --allow-out (repeatable; needs --network internet)")
 		if err := parseFlags(fs, args, false); err != nil {
 			return err
 		}

@@ -387,6 +387,12 @@ func TestTools(t *testing.T) {
 		}
 		s.ok(t, "kill_sandbox", map[string]any{"sandbox_id": id})
 		assertStopped(t, api, id)
+		// allow_out alone: only those, no internet (as in the API).
+		id = textOf(s.ok(t, "create_sandbox", map[string]any{"ttl_seconds": 300, "allow_out": []string{"api.example.com"}}))
+		if sb, err := api.client().GetSandbox(context.Background(), id); err != nil || sb.Network == nil || sb.Network.AllowInternetAccess {
+			t.Errorf("allow_out alone gave %+v (%v)", sb, err)
+		}
+		s.ok(t, "kill_sandbox", map[string]any{"sandbox_id": id})
 		if res := s.call(t, "create_sandbox", map[string]any{"allow_out": []string{"10.0.0.1"}}); !res.IsError || !strings.Contains(textOf(res), "allow_out[0]") {
 			t.Errorf("allow_out into the platform deny set: %s", textOf(res))
 		}

@@ -27,7 +27,7 @@ type createSandboxIn struct {
 	TTLSeconds int64             `json:"ttl_seconds,omitempty" jsonschema:"seconds until the sandbox is killed; default: the server's"`
 	Metadata   map[string]string `json:"metadata,omitempty" jsonschema:"string labels stored with the sandbox"`
 	SnapshotID string            `json:"snapshot_id,omitempty" jsonschema:"restore this snapshot (from the snapshot tool) instead of booting the template"`
-	Internet   *bool             `json:"internet,omitempty" jsonschema:"whether the sandbox may reach the internet; default: the server's"`
+	Internet   *bool             `json:"internet,omitempty" jsonschema:"whether the sandbox may reach the internet; default: the server's, or false when allow_out is given (then only those are reachable)"`
 	AllowOut   []string          `json:"allow_out,omitempty" jsonschema:"IPs, CIDRs, domains or *.domains always reachable, even without internet"`
 }
 
@@ -132,7 +132,8 @@ func (s *session) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in 
 		}
 		req := client.CreateSandboxRequest{Template: tpl, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata}
 		if in.Internet != nil || len(in.AllowOut) > 0 {
-			p := client.NetworkPolicy{AllowInternetAccess: in.Internet == nil || *in.Internet, AllowOut: in.AllowOut}
+			// As in the API: without internet, only allow_out is reachable.
+			p := client.NetworkPolicy{AllowInternetAccess: in.Internet != nil && *in.Internet, AllowOut: in.AllowOut}
 			p = p.Normalized()
 			req.Network = &p
 		}

@@ -286,6 +286,36 @@ func TestResolverForwards(t *testing.T) {
 	}
 }
 
+// A sandbox that reaches nothing outside resolves no name: its queries
+// never leave (they could carry data out); with an allowed address they go
+// on, so that its names resolve.
+func TestResolverWithoutInternet(t *testing.T) {
+	up := nettest.StartUpstream(t, "q", 7, 7)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	closed := pandastack.NetworkPolicy{}
+	ns, err := n.Prepare("sbx_closed", &closed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_closed")
+	if rc := queryRcode(t, ns, up.PublicIP, "pypi.test"); rc != 3 {
+		t.Errorf("no internet, no allow_out: rcode %d, want NXDOMAIN (3)", rc)
+	}
+	var logged bool
+	for _, e := range n.Log("sbx_closed") {
+		logged = logged || (e.Kind == "dns" && e.Domain == "pypi.test" && !e.Allowed && e.Rule == "no_internet")
+	}
+	if !logged {
+		t.Errorf("the refused query is not in the egress log: %+v", n.Log("sbx_closed"))
+	}
+	if err := n.SetPolicy("sbx_closed", pandastack.NetworkPolicy{AllowOut: []string{"198.51.100.0/24"}}); err != nil {
+		t.Fatal(err)
+	}
+	if rc := queryRcode(t, ns, up.PublicIP, "pypi.test"); rc != 0 {
+		t.Errorf("with an allowed address: rcode %d, want an answer", rc)
+	}
+}
+
 func TestCompile(t *testing.T) {
 	deny := PlatformDeny
 	open := []netip.Prefix{netip.MustParsePrefix("10.9.0.0/16")}

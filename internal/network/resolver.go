@@ -157,7 +157,16 @@ func (r *resolver) answer(q []byte) []byte {
 		}
 	} else if pol.Internet {
 		entry.Rule = "internet"
+	} else if len(pol.AllowNet) == 0 {
+		// Nothing outside is reachable, so no name needs resolving; and
+		// a query sent on would carry what the sandbox put in its name to
+		// whoever serves that domain.
+		entry.Rule = "no_internet"
+		r.view.log(entry)
+		return nxdomain(h, question)
 	} else {
+		// Addresses are allowed, and their names must resolve: queries
+		// go on (docs/network.md says what that lets out).
 		entry.Rule = "resolver"
 	}
 	a := r.forward(q)

@@ -24,6 +24,25 @@ def test_policy_on_create_and_live_change(server):
         with pytest.raises(NetworkDeniedError, match=r"allow_out\[0\]"):
             sb.set_network(allow_out=["169.254.169.254"])
         assert sb.refresh().network["deny_out"] == ["203.0.113.0/24"]  # nothing half-applied
+        # Without allow_internet_access only allow_out is reachable, as in
+        # the API; the policy may be one mapping, as create takes it.
+        sb.set_network(allow_out=["api.allowed.test"])
+        assert sb.network == {"allow_internet_access": False, "allow_out": ["api.allowed.test"], "deny_out": []}
+        sb.set_network({"allow_internet_access": True, "deny_out": ["198.51.100.0/24"]})
+        assert sb.network == {"allow_internet_access": True, "allow_out": [], "deny_out": ["198.51.100.0/24"]}
+        with pytest.raises(TypeError):
+            sb.set_network({"allow_out": ["a.test"]}, allow_out=["b.test"])
+        with pytest.raises(TypeError):
+            sb.set_network(allow_out="api.allowed.test")
+        assert sb.refresh().network["deny_out"] == ["198.51.100.0/24"]
+    finally:
+        sb.kill()
+
+
+def test_allowlist_alone_is_no_internet(server):
+    sb = Sandbox.create(ttl_seconds=120, network={"allow_out": ["api.allowed.test"]})
+    try:
+        assert sb.network == {"allow_internet_access": False, "allow_out": ["api.allowed.test"], "deny_out": []}
     finally:
         sb.kill()
 

@@ -198,8 +198,8 @@ interface WireNetworkPolicy {
 
 /**
  * A sandbox's egress policy. `allowOut` (IPs, CIDRs, domains, `*.domain`)
- * wins over `denyOut` (IPs, CIDRs); without `allowInternetAccess` only
- * `allowOut` is reachable. A platform deny set (the host, private ranges,
+ * wins over `denyOut` (IPs, CIDRs); without `allowInternetAccess: true` only
+ * `allowOut` is reachable (a `denyOut` needs it: it carves out of the internet). A platform deny set (the host, private ranges,
  * cloud metadata, other sandboxes) always applies.
  */
 export interface NetworkPolicy {
@@ -222,7 +222,8 @@ export interface EgressEntry {
 }
 
 function wireNetwork(p: NetworkPolicy): WireNetworkPolicy {
-  return { allow_internet_access: p.allowInternetAccess ?? true, allow_out: p.allowOut ?? [], deny_out: p.denyOut ?? [] };
+  // Omitted means no internet, as in the API: a policy of only `allowOut` reaches only those.
+  return { allow_internet_access: p.allowInternetAccess ?? false, allow_out: p.allowOut ?? [], deny_out: p.denyOut ?? [] };
 }
 
 interface WireSnapshot {

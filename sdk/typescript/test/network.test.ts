@@ -14,8 +14,11 @@ test("network policy on create, live change, and bad entries", async (t) => {
   if (!haveServer(t)) return;
   const sb = await newSandbox(t, { network: { allowInternetAccess: false, allowOut: ["api.allowed.test"] } });
   assert.deepEqual(sb.network, { allowInternetAccess: false, allowOut: ["api.allowed.test"], denyOut: [] });
-  await sb.setNetwork({ denyOut: ["203.0.113.0/24"] });
-  assert.deepEqual(sb.network?.denyOut, ["203.0.113.0/24"]);
+  await sb.setNetwork({ allowInternetAccess: true, denyOut: ["203.0.113.0/24"] });
+  assert.deepEqual(sb.network, { allowInternetAccess: true, allowOut: [], denyOut: ["203.0.113.0/24"] });
+  // Omitted, internet access is off, as in the API: only allowOut is reachable.
+  await sb.setNetwork({ allowOut: ["api.allowed.test"] });
+  assert.deepEqual(sb.network, { allowInternetAccess: false, allowOut: ["api.allowed.test"], denyOut: [] });
   await assert.rejects(sb.setNetwork({ allowOut: ["1.2.3.4", "not a domain"] }), (err: unknown) => {
     assert.ok(err instanceof InvalidRequestError && !(err instanceof NetworkDeniedError), String(err));
     assert.match((err as Error).message, /allow_out\[1\]/);

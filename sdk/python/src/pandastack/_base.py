@@ -206,16 +206,37 @@ def run_body(
 
 
 def network_body(
-    allow_internet_access: bool = True,
+    allow_internet_access: bool = False,
     allow_out: Optional[Sequence[str]] = None,
     deny_out: Optional[Sequence[str]] = None,
 ) -> Dict[str, Any]:
-    """The JSON of a network policy (see docs/network.md)."""
+    """The JSON of a network policy (see docs/network.md). Without
+    ``allow_internet_access=True`` only ``allow_out`` is reachable, as in the
+    API: a policy is never more open than it says."""
+    if not isinstance(allow_internet_access, bool):
+        raise TypeError("allow_internet_access must be a bool, not %s" % type(allow_internet_access).__name__)
+    for name, entries in (("allow_out", allow_out), ("deny_out", deny_out)):
+        if isinstance(entries, (str, bytes)):
+            raise TypeError("%s must be a list of entries, not a single string" % name)
     return {
         "allow_internet_access": bool(allow_internet_access),
         "allow_out": [str(e) for e in allow_out or []],
         "deny_out": [str(e) for e in deny_out or []],
     }
+
+
+def set_network_body(
+    policy: Union[bool, Mapping[str, Any]],
+    allow_out: Optional[Sequence[str]],
+    deny_out: Optional[Sequence[str]],
+) -> Dict[str, Any]:
+    """The body of set_network: a policy given as a mapping, as
+    ``Sandbox.create(network=...)`` takes it, or as its arguments."""
+    if isinstance(policy, Mapping):
+        if allow_out is not None or deny_out is not None:
+            raise TypeError("give the policy as one mapping or as arguments, not both")
+        return network_body(**policy)
+    return network_body(policy, allow_out, deny_out)
 
 
 def port_path(sandbox_id: str, port: int) -> str:

@@ -46,11 +46,11 @@ from ._base import (
     exec_body,
     fork_body,
     list_params,
-    network_body,
     port_path,
     read_timeout,
     run_body,
     sandbox_path,
+    set_network_body,
     snapshot_body,
     snapshot_params,
     snapshot_path,
@@ -179,12 +179,12 @@ class AsyncSandbox(SandboxRecord):
 
     async def set_network(
         self,
-        allow_internet_access: bool = True,
+        allow_internet_access: Union[bool, Mapping[str, Any]] = False,
         allow_out: Optional[Sequence[str]] = None,
         deny_out: Optional[Sequence[str]] = None,
     ) -> None:
         """Replace the egress policy; see :meth:`pandastack.Sandbox.set_network`."""
-        body = network_body(allow_internet_access, allow_out, deny_out)
+        body = set_network_body(allow_internet_access, allow_out, deny_out)
         self._update((await self._client._arequest("PUT", sandbox_path(self.id, "/network"), json=body)).json())
 
     async def network_log(self) -> List[Dict[str, Any]]:

@@ -23,11 +23,11 @@ from ._base import (
     exec_body,
     fork_body,
     list_params,
-    network_body,
     port_path,
     read_timeout,
     run_body,
     sandbox_path,
+    set_network_body,
     snapshot_body,
     snapshot_params,
     snapshot_path,
@@ -147,7 +147,9 @@ class Sandbox(SandboxRecord):
                 never; default the server's (300).
             network: egress policy, e.g. ``{"allow_internet_access": False,
                 "allow_out": ["api.example.com", "1.2.3.0/24"]}``; default
-                the server's (internet unless configured otherwise).
+                the server's (internet unless configured otherwise). In a
+                policy, ``allow_internet_access`` is False unless given: a
+                policy of only ``allow_out`` reaches only those.
 
         Raises:
             ConfigurationError: no client and ``PANDASTACK_API_KEY`` unset.
@@ -230,19 +232,22 @@ class Sandbox(SandboxRecord):
 
     def set_network(
         self,
-        allow_internet_access: bool = True,
+        allow_internet_access: Union[bool, Mapping[str, Any]] = False,
         allow_out: Optional[Sequence[str]] = None,
         deny_out: Optional[Sequence[str]] = None,
     ) -> None:
         """Replace the sandbox's egress policy; it takes effect at once.
         ``allow_out`` (IPs, CIDRs, domains, ``*.domain``) wins over
-        ``deny_out`` (IPs, CIDRs). A rejected policy changes nothing.
+        ``deny_out`` (IPs, CIDRs). Without ``allow_internet_access=True``
+        only ``allow_out`` is reachable, as in the API (a ``deny_out`` needs
+        it). The policy may also be one mapping, as ``create(network=...)``
+        takes it. A rejected policy changes nothing.
 
         Raises:
             InvalidRequestError: a malformed entry (named by its index).
             NetworkDeniedError: an entry inside the platform deny set.
         """
-        body = network_body(allow_internet_access, allow_out, deny_out)
+        body = set_network_body(allow_internet_access, allow_out, deny_out)
         self._update(self._client._request("PUT", sandbox_path(self.id, "/network"), json=body).json())
 
     def network_log(self) -> List[Dict[str, Any]]:
