@@ -120,13 +120,13 @@ func (n *Network) lookup(ctx context.Context, name string) ([]netip.Addr, error)
 }
 
 // startServices starts s's resolver and domain proxy on its gateway.
-func (n *Network) startServices(s *sandboxNet, gw netip.Addr) error {
+func (n *Network) startServices(s *sandboxNet, gw, addr netip.Addr) error {
 	v := n.view(s)
 	dns, err := startResolver(gw, n.resolvers, v, n.log.With("sandbox", s.ID))
 	if err != nil {
 		return fmt.Errorf("network %s: resolver: %w", s.ID, err)
 	}
-	px, err := startProxy(gw, v)
+	px, err := startProxy(gw, addr, v)
 	if err != nil {
 		dns.Close()
 		return fmt.Errorf("network %s: domain proxy: %w", s.ID, err)
@@ -498,7 +498,7 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 		return "", fmt.Errorf("network %s: firewall: %w", id, err)
 	}
 	t3 := time.Now()
-	if err := n.startServices(s, gw); err != nil {
+	if err := n.startServices(s, gw, addr); err != nil {
 		return "", err
 	}
 	n.log.Debug("network prepared", "sandbox", id, "state_ms", ms(t1.Sub(t0)), "namespace_ms", ms(t2.Sub(t1)),
@@ -571,7 +571,7 @@ func (n *Network) Adopt(id string) error {
 	n.slots[s.Slot] = id
 	s.comp = comp
 	n.mu.Unlock()
-	return n.startServices(s, gw)
+	return n.startServices(s, gw, addr)
 }
 
 // SetPolicy replaces a sandbox's policy at once; a policy that does not

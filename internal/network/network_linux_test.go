@@ -387,6 +387,50 @@ func request(t *testing.T, ns string, addr netip.Addr, host, sni string) (string
 	return out, err
 }
 
+// A sandbox's domain proxy serves that sandbox only: another sandbox
+// that connects to its port straight away gets a reset, not the first
+// one's policy (and no line in its egress log).
+func TestProxyServesOnlyItsSandbox(t *testing.T) {
+	up := nettest.StartUpstream(t, "x", 19, 19)
+	up.SetDNS("b.allowed.test", up.PublicIP)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	polA := pandastack.NetworkPolicy{AllowOut: []string{"a.allowed.test"}}
+	polB := pandastack.NetworkPolicy{AllowOut: []string{"b.allowed.test"}}
+	nsA, err := n.Prepare("sbx_pxa", &polA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_pxa")
+	if _, err := n.Prepare("sbx_pxb", &polB); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_pxb")
+	// B's own way works.
+	addrB, _ := n.Addr("sbx_pxb")
+	gwB := netip.AddrFrom4([4]byte{addrB.As4()[0], addrB.As4()[1], addrB.As4()[2], addrB.As4()[3] - 1})
+	var out string
+	nettest.InNS(t, nsA, func() {
+		c, derr := net.DialTimeout("tcp4", netip.AddrPortFrom(gwB, proxyHTTPPort).String(), 5*time.Second)
+		if derr != nil {
+			err = derr
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: b.allowed.test\r\n\r\n")
+		b, _ := io.ReadAll(c)
+		out = string(b)
+	})
+	if strings.Contains(out, "upstream") {
+		t.Errorf("sandbox A got through B's proxy: %q", out)
+	}
+	for _, e := range n.Log("sbx_pxb") {
+		if e.Kind == "tcp" {
+			t.Errorf("B's egress log has A's connection: %+v", e)
+		}
+	}
+}
+
 func TestDomainRules(t *testing.T) {
 	up := nettest.StartUpstream(t, "d", 18, 18)
 	up.SetDNS("api.allowed.test", up.PublicIP)

@@ -33,13 +33,14 @@ const maxProxyConns = 256
 
 type proxy struct {
 	view  sandboxView
+	peer  netip.Addr // the sandbox's address: the only one the proxy serves
 	lns   []net.Listener
 	wg    sync.WaitGroup
 	slots chan struct{} // one per connection being proxied
 }
 
-func startProxy(gw netip.Addr, view sandboxView) (*proxy, error) {
-	p := &proxy{view: view, slots: make(chan struct{}, maxProxyConns)}
+func startProxy(gw, peer netip.Addr, view sandboxView) (*proxy, error) {
+	p := &proxy{view: view, peer: peer, slots: make(chan struct{}, maxProxyConns)}
 	for _, port := range []uint16{proxyHTTPPort, proxyTLSPort} {
 		ln, err := net.Listen("tcp4", netip.AddrPortFrom(gw, port).String())
 		if err != nil {
@@ -89,6 +90,19 @@ func reset(c *net.TCPConn) {
 func (p *proxy) handle(c *net.TCPConn, tls bool) {
 	orig, err := originalDst(c)
 	if err != nil {
+		reset(c)
+		return
+	}
+	// Only this sandbox's own connections to port 80 or 443, which the
+	// firewall sent here: not another sandbox's (it would get this one's
+	// policy), nor one made to the proxy's port itself (it would reach an
+	// allowed name on that port).
+	want := uint16(80)
+	if tls {
+		want = 443
+	}
+	from, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+	if from.Addr() != p.peer || orig.Port() != want {
 		reset(c)
 		return
 	}
