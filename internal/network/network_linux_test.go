@@ -1,6 +1,7 @@
 package network
 
 import (
+	"bufio"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -290,7 +291,7 @@ func TestResolverForwards(t *testing.T) {
 // never leave (they could carry data out); with an allowed address they go
 // on, so that its names resolve.
 func TestResolverWithoutInternet(t *testing.T) {
-	up := nettest.StartUpstream(t, "q", 7, 7)
+	up := nettest.StartUpstream(t, "g", 22, 22)
 	n := newTestNetwork(t, up, pandastack.InternetPolicy())
 	closed := pandastack.NetworkPolicy{}
 	ns, err := n.Prepare("sbx_closed", &closed)
@@ -391,7 +392,7 @@ func request(t *testing.T, ns string, addr netip.Addr, host, sni string) (string
 // that connects to its port straight away gets a reset, not the first
 // one's policy (and no line in its egress log).
 func TestProxyServesOnlyItsSandbox(t *testing.T) {
-	up := nettest.StartUpstream(t, "x", 19, 19)
+	up := nettest.StartUpstream(t, "h", 34, 34)
 	up.SetDNS("b.allowed.test", up.PublicIP)
 	n := newTestNetwork(t, up, pandastack.InternetPolicy())
 	polA := pandastack.NetworkPolicy{AllowOut: []string{"a.allowed.test"}}
@@ -428,6 +429,81 @@ func TestProxyServesOnlyItsSandbox(t *testing.T) {
 		if e.Kind == "tcp" {
 			t.Errorf("B's egress log has A's connection: %+v", e)
 		}
+	}
+}
+
+// exchange writes payload to addr:80 from inside ns and reads until the
+// connection ends or read says it has seen enough.
+func exchange(t *testing.T, ns string, addr netip.Addr, payload string, read func(c net.Conn) string) (string, error) {
+	var out string
+	var err error
+	nettest.InNS(t, ns, func() {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, 80).String(), 5*time.Second); err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err = io.WriteString(c, payload); err != nil {
+			return
+		}
+		if read != nil {
+			out = read(c)
+			return
+		}
+		var b []byte
+		b, err = io.ReadAll(c)
+		out = string(b)
+	})
+	return out, err
+}
+
+// Under domain rules one connection carries one HTTP request: a second
+// one on it (keep-alive) could name any other site on the same address.
+// Bodies, "Expect: 100-continue" and an accepted upgrade still work.
+func TestDomainProxyOneRequestPerConnection(t *testing.T) {
+	up := nettest.StartUpstream(t, "i", 66, 66)
+	up.SetDNS("api.allowed.test", up.PublicIP)
+	up.SetDNS("other.test", up.PublicIP)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	pol := pandastack.NetworkPolicy{AllowOut: []string{"api.allowed.test"}}
+	ns, err := n.Prepare("sbx_ka", &pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_ka")
+
+	two := "GET /1 HTTP/1.1\r\nHost: api.allowed.test\r\n\r\nGET /2 HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n"
+	out, err := exchange(t, ns, up.PublicIP, two, nil)
+	if err != nil || !strings.Contains(out, "upstream api.allowed.test") || strings.Contains(out, "other.test") || !strings.Contains(out, "Connection: close") {
+		t.Errorf("two requests on one connection: %q, %v", out, err)
+	}
+	post := "POST /echo HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\nhello"
+	if out, err := exchange(t, ns, up.PublicIP, post, nil); err != nil || !strings.HasPrefix(out, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200") || !strings.HasSuffix(out, "\r\n\r\nhello") {
+		t.Errorf("a POST with a body: %q, %v", out, err)
+	}
+	chunked := "POST /echo HTTP/1.1\r\nHost: api.allowed.test\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+	if out, err := exchange(t, ns, up.PublicIP, chunked, nil); err != nil || !strings.HasSuffix(out, "abcde") {
+		t.Errorf("a chunked POST: %q, %v", out, err)
+	}
+	upgrade := "GET /upgrade HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"
+	out, err = exchange(t, ns, up.PublicIP, upgrade, func(c net.Conn) string {
+		br := bufio.NewReader(c)
+		var head strings.Builder
+		for {
+			l, err := br.ReadString('\n')
+			head.WriteString(l)
+			if err != nil || l == "\r\n" {
+				break
+			}
+		}
+		io.WriteString(c, "ping")
+		b := make([]byte, 4)
+		io.ReadFull(br, b)
+		return head.String() + string(b)
+	})
+	if err != nil || !strings.HasPrefix(out, "HTTP/1.1 101") || !strings.HasSuffix(out, "ping") {
+		t.Errorf("an upgrade: %q, %v", out, err)
 	}
 }
 

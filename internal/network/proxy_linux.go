@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
@@ -122,6 +123,7 @@ func (p *proxy) handle(c *net.TCPConn, tls bool) {
 	if entry.Domain != "" {
 		ok, rule = pol.decideName(entry.Domain)
 	}
+	byName := ok
 	if ok {
 		// Connect only to what the name resolves to, never to the address
 		// the sandbox picked: that is what defeats a forged SNI or Host.
@@ -160,18 +162,102 @@ func (p *proxy) handle(c *net.TCPConn, tls bool) {
 		reset(c)
 		return
 	}
-	done := make(chan int64, 1)
-	go func() {
-		n, _ := io.Copy(up, br) // the peeked bytes first, then the rest
-		up.(*net.TCPConn).CloseWrite()
-		done <- n
-	}()
-	entry.BytesIn, _ = io.Copy(c, up)
-	c.CloseWrite()
-	entry.BytesOut = <-done
+	if byName && !tls {
+		entry.BytesOut, entry.BytesIn = oneRequest(c, br, up.(*net.TCPConn), entry.Domain)
+	} else {
+		entry.BytesOut, entry.BytesIn = pipe(c, br, up.(*net.TCPConn))
+	}
 	up.Close()
 	c.Close()
 	p.view.log(entry)
+}
+
+// pipe copies both ways until both sides are done (what br holds goes
+// first); it returns the bytes sent up and down.
+func pipe(c *net.TCPConn, br *bufio.Reader, up *net.TCPConn) (out, in int64) {
+	done := make(chan int64, 1)
+	go func() {
+		n, _ := io.Copy(up, br) // the peeked bytes first, then the rest
+		up.CloseWrite()
+		done <- n
+	}()
+	in, _ = io.Copy(c, up)
+	c.CloseWrite()
+	return <-done, in
+}
+
+// oneRequest passes on the HTTP request at the head of br, which names
+// host, and its answer, and nothing after it: the name decided for the
+// connection holds for one request, and a second one on the same
+// connection could name any other site on that address. The request goes
+// with "Connection: close", so the server answers it and closes; a client
+// opens a new connection for its next request, which is decided afresh.
+// An upgrade (a WebSocket) that the server accepts (101) is one request
+// followed by another protocol: both ways are copied from then on.
+func oneRequest(c *net.TCPConn, br *bufio.Reader, up *net.TCPConn, host string) (out, in int64) {
+	req, err := http.ReadRequest(br)
+	if err != nil || !strings.EqualFold(hostOnly(req.Host), host) {
+		reset(c)
+		return 0, 0
+	}
+	upgrade := false
+	for _, v := range req.Header.Values("Connection") {
+		for _, t := range strings.Split(v, ",") {
+			upgrade = upgrade || strings.EqualFold(strings.TrimSpace(t), "upgrade")
+		}
+	}
+	if !upgrade {
+		req.Close = true
+		req.Header.Del("Connection")
+		req.Header.Del("Keep-Alive")
+	}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header["User-Agent"] = []string{""} // req.Write would add Go's
+	}
+	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+		// Answered here: Write sends the body right after the head.
+		req.Header.Del("Expect")
+		io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n")
+	}
+	cw := &countingWriter{w: up}
+	if err := req.Write(cw); err != nil {
+		reset(c)
+		return cw.n, 0
+	}
+	ubr := bufio.NewReader(up)
+	if status, err := ubr.Peek(12); upgrade && err == nil && bytes.HasPrefix(status, []byte("HTTP/1.")) && string(status[9:12]) == "101" {
+		done := make(chan int64, 1)
+		go func() {
+			n, _ := io.Copy(up, br)
+			up.CloseWrite()
+			done <- n
+		}()
+		in, _ = io.Copy(c, ubr)
+		c.CloseWrite()
+		return cw.n + <-done, in
+	}
+	in, _ = io.Copy(c, ubr)
+	c.CloseWrite()
+	return cw.n, in
+}
+
+// hostOnly is a Host header's name, without a port, as peekHost gives it.
+func hostOnly(h string) string {
+	if n, _, err := net.SplitHostPort(h); err == nil {
+		return n
+	}
+	return h
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (cw *countingWriter) Write(b []byte) (int, error) {
+	n, err := cw.w.Write(b)
+	cw.n += int64(n)
+	return n, err
 }
 
 // originalDst is where the sandbox meant to connect before the redirect.

@@ -13,6 +13,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -115,9 +116,25 @@ ip -n %[1]s link set eth0 up && ip -n %[1]s link set lo up && ip -n %[1]s route 
 		}
 		// The body names the Host asked for; X-Served-By the address the
 		// request reached, so a test sees which server answered.
-		// /bytes?n=N answers N zero bytes, for throughput.
+		// /bytes?n=N answers N zero bytes, for throughput; /echo answers
+		// the request's body; /upgrade switches to a protocol that echoes.
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-Served-By", r.Context().Value(http.LocalAddrContextKey).(net.Addr).String())
+			switch r.URL.Path {
+			case "/echo":
+				io.Copy(w, r.Body)
+				return
+			case "/upgrade":
+				c, rw, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+				rw.Flush()
+				io.Copy(c, rw)
+				return
+			}
 			if r.URL.Path == "/bytes" {
 				n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
 				w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
