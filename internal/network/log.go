@@ -1,6 +1,7 @@
 package network
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/pandastack/pandastack"
@@ -27,11 +28,15 @@ func (l *egressLog) add(e pandastack.EgressEntry) {
 	l.next = (l.next + 1) % MaxLogEntries
 }
 
-// list returns the entries oldest first.
+// list returns the entries oldest first, by their time: a connection is
+// logged when it ends, with the time it began, so the ring holds them in
+// the order they ended.
 func (l *egressLog) list() []pandastack.EgressEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	out := make([]pandastack.EgressEntry, 0, len(l.entries))
 	out = append(out, l.entries[l.next:]...)
-	return append(out, l.entries[:l.next]...)
+	out = append(out, l.entries[:l.next]...)
+	slices.SortStableFunc(out, func(a, b pandastack.EgressEntry) int { return a.Time.Compare(b.Time) })
+	return out
 }

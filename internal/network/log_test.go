@@ -2,7 +2,9 @@ package network
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack"
 )
@@ -15,6 +17,23 @@ func TestEgressLogKeepsNewest(t *testing.T) {
 	got := l.list()
 	if len(got) != MaxLogEntries || got[0].Port != 5 || got[len(got)-1].Port != MaxLogEntries+4 {
 		t.Fatalf("ring of %d: first %d, last %d", len(got), got[0].Port, got[len(got)-1].Port)
+	}
+}
+
+// A connection is logged when it ends, with the time it began: the list
+// is by time all the same.
+func TestEgressLogOldestFirst(t *testing.T) {
+	var l egressLog
+	t0 := time.Date(2026, 12, 3, 7, 0, 0, 0, time.UTC)
+	l.add(pandastack.EgressEntry{Kind: "dns", Time: t0.Add(2 * time.Second)})
+	l.add(pandastack.EgressEntry{Kind: "tcp", Time: t0}) // began first, ended last
+	l.add(pandastack.EgressEntry{Kind: "udp", Time: t0.Add(3 * time.Second)})
+	var kinds []string
+	for _, e := range l.list() {
+		kinds = append(kinds, e.Kind)
+	}
+	if strings.Join(kinds, " ") != "tcp dns udp" {
+		t.Fatalf("order %v", kinds)
 	}
 }
 

@@ -584,6 +584,10 @@ func TestDomainRules(t *testing.T) {
 			sawBlocked = true
 		case e.Kind == "dns" && e.Domain == "evil.test" && !e.Allowed:
 			sawDNS = true
+		case e.Kind == "tcp" && e.Domain == "rebind.allowed.test" && e.Address != up.PublicIP.String():
+			// Refused: the name resolves into the deny set; the entry keeps
+			// the address the sandbox asked for.
+			t.Errorf("the refused rebinding name's entry: %+v", e)
 		}
 	}
 	if !sawAllowed || !sawBlocked || !sawDNS {

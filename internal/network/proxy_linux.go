@@ -143,7 +143,9 @@ func (p *proxy) handle(c *net.TCPConn, tls bool) {
 				rule = "unresolvable"
 			}
 		}
-		entry.Address = target.Addr().String()
+		if target.IsValid() {
+			entry.Address = target.Addr().String()
+		} // else: the address the sandbox asked for stays in the log
 	} else if p.view.denied(orig.Addr()) {
 		rule = "platform"
 	} else {
