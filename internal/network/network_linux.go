@@ -223,10 +223,11 @@ func New(cfg Config) (*Network, error) {
 	}
 	n.loadState()
 	enableConntrackAcct()
-	n.stopFlows, n.flowsDone = make(chan struct{}), make(chan struct{})
+	stop, done := make(chan struct{}), make(chan struct{})
+	n.stopFlows, n.flowsDone = stop, done
 	go func() {
-		defer close(n.flowsDone)
-		n.watchFlows(n.stopFlows)
+		defer close(done)
+		n.watchFlows(stop) // not n.stopFlows: a Close right away sets it to nil
 	}()
 	n.log.Info("sandbox network ready", "cidr", n.cidr, "table", "inet "+n.fw.table.Name, "instance", cfg.Instance)
 	return n, nil
@@ -443,10 +444,15 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 	if s == nil {
 		s = &sandboxNet{ID: id, Policy: n.cfg.Default}
 	}
+	var comp Compiled
 	if p != nil {
 		s.Policy = p.Normalized()
+		comp, err = Compile(s.Policy, n.deny, n.cfg.AllowPrivate)
+	} else {
+		// The sandbox's own policy (a resume): made under other openings,
+		// perhaps.
+		s.Policy, comp, err = n.compileKept(id, s.Policy)
 	}
-	comp, err := Compile(s.Policy, n.deny, n.cfg.AllowPrivate)
 	if err != nil {
 		n.mu.Unlock()
 		return "", err
@@ -549,9 +555,18 @@ func (n *Network) Adopt(id string) error {
 	if s == nil || !n.nsExists(id) {
 		return nil // it never had networking
 	}
-	comp, err := Compile(s.Policy, n.deny, n.cfg.AllowPrivate)
+	pol, comp, err := n.compileKept(id, s.Policy)
 	if err != nil {
 		return err
+	}
+	if !slices.Equal(pol.AllowOut, s.Policy.AllowOut) {
+		n.mu.Lock()
+		s.Policy = pol
+		serr := n.saveState(s)
+		n.mu.Unlock()
+		if serr != nil {
+			return fmt.Errorf("network %s: %w", id, serr)
+		}
 	}
 	l, err := netlink.LinkByName(n.veth(s.Slot))
 	if err != nil {
@@ -572,6 +587,38 @@ func (n *Network) Adopt(id string) error {
 	s.comp = comp
 	n.mu.Unlock()
 	return n.startServices(s, gw, addr)
+}
+
+// compileKept compiles a policy a sandbox already has (a resume, or a
+// sandbox taken over after a restart). One made while the server opened a
+// private range (--network-allow-private) that it no longer opens would
+// not compile, and the sandbox would be lost for it: the allow_out entries
+// now inside the platform deny set are dropped instead (the firewall
+// refuses those destinations either way), with a warning.
+func (n *Network) compileKept(id string, p pandastack.NetworkPolicy) (pandastack.NetworkPolicy, Compiled, error) {
+	comp, err := Compile(p, n.deny, n.cfg.AllowPrivate)
+	if !pandastack.IsCode(err, pandastack.ENetworkDenied) {
+		return p, comp, err
+	}
+	kept := p
+	kept.AllowOut = nil
+	var dropped []string
+	for _, e := range p.AllowOut {
+		one := pandastack.NetworkPolicy{AllowOut: []string{e}}
+		if _, err := Compile(one, n.deny, n.cfg.AllowPrivate); pandastack.IsCode(err, pandastack.ENetworkDenied) {
+			dropped = append(dropped, e)
+			continue
+		}
+		kept.AllowOut = append(kept.AllowOut, e)
+	}
+	kept = kept.Normalized()
+	comp, cerr := Compile(kept, n.deny, n.cfg.AllowPrivate)
+	if cerr != nil {
+		return p, Compiled{}, err // not only that: the first error stands
+	}
+	n.log.Warn("the sandbox's network policy allows destinations the server no longer opens (--network-allow-private); they are dropped from it",
+		"sandbox", id, "dropped", dropped)
+	return kept, comp, nil
 }
 
 // SetPolicy replaces a sandbox's policy at once; a policy that does not

@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -674,6 +675,41 @@ func TestAllowPrivate(t *testing.T) {
 		t.Errorf("default policy to the opened range: %v, want refused", err)
 	}
 	waitRefused(t, n, "sbx_priv2", up.PrivateIP, 80, "no_internet")
+}
+
+// A sandbox's policy made while the server opened a private range outlives
+// a restart without that opening: the entries now inside the platform deny
+// set are dropped (the firewall refuses them either way) rather than the
+// sandbox failing to resume, or being lost.
+func TestPolicyKeptWhenAnOpeningIsGone(t *testing.T) {
+	up := nettest.StartUpstream(t, "j", 70, 70)
+	priv := netip.PrefixFrom(up.PrivateIP, 30).Masked()
+	inst, state := InstanceID(t.TempDir()), t.TempDir()
+	open, err := New(Config{Instance: inst, StateDir: state, Default: pandastack.NoNetworkPolicy(), AllowPrivate: []netip.Prefix{priv}, Resolvers: []netip.AddrPort{up.DNS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A paused sandbox's policy, kept for its resume.
+	pol := pandastack.NetworkPolicy{AllowOut: []string{up.PrivateIP.String(), "api.allowed.test"}}
+	if err := open.SetPolicy("sbx_kept", pol); err != nil {
+		t.Fatal(err)
+	}
+	open.Close()
+	n, err := New(Config{Instance: inst, StateDir: state, Default: pandastack.NoNetworkPolicy(), Resolvers: []netip.AddrPort{up.DNS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		assertNoLeaks(t, inst)
+	})
+	if _, err := n.Prepare("sbx_kept", nil); err != nil {
+		t.Fatalf("resume with a policy made under an opening that is gone: %v", err)
+	}
+	defer n.Release("sbx_kept")
+	if got, _ := n.Policy("sbx_kept"); !slices.Equal(got.AllowOut, []string{"api.allowed.test"}) {
+		t.Errorf("policy after the resume: %+v", got)
+	}
 }
 
 // A sandbox cannot hold more than maxProxyConns connections through the
