@@ -70,6 +70,10 @@ type entry struct {
 	inflight int           // work acquired and not yet done (exec, run, upload, …)
 	holds    int           // long-lived uses (PTY sessions, proxied connections): not idle, yet checkpointable
 	idle     idleState     // see idle.go
+	// idleSet: the idle timeout was changed (PATCH) while the sandbox was
+	// being created or resumed; run keeps it rather than the timeout of
+	// the record that boot began with.
+	idleSet bool
 }
 
 func newEntry(p phase) *entry { return &entry{phase: p, changed: make(chan struct{})} }
@@ -150,25 +154,29 @@ func (t *table) settle(id string) {
 }
 
 // run makes a claimed sandbox running with the agent channel c; it goes
-// idle after idleTimeout (0: never). It reports false, holding nothing, when
-// the manager closed meanwhile: the caller closes c (the sandbox runs on,
-// for the next start to re-adopt).
-func (t *table) run(id string, c *AgentClient, idleTimeout time.Duration) bool {
+// idle after idleTimeout (0: never), or after the timeout a change during
+// its boot set (setIdleTimeout), which it returns. It reports false,
+// holding nothing, when the manager closed meanwhile: the caller closes c
+// (the sandbox runs on, for the next start to re-adopt).
+func (t *table) run(id string, c *AgentClient, idleTimeout time.Duration) (time.Duration, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entries[id]
 	if t.closed {
 		t.drop(id)
-		return false
+		return idleTimeout, false
 	}
 	if e == nil {
 		e = newEntry(phaseRunning)
 		t.entries[id] = e
 	}
+	if e.idleSet {
+		idleTimeout, e.idleSet = e.idle.timeout, false
+	}
 	e.client = c
 	e.idle = idleState{timeout: idleTimeout, lastUse: t.now()}
 	e.setPhase(phaseRunning)
-	return true
+	return idleTimeout, true
 }
 
 // drop removes an entry and wakes its waiters. t.mu is held.
@@ -201,11 +209,11 @@ func (t *table) end(id string) {
 	t.mu.Unlock()
 }
 
-// wait blocks while the sandbox is resuming or suspending, until that
-// phase ends or ctx is done. It reports whether it waited: the caller then
-// looks again at what the sandbox has become.
+// wait blocks while the sandbox is being created, resumed, paused or
+// suspended, until that phase ends or ctx is done. It reports whether it
+// waited: the caller then looks again at what the sandbox has become.
 func (t *table) wait(ctx context.Context, id string) bool {
-	return t.waitOut(ctx, id, phaseResuming, phaseSuspending)
+	return t.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending)
 }
 
 // waitOut blocks while the sandbox is in one of phases, until its phase

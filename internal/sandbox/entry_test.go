@@ -81,7 +81,7 @@ func TestTableClose(t *testing.T) {
 	if err := tb.begin("b", phaseCreating); !pandastack.IsCode(err, pandastack.EUnavailable) {
 		t.Fatalf("begin after close: %v", err)
 	}
-	if tb.run("a", nil, 0) {
+	if _, ok := tb.run("a", nil, 0); ok {
 		t.Fatal("run after close kept the channel")
 	}
 	if len(tb.entries) != 0 {

@@ -130,6 +130,9 @@ func (t *table) setIdleTimeout(id string, d time.Duration) {
 	if e := t.entries[id]; e != nil {
 		e.idle.timeout = d
 		e.idle.used(t.now())
+		if e.phase == phaseCreating || e.phase == phaseResuming {
+			e.idleSet = true // for run, which would set the boot's own
+		}
 	}
 }
 

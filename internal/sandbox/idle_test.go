@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -380,5 +381,115 @@ func TestIdleSuspendReleasesSpares(t *testing.T) {
 	want = []string{"release " + sb.ID, "checkpoint " + sb.ID, "refill " + sb.ID}
 	if got := h.rt.takeSuspendLog(); !slices.Equal(got, want) {
 		t.Fatalf("failed idle suspend: %q, want %q", got, want)
+	}
+}
+
+// A sandbox still being created: a request waits for it and then runs,
+// and an idle timeout changed meanwhile is the one it runs with (and
+// answers with), not the create's.
+func TestRequestsDuringACreate(t *testing.T) {
+	h, c := idleHarness(t)
+	gate, booting := make(chan struct{}), make(chan string, 1)
+	h.rt.startErr = func(spec pandastack.RuntimeSpec) error {
+		booting <- spec.ID
+		<-gate
+		return nil
+	}
+	seconds := int64(10)
+	created := make(chan pandastack.Sandbox, 1)
+	go func() {
+		sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base", IdleTimeoutSeconds: &seconds})
+		if err != nil {
+			t.Error(err)
+		}
+		created <- sb
+	}()
+	id := <-booting
+	if _, err := h.m.SetIdleTimeout(context.Background(), project, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan error, 1)
+	go func() {
+		_, err := h.exec(id, "set a=1")
+		ran <- err
+	}()
+	select {
+	case err := <-ran:
+		t.Fatalf("a request during the create ended before it: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(gate)
+	if err := <-ran; err != nil {
+		t.Fatalf("the request that waited for the create: %v", err)
+	}
+	sb := <-created
+	if sb.IdleTimeoutSeconds != 0 || h.record(id).IdleTimeoutSeconds != 0 {
+		t.Errorf("create answered idle %d, record %d; want the 0 set meanwhile", sb.IdleTimeoutSeconds, h.record(id).IdleTimeoutSeconds)
+	}
+	h.passIdle(c, time.Hour)
+	if rec := h.record(id); rec.State != pandastack.StateRunning {
+		t.Fatalf("suspended with the idle timeout set to never during its create: %s", rec.State)
+	}
+}
+
+// A paused auto_resume sandbox: requests that come while the pause
+// finishes wait for it and resume it, and concurrent resumes all answer
+// the resumed sandbox.
+func TestRequestsDuringAPause(t *testing.T) {
+	h := newHarness(t)
+	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base", AutoResume: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.exec(sb.ID, "set a=kept"); err != nil {
+		t.Fatal(err)
+	}
+	paused := make(chan error, 1)
+	go func() {
+		_, err := h.m.Pause(context.Background(), project, sb.ID)
+		paused <- err
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := h.exec(sb.ID, "get a")
+			if err == nil && out != "kept" {
+				err = fmt.Errorf("got %q", out)
+			}
+			errs <- err
+		}()
+		time.Sleep(2 * time.Millisecond)
+	}
+	wg.Wait()
+	close(errs)
+	if err := <-paused; err != nil && !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("pause: %v", err)
+	}
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a request around the pause: %v", err)
+		}
+	}
+	// Resumes at once of a paused sandbox: each answers it running.
+	if _, err := h.m.Pause(context.Background(), project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 3)
+	for range 3 {
+		go func() {
+			got, err := h.m.Resume(context.Background(), project, sb.ID)
+			if err == nil && (got.State != pandastack.StateRunning || got.PauseReason != "") {
+				err = fmt.Errorf("answered %s (pause_reason %q)", got.State, got.PauseReason)
+			}
+			res <- err
+		}()
+	}
+	for range 3 {
+		if err := <-res; err != nil {
+			t.Errorf("a concurrent resume: %v", err)
+		}
 	}
 }

@@ -326,7 +326,7 @@ func (m *Manager) adopt(ctx context.Context, sb pandastack.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	if !m.sbx.run(sb.ID, c, time.Duration(sb.IdleTimeoutSeconds)*time.Second) {
+	if _, ok := m.sbx.run(sb.ID, c, time.Duration(sb.IdleTimeoutSeconds)*time.Second); !ok {
 		c.Close()
 	}
 	return nil
@@ -612,12 +612,14 @@ func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *Ag
 		client.Close()
 		return pandastack.Sandbox{}, err
 	}
-	if !m.sbx.run(sb.ID, client, time.Duration(sb.IdleTimeoutSeconds)*time.Second) {
+	idle, ok := m.sbx.run(sb.ID, client, time.Duration(sb.IdleTimeoutSeconds)*time.Second)
+	if !ok {
 		client.Close() // shutting down: the next start re-adopts it
 	} else {
 		m.holdRefills(sb.ID, client)
 	}
-	sb.State = pandastack.StateRunning
+	sb.IdleTimeoutSeconds = int64(idle / time.Second) // a change during the boot
+	sb.State, sb.PauseReason = pandastack.StateRunning, ""
 	sb.Network = m.networkOf(sb.ID)
 	if created {
 		m.log.Info("sandbox created", "sandbox", sb.ID, "template", sb.Template, "project", sb.ProjectID)

@@ -176,7 +176,25 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 }
 
 // Resume restores a paused sandbox with everything in place.
+//
+// A resume, pause or suspend under way is waited for first: a resume that
+// another request finished meanwhile answers as if this one had.
 func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+	waited := false
+	for {
+		sb, err := m.resume(ctx, projectID, id)
+		if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.wait(ctx, id) {
+			waited = true
+			continue
+		}
+		if waited && pandastack.IsCode(err, pandastack.EConflict) && sb.State == pandastack.StateRunning {
+			return m.Get(ctx, projectID, id)
+		}
+		return sb, err
+	}
+}
+
+func (m *Manager) resume(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
 	sb, err := m.store.GetSandbox(ctx, projectID, id)
 	if err != nil {
 		return sb, err
@@ -255,6 +273,13 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	steps.log(m.log, id, own, prepared)
 	resumed = true
 	m.discardPaused(id)
+	// The record as it is now: a TTL or idle timeout changed during the
+	// resume, and no pause_reason.
+	if now, err := m.store.GetSandbox(ctx, projectID, id); err == nil {
+		now.Network = sb.Network
+		now.IdleTimeoutSeconds = sb.IdleTimeoutSeconds
+		sb = now
+	}
 	return sb, nil
 }
 
@@ -284,7 +309,9 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 				m.log.Info("sandbox resumed on demand", "sandbox", id, "request_ms", msSince(t0, time.Now()))
 			}
 		case sb.State == pandastack.StateRunning && m.sbx.wait(ctx, id):
-			continue // being suspended; the next look resumes it
+			continue // being suspended or paused; the next look resumes it
+		case sb.State == pandastack.StateStarting && m.sbx.wait(ctx, id):
+			continue // being created here: it runs in a moment
 		}
 		if err := ctx.Err(); err != nil {
 			return sb, err
