@@ -130,6 +130,10 @@ func (c *AgentClient) Close() error {
 // stops, the sandbox does not.
 const reasonShutdown = "server shutdown"
 
+// reasonPaused marks the sessions a pause or an idle suspend ends: the
+// sandbox is on disk, whole (a follow of a process's output is cut by it).
+const reasonPaused = "paused"
+
 // markStopped records why the manager is stopping the sandbox (a
 // pandastack.Stop* reason), before it closes the session, so that requests
 // in flight fail saying why rather than guessing.
@@ -155,6 +159,8 @@ func (c *AgentClient) stopped(what string) error {
 		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of processes (its pids limit) and was stopped during %s", c.id, what)
 	case reasonShutdown:
 		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down and cut off %s in sandbox %s, which keeps running: retry once the server is back", what, c.id)
+	case reasonPaused:
+		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was paused (on request or for idleness) during %s; its processes are paused with it: resume it and ask again", c.id, what)
 	case "":
 		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during %s: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, what, c.id)
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 // idleHarness is a harness whose idleness runs on a settable clock.
@@ -491,5 +492,24 @@ func TestRequestsDuringAPause(t *testing.T) {
 		if err := <-res; err != nil {
 			t.Errorf("a concurrent resume: %v", err)
 		}
+	}
+}
+
+// A long-lived use (a follow of a process's output, a proxied connection)
+// cut off by a pause says the sandbox was paused, not that it died.
+func TestHoldCutByAPause(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	c, done, err := h.m.Hold(context.Background(), project, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer done()
+	if _, err := h.m.Pause(context.Background(), project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Exec(context.Background(), agentproto.ExecRequest{Cmd: "get a"}, func(agentproto.ExecEvent) error { return nil })
+	if !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "was paused") {
+		t.Fatalf("a use cut off by a pause: %v", err)
 	}
 }

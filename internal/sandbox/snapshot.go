@@ -156,6 +156,7 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	}
 	if c := m.sbx.detach(id); c != nil {
 		m.pausedContexts(id, c)
+		c.markStopped(reasonPaused)
 		c.Close()
 	}
 	if m.net != nil {
