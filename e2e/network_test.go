@@ -827,3 +827,79 @@ func TestPolicySetWhilePausedOutlivesARestart(t *testing.T) {
 		t.Errorf("after the resume: %+v %v", got.Network, err)
 	}
 }
+
+// tickServer answers every GET with a line a second, without end.
+const tickServer = `
+import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        while True:
+            line = b"tick\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.flush()
+            time.sleep(1)
+http.server.ThreadingHTTPServer(("0.0.0.0", 8000), H).serve_forever()
+`
+
+// A stream through the port proxy ends when its sandbox is paused or
+// killed: the sandbox's network stack goes with it and sends no reset, so
+// it used to hang for minutes.
+func TestPortStreamEndsWithTheSandbox(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	for _, how := range []string{"pause", "kill"} {
+		t.Run(how, func(t *testing.T) {
+			sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
+			if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `nohup python3 -c "$SRV" >/dev/null 2>&1 &`, Env: map[string]string{"SRV": tickServer}}); err != nil {
+				t.Fatal(err)
+			}
+			var resp *http.Response
+			for deadline := time.Now().Add(20 * time.Second); ; {
+				req, _ := http.NewRequest("GET", c.PortURL(sb.ID, 8000), nil)
+				req.Header.Set("Authorization", "Bearer "+s.key)
+				r, err := http.DefaultClient.Do(req)
+				if err == nil && r.StatusCode == 200 {
+					resp = r
+					break
+				}
+				if err == nil {
+					r.Body.Close()
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the tick server did not answer: %v", err)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			defer resp.Body.Close()
+			br := bufio.NewReader(resp.Body)
+			if l, err := br.ReadString('\n'); err != nil || l != "tick\n" {
+				t.Fatalf("first line %q, %v", l, err)
+			}
+			ended := make(chan error, 1)
+			go func() {
+				_, err := io.Copy(io.Discard, br)
+				ended <- err
+			}()
+			var err error
+			if how == "pause" {
+				_, err = c.Pause(ctx, sb.ID)
+			} else {
+				err = c.KillSandbox(ctx, sb.ID)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-ended:
+			case <-time.After(15 * time.Second):
+				t.Fatalf("the stream still ran 15 s after the %s", how)
+			}
+		})
+	}
+}

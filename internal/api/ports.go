@@ -244,12 +244,27 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id string, port int) {
 	// A proxied request or connection is work in flight: the sandbox is
 	// not idle (nor suspended under it) until it ends.
-	_, done, err := s.mgr.Hold(r.Context(), project, id)
+	c, done, err := s.mgr.Hold(r.Context(), project, id)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	defer done()
+	// A pause or kill of the sandbox ends what is proxied to it at once:
+	// its network stack goes with it and sends no reset, so a stream or a
+	// WebSocket would otherwise hang until TCP gives up (minutes).
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	if c != nil {
+		go func() {
+			select {
+			case <-c.Done():
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	r = r.WithContext(ctx)
 	target, err := s.mgr.PortAddr(r.Context(), project, id, port)
 	if err != nil {
 		writeError(w, err)
@@ -289,6 +304,9 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelDebug), // the sandbox's server broke off
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() == context.Canceled {
+				if c != nil && !c.Alive() {
+					writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was paused or stopped during the request to its port %d", id, port))
+				}
 				return
 			}
 			var op *net.OpError

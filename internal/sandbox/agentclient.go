@@ -201,6 +201,10 @@ var duringRE = regexp.MustCompile(`during (running code|exec|the output of proce
 // Alive reports whether the session still stands.
 func (c *AgentClient) Alive() bool { return !c.sess.IsClosed() }
 
+// Done is closed when the session ends: the sandbox was paused, killed or
+// stopped, or the server is closing.
+func (c *AgentClient) Done() <-chan struct{} { return c.sess.CloseChan() }
+
 // Hello returns the agent's answer to the session's hello.
 func (c *AgentClient) Hello() agentproto.Hello { return c.hello }
 
