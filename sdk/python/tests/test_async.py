@@ -126,6 +126,9 @@ async def test_files_roundtrip(server, tmp_path):
         assert not await sb.files.exists("a")
         with pytest.raises(NotFoundError):
             await sb.files.read("a/b/c.txt")
+        await sb.kill()
+        with pytest.raises(NotFoundError):  # the sandbox is gone, not the file
+            await sb.files.exists("a")
 
 
 async def test_errors(server):

@@ -118,3 +118,16 @@ def test_request_bodies():
         "argv": ["ls", "-l"], "timeout_seconds": 2.0, "env": {"A": "b"}, "cwd": "/tmp", "stdin": "in"}
     with pytest.raises(ValueError):
         exec_body([], None, None, None, None)
+
+
+def test_format_execution_keeps_a_value_that_stdout_only_contains():
+    from pandastack.integrations._kernel import format_execution
+
+    def ex(stdout, text):
+        return Execution.from_dict({"stdout": stdout, "results": [{"is_main_result": True, "text": text}], "text": text})
+
+    assert format_execution(ex("100\n", "1")) == "100\n\n[result] 1"
+    assert format_execution(ex("count: 10\n", "10")) == "count: 10\n\n[result] 10"
+    assert format_execution(ex("42\n", "42")) == "42"  # print(x); x
+    assert format_execution(ex("a\n   x\n0  1\n", "   x\n0  1")) == "a\n   x\n0  1"  # print(df); df
+    assert format_execution(ex("", "7")) == "[result] 7"

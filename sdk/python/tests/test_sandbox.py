@@ -238,6 +238,15 @@ def test_files_list_stat_mkdir_remove(sandbox):
         sandbox.files.stat("proj")
 
 
+def test_files_exists_of_a_gone_sandbox(server):
+    sb = Sandbox.create(ttl_seconds=120)
+    sb.files.write("f.txt", "x")
+    assert sb.files.exists("f.txt") and not sb.files.exists("g.txt")
+    sb.kill()
+    with pytest.raises(NotFoundError):  # the sandbox is gone, not the file
+        sb.files.exists("f.txt")
+
+
 # ----- errors -------------------------------------------------------------
 
 

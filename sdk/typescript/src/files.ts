@@ -41,11 +41,13 @@ function toFileInfo(w: WireFileInfo): FileInfo {
 export class Files {
   readonly #http: HttpClient;
   readonly #base: string;
+  readonly #sandbox: string;
 
   /** @internal */
   constructor(http: HttpClient, sandboxId: string) {
     this.#http = http;
-    this.#base = `/v1/sandboxes/${encodeURIComponent(sandboxId)}/files`;
+    this.#sandbox = `/v1/sandboxes/${encodeURIComponent(sandboxId)}`;
+    this.#base = `${this.#sandbox}/files`;
   }
 
   /**
@@ -97,14 +99,17 @@ export class Files {
     return toFileInfo(await this.#http.json<WireFileInfo>("GET", `${this.#base}/stat`, { query: { path } }));
   }
 
-  /** Whether something exists at `path`. */
+  /** Whether something exists at `path`; a sandbox that is gone throws `NotFoundError`. */
   async exists(path: string): Promise<boolean> {
     try {
       await this.stat(path);
       return true;
     } catch (err) {
-      if (err instanceof NotFoundError) return false;
-      throw err;
+      if (!(err instanceof NotFoundError)) throw err;
+      // The same 404 says "no such sandbox": ask which it was (a sandbox
+      // that is gone throws NotFoundError, as every other call on it does).
+      await this.#http.json("GET", this.#sandbox);
+      return false;
     }
   }
 

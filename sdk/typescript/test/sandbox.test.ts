@@ -430,6 +430,14 @@ test("files", async (t) => {
     assert.equal(await sb.files.exists("work"), false);
   });
 
+  await t.test("exists of a sandbox that is gone throws NotFoundError", async () => {
+    const gone = await Sandbox.create({ ttlSeconds: 120 });
+    await gone.files.write("f.txt", "x");
+    assert.equal(await gone.files.exists("f.txt"), true);
+    await gone.kill();
+    await assert.rejects(gone.files.exists("f.txt"), NotFoundError);
+  });
+
   await t.test("a missing file is a NotFoundError", async () => {
     await assert.rejects(sb.files.read("/no/such/file"), (err: unknown) => {
       assert.ok(err instanceof NotFoundError, String(err));

@@ -522,11 +522,13 @@ class AsyncFiles:
         return FileInfo.from_dict(r.json())
 
     async def exists(self, path: str) -> bool:
-        """Whether anything is at ``path``."""
+        """Whether anything is at ``path``; a sandbox that is gone raises
+        :class:`NotFoundError` (see :meth:`pandastack.Files.exists`)."""
         try:
             await self.stat(path)
             return True
         except NotFoundError:
+            await self._sandbox.client._arequest("GET", sandbox_path(self._sandbox.id))
             return False
 
     async def remove(self, path: str, recursive: bool = False) -> None:

@@ -726,11 +726,14 @@ class Files:
         return FileInfo.from_dict(self._sandbox.client._request("GET", self._path("/stat"), params={"path": path}).json())
 
     def exists(self, path: str) -> bool:
-        """Whether anything is at ``path``."""
+        """Whether anything is at ``path``. A sandbox that is gone raises
+        :class:`NotFoundError`, as every other call on it does."""
         try:
             self.stat(path)
             return True
         except NotFoundError:
+            # The same 404 says "no such sandbox": ask which it was.
+            self._sandbox.client._request("GET", sandbox_path(self._sandbox.id))
             return False
 
     def remove(self, path: str, recursive: bool = False) -> None:

@@ -249,6 +249,11 @@ def test_executor_reports_packages_missing_from_the_sandbox():
     try:
         assert executor.installed_packages == ["numpy", "pandas.io", "no_such_module_xyz"]
         assert len(logged) == 1 and "no_such_module_xyz" in logged[0] and "numpy" not in logged[0]
+        # Tools' requirements are pip names: pillow is there (as PIL).
+        logged.clear()
+        executor.install_packages(["pillow", "scikit-learn", "no-such-dist-xyz"])
+        assert len(logged) == 1 and "no-such-dist-xyz" in logged[0], logged
+        assert "pillow" not in logged[0] and "scikit-learn" not in logged[0], logged
     finally:
         executor.cleanup()
 

@@ -46,9 +46,11 @@ def format_execution(ex: Execution) -> str:
     An exception gives ``ERROR:``, the traceback (which names the exception)
     and what the cell printed before it. Otherwise the parts present, in
     order and separated by blank lines: stdout, ``[stderr]`` and what went to
-    stderr, ``[result] <text of the last expression>`` (unless stdout already
-    shows it), and :data:`CHART_MARKER` when the cell produced a PNG; or
-    ``(no output)``.
+    stderr, ``[result] <text of the last expression>`` (unless the cell
+    printed it last, as ``print(x); x`` does), and :data:`CHART_MARKER` when
+    the cell produced a PNG; or ``(no output)``. (The recipe's own version
+    leaves the result out whenever its text appears anywhere in stdout, so
+    ``print(100); 1`` loses the ``1``; this one does not.)
     """
     if ex.error:
         return f"ERROR:\n{ex.error}\n\nstdout:\n{ex.stdout}".strip()
@@ -57,11 +59,17 @@ def format_execution(ex: Execution) -> str:
         parts.append(ex.stdout.rstrip())
     if ex.stderr:
         parts.append(f"[stderr]\n{ex.stderr.rstrip()}")
-    if ex.text and ex.text not in (ex.stdout or ""):
+    if ex.text and not _printed_last(ex.text, ex.stdout or ""):
         parts.append(f"[result] {ex.text}")
     if ex.png:
         parts.append(CHART_MARKER)
     return "\n\n".join(parts) or "(no output)"
+
+
+def _printed_last(text: str, stdout: str) -> bool:
+    """Whether stdout ends with text as whole lines."""
+    out = stdout.rstrip("\n")
+    return out.endswith(text) and (len(out) == len(text) or out[-len(text) - 1] == "\n")
 
 
 def chart_pngs(ex: Execution) -> List[str]:

@@ -232,9 +232,12 @@ class PandaStackExecutor(RemotePythonExecutor):
     model reads on its next step. :meth:`cleanup` (or the agent's) kills the
     sandbox.
 
-    The sandbox has no network, so nothing can be pip-installed into it:
-    ``additional_imports`` and the tools' requirements must already be in
-    the template; missing ones are reported through the logger.
+    Nothing is pip-installed for you: ``additional_imports`` (module names)
+    and the tools' requirements (pip names, such as ``pillow`` for ``PIL``)
+    are checked against the sandbox, and missing ones are reported through
+    the logger; install them with ``executor.sandbox.exec("pip install
+    ...")`` when the sandbox may reach a package index, or use a template
+    that has them.
 
     Args:
         additional_imports: packages the code will import (checked, not
@@ -317,16 +320,30 @@ class PandaStackExecutor(RemotePythonExecutor):
         return main.text
 
     def install_packages(self, additional_imports: List[str]) -> List[str]:
-        """Check that the modules are importable in the sandbox (it has no
-        network to install them) and log those that are not."""
+        """Check that the packages are in the sandbox and log those that are
+        not. smolagents passes module names (``additional_imports``) and
+        pip names (tools' requirements): a name counts as there when it is
+        an importable module or an installed distribution."""
         names = sorted({m for m in additional_imports if m and m != "*" and "*" not in m})
         if not names:
             return list(additional_imports)
-        top = sorted({m.split(".")[0] for m in names})
         check = (
-            "import importlib.util as _u\n"
-            f"print(','.join(m for m in {top!r} if _u.find_spec(m) is None))\n"
-            "del _u"
+            "def _pandastack_missing(names):\n"
+            "    import importlib.metadata as md, importlib.util as u\n"
+            "    def there(n):\n"
+            "        try:\n"
+            "            if u.find_spec(n.split('.')[0]) is not None:\n"
+            "                return True\n"
+            "        except (ImportError, ValueError):\n"
+            "            pass\n"
+            "        try:\n"
+            "            md.distribution(n)\n"
+            "            return True\n"
+            "        except md.PackageNotFoundError:\n"
+            "            return False\n"
+            "    return ','.join(n for n in names if not there(n))\n"
+            f"print(_pandastack_missing({names!r}))\n"
+            "del _pandastack_missing"
         )
         ex = self.kernel.run(check)
         missing = [m for m in ex.stdout.strip().split(",") if m]
@@ -334,8 +351,9 @@ class PandaStackExecutor(RemotePythonExecutor):
             self.logger.log_error(f"could not check the sandbox's packages: {ex.error}")
         elif missing:
             self.logger.log_error(
-                f"not installed in the sandbox (template {self.kernel.template!r}), and it has no network "
-                f"to install them: {', '.join(missing)}"
+                f"not installed in the sandbox (template {self.kernel.template!r}): {', '.join(missing)}; "
+                "install them with executor.sandbox.exec('pip install ...') if the sandbox may reach a package "
+                "index, or use a template that has them"
             )
         return list(additional_imports)
 
