@@ -149,6 +149,9 @@ type CreateSandboxRequest struct {
 	// server's default, 0 never.
 	IdleTimeoutSeconds *int64         `json:"idle_timeout_seconds,omitempty"`
 	Network            *NetworkPolicy `json:"network,omitempty"` // nil: the server's default
+	// AutoResume: while paused, any request resumes it instead of
+	// answering conflict.
+	AutoResume bool `json:"auto_resume,omitempty"`
 }
 
 // Sandbox is a sandbox as the API shows it.
@@ -185,16 +188,26 @@ func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string, 
 // SetTTL makes the sandbox expire ttl from now.
 func (c *Client) SetTTL(ctx context.Context, id string, ttl time.Duration) (*Sandbox, error) {
 	var sb Sandbox
-	body := map[string]int64{"ttl_seconds": int64(ttl / time.Second)}
+	body := map[string]int64{"ttl_seconds": wholeSeconds(ttl)}
 	return &sb, c.do(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(id), nil, body, &sb)
 }
 
 // SetIdleTimeout sets how long the sandbox may be idle before it is
-// suspended (0: never).
+// suspended (0: never; a part of a second counts as a whole one).
 func (c *Client) SetIdleTimeout(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
 	var sb Sandbox
-	body := map[string]int64{"idle_timeout_seconds": int64(d / time.Second)}
+	body := map[string]int64{"idle_timeout_seconds": wholeSeconds(d)}
 	return &sb, c.do(ctx, http.MethodPatch, "/v1/sandboxes/"+url.PathEscape(id), nil, body, &sb)
+}
+
+// wholeSeconds is d in the API's whole seconds, rounded up: 500 ms is 1 s,
+// not 0 (which, for an idle timeout, means never).
+func wholeSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d > 0 && d%time.Second != 0 {
+		s++
+	}
+	return s
 }
 
 // KillSandbox stops and deletes a sandbox.

@@ -54,6 +54,11 @@ type RestoreRequest struct {
 	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	AutoResume bool              `json:"auto_resume,omitempty"`
+	// IdleTimeoutSeconds as in CreateSandboxRequest (nil: the server's
+	// default).
+	IdleTimeoutSeconds *int64 `json:"idle_timeout_seconds,omitempty"`
+	// Network replaces the snapshot's policy; nil keeps it.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // CreateSandboxFromSnapshot starts a new sandbox from a snapshot; its code

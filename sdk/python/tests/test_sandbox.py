@@ -238,6 +238,14 @@ def test_files_list_stat_mkdir_remove(sandbox):
         sandbox.files.stat("proj")
 
 
+def test_create_with_a_disk_size(server):
+    sb = Sandbox.create(ttl_seconds=120, disk_mb=128)
+    try:
+        assert sb.exec("df -m / | tail -1 | tr -s ' ' | cut -d' ' -f2").stdout.strip() == "128"
+    finally:
+        sb.kill()
+
+
 def test_files_exists_of_a_gone_sandbox(server):
     sb = Sandbox.create(ttl_seconds=120)
     sb.files.write("f.txt", "x")

@@ -99,6 +99,8 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   cpu?: number;
   /** Memory limit in MiB; default the template's. */
   memoryMb?: number;
+  /** The sandbox's disk (its writable layer) in MiB; default the template's. */
+  diskMb?: number;
 }
 
 /** Options of `Sandbox.list`. */
@@ -336,6 +338,7 @@ export class Sandbox implements SandboxInfo {
     if (opts.snapshotId !== undefined) body.snapshot_id = opts.snapshotId;
     if (opts.cpu !== undefined) body.cpu = opts.cpu;
     if (opts.memoryMb !== undefined) body.memory_mb = opts.memoryMb;
+    if (opts.diskMb !== undefined) body.disk_mb = opts.diskMb;
     if (opts.autoResume !== undefined) body.auto_resume = opts.autoResume;
     if (opts.idleTimeoutSeconds !== undefined) body.idle_timeout_seconds = opts.idleTimeoutSeconds;
     if (opts.network !== undefined) body.network = wireNetwork(opts.network);

@@ -430,6 +430,16 @@ test("files", async (t) => {
     assert.equal(await sb.files.exists("work"), false);
   });
 
+  await t.test("a disk of its own size", async () => {
+    const small = await Sandbox.create({ ttlSeconds: 120, diskMb: 128 });
+    try {
+      const r = await small.exec("df -m / | tail -1 | tr -s ' ' | cut -d' ' -f2");
+      assert.equal(r.stdout.trim(), "128");
+    } finally {
+      await small.kill();
+    }
+  });
+
   await t.test("exists of a sandbox that is gone throws NotFoundError", async () => {
     const gone = await Sandbox.create({ ttlSeconds: 120 });
     await gone.files.write("f.txt", "x");

@@ -84,6 +84,7 @@ def create_body(
     auto_resume: Optional[bool] = None,
     idle_timeout_seconds: Optional[int] = None,
     network: Optional[Mapping[str, Any]] = None,
+    disk_mb: Optional[int] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {}
     if network is not None:
@@ -103,6 +104,8 @@ def create_body(
         body["cpu"] = _int("cpu", cpu)
     if memory_mb is not None:
         body["memory_mb"] = _int("memory_mb", memory_mb)
+    if disk_mb is not None:
+        body["disk_mb"] = _int("disk_mb", disk_mb)
     if auto_resume is not None:
         body["auto_resume"] = bool(auto_resume)
     if idle_timeout_seconds is not None:

@@ -132,10 +132,13 @@ class AsyncSandbox(SandboxRecord):
         auto_resume: Optional[bool] = None,
         idle_timeout_seconds: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
+        disk_mb: Optional[int] = None,
     ) -> "AsyncSandbox":
         """Boot a new sandbox; see :meth:`pandastack.Sandbox.create`."""
         c = client or default_client()
-        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds, network)
+        body = create_body(
+            template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds, network, disk_mb
+        )
         return cls((await c._arequest("POST", "/v1/sandboxes", json=body)).json(), c)
 
     @classmethod

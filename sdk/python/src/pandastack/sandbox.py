@@ -125,6 +125,7 @@ class Sandbox(SandboxRecord):
         auto_resume: Optional[bool] = None,
         idle_timeout_seconds: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
+        disk_mb: Optional[int] = None,
     ) -> "Sandbox":
         """Boot a new sandbox and return it once it runs.
 
@@ -139,6 +140,8 @@ class Sandbox(SandboxRecord):
                 instead of booting a template: files, processes and code
                 contexts come back as they were.
             cpu, memory_mb: override the template's limits.
+            disk_mb: the sandbox's disk (its writable layer) in MiB; default
+                the template's.
             client: the server and key to use; default from the environment.
             auto_resume: while paused, any request resumes the sandbox
                 instead of answering :class:`ConflictError`.
@@ -158,7 +161,9 @@ class Sandbox(SandboxRecord):
             InvalidRequestError: a value out of range.
         """
         c = client or default_client()
-        body = create_body(template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds, network)
+        body = create_body(
+            template, ttl_seconds, metadata, env, snapshot_id, cpu, memory_mb, auto_resume, idle_timeout_seconds, network, disk_mb
+        )
         return cls(c._request("POST", "/v1/sandboxes", json=body).json(), c)
 
     @classmethod
