@@ -591,19 +591,40 @@ func TestPortProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// With --public-domain the URL is the port's own origin,
+	// {port}-sbx-{id}.{domain}: sent here with that Host (no DNS in tests).
 	u, _ := url.Parse(tok.URL)
+	if want := "8000-sbx-" + strings.TrimPrefix(sb.ID, "sbx_") + ".sbx.test"; u.Hostname() != want {
+		t.Fatalf("token URL %s: host %s, want %s", tok.URL, u.Hostname(), want)
+	}
 	u.Path += "page.txt"
-	resp, body = get(u.String(), false)
+	viaHost := func(host string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", s.url+u.RequestURI(), nil)
+		req.Host = host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	resp, body = viaHost(u.Host)
 	if resp.StatusCode != 200 || body != "hello-from-sandbox\n" || len(resp.Cookies()) == 0 {
 		t.Errorf("token URL: %d %q cookies %v", resp.StatusCode, body, resp.Cookies())
 	}
-	if resp, _ := get(strings.Replace(u.String(), "/8000/", "/8765/", 1), false); resp.StatusCode != 401 {
+	if resp, _ := viaHost(strings.Replace(u.Host, "8000-", "8765-", 1)); resp.StatusCode != 401 {
 		t.Errorf("token of port 8000 on port 8765: %d, want 401", resp.StatusCode)
+	}
+	// The path form takes the same token.
+	if resp, body := get(c.PortURL(sb.ID, 8000)+"page.txt?"+u.RawQuery, false); resp.StatusCode != 200 || body != "hello-from-sandbox\n" {
+		t.Errorf("token on the path form: %d %q", resp.StatusCode, body)
 	}
 	if err := c.RevokePortTokens(ctx, sb.ID, 8000); err != nil {
 		t.Fatal(err)
 	}
-	if resp, _ := get(u.String(), false); resp.StatusCode != 401 {
+	if resp, _ := viaHost(u.Host); resp.StatusCode != 401 {
 		t.Errorf("revoked token: %d, want 401", resp.StatusCode)
 	}
 

@@ -179,6 +179,15 @@ func (s *Server) createPortToken(w http.ResponseWriter, r *http.Request, project
 		scheme = "https"
 	}
 	u := scheme + "://" + r.Host + "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/?" + tokenParam + "=" + secret
+	if d := s.cfg.PublicDomain; d != "" {
+		// The port's own origin ({port}-{id}.D, on the port this request
+		// came to), not the console's: what the page runs stays there.
+		listen := ""
+		if _, p, err := net.SplitHostPort(r.Host); err == nil {
+			listen = ":" + p
+		}
+		u = scheme + "://" + strconv.Itoa(port) + "-sbx-" + strings.TrimPrefix(id, "sbx_") + "." + d + listen + "/?" + tokenParam + "=" + secret
+	}
 	writeJSON(w, http.StatusCreated, PortToken{URL: u, Token: secret, ExpiresAt: exp})
 }
 
@@ -325,14 +334,24 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 // {port}, or the whole path of a host route ({port}-{id}.PublicDomain).
 func proxiedPath(r *http.Request) string {
 	p := r.URL.EscapedPath()
-	rest, ok := strings.CutPrefix(p, "/v1/sandboxes/"+r.PathValue("id")+"/ports/"+r.PathValue("port"))
-	switch {
-	case !ok:
+	// The prefix's segments as the caller wrote them, escaped or not
+	// (%38000 is 8000).
+	segs := strings.SplitN(p, "/", 7) // "", v1, sandboxes, {id}, ports, {port}, rest
+	unesc := func(s string) string {
+		u, err := url.PathUnescape(s)
+		if err != nil {
+			return s
+		}
+		return u
+	}
+	if len(segs) < 6 || segs[0] != "" || segs[1] != "v1" || segs[2] != "sandboxes" || segs[4] != "ports" ||
+		unesc(segs[3]) != r.PathValue("id") || unesc(segs[5]) != r.PathValue("port") {
 		return p // a host route: the whole path
-	case rest == "":
+	}
+	if len(segs) == 6 {
 		return "/"
 	}
-	return rest
+	return "/" + segs[6]
 }
 
 // withoutParam removes the parameter name from a raw query, leaving every

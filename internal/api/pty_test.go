@@ -120,6 +120,7 @@ func TestPortProxyKeepsTheQuery(t *testing.T) {
 		"/v1/sandboxes/sbx_a/ports/8000":             "/",
 		"/v1/sandboxes/sbx_a/ports/8000/x/ports/9/y": "/x/ports/9/y",
 		"/app/ports/3/detail%2Fx":                    "/app/ports/3/detail%2Fx", // a host route: all of it
+		"/v1/sandboxes/sbx_a/ports/%38000/x?":        "/x",                      // the port escaped
 	} {
 		r := httptest.NewRequest("GET", path, nil)
 		r.SetPathValue("id", "sbx_a")
