@@ -513,3 +513,41 @@ func TestHoldCutByAPause(t *testing.T) {
 		t.Fatalf("a use cut off by a pause: %v", err)
 	}
 }
+
+// A kill that comes during a pause waits for it and then kills the
+// paused sandbox, rather than answering conflict.
+func TestKillDuringAPause(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	inCheckpoint, release := make(chan struct{}), make(chan struct{})
+	h.rt.checkpointErr = func(string) error {
+		close(inCheckpoint)
+		h.rt.mu.Unlock() // let the test's calls into the runtime through while we wait
+		<-release
+		h.rt.mu.Lock()
+		return nil
+	}
+	paused := make(chan error, 1)
+	go func() {
+		_, err := h.m.Pause(context.Background(), project, sb.ID)
+		paused <- err
+	}()
+	<-inCheckpoint
+	killed := make(chan error, 1)
+	go func() { killed <- h.m.Kill(context.Background(), project, sb.ID) }()
+	select {
+	case err := <-killed:
+		t.Fatalf("the kill did not wait for the pause: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if err := <-paused; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-killed; err != nil {
+		t.Fatalf("kill after the pause: %v", err)
+	}
+	if _, err := h.store.GetSandbox(context.Background(), project, sb.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("the record after the kill: %v", err)
+	}
+}

@@ -717,7 +717,10 @@ func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentCl
 
 // Kill stops the sandbox and deletes its record. A stop already under way
 // (its TTL, running out of memory, the reaper, another kill) is waited
-// for; the kill then removes what that stop left.
+// for; the kill then removes what that stop left. So are a create, a
+// resume, a pause and an idle suspend: the kill then stops what they made
+// (a user who never asked for the suspend must not be told to retry).
+// A snapshot or fork under way answers conflict.
 func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 	for {
 		if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
@@ -727,7 +730,7 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 		if err == nil {
 			break
 		}
-		if !m.sbx.waitOut(ctx, id, phaseStopping) {
+		if !m.sbx.waitOut(ctx, id, phaseStopping, phaseCreating, phaseResuming, phasePausing, phaseSuspending) {
 			return err
 		}
 		if ctx.Err() != nil {
