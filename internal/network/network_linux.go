@@ -194,7 +194,7 @@ func New(cfg Config) (*Network, error) {
 		return nil, errors.New("network: no DNS resolver in /etc/resolv.conf for the sandboxes' resolver to forward to")
 	}
 	n.deny = append(append([]netip.Prefix{}, PlatformDeny...), hostAddrs()...)
-	if _, err := Compile(cfg.Default, n.deny, cfg.AllowPrivate); err != nil {
+	if _, err := n.compile(cfg.Default); err != nil {
 		return nil, fmt.Errorf("network: default policy: %w", err)
 	}
 	c, err := newNFT()
@@ -422,7 +422,7 @@ func (n *Network) Policy(id string) (pandastack.NetworkPolicy, bool) {
 
 // Validate checks a policy as SetPolicy and Prepare would.
 func (n *Network) Validate(p pandastack.NetworkPolicy) error {
-	_, err := Compile(p, n.deny, n.cfg.AllowPrivate)
+	_, err := n.compile(p)
 	return err
 }
 
@@ -447,7 +447,7 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 	var comp Compiled
 	if p != nil {
 		s.Policy = p.Normalized()
-		comp, err = Compile(s.Policy, n.deny, n.cfg.AllowPrivate)
+		comp, err = n.compile(s.Policy)
 	} else {
 		// The sandbox's own policy (a resume): made under other openings,
 		// perhaps.
@@ -589,6 +589,22 @@ func (n *Network) Adopt(id string) error {
 	return n.startServices(s, gw, addr)
 }
 
+// compile is Compile with this server's deny set and openings, and the
+// sandbox range closed whatever the openings say: other sandboxes are
+// never reachable, so an entry naming them would be accepted in vain.
+func (n *Network) compile(p pandastack.NetworkPolicy) (Compiled, error) {
+	c, err := Compile(p, n.deny, n.cfg.AllowPrivate)
+	if err != nil {
+		return c, err
+	}
+	for i, e := range p.AllowOut {
+		if pfx, err := prefix(e); err == nil && pfx.Overlaps(n.cidr) {
+			return c, pandastack.Errorf(pandastack.ENetworkDenied, "network.allow_out[%d]: %s is inside the sandbox range (%s): other sandboxes are never reachable", i, pfx, n.cidr)
+		}
+	}
+	return c, nil
+}
+
 // compileKept compiles a policy a sandbox already has (a resume, or a
 // sandbox taken over after a restart). One made while the server opened a
 // private range (--network-allow-private) that it no longer opens would
@@ -596,7 +612,7 @@ func (n *Network) Adopt(id string) error {
 // now inside the platform deny set are dropped instead (the firewall
 // refuses those destinations either way), with a warning.
 func (n *Network) compileKept(id string, p pandastack.NetworkPolicy) (pandastack.NetworkPolicy, Compiled, error) {
-	comp, err := Compile(p, n.deny, n.cfg.AllowPrivate)
+	comp, err := n.compile(p)
 	if !pandastack.IsCode(err, pandastack.ENetworkDenied) {
 		return p, comp, err
 	}
@@ -605,14 +621,14 @@ func (n *Network) compileKept(id string, p pandastack.NetworkPolicy) (pandastack
 	var dropped []string
 	for _, e := range p.AllowOut {
 		one := pandastack.NetworkPolicy{AllowOut: []string{e}}
-		if _, err := Compile(one, n.deny, n.cfg.AllowPrivate); pandastack.IsCode(err, pandastack.ENetworkDenied) {
+		if _, err := n.compile(one); pandastack.IsCode(err, pandastack.ENetworkDenied) {
 			dropped = append(dropped, e)
 			continue
 		}
 		kept.AllowOut = append(kept.AllowOut, e)
 	}
 	kept = kept.Normalized()
-	comp, cerr := Compile(kept, n.deny, n.cfg.AllowPrivate)
+	comp, cerr := n.compile(kept)
 	if cerr != nil {
 		return p, Compiled{}, err // not only that: the first error stands
 	}
@@ -625,7 +641,7 @@ func (n *Network) compileKept(id string, p pandastack.NetworkPolicy) (pandastack
 // validate changes nothing. For a sandbox with no network now (a paused
 // one, whose runtime was stopped) it is kept for its next Prepare.
 func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
-	comp, err := Compile(p, n.deny, n.cfg.AllowPrivate)
+	comp, err := n.compile(p)
 	if err != nil {
 		return err
 	}

@@ -677,6 +677,30 @@ func TestAllowPrivate(t *testing.T) {
 	waitRefused(t, n, "sbx_priv2", up.PrivateIP, 80, "no_internet")
 }
 
+// Other sandboxes stay closed even when an opening covers their range, and
+// a policy that names them is refused, not accepted in vain.
+func TestSandboxRangeNeverOpens(t *testing.T) {
+	up := nettest.StartUpstream(t, "l", 74, 74)
+	inst := InstanceID(t.TempDir())
+	n, err := New(Config{Instance: inst, StateDir: t.TempDir(), Default: pandastack.NoNetworkPolicy(), AllowPrivate: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, Resolvers: []netip.AddrPort{up.DNS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n.Close()
+		assertNoLeaks(t, inst)
+	})
+	inRange := n.CIDR().Addr().Next().Next()
+	for _, e := range []string{inRange.String(), n.CIDR().String()} {
+		if err := n.Validate(pandastack.NetworkPolicy{AllowOut: []string{"api.example.com", e}}); !pandastack.IsCode(err, pandastack.ENetworkDenied) || !strings.Contains(err.Error(), "allow_out[1]") {
+			t.Errorf("allow_out %s with the range opened: %v, want %s naming allow_out[1]", e, err, pandastack.ENetworkDenied)
+		}
+	}
+	if err := n.Validate(pandastack.NetworkPolicy{AllowOut: []string{"10.0.0.1"}}); err != nil && !n.CIDR().Contains(netip.MustParseAddr("10.0.0.1")) {
+		t.Errorf("an opened address outside the sandbox range: %v", err)
+	}
+}
+
 // A sandbox's policy made while the server opened a private range outlives
 // a restart without that opening: the entries now inside the platform deny
 // set are dropped (the firewall refuses them either way) rather than the
