@@ -591,14 +591,15 @@ func (n *Network) Adopt(id string) error {
 
 // compile is Compile with this server's deny set and openings, and the
 // sandbox range closed whatever the openings say: other sandboxes are
-// never reachable, so an entry naming them would be accepted in vain.
+// never reachable, so an entry wholly inside their range would be accepted
+// in vain (a wider one, 0.0.0.0/0 say, is fine: the rest of it works).
 func (n *Network) compile(p pandastack.NetworkPolicy) (Compiled, error) {
 	c, err := Compile(p, n.deny, n.cfg.AllowPrivate)
 	if err != nil {
 		return c, err
 	}
 	for i, e := range p.AllowOut {
-		if pfx, err := prefix(e); err == nil && pfx.Overlaps(n.cidr) {
+		if pfx, err := prefix(e); err == nil && n.cidr.IsValid() && pfx.Bits() >= n.cidr.Bits() && n.cidr.Contains(pfx.Addr()) {
 			return c, pandastack.Errorf(pandastack.ENetworkDenied, "network.allow_out[%d]: %s is inside the sandbox range (%s): other sandboxes are never reachable", i, pfx, n.cidr)
 		}
 	}

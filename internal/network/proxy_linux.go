@@ -6,10 +6,12 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -165,7 +167,7 @@ func (p *proxy) handle(c *net.TCPConn, tls bool) {
 		return
 	}
 	if byName && !tls {
-		entry.BytesOut, entry.BytesIn = oneRequest(c, br, up.(*net.TCPConn), entry.Domain)
+		entry.BytesOut, entry.BytesIn = p.requestsFor(c, br, up.(*net.TCPConn), entry.Domain, entry)
 	} else {
 		entry.BytesOut, entry.BytesIn = pipe(c, br, up.(*net.TCPConn))
 	}
@@ -188,59 +190,240 @@ func pipe(c *net.TCPConn, br *bufio.Reader, up *net.TCPConn) (out, in int64) {
 	return <-done, in
 }
 
-// oneRequest passes on the HTTP request at the head of br, which names
-// host, and its answer, and nothing after it: the name decided for the
-// connection holds for one request, and a second one on the same
-// connection could name any other site on that address. The request goes
-// with "Connection: close", so the server answers it and closes; a client
-// opens a new connection for its next request, which is decided afresh.
-// An upgrade (a WebSocket) that the server accepts (101) is one request
-// followed by another protocol: both ways are copied from then on.
-func oneRequest(c *net.TCPConn, br *bufio.Reader, up *net.TCPConn, host string) (out, in int64) {
-	req, err := http.ReadRequest(br)
-	if err != nil || !strings.EqualFold(hostOnly(req.Host), host) {
-		reset(c)
-		return 0, 0
-	}
-	upgrade := false
-	for _, v := range req.Header.Values("Connection") {
-		for _, t := range strings.Split(v, ",") {
-			upgrade = upgrade || strings.EqualFold(strings.TrimSpace(t), "upgrade")
+// requestsFor passes on the HTTP requests of the connection as the client
+// sent them, head and body byte for byte, while each names host, the name
+// the connection was let through for: a request naming another (keep-alive
+// serves any site on the same address) is not passed on and is logged
+// refused; the connection ends after the answers to the requests before
+// it, as when a server closes a keep-alive connection, and the client
+// sends it again on a new connection, which is decided afresh. Bodies are framed as HTTP/1.1 says (Content-Length
+// or chunked; a request with both, or with a conflicting length, is
+// refused, as a smuggling attempt). An upgrade (a WebSocket) may only be
+// the connection's first request: when the server accepts it (101), both
+// ways are copied from then on; when it refuses, requests go on as before.
+// h2c upgrades are refused: HTTP/2 on the connection could name any site.
+func (p *proxy) requestsFor(c *net.TCPConn, br *bufio.Reader, up *net.TCPConn, host string, entry pandastack.EgressEntry) (out, in int64) {
+	first := make(chan bool, 1)    // the first request is an upgrade
+	switched := make(chan bool, 1) // the server accepted that upgrade
+	w := &countingWriter{w: up}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		refused, err := forwardRequests(br, w, host, first, switched)
+		if refused != "" {
+			e := entry
+			e.Time, e.Domain, e.Allowed, e.Rule, e.BytesIn, e.BytesOut = time.Now().UTC(), refused, false, "no_domain_rule", 0, 0
+			p.view.log(e)
 		}
-	}
-	if !upgrade {
-		req.Close = true
-		req.Header.Del("Connection")
-		req.Header.Del("Keep-Alive")
-	}
-	if _, ok := req.Header["User-Agent"]; !ok {
-		req.Header["User-Agent"] = []string{""} // req.Write would add Go's
-	}
-	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
-		// Answered here: Write sends the body right after the head.
-		req.Header.Del("Expect")
-		io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n")
-	}
-	cw := &countingWriter{w: up}
-	if err := req.Write(cw); err != nil {
-		reset(c)
-		return cw.n, 0
-	}
+		if err != nil && !errors.Is(err, errRefusedRequest) {
+			reset(c) // broken framing: nothing more is sure
+			up.Close()
+			return
+		}
+		up.CloseWrite()
+	}()
 	ubr := bufio.NewReader(up)
-	if status, err := ubr.Peek(12); upgrade && err == nil && bytes.HasPrefix(status, []byte("HTTP/1.")) && string(status[9:12]) == "101" {
-		done := make(chan int64, 1)
-		go func() {
-			n, _ := io.Copy(up, br)
-			up.CloseWrite()
-			done <- n
-		}()
-		in, _ = io.Copy(c, ubr)
-		c.CloseWrite()
-		return cw.n + <-done, in
+	if upgrade, ok := <-first; ok && upgrade {
+		status, err := ubr.Peek(12)
+		switched <- err == nil && bytes.HasPrefix(status, []byte("HTTP/1.")) && string(status[9:12]) == "101"
 	}
 	in, _ = io.Copy(c, ubr)
 	c.CloseWrite()
-	return cw.n, in
+	<-done
+	return w.n, in
+}
+
+var errRefusedRequest = errors.New("request refused")
+
+// forwardRequests copies the requests of br to w (see requestsFor); it
+// returns the name of a request it refused, if any, and an error when the
+// connection must end at once. first gets whether the first request is an
+// upgrade (closed if there was none), and switched then says whether the
+// server took it.
+func forwardRequests(br *bufio.Reader, w io.Writer, host string, first chan<- bool, switched <-chan bool) (refused string, err error) {
+	for n := 0; ; n++ {
+		head, err := readHead(br)
+		if err != nil {
+			if n == 0 {
+				close(first)
+			}
+			if errors.Is(err, io.EOF) && len(head) == 0 {
+				return "", nil // the client is done
+			}
+			return "", err
+		}
+		h, ok := parseHead(head)
+		if !ok {
+			if n == 0 {
+				close(first)
+			}
+			return "", errRefusedRequest
+		}
+		if !strings.EqualFold(h.host, host) || (h.upgrade != "" && (n > 0 || strings.Contains(strings.ToLower(h.upgrade), "h2c"))) {
+			if n == 0 {
+				close(first)
+			}
+			return h.host, errRefusedRequest
+		}
+		if n == 0 {
+			first <- h.upgrade != ""
+			close(first)
+		}
+		if _, err := w.Write(head); err != nil {
+			return "", err
+		}
+		switch {
+		case h.chunked:
+			err = copyChunked(w, br)
+		case h.length > 0:
+			_, err = io.CopyN(w, br, h.length)
+		}
+		if err != nil {
+			return "", err
+		}
+		if h.upgrade != "" && <-switched {
+			_, err := io.Copy(w, br) // another protocol from here on
+			return "", err
+		}
+	}
+}
+
+// maxHead bounds a request's head.
+const maxHead = 64 << 10
+
+// readHead reads a request's head, through its empty line, as sent (empty
+// lines before it, which HTTP allows between requests, are passed on too).
+func readHead(br *bufio.Reader) ([]byte, error) {
+	var head []byte
+	started := false
+	for {
+		line, err := br.ReadSlice('\n')
+		head = append(head, line...)
+		if err != nil {
+			if errors.Is(err, bufio.ErrBufferFull) && len(head) <= maxHead {
+				continue
+			}
+			if errors.Is(err, io.EOF) && !started && strings.TrimSpace(string(head)) == "" {
+				return nil, io.EOF
+			}
+			return head, fmt.Errorf("request head: %w", err)
+		}
+		if len(head) > maxHead {
+			return head, errors.New("request head too long")
+		}
+		blank := len(bytes.TrimRight(line, "\r\n")) == 0
+		switch {
+		case blank && started:
+			return head, nil
+		case !blank:
+			started = true
+		}
+	}
+}
+
+// reqHead is what forwardRequests needs of a request's head.
+type reqHead struct {
+	host    string // the Host header, or an absolute-form target's host; no port, lower case
+	length  int64
+	chunked bool
+	upgrade string
+}
+
+// parseHead reads a request head; false when it is malformed, ambiguous
+// about its body, or names two different hosts.
+func parseHead(head []byte) (reqHead, bool) {
+	var h reqHead
+	lines := strings.Split(strings.TrimRight(strings.TrimLeft(string(head), "\r\n"), "\r\n"), "\n")
+	parts := strings.Fields(lines[0])
+	if len(parts) != 3 || !strings.HasPrefix(parts[2], "HTTP/1.") {
+		return h, false
+	}
+	target := ""
+	if u, err := url.Parse(parts[1]); err == nil && u.Host != "" {
+		target = strings.ToLower(hostOnly(u.Host)) // absolute form: the server may go by it
+	}
+	lengths, hosts := 0, 0
+	upgradeConn := false
+	for _, l := range lines[1:] {
+		k, v, ok := strings.Cut(strings.TrimRight(l, "\r"), ":")
+		if !ok {
+			return h, false
+		}
+		v = strings.TrimSpace(v)
+		switch strings.ToLower(strings.TrimSpace(k)) {
+		case "host":
+			hosts++
+			h.host = strings.ToLower(hostOnly(v))
+		case "content-length":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 || (lengths > 0 && n != h.length) {
+				return h, false
+			}
+			lengths++
+			h.length = n
+		case "transfer-encoding":
+			if !strings.EqualFold(v, "chunked") || h.chunked {
+				return h, false // only one plain "chunked" is passed on
+			}
+			h.chunked = true
+		case "upgrade":
+			h.upgrade = v
+		case "connection":
+			for _, t := range strings.Split(v, ",") {
+				upgradeConn = upgradeConn || strings.EqualFold(strings.TrimSpace(t), "upgrade")
+			}
+		}
+	}
+	if hosts > 1 || (h.chunked && lengths > 0) || (target != "" && target != h.host && h.host != "") {
+		return h, false
+	}
+	if h.host == "" {
+		h.host = target
+	}
+	if !upgradeConn {
+		h.upgrade = ""
+	}
+	return h, true
+}
+
+// copyChunked copies a chunked body, through its trailer, as sent.
+func copyChunked(w io.Writer, br *bufio.Reader) error {
+	line := func() ([]byte, error) {
+		l, err := br.ReadSlice('\n')
+		if err != nil {
+			return nil, fmt.Errorf("chunked body: %w", err)
+		}
+		_, werr := w.Write(l)
+		return l, werr
+	}
+	for {
+		l, err := line()
+		if err != nil {
+			return err
+		}
+		sz, _, _ := strings.Cut(strings.TrimSpace(string(l)), ";")
+		n, err := strconv.ParseInt(sz, 16, 64)
+		if err != nil || n < 0 {
+			return errors.New("chunked body: bad chunk size")
+		}
+		if n == 0 {
+			for { // the trailer, through its empty line
+				l, err := line()
+				if err != nil {
+					return err
+				}
+				if len(bytes.TrimRight(l, "\r\n")) == 0 {
+					return nil
+				}
+			}
+		}
+		if _, err := io.CopyN(w, br, n); err != nil {
+			return err
+		}
+		if _, err := line(); err != nil { // the chunk's CRLF
+			return err
+		}
+	}
 }
 
 // hostOnly is a Host header's name, without a port, as peekHost gives it.

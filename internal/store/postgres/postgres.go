@@ -12,8 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 	"time"
 
@@ -720,7 +718,9 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 // ClassifyError implements pandastack.StoreErrors: a database that cannot
 // be reached (no connection, a connection lost, the server shutting down
 // or refusing connections) is EUnavailable, one out of disk space
-// EStorage; anything else is returned unchanged.
+// EStorage; anything else is returned unchanged. Only pgx's own errors
+// count: the API asks about every error without a code, and a network
+// error of another part (an agent, an object store) is no database's.
 func (s *Store) ClassifyError(err error) error {
 	unavailable := func() error {
 		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EUnavailable, "the server's database cannot be reached; retry"), err)
@@ -741,9 +741,8 @@ func (s *Store) ClassifyError(err error) error {
 		return err // the caller's own deadline (a context error is a net.Error too)
 	}
 	var ce *pgconn.ConnectError
-	var ne net.Error
-	if errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, pgconn.ErrConnClosed) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || pgconn.SafeToRetry(err) {
+	var retry interface{ SafeToRetry() bool } // pgconn's errors of a connection that broke
+	if errors.As(err, &ce) || errors.Is(err, pgconn.ErrConnClosed) || errors.As(err, &retry) {
 		return unavailable()
 	}
 	return err

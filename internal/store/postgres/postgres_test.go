@@ -3,9 +3,12 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -284,8 +287,15 @@ func TestClassifyErrorServerGone(t *testing.T) {
 			t.Fatalf("with the server stopped: %v, classified %v", err, got)
 		}
 	}
-	plain := fmt.Errorf("something else")
-	if got := s.ClassifyError(plain); got != plain {
-		t.Fatalf("a plain error became %v", got)
+	// Not the database's: another part's network error or EOF (an agent,
+	// an object store) stays as it is.
+	for _, other := range []error{
+		fmt.Errorf("something else"),
+		fmt.Errorf("upload: %w", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}),
+		fmt.Errorf("agent: %w", io.ErrUnexpectedEOF),
+	} {
+		if got := s.ClassifyError(other); got != other {
+			t.Fatalf("%v became %v", other, got)
+		}
 	}
 }
