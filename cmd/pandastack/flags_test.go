@@ -146,6 +146,7 @@ func TestCLINetwork(t *testing.T) {
 		{"internet", nil, []string{"198.51.100.0/24"}, &pandastack.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{"198.51.100.0/24"}}, ""},
 		{"none", nil, nil, &pandastack.NetworkPolicy{}, ""},
 		{"", nil, []string{"198.51.100.0/24"}, nil, "--deny-out needs --network internet"},
+		{"none", nil, []string{"198.51.100.0/24"}, nil, "--deny-out needs --network internet"},
 		{"open", nil, nil, nil, "--network must be internet or none"},
 	} {
 		got, err := cliNetwork(tc.mode, tc.allow, tc.deny)

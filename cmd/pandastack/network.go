@@ -150,8 +150,7 @@ func cliNetwork(mode string, allowOut, denyOut []string) (*pandastack.NetworkPol
 	switch mode {
 	case "internet":
 		p.AllowInternetAccess = true
-	case "none":
-	case "":
+	case "", "none":
 		if len(denyOut) > 0 {
 			return nil, fmt.Errorf("--deny-out needs --network internet: without internet access only --allow-out is reachable")
 		}

@@ -155,11 +155,11 @@ func TestForModel(t *testing.T) {
 	}
 	long := strings.Repeat("x", outputHead) + strings.Repeat("y", 1000) + strings.Repeat("z", outputTail)
 	got := forModel(long)
-	if !strings.HasPrefix(got, strings.Repeat("x", outputHead)+"\n[… 1000 bytes of output left out here") || !strings.HasSuffix(got, strings.Repeat("z", outputTail)) {
+	if !strings.HasPrefix(got, strings.Repeat("x", outputHead)+"\n[… 1000 bytes of output left out here;") || !strings.HasSuffix(got, strings.Repeat("z", outputTail)) {
 		t.Errorf("long: %d bytes, around the cut %q", len(got), got[outputHead-5:outputHead+120])
 	}
 	cut := "out\n[pandastack: output truncated, 123 more bytes not kept; stream the exec with Accept: application/x-ndjson to get all of it]\n"
-	if got := forModel(cut); strings.Contains(got, "Accept") || !strings.Contains(got, "[… 123 bytes of output left out here") {
+	if got := forModel(cut); strings.Contains(got, "Accept") || !strings.HasSuffix(got, "out\n[… 123 bytes of output left out after this: the output went on; to see them, write the output to a file and read parts of it (head, tail, grep, sed -n)]") {
 		t.Errorf("the server's note: %q", got)
 	}
 }

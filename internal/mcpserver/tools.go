@@ -149,7 +149,7 @@ func (s *session) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in 
 
 func (s *session) runCode(ctx context.Context, _ *mcp.CallToolRequest, in runCodeIn) (*mcp.CallToolResult, any, error) {
 	res, err := s.onSandbox(ctx, in.SandboxID, func(id string) (*mcp.CallToolResult, error) {
-		lang := in.Language
+		lang := strings.ToLower(in.Language)
 		if lang == "" {
 			lang = "python"
 		}
@@ -268,11 +268,12 @@ var serverCut = regexp.MustCompile(`\n\[pandastack: output truncated, (\d+) more
 
 // forModel is a stream's text for a model: without trailing newlines, and
 // when longer than outputHead+outputTail, its head and tail with a note of
-// what was left out and how to see it.
+// what was left out and how to see it. Output the server already cut (it
+// keeps an exec's first part) ends with a note that it went on.
 func forModel(s string) string {
-	omitted := 0
+	lost := 0
 	if m := serverCut.FindStringSubmatchIndex(s); m != nil {
-		omitted, _ = strconv.Atoi(s[m[2]:m[3]])
+		lost, _ = strconv.Atoi(s[m[2]:m[3]])
 		s = s[:m[0]]
 	}
 	s = strings.TrimRight(s, "\n")
@@ -282,16 +283,16 @@ func forModel(s string) string {
 		for len(tail) > 0 && !utf8.RuneStart(tail[0]) {
 			tail = tail[1:]
 		}
-		omitted += len(s) - len(head) - len(tail)
-		s = head + "\n" + cutNote(omitted) + "\n" + tail
-	} else if omitted > 0 {
-		s += "\n" + cutNote(omitted)
+		s = head + "\n" + cutNote(len(s)-len(head)-len(tail), "here") + "\n" + tail
+	}
+	if lost > 0 {
+		s += "\n" + cutNote(lost, "after this: the output went on")
 	}
 	return s
 }
 
-func cutNote(omitted int) string {
-	return fmt.Sprintf("[… %d bytes of output left out here; to see them, write the output to a file and read parts of it (head, tail, grep, sed -n)]", omitted)
+func cutNote(omitted int, where string) string {
+	return fmt.Sprintf("[… %d bytes of output left out %s; to see them, write the output to a file and read parts of it (head, tail, grep, sed -n)]", omitted, where)
 }
 
 // truncUTF8 returns the longest prefix of s of at most n bytes that ends

@@ -409,6 +409,11 @@ func TestRequestsDuringACreate(t *testing.T) {
 	if _, err := h.m.SetIdleTimeout(context.Background(), project, id, 0); err != nil {
 		t.Fatal(err)
 	}
+	ttlSet := make(chan error, 1)
+	go func() {
+		_, err := h.m.SetTTL(context.Background(), project, id, 600)
+		ttlSet <- err
+	}()
 	ran := make(chan error, 1)
 	go func() {
 		_, err := h.exec(id, "set a=1")
@@ -422,6 +427,9 @@ func TestRequestsDuringACreate(t *testing.T) {
 	close(gate)
 	if err := <-ran; err != nil {
 		t.Fatalf("the request that waited for the create: %v", err)
+	}
+	if err := <-ttlSet; err != nil {
+		t.Fatalf("a TTL change during the create: %v", err)
 	}
 	sb := <-created
 	if sb.IdleTimeoutSeconds != 0 || h.record(id).IdleTimeoutSeconds != 0 {

@@ -648,7 +648,7 @@ func (m *Manager) SetTTL(ctx context.Context, projectID, id string, seconds int6
 	if err != nil {
 		return pandastack.Sandbox{}, err
 	}
-	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	sb, err := m.settled(ctx, projectID, id)
 	if err != nil {
 		return sb, err
 	}
@@ -660,6 +660,20 @@ func (m *Manager) SetTTL(ctx context.Context, projectID, id string, seconds int6
 		return sb, err
 	}
 	return sb, nil
+}
+
+// settled returns the sandbox's record once a create of it here is done
+// (a change of its TTL or policy waits for that, as requests do).
+func (m *Manager) settled(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+	for {
+		sb, err := m.store.GetSandbox(ctx, projectID, id)
+		if err != nil || sb.State != pandastack.StateStarting || !m.sbx.waitOut(ctx, id, phaseCreating) {
+			return sb, err
+		}
+		if err := ctx.Err(); err != nil {
+			return sb, err
+		}
+	}
 }
 
 // running returns the record of a running sandbox, or EUnavailable.

@@ -78,7 +78,7 @@ func (m *Manager) networkOf(id string) *pandastack.NetworkPolicy {
 // SetNetwork replaces the policy of a running or paused sandbox of the
 // project; it takes effect at once. A rejected policy changes nothing.
 func (m *Manager) SetNetwork(ctx context.Context, projectID, id string, p pandastack.NetworkPolicy) (pandastack.Sandbox, error) {
-	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	sb, err := m.settled(ctx, projectID, id)
 	if err != nil {
 		return sb, err
 	}

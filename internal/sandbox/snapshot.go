@@ -184,7 +184,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	waited := false
 	for {
 		sb, err := m.resume(ctx, projectID, id)
-		if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.wait(ctx, id) {
+		if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseResuming, phasePausing, phaseSuspending) {
 			waited = true
 			continue
 		}
@@ -265,6 +265,11 @@ func (m *Manager) resume(ctx context.Context, projectID, id string) (pandastack.
 		m.log.Warn("resume failed; the sandbox stays paused", "sandbox", id, "err", err)
 		return sb, fmt.Errorf("resume %s: %w", id, err)
 	}
+	// The record as it is now: a TTL or idle timeout changed since the
+	// resume began (the entry keeps one changed from here on).
+	if now, err := m.store.GetSandbox(ctx, projectID, id); err == nil {
+		sb.IdleTimeoutSeconds, sb.ExpiresAt = now.IdleTimeoutSeconds, now.ExpiresAt
+	}
 	// Recorded running first: the image goes only once nothing needs it.
 	if sb, err = m.started(ctx, sb, client, false); err != nil {
 		m.rt.Stop(context.Background(), id)
@@ -274,13 +279,6 @@ func (m *Manager) resume(ctx context.Context, projectID, id string) (pandastack.
 	steps.log(m.log, id, own, prepared)
 	resumed = true
 	m.discardPaused(id)
-	// The record as it is now: a TTL or idle timeout changed during the
-	// resume, and no pause_reason.
-	if now, err := m.store.GetSandbox(ctx, projectID, id); err == nil {
-		now.Network = sb.Network
-		now.IdleTimeoutSeconds = sb.IdleTimeoutSeconds
-		sb = now
-	}
 	return sb, nil
 }
 

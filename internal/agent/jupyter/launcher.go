@@ -97,14 +97,17 @@ const PythonLauncher = `def main():
                 return
             n = bytearray(4)
             end = time.monotonic() + limit
-            while True:
-                with lock:
-                    fcntl.ioctl(self._fid, termios.FIONREAD, n)
-                    if not any(n):
+            try:
+                while True:
+                    with lock:
+                        fcntl.ioctl(self._fid, termios.FIONREAD, n)
+                        if not any(n):
+                            return
+                    if time.monotonic() > end:
                         return
-                if time.monotonic() > end:
-                    return
-                time.sleep(0.0005)
+                    time.sleep(0.0005)
+            except KeyboardInterrupt:
+                pass  # an interrupt meant for the cell: the reply still goes
 
     iostream.OutStream = OutStream  # what IPKernelApp's outstream_class names
 
@@ -176,13 +179,15 @@ const PythonLauncher = `def main():
         def init_kernel(self):
             base = self.kernel_class
 
-            async def do_execute(self, *args, **kwargs):
-                reply = await base.do_execute(self, *args, **kwargs)
-                # ipykernel flushes the streams next, then replies.
-                for stream in (sys.stdout, sys.stderr):
-                    drain = getattr(stream, 'pds_drain', None)
-                    if drain is not None:
-                        drain()
+            async def do_execute(self, code, silent, *args, **kwargs):
+                reply = await base.do_execute(self, code, silent, *args, **kwargs)
+                # ipykernel flushes the streams next, then replies. Silent
+                # requests (the agent's own) show no output.
+                if not silent:
+                    for stream in (sys.stdout, sys.stderr):
+                        drain = getattr(stream, 'pds_drain', None)
+                        if drain is not None:
+                            drain()
                 return reply
 
             self.kernel_class = type(base.__name__, (base,), {
