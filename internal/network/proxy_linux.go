@@ -215,11 +215,13 @@ func (p *proxy) requestsFor(c *net.TCPConn, br *bufio.Reader, up *net.TCPConn, h
 			e.Time, e.Domain, e.Allowed, e.Rule, e.BytesIn, e.BytesOut = time.Now().UTC(), refused, false, "no_domain_rule", 0, 0
 			p.view.log(e)
 		}
-		if err != nil && !errors.Is(err, errRefusedRequest) {
+		if err != nil && !errors.Is(err, errRefusedRequest) && !errors.Is(err, errUpstreamWrite) {
 			reset(c) // broken framing: nothing more is sure
 			up.Close()
 			return
 		}
+		// Done, a request refused, or the server stopped reading (it may
+		// have answered early, a 413 say): its answer still goes back.
 		up.CloseWrite()
 	}()
 	ubr := bufio.NewReader(up)
@@ -233,7 +235,10 @@ func (p *proxy) requestsFor(c *net.TCPConn, br *bufio.Reader, up *net.TCPConn, h
 	return w.n, in
 }
 
-var errRefusedRequest = errors.New("request refused")
+var (
+	errRefusedRequest = errors.New("request refused")
+	errUpstreamWrite  = errors.New("the server stopped reading")
+)
 
 // forwardRequests copies the requests of br to w (see requestsFor); it
 // returns the name of a request it refused, if any, and an error when the
@@ -442,6 +447,9 @@ type countingWriter struct {
 func (cw *countingWriter) Write(b []byte) (int, error) {
 	n, err := cw.w.Write(b)
 	cw.n += int64(n)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", errUpstreamWrite, err)
+	}
 	return n, err
 }
 
