@@ -93,8 +93,8 @@ const PythonLauncher = `def main():
             """Waits until the pipe is empty and what was read from it is
             written to the stream, or limit seconds have passed."""
             lock = getattr(self, '_pds_lock', None)
-            if lock is None or self._fid is None or not self._should_watch or not self._is_master_process():
-                return
+            if lock is None or self._fid is None or not self._should_watch:
+                return  # (do_execute runs in the kernel's own process only)
             n = bytearray(4)
             end = time.monotonic() + limit
             try:
