@@ -526,9 +526,13 @@ func TestPortProxy(t *testing.T) {
 	ctx := context.Background()
 	c := s.client()
 	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
-	get := func(u string, withKey bool) (*http.Response, string) {
+	// getAs GETs u, with host as its Host when not "".
+	getAs := func(u, host string, withKey bool) (*http.Response, string) {
 		t.Helper()
 		req, _ := http.NewRequest("GET", u, nil)
+		if host != "" {
+			req.Host = host
+		}
 		if withKey {
 			req.Header.Set("Authorization", "Bearer "+s.key)
 		}
@@ -539,6 +543,10 @@ func TestPortProxy(t *testing.T) {
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp, string(b)
+	}
+	get := func(u string, withKey bool) (*http.Response, string) {
+		t.Helper()
+		return getAs(u, "", withKey)
 	}
 
 	// Nothing listens yet: 502 with a clear error, not a hang.
@@ -600,15 +608,7 @@ func TestPortProxy(t *testing.T) {
 	u.Path += "page.txt"
 	viaHost := func(host string) (*http.Response, string) {
 		t.Helper()
-		req, _ := http.NewRequest("GET", s.url+u.RequestURI(), nil)
-		req.Host = host
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp, string(b)
+		return getAs(s.url+u.RequestURI(), host, false)
 	}
 	resp, body = viaHost(u.Host)
 	if resp.StatusCode != 200 || body != "hello-from-sandbox\n" || len(resp.Cookies()) == 0 {

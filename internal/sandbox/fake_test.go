@@ -548,6 +548,20 @@ func (h *harness) warmBase() Template {
 	return tpl
 }
 
+// holdCheckpoint makes the next checkpoint signal inCheckpoint and wait
+// until release is closed, letting other calls into the runtime through.
+func (h *harness) holdCheckpoint() (inCheckpoint, release chan struct{}) {
+	inCheckpoint, release = make(chan struct{}), make(chan struct{})
+	h.rt.checkpointErr = func(string) error {
+		close(inCheckpoint)
+		h.rt.mu.Unlock() // let the test's calls into the runtime through while we wait
+		<-release
+		h.rt.mu.Lock()
+		return nil
+	}
+	return inCheckpoint, release
+}
+
 func (h *harness) create() pandastack.Sandbox {
 	h.t.Helper()
 	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})

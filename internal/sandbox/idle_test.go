@@ -527,14 +527,7 @@ func TestHoldCutByAPause(t *testing.T) {
 func TestKillDuringAPause(t *testing.T) {
 	h := newHarness(t)
 	sb := h.create()
-	inCheckpoint, release := make(chan struct{}), make(chan struct{})
-	h.rt.checkpointErr = func(string) error {
-		close(inCheckpoint)
-		h.rt.mu.Unlock() // let the test's calls into the runtime through while we wait
-		<-release
-		h.rt.mu.Lock()
-		return nil
-	}
+	inCheckpoint, release := h.holdCheckpoint()
 	paused := make(chan error, 1)
 	go func() {
 		_, err := h.m.Pause(context.Background(), project, sb.ID)

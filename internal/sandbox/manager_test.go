@@ -62,15 +62,7 @@ func TestExclusion(t *testing.T) {
 	done() // idempotent: one piece of work counts once
 
 	// A checkpoint under way: new work and kill answer conflict.
-	inCheckpoint := make(chan struct{})
-	release := make(chan struct{})
-	h.rt.checkpointErr = func(string) error {
-		close(inCheckpoint)
-		h.rt.mu.Unlock() // let the test's calls into the runtime through while we wait
-		<-release
-		h.rt.mu.Lock()
-		return nil
-	}
+	inCheckpoint, release := h.holdCheckpoint()
 	snapErr := make(chan error, 1)
 	go func() {
 		_, err := h.m.Snapshot(ctx, project, sb.ID, nil)
