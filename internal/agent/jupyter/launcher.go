@@ -38,9 +38,9 @@ package jupyter
 // And, what ipykernel 7.4 gets wrong, for output written to the process's
 // own stdout and stderr (a subprocess's, C code's), which ipykernel reads
 // from a pipe on a thread of each stream, 1000 bytes at a time:
-//   - The cell's reply waits until that pipe is empty and what was read
-//     from it is written to the stream (for at most 2 s, against a
-//     background process that never stops writing). Before, a cell whose
+//   - The cell's reply waits until what that pipe held at the cell's end
+//     is read and written to the stream (for at most 2 s; output that
+//     comes later, from a background process say, does not hold it up). Before, a cell whose
 //     subprocess wrote more than the thread had read when the cell ended
 //     lost the rest: it came after the reply, with the finished cell's
 //     header ("seq 1 10000" in a subprocess kept 4000 of 48894 bytes).
@@ -65,8 +65,10 @@ const PythonLauncher = `def main():
 
     class OutStream(iostream.OutStream):
         def _setup_stream_redirects(self, name):
-            # Held by the watcher from a read to its write, and by drain.
+            # Held by the watcher from a read to its write, and by drain;
+            # _pds_read counts the bytes read and written so far.
             self._pds_lock = threading.Lock()
+            self._pds_read = 0
             super()._setup_stream_redirects(name)
 
         def _watch_pipe_fd(self):
@@ -86,25 +88,26 @@ const PythonLauncher = `def main():
                         if text:
                             self.write(text)
                         os.write(self._original_stdstream_copy, bts)
+                        self._pds_read += len(bts)
             except Exception:
                 self._exc = sys.exc_info()
 
         def pds_drain(self, limit=2.0):
-            """Waits until the pipe is empty and what was read from it is
-            written to the stream, or limit seconds have passed."""
+            """Waits until what the pipe held when it was called is read
+            and written to the stream, or limit seconds have passed: one
+            system call when the pipe is empty, and output that comes
+            later (a background process that goes on writing) does not
+            hold the reply up."""
             lock = getattr(self, '_pds_lock', None)
             if lock is None or self._fid is None or not self._should_watch:
                 return  # (do_execute runs in the kernel's own process only)
             n = bytearray(4)
+            with lock:
+                fcntl.ioctl(self._fid, termios.FIONREAD, n)
+                target = self._pds_read + int.from_bytes(n, sys.byteorder)
             end = time.monotonic() + limit
             try:
-                while True:
-                    with lock:
-                        fcntl.ioctl(self._fid, termios.FIONREAD, n)
-                        if not any(n):
-                            return
-                    if time.monotonic() > end:
-                        return
+                while self._pds_read < target and time.monotonic() < end:
                     time.sleep(0.0005)
             except KeyboardInterrupt:
                 pass  # an interrupt meant for the cell: the reply still goes
