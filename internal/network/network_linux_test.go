@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -510,6 +511,45 @@ func TestDomainProxyChecksEveryRequest(t *testing.T) {
 	h2c := "GET / HTTP/1.1\r\nHost: api.allowed.test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
 	if out, _ := exchange(t, ns, up.PublicIP, h2c, nil); strings.Contains(out, "upstream") || strings.Contains(out, "101") {
 		t.Errorf("an h2c upgrade: %q", out)
+	}
+	// Heads a server could frame differently from the proxy: their "body"
+	// would be a second request, unchecked. Refused, and logged.
+	second := "GET /2 HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n"
+	for name, head := range map[string]string{
+		"a folded length":          "POST /echo HTTP/1.1\r\nHost: api.allowed.test\r\nX-A: 1\r\n Content-Length: %d\r\n\r\n",
+		"a space before the colon": "POST /echo HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length : %d\r\n\r\n",
+		"a signed length":          "POST /echo HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: +%d\r\n\r\n",
+		"a bare LF":                "POST /echo HTTP/1.1\r\nHost: api.allowed.test\nContent-Length: %d\r\n\r\n",
+		"CONNECT":                  "CONNECT other.test:80 HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: %d\r\n\r\n",
+	} {
+		if out, _ := exchange(t, ns, up.PublicIP, fmt.Sprintf(head, len(second))+second, nil); strings.Contains(out, "other.test") {
+			t.Errorf("%s: %q", name, out)
+		}
+	}
+	var malformed bool
+	for _, e := range n.Log("sbx_ka") {
+		malformed = malformed || (e.Rule == "malformed_request" && !e.Allowed)
+	}
+	if !malformed {
+		t.Errorf("no malformed request in the egress log: %+v", n.Log("sbx_ka"))
+	}
+	// A body that comes with the head in one read, larger than the proxy
+	// looks at for the head; and a head that comes in two writes.
+	big := strings.Repeat("b", 40<<10)
+	out, err = exchange(t, ns, up.PublicIP, fmt.Sprintf("POST /echo HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(big), big), nil)
+	if resp, rerr := http.ReadResponse(bufio.NewReader(strings.NewReader(out)), nil); err != nil || rerr != nil {
+		t.Errorf("a 40 KiB body with its head: %v %v", err, rerr)
+	} else if b, _ := io.ReadAll(resp.Body); string(b) != big {
+		t.Errorf("a 40 KiB body with its head: %d bytes echoed, not the body sent", len(b))
+	}
+	split := func(c net.Conn) string {
+		io.WriteString(c, "nection: close\r\n\r\n")
+		c.SetDeadline(time.Now().Add(5 * time.Second)) // the head's own deadline is 10 s
+		b, _ := io.ReadAll(c)
+		return string(b)
+	}
+	if out, _ := exchange(t, ns, up.PublicIP, "GET /split HTTP/1.1\r\nHost: api.allowed.test\r\nCon", split); !strings.Contains(out, "upstream api.allowed.test") {
+		t.Errorf("a head in two writes: %q", out)
 	}
 	post := "POST /echo HTTP/1.1\r\nHost: api.allowed.test\r\nContent-Length: 5\r\nExpect: 100-continue\r\nConnection: close\r\n\r\nhello"
 	if out, err := exchange(t, ns, up.PublicIP, post, nil); err != nil || !strings.HasPrefix(out, "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200") || !strings.HasSuffix(out, "\r\n\r\nhello") {

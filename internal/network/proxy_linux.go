@@ -110,19 +110,21 @@ func (p *proxy) handle(c *net.TCPConn, tls bool) {
 		return
 	}
 	entry := pandastack.EgressEntry{Time: time.Now().UTC(), Kind: "tcp", Address: orig.Addr().String(), Port: int(orig.Port())}
-	br := bufio.NewReaderSize(c, 16<<10)
+	hook := &flushBeforeRead{r: c}
+	br := bufio.NewReaderSize(hook, 16<<10)
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	malformed := false
 	if tls {
 		entry.Domain = peekSNI(br)
 	} else {
-		entry.Domain = peekHost(br)
+		entry.Domain, malformed = peekHost(br)
 	}
 	c.SetReadDeadline(time.Time{})
 
 	pol := p.view.policy()
 	target := orig
 	ok, rule := false, ""
-	if entry.Domain != "" {
+	if entry.Domain != "" && !malformed {
 		ok, rule = pol.decideName(entry.Domain)
 	}
 	byName := ok
@@ -152,6 +154,9 @@ func (p *proxy) handle(c *net.TCPConn, tls bool) {
 		rule = "platform"
 	} else {
 		ok, rule = pol.decideAddr(orig.Addr(), nil, nil)
+		if !ok && malformed {
+			rule = "malformed_request" // a head no server should be trusted to read as we do
+		}
 	}
 	entry.Allowed, entry.Rule = ok, rule
 	if !ok {
@@ -167,7 +172,7 @@ func (p *proxy) handle(c *net.TCPConn, tls bool) {
 		return
 	}
 	if byName && !tls {
-		entry.BytesOut, entry.BytesIn = p.requestsFor(c, br, up.(*net.TCPConn), entry.Domain, entry)
+		entry.BytesOut, entry.BytesIn = p.requestsFor(c, br, hook, up.(*net.TCPConn), entry.Domain, entry)
 	} else {
 		entry.BytesOut, entry.BytesIn = pipe(c, br, up.(*net.TCPConn))
 	}
@@ -202,17 +207,24 @@ func pipe(c *net.TCPConn, br *bufio.Reader, up *net.TCPConn) (out, in int64) {
 // the connection's first request: when the server accepts it (101), both
 // ways are copied from then on; when it refuses, requests go on as before.
 // h2c upgrades are refused: HTTP/2 on the connection could name any site.
-func (p *proxy) requestsFor(c *net.TCPConn, br *bufio.Reader, up *net.TCPConn, host string, entry pandastack.EgressEntry) (out, in int64) {
+func (p *proxy) requestsFor(c *net.TCPConn, br *bufio.Reader, hook *flushBeforeRead, up *net.TCPConn, host string, entry pandastack.EgressEntry) (out, in int64) {
 	first := make(chan bool, 1)    // the first request is an upgrade
 	switched := make(chan bool, 1) // the server accepted that upgrade
 	w := &countingWriter{w: up}
+	// Small writes (chunked bodies) go up together, once what the client
+	// sent so far is through: before each read from the client.
+	bw := bufio.NewWriterSize(w, 64<<10)
+	hook.set(bw.Flush)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		refused, err := forwardRequests(br, w, host, first, switched)
-		if refused != "" {
+		refused, rule, err := forwardRequests(br, bw, host, first, switched)
+		if ferr := bw.Flush(); err == nil {
+			err = ferr
+		}
+		if rule != "" {
 			e := entry
-			e.Time, e.Domain, e.Allowed, e.Rule, e.BytesIn, e.BytesOut = time.Now().UTC(), refused, false, "no_domain_rule", 0, 0
+			e.Time, e.Domain, e.Allowed, e.Rule, e.BytesIn, e.BytesOut = time.Now().UTC(), refused, false, rule, 0, 0
 			p.view.log(e)
 		}
 		if err != nil && !errors.Is(err, errRefusedRequest) && !errors.Is(err, errUpstreamWrite) {
@@ -241,41 +253,64 @@ var (
 )
 
 // forwardRequests copies the requests of br to w (see requestsFor); it
-// returns the name of a request it refused, if any, and an error when the
-// connection must end at once. first gets whether the first request is an
-// upgrade (closed if there was none), and switched then says whether the
-// server took it.
-func forwardRequests(br *bufio.Reader, w io.Writer, host string, first chan<- bool, switched <-chan bool) (refused string, err error) {
-	for n := 0; ; n++ {
-		head, err := readHead(br)
-		if err != nil {
-			if n == 0 {
-				close(first)
+// returns the name a request it refused gave and the rule that refused it
+// (for the egress log), and an error when the connection must end. first
+// gets whether the first request is an upgrade (closed if there was none),
+// and switched then says whether the server took it.
+func forwardRequests(br *bufio.Reader, bw *bufio.Writer, host string, first chan<- bool, switched <-chan bool) (refused, rule string, err error) {
+	// Writes only: io.Copy into bw itself would use its ReadFrom, inside
+	// which the flush before a read from the client (flushBeforeRead)
+	// would find it half-way.
+	w := writeOnly{bw}
+	firstDone := false
+	tell := func(upgrade bool) {
+		if !firstDone {
+			firstDone = true
+			if upgrade {
+				first <- true
 			}
-			if errors.Is(err, io.EOF) && len(head) == 0 {
-				return "", nil // the client is done
-			}
-			return "", err
-		}
-		h, ok := parseHead(head)
-		if !ok {
-			if n == 0 {
-				close(first)
-			}
-			return "", errRefusedRequest
-		}
-		if !strings.EqualFold(h.host, host) || (h.upgrade != "" && (n > 0 || strings.Contains(strings.ToLower(h.upgrade), "h2c"))) {
-			if n == 0 {
-				close(first)
-			}
-			return h.host, errRefusedRequest
-		}
-		if n == 0 {
-			first <- h.upgrade != ""
 			close(first)
 		}
+	}
+	defer tell(false)
+	for {
+		head, err := readHead(br)
+		if err != nil {
+			if errors.Is(err, io.EOF) && len(head) == 0 {
+				return "", "", nil // the client is done
+			}
+			return "", "", err
+		}
+		h, ok := parseHead(head)
+		switch {
+		case !ok:
+			return h.host, "malformed_request", errRefusedRequest
+		case !strings.EqualFold(h.host, host):
+			return h.host, "no_domain_rule", errRefusedRequest
+		case h.upgrade != "" && (firstDone || strings.Contains(strings.ToLower(h.upgrade), "h2c")):
+			return h.host, "upgrade_refused", errRefusedRequest
+		}
+		upgrade := h.upgrade != ""
+		if upgrade && (h.length > 0 || h.chunked) {
+			return h.host, "malformed_request", errRefusedRequest // an upgrade carries no body
+		}
+		if !firstDone && upgrade {
+			if _, err := w.Write(head); err != nil {
+				return "", "", err
+			}
+			if err := bw.Flush(); err != nil { // the server answers it before anything else goes
+				return "", "", err
+			}
+			tell(true)
+			if <-switched {
+				_, err := io.Copy(w, br) // another protocol from here on
+				return "", "", err
+			}
+			continue
+		}
+		tell(false)
 		if _, err := w.Write(head); err != nil {
-			return "", err
+			return "", "", err
 		}
 		switch {
 		case h.chunked:
@@ -284,13 +319,41 @@ func forwardRequests(br *bufio.Reader, w io.Writer, host string, first chan<- bo
 			_, err = io.CopyN(w, br, h.length)
 		}
 		if err != nil {
-			return "", err
-		}
-		if h.upgrade != "" && <-switched {
-			_, err := io.Copy(w, br) // another protocol from here on
-			return "", err
+			return "", "", err
 		}
 	}
+}
+
+// writeOnly hides everything of a writer but Write.
+type writeOnly struct{ w io.Writer }
+
+func (o writeOnly) Write(b []byte) (int, error) { return o.w.Write(b) }
+
+// flushBeforeRead is the client's side of the domain proxy's reader: it
+// runs flush (the upstream writer's) before each read from the client, so
+// that what was read so far goes up before the proxy waits for more.
+type flushBeforeRead struct {
+	r     io.Reader
+	mu    sync.Mutex
+	flush func() error
+}
+
+func (f *flushBeforeRead) set(flush func() error) {
+	f.mu.Lock()
+	f.flush = flush
+	f.mu.Unlock()
+}
+
+func (f *flushBeforeRead) Read(b []byte) (int, error) {
+	f.mu.Lock()
+	flush := f.flush
+	f.mu.Unlock()
+	if flush != nil {
+		if err := flush(); err != nil {
+			return 0, err
+		}
+	}
+	return f.r.Read(b)
 }
 
 // maxHead bounds a request's head.
@@ -334,34 +397,52 @@ type reqHead struct {
 	upgrade string
 }
 
-// parseHead reads a request head; false when it is malformed, ambiguous
-// about its body, or names two different hosts.
+// parseHead reads a request head strictly: anything a server could frame
+// differently from the proxy (a folded line, a space before a colon, a
+// bare LF, a length that is not plain digits, two lengths, a length and
+// chunked, an encoding other than chunked, a control character) makes it
+// malformed (false), since the bytes after it would reach the server
+// unchecked. CONNECT and HTTP/2's preface are refused too: both open a
+// tunnel. h.host is what it named, when it got that far.
 func parseHead(head []byte) (reqHead, bool) {
 	var h reqHead
-	lines := strings.Split(strings.TrimRight(strings.TrimLeft(string(head), "\r\n"), "\r\n"), "\n")
-	parts := strings.Fields(lines[0])
-	if len(parts) != 3 || !strings.HasPrefix(parts[2], "HTTP/1.") {
+	text := strings.TrimLeft(string(head), "\r\n")
+	body, ok := strings.CutSuffix(text, "\r\n\r\n")
+	if !ok {
+		return h, false
+	}
+	lines := strings.Split(body, "\r\n")
+	parts := strings.Split(lines[0], " ")
+	if len(parts) != 3 || (parts[2] != "HTTP/1.1" && parts[2] != "HTTP/1.0") || !isToken(parts[0]) ||
+		parts[0] == "CONNECT" || parts[0] == "PRI" || parts[1] == "" || hasCtl(parts[1]) {
 		return h, false
 	}
 	target := ""
-	if u, err := url.Parse(parts[1]); err == nil && u.Host != "" {
+	if !strings.HasPrefix(parts[1], "/") && parts[1] != "*" {
+		u, err := url.Parse(parts[1])
+		if err != nil || u.Host == "" {
+			return h, false
+		}
 		target = strings.ToLower(hostOnly(u.Host)) // absolute form: the server may go by it
 	}
 	lengths, hosts := 0, 0
 	upgradeConn := false
 	for _, l := range lines[1:] {
-		k, v, ok := strings.Cut(strings.TrimRight(l, "\r"), ":")
-		if !ok {
-			return h, false
+		k, v, ok := strings.Cut(l, ":")
+		if !ok || !isToken(k) || hasCtl(v) {
+			return h, false // also a folded line: it starts with a space
 		}
-		v = strings.TrimSpace(v)
-		switch strings.ToLower(strings.TrimSpace(k)) {
+		v = strings.Trim(v, " \t")
+		switch strings.ToLower(k) {
 		case "host":
 			hosts++
 			h.host = strings.ToLower(hostOnly(v))
 		case "content-length":
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n < 0 || (lengths > 0 && n != h.length) {
+			if len(v) == 0 || len(v) > 18 || strings.Trim(v, "0123456789") != "" {
+				return h, false
+			}
+			n, _ := strconv.ParseInt(v, 10, 64)
+			if lengths > 0 && n != h.length {
 				return h, false
 			}
 			lengths++
@@ -375,11 +456,11 @@ func parseHead(head []byte) (reqHead, bool) {
 			h.upgrade = v
 		case "connection":
 			for _, t := range strings.Split(v, ",") {
-				upgradeConn = upgradeConn || strings.EqualFold(strings.TrimSpace(t), "upgrade")
+				upgradeConn = upgradeConn || strings.EqualFold(strings.Trim(t, " \t"), "upgrade")
 			}
 		}
 	}
-	if hosts > 1 || (h.chunked && lengths > 0) || (target != "" && target != h.host && h.host != "") {
+	if hosts > 1 || (h.chunked && lengths > 0) || (target != "" && h.host != "" && target != h.host) {
 		return h, false
 	}
 	if h.host == "" {
@@ -389,6 +470,29 @@ func parseHead(head []byte) (reqHead, bool) {
 		h.upgrade = ""
 	}
 	return h, true
+}
+
+// isToken reports whether s is an HTTP token (a method or a header name).
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r > 126 || r <= 32 || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, r) {
+			return false
+		}
+	}
+	return true
+}
+
+// hasCtl reports whether s holds a control character other than a tab.
+func hasCtl(s string) bool {
+	for _, r := range s {
+		if (r < 32 && r != '\t') || r == 127 {
+			return true
+		}
+	}
+	return false
 }
 
 // copyChunked copies a chunked body, through its trailer, as sent.
@@ -474,31 +578,26 @@ func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
 }
 
 // peekHost returns the Host of the HTTP request at the head of br without
-// consuming it, or "".
-func peekHost(br *bufio.Reader) string {
+// consuming it, or ""; malformed says the head was one parseHead refuses.
+func peekHost(br *bufio.Reader) (host string, malformed bool) {
 	if _, err := br.Peek(1); err != nil { // wait for the first bytes
-		return ""
+		return "", false
 	}
-	for n := br.Buffered(); n <= 8<<10; {
-		b, err := br.Peek(n) // blocks only when the headers are incomplete
+	for {
+		// Everything that came so far (a body or a next request may have
+		// come with the head): the head ends at its first empty line.
+		b, _ := br.Peek(br.Buffered())
 		if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
-			for _, l := range strings.Split(string(b[:i]), "\r\n")[1:] {
-				if k, v, ok := strings.Cut(l, ":"); ok && strings.EqualFold(strings.TrimSpace(k), "host") {
-					host := strings.TrimSpace(v)
-					if h, _, err := net.SplitHostPort(host); err == nil {
-						host = h
-					}
-					return strings.ToLower(host)
-				}
-			}
-			return ""
+			h, ok := parseHead(b[:i+4])
+			return h.host, !ok
 		}
-		if err != nil {
-			return ""
+		if len(b) >= br.Size() {
+			return "", true // a head longer than the buffer
 		}
-		n = br.Buffered() + 1
+		if _, err := br.Peek(len(b) + 1); err != nil { // wait for more
+			return "", false
+		}
 	}
-	return ""
 }
 
 // peekSNI returns the server name of the TLS ClientHello at the head of br
