@@ -511,7 +511,7 @@ func copyChunked(w io.Writer, br *bufio.Reader) error {
 			return err
 		}
 		sz, _, _ := strings.Cut(strings.TrimSpace(string(l)), ";")
-		n, err := strconv.ParseInt(sz, 16, 64)
+		n, err := strconv.ParseInt(strings.TrimRight(sz, " \t"), 16, 64) // "5 ;ext" has a space before its extension
 		if err != nil || n < 0 {
 			return errors.New("chunked body: bad chunk size")
 		}
@@ -535,12 +535,13 @@ func copyChunked(w io.Writer, br *bufio.Reader) error {
 	}
 }
 
-// hostOnly is a Host header's name, without a port, as peekHost gives it.
+// hostOnly is a Host header's name, without a port or a final dot, as
+// peekHost gives it.
 func hostOnly(h string) string {
 	if n, _, err := net.SplitHostPort(h); err == nil {
-		return n
+		h = n
 	}
-	return h
+	return strings.TrimSuffix(h, ".")
 }
 
 type countingWriter struct {
