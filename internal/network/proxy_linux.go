@@ -511,8 +511,9 @@ func copyChunked(w io.Writer, br *bufio.Reader) error {
 			return err
 		}
 		sz, _, _ := strings.Cut(strings.TrimSpace(string(l)), ";")
-		n, err := strconv.ParseInt(strings.TrimRight(sz, " \t"), 16, 64) // "5 ;ext" has a space before its extension
-		if err != nil || n < 0 {
+		sz = strings.TrimRight(sz, " \t") // "5 ;ext" has a space before its extension
+		n, err := strconv.ParseInt(sz, 16, 64)
+		if err != nil || n < 0 || len(sz) > 15 || strings.Trim(sz, "0123456789abcdefABCDEF") != "" {
 			return errors.New("chunked body: bad chunk size")
 		}
 		if n == 0 {
