@@ -158,7 +158,7 @@ func (s *session) runCode(ctx context.Context, _ *mcp.CallToolRequest, in runCod
 			return nil, err
 		}
 		defer release()
-		ex, err := s.c.RunCode(ctx, id, client.RunRequest{Code: in.Code, Language: in.Language, TimeoutSeconds: in.TimeoutSeconds})
+		ex, err := s.c.RunCode(ctx, id, client.RunRequest{Code: in.Code, Language: strings.ToLower(in.Language), TimeoutSeconds: in.TimeoutSeconds})
 		if err != nil {
 			return nil, err
 		}

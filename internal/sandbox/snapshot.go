@@ -118,6 +118,11 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (pandastack.S
 	if err != nil {
 		return sb, err
 	}
+	if sb.State == pandastack.StateStarting {
+		if sb, err = m.settled(ctx, projectID, id); err != nil { // a create under way: wait for it
+			return sb, err
+		}
+	}
 	if sb.State == pandastack.StatePaused {
 		return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is already paused", id)
 	}
@@ -294,6 +299,9 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 		}
 		switch {
 		case sb.State == pandastack.StatePaused && !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle:
+			if m.sbx.waitOut(ctx, id, phaseResuming) {
+				continue // resumed on request right now: the next look finds it running
+			}
 			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is paused; resume it first (POST /v1/sandboxes/%s/resume), or create sandboxes with auto_resume", id, id)
 		case sb.State == pandastack.StatePaused:
 			if _, err := m.Resume(ctx, projectID, id); err != nil {

@@ -454,6 +454,15 @@ func (r *run) emit(ev agentproto.CodeEvent) {
 	}
 }
 
+// markStarted records that the kernel began the cell (its busy status or
+// its execute_input, whichever comes first); r.mu is held.
+func (r *run) markStarted() {
+	if !r.gotInput {
+		r.gotInput, r.inputAt = true, time.Now()
+		close(r.started)
+	}
+}
+
 // beganAt is when the kernel announced the cell's input, if it has.
 func (r *run) beganAt() (time.Time, bool) {
 	r.mu.Lock()
@@ -632,13 +641,15 @@ func (r *run) handle(channel string, m *message) {
 					r.gotIdleAt, r.kIdle = time.Now(), stamp(m.Header.Date)
 				case "busy":
 					r.kBusy = stamp(m.Header.Date)
+					// The kernel took the request. The Python setup turns
+					// execute_input off (a system call less per cell), so
+					// this starts the interrupt's settle time too; without
+					// it a timeout's interrupt waited beginWait (2 s) more.
+					r.markStarted()
 				}
 			}
 		case "execute_input":
-			if !r.gotInput {
-				r.gotInput, r.inputAt = true, time.Now()
-				close(r.started)
-			}
+			r.markStarted()
 		case "stream":
 			var c struct {
 				Name string `json:"name"`

@@ -101,7 +101,7 @@ var PythonSetupCode = `def _pandastack_setup():
         kernel._execute_sleep = 0
     if hasattr(kernel, '_publish_execute_input'):
         # The cell's code echoed on iopub for other frontends; the agent
-        # ignores it.
+        # takes the busy status as the cell's start instead.
         kernel._publish_execute_input = lambda *args, **kwargs: None
     # A flush of stdout or stderr hands work to ipykernel's IOPub thread
     # and waits for it, four times per cell even when nothing was written.

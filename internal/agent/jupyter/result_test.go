@@ -131,3 +131,24 @@ func TestPlotlyInit(t *testing.T) {
 		}
 	}
 }
+
+// A kernel that announces no execute_input (the Python setup turns it off)
+// has begun the cell once it reports busy: a timeout's interrupt then waits
+// only the settle time, not beginWait.
+func TestBusyStartsTheCell(t *testing.T) {
+	r := newRun(1 << 20)
+	if _, ok := r.beganAt(); ok {
+		t.Fatal("a run began before any message")
+	}
+	r.handle("iopub", &message{Header: header{MsgType: "status"}, Content: json.RawMessage(`{"execution_state":"busy"}`)})
+	if _, ok := r.beganAt(); !ok {
+		t.Fatal("busy did not begin the cell")
+	}
+	select {
+	case <-r.started:
+	default:
+		t.Fatal("started is still open")
+	}
+	// An execute_input after it changes nothing (and does not close twice).
+	r.handle("iopub", &message{Header: header{MsgType: "execute_input"}, Content: json.RawMessage(`{}`)})
+}
