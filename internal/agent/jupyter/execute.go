@@ -294,6 +294,7 @@ var deathDrain = time.Second
 // bounds the wait for that announcement (well within the InterruptGrace).
 var (
 	cellSettle = 50 * time.Millisecond
+	busySettle = 250 * time.Millisecond
 	beginWait  = 2 * time.Second
 )
 
@@ -365,7 +366,8 @@ type run struct {
 	events         []agentproto.CodeEvent
 	gotIdle        bool
 	gotReply       bool
-	gotInput       bool      // execute_input came: the cell runs
+	gotInput       bool      // execute_input (or busy) came: the cell runs
+	byBusy         bool      // gotInput from the busy status alone
 	inputAt        time.Time // when
 	replyErr       *agentproto.ExecutionError
 	timedOut       bool // hide the KeyboardInterrupt our interrupt causes
@@ -455,7 +457,9 @@ func (r *run) emit(ev agentproto.CodeEvent) {
 }
 
 // markStarted records that the kernel began the cell (its busy status or
-// its execute_input, whichever comes first); r.mu is held.
+// its execute_input, whichever comes first); r.mu is held. A start seen
+// only as busy settles longer (busySettle): busy comes before the kernel
+// readies the cell.
 func (r *run) markStarted() {
 	if !r.gotInput {
 		r.gotInput, r.inputAt = true, time.Now()
@@ -463,10 +467,14 @@ func (r *run) markStarted() {
 	}
 }
 
-// beganAt is when the kernel announced the cell's input, if it has.
+// beganAt is when the kernel announced the cell's input, if it has, plus
+// how long an interrupt must wait after that.
 func (r *run) beganAt() (time.Time, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.byBusy {
+		return r.inputAt.Add(busySettle - cellSettle), r.gotInput
+	}
 	return r.inputAt, r.gotInput
 }
 
@@ -641,6 +649,7 @@ func (r *run) handle(channel string, m *message) {
 					r.gotIdleAt, r.kIdle = time.Now(), stamp(m.Header.Date)
 				case "busy":
 					r.kBusy = stamp(m.Header.Date)
+					r.byBusy = !r.gotInput
 					// The kernel took the request. The Python setup turns
 					// execute_input off (a system call less per cell), so
 					// this starts the interrupt's settle time too; without
@@ -649,6 +658,9 @@ func (r *run) handle(channel string, m *message) {
 				}
 			}
 		case "execute_input":
+			if r.byBusy { // the precise start after all
+				r.inputAt, r.byBusy = time.Now(), false
+			}
 			r.markStarted()
 		case "stream":
 			var c struct {
