@@ -184,7 +184,11 @@ func serve(args []string) error {
 	}
 	if netw != nil {
 		wrapped := network.Wrap(rt, netw)
-		defer wrapped.Close(context.Background())
+		defer func() {
+			if err := wrapped.Close(context.Background()); err != nil {
+				log.Error("removing the sandbox network", "err", err)
+			}
+		}()
 		sandboxes = wrapped
 	}
 	tpls := &templateSource{reg: reg, load: func() (*template.Registry, error) { return loadTemplates(&cfg) }, dir: cfg.templatesDir(),

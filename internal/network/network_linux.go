@@ -942,9 +942,20 @@ func (n *Network) Close() error {
 			netlink.LinkSetDown(l)
 		}
 	}
-	n.nftMu.Lock()
-	err := n.withConn(func(c *nftables.Conn) error { return n.fw.remove(c) })
-	n.nftMu.Unlock()
+	// Tried again on failure: several servers stopping at once change the
+	// ruleset together, and a table left behind outlives its server (a
+	// bench run left three).
+	var err error
+	for try := range 5 {
+		n.nftMu.Lock()
+		err = n.withConn(func(c *nftables.Conn) error { return n.fw.remove(c) })
+		n.nftMu.Unlock()
+		if err == nil {
+			break
+		}
+		n.log.Warn("removing the firewall table; trying again", "table", n.fw.table.Name, "err", err)
+		time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
+	}
 	if n.refused != nil {
 		n.refused.Close()
 		<-n.refDone
