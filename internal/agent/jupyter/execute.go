@@ -743,13 +743,18 @@ func (r *run) onReply(content json.RawMessage) {
 		UserExpressions map[string]struct {
 			Data map[string]json.RawMessage `json:"data"`
 		} `json:"user_expressions"`
+		// Put in the reply by PythonLauncher, after the cell's
+		// subprocess output is drained and whatever its status.
+		Dropped *struct{ Stdout, Stderr int } `json:"pandastack_dropped"`
 	}
 	if json.Unmarshal(content, &c) != nil {
 		return
 	}
 	r.exec.ExecutionCount = c.ExecutionCount
-	if d, ok := c.UserExpressions[droppedKey]; ok {
-		// Counted at the end: the cell's last output may come after this.
+	// Counted at the end: the cell's last output may come after this.
+	if c.Dropped != nil {
+		r.stdout.dropped, r.stderr.dropped = c.Dropped.Stdout, c.Dropped.Stderr
+	} else if d, ok := c.UserExpressions[droppedKey]; ok {
 		r.stdout.dropped, r.stderr.dropped = parseDropped(text(d.Data["text/plain"]))
 	}
 	switch c.Status {

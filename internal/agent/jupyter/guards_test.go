@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -31,6 +32,25 @@ func TestOutputFloodIsCappedInTheKernel(t *testing.T) {
 			t.Fatalf("%d writes of %d bytes: error %+v, stdout of %d bytes ending %q; want %q", n, size, e.Error, len(e.Stdout), e.Stdout[max(len(e.Stdout)-60, 0):], want)
 		}
 		mustText(t, k, "marker", "7")
+	}
+	// A cell that fails or times out after its flood: the count still
+	// comes (ipykernel evaluates user expressions only on success), and
+	// subprocess output drained at the end is counted too.
+	for _, c := range []struct {
+		code    string
+		timeout time.Duration
+		omitted int
+		err     string
+	}{
+		{"print('x' * 2_000_000)\n1/0", 0, 2_000_001 - DefaultOutputCap, "ZeroDivisionError"},
+		{"import sys, time\nsys.stdout.write('y' * 3_000_000)\ntime.sleep(60)", 2 * time.Second, 3_000_000 - DefaultOutputCap, "TimeoutError"},
+		{"import subprocess\n_ = subprocess.run(['seq', '1', '300000'])\n1/0", 0, 1_988_895 - DefaultOutputCap, "ZeroDivisionError"},
+	} {
+		e, _ := runCode(t, k, c.code, ExecOptions{Timeout: c.timeout})
+		want := fmt.Sprintf("[output truncated: %d bytes omitted]", c.omitted)
+		if e.Error == nil || e.Error.Name != c.err || !strings.Contains(e.Stdout, want) {
+			t.Fatalf("%q: error %+v, stdout of %d bytes ending %q; want %q", c.code, e.Error, len(e.Stdout), e.Stdout[max(len(e.Stdout)-60, 0):], want)
+		}
 	}
 	// A smaller cap for one run, then the default again.
 	e, _ := runCode(t, k, "print('b' * 100)", ExecOptions{OutputCap: 10})

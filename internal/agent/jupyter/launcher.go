@@ -191,6 +191,13 @@ const PythonLauncher = `def main():
                         drain = getattr(stream, 'pds_drain', None)
                         if drain is not None:
                             drain()
+                    # What the output cap dropped, counted after the
+                    # drain and whatever the cell's status (ipykernel
+                    # evaluates user_expressions only for a cell that
+                    # succeeded, and before the drain).
+                    dropped = getattr(iostream, '_pandastack_dropped', None)
+                    if isinstance(dropped, dict) and isinstance(reply, dict):
+                        reply['pandastack_dropped'] = dict(dropped)
                 return reply
 
             self.kernel_class = type(base.__name__, (base,), {
