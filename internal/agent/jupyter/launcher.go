@@ -75,6 +75,7 @@ const PythonLauncher = `def main():
             if self._fid is None:
                 return
             decoder = codecs.getincrementaldecoder('utf-8')('replace')
+            self._pds_decoder = decoder
             poller = select.poll()
             poller.register(self._fid, select.POLLIN)
             try:
@@ -111,6 +112,16 @@ const PythonLauncher = `def main():
                     time.sleep(0.0005)
             except KeyboardInterrupt:
                 pass  # an interrupt meant for the cell: the reply still goes
+            # A character the cell began and never finished is the cell's
+            # (U+FFFD), not the start of the next cell's output.
+            decoder = getattr(self, '_pds_decoder', None)
+            if decoder is not None and decoder.getstate()[0]:
+                with lock:
+                    fcntl.ioctl(self._fid, termios.FIONREAD, n)
+                    if int.from_bytes(n, sys.byteorder) == 0:
+                        text = decoder.decode(b'', final=True)
+                        if text:
+                            self.write(text)
 
     iostream.OutStream = OutStream  # what IPKernelApp's outstream_class names
 

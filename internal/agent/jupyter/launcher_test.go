@@ -162,6 +162,19 @@ func TestPythonLauncher(t *testing.T) {
 		}
 	})
 
+	// A character a cell begins and never finishes is that cell's, not
+	// the next one's.
+	t.Run("CharacterCutAtTheEnd", func(t *testing.T) {
+		e, _ := runCode(t, k, "import os\nos.write(1, '\\U0001F43C'.encode()[:2])", ExecOptions{})
+		if e.Error != nil || e.Stdout != "\uFFFD" {
+			t.Fatalf("the cell that cut it: %q %+v", e.Stdout, e.Error)
+		}
+		e, _ = runCode(t, k, "import os\nos.write(1, '\\U0001F43C'.encode()[2:] + b'|next\\n')", ExecOptions{})
+		if e.Error != nil || strings.Contains(e.Stdout, "\U0001F43C") || !strings.HasSuffix(e.Stdout, "|next\n") {
+			t.Fatalf("the next cell: %q %+v", e.Stdout, e.Error)
+		}
+	})
+
 	t.Run("Printing", func(t *testing.T) {
 		e, evs := runCode(t, k, "for i in range(3):\n    print(i)\n'done'", ExecOptions{})
 		if e.Stdout != "0\n1\n2\n" || e.Text != "'done'" {
