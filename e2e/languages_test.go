@@ -152,6 +152,16 @@ mean(df$temp)`, nil)
 		if ex := runIn(t, "bash", "echo ${y:-gone}", nil); ex.Stdout != "gone\n" {
 			t.Errorf("bash after an exit: %q", ex.Stdout)
 		}
+		// The kernel's restart line printed by a cell is only output; an
+		// exit after more output than the cap keeps is still seen.
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "y=kept; echo 'Restarting Bash'", Language: "bash"})
+		if err != nil || ex.Error != nil || ex.Stdout != "Restarting Bash\n" {
+			t.Errorf("bash printing the restart line: %q %+v %v", ex.Stdout, ex.Error, err)
+		}
+		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "echo ${y:-gone}; head -c 2000000 /dev/zero | tr '\\0' y; echo; exit", Language: "bash"})
+		if err != nil || ex.Error == nil || ex.Error.Name != "ShellExited" || !strings.HasPrefix(ex.Stdout, "kept\nyyy") {
+			t.Errorf("bash exit after a flood: %.20q %+v %v", ex.Stdout, ex.Error, err)
+		}
 		ex, err = c.RunCode(ctx, sb.ID, client.RunRequest{Code: "rm(list = ls())\nx <- readline(\"name? \")", Language: "r", TimeoutSeconds: 20})
 		if err != nil || ex.Error == nil || !strings.Contains(ex.Error.Value, "no input") {
 			t.Fatalf("R readline: %+v %v", ex, err)

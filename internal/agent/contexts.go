@@ -335,6 +335,7 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 		opts.ReseedCode = jupyter.BashReseedCode
 		opts.WrapCode = jupyter.BashWrapCode
 		opts.ShellExited = jupyter.BashShellExited
+		opts.ShellSame = jupyter.BashShellSame
 	case "r":
 		opts.SetupCode = jupyter.RSetupCode
 		opts.ValueDisplays = true

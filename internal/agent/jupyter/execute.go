@@ -147,7 +147,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	}
 	switch r.wait(ctx, in, timeout, onEvent) {
 	case finished:
-		return r.finish(start, r.shellExited(k.opts.ShellExited), onEvent), nil
+		return r.finish(start, k.shellExited(ctx, in, r), onEvent), nil
 	case died:
 		return r.finish(start, kernelDied(in), onEvent), nil
 	case cancelled:
@@ -363,6 +363,9 @@ type run struct {
 	mu             sync.Mutex
 	exec           agentproto.Execution
 	stdout, stderr capped
+	// stdoutTail is the end of the cell's stdout as the kernel sent it,
+	// the cap notwithstanding.
+	stdoutTail     string
 	events         []agentproto.CodeEvent
 	gotIdle        bool
 	gotReply       bool
@@ -556,15 +559,36 @@ func printedTraceback(stderr string) string {
 	return strings.TrimRight(stderr[i:], "\n")
 }
 
+// tailKept is how much of the end of a cell's stdout a run keeps beside
+// the capped output, for Options.ShellExited.
+const tailKept = 64
+
+// shellExited is r's error ShellExited when the cell ended the kernel's
+// shell (Options.ShellExited), or nil. The kernel's line is only text a
+// cell can print too, so Options.ShellSame, when set, confirms it.
+func (k *Kernel) shellExited(ctx context.Context, in *instance, r *run) *agentproto.ExecutionError {
+	e := r.shellExited(k.opts.ShellExited)
+	if e == nil || k.opts.ShellSame == "" {
+		return e
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := in.runSilent(ctx, k.opts.ShellSame); err == nil {
+		return nil // the shell the cell began in: the cell printed the line
+	}
+	return e
+}
+
 // shellExited is the error of a run whose stdout ends with marker
-// (Options.ShellExited) and that has no error of its own, or nil.
+// (Options.ShellExited), however much of it the cap kept, and that has no
+// error of its own, or nil.
 func (r *run) shellExited(marker string) *agentproto.ExecutionError {
 	if marker == "" {
 		return nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.exec.Error != nil || r.replyErr != nil || !strings.HasSuffix(strings.TrimRight(r.stdout.String(), "\r\n"), marker) {
+	if r.exec.Error != nil || r.replyErr != nil || !strings.HasSuffix(strings.TrimRight(r.stdoutTail, "\r\n"), marker) {
 		return nil
 	}
 	return &agentproto.ExecutionError{
@@ -779,6 +803,10 @@ func (r *run) onStream(name, text string) {
 		c = &r.stderr
 	default:
 		return
+	}
+	if name == "stdout" {
+		r.stdoutTail += text
+		r.stdoutTail = r.stdoutTail[max(len(r.stdoutTail)-tailKept, 0):]
 	}
 	kept, truncated := c.write(text)
 	if kept != "" {

@@ -257,7 +257,14 @@ func RReseedCode() string {
 // stay for the next cell; the ":" keeps a cell of comments only valid. Bash
 // parses the group whole, so a shopt or alias takes effect from the next
 // cell on, not later in its own.
-func BashWrapCode(code string) string { return "{ :\n" + code + "\n} </dev/null" }
+// The shell variable it sets first tells the shell a cell began in from
+// one bash_kernel started after it (BashShellSame).
+func BashWrapCode(code string) string {
+	return "__pandastack_shell=1; { :\n" + code + "\n} </dev/null"
+}
+
+// BashShellSame is an Options.ShellSame for BashWrapCode.
+const BashShellSame = `[ -n "${__pandastack_shell-}" ]`
 
 // BashShellExited is an Options.ShellExited for the bash kernel: what
 // bash_kernel prints when a cell's `exit` ended its bash and it started

@@ -98,6 +98,10 @@ type Options struct {
 	// the kernel started a new one (BashShellExited: bash_kernel after an
 	// `exit`). Such a run answers with the error ShellExited.
 	ShellExited string
+	// ShellSame, when set, is code that succeeds (run silently) only in
+	// the shell the last cell began in: a run that ends with ShellExited
+	// is checked with it (BashShellSame).
+	ShellSame string
 	// ValueDisplays says the kernel shows a cell's values as displays,
 	// not as an execute_result (IRkernel): the run's last display that is
 	// not an image becomes its main result, and so its text.

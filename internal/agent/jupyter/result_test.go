@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -65,14 +66,20 @@ func TestShellExited(t *testing.T) {
 		reply  bool
 		marker string
 		want   bool
+		flood  bool // after more output than the cap keeps
 	}{
-		{"bye\nRestarting Bash", false, BashShellExited, true},
-		{"bye\nRestarting Bash\r\n", false, BashShellExited, true},
-		{"Restarting Bash\nand on", false, BashShellExited, false},
-		{"bye\nRestarting Bash", true, BashShellExited, false},
-		{"bye\nRestarting Bash", false, "", false},
+		{"bye\nRestarting Bash", false, BashShellExited, true, false},
+		{"bye\nRestarting Bash\r\n", false, BashShellExited, true, false},
+		{"Restarting Bash\nand on", false, BashShellExited, false, false},
+		{"bye\nRestarting Bash", true, BashShellExited, false, false},
+		{"bye\nRestarting Bash", false, "", false, false},
+		{"exit\nRestarting Bash\n", false, BashShellExited, true, true},
 	} {
 		r := newRun(1 << 20)
+		if tc.flood {
+			r = newRun(10)
+			r.onStream("stdout", strings.Repeat("y", 100))
+		}
 		r.onStream("stdout", tc.out)
 		if tc.reply {
 			r.replyErr = &agentproto.ExecutionError{Name: "Error", Value: "1"}

@@ -21,6 +21,11 @@ func (k *Kernel) RunSilent(ctx context.Context, code string) error {
 	if err != nil {
 		return err
 	}
+	return in.runSilent(ctx, code)
+}
+
+// runSilent is RunSilent on in, for a caller that holds the kernel.
+func (in *instance) runSilent(ctx context.Context, code string) error {
 	reply := make(chan errorContent, 1)
 	id, err := in.send(in.shell, "execute_request", executeRequest{
 		Code: code, Silent: true, UserExpressions: map[string]any{},
