@@ -60,8 +60,9 @@ type NodeStore interface {
 	// node fits.
 	PlaceSandbox(ctx context.Context, p Placement) (Node, error)
 	// LoseNodes marks every node still up whose last heartbeat is before
-	// before as lost, and records each of its sandboxes that is not
-	// stopped as stopped at at with StopLost, in one transaction. It
-	// returns the ids of the nodes it marked.
+	// before as lost, and records each of its sandboxes that is starting
+	// or running as stopped at at with StopLost, in one transaction; its
+	// paused sandboxes stay paused (their image is on the node's disk,
+	// back with the node). It returns the ids of the nodes it marked.
 	LoseNodes(ctx context.Context, before, at time.Time) ([]string, error)
 }

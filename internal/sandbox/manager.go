@@ -829,7 +829,7 @@ func (m *Manager) reapOnce() {
 	}
 	ids := make([]string, 0, len(expired))
 	for _, s := range expired {
-		if m.owns(s) { // another node reaps its own
+		if m.reapsFor(s) { // another node reaps its own
 			ids = append(ids, s.ID)
 		}
 	}

@@ -88,6 +88,9 @@ func (m *Manager) SetNetwork(ctx context.Context, projectID, id string, p pandas
 	if sb.State != pandastack.StateRunning && sb.State != pandastack.StatePaused {
 		return m.running(ctx, projectID, id) // the error that says why
 	}
+	if err := m.pausedElsewhere(sb); err != nil {
+		return sb, err
+	}
 	if err := m.net.SetPolicy(id, p); err != nil {
 		return sb, err
 	}

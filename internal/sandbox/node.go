@@ -75,6 +75,28 @@ func (m *Manager) owns(sb pandastack.Sandbox) bool {
 	return sb.NodeID == "" || sb.NodeID == m.cfg.Node.ID
 }
 
+// pausedElsewhere is the error for work on sb, a paused sandbox of
+// another node, that needs its image: that node answers for it once it is
+// back (a lost node's paused sandboxes stay paused), or nil.
+func (m *Manager) pausedElsewhere(sb pandastack.Sandbox) error {
+	if sb.State != pandastack.StatePaused || m.owns(sb) {
+		return nil
+	}
+	return pandastack.Errorf(pandastack.EUnavailable,
+		"sandbox %s is paused on node %s, which does not answer; its image is on that node's disk, so it resumes once that node is back", sb.ID, sb.NodeID)
+}
+
+// reapsFor reports whether this node's reaper expires sb: its own, and
+// the paused ones of a node found lost (their image goes when it is back).
+func (m *Manager) reapsFor(sb pandastack.Sandbox) bool {
+	if m.owns(sb) {
+		return true
+	}
+	m.node.mu.Lock()
+	defer m.node.mu.Unlock()
+	return sb.State == pandastack.StatePaused && m.node.lost[sb.NodeID]
+}
+
 // heartbeat records this node as up with its capacity, marks nodes silent
 // for the grace period lost, and drops what this node still runs of its
 // own sandboxes that another node marked lost meanwhile (a stall longer
@@ -138,7 +160,7 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	}
 	for _, id := range gone {
 		lost[id] = true
-		m.log.Warn("node lost: its sandboxes are stopped as lost", "node", id, "grace", nc.Grace)
+		m.log.Warn("node lost: its running sandboxes are stopped as lost, its paused ones wait for it", "node", id, "grace", nc.Grace)
 	}
 	m.node.mu.Lock()
 	before := m.node.urls

@@ -135,6 +135,53 @@ func TestLostNode(t *testing.T) {
 	}
 }
 
+// A lost node's paused sandboxes stay paused: their image is on its disk.
+// Another node answers a resume of one 503, and expires it when its TTL
+// ends; the node, back, resumes the other.
+func TestLostNodeKeepsPaused(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	kept, expiring := b.create(), b.create()
+	b.exec(kept.ID, "set v=kept")
+	for _, sb := range []pandastack.Sandbox{kept, expiring} {
+		if _, err := b.m.Pause(ctx, project, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := &clock{t: time.Now().Add(time.Minute)}
+	a.m.now = c.now
+	if err := a.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{kept.ID, expiring.ID} {
+		if rec := a.record(id); rec.State != pandastack.StatePaused {
+			t.Fatalf("B's paused sandbox after B was lost: %s %s, want paused", rec.State, rec.StopReason)
+		}
+	}
+	if _, err := a.m.Resume(ctx, project, kept.ID); !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "node-b") {
+		t.Errorf("a resume on A of B's paused sandbox: %v, want %s naming node-b", err, pandastack.EUnavailable)
+	}
+	a.store.SetSandboxExpiry(ctx, expiring.ID, time.Now().Add(-time.Second))
+	a.m.reapOnce()
+	if rec := a.record(expiring.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopExpired {
+		t.Errorf("B's paused sandbox past its TTL, reaped by A: %s %s", rec.State, rec.StopReason)
+	}
+	if rec := a.record(kept.ID); rec.State != pandastack.StatePaused {
+		t.Errorf("the reaper of A took B's paused sandbox within its TTL: %s", rec.State)
+	}
+	// B comes back: it drops nothing paused, and resumes with the state.
+	if err := b.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.m.Resume(ctx, project, kept.ID); err != nil {
+		t.Fatalf("resume on B, back: %v", err)
+	}
+	if out, err := b.exec(kept.ID, "get v"); err != nil || out != "kept" {
+		t.Errorf("B's sandbox after its resume: %q %v", out, err)
+	}
+}
+
 // An outage of the store longer than the grace period loses no node: when
 // it ends every heartbeat is old because nobody could write one. A node
 // judges others only once it has heartbeated for a whole grace period

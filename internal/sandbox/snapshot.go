@@ -208,6 +208,9 @@ func (m *Manager) resume(ctx context.Context, projectID, id string) (pandastack.
 	if sb.State != pandastack.StatePaused {
 		return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is %s, not paused", id, sb.State)
 	}
+	if err := m.pausedElsewhere(sb); err != nil {
+		return sb, err
+	}
 	if err := m.sbx.begin(id, phaseResuming); err != nil {
 		return sb, err
 	}

@@ -138,8 +138,8 @@ func (s *Store) LoseNodes(ctx context.Context, before, at time.Time) ([]string, 
 	}
 	if _, err := tx.Exec(ctx,
 		`UPDATE sandboxes SET state = $1, stop_reason = $2, stopped_at = $3, pause_reason = ''
-		 WHERE node_id = ANY($4::text[]) AND state != $1`,
-		string(pandastack.StateStopped), pandastack.StopLost, millis(at), ids); err != nil {
+		 WHERE node_id = ANY($4::text[]) AND state != $1 AND state != $5`,
+		string(pandastack.StateStopped), pandastack.StopLost, millis(at), ids, string(pandastack.StatePaused)); err != nil {
 		return nil, fmt.Errorf("lose nodes: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -143,8 +143,8 @@ func (s *Store) LoseNodes(ctx context.Context, before, at time.Time) ([]string, 
 			return nil, fmt.Errorf("lose node %s: %w", id, err)
 		}
 		if _, err := tx.ExecContext(ctx,
-			`UPDATE sandboxes SET state = ?1, stop_reason = ?2, stopped_at = ?3, pause_reason = '' WHERE node_id = ?4 AND state != ?1`,
-			string(pandastack.StateStopped), pandastack.StopLost, millis(at), id); err != nil {
+			`UPDATE sandboxes SET state = ?1, stop_reason = ?2, stopped_at = ?3, pause_reason = '' WHERE node_id = ?4 AND state != ?1 AND state != ?5`,
+			string(pandastack.StateStopped), pandastack.StopLost, millis(at), id, string(pandastack.StatePaused)); err != nil {
 			return nil, fmt.Errorf("lose node %s: %w", id, err)
 		}
 	}
