@@ -216,6 +216,32 @@ func (c *Cache) Admit(id, dir string) (pandastack.OpenImage, error) {
 	return openDir{dir: final, release: release}, nil
 }
 
+// Sweep removes the cached images, not open, being filled or used in the
+// last olderThan, that keep says to drop, and returns their ids.
+func (c *Cache) Sweep(keep func(id string) bool, olderThan time.Duration) []string {
+	ents, _ := os.ReadDir(c.root)
+	var gone []string
+	for _, e := range ents {
+		id := e.Name()
+		if !e.IsDir() || strings.HasPrefix(id, ".") || ValidID(id) != nil {
+			continue
+		}
+		if info, err := e.Info(); err != nil || time.Since(info.ModTime()) < olderThan {
+			continue // (an image admitted before its record is written)
+		}
+		c.mu.Lock()
+		held := c.leases[id] > 0 || c.fetching[id] != nil
+		c.mu.Unlock()
+		if held || keep(id) {
+			continue
+		}
+		if os.RemoveAll(filepath.Join(c.root, id)) == nil {
+			gone = append(gone, id)
+		}
+	}
+	return gone
+}
+
 // Remove drops id from the cache. Restores that opened its files keep them.
 func (c *Cache) Remove(id string) {
 	if ValidID(id) == nil {

@@ -68,3 +68,49 @@ func TestSweepCopies(t *testing.T) {
 		}
 	}
 }
+
+// Sweep drops the cached images keep refuses, but not one open or used
+// within the age given.
+func TestCacheSweep(t *testing.T) {
+	root := t.TempDir()
+	c, err := imagestore.NewCache(root, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admit := func(id string) {
+		tmp := filepath.Join(t.TempDir(), "tmp")
+		os.MkdirAll(filepath.Join(tmp, imagestore.FilesDir), 0o700)
+		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "f"), []byte(id), 0o600)
+		img := filepath.Join(t.TempDir(), "img")
+		if _, err := imagestore.Seal(tmp, img, imagestore.Manifest{Template: "base"}); err != nil {
+			t.Fatal(err)
+		}
+		o, err := c.Admit(id, img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Close()
+	}
+	for _, id := range []string{"snap_deleted", "snap_kept", "snap_open", "snap_fresh"} {
+		admit(id)
+	}
+	past := time.Now().Add(-time.Hour)
+	for _, id := range []string{"snap_deleted", "snap_kept", "snap_open"} {
+		os.Chtimes(filepath.Join(root, id), past, past)
+	}
+	open, ok := c.Open("snap_open", "snapshot snap_open")
+	if !ok {
+		t.Fatal("snap_open is not cached")
+	}
+	defer open.Close()
+	os.Chtimes(filepath.Join(root, "snap_open"), past, past)
+	gone := c.Sweep(func(id string) bool { return id == "snap_kept" }, 10*time.Minute)
+	if len(gone) != 1 || gone[0] != "snap_deleted" {
+		t.Errorf("swept %v, want [snap_deleted]", gone)
+	}
+	for id, want := range map[string]bool{"snap_deleted": false, "snap_kept": true, "snap_open": true, "snap_fresh": true} {
+		if _, err := os.Stat(filepath.Join(root, id)); (err == nil) != want {
+			t.Errorf("%s cached: %v, want %v", id, err == nil, want)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -94,10 +95,12 @@ func (m *Manager) sweepImages(ctx context.Context) {
 		ents, _ := os.ReadDir(m.cfg.SnapshotDir)
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), ".tmp-") || strings.HasPrefix(e.Name(), ".fork-") {
+				m.dropUnrecorded(ctx, e.Name())
 				remove(filepath.Join(m.cfg.SnapshotDir, e.Name()))
 			}
 		}
 	}
+	m.sweepSnapshotCache(ctx)
 	if m.cfg.PausedDir == "" {
 		return
 	}
@@ -113,5 +116,49 @@ func (m *Manager) sweepImages(ctx context.Context) {
 			}
 		}
 		remove(filepath.Join(m.cfg.PausedDir, e.Name()))
+	}
+}
+
+// dropUnrecorded removes from the image store what a crash left of the
+// snapshot whose staged image is name (".tmp-<snapshot id>-sealed", see
+// saveSnapshot) when no record of it was written: the objects of an
+// upload cut short (object storage keeps them, and the parts of a
+// multipart upload, until someone deletes them).
+func (m *Manager) dropUnrecorded(ctx context.Context, name string) {
+	id, ok := strings.CutSuffix(strings.TrimPrefix(name, ".tmp-"), "-sealed")
+	if !ok || m.cfg.Images == nil {
+		return
+	}
+	if _, err := m.store.GetSnapshot(ctx, "", id); !pandastack.IsCode(err, pandastack.ENotFound) {
+		return // recorded, or the store failed: keep it rather than guess
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := m.cfg.Images.Delete(ctx, id); err != nil {
+		m.log.Warn("remove what an interrupted snapshot left in the snapshot store", "snapshot", id, "err", err)
+		return
+	}
+	m.log.Info("removed what an interrupted snapshot left in the snapshot store", "snapshot", id)
+}
+
+// cachedImages is an ImageStore that keeps local copies of images other
+// servers may delete (object storage).
+type cachedImages interface {
+	SweepCache(keep func(id string) bool, olderThan time.Duration) []string
+}
+
+// sweepSnapshotCache drops the local copies of snapshots deleted through
+// another server (their record is gone); at start and hourly.
+func (m *Manager) sweepSnapshotCache(ctx context.Context) {
+	c, ok := m.cfg.Images.(cachedImages)
+	if !ok {
+		return
+	}
+	gone := c.SweepCache(func(id string) bool {
+		_, err := m.store.GetSnapshot(ctx, "", id)
+		return !pandastack.IsCode(err, pandastack.ENotFound)
+	}, 10*time.Minute)
+	if len(gone) > 0 {
+		m.log.Info("dropped cached copies of deleted snapshots", "snapshots", gone)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/imagestore"
@@ -137,5 +138,65 @@ func TestSnapshotStoreFailsOpen(t *testing.T) {
 	}
 	if list, _ := h.m.List(ctx, project, pandastack.SandboxFilter{}); len(list) != 1 {
 		t.Errorf("records after failed restores: %v", list)
+	}
+}
+
+// cleanImages is images that records deletes, and has a cache of the ids
+// in cached for SweepCache.
+type cleanImages struct {
+	*images
+	deleted []string
+	cached  []string
+	kept    map[string]bool
+}
+
+func (s *cleanImages) Delete(ctx context.Context, id string) error {
+	s.mu.Lock()
+	s.deleted = append(s.deleted, id)
+	s.mu.Unlock()
+	return s.Local.Delete(ctx, id)
+}
+
+func (s *cleanImages) SweepCache(keep func(id string) bool, olderThan time.Duration) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.kept = map[string]bool{}
+	for _, id := range s.cached {
+		s.kept[id] = keep(id)
+	}
+	return nil
+}
+
+// A start removes from the image store what a crash left of a snapshot
+// whose record was never written (an upload cut short), and asks the
+// store's cache to drop the copies of snapshots deleted elsewhere.
+func TestStartCleansInterruptedSnapshot(t *testing.T) {
+	h, img := newImagesHarness(t)
+	ci := &cleanImages{images: img, cached: []string{"snap_rec", "snap_gone"}}
+	h.images = ci
+	sb := h.create()
+	rec := h.snapshot(sb.ID)
+	ci.cached[0] = rec.ID
+	for _, id := range []string{"snap_cut", rec.ID} {
+		if err := os.MkdirAll(filepath.Join(h.m.cfg.SnapshotDir, ".tmp-"+id+"-sealed", "image"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.m.Close()
+	h.m = h.newManager()
+	ci.mu.Lock()
+	deleted, kept := ci.deleted, ci.kept
+	ci.mu.Unlock()
+	if len(deleted) != 1 || deleted[0] != "snap_cut" {
+		t.Errorf("deleted from the image store at start: %v, want [snap_cut]", deleted)
+	}
+	if !kept[rec.ID] || kept["snap_gone"] || len(kept) != 2 {
+		t.Errorf("cache sweep kept %v, want only %s", kept, rec.ID)
+	}
+	if ents, _ := os.ReadDir(h.m.cfg.SnapshotDir); len(ents) != 0 {
+		t.Errorf("left in the snapshot dir: %v", ents)
+	}
+	if _, err := h.m.Create(context.Background(), project, CreateRequest{SnapshotID: rec.ID}); err != nil {
+		t.Errorf("restore of the recorded snapshot after the start: %v", err)
 	}
 }

@@ -813,6 +813,7 @@ func (m *Manager) reapLoop() {
 			if n, err := m.store.PurgeStoppedSandboxes(context.Background(), m.now().Add(-m.cfg.StoppedRetention)); err == nil && n > 0 {
 				m.log.Info("purged old sandbox records", "count", n)
 			}
+			m.sweepSnapshotCache(context.Background())
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -150,13 +151,13 @@ func (s *Store) Put(ctx context.Context, id, dir string) (int64, error) {
 		return 0, pandastack.Errorf(pandastack.EConflict, "image %s already exists", id)
 	} else if !pandastack.IsCode(err, pandastack.ENotFound) {
 		os.RemoveAll(dir)
-		return 0, err
+		return 0, unreachable(err)
 	}
 	if err := s.upload(ctx, id, dir, man); err != nil {
 		os.RemoveAll(dir)
 		// Nothing half-uploaded stays behind, whatever ctx says.
 		s.deleteObjects(context.WithoutCancel(ctx), id, man)
-		return 0, fmt.Errorf("upload image %s to %s: %w", id, s, err)
+		return 0, unreachable(fmt.Errorf("upload image %s to %s: %w", id, s, err))
 	}
 	// The local copy becomes the cache's: a restore on this server needs
 	// no download.
@@ -258,7 +259,7 @@ func (s *Store) Open(ctx context.Context, id string) (pandastack.OpenImage, erro
 	}
 	if err := s.download(ctx, id, tmp, what); err != nil {
 		os.RemoveAll(tmp)
-		return nil, imagestore.StorageError(err)
+		return nil, unreachable(imagestore.StorageError(err))
 	}
 	return s.cache.Admit(id, tmp)
 }
@@ -332,7 +333,29 @@ func (s *Store) Delete(ctx context.Context, id string) error {
 		return nil
 	}
 	s.cache.Remove(id)
-	return s.deleteObjects(ctx, id, imagestore.Manifest{})
+	return unreachable(s.deleteObjects(ctx, id, imagestore.Manifest{}))
+}
+
+// SweepCache removes the cached copies of images that keep says are gone
+// (deleted through another server), unused for olderThan, and returns
+// their ids.
+func (s *Store) SweepCache(keep func(id string) bool, olderThan time.Duration) []string {
+	return s.cache.Sweep(keep, olderThan)
+}
+
+// unreachable marks err EUnavailable when the bucket did not answer (a
+// network error, or a 5xx after the SDK's retries), which a client may
+// retry; err stays in the chain for the log.
+func unreachable(err error) error {
+	var ne net.Error
+	var status interface{ HTTPStatusCode() int }
+	if err == nil || pandastack.ErrorCode(err) != pandastack.EInternal {
+		return err
+	}
+	if errors.As(err, &ne) || (errors.As(err, &status) && status.HTTPStatusCode() >= 500) {
+		return fmt.Errorf("%w (%w)", pandastack.Errorf(pandastack.EUnavailable, "the snapshot store does not answer; retry"), err)
+	}
+	return err
 }
 
 // deleteObjects removes the manifest first (the image stops being
@@ -360,7 +383,24 @@ func (s *Store) deleteObjects(ctx context.Context, id string, man imagestore.Man
 	for k := range keys {
 		list = append(list, k)
 	}
-	return s.parallel(ctx, len(list), func(ctx context.Context, i int) error { return s.del(ctx, list[i]) })
+	if err := s.parallel(ctx, len(list), func(ctx context.Context, i int) error { return s.del(ctx, list[i]) }); err != nil {
+		return err
+	}
+	// Parts of a multipart upload cut short by a crash are kept (and
+	// billed) until aborted; they list only as uploads.
+	ups := awss3.NewListMultipartUploadsPaginator(s.client, &awss3.ListMultipartUploadsInput{Bucket: aws.String(s.cfg.Bucket), Prefix: aws.String(s.key(id) + "/")})
+	for ups.HasMorePages() {
+		page, err := ups.NextPage(ctx)
+		if err != nil {
+			return fmt.Errorf("delete image %s from %s: list uploads: %w", id, s, err)
+		}
+		for _, u := range page.Uploads {
+			if _, err := s.client.AbortMultipartUpload(ctx, &awss3.AbortMultipartUploadInput{Bucket: aws.String(s.cfg.Bucket), Key: u.Key, UploadId: u.UploadId}); err != nil && !notFound(err) {
+				return fmt.Errorf("delete image %s from %s: abort upload of %s: %w", id, s, aws.ToString(u.Key), err)
+			}
+		}
+	}
+	return nil
 }
 
 func (s *Store) del(ctx context.Context, key string) error {

@@ -1,16 +1,24 @@
 package s3_test
 
 import (
+	"bytes"
 	"crypto/rand"
 	"errors"
 	"io/fs"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/imagestore"
@@ -161,6 +169,70 @@ func TestS3(t *testing.T) {
 		}
 	})
 
+	// What a server killed during an upload leaves (objects, and the parts
+	// of an unfinished multipart upload) goes with a Delete of the id.
+	t.Run("DeleteRemovesAnInterruptedUpload", func(t *testing.T) {
+		bucket := srv.NewBucket(t)
+		s := newStore(t, srv, bucket, t.TempDir())
+		raw := awss3.New(awss3.Options{
+			Region: "us-east-1", BaseEndpoint: aws.String(srv.Endpoint), UsePathStyle: true,
+			Credentials: credentials.NewStaticCredentialsProvider(srv.AccessKey, srv.SecretKey, ""),
+		})
+		ctx := t.Context()
+		key := func(name string) *string { return aws.String("snapshots/snap_cut/image/" + name) }
+		if _, err := raw.PutObject(ctx, &awss3.PutObjectInput{Bucket: aws.String(bucket), Key: key("small"), Body: strings.NewReader("s")}); err != nil {
+			t.Fatal(err)
+		}
+		up, err := raw.CreateMultipartUpload(ctx, &awss3.CreateMultipartUploadInput{Bucket: aws.String(bucket), Key: key("pages")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		part := make([]byte, partSize)
+		if _, err := raw.UploadPart(ctx, &awss3.UploadPartInput{Bucket: aws.String(bucket), Key: key("pages"), UploadId: up.UploadId, PartNumber: aws.Int32(1), Body: bytes.NewReader(part)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Delete(ctx, "snap_cut"); err != nil {
+			t.Fatal(err)
+		}
+		ups, err := raw.ListMultipartUploads(ctx, &awss3.ListMultipartUploadsInput{Bucket: aws.String(bucket)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ups.Uploads) != 0 {
+			t.Errorf("%d multipart uploads left after Delete", len(ups.Uploads))
+		}
+		objs, err := raw.ListObjectsV2(ctx, &awss3.ListObjectsV2Input{Bucket: aws.String(bucket)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(objs.Contents) != 0 {
+			t.Errorf("%d objects left after Delete", len(objs.Contents))
+		}
+	})
+
+	// A bucket that stops answering is a retryable sandbox_unavailable.
+	t.Run("UnreachableIsUnavailable", func(t *testing.T) {
+		down := &failing{next: http.DefaultTransport}
+		s, err := s3.New(t.Context(), s3.Config{
+			Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+			CacheDir: t.TempDir(), HTTPClient: &http.Client{Transport: down},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		down.down.Store(true)
+		_, err = s.Put(t.Context(), "snap_x", sealFiles(t, map[string][]byte{"f": []byte("data")}))
+		if !pandastack.IsCode(err, pandastack.EUnavailable) {
+			t.Errorf("Put: %v, want %s", err, pandastack.EUnavailable)
+		}
+		if _, err := s.Open(t.Context(), "snap_y"); !pandastack.IsCode(err, pandastack.EUnavailable) {
+			t.Errorf("Open: %v, want %s", err, pandastack.EUnavailable)
+		}
+		if err := s.Delete(t.Context(), "snap_y"); !pandastack.IsCode(err, pandastack.EUnavailable) {
+			t.Errorf("Delete: %v, want %s", err, pandastack.EUnavailable)
+		}
+	})
+
 	t.Run("WrongCredentials", func(t *testing.T) {
 		_, err := s3.New(t.Context(), s3.Config{Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: "nobody", SecretKey: "wrong", CacheDir: t.TempDir()})
 		if err == nil {
@@ -173,6 +245,20 @@ func TestS3(t *testing.T) {
 			t.Fatalf("New on a missing bucket: %v", err)
 		}
 	})
+}
+
+// failing refuses every connection while down, as a bucket's host that
+// went away.
+type failing struct {
+	next http.RoundTripper
+	down atomic.Bool
+}
+
+func (f *failing) RoundTrip(req *http.Request) (*http.Response, error) {
+	if f.down.Load() {
+		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	}
+	return f.next.RoundTrip(req)
 }
 
 // recorder counts the upload requests that pass through it.
