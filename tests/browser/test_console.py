@@ -111,6 +111,12 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.keyboard.type("echo $((6*7))")
     page.keyboard.press("Enter")
     page.wait_for_function("() => /^42\\s*$/m.test(document.getElementById('terminal').textContent)")
+    # Cursor moves the sandbox asks for stay on the screen: a count of
+    # 999999999 neither hangs the page nor drops what follows.
+    page.keyboard.type("printf 'x\\033[999999999Bx\\033[999999999Gy\\033[999999999;999999999Hz\\n'; echo $((6*8))")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => /^48\\s*$/m.test(document.getElementById('terminal').textContent)")
+    assert page.evaluate("() => document.getElementById('terminal').textContent.length") < 100_000
     # The keyboard leaves the terminal with Shift+Escape and disconnects.
     page.keyboard.press("Shift+Escape")
     expect(page.locator("#terminal-connect")).to_be_focused()
@@ -285,6 +291,12 @@ def test_notebook_interrupts_and_keeps_html_whole(page: Page, serve) -> None:
 
     page.fill("#cell-1", "import time\nfor i in range(600):\n    time.sleep(0.1)")
     page.get_by_role("button", name="Run cell 1").click()
+    # The keyboard's Run does nothing while the cell runs.
+    expect(page.locator("#cell-1-state")).to_have_text("running…")
+    page.locator("#cell-1").press("Shift+Enter")
+    page.wait_for_timeout(500)
+    expect(page.locator("#cell-1-state")).to_have_text("running…")
+    expect(page.get_by_label("Output of cell 1").get_by_role("alert")).to_have_count(0)
     page.get_by_role("button", name="Interrupt cell 1").click()
     out = page.get_by_label("Output of cell 1")
     expect(out.get_by_role("alert")).to_contain_text("KeyboardInterrupt")

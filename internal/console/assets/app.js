@@ -267,6 +267,7 @@ function notebookPanel(id, known) {
     stop.hidden = true;
     const state = h("span", { class: "muted", id: `cell-${n}-state` });
     const go = async () => {
+      if (run.disabled) return; // running: Shift+Enter must not start it again over its output
       run.disabled = true;
       // Interrupt the context the cell runs in; leaving the page cancels
       // the run (the server then interrupts it), so no cell runs on unseen.

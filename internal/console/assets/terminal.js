@@ -135,14 +135,19 @@ export class Terminal {
   csi(seq) {
     const final = seq[seq.length - 1];
     const args = seq.slice(1, -1).replace(/^[?<=>!]/, "").split(";").map((x) => parseInt(x, 10));
-    const n = isNaN(args[0]) ? 1 : Math.max(1, args[0]);
+    // Moves stay on the screen (rows × cols), as a VT100's do: the counts
+    // come from the sandbox, and one as large as 999999999 must not make
+    // the page allocate that many lines or spaces.
+    const cols = this.cols || 80, rows = this.rows || 24, top = Math.max(0, this.lines.length - rows);
+    const clamp = (v, lo, hi) => Math.min(Math.max(v, lo), hi);
+    const n = isNaN(args[0]) ? 1 : clamp(args[0], 1, Math.max(cols, rows));
     const line = this.lines[this.row] || "";
     switch (final) {
-      case "C": this.col += n; break;
+      case "C": this.col = clamp(this.col + n, 0, Math.max(this.col, cols - 1)); break;
       case "D": this.col = Math.max(0, this.col - n); break;
       case "A": this.row = Math.max(0, this.row - n); break;
-      case "B": this.row += n; while (this.row >= this.lines.length) this.lines.push(""); break;
-      case "G": this.col = n - 1; break;
+      case "B": this.row = Math.min(this.row + n, Math.max(this.row, top + rows - 1)); while (this.row >= this.lines.length) this.lines.push(""); break;
+      case "G": this.col = clamp(n - 1, 0, cols - 1); break;
       case "K": {
         const mode = isNaN(args[0]) ? 0 : args[0];
         if (mode === 0) this.lines[this.row] = line.slice(0, this.col);
@@ -155,9 +160,8 @@ export class Terminal {
       case "J": if ((args[0] || 0) >= 2) { this.lines = [""]; this.row = 0; this.col = 0; } else { this.lines.length = this.row + 1; this.lines[this.row] = line.slice(0, this.col); } break;
       case "H": case "f": {
         // Absolute moves are relative to the visible screen: the last rows lines.
-        const rows = this.rows || 24, top = Math.max(0, this.lines.length - rows);
-        this.row = top + (isNaN(args[0]) ? 0 : args[0] - 1);
-        this.col = isNaN(args[1]) ? 0 : args[1] - 1;
+        this.row = top + (isNaN(args[0]) ? 0 : clamp(args[0] - 1, 0, rows - 1));
+        this.col = isNaN(args[1]) ? 0 : clamp(args[1] - 1, 0, cols - 1);
         while (this.row >= this.lines.length) this.lines.push("");
         break;
       }
