@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -355,13 +356,23 @@ func TestProjectsAreIsolated(t *testing.T) {
 		t.Fatalf("metadata filter: %+v, %v", mine, err)
 	}
 
-	// A revoked key stops working at once.
-	key := s.newKey("short-lived")
-	if _, _, err := s.cli("keys", "revoke", key[:10]); err != nil {
-		t.Fatal(err)
+	// A revoked key stops working at once: revoked by its prefix, or by
+	// the whole key (as someone revoking a leaked one has it).
+	for _, whole := range []bool{false, true} {
+		key := s.newKey("short-lived")
+		which := key[:10]
+		if whole {
+			which = key
+		}
+		if _, errOut, err := s.cli("keys", "revoke", which); err != nil {
+			t.Fatalf("keys revoke (whole key %v): %v %s", whole, err, errOut)
+		}
+		if status, code, msg := api(t, s, key, "GET", "/v1/sandboxes", ""); status != 401 || code != "unauthorized" || !strings.Contains(msg, "revoked") {
+			t.Fatalf("revoked key: %d %s %s", status, code, msg)
+		}
 	}
-	if status, code, msg := api(t, s, key, "GET", "/v1/sandboxes", ""); status != 401 || code != "unauthorized" || !strings.Contains(msg, "revoked") {
-		t.Fatalf("revoked key: %d %s %s", status, code, msg)
+	if _, errOut, err := s.cli("keys", "revoke", "pds_nosuchkeyatall"); err == nil || !strings.Contains(errOut, "the whole key") {
+		t.Fatalf("revoke of an unknown key: %v %q", err, errOut)
 	}
 }
 
@@ -520,6 +531,26 @@ func TestCLI(t *testing.T) {
 	cmd.Stdin = strings.NewReader("piped in\n")
 	if b, err := cmd.Output(); err != nil || string(b) != "PIPED IN\n" {
 		t.Fatalf("exec --stdin: %v %q", err, b)
+	}
+	// Ctrl-C ends the CLI with 130 and the command in the sandbox with it.
+	cmd = exec.Command(filepath.Join(s.bin, "pandastack"), "sandbox", "exec", id, "--", "echo started; sleep 30; touch /tmp/not-stopped")
+	cmd.Env = append(os.Environ(), "PANDASTACK_API="+s.url, "PANDASTACK_API_KEY="+s.key)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "started\n" {
+		t.Fatalf("exec before Ctrl-C: %q %v", line, err)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	if err := cmd.Wait(); exitCode(err) != 130 {
+		t.Fatalf("exec after Ctrl-C: %v, want exit 130", err)
+	}
+	if out, _, err := s.cli("sandbox", "exec", id, "--", "sleep 1; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -c '^sleep 30' || true"); err != nil || out != "0\n" {
+		t.Fatalf("the command after Ctrl-C of its exec: %q %v", out, err)
 	}
 	// Mistakes in the command line are refused before anything is made.
 	for _, args := range [][]string{

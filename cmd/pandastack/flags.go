@@ -67,7 +67,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) error {
 // printable is s for a terminal: as it is, or quoted with its control
 // characters escaped (a name stored before they were refused).
 func printable(s string) string {
-	if strings.IndexFunc(s, unicode.IsControl) < 0 {
+	if utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0 {
 		return s
 	}
 	return strconv.Quote(s)

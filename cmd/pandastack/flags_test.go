@@ -169,3 +169,20 @@ func TestCLINetwork(t *testing.T) {
 		}
 	}
 }
+
+// Metadata reaches the terminal escaped when it holds control characters,
+// and quoted when it could be read as another entry.
+func TestPrintableMeta(t *testing.T) {
+	for in, want := range map[string]string{
+		"suite=x":                   "suite=x",
+		"café":                      "café",
+		"\x1b]0;pwned\a\x1b[31mred": `"\x1b]0;pwned\a\x1b[31mred"`,
+		"a\nfake row":               `"a\nfake row"`,
+		"a,b=c":                     `"a,b=c"`,
+		"\xff":                      `"\xff"`,
+	} {
+		if got := printableMeta(in); got != want {
+			t.Errorf("printableMeta(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -399,12 +399,21 @@ func keys(args []string) error {
 		}
 	case "revoke":
 		if fs.NArg() != 1 {
-			return errors.New("keys revoke: give one key id or prefix")
+			return errors.New("keys revoke: give one key: its id, its prefix (as keys list shows it) or the whole key")
 		}
-		if err := store.RevokeAPIKey(ctx, fs.Arg(0), time.Now().UTC()); err != nil {
+		which := fs.Arg(0)
+		if k, err := store.APIKeyByHash(ctx, api.HashKey(which)); err == nil {
+			which = k.ID // the whole key, as someone revoking a leaked one has it
+		} else if !pandastack.IsCode(err, pandastack.ENotFound) {
 			return err
 		}
-		fmt.Fprintln(os.Stderr, "revoked", fs.Arg(0))
+		if err := store.RevokeAPIKey(ctx, which, time.Now().UTC()); err != nil {
+			if pandastack.IsCode(err, pandastack.ENotFound) {
+				return pandastack.Errorf(pandastack.ENotFound, "no API key %s: give its id, its prefix (the first 10 characters, as keys list shows them) or the whole key", printable(which))
+			}
+			return err
+		}
+		fmt.Fprintln(os.Stderr, "revoked", printable(which))
 	default:
 		return fmt.Errorf("keys: unknown verb %q; want create, list or revoke", args[0])
 	}

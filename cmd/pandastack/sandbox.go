@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -105,7 +106,7 @@ func sandboxCmd(args []string) error {
 		for _, sb := range list {
 			keys := make([]string, 0, len(sb.Metadata))
 			for k, v := range sb.Metadata {
-				keys = append(keys, k+"="+v)
+				keys = append(keys, printableMeta(k)+"="+printableMeta(v))
 			}
 			sort.Strings(keys)
 			fmt.Printf("%-22s %-18s %-9s %-22s %s\n", sb.ID, sb.Template, sb.State, sb.ExpiresAt.Local().Format(time.RFC3339), strings.Join(keys, ","))
@@ -143,6 +144,12 @@ func sandboxCmd(args []string) error {
 		}
 		// Binary frames: the output's bytes as they are, streamed.
 		res, err := c.ExecPipe(ctx, id, req, os.Stdout, os.Stderr)
+		if err != nil && ctx.Err() != nil {
+			// Ctrl-C: the hang-up stops the command in the sandbox; exit
+			// as a shell does for a command ended by SIGINT.
+			fmt.Fprintln(os.Stderr, "pandastack: interrupted")
+			os.Exit(130)
+		}
 		if err != nil {
 			return err
 		}
@@ -167,4 +174,13 @@ func sandboxCmd(args []string) error {
 		return fmt.Errorf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)
 	}
 	return nil
+}
+
+// printableMeta is a metadata key or value for sandbox ls: printable,
+// and quoted too where it could read as more than one entry.
+func printableMeta(s string) string {
+	if strings.ContainsAny(s, ",\"") {
+		return strconv.Quote(s)
+	}
+	return printable(s)
 }
