@@ -301,3 +301,28 @@ func waitWarm(t *testing.T, s *server, template string) {
 		time.Sleep(500 * time.Millisecond)
 	}
 }
+
+// A shell's fork bomb, whose tasks come and go, gets EAGAIN and the
+// sandbox lives on: the host pids its tasks hold stay under the sandbox's
+// limit (with 3/8 of it as RLIMIT_NPROC the bomb filled it and killed the
+// sandbox in some runs). The bomb outlives its exec, as on Linux; a kill
+// of every process of the user ends it.
+func TestShellForkBomb(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
+	res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "f(){ f|f& }; f; sleep 10", TimeoutSeconds: 30})
+	if err != nil || !strings.Contains(res.Stderr, "Resource temporarily unavailable") {
+		t.Fatalf("shell fork bomb: %v %.300q", err, res.Stderr)
+	}
+	for i := range 3 {
+		if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != "running" {
+			t.Fatalf("%d s after the fork bomb: %+v %v", 2*i, got, err)
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "kill -9 -1; sleep 1; echo alive", TimeoutSeconds: 30}); err != nil || res.Stdout != "alive\n" {
+		t.Fatalf("ending the bomb: %+v %v", res, err)
+	}
+}
