@@ -161,6 +161,11 @@ except OSError as e:
 		if total := time.Since(start); firstAt > total-600*time.Millisecond {
 			t.Fatalf("first chunk came at %s of %s: not streamed", firstAt, total)
 		}
+		// Characters split between the stream's events come whole.
+		res, err = c.ExecStream(ctx, sb.ID, client.ExecRequest{Cmd: "yes é | head -n 300000"}, func(client.ExecEvent) {})
+		if err != nil || res.Stdout != strings.Repeat("é\n", 300000) {
+			t.Fatalf("streamed UTF-8: %v, %d bytes, %d U+FFFD", err, len(res.Stdout), strings.Count(res.Stdout, "\uFFFD"))
+		}
 	})
 	t.Run("huge output is capped", func(t *testing.T) {
 		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "head -c 1000000000 /dev/zero | tr '\\0' x; echo done >&2", TimeoutSeconds: 300})

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -306,6 +307,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, project stri
 			return
 		}
 		eb := errorJSON(revokedErr(r.Context(), err))
+		nd.flushCarry()
 		nd.send(streamEvent{Type: "error", Error: &eb.Error})
 	}
 }
@@ -329,6 +331,11 @@ type ndjson struct {
 	rc      *http.ResponseController
 	started bool
 	line    []byte // sendExec's, reused
+	// carry holds the start of a UTF-8 character an output event ended
+	// in, by stream, for the next event of that stream: each event's data
+	// is a JSON string, so a character split between two would become two
+	// U+FFFD.
+	carry map[string][]byte
 }
 
 func newNDJSON(w http.ResponseWriter) *ndjson {
@@ -354,8 +361,18 @@ func (n *ndjson) send(v any) error {
 	return n.rc.Flush()
 }
 
-// sendExec writes an exec event as send(toStreamEvent(ev)) would.
+// sendExec writes an exec event as send(toStreamEvent(ev)) would, but
+// for a UTF-8 character split between two output events of a stream,
+// which goes whole in the second.
 func (n *ndjson) sendExec(ev agentproto.ExecEvent) error {
+	if ev.Type == "stdout" || ev.Type == "stderr" {
+		ev.Data = n.joinCarry(ev.Type, ev.Data)
+		if len(ev.Data) == 0 {
+			return nil
+		}
+	} else if err := n.flushCarry(); err != nil {
+		return err
+	}
 	line, ok := appendExecEvent(n.line[:0], ev)
 	if !ok {
 		return n.send(toStreamEvent(ev))
@@ -366,6 +383,48 @@ func (n *ndjson) sendExec(ev agentproto.ExecEvent) error {
 		return err
 	}
 	return n.rc.Flush()
+}
+
+// joinCarry returns data after what stream's last event held back, less
+// the start of a character it ends in, which it holds back in turn.
+func (n *ndjson) joinCarry(stream string, data []byte) []byte {
+	if held := n.carry[stream]; len(held) > 0 {
+		data = append(held, data...)
+		n.carry[stream] = nil
+	}
+	cut := len(data)
+	for i := len(data) - 1; i >= 0 && i >= len(data)-utf8.UTFMax+1; i-- {
+		if utf8.RuneStart(data[i]) {
+			if data[i] >= utf8.RuneSelf && !utf8.FullRune(data[i:]) {
+				cut = i
+			}
+			break
+		}
+	}
+	if cut < len(data) {
+		if n.carry == nil {
+			n.carry = map[string][]byte{}
+		}
+		n.carry[stream] = append([]byte(nil), data[cut:]...)
+	}
+	return data[:cut]
+}
+
+// flushCarry sends what is held back as it is, before an event that ends
+// the output (its bytes never became a whole character).
+func (n *ndjson) flushCarry() error {
+	for _, stream := range []string{"stdout", "stderr"} {
+		if held := n.carry[stream]; len(held) > 0 {
+			n.carry[stream] = nil
+			line, _ := appendExecEvent(n.line[:0], agentproto.ExecEvent{Type: stream, Data: held})
+			n.line = line
+			n.start()
+			if _, err := n.w.Write(line); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request, project string) {

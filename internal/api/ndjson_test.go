@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"math/rand/v2"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -88,4 +90,49 @@ func BenchmarkNDJSONOutput(b *testing.B) {
 			enc.Encode(toStreamEvent(ev))
 		}
 	})
+}
+
+// A UTF-8 character split between two output events of a stream arrives
+// whole; one the output never finishes arrives as U+FFFD (one per byte, as
+// encoding/json writes it) before the exit.
+func TestNDJSONKeepsSplitCharacters(t *testing.T) {
+	text := map[string]string{"stdout": "aé🐼b" + strings.Repeat("€", 50), "stderr": "ñ🐼"}
+	rec := httptest.NewRecorder()
+	nd := newNDJSON(rec)
+	// Each stream in pieces of 1 to 4 bytes, interleaved.
+	pos := map[string]int{}
+	for step := 0; pos["stdout"] < len(text["stdout"]) || pos["stderr"] < len(text["stderr"]); step++ {
+		for _, s := range []string{"stdout", "stderr"} {
+			i, n := pos[s], 1+step%4
+			if i >= len(text[s]) {
+				continue
+			}
+			j := min(i+n, len(text[s]))
+			if err := nd.sendExec(agentproto.ExecEvent{Type: s, Data: []byte(text[s][i:j])}); err != nil {
+				t.Fatal(err)
+			}
+			pos[s] = j
+		}
+	}
+	nd.sendExec(agentproto.ExecEvent{Type: "stdout", Data: []byte("end\xf0\x9f")}) // cut short
+	nd.sendExec(agentproto.ExecEvent{Type: "exit"})
+	got := map[string]string{}
+	var last string
+	for _, line := range strings.Split(strings.TrimSpace(rec.Body.String()), "\n") {
+		var ev streamEvent
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatalf("%q: %v", line, err)
+		}
+		got[ev.Type] += ev.Data
+		last = ev.Type
+	}
+	if want := text["stdout"] + "end\uFFFD\uFFFD"; got["stdout"] != want {
+		t.Errorf("stdout %q, want %q", got["stdout"], want)
+	}
+	if got["stderr"] != text["stderr"] {
+		t.Errorf("stderr %q, want %q", got["stderr"], text["stderr"])
+	}
+	if last != "exit" {
+		t.Errorf("the last event is %s", last)
+	}
 }

@@ -104,8 +104,14 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, project s
 			return
 		}
 		eb := errorJSON(revokedErr(r.Context(), err))
+		nd.flushCarry()
 		nd.send(streamEvent{Type: "error", Error: &eb.Error})
 		return
+	}
+	// Output so far of a process still running ends where it ends: a
+	// character it has not finished writing goes as it is.
+	if nd.flushCarry(); nd.started {
+		nd.rc.Flush()
 	}
 	if !nd.started { // no output yet: an empty stream
 		w.Header().Set("Content-Type", "application/x-ndjson")
