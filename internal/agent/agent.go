@@ -265,6 +265,10 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 type Process struct {
 	Pid  int
 	Done <-chan ExitStatus // yields the exit status once
+	// Mark is the value of TreeMarkEnv in the process's environment,
+	// which whatever it starts inherits: KillTree finds by it what left
+	// the tree (setsid and a double fork, an exited shell's jobs).
+	Mark string
 }
 
 // ExitStatus is how a process ended.

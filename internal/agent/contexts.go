@@ -13,7 +13,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -208,9 +207,9 @@ func (k *kernelProc) Done() <-chan struct{} { return k.done }
 func (k *kernelProc) Kill() {
 	select {
 	case <-k.done:
-		syscall.Kill(-k.p.Pid, syscall.SIGKILL)
+		KillTree(0, k.p.Mark)
 	default:
-		KillTree(k.p.Pid)
+		KillTree(k.p.Pid, k.p.Mark)
 	}
 }
 func (k *kernelProc) ExitReason() string {

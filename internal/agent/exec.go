@@ -336,7 +336,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	kill := func() {
 		if !exited && !killed {
 			killed = true
-			KillTree(c.Pid)
+			KillTree(c.Pid, c.Mark)
 		}
 	}
 	if broken {
@@ -348,7 +348,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	var gone atomic.Bool // the command has exited: its pid may be reused
 	stopWatch := context.AfterFunc(ans.ctx, func() {
 		if !gone.Load() {
-			KillTree(c.Pid)
+			KillTree(c.Pid, c.Mark)
 		}
 	})
 	defer stopWatch()

@@ -187,6 +187,21 @@ func TestExecTimeoutKillsTree(t *testing.T) {
 	})
 }
 
+// A daemon that left the tree (setsid and a double fork: re-parented, no
+// parent link leads to it) dies with a timed-out command too.
+func TestExecTimeoutKillsDetached(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("needs setsid (util-linux)")
+	}
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		res := st.exec(t, agentproto.ExecRequest{Cmd: "sh -c 'setsid sleep 61 & echo $!'; sleep 60", TimeoutMS: 1000})
+		if !res.exit.TimedOut {
+			t.Fatalf("exit %+v, want timed out", res.exit)
+		}
+		waitGone(t, parsePids(t, res.stdout.String(), 1))
+	})
+}
+
 func TestExecCancelKillsTree(t *testing.T) {
 	if _, err := exec.LookPath("setsid"); err != nil {
 		t.Skip("needs setsid (util-linux)")

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"bytes"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -10,7 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -77,6 +80,13 @@ func (r *Reaper) reap() {
 // Start starts a process like os.StartProcess. Its exit status arrives on
 // the returned Process's Done channel.
 func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process, error) {
+	mark := newTreeMark()
+	a := *attr
+	if a.Env == nil {
+		a.Env = os.Environ()
+	}
+	a.Env = append(a.Env[:len(a.Env):len(a.Env)], TreeMarkEnv+"="+mark)
+	attr = &a
 	if r == nil {
 		p, err := os.StartProcess(path, argv, attr)
 		if err != nil {
@@ -91,7 +101,7 @@ func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process,
 			}
 			done <- statusOf(st.Sys().(syscall.WaitStatus))
 		}()
-		return &Process{Pid: p.Pid, Done: done}, nil
+		return &Process{Pid: p.Pid, Done: done, Mark: mark}, nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -103,7 +113,7 @@ func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process,
 	p.Release()
 	ch := make(chan ExitStatus, 1)
 	r.waiters[pid] = ch
-	return &Process{Pid: pid, Done: ch}, nil
+	return &Process{Pid: pid, Done: ch, Mark: mark}, nil
 }
 
 func statusOf(ws syscall.WaitStatus) ExitStatus {
@@ -139,17 +149,28 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 	return a
 }
 
-// KillTree SIGKILLs pid's process group and every descendant of pid, also
-// those that left the group with setsid. It stops the tree first and walks it
-// until no new process shows up, so nothing can fork its way out; the walk
-// has to happen before pid dies, since orphans lose their parent link.
-func KillTree(pid int) {
-	syscall.Kill(-pid, syscall.SIGSTOP)
-	syscall.Kill(pid, syscall.SIGSTOP)
-	seen := map[int]bool{pid: true}
+// KillTree SIGKILLs pid's process group, every descendant of pid, also
+// those that left the group with setsid, and every process whose
+// environment holds mark (Process.Mark): those re-parented to PID 1 (a
+// daemon's double fork, the jobs of a shell that exited), which no parent
+// link leads to. It stops them first and looks again until no new process
+// shows up, so nothing can fork its way out. pid 0 (a process already
+// reaped, whose pid may be reused) kills by mark alone. A process that
+// clears its environment and leaves the tree escapes.
+func KillTree(pid int, mark string) {
+	seen := map[int]bool{}
+	if pid > 0 {
+		syscall.Kill(-pid, syscall.SIGSTOP)
+		syscall.Kill(pid, syscall.SIGSTOP)
+		seen[pid] = true
+	}
 	for range 20 {
 		added := false
-		for _, p := range descendants(pid) {
+		var found []int
+		if pid > 0 {
+			found = descendants(pid)
+		}
+		for _, p := range append(found, marked(mark)...) {
 			if !seen[p] {
 				seen[p] = true
 				syscall.Kill(p, syscall.SIGSTOP)
@@ -160,10 +181,55 @@ func KillTree(pid int) {
 			break
 		}
 	}
-	syscall.Kill(-pid, syscall.SIGKILL)
+	if pid > 0 {
+		syscall.Kill(-pid, syscall.SIGKILL)
+	}
 	for p := range seen {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
+}
+
+// TreeMarkEnv names the variable Reaper.Start puts in every process it
+// starts (Process.Mark).
+const TreeMarkEnv = "PANDASTACK_TREE"
+
+var treeMarks atomic.Uint64
+
+// newTreeMark returns a mark no other process of this agent has had: a
+// count, after this agent process's start time (a restored sandbox's agent
+// goes on counting from its checkpoint).
+func newTreeMark() string {
+	return strconv.FormatInt(agentStart, 36) + "." + strconv.FormatUint(treeMarks.Add(1), 36)
+}
+
+var agentStart = time.Now().UnixNano()
+
+// marked lists the processes whose environment holds mark, as
+// TreeMarkEnv=mark; none for "".
+func marked(mark string) []int {
+	if mark == "" {
+		return nil
+	}
+	want := []byte(TreeMarkEnv + "=" + mark + "\x00")
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil {
+			continue
+		}
+		if bytes.HasPrefix(env, want) || bytes.Contains(env, append([]byte{0}, want...)) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }
 
 // descendants lists the processes below root by their /proc parent links.

@@ -24,7 +24,7 @@ func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process,
 func procAttr(asRoot bool) *syscall.SysProcAttr { return nil }
 
 // KillTree does nothing here.
-func KillTree(pid int) {}
+func KillTree(pid int, mark string) {}
 
 func openPTY(cols, rows uint16) (master, tty *os.File, err error) {
 	return nil, nil, errors.New("terminals need linux")

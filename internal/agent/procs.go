@@ -40,6 +40,7 @@ func NewProcesses() *Processes { return &Processes{} }
 // bgProc is one background process and the output it has written.
 type bgProc struct {
 	pid   int
+	mark  string // Process.Mark
 	stdin *os.File
 
 	mu      sync.Mutex
@@ -168,6 +169,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 	}
 	p := &bgProc{
 		pid:     c.Pid,
+		mark:    c.Mark,
 		stdin:   inW,
 		changed: make(chan struct{}),
 		info: agentproto.Process{
@@ -211,7 +213,7 @@ func (s *Server) watch(p *bgProc, c *Process, req agentproto.ExecRequest, start 
 	case <-timeout:
 		p.mu.Lock()
 		timedOut = true
-		KillTree(c.Pid)
+		KillTree(c.Pid, c.Mark)
 		p.mu.Unlock()
 		status = <-c.Done
 	}
@@ -348,7 +350,9 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 	}
 	p.mu.Lock()
 	if !p.reaped {
-		KillTree(p.pid)
+		KillTree(p.pid, p.mark)
+	} else {
+		KillTree(0, p.mark) // what it started lives on after it
 	}
 	p.mu.Unlock()
 	w.WriteHeader(http.StatusNoContent)

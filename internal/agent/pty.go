@@ -63,14 +63,14 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 
 	conn, brw, err := hj.Hijack()
 	if err != nil {
-		KillTree(c.Pid)
+		KillTree(c.Pid, c.Mark)
 		<-c.Done
 		return err
 	}
 	defer conn.Close()
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + agentproto.PTYUpgrade + "\r\n\r\n")
 	if err := brw.Flush(); err != nil {
-		KillTree(c.Pid)
+		KillTree(c.Pid, c.Mark)
 		<-c.Done
 		return nil
 	}
@@ -127,12 +127,15 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 		// A background child may keep the terminal open: give the output a
 		// moment to drain, then stop reading.
 		drained(outDone, time.Now(), master)
-		KillTree(c.Pid) // what the shell left running dies with the terminal
+		// What the shell left running dies with the terminal: its jobs
+		// were re-parented when it exited (and its pid may be reused), so
+		// by their mark.
+		KillTree(0, c.Mark)
 		master.Close()
 		<-outDone
 		send(agentproto.PTYExit, agentproto.ExitPayload(status.Code))
 	case <-hostGone:
-		KillTree(c.Pid)
+		KillTree(c.Pid, c.Mark)
 		status = <-c.Done
 		master.Close()
 		<-outDone

@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,12 +126,28 @@ func TestPTYShell(t *testing.T) {
 		term.send(agentproto.PTYData, []byte("id -u | sed s/^/uid:/\r"))
 		term.waitFor("uid:1000")
 	}
-	// exit ends the stream with the shell's status.
+	// Jobs the shell started, in its own process groups (job control),
+	// one of them detached with setsid.
+	term.send(agentproto.PTYData, []byte("sleep 1001 & echo job:$!; (setsid sleep 1002 & echo job:$!)\r"))
+	for strings.Count(term.all.String(), "\r\njob:") < 2 {
+		term.waitFor("job:")
+	}
+	term.waitFor("pty> ")
+	var jobs []int
+	for _, m := range regexp.MustCompile(`\r\njob:(\d+)`).FindAllStringSubmatch(term.all.String(), -1) {
+		pid, _ := strconv.Atoi(m[1])
+		jobs = append(jobs, pid)
+	}
+	// exit ends the stream with the shell's status, and its jobs with it.
 	term.send(agentproto.PTYData, []byte("exit 3\r"))
 	term.waitFor("")
 	if *term.exit != 3 {
 		t.Fatalf("exit status %d, want 3 (transcript %q)", *term.exit, term.all.String())
 	}
+	if len(jobs) != 2 {
+		t.Fatalf("job pids %v in %q", jobs, term.all.String())
+	}
+	waitGone(t, jobs)
 }
 
 func TestPTYHangupKillsShell(t *testing.T) {
