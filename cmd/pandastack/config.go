@@ -124,6 +124,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	num(&c.Sandbox.MaxCPU, "max-cpu", "PANDASTACK_MAX_CPU", "most CPUs of one sandbox")
 	num(&c.Sandbox.MaxMemoryMB, "max-memory-mb", "PANDASTACK_MAX_MEMORY_MB", "most memory of one sandbox, in MiB")
 	num(&c.DiskMB, "disk-mb", "PANDASTACK_DISK_MB", "each sandbox's own disk in MiB: a full disk is ENOSPC to the writer (negative: writes stay in memory)")
+	num(&c.Sandbox.MaxDiskMB, "max-disk-mb", "PANDASTACK_MAX_DISK_MB", "largest disk_mb a caller may ask for, in MiB; disks are sparse files in the data dir, which together may grow past its free space")
 	num(&c.API.ExecOutputCap, "exec-output-cap", "PANDASTACK_EXEC_OUTPUT_CAP", "bytes kept per stream in a non-streamed exec answer")
 	str(&c.BuildOnStart, "build-on-start", "PANDASTACK_BUILD_ON_START", "template to build on start when missing (empty: none)")
 	num(&c.Sandbox.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
@@ -189,6 +190,9 @@ func (c *Config) validate() error {
 	}
 	if err := c.Nodes.validate(); err != nil {
 		return err
+	}
+	if c.Sandbox.MaxDiskMB < 64 || (c.DiskMB > 0 && c.DiskMB > c.Sandbox.MaxDiskMB) {
+		return fmt.Errorf("--max-disk-mb %d must be at least 64 and at least --disk-mb (%d)", c.Sandbox.MaxDiskMB, c.DiskMB)
 	}
 	if c.Sandbox.DefaultTTL <= 0 || c.Sandbox.MaxTTL <= 0 || c.Sandbox.DefaultTTL > c.Sandbox.MaxTTL {
 		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.Sandbox.DefaultTTL, c.Sandbox.MaxTTL)

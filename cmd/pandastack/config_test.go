@@ -121,3 +121,17 @@ func TestNodeSettings(t *testing.T) {
 		}
 	}
 }
+
+// --max-disk-mb bounds disk_mb; it may not be below the smallest disk or
+// the default one.
+func TestMaxDiskMB(t *testing.T) {
+	cfg, err := bindWith(t, map[string]string{"PANDASTACK_MAX_DISK_MB": "4096"})
+	if err != nil || cfg.Sandbox.MaxDiskMB != 4096 {
+		t.Fatalf("max disk %d, %v", cfg.Sandbox.MaxDiskMB, err)
+	}
+	for _, args := range [][]string{{"--max-disk-mb", "32"}, {"--max-disk-mb", "1024", "--disk-mb", "2048"}} {
+		if _, err := bindWith(t, nil, args...); err == nil || !strings.Contains(err.Error(), "max-disk-mb") {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
