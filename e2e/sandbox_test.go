@@ -123,7 +123,8 @@ except OSError as e:
 	})
 	t.Run("timeout kills the whole tree", func(t *testing.T) {
 		start := time.Now()
-		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "sleep 60 & sleep 61; echo never", TimeoutSeconds: 1})
+		// Also a daemon that left the tree: setsid and a double fork.
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "(setsid sleep 62 &); sleep 60 & sleep 61; echo never", TimeoutSeconds: 1})
 		took := time.Since(start)
 		if err != nil {
 			t.Fatal(err)

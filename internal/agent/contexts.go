@@ -203,7 +203,7 @@ func (k *kernelProc) Pid() int              { return k.p.Pid }
 func (k *kernelProc) Done() <-chan struct{} { return k.done }
 
 // Kill kills the kernel's process tree; once the kernel was reaped its pid
-// may be reused, so then only its process group (left-behind children).
+// may be reused, so then only what carries its mark (left-behind children).
 func (k *kernelProc) Kill() {
 	select {
 	case <-k.done:

@@ -8,12 +8,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -80,12 +80,28 @@ func (r *Reaper) reap() {
 // Start starts a process like os.StartProcess. Its exit status arrives on
 // the returned Process's Done channel.
 func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process, error) {
-	mark := newTreeMark()
+	mark, gid := newTreeMark()
 	a := *attr
 	if a.Env == nil {
 		a.Env = os.Environ()
 	}
 	a.Env = append(a.Env[:len(a.Env):len(a.Env)], TreeMarkEnv+"="+mark)
+	if runningAsRoot() {
+		// The mark as a supplementary group too: only a privileged process
+		// can drop it, and /proc/<pid>/status shows it to the agent, which
+		// may not read another user's environ (no CAP_SYS_PTRACE here).
+		var sys syscall.SysProcAttr
+		if a.Sys != nil {
+			sys = *a.Sys
+		}
+		cred := syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}
+		if sys.Credential != nil {
+			cred = *sys.Credential
+		}
+		cred.Groups = append(cred.Groups[:len(cred.Groups):len(cred.Groups)], gid)
+		sys.Credential = &cred
+		a.Sys = &sys
+	}
 	attr = &a
 	if r == nil {
 		p, err := os.StartProcess(path, argv, attr)
@@ -150,13 +166,12 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 }
 
 // KillTree SIGKILLs pid's process group, every descendant of pid, also
-// those that left the group with setsid, and every process whose
-// environment holds mark (Process.Mark): those re-parented to PID 1 (a
-// daemon's double fork, the jobs of a shell that exited), which no parent
-// link leads to. It stops them first and looks again until no new process
-// shows up, so nothing can fork its way out. pid 0 (a process already
-// reaped, whose pid may be reused) kills by mark alone. A process that
-// clears its environment and leaves the tree escapes.
+// those that left the group with setsid, and every process that carries
+// mark (Process.Mark): those re-parented to PID 1 (a daemon's double
+// fork, the jobs of a shell that exited), which no parent link leads to.
+// It stops them first and looks again until no new process shows up, so
+// nothing can fork its way out. pid 0 (a process already reaped, whose pid
+// may be reused) kills by mark alone.
 func KillTree(pid int, mark string) {
 	seen := map[int]bool{}
 	if pid > 0 {
@@ -190,22 +205,28 @@ func KillTree(pid int, mark string) {
 }
 
 // TreeMarkEnv names the variable Reaper.Start puts in every process it
-// starts (Process.Mark).
+// starts (Process.Mark). As root, the agent also gives each process the
+// mark as a supplementary group, which an unprivileged process cannot
+// drop, where the variable it can.
 const TreeMarkEnv = "PANDASTACK_TREE"
 
-var treeMarks atomic.Uint64
+// treeMarkBase is the first group id used as a mark: far above any
+// group a template or a user would have.
+const treeMarkBase = 0x7000_0000
 
-// newTreeMark returns a mark no other process of this agent has had: a
-// count, after this agent process's start time (a restored sandbox's agent
-// goes on counting from its checkpoint).
-func newTreeMark() string {
-	return strconv.FormatInt(agentStart, 36) + "." + strconv.FormatUint(treeMarks.Add(1), 36)
+var treeMarks atomic.Uint32
+
+// newTreeMark returns a mark no other process of this agent has had (a
+// restored sandbox's agent goes on counting from its checkpoint), as text
+// and as a group id.
+func newTreeMark() (string, uint32) {
+	gid := treeMarkBase + treeMarks.Add(1)%(1<<28)
+	return strconv.FormatUint(uint64(gid), 10), gid
 }
 
-var agentStart = time.Now().UnixNano()
-
-// marked lists the processes whose environment holds mark, as
-// TreeMarkEnv=mark; none for "".
+// marked lists the processes that carry mark: in their groups
+// (/proc/<pid>/status, which anyone may read) or, where that is not set
+// (an agent not running as root), in their environment; none for "".
 func marked(mark string) []int {
 	if mark == "" {
 		return nil
@@ -221,15 +242,30 @@ func marked(mark string) []int {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil {
+		if inGroup(pid, mark) {
+			out = append(out, pid)
 			continue
 		}
-		if bytes.HasPrefix(env, want) || bytes.Contains(env, append([]byte{0}, want...)) {
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err == nil && (bytes.HasPrefix(env, want) || bytes.Contains(env, append([]byte{0}, want...))) {
 			out = append(out, pid)
 		}
 	}
 	return out
+}
+
+// inGroup reports whether pid's supplementary groups hold gid (text).
+func inGroup(pid int, gid string) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if groups, ok := strings.CutPrefix(line, "Groups:"); ok {
+			return slices.Contains(strings.Fields(groups), gid)
+		}
+	}
+	return false
 }
 
 // descendants lists the processes below root by their /proc parent links.
