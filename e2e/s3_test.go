@@ -191,13 +191,13 @@ func TestSnapshotStoreS3(t *testing.T) {
 		t.Errorf("objects left in the bucket after both deletes: %v", names)
 	}
 
-	// With the object storage gone a snapshot fails, leaves no record and
-	// no files, and the sandbox runs on.
+	// With the object storage gone a snapshot fails (retry, it says),
+	// leaves no record and no files, and the sandbox runs on.
 	if err := s3.Stop(); err != nil {
 		t.Fatal(err)
 	}
 	status, code, msg = api(t, a, a.key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", "")
-	if status != 500 || code != "internal" {
+	if status != 503 || code != "sandbox_unavailable" || !strings.Contains(msg, "retry") {
 		t.Errorf("snapshot with the object storage down: %d %s %s", status, code, msg)
 	}
 	if list, _, err := ca.ListSnapshots(ctx, nil); err != nil || len(list) != 0 {
