@@ -211,6 +211,8 @@ func (c *Cache) Admit(id, dir string) (pandastack.OpenImage, error) {
 	if err := moveDir(dir, final); err != nil {
 		return nil, StorageError(err)
 	}
+	now := time.Now()
+	os.Chtimes(final, now, now) // used now: Sweep and evict go by this
 	release := c.lease(id)
 	c.evict()
 	return openDir{dir: final, release: release}, nil

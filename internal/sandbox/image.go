@@ -95,8 +95,17 @@ func (m *Manager) sweepImages(ctx context.Context) {
 		ents, _ := os.ReadDir(m.cfg.SnapshotDir)
 		for _, e := range ents {
 			if strings.HasPrefix(e.Name(), ".tmp-") || strings.HasPrefix(e.Name(), ".fork-") {
-				m.dropUnrecorded(ctx, e.Name())
-				remove(filepath.Join(m.cfg.SnapshotDir, e.Name()))
+				dir := filepath.Join(m.cfg.SnapshotDir, e.Name())
+				if !m.dropUnrecorded(ctx, e.Name()) {
+					// The store did not answer: keep the name (emptied) as
+					// the next start's reminder of what is left there.
+					ents, _ := os.ReadDir(dir)
+					for _, f := range ents {
+						os.RemoveAll(filepath.Join(dir, f.Name()))
+					}
+					continue
+				}
+				remove(dir)
 			}
 		}
 	}
@@ -123,22 +132,24 @@ func (m *Manager) sweepImages(ctx context.Context) {
 // snapshot whose staged image is name (".tmp-<snapshot id>-sealed", see
 // saveSnapshot) when no record of it was written: the objects of an
 // upload cut short (object storage keeps them, and the parts of a
-// multipart upload, until someone deletes them).
-func (m *Manager) dropUnrecorded(ctx context.Context, name string) {
+// multipart upload, until someone deletes them). It reports false when
+// the stores did not answer, so that the name is kept for another try.
+func (m *Manager) dropUnrecorded(ctx context.Context, name string) bool {
 	id, ok := strings.CutSuffix(strings.TrimPrefix(name, ".tmp-"), "-sealed")
 	if !ok || m.cfg.Images == nil {
-		return
+		return true
 	}
 	if _, err := m.store.GetSnapshot(ctx, "", id); !pandastack.IsCode(err, pandastack.ENotFound) {
-		return // recorded, or the store failed: keep it rather than guess
+		return err == nil // recorded: nothing to do; the store failed: try again
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := m.cfg.Images.Delete(ctx, id); err != nil {
-		m.log.Warn("remove what an interrupted snapshot left in the snapshot store", "snapshot", id, "err", err)
-		return
+		m.log.Warn("remove what an interrupted snapshot left in the snapshot store; the next start tries again", "snapshot", id, "err", err)
+		return false
 	}
 	m.log.Info("removed what an interrupted snapshot left in the snapshot store", "snapshot", id)
+	return true
 }
 
 // cachedImages is an ImageStore that keeps local copies of images other

@@ -145,15 +145,20 @@ func TestSnapshotStoreFailsOpen(t *testing.T) {
 // in cached for SweepCache.
 type cleanImages struct {
 	*images
-	deleted []string
-	cached  []string
-	kept    map[string]bool
+	deleted   []string
+	cached    []string
+	kept      map[string]bool
+	deleteErr error
 }
 
 func (s *cleanImages) Delete(ctx context.Context, id string) error {
 	s.mu.Lock()
 	s.deleted = append(s.deleted, id)
+	err := s.deleteErr
 	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
 	return s.Local.Delete(ctx, id)
 }
 
@@ -198,5 +203,26 @@ func TestStartCleansInterruptedSnapshot(t *testing.T) {
 	}
 	if _, err := h.m.Create(context.Background(), project, CreateRequest{SnapshotID: rec.ID}); err != nil {
 		t.Errorf("restore of the recorded snapshot after the start: %v", err)
+	}
+
+	// A store that does not answer: the name stays, emptied, for the
+	// next start, which tries again.
+	staged := filepath.Join(h.m.cfg.SnapshotDir, ".tmp-snap_cut2-sealed")
+	os.MkdirAll(filepath.Join(staged, "image"), 0o700)
+	ci.mu.Lock()
+	ci.deleteErr = pandastack.Errorf(pandastack.EUnavailable, "the snapshot store does not answer; retry")
+	ci.mu.Unlock()
+	h.m.Close()
+	h.m = h.newManager()
+	if ents, err := os.ReadDir(staged); err != nil || len(ents) != 0 {
+		t.Fatalf("after a failed delete the staged dir is %v (%v), want kept and empty", ents, err)
+	}
+	ci.mu.Lock()
+	ci.deleteErr, ci.deleted = nil, nil
+	ci.mu.Unlock()
+	h.m.Close()
+	h.m = h.newManager()
+	if _, err := os.Stat(staged); !os.IsNotExist(err) || len(ci.deleted) != 1 || ci.deleted[0] != "snap_cut2" {
+		t.Errorf("the start after: deleted %v, staged dir %v", ci.deleted, err)
 	}
 }

@@ -193,6 +193,28 @@ func (m *Manager) dropLost(ctx context.Context) {
 		m.teardown(sb.ID, pandastack.StopLost)
 		m.sbx.end(sb.ID)
 	}
+	// Its paused sandboxes stayed paused while it was lost; those another
+	// node killed or expired meanwhile go, image and prepared resume.
+	if m.cfg.PausedDir == "" {
+		return
+	}
+	ents, _ := os.ReadDir(m.cfg.PausedDir)
+	for _, e := range ents {
+		id := e.Name()
+		if strings.HasPrefix(id, ".") {
+			continue
+		}
+		sb, err := m.store.GetSandbox(ctx, "", id)
+		if (err == nil && sb.State != pandastack.StateStopped) || (err != nil && !pandastack.IsCode(err, pandastack.ENotFound)) {
+			continue // paused, being paused or resumed, or the store failed
+		}
+		if m.sbx.begin(id, phaseStopping) != nil {
+			continue
+		}
+		m.teardown(id, "")
+		m.sbx.end(id)
+		m.log.Info("removed a paused sandbox another node ended while this one was lost", "sandbox", id)
+	}
 }
 
 func (m *Manager) heartbeatLoop() {

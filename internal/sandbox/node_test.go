@@ -170,9 +170,16 @@ func TestLostNodeKeepsPaused(t *testing.T) {
 	if rec := a.record(kept.ID); rec.State != pandastack.StatePaused {
 		t.Errorf("the reaper of A took B's paused sandbox within its TTL: %s", rec.State)
 	}
-	// B comes back: it drops nothing paused, and resumes with the state.
+	// B comes back: it drops the image A expired, keeps the other, and
+	// resumes it with its state.
 	if err := b.m.heartbeat(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(b.m.pausedPath(expiring.ID)); !os.IsNotExist(err) {
+		t.Errorf("B kept the image of the sandbox A expired: %v", err)
+	}
+	if _, err := os.Stat(b.m.pausedPath(kept.ID)); err != nil {
+		t.Errorf("B lost the image of its paused sandbox: %v", err)
 	}
 	if _, err := b.m.Resume(ctx, project, kept.ID); err != nil {
 		t.Fatalf("resume on B, back: %v", err)

@@ -386,21 +386,27 @@ func (s *Store) deleteObjects(ctx context.Context, id string, man imagestore.Man
 	if err := s.parallel(ctx, len(list), func(ctx context.Context, i int) error { return s.del(ctx, list[i]) }); err != nil {
 		return err
 	}
-	// Parts of a multipart upload cut short by a crash are kept (and
-	// billed) until aborted; they list only as uploads.
+	s.abortUploads(ctx, id)
+	return nil
+}
+
+// abortUploads aborts the multipart uploads under image id: parts of an
+// upload cut short by a crash are kept (and billed) until aborted, and
+// list only as uploads. Best effort: a key without the right to list
+// uploads (s3:ListBucketMultipartUploads) or a server without the call
+// still deletes the image; a bucket lifecycle rule that aborts
+// incomplete uploads then does this.
+func (s *Store) abortUploads(ctx context.Context, id string) {
 	ups := awss3.NewListMultipartUploadsPaginator(s.client, &awss3.ListMultipartUploadsInput{Bucket: aws.String(s.cfg.Bucket), Prefix: aws.String(s.key(id) + "/")})
 	for ups.HasMorePages() {
 		page, err := ups.NextPage(ctx)
 		if err != nil {
-			return fmt.Errorf("delete image %s from %s: list uploads: %w", id, s, err)
+			return
 		}
 		for _, u := range page.Uploads {
-			if _, err := s.client.AbortMultipartUpload(ctx, &awss3.AbortMultipartUploadInput{Bucket: aws.String(s.cfg.Bucket), Key: u.Key, UploadId: u.UploadId}); err != nil && !notFound(err) {
-				return fmt.Errorf("delete image %s from %s: abort upload of %s: %w", id, s, aws.ToString(u.Key), err)
-			}
+			s.client.AbortMultipartUpload(ctx, &awss3.AbortMultipartUploadInput{Bucket: aws.String(s.cfg.Bucket), Key: u.Key, UploadId: u.UploadId})
 		}
 	}
-	return nil
 }
 
 func (s *Store) del(ctx context.Context, key string) error {
