@@ -171,10 +171,12 @@ func TestCLINetwork(t *testing.T) {
 }
 
 // Metadata reaches the terminal escaped when it holds control characters,
-// and quoted when it could be read as another entry.
+// and quoted when it could be read as another entry or another split of
+// key and value.
 func TestPrintableMeta(t *testing.T) {
 	for in, want := range map[string]string{
-		"suite=x":                   "suite=x",
+		"suite":                     "suite",
+		"b=c":                       `"b=c"`,
 		"café":                      "café",
 		"\x1b]0;pwned\a\x1b[31mred": `"\x1b]0;pwned\a\x1b[31mred"`,
 		"a\nfake row":               `"a\nfake row"`,

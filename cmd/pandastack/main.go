@@ -409,7 +409,11 @@ func keys(args []string) error {
 		}
 		if err := store.RevokeAPIKey(ctx, which, time.Now().UTC()); err != nil {
 			if pandastack.IsCode(err, pandastack.ENotFound) {
-				return pandastack.Errorf(pandastack.ENotFound, "no API key %s: give its id, its prefix (the first 10 characters, as keys list shows them) or the whole key", printable(which))
+				shown := which
+				if len(shown) > 14 {
+					shown = shown[:10] + "…" // maybe a whole key: not on the screen
+				}
+				return pandastack.Errorf(pandastack.ENotFound, "no API key %s: give its id, its prefix (the first 10 characters, as keys list shows them) or the whole key", printable(shown))
 			}
 			return err
 		}

@@ -179,7 +179,7 @@ func sandboxCmd(args []string) error {
 // printableMeta is a metadata key or value for sandbox ls: printable,
 // and quoted too where it could read as more than one entry.
 func printableMeta(s string) string {
-	if strings.ContainsAny(s, ",\"") {
+	if strings.ContainsAny(s, ",=\"") {
 		return strconv.Quote(s)
 	}
 	return printable(s)

@@ -75,7 +75,7 @@ func DefaultConfig() Config {
 		MaxCPU:           2,
 		MaxMemoryMB:      8192,
 		MaxDiskMB:        65536,
-		PIDsLimit:        1024,
+		PIDsLimit:        1536,
 		ReapInterval:     time.Second,
 		StoppedRetention: 24 * time.Hour,
 		StartTimeout:     30 * time.Second,
@@ -813,7 +813,9 @@ func (m *Manager) reapLoop() {
 			if n, err := m.store.PurgeStoppedSandboxes(context.Background(), m.now().Add(-m.cfg.StoppedRetention)); err == nil && n > 0 {
 				m.log.Info("purged old sandbox records", "count", n)
 			}
-			m.sweepSnapshotCache(context.Background())
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			m.sweepSnapshotCache(ctx) // bounded: reaping waits meanwhile
+			cancel()
 		}
 	}
 }

@@ -344,15 +344,19 @@ func (s *Store) SweepCache(keep func(id string) bool, olderThan time.Duration) [
 }
 
 // unreachable marks err EUnavailable when the bucket did not answer (a
-// network error, or a 5xx after the SDK's retries), which a client may
-// retry; err stays in the chain for the log.
+// connection that failed or timed out, or a 5xx other than 501 after the
+// SDK's retries), which a client may retry; err stays in the chain for the
+// log. A certificate the server's TLS does not pass, say, stays internal:
+// retrying does not help.
 func unreachable(err error) error {
+	var op *net.OpError
 	var ne net.Error
 	var status interface{ HTTPStatusCode() int }
 	if err == nil || pandastack.ErrorCode(err) != pandastack.EInternal {
 		return err
 	}
-	if errors.As(err, &ne) || (errors.As(err, &status) && status.HTTPStatusCode() >= 500) {
+	if errors.As(err, &op) || (errors.As(err, &ne) && ne.Timeout()) ||
+		(errors.As(err, &status) && status.HTTPStatusCode() >= 500 && status.HTTPStatusCode() != http.StatusNotImplemented) {
 		return fmt.Errorf("%w (%w)", pandastack.Errorf(pandastack.EUnavailable, "the snapshot store does not answer; retry"), err)
 	}
 	return err

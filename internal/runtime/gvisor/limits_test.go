@@ -20,11 +20,11 @@ import (
 // TestNProcBelowPIDs: a sandbox with a pids limit gets RLIMIT_NPROC below
 // it, so a fork bomb meets EAGAIN before the host limit kills the sandbox.
 func TestNProcBelowPIDs(t *testing.T) {
-	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", PIDs: 1024}, false)
-	if !slices.Contains(spec.Process.Env, agentproto.NProcEnv+"=256") {
-		t.Fatalf("env %v, want %s=256", spec.Process.Env, agentproto.NProcEnv)
+	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", PIDs: 1536}, false)
+	if !slices.Contains(spec.Process.Env, agentproto.NProcEnv+"=384") {
+		t.Fatalf("env %v, want %s=384", spec.Process.Env, agentproto.NProcEnv)
 	}
-	if spec.Linux.Resources == nil || spec.Linux.Resources.Pids == nil || spec.Linux.Resources.Pids.Limit != 1024 {
+	if spec.Linux.Resources == nil || spec.Linux.Resources.Pids == nil || spec.Linux.Resources.Pids.Limit != 1536 {
 		t.Fatalf("pids resources %+v", spec.Linux.Resources)
 	}
 	// Not in the rlimits: they must match across checkpoint and restore.

@@ -242,7 +242,8 @@ func removeCgroups(rel string) error {
 // while tasks come and go: a shell fork bomb (f(){ f|f& }; f) held at most
 // 918-983 host pids with 384 tasks allowed, and filled 1024 and killed the
 // sandbox in 1 run of 3 (6 of 10 in another test); with 256 it held
-// 597-654. So a quarter of the limit: 256 of 1024.
+// 597-654. So a quarter of the limit: 384 of the default 1536 (every task
+// counts, threads too).
 func nprocLimit(pids int) int { return max(pids/4, 16) }
 
 // pidsExhausted reports whether the sandbox's pids cgroup refused a fork
