@@ -113,7 +113,7 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.wait_for_function("() => /^42\\s*$/m.test(document.getElementById('terminal').textContent)")
     # Cursor moves the sandbox asks for stay on the screen: a count of
     # 999999999 neither hangs the page nor drops what follows.
-    page.keyboard.type("printf 'x\\033[999999999Bx\\033[999999999Gy\\033[999999999;999999999Hz\\n'; echo $((6*8))")
+    page.keyboard.type("printf 'x\\033[999999999Bx\\033[999999999Gy\\033[999999999;999999999Hz\\033[999999999@\\n'; echo $((6*8))")
     page.keyboard.press("Enter")
     page.wait_for_function("() => /^48\\s*$/m.test(document.getElementById('terminal').textContent)")
     assert page.evaluate("() => document.getElementById('terminal').textContent.length") < 100_000

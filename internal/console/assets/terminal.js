@@ -145,7 +145,7 @@ export class Terminal {
     switch (final) {
       case "C": this.col = clamp(this.col + n, 0, Math.max(this.col, cols - 1)); break;
       case "D": this.col = Math.max(0, this.col - n); break;
-      case "A": this.row = Math.max(0, this.row - n); break;
+      case "A": this.row = Math.max(Math.min(top, this.row), this.row - n); break;
       case "B": this.row = Math.min(this.row + n, Math.max(this.row, top + rows - 1)); while (this.row >= this.lines.length) this.lines.push(""); break;
       case "G": this.col = clamp(n - 1, 0, cols - 1); break;
       case "K": {
@@ -156,7 +156,8 @@ export class Terminal {
         break;
       }
       case "P": this.lines[this.row] = line.slice(0, this.col) + line.slice(this.col + n); break;
-      case "@": this.lines[this.row] = line.slice(0, this.col) + " ".repeat(n) + line.slice(this.col); break;
+      case "@": // what goes past the right margin is lost, as on a VT100
+        this.lines[this.row] = (line.slice(0, this.col) + " ".repeat(Math.min(n, Math.max(0, cols - this.col))) + line.slice(this.col)).slice(0, Math.max(cols, line.length)); break;
       case "J": if ((args[0] || 0) >= 2) { this.lines = [""]; this.row = 0; this.col = 0; } else { this.lines.length = this.row + 1; this.lines[this.row] = line.slice(0, this.col); } break;
       case "H": case "f": {
         // Absolute moves are relative to the visible screen: the last rows lines.
