@@ -705,6 +705,18 @@ func TestPortProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A token of a sandbox killed since answers without a cookie.
+	tok, err = c.CreatePortToken(ctx, sb.ID, 8000, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if resp, body := get(c.PortURL(sb.ID, 8000)+"page.txt?"+tok.URL[strings.Index(tok.URL, "?")+1:], false); resp.StatusCode < 400 || len(resp.Cookies()) != 0 {
+		t.Errorf("the token of a killed sandbox: %d %q, cookies %v", resp.StatusCode, body, resp.Cookies())
+	}
+
 	// The CLI's network flags.
 	out, errOut, err := s.cli("sandbox", "create", "--template", "base", "--network", "none", "--allow-out", "198.51.100.0/24", "--allow-out", "api.example.com")
 	if err != nil {

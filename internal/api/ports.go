@@ -231,26 +231,31 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "this port token is unknown, expired, revoked or for another sandbox port"))
 			return
 		}
+		var setCookie func()
 		if fromQuery {
 			// Later requests of the page (scripts, images) carry the cookie.
 			path := "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/"
 			if r.Pattern == "" {
 				path = "/" // host-routed: the whole host is the port's
 			}
-			http.SetCookie(w, &http.Cookie{Name: portTokenCookie, Value: secret, Path: path,
-				HttpOnly: true, SameSite: http.SameSiteLaxMode, Expires: tok.expires})
+			setCookie = func() {
+				http.SetCookie(w, &http.Cookie{Name: portTokenCookie, Value: secret, Path: path,
+					HttpOnly: true, SameSite: http.SameSiteLaxMode, Expires: tok.expires})
+			}
 		}
 		ctx, done := s.trackKey(r.Context(), tok.keyID)
 		defer done()
-		s.proxyPort(w, r.WithContext(ctx), tok.project, id, port)
+		s.proxyPort(w, r.WithContext(ctx), tok.project, id, port, setCookie)
 		return
 	}
 	s.authenticated(func(w http.ResponseWriter, r *http.Request, project string) {
-		s.proxyPort(w, r, project, id, port)
+		s.proxyPort(w, r, project, id, port, nil)
 	})(w, r)
 }
 
-func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id string, port int) {
+// proxyPort passes r to the sandbox's port; setCookie, if not nil, is
+// called once the sandbox is found running, before the answer.
+func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id string, port int, setCookie func()) {
 	// A proxied request or connection is work in flight: the sandbox is
 	// not idle (nor suspended under it) until it ends.
 	c, done, err := s.mgr.Hold(r.Context(), project, id)
@@ -278,6 +283,9 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 	if err != nil {
 		writeError(w, err)
 		return
+	}
+	if setCookie != nil {
+		setCookie() // not for a sandbox that is gone
 	}
 	rawPath := proxiedPath(r)
 	rp := &httputil.ReverseProxy{
