@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -112,7 +113,9 @@ func (t *templateSource) spec(name string) (template.Spec, error) {
 		return spec, err
 	}
 	if rerr := t.refresh(); rerr != nil {
-		return spec, pandastack.Errorf(pandastack.ENotFound, "%s (the templates directory does not load: %v)", pandastack.ErrorMessage(err), rerr)
+		// The file's name, not the host's path to it: any project reads this.
+		why := strings.ReplaceAll(rerr.Error(), strings.TrimSuffix(t.dir, "/")+"/", "")
+		return spec, pandastack.Errorf(pandastack.ENotFound, "%s (the templates directory does not load: %s)", pandastack.ErrorMessage(err), why)
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
