@@ -4,11 +4,13 @@ package agent
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +45,7 @@ func StartReaper(log *slog.Logger) *Reaper {
 		log = discardLogger()
 	}
 	r := &Reaper{log: log, waiters: make(map[int]chan ExitStatus)}
+	markReaper = r
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	go func() {
@@ -80,28 +83,12 @@ func (r *Reaper) reap() {
 // Start starts a process like os.StartProcess. Its exit status arrives on
 // the returned Process's Done channel.
 func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process, error) {
-	mark, gid := newTreeMark()
+	mark := newTreeMark()
 	a := *attr
 	if a.Env == nil {
 		a.Env = os.Environ()
 	}
 	a.Env = append(a.Env[:len(a.Env):len(a.Env)], TreeMarkEnv+"="+mark)
-	if runningAsRoot() {
-		// The mark as a supplementary group too: only a privileged process
-		// can drop it, and /proc/<pid>/status shows it to the agent, which
-		// may not read another user's environ (no CAP_SYS_PTRACE here).
-		var sys syscall.SysProcAttr
-		if a.Sys != nil {
-			sys = *a.Sys
-		}
-		cred := syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}
-		if sys.Credential != nil {
-			cred = *sys.Credential
-		}
-		cred.Groups = append(cred.Groups[:len(cred.Groups):len(cred.Groups)], gid)
-		sys.Credential = &cred
-		a.Sys = &sys
-	}
 	attr = &a
 	if r == nil {
 		p, err := os.StartProcess(path, argv, attr)
@@ -167,11 +154,12 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 
 // KillTree SIGKILLs pid's process group, every descendant of pid, also
 // those that left the group with setsid, and every process that carries
-// mark (Process.Mark): those re-parented to PID 1 (a daemon's double
-// fork, the jobs of a shell that exited), which no parent link leads to.
-// It stops them first and looks again until no new process shows up, so
-// nothing can fork its way out. pid 0 (a process already reaped, whose pid
-// may be reused) kills by mark alone.
+// mark (Process.Mark) in its environment: those re-parented to PID 1 (a
+// daemon's double fork, the jobs of a shell that exited), which no parent
+// link leads to. It stops them first and looks again until no new process
+// shows up, so nothing can fork its way out. pid 0 (a process already
+// reaped, whose pid may be reused) kills by mark alone. A process that
+// clears its environment and leaves the tree escapes.
 func KillTree(pid int, mark string) {
 	seen := map[int]bool{}
 	if pid > 0 {
@@ -205,67 +193,96 @@ func KillTree(pid int, mark string) {
 }
 
 // TreeMarkEnv names the variable Reaper.Start puts in every process it
-// starts (Process.Mark). As root, the agent also gives each process the
-// mark as a supplementary group, which an unprivileged process cannot
-// drop, where the variable it can.
+// starts (Process.Mark).
 const TreeMarkEnv = "PANDASTACK_TREE"
 
-// treeMarkBase is the first group id used as a mark: far above any
-// group a template or a user would have.
-const treeMarkBase = 0x7000_0000
+// MarkedArg makes the agent binary print the pids of the processes that
+// carry the mark given after it, one per line, and exit: run as the
+// sandbox user, for an agent that may not read that user's environ
+// (inside gVisor root has no CAP_SYS_PTRACE).
+const MarkedArg = "--pandastack-marked"
 
-var treeMarks atomic.Uint32
+var treeMarks atomic.Uint64
+
+// markReaper starts the helper of marked in central mode (StartReaper).
+var markReaper *Reaper
 
 // newTreeMark returns a mark no other process of this agent has had (a
-// restored sandbox's agent goes on counting from its checkpoint), as text
-// and as a group id.
-func newTreeMark() (string, uint32) {
-	gid := treeMarkBase + treeMarks.Add(1)%(1<<28)
-	return strconv.FormatUint(uint64(gid), 10), gid
-}
+// restored sandbox's agent goes on counting from its checkpoint).
+func newTreeMark() string { return strconv.FormatUint(treeMarks.Add(1), 36) }
 
-// marked lists the processes that carry mark: in their groups
-// (/proc/<pid>/status, which anyone may read) or, where that is not set
-// (an agent not running as root), in their environment; none for "".
+// marked lists the processes whose environment holds mark, as
+// TreeMarkEnv=mark; none for "". Those whose environment this process may
+// not read are asked of a helper running as the sandbox user.
 func marked(mark string) []int {
 	if mark == "" {
 		return nil
 	}
+	out, denied := scanMarked(mark)
+	if denied && runningAsRoot() {
+		out = append(out, markedAsUser(mark)...)
+	}
+	return out
+}
+
+// scanMarked reads every process's environ, but this one's; denied says
+// some could not be read.
+func scanMarked(mark string) (out []int, denied bool) {
 	want := []byte(TreeMarkEnv + "=" + mark + "\x00")
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil
+		return nil, false
 	}
-	var out []int
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		if inGroup(pid, mark) {
-			out = append(out, pid)
+		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
+		if err != nil {
+			denied = denied || errors.Is(err, os.ErrPermission)
 			continue
 		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err == nil && (bytes.HasPrefix(env, want) || bytes.Contains(env, append([]byte{0}, want...))) {
+		if bytes.HasPrefix(env, want) || bytes.Contains(env, append([]byte{0}, want...)) {
+			out = append(out, pid)
+		}
+	}
+	return out, denied
+}
+
+// PrintMarked is the helper's work (MarkedArg).
+func PrintMarked(w io.Writer, mark string) {
+	pids, _ := scanMarked(mark)
+	for _, p := range pids {
+		fmt.Fprintln(w, p)
+	}
+}
+
+// markedAsUser runs this binary with MarkedArg as the sandbox user.
+func markedAsUser(mark string) []int {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil
+	}
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		return nil
+	}
+	defer rd.Close()
+	p, err := markReaper.Start(exe, []string{exe, MarkedArg, mark}, &os.ProcAttr{Files: []*os.File{nil, wr, nil}, Sys: procAttr(false)})
+	wr.Close()
+	if err != nil {
+		return nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(rd, 1<<20))
+	<-p.Done
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid != p.Pid {
 			out = append(out, pid)
 		}
 	}
 	return out
-}
-
-// inGroup reports whether pid's supplementary groups hold gid (text).
-func inGroup(pid int, gid string) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return false
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if groups, ok := strings.CutPrefix(line, "Groups:"); ok {
-			return slices.Contains(strings.Fields(groups), gid)
-		}
-	}
-	return false
 }
 
 // descendants lists the processes below root by their /proc parent links.
