@@ -193,6 +193,16 @@ func (m *Manager) dropLost(ctx context.Context) {
 		m.teardown(sb.ID, pandastack.StopLost)
 		m.sbx.end(sb.ID)
 	}
+	// Those another node deleted meanwhile (a kill of a lost sandbox
+	// removes its record): nothing says lost any more.
+	for id := range m.sbx.running() {
+		if _, err := m.store.GetSandbox(ctx, "", id); !pandastack.IsCode(err, pandastack.ENotFound) || m.sbx.begin(id, phaseStopping) != nil {
+			continue
+		}
+		m.teardown(id, pandastack.StopKilled)
+		m.sbx.end(id)
+		m.log.Info("removed a sandbox another node deleted while this one was lost", "sandbox", id)
+	}
 	// Its paused sandboxes stayed paused while it was lost; those another
 	// node killed or expired meanwhile go, image and prepared resume.
 	if m.cfg.PausedDir == "" {

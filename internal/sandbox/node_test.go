@@ -114,8 +114,15 @@ func TestLostNode(t *testing.T) {
 		}
 	}
 
+	// A sandbox of B deleted through A meanwhile (a kill of a lost
+	// sandbox removes its record).
+	deleted := b.create()
+	if err := a.store.DeleteSandbox(ctx, deleted.ID); err != nil {
+		t.Fatal(err)
+	}
+
 	// B was only stalled: its next heartbeat finds it lost, drops the
-	// sandbox it still runs, and it is up again.
+	// sandboxes it still runs, and it is up again.
 	if err := b.m.heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
