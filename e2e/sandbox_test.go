@@ -364,14 +364,11 @@ func TestProjectsAreIsolated(t *testing.T) {
 
 	// A revoked key stops working at once: revoked by its prefix, or by
 	// the whole key (as someone revoking a leaked one has it).
-	for _, whole := range []bool{false, true} {
+	for _, form := range []string{"prefix", "listed", "whole"} {
 		key := s.newKey("short-lived")
-		which := key[:10]
-		if whole {
-			which = key
-		}
+		which := map[string]string{"prefix": key[:10], "listed": key[:10] + "…", "whole": key}[form]
 		if _, errOut, err := s.cli("keys", "revoke", which); err != nil {
-			t.Fatalf("keys revoke (whole key %v): %v %s", whole, err, errOut)
+			t.Fatalf("keys revoke by its %s: %v %s", form, err, errOut)
 		}
 		if status, code, msg := api(t, s, key, "GET", "/v1/sandboxes", ""); status != 401 || code != "unauthorized" || !strings.Contains(msg, "revoked") {
 			t.Fatalf("revoked key: %d %s %s", status, code, msg)

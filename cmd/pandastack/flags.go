@@ -67,10 +67,16 @@ func parseInterspersed(fs *flag.FlagSet, args []string) error {
 // printable is s for a terminal: as it is, or quoted with its control
 // characters escaped (a name stored before they were refused).
 func printable(s string) string {
-	if utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0 {
+	if utf8.ValidString(s) && strings.IndexFunc(s, unsafeOnTerminal) < 0 {
 		return s
 	}
 	return strconv.Quote(s)
+}
+
+// unsafeOnTerminal: control characters, and the invisible ones that
+// change how a line reads (bidi overrides, zero widths, line separators).
+func unsafeOnTerminal(r rune) bool {
+	return unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
 }
 
 // showOnly makes -h of fs list only the named flags: a command that binds

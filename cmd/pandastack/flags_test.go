@@ -182,6 +182,8 @@ func TestPrintableMeta(t *testing.T) {
 		"a\nfake row":               `"a\nfake row"`,
 		"a,b=c":                     `"a,b=c"`,
 		"\xff":                      `"\xff"`,
+		"abc\u202edef":              `"abc\u202edef"`,
+		"a\u2028b":                  `"a\u2028b"`,
 	} {
 		if got := printableMeta(in); got != want {
 			t.Errorf("printableMeta(%q) = %s, want %s", in, got, want)

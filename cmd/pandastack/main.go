@@ -401,7 +401,7 @@ func keys(args []string) error {
 		if fs.NArg() != 1 {
 			return errors.New("keys revoke: give one key: its id, its prefix (as keys list shows it) or the whole key")
 		}
-		which := fs.Arg(0)
+		which := strings.TrimSuffix(fs.Arg(0), "…") // the prefix as keys list shows it
 		if k, err := store.APIKeyByHash(ctx, api.HashKey(which)); err == nil {
 			which = k.ID // the whole key, as someone revoking a leaked one has it
 		} else if !pandastack.IsCode(err, pandastack.ENotFound) {
