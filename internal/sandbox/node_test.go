@@ -303,3 +303,29 @@ func TestNodeSeenLogged(t *testing.T) {
 		t.Errorf("B announced a lost node: %q", got)
 	}
 }
+
+// A pause under way while its node is found lost (a stall during the
+// checkpoint) does not write paused over the record that says lost.
+func TestPauseDuringLossKeepsLost(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	sb := b.create()
+	c := &clock{t: time.Now().Add(time.Minute)}
+	a.m.now = c.now
+	b.rt.checkpointErr = func(string) error {
+		if err := a.m.heartbeat(ctx); err != nil { // B is silent meanwhile
+			t.Error(err)
+		}
+		return nil
+	}
+	if _, err := b.m.Pause(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Errorf("a pause during the loss: %v, want %s", err, pandastack.EUnavailable)
+	}
+	if rec := a.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopLost {
+		t.Errorf("after the pause: %s %s, want stopped lost", rec.State, rec.StopReason)
+	}
+	if _, err := os.Stat(b.m.pausedPath(sb.ID)); !os.IsNotExist(err) {
+		t.Errorf("the pause's image was kept: %v", err)
+	}
+}

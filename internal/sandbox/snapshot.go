@@ -151,6 +151,18 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
 	m.rememberPaused(id, dir)
+	// A node stalled during the checkpoint may have been found lost, and
+	// the sandbox recorded stopped or deleted by another node: writing
+	// paused would bring back a sandbox its clients saw end.
+	if rec, err := m.store.GetSandbox(ctx, "", id); err != nil || rec.State != pandastack.StateRunning {
+		os.RemoveAll(dir)
+		m.forgetPaused(id)
+		m.sbx.settle(id)
+		if err == nil {
+			err = pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was %s (%s) while it was being paused", id, rec.State, rec.StopReason)
+		}
+		return sb, fmt.Errorf("pause %s: %w", id, err)
+	}
 	// Recorded before the sandbox stops: a record that says running must
 	// never outlive its sandbox, nor may one that says paused lack its image.
 	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, reason, m.now()); err != nil {
