@@ -94,9 +94,16 @@ func (m *Manager) sweepImages(ctx context.Context) {
 	if m.cfg.SnapshotDir != "" {
 		ents, _ := os.ReadDir(m.cfg.SnapshotDir)
 		for _, e := range ents {
+			if id, ok := strings.CutPrefix(e.Name(), pendingPrefix); ok {
+				if m.dropUnrecorded(ctx, id) {
+					os.Remove(filepath.Join(m.cfg.SnapshotDir, e.Name()))
+				}
+				continue
+			}
 			if strings.HasPrefix(e.Name(), ".tmp-") || strings.HasPrefix(e.Name(), ".fork-") {
 				dir := filepath.Join(m.cfg.SnapshotDir, e.Name())
-				if !m.dropUnrecorded(ctx, e.Name()) {
+				id, staged := strings.CutSuffix(strings.TrimPrefix(e.Name(), ".tmp-"), "-sealed")
+				if staged && !m.dropUnrecorded(ctx, id) {
 					// The store did not answer: keep the name (emptied) as
 					// the next start's reminder of what is left there.
 					ents, _ := os.ReadDir(dir)
@@ -128,15 +135,20 @@ func (m *Manager) sweepImages(ctx context.Context) {
 	}
 }
 
-// dropUnrecorded removes from the image store what a crash left of the
-// snapshot whose staged image is name (".tmp-<snapshot id>-sealed", see
-// saveSnapshot) when no record of it was written: the objects of an
-// upload cut short (object storage keeps them, and the parts of a
-// multipart upload, until someone deletes them). It reports false when
-// the stores did not answer, so that the name is kept for another try.
-func (m *Manager) dropUnrecorded(ctx context.Context, name string) bool {
-	id, ok := strings.CutSuffix(strings.TrimPrefix(name, ".tmp-"), "-sealed")
-	if !ok || m.cfg.Images == nil {
+// pendingPrefix names the file in SnapshotDir that stands for a snapshot
+// whose image may be in the image store before its record is written.
+const pendingPrefix = ".pending-"
+
+// dropUnrecorded removes from the image store what a crash left of
+// snapshot id when no record of it was written: the objects of an upload
+// cut short (object storage keeps them, and the parts of a multipart
+// upload, until someone deletes them), or a whole image uploaded just
+// before the crash. Its traces in SnapshotDir are its staged image
+// (".tmp-<id>-sealed", see saveSnapshot) and its pending file
+// (pendingPrefix). It reports false when the stores did not answer, so
+// that the trace is kept for another try.
+func (m *Manager) dropUnrecorded(ctx context.Context, id string) bool {
+	if m.cfg.Images == nil || imagestore.ValidID(id) != nil {
 		return true
 	}
 	if _, err := m.store.GetSnapshot(ctx, "", id); !pandastack.IsCode(err, pandastack.ENotFound) {

@@ -76,6 +76,12 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if snap.Metadata == nil {
 		snap.Metadata = map[string]string{}
 	}
+	// Until the record is written, this says the image store may hold an
+	// image of no snapshot: a crash after the upload (whose staged image
+	// became the cache's) leaves it for the next start (sweepImages).
+	pending := filepath.Join(m.cfg.SnapshotDir, pendingPrefix+snap.ID)
+	os.WriteFile(pending, nil, 0o600)
+	defer os.Remove(pending)
 	if snap.SizeBytes, err = m.saveSnapshot(ctx, sb, snap.ID); err != nil {
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
