@@ -3,11 +3,16 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack/client"
 )
+
+// errBusy stands for a run refused because its context runs another cell.
+var errBusy = errors.New("busy")
 
 // TestLanguages runs JavaScript, TypeScript and R cells in their real
 // kernels (Deno's and IRkernel), each default context started on first use.
@@ -57,12 +62,45 @@ JSON.stringify(chunk([1, 2, 3, 4], 2))`, nil)
 			t.Fatalf("v after the timeout = %q", ex.Text)
 		}
 	})
-	t.Run("typescript: types", func(t *testing.T) {
-		ex := runIn(t, "typescript", `interface P { x: number; y: number }
+	t.Run("typescript: types, and two first runs at once", func(t *testing.T) {
+		// Both runs make the default context on first use. The second waits
+		// for the kernel the first starts (it was refused with 409 "still
+		// starting"), then one cell runs at a time as in any context: each
+		// run either answers or is refused as busy, never more.
+		cells := map[string]string{
+			"5": `interface P { x: number; y: number }
 const norm = (p: P): number => Math.hypot(p.x, p.y);
-norm({ x: 3, y: 4 })`, nil)
-		if ex.Text != "5" {
-			t.Fatalf("text %q", ex.Text)
+norm({ x: 3, y: 4 })`,
+			"42": "const other: number = 6 * 7; other",
+		}
+		errs := make(chan error, len(cells))
+		for want, code := range cells {
+			go func() {
+				ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: code, Language: "typescript", TimeoutSeconds: 120})
+				switch {
+				case err != nil && strings.Contains(err.Error(), "busy running other code"):
+					err = errBusy
+				case err == nil && (ex.Error != nil || ex.Text != want):
+					err = fmt.Errorf("error %+v, text %q, want %s", ex.Error, ex.Text, want)
+				}
+				errs <- err
+			}()
+		}
+		ran := 0
+		for range cells {
+			switch err := <-errs; err {
+			case nil:
+				ran++
+			case errBusy:
+			default:
+				t.Errorf("a first run: %v", err)
+			}
+		}
+		if ran == 0 {
+			t.Fatal("neither first run ran")
+		}
+		if ex := runIn(t, "typescript", "Math.hypot(6, 8) as number", nil); ex.Text != "10" {
+			t.Fatalf("a run after the first runs: %q", ex.Text)
 		}
 	})
 	t.Run("r: a data frame and a base plot", func(t *testing.T) {

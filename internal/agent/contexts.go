@@ -36,6 +36,11 @@ type codeContext struct {
 	info    agentproto.Context
 	kernel  *jupyter.Kernel
 	created uint64 // creation order, for listing oldest first
+	// started is closed once the kernel has started (kernel is set) or
+	// failed to (startErr is set, and the id is free again); requests that
+	// name a context still starting wait on it.
+	started  chan struct{}
+	startErr error
 }
 
 // NewContexts returns an empty registry.
@@ -281,7 +286,7 @@ func (s *Server) newContext(rctx context.Context, req agentproto.ContextRequest)
 	}
 	auto := req.AutoRestart == nil || *req.AutoRestart
 	cs.created++
-	cc := &codeContext{info: agentproto.Context{ID: req.ID, Language: req.Language, Cwd: cwd, AutoRestart: auto}, created: cs.created}
+	cc := &codeContext{info: agentproto.Context{ID: req.ID, Language: req.Language, Cwd: cwd, AutoRestart: auto}, created: cs.created, started: make(chan struct{})}
 	cs.ctxs[req.ID] = cc // reserve the id while the kernel starts
 	cs.mu.Unlock()
 
@@ -298,17 +303,20 @@ func (s *Server) newContext(rctx context.Context, req agentproto.ContextRequest)
 		}
 	}
 	if err != nil {
+		if !pandastack.IsCode(err, pandastack.EInvalid) {
+			err = fmt.Errorf("start %s kernel: %w", req.Language, err)
+		}
 		cs.mu.Lock()
 		delete(cs.ctxs, req.ID)
+		cc.startErr = err
 		cs.mu.Unlock()
-		if pandastack.IsCode(err, pandastack.EInvalid) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("start %s kernel: %w", req.Language, err)
+		close(cc.started)
+		return nil, err
 	}
 	cs.mu.Lock()
 	cc.kernel = k
 	cs.mu.Unlock()
+	close(cc.started)
 	return cc, nil
 }
 
@@ -345,27 +353,39 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 	return opts
 }
 
-// context returns a started context by id.
-func (s *Server) context(id string) (*codeContext, error) {
+// context returns a started context by id. One still starting is waited
+// for (until ctx ends): a request that names it, such as a second first
+// run racing the one that creates it, gets the kernel once it is up, or
+// the error its start ended with.
+func (s *Server) context(ctx context.Context, id string) (*codeContext, error) {
 	cs := s.cfg.Contexts
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
 	cc, ok := cs.ctxs[id]
+	cs.mu.Unlock()
 	if !ok {
 		return nil, pandastack.Errorf(pandastack.ENotFound, "no code context %s in this sandbox", id)
 	}
+	if cc.started != nil {
+		select {
+		case <-cc.started:
+		case <-ctx.Done():
+			return nil, pandastack.Errorf(pandastack.EConflict, "context %s is still starting", id)
+		}
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
 	if cc.kernel == nil {
-		return nil, pandastack.Errorf(pandastack.EConflict, "context %s is still starting", id)
+		return nil, cc.startErr
 	}
 	return cc, nil
 }
 
 // runContext returns the context a run of id goes to; with create (the
 // run's RunRequest.Create), one that does not exist yet is created first.
-// Two first runs at once create it once: the second finds it made, or
-// still starting (EConflict), as a run after a POST /v1/contexts would.
+// Two first runs at once create it once: the second waits for the first's
+// kernel, as a run after a POST /v1/contexts would.
 func (s *Server) runContext(ctx context.Context, id string, create *agentproto.ContextRequest) (*codeContext, error) {
-	cc, err := s.context(id)
+	cc, err := s.context(ctx, id)
 	if create == nil || !pandastack.IsCode(err, pandastack.ENotFound) {
 		return cc, err
 	}
@@ -374,7 +394,7 @@ func (s *Server) runContext(ctx context.Context, id string, create *agentproto.C
 	}
 	cc, err = s.newContext(ctx, *create)
 	if pandastack.IsCode(err, pandastack.EConflict) {
-		return s.context(id)
+		return s.context(ctx, id)
 	}
 	return cc, err
 }
@@ -414,7 +434,7 @@ func (s *Server) listContexts(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) error {
-	cc, err := s.context(r.PathValue("id"))
+	cc, err := s.context(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -428,7 +448,7 @@ func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) interruptContext(w http.ResponseWriter, r *http.Request) error {
-	cc, err := s.context(r.PathValue("id"))
+	cc, err := s.context(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}
@@ -440,7 +460,7 @@ func (s *Server) interruptContext(w http.ResponseWriter, r *http.Request) error 
 }
 
 func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) error {
-	cc, err := s.context(r.PathValue("id"))
+	cc, err := s.context(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err
 	}

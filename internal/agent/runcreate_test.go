@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -8,7 +9,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agent/jupyter"
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -60,7 +63,71 @@ func TestRunCreatesItsContext(t *testing.T) {
 			t.Fatalf("after run %d with create: contexts %q", i, got)
 		}
 	}
-	if cc, err := (&Server{cfg: Config{Contexts: cs}}).context("ctx_default_python"); err != nil || cc.kernel != k {
+	if cc, err := (&Server{cfg: Config{Contexts: cs}}).context(t.Context(), "ctx_default_python"); err != nil || cc.kernel != k {
 		t.Fatalf("the context's kernel is not the spare: %v", err)
+	}
+}
+
+// TestContextWaitsForItsStart: a request naming a context whose kernel is
+// still starting (a second first run racing the one that creates it) waits
+// for the start and gets its kernel, or the error the start ended with;
+// only a request that gives up first hears "still starting".
+func TestContextWaitsForItsStart(t *testing.T) {
+	cs := NewContexts()
+	s := &Server{cfg: Config{Contexts: cs}}
+	starting := func(id string) *codeContext {
+		cc := &codeContext{info: agentproto.Context{ID: id}, started: make(chan struct{})}
+		cs.mu.Lock()
+		cs.ctxs[id] = cc
+		cs.mu.Unlock()
+		return cc
+	}
+	type answer struct {
+		cc  *codeContext
+		err error
+	}
+	ask := func(ctx context.Context, id string) chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			cc, err := s.context(ctx, id)
+			ch <- answer{cc, err}
+		}()
+		return ch
+	}
+
+	up := starting("ctx_up")
+	got := ask(t.Context(), "ctx_up")
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case a := <-got:
+		t.Fatalf("answered before the kernel started: %+v", a)
+	default:
+	}
+	k := &jupyter.Kernel{}
+	cs.mu.Lock()
+	up.kernel = k
+	cs.mu.Unlock()
+	close(up.started)
+	if a := <-got; a.err != nil || a.cc.kernel != k {
+		t.Fatalf("after the start: %+v, want the started kernel", a)
+	}
+
+	failed := starting("ctx_failed")
+	got = ask(t.Context(), "ctx_failed")
+	time.Sleep(100 * time.Millisecond) // the request is waiting before the start fails
+	cs.mu.Lock()
+	delete(cs.ctxs, "ctx_failed")
+	failed.startErr = pandastack.Errorf(pandastack.EInvalid, "no kernel for language cobol")
+	cs.mu.Unlock()
+	close(failed.started)
+	if a := <-got; !pandastack.IsCode(a.err, pandastack.EInvalid) || !strings.Contains(a.err.Error(), "cobol") {
+		t.Fatalf("after a failed start: %+v, want its error", a)
+	}
+
+	starting("ctx_slow")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Millisecond)
+	defer cancel()
+	if a := <-ask(ctx, "ctx_slow"); !pandastack.IsCode(a.err, pandastack.EConflict) || !strings.Contains(a.err.Error(), "still starting") {
+		t.Fatalf("a request that gives up: %+v, want 409 still starting", a)
 	}
 }
