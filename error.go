@@ -14,6 +14,7 @@ import (
 const (
 	EInvalid         = "invalid_request"      // the request is malformed or a value is out of range
 	EUnauthorized    = "unauthorized"         // missing, unknown or revoked API key
+	EPermission      = "permission_denied"    // the sandbox user may not read or write that file (or the filesystem is read-only)
 	ENotFound        = "not_found"            // no such resource in the caller's project
 	EConflict        = "conflict"             // the resource is in a state that forbids the operation
 	ETimeout         = "timeout"              // the operation ran past its deadline
@@ -77,6 +78,8 @@ func HTTPStatus(code string) int {
 		return http.StatusBadRequest
 	case EUnauthorized:
 		return http.StatusUnauthorized
+	case EPermission:
+		return http.StatusForbidden
 	case ENotFound:
 		return http.StatusNotFound
 	case EMethod:

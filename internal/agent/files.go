@@ -120,7 +120,7 @@ func fsError(err error, p string, writing bool) error {
 	case errors.Is(err, fs.ErrExist):
 		return pandastack.Errorf(pandastack.EConflict, "%s already exists", p)
 	case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
-		return pandastack.Errorf(pandastack.EConflict, "%s: %v", p, errors.Unwrap(err))
+		return pandastack.Errorf(pandastack.EPermission, "%s: %v", p, errors.Unwrap(err))
 	case errors.Is(err, syscall.ENOSPC), errors.Is(err, syscall.EDQUOT):
 		return pandastack.Errorf(pandastack.ETooLarge, "no space left on the sandbox's disk while writing %s; delete files or write less", p)
 	case errors.Is(err, syscall.ENAMETOOLONG):

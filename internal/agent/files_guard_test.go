@@ -157,8 +157,8 @@ func TestFilesActAsTheSandboxUser(t *testing.T) {
 		if err := os.Symlink(etc, filepath.Join(cfg.Home, "link")); err != nil {
 			t.Fatal(err)
 		}
-		st.callError(t, http.MethodPut, "/v1/files", q("path", "link/x"), strings.NewReader("owned"), http.StatusConflict, "conflict")
-		st.callError(t, http.MethodPost, "/v1/files/mkdir", q("path", "link/dir"), nil, http.StatusConflict, "conflict")
+		st.callError(t, http.MethodPut, "/v1/files", q("path", "link/x"), strings.NewReader("owned"), http.StatusForbidden, "permission_denied")
+		st.callError(t, http.MethodPost, "/v1/files/mkdir", q("path", "link/dir"), nil, http.StatusForbidden, "permission_denied")
 		if ents, _ := os.ReadDir(etc); len(ents) != 0 {
 			t.Fatalf("an upload as the user wrote into root's directory: %v", ents)
 		}
@@ -166,8 +166,8 @@ func TestFilesActAsTheSandboxUser(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(etc, "secret"), []byte("s"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		st.callError(t, http.MethodGet, "/v1/files", q("path", "link/secret"), nil, http.StatusConflict, "conflict")
-		st.callError(t, http.MethodDelete, "/v1/files", q("path", "link/secret"), nil, http.StatusConflict, "conflict")
+		st.callError(t, http.MethodGet, "/v1/files", q("path", "link/secret"), nil, http.StatusForbidden, "permission_denied")
+		st.callError(t, http.MethodDelete, "/v1/files", q("path", "link/secret"), nil, http.StatusForbidden, "permission_denied")
 
 		// Asked for, root may.
 		st.call(t, http.MethodPut, "/v1/files", q("path", "link/x", "user", "root"), strings.NewReader("root"), http.StatusOK, nil)

@@ -273,7 +273,7 @@ func (c *AgentClient) do(ctx context.Context, method, path string, q url.Values,
 var agentCodes = map[string]bool{
 	pandastack.EInvalid: true, pandastack.ENotFound: true, pandastack.EConflict: true,
 	pandastack.ETimeout: true, pandastack.EUnavailable: true, pandastack.ECommandNotFound: true,
-	pandastack.ETooLarge: true, pandastack.EInternal: true,
+	pandastack.ETooLarge: true, pandastack.EInternal: true, pandastack.EPermission: true,
 }
 
 func decodeAgentError(resp *http.Response) error {

@@ -21,6 +21,7 @@ from pandastack import (
     InvalidRequestError,
     NotFoundError,
     PandaStackError,
+    PermissionDeniedError,
     Sandbox,
 )
 
@@ -236,6 +237,17 @@ def test_files_list_stat_mkdir_remove(sandbox):
     assert not sandbox.files.exists("proj")
     with pytest.raises(NotFoundError):
         sandbox.files.stat("proj")
+
+
+def test_files_the_user_may_not_touch(sandbox):
+    # File operations act as the sandbox user: root's files are refused with
+    # permission_denied, which is also Python's own PermissionError.
+    with pytest.raises(PermissionDeniedError) as ei:
+        sandbox.files.read("/etc/shadow")
+    assert ei.value.code == "permission_denied" and ei.value.status == 403
+    with pytest.raises(PermissionError):
+        sandbox.files.write("/etc/pandastack-probe.txt", "x")
+    assert not sandbox.files.exists("/etc/pandastack-probe.txt")
 
 
 def test_create_with_a_disk_size(server):

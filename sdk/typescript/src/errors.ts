@@ -31,6 +31,13 @@ export class PandaStackError extends Error {
 /** 401 `unauthorized`: the API key is missing, unknown or revoked. */
 export class AuthenticationError extends PandaStackError {}
 
+/**
+ * 403 `permission_denied`: the sandbox user may not read or write that file
+ * (file operations run as the sandbox user, as its code does), or the
+ * filesystem there is read-only.
+ */
+export class PermissionDeniedError extends PandaStackError {}
+
 /** 404 `not_found`: no such sandbox, context, file, template or snapshot in your project. */
 export class NotFoundError extends PandaStackError {}
 
@@ -93,6 +100,8 @@ export function errorFromCode(code: string, message: string, status?: number): P
   switch (code) {
     case "unauthorized":
       return new AuthenticationError(text, code, status);
+    case "permission_denied":
+      return new PermissionDeniedError(text, code, status);
     case "not_found":
       return new NotFoundError(text, code, status);
     case "conflict":
@@ -133,6 +142,8 @@ export function codeForStatus(status: number): string {
       return "invalid_request";
     case 401:
       return "unauthorized";
+    case 403:
+      return "permission_denied";
     case 404:
       return "not_found";
     case 405:

@@ -65,6 +65,7 @@ export {
   MethodNotAllowedError,
   NetworkDeniedError,
   NotFoundError,
+  PermissionDeniedError,
   PandaStackError,
   PayloadTooLargeError,
   PortUnreachableError,

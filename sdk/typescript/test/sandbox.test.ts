@@ -19,6 +19,7 @@ import {
   NotFoundError,
   PandaStackError,
   PayloadTooLargeError,
+  PermissionDeniedError,
   PortUnreachableError,
   Sandbox,
   SandboxUnavailableError,
@@ -428,6 +429,17 @@ test("files", async (t) => {
     });
     await sb.files.remove("work", { recursive: true });
     assert.equal(await sb.files.exists("work"), false);
+  });
+
+  await t.test("root's files are refused with permission_denied", async () => {
+    await assert.rejects(sb.files.read("/etc/shadow"), (err: unknown) => {
+      assert.ok(err instanceof PermissionDeniedError, String(err));
+      assert.equal(err.code, "permission_denied");
+      assert.equal(err.status, 403);
+      return true;
+    });
+    await assert.rejects(sb.files.write("/etc/pandastack-probe.txt", "x"), PermissionDeniedError);
+    assert.equal(await sb.files.exists("/etc/pandastack-probe.txt"), false);
   });
 
   await t.test("a disk of its own size", async () => {

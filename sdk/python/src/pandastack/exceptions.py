@@ -28,6 +28,7 @@ __all__ = [
     "InvalidRequestError",
     "CommandNotFoundError",
     "AuthenticationError",
+    "PermissionDeniedError",
     "NotFoundError",
     "MethodNotAllowedError",
     "ConflictError",
@@ -90,6 +91,16 @@ class CommandNotFoundError(InvalidRequestError):
 
 class AuthenticationError(PandaStackError):
     """HTTP 401 ``unauthorized``: the API key is missing, unknown or revoked."""
+
+
+class PermissionDeniedError(PandaStackError, builtins.PermissionError):
+    """HTTP 403 ``permission_denied``: the sandbox user may not read or write
+    that file (file operations run as the sandbox user, as its code does), or
+    the filesystem there is read-only.
+
+    It is also a :class:`builtins.PermissionError`, so ``except
+    PermissionError`` catches it as it would a local file's.
+    """
 
 
 class NotFoundError(PandaStackError, LookupError):
@@ -168,6 +179,7 @@ _BY_CODE: Dict[str, Type[PandaStackError]] = {
     "invalid_request": InvalidRequestError,
     "command_not_found": CommandNotFoundError,
     "unauthorized": AuthenticationError,
+    "permission_denied": PermissionDeniedError,
     "not_found": NotFoundError,
     "method_not_allowed": MethodNotAllowedError,
     "conflict": ConflictError,
@@ -185,6 +197,7 @@ _BY_CODE: Dict[str, Type[PandaStackError]] = {
 _BY_STATUS: Dict[int, Type[PandaStackError]] = {
     400: InvalidRequestError,
     401: AuthenticationError,
+    403: PermissionDeniedError,
     404: NotFoundError,
     405: MethodNotAllowedError,
     409: ConflictError,
