@@ -423,23 +423,33 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 		return pandastack.Sandbox{}, err
 	}
 	p.template, p.rootfs, p.cpu, p.mem, p.disk = tpl.Name, tpl.RootFS, tpl.CPU, tpl.MemoryMB, tpl.DiskMB
-	if req.DiskMB != 0 {
-		if req.DiskMB < 64 || req.DiskMB > m.cfg.MaxDiskMB {
-			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "disk_mb must be between 64 and %d, got %d", m.cfg.MaxDiskMB, req.DiskMB)
+	// Each of the three comes from the request or, left out, from the
+	// template; either must fit this server's limits. A template's default
+	// over them is the operator's to fix, and the message says so rather
+	// than quoting a value the caller never sent.
+	for _, r := range []struct {
+		field, flag string
+		asked       int
+		v           *int
+		lo, hi      int
+	}{
+		{"cpu", "--max-cpu", req.CPU, &p.cpu, 1, m.cfg.MaxCPU},
+		{"memory_mb", "--max-memory-mb", req.MemoryMB, &p.mem, 64, m.cfg.MaxMemoryMB},
+		{"disk_mb", "--max-disk-mb", req.DiskMB, &p.disk, 64, m.cfg.MaxDiskMB},
+	} {
+		if r.asked != 0 {
+			*r.v = r.asked
 		}
-		p.disk = req.DiskMB
-	}
-	if req.CPU != 0 {
-		p.cpu = req.CPU
-	}
-	if req.MemoryMB != 0 {
-		p.mem = req.MemoryMB
-	}
-	if p.cpu < 1 || p.cpu > m.cfg.MaxCPU {
-		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "cpu must be between 1 and %d, got %d", m.cfg.MaxCPU, p.cpu)
-	}
-	if p.mem < 64 || p.mem > m.cfg.MaxMemoryMB {
-		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "memory_mb must be between 64 and %d, got %d", m.cfg.MaxMemoryMB, p.mem)
+		if *r.v == 0 && r.field == "disk_mb" {
+			continue // the server's --disk-mb
+		}
+		if *r.v >= r.lo && *r.v <= r.hi {
+			continue
+		}
+		if r.asked == 0 {
+			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "template %s asks for %s %d by default, more than this server allows (%s %d): give %s between %d and %d in the create, or lower the template's %s", tpl.Name, r.field, *r.v, r.flag, r.hi, r.field, r.lo, r.hi, r.field)
+		}
+		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "%s must be between %d and %d, got %d", r.field, r.lo, r.hi, *r.v)
 	}
 	// A warm snapshot was taken with the template's own resources and no
 	// env, so only a plain create can use it.
