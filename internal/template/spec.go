@@ -92,6 +92,11 @@ func (m *FileMode) UnmarshalYAML(n *yaml.Node) error {
 	if err != nil {
 		return fmt.Errorf("line %d: %w", n.Line, err)
 	}
+	if v == 0 {
+		// The zero value stands for "left out" (0644): refuse it rather
+		// than write a file meant to be unreadable as readable.
+		return fmt.Errorf("line %d: mode %q leaves the file unusable to everyone but root; give the mode you mean, such as 0600 (root only), or leave it out for 0644", n.Line, n.Value)
+	}
 	*m = v
 	return nil
 }
@@ -247,6 +252,11 @@ func (s Spec) Validate() error {
 		}
 		if under(f.Path, "/tmp") || under(f.Path, "/var/tmp") {
 			return bad("files[%d].path %q: the build empties /tmp and /var/tmp at its end; put the file elsewhere (a sandbox's /tmp starts empty)", i, f.Path)
+		}
+		for _, kernel := range []string{"/proc", "/sys", "/dev"} {
+			if under(f.Path, kernel) {
+				return bad("files[%d].path %q: %s belongs to the kernel, in the build as in a sandbox; a file there never reaches the template", i, f.Path, kernel)
+			}
 		}
 		if seen[f.Path] {
 			return bad("files[%d].path %q appears twice", i, f.Path)

@@ -108,6 +108,11 @@ func TestParseErrors(t *testing.T) {
 		{"name: x\ncpu: 00\n", "cpu 0 is out of range"},
 		{"name: x\nfiles: [{path: /tmp/a}]\n", "empties /tmp"},
 		{"name: x\nfiles: [{path: /var/tmp/a/b}]\n", "empties /tmp"},
+		{"name: x\nfiles: [{path: /proc/sys/kernel/hostname, content: x}]\n", "belongs to the kernel"},
+		{"name: x\nfiles: [{path: /sys/x}]\n", "belongs to the kernel"},
+		{"name: x\nfiles: [{path: /dev/devfile}]\n", "belongs to the kernel"},
+		{"name: x\nfiles: [{path: /etc/secret, mode: \"0000\"}]\n", "unusable"},
+		{"name: x\nfiles: [{path: /etc/secret, mode: 0}]\n", "unusable"},
 	} {
 		_, err := Parse([]byte(tc.yaml))
 		if err == nil {
