@@ -442,9 +442,21 @@ func (r *Runtime) Alive(id string) bool {
 		r.pids[id] = pid
 		r.mu.Unlock()
 	}
-	// The command line guards against a recycled pid; a zombie has none.
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return err == nil && bytes.Contains(b, []byte(id))
+	return cmdlineAlive(b, err, id)
+}
+
+// cmdlineAlive reads the answer to a read of a sandbox process's
+// /proc/<pid>/cmdline: dead when the process is gone (ENOENT, ESRCH), a
+// zombie (an empty command line) or the pid now someone else's (the command
+// line does not name the sandbox). Any other failure, such as a server out
+// of file descriptors (EMFILE), says nothing about the sandbox, and killing
+// a healthy one on it would be worse than asking again in a second.
+func cmdlineAlive(b []byte, err error, id string) bool {
+	if err != nil {
+		return !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH)
+	}
+	return bytes.Contains(b, []byte(id))
 }
 
 func (r *Runtime) forgetPID(id string) {
