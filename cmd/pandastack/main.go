@@ -14,7 +14,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -227,7 +226,7 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	hs := newHTTPServer(srv.Handler())
 	// Said before the first request is served: whoever sees the server
 	// answer (a health check) finds this line in its log already.
 	fmt.Printf("Web console: http://%s/ (sign in with an API key)\n", ln.Addr())
