@@ -55,8 +55,9 @@ func (s *Server) fileQuery(r *http.Request, extra ...string) (fileRequest, error
 // mkdir, delete); the agent bounds its own walks a little sooner.
 const fileDeadline = 3 * time.Minute
 
-// fileIdle is how long a transfer may move no bytes before it is abandoned.
-const fileIdle = time.Minute
+// fileIdle is how long a transfer may move no bytes before it is abandoned
+// (a variable for tests).
+var fileIdle = time.Minute
 
 // fileError turns a missed deadline into ETimeout.
 func fileError(ctx context.Context, err error, what string, limit time.Duration) error {
@@ -76,9 +77,28 @@ type idleGuard struct {
 }
 
 func newIdleGuard(ctx context.Context) (context.Context, *idleGuard) {
+	return newIdleGuardThen(ctx, nil)
+}
+
+// newUploadGuard is newIdleGuard for a transfer that reads r's body: when it
+// goes idle, the body's read is cut too. Cancelling the context alone left
+// the handler blocked reading a client that sent part of its body and
+// stopped, with the upload counted as work in the sandbox (no pause, no
+// snapshot, no idle suspend) for as long as the client kept the connection.
+func newUploadGuard(w http.ResponseWriter, r *http.Request) (context.Context, *idleGuard) {
+	rc := http.NewResponseController(w)
+	return newIdleGuardThen(r.Context(), func() { rc.SetReadDeadline(time.Now()) })
+}
+
+func newIdleGuardThen(ctx context.Context, onIdle func()) (context.Context, *idleGuard) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	g := &idleGuard{cancel: cancel}
-	g.timer = time.AfterFunc(fileIdle, func() { cancel(errIdle) })
+	g.timer = time.AfterFunc(fileIdle, func() {
+		cancel(errIdle)
+		if onIdle != nil {
+			onIdle()
+		}
+	})
 	return ctx, g
 }
 
@@ -134,7 +154,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, project string)
 		return
 	}
 	defer done()
-	ctx, idle := newIdleGuard(r.Context())
+	ctx, idle := newUploadGuard(w, r)
 	defer idle.stop()
 	body := idle.reader(http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes))
 	fi, err := agent.PutFile(ctx, fr.path, fr.root, body)
