@@ -390,7 +390,9 @@ func decode(r *http.Request, v any) error {
 		}
 		return jsonError(err)
 	}
-	if dec.More() {
+	// Only white space may follow; dec.More() also said "no more" before a
+	// stray '}' or ']', which then passed.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return pandastack.Errorf(pandastack.EInvalid, "request body has data after the JSON object")
 	}
 	return decodeObject(raw, v)

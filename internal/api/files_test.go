@@ -47,4 +47,3 @@ func TestStalledUploadIsCut(t *testing.T) {
 		t.Errorf("the handler read %d bytes, want the 3 sent", n)
 	}
 }
-

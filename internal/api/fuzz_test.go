@@ -66,10 +66,18 @@ func TestDecodeMessages(t *testing.T) {
 		`{"cpu":-99999999999999999999}`:           `field "cpu" is out of range: -99999999999999999999`,
 		`{"cpu":1.5}`:                             `field "cpu" must be an integer, got number 1.5`,
 		`{"template":3}`:                          `field "template" must be a string, got number`,
+		`{"template":"base"} x`:                   `data after the JSON object`,
+		`{}}`:                                     `data after the JSON object`,
+		`{"template":"base"}]`:                    `data after the JSON object`,
+		`{} {}`:                                   `data after the JSON object`,
 	} {
 		err := decode(httptest.NewRequest("POST", "/", strings.NewReader(body)), &createSandboxRequest{})
 		if !pandastack.IsCode(err, pandastack.EInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v; want %q", body, err, want)
 		}
+	}
+	// White space after the object is fine.
+	if err := decode(httptest.NewRequest("POST", "/", strings.NewReader("{\"template\":\"base\"} \r\n\t")), &createSandboxRequest{}); err != nil {
+		t.Errorf("an object followed by white space: %v", err)
 	}
 }
