@@ -469,10 +469,16 @@ func (b *builder) shell(ctx context.Context, rootfs, script string) error {
 // parent-death signal. The output is kept and its end goes into the error.
 func (b *builder) command(ctx context.Context, rootfs string, stdin io.Reader, name string, args ...string) error {
 	// Not `exec "$@"`: the shell itself must stay PID 1.
-	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", `"$@"; exit $?`, "sh", name}, args...)...)
+	script := `"$@"; exit $?`
+	flags := uintptr(syscall.CLONE_NEWPID)
+	if rootfs != "" {
+		script = chrootProc + script
+		flags |= syscall.CLONE_NEWNS | syscall.CLONE_NEWUTS | syscall.CLONE_NEWIPC
+	}
+	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", script, "sh", name}, args...)...)
 	out := &tailBuffer{max: 64 << 10}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: flags, Pdeathsig: syscall.SIGKILL}
 	cmd.WaitDelay = 10 * time.Second
 	cmd.Env = append(os.Environ(), "LANG=C.UTF-8", "DEBIAN_FRONTEND=noninteractive")
 	if rootfs != "" {
@@ -492,6 +498,22 @@ func (b *builder) command(ctx context.Context, rootfs string, stdin io.Reader, n
 	}
 	return nil
 }
+
+// chrootProc starts every command in the chroot: its shell, PID 1 of its
+// own PID, mount, UTS and IPC namespaces, mounts a proc of that PID
+// namespace on /proc, with /proc/sys read-only and /proc/sysrq-trigger
+// masked (where the kernel has one). A proc mounted by the builder would be the host's: package
+// scripts, run steps and files could then set the host's sysctls (its
+// hostname, say) and read every host process's files and environment
+// (probe O). A root filesystem without mount(8) (a spec removed it) gets
+// no /proc at all.
+const chrootProc = `if command -v mount >/dev/null 2>&1; then
+	mount -t proc -o nosuid,nodev,noexec proc /proc &&
+	mount --bind /proc/sys /proc/sys &&
+	mount -o remount,bind,ro,nosuid,nodev,noexec /proc/sys /proc/sys &&
+	{ [ ! -e /proc/sysrq-trigger ] || mount --bind /dev/null /proc/sysrq-trigger; } || { echo "pandastack: cannot mount /proc in the build chroot" >&2; exit 125; }
+fi
+`
 
 // step runs fn as one numbered step, with a heartbeat while it takes long.
 // sizeOf is the directory whose size the lines report.

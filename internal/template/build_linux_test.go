@@ -7,9 +7,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -215,6 +217,51 @@ func TestBuild(t *testing.T) {
 	}
 }
 
+// TestBuildChrootSeesNotTheHost: commands in the build chroot see a proc of
+// their own PID namespace, with /proc/sys read-only and sysrq masked; they
+// saw the host's proc, so a run step or a package script could set the
+// host's sysctls and read every host process (probe O). The writes tried
+// here change nothing even where they are allowed: the hostname is written
+// back as it is.
+func TestBuildChrootSeesNotTheHost(t *testing.T) {
+	requireBuild(t)
+	cache := paths.CacheDir()
+	spec := cheapSpec(t, "chroottest",
+		`ls -d /proc/[0-9]* | wc -l > /proc-pids`,
+		`h=$(cat /proc/sys/kernel/hostname); if (echo "$h" > /proc/sys/kernel/hostname) 2>/dev/null; then echo writable; else echo read-only; fi > /proc-sys`,
+		`if [ -c /proc/sysrq-trigger ] || [ ! -e /proc/sysrq-trigger ]; then echo masked; else echo open; fi > /proc-sysrq`,
+		`cat /proc/1/cmdline | tr '\0' ' ' > /proc-init`,
+	)
+	b, err := Build(context.Background(), spec, BuildOptions{CacheDir: cache, Progress: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { Remove(b) })
+	read := func(name string) string {
+		got, err := os.ReadFile(filepath.Join(b.RootFS, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(got))
+	}
+	if n, err := strconv.Atoi(read("proc-pids")); err != nil || n > 5 {
+		t.Errorf("the chroot's /proc lists %q processes; want the few of its own namespace", read("proc-pids"))
+	}
+	if got := read("proc-init"); !strings.HasPrefix(got, "/bin/sh -c ") {
+		t.Errorf("PID 1 in the chroot is %q, want the command's own shell", got)
+	}
+	if got := read("proc-sys"); got != "read-only" {
+		t.Errorf("/proc/sys in the chroot is %s", got)
+	}
+	if got := read("proc-sysrq"); got != "masked" {
+		t.Errorf("/proc/sysrq-trigger in the chroot is %s", got)
+	}
+	if m := hostMountsUnder(t, b.Dir); len(m) > 0 {
+		t.Errorf("mounted under the build: %v", m)
+	}
+	assertNoLeftovers(t, cache, spec.Name)
+}
+
 // cheapSpec builds without apt: only the stage copy and the chroot steps.
 func cheapSpec(t *testing.T, name string, run ...string) Spec {
 	return Spec{Name: name, Files: []File{{Path: "/nonce", Content: nonce(t)}}, Run: run}
@@ -342,14 +389,15 @@ func TestMountNamespaceIsPrivate(t *testing.T) {
 			return err
 		}
 		inside, err := mountsUnder(dir)
-		if err != nil || len(inside) != 4 {
-			t.Errorf("inside the namespace: %v %v, want proc, sys, dev, dev/pts", inside, err)
+		if err != nil || len(inside) != 3 {
+			t.Errorf("inside the namespace: %v %v, want sys, dev, dev/pts", inside, err)
 		}
 		if m := hostMountsUnder(t, dir); len(m) > 0 {
 			t.Errorf("the host sees the build mounts: %v", m)
 		}
-		if b, err := os.ReadFile(filepath.Join(dir, "proc/self/status")); err != nil || len(b) == 0 {
-			t.Errorf("proc not mounted: %v", err)
+		// The builder's proc would be the host's; each command mounts its own.
+		if _, err := os.Stat(filepath.Join(dir, "proc/self/status")); err == nil {
+			t.Error("the builder mounted a proc (the host's) in the chroot")
 		}
 		return undo()
 	})

@@ -45,8 +45,8 @@ func inMountNS(fn func() error) error {
 	return <-errc
 }
 
-// mountBuildFS mounts proc, sysfs (read-only) and a minimal /dev into the
-// rootfs for package scripts. Call it inside inMountNS; the returned undo
+// mountBuildFS mounts sysfs (read-only) and a minimal /dev into the rootfs
+// for package scripts (each command mounts its own proc: chrootProc). Call it inside inMountNS; the returned undo
 // unmounts them all and reports anything left mounted.
 func mountBuildFS(rootfs string) (undo func() error, err error) {
 	var targets []string
@@ -85,7 +85,13 @@ func mountBuildFS(rootfs string) (undo func() error, err error) {
 		return nil, errors.Join(err, undo())
 	}
 	const safe = syscall.MS_NOSUID | syscall.MS_NODEV | syscall.MS_NOEXEC
-	if err := mount("proc", "proc", "proc", safe, ""); err != nil {
+	// No proc here: one mounted by the builder is the host's. Each command
+	// in the chroot mounts its own (chrootProc); the directory must be
+	// there, and not a symlink out of the rootfs.
+	if st, err := os.Lstat(filepath.Join(rootfs, "proc")); err == nil && !st.IsDir() {
+		return fail(fmt.Errorf("%s is not a directory", filepath.Join(rootfs, "proc")))
+	}
+	if err := os.MkdirAll(filepath.Join(rootfs, "proc"), 0o555); err != nil {
 		return fail(err)
 	}
 	if err := mount("sysfs", "sys", "sysfs", safe|syscall.MS_RDONLY, ""); err != nil {
