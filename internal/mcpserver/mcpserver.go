@@ -89,8 +89,19 @@ func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
 	select {
 	case err = <-done:
 	case <-ctx.Done():
+		// The sandbox first: a call in flight on it (a cell of minutes)
+		// then ends at once, where the SDK's Close waits for it. A client
+		// that follows SIGTERM with SIGKILL a few seconds later left the
+		// sandbox running to its TTL.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		sess.close(cctx)
+		cancel()
 		ss.Close()
-		<-done
+		select {
+		case <-done:
+		case <-time.After(closeWait):
+			s.cfg.Log.Warn("tool calls still running at shutdown; leaving them")
+		}
 		err = ctx.Err()
 	}
 	// The session's context may be cancelled already; the kill must still
@@ -103,6 +114,10 @@ func (s *Server) Serve(ctx context.Context, t mcp.Transport) error {
 	}
 	return err
 }
+
+// closeWait bounds how long a cancelled Serve waits for calls in flight
+// on sandboxes other than the session's (create_sandbox ones) to end.
+const closeWait = 3 * time.Second
 
 const instructions = `PandaStack runs code in isolated gVisor sandboxes.
 run_code, exec, upload_file, download_file and snapshot act on this session's own sandbox (template %s, created on first use) unless you pass sandbox_id: variables, imports and files persist between calls. The session's sandbox is killed when the session ends.
@@ -151,8 +166,12 @@ func (s *session) turn(ctx context.Context, key string) (release func(), err err
 }
 
 // touchEvery bounds how often a call pushes the default sandbox's expiry
-// ahead; far below SessionTTL, so a sandbox in use never expires.
-const touchEvery = time.Minute
+// ahead: a minute, or a quarter of a shorter SessionTTL, so a sandbox in
+// use never expires (with a fixed minute, a --session-ttl of 20s expired
+// between calls 5 s apart).
+func (s *session) touchEvery() time.Duration {
+	return min(time.Minute, s.cfg.SessionTTL/4)
+}
 
 // defaultSandbox returns the session's sandbox, creating it on first use,
 // and pushes its expiry ahead. When the sandbox has stopped since the last
@@ -164,7 +183,7 @@ func (s *session) defaultSandbox(ctx context.Context) (id, note string, err erro
 	if s.closed {
 		return "", "", errors.New("the MCP session is closing")
 	}
-	if s.id != "" && time.Since(s.touched) >= touchEvery {
+	if s.id != "" && time.Since(s.touched) >= s.touchEvery() {
 		_, err := s.c.SetTTL(ctx, s.id, s.cfg.SessionTTL)
 		switch {
 		case err == nil:

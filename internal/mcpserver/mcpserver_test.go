@@ -3,6 +3,7 @@ package mcpserver_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"image/png"
 	"log/slog"
 	"os"
@@ -43,7 +44,14 @@ type mcpSession struct {
 
 func connect(t *testing.T, api *apiServer) *mcpSession {
 	t.Helper()
-	srv := mcpserver.New(mcpserver.Config{Client: api.client(), Log: testLogger(t)})
+	return connectWith(t, api, mcpserver.Config{})
+}
+
+// connectWith is connect with cfg (its Client and Log are filled in).
+func connectWith(t *testing.T, api *apiServer, cfg mcpserver.Config) *mcpSession {
+	t.Helper()
+	cfg.Client, cfg.Log = api.client(), testLogger(t)
+	srv := mcpserver.New(cfg)
 	st, ct := mcp.NewInMemoryTransports()
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(context.Background(), st) }()
@@ -436,6 +444,28 @@ func TestSessionSandboxReplaced(t *testing.T) {
 	s.end(t)
 }
 
+// A session TTL shorter than the minute between expiry pushes still keeps
+// the sandbox in use alive: calls 1.5 s apart over twice an 8 s TTL run in
+// one sandbox with its state (the sandbox expired between calls).
+func TestShortSessionTTL(t *testing.T) {
+	api := server(t)
+	before := sessionSandboxes(t, api)
+	s := connectWith(t, api, mcpserver.Config{SessionTTL: 8 * time.Second})
+	s.ok(t, "run_code", map[string]any{"code": "n = 0"})
+	first := newSessionSandbox(t, before, sessionSandboxes(t, api))
+	for i := 1; i <= 11; i++ {
+		time.Sleep(1500 * time.Millisecond)
+		res := s.ok(t, "run_code", map[string]any{"code": "n += 1; n"})
+		if txt := textOf(res); !strings.Contains(txt, fmt.Sprintf("[result] %d", i)) || strings.Contains(txt, "[note]") {
+			t.Fatalf("call %d, %.1f s into an 8 s TTL: %s", i, float64(i)*1.5, txt)
+		}
+	}
+	if got := newSessionSandbox(t, before, sessionSandboxes(t, api)); got != first {
+		t.Fatalf("the session moved from %s to %s", first, got)
+	}
+	s.end(t)
+}
+
 // The real binary over stdio, as an MCP client such as Claude Desktop runs it.
 func TestStdioBinary(t *testing.T) {
 	api := server(t)
@@ -495,6 +525,11 @@ func TestStdioBinarySignal(t *testing.T) {
 		t.Fatalf("exec: %v %s\n%s", err, textOf(res), stderr.String())
 	}
 	id := newSessionSandbox(t, before, sessionSandboxes(t, api))
+	// A call in flight does not hold the exit up: the session's sandbox is
+	// killed, and the process exits, at once (it waited for the call, so a
+	// client's SIGKILL a few seconds later left the sandbox running).
+	go cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_code", Arguments: map[string]any{"code": "import time; time.sleep(120)"}})
+	time.Sleep(2 * time.Second)
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -502,8 +537,8 @@ func TestStdioBinarySignal(t *testing.T) {
 	go func() { done <- cs.Wait() }()
 	select {
 	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("pandastack mcp did not exit on SIGTERM\n%s", stderr.String())
+	case <-time.After(20 * time.Second):
+		t.Fatalf("pandastack mcp did not exit on SIGTERM with a call in flight\n%s", stderr.String())
 	}
 	assertStopped(t, api, id)
 }
