@@ -131,3 +131,27 @@ def test_format_execution_keeps_a_value_that_stdout_only_contains():
     assert format_execution(ex("42\n", "42")) == "42"  # print(x); x
     assert format_execution(ex("a\n   x\n0  1\n", "   x\n0  1")) == "a\n   x\n0  1"  # print(df); df
     assert format_execution(ex("", "7")) == "[result] 7"
+
+
+def test_format_execution_bounds_long_output_and_keeps_stderr_on_error():
+    from pandastack.integrations._kernel import OUTPUT_HEAD, OUTPUT_TAIL, format_execution
+
+    # A long stdout keeps its head and tail, with what was left out between.
+    out = "é" * 300_000 + "THE END\n"
+    text = format_execution(Execution.from_dict({"stdout": out}))
+    size = len(out.encode())
+    assert len(text.encode()) < OUTPUT_HEAD + OUTPUT_TAIL + 200 < size
+    assert text.startswith("é" * 1000) and text.endswith("THE END")
+    assert "\ufffd" not in text  # no character cut in two
+    left = int(text.split("[… ")[1].split(" bytes")[0])
+    kept = len(text.encode()) - len(text.split("\n[… ")[1].split("]\n")[0].encode()) - len("\n[… ]\n".encode())
+    assert left + kept == size - 1  # rstrip() dropped the last newline
+    # An error shows stderr too: the reason a subprocess failed is there.
+    failed = Execution.from_dict({
+        "stdout": "before\n",
+        "stderr": "ls: cannot access '/nope': No such file or directory\n",
+        "error": {"name": "CalledProcessError", "value": "exit status 2", "traceback": "Traceback …\nCalledProcessError: exit status 2"},
+    })
+    text = format_execution(failed)
+    assert text.startswith("ERROR:\n") and "stdout:\nbefore" in text
+    assert text.endswith("[stderr]\nls: cannot access '/nope': No such file or directory")

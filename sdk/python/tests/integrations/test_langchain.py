@@ -143,3 +143,25 @@ def test_tool_attached_to_an_existing_sandbox_leaves_it_running(code_sandbox):
     finally:
         with_ctx.close()
     assert code_sandbox.is_running()
+
+
+def test_tool_answers_when_its_sandbox_stopped_and_carries_on():
+    """A sandbox the tool booted that was killed from elsewhere gives the
+    model a tool message saying so (the graph's run died with NotFoundError),
+    and the next call runs in a new sandbox."""
+    from pandastack import Sandbox
+    from pandastack.integrations.langchain import PandaStackPythonTool
+
+    tool = PandaStackPythonTool()
+    try:
+        assert tool.invoke({"code": "x = 41; x + 1"}) == "[result] 42"
+        first = tool.sandbox.id
+        Sandbox.connect(first).kill()
+        msg = tool.invoke({"type": "tool_call", "id": "c1", "name": "run_python", "args": {"code": "x + 1"}})
+        assert isinstance(msg, ToolMessage) and msg.status == "error"
+        assert f"the sandbox {first} that ran this agent's code has stopped" in msg.content
+        out = tool.invoke({"code": "x + 1"})
+        assert out.startswith("ERROR:") and "NameError" in out  # a new sandbox: x is gone
+        assert tool.sandbox.id != first
+    finally:
+        tool.close()

@@ -179,6 +179,45 @@ def test_run_python_is_lazy_persistent_and_closes():
         close()
 
 
+def test_agent_carries_on_when_its_sandbox_stopped():
+    """A sandbox the tool booted that stops under it (expired, or killed from
+    elsewhere) is reported once in words the model can act on, and the next
+    call runs in a new sandbox (every later call failed before)."""
+    from pandastack.integrations.smolagents import PandaStackPythonTool
+
+    tool = PandaStackPythonTool()
+    script = Script(
+        "run_python",
+        [
+            call("run_python", code="x = 41"),
+            call("run_python", code="x + 1"),
+            call("run_python", code="x = 1; x + 1"),
+            call("final_answer", answer="2"),
+        ],
+    )
+    first = None
+
+    def kill_after_first(step, agent=None):
+        nonlocal first
+        if first is None and tool.kernel.started:
+            first = tool.sandbox
+            Sandbox.connect(first.id).kill()
+
+    agent = ToolCallingAgent(
+        tools=[tool], model=ScriptedModel(script), max_steps=6, verbosity_level=0, step_callbacks=[kill_after_first]
+    )
+    try:
+        assert agent.run("Compute.") == "2"
+        script.assert_used_up()
+        lost = last_observation(script.inputs[2])
+        assert f"the sandbox {first.id} that ran this agent's code has stopped" in lost
+        assert "the next call runs in a new sandbox" in lost
+        assert last_observation(script.inputs[3]) == "Observation:\n[result] 2"
+        assert tool.sandbox.id != first.id and tool.sandbox.is_running()
+    finally:
+        tool.close()
+
+
 def test_code_agent_with_executor_keeps_state_and_returns_final_answer():
     from pandastack.integrations.smolagents import PandaStackExecutor
 

@@ -9,6 +9,7 @@ import threading
 from typing import List, Mapping, Optional
 
 from ..client import Client
+from ..exceptions import NotFoundError, SandboxUnavailableError
 from ..models import Execution
 from ..sandbox import CodeContext, Sandbox
 
@@ -20,6 +21,9 @@ __all__ = [
     "CODE_DESCRIPTION",
     "CHART_MARKER",
     "SandboxKernel",
+    "SandboxLostError",
+    "OUTPUT_HEAD",
+    "OUTPUT_TAIL",
     "format_execution",
     "chart_pngs",
     "png_bytes",
@@ -39,26 +43,54 @@ TOOL_DESCRIPTION = (
 CODE_DESCRIPTION = "The Python source to execute in the sandbox."
 CHART_MARKER = "[chart] PNG produced (available as ex.png on the Execution)"
 
+# What of a long stdout or stderr goes into the text the model reads: its
+# head and its tail. The server keeps 1 MiB of each per run, about 260,000
+# tokens, more than most models' context; the rest stays on the Execution.
+OUTPUT_HEAD = 96 << 10
+OUTPUT_TAIL = 32 << 10
+
+
+def _bounded(text: str) -> str:
+    """text, or its head and tail with a note of what was left out between."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= OUTPUT_HEAD + OUTPUT_TAIL:
+        return text
+    head = data[:OUTPUT_HEAD].decode("utf-8", "ignore")
+    tail = data[-OUTPUT_TAIL:].decode("utf-8", "ignore")
+    left = len(data) - len(head.encode("utf-8", "surrogatepass")) - len(tail.encode("utf-8", "surrogatepass"))
+    note = (
+        f"[… {left} bytes of output left out here; to see them, write the output "
+        "to a file and read parts of it, or print less]"
+    )
+    return f"{head}\n{note}\n{tail}"
+
 
 def format_execution(ex: Execution) -> str:
     """The recipe's contract: what the model reads after running code.
 
-    An exception gives ``ERROR:``, the traceback (which names the exception)
-    and what the cell printed before it. Otherwise the parts present, in
-    order and separated by blank lines: stdout, ``[stderr]`` and what went to
-    stderr, ``[result] <text of the last expression>`` (unless the cell
-    printed it last, as ``print(x); x`` does), and :data:`CHART_MARKER` when
-    the cell produced a PNG; or ``(no output)``. (The recipe's own version
-    leaves the result out whenever its text appears anywhere in stdout, so
-    ``print(100); 1`` loses the ``1``; this one does not.)
+    An exception gives ``ERROR:``, the traceback (which names the exception),
+    what the cell printed before it, and ``[stderr]`` with what went to
+    stderr (often the reason, as a failed ``subprocess.run`` gives it).
+    Otherwise the parts present, in order and separated by blank lines:
+    stdout, ``[stderr]`` and what went to stderr, ``[result] <text of the
+    last expression>`` (unless the cell printed it last, as ``print(x); x``
+    does), and :data:`CHART_MARKER` when the cell produced a PNG; or ``(no
+    output)``. (The recipe's own version leaves the result out whenever its
+    text appears anywhere in stdout, so ``print(100); 1`` loses the ``1``;
+    this one does not.) A stdout or stderr longer than :data:`OUTPUT_HEAD`
+    plus :data:`OUTPUT_TAIL` bytes keeps its head and tail with a note; the
+    Execution keeps it all.
     """
     if ex.error:
-        return f"ERROR:\n{ex.error}\n\nstdout:\n{ex.stdout}".strip()
+        text = f"ERROR:\n{ex.error}\n\nstdout:\n{_bounded(ex.stdout or '')}".strip()
+        if ex.stderr:
+            text += f"\n\n[stderr]\n{_bounded(ex.stderr.rstrip())}"
+        return text
     parts = []
     if ex.stdout:
-        parts.append(ex.stdout.rstrip())
+        parts.append(_bounded(ex.stdout.rstrip()))
     if ex.stderr:
-        parts.append(f"[stderr]\n{ex.stderr.rstrip()}")
+        parts.append(f"[stderr]\n{_bounded(ex.stderr.rstrip())}")
     if ex.text and not _printed_last(ex.text, ex.stdout or ""):
         parts.append(f"[result] {ex.text}")
     if ex.png:
@@ -83,6 +115,13 @@ def chart_pngs(ex: Execution) -> List[str]:
 def png_bytes(b64: str) -> bytes:
     """Decode one of :func:`chart_pngs`."""
     return base64.b64decode(b64)
+
+
+class SandboxLostError(SandboxUnavailableError):
+    """The sandbox a :class:`SandboxKernel` booted has stopped (its TTL ran
+    out, or it was killed from elsewhere), and its state with it. The kernel
+    has forgotten it: the next run boots a new sandbox. The message says so
+    in words an agent can act on (run its setup again)."""
 
 
 class SandboxKernel:
@@ -177,13 +216,52 @@ class SandboxKernel:
             return self._context
 
     def run(self, code: str, timeout: Optional[float] = None) -> Execution:
-        """Run ``code`` as the next cell of the persistent kernel."""
+        """Run ``code`` as the next cell of the persistent kernel.
+
+        Raises:
+            SandboxLostError: the sandbox this kernel booted has stopped
+                (expired, or killed from elsewhere); the next run starts
+                afresh in a new one. An attached sandbox that stopped raises
+                the server's error as it is: it is not this kernel's to
+                replace.
+        """
         t = timeout if timeout is not None else self.timeout
         with self._lock:
-            ctx = self.context
-            if ctx is None:
-                return self.sandbox.run_code(code, language="python", timeout=t)
-            return ctx.run_code(code, timeout=t)
+            try:
+                ctx = self.context
+                if ctx is None:
+                    return self.sandbox.run_code(code, language="python", timeout=t)
+                return ctx.run_code(code, timeout=t)
+            except (NotFoundError, SandboxUnavailableError) as e:
+                lost = self._lost()
+                if lost is None:
+                    raise
+                raise SandboxLostError(
+                    f"the sandbox {lost} that ran this agent's code has stopped ({e.message}), and its "
+                    "variables, imports and files are gone; the next call runs in a new sandbox, so "
+                    "repeat any setup (imports, loading data) there",
+                    code=e.code,
+                    status=e.status,
+                ) from e
+
+    def _lost(self) -> Optional[str]:
+        """After a run failed as not found or unavailable: the id of this
+        kernel's own sandbox if it has stopped (it is then forgotten), else
+        None. Called with the lock held."""
+        sb = self._sandbox
+        if sb is None or self.attached:
+            return None
+        try:
+            if sb.is_running() or sb.state in ("starting", "paused"):
+                return None
+        except Exception:
+            return None  # the server does not answer: nothing is known
+        self._sandbox, self._context = None, None
+        try:
+            sb.kill()  # a stopped sandbox's record, gone with it
+        except Exception:
+            pass
+        return sb.id
 
     def run_fresh(self, code: str, timeout: Optional[float] = None) -> Execution:
         """Run ``code`` in a new context of the sandbox, closed right after:

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Type
 try:
     from langchain_core.callbacks import CallbackManagerForToolRun
     from langchain_core.messages.content import create_image_block
-    from langchain_core.tools import BaseTool
+    from langchain_core.tools import BaseTool, ToolException
     from pydantic import BaseModel, Field, PrivateAttr
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -45,6 +45,7 @@ from ._kernel import (
     TOOL_DESCRIPTION,
     TOOL_NAME,
     SandboxKernel,
+    SandboxLostError,
     chart_pngs,
     format_execution,
 )
@@ -101,6 +102,9 @@ class PandaStackPythonTool(BaseTool):
         timeout: Optional[float] = None,
         **kwargs: Any,
     ) -> None:
+        # A SandboxLostError goes to the model as the tool's answer (it says
+        # the next call starts afresh), rather than ending the graph's run.
+        kwargs.setdefault("handle_tool_error", True)
         super().__init__(**kwargs)
         self._kernel = SandboxKernel(
             sandbox=sandbox,
@@ -116,7 +120,10 @@ class PandaStackPythonTool(BaseTool):
     def _run(
         self, code: str, run_manager: Optional[CallbackManagerForToolRun] = None
     ) -> Tuple[str, List[Dict[str, Any]]]:
-        ex = self._kernel.run(code)
+        try:
+            ex = self._kernel.run(code)
+        except SandboxLostError as e:
+            raise ToolException(str(e)) from e
         return format_execution(ex), chart_blocks(ex)
 
     @property
