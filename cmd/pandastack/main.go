@@ -218,6 +218,7 @@ func serve(args []string) error {
 	tpls.mgr = mgr
 	if cfg.Warm {
 		mgr.StartWarming(tpls.warmSpecs())
+		tpls.startWarmingLater(mgr.WarmLater)
 	}
 	cfg.API.PublicDomain = cfg.Net.PublicDomain
 	srv := api.New(cfg.API, mgr, store, tpls, log)

@@ -28,6 +28,12 @@ type templateSource struct {
 	agentHash string
 	diskMB    int              // serve's --disk-mb, for templates without their own
 	mgr       *sandbox.Manager // for pool stats; set once the manager exists
+
+	// warmLater warms a template built after serve started (the manager's
+	// WarmLater); nil: serve does not warm. warming holds the warm images
+	// asked for already, at the start or since.
+	warmLater func(sandbox.WarmSpec)
+	warming   map[string]bool
 }
 
 // warmImage is the warm image directory of a template build.
@@ -44,12 +50,53 @@ func (t *templateSource) warmSpecs() []sandbox.WarmSpec {
 		if spec.Warmup == "" || !ok {
 			continue
 		}
-		out = append(out, sandbox.WarmSpec{
-			Template: sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, WarmImage: t.warmImage(spec)},
-			Warmup:   spec.Warmup,
-		})
+		ws := t.warmSpec(spec, b)
+		t.mu.Lock()
+		if t.warming == nil {
+			t.warming = map[string]bool{}
+		}
+		t.warming[ws.Template.WarmImage] = true
+		t.mu.Unlock()
+		out = append(out, ws)
 	}
 	return out
+}
+
+func (t *templateSource) warmSpec(spec template.Spec, b template.Built) sandbox.WarmSpec {
+	return sandbox.WarmSpec{
+		Template: sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, WarmImage: t.warmImage(spec)},
+		Warmup:   spec.Warmup,
+	}
+}
+
+// warmIfNew has a template with warm-up code that was built after serve
+// started warmed now, once: without it, such a template ran its sandboxes'
+// first cells without its warm-up (and without a pool) until a restart.
+func (t *templateSource) warmIfNew(spec template.Spec, b template.Built) {
+	if spec.Warmup == "" {
+		return
+	}
+	ws := t.warmSpec(spec, b)
+	t.mu.Lock()
+	later := t.warmLater
+	if t.warming == nil {
+		t.warming = map[string]bool{}
+	}
+	fresh := later != nil && !t.warming[ws.Template.WarmImage]
+	if fresh {
+		t.warming[ws.Template.WarmImage] = true
+	}
+	t.mu.Unlock()
+	if fresh {
+		later(ws)
+	}
+}
+
+// startWarmingLater has templates built from now on warmed (see warmIfNew).
+func (t *templateSource) startWarmingLater(warm func(sandbox.WarmSpec)) {
+	t.mu.Lock()
+	t.warmLater = warm
+	t.mu.Unlock()
 }
 
 // specs lists the templates known.
@@ -131,6 +178,7 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 	if !ok {
 		return sandbox.Template{}, pandastack.Errorf(pandastack.ETemplateMissing, "template %q is not built on this server; run `pandastack template build %s`", name, name)
 	}
+	t.warmIfNew(spec, b)
 	tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB}
 	if dir := t.warmImage(spec); spec.Warmup != "" {
 		if _, err := os.Stat(dir); err == nil {
@@ -152,6 +200,7 @@ func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) 
 		if !ok {
 			continue
 		}
+		t.warmIfNew(spec, b)
 		out = append(out, api.TemplateInfo{
 			Name: spec.Name, Description: spec.Description, Hash: b.Hash, SizeBytes: b.SizeBytes,
 			BuildSeconds: b.BuildSeconds, BuiltAt: b.BuiltAt, CPU: spec.CPU, MemoryMB: spec.MemoryMB,

@@ -1,10 +1,16 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack/internal/sandbox"
+	"github.com/pandastack/pandastack/internal/template"
 )
 
 // A spec written into the templates directory, or one changed there,
@@ -28,5 +34,63 @@ func TestDirStamp(t *testing.T) {
 	os.Chtimes(spec, later, later)
 	if !dirStamp(dir).After(after) {
 		t.Errorf("an edited spec left the stamp at %v", dirStamp(dir))
+	}
+}
+
+// TestLateBuiltTemplateIsWarmed: a template with warm-up code that was built
+// after serve started is warmed once, when a create names it or the list is
+// asked for (it was never warmed, so its first cells ran without the
+// warm-up until a restart); one warmed at the start, or asked for again, is
+// not warmed twice, and one without warm-up code never.
+func TestLateBuiltTemplateIsWarmed(t *testing.T) {
+	specs, cache := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(specs, "late.yaml"), []byte("warmup: x = 1\n"), 0o644)
+	os.WriteFile(filepath.Join(specs, "plain.yaml"), []byte("description: no warm-up\n"), 0o644)
+	reg, err := template.Load(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := func(name string) {
+		spec, _ := reg.Get(name)
+		dir := template.Dir(cache, spec)
+		os.MkdirAll(filepath.Join(dir, "rootfs"), 0o755)
+		b, _ := json.Marshal(map[string]any{"name": spec.Name, "hash": spec.Hash(), "spec": spec})
+		if err := os.WriteFile(filepath.Join(dir, "template.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := &templateSource{reg: reg, cacheDir: cache, warmDir: t.TempDir(), agentHash: "agent"}
+	if got := src.warmSpecs(); len(got) != 0 {
+		t.Fatalf("warm specs at the start, nothing built: %+v", got)
+	}
+	var warmed []string
+	src.startWarmingLater(func(ws sandbox.WarmSpec) { warmed = append(warmed, ws.Template.Name+": "+ws.Warmup) })
+	build("late")
+	build("plain")
+	for range 2 {
+		if _, err := src.Resolve(context.Background(), "late"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := src.Resolve(context.Background(), "plain"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := src.Built(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []string{"late: x = 1"}; !slices.Equal(warmed, want) {
+		t.Fatalf("warmed %q, want %q", warmed, want)
+	}
+
+	// Built before the start: warmed by StartWarming, not again later.
+	src2 := &templateSource{reg: reg, cacheDir: cache, warmDir: t.TempDir(), agentHash: "agent"}
+	if got := src2.warmSpecs(); len(got) != 1 || got[0].Template.Name != "late" {
+		t.Fatalf("warm specs at the start: %+v", got)
+	}
+	warmed = nil
+	src2.startWarmingLater(func(ws sandbox.WarmSpec) { warmed = append(warmed, ws.Template.Name) })
+	src2.Resolve(context.Background(), "late")
+	if len(warmed) != 0 {
+		t.Fatalf("a template warmed at the start was warmed again: %q", warmed)
 	}
 }

@@ -149,27 +149,48 @@ func (m *Manager) StartWarming(specs []WarmSpec) {
 			if ctx.Err() != nil {
 				return
 			}
-			dir := s.Template.WarmImage
-			if _, err := os.Stat(dir); err != nil {
-				os.MkdirAll(filepath.Dir(dir), 0o700)
-				start := time.Now()
-				m.log.Info("warming template (creates boot cold until this is done)", "template", s.Template.Name)
-				if err := m.Warm(ctx, s.Template, s.Warmup, dir); err != nil {
-					m.log.Error("warming template failed; its sandboxes boot cold", "template", s.Template.Name, "err", err)
-					continue
-				}
-				m.log.Info("template warm", "template", s.Template.Name, "seconds", time.Since(start).Seconds())
-			}
-			// Held in the page cache while the server runs (pin.go); made
-			// by an earlier start, it is read from disk here, not by the
-			// first create.
-			if err := m.warmHeld.hold(filepath.Join(dir, "image")); err != nil {
-				m.log.Warn("holding a warm image in memory; creates may read it from disk", "template", s.Template.Name, "err", err)
-			}
-			m.EnablePool(s.Template, m.cfg.PoolSize)
-			m.enableStandby(s.Template)
+			m.warmOne(ctx, s)
 		}
 	})
+}
+
+// WarmLater warms one template that was built after StartWarming (serve
+// started before its build), and keeps its pool, as StartWarming does for
+// the templates built at the start. Until it is warm its creates boot cold.
+func (m *Manager) WarmLater(s WarmSpec) {
+	m.goBackground(func() {
+		ctx, cancel := m.untilClose()
+		defer cancel()
+		m.wg.Add(1) // safe while Close waits: this goroutine's count is still held
+		go func() {
+			defer m.wg.Done()
+			m.keepWarmFresh(ctx, []WarmSpec{s})
+		}()
+		m.warmOne(ctx, s)
+	})
+}
+
+// warmOne makes s's warm image unless it exists, holds it in memory, and
+// keeps a pool and a standby of the template.
+func (m *Manager) warmOne(ctx context.Context, s WarmSpec) {
+	dir := s.Template.WarmImage
+	if _, err := os.Stat(dir); err != nil {
+		os.MkdirAll(filepath.Dir(dir), 0o700)
+		start := time.Now()
+		m.log.Info("warming template (creates boot cold until this is done)", "template", s.Template.Name)
+		if err := m.Warm(ctx, s.Template, s.Warmup, dir); err != nil {
+			m.log.Error("warming template failed; its sandboxes boot cold", "template", s.Template.Name, "err", err)
+			return
+		}
+		m.log.Info("template warm", "template", s.Template.Name, "seconds", time.Since(start).Seconds())
+	}
+	// Held in the page cache while the server runs (pin.go); made by an
+	// earlier start, it is read from disk here, not by the first create.
+	if err := m.warmHeld.hold(filepath.Join(dir, "image")); err != nil {
+		m.log.Warn("holding a warm image in memory; creates may read it from disk", "template", s.Template.Name, "err", err)
+	}
+	m.EnablePool(s.Template, m.cfg.PoolSize)
+	m.enableStandby(s.Template)
 }
 
 // goBackground runs f in the background as the manager's own work, which
