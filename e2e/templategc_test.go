@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/client"
 	"github.com/pandastack/pandastack/internal/paths"
@@ -72,8 +73,27 @@ func TestTemplateGC(t *testing.T) {
 		return dir
 	}
 	v1 := writeSpec("1")
+	// What a --force rebuild set aside and a killed build left: serve's
+	// start removes them (the build's message says so; nothing did).
+	leftover := func(name string) string {
+		dir := filepath.Join(cache, "templates", name)
+		if err := os.MkdirAll(filepath.Join(dir, "rootfs", "etc"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	aside, killed := leftover(".old.base.7"), leftover(".build.base.9")
 	s := startServer(t, dataDir, "PANDASTACK_CACHE_DIR="+cache, "PANDASTACK_RUNSC="+testutil.Runsc(t), "PANDASTACK_WARM=0")
 	defer s.stop()
+	for _, dir := range []string{aside, killed} {
+		deadline := time.Now().Add(20 * time.Second)
+		for _, err := os.Stat(dir); err == nil; _, err = os.Stat(dir) {
+			if time.Now().After(deadline) {
+				t.Fatalf("serve's start left %s", dir)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	c := s.client()
 	ctx := context.Background()
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", TTLSeconds: 600})
@@ -129,13 +149,20 @@ func TestTemplateGC(t *testing.T) {
 	if err := c.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatal(err)
 	}
+	aside = leftover(".old.base.8")
 	out = gc("--dry-run")
 	if !strings.Contains(out, "would remove "+v1) || !exists(v1) {
 		t.Fatalf("a dry run should name %s and keep it:\n%s", v1, out)
 	}
+	if !strings.Contains(out, "would remove leftover "+aside) || !exists(aside) {
+		t.Fatalf("a dry run should name the leftover %s and keep it:\n%s", aside, out)
+	}
 	out = gc()
 	if !strings.Contains(out, "removed "+v1) || exists(v1) {
 		t.Fatalf("the unreferenced build %s should be gone:\n%s", v1, out)
+	}
+	if !strings.Contains(out, "removed leftover "+aside) || exists(aside) {
+		t.Fatalf("the leftover %s should be gone:\n%s", aside, out)
 	}
 	keptFor(out, v2, "current build of base")
 }

@@ -64,6 +64,17 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 	for _, dir := range warm {
 		fmt.Fprintf(w, "%s warm image %s\n", verb, dir)
 	}
+	// Builds a --force rebuild set aside, and what killed builds left; one
+	// still in use stays for a later run.
+	left, err := template.RemoveStale(cfg.CacheDir, dryRun)
+	if err != nil {
+		fmt.Fprintf(w, "warning: %v\n", err)
+	}
+	var freed int64
+	for _, l := range left {
+		freed += l.SizeBytes
+		fmt.Fprintf(w, "%s leftover %s (%d MB)\n", verb, l.Dir, l.SizeBytes>>20)
+	}
 	res, err := template.GC(cfg.CacheDir, template.GCOptions{
 		MinAge: minAge, DryRun: dryRun,
 		Keep: func(b template.Built) (string, bool) {
@@ -76,7 +87,6 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 	if err != nil {
 		return err
 	}
-	var freed int64
 	for _, r := range res {
 		if r.Removed {
 			freed += r.Build.SizeBytes

@@ -216,6 +216,18 @@ func serve(args []string) error {
 	}
 	defer mgr.Close()
 	tpls.mgr = mgr
+	// Builds a --force rebuild set aside while sandboxes ran on them (none
+	// run now but another server's, whose mounts keep theirs), and what
+	// killed builds left: the build's own message promises this.
+	go func() {
+		left, err := template.RemoveStale(cfg.CacheDir, false)
+		for _, l := range left {
+			log.Info("removed a template build left aside", "dir", l.Dir, "mb", l.SizeBytes>>20)
+		}
+		if err != nil {
+			log.Warn("removing template builds left aside", "err", err)
+		}
+	}()
 	if cfg.Warm {
 		mgr.StartWarming(tpls.warmSpecs())
 		tpls.startWarmingLater(mgr.WarmLater)

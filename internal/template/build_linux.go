@@ -550,12 +550,23 @@ func (b *builder) step(ctx context.Context, title, sizeOf string, fn func() erro
 	return nil
 }
 
-// RemoveStale removes what crashed builds left in cacheDir (their temp
-// directories) unless a live builder holds their lock. Build cleans up
-// after a crash of its own name; call this at server start to reclaim the rest.
-func RemoveStale(cacheDir string) error {
+// Leftover is a directory a build left in the cache.
+type Leftover struct {
+	Dir       string
+	SizeBytes int64
+}
+
+// RemoveStale removes what builds left in cacheDir: the temp directories of
+// crashed (killed) builds, and the builds a --force rebuild set aside while
+// a sandbox ran on them, unless a live builder holds their lock or a
+// process still has them mounted. Build cleans up after a crash of its own
+// name; serve calls this at its start, and template gc, to reclaim the
+// rest. It returns the directories removed (with dryRun: those it would
+// remove, in use or not).
+func RemoveStale(cacheDir string, dryRun bool) ([]Leftover, error) {
 	root := filepath.Join(cacheDir, templatesDir)
 	var errs []error
+	var removed []Leftover
 	clean := func(dir string, prefixes ...string) {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
@@ -564,12 +575,22 @@ func RemoveStale(cacheDir string) error {
 				if !strings.HasPrefix(e.Name(), prefix) || !ok {
 					continue
 				}
+				p := filepath.Join(dir, e.Name())
+				if dryRun {
+					removed = append(removed, Leftover{p, dirSize(p)})
+					continue
+				}
 				unlock, err := tryLock(filepath.Join(dir, "."+name+".lock"))
 				if err != nil {
 					continue // a build is running, or the lock is unusable
 				}
-				if err := removeTree(filepath.Join(dir, e.Name())); err != nil {
-					errs = append(errs, err)
+				size := dirSize(p)
+				if err := removeTree(p); err != nil {
+					if !errors.Is(err, errInUse) {
+						errs = append(errs, err)
+					}
+				} else {
+					removed = append(removed, Leftover{p, size})
 				}
 				unlock()
 			}
@@ -577,7 +598,7 @@ func RemoveStale(cacheDir string) error {
 	}
 	clean(root, ".build.", ".old.")
 	clean(filepath.Join(root, stagesDir), ".tmp.")
-	return errors.Join(errs...)
+	return removed, errors.Join(errs...)
 }
 
 // removeStale removes leftovers named prefix* in dir; the caller holds

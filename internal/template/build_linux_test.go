@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -422,8 +423,24 @@ func TestRemoveStale(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unlock()
-	if err := RemoveStale(cache); err != nil {
+	would, err := RemoveStale(cache, true)
+	if err != nil || len(would) != 4 {
+		t.Fatalf("dry run: %v %v, want the 4 leftovers", would, err)
+	}
+	if _, err := os.Stat(filepath.Join(root, ".old.gone.2")); err != nil {
+		t.Fatalf("the dry run removed: %v", err)
+	}
+	removed, err := RemoveStale(cache, false)
+	if err != nil {
 		t.Fatal(err)
+	}
+	var names []string
+	for _, l := range removed {
+		names = append(names, strings.TrimPrefix(l.Dir, root+"/"))
+	}
+	slices.Sort(names)
+	if want := []string{".build.gone.1", ".old.gone.2", "stages/.tmp.bookworm-abc.4"}; !slices.Equal(names, want) {
+		t.Errorf("removed %q, want %q", names, want)
 	}
 	for d, want := range map[string]bool{
 		".build.gone.1": false, ".old.gone.2": false, "stages/.tmp.bookworm-abc.4": false,

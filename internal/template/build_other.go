@@ -16,4 +16,10 @@ func Build(ctx context.Context, spec Spec, opts BuildOptions) (Built, error) {
 func mountsUnder(dir string) ([]string, error) { return nil, nil }
 
 // RemoveStale has nothing to do where nothing is ever built.
-func RemoveStale(cacheDir string) error { return nil }
+func RemoveStale(cacheDir string, dryRun bool) ([]Leftover, error) { return nil, nil }
+
+// Leftover is a directory a build left in the cache.
+type Leftover struct {
+	Dir       string
+	SizeBytes int64
+}

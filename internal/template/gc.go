@@ -50,10 +50,6 @@ func GC(cacheDir string, o GCOptions) ([]GCResult, error) {
 	if err != nil {
 		return nil, fmt.Errorf("template gc: %w", err)
 	}
-	if !o.DryRun {
-		// Builds a --force rebuild moved aside while a sandbox used them.
-		_ = RemoveStale(cacheDir) // what is still in use stays, for a later run
-	}
 	var out []GCResult
 	for _, b := range builds {
 		r := GCResult{Build: b}

@@ -163,8 +163,8 @@ func TestGCKeepsABuildMountedElsewhere(t *testing.T) {
 
 // A tree another mount namespace has mounted (a sandbox's rootfs, held by
 // its gofer) is not removed: not by removeTree, which a --force rebuild
-// uses on the build it replaces, nor by GC's clean-up of such leftovers.
-// Once unmounted, GC removes the leftover.
+// uses on the build it replaces, nor by RemoveStale's clean-up of such
+// leftovers (serve's start, template gc). Once unmounted, it goes.
 func TestRemoveTreeKeepsWhatASandboxHasMounted(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("mount namespaces are Linux's")
@@ -180,18 +180,17 @@ func TestRemoveTreeKeepsWhatASandboxHasMounted(t *testing.T) {
 	if err := removeTree(old); !errors.Is(err, errInUse) {
 		t.Errorf("removeTree of a tree mounted elsewhere: %v, want errInUse", err)
 	}
-	keep := func(Built) (string, bool) { return "", true }
-	if _, err := GC(cache, GCOptions{Keep: keep}); err != nil {
-		t.Fatal(err)
+	if left, err := RemoveStale(cache, false); err != nil || len(left) != 0 {
+		t.Fatalf("RemoveStale of a leftover in use: %v %v", left, err)
 	}
 	if !exists(filepath.Join(old, rootfsDir)) {
 		t.Fatal("the mounted tree was deleted")
 	}
 	unmount()
-	if _, err := GC(cache, GCOptions{Keep: keep}); err != nil {
-		t.Fatal(err)
+	if left, err := RemoveStale(cache, false); err != nil || len(left) != 1 || left[0].Dir != old {
+		t.Fatalf("RemoveStale once unmounted: %v %v", left, err)
 	}
 	if exists(old) {
-		t.Error("GC kept the leftover once nothing had it mounted")
+		t.Error("RemoveStale kept the leftover once nothing had it mounted")
 	}
 }
