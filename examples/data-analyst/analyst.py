@@ -88,21 +88,32 @@ class DemoModel(Model):
     the run unfold."""
 
     TURNS = [
+        # Excel and older tools write Latin-1 (cp1252) as often as UTF-8.
         "import pandas as pd\n"
-        f"df = pd.read_csv({DATA_PATH!r})\n"
-        "print(f'{len(df)} rows, {len(df.columns)} columns: {\", \".join(df.columns)}')\n"
+        "try:\n"
+        f"    df = pd.read_csv({DATA_PATH!r})\n"
+        "except UnicodeDecodeError:\n"
+        f"    df = pd.read_csv({DATA_PATH!r}, encoding='cp1252')\n"
+        "    print('(not UTF-8: read as Windows-1252)')\n"
+        "print(f'{len(df)} rows, {len(df.columns)} columns: {\", \".join(map(str, df.columns))}')\n"
         "df.head(10)",
         "numeric = df.select_dtypes('number')\n"
         "print(f'{len(numeric.columns)} numeric columns')\n"
-        "numeric.describe().round(2)",
+        "(numeric if len(numeric.columns) else df.astype(str)).describe().round(2) if len(df) else df",
         "import matplotlib.pyplot as plt\n"
         "cols = list(numeric.columns)[:4]\n"
-        "fig, axes = plt.subplots(1, len(cols), figsize=(4 * len(cols), 3), squeeze=False)\n"
-        "for ax, c in zip(axes[0], cols):\n"
-        "    ax.hist(numeric[c].dropna(), bins=20, color='#1f6feb')\n"
-        "    ax.set_title(c)\n"
-        "plt.tight_layout()\n"
-        "plt.show()",
+        "if cols and len(df):\n"
+        "    fig, axes = plt.subplots(1, len(cols), figsize=(4 * len(cols), 3), squeeze=False)\n"
+        "    for ax, c in zip(axes[0], cols):\n"
+        "        ax.hist(numeric[c].dropna(), bins=20, color='#1f6feb')\n"
+        "        ax.set_title(c)\n"
+        "    plt.tight_layout()\n"
+        "    plt.show()\n"
+        "elif len(df.columns) and len(df):\n"
+        "    top = df[df.columns[0]].astype(str).value_counts().head(10)\n"
+        "    top.plot.barh(title=f'most frequent values of {df.columns[0]}'); plt.tight_layout(); plt.show()\n"
+        "else:\n"
+        "    print('no rows to chart')",
         "corr = numeric.corr().round(2)\n"
         "pairs = corr.where(~corr.isna()).stack()\n"
         "pairs = pairs[pairs.index.get_level_values(0) < pairs.index.get_level_values(1)]\n"
@@ -156,8 +167,10 @@ def analyse(csv: bytes, question: str, emit: Emit, client: Optional[Client] = No
             model: Optional[Model] = None, max_steps: int = 10) -> str:
     """Run the agent on the CSV; emit every step; return its answer. The
     sandbox is killed at the end, whatever happens."""
+    # No network: the prompt says so, and the user's data stays in the sandbox.
     sandbox = Sandbox.create(template="code-interpreter", ttl_seconds=1800,
-                             metadata={"app": "data-analyst"}, client=client)
+                             metadata={"app": "data-analyst"}, network={"allow_internet_access": False},
+                             client=client)
     emit({"type": "sandbox", "sandbox_id": sandbox.id})
     try:
         sandbox.files.write(DATA_PATH, csv)

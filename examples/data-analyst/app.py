@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
 import threading
 import uuid
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 from urllib.parse import parse_qs
 
 from analyst import analyse
@@ -32,24 +31,29 @@ MAX_RUNS = 100
 
 class Run:
     """One analysis: its events, kept for every listener (a page may
-    reconnect), and the thread that runs it."""
+    reconnect), and the thread that runs it. Listeners are woken on their
+    own event loop; none holds a thread while it waits (with a thread each,
+    six open pages used up the default pool and stalled every other page)."""
 
     def __init__(self) -> None:
         self.events: list = []
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
         self.done = False
+        self.listeners: set = set()
 
     def emit(self, ev: Dict[str, Any]) -> None:
-        with self.cond:
+        with self.lock:
             self.events.append(ev)
             if ev["type"] in ("answer", "failed"):
                 self.done = True
-            self.cond.notify_all()
+            listeners = list(self.listeners)
+        for wake in listeners:
+            wake()
 
-    def wait(self, seen: int, timeout: float) -> list:
-        with self.cond:
-            self.cond.wait_for(lambda: len(self.events) > seen or self.done, timeout)
-            return self.events[seen:]
+    def since(self, seen: int) -> Tuple[list, bool]:
+        """The events after the first ``seen``, and whether the run ended."""
+        with self.lock:
+            return self.events[seen:], self.done
 
 
 runs: Dict[str, Run] = {}
@@ -95,26 +99,47 @@ async def read_body(receive, limit: int) -> Optional[bytes]:
             return b"".join(chunks)
 
 
-async def events(send, run: Run) -> None:
+async def events(receive, send, run: Run) -> None:
     """Server-sent events: every event of the run so far, then each new one
-    as it comes, until the run ends."""
+    as it comes, until the run ends or the page goes away."""
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
-    seen = 0
     loop = asyncio.get_running_loop()
-    while True:
-        new = await loop.run_in_executor(None, run.wait, seen, 15.0)
-        if not new:
-            if run.done:
+    woken = asyncio.Event()
+
+    def wake() -> None:  # from the run's thread
+        loop.call_soon_threadsafe(woken.set)
+
+    async def gone() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    left = asyncio.ensure_future(gone())
+    with run.lock:
+        run.listeners.add(wake)
+    seen = 0
+    try:
+        while not left.done():
+            woken.clear()
+            new, done = run.since(seen)
+            if new:
+                seen += len(new)
+                body = b"".join(f"event: {ev['type']}\ndata: {json.dumps(ev)}\n\n".encode() for ev in new)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+                continue
+            if done:
                 break
-            await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
-            continue
-        seen += len(new)
-        body = b"".join(f"event: {ev['type']}\ndata: {json.dumps(ev)}\n\n".encode() for ev in new)
-        await send({"type": "http.response.body", "body": body, "more_body": True})
-        if run.done and seen == len(run.events):
-            break
-    await send({"type": "http.response.body", "body": b""})
+            waiter = asyncio.ensure_future(woken.wait())
+            finished, _ = await asyncio.wait({waiter, left}, timeout=15.0, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if not finished:
+                await send({"type": "http.response.body", "body": b": keep-alive\n\n", "more_body": True})
+        if not left.done():
+            await send({"type": "http.response.body", "body": b""})
+    finally:
+        with run.lock:
+            run.listeners.discard(wake)
+        left.cancel()
 
 
 async def app(scope, receive, send) -> None:
@@ -148,7 +173,7 @@ async def app(scope, receive, send) -> None:
         if run is None:
             await send_json(send, 404, {"error": "no such run"})
             return
-        await events(send, run)
+        await events(receive, send, run)
         return
     await send_json(send, 404, {"error": f"no route {method} {path}"})
 

@@ -3,8 +3,10 @@ model (offline): upload a CSV, watch the steps stream in."""
 
 from __future__ import annotations
 
+import json
 import math
 
+import httpx
 from playwright.sync_api import Page, expect
 
 
@@ -35,3 +37,38 @@ def test_data_analyst_streams_steps(page: Page, analyst_app, artifacts) -> None:
     assert steps.count() >= 4
     assert page.locator("article.step[data-status=done]").count() == steps.count()
     page.screenshot(path=str(artifacts / "data-analyst.png"), full_page=True)
+
+
+def read_events(app: str, run_id: str, on_event=None) -> list:
+    """Every event of a run, read as a page does (server-sent events)."""
+    events = []
+    with httpx.stream("GET", f"{app}/api/runs/{run_id}/events", timeout=300) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                ev = json.loads(line[len("data: "):])
+                events.append(ev)
+                if on_event:
+                    on_event(ev)
+    return events
+
+
+def test_demo_handles_awkward_csvs_offline(analyst_app, serve) -> None:
+    """The demo model's analysis of a CSV with no numeric column, in Latin-1,
+    runs every step without an error (they failed, and the answer was a
+    traceback), in a sandbox without internet access, as its prompt says."""
+    csv = "ville,région\nNîmes,Occitanie\nAlès,Occitanie\nCaen,Normandie\n".encode("latin-1")
+    run_id = httpx.post(f"{analyst_app}/api/runs", params={"question": "Which region?"}, content=csv).json()["id"]
+    networks = []
+
+    def check_network(ev):
+        if ev["type"] == "sandbox":
+            with serve.api() as api:
+                networks.append(api.get(f"/v1/sandboxes/{ev['sandbox_id']}").json().get("network"))
+
+    events = read_events(analyst_app, run_id, check_network)
+    steps = [ev for ev in events if ev["type"] == "step" and ev.get("status") != "running"]
+    assert len(steps) >= 4 and all(ev["status"] == "done" for ev in steps), [ev.get("stdout") or ev for ev in steps]
+    assert "read as Windows-1252" in steps[0].get("stdout", "")
+    answer = [ev for ev in events if ev["type"] == "answer"]
+    assert answer and "Traceback" not in answer[0]["answer"], events[-1]
+    assert networks and networks[0]["allow_internet_access"] is False, networks
