@@ -331,13 +331,16 @@ func TestTools(t *testing.T) {
 		}
 		b64 := "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0BBQkNERUZHSElKS0xNTk9QUVJTVFVWV1hZWltcXV5fYGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6e3x9fn+AgYKDhIWGh4iJiouMjY6PkJGSk5SVlpeYmZqbnJ2en6ChoqOkpaanqKmqq6ytrq+wsbKztLW2t7i5uru8vb6/wMHCw8TFxsfIycrLzM3Oz9DR0tPU1dbX2Nna29zd3t/g4eLj5OXm5+jp6uvs7e7v8PHy8/T19vf4+fr7/P3+/w=="
 		s.ok(t, "upload_file", map[string]any{"path": "/tmp/mcp/bytes.bin", "content": b64, "base64": true})
-		if got := textOf(s.ok(t, "download_file", map[string]any{"path": "/tmp/mcp/bytes.bin"})); got != b64 {
-			t.Fatalf("binary download gave %q", got)
+		// Said to be base64 in an item of its own, then the data.
+		res := s.ok(t, "download_file", map[string]any{"path": "/tmp/mcp/bytes.bin"})
+		if len(res.Content) != 2 || !strings.HasPrefix(textOf(&mcp.CallToolResult{Content: res.Content[:1]}), "[base64 of the 256 bytes of /tmp/mcp/bytes.bin (binary") ||
+			textOf(&mcp.CallToolResult{Content: res.Content[1:]}) != b64 {
+			t.Fatalf("binary download gave %q", textOf(res))
 		}
 		if txt := textOf(s.ok(t, "exec", map[string]any{"cmd": "wc -c < /tmp/mcp/bytes.bin"})); !strings.Contains(txt, "256") {
 			t.Fatalf("uploaded size: %s", txt)
 		}
-		res := s.call(t, "download_file", map[string]any{"path": "/tmp/mcp/missing.txt"})
+		res = s.call(t, "download_file", map[string]any{"path": "/tmp/mcp/missing.txt"})
 		if !res.IsError || !strings.Contains(textOf(res), "not_found") {
 			t.Fatalf("missing file: isError %v: %s", res.IsError, textOf(res))
 		}

@@ -100,7 +100,7 @@ func (s *session) addTools(srv *mcp.Server) {
 	}, s.uploadFile)
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "download_file",
-		Description: fmt.Sprintf("Read a file from the sandbox: text comes back as text, binary as base64 (at most %d MiB).", maxDownload>>20),
+		Description: fmt.Sprintf("Read a file from the sandbox: text (UTF-8) comes back as text; anything else as a line saying it is base64, then the base64 (at most %d MiB).", maxDownload>>20),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
 	}, s.downloadFile)
 	mcp.AddTool(srv, &mcp.Tool{
@@ -415,7 +415,17 @@ func (s *session) downloadFile(ctx context.Context, _ *mcp.CallToolRequest, in d
 		if !in.Base64 && isText(b) {
 			return text("%s", b), nil
 		}
-		return text("%s", base64.StdEncoding.EncodeToString(b)), nil
+		// Said apart from the data, so that a model can tell base64 from a
+		// file whose text looks like it, and a program can take the last
+		// item as it is.
+		why := "binary, or text that is not UTF-8"
+		if in.Base64 {
+			why = "as asked"
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{
+			&mcp.TextContent{Text: fmt.Sprintf("[base64 of the %d bytes of %s (%s); the next item is the data]", len(b), in.Path, why)},
+			&mcp.TextContent{Text: base64.StdEncoding.EncodeToString(b)},
+		}}, nil
 	})
 	return res, nil, err
 }
