@@ -448,6 +448,13 @@ func TestTTLExpiry(t *testing.T) {
 	if _, err := c.ListSandboxes(ctx, nil, "bogus"); !client.IsCode(err, "invalid_request") {
 		t.Fatalf("state=bogus: %v", err)
 	}
+	// "all" stands alone: with another state it listed only that one.
+	if _, err := c.ListSandboxes(ctx, nil, "all,running"); !client.IsCode(err, "invalid_request") {
+		t.Fatalf("state=all,running: %v", err)
+	}
+	if list, err := c.ListSandboxes(ctx, nil, "all"); err != nil || !containsID(list, sb.ID) {
+		t.Fatalf("state=all does not list the expired sandbox: %v", err)
+	}
 }
 
 func containsID(list []client.Sandbox, id string) bool {

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/http"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -173,6 +174,86 @@ func (s *Server) routes() {
 	auth("DELETE /v1/api-keys/{kid}", s.revokeKey)
 }
 
+// routeQuery is, for each route, the query parameters openapi.json says it
+// takes; routes missing from it check their own (selfCheckedQuery).
+var routeQuery = func() map[string]map[string]bool {
+	var doc struct {
+		Paths map[string]map[string]json.RawMessage `json:"paths"`
+		Comp  struct {
+			Parameters map[string]struct {
+				Name string `json:"name"`
+				In   string `json:"in"`
+			} `json:"parameters"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(openAPI, &doc); err != nil {
+		panic("openapi.json: " + err.Error())
+	}
+	out := map[string]map[string]bool{}
+	for path, ops := range doc.Paths {
+		for method, raw := range ops {
+			var op struct {
+				Parameters []struct {
+					Ref  string `json:"$ref"`
+					Name string `json:"name"`
+					In   string `json:"in"`
+				} `json:"parameters"`
+			}
+			if json.Unmarshal(raw, &op) != nil {
+				continue // "parameters" shared by the path's operations, say
+			}
+			names := map[string]bool{}
+			for _, p := range op.Parameters {
+				if p.Ref != "" {
+					c := doc.Comp.Parameters[strings.TrimPrefix(p.Ref, "#/components/parameters/")]
+					p.Name, p.In = c.Name, c.In
+				}
+				if p.In == "query" {
+					names[p.Name] = true
+				}
+			}
+			out[strings.ToUpper(method)+" "+path] = names
+		}
+	}
+	return out
+}()
+
+// selfCheckedQuery are the routes whose handlers check their query
+// themselves: the list filters take metadata.<key>, and the file routes'
+// agent refuses what it does not know.
+var selfCheckedQuery = map[string]bool{
+	"GET /v1/sandboxes": true, "GET /v1/snapshots": true,
+	"PUT /v1/sandboxes/{id}/files": true, "GET /v1/sandboxes/{id}/files": true, "DELETE /v1/sandboxes/{id}/files": true,
+	"GET /v1/sandboxes/{id}/files/list": true, "GET /v1/sandboxes/{id}/files/stat": true, "POST /v1/sandboxes/{id}/files/mkdir": true,
+}
+
+// checkQuery refuses a query parameter the request's route does not take,
+// as the strict bodies refuse unknown fields: a typo, or a filter a route
+// does not have (GET /v1/lineage?sandbox_id=…), was ignored, and the
+// caller believed it had filtered.
+func checkQuery(r *http.Request) error {
+	allowed, ok := routeQuery[r.Pattern]
+	if !ok || selfCheckedQuery[r.Pattern] || r.URL.RawQuery == "" {
+		return nil
+	}
+	for k := range r.URL.Query() {
+		if allowed[k] {
+			continue
+		}
+		takes := "no query parameters"
+		if len(allowed) > 0 {
+			names := make([]string, 0, len(allowed))
+			for n := range allowed {
+				names = append(names, n)
+			}
+			slices.Sort(names)
+			takes = "only " + strings.Join(names, ", ")
+		}
+		return pandastack.Errorf(pandastack.EInvalid, "unknown query parameter %.40q; %s takes %s", k, r.Pattern, takes)
+	}
+	return nil
+}
+
 // Handler returns the API's root handler.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -294,6 +375,10 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 		}
 		if key.RevokedAt != nil {
 			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "API key %s… was revoked", key.Prefix))
+			return
+		}
+		if err := checkQuery(r); err != nil {
+			writeError(w, err)
 			return
 		}
 		ctx, done := s.trackKey(r.Context(), key.ID)

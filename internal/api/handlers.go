@@ -106,12 +106,16 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 		case strings.HasPrefix(k, "metadata."):
 			f.Metadata[strings.TrimPrefix(k, "metadata.")] = vs[0]
 		case k == "state" && vs[0] == "":
+		case k == "state" && vs[0] == "all":
 		case k == "state":
 			for _, v := range strings.Split(vs[0], ",") {
 				switch st := pandastack.SandboxState(v); st {
 				case pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused, pandastack.StateStopped:
 					f.States = append(f.States, st)
 				case "all":
+					// "all,running" listed only the running ones.
+					writeError(w, pandastack.Errorf(pandastack.EInvalid, "state=all stands alone; it cannot be combined with other states"))
+					return
 				default:
 					writeError(w, pandastack.Errorf(pandastack.EInvalid, "state must be starting, running, paused, stopped or all, got %q", v))
 					return

@@ -1,0 +1,77 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/pandastack/pandastack"
+)
+
+// keyStore knows one API key; anything past authentication panics (nil
+// Store), which a refused request never reaches.
+type keyStore struct{ pandastack.Store }
+
+func (keyStore) APIKeyByHash(context.Context, string) (pandastack.APIKey, error) {
+	return pandastack.APIKey{ID: "key_1", ProjectID: "prj_1", Prefix: "pds_0123"}, nil
+}
+
+// TestUnknownQueryRefused: on every route that checks no query of its own,
+// a parameter openapi.json does not list is refused with invalid_request
+// before anything else happens (they were ignored: ?sandbox_id= on the
+// lineage looked like a filter and was not one).
+func TestUnknownQueryRefused(t *testing.T) {
+	s := New(Config{}, nil, keyStore{}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	param := regexp.MustCompile(`\{[a-z]+(\.\.\.)?\}`)
+	checked := 0
+	for route, allowed := range routeQuery {
+		method, path, _ := strings.Cut(route, " ")
+		if selfCheckedQuery[route] || !strings.HasPrefix(path, "/v1/") || strings.Contains(path, "/ports/{port}/{path...}") || path == "/v1/openapi.json" {
+			continue
+		}
+		url := param.ReplaceAllString(path, "x") + "?bogus=1"
+		for name := range allowed {
+			url += "&" + name + "=1"
+		}
+		req := httptest.NewRequest(method, url, nil)
+		req.Header.Set("Authorization", "Bearer pds_0123456789abcdef")
+		rec := httptest.NewRecorder()
+		func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Errorf("%s: went past the query check (%v)", route, p)
+				}
+			}()
+			s.Handler().ServeHTTP(rec, req)
+		}()
+		var body errorBody
+		json.Unmarshal(rec.Body.Bytes(), &body)
+		if rec.Code != http.StatusBadRequest || body.Error.Code != pandastack.EInvalid || !strings.Contains(body.Error.Message, `"bogus"`) {
+			t.Errorf("%s ?bogus=1: %d %s, want 400 invalid_request naming it", route, rec.Code, rec.Body)
+		}
+		checked++
+	}
+	if checked < 30 {
+		t.Fatalf("checked %d routes; the route table from openapi.json looks wrong", checked)
+	}
+	// A documented parameter alone passes the check (and reaches the
+	// handler, which here has no manager).
+	req := httptest.NewRequest("GET", "/v1/sandboxes/sbx_x/processes/1/output?follow=true", nil)
+	req.Header.Set("Authorization", "Bearer pds_0123456789abcdef")
+	if err := checkQuery(withPattern(s, req)); err != nil {
+		t.Errorf("a documented parameter: %v", err)
+	}
+}
+
+// withPattern returns r as the mux routes it, with its Pattern set.
+func withPattern(s *Server, r *http.Request) *http.Request {
+	_, pattern := s.mux.Handler(r)
+	r.Pattern = pattern
+	return r
+}
