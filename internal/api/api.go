@@ -280,8 +280,16 @@ func (s *Server) Handler() http.Handler {
 		if s.hostRoute(rec, r) {
 			return
 		}
-		if r.Method == http.MethodGet && console.Serves(r.URL.Path) {
-			console.Handler().ServeHTTP(rec, r)
+		if console.Serves(r.URL.Path) {
+			switch {
+			case r.Method != http.MethodGet && r.Method != http.MethodHead:
+				rec.Header().Set("Allow", "GET, HEAD")
+				writeError(rec, &pandastack.Error{Code: pandastack.EMethod, Message: fmt.Sprintf("%s is not allowed on %s (the web console's)", r.Method, r.URL.Path)})
+			case !console.Has(r.URL.Path):
+				writeError(rec, pandastack.Errorf(pandastack.ENotFound, "the web console has no %s", r.URL.Path))
+			default:
+				console.Handler().ServeHTTP(rec, r)
+			}
 			return
 		}
 		if _, pattern := s.mux.Handler(r); pattern == "" {
@@ -290,6 +298,7 @@ func (s *Server) Handler() http.Handler {
 			probe := &statusRecorder{ResponseWriter: discardWriter{h: http.Header{}}, status: 200}
 			s.mux.ServeHTTP(probe, r)
 			if probe.status == http.StatusMethodNotAllowed {
+				rec.Header().Set("Allow", strings.Join(s.allowed(r), ", "))
 				writeError(rec, &pandastack.Error{Code: pandastack.EMethod, Message: fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path)})
 				return
 			}
@@ -298,6 +307,19 @@ func (s *Server) Handler() http.Handler {
 		}
 		s.mux.ServeHTTP(rec, r)
 	})
+}
+
+// allowed lists the methods r's path has routes for, for a 405's Allow.
+func (s *Server) allowed(r *http.Request) []string {
+	var out []string
+	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions} {
+		r2 := r.Clone(r.Context())
+		r2.Method = m
+		if _, pattern := s.mux.Handler(r2); pattern != "" {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 type discardWriter struct{ h http.Header }

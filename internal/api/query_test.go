@@ -75,3 +75,34 @@ func withPattern(s *Server, r *http.Request) *http.Request {
 	r.Pattern = pattern
 	return r
 }
+
+// TestErrorShapesOutsideTheRoutes: the console's paths and wrong methods
+// answer in the API's error shape too, and a 405 says what is allowed (the
+// console answered plain text, POST / was a 404, and no 405 had Allow).
+func TestErrorShapesOutsideTheRoutes(t *testing.T) {
+	s := New(Config{}, nil, keyStore{}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, c := range []struct {
+		method, path string
+		status       int
+		code, allow  string
+	}{
+		{"GET", "/ui/nope.js", 404, pandastack.ENotFound, ""},
+		{"GET", "/ui/", 404, pandastack.ENotFound, ""},
+		{"POST", "/", 405, pandastack.EMethod, "GET, HEAD"},
+		{"DELETE", "/ui/app.js", 405, pandastack.EMethod, "GET, HEAD"},
+		{"PUT", "/v1/sandboxes", 405, pandastack.EMethod, "GET, HEAD, POST"},
+		{"POST", "/v1/sandboxes/sbx_x/history", 405, pandastack.EMethod, "GET, HEAD"},
+	} {
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(c.method, c.path, nil))
+		var body errorBody
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != c.status || body.Error.Code != c.code || rec.Header().Get("Allow") != c.allow {
+			t.Errorf("%s %s: %d Allow %q %s, want %d %s Allow %q", c.method, c.path, rec.Code, rec.Header().Get("Allow"), rec.Body, c.status, c.code, c.allow)
+		}
+	}
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	if rec.Code != 200 || !strings.Contains(rec.Header().Get("Content-Type"), "text/html") {
+		t.Errorf("GET /: %d %s", rec.Code, rec.Header().Get("Content-Type"))
+	}
+}

@@ -21,6 +21,20 @@ func Serves(path string) bool {
 	return path == "/" || path == "/index.html" || strings.HasPrefix(path, "/ui/")
 }
 
+// Has reports whether the console has a page or file at path (one Serves
+// says is the console's).
+func Has(path string) bool {
+	if path == "/" || path == "/index.html" {
+		return true
+	}
+	name, ok := strings.CutPrefix(path, "/ui/")
+	if !ok || name == "" {
+		return false
+	}
+	st, err := fs.Stat(assets, "assets/"+name)
+	return err == nil && !st.IsDir()
+}
+
 // csp keeps the console to its own origin: no script, style, font or image
 // from elsewhere, no inline script (output of sandboxed code is shown, and
 // must never run here), images also from data: URLs (charts).

@@ -130,6 +130,10 @@ func (c *AgentClient) Close() error {
 // stops, the sandbox does not.
 const reasonShutdown = "server shutdown"
 
+// reasonKillOnExit marks the sessions of sandboxes a server run with
+// --kill-on-exit kills as it stops: nobody sent a DELETE.
+const reasonKillOnExit = "server shutdown, kill on exit"
+
 // reasonPaused marks the sessions a pause or an idle suspend ends: the
 // sandbox is on disk, whole (a follow of a process's output is cut by it).
 const reasonPaused = "paused"
@@ -157,6 +161,8 @@ func (c *AgentClient) stopped(what string) error {
 		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of memory (it used more than its memory_mb) and was stopped during %s", c.id, what)
 	case pandastack.StopPIDsLimit:
 		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of processes (its pids limit) and was stopped during %s", c.id, what)
+	case reasonKillOnExit:
+		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down with --kill-on-exit, which kills every sandbox: sandbox %s was killed during %s", c.id, what)
 	case reasonShutdown:
 		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down and cut off %s in sandbox %s, which keeps running: retry once the server is back", what, c.id)
 	case reasonPaused:

@@ -155,6 +155,18 @@ func TestRunCutByKill(t *testing.T) {
 	}
 }
 
+// TestCutByKillOnExit: a request cut off because a server run with
+// --kill-on-exit stops says so; it said the sandbox was killed by a DELETE
+// nobody sent.
+func TestCutByKillOnExit(t *testing.T) {
+	c := fakeAgent(t, func(mux *http.ServeMux) {})
+	c.markStopped(reasonKillOnExit)
+	err := c.Explain(pandastack.Errorf(pandastack.EUnavailable, "sandbox sbx_test stopped answering during exec"))
+	if !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "--kill-on-exit") || strings.Contains(err.Error(), "DELETE") || !strings.Contains(err.Error(), "exec") {
+		t.Fatalf("cut off by --kill-on-exit: %v", err)
+	}
+}
+
 // TestProcessOutputCutByKill: following a background process's output
 // when the sandbox is killed fails saying so (it was an internal error),
 // and the output so far without follow still ends cleanly.

@@ -232,7 +232,7 @@ func (m *Manager) KillAll(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			m.Kill(ctx, sb.ProjectID, sb.ID)
+			m.kill(ctx, sb.ProjectID, sb.ID, reasonKillOnExit)
 		}()
 	}
 	wg.Wait()
@@ -746,6 +746,12 @@ func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentCl
 // (a user who never asked for the suspend must not be told to retry).
 // A snapshot or fork under way answers conflict.
 func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
+	return m.kill(ctx, projectID, id, pandastack.StopKilled)
+}
+
+// kill is Kill, telling the requests it cuts off why (a Stop* reason, or
+// reasonKillOnExit).
+func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
 	for {
 		if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
 			return err
@@ -765,7 +771,7 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 	// Until the record goes, it says killed: a run cut off by this kill
 	// fails saying so, and a GET meanwhile must not say running.
 	m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, pandastack.StopKilled, m.now())
-	m.teardown(id, pandastack.StopKilled)
+	m.teardown(id, why)
 	if err := m.store.DeleteSandbox(context.Background(), id); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		return err
 	}
