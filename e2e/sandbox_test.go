@@ -455,6 +455,10 @@ func TestTTLExpiry(t *testing.T) {
 	if list, err := c.ListSandboxes(ctx, nil, "all"); err != nil || !containsID(list, sb.ID) {
 		t.Fatalf("state=all does not list the expired sandbox: %v", err)
 	}
+	// No port URL for it either (one was handed out that could only fail).
+	if status, body := rawCall(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/ports/8000/token", ""); status != 503 || !strings.Contains(string(body), "expired") {
+		t.Fatalf("port token of an expired sandbox: %d %s, want 503 saying it expired", status, body)
+	}
 }
 
 func containsID(list []client.Sandbox, id string) bool {

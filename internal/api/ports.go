@@ -167,8 +167,14 @@ func (s *Server) createPortToken(w http.ResponseWriter, r *http.Request, project
 		ttl = time.Duration(*req.TTLSeconds) * time.Second
 	}
 	id := r.PathValue("id")
-	if _, err := s.mgr.Get(r.Context(), project, id); err != nil {
+	sb, err := s.mgr.Get(r.Context(), project, id)
+	if err != nil {
 		writeError(w, err)
+		return
+	}
+	if sb.State == pandastack.StateStopped {
+		// A URL that can only ever answer "stopped" is no use to hand out.
+		writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is stopped (%s); create a new one", id, sb.StopReason))
 		return
 	}
 	secret := portTokenPrefix + strings.TrimPrefix(pandastack.NewAPIKeySecret(), "pds_")
