@@ -67,6 +67,13 @@ func TestUnknownQueryRefused(t *testing.T) {
 	if err := checkQuery(withPattern(s, req)); err != nil {
 		t.Errorf("a documented parameter: %v", err)
 	}
+	// The port proxy passes any query on to the sandbox's server.
+	for _, m := range []string{"GET", "POST", "DELETE"} {
+		req = httptest.NewRequest(m, "/v1/sandboxes/sbx_x/ports/8000/a/b?a=1&q=x", nil)
+		if err := checkQuery(withPattern(s, req)); err != nil || req.Pattern == "" {
+			t.Errorf("%s through the port proxy (%q): %v", m, req.Pattern, err)
+		}
+	}
 }
 
 // withPattern returns r as the mux routes it, with its Pattern set.
