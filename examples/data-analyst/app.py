@@ -108,7 +108,10 @@ async def events(receive, send, run: Run) -> None:
     woken = asyncio.Event()
 
     def wake() -> None:  # from the run's thread
-        loop.call_soon_threadsafe(woken.set)
+        try:
+            loop.call_soon_threadsafe(woken.set)
+        except RuntimeError:
+            pass  # the server is shutting down: its loop is closed
 
     async def gone() -> None:
         while (await receive())["type"] != "http.disconnect":

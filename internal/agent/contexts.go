@@ -448,6 +448,15 @@ func (s *Server) deleteContext(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) interruptContext(w http.ResponseWriter, r *http.Request) error {
+	// Not waited for: an interrupt that reached a kernel just started, with
+	// no cell yet, would be lost, and the cell sent next would run on.
+	cs := s.cfg.Contexts
+	cs.mu.Lock()
+	starting := cs.ctxs[r.PathValue("id")] != nil && cs.ctxs[r.PathValue("id")].kernel == nil
+	cs.mu.Unlock()
+	if starting {
+		return pandastack.Errorf(pandastack.EConflict, "context %s is still starting: nothing runs in it yet to interrupt", r.PathValue("id"))
+	}
 	cc, err := s.context(r.Context(), r.PathValue("id"))
 	if err != nil {
 		return err

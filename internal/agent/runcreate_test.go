@@ -125,6 +125,13 @@ func TestContextWaitsForItsStart(t *testing.T) {
 	}
 
 	starting("ctx_slow")
+	// An interrupt does not wait: it would reach the new kernel before the
+	// first cell and be lost.
+	rec := httptest.NewRecorder()
+	NewServer(Config{Home: t.TempDir(), Contexts: cs}, 1).Handler().ServeHTTP(rec, httptest.NewRequest("POST", "/v1/contexts/ctx_slow/interrupt", nil))
+	if rec.Code != http.StatusConflict || !strings.Contains(rec.Body.String(), "still starting") {
+		t.Fatalf("interrupt of a context still starting: %d %s, want 409 at once", rec.Code, rec.Body)
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Millisecond)
 	defer cancel()
 	if a := <-ask(ctx, "ctx_slow"); !pandastack.IsCode(a.err, pandastack.EConflict) || !strings.Contains(a.err.Error(), "still starting") {

@@ -140,11 +140,7 @@ func (m *Manager) StartWarming(specs []WarmSpec) {
 			keep[filepath.Base(s.Template.WarmImage)] = true
 		}
 		m.removeStaleWarm(keep)
-		m.wg.Add(1) // safe while Close waits: this goroutine's count is still held
-		go func() {
-			defer m.wg.Done()
-			m.keepWarmFresh(ctx, specs)
-		}()
+		m.keepWarmFreshUntilClose(specs)
 		for _, s := range specs {
 			if ctx.Err() != nil {
 				return
@@ -161,13 +157,24 @@ func (m *Manager) WarmLater(s WarmSpec) {
 	m.goBackground(func() {
 		ctx, cancel := m.untilClose()
 		defer cancel()
-		m.wg.Add(1) // safe while Close waits: this goroutine's count is still held
-		go func() {
-			defer m.wg.Done()
-			m.keepWarmFresh(ctx, []WarmSpec{s})
-		}()
+		m.keepWarmFreshUntilClose([]WarmSpec{s})
 		m.warmOne(ctx, s)
 	})
+}
+
+// keepWarmFreshUntilClose runs keepWarmFresh for specs until the manager
+// closes, on a context of its own: on the warming's, the marks stopped as
+// soon as the warming was done, and a day later another server sharing the
+// cache, or template gc, could remove a warm image in use. Call it from
+// the manager's background work (goBackground).
+func (m *Manager) keepWarmFreshUntilClose(specs []WarmSpec) {
+	m.wg.Add(1) // safe while Close waits: the caller's count is still held
+	go func() {
+		defer m.wg.Done()
+		ctx, cancel := m.untilClose()
+		defer cancel()
+		m.keepWarmFresh(ctx, specs)
+	}()
 }
 
 // warmOne makes s's warm image unless it exists, holds it in memory, and
@@ -231,7 +238,7 @@ func (m *Manager) keepWarmFresh(ctx context.Context, specs []WarmSpec) {
 }
 
 // warmTouchEvery is how often a server marks its warm images in use.
-const warmTouchEvery = time.Hour
+var warmTouchEvery = time.Hour // a variable for tests
 
 // removeStaleWarm deletes warm images of other template or agent builds
 // that nobody touched for a day: every rebuild of either leaves one behind,

@@ -171,3 +171,25 @@ func TestKeepWarmFresh(t *testing.T) {
 		t.Fatalf("marking made an image directory: %v", err)
 	}
 }
+
+// TestWarmImagesStayMarkedAfterWarming: a server goes on marking its warm
+// images in use after its warming is done, for as long as it runs (the
+// marks stopped with the warming, so a day later another server or
+// template gc could remove an image in use).
+func TestWarmImagesStayMarkedAfterWarming(t *testing.T) {
+	defer func(d time.Duration) { warmTouchEvery = d }(warmTouchEvery)
+	warmTouchEvery = 20 * time.Millisecond
+	h := newHarness(t)
+	img := filepath.Join(h.m.cfg.WarmDir, "base-made-earlier")
+	os.MkdirAll(img, 0o700) // made by an earlier start: nothing to warm
+	tpl := h.tpls.tpl
+	tpl.WarmImage = img
+	h.m.StartWarming([]WarmSpec{{Template: tpl, Warmup: "x = 1"}})
+	time.Sleep(300 * time.Millisecond) // the warming is long done
+	old := time.Now().Add(-48 * time.Hour)
+	os.Chtimes(img, old, old)
+	time.Sleep(200 * time.Millisecond)
+	if fi, err := os.Stat(img); err != nil || time.Since(fi.ModTime()) > time.Hour {
+		t.Fatalf("the warm image was not marked again after the warming: %v", err)
+	}
+}

@@ -571,10 +571,14 @@ func RemoveStale(cacheDir string, dryRun bool) ([]Leftover, error) {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
 			for _, prefix := range prefixes {
-				name, _, ok := strings.Cut(strings.TrimPrefix(e.Name(), prefix), ".")
-				if !strings.HasPrefix(e.Name(), prefix) || !ok {
+				// prefix NAME.RANDOM: the name may hold dots itself (a
+				// stage's suite), the random suffix does not.
+				rest := strings.TrimPrefix(e.Name(), prefix)
+				dot := strings.LastIndexByte(rest, '.')
+				if !strings.HasPrefix(e.Name(), prefix) || dot <= 0 {
 					continue
 				}
+				name := rest[:dot]
 				p := filepath.Join(dir, e.Name())
 				if dryRun {
 					removed = append(removed, Leftover{p, dirSize(p)})

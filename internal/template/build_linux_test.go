@@ -413,7 +413,7 @@ func TestMountNamespaceIsPrivate(t *testing.T) {
 func TestRemoveStale(t *testing.T) {
 	cache := t.TempDir()
 	root := filepath.Join(cache, templatesDir)
-	for _, d := range []string{".build.gone.1/rootfs/etc", ".old.gone.2", ".build.held.3", "stages/.tmp.bookworm-abc.4/usr", "kept-0123456789abcdef/rootfs"} {
+	for _, d := range []string{".build.gone.1/rootfs/etc", ".old.gone.2", ".build.held.3", "stages/.tmp.bookworm-abc.4/usr", "stages/.tmp.v1.5-abc.6/usr", "kept-0123456789abcdef/rootfs"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -423,9 +423,15 @@ func TestRemoveStale(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unlock()
+	// A stage whose suite has a dot in it, being made by another builder.
+	unlockStage, err := lockFile(context.Background(), filepath.Join(root, "stages", ".v1.5-abc.lock"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlockStage()
 	would, err := RemoveStale(cache, true)
-	if err != nil || len(would) != 4 {
-		t.Fatalf("dry run: %v %v, want the 4 leftovers", would, err)
+	if err != nil || len(would) != 5 {
+		t.Fatalf("dry run: %v %v, want the 5 leftovers", would, err)
 	}
 	if _, err := os.Stat(filepath.Join(root, ".old.gone.2")); err != nil {
 		t.Fatalf("the dry run removed: %v", err)
@@ -444,7 +450,7 @@ func TestRemoveStale(t *testing.T) {
 	}
 	for d, want := range map[string]bool{
 		".build.gone.1": false, ".old.gone.2": false, "stages/.tmp.bookworm-abc.4": false,
-		".build.held.3": true, "kept-0123456789abcdef": true,
+		".build.held.3": true, "kept-0123456789abcdef": true, "stages/.tmp.v1.5-abc.6": true,
 	} {
 		if _, err := os.Stat(filepath.Join(root, d)); (err == nil) != want {
 			t.Errorf("%s: exists=%v, want %v", d, err == nil, want)
