@@ -277,6 +277,9 @@ func (s *Server) Handler() http.Handler {
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(start).Milliseconds())
 		}()
 		r = r.WithContext(context.WithValue(r.Context(), recorderKey{}, rec))
+		if r.ContentLength != 0 && r.Header.Get("Upgrade") == "" {
+			r.Body = withBodyDeadline(w, r.Body)
+		}
 		if s.hostRoute(rec, r) {
 			return
 		}
@@ -320,6 +323,48 @@ func (s *Server) allowed(r *http.Request) []string {
 		}
 	}
 	return out
+}
+
+// bodyReadTimeout bounds how long a request's body may take to arrive (a
+// variable for tests). Without it, a client that announced a body and sent
+// none held its connection forever: the handler waited in its read, or, once
+// the handler had answered (a 401 needs no body), the server waited to drain
+// it; no key was needed to hold every descriptor that way (probe Q). Uploads
+// and proxied requests, whose bodies may take longer, lift it and keep
+// their own (clearBodyDeadline).
+var bodyReadTimeout = 2 * time.Minute
+
+// withBodyDeadline sets the read deadline of w's connection for body, and
+// lifts it once body has been read to its end: a deadline left on the
+// connection would cut a long answer streamed after the body (the server's
+// watch for a client that hangs up reads on, and cancels the request when
+// that read fails).
+func withBodyDeadline(w http.ResponseWriter, body io.ReadCloser) io.ReadCloser {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(bodyReadTimeout))
+	return &deadlineBody{ReadCloser: body, rc: rc}
+}
+
+type deadlineBody struct {
+	io.ReadCloser
+	rc   *http.ResponseController
+	done bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) && !b.done {
+		b.done = true
+		b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// clearBodyDeadline lifts the body's read deadline for a handler that reads
+// a body for as long as it moves (an upload, with its own idle guard) or
+// passes it on (a proxy, whose other end decides).
+func clearBodyDeadline(w http.ResponseWriter) {
+	http.NewResponseController(w).SetReadDeadline(time.Time{})
 }
 
 type discardWriter struct{ h http.Header }
@@ -444,6 +489,11 @@ func writeError(w http.ResponseWriter, err error) {
 		rec.err = err // logged once the handler returns, unless it was
 	}
 	b := errorJSON(err)
+	if b.Error.Code == pandastack.EUnauthorized {
+		// Nothing of a body is wanted from a caller without a key: do not
+		// wait to drain one it announced and holds back.
+		http.NewResponseController(w).SetReadDeadline(time.Now())
+	}
 	writeJSON(w, statusOf(b.Error.Code), b)
 }
 

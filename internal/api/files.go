@@ -154,6 +154,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, project string)
 		return
 	}
 	defer done()
+	clearBodyDeadline(w) // an upload takes as long as it moves
 	ctx, idle := newUploadGuard(w, r)
 	defer idle.stop()
 	body := idle.reader(http.MaxBytesReader(w, r.Body, s.cfg.MaxUploadBytes))

@@ -2,10 +2,14 @@ package api
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -45,5 +49,65 @@ func TestStalledUploadIsCut(t *testing.T) {
 	}
 	if n := <-read; n != 3 {
 		t.Errorf("the handler read %d bytes, want the 3 sent", n)
+	}
+}
+
+// TestHeldBackBodies: a client that announces a body and sends none no
+// longer holds its connection: without a key it is answered 401 and the
+// connection closed at once (the server waited forever to drain the body);
+// with one, the handler's read ends at bodyReadTimeout with 400 (it waited
+// forever). A body sent in full lifts the deadline, so a long answer after
+// it is not cut.
+func TestHeldBackBodies(t *testing.T) {
+	defer func(d time.Duration) { bodyReadTimeout = d }(bodyReadTimeout)
+	bodyReadTimeout = 300 * time.Millisecond
+	s := New(Config{}, nil, keyStore{}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	held := func(auth string) (string, error) {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Write([]byte("POST /v1/api-keys HTTP/1.1\r\nHost: x\r\n" + auth + "Content-Length: 10\r\n\r\n{"))
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return "", fmt.Errorf("no answer: %w", err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if _, err := br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			return "", fmt.Errorf("answered %d %s, and the connection stayed open", resp.StatusCode, body)
+		}
+		return fmt.Sprintf("%d %s", resp.StatusCode, body), nil
+	}
+	if got, err := held(""); err != nil || !strings.HasPrefix(got, "401 ") {
+		t.Errorf("no key, body held back: %q %v, want 401 and the connection closed", got, err)
+	}
+	if got, err := held("Authorization: Bearer pds_0123456789abcdef\r\n"); err != nil || !strings.HasPrefix(got, "400 ") {
+		t.Errorf("a key, body held back: %q %v, want 400 and the connection closed", got, err)
+	}
+
+	// A whole body lifts the deadline: the handler may answer much later.
+	late := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body := withBodyDeadline(w, r.Body)
+		io.ReadAll(body)
+		time.Sleep(3 * bodyReadTimeout)
+		if r.Context().Err() != nil {
+			t.Error("the request was cancelled after its body arrived whole")
+		}
+		w.Write([]byte("late"))
+	}))
+	defer late.Close()
+	resp, err := http.Post(late.URL, "text/plain", strings.NewReader("whole"))
+	if err != nil {
+		t.Fatalf("a long answer after a whole body: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "late" {
+		t.Errorf("a long answer after a whole body: %q", b)
 	}
 }

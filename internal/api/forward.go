@@ -132,6 +132,7 @@ func (e errReader) Read([]byte) (int, error) {
 // nothing of the request reached it. Such a request goes on a new
 // connection (placeTransport), so that a dead node shows as a failed dial.
 func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, unreached func(http.ResponseWriter, *http.Request)) {
+	clearBodyDeadline(w) // the other node bounds the body itself
 	u, err := url.Parse(base)
 	if err != nil {
 		writeError(w, err)

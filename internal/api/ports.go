@@ -262,6 +262,7 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 // proxyPort passes r to the sandbox's port; setCookie, if not nil, is
 // called once the sandbox is found running, before the answer.
 func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id string, port int, setCookie func()) {
+	clearBodyDeadline(w) // the sandbox's server decides how long a body may take
 	// A proxied request or connection is work in flight: the sandbox is
 	// not idle (nor suspended under it) until it ends.
 	c, done, err := s.mgr.Hold(r.Context(), project, id)
