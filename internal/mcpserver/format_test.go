@@ -72,6 +72,21 @@ func TestExecutionResultError(t *testing.T) {
 	}
 }
 
+// A huge exception message or result reaches the model as head and tail,
+// as a huge stdout does (a 2 MB message came through as 4 MB: it is in the
+// value and the traceback both).
+func TestExecutionResultBoundsErrorsAndResults(t *testing.T) {
+	huge := strings.Repeat("é", 1<<20)
+	res := executionResult(&client.Execution{Error: &client.ExecutionError{Name: "ValueError", Value: huge, Traceback: "ValueError: " + huge}})
+	if txt := res.Content[0].(*mcp.TextContent).Text; len(txt) > outputHead+outputTail+512 || !strings.HasPrefix(txt, "ERROR: ValueError: éé") || !strings.Contains(txt, "bytes of output left out") {
+		t.Errorf("a huge exception: %d bytes of text", len(txt))
+	}
+	res = executionResult(&client.Execution{Results: []client.Result{{IsMainResult: true, Text: huge}}})
+	if txt := res.Content[0].(*mcp.TextContent).Text; len(txt) > outputHead+outputTail+512 || !strings.HasPrefix(txt, "[result] éé") || !strings.HasSuffix(txt, "éé") {
+		t.Errorf("a huge result: %d bytes of text", len(txt))
+	}
+}
+
 func TestExecutionResultEmptyAndBadImage(t *testing.T) {
 	if txt := executionResult(&client.Execution{}).Content[0].(*mcp.TextContent).Text; txt != "(no output)" {
 		t.Errorf("empty run: %q", txt)

@@ -234,6 +234,35 @@ func (s *session) forget(id string) {
 	}
 }
 
+// keepAlive pushes the default sandbox's expiry ahead every touchEvery
+// while a call runs on it, until stop: a call longer than the session's TTL
+// (a 35 s cell under a 20 s one, or one of over 15 minutes under the
+// default) lost the sandbox halfway.
+func (s *session) keepAlive(ctx context.Context, id string) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(s.touchEvery())
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if _, err := s.c.SetTTL(ctx, id, s.cfg.SessionTTL); err == nil {
+					s.mu.Lock()
+					if s.id == id {
+						s.touched = time.Now()
+					}
+					s.mu.Unlock()
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
 // close kills the default sandbox and refuses further calls.
 func (s *session) close(ctx context.Context) {
 	s.mu.Lock()
@@ -263,7 +292,9 @@ func (s *session) onSandbox(ctx context.Context, named string, fn func(id string
 	if err != nil {
 		return nil, err
 	}
+	stop := s.keepAlive(ctx, id)
 	res, err := fn(id)
+	stop()
 	if err != nil {
 		if s.gone(ctx, id, err) {
 			s.forget(id)

@@ -449,7 +449,8 @@ func TestSessionSandboxReplaced(t *testing.T) {
 
 // A session TTL shorter than the minute between expiry pushes still keeps
 // the sandbox in use alive: calls 1.5 s apart over twice an 8 s TTL run in
-// one sandbox with its state (the sandbox expired between calls).
+// one sandbox with its state (the sandbox expired between calls), and so
+// does one call longer than the TTL (it expired halfway).
 func TestShortSessionTTL(t *testing.T) {
 	api := server(t)
 	before := sessionSandboxes(t, api)
@@ -462,6 +463,11 @@ func TestShortSessionTTL(t *testing.T) {
 		if txt := textOf(res); !strings.Contains(txt, fmt.Sprintf("[result] %d", i)) || strings.Contains(txt, "[note]") {
 			t.Fatalf("call %d, %.1f s into an 8 s TTL: %s", i, float64(i)*1.5, txt)
 		}
+	}
+	// One call longer than the TTL keeps it too.
+	res := s.ok(t, "run_code", map[string]any{"code": "import time; time.sleep(14); n += 1; n"})
+	if txt := textOf(res); !strings.Contains(txt, "[result] 12") {
+		t.Fatalf("a 14 s call under an 8 s TTL: %s", txt)
 	}
 	if got := newSessionSandbox(t, before, sessionSandboxes(t, api)); got != first {
 		t.Fatalf("the session moved from %s to %s", first, got)

@@ -180,7 +180,7 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 		if tb := strings.TrimSpace(e.Traceback); tb != "" {
 			msg += "\n" + tb
 		}
-		parts = append(parts, msg)
+		parts = append(parts, forModel(msg)) // an exception's message can be megabytes too
 	}
 	if ex.Stdout != "" {
 		if len(parts) > 0 {
@@ -205,9 +205,9 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 				parts = append(parts, chartText(r.Chart))
 			}
 		case r.IsMainResult && resultText(r) != "":
-			parts = append(parts, "[result] "+resultText(r))
+			parts = append(parts, "[result] "+forModel(resultText(r)))
 		case resultText(r) != "":
-			parts = append(parts, "[display] "+resultText(r))
+			parts = append(parts, "[display] "+forModel(resultText(r)))
 		}
 	}
 	if len(parts) == 0 {

@@ -155,3 +155,15 @@ def test_format_execution_bounds_long_output_and_keeps_stderr_on_error():
     text = format_execution(failed)
     assert text.startswith("ERROR:\n") and "stdout:\nbefore" in text
     assert text.endswith("[stderr]\nls: cannot access '/nope': No such file or directory")
+
+
+def test_format_execution_bounds_errors_and_results():
+    from pandastack.integrations._kernel import OUTPUT_HEAD, OUTPUT_TAIL, format_execution
+
+    huge = "é" * (1 << 20)
+    err = Execution.from_dict({"error": {"name": "ValueError", "value": huge, "traceback": "ValueError: " + huge}})
+    text = format_execution(err)
+    assert len(text.encode()) < OUTPUT_HEAD + OUTPUT_TAIL + 300 and "bytes of output left out" in text
+    res = Execution.from_dict({"results": [{"is_main_result": True, "text": huge}], "text": huge})
+    text = format_execution(res)
+    assert len(text.encode()) < OUTPUT_HEAD + OUTPUT_TAIL + 300 and text.startswith("[result] éé")

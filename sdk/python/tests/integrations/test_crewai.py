@@ -172,3 +172,24 @@ def test_tool_attached_to_sandbox_id_and_non_persistent_mode(code_sandbox):
     fresh.run(code="1")
     assert {c.id for c in code_sandbox.list_code_contexts()} == ids_before
 
+
+
+def test_non_persistent_tool_carries_on_when_its_sandbox_stopped():
+    """A non-persistent tool (a fresh context per call) whose own sandbox was
+    killed from elsewhere says so once, then runs in a new sandbox (every
+    later call failed with NotFoundError)."""
+    from pandastack import Sandbox
+    from pandastack.integrations._kernel import SandboxLostError
+    from pandastack.integrations.crewai import PandaStackPythonTool
+
+    tool = PandaStackPythonTool(persistent=False)
+    try:
+        assert tool.run(code="6 * 7") == "[result] 42"
+        first = tool.sandbox.id
+        Sandbox.connect(first).kill()
+        with pytest.raises(SandboxLostError, match=f"the sandbox {first} that ran this agent's code has stopped"):
+            tool.run(code="1")
+        assert tool.run(code="2 + 2") == "[result] 4"
+        assert tool.sandbox.id != first
+    finally:
+        tool.close()

@@ -77,12 +77,12 @@ def format_execution(ex: Execution) -> str:
     does), and :data:`CHART_MARKER` when the cell produced a PNG; or ``(no
     output)``. (The recipe's own version leaves the result out whenever its
     text appears anywhere in stdout, so ``print(100); 1`` loses the ``1``;
-    this one does not.) A stdout or stderr longer than :data:`OUTPUT_HEAD`
-    plus :data:`OUTPUT_TAIL` bytes keeps its head and tail with a note; the
-    Execution keeps it all.
+    this one does not.) A stdout, stderr, traceback or result longer than
+    :data:`OUTPUT_HEAD` plus :data:`OUTPUT_TAIL` bytes keeps its head and
+    tail with a note; the Execution keeps it all.
     """
     if ex.error:
-        text = f"ERROR:\n{ex.error}\n\nstdout:\n{_bounded(ex.stdout or '')}".strip()
+        text = f"ERROR:\n{_bounded(str(ex.error))}\n\nstdout:\n{_bounded(ex.stdout or '')}".strip()
         if ex.stderr:
             text += f"\n\n[stderr]\n{_bounded(ex.stderr.rstrip())}"
         return text
@@ -92,7 +92,7 @@ def format_execution(ex: Execution) -> str:
     if ex.stderr:
         parts.append(f"[stderr]\n{_bounded(ex.stderr.rstrip())}")
     if ex.text and not _printed_last(ex.text, ex.stdout or ""):
-        parts.append(f"[result] {ex.text}")
+        parts.append(f"[result] {_bounded(ex.text)}")
     if ex.png:
         parts.append(CHART_MARKER)
     return "\n\n".join(parts) or "(no output)"
@@ -233,16 +233,22 @@ class SandboxKernel:
                     return self.sandbox.run_code(code, language="python", timeout=t)
                 return ctx.run_code(code, timeout=t)
             except (NotFoundError, SandboxUnavailableError) as e:
-                lost = self._lost()
-                if lost is None:
-                    raise
-                raise SandboxLostError(
-                    f"the sandbox {lost} that ran this agent's code has stopped ({e.message}), and its "
-                    "variables, imports and files are gone; the next call runs in a new sandbox, so "
-                    "repeat any setup (imports, loading data) there",
-                    code=e.code,
-                    status=e.status,
-                ) from e
+                self._raise_if_lost(e)
+                raise
+
+    def _raise_if_lost(self, e: "NotFoundError | SandboxUnavailableError") -> None:
+        """Raise SandboxLostError for e if this kernel's own sandbox has
+        stopped (and forget it); else return. Called with the lock held."""
+        lost = self._lost()
+        if lost is None:
+            return
+        raise SandboxLostError(
+            f"the sandbox {lost} that ran this agent's code has stopped ({e.message}), and its "
+            "variables, imports and files are gone; the next call runs in a new sandbox, so "
+            "repeat any setup (imports, loading data) there",
+            code=e.code,
+            status=e.status,
+        ) from e
 
     def _lost(self) -> Optional[str]:
         """After a run failed as not found or unavailable: the id of this
@@ -267,11 +273,22 @@ class SandboxKernel:
         """Run ``code`` in a new context of the sandbox, closed right after:
         nothing carries over to or from other runs."""
         with self._lock:
-            ctx = self.sandbox.create_code_context(language="python")
+            try:
+                ctx = self.sandbox.create_code_context(language="python")
+            except (NotFoundError, SandboxUnavailableError) as e:
+                self._raise_if_lost(e)
+                raise
         try:
             return ctx.run_code(code, timeout=timeout if timeout is not None else self.timeout)
+        except (NotFoundError, SandboxUnavailableError) as e:
+            with self._lock:
+                self._raise_if_lost(e)
+            raise
         finally:
-            ctx.close()
+            try:
+                ctx.close()
+            except (NotFoundError, SandboxUnavailableError):
+                pass  # gone with its sandbox
 
     def close(self) -> None:
         """Kill the sandbox if this kernel booted it; an attached sandbox and
