@@ -562,7 +562,7 @@ type Leftover struct {
 // process still has them mounted. Build cleans up after a crash of its own
 // name; serve calls this at its start, and template gc, to reclaim the
 // rest. It returns the directories removed (with dryRun: those it would
-// remove, in use or not).
+// remove now; one in use is kept either way).
 func RemoveStale(cacheDir string, dryRun bool) ([]Leftover, error) {
 	root := filepath.Join(cacheDir, templatesDir)
 	var errs []error
@@ -581,7 +581,9 @@ func RemoveStale(cacheDir string, dryRun bool) ([]Leftover, error) {
 				name := rest[:dot]
 				p := filepath.Join(dir, e.Name())
 				if dryRun {
-					removed = append(removed, Leftover{p, dirSize(p)})
+					if !treeInUse(p) {
+						removed = append(removed, Leftover{p, dirSize(p)})
+					}
 					continue
 				}
 				unlock, err := tryLock(filepath.Join(dir, "."+name+".lock"))
@@ -603,6 +605,16 @@ func RemoveStale(cacheDir string, dryRun bool) ([]Leftover, error) {
 	clean(root, ".build.", ".old.")
 	clean(filepath.Join(root, stagesDir), ".tmp.")
 	return removed, errors.Join(errs...)
+}
+
+// treeInUse reports whether removeTree would keep dir: something is mounted
+// under it, or a process has it mounted in a namespace of its own.
+func treeInUse(dir string) bool {
+	if m, err := mountsUnder(dir); err != nil || len(m) > 0 {
+		return true
+	}
+	used, err := inUseBy()
+	return err != nil || used(dir) != ""
 }
 
 // removeStale removes leftovers named prefix* in dir; the caller holds

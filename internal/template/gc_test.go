@@ -180,6 +180,9 @@ func TestRemoveTreeKeepsWhatASandboxHasMounted(t *testing.T) {
 	if err := removeTree(old); !errors.Is(err, errInUse) {
 		t.Errorf("removeTree of a tree mounted elsewhere: %v, want errInUse", err)
 	}
+	if left, err := RemoveStale(cache, true); err != nil || len(left) != 0 {
+		t.Fatalf("a dry run names a leftover in use: %v %v", left, err)
+	}
 	if left, err := RemoveStale(cache, false); err != nil || len(left) != 0 {
 		t.Fatalf("RemoveStale of a leftover in use: %v %v", left, err)
 	}
