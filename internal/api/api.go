@@ -420,7 +420,7 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 		if a := r.Header.Get("Authorization"); a != "" {
 			scheme, tok, ok := strings.Cut(a, " ")
 			if !ok || !strings.EqualFold(scheme, "Bearer") {
-				writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "the Authorization header must be \"Bearer pds_...\""))
+				refuse(w, r, pandastack.Errorf(pandastack.EUnauthorized, "the Authorization header must be \"Bearer pds_...\""))
 				return
 			}
 			secret = strings.TrimSpace(tok)
@@ -428,20 +428,20 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 			secret = wsKey(r)
 		}
 		if secret == "" {
-			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "missing API key: send \"Authorization: Bearer pds_...\" (serve prints a key on first start and writes it to <data dir>/api-key)"))
+			refuse(w, r, pandastack.Errorf(pandastack.EUnauthorized, "missing API key: send \"Authorization: Bearer pds_...\" (serve prints a key on first start and writes it to <data dir>/api-key)"))
 			return
 		}
 		key, err := s.store.APIKeyByHash(r.Context(), HashKey(secret))
 		if err != nil {
 			if pandastack.IsCode(err, pandastack.ENotFound) {
-				writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "unknown API key"))
+				refuse(w, r, pandastack.Errorf(pandastack.EUnauthorized, "unknown API key"))
 				return
 			}
 			writeError(w, err)
 			return
 		}
 		if key.RevokedAt != nil {
-			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "API key %s… was revoked", key.Prefix))
+			refuse(w, r, pandastack.Errorf(pandastack.EUnauthorized, "API key %s… was revoked", key.Prefix))
 			return
 		}
 		if err := checkQuery(r); err != nil {
@@ -489,12 +489,20 @@ func writeError(w http.ResponseWriter, err error) {
 		rec.err = err // logged once the handler returns, unless it was
 	}
 	b := errorJSON(err)
-	if b.Error.Code == pandastack.EUnauthorized {
-		// Nothing of a body is wanted from a caller without a key: do not
-		// wait to drain one it announced and holds back.
+	writeJSON(w, statusOf(b.Error.Code), b)
+}
+
+// refuse answers a caller without a valid key. A body it announced is not
+// waited for (the server would drain it before reading the next request):
+// the connection is cut once the answer is out. Only then: a read deadline
+// that fires while the server watches an idle connection cancels every
+// later request on it.
+func refuse(w http.ResponseWriter, r *http.Request, err error) {
+	if r.ContentLength != 0 {
+		w.Header().Set("Connection", "close")
 		http.NewResponseController(w).SetReadDeadline(time.Now())
 	}
-	writeJSON(w, statusOf(b.Error.Code), b)
+	writeError(w, err)
 }
 
 // classifyError gives an error that carries no code of its own the one

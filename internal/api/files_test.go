@@ -2,6 +2,7 @@ package api
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack"
 )
 
 // TestStalledUploadIsCut: an upload whose client sent part of its body and
@@ -109,5 +112,53 @@ func TestHeldBackBodies(t *testing.T) {
 	resp.Body.Close()
 	if string(b) != "late" {
 		t.Errorf("a long answer after a whole body: %q", b)
+	}
+}
+
+// ctxKeyStore knows one key, and fails as a database would when the
+// request's context is cancelled.
+type ctxKeyStore struct{ keyStore }
+
+func (s ctxKeyStore) APIKeyByHash(ctx context.Context, h string) (pandastack.APIKey, error) {
+	if err := ctx.Err(); err != nil {
+		return pandastack.APIKey{}, fmt.Errorf("API key by hash: %w", err)
+	}
+	return s.keyStore.APIKeyByHash(ctx, h)
+}
+
+// TestRefusalKeepsTheConnectionUsable: a 401 without a body leaves its
+// keep-alive connection serving the next request. Cutting the read there
+// (for a body nobody waits for) cancelled every later request on it: the
+// e2e suite's client got 500s "context canceled" from then on.
+func TestRefusalKeepsTheConnectionUsable(t *testing.T) {
+	s := New(Config{}, nil, ctxKeyStore{}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	c, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	send := func(req string) (int, string) {
+		t.Helper()
+		c.Write([]byte(req))
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("no answer on the connection: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := send("GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\n\r\n"); code != 401 {
+		t.Fatalf("without a key: %d %s", code, body)
+	}
+	time.Sleep(50 * time.Millisecond) // the server's watch of the idle connection runs
+	for i := range 3 {
+		// Authenticated, then refused for the unknown parameter: 400.
+		if code, body := send("GET /v1/sandboxes?bogus=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer pds_0123456789abcdef\r\n\r\n"); code != 400 {
+			t.Fatalf("request %d after a 401 on the same connection: %d %s, want 400", i, code, body)
+		}
 	}
 }

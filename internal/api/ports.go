@@ -234,7 +234,7 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 	if secret != "" && r.Header.Get("Authorization") == "" && r.Header.Get("X-API-Key") == "" {
 		tok, ok := s.tokens.get(secret)
 		if !ok || subtle.ConstantTimeCompare([]byte(tok.sandbox), []byte(id)) != 1 || tok.port != port {
-			writeError(w, pandastack.Errorf(pandastack.EUnauthorized, "this port token is unknown, expired, revoked or for another sandbox port"))
+			refuse(w, r, pandastack.Errorf(pandastack.EUnauthorized, "this port token is unknown, expired, revoked or for another sandbox port"))
 			return
 		}
 		var setCookie func()
