@@ -7,12 +7,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,10 +37,61 @@ type server struct {
 	url     string
 	key     string
 	cmd     *exec.Cmd
-	out     *syncBuffer
+	out     *serveLog
 	env     []string
 }
 
+// serveLog is what serve writes to its stdout and stderr: a file unlinked
+// as soon as it is made, so that nothing of it outlives the processes
+// that hold it, whose writes never fail for want of a reader (a pipe to a
+// test binary that died would end serve with SIGPIPE at its next log line,
+// half-way through killing its sandboxes).
+type serveLog struct{ f *os.File }
+
+func newServeLog(t testing.TB) *serveLog {
+	f, err := os.CreateTemp("", "pandastack-e2e-log-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(f.Name())
+	// Left open: the shared server outlives the test that started it, and
+	// its log is read until the end.
+	return &serveLog{f: f}
+}
+
+func (l *serveLog) String() string {
+	var b bytes.Buffer
+	io.Copy(&b, io.NewSectionReader(l.f, 0, 1<<62))
+	return b.String()
+}
+
+// startWithParent starts cmd so that it gets SIGTERM when this test binary
+// ends, however it ends (a -timeout panic, a kill): a serve left running
+// would keep its sandboxes, network and cgroups. The kernel sends the
+// signal when the thread that started the child ends, so every child is
+// started from one thread that lives as long as the process.
+func startWithParent(cmd *exec.Cmd) error {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGTERM
+	errc := make(chan error, 1)
+	spawner <- func() { errc <- cmd.Start() }
+	return <-errc
+}
+
+var spawner = make(chan func())
+
+func init() {
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the process
+		for start := range spawner {
+			start()
+		}
+	}()
+}
+
+// syncBuffer collects a command's output for the tests that read it.
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -88,7 +141,7 @@ func (s *server) start() {
 	t := s.t
 	port := freePort(t)
 	s.url = "http://127.0.0.1:" + strconv.Itoa(port)
-	s.out = &syncBuffer{}
+	s.out = newServeLog(t)
 	s.cmd = exec.Command(filepath.Join(s.bin, "pandastack"), "serve")
 	s.cmd.Env = append(os.Environ(),
 		"PANDASTACK_LISTEN=127.0.0.1:"+strconv.Itoa(port),
@@ -98,8 +151,8 @@ func (s *server) start() {
 		"PANDASTACK_KILL_ON_EXIT=1", // a test that stops serve must not leave sandboxes behind
 	)
 	s.cmd.Env = append(s.cmd.Env, s.env...)
-	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	if err := s.cmd.Start(); err != nil {
+	s.cmd.Stdout, s.cmd.Stderr = s.out.f, s.out.f
+	if err := startWithParent(s.cmd); err != nil {
 		t.Fatal(err)
 	}
 	// The first start may build the base template: give it time.

@@ -452,7 +452,8 @@ func (s *Server) interruptContext(w http.ResponseWriter, r *http.Request) error 
 	// no cell yet, would be lost, and the cell sent next would run on.
 	cs := s.cfg.Contexts
 	cs.mu.Lock()
-	starting := cs.ctxs[r.PathValue("id")] != nil && cs.ctxs[r.PathValue("id")].kernel == nil
+	c := cs.ctxs[r.PathValue("id")]
+	starting := c != nil && c.kernel == nil
 	cs.mu.Unlock()
 	if starting {
 		return pandastack.Errorf(pandastack.EConflict, "context %s is still starting: nothing runs in it yet to interrupt", r.PathValue("id"))
