@@ -6,8 +6,10 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -39,6 +41,11 @@ type Config struct {
 	// ResolvConf and CAMarker are the files a hello's setup writes and
 	// reads; "" means /etc/resolv.conf and agentproto.CAMarkerPath.
 	ResolvConf, CAMarker string
+
+	// Hosts and Hostname are the files every hello points at the
+	// sandbox's name (writeNameFiles); "" leaves that file alone. The
+	// agent in a sandbox sets them to /etc/hosts and /etc/hostname.
+	Hosts, Hostname string
 }
 
 // Server answers the agent API for one host session.
@@ -159,6 +166,11 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	} else {
 		s.cfg.Contexts.spares.unrelease()
 	}
+	// A restore gives the sandbox a name of its own (its image was
+	// another's): every session starts with the files that say it.
+	if err := writeNameFiles(s.cfg.Hosts, s.cfg.Hostname); err != nil {
+		s.log.Warn("writing the sandbox's name files", "err", err)
+	}
 	h := agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,
 		AgentVersion:    s.cfg.Version,
@@ -193,6 +205,53 @@ func writeResolver(path, nameserver string) error {
 	if err != nil {
 		return pandastack.Errorf(pandastack.EInvalid, "resolver %q is not an IP address", nameserver)
 	}
+	return replaceFile(path, agentproto.ResolvConf(addr.String()))
+}
+
+// hostsMarker begins the /etc/hosts the agent writes; one without it is
+// the template's own, which stays.
+const hostsMarker = "# pandastack: this sandbox's names\n"
+
+// hostsFile is the /etc/hosts of a sandbox called name: localhost and
+// its own name on the loopback, as Debian does (a template's root file
+// system has none: debootstrap makes no /etc/hosts, and without one
+// "localhost" went to the resolver and failed).
+func hostsFile(name string) string {
+	return hostsMarker +
+		"127.0.0.1\tlocalhost\n" +
+		"::1\tlocalhost ip6-localhost ip6-loopback\n" +
+		"127.0.1.1\t" + name + "\n"
+}
+
+// writeNameFiles makes the sandbox's names resolve: hosts (its
+// /etc/hosts) gets hostsFile unless the template brought one of its own,
+// and hostname (its /etc/hostname, the build host's name in a template)
+// gets the sandbox's. A file that already says so is not written again.
+// An empty path is left alone.
+func writeNameFiles(hosts, hostname string) error {
+	name, err := os.Hostname()
+	if err != nil || name == "" {
+		return fmt.Errorf("hostname: %v", err)
+	}
+	var errs []error
+	if hosts != "" {
+		b, err := os.ReadFile(hosts)
+		if errors.Is(err, fs.ErrNotExist) || err == nil && strings.HasPrefix(string(b), hostsMarker) && string(b) != hostsFile(name) {
+			errs = append(errs, replaceFile(hosts, hostsFile(name)))
+		}
+	}
+	if hostname != "" {
+		if b, err := os.ReadFile(hostname); err != nil || string(b) != name+"\n" {
+			errs = append(errs, replaceFile(hostname, name+"\n"))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// replaceFile writes content to a new file renamed over path (mode 0644),
+// so a symlink there is replaced rather than written through, and no
+// reader sees half of it.
+func replaceFile(path, content string) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
@@ -201,7 +260,7 @@ func writeResolver(path, nameserver string) error {
 	if err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
 	}
-	_, err = tmp.WriteString(agentproto.ResolvConf(addr.String()))
+	_, err = tmp.WriteString(content)
 	if err == nil {
 		err = tmp.Chmod(0o644)
 	}

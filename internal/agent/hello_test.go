@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/agent/jupyter"
@@ -139,5 +140,59 @@ func TestHelloDoesTheSetup(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(filepath.Dir(resolv)); len(ents) != 1 {
 		t.Fatalf("temp files left beside resolv.conf: %v", ents)
+	}
+}
+
+// TestHelloWritesTheNameFiles: every hello makes the sandbox's name and
+// localhost resolve: a missing /etc/hosts is written, one the agent wrote
+// for another name (a restored image's) is rewritten, a template's own is
+// kept; /etc/hostname says the sandbox's name, not the build host's.
+func TestHelloWritesTheNameFiles(t *testing.T) {
+	name, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	hosts, hostname := filepath.Join(dir, "hosts"), filepath.Join(dir, "hostname")
+	os.WriteFile(hostname, []byte("buildhost\n"), 0o644)
+	h := NewServer(Config{Home: t.TempDir(), Hosts: hosts, Hostname: hostname}, 1).Handler()
+	hello := func() {
+		t.Helper()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/v1/hello", nil))
+		if rec.Code != http.StatusOK {
+			t.Fatalf("hello: %d %s", rec.Code, rec.Body)
+		}
+	}
+	read := func(p string) string {
+		b, _ := os.ReadFile(p)
+		return string(b)
+	}
+
+	hello()
+	got := read(hosts)
+	if !strings.Contains(got, "127.0.0.1\tlocalhost\n") || !strings.Contains(got, "::1\tlocalhost") || !strings.Contains(got, "\t"+name+"\n") {
+		t.Fatalf("/etc/hosts:\n%s", got)
+	}
+	if got := read(hostname); got != name+"\n" {
+		t.Fatalf("/etc/hostname %q, want %q", got, name+"\n")
+	}
+
+	// Restored from an image made by a sandbox of another name.
+	os.WriteFile(hosts, []byte(hostsFile("sbx-other")), 0o644)
+	os.WriteFile(hostname, []byte("sbx-other\n"), 0o644)
+	hello()
+	if read(hosts) != hostsFile(name) || read(hostname) != name+"\n" {
+		t.Fatalf("after a restore: hosts\n%s\nhostname %q", read(hosts), read(hostname))
+	}
+
+	own := "10.0.0.9 db.internal\n"
+	os.WriteFile(hosts, []byte(own), 0o644)
+	hello()
+	if read(hosts) != own {
+		t.Fatalf("the template's /etc/hosts was replaced:\n%s", read(hosts))
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
+		t.Fatalf("temp files left: %v", ents)
 	}
 }
