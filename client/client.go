@@ -169,8 +169,9 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 	return &sb, c.do(ctx, http.MethodGet, "/v1/sandboxes/"+url.PathEscape(id), nil, nil, &sb)
 }
 
-// ListSandboxes lists running sandboxes whose metadata has all the given
-// pairs; state may be "", "running", "stopped" or "all".
+// ListSandboxes lists the sandboxes whose metadata has all the given
+// pairs; state is "" (starting, running and paused ones), "all", or states
+// separated by commas ("running", "paused", "stopped", "starting").
 func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string, state string) ([]Sandbox, error) {
 	q := url.Values{}
 	for k, v := range metadata {

@@ -252,6 +252,9 @@ func TestNetworkPolicy(t *testing.T) {
 	}{
 		{`{"allow_internet_access": true, "allow_out": ["8.8.8.8", "300.1.1.1"]}`, 400, "invalid_request", "allow_out[1]"},
 		{`{"deny_out": ["example.com"]}`, 400, "invalid_request", "deny_out[0]"},
+		// deny_out carves out of the internet: alone, it would deny nothing
+		// and leave the sandbox offline.
+		{`{"deny_out": ["203.0.113.0/24"]}`, 400, "invalid_request", "needs allow_internet_access"},
 		{`{"allow_out": ["192.168.0.0/24"]}`, 422, "network_denied", "allow_out[0]"},
 		{`{"allow_out": ["169.254.169.254"]}`, 422, "network_denied", "allow_out[0]"},
 		{`{"allow_out": "1.2.3.4"}`, 400, "invalid_request", ""},

@@ -45,7 +45,16 @@ func (m *Manager) validNetwork(p *pandastack.NetworkPolicy) error {
 	if m.net == nil {
 		return pandastack.Errorf(pandastack.EInvalid, "network: this server runs without sandbox networking (serve --network-default off)")
 	}
-	return m.net.Validate(*p)
+	if err := m.net.Validate(*p); err != nil {
+		return err
+	}
+	// deny_out carves out of the internet; without it, only allow_out is
+	// reachable and deny_out would deny nothing (a caller who meant to
+	// block a range only would have cut the sandbox off).
+	if !p.AllowInternetAccess && len(p.DenyOut) > 0 {
+		return pandastack.Errorf(pandastack.EInvalid, "network.deny_out needs allow_internet_access: true; without it only allow_out is reachable, so the sandbox would have no internet at all and deny_out would deny nothing")
+	}
+	return nil
 }
 
 // applyNetwork sets the policy of a sandbox that was started with the

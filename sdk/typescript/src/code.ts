@@ -176,10 +176,15 @@ export interface RunCodeOptions {
   timeout?: number;
   /** Environment variables for this run only. */
   env?: Record<string, string>;
-  onStdout?: (data: string) => void | Promise<void>;
-  onStderr?: (data: string) => void | Promise<void>;
-  onResult?: (result: Result) => void | Promise<void>;
-  onError?: (error: ExecutionError) => void | Promise<void>;
+  /**
+   * Called as the run produces each piece, in order, one at a time (a
+   * returned promise is awaited; any other value is ignored, so
+   * `(d) => process.stdout.write(d)` will do).
+   */
+  onStdout?: (data: string) => unknown;
+  onStderr?: (data: string) => unknown;
+  onResult?: (result: Result) => unknown;
+  onError?: (error: ExecutionError) => unknown;
   /** Aborts the request; the server then stops waiting for the run. */
   signal?: AbortSignal;
 }

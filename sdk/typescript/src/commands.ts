@@ -141,8 +141,9 @@ export interface OutputChunk {
 
 /** Options of `CommandHandle.wait`. */
 export interface WaitOptions {
-  onStdout?: (data: string) => void | Promise<void>;
-  onStderr?: (data: string) => void | Promise<void>;
+  /** As `ExecOptions.onStdout`: each chunk in order, a returned promise awaited. */
+  onStdout?: (data: string) => unknown;
+  onStderr?: (data: string) => unknown;
   /** Stops waiting (the command keeps running). */
   signal?: AbortSignal;
 }

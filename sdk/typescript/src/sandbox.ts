@@ -60,6 +60,10 @@ export interface SandboxInfo {
   idleTimeoutSeconds: number;
   /** While paused: `idle` when the server suspended it for idleness. */
   pauseReason?: string;
+  /** Whether any request resumes it while paused (else they answer `ConflictError`). */
+  autoResume: boolean;
+  /** Its egress policy; undefined when the server runs without networking. */
+  network?: NetworkPolicy;
 }
 
 /** Options of `Sandbox.create`. Every field is optional. */
@@ -107,7 +111,7 @@ export interface SandboxCreateOptions extends ConnectionOptions {
 export interface SandboxListOptions extends ConnectionOptions {
   /** Only sandboxes whose metadata has every one of these pairs. */
   metadata?: Record<string, string>;
-  /** States to include, or `all`. Default: starting and running ones. */
+  /** States to include, or `all`. Default: starting, running and paused ones. */
   state?: SandboxState[] | "all";
 }
 
@@ -127,9 +131,9 @@ export interface ExecOptions {
    * order output was produced (a returned promise is awaited), and nothing
    * is truncated.
    */
-  onStdout?: (data: string) => void | Promise<void>;
+  onStdout?: (data: string) => unknown;
   /** Called with each chunk of standard error as it is produced. */
-  onStderr?: (data: string) => void | Promise<void>;
+  onStderr?: (data: string) => unknown;
   /** Aborts the request, which kills the command. */
   signal?: AbortSignal;
   /**
@@ -189,6 +193,7 @@ interface WireSandbox {
   stop_reason?: string;
   idle_timeout_seconds?: number;
   pause_reason?: string;
+  auto_resume?: boolean;
   network?: WireNetworkPolicy;
 }
 
@@ -250,10 +255,14 @@ function toInfo(w: WireSandbox): SandboxInfo {
     createdAt: new Date(w.created_at),
     expiresAt: new Date(w.expires_at),
     idleTimeoutSeconds: w.idle_timeout_seconds ?? 0,
+    autoResume: w.auto_resume ?? false,
   };
   if (w.stopped_at) info.stoppedAt = new Date(w.stopped_at);
   if (w.stop_reason) info.stopReason = w.stop_reason;
   if (w.pause_reason) info.pauseReason = w.pause_reason;
+  if (w.network) {
+    info.network = { allowInternetAccess: w.network.allow_internet_access, allowOut: w.network.allow_out ?? [], denyOut: w.network.deny_out ?? [] };
+  }
   return info;
 }
 
@@ -289,6 +298,7 @@ export class Sandbox implements SandboxInfo {
   stopReason?: string;
   idleTimeoutSeconds!: number;
   pauseReason?: string;
+  autoResume!: boolean;
   /** Its egress policy, as of the last answer; undefined when the server runs without networking. */
   network?: NetworkPolicy;
   /** The sandbox's files. */
@@ -315,9 +325,8 @@ export class Sandbox implements SandboxInfo {
     this.stopReason = info.stopReason;
     this.idleTimeoutSeconds = info.idleTimeoutSeconds;
     this.pauseReason = info.pauseReason;
-    this.network = w.network
-      ? { allowInternetAccess: w.network.allow_internet_access, allowOut: w.network.allow_out ?? [], denyOut: w.network.deny_out ?? [] }
-      : undefined;
+    this.autoResume = info.autoResume;
+    this.network = info.network;
   }
 
   #path(sub = ""): string {

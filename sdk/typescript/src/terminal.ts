@@ -10,16 +10,24 @@
 
 import { PandaStackError, TimeoutError } from "./errors.js";
 
+/**
+ * An event handler property of a WebSocket, written as a method's type:
+ * TypeScript compares a method's parameters both ways, so a WebSocket whose
+ * events carry more than the fields the terminal reads (the `ws`
+ * package's) still fits.
+ */
+type Handler<E> = { handle(ev: E): void }["handle"];
+
 /** The part of the standard WebSocket the terminal uses. */
 export interface WebSocketLike {
   binaryType: string;
   readonly readyState: number;
   send(data: string | ArrayBufferView | ArrayBuffer): void;
   close(code?: number, reason?: string): void;
-  onopen: ((ev: unknown) => void) | null;
-  onmessage: ((ev: { data: unknown }) => void) | null;
-  onclose: ((ev: { code: number; reason: string }) => void) | null;
-  onerror: ((ev: unknown) => void) | null;
+  onopen: Handler<unknown> | null;
+  onmessage: Handler<{ data: unknown }> | null;
+  onclose: Handler<{ code: number; reason: string }> | null;
+  onerror: Handler<unknown> | null;
 }
 
 /** A constructor of WebSockets, like the standard one or the `ws` package's. */

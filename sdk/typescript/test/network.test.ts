@@ -22,8 +22,15 @@ test("network policy on create, live change, and bad entries", async (t) => {
     return true;
   });
   await assert.rejects(sb.setNetwork({ allowOut: ["192.168.1.1"] }), NetworkDeniedError);
-  await sb.getInfo();
+  // denyOut alone (internet access omitted, so off) would deny nothing and cut the sandbox off.
+  await assert.rejects(sb.setNetwork({ denyOut: ["203.0.113.0/24"] }), (err: unknown) => {
+    assert.ok(err instanceof InvalidRequestError, String(err));
+    assert.match((err as Error).message, /deny_out needs allow_internet_access/);
+    return true;
+  });
+  const info = await sb.getInfo();
   assert.deepEqual(sb.network?.denyOut, ["203.0.113.0/24"]);
+  assert.deepEqual(info.network, sb.network);
   // Omitted, internet access is off, as in the API: only allowOut is reachable.
   await sb.setNetwork({ allowOut: ["api.allowed.test"] });
   assert.deepEqual(sb.network, { allowInternetAccess: false, allowOut: ["api.allowed.test"], denyOut: [] });

@@ -119,11 +119,14 @@ test("snapshots, fork, pause/resume", async (t) => {
   await t.test("autoResume: a request to a paused sandbox resumes it", async (t) => {
     const auto = await codeSandbox(t, { autoResume: true });
     if (!auto) return;
+    assert.equal(auto.autoResume, true);
     await auto.runCode("kept = 'across pause'");
     const paused = await needsEndpoint(t, "POST /v1/sandboxes/{id}/pause", () => auto.pause().then(() => true));
     if (!paused) return;
     assert.equal(auto.state, "paused");
     assert.equal((await auto.runCode("kept")).text, "'across pause'");
-    assert.equal((await auto.getInfo()).state, "running");
+    const info = await auto.getInfo();
+    assert.equal(info.state, "running");
+    assert.equal(info.autoResume, true);
   });
 });

@@ -9,7 +9,8 @@ import WebSocket from "ws";
 import { ConflictError, PandaStackError, type WebSocketConstructor } from "@pandastack/sdk";
 import { haveServer, newSandbox } from "./helpers.js";
 
-const WS = ((globalThis as { WebSocket?: unknown }).WebSocket ?? WebSocket) as unknown as WebSocketConstructor;
+// The `ws` package's WebSocket fits the SDK's type as it is: no cast.
+const WS: WebSocketConstructor = (globalThis as { WebSocket?: WebSocketConstructor }).WebSocket ?? WebSocket;
 
 test("a terminal runs a shell as the sandbox user, resizes, and reports its exit", async (t) => {
   if (!haveServer(t)) return;

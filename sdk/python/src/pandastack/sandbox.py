@@ -188,7 +188,8 @@ class Sandbox(SandboxRecord):
         Args:
             metadata: required labels, e.g. ``{"user": "alice"}``.
             state: states to include (``"running"``, ``["running",
-                "stopped"]``, ``"all"``); default: starting and running.
+                "stopped"]``, ``"all"``); default: starting, running and
+                paused.
         """
         c = client or default_client()
         data = c._request("GET", "/v1/sandboxes", params=list_params(metadata, state)).json()
