@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/pandastack/pandastack"
@@ -21,7 +22,16 @@ type NetConfig struct {
 	CACerts      string         // none, host (the host's system bundle) or a PEM file added to sandboxes' trust stores
 	Resolvers    string         // upstream DNS servers (host[:port], comma-separated); default /etc/resolv.conf's
 	PublicDomain string         // {port}-{id}.PublicDomain routes to the port proxy
+	MaxFlows     int            // connections one sandbox may have open at once; 0: no limit
 }
+
+// defaultMaxFlows is --network-max-flows unless set: far above what a
+// program opens (closed TCP connections do not count; UDP flows, DNS
+// queries among them, count until the kernel forgets them: 30 s after
+// their last packet, 120 s for a flow with answers both ways), and a
+// thirty-second of the host's table (net.netfilter.nf_conntrack_max:
+// 262144 entries on the project's 24 GiB machine).
+const defaultMaxFlows = 8192
 
 type prefixList struct{ p *[]netip.Prefix }
 
@@ -64,6 +74,15 @@ func (c *NetConfig) bind(fs *flag.FlagSet) {
 	str(&c.CACerts, "sandbox-ca-certs", "PANDASTACK_SANDBOX_CA_CERTS", "host", "certificates every sandbox trusts besides its own: none, host (this host's system bundle, so TLS-inspecting proxies the host trusts work) or a PEM file")
 	str(&c.Resolvers, "network-resolvers", "PANDASTACK_NETWORK_RESOLVERS", "", "DNS servers the sandboxes' resolver forwards to, IP[:port] comma-separated (default: those of /etc/resolv.conf)")
 	str(&c.PublicDomain, "public-domain", "PANDASTACK_PUBLIC_DOMAIN", "", "serve sandbox ports also as {port}-{id}.DOMAIN (a wildcard DNS name pointing at this server)")
+	c.MaxFlows = defaultMaxFlows
+	if v, ok := os.LookupEnv("PANDASTACK_NETWORK_MAX_FLOWS"); ok {
+		if k, err := strconv.Atoi(v); err == nil {
+			c.MaxFlows = k
+		} else {
+			c.MaxFlows = -1 // refused by startNetwork, naming the variable
+		}
+	}
+	fs.IntVar(&c.MaxFlows, "network-max-flows", c.MaxFlows, "connections one sandbox may have open at once (TCP until closed, UDP until its tracking times out, 30 s or more), through NAT, DNS and the domain proxy together; new ones past it are refused, so one sandbox cannot fill the host's connection tracking table (0: no limit) ($PANDASTACK_NETWORK_MAX_FLOWS)")
 	if v := os.Getenv("PANDASTACK_NETWORK_ALLOW_PRIVATE"); v != "" {
 		prefixList{&c.AllowPrivate}.Set(v)
 	}
@@ -83,6 +102,9 @@ func startNetwork(c NetConfig, dataDir string, log *slog.Logger) (*network.Netwo
 	default:
 		return nil, fmt.Errorf("--network-default must be internet, none or off, got %q", c.Default)
 	}
+	if c.MaxFlows < 0 {
+		return nil, fmt.Errorf("--network-max-flows ($PANDASTACK_NETWORK_MAX_FLOWS) must be a whole number, 0 or more (0: no limit)")
+	}
 	var resolvers []netip.AddrPort
 	for _, f := range strings.Split(c.Resolvers, ",") {
 		if f = strings.TrimSpace(f); f == "" {
@@ -99,7 +121,7 @@ func startNetwork(c NetConfig, dataDir string, log *slog.Logger) (*network.Netwo
 		resolvers = append(resolvers, ap)
 	}
 	return network.New(network.Config{
-		CIDR: c.CIDR, AllowPrivate: c.AllowPrivate, Default: def, Resolvers: resolvers,
+		CIDR: c.CIDR, AllowPrivate: c.AllowPrivate, Default: def, Resolvers: resolvers, MaxFlows: c.MaxFlows,
 		StateDir: filepath.Join(dataDir, "network"), Instance: network.InstanceID(dataDir), Log: log,
 	})
 }

@@ -27,6 +27,14 @@ type Config struct {
 	// namespaces, veths), so several servers share a machine: at most 5
 	// characters [a-z0-9]. InstanceID derives one from the data directory.
 	Instance string
+	// MaxFlows is how many connections (TCP not yet closed, UDP and others
+	// until their tracking times out) one sandbox may have open at once,
+	// through NAT, to its resolver and to the domain proxy together; a new
+	// one past it is refused. The kernel's connection tracking table is
+	// the host's, shared by every sandbox and the host itself: without a
+	// limit, one sandbox sending UDP to changing ports filled a fifth of it
+	// in 5 s. 0: no limit.
+	MaxFlows int
 	// Resolvers are the upstream DNS servers; empty reads /etc/resolv.conf.
 	Resolvers []netip.AddrPort
 	Log       *slog.Logger

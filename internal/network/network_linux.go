@@ -171,7 +171,7 @@ func New(cfg Config) (*Network, error) {
 	}
 	cfg.Default = cfg.Default.Normalized()
 	n := &Network{cfg: cfg, log: cfg.Log, sbx: map[string]*sandboxNet{}, slots: map[int]string{}}
-	n.fw = &firewall{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: "pandastack_" + cfg.Instance}, prefix: n.vethPrefix()}
+	n.fw = &firewall{table: &nftables.Table{Family: nftables.TableFamilyINet, Name: "pandastack_" + cfg.Instance}, prefix: n.vethPrefix(), maxFlows: uint32(max(cfg.MaxFlows, 0))}
 	if err := n.pickCIDR(); err != nil {
 		return nil, err
 	}

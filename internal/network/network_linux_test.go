@@ -26,12 +26,20 @@ import (
 
 func newTestNetwork(t *testing.T, up nettest.Upstream, def pandastack.NetworkPolicy) *Network {
 	t.Helper()
+	return newTestNetworkWith(t, Config{Default: def, Resolvers: []netip.AddrPort{up.DNS}})
+}
+
+// newTestNetworkWith starts a network of cfg with a new instance and
+// state directory of its own.
+func newTestNetworkWith(t *testing.T, cfg Config) *Network {
+	t.Helper()
 	testutil.RequireRoot(t)
 	if _, err := exec.LookPath("nft"); err != nil && os.Getenv("CI") == "true" {
 		t.Fatal("nft not installed: run scripts/setup.sh")
 	}
 	inst := InstanceID(t.TempDir())
-	n, err := New(Config{Instance: inst, StateDir: t.TempDir(), Default: def, Resolvers: []netip.AddrPort{up.DNS}})
+	cfg.Instance, cfg.StateDir = inst, t.TempDir()
+	n, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,6 +261,89 @@ func TestRefusedFloodIsRateLimited(t *testing.T) {
 	t.Logf("%d of %d refused datagrams logged", k, sent)
 	if k == 0 || k >= sent/2 {
 		t.Errorf("%d of %d refused datagrams logged; want some, limited to about %d a second after a burst of %d", k, sent, refusedLogRate, refusedLogBurst)
+	}
+}
+
+// TestFlowLimit: a sandbox that opens flows to ever new ports (UDP to a
+// server that never answers) holds no more than its limit in the host's
+// connection tracking table; past it, new flows are refused and logged
+// (flow_limit), DNS to its resolver too, while a connection opened before
+// goes on; and the limit goes with the sandbox.
+func TestFlowLimit(t *testing.T) {
+	up := nettest.StartUpstream(t, "l", 46, 46)
+	const limit = 40
+	n := newTestNetworkWith(t, Config{Default: pandastack.InternetPolicy(), Resolvers: []netip.AddrPort{up.DNS}, MaxFlows: limit})
+	ns, err := n.Prepare("sbx_flows", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	defer func() {
+		if !released {
+			n.Release("sbx_flows")
+		}
+	}()
+	addr, _ := n.Addr("sbx_flows")
+	tracked := func() int {
+		flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := 0
+		for _, f := range flows {
+			if a, ok := netip.AddrFromSlice(f.Forward.SrcIP.To4()); ok && a == addr {
+				k++
+			}
+		}
+		return k
+	}
+	var kept net.Conn
+	nettest.InNS(t, ns, func() {
+		// Open before the flood: established, it is never counted again.
+		var err error
+		if kept, err = net.DialTimeout("tcp4", netip.AddrPortFrom(up.PublicIP, 80).String(), 5*time.Second); err != nil {
+			t.Errorf("a first connection: %v", err)
+			return
+		}
+		c, err := net.ListenUDP("udp4", nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		for port := 20000; port < 20000+10*limit; port++ {
+			c.WriteToUDP([]byte("x"), net.UDPAddrFromAddrPort(netip.AddrPortFrom(up.PublicIP, uint16(port))))
+		}
+	})
+	if kept == nil {
+		t.FailNow()
+	}
+	defer kept.Close()
+	if k := tracked(); k > limit+2 {
+		t.Errorf("%d flows of the sandbox tracked; its limit is %d", k, limit)
+	}
+	// A query to its resolver is a new flow past the limit too.
+	if rc := queryRcode(t, ns, addr.Prev(), "allowed.example"); rc != -1 {
+		t.Errorf("DNS answered (rcode %d) past the flow limit", rc)
+	}
+	// The connection from before still works.
+	kept.SetDeadline(time.Now().Add(5 * time.Second))
+	fmt.Fprintf(kept, "GET / HTTP/1.0\r\nHost: test.example\r\n\r\n")
+	if b, err := io.ReadAll(kept); err != nil || !strings.Contains(string(b), "upstream") {
+		t.Errorf("the connection opened before the flood: %q %v", b, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !slices.ContainsFunc(n.Log("sbx_flows"), func(e pandastack.EgressEntry) bool { return e.Rule == "flow_limit" && !e.Allowed }) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no flow_limit entry in the egress log: %+v", n.Log("sbx_flows"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	n.Release("sbx_flows")
+	released = true
+	out, _ := exec.Command("nft", "list", "table", "inet", "pandastack_"+n.cfg.Instance).CombinedOutput()
+	if strings.Contains(string(out), "lim_") || strings.Contains(string(out), "ct count") {
+		t.Errorf("the sandbox's flow limit outlived it:\n%s", out)
 	}
 }
 

@@ -26,6 +26,7 @@ const (
 	refusedPolicy              // the sandbox's own chain: deny_out or no internet
 	refusedQUIC                // UDP 443 while domain rules are in force
 	refusedHost                // the host through the gateway, other than DNS and the domain proxy
+	refusedFlows               // a new connection past the sandbox's limit (Config.MaxFlows)
 )
 
 // Rate of refused packets logged per sandbox; more are refused unlogged.
@@ -200,6 +201,8 @@ func (n *Network) logRefused(p refusedPacket) {
 		_, rule = comp.decideAddr(p.dst, nil, nil)
 	case refusedQUIC:
 		rule = "quic"
+	case refusedFlows:
+		rule = "flow_limit"
 	}
 	s.elog.add(pandastack.EgressEntry{
 		Time: time.Now().UTC(), Kind: kind, Address: p.dst.String(), Port: int(p.dport),

@@ -19,9 +19,10 @@ import (
 //	postrouting (nat hook): from our range to anywhere but our veths → masquerade
 //	out:      established → accept; IPv6 → reject; jump platform; per veth → goto sbx_N
 //	platform: other sandboxes → refused; opened private ranges → return; deny set → refused
-//	sbx_N:    the sandbox's policy (anti-spoofing, allow_out, deny_out, internet)
+//	sbx_N:    the sandbox's policy (anti-spoofing, jump lim_N, allow_out, deny_out, internet)
+//	lim_N:    a new connection past the sandbox's flow limit → refused
 //	in:       established → accept; else reject
-//	host:     established, DNS and the domain proxy → accept; else refused
+//	host:     per veth → jump lim_N; established, DNS and the domain proxy → accept; else refused
 //	refused:  per veth → log to the NFLOG group (rate-limited); then goto reject
 //	reject:   TCP → reset; anything else → ICMP administratively prohibited
 //
@@ -36,6 +37,10 @@ type firewall struct {
 	out    *nftables.Chain
 	pre    *nftables.Chain // nat prerouting: per-sandbox jumps to the domain proxy redirects
 	refus  *nftables.Chain // per-sandbox logging of refused packets
+	host   *nftables.Chain // what sandboxes send to the host: per-sandbox jumps to their flow limit
+	// maxFlows is each sandbox's limit of connections open at once
+	// (network.Config.MaxFlows); 0: none.
+	maxFlows uint32
 }
 
 // refuse marks a packet with why it is refused and sends it to the
@@ -74,6 +79,7 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	f.pre = pre
 	in := c.AddChain(&nftables.Chain{Name: "in", Table: t})
 	host := c.AddChain(&nftables.Chain{Name: "host", Table: t})
+	f.host = host
 	platform := c.AddChain(&nftables.Chain{Name: "platform", Table: t})
 	f.refus = c.AddChain(&nftables.Chain{Name: "refused", Table: t})
 
@@ -149,6 +155,17 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 	cat := func(a, b []expr.Any) []expr.Any { return append(append([]expr.Any{}, a...), b...) }
 	// Only the sandbox's own address leaves its veth.
 	rule(cat(saddrNot(addr), jump(expr.VerdictDrop, ""))...)
+	lim := "lim_" + strconv.Itoa(slot)
+	if f.maxFlows > 0 {
+		// The count is the rule's own: the kernel keeps the connections
+		// it matched and forgets each once its tracking ends (a TCP one
+		// once closed). Established packets never reach it.
+		lch := c.AddChain(&nftables.Chain{Name: lim, Table: f.table})
+		c.FlushChain(lch)
+		c.AddRule(&nftables.Rule{Table: f.table, Chain: lch, Exprs: cat(ctNew(), append([]expr.Any{
+			&expr.Connlimit{Count: f.maxFlows, Flags: expr.NFT_CONNLIMIT_F_INV}}, refuse(refusedFlows)...))})
+		rule(jump(expr.VerdictJump, lim)...)
+	}
 	if p.DomainRules() {
 		// QUIC cannot be checked by name: clients fall back to TCP.
 		rule(cat(l4proto(unix.IPPROTO_UDP), append(dport(443), refuse(refusedQUIC)...))...)
@@ -198,6 +215,17 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 						Group: f.group, Snaplen: refusedSnaplen, QThreshold: 1})})
 		}
 	}
+	if f.maxFlows > 0 {
+		// DNS and the domain proxy count too: every query from a new port
+		// is a tracked flow of its own.
+		if rules, err = c.GetRules(f.table, f.host); err != nil {
+			return err
+		}
+		if !hasTag(rules, slotTag(slot)) {
+			c.InsertRule(&nftables.Rule{Table: f.table, Chain: f.host, UserData: slotTag(slot),
+				Exprs: append(ifname(unix.NFT_META_IIFNAME, veth, false, expr.CmpOpEq), jump(expr.VerdictJump, lim)...)})
+		}
+	}
 	if rules, err = c.GetRules(f.table, f.pre); err != nil {
 		return err
 	}
@@ -210,7 +238,7 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 
 // removeSandbox deletes a sandbox's jump and chain; missing ones are fine.
 func (f *firewall) removeSandbox(c *nftables.Conn, slot int) error {
-	for _, ch := range []*nftables.Chain{f.out, f.pre, f.refus} {
+	for _, ch := range []*nftables.Chain{f.out, f.pre, f.refus, f.host} {
 		rules, err := c.GetRules(f.table, ch)
 		if err != nil {
 			return err
@@ -230,9 +258,13 @@ func (f *firewall) removeSandbox(c *nftables.Conn, slot int) error {
 	if err != nil {
 		return err
 	}
-	for _, ch := range chains {
-		if ch.Table.Name == f.table.Name && (ch.Name == "sbx_"+strconv.Itoa(slot) || ch.Name == "nat_"+strconv.Itoa(slot)) {
-			c.DelChain(ch)
+	// In this order: sbx_N jumps to lim_N, which can go only once nothing
+	// does.
+	for _, name := range []string{"sbx_", "nat_", "lim_"} {
+		for _, ch := range chains {
+			if ch.Table.Name == f.table.Name && ch.Name == name+strconv.Itoa(slot) {
+				c.DelChain(ch)
+			}
 		}
 	}
 	return c.Flush()
@@ -278,6 +310,17 @@ func dport(port uint16) []expr.Any {
 	return []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b},
+	}
+}
+
+// ctNew matches the first packet of a connection.
+func ctNew() []expr.Any {
+	mask := make([]byte, 4)
+	binary.NativeEndian.PutUint32(mask, expr.CtStateBitNEW)
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
 	}
 }
 
