@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"strconv"
@@ -116,8 +117,16 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	}
 	wasLost := false
 	urls, lost := map[string]string{}, map[string]bool{}
+	m.node.mu.Lock()
+	lastOK := m.node.lastOK
+	m.node.mu.Unlock()
 	for _, n := range nodes {
 		urls[n.ID] = n.URL
+		if n.ID == nc.ID && !lastOK.IsZero() && n.HeartbeatAt.After(lastOK) && n.URL != nc.URL {
+			// Another server heartbeats as this node since this one last
+			// did (one started despite claimNodeID, on a clock ahead).
+			m.log.Error("another server runs with this node's id: give each its own --node-id; their sandboxes are at risk", "node", nc.ID, "other_url", n.URL)
+		}
 		if n.State == pandastack.NodeLost {
 			lost[n.ID] = true
 			wasLost = wasLost || n.ID == nc.ID
@@ -255,11 +264,58 @@ func (m *Manager) startNode(ctx context.Context) error {
 		return nil
 	}
 	m.node.started = m.now()
+	if err := m.claimNodeID(ctx); err != nil {
+		return err
+	}
 	if err := m.heartbeat(ctx); err != nil {
 		return err
 	}
 	m.wg.Add(1)
 	go m.heartbeatLoop()
+	return nil
+}
+
+// claimNodeID refuses to be a second live server of this node's id (a
+// copied configuration, two hosts with the same name): each would take
+// the other's sandboxes for lost, since its own runtime lacks them, and
+// pull the node's URL back and forth. The id's record, heartbeating
+// within the grace period from another URL, is watched for two
+// heartbeats: one that stands still is an earlier run of this node, gone;
+// one that moves on is another server, and this one does not start. The
+// same URL is this node's own, restarting.
+func (m *Manager) claimNodeID(ctx context.Context) error {
+	nc := m.cfg.Node
+	find := func() (pandastack.Node, bool, error) {
+		nodes, err := m.store.ListNodes(ctx)
+		if err != nil {
+			return pandastack.Node{}, false, err
+		}
+		for _, n := range nodes {
+			if n.ID == nc.ID {
+				return n, true, nil
+			}
+		}
+		return pandastack.Node{}, false, nil
+	}
+	before, ok, err := find()
+	if err != nil || !ok || before.State != pandastack.NodeUp || before.URL == nc.URL || m.now().Sub(before.HeartbeatAt) >= nc.Grace {
+		return err
+	}
+	wait := min(2*nc.Heartbeat+time.Second, nc.Grace)
+	m.log.Info("this node's id heartbeats from another URL; waiting to see whether that server still runs", "node", nc.ID, "url", before.URL, "wait", wait)
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(wait):
+	}
+	after, ok, err := find()
+	if err != nil {
+		return err
+	}
+	if ok && after.HeartbeatAt.After(before.HeartbeatAt) && after.URL != nc.URL {
+		return fmt.Errorf("node id %q is in use by a running server at %s (it heartbeats; started %s): give each server its own --node-id; a server restarting on its own data directory keeps its id and is not refused",
+			nc.ID, after.URL, after.StartedAt.UTC().Format(time.RFC3339))
+	}
 	return nil
 }
 

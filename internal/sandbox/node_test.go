@@ -329,3 +329,52 @@ func TestPauseDuringLossKeepsLost(t *testing.T) {
 		t.Errorf("the pause's image was kept: %v", err)
 	}
 }
+
+// A second server started with a live node's id (another URL) does not
+// start, and the live node's sandbox stays running; started after that
+// node stopped heartbeating (a restart elsewhere), it takes over the id.
+func TestDuplicateNodeIDRefused(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	sa := a.create()
+	a.node.Heartbeat = 200 * time.Millisecond
+	a.m.cfg.Node.Heartbeat = a.node.Heartbeat
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // A keeps heartbeating, as a live server does
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(a.node.Heartbeat):
+				a.m.heartbeat(ctx)
+			}
+		}
+	}()
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "rootfs"), 0o700)
+	dup := &harness{t: t, dir: dir, rt: newFakeRuntime(), store: a.store, tpls: a.tpls}
+	dup.node = NodeConfig{ID: "node-a", URL: "http://elsewhere.test", Heartbeat: a.node.Heartbeat, Grace: 10 * time.Second}
+	m := New(Config{SnapshotDir: filepath.Join(dir, "s"), PausedDir: filepath.Join(dir, "p"), WarmDir: filepath.Join(dir, "w"), ReapInterval: time.Hour, Node: dup.node},
+		dup.store, dup.rt, dup.tpls, a.m.log)
+	err := m.Start(ctx)
+	close(stop)
+	<-done
+	if err == nil || !strings.Contains(err.Error(), `node id "node-a" is in use by a running server at http://node-a.test`) {
+		m.Close()
+		t.Fatalf("a second server of a live node's id started: %v", err)
+	}
+	if rec := a.record(sa.ID); rec.State != pandastack.StateRunning {
+		t.Errorf("the live node's sandbox after the duplicate's start: %s %s", rec.State, rec.StopReason)
+	}
+
+	// A no longer heartbeats: a server of its id elsewhere starts (after
+	// watching the record stand still).
+	m = New(Config{SnapshotDir: filepath.Join(dir, "s"), PausedDir: filepath.Join(dir, "p"), WarmDir: filepath.Join(dir, "w"), ReapInterval: time.Hour, Node: dup.node},
+		dup.store, dup.rt, dup.tpls, a.m.log)
+	if err := m.Start(ctx); err != nil {
+		t.Fatalf("the id's server moved elsewhere: %v", err)
+	}
+	m.Close()
+}
