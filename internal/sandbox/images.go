@@ -12,17 +12,19 @@ import (
 // saveSnapshot checkpoints a quiesced sandbox into a sealed image in
 // SnapshotDir, lets the sandbox go on, and hands the image to the image
 // store: the sandbox does not wait for an upload. It returns the image's
-// size.
-func (m *Manager) saveSnapshot(ctx context.Context, sb pandastack.Sandbox, snapID string) (int64, error) {
+// size, and whether the image store was given it (so may hold some of it
+// after an error).
+func (m *Manager) saveSnapshot(ctx context.Context, sb pandastack.Sandbox, snapID string) (int64, bool, error) {
 	// A crash leaves at most a .tmp-* directory, swept at start.
 	staged := filepath.Join(m.cfg.SnapshotDir, ".tmp-"+snapID+"-sealed")
 	_, err := m.checkpoint(ctx, sb, staged, true)
 	m.sbx.settle(sb.ID)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	// The snapshot is taken: a client that hangs up does not undo it.
-	return m.cfg.Images.Put(context.WithoutCancel(ctx), snapID, staged)
+	size, err := m.cfg.Images.Put(context.WithoutCancel(ctx), snapID, staged)
+	return size, true, err
 }
 
 // openSnapshot makes the image of snapshot id available on local disk,

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -233,4 +234,48 @@ func TestStartCleansInterruptedSnapshot(t *testing.T) {
 	if _, err := os.Stat(staged); !os.IsNotExist(err) || len(ci.deleted) != 1 || ci.deleted[0] != "snap_cut2" {
 		t.Errorf("the start after: deleted %v, staged dir %v", ci.deleted, err)
 	}
+}
+
+// A snapshot whose upload failed, with a bucket that then does not answer
+// the clean-up either (it went away mid-upload), leaves its pending file:
+// the next start removes what the upload sent. A snapshot refused before
+// any upload (a busy sandbox) asks the store nothing.
+func TestFailedUploadCleanedLater(t *testing.T) {
+	h, img := newImagesHarness(t)
+	ci := &cleanImages{images: img}
+	h.images = ci
+	h.m.Close()
+	h.m = h.newManager()
+	sb := h.create()
+	down := pandastack.Errorf(pandastack.EUnavailable, "the snapshot store does not answer; retry")
+	img.mu.Lock()
+	img.putErr = down
+	img.mu.Unlock()
+	ci.mu.Lock()
+	ci.deleteErr = down
+	ci.mu.Unlock()
+	if _, err := h.m.Snapshot(context.Background(), project, sb.ID, nil); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Fatalf("snapshot with the store down: %v", err)
+	}
+	ents, _ := os.ReadDir(h.m.cfg.SnapshotDir)
+	if len(ents) != 1 || !strings.HasPrefix(ents[0].Name(), pendingPrefix) {
+		t.Fatalf("after the failed upload the snapshot dir holds %v, want its pending file", ents)
+	}
+	id := strings.TrimPrefix(ents[0].Name(), pendingPrefix)
+
+	img.mu.Lock()
+	img.putErr = nil
+	img.mu.Unlock()
+	ci.mu.Lock()
+	ci.deleteErr, ci.deleted = nil, nil
+	ci.mu.Unlock()
+	h.m.Close()
+	h.m = h.newManager()
+	ci.mu.Lock()
+	deleted := slices.Clone(ci.deleted)
+	ci.mu.Unlock()
+	if !slices.Equal(deleted, []string{id}) {
+		t.Errorf("deleted at the next start: %v, want [%s]", deleted, id)
+	}
+	testutil.RequireEmptyDir(t, h.m.cfg.SnapshotDir)
 }

@@ -79,16 +79,33 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	// Until the record is written, this says the image store may hold an
 	// image of no snapshot: a crash after the upload (whose staged image
 	// became the cache's) leaves it for the next start (sweepImages).
+	// A failed snapshot keeps it too when what its upload sent could not
+	// be removed (the bucket stopped answering): the next start tries.
 	pending := filepath.Join(m.cfg.SnapshotDir, pendingPrefix+snap.ID)
 	os.WriteFile(pending, nil, 0o600)
-	defer os.Remove(pending)
-	if snap.SizeBytes, err = m.saveSnapshot(ctx, sb, snap.ID); err != nil {
+	dropped := func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := m.cfg.Images.Delete(dctx, snap.ID); err != nil {
+			m.log.Warn("remove what a failed snapshot sent to the snapshot store; the next start tries again", "snapshot", snap.ID, "err", err)
+			return
+		}
+		os.Remove(pending)
+	}
+	var given bool
+	if snap.SizeBytes, given, err = m.saveSnapshot(ctx, sb, snap.ID); err != nil {
+		if given {
+			dropped()
+		} else {
+			os.Remove(pending)
+		}
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
 	if err := m.store.CreateSnapshot(context.WithoutCancel(ctx), snap); err != nil {
-		m.cfg.Images.Delete(context.Background(), snap.ID)
+		dropped()
 		return pandastack.Snapshot{}, err
 	}
+	os.Remove(pending)
 	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "bytes", snap.SizeBytes)
 	return snap, nil
 }

@@ -344,8 +344,9 @@ func (s *Store) SweepCache(keep func(id string) bool, olderThan time.Duration) [
 }
 
 // unreachable marks err EUnavailable when the bucket did not answer (a
-// connection that failed or timed out, or a 5xx other than 501 after the
-// SDK's retries), which a client may retry; err stays in the chain for the
+// connection that failed, timed out or was cut in the middle of a body,
+// or a 5xx other than 501 after the SDK's retries), which a client may
+// retry; err stays in the chain for the
 // log. A certificate the server's TLS does not pass, say, stays internal:
 // retrying does not help.
 func unreachable(err error) error {
@@ -355,7 +356,7 @@ func unreachable(err error) error {
 	if err == nil || pandastack.ErrorCode(err) != pandastack.EInternal {
 		return err
 	}
-	if errors.As(err, &op) || (errors.As(err, &ne) && ne.Timeout()) ||
+	if errors.As(err, &op) || (errors.As(err, &ne) && ne.Timeout()) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		(errors.As(err, &status) && status.HTTPStatusCode() >= 500 && status.HTTPStatusCode() != http.StatusNotImplemented) {
 		return fmt.Errorf("%w (%w)", pandastack.Errorf(pandastack.EUnavailable, "the snapshot store does not answer; retry"), err)
 	}

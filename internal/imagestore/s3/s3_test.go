@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -213,8 +214,9 @@ func TestS3(t *testing.T) {
 	// A bucket that stops answering is a retryable sandbox_unavailable.
 	t.Run("UnreachableIsUnavailable", func(t *testing.T) {
 		down := &failing{next: http.DefaultTransport}
+		bucket := srv.NewBucket(t)
 		s, err := s3.New(t.Context(), s3.Config{
-			Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+			Endpoint: srv.Endpoint, Bucket: bucket, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
 			CacheDir: t.TempDir(), HTTPClient: &http.Client{Transport: down},
 		})
 		if err != nil {
@@ -230,6 +232,26 @@ func TestS3(t *testing.T) {
 		}
 		if err := s.Delete(t.Context(), "snap_y"); !pandastack.IsCode(err, pandastack.EUnavailable) {
 			t.Errorf("Delete: %v, want %s", err, pandastack.EUnavailable)
+		}
+
+		// A download cut in the middle of a body: retryable too, and
+		// nothing of it stays in the cache.
+		down.down.Store(false)
+		if _, err := s.Put(t.Context(), "snap_z", sealFiles(t, map[string][]byte{"f": bytes.Repeat([]byte("data"), 1000)})); err != nil {
+			t.Fatal(err)
+		}
+		cache := t.TempDir()
+		cut := &failing{next: http.DefaultTransport}
+		cut.cut.Store(true)
+		other, err := s3.New(t.Context(), s3.Config{
+			Endpoint: srv.Endpoint, Bucket: bucket, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+			CacheDir: cache, HTTPClient: &http.Client{Transport: cut},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Open(t.Context(), "snap_z"); !pandastack.IsCode(err, pandastack.EUnavailable) {
+			t.Errorf("Open of a download cut short: %v, want %s", err, pandastack.EUnavailable)
 		}
 	})
 
@@ -252,13 +274,33 @@ func TestS3(t *testing.T) {
 type failing struct {
 	next http.RoundTripper
 	down atomic.Bool
+	cut  atomic.Bool // bodies of object downloads end early, as when the server dies mid-transfer
 }
 
 func (f *failing) RoundTrip(req *http.Request) (*http.Response, error) {
 	if f.down.Load() {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	}
-	return f.next.RoundTrip(req)
+	resp, err := f.next.RoundTrip(req)
+	if err == nil && f.cut.Load() && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/"+imagestore.FilesDir+"/") {
+		resp.Body = cutBody{resp.Body}
+	}
+	return resp, err
+}
+
+// cutBody gives a byte of its body, then io.ErrUnexpectedEOF, as Go's
+// HTTP client does when the connection closes before the Content-Length.
+type cutBody struct{ io.ReadCloser }
+
+func (b cutBody) Read(p []byte) (int, error) {
+	if len(p) > 1 {
+		p = p[:1]
+	}
+	n, _ := b.ReadCloser.Read(p)
+	if n > 0 {
+		return n, nil
+	}
+	return 0, io.ErrUnexpectedEOF
 }
 
 // recorder counts the upload requests that pass through it.
