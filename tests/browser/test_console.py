@@ -111,6 +111,15 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.keyboard.type("echo $((6*7))")
     page.keyboard.press("Enter")
     page.wait_for_function("() => /^42\\s*$/m.test(document.getElementById('terminal').textContent)")
+    # Text that comes without a key of its own (Playwright inserts what a
+    # US keyboard lacks, as an input method does) reaches the shell too.
+    page.keyboard.type("echo 'héllo ✓ 日本 😀'")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => /^héllo ✓ 日本 😀\\s*$/mu.test(document.getElementById('terminal').textContent)")
+    # Long output lands whole, drawn once per frame rather than per message.
+    page.keyboard.type("seq 1 20000; echo SEQ-DONE")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => /^19999\\n20000\\nSEQ-DONE\\s*$/m.test(document.getElementById('terminal').textContent)")
     # Cursor moves the sandbox asks for stay on the screen: a count of
     # 999999999 neither hangs the page nor drops what follows.
     page.keyboard.type("printf 'x\\033[999999999Bx\\033[999999999Gy\\033[999999999;999999999Hz\\033[999999999@\\n'; echo $((6*8))")

@@ -4,6 +4,11 @@
 // to the sandbox over the PTY WebSocket.
 import { ptySocket } from "./api.js";
 
+// What write() reads at a given index (sticky): an escape sequence, and a
+// run of printable characters.
+const escape = /\x1b(\[[0-9;?<=>!]*[ -\/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\^_]|[()][0-9A-Za-z])/y;
+const printable = /[^\x00-\x1f\x7f]+/y;
+
 export class Terminal {
   constructor(pre, onStatus) {
     this.pre = pre;
@@ -13,8 +18,27 @@ export class Terminal {
     this.pending = "";
     this.dec = new TextDecoder();
     this.ws = null;
+    this.queued = false;
+    // Editable, so that text that comes without a key of its own (an input
+    // method's, an emoji picker's, a phone keyboard's, dictation) arrives
+    // as input events; what the browser would insert is sent instead, and
+    // the next drawing replaces what a composition left on the screen.
+    pre.contentEditable = "true";
+    pre.spellcheck = false;
+    pre.setAttribute("autocapitalize", "off");
+    pre.setAttribute("autocorrect", "off");
     pre.addEventListener("keydown", (e) => this.key(e));
     pre.addEventListener("paste", (e) => { e.preventDefault(); this.send(e.clipboardData.getData("text")); });
+    pre.addEventListener("beforeinput", (e) => {
+      if (e.inputType === "insertCompositionText") return; // sent whole at compositionend
+      e.preventDefault();
+      if ((e.inputType === "insertText" || e.inputType === "insertReplacementText") && e.data) this.send(e.data);
+      // A phone keyboard's keys come without a keydown naming them.
+      else if (e.inputType === "deleteContentBackward") this.send("\x7f");
+      else if (e.inputType === "insertParagraph" || e.inputType === "insertLineBreak") this.send("\r");
+    });
+    pre.addEventListener("compositionend", (e) => { if (e.data) this.send(e.data); this.queueRender(); });
+    pre.addEventListener("drop", (e) => e.preventDefault());
   }
 
   get size() {
@@ -76,6 +100,7 @@ export class Terminal {
   }
 
   key(e) {
+    if (e.isComposing || e.keyCode === 229) return; // an input method's: its text comes at compositionend
     if (e.key === "Tab" && !this.connected) return; // keep Tab for moving focus when idle
     if (e.key === "Escape" && e.shiftKey) { // Shift+Escape hands focus back to the page
       e.preventDefault();
@@ -86,12 +111,23 @@ export class Terminal {
       Enter: "\r", Backspace: "\x7f", Tab: "\t", Escape: "\x1b", ArrowUp: "\x1b[A", ArrowDown: "\x1b[B",
       ArrowRight: "\x1b[C", ArrowLeft: "\x1b[D", Home: "\x1b[H", End: "\x1b[F", Delete: "\x1b[3~",
     }[e.key];
+    // One character, counted in code points: an emoji is two UTF-16 units.
+    const char = [...e.key].length === 1 ? e.key : "";
+    // Ctrl+V and Ctrl+Shift+V paste, Ctrl+Shift+C copies: left to the
+    // browser (the paste comes back as a paste event).
+    const clipboard = e.ctrlKey && !e.altKey && (e.key === "v" || e.key === "V" || (e.shiftKey && (e.key === "c" || e.key === "C")));
     let out = seq;
-    if (!out && e.ctrlKey && !e.altKey && e.key.length === 1) {
-      const c = e.key.toUpperCase().charCodeAt(0);
+    if (!out && clipboard) {
+      return;
+    } else if (!out && char && e.getModifierState && e.getModifierState("AltGraph")) {
+      out = char; // AltGr (Windows reports Ctrl+Alt): the character it makes, such as @ or {
+    } else if (!out && e.ctrlKey && !e.altKey && char) {
+      const c = char.toUpperCase().charCodeAt(0);
       if (c >= 64 && c <= 95) out = String.fromCharCode(c - 64);
-    } else if (!out && !e.ctrlKey && !e.metaKey && e.key.length === 1) {
-      out = e.key;
+    } else if (!out && e.altKey && !e.ctrlKey && !e.metaKey && char) {
+      out = "\x1b" + char; // Alt as Meta: readline's Alt+b, Alt+f
+    } else if (!out && !e.ctrlKey && !e.metaKey && char) {
+      out = char;
     }
     if (out) { e.preventDefault(); this.send(out); }
   }
@@ -104,7 +140,8 @@ export class Terminal {
     while (i < s.length) {
       const ch = s[i];
       if (ch === "\x1b") {
-        const m = /^\x1b(\[[0-9;?<=>!]*[ -\/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\^_]|[()][0-9A-Za-z])/.exec(s.slice(i));
+        escape.lastIndex = i; // sticky: matched where it stands, nothing copied
+        const m = escape.exec(s);
         if (!m) {
           if (s.length - i < 64) { this.pending = s.slice(i); break; } // an escape cut in two: wait for the rest
           i++; continue;
@@ -118,11 +155,29 @@ export class Terminal {
       else if (ch === "\b") this.col = Math.max(0, this.col - 1);
       else if (ch === "\t") this.put(" ".repeat(8 - (this.col % 8)));
       else if (ch === "\x07") { /* bell */ }
-      else if (ch >= " ") this.put(ch);
+      else if (ch >= " " && ch !== "\x7f") {
+        // A run of printable text at once: a long line is not rebuilt
+        // for each of its characters.
+        printable.lastIndex = i;
+        const run = printable.exec(s)[0];
+        this.put(run);
+        i += run.length;
+        continue;
+      }
       i++;
     }
     if (this.lines.length > 2000) { const drop = this.lines.length - 2000; this.lines.splice(0, drop); this.row -= drop; }
-    this.render();
+    // Drawn once per frame, however many messages came: drawing the
+    // scrollback for each one froze the page on long output (seq 1 20000
+    // took 14 s to show).
+    this.queueRender();
+  }
+
+  queueRender() {
+    if (!this.queued) {
+      this.queued = true;
+      requestAnimationFrame(() => { this.queued = false; this.render(); });
+    }
   }
 
   put(text) {
