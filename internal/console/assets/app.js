@@ -127,8 +127,10 @@ function sandboxesPage() {
     const button = create.querySelector("button");
     button.disabled = true;
     act("Create", async () => {
-      const req = { template: tpl.value, ttl_seconds: parseInt(ttl.value, 10), metadata: parsePairs(md.value) };
-      if (idle.value !== "") req.idle_timeout_seconds = parseInt(idle.value, 10);
+      // Number, not parseInt: "1e3" is 1000 (parseInt read 1), and what is
+      // no whole number goes to the server, which says what is wrong.
+      const req = { template: tpl.value, ttl_seconds: Number(ttl.value), metadata: parsePairs(md.value) };
+      if (idle.value !== "") req.idle_timeout_seconds = Number(idle.value);
       const s = await api("POST", "/v1/sandboxes", req);
       say(`Created ${s.id}`);
       refresh();
