@@ -129,7 +129,8 @@ function sandboxesPage() {
     act("Create", async () => {
       // Number, not parseInt: "1e3" is 1000 (parseInt read 1), and what is
       // no whole number goes to the server, which says what is wrong.
-      const req = { template: tpl.value, ttl_seconds: Number(ttl.value), metadata: parsePairs(md.value) };
+      const req = { template: tpl.value, metadata: parsePairs(md.value) };
+      if (ttl.value !== "") req.ttl_seconds = Number(ttl.value);
       if (idle.value !== "") req.idle_timeout_seconds = Number(idle.value);
       const s = await api("POST", "/v1/sandboxes", req);
       say(`Created ${s.id}`);
