@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -123,8 +124,9 @@ func wholeSeconds(flagName string, d time.Duration) (int64, error) {
 }
 
 // maxStdin is what `sandbox exec --stdin` sends at most: the server takes
-// exec requests of up to 64 MiB, JSON escapes included.
-const maxStdin = 32 << 20
+// JSON bodies of up to 8 MiB, and the input goes in one as a string, JSON
+// escapes included; the rest is room for the request's other fields.
+const maxStdin = 8<<20 - 64<<10
 
 // readStdin reads this process's standard input for `sandbox exec --stdin`.
 func readStdin() (string, error) {
@@ -133,9 +135,11 @@ func readStdin() (string, error) {
 	case err != nil:
 		return "", fmt.Errorf("--stdin: %w", err)
 	case len(b) > maxStdin:
-		return "", fmt.Errorf("--stdin: over %d MiB; upload large input as a file and read it from there", maxStdin>>20)
+		return "", errTooMuchStdin
 	case !utf8.Valid(b):
 		return "", errors.New("--stdin: the input is not UTF-8 text; upload binary input as a file and read it from there")
+	case jsonLen(string(b)) > maxStdin:
+		return "", errTooMuchStdin
 	}
 	return string(b), nil
 }
@@ -162,4 +166,12 @@ func execExitCode(res *client.ExecResult) int {
 		return 1 // no exit status (the agent could not wait for it): a failure
 	}
 	return min(res.ExitCode, 255)
+}
+
+var errTooMuchStdin = errors.New("--stdin: over the server's limit of 8 MiB per request (as JSON text); upload large input as a file and read it from there")
+
+// jsonLen is the length of s as a JSON string.
+func jsonLen(s string) int {
+	b, _ := json.Marshal(s)
+	return len(b)
 }

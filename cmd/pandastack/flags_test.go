@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"io"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -187,6 +188,53 @@ func TestPrintableMeta(t *testing.T) {
 	} {
 		if got := printableMeta(in); got != want {
 			t.Errorf("printableMeta(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
+
+// --stdin takes what fits the server's 8 MiB JSON body, escapes counted,
+// and says so, with the way out, past it.
+func TestReadStdinFitsTheServer(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		in   string
+		ok   bool
+	}{
+		{"7 MiB of text", strings.Repeat("a", 7<<20), true},
+		{"9 MiB of text", strings.Repeat("a", 9<<20), false},
+		// Each control character is six bytes as JSON (\u0001).
+		{"2 MiB of control characters", strings.Repeat("\x01", 2<<20), false},
+	} {
+		f, err := os.CreateTemp(t.TempDir(), "stdin")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString(c.in)
+		f.Seek(0, 0)
+		old := os.Stdin
+		os.Stdin = f
+		got, err := readStdin()
+		os.Stdin = old
+		f.Close()
+		if c.ok && (err != nil || got != c.in) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if !c.ok && (err == nil || !strings.Contains(err.Error(), "8 MiB") || !strings.Contains(err.Error(), "upload large input as a file")) {
+			t.Errorf("%s: %v, want the limit named", c.name, err)
+		}
+	}
+}
+
+func TestAsksHelp(t *testing.T) {
+	for args, want := range map[string]bool{
+		"-h": true, "--metadata=a=b -h": true, "--help": true,
+		// A flag's value ends the scan (the key is then needed, and the
+		// flags still answer -h).
+		"--metadata a=b -h": false,
+		"sbx_x -- ls -h":    false, "sbx_x ls -h": false, "": false, "--cwd /tmp": false,
+	} {
+		if got := asksHelp(strings.Fields(args)); got != want {
+			t.Errorf("asksHelp(%q) = %v, want %v", args, got, want)
 		}
 	}
 }

@@ -50,13 +50,24 @@ func sandboxCmd(args []string) error {
 	if len(args) == 0 || isHelp(args[0]) {
 		return verbsHelp(args, "usage: pandastack sandbox create|ls|exec|kill ... (pandastack sandbox VERB -h for its flags)")
 	}
-	c, err := cliClient()
-	if err != nil {
-		return err
+	verb, args := args[0], args[1:]
+	if !slices.Contains([]string{"create", "ls", "list", "exec", "kill", "rm"}, verb) {
+		return fmt.Errorf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)
+	}
+	if (verb == "kill" || verb == "rm") && len(args) == 1 && isHelp(args[0]) {
+		fmt.Println("usage: pandastack sandbox kill ID...\n\nKills each sandbox named (its files and memory are gone; snapshots stay) and reports those it could not.")
+		return nil
+	}
+	// Asking a verb for its flags needs no key: the flags answer first.
+	var c *client.Client
+	if !asksHelp(args) {
+		var err error
+		if c, err = cliClient(); err != nil {
+			return err
+		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	verb, args := args[0], args[1:]
 	switch verb {
 	case "create":
 		fs := flag.NewFlagSet("sandbox create", flag.ContinueOnError)
@@ -138,6 +149,7 @@ func sandboxCmd(args []string) error {
 			req.Argv = argv
 		}
 		if *withStdin {
+			var err error
 			if req.Stdin, err = readStdin(); err != nil {
 				return err
 			}
@@ -183,4 +195,20 @@ func printableMeta(s string) string {
 		return strconv.Quote(s)
 	}
 	return printable(s)
+}
+
+// asksHelp reports whether a verb's arguments ask for its flags: -h among
+// the flags before the first other argument (`exec ID -- ls -h` does not;
+// nor, conservatively, `--cwd /tmp -h`, whose -h the flags answer once
+// the key is found).
+func asksHelp(args []string) bool {
+	for _, a := range args {
+		if isHelp(a) {
+			return true
+		}
+		if a == "--" || !strings.HasPrefix(a, "-") {
+			return false
+		}
+	}
+	return false
 }
