@@ -570,7 +570,7 @@ func TestCLI(t *testing.T) {
 	for _, args := range [][]string{
 		{"sandbox", "create", "code-interpreter", "--ttl", "1m"}, // a template given as an argument
 		{"sandbox", "create", "--ttl", "500ms"},                  // less than the API's second
-		{"sandbox", "kill", "-h"},
+		{"sandbox", "kill"},
 	} {
 		if out, errOut, err := s.cli(args...); exitCode(err) != 1 || out != "" || errOut == "" {
 			t.Errorf("%q: exit %d, %q %q", args, exitCode(err), out, errOut)
@@ -578,6 +578,23 @@ func TestCLI(t *testing.T) {
 	}
 	if out, _, err := s.cli("sandbox", "-h"); err != nil || !strings.Contains(out, "create|ls|exec|kill") {
 		t.Errorf("sandbox -h: %v %q", err, out)
+	}
+	if out, _, err := s.cli("sandbox", "kill", "-h"); err != nil || !strings.Contains(out, "usage: pandastack sandbox kill ID") {
+		t.Errorf("sandbox kill -h: %v %q", err, out)
+	}
+	// A command that did not run exits as docker exec's does, apart from
+	// the command's own statuses: 127 no such program, 125 no such sandbox.
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"sandbox", "exec", id, "--", "no-such-program", "x"}, 127, "command_not_found"},
+		{[]string{"sandbox", "exec", "sbx_nosuchsandbox0000", "--", "true"}, 125, "not_found"},
+	} {
+		if _, errOut, err := s.cli(c.args...); exitCode(err) != c.code || !strings.Contains(errOut, c.says) {
+			t.Errorf("%q: exit %d, %q; want %d saying %s", c.args, exitCode(err), errOut, c.code, c.says)
+		}
 	}
 	if _, errOut, err := s.cli("sandbox", "kill", id); err != nil {
 		t.Fatalf("kill: %v %s", err, errOut)

@@ -163,7 +163,13 @@ func sandboxCmd(args []string) error {
 			os.Exit(130)
 		}
 		if err != nil {
-			return err
+			// As docker exec does, so that a script tells the command's own
+			// failure from the CLI's: 127 no such program, 126 not
+			// runnable, 125 anything else (the sandbox, the server, the
+			// connection); the command's own status is never one of these
+			// unless it chose it.
+			fmt.Fprintln(os.Stderr, "pandastack:", err)
+			os.Exit(execErrorCode(err))
 		}
 		if code := execExitCode(res); code != 0 {
 			os.Exit(code)
@@ -211,4 +217,17 @@ func asksHelp(args []string) bool {
 		}
 	}
 	return false
+}
+
+// execErrorCode is the exit status of `sandbox exec` when the command did
+// not run (or its run was cut off): docker exec's.
+func execErrorCode(err error) int {
+	switch {
+	case client.IsCode(err, "command_not_found"):
+		return 127
+	case client.IsCode(err, "permission_denied"):
+		return 126
+	default:
+		return 125
+	}
 }
