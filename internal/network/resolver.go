@@ -3,6 +3,7 @@ package network
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -136,14 +137,12 @@ func (r *resolver) serveTCP() {
 
 // answer returns the reply to query q, or nil to stay silent.
 func (r *resolver) answer(q []byte) []byte {
-	var p dnsmessage.Parser
-	h, err := p.Start(q)
+	h, question, udpSize, err := parseQuery(q)
 	if err != nil {
-		return nil
-	}
-	question, err := p.Question()
-	if err != nil {
-		return nil
+		if err == errUnreadable {
+			return nil // not even a header to answer
+		}
+		return refusal(h, dnsmessage.RCodeFormatError)
 	}
 	name := strings.ToLower(strings.TrimSuffix(question.Name.String(), "."))
 	entry := pandastack.EgressEntry{Time: time.Now().UTC(), Kind: "dns", Domain: name}
@@ -169,7 +168,15 @@ func (r *resolver) answer(q []byte) []byte {
 		// go on (docs/network.md says what that lets out).
 		entry.Rule = "resolver"
 	}
-	a := r.forward(q)
+	// Only the question goes on, in a query of the resolver's own: what
+	// else the sandbox put in its packet (more questions, EDNS options,
+	// records, trailing bytes) would reach the upstream resolver, and
+	// whoever it forwards to, whatever the policy says of names.
+	clean, err := cleanQuery(h, question, udpSize)
+	if err != nil {
+		return refusal(h, dnsmessage.RCodeFormatError)
+	}
+	a := r.forward(clean)
 	if a == nil {
 		return nil
 	}
@@ -181,6 +188,87 @@ func (r *resolver) answer(q []byte) []byte {
 	}
 	r.view.log(entry)
 	return a
+}
+
+var errUnreadable = errors.New("not a DNS message")
+
+// parseQuery reads a query the resolver answers: a standard query with
+// exactly one question, and nothing in the answer or authority sections.
+// udpSize is the payload size its EDNS record offers, 0 without one.
+func parseQuery(q []byte) (h dnsmessage.Header, question dnsmessage.Question, udpSize uint16, err error) {
+	var p dnsmessage.Parser
+	if h, err = p.Start(q); err != nil {
+		return h, question, 0, errUnreadable
+	}
+	if h.Response || h.OpCode != 0 {
+		return h, question, 0, errors.New("not a standard query")
+	}
+	if question, err = p.Question(); err != nil {
+		return h, question, 0, err
+	}
+	if _, err := p.Question(); err != dnsmessage.ErrSectionDone {
+		return h, question, 0, errors.New("more than one question")
+	}
+	if _, err := p.AnswerHeader(); err != dnsmessage.ErrSectionDone {
+		return h, question, 0, errors.New("records in the answer section")
+	}
+	if _, err := p.AuthorityHeader(); err != dnsmessage.ErrSectionDone {
+		return h, question, 0, errors.New("records in the authority section")
+	}
+	for {
+		rh, err := p.AdditionalHeader()
+		if err == dnsmessage.ErrSectionDone {
+			break
+		}
+		if err != nil {
+			return h, question, 0, err
+		}
+		if rh.Type == dnsmessage.TypeOPT {
+			udpSize = max(uint16(rh.Class), 512)
+		}
+		if err := p.SkipAdditional(); err != nil {
+			return h, question, 0, err
+		}
+	}
+	return h, question, udpSize, nil
+}
+
+// cleanQuery builds the query for question that goes upstream: the
+// sandbox's id and flags, and an EDNS record of the resolver's own (no
+// options) when the sandbox sent one, offering at most 4096 bytes.
+func cleanQuery(h dnsmessage.Header, question dnsmessage.Question, udpSize uint16) ([]byte, error) {
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, RecursionDesired: h.RecursionDesired, CheckingDisabled: h.CheckingDisabled})
+	b.EnableCompression()
+	if err := b.StartQuestions(); err != nil {
+		return nil, err
+	}
+	if err := b.Question(question); err != nil {
+		return nil, err
+	}
+	if udpSize > 0 {
+		if err := b.StartAdditionals(); err != nil {
+			return nil, err
+		}
+		var rh dnsmessage.ResourceHeader
+		if err := rh.SetEDNS0(int(min(udpSize, 4096)), dnsmessage.RCodeSuccess, false); err != nil {
+			return nil, err
+		}
+		if err := b.OPTResource(rh, dnsmessage.OPTResource{}); err != nil {
+			return nil, err
+		}
+	}
+	return b.Finish()
+}
+
+// refusal answers a query the resolver does not pass on with rcode and
+// no question.
+func refusal(h dnsmessage.Header, rcode dnsmessage.RCode) []byte {
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, OpCode: h.OpCode, RecursionDesired: h.RecursionDesired, RecursionAvailable: true, RCode: rcode})
+	out, err := b.Finish()
+	if err != nil {
+		return nil
+	}
+	return out
 }
 
 func nxdomain(h dnsmessage.Header, q dnsmessage.Question) []byte {

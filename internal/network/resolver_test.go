@@ -1,0 +1,153 @@
+package network
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"golang.org/x/net/dns/dnsmessage"
+)
+
+// upstreamRecorder is a DNS server on loopback that answers every query
+// with 192.0.2.1 and keeps what it was sent.
+type upstreamRecorder struct {
+	addr netip.AddrPort
+	mu   sync.Mutex
+	got  [][]byte
+}
+
+func startUpstreamRecorder(t *testing.T) *upstreamRecorder {
+	t.Helper()
+	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	u := &upstreamRecorder{addr: c.LocalAddr().(*net.UDPAddr).AddrPort()}
+	go func() {
+		buf := make([]byte, 65535)
+		for {
+			n, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			q := append([]byte(nil), buf[:n]...)
+			u.mu.Lock()
+			u.got = append(u.got, q)
+			u.mu.Unlock()
+			var p dnsmessage.Parser
+			h, err := p.Start(q)
+			if err != nil {
+				continue
+			}
+			question, err := p.Question()
+			if err != nil {
+				continue
+			}
+			h.Response = true
+			b := dnsmessage.NewBuilder(nil, h)
+			b.StartQuestions()
+			b.Question(question)
+			b.StartAnswers()
+			b.AResource(dnsmessage.ResourceHeader{Name: question.Name, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: [4]byte{192, 0, 2, 1}})
+			a, _ := b.Finish()
+			c.WriteTo(a, from)
+		}
+	}()
+	return u
+}
+
+func (u *upstreamRecorder) sent() [][]byte {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([][]byte(nil), u.got...)
+}
+
+// query builds a query for name with extra, a function that adds what a
+// sandbox may smuggle into the rest of the message.
+func query(t *testing.T, name string, extra func(b *dnsmessage.Builder)) []byte {
+	t.Helper()
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: 0x1234, RecursionDesired: true})
+	b.StartQuestions()
+	if err := b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName(name), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET}); err != nil {
+		t.Fatal(err)
+	}
+	if extra != nil {
+		extra(&b)
+	}
+	q, err := b.Finish()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// The resolver passes on a query's one question only, in a query of its
+// own: a second question, EDNS option data, records in other sections and
+// trailing bytes never reach the upstream resolver; a query that is not
+// one plain question is answered FORMERR and not passed on.
+func TestResolverForwardsOnlyTheQuestion(t *testing.T) {
+	up := startUpstreamRecorder(t)
+	r := &resolver{upstreams: []netip.AddrPort{up.addr}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		view: sandboxView{policy: func() Compiled { return Compiled{Internet: true} }, log: func(pandastack.EgressEntry) {}}}
+	secret := []byte("SECRET-OPTION-DATA")
+	withOption := query(t, "allowed.test.", func(b *dnsmessage.Builder) {
+		b.StartAdditionals()
+		var rh dnsmessage.ResourceHeader
+		rh.SetEDNS0(1232, dnsmessage.RCodeSuccess, true)
+		b.OPTResource(rh, dnsmessage.OPTResource{Options: []dnsmessage.Option{{Code: 65001, Data: secret}}})
+	})
+	withOption = append(withOption, []byte("SECRET-TRAILING")...)
+	a := r.answer(withOption)
+	var p dnsmessage.Parser
+	if h, err := p.Start(a); err != nil || h.RCode != dnsmessage.RCodeSuccess || h.ID != 0x1234 || len(answerAddrs(a)) != 1 {
+		t.Fatalf("answer: %+v %v %v", h, err, answerAddrs(a))
+	}
+	sent := up.sent()
+	if len(sent) != 1 {
+		t.Fatalf("upstream got %d queries, want 1", len(sent))
+	}
+	for _, s := range []string{"SECRET-OPTION-DATA", "SECRET-TRAILING"} {
+		if bytes.Contains(sent[0], []byte(s)) {
+			t.Errorf("upstream got %q", s)
+		}
+	}
+	h, q, size, err := parseQuery(sent[0])
+	if err != nil || q.Name.String() != "allowed.test." || h.ID != 0x1234 || size != 1232 {
+		t.Errorf("upstream query: %+v %+v size %d %v", h, q, size, err)
+	}
+
+	for name, bad := range map[string][]byte{
+		"two questions": query(t, "allowed.test.", func(b *dnsmessage.Builder) {
+			b.Question(dnsmessage.Question{Name: dnsmessage.MustNewName("secret.evil.test."), Type: dnsmessage.TypeA, Class: dnsmessage.ClassINET})
+		}),
+		"an answer record": query(t, "allowed.test.", func(b *dnsmessage.Builder) {
+			b.StartAnswers()
+			b.AResource(dnsmessage.ResourceHeader{Name: dnsmessage.MustNewName("secret.evil.test."), Class: dnsmessage.ClassINET}, dnsmessage.AResource{A: [4]byte{1, 2, 3, 4}})
+		}),
+		"no question": func() []byte {
+			b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: 0x1234})
+			q, _ := b.Finish()
+			return q
+		}(),
+	} {
+		a := r.answer(bad)
+		var p dnsmessage.Parser
+		if h, err := p.Start(a); err != nil || h.RCode != dnsmessage.RCodeFormatError || h.ID != 0x1234 {
+			t.Errorf("%s: answered %+v %v, want FORMERR at once", name, h, err)
+		}
+	}
+	if a := r.answer([]byte{1, 2, 3}); a != nil {
+		t.Errorf("a few bytes answered %x", a)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := len(up.sent()); n != 1 {
+		t.Errorf("upstream got %d queries in all, want only the good one", n)
+	}
+}
