@@ -123,3 +123,40 @@ func (n *Network) sandboxesByAddr() map[netip.Addr]*sandboxNet {
 	}
 	return m
 }
+
+// cutRefusedFlows ends the tracking of the connections through NAT of the
+// sandbox at addr that policy comp refuses: the firewall accepts a tracked
+// connection's packets without asking the policy, so a connection opened
+// before a policy was narrowed (a UDP flow that keeps sending, a TCP
+// connection kept open) would go on for as long as it lives. Its next
+// packet is then a new connection, which the policy refuses. Connections
+// the policy still allows keep their tracking (and their NAT mapping).
+func (n *Network) cutRefusedFlows(addr netip.Addr, comp Compiled) {
+	cut, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, narrowedFlows{n: n, addr: addr, comp: comp})
+	if err != nil {
+		n.log.Warn("ending connections the new policy refuses", "addr", addr, "err", err)
+	} else if cut > 0 {
+		n.log.Debug("ended connections the new policy refuses", "addr", addr, "count", cut)
+	}
+}
+
+// narrowedFlows matches the tracked connections from addr to a destination
+// outside the sandbox range that comp refuses.
+type narrowedFlows struct {
+	n    *Network
+	addr netip.Addr
+	comp Compiled
+}
+
+func (f narrowedFlows) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	src, ok := netip.AddrFromSlice(flow.Forward.SrcIP.To4())
+	if !ok || src != f.addr {
+		return false
+	}
+	dst, ok := netip.AddrFromSlice(flow.Forward.DstIP.To4())
+	if !ok || f.n.cidr.Contains(dst) {
+		return false // to the gateway: DNS and the domain proxy, which ask the policy themselves
+	}
+	allowed, _ := f.comp.decideAddr(dst, f.n.deny, f.n.cfg.AllowPrivate)
+	return !allowed
+}

@@ -665,6 +665,7 @@ func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
 		if err != nil {
 			return fmt.Errorf("network %s: firewall: %w", id, err)
 		}
+		n.cutRefusedFlows(addr, comp)
 	}
 	old := s.Policy
 	s.Policy = p.Normalized()

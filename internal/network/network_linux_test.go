@@ -270,7 +270,7 @@ func TestRefusedFloodIsRateLimited(t *testing.T) {
 // (flow_limit), DNS to its resolver too, while a connection opened before
 // goes on; and the limit goes with the sandbox.
 func TestFlowLimit(t *testing.T) {
-	up := nettest.StartUpstream(t, "l", 46, 46)
+	up := nettest.StartUpstream(t, "q", 78, 78)
 	const limit = 40
 	n := newTestNetworkWith(t, Config{Default: pandastack.InternetPolicy(), Resolvers: []netip.AddrPort{up.DNS}, MaxFlows: limit})
 	ns, err := n.Prepare("sbx_flows", nil)
@@ -1071,5 +1071,52 @@ func TestOwnMountKeepsPinsRemovable(t *testing.T) {
 		t.Errorf("ownMount of a new directory: %v", err)
 	}
 	for syscall.Unmount(fresh, syscall.MNT_DETACH) == nil {
+	}
+}
+
+// A connection opened under a policy that allowed it ends when the policy
+// is narrowed to refuse it; one the new policy still allows goes on.
+func TestNarrowedPolicyCutsOpenConnections(t *testing.T) {
+	up := nettest.StartUpstream(t, "t", 82, 82)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	ns, err := n.Prepare("sbx_narrow", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_narrow")
+	other := nettest.StartUpstream(t, "u", 86, 86)
+	var cut, kept net.Conn
+	nettest.InNS(t, ns, func() {
+		var err error
+		if cut, err = net.DialTimeout("tcp4", netip.AddrPortFrom(up.PublicIP, 80).String(), 5*time.Second); err != nil {
+			t.Error(err)
+			return
+		}
+		if kept, err = net.DialTimeout("tcp4", netip.AddrPortFrom(other.PublicIP, 80).String(), 5*time.Second); err != nil {
+			t.Error(err)
+		}
+	})
+	if cut == nil || kept == nil {
+		t.FailNow()
+	}
+	defer cut.Close()
+	defer kept.Close()
+	// Only the other server stays reachable.
+	if err := n.SetPolicy("sbx_narrow", pandastack.NetworkPolicy{AllowOut: []string{other.PublicIP.String()}}); err != nil {
+		t.Fatal(err)
+	}
+	ask := func(c net.Conn) (string, error) {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := fmt.Fprintf(c, "GET / HTTP/1.0\r\nHost: test.example\r\n\r\n"); err != nil {
+			return "", err
+		}
+		b, err := io.ReadAll(c)
+		return string(b), err
+	}
+	if b, err := ask(kept); err != nil || !strings.Contains(b, "upstream") {
+		t.Errorf("the connection the new policy allows: %q %v", b, err)
+	}
+	if b, err := ask(cut); err == nil && strings.Contains(b, "upstream") {
+		t.Errorf("the connection the new policy refuses still answered: %q", b)
 	}
 }
