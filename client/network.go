@@ -48,11 +48,12 @@ type PortToken struct {
 }
 
 // CreatePortToken makes a revocable, expiring URL for a sandbox port that
-// works in a browser with no header (ttl 0: the server's default, 1 h).
+// works in a browser with no header (ttl 0: the server's default, 1 h;
+// a part of a second rounds up).
 func (c *Client) CreatePortToken(ctx context.Context, id string, port int, ttl time.Duration) (*PortToken, error) {
 	body := map[string]any{}
 	if ttl > 0 {
-		body["ttl_seconds"] = int64(ttl / time.Second)
+		body["ttl_seconds"] = wholeSeconds(ttl) // rounded up, as SetTTL does
 	}
 	var tok PortToken
 	return &tok, c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/ports/"+strconv.Itoa(port)+"/token", nil, body, &tok)

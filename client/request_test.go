@@ -2,6 +2,9 @@ package client
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 )
@@ -28,5 +31,23 @@ func TestRequestFields(t *testing.T) {
 	json.Unmarshal(b, &got)
 	if got["idle_timeout_seconds"] != 30.0 || got["network"] == nil {
 		t.Errorf("restore: %s", b)
+	}
+}
+
+// A port token's TTL goes as whole seconds rounded up, as SetTTL's does:
+// 500 ms was sent as 0, which the server refuses.
+func TestPortTokenTTLRoundsUp(t *testing.T) {
+	var body map[string]any
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		json.NewDecoder(r.Body).Decode(&body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"url":"http://x/","token":"t","expires_at":"2026-01-01T00:00:00Z"}`)
+	}))
+	defer srv.Close()
+	if _, err := New(srv.URL, "pds_x").CreatePortToken(t.Context(), "sbx_x", 8000, 500*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if body["ttl_seconds"] != 1.0 {
+		t.Errorf("ttl_seconds %v, want 1", body["ttl_seconds"])
 	}
 }
