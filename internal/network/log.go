@@ -7,36 +7,54 @@ import (
 	"github.com/pandastack/pandastack"
 )
 
-// MaxLogEntries bounds each sandbox's egress log; the newest are kept.
+// MaxLogEntries bounds each of a sandbox's two egress logs, its DNS
+// answers and its connections; the newest of each are kept. Apart, so that
+// code in the sandbox cannot push its connections out of the log by asking
+// for names (1100 queries did it in 2.7 s when they shared one ring).
 const MaxLogEntries = 1000
 
-// egressLog is a ring of a sandbox's newest egress entries.
+// egressLog holds a sandbox's newest egress entries.
 type egressLog struct {
-	mu      sync.Mutex
+	mu         sync.Mutex
+	dns, conns ring
+}
+
+// ring is the newest MaxLogEntries entries of one kind.
+type ring struct {
 	entries []pandastack.EgressEntry
 	next    int // where the next entry goes once the ring is full
+}
+
+func (r *ring) add(e pandastack.EgressEntry) {
+	if len(r.entries) < MaxLogEntries {
+		r.entries = append(r.entries, e)
+		return
+	}
+	r.entries[r.next] = e
+	r.next = (r.next + 1) % MaxLogEntries
 }
 
 func (l *egressLog) add(e pandastack.EgressEntry) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if len(l.entries) < MaxLogEntries {
-		l.entries = append(l.entries, e)
-		return
+	if e.Kind == "dns" {
+		l.dns.add(e)
+	} else {
+		l.conns.add(e)
 	}
-	l.entries[l.next] = e
-	l.next = (l.next + 1) % MaxLogEntries
 }
 
 // list returns the entries oldest first, by their time: a connection is
-// logged when it ends, with the time it began, so the ring holds them in
+// logged when it ends, with the time it began, so the rings hold them in
 // the order they ended.
 func (l *egressLog) list() []pandastack.EgressEntry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := make([]pandastack.EgressEntry, 0, len(l.entries))
-	out = append(out, l.entries[l.next:]...)
-	out = append(out, l.entries[:l.next]...)
+	out := make([]pandastack.EgressEntry, 0, len(l.dns.entries)+len(l.conns.entries))
+	for _, r := range []*ring{&l.dns, &l.conns} {
+		out = append(out, r.entries[r.next:]...)
+		out = append(out, r.entries[:r.next]...)
+	}
 	slices.SortStableFunc(out, func(a, b pandastack.EgressEntry) int { return a.Time.Compare(b.Time) })
 	return out
 }

@@ -20,6 +20,21 @@ func TestEgressLogKeepsNewest(t *testing.T) {
 	}
 }
 
+// A flood of DNS answers does not push connections out of the log, nor
+// the other way round: each kind keeps its newest MaxLogEntries.
+func TestEgressLogKindsApart(t *testing.T) {
+	var l egressLog
+	t0 := time.Date(2026, 12, 3, 7, 0, 0, 0, time.UTC)
+	l.add(pandastack.EgressEntry{Kind: "tcp", Port: 8080, Time: t0})
+	for i := range 2 * MaxLogEntries {
+		l.add(pandastack.EgressEntry{Kind: "dns", Time: t0.Add(time.Duration(i+1) * time.Millisecond)})
+	}
+	got := l.list()
+	if len(got) != MaxLogEntries+1 || got[0].Kind != "tcp" || got[0].Port != 8080 {
+		t.Fatalf("after a DNS flood: %d entries, first %+v", len(got), got[0])
+	}
+}
+
 // A connection is logged when it ends, with the time it began: the list
 // is by time all the same.
 func TestEgressLogOldestFirst(t *testing.T) {
