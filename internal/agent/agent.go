@@ -5,6 +5,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -84,16 +86,16 @@ func NewServer(cfg Config, epoch uint32) *Server {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/hello", s.api(s.hello))
-	mux.HandleFunc("POST /v1/exec", s.api(s.exec))
+	mux.HandleFunc("POST /v1/exec", afterNames(s.api(s.exec)))
 	mux.HandleFunc("POST /v1/env", s.api(s.setEnv))
-	mux.HandleFunc("GET /v1/pty", s.api(s.pty))
-	mux.HandleFunc("PUT /v1/files", s.api(s.putFile))
-	mux.HandleFunc("GET /v1/files", s.api(s.getFile))
-	mux.HandleFunc("DELETE /v1/files", s.api(s.deleteFile))
-	mux.HandleFunc("GET /v1/files/list", s.api(s.listFiles))
-	mux.HandleFunc("GET /v1/files/stat", s.api(s.statFile))
-	mux.HandleFunc("POST /v1/files/mkdir", s.api(s.mkdir))
-	mux.HandleFunc("POST /v1/contexts", s.api(s.createContext))
+	mux.HandleFunc("GET /v1/pty", afterNames(s.api(s.pty)))
+	mux.HandleFunc("PUT /v1/files", afterNames(s.api(s.putFile)))
+	mux.HandleFunc("GET /v1/files", afterNames(s.api(s.getFile)))
+	mux.HandleFunc("DELETE /v1/files", afterNames(s.api(s.deleteFile)))
+	mux.HandleFunc("GET /v1/files/list", afterNames(s.api(s.listFiles)))
+	mux.HandleFunc("GET /v1/files/stat", afterNames(s.api(s.statFile)))
+	mux.HandleFunc("POST /v1/files/mkdir", afterNames(s.api(s.mkdir)))
+	mux.HandleFunc("POST /v1/contexts", afterNames(s.api(s.createContext)))
 	mux.HandleFunc("GET /v1/contexts", s.api(s.listContexts))
 	mux.HandleFunc("POST /v1/contexts/spares", s.api(s.prepareSpares))
 	mux.HandleFunc("GET /v1/contexts/spares", s.api(s.listSpares))
@@ -105,8 +107,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/contexts/{id}", s.api(s.deleteContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/interrupt", s.api(s.interruptContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.api(s.restartContext))
-	mux.HandleFunc("POST /v1/contexts/{id}/run", s.api(s.runCode))
-	mux.HandleFunc("POST /v1/processes", s.api(s.startProcess))
+	mux.HandleFunc("POST /v1/contexts/{id}/run", afterNames(s.api(s.runCode)))
+	mux.HandleFunc("POST /v1/processes", afterNames(s.api(s.startProcess)))
 	mux.HandleFunc("GET /v1/processes", s.api(s.listProcesses))
 	mux.HandleFunc("GET /v1/processes/{pid}/output", s.api(s.processOutput))
 	mux.HandleFunc("POST /v1/processes/{pid}/stdin", s.api(s.processStdin))
@@ -167,9 +169,17 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 		s.cfg.Contexts.spares.unrelease()
 	}
 	// A restore gives the sandbox a name of its own (its image was
-	// another's): every session starts with the files that say it.
-	if err := writeNameFiles(s.cfg.Hosts, s.cfg.Hostname); err != nil {
-		s.log.Warn("writing the sandbox's name files", "err", err)
+	// another's): every session starts with the files that say it. In the
+	// background: a restored sandbox's first file access costs 6-10 ms,
+	// which the create's answer need not wait for; what runs the user's
+	// code or touches files waits instead (afterNames).
+	if s.cfg.Hosts != "" || s.cfg.Hostname != "" {
+		log := s.log
+		names.start(func() {
+			if err := writeNameFiles(s.cfg.Hosts, s.cfg.Hostname); err != nil {
+				log.Warn("writing the sandbox's name files", "err", err)
+			}
+		})
 	}
 	h := agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,
@@ -206,6 +216,55 @@ func writeResolver(path, nameserver string) error {
 		return pandastack.Errorf(pandastack.EInvalid, "resolver %q is not an IP address", nameserver)
 	}
 	return replaceFile(path, agentproto.ResolvConf(addr.String()))
+}
+
+// nameWrite is the latest hello's write of the name files.
+type nameWrite struct {
+	mu   sync.Mutex
+	done chan struct{} // closed when the write ended; nil: none yet
+}
+
+// names is the agent's: the files are the sandbox's, whichever session
+// asked.
+var names nameWrite
+
+// start runs write after the write before it (one a checkpoint caught
+// half-way, resumed in a restored image, must not end after this one).
+func (n *nameWrite) start(write func()) {
+	ch := make(chan struct{})
+	n.mu.Lock()
+	prev := n.done
+	n.done = ch
+	n.mu.Unlock()
+	go func() {
+		defer close(ch)
+		if prev != nil {
+			<-prev
+		}
+		write()
+	}()
+}
+
+func (n *nameWrite) wait(ctx context.Context) {
+	n.mu.Lock()
+	ch := n.done
+	n.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+}
+
+// afterNames runs h once the name files are written: the first command
+// or cell of a new sandbox finds localhost and its name resolving.
+func afterNames(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		names.wait(r.Context())
+		h(w, r)
+	}
 }
 
 // hostsMarker begins the /etc/hosts the agent writes; one without it is

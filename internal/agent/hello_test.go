@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/agent/jupyter"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -163,6 +165,7 @@ func TestHelloWritesTheNameFiles(t *testing.T) {
 		if rec.Code != http.StatusOK {
 			t.Fatalf("hello: %d %s", rec.Code, rec.Body)
 		}
+		names.wait(t.Context()) // what an exec or a run waits for
 	}
 	read := func(p string) string {
 		b, _ := os.ReadFile(p)
@@ -194,5 +197,37 @@ func TestHelloWritesTheNameFiles(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 2 {
 		t.Fatalf("temp files left: %v", ents)
+	}
+}
+
+// A command waits for the name files the last hello is writing: the
+// first command of a new sandbox finds localhost resolving.
+func TestExecWaitsForTheNameFiles(t *testing.T) {
+	release := make(chan struct{})
+	names.start(func() { <-release })
+	h := NewServer(Config{Home: t.TempDir()}, 1).Handler()
+	done := make(chan int, 1)
+	go func() {
+		b, _ := json.Marshal(agentproto.ExecRequest{Cmd: "true", Root: true})
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("POST", "/v1/exec", bytes.NewReader(b)))
+		if rec.Code != http.StatusOK {
+			t.Logf("%s", rec.Body)
+		}
+		done <- rec.Code
+	}()
+	select {
+	case code := <-done:
+		t.Fatalf("exec answered %d while the name files were being written", code)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	select {
+	case code := <-done:
+		if code != http.StatusOK {
+			t.Fatalf("exec after the names: %d", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("exec still waiting after the name files were written")
 	}
 }
