@@ -102,6 +102,15 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.get_by_role("button", name="Delete scratch.txt").click()
     expect(page.locator('tr[data-name="scratch.txt"]')).to_have_count(0)
     expect(page.locator('tr[data-name="dropped.csv"]')).to_be_visible()
+    # A folder that cannot be listed leaves no other folder's rows under its
+    # name (an upload would have gone where the table did not show).
+    page.fill("#files-path", "/nonexistent")
+    page.get_by_role("button", name="List", exact=True).click()
+    expect(page.get_by_text("Could not list /nonexistent.")).to_be_visible()
+    expect(page.locator('tr[data-name="dropped.csv"]')).to_have_count(0)
+    page.fill("#files-path", "/home/user")
+    page.get_by_role("button", name="List", exact=True).click()
+    expect(page.locator('tr[data-name="dropped.csv"]')).to_be_visible()
 
     # Terminal: type, read the answer.
     page.get_by_role("tab", name="Terminal").click()

@@ -342,17 +342,34 @@ function historyPanel(id) {
   return panel;
 }
 
+// shownName is a file name as the table shows it: quoted when it has
+// spaces at either end or characters that print as nothing or as
+// something else.
+function shownName(name) {
+  return /^\s|\s$|[\x00-\x1f\x7f\u2028\u2029]/.test(name) ? JSON.stringify(name) : name;
+}
+
 function filesPanel(id) {
   const panel = h("section");
   const dir = h("input", { id: "files-path", value: "/home/user", size: 40 });
   const tbody = h("tbody");
   const join = (d, n) => (d.endsWith("/") ? d : d + "/") + n;
+  let listed = null; // the folder the table shows, where uploads go
   const load = async () => {
-    const r = await act("Listing files", () => api("GET", `/v1/sandboxes/${id}/files/list?path=${enc(dir.value)}`));
-    if (!r) return;
-    const parent = dir.value.replace(/\/[^/]+\/?$/, "") || "/";
+    const path = dir.value;
+    const r = await act("Listing files", () => api("GET", `/v1/sandboxes/${id}/files/list?path=${enc(path)}`));
+    if (!r) {
+      // The table shows no folder rather than the last one under this path.
+      listed = null;
+      tbody.replaceChildren(h("tr", {}, h("td", { colspan: 5, class: "muted", text: `Could not list ${path}.` })));
+      return;
+    }
+    listed = path;
+    const parent = path.replace(/\/[^/]+\/?$/, "") || "/";
     const rows = r.files.sort((a, b) => (a.type === "dir") === (b.type === "dir") ? a.name.localeCompare(b.name) : a.type === "dir" ? -1 : 1).map((f) => h("tr", { "data-name": f.name },
-      h("td", {}, f.type === "dir" ? h("button", { type: "button", class: "link", text: f.name + "/", "aria-label": `Open folder ${f.name}`, onclick: () => { dir.value = f.path; load(); } }) : h("span", { class: "mono", text: f.name })),
+      // JSON quoting shows what a name holds that the eye would not: a
+      // leading space, a line break.
+      h("td", {}, f.type === "dir" ? h("button", { type: "button", class: "link", text: shownName(f.name) + "/", "aria-label": `Open folder ${f.name}`, onclick: () => { dir.value = f.path; load(); } }) : h("span", { class: "mono", text: shownName(f.name) })),
       h("td", { text: f.type }), h("td", { text: f.type === "file" ? bytes(f.size) : "" }), h("td", { text: new Date(f.mod_time).toLocaleString() }),
       h("td", {}, h("div", { class: "actions" },
         f.type === "file" ? h("button", { type: "button", text: "Download", "aria-label": `Download ${f.name}`, onclick: () => download(f) }) : null,
@@ -360,7 +377,7 @@ function filesPanel(id) {
           if (!confirm(`Delete ${f.path}${f.type === "dir" ? " and everything in it" : ""}?`)) return;
           await api("DELETE", `/v1/sandboxes/${id}/files?path=${enc(f.path)}&recursive=${f.type === "dir" ? 1 : 0}`); say(`Deleted ${f.path}`); load();
         }) })))));
-    if (dir.value !== "/") rows.unshift(h("tr", {}, h("td", { colspan: 5 }, h("button", { type: "button", text: "../ (up)", "aria-label": "Up one folder", onclick: () => { dir.value = parent; load(); } }))));
+    if (path !== "/") rows.unshift(h("tr", {}, h("td", { colspan: 5 }, h("button", { type: "button", text: "../ (up)", "aria-label": "Up one folder", onclick: () => { dir.value = parent; load(); } }))));
     tbody.replaceChildren(...rows);
   };
   const download = (f) => act("Download", async () => {
@@ -372,8 +389,12 @@ function filesPanel(id) {
   });
   const upload = async (files) => {
     for (const file of files) {
-      await act("Upload", async () => { await api("PUT", `/v1/sandboxes/${id}/files?path=${enc(join(dir.value, file.name))}`, file); say(`Uploaded ${file.name}`); });
+      await act("Upload", async () => {
+        if (listed === null) throw new Error("list a folder first: uploads go to the folder shown");
+        await api("PUT", `/v1/sandboxes/${id}/files?path=${enc(join(listed, file.name))}`, file); say(`Uploaded ${file.name} to ${listed}`);
+      });
     }
+    if (listed !== null) dir.value = listed;
     load();
   };
   const picker = h("input", { id: "files-upload", type: "file", multiple: true, onchange: () => upload(picker.files) });
