@@ -118,7 +118,21 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if _, err := client.HeadBucket(hctx, &awss3.HeadBucketInput{Bucket: aws.String(cfg.Bucket)}); err != nil {
-		return nil, fmt.Errorf("s3 image store: bucket %s at %s: %w", cfg.Bucket, cfg.Endpoint, err)
+		// A HEAD's answer has no body to say why: name what a 403 and a
+		// 404 can mean (some servers answer an unknown key with 404).
+		hint := ""
+		var status interface{ HTTPStatusCode() int }
+		if errors.As(err, &status) {
+			switch status.HTTPStatusCode() {
+			case http.StatusForbidden:
+				hint = ": the store refused the credentials; check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and the key's rights on the bucket"
+			case http.StatusNotFound:
+				hint = ": no such bucket, or an access key the store does not know; check the bucket's name and AWS_ACCESS_KEY_ID"
+			case http.StatusBadRequest:
+				hint = ": check the region (AWS_REGION) and the endpoint"
+			}
+		}
+		return nil, fmt.Errorf("s3 image store: bucket %s at %s%s (%w)", cfg.Bucket, cfg.Endpoint, hint, err)
 	}
 	return s, nil
 }

@@ -257,13 +257,17 @@ func TestS3(t *testing.T) {
 
 	t.Run("WrongCredentials", func(t *testing.T) {
 		_, err := s3.New(t.Context(), s3.Config{Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: "nobody", SecretKey: "wrong", CacheDir: t.TempDir()})
-		if err == nil {
-			t.Fatal("New with wrong credentials succeeded")
+		if err == nil || !strings.Contains(err.Error(), "AWS_ACCESS_KEY_ID") {
+			t.Fatalf("New with an unknown key: %v, want the credentials named", err)
+		}
+		_, err = s3.New(t.Context(), s3.Config{Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: srv.AccessKey, SecretKey: "wrong", CacheDir: t.TempDir()})
+		if err == nil || !strings.Contains(err.Error(), "AWS_SECRET_ACCESS_KEY") {
+			t.Fatalf("New with a wrong secret: %v, want the credentials named", err)
 		}
 	})
 	t.Run("NoSuchBucket", func(t *testing.T) {
 		_, err := s3.New(t.Context(), s3.Config{Endpoint: srv.Endpoint, Bucket: "absent", AccessKey: srv.AccessKey, SecretKey: srv.SecretKey, CacheDir: t.TempDir()})
-		if err == nil || !strings.Contains(err.Error(), "absent") {
+		if err == nil || !strings.Contains(err.Error(), "absent") || !strings.Contains(err.Error(), "no such bucket") {
 			t.Fatalf("New on a missing bucket: %v", err)
 		}
 	})
