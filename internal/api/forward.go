@@ -162,8 +162,11 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 				unreached(w, r)
 				return
 			}
+			// Its heartbeat says nothing of whether this node reaches it: a
+			// node that runs on but is not reachable at its advertised URL
+			// is never marked lost.
 			writeError(w, pandastack.Errorf(pandastack.EUnavailable,
-				"the node that runs this sandbox does not answer; if it stays silent for %s its sandboxes are marked lost", s.mgr.Config().Node.Grace))
+				"the node that runs this sandbox does not answer; retry. A node that has stopped is marked lost, with its sandboxes, once silent for %s; one that runs on but cannot be reached at its advertised URL (serve --advertise-url) stays so until that is fixed", s.mgr.Config().Node.Grace))
 		},
 	}
 	s.log.Debug("forwarding", "method", r.Method, "path", r.URL.Path, "node_url", base)
