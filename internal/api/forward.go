@@ -3,6 +3,8 @@ package api
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -10,10 +12,12 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/sandbox"
+	"github.com/pandastack/pandastack/internal/streamframe"
 )
 
 // Several nodes share a store (issue 12): any node answers any request.
@@ -72,7 +76,7 @@ func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project,
 		writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s runs on another node; send the request to any node without the %s header", id, forwardedHeader))
 		return true
 	}
-	s.proxyTo(w, r, target, nil)
+	s.proxyTo(w, r, target, nil, project != "")
 	return true
 }
 
@@ -113,7 +117,7 @@ func (s *Server) placeCreate(w http.ResponseWriter, r *http.Request, project str
 	s.proxyTo(w, r, target, func(w http.ResponseWriter, r *http.Request) {
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		local(w, r, project)
-	})
+	}, true)
 	return true
 }
 
@@ -131,7 +135,9 @@ func (e errReader) Read([]byte) (int, error) {
 // that node cannot be dialled, unreached (if not nil) answers instead:
 // nothing of the request reached it. Such a request goes on a new
 // connection (placeTransport), so that a dead node shows as a failed dial.
-func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, unreached func(http.ResponseWriter, *http.Request)) {
+// api says the answer is the API's own, not a sandbox's server's through
+// the port proxy: a stream of it cut off half-way ends with an error event.
+func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, unreached func(http.ResponseWriter, *http.Request), api bool) {
 	clearBodyDeadline(w) // the other node bounds the body itself
 	u, err := url.Parse(base)
 	if err != nil {
@@ -152,6 +158,15 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 		Transport:     transport,
 		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 		FlushInterval: -1, // NDJSON lines and SSE events as they come
+		// A stream cut off half-way (the node died, the key was revoked)
+		// ends with an error event, as on the sandbox's own node, rather
+		// than with a broken connection.
+		ModifyResponse: func(resp *http.Response) error {
+			if api {
+				resp.Body = endStreamWithError(resp, r.Context())
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
 				return // the caller hung up
@@ -187,4 +202,99 @@ func serveProxy(p *httputil.ReverseProxy, w http.ResponseWriter, r *http.Request
 	http.NewResponseController(w).EnableFullDuplex()
 	p.ServeHTTP(w, r)
 	r.Body.Close()
+}
+
+// endStreamWithError wraps the body of a streamed answer (NDJSON events or
+// binary frames) from another node so that a read that fails half-way
+// ends it with the stream's own error event: unauthorized when the
+// caller's key was revoked, sandbox_unavailable when the node stopped
+// answering. A caller that hung up gets the error as it is; other
+// answers pass unchanged.
+func endStreamWithError(resp *http.Response, ctx context.Context) io.ReadCloser {
+	ct := resp.Header.Get("Content-Type")
+	ndjson := strings.HasPrefix(ct, "application/x-ndjson")
+	if !ndjson && !strings.HasPrefix(ct, streamframe.MediaType) {
+		return resp.Body
+	}
+	return &streamTail{ReadCloser: resp.Body, ctx: ctx, ndjson: ndjson}
+}
+
+type streamTail struct {
+	io.ReadCloser
+	ctx    context.Context
+	ndjson bool
+	tail   []byte // the error event, once the read failed
+	ended  bool
+	// Where the bytes passed so far stop: an event can follow only at a
+	// line's end (NDJSON) or a frame's (hdr bytes of a frame's header
+	// seen, then left bytes of its payload to come).
+	midLine bool
+	hdr     []byte
+	left    int
+}
+
+// pass notes the bytes b handed on.
+func (t *streamTail) pass(b []byte) {
+	if t.ndjson {
+		if len(b) > 0 {
+			t.midLine = b[len(b)-1] != '\n'
+		}
+		return
+	}
+	for len(b) > 0 {
+		if t.left > 0 {
+			k := min(t.left, len(b))
+			t.left -= k
+			b = b[k:]
+			continue
+		}
+		k := min(streamframe.HeaderSize-len(t.hdr), len(b))
+		t.hdr = append(t.hdr, b[:k]...)
+		b = b[k:]
+		if len(t.hdr) == streamframe.HeaderSize {
+			t.left = int(binary.BigEndian.Uint32(t.hdr[1:]))
+			t.hdr = t.hdr[:0]
+		}
+	}
+}
+
+// atBoundary reports whether an event may follow what was passed.
+func (t *streamTail) atBoundary() bool {
+	if t.ndjson {
+		return !t.midLine
+	}
+	return len(t.hdr) == 0 && t.left == 0
+}
+
+func (t *streamTail) Read(p []byte) (int, error) {
+	if t.ended {
+		if len(t.tail) == 0 {
+			return 0, io.EOF
+		}
+		n := copy(p, t.tail)
+		t.tail = t.tail[n:]
+		return n, nil
+	}
+	n, err := t.ReadCloser.Read(p)
+	t.pass(p[:n])
+	if err == nil || err == io.EOF || !t.atBoundary() {
+		return n, err // cut inside an event: nothing can follow it
+	}
+	cause := revokedErr(t.ctx, nil)
+	if cause == nil {
+		if t.ctx.Err() != nil {
+			return n, err // the caller hung up: nobody to tell
+		}
+		cause = pandastack.Errorf(pandastack.EUnavailable, "the node that runs this sandbox stopped answering in the middle of the stream; what ran may have finished or not: check before you retry")
+	}
+	eb := errorJSON(cause)
+	if t.ndjson {
+		b, _ := json.Marshal(streamEvent{Type: "error", Error: &eb.Error})
+		t.tail = append(b, '\n')
+	} else {
+		b, _ := json.Marshal(eb)
+		t.tail, _ = streamframe.AppendFrame(nil, streamframe.Error, b)
+	}
+	t.ended = true
+	return n, nil
 }

@@ -29,7 +29,7 @@ func forwarder(t *testing.T) *Server {
 // serveProxied runs proxyTo for every request to a front server.
 func serveProxied(t *testing.T, s *Server, target string, unreached func(http.ResponseWriter, *http.Request)) *httptest.Server {
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.proxyTo(w, r, target, unreached)
+		s.proxyTo(w, r, target, unreached, true)
 	}))
 	t.Cleanup(front.Close)
 	return front
