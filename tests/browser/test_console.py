@@ -350,3 +350,13 @@ def test_notebook_interrupts_and_keeps_html_whole(page: Page, serve) -> None:
     expect(out).to_contain_text("100 rows × 1 columns")
     page.get_by_role("button", name=f"Kill {sid}").click()
     expect(page.locator("#sandbox-state .state")).to_have_text("killed")
+
+
+def test_a_server_out_of_reach_is_said_so(page: Page, serve) -> None:
+    """When the API stops answering, the console says the server cannot be
+    reached, not the browser's "Failed to fetch"."""
+    sign_in(page, serve)
+    page.route("**/v1/sandboxes**", lambda route: route.abort("connectionrefused"))
+    expect(page.get_by_text(re.compile("cannot reach the PandaStack server")).first).to_be_visible(timeout=15_000)
+    expect(page.get_by_text("Failed to fetch")).to_have_count(0)
+    page.unroute("**/v1/sandboxes**")

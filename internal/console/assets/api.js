@@ -19,6 +19,14 @@ async function failure(res) {
   return new APIError(res.status, code, message);
 }
 
+// reachError says what a request that got no answer at all met: the
+// browser's own words ("Failed to fetch") tell a user nothing.
+function reachError(e) {
+  if (e && e.name === "TimeoutError") return new APIError(0, "timeout", "the server did not answer within 30 s; it may be overloaded or stopped");
+  if (e && e.name === "AbortError") return e;
+  return new APIError(0, "connection_error", "cannot reach the PandaStack server: is pandastack serve running, and reachable from this browser?");
+}
+
 // api calls the API and returns the decoded JSON (or null for 204).
 export async function api(method, path, body, opts = {}) {
   const headers = { Authorization: "Bearer " + session.key, ...(opts.headers || {}) };
@@ -27,7 +35,16 @@ export async function api(method, path, body, opts = {}) {
     headers["Content-Type"] = "application/json";
     payload = JSON.stringify(body);
   }
-  const res = await fetch(path, { method, headers, body: payload, signal: opts.signal });
+  // A server that stops answering is said so, not waited for: reads give
+  // up after 30 s (downloads and actions that do work may take longer).
+  const timed = method === "GET" && !opts.raw;
+  const signals = [opts.signal, timed ? AbortSignal.timeout(30000) : null].filter(Boolean);
+  let res;
+  try {
+    res = await fetch(path, { method, headers, body: payload, signal: signals.length ? AbortSignal.any(signals) : undefined });
+  } catch (e) {
+    throw reachError(e);
+  }
   if (!res.ok) throw await failure(res);
   if (opts.raw) return res;
   if (res.status === 204) return null;
@@ -36,11 +53,16 @@ export async function api(method, path, body, opts = {}) {
 
 // stream POSTs body and calls onEvent for each NDJSON line as it arrives.
 export async function stream(path, body, onEvent, signal) {
-  const res = await fetch(path, {
-    method: "POST", signal,
-    headers: { Authorization: "Bearer " + session.key, "Content-Type": "application/json", Accept: "application/x-ndjson" },
-    body: JSON.stringify(body),
-  });
+  let res;
+  try {
+    res = await fetch(path, {
+      method: "POST", signal,
+      headers: { Authorization: "Bearer " + session.key, "Content-Type": "application/json", Accept: "application/x-ndjson" },
+      body: JSON.stringify(body),
+    });
+  } catch (e) {
+    throw reachError(e);
+  }
   if (!res.ok) throw await failure(res);
   const reader = res.body.getReader();
   const dec = new TextDecoder();
