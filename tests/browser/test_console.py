@@ -360,3 +360,15 @@ def test_a_server_out_of_reach_is_said_so(page: Page, serve) -> None:
     expect(page.get_by_text(re.compile("cannot reach the PandaStack server")).first).to_be_visible(timeout=15_000)
     expect(page.get_by_text("Failed to fetch")).to_have_count(0)
     page.unroute("**/v1/sandboxes**")
+
+
+def test_a_phone_sized_window_keeps_the_page_on_screen(page: Page, serve) -> None:
+    """At a phone's width the navigation wraps and Sign out stays on the
+    screen; the sandbox table scrolls inside itself, not the page."""
+    page.set_viewport_size({"width": 390, "height": 800})
+    sign_in(page, serve)
+    signout = page.get_by_role("button", name="Sign out")
+    expect(signout).to_be_visible()
+    box = signout.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 390, box
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= 390
