@@ -157,6 +157,24 @@ func (f narrowedFlows) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
 	if !ok || f.n.cidr.Contains(dst) {
 		return false // to the gateway: DNS and the domain proxy, which ask the policy themselves
 	}
+	if rsrc, ok := netip.AddrFromSlice(flow.Reverse.SrcIP.To4()); ok && f.n.cidr.Contains(rsrc) {
+		return false // redirected to the domain proxy on the gateway, which checks its own
+	}
 	allowed, _ := f.comp.decideAddr(dst, f.n.deny, f.n.cfg.AllowPrivate)
 	return !allowed
+}
+
+// forgetFlows ends the tracking of every connection from addr.
+func (n *Network) forgetFlows(addr netip.Addr) {
+	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, flowsFrom(addr)); err != nil {
+		n.log.Warn("ending a stopped sandbox's connections", "addr", addr, "err", err)
+	}
+}
+
+// flowsFrom matches the tracked connections a sandbox at an address opened.
+type flowsFrom netip.Addr
+
+func (a flowsFrom) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	src, ok := netip.AddrFromSlice(flow.Forward.SrcIP.To4())
+	return ok && src == netip.Addr(a)
 }

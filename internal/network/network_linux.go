@@ -737,6 +737,12 @@ func (n *Network) teardown(s *sandboxNet) {
 		if l, err := netlink.LinkByName(n.veth(s.Slot)); err == nil {
 			netlink.LinkDel(l) // takes the peer with it, at once
 		}
+		// Its connections go too: the next sandbox at its address would
+		// otherwise get what their far ends still send (its tracking of a
+		// silent established TCP connection lasts days), and a resume
+		// would find them open past its flow limit.
+		_, addr := n.addrs(s.Slot)
+		n.forgetFlows(addr)
 	}
 	n.removeNamespace(s.ID)
 	n.mu.Lock()

@@ -322,6 +322,24 @@ func TestFlowLimit(t *testing.T) {
 	if k := tracked(); k > limit+2 {
 		t.Errorf("%d flows of the sandbox tracked; its limit is %d", k, limit)
 	}
+	// A policy change does not start the count again.
+	if err := n.SetPolicy("sbx_flows", pandastack.InternetPolicy()); err != nil {
+		t.Fatal(err)
+	}
+	nettest.InNS(t, ns, func() {
+		c, err := net.ListenUDP("udp4", nil)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer c.Close()
+		for port := 30000; port < 30000+10*limit; port++ {
+			c.WriteToUDP([]byte("x"), net.UDPAddrFromAddrPort(netip.AddrPortFrom(up.PublicIP, uint16(port))))
+		}
+	})
+	if k := tracked(); k > limit+2 {
+		t.Errorf("%d flows of the sandbox tracked after a policy change; its limit is %d", k, limit)
+	}
 	// A query to its resolver is a new flow past the limit too.
 	if rc := queryRcode(t, ns, addr.Prev(), "allowed.example"); rc != -1 {
 		t.Errorf("DNS answered (rcode %d) past the flow limit", rc)
@@ -341,6 +359,11 @@ func TestFlowLimit(t *testing.T) {
 	}
 	n.Release("sbx_flows")
 	released = true
+	// Its connections went with it: the next sandbox at its address gets
+	// nothing of theirs.
+	if k := tracked(); k != 0 {
+		t.Errorf("%d flows of the sandbox still tracked after it ended", k)
+	}
 	out, _ := exec.Command("nft", "list", "table", "inet", "pandastack_"+n.cfg.Instance).CombinedOutput()
 	if strings.Contains(string(out), "lim_") || strings.Contains(string(out), "ct count") {
 		t.Errorf("the sandbox's flow limit outlived it:\n%s", out)
@@ -1118,5 +1141,43 @@ func TestNarrowedPolicyCutsOpenConnections(t *testing.T) {
 	}
 	if b, err := ask(cut); err == nil && strings.Contains(b, "upstream") {
 		t.Errorf("the connection the new policy refuses still answered: %q", b)
+	}
+}
+
+// A download through the domain proxy goes on across a policy change that
+// still allows its name: the narrowing's clean-up leaves the proxy's
+// connections to the proxy.
+func TestPolicyChangeKeepsProxiedDownloads(t *testing.T) {
+	up := nettest.StartUpstream(t, "w", 90, 90)
+	up.SetDNS("api.allowed.test", up.PublicIP)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	pol := pandastack.NetworkPolicy{AllowOut: []string{"api.allowed.test"}}
+	ns, err := n.Prepare("sbx_proxied", &pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_proxied")
+	var c net.Conn
+	nettest.InNS(t, ns, func() {
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(up.PublicIP, 80).String(), 5*time.Second)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const size = 200 << 20
+	fmt.Fprintf(c, "GET /bytes?n=%d HTTP/1.1\r\nHost: api.allowed.test\r\n\r\n", size)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // under way, the window full
+	if err := n.SetPolicy("sbx_proxied", pandastack.NetworkPolicy{AllowOut: []string{"api.allowed.test", "more.test"}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second) // the proxy's side probes the window meanwhile
+	c.SetDeadline(time.Now().Add(30 * time.Second))
+	if got, err := io.Copy(io.Discard, resp.Body); err != nil || got != size {
+		t.Errorf("the download across the policy change: %d of %d bytes, %v", got, size, err)
 	}
 }

@@ -159,11 +159,14 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 	if f.maxFlows > 0 {
 		// The count is the rule's own: the kernel keeps the connections
 		// it matched and forgets each once its tracking ends (a TCP one
-		// once closed). Established packets never reach it.
-		lch := c.AddChain(&nftables.Chain{Name: lim, Table: f.table})
-		c.FlushChain(lch)
-		c.AddRule(&nftables.Rule{Table: f.table, Chain: lch, Exprs: cat(ctNew(), append([]expr.Any{
-			&expr.Connlimit{Count: f.maxFlows, Flags: expr.NFT_CONNLIMIT_F_INV}}, refuse(refusedFlows)...))})
+		// once closed). Established packets never reach it. Made once per
+		// sandbox and never rewritten: a new rule would count from zero,
+		// and each policy change would let the sandbox open as many again.
+		if !f.hasChain(c, lim) {
+			lch := c.AddChain(&nftables.Chain{Name: lim, Table: f.table})
+			c.AddRule(&nftables.Rule{Table: f.table, Chain: lch, Exprs: cat(ctNew(), append([]expr.Any{
+				&expr.Connlimit{Count: f.maxFlows, Flags: expr.NFT_CONNLIMIT_F_INV}}, refuse(refusedFlows)...))})
+		}
 		rule(jump(expr.VerdictJump, lim)...)
 	}
 	if p.DomainRules() {
@@ -234,6 +237,12 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 			Exprs: append(ifname(unix.NFT_META_IIFNAME, veth, false, expr.CmpOpEq), jump(expr.VerdictGoto, "nat_"+strconv.Itoa(slot))...)})
 	}
 	return c.Flush()
+}
+
+// hasChain reports whether the instance's table has chain name.
+func (f *firewall) hasChain(c *nftables.Conn, name string) bool {
+	ch, err := c.ListChain(f.table, name)
+	return err == nil && ch != nil
 }
 
 // removeSandbox deletes a sandbox's jump and chain; missing ones are fine.
