@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"strings"
@@ -84,7 +85,7 @@ func (r *resolver) serveUDP() {
 		}
 		go func() {
 			defer func() { <-r.sem }()
-			if a := r.answer(q); a != nil {
+			if a := r.answer(q, false); a != nil {
 				r.udp.WriteTo(a, from)
 			}
 		}()
@@ -122,7 +123,7 @@ func (r *resolver) serveTCP() {
 				if _, err := io.ReadFull(c, q); err != nil {
 					return
 				}
-				a := r.answer(q)
+				a := r.answer(q, true)
 				if a == nil {
 					return
 				}
@@ -135,13 +136,16 @@ func (r *resolver) serveTCP() {
 	}
 }
 
-// answer returns the reply to query q, or nil to stay silent.
-func (r *resolver) answer(q []byte) []byte {
-	h, question, udpSize, err := parseQuery(q)
-	if err != nil {
-		if err == errUnreadable {
-			return nil // not even a header to answer
-		}
+// answer returns the reply to query q, which came over TCP or not, or nil
+// to stay silent.
+func (r *resolver) answer(q []byte, tcp bool) []byte {
+	h, question, edns, err := parseQuery(q)
+	switch {
+	case err == errUnreadable:
+		return nil // not even a header to answer
+	case err == errNotImplemented:
+		return refusal(h, dnsmessage.RCodeNotImplemented)
+	case err != nil:
 		return refusal(h, dnsmessage.RCodeFormatError)
 	}
 	name := strings.ToLower(strings.TrimSuffix(question.Name.String(), "."))
@@ -172,14 +176,16 @@ func (r *resolver) answer(q []byte) []byte {
 	// else the sandbox put in its packet (more questions, EDNS options,
 	// records, trailing bytes) would reach the upstream resolver, and
 	// whoever it forwards to, whatever the policy says of names.
-	clean, err := cleanQuery(h, question, udpSize)
+	id := uint16(rand.Uint32())
+	clean, err := cleanQuery(h, question, edns, id)
 	if err != nil {
 		return refusal(h, dnsmessage.RCodeFormatError)
 	}
-	a := r.forward(clean)
+	a := r.forward(clean, tcp)
 	if a == nil {
 		return nil
 	}
+	binary.BigEndian.PutUint16(a, h.ID) // the sandbox's id back
 	entry.Allowed = true
 	addrs := answerAddrs(a)
 	entry.Address = strings.Join(addrs, ",")
@@ -195,25 +201,25 @@ var errUnreadable = errors.New("not a DNS message")
 // parseQuery reads a query the resolver answers: a standard query with
 // exactly one question, and nothing in the answer or authority sections.
 // udpSize is the payload size its EDNS record offers, 0 without one.
-func parseQuery(q []byte) (h dnsmessage.Header, question dnsmessage.Question, udpSize uint16, err error) {
+func parseQuery(q []byte) (h dnsmessage.Header, question dnsmessage.Question, edns ednsAsk, err error) {
 	var p dnsmessage.Parser
 	if h, err = p.Start(q); err != nil {
-		return h, question, 0, errUnreadable
+		return h, question, edns, errUnreadable
 	}
 	if h.Response || h.OpCode != 0 {
-		return h, question, 0, errors.New("not a standard query")
+		return h, question, edns, errNotImplemented
 	}
 	if question, err = p.Question(); err != nil {
-		return h, question, 0, err
+		return h, question, edns, err
 	}
 	if _, err := p.Question(); err != dnsmessage.ErrSectionDone {
-		return h, question, 0, errors.New("more than one question")
+		return h, question, edns, errors.New("more than one question")
 	}
 	if _, err := p.AnswerHeader(); err != dnsmessage.ErrSectionDone {
-		return h, question, 0, errors.New("records in the answer section")
+		return h, question, edns, errors.New("records in the answer section")
 	}
 	if _, err := p.AuthorityHeader(); err != dnsmessage.ErrSectionDone {
-		return h, question, 0, errors.New("records in the authority section")
+		return h, question, edns, errors.New("records in the authority section")
 	}
 	for {
 		rh, err := p.AdditionalHeader()
@@ -221,23 +227,33 @@ func parseQuery(q []byte) (h dnsmessage.Header, question dnsmessage.Question, ud
 			break
 		}
 		if err != nil {
-			return h, question, 0, err
+			return h, question, edns, err
 		}
 		if rh.Type == dnsmessage.TypeOPT {
-			udpSize = max(uint16(rh.Class), 512)
+			edns = ednsAsk{size: max(uint16(rh.Class), 512), dnssecOK: rh.DNSSECAllowed()}
 		}
 		if err := p.SkipAdditional(); err != nil {
-			return h, question, 0, err
+			return h, question, edns, err
 		}
 	}
-	return h, question, udpSize, nil
+	return h, question, edns, nil
 }
 
-// cleanQuery builds the query for question that goes upstream: the
-// sandbox's id and flags, and an EDNS record of the resolver's own (no
-// options) when the sandbox sent one, offering at most 4096 bytes.
-func cleanQuery(h dnsmessage.Header, question dnsmessage.Question, udpSize uint16) ([]byte, error) {
-	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, RecursionDesired: h.RecursionDesired, CheckingDisabled: h.CheckingDisabled})
+// ednsAsk is what a query's EDNS record asked for; size 0: it had none.
+type ednsAsk struct {
+	size     uint16
+	dnssecOK bool
+}
+
+var errNotImplemented = errors.New("not a standard query")
+
+// cleanQuery builds the query for question that goes upstream: an id of
+// the resolver's own (the sandbox's could carry 16 bits of its choosing),
+// the sandbox's flags, and an EDNS record of the resolver's own (no
+// options; its DNSSEC OK bit) when the sandbox sent one, offering at most
+// 4096 bytes.
+func cleanQuery(h dnsmessage.Header, question dnsmessage.Question, edns ednsAsk, id uint16) ([]byte, error) {
+	b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: id, RecursionDesired: h.RecursionDesired, CheckingDisabled: h.CheckingDisabled, AuthenticData: h.AuthenticData})
 	b.EnableCompression()
 	if err := b.StartQuestions(); err != nil {
 		return nil, err
@@ -245,12 +261,12 @@ func cleanQuery(h dnsmessage.Header, question dnsmessage.Question, udpSize uint1
 	if err := b.Question(question); err != nil {
 		return nil, err
 	}
-	if udpSize > 0 {
+	if edns.size > 0 {
 		if err := b.StartAdditionals(); err != nil {
 			return nil, err
 		}
 		var rh dnsmessage.ResourceHeader
-		if err := rh.SetEDNS0(int(min(udpSize, 4096)), dnsmessage.RCodeSuccess, false); err != nil {
+		if err := rh.SetEDNS0(int(min(edns.size, 4096)), dnsmessage.RCodeSuccess, edns.dnssecOK); err != nil {
 			return nil, err
 		}
 		if err := b.OPTResource(rh, dnsmessage.OPTResource{}); err != nil {
@@ -317,8 +333,11 @@ func answerAddrs(a []byte) []string {
 	}
 }
 
-// forward asks each upstream in turn; nil when none answered.
-func (r *resolver) forward(q []byte) []byte {
+// forward asks each upstream in turn; nil when none answered. For a query
+// that came over TCP, a truncated answer is asked again over TCP: the
+// sandbox retries over TCP for a large answer, which UDP upstream would
+// truncate again. Over UDP the truncated answer goes back as it is.
+func (r *resolver) forward(q []byte, tcp bool) []byte {
 	buf := make([]byte, 65535)
 	for _, up := range r.upstreams {
 		c, err := net.Dial("udp", up.String())
@@ -332,10 +351,41 @@ func (r *resolver) forward(q []byte) []byte {
 			n, err = c.Read(buf)
 		}
 		c.Close()
-		if err == nil && n >= 12 && buf[0] == q[0] && buf[1] == q[1] {
-			return buf[:n]
+		if err != nil || n < 12 || buf[0] != q[0] || buf[1] != q[1] {
+			continue
 		}
+		if tcp && buf[2]&0x02 != 0 { // TC
+			if a := forwardTCP(up, q); a != nil {
+				return a
+			}
+		}
+		return buf[:n]
 	}
 	r.log.Debug("dns: no upstream answered")
 	return nil
+}
+
+// forwardTCP asks up over TCP; nil when it did not answer.
+func forwardTCP(up netip.AddrPort, q []byte) []byte {
+	c, err := net.DialTimeout("tcp", up.String(), resolverTimeout)
+	if err != nil {
+		return nil
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(resolverTimeout))
+	if _, err := c.Write(binary.BigEndian.AppendUint16(nil, uint16(len(q)))); err != nil {
+		return nil
+	}
+	if _, err := c.Write(q); err != nil {
+		return nil
+	}
+	var l [2]byte
+	if _, err := io.ReadFull(c, l[:]); err != nil {
+		return nil
+	}
+	a := make([]byte, binary.BigEndian.Uint16(l[:]))
+	if _, err := io.ReadFull(c, a); err != nil || len(a) < 12 || a[0] != q[0] || a[1] != q[1] {
+		return nil
+	}
+	return a
 }

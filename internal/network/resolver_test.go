@@ -104,7 +104,7 @@ func TestResolverForwardsOnlyTheQuestion(t *testing.T) {
 		b.OPTResource(rh, dnsmessage.OPTResource{Options: []dnsmessage.Option{{Code: 65001, Data: secret}}})
 	})
 	withOption = append(withOption, []byte("SECRET-TRAILING")...)
-	a := r.answer(withOption)
+	a := r.answer(withOption, false)
 	var p dnsmessage.Parser
 	if h, err := p.Start(a); err != nil || h.RCode != dnsmessage.RCodeSuccess || h.ID != 0x1234 || len(answerAddrs(a)) != 1 {
 		t.Fatalf("answer: %+v %v %v", h, err, answerAddrs(a))
@@ -118,9 +118,12 @@ func TestResolverForwardsOnlyTheQuestion(t *testing.T) {
 			t.Errorf("upstream got %q", s)
 		}
 	}
-	h, q, size, err := parseQuery(sent[0])
-	if err != nil || q.Name.String() != "allowed.test." || h.ID != 0x1234 || size != 1232 {
-		t.Errorf("upstream query: %+v %+v size %d %v", h, q, size, err)
+	h, q, edns, err := parseQuery(sent[0])
+	if err != nil || q.Name.String() != "allowed.test." || edns.size != 1232 || !edns.dnssecOK {
+		t.Errorf("upstream query: %+v %+v %+v %v", h, q, edns, err)
+	}
+	if h.ID == 0x1234 {
+		t.Errorf("the sandbox's query id went upstream") // 1 in 65536 by chance
 	}
 
 	for name, bad := range map[string][]byte{
@@ -137,17 +140,86 @@ func TestResolverForwardsOnlyTheQuestion(t *testing.T) {
 			return q
 		}(),
 	} {
-		a := r.answer(bad)
+		a := r.answer(bad, false)
 		var p dnsmessage.Parser
 		if h, err := p.Start(a); err != nil || h.RCode != dnsmessage.RCodeFormatError || h.ID != 0x1234 {
 			t.Errorf("%s: answered %+v %v, want FORMERR at once", name, h, err)
 		}
 	}
-	if a := r.answer([]byte{1, 2, 3}); a != nil {
+	if a := r.answer([]byte{1, 2, 3}, false); a != nil {
 		t.Errorf("a few bytes answered %x", a)
 	}
 	time.Sleep(100 * time.Millisecond)
 	if n := len(up.sent()); n != 1 {
 		t.Errorf("upstream got %d queries in all, want only the good one", n)
+	}
+}
+
+// A large answer, which the upstream truncates over UDP, resolves for a
+// sandbox that asks over TCP: the resolver asks the upstream over TCP too.
+// Over UDP the truncated answer goes back, and the sandbox retries.
+func TestResolverLargeAnswersOverTCP(t *testing.T) {
+	udp, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer udp.Close()
+	addr := udp.LocalAddr().(*net.UDPAddr).AddrPort()
+	tcp, err := net.Listen("tcp4", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	reply := func(q []byte, full bool) []byte {
+		var p dnsmessage.Parser
+		h, _ := p.Start(q)
+		question, _ := p.Question()
+		h.Response, h.Truncated = true, !full
+		b := dnsmessage.NewBuilder(nil, h)
+		b.StartQuestions()
+		b.Question(question)
+		if full {
+			b.StartAnswers()
+			for i := range 110 {
+				b.AResource(dnsmessage.ResourceHeader{Name: question.Name, Class: dnsmessage.ClassINET, TTL: 60}, dnsmessage.AResource{A: [4]byte{192, 0, 2, byte(i)}})
+			}
+		}
+		a, _ := b.Finish()
+		return a
+	}
+	go func() {
+		buf := make([]byte, 65535)
+		for {
+			n, from, err := udp.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			udp.WriteTo(reply(buf[:n], false), from)
+		}
+	}()
+	go func() {
+		for {
+			c, err := tcp.Accept()
+			if err != nil {
+				return
+			}
+			var l [2]byte
+			io.ReadFull(c, l[:])
+			q := make([]byte, int(l[0])<<8|int(l[1]))
+			io.ReadFull(c, q)
+			a := reply(q, true)
+			c.Write(append([]byte{byte(len(a) >> 8), byte(len(a))}, a...))
+			c.Close()
+		}
+	}()
+	r := &resolver{upstreams: []netip.AddrPort{addr}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		view: sandboxView{policy: func() Compiled { return Compiled{Internet: true} }, log: func(pandastack.EgressEntry) {}}}
+	if got := answerAddrs(r.answer(query(t, "big.test.", nil), true)); len(got) != 110 {
+		t.Errorf("over TCP: %d addresses, want 110", len(got))
+	}
+	a := r.answer(query(t, "big.test.", nil), false)
+	var p dnsmessage.Parser
+	if h, err := p.Start(a); err != nil || !h.Truncated {
+		t.Errorf("over UDP: %+v %v, want the truncated answer", h, err)
 	}
 }
