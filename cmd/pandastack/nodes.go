@@ -75,6 +75,7 @@ func (c *NodesConfig) node(dataDir, listen string, sharedImages bool) (sandbox.N
 	return sandbox.NodeConfig{
 		ID: id, URL: adv, Heartbeat: c.Heartbeat, Grace: c.Grace,
 		PlaceRestores: sharedImages, PlaceLocal: c.Placement == "local",
+		StartedFile: filepath.Join(dataDir, "node-started"),
 	}, nil
 }
 

@@ -34,6 +34,11 @@ type NodeConfig struct {
 	// node that was asked.
 	PlaceRestores bool
 	PlaceLocal    bool // every create runs on the node asked (a balancer in front places them)
+	// StartedFile keeps the start time of this data directory's last run
+	// of the node, which its record names: a server restarting finds its
+	// own last run there, and one with another data directory (a copied
+	// configuration) does not. "": the node's URL tells them apart.
+	StartedFile string
 }
 
 // DefaultNodeConfig has the timings a node uses when its own are zero.
@@ -279,11 +284,39 @@ func (m *Manager) startNode(ctx context.Context) error {
 // copied configuration, two hosts with the same name): each would take
 // the other's sandboxes for lost, since its own runtime lacks them, and
 // pull the node's URL back and forth. The id's record, heartbeating
-// within the grace period from another URL, is watched for two
-// heartbeats: one that stands still is an earlier run of this node, gone;
-// one that moves on is another server, and this one does not start. The
-// same URL is this node's own, restarting.
+// within the grace period, is watched for two heartbeats unless it is
+// this data directory's last run (StartedFile; without one, a record of
+// this node's URL): one that stands still is an earlier run, gone; one
+// that moves on is another server, and this one does not start.
 func (m *Manager) claimNodeID(ctx context.Context) error {
+	if err := m.claimNodeIDOnce(ctx); err != nil {
+		return err
+	}
+	if f := m.cfg.Node.StartedFile; f != "" {
+		if err := os.WriteFile(f, []byte(m.node.started.UTC().Format(time.RFC3339Nano)+"\n"), 0o600); err != nil {
+			return fmt.Errorf("node %s: %w", m.cfg.Node.ID, err)
+		}
+	}
+	return nil
+}
+
+// ownLastRun reports whether a node record is this data directory's last
+// run (or, without a StartedFile, of this node's URL).
+func (m *Manager) ownLastRun(n pandastack.Node) bool {
+	f := m.cfg.Node.StartedFile
+	if f == "" {
+		return n.URL == m.cfg.Node.URL
+	}
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return false
+	}
+	last, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(string(b)))
+	d := n.StartedAt.Sub(last)
+	return err == nil && d < time.Millisecond && d > -time.Millisecond // stores keep microseconds or less
+}
+
+func (m *Manager) claimNodeIDOnce(ctx context.Context) error {
 	nc := m.cfg.Node
 	find := func() (pandastack.Node, bool, error) {
 		nodes, err := m.store.ListNodes(ctx)
@@ -298,11 +331,11 @@ func (m *Manager) claimNodeID(ctx context.Context) error {
 		return pandastack.Node{}, false, nil
 	}
 	before, ok, err := find()
-	if err != nil || !ok || before.State != pandastack.NodeUp || before.URL == nc.URL || m.now().Sub(before.HeartbeatAt) >= nc.Grace {
+	if err != nil || !ok || before.State != pandastack.NodeUp || m.ownLastRun(before) || m.now().Sub(before.HeartbeatAt) >= nc.Grace {
 		return err
 	}
 	wait := min(2*nc.Heartbeat+time.Second, nc.Grace)
-	m.log.Info("this node's id heartbeats from another URL; waiting to see whether that server still runs", "node", nc.ID, "url", before.URL, "wait", wait)
+	m.log.Info("this node's id heartbeats from a run of another data directory; waiting to see whether that server still runs", "node", nc.ID, "url", before.URL, "wait", wait)
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
@@ -312,7 +345,7 @@ func (m *Manager) claimNodeID(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if ok && after.HeartbeatAt.After(before.HeartbeatAt) && after.URL != nc.URL {
+	if ok && after.HeartbeatAt.After(before.HeartbeatAt) {
 		return fmt.Errorf("node id %q is in use by a running server at %s (it heartbeats; started %s): give each server its own --node-id; a server restarting on its own data directory keeps its id and is not refused",
 			nc.ID, after.URL, after.StartedAt.UTC().Format(time.RFC3339))
 	}

@@ -330,9 +330,12 @@ func TestPauseDuringLossKeepsLost(t *testing.T) {
 	}
 }
 
-// A second server started with a live node's id (another URL) does not
-// start, and the live node's sandbox stays running; started after that
-// node stopped heartbeating (a restart elsewhere), it takes over the id.
+// A second server started with a live node's id does not start, whether
+// it advertises another URL or the same one (a copied configuration on
+// another data directory), and the live node's sandbox stays running;
+// started after that node stopped heartbeating (a restart elsewhere), it
+// takes over the id; and a restart on the same data directory goes on at
+// once.
 func TestDuplicateNodeIDRefused(t *testing.T) {
 	ctx := context.Background()
 	a := nodeHarness(t, "node-a", nil)
@@ -353,28 +356,37 @@ func TestDuplicateNodeIDRefused(t *testing.T) {
 		}
 	}()
 	dir := t.TempDir()
-	os.MkdirAll(filepath.Join(dir, "rootfs"), 0o700)
-	dup := &harness{t: t, dir: dir, rt: newFakeRuntime(), store: a.store, tpls: a.tpls}
-	dup.node = NodeConfig{ID: "node-a", URL: "http://elsewhere.test", Heartbeat: a.node.Heartbeat, Grace: 10 * time.Second}
-	m := New(Config{SnapshotDir: filepath.Join(dir, "s"), PausedDir: filepath.Join(dir, "p"), WarmDir: filepath.Join(dir, "w"), ReapInterval: time.Hour, Node: dup.node},
-		dup.store, dup.rt, dup.tpls, a.m.log)
-	err := m.Start(ctx)
+	started := filepath.Join(dir, "node-started")
+	start := func(url string) error {
+		node := NodeConfig{ID: "node-a", URL: url, Heartbeat: a.node.Heartbeat, Grace: 10 * time.Second, StartedFile: started}
+		m := New(Config{SnapshotDir: filepath.Join(dir, "s"), PausedDir: filepath.Join(dir, "p"), WarmDir: filepath.Join(dir, "w"), ReapInterval: time.Hour, Node: node},
+			a.store, newFakeRuntime(), a.tpls, a.m.log)
+		err := m.Start(ctx)
+		m.Close()
+		return err
+	}
+	for _, url := range []string{"http://elsewhere.test", a.node.URL} {
+		if err := start(url); err == nil || !strings.Contains(err.Error(), `node id "node-a" is in use by a running server at http://node-a.test`) {
+			t.Errorf("a second server of a live node's id, at %s, started: %v", url, err)
+		}
+	}
 	close(stop)
 	<-done
-	if err == nil || !strings.Contains(err.Error(), `node id "node-a" is in use by a running server at http://node-a.test`) {
-		m.Close()
-		t.Fatalf("a second server of a live node's id started: %v", err)
-	}
 	if rec := a.record(sa.ID); rec.State != pandastack.StateRunning {
-		t.Errorf("the live node's sandbox after the duplicate's start: %s %s", rec.State, rec.StopReason)
+		t.Errorf("the live node's sandbox after the duplicates' starts: %s %s", rec.State, rec.StopReason)
 	}
 
 	// A no longer heartbeats: a server of its id elsewhere starts (after
-	// watching the record stand still).
-	m = New(Config{SnapshotDir: filepath.Join(dir, "s"), PausedDir: filepath.Join(dir, "p"), WarmDir: filepath.Join(dir, "w"), ReapInterval: time.Hour, Node: dup.node},
-		dup.store, dup.rt, dup.tpls, a.m.log)
-	if err := m.Start(ctx); err != nil {
+	// watching the record stand still), and its restart on the same data
+	// directory does not wait.
+	if err := start("http://elsewhere.test"); err != nil {
 		t.Fatalf("the id's server moved elsewhere: %v", err)
 	}
-	m.Close()
+	watched := len(a.logs.with("waiting to see whether that server still runs"))
+	if err := start("http://elsewhere.test"); err != nil {
+		t.Fatalf("its restart: %v", err)
+	}
+	if len(a.logs.with("waiting to see whether that server still runs")) != watched {
+		t.Errorf("the restart on its own data directory watched its own last run")
+	}
 }
