@@ -254,7 +254,7 @@ func TestNetworkPolicy(t *testing.T) {
 		{`{"deny_out": ["example.com"]}`, 400, "invalid_request", "deny_out[0]"},
 		// deny_out carves out of the internet: alone, it would deny nothing
 		// and leave the sandbox offline.
-		{`{"deny_out": ["203.0.113.0/24"]}`, 400, "invalid_request", "needs allow_internet_access"},
+		{`{"deny_out": ["203.0.113.0/24"]}`, 400, "invalid_request", "leaves the sandbox no internet"},
 		{`{"allow_out": ["192.168.0.0/24"]}`, 422, "network_denied", "allow_out[0]"},
 		{`{"allow_out": ["169.254.169.254"]}`, 422, "network_denied", "allow_out[0]"},
 		{`{"allow_out": "1.2.3.4"}`, 400, "invalid_request", ""},

@@ -48,11 +48,12 @@ func (m *Manager) validNetwork(p *pandastack.NetworkPolicy) error {
 	if err := m.net.Validate(*p); err != nil {
 		return err
 	}
-	// deny_out carves out of the internet; without it, only allow_out is
-	// reachable and deny_out would deny nothing (a caller who meant to
-	// block a range only would have cut the sandbox off).
-	if !p.AllowInternetAccess && len(p.DenyOut) > 0 {
-		return pandastack.Errorf(pandastack.EInvalid, "network.deny_out needs allow_internet_access: true; without it only allow_out is reachable, so the sandbox would have no internet at all and deny_out would deny nothing")
+	// deny_out carves out of the internet. With neither it nor allow_out
+	// nothing is reachable, and a deny_out alone says its caller meant to
+	// block a range only, not to cut the sandbox off. (deny_out with
+	// allow_out, E2B's "deny everything but", does what it says.)
+	if !p.AllowInternetAccess && len(p.AllowOut) == 0 && len(p.DenyOut) > 0 {
+		return pandastack.Errorf(pandastack.EInvalid, "network.deny_out alone leaves the sandbox no internet at all: it carves out of allow_internet_access: true, which is off; set that to block only these, or list what to reach in allow_out")
 	}
 	return nil
 }
