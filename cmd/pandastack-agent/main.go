@@ -37,7 +37,7 @@ func main() {
 	// Notify rather than Ignore: an ignored signal stays ignored in children.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 
-	cfg := agent.Config{Version: version, BootedAt: time.Now().UTC(), Log: log, Contexts: agent.NewContexts(), Processes: agent.NewProcesses(), Hosts: "/etc/hosts", Hostname: "/etc/hostname"}
+	cfg := agent.Config{Version: version, BootedAt: time.Now().UTC(), Log: log, Contexts: agent.NewContexts(), Processes: agent.NewProcesses(), Hosts: "/etc/hosts", Hostname: "/etc/hostname", Names: &agent.NameFiles{}}
 	if os.Getpid() == 1 {
 		cfg.Reaper = agent.StartReaper(log)
 	}

@@ -48,6 +48,9 @@ type Config struct {
 	// sandbox's name (writeNameFiles); "" leaves that file alone. The
 	// agent in a sandbox sets them to /etc/hosts and /etc/hostname.
 	Hosts, Hostname string
+	// Names is the hellos' writing of those files, shared by all
+	// sessions, which wait for it; nil: a new one.
+	Names *NameFiles
 }
 
 // Server answers the agent API for one host session.
@@ -79,6 +82,9 @@ func NewServer(cfg Config, epoch uint32) *Server {
 	if cfg.CAMarker == "" {
 		cfg.CAMarker = agentproto.CAMarkerPath
 	}
+	if cfg.Names == nil {
+		cfg.Names = &NameFiles{}
+	}
 	return &Server{cfg: cfg, epoch: epoch, home: cfg.Home, log: cfg.Log.With("epoch", epoch)}
 }
 
@@ -86,16 +92,16 @@ func NewServer(cfg Config, epoch uint32) *Server {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/hello", s.api(s.hello))
-	mux.HandleFunc("POST /v1/exec", afterNames(s.api(s.exec)))
+	mux.HandleFunc("POST /v1/exec", s.afterNames(s.api(s.exec)))
 	mux.HandleFunc("POST /v1/env", s.api(s.setEnv))
-	mux.HandleFunc("GET /v1/pty", afterNames(s.api(s.pty)))
-	mux.HandleFunc("PUT /v1/files", afterNames(s.api(s.putFile)))
-	mux.HandleFunc("GET /v1/files", afterNames(s.api(s.getFile)))
-	mux.HandleFunc("DELETE /v1/files", afterNames(s.api(s.deleteFile)))
-	mux.HandleFunc("GET /v1/files/list", afterNames(s.api(s.listFiles)))
-	mux.HandleFunc("GET /v1/files/stat", afterNames(s.api(s.statFile)))
-	mux.HandleFunc("POST /v1/files/mkdir", afterNames(s.api(s.mkdir)))
-	mux.HandleFunc("POST /v1/contexts", afterNames(s.api(s.createContext)))
+	mux.HandleFunc("GET /v1/pty", s.afterNames(s.api(s.pty)))
+	mux.HandleFunc("PUT /v1/files", s.afterNames(s.api(s.putFile)))
+	mux.HandleFunc("GET /v1/files", s.afterNames(s.api(s.getFile)))
+	mux.HandleFunc("DELETE /v1/files", s.afterNames(s.api(s.deleteFile)))
+	mux.HandleFunc("GET /v1/files/list", s.afterNames(s.api(s.listFiles)))
+	mux.HandleFunc("GET /v1/files/stat", s.afterNames(s.api(s.statFile)))
+	mux.HandleFunc("POST /v1/files/mkdir", s.afterNames(s.api(s.mkdir)))
+	mux.HandleFunc("POST /v1/contexts", s.afterNames(s.api(s.createContext)))
 	mux.HandleFunc("GET /v1/contexts", s.api(s.listContexts))
 	mux.HandleFunc("POST /v1/contexts/spares", s.api(s.prepareSpares))
 	mux.HandleFunc("GET /v1/contexts/spares", s.api(s.listSpares))
@@ -106,9 +112,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/contexts/spares/hold", s.api(s.unholdSpares))
 	mux.HandleFunc("DELETE /v1/contexts/{id}", s.api(s.deleteContext))
 	mux.HandleFunc("POST /v1/contexts/{id}/interrupt", s.api(s.interruptContext))
-	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.api(s.restartContext))
-	mux.HandleFunc("POST /v1/contexts/{id}/run", afterNames(s.api(s.runCode)))
-	mux.HandleFunc("POST /v1/processes", afterNames(s.api(s.startProcess)))
+	mux.HandleFunc("POST /v1/contexts/{id}/restart", s.afterNames(s.api(s.restartContext)))
+	mux.HandleFunc("POST /v1/contexts/{id}/run", s.afterNames(s.api(s.runCode)))
+	mux.HandleFunc("POST /v1/processes", s.afterNames(s.api(s.startProcess)))
 	mux.HandleFunc("GET /v1/processes", s.api(s.listProcesses))
 	mux.HandleFunc("GET /v1/processes/{pid}/output", s.api(s.processOutput))
 	mux.HandleFunc("POST /v1/processes/{pid}/stdin", s.api(s.processStdin))
@@ -170,12 +176,12 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	}
 	// A restore gives the sandbox a name of its own (its image was
 	// another's): every session starts with the files that say it. In the
-	// background: a restored sandbox's first file access costs 6-10 ms,
+	// background: a restored sandbox's first file access costs 6-17 ms,
 	// which the create's answer need not wait for; what runs the user's
 	// code or touches files waits instead (afterNames).
 	if s.cfg.Hosts != "" || s.cfg.Hostname != "" {
 		log := s.log
-		names.start(func() {
+		s.cfg.Names.start(func() {
 			if err := writeNameFiles(s.cfg.Hosts, s.cfg.Hostname); err != nil {
 				log.Warn("writing the sandbox's name files", "err", err)
 			}
@@ -218,19 +224,16 @@ func writeResolver(path, nameserver string) error {
 	return replaceFile(path, agentproto.ResolvConf(addr.String()))
 }
 
-// nameWrite is the latest hello's write of the name files.
-type nameWrite struct {
+// NameFiles is the latest hello's write of the name files; its zero
+// value is ready.
+type NameFiles struct {
 	mu   sync.Mutex
 	done chan struct{} // closed when the write ended; nil: none yet
 }
 
-// names is the agent's: the files are the sandbox's, whichever session
-// asked.
-var names nameWrite
-
 // start runs write after the write before it (one a checkpoint caught
 // half-way, resumed in a restored image, must not end after this one).
-func (n *nameWrite) start(write func()) {
+func (n *NameFiles) start(write func()) {
 	ch := make(chan struct{})
 	n.mu.Lock()
 	prev := n.done
@@ -245,7 +248,7 @@ func (n *nameWrite) start(write func()) {
 	}()
 }
 
-func (n *nameWrite) wait(ctx context.Context) {
+func (n *NameFiles) wait(ctx context.Context) {
 	n.mu.Lock()
 	ch := n.done
 	n.mu.Unlock()
@@ -260,16 +263,20 @@ func (n *nameWrite) wait(ctx context.Context) {
 
 // afterNames runs h once the name files are written: the first command
 // or cell of a new sandbox finds localhost and its name resolving.
-func afterNames(h http.HandlerFunc) http.HandlerFunc {
+func (s *Server) afterNames(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		names.wait(r.Context())
+		s.cfg.Names.wait(r.Context())
 		h(w, r)
 	}
 }
 
-// hostsMarker begins the /etc/hosts the agent writes; one without it is
-// the template's own, which stays.
-const hostsMarker = "# pandastack: this sandbox's names\n"
+// hostsMarker begins the /etc/hosts the agent writes, and hostsEnd ends
+// its block of it: what follows is the user's and stays. A file that does
+// not begin so is the template's own, which stays whole.
+const (
+	hostsMarker = "# pandastack: this sandbox's names\n"
+	hostsEnd    = "# pandastack: end of this sandbox's names; add your own lines below\n"
+)
 
 // hostsFile is the /etc/hosts of a sandbox called name: localhost and
 // its own name on the loopback, as Debian does (a template's root file
@@ -279,7 +286,25 @@ func hostsFile(name string) string {
 	return hostsMarker +
 		"127.0.0.1\tlocalhost\n" +
 		"::1\tlocalhost ip6-localhost ip6-loopback\n" +
-		"127.0.1.1\t" + name + "\n"
+		"127.0.1.1\t" + name + "\n" +
+		hostsEnd
+}
+
+// newHosts is what the agent's /etc/hosts becomes for a sandbox called
+// name, given what it holds now (old; "" when missing): its block
+// rewritten, the lines after it kept. ok is false for a template's own.
+func newHosts(old, name string) (string, bool) {
+	if old == "" {
+		return hostsFile(name), true
+	}
+	if !strings.HasPrefix(old, hostsMarker) {
+		return "", false
+	}
+	rest := ""
+	if _, after, found := strings.Cut(old, hostsEnd); found {
+		rest = after
+	}
+	return hostsFile(name) + rest, true
 }
 
 // writeNameFiles makes the sandbox's names resolve: hosts (its
@@ -290,13 +315,16 @@ func hostsFile(name string) string {
 func writeNameFiles(hosts, hostname string) error {
 	name, err := os.Hostname()
 	if err != nil || name == "" {
-		return fmt.Errorf("hostname: %v", err)
+		return fmt.Errorf("hostname: %w", err)
 	}
 	var errs []error
 	if hosts != "" {
 		b, err := os.ReadFile(hosts)
-		if errors.Is(err, fs.ErrNotExist) || err == nil && strings.HasPrefix(string(b), hostsMarker) && string(b) != hostsFile(name) {
-			errs = append(errs, replaceFile(hosts, hostsFile(name)))
+		if errors.Is(err, fs.ErrNotExist) {
+			b, err = nil, nil
+		}
+		if want, ours := newHosts(string(b), name); err == nil && ours && want != string(b) {
+			errs = append(errs, replaceFile(hosts, want))
 		}
 	}
 	if hostname != "" {

@@ -157,7 +157,8 @@ func TestHelloWritesTheNameFiles(t *testing.T) {
 	dir := t.TempDir()
 	hosts, hostname := filepath.Join(dir, "hosts"), filepath.Join(dir, "hostname")
 	os.WriteFile(hostname, []byte("buildhost\n"), 0o644)
-	h := NewServer(Config{Home: t.TempDir(), Hosts: hosts, Hostname: hostname}, 1).Handler()
+	names := &NameFiles{}
+	h := NewServer(Config{Home: t.TempDir(), Hosts: hosts, Hostname: hostname, Names: names}, 1).Handler()
 	hello := func() {
 		t.Helper()
 		rec := httptest.NewRecorder()
@@ -181,15 +182,17 @@ func TestHelloWritesTheNameFiles(t *testing.T) {
 		t.Fatalf("/etc/hostname %q, want %q", got, name+"\n")
 	}
 
-	// Restored from an image made by a sandbox of another name.
-	os.WriteFile(hosts, []byte(hostsFile("sbx-other")), 0o644)
+	// Restored from an image made by a sandbox of another name, whose user
+	// added a line of their own: the agent's block is rewritten, the
+	// user's line kept.
+	own := "10.0.0.9\tdb.internal\n"
+	os.WriteFile(hosts, []byte(hostsFile("sbx-other")+own), 0o644)
 	os.WriteFile(hostname, []byte("sbx-other\n"), 0o644)
 	hello()
-	if read(hosts) != hostsFile(name) || read(hostname) != name+"\n" {
+	if read(hosts) != hostsFile(name)+own || read(hostname) != name+"\n" {
 		t.Fatalf("after a restore: hosts\n%s\nhostname %q", read(hosts), read(hostname))
 	}
 
-	own := "10.0.0.9 db.internal\n"
 	os.WriteFile(hosts, []byte(own), 0o644)
 	hello()
 	if read(hosts) != own {
@@ -204,8 +207,9 @@ func TestHelloWritesTheNameFiles(t *testing.T) {
 // first command of a new sandbox finds localhost resolving.
 func TestExecWaitsForTheNameFiles(t *testing.T) {
 	release := make(chan struct{})
+	names := &NameFiles{}
 	names.start(func() { <-release })
-	h := NewServer(Config{Home: t.TempDir()}, 1).Handler()
+	h := NewServer(Config{Home: t.TempDir(), Names: names}, 1).Handler()
 	done := make(chan int, 1)
 	go func() {
 		b, _ := json.Marshal(agentproto.ExecRequest{Cmd: "true", Root: true})
