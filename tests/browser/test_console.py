@@ -125,6 +125,14 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.keyboard.type("echo 'héllo ✓ 日本 😀'")
     page.keyboard.press("Enter")
     page.wait_for_function("() => /^héllo ✓ 日本 😀\\s*$/mu.test(document.getElementById('terminal').textContent)")
+    # Option+L on a German Mac gives "@" with Alt held: the character goes,
+    # not Meta (ESC) and an l.
+    page.keyboard.type("echo x")
+    page.evaluate("""() => document.getElementById('terminal').dispatchEvent(
+        new KeyboardEvent('keydown', {key: '@', code: 'KeyL', altKey: true, bubbles: true, cancelable: true}))""")
+    page.keyboard.type("y")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => /^x@y\\s*$/m.test(document.getElementById('terminal').textContent)")
     # Long output lands whole, drawn once per frame rather than per message.
     page.keyboard.type("seq 1 20000; echo SEQ-DONE")
     page.keyboard.press("Enter")

@@ -27,6 +27,19 @@ function reachError(e) {
   return new APIError(0, "connection_error", "cannot reach the PandaStack server: is pandastack serve running, and reachable from this browser?");
 }
 
+// anySignal aborts when any of signals does (AbortSignal.any where the
+// browser has it: Chrome 116, Firefox 124, Safari 17.4).
+function anySignal(signals) {
+  if (signals.length <= 1) return signals[0];
+  if (typeof AbortSignal.any === "function") return AbortSignal.any(signals);
+  const c = new AbortController();
+  for (const s of signals) {
+    if (s.aborted) { c.abort(s.reason); break; }
+    s.addEventListener("abort", () => c.abort(s.reason), { once: true });
+  }
+  return c.signal;
+}
+
 // api calls the API and returns the decoded JSON (or null for 204).
 export async function api(method, path, body, opts = {}) {
   const headers = { Authorization: "Bearer " + session.key, ...(opts.headers || {}) };
@@ -37,11 +50,11 @@ export async function api(method, path, body, opts = {}) {
   }
   // A server that stops answering is said so, not waited for: reads give
   // up after 30 s (downloads and actions that do work may take longer).
-  const timed = method === "GET" && !opts.raw;
-  const signals = [opts.signal, timed ? AbortSignal.timeout(30000) : null].filter(Boolean);
+  const timed = method === "GET" && !opts.raw && typeof AbortSignal.timeout === "function";
+  const signal = anySignal([opts.signal, timed ? AbortSignal.timeout(30000) : null].filter(Boolean));
   let res;
   try {
-    res = await fetch(path, { method, headers, body: payload, signal: signals.length ? AbortSignal.any(signals) : undefined });
+    res = await fetch(path, { method, headers, body: payload, signal });
   } catch (e) {
     throw reachError(e);
   }

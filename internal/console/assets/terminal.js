@@ -9,6 +9,14 @@ import { ptySocket } from "./api.js";
 const escape = /\x1b(\[[0-9;?<=>!]*[ -\/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\^_]|[()][0-9A-Za-z])/y;
 const printable = /[^\x00-\x1f\x7f]+/y;
 
+// altAsMeta tells Alt+key meant as Meta (Alt+b) from Alt that makes a
+// character of its own (Option+L is @ on a German Mac): only a key that
+// still gives its own letter or digit is Meta.
+function altAsMeta(e) {
+  const m = /^(?:Key([A-Z])|Digit([0-9]))$/.exec(e.code || "");
+  return !!m && e.key.toUpperCase() === (m[1] || m[2]);
+}
+
 export class Terminal {
   constructor(pre, onStatus) {
     this.pre = pre;
@@ -124,7 +132,7 @@ export class Terminal {
     } else if (!out && e.ctrlKey && !e.altKey && char) {
       const c = char.toUpperCase().charCodeAt(0);
       if (c >= 64 && c <= 95) out = String.fromCharCode(c - 64);
-    } else if (!out && e.altKey && !e.ctrlKey && !e.metaKey && char) {
+    } else if (!out && e.altKey && !e.ctrlKey && !e.metaKey && char && altAsMeta(e)) {
       out = "\x1b" + char; // Alt as Meta: readline's Alt+b, Alt+f
     } else if (!out && !e.ctrlKey && !e.metaKey && char) {
       out = char;
