@@ -231,13 +231,37 @@ type streamTail struct {
 	midLine bool
 	hdr     []byte
 	left    int
+	// final: the last whole event ended the stream (an exit or an error);
+	// a cut after it is the stream's end, not a failure. line and typ are
+	// what tells: the current line's start, the current frame's type.
+	final bool
+	line  []byte
+	typ   byte
+}
+
+// finalLine reports whether an NDJSON line beginning so ends a stream.
+func finalLine(start []byte) bool {
+	return bytes.HasPrefix(start, []byte(`{"type":"exit"`)) || bytes.HasPrefix(start, []byte(`{"type":"error"`))
 }
 
 // pass notes the bytes b handed on.
 func (t *streamTail) pass(b []byte) {
 	if t.ndjson {
-		if len(b) > 0 {
-			t.midLine = b[len(b)-1] != '\n'
+		for len(b) > 0 {
+			i := bytes.IndexByte(b, '\n')
+			part := b
+			if i >= 0 {
+				part = b[:i]
+			}
+			if k := min(len(part), 16-len(t.line)); k > 0 {
+				t.line = append(t.line, part[:k]...)
+			}
+			if i < 0 {
+				t.midLine = true
+				return
+			}
+			t.final, t.midLine, t.line = finalLine(t.line), false, t.line[:0]
+			b = b[i+1:]
 		}
 		return
 	}
@@ -246,14 +270,20 @@ func (t *streamTail) pass(b []byte) {
 			k := min(t.left, len(b))
 			t.left -= k
 			b = b[k:]
+			if t.left == 0 {
+				t.final = t.typ == streamframe.Exit || t.typ == streamframe.Error
+			}
 			continue
 		}
 		k := min(streamframe.HeaderSize-len(t.hdr), len(b))
 		t.hdr = append(t.hdr, b[:k]...)
 		b = b[k:]
 		if len(t.hdr) == streamframe.HeaderSize {
-			t.left = int(binary.BigEndian.Uint32(t.hdr[1:]))
+			t.typ, t.left = t.hdr[0], int(binary.BigEndian.Uint32(t.hdr[1:]))
 			t.hdr = t.hdr[:0]
+			if t.left == 0 {
+				t.final = t.typ == streamframe.Exit || t.typ == streamframe.Error
+			}
 		}
 	}
 }
@@ -279,6 +309,9 @@ func (t *streamTail) Read(p []byte) (int, error) {
 	t.pass(p[:n])
 	if err == nil || err == io.EOF || !t.atBoundary() {
 		return n, err // cut inside an event: nothing can follow it
+	}
+	if t.final {
+		return n, io.EOF // cut after the stream's last event: it ended
 	}
 	cause := revokedErr(t.ctx, nil)
 	if cause == nil {

@@ -71,6 +71,16 @@ func TestStreamCutOffEndsWithErrorEvent(t *testing.T) {
 		t.Errorf("revoked key: %q %v", out, err)
 	}
 
+	// Cut right after the stream's own last event: it ended, nothing added.
+	exit := line + `{"type":"exit","exit_code":0}` + "\n"
+	if out, err := tailOf(t, "application/x-ndjson", []byte(exit), context.Background()); err != nil || string(out) != exit {
+		t.Errorf("NDJSON cut after its exit: %q %v", out, err)
+	}
+	exitFrame, _ := streamframe.AppendFrame(frame, streamframe.Exit, []byte(`{"exit_code":0}`))
+	if out, err := tailOf(t, streamframe.MediaType, exitFrame, context.Background()); err != nil || !bytes.Equal(out, exitFrame) {
+		t.Errorf("frames cut after the exit frame: %q %v", out, err)
+	}
+
 	plain := &http.Response{Header: http.Header{"Content-Type": {"application/json"}}, Body: io.NopCloser(strings.NewReader("{}"))}
 	if endStreamWithError(plain, context.Background()) != plain.Body {
 		t.Errorf("a plain answer was wrapped")
