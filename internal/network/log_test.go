@@ -25,13 +25,16 @@ func TestEgressLogKeepsNewest(t *testing.T) {
 func TestEgressLogKindsApart(t *testing.T) {
 	var l egressLog
 	t0 := time.Date(2026, 12, 3, 7, 0, 0, 0, time.UTC)
-	l.add(pandastack.EgressEntry{Kind: "tcp", Port: 8080, Time: t0})
+	l.add(pandastack.EgressEntry{Kind: "tcp", Port: 8080, Allowed: true, Time: t0})
 	for i := range 2 * MaxLogEntries {
 		l.add(pandastack.EgressEntry{Kind: "dns", Time: t0.Add(time.Duration(i+1) * time.Millisecond)})
 	}
+	for i := range 2 * MaxLogEntries {
+		l.add(pandastack.EgressEntry{Kind: "tcp", Port: 22, Allowed: false, Time: t0.Add(time.Duration(i+1) * time.Millisecond)})
+	}
 	got := l.list()
-	if len(got) != MaxLogEntries+1 || got[0].Kind != "tcp" || got[0].Port != 8080 {
-		t.Fatalf("after a DNS flood: %d entries, first %+v", len(got), got[0])
+	if len(got) != 2*MaxLogEntries+1 || got[0].Kind != "tcp" || got[0].Port != 8080 {
+		t.Fatalf("after floods of names and refused connects: %d entries, first %+v", len(got), got[0])
 	}
 }
 

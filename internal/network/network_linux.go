@@ -214,6 +214,13 @@ func New(cfg Config) (*Network, error) {
 		}
 		return nil, fmt.Errorf("network: %w", err)
 	}
+	if n.fw.maxFlows > 0 {
+		if err := n.fw.probeConnlimit(c); err != nil {
+			// Every sandbox's chain would fail to load: run without it.
+			n.log.Warn("this kernel cannot count connections in nftables (nft_connlimit); sandboxes run without --network-max-flows", "err", err)
+			n.fw.maxFlows = 0
+		}
+	}
 	if n.refused != nil {
 		n.refDone = make(chan struct{})
 		go func() {

@@ -239,6 +239,20 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 	return c.Flush()
 }
 
+// probeConnlimit loads a rule that counts connections, as every
+// sandbox's flow limit does, and removes it: a kernel without
+// nft_connlimit refuses it.
+func (f *firewall) probeConnlimit(c *nftables.Conn) error {
+	ch := c.AddChain(&nftables.Chain{Name: "probe_flows", Table: f.table})
+	c.AddRule(&nftables.Rule{Table: f.table, Chain: ch, Exprs: append(ctNew(), &expr.Connlimit{Count: 1, Flags: expr.NFT_CONNLIMIT_F_INV}, &expr.Verdict{Kind: expr.VerdictDrop})})
+	err := c.Flush()
+	c.DelChain(ch)
+	if derr := c.Flush(); err == nil {
+		err = derr
+	}
+	return err
+}
+
 // hasChain reports whether the instance's table has chain name.
 func (f *firewall) hasChain(c *nftables.Conn, name string) bool {
 	ch, err := c.ListChain(f.table, name)

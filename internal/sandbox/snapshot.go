@@ -84,7 +84,9 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	pending := filepath.Join(m.cfg.SnapshotDir, pendingPrefix+snap.ID)
 	os.WriteFile(pending, nil, 0o600)
 	dropped := func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		// Briefly: the store's own clean-up has just tried, and the caller
+		// waits for its 503; the next start tries again anyway.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		if err := m.cfg.Images.Delete(dctx, snap.ID); err != nil {
 			m.log.Warn("remove what a failed snapshot sent to the snapshot store; the next start tries again", "snapshot", snap.ID, "err", err)
