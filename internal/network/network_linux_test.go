@@ -297,27 +297,33 @@ func TestFlowLimit(t *testing.T) {
 		}
 		return k
 	}
+	// flood sends a datagram to each of ten times the limit's ports from
+	// first on, each a flow of its own.
+	flood := func(first int) {
+		nettest.InNS(t, ns, func() {
+			c, err := net.ListenUDP("udp4", nil)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer c.Close()
+			for port := first; port < first+10*limit; port++ {
+				c.WriteToUDP([]byte("x"), net.UDPAddrFromAddrPort(netip.AddrPortFrom(up.PublicIP, uint16(port))))
+			}
+		})
+	}
 	var kept net.Conn
 	nettest.InNS(t, ns, func() {
 		// Open before the flood: established, it is never counted again.
 		var err error
 		if kept, err = net.DialTimeout("tcp4", netip.AddrPortFrom(up.PublicIP, 80).String(), 5*time.Second); err != nil {
 			t.Errorf("a first connection: %v", err)
-			return
-		}
-		c, err := net.ListenUDP("udp4", nil)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer c.Close()
-		for port := 20000; port < 20000+10*limit; port++ {
-			c.WriteToUDP([]byte("x"), net.UDPAddrFromAddrPort(netip.AddrPortFrom(up.PublicIP, uint16(port))))
 		}
 	})
 	if kept == nil {
 		t.FailNow()
 	}
+	flood(20000)
 	defer kept.Close()
 	if k := tracked(); k > limit+2 {
 		t.Errorf("%d flows of the sandbox tracked; its limit is %d", k, limit)
@@ -326,17 +332,7 @@ func TestFlowLimit(t *testing.T) {
 	if err := n.SetPolicy("sbx_flows", pandastack.InternetPolicy()); err != nil {
 		t.Fatal(err)
 	}
-	nettest.InNS(t, ns, func() {
-		c, err := net.ListenUDP("udp4", nil)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer c.Close()
-		for port := 30000; port < 30000+10*limit; port++ {
-			c.WriteToUDP([]byte("x"), net.UDPAddrFromAddrPort(netip.AddrPortFrom(up.PublicIP, uint16(port))))
-		}
-	})
+	flood(30000)
 	if k := tracked(); k > limit+2 {
 		t.Errorf("%d flows of the sandbox tracked after a policy change; its limit is %d", k, limit)
 	}
