@@ -179,13 +179,18 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	// background: a restored sandbox's first file access costs 6-17 ms,
 	// which the create's answer need not wait for; what runs the user's
 	// code or touches files waits instead (afterNames).
+	// Begun now, so that nothing can slip past the wait; started once the
+	// answer is out, so that its file system calls do not hold the answer
+	// up in a sandbox of one CPU.
+	var names func()
 	if s.cfg.Hosts != "" || s.cfg.Hostname != "" {
 		log := s.log
-		s.cfg.Names.start(func() {
+		names = s.cfg.Names.begin(func() {
 			if err := writeNameFiles(s.cfg.Hosts, s.cfg.Hostname); err != nil {
 				log.Warn("writing the sandbox's name files", "err", err)
 			}
 		})
+		defer names()
 	}
 	h := agentproto.Hello{
 		ProtocolVersion: agentproto.ProtocolVersion,
@@ -209,6 +214,9 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 		h.CAMarker = &m
 	}
 	writeJSON(w, http.StatusOK, h)
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush() // the answer out before the name files begin (deferred)
+	}
 	return nil
 }
 
@@ -231,22 +239,28 @@ type NameFiles struct {
 	done chan struct{} // closed when the write ended; nil: none yet
 }
 
-// start runs write after the write before it (one a checkpoint caught
+// begin makes waiters wait for write, and returns what starts it: in the
+// background, after the write before it (one a checkpoint caught
 // half-way, resumed in a restored image, must not end after this one).
-func (n *NameFiles) start(write func()) {
+func (n *NameFiles) begin(write func()) (start func()) {
 	ch := make(chan struct{})
 	n.mu.Lock()
 	prev := n.done
 	n.done = ch
 	n.mu.Unlock()
-	go func() {
-		defer close(ch)
-		if prev != nil {
-			<-prev
-		}
-		write()
-	}()
+	return func() {
+		go func() {
+			defer close(ch)
+			if prev != nil {
+				<-prev
+			}
+			write()
+		}()
+	}
 }
+
+// start begins write and starts it at once.
+func (n *NameFiles) start(write func()) { n.begin(write)() }
 
 func (n *NameFiles) wait(ctx context.Context) {
 	n.mu.Lock()
