@@ -259,9 +259,6 @@ func (n *NameFiles) begin(write func()) (start func()) {
 	}
 }
 
-// start begins write and starts it at once.
-func (n *NameFiles) start(write func()) { n.begin(write)() }
-
 func (n *NameFiles) wait(ctx context.Context) {
 	n.mu.Lock()
 	ch := n.done

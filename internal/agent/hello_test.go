@@ -208,7 +208,7 @@ func TestHelloWritesTheNameFiles(t *testing.T) {
 func TestExecWaitsForTheNameFiles(t *testing.T) {
 	release := make(chan struct{})
 	names := &NameFiles{}
-	names.start(func() { <-release })
+	names.begin(func() { <-release })()
 	h := NewServer(Config{Home: t.TempDir(), Names: names}, 1).Handler()
 	done := make(chan int, 1)
 	go func() {

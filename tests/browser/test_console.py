@@ -33,6 +33,14 @@ def sign_in(page: Page, serve) -> None:
     expect(page.get_by_role("heading", name="Sandboxes")).to_be_visible()
 
 
+def in_terminal(page: Page, keys: str, line: str, flags: str = "m") -> None:
+    """Types keys and Enter into the console's terminal, then waits until
+    its text matches line (a JavaScript regular expression)."""
+    page.keyboard.type(keys)
+    page.keyboard.press("Enter")
+    page.wait_for_function(f"() => /{line}/{flags}.test(document.getElementById('terminal').textContent)")
+
+
 def create_from_form(page: Page, template: str, tag: str, idle: str = "") -> tuple:
     """Creates a sandbox with the form; returns its row (found by its
     metadata tag) and its id."""
@@ -117,26 +125,18 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     page.get_by_role("button", name="Connect").click()
     expect(page.locator("#terminal-state")).to_have_text("connected")
     page.locator("#terminal").focus()
-    page.keyboard.type("echo $((6*7))")
-    page.keyboard.press("Enter")
-    page.wait_for_function("() => /^42\\s*$/m.test(document.getElementById('terminal').textContent)")
+    in_terminal(page, "echo $((6*7))", r"^42\s*$")
     # Text that comes without a key of its own (Playwright inserts what a
     # US keyboard lacks, as an input method does) reaches the shell too.
-    page.keyboard.type("echo 'héllo ✓ 日本 😀'")
-    page.keyboard.press("Enter")
-    page.wait_for_function("() => /^héllo ✓ 日本 😀\\s*$/mu.test(document.getElementById('terminal').textContent)")
+    in_terminal(page, "echo 'héllo ✓ 日本 😀'", r"^héllo ✓ 日本 😀\s*$", flags="mu")
     # Option+L on a German Mac gives "@" with Alt held: the character goes,
     # not Meta (ESC) and an l.
     page.keyboard.type("echo x")
     page.evaluate("""() => document.getElementById('terminal').dispatchEvent(
         new KeyboardEvent('keydown', {key: '@', code: 'KeyL', altKey: true, bubbles: true, cancelable: true}))""")
-    page.keyboard.type("y")
-    page.keyboard.press("Enter")
-    page.wait_for_function("() => /^x@y\\s*$/m.test(document.getElementById('terminal').textContent)")
+    in_terminal(page, "y", r"^x@y\s*$")
     # Long output lands whole, drawn once per frame rather than per message.
-    page.keyboard.type("seq 1 20000; echo SEQ-DONE")
-    page.keyboard.press("Enter")
-    page.wait_for_function("() => /^19999\\n20000\\nSEQ-DONE\\s*$/m.test(document.getElementById('terminal').textContent)")
+    in_terminal(page, "seq 1 20000; echo SEQ-DONE", r"^19999\n20000\nSEQ-DONE\s*$")
     # Cursor moves the sandbox asks for stay on the screen: a count of
     # 999999999 neither hangs the page nor drops what follows.
     page.keyboard.type("printf 'x\\033[999999999Bx\\033[999999999Gy\\033[999999999;999999999Hz\\033[999999999@\\n'; echo $((6*8))")
