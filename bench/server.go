@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/testutil"
 )
 
 // Templates the servers must have; a missing one is built on start (minutes,
@@ -132,7 +133,8 @@ func startServer(ctx context.Context, name, binDir, runsc string, poolSize int, 
 	s.cmd = exec.Command(filepath.Join(binDir, "pandastack"), append(args, extra...)...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := s.cmd.Start(); err != nil {
+	// Also if the benchmark is killed: serve ends with it.
+	if err := testutil.StartWithParent(s.cmd); err != nil {
 		os.RemoveAll(dataDir)
 		return nil, err
 	}

@@ -680,6 +680,51 @@ func TestShutdownCutsALongRequestOff(t *testing.T) {
 	c.KillSandbox(ctx, sb.ID)
 }
 
+// Serve's log reader goes away (a `serve | tee log` whose tee was killed):
+// serve goes on, and a SIGTERM later still stops its sandboxes (kill on
+// exit) and ends it with status 0. Its writes to the closed pipe fail
+// instead of killing it with SIGPIPE halfway through its work.
+func TestServeOutlivesItsLogReader(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newServer(t, "")
+	s.logTo = w
+	defer os.RemoveAll(s.dataDir)
+	var logged syncBuffer
+	copied := make(chan struct{})
+	go func() { io.Copy(&logged, r); close(copied) }()
+	s.start()
+	w.Close() // serve holds its own
+	defer s.stop()
+	ctx := context.Background()
+	c := s.client()
+	first, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	<-copied
+	// Each of these logs lines (at debug level) into the closed pipe.
+	second, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", TTLSeconds: 600})
+	if err != nil {
+		t.Fatalf("a create after the log's reader went away: %v\nlogged before:\n%s", err, tail(logged.String(), 20))
+	}
+	if res, err := c.Exec(ctx, first.ID, client.ExecRequest{Cmd: "echo still"}); err != nil || res.Stdout != "still\n" {
+		t.Fatalf("an exec after the log's reader went away: %+v %v", res, err)
+	}
+	cmd := s.cmd
+	cmd.Process.Signal(syscall.SIGTERM)
+	werr := cmd.Wait()
+	s.cmd = nil
+	if werr != nil {
+		t.Errorf("serve after SIGTERM: %v, want exit status 0", werr)
+	}
+	s.assertGone(t, first.ID)
+	s.assertGone(t, second.ID)
+}
+
 func TestOutOfMemoryIsReported(t *testing.T) {
 	s := sharedServer(t)
 	ctx := context.Background()

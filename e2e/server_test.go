@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,13 +38,13 @@ type server struct {
 	cmd     *exec.Cmd
 	out     *serveLog
 	env     []string
+	logTo   *os.File // serve's stdout and stderr instead of out, if set
 }
 
 // serveLog is what serve writes to its stdout and stderr: a file unlinked
 // as soon as it is made, so that nothing of it outlives the processes
 // that hold it, whose writes never fail for want of a reader (a pipe to a
-// test binary that died would end serve with SIGPIPE at its next log line,
-// half-way through killing its sandboxes).
+// test binary that died would lose what serve logs while it stops).
 type serveLog struct{ f *os.File }
 
 func newServeLog(t testing.TB) *serveLog {
@@ -63,32 +62,6 @@ func (l *serveLog) String() string {
 	var b bytes.Buffer
 	io.Copy(&b, io.NewSectionReader(l.f, 0, 1<<62))
 	return b.String()
-}
-
-// startWithParent starts cmd so that it gets SIGTERM when this test binary
-// ends, however it ends (a -timeout panic, a kill): a serve left running
-// would keep its sandboxes, network and cgroups. The kernel sends the
-// signal when the thread that started the child ends, so every child is
-// started from one thread that lives as long as the process.
-func startWithParent(cmd *exec.Cmd) error {
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGTERM
-	errc := make(chan error, 1)
-	spawner <- func() { errc <- cmd.Start() }
-	return <-errc
-}
-
-var spawner = make(chan func())
-
-func init() {
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the process
-		for start := range spawner {
-			start()
-		}
-	}()
 }
 
 // syncBuffer collects a command's output for the tests that read it.
@@ -122,6 +95,14 @@ func freePort(t testing.TB) int {
 // (or dataDir, to restart on an existing one).
 func startServer(t testing.TB, dataDir string, env ...string) *server {
 	t.Helper()
+	s := newServer(t, dataDir, env...)
+	s.start()
+	return s
+}
+
+// newServer is startServer's server before its start.
+func newServer(t testing.TB, dataDir string, env ...string) *server {
+	t.Helper()
 	testutil.Runsc(t)
 	testutil.RequireDebootstrap(t)
 	bin := testutil.Binaries(t)
@@ -132,9 +113,7 @@ func startServer(t testing.TB, dataDir string, env ...string) *server {
 			t.Fatal(err)
 		}
 	}
-	s := &server{t: t, bin: bin, dataDir: dataDir, env: env}
-	s.start()
-	return s
+	return &server{t: t, bin: bin, dataDir: dataDir, env: env}
 }
 
 func (s *server) start() {
@@ -152,7 +131,10 @@ func (s *server) start() {
 	)
 	s.cmd.Env = append(s.cmd.Env, s.env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.out.f, s.out.f
-	if err := startWithParent(s.cmd); err != nil {
+	if s.logTo != nil {
+		s.cmd.Stdout, s.cmd.Stderr = s.logTo, s.logTo
+	}
+	if err := testutil.StartWithParent(s.cmd); err != nil {
 		t.Fatal(err)
 	}
 	// The first start may build the base template: give it time.

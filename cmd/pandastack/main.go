@@ -136,6 +136,11 @@ func serve(args []string) error {
 	defer store.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// A log reader that goes away (a killed `| tee`) must not end serve
+	// halfway through its work: with SIGPIPE caught, writes to a closed
+	// stdout or stderr fail instead. (Caught, not ignored: an ignored
+	// signal would stay ignored in every process serve starts.)
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	if err := ensureFirstKey(ctx, store, cfg.keyPath()); err != nil {
 		return err
 	}

@@ -95,7 +95,7 @@ func startServer(bin string) (*apiServer, string) {
 		"PANDASTACK_KILL_ON_EXIT=1",
 	)
 	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	if err := s.cmd.Start(); err != nil {
+	if err := testutil.StartWithParent(s.cmd); err != nil {
 		os.RemoveAll(dataDir)
 		return nil, err.Error()
 	}
