@@ -106,6 +106,21 @@ func TestTerminal(t *testing.T) {
 		t.Errorf("snapshot after the terminal closed: %d %s", st, msg)
 	}
 
+	// A snapshot right after a close is not refused: it waits for the
+	// session's teardown (the agent killing the shell and its jobs).
+	for i := range 3 {
+		term, err = c.OpenTerminal(ctx, sb.ID, 80, 24)
+		if err != nil {
+			t.Fatal(err)
+		}
+		type_("sleep 987655 & echo up$((1+1))\r")
+		readTerm(t, term, "", "up2")
+		term.Close()
+		if st, _, msg := api(t, s, s.key, "POST", "/v1/sandboxes/"+sb.ID+"/snapshots", "{}"); st != http.StatusCreated {
+			t.Errorf("snapshot right after a terminal's close (%d): %d %s", i, st, msg)
+		}
+	}
+
 	// Bad input, and other projects.
 	if st, code, _ := api(t, s, s.key, "GET", "/v1/sandboxes/"+sb.ID+"/pty", ""); st != 400 || code != "invalid_request" {
 		t.Errorf("pty without a WebSocket upgrade: %d %s, want 400 invalid", st, code)

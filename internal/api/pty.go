@@ -121,7 +121,7 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 		return
 	}
 	id := r.PathValue("id")
-	agent, done, err := s.mgr.Acquire(r.Context(), project, id)
+	agent, ending, done, err := s.mgr.AcquireTerminal(r.Context(), project, id)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -215,6 +215,9 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 			break
 		}
 	}
+	// Only the teardown is left: a snapshot now waits for it rather than
+	// refusing.
+	ending()
 	term.Close() // the agent kills the shell
 	cancel()
 	<-outDone

@@ -68,7 +68,11 @@ type entry struct {
 	changed  chan struct{} // closed when phase changes (or the entry ends)
 	client   *AgentClient  // the agent's channel: set while running, checkpointing or stopping
 	inflight int           // work acquired and not yet done (exec, run, upload, …)
-	holds    int           // long-lived uses (PTY sessions, proxied connections): not idle, yet checkpointable
+	// Of inflight: terminal sessions, and of those the ones ending (their
+	// client has gone; only the shell's teardown is left).
+	terminals, ending int
+	workChanged       chan struct{} // closed when inflight, terminals or ending change
+	holds    int           // long-lived uses (proxied connections, output streams): not idle, yet checkpointable
 	idle     idleState     // see idle.go
 	// idleSet: the idle timeout was changed (PATCH) while the sandbox was
 	// being created or resumed; run keeps it rather than the timeout of
@@ -76,7 +80,9 @@ type entry struct {
 	idleSet bool
 }
 
-func newEntry(p phase) *entry { return &entry{phase: p, changed: make(chan struct{})} }
+func newEntry(p phase) *entry {
+	return &entry{phase: p, changed: make(chan struct{}), workChanged: make(chan struct{})}
+}
 
 // setPhase changes the phase and wakes whoever waits on the old one.
 func (e *entry) setPhase(p phase) {
@@ -91,9 +97,16 @@ type table struct {
 	entries map[string]*entry
 	closed  bool             // the manager is closing: nothing new begins
 	now     func() time.Time // the clock of idleness
+	// How long a checkpoint that finds only terminal sessions in flight
+	// waits before it answers conflict: for those ending, endingGrace;
+	// for one still open, closeGrace, since its client's close may be on
+	// its way (the WebSocket answers a close before the session sees it).
+	endingGrace, closeGrace time.Duration
 }
 
-func newTable() *table { return &table{entries: map[string]*entry{}, now: time.Now} }
+func newTable() *table {
+	return &table{entries: map[string]*entry{}, now: time.Now, endingGrace: 3 * time.Second, closeGrace: 250 * time.Millisecond}
+}
 
 var errClosing = pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
 
@@ -124,13 +137,33 @@ func (t *table) begin(id string, p phase) error {
 
 // quiesce moves a running sandbox with nothing in flight to p
 // (checkpointing, pausing or suspending); what says what the caller wanted,
-// for the error when work is in flight. Checkpoints never wait for work.
+// for the error when work is in flight. Checkpoints never wait for work;
+// only, briefly, for terminal sessions being closed (see closeGrace).
 func (t *table) quiesce(id string, p phase, what string) error {
+	start := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entries[id]
+	for e != nil && e.inflight > 0 && e.inflight == e.terminals {
+		wait := t.endingGrace
+		if e.ending < e.terminals {
+			wait = t.closeGrace
+		}
+		wait -= time.Since(start)
+		if wait <= 0 {
+			break
+		}
+		changed := e.workChanged
+		t.mu.Unlock()
+		select {
+		case <-changed:
+		case <-time.After(wait):
+		}
+		t.mu.Lock()
+		e = t.entries[id]
+	}
 	if e != nil && e.inflight > 0 {
-		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s) or upload(s) running; %s once they finish (snapshots never wait)", id, e.inflight, what)
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s), upload(s) or terminal(s) running; %s once they finish (snapshots never wait)", id, e.inflight, what)
 	}
 	switch {
 	case t.closed:
@@ -262,29 +295,92 @@ func (t *table) runningEntry(id string) (*entry, error) {
 // acquire is agent for work that must not overlap a checkpoint: it counts
 // the work as in flight in the same step. done (idempotent) ends it.
 func (t *table) acquire(id string) (*AgentClient, func(), error) {
-	return t.count(id, func(e *entry) *int { return &e.inflight })
+	c, w, err := t.acquireWork(id, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c, w.done, nil
 }
 
-// hold is acquire for long-lived uses (a PTY session, a proxied
-// connection): the sandbox is not idle while held, but may be checkpointed.
-func (t *table) hold(id string) (*AgentClient, func(), error) {
-	return t.count(id, func(e *entry) *int { return &e.holds })
+// work is one acquisition of work in flight.
+type work struct {
+	t        *table
+	e        *entry
+	terminal bool // a terminal session, which may end (ending) before done
+	isEnding bool // guarded by t.mu, as is finished
+	finished bool
 }
 
-func (t *table) count(id string, counter func(*entry) *int) (*AgentClient, func(), error) {
+// acquireWork is acquire; terminal says the work is a terminal session.
+func (t *table) acquireWork(id string, terminal bool) (*AgentClient, *work, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e, err := t.runningEntry(id)
 	if err != nil {
 		return nil, nil, err
 	}
-	*counter(e)++
+	w := &work{t: t, e: e, terminal: terminal}
+	w.change(1, 0)
+	return e.client, w, nil
+}
+
+// change adds to the entry's counts of work, and wakes a checkpoint
+// waiting on them. t.mu is held.
+func (w *work) change(inflight, ending int) {
+	e := w.e
+	e.inflight += inflight
+	if w.terminal {
+		e.terminals += inflight
+	}
+	e.ending += ending
+	e.idle.used(w.t.now())
+	close(e.workChanged)
+	e.workChanged = make(chan struct{})
+}
+
+// ending marks a terminal session as only tearing down: its client has
+// gone.
+func (w *work) ending() {
+	w.t.mu.Lock()
+	defer w.t.mu.Unlock()
+	if w.terminal && !w.isEnding && !w.finished {
+		w.isEnding = true
+		w.change(0, 1)
+	}
+}
+
+// done ends the work; later calls do nothing.
+func (w *work) done() {
+	w.t.mu.Lock()
+	defer w.t.mu.Unlock()
+	if w.finished {
+		return
+	}
+	w.finished = true
+	ending := 0
+	if w.isEnding {
+		ending = -1
+	}
+	w.change(-1, ending)
+}
+
+// hold is acquire for long-lived uses (a proxied connection, a process's
+// output stream): the sandbox is not idle while held, but may be
+// checkpointed. done (idempotent) ends it.
+func (t *table) hold(id string) (*AgentClient, func(), error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e, err := t.runningEntry(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.holds++
 	e.idle.used(t.now())
 	var once sync.Once
 	return e.client, func() {
 		once.Do(func() {
 			t.mu.Lock()
-			*counter(e)--
+			e.holds--
 			e.idle.used(t.now())
 			t.mu.Unlock()
 		})

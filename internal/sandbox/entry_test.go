@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack"
 )
@@ -70,6 +71,65 @@ func TestTableInflight(t *testing.T) {
 	}
 	if _, _, err := tb.acquire("s"); !pandastack.IsCode(err, pandastack.EConflict) {
 		t.Fatalf("acquire while checkpointing: %v", err)
+	}
+}
+
+// A checkpoint waits for terminal sessions being closed, and only for
+// those: other work in flight is refused at once, an open terminal after
+// closeGrace, a teardown that outlasts endingGrace after that.
+func TestTableTerminalTeardown(t *testing.T) {
+	tb := newTable()
+	tb.endingGrace, tb.closeGrace = time.Second, 300*time.Millisecond
+	tb.begin("s", phaseCreating)
+	tb.run("s", nil, 0)
+	e := tb.entries["s"]
+	take := func(terminal bool) *work { // acquireWork, without a live channel
+		tb.mu.Lock()
+		defer tb.mu.Unlock()
+		w := &work{t: tb, e: e, terminal: terminal}
+		w.change(1, 0)
+		return w
+	}
+	quiesce := func(what string, wantConflict bool, min, max time.Duration) {
+		t.Helper()
+		start := time.Now()
+		err := tb.quiesce("s", phaseCheckpointing, "take the snapshot")
+		took := time.Since(start)
+		if wantConflict != pandastack.IsCode(err, pandastack.EConflict) || (!wantConflict && err != nil) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if took < min || took >= max {
+			t.Fatalf("%s: answered after %s, want within [%s, %s)", what, took, min, max)
+		}
+		if err == nil {
+			tb.settle("s")
+		}
+	}
+
+	term, exec := take(true), take(false)
+	term.ending()
+	quiesce("a terminal tearing down and an exec", true, 0, tb.closeGrace)
+	exec.done()
+	exec.done() // idempotent
+	go func() { time.Sleep(50 * time.Millisecond); term.done() }()
+	quiesce("a terminal tearing down", false, 0, tb.endingGrace)
+
+	open := take(true)
+	quiesce("an open terminal", true, tb.closeGrace, tb.endingGrace)
+	go func() { time.Sleep(50 * time.Millisecond); open.ending(); time.Sleep(50 * time.Millisecond); open.done() }()
+	quiesce("a terminal closed meanwhile", false, 0, tb.endingGrace)
+
+	stuck := take(true)
+	stuck.ending()
+	stuck.ending() // idempotent
+	quiesce("a teardown past the grace", true, tb.endingGrace, 2*tb.endingGrace)
+	stuck.done()
+	stuck.ending() // after done: nothing
+	exec = take(false)
+	exec.ending() // not a terminal: nothing
+	exec.done()
+	if e.inflight != 0 || e.terminals != 0 || e.ending != 0 {
+		t.Fatalf("after done: inflight %d, terminals %d, ending %d", e.inflight, e.terminals, e.ending)
 	}
 }
 

@@ -11,8 +11,8 @@ import (
 
 // Idle suspend. A running sandbox is idle when, for its whole idle timeout,
 //
-//   - nothing was in flight in it (exec, run, upload; Acquire) and nothing
-//     held it (PTY sessions, proxied connections; Hold),
+//   - nothing was in flight in it (exec, run, upload, terminal; Acquire)
+//     and nothing held it (proxied connections, output streams; Hold),
 //   - no request used it (Agent, Acquire and Hold all count as use), and
 //   - its processes used less than idleCPUShare of one CPU on average, so a
 //     training loop or a server running in the background keeps it awake.
@@ -242,9 +242,9 @@ func forEachBounded(ids []string, n int, f func(string)) {
 	wg.Wait()
 }
 
-// Hold is Acquire for long-lived uses of a sandbox (a PTY session, a
-// proxied connection): while held it is never idle, but snapshots, forks and
-// pauses still proceed. Call done when the use ends.
+// Hold is Acquire for long-lived uses of a sandbox (a proxied connection,
+// a process's output stream): while held it is never idle, but snapshots,
+// forks and pauses still proceed. Call done when the use ends.
 func (m *Manager) Hold(ctx context.Context, projectID, id string) (_ *AgentClient, done func(), _ error) {
 	return m.use(ctx, projectID, id, m.sbx.hold)
 }

@@ -733,10 +733,28 @@ func (m *Manager) use(ctx context.Context, projectID, id string, take func(strin
 // fork or pause either sees it and answers conflict, or is already under
 // way and this answers conflict. Call done when the work ends. While work
 // is in flight the sandbox is never idle (idle.go); a long-lived use that
-// must not block snapshots (a PTY session, a proxied connection) takes Hold
-// instead.
+// must not block snapshots (a proxied connection) takes Hold instead.
 func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentClient, done func(), _ error) {
 	return m.use(ctx, projectID, id, m.sbx.acquire)
+}
+
+// AcquireTerminal is Acquire for a terminal session, with ending too: call
+// it once the session's client has gone and only its teardown is left (the
+// agent killing the shell). A snapshot, fork or pause that finds nothing in
+// flight but terminal sessions waits a moment for them to end (up to 3 s
+// for those ending, 250 ms for those still open, whose close may be on its
+// way) instead of answering conflict at once: a client that closes its
+// terminal and snapshots right away is not refused.
+func (m *Manager) AcquireTerminal(ctx context.Context, projectID, id string) (_ *AgentClient, ending, done func(), _ error) {
+	c, done, err := m.use(ctx, projectID, id, func(id string) (*AgentClient, func(), error) {
+		c, w, err := m.sbx.acquireWork(id, true)
+		if err != nil {
+			return nil, nil, err
+		}
+		ending = w.ending
+		return c, w.done, nil
+	})
+	return c, ending, done, err
 }
 
 // Kill stops the sandbox and deletes its record. A stop already under way
