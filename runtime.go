@@ -44,6 +44,11 @@ type RuntimeStats struct {
 	PSSBytes int64 // proportional set size of all its host processes
 	PIDs     []int // its host processes
 	CPUNanos int64 // CPU time used by all of it since it started (restored), in ns; -1 when unknown
+	// MemoryBytes is the memory charged to it on the host, what its memory
+	// limit counts, less file cache not in active use; -1 when unknown.
+	// PSSBytes can be far less: the sandbox's memory is mapped by processes
+	// that run its code, not only by those PIDs names.
+	MemoryBytes int64
 }
 
 // Runtime isolates sandboxes on the host. The in-sandbox agent is PID 1 of

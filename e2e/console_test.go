@@ -154,6 +154,38 @@ type historyEntry struct {
 	} `json:"error"`
 }
 
+// GET …/stats counts what the sandbox's code uses: memory a cell holds and
+// CPU a cell burns, which run in processes the sentry's own figures miss.
+func TestStatsCountTheSandboxsCode(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 600, MemoryMB: 1024})
+	type stats struct {
+		MemoryBytes int64   `json:"memory_bytes"`
+		CPUSeconds  float64 `json:"cpu_seconds"`
+	}
+	get := func() stats {
+		var st stats
+		if code, body := rawJSON(t, s, "GET", "/v1/sandboxes/"+sb.ID+"/stats", "", &st); code != 200 {
+			t.Fatalf("stats: %d %s", code, body)
+		}
+		return st
+	}
+	before := get()
+	res, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "import time\nheld = b'\\x01' * (300 << 20)\nt = time.process_time()\nwhile time.process_time() - t < 2: pass\nlen(held) >> 20"})
+	if err != nil || res.Text != "300" {
+		t.Fatalf("the cell: %+v %v", res, err)
+	}
+	after := get()
+	if grew := after.MemoryBytes - before.MemoryBytes; grew < 200<<20 {
+		t.Errorf("memory_bytes grew by %d MiB (%d → %d) while a cell holds 300 MiB", grew>>20, before.MemoryBytes>>20, after.MemoryBytes>>20)
+	}
+	if grew := after.CPUSeconds - before.CPUSeconds; grew < 1.5 {
+		t.Errorf("cpu_seconds grew by %.2f (%.2f → %.2f) over a cell that used 2 s of CPU", grew, before.CPUSeconds, after.CPUSeconds)
+	}
+}
+
 func TestHistoryAndStats(t *testing.T) {
 	s := sharedServer(t)
 	c := s.client()

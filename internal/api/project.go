@@ -12,9 +12,9 @@ import (
 // SandboxStats is GET /v1/sandboxes/{id}/stats: the host-side resource use
 // of a running sandbox, measured when asked.
 type SandboxStats struct {
-	MemoryBytes      int64     `json:"memory_bytes"`       // proportional set size of its host processes
+	MemoryBytes      int64     `json:"memory_bytes"`       // the host memory charged to it (its cgroup's working set)
 	MemoryLimitBytes int64     `json:"memory_limit_bytes"` // its memory_mb
-	CPUSeconds       float64   `json:"cpu_seconds"`        // CPU time its host processes used so far; rate = difference of two samples
+	CPUSeconds       float64   `json:"cpu_seconds"`        // CPU time it used so far (its cgroup's); rate = difference of two samples
 	CPULimit         int       `json:"cpu_limit"`          // its cpu
 	SampledAt        time.Time `json:"sampled_at"`
 }
@@ -31,10 +31,19 @@ func (s *Server) stats(w http.ResponseWriter, r *http.Request, project string) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, SandboxStats{
-		MemoryBytes: st.PSSBytes, MemoryLimitBytes: int64(sb.MemoryMB) << 20,
-		CPUSeconds: cpuSeconds(st.PIDs), CPULimit: sb.CPU, SampledAt: time.Now().UTC(),
-	})
+	out := SandboxStats{
+		MemoryBytes: st.MemoryBytes, MemoryLimitBytes: int64(sb.MemoryMB) << 20,
+		CPUSeconds: float64(st.CPUNanos) / 1e9, CPULimit: sb.CPU, SampledAt: time.Now().UTC(),
+	}
+	// Without cgroup figures, the runtime's host processes alone (which
+	// miss the ones that run the sandbox's code).
+	if st.MemoryBytes < 0 {
+		out.MemoryBytes = st.PSSBytes
+	}
+	if st.CPUNanos < 0 {
+		out.CPUSeconds = cpuSeconds(st.PIDs)
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // APIKeyCreated answers POST /v1/api-keys: the only time the secret is shown.

@@ -609,9 +609,10 @@ func (r *Runtime) Stats(ctx context.Context, id string) (pandastack.RuntimeStats
 	if len(pids) == 0 {
 		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no processes of sandbox %q", id)
 	}
-	st := pandastack.RuntimeStats{PIDs: pids, CPUNanos: -1}
+	st := pandastack.RuntimeStats{PIDs: pids, CPUNanos: -1, MemoryBytes: -1}
 	if validID(id) {
 		st.CPUNanos = cpuNanos(cgroupPath(id))
+		st.MemoryBytes = memoryBytes(cgroupPath(id))
 	}
 	for _, p := range pids {
 		st.PSSBytes += pss(p)

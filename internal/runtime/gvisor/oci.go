@@ -275,6 +275,38 @@ func cgroupEvent(key string, files ...string) bool {
 	return false
 }
 
+// memoryBytes reads the memory charged to the sandbox's cgroup less the
+// file cache not in active use, the working set (cgroup v1
+// memory.usage_in_bytes less memory.stat's total_inactive_file, or v2
+// memory.current less inactive_file), or -1. It counts what its memory
+// limit counts: the sentry's memory file (the sandbox's own memory, shared
+// with the stub processes that run its code), gVisor's heap, page tables.
+func memoryBytes(rel string) int64 {
+	for _, f := range []struct{ usage, stat, inactive string }{
+		{filepath.Join("/sys/fs/cgroup/memory", rel, "memory.usage_in_bytes"), filepath.Join("/sys/fs/cgroup/memory", rel, "memory.stat"), "total_inactive_file"},
+		{filepath.Join("/sys/fs/cgroup", rel, "memory.current"), filepath.Join("/sys/fs/cgroup", rel, "memory.stat"), "inactive_file"},
+	} {
+		b, err := os.ReadFile(f.usage)
+		if err != nil {
+			continue
+		}
+		usage, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil {
+			continue
+		}
+		var inactive int64
+		if b, err := os.ReadFile(f.stat); err == nil {
+			for _, l := range strings.Split(string(b), "\n") {
+				if k, v, ok := strings.Cut(l, " "); ok && k == f.inactive {
+					inactive, _ = strconv.ParseInt(v, 10, 64)
+				}
+			}
+		}
+		return max(usage-inactive, 0)
+	}
+	return -1
+}
+
 // cpuNanos reads the CPU time used by everything in the sandbox's cgroup
 // (cgroup v1 cpuacct.usage, or v2 cpu.stat's usage_usec), or -1.
 func cpuNanos(rel string) int64 {

@@ -220,6 +220,9 @@ func testStartHelloStop(t *testing.T, env Env) {
 	if stats.CPUNanos == 0 || stats.CPUNanos < -1 {
 		t.Fatalf("Stats.CPUNanos = %d: a booted sandbox has used CPU (or say -1 for unknown)", stats.CPUNanos)
 	}
+	if stats.MemoryBytes != -1 && stats.MemoryBytes < 1<<20 {
+		t.Fatalf("Stats.MemoryBytes = %d: a booted sandbox holds memory (or say -1 for unknown)", stats.MemoryBytes)
+	}
 	// With resources set, the CPU time is measured.
 	id2 := newID()
 	s2 := dial(t, start(t, rt, pandastack.RuntimeSpec{ID: id2, RootFS: env.RootFS, CPU: 1, MemoryMB: 256}))
