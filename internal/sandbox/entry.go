@@ -68,16 +68,16 @@ type entry struct {
 	changed  chan struct{} // closed when phase changes (or the entry ends)
 	client   *AgentClient  // the agent's channel: set while running, checkpointing or stopping
 	inflight int           // work acquired and not yet done (exec, run, upload, …)
-	// Of inflight: terminal sessions, and of those the ones ending (their
-	// client has gone; only the shell's teardown is left).
-	terminals, ending int
-	workChanged       chan struct{} // closed when inflight, terminals or ending change
 	holds    int           // long-lived uses (proxied connections, output streams): not idle, yet checkpointable
 	idle     idleState     // see idle.go
 	// idleSet: the idle timeout was changed (PATCH) while the sandbox was
 	// being created or resumed; run keeps it rather than the timeout of
 	// the record that boot began with.
 	idleSet bool
+	// Of inflight: terminal sessions, and of those the ones ending (their
+	// client has gone; only the shell's teardown is left).
+	terminals, ending int
+	workChanged       chan struct{} // closed when inflight, terminals or ending change
 }
 
 func newEntry(p phase) *entry {

@@ -116,7 +116,12 @@ func TestTableTerminalTeardown(t *testing.T) {
 
 	open := take(true)
 	quiesce("an open terminal", true, tb.closeGrace, tb.endingGrace)
-	go func() { time.Sleep(50 * time.Millisecond); open.ending(); time.Sleep(50 * time.Millisecond); open.done() }()
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		open.ending()
+		time.Sleep(50 * time.Millisecond)
+		open.done()
+	}()
 	quiesce("a terminal closed meanwhile", false, 0, tb.endingGrace)
 
 	stuck := take(true)
