@@ -163,13 +163,19 @@ func (m *Manager) dropPrepared(keep int) {
 			continue
 		}
 		if sb, err := m.store.GetSandbox(context.Background(), "", id); err == nil && sb.State == pandastack.StatePaused {
-			if m.net != nil {
-				m.net.Hold(id) // the stop takes only the network down
-			}
-			if err := m.rt.Stop(context.Background(), id); err != nil {
-				m.log.Warn("removing a prepared resume", "sandbox", id, "err", err)
-			}
+			m.stopPrepared(id)
 		}
 		m.sbx.end(id)
+	}
+}
+
+// stopPrepared removes the prepared resume of paused sandbox id, taken out
+// of m.prepared; the caller holds its claim.
+func (m *Manager) stopPrepared(id string) {
+	if m.net != nil {
+		m.net.Hold(id) // the stop takes only the network down
+	}
+	if err := m.rt.Stop(context.Background(), id); err != nil {
+		m.log.Warn("removing a prepared resume", "sandbox", id, "err", err)
 	}
 }

@@ -460,3 +460,64 @@ func TestPinnedImages(t *testing.T) {
 		t.Errorf("pinImage of a dir without image files: %v, want nothing pinned", err)
 	}
 }
+
+// A pause asked of a sandbox suspended for idleness keeps it paused as
+// asked: its prepared resume goes, and a request no longer wakes it. One
+// asked during the suspend waits for it.
+func TestPauseOfAnIdleSuspend(t *testing.T) {
+	h, _, rt := preparingHarness(t, 2)
+	ctx := context.Background()
+	sb := h.createIdle(10)
+	if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
+		t.Fatal(err)
+	}
+	inCheckpoint := make(chan struct{})
+	release := make(chan struct{})
+	h.rt.checkpointErr = func(string) error {
+		close(inCheckpoint)
+		h.rt.mu.Unlock()
+		<-release
+		h.rt.mu.Lock()
+		return nil
+	}
+	suspended := make(chan error, 1)
+	go func() {
+		_, err := h.m.pause(ctx, h.record(sb.ID), pandastack.PauseIdle)
+		suspended <- err
+	}()
+	<-inCheckpoint
+	h.rt.checkpointErr = nil
+	paused := make(chan error, 1)
+	var got pandastack.Sandbox
+	go func() {
+		var err error
+		got, err = h.m.Pause(ctx, project, sb.ID)
+		paused <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the pause finds the suspend under way
+	close(release)
+	if err := <-suspended; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-paused; err != nil {
+		t.Fatalf("a pause during the idle suspend: %v", err)
+	}
+	if got.State != pandastack.StatePaused || got.PauseReason != pandastack.PauseRequested {
+		t.Fatalf("the pause answered %s %q, want paused requested", got.State, got.PauseReason)
+	}
+	if calls := rt.takeCalls(); !slices.Contains(calls, "stop "+sb.ID) {
+		t.Fatalf("runtime calls %q: the prepared resume was not removed", calls)
+	}
+	if _, err := h.exec(sb.ID, "get v"); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("a request to the paused sandbox: %v, want conflict (it stays paused)", err)
+	}
+	if _, err := h.m.Pause(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("a second pause: %v, want conflict", err)
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
+		t.Fatalf("after the resume: %q %v", out, err)
+	}
+}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -138,23 +139,63 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 }
 
 // Pause checkpoints a running sandbox to disk and frees its memory and CPU.
+// A sandbox suspended for idleness stays paused as asked: from then on a
+// request no longer wakes it (unless it has auto_resume). An idle suspend
+// or a resume under way is waited for.
 func (m *Manager) Pause(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
-	sb, err := m.store.GetSandbox(ctx, projectID, id)
-	if err != nil {
-		return sb, err
-	}
-	if sb.State == pandastack.StateStarting {
-		if sb, err = m.settled(ctx, projectID, id); err != nil { // a create under way: wait for it
+	for {
+		sb, err := m.store.GetSandbox(ctx, projectID, id)
+		if err != nil {
 			return sb, err
 		}
-	}
-	if sb.State == pandastack.StatePaused {
-		return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is already paused", id)
-	}
-	if sb, err = m.running(ctx, projectID, id); err != nil {
+		if sb.State == pandastack.StateStarting {
+			if sb, err = m.settled(ctx, projectID, id); err != nil { // a create under way: wait for it
+				return sb, err
+			}
+		}
+		if sb.State == pandastack.StatePaused && sb.PauseReason == pandastack.PauseIdle {
+			sb, err = m.pauseSuspended(ctx, sb)
+		} else if sb.State == pandastack.StatePaused {
+			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is already paused", id)
+		} else if sb, err = m.running(ctx, projectID, id); err == nil {
+			sb, err = m.pause(ctx, sb, pandastack.PauseRequested)
+		}
+		if errors.Is(err, errResumedMeanwhile) || pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseSuspending, phaseResuming) {
+			continue
+		}
 		return sb, err
 	}
-	return m.pause(ctx, sb, pandastack.PauseRequested)
+}
+
+var errResumedMeanwhile = errors.New("resumed meanwhile")
+
+// pauseSuspended turns the idle suspend of sb into a pause as asked, and
+// drops its prepared resume: nothing expects it back soon.
+func (m *Manager) pauseSuspended(ctx context.Context, sb pandastack.Sandbox) (pandastack.Sandbox, error) {
+	id := sb.ID
+	if err := m.pausedElsewhere(sb); err != nil {
+		return sb, err
+	}
+	if err := m.sbx.begin(id, phasePausing); err != nil {
+		return sb, err
+	}
+	defer m.sbx.end(id)
+	// Still suspended? A resume may have ended just before the claim.
+	if rec, err := m.store.GetSandbox(ctx, sb.ProjectID, id); err != nil || rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseIdle {
+		if err == nil {
+			err = errResumedMeanwhile
+		}
+		return rec, err
+	}
+	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, pandastack.PauseRequested, m.now()); err != nil {
+		return sb, fmt.Errorf("pause %s: %w", id, err)
+	}
+	if ok, pin := m.prepared.take(id); ok {
+		pin.release()
+		m.stopPrepared(id)
+	}
+	m.log.Info("sandbox paused", "sandbox", id, "reason", pandastack.PauseRequested, "was", pandastack.PauseIdle)
+	return m.store.GetSandbox(ctx, sb.ProjectID, id)
 }
 
 // pause checkpoints sb into its paused image and then stops it, recording
