@@ -577,6 +577,30 @@ func decodeObject(raw []byte, v any) error {
 	if err := dec.Decode(v); err != nil {
 		return jsonError(err)
 	}
+	return nullInStringMaps(raw)
+}
+
+// nullInStringMaps refuses a null value inside a request's object of
+// strings, which decoding alone would take for "".
+func nullInStringMaps(raw []byte) error {
+	if !bytes.Contains(raw, []byte("null")) {
+		return nil
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(raw, &top) != nil {
+		return nil
+	}
+	for field := range stringMaps {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(top[field], &m) != nil {
+			continue
+		}
+		for k, v := range m {
+			if string(v) == "null" {
+				return pandastack.Errorf(pandastack.EInvalid, "field %q must be an object whose values are strings, got null for %q", field, k)
+			}
+		}
+	}
 	return nil
 }
 

@@ -60,6 +60,8 @@ func TestDecodeMessages(t *testing.T) {
 	for body, want := range map[string]string{
 		`{"network":[]}`:                          `field "network" must be a JSON object, got array`,
 		`{"metadata":{"a":1}}`:                    `must be an object whose values are strings, got number`,
+		`{"metadata":{"a":"x","b":null}}`:         `field "metadata" must be an object whose values are strings, got null for "b"`,
+		`{"env":{"A":null}}`:                      `field "env" must be an object whose values are strings, got null for "A"`,
 		`{"metadata":5}`:                          `field "metadata" must be an object whose values are strings, got number`,
 		`{"env":{"A":true}}`:                      `must be an object whose values are strings, got bool`,
 		`{"ttl_seconds":99999999999999999999999}`: `field "ttl_seconds" is out of range: 99999999999999999999999`,
@@ -75,6 +77,10 @@ func TestDecodeMessages(t *testing.T) {
 		if !pandastack.IsCode(err, pandastack.EInvalid) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: %v; want %q", body, err, want)
 		}
+	}
+	// A null object of strings is none at all.
+	if err := decode(httptest.NewRequest("POST", "/", strings.NewReader(`{"metadata":null,"env":null}`)), &createSandboxRequest{}); err != nil {
+		t.Errorf("null metadata and env: %v", err)
 	}
 	// White space after the object is fine.
 	if err := decode(httptest.NewRequest("POST", "/", strings.NewReader("{\"template\":\"base\"} \r\n\t")), &createSandboxRequest{}); err != nil {
