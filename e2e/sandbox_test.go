@@ -570,6 +570,7 @@ func TestCLI(t *testing.T) {
 	for _, args := range [][]string{
 		{"sandbox", "create", "code-interpreter", "--ttl", "1m"}, // a template given as an argument
 		{"sandbox", "create", "--ttl", "500ms"},                  // less than the API's second
+		{"sandbox", "create", "--ttl", "0"},                      // not the server's default, which leaving it out gives
 		{"sandbox", "kill"},
 	} {
 		if out, errOut, err := s.cli(args...); exitCode(err) != 1 || out != "" || errOut == "" {

@@ -114,6 +114,13 @@ func verbsHelp(args []string, usage string) error {
 	return errHelp
 }
 
+// flagGiven reports whether the command line set flag name.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
 // wholeSeconds turns a duration flag into the API's seconds, refusing
 // what the API cannot say (0 stays 0: the server's default).
 func wholeSeconds(flagName string, d time.Duration) (int64, error) {

@@ -47,6 +47,18 @@ func TestWholeSeconds(t *testing.T) {
 	}
 }
 
+func TestFlagGiven(t *testing.T) {
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.Duration("ttl", 0, "")
+	fs.Int("cpu", 0, "")
+	if err := fs.Parse([]string{"--ttl", "0s"}); err != nil {
+		t.Fatal(err)
+	}
+	if !flagGiven(fs, "ttl") || flagGiven(fs, "cpu") {
+		t.Errorf("given: ttl %v, cpu %v; want true, false", flagGiven(fs, "ttl"), flagGiven(fs, "cpu"))
+	}
+}
+
 func TestParseFlagsRefusesStrayArguments(t *testing.T) {
 	newFS := func() *flag.FlagSet {
 		fs := flag.NewFlagSet("sandbox create", flag.ContinueOnError)

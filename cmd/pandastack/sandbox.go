@@ -93,6 +93,9 @@ func sandboxCmd(args []string) error {
 		if err != nil {
 			return err
 		}
+		if ttlSeconds == 0 && flagGiven(fs, "ttl") {
+			return fmt.Errorf("--ttl %v: give a positive time to live, such as 90s or 10m, or leave --ttl out for the server's default", *ttl)
+		}
 		sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{
 			Template: *tpl, TTLSeconds: ttlSeconds, Metadata: md, Env: env, CPU: *cpu, MemoryMB: *mem, Network: pol,
 		})
