@@ -169,7 +169,9 @@ var PythonSetupCode = `def _pandastack_setup():
                 data[mime] = v[:rcap()] + '\n[result truncated: %d characters omitted]' % (len(v) - rcap())
             elif isinstance(v, (str, bytes)) and len(v) > big:
                 del data[mime]
-                data.setdefault('text/plain', '[result too large: its %s form was omitted]' % mime)
+                note = '[result too large: its %s form (%d MiB) was omitted; save it to a file and download that]' % (mime, len(v) >> 20)
+                plain_text = data.get('text/plain', '')
+                data['text/plain'] = note + ('\n' + plain_text if plain_text and mime != 'text/plain' else '')
         return data, md
     formatter.format = format
 _pandastack_setup()

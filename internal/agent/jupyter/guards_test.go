@@ -72,6 +72,12 @@ func TestHugeResultIsBounded(t *testing.T) {
 	}
 	mustText(t, k, "len(big)", "200000000")
 	mustText(t, k, "'short'", "'short'")
+	// A rich form past the results' cap is left out, and its text says so
+	// (the object's own text/plain is kept after the note).
+	e, _ = runCode(t, k, "class Big:\n    def _repr_png_(self): return b'\\x89PNG' + bytes(40 << 20)\n    def __repr__(self): return '<Big>'\ndisplay(Big())", ExecOptions{})
+	if e.Error != nil || len(e.Results) != 1 || !strings.Contains(e.Results[0].Text, "[result too large: its image/png form (40 MiB) was omitted") || !strings.HasSuffix(e.Results[0].Text, "<Big>") || e.Results[0].PNG != "" {
+		t.Fatalf("a 40 MiB PNG: error %+v, results %+v", e.Error, e.Results)
+	}
 }
 
 // TestReseed: after Reseed a kernel no longer repeats the sequence it was

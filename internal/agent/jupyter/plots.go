@@ -97,37 +97,44 @@ const PythonFastPNGCode = `def _pandastack_fastpng():
     import matplotlib as mpl
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    def png(fig):
+    def fast(fig):
         canvas = fig.canvas
         rc = mpl.rcParams
-        if (not fig.axes and not fig.lines) or type(canvas).print_png is not FigureCanvasAgg.print_png \
-                or not isinstance(canvas, FigureCanvasAgg) or getattr(canvas, 'device_pixel_ratio', 1) != 1 \
+        if (not fig.axes and not fig.lines) or not isinstance(canvas, FigureCanvasAgg) \
+                or type(canvas).print_png is not FigureCanvasAgg.print_png \
+                or getattr(canvas, 'device_pixel_ratio', 1) != 1 \
                 or getattr(fig, '_original_dpi', fig.dpi) != fig.dpi or fig.get_layout_engine() is not None \
                 or fig.patch.get_linewidth() > 0 or rc['savefig.dpi'] != 'figure' or rc['savefig.transparent'] \
                 or rc['savefig.pad_inches'] in (None, 'layout'):
-            return inline(fig)
-        try:
-            pad = float(rc['savefig.pad_inches'])
-            canvas.draw()
-            renderer = canvas.get_renderer()
-            dpi = fig.dpi
-            W, H = int(renderer.width), int(renderer.height)
-            drawn = fig.get_tightbbox(renderer)
-            if drawn.x0 < 0 or drawn.y0 < 0 or drawn.x1 * dpi > W or drawn.y1 * dpi > H:
-                return inline(fig)
-            box = drawn.padded(pad)
-            w, h = int(box.width * dpi), int(box.height * dpi)
-            p = int(pad * dpi) + 2
-            face = (np.asarray(mpl.colors.to_rgba(fig.get_facecolor())) * 255 + 0.5).astype(np.uint8)
-            framed = np.empty((H + 2 * p, W + 2 * p, 4), np.uint8)
-            framed[:] = face
-            framed[p:p + H, p:p + W] = np.asarray(renderer.buffer_rgba())
-            x, y = int(round(box.x0 * dpi)) + p, int(round(H - box.y1 * dpi)) + p
-            out = io.BytesIO()
-            mpl.image.imsave(out, framed[y:y + h, x:x + w], format='png', origin='upper', dpi=dpi)
-        except Exception:
-            return inline(fig)
+            return None
+        pad = float(rc['savefig.pad_inches'])
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        dpi = fig.dpi
+        W, H = int(renderer.width), int(renderer.height)
+        drawn = fig.get_tightbbox(renderer)
+        if drawn.x0 < 0 or drawn.y0 < 0 or drawn.x1 * dpi > W or drawn.y1 * dpi > H:
+            return None
+        box = drawn.padded(pad)
+        w, h = int(box.width * dpi), int(box.height * dpi)
+        p = int(pad * dpi) + 2
+        face = (np.asarray(mpl.colors.to_rgba(fig.get_facecolor())) * 255 + 0.5).astype(np.uint8)
+        framed = np.empty((H + 2 * p, W + 2 * p, 4), np.uint8)
+        framed[:] = face
+        framed[p:p + H, p:p + W] = np.asarray(renderer.buffer_rgba())
+        x, y = int(round(box.x0 * dpi)) + p, int(round(H - box.y1 * dpi)) + p
+        out = io.BytesIO()
+        mpl.image.imsave(out, framed[y:y + h, x:x + w], format='png', origin='upper', dpi=dpi)
         return binascii.b2a_base64(out.getvalue(), newline=False).decode('ascii')
+
+    def png(fig):
+        # A closed figure has a plain FigureCanvasBase; anything odd goes
+        # matplotlib's own way.
+        try:
+            out = fast(fig)
+        except Exception:
+            out = None
+        return inline(fig) if out is None else out
 
     png._pandastack = True
     formatter.for_type(figure.Figure, png)

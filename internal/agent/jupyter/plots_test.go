@@ -96,6 +96,12 @@ func TestPlotsHook(t *testing.T) {
 	if e.Error != nil || e.PNG == "" {
 		t.Fatalf("plt.show: error %+v, PNG of %d bytes", e.Error, len(e.PNG))
 	}
+	// A figure closed before it is shown (its canvas is then matplotlib's
+	// base one) goes matplotlib's own way.
+	e, _ = runCode(t, k, "closed = plt.figure()\nplt.plot([3, 1])\nplt.close(closed)\nclosed", ExecOptions{})
+	if e.Error != nil || e.PNG == "" {
+		t.Fatalf("a closed figure: error %+v, PNG of %d bytes", e.Error, len(e.PNG))
+	}
 }
 
 const firstFigure = "import matplotlib.pyplot as plt\nplt.close(plt.figure())"
