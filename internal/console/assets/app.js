@@ -246,7 +246,7 @@ function sandboxPage(id) {
 
 function notebookPanel(id, known) {
   const panel = h("section");
-  const lang = h("select", { id: "nb-language" }, ["python", "bash", "javascript", "r"].map((l) => h("option", { value: l, text: l })));
+  const lang = h("select", { id: "nb-language" }, ["python", "bash", "javascript", "typescript", "r", "java"].map((l) => h("option", { value: l, text: l })));
   const ctx = h("select", { id: "nb-context" }, h("option", { value: "", text: "default context of the language" }));
   const loadContexts = async () => {
     const r = await api("GET", `/v1/sandboxes/${id}/contexts`).catch(() => null);
