@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -438,6 +440,17 @@ func TestAPIKeysAndLineage(t *testing.T) {
 		if _, _, err := s.cli(append([]string{"keys", "create"}, args...)...); err == nil {
 			t.Errorf("keys create %q succeeded", args)
 		}
+	}
+	// A data dir that holds no store (not the server's) is refused, and
+	// left as it was, rather than given a new store of its own.
+	wrong := filepath.Join(t.TempDir(), "not-the-servers")
+	for _, verb := range []string{"create", "list"} {
+		if out, errOut, err := s.cli("keys", verb, "--data-dir", wrong); err == nil || out != "" || !strings.Contains(errOut, "no PandaStack store at "+wrong) {
+			t.Errorf("keys %s in a data dir without a store: %v %q %q", verb, err, out, errOut)
+		}
+	}
+	if _, err := os.Stat(wrong); !os.IsNotExist(err) {
+		t.Errorf("keys made the data dir it refused: %v", err)
 	}
 
 	// Lineage: a sandbox restored from a snapshot, and a fork of it.

@@ -376,8 +376,17 @@ func keys(args []string) error {
 	if err := cfg.validate(); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return err
+	// The server's store, not a new one: a key made in an empty store of
+	// a mistaken data dir would look valid and be refused by the server.
+	db := ""
+	switch {
+	case cfg.Store == "":
+		db = cfg.dbPath()
+	case strings.HasPrefix(cfg.Store, "sqlite://"):
+		db = strings.TrimPrefix(cfg.Store, "sqlite://")
+	}
+	if _, err := os.Stat(db); db != "" && errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("keys %s: no PandaStack store at %s: these commands work on the server's store; give its --data-dir or --store, or start `pandastack serve` there first", args[0], db)
 	}
 	store, _, err := openStore(context.Background(), &cfg)
 	if err != nil {
