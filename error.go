@@ -14,7 +14,7 @@ import (
 const (
 	EInvalid         = "invalid_request"      // the request is malformed or a value is out of range
 	EUnauthorized    = "unauthorized"         // missing, unknown or revoked API key
-	EPermission      = "permission_denied"    // the sandbox user may not read or write that file (or the filesystem is read-only)
+	EPermission      = "permission_denied"    // the sandbox user may not read or write that file (or the filesystem is read-only), or run that program
 	ENotFound        = "not_found"            // no such resource in the caller's project
 	EConflict        = "conflict"             // the resource is in a state that forbids the operation
 	ETimeout         = "timeout"              // the operation ran past its deadline

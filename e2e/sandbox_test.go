@@ -584,13 +584,15 @@ func TestCLI(t *testing.T) {
 		t.Errorf("sandbox kill -h: %v %q", err, out)
 	}
 	// A command that did not run exits as docker exec's does, apart from
-	// the command's own statuses: 127 no such program, 125 no such sandbox.
+	// the command's own statuses: 127 no such program, 126 one the user may
+	// not run, 125 no such sandbox.
 	for _, c := range []struct {
 		args []string
 		code int
 		says string
 	}{
 		{[]string{"sandbox", "exec", id, "--", "no-such-program", "x"}, 127, "command_not_found"},
+		{[]string{"sandbox", "exec", id, "--", "/etc/passwd", "x"}, 126, "permission_denied"},
 		{[]string{"sandbox", "exec", "sbx_nosuchsandbox0000", "--", "true"}, 125, "not_found"},
 	} {
 		if _, errOut, err := s.cli(c.args...); exitCode(err) != c.code || !strings.Contains(errOut, c.says) {

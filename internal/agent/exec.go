@@ -234,7 +234,7 @@ func startError(spec *execSpec, err error) error {
 	case errors.Is(err, fs.ErrNotExist):
 		return pandastack.Errorf(pandastack.ECommandNotFound, "cannot run %q: %v (for a script, check the interpreter on its #! line)", name, errors.Unwrap(err))
 	case errors.Is(err, fs.ErrPermission):
-		return pandastack.Errorf(pandastack.EInvalid, "cannot run %q: permission denied; check that it is executable and that the user may enter %s", name, spec.dir)
+		return pandastack.Errorf(pandastack.EPermission, "cannot run %q: permission denied; check that it is executable and that the user may enter %s", name, spec.dir)
 	case errors.Is(err, syscall.ENOEXEC):
 		return pandastack.Errorf(pandastack.EInvalid, "cannot run %q: not an executable format; a script needs a #! line", name)
 	case errors.Is(err, syscall.E2BIG), errors.Is(err, syscall.ENAMETOOLONG):
