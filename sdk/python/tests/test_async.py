@@ -164,6 +164,12 @@ async def test_commands_e2b_names(server):
         assert again.pid == h.pid
         await sb.commands.send_stdin(h.pid, "it\n")
         assert (await again.wait()).stdout == "got it\n"
+        assert await again.output() == ("got it\n", "")
+        cat = await sb.commands.run("cat; echo closed >&2", background=True)
+        await cat.send_stdin("typed\n")
+        await cat.close_stdin()
+        await cat.wait()
+        assert await cat.output() == ("typed\n", "closed\n")
         sleeper = await sb.commands.run("sleep 600", background=True)
         await sb.commands.kill(sleeper.pid)
         assert (await sleeper.wait()).exit_code != 0

@@ -159,7 +159,8 @@ class Commands:
 class AsyncCommandHandle:
     """The asyncio form of :class:`CommandHandle`, from
     ``await async_sandbox.exec(cmd, background=True)``: ``async for stream,
-    text in handle``, ``await handle.wait()``, ``send_stdin``, ``kill``."""
+    text in handle``, ``await handle.wait()``, ``output``, ``send_stdin``,
+    ``close_stdin``, ``kill``."""
 
     def __init__(self, sandbox: "AsyncSandbox", info: ProcessInfo) -> None:
         self._sandbox = sandbox
@@ -213,9 +214,32 @@ class AsyncCommandHandle:
         await self.refresh()
         return result
 
+    async def output(self) -> Tuple[str, str]:
+        """The (stdout, stderr) kept so far, without waiting."""
+        out: List[str] = []
+        err: List[str] = []
+        async with self._sandbox.client._astream("GET", self._path("/output")) as resp:
+            async for line in resp.aiter_lines():
+                if not line.strip():
+                    continue
+                ev = parse_line(line)
+                kind = ev.get("type")
+                if kind == "stdout":
+                    out.append(ev.get("data") or "")
+                elif kind == "stderr":
+                    err.append(ev.get("data") or "")
+                elif kind == "error":
+                    raise stream_failure(ev.get("error"))
+        return "".join(out), "".join(err)
+
     async def send_stdin(self, data: Union[str, bytes], eof: bool = False) -> None:
+        """See :meth:`CommandHandle.send_stdin`."""
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         await self._sandbox.client._arequest("POST", self._path("/stdin"), json={"data": text, "eof": bool(eof)})
+
+    async def close_stdin(self) -> None:
+        """Close the command's standard input (it reads end of file)."""
+        await self.send_stdin("", eof=True)
 
     async def kill(self) -> None:
         await self._sandbox.client._arequest("POST", self._path("/kill"))
