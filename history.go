@@ -2,6 +2,7 @@ package pandastack
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -55,9 +56,12 @@ type HistoryStore interface {
 	// ListHistory returns the entries of the project's sandbox, newest
 	// first; none (no error) for an unknown sandbox or another project's.
 	ListHistory(ctx context.Context, projectID, sandboxID string) ([]HistoryEntry, error)
-	// TrimHistory forgets the oldest entries of every sandbox until all the
-	// entries together hold at most maxBytes of text (as stored), and
-	// returns how many went. It reads every entry's size: call it now and
+	// TrimHistory forgets old entries until all the entries together hold
+	// at most maxBytes of text (as stored), and returns how many went. It
+	// takes them from the projects that hold the most, each project's
+	// oldest first, down to a share no smaller project is cut to
+	// (HistoryShare): one project's flood of output forgets its own
+	// entries, not another's. It reads every entry's size: call it now and
 	// then, not per entry.
 	TrimHistory(ctx context.Context, maxBytes int64) (int, error)
 
@@ -67,4 +71,30 @@ type HistoryStore interface {
 	AddOrigin(ctx context.Context, projectID string, o Origin, keep int) error
 	// ListOrigins returns the project's origins, oldest first.
 	ListOrigins(ctx context.Context, projectID string) ([]Origin, error)
+}
+
+// HistoryShare is the most history a project may keep when the projects
+// hold held bytes each and all may keep maxBytes together: the largest
+// share such that every project keeps min(held, share) and the sum fits.
+// Projects that hold less than the share keep all they hold. -1 when all
+// already fits.
+func HistoryShare(held []int64, maxBytes int64) int64 {
+	var total int64
+	for _, h := range held {
+		total += h
+	}
+	if total <= maxBytes {
+		return -1
+	}
+	sorted := slices.Clone(held)
+	slices.Sort(sorted)
+	left := max(maxBytes, 0) // for the projects not yet given their whole holding
+	for i, h := range sorted {
+		rest := int64(len(sorted) - i)
+		if h*rest > left {
+			return left / rest // this one and every larger one keep the same share
+		}
+		left -= h
+	}
+	return sorted[len(sorted)-1] // not reached: the total did not fit
 }

@@ -44,7 +44,7 @@ const Interrupted = "interrupted: the server stopped before this finished"
 type Limits struct {
 	EntriesPerSandbox int   // 100
 	OutputBytes       int   // kept per stream of an entry, and of a cell's source; 64 KiB
-	TotalBytes        int64 // stored in all; beyond it the oldest entries of any sandbox go; 256 MiB
+	TotalBytes        int64 // stored in all; beyond it the projects holding the most lose their oldest entries (TrimHistory); 256 MiB
 	OriginsPerProject int   // 10000
 	// TrimEvery is how many finished entries pass between two trims to
 	// TotalBytes (a trim reads every entry's size); 64.

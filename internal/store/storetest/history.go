@@ -116,6 +116,21 @@ func testHistoryTrim(t *testing.T, s pandastack.Store) {
 	if n, err := s.TrimHistory(ctx, 4000); err != nil || n != 0 {
 		t.Errorf("a second TrimHistory = %d, %v; want none gone", n, err)
 	}
+
+	// Another project floods: the trim takes from it, the project that
+	// holds the most, and leaves prj_1's three entries (about 3500 bytes).
+	for i := 7; i <= 16; i++ {
+		e := entry(fmt.Sprintf("run_%d", i), "x", i)
+		e.Stdout = big
+		mustPutHistory(t, s, "prj_2", "sbx_flood", e, 0)
+	}
+	n, err = s.TrimHistory(ctx, 7000)
+	if err != nil || n != 7 {
+		t.Errorf("TrimHistory after the flood = %d, %v; want 7 of prj_2's gone", n, err)
+	}
+	checkIDs(t, "sbx_0 after the flood's trim", historyIDs(t, s, "prj_1", "sbx_0"), "run_6", "run_4")
+	checkIDs(t, "sbx_1 after the flood's trim", historyIDs(t, s, "prj_1", "sbx_1"), "run_5")
+	checkIDs(t, "sbx_flood after its trim", historyIDs(t, s, "prj_2", "sbx_flood"), "run_16", "run_15", "run_14")
 }
 
 // Origins come back oldest first per project; keep bounds a project's.
