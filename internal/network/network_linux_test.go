@@ -523,8 +523,10 @@ func TestProxyServesOnlyItsSandbox(t *testing.T) {
 	if out, err := request(t, nsB, up.PublicIP, "b.allowed.test", ""); err != nil || !strings.Contains(out, "upstream b.allowed.test") {
 		t.Fatalf("B through its own proxy: %q, %v", out, err)
 	}
-	// A straight to B's proxy port: refused (the proxy serves only its own
-	// sandbox's redirected connections).
+	// A straight to B's proxy port: refused by the firewall (a sandbox
+	// reaches only its own gateway's services), and by the proxy were it
+	// let through (it serves only its own sandbox's redirected
+	// connections).
 	addrB, _ := n.Addr("sbx_pxb")
 	gwB := netip.AddrFrom4([4]byte{addrB.As4()[0], addrB.As4()[1], addrB.As4()[2], addrB.As4()[3] - 1})
 	var out string
@@ -542,6 +544,9 @@ func TestProxyServesOnlyItsSandbox(t *testing.T) {
 	})
 	if strings.Contains(out, "upstream") {
 		t.Errorf("sandbox A got through B's proxy: %q", out)
+	}
+	if err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("sandbox A's connection to B's gateway: %v, want it refused", err)
 	}
 	for _, e := range n.Log("sbx_pxb") {
 		if e.Kind == "tcp" && e.Port != 80 {

@@ -106,11 +106,13 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	rule(in, cat(established(), jump(expr.VerdictAccept, ""))...)
 	rule(in, jump(expr.VerdictGoto, "reject")...)
 	rule(host, cat(established(), jump(expr.VerdictAccept, ""))...)
+	// Only its own gateway's services: not another sandbox's gateway, nor
+	// anything else of the host's listening on those ports.
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-		rule(host, cat(l4proto(proto), dport(53), jump(expr.VerdictAccept, ""))...)
+		rule(host, cat(ownGateway(), cat(l4proto(proto), dport(53)), jump(expr.VerdictAccept, ""))...)
 	}
 	for _, port := range []uint16{proxyHTTPPort, proxyTLSPort} {
-		rule(host, cat(l4proto(unix.IPPROTO_TCP), dport(port), jump(expr.VerdictAccept, ""))...)
+		rule(host, cat(ownGateway(), l4proto(unix.IPPROTO_TCP), dport(port), jump(expr.VerdictAccept, ""))...)
 	}
 	rule(host, refuse(refusedHost)...)
 
@@ -344,6 +346,15 @@ func ctNew() []expr.Any {
 		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// ownGateway matches packets addressed to an address of the interface
+// they came in on: from a sandbox's veth, its gateway.
+func ownGateway() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: 1, FlagDADDR: true, FlagIIF: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
 	}
 }
 
