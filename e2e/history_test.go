@@ -108,3 +108,21 @@ func lineage(t *testing.T, s *server, key string) []string {
 	}
 	return got
 }
+
+// A command whose caller hung up reads as cancelled in the history, not as
+// an internal error.
+func TestHistorySaysCancelled(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{TTLSeconds: 300})
+	short, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_, err := c.Exec(short, sb.ID, client.ExecRequest{Cmd: "echo hanging; sleep 30"})
+	cancel()
+	if err == nil {
+		t.Fatal("a 30 s command answered within its caller's 2 s")
+	}
+	h := waitHistory(t, s, sb.ID, func(h []historyEntry) bool { return len(h) == 1 && !h[0].Running })
+	if !strings.HasPrefix(h[0].Failure, "cancelled: the caller went away") {
+		t.Errorf("the history of a command whose caller hung up = %+v, want it cancelled", h[0])
+	}
+}

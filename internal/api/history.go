@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"time"
@@ -31,6 +32,20 @@ func (s *Server) getHistory(w http.ResponseWriter, r *http.Request, project stri
 	writeJSON(w, http.StatusOK, map[string]any{"history": list})
 }
 
+// failure is what a history entry says of err, which ended its request:
+// the revocation of the caller's key, or the caller going away, when one
+// of those ended it, rather than the error they caused.
+func failure(ctx context.Context, err error) string {
+	if c := revokedErr(ctx, nil); c != nil {
+		return "cancelled: " + pandastack.ErrorMessage(c)
+	}
+	var coded *pandastack.Error
+	if ctx.Err() != nil && !errors.As(err, &coded) {
+		return "cancelled: the caller went away before it ended"
+	}
+	return pandastack.ErrorMessage(err)
+}
+
 // recordedExec is agent.Exec, written to the sandbox's history as it runs.
 func (s *Server) recordedExec(ctx context.Context, project, id string, agent *sandbox.AgentClient, req agentproto.ExecRequest, onEvent func(agentproto.ExecEvent) error) (agentproto.ExecEvent, error) {
 	cmd := req.Cmd
@@ -49,7 +64,7 @@ func (s *Server) recordedExec(ctx context.Context, project, id string, agent *sa
 	})
 	rec.End(func(e *history.Entry) {
 		if err != nil {
-			e.Failure = pandastack.ErrorMessage(err)
+			e.Failure = failure(ctx, err)
 			return
 		}
 		e.ExitCode, e.TimedOut = &exit.ExitCode, exit.TimedOut
@@ -81,7 +96,7 @@ func (s *Server) recordedRun(ctx context.Context, project, id, cid, language str
 	clock.agentDone, clock.agent = time.Now(), timing
 	rec.Finish(func(e *history.Entry) {
 		if err != nil {
-			e.Failure = pandastack.ErrorMessage(err)
+			e.Failure = failure(ctx, err)
 			return
 		}
 		// The whole outcome replaces what streamed in.
