@@ -165,6 +165,19 @@ func TestCodeContexts(t *testing.T) {
 			t.Fatalf("busy loop: %+v", ex.Error)
 		}
 	})
+	t.Run("a run right after a cancelled one waits for it", func(t *testing.T) {
+		for i := range 3 {
+			short, cancel := context.WithTimeout(ctx, time.Second)
+			_, err := c.Run(short, sb.ID, cc.ID, client.RunRequest{Code: "import time\ntime.sleep(15)"})
+			cancel()
+			if err == nil {
+				t.Fatal("a 15 s cell answered within its caller's 1 s")
+			}
+			if ex, err := c.Run(ctx, sb.ID, cc.ID, client.RunRequest{Code: "'next'"}); err != nil || ex.Text != "'next'" {
+				t.Fatalf("the run right after a cancelled one (%d): %+v %v", i, ex, err)
+			}
+		}
+	})
 	t.Run("input does not hang", func(t *testing.T) {
 		ex := run(t, c, sb, cc, "input('name? ')", 20)
 		if ex.Error == nil || ex.Error.Name == "TimeoutError" {

@@ -53,6 +53,16 @@ func TestSandboxHasADiskOfItsOwn(t *testing.T) {
 		t.Fatalf("after the full disk the sandbox is %+v, %v", got, err)
 	}
 
+	// A kernel that cannot start for a full disk says so, as an upload
+	// does, rather than answering internal.
+	ci := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter"})
+	if res, err := c.Exec(ctx, ci.ID, client.ExecRequest{Cmd: "dd if=/dev/zero of=/home/user/fill bs=64K 2>&1; dd if=/dev/zero of=/home/user/fill2 bs=1K 2>&1", TimeoutSeconds: 120}); err != nil || strings.Count(res.Stdout, "No space left") != 2 {
+		t.Fatalf("filling the disk: %+v %v", res, err)
+	}
+	if _, err := c.CreateContext(ctx, ci.ID, "python", "/tmp"); !client.IsCode(err, "payload_too_large") || !strings.Contains(err.Error(), "no space left") {
+		t.Errorf("a new kernel on a full disk: %v, want payload_too_large (no space left)", err)
+	}
+
 	// A sandbox may ask for its own size, within limits.
 	small := newSandbox(t, s, client.CreateSandboxRequest{DiskMB: 128})
 	res, err = c.Exec(ctx, small.ID, client.ExecRequest{Cmd: "df -m / | tail -1 | tr -s ' ' | cut -d' ' -f2"})

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -303,7 +304,10 @@ func (s *Server) newContext(rctx context.Context, req agentproto.ContextRequest)
 		}
 	}
 	if err != nil {
-		if !pandastack.IsCode(err, pandastack.EInvalid) {
+		switch {
+		case errors.Is(err, syscall.ENOSPC):
+			err = pandastack.Errorf(pandastack.ETooLarge, "no space left on the sandbox's disk to start a %s kernel; delete files", req.Language)
+		case !pandastack.IsCode(err, pandastack.EInvalid):
 			err = fmt.Errorf("start %s kernel: %w", req.Language, err)
 		}
 		cs.mu.Lock()
@@ -483,6 +487,10 @@ func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// busyGrace is how long a run that finds its context busy waits for the
+// cell there to be cancelled before it answers conflict.
+const busyGrace = 250 * time.Millisecond
+
 func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	begun := time.Now()
 	var req agentproto.RunRequest
@@ -496,7 +504,13 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	if req.Language != "" && req.Language != cc.info.Language {
 		return pandastack.Errorf(pandastack.EInvalid, "context %s runs %s, not %s; leave out the language, or use a %s context", cc.info.ID, cc.info.Language, req.Language, req.Language)
 	}
-	if cc.kernel.Busy() && !cc.kernel.Stopping() { // a cancelled cell being stopped: Execute waits for it
+	// A cell whose caller hung up a moment ago may not know it yet (the
+	// hang-up crosses the server first): give it busyGrace to start
+	// stopping. A cancelled cell being stopped: Execute waits for it.
+	for deadline := time.Now().Add(busyGrace); cc.kernel.Busy() && !cc.kernel.Stopping() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if cc.kernel.Busy() && !cc.kernel.Stopping() {
 		return pandastack.Errorf(pandastack.EConflict, "context %s is busy running other code; wait for it, or interrupt it", cc.info.ID)
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
