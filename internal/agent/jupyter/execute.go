@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -756,7 +757,7 @@ func (c errorContent) toError() *agentproto.ExecutionError {
 	return &agentproto.ExecutionError{
 		Name:      name,
 		Value:     c.Evalue,
-		Traceback: stripANSI(strings.Join(c.Traceback, "\n")),
+		Traceback: stripANSI(strings.Join(collapseRepeats(c.Traceback), "\n")),
 	}
 }
 
@@ -1084,4 +1085,38 @@ func stripANSI(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// collapseRepeats shortens a traceback's frames where a block of one to
+// four frames repeats three times or more in a row (a recursion that ran
+// into the limit: IPython in a kernel prints every one of its thousand
+// frames, some hundred KB that would flood an agent's context): the block
+// is kept once, followed by a line that says how often it repeats.
+func collapseRepeats(frames []string) []string {
+	var out []string
+	for i := 0; i < len(frames); {
+		best, bestReps := 0, 0
+		for p := 1; p <= 4 && i+p <= len(frames); p++ {
+			reps := 1
+			for i+(reps+1)*p <= len(frames) && slices.Equal(frames[i+reps*p:i+(reps+1)*p], frames[i:i+p]) {
+				reps++
+			}
+			if reps >= 3 && reps*p > bestReps*best {
+				best, bestReps = p, reps
+			}
+		}
+		if best == 0 {
+			out = append(out, frames[i])
+			i++
+			continue
+		}
+		out = append(out, frames[i:i+best]...)
+		what := "the frame above"
+		if best > 1 {
+			what = fmt.Sprintf("the %d frames above", best)
+		}
+		out = append(out, fmt.Sprintf("[... %s repeated %d more times ...]", what, bestReps-1))
+		i += best * bestReps
+	}
+	return out
 }

@@ -277,3 +277,13 @@ func TestExceptionGroupTraceback(t *testing.T) {
 		t.Errorf("a plain error's traceback: %+v", e.Error)
 	}
 }
+
+// TestRecursionTracebackIsShort: a recursion past the limit answers with
+// its repeated frames collapsed, not the kernel's hundreds of KB.
+func TestRecursionTracebackIsShort(t *testing.T) {
+	k := startKernel(t, guarded)
+	e, _ := runCode(t, k, "def f(n): return f(n + 1)\nf(0)", ExecOptions{})
+	if e.Error == nil || e.Error.Name != "RecursionError" || len(e.Error.Traceback) > 16<<10 || !strings.Contains(e.Error.Traceback, "repeated") || !strings.Contains(e.Error.Traceback, "return f(n + 1)") {
+		t.Fatalf("error %+v", e.Error)
+	}
+}
