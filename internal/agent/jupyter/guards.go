@@ -30,8 +30,10 @@ const droppedKey = "pandastack_dropped"
 //     computing their whole repr, and any displayed text value is cut at
 //     the cap, any other value over ResultsCap dropped with a note.
 //
-// It also runs PythonPlotsCode before the first cell after matplotlib's
-// pyplot is imported (faster plots, see there).
+// exit() and quit() raise SystemExit, as sys.exit() does, instead of
+// ending the kernel after the cell. It also runs PythonPlotsCode before
+// the first cell after matplotlib's pyplot is imported (faster plots, see
+// there).
 //
 // The cap starts at DefaultOutputCap; PythonOutputCapCode changes it.
 var PythonSetupCode = `def _pandastack_setup():
@@ -77,6 +79,14 @@ var PythonSetupCode = `def _pandastack_setup():
             if getattr(w, '__func__', None) is orig_write:
                 del stream.__dict__['write']
     ip.events.register('pre_run_cell', reset)
+
+    # exit() and quit() end the cell, as sys.exit() does (SystemExit; the
+    # kernel and its variables stay), not the kernel a moment after the
+    # cell answered, which a later cell would then find dead.
+    def leave(code=None):
+        raise SystemExit(code)
+    for name in ('exit', 'quit'):
+        ip.user_ns[name] = ip.user_ns_hidden[name] = leave
 
     # clear_output() starts the cell's output afresh, its cap too.
     pub = ip.display_pub

@@ -287,3 +287,18 @@ func TestRecursionTracebackIsShort(t *testing.T) {
 		t.Fatalf("error %+v", e.Error)
 	}
 }
+
+// TestExitEndsTheCellOnly: exit() and quit() answer SystemExit, and the
+// kernel goes on with its variables.
+func TestExitEndsTheCellOnly(t *testing.T) {
+	k := startKernel(t, guarded)
+	mustText(t, k, "kept = 7\nkept", "7")
+	for _, code := range []string{"exit()", "quit(3)"} {
+		e, _ := runCode(t, k, code, ExecOptions{})
+		if e.Error == nil || e.Error.Name != "SystemExit" {
+			t.Fatalf("%s: error %+v", code, e.Error)
+		}
+		time.Sleep(500 * time.Millisecond) // an exit of the kernel would come by now
+		mustText(t, k, "kept", "7")
+	}
+}
