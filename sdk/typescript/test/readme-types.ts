@@ -20,7 +20,7 @@ export async function readmeUsage(sandbox: Sandbox, ctx: CodeContext): Promise<v
     onStdout: (d) => process.stdout.write(d),
     onStderr: (d) => process.stderr.write(d),
   });
-  const h = await sandbox.exec("python3 -m http.server 8000", { background: true });
+  const h = await sandbox.exec("python3 -u -m http.server 8000", { background: true });
   await h.wait({ onStdout: (d) => process.stdout.write(d) });
   const term = await sandbox.terminal({ cols: 100, rows: 30, WebSocket });
   await term.close();
