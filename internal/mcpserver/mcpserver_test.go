@@ -196,7 +196,7 @@ func TestTools(t *testing.T) {
 			}
 		}
 		slices.Sort(names)
-		want := []string{"create_sandbox", "download_file", "exec", "kill_sandbox", "run_code", "snapshot", "upload_file"}
+		want := []string{"create_sandbox", "delete_snapshot", "download_file", "exec", "kill_sandbox", "list_snapshots", "run_code", "snapshot", "upload_file"}
 		if !slices.Equal(names, want) {
 			t.Fatalf("tools %v, want %v", names, want)
 		}
@@ -363,6 +363,21 @@ func TestTools(t *testing.T) {
 		}
 		s.ok(t, "kill_sandbox", map[string]any{"sandbox_id": restored})
 		assertStopped(t, api, restored)
+
+		// Listed (by its metadata), then deleted.
+		if txt := textOf(s.ok(t, "list_snapshots", map[string]any{"metadata": map[string]string{"test": "mcp"}})); !strings.HasPrefix(txt, "1 snapshot(s)") || !strings.Contains(txt, snap) || !strings.Contains(txt, "test=mcp") {
+			t.Fatalf("list_snapshots: %q", txt)
+		}
+		if txt := textOf(s.ok(t, "list_snapshots", map[string]any{"metadata": map[string]string{"test": "other"}})); !strings.HasPrefix(txt, "0 snapshot(s)") {
+			t.Fatalf("list_snapshots of other metadata: %q", txt)
+		}
+		s.ok(t, "delete_snapshot", map[string]any{"snapshot_id": snap})
+		if _, err := api.client().GetSnapshot(context.Background(), snap); !client.IsCode(err, "not_found") {
+			t.Fatalf("the snapshot after delete_snapshot: %v", err)
+		}
+		if res := s.call(t, "delete_snapshot", map[string]any{"snapshot_id": snap}); !res.IsError || !strings.Contains(textOf(res), "not_found") {
+			t.Fatalf("deleting it again: isError %v: %s", res.IsError, textOf(res))
+		}
 	})
 
 	t.Run("create_sandbox gives a separate sandbox", func(t *testing.T) {
@@ -494,7 +509,7 @@ func TestStdioBinary(t *testing.T) {
 	if err != nil {
 		t.Fatalf("tools/list: %v\n%s", err, stderr.String())
 	}
-	if len(tools.Tools) != 7 {
+	if len(tools.Tools) != 9 {
 		t.Errorf("%d tools", len(tools.Tools))
 	}
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_code", Arguments: map[string]any{"code": "print(6 * 7)"}})

@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -75,6 +77,28 @@ type snapshotOut struct {
 	SizeBytes  int64  `json:"size_bytes"`
 }
 
+type listSnapshotsIn struct {
+	Metadata map[string]string `json:"metadata,omitempty" jsonschema:"only snapshots whose metadata has all these pairs"`
+}
+
+type snapshotInfo struct {
+	SnapshotID string            `json:"snapshot_id"`
+	SandboxID  string            `json:"sandbox_id"`
+	Template   string            `json:"template"`
+	SizeBytes  int64             `json:"size_bytes"`
+	CreatedAt  string            `json:"created_at"`
+	Metadata   map[string]string `json:"metadata,omitempty"`
+}
+
+type listSnapshotsOut struct {
+	Snapshots  []snapshotInfo `json:"snapshots"`
+	TotalBytes int64          `json:"total_bytes"`
+}
+
+type deleteSnapshotIn struct {
+	SnapshotID string `json:"snapshot_id" jsonschema:"the snapshot to delete (snap_…)"`
+}
+
 type killIn struct {
 	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox to kill; default: this session's sandbox (the next call makes a new one)"`
 }
@@ -107,6 +131,15 @@ func (s *session) addTools(srv *mcp.Server) {
 		Name:        "snapshot",
 		Description: "Save the sandbox's memory, processes and files as a snapshot and return its id; the sandbox keeps running. create_sandbox with snapshot_id brings it back, kernel state included.",
 	}, s.snapshot)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "list_snapshots",
+		Description: "List this project's snapshots, newest first, with the sandbox each was taken of, its size and metadata; metadata filters them.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
+	}, s.listSnapshots)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "delete_snapshot",
+		Description: "Delete a snapshot and free its disk. Sandboxes restored from it are not affected.",
+	}, s.deleteSnapshot)
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "kill_sandbox",
 		Description: "Kill a sandbox. Without sandbox_id, kills this session's sandbox; the next call then starts a fresh one.",
@@ -446,6 +479,36 @@ func (s *session) snapshot(ctx context.Context, _ *mcp.CallToolRequest, in snaps
 		return text("%s", snap.ID), nil
 	})
 	return res, out, err
+}
+
+func (s *session) listSnapshots(ctx context.Context, _ *mcp.CallToolRequest, in listSnapshotsIn) (*mcp.CallToolResult, listSnapshotsOut, error) {
+	snaps, total, err := s.c.ListSnapshots(ctx, in.Metadata)
+	if err != nil {
+		return nil, listSnapshotsOut{}, err
+	}
+	out := listSnapshotsOut{Snapshots: []snapshotInfo{}, TotalBytes: total}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d snapshot(s), %d MB in all", len(snaps), total/1e6)
+	for _, sn := range snaps {
+		out.Snapshots = append(out.Snapshots, snapshotInfo{SnapshotID: sn.ID, SandboxID: sn.SandboxID, Template: sn.Template,
+			SizeBytes: sn.SizeBytes, CreatedAt: sn.CreatedAt.UTC().Format(time.RFC3339), Metadata: sn.Metadata})
+		fmt.Fprintf(&b, "\n%s of %s (%s), %d MB, %s", sn.ID, sn.SandboxID, sn.Template, sn.SizeBytes/1e6, sn.CreatedAt.UTC().Format(time.RFC3339))
+		for _, k := range slices.Sorted(maps.Keys(sn.Metadata)) {
+			fmt.Fprintf(&b, " %s=%s", k, sn.Metadata[k])
+		}
+	}
+	return text("%s", b.String()), out, nil
+}
+
+func (s *session) deleteSnapshot(ctx context.Context, _ *mcp.CallToolRequest, in deleteSnapshotIn) (*mcp.CallToolResult, any, error) {
+	if in.SnapshotID == "" {
+		return nil, nil, errors.New("give the snapshot_id to delete (list_snapshots shows them)")
+	}
+	if err := s.c.DeleteSnapshot(ctx, in.SnapshotID); err != nil {
+		return nil, nil, err
+	}
+	s.log.Info("snapshot deleted", "snapshot", in.SnapshotID)
+	return text("deleted %s", in.SnapshotID), nil, nil
 }
 
 func (s *session) killSandbox(ctx context.Context, _ *mcp.CallToolRequest, in killIn) (*mcp.CallToolResult, any, error) {
