@@ -299,14 +299,12 @@ func TestSetIdleTimeout(t *testing.T) {
 	wantCode(t, err, pandastack.EInvalid)
 }
 
-// A request that arrives while an idle suspend is under way waits for it,
-// then resumes the sandbox, and succeeds.
-func TestRequestDuringSuspendWaits(t *testing.T) {
-	h, _ := idleHarness(t)
-	sb := h.createIdle(10)
-	h.exec(sb.ID, "set v=1")
+// suspendHeld starts an idle suspend of id and returns once it is in its
+// checkpoint, which goes on when release is closed; suspended gives its
+// outcome.
+func (h *harness) suspendHeld(id string) (release chan struct{}, suspended chan error) {
 	inCheckpoint := make(chan struct{})
-	release := make(chan struct{})
+	release = make(chan struct{})
 	h.rt.checkpointErr = func(string) error {
 		close(inCheckpoint)
 		h.rt.mu.Unlock()
@@ -314,13 +312,23 @@ func TestRequestDuringSuspendWaits(t *testing.T) {
 		h.rt.mu.Lock()
 		return nil
 	}
-	suspended := make(chan error, 1)
+	suspended = make(chan error, 1)
 	go func() {
-		_, err := h.m.pause(context.Background(), h.record(sb.ID), pandastack.PauseIdle)
+		_, err := h.m.pause(context.Background(), h.record(id), pandastack.PauseIdle)
 		suspended <- err
 	}()
 	<-inCheckpoint
 	h.rt.checkpointErr = nil
+	return release, suspended
+}
+
+// A request that arrives while an idle suspend is under way waits for it,
+// then resumes the sandbox, and succeeds.
+func TestRequestDuringSuspendWaits(t *testing.T) {
+	h, _ := idleHarness(t)
+	sb := h.createIdle(10)
+	h.exec(sb.ID, "set v=1")
+	release, suspended := h.suspendHeld(sb.ID)
 	type result struct {
 		out string
 		err error

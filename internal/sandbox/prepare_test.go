@@ -471,22 +471,7 @@ func TestPauseOfAnIdleSuspend(t *testing.T) {
 	if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
 		t.Fatal(err)
 	}
-	inCheckpoint := make(chan struct{})
-	release := make(chan struct{})
-	h.rt.checkpointErr = func(string) error {
-		close(inCheckpoint)
-		h.rt.mu.Unlock()
-		<-release
-		h.rt.mu.Lock()
-		return nil
-	}
-	suspended := make(chan error, 1)
-	go func() {
-		_, err := h.m.pause(ctx, h.record(sb.ID), pandastack.PauseIdle)
-		suspended <- err
-	}()
-	<-inCheckpoint
-	h.rt.checkpointErr = nil
+	release, suspended := h.suspendHeld(sb.ID)
 	paused := make(chan error, 1)
 	var got pandastack.Sandbox
 	go func() {

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ._base import ExecStreamParser, parse_line, sandbox_path, stream_failure
 from .models import ExecResult, ProcessInfo
@@ -20,6 +20,21 @@ OutputHandler = Callable[[str], Any]
 # How long a follow stream may go without a byte: a quiet server process is
 # normal, so only a day of silence counts as a dead connection.
 FOLLOW_READ_TIMEOUT = 86400.0
+
+
+def _kept_output(events: Iterable[Mapping[str, Any]]) -> Tuple[str, str]:
+    """The (stdout, stderr) of a process's output events; an error event raises."""
+    out: List[str] = []
+    err: List[str] = []
+    for ev in events:
+        kind = ev.get("type")
+        if kind == "stdout":
+            out.append(ev.get("data") or "")
+        elif kind == "stderr":
+            err.append(ev.get("data") or "")
+        elif kind == "error":
+            raise stream_failure(ev.get("error"))
+    return "".join(out), "".join(err)
 
 
 class CommandHandle:
@@ -64,17 +79,7 @@ class CommandHandle:
 
     def output(self) -> Tuple[str, str]:
         """The (stdout, stderr) kept so far, without waiting."""
-        out: List[str] = []
-        err: List[str] = []
-        for ev in self._events(False, None):
-            kind = ev.get("type")
-            if kind == "stdout":
-                out.append(ev.get("data") or "")
-            elif kind == "stderr":
-                err.append(ev.get("data") or "")
-            elif kind == "error":
-                raise stream_failure(ev.get("error"))
-        return "".join(out), "".join(err)
+        return _kept_output(self._events(False, None))
 
     def wait(
         self,
@@ -216,21 +221,8 @@ class AsyncCommandHandle:
 
     async def output(self) -> Tuple[str, str]:
         """The (stdout, stderr) kept so far, without waiting."""
-        out: List[str] = []
-        err: List[str] = []
         async with self._sandbox.client._astream("GET", self._path("/output")) as resp:
-            async for line in resp.aiter_lines():
-                if not line.strip():
-                    continue
-                ev = parse_line(line)
-                kind = ev.get("type")
-                if kind == "stdout":
-                    out.append(ev.get("data") or "")
-                elif kind == "stderr":
-                    err.append(ev.get("data") or "")
-                elif kind == "error":
-                    raise stream_failure(ev.get("error"))
-        return "".join(out), "".join(err)
+            return _kept_output([parse_line(line) async for line in resp.aiter_lines() if line.strip()])
 
     async def send_stdin(self, data: Union[str, bytes], eof: bool = False) -> None:
         """See :meth:`CommandHandle.send_stdin`."""
