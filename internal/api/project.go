@@ -14,7 +14,7 @@ import (
 type SandboxStats struct {
 	MemoryBytes      int64     `json:"memory_bytes"`       // the host memory charged to it (its cgroup's working set)
 	MemoryLimitBytes int64     `json:"memory_limit_bytes"` // its memory_mb
-	CPUSeconds       float64   `json:"cpu_seconds"`        // CPU time it used so far (its cgroup's); rate = difference of two samples
+	CPUSeconds       float64   `json:"cpu_seconds"`        // CPU time it used since it started or was resumed (its cgroup's); rate = difference of two samples
 	CPULimit         int       `json:"cpu_limit"`          // its cpu
 	SampledAt        time.Time `json:"sampled_at"`
 }
