@@ -450,7 +450,8 @@ function metricsPanel(id, known) {
     const st = await api("GET", `/v1/sandboxes/${id}/stats`).catch(() => null);
     if (!st) { cpuNow.textContent = "CPU: not running"; return; }
     const at = Date.parse(st.sampled_at);
-    const pct = prev && at > prev.at ? (100 * (st.cpu_seconds - prev.s)) / ((at - prev.at) / 1000) : 0;
+    // The count starts again at a resume: a drop is no sample.
+    const pct = prev && at > prev.at && st.cpu_seconds >= prev.s ? (100 * (st.cpu_seconds - prev.s)) / ((at - prev.at) / 1000) : 0;
     prev = { s: st.cpu_seconds, at };
     samples.push({ pct, mem: st.memory_bytes });
     if (samples.length > 60) samples.shift();
