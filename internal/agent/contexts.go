@@ -543,6 +543,13 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 			send(agentproto.CodeEvent{Type: "error", Error: ex.Error})
 		}
 	}
+	if errors.Is(err, jupyter.ErrRestarted) {
+		ex, err = agentproto.Execution{Results: []agentproto.Result{}, Error: &agentproto.ExecutionError{
+			Name:  "KernelRestarted",
+			Value: "the kernel of context " + cc.info.ID + " was restarted, since a cell before this one, whose caller went away, did not stop after an interrupt: its variables and imports are lost, and this code was not run; run it again, with any setup it needs",
+		}}, nil
+		send(agentproto.CodeEvent{Type: "error", Error: ex.Error})
+	}
 	if err != nil {
 		switch {
 		case errors.Is(err, jupyter.ErrInvalid):

@@ -82,7 +82,10 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 			return agentproto.Execution{}, ErrBusy
 		}
 		select {
-		case <-*stopped:
+		case <-stopped.done:
+			if stopped.restarted {
+				return agentproto.Execution{}, ErrRestarted
+			}
 		case <-ctx.Done():
 			return agentproto.Execution{}, ctx.Err()
 		}
@@ -202,13 +205,13 @@ func (k *Kernel) abandon(in *instance, id string, r *run) {
 	if err != nil {
 		k.log.Debug("interrupt abandoned cell", "err", err)
 	}
-	stopped := make(chan struct{})
-	k.stopping.Store(&stopped)
+	stopped := &cellStop{done: make(chan struct{})}
+	k.stopping.Store(stopped)
 	go func() {
 		defer func() {
 			k.busy.Store(false)
-			k.stopping.CompareAndSwap(&stopped, nil)
-			close(stopped)
+			k.stopping.CompareAndSwap(stopped, nil)
+			close(stopped.done)
 		}()
 		defer in.forget(id)
 		defer stopInterrupts()
@@ -224,8 +227,10 @@ func (k *Kernel) abandon(in *instance, id string, r *run) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if err := k.restartIf(ctx, in, "the kernel was restarted after a cancelled cell did not stop"); err != nil {
-			k.log.Warn("restart after abandoned cell", "err", err)
+			k.log.Warn("restart after abandoned cell", "err", err) // the next run finds the kernel dead
+			return
 		}
+		stopped.restarted = true
 	}()
 }
 

@@ -35,7 +35,19 @@ var (
 	// ErrInvalid wraps a request the kernel cannot take, such as an
 	// environment variable it cannot hold (a client mistake).
 	ErrInvalid = errors.New("invalid request")
+	// ErrRestarted is returned by an Execute that waited for a cell whose
+	// caller went away, when that cell ignored the interrupt and the kernel
+	// was restarted: the code was not run, and the state it builds on is
+	// gone.
+	ErrRestarted = errors.New("the kernel was restarted: a cell before this one, whose caller went away, did not stop after an interrupt")
 )
+
+// cellStop is the stop of a cell whose caller went away: done is closed
+// once it has stopped, after restarted says whether that took a restart.
+type cellStop struct {
+	done      chan struct{}
+	restarted bool
+}
 
 // Launcher starts a kernel process with argv, env (the whole environment,
 // as in os.ProcAttr) and working directory cwd.
@@ -139,9 +151,9 @@ type Kernel struct {
 	opts Options
 	log  *slog.Logger
 	busy atomic.Bool
-	// stopping is closed once a cell whose caller went away has stopped
-	// (nil when none is being stopped); Execute waits for it.
-	stopping atomic.Pointer[chan struct{}]
+	// stopping is the stop of a cell whose caller went away (nil when
+	// none is being stopped); Execute waits for it.
+	stopping atomic.Pointer[cellStop]
 
 	// mu guards inst and closed, and is held across Restart and Close so
 	// that lifecycle changes happen one at a time.

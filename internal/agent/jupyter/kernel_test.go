@@ -472,6 +472,22 @@ func TestKernel(t *testing.T) {
 		mustText(t, k, "y", "7")
 	})
 
+	t.Run("CancelledCellIgnoringInterrupts", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+		_, err := k.Execute(ctx, "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(60)", ExecOptions{}, nil)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err %v", err)
+		}
+		// The next cell waits for it, which takes a restart: that cell is
+		// not run, and says so, rather than running in an empty kernel.
+		if _, err := k.Execute(context.Background(), "y", ExecOptions{}, nil); !errors.Is(err, ErrRestarted) {
+			t.Fatalf("the cell after: %v, want ErrRestarted", err)
+		}
+		mustText(t, k, "'y' in globals()", "False")
+		runCode(t, k, "y = 7", ExecOptions{})
+	})
+
 	t.Run("EnvPerRun", func(t *testing.T) {
 		e, _ := runCode(t, k, "import os\nos.environ.get('PDS_GREETING')", ExecOptions{Env: map[string]string{"PDS_GREETING": "hi 'there'\n\"€\""}})
 		if e.Text != `'hi \'there\'\n"€"'` {
