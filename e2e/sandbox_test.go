@@ -593,6 +593,7 @@ func TestCLI(t *testing.T) {
 	}{
 		{[]string{"sandbox", "exec", id, "--", "no-such-program", "x"}, 127, "command_not_found"},
 		{[]string{"sandbox", "exec", id, "--", "/etc/passwd", "x"}, 126, "permission_denied"},
+		{[]string{"sandbox", "exec", id, "--", "/tmp", "x"}, 126, "it is a directory"},
 		{[]string{"sandbox", "exec", "sbx_nosuchsandbox0000", "--", "true"}, 125, "not_found"},
 	} {
 		if _, errOut, err := s.cli(c.args...); exitCode(err) != c.code || !strings.Contains(errOut, c.says) {

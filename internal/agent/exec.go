@@ -205,11 +205,12 @@ func lookPath(name, pathVar, dir string) (string, error) {
 			p = filepath.Join(dir, p)
 		}
 		fi, err := os.Stat(p)
-		if err != nil {
+		switch {
+		case err != nil:
 			return "", pandastack.Errorf(pandastack.ECommandNotFound, "command not found: %q", name)
-		}
-		if fi.IsDir() {
-			return "", pandastack.Errorf(pandastack.EInvalid, "cannot run %q: it is a directory", name)
+		case fi.IsDir():
+			// As a shell and docker exec answer (126): it cannot be run.
+			return "", pandastack.Errorf(pandastack.EPermission, "cannot run %q: it is a directory", name)
 		}
 		return p, nil // a file without x bits fails at start, with a clear error
 	}
