@@ -109,24 +109,22 @@ func (s *Store) ListHistory(ctx context.Context, projectID, sandboxID string) ([
 }
 
 // TrimHistory implements pandastack.HistoryStore: each project holding
-// more than the share (pandastack.HistoryShare) loses the newest entry of
-// its own whose running total (newest first) passes the share, and all its
-// older ones.
+// more than the share (pandastack.HistoryShare) loses its entries whose
+// running total (its own, newest first) passes the share; one scan for the
+// projects' holdings, one statement for all the trims.
 func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT project_id, SUM(size) FROM history GROUP BY project_id`)
+	rows, err := s.db.QueryContext(ctx, `SELECT SUM(size) FROM history GROUP BY project_id`)
 	if err != nil {
 		return 0, fmt.Errorf("trim history: %w", err)
 	}
-	var projects []string
 	var held []int64
 	for rows.Next() {
-		var p string
 		var h int64
-		if err := rows.Scan(&p, &h); err != nil {
+		if err := rows.Scan(&h); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("trim history: %w", err)
 		}
-		projects, held = append(projects, p), append(held, h)
+		held = append(held, h)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -136,24 +134,14 @@ func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
 	if share < 0 {
 		return 0, nil
 	}
-	n := 0
-	for i, project := range projects {
-		if held[i] <= share {
-			continue
-		}
-		res, err := s.db.ExecContext(ctx, `DELETE FROM history WHERE project_id = ?1 AND seq <=
-			(SELECT seq FROM (SELECT seq, SUM(size) OVER (ORDER BY seq DESC) AS total FROM history WHERE project_id = ?1) AS t
-			 WHERE total > ?2 ORDER BY seq DESC LIMIT 1)`, project, share)
-		if err != nil {
-			return n, fmt.Errorf("trim history: %w", err)
-		}
-		k, err := res.RowsAffected()
-		if err != nil {
-			return n, fmt.Errorf("trim history: %w", err)
-		}
-		n += int(k)
+	res, err := s.db.ExecContext(ctx, `DELETE FROM history WHERE seq IN
+		(SELECT seq FROM (SELECT seq, SUM(size) OVER (PARTITION BY project_id ORDER BY seq DESC) AS total FROM history) AS t
+		 WHERE total > ?)`, share)
+	if err != nil {
+		return 0, fmt.Errorf("trim history: %w", err)
 	}
-	return n, nil
+	n, err := res.RowsAffected()
+	return int(n), err
 }
 
 // AddOrigin implements pandastack.HistoryStore.
