@@ -221,4 +221,5 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 	term.Close() // the agent kills the shell
 	cancel()
 	<-outDone
+	done() // now, not after the history's write (deferred, which may trim)
 }

@@ -496,6 +496,14 @@ func TestPauseOfAnIdleSuspend(t *testing.T) {
 	if _, err := h.exec(sb.ID, "get v"); !pandastack.IsCode(err, pandastack.EConflict) {
 		t.Fatalf("a request to the paused sandbox: %v, want conflict (it stays paused)", err)
 	}
+	// A request that saw the idle suspend before the pause does not wake
+	// it either: its resume looks at the record again under its claim.
+	if _, err := h.m.resumeWaiting(ctx, project, sb.ID, true); !errors.Is(err, errNotOnDemand) {
+		t.Fatalf("an on-demand resume after the pause: %v", err)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+		t.Fatalf("after the on-demand resume: %s", rec.State)
+	}
 	if _, err := h.m.Pause(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.EConflict) {
 		t.Fatalf("a second pause: %v, want conflict", err)
 	}

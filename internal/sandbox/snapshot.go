@@ -156,6 +156,9 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (pandastack.S
 		if sb.State == pandastack.StatePaused && sb.PauseReason == pandastack.PauseIdle {
 			sb, err = m.pauseSuspended(ctx, sb)
 		} else if sb.State == pandastack.StatePaused {
+			if m.sbx.waitOut(ctx, id, phaseResuming) {
+				continue // being resumed: pause what that makes
+			}
 			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is already paused", id)
 		} else if sb, err = m.running(ctx, projectID, id); err == nil {
 			sb, err = m.pause(ctx, sb, pandastack.PauseRequested)
@@ -167,7 +170,10 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (pandastack.S
 	}
 }
 
-var errResumedMeanwhile = errors.New("resumed meanwhile")
+var (
+	errResumedMeanwhile = errors.New("resumed meanwhile")
+	errNotOnDemand      = errors.New("no longer to be resumed on demand")
+)
 
 // pauseSuspended turns the idle suspend of sb into a pause as asked, and
 // drops its prepared resume: nothing expects it back soon.
@@ -190,10 +196,11 @@ func (m *Manager) pauseSuspended(ctx context.Context, sb pandastack.Sandbox) (pa
 	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, pandastack.PauseRequested, m.now()); err != nil {
 		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
-	if ok, pin := m.prepared.take(id); ok {
-		pin.release()
-		m.stopPrepared(id)
-	}
+	// Its prepared resume, if any: also one that dropPrepared took out of
+	// the list while this held the claim, and so left standing.
+	_, pin := m.prepared.take(id)
+	pin.release()
+	m.stopPrepared(id)
 	m.log.Info("sandbox paused", "sandbox", id, "reason", pandastack.PauseRequested, "was", pandastack.PauseIdle)
 	return m.store.GetSandbox(ctx, sb.ProjectID, id)
 }
@@ -264,9 +271,16 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 // A resume, pause or suspend under way is waited for first: a resume that
 // another request finished meanwhile answers as if this one had.
 func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+	return m.resumeWaiting(ctx, projectID, id, false)
+}
+
+// resumeWaiting is Resume; onDemand is a resume that a request wants (the
+// sandbox has auto_resume or was suspended for idleness), which does not
+// happen if a pause asked for meanwhile made it paused as asked.
+func (m *Manager) resumeWaiting(ctx context.Context, projectID, id string, onDemand bool) (pandastack.Sandbox, error) {
 	waited := false
 	for {
-		sb, err := m.resume(ctx, projectID, id)
+		sb, err := m.resume(ctx, projectID, id, onDemand)
 		if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseResuming, phasePausing, phaseSuspending) {
 			waited = true
 			continue
@@ -278,7 +292,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 	}
 }
 
-func (m *Manager) resume(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand bool) (pandastack.Sandbox, error) {
 	sb, err := m.store.GetSandbox(ctx, projectID, id)
 	if err != nil {
 		return sb, err
@@ -298,6 +312,16 @@ func (m *Manager) resume(ctx context.Context, projectID, id string) (pandastack.
 			m.sbx.end(id)
 		}
 	}()
+	if onDemand {
+		// The record as of the claim: a pause asked for may have made an
+		// idle suspend a pause as asked since the caller looked.
+		if sb, err = m.store.GetSandbox(ctx, projectID, id); err != nil {
+			return sb, err
+		}
+		if sb.State != pandastack.StatePaused || !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle {
+			return sb, errNotOnDemand
+		}
+	}
 	steps := newResumeSteps()
 	dir := m.pausedPath(id)
 	what := "paused sandbox " + id
@@ -385,7 +409,10 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 			}
 			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is paused; resume it first (POST /v1/sandboxes/%s/resume), or create sandboxes with auto_resume", id, id)
 		case sb.State == pandastack.StatePaused:
-			if _, err := m.Resume(ctx, projectID, id); err != nil {
+			if _, err := m.resumeWaiting(ctx, projectID, id, true); err != nil {
+				if errors.Is(err, errNotOnDemand) {
+					continue // paused as asked meanwhile: the next look says so
+				}
 				if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.wait(ctx, id) {
 					continue // another request is resuming it
 				}
