@@ -507,7 +507,7 @@ func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	// A cell whose caller hung up a moment ago may not know it yet (the
 	// hang-up crosses the server first): give it busyGrace to start
 	// stopping. A cancelled cell being stopped: Execute waits for it.
-	for deadline := time.Now().Add(busyGrace); cc.kernel.Busy() && !cc.kernel.Stopping() && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(busyGrace); cc.kernel.Busy() && !cc.kernel.Stopping() && time.Now().Before(deadline) && r.Context().Err() == nil; {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if cc.kernel.Busy() && !cc.kernel.Stopping() {

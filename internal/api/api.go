@@ -590,9 +590,10 @@ func nullInStringMaps(raw []byte) error {
 	if json.Unmarshal(raw, &top) != nil {
 		return nil
 	}
-	for field := range stringMaps {
+	for name, raw := range top {
+		field := strings.ToLower(name) // as the decoder matches fields
 		var m map[string]json.RawMessage
-		if json.Unmarshal(top[field], &m) != nil {
+		if !stringMaps[field] || json.Unmarshal(raw, &m) != nil {
 			continue
 		}
 		for k, v := range m {

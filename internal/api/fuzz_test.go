@@ -62,6 +62,7 @@ func TestDecodeMessages(t *testing.T) {
 		`{"metadata":{"a":1}}`:                    `must be an object whose values are strings, got number`,
 		`{"metadata":{"a":"x","b":null}}`:         `field "metadata" must be an object whose values are strings, got null for "b"`,
 		`{"env":{"A":null}}`:                      `field "env" must be an object whose values are strings, got null for "A"`,
+		`{"Metadata":{"a":null}}`:                 `field "metadata" must be an object whose values are strings, got null for "a"`,
 		`{"metadata":5}`:                          `field "metadata" must be an object whose values are strings, got number`,
 		`{"env":{"A":true}}`:                      `must be an object whose values are strings, got bool`,
 		`{"ttl_seconds":99999999999999999999999}`: `field "ttl_seconds" is out of range: 99999999999999999999999`,

@@ -163,7 +163,7 @@ func (t *table) quiesce(id string, p phase, what string) error {
 		e = t.entries[id]
 	}
 	if e != nil && e.inflight > 0 {
-		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s), upload(s) or terminal(s) running; %s once they finish (snapshots never wait)", id, e.inflight, what)
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s), upload(s) or terminal(s) running; %s once they finish (snapshots never wait for work)", id, e.inflight, what)
 	}
 	switch {
 	case t.closed:

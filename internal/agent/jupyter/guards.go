@@ -82,11 +82,11 @@ var PythonSetupCode = `def _pandastack_setup():
 
     # exit() and quit() end the cell, as sys.exit() does (SystemExit; the
     # kernel and its variables stay), not the kernel a moment after the
-    # cell answered, which a later cell would then find dead.
-    def leave(code=None):
-        raise SystemExit(code)
-    for name in ('exit', 'quit'):
-        ip.user_ns[name] = ip.user_ns_hidden[name] = leave
+    # cell answered, which a later cell would then find dead. On the shell,
+    # which both call (also after %reset, and with keep_kernel=).
+    def ask_exit():
+        raise SystemExit()
+    ip.ask_exit = ask_exit
 
     # clear_output() starts the cell's output afresh, its cap too.
     pub = ip.display_pub

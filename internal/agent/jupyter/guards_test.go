@@ -293,7 +293,7 @@ func TestRecursionTracebackIsShort(t *testing.T) {
 func TestExitEndsTheCellOnly(t *testing.T) {
 	k := startKernel(t, guarded)
 	mustText(t, k, "kept = 7\nkept", "7")
-	for _, code := range []string{"exit()", "quit(3)"} {
+	for _, code := range []string{"exit()", "quit(keep_kernel=True)", "%reset -f\nkept = 7\nexit()"} {
 		e, _ := runCode(t, k, code, ExecOptions{})
 		if e.Error == nil || e.Error.Name != "SystemExit" {
 			t.Fatalf("%s: error %+v", code, e.Error)
