@@ -141,6 +141,28 @@ except OSError as e:
 			t.Fatalf("sleeps survived the timeout:\n%s", ps.Stdout)
 		}
 	})
+	t.Run("timeout stops a fork bomb", func(t *testing.T) {
+		// Each of its shells forks two more and ends, until the user's
+		// process limit makes forks fail; the survivors keep trying.
+		// Before the group was stopped in rounds, the scans for the tree
+		// ran beside it and a 3 s timeout took minutes.
+		start := time.Now()
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "f() { f | f & }; f 2>/dev/null; sleep 100", TimeoutSeconds: 3})
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.TimedOut || took > 60*time.Second {
+			t.Fatalf("exec = %+v after %s, want timed out after about 3 s", res, took)
+		}
+		ps, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "ps -u user -o args="})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ps.ExitCode != 0 || strings.TrimSpace(ps.Stdout) != "ps -u user -o args=" {
+			t.Fatalf("after the bomb the user runs:\n%s%s", ps.Stdout, ps.Stderr)
+		}
+	})
 	t.Run("streaming", func(t *testing.T) {
 		start := time.Now()
 		var firstAt time.Duration

@@ -5,17 +5,17 @@ package agent
 import (
 	"bytes"
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -45,7 +45,6 @@ func StartReaper(log *slog.Logger) *Reaper {
 		log = discardLogger()
 	}
 	r := &Reaper{log: log, waiters: make(map[int]chan ExitStatus)}
-	markReaper = r
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	go func() {
@@ -160,19 +159,33 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 // shows up, so nothing can fork its way out. pid 0 (a process already
 // reaped, whose pid may be reused) kills by mark alone. A process that
 // clears its environment and leaves the tree escapes.
+//
+// A tree that outruns the search (a fork bomb: under gVisor a stop sent to
+// a group misses the children of clones under way, and a scan of /proc
+// takes seconds while hundreds of processes fork) is killed instead: the
+// group until none of it is left, then by mark until no process has it.
+// Only a process that left both the group and the marked environment, and
+// whose parents live, then escapes too.
 func KillTree(pid int, mark string) {
 	seen := map[int]bool{}
 	if pid > 0 {
-		syscall.Kill(-pid, syscall.SIGSTOP)
 		syscall.Kill(pid, syscall.SIGSTOP)
 		seen[pid] = true
 	}
+	searchEnd := time.Now().Add(treeSearchBudget)
+	outrun := true
 	for range 20 {
-		added := false
+		if pid > 0 {
+			stopGroup(pid)
+		}
 		var found []int
 		if pid > 0 {
-			found = descendants(pid)
+			var whole bool
+			if found, whole = descendants(pid, searchEnd); !whole {
+				break
+			}
 		}
+		added := false
 		for _, p := range append(found, marked(mark)...) {
 			if !seen[p] {
 				seen[p] = true
@@ -181,31 +194,66 @@ func KillTree(pid int, mark string) {
 			}
 		}
 		if !added {
+			outrun = false
+			break
+		}
+		if time.Now().After(searchEnd) {
 			break
 		}
 	}
 	if pid > 0 {
-		syscall.Kill(-pid, syscall.SIGKILL)
+		killGroup(pid)
 	}
 	for p := range seen {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
+	for i := 0; outrun && i < 20; i++ {
+		left := marked(mark)
+		for _, p := range left {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		outrun = len(left) > 0
+	}
 }
+
+// treeSearchBudget bounds KillTree's search of the tree before it kills
+// what it found and goes on by group and mark: one search takes 10-50 ms.
+const treeSearchBudget = time.Second
+
+// groupStops is how many times stopGroup stops a process group.
+const groupStops = 5
+
+// stopGroup stops pid's process group, a few times over: a member that was
+// forking while one stop went out can give a child that escapes it.
+func stopGroup(pid int) {
+	for range groupStops {
+		if syscall.Kill(-pid, syscall.SIGSTOP) != nil {
+			return // no such group
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// killGroup SIGKILLs pid's process group until none of it is left: a
+// child that a clone under way gave after one kill is in the group, and
+// the next kills it. It gives up after killGroupFor.
+func killGroup(pid int) {
+	for end := time.Now().Add(killGroupFor); time.Now().Before(end); {
+		if syscall.Kill(-pid, syscall.SIGKILL) != nil {
+			return // none left
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// killGroupFor bounds killGroup.
+const killGroupFor = 5 * time.Second
 
 // TreeMarkEnv names the variable Reaper.Start puts in every process it
 // starts (Process.Mark).
 const TreeMarkEnv = "PANDASTACK_TREE"
 
-// MarkedArg makes the agent binary print the pids of the processes that
-// carry the mark given after it, one per line, and exit: run as the
-// sandbox user, for an agent that may not read that user's environ
-// (inside gVisor root has no CAP_SYS_PTRACE).
-const MarkedArg = "--pandastack-marked"
-
 var treeMarks atomic.Uint64
-
-// markReaper starts the helper of marked in central mode (StartReaper).
-var markReaper *Reaper
 
 // newTreeMark returns a mark no other process of this agent has had (a
 // restored sandbox's agent goes on counting from its checkpoint).
@@ -213,14 +261,15 @@ func newTreeMark() string { return strconv.FormatUint(treeMarks.Add(1), 36) }
 
 // marked lists the processes whose environment holds mark, as
 // TreeMarkEnv=mark; none for "". Those whose environment this process may
-// not read are asked of a helper running as the sandbox user.
+// not read (the sandbox user's: inside gVisor root has no CAP_SYS_PTRACE)
+// are read again as that user.
 func marked(mark string) []int {
 	if mark == "" {
 		return nil
 	}
 	out, denied := scanMarked(mark)
 	if denied && runningAsRoot() {
-		out = append(out, markedAsUser(mark)...)
+		out = append(out, scanMarkedAsUser(mark)...)
 	}
 	return out
 }
@@ -250,49 +299,69 @@ func scanMarked(mark string) (out []int, denied bool) {
 	return out, denied
 }
 
-// PrintMarked is the helper's work (MarkedArg).
-func PrintMarked(w io.Writer, mark string) {
-	pids, _ := scanMarked(mark)
-	for _, p := range pids {
-		fmt.Fprintln(w, p)
-	}
+// scanMarkedAsUser is scanMarked on a thread of this process that takes
+// the sandbox user's real and effective ids meanwhile (the saved ones stay
+// root's, to take back). Not a helper process: a tree that forks without
+// end holds every process the user may have, so a helper running as the
+// user could not start its threads.
+func scanMarkedAsUser(mark string) []int {
+	out := make(chan []int, 1)
+	go func() {
+		// Locked, the thread never runs other goroutines; the runtime
+		// makes new threads from one of its own, not from this one. A
+		// thread whose ids could not be set back ends with this goroutine.
+		runtime.LockOSThread()
+		if setThreadIDs(agentproto.UserUID, agentproto.UserGID) != nil {
+			if setThreadIDs(0, 0) == nil {
+				runtime.UnlockOSThread()
+			}
+			out <- nil
+			return
+		}
+		pids, _ := scanMarked(mark)
+		if setThreadIDs(0, 0) == nil {
+			runtime.UnlockOSThread()
+		}
+		out <- pids
+	}()
+	return <-out
 }
 
-// markedAsUser runs this binary with MarkedArg as the sandbox user.
-func markedAsUser(mark string) []int {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil
-	}
-	rd, wr, err := os.Pipe()
-	if err != nil {
-		return nil
-	}
-	defer rd.Close()
-	p, err := markReaper.Start(exe, []string{exe, MarkedArg, mark}, &os.ProcAttr{Files: []*os.File{nil, wr, nil}, Sys: procAttr(false)})
-	wr.Close()
-	if err != nil {
-		return nil
-	}
-	b, _ := io.ReadAll(io.LimitReader(rd, 1<<20))
-	<-p.Done
-	var out []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil && pid != p.Pid {
-			out = append(out, pid)
+// setThreadIDs sets the real and effective uid and gid of the calling
+// thread alone (the syscall package's Setresuid sets every thread's),
+// keeping the saved ones, which are root's. Going to root, the uid goes
+// first: setting the gids needs the capability it brings back.
+func setThreadIDs(uid, gid int) error {
+	set := func(nr uintptr, id int) error {
+		if _, _, e := syscall.RawSyscall(nr, uintptr(id), uintptr(id), ^uintptr(0)); e != 0 {
+			return e
 		}
+		return nil
 	}
-	return out
+	if uid == 0 {
+		if err := set(syscall.SYS_SETRESUID, uid); err != nil {
+			return err
+		}
+		return set(syscall.SYS_SETRESGID, gid)
+	}
+	if err := set(syscall.SYS_SETRESGID, gid); err != nil {
+		return err
+	}
+	return set(syscall.SYS_SETRESUID, uid)
 }
 
 // descendants lists the processes below root by their /proc parent links.
-func descendants(root int) []int {
+// whole is false when the scan was given up at end.
+func descendants(root int, end time.Time) (_ []int, whole bool) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil
+		return nil, true
 	}
 	kids := make(map[int][]int)
-	for _, e := range ents {
+	for i, e := range ents {
+		if i%32 == 0 && time.Now().After(end) {
+			return nil, false
+		}
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
@@ -301,17 +370,23 @@ func descendants(root int) []int {
 			kids[ppid] = append(kids[ppid], pid)
 		}
 	}
+	// Parent links read while processes come and go, their pids reused,
+	// can form a loop: each pid is taken once.
 	var out []int
+	seen := map[int]bool{root: true}
 	queue := []int{root}
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
 		for _, k := range kids[p] {
-			out = append(out, k)
-			queue = append(queue, k)
+			if !seen[k] {
+				seen[k] = true
+				out = append(out, k)
+				queue = append(queue, k)
+			}
 		}
 	}
-	return out
+	return out, true
 }
 
 // parentOf reads the ppid from /proc/<pid>/stat: "pid (comm) state ppid ...",
