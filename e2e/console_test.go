@@ -452,6 +452,17 @@ func TestAPIKeysAndLineage(t *testing.T) {
 	if _, err := os.Stat(wrong); !os.IsNotExist(err) {
 		t.Errorf("keys made the data dir it refused: %v", err)
 	}
+	// So is a file that is not a store, left as it was.
+	other := filepath.Join(t.TempDir(), "notes.db")
+	if err := os.WriteFile(other, []byte("someone else's file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, err := s.cli("keys", "create", "--store", "sqlite://"+other); err == nil || out != "" || !strings.Contains(errOut, other+" is not a PandaStack store") {
+		t.Errorf("keys create in a file that is not a store: %v %q %q", err, out, errOut)
+	}
+	if b, _ := os.ReadFile(other); string(b) != "someone else's file\n" {
+		t.Errorf("keys changed the file it refused: %q", b)
+	}
 
 	// Lineage: a sandbox restored from a snapshot, and a fork of it.
 	c := client.New(s.url, admin)

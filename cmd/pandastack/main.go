@@ -27,6 +27,7 @@ import (
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/runtime/gvisor"
 	"github.com/pandastack/pandastack/internal/sandbox"
+	"github.com/pandastack/pandastack/internal/store/sqlite"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -387,6 +388,11 @@ func keys(args []string) error {
 	}
 	if _, err := os.Stat(db); db != "" && errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("keys %s: no PandaStack store at %s: these commands work on the server's store; give its --data-dir or --store, or start `pandastack serve` there first", args[0], db)
+	}
+	if db != "" {
+		if err := sqlite.IsStore(db); err != nil {
+			return fmt.Errorf("keys %s: %s is not a PandaStack store: %v; give the server's --data-dir or --store", args[0], db, err)
+		}
 	}
 	store, _, err := openStore(context.Background(), &cfg)
 	if err != nil {

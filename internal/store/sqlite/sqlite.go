@@ -58,6 +58,34 @@ func Open(path string) (*Store, error) {
 	return s, nil
 }
 
+// IsStore says why the existing file at path is not a store that Open
+// made (nil when it is), without changing it: not an SQLite database, or
+// one without this schema (another program's).
+func IsStore(path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	u := url.URL{Scheme: "file", Path: filepath.ToSlash(abs), RawQuery: url.Values{"mode": {"ro"}}.Encode()}
+	db, err := sql.Open("sqlite", u.String())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	var version, keys int
+	err = db.QueryRow(`PRAGMA user_version`).Scan(&version)
+	if err == nil {
+		err = db.QueryRow(`SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'api_keys'`).Scan(&keys)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("not an SQLite database (%v)", err)
+	case version < 1 || keys == 0:
+		return errors.New("an SQLite database without PandaStack's tables")
+	}
+	return nil
+}
+
 // dsn names the file as a URI so that '?', '#' and '%' in the path are not
 // taken for parameters. Every pooled connection gets these settings.
 func dsn(abs string) string {

@@ -290,3 +290,36 @@ func TestClassifyError(t *testing.T) {
 		t.Fatalf("a plain error became %v", got)
 	}
 }
+
+// IsStore tells a store that Open made from other files, and leaves each as
+// it was.
+func TestIsStore(t *testing.T) {
+	dir := t.TempDir()
+	ours := filepath.Join(dir, "pandastack.db")
+	open(t, ours).Close()
+	if err := IsStore(ours); err != nil {
+		t.Errorf("a store Open made: %v", err)
+	}
+	foreign := filepath.Join(dir, "other.db")
+	db, err := sql.Open("sqlite", foreign)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`CREATE TABLE notes (body TEXT)`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	text := filepath.Join(dir, "notes.txt")
+	if err := os.WriteFile(text, []byte("not a database, but long enough to look like a page header to a careless reader\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{foreign, text} {
+		before, _ := os.ReadFile(path)
+		if err := IsStore(path); err == nil {
+			t.Errorf("%s taken for a store", filepath.Base(path))
+		}
+		if after, _ := os.ReadFile(path); string(after) != string(before) {
+			t.Errorf("IsStore changed %s", filepath.Base(path))
+		}
+	}
+}
