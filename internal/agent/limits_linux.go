@@ -318,7 +318,7 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 	var largestRSS int64
 	for _, k := range procs {
 		n, _ := pf.rss(k)
-		below, _ := descendants(k.Pid(), time.Now().Add(time.Second))
+		below, _ := descendants(k.Pid(), time.Time{})
 		for _, d := range below {
 			m, _ := rss(d)
 			n += m

@@ -5,6 +5,8 @@ package agent
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -45,6 +47,7 @@ func StartReaper(log *slog.Logger) *Reaper {
 		log = discardLogger()
 	}
 	r := &Reaper{log: log, waiters: make(map[int]chan ExitStatus)}
+	markReaper = r
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	go func() {
@@ -162,10 +165,11 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 //
 // A tree that outruns the search (a fork bomb: under gVisor a stop sent to
 // a group misses the children of clones under way, and a scan of /proc
-// takes seconds while hundreds of processes fork) is killed instead: the
-// group until none of it is left, then by mark until no process has it.
-// Only a process that left both the group and the marked environment, and
-// whose parents live, then escapes too.
+// takes seconds while hundreds of processes fork; the search has
+// treeSearchBudget) is killed instead: what was found, then the group until
+// none of it is left (killGroupFor at most), then by mark until no process
+// has it (20 rounds at most). Only a process that left both the group and
+// the marked environment, and whose parents live, then escapes too.
 func KillTree(pid int, mark string) {
 	seen := map[int]bool{}
 	if pid > 0 {
@@ -201,18 +205,32 @@ func KillTree(pid int, mark string) {
 			break
 		}
 	}
-	if pid > 0 {
-		killGroup(pid)
+	if !outrun {
+		// Everything is stopped: no clone is under way.
+		if pid > 0 {
+			syscall.Kill(-pid, syscall.SIGKILL)
+		}
+		for p := range seen {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		return
 	}
+	// The parents first: a member of the group whose parent left it and
+	// was only stopped stays a zombie, and in the group, until it dies.
 	for p := range seen {
 		syscall.Kill(p, syscall.SIGKILL)
 	}
-	for i := 0; outrun && i < 20; i++ {
+	if pid > 0 {
+		killGroup(pid)
+	}
+	for i := 0; i < 20; i++ {
 		left := marked(mark)
 		for _, p := range left {
 			syscall.Kill(p, syscall.SIGKILL)
 		}
-		outrun = len(left) > 0
+		if len(left) == 0 {
+			return
+		}
 	}
 }
 
@@ -238,12 +256,48 @@ func stopGroup(pid int) {
 // child that a clone under way gave after one kill is in the group, and
 // the next kills it. It gives up after killGroupFor.
 func killGroup(pid int) {
-	for end := time.Now().Add(killGroupFor); time.Now().Before(end); {
+	end := time.Now().Add(killGroupFor)
+	look := time.Now().Add(groupLookAfter)
+	for time.Now().Before(end) {
 		if syscall.Kill(-pid, syscall.SIGKILL) != nil {
 			return // none left
 		}
+		if time.Now().After(look) {
+			if !groupLives(pid) {
+				return // only its dead, whom their reaper has yet to collect
+			}
+			look = time.Now().Add(groupLookAfter)
+		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// groupLookAfter is how often killGroup looks whether the group still has
+// a living member: a zombie also answers a kill.
+const groupLookAfter = 100 * time.Millisecond
+
+// groupLives reports whether a process of group pgid is alive (not a
+// zombie), from /proc/<pid>/stat: "pid (comm) state ppid pgrp ...".
+func groupLives(pgid int) bool {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return true
+	}
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) > 2 && f[0] != "Z" && f[0] != "X" && f[2] == strconv.Itoa(pgid) {
+			return true
+		}
+	}
+	return false
 }
 
 // killGroupFor bounds killGroup.
@@ -253,7 +307,16 @@ const killGroupFor = 5 * time.Second
 // starts (Process.Mark).
 const TreeMarkEnv = "PANDASTACK_TREE"
 
+// MarkedArg makes the agent binary print the pids of the processes that
+// carry the mark given after it, one per line, and exit: run as the
+// sandbox user, for an agent that may not read that user's environ
+// (inside gVisor root has no CAP_SYS_PTRACE).
+const MarkedArg = "--pandastack-marked"
+
 var treeMarks atomic.Uint64
+
+// markReaper starts the helper of marked in central mode (StartReaper).
+var markReaper *Reaper
 
 // newTreeMark returns a mark no other process of this agent has had (a
 // restored sandbox's agent goes on counting from its checkpoint).
@@ -262,16 +325,61 @@ func newTreeMark() string { return strconv.FormatUint(treeMarks.Add(1), 36) }
 // marked lists the processes whose environment holds mark, as
 // TreeMarkEnv=mark; none for "". Those whose environment this process may
 // not read (the sandbox user's: inside gVisor root has no CAP_SYS_PTRACE)
-// are read again as that user.
+// are asked of a helper running as that user or, when the helper cannot
+// run (the user's processes fill the process table), read on a thread of
+// this process that is that user for the while.
 func marked(mark string) []int {
 	if mark == "" {
 		return nil
 	}
 	out, denied := scanMarked(mark)
 	if denied && runningAsRoot() {
-		out = append(out, scanMarkedAsUser(mark)...)
+		more, ok := markedAsUser(mark)
+		if !ok {
+			more = scanMarkedAsUser(mark)
+		}
+		out = append(out, more...)
 	}
 	return out
+}
+
+// PrintMarked is the helper's work (MarkedArg).
+func PrintMarked(w io.Writer, mark string) {
+	pids, _ := scanMarked(mark)
+	for _, p := range pids {
+		fmt.Fprintln(w, p)
+	}
+}
+
+// markedAsUser runs this binary with MarkedArg as the sandbox user; ok is
+// false when it could not start or did not finish its work (a Go program
+// that may not start a thread dies).
+func markedAsUser(mark string) (_ []int, ok bool) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, false
+	}
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		return nil, false
+	}
+	defer rd.Close()
+	p, err := markReaper.Start(exe, []string{exe, MarkedArg, mark}, &os.ProcAttr{Files: []*os.File{nil, wr, nil}, Sys: procAttr(false)})
+	wr.Close()
+	if err != nil {
+		return nil, false
+	}
+	b, _ := io.ReadAll(io.LimitReader(rd, 1<<20))
+	if st := <-p.Done; st.Code != 0 {
+		return nil, false
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid != p.Pid {
+			out = append(out, pid)
+		}
+	}
+	return out, true
 }
 
 // scanMarked reads every process's environ, but this one's; denied says
@@ -301,9 +409,13 @@ func scanMarked(mark string) (out []int, denied bool) {
 
 // scanMarkedAsUser is scanMarked on a thread of this process that takes
 // the sandbox user's real and effective ids meanwhile (the saved ones stay
-// root's, to take back). Not a helper process: a tree that forks without
-// end holds every process the user may have, so a helper running as the
-// user could not start its threads.
+// root's, to take back), for when a tree that forks without end holds
+// every process the user may have and the helper cannot start its
+// threads. The real uid is what lets it read their environ, and it also
+// lets the user's processes signal that one thread meanwhile: never the
+// main thread, whose ids a signal to PID 1 is checked against, so at worst
+// the user's code stops or kills its own sandbox's agent, as filling the
+// sandbox's memory does.
 func scanMarkedAsUser(mark string) []int {
 	out := make(chan []int, 1)
 	go func() {
@@ -311,6 +423,12 @@ func scanMarkedAsUser(mark string) []int {
 		// makes new threads from one of its own, not from this one. A
 		// thread whose ids could not be set back ends with this goroutine.
 		runtime.LockOSThread()
+		if syscall.Gettid() == os.Getpid() {
+			// Held here, the main thread cannot run the next try.
+			out <- scanMarkedAsUser(mark)
+			runtime.UnlockOSThread()
+			return
+		}
 		if setThreadIDs(agentproto.UserUID, agentproto.UserGID) != nil {
 			if setThreadIDs(0, 0) == nil {
 				runtime.UnlockOSThread()
@@ -329,8 +447,8 @@ func scanMarkedAsUser(mark string) []int {
 
 // setThreadIDs sets the real and effective uid and gid of the calling
 // thread alone (the syscall package's Setresuid sets every thread's),
-// keeping the saved ones, which are root's. Going to root, the uid goes
-// first: setting the gids needs the capability it brings back.
+// keeping the saved ones, which are root's. Leaving root the gid goes
+// first, while the thread still has the capability to set it.
 func setThreadIDs(uid, gid int) error {
 	set := func(nr uintptr, id int) error {
 		if _, _, e := syscall.RawSyscall(nr, uintptr(id), uintptr(id), ^uintptr(0)); e != 0 {
@@ -351,7 +469,7 @@ func setThreadIDs(uid, gid int) error {
 }
 
 // descendants lists the processes below root by their /proc parent links.
-// whole is false when the scan was given up at end.
+// whole is false when the scan was given up at end (never for a zero end).
 func descendants(root int, end time.Time) (_ []int, whole bool) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -359,7 +477,7 @@ func descendants(root int, end time.Time) (_ []int, whole bool) {
 	}
 	kids := make(map[int][]int)
 	for i, e := range ents {
-		if i%32 == 0 && time.Now().After(end) {
+		if i%32 == 0 && !end.IsZero() && time.Now().After(end) {
 			return nil, false
 		}
 		pid, err := strconv.Atoi(e.Name())
