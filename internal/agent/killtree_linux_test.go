@@ -25,14 +25,14 @@ func TestKillGroupEndsAForkingGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	go cmd.Wait()
-	time.Sleep(200 * time.Millisecond)
 	pgid := cmd.Process.Pid
+	t.Cleanup(func() { syscall.Kill(-pgid, syscall.SIGKILL) }) // whatever fails
+	time.Sleep(200 * time.Millisecond)
 	if n := livingInGroup(t, pgid); n < 5 {
 		t.Fatalf("%d living processes in the group before killGroup, want the shell and its children", n)
 	}
 	killGroup(pgid)
 	if n := livingInGroup(t, pgid); n > 0 {
-		syscall.Kill(-pgid, syscall.SIGKILL)
 		t.Fatalf("%d processes of the group live after killGroup", n)
 	}
 }
