@@ -277,23 +277,19 @@ func killGroup(pid int) {
 const groupLookAfter = 100 * time.Millisecond
 
 // groupLives reports whether a process of group pgid is alive (not a
-// zombie), from /proc/<pid>/stat: "pid (comm) state ppid pgrp ...".
+// zombie).
 func groupLives(pgid int) bool {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return true
 	}
+	want := strconv.Itoa(pgid)
 	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) > 2 && f[0] != "Z" && f[0] != "X" && f[2] == strconv.Itoa(pgid) {
+		if f, ok := statFields(pid); ok && len(f) > 2 && f[0] != "Z" && f[0] != "X" && f[2] == want {
 			return true
 		}
 	}
@@ -507,20 +503,26 @@ func descendants(root int, end time.Time) (_ []int, whole bool) {
 	return out, true
 }
 
-// parentOf reads the ppid from /proc/<pid>/stat: "pid (comm) state ppid ...",
-// where comm may hold spaces and parentheses, so parse after the last ')'.
-func parentOf(pid int) (int, bool) {
+// statFields reads /proc/<pid>/stat, "pid (comm) state ppid pgrp ...",
+// and returns the fields after comm (state first). comm may hold spaces
+// and parentheses, so they start after the last ')'.
+func statFields(pid int) ([]string, bool) {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
 	if err != nil {
-		return 0, false
+		return nil, false
 	}
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, false
+		return nil, false
 	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 2 {
+	return strings.Fields(s[i+1:]), true
+}
+
+// parentOf reads pid's ppid.
+func parentOf(pid int) (int, bool) {
+	f, ok := statFields(pid)
+	if !ok || len(f) < 2 {
 		return 0, false
 	}
 	ppid, err := strconv.Atoi(f[1])
