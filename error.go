@@ -18,7 +18,8 @@ const (
 	ENotFound        = "not_found"            // no such resource in the caller's project
 	EConflict        = "conflict"             // the resource is in a state that forbids the operation
 	ETimeout         = "timeout"              // the operation ran past its deadline
-	EUnavailable     = "sandbox_unavailable"  // the sandbox is stopped or its agent does not answer; also the server shutting down or its database unreachable
+	EUnavailable     = "sandbox_unavailable"  // the sandbox's agent does not answer for now (starting, dying), or the server is shutting down or its database unreachable: retry
+	EStopped         = "sandbox_stopped"      // the sandbox has stopped (killed, expired, out of memory, lost) and never runs again: create a new one
 	ECommandNotFound = "command_not_found"    // exec of an argv whose program does not exist
 	ETooLarge        = "payload_too_large"    // a request body over the server's limit
 	ETemplateMissing = "template_not_built"   // the template exists but has no built root filesystem
@@ -94,6 +95,8 @@ func HTTPStatus(code string) int {
 		return http.StatusBadGateway
 	case EUnavailable:
 		return http.StatusServiceUnavailable
+	case EStopped:
+		return http.StatusGone
 	case ESnapshotCorrupt, ENetworkDenied:
 		return http.StatusUnprocessableEntity
 	case EStorage:

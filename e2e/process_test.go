@@ -161,7 +161,7 @@ func TestBackgroundCommands(t *testing.T) {
 	for lines.Scan() {
 		last = lines.Text()
 	}
-	if !strings.Contains(last, `"type":"error"`) || !strings.Contains(last, `"sandbox_unavailable"`) || !strings.Contains(last, "was killed") {
+	if !strings.Contains(last, `"type":"error"`) || !strings.Contains(last, `"sandbox_stopped"`) || !strings.Contains(last, "was killed") {
 		t.Fatalf("output followed through a kill ended with %q (%v), want an error saying the sandbox was killed", last, lines.Err())
 	}
 	s.assertGone(t, sb.ID)

@@ -458,8 +458,28 @@ func TestTTLExpiry(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	s.assertGone(t, sb.ID)
-	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "true"}); !client.IsCode(err, "sandbox_unavailable") || !strings.Contains(err.Error(), "expired") {
+	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "true"}); !client.IsCode(err, "sandbox_stopped") || !strings.Contains(err.Error(), "expired") {
 		t.Fatalf("exec on expired sandbox: %v", err)
+	}
+	// Whatever is asked of it, the answer is the permanent one, never a
+	// 503 that tells clients to retry.
+	for _, call := range []struct{ method, path, body string }{
+		{"PATCH", "", `{"ttl_seconds": 100}`},
+		{"PATCH", "", `{"idle_timeout_seconds": 10}`},
+		{"POST", "/pause", ""},
+		{"POST", "/resume", ""},
+		{"POST", "/snapshots", ""},
+		{"POST", "/fork", ""},
+		{"POST", "/run_code", `{"code": "1"}`},
+		{"POST", "/contexts", `{}`},
+		{"GET", "/stats", ""},
+		{"GET", "/files?path=/tmp", ""},
+		{"PUT", "/network", `{"allow_out": []}`},
+	} {
+		status, body := rawCall(t, s, call.method, "/v1/sandboxes/"+sb.ID+call.path, call.body)
+		if status != http.StatusGone || !strings.Contains(string(body), `"sandbox_stopped"`) || !strings.Contains(string(body), "expired") {
+			t.Errorf("%s %s on an expired sandbox: %d %s, want 410 sandbox_stopped saying it expired", call.method, call.path, status, body)
+		}
 	}
 	if list, _ := c.ListSandboxes(ctx, nil, ""); containsID(list, sb.ID) {
 		t.Fatal("expired sandbox still listed as running")
@@ -478,8 +498,8 @@ func TestTTLExpiry(t *testing.T) {
 		t.Fatalf("state=all does not list the expired sandbox: %v", err)
 	}
 	// No port URL for it either (one was handed out that could only fail).
-	if status, body := rawCall(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/ports/8000/token", ""); status != 503 || !strings.Contains(string(body), "expired") {
-		t.Fatalf("port token of an expired sandbox: %d %s, want 503 saying it expired", status, body)
+	if status, body := rawCall(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/ports/8000/token", ""); status != http.StatusGone || !strings.Contains(string(body), "expired") {
+		t.Fatalf("port token of an expired sandbox: %d %s, want 410 saying it expired", status, body)
 	}
 }
 
@@ -758,7 +778,7 @@ func TestOutOfMemoryIsReported(t *testing.T) {
 	sb := newSandbox(t, s, client.CreateSandboxRequest{MemoryMB: 256})
 	start := time.Now()
 	_, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `python3 -c "x = bytearray(700*1024*1024); print(len(x))"`, TimeoutSeconds: 120})
-	if !client.IsCode(err, "sandbox_unavailable") || !strings.Contains(err.Error(), "out of memory") {
+	if !client.IsCode(err, "sandbox_stopped") || !strings.Contains(err.Error(), "out of memory") {
 		t.Fatalf("allocating 700 MB in a 256 MB sandbox: %v", err)
 	}
 	if took := time.Since(start); took > 60*time.Second { // the exec's timeout is 120 s

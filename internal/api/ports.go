@@ -174,7 +174,7 @@ func (s *Server) createPortToken(w http.ResponseWriter, r *http.Request, project
 	}
 	if sb.State == pandastack.StateStopped {
 		// A URL that can only ever answer "stopped" is no use to hand out.
-		writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is stopped (%s); create a new one", id, sb.StopReason))
+		writeError(w, pandastack.Errorf(pandastack.EStopped, "sandbox %s is stopped (%s); create a new one", id, sb.StopReason))
 		return
 	}
 	secret := portTokenPrefix + strings.TrimPrefix(pandastack.NewAPIKeySecret(), "pds_")

@@ -214,6 +214,9 @@ func (s *session) defaultSandbox(ctx context.Context) (id, note string, err erro
 // gone reports whether err, from a call on sandbox id, means the sandbox
 // itself no longer runs (rather than, say, a missing file).
 func (s *session) gone(ctx context.Context, id string, err error) bool {
+	if client.IsCode(err, "sandbox_stopped") {
+		return true
+	}
 	if !client.IsCode(err, "not_found") && !client.IsCode(err, "sandbox_unavailable") {
 		return false
 	}

@@ -154,15 +154,15 @@ func (c *AgentClient) stopped(what string) error {
 	}
 	switch reason {
 	case pandastack.StopKilled:
-		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was killed (DELETE /v1/sandboxes/%s) during %s", c.id, c.id, what)
+		return pandastack.Errorf(pandastack.EStopped, "sandbox %s was killed (DELETE /v1/sandboxes/%s) during %s", c.id, c.id, what)
 	case pandastack.StopExpired:
-		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s reached the end of its TTL and was stopped during %s", c.id, what)
+		return pandastack.Errorf(pandastack.EStopped, "sandbox %s reached the end of its TTL and was stopped during %s", c.id, what)
 	case pandastack.StopOOM:
-		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of memory (it used more than its memory_mb) and was stopped during %s", c.id, what)
+		return pandastack.Errorf(pandastack.EStopped, "sandbox %s ran out of memory (it used more than its memory_mb) and was stopped during %s", c.id, what)
 	case pandastack.StopPIDsLimit:
-		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s ran out of processes (its pids limit) and was stopped during %s", c.id, what)
+		return pandastack.Errorf(pandastack.EStopped, "sandbox %s ran out of processes (its pids limit) and was stopped during %s", c.id, what)
 	case reasonKillOnExit:
-		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down with --kill-on-exit, which kills every sandbox: sandbox %s was killed during %s", c.id, what)
+		return pandastack.Errorf(pandastack.EStopped, "the server is shutting down with --kill-on-exit, which kills every sandbox: sandbox %s was killed during %s", c.id, what)
 	case reasonShutdown:
 		return pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down and cut off %s in sandbox %s, which keeps running: retry once the server is back", what, c.id)
 	case reasonPaused:
@@ -170,7 +170,7 @@ func (c *AgentClient) stopped(what string) error {
 	case "":
 		return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped answering during %s: it died (out of memory, if it used more than its memory_mb); GET /v1/sandboxes/%s shows the reason", c.id, what, c.id)
 	}
-	return pandastack.Errorf(pandastack.EUnavailable, "sandbox %s stopped (%s) during %s", c.id, reason, what)
+	return pandastack.Errorf(pandastack.EStopped, "sandbox %s stopped (%s) during %s", c.id, reason, what)
 }
 
 // Explain turns an error of a request that the sandbox's end cut off into

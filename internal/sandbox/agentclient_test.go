@@ -147,7 +147,7 @@ func TestRunCutByKill(t *testing.T) {
 		c.Close()
 	}()
 	_, err := c.RunCode(context.Background(), "ctx_1", agentproto.RunRequest{Code: "sleep"}, nil)
-	if !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "was killed") || !strings.Contains(err.Error(), "running code") {
+	if !pandastack.IsCode(err, pandastack.EStopped) || !strings.Contains(err.Error(), "was killed") || !strings.Contains(err.Error(), "running code") {
 		t.Fatalf("run cut off by a kill: %v", err)
 	}
 	if err := c.Explain(pandastack.Errorf(pandastack.EUnavailable, "sandbox sbx_test stopped answering during exec")); !strings.Contains(err.Error(), "was killed") || !strings.Contains(err.Error(), "exec") {
@@ -162,7 +162,7 @@ func TestCutByKillOnExit(t *testing.T) {
 	c := fakeAgent(t, func(mux *http.ServeMux) {})
 	c.markStopped(reasonKillOnExit)
 	err := c.Explain(pandastack.Errorf(pandastack.EUnavailable, "sandbox sbx_test stopped answering during exec"))
-	if !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "--kill-on-exit") || strings.Contains(err.Error(), "DELETE") || !strings.Contains(err.Error(), "exec") {
+	if !pandastack.IsCode(err, pandastack.EStopped) || !strings.Contains(err.Error(), "--kill-on-exit") || strings.Contains(err.Error(), "DELETE") || !strings.Contains(err.Error(), "exec") {
 		t.Fatalf("cut off by --kill-on-exit: %v", err)
 	}
 }
@@ -194,7 +194,7 @@ func TestProcessOutputCutByKill(t *testing.T) {
 		c.Close()
 	}()
 	_, err := c.ProcessOutput(context.Background(), 7, true, count)
-	if !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "was killed") || !strings.Contains(err.Error(), "the output of process 7") {
+	if !pandastack.IsCode(err, pandastack.EStopped) || !strings.Contains(err.Error(), "was killed") || !strings.Contains(err.Error(), "the output of process 7") {
 		t.Fatalf("output followed, cut off by a kill: %v", err)
 	}
 	if err := c.Explain(err); !strings.Contains(err.Error(), "during the output of process 7") {
@@ -297,5 +297,31 @@ func TestRunCodeTimed(t *testing.T) {
 	}
 	if len(events) != 1 || events[0].Data != "hi" || events[0].Timing != nil {
 		t.Fatalf("events %+v: want the stdout event without timing", events)
+	}
+}
+
+// TestStoppedCodes: a request cut off by the sandbox's end answers
+// sandbox_stopped when the sandbox never runs again, and
+// sandbox_unavailable (retry) when it does or when its end is not known yet.
+func TestStoppedCodes(t *testing.T) {
+	for reason, want := range map[string]string{
+		pandastack.StopKilled:    pandastack.EStopped,
+		pandastack.StopExpired:   pandastack.EStopped,
+		pandastack.StopOOM:       pandastack.EStopped,
+		pandastack.StopPIDsLimit: pandastack.EStopped,
+		pandastack.StopLost:      pandastack.EStopped,
+		reasonKillOnExit:         pandastack.EStopped,
+		reasonShutdown:           pandastack.EUnavailable,
+		reasonPaused:             pandastack.EUnavailable,
+	} {
+		c := fakeAgent(t, func(mux *http.ServeMux) {})
+		c.markStopped(reason)
+		if err := c.Explain(pandastack.Errorf(pandastack.EUnavailable, "cut off during exec")); !pandastack.IsCode(err, want) {
+			t.Errorf("cut off for %q: %v, want %s", reason, err, want)
+		}
+	}
+	c := fakeAgent(t, func(mux *http.ServeMux) {})
+	if err := c.Explain(pandastack.Errorf(pandastack.EUnavailable, "cut off during exec")); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Errorf("cut off before the manager knew why: %v, want %s", err, pandastack.EUnavailable)
 	}
 }

@@ -686,20 +686,26 @@ func (m *Manager) settled(ctx context.Context, projectID, id string) (pandastack
 	}
 }
 
-// running returns the record of a running sandbox, or EUnavailable.
+// running returns the record of a running sandbox, or EStopped for one
+// that has stopped, or EUnavailable.
 func (m *Manager) running(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
 	sb, err := m.store.GetSandbox(ctx, projectID, id)
 	if err != nil {
 		return sb, err
 	}
-	if sb.State != pandastack.StateRunning {
-		msg := fmt.Sprintf("sandbox %s is %s", id, sb.State)
-		if sb.StopReason != "" {
-			msg += " (" + sb.StopReason + ")"
-		}
-		return sb, pandastack.Errorf(pandastack.EUnavailable, "%s; create a new one", msg)
+	switch sb.State {
+	case pandastack.StateRunning:
+		return sb, nil
+	case pandastack.StateStopped:
+		return sb, stoppedError(sb)
 	}
-	return sb, nil
+	return sb, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is %s; retry once it runs", id, sb.State)
+}
+
+// stoppedError is the error of a request on sb, a stopped sandbox: it
+// never runs again.
+func stoppedError(sb pandastack.Sandbox) error {
+	return pandastack.Errorf(pandastack.EStopped, "sandbox %s is stopped (%s); create a new one", sb.ID, sb.StopReason)
 }
 
 // Agent returns the agent client of a running sandbox of the project,

@@ -132,8 +132,8 @@ func TestLostNode(t *testing.T) {
 	if got := b.m.entryIDs(); len(got) != 0 {
 		t.Errorf("B still holds entries %v", got)
 	}
-	if _, err := b.m.Agent(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.EUnavailable) {
-		t.Errorf("a lost sandbox answers %v, want %s", err, pandastack.EUnavailable)
+	if _, err := b.m.Agent(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.EStopped) {
+		t.Errorf("a lost sandbox answers %v, want %s", err, pandastack.EStopped)
 	}
 	again := b.create()
 	b.exec(again.ID, "set v=ok")
@@ -319,8 +319,8 @@ func TestPauseDuringLossKeepsLost(t *testing.T) {
 		}
 		return nil
 	}
-	if _, err := b.m.Pause(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.EUnavailable) {
-		t.Errorf("a pause during the loss: %v, want %s", err, pandastack.EUnavailable)
+	if _, err := b.m.Pause(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.EStopped) {
+		t.Errorf("a pause during the loss: %v, want %s", err, pandastack.EStopped)
 	}
 	if rec := a.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopLost {
 		t.Errorf("after the pause: %s %s, want stopped lost", rec.State, rec.StopReason)

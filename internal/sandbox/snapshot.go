@@ -231,8 +231,10 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 		os.RemoveAll(dir)
 		m.forgetPaused(id)
 		m.sbx.settle(id)
-		if err == nil {
-			err = pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was %s (%s) while it was being paused", id, rec.State, rec.StopReason)
+		if err == nil && rec.State == pandastack.StateStopped {
+			err = pandastack.Errorf(pandastack.EStopped, "sandbox %s was stopped (%s) while it was being paused", id, rec.StopReason)
+		} else if err == nil {
+			err = pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was %s while it was being paused", id, rec.State)
 		}
 		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
@@ -296,6 +298,9 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	sb, err := m.store.GetSandbox(ctx, projectID, id)
 	if err != nil {
 		return sb, err
+	}
+	if sb.State == pandastack.StateStopped {
+		return sb, stoppedError(sb)
 	}
 	if sb.State != pandastack.StatePaused {
 		return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is %s, not paused", id, sb.State)

@@ -40,6 +40,8 @@ def test_public_surface():
     for name in pandastack.__all__:
         assert hasattr(pandastack, name), name
     assert issubclass(pandastack.SandboxUnavailableError, pandastack.SandboxError)
+    assert issubclass(pandastack.SandboxStoppedError, pandastack.SandboxError)
+    assert not issubclass(pandastack.SandboxStoppedError, pandastack.SandboxUnavailableError)  # no retry helps
     assert issubclass(pandastack.TimeoutError, builtins_timeout())
     e = pandastack.NotFoundError("gone", code="not_found", status=404)
     assert (e.code, e.status, e.message) == ("not_found", 404, "gone")

@@ -15,6 +15,7 @@ from pandastack import (
     NotFoundError,
     PandaStackError,
     Result,
+    SandboxStoppedError,
     SandboxUnavailableError,
     StreamError,
     TemplateNotBuiltError,
@@ -68,6 +69,8 @@ def test_errors_by_code_then_status():
     assert isinstance(error_from_response("template_not_built", "m", 409), ConflictError)
     assert type(error_from_response(None, "bad gateway", 502)) is InternalServerError
     assert type(error_from_response(None, "m", 404)) is NotFoundError
+    assert type(error_from_response("sandbox_stopped", "m", 410)) is SandboxStoppedError
+    assert type(error_from_response(None, "m", 410)) is SandboxStoppedError
     e = error_from_response("brand_new_code", "m", 418)
     assert type(e) is PandaStackError and e.code == "brand_new_code" and e.status == 418
 
@@ -89,6 +92,9 @@ def test_code_stream_parser_failures():
     with pytest.raises(SandboxUnavailableError) as ei:
         p.feed('{"type":"error","error":{"error":{"code":"sandbox_unavailable","message":"gone"}}}')
     assert ei.value.code == "sandbox_unavailable" and ei.value.message == "gone"
+    with pytest.raises(SandboxStoppedError) as ei:
+        CodeStreamParser().feed('{"type":"error","error":{"error":{"code":"sandbox_stopped","message":"killed"}}}')
+    assert ei.value.code == "sandbox_stopped" and ei.value.message == "killed"
     with pytest.raises(StreamError):
         CodeStreamParser().finish()
     with pytest.raises(StreamError):

@@ -321,7 +321,7 @@ def test_kill_during_streamed_exec_raises(server):
     raises it with the server's code instead of hanging or returning junk."""
     import threading
 
-    from pandastack import SandboxUnavailableError
+    from pandastack import SandboxStoppedError
 
     sb = Sandbox.create(ttl_seconds=120)
     chunks, out = [], {}
@@ -342,8 +342,8 @@ def test_kill_during_streamed_exec_raises(server):
     t.join(30)
     assert not t.is_alive()
     err = out.get("error")
-    assert isinstance(err, SandboxUnavailableError), out
-    assert err.code == "sandbox_unavailable" and sb.id in err.message
+    assert isinstance(err, SandboxStoppedError), out
+    assert err.code == "sandbox_stopped" and sb.id in err.message and "killed" in err.message
 
 
 def test_client_side_timeout(server):

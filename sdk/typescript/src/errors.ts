@@ -58,11 +58,18 @@ export class InvalidRequestError extends PandaStackError {}
 export class NetworkDeniedError extends InvalidRequestError {}
 
 /**
- * 503 `sandbox_unavailable`: the sandbox is not running, its agent does not
- * answer, the server is shutting down, or its database cannot be reached
- * (retry).
+ * 503 `sandbox_unavailable`: the sandbox's agent does not answer for now (it
+ * is starting, or dying and not yet known to be stopped), the server is
+ * shutting down, or its database cannot be reached (retry).
  */
 export class SandboxUnavailableError extends PandaStackError {}
+
+/**
+ * 410 `sandbox_stopped`: the sandbox has stopped (killed, expired, out of
+ * memory, ...; the message says which) and never runs again. No retry helps:
+ * create a new sandbox.
+ */
+export class SandboxStoppedError extends PandaStackError {}
 
 /** 504 `timeout`: an operation ran past its deadline on the server. */
 export class TimeoutError extends PandaStackError {}
@@ -128,6 +135,8 @@ export function errorFromCode(code: string, message: string, status?: number): P
       return new NetworkDeniedError(text, code, status);
     case "sandbox_unavailable":
       return new SandboxUnavailableError(text, code, status);
+    case "sandbox_stopped":
+      return new SandboxStoppedError(text, code, status);
     case "timeout":
       return new TimeoutError(text, code, status);
     default:
@@ -150,6 +159,8 @@ export function codeForStatus(status: number): string {
       return "method_not_allowed";
     case 409:
       return "conflict";
+    case 410:
+      return "sandbox_stopped";
     case 413:
       return "payload_too_large";
     case 422:

@@ -70,6 +70,7 @@ export {
   PayloadTooLargeError,
   PortUnreachableError,
   SandboxUnavailableError,
+  SandboxStoppedError,
   SnapshotCorruptError,
   TemplateNotBuiltError,
   TimeoutError,

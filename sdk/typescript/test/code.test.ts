@@ -5,7 +5,7 @@
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { ConflictError, ExecutionError, NotFoundError, type Result, SandboxUnavailableError } from "@pandastack/sdk";
+import { ConflictError, ExecutionError, NotFoundError, type Result, SandboxStoppedError } from "@pandastack/sdk";
 import { assertPng, codeSandbox, startRun } from "./helpers.js";
 
 test("code contexts", async (t) => {
@@ -207,15 +207,15 @@ test("code contexts", async (t) => {
   });
 });
 
-test("a sandbox dying mid-run throws SandboxUnavailableError from a streamed run", async (t) => {
+test("a sandbox killed mid-run throws SandboxStoppedError from a streamed run", async (t) => {
   const sb = await codeSandbox(t);
   if (!sb) return;
   const ctx = await sb.createCodeContext();
   const { done, seen } = await startRun(ctx, "import time\ntime.sleep(30)");
   await sb.kill();
   await assert.rejects(done, (err: unknown) => {
-    assert.ok(err instanceof SandboxUnavailableError, String(err));
-    assert.equal(err.code, "sandbox_unavailable");
+    assert.ok(err instanceof SandboxStoppedError, String(err));
+    assert.equal(err.code, "sandbox_stopped");
     return true;
   });
   assert.deepEqual(seen, ["started\n"]);

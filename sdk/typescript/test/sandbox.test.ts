@@ -22,7 +22,7 @@ import {
   PermissionDeniedError,
   PortUnreachableError,
   Sandbox,
-  SandboxUnavailableError,
+  SandboxStoppedError,
   SnapshotCorruptError,
   TemplateNotBuiltError,
   TimeoutError,
@@ -326,7 +326,7 @@ test("exec", async (t) => {
     assert.equal(r2.exitCode, 7);
   });
 
-  await t.test("a sandbox dying mid-stream throws SandboxUnavailableError", async () => {
+  await t.test("a sandbox killed mid-stream throws SandboxStoppedError", async () => {
     const doomed = await newSandbox(t);
     const chunks: string[] = [];
     let started!: () => void;
@@ -340,8 +340,8 @@ test("exec", async (t) => {
     await Promise.race([first, run]); // also observes run, so its rejection is handled
     await doomed.kill();
     await assert.rejects(run, (err: unknown) => {
-      assert.ok(err instanceof SandboxUnavailableError, String(err));
-      assert.equal(err.code, "sandbox_unavailable");
+      assert.ok(err instanceof SandboxStoppedError, String(err));
+      assert.equal(err.code, "sandbox_stopped");
       assert.match(err.message, new RegExp(doomed.id));
       return true;
     });

@@ -32,6 +32,7 @@ _STATUS_OF_CODE = {
     "payload_too_large": 413,
     "internal": 500,
     "sandbox_unavailable": 503,
+    "sandbox_stopped": 410,
     "timeout": 504,
     "insufficient_storage": 507,
 }

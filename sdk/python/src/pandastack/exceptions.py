@@ -37,6 +37,7 @@ __all__ = [
     "InternalServerError",
     "SandboxError",
     "SandboxUnavailableError",
+    "SandboxStoppedError",
     "SnapshotCorruptError",
     "InsufficientStorageError",
     "TimeoutError",
@@ -135,9 +136,16 @@ class SandboxError(PandaStackError):
 
 
 class SandboxUnavailableError(SandboxError):
-    """HTTP 503 ``sandbox_unavailable``: the sandbox is not running, its agent
-    does not answer, the server is shutting down, or its database cannot be
-    reached (retry)."""
+    """HTTP 503 ``sandbox_unavailable``: the sandbox's agent does not answer
+    for now (it is starting, or dying and not yet known to be stopped), the
+    server is shutting down, or its database cannot be reached (retry)."""
+
+
+class SandboxStoppedError(SandboxError):
+    """HTTP 410 ``sandbox_stopped``: the sandbox has stopped (killed, expired,
+    out of memory, ...; the message says which) and never runs again. No
+    retry helps: create a new sandbox. ``Sandbox.refresh()`` still shows its
+    record, with ``stop_reason``."""
 
 
 class SnapshotCorruptError(SandboxError):
@@ -187,6 +195,7 @@ _BY_CODE: Dict[str, Type[PandaStackError]] = {
     "payload_too_large": PayloadTooLargeError,
     "internal": InternalServerError,
     "sandbox_unavailable": SandboxUnavailableError,
+    "sandbox_stopped": SandboxStoppedError,
     "snapshot_corrupt": SnapshotCorruptError,
     "insufficient_storage": InsufficientStorageError,
     "timeout": TimeoutError,
@@ -201,6 +210,7 @@ _BY_STATUS: Dict[int, Type[PandaStackError]] = {
     404: NotFoundError,
     405: MethodNotAllowedError,
     409: ConflictError,
+    410: SandboxStoppedError,
     413: PayloadTooLargeError,
     500: InternalServerError,
     503: SandboxUnavailableError,

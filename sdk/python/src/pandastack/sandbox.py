@@ -350,7 +350,8 @@ class Sandbox(SandboxRecord):
 
         Raises:
             CommandNotFoundError: ``cmd`` is a list whose program is missing.
-            SandboxUnavailableError: the sandbox is not running.
+            SandboxStoppedError: the sandbox has stopped (killed, expired, ...).
+            SandboxUnavailableError: the sandbox does not answer for now (retry).
         """
         if background:
             if on_stdout is not None or on_stderr is not None:
@@ -623,7 +624,8 @@ class CodeContext:
         Raises:
             ConflictError: the context is busy running another cell.
             NotFoundError: the context was closed.
-            SandboxUnavailableError: the sandbox is not running.
+            SandboxStoppedError: the sandbox has stopped (killed, expired, ...).
+            SandboxUnavailableError: the sandbox does not answer for now (retry).
         """
         body = run_body(code, timeout, env)
         handlers = {"on_stdout": on_stdout, "on_stderr": on_stderr, "on_result": on_result, "on_error": on_error}

@@ -9,7 +9,7 @@ import threading
 from typing import List, Mapping, Optional
 
 from ..client import Client
-from ..exceptions import NotFoundError, SandboxUnavailableError
+from ..exceptions import NotFoundError, SandboxStoppedError, SandboxUnavailableError
 from ..models import Execution
 from ..sandbox import CodeContext, Sandbox
 
@@ -117,11 +117,13 @@ def png_bytes(b64: str) -> bytes:
     return base64.b64decode(b64)
 
 
-class SandboxLostError(SandboxUnavailableError):
+class SandboxLostError(SandboxStoppedError, SandboxUnavailableError):
     """The sandbox a :class:`SandboxKernel` booted has stopped (its TTL ran
     out, or it was killed from elsewhere), and its state with it. The kernel
     has forgotten it: the next run boots a new sandbox. The message says so
-    in words an agent can act on (run its setup again)."""
+    in words an agent can act on (run its setup again). It is both a
+    :class:`SandboxStoppedError` and, as before that class existed, a
+    :class:`SandboxUnavailableError`."""
 
 
 class SandboxKernel:
@@ -232,11 +234,11 @@ class SandboxKernel:
                 if ctx is None:
                     return self.sandbox.run_code(code, language="python", timeout=t)
                 return ctx.run_code(code, timeout=t)
-            except (NotFoundError, SandboxUnavailableError) as e:
+            except (NotFoundError, SandboxStoppedError, SandboxUnavailableError) as e:
                 self._raise_if_lost(e)
                 raise
 
-    def _raise_if_lost(self, e: "NotFoundError | SandboxUnavailableError") -> None:
+    def _raise_if_lost(self, e: "NotFoundError | SandboxStoppedError | SandboxUnavailableError") -> None:
         """Raise SandboxLostError for e if this kernel's own sandbox has
         stopped (and forget it); else return. Called with the lock held."""
         lost = self._lost()
@@ -275,19 +277,19 @@ class SandboxKernel:
         with self._lock:
             try:
                 ctx = self.sandbox.create_code_context(language="python")
-            except (NotFoundError, SandboxUnavailableError) as e:
+            except (NotFoundError, SandboxStoppedError, SandboxUnavailableError) as e:
                 self._raise_if_lost(e)
                 raise
         try:
             return ctx.run_code(code, timeout=timeout if timeout is not None else self.timeout)
-        except (NotFoundError, SandboxUnavailableError) as e:
+        except (NotFoundError, SandboxStoppedError, SandboxUnavailableError) as e:
             with self._lock:
                 self._raise_if_lost(e)
             raise
         finally:
             try:
                 ctx.close()
-            except (NotFoundError, SandboxUnavailableError):
+            except (NotFoundError, SandboxStoppedError, SandboxUnavailableError):
                 pass  # gone with its sandbox
 
     def close(self) -> None:
