@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -160,6 +161,44 @@ except OSError as e:
 			t.Fatal(err)
 		}
 		if ps.ExitCode != 0 || strings.TrimSpace(ps.Stdout) != "ps -u user -o args=" {
+			t.Fatalf("after the bomb the user runs:\n%s%s", ps.Stdout, ps.Stderr)
+		}
+	})
+	t.Run("timeout stops a fork bomb that leaves its group", func(t *testing.T) {
+		// Each shell starts two more in sessions of their own (setsid)
+		// and ends: only the mark finds them, and they churn too fast
+		// for their environs to be read while they run (a 3 s timeout
+		// took 4-6 minutes). Another command of the user, stopped with
+		// everything of the user while the bomb's processes are read and
+		// killed, goes on after and ends as it would have.
+		other := make(chan *client.ExecResult, 1)
+		go func() {
+			res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "sleep 10; echo alive", TimeoutSeconds: 120})
+			if err != nil {
+				t.Error(err)
+			}
+			other <- res
+		}()
+		start := time.Now()
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{
+			Cmd:            `export BOMB='setsid sh -c "$BOMB" 2>/dev/null & setsid sh -c "$BOMB" 2>/dev/null &'; sh -c "$BOMB"; sleep 100`,
+			TimeoutSeconds: 3,
+		})
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.TimedOut || took > 60*time.Second {
+			t.Fatalf("exec = %+v after %s, want timed out after about 3 s", res, took)
+		}
+		if o := <-other; o == nil || o.ExitCode != 0 || o.Stdout != "alive\n" {
+			t.Fatalf("the other command: %+v, want it to end as it would have", o)
+		}
+		ps, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "ps -u user -o stat=,args="})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ps.ExitCode != 0 || !regexp.MustCompile(`^\S+ +ps -u user -o stat=,args=\n$`).MatchString(ps.Stdout) {
 			t.Fatalf("after the bomb the user runs:\n%s%s", ps.Stdout, ps.Stderr)
 		}
 	})

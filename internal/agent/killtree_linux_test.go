@@ -4,6 +4,8 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"slices"
@@ -90,8 +92,8 @@ func TestScanMarkedAsUser(t *testing.T) {
 	}
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
-	if got := scanMarkedAsUser(mark); !slices.Equal(got, []int{cmd.Process.Pid}) {
-		t.Errorf("scanMarkedAsUser = %v, want [%d]", got, cmd.Process.Pid)
+	if got, whole := scanMarkedAsUser(mark, time.Time{}); !slices.Equal(got, []int{cmd.Process.Pid}) || !whole {
+		t.Errorf("scanMarkedAsUser = %v (whole %v), want [%d]", got, whole, cmd.Process.Pid)
 	}
 	tasks, err := os.ReadDir("/proc/self/task")
 	if err != nil {
@@ -124,4 +126,150 @@ func statusField(t *testing.T, path, key string) string {
 	}
 	t.Fatalf("%s has no %s", path, key)
 	return ""
+}
+
+// A bomb whose every process leaves its group (setsid) is found only by
+// its mark; killMarkedFrozen stops every process of the user first, so
+// the bomb cannot churn while its environs are read, and lets the user's
+// other processes go on after.
+func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
+	if !runningAsRoot() {
+		t.Fatal("needs root, to run processes as a user of their own")
+	}
+	const uid, gid = 4242, 4242 // a user of this test alone: every one of its processes is stopped
+	if n := len(processesOf(t, uid)); n > 0 {
+		t.Fatalf("uid %d already has %d processes on this host", uid, n)
+	}
+	t.Cleanup(func() { killAllOf(t, uid, gid) }) // whatever fails
+	freezeIDs = &[2]int{uid, gid}
+	t.Cleanup(func() { freezeIDs = nil })
+	as := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}, Setsid: true}
+
+	bystander := exec.Command("sleep", "60") // the user's, unmarked
+	bystander.SysProcAttr = as
+	if err := bystander.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go bystander.Wait()
+	mark := "test" + newTreeMark()
+	bomb := exec.Command("sh", "-c", `ulimit -p 48; sh -c "$BOMB"; sleep 60`)
+	bomb.Env = []string{"PATH=/usr/bin:/bin", TreeMarkEnv + "=" + mark, `BOMB=setsid sh -c "$BOMB" & setsid sh -c "$BOMB" & sleep 60`}
+	bomb.SysProcAttr = as
+	if err := bomb.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go bomb.Wait()
+	time.Sleep(300 * time.Millisecond)
+	if n := len(processesOf(t, uid)); n < 10 {
+		t.Fatalf("%d processes of the bomb's user, want a bomb", n)
+	}
+
+	firstAs := -1
+	if !killMarkedFrozen(mark, func() { firstAs = syscall.Getuid() }) {
+		t.Fatal("killMarkedFrozen did nothing")
+	}
+	if firstAs != 0 {
+		t.Errorf("first ran as uid %d, want root's", firstAs)
+	}
+	time.Sleep(100 * time.Millisecond) // the kills land
+	left := processesOf(t, uid)
+	if len(left) != 1 || left[0].pid != bystander.Process.Pid {
+		t.Fatalf("processes of the user after killMarkedFrozen: %+v, want the bystander %d alone", left, bystander.Process.Pid)
+	}
+	if left[0].state == "T" {
+		t.Error("the bystander was left stopped")
+	}
+	for _, task := range mustReadDir(t, "/proc/self/task") {
+		if ids := statusField(t, "/proc/self/task/"+task.Name()+"/status", "Uid:"); ids != "0 0 0 0" {
+			t.Errorf("thread %s: Uid %s, want root's", task.Name(), ids)
+		}
+	}
+}
+
+type proc struct {
+	pid   int
+	state string
+}
+
+// processesOf lists the living processes (not zombies) whose real uid is
+// uid.
+func processesOf(t *testing.T, uid int) []proc {
+	t.Helper()
+	var out []proc
+	for _, e := range mustReadDir(t, "/proc") {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		f, ok := statFields(pid)
+		if !ok || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+				if ids := strings.Fields(rest); len(ids) > 0 && ids[0] == strconv.Itoa(uid) {
+					out = append(out, proc{pid, f[0]})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// killAllOf SIGKILLs every process of uid until none is left living (10
+// s at most), from a thread that is that user.
+func killAllOf(t *testing.T, uid, gid int) {
+	t.Helper()
+	err := asRealUser(uid, gid, func() {
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if syscall.Kill(-1, syscall.SIGKILL) != nil || len(processesOf(t, uid)) == 0 {
+				return
+			}
+		}
+	})
+	if err != nil {
+		t.Errorf("kill the processes of uid %d: %v", uid, err)
+	}
+}
+
+func mustReadDir(t *testing.T, dir string) []os.DirEntry {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ents
+}
+
+// A scan of marks given a deadline gives up at it, and says so, also
+// through the helper's output.
+func TestScanMarkedGivesUpAtItsDeadline(t *testing.T) {
+	mark := "test" + newTreeMark()
+	cmd := exec.Command("sleep", "30")
+	cmd.Env = []string{TreeMarkEnv + "=" + mark}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer cmd.Process.Kill()
+	if got, _, whole := scanMarked(mark, time.Now().Add(time.Minute)); !whole || !slices.Equal(got, []int{cmd.Process.Pid}) {
+		t.Errorf("scanMarked = %v (whole %v), want [%d] in a whole scan", got, whole, cmd.Process.Pid)
+	}
+	if got, _, whole := scanMarked(mark, time.Now().Add(-time.Second)); whole || len(got) > 0 {
+		t.Errorf("past its deadline scanMarked = %v (whole %v), want nothing and not whole", got, whole)
+	}
+	var out bytes.Buffer
+	PrintMarked(&out, []string{mark})
+	if want := fmt.Sprintln(cmd.Process.Pid); out.String() != want {
+		t.Errorf("the helper printed %q, want %q", out.String(), want)
+	}
+	out.Reset()
+	PrintMarked(&out, []string{mark, strconv.FormatInt(time.Now().Add(-time.Second).UnixNano(), 10)})
+	if out.String() != partialScan+"\n" {
+		t.Errorf("the helper past its deadline printed %q, want %q", out.String(), partialScan+"\n")
+	}
 }

@@ -166,10 +166,15 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 // A tree that outruns the search (a fork bomb: under gVisor a stop sent to
 // a group misses the children of clones under way, and a scan of /proc
 // takes seconds while hundreds of processes fork; the search has
-// treeSearchBudget) is killed instead: what was found, then the group until
-// none of it is left (killGroupFor at most), then by mark until no process
-// has it (20 rounds at most). Only a process that left both the group and
-// the marked environment, and whose parents live, then escapes too.
+// treeSearchBudget) is killed instead. In a sandbox every process of the
+// sandbox user is stopped first, then what was found, the group and what
+// carries the mark are killed, and the user's other processes go on
+// (killMarkedFrozen): a bomb whose processes each leave the group, by
+// setsid, forks too fast to be found otherwise. Then, and on a host
+// instead, the group is killed until none of it is left (killGroupFor at
+// most), and on a host then by mark until no process has it (20 rounds at
+// most). Only a process that left both the group and the marked
+// environment, and whose parents live, then escapes too.
 func KillTree(pid int, mark string) {
 	seen := map[int]bool{}
 	if pid > 0 {
@@ -182,15 +187,12 @@ func KillTree(pid int, mark string) {
 		if pid > 0 {
 			stopGroup(pid)
 		}
-		var found []int
-		if pid > 0 {
-			var whole bool
-			if found, whole = descendants(pid, searchEnd); !whole {
-				break
-			}
+		found, whole := searchRound(pid, mark, searchEnd)
+		if !whole {
+			break
 		}
 		added := false
-		for _, p := range append(found, marked(mark)...) {
+		for _, p := range found {
 			if !seen[p] {
 				seen[p] = true
 				syscall.Kill(p, syscall.SIGSTOP)
@@ -217,14 +219,32 @@ func KillTree(pid int, mark string) {
 	}
 	// The parents first: a member of the group whose parent left it and
 	// was only stopped stays a zombie, and in the group, until it dies.
-	for p := range seen {
-		syscall.Kill(p, syscall.SIGKILL)
+	killFound := func() {
+		for p := range seen {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		if pid > 0 {
+			syscall.Kill(-pid, syscall.SIGKILL)
+		}
 	}
+	if killMarkedFrozen(mark, killFound) {
+		if pid > 0 {
+			killGroup(pid) // root's processes, which no freeze stops, and the dead
+		}
+		return
+	}
+	killFound()
 	if pid > 0 {
 		killGroup(pid)
 	}
-	for i := 0; i < 20; i++ {
-		left := marked(mark)
+	killMarked(mark)
+}
+
+// killMarked kills the processes that carry mark until none is left (20
+// rounds at most).
+func killMarked(mark string) {
+	for range markRounds {
+		left, _ := marked(mark, time.Time{})
 		for _, p := range left {
 			syscall.Kill(p, syscall.SIGKILL)
 		}
@@ -233,6 +253,135 @@ func KillTree(pid int, mark string) {
 		}
 	}
 }
+
+// markRounds bounds the rounds of killMarked and killMarkedFrozen.
+const markRounds = 20
+
+// freezeIDs are the uid and gid whose processes killMarkedFrozen stops:
+// the sandbox user's in a sandbox's agent (PID 1); none on a host (the
+// agent's tests), where other processes may have that uid. Tests set it.
+var freezeIDs = func() *[2]int {
+	if os.Getpid() == 1 {
+		return &[2]int{agentproto.UserUID, agentproto.UserGID}
+	}
+	return nil
+}()
+
+// killMarkedFrozen stops every process of the user freezeIDs names, runs
+// first (on a thread with this process's own ids: a tree may hold root's
+// processes too), kills the processes that carry mark, and then lets the
+// user's other processes go on (SIGCONT): the user's other commands,
+// kernels and terminals stand still for that while (a job stopped on
+// purpose, as by ^Z in a terminal, is continued too). Every round stops
+// them all a few times over (as stopGroup does a group: a clone under way
+// when one stop went out gives a child that runs on), then reads every
+// environ; 20 rounds at most. Stopping and reading are done on a thread
+// that is the user for the while (asRealUser): such a thread may stop the
+// user's processes, and read their environ. It reports false when it
+// could not (no freezeIDs, or the ids could not be taken) and did nothing.
+func killMarkedFrozen(mark string, first func()) bool {
+	ids := freezeIDs
+	if ids == nil {
+		return false
+	}
+	return asRealUser(ids[0], ids[1], func() {
+		defer syscall.Kill(-1, syscall.SIGCONT)
+		stopAll := func() bool {
+			for end := time.Now().Add(freezeFor); ; {
+				for range groupStops {
+					if syscall.Kill(-1, syscall.SIGSTOP) != nil {
+						return false // no process of the user is left
+					}
+					time.Sleep(time.Millisecond)
+				}
+				if allStopped(ids[0]) || time.Now().After(end) {
+					return true
+				}
+			}
+		}
+		stopped := stopAll()
+		done := make(chan struct{})
+		go func() { // never on this locked thread
+			first()
+			close(done)
+		}()
+		<-done
+		for range markRounds {
+			if !stopped || mark == "" {
+				return
+			}
+			left, _, _ := scanMarked(mark, time.Time{})
+			for _, p := range left {
+				syscall.Kill(p, syscall.SIGKILL)
+			}
+			if len(left) == 0 {
+				return
+			}
+			stopped = stopAll()
+		}
+	}) == nil
+}
+
+// freezeFor bounds how long killMarkedFrozen stops the user's processes
+// over and over until all of them are (then it reads their environs all
+// the same).
+const freezeFor = 2 * time.Second
+
+// allStopped reports whether every process of uid is stopped (or dead).
+func allStopped(uid int) bool {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat("/proc/"+e.Name(), &st) != nil || int(st.Uid) != uid {
+			continue
+		}
+		if f, ok := statFields(pid); ok && !strings.ContainsAny(f[0], "TtZX") {
+			return false
+		}
+	}
+	return true
+}
+
+// searchRound is one round of KillTree's search: the descendants of pid
+// (none for 0) and the processes that carry mark. whole is false when the
+// search was given up at end: a scan of /proc checks end between its
+// reads, but while hundreds of processes fork one read may take seconds,
+// so the round is left to finish on its own then.
+func searchRound(pid int, mark string, end time.Time) (found []int, whole bool) {
+	type result struct {
+		found []int
+		whole bool
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		if pid > 0 {
+			if r.found, r.whole = descendants(pid, end); !r.whole {
+				done <- r
+				return
+			}
+		}
+		more, whole := marked(mark, end)
+		done <- result{append(r.found, more...), whole}
+	}()
+	select {
+	case r := <-done:
+		return r.found, r.whole
+	case <-time.After(time.Until(end) + searchGrace):
+		return nil, false
+	}
+}
+
+// searchGrace is how long past its end searchRound waits for a scan to see
+// that it is over.
+const searchGrace = 100 * time.Millisecond
 
 // treeSearchBudget bounds KillTree's search of the tree before it kills
 // what it found and goes on by group and mark: one search takes 10-50 ms.
@@ -304,9 +453,10 @@ const killGroupFor = 5 * time.Second
 const TreeMarkEnv = "PANDASTACK_TREE"
 
 // MarkedArg makes the agent binary print the pids of the processes that
-// carry the mark given after it, one per line, and exit: run as the
-// sandbox user, for an agent that may not read that user's environ
-// (inside gVisor root has no CAP_SYS_PTRACE).
+// carry the mark given after it, one per line, and exit (PrintMarked; a
+// deadline may follow the mark): run as the sandbox user, for an agent
+// that may not read that user's environ (inside gVisor root has no
+// CAP_SYS_PTRACE).
 const MarkedArg = "--pandastack-marked"
 
 var treeMarks atomic.Uint64
@@ -323,70 +473,95 @@ func newTreeMark() string { return strconv.FormatUint(treeMarks.Add(1), 36) }
 // not read (the sandbox user's: inside gVisor root has no CAP_SYS_PTRACE)
 // are asked of a helper running as that user or, when the helper cannot
 // run (the user's processes fill the process table), read on a thread of
-// this process that is that user for the while.
-func marked(mark string) []int {
+// this process that is that user for the while. whole is false when the
+// scan was given up at end (never for a zero end).
+func marked(mark string, end time.Time) (_ []int, whole bool) {
 	if mark == "" {
-		return nil
+		return nil, true
 	}
-	out, denied := scanMarked(mark)
-	if denied && runningAsRoot() {
-		more, ok := markedAsUser(mark)
+	out, denied, whole := scanMarked(mark, end)
+	if denied && whole && runningAsRoot() {
+		more, ok, w := markedAsUser(mark, end)
 		if !ok {
-			more = scanMarkedAsUser(mark)
+			more, w = scanMarkedAsUser(mark, end)
 		}
-		out = append(out, more...)
+		out, whole = append(out, more...), w
 	}
-	return out
+	return out, whole
 }
 
-// PrintMarked is the helper's work (MarkedArg).
-func PrintMarked(w io.Writer, mark string) {
-	pids, _ := scanMarked(mark)
+// PrintMarked is the helper's work (MarkedArg), given what follows
+// MarkedArg: the mark and, optionally, when to give up (Unix nanoseconds).
+// A scan given up ends with a line "partial".
+func PrintMarked(w io.Writer, args []string) {
+	var end time.Time
+	if len(args) > 1 {
+		if ns, err := strconv.ParseInt(args[1], 10, 64); err == nil {
+			end = time.Unix(0, ns)
+		}
+	}
+	pids, _, whole := scanMarked(args[0], end)
 	for _, p := range pids {
 		fmt.Fprintln(w, p)
 	}
+	if !whole {
+		fmt.Fprintln(w, partialScan)
+	}
 }
+
+// partialScan ends the helper's list of a scan given up at its deadline.
+const partialScan = "partial"
 
 // markedAsUser runs this binary with MarkedArg as the sandbox user; ok is
 // false when it could not start or did not finish its work (a Go program
-// that may not start a thread dies).
-func markedAsUser(mark string) (_ []int, ok bool) {
+// that may not start a thread dies), whole false when it gave up at end.
+func markedAsUser(mark string, end time.Time) (_ []int, ok, whole bool) {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, false
+		return nil, false, false
 	}
 	rd, wr, err := os.Pipe()
 	if err != nil {
-		return nil, false
+		return nil, false, false
 	}
 	defer rd.Close()
-	p, err := markReaper.Start(exe, []string{exe, MarkedArg, mark}, &os.ProcAttr{Files: []*os.File{nil, wr, nil}, Sys: procAttr(false)})
+	argv := []string{exe, MarkedArg, mark}
+	if !end.IsZero() {
+		argv = append(argv, strconv.FormatInt(end.UnixNano(), 10))
+	}
+	p, err := markReaper.Start(exe, argv, &os.ProcAttr{Files: []*os.File{nil, wr, nil}, Sys: procAttr(false)})
 	wr.Close()
 	if err != nil {
-		return nil, false
+		return nil, false, false
 	}
 	b, _ := io.ReadAll(io.LimitReader(rd, 1<<20))
 	if st := <-p.Done; st.Code != 0 {
-		return nil, false
+		return nil, false, false
 	}
 	var out []int
+	whole = true
 	for _, f := range strings.Fields(string(b)) {
 		if pid, err := strconv.Atoi(f); err == nil && pid != p.Pid {
 			out = append(out, pid)
 		}
+		whole = whole && f != partialScan
 	}
-	return out, true
+	return out, true, whole
 }
 
 // scanMarked reads every process's environ, but this one's; denied says
-// some could not be read.
-func scanMarked(mark string) (out []int, denied bool) {
+// some could not be read, whole is false when the scan was given up at end
+// (never for a zero end).
+func scanMarked(mark string, end time.Time) (out []int, denied, whole bool) {
 	want := []byte(TreeMarkEnv + "=" + mark + "\x00")
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil, false
+		return nil, false, true
 	}
 	for _, e := range ents {
+		if !end.IsZero() && time.Now().After(end) {
+			return out, denied, false
+		}
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == os.Getpid() {
 			continue
@@ -400,7 +575,7 @@ func scanMarked(mark string) (out []int, denied bool) {
 			out = append(out, pid)
 		}
 	}
-	return out, denied
+	return out, denied, true
 }
 
 // scanMarkedAsUser is scanMarked on a thread of this process that takes
@@ -412,8 +587,20 @@ func scanMarked(mark string) (out []int, denied bool) {
 // main thread, whose ids a signal to PID 1 is checked against, so at worst
 // the user's code stops or kills its own sandbox's agent, as filling the
 // sandbox's memory does.
-func scanMarkedAsUser(mark string) []int {
-	out := make(chan []int, 1)
+func scanMarkedAsUser(mark string, end time.Time) (pids []int, whole bool) {
+	whole = true
+	asRealUser(agentproto.UserUID, agentproto.UserGID, func() { pids, _, whole = scanMarked(mark, end) })
+	return pids, whole
+}
+
+// asRealUser runs f on a thread of this process that has uid and gid as
+// its real and effective ids for the while, the saved ones staying root's
+// to take back (asUser changes the effective ones alone); an error when
+// the ids could not be taken, and f did not run. The thread is never the
+// main thread. While it runs, processes of uid may signal that thread
+// (scanMarkedAsUser).
+func asRealUser(uid, gid int, f func()) error {
+	done := make(chan error, 1)
 	go func() {
 		// Locked, the thread never runs other goroutines; the runtime
 		// makes new threads from one of its own, not from this one. A
@@ -421,24 +608,24 @@ func scanMarkedAsUser(mark string) []int {
 		runtime.LockOSThread()
 		if syscall.Gettid() == os.Getpid() {
 			// Held here, the main thread cannot run the next try.
-			out <- scanMarkedAsUser(mark)
+			done <- asRealUser(uid, gid, f)
 			runtime.UnlockOSThread()
 			return
 		}
-		if setThreadIDs(agentproto.UserUID, agentproto.UserGID) != nil {
+		if err := setThreadIDs(uid, gid); err != nil {
 			if setThreadIDs(0, 0) == nil {
 				runtime.UnlockOSThread()
 			}
-			out <- nil
+			done <- err
 			return
 		}
-		pids, _ := scanMarked(mark)
+		f()
 		if setThreadIDs(0, 0) == nil {
 			runtime.UnlockOSThread()
 		}
-		out <- pids
+		done <- nil
 	}()
-	return <-out
+	return <-done
 }
 
 // setThreadIDs sets the real and effective uid and gid of the calling
