@@ -56,11 +56,28 @@ func TestSandboxHasADiskOfItsOwn(t *testing.T) {
 	// A kernel that cannot start for a full disk says so, as an upload
 	// does, rather than answering internal.
 	ci := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter"})
+	before, err := c.CreateContext(ctx, ci.ID, "python", "/tmp")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if res, err := c.Exec(ctx, ci.ID, client.ExecRequest{Cmd: "dd if=/dev/zero of=/home/user/fill bs=64K 2>&1; dd if=/dev/zero of=/home/user/fill2 bs=1K 2>&1", TimeoutSeconds: 120}); err != nil || strings.Count(res.Stdout, "No space left") != 2 {
 		t.Fatalf("filling the disk: %+v %v", res, err)
 	}
 	if _, err := c.CreateContext(ctx, ci.ID, "python", "/tmp"); !client.IsCode(err, "payload_too_large") || !strings.Contains(err.Error(), "no space left") {
 		t.Errorf("a new kernel on a full disk: %v, want payload_too_large (no space left)", err)
+	}
+	// A restart too: its kernel would start, then fail its first cell.
+	if _, err := c.RestartContext(ctx, ci.ID, before.ID); !client.IsCode(err, "payload_too_large") || !strings.Contains(err.Error(), "no space left") {
+		t.Errorf("a restart on a full disk: %v, want payload_too_large (no space left)", err)
+	}
+	if res, err := c.Exec(ctx, ci.ID, client.ExecRequest{Cmd: "rm /home/user/fill /home/user/fill2"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("freeing the disk: %+v %v", res, err)
+	}
+	if _, err := c.RestartContext(ctx, ci.ID, before.ID); err != nil {
+		t.Fatalf("a restart once the disk has room: %v", err)
+	}
+	if ex, err := c.Run(ctx, ci.ID, before.ID, client.RunRequest{Code: "1 + 1"}); err != nil || ex.Text != "2" || ex.Error != nil {
+		t.Fatalf("a run after the restart: %+v %v", ex, err)
 	}
 
 	// A sandbox may ask for its own size, within limits.

@@ -478,6 +478,9 @@ func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if diskFull() {
+		return pandastack.Errorf(pandastack.ETooLarge, "no space left on the sandbox's disk to restart the %s kernel of context %s; delete files", cc.info.Language, cc.info.ID)
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
 	defer cancel()
 	if err := cc.kernel.Restart(ctx); err != nil {
@@ -485,6 +488,22 @@ func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, cc.info)
 	return nil
+}
+
+// diskFull reports whether the sandbox's disk has no room for a kernel to
+// start: a new context's kernel fails to start there, when its connection
+// file is written, but a restarted one reuses that file, starts, and then
+// fails its first cell (ipykernel finds no usable temporary directory).
+func diskFull() bool {
+	f, err := os.CreateTemp(os.TempDir(), ".pandastack-room-*")
+	if err == nil {
+		_, err = f.Write(make([]byte, 4096))
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		os.Remove(f.Name())
+	}
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // busyGrace is how long a run that finds its context busy waits for the
@@ -579,14 +598,17 @@ func (s *Server) autoRestart(r *http.Request, cc *codeContext, dead error) (agen
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
 	defer cancel()
 	start := time.Now()
-	// Two runs that found it dead restart it once; both report the loss.
-	if _, err := cc.kernel.RestartIfDead(ctx); err != nil {
-		return agentproto.Execution{}, fmt.Errorf("restart the dead kernel of context %s: %w", cc.info.ID, err)
-	}
 	why := strings.TrimPrefix(dead.Error(), jupyter.ErrDead.Error())
 	why = strings.TrimSuffix(strings.TrimPrefix(strings.TrimSpace(why), "("), ")")
 	if why == "" {
 		why = "it had died"
+	}
+	if diskFull() {
+		return agentproto.Execution{}, pandastack.Errorf(pandastack.ETooLarge, "the kernel of context %s had died (%s), and no space is left on the sandbox's disk to restart it; delete files (an exec of rm works), then run again", cc.info.ID, why)
+	}
+	// Two runs that found it dead restart it once; both report the loss.
+	if _, err := cc.kernel.RestartIfDead(ctx); err != nil {
+		return agentproto.Execution{}, fmt.Errorf("restart the dead kernel of context %s: %w", cc.info.ID, err)
 	}
 	s.log.Info("restarted a dead kernel", "context", cc.info.ID, "reason", why)
 	return agentproto.Execution{
