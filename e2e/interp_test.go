@@ -33,6 +33,7 @@ type rawExec struct {
 	Error   map[string]any   `json:"error"`
 	Results []map[string]any `json:"results"`
 	Stdout  string           `json:"stdout"`
+	Stderr  string           `json:"stderr"`
 	Text    string           `json:"text"`
 }
 
@@ -247,4 +248,28 @@ display(Javascript("console.log(1)"))`)
 		sameJSON(t, "formats", []any{got["json"], got["latex"], got["markdown"], got["javascript"]},
 			`[{"a": [1, 2]}, "$x^2$", "**bold**", "console.log(1)"]`)
 	})
+}
+
+// TestCommonPackages: what agents reach for beside the data stack is
+// there, offline: progress bars, symbolic maths, HTML parsing, Word and
+// old Excel files.
+func TestCommonPackages(t *testing.T) {
+	s := sharedServer(t)
+	sb, _ := codeSandbox(t, s)
+	ex := runRaw(t, s, sb.ID, `from tqdm import tqdm
+total = sum(tqdm(range(3)))
+import sympy
+x = sympy.symbols("x")
+from bs4 import BeautifulSoup
+title = BeautifulSoup("<html><title>hi</title><p>x</p></html>", "lxml").title.string
+import docx
+d = docx.Document(); d.add_paragraph("hello"); d.save("/tmp/t.docx")
+import xlrd
+print(total, sympy.integrate(x**2, x), title, docx.Document("/tmp/t.docx").paragraphs[0].text, xlrd.__version__)`)
+	if ex.Stdout != "3 x**3/3 hi hello 2.0.2\n" {
+		t.Errorf("stdout %q", ex.Stdout)
+	}
+	if !strings.Contains(ex.Stderr, "3/3") {
+		t.Errorf("tqdm's progress bar is not in stderr: %q", ex.Stderr)
+	}
 }
