@@ -191,6 +191,27 @@ func TestNetworkInternetAndDenySet(t *testing.T) {
 	if res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Cmd: "grep ^nameserver /etc/resolv.conf"}); err != nil || strings.TrimSpace(res.Stdout) != "nameserver "+gateway(t, s, sb.ID) {
 		t.Errorf("resolv.conf of the sandbox: %+v, %v; want its gateway only", res, err)
 	}
+	// Its own name, looked up for IPv6 (which /etc/hosts does not
+	// answer), stays in the sandbox: NXDOMAIN, never asked upstream.
+	if res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{Cmd: "getent hosts $(hostname); hostname"}); err != nil || res.ExitCode != 0 {
+		t.Errorf("its own name: %+v, %v", res, err)
+	} else {
+		name := strings.TrimSpace(res.Stdout[strings.LastIndex(strings.TrimSpace(res.Stdout), "\n")+1:])
+		log, err := s.client().NetworkLog(context.Background(), sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept := false
+		for _, e := range log {
+			if e.Domain == name && (e.Allowed || e.Rule != "single_label") {
+				t.Errorf("its own name went upstream: %+v", e)
+			}
+			kept = kept || e.Domain == name
+		}
+		if !kept {
+			t.Errorf("no lookup of %q in the egress log: %+v", name, log)
+		}
+	}
 	// Its own gateway too, on any port but DNS and the domain proxy.
 	if got := fetch(t, s, sb.ID, gateway(t, s, sb.ID), hostPort); !strings.HasPrefix(got, "ERR ECONNREFUSED") {
 		t.Errorf("connect to the gateway's %s from a sandbox: %q, want ECONNREFUSED", hostPort, got)

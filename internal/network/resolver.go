@@ -150,6 +150,15 @@ func (r *resolver) answer(q []byte, tcp bool) []byte {
 	}
 	name := strings.ToLower(strings.TrimSuffix(question.Name.String(), "."))
 	entry := pandastack.EgressEntry{Time: time.Now().UTC(), Kind: "dns", Domain: name}
+	if name != "" && !strings.Contains(name, ".") {
+		// A name of one label (the sandbox's own, sbx-..., whose IPv6
+		// lookup /etc/hosts does not answer; a bare host name) is no
+		// name on the internet: sent on, it would tell the upstream the
+		// sandbox's id, and an upstream's answer would redirect it.
+		entry.Rule = "single_label"
+		r.view.log(entry)
+		return nxdomain(h, question)
+	}
 	if pol := r.view.policy(); pol.DomainRules() {
 		if ok, rule := pol.decideName(name); ok {
 			entry.Rule = rule

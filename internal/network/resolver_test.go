@@ -223,3 +223,31 @@ func TestResolverLargeAnswersOverTCP(t *testing.T) {
 		t.Errorf("over UDP: %+v %v, want the truncated answer", h, err)
 	}
 }
+
+// A name of one label (the sandbox's own name, asked for IPv6, which
+// /etc/hosts does not answer) is answered NXDOMAIN and logged, never sent
+// on; the root and names with a dot still are.
+func TestResolverKeepsSingleLabelNames(t *testing.T) {
+	up := startUpstreamRecorder(t)
+	var logged []pandastack.EgressEntry
+	r := &resolver{upstreams: []netip.AddrPort{up.addr}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		view: sandboxView{policy: func() Compiled { return Compiled{Internet: true} }, log: func(e pandastack.EgressEntry) { logged = append(logged, e) }}}
+	for _, name := range []string{"sbx-abcdefgh12345678.", "SBX-ABCDEFGH12345678.", "intranet."} {
+		var p dnsmessage.Parser
+		if h, err := p.Start(r.answer(query(t, name, nil), false)); err != nil || h.RCode != dnsmessage.RCodeNameError || h.ID != 0x1234 {
+			t.Errorf("%s: answered %+v %v, want NXDOMAIN", name, h, err)
+		}
+	}
+	if n := len(up.sent()); n != 0 {
+		t.Errorf("upstream got %d queries for names of one label", n)
+	}
+	if len(logged) != 3 || logged[0].Rule != "single_label" || logged[0].Allowed || logged[0].Domain != "sbx-abcdefgh12345678" {
+		t.Errorf("logged %+v, want each refused with rule single_label", logged)
+	}
+	for _, name := range []string{"example.test.", "."} {
+		r.answer(query(t, name, nil), false)
+	}
+	if n := len(up.sent()); n != 2 {
+		t.Errorf("upstream got %d queries for a name with a dot and the root, want 2", n)
+	}
+}
