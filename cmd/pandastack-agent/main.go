@@ -40,6 +40,7 @@ func main() {
 	cfg := agent.Config{Version: version, BootedAt: time.Now().UTC(), Log: log, Contexts: agent.NewContexts(), Processes: agent.NewProcesses(), Hosts: "/etc/hosts", Hostname: "/etc/hostname", Names: &agent.NameFiles{}}
 	if os.Getpid() == 1 {
 		cfg.Reaper = agent.StartReaper(log)
+		agent.FreezeUserOnKill()
 	}
 	agent.LimitProcesses(log)
 	log.Info("agent started", "pid", os.Getpid(), "uid", os.Geteuid())

@@ -131,18 +131,27 @@ func statusField(t *testing.T, path, key string) string {
 // A bomb whose every process leaves its group (setsid) is found only by
 // its mark; killMarkedFrozen stops every process of the user first, so
 // the bomb cannot churn while its environs are read, and lets the user's
-// other processes go on after.
+// other processes go on after. The test's processes run as a uid of its
+// own (a test killed before its cleanups, by -timeout say, leaves them
+// behind, stopped perhaps: the next run kills them first, and by hand
+// "pkill -KILL -U 4242" does).
 func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 	if !runningAsRoot() {
 		t.Fatal("needs root, to run processes as a user of their own")
 	}
-	const uid, gid = 4242, 4242 // a user of this test alone: every one of its processes is stopped
-	if n := len(processesOf(t, uid)); n > 0 {
-		t.Fatalf("uid %d already has %d processes on this host", uid, n)
+	const uid, gid = 4242, 4242 // this test's alone: every one of its processes is stopped
+	killAllOf(t, uid, gid)      // an earlier run's, killed before its cleanups
+	// And their zombies reaped (by host init: a second or two), which the
+	// bomb's process limit counts.
+	for end := time.Now().Add(20 * time.Second); tasksOf(uid) > 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("uid %d still has %d processes (zombies counted) on this host", uid, tasksOf(uid))
+		}
 	}
 	t.Cleanup(func() { killAllOf(t, uid, gid) }) // whatever fails
+	prev := freezeIDs
 	freezeIDs = &[2]int{uid, gid}
-	t.Cleanup(func() { freezeIDs = nil })
+	t.Cleanup(func() { freezeIDs = prev })
 	as := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}, Setsid: true}
 
 	bystander := exec.Command("sleep", "60") // the user's, unmarked
@@ -151,17 +160,34 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 		t.Fatal(err)
 	}
 	go bystander.Wait()
+	// Another user's process in the test's session, stopped: a SIGCONT to
+	// the session (kill -1 reaches it) would continue it.
+	other := exec.Command("sleep", "60")
+	other.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid + 1, Gid: gid + 1}}
+	if err := other.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
+	other.Process.Signal(syscall.SIGSTOP)
 	mark := "test" + newTreeMark()
-	bomb := exec.Command("sh", "-c", `ulimit -p 48; sh -c "$BOMB"; sleep 60`)
+	// prlimit fails rather than run the bomb without its process limit,
+	// which counts the zombies of an earlier run that host init has yet
+	// to reap.
+	bomb := exec.Command("prlimit", "--nproc=160", "sh", "-c", `sh -c "$BOMB"; sleep 60`)
 	bomb.Env = []string{"PATH=/usr/bin:/bin", TreeMarkEnv + "=" + mark, `BOMB=setsid sh -c "$BOMB" & setsid sh -c "$BOMB" & sleep 60`}
 	bomb.SysProcAttr = as
+	var bombOut bytes.Buffer
+	bomb.Stdout, bomb.Stderr = &bombOut, &bombOut
 	if err := bomb.Start(); err != nil {
 		t.Fatal(err)
 	}
 	go bomb.Wait()
-	time.Sleep(300 * time.Millisecond)
-	if n := len(processesOf(t, uid)); n < 10 {
-		t.Fatalf("%d processes of the bomb's user, want a bomb", n)
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if pids, _ := userProcesses(uid); len(pids) >= 30 {
+			break
+		} else if time.Now().After(end) {
+			t.Fatalf("%d processes of the bomb's user after 5 s, want a bomb (it said %q)", len(pids), bombOut.String())
+		}
 	}
 
 	firstAs := -1
@@ -172,12 +198,11 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 		t.Errorf("first ran as uid %d, want root's", firstAs)
 	}
 	time.Sleep(100 * time.Millisecond) // the kills land
-	left := processesOf(t, uid)
-	if len(left) != 1 || left[0].pid != bystander.Process.Pid {
-		t.Fatalf("processes of the user after killMarkedFrozen: %+v, want the bystander %d alone", left, bystander.Process.Pid)
+	if left, running := userProcesses(uid); len(left) != 1 || left[0] != bystander.Process.Pid || running != 1 {
+		t.Fatalf("processes of the user after killMarkedFrozen: %v (%d running), want the bystander %d alone, running", left, running, bystander.Process.Pid)
 	}
-	if left[0].state == "T" {
-		t.Error("the bystander was left stopped")
+	if f, ok := statFields(other.Process.Pid); !ok || f[0] != "T" {
+		t.Errorf("another user's stopped process in the session: %v, want it left stopped", f)
 	}
 	for _, task := range mustReadDir(t, "/proc/self/task") {
 		if ids := statusField(t, "/proc/self/task/"+task.Name()+"/status", "Uid:"); ids != "0 0 0 0" {
@@ -186,54 +211,45 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 	}
 }
 
-type proc struct {
-	pid   int
-	state string
-}
-
-// processesOf lists the living processes (not zombies) whose real uid is
-// uid.
-func processesOf(t *testing.T, uid int) []proc {
-	t.Helper()
-	var out []proc
-	for _, e := range mustReadDir(t, "/proc") {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		f, ok := statFields(pid)
-		if !ok || f[0] == "Z" || f[0] == "X" {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
-				if ids := strings.Fields(rest); len(ids) > 0 && ids[0] == strconv.Itoa(uid) {
-					out = append(out, proc{pid, f[0]})
-				}
-			}
-		}
-	}
-	return out
-}
-
 // killAllOf SIGKILLs every process of uid until none is left living (10
-// s at most), from a thread that is that user.
+// s at most), from a thread that is that user. Fit for a cleanup: it
+// reports what fails and goes on.
 func killAllOf(t *testing.T, uid, gid int) {
 	t.Helper()
 	err := asRealUser(uid, gid, func() {
 		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-			if syscall.Kill(-1, syscall.SIGKILL) != nil || len(processesOf(t, uid)) == 0 {
+			pids, _ := userProcesses(uid)
+			if len(pids) == 0 {
 				return
+			}
+			for _, p := range pids {
+				syscall.Kill(p, syscall.SIGKILL)
 			}
 		}
 	})
 	if err != nil {
 		t.Errorf("kill the processes of uid %d: %v", uid, err)
 	}
+}
+
+// tasksOf counts the processes whose real uid is uid, zombies too.
+func tasksOf(uid int) int {
+	n := 0
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+				if f := strings.Fields(v); len(f) > 0 && f[0] == strconv.Itoa(uid) {
+					n++
+				}
+			}
+		}
+	}
+	return n
 }
 
 func mustReadDir(t *testing.T, dir string) []os.DirEntry {

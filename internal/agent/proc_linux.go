@@ -176,6 +176,14 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 // most). Only a process that left both the group and the marked
 // environment, and whose parents live, then escapes too.
 func KillTree(pid int, mark string) {
+	// A freeze's SIGCONT would let a tree stopped here go on before its kill.
+	treeKills.RLock()
+	locked := true
+	defer func() {
+		if locked {
+			treeKills.RUnlock()
+		}
+	}()
 	seen := map[int]bool{}
 	if pid > 0 {
 		syscall.Kill(pid, syscall.SIGSTOP)
@@ -227,10 +235,15 @@ func KillTree(pid int, mark string) {
 			syscall.Kill(-pid, syscall.SIGKILL)
 		}
 	}
+	treeKills.RUnlock()
+	locked = false
 	if killMarkedFrozen(mark, killFound) {
 		if pid > 0 {
 			killGroup(pid) // root's processes, which no freeze stops, and the dead
 		}
+		// Root's processes that carry the mark (a root exec's daemon):
+		// the freeze read the user's alone.
+		killMarkedUntil(mark, time.Now().Add(freezeBudget))
 		return
 	}
 	killFound()
@@ -242,59 +255,76 @@ func KillTree(pid int, mark string) {
 
 // killMarked kills the processes that carry mark until none is left (20
 // rounds at most).
-func killMarked(mark string) {
+func killMarked(mark string) { killMarkedUntil(mark, time.Time{}) }
+
+// killMarkedUntil is killMarked that gives up at end (never for a zero
+// end).
+func killMarkedUntil(mark string, end time.Time) {
 	for range markRounds {
-		left, _ := marked(mark, time.Time{})
+		left, whole := marked(mark, end)
 		for _, p := range left {
 			syscall.Kill(p, syscall.SIGKILL)
 		}
-		if len(left) == 0 {
+		if len(left) == 0 || !whole {
 			return
 		}
 	}
 }
 
+// treeKills is held for reading by KillTree from the first stop of a tree
+// to its kill, and for writing by a freeze (killMarkedFrozen): a freeze's
+// SIGCONT would let a tree stopped meanwhile fork before its kill, and one
+// freeze's would undo another's.
+var treeKills sync.RWMutex
+
 // markRounds bounds the rounds of killMarked and killMarkedFrozen.
 const markRounds = 20
 
 // freezeIDs are the uid and gid whose processes killMarkedFrozen stops:
-// the sandbox user's in a sandbox's agent (PID 1); none on a host (the
-// agent's tests), where other processes may have that uid. Tests set it.
-var freezeIDs = func() *[2]int {
-	if os.Getpid() == 1 {
-		return &[2]int{agentproto.UserUID, agentproto.UserGID}
-	}
-	return nil
-}()
+// the sandbox user's in a sandbox's agent (FreezeUserOnKill); none on a
+// host (the agent's tests), where other processes may have that uid.
+// Tests set it.
+var freezeIDs *[2]int
+
+// FreezeUserOnKill lets KillTree stop every process of the sandbox user
+// while it kills a tree that outran its search (killMarkedFrozen). For
+// the agent of a sandbox (PID 1) alone: on a host other processes may have
+// that uid.
+func FreezeUserOnKill() { freezeIDs = &[2]int{agentproto.UserUID, agentproto.UserGID} }
 
 // killMarkedFrozen stops every process of the user freezeIDs names, runs
 // first (on a thread with this process's own ids: a tree may hold root's
-// processes too), kills the processes that carry mark, and then lets the
-// user's other processes go on (SIGCONT): the user's other commands,
-// kernels and terminals stand still for that while (a job stopped on
-// purpose, as by ^Z in a terminal, is continued too). Every round stops
-// them all a few times over (as stopGroup does a group: a clone under way
-// when one stop went out gives a child that runs on), then reads every
-// environ; 20 rounds at most. Stopping and reading are done on a thread
-// that is the user for the while (asRealUser): such a thread may stop the
-// user's processes, and read their environ. It reports false when it
-// could not (no freezeIDs, or the ids could not be taken) and did nothing.
+// processes too), kills the user's processes that carry mark, and then
+// lets the user's other processes go on (SIGCONT to each): the user's
+// other commands, kernels and terminals stand still for that while (a job
+// stopped on purpose, as by ^Z in a terminal, is continued too, and a
+// terminal's shell continued before its foreground job may report that
+// job stopped). Every round stops them all a few times over (as stopGroup
+// does a group: a clone under way when one stop went out gives a child
+// that runs on) until all are, then reads every environ; 20 rounds and
+// freezeBudget at most. Stopping and reading are done on a thread that is
+// the user for the while (asRealUser): such a thread may stop the user's
+// processes, and read their environ. It reports false when it could not
+// (no freezeIDs, or the ids could not be taken) and did nothing.
 func killMarkedFrozen(mark string, first func()) bool {
 	ids := freezeIDs
 	if ids == nil {
 		return false
 	}
+	treeKills.Lock()
+	defer treeKills.Unlock()
+	end := time.Now().Add(freezeBudget)
 	return asRealUser(ids[0], ids[1], func() {
-		defer syscall.Kill(-1, syscall.SIGCONT)
+		defer continueAll(ids[0])
 		stopAll := func() bool {
-			for end := time.Now().Add(freezeFor); ; {
+			for {
 				for range groupStops {
 					if syscall.Kill(-1, syscall.SIGSTOP) != nil {
 						return false // no process of the user is left
 					}
 					time.Sleep(time.Millisecond)
 				}
-				if allStopped(ids[0]) || time.Now().After(end) {
+				if _, running := userProcesses(ids[0]); running == 0 || time.Now().After(end) {
 					return true
 				}
 			}
@@ -310,11 +340,11 @@ func killMarkedFrozen(mark string, first func()) bool {
 			if !stopped || mark == "" {
 				return
 			}
-			left, _, _ := scanMarked(mark, time.Time{})
+			left, _, whole := scanMarked(mark, end)
 			for _, p := range left {
 				syscall.Kill(p, syscall.SIGKILL)
 			}
-			if len(left) == 0 {
+			if len(left) == 0 || !whole {
 				return
 			}
 			stopped = stopAll()
@@ -322,31 +352,57 @@ func killMarkedFrozen(mark string, first func()) bool {
 	}) == nil
 }
 
-// freezeFor bounds how long killMarkedFrozen stops the user's processes
-// over and over until all of them are (then it reads their environs all
-// the same).
-const freezeFor = 2 * time.Second
+// continueAll sends SIGCONT to each process whose real uid is uid: not to
+// every process the caller may signal (kill -1), which for SIGCONT is also
+// every process of its session, root's included.
+func continueAll(uid int) {
+	pids, _ := userProcesses(uid)
+	for _, p := range pids {
+		syscall.Kill(p, syscall.SIGCONT)
+	}
+}
 
-// allStopped reports whether every process of uid is stopped (or dead).
-func allStopped(uid int) bool {
+// freezeBudget bounds a freeze (killMarkedFrozen): its stops until every
+// process of the user is, its reads of their environs, and the sweep of
+// root's marked processes after it.
+const freezeBudget = 5 * time.Second
+
+// userProcesses lists the living processes (not zombies, not this one)
+// whose real uid is uid, and counts those of them that are not stopped.
+func userProcesses(uid int) (pids []int, running int) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return false
+		return nil, 0
 	}
+	want := strconv.Itoa(uid)
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		var st syscall.Stat_t
-		if syscall.Stat("/proc/"+e.Name(), &st) != nil || int(st.Uid) != uid {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
 			continue
 		}
-		if f, ok := statFields(pid); ok && !strings.ContainsAny(f[0], "TtZX") {
-			return false
+		state, ruid := "", ""
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "State:"); ok {
+				state = strings.TrimSpace(v)
+			} else if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+				if f := strings.Fields(v); len(f) > 0 {
+					ruid = f[0]
+				}
+			}
+		}
+		if ruid != want || state == "" || strings.ContainsAny(state[:1], "ZX") {
+			continue
+		}
+		pids = append(pids, pid)
+		if !strings.ContainsAny(state[:1], "Tt") {
+			running++
 		}
 	}
-	return true
+	return pids, running
 }
 
 // searchRound is one round of KillTree's search: the descendants of pid

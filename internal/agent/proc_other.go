@@ -4,6 +4,7 @@ package agent
 
 import (
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"syscall"
@@ -25,6 +26,15 @@ func procAttr(asRoot bool) *syscall.SysProcAttr { return nil }
 
 // KillTree does nothing here.
 func KillTree(pid int, mark string) {}
+
+// FreezeUserOnKill does nothing here.
+func FreezeUserOnKill() {}
+
+// MarkedArg is the helper's flag (proc_linux.go); nothing carries a mark here.
+const MarkedArg = "--pandastack-marked"
+
+// PrintMarked prints nothing here.
+func PrintMarked(w io.Writer, args []string) {}
 
 func openPTY(cols, rows uint16) (master, tty *os.File, err error) {
 	return nil, nil, errors.New("terminals need linux")
