@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -60,6 +61,10 @@ func (t *Terminal) Read(ctx context.Context) ([]byte, error) {
 			if t.ExitCode != nil || websocket.CloseStatus(err) == websocket.StatusNormalClosure {
 				return nil, io.EOF
 			}
+			var ce websocket.CloseError
+			if errors.As(err, &ce) && ce.Code == closeSandboxStopped {
+				return nil, &Error{Status: http.StatusGone, Code: "sandbox_stopped", Message: ce.Reason}
+			}
 			return nil, err
 		}
 		if typ == websocket.MessageBinary {
@@ -74,6 +79,10 @@ func (t *Terminal) Read(ctx context.Context) ([]byte, error) {
 		}
 	}
 }
+
+// closeSandboxStopped is the close code of a terminal whose sandbox
+// stopped under it; the reason says why.
+const closeSandboxStopped websocket.StatusCode = 4410
 
 // Close ends the session.
 func (t *Terminal) Close() error { return t.ws.Close(websocket.StatusNormalClosure, "") }

@@ -123,6 +123,31 @@ func TestTerminal(t *testing.T) {
 		}
 	}
 
+	// A terminal whose sandbox stops under it says so.
+	doomed := newSandbox(t, s, client.CreateSandboxRequest{TTLSeconds: 600})
+	term, err = c.OpenTerminal(ctx, doomed.ID, 80, 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type_("echo up$((2+2))\r")
+	readTerm(t, term, "", "up4")
+	if err := c.KillSandbox(ctx, doomed.ID); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer rcancel()
+	for {
+		_, err := term.Read(rctx)
+		if err == nil {
+			continue
+		}
+		if !client.IsCode(err, "sandbox_stopped") || !strings.Contains(err.Error(), "was killed") {
+			t.Errorf("a terminal of a sandbox killed under it: %v, want sandbox_stopped saying it was killed", err)
+		}
+		break
+	}
+	term.Close()
+
 	// Bad input, and other projects.
 	if st, code, _ := api(t, s, s.key, "GET", "/v1/sandboxes/"+sb.ID+"/pty", ""); st != 400 || code != "invalid_request" {
 		t.Errorf("pty without a WebSocket upgrade: %d %s, want 400 invalid", st, code)

@@ -11,12 +11,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
 	"github.com/pandastack/pandastack/internal/history"
+	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
 // ptySubprotocol is the WebSocket subprotocol of the terminal. A browser
@@ -161,12 +164,16 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 
 	// Shell → browser.
 	outDone := make(chan struct{})
+	var closing atomic.Bool // the session ends from this side
 	go func() {
 		defer close(outDone)
 		defer cancel()
 		for {
 			typ, p, err := agentproto.ReadPTYFrame(term)
 			if err != nil {
+				if !closing.Load() && ctx.Err() == nil {
+					s.terminalCutOff(ws, agent, id)
+				}
 				return
 			}
 			switch typ {
@@ -218,8 +225,42 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 	// Only the teardown is left: a snapshot now waits for it rather than
 	// refusing.
 	ending()
+	closing.Store(true)
 	term.Close() // the agent kills the shell
 	cancel()
 	<-outDone
 	done() // now, not after the history's write (deferred, which may trim)
+}
+
+// closeSandboxStopped closes a terminal whose sandbox has stopped: 4000
+// plus the HTTP status of sandbox_stopped, with the error's message as the
+// reason.
+const closeSandboxStopped websocket.StatusCode = 4410
+
+// terminalCutOff closes ws, a terminal of sandbox id whose agent stopped
+// answering, saying why when the sandbox has stopped (a kill, its TTL, out
+// of memory), as a request cut off so answers sandbox_stopped; a death the
+// manager has yet to notice is looked for first.
+func (s *Server) terminalCutOff(ws *websocket.Conn, agent *sandbox.AgentClient, id string) {
+	err := agent.Ended("the terminal")
+	if err == nil {
+		s.mgr.Reconcile(id)
+		err = agent.Ended("the terminal")
+	}
+	if pandastack.IsCode(err, pandastack.EStopped) {
+		ws.Close(closeSandboxStopped, closeReason(pandastack.ErrorMessage(err)))
+	}
+}
+
+// closeReason fits msg into a WebSocket close frame's 123 bytes, cut at a
+// character's start.
+func closeReason(msg string) string {
+	if len(msg) <= 123 {
+		return msg
+	}
+	cut := 120
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut] + "..."
 }

@@ -173,6 +173,15 @@ func (c *AgentClient) stopped(what string) error {
 	return pandastack.Errorf(pandastack.EStopped, "sandbox %s stopped (%s) during %s", c.id, reason, what)
 }
 
+// Ended is the error of what ("the terminal"), cut off by the sandbox's
+// end, once the manager knows of that end; nil before.
+func (c *AgentClient) Ended(what string) error {
+	if c.gone.Load() == nil {
+		return nil
+	}
+	return c.stopped(what)
+}
+
 // Explain turns an error of a request that the sandbox's end cut off into
 // one that says how it ended, once the manager knows (after Reconcile).
 func (c *AgentClient) Explain(err error) error {

@@ -39,6 +39,22 @@ def test_terminal_errors(sandbox: Sandbox) -> None:
         sandbox.terminal()
 
 
+def test_terminal_of_a_sandbox_that_stops_under_it(server) -> None:
+    sb = Sandbox.create(ttl_seconds=120)
+    term = sb.terminal()
+    try:
+        term.write("echo up$((2+2))\r")
+        term.read_until("up4")
+        sb.kill()
+        with pytest.raises(pandastack.SandboxStoppedError) as ei:
+            term.read_until("never", timeout=30)
+        assert ei.value.code == "sandbox_stopped" and "was killed" in ei.value.message
+        with pytest.raises(pandastack.SandboxStoppedError):
+            term.write("echo more\r")
+    finally:
+        term.close()
+
+
 class _Frames:
     """The terminal's WebSocket, as a list of output frames (a unit test of
     read_until's bookkeeping; the tests above drive a real shell)."""

@@ -8,7 +8,13 @@
  * cannot set headers.
  */
 
-import { PandaStackError, TimeoutError } from "./errors.js";
+import { PandaStackError, SandboxStoppedError, TimeoutError } from "./errors.js";
+
+/**
+ * The close code of a terminal whose sandbox stopped under it (4000 plus the
+ * HTTP status of `sandbox_stopped`); the reason says why.
+ */
+const closeSandboxStopped = 4410;
 
 /**
  * An event handler property of a WebSocket, written as a method's type:
@@ -54,6 +60,11 @@ export class Terminal {
   exitCode?: number;
   /** Resolves when the session ends, whichever side ended it. */
   readonly closed: Promise<void>;
+  /**
+   * Set when the sandbox stopped under the terminal (killed, its TTL, out of
+   * memory): what `readUntil` rejects with and `write` throws then.
+   */
+  stopped?: SandboxStoppedError;
   #ws: WebSocketLike;
   #dec = new TextDecoder();
   #out = "";
@@ -63,7 +74,10 @@ export class Terminal {
   private constructor(ws: WebSocketLike) {
     this.#ws = ws;
     this.closed = new Promise((resolve) => {
-      ws.onclose = () => {
+      ws.onclose = (ev) => {
+        if (ev.code === closeSandboxStopped) {
+          this.stopped = new SandboxStoppedError(`${ev.reason || "the sandbox has stopped"} (sandbox_stopped, HTTP 410)`, "sandbox_stopped", 410);
+        }
         this.#done = true;
         this.#emit("");
         resolve();
@@ -119,8 +133,9 @@ export class Terminal {
     return this.#out;
   }
 
-  /** Sends keys to the shell. */
+  /** Sends keys to the shell; throws `SandboxStoppedError` once its sandbox has stopped. */
   write(data: string | Uint8Array): void {
+    if (this.stopped) throw this.stopped;
     this.#ws.send(typeof data === "string" ? new TextEncoder().encode(data) : data);
   }
 
@@ -137,6 +152,8 @@ export class Terminal {
     const since = opts.since ?? 0;
     const found = () => this.#out.indexOf(text, since) >= 0;
     if (found()) return Promise.resolve(this.#out);
+    const ended = () => this.stopped ?? new PandaStackError(`the terminal closed before ${JSON.stringify(text)} appeared`, "terminal_closed");
+    if (this.#done) return Promise.reject(ended()); // no more output will come
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
         off();
@@ -150,7 +167,7 @@ export class Terminal {
         } else if (this.#done) {
           clearTimeout(timer);
           off();
-          reject(new PandaStackError(`the terminal closed before ${JSON.stringify(text)} appeared`, "terminal_closed"));
+          reject(ended());
         }
       });
     });

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import WebSocket from "ws";
-import { ConflictError, PandaStackError, type WebSocketConstructor } from "@pandastack/sdk";
+import { ConflictError, PandaStackError, SandboxStoppedError, type WebSocketConstructor } from "@pandastack/sdk";
 import { haveServer, newSandbox } from "./helpers.js";
 
 // The `ws` package's WebSocket fits the SDK's type as it is: no cast.
@@ -32,6 +32,22 @@ test("a terminal runs a shell as the sandbox user, resizes, and reports its exit
   term.write("exit 5\r");
   await term.closed;
   assert.equal(term.exitCode, 5);
+});
+
+test("a terminal whose sandbox stops under it rejects with SandboxStoppedError", async (t) => {
+  if (!haveServer(t)) return;
+  const sb = await newSandbox(t);
+  const term = await sb.terminal({ WebSocket: WS });
+  term.write("echo up$((2+2))\r");
+  await term.readUntil("up4");
+  await sb.kill();
+  await assert.rejects(term.readUntil("never"), (err: unknown) => {
+    assert.ok(err instanceof SandboxStoppedError, String(err));
+    assert.equal(err.code, "sandbox_stopped");
+    assert.match(err.message, /was killed/);
+    return true;
+  });
+  assert.throws(() => term.write("echo more\r"), SandboxStoppedError);
 });
 
 test("a terminal of a sandbox that is gone is refused", async (t) => {

@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Optional, Union
 from urllib.parse import quote, urlencode
 
-from .exceptions import PandaStackError, TimeoutError, error_from_response
+from .exceptions import PandaStackError, SandboxStoppedError, TimeoutError, error_from_response
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -25,6 +25,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Terminal"]
 
 SUBPROTOCOL = "pandastack.pty"
+
+# The close code of a terminal whose sandbox stopped under it (4000 plus
+# the HTTP status of sandbox_stopped); the reason says why.
+CLOSE_SANDBOX_STOPPED = 4410
 
 
 class Terminal:
@@ -62,12 +66,33 @@ class Terminal:
             raise error_from_response(code, message, e.response.status_code) from None
         self.exit_code: Optional[int] = None
         self.closed = False
+        #: Set when the sandbox stopped under the terminal (killed, its TTL,
+        #: out of memory): what :meth:`read` and :meth:`write` raise then.
+        self.stopped: Optional[SandboxStoppedError] = None
         #: Everything the terminal has output so far, as :meth:`read` got it.
         self.output = ""
 
     def write(self, data: Union[str, bytes]) -> None:
-        """Send keys to the shell."""
-        self._ws.send(data.encode() if isinstance(data, str) else bytes(data))
+        """Send keys to the shell. Raises :class:`SandboxStoppedError` when
+        the sandbox has stopped, :class:`PandaStackError` once the terminal
+        is closed otherwise."""
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            self._ws.send(data.encode() if isinstance(data, str) else bytes(data))
+        except ConnectionClosed as e:
+            self._closed_by(e)
+            if self.stopped is not None:
+                raise self.stopped from None
+            raise PandaStackError(f"the terminal is closed (the shell exited with status {self.exit_code})", code="terminal_closed") from None
+
+    def _closed_by(self, e: Exception) -> None:
+        """Record the close that e reports, and the sandbox's end if that
+        was its cause."""
+        self.closed = True
+        rcvd = getattr(e, "rcvd", None)
+        if rcvd is not None and rcvd.code == CLOSE_SANDBOX_STOPPED and self.stopped is None:
+            self.stopped = SandboxStoppedError(rcvd.reason or "the sandbox has stopped", code="sandbox_stopped", status=410)
 
     def resize(self, cols: int, rows: int) -> None:
         """Change the terminal's size (the shell gets SIGWINCH)."""
@@ -76,14 +101,18 @@ class Terminal:
     def read(self, timeout: Optional[float] = None) -> str:
         """The next output of the terminal (decoded as UTF-8), or ``""`` once
         the shell has exited (then :attr:`exit_code` is set). Raises
-        :class:`TimeoutError` when nothing comes within ``timeout`` seconds."""
+        :class:`TimeoutError` when nothing comes within ``timeout`` seconds,
+        and :class:`SandboxStoppedError` when the sandbox stopped under the
+        terminal (killed, its TTL, out of memory)."""
         from websockets.exceptions import ConnectionClosed
 
         while True:
             try:
                 msg = self._ws.recv(timeout=timeout)
-            except ConnectionClosed:
-                self.closed = True
+            except ConnectionClosed as e:
+                self._closed_by(e)
+                if self.stopped is not None:
+                    raise self.stopped from None
                 return ""
             except builtins.TimeoutError:
                 raise TimeoutError(f"no terminal output within {timeout} s", code="timeout") from None
