@@ -165,6 +165,21 @@ func TestCodeContexts(t *testing.T) {
 			t.Fatalf("busy loop: %+v", ex.Error)
 		}
 	})
+	t.Run("timeout of a cell held up by its children keeps state", func(t *testing.T) {
+		// system() ignores SIGINT while its child runs, and the child
+		// ignores it too: the interrupt cannot end the cell. Killing
+		// what the kernel started lets it end, before a restart would
+		// have lost the kernel's state.
+		start := time.Now()
+		ex := run(t, c, sb, cc, `import os
+os.system('trap "" INT; sleep 100; echo never')`, 2)
+		if ex.Error == nil || ex.Error.Name != "TimeoutError" || !strings.Contains(ex.Error.Value, "were killed") || strings.Contains(ex.Stdout, "never") || time.Since(start) > 60*time.Second {
+			t.Fatalf("timeout: %+v after %s", ex, time.Since(start))
+		}
+		if again := run(t, c, sb, cc, "x", 0); again.Text != "41" {
+			t.Fatalf("state after the timeout: %+v", again)
+		}
+	})
 	t.Run("a run right after a cancelled one waits for it", func(t *testing.T) {
 		for i := range 3 {
 			short, cancel := context.WithTimeout(ctx, time.Second)

@@ -205,6 +205,16 @@ func (k *kernelProc) killForMemory(why string) {
 	k.Kill()
 }
 
+// KillChildren kills what the kernel started, the kernel left running
+// (jupyter.ChildKiller).
+func (k *kernelProc) KillChildren() {
+	select {
+	case <-k.done:
+	default:
+		KillDescendants(k.p.Pid, k.p.Mark)
+	}
+}
+
 func (k *kernelProc) Pid() int              { return k.p.Pid }
 func (k *kernelProc) Done() <-chan struct{} { return k.done }
 

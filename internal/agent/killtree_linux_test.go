@@ -191,7 +191,7 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 	}
 
 	firstAs := -1
-	if !killMarkedFrozen(mark, func() { firstAs = syscall.Getuid() }) {
+	if !killMarkedFrozen(mark, 0, func() { firstAs = syscall.Getuid() }) {
 		t.Fatal("killMarkedFrozen did nothing")
 	}
 	if firstAs != 0 {
@@ -287,5 +287,50 @@ func TestScanMarkedGivesUpAtItsDeadline(t *testing.T) {
 	PrintMarked(&out, []string{mark, strconv.FormatInt(time.Now().Add(-time.Second).UnixNano(), 10)})
 	if out.String() != partialScan+"\n" {
 		t.Errorf("the helper past its deadline printed %q, want %q", out.String(), partialScan+"\n")
+	}
+}
+
+// KillDescendants kills what a process started, also what left its tree
+// (setsid) but carries its mark, and leaves the process itself running.
+func TestKillDescendantsSparesTheParent(t *testing.T) {
+	mark := "test" + newTreeMark()
+	parent := exec.Command("sh", "-c", "sleep 61 & setsid sleep 62 & sleep 63; sleep 64")
+	parent.Env = []string{"PATH=/usr/bin:/bin", TreeMarkEnv + "=" + mark}
+	parent.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := parent.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { parent.Wait(); close(done) }()
+	t.Cleanup(func() { KillTree(parent.Process.Pid, mark) })
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if got, _, _ := scanMarked(mark, time.Time{}); len(got) >= 4 {
+			break
+		} else if time.Now().After(end) {
+			t.Fatalf("marked processes %v, want the shell and its three sleeps", got)
+		}
+	}
+	KillDescendants(parent.Process.Pid, mark)
+	time.Sleep(100 * time.Millisecond)
+	left, _, _ := scanMarked(mark, time.Time{})
+	var living []int
+	for _, p := range left {
+		if f, ok := statFields(p); ok && f[0] != "Z" {
+			living = append(living, p)
+		}
+	}
+	// The shell goes on to its next command, sleep 64, which is new.
+	select {
+	case <-done:
+		t.Fatal("the parent was killed")
+	default:
+	}
+	for _, p := range living {
+		if p == parent.Process.Pid {
+			continue
+		}
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p)); !strings.Contains(string(b), "64") {
+			t.Errorf("process %d (%q) outlived KillDescendants", p, b)
+		}
 	}
 }

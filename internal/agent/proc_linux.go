@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -175,7 +176,16 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 // most), and on a host then by mark until no process has it (20 rounds at
 // most). Only a process that left both the group and the marked
 // environment, and whose parents live, then escapes too.
-func KillTree(pid int, mark string) {
+func KillTree(pid int, mark string) { killTree(pid, mark, false) }
+
+// KillDescendants is KillTree for what pid started (its descendants and
+// the other processes that carry mark), pid itself left running: for a
+// kernel whose cell its children hold up (a fork bomb that starves it).
+// pid's process group, which it leads, is neither stopped nor killed:
+// what is in it is found one by one.
+func KillDescendants(pid int, mark string) { killTree(pid, mark, true) }
+
+func killTree(pid int, mark string, spare bool) {
 	// A freeze's SIGCONT would let a tree stopped here go on before its kill.
 	treeKills.RLock()
 	locked := true
@@ -184,15 +194,19 @@ func KillTree(pid int, mark string) {
 			treeKills.RUnlock()
 		}
 	}()
+	keep := 0 // a process never stopped nor killed
+	group := pid > 0 && !spare
 	seen := map[int]bool{}
-	if pid > 0 {
+	if spare {
+		keep = pid
+	} else if pid > 0 {
 		syscall.Kill(pid, syscall.SIGSTOP)
 		seen[pid] = true
 	}
 	searchEnd := time.Now().Add(treeSearchBudget)
 	outrun := true
 	for range 20 {
-		if pid > 0 {
+		if group {
 			stopGroup(pid)
 		}
 		found, whole := searchRound(pid, mark, searchEnd)
@@ -201,7 +215,7 @@ func KillTree(pid int, mark string) {
 		}
 		added := false
 		for _, p := range found {
-			if !seen[p] {
+			if p != keep && !seen[p] {
 				seen[p] = true
 				syscall.Kill(p, syscall.SIGSTOP)
 				added = true
@@ -217,7 +231,7 @@ func KillTree(pid int, mark string) {
 	}
 	if !outrun {
 		// Everything is stopped: no clone is under way.
-		if pid > 0 {
+		if group {
 			syscall.Kill(-pid, syscall.SIGKILL)
 		}
 		for p := range seen {
@@ -231,37 +245,35 @@ func KillTree(pid int, mark string) {
 		for p := range seen {
 			syscall.Kill(p, syscall.SIGKILL)
 		}
-		if pid > 0 {
+		if group {
 			syscall.Kill(-pid, syscall.SIGKILL)
 		}
 	}
 	treeKills.RUnlock()
 	locked = false
-	if killMarkedFrozen(mark, killFound) {
-		if pid > 0 {
+	if killMarkedFrozen(mark, keep, killFound) {
+		if group {
 			killGroup(pid) // root's processes, which no freeze stops, and the dead
 		}
 		// Root's processes that carry the mark (a root exec's daemon):
 		// the freeze read the user's alone.
-		killMarkedUntil(mark, time.Now().Add(freezeBudget))
+		killMarkedUntil(mark, keep, time.Now().Add(freezeBudget))
 		return
 	}
 	killFound()
-	if pid > 0 {
+	if group {
 		killGroup(pid)
 	}
-	killMarked(mark)
+	killMarkedUntil(mark, keep, time.Time{})
 }
 
-// killMarked kills the processes that carry mark until none is left (20
-// rounds at most).
-func killMarked(mark string) { killMarkedUntil(mark, time.Time{}) }
-
-// killMarkedUntil is killMarked that gives up at end (never for a zero
+// killMarkedUntil kills the processes that carry mark, but keep (0:
+// none), until none is left (20 rounds at most) or end (never for a zero
 // end).
-func killMarkedUntil(mark string, end time.Time) {
+func killMarkedUntil(mark string, keep int, end time.Time) {
 	for range markRounds {
 		left, whole := marked(mark, end)
+		left = slices.DeleteFunc(left, func(p int) bool { return p == keep })
 		for _, p := range left {
 			syscall.Kill(p, syscall.SIGKILL)
 		}
@@ -294,9 +306,10 @@ func FreezeUserOnKill() { freezeIDs = &[2]int{agentproto.UserUID, agentproto.Use
 
 // killMarkedFrozen stops every process of the user freezeIDs names, runs
 // first (on a thread with this process's own ids: a tree may hold root's
-// processes too), kills the user's processes that carry mark, and then
-// lets the user's other processes go on (SIGCONT to each): the user's
-// other commands, kernels and terminals stand still for that while (a job
+// processes too), kills the user's processes that carry mark (but keep;
+// 0: none), and then lets the user's other processes go on (SIGCONT to
+// each): the user's other commands, kernels and terminals stand still for
+// that while (a job
 // stopped on purpose, as by ^Z in a terminal, is continued too, and a
 // terminal's shell continued before its foreground job may report that
 // job stopped). Every round stops them all a few times over (as stopGroup
@@ -306,7 +319,7 @@ func FreezeUserOnKill() { freezeIDs = &[2]int{agentproto.UserUID, agentproto.Use
 // the user for the while (asRealUser): such a thread may stop the user's
 // processes, and read their environ. It reports false when it could not
 // (no freezeIDs, or the ids could not be taken) and did nothing.
-func killMarkedFrozen(mark string, first func()) bool {
+func killMarkedFrozen(mark string, keep int, first func()) bool {
 	ids := freezeIDs
 	if ids == nil {
 		return false
@@ -341,6 +354,7 @@ func killMarkedFrozen(mark string, first func()) bool {
 				return
 			}
 			left, _, whole := scanMarked(mark, end)
+			left = slices.DeleteFunc(left, func(p int) bool { return p == keep })
 			for _, p := range left {
 				syscall.Kill(p, syscall.SIGKILL)
 			}

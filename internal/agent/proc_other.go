@@ -27,6 +27,9 @@ func procAttr(asRoot bool) *syscall.SysProcAttr { return nil }
 // KillTree does nothing here.
 func KillTree(pid int, mark string) {}
 
+// KillDescendants does nothing here.
+func KillDescendants(pid int, mark string) {}
+
 // FreezeUserOnKill does nothing here.
 func FreezeUserOnKill() {}
 

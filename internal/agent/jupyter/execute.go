@@ -184,6 +184,27 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 		k.abandon(in, id, r)
 		return r.execution(start), ctx.Err()
 	}
+	// The cell may be held up by what it started (a fork bomb starving
+	// the kernel, a child it waits for that ignores the interrupt): a
+	// restart would kill all that anyway, so kill it first and give the
+	// interrupt another moment, which keeps the kernel's state.
+	if ck, ok := in.proc.(ChildKiller); ok {
+		ck.KillChildren()
+		again := time.NewTimer(childrenGrace)
+		defer again.Stop()
+		switch r.wait(ctx, in, again.C, onEvent) {
+		case finished:
+			terr.Value += "; the cell did not stop after an interrupt until the processes the kernel had started were killed"
+			terr.Traceback = r.interruptTraceback()
+			return r.finish(start, terr, onEvent), nil
+		case died:
+			return r.finish(start, kernelDied(in), onEvent), nil
+		case cancelled:
+			release, keep = false, true
+			k.abandon(in, id, r)
+			return r.execution(start), ctx.Err()
+		}
+	}
 	// The cell ignores interrupts (or the kernel is wedged): only a
 	// restart gets the kernel back.
 	rctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -70,6 +70,19 @@ type Proc interface {
 	Kill()
 }
 
+// ChildKiller is a Proc that can also kill what the kernel started (its
+// descendants), leaving the kernel itself running: a timed-out cell that
+// did not stop after an interrupt may be held up by them, and once they
+// are gone the interrupt may end it, keeping the kernel's state, before
+// the kernel is restarted (Execute waits childrenGrace for that).
+type ChildKiller interface {
+	KillChildren()
+}
+
+// childrenGrace is how long a timed-out cell is given to stop once the
+// kernel's children were killed (ChildKiller).
+var childrenGrace = 2 * time.Second
+
 // Owner is a user that must be able to use the kernel's private
 // directory, when the kernel runs as another user than this process.
 type Owner struct{ UID, GID int }
