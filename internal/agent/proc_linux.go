@@ -369,10 +369,14 @@ func killMarkedFrozen(mark string, keep int, first func()) bool {
 // continueAll sends SIGCONT to each process whose real uid is uid: not to
 // every process the caller may signal (kill -1), which for SIGCONT is also
 // every process of its session, root's included.
+// A second pass catches a process whose status could not be read in the
+// first (one in the middle of an exec, say): none may stay stopped.
 func continueAll(uid int) {
-	pids, _ := userProcesses(uid)
-	for _, p := range pids {
-		syscall.Kill(p, syscall.SIGCONT)
+	for range 2 {
+		pids, _ := userProcesses(uid)
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGCONT)
+		}
 	}
 }
 
