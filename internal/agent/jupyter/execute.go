@@ -171,18 +171,27 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 		Name:  "TimeoutError",
 		Value: "execution exceeded the " + seconds(o.Timeout) + " s timeout",
 	}
+	// stopped waits until deadline for the interrupted cell to end; done
+	// is false when it did not.
+	stopped := func(deadline <-chan time.Time, note string) (ex agentproto.Execution, done bool, err error) {
+		switch r.wait(ctx, in, deadline, onEvent) {
+		case finished:
+			terr.Value += note
+			terr.Traceback = r.interruptTraceback()
+			return r.finish(start, terr, onEvent), true, nil
+		case died:
+			return r.finish(start, kernelDied(in), onEvent), true, nil
+		case cancelled:
+			release, keep = false, true
+			k.abandon(in, id, r)
+			return r.execution(start), true, ctx.Err()
+		}
+		return agentproto.Execution{}, false, nil
+	}
 	grace := time.NewTimer(k.opts.InterruptGrace)
 	defer grace.Stop()
-	switch r.wait(ctx, in, grace.C, onEvent) {
-	case finished:
-		terr.Traceback = r.interruptTraceback()
-		return r.finish(start, terr, onEvent), nil
-	case died:
-		return r.finish(start, kernelDied(in), onEvent), nil
-	case cancelled:
-		release, keep = false, true
-		k.abandon(in, id, r)
-		return r.execution(start), ctx.Err()
+	if ex, done, err := stopped(grace.C, ""); done {
+		return ex, err
 	}
 	// The cell may be held up by what it started (a fork bomb starving
 	// the kernel, a child it waits for that ignores the interrupt): a
@@ -192,17 +201,8 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 		ck.KillChildren()
 		again := time.NewTimer(childrenGrace)
 		defer again.Stop()
-		switch r.wait(ctx, in, again.C, onEvent) {
-		case finished:
-			terr.Value += "; the cell did not stop after an interrupt until the processes the kernel had started were killed"
-			terr.Traceback = r.interruptTraceback()
-			return r.finish(start, terr, onEvent), nil
-		case died:
-			return r.finish(start, kernelDied(in), onEvent), nil
-		case cancelled:
-			release, keep = false, true
-			k.abandon(in, id, r)
-			return r.execution(start), ctx.Err()
+		if ex, done, err := stopped(again.C, "; the cell did not stop after an interrupt until the processes the kernel had started were killed"); done {
+			return ex, err
 		}
 	}
 	// The cell ignores interrupts (or the kernel is wedged): only a
