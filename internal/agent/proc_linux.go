@@ -330,14 +330,17 @@ func killMarkedFrozen(mark string, keep int, first func()) bool {
 	return asRealUser(ids[0], ids[1], func() {
 		defer continueAll(ids[0])
 		stopAll := func() bool {
-			for {
+			for stopEnd := time.Now().Add(stopFor); ; {
 				for range groupStops {
 					if syscall.Kill(-1, syscall.SIGSTOP) != nil {
 						return false // no process of the user is left
 					}
 					time.Sleep(time.Millisecond)
 				}
-				if _, running := userProcesses(ids[0]); running == 0 || time.Now().After(end) {
+				// A process in the middle of a fork, an exec or its exit
+				// stops only once out of it, and a bomb has some there at
+				// any time: past stopFor the scan goes ahead all the same.
+				if _, running := userProcesses(ids[0]); running == 0 || time.Now().After(stopEnd) || time.Now().After(end) {
 					return true
 				}
 			}
@@ -383,7 +386,11 @@ func continueAll(uid int) {
 // freezeBudget bounds a freeze (killMarkedFrozen): its stops until every
 // process of the user is, its reads of their environs, and the sweep of
 // root's marked processes after it.
-const freezeBudget = 5 * time.Second
+const freezeBudget = 10 * time.Second
+
+// stopFor bounds each round's stops of the user's processes in a freeze,
+// so that its reads of their environs keep most of freezeBudget.
+const stopFor = time.Second
 
 // userProcesses lists the living processes (not zombies, not this one)
 // whose real uid is uid, and counts those of them that are not stopped.
