@@ -31,6 +31,11 @@ const (
 	EPortClosed      = "port_unreachable"     // nothing answers on the sandbox port a request was proxied to
 )
 
+// CloseSandboxStopped is the WebSocket close code of a terminal whose
+// sandbox stopped under it: 4000 plus the HTTP status of EStopped; the
+// close reason is the error's message.
+const CloseSandboxStopped = 4410
+
 // Error is the one error type whose code and message reach API clients.
 // Anything else that reaches the API is reported as EInternal with a generic
 // message, so host details never leak to users.

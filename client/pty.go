@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/coder/websocket"
+
+	"github.com/pandastack/pandastack"
 )
 
 // Terminal is an interactive shell in a sandbox, on a real terminal.
@@ -62,7 +64,7 @@ func (t *Terminal) Read(ctx context.Context) ([]byte, error) {
 				return nil, io.EOF
 			}
 			var ce websocket.CloseError
-			if errors.As(err, &ce) && ce.Code == closeSandboxStopped {
+			if errors.As(err, &ce) && ce.Code == pandastack.CloseSandboxStopped {
 				return nil, &Error{Status: http.StatusGone, Code: "sandbox_stopped", Message: ce.Reason}
 			}
 			return nil, err
@@ -79,10 +81,6 @@ func (t *Terminal) Read(ctx context.Context) ([]byte, error) {
 		}
 	}
 }
-
-// closeSandboxStopped is the close code of a terminal whose sandbox
-// stopped under it; the reason says why.
-const closeSandboxStopped websocket.StatusCode = 4410
 
 // Close ends the session.
 func (t *Terminal) Close() error { return t.ws.Close(websocket.StatusNormalClosure, "") }

@@ -237,16 +237,8 @@ func tasksOf(uid int) int {
 	n := 0
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "Uid:"); ok {
-				if f := strings.Fields(v); len(f) > 0 && f[0] == strconv.Itoa(uid) {
-					n++
-				}
-			}
+		if _, ruid := stateAndUID(e.Name()); ruid == strconv.Itoa(uid) {
+			n++
 		}
 	}
 	return n

@@ -405,20 +405,7 @@ func userProcesses(uid int) (pids []int, running int) {
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/status")
-		if err != nil {
-			continue
-		}
-		state, ruid := "", ""
-		for _, line := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(line, "State:"); ok {
-				state = strings.TrimSpace(v)
-			} else if v, ok := strings.CutPrefix(line, "Uid:"); ok {
-				if f := strings.Fields(v); len(f) > 0 {
-					ruid = f[0]
-				}
-			}
-		}
+		state, ruid := stateAndUID(e.Name())
 		if ruid != want || state == "" || strings.ContainsAny(state[:1], "ZX") {
 			continue
 		}
@@ -428,6 +415,25 @@ func userProcesses(uid int) (pids []int, running int) {
 		}
 	}
 	return pids, running
+}
+
+// stateAndUID reads the state ("S (sleeping)") and the real uid of
+// process pid from its status; both "" when it cannot be read.
+func stateAndUID(pid string) (state, ruid string) {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return "", ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "State:"); ok {
+			state = strings.TrimSpace(v)
+		} else if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+			if f := strings.Fields(v); len(f) > 0 {
+				ruid = f[0]
+			}
+		}
+	}
+	return state, ruid
 }
 
 // searchRound is one round of KillTree's search: the descendants of pid

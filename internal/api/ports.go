@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
 // Exposed ports: /v1/sandboxes/{id}/ports/{port}/{path...} is a reverse
@@ -174,7 +175,7 @@ func (s *Server) createPortToken(w http.ResponseWriter, r *http.Request, project
 	}
 	if sb.State == pandastack.StateStopped {
 		// A URL that can only ever answer "stopped" is no use to hand out.
-		writeError(w, pandastack.Errorf(pandastack.EStopped, "sandbox %s is stopped (%s); create a new one", id, sb.StopReason))
+		writeError(w, sandbox.StoppedError(sb))
 		return
 	}
 	secret := portTokenPrefix + strings.TrimPrefix(pandastack.NewAPIKeySecret(), "pds_")

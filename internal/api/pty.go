@@ -232,11 +232,6 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 	done() // now, not after the history's write (deferred, which may trim)
 }
 
-// closeSandboxStopped closes a terminal whose sandbox has stopped: 4000
-// plus the HTTP status of sandbox_stopped, with the error's message as the
-// reason.
-const closeSandboxStopped websocket.StatusCode = 4410
-
 // terminalCutOff closes ws, a terminal of sandbox id whose agent stopped
 // answering, saying why when the sandbox has stopped (a kill, its TTL, out
 // of memory), as a request cut off so answers sandbox_stopped; a death the
@@ -248,7 +243,7 @@ func (s *Server) terminalCutOff(ws *websocket.Conn, agent *sandbox.AgentClient, 
 		err = agent.Ended("the terminal")
 	}
 	if pandastack.IsCode(err, pandastack.EStopped) {
-		ws.Close(closeSandboxStopped, closeReason(pandastack.ErrorMessage(err)))
+		ws.Close(pandastack.CloseSandboxStopped, closeReason(pandastack.ErrorMessage(err)))
 	}
 }
 

@@ -697,14 +697,14 @@ func (m *Manager) running(ctx context.Context, projectID, id string) (pandastack
 	case pandastack.StateRunning:
 		return sb, nil
 	case pandastack.StateStopped:
-		return sb, stoppedError(sb)
+		return sb, StoppedError(sb)
 	}
 	return sb, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is %s; retry once it runs", id, sb.State)
 }
 
-// stoppedError is the error of a request on sb, a stopped sandbox: it
+// StoppedError is the error of a request on sb, a stopped sandbox: it
 // never runs again.
-func stoppedError(sb pandastack.Sandbox) error {
+func StoppedError(sb pandastack.Sandbox) error {
 	return pandastack.Errorf(pandastack.EStopped, "sandbox %s is stopped (%s); create a new one", sb.ID, sb.StopReason)
 }
 

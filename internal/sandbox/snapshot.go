@@ -300,7 +300,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		return sb, err
 	}
 	if sb.State == pandastack.StateStopped {
-		return sb, stoppedError(sb)
+		return sb, StoppedError(sb)
 	}
 	if sb.State != pandastack.StatePaused {
 		return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is %s, not paused", id, sb.State)
