@@ -21,10 +21,6 @@ import (
 var version = "dev"
 
 func main() {
-	if (len(os.Args) == 3 || len(os.Args) == 4) && os.Args[1] == agent.MarkedArg {
-		agent.PrintMarked(os.Stdout, os.Args[2:]) // a helper of the agent's, as the sandbox user
-		return
-	}
 	showVersion := flag.Bool("version", false, "print the version and exit")
 	flag.Parse()
 	if *showVersion {

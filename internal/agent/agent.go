@@ -422,10 +422,12 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 type Process struct {
 	Pid  int
 	Done <-chan ExitStatus // yields the exit status once
-	// Mark is the value of TreeMarkEnv in the process's environment,
-	// which whatever it starts inherits: KillTree finds by it what left
-	// the tree (setsid and a double fork, an exited shell's jobs).
-	Mark string
+	// Mark is the process's only supplementary group, a gid that no
+	// other tree has (0: none; only an agent that is root gives one).
+	// Whatever it starts inherits it and cannot drop it: KillTree finds
+	// by it what left the tree (setsid and a double fork, an exited
+	// shell's jobs).
+	Mark uint32
 }
 
 // ExitStatus is how a process ended.

@@ -77,37 +77,53 @@ func TestDescendantsGivesUpAtItsDeadline(t *testing.T) {
 	}
 }
 
-// The agent reads the environment of the user's processes on a thread
-// that is the user for the while, and every thread is root again after.
-func TestScanMarkedAsUser(t *testing.T) {
-	if !runningAsRoot() {
-		t.Skip("needs root to run a process as the sandbox user")
-	}
-	mark := "test" + newTreeMark()
-	cmd := exec.Command("sleep", "30")
-	cmd.Env = []string{TreeMarkEnv + "=" + mark}
-	cmd.SysProcAttr = procAttr(false)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
-	defer cmd.Process.Kill()
-	if got, whole := scanMarkedAsUser(mark, time.Time{}); !slices.Equal(got, []int{cmd.Process.Pid}) || !whole {
-		t.Errorf("scanMarkedAsUser = %v (whole %v), want [%d]", got, whole, cmd.Process.Pid)
-	}
-	tasks, err := os.ReadDir("/proc/self/task")
+// Every process the agent starts carries a mark of its own, a
+// supplementary group, which what it starts inherits whatever it does to
+// its environment and session, and which the user may not drop.
+func TestMarkFollowsWhatLeavesTheTree(t *testing.T) {
+	needRoot(t)
+	drop := "import os, time\ntry:\n    os.setgroups([])\nexcept PermissionError:\n    pass\ntime.sleep(33)\n"
+	p, err := (*Reaper)(nil).Start("/bin/sh", []string{"sh", "-c", `env -i setsid sleep 31 & python3 -c "$DROP" & sleep 32`},
+		&os.ProcAttr{Env: []string{"PATH=/usr/bin:/bin", "DROP=" + drop}, Sys: procAttr(false)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, task := range tasks {
-		for _, key := range []string{"Uid:", "Gid:"} {
-			if ids := statusField(t, "/proc/self/task/"+task.Name()+"/status", key); ids != "0 0 0 0" {
-				t.Errorf("thread %s: %s %s, want root's", task.Name(), key, ids)
-			}
+	defer KillTree(p.Pid, p.Mark)
+	if p.Mark <= markBase {
+		t.Fatalf("mark %d, want a gid above %d", p.Mark, markBase)
+	}
+	var got []int
+	for end := time.Now().Add(5 * time.Second); len(got) < 4; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("marked %v, want the shell, its two sleeps and python, which may not drop its groups", got)
+		}
+		got, _ = marked(p.Mark, time.Time{})
+	}
+	for _, pid := range got {
+		st, _ := readStatus(strconv.Itoa(pid))
+		if st.ruid != strconv.Itoa(agentproto.UserUID) || strings.Fields(st.groups)[0] != strconv.FormatUint(uint64(p.Mark), 10) {
+			t.Errorf("marked process %d: uid %s, groups %q, want the user's with the mark alone", pid, st.ruid, st.groups)
 		}
 	}
-	if agentproto.UserUID == 0 {
-		t.Fatal("the sandbox user is root")
+	KillTree(p.Pid, p.Mark)
+	if left, _ := marked(p.Mark, time.Time{}); len(living(left)) > 0 {
+		t.Errorf("marked processes %v live after KillTree", living(left))
+	}
+}
+
+// living keeps the pids of processes that are not zombies.
+func living(pids []int) []int {
+	return slices.DeleteFunc(slices.Clone(pids), func(p int) bool {
+		st, ok := readStatus(strconv.Itoa(p))
+		return !ok || !st.living()
+	})
+}
+
+// needRoot fails a test that must set processes' ids and groups.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if !runningAsRoot() {
+		t.Fatal("needs root, to set the ids and groups of processes")
 	}
 }
 
@@ -136,9 +152,7 @@ func statusField(t *testing.T, path, key string) string {
 // behind, stopped perhaps: the next run kills them first, and by hand
 // "pkill -KILL -U 4242" does).
 func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
-	if !runningAsRoot() {
-		t.Fatal("needs root, to run processes as a user of their own")
-	}
+	needRoot(t)
 	const uid, gid = 4242, 4242 // this test's alone: every one of its processes is stopped
 	killAllOf(t, uid, gid)      // an earlier run's, killed before its cleanups
 	// And their zombies reaped (by host init: a second or two), which the
@@ -169,13 +183,13 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 	}
 	t.Cleanup(func() { other.Process.Kill(); other.Wait() })
 	other.Process.Signal(syscall.SIGSTOP)
-	mark := "test" + newTreeMark()
+	mark := newTreeMark()
 	// prlimit fails rather than run the bomb without its process limit,
 	// which counts the zombies of an earlier run that host init has yet
 	// to reap.
 	bomb := exec.Command("prlimit", "--nproc=160", "sh", "-c", `sh -c "$BOMB"; sleep 60`)
-	bomb.Env = []string{"PATH=/usr/bin:/bin", TreeMarkEnv + "=" + mark, `BOMB=setsid sh -c "$BOMB" & setsid sh -c "$BOMB" & sleep 60`}
-	bomb.SysProcAttr = as
+	bomb.Env = []string{"PATH=/usr/bin:/bin", `BOMB=setsid sh -c "$BOMB" & setsid sh -c "$BOMB" & sleep 60`}
+	bomb.SysProcAttr = withMark(as, mark)
 	var bombOut bytes.Buffer
 	bomb.Stdout, bomb.Stderr = &bombOut, &bombOut
 	if err := bomb.Start(); err != nil {
@@ -183,7 +197,7 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 	}
 	go bomb.Wait()
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if pids, _ := userProcesses(uid); len(pids) >= 30 {
+		if pids := processesOf(uid); len(pids) >= 30 {
 			break
 		} else if time.Now().After(end) {
 			t.Fatalf("%d processes of the bomb's user after 5 s, want a bomb (it said %q)", len(pids), bombOut.String())
@@ -198,7 +212,7 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 		t.Errorf("first ran as uid %d, want root's", firstAs)
 	}
 	time.Sleep(100 * time.Millisecond) // the kills land
-	if left, running := userProcesses(uid); len(left) != 1 || left[0] != bystander.Process.Pid || running != 1 {
+	if left, running := processesOf(uid), runningOf(uid); len(left) != 1 || left[0] != bystander.Process.Pid || running != 1 {
 		t.Fatalf("processes of the user after killMarkedFrozen: %v (%d running), want the bystander %d alone, running", left, running, bystander.Process.Pid)
 	}
 	if f, ok := statFields(other.Process.Pid); !ok || f[0] != "T" {
@@ -218,7 +232,7 @@ func killAllOf(t *testing.T, uid, gid int) {
 	t.Helper()
 	err := asRealUser(uid, gid, func() {
 		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-			pids, _ := userProcesses(uid)
+			pids := processesOf(uid)
 			if len(pids) == 0 {
 				return
 			}
@@ -235,13 +249,29 @@ func killAllOf(t *testing.T, uid, gid int) {
 // tasksOf counts the processes whose real uid is uid, zombies too.
 func tasksOf(uid int) int {
 	n := 0
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if _, ruid := stateAndUID(e.Name()); ruid == strconv.Itoa(uid) {
+	scanStatus(time.Time{}, func(_ int, st procStatus) {
+		if st.ruid == strconv.Itoa(uid) {
 			n++
 		}
-	}
+	})
 	return n
+}
+
+// processesOf lists the living processes whose real uid is uid.
+func processesOf(uid int) []int {
+	var pids []int
+	scanStatus(time.Time{}, func(pid int, st procStatus) {
+		if st.ruid == strconv.Itoa(uid) && st.living() {
+			pids = append(pids, pid)
+		}
+	})
+	return pids
+}
+
+// runningOf counts the living processes of uid that are not stopped.
+func runningOf(uid int) int {
+	running, _, _ := userProcesses(uid, 0, time.Time{})
+	return running
 }
 
 func mustReadDir(t *testing.T, dir string) []os.DirEntry {
@@ -253,42 +283,33 @@ func mustReadDir(t *testing.T, dir string) []os.DirEntry {
 	return ents
 }
 
-// A scan of marks given a deadline gives up at it, and says so, also
-// through the helper's output.
-func TestScanMarkedGivesUpAtItsDeadline(t *testing.T) {
-	mark := "test" + newTreeMark()
+// A scan of marks given a deadline gives up at it, and says so.
+func TestMarkedGivesUpAtItsDeadline(t *testing.T) {
+	needRoot(t)
+	mark := newTreeMark()
 	cmd := exec.Command("sleep", "30")
-	cmd.Env = []string{TreeMarkEnv + "=" + mark}
+	cmd.SysProcAttr = withMark(nil, mark)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer cmd.Wait()
 	defer cmd.Process.Kill()
-	if got, _, whole := scanMarked(mark, time.Now().Add(time.Minute)); !whole || !slices.Equal(got, []int{cmd.Process.Pid}) {
-		t.Errorf("scanMarked = %v (whole %v), want [%d] in a whole scan", got, whole, cmd.Process.Pid)
+	if got, whole := marked(mark, time.Now().Add(time.Minute)); !whole || !slices.Equal(got, []int{cmd.Process.Pid}) {
+		t.Errorf("marked = %v (whole %v), want [%d] in a whole scan", got, whole, cmd.Process.Pid)
 	}
-	if got, _, whole := scanMarked(mark, time.Now().Add(-time.Second)); whole || len(got) > 0 {
-		t.Errorf("past its deadline scanMarked = %v (whole %v), want nothing and not whole", got, whole)
-	}
-	var out bytes.Buffer
-	PrintMarked(&out, []string{mark})
-	if want := fmt.Sprintln(cmd.Process.Pid); out.String() != want {
-		t.Errorf("the helper printed %q, want %q", out.String(), want)
-	}
-	out.Reset()
-	PrintMarked(&out, []string{mark, strconv.FormatInt(time.Now().Add(-time.Second).UnixNano(), 10)})
-	if out.String() != partialScan+"\n" {
-		t.Errorf("the helper past its deadline printed %q, want %q", out.String(), partialScan+"\n")
+	if got, whole := marked(mark, time.Now().Add(-time.Second)); whole || len(got) > 0 {
+		t.Errorf("past its deadline marked = %v (whole %v), want nothing and not whole", got, whole)
 	}
 }
 
 // KillDescendants kills what a process started, also what left its tree
 // (setsid) but carries its mark, and leaves the process itself running.
 func TestKillDescendantsSparesTheParent(t *testing.T) {
-	mark := "test" + newTreeMark()
+	needRoot(t)
+	mark := newTreeMark()
 	parent := exec.Command("sh", "-c", "sleep 61 & setsid sleep 62 & sleep 63; sleep 64")
-	parent.Env = []string{"PATH=/usr/bin:/bin", TreeMarkEnv + "=" + mark}
-	parent.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	parent.Env = []string{"PATH=/usr/bin:/bin"}
+	parent.SysProcAttr = withMark(&syscall.SysProcAttr{Setpgid: true}, mark)
 	if err := parent.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -296,7 +317,7 @@ func TestKillDescendantsSparesTheParent(t *testing.T) {
 	go func() { parent.Wait(); close(done) }()
 	t.Cleanup(func() { KillTree(parent.Process.Pid, mark) })
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if got, _, _ := scanMarked(mark, time.Time{}); len(got) >= 4 {
+		if got, _ := marked(mark, time.Time{}); len(got) >= 4 {
 			break
 		} else if time.Now().After(end) {
 			t.Fatalf("marked processes %v, want the shell and its three sleeps", got)
@@ -304,20 +325,14 @@ func TestKillDescendantsSparesTheParent(t *testing.T) {
 	}
 	KillDescendants(parent.Process.Pid, mark)
 	time.Sleep(100 * time.Millisecond)
-	left, _, _ := scanMarked(mark, time.Time{})
-	var living []int
-	for _, p := range left {
-		if f, ok := statFields(p); ok && f[0] != "Z" {
-			living = append(living, p)
-		}
-	}
+	left, _ := marked(mark, time.Time{})
 	// The shell goes on to its next command, sleep 64, which is new.
 	select {
 	case <-done:
 		t.Fatal("the parent was killed")
 	default:
 	}
-	for _, p := range living {
+	for _, p := range living(left) {
 		if p == parent.Process.Pid {
 			continue
 		}

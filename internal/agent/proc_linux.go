@@ -3,10 +3,6 @@
 package agent
 
 import (
-	"bytes"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -48,7 +44,6 @@ func StartReaper(log *slog.Logger) *Reaper {
 		log = discardLogger()
 	}
 	r := &Reaper{log: log, waiters: make(map[int]chan ExitStatus)}
-	markReaper = r
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	go func() {
@@ -86,13 +81,13 @@ func (r *Reaper) reap() {
 // Start starts a process like os.StartProcess. Its exit status arrives on
 // the returned Process's Done channel.
 func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process, error) {
-	mark := newTreeMark()
-	a := *attr
-	if a.Env == nil {
-		a.Env = os.Environ()
+	var mark uint32
+	if runningAsRoot() {
+		mark = newTreeMark()
+		a := *attr
+		a.Sys = withMark(a.Sys, mark)
+		attr = &a
 	}
-	a.Env = append(a.Env[:len(a.Env):len(a.Env)], TreeMarkEnv+"="+mark)
-	attr = &a
 	if r == nil {
 		p, err := os.StartProcess(path, argv, attr)
 		if err != nil {
@@ -157,12 +152,11 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 
 // KillTree SIGKILLs pid's process group, every descendant of pid, also
 // those that left the group with setsid, and every process that carries
-// mark (Process.Mark) in its environment: those re-parented to PID 1 (a
-// daemon's double fork, the jobs of a shell that exited), which no parent
-// link leads to. It stops them first and looks again until no new process
-// shows up, so nothing can fork its way out. pid 0 (a process already
-// reaped, whose pid may be reused) kills by mark alone. A process that
-// clears its environment and leaves the tree escapes.
+// mark (Process.Mark, a supplementary group): those re-parented to PID 1
+// (a daemon's double fork, the jobs of a shell that exited), which no
+// parent link leads to. It stops them first and looks again until no new
+// process shows up, so nothing can fork its way out. pid 0 (a process
+// already reaped, whose pid may be reused) kills by mark alone.
 //
 // A tree that outruns the search (a fork bomb: under gVisor a stop sent to
 // a group misses the children of clones under way, and a scan of /proc
@@ -174,18 +168,17 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 // setsid, forks too fast to be found otherwise. Then, and on a host
 // instead, the group is killed until none of it is left (killGroupFor at
 // most), and on a host then by mark until no process has it (20 rounds at
-// most). Only a process that left both the group and the marked
-// environment, and whose parents live, then escapes too.
-func KillTree(pid int, mark string) { killTree(pid, mark, false) }
+// most).
+func KillTree(pid int, mark uint32) { killTree(pid, mark, false) }
 
 // KillDescendants is KillTree for what pid started (its descendants and
 // the other processes that carry mark), pid itself left running: for a
 // kernel whose cell its children hold up (a fork bomb that starves it).
 // pid's process group, which it leads, is neither stopped nor killed:
 // what is in it is found one by one.
-func KillDescendants(pid int, mark string) { killTree(pid, mark, true) }
+func KillDescendants(pid int, mark uint32) { killTree(pid, mark, true) }
 
-func killTree(pid int, mark string, spare bool) {
+func killTree(pid int, mark uint32, spare bool) {
 	// A freeze's SIGCONT would let a tree stopped here go on before its kill.
 	treeKills.RLock()
 	locked := true
@@ -270,7 +263,7 @@ func killTree(pid int, mark string, spare bool) {
 // killMarkedUntil kills the processes that carry mark, but keep (0:
 // none), until none is left (20 rounds at most) or end (never for a zero
 // end).
-func killMarkedUntil(mark string, keep int, end time.Time) {
+func killMarkedUntil(mark uint32, keep int, end time.Time) {
 	for range markRounds {
 		left, whole := marked(mark, end)
 		left = slices.DeleteFunc(left, func(p int) bool { return p == keep })
@@ -314,12 +307,12 @@ func FreezeUserOnKill() { freezeIDs = &[2]int{agentproto.UserUID, agentproto.Use
 // terminal's shell continued before its foreground job may report that
 // job stopped). Every round stops them all a few times over (as stopGroup
 // does a group: a clone under way when one stop went out gives a child
-// that runs on) until all are, then reads every environ; 20 rounds and
-// freezeBudget at most. Stopping and reading are done on a thread that is
-// the user for the while (asRealUser): such a thread may stop the user's
-// processes, and read their environ. It reports false when it could not
-// (no freezeIDs, or the ids could not be taken) and did nothing.
-func killMarkedFrozen(mark string, keep int, first func()) bool {
+// that runs on) until all are, then reads the status of each; 20 rounds
+// and freezeBudget at most. The stops are sent from a thread that is the
+// user for the while (asRealUser): kill(-1) from there reaches the user's
+// processes alone. It reports false when it could not (no freezeIDs, or
+// the ids could not be taken) and did nothing.
+func killMarkedFrozen(mark uint32, keep int, first func()) bool {
 	ids := freezeIDs
 	if ids == nil {
 		return false
@@ -329,23 +322,26 @@ func killMarkedFrozen(mark string, keep int, first func()) bool {
 	end := time.Now().Add(freezeBudget)
 	return asRealUser(ids[0], ids[1], func() {
 		defer continueAll(ids[0])
-		stopAll := func() bool {
+		// stopAll stops them and lists those that carry mark; left is
+		// false when no process of the user is left.
+		stopAll := func() (found []int, left bool) {
 			for stopEnd := time.Now().Add(stopFor); ; {
 				for range groupStops {
 					if syscall.Kill(-1, syscall.SIGSTOP) != nil {
-						return false // no process of the user is left
+						return nil, false
 					}
 					time.Sleep(time.Millisecond)
 				}
 				// A process in the middle of a fork, an exec or its exit
 				// stops only once out of it, and a bomb has some there at
-				// any time: past stopFor the scan goes ahead all the same.
-				if _, running := userProcesses(ids[0]); running == 0 || time.Now().After(stopEnd) || time.Now().After(end) {
-					return true
+				// any time: past stopFor the kill goes ahead all the same.
+				running, found, whole := userProcesses(ids[0], mark, end)
+				if running == 0 || !whole || time.Now().After(stopEnd) {
+					return found, true
 				}
 			}
 		}
-		stopped := stopAll()
+		stopAll()
 		done := make(chan struct{})
 		go func() { // never on this locked thread
 			first()
@@ -353,87 +349,61 @@ func killMarkedFrozen(mark string, keep int, first func()) bool {
 		}()
 		<-done
 		for range markRounds {
-			if !stopped || mark == "" {
+			found, left := stopAll()
+			found = slices.DeleteFunc(found, func(p int) bool { return p == keep })
+			if !left || len(found) == 0 {
 				return
 			}
-			left, _, whole := scanMarked(mark, end)
-			left = slices.DeleteFunc(left, func(p int) bool { return p == keep })
-			for _, p := range left {
+			for _, p := range found {
 				syscall.Kill(p, syscall.SIGKILL)
 			}
-			if len(left) == 0 || !whole {
+			if time.Now().After(end) {
 				return
 			}
-			stopped = stopAll()
 		}
 	}) == nil
 }
 
-// continueAll sends SIGCONT to each process whose real uid is uid: not to
-// every process the caller may signal (kill -1), which for SIGCONT is also
-// every process of its session, root's included.
+// continueAll sends SIGCONT to each living process whose real uid is uid:
+// not to every process the caller may signal (kill -1), which for SIGCONT
+// is also every process of its session, root's included.
 // A second pass catches a process whose status could not be read in the
 // first (one in the middle of an exec, say): none may stay stopped.
 func continueAll(uid int) {
+	want := strconv.Itoa(uid)
 	for range 2 {
-		pids, _ := userProcesses(uid)
-		for _, p := range pids {
-			syscall.Kill(p, syscall.SIGCONT)
-		}
+		scanStatus(time.Time{}, func(pid int, st procStatus) {
+			if st.ruid == want && st.living() {
+				syscall.Kill(pid, syscall.SIGCONT)
+			}
+		})
 	}
 }
 
 // freezeBudget bounds a freeze (killMarkedFrozen): its stops until every
-// process of the user is, its reads of their environs, and the sweep of
-// root's marked processes after it.
+// process of the user is and its kills of those that carry the mark.
 const freezeBudget = 10 * time.Second
 
-// stopFor bounds each round's stops of the user's processes in a freeze,
-// so that its reads of their environs keep most of freezeBudget.
+// stopFor bounds each round's stops of the user's processes in a freeze.
 const stopFor = time.Second
 
-// userProcesses lists the living processes (not zombies, not this one)
-// whose real uid is uid, and counts those of them that are not stopped.
-func userProcesses(uid int) (pids []int, running int) {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil, 0
-	}
+// userProcesses looks at the living processes (not zombies, not this
+// one) whose real uid is uid: how many of them are not stopped, and which
+// carry mark (none for 0). whole is false when it gave up at end.
+func userProcesses(uid int, mark uint32, end time.Time) (running int, found []int, whole bool) {
 	want := strconv.Itoa(uid)
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
+	whole = scanStatus(end, func(pid int, st procStatus) {
+		if st.ruid != want || !st.living() {
+			return
 		}
-		state, ruid := stateAndUID(e.Name())
-		if ruid != want || state == "" || strings.ContainsAny(state[:1], "ZX") {
-			continue
-		}
-		pids = append(pids, pid)
-		if !strings.ContainsAny(state[:1], "Tt") {
+		if !st.stopped() {
 			running++
 		}
-	}
-	return pids, running
-}
-
-// stateAndUID reads the state ("S (sleeping)") and the real uid of
-// process pid from its status; both "" when it cannot be read.
-func stateAndUID(pid string) (state, ruid string) {
-	b, err := os.ReadFile("/proc/" + pid + "/status")
-	if err != nil {
-		return "", ""
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "State:"); ok {
-			state = strings.TrimSpace(v)
-		} else if v, ok := strings.CutPrefix(line, "Uid:"); ok {
-			if f := strings.Fields(v); len(f) > 0 {
-				ruid = f[0]
-			}
+		if mark != 0 && st.has(mark) {
+			found = append(found, pid)
 		}
-	}
-	return state, ruid
+	})
+	return running, found, whole
 }
 
 // searchRound is one round of KillTree's search: the descendants of pid
@@ -441,7 +411,7 @@ func stateAndUID(pid string) (state, ruid string) {
 // search was given up at end: a scan of /proc checks end between its
 // reads, but while hundreds of processes fork one read may take seconds,
 // so the round is left to finish on its own then.
-func searchRound(pid int, mark string, end time.Time) (found []int, whole bool) {
+func searchRound(pid int, mark uint32, end time.Time) (found []int, whole bool) {
 	type result struct {
 		found []int
 		whole bool
@@ -535,157 +505,126 @@ func groupLives(pgid int) bool {
 // killGroupFor bounds killGroup.
 const killGroupFor = 5 * time.Second
 
-// TreeMarkEnv names the variable Reaper.Start puts in every process it
-// starts (Process.Mark).
-const TreeMarkEnv = "PANDASTACK_TREE"
+// markBase is one below the first mark (Process.Mark): the gids from
+// markBase+1 up are no one's in a template, and count up from there.
+const markBase = 2_000_000_000
 
-// MarkedArg makes the agent binary print the pids of the processes that
-// carry the mark given after it, one per line, and exit (PrintMarked; a
-// deadline may follow the mark): run as the sandbox user, for an agent
-// that may not read that user's environ (inside gVisor root has no
-// CAP_SYS_PTRACE).
-const MarkedArg = "--pandastack-marked"
-
-var treeMarks atomic.Uint64
-
-// markReaper starts the helper of marked in central mode (StartReaper).
-var markReaper *Reaper
+var treeMarks atomic.Uint32
 
 // newTreeMark returns a mark no other process of this agent has had (a
 // restored sandbox's agent goes on counting from its checkpoint).
-func newTreeMark() string { return strconv.FormatUint(treeMarks.Add(1), 36) }
+func newTreeMark() uint32 { return markBase + treeMarks.Add(1) }
 
-// marked lists the processes whose environment holds mark, as
-// TreeMarkEnv=mark; none for "". Those whose environment this process may
-// not read (the sandbox user's: inside gVisor root has no CAP_SYS_PTRACE)
-// are asked of a helper running as that user or, when the helper cannot
-// run (the user's processes fill the process table), read on a thread of
-// this process that is that user for the while. whole is false when the
-// scan was given up at end (never for a zero end).
-func marked(mark string, end time.Time) (_ []int, whole bool) {
-	if mark == "" {
+// withMark returns a copy of sys whose process gets mark as its only
+// supplementary group, with the ids sys gives it (this process's when it
+// gives none). Only root may set groups.
+func withMark(sys *syscall.SysProcAttr, mark uint32) *syscall.SysProcAttr {
+	var a syscall.SysProcAttr
+	if sys != nil {
+		a = *sys
+	}
+	c := syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}
+	if a.Credential != nil {
+		c = *a.Credential
+	}
+	c.Groups, c.NoSetGroups = []uint32{mark}, false
+	a.Credential = &c
+	return &a
+}
+
+// marked lists the processes, but this one, whose supplementary groups
+// hold mark; none for 0. Any process may read another's groups
+// (/proc/<pid>/status), and only root may change its own, so the user's
+// code can neither hide from the search nor take another tree's mark.
+// whole is false when the scan was given up at end (never for a zero end).
+func marked(mark uint32, end time.Time) (_ []int, whole bool) {
+	if mark == 0 {
 		return nil, true
 	}
-	out, denied, whole := scanMarked(mark, end)
-	if denied && whole && runningAsRoot() {
-		more, ok, w := markedAsUser(mark, end)
-		if !ok {
-			more, w = scanMarkedAsUser(mark, end)
+	var out []int
+	whole = scanStatus(end, func(pid int, st procStatus) {
+		if st.has(mark) {
+			out = append(out, pid)
 		}
-		out, whole = append(out, more...), w
-	}
+	})
 	return out, whole
 }
 
-// PrintMarked is the helper's work (MarkedArg), given what follows
-// MarkedArg: the mark and, optionally, when to give up (Unix nanoseconds).
-// A scan given up ends with a line "partial".
-func PrintMarked(w io.Writer, args []string) {
-	var end time.Time
-	if len(args) > 1 {
-		if ns, err := strconv.ParseInt(args[1], 10, 64); err == nil {
-			end = time.Unix(0, ns)
-		}
-	}
-	pids, _, whole := scanMarked(args[0], end)
-	for _, p := range pids {
-		fmt.Fprintln(w, p)
-	}
-	if !whole {
-		fmt.Fprintln(w, partialScan)
-	}
+// procStatus is what /proc/<pid>/status says of a process that KillTree
+// needs.
+type procStatus struct {
+	state  string // "S (sleeping)"
+	ruid   string // the real uid
+	groups string // the supplementary groups, separated by white space
 }
 
-// partialScan ends the helper's list of a scan given up at its deadline.
-const partialScan = "partial"
-
-// markedAsUser runs this binary with MarkedArg as the sandbox user; ok is
-// false when it could not start or did not finish its work (a Go program
-// that may not start a thread dies), whole false when it gave up at end.
-func markedAsUser(mark string, end time.Time) (_ []int, ok, whole bool) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, false, false
-	}
-	rd, wr, err := os.Pipe()
-	if err != nil {
-		return nil, false, false
-	}
-	defer rd.Close()
-	argv := []string{exe, MarkedArg, mark}
-	if !end.IsZero() {
-		argv = append(argv, strconv.FormatInt(end.UnixNano(), 10))
-	}
-	p, err := markReaper.Start(exe, argv, &os.ProcAttr{Files: []*os.File{nil, wr, nil}, Sys: procAttr(false)})
-	wr.Close()
-	if err != nil {
-		return nil, false, false
-	}
-	b, _ := io.ReadAll(io.LimitReader(rd, 1<<20))
-	if st := <-p.Done; st.Code != 0 {
-		return nil, false, false
-	}
-	var out []int
-	whole = true
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil && pid != p.Pid {
-			out = append(out, pid)
-		}
-		whole = whole && f != partialScan
-	}
-	return out, true, whole
+// has reports whether gid is among the process's supplementary groups.
+func (st procStatus) has(gid uint32) bool {
+	return slices.Contains(strings.Fields(st.groups), strconv.FormatUint(uint64(gid), 10))
 }
 
-// scanMarked reads every process's environ, but this one's; denied says
-// some could not be read, whole is false when the scan was given up at end
-// (never for a zero end).
-func scanMarked(mark string, end time.Time) (out []int, denied, whole bool) {
-	want := []byte(TreeMarkEnv + "=" + mark + "\x00")
+// living reports whether the process has not exited (not a zombie).
+func (st procStatus) living() bool {
+	return st.state != "" && !strings.ContainsAny(st.state[:1], "ZX")
+}
+
+// stopped reports whether the process is stopped (by a signal or a tracer).
+func (st procStatus) stopped() bool {
+	return st.state != "" && strings.ContainsAny(st.state[:1], "Tt")
+}
+
+// readStatus reads process pid's status; ok is false when it cannot be
+// read (the process is gone).
+func readStatus(pid string) (st procStatus, ok bool) {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return st, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		key, v, _ := strings.Cut(line, ":")
+		switch key {
+		case "State":
+			st.state = strings.TrimSpace(v)
+		case "Uid":
+			if f := strings.Fields(v); len(f) > 0 {
+				st.ruid = f[0]
+			}
+		case "Groups":
+			st.groups = v
+		}
+	}
+	return st, true
+}
+
+// scanStatus calls f with the status of every process but this one; false
+// when it gave up at end (never for a zero end).
+func scanStatus(end time.Time, f func(pid int, st procStatus)) bool {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil, false, true
+		return true
 	}
 	for _, e := range ents {
 		if !end.IsZero() && time.Now().After(end) {
-			return out, denied, false
+			return false
 		}
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		env, err := os.ReadFile("/proc/" + e.Name() + "/environ")
-		if err != nil {
-			denied = denied || errors.Is(err, os.ErrPermission)
-			continue
-		}
-		if bytes.HasPrefix(env, want) || bytes.Contains(env, append([]byte{0}, want...)) {
-			out = append(out, pid)
+		if st, ok := readStatus(e.Name()); ok {
+			f(pid, st)
 		}
 	}
-	return out, denied, true
-}
-
-// scanMarkedAsUser is scanMarked on a thread of this process that takes
-// the sandbox user's real and effective ids meanwhile (the saved ones stay
-// root's, to take back), for when a tree that forks without end holds
-// every process the user may have and the helper cannot start its
-// threads. The real uid is what lets it read their environ, and it also
-// lets the user's processes signal that one thread meanwhile: never the
-// main thread, whose ids a signal to PID 1 is checked against, so at worst
-// the user's code stops or kills its own sandbox's agent, as filling the
-// sandbox's memory does.
-func scanMarkedAsUser(mark string, end time.Time) (pids []int, whole bool) {
-	whole = true
-	asRealUser(agentproto.UserUID, agentproto.UserGID, func() { pids, _, whole = scanMarked(mark, end) })
-	return pids, whole
+	return true
 }
 
 // asRealUser runs f on a thread of this process that has uid and gid as
 // its real and effective ids for the while, the saved ones staying root's
 // to take back (asUser changes the effective ones alone); an error when
 // the ids could not be taken, and f did not run. The thread is never the
-// main thread. While it runs, processes of uid may signal that thread
-// (scanMarkedAsUser).
+// main thread. While it runs, processes of uid may signal that thread:
+// at worst the user's code then stops or kills its own sandbox's agent,
+// as filling the sandbox's memory does.
 func asRealUser(uid, gid int, f func()) error {
 	done := make(chan error, 1)
 	go func() {

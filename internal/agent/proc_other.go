@@ -4,7 +4,6 @@ package agent
 
 import (
 	"errors"
-	"io"
 	"log/slog"
 	"os"
 	"syscall"
@@ -25,19 +24,13 @@ func (r *Reaper) Start(path string, argv []string, attr *os.ProcAttr) (*Process,
 func procAttr(asRoot bool) *syscall.SysProcAttr { return nil }
 
 // KillTree does nothing here.
-func KillTree(pid int, mark string) {}
+func KillTree(pid int, mark uint32) {}
 
 // KillDescendants does nothing here.
-func KillDescendants(pid int, mark string) {}
+func KillDescendants(pid int, mark uint32) {}
 
 // FreezeUserOnKill does nothing here.
 func FreezeUserOnKill() {}
-
-// MarkedArg is the helper's flag (proc_linux.go); nothing carries a mark here.
-const MarkedArg = "--pandastack-marked"
-
-// PrintMarked prints nothing here.
-func PrintMarked(w io.Writer, args []string) {}
 
 func openPTY(cols, rows uint16) (master, tty *os.File, err error) {
 	return nil, nil, errors.New("terminals need linux")

@@ -40,7 +40,7 @@ func NewProcesses() *Processes { return &Processes{} }
 // bgProc is one background process and the output it has written.
 type bgProc struct {
 	pid   int
-	mark  string // Process.Mark
+	mark  uint32 // Process.Mark
 	stdin *os.File
 
 	mu      sync.Mutex
