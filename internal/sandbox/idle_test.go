@@ -490,13 +490,29 @@ func TestRequestsDuringAPause(t *testing.T) {
 			t.Errorf("a request around the pause: %v", err)
 		}
 	}
-	// Resumes at once of a paused sandbox: each answers it running.
+	// Resumes at once of a paused sandbox: each answers it running. The
+	// restore waits until all three have asked, and a while more for
+	// them to find it under way (one that came after it would rightly
+	// be told the sandbox is running, not paused).
 	if _, err := h.m.Pause(context.Background(), project, sb.ID); err != nil {
 		t.Fatal(err)
+	}
+	asking := make(chan struct{}, 3)
+	held := false // the hook runs with the runtime's lock held
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		if !held {
+			held = true
+			for range 3 {
+				<-asking
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		return nil
 	}
 	res := make(chan error, 3)
 	for range 3 {
 		go func() {
+			asking <- struct{}{}
 			got, err := h.m.Resume(context.Background(), project, sb.ID)
 			if err == nil && (got.State != pandastack.StateRunning || got.PauseReason != "") {
 				err = fmt.Errorf("answered %s (pause_reason %q)", got.State, got.PauseReason)
