@@ -244,6 +244,24 @@ os.system('trap "" INT; sleep 100; echo never')`, 2)
 			t.Fatalf("bash: %+v %v", ex, err)
 		}
 	})
+	t.Run("bash timeout of a cell held up by its children keeps the shell", func(t *testing.T) {
+		bash, err := c.CreateContext(ctx, sb.ID, "bash", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.DeleteContext(ctx, sb.ID, bash.ID)
+		run(t, c, sb, bash, "x=kept", 0)
+		// A subshell that ignores the interrupt, as its sleep does: what
+		// the shell started is killed, the shell with its variables is not.
+		start := time.Now()
+		ex := run(t, c, sb, bash, `(trap "" INT; sleep 100; echo never)`, 2)
+		if ex.Error == nil || ex.Error.Name != "TimeoutError" || !strings.Contains(ex.Error.Value, "were killed") || strings.Contains(ex.Stdout, "never") || time.Since(start) > 60*time.Second {
+			t.Fatalf("timeout: %+v after %s", ex, time.Since(start))
+		}
+		if again := run(t, c, sb, bash, "echo $x", 0); again.Error != nil || again.Stdout != "kept\n" {
+			t.Fatalf("the shell after the timeout: %+v", again)
+		}
+	})
 	t.Run("bad input", func(t *testing.T) {
 		if _, err := c.CreateContext(ctx, sb.ID, "cobol", ""); !client.IsCode(err, "invalid_request") || !strings.Contains(err.Error(), "python") {
 			t.Errorf("unknown language: %v", err)

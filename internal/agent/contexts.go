@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -169,6 +170,7 @@ func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) 
 	}
 	cs := s.cfg.Contexts
 	k := newKernelProc(p)
+	k.shell = slices.Contains(argv, "bash_kernel")
 	cs.mu.Lock()
 	cs.procs[k] = true
 	cs.mu.Unlock()
@@ -188,6 +190,9 @@ type kernelProc struct {
 	done   chan struct{}
 	status ExitStatus
 	oom    atomic.Pointer[string] // why the memory watch killed it
+	// shell: the kernel runs its cells in a shell, its child, whose
+	// variables and functions are the context's (bash_kernel).
+	shell bool
 }
 
 func newKernelProc(p *Process) *kernelProc {
@@ -205,13 +210,14 @@ func (k *kernelProc) killForMemory(why string) {
 	k.Kill()
 }
 
-// KillChildren kills what the kernel started, the kernel left running
+// KillChildren kills what the kernel started, the kernel left running,
+// and its shell too for a shell's kernel: what the shell started dies
 // (jupyter.ChildKiller).
 func (k *kernelProc) KillChildren() {
 	select {
 	case <-k.done:
 	default:
-		KillDescendants(k.p.Pid, k.p.Mark)
+		KillDescendants(k.p.Pid, k.p.Mark, k.shell)
 	}
 }
 

@@ -106,8 +106,12 @@ func TestMarkFollowsWhatLeavesTheTree(t *testing.T) {
 		}
 	}
 	KillTree(p.Pid, p.Mark)
-	if left, _ := marked(p.Mark, time.Time{}); len(living(left)) > 0 {
-		t.Errorf("marked processes %v live after KillTree", living(left))
+	for end := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) { // the kills land
+		if left, _ := marked(p.Mark, time.Time{}); len(living(left)) == 0 {
+			break
+		} else if time.Now().After(end) {
+			t.Fatalf("marked processes %v live after KillTree", living(left))
+		}
 	}
 }
 
@@ -205,7 +209,7 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 	}
 
 	firstAs := -1
-	if !killMarkedFrozen(mark, 0, func() { firstAs = syscall.Getuid() }) {
+	if !killMarkedFrozen(mark, nil, func() { firstAs = syscall.Getuid() }) {
 		t.Fatal("killMarkedFrozen did nothing")
 	}
 	if firstAs != 0 {
@@ -303,41 +307,59 @@ func TestMarkedGivesUpAtItsDeadline(t *testing.T) {
 }
 
 // KillDescendants kills what a process started, also what left its tree
-// (setsid) but carries its mark, and leaves the process itself running.
+// (setsid) but carries its mark, and leaves the process itself running,
+// and with spareChildren its children too (a shell's kernel's shell),
+// whose own children die.
 func TestKillDescendantsSparesTheParent(t *testing.T) {
 	needRoot(t)
-	mark := newTreeMark()
-	parent := exec.Command("sh", "-c", "sleep 61 & setsid sleep 62 & sleep 63; sleep 64")
-	parent.Env = []string{"PATH=/usr/bin:/bin"}
-	parent.SysProcAttr = withMark(&syscall.SysProcAttr{Setpgid: true}, mark)
-	if err := parent.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { parent.Wait(); close(done) }()
-	t.Cleanup(func() { KillTree(parent.Process.Pid, mark) })
-	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if got, _ := marked(mark, time.Time{}); len(got) >= 4 {
-			break
-		} else if time.Now().After(end) {
-			t.Fatalf("marked processes %v, want the shell and its three sleeps", got)
-		}
-	}
-	KillDescendants(parent.Process.Pid, mark)
-	time.Sleep(100 * time.Millisecond)
-	left, _ := marked(mark, time.Time{})
-	// The shell goes on to its next command, sleep 64, which is new.
-	select {
-	case <-done:
-		t.Fatal("the parent was killed")
-	default:
-	}
-	for _, p := range living(left) {
-		if p == parent.Process.Pid {
-			continue
-		}
-		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p)); !strings.Contains(string(b), "64") {
-			t.Errorf("process %d (%q) outlived KillDescendants", p, b)
-		}
+	for _, spareChildren := range []bool{false, true} {
+		t.Run(fmt.Sprint("spareChildren=", spareChildren), func(t *testing.T) {
+			mark := newTreeMark()
+			parent := exec.Command("sh", "-c", `sh -c "sleep 61 & setsid sleep 62 & sleep 63; sleep 64"; sleep 65`)
+			parent.Env = []string{"PATH=/usr/bin:/bin"}
+			parent.SysProcAttr = withMark(&syscall.SysProcAttr{Setpgid: true}, mark)
+			if err := parent.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() { parent.Wait(); close(done) }()
+			t.Cleanup(func() { KillTree(parent.Process.Pid, mark) })
+			for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				if got, _ := marked(mark, time.Time{}); len(got) >= 5 {
+					break
+				} else if time.Now().After(end) {
+					t.Fatalf("marked processes %v, want the shell, its shell and three sleeps", got)
+				}
+			}
+			shell := childrenOf(parent.Process.Pid)
+			if len(shell) != 1 {
+				t.Fatalf("the parent's children: %v, want its shell", shell)
+			}
+			KillDescendants(parent.Process.Pid, mark, spareChildren)
+			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-done:
+				t.Fatal("the parent was killed")
+			default:
+			}
+			if got := len(living(shell)) == 1; got != spareChildren {
+				t.Errorf("the parent's shell lives: %v, want %v", got, spareChildren)
+			}
+			// The spared shell goes on to its next command, sleep 64, and
+			// else the parent to its own, sleep 65: both new.
+			next := "65"
+			if spareChildren {
+				next = "64"
+			}
+			left, _ := marked(mark, time.Time{})
+			for _, p := range living(left) {
+				if p == parent.Process.Pid || spareChildren && p == shell[0] {
+					continue
+				}
+				if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p)); !strings.Contains(string(b), next) {
+					t.Errorf("process %d (%q) outlived KillDescendants", p, b)
+				}
+			}
+		})
 	}
 }

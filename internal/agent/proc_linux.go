@@ -169,16 +169,36 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 // instead, the group is killed until none of it is left (killGroupFor at
 // most), and on a host then by mark until no process has it (20 rounds at
 // most).
-func KillTree(pid int, mark uint32) { killTree(pid, mark, false) }
+func KillTree(pid int, mark uint32) { killTree(pid, mark, nil) }
 
 // KillDescendants is KillTree for what pid started (its descendants and
 // the other processes that carry mark), pid itself left running: for a
 // kernel whose cell its children hold up (a fork bomb that starves it).
 // pid's process group, which it leads, is neither stopped nor killed:
-// what is in it is found one by one.
-func KillDescendants(pid int, mark uint32) { killTree(pid, mark, true) }
+// what is in it is found one by one. spareChildren spares pid's own
+// children too (a shell's kernel: the shell that runs its cells, whose
+// variables are the context's), and kills what they started.
+func KillDescendants(pid int, mark uint32, spareChildren bool) {
+	keep := []int{pid}
+	if spareChildren {
+		// Stopped meanwhile: a shell with job control would see its job
+		// stopped and report it so, where it should see it killed.
+		kids := childrenOf(pid)
+		for _, k := range kids {
+			syscall.Kill(k, syscall.SIGSTOP)
+		}
+		defer func() {
+			for _, k := range kids {
+				syscall.Kill(k, syscall.SIGCONT)
+			}
+		}()
+		keep = append(keep, kids...)
+	}
+	killTree(pid, mark, keep)
+}
 
-func killTree(pid int, mark uint32, spare bool) {
+// killTree is KillTree, sparing keep (then pid's group is not killed).
+func killTree(pid int, mark uint32, keep []int) {
 	// A freeze's SIGCONT would let a tree stopped here go on before its kill.
 	treeKills.RLock()
 	locked := true
@@ -187,12 +207,9 @@ func killTree(pid int, mark uint32, spare bool) {
 			treeKills.RUnlock()
 		}
 	}()
-	keep := 0 // a process never stopped nor killed
-	group := pid > 0 && !spare
+	group := pid > 0 && len(keep) == 0
 	seen := map[int]bool{}
-	if spare {
-		keep = pid
-	} else if pid > 0 {
+	if group {
 		syscall.Kill(pid, syscall.SIGSTOP)
 		seen[pid] = true
 	}
@@ -208,7 +225,7 @@ func killTree(pid int, mark uint32, spare bool) {
 		}
 		added := false
 		for _, p := range found {
-			if p != keep && !seen[p] {
+			if !slices.Contains(keep, p) && !seen[p] {
 				seen[p] = true
 				syscall.Kill(p, syscall.SIGSTOP)
 				added = true
@@ -260,13 +277,12 @@ func killTree(pid int, mark uint32, spare bool) {
 	killMarkedUntil(mark, keep, time.Time{})
 }
 
-// killMarkedUntil kills the processes that carry mark, but keep (0:
-// none), until none is left (20 rounds at most) or end (never for a zero
+// killMarkedUntil kills the processes that carry mark, but keep, until none is left (20 rounds at most) or end (never for a zero
 // end).
-func killMarkedUntil(mark uint32, keep int, end time.Time) {
+func killMarkedUntil(mark uint32, keep []int, end time.Time) {
 	for range markRounds {
 		left, whole := marked(mark, end)
-		left = slices.DeleteFunc(left, func(p int) bool { return p == keep })
+		left = slices.DeleteFunc(left, func(p int) bool { return slices.Contains(keep, p) })
 		for _, p := range left {
 			syscall.Kill(p, syscall.SIGKILL)
 		}
@@ -299,8 +315,7 @@ func FreezeUserOnKill() { freezeIDs = &[2]int{agentproto.UserUID, agentproto.Use
 
 // killMarkedFrozen stops every process of the user freezeIDs names, runs
 // first (on a thread with this process's own ids: a tree may hold root's
-// processes too), kills the user's processes that carry mark (but keep;
-// 0: none), and then lets the user's other processes go on (SIGCONT to
+// processes too), kills the user's processes that carry mark (but keep), and then lets the user's other processes go on (SIGCONT to
 // each): the user's other commands, kernels and terminals stand still for
 // that while (a job
 // stopped on purpose, as by ^Z in a terminal, is continued too, and a
@@ -312,7 +327,7 @@ func FreezeUserOnKill() { freezeIDs = &[2]int{agentproto.UserUID, agentproto.Use
 // user for the while (asRealUser): kill(-1) from there reaches the user's
 // processes alone. It reports false when it could not (no freezeIDs, or
 // the ids could not be taken) and did nothing.
-func killMarkedFrozen(mark uint32, keep int, first func()) bool {
+func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
 	ids := freezeIDs
 	if ids == nil {
 		return false
@@ -350,7 +365,7 @@ func killMarkedFrozen(mark uint32, keep int, first func()) bool {
 		<-done
 		for range markRounds {
 			found, left := stopAll()
-			found = slices.DeleteFunc(found, func(p int) bool { return p == keep })
+			found = slices.DeleteFunc(found, func(p int) bool { return slices.Contains(keep, p) })
 			if !left || len(found) == 0 {
 				return
 			}
@@ -714,6 +729,22 @@ func descendants(root int, end time.Time) (_ []int, whole bool) {
 		}
 	}
 	return out, true
+}
+
+// childrenOf lists pid's children by their /proc parent links.
+func childrenOf(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if ppid, ok := parentOf(p); ok && ppid == pid {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // statFields reads /proc/<pid>/stat, "pid (comm) state ppid pgrp ...",

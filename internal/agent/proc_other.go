@@ -27,7 +27,7 @@ func procAttr(asRoot bool) *syscall.SysProcAttr { return nil }
 func KillTree(pid int, mark uint32) {}
 
 // KillDescendants does nothing here.
-func KillDescendants(pid int, mark uint32) {}
+func KillDescendants(pid int, mark uint32, spareChildren bool) {}
 
 // FreezeUserOnKill does nothing here.
 func FreezeUserOnKill() {}
