@@ -44,6 +44,7 @@ func StartReaper(log *slog.Logger) *Reaper {
 		log = discardLogger()
 	}
 	r := &Reaper{log: log, waiters: make(map[int]chan ExitStatus)}
+	treeLog = log
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	go func() {
@@ -213,7 +214,8 @@ func killTree(pid int, mark uint32, keep []int) {
 		syscall.Kill(pid, syscall.SIGSTOP)
 		seen[pid] = true
 	}
-	searchEnd := time.Now().Add(treeSearchBudget)
+	start := time.Now()
+	searchEnd := start.Add(treeSearchBudget)
 	outrun := true
 	for range 20 {
 		if group {
@@ -261,6 +263,11 @@ func killTree(pid int, mark uint32, keep []int) {
 	}
 	treeKills.RUnlock()
 	locked = false
+	searched := time.Now()
+	defer func() {
+		treeLog.Info("tree outran its search", "pid", pid, "found", len(seen),
+			"search_ms", searched.Sub(start).Milliseconds(), "kill_ms", time.Since(searched).Milliseconds())
+	}()
 	if killMarkedFrozen(mark, keep, killFound) {
 		if group {
 			killGroup(pid) // root's processes, which no freeze stops, and the dead
@@ -291,6 +298,10 @@ func killMarkedUntil(mark uint32, keep []int, end time.Time) {
 		}
 	}
 }
+
+// treeLog logs a tree kill that outran its search: the agent's log in
+// central mode (StartReaper).
+var treeLog = discardLogger()
 
 // treeKills is held for reading by KillTree from the first stop of a tree
 // to its kill, and for writing by a freeze (killMarkedFrozen): a freeze's
@@ -334,9 +345,16 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
 	}
 	treeKills.Lock()
 	defer treeKills.Unlock()
-	end := time.Now().Add(freezeBudget)
+	start := time.Now()
+	end := start.Add(freezeBudget)
+	rounds, killed := 0, 0
 	return asRealUser(ids[0], ids[1], func() {
-		defer continueAll(ids[0])
+		defer func() {
+			frozen := time.Now()
+			continueAll(ids[0])
+			treeLog.Info("froze the user to kill a tree", "rounds", rounds, "killed", killed,
+				"freeze_ms", frozen.Sub(start).Milliseconds(), "continue_ms", time.Since(frozen).Milliseconds())
+		}()
 		// stopAll stops them and lists those that carry mark; left is
 		// false when no process of the user is left.
 		stopAll := func() (found []int, left bool) {
@@ -364,6 +382,7 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
 		}()
 		<-done
 		for range markRounds {
+			rounds++
 			found, left := stopAll()
 			found = slices.DeleteFunc(found, func(p int) bool { return slices.Contains(keep, p) })
 			if !left || len(found) == 0 {
@@ -372,6 +391,7 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
 			for _, p := range found {
 				syscall.Kill(p, syscall.SIGKILL)
 			}
+			killed += len(found)
 			if time.Now().After(end) {
 				return
 			}
@@ -731,17 +751,19 @@ func descendants(root int, end time.Time) (_ []int, whole bool) {
 	return out, true
 }
 
-// childrenOf lists pid's children by their /proc parent links.
+// childrenOf lists pid's children, those of each of its threads, from
+// /proc/<pid>/task/<tid>/children: a few reads, where parent links take
+// one per process, slow beside a fork bomb.
 func childrenOf(pid int) []int {
-	ents, _ := os.ReadDir("/proc")
+	dir := "/proc/" + strconv.Itoa(pid) + "/task"
+	tasks, _ := os.ReadDir(dir)
 	var out []int
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if ppid, ok := parentOf(p); ok && ppid == pid {
-			out = append(out, p)
+	for _, t := range tasks {
+		b, _ := os.ReadFile(dir + "/" + t.Name() + "/children")
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
 		}
 	}
 	return out
