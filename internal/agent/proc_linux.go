@@ -284,8 +284,8 @@ func killTree(pid int, mark uint32, keep []int) {
 	killMarkedUntil(mark, keep, time.Time{})
 }
 
-// killMarkedUntil kills the processes that carry mark, but keep, until none is left (20 rounds at most) or end (never for a zero
-// end).
+// killMarkedUntil kills the processes that carry mark, but keep, until
+// none is left (20 rounds at most) or end (never for a zero end).
 func killMarkedUntil(mark uint32, keep []int, end time.Time) {
 	for range markRounds {
 		left, whole := marked(mark, end)
@@ -326,11 +326,11 @@ func FreezeUserOnKill() { freezeIDs = &[2]int{agentproto.UserUID, agentproto.Use
 
 // killMarkedFrozen stops every process of the user freezeIDs names, runs
 // first (on a thread with this process's own ids: a tree may hold root's
-// processes too), kills the user's processes that carry mark (but keep), and then lets the user's other processes go on (SIGCONT to
-// each): the user's other commands, kernels and terminals stand still for
-// that while (a job
-// stopped on purpose, as by ^Z in a terminal, is continued too, and a
-// terminal's shell continued before its foreground job may report that
+// processes too), kills the user's processes that carry mark (but keep),
+// and then lets the user's other processes go on (SIGCONT to each): the
+// user's other commands, kernels and terminals stand still for that while
+// (a job stopped on purpose, as by ^Z in a terminal, is continued too, and
+// a terminal's shell continued before its foreground job may report that
 // job stopped). Every round stops them all a few times over (as stopGroup
 // does a group: a clone under way when one stop went out gives a child
 // that runs on) until all are, then reads the status of each; 20 rounds
