@@ -210,9 +210,9 @@ func (k *kernelProc) killForMemory(why string) {
 	k.Kill()
 }
 
-// KillChildren kills what the kernel started, the kernel left running,
-// and its shell too for a shell's kernel: what the shell started dies
-// (jupyter.ChildKiller).
+// KillChildren kills what the kernel started and leaves the kernel
+// running, and for a shell's kernel its shell too: what the shell
+// started dies (jupyter.ChildKiller).
 func (k *kernelProc) KillChildren() {
 	select {
 	case <-k.done:
