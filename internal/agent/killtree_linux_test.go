@@ -363,3 +363,23 @@ func TestKillDescendantsSparesTheParent(t *testing.T) {
 		})
 	}
 }
+
+// withMark gives a copy the mark as its only supplementary group and
+// leaves what it was given as it was.
+func TestWithMarkCopies(t *testing.T) {
+	in := &syscall.SysProcAttr{Setpgid: true, Credential: &syscall.Credential{Uid: 1000, Gid: 1000, Groups: []uint32{}, NoSetGroups: true}}
+	out := withMark(in, markBase+7)
+	if c := out.Credential; !out.Setpgid || c.Uid != 1000 || c.Gid != 1000 || !slices.Equal(c.Groups, []uint32{markBase + 7}) || c.NoSetGroups {
+		t.Errorf("withMark = %+v, credential %+v", out, out.Credential)
+	}
+	if c := in.Credential; len(c.Groups) != 0 || !c.NoSetGroups || out.Credential == c {
+		t.Errorf("the given credential changed: %+v", c)
+	}
+	if c := withMark(nil, markBase+8).Credential; c.Uid != uint32(os.Getuid()) || c.Gid != uint32(os.Getgid()) || !slices.Equal(c.Groups, []uint32{markBase + 8}) {
+		t.Errorf("withMark(nil) credential %+v, want this process's ids and the mark", c)
+	}
+	st := procStatus{groups: "\t1000 2000000007 "}
+	if !st.has(markBase+7) || st.has(markBase+70) || st.has(1) {
+		t.Errorf("has on %q is wrong", st.groups)
+	}
+}
