@@ -150,7 +150,7 @@ func statusField(t *testing.T, path, key string) string {
 
 // A bomb whose every process leaves its group (setsid) is found only by
 // its mark; killMarkedFrozen stops every process of the user first, so
-// the bomb cannot churn while its environs are read, and lets the user's
+// the bomb cannot churn while the marked are looked for, and lets the user's
 // other processes go on after. The test's processes run as a uid of its
 // own (a test killed before its cleanups, by -timeout say, leaves them
 // behind, stopped perhaps: the next run kills them first, and by hand
