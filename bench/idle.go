@@ -196,20 +196,42 @@ func waitSuspended(ctx context.Context, c *client.Client, id string) error {
 	return waitFor(ctx, c, id, "suspended for idleness", func(sb *client.Sandbox) bool { return sb.State == "paused" && sb.PauseReason == "idle" })
 }
 
-// waitStopped waits until the sandbox no longer runs: no host process of
-// it is left, or only those of its resume prepared ahead (a runsc
-// container created, not running: the server's --prepared-resumes). The
-// server records a pause before it stops the sandbox, and a request in
-// that window waits for the stop: a resume is measured from a sandbox
-// fully suspended.
+// waitStopped waits until the server is done pausing the sandbox: its log
+// says "sandbox paused" about it after its last "sandbox resumed". The
+// server records a pause before it stops the sandbox, and an idle suspend
+// then prepares its resume (--prepared-resumes: a runsc container created,
+// 100-150 ms); it logs the line once both are done. A request in that
+// window waits for them, which a user, whose request comes minutes after
+// the suspend, does not: a resume is measured from a sandbox fully
+// suspended. (Until 2026-12-04 the bench waited only until the sandbox had
+// no host process or a created container, which the moment between the
+// stop and the prepared resume's create also satisfies.)
 func waitStopped(ctx context.Context, s *server, id string) error {
-	ok, err := pollUntil(ctx, time.Minute, func() bool {
-		return len(sandboxPIDs(s.runscRoot)[id]) == 0 || containerStatus(s, id) == "created"
-	})
+	ok, err := pollUntil(ctx, time.Minute, func() bool { return pauseDone(s.log.String(), id) })
 	if err == nil && !ok {
-		err = fmt.Errorf("sandbox %s still has host processes 1 min after its pause", id)
+		err = fmt.Errorf("sandbox %s: the server did not log the end of its pause within 1 min", id)
 	}
 	return err
+}
+
+// pauseDone reports whether the last of the "sandbox paused" and "sandbox
+// resumed" lines about sandbox id in a server's log is a pause's.
+func pauseDone(log, id string) bool {
+	for len(log) > 0 {
+		i := strings.LastIndexByte(log, '\n')
+		line := log[i+1:]
+		log = log[:max(i, 0)]
+		if !strings.Contains(line, " sandbox="+id+" ") && !strings.HasSuffix(line, " sandbox="+id) {
+			continue
+		}
+		switch {
+		case strings.Contains(line, `msg="sandbox paused"`):
+			return true
+		case strings.Contains(line, `msg="sandbox resumed`):
+			return false
+		}
+	}
+	return false
 }
 
 // pollUntil checks cond every 50 ms until it holds (true), within has
