@@ -108,6 +108,15 @@ type RuntimePreparer interface {
 	// failure nothing of it is left. EConflict if the runtime holds the id
 	// already. Costs the start of a restore; ctx bounds the call only.
 	Prepare(ctx context.Context, spec RuntimeSpec, imageDir string) error
+	// Rename gives the sandbox prepared as from, not yet restored, the id
+	// to: the Restore of to (with the spec prepared but for its ID)
+	// restores into it, and every later call names it to. It lets a
+	// restore whose id is fixed (a suspended sandbox's resume) use a
+	// sandbox prepared ahead under an id of its own. ENotFound if from is
+	// not prepared, EConflict if the runtime holds to already; then
+	// nothing changed. On another failure from is removed. Cheap (no
+	// process is started).
+	Rename(ctx context.Context, from, to string) error
 }
 
 // ReasonOutOfMemory: the sandbox hit its memory limit and was killed.

@@ -519,6 +519,107 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 	return n.NSPath(id), nil
 }
 
+// Rename hands the network Prepare made for from, a sandbox prepared and
+// not yet restored, to sandbox to, and returns the path of to's namespace
+// (as Prepare does): to takes its namespace (pinned anew
+// under to's name), veth, address and firewall chain, with to's own
+// policy and egress log when it has them (a suspended sandbox keeps them
+// through its pause), else from's policy. from's record goes. ENotFound
+// if from has no network up, EConflict if to has one: then nothing
+// changed. On another failure to's policy and log are as they were, and
+// from's network may be gone: Release(from) removes what is left.
+func (n *Network) Rename(from, to string) (_ string, err error) {
+	n.mu.Lock()
+	if n.closing {
+		n.mu.Unlock()
+		return "", pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
+	}
+	sf, st := n.sbx[from], n.sbx[to]
+	switch {
+	case sf == nil || !sf.up || n.slots[sf.Slot] != from:
+		n.mu.Unlock()
+		return "", pandastack.Errorf(pandastack.ENotFound, "no network prepared for sandbox %s", from)
+	case st != nil && st.up:
+		n.mu.Unlock()
+		return "", pandastack.Errorf(pandastack.EConflict, "sandbox %s has a network already", to)
+	}
+	n.preparing.Add(1)
+	defer n.preparing.Done()
+	fresh := st == nil
+	if fresh {
+		st = &sandboxNet{ID: to, Policy: sf.Policy}
+	}
+	slot := sf.Slot
+	n.mu.Unlock()
+
+	pol, comp, err := n.compileKept(to, st.Policy)
+	if err != nil {
+		return "", err
+	}
+	if err := n.pinAgain(n.NSPath(from), n.NSPath(to)); err != nil {
+		return "", fmt.Errorf("network %s: %w", to, err)
+	}
+	gw, addr := n.addrs(slot)
+	n.nftMu.Lock()
+	err = n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, slot, n.veth(slot), addr, comp) })
+	n.nftMu.Unlock()
+	if err != nil {
+		n.removeNamespace(to)
+		return "", fmt.Errorf("network %s: firewall: %w", to, err)
+	}
+	// From here on to holds the slot: from's resolver and proxy, which
+	// answer with from's policy and log, make way for to's own.
+	n.mu.Lock()
+	dns, px := sf.dns, sf.proxy
+	sf.dns, sf.proxy, sf.up = nil, nil, false
+	delete(n.sbx, from)
+	n.slots[slot] = to
+	st.Slot, st.Policy, st.comp, st.hold = slot, pol, comp, false
+	n.sbx[to] = st
+	n.mu.Unlock()
+	if dns != nil {
+		dns.Close()
+	}
+	if px != nil {
+		px.Close()
+	}
+	os.Remove(n.statePath(from))
+	n.removeNamespace(from)
+	if err := n.saveState(st); err == nil {
+		err = n.startServices(st, gw, addr)
+	}
+	if err != nil {
+		n.teardown(st)
+		if fresh {
+			n.mu.Lock()
+			delete(n.sbx, to)
+			n.mu.Unlock()
+			os.Remove(n.statePath(to))
+		}
+		return "", fmt.Errorf("network %s: %w", to, err)
+	}
+	n.log.Debug("network renamed", "from", from, "sandbox", to)
+	return n.NSPath(to), nil
+}
+
+// pinAgain pins the namespace pinned at from at to as well (a bind mount),
+// replacing what a crash may have left there.
+func (n *Network) pinAgain(from, to string) error {
+	if err := removePinned(to); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(to, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	if err := syscall.Mount(from, to, "", syscall.MS_BIND, ""); err != nil {
+		os.Remove(to)
+		return fmt.Errorf("pin namespace: %w", err)
+	}
+	return nil
+}
+
 // nftRecvBuffer is the receive buffer of our nftables sockets. The kernel
 // acknowledges every message of a batch, and a sandbox's policy of
 // MaxRules entries is hundreds of messages: with the default buffer (208 KiB) the

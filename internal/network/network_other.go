@@ -21,6 +21,7 @@ func (n *Network) Prepare(string, *pandastack.NetworkPolicy) (string, error) {
 	return "", errUnsupported
 }
 func (n *Network) Adopt(string) error                               { return errUnsupported }
+func (n *Network) Rename(string, string) (string, error)            { return "", errUnsupported }
 func (n *Network) SetPolicy(string, pandastack.NetworkPolicy) error { return errUnsupported }
 func (n *Network) Policy(string) (pandastack.NetworkPolicy, bool) {
 	return pandastack.NetworkPolicy{}, false

@@ -84,6 +84,41 @@ func (r *Runtime) Prepare(ctx context.Context, spec pandastack.RuntimeSpec, imag
 	return nil
 }
 
+// Rename implements pandastack.RuntimePreparer when the wrapped runtime
+// does: the network made for from goes to to (Network.Rename), with to's
+// own policy when it has one (a suspended sandbox's), and the restore of
+// to keeps it.
+func (r *Runtime) Rename(ctx context.Context, from, to string) error {
+	p, ok := r.Runtime.(pandastack.RuntimePreparer)
+	if !ok {
+		return pandastack.Errorf(pandastack.EUnavailable, "the runtime cannot prepare restores")
+	}
+	if _, ok := r.prepared.Load(from); !ok {
+		return pandastack.Errorf(pandastack.ENotFound, "no sandbox %q prepared", from)
+	}
+	if _, ok := r.prepared.Load(to); ok {
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s is prepared already", to)
+	}
+	// The runtime's part first: it can only refuse (nothing changed then),
+	// and past the network's part the container's id must be to's.
+	if err := p.Rename(ctx, from, to); err != nil {
+		if !pandastack.IsCode(err, pandastack.ENotFound) && !pandastack.IsCode(err, pandastack.EConflict) {
+			r.Stop(ctx, from)
+		}
+		return err
+	}
+	r.prepared.Delete(from)
+	ns, err := r.net.Rename(from, to)
+	if err != nil {
+		// The container, now to's, goes; to's own policy stays.
+		r.Runtime.Stop(ctx, to)
+		r.net.Release(from)
+		return err
+	}
+	r.prepared.Store(to, ns)
+	return nil
+}
+
 func (r *Runtime) boot(spec pandastack.RuntimeSpec, start func(pandastack.RuntimeSpec) (io.ReadWriteCloser, error)) (io.ReadWriteCloser, error) {
 	ns, err := r.net.Prepare(spec.ID, spec.Network)
 	if err != nil {

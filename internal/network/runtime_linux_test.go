@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -150,8 +151,10 @@ func TestPolicyOfStoppedSandboxKeptForPrepare(t *testing.T) {
 type preparingRuntime struct {
 	failingRuntime
 	prepared, restored []string // the namespace each saw
+	renamed            []string // "from to"
 	prepareErr         error
 	restoreErr         error
+	renameErr          error
 }
 
 func (p *preparingRuntime) Prepare(_ context.Context, spec pandastack.RuntimeSpec, _ string) error {
@@ -242,4 +245,118 @@ func TestRuntimePrepareKeepsNetwork(t *testing.T) {
 		t.Error("namespace left after a failed restore")
 	}
 	rt.Stop(ctx, "sbx_paused")
+}
+
+func (p *preparingRuntime) Rename(_ context.Context, from, to string) error {
+	p.renamed = append(p.renamed, from+" "+to)
+	return p.renameErr
+}
+
+// A sandbox prepared under one id and renamed to a suspended sandbox's
+// (RuntimePreparer.Rename) hands that sandbox its namespace, pinned under
+// the new name, with the suspended sandbox's own policy and egress log;
+// the old id has nothing left, and the restore of the new one keeps the
+// namespace. A rename the runtime refuses changes nothing; one that fails
+// past it removes the prepared sandbox and keeps the suspended one's policy.
+func TestRuntimeRenameHandsOverNetwork(t *testing.T) {
+	up := nettest.StartUpstream(t, "y", 94, 94)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	inner := &preparingRuntime{}
+	rt := Wrap(inner, n)
+	ctx := context.Background()
+
+	// A suspended sandbox without internet, with a refusal in its log.
+	none := pandastack.NoNetworkPolicy()
+	ns, err := n.Prepare("sbx_susp", &none)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("no internet: %v, want refused", err)
+	}
+	waitRefused(t, n, "sbx_susp", up.PublicIP, 80, "no_internet")
+	logged := len(n.Log("sbx_susp"))
+	n.Hold("sbx_susp")
+	rt.Stop(ctx, "sbx_susp")
+
+	// A container prepared for creates, with the default policy.
+	if err := rt.Prepare(ctx, pandastack.RuntimeSpec{ID: "sbx_stby"}, "img"); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(n.NSPath("sbx_stby"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Rename(ctx, "sbx_none", "sbx_susp"); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("rename of an id never prepared: %v, want not_found", err)
+	}
+	if err := rt.Rename(ctx, "sbx_stby", "sbx_susp"); err != nil {
+		t.Fatal(err)
+	}
+	if len(inner.renamed) != 1 || inner.renamed[0] != "sbx_stby sbx_susp" {
+		t.Fatalf("the runtime saw renames %q", inner.renamed)
+	}
+	after, err := os.Stat(n.NSPath("sbx_susp"))
+	if err != nil || !os.SameFile(before, after) {
+		t.Fatalf("the renamed sandbox's namespace is not the prepared one: %v", err)
+	}
+	if _, err := os.Stat(n.NSPath("sbx_stby")); err == nil {
+		t.Error("the old id's namespace is still pinned")
+	}
+	if _, ok := n.Policy("sbx_stby"); ok {
+		t.Error("the old id still has a policy")
+	}
+	if got := n.Namespaces(); !slices.Contains(got, "sbx_susp") || slices.Contains(got, "sbx_stby") {
+		t.Errorf("namespaces after the rename: %v", got)
+	}
+	if p, ok := n.Policy("sbx_susp"); !ok || p.AllowInternetAccess {
+		t.Errorf("policy after the rename: %+v %v, want the suspended sandbox's (no internet)", p, ok)
+	}
+	if _, _, err := get(t, n.NSPath("sbx_susp"), up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("from the handed-over namespace: %v, want refused (the suspended sandbox's policy)", err)
+	}
+	waitRefused(t, n, "sbx_susp", up.PublicIP, 80, "no_internet")
+	if got := len(n.Log("sbx_susp")); got <= logged {
+		t.Errorf("egress log after the rename: %d entries, want more than the %d from before", got, logged)
+	}
+	if _, ok := n.Addr("sbx_susp"); !ok {
+		t.Error("no address after the rename")
+	}
+	if _, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: "sbx_susp"}, "img"); err != nil {
+		t.Fatal(err)
+	}
+	if last := inner.restored[len(inner.restored)-1]; last != n.NSPath("sbx_susp") {
+		t.Fatalf("the restore saw namespace %q, want %q", last, n.NSPath("sbx_susp"))
+	}
+	rt.Stop(ctx, "sbx_susp")
+	if _, err := os.Stat(n.NSPath("sbx_susp")); err == nil {
+		t.Error("namespace left after Stop")
+	}
+
+	// The runtime fails the rename: the prepared sandbox goes, the
+	// suspended one keeps its policy.
+	if _, err := n.Prepare("sbx_sus2", &none); err != nil {
+		t.Fatal(err)
+	}
+	n.Hold("sbx_sus2")
+	rt.Stop(ctx, "sbx_sus2")
+	if err := rt.Prepare(ctx, pandastack.RuntimeSpec{ID: "sbx_stb2"}, "img"); err != nil {
+		t.Fatal(err)
+	}
+	inner.renameErr = errors.New("disk full")
+	if err := rt.Rename(ctx, "sbx_stb2", "sbx_sus2"); err == nil {
+		t.Fatal("Rename succeeded")
+	}
+	for _, id := range []string{"sbx_stb2", "sbx_sus2"} {
+		if _, err := os.Stat(n.NSPath(id)); err == nil {
+			t.Errorf("namespace of %s left after a failed rename", id)
+		}
+	}
+	if p, ok := n.Policy("sbx_sus2"); !ok || p.AllowInternetAccess {
+		t.Errorf("a failed rename changed the suspended sandbox's policy: %+v %v", p, ok)
+	}
+	if _, ok := n.Policy("sbx_stb2"); ok {
+		t.Error("a failed rename left the prepared sandbox's policy")
+	}
+	n.Release("sbx_sus2")
 }

@@ -66,6 +66,23 @@ func (r *preparingRuntime) Restore(ctx context.Context, spec pandastack.RuntimeS
 	return r.fakeRuntime.Restore(ctx, spec, imageDir)
 }
 
+func (r *preparingRuntime) Rename(ctx context.Context, from, to string) error {
+	r.log("rename " + from + " " + to)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	spec, ok := r.prepared[from]
+	if !ok {
+		return pandastack.Errorf(pandastack.ENotFound, "not prepared")
+	}
+	if _, busy := r.prepared[to]; busy || r.fakeRuntime.Alive(to) {
+		return pandastack.Errorf(pandastack.EConflict, "%s is held", to)
+	}
+	delete(r.prepared, from)
+	spec.ID = to
+	r.prepared[to] = spec
+	return nil
+}
+
 func (r *preparingRuntime) Stop(ctx context.Context, id string) error {
 	r.mu.Lock()
 	_, ok := r.prepared[id]

@@ -106,6 +106,33 @@ func New(cfg Config) (*Runtime, error) {
 
 func (r *Runtime) dir(id string) string { return filepath.Join(r.sbxRoot, id) }
 
+// cid is the runsc container of sandbox id: id itself, or, for a sandbox
+// that took over a container prepared under another id (Rename), that
+// one's id, which its directory's symlink names.
+func (r *Runtime) cid(id string) string {
+	c, _ := r.container(id)
+	return c
+}
+
+// container is cid, and false when id is a container another id took
+// over (Rename): calls that name it by its old id find nothing.
+func (r *Runtime) container(id string) (string, bool) {
+	if !validID(id) {
+		return id, true
+	}
+	if target, err := os.Readlink(r.dir(id)); err == nil && validID(target) {
+		return target, true
+	}
+	if _, err := os.Lstat(filepath.Join(r.dir(id), renamedFile)); err == nil {
+		return id, false
+	}
+	return id, true
+}
+
+// renamedFile marks the directory of a container that another id took
+// over (Rename).
+const renamedFile = "renamed"
+
 // globalFlags are the runsc flags shared by every subcommand. runsc creates the
 // log file's directory, so only `run` logs into the sandbox's directory:
 // anything else would bring a removed directory back.
@@ -174,12 +201,15 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	if !validID(id) {
 		return pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
 	}
+	if _, ok := r.container(id); !ok {
+		return pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
+	}
 	disk := sandboxDisk(r.dir(id)) // before a checkpoint that stops it removes the dir
 	args := []string{"checkpoint", "--image-path=" + imageDir, "--exclude-committed-zero-pages"}
 	if leaveRunning {
 		args = append(args, "--leave-running")
 	}
-	if _, err := r.runsc(ctx, append(args, id)...); err != nil {
+	if _, err := r.runsc(ctx, append(args, r.cid(id))...); err != nil {
 		// Asked only now, on failure, why: a runsc process less (20-40
 		// ms here) on the path of every snapshot, fork and pause.
 		if st, serr := r.State(ctx, id); serr != nil {
@@ -307,7 +337,7 @@ func (r *Runtime) launch(ctx context.Context, spec pandastack.RuntimeSpec, image
 	case modeRun:
 		args = []string{"run", "--detach", "--bundle=" + dir, spec.ID}
 	case modeRestore:
-		args = restoreArgs(dir, imageDir, spec)
+		args = restoreArgs(dir, imageDir, spec.ID, spec)
 	case modeCreate:
 		// The container's stdio is create's: the FIFOs, as for run.
 		args = []string{"create", "--bundle=" + dir, spec.ID}
@@ -321,10 +351,10 @@ func (r *Runtime) launch(ctx context.Context, spec pandastack.RuntimeSpec, image
 	return disk, nil
 }
 
-// restoreArgs are runsc's arguments to restore imageDir into spec.ID's
-// container, made from the bundle dir if none was created ahead.
-func restoreArgs(dir, imageDir string, spec pandastack.RuntimeSpec) []string {
-	args := []string{"restore", "--detach", "--bundle=" + dir, "--image-path=" + imageDir, spec.ID}
+// restoreArgs are runsc's arguments to restore imageDir into container
+// cid, made from the bundle dir if none was created ahead.
+func restoreArgs(dir, imageDir, cid string, spec pandastack.RuntimeSpec) []string {
+	args := []string{"restore", "--detach", "--bundle=" + dir, "--image-path=" + imageDir, cid}
 	if spec.Lazy {
 		// --background loads memory pages after restore returns.
 		args = append(args[:1], append([]string{"--background"}, args[1:]...)...)
@@ -335,7 +365,8 @@ func restoreArgs(dir, imageDir string, spec pandastack.RuntimeSpec) []string {
 // runDetached runs a runsc command that returns once the sandbox is
 // created or running, with the sandbox's flags, stdio and logs.
 func (r *Runtime) runDetached(ctx context.Context, spec pandastack.RuntimeSpec, disk int, args []string, stdin, stdout *os.File) error {
-	dir := r.dir(spec.ID)
+	cid := r.cid(spec.ID)
+	dir := r.dir(cid)
 	agentLog, err := os.OpenFile(filepath.Join(dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
@@ -364,11 +395,11 @@ func (r *Runtime) runDetached(ctx context.Context, spec pandastack.RuntimeSpec, 
 		return ctx.Err()
 	}
 	if err != nil {
-		return fmt.Errorf("start %s: runsc %s: %w: %s", spec.ID, args[0], err, r.logTail(spec.ID))
+		return fmt.Errorf("start %s: runsc %s: %w: %s", spec.ID, args[0], err, r.logTail(cid))
 	}
 	if spec.MemoryMB > 0 {
 		// The sentry runs with its total memory taken: now the headroom.
-		if err := raiseMemoryLimit(cgroupPath(spec.ID), spec.MemoryMB); err != nil {
+		if err := raiseMemoryLimit(cgroupPath(cid), spec.MemoryMB); err != nil {
 			r.log.Warn("raising a sandbox's host memory limit", "sandbox", spec.ID, "err", err)
 		}
 	}
@@ -425,7 +456,7 @@ func (r *Runtime) Alive(id string) bool {
 	if !ok {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		out, err := r.runsc(ctx, "state", id)
+		out, err := r.runsc(ctx, "state", r.cid(id))
 		if err != nil {
 			// Only a container runsc no longer knows is dead; a slow or
 			// failing runsc says nothing, and killing on it would be worse.
@@ -443,7 +474,7 @@ func (r *Runtime) Alive(id string) bool {
 		r.mu.Unlock()
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return cmdlineAlive(b, err, id)
+	return cmdlineAlive(b, err, r.cid(id))
 }
 
 // cmdlineAlive reads the answer to a read of a sandbox process's
@@ -467,11 +498,14 @@ func (r *Runtime) forgetPID(id string) {
 
 // DeathReason implements pandastack.Runtime.
 func (r *Runtime) DeathReason(id string) string {
+	if !validID(id) {
+		return ""
+	}
+	cg := cgroupPath(r.cid(id))
 	switch {
-	case !validID(id):
-	case oomKilled(cgroupPath(id)):
+	case oomKilled(cg):
 		return pandastack.ReasonOutOfMemory
-	case pidsExhausted(cgroupPath(id)):
+	case pidsExhausted(cg):
 		return pandastack.ReasonPIDsLimit
 	}
 	return ""
@@ -491,7 +525,7 @@ func (r *Runtime) Attach(ctx context.Context, id string) (io.ReadWriteCloser, er
 
 // Stop implements pandastack.Runtime.
 func (r *Runtime) Stop(ctx context.Context, id string) error {
-	if !validID(id) {
+	if _, ok := r.container(id); !validID(id) || !ok {
 		return nil
 	}
 	r.forgetPrepared(id)
@@ -502,9 +536,10 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 // Prepare of id (Stop would wait for that Prepare to end).
 func (r *Runtime) remove(id string) error {
 	r.forgetPID(id)
-	r.destroy(id)
+	cid := r.cid(id)
+	r.destroy(cid)
 	var err error
-	if pids := r.hostPIDs(id); len(pids) > 0 {
+	if pids := r.hostPIDs(cid); len(pids) > 0 {
 		// Before the cleanup: their cgroups can go only once they exit.
 		for _, p := range pids {
 			syscall.Kill(p, syscall.SIGKILL)
@@ -515,7 +550,7 @@ func (r *Runtime) remove(id string) error {
 	return err
 }
 
-// destroy kills and deletes the container; errors mean it was already gone.
+// destroy kills and deletes container id; errors mean it was already gone.
 func (r *Runtime) destroy(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -524,11 +559,18 @@ func (r *Runtime) destroy(id string) {
 	}
 }
 
-// cleanup removes the sandbox's directory and cgroups.
+// cleanup removes the sandbox's directory and cgroups, those of the
+// container it took over (Rename) too; the symlink that names that
+// container goes last, so that a crash half-way leaves it to name what is
+// left.
 func (r *Runtime) cleanup(id string) {
-	os.RemoveAll(r.dir(id))
-	if err := removeCgroups(cgroupPath(id)); err != nil {
+	cid := r.cid(id)
+	os.RemoveAll(r.dir(cid))
+	if err := removeCgroups(cgroupPath(cid)); err != nil {
 		r.log.Warn("removing the cgroups of a sandbox", "sandbox", id, "err", err)
+	}
+	if cid != id {
+		os.Remove(r.dir(id))
 	}
 }
 
@@ -537,7 +579,11 @@ func (r *Runtime) State(ctx context.Context, id string) (pandastack.RuntimeState
 	if !validID(id) {
 		return "", pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
 	}
-	out, err := r.runsc(ctx, "state", id)
+	cid, ok := r.container(id)
+	if !ok {
+		return "", pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
+	}
+	out, err := r.runsc(ctx, "state", cid)
 	if err != nil {
 		if !strings.Contains(err.Error(), "does not exist") {
 			return "", fmt.Errorf("state %s: %w", id, err) // runsc failed; the sandbox may be fine
@@ -596,6 +642,14 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	for _, e := range ents {
 		seen[e.Name()] = true
 	}
+	// A container taken over by another id (Rename) is listed as that id.
+	for _, e := range ents {
+		if e.Type()&fs.ModeSymlink != 0 {
+			if cid := r.cid(e.Name()); cid != e.Name() {
+				delete(seen, cid)
+			}
+		}
+	}
 	ids := make([]string, 0, len(seen))
 	for id := range seen {
 		ids = append(ids, id)
@@ -605,14 +659,18 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 
 // Stats implements pandastack.Runtime.
 func (r *Runtime) Stats(ctx context.Context, id string) (pandastack.RuntimeStats, error) {
-	pids := r.hostPIDs(id)
+	cid, ok := r.container(id)
+	if !ok {
+		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
+	}
+	pids := r.hostPIDs(cid)
 	if len(pids) == 0 {
 		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no processes of sandbox %q", id)
 	}
 	st := pandastack.RuntimeStats{PIDs: pids, CPUNanos: -1, MemoryBytes: -1}
 	if validID(id) {
-		st.CPUNanos = cpuNanos(cgroupPath(id))
-		st.MemoryBytes = memoryBytes(cgroupPath(id))
+		st.CPUNanos = cpuNanos(cgroupPath(cid))
+		st.MemoryBytes = memoryBytes(cgroupPath(cid))
 	}
 	for _, p := range pids {
 		st.PSSBytes += pss(p)

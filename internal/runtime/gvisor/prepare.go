@@ -2,11 +2,12 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/pandastack/pandastack"
 )
@@ -31,8 +32,12 @@ type prepared struct {
 }
 
 // prepareKey is what a restore must share with the prepared container.
+// Not the environment: a restored sandbox's processes keep the one in the
+// image. Not the network namespace's path either, only whether it has one:
+// the container keeps the namespace it was created in, which the network
+// in front of the runtime hands its restore (and moves with a Rename).
 func prepareKey(s pandastack.RuntimeSpec, disk int) string {
-	return fmt.Sprintf("%s|%d|%d|%d|%s|%d|%s", s.RootFS, s.CPU, s.MemoryMB, s.PIDs, s.NetNS, disk, strings.Join(s.Env, "\x00"))
+	return fmt.Sprintf("%s|%d|%d|%d|%t|%d", s.RootFS, s.CPU, s.MemoryMB, s.PIDs, s.NetNS != "", disk)
 }
 
 // Prepare does the start of a later Restore of spec from imageDir now:
@@ -117,7 +122,8 @@ func (r *Runtime) restorePrepared(ctx context.Context, spec pandastack.RuntimeSp
 			r.remove(spec.ID)
 		}
 	}()
-	if err := r.runDetached(ctx, spec, p.disk, restoreArgs(r.dir(spec.ID), imageDir, spec), nil, nil); err != nil {
+	cid := r.cid(spec.ID)
+	if err := r.runDetached(ctx, spec, p.disk, restoreArgs(r.dir(cid), imageDir, cid, spec), nil, nil); err != nil {
 		return nil, err
 	}
 	conn, err := r.open(spec.ID)
@@ -126,4 +132,58 @@ func (r *Runtime) restorePrepared(ctx context.Context, spec pandastack.RuntimeSp
 	}
 	r.log.Debug("sandbox restored into its prepared container", "sandbox", spec.ID)
 	return conn, nil
+}
+
+// Rename implements pandastack.RuntimePreparer: the container prepared as
+// from keeps its runsc id, and a symlink sandboxes/<to> → <from> says
+// that to is it (cid); a file in from's directory says it is no longer
+// from (container). Both outlive a restart of the server, so List, State,
+// Stop and the rest find the container by to then as now, and not by from.
+// A Restore of to then restores into it as if it had been prepared as to.
+func (r *Runtime) Rename(ctx context.Context, from, to string) error {
+	if !validID(from) || !validID(to) {
+		return pandastack.Errorf(pandastack.EInvalid, "invalid sandbox id %q or %q", from, to)
+	}
+	r.mu.Lock()
+	p := r.prep[from]
+	_, busy := r.prep[to]
+	r.mu.Unlock()
+	if p == nil {
+		return pandastack.Errorf(pandastack.ENotFound, "no sandbox %q prepared in the runtime", from)
+	}
+	if busy {
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s is prepared already", to)
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if p.err != nil {
+		return pandastack.Errorf(pandastack.ENotFound, "sandbox %s was not prepared: %v", from, p.err)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir(from), renamedFile), []byte(to), 0o600); err != nil {
+		return fmt.Errorf("rename %s to %s: %w", from, to, err)
+	}
+	if err := os.Symlink(from, r.dir(to)); err != nil {
+		os.Remove(filepath.Join(r.dir(from), renamedFile))
+		if errors.Is(err, fs.ErrExist) {
+			return pandastack.Errorf(pandastack.EConflict, "sandbox %s already exists in the runtime", to)
+		}
+		return fmt.Errorf("rename %s to %s: %w", from, to, err)
+	}
+	r.mu.Lock()
+	if r.prep[from] != p || r.prep[to] != nil {
+		// Taken meanwhile (a Stop or Restore of from, a Prepare of to).
+		r.mu.Unlock()
+		os.Remove(r.dir(to))
+		os.Remove(filepath.Join(r.dir(from), renamedFile))
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s or %s changed during the rename", from, to)
+	}
+	delete(r.prep, from)
+	r.prep[to] = p
+	r.mu.Unlock()
+	r.forgetPID(to)
+	r.log.Debug("prepared sandbox renamed", "from", from, "sandbox", to)
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -533,7 +534,9 @@ func testRestoreCorrupt(t *testing.T, env Env) {
 // has it: a restore into a sandbox prepared for it brings the state back;
 // a prepared sandbox is stopped (not running) until then, and Stop removes
 // it; a restore with another spec than the one prepared still works; a
-// second Prepare of the id is a conflict; a failed Prepare leaves nothing.
+// second Prepare of the id is a conflict; a prepared sandbox renamed
+// (Rename) restores and runs under its new id alone; a failed Prepare
+// leaves nothing.
 func testPreparedRestore(t *testing.T, env Env) {
 	rt := env.New(t)
 	rp, ok := rt.(pandastack.RuntimePreparer)
@@ -596,6 +599,61 @@ func testPreparedRestore(t *testing.T, env Env) {
 		t.Fatal(err)
 	}
 	assertGone(t, rt, kid)
+
+	// Prepared under one id, renamed to another and restored as that: the
+	// state comes back, every call names it by the new id, nothing answers
+	// to the old one, and a pause (checkpoint, not left running) leaves
+	// nothing of either.
+	standby, renamed := newID(), newID()
+	t.Cleanup(func() { rt.Stop(context.Background(), renamed) })
+	if err := rp.Prepare(ctx, pandastack.RuntimeSpec{ID: standby, RootFS: env.RootFS, MemoryMB: 256}, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := rp.Rename(ctx, newID(), renamed); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("rename of an id never prepared: %v, want not_found", err)
+	}
+	if err := rp.Rename(ctx, standby, id); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("rename to an id the runtime holds: %v, want conflict", err)
+	}
+	if err := rp.Rename(ctx, standby, renamed); err != nil {
+		t.Fatalf("rename: %v", err)
+	}
+	if st, err := rt.State(ctx, renamed); err != nil || st != pandastack.RuntimeStopped {
+		t.Fatalf("state of a renamed prepared sandbox: %v %v, want stopped", st, err)
+	}
+	if _, err := rt.State(ctx, standby); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("state of the old id after a rename: %v, want not_found", err)
+	}
+	rwc, err = rt.Restore(ctx, pandastack.RuntimeSpec{ID: renamed, RootFS: env.RootFS, MemoryMB: 256}, img)
+	if err != nil {
+		t.Fatalf("restore into a renamed prepared sandbox: %v", err)
+	}
+	rn := dial(t, rwc)
+	if out, _ := rn.exec(t, "cat /home/user/f"); out != "kept\n" {
+		t.Fatalf("after a renamed prepared restore: %q", out)
+	}
+	rn.seesMemory(t, 256)
+	rn.close()
+	if st, err := rt.State(ctx, renamed); err != nil || st != pandastack.RuntimeRunning || !rt.Alive(renamed) {
+		t.Fatalf("state of the renamed sandbox: %v %v, alive %v", st, err, rt.Alive(renamed))
+	}
+	if st, err := rt.Stats(ctx, renamed); err != nil || len(st.PIDs) == 0 || st.PSSBytes == 0 {
+		t.Fatalf("stats of the renamed sandbox: %+v %v", st, err)
+	}
+	ids, err := rt.List(ctx)
+	if err != nil || !slices.Contains(ids, renamed) || slices.Contains(ids, standby) {
+		t.Fatalf("List after a rename: %v %v, want %s and not %s", ids, err, renamed, standby)
+	}
+	if c, err := rt.Attach(ctx, renamed); err != nil {
+		t.Fatalf("attach to the renamed sandbox: %v", err)
+	} else {
+		c.Close()
+	}
+	if err := rt.Checkpoint(ctx, renamed, t.TempDir(), false); err != nil {
+		t.Fatalf("pause of the renamed sandbox: %v", err)
+	}
+	assertGone(t, rt, renamed)
+	assertGone(t, rt, standby)
 
 	// Prepared and never restored: Stop removes it.
 	other := newID()
