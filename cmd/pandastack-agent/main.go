@@ -29,6 +29,7 @@ func main() {
 	}
 
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("agent", version)
+	agent.KeepAdminToItself(log)
 	// A host that goes away breaks stdout; writes must fail, not kill PID 1.
 	// Notify rather than Ignore: an ignored signal stays ignored in children.
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)

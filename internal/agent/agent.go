@@ -155,6 +155,13 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 	id := r.URL.Query().Get("sandbox_id")
 	if id != "" {
 		os.Setenv("PANDASTACK_SANDBOX_ID", id)
+		// And its name: the container it was restored into may have had
+		// another id (hostname.go).
+		if setsHostname() {
+			if err := hostOps.ensure(id); err != nil {
+				s.log.Warn("naming the sandbox", "err", err)
+			}
+		}
 	}
 	// Restored from an image other sandboxes restore too: without the
 	// reseed, their kernels would all draw the same "random" numbers. The
@@ -199,6 +206,9 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 		BootedAt:        s.cfg.BootedAt,
 		Contexts:        s.cfg.Contexts.readyIDs(),
 		Features:        []string{agentproto.FeatureRunCreates},
+	}
+	if setsHostname() {
+		h.Features = append(h.Features, agentproto.FeatureHostname)
 	}
 	// The host's setup of a sandbox after a boot or restore, in the same
 	// round trip: its resolver, and whether its trust store has the host's

@@ -2,6 +2,7 @@ package agentproto
 
 import (
 	"io"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -69,7 +70,16 @@ const (
 	// RunRequest.Create is set creates its context first when there is
 	// none, in the same round trip.
 	FeatureRunCreates = "run_creates_context"
+	// FeatureHostname: the hello sets the sandbox's hostname to the one
+	// its id gives (Hostname) when it finds another, so a sandbox may be
+	// restored into a container created under another id (a resume into
+	// one prepared ahead) and keep its name.
+	FeatureHostname = "sets_hostname"
 )
+
+// Hostname is the hostname of sandbox id: sbx_abc is sbx-abc (an
+// underscore is no letter of a hostname).
+func Hostname(id string) string { return strings.ReplaceAll(id, "_", "-") }
 
 // HasFeature reports whether the hello names feature f.
 func (h Hello) HasFeature(f string) bool {

@@ -93,6 +93,13 @@ var agentCaps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL",
 	"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT",
 	"CAP_AUDIT_WRITE", "CAP_MKNOD",
+	// Its hello sets the sandbox's hostname with it
+	// (agentproto.FeatureHostname): a restore names a sandbox after the
+	// container it is restored into, and a resume may take one created
+	// under another id. The agent takes it out of its bounding set as it
+	// starts (agent.KeepAdminToItself), so no process it starts, root's
+	// included, has it.
+	"CAP_SYS_ADMIN",
 }
 
 // cpuPeriodMicros is the CFS period of a sandbox's CPU quota: cpu × the
@@ -122,7 +129,7 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
 			Rlimits:         []ociRl{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
 		},
 		Root:     ociRoot{Path: s.RootFS},
-		Hostname: strings.ReplaceAll(s.ID, "_", "-"),
+		Hostname: agentproto.Hostname(s.ID),
 		Mounts: []ociMount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
