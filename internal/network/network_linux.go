@@ -549,10 +549,10 @@ func (n *Network) Rename(from, to string) (_ string, err error) {
 	if fresh {
 		st = &sandboxNet{ID: to, Policy: sf.Policy}
 	}
-	slot := sf.Slot
+	slot, policy := sf.Slot, st.Policy
 	n.mu.Unlock()
 
-	pol, comp, err := n.compileKept(to, st.Policy)
+	pol, comp, err := n.compileKept(to, policy)
 	if err != nil {
 		return "", err
 	}
@@ -583,9 +583,14 @@ func (n *Network) Rename(from, to string) (_ string, err error) {
 	if px != nil {
 		px.Close()
 	}
-	os.Remove(n.statePath(from))
-	n.removeNamespace(from)
-	if err := n.saveState(st); err == nil {
+	// to's record with the slot before from's goes: after a crash between
+	// the two both claim it, and the next start removes from as an orphan
+	// (to, still paused then, gets a new network at its resume); the other
+	// way round to's record would name a slot another sandbox may hold.
+	err = n.saveState(st)
+	if err == nil {
+		os.Remove(n.statePath(from))
+		n.removeNamespace(from)
 		err = n.startServices(st, gw, addr)
 	}
 	if err != nil {

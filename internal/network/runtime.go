@@ -2,6 +2,7 @@ package network
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"slices"
 	"sync"
@@ -110,10 +111,12 @@ func (r *Runtime) Rename(ctx context.Context, from, to string) error {
 	r.prepared.Delete(from)
 	ns, err := r.net.Rename(from, to)
 	if err != nil {
-		// The container, now to's, goes; to's own policy stays.
+		// The container, now to's, goes; to's own policy stays. Past the
+		// runtime's part something changed, so the error carries no code
+		// that says nothing did.
 		r.Runtime.Stop(ctx, to)
 		r.net.Release(from)
-		return err
+		return fmt.Errorf("rename the network of %s to %s: %v", from, to, err)
 	}
 	r.prepared.Store(to, ns)
 	return nil

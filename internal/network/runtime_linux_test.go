@@ -333,8 +333,9 @@ func TestRuntimeRenameHandsOverNetwork(t *testing.T) {
 		t.Error("namespace left after Stop")
 	}
 
-	// The runtime fails the rename: the prepared sandbox goes, the
-	// suspended one keeps its policy.
+	// The runtime refuses the rename (conflict): nothing changed, the
+	// prepared sandbox keeps its network. It fails otherwise: the prepared
+	// sandbox goes, the suspended one keeps its policy.
 	if _, err := n.Prepare("sbx_sus2", &none); err != nil {
 		t.Fatal(err)
 	}
@@ -343,14 +344,22 @@ func TestRuntimeRenameHandsOverNetwork(t *testing.T) {
 	if err := rt.Prepare(ctx, pandastack.RuntimeSpec{ID: "sbx_stb2"}, "img"); err != nil {
 		t.Fatal(err)
 	}
+	inner.renameErr = pandastack.Errorf(pandastack.EConflict, "held")
+	if err := rt.Rename(ctx, "sbx_stb2", "sbx_sus2"); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("a refused rename: %v, want conflict", err)
+	}
+	if _, err := os.Stat(n.NSPath("sbx_stb2")); err != nil {
+		t.Errorf("a refused rename took the prepared sandbox's namespace: %v", err)
+	}
+	if _, err := os.Stat(n.NSPath("sbx_sus2")); err == nil {
+		t.Error("a refused rename pinned the suspended sandbox's namespace")
+	}
 	inner.renameErr = errors.New("disk full")
 	if err := rt.Rename(ctx, "sbx_stb2", "sbx_sus2"); err == nil {
 		t.Fatal("Rename succeeded")
 	}
-	for _, id := range []string{"sbx_stb2", "sbx_sus2"} {
-		if _, err := os.Stat(n.NSPath(id)); err == nil {
-			t.Errorf("namespace of %s left after a failed rename", id)
-		}
+	if _, err := os.Stat(n.NSPath("sbx_stb2")); err == nil {
+		t.Error("the prepared sandbox's namespace was left after a failed rename")
 	}
 	if p, ok := n.Policy("sbx_sus2"); !ok || p.AllowInternetAccess {
 		t.Errorf("a failed rename changed the suspended sandbox's policy: %+v %v", p, ok)

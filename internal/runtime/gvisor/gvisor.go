@@ -57,12 +57,15 @@ type Runtime struct {
 	sbxRoot string // per-sandbox directories
 	log     *slog.Logger
 
-	mu   sync.Mutex
-	pids map[string]int       // the runsc-sandbox process of each sandbox, for Alive
-	prep map[string]*prepared // containers created ahead of their restore (prepare.go)
+	mu       sync.Mutex
+	renameMu sync.Mutex           // one Rename at a time
+	pids     map[string]int       // the runsc-sandbox process of each sandbox, for Alive
+	prep     map[string]*prepared // containers created ahead of their restore (prepare.go)
 
 	stopRotate chan struct{}
 	closeOnce  sync.Once
+
+	bootCaps int // the capability revision of boots; 0: capsRevision (a test sets an older one)
 }
 
 var (
@@ -123,8 +126,13 @@ func (r *Runtime) container(id string) (string, bool) {
 	if target, err := os.Readlink(r.dir(id)); err == nil && validID(target) {
 		return target, true
 	}
-	if _, err := os.Lstat(filepath.Join(r.dir(id), renamedFile)); err == nil {
-		return id, false
+	// Taken over only while the taker's link names it: a marker left
+	// alone by a crash between the two, or by a failed rename, does not
+	// count (Stop then removes the container as its own).
+	if to, err := os.ReadFile(filepath.Join(r.dir(id), renamedFile)); err == nil && validID(string(to)) {
+		if back, err := os.Readlink(r.dir(string(to))); err == nil && back == id {
+			return id, false
+		}
 	}
 	return id, true
 }
@@ -205,6 +213,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 		return pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
 	}
 	disk := sandboxDisk(r.dir(id)) // before a checkpoint that stops it removes the dir
+	caps := sandboxCaps(r.dir(id))
 	args := []string{"checkpoint", "--image-path=" + imageDir, "--exclude-committed-zero-pages"}
 	if leaveRunning {
 		args = append(args, "--leave-running")
@@ -219,7 +228,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 		}
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	merr := markImageDisk(imageDir, disk)
+	merr := errors.Join(markImageDisk(imageDir, disk), markImageCaps(imageDir, caps))
 	if !leaveRunning {
 		// The container stopped with the checkpoint; remove what is left.
 		r.Stop(ctx, id)
@@ -238,7 +247,7 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 	}
 	if imageDir != "" {
 		if p := r.takePrepared(spec.ID); p != nil {
-			if p.err == nil && p.key == prepareKey(spec, p.disk) && r.imageDisk(imageDir) == p.disk {
+			if caps, err := r.capsFor(imageDir); p.err == nil && p.key == prepareKey(spec, p.disk) && r.imageDisk(imageDir) == p.disk && err == nil && caps == p.caps {
 				return r.restorePrepared(ctx, spec, imageDir, p)
 			}
 			// Failed, or made for another spec: start afresh.
@@ -309,7 +318,14 @@ func (r *Runtime) launch(ctx context.Context, spec pandastack.RuntimeSpec, image
 	if err := os.WriteFile(filepath.Join(dir, diskFile), []byte(strconv.Itoa(disk)), 0o600); err != nil {
 		return 0, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, disk > 0), "", "  ")
+	caps, err := r.capsFor(imageDir)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, capsFile), []byte(strconv.Itoa(caps)), 0o600); err != nil {
+		return 0, fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, disk > 0, capsOf(caps)), "", "  ")
 	if err != nil {
 		return 0, err
 	}
@@ -450,13 +466,17 @@ func (r *Runtime) Close() error {
 // FIFOs open, so the host never reads EOF when it dies: this check is how a
 // dead sandbox is noticed at once rather than after a keepalive timeout.
 func (r *Runtime) Alive(id string) bool {
+	cid, ok := r.container(id)
+	if !ok {
+		return false // another id took it over
+	}
 	r.mu.Lock()
 	pid, ok := r.pids[id]
 	r.mu.Unlock()
 	if !ok {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		out, err := r.runsc(ctx, "state", r.cid(id))
+		out, err := r.runsc(ctx, "state", cid)
 		if err != nil {
 			// Only a container runsc no longer knows is dead; a slow or
 			// failing runsc says nothing, and killing on it would be worse.
@@ -474,7 +494,7 @@ func (r *Runtime) Alive(id string) bool {
 		r.mu.Unlock()
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return cmdlineAlive(b, err, r.cid(id))
+	return cmdlineAlive(b, err, cid)
 }
 
 // cmdlineAlive reads the answer to a read of a sandbox process's

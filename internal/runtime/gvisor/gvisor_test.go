@@ -141,3 +141,63 @@ func TestHostMemoryHeadroom(t *testing.T) {
 		}
 	}
 }
+
+// An image taken by a server from before the agent held CAP_SYS_ADMIN
+// (another capability set in the spec, no record of it in the image)
+// still restores, afresh and into a container prepared for it: runsc
+// refuses a restore whose spec's capabilities differ from the image's.
+func TestRestoreOfAnImageWithTheOldCapabilities(t *testing.T) {
+	runsc := testutil.Runsc(t)
+	agent := filepath.Join(testutil.Binaries(t), "pandastack-agent")
+	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: t.TempDir(), AgentPath: agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	ctx := context.Background()
+	root := busyboxRootFS(t)
+	gvisor.BootOldCaps(rt, true)
+	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
+	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rwc.Close()
+	img := t.TempDir()
+	if err := rt.Checkpoint(ctx, id, img, false); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(img, gvisor.ImageCapsFile)) // that server wrote none
+	gvisor.BootOldCaps(rt, false)
+
+	for _, prepared := range []bool{false, true} {
+		kid := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
+		spec := pandastack.RuntimeSpec{ID: kid, RootFS: root}
+		if prepared {
+			if err := rt.Prepare(ctx, spec, img); err != nil {
+				t.Fatalf("prepare from the old image: %v", err)
+			}
+		}
+		rwc, err := rt.Restore(ctx, spec, img)
+		if err != nil {
+			t.Fatalf("restore of the old image (prepared: %v): %v", prepared, err)
+		}
+		rwc.Close()
+		if st, err := rt.State(ctx, kid); err != nil || st != pandastack.RuntimeRunning {
+			t.Fatalf("after the restore (prepared: %v): %v %v", prepared, st, err)
+		}
+		// Its own checkpoints keep the old set, so they restore too.
+		again := t.TempDir()
+		if err := rt.Checkpoint(ctx, kid, again, false); err != nil {
+			t.Fatal(err)
+		}
+		rwc, err = rt.Restore(ctx, spec, again)
+		if err != nil {
+			t.Fatalf("restore of its checkpoint (prepared: %v): %v", prepared, err)
+		}
+		rwc.Close()
+		if err := rt.Stop(ctx, kid); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

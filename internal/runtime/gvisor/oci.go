@@ -98,7 +98,8 @@ var agentCaps = []string{
 	// container it is restored into, and a resume may take one created
 	// under another id. The agent takes it out of its bounding set as it
 	// starts (agent.KeepAdminToItself), so no process it starts, root's
-	// included, has it.
+	// included, has it. Last: images taken before it restore with the set
+	// without it (caps.go).
 	"CAP_SYS_ADMIN",
 }
 
@@ -116,7 +117,7 @@ func cgroupPath(id string) string { return "/pandastack/" + id }
 // /tmp on that disk (runsc would still mount a tmpfs over an empty /tmp:
 // templates leave a file there); without, /tmp is a tmpfs in memory, as
 // images taken that way expect (a restore needs the checkpoint's mounts).
-func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
+func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool, caps []string) ociSpec {
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
 	spec := ociSpec{
 		Version: "1.0.2",
@@ -124,7 +125,7 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool) ociSpec {
 			Args:            []string{agentproto.AgentPath},
 			Env:             env,
 			Cwd:             "/",
-			Capabilities:    ociCaps{Bounding: agentCaps, Effective: agentCaps, Permitted: agentCaps},
+			Capabilities:    ociCaps{Bounding: caps, Effective: caps, Permitted: caps},
 			NoNewPrivileges: true,
 			Rlimits:         []ociRl{{Type: "RLIMIT_NOFILE", Hard: 65536, Soft: 65536}},
 		},

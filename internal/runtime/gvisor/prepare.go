@@ -29,6 +29,7 @@ type prepared struct {
 	err  error
 	key  string // prepareKey of the spec it was created with
 	disk int    // its disk size (0: in memory), as the image has it
+	caps int    // its capability revision (caps.go), as the image has it
 }
 
 // prepareKey is what a restore must share with the prepared container.
@@ -64,6 +65,7 @@ func (r *Runtime) Prepare(ctx context.Context, spec pandastack.RuntimeSpec, imag
 	r.mu.Unlock()
 	disk, err := r.launch(ctx, spec, imageDir, modeCreate)
 	p.err, p.disk, p.key = err, disk, prepareKey(spec, disk)
+	p.caps, _ = r.capsFor(imageDir) // launch read it already
 	close(p.done)
 	if err != nil {
 		r.mu.Lock()
@@ -137,13 +139,16 @@ func (r *Runtime) restorePrepared(ctx context.Context, spec pandastack.RuntimeSp
 // Rename implements pandastack.RuntimePreparer: the container prepared as
 // from keeps its runsc id, and a symlink sandboxes/<to> → <from> says
 // that to is it (cid); a file in from's directory says it is no longer
-// from (container). Both outlive a restart of the server, so List, State,
-// Stop and the rest find the container by to then as now, and not by from.
+// from (container), while that link exists. Both outlive a restart of the
+// server, so List, State, Stop and the rest find the container by to then
+// as now, and not by from.
 // A Restore of to then restores into it as if it had been prepared as to.
 func (r *Runtime) Rename(ctx context.Context, from, to string) error {
 	if !validID(from) || !validID(to) {
 		return pandastack.Errorf(pandastack.EInvalid, "invalid sandbox id %q or %q", from, to)
 	}
+	r.renameMu.Lock() // one at a time: the marker below is written once
+	defer r.renameMu.Unlock()
 	r.mu.Lock()
 	p := r.prep[from]
 	_, busy := r.prep[to]
@@ -162,14 +167,16 @@ func (r *Runtime) Rename(ctx context.Context, from, to string) error {
 	if p.err != nil {
 		return pandastack.Errorf(pandastack.ENotFound, "sandbox %s was not prepared: %v", from, p.err)
 	}
-	if err := os.WriteFile(filepath.Join(r.dir(from), renamedFile), []byte(to), 0o600); err != nil {
-		return fmt.Errorf("rename %s to %s: %w", from, to, err)
-	}
+	// The link first: the marker counts only beside a link back to from
+	// (container), so a crash between the two leaves from as it was.
 	if err := os.Symlink(from, r.dir(to)); err != nil {
-		os.Remove(filepath.Join(r.dir(from), renamedFile))
 		if errors.Is(err, fs.ErrExist) {
 			return pandastack.Errorf(pandastack.EConflict, "sandbox %s already exists in the runtime", to)
 		}
+		return fmt.Errorf("rename %s to %s: %w", from, to, err)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir(from), renamedFile), []byte(to), 0o600); err != nil {
+		os.Remove(r.dir(to))
 		return fmt.Errorf("rename %s to %s: %w", from, to, err)
 	}
 	r.mu.Lock()

@@ -1,0 +1,79 @@
+package gvisor
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/pandastack/pandastack"
+)
+
+// The agent's capabilities are part of a container's spec, and runsc
+// checks a restore's spec against the one the image was taken with
+// (--restore-spec-validation, enforced by default): an image taken with
+// another set does not restore. So every container records the revision
+// of the set it runs with, each image takes that record along, and a
+// restore (or a container prepared for one) uses the image's set.
+
+const (
+	capsFile      = "caps-revision"            // in the sandbox's dir
+	imageCapsFile = "pandastack-caps-revision" // in an image dir
+)
+
+// capsRevision is the revision of agentCaps. 1: the set before the agent
+// held CAP_SYS_ADMIN (images without a record); 2: agentCaps.
+const capsRevision = 2
+
+// capsOf is the capability set of a revision.
+func capsOf(rev int) []string {
+	if rev == 1 {
+		return agentCaps[:len(agentCaps)-1] // all but CAP_SYS_ADMIN, the last
+	}
+	return agentCaps
+}
+
+// capsFor is the revision a sandbox runs with: this one for a boot, the
+// image's for a restore.
+func (r *Runtime) capsFor(imageDir string) (int, error) {
+	if imageDir == "" {
+		if r.bootCaps != 0 {
+			return r.bootCaps, nil // a test's older server
+		}
+		return capsRevision, nil
+	}
+	b, err := os.ReadFile(filepath.Join(imageDir, imageCapsFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 1, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("restore: %w", err)
+	}
+	rev, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || rev < 1 || rev > capsRevision {
+		return 0, pandastack.Errorf(pandastack.ESnapshotCorrupt, "the image's capability record %q is damaged or from a newer server", strings.TrimSpace(string(b)))
+	}
+	return rev, nil
+}
+
+// sandboxCaps reads the revision recorded in a sandbox's directory (1 for
+// a sandbox started before the record).
+func sandboxCaps(dir string) int {
+	b, err := os.ReadFile(filepath.Join(dir, capsFile))
+	if err != nil {
+		return 1
+	}
+	rev, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || rev < 1 || rev > capsRevision {
+		return 1
+	}
+	return rev
+}
+
+// markImageCaps records a checkpoint's capability revision in its image.
+func markImageCaps(imageDir string, rev int) error {
+	return os.WriteFile(filepath.Join(imageDir, imageCapsFile), []byte(strconv.Itoa(rev)), 0o644)
+}
