@@ -8,11 +8,14 @@ import (
 )
 
 // A sandbox's hostname is its id's (agentproto.Hostname). gVisor names a
-// restored sandbox after the container it is restored into, unless code
-// in it set its name itself; a suspended sandbox may be resumed into a
-// container created ahead under another id. So every hello sets the name
-// when it finds another (agentproto.FeatureHostname): the hello comes
-// before anything of the user's runs after a restore.
+// restored sandbox after the container it is restored into, unless a
+// process in it set its name itself (then it keeps the image's); a
+// suspended sandbox may be resumed into a container created ahead under
+// another id. So every hello sets the name when it finds another
+// (agentproto.FeatureHostname). The hello comes before any command, cell
+// or file request after a restore; processes that were running when the
+// image was taken (a server started from a cell) run on from the restore
+// and may read the name before the hello has set it.
 
 // hostnameOps reads and sets the system's hostname (a test's fakes).
 type hostnameOps struct {

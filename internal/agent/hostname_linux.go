@@ -15,13 +15,24 @@ import (
 // first thing in main: threads made later inherit the set.
 func KeepAdminToItself(log *slog.Logger) {
 	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0); errno != 0 {
-		log.Error("taking CAP_SYS_ADMIN out of the bounding set; commands run as root keep it", "err", errno)
+		log.Error("taking CAP_SYS_ADMIN out of the bounding set; the hostname is left to the container", "err", errno)
+		return
 	}
+	adminKept = true
 }
 
+// adminKept: KeepAdminToItself took CAP_SYS_ADMIN out of the bounding set.
+// Without that the hello does not use it (and does not say it names the
+// sandbox), so the server resumes it only into its own container.
+var adminKept bool
+
 // canSetHostname reports whether the agent holds CAP_SYS_ADMIN, which
-// sethostname(2) needs: an agent started by an older server does not.
+// sethostname(2) needs (an agent started by an older server does not),
+// and kept it to itself.
 func canSetHostname() bool {
+	if !adminKept {
+		return false
+	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
