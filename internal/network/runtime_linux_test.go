@@ -368,4 +368,21 @@ func TestRuntimeRenameHandsOverNetwork(t *testing.T) {
 		t.Error("a failed rename left the prepared sandbox's policy")
 	}
 	n.Release("sbx_sus2")
+
+	// A sandbox with no policy of its own takes the prepared one's (the
+	// default, internet): its chain is kept as it is, and lets it out.
+	inner.renameErr = nil
+	if err := rt.Prepare(ctx, pandastack.RuntimeSpec{ID: "sbx_stb3"}, "img"); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Rename(ctx, "sbx_stb3", "sbx_new"); err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Stop(ctx, "sbx_new")
+	if p, ok := n.Policy("sbx_new"); !ok || !p.AllowInternetAccess {
+		t.Errorf("policy of a sandbox that had none, renamed: %+v %v", p, ok)
+	}
+	if body, _, err := get(t, n.NSPath("sbx_new"), up.PublicIP); err != nil || body == "" {
+		t.Errorf("from the renamed sandbox with the default policy: %q %v", body, err)
+	}
 }

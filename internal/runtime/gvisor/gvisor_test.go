@@ -109,17 +109,22 @@ func conformanceCgroups() []string {
 	return dirs
 }
 
+// newRuntime is a driver with a state directory of its own, closed at the
+// test's end.
+func newRuntime(t *testing.T) *gvisor.Runtime {
+	rt, err := gvisor.New(gvisor.Config{Runsc: testutil.Runsc(t), StateDir: t.TempDir(), AgentPath: filepath.Join(testutil.Binaries(t), "pandastack-agent")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	return rt
+}
+
 // TestHostMemoryHeadroom: the host lets a sandbox hold an eighth more than
 // its memory (at least 64 MiB more), for gVisor's own; the sandbox still
 // sees its memory (the conformance suite checks /proc/meminfo).
 func TestHostMemoryHeadroom(t *testing.T) {
-	runsc := testutil.Runsc(t)
-	agent := filepath.Join(testutil.Binaries(t), "pandastack-agent")
-	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: t.TempDir(), AgentPath: agent})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Close()
+	rt := newRuntime(t)
 	root := busyboxRootFS(t)
 	for _, c := range []struct{ mb, wantMB int }{{128, 192}, {1024, 1152}} {
 		id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
@@ -147,13 +152,7 @@ func TestHostMemoryHeadroom(t *testing.T) {
 // still restores, afresh and into a container prepared for it: runsc
 // refuses a restore whose spec's capabilities differ from the image's.
 func TestRestoreOfAnImageWithTheOldCapabilities(t *testing.T) {
-	runsc := testutil.Runsc(t)
-	agent := filepath.Join(testutil.Binaries(t), "pandastack-agent")
-	rt, err := gvisor.New(gvisor.Config{Runsc: runsc, StateDir: t.TempDir(), AgentPath: agent})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Close()
+	rt := newRuntime(t)
 	ctx := context.Background()
 	root := busyboxRootFS(t)
 	gvisor.BootOldCaps(rt, true)

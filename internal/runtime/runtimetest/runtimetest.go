@@ -530,6 +530,23 @@ func testRestoreCorrupt(t *testing.T, env Env) {
 	assertGone(t, rt, id)
 }
 
+// restoreKept restores spec from img (what testPreparedRestore
+// checkpointed) and checks the sandbox has the file and the memory (256
+// MiB) it was taken with.
+func restoreKept(t *testing.T, rt pandastack.Runtime, spec pandastack.RuntimeSpec, img, what string) {
+	t.Helper()
+	rwc, err := rt.Restore(context.Background(), spec, img)
+	if err != nil {
+		t.Fatalf("restore %s: %v", what, err)
+	}
+	s := dial(t, rwc)
+	if out, _ := s.exec(t, "cat /home/user/f"); out != "kept\n" {
+		t.Fatalf("restored %s: %q", what, out)
+	}
+	s.seesMemory(t, 256)
+	s.close()
+}
+
 // testPreparedRestore checks pandastack.RuntimePreparer, for a driver that
 // has it: a restore into a sandbox prepared for it brings the state back;
 // a prepared sandbox is stopped (not running) until then, and Stop removes
@@ -565,16 +582,7 @@ func testPreparedRestore(t *testing.T, env Env) {
 	if err := rp.Prepare(ctx, spec, img); !pandastack.IsCode(err, pandastack.EConflict) {
 		t.Fatalf("second prepare: %v, want conflict", err)
 	}
-	rwc, err := rt.Restore(ctx, spec, img)
-	if err != nil {
-		t.Fatalf("restore into the prepared sandbox: %v", err)
-	}
-	s2 := dial(t, rwc)
-	if out, _ := s2.exec(t, "cat /home/user/f"); out != "kept\n" {
-		t.Fatalf("after a prepared restore: %q", out)
-	}
-	s2.seesMemory(t, 256)
-	s2.close()
+	restoreKept(t, rt, spec, img, "into the prepared sandbox")
 	if st, err := rt.State(ctx, id); err != nil || st != pandastack.RuntimeRunning {
 		t.Fatalf("state after a prepared restore: %v %v", st, err)
 	}
@@ -585,16 +593,7 @@ func testPreparedRestore(t *testing.T, env Env) {
 	if err := rp.Prepare(ctx, pandastack.RuntimeSpec{ID: kid, RootFS: env.RootFS, MemoryMB: 512}, img); err != nil {
 		t.Fatal(err)
 	}
-	rwc, err = rt.Restore(ctx, pandastack.RuntimeSpec{ID: kid, RootFS: env.RootFS, MemoryMB: 256}, img)
-	if err != nil {
-		t.Fatalf("restore with another spec than prepared: %v", err)
-	}
-	k := dial(t, rwc)
-	if out, _ := k.exec(t, "cat /home/user/f"); out != "kept\n" {
-		t.Fatalf("restored with another spec: %q", out)
-	}
-	k.seesMemory(t, 256)
-	k.close()
+	restoreKept(t, rt, pandastack.RuntimeSpec{ID: kid, RootFS: env.RootFS, MemoryMB: 256}, img, "with another spec than prepared")
 	if err := rt.Stop(ctx, kid); err != nil {
 		t.Fatal(err)
 	}
@@ -624,16 +623,7 @@ func testPreparedRestore(t *testing.T, env Env) {
 	if _, err := rt.State(ctx, standby); !pandastack.IsCode(err, pandastack.ENotFound) {
 		t.Fatalf("state of the old id after a rename: %v, want not_found", err)
 	}
-	rwc, err = rt.Restore(ctx, pandastack.RuntimeSpec{ID: renamed, RootFS: env.RootFS, MemoryMB: 256}, img)
-	if err != nil {
-		t.Fatalf("restore into a renamed prepared sandbox: %v", err)
-	}
-	rn := dial(t, rwc)
-	if out, _ := rn.exec(t, "cat /home/user/f"); out != "kept\n" {
-		t.Fatalf("after a renamed prepared restore: %q", out)
-	}
-	rn.seesMemory(t, 256)
-	rn.close()
+	restoreKept(t, rt, pandastack.RuntimeSpec{ID: renamed, RootFS: env.RootFS, MemoryMB: 256}, img, "into a renamed prepared sandbox")
 	if st, err := rt.State(ctx, renamed); err != nil || st != pandastack.RuntimeRunning || !rt.Alive(renamed) {
 		t.Fatalf("state of the renamed sandbox: %v %v, alive %v", st, err, rt.Alive(renamed))
 	}
