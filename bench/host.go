@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -14,8 +15,38 @@ import (
 
 // sandboxPIDs maps each sandbox under the runsc root to its host processes
 // (runsc-sandbox, runsc-gofer, a runsc command in flight), found by their
-// command lines, which name the root and end with the sandbox id.
+// command lines, which name the root and end with the container id: the
+// sandbox's, or, for a sandbox resumed into a container prepared under
+// another id, that one's (byAlias).
 func sandboxPIDs(runscRoot string) map[string][]int {
+	out := containerPIDs(runscRoot)
+	byAlias(out, filepath.Join(filepath.Dir(runscRoot), "sandboxes"))
+	return out
+}
+
+// byAlias files the processes of a container that a sandbox took over
+// under the sandbox's id: the server links sandboxes/<sandbox id> to the
+// container's directory.
+func byAlias(pids map[string][]int, sandboxesDir string) {
+	ents, _ := os.ReadDir(sandboxesDir)
+	for _, e := range ents {
+		if e.Type()&os.ModeSymlink == 0 {
+			continue
+		}
+		target, err := os.Readlink(filepath.Join(sandboxesDir, e.Name()))
+		if err != nil {
+			continue
+		}
+		if p, ok := pids[target]; ok {
+			pids[e.Name()] = p
+			delete(pids, target)
+		}
+	}
+}
+
+// containerPIDs maps each runsc container under the root to its host
+// processes.
+func containerPIDs(runscRoot string) map[string][]int {
 	out := map[string][]int{}
 	ents, _ := os.ReadDir("/proc")
 	self := os.Getpid()

@@ -1,6 +1,10 @@
 package main
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
 
 func TestPauseDone(t *testing.T) {
 	const (
@@ -26,5 +30,22 @@ func TestPauseDone(t *testing.T) {
 		if got := pauseDone(tc.log, "sbx_a"); got != tc.want {
 			t.Errorf("%s: pauseDone = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// A sandbox resumed into a container prepared under another id has that
+// container's processes filed under its own id.
+func TestByAlias(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, "sbx_c"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("sbx_c", filepath.Join(dir, "sbx_s")); err != nil {
+		t.Fatal(err)
+	}
+	pids := map[string][]int{"sbx_c": {7, 8}, "sbx_o": {9}}
+	byAlias(pids, dir)
+	if len(pids) != 2 || len(pids["sbx_s"]) != 2 || len(pids["sbx_o"]) != 1 || pids["sbx_c"] != nil {
+		t.Fatalf("after byAlias: %v", pids)
 	}
 }

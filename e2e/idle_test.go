@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -167,6 +168,101 @@ func TestIdleSuspend(t *testing.T) {
 		waitState(t, s, sb.ID, "stopped (expired)", func(sb *client.Sandbox) bool { return sb.State == "stopped" && sb.StopReason == "expired" })
 		s.assertGone(t, sb.ID) // its image included
 	})
+}
+
+// standbyOf is the container the server last logged as prepared for creates
+// of template and that is still waiting (runsc: created), or "".
+func (s *server) standbyOf(template string) string {
+	lines := strings.Split(s.out.String(), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := lines[i]
+		if !strings.Contains(l, `msg="container prepared for creates"`) || !strings.Contains(l, "template="+template+" ") {
+			continue
+		}
+		if m := logSandbox.FindStringSubmatch(l); m != nil && s.runscStatus(m[1]) == "created" {
+			return m[1]
+		}
+	}
+	return ""
+}
+
+// A suspended sandbox whose own resume is no longer prepared (newer
+// suspends took the --prepared-resumes places) resumes into a container
+// prepared for its template's creates: with its state, under its own
+// hostname (gVisor would name it after that container; its agent sets the
+// name back), and its kill leaves nothing of either id. The agent keeps
+// the CAP_SYS_ADMIN that takes out of every process it starts.
+func TestIdleResumeIntoContainerPreparedForCreates(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900, IdleTimeoutSeconds: idleSeconds(2)})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(linesWith(s.out.String(), sb.ID, "prepared", "suspend"))
+		}
+	})
+	if _, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret = 'kept'"}); err != nil {
+		t.Fatal(err)
+	}
+	waitState(t, s, sb.ID, "suspended", suspended)
+	eventually(t, "the suspended sandbox's resume to be prepared", func() bool { return s.runscStatus(sb.ID) == "created" })
+	// Four more suspends (PANDASTACK_PREPARED_RESUMES=4) drop its prepared
+	// resume.
+	for range 4 {
+		o := newSandbox(t, s, client.CreateSandboxRequest{TTLSeconds: 600, IdleTimeoutSeconds: idleSeconds(1)})
+		waitState(t, s, o.ID, "suspended", suspended)
+	}
+	eventually(t, "its prepared resume to be dropped", func() bool { return s.runscStatus(sb.ID) == "" })
+	var standby string
+	eventually(t, "a container prepared for creates of code-interpreter", func() bool {
+		standby = s.standbyOf("code-interpreter")
+		return standby != ""
+	})
+
+	ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "import socket\nprint(secret, socket.gethostname(), open('/etc/hostname').read().strip())"})
+	want := "kept " + strings.ReplaceAll(sb.ID, "_", "-") + " " + strings.ReplaceAll(sb.ID, "_", "-") + "\n"
+	if err != nil || ex.Stdout != want {
+		t.Fatalf("after the resume: %+v %v; want stdout %q", ex, err, want)
+	}
+	resumed := linesWith(s.out.String(), `msg="sandbox resumed" sandbox=`+sb.ID)
+	if !strings.Contains(resumed, "standby="+standby) {
+		t.Fatalf("the resume did not take the prepared container %s:\n%s", standby, resumed)
+	}
+	if st := s.runscStatus(standby); st != "running" {
+		t.Fatalf("the container it took is %q, want running", st)
+	}
+	if pids := processesMentioning(standby); len(pids) == 0 {
+		t.Fatal("no host process of the container it took")
+	}
+	// The agent (PID 1) holds CAP_SYS_ADMIN (bit 21) to set the name; its
+	// bounding set, which every process it starts inherits, does not.
+	out := mustExec(t, s, sb.ID, "grep -E '^Cap(Eff|Bnd)' /proc/1/status /proc/self/status")
+	caps := map[string]uint64{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var file, name string
+		var v uint64
+		f := strings.Fields(strings.ReplaceAll(l, ":", " "))
+		if len(f) == 3 {
+			file, name = f[0], f[1]
+			if _, err := fmt.Sscanf(f[2], "%x", &v); err == nil {
+				caps[file+" "+name] = v
+			}
+		}
+	}
+	const sysAdmin = 1 << 21
+	if len(caps) != 4 || caps["/proc/1/status CapEff"]&sysAdmin == 0 || caps["/proc/1/status CapBnd"]&sysAdmin != 0 || caps["/proc/self/status CapBnd"]&sysAdmin != 0 {
+		t.Fatalf("capabilities of the agent and of a command:\n%s", out)
+	}
+
+	if err := c.KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.assertGone(t, sb.ID)
+	s.assertGone(t, standby)
+	if left := networkLeft(s.dataDir, sb.ID, standby); left != "" {
+		t.Fatalf("network left: %s", left)
+	}
 }
 
 // A sandbox whose processes keep working in the background is not idle, and

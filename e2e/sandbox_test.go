@@ -687,15 +687,38 @@ func TestCLI(t *testing.T) {
 	s.assertGone(t, id)
 }
 
+// A sandbox resumed into a container prepared for creates (no prepared
+// resumes here) is taken over too, by its own id.
 func TestServerRestartReadoptsSandboxes(t *testing.T) {
 	// Sandboxes outlive serve here, as they do for an operator.
-	s := startServer(t, "", "PANDASTACK_KILL_ON_EXIT=0")
+	s := startServer(t, "", "PANDASTACK_KILL_ON_EXIT=0", "PANDASTACK_PREPARED_RESUMES=0")
 	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
 	ctx := context.Background()
 	c := s.client()
 	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 600})
 	if err != nil {
 		t.Fatal(err)
+	}
+	waitWarmTemplate(t, s, "code-interpreter")
+	moved, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 600, IdleTimeoutSeconds: idleSeconds(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, s, moved.ID, "echo moved > state.txt")
+	waitState(t, s, moved.ID, "suspended", suspended)
+	var standby string
+	eventually(t, "a container prepared for creates of code-interpreter", func() bool {
+		standby = s.standbyOf("code-interpreter")
+		return standby != ""
+	})
+	if _, err := c.SetIdleTimeout(ctx, moved.ID, 0); err != nil { // it stays up once resumed
+		t.Fatal(err)
+	}
+	if out := mustExec(t, s, moved.ID, "cat state.txt"); out != "moved\n" { // resumes it, into that container
+		t.Fatalf("after the resume: %q", out)
+	}
+	if !strings.Contains(linesWith(s.out.String(), `msg="sandbox resumed" sandbox=`+moved.ID), "standby="+standby) {
+		t.Fatalf("the resume did not take the prepared container %s:\n%s", standby, linesWith(s.out.String(), moved.ID))
 	}
 	short, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 3})
 	if err != nil {
@@ -713,6 +736,15 @@ func TestServerRestartReadoptsSandboxes(t *testing.T) {
 	if err != nil || res.Stdout != "remembered\n" {
 		t.Fatalf("after restart: %+v %v\n%s", res, err, tail(s.out.String(), 30))
 	}
+	res, err = c.Exec(ctx, moved.ID, client.ExecRequest{Cmd: "cat state.txt; hostname"})
+	if want := "moved\n" + strings.ReplaceAll(moved.ID, "_", "-") + "\n"; err != nil || res.Stdout != want {
+		t.Fatalf("the sandbox in a renamed container after restart: %+v %v, want %q\n%s", res, err, want, tail(s.out.String(), 30))
+	}
+	if err := c.KillSandbox(ctx, moved.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.assertGone(t, moved.ID)
+	s.assertGone(t, standby)
 	got, err := c.GetSandbox(ctx, short.ID)
 	if err != nil || got.State != "stopped" || got.StopReason != "expired" {
 		t.Fatalf("short-lived sandbox after restart: %+v %v", got, err)

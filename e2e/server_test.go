@@ -295,7 +295,7 @@ func (s *server) assertGone(t *testing.T, id string) {
 		if pids := processesMentioning(id); len(pids) > 0 {
 			left = append(left, fmt.Sprintf("processes %v", pids))
 		}
-		if _, err := os.Stat(filepath.Join(s.dataDir, "runtime", "sandboxes", id)); err == nil {
+		if _, err := os.Lstat(filepath.Join(s.dataDir, "runtime", "sandboxes", id)); err == nil {
 			left = append(left, "state directory")
 		}
 		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/memory/pandastack", id)); err == nil {

@@ -42,6 +42,7 @@ type fakeRuntime struct {
 	markerReads   int             // GET /v1/files of caMarker (an older agent's setup)
 	helloSetup    bool            // the hello reports the CA marker when asked, as agents since ca_marker do
 	noAgent       bool            // sandboxes boot with an agent that never answers
+	unnamed       bool            // the hello does not name FeatureHostname, as agents before it
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 	// sparesHold, when set, makes the spares request signal sparesAsked
 	// and wait until the request is given up.
@@ -111,6 +112,9 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	mux.HandleFunc("GET /v1/hello", func(w http.ResponseWriter, req *http.Request) {
 		h := agentproto.Hello{ProtocolVersion: agentproto.ProtocolVersion, Epoch: epoch}
 		r.mu.Lock()
+		if !r.unnamed {
+			h.Features = []string{agentproto.FeatureHostname}
+		}
 		if r.helloSetup && req.URL.Query().Get("ca_marker") == "1" {
 			mk := strings.TrimSpace(b.vars["file:"+caMarker])
 			h.CAMarker = &mk

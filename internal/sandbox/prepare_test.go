@@ -313,6 +313,69 @@ func standbyHarness(t *testing.T) (*harness, *preparingRuntime) {
 	return h, rt
 }
 
+// A suspended sandbox whose own resume was not prepared resumes into a
+// container prepared for its template's creates, renamed to its id, with
+// its state; the next such container is prepared after it. One with
+// resources of its own resumes afresh and leaves the prepared one be.
+func TestResumeTakesAContainerPreparedForCreates(t *testing.T) {
+	h, rt := standbyHarness(t)
+	ctx := context.Background()
+	sb := h.createIdle(10)
+	if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
+		t.Fatal(err)
+	}
+	own, err := h.m.Create(ctx, project, CreateRequest{Template: "base", MemoryMB: h.tpls.tpl.MemoryMB * 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	ready := rt.preparedIDs()[0]
+	h.m.suspend([]string{sb.ID})
+	if _, err := h.m.Pause(ctx, project, own.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{sb.ID, own.ID} {
+		if rec := h.record(id); rec.State != pandastack.StatePaused {
+			t.Fatalf("%s not paused: %s", id, rec.State)
+		}
+	}
+	rt.takeCalls()
+	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
+		t.Fatalf("after the resume: %q %v", out, err)
+	}
+	waitFor(t, func() bool { p := rt.preparedIDs(); return len(p) == 1 && p[0] != ready })
+	next := rt.preparedIDs()[0]
+	want := []string{"rename " + ready + " " + sb.ID, "restore " + sb.ID + " prepared", "prepare " + next}
+	if got := rt.takeCalls(); !slices.Equal(got, want) {
+		t.Fatalf("runtime calls %q, want %q", got, want)
+	}
+	if got := h.logs.with("standby=" + ready); len(got) != 1 || !strings.Contains(got[0], `msg="sandbox resumed"`) || !strings.Contains(got[0], "sandbox="+sb.ID) {
+		t.Fatalf("the resume's log line naming the container it took: %q", got)
+	}
+	if _, err := h.m.Resume(ctx, project, own.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := rt.takeCalls(); !slices.Equal(got, []string{"restore " + own.ID + " cold"}) || !slices.Equal(rt.preparedIDs(), []string{next}) {
+		t.Fatalf("a resume with memory of its own: calls %q, prepared %v", got, rt.preparedIDs())
+	}
+
+	// An agent that does not set the sandbox's hostname would keep the
+	// container's: such a sandbox resumes afresh.
+	rt.fakeRuntime.mu.Lock()
+	rt.unnamed = true
+	rt.fakeRuntime.mu.Unlock()
+	old := h.createIdle(10)
+	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
+	h.m.suspend([]string{old.ID})
+	rt.takeCalls()
+	if _, err := h.exec(old.ID, "get v"); err != nil {
+		t.Fatal(err)
+	}
+	if got := rt.takeCalls(); !slices.Equal(got, []string{"restore " + old.ID + " cold"}) || len(rt.preparedIDs()) != 1 {
+		t.Fatalf("the resume of a sandbox whose agent does not name it: calls %q, prepared %v", got, rt.preparedIDs())
+	}
+}
+
 // A fork's child and a sandbox made from a snapshot restore into a
 // container prepared for the template's creates when their resources are
 // the template's; the child has the parent's state. A sandbox with
@@ -529,5 +592,33 @@ func TestPauseOfAnIdleSuspend(t *testing.T) {
 	}
 	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "kept" {
 		t.Fatalf("after the resume: %q %v", out, err)
+	}
+}
+
+// A request that comes while the server removes a suspended sandbox's
+// prepared resume (dropPrepared holds it as stopping) waits and resumes
+// it, rather than answering 503.
+func TestRequestDuringTheDropOfAPreparedResume(t *testing.T) {
+	h, _, _ := preparingHarness(t, 1)
+	sb := h.createIdle(10)
+	if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
+		t.Fatal(err)
+	}
+	h.m.suspend([]string{sb.ID})
+	if err := h.m.sbx.begin(sb.ID, phaseStopping); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		out, err := h.exec(sb.ID, "get v")
+		if err == nil && out != "kept" {
+			err = errors.New("got " + out)
+		}
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	h.m.sbx.end(sb.ID)
+	if err := <-done; err != nil {
+		t.Fatalf("a request during the drop: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
 	"github.com/pandastack/pandastack/internal/imagestore"
 )
 
@@ -32,6 +33,10 @@ type ownPaused struct {
 	man      manifest
 	modTime  time.Time // of manifest.json, so a rewritten image is not trusted
 	contexts []string  // the code contexts the paused session knew
+	// names: its agent sets the sandbox's hostname in its hello
+	// (agentproto.FeatureHostname), so it may resume into a container
+	// made under another id (standbyForResume).
+	names bool
 }
 
 // rememberPaused records the image a pause of this process just sealed.
@@ -48,13 +53,22 @@ func (m *Manager) rememberPaused(id, dir string) {
 }
 
 // pausedContexts records the code contexts the session of a sandbox this
-// process just paused knew (c, its agent channel, about to be closed).
+// process just paused knew (c, its agent channel, about to be closed), and
+// whether its agent names the sandbox itself.
 func (m *Manager) pausedContexts(id string, c *AgentClient) {
 	if v, ok := m.ownPaused.Load(id); ok && c != nil {
 		own := v.(ownPaused)
 		own.contexts = c.KnownContexts()
+		own.names = c.Hello().HasFeature(agentproto.FeatureHostname)
 		m.ownPaused.Store(id, own)
 	}
+}
+
+// namesItself reports whether the agent of the sandbox this process
+// paused as id sets its hostname (pausedContexts).
+func (m *Manager) namesItself(id string) bool {
+	v, ok := m.ownPaused.Load(id)
+	return ok && v.(ownPaused).names
 }
 
 // contextsAtPause returns the code contexts recorded by pausedContexts.

@@ -340,6 +340,14 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		return sb, err
 	}
 	steps.done("verify_ms")
+	// Counted as a create: the work done in the background (pool refills,
+	// the prepare of the next container for creates, which a resume may
+	// just have taken, spare kernels) waits for it and its first requests.
+	m.creates.Add(1)
+	defer func() {
+		m.lastCreate.Store(m.now().UnixNano())
+		m.creates.Add(-1)
+	}()
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
 	// Not lazy (runsc restore --background): measured side by side it
@@ -347,6 +355,12 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	// pause while a lazy restore could still be reading it.
 	prepared, pin := m.prepared.take(id) // the restore takes it, or removes it
 	defer releaseLater(pin)
+	if !prepared && own && m.namesItself(id) {
+		if cid, done := m.standbyForResume(startCtx, sb, man); done != nil {
+			defer done()
+			steps.attrs = append(steps.attrs, "standby", cid)
+		}
+	}
 	rwc, err := m.rt.Restore(startCtx, m.resumeSpec(sb, man), filepath.Join(dir, "image"))
 	// runsc fails for want of disk without saying so (exit status 128, no
 	// message); the disk's fault only when the restore itself failed.
@@ -418,8 +432,11 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 				if errors.Is(err, errNotOnDemand) {
 					continue // paused as asked meanwhile: the next look says so
 				}
-				if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.wait(ctx, id) {
-					continue // another request is resuming it
+				// Another request is resuming it, or its prepared resume is
+				// being removed (dropPrepared), or it is being killed: the
+				// next look finds it running, paused or stopped.
+				if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseStopping) {
+					continue
 				}
 				if !pandastack.IsCode(err, pandastack.EConflict) {
 					return sb, err

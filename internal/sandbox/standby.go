@@ -18,7 +18,9 @@ import (
 // network policy, waiting; a plain create of the template takes one (its
 // id becomes the sandbox's, as with a pool sandbox) and restores into it,
 // and so does a fork's child or a restore of a snapshot of the template
-// with its resources (takeStandby).
+// with its resources (takeStandby), and the resume of a suspended sandbox
+// of the template whose own resume was not prepared, renamed to its id
+// (standbyForResume).
 // One holds two waiting host processes (about 11 MiB PSS) and a network
 // namespace, not a sandbox's memory. The next one is prepared once the
 // create that took one is done, and in the admission line's background
@@ -224,4 +226,43 @@ func (m *Manager) takeStandby(ctx context.Context, p plan, id string) (_ string,
 		default:
 		}
 	}, true
+}
+
+// standbyForResume has the resume of a suspended sandbox whose own resume
+// was not prepared (prepare.go: only the last few suspends' are) restore
+// into a container prepared for creates of its template instead, renamed
+// to the sandbox's id (RuntimePreparer.Rename): a restore into it is the
+// same, only the sandbox's image differs. It returns that container's id
+// and a func to call once the resume is done (it has the next one
+// prepared), or nil when none fits or the rename failed. The caller makes
+// sure the sandbox's agent names it (agentproto.FeatureHostname): gVisor
+// names a restored sandbox after the container's id.
+func (m *Manager) standbyForResume(ctx context.Context, sb pandastack.Sandbox, man manifest) (string, func()) {
+	rp, ok := m.rt.(pandastack.RuntimePreparer)
+	if !ok {
+		return "", nil
+	}
+	m.mu.Lock()
+	s := m.standbys[sb.Template]
+	m.mu.Unlock()
+	if s == nil || man.RootFS != s.tpl.RootFS || sb.CPU != s.tpl.CPU || sb.MemoryMB != s.tpl.MemoryMB {
+		return "", nil
+	}
+	cid, ok := s.take(ctx)
+	if !ok {
+		return "", nil
+	}
+	next := func() {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+	if err := rp.Rename(ctx, cid, sb.ID); err != nil {
+		m.log.Warn("resuming into a container prepared for creates; resuming without", "sandbox", sb.ID, "container", cid, "err", err)
+		m.rt.Stop(context.Background(), cid) // what a refused rename left as it was
+		next()
+		return "", nil
+	}
+	return cid, next
 }
