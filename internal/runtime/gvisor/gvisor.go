@@ -59,7 +59,7 @@ type Runtime struct {
 
 	mu       sync.Mutex
 	renameMu sync.Mutex           // one Rename at a time
-	pids     map[string]int       // the runsc-sandbox process of each sandbox, for Alive
+	pids     map[string]aliveProc // the runsc-sandbox process of each sandbox, for Alive
 	prep     map[string]*prepared // containers created ahead of their restore (prepare.go)
 
 	stopRotate chan struct{}
@@ -97,7 +97,7 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.MaxAgentLog <= 0 {
 		cfg.MaxAgentLog = DefaultMaxAgentLog
 	}
-	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]int{}, prep: map[string]*prepared{}, stopRotate: make(chan struct{})}
+	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]aliveProc{}, prep: map[string]*prepared{}, stopRotate: make(chan struct{})}
 	for _, d := range []string{r.root, r.sbxRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
@@ -353,7 +353,7 @@ func (r *Runtime) launch(ctx context.Context, spec pandastack.RuntimeSpec, image
 	case modeRun:
 		args = []string{"run", "--detach", "--bundle=" + dir, spec.ID}
 	case modeRestore:
-		args = restoreArgs(dir, imageDir, spec.ID, spec)
+		args = restoreArgs(dir, imageDir, spec.ID, spec.Lazy)
 	case modeCreate:
 		// The container's stdio is create's: the FIFOs, as for run.
 		args = []string{"create", "--bundle=" + dir, spec.ID}
@@ -369,9 +369,9 @@ func (r *Runtime) launch(ctx context.Context, spec pandastack.RuntimeSpec, image
 
 // restoreArgs are runsc's arguments to restore imageDir into container
 // cid, made from the bundle dir if none was created ahead.
-func restoreArgs(dir, imageDir, cid string, spec pandastack.RuntimeSpec) []string {
+func restoreArgs(dir, imageDir, cid string, lazy bool) []string {
 	args := []string{"restore", "--detach", "--bundle=" + dir, "--image-path=" + imageDir, cid}
-	if spec.Lazy {
+	if lazy {
 		// --background loads memory pages after restore returns.
 		args = append(args[:1], append([]string{"--background"}, args[1:]...)...)
 	}
@@ -466,14 +466,15 @@ func (r *Runtime) Close() error {
 // FIFOs open, so the host never reads EOF when it dies: this check is how a
 // dead sandbox is noticed at once rather than after a keepalive timeout.
 func (r *Runtime) Alive(id string) bool {
-	cid, ok := r.container(id)
-	if !ok {
-		return false // another id took it over
-	}
 	r.mu.Lock()
-	pid, ok := r.pids[id]
+	p, ok := r.pids[id]
 	r.mu.Unlock()
 	if !ok {
+		// The container once, not on every poll: Rename forgets both ids.
+		cid, own := r.container(id)
+		if !own {
+			return false // another id took it over
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		out, err := r.runsc(ctx, "state", cid)
@@ -488,13 +489,20 @@ func (r *Runtime) Alive(id string) bool {
 		if json.Unmarshal(out, &st) != nil || st.Pid <= 0 {
 			return false
 		}
-		pid = st.Pid
+		p = aliveProc{pid: st.Pid, cid: cid}
 		r.mu.Lock()
-		r.pids[id] = pid
+		r.pids[id] = p
 		r.mu.Unlock()
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return cmdlineAlive(b, err, cid)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
+	return cmdlineAlive(b, err, p.cid)
+}
+
+// aliveProc is what Alive keeps of a sandbox: its runsc-sandbox process and
+// the container whose id that process's command line names.
+type aliveProc struct {
+	pid int
+	cid string
 }
 
 // cmdlineAlive reads the answer to a read of a sandbox process's

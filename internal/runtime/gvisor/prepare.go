@@ -125,7 +125,7 @@ func (r *Runtime) restorePrepared(ctx context.Context, spec pandastack.RuntimeSp
 		}
 	}()
 	cid := r.cid(spec.ID)
-	if err := r.runDetached(ctx, spec, p.disk, restoreArgs(r.dir(cid), imageDir, cid, spec), nil, nil); err != nil {
+	if err := r.runDetached(ctx, spec, p.disk, restoreArgs(r.dir(cid), imageDir, cid, spec.Lazy), nil, nil); err != nil {
 		return nil, err
 	}
 	conn, err := r.open(spec.ID)
@@ -190,6 +190,7 @@ func (r *Runtime) Rename(ctx context.Context, from, to string) error {
 	delete(r.prep, from)
 	r.prep[to] = p
 	r.mu.Unlock()
+	r.forgetPID(from)
 	r.forgetPID(to)
 	r.log.Debug("prepared sandbox renamed", "from", from, "sandbox", to)
 	return nil
