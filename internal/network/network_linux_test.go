@@ -213,8 +213,16 @@ func TestSandboxNetwork(t *testing.T) {
 // waitRefused waits for the egress log entry of a refused connect to addr:port.
 func waitRefused(t *testing.T, n *Network, id string, addr netip.Addr, port int, rule string) {
 	t.Helper()
+	waitRefusedAfter(t, n, id, 0, addr, port, rule)
+}
+
+// waitRefusedAfter is waitRefused for an entry past the log's first skip
+// entries: the ones a test saw before.
+func waitRefusedAfter(t *testing.T, n *Network, id string, skip int, addr netip.Addr, port int, rule string) {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		for _, e := range n.Log(id) {
+		log := n.Log(id)
+		for _, e := range log[min(skip, len(log)):] {
 			if e.Kind == "tcp" && e.Address == addr.String() && e.Port == port && !e.Allowed && e.Rule == rule {
 				return
 			}
