@@ -177,6 +177,11 @@ print(len(kids), err.errno if err else None)`, 600)
 		alive(t, "a fork bomb")
 	})
 	t.Run("memory exhaustion kills only its kernel", func(t *testing.T) {
+		// The first context holds much of the sandbox's memory (what
+		// it kept of the 200 MB result, and this), more than the hog
+		// will when the sandbox as a whole is nearly out: the hog,
+		// not the largest, is the one to go.
+		run(t, c, sb, cc, `held = b"h" * (250 << 20)`, 60)
 		hog, err := c.CreateContext(ctx, sb.ID, "python", "")
 		if err != nil {
 			t.Fatal(err)
@@ -186,6 +191,10 @@ print(len(kids), err.errno if err else None)`, 600)
 			t.Fatalf("memory hog: %+v, want KernelDied with out_of_memory", ex.Error)
 		}
 		alive(t, "another context ran out of memory")
+		if ex := run(t, c, sb, cc, "len(held)", 30); ex.Text != "262144000" {
+			t.Fatalf("the context holding memory lost it: %+v", ex)
+		}
+		run(t, c, sb, cc, "del held", 30)
 		ex = run(t, c, sb, hog, "1 + 1", 60)
 		if ex.Error == nil || ex.Error.Name != "KernelRestarted" || ex.Text != "" {
 			t.Fatalf("first run after the kernel died: %+v, want KernelRestarted without running", ex)

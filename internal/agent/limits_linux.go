@@ -250,8 +250,8 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 	log.Info("kernel memory watch", "kernel_limit_mib", perKernel>>20, "sandbox_mib", total>>20)
 	t := time.NewTimer(memWatchPeriod)
 	defer t.Stop()
-	var pf procFiles
-	defer pf.close()
+	var w memWatch
+	defer w.pf.close()
 	for {
 		kicked := false
 		select {
@@ -259,7 +259,7 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 		case <-cs.memKick:
 			kicked = true // the cell may not count as busy yet
 		}
-		cs.checkMemory(&pf, total, perKernel, pressure, log)
+		cs.checkMemory(&w, total, perKernel, pressure, log)
 		if kicked {
 			t.Reset(memWatchPeriod)
 		} else {
@@ -283,15 +283,69 @@ func (cs *Contexts) memWatchPace() time.Duration {
 	return memWatchIdlePeriod
 }
 
-// checkMemory is one pass of the watch, reading /proc through pf.
-func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64, log *slog.Logger) {
+// memGrowthMin is how much a kernel must have grown since the watch's
+// previous look to count as the one filling the sandbox (pressureVictim).
+// At the busy pace a fast allocation grows by some 30 MiB between looks.
+const memGrowthMin = 8 << 20
+
+// pressureGrace is how long the watch leaves the sandbox after a kill for
+// its nearly being out: the kernel killed frees its memory only once it
+// has exited, and another kill before then would take a second kernel.
+const pressureGrace = time.Second
+
+// memWatch is the watch's state between its looks; only its goroutine
+// uses it.
+type memWatch struct {
+	pf       procFiles
+	prev     map[*kernelProc]int64 // each kernel's resident memory at the previous look
+	lastKill time.Time             // of a kernel, by the pressure rule
+}
+
+// kernelUse is what a kernel holds when the sandbox is nearly out.
+type kernelUse struct {
+	k    *kernelProc
+	tree int64 // resident memory of the kernel and what it started
+	grew int64 // growth of the kernel's own since the previous look
+}
+
+// pressureVictim picks the kernel to kill when the sandbox as a whole has
+// used nearly all its memory (used): the kernel that is filling it (the one
+// that grew most since the previous look, by memGrowthMin or more), else the
+// largest if it holds at least half of what is used. Memory held elsewhere
+// (an exec) is no kernel's fault, and a kernel that only holds its state is
+// not killed for another's allocation: before this rule the largest was,
+// and a second kernel holding less than half while it allocated was left
+// to take the whole sandbox past its limit. ok is false when no kernel is
+// to blame.
+func pressureVictim(uses []kernelUse, used int64) (victim kernelUse, grower, ok bool) {
+	for _, u := range uses {
+		if u.grew >= memGrowthMin && u.grew > victim.grew {
+			victim, grower = u, true
+		}
+	}
+	if grower {
+		return victim, true, true
+	}
+	for _, u := range uses {
+		if u.tree > victim.tree {
+			victim = u
+		}
+	}
+	return victim, false, victim.k != nil && victim.tree >= used/2
+}
+
+// checkMemory is one pass of the watch.
+func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, log *slog.Logger) {
 	cs.mu.Lock()
 	procs := make([]*kernelProc, 0, len(cs.procs))
 	for k := range cs.procs {
 		procs = append(procs, k)
 	}
 	cs.mu.Unlock()
+	pf := &w.pf
 	pf.keep(procs)
+	prev := w.prev
+	w.prev = make(map[*kernelProc]int64, len(procs))
 	if len(procs) == 0 {
 		return
 	}
@@ -300,6 +354,7 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 		if err != nil {
 			continue
 		}
+		w.prev[k] = n
 		if n > perKernel {
 			log.Warn("kernel over its memory limit; killing it", "pid", k.Pid(), "rss_mib", n>>20, "limit_mib", perKernel>>20)
 			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
@@ -307,29 +362,37 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 		}
 	}
 	_, avail, err := pf.readMeminfo()
-	if err != nil || total-avail <= pressure {
+	if err != nil || total-avail <= pressure || time.Since(w.lastKill) < pressureGrace {
 		return
 	}
-	// Nearly out as a whole: the kernel whose process tree (what its cells
-	// started included) holds most, if that is at least half of what is
-	// used; memory held elsewhere (an exec) is no kernel's fault.
 	used := total - avail
-	var largest *kernelProc
-	var largestRSS int64
+	uses := make([]kernelUse, 0, len(procs))
 	for _, k := range procs {
-		n, _ := pf.rss(k)
+		n, ok := w.prev[k]
+		if !ok {
+			continue
+		}
+		u := kernelUse{k: k, tree: n}
+		if before, ok := prev[k]; ok {
+			u.grew = n - before
+		}
 		below, _ := descendants(k.Pid(), time.Time{})
 		for _, d := range below {
 			m, _ := rss(d)
-			n += m
+			u.tree += m
 		}
-		if n > largestRSS {
-			largest, largestRSS = k, n
-		}
+		uses = append(uses, u)
 	}
-	if largest == nil || largestRSS < used/2 {
+	v, grower, ok := pressureVictim(uses, used)
+	if !ok {
 		return
 	}
-	log.Warn("sandbox nearly out of memory; killing its largest kernel", "pid", largest.Pid(), "rss_mib", largestRSS>>20, "used_mib", used>>20)
-	largest.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, largestRSS>>20))
+	w.lastKill = time.Now()
+	if grower {
+		log.Warn("sandbox nearly out of memory; killing the kernel filling it", "pid", v.k.Pid(), "rss_mib", v.tree>>20, "grew_mib", v.grew>>20, "used_mib", used>>20)
+		v.k.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, which was filling it (%d MiB with what it started), was killed", total>>20, used>>20, v.tree>>20))
+		return
+	}
+	log.Warn("sandbox nearly out of memory; killing its largest kernel", "pid", v.k.Pid(), "rss_mib", v.tree>>20, "used_mib", used>>20)
+	v.k.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.tree>>20))
 }

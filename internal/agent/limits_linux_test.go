@@ -76,16 +76,16 @@ func TestMemoryWatchKillsAKernelOverItsLimit(t *testing.T) {
 	defer k.Kill()
 	cs := NewContexts()
 	cs.procs[k] = true
-	var pf procFiles
-	defer pf.close()
+	var w memWatch
+	defer w.pf.close()
 	// Its limit far above it: untouched.
-	cs.checkMemory(&pf, 1<<40, 1<<39, 1<<40, discardLogger())
+	cs.checkMemory(&w, 1<<40, 1<<39, 1<<40, discardLogger())
 	select {
 	case <-k.Done():
 		t.Fatalf("a kernel within its limit was killed: %s", k.ExitReason())
 	case <-time.After(200 * time.Millisecond):
 	}
-	cs.checkMemory(&pf, 1<<40, 1, 1<<40, discardLogger())
+	cs.checkMemory(&w, 1<<40, 1, 1<<40, discardLogger())
 	select {
 	case <-k.Done():
 	case <-time.After(10 * time.Second):
@@ -93,6 +93,39 @@ func TestMemoryWatchKillsAKernelOverItsLimit(t *testing.T) {
 	}
 	if r := k.ExitReason(); !strings.HasPrefix(r, "out_of_memory: ") {
 		t.Fatalf("exit reason %q, want out_of_memory", r)
+	}
+}
+
+// TestPressureVictim: with the sandbox nearly out, the kernel filling it
+// is killed even when another holds more; with none growing, the largest
+// if it holds half of what is used; else none.
+func TestPressureVictim(t *testing.T) {
+	const mib = 1 << 20
+	holder, filler, other := &kernelProc{}, &kernelProc{}, &kernelProc{}
+	name := map[*kernelProc]string{holder: "holder", filler: "filler", other: "other", nil: "none"}
+	cases := []struct {
+		name   string
+		uses   []kernelUse
+		used   int64
+		want   *kernelProc
+		grower bool
+	}{
+		{"one holds its state, another allocates", []kernelUse{{k: holder, tree: 600 * mib}, {k: filler, tree: 250 * mib, grew: 30 * mib}}, 900 * mib, filler, true},
+		{"of two growing, the faster", []kernelUse{{k: other, tree: 300 * mib, grew: 9 * mib}, {k: filler, tree: 250 * mib, grew: 30 * mib}}, 900 * mib, filler, true},
+		{"growth within the noise", []kernelUse{{k: holder, tree: 600 * mib}, {k: filler, tree: 250 * mib, grew: 2 * mib}}, 900 * mib, holder, false},
+		{"none growing, the largest holds half", []kernelUse{{k: holder, tree: 450 * mib}, {k: other, tree: 100 * mib}}, 900 * mib, holder, false},
+		{"none growing, memory held elsewhere", []kernelUse{{k: holder, tree: 300 * mib}, {k: other, tree: 100 * mib}}, 900 * mib, nil, false},
+		{"no kernels", nil, 900 * mib, nil, false},
+	}
+	for _, c := range cases {
+		v, grower, ok := pressureVictim(c.uses, c.used)
+		got := v.k
+		if !ok {
+			got = nil
+		}
+		if got != c.want || (ok && grower != c.grower) {
+			t.Errorf("%s: killed %s (grower %v), want %s (grower %v)", c.name, name[got], grower, name[c.want], c.grower)
+		}
 	}
 }
 
