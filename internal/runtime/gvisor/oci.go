@@ -96,9 +96,10 @@ var agentCaps = []string{
 	// Its hello sets the sandbox's hostname with it
 	// (agentproto.FeatureHostname): a restore names a sandbox after the
 	// container it is restored into, and a resume may take one created
-	// under another id. The agent takes it out of its bounding set as it
-	// starts (agent.KeepAdminToItself), so no process it starts, root's
-	// included, has it. Last: images taken before it restore with the set
+	// under another id. The agent takes it out of its bounding set and its
+	// effective set as it starts (agent.KeepAdminToItself), so no process
+	// it starts, root's included, has it, and raises it only on the thread
+	// that sets the name. Last: images taken before it restore with the set
 	// without it (caps.go).
 	"CAP_SYS_ADMIN",
 }
