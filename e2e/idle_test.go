@@ -237,8 +237,14 @@ func TestIdleResumeIntoContainerPreparedForCreates(t *testing.T) {
 	}
 	// The agent (PID 1) holds CAP_SYS_ADMIN (bit 21) to set the name, in
 	// its permitted set only: no thread of it has it effective once the
-	// name is set, and its bounding set, which every process it starts
-	// inherits, does not have it at all.
+	// name is set, file requests (whose threads act as the user and go
+	// back to root) included, and its bounding set, which every process
+	// it starts inherits, does not have it at all.
+	for i := range 4 {
+		if _, err := c.WriteFile(ctx, sb.ID, fmt.Sprintf("/home/user/caps-%d.txt", i), strings.NewReader("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
 	out := mustExec(t, s, sb.ID, "grep -E '^Cap(Eff|Prm|Bnd)' /proc/1/task/*/status /proc/self/status")
 	const sysAdmin = 1 << 21
 	var threads int

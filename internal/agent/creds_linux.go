@@ -70,6 +70,9 @@ func setEffective(uid, gid int, toRoot bool) error {
 			return err
 		}
 	}
+	if toRoot {
+		return setAdminHere(false) // root again: CAP_SYS_ADMIN effective again
+	}
 	return nil
 }
 

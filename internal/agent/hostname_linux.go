@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime"
@@ -48,28 +49,60 @@ var (
 )
 
 // withAdmin runs f on a thread of its own with CAP_SYS_ADMIN raised in its
-// effective set. The thread is never unlocked: its goroutine ends locked
-// to it, and Go then ends the thread, capability and all. A locked thread
-// does not start others (Go has its template thread do that), so none
-// inherits the raised set.
+// effective set, and lowers it again before the thread runs anything else.
+// Locked, the thread runs no other goroutine, and Go starts no thread from
+// it (its template thread does that), so none inherits the raised set. A
+// thread where lowering fails is never unlocked: its goroutine ends locked
+// to it, and Go ends the thread. Not on the main thread, which Go would
+// keep parked instead (asRealUser has the same guard).
 func withAdmin(f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-		var data [2]unix.CapUserData
-		if err := unix.Capget(&hdr, &data[0]); err != nil {
+		if syscall.Gettid() == os.Getpid() {
+			errc <- withAdmin(f)
+			runtime.UnlockOSThread()
+			return
+		}
+		if err := setAdminHere(true); err != nil {
+			if setAdminHere(false) == nil {
+				runtime.UnlockOSThread()
+			}
 			errc <- err
 			return
 		}
-		data[adminWord].Effective |= adminBit
-		if err := unix.Capset(&hdr, &data[0]); err != nil {
-			errc <- err
-			return
+		err := f()
+		if lerr := setAdminHere(false); lerr != nil {
+			errc <- fmt.Errorf("lowering CAP_SYS_ADMIN: %w", lerr)
+			return // the thread ends with this goroutine
 		}
-		errc <- f()
+		runtime.UnlockOSThread()
+		errc <- err
 	}()
 	return <-errc
+}
+
+// setAdminHere raises or lowers CAP_SYS_ADMIN in the calling thread's
+// effective set (call it locked to its thread). Lowering also undoes what
+// Linux and gVisor do when a thread's effective uid goes back to 0 (its
+// permitted set, CAP_SYS_ADMIN included, becomes effective again): every
+// switch back to root calls it (setEffective, setThreadIDs).
+func setAdminHere(raise bool) error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return err
+	}
+	has := data[adminWord].Effective&adminBit != 0
+	if has == raise {
+		return nil
+	}
+	if raise {
+		data[adminWord].Effective |= adminBit
+	} else {
+		data[adminWord].Effective &^= adminBit
+	}
+	return unix.Capset(&hdr, &data[0])
 }
 
 // adminKept: KeepAdminToItself took CAP_SYS_ADMIN out of the bounding set.

@@ -704,7 +704,10 @@ func setThreadIDs(uid, gid int) error {
 		if err := set(syscall.SYS_SETRESUID, uid); err != nil {
 			return err
 		}
-		return set(syscall.SYS_SETRESGID, gid)
+		if err := set(syscall.SYS_SETRESGID, gid); err != nil {
+			return err
+		}
+		return setAdminHere(false) // root again: CAP_SYS_ADMIN effective again
 	}
 	if err := set(syscall.SYS_SETRESGID, gid); err != nil {
 		return err
