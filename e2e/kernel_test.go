@@ -187,8 +187,8 @@ print(len(kids), err.errno if err else None)`, 600)
 			t.Fatal(err)
 		}
 		ex := run(t, c, sb, hog, "import numpy\nblocks = []\nwhile True:\n    blocks.append(numpy.ones(32 << 17))", 300)
-		if ex.Error == nil || ex.Error.Name != "KernelDied" || !strings.Contains(ex.Error.Value, "out_of_memory") {
-			t.Fatalf("memory hog: %+v, want KernelDied with out_of_memory", ex.Error)
+		if ex.Error == nil || ex.Error.Name != "KernelDied" || !strings.Contains(ex.Error.Value, "out_of_memory") || !strings.Contains(ex.Error.Value, "which was filling it") {
+			t.Fatalf("memory hog: %+v, want KernelDied with out_of_memory, killed as the kernel filling the sandbox", ex.Error)
 		}
 		alive(t, "another context ran out of memory")
 		if ex := run(t, c, sb, cc, "len(held)", 30); ex.Text != "262144000" {
