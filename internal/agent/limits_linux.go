@@ -363,8 +363,9 @@ func (l pressureLook) victim() (v kernelUse, filling, ok bool) {
 	return v, false, v.k != nil && v.tree >= l.used/2
 }
 
-// treeRSS is the resident memory of k's process and of what it started.
-func (pf *procFiles) treeRSS(k *kernelProc, own int64) int64 {
+// treeRSS is the resident memory of k's process (own) and of what it
+// started.
+func treeRSS(k *kernelProc, own int64) int64 {
 	below, _ := descendants(k.Pid(), time.Time{})
 	for _, d := range below {
 		m, _ := rss(d)
@@ -427,7 +428,7 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 		if !ok {
 			continue
 		}
-		u := kernelUse{k: k, tree: pf.treeRSS(k, n)}
+		u := kernelUse{k: k, tree: treeRSS(k, n)}
 		w.tree[k] = u.tree
 		if before, ok := prevTree[k]; ok {
 			u.grew = u.tree - before
