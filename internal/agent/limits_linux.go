@@ -250,8 +250,8 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 	log.Info("kernel memory watch", "kernel_limit_mib", perKernel>>20, "sandbox_mib", total>>20)
 	t := time.NewTimer(memWatchPeriod)
 	defer t.Stop()
-	var w memWatch
-	defer w.pf.close()
+	var pf procFiles
+	defer pf.close()
 	for {
 		kicked := false
 		select {
@@ -259,8 +259,8 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 		case <-cs.memKick:
 			kicked = true // the cell may not count as busy yet
 		}
-		cs.checkMemory(&w, total, perKernel, pressure, log)
-		if kicked || w.hot {
+		cs.checkMemory(&pf, total, perKernel, pressure, log)
+		if kicked {
 			t.Reset(memWatchPeriod)
 		} else {
 			t.Reset(cs.memWatchPace())
@@ -283,184 +283,53 @@ func (cs *Contexts) memWatchPace() time.Duration {
 	return memWatchIdlePeriod
 }
 
-// memGrowthMin is how much a kernel must have grown since the watch's
-// previous look to count as one filling the sandbox (pressureLook). At the
-// busy pace a fast allocation grows by some 30 MiB between looks.
-const memGrowthMin = 8 << 20
-
-// pressureGrace bounds how long the watch waits for a kernel it killed for
-// the sandbox's pressure to exit: until then its memory is still used, and
-// only another kernel seen filling the sandbox is killed, not one for
-// being the largest.
-const pressureGrace = time.Second
-
-// memWatch is the watch's state between its looks; only its goroutine
-// uses it.
-type memWatch struct {
-	pf  procFiles
-	own map[*kernelProc]int64 // each kernel's resident memory at the previous look
-	// tree holds, when the previous look found the sandbox near its limit
-	// (used past a kernel's limit), the resident memory of each kernel with
-	// what it started: near the limit the watch reads it on every look, so
-	// that a process a cell started is seen growing too.
-	tree map[*kernelProc]int64
-	// hot: at the previous look the sandbox was near its limit and had
-	// grown since the look before: the watch looks at the busy pace, a cell
-	// running or not.
-	hot bool
-	// used is what the sandbox used at the previous look, if usedOK.
-	used   int64
-	usedOK bool
-	// dying is the kernel killed by a pressure look, until it exits or
-	// pressureGrace has passed since dyingAt.
-	dying   *kernelProc
-	dyingAt time.Time
-}
-
-// kernelUse is what a kernel holds when the sandbox is nearly out.
-type kernelUse struct {
-	k    *kernelProc
-	tree int64 // resident memory of the kernel and what it started
-	grew int64 // growth since the watch's previous look (of its tree when both looks read it)
-}
-
-// pressureLook is what the watch knows when the sandbox as a whole has
-// used nearly all its memory.
-type pressureLook struct {
-	uses       []kernelUse
-	used       int64 // the sandbox's used memory
-	grown      int64 // how much that grew since the previous look
-	grownKnown bool
-	dying      *kernelProc // killed by an earlier look, not yet gone
-}
-
-// victim picks the kernel to kill: the one filling the sandbox (of those
-// that grew by memGrowthMin or more since the previous look, and by at
-// least half of what the sandbox grew, the one that grew most), else,
-// with no kernel dying already, the largest if it holds at least half of
-// what is used. Memory held or filled elsewhere (an exec) is no kernel's
-// fault; a kernel that only holds its state is not killed for another's
-// allocation (the largest was, before the first rule, and a second kernel
-// holding less than half while it allocated was left to take the whole
-// sandbox past its limit). ok is false when no kernel is to blame.
-func (l pressureLook) victim() (v kernelUse, filling, ok bool) {
-	for _, u := range l.uses {
-		if u.k == l.dying || u.grew < memGrowthMin || (l.grownKnown && 2*u.grew < l.grown) {
-			continue
-		}
-		if !filling || u.grew > v.grew {
-			v, filling = u, true
-		}
-	}
-	if filling || l.dying != nil {
-		return v, filling, filling
-	}
-	for _, u := range l.uses {
-		if u.tree > v.tree {
-			v = u
-		}
-	}
-	return v, false, v.k != nil && v.tree >= l.used/2
-}
-
-// treeRSS is the resident memory of k's process (own) and of what it
-// started.
-func treeRSS(k *kernelProc, own int64) int64 {
-	below, _ := descendants(k.Pid(), time.Time{})
-	for _, d := range below {
-		m, _ := rss(d)
-		own += m
-	}
-	return own
-}
-
-// checkMemory is one look of the watch.
-func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, log *slog.Logger) {
+// checkMemory is one pass of the watch, reading /proc through pf.
+func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64, log *slog.Logger) {
 	cs.mu.Lock()
 	procs := make([]*kernelProc, 0, len(cs.procs))
 	for k := range cs.procs {
 		procs = append(procs, k)
 	}
 	cs.mu.Unlock()
-	pf := &w.pf
 	pf.keep(procs)
-	prevOwn, prevTree := w.own, w.tree
-	w.own, w.tree = make(map[*kernelProc]int64, len(procs)), nil
 	if len(procs) == 0 {
-		w.hot, w.usedOK, w.dying = false, false, nil
 		return
 	}
-	var over *kernelProc
 	for _, k := range procs {
 		n, err := pf.rss(k)
 		if err != nil {
 			continue
 		}
-		w.own[k] = n
-		if n > perKernel && over == nil {
-			over = k
+		if n > perKernel {
+			log.Warn("kernel over its memory limit; killing it", "pid", k.Pid(), "rss_mib", n>>20, "limit_mib", perKernel>>20)
+			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
+			return
 		}
-	}
-	if over != nil {
-		n := w.own[over]
-		w.usedOK = false
-		log.Warn("kernel over its memory limit; killing it", "pid", over.Pid(), "rss_mib", n>>20, "limit_mib", perKernel>>20)
-		over.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
-		return
 	}
 	_, avail, err := pf.readMeminfo()
-	if err != nil {
-		w.hot, w.usedOK = false, false
+	if err != nil || total-avail <= pressure {
 		return
 	}
+	// Nearly out as a whole: the kernel whose process tree (what its cells
+	// started included) holds most, if that is at least half of what is
+	// used; memory held elsewhere (an exec) is no kernel's fault.
 	used := total - avail
-	look := pressureLook{used: used, grown: used - w.used, grownKnown: w.usedOK}
-	w.used, w.usedOK = used, true
-	near := used > perKernel
-	w.hot = near && (!look.grownKnown || look.grown >= memGrowthMin)
-	if !near {
-		w.dying = nil
-		return
-	}
-	w.tree = make(map[*kernelProc]int64, len(w.own))
+	var largest *kernelProc
+	var largestRSS int64
 	for _, k := range procs {
-		n, ok := w.own[k]
-		if !ok {
-			continue
+		n, _ := pf.rss(k)
+		below, _ := descendants(k.Pid(), time.Time{})
+		for _, d := range below {
+			m, _ := rss(d)
+			n += m
 		}
-		u := kernelUse{k: k, tree: treeRSS(k, n)}
-		w.tree[k] = u.tree
-		if before, ok := prevTree[k]; ok {
-			u.grew = u.tree - before
-		} else if before, ok := prevOwn[k]; ok {
-			u.grew = n - before
-		}
-		look.uses = append(look.uses, u)
-	}
-	if used <= pressure {
-		return
-	}
-	if w.dying != nil {
-		select {
-		case <-w.dying.Done():
-			w.dying = nil
-		default:
-			if time.Since(w.dyingAt) >= pressureGrace {
-				w.dying = nil
-			}
+		if n > largestRSS {
+			largest, largestRSS = k, n
 		}
 	}
-	look.dying = w.dying
-	v, filling, ok := look.victim()
-	if !ok {
+	if largest == nil || largestRSS < used/2 {
 		return
 	}
-	w.dying, w.dyingAt = v.k, time.Now()
-	if filling {
-		log.Warn("sandbox nearly out of memory; killing the kernel filling it", "pid", v.k.Pid(), "rss_mib", v.tree>>20, "grew_mib", v.grew>>20, "used_mib", used>>20)
-		v.k.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, which was filling it (%d MiB with what it started), was killed", total>>20, used>>20, v.tree>>20))
-		return
-	}
-	log.Warn("sandbox nearly out of memory; killing its largest kernel", "pid", v.k.Pid(), "rss_mib", v.tree>>20, "used_mib", used>>20)
-	v.k.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.tree>>20))
+	log.Warn("sandbox nearly out of memory; killing its largest kernel", "pid", largest.Pid(), "rss_mib", largestRSS>>20, "used_mib", used>>20)
+	largest.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, largestRSS>>20))
 }

@@ -76,16 +76,16 @@ func TestMemoryWatchKillsAKernelOverItsLimit(t *testing.T) {
 	defer k.Kill()
 	cs := NewContexts()
 	cs.procs[k] = true
-	var w memWatch
-	defer w.pf.close()
+	var pf procFiles
+	defer pf.close()
 	// Its limit far above it: untouched.
-	cs.checkMemory(&w, 1<<40, 1<<39, 1<<40, discardLogger())
+	cs.checkMemory(&pf, 1<<40, 1<<39, 1<<40, discardLogger())
 	select {
 	case <-k.Done():
 		t.Fatalf("a kernel within its limit was killed: %s", k.ExitReason())
 	case <-time.After(200 * time.Millisecond):
 	}
-	cs.checkMemory(&w, 1<<40, 1, 1<<40, discardLogger())
+	cs.checkMemory(&pf, 1<<40, 1, 1<<40, discardLogger())
 	select {
 	case <-k.Done():
 	case <-time.After(10 * time.Second):
@@ -93,53 +93,6 @@ func TestMemoryWatchKillsAKernelOverItsLimit(t *testing.T) {
 	}
 	if r := k.ExitReason(); !strings.HasPrefix(r, "out_of_memory: ") {
 		t.Fatalf("exit reason %q, want out_of_memory", r)
-	}
-}
-
-// TestPressureVictim: with the sandbox nearly out, the kernel filling it
-// is killed even when another holds more; growth that is not most of the
-// sandbox's is not filling it; with none filling, the largest if it holds
-// half of what is used; while a killed kernel is still exiting, only one
-// filling the sandbox.
-func TestPressureVictim(t *testing.T) {
-	const mib = 1 << 20
-	holder, filler, other := &kernelProc{}, &kernelProc{}, &kernelProc{}
-	name := map[*kernelProc]string{holder: "holder", filler: "filler", other: "other", nil: "none"}
-	cases := []struct {
-		name    string
-		look    pressureLook
-		want    *kernelProc
-		filling bool
-	}{
-		{"one holds its state, another allocates",
-			pressureLook{uses: []kernelUse{{k: holder, tree: 600 * mib}, {k: filler, tree: 250 * mib, grew: 30 * mib}}, used: 900 * mib, grown: 32 * mib, grownKnown: true}, filler, true},
-		{"of two growing, the faster",
-			pressureLook{uses: []kernelUse{{k: other, tree: 300 * mib, grew: 20 * mib}, {k: filler, tree: 250 * mib, grew: 30 * mib}}, used: 900 * mib, grown: 50 * mib, grownKnown: true}, filler, true},
-		{"the sandbox's growth unknown",
-			pressureLook{uses: []kernelUse{{k: holder, tree: 600 * mib}, {k: filler, tree: 250 * mib, grew: 30 * mib}}, used: 900 * mib}, filler, true},
-		{"growth within the noise",
-			pressureLook{uses: []kernelUse{{k: holder, tree: 600 * mib}, {k: filler, tree: 250 * mib, grew: 2 * mib}}, used: 900 * mib, grown: 2 * mib, grownKnown: true}, holder, false},
-		{"a kernel grows while an exec fills the sandbox",
-			pressureLook{uses: []kernelUse{{k: holder, tree: 300 * mib}, {k: other, tree: 100 * mib, grew: 20 * mib}}, used: 900 * mib, grown: 300 * mib, grownKnown: true}, nil, false},
-		{"none growing, the largest holds half",
-			pressureLook{uses: []kernelUse{{k: holder, tree: 450 * mib}, {k: other, tree: 100 * mib}}, used: 900 * mib, grownKnown: true}, holder, false},
-		{"none growing, memory held elsewhere",
-			pressureLook{uses: []kernelUse{{k: holder, tree: 300 * mib}, {k: other, tree: 100 * mib}}, used: 900 * mib, grownKnown: true}, nil, false},
-		{"the one killed still exiting, none else filling",
-			pressureLook{uses: []kernelUse{{k: holder, tree: 600 * mib}, {k: filler, tree: 250 * mib, grew: 30 * mib}}, used: 900 * mib, grown: 30 * mib, grownKnown: true, dying: filler}, nil, false},
-		{"the one killed still exiting, another filling",
-			pressureLook{uses: []kernelUse{{k: holder, tree: 500 * mib}, {k: filler, tree: 250 * mib}, {k: other, tree: 100 * mib, grew: 40 * mib}}, used: 900 * mib, grown: 40 * mib, grownKnown: true, dying: filler}, other, true},
-		{"no kernels", pressureLook{used: 900 * mib}, nil, false},
-	}
-	for _, c := range cases {
-		v, filling, ok := c.look.victim()
-		got := v.k
-		if !ok {
-			got = nil
-		}
-		if got != c.want || (ok && filling != c.filling) {
-			t.Errorf("%s: killed %s (filling %v), want %s (filling %v)", c.name, name[got], filling, name[c.want], c.filling)
-		}
 	}
 }
 
