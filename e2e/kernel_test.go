@@ -154,6 +154,59 @@ func TestKernelLimits(t *testing.T) {
 			t.Fatalf("sandbox after a kernel ran out of memory: %+v %v", got, err)
 		}
 	})
+	// Commands are not kernels, but the watch kills them too, and says so
+	// last on their stderr, rather than let the host stop the sandbox with
+	// every context in it. The sandbox holds three kernels here (the first
+	// context, the hog's restarted one and a spare), so a command filling
+	// it never holds half of what is used.
+	const filler = "a = []\nwhile True:\n    a.append(b'x' * 50_000_000)"
+	filled := func(t *testing.T, what, stderr string, code float64, signal string) {
+		t.Helper()
+		if code != -1 || signal != "SIGKILL" || !strings.Contains(stderr, "pandastack: out_of_memory: ") || !strings.Contains(stderr, "this "+what) {
+			t.Fatalf("%s filling the memory: exit %v, signal %q, stderr %q; want killed, with out_of_memory on stderr", what, code, signal, stderr)
+		}
+		alive(t, "a "+what+" filled the memory")
+		if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != "running" {
+			t.Fatalf("sandbox after a %s filled its memory: %+v %v", what, got, err)
+		}
+	}
+	t.Run("a command filling the memory is killed, not the sandbox", func(t *testing.T) {
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"python3", "-c", filler}, TimeoutSeconds: 300})
+		if err != nil {
+			t.Fatalf("exec: %v", err)
+		}
+		filled(t, "command", res.Stderr, float64(res.ExitCode), res.Signal)
+	})
+	t.Run("a background process filling the memory is killed, not the sandbox", func(t *testing.T) {
+		body, _ := json.Marshal(map[string]any{"argv": []string{"python3", "-c", filler}, "background": true})
+		status, out := rawCall(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/exec", string(body))
+		var p struct {
+			PID int `json:"pid"`
+		}
+		if status != 200 || json.Unmarshal(out, &p) != nil || p.PID <= 0 {
+			t.Fatalf("background exec: %d %s", status, out)
+		}
+		status, out = rawCall(t, s, "GET", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/output?follow=true", sb.ID, p.PID), "")
+		if status != 200 {
+			t.Fatalf("output: %d %s", status, out)
+		}
+		var stderr strings.Builder
+		var exit map[string]any
+		for _, ev := range ndjsonEvents(t, out) {
+			switch ev["type"] {
+			case "stderr":
+				stderr.WriteString(ev["data"].(string))
+			case "exit":
+				exit = ev
+			}
+		}
+		if exit == nil {
+			t.Fatalf("no exit event: %s", out)
+		}
+		code, _ := exit["exit_code"].(float64)
+		signal, _ := exit["signal"].(string)
+		filled(t, "background process", stderr.String(), code, signal)
+	})
 	for _, size := range []int{64 << 10, 1 << 20} {
 		t.Run(fmt.Sprintf("print flood of %d-byte writes", size), func(t *testing.T) {
 			n := (512 << 20) / size

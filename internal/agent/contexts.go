@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -32,6 +33,9 @@ type Contexts struct {
 	watch   sync.Once
 	memKick chan struct{} // wakes the memory watch when a cell starts
 	spares  spareSet      // kernels warmed up ahead of time (spare.go)
+	// owners are the process trees other than kernels that the memory
+	// watch may kill, by mark (guardMemory).
+	owners map[uint32]*memOwner
 }
 
 type codeContext struct {
@@ -47,7 +51,44 @@ type codeContext struct {
 
 // NewContexts returns an empty registry.
 func NewContexts() *Contexts {
-	return &Contexts{ctxs: map[string]*codeContext{}, procs: map[*kernelProc]bool{}, memKick: make(chan struct{}, 1)}
+	return &Contexts{ctxs: map[string]*codeContext{}, procs: map[*kernelProc]bool{}, memKick: make(chan struct{}, 1), owners: map[uint32]*memOwner{}}
+}
+
+// memOwner is a process tree under the memory watch that is not a
+// kernel's: an exec, a background process or a terminal.
+type memOwner struct {
+	what string           // "command", "background process", "terminal"
+	note func(why string) // tells the tree's caller why, before the kill
+	kill func()
+}
+
+func (o *memOwner) killForMemory(why string) {
+	o.note(why)
+	o.kill()
+}
+
+// guardMemory puts a process tree that is not a kernel's, marked mark
+// (Process.Mark), under the memory watch: should the sandbox nearly run
+// out with this tree the largest, note is told why and kill kills it,
+// rather than the host stopping the whole sandbox. It starts the watch if
+// no kernel did yet. The returned func takes the tree off; what it left
+// behind stays under the watch by its mark, killed without a note.
+func (cs *Contexts) guardMemory(mark uint32, what string, log *slog.Logger, note func(why string), kill func()) (release func()) {
+	if mark == 0 {
+		return func() {} // not root: processes are not marked
+	}
+	o := &memOwner{what: what, note: note, kill: kill}
+	cs.mu.Lock()
+	cs.owners[mark] = o
+	cs.mu.Unlock()
+	cs.watch.Do(func() { go cs.watchMemory(log) })
+	return func() {
+		cs.mu.Lock()
+		if cs.owners[mark] == o {
+			delete(cs.owners, mark)
+		}
+		cs.mu.Unlock()
+	}
 }
 
 // wakeMemoryWatch makes the memory watch (limits_linux.go) look now and

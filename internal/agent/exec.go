@@ -347,6 +347,14 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	// stuck in a write to it (a full stream window the host no longer
 	// reads), which the select below would not notice.
 	var gone atomic.Bool // the command has exited: its pid may be reused
+	var oom atomic.Pointer[string]
+	defer s.cfg.Contexts.guardMemory(c.Mark, "command", s.log, func(why string) { oom.Store(&why) }, func() {
+		if gone.Load() {
+			KillTree(0, c.Mark)
+		} else {
+			KillTree(c.Pid, c.Mark)
+		}
+	})()
 	stopWatch := context.AfterFunc(ans.ctx, func() {
 		if !gone.Load() {
 			KillTree(c.Pid, c.Mark)
@@ -394,6 +402,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 			errR.Close()
 		}
 	}
+	if why := oom.Load(); why != nil && !broken {
+		// Last on stderr, as a shell says "Killed".
+		send(agentproto.ExecEvent{Type: "stderr", Data: []byte(oomNote(*why))})
+	}
 	if !broken {
 		send(agentproto.ExecEvent{
 			Type:       "exit",
@@ -404,7 +416,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		})
 	}
 	s.log.Info("exec", "cmd", summarize(req), "pid", c.Pid, "status", status.String(),
-		"timed_out", timedOut, "killed", killed, "ms", elapsed.Milliseconds())
+		"timed_out", timedOut, "killed", killed, "out_of_memory", oom.Load() != nil, "ms", elapsed.Milliseconds())
 	return nil
 }
 
@@ -433,3 +445,7 @@ func summarize(req agentproto.ExecRequest) string {
 	}
 	return s
 }
+
+// oomNote is what a command or background process killed by the memory
+// watch gets last on its stderr.
+func oomNote(why string) string { return "\npandastack: " + why + "\n" }

@@ -103,16 +103,27 @@ func memLimits(total int64) (perKernel, pressure int64, ok bool) {
 	return total - reserve, total - reserve/2, true
 }
 
-// meminfo returns MemTotal and MemAvailable in bytes.
-func meminfo() (total, avail int64, err error) {
+// memInfo is what the watch reads of /proc/meminfo, in bytes.
+type memInfo struct {
+	total int64 // MemTotal: gVisor reports the sandbox's limit
+	avail int64 // MemAvailable: gVisor counts its file cache as used
+	anon  int64 // AnonPages: the processes' own memory, which no file backs
+}
+
+// used is what the sandbox uses of its memory, its file cache included.
+func (mi memInfo) used() int64 { return mi.total - mi.avail }
+
+// meminfo reads /proc/meminfo.
+func meminfo() (memInfo, error) {
 	b, err := os.ReadFile("/proc/meminfo")
 	if err != nil {
-		return 0, 0, err
+		return memInfo{}, err
 	}
 	return parseMeminfo(b)
 }
 
-func parseMeminfo(b []byte) (total, avail int64, err error) {
+func parseMeminfo(b []byte) (memInfo, error) {
+	var mi memInfo
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -125,15 +136,17 @@ func parseMeminfo(b []byte) (total, avail int64, err error) {
 		}
 		switch f[0] {
 		case "MemTotal:":
-			total = n << 10
+			mi.total = n << 10
 		case "MemAvailable:":
-			avail = n << 10
+			mi.avail = n << 10
+		case "AnonPages:":
+			mi.anon = n << 10
 		}
 	}
-	if total == 0 {
-		return 0, 0, fmt.Errorf("/proc/meminfo has no MemTotal")
+	if mi.total == 0 {
+		return memInfo{}, fmt.Errorf("/proc/meminfo has no MemTotal")
 	}
-	return total, avail, nil
+	return mi, nil
 }
 
 // rss returns a process's resident memory in bytes.
@@ -190,10 +203,10 @@ func (pf *procFiles) read(path string, fp **os.File) ([]byte, error) {
 	return pf.buf[:n], nil
 }
 
-func (pf *procFiles) readMeminfo() (total, avail int64, err error) {
+func (pf *procFiles) readMeminfo() (memInfo, error) {
 	b, err := pf.read("/proc/meminfo", &pf.meminfo)
 	if err != nil {
-		return 0, 0, err
+		return memInfo{}, err
 	}
 	return parseMeminfo(b)
 }
@@ -237,11 +250,12 @@ func (pf *procFiles) close() {
 
 // watchMemory runs the memory watch for the life of the agent.
 func (cs *Contexts) watchMemory(log *slog.Logger) {
-	total, _, err := meminfo()
+	mi, err := meminfo()
 	if err != nil {
 		log.Warn("no memory watch for kernels", "err", err)
 		return
 	}
+	total := mi.total
 	perKernel, pressure, ok := memLimits(total)
 	if !ok {
 		log.Info("no memory watch for kernels: the sandbox is too small", "mib", total>>20)
@@ -259,32 +273,44 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 		case <-cs.memKick:
 			kicked = true // the cell may not count as busy yet
 		}
-		cs.checkMemory(&pf, total, perKernel, pressure, log)
+		room := cs.checkMemory(&pf, total, perKernel, pressure, log)
 		if kicked {
 			t.Reset(memWatchPeriod)
 		} else {
-			t.Reset(cs.memWatchPace())
+			t.Reset(cs.memWatchPace(room))
 		}
 	}
 }
 
+// memWatchRate is the fastest the watch expects the sandbox to allocate,
+// in bytes per second: gVisor here allocated about 1.2 GB/s in one
+// thread.
+const memWatchRate = 2 << 30
+
 // memWatchPace is how long the watch waits for its next look: the busy
-// pace while a cell runs, a slow one otherwise. Polling /proc every 25 ms
-// cost an idle sandbox about 8 % of a CPU in gVisor, which kept it from
-// ever counting as idle (idle suspend wants under 5 %). A cell's start
-// wakes the watch at once (wakeMemoryWatch), so a fast allocation is seen
-// at the busy pace from its first moment; memory grown with no cell
-// running (a thread a cell left behind, an exec) is seen within the slow
-// period.
-func (cs *Contexts) memWatchPace() time.Duration {
+// pace while a cell runs; otherwise the time the sandbox would take to
+// allocate room (what is left before a limit, see checkMemory) at
+// memWatchRate, between the busy pace and a slow one. Polling /proc every
+// 25 ms cost an idle sandbox about 8 % of a CPU in gVisor, which kept it
+// from ever counting as idle (idle suspend wants under 5 %); a sandbox
+// using little looks about three times a second. A cell's start wakes the
+// watch at once (wakeMemoryWatch), so a fast allocation is seen at the
+// busy pace from its first moment; memory grown with no cell running (an
+// exec, a background process, a thread a cell left behind) is seen sooner
+// the closer the sandbox is to a limit.
+func (cs *Contexts) memWatchPace(room int64) time.Duration {
 	if cs.anyBusy() {
 		return memWatchPeriod
 	}
-	return memWatchIdlePeriod
+	d := time.Duration(float64(max(room, 0)) / memWatchRate * float64(time.Second))
+	return min(max(d, memWatchPeriod), memWatchIdlePeriod)
 }
 
-// checkMemory is one pass of the watch, reading /proc through pf.
-func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64, log *slog.Logger) {
+// checkMemory is one pass of the watch, reading /proc through pf. It
+// returns the room left: the least of what the sandbox may still grow
+// before the watch acts on it as a whole (pressure) and what any kernel
+// may before its own limit; 0 when it killed.
+func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64, log *slog.Logger) (room int64) {
 	cs.mu.Lock()
 	procs := make([]*kernelProc, 0, len(cs.procs))
 	for k := range cs.procs {
@@ -292,9 +318,7 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 	}
 	cs.mu.Unlock()
 	pf.keep(procs)
-	if len(procs) == 0 {
-		return
-	}
+	room = perKernel
 	for _, k := range procs {
 		n, err := pf.rss(k)
 		if err != nil {
@@ -303,33 +327,105 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 		if n > perKernel {
 			log.Warn("kernel over its memory limit; killing it", "pid", k.Pid(), "rss_mib", n>>20, "limit_mib", perKernel>>20)
 			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
-			return
+			return 0
+		}
+		room = min(room, perKernel-n)
+	}
+	mi, err := pf.readMeminfo()
+	if err != nil {
+		return room
+	}
+	used := mi.used()
+	if used <= pressure {
+		return min(room, pressure-used)
+	}
+	// Nearly out as a whole: gVisor's host would stop the whole sandbox
+	// soon, every context with it, so the watch is the sandbox's
+	// out-of-memory killer (memVictim).
+	v := memVictim(cs.memUnits(procs, pf), used, mi.anon, pressure)
+	if v == nil {
+		return 0
+	}
+	log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20)
+	v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.what, v.rss>>20))
+	return 0
+}
+
+// memUnit is a process tree the watch may kill when the sandbox nearly
+// runs out: a kernel or an owner (guardMemory) with what it started, or
+// the processes of a mark whose owner is gone.
+type memUnit struct {
+	what string // "kernel", or the owner's kind
+	pid  int    // the tree's first process, for the log
+	rss  int64
+	kill func(why string)
+}
+
+// memVictim picks, in a sandbox past its pressure level, the process tree
+// to kill: the largest (a kernel with what its cells started, an exec, a
+// background process, a terminal, or what one of those left behind), if it
+// holds at least half of what is used, or else once the processes' own
+// memory (anon, which gVisor cannot drop as it can its file cache) is past
+// the pressure level too. Short of that, what is used may be files in
+// memory, or many trees each holding a little, and the sandbox may level
+// off below its limit: the watch waits. In a sandbox with several kernels
+// (each a warmed-up Python of 150 MiB or more) a command filling it holds
+// less than half when it reaches the pressure level; without the second
+// rule it went on until the host stopped the whole sandbox.
+func memVictim(units []memUnit, used, anon, pressure int64) *memUnit {
+	var v *memUnit
+	for i := range units {
+		if v == nil || units[i].rss > v.rss {
+			v = &units[i]
 		}
 	}
-	_, avail, err := pf.readMeminfo()
-	if err != nil || total-avail <= pressure {
-		return
+	if v == nil || v.rss < used/2 && anon <= pressure {
+		return nil
 	}
-	// Nearly out as a whole: the kernel whose process tree (what its cells
-	// started included) holds most, if that is at least half of what is
-	// used; memory held elsewhere (an exec) is no kernel's fault.
-	used := total - avail
-	var largest *kernelProc
-	var largestRSS int64
+	return v
+}
+
+// memUnits sums the resident memory of each process tree: by mark (every
+// process the agent started, and all that started, carries its tree's
+// mark), or, for a kernel without one (an agent not running as root, in
+// tests), by parent links.
+func (cs *Contexts) memUnits(procs []*kernelProc, pf *procFiles) []memUnit {
+	byMark := map[uint32]int64{}
+	first := map[uint32]int{}
+	scanStatus(time.Time{}, func(pid int, st procStatus) {
+		if m := st.mark(); m != 0 {
+			byMark[m] += st.rss
+			if first[m] == 0 || pid < first[m] {
+				first[m] = pid
+			}
+		}
+	})
+	var units []memUnit
 	for _, k := range procs {
-		n, _ := pf.rss(k)
-		below, _ := descendants(k.Pid(), time.Time{})
-		for _, d := range below {
-			m, _ := rss(d)
-			n += m
+		u := memUnit{what: "kernel", pid: k.Pid(), kill: k.killForMemory}
+		if m := k.p.Mark; m != 0 {
+			u.rss = byMark[m]
+			delete(byMark, m)
+		} else {
+			u.rss, _ = pf.rss(k)
+			below, _ := descendants(k.Pid(), time.Time{})
+			for _, d := range below {
+				n, _ := rss(d)
+				u.rss += n
+			}
 		}
-		if n > largestRSS {
-			largest, largestRSS = k, n
+		units = append(units, u)
+	}
+	cs.mu.Lock()
+	for m, o := range cs.owners {
+		if n, ok := byMark[m]; ok {
+			units = append(units, memUnit{what: o.what, pid: first[m], rss: n, kill: o.killForMemory})
+			delete(byMark, m)
 		}
 	}
-	if largest == nil || largestRSS < used/2 {
-		return
+	cs.mu.Unlock()
+	for m, n := range byMark {
+		units = append(units, memUnit{what: "process tree", pid: first[m], rss: n, kill: func(string) { KillTree(0, m) }})
 	}
-	log.Warn("sandbox nearly out of memory; killing its largest kernel", "pid", largest.Pid(), "rss_mib", largestRSS>>20, "used_mib", used>>20)
-	largest.killForMemory(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this kernel, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, largestRSS>>20))
+	return units
 }

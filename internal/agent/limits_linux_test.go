@@ -4,9 +4,12 @@ package agent
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -128,8 +131,8 @@ func TestProcFiles(t *testing.T) {
 		t.Fatalf("resident memory read through the same file: %d then %d after touching 64 MiB", before, after)
 	}
 	runtime.KeepAlive(grow)
-	if total, avail, err := pf.readMeminfo(); err != nil || total <= 0 || avail <= 0 || avail > total {
-		t.Fatalf("meminfo: %d %d %v", total, avail, err)
+	if mi, err := pf.readMeminfo(); err != nil || mi.total <= 0 || mi.avail <= 0 || mi.avail > mi.total || mi.anon <= 0 || mi.anon > mi.total {
+		t.Fatalf("meminfo: %+v %v", mi, err)
 	}
 
 	p, err := (*Reaper)(nil).Start("/bin/sleep", []string{"sleep", "60"}, &os.ProcAttr{Sys: procAttr(true)})
@@ -157,5 +160,136 @@ func TestProcFiles(t *testing.T) {
 	pf.keep(nil)
 	if len(pf.statm) != 0 {
 		t.Fatalf("%d statm files open after keep(nil)", len(pf.statm))
+	}
+}
+
+func TestMemVictim(t *testing.T) {
+	const mib = 1 << 20
+	units := []memUnit{{what: "kernel", rss: 300 * mib}, {what: "command", rss: 500 * mib}, {what: "process tree", rss: 20 * mib}}
+	const pressure = 896 * mib
+	if v := memVictim(units, 900*mib, 100*mib, pressure); v == nil || v.what != "command" {
+		t.Fatalf("victim of 900 MiB used: %+v, want the 500 MiB command", v)
+	}
+	// None holds half: none while much of it is file cache, the largest
+	// once the processes' own memory is past the pressure level.
+	if v := memVictim(units, 1100*mib, 800*mib, pressure); v != nil {
+		t.Fatalf("victim of 1100 MiB used, 800 MiB anonymous, none holding half: %+v, want none", v)
+	}
+	if v := memVictim(units, 1100*mib, 1000*mib, pressure); v == nil || v.what != "command" {
+		t.Fatalf("victim of 1100 MiB used, 1000 MiB anonymous: %+v, want the 500 MiB command", v)
+	}
+	if v := memVictim(nil, 900*mib, 900*mib, pressure); v != nil {
+		t.Fatalf("victim among none: %+v", v)
+	}
+}
+
+func TestMemWatchPace(t *testing.T) {
+	cs := NewContexts()
+	for room, want := range map[int64]time.Duration{
+		0:        memWatchPeriod,
+		-1 << 20: memWatchPeriod,
+		1 << 20:  memWatchPeriod,
+		1 << 29:  250 * time.Millisecond,
+		1 << 40:  memWatchIdlePeriod,
+	} {
+		if got := cs.memWatchPace(room); got != want {
+			t.Errorf("pace with %d bytes of room: %v, want %v", room, got, want)
+		}
+	}
+}
+
+func TestProcStatusMarkAndRSS(t *testing.T) {
+	st, ok := readStatus(strconv.Itoa(os.Getpid()))
+	if !ok || st.rss <= 0 {
+		t.Fatalf("own status: %+v %v, want a resident size", st, ok)
+	}
+	for groups, want := range map[string]uint32{
+		"": 0, "1000 ": 0, "27 2000000005 ": 2000000005, strconv.Itoa(markBase): 0,
+	} {
+		if got := (procStatus{groups: groups}).mark(); got != want {
+			t.Errorf("mark of groups %q: %d, want %d", groups, got, want)
+		}
+	}
+}
+
+// TestMemoryWatchKillsTheLargestTree: when the sandbox nearly runs out, a
+// command holding most of what is used is killed and told why; a smaller
+// one lives, and none is killed while none holds half.
+func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
+	if !runningAsRoot() {
+		t.Skip("needs root: only root marks the trees it starts")
+	}
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("needs python3 to hold memory")
+	}
+	cs := NewContexts()
+	start := func(what, code string) (*Process, *atomic.Pointer[string]) {
+		p, err := (*Reaper)(nil).Start(py, []string{"python3", "-c", code}, &os.ProcAttr{Sys: procAttr(true)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var why atomic.Pointer[string]
+		release := cs.guardMemory(p.Mark, what, discardLogger(), func(w string) { why.Store(&w) }, func() { KillTree(p.Pid, p.Mark) })
+		t.Cleanup(func() { release(); KillTree(p.Pid, p.Mark) })
+		return p, &why
+	}
+	big, bigWhy := start("command", "import sys, time\nx = b'a' * (96 << 20)\nprint(1, flush=True)\ntime.sleep(120)")
+	small, smallWhy := start("background process", "import time\ntime.sleep(120)")
+	// Until the big one holds its memory.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, _ := readStatus(strconv.Itoa(big.Pid))
+		if st.rss > 90<<20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the command never grew: %+v", st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var pf procFiles
+	defer pf.close()
+	mi, err := meminfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Below the pressure level, nothing is killed.
+	cs.checkMemory(&pf, mi.avail+150<<20, 1<<50, 1<<40, discardLogger())
+	select {
+	case st := <-big.Done:
+		t.Fatalf("the command was killed below the pressure level: %v", st)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// About 150 MiB used, past the level: the command holds most of it.
+	mi, _ = meminfo()
+	cs.checkMemory(&pf, mi.avail+150<<20, 1<<50, 1, discardLogger())
+	select {
+	case <-big.Done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the largest tree was not killed")
+	}
+	if w := bigWhy.Load(); w == nil || !strings.HasPrefix(*w, "out_of_memory: ") || !strings.Contains(*w, "this command") {
+		t.Fatalf("the command was told %v, want out_of_memory naming it", w)
+	}
+	select {
+	case st := <-small.Done:
+		t.Fatalf("the smaller process was killed too: %v", st)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if w := smallWhy.Load(); w != nil {
+		t.Fatalf("the smaller process was told %q", *w)
+	}
+}
+
+func TestParseMeminfo(t *testing.T) {
+	// As gVisor writes it: MemAvailable is MemFree, the file cache counted
+	// as used.
+	mi, err := parseMeminfo([]byte("MemTotal:        1048576 kB\nMemFree:          905864 kB\nMemAvailable:     905864 kB\nCached:            31556 kB\nAnonPages:        112308 kB\n"))
+	if err != nil || mi.total != 1048576<<10 || mi.avail != 905864<<10 || mi.anon != 112308<<10 || mi.used() != (1048576-905864)<<10 {
+		t.Fatalf("parseMeminfo: %+v %v", mi, err)
+	}
+	if _, err := parseMeminfo([]byte("MemFree: 1 kB\n")); err == nil {
+		t.Fatal("meminfo without MemTotal parsed")
 	}
 }

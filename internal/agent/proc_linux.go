@@ -591,6 +591,18 @@ type procStatus struct {
 	state  string // "S (sleeping)"
 	ruid   string // the real uid
 	groups string // the supplementary groups, separated by white space
+	rss    int64  // resident memory in bytes (VmRSS)
+}
+
+// mark returns the process's mark (Process.Mark): its supplementary group
+// above markBase; 0 for none.
+func (st procStatus) mark() uint32 {
+	for _, g := range strings.Fields(st.groups) {
+		if n, err := strconv.ParseUint(g, 10, 32); err == nil && n > markBase {
+			return uint32(n)
+		}
+	}
+	return 0
 }
 
 // has reports whether gid is among the process's supplementary groups.
@@ -626,6 +638,11 @@ func readStatus(pid string) (st procStatus, ok bool) {
 			}
 		case "Groups":
 			st.groups = v
+		case "VmRSS":
+			if f := strings.Fields(v); len(f) > 0 {
+				kib, _ := strconv.ParseInt(f[0], 10, 64)
+				st.rss = kib << 10
+			}
 		}
 	}
 	return st, true

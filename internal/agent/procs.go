@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -42,6 +43,10 @@ type bgProc struct {
 	pid   int
 	mark  uint32 // Process.Mark
 	stdin *os.File
+	// oom says why the memory watch killed it; release takes it off the
+	// watch (Contexts.guardMemory).
+	oom     atomic.Pointer[string]
+	release func()
 
 	mu      sync.Mutex
 	info    agentproto.Process
@@ -184,6 +189,15 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 		}()
 	}
 	s.cfg.Processes.add(p)
+	p.release = s.cfg.Contexts.guardMemory(c.Mark, "background process", s.log, func(why string) { p.oom.Store(&why) }, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.reaped {
+			KillTree(p.pid, p.mark)
+		} else {
+			KillTree(0, p.mark)
+		}
+	})
 	go s.watch(p, c, req, start, outR, errR)
 	s.log.Info("background process", "cmd", p.info.Cmd, "pid", c.Pid)
 	writeJSON(w, http.StatusOK, p.snapshot())
@@ -234,6 +248,10 @@ func (s *Server) watch(p *bgProc, c *Process, req agentproto.ExecRequest, start 
 	errR.Close()
 	p.stdin.Close()
 
+	p.release()
+	if why := p.oom.Load(); why != nil {
+		p.append(agentproto.ExecEvent{Type: "stderr", Data: []byte(oomNote(*why))})
+	}
 	exit := agentproto.ExecEvent{Type: "exit", ExitCode: status.Code, Signal: status.Signal, TimedOut: timedOut, DurationMS: elapsed.Milliseconds()}
 	p.mu.Lock()
 	p.exit = &exit
