@@ -127,12 +127,9 @@ func TestKernelLimits(t *testing.T) {
 	}
 
 	// First, while the first context holds little: a kernel the later
-	// subtests grew (IPython's output cache keeps the 200 MB result, and
-	// its memory is not given back) would hold near half of the sandbox
-	// when the hog brings it near its limit, and the watch kills only a
-	// kernel that holds half of what is used; the hog would then reach
-	// its own limit with the sandbox past the host's, which stops the
-	// whole sandbox (a flaky failure in CI).
+	// subtests grew (IPython keeps the 200 MB result) could be the largest
+	// tree when the hog brings the sandbox near its limit, and be killed
+	// for it, as an out-of-memory killer picks the largest.
 	t.Run("memory exhaustion kills only its kernel", func(t *testing.T) {
 		hog, err := c.CreateContext(ctx, sb.ID, "python", "")
 		if err != nil {

@@ -55,9 +55,13 @@ func NewContexts() *Contexts {
 }
 
 // memOwner is a process tree under the memory watch that is not a
-// kernel's: an exec, a background process or a terminal.
+// kernel's: a command, a background process or a terminal.
 type memOwner struct {
 	what string           // "command", "background process", "terminal"
+	busy bool             // a command someone waits for: watched at the busy pace
+	// young is when a tree that is not busy stops being watched at the
+	// busy pace for its start.
+	young time.Time
 	note func(why string) // tells the tree's caller why, before the kill
 	kill func()
 }
@@ -67,21 +71,29 @@ func (o *memOwner) killForMemory(why string) {
 	o.kill()
 }
 
+// memWatchYoung is how long the memory watch keeps its busy pace after a
+// background process or a terminal starts: a command that allocates from
+// its start grows faster than the watch's slow pace would see.
+const memWatchYoung = 5 * time.Second
+
 // guardMemory puts a process tree that is not a kernel's, marked mark
 // (Process.Mark), under the memory watch: should the sandbox nearly run
 // out with this tree the largest, note is told why and kill kills it,
-// rather than the host stopping the whole sandbox. It starts the watch if
-// no kernel did yet. The returned func takes the tree off; what it left
-// behind stays under the watch by its mark, killed without a note.
-func (cs *Contexts) guardMemory(mark uint32, what string, log *slog.Logger, note func(why string), kill func()) (release func()) {
+// rather than the host stopping the whole sandbox. While a busy tree is
+// under it (a command its caller waits for, like a cell), and for the
+// first memWatchYoung of any other, the watch looks at its busy pace. It starts the watch if no kernel did yet, and wakes
+// it. The returned func takes the tree off; what it left behind stays
+// under the watch by its mark, killed without a note.
+func (cs *Contexts) guardMemory(mark uint32, what string, busy bool, log *slog.Logger, note func(why string), kill func()) (release func()) {
 	if mark == 0 {
 		return func() {} // not root: processes are not marked
 	}
-	o := &memOwner{what: what, note: note, kill: kill}
+	o := &memOwner{what: what, busy: busy, note: note, kill: kill, young: time.Now().Add(memWatchYoung)}
 	cs.mu.Lock()
 	cs.owners[mark] = o
 	cs.mu.Unlock()
 	cs.watch.Do(func() { go cs.watchMemory(log) })
+	cs.wakeMemoryWatch()
 	return func() {
 		cs.mu.Lock()
 		if cs.owners[mark] == o {

@@ -298,6 +298,20 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		inW.Close()
 	}()
 
+	var gone atomic.Bool // the command has exited: its pid may be reused
+	var oom atomic.Pointer[string]
+	defer s.cfg.Contexts.guardMemory(c.Mark, "command", true, s.log, func(why string) {
+		if !gone.Load() {
+			oom.Store(&why)
+		}
+	}, func() {
+		if gone.Load() {
+			KillTree(0, c.Mark)
+		} else {
+			KillTree(c.Pid, c.Mark)
+		}
+	})()
+
 	out := newOutputQueue()
 	var wg sync.WaitGroup
 	for _, p := range []struct {
@@ -346,15 +360,6 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	// A client that goes away kills the command even while this loop is
 	// stuck in a write to it (a full stream window the host no longer
 	// reads), which the select below would not notice.
-	var gone atomic.Bool // the command has exited: its pid may be reused
-	var oom atomic.Pointer[string]
-	defer s.cfg.Contexts.guardMemory(c.Mark, "command", s.log, func(why string) { oom.Store(&why) }, func() {
-		if gone.Load() {
-			KillTree(0, c.Mark)
-		} else {
-			KillTree(c.Pid, c.Mark)
-		}
-	})()
 	stopWatch := context.AfterFunc(ans.ctx, func() {
 		if !gone.Load() {
 			KillTree(c.Pid, c.Mark)

@@ -248,6 +248,40 @@ func (pf *procFiles) close() {
 	}
 }
 
+// memWatch is the state of the watch's goroutine across its looks.
+type memWatch struct {
+	pf procFiles
+	// killedAt is when the watch last killed a tree for the sandbox's
+	// memory: it waits memKillGrace for that memory to be given back
+	// before it picks another.
+	killedAt time.Time
+	// used and at are the sandbox's memory at the last look, and when.
+	used int64
+	at   time.Time
+	// grown holds each tree's resident memory at the last look past the
+	// pressure level, by mark, taken at grownAt (memGrower).
+	grown   map[uint32]int64
+	grownAt time.Time
+	// meminfo replaces the reads of /proc/meminfo in tests.
+	meminfo func() (memInfo, error)
+}
+
+// memKillGrace is how long the watch gives a tree it killed for the
+// sandbox's memory to end and free it before it picks another.
+const memKillGrace = 500 * time.Millisecond
+
+// memWatchGrowth is the growth of the sandbox's memory, in bytes per
+// second, that makes the watch look at its busy pace: something
+// allocates.
+const memWatchGrowth = 64 << 20
+
+func (w *memWatch) readMeminfo() (memInfo, error) {
+	if w.meminfo != nil {
+		return w.meminfo()
+	}
+	return w.pf.readMeminfo()
+}
+
 // watchMemory runs the memory watch for the life of the agent.
 func (cs *Contexts) watchMemory(log *slog.Logger) {
 	mi, err := meminfo()
@@ -264,8 +298,8 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 	log.Info("kernel memory watch", "kernel_limit_mib", perKernel>>20, "sandbox_mib", total>>20)
 	t := time.NewTimer(memWatchPeriod)
 	defer t.Stop()
-	var pf procFiles
-	defer pf.close()
+	var w memWatch
+	defer w.pf.close()
 	for {
 		kicked := false
 		select {
@@ -273,52 +307,59 @@ func (cs *Contexts) watchMemory(log *slog.Logger) {
 		case <-cs.memKick:
 			kicked = true // the cell may not count as busy yet
 		}
-		room := cs.checkMemory(&pf, total, perKernel, pressure, log)
+		grew := cs.checkMemory(&w, total, perKernel, pressure, log)
 		if kicked {
 			t.Reset(memWatchPeriod)
 		} else {
-			t.Reset(cs.memWatchPace(room))
+			t.Reset(cs.memWatchPace(grew))
 		}
 	}
 }
 
-// memWatchRate is the fastest the watch expects the sandbox to allocate,
-// in bytes per second: gVisor here allocated about 1.2 GB/s in one
-// thread.
-const memWatchRate = 2 << 30
-
 // memWatchPace is how long the watch waits for its next look: the busy
-// pace while a cell runs; otherwise the time the sandbox would take to
-// allocate room (what is left before a limit, see checkMemory) at
-// memWatchRate, between the busy pace and a slow one. Polling /proc every
-// 25 ms cost an idle sandbox about 8 % of a CPU in gVisor, which kept it
-// from ever counting as idle (idle suspend wants under 5 %); a sandbox
-// using little looks about three times a second. A cell's start wakes the
-// watch at once (wakeMemoryWatch), so a fast allocation is seen at the
-// busy pace from its first moment; memory grown with no cell running (an
-// exec, a background process, a thread a cell left behind) is seen sooner
-// the closer the sandbox is to a limit.
-func (cs *Contexts) memWatchPace(room int64) time.Duration {
-	if cs.anyBusy() {
+// pace while a cell or a command runs (memOwner.busy), for the first
+// seconds of a background process or a terminal, or while the
+// sandbox's memory grows by memWatchGrowth or faster (grew, in bytes per
+// second: a background process, a thread a cell left behind); a slow one
+// otherwise. Polling /proc every 25 ms cost an idle sandbox about 8 % of
+// a CPU in gVisor, which kept it from ever counting as idle (idle suspend
+// wants under 5 %). A cell's or a command's start wakes the watch at once
+// (wakeMemoryWatch), so a fast allocation is seen at the busy pace from
+// its first moment; one that starts later in a background process is
+// seen within the slow period.
+func (cs *Contexts) memWatchPace(grew float64) time.Duration {
+	if grew >= memWatchGrowth || cs.busyForMemory() {
 		return memWatchPeriod
 	}
-	d := time.Duration(float64(max(room, 0)) / memWatchRate * float64(time.Second))
-	return min(max(d, memWatchPeriod), memWatchIdlePeriod)
+	return memWatchIdlePeriod
 }
 
-// checkMemory is one pass of the watch, reading /proc through pf. It
-// returns the room left: the least of what the sandbox may still grow
-// before the watch acts on it as a whole (pressure) and what any kernel
-// may before its own limit; 0 when it killed.
-func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64, log *slog.Logger) (room int64) {
+// busyForMemory reports whether a cell or a command someone waits for
+// runs, or another tree under the watch started less than memWatchYoung
+// ago.
+func (cs *Contexts) busyForMemory() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	now := time.Now()
+	for _, o := range cs.owners {
+		if o.busy || now.Before(o.young) {
+			return true
+		}
+	}
+	return cs.anyBusyLocked()
+}
+
+// checkMemory is one look of the watch. It returns how fast the sandbox's
+// memory grew since the look before, in bytes per second.
+func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, log *slog.Logger) (grew float64) {
 	cs.mu.Lock()
 	procs := make([]*kernelProc, 0, len(cs.procs))
 	for k := range cs.procs {
 		procs = append(procs, k)
 	}
 	cs.mu.Unlock()
+	pf := &w.pf
 	pf.keep(procs)
-	room = perKernel
 	for _, k := range procs {
 		n, err := pf.rss(k)
 		if err != nil {
@@ -329,26 +370,67 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
 			return 0
 		}
-		room = min(room, perKernel-n)
 	}
-	mi, err := pf.readMeminfo()
+	mi, err := w.readMeminfo()
 	if err != nil {
-		return room
+		return 0
 	}
-	used := mi.used()
-	if used <= pressure {
-		return min(room, pressure-used)
+	used := total - mi.avail
+	now := time.Now()
+	if !w.at.IsZero() {
+		if dt := now.Sub(w.at).Seconds(); dt > 0 {
+			grew = float64(used-w.used) / dt
+		}
+	}
+	w.used, w.at = used, now
+	if used <= pressure || now.Sub(w.killedAt) < memKillGrace {
+		return grew
 	}
 	// Nearly out as a whole: gVisor's host would stop the whole sandbox
 	// soon, every context with it, so the watch is the sandbox's
 	// out-of-memory killer (memVictim).
-	v := memVictim(cs.memUnits(procs, pf), used, mi.anon, pressure)
-	if v == nil {
-		return 0
+	units := cs.memUnits(procs, pf)
+	v := memVictim(units, used, mi.anon, pressure)
+	if v == nil && used >= total-(total-pressure)/4 && now.Sub(w.grownAt) <= memGrownFor {
+		v = memGrower(units, w.grown)
 	}
-	log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20)
+	w.grown, w.grownAt = map[uint32]int64{}, now
+	for _, u := range units {
+		if u.mark != 0 {
+			w.grown[u.mark] = u.rss
+		}
+	}
+	if v == nil {
+		return grew
+	}
+	log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
 	v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.what, v.rss>>20))
-	return 0
+	w.killedAt = now
+	return grew
+}
+
+// memGrownFor bounds the age of the look before that memGrower compares
+// with.
+const memGrownFor = 2 * time.Second
+
+// memGrower returns, for a sandbox within an eighth of the reserve of its
+// memory (992 MiB of 1024), where the host's stop is a fraction of a
+// second away at the rates gVisor allocates, the tree that grew most
+// since the look before (before, by mark), if it grew by 4 MiB or more: a
+// command filling the sandbox beside kernels holding most of it, with
+// files in memory, meets neither rule of memVictim.
+func memGrower(units []memUnit, before map[uint32]int64) *memUnit {
+	var v *memUnit
+	var most int64 = 4 << 20
+	for i := range units {
+		u := &units[i]
+		was, ok := before[u.mark]
+		if u.mark == 0 || !ok || u.rss-was < most {
+			continue
+		}
+		v, most = u, u.rss-was
+	}
+	return v
 }
 
 // memUnit is a process tree the watch may kill when the sandbox nearly
@@ -356,6 +438,7 @@ func (cs *Contexts) checkMemory(pf *procFiles, total, perKernel, pressure int64,
 // the processes of a mark whose owner is gone.
 type memUnit struct {
 	what string // "kernel", or the owner's kind
+	mark uint32 // Process.Mark; 0 for a kernel of an agent not root
 	pid  int    // the tree's first process, for the log
 	rss  int64
 	kill func(why string)
@@ -379,7 +462,7 @@ func memVictim(units []memUnit, used, anon, pressure int64) *memUnit {
 			v = &units[i]
 		}
 	}
-	if v == nil || v.rss < used/2 && anon <= pressure {
+	if v == nil || (v.rss < used/2 && anon <= pressure) {
 		return nil
 	}
 	return v
@@ -402,7 +485,7 @@ func (cs *Contexts) memUnits(procs []*kernelProc, pf *procFiles) []memUnit {
 	})
 	var units []memUnit
 	for _, k := range procs {
-		u := memUnit{what: "kernel", pid: k.Pid(), kill: k.killForMemory}
+		u := memUnit{what: "kernel", mark: k.p.Mark, pid: k.Pid(), kill: k.killForMemory}
 		if m := k.p.Mark; m != 0 {
 			u.rss = byMark[m]
 			delete(byMark, m)
@@ -419,13 +502,13 @@ func (cs *Contexts) memUnits(procs []*kernelProc, pf *procFiles) []memUnit {
 	cs.mu.Lock()
 	for m, o := range cs.owners {
 		if n, ok := byMark[m]; ok {
-			units = append(units, memUnit{what: o.what, pid: first[m], rss: n, kill: o.killForMemory})
+			units = append(units, memUnit{what: o.what, mark: m, pid: first[m], rss: n, kill: o.killForMemory})
 			delete(byMark, m)
 		}
 	}
 	cs.mu.Unlock()
 	for m, n := range byMark {
-		units = append(units, memUnit{what: "process tree", pid: first[m], rss: n, kill: func(string) { KillTree(0, m) }})
+		units = append(units, memUnit{what: "process tree", mark: m, pid: first[m], rss: n, kill: func(string) { KillTree(0, m) }})
 	}
 	return units
 }

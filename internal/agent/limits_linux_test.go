@@ -79,16 +79,16 @@ func TestMemoryWatchKillsAKernelOverItsLimit(t *testing.T) {
 	defer k.Kill()
 	cs := NewContexts()
 	cs.procs[k] = true
-	var pf procFiles
-	defer pf.close()
+	var w memWatch
+	defer w.pf.close()
 	// Its limit far above it: untouched.
-	cs.checkMemory(&pf, 1<<40, 1<<39, 1<<40, discardLogger())
+	cs.checkMemory(&w, 1<<40, 1<<39, 1<<40, discardLogger())
 	select {
 	case <-k.Done():
 		t.Fatalf("a kernel within its limit was killed: %s", k.ExitReason())
 	case <-time.After(200 * time.Millisecond):
 	}
-	cs.checkMemory(&pf, 1<<40, 1, 1<<40, discardLogger())
+	cs.checkMemory(&w, 1<<40, 1, 1<<40, discardLogger())
 	select {
 	case <-k.Done():
 	case <-time.After(10 * time.Second):
@@ -183,18 +183,46 @@ func TestMemVictim(t *testing.T) {
 	}
 }
 
+func TestMemGrower(t *testing.T) {
+	const mib = 1 << 20
+	units := []memUnit{{what: "kernel", mark: 1, rss: 400 * mib}, {what: "command", mark: 2, rss: 300 * mib}, {what: "kernel", rss: 200 * mib}, {what: "new", mark: 4, rss: 100 * mib}}
+	if v := memGrower(units, map[uint32]int64{1: 399 * mib, 2: 250 * mib}); v == nil || v.what != "command" {
+		t.Fatalf("grower: %+v, want the command that grew 50 MiB (a tree not seen before is no grower)", v)
+	}
+	if v := memGrower(units, map[uint32]int64{1: 399 * mib, 2: 299 * mib}); v != nil {
+		t.Fatalf("grower among trees that grew 1 MiB each: %+v, want none", v)
+	}
+	if v := memGrower(units, nil); v != nil {
+		t.Fatalf("grower without a look before: %+v", v)
+	}
+}
+
 func TestMemWatchPace(t *testing.T) {
 	cs := NewContexts()
-	for room, want := range map[int64]time.Duration{
-		0:        memWatchPeriod,
-		-1 << 20: memWatchPeriod,
-		1 << 20:  memWatchPeriod,
-		1 << 29:  250 * time.Millisecond,
-		1 << 40:  memWatchIdlePeriod,
-	} {
-		if got := cs.memWatchPace(room); got != want {
-			t.Errorf("pace with %d bytes of room: %v, want %v", room, got, want)
-		}
+	if got := cs.memWatchPace(0); got != memWatchIdlePeriod {
+		t.Errorf("pace of a quiet sandbox: %v, want %v", got, memWatchIdlePeriod)
+	}
+	if got := cs.memWatchPace(memWatchGrowth); got != memWatchPeriod {
+		t.Errorf("pace of a sandbox growing by %d B/s: %v, want %v", memWatchGrowth, got, memWatchPeriod)
+	}
+	release := cs.guardMemory(markBase+1, "background process", false, discardLogger(), func(string) {}, func() {})
+	if got := cs.memWatchPace(0); got != memWatchPeriod {
+		t.Errorf("pace right after a background process started: %v, want %v", got, memWatchPeriod)
+	}
+	cs.mu.Lock()
+	cs.owners[markBase+1].young = time.Now()
+	cs.mu.Unlock()
+	if got := cs.memWatchPace(0); got != memWatchIdlePeriod {
+		t.Errorf("pace with a background process past its start: %v, want %v", got, memWatchIdlePeriod)
+	}
+	release()
+	release = cs.guardMemory(markBase+2, "command", true, discardLogger(), func(string) {}, func() {})
+	if got := cs.memWatchPace(0); got != memWatchPeriod {
+		t.Errorf("pace while a command runs: %v, want %v", got, memWatchPeriod)
+	}
+	release()
+	if got := cs.memWatchPace(0); got != memWatchIdlePeriod {
+		t.Errorf("pace after the command: %v, want %v", got, memWatchIdlePeriod)
 	}
 }
 
@@ -203,8 +231,10 @@ func TestProcStatusMarkAndRSS(t *testing.T) {
 	if !ok || st.rss <= 0 {
 		t.Fatalf("own status: %+v %v, want a resident size", st, ok)
 	}
+	m := newTreeMark()
 	for groups, want := range map[string]uint32{
-		"": 0, "1000 ": 0, "27 2000000005 ": 2000000005, strconv.Itoa(markBase): 0,
+		"": 0, "1000 ": 0, "27 " + strconv.FormatUint(uint64(m), 10) + " ": m, strconv.Itoa(markBase): 0,
+		strconv.FormatUint(uint64(m)+1000, 10): 0, // not given by this agent
 	} {
 		if got := (procStatus{groups: groups}).mark(); got != want {
 			t.Errorf("mark of groups %q: %d, want %d", groups, got, want)
@@ -230,7 +260,7 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 			t.Fatal(err)
 		}
 		var why atomic.Pointer[string]
-		release := cs.guardMemory(p.Mark, what, discardLogger(), func(w string) { why.Store(&w) }, func() { KillTree(p.Pid, p.Mark) })
+		release := cs.guardMemory(p.Mark, what, false, discardLogger(), func(w string) { why.Store(&w) }, func() { KillTree(p.Pid, p.Mark) })
 		t.Cleanup(func() { release(); KillTree(p.Pid, p.Mark) })
 		return p, &why
 	}
@@ -248,22 +278,29 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	var pf procFiles
-	defer pf.close()
-	mi, err := meminfo()
-	if err != nil {
-		t.Fatal(err)
+	// The sandbox's memory as the test says: 1 GiB, mi.avail of it free.
+	const total, pressure = 1 << 30, 896 << 20
+	var mi memInfo
+	w := memWatch{meminfo: func() (memInfo, error) { return mi, nil }}
+	defer w.pf.close()
+	look := func(used, anon int64) {
+		mi = memInfo{total: total, avail: total - used, anon: anon}
+		w.killedAt = time.Time{}
+		cs.checkMemory(&w, total, 1<<50, pressure, discardLogger())
 	}
-	// Below the pressure level, nothing is killed.
-	cs.checkMemory(&pf, mi.avail+150<<20, 1<<50, 1<<40, discardLogger())
+	// Below the pressure level, nothing is killed; above it, nothing while
+	// no tree holds half of what is used and the processes' own memory is
+	// below the level (files in memory).
+	look(800<<20, 800<<20)
+	look(1000<<20, 300<<20)
 	select {
 	case st := <-big.Done:
-		t.Fatalf("the command was killed below the pressure level: %v", st)
+		t.Fatalf("the command was killed while the watch should wait: %v", st)
 	case <-time.After(300 * time.Millisecond):
 	}
-	// About 150 MiB used, past the level: the command holds most of it.
-	mi, _ = meminfo()
-	cs.checkMemory(&pf, mi.avail+150<<20, 1<<50, 1, discardLogger())
+	// Past the level with the processes' own memory too: the largest
+	// tree, the command, goes, and only it.
+	look(1000<<20, 950<<20)
 	select {
 	case <-big.Done:
 	case <-time.After(10 * time.Second):

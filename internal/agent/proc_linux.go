@@ -595,10 +595,11 @@ type procStatus struct {
 }
 
 // mark returns the process's mark (Process.Mark): its supplementary group
-// above markBase; 0 for none.
+// among those this agent gave; 0 for none.
 func (st procStatus) mark() uint32 {
+	last := uint64(markBase) + uint64(treeMarks.Load())
 	for _, g := range strings.Fields(st.groups) {
-		if n, err := strconv.ParseUint(g, 10, 32); err == nil && n > markBase {
+		if n, err := strconv.ParseUint(g, 10, 32); err == nil && n > markBase && n <= last {
 			return uint32(n)
 		}
 	}

@@ -189,7 +189,13 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 		}()
 	}
 	s.cfg.Processes.add(p)
-	p.release = s.cfg.Contexts.guardMemory(c.Mark, "background process", s.log, func(why string) { p.oom.Store(&why) }, func() {
+	p.release = s.cfg.Contexts.guardMemory(c.Mark, "background process", false, s.log, func(why string) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if !p.reaped {
+			p.oom.Store(&why)
+		}
+	}, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		if !p.reaped {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -82,6 +83,19 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 		return agentproto.WritePTYFrame(conn, typ, p)
 	}
 
+	// A terminal filling the sandbox's memory is killed by the memory
+	// watch, which says why on it, as a shell says "Killed".
+	var gone atomic.Bool
+	defer s.cfg.Contexts.guardMemory(c.Mark, "terminal", false, s.log, func(why string) {
+		send(agentproto.PTYData, []byte("\r\n"+strings.TrimSpace(oomNote(why))+"\r\n"))
+	}, func() {
+		if gone.Load() {
+			KillTree(0, c.Mark)
+		} else {
+			KillTree(c.Pid, c.Mark)
+		}
+	})()
+
 	// Output: the shell's terminal to the host, until the terminal closes
 	// (every holder of its other end is gone).
 	outDone := make(chan struct{})
@@ -124,6 +138,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	var status ExitStatus
 	select {
 	case status = <-c.Done:
+		gone.Store(true)
 		// A background child may keep the terminal open: give the output a
 		// moment to drain, then stop reading.
 		drained(outDone, time.Now(), master)
@@ -137,6 +152,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	case <-hostGone:
 		KillTree(c.Pid, c.Mark)
 		status = <-c.Done
+		gone.Store(true)
 		master.Close()
 		<-outDone
 	}

@@ -223,6 +223,10 @@ func (sp *spareSet) wake() {
 func (cs *Contexts) anyBusy() bool {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
+	return cs.anyBusyLocked()
+}
+
+func (cs *Contexts) anyBusyLocked() bool {
 	for _, cc := range cs.ctxs {
 		if cc.kernel != nil && cc.kernel.Busy() {
 			return true
