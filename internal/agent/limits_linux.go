@@ -108,7 +108,15 @@ type memInfo struct {
 	total int64 // MemTotal: gVisor reports the sandbox's limit
 	avail int64 // MemAvailable: gVisor counts its file cache as used
 	anon  int64 // AnonPages: the processes' own memory, which no file backs
+	shmem int64 // Shmem: files in memory (tmpfs) and shared memory
 }
+
+// held is the memory gVisor cannot give back by dropping file cache: the
+// processes' own and files that live in memory. gVisor reports its file
+// cache as used (MemAvailable is MemFree), and sandboxes whose cache
+// filled all of it (used 1024 MiB of 1024, kernels of several languages
+// started) lived on: it drops the cache as it needs room.
+func (mi memInfo) held() int64 { return mi.anon + mi.shmem }
 
 // used is what the sandbox uses of its memory, its file cache included.
 func (mi memInfo) used() int64 { return mi.total - mi.avail }
@@ -141,6 +149,8 @@ func parseMeminfo(b []byte) (memInfo, error) {
 			mi.avail = n << 10
 		case "AnonPages:":
 			mi.anon = n << 10
+		case "Shmem:":
+			mi.shmem = n << 10
 		}
 	}
 	if mi.total == 0 {
@@ -258,10 +268,6 @@ type memWatch struct {
 	// used and at are the sandbox's memory at the last look, and when.
 	used int64
 	at   time.Time
-	// grown holds each tree's resident memory at the last look past the
-	// pressure level, by mark, taken at grownAt (memGrower).
-	grown   map[uint32]int64
-	grownAt time.Time
 	// meminfo replaces the reads of /proc/meminfo in tests.
 	meminfo func() (memInfo, error)
 }
@@ -389,48 +395,14 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 	// Nearly out as a whole: gVisor's host would stop the whole sandbox
 	// soon, every context with it, so the watch is the sandbox's
 	// out-of-memory killer (memVictim).
-	units := cs.memUnits(procs, pf)
-	v := memVictim(units, used, mi.anon, pressure)
-	if v == nil && used >= total-(total-pressure)/4 && now.Sub(w.grownAt) <= memGrownFor {
-		v = memGrower(units, w.grown)
-	}
-	w.grown, w.grownAt = map[uint32]int64{}, now
-	for _, u := range units {
-		if u.mark != 0 {
-			w.grown[u.mark] = u.rss
-		}
-	}
+	v := memVictim(cs.memUnits(procs, pf), used, mi.held(), pressure)
 	if v == nil {
 		return grew
 	}
-	log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
+	log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20, "held_mib", mi.held()>>20)
 	v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.what, v.rss>>20))
 	w.killedAt = now
 	return grew
-}
-
-// memGrownFor bounds the age of the look before that memGrower compares
-// with.
-const memGrownFor = 2 * time.Second
-
-// memGrower returns, for a sandbox within an eighth of the reserve of its
-// memory (992 MiB of 1024), where the host's stop is a fraction of a
-// second away at the rates gVisor allocates, the tree that grew most
-// since the look before (before, by mark), if it grew by 4 MiB or more: a
-// command filling the sandbox beside kernels holding most of it, with
-// files in memory, meets neither rule of memVictim.
-func memGrower(units []memUnit, before map[uint32]int64) *memUnit {
-	var v *memUnit
-	var most int64 = 4 << 20
-	for i := range units {
-		u := &units[i]
-		was, ok := before[u.mark]
-		if u.mark == 0 || !ok || u.rss-was < most {
-			continue
-		}
-		v, most = u, u.rss-was
-	}
-	return v
 }
 
 // memUnit is a process tree the watch may kill when the sandbox nearly
@@ -438,7 +410,6 @@ func memGrower(units []memUnit, before map[uint32]int64) *memUnit {
 // the processes of a mark whose owner is gone.
 type memUnit struct {
 	what string // "kernel", or the owner's kind
-	mark uint32 // Process.Mark; 0 for a kernel of an agent not root
 	pid  int    // the tree's first process, for the log
 	rss  int64
 	kill func(why string)
@@ -447,22 +418,22 @@ type memUnit struct {
 // memVictim picks, in a sandbox past its pressure level, the process tree
 // to kill: the largest (a kernel with what its cells started, an exec, a
 // background process, a terminal, or what one of those left behind), if it
-// holds at least half of what is used, or else once the processes' own
-// memory (anon, which gVisor cannot drop as it can its file cache) is past
-// the pressure level too. Short of that, what is used may be files in
-// memory, or many trees each holding a little, and the sandbox may level
-// off below its limit: the watch waits. In a sandbox with several kernels
+// holds at least half of what is used, or else once what gVisor cannot
+// give back (held, memInfo.held) is past the pressure level too. Short of
+// that, what is used may be file cache, which gVisor drops as it needs
+// room, or many trees each holding a little, and the sandbox may level off
+// below its limit: the watch waits. In a sandbox with several kernels
 // (each a warmed-up Python of 150 MiB or more) a command filling it holds
 // less than half when it reaches the pressure level; without the second
-// rule it went on until the host stopped the whole sandbox.
-func memVictim(units []memUnit, used, anon, pressure int64) *memUnit {
+// rule it went on until the whole sandbox was stopped.
+func memVictim(units []memUnit, used, held, pressure int64) *memUnit {
 	var v *memUnit
 	for i := range units {
 		if v == nil || units[i].rss > v.rss {
 			v = &units[i]
 		}
 	}
-	if v == nil || (v.rss < used/2 && anon <= pressure) {
+	if v == nil || (v.rss < used/2 && held <= pressure) {
 		return nil
 	}
 	return v
@@ -485,7 +456,7 @@ func (cs *Contexts) memUnits(procs []*kernelProc, pf *procFiles) []memUnit {
 	})
 	var units []memUnit
 	for _, k := range procs {
-		u := memUnit{what: "kernel", mark: k.p.Mark, pid: k.Pid(), kill: k.killForMemory}
+		u := memUnit{what: "kernel", pid: k.Pid(), kill: k.killForMemory}
 		if m := k.p.Mark; m != 0 {
 			u.rss = byMark[m]
 			delete(byMark, m)
@@ -502,13 +473,13 @@ func (cs *Contexts) memUnits(procs []*kernelProc, pf *procFiles) []memUnit {
 	cs.mu.Lock()
 	for m, o := range cs.owners {
 		if n, ok := byMark[m]; ok {
-			units = append(units, memUnit{what: o.what, mark: m, pid: first[m], rss: n, kill: o.killForMemory})
+			units = append(units, memUnit{what: o.what, pid: first[m], rss: n, kill: o.killForMemory})
 			delete(byMark, m)
 		}
 	}
 	cs.mu.Unlock()
 	for m, n := range byMark {
-		units = append(units, memUnit{what: "process tree", mark: m, pid: first[m], rss: n, kill: func(string) { KillTree(0, m) }})
+		units = append(units, memUnit{what: "process tree", pid: first[m], rss: n, kill: func(string) { KillTree(0, m) }})
 	}
 	return units
 }

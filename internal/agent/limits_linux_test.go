@@ -171,29 +171,15 @@ func TestMemVictim(t *testing.T) {
 		t.Fatalf("victim of 900 MiB used: %+v, want the 500 MiB command", v)
 	}
 	// None holds half: none while much of it is file cache, the largest
-	// once the processes' own memory is past the pressure level.
+	// once what gVisor cannot give back is past the pressure level.
 	if v := memVictim(units, 1100*mib, 800*mib, pressure); v != nil {
-		t.Fatalf("victim of 1100 MiB used, 800 MiB anonymous, none holding half: %+v, want none", v)
+		t.Fatalf("victim of 1100 MiB used, 800 MiB held, none holding half: %+v, want none", v)
 	}
 	if v := memVictim(units, 1100*mib, 1000*mib, pressure); v == nil || v.what != "command" {
-		t.Fatalf("victim of 1100 MiB used, 1000 MiB anonymous: %+v, want the 500 MiB command", v)
+		t.Fatalf("victim of 1100 MiB used, 1000 MiB held: %+v, want the 500 MiB command", v)
 	}
 	if v := memVictim(nil, 900*mib, 900*mib, pressure); v != nil {
 		t.Fatalf("victim among none: %+v", v)
-	}
-}
-
-func TestMemGrower(t *testing.T) {
-	const mib = 1 << 20
-	units := []memUnit{{what: "kernel", mark: 1, rss: 400 * mib}, {what: "command", mark: 2, rss: 300 * mib}, {what: "kernel", rss: 200 * mib}, {what: "new", mark: 4, rss: 100 * mib}}
-	if v := memGrower(units, map[uint32]int64{1: 399 * mib, 2: 250 * mib}); v == nil || v.what != "command" {
-		t.Fatalf("grower: %+v, want the command that grew 50 MiB (a tree not seen before is no grower)", v)
-	}
-	if v := memGrower(units, map[uint32]int64{1: 399 * mib, 2: 299 * mib}); v != nil {
-		t.Fatalf("grower among trees that grew 1 MiB each: %+v, want none", v)
-	}
-	if v := memGrower(units, nil); v != nil {
-		t.Fatalf("grower without a look before: %+v", v)
 	}
 }
 
@@ -289,8 +275,8 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 		cs.checkMemory(&w, total, 1<<50, pressure, discardLogger())
 	}
 	// Below the pressure level, nothing is killed; above it, nothing while
-	// no tree holds half of what is used and the processes' own memory is
-	// below the level (files in memory).
+	// no tree holds half of what is used and what gVisor cannot give back
+	// is below the level (file cache).
 	look(800<<20, 800<<20)
 	look(1000<<20, 300<<20)
 	select {
@@ -298,7 +284,7 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 		t.Fatalf("the command was killed while the watch should wait: %v", st)
 	case <-time.After(300 * time.Millisecond):
 	}
-	// Past the level with the processes' own memory too: the largest
+	// Past the level with what gVisor cannot give back too: the largest
 	// tree, the command, goes, and only it.
 	look(1000<<20, 950<<20)
 	select {
@@ -322,8 +308,8 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 func TestParseMeminfo(t *testing.T) {
 	// As gVisor writes it: MemAvailable is MemFree, the file cache counted
 	// as used.
-	mi, err := parseMeminfo([]byte("MemTotal:        1048576 kB\nMemFree:          905864 kB\nMemAvailable:     905864 kB\nCached:            31556 kB\nAnonPages:        112308 kB\n"))
-	if err != nil || mi.total != 1048576<<10 || mi.avail != 905864<<10 || mi.anon != 112308<<10 || mi.used() != (1048576-905864)<<10 {
+	mi, err := parseMeminfo([]byte("MemTotal:        1048576 kB\nMemFree:          905864 kB\nMemAvailable:     905864 kB\nCached:            31556 kB\nAnonPages:        112308 kB\nShmem:              1164 kB\n"))
+	if err != nil || mi.total != 1048576<<10 || mi.avail != 905864<<10 || mi.anon != 112308<<10 || mi.shmem != 1164<<10 || mi.used() != (1048576-905864)<<10 || mi.held() != (112308+1164)<<10 {
 		t.Fatalf("parseMeminfo: %+v %v", mi, err)
 	}
 	if _, err := parseMeminfo([]byte("MemFree: 1 kB\n")); err == nil {
