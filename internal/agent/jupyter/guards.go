@@ -148,6 +148,20 @@ var PythonSetupCode = `def _pandastack_setup():
         import contextlib
         ip._tee = lambda channel: contextlib.nullcontext()
 
+    # %reset out drops the output cache and _, __ and ___, but IPython's
+    # note of those three as its own (user_ns_hidden) keeps the last
+    # results alive: a 200 MB result stayed in memory after del and
+    # %reset -f out, until three more results pushed it out.
+    dh = getattr(ip, 'displayhook', None)
+    dh_flush = getattr(dh, 'flush', None)
+    if dh_flush is not None and isinstance(getattr(ip, 'user_ns_hidden', None), dict):
+        def flush():
+            dh_flush()
+            for name in ('_', '__', '___'):
+                if name in ip.user_ns_hidden:
+                    ip.user_ns_hidden[name] = ip.user_ns.get(name, '')
+        dh.flush = flush
+
     # Results are cut at the output cap too, but never below 64 Ki
     # characters (a small cap is for streams).
     def rcap():

@@ -80,6 +80,21 @@ func TestHugeResultIsBounded(t *testing.T) {
 	}
 }
 
+// TestResetOutFreesResults: %reset -f out lets go of the results it
+// drops; IPython alone kept the last ones (its own note of _, __ and ___).
+func TestResetOutFreesResults(t *testing.T) {
+	k := startKernel(t, guarded)
+	mustText(t, k, "import weakref\nclass Big:\n    def __repr__(self): return '<Big>'\nbig = Big()\nref = weakref.ref(big)\nbig", "<Big>")
+	mustText(t, k, "del big\nref() is None", "False")
+	if e, _ := runCode(t, k, "%reset -f out", ExecOptions{}); e.Error != nil {
+		t.Fatal(e.Error)
+	}
+	mustText(t, k, "import gc; gc.collect(); ref() is None", "True")
+	// The cache works as before afterwards.
+	mustText(t, k, "6 * 7", "42")
+	mustText(t, k, "_", "42")
+}
+
 // TestReseed: after Reseed a kernel no longer repeats the sequence it was
 // seeded with, as two restores of one image would.
 func TestReseed(t *testing.T) {
