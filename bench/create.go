@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -337,10 +338,17 @@ func (b *bench) bursts(ctx context.Context) error {
 				lat[i], errs[i] = ms(d), err
 			}()
 		}
-		t0 := time.Now()
+		t0, host0, srv0 := time.Now(), readCPUTimes(), serverCPU(s)
 		close(start)
 		wg.Wait()
 		wall := time.Since(t0)
+		host1, srv1 := readCPUTimes(), serverCPU(s)
+		var sbx float64
+		for _, id := range ids {
+			if c := sandboxCPU(id); id != "" && c > 0 {
+				sbx += c
+			}
+		}
 		var ok []float64
 		var failed []string
 		hits := 0
@@ -371,6 +379,12 @@ func (b *bench) bursts(ctx context.Context) error {
 			note += fmt.Sprintf("; %d FAILED: %s", len(failed), failed[0])
 		}
 		b.add(summarize("burst", fmt.Sprintf("burst of %d creates → first run_code, %s", b.set.Burst, label), "ms", ok, note))
+		// What the burst cost the CPUs, per create: with c CPUs a burst of
+		// n cannot end before n × this / c, whatever the order.
+		n := float64(b.set.Burst)
+		b.add(summarize("burst", fmt.Sprintf("  CPU per create, %s", label), "ms", []float64{busyMS(host0, host1) / n}, fmt.Sprintf("every process on the host from the common start to the last first result (/proc/stat), over the %d creates; with %d CPUs the burst cannot end sooner than %d × this / %d", b.set.Burst, runtime.NumCPU(), b.set.Burst, runtime.NumCPU())))
+		b.add(summarize("burst", fmt.Sprintf("    of which the sandboxes, %s", label), "ms", []float64{sbx / n}, "the sandboxes' cgroups (cpuacct: sentry, gofer, agent, kernels) over their lives so far, a prepared container's runsc create included"))
+		b.add(summarize("burst", fmt.Sprintf("    of which the server and its runsc commands, %s", label), "ms", []float64{(srv1 - srv0) / n}, "the server process's user and system time and its waited-for children's (/proc/<pid>/stat)"))
 		if len(failed) > 0 {
 			return fmt.Errorf("%d of %d concurrent creates on %s failed, first: %s", len(failed), b.set.Burst, s.name, failed[0])
 		}

@@ -120,8 +120,16 @@ func loadAvg() string {
 
 // cpuTimes are the host's CPU times since boot, from /proc/stat's "cpu"
 // line, in clock ticks: steal is the time the hypervisor ran something
-// else while this machine's CPUs wanted to run, total all of it.
-type cpuTimes struct{ steal, total uint64 }
+// else while this machine's CPUs wanted to run, idle the time they had
+// nothing to run (iowait included), total all of it.
+type cpuTimes struct{ steal, idle, total uint64 }
+
+// busyMS is the CPU time the host's processes used between a and b, in
+// ms (clock ticks are 10 ms).
+func busyMS(a, b cpuTimes) float64 {
+	used := (b.total - b.idle - b.steal) - (a.total - a.idle - a.steal)
+	return float64(used) * 10
+}
 
 func readCPUTimes() cpuTimes {
 	b, _ := os.ReadFile("/proc/stat")
@@ -144,7 +152,10 @@ func parseCPUTimes(stat string) cpuTimes {
 			return cpuTimes{}
 		}
 		t.total += n
-		if i == 7 {
+		switch i {
+		case 3, 4:
+			t.idle += n
+		case 7:
 			t.steal = n
 		}
 	}

@@ -166,6 +166,32 @@ func (b *bench) streamExec(ctx context.Context) error {
 	return nil
 }
 
+// serverCPU is the CPU time the server process s used so far, with that
+// of its children it has waited for (runsc commands), in ms; 0 when it
+// cannot be read.
+func serverCPU(s *server) float64 {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	// After the command name: utime, stime, cutime and cstime are the
+	// 12th to 15th fields, in clock ticks (100 a second).
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 15 {
+		return 0
+	}
+	var ticks int64
+	for _, v := range f[11:15] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		ticks += n
+	}
+	return float64(ticks) * 10
+}
+
 // cpuUsed is the CPU time spent so far by the server s and by sandbox id:
 // the server process's user and system time, and the cpuacct (cgroup v1)
 // or cpu.stat (v2) usage of the sandbox's cgroup, which holds the sentry,
