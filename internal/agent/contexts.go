@@ -57,13 +57,13 @@ func NewContexts() *Contexts {
 // memOwner is a process tree under the memory watch that is not a
 // kernel's: a command, a background process or a terminal.
 type memOwner struct {
-	what string           // "command", "background process", "terminal"
-	busy bool             // a command someone waits for: watched at the busy pace
+	what string // "command", "background process", "terminal"
+	busy bool   // a command someone waits for: watched at the busy pace
 	// young is when a tree that is not busy stops being watched at the
 	// busy pace for its start.
 	young time.Time
-	note func(why string) // tells the tree's caller why, before the kill
-	kill func()
+	note  func(why string) // tells the tree's caller why, before the kill; must not block
+	kill  func()
 }
 
 func (o *memOwner) killForMemory(why string) {

@@ -107,16 +107,14 @@ func memLimits(total int64) (perKernel, pressure int64, ok bool) {
 type memInfo struct {
 	total int64 // MemTotal: gVisor reports the sandbox's limit
 	avail int64 // MemAvailable: gVisor counts its file cache as used
-	anon  int64 // AnonPages: the processes' own memory, which no file backs
-	shmem int64 // Shmem: files in memory (tmpfs) and shared memory
+	// anon is AnonPages: in gVisor the processes' own memory and the files
+	// that live in memory (tmpfs, shared memory; files written to the root
+	// filesystem raised it as much as Shmem), which it cannot give back. Its file cache (Cached) it can: gVisor reports that cache as
+	// used (MemAvailable is MemFree), and sandboxes whose cache filled all
+	// of their memory (used 1024 MiB of 1024, kernels of several
+	// languages started) lived on.
+	anon int64
 }
-
-// held is the memory gVisor cannot give back by dropping file cache: the
-// processes' own and files that live in memory. gVisor reports its file
-// cache as used (MemAvailable is MemFree), and sandboxes whose cache
-// filled all of it (used 1024 MiB of 1024, kernels of several languages
-// started) lived on: it drops the cache as it needs room.
-func (mi memInfo) held() int64 { return mi.anon + mi.shmem }
 
 // used is what the sandbox uses of its memory, its file cache included.
 func (mi memInfo) used() int64 { return mi.total - mi.avail }
@@ -149,8 +147,6 @@ func parseMeminfo(b []byte) (memInfo, error) {
 			mi.avail = n << 10
 		case "AnonPages:":
 			mi.anon = n << 10
-		case "Shmem:":
-			mi.shmem = n << 10
 		}
 	}
 	if mi.total == 0 {
@@ -395,13 +391,13 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 	// Nearly out as a whole: gVisor's host would stop the whole sandbox
 	// soon, every context with it, so the watch is the sandbox's
 	// out-of-memory killer (memVictim).
-	v := memVictim(cs.memUnits(procs, pf), used, mi.held(), pressure)
+	v := memVictim(cs.memUnits(procs, pf), used, mi.anon, perKernel, pressure)
 	if v == nil {
 		return grew
 	}
-	log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20, "held_mib", mi.held()>>20)
+	log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
 	v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.what, v.rss>>20))
-	w.killedAt = now
+	w.killedAt = time.Now() // a kill can take a while: the grace starts after it
 	return grew
 }
 
@@ -417,26 +413,36 @@ type memUnit struct {
 
 // memVictim picks, in a sandbox past its pressure level, the process tree
 // to kill: the largest (a kernel with what its cells started, an exec, a
-// background process, a terminal, or what one of those left behind), if it
-// holds at least half of what is used, or else once what gVisor cannot
-// give back (held, memInfo.held) is past the pressure level too. Short of
-// that, what is used may be file cache, which gVisor drops as it needs
-// room, or many trees each holding a little, and the sandbox may level off
-// below its limit: the watch waits. In a sandbox with several kernels
-// (each a warmed-up Python of 150 MiB or more) a command filling it holds
-// less than half when it reaches the pressure level; without the second
-// rule it went on until the whole sandbox was stopped.
-func memVictim(units []memUnit, used, held, pressure int64) *memUnit {
+// background process, a terminal, or what one of those left behind),
+//   - if it holds at least half of what is used, and what gVisor cannot
+//     give back (anon, see memInfo) is past floor (a kernel's limit): a
+//     kernel reading a large file fills the file cache, which gVisor
+//     drops as it needs room;
+//   - or else once anon is past the pressure level too, if the tree holds
+//     at least a quarter of it: in a sandbox with several kernels (each a
+//     warmed-up Python of 150 MiB or more) a command filling it holds less
+//     than half of what is used when it reaches the level, and without
+//     this rule went on until the whole sandbox was stopped.
+//
+// Short of that, what is used may be file cache, files in memory no kill
+// would free, or many trees each holding a little, and the sandbox may
+// level off below its limit: the watch waits.
+func memVictim(units []memUnit, used, anon, floor, pressure int64) *memUnit {
 	var v *memUnit
 	for i := range units {
 		if v == nil || units[i].rss > v.rss {
 			v = &units[i]
 		}
 	}
-	if v == nil || (v.rss < used/2 && held <= pressure) {
+	switch {
+	case v == nil:
 		return nil
+	case v.rss >= used/2 && anon > floor:
+		return v
+	case anon > pressure && v.rss >= anon/4:
+		return v
 	}
-	return v
+	return nil
 }
 
 // memUnits sums the resident memory of each process tree: by mark (every

@@ -166,25 +166,41 @@ func TestProcFiles(t *testing.T) {
 func TestMemVictim(t *testing.T) {
 	const mib = 1 << 20
 	units := []memUnit{{what: "kernel", rss: 300 * mib}, {what: "command", rss: 500 * mib}, {what: "process tree", rss: 20 * mib}}
-	const pressure = 896 * mib
-	if v := memVictim(units, 900*mib, 100*mib, pressure); v == nil || v.what != "command" {
-		t.Fatalf("victim of 900 MiB used: %+v, want the 500 MiB command", v)
-	}
-	// None holds half: none while much of it is file cache, the largest
-	// once what gVisor cannot give back is past the pressure level.
-	if v := memVictim(units, 1100*mib, 800*mib, pressure); v != nil {
-		t.Fatalf("victim of 1100 MiB used, 800 MiB held, none holding half: %+v, want none", v)
-	}
-	if v := memVictim(units, 1100*mib, 1000*mib, pressure); v == nil || v.what != "command" {
-		t.Fatalf("victim of 1100 MiB used, 1000 MiB held: %+v, want the 500 MiB command", v)
-	}
-	if v := memVictim(nil, 900*mib, 900*mib, pressure); v != nil {
-		t.Fatalf("victim among none: %+v", v)
+	const floor, pressure = 768 * mib, 896 * mib
+	for _, c := range []struct {
+		units      []memUnit
+		used, anon int64
+		want       string // "" for none
+	}{
+		{units, 900 * mib, 800 * mib, "command"}, // holds half of what is used
+		{units, 900 * mib, 600 * mib, ""},        // half, but most of it file cache
+		{units, 1100 * mib, 800 * mib, ""},       // none holds half, little is held
+		{units, 1100 * mib, 1000 * mib, "command"},
+		{[]memUnit{{what: "a", rss: 100 * mib}, {what: "b", rss: 90 * mib}}, 1100 * mib, 1000 * mib, ""}, // files in memory: no kill frees them
+		{nil, 1100 * mib, 1000 * mib, ""},
+	} {
+		v := memVictim(c.units, c.used, c.anon, floor, pressure)
+		if got := ""; v != nil {
+			got = v.what
+			if got != c.want {
+				t.Errorf("victim with %d MiB used, %d MiB held: %s, want %q", c.used/mib, c.anon/mib, got, c.want)
+			}
+		} else if c.want != "" {
+			t.Errorf("victim with %d MiB used, %d MiB held: none, want %s", c.used/mib, c.anon/mib, c.want)
+		}
 	}
 }
 
-func TestMemWatchPace(t *testing.T) {
+// testContexts returns Contexts whose memory watch never starts: the
+// tests call its parts themselves.
+func testContexts() *Contexts {
 	cs := NewContexts()
+	cs.watch.Do(func() {})
+	return cs
+}
+
+func TestMemWatchPace(t *testing.T) {
+	cs := testContexts()
 	if got := cs.memWatchPace(0); got != memWatchIdlePeriod {
 		t.Errorf("pace of a quiet sandbox: %v, want %v", got, memWatchIdlePeriod)
 	}
@@ -239,7 +255,7 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 	if err != nil {
 		t.Skip("needs python3 to hold memory")
 	}
-	cs := NewContexts()
+	cs := testContexts()
 	start := func(what, code string) (*Process, *atomic.Pointer[string]) {
 		p, err := (*Reaper)(nil).Start(py, []string{"python3", "-c", code}, &os.ProcAttr{Sys: procAttr(true)})
 		if err != nil {
@@ -264,29 +280,32 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// The sandbox's memory as the test says: 1 GiB, mi.avail of it free.
-	const total, pressure = 1 << 30, 896 << 20
+	// The sandbox's memory as the test says: 256 MiB, a kernel's limit
+	// (the first rule's floor) at 120 and the pressure level at 160.
+	const total, floor, pressure = 256 << 20, 120 << 20, 160 << 20
 	var mi memInfo
 	w := memWatch{meminfo: func() (memInfo, error) { return mi, nil }}
 	defer w.pf.close()
 	look := func(used, anon int64) {
 		mi = memInfo{total: total, avail: total - used, anon: anon}
-		w.killedAt = time.Time{}
-		cs.checkMemory(&w, total, 1<<50, pressure, discardLogger())
+		cs.checkMemory(&w, total, floor, pressure, discardLogger())
 	}
 	// Below the pressure level, nothing is killed; above it, nothing while
-	// no tree holds half of what is used and what gVisor cannot give back
-	// is below the level (file cache).
-	look(800<<20, 800<<20)
-	look(1000<<20, 300<<20)
+	// the command holds half of what is used but little is held (file
+	// cache), nor within the grace after a kill.
+	look(140<<20, 140<<20)
+	look(180<<20, 100<<20)
+	w.killedAt = time.Now()
+	look(250<<20, 170<<20)
 	select {
 	case st := <-big.Done:
 		t.Fatalf("the command was killed while the watch should wait: %v", st)
 	case <-time.After(300 * time.Millisecond):
 	}
-	// Past the level with what gVisor cannot give back too: the largest
-	// tree, the command, goes, and only it.
-	look(1000<<20, 950<<20)
+	// Held past the level, the command holding more than a quarter of it:
+	// the largest tree, the command, goes, and only it.
+	w.killedAt = time.Time{}
+	look(250<<20, 170<<20)
 	select {
 	case <-big.Done:
 	case <-time.After(10 * time.Second):
@@ -309,7 +328,7 @@ func TestParseMeminfo(t *testing.T) {
 	// As gVisor writes it: MemAvailable is MemFree, the file cache counted
 	// as used.
 	mi, err := parseMeminfo([]byte("MemTotal:        1048576 kB\nMemFree:          905864 kB\nMemAvailable:     905864 kB\nCached:            31556 kB\nAnonPages:        112308 kB\nShmem:              1164 kB\n"))
-	if err != nil || mi.total != 1048576<<10 || mi.avail != 905864<<10 || mi.anon != 112308<<10 || mi.shmem != 1164<<10 || mi.used() != (1048576-905864)<<10 || mi.held() != (112308+1164)<<10 {
+	if err != nil || mi.total != 1048576<<10 || mi.avail != 905864<<10 || mi.anon != 112308<<10 || mi.used() != (1048576-905864)<<10 {
 		t.Fatalf("parseMeminfo: %+v %v", mi, err)
 	}
 	if _, err := parseMeminfo([]byte("MemFree: 1 kB\n")); err == nil {

@@ -87,7 +87,11 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	// watch, which says why on it, as a shell says "Killed".
 	var gone atomic.Bool
 	defer s.cfg.Contexts.guardMemory(c.Mark, "terminal", false, s.log, func(why string) {
-		send(agentproto.PTYData, []byte("\r\n"+strings.TrimSpace(oomNote(why))+"\r\n"))
+		if !gone.Load() {
+			// Not on the watch's goroutine: a client that reads slowly
+			// holds send up.
+			go send(agentproto.PTYData, []byte("\r\n"+strings.TrimSpace(oomNote(why))+"\r\n"))
+		}
 	}, func() {
 		if gone.Load() {
 			KillTree(0, c.Mark)

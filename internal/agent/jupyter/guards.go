@@ -155,12 +155,12 @@ var PythonSetupCode = `def _pandastack_setup():
     dh = getattr(ip, 'displayhook', None)
     dh_flush = getattr(dh, 'flush', None)
     if dh_flush is not None and isinstance(getattr(ip, 'user_ns_hidden', None), dict):
-        def flush():
+        def flush_results():
             dh_flush()
             for name in ('_', '__', '___'):
                 if name in ip.user_ns_hidden:
                     ip.user_ns_hidden[name] = ip.user_ns.get(name, '')
-        dh.flush = flush
+        dh.flush = flush_results
 
     # Results are cut at the output cap too, but never below 64 Ki
     # characters (a small cap is for streams).
