@@ -319,6 +319,26 @@ func (b *bench) bursts(ctx context.Context) error {
 	}
 	for _, sd := range sides {
 		s := sd.s
+		if s.poolSize == 0 {
+			// The CPU one create costs when it has the host to itself:
+			// what a burst must pay per create at the least.
+			var one []float64
+			for range 5 {
+				s.settle(ctx, 30*time.Second)
+				srv0 := serverCPU(s)
+				sb, _, err := s.createAndRun(ctx)
+				cpu := serverCPU(s) - srv0
+				if sb != nil {
+					cpu += sandboxCPU(sb.ID)
+					s.kill(sb.ID)
+				}
+				if err != nil {
+					return err
+				}
+				one = append(one, cpu)
+			}
+			b.add(summarize("burst", "CPU per create one at a time, no pool"+sd.label, "ms", one, fmt.Sprintf("the sandbox's cgroup (cpuacct, its prepared container's runsc create included) and the server with its runsc commands, from a create's request to its first result, each create alone on a settled server: a burst of n on %d CPUs cannot end sooner than n × this / %d, nor its median create, served in turn, sooner than half that", runtime.NumCPU(), runtime.NumCPU())))
+		}
 		s.settle(ctx, 30*time.Second)
 		before := sandboxPIDs(s.runscRoot)
 		lat := make([]float64, b.set.Burst)
@@ -382,9 +402,9 @@ func (b *bench) bursts(ctx context.Context) error {
 		// What the burst cost the CPUs, per create: with c CPUs a burst of
 		// n cannot end before n × this / c, whatever the order.
 		n := float64(b.set.Burst)
-		b.add(summarize("burst", fmt.Sprintf("  CPU per create, %s", label), "ms", []float64{busyMS(host0, host1) / n}, fmt.Sprintf("every process on the host from the common start to the last first result (/proc/stat), over the %d creates; with %d CPUs the burst cannot end sooner than %d × this / %d", b.set.Burst, runtime.NumCPU(), b.set.Burst, runtime.NumCPU())))
-		b.add(summarize("burst", fmt.Sprintf("    of which the sandboxes, %s", label), "ms", []float64{sbx / n}, "the sandboxes' cgroups (cpuacct: sentry, gofer, agent, kernels) over their lives so far, a prepared container's runsc create included"))
-		b.add(summarize("burst", fmt.Sprintf("    of which the server and its runsc commands, %s", label), "ms", []float64{(srv1 - srv0) / n}, "the server process's user and system time and its waited-for children's (/proc/<pid>/stat)"))
+		b.add(summarize("burst", fmt.Sprintf("  CPU per create during the burst, %s", label), "ms", []float64{busyMS(host0, host1) / n}, fmt.Sprintf("every process on the host from the common start to the last first result (/proc/stat), over the %d creates: with the %d CPUs busy throughout, the burst's wall time × CPUs / creates", b.set.Burst, runtime.NumCPU())))
+		b.add(summarize("burst", fmt.Sprintf("    the sandboxes' cgroups, %s", label), "ms", []float64{sbx / n}, "cpuacct (sentry, gofer, agent, kernels) over the sandboxes' lives so far: a pool sandbox's restore before the burst, and a prepared container's runsc create, included"))
+		b.add(summarize("burst", fmt.Sprintf("    the server and its runsc commands, %s", label), "ms", []float64{(srv1 - srv0) / n}, "the server process's user and system time and its waited-for children's (/proc/<pid>/stat), during the burst"))
 		if len(failed) > 0 {
 			return fmt.Errorf("%d of %d concurrent creates on %s failed, first: %s", len(failed), b.set.Burst, s.name, failed[0])
 		}
