@@ -108,12 +108,15 @@ type memInfo struct {
 	total int64 // MemTotal: gVisor reports the sandbox's limit
 	avail int64 // MemAvailable: gVisor counts its file cache as used
 	// anon is AnonPages: in gVisor the processes' own memory and the files
-	// that live in memory (tmpfs, shared memory; files written to the root
-	// filesystem raised it as much as Shmem), which it cannot give back. Its file cache (Cached) it can: gVisor reports that cache as
-	// used (MemAvailable is MemFree), and sandboxes whose cache filled all
-	// of their memory (used 1024 MiB of 1024, kernels of several
-	// languages started) lived on.
+	// that live in memory, which it cannot give back. Its file cache
+	// (Cached) it can: gVisor reports that cache as used (MemAvailable is
+	// MemFree), and sandboxes whose cache filled all of their memory (used
+	// 1024 MiB of 1024, kernels of several languages started) lived on.
 	anon int64
+	// shmem is Shmem: the files in memory alone (tmpfs, shared memory;
+	// files written to the root filesystem raised it as much as
+	// AnonPages), which no kill frees.
+	shmem int64
 }
 
 // used is what the sandbox uses of its memory, its file cache included.
@@ -147,6 +150,8 @@ func parseMeminfo(b []byte) (memInfo, error) {
 			mi.avail = n << 10
 		case "AnonPages:":
 			mi.anon = n << 10
+		case "Shmem:":
+			mi.shmem = n << 10
 		}
 	}
 	if mi.total == 0 {
@@ -370,6 +375,7 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 		if n > perKernel {
 			log.Warn("kernel over its memory limit; killing it", "pid", k.Pid(), "rss_mib", n>>20, "limit_mib", perKernel>>20)
 			k.killForMemory(fmt.Sprintf("out_of_memory: the kernel used %d MiB, more than its limit of %d MiB in this %d MiB sandbox, and was killed", n>>20, perKernel>>20, total>>20))
+			w.killedAt = time.Now() // its memory is not back yet either
 			return 0
 		}
 	}
@@ -391,7 +397,7 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 	// Nearly out as a whole: gVisor's host would stop the whole sandbox
 	// soon, every context with it, so the watch is the sandbox's
 	// out-of-memory killer (memVictim).
-	v := memVictim(cs.memUnits(procs, pf), used, mi.anon, perKernel, pressure)
+	v := memVictim(cs.memUnits(procs, pf), used, mi.anon, mi.shmem, perKernel, pressure)
 	if v == nil {
 		return grew
 	}
@@ -419,7 +425,8 @@ type memUnit struct {
 //     kernel reading a large file fills the file cache, which gVisor
 //     drops as it needs room;
 //   - or else once anon is past the pressure level too, if the tree holds
-//     at least a quarter of it: in a sandbox with several kernels (each a
+//     at least a quarter of what a kill could free (anon without the files
+//     in memory, shmem): in a sandbox with several kernels (each a
 //     warmed-up Python of 150 MiB or more) a command filling it holds less
 //     than half of what is used when it reaches the level, and without
 //     this rule went on until the whole sandbox was stopped.
@@ -427,7 +434,7 @@ type memUnit struct {
 // Short of that, what is used may be file cache, files in memory no kill
 // would free, or many trees each holding a little, and the sandbox may
 // level off below its limit: the watch waits.
-func memVictim(units []memUnit, used, anon, floor, pressure int64) *memUnit {
+func memVictim(units []memUnit, used, anon, shmem, floor, pressure int64) *memUnit {
 	var v *memUnit
 	for i := range units {
 		if v == nil || units[i].rss > v.rss {
@@ -439,7 +446,7 @@ func memVictim(units []memUnit, used, anon, floor, pressure int64) *memUnit {
 		return nil
 	case v.rss >= used/2 && anon > floor:
 		return v
-	case anon > pressure && v.rss >= anon/4:
+	case anon > pressure && v.rss >= (anon-shmem)/4:
 		return v
 	}
 	return nil

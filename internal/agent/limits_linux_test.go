@@ -168,25 +168,27 @@ func TestMemVictim(t *testing.T) {
 	units := []memUnit{{what: "kernel", rss: 300 * mib}, {what: "command", rss: 500 * mib}, {what: "process tree", rss: 20 * mib}}
 	const floor, pressure = 768 * mib, 896 * mib
 	for _, c := range []struct {
-		units      []memUnit
-		used, anon int64
-		want       string // "" for none
+		units             []memUnit
+		used, anon, shmem int64
+		want              string // "" for none
 	}{
-		{units, 900 * mib, 800 * mib, "command"}, // holds half of what is used
-		{units, 900 * mib, 600 * mib, ""},        // half, but most of it file cache
-		{units, 1100 * mib, 800 * mib, ""},       // none holds half, little is held
-		{units, 1100 * mib, 1000 * mib, "command"},
-		{[]memUnit{{what: "a", rss: 100 * mib}, {what: "b", rss: 90 * mib}}, 1100 * mib, 1000 * mib, ""}, // files in memory: no kill frees them
-		{nil, 1100 * mib, 1000 * mib, ""},
+		{units, 900 * mib, 800 * mib, 0, "command"}, // holds half of what is used
+		{units, 900 * mib, 600 * mib, 0, ""},        // half, but most of it file cache
+		{units, 1100 * mib, 800 * mib, 0, ""},       // none holds half, little is held
+		{units, 1100 * mib, 1000 * mib, 0, "command"},
+		{[]memUnit{{what: "a", rss: 100 * mib}, {what: "b", rss: 90 * mib}}, 1100 * mib, 1000 * mib, 0, ""}, // many small trees
+		// Files in memory: a quarter of what a kill could free is enough.
+		{[]memUnit{{what: "a", rss: 100 * mib}, {what: "b", rss: 90 * mib}}, 1100 * mib, 1000 * mib, 700 * mib, "a"},
+		{nil, 1100 * mib, 1000 * mib, 0, ""},
 	} {
-		v := memVictim(c.units, c.used, c.anon, floor, pressure)
+		v := memVictim(c.units, c.used, c.anon, c.shmem, floor, pressure)
 		if got := ""; v != nil {
 			got = v.what
 			if got != c.want {
-				t.Errorf("victim with %d MiB used, %d MiB held: %s, want %q", c.used/mib, c.anon/mib, got, c.want)
+				t.Errorf("victim with %d MiB used, %d MiB held (%d in files): %s, want %q", c.used/mib, c.anon/mib, c.shmem/mib, got, c.want)
 			}
 		} else if c.want != "" {
-			t.Errorf("victim with %d MiB used, %d MiB held: none, want %s", c.used/mib, c.anon/mib, c.want)
+			t.Errorf("victim with %d MiB used, %d MiB held (%d in files): none, want %s", c.used/mib, c.anon/mib, c.shmem/mib, c.want)
 		}
 	}
 }
@@ -244,9 +246,11 @@ func TestProcStatusMarkAndRSS(t *testing.T) {
 	}
 }
 
-// TestMemoryWatchKillsTheLargestTree: when the sandbox nearly runs out, a
-// command holding most of what is used is killed and told why; a smaller
-// one lives, and none is killed while none holds half.
+// TestMemoryWatchKillsTheLargestTree: when the sandbox nearly runs out and
+// what it holds is past the pressure level, the largest tree, a command,
+// is killed and told why, and a smaller one lives; nothing is killed below
+// the level, nor while what is held is under the floor (file cache), nor
+// within the grace after a kill.
 func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 	if !runningAsRoot() {
 		t.Skip("needs root: only root marks the trees it starts")
@@ -328,7 +332,7 @@ func TestParseMeminfo(t *testing.T) {
 	// As gVisor writes it: MemAvailable is MemFree, the file cache counted
 	// as used.
 	mi, err := parseMeminfo([]byte("MemTotal:        1048576 kB\nMemFree:          905864 kB\nMemAvailable:     905864 kB\nCached:            31556 kB\nAnonPages:        112308 kB\nShmem:              1164 kB\n"))
-	if err != nil || mi.total != 1048576<<10 || mi.avail != 905864<<10 || mi.anon != 112308<<10 || mi.used() != (1048576-905864)<<10 {
+	if err != nil || mi.total != 1048576<<10 || mi.avail != 905864<<10 || mi.anon != 112308<<10 || mi.shmem != 1164<<10 || mi.used() != (1048576-905864)<<10 {
 		t.Fatalf("parseMeminfo: %+v %v", mi, err)
 	}
 	if _, err := parseMeminfo([]byte("MemFree: 1 kB\n")); err == nil {

@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -84,16 +83,38 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	}
 
 	// A terminal filling the sandbox's memory is killed by the memory
-	// watch, which says why on it, as a shell says "Killed".
-	var gone atomic.Bool
+	// watch, which says why on it, as a shell says "Killed". The note is
+	// sent off the watch's goroutine (a client that reads slowly holds
+	// send up), and before the exit frame (after it the host stops
+	// reading). gone: the shell has exited, its pid may be reused.
+	var (
+		noteMu sync.Mutex
+		gone   bool
+		noted  chan struct{} // closed once the note is sent
+	)
+	ended := func() <-chan struct{} {
+		noteMu.Lock()
+		defer noteMu.Unlock()
+		gone = true
+		return noted
+	}
 	defer s.cfg.Contexts.guardMemory(c.Mark, "terminal", false, s.log, func(why string) {
-		if !gone.Load() {
-			// Not on the watch's goroutine: a client that reads slowly
-			// holds send up.
-			go send(agentproto.PTYData, []byte("\r\n"+strings.TrimSpace(oomNote(why))+"\r\n"))
+		noteMu.Lock()
+		defer noteMu.Unlock()
+		if gone || noted != nil {
+			return
 		}
+		ch := make(chan struct{})
+		noted = ch
+		go func() {
+			defer close(ch)
+			send(agentproto.PTYData, []byte("\r\n"+strings.TrimSpace(oomNote(why))+"\r\n"))
+		}()
 	}, func() {
-		if gone.Load() {
+		noteMu.Lock()
+		exited := gone
+		noteMu.Unlock()
+		if exited {
 			KillTree(0, c.Mark)
 		} else {
 			KillTree(c.Pid, c.Mark)
@@ -142,7 +163,7 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 	var status ExitStatus
 	select {
 	case status = <-c.Done:
-		gone.Store(true)
+		note := ended()
 		// A background child may keep the terminal open: give the output a
 		// moment to drain, then stop reading.
 		drained(outDone, time.Now(), master)
@@ -152,11 +173,14 @@ func (s *Server) pty(w http.ResponseWriter, r *http.Request) error {
 		KillTree(0, c.Mark)
 		master.Close()
 		<-outDone
+		if note != nil {
+			<-note
+		}
 		send(agentproto.PTYExit, agentproto.ExitPayload(status.Code))
 	case <-hostGone:
 		KillTree(c.Pid, c.Mark)
 		status = <-c.Done
-		gone.Store(true)
+		ended()
 		master.Close()
 		<-outDone
 	}
