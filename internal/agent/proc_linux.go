@@ -30,11 +30,12 @@ import (
 type Reaper struct {
 	log *slog.Logger
 	// mu is held across each fork and its registration, and across each
-	// reaping pass, so a child is never reaped before it is registered: no
+	// wait4, so a child is never reaped before it is registered: no
 	// status has to be kept for a late registration, and a recycled pid can
 	// never pick up a dead process's status.
 	mu      sync.Mutex
 	waiters map[int]chan ExitStatus
+	wait4   func(pid int, ws *syscall.WaitStatus, options int, ru *syscall.Rusage) (int, error) // syscall.Wait4; a test's fake
 }
 
 // StartReaper starts the central reaper. Call it once, early, when running as
@@ -43,7 +44,7 @@ func StartReaper(log *slog.Logger) *Reaper {
 	if log == nil {
 		log = discardLogger()
 	}
-	r := &Reaper{log: log, waiters: make(map[int]chan ExitStatus)}
+	r := &Reaper{log: log, waiters: make(map[int]chan ExitStatus), wait4: syscall.Wait4}
 	treeLog = log
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
@@ -57,26 +58,34 @@ func StartReaper(log *slog.Logger) *Reaper {
 }
 
 // reap collects every exited child. SIGCHLDs coalesce, so it loops until
-// none is left.
+// none is left. It lets go of mu between two children: the orphans of a
+// fork bomb die as fast as they are reaped, and a pass holding mu
+// throughout never ended, so no command could start (Go's mutex hands
+// itself to a waiter that waited for a millisecond).
 func (r *Reaper) reap() {
+	for r.reapOne() {
+	}
+}
+
+// reapOne reaps one exited child, if any; false when none is left.
+func (r *Reaper) reapOne() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for {
-		var ws syscall.WaitStatus
-		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil || pid <= 0 {
-			return
-		}
-		if ch, ok := r.waiters[pid]; ok {
-			delete(r.waiters, pid)
-			ch <- statusOf(ws)
-		} else {
-			r.log.Debug("reaped orphan", "pid", pid, "status", statusOf(ws).String())
-		}
+	var ws syscall.WaitStatus
+	pid, err := r.wait4(-1, &ws, syscall.WNOHANG, nil)
+	if err == syscall.EINTR {
+		return true
 	}
+	if err != nil || pid <= 0 {
+		return false
+	}
+	if ch, ok := r.waiters[pid]; ok {
+		delete(r.waiters, pid)
+		ch <- statusOf(ws)
+	} else {
+		r.log.Debug("reaped orphan", "pid", pid, "status", statusOf(ws).String())
+	}
+	return true
 }
 
 // Start starts a process like os.StartProcess. Its exit status arrives on
