@@ -116,8 +116,21 @@ func (p *preparedResumes) releaseAll() []string {
 }
 
 // resumeSpec is the runtime spec that resumes sb from its paused image.
+//
+// Lazy (runsc restore --background): the sandbox runs once its kernel's
+// state is loaded, and its memory pages follow in the background, those
+// it touches first. A resume minutes after its suspend finds its image
+// out of the host's page cache, and an eager restore read all of it (110
+// MiB for code-interpreter) before the agent could answer: by hand, with
+// the image dropped from the page cache, the resume to its first result
+// took about 195 ms p50 lazy against 270 eager; with the image cached,
+// about the same (docs/code-and-snapshots.md, "Lazy resumes"). The
+// runtime opens the image's files before the restore returns, so the
+// resume may take its directory away (discardPaused) while pages load,
+// and a pause that comes meanwhile waits for the load (gVisor's save
+// awaits it).
 func (m *Manager) resumeSpec(sb pandastack.Sandbox, man manifest) pandastack.RuntimeSpec {
-	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit}
+	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: man.RootFS, CPU: sb.CPU, MemoryMB: sb.MemoryMB, PIDs: m.cfg.PIDsLimit, Lazy: true}
 	if m.networkOf(sb.ID) == nil {
 		spec.Network = man.Network // the policy at pause time, if the network lost it
 	}

@@ -350,9 +350,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	}()
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StartTimeout)
 	defer cancel()
-	// Not lazy (runsc restore --background): measured side by side it
-	// gained nothing here, and the image's directory is reused by the next
-	// pause while a lazy restore could still be reading it.
+	// Lazy (resumeSpec): the image's files are open once Restore returns.
 	prepared, pin := m.prepared.take(id) // the restore takes it, or removes it
 	defer releaseLater(pin)
 	if !prepared && own && m.namesItself(id) {

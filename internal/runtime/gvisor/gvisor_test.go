@@ -49,7 +49,7 @@ func busyboxRootFS(t *testing.T) string {
 	if err := os.WriteFile(filepath.Join(root, "bin/busybox"), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, app := range []string{"sh", "echo", "cat", "head", "tail", "wc", "sleep", "id", "ps"} {
+	for _, app := range []string{"sh", "echo", "cat", "head", "tail", "wc", "sleep", "id", "ps", "md5sum"} {
 		if err := os.Symlink("busybox", filepath.Join(root, "bin", app)); err != nil {
 			t.Fatal(err)
 		}

@@ -33,8 +33,8 @@ import (
 type Env struct {
 	// New returns a fresh runtime; the suite stops every sandbox it starts.
 	New func(t *testing.T) pandastack.Runtime
-	// RootFS is a root filesystem with /bin/sh, head, tail, sleep, id, dd, wc and a
-	// /home/user directory.
+	// RootFS is a root filesystem with /bin/sh, head, tail, sleep, id, dd, wc,
+	// md5sum and a /home/user directory.
 	RootFS string
 }
 
@@ -55,6 +55,7 @@ func Run(t *testing.T, env Env) {
 		{"ContextDoesNotOwnSandbox", testContextDoesNotOwn},
 		{"CheckpointRestoreFork", testCheckpointRestore},
 		{"PauseResume", testPauseResume},
+		{"LazyRestore", testLazyRestore},
 		{"RestoreCorrupt", testRestoreCorrupt},
 		{"PreparedRestore", testPreparedRestore},
 	}
@@ -517,6 +518,57 @@ func testPauseResume(t *testing.T, env Env) {
 	defer s2.close()
 	if out, _ := s2.exec(t, "cat /home/user/f"); out != "kept\n" {
 		t.Fatalf("after resume: %q", out)
+	}
+}
+
+// testLazyRestore checks a restore that lets the sandbox run while its
+// memory still loads (RuntimeSpec.Lazy): the image's directory may go once
+// Restore returns, a checkpoint taken right after it holds all of the
+// memory, and both sandboxes see the 64 MiB file in memory they had.
+func testLazyRestore(t *testing.T, env Env) {
+	rt := env.New(t)
+	ctx := context.Background()
+	id := newID()
+	spec := pandastack.RuntimeSpec{ID: id, RootFS: env.RootFS, MemoryMB: 256}
+	s := dial(t, start(t, rt, spec))
+	want, _ := s.exec(t, "head -c 67108864 /dev/urandom > /dev/shm/r && md5sum < /dev/shm/r")
+	s.close()
+	if len(want) < 32 {
+		t.Fatalf("writing 64 MiB to /dev/shm: %q", want)
+	}
+	img := t.TempDir()
+	if err := rt.Checkpoint(ctx, id, img, false); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, rt, id)
+	spec.Lazy = true
+	rwc, err := rt.Restore(ctx, spec, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(img); err != nil {
+		t.Fatal(err)
+	}
+	// Taken at once: the pages may still be loading.
+	img2 := t.TempDir()
+	if err := rt.Checkpoint(ctx, id, img2, true); err != nil {
+		t.Fatalf("checkpoint right after a lazy restore: %v", err)
+	}
+	s = dial(t, rwc)
+	if got, _ := s.exec(t, "md5sum < /dev/shm/r"); got != want {
+		t.Fatalf("lazily restored, its image gone: /dev/shm/r sums to %q, want %q", got, want)
+	}
+	s.close()
+	kid := newID()
+	t.Cleanup(func() { rt.Stop(context.Background(), kid) })
+	rwc, err = rt.Restore(ctx, pandastack.RuntimeSpec{ID: kid, RootFS: env.RootFS, MemoryMB: 256}, img2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := dial(t, rwc)
+	defer k.close()
+	if got, _ := k.exec(t, "md5sum < /dev/shm/r"); got != want {
+		t.Fatalf("restored from a checkpoint taken during a lazy load: /dev/shm/r sums to %q, want %q", got, want)
 	}
 }
 
