@@ -121,10 +121,11 @@ func (p *preparedResumes) releaseAll() []string {
 // state is loaded, and its memory pages follow in the background, those
 // it touches first. A resume minutes after its suspend finds its image
 // out of the host's page cache, and an eager restore read all of it (110
-// MiB for code-interpreter) before the agent could answer: by hand, with
-// the image dropped from the page cache, the resume to its first result
-// took about 195 ms p50 lazy against 270 eager; with the image cached,
-// about the same (docs/code-and-snapshots.md, "Lazy resumes"). The
+// MiB for code-interpreter) before the agent could answer. Side by side,
+// unprepared, the image dropped: first result 207 and 217 ms p50 lazy
+// against 229 and 223 eager, 251 and 243 p95 against 355 and 316; a random
+// one of 500 suspended, by hand, 234 ms median against 268
+// (docs/code-and-snapshots.md, "Lazy resumes"). The
 // runtime opens the image's files before the restore returns, so the
 // resume may take its directory away (discardPaused) while pages load,
 // and a pause that comes meanwhile waits for the load (gVisor's save
