@@ -52,7 +52,10 @@ func (b *bench) forks(ctx context.Context) error {
 	for _, sd := range sides {
 		sd.report(b)
 	}
-	return b.freshForks(ctx)
+	if err := b.freshForks(ctx); err != nil {
+		return err
+	}
+	return b.readyForks(ctx)
 }
 
 // freshForks forks a parent just after its first run_code, while its agent
@@ -105,6 +108,86 @@ const (
 	freshForkDelay = 2500 * time.Millisecond
 )
 
+// readyForks forks, into one child, a parent that has been left alone long
+// enough to start its spare kernel again and finish its warm-up: what a
+// user who forks a sandbox they set up a while ago meets. The other fork
+// series fork a parent whose every round ends before its spare's refill
+// has, so their images hold none. Each side keeps one parent; before every
+// round the bench waits until both parents hold two kernels and use no CPU
+// (the spare's start done), then forks each, the sides taking turns first.
+func (b *bench) readyForks(ctx context.Context) error {
+	sides := []*forkSide{newForkSide(b.pool, " (parent's spare ready)")}
+	if b.baseline != nil {
+		sides = append(sides, newForkSide(b.baseline, " (parent's spare ready, baseline)"))
+	}
+	for _, sd := range sides {
+		sd.counts = []int{1}
+		parent, _, err := sd.s.createAndRun(ctx)
+		if parent != nil {
+			defer sd.s.kill(parent.ID)
+		}
+		if err != nil {
+			return err
+		}
+		sd.parent = parent
+	}
+	ready := make([]int, len(sides))
+	for r := range b.set.Rounds {
+		for i, sd := range sides {
+			ok, err := waitForSpare(ctx, sd.s, sd.parent.ID)
+			if err != nil {
+				return err
+			}
+			if ok {
+				ready[i]++
+			}
+		}
+		order := slices.Clone(sides)
+		if r%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, sd := range order {
+			if err := sd.fork(ctx, 1); err != nil {
+				return err
+			}
+		}
+	}
+	for i, sd := range sides {
+		sd.note = fmt.Sprintf("; the parent's spare kernel was ready (two kernels, no CPU) before %d of %d forks", ready[i], b.set.Rounds)
+		sd.report(b)
+	}
+	return nil
+}
+
+// waitForSpare waits until sandbox id runs two Python kernels (its
+// default context's and a spare) and its cgroup used under
+// spareQuietCPU of CPU over a second (the spare's start and warm-up
+// done), or spareWait passes; it reports whether it saw that.
+func waitForSpare(ctx context.Context, s *server, id string) (bool, error) {
+	for end := time.Now().Add(spareWait); time.Now().Before(end); {
+		res, err := s.c.Exec(ctx, id, client.ExecRequest{Cmd: "ps -eo args | grep -c '^/usr/bin/python3 -Xfrozen_modules'", TimeoutSeconds: 30})
+		if err != nil {
+			return false, fmt.Errorf("counting the parent's kernels: %w", err)
+		}
+		cpu0 := sandboxCPU(id)
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-time.After(time.Second):
+		}
+		cpu1 := sandboxCPU(id)
+		if strings.TrimSpace(res.Stdout) == "2" && cpu0 >= 0 && cpu1-cpu0 < spareQuietCPU {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+const (
+	spareWait     = 90 * time.Second
+	spareQuietCPU = 30 // ms of CPU in a second
+)
+
 // forkCounts are the children of the section's forks.
 var forkCounts = []int{1, 4, 8}
 
@@ -114,6 +197,7 @@ type forkSide struct {
 	s      *server
 	label  string // appended to the series' names: "" or " (baseline)"
 	counts []int  // the counts of children reported: forkCounts unless set
+	note   string // appended to the note of each count's main series
 	parent *client.Sandbox
 	child  map[int][]float64 // each child: fork request → its answer
 	call   map[int][]float64 // the fork request alone
@@ -227,7 +311,7 @@ func (sd *forkSide) report(b *bench) {
 		counts = sd.counts
 	}
 	for _, c := range counts {
-		note := fmt.Sprintf("%d rounds; from the fork request to the child's first result; every child saw the parent's variable", len(sd.call[c]))
+		note := fmt.Sprintf("%d rounds; from the fork request to the child's first result; every child saw the parent's variable%s", len(sd.call[c]), sd.note)
 		if n := len(sd.failed[c]); n > 0 {
 			note += fmt.Sprintf("; %d more forks failed, left out: %s", n, strings.Join(sd.failed[c], "; "))
 			b.rep.Errors = append(b.rep.Errors, fmt.Sprintf("fork %d%s: %d of %d forks failed", c, sd.label, n, n+len(sd.call[c])))
@@ -256,6 +340,7 @@ func (sd *forkSide) report(b *bench) {
 // forkStepNames are the keys of the server's "sandbox forked" log line.
 var forkStepNames = []struct{ key, label, unit string }{
 	{"spares_ms", "the wait for the parent's spare kernels", "ms"},
+	{"spares_released", "the parent's ready spare kernels shut down for the fork", "kernels"},
 	{"checkpoint_ms", "checkpoint of the parent", "ms"},
 	{"image_mb", "the fork image's size", "MB"},
 	{"children_ms", "every child restored, wall", "ms"},
@@ -284,7 +369,7 @@ func forkSteps(line string) map[string]float64 {
 	out := map[string]float64{}
 	for _, f := range strings.Fields(line) {
 		k, v, ok := strings.Cut(f, "=")
-		if !ok || !(strings.HasSuffix(k, "_ms") || strings.HasSuffix(k, "_mb") || k == "children_prepared") {
+		if !ok || !(strings.HasSuffix(k, "_ms") || strings.HasSuffix(k, "_mb") || k == "children_prepared" || k == "spares_released") {
 			continue
 		}
 		if x, err := strconv.ParseFloat(v, 64); err == nil {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -219,4 +220,85 @@ func TestForkChildrenWarmContexts(t *testing.T) {
 		untilWarmContext(t, c, &kids[i], fmt.Sprintf("in fork child %d", i), nil)
 	}
 	untilWarmContext(t, c, sb, "in the fork's parent", nil)
+}
+
+// TestForkShutsTheParentsReadySpare: a fork of a parent whose spare kernel
+// is ready (started again and warmed up since its first context took the
+// last one) shuts that spare down before its checkpoint, so neither the
+// image nor the child holds it; both still answer with the parent's state,
+// and both make warm contexts again once their spares' refills, paced by
+// the server, are done.
+func TestForkShutsTheParentsReadySpare(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	waitWarmTemplate(t, s, "code-interpreter")
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900})
+	if ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "kept = 7"}); err != nil || ex.Error != nil {
+		t.Fatalf("the parent's first cell: %+v %v", ex, err)
+	}
+	waitReadySpare(t, c, sb.ID)
+	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1, TTLSeconds: 900})
+	if err != nil {
+		t.Fatalf("fork: %v\n%s", err, tail(s.out.String(), 60))
+	}
+	kid := &kids[0]
+	t.Cleanup(func() { c.KillSandbox(context.Background(), kid.ID) })
+	var line string
+	for _, l := range strings.Split(s.out.String(), "\n") {
+		if strings.Contains(l, `msg="sandbox forked"`) && strings.Contains(l, "sandbox="+sb.ID+" ") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, " spares_released=1 ") {
+		t.Fatalf("the fork's log line does not say the ready spare was shut down: %q", line)
+	}
+	// The child's refill waits for the server's pacer, which waits for a
+	// quiet host: right after the fork it runs the parent's kernel alone.
+	if n := len(kernels(t, c, kid.ID)); n != 1 {
+		t.Errorf("the fork's child runs %d kernels right after the fork, want 1 (no spare in the image)", n)
+	}
+	if ex, err := c.RunCode(ctx, kid.ID, client.RunRequest{Code: "kept += 1\nkept"}); err != nil || ex.Error != nil || ex.Text != "8" {
+		t.Fatalf("the fork's child: %+v %v", ex, err)
+	}
+	if ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "kept"}); err != nil || ex.Text != "7" {
+		t.Fatalf("the parent after its child ran: %+v %v", ex, err)
+	}
+	untilWarmContext(t, c, kid, "in the fork's child", nil)
+	untilWarmContext(t, c, sb, "in the fork's parent", nil)
+}
+
+// kernels returns the resident sizes (KiB) of the Python kernels sandbox id
+// runs.
+func kernels(t *testing.T, c *client.Client, id string) []int {
+	t.Helper()
+	res, err := c.Exec(context.Background(), id, client.ExecRequest{Cmd: "ps -eo rss,args | grep '/usr/bin/python3 -Xfrozen_modules' | grep -v grep", TimeoutSeconds: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, l := range strings.Split(strings.TrimSpace(res.Stdout), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				out = append(out, n)
+			}
+		}
+	}
+	return out
+}
+
+// waitReadySpare waits (3 minutes at most) until sandbox id runs two
+// kernels, the smaller at least 80% of the larger's size and neither
+// grown by over 1% in two seconds: its spare started and warmed up.
+func waitReadySpare(t *testing.T, c *client.Client, id string) {
+	t.Helper()
+	var last []int
+	for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		ks := kernels(t, c, id)
+		if len(ks) == 2 && len(last) == 2 && ks[0] <= last[0]*101/100 && ks[1] <= last[1]*101/100 && 5*min(ks[0], ks[1]) >= 4*max(ks[0], ks[1]) {
+			return
+		}
+		last = ks
+	}
+	t.Fatalf("no ready spare kernel in %s within 3 minutes (kernels' sizes: %v KiB)", id, last)
 }

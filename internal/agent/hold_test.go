@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +22,7 @@ func TestHoldGivesUpAStartAndStopsTheRefiller(t *testing.T) {
 	sp := &spareSet{kick: make(chan struct{}, 1), want: map[string]int{"python": 1}, ready: map[string][]*jupyter.Kernel{},
 		starting: map[string]int{"python": 1}, added: make(chan struct{}), abort: func() { close(aborted) }}
 	got := make(chan agentproto.Held, 1)
-	go func() { got <- sp.hold(context.Background()) }()
+	go func() { h, _ := sp.hold(context.Background(), false); got <- h }()
 	<-aborted
 	select {
 	case h := <-got:
@@ -58,13 +59,13 @@ func TestHoldGivesUpAStartAndStopsTheRefiller(t *testing.T) {
 func TestHoldsAreCounted(t *testing.T) {
 	sp := &spareSet{kick: make(chan struct{}, 1), want: map[string]int{"python": 1}, ready: map[string][]*jupyter.Kernel{},
 		starting: map[string]int{}, added: make(chan struct{})}
-	sp.hold(context.Background())
-	sp.hold(context.Background())
+	sp.hold(context.Background(), false)
+	sp.hold(context.Background(), false)
 	sp.unhold()
 	if sp.held != 1 || len(sp.kick) != 0 {
 		t.Fatalf("after one of two unholds: held %d, %d wake-ups queued, want 1 and 0", sp.held, len(sp.kick))
 	}
-	sp.hold(context.Background())
+	sp.hold(context.Background(), false)
 	sp.unrelease()
 	if sp.held != 0 || len(sp.kick) != 1 {
 		t.Fatalf("after a hello: held %d, %d wake-ups queued, want 0 and 1", sp.held, len(sp.kick))
@@ -78,8 +79,42 @@ func TestHoldGivesUpWithItsContext(t *testing.T) {
 		starting: map[string]int{"python": 1}, added: make(chan struct{})}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if h := sp.hold(ctx); h != (agentproto.Held{Starting: 1}) || sp.held != 1 {
+	if h, _ := sp.hold(ctx, false); h != (agentproto.Held{Starting: 1}) || sp.held != 1 {
 		t.Fatalf("hold = %+v, held %d; want one starting, held once", h, sp.held)
+	}
+}
+
+// TestHoldReleasesTheReadySpares: a hold with release takes the ready
+// spares out (counted, handed back to be shut down, their ids forgotten),
+// one without keeps them; either way nothing starts until the holds end,
+// and then the refiller is woken to start the missing ones again.
+func TestHoldReleasesTheReadySpares(t *testing.T) {
+	a, b := &jupyter.Kernel{}, &jupyter.Kernel{}
+	cs := NewContexts()
+	sp := &cs.spares
+	sp.kick, sp.want = make(chan struct{}, 1), map[string]int{"python": 1, "r": 1}
+	sp.ready, sp.ids = map[string][]*jupyter.Kernel{"python": {a}, "r": {b}}, map[*jupyter.Kernel]string{a: "sbx_a", b: "sbx_a"}
+	sp.starting, sp.added = map[string]int{}, make(chan struct{})
+	if h, shut := sp.hold(context.Background(), false); h != (agentproto.Held{Ready: 2}) || len(shut) != 0 {
+		t.Fatalf("hold without release = %+v and %d kernels to shut, want 2 ready kept", h, len(shut))
+	}
+	h, shut := sp.hold(context.Background(), true)
+	if h != (agentproto.Held{Released: 2}) || len(shut) != 2 || !slices.Contains(shut, a) || !slices.Contains(shut, b) {
+		t.Fatalf("hold with release = %+v and %v, want both spares released", h, shut)
+	}
+	if n := len(sp.ready["python"]) + len(sp.ready["r"]); n != 0 || len(sp.ids) != 0 {
+		t.Fatalf("after the release: %d spares ready, %d ids kept", n, len(sp.ids))
+	}
+	if k := cs.takeSpare(context.Background(), "python", true); k != nil {
+		t.Fatal("a released spare was handed out")
+	}
+	sp.unhold()
+	if len(sp.kick) != 0 {
+		t.Fatal("the refiller was woken while a hold was left")
+	}
+	sp.unhold()
+	if sp.held != 0 || len(sp.kick) != 1 {
+		t.Fatalf("after both unholds: held %d, %d wake-ups queued, want 0 and 1", sp.held, len(sp.kick))
 	}
 }
 

@@ -33,8 +33,11 @@ type Released struct {
 // /v1/contexts/spares/hold (or the next hello), and a start in flight is
 // given up (its kernel killed), the call waiting up to N ms for that to
 // end, so that the image holds no spare halfway through its start, which
-// every child would then finish.
+// every child would then finish. With release=1 the ready spares are shut
+// down too (their processes have exited when it answers): the image holds
+// none, and the sandbox starts them again once the holds end.
 type Held struct {
-	Ready    int `json:"ready"`    // spare kernels ready, all languages
+	Ready    int `json:"ready"`    // spare kernels ready, all languages (kept)
 	Starting int `json:"starting"` // starts still in flight when the wait ended
+	Released int `json:"released"` // ready spare kernels shut down (release=1)
 }

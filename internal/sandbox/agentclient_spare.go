@@ -48,10 +48,14 @@ func (c *AgentClient) RefillSpares(ctx context.Context) error {
 
 // HoldSpares readies a sandbox for a fork's checkpoint: the agent starts
 // no spare kernel until UnholdSpares (or the next hello), and gives up a
-// start in flight, waiting up to wait for it to end (see agentproto.Held).
-func (c *AgentClient) HoldSpares(ctx context.Context, wait time.Duration) (agentproto.Held, error) {
+// start in flight, waiting up to wait for it to end (see agentproto.Held);
+// with release, it also shuts the ready spares down.
+func (c *AgentClient) HoldSpares(ctx context.Context, wait time.Duration, release bool) (agentproto.Held, error) {
 	var out agentproto.Held
 	q := url.Values{"wait_ms": {strconv.FormatInt(wait.Milliseconds(), 10)}}
+	if release {
+		q.Set("release", "1")
+	}
 	err := c.do(ctx, http.MethodPost, "/v1/contexts/spares/hold", q, nil, &out)
 	return out, err
 }

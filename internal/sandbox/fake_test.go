@@ -235,8 +235,13 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	})
 	mux.HandleFunc("POST /v1/contexts/spares/hold", func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
-		r.suspendLog = append(r.suspendLog, "hold "+b.id+" wait_ms="+req.URL.Query().Get("wait_ms"))
+		q := req.URL.Query()
+		r.suspendLog = append(r.suspendLog, "hold "+b.id+" wait_ms="+q.Get("wait_ms")+" release="+q.Get("release"))
 		r.mu.Unlock()
+		if q.Get("release") == "1" {
+			json.NewEncoder(w).Encode(agentproto.Held{Released: 1})
+			return
+		}
 		json.NewEncoder(w).Encode(agentproto.Held{Ready: 1})
 	})
 	mux.HandleFunc("DELETE /v1/contexts/spares/hold", func(w http.ResponseWriter, req *http.Request) {

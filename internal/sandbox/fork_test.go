@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -45,17 +46,19 @@ func TestDirSize(t *testing.T) {
 }
 
 // A fork holds the parent's spare kernels across its checkpoint (the agent
-// gives up a start in flight, waiting up to 5 s for that) and ends its
-// hold once its children run.
+// gives up a start in flight, waiting up to 5 s for that, and shuts the
+// ready ones down) and, where refills are not paced, ends its hold once
+// its children run.
 func TestForkHoldsTheParentsSpares(t *testing.T) {
 	h := newHarness(t)
+	h.m.cfg.UnpacedRefills = true
 	parent := h.create()
 	h.rt.takeSuspendLog()
 	for _, count := range []int{3, 1} {
 		if _, err := h.m.Fork(context.Background(), project, parent.ID, count, nil, nil); err != nil {
 			t.Fatal(err)
 		}
-		want := []string{"hold " + parent.ID + " wait_ms=5000", "checkpoint " + parent.ID, "unhold " + parent.ID}
+		want := []string{"hold " + parent.ID + " wait_ms=5000 release=1", "checkpoint " + parent.ID, "unhold " + parent.ID}
 		var got []string
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 			// The unhold is sent in the background after the answer.
@@ -66,5 +69,48 @@ func TestForkHoldsTheParentsSpares(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Fatalf("fork of %d: the parent's agent saw %q, want %q", count, got, want)
 		}
+	}
+}
+
+// Where refills are paced, a fork hands its hold of the parent's spares to
+// the pacer, which ends it in its turn, after the children's holds (their
+// hellos'), once the host is quiet; the fork's log line says how many
+// ready spares were shut down.
+func TestForkPacesTheParentsRefill(t *testing.T) {
+	defer func(s, l time.Duration) { refillSpacing, refillLook = s, l }(refillSpacing, refillLook)
+	refillSpacing, refillLook = 20*time.Millisecond, 5*time.Millisecond
+	h := newHarness(t)
+	clk := &clock{t: time.Now()}
+	h.m.now = clk.now
+	h.m.idleCPUs = func(context.Context, time.Duration) (float64, error) { return 2, nil }
+	h.tpls.tpl = h.warmBase()
+	parent := h.create()
+	kids, err := h.m.Fork(context.Background(), project, parent.ID, 2, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := h.logs.with("sandbox forked"); len(l) != 1 || !strings.Contains(l[0], "spares_released=1") {
+		t.Errorf("the fork's log lines %q do not say one spare was shut down", l)
+	}
+	time.Sleep(50 * time.Millisecond)
+	for _, e := range h.rt.takeSuspendLog() {
+		if strings.HasPrefix(e, "unhold ") {
+			t.Fatalf("a hold ended before the host was quiet: %q", e)
+		}
+	}
+	clk.advance(refillCalm)
+	want := []string{"unhold " + parent.ID, "unhold " + kids[0].ID, "unhold " + kids[1].ID}
+	var got []string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && len(got) < len(want); time.Sleep(5 * time.Millisecond) {
+		for _, e := range h.rt.takeSuspendLog() {
+			if strings.HasPrefix(e, "unhold ") {
+				got = append(got, e)
+			}
+		}
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("the pacer ended %q, want the parent's and each child's hold: %q", got, want)
 	}
 }

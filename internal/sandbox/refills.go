@@ -55,9 +55,15 @@ func (m *Manager) pacesRefills() bool { return !m.cfg.UnpacedRefills }
 // holdRefills hands the pacer the hold of a sandbox just started with c,
 // if c's hello took one.
 func (m *Manager) holdRefills(id string, c *AgentClient) {
-	if !c.heldSpares {
-		return
+	if c.heldSpares {
+		m.paceHold(id, c)
 	}
+}
+
+// paceHold hands the pacer a hold of the spares of sandbox id, taken
+// through c (a hello's, or a fork's of its parent), for it to end in its
+// turn.
+func (m *Manager) paceHold(id string, c *AgentClient) {
 	r := &m.refills
 	r.mu.Lock()
 	r.held = append(r.held, refillHold{id: id, c: c, since: m.now()})
