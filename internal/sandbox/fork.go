@@ -41,13 +41,13 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	if err := ValidateMetadata(metadata); err != nil {
 		return nil, err
 	}
-	tHold := time.Now()
+	tHold, heldAt := time.Now(), m.now()
 	held, released := m.holdForFork(ctx, id)
 	if held != nil {
 		// Once the children run, the parent's refiller may start its
 		// missing spares again (each child's hello does the same); not
 		// before, so that it does not compete with their restores.
-		defer m.unholdAfterFork(held, id)
+		defer m.unholdAfterFork(held, id, heldAt)
 	}
 	t0 := time.Now()
 	if err := m.sbx.quiesce(id, phaseCheckpointing, "fork it"); err != nil {
@@ -142,13 +142,15 @@ func (m *Manager) holdForFork(ctx context.Context, id string) (*AgentClient, int
 	return c, h.Released
 }
 
-// unholdAfterFork ends the hold holdForFork took: the parent's agent may
-// start its missing spares again once no other fork holds them. Where the
-// manager paces refills, the pacer ends it in its turn, as it does the
-// children's; otherwise it ends now, in the background.
-func (m *Manager) unholdAfterFork(c *AgentClient, id string) {
+// unholdAfterFork ends the hold holdForFork took at since: the parent's
+// agent may start its missing spares again once no other fork holds them.
+// Where the manager paces refills, the pacer ends it in its turn, before
+// the children's (the parent's hold is older, and the parent is the
+// sandbox its user was working in); otherwise it ends now, in the
+// background.
+func (m *Manager) unholdAfterFork(c *AgentClient, id string, since time.Time) {
 	if m.pacesRefills() {
-		m.paceHold(id, c)
+		m.paceHold(id, c, since)
 		return
 	}
 	m.goBackground(func() {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -56,17 +57,22 @@ func (m *Manager) pacesRefills() bool { return !m.cfg.UnpacedRefills }
 // if c's hello took one.
 func (m *Manager) holdRefills(id string, c *AgentClient) {
 	if c.heldSpares {
-		m.paceHold(id, c)
+		m.paceHold(id, c, m.now())
 	}
 }
 
 // paceHold hands the pacer a hold of the spares of sandbox id, taken
-// through c (a hello's, or a fork's of its parent), for it to end in its
-// turn.
-func (m *Manager) paceHold(id string, c *AgentClient) {
+// through c at since (a hello's, or a fork's of its parent, whose hold
+// is older than its children's), for it to end in its turn: the holds
+// are kept oldest first.
+func (m *Manager) paceHold(id string, c *AgentClient, since time.Time) {
 	r := &m.refills
 	r.mu.Lock()
-	r.held = append(r.held, refillHold{id: id, c: c, since: m.now()})
+	i := len(r.held)
+	for i > 0 && r.held[i-1].since.After(since) {
+		i--
+	}
+	r.held = slices.Insert(r.held, i, refillHold{id: id, c: c, since: since})
 	if r.kick == nil {
 		r.kick = make(chan struct{}, 1)
 	}
