@@ -424,3 +424,62 @@ func TestCreateDiskFull(t *testing.T) {
 	}
 	s.client().KillSandbox(context.Background(), sb.ID)
 }
+
+// A sandbox suspended for idleness forks straight from its paused image:
+// the children run with its variables and files, each its own, while the
+// parent stays suspended (not woken for the fork); its next request
+// resumes it with its own state. A sandbox paused as asked, without
+// auto_resume, forks too, and stays paused.
+func TestForkSuspended(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 900, IdleTimeoutSeconds: idleSeconds(2)})
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(linesWith(s.out.String(), sb.ID))
+		}
+	})
+	if ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret = 41\nopen('note.txt', 'w').write('from the parent')"}); err != nil || ex.Error != nil {
+		t.Fatalf("the parent's cell: %+v %v", ex, err)
+	}
+	waitState(t, s, sb.ID, "suspended", suspended)
+	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 2, TTLSeconds: 600})
+	if err != nil {
+		t.Fatalf("fork of the suspended sandbox: %v\n%s", err, tail(s.out.String(), 40))
+	}
+	for _, k := range kids {
+		t.Cleanup(func() { c.KillSandbox(context.Background(), k.ID) })
+	}
+	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || !suspended(got) {
+		t.Fatalf("the parent after its fork: %+v %v, want still suspended", got, err)
+	}
+	for i, k := range kids {
+		ex, err := c.RunCode(ctx, k.ID, client.RunRequest{Code: fmt.Sprintf("secret += %d\n(secret, open('note.txt').read())", i+1)})
+		if err != nil || ex.Error != nil || ex.Text != fmt.Sprintf("(%d, 'from the parent')", 42+i) {
+			t.Fatalf("fork child %d: %+v %v", i, ex, err)
+		}
+	}
+	if !strings.Contains(linesWith(s.out.String(), `msg="sandbox forked" sandbox=`+sb.ID+" "), "paused=true") {
+		t.Errorf("the fork's log line does not say it forked the paused image:\n%s", linesWith(s.out.String(), "sandbox forked"))
+	}
+	if ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"}); err != nil || ex.Text != "41" {
+		t.Fatalf("the parent's next request: %+v %v, want it resumed with its own 41", ex, err)
+	}
+
+	// Paused as asked, without auto_resume: forked, and still paused.
+	if _, err := c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	more, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1, TTLSeconds: 600})
+	if err != nil {
+		t.Fatalf("fork of the sandbox paused as asked: %v", err)
+	}
+	t.Cleanup(func() { c.KillSandbox(context.Background(), more[0].ID) })
+	if ex, err := c.RunCode(ctx, more[0].ID, client.RunRequest{Code: "secret"}); err != nil || ex.Text != "41" {
+		t.Fatalf("the child of the paused sandbox: %+v %v", ex, err)
+	}
+	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != "paused" || got.PauseReason != "" {
+		t.Fatalf("the parent after a fork while paused as asked: %+v %v", got, err)
+	}
+}

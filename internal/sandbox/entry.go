@@ -21,6 +21,7 @@ import (
 //	checkpointing, pausing, suspending --settle--> running   (done, or failed and still running)
 //	pausing, suspending --end--> none (paused on disk)
 //	running --begin(stopping)--> stopping --end--> none
+//	(none, paused on disk) --begin(forking)--> forking --end--> none (still paused)
 //
 // Work in a sandbox (exec, run, upload) is acquired only while it is
 // running, and counts as in flight until done; quiesce refuses while anything
@@ -40,6 +41,7 @@ const (
 	phasePausing                        // being checkpointed to disk and stopped, as asked
 	phaseSuspending                     // as pausing, because it was idle; requests wait and resume it
 	phaseStopping                       // being killed, expired or reaped
+	phaseForking                        // paused, its image being restored into a fork's children; it stays paused
 )
 
 func (p phase) String() string {
@@ -56,6 +58,8 @@ func (p phase) String() string {
 		return "paused"
 	case phaseStopping:
 		return "stopped"
+	case phaseForking:
+		return "forked"
 	}
 	return "unknown"
 }
@@ -114,9 +118,10 @@ func busyError(id string, p phase) error {
 	return pandastack.Errorf(pandastack.EConflict, "sandbox %s is being %s; retry in a moment", id, p)
 }
 
-// begin claims a sandbox for p, one of creating, resuming or stopping.
-// Creating and resuming need a sandbox nobody holds; stopping also takes a
-// running one, whatever is in flight in it (that work then fails).
+// begin claims a sandbox for p, one of creating, resuming, forking (a
+// paused one) or stopping. All but stopping need a sandbox nobody holds;
+// stopping also takes a running one, whatever is in flight in it (that
+// work then fails).
 func (t *table) begin(id string, p phase) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -242,11 +247,12 @@ func (t *table) end(id string) {
 	t.mu.Unlock()
 }
 
-// wait blocks while the sandbox is being created, resumed, paused or
-// suspended, until that phase ends or ctx is done. It reports whether it
-// waited: the caller then looks again at what the sandbox has become.
+// wait blocks while the sandbox is being created, resumed, paused,
+// suspended or forked while paused, until that phase ends or ctx is done.
+// It reports whether it waited: the caller then looks again at what the
+// sandbox has become.
 func (t *table) wait(ctx context.Context, id string) bool {
-	return t.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending)
+	return t.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseForking)
 }
 
 // waitOut blocks while the sandbox is in one of phases, until its phase

@@ -14,8 +14,9 @@ import (
 	"github.com/pandastack/pandastack"
 )
 
-// Fork makes count independent copies of a running sandbox, each starting
-// from its state at this instant. The parent keeps running.
+// Fork makes count independent copies of a sandbox, each starting from
+// its state at this instant. A running parent keeps running; a paused one
+// (as asked, or suspended for idleness) stays paused (forkPaused).
 //
 // Its path, as the log's "sandbox forked" line times it: the parent's
 // checkpoint into a temp image, then every child restored from that image
@@ -30,6 +31,9 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	ttl, err := m.ttl(ttlSeconds)
 	if err != nil {
 		return nil, err
+	}
+	if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata); done {
+		return kids, err
 	}
 	sb, err := m.usable(ctx, projectID, id)
 	if err != nil {
@@ -71,7 +75,22 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 		return nil, fmt.Errorf("fork %s: %w", id, storageError(err, checkpointOutcome))
 	}
 	tCheckpoint := time.Now()
+	kids, steps, err := m.forkChildren(ctx, projectID, sb, rootfs, img, count, ttl, metadata)
+	if err != nil {
+		os.RemoveAll(img) // a failed fork leaves nothing, at once
+		return nil, fmt.Errorf("fork %s: %w", id, err)
+	}
+	tChildren := time.Now()
+	size := dirSize(img)
+	m.removeLater(img)
+	logFork(m.log, id, count, false, msSince(tHold, t0), released, msSince(t0, tCheckpoint), msSince(tCheckpoint, tChildren), size, steps)
+	return kids, nil
+}
 
+// forkChildren restores count children of sb from the image img at once,
+// each with its own address and sb's network policy. If any fails, it
+// kills those made and returns that error.
+func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandastack.Sandbox, rootfs, img string, count int, ttl time.Duration, metadata map[string]string) ([]pandastack.Sandbox, []*resumeSteps, error) {
 	kids := make([]pandastack.Sandbox, count)
 	errs := make([]error, count)
 	steps := make([]*resumeSteps, count)
@@ -85,7 +104,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 				template: sb.Template, rootfs: rootfs, image: img,
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
 				idle:    time.Duration(sb.IdleTimeoutSeconds) * time.Second,
-				network: m.networkOf(id), // each child its own address, the parent's policy
+				network: m.networkOf(sb.ID), // each child its own address, the parent's policy
 				steps:   steps[i],
 			})
 		}()
@@ -98,15 +117,63 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 					m.Kill(context.Background(), projectID, k.ID)
 				}
 			}
-			os.RemoveAll(img) // a failed fork leaves nothing, at once
-			return nil, fmt.Errorf("fork %s: %w", id, err)
+			return nil, nil, err
 		}
 	}
-	tChildren := time.Now()
-	size := dirSize(img)
-	m.removeLater(img)
-	logFork(m.log, id, count, msSince(tHold, t0), released, msSince(t0, tCheckpoint), msSince(tCheckpoint, tChildren), size, steps)
-	return kids, nil
+	return kids, steps, nil
+}
+
+// forkPaused forks a sandbox paused on this node straight from its paused
+// image, which is its state as much as a checkpoint taken now would be:
+// no resume, no checkpoint, and the parent stays paused, its memory still
+// free. The parent is claimed (phaseForking) while its children restore:
+// a resume, or a kill, waits for them, so the image stays in place until
+// runsc has opened its files. done is false when the usual path (resume,
+// then checkpoint) is to fork it instead: not paused, paused on another
+// node or by an image this process did not write (a resume verifies
+// those), or claimed for something else right now.
+func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count int, ttl time.Duration, metadata map[string]string) (_ []pandastack.Sandbox, done bool, _ error) {
+	for {
+		sb, err := m.store.GetSandbox(ctx, projectID, id)
+		if err != nil || sb.State != pandastack.StatePaused || m.pausedElsewhere(sb) != nil {
+			return nil, false, nil
+		}
+		if m.sbx.begin(id, phaseForking) == nil {
+			break
+		}
+		// Recorded paused just before its container stops: wait for that.
+		if !m.sbx.waitOut(ctx, id, phasePausing, phaseSuspending) || ctx.Err() != nil {
+			return nil, false, nil
+		}
+	}
+	defer m.sbx.end(id)
+	// The record as of the claim: a resume may have ended just before it.
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err != nil || sb.State != pandastack.StatePaused {
+		return nil, false, nil
+	}
+	dir := m.pausedPath(id)
+	if _, own := m.pausedByUs(id, dir); !own {
+		return nil, false, nil
+	}
+	if metadata == nil {
+		metadata = sb.Metadata
+	}
+	if err := ValidateMetadata(metadata); err != nil {
+		return nil, true, err
+	}
+	rootfs, err := m.rootfs(ctx, sb)
+	if err != nil {
+		return nil, true, err
+	}
+	t0 := time.Now()
+	img := filepath.Join(dir, "image")
+	kids, steps, err := m.forkChildren(ctx, projectID, sb, rootfs, img, count, ttl, metadata)
+	if err != nil {
+		return nil, true, fmt.Errorf("fork %s: %w", id, err)
+	}
+	logFork(m.log, id, count, true, 0, 0, 0, msSince(t0, time.Now()), dirSize(img), steps)
+	return kids, true, nil
 }
 
 // forkSpareWait bounds how long a fork waits for its parent's agent to give
@@ -178,15 +245,16 @@ func dirSize(dir string) int64 {
 	return n
 }
 
-// logFork logs a fork's breakdown: the wait for the parent's spares
+// logFork logs a fork's breakdown: whether the parent was paused (its
+// paused image restored: no hold, no checkpoint), the wait for the parent's spares
 // (holdForFork) and how many ready ones it shut down, the parent's checkpoint (with the wait for its quiet), the
 // image's size, the children's restores as a whole, how many children
 // restored into a container prepared for creates (standby.go), and the
 // median child's steps (restore_ms: the network and runsc restore;
 // agent_ms: the new session's hello; setup_ms: resolver and trust store;
 // record_ms: the store).
-func logFork(log *slog.Logger, id string, count int, sparesMS float64, released int, checkpointMS, childrenMS float64, imageBytes int64, steps []*resumeSteps) {
-	attrs := []any{"sandbox", id, "count", count, "spares_ms", sparesMS, "spares_released", released, "checkpoint_ms", checkpointMS, "children_ms", childrenMS}
+func logFork(log *slog.Logger, id string, count int, paused bool, sparesMS float64, released int, checkpointMS, childrenMS float64, imageBytes int64, steps []*resumeSteps) {
+	attrs := []any{"sandbox", id, "count", count, "paused", paused, "spares_ms", sparesMS, "spares_released", released, "checkpoint_ms", checkpointMS, "children_ms", childrenMS}
 	if imageBytes >= 0 {
 		attrs = append(attrs, "image_mb", math.Round(float64(imageBytes)/1e5)/10)
 	}

@@ -3,10 +3,14 @@ package sandbox
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack"
 )
 
 // A fork that works leaves its image for the background to delete: gone
@@ -123,5 +127,115 @@ func TestForkPacesTheParentsRefill(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("the pacer ended %q, want the parent's hold, then each child's: %q", got, want)
+	}
+}
+
+// A paused sandbox forks from its paused image: the children have its
+// state, the parent is neither resumed nor checkpointed and stays paused
+// with its image, and resumes later with its state; a second fork works
+// as well.
+func TestForkOfAPausedSandbox(t *testing.T) {
+	h := newHarness(t)
+	parent := h.create()
+	if _, err := h.exec(parent.ID, "set k=v1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Pause(context.Background(), project, parent.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.rt.takeSuspendLog()
+	for round := range 2 {
+		restores := h.rt.restores
+		kids, err := h.m.Fork(context.Background(), project, parent.ID, 2, nil, map[string]string{"round": "x"})
+		if err != nil {
+			t.Fatalf("fork %d of the paused sandbox: %v", round, err)
+		}
+		for _, k := range kids {
+			if got, err := h.exec(k.ID, "get k"); err != nil || got != "v1" {
+				t.Fatalf("child %s: get k = %q, %v; want v1", k.ID, got, err)
+			}
+			if r := h.record(k.ID); r.State != pandastack.StateRunning || r.Metadata["round"] != "x" {
+				t.Fatalf("child record: %+v", r)
+			}
+		}
+		if n := h.rt.restores - restores; n != 2 {
+			t.Errorf("fork %d: %d restores, want the children's 2 (the parent not resumed)", round, n)
+		}
+		if log := h.rt.takeSuspendLog(); len(log) != 0 {
+			t.Errorf("fork %d of a paused sandbox reached its agent or checkpointed: %q", round, log)
+		}
+		if r := h.record(parent.ID); r.State != pandastack.StatePaused {
+			t.Fatalf("fork %d: the parent is %s, want paused", round, r.State)
+		}
+		if l := h.logs.with("sandbox forked"); len(l) != round+1 || !strings.Contains(l[round], "paused=true") {
+			t.Errorf("fork %d: the log's fork lines %q do not say the parent was paused", round, l)
+		}
+	}
+	if _, err := h.m.Resume(context.Background(), project, parent.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := h.exec(parent.ID, "get k"); err != nil || got != "v1" {
+		t.Fatalf("the parent after its resume: get k = %q, %v", got, err)
+	}
+}
+
+// While a paused sandbox's children restore from its image, its resume
+// and its kill wait for them (the image must stay until runsc has opened
+// it); then both go ahead, and the fork has succeeded.
+func TestForkOfAPausedSandboxHoldsOffResumeAndKill(t *testing.T) {
+	for _, then := range []string{"resume", "kill"} {
+		t.Run(then, func(t *testing.T) {
+			h := newHarness(t)
+			parent := h.create()
+			if _, err := h.exec(parent.ID, "set k=v1"); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.m.Pause(context.Background(), project, parent.ID); err != nil {
+				t.Fatal(err)
+			}
+			inRestore, release := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			h.rt.restoreErr = func(spec pandastack.RuntimeSpec) error {
+				if spec.ID == parent.ID {
+					return nil
+				}
+				once.Do(func() { close(inRestore) })
+				h.rt.mu.Unlock()
+				<-release
+				h.rt.mu.Lock()
+				return nil
+			}
+			forked := make(chan error, 1)
+			go func() {
+				_, err := h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil)
+				forked <- err
+			}()
+			<-inRestore
+			other := make(chan error, 1)
+			go func() {
+				var err error
+				if then == "resume" {
+					_, err = h.m.Resume(context.Background(), project, parent.ID)
+				} else {
+					err = h.m.Kill(context.Background(), project, parent.ID)
+				}
+				other <- err
+			}()
+			select {
+			case err := <-other:
+				t.Fatalf("the %s did not wait for the fork's children (%v)", then, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+			if _, err := os.Stat(filepath.Join(h.m.pausedPath(parent.ID), "image")); err != nil {
+				t.Fatalf("the paused image went during the fork: %v", err)
+			}
+			close(release)
+			if err := <-forked; err != nil {
+				t.Fatalf("fork: %v", err)
+			}
+			if err := <-other; err != nil {
+				t.Fatalf("%s after the fork: %v", then, err)
+			}
+		})
 	}
 }

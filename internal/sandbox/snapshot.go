@@ -283,7 +283,7 @@ func (m *Manager) resumeWaiting(ctx context.Context, projectID, id string, onDem
 	waited := false
 	for {
 		sb, err := m.resume(ctx, projectID, id, onDemand)
-		if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseResuming, phasePausing, phaseSuspending) {
+		if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseResuming, phasePausing, phaseSuspending, phaseForking) {
 			waited = true
 			continue
 		}
@@ -421,7 +421,7 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 		}
 		switch {
 		case sb.State == pandastack.StatePaused && !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle:
-			if m.sbx.waitOut(ctx, id, phaseResuming) {
+			if m.sbx.waitOut(ctx, id, phaseResuming, phaseForking) {
 				continue // resumed on request right now: the next look finds it running
 			}
 			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is paused; resume it first (POST /v1/sandboxes/%s/resume), or create sandboxes with auto_resume", id, id)
@@ -433,7 +433,7 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 				// Another request is resuming it, or its prepared resume is
 				// being removed (dropPrepared), or it is being killed: the
 				// next look finds it running, paused or stopped.
-				if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseStopping) {
+				if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseStopping, phaseForking) {
 					continue
 				}
 				if !pandastack.IsCode(err, pandastack.EConflict) {
