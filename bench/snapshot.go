@@ -55,7 +55,10 @@ func (b *bench) forks(ctx context.Context) error {
 	if err := b.freshForks(ctx); err != nil {
 		return err
 	}
-	return b.readyForks(ctx)
+	if err := b.readyForks(ctx); err != nil {
+		return err
+	}
+	return b.suspendedForks(ctx)
 }
 
 // freshForks forks a parent just after its first run_code, while its agent
@@ -159,6 +162,63 @@ func (b *bench) readyForks(ctx context.Context) error {
 	return nil
 }
 
+// suspendedForks forks, into one child, a parent suspended for idleness
+// (idle_timeout_seconds 1): what an agent meets that forks a sandbox it
+// left alone for a while. Each side keeps one parent; every round sets a
+// fresh token in it (which resumes it), waits until it is suspended again
+// and its container stopped, then forks it, the sides taking turns first.
+// After each fork the bench notes whether the parent is still suspended.
+func (b *bench) suspendedForks(ctx context.Context) error {
+	sides := []*forkSide{newForkSide(b.pool, " (parent suspended)")}
+	if b.baseline != nil {
+		sides = append(sides, newForkSide(b.baseline, " (parent suspended, baseline)"))
+	}
+	servers := make([]*server, len(sides))
+	for i, sd := range sides {
+		servers[i] = sd.s
+	}
+	ids, done, err := idleSandboxes(ctx, servers)
+	defer done()
+	if err != nil {
+		return err
+	}
+	stayed := make([]int, len(sides))
+	for i, sd := range sides {
+		sd.counts = []int{1}
+		sd.parent = &client.Sandbox{ID: ids[i]}
+		sd.beforeFork = func(ctx context.Context) error {
+			if err := waitSuspended(ctx, sd.s.c, sd.parent.ID); err != nil {
+				return err
+			}
+			if err := waitStopped(ctx, sd.s, sd.parent.ID); err != nil {
+				return err
+			}
+			return b.gate.wait(ctx)
+		}
+		sd.afterFork = func(ctx context.Context) {
+			if got, err := sd.s.c.GetSandbox(ctx, sd.parent.ID); err == nil && got.State == "paused" {
+				stayed[i]++
+			}
+		}
+	}
+	for r := range b.set.Rounds {
+		order := slices.Clone(sides)
+		if r%2 == 1 {
+			slices.Reverse(order)
+		}
+		for _, sd := range order {
+			if err := sd.fork(ctx, 1); err != nil {
+				return err
+			}
+		}
+	}
+	for i, sd := range sides {
+		sd.note = fmt.Sprintf("; the parent was suspended for idleness before each fork, and still paused after %d of %d", stayed[i], len(sd.call[1]))
+		sd.report(b)
+	}
+	return nil
+}
+
 // waitForSpare waits until sandbox id runs two Python kernels (its
 // default context's and a spare) and its cgroup used under
 // spareQuietCPU of CPU over a second (the spare's start and warm-up
@@ -198,11 +258,15 @@ type forkSide struct {
 	label  string // appended to the series' names: "" or " (baseline)"
 	counts []int  // the counts of children reported: forkCounts unless set
 	note   string // appended to the note of each count's main series
-	parent *client.Sandbox
-	child  map[int][]float64 // each child: fork request → its answer
-	call   map[int][]float64 // the fork request alone
-	first  map[int][]float64 // each child's run_code after the fork's answer
-	cpu    map[int][]float64 // each child's CPU until its answer
+	// beforeFork, when set, runs after the parent's token is set and
+	// before the fork is timed; afterFork once every child has answered.
+	beforeFork func(context.Context) error
+	afterFork  func(context.Context)
+	parent     *client.Sandbox
+	child      map[int][]float64 // each child: fork request → its answer
+	call       map[int][]float64 // the fork request alone
+	first      map[int][]float64 // each child's run_code after the fork's answer
+	cpu        map[int][]float64 // each child's CPU until its answer
 	// parentCPU is the parent's CPU during the fork request: mostly its
 	// checkpoint (the sentry writing the image).
 	parentCPU map[int][]float64
@@ -227,6 +291,11 @@ func (sd *forkSide) fork(ctx context.Context, count int) error {
 	token := randomToken()
 	if err := expectText(ctx, s.c, sd.parent.ID, fmt.Sprintf("token = %q\nlen(token)", token), strconv.Itoa(len(token))); err != nil {
 		return err
+	}
+	if sd.beforeFork != nil {
+		if err := sd.beforeFork(ctx); err != nil {
+			return err
+		}
 	}
 	logged := len(forkLines(s.log.String(), sd.parent.ID))
 	cpu0 := sandboxCPU(sd.parent.ID)
@@ -262,6 +331,9 @@ func (sd *forkSide) fork(ctx context.Context, count int) error {
 		}()
 	}
 	wg.Wait()
+	if sd.afterFork != nil {
+		sd.afterFork(ctx)
+	}
 	// The answer can arrive before the server's log line does: wait for
 	// this fork's own line rather than read the last fork's. Only once the
 	// children have answered, so that the bench's own reads of the server's
