@@ -546,7 +546,8 @@ export class Sandbox implements SandboxInfo {
    * Makes `count` independent copies of this sandbox as it is now (kernels
    * and files included; 1 to the server's maximum, 16 by default); each
    * lives on separately. Like `snapshot`, a `ConflictError` while an exec or
-   * a run is in progress.
+   * a run is in progress. A paused sandbox (or one suspended for idleness)
+   * stays paused: the copies start from its paused image.
    */
   async fork(count = 1, opts: ForkOptions = {}): Promise<Sandbox[]> {
     const body: Record<string, unknown> = { count };

@@ -523,7 +523,8 @@ class Sandbox(SandboxRecord):
     ) -> List["Sandbox"]:
         """Make ``count`` new sandboxes, each an independent copy of this one
         as it is now (warm kernels and their variables included). This one
-        keeps running.
+        keeps running; a paused one (or one suspended for idleness) stays
+        paused: the copies start from its paused image.
 
         Args:
             count: how many copies (the server allows 16 by default).
