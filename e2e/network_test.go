@@ -343,6 +343,34 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 	reaches(sb.ID)
 
+	// A paused parent's children (restored from its paused image) get the
+	// policy it has now, set while paused; the parent stays paused.
+	if _, err := c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{}); err != nil {
+		t.Fatal(err)
+	}
+	pkids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.KillSandbox(context.Background(), pkids[0].ID) })
+	if n := pkids[0].Network; n == nil || len(n.AllowOut) != 0 || n.AllowInternetAccess {
+		t.Errorf("the paused parent's fork child has network %+v, want the parent's present one (nothing allowed)", n)
+	}
+	refused(pkids[0].ID)
+	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != "paused" {
+		t.Fatalf("the parent after its fork while paused: %+v %v", got, err)
+	}
+	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{AllowOut: []string{pub}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	reaches(sb.ID)
+
 	// A sandbox restored from a snapshot gets the snapshotted policy.
 	snap, err := c.CreateSnapshot(ctx, sb.ID, nil)
 	if err != nil {

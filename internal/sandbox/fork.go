@@ -75,7 +75,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 		return nil, fmt.Errorf("fork %s: %w", id, storageError(err, checkpointOutcome))
 	}
 	tCheckpoint := time.Now()
-	kids, steps, err := m.forkChildren(ctx, projectID, sb, rootfs, img, count, ttl, metadata)
+	kids, steps, err := m.forkChildren(ctx, projectID, sb, rootfs, img, m.networkOf(id), count, ttl, metadata)
 	if err != nil {
 		os.RemoveAll(img) // a failed fork leaves nothing, at once
 		return nil, fmt.Errorf("fork %s: %w", id, err)
@@ -88,9 +88,9 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 }
 
 // forkChildren restores count children of sb from the image img at once,
-// each with its own address and sb's network policy. If any fails, it
-// kills those made and returns that error.
-func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandastack.Sandbox, rootfs, img string, count int, ttl time.Duration, metadata map[string]string) ([]pandastack.Sandbox, []*resumeSteps, error) {
+// each with its own address and the network policy policy (sb's). If any
+// fails, it kills those made and returns that error.
+func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandastack.Sandbox, rootfs, img string, policy *pandastack.NetworkPolicy, count int, ttl time.Duration, metadata map[string]string) ([]pandastack.Sandbox, []*resumeSteps, error) {
 	kids := make([]pandastack.Sandbox, count)
 	errs := make([]error, count)
 	steps := make([]*resumeSteps, count)
@@ -104,7 +104,7 @@ func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandast
 				template: sb.Template, rootfs: rootfs, image: img,
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
 				idle:    time.Duration(sb.IdleTimeoutSeconds) * time.Second,
-				network: m.networkOf(sb.ID), // each child its own address, the parent's policy
+				network: policy, // each child its own address, the parent's policy
 				steps:   steps[i],
 			})
 		}()
@@ -153,8 +153,14 @@ func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count in
 		return nil, false, nil
 	}
 	dir := m.pausedPath(id)
-	if _, own := m.pausedByUs(id, dir); !own {
+	man, own := m.pausedByUs(id, dir)
+	if !own {
 		return nil, false, nil
+	}
+	// Kept for its resume (pause holds it), and in its image's manifest.
+	policy := m.networkOf(id)
+	if policy == nil {
+		policy = man.Network
 	}
 	if metadata == nil {
 		metadata = sb.Metadata
@@ -168,7 +174,7 @@ func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count in
 	}
 	t0 := time.Now()
 	img := filepath.Join(dir, "image")
-	kids, steps, err := m.forkChildren(ctx, projectID, sb, rootfs, img, count, ttl, metadata)
+	kids, steps, err := m.forkChildren(ctx, projectID, sb, rootfs, img, policy, count, ttl, metadata)
 	if err != nil {
 		return nil, true, fmt.Errorf("fork %s: %w", id, err)
 	}
