@@ -427,7 +427,8 @@ func TestCreateDiskFull(t *testing.T) {
 
 // A sandbox suspended for idleness forks straight from its paused image:
 // the children run with its variables and files, each its own, while the
-// parent stays suspended (not woken for the fork); its next request
+// parent stays suspended (not woken for the fork); a snapshot of it does
+// not wake it either, and restores with its state; its next request
 // resumes it with its own state. A sandbox paused as asked, without
 // auto_resume, forks too, and stays paused.
 func TestForkSuspended(t *testing.T) {
@@ -462,6 +463,23 @@ func TestForkSuspended(t *testing.T) {
 	}
 	if !strings.Contains(linesWith(s.out.String(), `msg="sandbox forked" sandbox=`+sb.ID+" "), "paused=true") {
 		t.Errorf("the fork's log line does not say it forked the paused image:\n%s", linesWith(s.out.String(), "sandbox forked"))
+	}
+	// A snapshot does not wake it either, and restores with its state.
+	snap, err := c.CreateSnapshot(ctx, sb.ID, nil)
+	if err != nil {
+		t.Fatalf("snapshot of the suspended sandbox: %v", err)
+	}
+	t.Cleanup(func() { c.DeleteSnapshot(context.Background(), snap.ID) })
+	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || !suspended(got) {
+		t.Fatalf("the parent after its snapshot: %+v %v, want still suspended", got, err)
+	}
+	restored, err := c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: snap.ID, TTLSeconds: 600})
+	if err != nil {
+		t.Fatalf("restore of the suspended sandbox's snapshot: %v", err)
+	}
+	t.Cleanup(func() { c.KillSandbox(context.Background(), restored.ID) })
+	if ex, err := c.RunCode(ctx, restored.ID, client.RunRequest{Code: "(secret, open('note.txt').read())"}); err != nil || ex.Text != "(41, 'from the parent')" {
+		t.Fatalf("the sandbox restored from the suspended one's snapshot: %+v %v", ex, err)
 	}
 	if ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"}); err != nil || ex.Text != "41" {
 		t.Fatalf("the parent's next request: %+v %v, want it resumed with its own 41", ex, err)

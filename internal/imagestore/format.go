@@ -263,6 +263,30 @@ func moveDir(src, dst string) error {
 	return nil
 }
 
+// LinkTree makes dst a copy of the directory tree src, each file a hard
+// link to src's where it can be (the same filesystem), a copy where not.
+// For images, whose files are never written once sealed: two directories
+// then share the bytes, and removing either leaves the other whole.
+func LinkTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o700)
+		}
+		if !d.Type().IsRegular() {
+			return fmt.Errorf("link %s: not a regular file", p)
+		}
+		if err := os.Link(p, target); err == nil || !(errors.Is(err, syscall.EXDEV) || errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EMLINK)) {
+			return err
+		}
+		return copyFile(p, target)
+	})
+}
+
 func copyTree(src, dst string) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -276,19 +300,24 @@ func copyTree(src, dst string) error {
 		if !d.Type().IsRegular() {
 			return fmt.Errorf("copy %s: not a regular file", p)
 		}
-		in, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer in.Close()
-		out, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err != nil {
-			return err
-		}
-		if _, err := io.Copy(out, in); err != nil {
-			out.Close()
-			return err
-		}
-		return out.Close()
+		return copyFile(p, target)
 	})
+}
+
+// copyFile copies the regular file src to a new file dst.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }

@@ -1,6 +1,8 @@
 package imagestore
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -47,5 +49,43 @@ func TestValidID(t *testing.T) {
 		if err := ValidID(id); !pandastack.IsCode(err, pandastack.EInvalid) {
 			t.Errorf("ValidID(%q) = %v, want %s", id, err, pandastack.EInvalid)
 		}
+	}
+}
+
+// LinkTree gives dst the same files as src, sharing their bytes (hard
+// links, on one filesystem); removing src leaves dst whole; a dst that
+// exists is refused rather than mixed.
+func TestLinkTree(t *testing.T) {
+	src, dst := filepath.Join(t.TempDir(), "src"), filepath.Join(t.TempDir(), "dst")
+	if err := os.MkdirAll(filepath.Join(src, "image"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]string{"manifest.json": "{}", "image/pages.img": "pages", "image/checkpoint.img": "state"}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(src, name), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := LinkTree(src, dst); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.Stat(filepath.Join(src, "image/pages.img"))
+	b, _ := os.Stat(filepath.Join(dst, "image/pages.img"))
+	if !os.SameFile(a, b) {
+		t.Error("pages.img was copied, not linked, within one filesystem")
+	}
+	if err := os.RemoveAll(src); err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range files {
+		if got, err := os.ReadFile(filepath.Join(dst, name)); err != nil || string(got) != body {
+			t.Errorf("%s after src went: %q %v, want %q", name, got, err, body)
+		}
+	}
+	if err := LinkTree(dst, dst+"2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := LinkTree(dst, dst+"2"); err == nil {
+		t.Error("a second LinkTree into the same dst did not fail")
 	}
 }

@@ -21,7 +21,7 @@ import (
 //	checkpointing, pausing, suspending --settle--> running   (done, or failed and still running)
 //	pausing, suspending --end--> none (paused on disk)
 //	running --begin(stopping)--> stopping --end--> none
-//	(none, paused on disk) --begin(forking)--> forking --end--> none (still paused)
+//	(none, paused on disk) --begin(readingImage)--> readingImage --end--> none (still paused)
 //
 // Work in a sandbox (exec, run, upload) is acquired only while it is
 // running, and counts as in flight until done; quiesce refuses while anything
@@ -41,7 +41,7 @@ const (
 	phasePausing                        // being checkpointed to disk and stopped, as asked
 	phaseSuspending                     // as pausing, because it was idle; requests wait and resume it
 	phaseStopping                       // being killed, expired or reaped
-	phaseForking                        // paused, its image being restored into a fork's children; it stays paused
+	phaseReadingImage                   // paused, its image being read (a fork's children restore from it, a snapshot links it); it stays paused
 )
 
 func (p phase) String() string {
@@ -58,8 +58,8 @@ func (p phase) String() string {
 		return "paused"
 	case phaseStopping:
 		return "stopped"
-	case phaseForking:
-		return "forked"
+	case phaseReadingImage:
+		return "forked or snapshotted"
 	}
 	return "unknown"
 }
@@ -118,8 +118,8 @@ func busyError(id string, p phase) error {
 	return pandastack.Errorf(pandastack.EConflict, "sandbox %s is being %s; retry in a moment", id, p)
 }
 
-// begin claims a sandbox for p, one of creating, resuming, forking (a
-// paused one) or stopping. All but stopping need a sandbox nobody holds;
+// begin claims a sandbox for p, one of creating, resuming, readingImage
+// (a paused one) or stopping. All but stopping need a sandbox nobody holds;
 // stopping also takes a running one, whatever is in flight in it (that
 // work then fails).
 func (t *table) begin(id string, p phase) error {
@@ -248,11 +248,12 @@ func (t *table) end(id string) {
 }
 
 // wait blocks while the sandbox is being created, resumed, paused,
-// suspended or forked while paused, until that phase ends or ctx is done.
+// suspended, or forked or snapshotted while paused, until that phase ends
+// or ctx is done.
 // It reports whether it waited: the caller then looks again at what the
 // sandbox has become.
 func (t *table) wait(ctx context.Context, id string) bool {
-	return t.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseForking)
+	return t.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage)
 }
 
 // waitOut blocks while the sandbox is in one of phases, until its phase

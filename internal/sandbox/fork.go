@@ -126,37 +126,15 @@ func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandast
 // forkPaused forks a sandbox paused on this node straight from its paused
 // image, which is its state as much as a checkpoint taken now would be:
 // no resume, no checkpoint, and the parent stays paused, its memory still
-// free. The parent is claimed (phaseForking) while its children restore:
-// a resume, or a kill, waits for them, so the image stays in place until
-// runsc has opened its files. done is false when the usual path (resume,
-// then checkpoint) is to fork it instead: not paused, paused on another
-// node or by an image this process did not write (a resume verifies
-// those), or claimed for something else right now.
+// free. The parent is claimed (claimPaused) while its children restore, so
+// the image stays in place until runsc has opened its files. done is false
+// when the usual path (resume, then checkpoint) is to fork it instead.
 func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count int, ttl time.Duration, metadata map[string]string) (_ []pandastack.Sandbox, done bool, _ error) {
-	for {
-		sb, err := m.store.GetSandbox(ctx, projectID, id)
-		if err != nil || sb.State != pandastack.StatePaused || m.pausedElsewhere(sb) != nil {
-			return nil, false, nil
-		}
-		if m.sbx.begin(id, phaseForking) == nil {
-			break
-		}
-		// Recorded paused just before its container stops: wait for that.
-		if !m.sbx.waitOut(ctx, id, phasePausing, phaseSuspending) || ctx.Err() != nil {
-			return nil, false, nil
-		}
-	}
-	defer m.sbx.end(id)
-	// The record as of the claim: a resume may have ended just before it.
-	sb, err := m.store.GetSandbox(ctx, projectID, id)
-	if err != nil || sb.State != pandastack.StatePaused {
+	sb, man, release, ok := m.claimPaused(ctx, projectID, id)
+	if !ok {
 		return nil, false, nil
 	}
-	dir := m.pausedPath(id)
-	man, own := m.pausedByUs(id, dir)
-	if !own {
-		return nil, false, nil
-	}
+	defer release()
 	// Kept for its resume (pause holds it), and in its image's manifest.
 	policy := m.networkOf(id)
 	if policy == nil {
@@ -173,13 +151,47 @@ func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count in
 		return nil, true, err
 	}
 	t0 := time.Now()
-	img := filepath.Join(dir, "image")
+	img := filepath.Join(m.pausedPath(id), "image")
 	kids, steps, err := m.forkChildren(ctx, projectID, sb, rootfs, img, policy, count, ttl, metadata)
 	if err != nil {
 		return nil, true, fmt.Errorf("fork %s: %w", id, err)
 	}
 	logFork(m.log, id, count, true, 0, 0, 0, msSince(t0, time.Now()), dirSize(img), steps)
 	return kids, true, nil
+}
+
+// claimPaused claims sandbox id, paused on this node by an image this
+// process wrote, for a read of that image (phaseReadingImage): its resume,
+// by request or asked for, and its kill wait until release. It returns the
+// record as of the claim and the image's manifest. ok is false, with
+// nothing claimed, when the sandbox is not paused, is paused on another
+// node or by an image this process did not write (one a restart found:
+// its resume verifies it first), or is claimed for something else right
+// now (a resume, a kill): the caller then takes the usual path, through a
+// resume. A pause still stopping its container is waited for.
+func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pandastack.Sandbox, _ manifest, release func(), ok bool) {
+	for {
+		sb, err := m.store.GetSandbox(ctx, projectID, id)
+		if err != nil || sb.State != pandastack.StatePaused || m.pausedElsewhere(sb) != nil {
+			return sb, manifest{}, nil, false
+		}
+		if m.sbx.begin(id, phaseReadingImage) == nil {
+			break
+		}
+		// Recorded paused just before its container stops: wait for that.
+		if !m.sbx.waitOut(ctx, id, phasePausing, phaseSuspending) || ctx.Err() != nil {
+			return sb, manifest{}, nil, false
+		}
+	}
+	// The record as of the claim: a resume may have ended just before it.
+	sb, err := m.store.GetSandbox(ctx, projectID, id)
+	if err == nil && sb.State == pandastack.StatePaused {
+		if man, own := m.pausedByUs(id, m.pausedPath(id)); own {
+			return sb, man, func() { m.sbx.end(id) }, true
+		}
+	}
+	m.sbx.end(id)
+	return sb, manifest{}, nil, false
 }
 
 // forkSpareWait bounds how long a fork waits for its parent's agent to give

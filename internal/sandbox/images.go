@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"sync"
 
@@ -23,6 +24,21 @@ func (m *Manager) saveSnapshot(ctx context.Context, sb pandastack.Sandbox, snapI
 		return 0, false, err
 	}
 	// The snapshot is taken: a client that hangs up does not undo it.
+	size, err := m.cfg.Images.Put(context.WithoutCancel(ctx), snapID, staged)
+	return size, true, err
+}
+
+// savePausedSnapshot hands the image store a snapshot of paused sandbox
+// id (claimed by the caller): a copy of its paused image, sealed with its
+// manifest and checksums when it paused, whose files are hard links to
+// the paused image's. Neither is written again, and each outlives the
+// other: the resume removes the paused image, a snapshot's delete its own.
+func (m *Manager) savePausedSnapshot(ctx context.Context, id, snapID string) (int64, bool, error) {
+	staged := filepath.Join(m.cfg.SnapshotDir, ".tmp-"+snapID+"-sealed")
+	if err := imagestore.LinkTree(m.pausedPath(id), staged); err != nil {
+		os.RemoveAll(staged)
+		return 0, false, storageError(err, "no snapshot was taken")
+	}
 	size, err := m.cfg.Images.Put(context.WithoutCancel(ctx), snapID, staged)
 	return size, true, err
 }

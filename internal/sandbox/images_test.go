@@ -279,3 +279,61 @@ func TestFailedUploadCleanedLater(t *testing.T) {
 	}
 	testutil.RequireEmptyDir(t, h.m.cfg.SnapshotDir)
 }
+
+// A paused sandbox's snapshot is its paused image, linked into the image
+// store: no resume, no checkpoint, the sandbox stays paused. The snapshot
+// restores with its state; deleting it leaves the paused image whole (the
+// sandbox resumes with its state), and a resume's removal of the paused
+// image leaves a second snapshot whole.
+func TestSnapshotOfAPausedSandbox(t *testing.T) {
+	h, img := newImagesHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.exec(sb.ID, "set x=7")
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.rt.takeSuspendLog()
+	restores := h.rt.restores
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, map[string]string{"k": "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if log := h.rt.takeSuspendLog(); len(log) != 0 || h.rt.restores != restores {
+		t.Fatalf("the snapshot of a paused sandbox reached the runtime: %q, %d restores", log, h.rt.restores-restores)
+	}
+	if r := h.record(sb.ID); r.State != pandastack.StatePaused {
+		t.Fatalf("after its snapshot the sandbox is %s, want paused", r.State)
+	}
+	if len(img.puts) != 1 || img.puts[0] != snap.ID || snap.SandboxID != sb.ID || snap.Metadata["k"] != "v" || snap.SizeBytes <= 0 {
+		t.Fatalf("snapshot %+v, puts %v", snap, img.puts)
+	}
+	if _, err := imagestore.Verify(filepath.Join(h.dir, "store", snap.ID), "stored"); err != nil {
+		t.Fatalf("the store does not hold a sealed image: %v", err)
+	}
+	testutil.RequireEmptyDir(t, h.m.cfg.SnapshotDir)
+	got, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.exec(got.ID, "get x"); err != nil || out != "7" {
+		t.Fatalf("restored: get x = %q, %v", out, err)
+	}
+	if err := h.m.DeleteSnapshot(ctx, project, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	second, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatalf("resume after its snapshot was deleted: %v", err)
+	}
+	if out, err := h.exec(sb.ID, "get x"); err != nil || out != "7" {
+		t.Fatalf("resumed: get x = %q, %v", out, err)
+	}
+	h.m.Close() // the paused image's removal after the resume runs in the background
+	if _, err := imagestore.Verify(filepath.Join(h.dir, "store", second.ID), "stored"); err != nil {
+		t.Fatalf("the second snapshot after the resume removed the paused image: %v", err)
+	}
+}

@@ -784,7 +784,7 @@ func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
 		if err == nil {
 			break
 		}
-		if !m.sbx.waitOut(ctx, id, phaseStopping, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseForking) {
+		if !m.sbx.waitOut(ctx, id, phaseStopping, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage) {
 			return err
 		}
 		if ctx.Err() != nil {

@@ -58,10 +58,19 @@ func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final s
 	return size, nil
 }
 
-// Snapshot saves a running sandbox's state; the sandbox keeps running.
+// Snapshot saves a sandbox's state. A running sandbox keeps running; a
+// paused one (as asked, or suspended for idleness) stays paused: its
+// paused image, sealed with its manifest when it paused, becomes the
+// snapshot's, linked rather than copied (savePausedSnapshot).
 func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata map[string]string) (pandastack.Snapshot, error) {
 	if err := ValidateMetadata(metadata); err != nil {
 		return pandastack.Snapshot{}, err
+	}
+	if sb, _, release, ok := m.claimPaused(ctx, projectID, id); ok {
+		defer release()
+		return m.recordSnapshot(ctx, projectID, sb, metadata, func(snapID string) (int64, bool, error) {
+			return m.savePausedSnapshot(ctx, id, snapID)
+		})
 	}
 	sb, err := m.usable(ctx, projectID, id)
 	if err != nil {
@@ -70,6 +79,16 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if err := m.sbx.quiesce(id, phaseCheckpointing, "take the snapshot"); err != nil {
 		return pandastack.Snapshot{}, err
 	}
+	return m.recordSnapshot(ctx, projectID, sb, metadata, func(snapID string) (int64, bool, error) {
+		return m.saveSnapshot(ctx, sb, snapID)
+	})
+}
+
+// recordSnapshot saves a snapshot of sb with save (its size, and whether
+// the image store was given anything) and records it; on a failure nothing
+// is left of it.
+func (m *Manager) recordSnapshot(ctx context.Context, projectID string, sb pandastack.Sandbox, metadata map[string]string, save func(snapID string) (int64, bool, error)) (pandastack.Snapshot, error) {
+	id := sb.ID
 	snap := pandastack.Snapshot{
 		ID: pandastack.NewID("snap"), ProjectID: projectID, SandboxID: id, Template: sb.Template,
 		Metadata: maps.Clone(metadata), CreatedAt: m.now().UTC().Truncate(time.Millisecond), CPU: sb.CPU, MemoryMB: sb.MemoryMB,
@@ -96,7 +115,8 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 		os.Remove(pending)
 	}
 	var given bool
-	if snap.SizeBytes, given, err = m.saveSnapshot(ctx, sb, snap.ID); err != nil {
+	var err error
+	if snap.SizeBytes, given, err = save(snap.ID); err != nil {
 		if given {
 			dropped()
 		} else {
@@ -283,7 +303,7 @@ func (m *Manager) resumeWaiting(ctx context.Context, projectID, id string, onDem
 	waited := false
 	for {
 		sb, err := m.resume(ctx, projectID, id, onDemand)
-		if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseResuming, phasePausing, phaseSuspending, phaseForking) {
+		if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage) {
 			waited = true
 			continue
 		}
@@ -421,7 +441,7 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 		}
 		switch {
 		case sb.State == pandastack.StatePaused && !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle:
-			if m.sbx.waitOut(ctx, id, phaseResuming, phaseForking) {
+			if m.sbx.waitOut(ctx, id, phaseResuming, phaseReadingImage) {
 				continue // resumed on request right now: the next look finds it running
 			}
 			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is paused; resume it first (POST /v1/sandboxes/%s/resume), or create sandboxes with auto_resume", id, id)
@@ -433,7 +453,7 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 				// Another request is resuming it, or its prepared resume is
 				// being removed (dropPrepared), or it is being killed: the
 				// next look finds it running, paused or stopped.
-				if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseStopping, phaseForking) {
+				if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseStopping, phaseReadingImage) {
 					continue
 				}
 				if !pandastack.IsCode(err, pandastack.EConflict) {
