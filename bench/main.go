@@ -46,7 +46,7 @@ type Settings struct {
 }
 
 // sectionKeys name the sections for -only, in the order they run.
-var sectionKeys = []string{"recipe", "base", "create", "create-cold", "burst", "runcode", "exec", "stream", "files", "fork", "snapshot", "restore-profile", "runcode-profile", "stream-profile", "pss", "density", "idle", "idle-cold", "suspended", "languages", "network", "nodes"}
+var sectionKeys = []string{"recipe", "base", "create", "create-cold", "burst", "runcode", "exec", "stream", "files", "fork", "paused", "snapshot", "restore-profile", "runcode-profile", "stream-profile", "pss", "density", "idle", "idle-cold", "suspended", "languages", "network", "nodes"}
 
 // PoolHits counts the creates of one series that a pool sandbox served.
 type PoolHits struct {
@@ -245,6 +245,7 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 		{"stream", "exec output streamed to the caller: NDJSON vs binary frames vs runsc exec vs the host", b.streamExec},
 		{"files", "2 MB upload and download", b.files},
 		{"fork", "fork: each child answering run_code, 1/4/8 children", b.forks},
+		{"paused", "fork and snapshot of a sandbox suspended for idleness", b.suspendedForks},
 		{"snapshot", "snapshot and restore: warm code-interpreter, and with a 100 MB DataFrame", b.snapshots},
 		{"restore-profile", "restore of the warm image, step by step (runsc debug log and our own timings)", b.restoreProfile},
 		{"runcode-profile", "system calls of one run_code(\"1+1\") in the sandbox, by thread and call (runsc --strace)", b.runcodeProfiles},

@@ -55,10 +55,7 @@ func (b *bench) forks(ctx context.Context) error {
 	if err := b.freshForks(ctx); err != nil {
 		return err
 	}
-	if err := b.readyForks(ctx); err != nil {
-		return err
-	}
-	return b.suspendedForks(ctx)
+	return b.readyForks(ctx)
 }
 
 // freshForks forks a parent just after its first run_code, while its agent
@@ -162,9 +159,9 @@ func (b *bench) readyForks(ctx context.Context) error {
 	return nil
 }
 
-// suspendedForks forks, into one child, a parent suspended for idleness
-// (idle_timeout_seconds 1): what an agent meets that forks a sandbox it
-// left alone for a while. Each side keeps one parent; every round sets a
+// suspendedForks (the paused section) forks, into one child, a parent
+// suspended for idleness (idle_timeout_seconds 1): what an agent meets
+// that forks a sandbox it left alone for a while. Each side keeps one parent; every round sets a
 // fresh token in it (which resumes it), waits until it is suspended again
 // and its container stopped, then forks it, the sides taking turns first.
 // After each fork the bench notes whether the parent is still suspended.
@@ -201,6 +198,10 @@ func (b *bench) suspendedForks(ctx context.Context) error {
 			}
 		}
 	}
+	// After each fork, once the parent is suspended again: a snapshot of
+	// it, timed until its answer, then deleted.
+	snaps := map[*forkSide][]float64{}
+	snapStayed := map[*forkSide]int{}
 	for r := range b.set.Rounds {
 		order := slices.Clone(sides)
 		if r%2 == 1 {
@@ -210,11 +211,32 @@ func (b *bench) suspendedForks(ctx context.Context) error {
 			if err := sd.fork(ctx, 1); err != nil {
 				return err
 			}
+			if err := sd.beforeFork(ctx); err != nil {
+				return err
+			}
+			t0 := time.Now()
+			snap, err := sd.s.c.CreateSnapshot(ctx, sd.parent.ID, nil)
+			if err != nil {
+				return fmt.Errorf("snapshot of a suspended sandbox: %w", err)
+			}
+			snaps[sd] = append(snaps[sd], ms(time.Since(t0)))
+			if got, err := sd.s.c.GetSandbox(ctx, sd.parent.ID); err == nil && got.State == "paused" {
+				snapStayed[sd]++
+			}
+			if err := sd.s.c.DeleteSnapshot(ctx, snap.ID); err != nil {
+				return err
+			}
 		}
 	}
 	for i, sd := range sides {
 		sd.note = fmt.Sprintf("; the parent was suspended for idleness before each fork, and still paused after %d of %d", stayed[i], len(sd.call[1]))
 		sd.report(b)
+		suffix := ""
+		if sd.s == b.baseline {
+			suffix = " (baseline)"
+		}
+		b.add(summarize("fork", "snapshot of a suspended sandbox → its answer"+suffix, "ms", snaps[sd],
+			fmt.Sprintf("the parent of this series, suspended again after its fork; the sandbox still paused after %d of %d", snapStayed[sd], len(snaps[sd]))))
 	}
 	return nil
 }
