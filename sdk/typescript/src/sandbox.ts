@@ -531,8 +531,9 @@ export class Sandbox implements SandboxInfo {
 
   /**
    * Snapshots the sandbox — memory, processes (kernels with their variables)
-   * and files — and returns the snapshot's id. The sandbox keeps running.
-   * `Sandbox.create({ snapshotId })` brings the state back. While an exec or
+   * and files — and returns the snapshot's id. The sandbox keeps running;
+   * a paused one stays paused. `Sandbox.create({ snapshotId })` brings the
+   * state back. While an exec or
    * a run is in progress this is a `ConflictError`: snapshots never wait.
    */
   async snapshot(opts: { metadata?: Record<string, string> } = {}): Promise<string> {

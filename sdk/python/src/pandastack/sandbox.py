@@ -478,7 +478,8 @@ class Sandbox(SandboxRecord):
     def snapshot(self, metadata: Optional[Mapping[str, str]] = None) -> str:
         """Save the sandbox's whole state (memory, processes, code contexts,
         files) and return the snapshot's id (``snap_...``). The sandbox
-        keeps running. Restore it, from any process, with
+        keeps running; a paused one stays paused. Restore it, from any
+        process, with
         ``Sandbox.create(snapshot_id=...)``.
 
         Raises:
