@@ -26,15 +26,10 @@ func (b *bench) forks(ctx context.Context) error {
 	if b.baseline != nil {
 		sides = append(sides, newForkSide(b.baseline, " (baseline)"))
 	}
-	for _, sd := range sides {
-		parent, _, err := sd.s.createAndRun(ctx)
-		if parent != nil {
-			defer sd.s.kill(parent.ID)
-		}
-		if err != nil {
-			return err
-		}
-		sd.parent = parent
+	done, err := startParents(ctx, sides)
+	defer done()
+	if err != nil {
+		return err
 	}
 	for r := range b.set.Rounds {
 		order := slices.Clone(sides)
@@ -56,6 +51,29 @@ func (b *bench) forks(ctx context.Context) error {
 		return err
 	}
 	return b.readyForks(ctx)
+}
+
+// startParents gives each side a warm parent that has answered its first
+// run_code; done kills those made, also after an error.
+func startParents(ctx context.Context, sides []*forkSide) (done func(), err error) {
+	var made []func()
+	done = func() {
+		for _, kill := range made {
+			kill()
+		}
+	}
+	for _, sd := range sides {
+		parent, _, err := sd.s.createAndRun(ctx)
+		if parent != nil {
+			s := sd.s
+			made = append(made, func() { s.kill(parent.ID) })
+		}
+		if err != nil {
+			return done, err
+		}
+		sd.parent = parent
+	}
+	return done, nil
 }
 
 // freshForks forks a parent just after its first run_code, while its agent
@@ -122,14 +140,11 @@ func (b *bench) readyForks(ctx context.Context) error {
 	}
 	for _, sd := range sides {
 		sd.counts = []int{1}
-		parent, _, err := sd.s.createAndRun(ctx)
-		if parent != nil {
-			defer sd.s.kill(parent.ID)
-		}
-		if err != nil {
-			return err
-		}
-		sd.parent = parent
+	}
+	done, err := startParents(ctx, sides)
+	defer done()
+	if err != nil {
+		return err
 	}
 	ready := make([]int, len(sides))
 	for r := range b.set.Rounds {

@@ -268,26 +268,20 @@ func moveDir(src, dst string) error {
 // For images, whose files are never written once sealed: two directories
 // then share the bytes, and removing either leaves the other whole.
 func LinkTree(src, dst string) error {
-	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
+	return eachFile(src, dst, "link", func(from, to string) error {
+		if err := os.Link(from, to); err == nil || !(errors.Is(err, syscall.EXDEV) || errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EMLINK)) {
 			return err
 		}
-		rel, _ := filepath.Rel(src, p)
-		target := filepath.Join(dst, rel)
-		if d.IsDir() {
-			return os.MkdirAll(target, 0o700)
-		}
-		if !d.Type().IsRegular() {
-			return fmt.Errorf("link %s: not a regular file", p)
-		}
-		if err := os.Link(p, target); err == nil || !(errors.Is(err, syscall.EXDEV) || errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EMLINK)) {
-			return err
-		}
-		return copyFile(p, target)
+		return copyFile(from, to)
 	})
 }
 
-func copyTree(src, dst string) error {
+func copyTree(src, dst string) error { return eachFile(src, dst, "copy", copyFile) }
+
+// eachFile makes dst's directories as src's and calls file for each
+// regular file of src and its path under dst; anything else in src is an
+// error (what says what was being done).
+func eachFile(src, dst, what string, file func(from, to string) error) error {
 	return filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -298,9 +292,9 @@ func copyTree(src, dst string) error {
 			return os.MkdirAll(target, 0o700)
 		}
 		if !d.Type().IsRegular() {
-			return fmt.Errorf("copy %s: not a regular file", p)
+			return fmt.Errorf("%s %s: not a regular file", what, p)
 		}
-		return copyFile(p, target)
+		return file(p, target)
 	})
 }
 

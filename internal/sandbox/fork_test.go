@@ -136,13 +136,7 @@ func TestForkPacesTheParentsRefill(t *testing.T) {
 // as well.
 func TestForkOfAPausedSandbox(t *testing.T) {
 	h := newHarness(t)
-	parent := h.create()
-	if _, err := h.exec(parent.ID, "set k=v1"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.m.Pause(context.Background(), project, parent.ID); err != nil {
-		t.Fatal(err)
-	}
+	parent := h.pausedWith("k=v1")
 	h.rt.takeSuspendLog()
 	for round := range 2 {
 		restores := h.rt.restores
@@ -186,13 +180,7 @@ func TestForkOfAPausedSandboxHoldsOffResumeAndKill(t *testing.T) {
 	for _, then := range []string{"resume", "kill"} {
 		t.Run(then, func(t *testing.T) {
 			h := newHarness(t)
-			parent := h.create()
-			if _, err := h.exec(parent.ID, "set k=v1"); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := h.m.Pause(context.Background(), project, parent.ID); err != nil {
-				t.Fatal(err)
-			}
+			parent := h.pausedWith("k=v1")
 			inRestore, release := make(chan struct{}), make(chan struct{})
 			var once sync.Once
 			h.rt.restoreErr = func(spec pandastack.RuntimeSpec) error {
@@ -238,4 +226,18 @@ func TestForkOfAPausedSandboxHoldsOffResumeAndKill(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pausedWith creates a sandbox, sets the variable kv ("k=v") in it and
+// pauses it.
+func (h *harness) pausedWith(kv string) pandastack.Sandbox {
+	h.t.Helper()
+	sb := h.create()
+	if _, err := h.exec(sb.ID, "set "+kv); err != nil {
+		h.t.Fatal(err)
+	}
+	if _, err := h.m.Pause(context.Background(), project, sb.ID); err != nil {
+		h.t.Fatal(err)
+	}
+	return sb
 }

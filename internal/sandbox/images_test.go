@@ -288,11 +288,7 @@ func TestFailedUploadCleanedLater(t *testing.T) {
 func TestSnapshotOfAPausedSandbox(t *testing.T) {
 	h, img := newImagesHarness(t)
 	ctx := context.Background()
-	sb := h.create()
-	h.exec(sb.ID, "set x=7")
-	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
-		t.Fatal(err)
-	}
+	sb := h.pausedWith("x=7")
 	h.rt.takeSuspendLog()
 	restores := h.rt.restores
 	snap, err := h.m.Snapshot(ctx, project, sb.ID, map[string]string{"k": "v"})
