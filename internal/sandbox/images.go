@@ -35,7 +35,13 @@ func (m *Manager) saveSnapshot(ctx context.Context, sb pandastack.Sandbox, snapI
 // other: the resume removes the paused image, a snapshot's delete its own.
 func (m *Manager) savePausedSnapshot(ctx context.Context, id, snapID string) (int64, bool, error) {
 	staged := filepath.Join(m.cfg.SnapshotDir, ".tmp-"+snapID+"-sealed")
-	if err := imagestore.LinkTree(m.pausedPath(id), staged); err != nil {
+	err := imagestore.LinkTree(m.pausedPath(id), staged)
+	if err == nil {
+		// The links' directory entries (the files' bytes were synced when
+		// the sandbox paused, so their fsyncs find nothing to write).
+		err = imagestore.SyncTree(staged)
+	}
+	if err != nil {
 		os.RemoveAll(staged)
 		return 0, false, storageError(err, "no snapshot was taken")
 	}
