@@ -168,7 +168,8 @@ func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count in
 // node or by an image this process did not write (one a restart found:
 // its resume verifies it first), or is claimed for something else right
 // now (a resume, a kill): the caller then takes the usual path, through a
-// resume. A pause still stopping its container is waited for.
+// resume. A pause still stopping its container, and another read of the
+// image (a fork or snapshot of it), are waited for.
 func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pandastack.Sandbox, _ manifest, release func(), ok bool) {
 	for {
 		sb, err := m.store.GetSandbox(ctx, projectID, id)
@@ -178,8 +179,9 @@ func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pand
 		if m.sbx.begin(id, phaseReadingImage) == nil {
 			break
 		}
-		// Recorded paused just before its container stops: wait for that.
-		if !m.sbx.waitOut(ctx, id, phasePausing, phaseSuspending) || ctx.Err() != nil {
+		// Recorded paused just before its container stops, or another
+		// fork or snapshot reading the image: wait for that.
+		if !m.sbx.waitOut(ctx, id, phasePausing, phaseSuspending, phaseReadingImage) || ctx.Err() != nil {
 			return sb, manifest{}, nil, false
 		}
 	}
@@ -264,9 +266,10 @@ func dirSize(dir string) int64 {
 }
 
 // logFork logs a fork's breakdown: whether the parent was paused (its
-// paused image restored: no hold, no checkpoint), the wait for the parent's spares
-// (holdForFork) and how many ready ones it shut down, the parent's checkpoint (with the wait for its quiet), the
-// image's size, the children's restores as a whole, how many children
+// paused image restored: no hold, no checkpoint), the wait for the
+// parent's spares (holdForFork) and how many ready ones it shut down, the
+// parent's checkpoint (with the wait for its quiet), the image's size,
+// the children's restores as a whole, how many children
 // restored into a container prepared for creates (standby.go), and the
 // median child's steps (restore_ms: the network and runsc restore;
 // agent_ms: the new session's hello; setup_ms: resolver and trust store;

@@ -241,3 +241,44 @@ func (h *harness) pausedWith(kv string) pandastack.Sandbox {
 	}
 	return sb
 }
+
+// Two forks of one paused sandbox at once: the second waits for the
+// first's read of the image, then reads it too; neither resumes it.
+func TestConcurrentForksOfAPausedSandbox(t *testing.T) {
+	h := newHarness(t)
+	parent := h.pausedWith("k=v1")
+	inRestore, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.rt.restoreErr = func(spec pandastack.RuntimeSpec) error {
+		first := false
+		once.Do(func() { first = true; close(inRestore) })
+		if first {
+			h.rt.mu.Unlock()
+			<-release
+			h.rt.mu.Lock()
+		}
+		return nil
+	}
+	errs := make(chan error, 2)
+	fork := func() {
+		_, err := h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil)
+		errs <- err
+	}
+	go fork()
+	<-inRestore
+	go fork()
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := h.record(parent.ID); r.State != pandastack.StatePaused {
+		t.Fatalf("the parent after two forks is %s, want paused", r.State)
+	}
+	l := h.logs.with("sandbox forked")
+	if len(l) != 2 || !strings.Contains(l[0], "paused=true") || !strings.Contains(l[1], "paused=true") {
+		t.Fatalf("fork log lines %q, want two forks of the paused image", l)
+	}
+}
