@@ -212,6 +212,32 @@ def test_pause_resume(sandbox):
     assert sandbox.exec("echo alive").stdout == "alive\n"
 
 
+def test_paused_sandbox_forks_and_snapshots_without_waking(sandbox):
+    sandbox.files.write("kept.txt", "before the pause")
+    try:
+        sandbox.pause()
+    except NotFoundError as e:
+        if e.message.startswith(NO_ROUTE):
+            no_endpoint(e)
+        raise
+    kids = sandbox.fork(1, ttl_seconds=60)
+    try:
+        assert kids[0].state == "running"
+        assert kids[0].files.read_text("kept.txt") == "before the pause"
+    finally:
+        kids[0].kill()
+    assert sandbox.refresh().state == "paused"
+    sid = sandbox.snapshot()
+    try:
+        assert sandbox.refresh().state == "paused"
+        with Sandbox.create(snapshot_id=sid, ttl_seconds=60) as restored:
+            assert restored.files.read_text("kept.txt") == "before the pause"
+    finally:
+        Sandbox.delete_snapshot(sid)
+    sandbox.resume()
+    assert sandbox.files.read_text("kept.txt") == "before the pause"
+
+
 def test_auto_resume(server):
     with Sandbox.create(ttl_seconds=120, auto_resume=True) as sb:
         assert sb.auto_resume is True

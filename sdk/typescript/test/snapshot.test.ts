@@ -111,6 +111,15 @@ test("snapshots, fork, pause/resume", async (t) => {
     if (!paused) return;
     assert.equal(sb.state, "paused");
     await assert.rejects(ctx.runCode("secret"), ConflictError);
+    // A fork of the paused sandbox starts from its paused image; the
+    // sandbox stays paused.
+    const [kid] = await sb.fork(1, { ttlSeconds: 60 });
+    try {
+      assert.equal((await kid!.runCode("secret", { context: ctx.id })).text, "21");
+    } finally {
+      await kid!.kill();
+    }
+    assert.equal((await sb.getInfo()).state, "paused");
     await sb.resume();
     assert.equal(sb.state, "running");
     assert.equal((await ctx.runCode("secret")).text, "21");
