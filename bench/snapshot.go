@@ -128,9 +128,10 @@ const (
 
 // readyForks forks, into one child, a parent that has been left alone long
 // enough to start its spare kernel again and finish its warm-up: what a
-// user who forks a sandbox they set up a while ago meets. The other fork
-// series fork a parent whose every round ends before its spare's refill
-// has, so their images hold none. Each side keeps one parent; before every
+// user who forks a sandbox they set up a while ago meets. In the other
+// fork series the parent's refill need not come between rounds (since
+// session 34 the server paces it), so their images may hold none. Each
+// side keeps one parent; before every
 // round the bench waits until both parents hold two kernels and use no CPU
 // (the spare's start done), then forks each, the sides taking turns first.
 func (b *bench) readyForks(ctx context.Context) error {
@@ -176,10 +177,11 @@ func (b *bench) readyForks(ctx context.Context) error {
 
 // suspendedForks (the paused section) forks, into one child, a parent
 // suspended for idleness (idle_timeout_seconds 1): what an agent meets
-// that forks a sandbox it left alone for a while. Each side keeps one parent; every round sets a
-// fresh token in it (which resumes it), waits until it is suspended again
-// and its container stopped, then forks it, the sides taking turns first.
-// After each fork the bench notes whether the parent is still suspended.
+// that forks a sandbox it left alone for a while. Each side keeps one
+// parent; every round sets a fresh token in it (which resumes it), waits
+// until it is suspended again and its container stopped, then forks it,
+// the sides taking turns first, and notes whether the parent is still
+// suspended. Then, once it is suspended again, it snapshots it.
 func (b *bench) suspendedForks(ctx context.Context) error {
 	sides := []*forkSide{newForkSide(b.pool, " (parent suspended)")}
 	if b.baseline != nil {
