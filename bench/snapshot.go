@@ -32,11 +32,7 @@ func (b *bench) forks(ctx context.Context) error {
 		return err
 	}
 	for r := range b.set.Rounds {
-		order := slices.Clone(sides)
-		if r%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, sd := range order {
+		for _, sd := range turnOrder(sides, r) {
 			for k := range forkCounts {
 				if err := sd.fork(ctx, forkCounts[(r+k)%len(forkCounts)]); err != nil {
 					return err
@@ -91,11 +87,7 @@ func (b *bench) freshForks(ctx context.Context) error {
 		sd.counts = []int{freshForkCount}
 	}
 	for r := range min(b.set.Rounds, 5) {
-		order := slices.Clone(sides)
-		if r%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, sd := range order {
+		for _, sd := range turnOrder(sides, r) {
 			parent, _, err := sd.s.createAndRun(ctx)
 			if err != nil {
 				if parent != nil {
@@ -158,11 +150,7 @@ func (b *bench) readyForks(ctx context.Context) error {
 				ready[i]++
 			}
 		}
-		order := slices.Clone(sides)
-		if r%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, sd := range order {
+		for _, sd := range turnOrder(sides, r) {
 			if err := sd.fork(ctx, 1); err != nil {
 				return err
 			}
@@ -220,11 +208,7 @@ func (b *bench) suspendedForks(ctx context.Context) error {
 	snaps := map[*forkSide][]float64{}
 	snapStayed := map[*forkSide]int{}
 	for r := range b.set.Rounds {
-		order := slices.Clone(sides)
-		if r%2 == 1 {
-			slices.Reverse(order)
-		}
-		for _, sd := range order {
+		for _, sd := range turnOrder(sides, r) {
 			if err := sd.fork(ctx, 1); err != nil {
 				return err
 			}
@@ -286,6 +270,16 @@ const (
 	spareWait     = 90 * time.Second
 	spareQuietCPU = 30 // ms of CPU in a second
 )
+
+// turnOrder is the order the sides go in round r: each goes first every
+// other round, so that neither always follows the other.
+func turnOrder(sides []*forkSide, r int) []*forkSide {
+	order := slices.Clone(sides)
+	if r%2 == 1 {
+		slices.Reverse(order)
+	}
+	return order
+}
 
 // forkCounts are the children of the section's forks.
 var forkCounts = []int{1, 4, 8}
