@@ -22,3 +22,14 @@ func TestParseCPUTimes(t *testing.T) {
 		t.Errorf("stealPercent without times: %q, want empty", got)
 	}
 }
+
+// versionList names the host kernel's pieces in a stable order.
+func TestVersionList(t *testing.T) {
+	got := versionList(map[string]string{"pyzmq": "26.2.0", "python": "3.11.2", "ipykernel": "6.29.5"})
+	if want := "ipykernel 6.29.5, python 3.11.2, pyzmq 26.2.0"; got != want {
+		t.Fatalf("versionList = %q, want %q", got, want)
+	}
+	if got := versionList(nil); got != "" {
+		t.Fatalf("versionList(nil) = %q", got)
+	}
+}

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -21,6 +23,7 @@ type hostKernel struct {
 	lines     chan string
 	stderr    *logBuffer
 	kernelPID int
+	versions  string // what it runs (versionList), for the report
 	done      chan struct{}
 }
 
@@ -69,14 +72,26 @@ func startHostKernel(ctx context.Context, python string) (_ *hostKernel, err err
 		return nil, err
 	}
 	var hello struct {
-		Ready     bool `json:"ready"`
-		KernelPID int  `json:"kernel_pid"`
+		Ready     bool              `json:"ready"`
+		KernelPID int               `json:"kernel_pid"`
+		Versions  map[string]string `json:"versions"`
 	}
 	if json.Unmarshal([]byte(line), &hello) != nil || !hello.Ready {
 		return nil, fmt.Errorf("host kernel: unexpected first line %q", line)
 	}
 	h.kernelPID = hello.KernelPID
+	h.versions = versionList(hello.Versions)
 	return h, nil
+}
+
+// versionList renders the host kernel's versions as "python 3.11.2,
+// ipykernel 6.29.5, …", sorted by name; "" when there are none.
+func versionList(v map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(v)) {
+		parts = append(parts, k+" "+v[k])
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (h *hostKernel) read(ctx context.Context, limit time.Duration) (string, error) {

@@ -15,11 +15,24 @@ import time
 from jupyter_client.manager import start_new_kernel
 
 
+def versions():
+    """What the host baseline runs: its figure moves with these."""
+    from importlib import metadata
+
+    out = {"python": sys.version.split()[0]}
+    for dist in ("ipykernel", "jupyter_client", "pyzmq"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "none"
+    return out
+
+
 def main():
     km, kc = start_new_kernel(kernel_name="python3", startup_timeout=120)
     try:
         pid = getattr(km.provisioner, "pid", None)
-        print(json.dumps({"ready": True, "kernel_pid": pid}), flush=True)
+        print(json.dumps({"ready": True, "kernel_pid": pid, "versions": versions()}), flush=True)
         for line in sys.stdin:
             line = line.strip()
             if not line or line == "quit":

@@ -338,6 +338,9 @@ func printTable(rep *Report) {
 	m := rep.Machine
 	fmt.Printf("Machine: %s cores (%s), %s RAM, kernel %s, runsc %s; load average %s at start, %s at end; %s%% of the CPU time taken by the hypervisor (steal) during the run; %s other gVisor sandboxes running at start.\n\n",
 		m["cores"], m["cpu"], m["memory"], m["kernel"], m["runsc"], m["loadavg_start"], m["loadavg_end"], m["cpu_steal_percent"], m["other_gvisor_sandboxes_at_start"])
+	if v := m["host_kernel"]; v != "" {
+		fmt.Printf("The host kernel of the baselines runs %s.\n\n", v)
+	}
 	fmt.Printf("| measurement | median | p95 | n | target |\n| --- | --- | --- | --- | --- |\n")
 	for _, s := range rep.Results {
 		tgt := ""

@@ -106,6 +106,7 @@ func (b *bench) recipes(ctx context.Context, python string) error {
 		return err
 	}
 	defer hk.close()
+	b.rep.Machine["host_kernel"] = hk.versions
 	if _, _, err := hk.run(ctx, hostWarmup); err != nil {
 		return fmt.Errorf("host kernel warm-up: %w", err)
 	}

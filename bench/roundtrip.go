@@ -32,6 +32,7 @@ func (b *bench) runCode(ctx context.Context, python string) error {
 		return err
 	}
 	defer hk.close()
+	b.rep.Machine["host_kernel"] = hk.versions
 	var inside, baseInside []float64 // the Execution's duration_ms: the agent's own view
 	apiOn := func(s *server, id string, inside *[]float64) func() (float64, error) {
 		return func() (float64, error) {
