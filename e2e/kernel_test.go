@@ -290,6 +290,36 @@ print(len(kids), err.errno if err else None)`, 600)
 	})
 }
 
+// TestMemoryKillSparesAStillKernel: a command that fills the sandbox's
+// memory is the one killed, though a kernel holding a large value is the
+// larger tree: the watch kills the tree that grows, and the kernel keeps
+// its variables.
+func TestMemoryKillSparesAStillKernel(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb, cc := codeSandbox(t, s)
+	// About 500 MiB with the kernel's own, of the sandbox's 1024: more
+	// than half of what is used when the command brings it to the
+	// watch's pressure level, where the largest tree used to be killed.
+	if ex := run(t, c, sb, cc, "held = b'h' * (350 << 20)\nlen(held)", 120); ex.Error != nil || ex.Text != "367001600" {
+		t.Fatalf("holding 350 MiB: %+v", ex)
+	}
+	res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"python3", "-c", "a = []\nwhile True:\n    a.append(b'x' * 50_000_000)"}, TimeoutSeconds: 300})
+	if err != nil {
+		t.Fatalf("exec: %v", err)
+	}
+	if res.ExitCode != -1 || res.Signal != "SIGKILL" || !strings.Contains(res.Stderr, "pandastack: out_of_memory: ") || !strings.Contains(res.Stderr, "this command") || !strings.Contains(res.Stderr, "the one growing") {
+		t.Fatalf("command filling the memory: exit %v, signal %q, stderr %q; want killed as the tree that grows", res.ExitCode, res.Signal, res.Stderr)
+	}
+	if ex := run(t, c, sb, cc, "len(held)", 60); ex.Error != nil || ex.Text != "367001600" {
+		t.Fatalf("the kernel after the command was killed: %+v; want its variable kept", ex)
+	}
+	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != "running" {
+		t.Fatalf("sandbox after a command filled its memory: %+v %v", got, err)
+	}
+}
+
 // TestKillDuringRun: a run cut off by DELETE says it was killed, and by
 // then the sandbox no longer says running.
 func TestKillDuringRun(t *testing.T) {

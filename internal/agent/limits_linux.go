@@ -269,6 +269,9 @@ type memWatch struct {
 	// used and at are the sandbox's memory at the last look, and when.
 	used int64
 	at   time.Time
+	// looks are the trees' sizes at the looks of the last memGrowWindow
+	// with the sandbox's memory past a kernel's limit, oldest first.
+	looks []unitLook
 	// meminfo replaces the reads of /proc/meminfo in tests.
 	meminfo func() (memInfo, error)
 }
@@ -391,20 +394,81 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 		}
 	}
 	w.used, w.at = used, now
-	if used <= pressure || now.Sub(w.killedAt) < memKillGrace {
+	if used <= perKernel || now.Sub(w.killedAt) < memKillGrace {
+		w.looks = nil // what grew before a kill, or long ago, says nothing now
 		return grew
+	}
+	// Close to the pressure level: the trees' sizes are kept for a while,
+	// to see which one grows (memGrowth). A scan of /proc costs, so at
+	// most one every memGrowSample below the level.
+	if used <= pressure && len(w.looks) > 0 && now.Sub(w.looks[len(w.looks)-1].at) < memGrowSample {
+		return grew
+	}
+	units := cs.memUnits(procs, pf)
+	seen := w.growth(units, now)
+	if used <= pressure {
+		return grew
+	}
+	if !seen && used < pressure+(total-pressure)/2 {
+		// Just past the level with no earlier look to tell the grower by:
+		// the next look, one busy period on (the sandbox's memory grew,
+		// see memWatchPace), tells.
+		return memWatchGrowth
 	}
 	// Nearly out as a whole: gVisor's host would stop the whole sandbox
 	// soon, every context with it, so the watch is the sandbox's
 	// out-of-memory killer (memVictim).
-	v := memVictim(cs.memUnits(procs, pf), used, mi.anon, mi.shmem, perKernel, pressure)
+	v := memVictim(units, used, mi.anon, mi.shmem, perKernel, pressure)
 	if v == nil {
 		return grew
 	}
-	log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
-	v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.what, v.rss>>20))
+	if v.grew >= memGrowerMin {
+		log.Warn("sandbox nearly out of memory; killing the process tree that grows", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "grew_mib", v.grew>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
+		v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the one growing (by %d MiB in the last second, to %d MiB), was killed", total>>20, used>>20, v.what, v.grew>>20, v.rss>>20))
+	} else {
+		log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
+		v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.what, v.rss>>20))
+	}
 	w.killedAt = time.Now() // a kill can take a while: the grace starts after it
+	w.looks = nil
 	return grew
+}
+
+// The watch tells which tree grows by its sizes over the last
+// memGrowWindow, taken while the sandbox's memory is past a kernel's
+// limit: a tree that grew by memGrowerMin or more is killed before a
+// larger one that holds still (memVictim), so a kernel holding a large
+// frame survives the command that fills the rest of the sandbox.
+const (
+	memGrowWindow = time.Second
+	memGrowSample = 100 * time.Millisecond
+	memGrowerMin  = 16 << 20
+)
+
+// unitLook is the size of each tree (by memUnit.key) at one look.
+type unitLook struct {
+	at  time.Time
+	rss map[int64]int64
+}
+
+// growth sets each unit's grew, from the earliest look kept within
+// memGrowWindow (a tree not in it grew by all it holds), and keeps this
+// look. seen is false when there was no earlier look to compare with.
+func (w *memWatch) growth(units []memUnit, now time.Time) (seen bool) {
+	w.looks = slices.DeleteFunc(w.looks, func(l unitLook) bool { return now.Sub(l.at) > memGrowWindow })
+	if len(w.looks) > 0 {
+		seen = true
+		first := w.looks[0].rss
+		for i := range units {
+			units[i].grew = units[i].rss - first[units[i].key]
+		}
+	}
+	l := unitLook{at: now, rss: make(map[int64]int64, len(units))}
+	for _, u := range units {
+		l.rss[u.key] = u.rss
+	}
+	w.looks = append(w.looks, l)
+	return seen
 }
 
 // memUnit is a process tree the watch may kill when the sandbox nearly
@@ -413,16 +477,22 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 type memUnit struct {
 	what string // "kernel", or the owner's kind
 	pid  int    // the tree's first process, for the log
+	key  int64  // the tree's mark, or minus its kernel's pid: the same from look to look
 	rss  int64
+	grew int64 // over the last memGrowWindow (memWatch.growth)
 	kill func(why string)
 }
 
 // memVictim picks, in a sandbox past its pressure level, the process tree
-// to kill: the largest (a kernel with what its cells started, an exec, a
-// background process, a terminal, or what one of those left behind),
-//   - if it holds at least half of what is used, and what gVisor cannot
-//     give back (anon, see memInfo) is past floor (a kernel's limit): a
-//     kernel reading a large file fills the file cache, which gVisor
+// to kill. First the one that grows: the tree that grew the most over the
+// last memGrowWindow, by memGrowerMin or more, once what gVisor cannot
+// give back (anon, see memInfo) is past floor (a kernel's limit): it is
+// what brings the sandbox to its limit, and a kernel that holds still
+// keeps its variables. Otherwise the largest (a kernel with what its
+// cells started, an exec, a background process, a terminal, or what one
+// of those left behind),
+//   - if it holds at least half of what is used, and anon is past floor:
+//     a kernel reading a large file fills the file cache, which gVisor
 //     drops as it needs room;
 //   - or else once anon is past the pressure level too, if the tree holds
 //     at least a quarter of what a kill could free (anon without the files
@@ -435,15 +505,20 @@ type memUnit struct {
 // would free, or many trees each holding a little, and the sandbox may
 // level off below its limit: the watch waits.
 func memVictim(units []memUnit, used, anon, shmem, floor, pressure int64) *memUnit {
-	var v *memUnit
+	var v, g *memUnit
 	for i := range units {
 		if v == nil || units[i].rss > v.rss {
 			v = &units[i]
+		}
+		if g == nil || units[i].grew > g.grew {
+			g = &units[i]
 		}
 	}
 	switch {
 	case v == nil:
 		return nil
+	case g.grew >= memGrowerMin && anon > floor:
+		return g
 	case v.rss >= used/2 && anon > floor:
 		return v
 	case anon > pressure && v.rss >= (anon-shmem)/4:
@@ -469,8 +544,9 @@ func (cs *Contexts) memUnits(procs []*kernelProc, pf *procFiles) []memUnit {
 	})
 	var units []memUnit
 	for _, k := range procs {
-		u := memUnit{what: "kernel", pid: k.Pid(), kill: k.killForMemory}
+		u := memUnit{what: "kernel", pid: k.Pid(), key: -int64(k.Pid()), kill: k.killForMemory}
 		if m := k.p.Mark; m != 0 {
+			u.key = int64(m)
 			u.rss = byMark[m]
 			delete(byMark, m)
 		} else {
@@ -486,13 +562,13 @@ func (cs *Contexts) memUnits(procs []*kernelProc, pf *procFiles) []memUnit {
 	cs.mu.Lock()
 	for m, o := range cs.owners {
 		if n, ok := byMark[m]; ok {
-			units = append(units, memUnit{what: o.what, pid: first[m], rss: n, kill: o.killForMemory})
+			units = append(units, memUnit{what: o.what, pid: first[m], key: int64(m), rss: n, kill: o.killForMemory})
 			delete(byMark, m)
 		}
 	}
 	cs.mu.Unlock()
 	for m, n := range byMark {
-		units = append(units, memUnit{what: "process tree", pid: first[m], rss: n, kill: func(string) { KillTree(0, m) }})
+		units = append(units, memUnit{what: "process tree", pid: first[m], key: int64(m), rss: n, kill: func(string) { KillTree(0, m) }})
 	}
 	return units
 }

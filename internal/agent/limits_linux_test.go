@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -180,6 +181,12 @@ func TestMemVictim(t *testing.T) {
 		// Files in memory: a quarter of what a kill could free is enough.
 		{[]memUnit{{what: "a", rss: 100 * mib}, {what: "b", rss: 90 * mib}}, 1100 * mib, 1000 * mib, 700 * mib, "a"},
 		{nil, 1100 * mib, 1000 * mib, 0, ""},
+		// A tree that grows goes before a larger one that holds still,
+		// once what is held is past the floor.
+		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, grew: 200 * mib}}, 900 * mib, 850 * mib, 0, "command"},
+		{[]memUnit{{what: "kernel", rss: 500 * mib, grew: 2 * mib}, {what: "command", rss: 300 * mib, grew: 40 * mib}, {what: "terminal", rss: 50 * mib, grew: 30 * mib}}, 900 * mib, 850 * mib, 0, "command"},
+		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, grew: 200 * mib}}, 900 * mib, 600 * mib, 0, ""},     // file cache
+		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, grew: 8 * mib}}, 900 * mib, 850 * mib, 0, "kernel"}, // noise: the largest
 	} {
 		v := memVictim(c.units, c.used, c.anon, c.shmem, floor, pressure)
 		if got := ""; v != nil {
@@ -325,6 +332,86 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 	}
 	if w := smallWhy.Load(); w != nil {
 		t.Fatalf("the smaller process was told %q", *w)
+	}
+}
+
+// TestMemoryWatchKillsTheTreeThatGrows: a smaller tree that grew since
+// the watch's earlier look is killed, and told why, before a larger one
+// that held still (a kernel with its variables, say); with no earlier look
+// just past the level, the watch waits one look to tell.
+func TestMemoryWatchKillsTheTreeThatGrows(t *testing.T) {
+	if !runningAsRoot() {
+		t.Skip("needs root: only root marks the trees it starts")
+	}
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("needs python3 to hold memory")
+	}
+	cs := testContexts()
+	start := func(what, code string) (*Process, *atomic.Pointer[string]) {
+		p, err := (*Reaper)(nil).Start(py, []string{"python3", "-c", code}, &os.ProcAttr{Sys: procAttr(true)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var why atomic.Pointer[string]
+		release := cs.guardMemory(p.Mark, what, false, discardLogger(), func(w string) { why.Store(&w) }, func() { KillTree(p.Pid, p.Mark) })
+		t.Cleanup(func() { release(); KillTree(p.Pid, p.Mark) })
+		return p, &why
+	}
+	holding := func(p *Process, n int64) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			st, _ := readStatus(strconv.Itoa(p.Pid))
+			if st.rss > n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("process %d never held %d MiB: %+v", p.Pid, n>>20, st)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	big, bigWhy := start("background process", "import time\nx = b'a' * (96 << 20)\ntime.sleep(120)")
+	// It takes 64 MiB when told (SIGUSR1).
+	grower, growerWhy := start("command", "import signal, time\nx = []\nsignal.signal(signal.SIGUSR1, lambda *a: x.append(b'a' * (64 << 20)))\nwhile True:\n    time.sleep(0.01)")
+	holding(big, 90<<20)
+	time.Sleep(200 * time.Millisecond) // the grower's Python up and holding still
+	const total, floor, pressure = 256 << 20, 120 << 20, 160 << 20
+	var mi memInfo
+	w := memWatch{meminfo: func() (memInfo, error) { return mi, nil }}
+	defer w.pf.close()
+	look := func(used, anon int64) {
+		mi = memInfo{total: total, avail: total - used, anon: anon}
+		cs.checkMemory(&w, total, floor, pressure, discardLogger())
+	}
+	// Just past the level, no earlier look: nothing is killed yet.
+	look(170<<20, 170<<20)
+	select {
+	case st := <-big.Done:
+		t.Fatalf("the larger process was killed at the first look: %v", st)
+	case st := <-grower.Done:
+		t.Fatalf("the command was killed at the first look: %v", st)
+	case <-time.After(300 * time.Millisecond):
+	}
+	syscall.Kill(grower.Pid, syscall.SIGUSR1)
+	holding(grower, 64<<20)
+	look(200<<20, 200<<20)
+	select {
+	case <-grower.Done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the tree that grew was not killed")
+	}
+	if w := growerWhy.Load(); w == nil || !strings.HasPrefix(*w, "out_of_memory: ") || !strings.Contains(*w, "this command") || !strings.Contains(*w, "the one growing") {
+		t.Fatalf("the command was told %v, want out_of_memory naming it as the one growing", w)
+	}
+	select {
+	case st := <-big.Done:
+		t.Fatalf("the larger process that held still was killed too: %v", st)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if w := bigWhy.Load(); w != nil {
+		t.Fatalf("the larger process was told %q", *w)
 	}
 }
 
