@@ -168,7 +168,7 @@ func (t *table) quiesce(id string, p phase, what string) error {
 		e = t.entries[id]
 	}
 	if e != nil && e.inflight > 0 {
-		return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s), upload(s) or terminal(s) running; %s once they finish (snapshots never wait for work)", id, e.inflight, what)
+		return inFlightError(id, e.inflight, what)
 	}
 	switch {
 	case t.closed:
@@ -179,6 +179,24 @@ func (t *table) quiesce(id string, p phase, what string) error {
 		return busyError(id, e.phase)
 	}
 	e.setPhase(p)
+	return nil
+}
+
+// inFlightError is quiesce's refusal for n pieces of work in flight.
+func inFlightError(id string, n int, what string) error {
+	return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s), upload(s) or terminal(s) running; %s once they finish (snapshots never wait for work)", id, n, what)
+}
+
+// refusesQuiesce is the refusal quiesce would give now for work in flight
+// other than terminals (for which it waits a while), or nil: for a caller
+// with something to undo after a refusal to ask first. The work may start
+// or end just after.
+func (t *table) refusesQuiesce(id, what string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.entries[id]; e != nil && e.inflight > e.terminals {
+		return inFlightError(id, e.inflight, what)
+	}
 	return nil
 }
 

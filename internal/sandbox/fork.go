@@ -45,6 +45,12 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	if err := ValidateMetadata(metadata); err != nil {
 		return nil, err
 	}
+	// Asked before the hold, which shuts the parent's ready spares down:
+	// a fork refused for a command or cell under way would cost the
+	// parent its spare for nothing.
+	if err := m.sbx.refusesQuiesce(id, "fork it"); err != nil {
+		return nil, err
+	}
 	tHold, heldAt := time.Now(), m.now()
 	held, released := m.holdForFork(ctx, id)
 	if held != nil {

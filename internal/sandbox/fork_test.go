@@ -76,6 +76,33 @@ func TestForkHoldsTheParentsSpares(t *testing.T) {
 	}
 }
 
+// A fork refused for work in flight (a command, a cell) leaves the
+// parent's spares alone: no hold, which would shut the ready ones down.
+func TestForkRefusedForWorkKeepsTheSpares(t *testing.T) {
+	h := newHarness(t)
+	h.m.cfg.UnpacedRefills = true
+	parent := h.create()
+	h.rt.takeSuspendLog()
+	_, done, err := h.m.Acquire(context.Background(), project, parent.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil); !pandastack.IsCode(err, pandastack.EConflict) || !strings.Contains(err.Error(), "running") {
+		t.Fatalf("fork with a command under way: %v, want conflict", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if got := h.rt.takeSuspendLog(); len(got) != 0 {
+		t.Fatalf("a refused fork: the parent's agent saw %q, want nothing", got)
+	}
+	done()
+	if _, err := h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil); err != nil {
+		t.Fatalf("fork once the command ended: %v", err)
+	}
+	if got := h.rt.takeSuspendLog(); len(got) == 0 || got[0] != "hold "+parent.ID+" wait_ms=5000 release=1" {
+		t.Fatalf("the fork after: the parent's agent saw %q, want a hold first", got)
+	}
+}
+
 // Where refills are paced, a fork hands its hold of the parent's spares to
 // the pacer, which ends it in its turn, before the children's holds (their
 // hellos', taken after it), once the host is quiet; the fork's log line
