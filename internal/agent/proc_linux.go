@@ -283,7 +283,7 @@ func killTree(pid int, mark uint32, keep []int) {
 		}
 		// Root's processes that carry the mark (a root exec's daemon):
 		// the freeze read the user's alone.
-		killMarkedUntil(mark, keep, time.Now().Add(freezeBudget))
+		killMarkedUntil(mark, keep, time.Now().Add(afterFreezeBudget))
 		return
 	}
 	killFound()
@@ -410,19 +410,39 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
 
 // continueAll sends SIGCONT to each living process whose real uid is uid:
 // not to every process the caller may signal (kill -1), which for SIGCONT
-// is also every process of its session, root's included.
-// A second pass catches a process whose status could not be read in the
-// first (one in the middle of an exec, say): none may stay stopped.
+// is also every process of its session, root's included. It lists them
+// first, while they are all still stopped (a scan of /proc then takes
+// milliseconds; one that continued each process as it went took a minute
+// while a fork bomb of the user's ran on, each continued process forking
+// beside the scan), and continues each; then a second scan, within
+// continueRecheck, continues any process of the user still stopped (one
+// whose status could not be read in the first, in the middle of an exec,
+// say).
 func continueAll(uid int) {
 	want := strconv.Itoa(uid)
-	for range 2 {
-		scanStatus(time.Time{}, func(pid int, st procStatus) {
-			if st.ruid == want && st.living() {
-				syscall.Kill(pid, syscall.SIGCONT)
-			}
-		})
+	var pids []int
+	scanStatus(time.Time{}, func(pid int, st procStatus) {
+		if st.ruid == want && st.living() {
+			pids = append(pids, pid)
+		}
+	})
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGCONT)
 	}
+	scanStatus(time.Now().Add(continueRecheck), func(pid int, st procStatus) {
+		if st.ruid == want && st.living() && st.stopped() {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	})
 }
+
+// continueRecheck bounds continueAll's second scan.
+const continueRecheck = time.Second
+
+// afterFreezeBudget bounds the search for root's processes that carry the
+// mark after a freeze: without a bomb running it takes milliseconds; with
+// one, a scan of /proc may never end, and the caller waits for the kill.
+const afterFreezeBudget = 2 * time.Second
 
 // freezeBudget bounds a freeze (killMarkedFrozen): its stops until every
 // process of the user is and its kills of those that carry the mark.
