@@ -436,9 +436,9 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 
 // The watch tells which tree grows by its sizes over the last
 // memGrowWindow, taken while the sandbox's memory is past a kernel's
-// limit: a tree that grew by memGrowerMin or more is killed before a
-// larger one that holds still (memVictim), so a kernel holding a large
-// frame survives the command that fills the rest of the sandbox.
+// limit: when a tree must go, one that grew by memGrowerMin or more goes
+// before a larger one that holds still (memVictim), so a kernel holding a
+// large frame survives the command that fills the rest of the sandbox.
 const (
 	memGrowWindow = time.Second
 	memGrowSample = 100 * time.Millisecond
@@ -484,16 +484,13 @@ type memUnit struct {
 }
 
 // memVictim picks, in a sandbox past its pressure level, the process tree
-// to kill. First the one that grows: the tree that grew the most over the
-// last memGrowWindow, by memGrowerMin or more, once what gVisor cannot
-// give back (anon, see memInfo) is past floor (a kernel's limit): it is
-// what brings the sandbox to its limit, and a kernel that holds still
-// keeps its variables. Otherwise the largest (a kernel with what its
-// cells started, an exec, a background process, a terminal, or what one
-// of those left behind),
-//   - if it holds at least half of what is used, and anon is past floor:
-//     a kernel reading a large file fills the file cache, which gVisor
-//     drops as it needs room;
+// to kill, if it is time to kill one: when the largest (a kernel with what
+// its cells started, an exec, a background process, a terminal, or what
+// one of those left behind)
+//   - holds at least half of what is used, and what gVisor cannot give
+//     back (anon, see memInfo) is past floor (a kernel's limit): a kernel
+//     reading a large file fills the file cache, which gVisor drops as it
+//     needs room;
 //   - or else once anon is past the pressure level too, if the tree holds
 //     at least a quarter of what a kill could free (anon without the files
 //     in memory, shmem): in a sandbox with several kernels (each a
@@ -503,7 +500,13 @@ type memUnit struct {
 //
 // Short of that, what is used may be file cache, files in memory no kill
 // would free, or many trees each holding a little, and the sandbox may
-// level off below its limit: the watch waits.
+// level off below its limit: the watch waits. The tree killed is then the
+// one that grew the most over the last memGrowWindow, if by memGrowerMin
+// or more: it is what brings the sandbox to its limit, and a larger tree
+// that holds still (a kernel and its variables) lives on. Otherwise the
+// largest. The growth picks the tree only, never the moment: a rule that
+// killed the tree growing fastest near the limit, whatever the rest held,
+// killed a kernel starting in a sandbox whose file cache had filled it.
 func memVictim(units []memUnit, used, anon, shmem, floor, pressure int64) *memUnit {
 	var v, g *memUnit
 	for i := range units {
@@ -517,14 +520,15 @@ func memVictim(units []memUnit, used, anon, shmem, floor, pressure int64) *memUn
 	switch {
 	case v == nil:
 		return nil
-	case g.grew >= memGrowerMin && anon > floor:
-		return g
 	case v.rss >= used/2 && anon > floor:
-		return v
 	case anon > pressure && v.rss >= (anon-shmem)/4:
-		return v
+	default:
+		return nil
 	}
-	return nil
+	if g.grew >= memGrowerMin {
+		return g
+	}
+	return v
 }
 
 // memUnits sums the resident memory of each process tree: by mark (every

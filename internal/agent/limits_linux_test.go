@@ -181,12 +181,14 @@ func TestMemVictim(t *testing.T) {
 		// Files in memory: a quarter of what a kill could free is enough.
 		{[]memUnit{{what: "a", rss: 100 * mib}, {what: "b", rss: 90 * mib}}, 1100 * mib, 1000 * mib, 700 * mib, "a"},
 		{nil, 1100 * mib, 1000 * mib, 0, ""},
-		// A tree that grows goes before a larger one that holds still,
-		// once what is held is past the floor.
+		// When one must go, a tree that grows goes before a larger one
+		// that holds still; the growth never makes it time to kill.
 		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, grew: 200 * mib}}, 900 * mib, 850 * mib, 0, "command"},
 		{[]memUnit{{what: "kernel", rss: 500 * mib, grew: 2 * mib}, {what: "command", rss: 300 * mib, grew: 40 * mib}, {what: "terminal", rss: 50 * mib, grew: 30 * mib}}, 900 * mib, 850 * mib, 0, "command"},
 		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, grew: 200 * mib}}, 900 * mib, 600 * mib, 0, ""},     // file cache
 		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, grew: 8 * mib}}, 900 * mib, 850 * mib, 0, "kernel"}, // noise: the largest
+		{[]memUnit{{what: "kernel", rss: 300 * mib}, {what: "command", rss: 300 * mib, grew: 100 * mib}}, 1000 * mib, 850 * mib, 0, ""},    // not yet time
+		{[]memUnit{{what: "kernel", rss: 300 * mib}, {what: "command", rss: 280 * mib, grew: 100 * mib}}, 1000 * mib, 950 * mib, 0, "command"},
 	} {
 		v := memVictim(c.units, c.used, c.anon, c.shmem, floor, pressure)
 		if got := ""; v != nil {
