@@ -452,10 +452,15 @@ type unitLook struct {
 }
 
 // growth sets each unit's grew, from the earliest look kept within
-// memGrowWindow (a tree not in it grew by all it holds), and keeps this
-// look. seen is false when there was no earlier look to compare with.
+// memGrowWindow, or the last one when none is (at the watch's slow pace, a
+// second ago; a tree not in it grew by all it holds), and keeps this look.
+// seen is false when there was no earlier look to compare with.
 func (w *memWatch) growth(units []memUnit, now time.Time) (seen bool) {
-	w.looks = slices.DeleteFunc(w.looks, func(l unitLook) bool { return now.Sub(l.at) > memGrowWindow })
+	if n := len(w.looks); n > 1 {
+		last := w.looks[n-1]
+		w.looks = slices.DeleteFunc(w.looks[:n-1], func(l unitLook) bool { return now.Sub(l.at) > memGrowWindow })
+		w.looks = append(w.looks, last)
+	}
 	if len(w.looks) > 0 {
 		seen = true
 		first := w.looks[0].rss

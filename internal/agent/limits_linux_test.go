@@ -202,6 +202,39 @@ func TestMemVictim(t *testing.T) {
 	}
 }
 
+// growth measures each tree against the earliest look of the last
+// second, or the last look when none is that recent; a tree not seen
+// before grew by all it holds.
+func TestMemGrowth(t *testing.T) {
+	const mib = 1 << 20
+	var w memWatch
+	t0 := time.Now()
+	units := func(rss ...int64) []memUnit {
+		var us []memUnit
+		for i, n := range rss {
+			us = append(us, memUnit{key: int64(i + 1), rss: n})
+		}
+		return us
+	}
+	if w.growth(units(100*mib), t0) {
+		t.Fatal("the first look saw an earlier one")
+	}
+	if u := units(150 * mib); !w.growth(u, t0.Add(500*time.Millisecond)) || u[0].grew != 50*mib {
+		t.Fatalf("second look: %+v", u)
+	}
+	// The first look is now past the window: measured from the second.
+	if u := units(200*mib, 50*mib); !w.growth(u, t0.Add(1200*time.Millisecond)) || u[0].grew != 50*mib || u[1].grew != 50*mib {
+		t.Fatalf("third look: %+v", u)
+	}
+	// Every look past the window: the last one is kept to measure from.
+	if u := units(260*mib, 40*mib); !w.growth(u, t0.Add(5*time.Second)) || u[0].grew != 60*mib || u[1].grew != -10*mib {
+		t.Fatalf("a look seconds later: %+v", u)
+	}
+	if len(w.looks) != 2 {
+		t.Fatalf("%d looks kept, want the last one and this one", len(w.looks))
+	}
+}
+
 // testContexts returns Contexts whose memory watch never starts: the
 // tests call its parts themselves.
 func testContexts() *Contexts {
