@@ -394,25 +394,29 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 		}
 	}
 	w.used, w.at = used, now
-	if used <= perKernel || now.Sub(w.killedAt) < memKillGrace {
+	// Close to a kernel's limit in what gVisor cannot give back (anon, see
+	// memInfo), below which none of memVictim's rules kills, the trees'
+	// sizes are kept for a while, to see which one grows (growth). A scan
+	// of /proc costs, so at most one every memGrowSample below the level,
+	// and none while what is used is file cache.
+	if mi.anon <= perKernel-(pressure-perKernel) || now.Sub(w.killedAt) < memKillGrace {
 		w.looks = nil // what grew before a kill, or long ago, says nothing now
 		return grew
 	}
-	// Close to the pressure level: the trees' sizes are kept for a while,
-	// to see which one grows (memGrowth). A scan of /proc costs, so at
-	// most one every memGrowSample below the level.
 	if used <= pressure && len(w.looks) > 0 && now.Sub(w.looks[len(w.looks)-1].at) < memGrowSample {
 		return grew
 	}
 	units := cs.memUnits(procs, pf)
-	seen := w.growth(units, now)
+	since, seen := w.growth(units, now)
 	if used <= pressure {
 		return grew
 	}
-	if !seen && used < pressure+(total-pressure)/2 {
-		// Just past the level with no earlier look to tell the grower by:
-		// the next look, one busy period on (the sandbox's memory grew,
-		// see memWatchPace), tells.
+	if (!seen || now.Sub(since) < memGrowSample) && used < pressure+(total-pressure)/2 {
+		// Just past the level with no earlier look to tell the grower
+		// by, or one too recent: the looks go on at the busy pace (the
+		// sandbox's memory grew, see memWatchPace) until one is
+		// memGrowSample old, short of the middle between the level and
+		// the sandbox's memory.
 		return memWatchGrowth
 	}
 	// Nearly out as a whole: gVisor's host would stop the whole sandbox
@@ -422,9 +426,10 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 	if v == nil {
 		return grew
 	}
-	if v.grew >= memGrowerMin {
-		log.Warn("sandbox nearly out of memory; killing the process tree that grows", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "grew_mib", v.grew>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
-		v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the one growing (by %d MiB in the last second, to %d MiB), was killed", total>>20, used>>20, v.what, v.grew>>20, v.rss>>20))
+	if v.grew > 0 {
+		over := now.Sub(since).Round(time.Millisecond)
+		log.Warn("sandbox nearly out of memory; killing the process tree that grows", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "grew_mib", v.grew>>20, "over_ms", over.Milliseconds(), "used_mib", used>>20, "anon_mib", mi.anon>>20)
+		v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the one growing (by %d MiB in %s, to %d MiB), was killed", total>>20, used>>20, v.what, v.grew>>20, over, v.rss>>20))
 	} else {
 		log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
 		v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.what, v.rss>>20))
@@ -435,14 +440,14 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 }
 
 // The watch tells which tree grows by its sizes over the last
-// memGrowWindow, taken while the sandbox's memory is past a kernel's
-// limit: when a tree must go, one that grew by memGrowerMin or more goes
-// before a larger one that holds still (memVictim), so a kernel holding a
-// large frame survives the command that fills the rest of the sandbox.
+// memGrowWindow (at least memGrowSample): when a tree must go, one that
+// grows by memGrowerRate or faster goes before a larger one that holds
+// still (memVictim), so a kernel holding a large frame survives the
+// command that fills the rest of the sandbox.
 const (
 	memGrowWindow = time.Second
 	memGrowSample = 100 * time.Millisecond
-	memGrowerMin  = 16 << 20
+	memGrowerRate = 16 << 20 // bytes per second
 )
 
 // unitLook is the size of each tree (by memUnit.key) at one look.
@@ -451,11 +456,12 @@ type unitLook struct {
 	rss map[int64]int64
 }
 
-// growth sets each unit's grew, from the earliest look kept within
-// memGrowWindow, or the last one when none is (at the watch's slow pace, a
-// second ago; a tree not in it grew by all it holds), and keeps this look.
-// seen is false when there was no earlier look to compare with.
-func (w *memWatch) growth(units []memUnit, now time.Time) (seen bool) {
+// growth sets each unit's grew and rate, from the earliest look kept
+// within memGrowWindow, or the last one when none is (at the watch's slow
+// pace, a second ago; a tree not in it grew by all it holds), and keeps
+// this look. since is when that earlier look was; seen is false when there
+// was none.
+func (w *memWatch) growth(units []memUnit, now time.Time) (since time.Time, seen bool) {
 	if n := len(w.looks); n > 1 {
 		last := w.looks[n-1]
 		w.looks = slices.DeleteFunc(w.looks[:n-1], func(l unitLook) bool { return now.Sub(l.at) > memGrowWindow })
@@ -463,9 +469,12 @@ func (w *memWatch) growth(units []memUnit, now time.Time) (seen bool) {
 	}
 	if len(w.looks) > 0 {
 		seen = true
-		first := w.looks[0].rss
+		first := w.looks[0]
+		since = first.at
+		dt := max(now.Sub(since), memGrowSample).Seconds()
 		for i := range units {
-			units[i].grew = units[i].rss - first[units[i].key]
+			units[i].grew = units[i].rss - first.rss[units[i].key]
+			units[i].rate = float64(units[i].grew) / dt
 		}
 	}
 	l := unitLook{at: now, rss: make(map[int64]int64, len(units))}
@@ -473,7 +482,7 @@ func (w *memWatch) growth(units []memUnit, now time.Time) (seen bool) {
 		l.rss[u.key] = u.rss
 	}
 	w.looks = append(w.looks, l)
-	return seen
+	return since, seen
 }
 
 // memUnit is a process tree the watch may kill when the sandbox nearly
@@ -484,7 +493,8 @@ type memUnit struct {
 	pid  int    // the tree's first process, for the log
 	key  int64  // the tree's mark, or minus its kernel's pid: the same from look to look
 	rss  int64
-	grew int64 // over the last memGrowWindow (memWatch.growth)
+	grew int64   // since the watch's earlier look (memWatch.growth)
+	rate float64 // grew per second
 	kill func(why string)
 }
 
@@ -506,19 +516,23 @@ type memUnit struct {
 // Short of that, what is used may be file cache, files in memory no kill
 // would free, or many trees each holding a little, and the sandbox may
 // level off below its limit: the watch waits. The tree killed is then the
-// one that grew the most over the last memGrowWindow, if by memGrowerMin
-// or more: it is what brings the sandbox to its limit, and a larger tree
-// that holds still (a kernel and its variables) lives on. Otherwise the
-// largest. The growth picks the tree only, never the moment: a rule that
-// killed the tree growing fastest near the limit, whatever the rest held,
-// killed a kernel starting in a sandbox whose file cache had filled it.
+// one that grows the fastest, by memGrowerRate or more, if it holds at
+// least a quarter of what a kill could free: it is what brings the sandbox
+// to its limit, and a larger tree that holds still (a kernel and its
+// variables) lives on; a small one just started (a kernel, whose start
+// counts as growth) is not worth a kill that would not free the sandbox.
+// Otherwise the largest. The growth picks the tree only, never the
+// moment: a rule that killed the tree growing fastest near the limit,
+// whatever the rest held, killed a kernel starting in a sandbox whose file
+// cache had filled it. grew is left zero in the tree returned when it is
+// not the one growing.
 func memVictim(units []memUnit, used, anon, shmem, floor, pressure int64) *memUnit {
 	var v, g *memUnit
 	for i := range units {
 		if v == nil || units[i].rss > v.rss {
 			v = &units[i]
 		}
-		if g == nil || units[i].grew > g.grew {
+		if g == nil || units[i].rate > g.rate {
 			g = &units[i]
 		}
 	}
@@ -530,9 +544,10 @@ func memVictim(units []memUnit, used, anon, shmem, floor, pressure int64) *memUn
 	default:
 		return nil
 	}
-	if g.grew >= memGrowerMin {
+	if g.rate >= memGrowerRate && g.rss >= (anon-shmem)/4 {
 		return g
 	}
+	v.grew = 0
 	return v
 }
 

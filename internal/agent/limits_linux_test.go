@@ -181,14 +181,19 @@ func TestMemVictim(t *testing.T) {
 		// Files in memory: a quarter of what a kill could free is enough.
 		{[]memUnit{{what: "a", rss: 100 * mib}, {what: "b", rss: 90 * mib}}, 1100 * mib, 1000 * mib, 700 * mib, "a"},
 		{nil, 1100 * mib, 1000 * mib, 0, ""},
-		// When one must go, a tree that grows goes before a larger one
-		// that holds still; the growth never makes it time to kill.
-		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, grew: 200 * mib}}, 900 * mib, 850 * mib, 0, "command"},
-		{[]memUnit{{what: "kernel", rss: 500 * mib, grew: 2 * mib}, {what: "command", rss: 300 * mib, grew: 40 * mib}, {what: "terminal", rss: 50 * mib, grew: 30 * mib}}, 900 * mib, 850 * mib, 0, "command"},
-		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, grew: 200 * mib}}, 900 * mib, 600 * mib, 0, ""},     // file cache
-		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, grew: 8 * mib}}, 900 * mib, 850 * mib, 0, "kernel"}, // noise: the largest
-		{[]memUnit{{what: "kernel", rss: 300 * mib}, {what: "command", rss: 300 * mib, grew: 100 * mib}}, 1000 * mib, 850 * mib, 0, ""},    // not yet time
-		{[]memUnit{{what: "kernel", rss: 300 * mib}, {what: "command", rss: 280 * mib, grew: 100 * mib}}, 1000 * mib, 950 * mib, 0, "command"},
+		// When one must go, a tree that grows (rates in MiB/s) goes before
+		// a larger one that holds still, if it holds a quarter of what a
+		// kill could free; the growth never makes it time to kill.
+		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, rate: 200 * mib}}, 900 * mib, 850 * mib, 0, "command"},
+		{[]memUnit{{what: "kernel", rss: 500 * mib, rate: 2 * mib}, {what: "command", rss: 300 * mib, rate: 40 * mib}, {what: "terminal", rss: 50 * mib, rate: 30 * mib}}, 900 * mib, 850 * mib, 0, "command"},
+		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, rate: 200 * mib}}, 900 * mib, 600 * mib, 0, ""},     // file cache
+		{[]memUnit{{what: "kernel", rss: 500 * mib}, {what: "command", rss: 300 * mib, rate: 8 * mib}}, 900 * mib, 850 * mib, 0, "kernel"}, // noise: the largest
+		{[]memUnit{{what: "kernel", rss: 300 * mib}, {what: "command", rss: 300 * mib, rate: 100 * mib}}, 1000 * mib, 850 * mib, 0, ""},    // not yet time
+		{[]memUnit{{what: "kernel", rss: 300 * mib}, {what: "command", rss: 280 * mib, rate: 100 * mib}}, 1000 * mib, 950 * mib, 0, "command"},
+		// A kernel just started (its start counts as growth) is too small a
+		// part to be worth the kill: the largest goes.
+		{[]memUnit{{what: "command", rss: 600 * mib, rate: 10 * mib}, {what: "kernel", rss: 100 * mib, rate: 100 * mib}}, 900 * mib, 850 * mib, 0, "command"},
+		{[]memUnit{{what: "background process", rss: 600 * mib, rate: 10 * mib}, {what: "kernel", rss: 100 * mib, rate: 100 * mib}}, 900 * mib, 850 * mib, 0, "background process"},
 	} {
 		v := memVictim(c.units, c.used, c.anon, c.shmem, floor, pressure)
 		if got := ""; v != nil {
@@ -216,23 +221,35 @@ func TestMemGrowth(t *testing.T) {
 		}
 		return us
 	}
-	if w.growth(units(100*mib), t0) {
+	if _, seen := w.growth(units(100*mib), t0); seen {
 		t.Fatal("the first look saw an earlier one")
 	}
-	if u := units(150 * mib); !w.growth(u, t0.Add(500*time.Millisecond)) || u[0].grew != 50*mib {
+	if u := units(150 * mib); !must(w.growth(u, t0.Add(500*time.Millisecond))).Equal(t0) || u[0].grew != 50*mib || u[0].rate != 100*mib {
 		t.Fatalf("second look: %+v", u)
 	}
 	// The first look is now past the window: measured from the second.
-	if u := units(200*mib, 50*mib); !w.growth(u, t0.Add(1200*time.Millisecond)) || u[0].grew != 50*mib || u[1].grew != 50*mib {
+	if u := units(200*mib, 50*mib); !must(w.growth(u, t0.Add(1500*time.Millisecond))).Equal(t0.Add(500*time.Millisecond)) || u[0].grew != 50*mib || u[1].grew != 50*mib || u[1].rate != 50*mib {
 		t.Fatalf("third look: %+v", u)
 	}
 	// Every look past the window: the last one is kept to measure from.
-	if u := units(260*mib, 40*mib); !w.growth(u, t0.Add(5*time.Second)) || u[0].grew != 60*mib || u[1].grew != -10*mib {
+	if u := units(260*mib, 40*mib); !must(w.growth(u, t0.Add(5500*time.Millisecond))).Equal(t0.Add(1500*time.Millisecond)) || u[0].grew != 60*mib || u[1].grew != -10*mib {
 		t.Fatalf("a look seconds later: %+v", u)
 	}
 	if len(w.looks) != 2 {
 		t.Fatalf("%d looks kept, want the last one and this one", len(w.looks))
 	}
+	// A look right after another: its rate as if over memGrowSample.
+	if u := units(270*mib, 40*mib); !must(w.growth(u, t0.Add(5510*time.Millisecond))).Equal(t0.Add(5500*time.Millisecond)) || u[0].grew != 10*mib || u[0].rate != 100*mib {
+		t.Fatalf("a look 10 ms later: %+v", u)
+	}
+}
+
+// must returns since, failing on a look that saw no earlier one.
+func must(since time.Time, seen bool) time.Time {
+	if !seen {
+		return time.Time{}
+	}
+	return since
 }
 
 // testContexts returns Contexts whose memory watch never starts: the

@@ -414,27 +414,65 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
 // first, while they are all still stopped (a scan of /proc then takes
 // milliseconds; one that continued each process as it went took a minute
 // while a fork bomb of the user's ran on, each continued process forking
-// beside the scan), and continues each; then a second scan, within
-// continueRecheck, continues any process of the user still stopped (one
-// whose status could not be read in the first, in the middle of an exec,
-// say).
+// beside the scan), and continues each. A process whose status could not
+// be read (in the middle of an exec, say: its stop is pending, and comes
+// once the exec is done) is read again a few times. Then a second scan,
+// within continueRecheck, continues every living process of the user not
+// continued yet, whatever its state: a SIGCONT also clears a stop still
+// pending.
 func continueAll(uid int) {
 	want := strconv.Itoa(uid)
-	var pids []int
-	scanStatus(time.Time{}, func(pid int, st procStatus) {
-		if st.ruid == want && st.living() {
-			pids = append(pids, pid)
+	done := map[int]bool{}
+	ents, _ := os.ReadDir("/proc")
+	var missed []string
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
 		}
-	})
-	for _, pid := range pids {
+		st, ok := readStatus(e.Name())
+		if !ok {
+			missed = append(missed, e.Name())
+			continue
+		}
+		if st.ruid == want && st.living() {
+			done[pid] = true
+		}
+	}
+	for pid := range done {
 		syscall.Kill(pid, syscall.SIGCONT)
 	}
+	for range continueRetries {
+		if len(missed) == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+		var still []string
+		for _, name := range missed {
+			st, ok := readStatus(name)
+			if !ok {
+				if _, err := os.Stat("/proc/" + name); err == nil {
+					still = append(still, name)
+				}
+				continue
+			}
+			if pid, _ := strconv.Atoi(name); st.ruid == want && st.living() {
+				syscall.Kill(pid, syscall.SIGCONT)
+				done[pid] = true
+			}
+		}
+		missed = still
+	}
 	scanStatus(time.Now().Add(continueRecheck), func(pid int, st procStatus) {
-		if st.ruid == want && st.living() && st.stopped() {
+		if st.ruid == want && st.living() && !done[pid] {
 			syscall.Kill(pid, syscall.SIGCONT)
 		}
 	})
 }
+
+// continueRetries bounds continueAll's reads again of a status it could
+// not read.
+const continueRetries = 5
 
 // continueRecheck bounds continueAll's second scan.
 const continueRecheck = time.Second
@@ -442,6 +480,9 @@ const continueRecheck = time.Second
 // afterFreezeBudget bounds the search for root's processes that carry the
 // mark after a freeze: without a bomb running it takes milliseconds; with
 // one, a scan of /proc may never end, and the caller waits for the kill.
+// Such a process (a root exec's daemon) may then be missed while a bomb of
+// the user's runs on; the 10 s of before came on top of a command's
+// timeout each time.
 const afterFreezeBudget = 2 * time.Second
 
 // freezeBudget bounds a freeze (killMarkedFrozen): its stops until every
