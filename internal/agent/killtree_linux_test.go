@@ -209,8 +209,12 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 	}
 
 	firstAs := -1
-	if !killMarkedFrozen(mark, nil, func() { firstAs = syscall.Getuid() }) {
+	froze, others := killMarkedFrozen(mark, nil, func() { firstAs = syscall.Getuid() })
+	if !froze {
 		t.Fatal("killMarkedFrozen did nothing")
+	}
+	if others {
+		t.Error("killMarkedFrozen says another user's process carries the mark; none does")
 	}
 	if firstAs != 0 {
 		t.Errorf("first ran as uid %d, want root's", firstAs)
@@ -274,7 +278,7 @@ func processesOf(uid int) []int {
 
 // runningOf counts the living processes of uid that are not stopped.
 func runningOf(uid int) int {
-	running, _, _ := userProcesses(uid, 0, time.Time{})
+	running, _, _, _ := userProcesses(uid, 0, time.Time{})
 	return running
 }
 
@@ -381,5 +385,37 @@ func TestWithMarkCopies(t *testing.T) {
 	st := procStatus{groups: "\t1000 2000000007 "}
 	if !st.has(markBase+7) || st.has(markBase+70) || st.has(1) {
 		t.Errorf("has on %q is wrong", st.groups)
+	}
+}
+
+// userProcesses counts the processes of other users that carry the mark
+// (a root exec's daemon, which a freeze does not stop), apart from the
+// user's it lists: none once that process is gone.
+func TestUserProcessesCountsOthersMarked(t *testing.T) {
+	needRoot(t)
+	const uid = 4243 // no process of this uid
+	mark := newTreeMark()
+	daemon := exec.Command("sleep", "60")
+	daemon.SysProcAttr = withMark(&syscall.SysProcAttr{}, mark)
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { daemon.Process.Kill(); daemon.Wait() })
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, found, others, whole := userProcesses(uid, mark, time.Time{})
+		if len(found) != 0 || !whole {
+			t.Fatalf("userProcesses: found %v, whole %v; want none of the user's, whole", found, whole)
+		}
+		if others == 1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("root's process with the mark: %d others counted, want 1", others)
+		}
+	}
+	daemon.Process.Kill()
+	daemon.Wait()
+	if _, _, others, _ := userProcesses(uid, mark, time.Time{}); others != 0 {
+		t.Fatalf("after its end: %d others counted, want 0", others)
 	}
 }

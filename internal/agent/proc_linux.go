@@ -277,13 +277,16 @@ func killTree(pid int, mark uint32, keep []int) {
 		treeLog.Info("tree outran its search", "pid", pid, "found", len(seen),
 			"search_ms", searched.Sub(start).Milliseconds(), "kill_ms", time.Since(searched).Milliseconds())
 	}()
-	if killMarkedFrozen(mark, keep, killFound) {
+	if froze, others := killMarkedFrozen(mark, keep, killFound); froze {
 		if group {
 			killGroup(pid) // root's processes, which no freeze stops, and the dead
 		}
-		// Root's processes that carry the mark (a root exec's daemon):
-		// the freeze read the user's alone.
-		killMarkedUntil(mark, keep, time.Now().Add(afterFreezeBudget))
+		// Root's processes that carry the mark (a root exec's daemon),
+		// which the freeze does not stop: unless its last look, a whole
+		// one, saw none.
+		if others {
+			killMarkedUntil(mark, keep, time.Now().Add(afterFreezeBudget))
+		}
 		return
 	}
 	killFound()
@@ -346,18 +349,21 @@ func FreezeUserOnKill() { freezeIDs = &[2]int{agentproto.UserUID, agentproto.Use
 // and freezeBudget at most. The stops are sent from a thread that is the
 // user for the while (asRealUser): kill(-1) from there reaches the user's
 // processes alone. It reports false when it could not (no freezeIDs, or
-// the ids could not be taken) and did nothing.
-func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
+// the ids could not be taken) and did nothing; others is false when its
+// last look at every process, a whole one, saw no process of another user
+// (root's) that carries mark.
+func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, others bool) {
 	ids := freezeIDs
 	if ids == nil {
-		return false
+		return false, true
 	}
 	treeKills.Lock()
 	defer treeKills.Unlock()
 	start := time.Now()
 	end := start.Add(freezeBudget)
 	rounds, killed := 0, 0
-	return asRealUser(ids[0], ids[1], func() {
+	others = true
+	err := asRealUser(ids[0], ids[1], func() {
 		defer func() {
 			frozen := time.Now()
 			continueAll(ids[0])
@@ -377,7 +383,8 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
 				// A process in the middle of a fork, an exec or its exit
 				// stops only once out of it, and a bomb has some there at
 				// any time: past stopFor the kill goes ahead all the same.
-				running, found, whole := userProcesses(ids[0], mark, end)
+				running, found, elsewhere, whole := userProcesses(ids[0], mark, end)
+				others = !whole || elsewhere > 0
 				if running == 0 || !whole || time.Now().After(stopEnd) {
 					return found, true
 				}
@@ -405,7 +412,8 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
 				return
 			}
 		}
-	}) == nil
+	})
+	return err == nil, others
 }
 
 // continueAll sends SIGCONT to each living process whose real uid is uid:
@@ -416,10 +424,10 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) bool {
 // while a fork bomb of the user's ran on, each continued process forking
 // beside the scan), and continues each. A process whose status could not
 // be read (in the middle of an exec, say: its stop is pending, and comes
-// once the exec is done) is read again a few times. Then a second scan,
-// within continueRecheck, continues every living process of the user not
-// continued yet, whatever its state: a SIGCONT also clears a stop still
-// pending.
+// once the exec is done) is read again a few times. If some still could
+// not be, a second scan, within continueRecheck, continues every living
+// process of the user not continued yet, whatever its state: a SIGCONT
+// also clears a stop still pending.
 func continueAll(uid int) {
 	want := strconv.Itoa(uid)
 	done := map[int]bool{}
@@ -463,6 +471,12 @@ func continueAll(uid int) {
 		}
 		missed = still
 	}
+	if len(missed) == 0 {
+		// Every process listed was continued: one a process forks from
+		// now on is not stopped, nor was one forked during the freeze
+		// (a stop pending on its parent is not its own).
+		return
+	}
 	scanStatus(time.Now().Add(continueRecheck), func(pid int, st procStatus) {
 		if st.ruid == want && st.living() && !done[pid] {
 			syscall.Kill(pid, syscall.SIGCONT)
@@ -494,11 +508,18 @@ const stopFor = time.Second
 
 // userProcesses looks at the living processes (not zombies, not this
 // one) whose real uid is uid: how many of them are not stopped, and which
-// carry mark (none for 0). whole is false when it gave up at end.
-func userProcesses(uid int, mark uint32, end time.Time) (running int, found []int, whole bool) {
+// carry mark (none for 0); and counts the living processes of other users
+// that carry mark. whole is false when it gave up at end.
+func userProcesses(uid int, mark uint32, end time.Time) (running int, found []int, others int, whole bool) {
 	want := strconv.Itoa(uid)
 	whole = scanStatus(end, func(pid int, st procStatus) {
-		if st.ruid != want || !st.living() {
+		if !st.living() {
+			return
+		}
+		if st.ruid != want {
+			if mark != 0 && st.has(mark) {
+				others++
+			}
 			return
 		}
 		if !st.stopped() {
@@ -508,7 +529,7 @@ func userProcesses(uid int, mark uint32, end time.Time) (running int, found []in
 			found = append(found, pid)
 		}
 	})
-	return running, found, whole
+	return running, found, others, whole
 }
 
 // searchRound is one round of KillTree's search: the descendants of pid
