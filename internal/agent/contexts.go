@@ -393,11 +393,25 @@ func (s *Server) newContext(rctx context.Context, req agentproto.ContextRequest)
 	return cc, nil
 }
 
+// kernelMPLConfigDir is matplotlib's config and cache directory for the
+// kernels, unless the sandbox's or the context's environment names one:
+// one per sandbox, in /tmp (the user's whatever HOME is), the directory the
+// code-interpreter template gives every other process too. Its font list,
+// which matplotlib builds at its first import where there is none (0.3-0.7
+// s of a kernel's start in gVisor, measured by hand), is then built once
+// per sandbox (or in the template's warm image) rather than by every
+// kernel: a directory per context made each spare kernel and each kernel
+// started on demand build its own.
+const kernelMPLConfigDir = "/tmp/matplotlib"
+
 // kernelOptions says how to start a kernel of language with argv for the
 // context id.
 func (s *Server) kernelOptions(language string, argv []string, id, cwd string, extraEnv map[string]string) jupyter.Options {
 	env, _ := buildEnv(s.home, agentproto.UserName, extraEnv)
-	env = append(env, "MPLCONFIGDIR=/tmp/.matplotlib-"+id, "PYTHONUNBUFFERED=1")
+	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "MPLCONFIGDIR=") }) {
+		env = append(env, "MPLCONFIGDIR="+kernelMPLConfigDir)
+	}
+	env = append(env, "PYTHONUNBUFFERED=1")
 	opts := jupyter.Options{Argv: argv, Env: env, Cwd: cwd, Launch: s.launcher, Log: s.log, RuntimeDir: os.TempDir()}
 	if runningAsRoot() {
 		opts.Owner = &jupyter.Owner{UID: agentproto.UserUID, GID: agentproto.UserGID}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/agent/jupyter"
@@ -19,5 +20,30 @@ func TestKernelOptionsArgv(t *testing.T) {
 	bash := []string{"/usr/bin/python3", "-m", "bash_kernel", "-f", "{connection_file}"}
 	if got := s.kernelOptions("bash", bash, "c2", s.home, nil).Argv; !slices.Equal(got, bash) {
 		t.Errorf("bash argv %q", got)
+	}
+}
+
+// A kernel's matplotlib directory is the sandbox's one, shared by its
+// kernels (its font list built once), unless the context's environment
+// names another.
+func TestKernelOptionsMPLConfigDir(t *testing.T) {
+	s := NewServer(Config{Home: t.TempDir()}, 1)
+	mpl := func(env []string) []string {
+		var got []string
+		for _, kv := range env {
+			if strings.HasPrefix(kv, "MPLCONFIGDIR=") {
+				got = append(got, kv)
+			}
+		}
+		return got
+	}
+	a := s.kernelOptions("python", []string{"python3"}, "c1", s.home, nil).Env
+	b := s.kernelOptions("python", []string{"python3"}, "c2", s.home, nil).Env
+	if want := []string{"MPLCONFIGDIR=" + kernelMPLConfigDir}; !slices.Equal(mpl(a), want) || !slices.Equal(mpl(b), want) {
+		t.Errorf("two contexts' MPLCONFIGDIR: %q and %q, want %q for both", mpl(a), mpl(b), want)
+	}
+	own := s.kernelOptions("python", []string{"python3"}, "c3", s.home, map[string]string{"MPLCONFIGDIR": "/home/user/mpl"}).Env
+	if want := []string{"MPLCONFIGDIR=/home/user/mpl"}; !slices.Equal(mpl(own), want) {
+		t.Errorf("a context that names its own: %q, want %q", mpl(own), want)
 	}
 }
