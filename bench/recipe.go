@@ -99,7 +99,7 @@ func (s *server) recipeCell(ctx context.Context, id, cid string) error {
 // sandbox, no network hop, no chart extraction), warmed up as a spare is,
 // alternating with the warm path.
 func (b *bench) recipes(ctx context.Context, python string) error {
-	var warm, cold, lazy, base []recipeTimes
+	var warm, cold, lazy, base, baseCold []recipeTimes
 	var native []float64
 	hk, err := startHostKernel(ctx, python)
 	if err != nil {
@@ -117,7 +117,10 @@ func (b *bench) recipes(ctx context.Context, python string) error {
 		}
 		native = append(native, ms)
 		if b.baseline != nil && i%2 == 0 {
-			if err := b.baselineRecipe(ctx, &base); err != nil {
+			if err := b.baselineRecipe(ctx, &base, ""); err != nil {
+				return err
+			}
+			if err := b.baselineRecipe(ctx, &baseCold, "/tmp"); err != nil {
 				return err
 			}
 		}
@@ -142,7 +145,10 @@ func (b *bench) recipes(ctx context.Context, python string) error {
 			b.pool.settle(ctx, 30*time.Second)
 		}
 		if b.baseline != nil && i%2 == 1 {
-			if err := b.baselineRecipe(ctx, &base); err != nil {
+			if err := b.baselineRecipe(ctx, &baseCold, "/tmp"); err != nil {
+				return err
+			}
+			if err := b.baselineRecipe(ctx, &base, ""); err != nil {
 				return err
 			}
 		}
@@ -194,6 +200,10 @@ func (b *bench) recipes(ctx context.Context, python string) error {
 		b.add(summarize("recipe", "  baseline (-baseline): first cell alone, warm, "+pool, "ms", pick(base, run), ""))
 		b.add(summarize("recipe", "  baseline (-baseline): the same cell run again, warm, "+pool, "ms", pick(base, run2), ""))
 		b.add(summarize("recipe", "  baseline (-baseline): sandbox CPU of the first cell, warm, "+pool, "ms", pick(base, cpu), ""))
+		b.add(summarize("recipe", "baseline (-baseline): same, old path: kernel started on demand, "+pool, "ms", pick(baseCold, total),
+			"the other revision's server, in the same rounds"))
+		b.add(summarize("recipe", "  baseline (-baseline): create_code_context alone, old path, "+pool, "ms", pick(baseCold, step), ""))
+		b.add(summarize("recipe", "  baseline (-baseline): first cell (imports + plot) alone, old path, "+pool, "ms", pick(baseCold, run), ""))
 	}
 	b.add(summarize("recipe", "  create alone, "+pool, "ms", pick(append(warm, cold...), create), "both paths"))
 	b.add(summarize("recipe", "  create alone, no pool", "ms", pick(lazy, create), ""))
@@ -201,8 +211,8 @@ func (b *bench) recipes(ctx context.Context, python string) error {
 }
 
 // baselineRecipe runs the warm recipe once on the -baseline server.
-func (b *bench) baselineRecipe(ctx context.Context, into *[]recipeTimes) error {
-	t, err := b.baseline.recipe(ctx, "")
+func (b *bench) baselineRecipe(ctx context.Context, into *[]recipeTimes, cwd string) error {
+	t, err := b.baseline.recipe(ctx, cwd)
 	if err != nil {
 		return err
 	}
