@@ -401,15 +401,36 @@ func (s *Server) newContext(rctx context.Context, req agentproto.ContextRequest)
 // s of a kernel's start in gVisor, measured by hand), is then built once
 // per sandbox (or in the template's warm image) rather than by every
 // kernel: a directory per context made each spare kernel and each kernel
-// started on demand build its own.
-const kernelMPLConfigDir = "/tmp/matplotlib"
+// started on demand build its own. Tests set it.
+var kernelMPLConfigDir = "/tmp/matplotlib"
+
+// mplConfigDir is shared, the kernels' matplotlib directory, unless it
+// exists and is not a directory of the sandbox user's (a command run as
+// root made it first, say): then a directory of the context's own beside
+// it, as every kernel had before, rather than matplotlib's warning and a
+// temporary directory in each of them. When the agent is not root (its
+// tests) its own uid stands for the user's.
+func mplConfigDir(shared, id string) string {
+	fi, err := os.Lstat(shared)
+	if err != nil {
+		return shared // the first kernel makes it
+	}
+	uid := uint32(agentproto.UserUID)
+	if !runningAsRoot() {
+		uid = uint32(os.Getuid())
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.IsDir() && st.Uid == uid {
+		return shared
+	}
+	return shared + "-" + id
+}
 
 // kernelOptions says how to start a kernel of language with argv for the
 // context id.
 func (s *Server) kernelOptions(language string, argv []string, id, cwd string, extraEnv map[string]string) jupyter.Options {
 	env, _ := buildEnv(s.home, agentproto.UserName, extraEnv)
 	if !slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "MPLCONFIGDIR=") }) {
-		env = append(env, "MPLCONFIGDIR="+kernelMPLConfigDir)
+		env = append(env, "MPLCONFIGDIR="+mplConfigDir(kernelMPLConfigDir, id))
 	}
 	env = append(env, "PYTHONUNBUFFERED=1")
 	opts := jupyter.Options{Argv: argv, Env: env, Cwd: cwd, Launch: s.launcher, Log: s.log, RuntimeDir: os.TempDir()}

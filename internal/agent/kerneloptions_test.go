@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack/internal/agent/jupyter"
+	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 // Python kernels start through the agent's launcher; other kernels with
@@ -27,6 +30,8 @@ func TestKernelOptionsArgv(t *testing.T) {
 // kernels (its font list built once), unless the context's environment
 // names another.
 func TestKernelOptionsMPLConfigDir(t *testing.T) {
+	defer func(d string) { kernelMPLConfigDir = d }(kernelMPLConfigDir)
+	kernelMPLConfigDir = filepath.Join(t.TempDir(), "matplotlib") // not the host's
 	s := NewServer(Config{Home: t.TempDir()}, 1)
 	mpl := func(env []string) []string {
 		var got []string
@@ -45,5 +50,54 @@ func TestKernelOptionsMPLConfigDir(t *testing.T) {
 	own := s.kernelOptions("python", []string{"python3"}, "c3", s.home, map[string]string{"MPLCONFIGDIR": "/home/user/mpl"}).Env
 	if want := []string{"MPLCONFIGDIR=/home/user/mpl"}; !slices.Equal(mpl(own), want) {
 		t.Errorf("a context that names its own: %q, want %q", mpl(own), want)
+	}
+}
+
+// The shared matplotlib directory is used while it is missing or a
+// directory of the sandbox user's; otherwise (root's, a file, a link) a
+// context gets its own beside it.
+func TestMPLConfigDir(t *testing.T) {
+	root := t.TempDir()
+	shared := filepath.Join(root, "matplotlib")
+	if got := mplConfigDir(shared, "c1"); got != shared {
+		t.Errorf("missing: %s, want %s", got, shared)
+	}
+	if err := os.Mkdir(shared, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	user := os.Getuid()
+	if runningAsRoot() {
+		user = agentproto.UserUID
+		if err := os.Lchown(shared, user, user); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := mplConfigDir(shared, "c1"); got != shared {
+		t.Errorf("the user's directory: %s, want %s", got, shared)
+	}
+	own := shared + "-c1"
+	if runningAsRoot() {
+		if err := os.Lchown(shared, 0, 0); err != nil {
+			t.Fatal(err)
+		}
+		if got := mplConfigDir(shared, "c1"); got != own {
+			t.Errorf("root's directory: %s, want %s", got, own)
+		}
+	}
+	os.Remove(shared)
+	target := filepath.Join(root, "elsewhere")
+	os.Mkdir(target, 0o755)
+	os.Lchown(target, user, user)
+	if err := os.Symlink(target, shared); err != nil {
+		t.Fatal(err)
+	}
+	if got := mplConfigDir(shared, "c1"); got != own {
+		t.Errorf("a link to a directory: %s, want %s", got, own)
+	}
+	os.Remove(shared)
+	os.WriteFile(shared, nil, 0o644)
+	os.Lchown(shared, user, user)
+	if got := mplConfigDir(shared, "c1"); got != own {
+		t.Errorf("a file: %s, want %s", got, own)
 	}
 }
