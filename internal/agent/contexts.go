@@ -406,10 +406,13 @@ var kernelMPLConfigDir = "/tmp/matplotlib"
 
 // mplConfigDir is shared, the kernels' matplotlib directory, unless it
 // exists and is not a directory of the sandbox user's (a command run as
-// root made it first, say): then a directory of the context's own beside
-// it, as every kernel had before, rather than matplotlib's warning and a
-// temporary directory in each of them. When the agent is not root (its
-// tests) its own uid stands for the user's.
+// root made it first, say), or holds a lock of matplotlib's older than
+// mplStaleLock (a kernel killed while it wrote the font list leaves one,
+// and the list cut short: every kernel would then wait 5 s for the lock,
+// build the list and warn that it could not save it): then a directory of
+// the context's own beside it, as every kernel had before. The agent only
+// looks (Lstat, ReadDir): what the user puts there is the user's. When the
+// agent is not root (its tests) its own uid stands for the user's.
 func mplConfigDir(shared, id string) string {
 	fi, err := os.Lstat(shared)
 	if err != nil {
@@ -419,11 +422,25 @@ func mplConfigDir(shared, id string) string {
 	if !runningAsRoot() {
 		uid = uint32(os.Getuid())
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && fi.IsDir() && st.Uid == uid {
-		return shared
+	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || !fi.IsDir() || st.Uid != uid {
+		return shared + "-" + id
 	}
-	return shared + "-" + id
+	ents, _ := os.ReadDir(shared)
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".matplotlib-lock") {
+			continue
+		}
+		if li, err := e.Info(); err == nil && time.Since(li.ModTime()) > mplStaleLock {
+			return shared + "-" + id
+		}
+	}
+	return shared
 }
+
+// mplStaleLock is the age past which a lock file of matplotlib's is taken
+// for one left by a killed kernel (matplotlib holds it for the few
+// milliseconds of a write, and gives up waiting for it after 5 s).
+const mplStaleLock = 10 * time.Second
 
 // kernelOptions says how to start a kernel of language with argv for the
 // context id.

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/agent/jupyter"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -76,6 +77,21 @@ func TestMPLConfigDir(t *testing.T) {
 		t.Errorf("the user's directory: %s, want %s", got, shared)
 	}
 	own := shared + "-c1"
+	// A lock of matplotlib's: fresh, a kernel writing the list; stale, one
+	// left by a kernel killed while it wrote.
+	lock := filepath.Join(shared, "fontlist-v390.json.matplotlib-lock")
+	if err := os.WriteFile(lock, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := mplConfigDir(shared, "c1"); got != shared {
+		t.Errorf("with a fresh lock: %s, want %s", got, shared)
+	}
+	old := time.Now().Add(-time.Minute)
+	os.Chtimes(lock, old, old)
+	if got := mplConfigDir(shared, "c1"); got != own {
+		t.Errorf("with a stale lock: %s, want %s", got, own)
+	}
+	os.Remove(lock)
 	if runningAsRoot() {
 		if err := os.Lchown(shared, 0, 0); err != nil {
 			t.Fatal(err)
