@@ -209,12 +209,12 @@ func TestKillMarkedFrozenEndsASetsidBomb(t *testing.T) {
 	}
 
 	firstAs := -1
-	froze, others := killMarkedFrozen(mark, nil, func() { firstAs = syscall.Getuid() })
+	froze, clean := killMarkedFrozen(mark, nil, func() { firstAs = syscall.Getuid() })
 	if !froze {
 		t.Fatal("killMarkedFrozen did nothing")
 	}
-	if others {
-		t.Error("killMarkedFrozen says another user's process carries the mark; none does")
+	if u := userProcesses(uid, mark, time.Time{}); clean && (len(u.found) > 0 || u.others > 0) {
+		t.Errorf("killMarkedFrozen says nothing of the tree is left, but %v (and %d of other users) carry its mark, living", u.found, u.others)
 	}
 	if firstAs != 0 {
 		t.Errorf("first ran as uid %d, want root's", firstAs)
@@ -278,8 +278,7 @@ func processesOf(uid int) []int {
 
 // runningOf counts the living processes of uid that are not stopped.
 func runningOf(uid int) int {
-	running, _, _, _ := userProcesses(uid, 0, time.Time{})
-	return running
+	return userProcesses(uid, 0, time.Time{}).running
 }
 
 func mustReadDir(t *testing.T, dir string) []os.DirEntry {
@@ -402,20 +401,42 @@ func TestUserProcessesCountsOthersMarked(t *testing.T) {
 	}
 	t.Cleanup(func() { daemon.Process.Kill(); daemon.Wait() })
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		_, found, others, whole := userProcesses(uid, mark, time.Time{})
-		if len(found) != 0 || !whole {
-			t.Fatalf("userProcesses: found %v, whole %v; want none of the user's, whole", found, whole)
+		u := userProcesses(uid, mark, time.Time{})
+		if len(u.found) != 0 || !u.whole {
+			t.Fatalf("userProcesses: found %v, whole %v; want none of the user's, whole", u.found, u.whole)
 		}
-		if others == 1 {
+		if u.others == 1 {
 			break
 		}
 		if time.Now().After(end) {
-			t.Fatalf("root's process with the mark: %d others counted, want 1", others)
+			t.Fatalf("root's process with the mark: %d others counted, want 1", u.others)
 		}
 	}
 	daemon.Process.Kill()
 	daemon.Wait()
-	if _, _, others, _ := userProcesses(uid, mark, time.Time{}); others != 0 {
-		t.Fatalf("after its end: %d others counted, want 0", others)
+	if u := userProcesses(uid, mark, time.Time{}); u.others != 0 {
+		t.Fatalf("after its end: %d others counted, want 0", u.others)
+	}
+}
+
+// waitStopped returns once a process sent SIGSTOP is stopped, and at once
+// for one that is gone.
+func TestWaitStopped(t *testing.T) {
+	p := exec.Command("sleep", "60")
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Process.Kill(); p.Wait() })
+	p.Process.Signal(syscall.SIGSTOP)
+	waitStopped([]int{p.Process.Pid}, 5*time.Second)
+	if st, ok := readStatus(strconv.Itoa(p.Process.Pid)); !ok || !st.stopped() {
+		t.Fatalf("after waitStopped: %+v %v, want stopped", st, ok)
+	}
+	p.Process.Kill()
+	p.Wait()
+	start := time.Now()
+	waitStopped([]int{p.Process.Pid}, 5*time.Second)
+	if time.Since(start) > 4*time.Second {
+		t.Fatal("waitStopped waited for a process that is gone")
 	}
 }

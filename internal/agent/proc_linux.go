@@ -197,6 +197,10 @@ func KillDescendants(pid int, mark uint32, spareChildren bool) {
 		for _, k := range kids {
 			syscall.Kill(k, syscall.SIGSTOP)
 		}
+		// A stop takes effect a moment after it is sent: a shell still
+		// running when its job was stopped reported "Stopped" (seen
+		// under the load of a full test run).
+		waitStopped(kids, kidsStopWait)
 		defer func() {
 			for _, k := range kids {
 				syscall.Kill(k, syscall.SIGCONT)
@@ -205,6 +209,24 @@ func KillDescendants(pid int, mark uint32, spareChildren bool) {
 		keep = append(keep, kids...)
 	}
 	killTree(pid, mark, keep)
+}
+
+// kidsStopWait bounds KillDescendants' wait for the children it stops.
+const kidsStopWait = 200 * time.Millisecond
+
+// waitStopped waits until each of pids is stopped or gone, for limit at
+// most.
+func waitStopped(pids []int, limit time.Duration) {
+	end := time.Now().Add(limit)
+	for _, p := range pids {
+		for {
+			st, ok := readStatus(strconv.Itoa(p))
+			if !ok || st.stopped() || !st.living() || time.Now().After(end) {
+				break
+			}
+			time.Sleep(200 * time.Microsecond)
+		}
+	}
 }
 
 // killTree is KillTree, sparing keep (then pid's group is not killed).
@@ -277,14 +299,14 @@ func killTree(pid int, mark uint32, keep []int) {
 		treeLog.Info("tree outran its search", "pid", pid, "found", len(seen),
 			"search_ms", searched.Sub(start).Milliseconds(), "kill_ms", time.Since(searched).Milliseconds())
 	}()
-	if froze, others := killMarkedFrozen(mark, keep, killFound); froze {
+	if froze, clean := killMarkedFrozen(mark, keep, killFound); froze {
 		if group {
 			killGroup(pid) // root's processes, which no freeze stops, and the dead
 		}
 		// Root's processes that carry the mark (a root exec's daemon),
-		// which the freeze does not stop: unless its last look, a whole
-		// one, saw none.
-		if others {
+		// which the freeze does not stop, and any of the user's it may
+		// have missed: unless its last look saw none of either.
+		if !clean {
 			killMarkedUntil(mark, keep, time.Now().Add(afterFreezeBudget))
 		}
 		return
@@ -348,34 +370,32 @@ func FreezeUserOnKill() { freezeIDs = &[2]int{agentproto.UserUID, agentproto.Use
 // that runs on) until all are, then reads the status of each; 20 rounds
 // and freezeBudget at most. The stops are sent from a thread that is the
 // user for the while (asRealUser): kill(-1) from there reaches the user's
-// processes alone. It reports false when it could not (no freezeIDs, or
-// the ids could not be taken) and did nothing; others is false when its
-// last look at every process, a whole one, saw no process of another user
-// (root's) that carries mark.
-func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, others bool) {
+// processes alone; the continues come from this process's own thread
+// after, by pid. It reports false when it could not (no freezeIDs, or the
+// ids could not be taken) and did nothing. clean is true when its last
+// look at every process was whole and saw every process of the user
+// stopped, each status read, none of them carrying mark (but keep), and
+// no process of another user (root's) carrying it: then nothing of the
+// tree is left.
+func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, clean bool) {
 	ids := freezeIDs
 	if ids == nil {
-		return false, true
+		return false, false
 	}
 	treeKills.Lock()
 	defer treeKills.Unlock()
 	start := time.Now()
 	end := start.Add(freezeBudget)
 	rounds, killed := 0, 0
-	others = true
+	lastClean := false // the last look's
 	err := asRealUser(ids[0], ids[1], func() {
-		defer func() {
-			frozen := time.Now()
-			continueAll(ids[0])
-			treeLog.Info("froze the user to kill a tree", "rounds", rounds, "killed", killed,
-				"freeze_ms", frozen.Sub(start).Milliseconds(), "continue_ms", time.Since(frozen).Milliseconds())
-		}()
 		// stopAll stops them and lists those that carry mark; left is
 		// false when no process of the user is left.
 		stopAll := func() (found []int, left bool) {
 			for stopEnd := time.Now().Add(stopFor); ; {
 				for range groupStops {
 					if syscall.Kill(-1, syscall.SIGSTOP) != nil {
+						lastClean = false // not looked at: root's may carry it
 						return nil, false
 					}
 					time.Sleep(time.Millisecond)
@@ -383,10 +403,10 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, others bool
 				// A process in the middle of a fork, an exec or its exit
 				// stops only once out of it, and a bomb has some there at
 				// any time: past stopFor the kill goes ahead all the same.
-				running, found, elsewhere, whole := userProcesses(ids[0], mark, end)
-				others = !whole || elsewhere > 0
-				if running == 0 || !whole || time.Now().After(stopEnd) {
-					return found, true
+				u := userProcesses(ids[0], mark, end)
+				lastClean = u.whole && u.running == 0 && u.unread == 0 && u.others == 0
+				if u.running == 0 || !u.whole || time.Now().After(stopEnd) {
+					return u.found, true
 				}
 			}
 		}
@@ -402,6 +422,7 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, others bool
 			found, left := stopAll()
 			found = slices.DeleteFunc(found, func(p int) bool { return slices.Contains(keep, p) })
 			if !left || len(found) == 0 {
+				clean = lastClean
 				return
 			}
 			for _, p := range found {
@@ -413,7 +434,14 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, others bool
 			}
 		}
 	})
-	return err == nil, others
+	if err != nil {
+		return false, false
+	}
+	frozen := time.Now()
+	continueAll(ids[0])
+	treeLog.Info("froze the user to kill a tree", "rounds", rounds, "killed", killed, "clean", clean,
+		"freeze_ms", frozen.Sub(start).Milliseconds(), "continue_ms", time.Since(frozen).Milliseconds())
+	return true, clean
 }
 
 // continueAll sends SIGCONT to each living process whose real uid is uid:
@@ -424,15 +452,18 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, others bool
 // while a fork bomb of the user's ran on, each continued process forking
 // beside the scan), and continues each. A process whose status could not
 // be read (in the middle of an exec, say: its stop is pending, and comes
-// once the exec is done) is read again a few times. If some still could
-// not be, a second scan, within continueRecheck, continues every living
-// process of the user not continued yet, whatever its state: a SIGCONT
-// also clears a stop still pending.
+// once the exec is done) is read again a few times. Then it looks, within
+// continueRecheck, at the processes it did not know of (a child whose fork
+// overlapped the freeze may have got the stop too: Linux gives it since
+// 5.3; and those it still could not read) and continues those of the user,
+// whatever their state: a SIGCONT also clears a stop still pending. Only a
+// bomb that forks on once continued makes that last look long.
 func continueAll(uid int) {
 	want := strconv.Itoa(uid)
-	done := map[int]bool{}
+	known := map[int]bool{} // read: continued if the user's
 	ents, _ := os.ReadDir("/proc")
 	var missed []string
+	var cont []int
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == os.Getpid() {
@@ -443,11 +474,12 @@ func continueAll(uid int) {
 			missed = append(missed, e.Name())
 			continue
 		}
+		known[pid] = true
 		if st.ruid == want && st.living() {
-			done[pid] = true
+			cont = append(cont, pid)
 		}
 	}
-	for pid := range done {
+	for _, pid := range cont {
 		syscall.Kill(pid, syscall.SIGCONT)
 	}
 	for range continueRetries {
@@ -464,24 +496,28 @@ func continueAll(uid int) {
 				}
 				continue
 			}
-			if pid, _ := strconv.Atoi(name); st.ruid == want && st.living() {
+			pid, _ := strconv.Atoi(name)
+			known[pid] = true
+			if st.ruid == want && st.living() {
 				syscall.Kill(pid, syscall.SIGCONT)
-				done[pid] = true
 			}
 		}
 		missed = still
 	}
-	if len(missed) == 0 {
-		// Every process listed was continued: one a process forks from
-		// now on is not stopped, nor was one forked during the freeze
-		// (a stop pending on its parent is not its own).
-		return
-	}
-	scanStatus(time.Now().Add(continueRecheck), func(pid int, st procStatus) {
-		if st.ruid == want && st.living() && !done[pid] {
+	end := time.Now().Add(continueRecheck)
+	ents, _ = os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() || known[pid] {
+			continue
+		}
+		if time.Now().After(end) {
+			return
+		}
+		if st, ok := readStatus(e.Name()); ok && st.ruid == want && st.living() {
 			syscall.Kill(pid, syscall.SIGCONT)
 		}
-	})
+	}
 }
 
 // continueRetries bounds continueAll's reads again of a status it could
@@ -506,30 +542,39 @@ const freezeBudget = 10 * time.Second
 // stopFor bounds each round's stops of the user's processes in a freeze.
 const stopFor = time.Second
 
+// userLook is what userProcesses saw.
+type userLook struct {
+	running int   // the user's living processes not stopped
+	found   []int // the user's living processes that carry mark
+	others  int   // living processes of other users that carry mark
+	unread  int   // processes whose status could not be read
+	whole   bool  // false when it gave up at end
+}
+
 // userProcesses looks at the living processes (not zombies, not this
 // one) whose real uid is uid: how many of them are not stopped, and which
 // carry mark (none for 0); and counts the living processes of other users
-// that carry mark. whole is false when it gave up at end.
-func userProcesses(uid int, mark uint32, end time.Time) (running int, found []int, others int, whole bool) {
+// that carry mark, and the processes whose status it could not read.
+func userProcesses(uid int, mark uint32, end time.Time) (u userLook) {
 	want := strconv.Itoa(uid)
-	whole = scanStatus(end, func(pid int, st procStatus) {
+	u.whole, u.unread = scanStatusUnread(end, func(pid int, st procStatus) {
 		if !st.living() {
 			return
 		}
 		if st.ruid != want {
 			if mark != 0 && st.has(mark) {
-				others++
+				u.others++
 			}
 			return
 		}
 		if !st.stopped() {
-			running++
+			u.running++
 		}
 		if mark != 0 && st.has(mark) {
-			found = append(found, pid)
+			u.found = append(u.found, pid)
 		}
 	})
-	return running, found, others, whole
+	return u
 }
 
 // searchRound is one round of KillTree's search: the descendants of pid
@@ -743,13 +788,20 @@ func readStatus(pid string) (st procStatus, ok bool) {
 // scanStatus calls f with the status of every process but this one; false
 // when it gave up at end (never for a zero end).
 func scanStatus(end time.Time, f func(pid int, st procStatus)) bool {
+	whole, _ := scanStatusUnread(end, f)
+	return whole
+}
+
+// scanStatusUnread is scanStatus that also counts the processes whose
+// status could not be read though they are still there.
+func scanStatusUnread(end time.Time, f func(pid int, st procStatus)) (whole bool, unread int) {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return true
+		return true, 0
 	}
 	for _, e := range ents {
 		if !end.IsZero() && time.Now().After(end) {
-			return false
+			return false, unread
 		}
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == os.Getpid() {
@@ -757,9 +809,11 @@ func scanStatus(end time.Time, f func(pid int, st procStatus)) bool {
 		}
 		if st, ok := readStatus(e.Name()); ok {
 			f(pid, st)
+		} else if _, err := os.Stat("/proc/" + e.Name()); err == nil {
+			unread++
 		}
 	}
-	return true
+	return true, unread
 }
 
 // asRealUser runs f on a thread of this process that has uid and gid as
