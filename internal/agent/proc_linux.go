@@ -452,12 +452,11 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, clean bool)
 // while a fork bomb of the user's ran on, each continued process forking
 // beside the scan), and continues each. A process whose status could not
 // be read (in the middle of an exec, say: its stop is pending, and comes
-// once the exec is done) is read again a few times. Then it looks, within
-// continueRecheck, at the processes it did not know of (a child whose fork
+// once the exec is done) is read again a few times. Then it continues the
+// processes it did not know of (a child whose fork
 // overlapped the freeze may have got the stop too: Linux gives it since
-// 5.3; and those it still could not read) and continues those of the user,
-// whatever their state: a SIGCONT also clears a stop still pending. Only a
-// bomb that forks on once continued makes that last look long.
+// 5.3; and those it still could not read) and continues them, whatever
+// their state: a SIGCONT also clears a stop still pending.
 func continueAll(uid int) {
 	want := strconv.Itoa(uid)
 	known := map[int]bool{} // read: continued if the user's
@@ -504,28 +503,23 @@ func continueAll(uid int) {
 		}
 		missed = still
 	}
-	end := time.Now().Add(continueRecheck)
+	// Those not known are continued without a look at their status (a
+	// bomb's, continued, fork by the hundred meanwhile): a process that
+	// appeared since the listing, or was still unread, was stopped by the
+	// freeze if at all, and a SIGCONT does nothing to one that runs.
 	ents, _ = os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == os.Getpid() || known[pid] {
 			continue
 		}
-		if time.Now().After(end) {
-			return
-		}
-		if st, ok := readStatus(e.Name()); ok && st.ruid == want && st.living() {
-			syscall.Kill(pid, syscall.SIGCONT)
-		}
+		syscall.Kill(pid, syscall.SIGCONT)
 	}
 }
 
 // continueRetries bounds continueAll's reads again of a status it could
 // not read.
 const continueRetries = 5
-
-// continueRecheck bounds continueAll's second scan.
-const continueRecheck = time.Second
 
 // afterFreezeBudget bounds the search for root's processes that carry the
 // mark after a freeze: without a bomb running it takes milliseconds; with
