@@ -305,12 +305,11 @@ func TestProcStatusMarkAndRSS(t *testing.T) {
 	}
 }
 
-// TestMemoryWatchKillsTheLargestTree: when the sandbox nearly runs out and
-// what it holds is past the pressure level, the largest tree, a command,
-// is killed and told why, and a smaller one lives; nothing is killed below
-// the level, nor while what is held is under the floor (file cache), nor
-// within the grace after a kill.
-func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
+// memWatchTrees returns Contexts whose watch the test drives, and start,
+// which runs Python code as a marked tree under that watch (guardMemory)
+// as what, and returns the process and what it was told when killed.
+func memWatchTrees(t *testing.T) (*Contexts, func(what, code string) (*Process, *atomic.Pointer[string])) {
+	t.Helper()
 	if !runningAsRoot() {
 		t.Skip("needs root: only root marks the trees it starts")
 	}
@@ -319,7 +318,7 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 		t.Skip("needs python3 to hold memory")
 	}
 	cs := testContexts()
-	start := func(what, code string) (*Process, *atomic.Pointer[string]) {
+	return cs, func(what, code string) (*Process, *atomic.Pointer[string]) {
 		p, err := (*Reaper)(nil).Start(py, []string{"python3", "-c", code}, &os.ProcAttr{Sys: procAttr(true)})
 		if err != nil {
 			t.Fatal(err)
@@ -329,6 +328,15 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 		t.Cleanup(func() { release(); KillTree(p.Pid, p.Mark) })
 		return p, &why
 	}
+}
+
+// TestMemoryWatchKillsTheLargestTree: when the sandbox nearly runs out and
+// what it holds is past the pressure level, the largest tree, a command,
+// is killed and told why, and a smaller one lives; nothing is killed below
+// the level, nor while what is held is under the floor (file cache), nor
+// within the grace after a kill.
+func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
+	cs, start := memWatchTrees(t)
 	big, bigWhy := start("command", "import sys, time\nx = b'a' * (96 << 20)\nprint(1, flush=True)\ntime.sleep(120)")
 	small, smallWhy := start("background process", "import time\ntime.sleep(120)")
 	// Until the big one holds its memory.
@@ -392,24 +400,7 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 // that held still (a kernel with its variables, say); with no earlier look
 // just past the level, the watch waits one look to tell.
 func TestMemoryWatchKillsTheTreeThatGrows(t *testing.T) {
-	if !runningAsRoot() {
-		t.Skip("needs root: only root marks the trees it starts")
-	}
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		t.Skip("needs python3 to hold memory")
-	}
-	cs := testContexts()
-	start := func(what, code string) (*Process, *atomic.Pointer[string]) {
-		p, err := (*Reaper)(nil).Start(py, []string{"python3", "-c", code}, &os.ProcAttr{Sys: procAttr(true)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var why atomic.Pointer[string]
-		release := cs.guardMemory(p.Mark, what, false, discardLogger(), func(w string) { why.Store(&w) }, func() { KillTree(p.Pid, p.Mark) })
-		t.Cleanup(func() { release(); KillTree(p.Pid, p.Mark) })
-		return p, &why
-	}
+	cs, start := memWatchTrees(t)
 	holding := func(p *Process, n int64) {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second)
