@@ -270,7 +270,8 @@ type memWatch struct {
 	used int64
 	at   time.Time
 	// looks are the trees' sizes at the looks of the last memGrowWindow
-	// with the sandbox's memory past a kernel's limit, oldest first.
+	// with what the sandbox cannot give back near a kernel's limit (see
+	// checkMemory), oldest first.
 	looks []unitLook
 	// meminfo replaces the reads of /proc/meminfo in tests.
 	meminfo func() (memInfo, error)
