@@ -452,11 +452,11 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, clean bool)
 // while a fork bomb of the user's ran on, each continued process forking
 // beside the scan), and continues each. A process whose status could not
 // be read (in the middle of an exec, say: its stop is pending, and comes
-// once the exec is done) is read again a few times. Then it continues the
-// processes it did not know of (a child whose fork
-// overlapped the freeze may have got the stop too: Linux gives it since
-// 5.3; and those it still could not read) and continues them, whatever
-// their state: a SIGCONT also clears a stop still pending.
+// once the exec is done) is read again a few times. Then it continues,
+// whatever their state, the processes it did not know of: a child whose
+// fork overlapped the freeze may have got the stop too (Linux gives it
+// since 5.3), and a SIGCONT also clears a stop still pending in one it
+// still could not read.
 func continueAll(uid int) {
 	want := strconv.Itoa(uid)
 	known := map[int]bool{} // read: continued if the user's
