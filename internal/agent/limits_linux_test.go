@@ -330,6 +330,37 @@ func memWatchTrees(t *testing.T) (*Contexts, func(what, code string) (*Process, 
 	}
 }
 
+// watchLooks returns a memory watch of cs whose reads of /proc/meminfo say
+// what look is given (the sandbox's memory as the test says: 256 MiB, a
+// kernel's limit, the first rule's floor, at 120 and the pressure level
+// at 160), and look, one look of the watch with used and anon.
+func watchLooks(t *testing.T, cs *Contexts) (*memWatch, func(used, anon int64)) {
+	const total, floor, pressure = 256 << 20, 120 << 20, 160 << 20
+	var mi memInfo
+	w := &memWatch{meminfo: func() (memInfo, error) { return mi, nil }}
+	t.Cleanup(w.pf.close)
+	return w, func(used, anon int64) {
+		mi = memInfo{total: total, avail: total - used, anon: anon}
+		cs.checkMemory(w, total, floor, pressure, discardLogger())
+	}
+}
+
+// waitHolding waits until process p holds more than n bytes (20 s at most).
+func waitHolding(t *testing.T, p *Process, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, _ := readStatus(strconv.Itoa(p.Pid))
+		if st.rss > n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process %d never held %d MiB: %+v", p.Pid, n>>20, st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestMemoryWatchKillsTheLargestTree: when the sandbox nearly runs out and
 // what it holds is past the pressure level, the largest tree, a command,
 // is killed and told why, and a smaller one lives; nothing is killed below
@@ -339,28 +370,8 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 	cs, start := memWatchTrees(t)
 	big, bigWhy := start("command", "import sys, time\nx = b'a' * (96 << 20)\nprint(1, flush=True)\ntime.sleep(120)")
 	small, smallWhy := start("background process", "import time\ntime.sleep(120)")
-	// Until the big one holds its memory.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		st, _ := readStatus(strconv.Itoa(big.Pid))
-		if st.rss > 90<<20 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the command never grew: %+v", st)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	// The sandbox's memory as the test says: 256 MiB, a kernel's limit
-	// (the first rule's floor) at 120 and the pressure level at 160.
-	const total, floor, pressure = 256 << 20, 120 << 20, 160 << 20
-	var mi memInfo
-	w := memWatch{meminfo: func() (memInfo, error) { return mi, nil }}
-	defer w.pf.close()
-	look := func(used, anon int64) {
-		mi = memInfo{total: total, avail: total - used, anon: anon}
-		cs.checkMemory(&w, total, floor, pressure, discardLogger())
-	}
+	waitHolding(t, big, 90<<20) // until the big one holds its memory
+	w, look := watchLooks(t, cs)
 	// Below the pressure level, nothing is killed; above it, nothing while
 	// the command holds half of what is used but little is held (file
 	// cache), nor within the grace after a kill.
@@ -401,33 +412,12 @@ func TestMemoryWatchKillsTheLargestTree(t *testing.T) {
 // just past the level, the watch waits one look to tell.
 func TestMemoryWatchKillsTheTreeThatGrows(t *testing.T) {
 	cs, start := memWatchTrees(t)
-	holding := func(p *Process, n int64) {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			st, _ := readStatus(strconv.Itoa(p.Pid))
-			if st.rss > n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("process %d never held %d MiB: %+v", p.Pid, n>>20, st)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
 	big, bigWhy := start("background process", "import time\nx = b'a' * (96 << 20)\ntime.sleep(120)")
 	// It takes 64 MiB when told (SIGUSR1).
 	grower, growerWhy := start("command", "import signal, time\nx = []\nsignal.signal(signal.SIGUSR1, lambda *a: x.append(b'a' * (64 << 20)))\nwhile True:\n    time.sleep(0.01)")
-	holding(big, 90<<20)
+	waitHolding(t, big, 90<<20)
 	time.Sleep(200 * time.Millisecond) // the grower's Python up and holding still
-	const total, floor, pressure = 256 << 20, 120 << 20, 160 << 20
-	var mi memInfo
-	w := memWatch{meminfo: func() (memInfo, error) { return mi, nil }}
-	defer w.pf.close()
-	look := func(used, anon int64) {
-		mi = memInfo{total: total, avail: total - used, anon: anon}
-		cs.checkMemory(&w, total, floor, pressure, discardLogger())
-	}
+	_, look := watchLooks(t, cs)
 	// Just past the level, no earlier look: nothing is killed yet.
 	look(170<<20, 170<<20)
 	select {
@@ -438,7 +428,7 @@ func TestMemoryWatchKillsTheTreeThatGrows(t *testing.T) {
 	case <-time.After(300 * time.Millisecond):
 	}
 	syscall.Kill(grower.Pid, syscall.SIGUSR1)
-	holding(grower, 64<<20)
+	waitHolding(t, grower, 64<<20)
 	look(200<<20, 200<<20)
 	select {
 	case <-grower.Done:
