@@ -101,6 +101,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/files/list", s.afterNames(s.api(s.listFiles)))
 	mux.HandleFunc("GET /v1/files/stat", s.afterNames(s.api(s.statFile)))
 	mux.HandleFunc("POST /v1/files/mkdir", s.afterNames(s.api(s.mkdir)))
+	mux.HandleFunc("POST /v1/files/rename", s.afterNames(s.api(s.renameFile)))
 	mux.HandleFunc("POST /v1/contexts", s.afterNames(s.api(s.createContext)))
 	mux.HandleFunc("GET /v1/contexts", s.api(s.listContexts))
 	mux.HandleFunc("POST /v1/contexts/spares", s.api(s.prepareSpares))

@@ -558,3 +558,122 @@ func truncName(name string, n int) string {
 	}
 	return name[:n]
 }
+
+// renameFile moves ?path= to ?to= (both resolved against the user's home)
+// as a rename within one filesystem does: a file, a whole directory, or a
+// symlink itself (never its target). Missing parents of the destination
+// are made, as an upload makes them. An existing destination is refused
+// unless ?overwrite=true; then a file replaces a file, and a directory an
+// empty directory.
+func (s *Server) renameFile(w http.ResponseWriter, r *http.Request) error {
+	t, err := s.target(r, "to", "overwrite")
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	to := q.Get("to")
+	if to == "" {
+		return pandastack.Errorf(pandastack.EInvalid, "missing ?to=: give the new path, absolute or relative to %s", s.home)
+	}
+	if err := agentproto.CheckPath(to); err != nil {
+		return err
+	}
+	if !filepath.IsAbs(to) {
+		to = filepath.Join(s.home, to)
+	}
+	to = filepath.Clean(to)
+	overwrite, err := agentproto.ParseBool("overwrite", q.Get("overwrite"), false)
+	if err != nil {
+		return err
+	}
+	from := t.path
+	if from == "/" || to == "/" {
+		return pandastack.Errorf(pandastack.EInvalid, "refusing to move / or onto /")
+	}
+	if to != from && agentproto.Under(to, from) {
+		return pandastack.Errorf(pandastack.EInvalid, "cannot move %s into itself (%s)", from, to)
+	}
+	if err := guard(from, false, true); err != nil {
+		return err
+	}
+	if err := guard(to, false, true); err != nil {
+		return err
+	}
+	var fi fs.FileInfo
+	err = t.run(func() error {
+		if _, err := os.Lstat(from); err != nil {
+			return fsError(err, from, false)
+		}
+		if to != from {
+			dir := filepath.Dir(to)
+			if err := mkdirAll(dir); err != nil {
+				return fsError(err, dir, true)
+			}
+			if err := renameError(rename(from, to, overwrite), from, to); err != nil {
+				return err
+			}
+		}
+		var err error
+		if fi, err = os.Lstat(to); err != nil {
+			return fsError(err, to, false)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, fileInfo(to, fi))
+	return nil
+}
+
+// rename renames from to to; without overwrite it fails with EEXIST when
+// to exists (atomically where the filesystem can). Not os.Rename: it
+// refuses any directory as the destination, an empty one included, which
+// rename(2) replaces.
+func rename(from, to string, overwrite bool) error {
+	if !overwrite {
+		return renameNoReplace(from, to)
+	}
+	if err := syscall.Rename(from, to); err != nil {
+		return &os.LinkError{Op: "rename", Old: from, New: to, Err: err}
+	}
+	return nil
+}
+
+// renameError says what a failed rename of from to to means for the
+// caller.
+func renameError(err error, from, to string) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, fs.ErrExist) && !errors.Is(err, syscall.ENOTEMPTY):
+		if fi, serr := os.Lstat(to); serr == nil && fi.IsDir() {
+			if dir, derr := os.Lstat(from); derr == nil && dir.IsDir() {
+				return pandastack.Errorf(pandastack.EConflict, "%s already exists; pass overwrite=true to replace it (a directory replaces only an empty one)", to)
+			}
+		}
+		return pandastack.Errorf(pandastack.EConflict, "%s already exists; pass overwrite=true to replace it", to)
+	case errors.Is(err, syscall.ENOTEMPTY):
+		return pandastack.Errorf(pandastack.EConflict, "%s is a directory that is not empty; a directory replaces only an empty one", to)
+	case errors.Is(err, syscall.EISDIR):
+		return pandastack.Errorf(pandastack.EConflict, "%s is a directory; a file cannot replace it (give a path inside it)", to)
+	case errors.Is(err, syscall.ENOTDIR):
+		if fi, serr := os.Lstat(to); serr == nil && !fi.IsDir() {
+			return pandastack.Errorf(pandastack.EConflict, "%s is not a directory; a directory cannot replace it", to)
+		}
+		return pandastack.Errorf(pandastack.EConflict, "a parent of %s is a file, not a directory", to)
+	case errors.Is(err, syscall.EXDEV):
+		return pandastack.Errorf(pandastack.EInvalid, "%s and %s are on different filesystems, which a rename cannot cross; copy with exec (cp -a) and delete the original", from, to)
+	}
+	return fsError(err, to, true)
+}
+
+// renameUnlessThere is renameNoReplace where the filesystem cannot do it in
+// one step: a look, then the rename (a file made between the two is
+// replaced).
+func renameUnlessThere(from, to string) error {
+	if _, err := os.Lstat(to); err == nil {
+		return &os.LinkError{Op: "rename", Old: from, New: to, Err: syscall.EEXIST}
+	}
+	return rename(from, to, true)
+}

@@ -181,3 +181,115 @@ func TestFilesErrors(t *testing.T) {
 		st.callError(t, http.MethodGet, "/v1/nothing", nil, nil, http.StatusNotFound, "not_found")
 	})
 }
+
+func TestFilesRename(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		home := cfg.Home
+		read := func(p string) string {
+			t.Helper()
+			b, err := os.ReadFile(filepath.Join(home, p))
+			if err != nil {
+				t.Fatalf("read %s: %v", p, err)
+			}
+			return string(b)
+		}
+		gone := func(p string) {
+			t.Helper()
+			if _, err := os.Lstat(filepath.Join(home, p)); !os.IsNotExist(err) {
+				t.Errorf("%s still there after the move: %v", p, err)
+			}
+		}
+		put := func(p, s string) {
+			st.call(t, http.MethodPut, "/v1/files", q("path", p), strings.NewReader(s), http.StatusOK, nil)
+		}
+		put("a.txt", "A")
+		put("b.txt", "B")
+		put("tree/sub/c.txt", "C")
+
+		// A file, into a directory that does not exist yet.
+		var info agentproto.FileInfo
+		st.call(t, http.MethodPost, "/v1/files/rename", q("path", "a.txt", "to", "new/dir/a2.txt"), nil, http.StatusOK, &info)
+		if want := filepath.Join(home, "new/dir/a2.txt"); info.Path != want || info.Type != "file" || info.Size != 1 {
+			t.Errorf("rename answered %+v, want the file at %s", info, want)
+		}
+		if read("new/dir/a2.txt") != "A" {
+			t.Error("the moved file lost its content")
+		}
+		gone("a.txt")
+
+		// An existing destination is refused, and both files are kept.
+		msg := st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "b.txt", "to", "new/dir/a2.txt"), nil, http.StatusConflict, "conflict")
+		if !strings.Contains(msg, "overwrite=true") {
+			t.Errorf("refused move: %q does not say how to replace", msg)
+		}
+		if read("b.txt") != "B" || read("new/dir/a2.txt") != "A" {
+			t.Error("a refused move changed a file")
+		}
+		st.call(t, http.MethodPost, "/v1/files/rename", q("path", "b.txt", "to", "new/dir/a2.txt", "overwrite", "true"), nil, http.StatusOK, &info)
+		if read("new/dir/a2.txt") != "B" {
+			t.Error("overwrite=true did not replace the file")
+		}
+		gone("b.txt")
+
+		// A whole directory, absolute paths; a symlink moves as itself.
+		if err := os.Symlink("sub/c.txt", filepath.Join(home, "tree/link")); err != nil {
+			t.Fatal(err)
+		}
+		st.call(t, http.MethodPost, "/v1/files/rename", q("path", filepath.Join(home, "tree"), "to", filepath.Join(home, "moved")), nil, http.StatusOK, &info)
+		if info.Type != "dir" || read("moved/sub/c.txt") != "C" || read("moved/link") != "C" {
+			t.Errorf("directory move: %+v", info)
+		}
+		gone("tree")
+		st.call(t, http.MethodPost, "/v1/files/rename", q("path", "moved/link", "to", "link2"), nil, http.StatusOK, &info)
+		if info.Type != "symlink" {
+			t.Errorf("a moved symlink answered as %q", info.Type)
+		}
+		if target, err := os.Readlink(filepath.Join(home, "link2")); err != nil || target != "sub/c.txt" {
+			t.Errorf("the symlink's target became %q (%v)", target, err)
+		}
+
+		// A directory replaces only an empty directory, never a file.
+		if err := os.Mkdir(filepath.Join(home, "empty"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "moved", "to", "new", "overwrite", "true"), nil, http.StatusConflict, "conflict")
+		st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "moved", "to", "new/dir/a2.txt", "overwrite", "true"), nil, http.StatusConflict, "conflict")
+		st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "new/dir/a2.txt", "to", "moved", "overwrite", "true"), nil, http.StatusConflict, "conflict")
+		st.call(t, http.MethodPost, "/v1/files/rename", q("path", "moved", "to", "empty", "overwrite", "true"), nil, http.StatusOK, nil)
+		if read("empty/sub/c.txt") != "C" {
+			t.Error("a directory did not replace the empty one")
+		}
+
+		// Into itself, a missing source, bad queries.
+		msg = st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "empty", "to", "empty/sub/x"), nil, http.StatusBadRequest, "invalid_request")
+		if !strings.Contains(msg, "into itself") {
+			t.Errorf("moving a directory into itself: %q", msg)
+		}
+		st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "nope", "to", "x"), nil, http.StatusNotFound, "not_found")
+		st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "link2"), nil, http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "link2", "to", "x", "overwrite", "maybe"), nil, http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "link2", "to", "/"), nil, http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "link2", "to", "/proc/x"), nil, http.StatusBadRequest, "invalid_request")
+		st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "link2", "to", "x", "mode", "1"), nil, http.StatusBadRequest, "invalid_request")
+
+		// The same path: nothing moves, the answer describes it.
+		st.call(t, http.MethodPost, "/v1/files/rename", q("path", "link2", "to", filepath.Join(home, "link2")), nil, http.StatusOK, &info)
+		if info.Type != "symlink" {
+			t.Errorf("a move onto itself answered %+v", info)
+		}
+
+		if os.Geteuid() == 0 {
+			// As the user, a root-owned file cannot be moved out of a
+			// root-owned directory; as root it can.
+			dir := filepath.Join(home, "rootdir")
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "f"), []byte("r"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "rootdir/f", "to", "f"), nil, http.StatusForbidden, "permission_denied")
+			st.call(t, http.MethodPost, "/v1/files/rename", q("path", "rootdir/f", "to", "rootdir/g", "user", "root"), nil, http.StatusOK, nil)
+		}
+	})
+}

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package agent
+
+func renameNoReplace(from, to string) error { return renameUnlessThere(from, to) }
