@@ -368,6 +368,18 @@ func (c *Client) MakeDir(ctx context.Context, id, path string) (*FileInfo, error
 	return &fi, c.do(ctx, http.MethodPost, filesPath(id, "/mkdir"), url.Values{"path": {path}}, nil, &fi)
 }
 
+// RenameFile moves a file or directory to a new path, making missing
+// parents; an existing destination is refused (code "conflict") unless
+// overwrite.
+func (c *Client) RenameFile(ctx context.Context, id, from, to string, overwrite bool) (*FileInfo, error) {
+	q := url.Values{"path": {from}, "to": {to}}
+	if overwrite {
+		q.Set("overwrite", "true")
+	}
+	var fi FileInfo
+	return &fi, c.do(ctx, http.MethodPost, filesPath(id, "/rename"), q, nil, &fi)
+}
+
 // Template is a built template.
 type Template struct {
 	Name         string    `json:"name"`

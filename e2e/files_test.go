@@ -114,10 +114,28 @@ func TestFileAPIHardening(t *testing.T) {
 			t.Fatalf("a refused delete deleted: %q", out)
 		}
 	})
+	t.Run("rename", func(t *testing.T) {
+		mustExec(t, s, sb.ID, "mkdir -p r/d && echo 1 > r/d/one && echo 2 > r/two")
+		// The parameters in a JSON body, as mkdir takes its path.
+		expect(t, "POST", files+"/rename", nil, `{"path":"r/d","to":"r/e/f"}`, 200, `"path":"/home/user/r/e/f"`)
+		expect(t, "POST", files+"/rename", nil, `{"path":"r/two","to":"r/e/f/one"}`, 409, "overwrite=true")
+		expect(t, "POST", files+"/rename", nil, `{"path":"r/two","to":"r/e/f/one","overwrite":true}`, 200, `"size":2`)
+		expect(t, "POST", files+"/rename", nil, `{"path":"r/e","to":"r/x","force":true}`, 400, "force")
+		expect(t, "POST", files+"/rename", qv("path", "r/e", "to", "r/x", "mode", "1"), "", 400, "mode")
+		expect(t, "POST", files+"/rename", qv("path", "r/e"), "", 400, "to query parameter")
+		expect(t, "POST", files+"/rename", qv("path", "r/e", "to", "r/e/in"), "", 400, "into itself")
+		expect(t, "POST", files+"/rename", qv("path", "r/e", "to", "/dev/shm/e"), "", 400, "pseudo-filesystem")
+		if out := mustExec(t, s, sb.ID, "cat r/e/f/one; test ! -e r/two && test ! -e r/d && echo moved"); out != "2\nmoved\n" {
+			t.Fatalf("after the renames: %q", out)
+		}
+	})
 	t.Run("uploads act as the sandbox user", func(t *testing.T) {
 		mustExec(t, s, sb.ID, "ln -s /etc /home/user/link")
 		expect(t, "PUT", files, qv("path", "/home/user/link/pwned"), "x", 403, `"code":"permission_denied"`)
 		expect(t, "POST", files+"/mkdir", qv("path", "/home/user/link/pwned.d"), "", 403, `"code":"permission_denied"`)
+		mustExec(t, s, sb.ID, "echo m > /home/user/moveme")
+		expect(t, "POST", files+"/rename", qv("path", "moveme", "to", "/home/user/link/pwned"), "", 403, `"code":"permission_denied"`)
+		expect(t, "POST", files+"/rename", qv("path", "/etc/hostname", "to", "stolen"), "", 403, `"code":"permission_denied"`)
 		expect(t, "GET", files, qv("path", "/etc/shadow"), "", 403, `"code":"permission_denied"`)
 		if out := mustExec(t, s, sb.ID, "ls /etc | grep -c pwned || true"); strings.TrimSpace(out) != "0" {
 			t.Fatalf("the upload wrote into /etc as root: %q", out)

@@ -297,6 +297,22 @@ func TestFiles(t *testing.T) {
 		if err != nil || fi.Size != 5 || fi.Type != "file" {
 			t.Fatalf("stat = %+v, %v", fi, err)
 		}
+		fi, err = c.RenameFile(ctx, sb.ID, "a/note.txt", "a/b/moved.txt", false)
+		if err != nil || fi.Path != "/home/user/a/b/moved.txt" || fi.Size != 5 {
+			t.Fatalf("rename = %+v, %v", fi, err)
+		}
+		if _, err := c.StatFile(ctx, sb.ID, "a/note.txt"); !client.IsCode(err, "not_found") {
+			t.Fatalf("stat of the old name after the rename: %v, want not_found", err)
+		}
+		if _, err := c.WriteFile(ctx, sb.ID, "/home/user/a/note.txt", strings.NewReader("hi")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.RenameFile(ctx, sb.ID, "a/note.txt", "a/b/moved.txt", false); !client.IsCode(err, "conflict") {
+			t.Fatalf("rename onto an existing file: %v, want conflict", err)
+		}
+		if fi, err := c.RenameFile(ctx, sb.ID, "a/b/moved.txt", "a/note.txt", true); err != nil || fi.Size != 5 {
+			t.Fatalf("rename with overwrite = %+v, %v", fi, err)
+		}
 		if err := c.RemoveFile(ctx, sb.ID, "/home/user/a/note.txt", false); err != nil {
 			t.Fatal(err)
 		}

@@ -150,6 +150,7 @@ func (s *Server) routes() {
 	auth("GET /v1/sandboxes/{id}/files/list", s.listFiles)
 	auth("GET /v1/sandboxes/{id}/files/stat", s.statFile)
 	auth("POST /v1/sandboxes/{id}/files/mkdir", s.mkdir)
+	auth("POST /v1/sandboxes/{id}/files/rename", s.renameFile)
 	auth("POST /v1/sandboxes/{id}/contexts", s.createContext)
 	auth("GET /v1/sandboxes/{id}/contexts", s.listContexts)
 	auth("DELETE /v1/sandboxes/{id}/contexts/{cid}", s.deleteContext)
@@ -225,6 +226,7 @@ var selfCheckedQuery = map[string]bool{
 	"GET /v1/sandboxes": true, "GET /v1/snapshots": true,
 	"PUT /v1/sandboxes/{id}/files": true, "GET /v1/sandboxes/{id}/files": true, "DELETE /v1/sandboxes/{id}/files": true,
 	"GET /v1/sandboxes/{id}/files/list": true, "GET /v1/sandboxes/{id}/files/stat": true, "POST /v1/sandboxes/{id}/files/mkdir": true,
+	"POST /v1/sandboxes/{id}/files/rename": true,
 }
 
 // checkQuery refuses a query parameter the request's route does not take,

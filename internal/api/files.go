@@ -17,8 +17,10 @@ import (
 // fileRequest is a file route's query, checked before the sandbox is asked.
 type fileRequest struct {
 	path      string
-	root      bool // ?user=root
-	recursive bool // DELETE only
+	root      bool   // ?user=root
+	recursive bool   // DELETE only
+	to        string // rename only: the new path
+	overwrite bool   // rename only
 }
 
 // fileQuery checks a file route's query strictly with the same checks the
@@ -43,8 +45,20 @@ func (s *Server) fileQuery(r *http.Request, extra ...string) (fileRequest, error
 	if fr.root, err = agentproto.CheckFileUser(q.Get("user")); err != nil {
 		return fr, err
 	}
-	if len(extra) > 0 {
-		if fr.recursive, err = agentproto.ParseBool("recursive", q.Get("recursive"), false); err != nil {
+	for _, k := range extra {
+		switch k {
+		case "recursive":
+			fr.recursive, err = agentproto.ParseBool(k, q.Get(k), false)
+		case "overwrite":
+			fr.overwrite, err = agentproto.ParseBool(k, q.Get(k), false)
+		case "to":
+			if fr.to = q.Get(k); fr.to == "" {
+				err = pandastack.Errorf(pandastack.EInvalid, "the to query parameter is required: the new path, e.g. ?path=data.csv&to=archive/data.csv")
+			} else if err = agentproto.CheckPath(fr.to); err != nil {
+				s.log.Warn("file request refused: bad path", "method", r.Method, "route", r.URL.Path, "path_bytes", len(fr.to), "err", pandastack.ErrorMessage(err))
+			}
+		}
+		if err != nil {
 			return fr, err
 		}
 	}
@@ -245,6 +259,36 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request, project string
 	metaOp(s, w, r, project, "the stat", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (agentproto.FileInfo, error) {
 		return a.StatFile(ctx, fr.path, fr.root)
 	})
+}
+
+// renameFile moves a file or directory within the sandbox (?path= to
+// ?to=, or the same in a JSON body), refusing an existing destination
+// unless ?overwrite=true.
+func (s *Server) renameFile(w http.ResponseWriter, r *http.Request, project string) {
+	if r.URL.Query().Get("path") == "" {
+		var body struct {
+			Path      string `json:"path"`
+			To        string `json:"to"`
+			Overwrite bool   `json:"overwrite"`
+		}
+		if err := decode(r, &body); err != nil {
+			writeError(w, err)
+			return
+		}
+		q := r.URL.Query()
+		for k, v := range map[string]string{"path": body.Path, "to": body.To} {
+			if v != "" {
+				q.Set(k, v)
+			}
+		}
+		if body.Overwrite {
+			q.Set("overwrite", "true")
+		}
+		r.URL.RawQuery = q.Encode()
+	}
+	metaOp(s, w, r, project, "the rename", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (agentproto.FileInfo, error) {
+		return a.RenameFile(ctx, fr.path, fr.to, fr.root, fr.overwrite)
+	}, "to", "overwrite")
 }
 
 func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {

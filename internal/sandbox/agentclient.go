@@ -453,6 +453,19 @@ func (c *AgentClient) StatFile(ctx context.Context, path string, asRoot bool) (a
 	return fi, err
 }
 
+// RenameFile moves a file or directory to a new path (missing parents
+// made); an existing destination is refused unless overwrite.
+func (c *AgentClient) RenameFile(ctx context.Context, from, to string, asRoot, overwrite bool) (agentproto.FileInfo, error) {
+	var fi agentproto.FileInfo
+	q := fileQuery(from, asRoot)
+	q.Set("to", to)
+	if overwrite {
+		q.Set("overwrite", "true")
+	}
+	err := c.do(ctx, http.MethodPost, "/v1/files/rename", q, nil, &fi)
+	return fi, err
+}
+
 // MakeDir creates a directory and its parents.
 func (c *AgentClient) MakeDir(ctx context.Context, path string, asRoot bool) (agentproto.FileInfo, error) {
 	var fi agentproto.FileInfo
