@@ -107,6 +107,8 @@ async def test_files_roundtrip(server, tmp_path):
         await sb.files.mkdir("a/d")
         assert [f.name for f in await sb.files.list("a")] == ["b", "d"]
         assert (await sb.files.stat("a/d")).type == "dir"
+        assert (await sb.files.rename("a/d", "a/e")).path == "/home/user/a/e"
+        assert [f.name for f in await sb.files.list("a")] == ["b", "e"]
         assert await sb.files.exists("a/b/c.txt")
 
         src = tmp_path / "up.bin"

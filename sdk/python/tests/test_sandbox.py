@@ -228,6 +228,15 @@ def test_files_list_stat_mkdir_remove(sandbox):
     assert st.size == 2 and st.mode == "0644" and st.mod_time is not None
     assert sandbox.files.exists("proj/a.txt") and not sandbox.files.exists("proj/zzz")
 
+    moved = sandbox.files.rename("proj/a.txt", "proj/old/a.txt")
+    assert moved.path == "/home/user/proj/old/a.txt" and moved.size == 1
+    assert not sandbox.files.exists("proj/a.txt")
+    with pytest.raises(ConflictError):
+        sandbox.files.rename("proj/b.txt", "proj/old/a.txt")
+    assert sandbox.files.rename("proj/b.txt", "proj/old/a.txt", overwrite=True).size == 2
+    assert sandbox.files.read("proj/old/a.txt") == b"bb"
+    sandbox.files.write("proj/a.txt", b"a")
+
     sandbox.files.remove("proj/a.txt")
     assert not sandbox.files.exists("proj/a.txt")
     with pytest.raises(ConflictError) as ei:

@@ -127,4 +127,19 @@ export class Files {
   async mkdir(path: string): Promise<FileInfo> {
     return toFileInfo(await this.#http.json<WireFileInfo>("POST", `${this.#base}/mkdir`, { query: { path } }));
   }
+
+  /**
+   * Moves or renames a file, a directory (with its contents) or a symlink
+   * (itself), making missing parents of `newPath`. An existing `newPath` is
+   * a `ConflictError` unless `{ overwrite: true }` (a file then replaces a
+   * file, a directory an empty directory). Resolves to what was moved, at
+   * its new path.
+   */
+  async rename(oldPath: string, newPath: string, opts: { overwrite?: boolean } = {}): Promise<FileInfo> {
+    return toFileInfo(
+      await this.#http.json<WireFileInfo>("POST", `${this.#base}/rename`, {
+        query: { path: oldPath, to: newPath, overwrite: opts.overwrite ? "true" : undefined },
+      }),
+    );
+  }
 }

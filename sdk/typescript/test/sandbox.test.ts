@@ -419,6 +419,19 @@ test("files", async (t) => {
     assert.ok((await sb.files.list()).some((f) => f.name === "work"), "home directory listing");
   });
 
+  await t.test("rename moves, and an existing destination needs overwrite", async () => {
+    const moved = await sb.files.rename("work/m.txt", "work/a/b/m2.txt");
+    assert.equal(moved.path, "/home/user/work/a/b/m2.txt");
+    assert.equal(moved.size, 2);
+    assert.equal(await sb.files.exists("work/m.txt"), false);
+    await assert.rejects(sb.files.rename("work/z.txt", "work/a/b/m2.txt"), (err: unknown) => {
+      assert.ok(err instanceof ConflictError, String(err));
+      return true;
+    });
+    assert.equal((await sb.files.rename("work/z.txt", "work/a/b/m2.txt", { overwrite: true })).size, 1);
+    await sb.files.write("work/z.txt", "z");
+  });
+
   await t.test("remove a file; a non-empty directory needs recursive", async () => {
     await sb.files.remove("work/z.txt");
     assert.equal(await sb.files.exists("work/z.txt"), false);

@@ -546,6 +546,15 @@ class AsyncFiles:
         r = await self._sandbox.client._arequest("POST", self._path("/mkdir"), params={"path": path})
         return FileInfo.from_dict(r.json())
 
+    async def rename(self, old_path: str, new_path: str, overwrite: bool = False) -> FileInfo:
+        """Move or rename a file or directory (``overwrite`` to replace what
+        is at ``new_path``)."""
+        params = {"path": old_path, "to": new_path}
+        if overwrite:
+            params["overwrite"] = "true"
+        r = await self._sandbox.client._arequest("POST", self._path("/rename"), params=params)
+        return FileInfo.from_dict(r.json())
+
 
 async def _aiter_file(f: IO[bytes]) -> AsyncIterator[bytes]:
     while True:

@@ -758,6 +758,17 @@ class Files:
         """Create a directory and its missing parents (like ``mkdir -p``)."""
         return FileInfo.from_dict(self._sandbox.client._request("POST", self._path("/mkdir"), params={"path": path}).json())
 
+    def rename(self, old_path: str, new_path: str, overwrite: bool = False) -> FileInfo:
+        """Move or rename a file, a directory (with its contents) or a
+        symlink (itself), making missing parents of ``new_path``. An
+        existing ``new_path`` raises :class:`ConflictError` unless
+        ``overwrite=True`` (a file then replaces a file, a directory an empty
+        directory). Returns what was moved, at its new path."""
+        params = {"path": old_path, "to": new_path}
+        if overwrite:
+            params["overwrite"] = "true"
+        return FileInfo.from_dict(self._sandbox.client._request("POST", self._path("/rename"), params=params).json())
+
 
 def _iter_file(f: IO[bytes]) -> Iterator[bytes]:
     while True:
