@@ -356,18 +356,27 @@ func TestTools(t *testing.T) {
 			t.Fatalf("snapshot gave %q", snap)
 		}
 		t.Cleanup(func() { api.client().DeleteSnapshot(context.Background(), snap) })
-		res = s.ok(t, "create_sandbox", map[string]any{"snapshot_id": snap, "ttl_seconds": 300})
+		// Restored with a network policy of its own, which replaces the
+		// snapshot's (the session's sandbox has the server's default).
+		res = s.ok(t, "create_sandbox", map[string]any{"snapshot_id": snap, "ttl_seconds": 300, "internet": false, "allow_out": []string{"api.example.com"}})
 		restored := textOf(res)
 		if txt := textOf(s.ok(t, "run_code", map[string]any{"code": "x", "sandbox_id": restored})); !strings.Contains(txt, "41") {
 			t.Fatalf("x in the restored sandbox: %q", txt)
 		}
+		if sb, err := api.client().GetSandbox(context.Background(), restored); err != nil || sb.Network == nil || sb.Network.AllowInternetAccess || strings.Join(sb.Network.AllowOut, " ") != "api.example.com" {
+			t.Errorf("network of the restored sandbox: %+v (%v), want no internet but api.example.com", sb, err)
+		}
 		s.ok(t, "kill_sandbox", map[string]any{"sandbox_id": restored})
 		assertStopped(t, api, restored)
 
-		// Listed (by its metadata), then deleted.
-		if txt := textOf(s.ok(t, "list_snapshots", map[string]any{"metadata": map[string]string{"test": "mcp"}})); !strings.HasPrefix(txt, "1 snapshot(s)") || !strings.Contains(txt, snap) || !strings.Contains(txt, "test=mcp") {
-			t.Fatalf("list_snapshots: %q", txt)
+		// Listed (by its metadata), newest first, then deleted.
+		later := textOf(s.ok(t, "snapshot", map[string]any{"metadata": map[string]string{"test": "mcp"}}))
+		t.Cleanup(func() { api.client().DeleteSnapshot(context.Background(), later) })
+		txt := textOf(s.ok(t, "list_snapshots", map[string]any{"metadata": map[string]string{"test": "mcp"}}))
+		if !strings.HasPrefix(txt, "2 snapshot(s)") || !strings.Contains(txt, "test=mcp") || strings.Index(txt, later) < 0 || strings.Index(txt, later) > strings.Index(txt, snap) {
+			t.Fatalf("list_snapshots: %q, want %s then %s", txt, later, snap)
 		}
+		s.ok(t, "delete_snapshot", map[string]any{"snapshot_id": later})
 		if txt := textOf(s.ok(t, "list_snapshots", map[string]any{"metadata": map[string]string{"test": "other"}})); !strings.HasPrefix(txt, "0 snapshot(s)") {
 			t.Fatalf("list_snapshots of other metadata: %q", txt)
 		}

@@ -28,7 +28,7 @@ type createSandboxIn struct {
 	Template   string            `json:"template,omitempty" jsonschema:"template name; default code-interpreter (Python with pandas, numpy, matplotlib, plotly)"`
 	TTLSeconds int64             `json:"ttl_seconds,omitempty" jsonschema:"seconds until the sandbox is killed; default: the server's"`
 	Metadata   map[string]string `json:"metadata,omitempty" jsonschema:"string labels stored with the sandbox"`
-	SnapshotID string            `json:"snapshot_id,omitempty" jsonschema:"restore this snapshot (from the snapshot tool) instead of booting the template"`
+	SnapshotID string            `json:"snapshot_id,omitempty" jsonschema:"restore this snapshot (from the snapshot tool) instead of booting the template; internet and allow_out, if given, replace the snapshot's network policy"`
 	Internet   *bool             `json:"internet,omitempty" jsonschema:"whether the sandbox may reach the internet; default: the server's, or false when allow_out is given (then only those are reachable)"`
 	AllowOut   []string          `json:"allow_out,omitempty" jsonschema:"IPs, CIDRs, domains or *.domains always reachable, even without internet"`
 }
@@ -153,24 +153,27 @@ func text(format string, args ...any) *mcp.CallToolResult {
 func (s *session) createSandbox(ctx context.Context, _ *mcp.CallToolRequest, in createSandboxIn) (*mcp.CallToolResult, createSandboxOut, error) {
 	var sb *client.Sandbox
 	var err error
+	// A policy asked for applies to a restore too (the snapshot's own is
+	// kept only when none is asked for): one dropped would leave the
+	// restored sandbox as open as its snapshot, unknown to the model.
+	var network *client.NetworkPolicy
+	if in.Internet != nil || len(in.AllowOut) > 0 {
+		// As in the API: without internet, only allow_out is reachable.
+		p := client.NetworkPolicy{AllowInternetAccess: in.Internet != nil && *in.Internet, AllowOut: in.AllowOut}
+		p = p.Normalized()
+		network = &p
+	}
 	if in.SnapshotID != "" {
 		if in.Template != "" {
 			return nil, createSandboxOut{}, errors.New("give template or snapshot_id, not both: a restored sandbox has its snapshot's template")
 		}
-		sb, err = s.c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: in.SnapshotID, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata})
+		sb, err = s.c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: in.SnapshotID, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata, Network: network})
 	} else {
 		tpl := in.Template
 		if tpl == "" {
 			tpl = s.cfg.Template
 		}
-		req := client.CreateSandboxRequest{Template: tpl, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata}
-		if in.Internet != nil || len(in.AllowOut) > 0 {
-			// As in the API: without internet, only allow_out is reachable.
-			p := client.NetworkPolicy{AllowInternetAccess: in.Internet != nil && *in.Internet, AllowOut: in.AllowOut}
-			p = p.Normalized()
-			req.Network = &p
-		}
-		sb, err = s.c.CreateSandbox(ctx, req)
+		sb, err = s.c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: tpl, TTLSeconds: in.TTLSeconds, Metadata: in.Metadata, Network: network})
 	}
 	if err != nil {
 		return nil, createSandboxOut{}, err
@@ -486,6 +489,9 @@ func (s *session) listSnapshots(ctx context.Context, _ *mcp.CallToolRequest, in 
 	if err != nil {
 		return nil, listSnapshotsOut{}, err
 	}
+	// Newest first, as the tool says: the API lists oldest first, and a
+	// model reads the first entry as the latest.
+	slices.Reverse(snaps)
 	out := listSnapshotsOut{Snapshots: []snapshotInfo{}, TotalBytes: total}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d snapshot(s), %d MB in all", len(snaps), total/1e6)
