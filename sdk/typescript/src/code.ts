@@ -334,6 +334,7 @@ export async function runCode(
   if (!streaming) {
     return toExecution(await http.json<WireExecution>("POST", path, { json: body, signal: opts.signal, long: true }));
   }
+  let sawError = false;
   for await (const ev of http.ndjson("POST", path, { json: body, signal: opts.signal, long: true })) {
     switch (ev.type) {
       case "stdout":
@@ -349,12 +350,20 @@ export async function runCode(
         // The kernel's exception has a name; a failure of the server or the
         // sandbox part-way has an error code instead.
         const e = ev.error as WireError | undefined;
-        if (e && typeof e.name === "string") await opts.onError?.(toExecutionError(e));
-        else throw streamError(ev.error);
+        if (e && typeof e.name === "string") {
+          sawError = true;
+          await opts.onError?.(toExecutionError(e));
+        } else throw streamError(ev.error);
         break;
       }
-      case "execution":
-        return toExecution((ev.execution ?? {}) as WireExecution);
+      case "execution": {
+        const ex = toExecution((ev.execution ?? {}) as WireExecution);
+        // A run that failed after its stream began (the sandbox stopped
+        // under it, say) reports its error only here: onError still hears
+        // of it, as in the Python SDK.
+        if (ex.error && !sawError) await opts.onError?.(ex.error);
+        return ex;
+      }
       default:
       // Unknown event types from a newer server are ignored.
     }

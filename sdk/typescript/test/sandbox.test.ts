@@ -89,6 +89,36 @@ test("each server error code has its own class, as in the Python SDK", async () 
   }
 });
 
+test("a run whose error comes only in its final event still calls onError", async () => {
+  // As when the sandbox stops under a streamed run: no error event, the
+  // final execution carries it (a server of the test's own).
+  const http = await import("node:http");
+  const srv = http.createServer((req, res) => {
+    if (req.method === "GET") {
+      res.writeHead(200, { "Content-Type": "application/json" });
+      res.end(JSON.stringify({ id: "sbx_fake", template: "code-interpreter", state: "running", metadata: {} }));
+      return;
+    }
+    res.writeHead(200, { "Content-Type": "application/x-ndjson" });
+    res.write(JSON.stringify({ type: "stdout", data: "partial\n" }) + "\n");
+    res.end(JSON.stringify({ type: "execution", execution: { stdout: "partial\n", results: [],
+      error: { name: "SandboxError", value: "the sandbox stopped", traceback: "" } } }) + "\n");
+  });
+  await new Promise<void>((ok) => srv.listen(0, "127.0.0.1", ok));
+  try {
+    const apiUrl = `http://127.0.0.1:${(srv.address() as { port: number }).port}`;
+    const sb = await Sandbox.connect("sbx_fake", { apiKey: "pds_x", apiUrl });
+    const errors: string[] = [];
+    const out: string[] = [];
+    const ex = await sb.runCode("x", { onStdout: (s) => void out.push(s), onError: (e) => void errors.push(e.name) });
+    assert.equal(ex.error?.name, "SandboxError");
+    assert.deepEqual(out, ["partial\n"]);
+    assert.deepEqual(errors, ["SandboxError"], "onError once, for the error of the final event");
+  } finally {
+    srv.close();
+  }
+});
+
 test("timeoutMs bounds the wait for an answer (client_timeout), not an exec's", async () => {
   // A server that never answers a list, answers a sandbox at once, and an
   // exec only after its command's 600 ms.
