@@ -26,7 +26,7 @@ import {
   toExecResult,
   toProcessInfo,
 } from "./commands.js";
-import { NotFoundError } from "./errors.js";
+import { NotFoundError, PandaStackError, SandboxStoppedError } from "./errors.js";
 import { Files } from "./files.js";
 import { type ConnectionOptions, HttpClient } from "./http.js";
 
@@ -421,8 +421,24 @@ export class Sandbox implements SandboxInfo {
    * `Terminal`). Needs a WebSocket: the global one, or `opts.WebSocket`
    * (e.g. the `ws` package's on Node 20).
    */
-  terminal(opts: TerminalOptions = {}): Promise<Terminal> {
-    return Terminal.open(this.#http.apiUrl, this.#http.apiKey, this.id, opts);
+  async terminal(opts: TerminalOptions = {}): Promise<Terminal> {
+    try {
+      return await Terminal.open(this.#http.apiUrl, this.#http.apiKey, this.id, opts);
+    } catch (err) {
+      if (!(err instanceof PandaStackError) || err.code !== "terminal_refused") throw err;
+      // A WebSocket that failed to open tells no HTTP status: the REST API
+      // says why, as the typed error any other call would get (no such
+      // sandbox, a wrong key), or the sandbox has stopped.
+      const w = await this.#http.json<WireSandbox>("GET", this.#path());
+      if (w.state === "stopped") {
+        throw new SandboxStoppedError(
+          `sandbox ${this.id} has stopped${w.stop_reason ? ` (${w.stop_reason})` : ""}: it has no terminal (sandbox_stopped, HTTP 410)`,
+          "sandbox_stopped",
+          410,
+        );
+      }
+      throw err;
+    }
   }
 
   /**

@@ -70,6 +70,7 @@ export class Terminal {
   #out = "";
   #listeners = new Set<(text: string) => void>();
   #done = false;
+  #closing = false;
 
   private constructor(ws: WebSocketLike) {
     this.#ws = ws;
@@ -133,9 +134,18 @@ export class Terminal {
     return this.#out;
   }
 
-  /** Sends keys to the shell; throws `SandboxStoppedError` once its sandbox has stopped. */
+  /**
+   * Sends keys to the shell; throws `SandboxStoppedError` once its sandbox
+   * has stopped, and a `PandaStackError` (`terminal_closed`) once the
+   * session ended otherwise (closed, or the shell exited): keys sent then
+   * would be lost.
+   */
   write(data: string | Uint8Array): void {
     if (this.stopped) throw this.stopped;
+    if (this.#done || this.#closing) {
+      const why = this.exitCode !== undefined ? `the shell exited with status ${this.exitCode}` : "it was closed";
+      throw new PandaStackError(`the terminal is closed (${why})`, "terminal_closed");
+    }
     this.#ws.send(typeof data === "string" ? new TextEncoder().encode(data) : data);
   }
 
@@ -175,6 +185,7 @@ export class Terminal {
 
   /** Ends the session: the shell and its children are killed. */
   close(): Promise<void> {
+    this.#closing = true;
     if (!this.#done) this.#ws.close(1000);
     return this.closed;
   }

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import WebSocket from "ws";
-import { ConflictError, PandaStackError, SandboxStoppedError, type WebSocketConstructor } from "@pandastack/sdk";
+import { ConflictError, NotFoundError, PandaStackError, SandboxStoppedError, type WebSocketConstructor } from "@pandastack/sdk";
 import { haveServer, newSandbox } from "./helpers.js";
 
 // The `ws` package's WebSocket fits the SDK's type as it is: no cast.
@@ -32,6 +32,21 @@ test("a terminal runs a shell as the sandbox user, resizes, and reports its exit
   term.write("exit 5\r");
   await term.closed;
   assert.equal(term.exitCode, 5);
+  // Keys sent after the end would be lost: an error, not silence.
+  assert.throws(() => term.write("echo late\r"), (err: unknown) => {
+    assert.ok(err instanceof PandaStackError && err.code === "terminal_closed", String(err));
+    assert.match(err.message, /status 5/);
+    return true;
+  });
+});
+
+test("write after close() is a terminal_closed error", async (t) => {
+  if (!haveServer(t)) return;
+  const sb = await newSandbox(t);
+  const term = await sb.terminal({ WebSocket: WS });
+  const closing = term.close();
+  assert.throws(() => term.write("echo late\r"), (err: unknown) => err instanceof PandaStackError && err.code === "terminal_closed");
+  await closing;
 });
 
 test("a terminal whose sandbox stops under it rejects with SandboxStoppedError", async (t) => {
@@ -50,9 +65,13 @@ test("a terminal whose sandbox stops under it rejects with SandboxStoppedError",
   assert.throws(() => term.write("echo more\r"), SandboxStoppedError);
 });
 
-test("a terminal of a sandbox that is gone is refused", async (t) => {
+test("a terminal of a sandbox that is gone is refused with the API's typed error", async (t) => {
   if (!haveServer(t)) return;
   const sb = await newSandbox(t);
   await sb.kill();
-  await assert.rejects(sb.terminal({ WebSocket: WS }), PandaStackError);
+  await assert.rejects(sb.terminal({ WebSocket: WS }), (err: unknown) => {
+    assert.ok(err instanceof NotFoundError, String(err));
+    assert.equal(err.status, 404);
+    return true;
+  });
 });
