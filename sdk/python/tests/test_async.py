@@ -108,6 +108,8 @@ async def test_files_roundtrip(server, tmp_path):
         assert [f.name for f in await sb.files.list("a")] == ["b", "d"]
         assert (await sb.files.stat("a/d")).type == "dir"
         assert (await sb.files.rename("a/d", "a/e")).path == "/home/user/a/e"
+        st = await sb.stats()
+        assert st.memory_limit_bytes == sb.memory_mb << 20 and st.memory_bytes > 0
         assert [f.name for f in await sb.files.list("a")] == ["b", "e"]
         assert await sb.files.exists("a/b/c.txt")
 

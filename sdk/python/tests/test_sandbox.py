@@ -105,6 +105,14 @@ def test_refresh(sandbox):
     assert sandbox.state == "running"
 
 
+def test_stats(sandbox):
+    sandbox.exec("python3 -c 'sum(range(3_000_000))'")
+    st = sandbox.stats()
+    assert st.memory_limit_bytes == sandbox.memory_mb << 20 and st.cpu_limit == sandbox.cpu
+    assert 0 < st.memory_bytes < st.memory_limit_bytes and 0 < st.memory_used_fraction < 1
+    assert st.cpu_seconds > 0 and st.sampled_at is not None
+
+
 # ----- exec -------------------------------------------------------------
 
 

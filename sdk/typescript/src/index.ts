@@ -32,6 +32,7 @@ export {
   type SandboxListOptions,
   type SandboxRunCodeOptions,
   type SandboxState,
+  type SandboxStats,
   type SnapshotInfo,
 } from "./sandbox.js";
 export {

@@ -30,6 +30,18 @@ import { NotFoundError, PandaStackError, SandboxStoppedError } from "./errors.js
 import { Files } from "./files.js";
 import { type ConnectionOptions, HttpClient } from "./http.js";
 
+/** What a sandbox uses now (`sandbox.stats()`). */
+export interface SandboxStats {
+  /** Host memory charged to the sandbox: what its memory limit counts. */
+  memoryBytes: number;
+  memoryLimitBytes: number;
+  /** CPU time since it started, or was last resumed or restored. */
+  cpuSeconds: number;
+  /** CPUs it may use. */
+  cpuLimit: number;
+  sampledAt: Date;
+}
+
 /** `starting`, `running`, `paused` or `stopped` (more may come). */
 export type SandboxState = "starting" | "running" | "paused" | "stopped" | (string & {});
 
@@ -397,6 +409,28 @@ export class Sandbox implements SandboxInfo {
   }
 
   /** The egress log, oldest first: DNS answers, connections (through NAT or the domain proxy) and connects the firewall refused. */
+  /**
+   * The memory and CPU time the sandbox uses now, and its limits. A paused
+   * sandbox uses none and reports zeros (the look does not wake it); a
+   * stopped one is a `SandboxStoppedError`.
+   */
+  async stats(): Promise<SandboxStats> {
+    const w = await this.#http.json<{
+      memory_bytes: number;
+      memory_limit_bytes: number;
+      cpu_seconds: number;
+      cpu_limit: number;
+      sampled_at: string;
+    }>("GET", this.#path("/stats"));
+    return {
+      memoryBytes: w.memory_bytes,
+      memoryLimitBytes: w.memory_limit_bytes,
+      cpuSeconds: w.cpu_seconds,
+      cpuLimit: w.cpu_limit,
+      sampledAt: new Date(w.sampled_at),
+    };
+  }
+
   async networkLog(): Promise<EgressEntry[]> {
     const w = await this.#http.json<{ entries: EgressEntry[] | null }>("GET", this.#path("/network/log"));
     return w.entries ?? [];

@@ -196,6 +196,16 @@ test("sandbox lifecycle", async (t) => {
     assert.ok(ttl > 100 && ttl <= 121, `ttl ${ttl}`);
   });
 
+  await t.test("stats: memory and CPU time within the limits", async () => {
+    await sb.exec("python3 -c 'sum(range(3_000_000))'");
+    const st = await sb.stats();
+    assert.equal(st.memoryLimitBytes, sb.memoryMb * 2 ** 20);
+    assert.equal(st.cpuLimit, sb.cpu);
+    assert.ok(st.memoryBytes > 0 && st.memoryBytes < st.memoryLimitBytes, `memory ${st.memoryBytes}`);
+    assert.ok(st.cpuSeconds > 0, `cpu ${st.cpuSeconds}`);
+    assert.ok(st.sampledAt instanceof Date && !Number.isNaN(st.sampledAt.getTime()));
+  });
+
   await t.test("env given at create reaches commands", async () => {
     const r = await sb.exec("echo $GREETING");
     assert.equal(r.stdout, "hi from env\n");

@@ -58,7 +58,7 @@ from ._base import (
 from .client import Client, default_client
 from .commands import AsyncCommandHandle, AsyncCommands
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SnapshotInfo
+from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SandboxStats, SnapshotInfo
 
 __all__ = ["AsyncSandbox", "AsyncCodeContext", "AsyncFiles"]
 
@@ -193,6 +193,10 @@ class AsyncSandbox(SandboxRecord):
     async def network_log(self) -> List[Dict[str, Any]]:
         """The egress log; see :meth:`pandastack.Sandbox.network_log`."""
         return list((await self._client._arequest("GET", sandbox_path(self.id, "/network/log"))).json().get("entries") or [])
+
+    async def stats(self) -> SandboxStats:
+        """What the sandbox uses now; see :meth:`pandastack.Sandbox.stats`."""
+        return SandboxStats.from_dict((await self._client._arequest("GET", sandbox_path(self.id, "/stats"))).json())
 
     async def get_url(self, port: int, token: bool = True, ttl_seconds: Optional[int] = None) -> str:
         """A port's URL; see :meth:`pandastack.Sandbox.get_url`."""

@@ -473,6 +473,36 @@ class TemplateInfo:
 
 
 @dataclass
+class SandboxStats:
+    """What a running sandbox uses now (``Sandbox.stats()``)."""
+
+    #: Host memory charged to the sandbox: what its memory limit counts.
+    memory_bytes: int
+    memory_limit_bytes: int
+    #: CPU time since it started, or was last resumed or restored.
+    cpu_seconds: float
+    #: CPUs it may use.
+    cpu_limit: int
+    sampled_at: Optional[datetime]
+
+    @property
+    def memory_used_fraction(self) -> float:
+        """memory_bytes over memory_limit_bytes (0 without a limit)."""
+        return self.memory_bytes / self.memory_limit_bytes if self.memory_limit_bytes else 0.0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SandboxStats":
+        """Build a SandboxStats from the API's JSON object."""
+        return cls(
+            memory_bytes=int(d.get("memory_bytes") or 0),
+            memory_limit_bytes=int(d.get("memory_limit_bytes") or 0),
+            cpu_seconds=float(d.get("cpu_seconds") or 0),
+            cpu_limit=int(d.get("cpu_limit") or 0),
+            sampled_at=parse_time(d.get("sampled_at")),
+        )
+
+
+@dataclass
 class SnapshotInfo:
     """A saved sandbox state: memory, processes (code contexts) and files."""
 

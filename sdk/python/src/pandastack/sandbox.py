@@ -35,7 +35,7 @@ from ._base import (
 from .client import Client, default_client
 from .commands import CommandHandle, Commands
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SnapshotInfo
+from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SandboxStats, SnapshotInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from .terminal import Terminal
@@ -262,6 +262,12 @@ class Sandbox(SandboxRecord):
         firewall refused (time, address, port, domain, bytes each way,
         allowed, rule)."""
         return list(self._client._request("GET", sandbox_path(self.id, "/network/log")).json().get("entries") or [])
+
+    def stats(self) -> SandboxStats:
+        """The memory and CPU time the sandbox uses now, and its limits. A
+        paused sandbox uses none and reports zeros (the look does not wake
+        it); a stopped one raises :class:`SandboxStoppedError`."""
+        return SandboxStats.from_dict(self._client._request("GET", sandbox_path(self.id, "/stats")).json())
 
     def get_url(self, port: int, token: bool = True, ttl_seconds: Optional[int] = None) -> str:
         """The URL of a server listening on ``port`` (on 0.0.0.0) inside
