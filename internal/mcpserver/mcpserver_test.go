@@ -468,6 +468,19 @@ func TestSessionSandboxReplaced(t *testing.T) {
 	if got := sessionSandboxes(t, api); len(got) != len(before) {
 		t.Fatalf("session sandboxes after kill_sandbox: %v", got)
 	}
+	// kill_sandbox of a session sandbox gone already is done, not an
+	// error, and the next call starts a new one without a word of lost state.
+	s.ok(t, "run_code", map[string]any{"code": "z = 1"})
+	third := newSessionSandbox(t, before, sessionSandboxes(t, api))
+	if err := api.client().KillSandbox(context.Background(), third); err != nil {
+		t.Fatal(err)
+	}
+	if txt := textOf(s.ok(t, "kill_sandbox", nil)); !strings.Contains(txt, "already gone") {
+		t.Fatalf("kill_sandbox of a sandbox gone already: %s", txt)
+	}
+	if txt := textOf(s.ok(t, "run_code", map[string]any{"code": "6*7"})); !strings.Contains(txt, "42") || strings.Contains(txt, "lost") {
+		t.Fatalf("the call after: %s", txt)
+	}
 	s.end(t)
 }
 

@@ -518,17 +518,23 @@ func (s *session) deleteSnapshot(ctx context.Context, _ *mcp.CallToolRequest, in
 }
 
 func (s *session) killSandbox(ctx context.Context, _ *mcp.CallToolRequest, in killIn) (*mcp.CallToolResult, any, error) {
+	s.mu.Lock()
+	own := s.id
+	s.mu.Unlock()
 	id := in.SandboxID
 	if id == "" {
-		s.mu.Lock()
-		id = s.id
-		s.mu.Unlock()
-		if id == "" {
+		if id = own; id == "" {
 			return text("this session has no sandbox yet; nothing to kill"), nil, nil
 		}
 	}
 	if err := s.c.KillSandbox(ctx, id); err != nil {
-		return nil, nil, err
+		if !client.IsCode(err, "not_found") || id != own {
+			return nil, nil, err
+		}
+		// The session's sandbox, gone already (killed elsewhere, its TTL):
+		// what was asked for is done, and the next call starts a new one.
+		s.forget(id)
+		return text("%s was already gone; the next call starts a fresh sandbox", id), nil, nil
 	}
 	s.forget(id)
 	s.log.Info("sandbox killed", "sandbox", id)
