@@ -320,6 +320,29 @@ func TestMemoryKillSparesAStillKernel(t *testing.T) {
 	}
 }
 
+// TestMemoryKillOfWhatACellStartedKeepsTheKernel: a cell whose subprocess
+// fills the sandbox loses the subprocess, not the kernel: the cell ends,
+// told why on its stderr, and the kernel keeps its variables. (So does a
+// plotly figure whose Chromium brings a full sandbox to its limit.)
+func TestMemoryKillOfWhatACellStartedKeepsTheKernel(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	sb, cc := codeSandbox(t, s)
+	if ex := run(t, c, sb, cc, "held = b'h' * (200 << 20)\nlen(held)", 120); ex.Error != nil || ex.Text != "209715200" {
+		t.Fatalf("holding 200 MiB: %+v", ex)
+	}
+	ex := run(t, c, sb, cc, "import subprocess, sys\nr = subprocess.run([sys.executable, '-c', 'a = []\\nwhile True:\\n    a.append(b\"x\" * 50_000_000)'])\nprint('returncode', r.returncode)", 300)
+	if ex.Error != nil || !strings.Contains(ex.Stdout, "returncode -9") {
+		t.Fatalf("the cell whose subprocess filled the memory: error %+v, stdout %q, stderr %q; want the subprocess killed (-9) and the cell ended", ex.Error, ex.Stdout, ex.Stderr)
+	}
+	if !strings.Contains(ex.Stderr, "pandastack: out_of_memory: ") || !strings.Contains(ex.Stderr, "the kernel and its variables live on") {
+		t.Fatalf("the cell's stderr %q does not say what the sandbox did", ex.Stderr)
+	}
+	if ex := run(t, c, sb, cc, "len(held)", 60); ex.Error != nil || ex.Text != "209715200" {
+		t.Fatalf("the kernel after its subprocess was killed: %+v; want its variable kept", ex)
+	}
+}
+
 // TestKillDuringRun: a run cut off by DELETE says it was killed, and by
 // then the sandbox no longer says running.
 func TestKillDuringRun(t *testing.T) {

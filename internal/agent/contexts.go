@@ -243,6 +243,7 @@ type kernelProc struct {
 	done   chan struct{}
 	status ExitStatus
 	oom    atomic.Pointer[string] // why the memory watch killed it
+	note   atomic.Pointer[string] // why it killed what the kernel started (jupyter.Noter)
 	// shell: the kernel runs its cells in a shell, its child, whose
 	// variables and functions are the context's (bash_kernel).
 	shell bool
@@ -261,6 +262,21 @@ func newKernelProc(p *Process) *kernelProc {
 func (k *kernelProc) killForMemory(why string) {
 	k.oom.CompareAndSwap(nil, &why)
 	k.Kill()
+}
+
+// killChildrenForMemory kills what the kernel started, leaving the kernel
+// and its variables, and has the running cell told why.
+func (k *kernelProc) killChildrenForMemory(why string) {
+	k.note.Store(&why)
+	k.KillChildren()
+}
+
+// TakeNote implements jupyter.Noter.
+func (k *kernelProc) TakeNote() string {
+	if p := k.note.Swap(nil); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // KillChildren kills what the kernel started and leaves the kernel

@@ -427,13 +427,16 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 	if v == nil {
 		return grew
 	}
-	if v.grew > 0 {
+	if v.children() {
+		log.Warn("sandbox nearly out of memory; killing what a kernel started", "pid", v.pid, "rss_mib", v.rss>>20, "kernel_mib", v.own>>20, "grew_mib", v.grew>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
+		v.kernel.killChildrenForMemory(fmt.Sprintf("pandastack: out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and the processes this kernel had started (%d MiB) were killed; the kernel and its variables live on", total>>20, used>>20, min(v.rss-v.own, used)>>20))
+	} else if v.grew > 0 {
 		over := now.Sub(since).Round(time.Millisecond)
 		log.Warn("sandbox nearly out of memory; killing the process tree that grows", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "grew_mib", v.grew>>20, "over_ms", over.Milliseconds(), "used_mib", used>>20, "anon_mib", mi.anon>>20)
-		v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the one growing (by %d MiB in %s, to %d MiB), was killed", total>>20, used>>20, v.what, v.grew>>20, over, v.rss>>20))
+		v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the one growing (by %d MiB in %s, to %d MiB), was killed", total>>20, used>>20, v.what, min(v.grew, used)>>20, over, min(v.rss, used)>>20))
 	} else {
 		log.Warn("sandbox nearly out of memory; killing its largest process tree", "what", v.what, "pid", v.pid, "rss_mib", v.rss>>20, "used_mib", used>>20, "anon_mib", mi.anon>>20)
-		v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.what, v.rss>>20))
+		v.kill(fmt.Sprintf("out_of_memory: the sandbox's %d MiB were nearly used up (%d MiB), and this %s, with what it started the largest user (%d MiB), was killed", total>>20, used>>20, v.what, min(v.rss, used)>>20))
 	}
 	w.killedAt = time.Now() // a kill can take a while: the grace starts after it
 	w.looks = nil
@@ -497,6 +500,20 @@ type memUnit struct {
 	grew int64   // since the watch's earlier look (memWatch.growth)
 	rate float64 // grew per second
 	kill func(why string)
+	// A kernel's tree: its kernel, and what the kernel process itself
+	// holds (with its shell, for a shell's kernel); the rest is what its
+	// cells started.
+	kernel *kernelProc
+	own    int64
+}
+
+// children reports whether what u's kernel started, rather than the
+// kernel, holds most of u: then those go, and the kernel with its
+// variables lives on (a plotly figure's Chromium, a subprocess filling
+// the sandbox). Should the kernel itself go on growing, the next kill
+// takes it.
+func (u *memUnit) children() bool {
+	return u.kernel != nil && u.rss-u.own > u.rss/2
 }
 
 // memVictim picks, in a sandbox past its pressure level, the process tree
@@ -552,7 +569,10 @@ func memVictim(units []memUnit, used, anon, shmem, floor, pressure int64) *memUn
 	return v
 }
 
-// memUnits sums the resident memory of each process tree: by mark (every
+// memUnits sums the resident memory of each process tree (pages shared
+// between its processes, as Chromium's are, count in each: gVisor tells
+// no process's share, so a tree may seem larger than the sandbox, and the
+// kill notes say no more than what is used): by mark (every
 // process the agent started, and all that started, carries its tree's
 // mark), or, for a kernel without one (an agent not running as root, in
 // tests), by parent links.
@@ -569,7 +589,14 @@ func (cs *Contexts) memUnits(procs []*kernelProc, pf *procFiles) []memUnit {
 	})
 	var units []memUnit
 	for _, k := range procs {
-		u := memUnit{what: "kernel", pid: k.Pid(), key: -int64(k.Pid()), kill: k.killForMemory}
+		u := memUnit{what: "kernel", pid: k.Pid(), key: -int64(k.Pid()), kill: k.killForMemory, kernel: k}
+		u.own, _ = pf.rss(k)
+		if k.shell {
+			for _, c := range childrenOf(k.Pid()) {
+				n, _ := rss(c)
+				u.own += n
+			}
+		}
 		if m := k.p.Mark; m != 0 {
 			u.key = int64(m)
 			u.rss = byMark[m]

@@ -459,3 +459,85 @@ func TestParseMeminfo(t *testing.T) {
 		t.Fatal("meminfo without MemTotal parsed")
 	}
 }
+
+// TestMemoryWatchKillsWhatAKernelStarted: a kernel whose tree must go but
+// whose children hold most of it (a plotly figure's Chromium, a
+// subprocess) loses those, and its running cell is told; the kernel
+// process lives on. A kernel that holds most of its tree itself is killed
+// as before.
+func TestMemoryWatchKillsWhatAKernelStarted(t *testing.T) {
+	if !runningAsRoot() {
+		t.Skip("needs root: only root marks the trees it starts")
+	}
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("needs python3 to hold memory")
+	}
+	kernel := func(code string) *kernelProc {
+		p, err := (*Reaper)(nil).Start(py, []string{"python3", "-c", code}, &os.ProcAttr{Sys: procAttr(true)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := newKernelProc(p)
+		t.Cleanup(k.Kill)
+		return k
+	}
+	// The "kernel" starts a child that takes 96 MiB, and holds still.
+	const withChild = "import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', \"import time\\nx = b'a' * (96 << 20)\\ntime.sleep(120)\"])\ntime.sleep(120)"
+	k := kernel(withChild)
+	cs := testContexts()
+	cs.procs[k] = true
+	var child int
+	deadline := time.Now().Add(20 * time.Second)
+	for child == 0 {
+		for _, c := range childrenOf(k.Pid()) {
+			if st, _ := readStatus(strconv.Itoa(c)); st.rss > 90<<20 {
+				child = c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the kernel's child never held its memory")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, look := watchLooks(t, cs)
+	look(250<<20, 170<<20)
+	deadline = time.Now().Add(10 * time.Second)
+	for syscall.Kill(child, 0) == nil {
+		if st, ok := readStatus(strconv.Itoa(child)); ok && !st.living() {
+			break // a zombie, its parent's to reap
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the kernel's child was not killed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	select {
+	case <-k.Done():
+		t.Fatalf("the kernel was killed with its child: %s", k.ExitReason())
+	case <-time.After(300 * time.Millisecond):
+	}
+	if n := k.TakeNote(); !strings.HasPrefix(n, "pandastack: out_of_memory: ") || !strings.Contains(n, "the kernel and its variables live on") {
+		t.Fatalf("the cell would be told %q", n)
+	}
+	if n := k.TakeNote(); n != "" {
+		t.Fatalf("the note was taken twice: %q", n)
+	}
+
+	// A kernel holding the memory itself goes.
+	big := kernel("import time\nx = b'a' * (96 << 20)\ntime.sleep(120)")
+	cs = testContexts()
+	cs.procs[big] = true
+	p := &Process{Pid: big.Pid()}
+	waitHolding(t, p, 90<<20)
+	_, look = watchLooks(t, cs)
+	look(250<<20, 170<<20)
+	select {
+	case <-big.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the kernel holding the memory was not killed")
+	}
+	if r := big.ExitReason(); !strings.Contains(r, "out_of_memory") {
+		t.Fatalf("the kernel's exit reason %q", r)
+	}
+}

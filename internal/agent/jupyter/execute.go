@@ -101,6 +101,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 		return agentproto.Execution{}, err
 	}
 
+	takeNote(in) // one from between cells belongs to none
 	start := time.Now()
 	r := newRun(o.OutputCap)
 	r.valueDisplays = k.opts.ValueDisplays
@@ -151,6 +152,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	}
 	switch r.wait(ctx, in, timeout, onEvent) {
 	case finished:
+		r.note(takeNote(in))
 		return r.finish(start, k.shellExited(ctx, in, r), onEvent), nil
 	case died:
 		return r.finish(start, kernelDied(in), onEvent), nil
@@ -176,6 +178,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	stopped := func(deadline <-chan time.Time, note string) (ex agentproto.Execution, done bool, err error) {
 		switch r.wait(ctx, in, deadline, onEvent) {
 		case finished:
+			r.note(takeNote(in))
 			terr.Value += note
 			terr.Traceback = r.interruptTraceback()
 			return r.finish(start, terr, onEvent), true, nil
@@ -819,6 +822,28 @@ func (r *run) onReply(content json.RawMessage) {
 	case "aborted":
 		r.replyErr = &agentproto.ExecutionError{Name: "Aborted", Value: "the kernel aborted the execution"}
 	}
+}
+
+// takeNote is what in's process has to tell the cell (Noter), if anything.
+func takeNote(in *instance) string {
+	if n, ok := in.proc.(Noter); ok {
+		return n.TakeNote()
+	}
+	return ""
+}
+
+// note adds a note of the sandbox's to the cell's stderr, on a line of its
+// own.
+func (r *run) note(s string) {
+	if s == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if t := r.stderr.String(); t != "" && !strings.HasSuffix(t, "\n") {
+		s = "\n" + s
+	}
+	r.onStream("stderr", s+"\n")
 }
 
 func (r *run) onStream(name, text string) {

@@ -79,6 +79,14 @@ type ChildKiller interface {
 	KillChildren()
 }
 
+// Noter is a Proc that may have something to tell the cell that runs:
+// what the sandbox did to what the kernel started (the memory watch killed
+// it, the kernel lives on). Execute adds it to the cell's stderr as the
+// cell ends; one left from between cells is dropped when the next starts.
+type Noter interface {
+	TakeNote() string
+}
+
 // childrenGrace is how long a timed-out cell is given to stop once the
 // kernel's children were killed (ChildKiller).
 var childrenGrace = 2 * time.Second
