@@ -114,6 +114,14 @@ func TestFileAPIHardening(t *testing.T) {
 			t.Fatalf("a refused delete deleted: %q", out)
 		}
 	})
+	t.Run("a recursive delete of the home is refused before anything goes", func(t *testing.T) {
+		mustExec(t, s, sb.ID, "echo keep > /home/user/.keepme && mkdir -p /home/user/deep/er && echo k > /home/user/deep/er/k")
+		expect(t, "DELETE", files, qv("path", "/home/user", "recursive", "true"), "", 403, "nothing was deleted")
+		expect(t, "DELETE", files, qv("path", "/tmp", "recursive", "true"), "", 403, "nothing was deleted")
+		if out := mustExec(t, s, sb.ID, "cat /home/user/.keepme /home/user/deep/er/k"); out != "keep\nk\n" {
+			t.Fatalf("after the refused deletes: %q", out)
+		}
+	})
 	t.Run("rename", func(t *testing.T) {
 		mustExec(t, s, sb.ID, "mkdir -p r/d && echo 1 > r/d/one && echo 2 > r/two")
 		// The parameters in a JSON body, as mkdir takes its path.

@@ -5,8 +5,12 @@ package agent
 import (
 	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"runtime"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -106,4 +110,33 @@ func deviceOf(fi fs.FileInfo) uint64 {
 		return uint64(st.Dev)
 	}
 	return 0
+}
+
+// mayRemove says why p (whose Lstat is fi) could not be removed from its
+// directory by this thread's effective user, nil if it could: asked
+// before a recursive delete empties it. One that emptied the user's home,
+// then could not remove it (its parent is root's), destroyed everything it
+// then answered was refused.
+func mayRemove(p string, fi fs.FileInfo) error {
+	parent := filepath.Dir(p)
+	pfi, err := os.Stat(parent)
+	if err != nil {
+		return err
+	}
+	if deviceOf(pfi) != deviceOf(fi) {
+		return &fs.PathError{Op: "remove", Path: p, Err: syscall.EBUSY} // a mount point
+	}
+	if err := unix.Faccessat(unix.AT_FDCWD, parent, unix.W_OK|unix.X_OK, unix.AT_EACCESS); err != nil {
+		return &fs.PathError{Op: "remove", Path: p, Err: err}
+	}
+	// In a sticky directory (/tmp) only the owner of the entry or of the
+	// directory removes it.
+	if pfi.Mode()&fs.ModeSticky != 0 {
+		euid := uint32(unix.Geteuid())
+		owner := func(fi fs.FileInfo) uint32 { return fi.Sys().(*syscall.Stat_t).Uid }
+		if euid != 0 && euid != owner(fi) && euid != owner(pfi) {
+			return &fs.PathError{Op: "remove", Path: p, Err: syscall.EPERM}
+		}
+	}
+	return nil
 }

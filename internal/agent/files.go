@@ -385,7 +385,20 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
 			return fsError(err, p, false)
 		}
 		if fi.IsDir() && recursive {
-			err = removeTree(ctx, p, fi)
+			if err := mayRemove(p, fi); err != nil {
+				if errors.Is(err, fs.ErrPermission) {
+					who := "the sandbox user"
+					if t.root {
+						who = "root"
+					}
+					return pandastack.Errorf(pandastack.EPermission, "cannot delete %s: %s may not remove it from %s; nothing was deleted (delete what is in it one by one instead)", p, who, filepath.Dir(p))
+				}
+				return fsError(err, p, true)
+			}
+			if err = removeTree(ctx, p, fi); err != nil {
+				return treeError(err, p)
+			}
+			return nil
 		} else {
 			err = os.Remove(p)
 		}
@@ -402,6 +415,24 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// treeError says where a recursive delete of top stopped, and that what it
+// deleted before stays deleted.
+func treeError(err error, top string) error {
+	var own *pandastack.Error
+	var pe *fs.PathError
+	if errors.As(err, &own) || !errors.As(err, &pe) {
+		return err // its own message (the deadline), or no path to name
+	}
+	at := pe.Path
+	if !filepath.IsAbs(at) {
+		at = filepath.Join(top, at)
+	}
+	if !errors.As(fsError(err, at, true), &own) {
+		return err
+	}
+	return pandastack.Errorf(own.Code, "deleting %s stopped at %s; what was deleted before that stays deleted", top, own.Message)
 }
 
 // removeTree deletes the directory dir (whose Lstat is fi) and everything in

@@ -293,3 +293,68 @@ func TestFilesRename(t *testing.T) {
 		}
 	})
 }
+
+// A recursive delete the user may not finish deletes nothing when the
+// directory itself cannot go (its parent is root's, or sticky and
+// another's), and says where it stopped when something inside cannot.
+func TestFilesRecursiveDeleteRefusedUpFront(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent acts as the sandbox user only as root")
+	}
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		home := cfg.Home
+		mk := func(p string, mode os.FileMode, uid int) {
+			t.Helper()
+			full := filepath.Join(home, p)
+			if err := os.Mkdir(full, mode); err != nil {
+				t.Fatal(err)
+			}
+			os.Chmod(full, mode) // past the umask
+			if err := os.Chown(full, uid, uid); err != nil {
+				t.Fatal(err)
+			}
+		}
+		file := func(p string) {
+			t.Helper()
+			full := filepath.Join(home, p)
+			if err := os.WriteFile(full, []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			os.Chown(full, agentproto.UserUID, agentproto.UserGID)
+		}
+		kept := func(p string) {
+			t.Helper()
+			if _, err := os.Lstat(filepath.Join(home, p)); err != nil {
+				t.Errorf("%s was deleted by a refused delete: %v", p, err)
+			}
+		}
+		// The user's directory in a directory of root's, as the home in /home.
+		mk("rootdir", 0o755, 0)
+		mk("rootdir/mine", 0o755, agentproto.UserUID)
+		file("rootdir/mine/a.txt")
+		msg := st.callError(t, http.MethodDelete, "/v1/files", q("path", "rootdir/mine", "recursive", "true"), nil, http.StatusForbidden, "permission_denied")
+		if !strings.Contains(msg, "nothing was deleted") {
+			t.Errorf("refused delete: %q", msg)
+		}
+		kept("rootdir/mine/a.txt")
+		// Another's directory in a sticky one, as in /tmp.
+		mk("sticky", 0o777|os.ModeSticky, 0)
+		mk("sticky/theirs", 0o777, 2000)
+		file("sticky/theirs/b.txt")
+		st.callError(t, http.MethodDelete, "/v1/files", q("path", "sticky/theirs", "recursive", "true"), nil, http.StatusForbidden, "permission_denied")
+		kept("sticky/theirs/b.txt")
+		// As root, both go.
+		st.call(t, http.MethodDelete, "/v1/files", q("path", "rootdir/mine", "recursive", "true", "user", "root"), nil, http.StatusNoContent, nil)
+		st.call(t, http.MethodDelete, "/v1/files", q("path", "sticky/theirs", "recursive", "true", "user", "root"), nil, http.StatusNoContent, nil)
+		// Something inside that the user may not delete: where it stopped.
+		mk("tree", 0o755, agentproto.UserUID)
+		mk("tree/locked", 0o755, 0)
+		if err := os.WriteFile(filepath.Join(home, "tree/locked/root.txt"), []byte("r"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		msg = st.callError(t, http.MethodDelete, "/v1/files", q("path", "tree", "recursive", "true"), nil, http.StatusForbidden, "permission_denied")
+		if !strings.Contains(msg, "stopped at "+filepath.Join(home, "tree/locked/root.txt")) || !strings.Contains(msg, "stays deleted") {
+			t.Errorf("a delete stopped midway: %q", msg)
+		}
+	})
+}
