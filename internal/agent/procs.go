@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -379,6 +380,34 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 		KillTree(0, p.mark) // what it started lives on after it
 	}
 	p.mu.Unlock()
+	// The answer means it ended: a list or a look right after says so
+	// (its exit comes once it is reaped and its output read, ~100 ms).
+	p.waitEnded(r.Context(), killAnswerWait)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+// killAnswerWait bounds how long a kill waits for the process's exit to be
+// recorded before it answers.
+const killAnswerWait = 3 * time.Second
+
+// waitEnded waits until p's exit is recorded, for limit at most.
+func (p *bgProc) waitEnded(ctx context.Context, limit time.Duration) {
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	for {
+		p.mu.Lock()
+		running, changed := p.info.Running, p.changed
+		p.mu.Unlock()
+		if !running {
+			return
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
 }

@@ -85,6 +85,13 @@ func TestBackgroundProcess(t *testing.T) {
 		// Kill.
 		st.call(t, http.MethodPost, "/v1/processes", nil, jsonBody(t, agentproto.ExecRequest{Cmd: "echo up; sleep 600"}), http.StatusOK, &p)
 		st.call(t, http.MethodPost, "/v1/processes/"+strconv.Itoa(p.PID)+"/kill", nil, nil, http.StatusNoContent, nil)
+		// Once the kill answered, the process is ended for any look.
+		st.call(t, http.MethodGet, "/v1/processes", nil, nil, http.StatusOK, &list)
+		for _, q := range list {
+			if q.PID == p.PID && (q.Running || q.Signal != "SIGKILL") {
+				t.Fatalf("listed right after its kill: %+v", q)
+			}
+		}
 		if _, exit := st.output(t, p.PID, true); exit == nil || exit.Signal != "SIGKILL" {
 			t.Fatalf("killed: exit %+v", exit)
 		}
