@@ -284,7 +284,7 @@ func (b *capBuffer) String() string {
 	if b.dropped == 0 {
 		return b.Buffer.String()
 	}
-	return b.Buffer.String() + fmt.Sprintf("\n[pandastack: output truncated, %d more bytes not kept; stream the exec with Accept: application/x-ndjson to get all of it]\n", b.dropped)
+	return b.Buffer.String() + fmt.Sprintf("\n[pandastack: output truncated, %d more bytes not kept; stream the exec to get all of it (the SDKs: pass on_stdout / onStdout; HTTP: Accept: application/x-ndjson)]\n", b.dropped)
 }
 
 // streamEvent is one NDJSON line of a streamed exec.

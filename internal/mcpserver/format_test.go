@@ -173,7 +173,7 @@ func TestForModel(t *testing.T) {
 	if !strings.HasPrefix(got, strings.Repeat("x", outputHead)+"\n[… 1000 bytes of output left out here;") || !strings.HasSuffix(got, strings.Repeat("z", outputTail)) {
 		t.Errorf("long: %d bytes, around the cut %q", len(got), got[outputHead-5:outputHead+120])
 	}
-	cut := "out\n[pandastack: output truncated, 123 more bytes not kept; stream the exec with Accept: application/x-ndjson to get all of it]\n"
+	cut := "out\n[pandastack: output truncated, 123 more bytes not kept; stream the exec to get all of it (the SDKs: pass on_stdout / onStdout; HTTP: Accept: application/x-ndjson)]\n"
 	if got := forModel(cut); strings.Contains(got, "Accept") || !strings.HasSuffix(got, "out\n[… 123 bytes of output left out after this: the output went on; to see them, write the output to a file and read parts of it (head, tail, grep, sed -n)]") {
 		t.Errorf("the server's note: %q", got)
 	}
