@@ -24,9 +24,11 @@ const (
 	keptOutput = 4 << 20
 	// keptExited is how many ended processes stay listed (and readable).
 	keptExited = 64
-	// stdinWait bounds a write to a process that does not read its input.
-	stdinWait = 10 * time.Second
 )
+
+// stdinWait bounds a write to a process that does not read its input (a
+// variable for tests).
+var stdinWait = 10 * time.Second
 
 // Processes holds the sandbox's background processes. Like Contexts it
 // outlives host sessions: a process started by one session is read, fed
@@ -44,6 +46,10 @@ type bgProc struct {
 	pid   int
 	mark  uint32 // Process.Mark
 	stdin *os.File
+	// stdinTurn is held by the one write to stdin under way: a write
+	// deadline belongs to the file, so two writers would reset each
+	// other's (one then blocked for ever, holding the file's write lock).
+	stdinTurn chan struct{}
 	// oom says why the memory watch killed it; release takes it off the
 	// watch (Contexts.guardMemory).
 	oom     atomic.Pointer[string]
@@ -174,20 +180,17 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 		return startError(spec, err)
 	}
 	p := &bgProc{
-		pid:     c.Pid,
-		mark:    c.Mark,
-		stdin:   inW,
-		changed: make(chan struct{}),
+		pid:       c.Pid,
+		mark:      c.Mark,
+		stdin:     inW,
+		stdinTurn: make(chan struct{}, 1),
+		changed:   make(chan struct{}),
 		info: agentproto.Process{
 			PID: c.Pid, Cmd: summarize(req), Cwd: spec.dir, StartedAt: start.UTC(), Running: true,
 		},
 	}
 	if len(req.Stdin) > 0 {
-		go func() {
-			inW.SetWriteDeadline(time.Now().Add(stdinWait))
-			inW.Write(req.Stdin)
-			inW.SetWriteDeadline(time.Time{})
-		}()
+		go p.writeStdin(context.Background(), req.Stdin)
 	}
 	s.cfg.Processes.add(p)
 	p.release = s.cfg.Contexts.guardMemory(c.Mark, "background process", false, s.log, func(why string) {
@@ -349,10 +352,10 @@ func (s *Server) processStdin(w http.ResponseWriter, r *http.Request) error {
 		return pandastack.Errorf(pandastack.EConflict, "process %d has ended; its input is closed", p.pid)
 	}
 	if len(req.Data) > 0 {
-		p.stdin.SetWriteDeadline(time.Now().Add(stdinWait))
-		_, err := p.stdin.Write(req.Data)
-		p.stdin.SetWriteDeadline(time.Time{})
+		err := p.writeStdin(r.Context(), req.Data)
 		switch {
+		case errors.Is(err, errStdinBusy):
+			return pandastack.Errorf(pandastack.EConflict, "process %d is not reading its input: an earlier write to it still waits (for %s)", p.pid, stdinWait)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return pandastack.Errorf(pandastack.EConflict, "process %d is not reading its input (nothing taken for %s)", p.pid, stdinWait)
 		case errors.Is(err, os.ErrClosed):
@@ -385,6 +388,37 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 	p.waitEnded(r.Context(), killAnswerWait)
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+var errStdinBusy = errors.New("another write to stdin is under way")
+
+// writeStdin writes b to p's stdin, one writer at a time: it waits up to
+// stdinWait for its turn (errStdinBusy), then up to stdinWait for the
+// process to take the data (os.ErrDeadlineExceeded); ctx ending cuts the
+// write short, so no write outlives its request.
+func (p *bgProc) writeStdin(ctx context.Context, b []byte) error {
+	turn := time.NewTimer(stdinWait)
+	defer turn.Stop()
+	select {
+	case p.stdinTurn <- struct{}{}:
+	case <-turn.C:
+		return errStdinBusy
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	p.stdin.SetWriteDeadline(time.Now().Add(stdinWait))
+	cut := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		p.stdin.SetWriteDeadline(time.Now())
+		close(cut)
+	})
+	_, err := p.stdin.Write(b)
+	if !stop() {
+		<-cut // its deadline set before this one's reset, not in the next turn
+	}
+	p.stdin.SetWriteDeadline(time.Time{})
+	<-p.stdinTurn
+	return err
 }
 
 // killAnswerWait bounds how long a kill waits for the process's exit to be
