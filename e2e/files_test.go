@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -120,6 +123,26 @@ func TestFileAPIHardening(t *testing.T) {
 		expect(t, "DELETE", files, qv("path", "/tmp", "recursive", "true"), "", 403, "nothing was deleted")
 		if out := mustExec(t, s, sb.ID, "cat /home/user/.keepme /home/user/deep/er/k"); out != "keep\nk\n" {
 			t.Fatalf("after the refused deletes: %q", out)
+		}
+	})
+	t.Run("a malformed upload body is the client's error, not the sandbox's", func(t *testing.T) {
+		c, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "PUT %s?path=broken.bin HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n%s\r\nzz\r\n", files, s.key, strings.Repeat("y", 16))
+		c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no answer: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 400 || !strings.Contains(string(b), "invalid_request") {
+			t.Fatalf("a malformed chunked upload: %d %s, want 400 invalid_request", resp.StatusCode, b)
+		}
+		if out := mustExec(t, s, sb.ID, "ls -a /home/user | grep -c broken || true"); strings.TrimSpace(out) != "0" {
+			t.Fatalf("the broken upload left a file: %q", out)
 		}
 	})
 	t.Run("rename", func(t *testing.T) {

@@ -175,8 +175,11 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request, project string)
 	fi, err := agent.PutFile(ctx, fr.path, fr.root, body)
 	if err != nil {
 		var tooBig *http.MaxBytesError
+		var broken *sandbox.BodyError
 		if errors.As(err, &tooBig) {
 			err = pandastack.Errorf(pandastack.ETooLarge, "upload is over the server's limit of %d bytes", s.cfg.MaxUploadBytes)
+		} else if errors.As(err, &broken) && ctx.Err() == nil {
+			err = pandastack.Errorf(pandastack.EInvalid, "the upload's body could not be read: %v", broken.Err)
 		}
 		err = fileError(ctx, err, "the upload (no data moved for a while)", fileIdle)
 		s.logFailure(r, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -296,6 +297,16 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 		setCookie() // not for a sandbox that is gone
 	}
 	rawPath := proxiedPath(r)
+	// A body the caller broke (malformed chunks, cut off) is the caller's
+	// fault, not the sandbox's server's.
+	var body *sandbox.BodyReader
+	if r.Body != nil && r.Body != http.NoBody {
+		body = &sandbox.BodyReader{R: r.Body}
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{body, r.Body}
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
@@ -332,6 +343,10 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 				if c != nil && !c.Alive() {
 					writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was paused or stopped during the request to its port %d", id, port))
 				}
+				return
+			}
+			if body != nil && body.Err != nil {
+				writeError(w, pandastack.Errorf(pandastack.EInvalid, "the request's body could not be read: %v", body.Err))
 				return
 			}
 			var op *net.OpError

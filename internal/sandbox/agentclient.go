@@ -233,6 +233,11 @@ func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q 
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
+	var rec *BodyReader
+	if body != nil {
+		rec = &BodyReader{R: body}
+		body = rec
+	}
 	req, err := http.NewRequestWithContext(ctx, method, u, body)
 	if err != nil {
 		return nil, err
@@ -245,6 +250,9 @@ func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q 
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if rec != nil && rec.Err != nil {
+			return nil, &BodyError{Err: rec.Err} // the caller's body, not the sandbox
+		}
 		if c.sess.IsClosed() {
 			return nil, c.stopped(describe(method, path))
 		}
@@ -256,6 +264,31 @@ func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q 
 	}
 	return resp, nil
 }
+
+// BodyReader reads R and keeps its first failure (io.EOF is none): a
+// request that failed while its body was read failed on its caller's side
+// (a client that broke off, sent a malformed or too large body), which
+// the transport's error does not tell from the far side going away.
+type BodyReader struct {
+	R   io.Reader
+	Err error
+}
+
+func (b *BodyReader) Read(p []byte) (int, error) {
+	n, err := b.R.Read(p)
+	if err != nil && err != io.EOF && b.Err == nil {
+		b.Err = err
+	}
+	return n, err
+}
+
+// A BodyError is a failure to read the body a request to the agent
+// carried (BodyReader): the caller's, not the sandbox's. It unwraps to the
+// read's error (*http.MaxBytesError for a body over a limit).
+type BodyError struct{ Err error }
+
+func (e *BodyError) Error() string { return "reading the request's body: " + e.Err.Error() }
+func (e *BodyError) Unwrap() error { return e.Err }
 
 // do sends a request and decodes a JSON answer into out (if non-nil).
 func (c *AgentClient) do(ctx context.Context, method, path string, q url.Values, in, out any) error {

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -323,5 +324,35 @@ func TestStoppedCodes(t *testing.T) {
 	c := fakeAgent(t, func(mux *http.ServeMux) {})
 	if err := c.Explain(pandastack.Errorf(pandastack.EUnavailable, "cut off during exec")); !pandastack.IsCode(err, pandastack.EUnavailable) {
 		t.Errorf("cut off before the manager knew why: %v, want %s", err, pandastack.EUnavailable)
+	}
+}
+
+// errReader fails its first read.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// A request whose body fails to read is the caller's failure (BodyError,
+// unwrapping to the read's error), never "the sandbox is not answering".
+func TestBrokenBodyIsTheCallers(t *testing.T) {
+	c := fakeAgent(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("PUT /v1/files", func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			w.Write([]byte(`{}`))
+		})
+	})
+	tooBig := &http.MaxBytesError{Limit: 10}
+	_, err := c.PutFile(context.Background(), "/home/user/x", false, io.MultiReader(strings.NewReader("some"), errReader{tooBig}))
+	var be *BodyError
+	var mb *http.MaxBytesError
+	if !errors.As(err, &be) || !errors.As(err, &mb) || pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Fatalf("a body over its limit: %v, want a BodyError unwrapping to *http.MaxBytesError", err)
+	}
+	_, err = c.PutFile(context.Background(), "/home/user/x", false, errReader{errors.New("invalid byte in chunk length")})
+	if !errors.As(err, &be) || !strings.Contains(err.Error(), "chunk length") {
+		t.Fatalf("a malformed body: %v, want a BodyError", err)
+	}
+	if _, err := c.PutFile(context.Background(), "/home/user/x", false, strings.NewReader("whole")); err != nil {
+		t.Fatalf("a whole body: %v", err)
 	}
 }
