@@ -166,3 +166,37 @@ func TestBackgroundCommands(t *testing.T) {
 	}
 	s.assertGone(t, sb.ID)
 }
+
+// TestProcessLimitIsAConflict: once the sandbox user has as many
+// processes as it may, starting one more is a 409 conflict that says so
+// (it was a 500 internal error), and ending one makes room again.
+func TestProcessLimitIsAConflict(t *testing.T) {
+	s := sharedServer(t)
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base", TTLSeconds: 600})
+	base := "/v1/sandboxes/" + sb.ID
+	var pid int
+	status, body := 0, []byte(nil)
+	for i := 0; ; i++ {
+		status, body = rawCall(t, s, "POST", base+"/exec", `{"cmd": "sleep 600", "background": true}`)
+		if status != 200 || i == 1000 {
+			break
+		}
+		var p struct {
+			PID int `json:"pid"`
+		}
+		json.Unmarshal(body, &p)
+		pid = p.PID
+	}
+	if status != 409 || !strings.Contains(string(body), `"conflict"`) || !strings.Contains(string(body), "as many processes as it may") {
+		t.Fatalf("a background exec at the process limit: %d %s, want 409 conflict saying so", status, body)
+	}
+	if status, body = rawCall(t, s, "POST", base+"/exec", `{"cmd": "echo hi"}`); status != 409 {
+		t.Fatalf("exec at the process limit: %d %s, want 409", status, body)
+	}
+	if status, body = rawCall(t, s, "POST", base+"/processes/"+strconv.Itoa(pid)+"/kill", ""); status != 204 {
+		t.Fatalf("kill: %d %s", status, body)
+	}
+	if status, body = rawCall(t, s, "POST", base+"/exec", `{"cmd": "echo room"}`); status != 200 || !strings.Contains(string(body), "room") {
+		t.Fatalf("exec after one process was killed: %d %s", status, body)
+	}
+}

@@ -389,9 +389,18 @@ func (s *Server) newContext(rctx context.Context, req agentproto.ContextRequest)
 		}
 	}
 	if err != nil {
+		what := fmt.Sprintf("start a %s kernel", req.Language)
 		switch {
 		case errors.Is(err, syscall.ENOSPC):
 			err = pandastack.Errorf(pandastack.ETooLarge, "no space left on the sandbox's disk to start a %s kernel; delete files", req.Language)
+		case errors.Is(err, syscall.E2BIG), errors.Is(err, syscall.ENAMETOOLONG):
+			err = pandastack.Errorf(pandastack.EInvalid, "cannot %s: its environment is too large in all for the kernel; pass large values in a file (PUT /v1/sandboxes/{id}/files)", what)
+		case exhausted(what, err) != nil:
+			err = exhausted(what, err)
+		case !pandastack.IsCode(err, pandastack.EInvalid) && atProcessLimit():
+			// A kernel that could not start what it needs (bash_kernel's
+			// shell) fails late and vaguely: the limit is the likely cause.
+			err = exhausted(what, syscall.EAGAIN)
 		case !pandastack.IsCode(err, pandastack.EInvalid):
 			err = fmt.Errorf("start %s kernel: %w", req.Language, err)
 		}

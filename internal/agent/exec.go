@@ -243,7 +243,38 @@ func startError(spec *execSpec, err error) error {
 		// (gVisor answers ENAMETOOLONG where Linux answers E2BIG).
 		return pandastack.Errorf(pandastack.EInvalid, "cannot run %q: its arguments and environment are too large in all for the kernel; pass large input on stdin or in a file (PUT /v1/sandboxes/{id}/files)", name)
 	}
+	if e := exhausted(fmt.Sprintf("run %q", name), err); e != nil {
+		return e
+	}
 	return fmt.Errorf("start %q: %w", name, err)
+}
+
+// pipeError is the error for pipes a start (what) could not make.
+func pipeError(what string, err error) error {
+	if e := exhausted(what, err); e != nil {
+		return e
+	}
+	return fmt.Errorf("%s: pipes: %w", what, err)
+}
+
+// exhausted is the error for a start (what) that failed because the
+// sandbox is out of something its own processes took (processes, file
+// descriptors, memory): the caller can free it, so a conflict that says
+// how, not an internal error. nil for any other failure.
+func exhausted(what string, err error) error {
+	switch {
+	case errors.Is(err, syscall.EAGAIN):
+		limit := ""
+		if n := nprocLimit(); n > 0 {
+			limit = fmt.Sprintf(" (%d)", n)
+		}
+		return pandastack.Errorf(pandastack.EConflict, "cannot %s: the sandbox user has as many processes as it may%s; end some first (POST /v1/sandboxes/{id}/processes/{pid}/kill for a background one) or kill the sandbox", what, limit)
+	case errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE):
+		return pandastack.Errorf(pandastack.EConflict, "cannot %s: the sandbox is out of file descriptors; end some of its processes first", what)
+	case errors.Is(err, syscall.ENOMEM):
+		return pandastack.Errorf(pandastack.EConflict, "cannot %s: the sandbox is out of memory; end some of its processes or free memory first", what)
+	}
+	return nil
 }
 
 // run starts the command and streams its output and exit as events. The
@@ -264,15 +295,15 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	}
 	inR, inW, err := pipe()
 	if err != nil {
-		return fmt.Errorf("exec pipes: %w", err)
+		return pipeError("run the command", err)
 	}
 	outR, outW, err := pipe()
 	if err != nil {
-		return fmt.Errorf("exec pipes: %w", err)
+		return pipeError("run the command", err)
 	}
 	errR, errW, err := pipe()
 	if err != nil {
-		return fmt.Errorf("exec pipes: %w", err)
+		return pipeError("run the command", err)
 	}
 	growPipe(outR, outputPipe)
 	growPipe(errR, outputPipe)

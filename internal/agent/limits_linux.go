@@ -23,6 +23,16 @@ import (
 // rlimitNProc is RLIMIT_NPROC on Linux (the syscall package lacks it).
 const rlimitNProc = 6
 
+// nprocLimit is the processes the sandbox user may have (RLIMIT_NPROC,
+// which the agent's children inherit), 0 if unknown or unlimited.
+func nprocLimit() uint64 {
+	var l syscall.Rlimit
+	if err := syscall.Getrlimit(rlimitNProc, &l); err != nil || l.Cur == ^uint64(0) {
+		return 0
+	}
+	return l.Cur
+}
+
 // LimitProcesses sets the agent's RLIMIT_NPROC from agentproto.NProcEnv
 // if the runtime set it (gVisor enforces it per user, and everything the
 // agent starts inherits it), and removes the variable so that user

@@ -954,3 +954,22 @@ func parentOf(pid int) (int, bool) {
 	ppid, err := strconv.Atoi(f[1])
 	return ppid, err == nil
 }
+
+// atProcessLimit reports whether the sandbox user has nearly as many
+// processes as RLIMIT_NPROC lets it have (nine tenths; threads, which also
+// count, are not seen here): then a start that failed vaguely (a kernel
+// whose own child could not start) most likely failed for that.
+func atProcessLimit() bool {
+	limit := nprocLimit()
+	if limit == 0 {
+		return false
+	}
+	want := strconv.Itoa(agentproto.UserUID)
+	var n uint64
+	scanStatus(time.Now().Add(time.Second), func(pid int, st procStatus) {
+		if st.ruid == want && st.living() {
+			n++
+		}
+	})
+	return n >= limit*9/10
+}

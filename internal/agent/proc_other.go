@@ -42,3 +42,6 @@ func ttyProcAttr() *syscall.SysProcAttr { return nil }
 
 // unread cannot tell elsewhere: nothing waits.
 func unread(files ...*os.File) int { return 0 }
+
+// atProcessLimit cannot tell elsewhere.
+func atProcessLimit() bool { return false }

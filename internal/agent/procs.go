@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -151,20 +150,20 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 	}
 	inR, inW, err := os.Pipe()
 	if err != nil {
-		return fmt.Errorf("process pipes: %w", err)
+		return pipeError("start the process", err)
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
 		inR.Close()
 		inW.Close()
-		return fmt.Errorf("process pipes: %w", err)
+		return pipeError("start the process", err)
 	}
 	errR, errW, err := os.Pipe()
 	if err != nil {
 		for _, f := range []*os.File{inR, inW, outR, outW} {
 			f.Close()
 		}
-		return fmt.Errorf("process pipes: %w", err)
+		return pipeError("start the process", err)
 	}
 	start := time.Now()
 	c, err := s.cfg.Reaper.Start(spec.path, spec.argv, &os.ProcAttr{
