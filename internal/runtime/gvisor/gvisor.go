@@ -248,10 +248,18 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 	if imageDir != "" {
 		if p := r.takePrepared(spec.ID); p != nil {
 			if caps, err := r.capsFor(imageDir); p.err == nil && p.key == prepareKey(spec, p.disk) && r.imageDisk(imageDir) == p.disk && err == nil && caps == p.caps {
-				return r.restorePrepared(ctx, spec, imageDir, p)
+				conn, err := r.restorePrepared(ctx, spec, imageDir, p)
+				if err == nil || ctx.Err() != nil {
+					return conn, err
+				}
+				// The prepared container is an optimisation: one whose
+				// processes died meanwhile (the host's OOM killer, a
+				// crash) is gone now, and the restore is run afresh.
+				r.log.Warn("restore into the prepared container failed; restoring afresh", "sandbox", spec.ID, "err", err)
+			} else {
+				// Failed, or made for another spec: start afresh.
+				r.remove(spec.ID)
 			}
-			// Failed, or made for another spec: start afresh.
-			r.remove(spec.ID)
 		}
 	}
 	mode := modeRun

@@ -604,8 +604,8 @@ func restoreKept(t *testing.T, rt pandastack.Runtime, spec pandastack.RuntimeSpe
 // a prepared sandbox is stopped (not running) until then, and Stop removes
 // it; a restore with another spec than the one prepared still works; a
 // second Prepare of the id is a conflict; a prepared sandbox renamed
-// (Rename) restores and runs under its new id alone; a failed Prepare
-// leaves nothing.
+// (Rename) restores and runs under its new id alone; one whose host
+// processes died restores afresh; a failed Prepare leaves nothing.
 func testPreparedRestore(t *testing.T, env Env) {
 	rt := env.New(t)
 	rp, ok := rt.(pandastack.RuntimePreparer)
@@ -696,6 +696,26 @@ func testPreparedRestore(t *testing.T, env Env) {
 	}
 	assertGone(t, rt, renamed)
 	assertGone(t, rt, standby)
+
+	// Prepared, then its host processes died (the host's OOM killer, a
+	// crash): the restore still brings the state back, afresh.
+	dead := newID()
+	t.Cleanup(func() { rt.Stop(context.Background(), dead) })
+	if err := rp.Prepare(ctx, pandastack.RuntimeSpec{ID: dead, RootFS: env.RootFS, MemoryMB: 256}, img); err != nil {
+		t.Fatal(err)
+	}
+	pids := pgrep(dead)
+	if len(pids) == 0 {
+		t.Fatalf("no host process of the prepared sandbox %s to kill", dead)
+	}
+	for _, pid := range pids {
+		exec.Command("kill", "-9", pid).Run()
+	}
+	restoreKept(t, rt, pandastack.RuntimeSpec{ID: dead, RootFS: env.RootFS, MemoryMB: 256}, img, "after its prepared sandbox died")
+	if err := rt.Stop(ctx, dead); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, rt, dead)
 
 	// Prepared and never restored: Stop removes it.
 	other := newID()
