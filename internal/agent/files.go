@@ -161,6 +161,20 @@ func fileInfo(p string, fi fs.FileInfo) agentproto.FileInfo {
 	}
 }
 
+// entryInfo describes an entry known only by its name and type.
+func entryInfo(p string, t fs.FileMode) agentproto.FileInfo {
+	typ := "other"
+	switch {
+	case t&fs.ModeSymlink != 0:
+		typ = "symlink"
+	case t.IsDir():
+		typ = "dir"
+	case t.IsRegular():
+		typ = "file"
+	}
+	return agentproto.FileInfo{Name: filepath.Base(p), Path: p, Type: typ}
+}
+
 // mkdirAll is mkdir -p; run under the target's credentials, what it creates
 // belongs to whoever the request acts as.
 func mkdirAll(dir string) error {
@@ -518,8 +532,14 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
 		out = make([]agentproto.FileInfo, 0, len(ents))
 		for _, e := range ents {
 			info, err := e.Info()
-			if err != nil {
+			switch {
+			case errors.Is(err, fs.ErrNotExist):
 				continue // deleted while listing
+			case err != nil:
+				// Named but not described (a directory the user may read
+				// but not enter): the name and its type, no size.
+				out = append(out, entryInfo(filepath.Join(p, e.Name()), e.Type()))
+				continue
 			}
 			out = append(out, fileInfo(filepath.Join(p, e.Name()), info))
 		}

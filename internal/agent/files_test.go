@@ -358,3 +358,29 @@ func TestFilesRecursiveDeleteRefusedUpFront(t *testing.T) {
 		}
 	})
 }
+
+// A directory the user may read but not enter lists its names (and the
+// types its entries give), not an empty list.
+func TestFilesListOfADirectoryNotEntered(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the agent acts as the sandbox user only as root")
+	}
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		dir := filepath.Join(cfg.Home, "nox")
+		if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, "a"), []byte("a"), 0o644)
+		os.Chown(dir, agentproto.UserUID, agentproto.UserGID)
+		os.Chmod(dir, 0o600)
+		var list []agentproto.FileInfo
+		st.call(t, http.MethodGet, "/v1/files/list", q("path", "nox"), nil, http.StatusOK, &list)
+		var got []string
+		for _, fi := range list {
+			got = append(got, fi.Name+":"+fi.Type)
+		}
+		if strings.Join(got, " ") != "a:file sub:dir" {
+			t.Errorf("listing a directory not entered: %v, want a:file sub:dir", got)
+		}
+	})
+}
