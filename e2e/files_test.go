@@ -156,7 +156,11 @@ func TestFileAPIHardening(t *testing.T) {
 		expect(t, "POST", files+"/rename", qv("path", "r/e"), "", 400, "to query parameter")
 		expect(t, "POST", files+"/rename", qv("path", "r/e", "to", "r/e/in"), "", 400, "into itself")
 		expect(t, "POST", files+"/rename", qv("path", "r/e", "to", "/dev/shm/e"), "", 400, "pseudo-filesystem")
-		if out := mustExec(t, s, sb.ID, "cat r/e/f/one; test ! -e r/two && test ! -e r/d && echo moved"); out != "2\nmoved\n" {
+		// The parameters in the query or in the body, never half from each.
+		expect(t, "POST", files+"/rename", qv("path", "r/e", "to", "r/x"), `{"to":"r/y"}`, 400, "one or the other")
+		expect(t, "POST", files+"/mkdir", qv("path", "r/m"), `{"path":"r/n"}`, 400, "one or the other")
+		expect(t, "POST", files+"/mkdir", qv("path", "r/m"), `not json`, 400, "invalid_request")
+		if out := mustExec(t, s, sb.ID, "cat r/e/f/one; test ! -e r/two && test ! -e r/d && test ! -e r/m && test ! -e r/n && test ! -e r/x && echo moved"); out != "2\nmoved\n" {
 			t.Fatalf("after the renames: %q", out)
 		}
 	})

@@ -264,20 +264,33 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request, project string
 	})
 }
 
+// queryOrBody decodes r's JSON body into v (strictly; an empty body is
+// {}) and refuses one that gives anything (given) when the query gives the
+// path: the parameters come from one or the other, never half from each.
+func queryOrBody(r *http.Request, v any, given func() bool) error {
+	if err := decode(r, v); err != nil {
+		return err
+	}
+	if r.URL.Query().Get("path") != "" && given() {
+		return pandastack.Errorf(pandastack.EInvalid, "the path is in the query and the JSON body gives parameters too: give them in one or the other")
+	}
+	return nil
+}
+
 // renameFile moves a file or directory within the sandbox (?path= to
 // ?to=, or the same in a JSON body), refusing an existing destination
 // unless ?overwrite=true.
 func (s *Server) renameFile(w http.ResponseWriter, r *http.Request, project string) {
+	var body struct {
+		Path      string `json:"path"`
+		To        string `json:"to"`
+		Overwrite bool   `json:"overwrite"`
+	}
+	if err := queryOrBody(r, &body, func() bool { return body.Path != "" || body.To != "" || body.Overwrite }); err != nil {
+		writeError(w, err)
+		return
+	}
 	if r.URL.Query().Get("path") == "" {
-		var body struct {
-			Path      string `json:"path"`
-			To        string `json:"to"`
-			Overwrite bool   `json:"overwrite"`
-		}
-		if err := decode(r, &body); err != nil {
-			writeError(w, err)
-			return
-		}
 		q := r.URL.Query()
 		for k, v := range map[string]string{"path": body.Path, "to": body.To} {
 			if v != "" {
@@ -296,19 +309,17 @@ func (s *Server) renameFile(w http.ResponseWriter, r *http.Request, project stri
 
 func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {
 	// The path may come as ?path= or as a JSON body {"path": ...}.
-	if r.URL.Query().Get("path") == "" {
-		var body struct {
-			Path string `json:"path"`
-		}
-		if err := decode(r, &body); err != nil {
-			writeError(w, err)
-			return
-		}
-		if body.Path != "" {
-			q := r.URL.Query()
-			q.Set("path", body.Path)
-			r.URL.RawQuery = q.Encode()
-		}
+	var body struct {
+		Path string `json:"path"`
+	}
+	if err := queryOrBody(r, &body, func() bool { return body.Path != "" }); err != nil {
+		writeError(w, err)
+		return
+	}
+	if body.Path != "" {
+		q := r.URL.Query()
+		q.Set("path", body.Path)
+		r.URL.RawQuery = q.Encode()
 	}
 	metaOp(s, w, r, project, "the mkdir", func(ctx context.Context, a *sandbox.AgentClient, fr fileRequest) (agentproto.FileInfo, error) {
 		return a.MakeDir(ctx, fr.path, fr.root)
