@@ -75,6 +75,16 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, project s
 		writeError(w, pandastack.Errorf(pandastack.EInvalid, "process id %q is not a positive number", r.PathValue("pid")))
 		return
 	}
+	// Checked before the hold, which wakes a suspended sandbox.
+	var follow bool
+	switch v := r.URL.Query().Get("follow"); v {
+	case "", "false", "0":
+	case "true", "1":
+		follow = true
+	default:
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "follow must be true or false, not %.40q", v))
+		return
+	}
 	// Someone following the output is using the sandbox: it is not idle
 	// (nor suspended under the stream) until the stream ends.
 	agent, done, err := s.mgr.Hold(r.Context(), project, r.PathValue("id"))
@@ -83,15 +93,6 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request, project s
 		return
 	}
 	defer done()
-	var follow bool
-	switch v := r.URL.Query().Get("follow"); v {
-	case "", "false", "0":
-	case "true", "1":
-		follow = true
-	default:
-		writeError(w, pandastack.Errorf(pandastack.EInvalid, "follow must be true or false, not %q", v))
-		return
-	}
 	nd := newNDJSON(w)
 	_, err = agent.ProcessOutput(r.Context(), pid, follow, func(ev agentproto.ExecEvent) error {
 		return nd.sendExec(ev)

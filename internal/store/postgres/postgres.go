@@ -238,7 +238,7 @@ func pgCode(err error) string {
 }
 
 func notFound(what, name string) error {
-	return pandastack.Errorf(pandastack.ENotFound, "%s %q not found", what, name)
+	return pandastack.Errorf(pandastack.ENotFound, "%s %.64q not found", what, name) // an id of 100 kB is not echoed whole
 }
 
 // affectedOrNotFound turns an UPDATE or DELETE that matched nothing into

@@ -255,7 +255,7 @@ func isUnique(err error) bool {
 }
 
 func notFound(what, name string) error {
-	return pandastack.Errorf(pandastack.ENotFound, "%s %q not found", what, name)
+	return pandastack.Errorf(pandastack.ENotFound, "%s %.64q not found", what, name) // an id of 100 kB is not echoed whole
 }
 
 // rowsAffectedOrNotFound turns an UPDATE or DELETE that matched nothing into

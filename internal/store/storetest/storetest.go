@@ -335,6 +335,12 @@ func testProjectNotFound(t *testing.T, s pandastack.Store) {
 	checkCode(t, "ProjectByName(nope)", err, pandastack.ENotFound)
 	_, err = s.ProjectByName(t.Context(), "DEFAULT")
 	checkCode(t, "ProjectByName is case-sensitive", err, pandastack.ENotFound)
+	// A name of 100 kB is not echoed whole in the error.
+	_, err = s.GetSandbox(t.Context(), "prj_1", "sbx_"+strings.Repeat("a", 100000))
+	checkCode(t, "GetSandbox(a 100 kB id)", err, pandastack.ENotFound)
+	if err != nil && len(err.Error()) > 200 {
+		t.Errorf("the not-found error of a 100 kB id is %d bytes long", len(err.Error()))
+	}
 }
 
 // --- API keys ---
