@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -98,9 +99,24 @@ func (s *Server) logFailure(r *http.Request, err error) {
 	}
 }
 
+// singleValued refuses a query parameter given twice: a filter has one
+// value, and the second was silently dropped.
+func singleValued(q url.Values) error {
+	for k, vs := range q {
+		if len(vs) > 1 {
+			return pandastack.Errorf(pandastack.EInvalid, "query parameter %.80q is given %d times; give it once", k, len(vs))
+		}
+	}
+	return nil
+}
+
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project string) {
 	f := pandastack.SandboxFilter{Metadata: map[string]string{}}
 	q := r.URL.Query()
+	if err := singleValued(q); err != nil {
+		writeError(w, err)
+		return
+	}
 	for k, vs := range q {
 		switch {
 		case strings.HasPrefix(k, "metadata."):

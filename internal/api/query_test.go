@@ -113,3 +113,18 @@ func TestErrorShapesOutsideTheRoutes(t *testing.T) {
 		t.Errorf("GET /: %d %s", rec.Code, rec.Header().Get("Content-Type"))
 	}
 }
+
+// TestRepeatedFilterRefused: a list filter given twice is refused before
+// the store is asked (the second value was silently dropped).
+func TestRepeatedFilterRefused(t *testing.T) {
+	s := New(Config{}, nil, keyStore{}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, u := range []string{"/v1/sandboxes?metadata.x=y&metadata.x=z", "/v1/snapshots?metadata.x=y&metadata.x=z", "/v1/sandboxes?state=running&state=paused"} {
+		req := httptest.NewRequest(http.MethodGet, u, nil)
+		req.Header.Set("Authorization", "Bearer pds_0123456789abcdef")
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "give it once") {
+			t.Errorf("GET %s: %d %s, want 400 saying to give it once", u, rec.Code, rec.Body.String())
+		}
+	}
+}
