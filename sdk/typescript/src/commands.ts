@@ -199,6 +199,18 @@ export class CommandHandle implements AsyncIterable<OutputChunk> {
     return res;
   }
 
+  /** The output kept so far (the latest 4 MiB), without waiting for more. */
+  async output(): Promise<{ stdout: string; stderr: string }> {
+    let stdout = "";
+    let stderr = "";
+    for await (const ev of this.#http.ndjson("GET", this.#path("/output"))) {
+      if (ev.type === "stdout") stdout += String(ev.data ?? "");
+      else if (ev.type === "stderr") stderr += String(ev.data ?? "");
+      else if (ev.type === "error") throw streamError(ev.error);
+    }
+    return { stdout, stderr };
+  }
+
   /** Writes to the command's standard input; `eof` closes it afterwards. */
   async sendStdin(data: string, opts: { eof?: boolean } = {}): Promise<void> {
     await this.#http.empty("POST", this.#path("/stdin"), { json: { data, eof: Boolean(opts.eof) } });

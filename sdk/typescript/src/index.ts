@@ -34,6 +34,7 @@ export {
   type SandboxState,
   type SandboxStats,
   type SnapshotInfo,
+  type TemplateInfo,
 } from "./sandbox.js";
 export {
   CommandHandle,

@@ -30,6 +30,38 @@ import { NotFoundError, PandaStackError, SandboxStoppedError } from "./errors.js
 import { Files } from "./files.js";
 import { type ConnectionOptions, HttpClient } from "./http.js";
 
+/** A template the server has built (`Sandbox.listTemplates()`). */
+export interface TemplateInfo {
+  name: string;
+  description: string;
+  hash: string;
+  sizeBytes: number;
+  cpu: number;
+  memoryMb: number;
+  /** Default size in MiB of a sandbox's own disk (0: writes stay in memory). */
+  diskMb: number;
+  builtAt: Date;
+  buildSeconds: number;
+  /** Creates restore a warm snapshot (the default Python context already up). */
+  warm: boolean;
+  /** Sandboxes restored ahead of creates; undefined when the template has no pool. */
+  pool?: { ready: number; size: number; pssBytes: number };
+}
+
+interface WireTemplate {
+  name: string;
+  description?: string;
+  hash: string;
+  size_bytes: number;
+  cpu: number;
+  memory_mb: number;
+  disk_mb?: number;
+  built_at: string;
+  build_seconds?: number;
+  warm?: boolean;
+  pool?: { ready: number; size: number; pss_bytes?: number };
+}
+
 /** What a sandbox uses now (`sandbox.stats()`). */
 export interface SandboxStats {
   /** Host memory charged to the sandbox: what its memory limit counts. */
@@ -370,6 +402,25 @@ export class Sandbox implements SandboxInfo {
   static async connect(id: string, opts: ConnectionOptions = {}): Promise<Sandbox> {
     const http = HttpClient.resolve(opts);
     return new Sandbox(http, await http.json<WireSandbox>("GET", `/v1/sandboxes/${encodeURIComponent(id)}`));
+  }
+
+  /** The templates the server has built and can create sandboxes from. */
+  static async listTemplates(opts: ConnectionOptions = {}): Promise<TemplateInfo[]> {
+    const http = HttpClient.resolve(opts);
+    const w = await http.json<{ templates: WireTemplate[] | null }>("GET", "/v1/templates");
+    return (w.templates ?? []).map((t) => ({
+      name: t.name,
+      description: t.description ?? "",
+      hash: t.hash,
+      sizeBytes: t.size_bytes,
+      cpu: t.cpu,
+      memoryMb: t.memory_mb,
+      diskMb: t.disk_mb ?? 0,
+      builtAt: new Date(t.built_at),
+      buildSeconds: t.build_seconds ?? 0,
+      warm: Boolean(t.warm),
+      pool: t.pool ? { ready: t.pool.ready, size: t.pool.size, pssBytes: t.pool.pss_bytes ?? 0 } : undefined,
+    }));
   }
 
   /** Lists your project's sandboxes, optionally filtered by metadata and state. */

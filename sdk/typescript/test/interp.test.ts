@@ -91,6 +91,7 @@ test("background commands", async (t) => {
       chunks.push(c.data);
       if (c.data.includes("ready")) break;
     }
+    assert.deepEqual(await h.output(), { stdout: "ready\n", stderr: "" });
     await h.sendStdin("42\n");
     const res = await h.wait();
     assert.deepEqual([res.stdout, res.exitCode], ["ready\ngot 42\n", 0]);

@@ -196,6 +196,13 @@ test("sandbox lifecycle", async (t) => {
     assert.ok(ttl > 100 && ttl <= 121, `ttl ${ttl}`);
   });
 
+  await t.test("listTemplates has the template it was made from", async () => {
+    const base = (await Sandbox.listTemplates()).find((tpl) => tpl.name === "base");
+    assert.ok(base, "base listed");
+    assert.ok(base.sizeBytes > 0 && base.cpu >= 1 && base.memoryMb >= 64 && base.hash !== "", JSON.stringify(base));
+    assert.ok(base.builtAt instanceof Date && !Number.isNaN(base.builtAt.getTime()));
+  });
+
   await t.test("stats: memory and CPU time within the limits", async () => {
     await sb.exec("python3 -c 'sum(range(3_000_000))'");
     const st = await sb.stats();
