@@ -3,6 +3,7 @@ package agentproto
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"path"
 	"strings"
 	"testing"
@@ -126,4 +127,23 @@ func FuzzCheckEnv(f *testing.F) {
 			t.Fatalf("CheckEnv accepted %q=%q", k, v)
 		}
 	})
+}
+
+// An environment over MaxEnvTotal in all is refused, each variable within
+// its own limits; one just under it passes.
+func TestCheckEnvTotal(t *testing.T) {
+	big := map[string]string{}
+	for i := range 40 {
+		big[fmt.Sprintf("E%d", i)] = strings.Repeat("v", 30000)
+	}
+	if err := CheckEnv(big); !pandastack.IsCode(err, pandastack.EInvalid) || !strings.Contains(err.Error(), "in all") {
+		t.Errorf("1.2 MB of env: %v, want invalid_request saying in all", err)
+	}
+	delete(big, "E0")
+	for i := 1; i < 7; i++ {
+		delete(big, fmt.Sprintf("E%d", i))
+	}
+	if err := CheckEnv(big); err != nil {
+		t.Errorf("under 1 MiB of env: %v", err)
+	}
 }

@@ -39,14 +39,25 @@ func CheckPath(p string) error {
 const (
 	MaxEnvVars     = 256
 	MaxEnvValueLen = 32 << 10
+	// MaxEnvTotal bounds the names and values together: the kernel passes
+	// a process at most 2 MiB of arguments and environment, and a larger
+	// environment made a sandbox boot only to fail its setup.
+	MaxEnvTotal = 1 << 20
 )
 
 // CheckEnv validates environment variables: at most MaxEnvVars, names of
 // letters, digits and '_' not starting with a digit, values without NUL and
-// at most MaxEnvValueLen bytes.
+// at most MaxEnvValueLen bytes, all of it at most MaxEnvTotal.
 func CheckEnv(env map[string]string) error {
 	if len(env) > MaxEnvVars {
 		return pandastack.Errorf(pandastack.EInvalid, "env: at most %d variables, got %d", MaxEnvVars, len(env))
+	}
+	total := 0
+	for k, v := range env {
+		total += len(k) + len(v) + 2 // "=" and the NUL after each
+	}
+	if total > MaxEnvTotal {
+		return pandastack.Errorf(pandastack.EInvalid, "env: %d bytes in all, over the limit of %d; pass large values in a file (PUT /v1/sandboxes/{id}/files)", total, MaxEnvTotal)
 	}
 	for k, v := range env {
 		if !validEnvName(k) {
