@@ -141,20 +141,24 @@ func fsError(err error, p string, writing bool) error {
 	return err
 }
 
-func fileInfo(p string, fi fs.FileInfo) agentproto.FileInfo {
-	typ := "other"
-	switch m := fi.Mode(); {
+// fileType is the FileInfo type of a mode (its type bits are enough).
+func fileType(m fs.FileMode) string {
+	switch {
 	case m&fs.ModeSymlink != 0:
-		typ = "symlink"
+		return "symlink"
 	case m.IsDir():
-		typ = "dir"
+		return "dir"
 	case m.IsRegular():
-		typ = "file"
+		return "file"
 	}
+	return "other"
+}
+
+func fileInfo(p string, fi fs.FileInfo) agentproto.FileInfo {
 	return agentproto.FileInfo{
 		Name:    filepath.Base(p),
 		Path:    p,
-		Type:    typ,
+		Type:    fileType(fi.Mode()),
 		Size:    fi.Size(),
 		Mode:    fmt.Sprintf("%04o", fi.Mode().Perm()),
 		ModTime: fi.ModTime().UTC(),
@@ -163,16 +167,7 @@ func fileInfo(p string, fi fs.FileInfo) agentproto.FileInfo {
 
 // entryInfo describes an entry known only by its name and type.
 func entryInfo(p string, t fs.FileMode) agentproto.FileInfo {
-	typ := "other"
-	switch {
-	case t&fs.ModeSymlink != 0:
-		typ = "symlink"
-	case t.IsDir():
-		typ = "dir"
-	case t.IsRegular():
-		typ = "file"
-	}
-	return agentproto.FileInfo{Name: filepath.Base(p), Path: p, Type: typ}
+	return agentproto.FileInfo{Name: filepath.Base(p), Path: p, Type: fileType(t)}
 }
 
 // mkdirAll is mkdir -p; run under the target's credentials, what it creates
