@@ -462,6 +462,11 @@ const (
 	memGrowWindow = time.Second
 	memGrowSample = 100 * time.Millisecond
 	memGrowerRate = 16 << 20 // bytes per second
+	// memMinKill is the least a tree must hold to be killed: killing a
+	// smaller one frees nothing that matters. A sandbox whose memory is
+	// files in /dev/shm had small commands killed one after another (what
+	// a kill could free was small, so a quarter of it was smaller still).
+	memMinKill = 32 << 20
 )
 
 // unitLook is the size of each tree (by memUnit.key) at one look.
@@ -549,7 +554,7 @@ func (u *memUnit) children() bool {
 // to its limit, and a larger tree that holds still (a kernel and its
 // variables) lives on; a small one just started (a kernel, whose start
 // counts as growth) is not worth a kill that would not free the sandbox.
-// Otherwise the largest. The growth picks the tree only, never the
+// Otherwise the largest. A tree under memMinKill is never killed. The growth picks the tree only, never the
 // moment: a rule that killed the tree growing fastest near the limit,
 // whatever the rest held, killed a kernel starting in a sandbox whose file
 // cache had filled it. grew is left zero in the tree returned when it is
@@ -565,14 +570,14 @@ func memVictim(units []memUnit, used, anon, shmem, floor, pressure int64) *memUn
 		}
 	}
 	switch {
-	case v == nil:
+	case v == nil || v.rss < memMinKill:
 		return nil
 	case v.rss >= used/2 && anon > floor:
 	case anon > pressure && v.rss >= (anon-shmem)/4:
 	default:
 		return nil
 	}
-	if g.rate >= memGrowerRate && g.rss >= (anon-shmem)/4 {
+	if g.rate >= memGrowerRate && g.rss >= (anon-shmem)/4 && g.rss >= memMinKill {
 		return g
 	}
 	v.grew = 0

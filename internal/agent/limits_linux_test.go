@@ -194,6 +194,10 @@ func TestMemVictim(t *testing.T) {
 		// part to be worth the kill: the largest goes.
 		{[]memUnit{{what: "command", rss: 600 * mib, rate: 10 * mib}, {what: "kernel", rss: 100 * mib, rate: 100 * mib}}, 900 * mib, 850 * mib, 0, "command"},
 		{[]memUnit{{what: "background process", rss: 600 * mib, rate: 10 * mib}, {what: "kernel", rss: 100 * mib, rate: 100 * mib}}, 900 * mib, 850 * mib, 0, "background process"},
+		// Files in /dev/shm fill the sandbox: killing a small command (a
+		// few MiB, growing as it starts) would free nothing.
+		{[]memUnit{{what: "command", rss: 3 * mib, rate: 20 * mib}, {what: "process tree", rss: 14 * mib}}, 1000 * mib, 950 * mib, 900 * mib, ""},
+		{[]memUnit{{what: "command", rss: 40 * mib, rate: 20 * mib}, {what: "process tree", rss: 12 * mib}}, 1000 * mib, 950 * mib, 900 * mib, "command"},
 	} {
 		v := memVictim(c.units, c.used, c.anon, c.shmem, floor, pressure)
 		if got := ""; v != nil {
