@@ -10,6 +10,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/pandastack/pandastack/client"
 )
 
 // onlyWith returns the one result of ex that has key ("chart", "data",
@@ -164,6 +166,16 @@ plt.show()`)
 			t.Fatalf("superchart: %v", c)
 		}
 	})
+	t.Run("pandas time series", func(t *testing.T) {
+		// df.plot() of a regular DatetimeIndex puts period ordinals on the
+		// x axis, not matplotlib's date numbers: the points still say dates.
+		ex := runRaw(t, s, sb.ID, `import pandas as pd
+pd.DataFrame({"v": [1, 2, 3]}, index=pd.date_range("2024-01-01", periods=3, freq="D")).plot()
+plt.show()`)
+		c := onlyWith(t, ex, "chart")["chart"].(map[string]any)
+		sameJSON(t, "time series", []any{c["x_scale"], c["elements"].([]any)[0].(map[string]any)["points"]},
+			`["datetime", [["2024-01-01T00:00:00", 1], ["2024-01-02T00:00:00", 2], ["2024-01-03T00:00:00", 3]]]`)
+	})
 	t.Run("points are capped", func(t *testing.T) {
 		ex := runRaw(t, s, sb.ID, `plt.plot(range(20000)); plt.show()`)
 		c := onlyWith(t, ex, "chart")["chart"].(map[string]any)
@@ -265,9 +277,17 @@ title = BeautifulSoup("<html><title>hi</title><p>x</p></html>", "lxml").title.st
 import docx
 d = docx.Document(); d.add_paragraph("hello"); d.save("/tmp/t.docx")
 import xlrd
-print(total, sympy.integrate(x**2, x), title, docx.Document("/tmp/t.docx").paragraphs[0].text, xlrd.__version__)`)
-	if ex.Stdout != "3 x**3/3 hi hello 2.0.2\n" {
+import pandas as pd
+styled = "<table" in pd.DataFrame({"a": [1]}).style.highlight_max().to_html()
+print(total, sympy.integrate(x**2, x), title, docx.Document("/tmp/t.docx").paragraphs[0].text, xlrd.__version__, styled)`)
+	if ex.Stdout != "3 x**3/3 hi hello 2.0.2 True\n" {
 		t.Errorf("stdout %q", ex.Stdout)
+	}
+	// pip installs as the user (here from nowhere: no index), where
+	// Debian's marker refused every install, network or not.
+	res, err := s.client().Exec(t.Context(), sb.ID, client.ExecRequest{Cmd: "pip install --no-index zzz-not-a-package 2>&1; true"})
+	if err != nil || strings.Contains(res.Stdout, "externally-managed") || !strings.Contains(res.Stdout, "No matching distribution") {
+		t.Errorf("pip install: %v %q", err, res.Stdout)
 	}
 	// tqdm.auto's text bar, without the warning that ipywidgets is
 	// missing (which sends an agent off to install them).

@@ -421,13 +421,13 @@ func TestNetworkPolicy(t *testing.T) {
 // inside (serve --sandbox-ca-certs host, the default).
 func TestPipInstallFromPackageIndex(t *testing.T) {
 	s := networkServer(t)
-	env := map[string]string{"PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+	env := map[string]string{"PIP_DISABLE_PIP_VERSION_CHECK": "1"} // the template lets pip install; no PIP_BREAK_SYSTEM_PACKAGES
 	if idx := hostPipIndex(); idx != "" {
 		env["PIP_INDEX_URL"] = idx
 	}
 	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter"})
 	res, err := s.client().Exec(context.Background(), sb.ID, client.ExecRequest{
-		Cmd: `echo "$SSL_CERT_FILE $REQUESTS_CA_BUNDLE $PIP_CERT $NODE_EXTRA_CA_CERTS"; python3 -m pip install --user --no-cache-dir six && python3 -c "import six; print('six', six.__version__)"`,
+		Cmd: `echo "$SSL_CERT_FILE $REQUESTS_CA_BUNDLE $PIP_CERT $NODE_EXTRA_CA_CERTS"; python3 -m pip install --no-cache-dir six && python3 -c "import six; print('six', six.__version__)"`,
 		Env: env, TimeoutSeconds: 180,
 	})
 	if err != nil {
