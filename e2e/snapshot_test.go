@@ -385,3 +385,45 @@ func TestSnapshotDuringWorkIsConflict(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestPausedForksAfterServerRestart: a sandbox paused as asked forks and
+// is snapshotted straight from its paused image after the server
+// restarted too (its image checked first), and stays paused; both were
+// refused ("paused; resume it first") once the server that paused it was
+// gone.
+func TestPausedForksAfterServerRestart(t *testing.T) {
+	s := startServer(t, "", "PANDASTACK_KILL_ON_EXIT=0", "PANDASTACK_POOL_SIZE=0") // the paused sandbox outlives the stop
+	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.WriteFile(ctx, sb.ID, "kept.txt", strings.NewReader("kept")); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.client().KillSandbox(ctx, sb.ID) }()
+	if _, err := c.Pause(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	s.stop()
+	s.start()
+	c = s.client()
+	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1})
+	if err != nil || len(kids) != 1 {
+		t.Fatalf("fork of a paused sandbox after a restart: %v %v", kids, err)
+	}
+	defer c.KillSandbox(ctx, kids[0].ID)
+	if res, err := c.Exec(ctx, kids[0].ID, client.ExecRequest{Cmd: "cat kept.txt"}); err != nil || res.Stdout != "kept" {
+		t.Fatalf("the child: %+v %v", res, err)
+	}
+	snap, err := c.CreateSnapshot(ctx, sb.ID, nil)
+	if err != nil {
+		t.Fatalf("snapshot of a paused sandbox after a restart: %v", err)
+	}
+	defer c.DeleteSnapshot(ctx, snap.ID)
+	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != "paused" {
+		t.Fatalf("the parent after its fork and snapshot: %+v %v, want still paused", got, err)
+	}
+}

@@ -166,13 +166,13 @@ func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count in
 	return kids, true, nil
 }
 
-// claimPaused claims sandbox id, paused on this node by an image this
-// process wrote, for a read of that image (phaseReadingImage): its resume,
+// claimPaused claims sandbox id, paused on this node, for a read of its
+// paused image (phaseReadingImage): its resume,
 // by request or asked for, and its kill wait until release. It returns the
-// record as of the claim and the image's manifest. ok is false, with
+// record as of the claim and the image's manifest (one this process did
+// not write, found by a restart, is verified first). ok is false, with
 // nothing claimed, when the sandbox is not paused, is paused on another
-// node or by an image this process did not write (one a restart found:
-// its resume verifies it first), or is claimed for something else right
+// node or by an image that fails its check, or is claimed for something else right
 // now (a resume, a kill): the caller then takes the usual path, through a
 // resume. A pause still stopping its container, and another read of the
 // image (a fork or snapshot of it), are waited for.
@@ -195,6 +195,12 @@ func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pand
 	sb, err := m.store.GetSandbox(ctx, projectID, id)
 	if err == nil && sb.State == pandastack.StatePaused {
 		if man, own := m.pausedByUs(id, m.pausedPath(id)); own {
+			return sb, man, func() { m.sbx.end(id) }, true
+		}
+		// An image a restart found (or one that changed): read only once
+		// checked, as a resume checks it. A damaged one takes the usual
+		// path, whose resume says what is wrong.
+		if man, err := verifyImage(m.pausedPath(id), "paused sandbox "+id); err == nil {
 			return sb, man, func() { m.sbx.end(id) }, true
 		}
 	}
