@@ -32,6 +32,11 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 	if err != nil {
 		return nil, err
 	}
+	if sb, err := m.store.GetSandbox(ctx, projectID, id); err == nil {
+		if err := m.fitsLimits("sandbox "+id, sb.CPU, sb.MemoryMB); err != nil {
+			return nil, err
+		}
+	}
 	if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata); done {
 		return kids, err
 	}

@@ -309,3 +309,23 @@ func TestConcurrentForksOfAPausedSandbox(t *testing.T) {
 		t.Fatalf("fork log lines %q, want two forks of the paused image", l)
 	}
 }
+
+// A fork or a restore from a snapshot keeps the size of what it copies:
+// over limits lowered since (a server restarted with a smaller
+// --max-memory-mb), it is refused, not made.
+func TestForkAndRestoreKeepToTheLimits(t *testing.T) {
+	h := newHarness(t)
+	parent := h.create() // 1 CPU, 256 MiB
+	snap := h.snapshot(parent.ID)
+	h.m.cfg.MaxMemoryMB = 128
+	if _, err := h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil); !pandastack.IsCode(err, pandastack.EInvalid) || !strings.Contains(err.Error(), "--max-memory-mb 128") {
+		t.Fatalf("fork over the lowered limit: %v, want invalid_request naming it", err)
+	}
+	if _, err := h.m.Create(context.Background(), project, CreateRequest{SnapshotID: snap.ID}); !pandastack.IsCode(err, pandastack.EInvalid) || !strings.Contains(err.Error(), "--max-memory-mb 128") {
+		t.Fatalf("restore over the lowered limit: %v, want invalid_request naming it", err)
+	}
+	h.m.cfg.MaxMemoryMB = 256
+	if _, err := h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil); err != nil {
+		t.Fatalf("fork within the limit: %v", err)
+	}
+}

@@ -356,6 +356,16 @@ func ValidateMetadata(md map[string]string) error {
 	return nil
 }
 
+// fitsLimits refuses to make a sandbox of cpu and memoryMB, which what
+// (a snapshot, a sandbox to fork) fixes, when they are over this server's
+// limits (lowered since it was made): a restore cannot shrink them.
+func (m *Manager) fitsLimits(what string, cpu, memoryMB int) error {
+	if cpu > m.cfg.MaxCPU || memoryMB > m.cfg.MaxMemoryMB {
+		return pandastack.Errorf(pandastack.EInvalid, "%s has cpu %d and memory_mb %d, over this server's limits (--max-cpu %d, --max-memory-mb %d); a sandbox made from it keeps them", what, cpu, memoryMB, m.cfg.MaxCPU, m.cfg.MaxMemoryMB)
+	}
+	return nil
+}
+
 // ValidateEnv checks environment variables as everything else does (create,
 // exec, contexts, the agent): agentproto.CheckEnv is the one check.
 func ValidateEnv(env map[string]string) error { return agentproto.CheckEnv(env) }
@@ -399,6 +409,9 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 		}
 		snap, err := m.store.GetSnapshot(ctx, projectID, req.SnapshotID)
 		if err != nil {
+			return pandastack.Sandbox{}, err
+		}
+		if err := m.fitsLimits("snapshot "+snap.ID, snap.CPU, snap.MemoryMB); err != nil {
 			return pandastack.Sandbox{}, err
 		}
 		man, img, err := m.openSnapshot(ctx, snap.ID)
