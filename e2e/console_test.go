@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/pandastack/pandastack/client"
 )
 
@@ -544,5 +545,46 @@ func decodeJSON(t *testing.T, resp *http.Response, out any) {
 	b, _ := io.ReadAll(resp.Body)
 	if err := json.Unmarshal(b, out); err != nil {
 		t.Fatalf("%s: %v: %s", resp.Request.URL, err, b)
+	}
+}
+
+// TestTerminalClosedWithReasonOnShutdown: a serve that stops (without
+// --kill-on-exit, whose kills close terminals with 4410) closes its open
+// terminals with 1001 (going away) and a reason; they were dropped
+// without a close frame, which a client took for the shell's end.
+func TestTerminalClosedWithReasonOnShutdown(t *testing.T) {
+	s := startServer(t, "", "PANDASTACK_POOL_SIZE=0", "PANDASTACK_KILL_ON_EXIT=0")
+	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
+	ctx := context.Background()
+	c := s.client()
+	sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "base", TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	term, err := c.OpenTerminal(ctx, sb.ID, 80, 24)
+	if err != nil {
+		t.Fatal(err)
+	}
+	term.Write(ctx, []byte("echo up$((3+3))\r"))
+	readTerm(t, term, "", "up6")
+	stopped := make(chan struct{})
+	go func() { s.stop(); close(stopped) }()
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for {
+		_, err := term.Read(rctx)
+		if err == nil {
+			continue
+		}
+		var ce websocket.CloseError
+		if !errors.As(err, &ce) || ce.Code != websocket.StatusGoingAway || !strings.Contains(ce.Reason, "shutting down") {
+			t.Fatalf("the terminal at the server's shutdown: %v, want a close 1001 saying the server is shutting down", err)
+		}
+		break
+	}
+	<-stopped
+	s.start() // the sandbox kept running: end it
+	if err := s.client().KillSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
 	}
 }

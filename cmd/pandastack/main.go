@@ -135,7 +135,9 @@ func serve(args []string) error {
 		return err
 	}
 	defer store.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: a serve started in a terminal that closes stops as it
+	// would on Ctrl-C (--kill-on-exit applies), not killed outright.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	// A log reader that goes away (a killed `| tee`) must not end serve
 	// halfway through its work: with SIGPIPE caught, writes to a closed
@@ -246,6 +248,11 @@ func serve(args []string) error {
 		return err
 	}
 	hs := newHTTPServer(srv.Handler())
+	if !cfg.KillOnExit {
+		// Terminals close with a reason; with --kill-on-exit each says
+		// its sandbox was killed by the shutdown instead (4410).
+		hs.RegisterOnShutdown(srv.Stopping)
+	}
 	// Said before the first request is served: whoever sees the server
 	// answer (a health check) finds this line in its log already.
 	fmt.Printf("Web console: http://%s/ (sign in with an API key)\n", ln.Addr())
@@ -257,6 +264,7 @@ func serve(args []string) error {
 		return err
 	case <-ctx.Done():
 	}
+	log.Info("stopping: no new requests; waiting up to 10 s for those under way")
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = hs.Shutdown(sctx)

@@ -18,6 +18,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -91,7 +92,16 @@ type Server struct {
 	tokens  portTokens   // port URLs that work without an API key (ports.go)
 	live    liveKeys     // requests in flight by API key, cut when it is revoked (keywatch.go)
 	history *history.Log // what was run in each sandbox, and where sandboxes came from
+	// stopping is closed when the server shuts down (Stopping): terminals,
+	// whose WebSockets the HTTP server's shutdown does not track, close
+	// with a reason rather than being dropped.
+	stopping chan struct{}
+	stopOnce sync.Once
 }
+
+// Stopping tells the open terminals that the server shuts down; they close
+// with a reason. For http.Server.RegisterOnShutdown.
+func (s *Server) Stopping() { s.stopOnce.Do(func() { close(s.stopping) }) }
 
 // New builds the API server.
 func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catalog, log *slog.Logger) *Server {
@@ -115,7 +125,7 @@ func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catal
 		cfg.RunOutputCap = d.RunOutputCap
 	}
 	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux(),
-		history: history.New(history.Limits{}, store, log)}
+		history: history.New(history.Limits{}, store, log), stopping: make(chan struct{})}
 	s.routes()
 	return s
 }

@@ -143,8 +143,10 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 	}
 	defer ws.CloseNow()
 	ws.SetReadLimit(1 << 20)
-	// The socket's own context: a request cut by its key's revocation
-	// closes it with the reason, rather than dropping the connection.
+	// The socket's own context: a request cut by its key's revocation, or
+	// by the server's shutdown, closes it with the reason, rather than
+	// dropping the connection.
+	var closing atomic.Bool // the session ends from this side
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
 	go func() {
@@ -153,6 +155,10 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 			if c := revokedErr(r.Context(), nil); c != nil {
 				ws.Close(websocket.StatusPolicyViolation, pandastack.ErrorMessage(c))
 			}
+			cancel()
+		case <-s.stopping:
+			closing.Store(true)
+			ws.Close(websocket.StatusGoingAway, "the PandaStack server is shutting down; open a new terminal once it is back")
 			cancel()
 		case <-ctx.Done():
 		}
@@ -164,7 +170,6 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 
 	// Shell → browser.
 	outDone := make(chan struct{})
-	var closing atomic.Bool // the session ends from this side
 	go func() {
 		defer close(outDone)
 		defer cancel()
