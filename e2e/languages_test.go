@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,6 +52,23 @@ JSON.stringify(chunk([1, 2, 3, 4], 2))`, nil)
 		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "throw new TypeError('bad')", Language: "javascript"})
 		if err != nil || ex.Error == nil || !strings.Contains(ex.Error.Name+ex.Error.Value, "bad") {
 			t.Fatalf("throw: %+v %v", ex.Error, err)
+		}
+		// A syntax error says what and where (Deno's kernel says only
+		// "Execution failed"), also to a streamed run, as an error event.
+		jc, err := c.CreateContext(ctx, sb.ID, "javascript", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var events []string
+		ex, err = c.RunStream(ctx, sb.ID, jc.ID, client.RunRequest{Code: "const ok = 1;\nlet q = ;"}, func(ev client.CodeEvent) { events = append(events, ev.Type) })
+		if err != nil || ex.Error == nil || ex.Error.Name != "SyntaxError" || ex.Error.Value != "Expression expected" || !strings.Contains(ex.Error.Traceback, "let q = ;") || !strings.Contains(ex.Error.Traceback, "cell:2:9") {
+			t.Fatalf("syntax error: %+v %v", ex.Error, err)
+		}
+		if !slices.Contains(events, "error") {
+			t.Errorf("a streamed syntax error sent no error event: %v", events)
+		}
+		if err := c.DeleteContext(ctx, sb.ID, jc.ID); err != nil {
+			t.Fatal(err)
 		}
 		// A timeout interrupts the loop (an interrupt_request: SIGINT would
 		// kill Deno's kernel) and the state survives.

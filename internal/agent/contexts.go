@@ -500,6 +500,13 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 	if lk, ok := otherKernels[language]; ok {
 		opts.EnvCode, opts.Transport, opts.InterruptByMessage, opts.ReseedCode = lk.envCode, lk.transport, lk.byMessage, lk.reseedCode
 	}
+	if language == "javascript" || language == "typescript" {
+		// The kernel's argv runs deno (through env): the same binary parses.
+		// Parsed as TypeScript either way: a javascript context runs it too.
+		if deno := denoPath(argv); deno != "" {
+			opts.Explain = denoExplain(deno, "ts")
+		}
+	}
 	return opts
 }
 

@@ -121,6 +121,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	if k.opts.DroppedExpr != "" {
 		exprs[droppedKey] = k.opts.DroppedExpr
 	}
+	cell := code // as the caller wrote it
 	if k.opts.WrapCode != nil {
 		code = k.opts.WrapCode(code)
 	}
@@ -153,7 +154,13 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	switch r.wait(ctx, in, timeout, onEvent) {
 	case finished:
 		r.note(takeNote(in))
-		return r.finish(start, k.shellExited(ctx, in, r), onEvent), nil
+		override := k.shellExited(ctx, in, r)
+		if override == nil && k.opts.Explain != nil {
+			if e := r.execution(start).Error; e != nil {
+				override = k.opts.Explain(ctx, cell, e)
+			}
+		}
+		return r.finish(start, override, onEvent), nil
 	case died:
 		return r.finish(start, kernelDied(in), onEvent), nil
 	case cancelled:

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
 var (
@@ -135,6 +137,10 @@ type Options struct {
 	// the shell the last cell began in: a run that ends with ShellExited
 	// is checked with it (BashShellSame).
 	ShellSame string
+	// Explain, when set, is asked about a finished cell's error: it may
+	// return a clearer one for the run to end with (Deno's kernel answers
+	// a syntax error with "Execution failed" and nothing else), or nil.
+	Explain func(ctx context.Context, code string, e *agentproto.ExecutionError) *agentproto.ExecutionError
 	// ValueDisplays says the kernel shows a cell's values as displays,
 	// not as an execute_result (IRkernel): the run's last display that is
 	// not an image becomes its main result, and so its text.
