@@ -911,6 +911,58 @@ func resultSize(res agentproto.Result) int {
 	return size
 }
 
+// shrinkResult leaves res's largest forms out, one at a time, until it
+// takes room bytes at most, its text always kept; it returns what is left
+// and the forms left out ("image/png form", ...), none when it fits
+// as it is or cannot fit whatever is left out.
+func shrinkResult(res agentproto.Result, room int) (agentproto.Result, []string) {
+	type form struct {
+		name string
+		size func(agentproto.Result) int
+		drop func(*agentproto.Result)
+	}
+	jsonSize := func(v any) int {
+		b, _ := json.Marshal(v)
+		if string(b) == "null" { // nil, or a nil map in an interface
+			return 0
+		}
+		return len(b)
+	}
+	forms := []form{
+		{"image/png", func(r agentproto.Result) int { return len(r.PNG) }, func(r *agentproto.Result) { r.PNG = "" }},
+		{"image/jpeg", func(r agentproto.Result) int { return len(r.JPEG) }, func(r *agentproto.Result) { r.JPEG = "" }},
+		{"application/pdf", func(r agentproto.Result) int { return len(r.PDF) }, func(r *agentproto.Result) { r.PDF = "" }},
+		{"image/svg+xml", func(r agentproto.Result) int { return len(r.SVG) }, func(r *agentproto.Result) { r.SVG = "" }},
+		{"text/html", func(r agentproto.Result) int { return len(r.HTML) }, func(r *agentproto.Result) { r.HTML = "" }},
+		{"text/markdown", func(r agentproto.Result) int { return len(r.Markdown) }, func(r *agentproto.Result) { r.Markdown = "" }},
+		{"text/latex", func(r agentproto.Result) int { return len(r.LaTeX) }, func(r *agentproto.Result) { r.LaTeX = "" }},
+		{"application/javascript", func(r agentproto.Result) int { return len(r.JavaScript) }, func(r *agentproto.Result) { r.JavaScript = "" }},
+		{"application/json", func(r agentproto.Result) int { return jsonSize(r.JSON) }, func(r *agentproto.Result) { r.JSON = nil }},
+		{"Plotly JSON", func(r agentproto.Result) int { return jsonSize(r.Plotly) }, func(r *agentproto.Result) { r.Plotly = nil }},
+		{"chart data", func(r agentproto.Result) int { return jsonSize(r.Chart) }, func(r *agentproto.Result) { r.Chart = nil }},
+		{"table data", func(r agentproto.Result) int { return jsonSize(r.Data) }, func(r *agentproto.Result) { r.Data = nil }},
+		{"other forms", func(r agentproto.Result) int { return jsonSize(r.Extra) }, func(r *agentproto.Result) { r.Extra = nil }},
+	}
+	if resultSize(res) <= room {
+		return res, nil
+	}
+	var dropped []string
+	for resultSize(res) > room && len(dropped) < len(forms) {
+		big := -1
+		for i, f := range forms {
+			if f.size(res) > 0 && (big < 0 || f.size(res) > forms[big].size(res)) {
+				big = i
+			}
+		}
+		if big < 0 {
+			return res, nil // its text alone does not fit
+		}
+		forms[big].drop(&res)
+		dropped = append(dropped, forms[big].name+" form")
+	}
+	return res, dropped
+}
+
 // clearOutput drops what the cell has shown so far, as IPython's
 // clear_output() clears a notebook cell; what was streamed stays streamed.
 func (r *run) clearOutput() {
@@ -933,6 +985,17 @@ func (r *run) clearIfWaiting() {
 // onResult keeps res (false: it was over the cap and is not kept).
 func (r *run) onResult(res agentproto.Result) bool {
 	size := resultSize(res)
+	if r.resultsBytes+size > ResultsCap {
+		// Its largest forms left out, it may still fit (a large image
+		// whose PNG and JPEG together passed the cap kept neither, nor its
+		// text, and the cell lost its main result).
+		if kept, dropped := shrinkResult(res, ResultsCap-r.resultsBytes); len(dropped) > 0 {
+			kept.Text = strings.TrimRight(kept.Text+"\n"+fmt.Sprintf("[results truncated: this cell's outputs passed %d MiB; this result's %s left out]", ResultsCap>>20, strings.Join(dropped, " and ")), "\n")
+			if resultSize(kept) <= ResultsCap-r.resultsBytes {
+				res, size = kept, resultSize(kept)
+			}
+		}
+	}
 	if r.resultsBytes+size > ResultsCap {
 		r.resultsDropped++
 		if res.IsMainResult && len(res.Text) <= 64<<10 {
