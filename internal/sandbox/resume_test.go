@@ -198,3 +198,27 @@ func TestRoomError(t *testing.T) {
 		t.Errorf("an image larger than the room left: %v", err)
 	}
 }
+
+// A paused image this process wrote, damaged in place (its manifest
+// untouched), fails its resume; the failure looks at its files and says
+// it is damaged (it said the host may be overloaded, every time), and the
+// next resume checks it first.
+func TestResumeOfADamagedOwnImageSaysSo(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(h.m.pausedPath(sb.ID), imagestore.FilesDir, "state.json")
+	if err := os.Truncate(p, 3); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.m.Resume(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	_, err = h.m.Resume(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+		t.Fatalf("after the refused resumes: %s, want paused", rec.State)
+	}
+}

@@ -406,6 +406,16 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		}
 	}
 	if err != nil {
+		if own {
+			// Trusted as this process wrote it, and it failed: look at its
+			// files now, and from now on (a damaged image hung the hello
+			// for the whole start timeout, each time, saying "overloaded").
+			m.forgetPaused(id)
+			if _, verr := verifyImage(dir, what); verr != nil {
+				m.log.Warn("resume failed: the paused image is damaged; the sandbox stays paused", "sandbox", id, "err", err, "check", verr)
+				return sb, verr
+			}
+		}
 		if startCtx.Err() != nil {
 			return sb, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not resume within %s; it is still paused", id, m.cfg.StartTimeout)
 		}
