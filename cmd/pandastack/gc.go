@@ -61,8 +61,10 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 	if dryRun {
 		verb = "would remove"
 	}
-	for _, dir := range warm {
-		fmt.Fprintf(w, "%s warm image %s\n", verb, dir)
+	var freed, freedWarm int64
+	for _, r := range warm {
+		freedWarm += r.Bytes
+		fmt.Fprintf(w, "%s warm image %s (%d MB)\n", verb, r.Dir, r.Bytes>>20)
 	}
 	// Builds a --force rebuild set aside, and what killed builds left; one
 	// still in use stays for a later run.
@@ -70,7 +72,6 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 	if err != nil {
 		fmt.Fprintf(w, "warning: %v\n", err)
 	}
-	var freed int64
 	for _, l := range left {
 		freed += l.SizeBytes
 		fmt.Fprintf(w, "%s leftover %s (%d MB)\n", verb, l.Dir, l.SizeBytes>>20)
@@ -95,6 +96,6 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 			fmt.Fprintf(w, "kept %s: %s\n", r.Build.Dir, r.Reason)
 		}
 	}
-	fmt.Fprintf(w, "%s %d MB of template builds\n", verb, freed>>20)
+	fmt.Fprintf(w, "%s %d MB of template builds and %d MB of warm images\n", verb, freed>>20, freedWarm>>20)
 	return nil
 }

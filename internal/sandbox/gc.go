@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -75,13 +76,33 @@ type RefSources struct {
 	DryRun      bool
 }
 
+// WarmRemoval is a warm image CollectRootFSRefs removed (or would).
+type WarmRemoval struct {
+	Dir   string
+	Bytes int64
+}
+
+// treeSize adds up the regular files under dir.
+func treeSize(dir string) int64 {
+	var n int64
+	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
 // CollectRootFSRefs finds every reference to a template rootfs in the
 // store (sandboxes not stopped, snapshots), the paused and the warm images,
 // and removes warm images of superseded builds as RefSources says. It
-// returns the warm images it removed (or would remove). A store that
+// returns the warm images it removed (or would remove), with their sizes. A store that
 // fails is an error: guessing would delete what is in use. Cost: a list of
 // sandboxes and snapshots and a read of one small manifest per image.
-func CollectRootFSRefs(ctx context.Context, src RefSources) (RootFSRefs, []string, error) {
+func CollectRootFSRefs(ctx context.Context, src RefSources) (RootFSRefs, []WarmRemoval, error) {
 	refs := RootFSRefs{Paths: map[string]string{}, Unknown: map[string]time.Time{}}
 	sbs, err := src.Store.ListSandboxes(ctx, pandastack.SandboxFilter{})
 	if err != nil {
@@ -116,7 +137,7 @@ func CollectRootFSRefs(ctx context.Context, src RefSources) (RootFSRefs, []strin
 			refs.add(man.RootFS, "paused image "+e)
 		}
 	}
-	var removed []string
+	var removed []WarmRemoval
 	for _, e := range readDirs(src.WarmDir) {
 		dir := filepath.Join(src.WarmDir, e)
 		man, err := imagestore.ReadManifest(dir, "warm image "+e)
@@ -129,12 +150,13 @@ func CollectRootFSRefs(ctx context.Context, src RefSources) (RootFSRefs, []strin
 		case !old && err == nil:
 			refs.add(man.RootFS, "warm image "+e+" (recent)")
 		case old:
+			size := treeSize(dir)
 			if !src.DryRun {
 				if err := os.RemoveAll(dir); err != nil {
 					return refs, removed, fmt.Errorf("remove warm image %s: %w", e, err)
 				}
 			}
-			removed = append(removed, dir)
+			removed = append(removed, WarmRemoval{Dir: dir, Bytes: size})
 		}
 	}
 	return refs, removed, nil

@@ -78,8 +78,15 @@ func TestCollectRootFSRefs(t *testing.T) {
 	if by, ok := refs.Keeps("base", "/gone/rootfs-old", time.Now()); ok {
 		t.Errorf("the stale warm image's rootfs is kept by %q", by)
 	}
-	if strings.Join(removed, " ") != oldAgentWarm+" "+staleWarm {
-		t.Errorf("removed warm images %v, want %s and %s", removed, oldAgentWarm, staleWarm)
+	var dirs []string
+	for _, r := range removed {
+		dirs = append(dirs, r.Dir)
+		if r.Bytes <= 0 {
+			t.Errorf("removed warm image %s counted %d bytes", r.Dir, r.Bytes)
+		}
+	}
+	if strings.Join(dirs, " ") != oldAgentWarm+" "+staleWarm {
+		t.Errorf("removed warm images %v, want %s and %s", dirs, oldAgentWarm, staleWarm)
 	}
 	for _, d := range []string{recentWarm, currentWarm} {
 		if _, err := os.Stat(d); err != nil {
