@@ -627,6 +627,12 @@ func TestCLI(t *testing.T) {
 	if exitCode(err) != 7 {
 		t.Fatalf("exec exit code: %v", err)
 	}
+	// An unknown verb is a command line it cannot parse: 2, as the README says.
+	for _, args := range [][]string{{"sandbox", "frob"}, {"keys", "frob"}, {"template", "frob"}} {
+		if _, errOut, err := s.cli(args...); exitCode(err) != 2 || !strings.Contains(errOut, "unknown verb") {
+			t.Errorf("pandastack %v: %v %q, want exit 2 naming the unknown verb", args, err, errOut)
+		}
+	}
 	// Output comes back byte for byte; a command killed by a signal exits
 	// as a shell's would, 128+N, and says so; --stdin feeds the command.
 	out, _, err = s.cli("sandbox", "exec", id, "--", `printf '\377\376\n'`)

@@ -82,15 +82,25 @@ func main() {
 		fmt.Fprintf(os.Stderr, "pandastack: unknown command %q\n\n%s", verb, usage)
 		os.Exit(2)
 	}
+	var bad badVerb
 	switch {
 	case err == nil, errors.Is(err, errHelp):
 	case errors.Is(err, errUsage):
 		os.Exit(2)
+	case errors.As(err, &bad):
+		fmt.Fprintln(os.Stderr, "pandastack:", err)
+		os.Exit(2) // a command line it cannot parse, as an unknown flag
 	default:
 		fmt.Fprintln(os.Stderr, "pandastack:", err)
 		os.Exit(1)
 	}
 }
+
+// badVerb is an unknown verb of a command: a command line pandastack
+// cannot parse, which exits 2 (as an unknown flag does).
+type badVerb struct{ msg string }
+
+func (b badVerb) Error() string { return b.msg }
 
 func newLogger(level string, w io.Writer) *slog.Logger {
 	var l slog.Level
@@ -367,6 +377,11 @@ func keys(args []string) error {
 	if len(args) == 0 || isHelp(args[0]) {
 		return verbsHelp(args, "usage: pandastack keys create|list|revoke [flags] (pandastack keys VERB -h for its flags)")
 	}
+	switch args[0] {
+	case "create", "list", "ls", "revoke":
+	default:
+		return badVerb{fmt.Sprintf("keys: unknown verb %q; want create, list or revoke", args[0])}
+	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	cfg.bind(fs)
 	project := fs.String("project", "default", "project the key belongs to (created if new)")
@@ -459,7 +474,7 @@ func keys(args []string) error {
 		}
 		fmt.Fprintln(os.Stderr, "revoked", printable(which))
 	default:
-		return fmt.Errorf("keys: unknown verb %q; want create, list or revoke", args[0])
+		return badVerb{fmt.Sprintf("keys: unknown verb %q; want create, list or revoke", args[0])}
 	}
 	return nil
 }
@@ -526,7 +541,7 @@ func templates(args []string) error {
 	case "gc":
 		return templateGC(context.Background(), &cfg, reg, *minAge, *dryRun, os.Stdout)
 	default:
-		return fmt.Errorf("template: unknown verb %q; want build, ls or gc", args[0])
+		return badVerb{fmt.Sprintf("template: unknown verb %q; want build, ls or gc", args[0])}
 	}
 	return nil
 }

@@ -52,7 +52,7 @@ func sandboxCmd(args []string) error {
 	}
 	verb, args := args[0], args[1:]
 	if !slices.Contains([]string{"create", "ls", "list", "exec", "kill", "rm"}, verb) {
-		return fmt.Errorf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)
+		return badVerb{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)}
 	}
 	if (verb == "kill" || verb == "rm") && len(args) == 1 && isHelp(args[0]) {
 		fmt.Println("usage: pandastack sandbox kill ID...\n\nKills each sandbox named (its files and memory are gone; snapshots stay) and reports those it could not.")
@@ -192,7 +192,7 @@ func sandboxCmd(args []string) error {
 			return err
 		}
 	default:
-		return fmt.Errorf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)
+		return badVerb{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)}
 	}
 	return nil
 }
