@@ -189,7 +189,10 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 		},
 	}
 	if len(req.Stdin) > 0 {
-		go p.writeStdin(context.Background(), req.Stdin)
+		// Its turn taken now, before the answer: a write or an EOF sent
+		// right after waits for it, rather than going first or cutting it.
+		p.stdinTurn <- struct{}{}
+		go p.writeStdinTaken(context.Background(), req.Stdin)
 	}
 	s.cfg.Processes.add(p)
 	p.release = s.cfg.Contexts.guardMemory(c.Mark, "background process", false, s.log, func(why string) {
@@ -364,7 +367,16 @@ func (s *Server) processStdin(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if req.EOF {
+		// After any write under way (the start's stdin): closed in its
+		// turn, so the process reads all that was sent first.
+		if err := p.takeStdinTurn(r.Context()); err != nil {
+			if errors.Is(err, errStdinBusy) {
+				return pandastack.Errorf(pandastack.EConflict, "process %d is not reading its input: an earlier write to it still waits (for %s); its input stays open", p.pid, stdinWait)
+			}
+			return err
+		}
 		p.stdin.Close()
+		<-p.stdinTurn
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -396,15 +408,29 @@ var errStdinBusy = errors.New("another write to stdin is under way")
 // process to take the data (os.ErrDeadlineExceeded); ctx ending cuts the
 // write short, so no write outlives its request.
 func (p *bgProc) writeStdin(ctx context.Context, b []byte) error {
+	if err := p.takeStdinTurn(ctx); err != nil {
+		return err
+	}
+	return p.writeStdinTaken(ctx, b)
+}
+
+// takeStdinTurn waits up to stdinWait for p's stdin to be free.
+func (p *bgProc) takeStdinTurn(ctx context.Context) error {
 	turn := time.NewTimer(stdinWait)
 	defer turn.Stop()
 	select {
 	case p.stdinTurn <- struct{}{}:
+		return nil
 	case <-turn.C:
 		return errStdinBusy
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// writeStdinTaken is writeStdin with the turn already taken; it gives the
+// turn back.
+func (p *bgProc) writeStdinTaken(ctx context.Context, b []byte) error {
 	p.stdin.SetWriteDeadline(time.Now().Add(stdinWait))
 	cut := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {

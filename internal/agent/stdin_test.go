@@ -45,12 +45,39 @@ func TestWriteStdinOneAtATime(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
 	t0 := time.Now()
-	if err := p.writeStdin(ctx, []byte("x")); err == nil || time.Since(t0) > 150*time.Millisecond {
+	if err := p.writeStdin(ctx, []byte("x")); err == nil || time.Since(t0) > time.Second {
 		t.Errorf("a write whose request ended: %v after %s", err, time.Since(t0))
 	}
 	// The process reads: the next write goes through.
 	go io.Copy(io.Discard, r)
 	if err := p.writeStdin(context.Background(), []byte("ok")); err != nil {
 		t.Errorf("a write once the process reads: %v", err)
+	}
+}
+
+// An EOF waits for the write under way (the start's stdin, its turn taken
+// before the start answered): the process reads all of it, then the end.
+func TestStdinEOFAfterTheStartsInput(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	p := &bgProc{stdin: w, stdinTurn: make(chan struct{}, 1)}
+	p.stdinTurn <- struct{}{} // as startProcess takes it
+	go p.writeStdinTaken(context.Background(), make([]byte, 1<<20))
+	got := make(chan int64, 1)
+	go func() {
+		time.Sleep(100 * time.Millisecond) // the pipe full, the write waiting
+		n, _ := io.Copy(io.Discard, r)
+		got <- n
+	}()
+	if err := p.takeStdinTurn(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	<-p.stdinTurn
+	if n := <-got; n != 1<<20 {
+		t.Fatalf("the process read %d bytes before its input ended, want all %d", n, 1<<20)
 	}
 }
