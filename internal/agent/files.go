@@ -454,6 +454,12 @@ func removeTree(ctx context.Context, dir string, fi fs.FileInfo) error {
 	if err != nil {
 		return err
 	}
+	// OpenRoot follows a symlink: dir swapped for one since its Lstat
+	// (by the sandbox user, under a delete as root) must not lead there.
+	if opened, err := root.Stat("."); err != nil || !os.SameFile(opened, fi) {
+		root.Close()
+		return pandastack.Errorf(pandastack.EConflict, "%s changed while it was being deleted (replaced by a link?); nothing was deleted", dir)
+	}
 	err = removeIn(ctx, root, dir, ".", deviceOf(fi))
 	root.Close()
 	if err != nil {

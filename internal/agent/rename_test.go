@@ -44,3 +44,27 @@ func TestRenameError(t *testing.T) {
 		t.Error("no failure made an error")
 	}
 }
+
+// A directory swapped for a symlink between the delete's look and its
+// walk is not followed: what the link points to stays.
+func TestRemoveTreeRefusesASwap(t *testing.T) {
+	base := t.TempDir()
+	dir, other := filepath.Join(base, "build"), filepath.Join(base, "etc")
+	os.Mkdir(dir, 0o755)
+	os.Mkdir(other, 0o755)
+	os.WriteFile(filepath.Join(other, "passwd"), []byte("x"), 0o644)
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(dir)
+	if err := os.Symlink(other, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeTree(t.Context(), dir, fi); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("delete of a directory swapped for a link: %v, want conflict", err)
+	}
+	if _, err := os.Stat(filepath.Join(other, "passwd")); err != nil {
+		t.Fatalf("the link's target lost its file: %v", err)
+	}
+}
