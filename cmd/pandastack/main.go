@@ -146,8 +146,13 @@ func serve(args []string) error {
 	}
 	defer store.Close()
 	// SIGHUP too: a serve started in a terminal that closes stops as it
-	// would on Ctrl-C (--kill-on-exit applies), not killed outright.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	// would on Ctrl-C (--kill-on-exit applies), not killed outright;
+	// unless it was started to ignore it (nohup), which a handler would undo.
+	stopOn := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stopOn = append(stopOn, syscall.SIGHUP)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), stopOn...)
 	defer stop()
 	// A log reader that goes away (a killed `| tee`) must not end serve
 	// halfway through its work: with SIGPIPE caught, writes to a closed
@@ -278,6 +283,9 @@ func serve(args []string) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = hs.Shutdown(sctx)
+	if !cfg.KillOnExit {
+		srv.WaitTerminals(2 * time.Second) // their close frames out before the exit
+	}
 	if cfg.KillOnExit {
 		log.Info("shutting down; killing every sandbox (--kill-on-exit)")
 		mgr.KillAll(context.Background())

@@ -97,11 +97,23 @@ type Server struct {
 	// with a reason rather than being dropped.
 	stopping chan struct{}
 	stopOnce sync.Once
+	ptys     sync.WaitGroup // open terminal sessions
 }
 
 // Stopping tells the open terminals that the server shuts down; they close
 // with a reason. For http.Server.RegisterOnShutdown.
 func (s *Server) Stopping() { s.stopOnce.Do(func() { close(s.stopping) }) }
+
+// WaitTerminals waits, up to limit, for the open terminals to end (after
+// Stopping: for their close frames to go out before the process exits).
+func (s *Server) WaitTerminals(limit time.Duration) {
+	done := make(chan struct{})
+	go func() { s.ptys.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(limit):
+	}
+}
 
 // New builds the API server.
 func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catalog, log *slog.Logger) *Server {

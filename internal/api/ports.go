@@ -345,8 +345,8 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 				}
 				return
 			}
-			if body != nil && body.Err != nil {
-				writeError(w, pandastack.Errorf(pandastack.EInvalid, "the request's body could not be read: %v", body.Err))
+			if body != nil && body.Err() != nil {
+				writeError(w, pandastack.Errorf(pandastack.EInvalid, "the request's body could not be read: %v", body.Err()))
 				return
 			}
 			var op *net.OpError

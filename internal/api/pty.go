@@ -141,6 +141,8 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 	if err != nil {
 		return // Accept has answered
 	}
+	s.ptys.Add(1)
+	defer s.ptys.Done()
 	defer ws.CloseNow()
 	ws.SetReadLimit(1 << 20)
 	// The socket's own context: a request cut by its key's revocation, or

@@ -250,8 +250,8 @@ func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q 
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		if rec != nil && rec.Err != nil {
-			return nil, &BodyError{Err: rec.Err} // the caller's body, not the sandbox
+		if rec != nil && rec.Err() != nil {
+			return nil, &BodyError{Err: rec.Err()} // the caller's body, not the sandbox
 		}
 		if c.sess.IsClosed() {
 			return nil, c.stopped(describe(method, path))
@@ -271,15 +271,31 @@ func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q 
 // the transport's error does not tell from the far side going away.
 type BodyReader struct {
 	R   io.Reader
-	Err error
+	mu  sync.Mutex
+	err error
 }
 
 func (b *BodyReader) Read(p []byte) (int, error) {
 	n, err := b.R.Read(p)
-	if err != nil && err != io.EOF && b.Err == nil {
-		b.Err = err
+	// A read after the transport closed the body (it gave up on the far
+	// side) is not the caller's failure.
+	if err != nil && err != io.EOF && !errors.Is(err, http.ErrBodyReadAfterClose) {
+		b.mu.Lock()
+		if b.err == nil {
+			b.err = err
+		}
+		b.mu.Unlock()
 	}
 	return n, err
+}
+
+// Err is the body's first read failure, nil if none. The transport reads
+// the body in a goroutine of its own, which may still run when the
+// request has failed.
+func (b *BodyReader) Err() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
 }
 
 // A BodyError is a failure to read the body a request to the agent
