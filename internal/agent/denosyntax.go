@@ -15,9 +15,12 @@ import (
 // denoExplain names the syntax error of a JavaScript or TypeScript cell
 // (parsed as ext: "ts" takes both): Deno's kernel answers one with "Execution failed"
 // and nothing else, which leaves an agent nothing to fix its code by. The
-// cell is parsed again by `deno fmt` (a parse, nothing run), as the
-// sandbox user, and its message, with the line and the column, becomes
-// the error. nil when the error is not that one, or deno finds none.
+// cell is parsed again by `deno fmt` (a parse, nothing run; no config
+// file read), as the sandbox user, and its message, with the line and the
+// column, becomes the error. nil when the error is not that one, or deno
+// finds none. Started with os/exec, not the agent's Reaper: should the
+// reaper take its exit first, Wait fails and the answer is still read
+// from what deno wrote, which is all the check looks at.
 func denoExplain(deno, ext string) func(ctx context.Context, code string, e *agentproto.ExecutionError) *agentproto.ExecutionError {
 	return func(ctx context.Context, code string, e *agentproto.ExecutionError) *agentproto.ExecutionError {
 		if e.Name != "Error" || e.Value != "Execution failed" || e.Traceback != "" {
@@ -25,7 +28,7 @@ func denoExplain(deno, ext string) func(ctx context.Context, code string, e *age
 		}
 		ctx, cancel := context.WithTimeout(ctx, denoExplainTimeout)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, deno, "fmt", "--ext", ext, "-")
+		cmd := exec.CommandContext(ctx, deno, "fmt", "--no-config", "--ext", ext, "-")
 		cmd.Stdin = strings.NewReader(code)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr

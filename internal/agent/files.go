@@ -438,6 +438,10 @@ func treeError(err error, top string) error {
 	if !filepath.IsAbs(at) {
 		at = filepath.Join(top, at)
 	}
+	if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+		// Something was made inside while the delete ran.
+		return pandastack.Errorf(pandastack.EConflict, "deleting %s stopped at %s: something was created in it meanwhile; what was deleted before that stays deleted", top, at)
+	}
 	if !errors.As(fsError(err, at, true), &own) {
 		return err
 	}
@@ -699,10 +703,15 @@ func renameError(err error, from, to string) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, fs.ErrExist) && !errors.Is(err, syscall.ENOTEMPTY):
-		if fi, serr := os.Lstat(to); serr == nil && fi.IsDir() {
-			if dir, derr := os.Lstat(from); derr == nil && dir.IsDir() {
-				return pandastack.Errorf(pandastack.EConflict, "%s already exists; pass overwrite=true to replace it (a directory replaces only an empty one)", to)
-			}
+		fi, serr := os.Lstat(to)
+		src, derr := os.Lstat(from)
+		switch {
+		case serr == nil && derr == nil && fi.IsDir() && !src.IsDir():
+			return pandastack.Errorf(pandastack.EConflict, "%s is a directory; a file cannot replace it (give a path inside it)", to)
+		case serr == nil && derr == nil && !fi.IsDir() && src.IsDir():
+			return pandastack.Errorf(pandastack.EConflict, "%s is not a directory; a directory cannot replace it", to)
+		case serr == nil && fi.IsDir():
+			return pandastack.Errorf(pandastack.EConflict, "%s already exists; pass overwrite=true to replace it (a directory replaces only an empty one)", to)
 		}
 		return pandastack.Errorf(pandastack.EConflict, "%s already exists; pass overwrite=true to replace it", to)
 	case errors.Is(err, syscall.ENOTEMPTY):

@@ -473,6 +473,7 @@ const (
 type unitLook struct {
 	at  time.Time
 	rss map[int64]int64
+	own map[int64]int64 // a kernel's own process (memUnit.own)
 }
 
 // growth sets each unit's grew and rate, from the earliest look kept
@@ -494,11 +495,17 @@ func (w *memWatch) growth(units []memUnit, now time.Time) (since time.Time, seen
 		for i := range units {
 			units[i].grew = units[i].rss - first.rss[units[i].key]
 			units[i].rate = float64(units[i].grew) / dt
+			if o, ok := first.own[units[i].key]; ok {
+				units[i].ownGrew = units[i].own - o
+			}
 		}
 	}
-	l := unitLook{at: now, rss: make(map[int64]int64, len(units))}
+	l := unitLook{at: now, rss: make(map[int64]int64, len(units)), own: map[int64]int64{}}
 	for _, u := range units {
 		l.rss[u.key] = u.rss
+		if u.kernel != nil {
+			l.own[u.key] = u.own
+		}
 	}
 	w.looks = append(w.looks, l)
 	return since, seen
@@ -518,8 +525,9 @@ type memUnit struct {
 	// A kernel's tree: its kernel, and what the kernel process itself
 	// holds (with its shell, for a shell's kernel); the rest is what its
 	// cells started.
-	kernel *kernelProc
-	own    int64
+	kernel  *kernelProc
+	own     int64
+	ownGrew int64 // how much of grew is the kernel process's own
 }
 
 // children reports whether what u's kernel started, rather than the
@@ -528,7 +536,9 @@ type memUnit struct {
 // the sandbox). Should the kernel itself go on growing, the next kill
 // takes it.
 func (u *memUnit) children() bool {
-	return u.kernel != nil && u.rss-u.own > u.rss/2
+	// Not while the kernel itself is what grows: killing what it holds
+	// still would free little, and it would go on.
+	return u.kernel != nil && u.rss-u.own > u.rss/2 && !(u.grew > 0 && u.ownGrew > u.grew/2)
 }
 
 // memVictim picks, in a sandbox past its pressure level, the process tree

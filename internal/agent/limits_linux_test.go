@@ -545,3 +545,24 @@ func TestMemoryWatchKillsWhatAKernelStarted(t *testing.T) {
 		t.Fatalf("the kernel's exit reason %q", r)
 	}
 }
+
+// What a kernel's tree loses: its children when they hold most of it,
+// unless the kernel process itself is what grew.
+func TestMemUnitChildren(t *testing.T) {
+	const mib = 1 << 20
+	k := &kernelProc{}
+	for _, c := range []struct {
+		u    memUnit
+		want bool
+	}{
+		{memUnit{kernel: k, rss: 500 * mib, own: 100 * mib}, true},
+		{memUnit{kernel: k, rss: 500 * mib, own: 300 * mib}, false},
+		{memUnit{kernel: k, rss: 500 * mib, own: 100 * mib, grew: 80 * mib, ownGrew: 10 * mib}, true},
+		{memUnit{kernel: k, rss: 500 * mib, own: 100 * mib, grew: 80 * mib, ownGrew: 70 * mib}, false},
+		{memUnit{rss: 500 * mib}, false}, // not a kernel's
+	} {
+		if got := c.u.children(); got != c.want {
+			t.Errorf("%+v: children %v, want %v", c.u, got, c.want)
+		}
+	}
+}

@@ -28,6 +28,7 @@ func TestRenameError(t *testing.T) {
 	}{
 		{"other filesystem", link(syscall.EXDEV), file, "/mnt/x", pandastack.EInvalid, "different filesystems"},
 		{"file there", link(syscall.EEXIST), file, file, pandastack.EConflict, "overwrite=true"},
+		{"file onto a dir, no overwrite", link(syscall.EEXIST), file, sub, pandastack.EConflict, "a file cannot replace it"},
 		{"dir onto dir", link(syscall.EEXIST), sub, sub, pandastack.EConflict, "only an empty one"},
 		{"not empty", link(syscall.ENOTEMPTY), sub, full, pandastack.EConflict, "not empty"},
 		{"file onto dir", link(syscall.EISDIR), file, sub, pandastack.EConflict, "is a directory"},

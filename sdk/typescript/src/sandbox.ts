@@ -459,7 +459,6 @@ export class Sandbox implements SandboxInfo {
     this.#update(await this.#http.json<WireSandbox>("PUT", this.#path("/network"), { json: wireNetwork(policy) }));
   }
 
-  /** The egress log, oldest first: DNS answers, connections (through NAT or the domain proxy) and connects the firewall refused. */
   /**
    * The memory and CPU time the sandbox uses now, and its limits. A paused
    * sandbox uses none and reports zeros (the look does not wake it); a
@@ -482,6 +481,7 @@ export class Sandbox implements SandboxInfo {
     };
   }
 
+  /** The egress log, oldest first: DNS answers, connections (through NAT or the domain proxy) and connects the firewall refused. */
   async networkLog(): Promise<EgressEntry[]> {
     const w = await this.#http.json<{ entries: EgressEntry[] | null }>("GET", this.#path("/network/log"));
     return w.entries ?? [];
