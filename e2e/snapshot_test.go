@@ -264,11 +264,10 @@ files["pandamini-1.0.dist-info/RECORD"] = "".join(f"{n},,\n" for n in files) + "
 with zipfile.ZipFile("/tmp/pandamini-1.0-py3-none-any.whl", "w") as z:
     for n, c in files.items():
         z.writestr(n, c)
-r = subprocess.run([sys.executable, "-m", "pip", "install", "--user", "--no-index", "--break-system-packages", "/tmp/pandamini-1.0-py3-none-any.whl"], capture_output=True, text=True)
+r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "/tmp/pandamini-1.0-py3-none-any.whl"], capture_output=True, text=True)
 print(r.returncode, r.stderr[-500:])
-import site, importlib; importlib.invalidate_caches()
-if site.getusersitepackages() not in sys.path: sys.path.append(site.getusersitepackages())
-import pandamini
+import importlib; importlib.invalidate_caches()
+import pandamini  # the kernel's sys.path has the user's site-packages: importable at once
 `
 
 func TestSnapshotSurvivesServerRestart(t *testing.T) {
