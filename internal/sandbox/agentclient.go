@@ -233,8 +233,15 @@ func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q 
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
+	// A body streamed from a caller (an upload) is watched for the
+	// caller's failures. One in memory (JSON) cannot fail, and stays as it
+	// is: its known length lets the agent read it to its end, and only
+	// then does the agent's server notice a hang-up (a chunked JSON body
+	// left every cancelled run running on).
 	var rec *BodyReader
-	if body != nil {
+	switch body.(type) {
+	case nil, *bytes.Reader, *bytes.Buffer, *strings.Reader:
+	default:
 		rec = &BodyReader{R: body}
 		body = rec
 	}
