@@ -660,10 +660,8 @@ func diskFull() bool {
 }
 
 // busyGrace is how long a run that finds its context busy waits for the
-// cell there to be cancelled before it answers conflict. 250 ms was too
-// little on a loaded host: the hang-up crossed the server later, and the
-// run right after a cancelled one answered conflict.
-const busyGrace = time.Second
+// cell there to be cancelled before it answers conflict.
+const busyGrace = 250 * time.Millisecond
 
 func (s *Server) runCode(w http.ResponseWriter, r *http.Request) error {
 	begun := time.Now()
