@@ -289,7 +289,7 @@ func (c *Cache) evict() {
 		if err != nil {
 			continue
 		}
-		size := dirSize(filepath.Join(c.root, e.Name()))
+		size := DirSize(filepath.Join(c.root, e.Name()))
 		all = append(all, entry{e.Name(), size, info.ModTime()})
 		total += size
 	}
@@ -310,8 +310,8 @@ func (c *Cache) evict() {
 	}
 }
 
-// dirSize adds up the sizes of the files under dir.
-func dirSize(dir string) int64 {
+// DirSize adds up the sizes of the files under dir.
+func DirSize(dir string) int64 {
 	var n int64
 	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {

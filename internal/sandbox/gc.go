@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,20 +81,6 @@ type WarmRemoval struct {
 	Bytes int64
 }
 
-// treeSize adds up the regular files under dir.
-func treeSize(dir string) int64 {
-	var n int64
-	filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
-		if err == nil && d.Type().IsRegular() {
-			if fi, err := d.Info(); err == nil {
-				n += fi.Size()
-			}
-		}
-		return nil
-	})
-	return n
-}
-
 // CollectRootFSRefs finds every reference to a template rootfs in the
 // store (sandboxes not stopped, snapshots), the paused and the warm images,
 // and removes warm images of superseded builds as RefSources says. It
@@ -150,7 +135,7 @@ func CollectRootFSRefs(ctx context.Context, src RefSources) (RootFSRefs, []WarmR
 		case !old && err == nil:
 			refs.add(man.RootFS, "warm image "+e+" (recent)")
 		case old:
-			size := treeSize(dir)
+			size := imagestore.DirSize(dir)
 			if !src.DryRun {
 				if err := os.RemoveAll(dir); err != nil {
 					return refs, removed, fmt.Errorf("remove warm image %s: %w", e, err)
