@@ -943,14 +943,19 @@ func shrinkResult(res agentproto.Result, room int) (agentproto.Result, []string)
 		{"table data", func(r agentproto.Result) int { return jsonSize(r.Data) }, func(r *agentproto.Result) { r.Data = nil }},
 		{"other forms", func(r agentproto.Result) int { return jsonSize(r.Extra) }, func(r *agentproto.Result) { r.Extra = nil }},
 	}
-	if resultSize(res) <= room {
+	total := resultSize(res)
+	if total <= room {
 		return res, nil
 	}
+	sizes := make([]int, len(forms)) // each measured once: a form may be tens of MB of JSON
+	for i, f := range forms {
+		sizes[i] = f.size(res)
+	}
 	var dropped []string
-	for resultSize(res) > room && len(dropped) < len(forms) {
+	for total > room {
 		big := -1
-		for i, f := range forms {
-			if f.size(res) > 0 && (big < 0 || f.size(res) > forms[big].size(res)) {
+		for i := range forms {
+			if sizes[i] > 0 && (big < 0 || sizes[i] > sizes[big]) {
 				big = i
 			}
 		}
@@ -958,6 +963,8 @@ func shrinkResult(res agentproto.Result, room int) (agentproto.Result, []string)
 			return res, nil // its text alone does not fit
 		}
 		forms[big].drop(&res)
+		total -= sizes[big]
+		sizes[big] = 0
 		dropped = append(dropped, forms[big].name+" form")
 	}
 	return res, dropped
