@@ -156,7 +156,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 		r.note(takeNote(in))
 		override := k.shellExited(ctx, in, r)
 		if override == nil && k.opts.Explain != nil {
-			if e := r.execution(start).Error; e != nil {
+			if e := r.cellError(); e != nil {
 				override = k.opts.Explain(ctx, cell, e)
 			}
 		}
@@ -829,6 +829,17 @@ func (r *run) onReply(content json.RawMessage) {
 	case "aborted":
 		r.replyErr = &agentproto.ExecutionError{Name: "Aborted", Value: "the kernel aborted the execution"}
 	}
+}
+
+// cellError is the cell's error so far, as execution takes it (the error
+// event's, else the reply's), without copying the rest of the run.
+func (r *run) cellError() *agentproto.ExecutionError {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.exec.Error != nil {
+		return r.exec.Error
+	}
+	return r.replyErr
 }
 
 // takeNote is what in's process has to tell the cell (Noter), if anything.
