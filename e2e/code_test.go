@@ -174,7 +174,7 @@ func TestCodeContexts(t *testing.T) {
 		ex := run(t, c, sb, cc, `import os
 os.system('trap "" INT; sleep 100; echo never')`, 2)
 		if ex.Error == nil || ex.Error.Name != "TimeoutError" || !strings.Contains(ex.Error.Value, "were killed") || strings.Contains(ex.Stdout, "never") || time.Since(start) > 60*time.Second {
-			t.Fatalf("timeout: %+v after %s", ex, time.Since(start))
+			t.Fatalf("timeout: %+v (error %+v) after %s", ex, ex.Error, time.Since(start))
 		}
 		if again := run(t, c, sb, cc, "x", 0); again.Text != "41" {
 			t.Fatalf("state after the timeout: %+v", again)
@@ -183,10 +183,10 @@ os.system('trap "" INT; sleep 100; echo never')`, 2)
 	t.Run("a run right after a cancelled one waits for it", func(t *testing.T) {
 		for i := range 3 {
 			short, cancel := context.WithTimeout(ctx, time.Second)
-			_, err := c.Run(short, sb.ID, cc.ID, client.RunRequest{Code: "import time\ntime.sleep(15)"})
+			ex, err := c.Run(short, sb.ID, cc.ID, client.RunRequest{Code: "import time\ntime.sleep(15)"})
 			cancel()
 			if err == nil {
-				t.Fatal("a 15 s cell answered within its caller's 1 s")
+				t.Fatalf("a 15 s cell answered within its caller's 1 s: %+v (error %+v)", ex, ex.Error)
 			}
 			if ex, err := c.Run(ctx, sb.ID, cc.ID, client.RunRequest{Code: "'next'"}); err != nil || ex.Text != "'next'" {
 				t.Fatalf("the run right after a cancelled one (%d): %+v %v", i, ex, err)
@@ -256,7 +256,7 @@ os.system('trap "" INT; sleep 100; echo never')`, 2)
 		start := time.Now()
 		ex := run(t, c, sb, bash, `(trap "" INT; sleep 100; echo never)`, 2)
 		if ex.Error == nil || ex.Error.Name != "TimeoutError" || !strings.Contains(ex.Error.Value, "were killed") || strings.Contains(ex.Stdout, "never") || time.Since(start) > 60*time.Second {
-			t.Fatalf("timeout: %+v after %s", ex, time.Since(start))
+			t.Fatalf("timeout: %+v (error %+v) after %s", ex, ex.Error, time.Since(start))
 		}
 		if again := run(t, c, sb, bash, "echo $x", 0); again.Error != nil || again.Stdout != "kept\n" {
 			t.Fatalf("the shell after the timeout: %+v", again)
