@@ -195,6 +195,36 @@ func mkdirAll(dir string) error {
 	return nil
 }
 
+// topMissing is the outermost directory of dir's that does not exist (dir
+// itself, or one of its parents), which mkdirAll(dir) would make first; ""
+// when dir exists.
+func topMissing(dir string) string {
+	top := ""
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			return top
+		}
+		top = d
+		if d == filepath.Dir(d) {
+			return top
+		}
+	}
+}
+
+// unmake removes the directories from dir up to top that mkdirAll made,
+// as long as they are empty: a failed call leaves no trace of them. Does
+// nothing when top is "".
+func unmake(dir, top string) {
+	if top == "" {
+		return
+	}
+	for d := dir; agentproto.Under(d, top); d = filepath.Dir(d) {
+		if os.Remove(d) != nil || d == top {
+			return
+		}
+	}
+}
+
 // bodyReader records a failure to read the upload, to tell it from a failure
 // to write the file.
 type bodyReader struct {
@@ -662,10 +692,12 @@ func (s *Server) renameFile(w http.ResponseWriter, r *http.Request) error {
 		}
 		if to != from {
 			dir := filepath.Dir(to)
+			made := topMissing(dir)
 			if err := mkdirAll(dir); err != nil {
 				return fsError(err, dir, true)
 			}
 			if err := renameError(rename(from, to, overwrite), from, to); err != nil {
+				unmake(dir, made)
 				return err
 			}
 		}
