@@ -159,6 +159,9 @@ func TestFileAPIHardening(t *testing.T) {
 		// The parameters in the query or in the body, never half from each.
 		expect(t, "POST", files+"/rename", qv("path", "r/e", "to", "r/x"), `{"to":"r/y"}`, 400, "one or the other")
 		expect(t, "POST", files+"/mkdir", qv("path", "r/m"), `{"path":"r/n"}`, 400, "one or the other")
+		// Half in the query, half in the body, is refused too.
+		expect(t, "POST", files+"/rename", qv("to", "r/x"), `{"path":"r/e"}`, 400, "one or the other")
+		expect(t, "POST", files+"/rename", qv("overwrite", "true"), `{"path":"r/e","to":"r/x"}`, 400, "one or the other")
 		expect(t, "POST", files+"/mkdir", qv("path", "r/m"), `not json`, 400, "invalid_request")
 		if out := mustExec(t, s, sb.ID, "cat r/e/f/one; test ! -e r/two && test ! -e r/d && test ! -e r/m && test ! -e r/n && test ! -e r/x && echo moved"); out != "2\nmoved\n" {
 			t.Fatalf("after the renames: %q", out)

@@ -265,14 +265,20 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request, project string
 }
 
 // queryOrBody decodes r's JSON body into v (strictly; an empty body is
-// {}) and refuses one that gives anything (given) when the query gives the
-// path: the parameters come from one or the other, never half from each.
+// {}) and refuses one that gives anything (given) when the query gives a
+// parameter of the operation too: they come from one or the other, never
+// half from each. ?user= may go with either.
 func queryOrBody(r *http.Request, v any, given func() bool) error {
 	if err := decode(r, v); err != nil {
 		return err
 	}
-	if r.URL.Query().Get("path") != "" && given() {
-		return pandastack.Errorf(pandastack.EInvalid, "the path is in the query and the JSON body gives parameters too: give them in one or the other")
+	if !given() {
+		return nil
+	}
+	for k := range r.URL.Query() {
+		if k != "user" {
+			return pandastack.Errorf(pandastack.EInvalid, "the query gives %s and the JSON body gives parameters too: give them in one or the other (?user= may go with either)", k)
+		}
 	}
 	return nil
 }

@@ -162,3 +162,29 @@ func TestRefusalKeepsTheConnectionUsable(t *testing.T) {
 		}
 	}
 }
+
+// A file route's parameters come from the query or from a JSON body, never
+// half from each; ?user= goes with either.
+func TestQueryOrBody(t *testing.T) {
+	for _, c := range []struct {
+		query, body string
+		ok          bool
+	}{
+		{"path=a&to=b", "", true},
+		{"", `{"path":"a","to":"b"}`, true},
+		{"user=root", `{"path":"a","to":"b"}`, true},
+		{"path=a&to=b", `{"to":"c"}`, false},
+		{"to=b", `{"path":"a"}`, false},
+		{"overwrite=true", `{"path":"a","to":"b"}`, false},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/sandboxes/x/files/rename?"+c.query, strings.NewReader(c.body))
+		var body struct {
+			Path string `json:"path"`
+			To   string `json:"to"`
+		}
+		err := queryOrBody(r, &body, func() bool { return body.Path != "" || body.To != "" })
+		if (err == nil) != c.ok || (err != nil && !strings.Contains(err.Error(), "one or the other")) {
+			t.Errorf("query %q, body %q: %v, want ok %v", c.query, c.body, err, c.ok)
+		}
+	}
+}
