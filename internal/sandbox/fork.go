@@ -205,7 +205,7 @@ func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pand
 		// An image a restart found (or one that changed): read only once
 		// checked, as a resume checks it. A damaged one takes the usual
 		// path, whose resume says what is wrong.
-		if man, err := verifyImage(m.pausedPath(id), "paused sandbox "+id); err == nil {
+		if man, err := m.verifyPaused(id, m.pausedPath(id), "paused sandbox "+id); err == nil {
 			return sb, man, func() { m.sbx.end(id) }, true
 		}
 	}

@@ -177,14 +177,15 @@ type Manager struct {
 	// unit tests replace it).
 	idleCPUs func(context.Context, time.Duration) (float64, error)
 
-	suspending   atomic.Bool     // idle suspends are under way (idle.go)
-	warmVerified sync.Map        // key → *warmCheck: warm images checksummed (warm.go)
-	node         nodeState       // the other nodes as of the last heartbeat (node.go)
-	ownPaused    sync.Map        // sandbox id → ownPaused: paused images this process wrote (resume.go)
-	prepared     preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
-	warmHeld     heldImages      // the warm images, held in the page cache (pin.go)
-	refills      refillHolds     // sandboxes whose spare refills wait for the host (refills.go)
-	snapUse      snapshotUse     // snapshots being restored from (images.go)
+	suspending    atomic.Bool     // idle suspends are under way (idle.go)
+	warmVerified  sync.Map        // key → *warmCheck: warm images checksummed (warm.go)
+	node          nodeState       // the other nodes as of the last heartbeat (node.go)
+	ownPaused     sync.Map        // sandbox id → ownPaused: paused images this process wrote (resume.go)
+	checkedPaused sync.Map        // sandbox id → time.Time: the manifest's mtime of a paused image a restart found, once verified (resume.go)
+	prepared      preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
+	warmHeld      heldImages      // the warm images, held in the page cache (pin.go)
+	refills       refillHolds     // sandboxes whose spare refills wait for the host (refills.go)
+	snapUse       snapshotUse     // snapshots being restored from (images.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup

@@ -94,8 +94,36 @@ func (m *Manager) pausedByUs(id, dir string) (manifest, bool) {
 	return own.man, true
 }
 
-// forgetPaused drops the record of id's paused image.
-func (m *Manager) forgetPaused(id string) { m.ownPaused.Delete(id) }
+// forgetPaused drops the records of id's paused image.
+func (m *Manager) forgetPaused(id string) {
+	m.ownPaused.Delete(id)
+	m.checkedPaused.Delete(id)
+}
+
+// verifyPaused checks id's paused image in dir, one this process did not
+// write (a restart found it), in full the first time and then as long as
+// its manifest is the same file: every fork or snapshot of a sandbox
+// paused before a restart read its whole image again.
+func (m *Manager) verifyPaused(id, dir, what string) (manifest, error) {
+	mpath := filepath.Join(dir, imagestore.ManifestName)
+	if v, ok := m.checkedPaused.Load(id); ok {
+		if fi, err := os.Stat(mpath); err == nil && fi.ModTime().Equal(v.(time.Time)) {
+			if man, err := imagestore.ReadManifest(dir, what); err == nil {
+				return man, checkRootFS(man, what)
+			}
+		}
+		m.checkedPaused.Delete(id)
+	}
+	before, err := os.Stat(mpath)
+	if err != nil {
+		return verifyImage(dir, what) // the error that says why
+	}
+	man, err := verifyImage(dir, what)
+	if err == nil {
+		m.checkedPaused.Store(id, before.ModTime())
+	}
+	return man, err
+}
 
 // resumeSteps times a resume, for the log (and the bench's breakdown).
 type resumeSteps struct {

@@ -354,7 +354,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	if own {
 		err = checkRootFS(man, what)
 	} else {
-		man, err = verifyImage(dir, what)
+		man, err = m.verifyPaused(id, dir, what)
 	}
 	if err != nil {
 		return sb, err
