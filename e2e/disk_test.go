@@ -37,6 +37,10 @@ func TestSandboxHasADiskOfItsOwn(t *testing.T) {
 	if fi.Size != 400<<20 {
 		t.Fatalf("uploaded %d bytes", fi.Size)
 	}
+	// The stats show the disk's use and size, as df does inside.
+	if used, size := diskStats(t, s, sb.ID); used == nil || size == nil || *size != 512<<20 || *used < 400<<20 || *used >= *size {
+		t.Errorf("stats after a 400 MB upload to a 512 MiB disk: used %v of %v", deref(used), deref(size))
+	}
 	_, err = c.WriteFile(ctx, sb.ID, "more.bin", io.LimitReader(zeros{}, 300<<20))
 	if !client.IsCode(err, "payload_too_large") || !strings.Contains(err.Error(), "no space left") {
 		t.Fatalf("an upload past the full disk: %v, want payload_too_large (no space left)", err)
@@ -86,9 +90,42 @@ func TestSandboxHasADiskOfItsOwn(t *testing.T) {
 	if err != nil || strings.TrimSpace(res.Stdout) != "128" {
 		t.Fatalf("disk_mb 128: df says %q, %v", res.Stdout, err)
 	}
+	if used, size := diskStats(t, s, small.ID); used == nil || size == nil || *size != 128<<20 || *used <= 0 || *used > 64<<20 {
+		t.Errorf("stats of a fresh 128 MiB disk: used %v of %v", deref(used), deref(size))
+	}
+	// Paused, it cannot say (and the look does not wake it).
+	if _, err := c.Pause(ctx, small.ID); err != nil {
+		t.Fatal(err)
+	}
+	if used, size := diskStats(t, s, small.ID); used != nil || size != nil {
+		t.Errorf("stats of a paused sandbox: disk used %v of %v, want neither", deref(used), deref(size))
+	}
+	if got, err := c.GetSandbox(ctx, small.ID); err != nil || got.State != "paused" {
+		t.Errorf("after its stats the paused sandbox is %+v, %v", got, err)
+	}
 	for _, body := range []string{`{"disk_mb":10}`, `{"disk_mb":99999999}`, `{"disk_mb":"big"}`} {
 		if status, code, msg := api(t, s, s.key, "POST", "/v1/sandboxes", body); status != 400 || code != "invalid_request" || !strings.Contains(msg, "disk_mb") {
 			t.Errorf("create %s → %d %s %q, want 400 naming disk_mb", body, status, code, msg)
 		}
 	}
+}
+
+// diskStats reads GET /stats's disk figures: nil when absent.
+func diskStats(t *testing.T, s *server, id string) (used, size *int64) {
+	t.Helper()
+	var st struct {
+		DiskBytes      *int64 `json:"disk_bytes"`
+		DiskLimitBytes *int64 `json:"disk_limit_bytes"`
+	}
+	if code, body := rawJSON(t, s, "GET", "/v1/sandboxes/"+id+"/stats", "", &st); code != 200 {
+		t.Fatalf("stats: %d %s", code, body)
+	}
+	return st.DiskBytes, st.DiskLimitBytes
+}
+
+func deref(p *int64) any {
+	if p == nil {
+		return nil
+	}
+	return *p
 }

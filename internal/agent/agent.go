@@ -51,6 +51,9 @@ type Config struct {
 	// Names is the hellos' writing of those files, shared by all
 	// sessions, which wait for it; nil: a new one.
 	Names *NameFiles
+	// Disk is the directory whose filesystem GET /v1/disk reports; ""
+	// means /.
+	Disk string
 }
 
 // Server answers the agent API for one host session.
@@ -85,6 +88,9 @@ func NewServer(cfg Config, epoch uint32) *Server {
 	if cfg.Names == nil {
 		cfg.Names = &NameFiles{}
 	}
+	if cfg.Disk == "" {
+		cfg.Disk = "/"
+	}
 	return &Server{cfg: cfg, epoch: epoch, home: cfg.Home, log: cfg.Log.With("epoch", epoch)}
 }
 
@@ -94,6 +100,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/hello", s.api(s.hello))
 	mux.HandleFunc("POST /v1/exec", s.afterNames(s.api(s.exec)))
 	mux.HandleFunc("POST /v1/env", s.api(s.setEnv))
+	mux.HandleFunc("GET /v1/disk", s.api(s.disk))
 	mux.HandleFunc("GET /v1/pty", s.afterNames(s.api(s.pty)))
 	mux.HandleFunc("PUT /v1/files", s.afterNames(s.api(s.putFile)))
 	mux.HandleFunc("GET /v1/files", s.afterNames(s.api(s.getFile)))
@@ -206,7 +213,7 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 		Epoch:           s.epoch,
 		BootedAt:        s.cfg.BootedAt,
 		Contexts:        s.cfg.Contexts.readyIDs(),
-		Features:        []string{agentproto.FeatureRunCreates},
+		Features:        []string{agentproto.FeatureRunCreates, agentproto.FeatureDisk},
 	}
 	if setsHostname() {
 		h.Features = append(h.Features, agentproto.FeatureHostname)

@@ -75,7 +75,16 @@ const (
 	// restored into a container created under another id (a resume into
 	// one prepared ahead) and keep its name.
 	FeatureHostname = "sets_hostname"
+	// FeatureDisk: GET /v1/disk answers the sandbox's disk use (Disk).
+	FeatureDisk = "disk"
 )
+
+// Disk answers GET /v1/disk: the sandbox's root filesystem (its disk, the
+// writable layer over its template) as statfs sees it from inside.
+type Disk struct {
+	SizeBytes int64 `json:"size_bytes"`
+	UsedBytes int64 `json:"used_bytes"`
+}
 
 // Hostname is the hostname of sandbox id: sbx_abc is sbx-abc (an
 // underscore is no letter of a hostname).

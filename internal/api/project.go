@@ -12,11 +12,16 @@ import (
 // SandboxStats is GET /v1/sandboxes/{id}/stats: the host-side resource use
 // of a running sandbox, measured when asked.
 type SandboxStats struct {
-	MemoryBytes      int64     `json:"memory_bytes"`       // the host memory charged to it (its cgroup's working set)
-	MemoryLimitBytes int64     `json:"memory_limit_bytes"` // its memory_mb
-	CPUSeconds       float64   `json:"cpu_seconds"`        // CPU time it used since it started or was resumed (its cgroup's); rate = difference of two samples
-	CPULimit         int       `json:"cpu_limit"`          // its cpu
-	SampledAt        time.Time `json:"sampled_at"`
+	MemoryBytes      int64   `json:"memory_bytes"`       // the host memory charged to it (its cgroup's working set)
+	MemoryLimitBytes int64   `json:"memory_limit_bytes"` // its memory_mb
+	CPUSeconds       float64 `json:"cpu_seconds"`        // CPU time it used since it started or was resumed (its cgroup's); rate = difference of two samples
+	CPULimit         int     `json:"cpu_limit"`          // its cpu
+	// DiskBytes and DiskLimitBytes are the used and whole size of its disk
+	// (its disk_mb), as df shows them inside; nil when the sandbox cannot
+	// say (its agent is of an older build).
+	DiskBytes      *int64    `json:"disk_bytes,omitempty"`
+	DiskLimitBytes *int64    `json:"disk_limit_bytes,omitempty"`
+	SampledAt      time.Time `json:"sampled_at"`
 }
 
 func (s *Server) stats(w http.ResponseWriter, r *http.Request, project string) {
@@ -42,6 +47,11 @@ func (s *Server) stats(w http.ResponseWriter, r *http.Request, project string) {
 	}
 	if st.CPUNanos < 0 {
 		out.CPUSeconds = cpuSeconds(st.PIDs)
+	}
+	if sb.State == pandastack.StateRunning {
+		if d, ok := s.mgr.Disk(r.Context(), project, id); ok {
+			out.DiskBytes, out.DiskLimitBytes = &d.UsedBytes, &d.SizeBytes
+		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -522,6 +522,17 @@ func (c *AgentClient) RenameFile(ctx context.Context, from, to string, asRoot, o
 	return fi, err
 }
 
+// Disk returns the size and use of the sandbox's disk; EUnavailable from
+// an agent too old to tell (its hello lacks agentproto.FeatureDisk).
+func (c *AgentClient) Disk(ctx context.Context) (agentproto.Disk, error) {
+	var d agentproto.Disk
+	if !c.Hello().HasFeature(agentproto.FeatureDisk) {
+		return d, pandastack.Errorf(pandastack.EUnavailable, "the agent of sandbox %s is of a build that does not measure its disk", c.id)
+	}
+	err := c.do(ctx, http.MethodGet, "/v1/disk", nil, nil, &d)
+	return d, err
+}
+
 // MakeDir creates a directory and its parents.
 func (c *AgentClient) MakeDir(ctx context.Context, path string, asRoot bool) (agentproto.FileInfo, error) {
 	var fi agentproto.FileInfo

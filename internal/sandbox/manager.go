@@ -947,3 +947,29 @@ func (m *Manager) Stats(ctx context.Context, projectID, id string) (pandastack.R
 	}
 	return m.rt.Stats(ctx, id)
 }
+
+// diskWait bounds Disk's question to the agent.
+const diskWait = 2 * time.Second
+
+// Disk returns the size and use of a running sandbox's disk, as its agent
+// measures them; ok is false when it cannot say (paused, starting, an agent
+// of an older build, or one that does not answer within diskWait). Like
+// Stats, a look neither wakes the sandbox nor counts as its use, so a
+// console polling it lets an idle sandbox sleep.
+func (m *Manager) Disk(ctx context.Context, projectID, id string) (_ agentproto.Disk, ok bool) {
+	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+		return agentproto.Disk{}, false
+	}
+	c := m.sbx.client(id)
+	if c == nil {
+		return agentproto.Disk{}, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, diskWait)
+	defer cancel()
+	d, err := c.Disk(ctx)
+	if err != nil {
+		m.log.Debug("measuring a sandbox's disk", "sandbox", id, "err", err)
+		return agentproto.Disk{}, false
+	}
+	return d, true
+}

@@ -161,6 +161,7 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     # Metrics draw live figures.
     page.get_by_role("tab", name="Metrics").click()
     expect(page.locator("figcaption").nth(1)).to_contain_text("MiB of")
+    expect(page.get_by_text(re.compile(r"^Disk: \S+ \S+ of \S+ \S+ used$"))).to_be_visible()
 
     # Snapshot and fork from the sandbox's page, then the tree.
     page.get_by_role("button", name=f"Snapshot {sid}").click()

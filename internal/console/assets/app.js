@@ -429,7 +429,7 @@ function metricsPanel(id, known) {
   const panel = h("section");
   const cpu = h("canvas", { width: 420, height: 160, role: "img", "aria-label": "CPU use over the last two minutes" });
   const mem = h("canvas", { width: 420, height: 160, role: "img", "aria-label": "Memory use over the last two minutes" });
-  const cpuNow = h("figcaption"), memNow = h("figcaption");
+  const cpuNow = h("figcaption"), memNow = h("figcaption"), diskNow = h("p", { class: "muted" });
   const samples = [];
   const draw = (canvas, values, max, color) => {
     const c = canvas.getContext("2d"), W = canvas.width, H = canvas.height;
@@ -445,6 +445,7 @@ function metricsPanel(id, known) {
     if (known.state !== "running") {
       cpuNow.textContent = known.state === "paused" ? "CPU: none, the sandbox is paused (saved to disk)" : "CPU: not running";
       memNow.textContent = known.state === "paused" ? "Memory: none while paused" : "";
+      diskNow.textContent = "";
       return;
     }
     const st = await api("GET", `/v1/sandboxes/${id}/stats`).catch(() => null);
@@ -459,8 +460,10 @@ function metricsPanel(id, known) {
     draw(mem, samples.map((x) => x.mem), st.memory_limit_bytes, "#107c41");
     cpuNow.textContent = `CPU: ${pct.toFixed(1)} % (limit ${st.cpu_limit} CPU = ${100 * st.cpu_limit} %)`;
     memNow.textContent = `Memory: ${bytes(st.memory_bytes)} of ${bytes(st.memory_limit_bytes)}`;
+    // Absent from an agent of an older build (a restore of an old snapshot).
+    diskNow.textContent = st.disk_limit_bytes ? `Disk: ${bytes(st.disk_bytes)} of ${bytes(st.disk_limit_bytes)} used` : "";
   };
-  panel.append(h("div", { class: "charts" }, h("figure", {}, cpu, cpuNow), h("figure", {}, mem, memNow)));
+  panel.append(h("div", { class: "charts" }, h("figure", {}, cpu, cpuNow), h("figure", {}, mem, memNow)), diskNow);
   panel.addEventListener("shown", poll);
   const t = setInterval(poll, 2000);
   onLeave(() => clearInterval(t));

@@ -111,6 +111,16 @@ def test_stats(sandbox):
     assert st.memory_limit_bytes == sandbox.memory_mb << 20 and st.cpu_limit == sandbox.cpu
     assert 0 < st.memory_bytes < st.memory_limit_bytes and 0 < st.memory_used_fraction < 1
     assert st.cpu_seconds > 0 and st.sampled_at is not None
+    # Its disk, as df shows it inside: a file written shows in its use.
+    assert st.disk_limit_bytes and 0 < st.disk_bytes < st.disk_limit_bytes
+    sandbox.exec("head -c 20000000 /dev/urandom > /home/user/disk-fill")
+    try:
+        after = sandbox.stats()
+        assert after.disk_limit_bytes == st.disk_limit_bytes
+        assert after.disk_bytes >= st.disk_bytes + 19_000_000, (st, after)
+        assert 0 < after.disk_used_fraction < 1
+    finally:
+        sandbox.exec("rm -f /home/user/disk-fill")
 
 
 # ----- exec -------------------------------------------------------------

@@ -72,6 +72,13 @@ export interface SandboxStats {
   /** CPUs it may use. */
   cpuLimit: number;
   sampledAt: Date;
+  /**
+   * What is used of its disk, as `df /` shows it inside, and the disk's size
+   * (its `disk_mb`); absent while it is paused, or when its agent is of a
+   * build that cannot say.
+   */
+  diskBytes?: number;
+  diskLimitBytes?: number;
 }
 
 /** `starting`, `running`, `paused` or `stopped` (more may come). */
@@ -460,7 +467,7 @@ export class Sandbox implements SandboxInfo {
   }
 
   /**
-   * The memory and CPU time the sandbox uses now, and its limits. A paused
+   * The memory, CPU time and disk the sandbox uses now, and its limits. A paused
    * sandbox uses none and reports zeros (the look does not wake it); a
    * stopped one is a `SandboxStoppedError`.
    */
@@ -471,14 +478,21 @@ export class Sandbox implements SandboxInfo {
       cpu_seconds: number;
       cpu_limit: number;
       sampled_at: string;
+      disk_bytes?: number;
+      disk_limit_bytes?: number;
     }>("GET", this.#path("/stats"));
-    return {
+    const st: SandboxStats = {
       memoryBytes: w.memory_bytes,
       memoryLimitBytes: w.memory_limit_bytes,
       cpuSeconds: w.cpu_seconds,
       cpuLimit: w.cpu_limit,
       sampledAt: new Date(w.sampled_at),
     };
+    if (w.disk_bytes !== undefined && w.disk_limit_bytes !== undefined) {
+      st.diskBytes = w.disk_bytes;
+      st.diskLimitBytes = w.disk_limit_bytes;
+    }
+    return st;
   }
 
   /** The egress log, oldest first: DNS answers, connections (through NAT or the domain proxy) and connects the firewall refused. */

@@ -203,7 +203,7 @@ test("sandbox lifecycle", async (t) => {
     assert.ok(base.builtAt instanceof Date && !Number.isNaN(base.builtAt.getTime()));
   });
 
-  await t.test("stats: memory and CPU time within the limits", async () => {
+  await t.test("stats: memory, CPU time and disk within the limits", async () => {
     await sb.exec("python3 -c 'sum(range(3_000_000))'");
     const st = await sb.stats();
     assert.equal(st.memoryLimitBytes, sb.memoryMb * 2 ** 20);
@@ -211,6 +211,17 @@ test("sandbox lifecycle", async (t) => {
     assert.ok(st.memoryBytes > 0 && st.memoryBytes < st.memoryLimitBytes, `memory ${st.memoryBytes}`);
     assert.ok(st.cpuSeconds > 0, `cpu ${st.cpuSeconds}`);
     assert.ok(st.sampledAt instanceof Date && !Number.isNaN(st.sampledAt.getTime()));
+    // Its disk, as df shows it inside: a file written shows in its use.
+    assert.ok(st.diskLimitBytes !== undefined && st.diskBytes !== undefined, JSON.stringify(st));
+    assert.ok(st.diskBytes > 0 && st.diskBytes < st.diskLimitBytes, JSON.stringify(st));
+    await sb.exec("head -c 20000000 /dev/urandom > /home/user/disk-fill");
+    try {
+      const after = await sb.stats();
+      assert.equal(after.diskLimitBytes, st.diskLimitBytes);
+      assert.ok(after.diskBytes !== undefined && after.diskBytes >= st.diskBytes + 19_000_000, JSON.stringify(after));
+    } finally {
+      await sb.exec("rm -f /home/user/disk-fill");
+    }
   });
 
   await t.test("env given at create reaches commands", async () => {

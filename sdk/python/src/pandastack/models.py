@@ -28,6 +28,11 @@ __all__ = [
 _FRACTION = re.compile(r"(\.\d{1,6})\d*")
 
 
+def _opt_int(value: Any) -> Optional[int]:
+    """An optional integer of the API's JSON: absent or null stays None."""
+    return None if value is None else int(value)
+
+
 def parse_time(value: Optional[str]) -> Optional[datetime]:
     """Parse the server's RFC 3339 timestamps (nanosecond precision, ``Z``)
     into an aware :class:`datetime`; ``None`` stays ``None``."""
@@ -484,11 +489,23 @@ class SandboxStats:
     #: CPUs it may use.
     cpu_limit: int
     sampled_at: Optional[datetime]
+    #: What is used of its disk, as ``df /`` shows it inside, and the
+    #: disk's size (its ``disk_mb``); None while it is paused, or when its
+    #: agent is of a build that cannot say.
+    disk_bytes: Optional[int] = None
+    disk_limit_bytes: Optional[int] = None
 
     @property
     def memory_used_fraction(self) -> float:
         """memory_bytes over memory_limit_bytes (0 without a limit)."""
         return self.memory_bytes / self.memory_limit_bytes if self.memory_limit_bytes else 0.0
+
+    @property
+    def disk_used_fraction(self) -> Optional[float]:
+        """disk_bytes over disk_limit_bytes; None when either is unknown."""
+        if self.disk_bytes is None or not self.disk_limit_bytes:
+            return None
+        return self.disk_bytes / self.disk_limit_bytes
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SandboxStats":
@@ -499,6 +516,8 @@ class SandboxStats:
             cpu_seconds=float(d.get("cpu_seconds") or 0),
             cpu_limit=int(d.get("cpu_limit") or 0),
             sampled_at=parse_time(d.get("sampled_at")),
+            disk_bytes=_opt_int(d.get("disk_bytes")),
+            disk_limit_bytes=_opt_int(d.get("disk_limit_bytes")),
         )
 
 

@@ -264,9 +264,10 @@ class Sandbox(SandboxRecord):
         return list(self._client._request("GET", sandbox_path(self.id, "/network/log")).json().get("entries") or [])
 
     def stats(self) -> SandboxStats:
-        """The memory and CPU time the sandbox uses now, and its limits. A
-        paused sandbox uses none and reports zeros (the look does not wake
-        it); a stopped one raises :class:`SandboxStoppedError`."""
+        """The memory, CPU time and disk the sandbox uses now, and its
+        limits. A paused sandbox uses none and reports zeros (the look does
+        not wake it; its disk figures are None); a stopped one raises
+        :class:`SandboxStoppedError`."""
         return SandboxStats.from_dict(self._client._request("GET", sandbox_path(self.id, "/stats")).json())
 
     def get_url(self, port: int, token: bool = True, ttl_seconds: Optional[int] = None) -> str:
