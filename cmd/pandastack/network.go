@@ -86,7 +86,7 @@ func (c *NetConfig) bind(fs *flag.FlagSet) {
 	if v := os.Getenv("PANDASTACK_NETWORK_ALLOW_PRIVATE"); v != "" {
 		prefixList{&c.AllowPrivate}.Set(v)
 	}
-	fs.Var(prefixList{&c.AllowPrivate}, "network-allow-private", "private range (CIDR) sandbox policies may open; repeatable ($PANDASTACK_NETWORK_ALLOW_PRIVATE, comma-separated)")
+	fs.Var(prefixList{&c.AllowPrivate}, "network-allow-private", "private range (CIDR) that a sandbox policy may open by naming it in allow_out (internet access alone does not reach it); repeatable ($PANDASTACK_NETWORK_ALLOW_PRIVATE, comma-separated)")
 }
 
 // startNetwork sets up sandbox networking, or returns nil with "off".

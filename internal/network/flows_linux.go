@@ -103,7 +103,7 @@ func (n *Network) logFlow(k flowKey, fs *flowSeen) {
 	n.mu.Lock()
 	comp := fs.sbx.comp
 	n.mu.Unlock()
-	_, rule := comp.decideAddr(k.dst.Addr(), nil, nil)
+	_, rule := comp.decideAddr(k.dst.Addr(), nil, n.cfg.AllowPrivate)
 	fs.sbx.elog.add(pandastack.EgressEntry{
 		Time: fs.first, Kind: kind, Address: k.dst.Addr().String(), Port: int(k.dst.Port()),
 		Domain: fs.sbx.nameOf(k.dst.Addr()), BytesOut: int64(fs.out), BytesIn: int64(fs.in), Allowed: true, Rule: rule,

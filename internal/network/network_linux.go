@@ -99,6 +99,7 @@ func (n *Network) view(s *sandboxNet) sandboxView {
 		denied: func(a netip.Addr) bool {
 			return n.cidr.Contains(a) || platformDenied(a, n.deny, n.cfg.AllowPrivate)
 		},
+		open:    n.cfg.AllowPrivate,
 		resolve: n.lookup,
 		log:     s.elog.add,
 		answered: func(name string, addrs []string) {

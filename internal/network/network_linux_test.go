@@ -875,7 +875,24 @@ func TestAllowPrivate(t *testing.T) {
 	if _, _, err := get(t, ns2, up.PrivateIP); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("default policy to the opened range: %v, want refused", err)
 	}
-	waitRefused(t, n, "sbx_priv2", up.PrivateIP, 80, "no_internet")
+	waitRefused(t, n, "sbx_priv2", up.PrivateIP, 80, "platform")
+	// Nor does internet access, or an entry that covers the range without
+	// naming it: the opening is for policies that name it.
+	for i, p := range []pandastack.NetworkPolicy{{AllowInternetAccess: true}, {AllowOut: []string{"0.0.0.0/0"}}} {
+		id := fmt.Sprintf("sbx_priv_wide%d", i)
+		ns, err := n.Prepare(id, &p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Release(id)
+		if _, _, err := get(t, ns, up.PrivateIP); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("policy %+v to the opened range: %v, want refused", p, err)
+		}
+		waitRefused(t, n, id, up.PrivateIP, 80, "platform")
+		if body, _, err := get(t, ns, up.PublicIP); err != nil || !strings.Contains(body, "upstream") {
+			t.Errorf("policy %+v to the internet: %q, %v", p, body, err)
+		}
+	}
 }
 
 // Other sandboxes stay closed even when an opening covers their range, and

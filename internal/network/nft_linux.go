@@ -19,7 +19,8 @@ import (
 //	postrouting (nat hook): from our range to anywhere but our veths → masquerade
 //	out:      established → accept; IPv6 → reject; jump platform; per veth → goto sbx_N
 //	platform: other sandboxes → refused; opened private ranges → return; deny set → refused
-//	sbx_N:    the sandbox's policy (anti-spoofing, jump lim_N, allow_out, deny_out, internet)
+//	sbx_N:    the sandbox's policy (anti-spoofing, jump lim_N, allow_out entries inside opened
+//	          ranges, the opened ranges → refused, other allow_out, deny_out, internet)
 //	lim_N:    a new connection past the sandbox's flow limit → refused
 //	in:       established → accept; else reject
 //	host:     per veth → jump lim_N; established, DNS and the domain proxy → accept; else refused
@@ -41,6 +42,9 @@ type firewall struct {
 	// maxFlows is each sandbox's limit of connections open at once
 	// (network.Config.MaxFlows); 0: none.
 	maxFlows uint32
+	// open are the private ranges the operator opened to policies
+	// (network.Config.AllowPrivate); install sets it.
+	open []netip.Prefix
 }
 
 // refuse marks a packet with why it is refused and sends it to the
@@ -59,6 +63,7 @@ func chainRef(t *nftables.Table, name string) *nftables.Chain {
 
 // install (re)creates the instance's table from nothing.
 func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []netip.Prefix) error {
+	f.open = open
 	if old, _ := c.ListTableOfFamily(f.table.Name, nftables.TableFamilyINet); old != nil {
 		c.DelTable(f.table)
 		if err := c.Flush(); err != nil {
@@ -175,8 +180,21 @@ func (f *firewall) setSandbox(c *nftables.Conn, slot int, veth string, addr neti
 		// QUIC cannot be checked by name: clients fall back to TCP.
 		rule(cat(l4proto(unix.IPPROTO_UDP), append(dport(443), refuse(refusedQUIC)...))...)
 	}
+	// An opened private range (the platform chain returned for it) only
+	// through an entry inside it: internet access, or a wider entry,
+	// does not reach it (decideAddr).
 	for _, n := range p.AllowNet {
-		rule(cat(daddr(n), jump(expr.VerdictAccept, ""))...)
+		if within(n, f.open) {
+			rule(cat(daddr(n), jump(expr.VerdictAccept, ""))...)
+		}
+	}
+	for _, o := range f.open {
+		rule(cat(daddr(o), refuse(refusedPlatform))...)
+	}
+	for _, n := range p.AllowNet {
+		if !within(n, f.open) {
+			rule(cat(daddr(n), jump(expr.VerdictAccept, ""))...)
+		}
 	}
 	for _, n := range p.DenyNet {
 		rule(cat(daddr(n), refuse(refusedPolicy))...)

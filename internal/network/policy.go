@@ -164,15 +164,22 @@ func (c Compiled) DomainRules() bool {
 }
 
 // decideAddr says whether a connection to a may go out by the CIDR rules,
-// and which rule decided. deny is the full platform deny set.
+// and which rule decided. deny is the full platform deny set, open the
+// server's openings of it: an opened range is reachable only through an
+// allow_out entry inside it (one that names it), never by internet access
+// alone, nor by a wider entry (0.0.0.0/0) that merely covers it.
 func (c Compiled) decideAddr(a netip.Addr, deny, open []netip.Prefix) (bool, string) {
 	if platformDenied(a, deny, open) {
 		return false, "platform"
 	}
+	opened := inAny(a, open)
 	for _, p := range c.AllowNet {
-		if p.Contains(a) {
+		if p.Contains(a) && (!opened || within(p, open)) {
 			return true, "allow_out " + p.String()
 		}
+	}
+	if opened {
+		return false, "platform"
 	}
 	for _, p := range c.DenyNet {
 		if p.Contains(a) {
@@ -191,6 +198,26 @@ func (c Compiled) decideName(name string) (bool, string) {
 		return true, "allow_out " + p
 	}
 	return false, ""
+}
+
+// inAny reports whether one of ps holds a.
+func inAny(a netip.Addr, ps []netip.Prefix) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// within reports whether one of ps holds all of p.
+func within(p netip.Prefix, ps []netip.Prefix) bool {
+	for _, o := range ps {
+		if o.Bits() <= p.Bits() && o.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
 }
 
 func platformDenied(a netip.Addr, deny, open []netip.Prefix) bool {

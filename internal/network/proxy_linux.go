@@ -153,7 +153,7 @@ func (p *proxy) handle(c *net.TCPConn, tls bool) {
 	} else if p.view.denied(orig.Addr()) {
 		rule = "platform"
 	} else {
-		ok, rule = pol.decideAddr(orig.Addr(), nil, nil)
+		ok, rule = pol.decideAddr(orig.Addr(), nil, p.view.open)
 		if !ok && malformed {
 			rule = "malformed_request" // a head no server should be trusted to read as we do
 		}

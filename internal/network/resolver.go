@@ -38,6 +38,7 @@ const resolverTimeout = 5 * time.Second
 type sandboxView struct {
 	policy  func() Compiled
 	denied  func(netip.Addr) bool // the platform deny set with the server's openings
+	open    []netip.Prefix        // those openings: reachable by address only through allow_out entries inside them
 	resolve func(ctx context.Context, name string) ([]netip.Addr, error)
 	log     func(pandastack.EgressEntry)
 	// answered records which addresses the resolver gave out for a name.
