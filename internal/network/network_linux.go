@@ -122,7 +122,12 @@ func (n *Network) lookup(ctx context.Context, name string) ([]netip.Addr, error)
 }
 
 // startServices starts s's resolver and domain proxy on its gateway.
-func (n *Network) startServices(s *sandboxNet, gw, addr netip.Addr) error {
+//
+// written is the policy the caller wrote s's chain with, outside n.mu: a
+// SetPolicy meanwhile, which saw the network not up yet, only recorded its
+// policy, so the chain is written again with it here, in the step that
+// makes the network up (from then on SetPolicy writes the chain itself).
+func (n *Network) startServices(s *sandboxNet, gw, addr netip.Addr, written Compiled) error {
 	v := n.view(s)
 	dns, err := startResolver(gw, n.resolvers, v, n.log.With("sandbox", s.ID))
 	if err != nil {
@@ -134,8 +139,19 @@ func (n *Network) startServices(s *sandboxNet, gw, addr netip.Addr) error {
 		return fmt.Errorf("network %s: domain proxy: %w", s.ID, err)
 	}
 	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !reflect.DeepEqual(s.comp, written) {
+		n.nftMu.Lock()
+		err := n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, s.Slot, n.veth(s.Slot), addr, s.comp) })
+		n.nftMu.Unlock()
+		if err != nil {
+			dns.Close()
+			px.Close()
+			return fmt.Errorf("network %s: firewall, for the policy set meanwhile: %w", s.ID, err)
+		}
+		n.log.Debug("network policy changed while the network was prepared; its chain written again", "sandbox", s.ID)
+	}
 	s.dns, s.proxy, s.up = dns, px, true
-	n.mu.Unlock()
 	return nil
 }
 
@@ -513,7 +529,10 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 		return "", fmt.Errorf("network %s: firewall: %w", id, err)
 	}
 	t3 := time.Now()
-	if err := n.startServices(s, gw, addr); err != nil {
+	if chainWritten != nil {
+		chainWritten(id)
+	}
+	if err := n.startServices(s, gw, addr, comp); err != nil {
 		return "", err
 	}
 	n.log.Debug("network prepared", "sandbox", id, "state_ms", ms(t1.Sub(t0)), "namespace_ms", ms(t2.Sub(t1)),
@@ -577,6 +596,9 @@ func (n *Network) Rename(from, to string) (_ string, err error) {
 		n.removeNamespace(to)
 		return "", fmt.Errorf("network %s: firewall: %w", to, err)
 	}
+	if chainWritten != nil {
+		chainWritten(to)
+	}
 	// From here on to holds the slot: from's resolver and proxy, which
 	// answer with from's policy and log, make way for to's own.
 	n.mu.Lock()
@@ -584,7 +606,15 @@ func (n *Network) Rename(from, to string) (_ string, err error) {
 	sf.dns, sf.proxy, sf.up = nil, nil, false
 	delete(n.sbx, from)
 	n.slots[slot] = to
-	st.Slot, st.Policy, st.comp, st.hold = slot, pol, comp, false
+	switch cur := n.sbx[to]; {
+	case cur != nil && cur != st:
+		// A SetPolicy meanwhile recorded to's policy afresh: it stands
+		// (startServices writes the chain with it).
+		st.Policy, st.comp = cur.Policy, cur.comp
+	case reflect.DeepEqual(st.Policy, policy):
+		st.Policy, st.comp = pol, comp
+	} // else a SetPolicy meanwhile changed st's policy: it stands
+	st.Slot, st.hold = slot, false
 	n.sbx[to] = st
 	n.mu.Unlock()
 	if dns != nil {
@@ -605,7 +635,7 @@ func (n *Network) Rename(from, to string) (_ string, err error) {
 		t4 = time.Now()
 		n.removeNamespace(from)
 		t5 = time.Now()
-		err = n.startServices(st, gw, addr)
+		err = n.startServices(st, gw, addr, comp)
 	}
 	if err != nil {
 		n.teardown(st)
@@ -674,6 +704,11 @@ func (n *Network) withConn(f func(*nftables.Conn) error) error {
 	return f(c)
 }
 
+// chainWritten, when set (by tests), is called once Prepare or Rename has
+// written a sandbox's chain and before its network is up: where a
+// SetPolicy finds the network not up and only records the policy.
+var chainWritten func(id string)
+
 // Adopt takes over a running sandbox's namespace after a server restart:
 // its veth comes up again, its chain and resolver are remade.
 func (n *Network) Adopt(id string) error {
@@ -714,7 +749,7 @@ func (n *Network) Adopt(id string) error {
 	n.slots[s.Slot] = id
 	s.comp = comp
 	n.mu.Unlock()
-	return n.startServices(s, gw, addr)
+	return n.startServices(s, gw, addr, comp)
 }
 
 // compile is Compile with this server's deny set and openings, and the

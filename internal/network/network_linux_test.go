@@ -1207,3 +1207,63 @@ func TestPolicyChangeKeepsProxiedDownloads(t *testing.T) {
 		t.Errorf("the download across the policy change: %d of %d bytes, %v", got, size, err)
 	}
 }
+
+// A policy set while a sandbox's network is being prepared (its resume
+// under way: the chain written, the network not up yet) is the one the
+// firewall enforces, for Prepare and for Rename (a resume into a prepared
+// container) alike. The firewall kept the policy the preparation began
+// with, while the API showed the new one.
+func TestSetPolicyDuringPrepare(t *testing.T) {
+	up := nettest.StartUpstream(t, "z", 98, 98)
+	n := newTestNetwork(t, up, pandastack.NetworkPolicy{AllowInternetAccess: true})
+	open := pandastack.NetworkPolicy{AllowInternetAccess: true}
+	closeDuring := func(t *testing.T) {
+		chainWritten = func(id string) {
+			if err := n.SetPolicy(id, pandastack.NoNetworkPolicy()); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	t.Cleanup(func() { chainWritten = nil })
+	refused := func(t *testing.T, ns, id string) {
+		t.Helper()
+		if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("the internet after the policy closed it: %v, want refused", err)
+		}
+		if p, ok := n.Policy(id); !ok || p.AllowInternetAccess {
+			t.Errorf("the policy kept: %+v %v, want the closed one", p, ok)
+		}
+	}
+
+	t.Run("prepare", func(t *testing.T) {
+		// Paused with an open policy; the resume prepares with it.
+		if err := n.SetPolicy("sbx_resume", open); err != nil {
+			t.Fatal(err)
+		}
+		closeDuring(t)
+		ns, err := n.Prepare("sbx_resume", nil)
+		chainWritten = nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Release("sbx_resume")
+		refused(t, ns, "sbx_resume")
+	})
+	t.Run("rename", func(t *testing.T) {
+		if _, err := n.Prepare("sbx_standby", nil); err != nil {
+			t.Fatal(err)
+		}
+		defer n.Release("sbx_standby")
+		if err := n.SetPolicy("sbx_suspended", open); err != nil {
+			t.Fatal(err)
+		}
+		closeDuring(t)
+		ns, err := n.Rename("sbx_standby", "sbx_suspended")
+		chainWritten = nil
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Release("sbx_suspended")
+		refused(t, ns, "sbx_suspended")
+	})
+}
