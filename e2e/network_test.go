@@ -280,6 +280,10 @@ func TestNetworkPolicy(t *testing.T) {
 		{`{"allow_out": ["169.254.169.254"]}`, 422, "network_denied", "allow_out[0]"},
 		{`{"allow_out": "1.2.3.4"}`, 400, "invalid_request", ""},
 		{`{"allow_out": [], "bogus": 1}`, 400, "invalid_request", ""},
+		// No body is no policy: refused, not read as {} (which cuts the
+		// sandbox off).
+		{``, 400, "invalid_request", "body is required"},
+		{" \n", 400, "invalid_request", "body is required"},
 	} {
 		status, code, msg := api(t, s, s.key, "PUT", "/v1/sandboxes/"+sb.ID+"/network", c.body)
 		if status != c.status || code != c.code || !strings.Contains(msg, c.names) {

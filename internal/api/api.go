@@ -4,6 +4,7 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -585,6 +586,29 @@ func decode(r *http.Request, v any) error {
 		return pandastack.Errorf(pandastack.EInvalid, "request body has data after the JSON object")
 	}
 	return decodeObject(raw, v)
+}
+
+// decodeRequired is decode for a route whose body is the whole request
+// (PUT …/network): an empty body is refused rather than read as {}.
+func decodeRequired(r *http.Request, v any, example string) error {
+	br := bufio.NewReader(r.Body)
+	for {
+		c, err := br.ReadByte()
+		if errors.Is(err, io.EOF) {
+			return pandastack.Errorf(pandastack.EInvalid, "the request body is required: a JSON object, e.g. %s", example)
+		}
+		if err != nil || !strings.ContainsRune(" \t\r\n", rune(c)) {
+			if err == nil {
+				br.UnreadByte()
+			}
+			break // decode says what is wrong, if anything
+		}
+	}
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{br, r.Body}
+	return decode(r, v)
 }
 
 // decodeObject decodes raw, which must be a JSON object, into v strictly.

@@ -188,3 +188,26 @@ func TestQueryOrBody(t *testing.T) {
 		}
 	}
 }
+
+// A route whose body is the whole request refuses an empty one, and
+// decodes any other as decode does.
+func TestDecodeRequired(t *testing.T) {
+	for _, c := range []struct {
+		body, want string
+	}{
+		{"", "body is required"},
+		{" \r\n\t", "body is required"},
+		{"null", "must be a JSON object"},
+		{`{"x": 1}`, "unknown field"},
+		{` {"a": "b"}`, ""},
+	} {
+		r := httptest.NewRequest(http.MethodPut, "/", strings.NewReader(c.body))
+		var v struct {
+			A string `json:"a"`
+		}
+		err := decodeRequired(r, &v, "{}")
+		if c.want == "" && (err != nil || v.A != "b") || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("body %q: %+v %v, want %q", c.body, v, err, c.want)
+		}
+	}
+}

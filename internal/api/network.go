@@ -9,7 +9,7 @@ import (
 // putNetwork replaces a sandbox's egress policy: the whole policy, at once.
 func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request, project string) {
 	var p pandastack.NetworkPolicy
-	if err := decode(r, &p); err != nil {
+	if err := decodeRequired(r, &p, `{"allow_internet_access": true} (the whole policy: {} allows nothing)`); err != nil {
 		writeError(w, err)
 		return
 	}
