@@ -163,6 +163,12 @@ func (r *resolver) answer(q []byte, tcp bool) []byte {
 	if pol := r.view.policy(); pol.DomainRules() {
 		if ok, rule := pol.decideName(name); ok {
 			entry.Rule = rule
+		} else if pol.Internet {
+			// Internet access with deny_out: the domains let names
+			// through deny_out, and every other name resolves as
+			// without them (an NXDOMAIN would keep nothing in that the
+			// open addresses do not let out anyway).
+			entry.Rule = "internet"
 		} else {
 			entry.Rule = "no_domain_rule"
 			r.view.log(entry)

@@ -251,3 +251,39 @@ func TestResolverKeepsSingleLabelNames(t *testing.T) {
 		t.Errorf("upstream got %d queries for a name with a dot and the root, want 2", n)
 	}
 }
+
+// Under domain rules the resolver answers the allowed names; the others
+// too when the policy has internet access (with deny_out: the domains let
+// names through it, and an NXDOMAIN would keep nothing in), but not
+// without it.
+func TestResolverUnderDomainRules(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		pol      Compiled
+		answered bool
+		rule     string
+	}{
+		{"internet, deny_out", Compiled{Internet: true, DenyNet: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/24")}, Domains: []string{"foo.example"}}, true, "internet"},
+		{"no internet, CIDR allowed", Compiled{AllowNet: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}, Domains: []string{"foo.example"}}, false, "no_domain_rule"},
+		{"no internet, domains only", Compiled{Domains: []string{"foo.example"}}, false, "no_domain_rule"},
+	} {
+		if !c.pol.DomainRules() {
+			t.Fatalf("%s: no domain rules", c.name)
+		}
+		up := startUpstreamRecorder(t)
+		var logged []pandastack.EgressEntry
+		r := &resolver{upstreams: []netip.AddrPort{up.addr}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			view: sandboxView{policy: func() Compiled { return c.pol }, log: func(e pandastack.EgressEntry) { logged = append(logged, e) }}}
+		var p dnsmessage.Parser
+		h, err := p.Start(r.answer(query(t, "other.example.", nil), false))
+		if err != nil || (h.RCode == dnsmessage.RCodeSuccess) != c.answered || (len(up.sent()) == 1) != c.answered {
+			t.Errorf("%s: other.example answered %+v %v, upstream asked %d times; want answered %v", c.name, h, err, len(up.sent()), c.answered)
+		}
+		if len(logged) != 1 || logged[0].Rule != c.rule || logged[0].Allowed != c.answered {
+			t.Errorf("%s: logged %+v, want rule %s", c.name, logged, c.rule)
+		}
+		if h, err := p.Start(r.answer(query(t, "foo.example.", nil), false)); err != nil || h.RCode != dnsmessage.RCodeSuccess {
+			t.Errorf("%s: the allowed name: %+v %v", c.name, h, err)
+		}
+	}
+}
