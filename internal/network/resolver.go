@@ -32,7 +32,8 @@ type resolver struct {
 	wg        sync.WaitGroup // the two accept loops; queries in flight end on their own deadlines
 }
 
-const resolverTimeout = 5 * time.Second
+// resolverTimeout bounds the wait for each upstream (a variable for tests).
+var resolverTimeout = 5 * time.Second
 
 // sandboxView is what the proxy and resolver need of their sandbox.
 type sandboxView struct {
@@ -199,7 +200,12 @@ func (r *resolver) answer(q []byte, tcp bool) []byte {
 	}
 	a := r.forward(clean, tcp)
 	if a == nil {
-		return nil
+		// The name went out; no upstream answered it in time. SERVFAIL
+		// tells the sandbox at once (silence had glibc wait out its
+		// retries, 10 s), and the log shows the query all the same.
+		entry.Allowed = true // with no address: nothing came back
+		r.view.log(entry)
+		return refusal(h, dnsmessage.RCodeServerFailure)
 	}
 	binary.BigEndian.PutUint16(a, h.ID) // the sandbox's id back
 	entry.Allowed = true

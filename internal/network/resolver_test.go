@@ -287,3 +287,26 @@ func TestResolverUnderDomainRules(t *testing.T) {
 		}
 	}
 }
+
+// A name no upstream answers gets SERVFAIL once the upstreams' time is up
+// (silence had the sandbox's resolver library wait out its retries), and
+// is logged: it went out.
+func TestResolverServfailWhenNoUpstreamAnswers(t *testing.T) {
+	c, err := net.ListenPacket("udp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close() // reads nothing, answers nothing
+	defer func(d time.Duration) { resolverTimeout = d }(resolverTimeout)
+	resolverTimeout = 200 * time.Millisecond
+	var logged []pandastack.EgressEntry
+	r := &resolver{upstreams: []netip.AddrPort{c.LocalAddr().(*net.UDPAddr).AddrPort()}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		view: sandboxView{policy: func() Compiled { return Compiled{Internet: true} }, log: func(e pandastack.EgressEntry) { logged = append(logged, e) }}}
+	var p dnsmessage.Parser
+	if h, err := p.Start(r.answer(query(t, "drop.example.", nil), false)); err != nil || h.RCode != dnsmessage.RCodeServerFailure || h.ID != 0x1234 {
+		t.Errorf("answered %+v %v, want SERVFAIL", h, err)
+	}
+	if len(logged) != 1 || logged[0].Domain != "drop.example" || !logged[0].Allowed || logged[0].Rule != "internet" || logged[0].Address != "" {
+		t.Errorf("logged %+v, want the query, allowed, with no address", logged)
+	}
+}
