@@ -801,6 +801,19 @@ func (n *Network) compileKept(id string, p pandastack.NetworkPolicy) (pandastack
 	return kept, comp, nil
 }
 
+// Kept returns a stored policy (a snapshot's) as this server can enforce
+// it for sandbox id: allow_out entries it no longer opens
+// (--network-allow-private) are dropped, with a warning, as a resume drops
+// them. A policy that does not compile for another reason is returned as
+// it is, for Prepare to refuse.
+func (n *Network) Kept(id string, p pandastack.NetworkPolicy) pandastack.NetworkPolicy {
+	kept, _, err := n.compileKept(id, p)
+	if err != nil {
+		return p
+	}
+	return kept
+}
+
 // SetPolicy replaces a sandbox's policy at once; a policy that does not
 // validate changes nothing. For a sandbox with no network now (a paused
 // one, whose runtime was stopped) it is kept for its next Prepare.

@@ -955,6 +955,16 @@ func TestPolicyKeptWhenAnOpeningIsGone(t *testing.T) {
 	if got, _ := n.Policy("sbx_kept"); !slices.Equal(got.AllowOut, []string{"api.allowed.test"}) {
 		t.Errorf("policy after the resume: %+v", got)
 	}
+	// A snapshot's policy made then: a restore takes it without the entry
+	// (it was refused, 422 over an entry its caller never sent); one that
+	// fails for another reason is left for Prepare to refuse.
+	if got := n.Kept("snap_x", pol); !slices.Equal(got.AllowOut, []string{"api.allowed.test"}) {
+		t.Errorf("a snapshot's policy kept as %+v", got)
+	}
+	bad := pandastack.NetworkPolicy{AllowOut: []string{"not an address"}}
+	if got := n.Kept("snap_x", bad); !slices.Equal(got.AllowOut, bad.AllowOut) {
+		t.Errorf("a bad policy kept as %+v", got)
+	}
 }
 
 // A sandbox cannot hold more than maxProxyConns connections through the

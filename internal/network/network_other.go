@@ -27,6 +27,9 @@ func (n *Network) Policy(string) (pandastack.NetworkPolicy, bool) {
 	return pandastack.NetworkPolicy{}, false
 }
 func (n *Network) Validate(pandastack.NetworkPolicy) error { return errUnsupported }
+func (n *Network) Kept(_ string, p pandastack.NetworkPolicy) pandastack.NetworkPolicy {
+	return p
+}
 func (n *Network) Addr(string) (netip.Addr, bool)          { return netip.Addr{}, false }
 func (n *Network) Log(string) []pandastack.EgressEntry     { return nil }
 func (n *Network) Down(string)                             {}

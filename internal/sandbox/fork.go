@@ -149,7 +149,7 @@ func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count in
 	// Kept for its resume (pause holds it), and in its image's manifest.
 	policy := m.networkOf(id)
 	if policy == nil {
-		policy = man.Network
+		policy = m.keptNetwork(id, man.Network)
 	}
 	if metadata == nil {
 		metadata = sb.Metadata

@@ -425,7 +425,7 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 		defer img.Close() // the restore has its files open by then
 		p.template, p.rootfs, p.image, p.cpu, p.mem = snap.Template, man.RootFS, filepath.Join(img.Dir(), imagestore.FilesDir), snap.CPU, snap.MemoryMB
 		if p.network == nil {
-			p.network = man.Network // the snapshotted sandbox's policy
+			p.network = m.keptNetwork(snap.ID, man.Network) // the snapshotted sandbox's policy
 		}
 		return m.launch(ctx, projectID, p)
 	}

@@ -21,6 +21,9 @@ import (
 type Network interface {
 	// Validate checks a policy: EInvalid or ENetworkDenied naming the entry.
 	Validate(p pandastack.NetworkPolicy) error
+	// Kept returns a stored policy (a snapshot's, for sandbox id) without
+	// the allow_out entries this server no longer opens.
+	Kept(id string, p pandastack.NetworkPolicy) pandastack.NetworkPolicy
 	// SetPolicy replaces a sandbox's policy at once, or changes nothing.
 	SetPolicy(id string, p pandastack.NetworkPolicy) error
 	// Policy returns a sandbox's policy; false when it has none.
@@ -32,6 +35,19 @@ type Network interface {
 	// Hold keeps the sandbox's policy and log through the runtime's next
 	// Stop (a pause), for its resume.
 	Hold(id string)
+}
+
+// keptNetwork is p, a policy stored in an image of what (a snapshot, a
+// paused sandbox) made under this server's openings then, as the server
+// can enforce it now: entries it no longer opens are dropped, as a resume
+// drops them, rather than refusing the restore over an entry the caller
+// never sent. nil stays nil.
+func (m *Manager) keptNetwork(what string, p *pandastack.NetworkPolicy) *pandastack.NetworkPolicy {
+	if p == nil || m.net == nil {
+		return p
+	}
+	kept := m.net.Kept(what, *p)
+	return &kept
 }
 
 // UseNetwork enables network policies; call before Start. Without it a
