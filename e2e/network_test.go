@@ -698,11 +698,23 @@ func TestPortProxy(t *testing.T) {
 	if resp.StatusCode != 200 || body != "/a%2Fb?b=2&a=1&flag&t=%20" {
 		t.Errorf("path and query through the proxy: %d %q", resp.StatusCode, body)
 	}
+	// Any method, WebDAV's too, as the host form passes it.
+	req, _ := http.NewRequest("PROPFIND", c.PortURL(sb.ID, 8001)+"dav/x?depth=1", nil)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 207 || string(b) != "PROPFIND /dav/x?depth=1" {
+			t.Errorf("PROPFIND through the path form: %d %q", resp.StatusCode, b)
+		}
+	}
 	// The path form shares the console's origin: a sandbox's server may
 	// not widen a service worker's scope to it, nor clear its data; the key
 	// a browser sends as a WebSocket subprotocol stays with us. A host route
 	// is an origin of its own and passes those headers on.
-	req, _ := http.NewRequest("GET", c.PortURL(sb.ID, 8001)+"headers", nil)
+	req, _ = http.NewRequest("GET", c.PortURL(sb.ID, 8001)+"headers", nil)
 	req.Header.Set("Sec-WebSocket-Protocol", "chat, bearer."+s.key)
 	req.Header.Add("Sec-WebSocket-Protocol", "bearer."+s.key)
 	if resp, err := http.DefaultClient.Do(req); err != nil {
@@ -822,6 +834,12 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_header("Service-Worker-Allowed", "/")
         self.send_header("Clear-Site-Data", '"storage"')
         self.send_header("X-Kept", "yes")
+        self.end_headers()
+        self.wfile.write(b)
+    def do_PROPFIND(self):
+        b = ("PROPFIND " + self.path).encode()
+        self.send_response(207)
+        self.send_header("Content-Length", str(len(b)))
         self.end_headers()
         self.wfile.write(b)
     def log_message(self, *a):

@@ -305,7 +305,7 @@ func (s *Server) Handler() http.Handler {
 		if r.ContentLength != 0 && r.Header.Get("Upgrade") == "" {
 			r.Body = withBodyDeadline(w, r.Body)
 		}
-		if s.hostRoute(rec, r) {
+		if s.hostRoute(rec, r) || s.otherMethodToPort(rec, r) {
 			return
 		}
 		if console.Serves(r.URL.Path) {

@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,6 +131,31 @@ func (s *Server) portRoutes() {
 	route("DELETE /v1/sandboxes/{id}/ports/{port}/token", s.authenticated(s.revokePortTokens))
 }
 
+// portMethods are the methods the mux routes to the port proxy.
+var portMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
+// otherMethodToPort serves a request to the path form of the port proxy
+// in a method the mux does not route (WebDAV's PROPFIND, MKCOL, REPORT,
+// QUERY, ...): the proxy passes any method, as the host form does.
+func (s *Server) otherMethodToPort(w http.ResponseWriter, r *http.Request) bool {
+	if slices.Contains(portMethods, r.Method) {
+		return false
+	}
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/sandboxes/")
+	if !ok {
+		return false
+	}
+	parts := strings.SplitN(rest, "/", 4)
+	if len(parts) < 4 || parts[0] == "" || parts[1] != "ports" || parts[2] == "" {
+		return false
+	}
+	r.SetPathValue("id", parts[0])
+	r.SetPathValue("port", parts[2])
+	r.SetPathValue("path", parts[3])
+	s.portProxy(w, r)
+	return true
+}
+
 func parsePort(r *http.Request) (int, error) {
 	p, err := strconv.Atoi(r.PathValue("port"))
 	if err != nil || p < 1 || p > 65535 {
@@ -177,6 +203,10 @@ func (s *Server) createPortToken(w http.ResponseWriter, r *http.Request, project
 	if sb.State == pandastack.StateStopped {
 		// A URL that can only ever answer "stopped" is no use to hand out.
 		writeError(w, sandbox.StoppedError(sb))
+		return
+	}
+	if !s.mgr.Networking() {
+		writeError(w, pandastack.Errorf(pandastack.EInvalid, "this server runs without sandbox networking (serve --network-default off): no port of a sandbox can be reached, so no token is made"))
 		return
 	}
 	secret := portTokenPrefix + strings.TrimPrefix(pandastack.NewAPIKeySecret(), "pds_")

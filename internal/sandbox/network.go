@@ -286,6 +286,10 @@ func (m *Manager) NetworkLog(ctx context.Context, projectID, id string) ([]panda
 	return log, nil
 }
 
+// Networking reports whether this server runs sandboxes with networking,
+// without which no port of theirs can be reached.
+func (m *Manager) Networking() bool { return m.net != nil }
+
 // PortAddr returns where the host reaches port of a running sandbox of the
 // project (resuming it first when paused with auto_resume).
 func (m *Manager) PortAddr(ctx context.Context, projectID, id string, port int) (netip.AddrPort, error) {
