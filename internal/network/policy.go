@@ -56,7 +56,7 @@ func Compile(p pandastack.NetworkPolicy, deny, open []netip.Prefix) (Compiled, e
 		}
 		pfx, err := prefix(e)
 		if err != nil {
-			return c, pandastack.Errorf(pandastack.EInvalid, "network.allow_out[%d]: %q is not an IPv4 address, IPv4 CIDR or domain name (sandboxes have IPv4 only)", i, e)
+			return c, pandastack.Errorf(pandastack.EInvalid, "network.allow_out[%d]: %q is not an IPv4 address, IPv4 CIDR or domain name (sandboxes have IPv4 only; write an internationalised name in its xn-- form)", i, e)
 		}
 		if d := denied(pfx, deny, open); d.IsValid() {
 			return c, pandastack.Errorf(pandastack.ENetworkDenied, "network.allow_out[%d]: %s is inside the platform deny set (%s), which no sandbox policy can open", i, pfx, d)
