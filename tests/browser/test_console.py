@@ -156,6 +156,8 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     expect(entries.first).to_have_attribute("data-kind", "terminal")
     expect(entries.first).to_contain_text("echo $((6*7))")
     expect(entries.first.locator("pre.out")).to_contain_text(re.compile(r"^42$", re.M))
+    # Its transcript (seq 1 20000 in it) is past what the history keeps: said so.
+    expect(entries.first.locator(".truncated")).to_contain_text("first 64 KiB")
     expect(page.locator('article[data-kind="code"]', has_text="plt.plot")).to_have_count(1)
 
     # Metrics draw live figures.
@@ -234,6 +236,12 @@ def test_idle_sandbox_pauses_and_the_console_lets_it_sleep(page: Page, serve) ->
     expect(page.get_by_role("tab", name="Metrics")).to_be_focused()
     expect(page.get_by_role("tab", name="Metrics")).to_have_attribute("aria-selected", "true")
     expect(page.locator("figcaption").first).to_contain_text("paused")
+    # Nor do its files and its contexts: the tab says List would resume it.
+    page.get_by_role("tab", name="Files").click()
+    expect(page.get_by_text("The sandbox is paused: List resumes it")).to_be_visible()
+    page.get_by_role("tab", name="Notebook").click()
+    page.locator("#nb-context").focus()
+    page.get_by_role("tab", name="Metrics").click()
     page.wait_for_timeout(2500)  # a metrics poll and a state poll go by
     with serve.api() as api:
         assert api.get(f"/v1/sandboxes/{sid}").json()["state"] == "paused", "viewing the sandbox woke it"

@@ -63,7 +63,8 @@ const cpuSamples = new Map(); // sandbox id → last {cpu_seconds, at}
 function cpuPercent(id, st) {
   const now = Date.parse(st.sampled_at), prev = cpuSamples.get(id);
   cpuSamples.set(id, { s: st.cpu_seconds, at: now });
-  if (!prev || now <= prev.at) return null;
+  // The count starts again at a resume: a drop is a new start, no sample.
+  if (!prev || now <= prev.at || st.cpu_seconds < prev.s) return null;
   return (100 * (st.cpu_seconds - prev.s)) / ((now - prev.at) / 1000);
 }
 
@@ -239,7 +240,7 @@ function sandboxPage(id) {
       head.replaceChildren(h("span", { id: "sandbox-state" }, "State: ", h("span", { class: "state state-killed", text: e.status !== 404 ? "unknown" : known.seen ? "killed" : "not found" })), h("span", { class: "muted", text: e.status !== 404 ? e.message : known.seen ? " (the sandbox is gone; its history stays below)" : " (killed, or no sandbox of this project; its history, if any, stays below)" }));
     }
   }
-  const panels = [notebookPanel(id, known), historyPanel(id), filesPanel(id), terminalPanel(id), metricsPanel(id, known)];
+  const panels = [notebookPanel(id, known), historyPanel(id), filesPanel(id, known), terminalPanel(id), metricsPanel(id, known)];
   page("Sandbox " + id, head, tabs(["Notebook", "History", "Files", "Terminal", "Metrics"], panels), ...panels);
   every(5000, refreshHead);
 }
@@ -256,7 +257,7 @@ function notebookPanel(id, known) {
   };
   // Listing contexts needs the sandbox: list them once it runs, or when asked.
   known.onRunning.push(loadContexts);
-  ctx.addEventListener("focus", loadContexts);
+  ctx.addEventListener("focus", () => { if (known.state === "running") loadContexts(); });
   const newCtx = h("button", { type: "button", text: "New context", onclick: () => act("New context", async () => { const c = await api("POST", `/v1/sandboxes/${id}/contexts`, { language: lang.value }); await loadContexts(); ctx.value = c.id; say(`Context ${c.id} created`); }) });
   const cells = h("div");
   const addCell = (code = "") => {
@@ -334,7 +335,8 @@ function historyPanel(id) {
         e.stdout ? h("details", { open: e.kind === "terminal" ? true : undefined }, h("summary", { text: e.kind === "terminal" ? "transcript" : "stdout" }), h("pre", { class: "out", text: e.stdout })) : null,
         e.stderr ? h("details", {}, h("summary", { text: "stderr" }), h("pre", { text: e.stderr })) : null,
         e.text ? h("pre", { text: e.text }) : null,
-        e.error?.traceback ? h("details", {}, h("summary", { text: "traceback" }), h("pre", { text: e.error.traceback })) : null);
+        e.error?.traceback ? h("details", {}, h("summary", { text: "traceback" }), h("pre", { text: e.error.traceback })) : null,
+        e.output_truncated ? h("p", { class: "muted truncated", text: "Output cut: the history keeps the first 64 KiB of each output." }) : null);
     }) : [h("p", { class: "muted", text: "Nothing was run in this sandbox through the API yet." })]));
   };
   panel.append(h("div", { class: "toolbar" }, h("button", { type: "button", text: "Refresh history", onclick: load })), list);
@@ -349,7 +351,7 @@ function shownName(name) {
   return /^\s|\s$|[\x00-\x1f\x7f\u2028\u2029]/.test(name) ? JSON.stringify(name) : name;
 }
 
-function filesPanel(id) {
+function filesPanel(id, known) {
   const panel = h("section");
   const dir = h("input", { id: "files-path", value: "/home/user", size: 40 });
   const tbody = h("tbody");
@@ -408,7 +410,13 @@ function filesPanel(id) {
   panel.append(h("div", { class: "toolbar" }, h("label", { for: "files-path", text: "Folder" }), dir, h("button", { type: "button", text: "List", onclick: load }),
     h("label", { for: "files-upload", text: "Upload files" }), picker), zone,
   h("table", { "aria-label": "Files" }, h("thead", {}, h("tr", {}, ["Name", "Type", "Size", "Modified", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody));
-  panel.addEventListener("shown", load);
+  // Opening the tab lists the folder of a running sandbox only: a listing
+  // resumes a paused one, which is the user's to ask for (List).
+  panel.addEventListener("shown", () => {
+    if (known.state === "running" || known.state === "") { load(); return; } // "": not looked at yet
+    listed = null;
+    tbody.replaceChildren(h("tr", {}, h("td", { colspan: 5, class: "muted", text: known.state === "paused" ? "The sandbox is paused: List resumes it to show its files." : "The sandbox is not running." })));
+  });
   return panel;
 }
 
