@@ -99,6 +99,8 @@ type Server struct {
 	stopping chan struct{}
 	stopOnce sync.Once
 	ptys     sync.WaitGroup // open terminal sessions
+	// nodeLost stands for Manager.NodeLost when set (tests).
+	nodeLost func(url string) bool
 }
 
 // Stopping tells the open terminals that the server shuts down; they close

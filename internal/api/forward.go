@@ -139,6 +139,9 @@ func (e errReader) Read([]byte) (int, error) {
 // the port proxy: a stream of it cut off half-way ends with an error event.
 func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, unreached func(http.ResponseWriter, *http.Request), api bool) {
 	clearBodyDeadline(w) // the other node bounds the body itself
+	ctx, stop := s.watchNode(r.Context(), base)
+	defer stop()
+	r = r.WithContext(ctx)
 	u, err := url.Parse(base)
 	if err != nil {
 		writeError(w, err)
@@ -168,6 +171,10 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if lost := nodeLostCause(r.Context()); lost != nil {
+				writeError(w, lost)
+				return
+			}
 			if errors.Is(err, context.Canceled) {
 				return // the caller hung up
 			}
@@ -186,6 +193,62 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 	}
 	s.log.Debug("forwarding", "method", r.Method, "path", r.URL.Path, "node_url", base)
 	serveProxy(p, w, r)
+}
+
+// nodeLostError ends a request passed on to a node that was found lost
+// while the request waited on it.
+type nodeLostError struct{ err error }
+
+func (e nodeLostError) Error() string { return e.err.Error() }
+func (e nodeLostError) Unwrap() error { return e.err }
+
+// nodeLostCause is the nodeLostError ctx was cancelled with, or nil.
+func nodeLostCause(ctx context.Context) error {
+	var lost nodeLostError
+	if errors.As(context.Cause(ctx), &lost) {
+		return lost
+	}
+	return nil
+}
+
+// watchNode returns ctx cancelled once the node at base is found lost (at
+// each heartbeat of this node): a node that stalls with connections open
+// (a stopped process, a partition that drops packets) answers nothing and
+// cuts nothing, and a request or stream passed to it waited for ever, well
+// after its sandboxes were stopped as lost. Call stop when the request is
+// over.
+func (s *Server) watchNode(ctx context.Context, base string) (_ context.Context, stop func()) {
+	nc := s.mgr.Config().Node
+	if nc.Heartbeat <= 0 {
+		return ctx, func() {}
+	}
+	lost := s.mgr.NodeLost
+	if s.nodeLost != nil {
+		lost = s.nodeLost
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(nc.Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if lost(base) {
+					cancel(nodeLostError{pandastack.Errorf(pandastack.EUnavailable, "the node that runs this sandbox was lost (silent for %s) while this request waited on it; its running sandboxes are stopped as lost: look at the sandbox before you retry", nc.Grace)})
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() {
+		close(done)
+		cancel(nil)
+	}
 }
 
 // serveProxy runs p for r with the caller's body going on while the answer
@@ -314,6 +377,9 @@ func (t *streamTail) Read(p []byte) (int, error) {
 		return n, io.EOF // cut after the stream's last event: it ended
 	}
 	cause := revokedErr(t.ctx, nil)
+	if cause == nil {
+		cause = nodeLostCause(t.ctx)
+	}
 	if cause == nil {
 		if t.ctx.Err() != nil {
 			return n, err // the caller hung up: nobody to tell

@@ -279,3 +279,57 @@ func TestProxyCreateOwnConnection(t *testing.T) {
 		t.Errorf("3 execs came on %d connections, want 1 (kept alive)", n)
 	}
 }
+
+// A request passed to a node that stalls (its process stopped: connections
+// accepted, nothing answered, nothing cut) ends once that node is found
+// lost: a plain request with 503 sandbox_unavailable saying so, a stream
+// with that error event. Both waited for ever.
+func TestProxyEndsWhenTheNodeIsLost(t *testing.T) {
+	release := make(chan struct{})
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/stream" {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			io.WriteString(w, `{"type":"stdout","data":"1"}`+"\n")
+			w.(http.Flusher).Flush()
+		}
+		<-release // stalled
+	}))
+	defer owner.Close()
+	defer close(release)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var mu sync.Mutex
+	lost := false
+	s := &Server{log: log, mgr: sandbox.New(sandbox.Config{Node: sandbox.NodeConfig{ID: "node-x", Heartbeat: 20 * time.Millisecond, Grace: time.Second}}, nil, nil, nil, log),
+		nodeLost: func(url string) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return lost && url == owner.URL
+		}}
+	front := serveProxied(t, s, owner.URL, nil)
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		mu.Lock()
+		lost = true
+		mu.Unlock()
+	}()
+	resp, err := http.Post(front.URL+"/v1/sandboxes/sbx_a/exec", "application/json", strings.NewReader(`{"cmd":"true"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "was lost") {
+		t.Errorf("a request to a stalled node found lost: %d %s", resp.StatusCode, body)
+	}
+
+	resp, err = http.Get(front.URL + "/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	all, _ := io.ReadAll(resp.Body)
+	lines := strings.Split(strings.TrimSpace(string(all)), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], `"stdout"`) || !strings.Contains(lines[1], `"error"`) || !strings.Contains(lines[1], "was lost") {
+		t.Errorf("a stream from a stalled node found lost: %q", all)
+	}
+}

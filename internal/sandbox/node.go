@@ -392,6 +392,20 @@ func (m *Manager) nodeURL(ctx context.Context, id string) (string, error) {
 	return "", nil
 }
 
+// NodeLost reports whether the node at url was found lost (silent for the
+// grace period), as of this node's last heartbeat: requests passed on to it
+// end then rather than wait on a node that may never answer.
+func (m *Manager) NodeLost(url string) bool {
+	m.node.mu.Lock()
+	defer m.node.mu.Unlock()
+	for id, u := range m.node.urls {
+		if u == url && m.node.lost[id] {
+			return true
+		}
+	}
+	return false
+}
+
 // nodesUp counts the nodes up as of the last heartbeat.
 func (m *Manager) nodesUp() int {
 	m.node.mu.Lock()
@@ -438,8 +452,11 @@ func (m *Manager) Place(ctx context.Context, projectID string, req CreateRequest
 			p.MemoryMB = tpl.MemoryMB
 		}
 	}
+	// Only nodes heard from lately: one silent for a few heartbeats is
+	// not chosen, though it is lost only after the whole grace period (a
+	// stalled node took the creates placed on it until then, and held them).
 	now := m.now()
-	p.Since, p.At = now.Add(-m.cfg.Node.Grace), now
+	p.Since, p.At = now.Add(-m.placeFresh()), now
 	n, err := m.store.PlaceSandbox(ctx, p)
 	if err != nil {
 		return "", err
@@ -448,6 +465,12 @@ func (m *Manager) Place(ctx context.Context, projectID string, req CreateRequest
 		return "", nil
 	}
 	return n.URL, nil
+}
+
+// placeFresh is how recent a node's heartbeat must be for placement to
+// choose it: five heartbeats, within the grace period.
+func (m *Manager) placeFresh() time.Duration {
+	return min(5*m.cfg.Node.Heartbeat, m.cfg.Node.Grace)
 }
 
 // hostMemoryMB returns the host's total and available memory in MiB from

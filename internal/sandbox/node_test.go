@@ -390,3 +390,62 @@ func TestDuplicateNodeIDRefused(t *testing.T) {
 		t.Errorf("the restart on its own data directory watched its own last run")
 	}
 }
+
+// Placement chooses only nodes heard from within a few heartbeats: one
+// silent longer, though not lost until its grace is up, takes no creates
+// (a stalled node took them, and held them, for the whole grace).
+func TestPlaceSkipsSilentNodes(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	for _, h := range []*harness{a, b} {
+		h.m.cfg.Node.Heartbeat = time.Second // placement wants heartbeats within 5 s; lost after 10
+	}
+	if err := b.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	placed := func() map[string]int {
+		count := map[string]int{}
+		for range 4 {
+			url, err := a.m.Place(ctx, project, CreateRequest{Template: "base"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			count[url]++
+		}
+		return count
+	}
+	if got := placed(); got["http://node-b.test"] == 0 {
+		t.Fatalf("B, just heard from, got no creates: %v", got)
+	}
+	// 7 s on, by A's clock (which heartbeats on): B silent, not yet lost.
+	c := &clock{t: time.Now().Add(7 * time.Second)}
+	a.m.now = c.now
+	if err := a.store.Heartbeat(ctx, pandastack.Node{ID: "node-a", URL: "http://node-a.test", StartedAt: time.Now(), HeartbeatAt: c.now(), CPUs: 1, MemoryMB: 4096, FreeMemoryMB: 4096}); err != nil {
+		t.Fatal(err)
+	}
+	if got := placed(); got["http://node-b.test"] != 0 {
+		t.Errorf("B, silent for 7 s, got creates: %v", got)
+	}
+	if a.m.NodeLost("http://node-b.test") {
+		t.Error("B counted lost before its grace")
+	}
+}
+
+// NodeLost says whether the node at a URL was found lost.
+func TestNodeLost(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	nodeHarness(t, "node-b", a)
+	c := &clock{t: time.Now().Add(time.Minute)}
+	a.m.now = c.now
+	if err := a.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !a.m.NodeLost("http://node-b.test") || a.m.NodeLost("http://node-a.test") || a.m.NodeLost("http://other.test") {
+		t.Errorf("lost: b %v, a %v, unknown %v; want only b", a.m.NodeLost("http://node-b.test"), a.m.NodeLost("http://node-a.test"), a.m.NodeLost("http://other.test"))
+	}
+}
