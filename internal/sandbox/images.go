@@ -68,6 +68,7 @@ func (m *Manager) openSnapshot(ctx context.Context, id string) (manifest, pandas
 	}
 	man, err := imagestore.ReadManifest(img.Dir(), what)
 	if err == nil {
+		man.RootFS = m.localRootFS(ctx, man)
 		err = checkRootFS(man, what)
 	}
 	if err != nil {
@@ -76,6 +77,27 @@ func (m *Manager) openSnapshot(ctx context.Context, id string) (manifest, pandas
 		return manifest{}, nil, err
 	}
 	return man, usedImage{OpenImage: img, release: release}, nil
+}
+
+// localRootFS is where this node keeps the root filesystem a snapshot was
+// taken on: man.RootFS, the path on the node that took it, when it is
+// there; else the same build (the directory named for the template and its
+// spec's hash) in this node's own templates directory, so that nodes with
+// caches in other places restore each other's snapshots (they were
+// refused as corrupt). man.RootFS when neither is there.
+func (m *Manager) localRootFS(ctx context.Context, man manifest) string {
+	if _, err := os.Stat(man.RootFS); err == nil || man.RootFS == "" {
+		return man.RootFS
+	}
+	tpl, err := m.templates.Resolve(ctx, man.Template)
+	if err != nil || tpl.RootFS == "" {
+		return man.RootFS
+	}
+	p := filepath.Join(filepath.Dir(filepath.Dir(tpl.RootFS)), filepath.Base(filepath.Dir(man.RootFS)), filepath.Base(man.RootFS))
+	if _, err := os.Stat(p); err != nil {
+		return man.RootFS
+	}
+	return p
 }
 
 // snapshotUse counts the restores in flight from each snapshot, so that

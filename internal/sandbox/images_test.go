@@ -333,3 +333,31 @@ func TestSnapshotOfAPausedSandbox(t *testing.T) {
 		t.Fatalf("the second snapshot after the resume removed the paused image: %v", err)
 	}
 }
+
+// A snapshot taken on a node whose cache is elsewhere names its root
+// filesystem by that node's path: restored here, the same build (the
+// directory of the template's name and hash) in this node's cache is used.
+func TestLocalRootFSOfAnotherNodesSnapshot(t *testing.T) {
+	dir := t.TempDir()
+	here := filepath.Join(dir, "cache", "templates")
+	for _, b := range []string{"base-1111", "base-2222"} {
+		if err := os.MkdirAll(filepath.Join(here, b, "rootfs"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &Manager{templates: &fakeTemplates{tpl: Template{Name: "base", RootFS: filepath.Join(here, "base-2222", "rootfs")}}}
+	ctx := context.Background()
+	for _, c := range []struct{ taken, want string }{
+		{"/elsewhere/templates/base-1111/rootfs", filepath.Join(here, "base-1111", "rootfs")}, // an older build, still here
+		{"/elsewhere/templates/base-2222/rootfs", filepath.Join(here, "base-2222", "rootfs")},
+		{"/elsewhere/templates/base-3333/rootfs", "/elsewhere/templates/base-3333/rootfs"}, // not built here: checkRootFS says so
+		{filepath.Join(here, "base-1111", "rootfs"), filepath.Join(here, "base-1111", "rootfs")},
+	} {
+		if got := m.localRootFS(ctx, manifest{Template: "base", RootFS: c.taken}); got != c.want {
+			t.Errorf("taken on %s: %s, want %s", c.taken, got, c.want)
+		}
+	}
+	if got := m.localRootFS(ctx, manifest{Template: "other", RootFS: "/elsewhere/templates/other-1/rootfs"}); got != "/elsewhere/templates/other-1/rootfs" {
+		t.Errorf("a template this node does not know: %s", got)
+	}
+}
