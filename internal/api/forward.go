@@ -165,6 +165,9 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 		// ends with an error event, as on the sandbox's own node, rather
 		// than with a broken connection.
 		ModifyResponse: func(resp *http.Response) error {
+			if unreached != nil && notBuiltThere(resp) {
+				return errNotBuiltThere
+			}
 			if api {
 				resp.Body = endStreamWithError(resp, r.Context())
 			}
@@ -177,6 +180,14 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 			}
 			if errors.Is(err, context.Canceled) {
 				return // the caller hung up
+			}
+			if errors.Is(err, errNotBuiltThere) {
+				// The chosen node lacks the template (a build rolled out
+				// node by node): it made nothing, so this node, which
+				// has it, creates.
+				s.log.Warn("the node a create was placed on has not built its template; creating here", "node_url", base)
+				unreached(w, r)
+				return
 			}
 			s.log.Warn("forward to node failed", "node_url", base, "path", r.URL.Path, "err", err)
 			var op *net.OpError
@@ -193,6 +204,25 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 	}
 	s.log.Debug("forwarding", "method", r.Method, "path", r.URL.Path, "node_url", base)
 	serveProxy(p, w, r)
+}
+
+// errNotBuiltThere: the node a create was placed on answered that it has
+// not built the create's template.
+var errNotBuiltThere = errors.New("template not built on the chosen node")
+
+// notBuiltThere reports whether resp, a placed create's answer, is 409
+// template_not_built; its body is kept for whoever reads it.
+func notBuiltThere(resp *http.Response) bool {
+	if resp.StatusCode != http.StatusConflict {
+		return false
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	resp.Body = io.NopCloser(io.MultiReader(bytes.NewReader(b), resp.Body))
+	if err != nil {
+		return false
+	}
+	var eb errorBody
+	return json.Unmarshal(b, &eb) == nil && eb.Error.Code == pandastack.ETemplateMissing
 }
 
 // nodeLostError ends a request passed on to a node that was found lost

@@ -333,3 +333,40 @@ func TestProxyEndsWhenTheNodeIsLost(t *testing.T) {
 		t.Errorf("a stream from a stalled node found lost: %q", all)
 	}
 }
+
+// A create placed on a node that has not built its template (a rollout
+// node by node) is made by the node asked, which has it: nothing was made
+// there. Any other refusal of the chosen node is the caller's answer.
+func TestPlacedCreateOfATemplateNotBuiltThere(t *testing.T) {
+	code := "template_not_built"
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		fmt.Fprintf(w, `{"error":{"code":%q,"message":"not here"}}`, code)
+	}))
+	defer owner.Close()
+	fell := false
+	front := serveProxied(t, forwarder(t), owner.URL, func(w http.ResponseWriter, r *http.Request) {
+		fell = true // (placeCreate's fallback gives the local create the body again)
+		w.WriteHeader(http.StatusCreated)
+	})
+	resp, err := http.Post(front.URL+"/v1/sandboxes", "application/json", strings.NewReader(`{"template":"t"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !fell || resp.StatusCode != http.StatusCreated {
+		t.Errorf("a create the chosen node has no build for: created here %v, status %d", fell, resp.StatusCode)
+	}
+
+	code, fell = "conflict", false
+	resp, err = http.Post(front.URL+"/v1/sandboxes", "application/json", strings.NewReader(`{"template":"t"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if fell || resp.StatusCode != http.StatusConflict || !strings.Contains(string(b), `"conflict"`) {
+		t.Errorf("another refusal of the chosen node: fell back %v, %d %s", fell, resp.StatusCode, b)
+	}
+}
