@@ -790,11 +790,13 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
 // kill is Kill, telling the requests it cuts off why (a Stop* reason, or
 // reasonKillOnExit).
 func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
+	var sb pandastack.Sandbox
 	for {
-		if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+		var err error
+		if sb, err = m.store.GetSandbox(ctx, projectID, id); err != nil {
 			return err
 		}
-		err := m.sbx.begin(id, phaseStopping)
+		err = m.sbx.begin(id, phaseStopping)
 		if err == nil {
 			break
 		}
@@ -809,7 +811,9 @@ func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
 	// Until the record goes, it says killed: a run cut off by this kill
 	// fails saying so, and a GET meanwhile must not say running.
 	m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, pandastack.StopKilled, m.now())
-	m.teardown(id, why)
+	if m.owns(sb) {
+		m.teardown(id, why)
+	} // else another node's (lost, or paused there): nothing of it runs here, and that node removes what is left once back
 	if err := m.store.DeleteSandbox(context.Background(), id); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		return err
 	}

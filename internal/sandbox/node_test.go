@@ -449,3 +449,34 @@ func TestNodeLost(t *testing.T) {
 		t.Errorf("lost: b %v, a %v, unknown %v; want only b", a.m.NodeLost("http://node-b.test"), a.m.NodeLost("http://node-a.test"), a.m.NodeLost("http://other.test"))
 	}
 }
+
+// A kill through another node of a lost node's sandbox removes its record
+// only: nothing of it runs there (the runtime's teardown of an id it never
+// ran waited on another node's leftovers on the same host, 5 s a kill).
+func TestKillOfALostNodesSandboxLeavesTheRuntime(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	lost, paused := b.create(), b.create()
+	if _, err := b.m.Pause(ctx, project, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	c := &clock{t: time.Now().Add(time.Minute)}
+	a.m.now = c.now
+	if err := a.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var stopped []string
+	a.rt.stopHook = func(id string) { stopped = append(stopped, id) }
+	for _, sb := range []pandastack.Sandbox{lost, paused} {
+		if err := a.m.Kill(ctx, project, sb.ID); err != nil {
+			t.Fatalf("kill of %s through A: %v", sb.ID, err)
+		}
+		if _, err := a.store.GetSandbox(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
+			t.Errorf("the record of %s after its kill: %v", sb.ID, err)
+		}
+	}
+	if len(stopped) != 0 {
+		t.Errorf("A's runtime was asked to stop %v, sandboxes it never ran", stopped)
+	}
+}
