@@ -889,9 +889,11 @@ func (m *Manager) reapOnce() {
 		m.log.Error("list expired sandboxes", "err", err)
 	}
 	ids := make([]string, 0, len(expired))
+	foreign := map[string]bool{} // a lost node's paused ones: nothing of them runs here
 	for _, s := range expired {
 		if m.reapsFor(s) { // another node reaps its own
 			ids = append(ids, s.ID)
+			foreign[s.ID] = !m.owns(s)
 		}
 	}
 	// Concurrently, since each stop may take a while (runsc delete), but
@@ -900,8 +902,15 @@ func (m *Manager) reapOnce() {
 		if m.sbx.begin(id, phaseStopping) != nil {
 			return // being created, checkpointed or killed right now
 		}
+		defer m.sbx.end(id)
+		if foreign[id] {
+			if err := m.store.SetSandboxState(ctx, id, pandastack.StateStopped, pandastack.StopExpired, m.now()); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+				m.log.Error("record stop", "sandbox", id, "err", err)
+			}
+			m.log.Info("sandbox of a lost node expired; its node removes its image once back", "sandbox", id)
+			return
+		}
 		m.stopSandbox(id, pandastack.StopExpired)
-		m.sbx.end(id)
 	})
 	var dead []string
 	for id, c := range m.sbx.running() {

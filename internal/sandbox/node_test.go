@@ -170,7 +170,12 @@ func TestLostNodeKeepsPaused(t *testing.T) {
 		t.Errorf("a resume on A of B's paused sandbox: %v, want %s naming node-b", err, pandastack.EUnavailable)
 	}
 	a.store.SetSandboxExpiry(ctx, expiring.ID, time.Now().Add(-time.Second))
+	var stopped []string
+	a.rt.stopHook = func(id string) { stopped = append(stopped, id) }
 	a.m.reapOnce()
+	if slices.Contains(stopped, expiring.ID) {
+		t.Errorf("A's runtime was asked to stop %s, which it never ran", expiring.ID)
+	}
 	if rec := a.record(expiring.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopExpired {
 		t.Errorf("B's paused sandbox past its TTL, reaped by A: %s %s", rec.State, rec.StopReason)
 	}
