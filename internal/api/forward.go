@@ -73,7 +73,7 @@ func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project,
 		return false
 	}
 	if r.Header.Get(forwardedHeader) != "" {
-		writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s runs on another node; send the request to any node without the %s header", id, forwardedHeader))
+		writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s runs on another node, and this request was passed on to this node already: send it to any node without the %s header; if the caller did not set it, two nodes advertise the same URL (each node needs its own --advertise-url)", id, forwardedHeader))
 		return true
 	}
 	s.proxyTo(w, r, target, nil, project != "")

@@ -71,6 +71,7 @@ type nodeState struct {
 	mu              sync.Mutex
 	urls            map[string]string // node id → URL, as of the last heartbeat
 	lost            map[string]bool   // node ids found lost
+	sameURL         map[string]bool   // other nodes found advertising this node's URL (logged once)
 }
 
 // NodeID returns this node's id ("" without nodes).
@@ -135,6 +136,20 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 		if n.State == pandastack.NodeLost {
 			lost[n.ID] = true
 			wasLost = wasLost || n.ID == nc.ID
+		} else if n.ID != nc.ID && n.URL == nc.URL && m.now().Sub(n.HeartbeatAt) < nc.Grace {
+			m.node.mu.Lock()
+			first := !m.node.sameURL[n.ID]
+			if m.node.sameURL == nil {
+				m.node.sameURL = map[string]bool{}
+			}
+			m.node.sameURL[n.ID] = true
+			m.node.mu.Unlock()
+			if first {
+				// Requests forwarded to either reach whichever the URL
+				// leads to: creates placed on one run on the other, and
+				// requests about their sandboxes are refused.
+				m.log.Error("another node advertises this node's URL: give each node the URL it is reached at (--advertise-url; the default is the listen address, loopback unless set)", "node", nc.ID, "other", n.ID, "url", n.URL)
+			}
 		}
 	}
 	total, free := hostMemoryMB()

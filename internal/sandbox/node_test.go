@@ -485,3 +485,23 @@ func TestKillOfALostNodesSandboxLeavesTheRuntime(t *testing.T) {
 		t.Errorf("A's runtime was asked to stop %v, sandboxes it never ran", stopped)
 	}
 }
+
+// A node that finds another advertising its own URL says so, once: the
+// forwards to either reach whichever the URL leads to.
+func TestSameURLLogged(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	b.m.cfg.Node.URL = a.node.URL
+	if err := b.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := a.m.heartbeat(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := a.logs.with("another node advertises this node's URL"); len(got) != 1 || !strings.Contains(got[0], "other=node-b") {
+		t.Errorf("A's log: %q, want one error naming node-b", got)
+	}
+}
