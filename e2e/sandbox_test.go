@@ -413,6 +413,9 @@ func TestBadInput(t *testing.T) {
 	if status, _, _ := api(t, s, "", "GET", "/healthz", ""); status != 200 {
 		t.Fatalf("healthz = %d", status)
 	}
+	if status, _, _ := api(t, s, "", "GET", "/readyz", ""); status != 200 {
+		t.Fatalf("readyz = %d", status)
+	}
 }
 
 func TestProjectsAreIsolated(t *testing.T) {

@@ -145,8 +145,23 @@ func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catal
 	return s
 }
 
+// readyWait bounds /readyz's look at the store.
+const readyWait = 2 * time.Second
+
 func (s *Server) routes() {
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	// Ready when the store answers: without it every API request fails
+	// (a readiness probe; /healthz says only that the process runs).
+	s.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), readyWait)
+		defer cancel()
+		if _, err := s.store.GetSandbox(ctx, "", "sbx_readyz"); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+			s.log.Warn("not ready: the store does not answer", "err", err)
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "the store (database) does not answer"})
+			return
+		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	s.mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {

@@ -211,3 +211,38 @@ func TestDecodeRequired(t *testing.T) {
 		}
 	}
 }
+
+// storeAnswering is a store whose GetSandbox fails with err (the rest is
+// never called by /readyz).
+type storeAnswering struct {
+	pandastack.Store
+	err error
+}
+
+func (s storeAnswering) GetSandbox(context.Context, string, string) (pandastack.Sandbox, error) {
+	return pandastack.Sandbox{}, s.err
+}
+
+// /readyz is 503 while the store does not answer (every API request would
+// fail), 200 when it does; /healthz says only that the process runs.
+func TestReadyz(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{pandastack.Errorf(pandastack.ENotFound, "no sandbox"), http.StatusOK},
+		{errors.New("dial tcp 10.0.0.5:5432: connection refused"), http.StatusServiceUnavailable},
+	} {
+		s := New(Config{}, nil, storeAnswering{err: c.err}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		if rec.Code != c.want || strings.Contains(rec.Body.String(), "10.0.0.5") {
+			t.Errorf("store answering %v: %d %s, want %d and no detail of the store", c.err, rec.Code, rec.Body, c.want)
+		}
+		rec = httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
+		if rec.Code != http.StatusOK {
+			t.Errorf("healthz with the store answering %v: %d", c.err, rec.Code)
+		}
+	}
+}
