@@ -370,6 +370,7 @@ func TestBadInput(t *testing.T) {
 		code, msg                     string
 	}{
 		{"malformed JSON", s.key, "POST", "/v1/sandboxes", `{"template":`, 400, "invalid_request", "malformed JSON"},
+		{"a python context in a template without a kernel", s.key, "POST", "/v1/sandboxes/" + sb.ID + "/contexts", `{"language":"python"}`, 400, "invalid_request", "add ipykernel to the pip list"},
 		{"wrong type", s.key, "POST", "/v1/sandboxes", `{"ttl_seconds":"ten"}`, 400, "invalid_request", "ttl_seconds"},
 		{"unknown field", s.key, "POST", "/v1/sandboxes", `{"ttl":10}`, 400, "invalid_request", `"ttl"`},
 		{"negative TTL", s.key, "POST", "/v1/sandboxes", `{"ttl_seconds":-5}`, 400, "invalid_request", "ttl_seconds"},

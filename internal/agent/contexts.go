@@ -176,6 +176,9 @@ func kernelArgv(language string) ([]string, error) {
 			return []string{"python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"}, nil
 		}
 	}
+	if language == "python" {
+		return nil, pandastack.Errorf(pandastack.EInvalid, "this sandbox's template has no python Jupyter kernel: use the code-interpreter template, or add ipykernel to the pip list of your template's spec")
+	}
 	return nil, pandastack.Errorf(pandastack.EInvalid, "this sandbox's template has no %s Jupyter kernel; use the code-interpreter template", language)
 }
 
