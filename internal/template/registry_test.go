@@ -89,7 +89,7 @@ func TestLoadErrors(t *testing.T) {
 	}{
 		{map[string]string{"a.yaml": "name: b\n"}, `name "b" does not match its file name a.yaml`},
 		{map[string]string{"a.yaml": "name: a\ncpu: 0.5\n"}, `a.yaml: invalid_request: template spec: line 2: cpu "0.5" must be a whole number`},
-		{map[string]string{"a.yaml": "name: a\nbogus: 1\n"}, "field bogus not found"},
+		{map[string]string{"a.yaml": "name: a\nbogus: 1\n"}, `unknown field "bogus"`},
 		{map[string]string{"a.yml": "name: b\n"}, `name "b" does not match its file name a.yml`},
 		{map[string]string{"a.yml": "name: a\n", "a.yaml": "name: a\n"}, "template a is also in"},
 		{map[string]string{"a.yaml": "name: a\ndescription: " + strings.Repeat("x", 5<<20) + "\n"}, "at most 4 MiB"},

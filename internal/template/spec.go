@@ -16,6 +16,7 @@ import (
 	"io"
 	"net/url"
 	"path"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -135,7 +136,7 @@ func decode(data []byte) (Spec, error) {
 		if errors.Is(err, io.EOF) {
 			return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec is empty")
 		}
-		return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec: %v", err)
+		return Spec{}, pandastack.Errorf(pandastack.EInvalid, "template spec: %s", yamlMessage(err))
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -162,6 +163,63 @@ func decode(data []byte) (Spec, error) {
 	}
 	return s, nil
 }
+
+var (
+	unknownField = regexp.MustCompile(`line (\d+): field (\S+) not found in type template\.(\w+)`)
+	wrongType    = regexp.MustCompile("line (\\d+): cannot unmarshal !!(\\w+)(?: `([^`]*)`)? into (\\S+)")
+)
+
+// yamlMessage says what yaml.v3's decoding error says in the spec's terms,
+// not Go's: "field memory not found in type template.Spec", "cannot
+// unmarshal !!str `echo hi` into []string".
+func yamlMessage(err error) string {
+	msg := strings.TrimPrefix(err.Error(), "yaml: unmarshal errors:\n")
+	var lines []string
+	for _, l := range strings.Split(msg, "\n") {
+		l = strings.TrimSpace(l)
+		if m := unknownField.FindStringSubmatch(l); m != nil {
+			known := specFields
+			if m[3] == "File" {
+				known = "path, content, mode"
+			}
+			l = fmt.Sprintf("line %s: unknown field %q (the fields are %s)", m[1], m[2], known)
+		} else if m := wrongType.FindStringSubmatch(l); m != nil {
+			got := map[string]string{"str": "a string", "int": "a number", "float": "a number", "bool": "true or false", "map": "a mapping", "seq": "a list", "null": "nothing"}[m[2]]
+			if got == "" {
+				got = "a " + m[2]
+			}
+			want := m[4]
+			switch {
+			case strings.HasPrefix(want, "[]"):
+				want = "a list (e.g. [a, b], or one - item per line)"
+			case want == "int":
+				want = "a whole number"
+			case want == "string":
+				want = "a string"
+			case strings.HasPrefix(want, "template."):
+				want = "a mapping of fields"
+			}
+			if m[3] != "" {
+				got += fmt.Sprintf(" (%q)", m[3])
+			}
+			l = fmt.Sprintf("line %s: %s where %s is wanted", m[1], got, want)
+		}
+		lines = append(lines, l)
+	}
+	return strings.Join(lines, "; ")
+}
+
+// specFields names the fields of a spec, for the message about an unknown one.
+var specFields = func() string {
+	t := reflect.TypeOf(Spec{})
+	var names []string
+	for i := range t.NumField() {
+		if n, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); n != "" && n != "-" {
+			names = append(names, n)
+		}
+	}
+	return strings.Join(names, ", ")
+}()
 
 func (s Spec) complete() (Spec, error) {
 	s.applyDefaults()

@@ -73,10 +73,10 @@ func TestParseDefaults(t *testing.T) {
 func TestParseErrors(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"", "empty"},
-		{"name: x\nnmae: y\n", "field nmae not found"},
-		{"name: x\nfiles: [{path: /a, content: b, owner: root}]\n", "field owner not found"},
+		{"name: x\nnmae: y\n", `unknown field "nmae" (the fields are name,`},
+		{"name: x\nfiles: [{path: /a, content: b, owner: root}]\n", `unknown field "owner" (the fields are path, content, mode)`},
 		{"name: x\n---\nname: y\n", "one YAML document"},
-		{"name: [x]\n", "cannot unmarshal"},
+		{"name: [x]\n", "a list where a string is wanted"},
 		{"description: no name\n", `name ""`},
 		{"name: Bad_Name\n", `name "Bad_Name"`},
 		{"name: -x\n", `name "-x"`},
@@ -100,7 +100,7 @@ func TestParseErrors(t *testing.T) {
 		{"name: x\nfiles: [{path: /a, mode: 17777}]\n", "octal permission"},
 		{"name: x\nrun: [\"  \"]\n", "run[0] is empty"},
 		{"null\n", "mapping of fields"},
-		{"just words\n", "cannot unmarshal"},
+		{"just words\n", "where a mapping of fields is wanted"},
 		{"name: x\ndisk_mb: 100.7\n", `disk_mb "100.7" must be a whole number`},
 		{"name: x\ncpu: 0\n", "cpu 0 is out of range (leave it out for the default)"},
 		{"name: x\nmemory_mb: 0\n", "memory_mb 0 is out of range"},
@@ -215,5 +215,20 @@ func TestHashDoesNotMutate(t *testing.T) {
 	s.Hash()
 	if files[0].Mode != 0 || s.Suite != "" {
 		t.Errorf("Hash changed its receiver's data: %+v %+v", s, files)
+	}
+}
+
+// A spec's decoding errors speak of the spec, not of Go's types.
+func TestSpecErrorsInTheSpecsTerms(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"name: x\nmemory: 512\n", `line 2: unknown field "memory" (the fields are name, description, suite, mirror, apt, pip, files, run, cpu, memory_mb, disk_mb, warmup`},
+		{"name: x\nrun: echo hi\n", `line 2: a string ("echo hi") where a list (e.g. [a, b], or one - item per line) is wanted`},
+		{"name: x\nfiles:\n  - path: /a\n    text: b\n", `line 4: unknown field "text" (the fields are path, content, mode)`},
+		{"name: x\napt: {a: b}\n", `line 2: a mapping`},
+	} {
+		_, err := Parse([]byte(c.yaml))
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "template.Spec") || strings.Contains(err.Error(), "[]string") {
+			t.Errorf("%q: %v, want %q", c.yaml, err, c.want)
+		}
 	}
 }
