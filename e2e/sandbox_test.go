@@ -637,6 +637,9 @@ func TestCLI(t *testing.T) {
 			t.Errorf("pandastack %v: %v %q, want exit 2 naming the unknown verb", args, err, errOut)
 		}
 	}
+	if _, errOut, err := s.cli("template", "gc", "--dry-run", "--min-age", "-5s"); exitCode(err) == 0 || !strings.Contains(errOut, "negative") {
+		t.Errorf("template gc --min-age -5s: %v %q, want a refusal", err, errOut)
+	}
 	// Output comes back byte for byte; a command killed by a signal exits
 	// as a shell's would, 128+N, and says so; --stdin feeds the command.
 	out, _, err = s.cli("sandbox", "exec", id, "--", `printf '\377\376\n'`)

@@ -511,6 +511,9 @@ func templates(args []string) error {
 	if args[0] != "build" && fs.NArg() > 0 {
 		return fmt.Errorf("template %s: unexpected argument %q: it takes flags only (see pandastack template %s -h)", args[0], fs.Arg(0), args[0])
 	}
+	if *minAge < 0 {
+		return fmt.Errorf("template gc: --min-age %s is negative; give 0 to spare nothing for its age", *minAge)
+	}
 	if err := cfg.validate(); err != nil {
 		return err
 	}
