@@ -21,6 +21,8 @@ type Store interface {
 	CreateProject(ctx context.Context, p Project) error
 	// ProjectByName returns the project with that name.
 	ProjectByName(ctx context.Context, name string) (Project, error)
+	// ListProjects returns every project, oldest first.
+	ListProjects(ctx context.Context) ([]Project, error)
 
 	// CreateAPIKey stores k (its Hash, never the secret).
 	CreateAPIKey(ctx context.Context, k APIKey) error

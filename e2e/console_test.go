@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -466,6 +467,30 @@ func TestAPIKeysAndLineage(t *testing.T) {
 		if _, _, err := s.cli(append([]string{"keys", "create"}, args...)...); err == nil {
 			t.Errorf("keys create %q succeeded", args)
 		}
+	}
+	// keys list names each key's project; create takes the name or the id,
+	// says when a name makes a new project, and refuses an id it does not know.
+	out, _, err := s.cli("keys", "list")
+	var projectID string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 2 && f[1] == "keys-test" {
+			projectID = f[2]
+		}
+	}
+	if err != nil || !strings.HasPrefix(projectID, "prj_") {
+		t.Fatalf("keys list shows no key of project keys-test with its id: %v\n%s", err, out)
+	}
+	if _, errOut, err := s.cli("keys", "create", "--project", projectID, "--name", "by-id"); err != nil || strings.Contains(errOut, "Created project") {
+		t.Errorf("keys create --project %s: %v %q, want a key in keys-test", projectID, err, errOut)
+	}
+	if _, errOut, err := s.cli("keys", "create", "--project", "keys-test-new-"+strings.ToLower(t.Name()[:4])); err != nil || !strings.Contains(errOut, "Created project") {
+		t.Errorf("keys create with a new project's name: %v %q, want it to say it made the project", err, errOut)
+	}
+	if _, errOut, err := s.cli("keys", "create", "--project", "prj_nosuchproject00"); err == nil || !strings.Contains(errOut, "no project has the id") {
+		t.Errorf("keys create --project prj_nosuchproject00: %v %q, want a refusal", err, errOut)
+	}
+	if out, _, _ := s.cli("keys", "list"); !regexp.MustCompile(`(?m)^key_\S+\s+keys-test\s+` + projectID + `\s+\S+\s+by-id\s`).MatchString(out) {
+		t.Errorf("the key made by project id is not in keys-test:\n%s", out)
 	}
 	// A data dir that holds no store (not the server's) is refused, and
 	// left as it was, rather than given a new store of its own.

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -316,7 +317,7 @@ func ensureFirstKey(ctx context.Context, store pandastack.Store, keyPath string)
 	if len(keys) > 0 {
 		return nil
 	}
-	secret, err := createKey(ctx, store, "default", "first key")
+	secret, _, err := createKey(ctx, store, "default", "first key")
 	if err != nil {
 		return err
 	}
@@ -327,26 +328,39 @@ func ensureFirstKey(ctx context.Context, store pandastack.Store, keyPath string)
 	return nil
 }
 
-// createKey makes a key in the named project, creating the project if needed.
-func createKey(ctx context.Context, store pandastack.Store, project, name string) (string, error) {
+// createKey makes a key in the project named project (or, failing that,
+// whose id it is, as keys list shows both), creating a project of that
+// name if there is none; made says it did.
+func createKey(ctx context.Context, store pandastack.Store, project, name string) (secret string, made bool, _ error) {
 	p, err := store.ProjectByName(ctx, project)
 	if pandastack.IsCode(err, pandastack.ENotFound) {
-		p = pandastack.Project{ID: pandastack.NewID("prj"), Name: project, CreatedAt: time.Now().UTC()}
-		err = store.CreateProject(ctx, p)
-		if pandastack.IsCode(err, pandastack.EConflict) {
-			// Another serve on a shared store made it first.
-			p, err = store.ProjectByName(ctx, project)
+		all, lerr := store.ListProjects(ctx)
+		if lerr != nil {
+			return "", false, lerr
+		}
+		if i := slices.IndexFunc(all, func(q pandastack.Project) bool { return q.ID == project }); i >= 0 {
+			p, err = all[i], nil
+		} else if strings.HasPrefix(project, "prj_") {
+			return "", false, fmt.Errorf("no project has the id %s (keys list shows the projects' names and ids); to make a project of that name, choose a name that does not look like an id", project)
+		} else {
+			p = pandastack.Project{ID: pandastack.NewID("prj"), Name: project, CreatedAt: time.Now().UTC()}
+			err = store.CreateProject(ctx, p)
+			made = err == nil
+			if pandastack.IsCode(err, pandastack.EConflict) {
+				// Another serve on a shared store made it first.
+				p, err = store.ProjectByName(ctx, project)
+			}
 		}
 	}
 	if err != nil {
-		return "", err
+		return "", false, err
 	}
-	secret := pandastack.NewAPIKeySecret()
+	secret = pandastack.NewAPIKeySecret()
 	k := pandastack.APIKey{ID: pandastack.NewID("key"), ProjectID: p.ID, Name: name, Prefix: secret[:10], Hash: api.HashKey(secret), CreatedAt: time.Now().UTC()}
 	if err := store.CreateAPIKey(ctx, k); err != nil {
-		return "", err
+		return "", false, err
 	}
-	return secret, nil
+	return secret, made, nil
 }
 
 // stableAgent copies the agent binary to <cache>/agent/<sha256>/ (once) and
@@ -392,7 +406,7 @@ func keys(args []string) error {
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	cfg.bind(fs)
-	project := fs.String("project", "default", "project the key belongs to (created if new)")
+	project := fs.String("project", "default", "project the key belongs to: its name (a new name makes a new project) or its id")
 	name := fs.String("name", "", "a label for the key")
 	if args[0] == "create" {
 		showOnly(fs, "project", "name", "data-dir", "store")
@@ -441,24 +455,36 @@ func keys(args []string) error {
 				return err
 			}
 		}
-		secret, err := createKey(ctx, store, *project, *name)
+		secret, made, err := createKey(ctx, store, *project, *name)
 		if err != nil {
 			return err
 		}
 		fmt.Println(secret)
-		fmt.Fprintf(os.Stderr, "Created a key in project %q. It is shown only now; store it safely.\n", *project)
+		if made {
+			fmt.Fprintf(os.Stderr, "Created project %q (new: no project had that name) and a key in it. The key is shown only now; store it safely.\n", *project)
+		} else {
+			fmt.Fprintf(os.Stderr, "Created a key in project %q. It is shown only now; store it safely.\n", *project)
+		}
 	case "list", "ls":
 		ks, err := store.ListAPIKeys(ctx)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%-22s %-22s %-14s %-20s %-20s %s\n", "ID", "PROJECT", "PREFIX", "NAME", "CREATED", "REVOKED")
+		projects, err := store.ListProjects(ctx)
+		if err != nil {
+			return err
+		}
+		names := map[string]string{}
+		for _, p := range projects {
+			names[p.ID] = p.Name
+		}
+		fmt.Printf("%-22s %-22s %-22s %-14s %-20s %-20s %s\n", "ID", "PROJECT", "PROJECT ID", "PREFIX", "NAME", "CREATED", "REVOKED")
 		for _, k := range ks {
 			revoked := "-"
 			if k.RevokedAt != nil {
 				revoked = k.RevokedAt.Format(time.RFC3339)
 			}
-			fmt.Printf("%-22s %-22s %-14s %-20s %-20s %s\n", k.ID, k.ProjectID, k.Prefix+"…", printable(k.Name), k.CreatedAt.Format(time.RFC3339), revoked)
+			fmt.Printf("%-22s %-22s %-22s %-14s %-20s %-20s %s\n", k.ID, printable(names[k.ProjectID]), k.ProjectID, k.Prefix+"…", printable(k.Name), k.CreatedAt.Format(time.RFC3339), revoked)
 		}
 	case "revoke":
 		if fs.NArg() != 1 {

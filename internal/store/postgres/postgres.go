@@ -307,6 +307,27 @@ func (s *Store) CreateProject(ctx context.Context, p pandastack.Project) error {
 }
 
 // ProjectByName implements pandastack.Store.
+func (s *Store) ListProjects(ctx context.Context) ([]pandastack.Project, error) {
+	rows, err := s.pool.Query(ctx, `SELECT id, name, created_at FROM projects ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list projects: %w", err)
+	}
+	defer rows.Close()
+	var out []pandastack.Project
+	for rows.Next() {
+		var p pandastack.Project
+		if err := rows.Scan(&p.ID, &p.Name, &p.CreatedAt); err != nil {
+			return nil, fmt.Errorf("list projects: %w", err)
+		}
+		p.CreatedAt = p.CreatedAt.UTC()
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list projects: %w", err)
+	}
+	return out, nil
+}
+
 func (s *Store) ProjectByName(ctx context.Context, name string) (pandastack.Project, error) {
 	if !pandastack.StorableText(name) {
 		return pandastack.Project{}, notFound("project", name)

@@ -304,6 +304,28 @@ func (s *Store) CreateProject(ctx context.Context, p pandastack.Project) error {
 }
 
 // ProjectByName implements pandastack.Store.
+func (s *Store) ListProjects(ctx context.Context) ([]pandastack.Project, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at FROM projects ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list projects: %w", err)
+	}
+	defer rows.Close()
+	var out []pandastack.Project
+	for rows.Next() {
+		var p pandastack.Project
+		var created int64
+		if err := rows.Scan(&p.ID, &p.Name, &created); err != nil {
+			return nil, fmt.Errorf("list projects: %w", err)
+		}
+		p.CreatedAt = fromMillis(created)
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list projects: %w", err)
+	}
+	return out, nil
+}
+
 func (s *Store) ProjectByName(ctx context.Context, name string) (pandastack.Project, error) {
 	var p pandastack.Project
 	var created int64

@@ -316,6 +316,13 @@ func testProject(t *testing.T, s pandastack.Store) {
 		t.Errorf("ProjectByName = %+v, want %+v", got, want)
 	}
 	checkTime(t, "CreatedAt", got.CreatedAt, want.CreatedAt)
+	all, err := s.ListProjects(t.Context())
+	if err != nil {
+		t.Fatalf("ListProjects: %v", err)
+	}
+	if len(all) != 2 || all[0].ID != "prj_1" || all[0].Name != "default" || all[1].ID != "prj_2" || all[1].Name != "other" {
+		t.Errorf("ListProjects = %+v, want default then other", all)
+	}
 }
 
 func testProjectConflict(t *testing.T, s pandastack.Store) {
