@@ -259,6 +259,10 @@ func TestHistoryAndStats(t *testing.T) {
 	if term0.Kind != "terminal" || !strings.Contains(term0.Stdout, "T42T") || strings.Contains(term0.Stdout, "\x1b") {
 		t.Errorf("newest entry = %+v, want the terminal with T42T in a plain transcript", term0)
 	}
+	// Closed by its client, not exited: no exit status (it said -1), no failure.
+	if term0.ExitCode != nil || term0.Failure != "" {
+		t.Errorf("a terminal its client closed: exit code %v, failure %q; want neither", term0.ExitCode, term0.Failure)
+	}
 	if zero.Kind != "code" || zero.Error == nil || zero.Error.Name != "ZeroDivisionError" || !strings.Contains(zero.Error.Traceback, "1 / 0") {
 		t.Errorf("second entry = %+v, want the 1 / 0 cell with its ZeroDivisionError", zero)
 	}
@@ -401,6 +405,31 @@ func TestRevokedKeyEndsWhatItOpened(t *testing.T) {
 	within("a terminal of a key revoked with the CLI", term3Done)
 	if res, err := c2.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo still-mine"}); err != nil || strings.TrimSpace(res.Stdout) != "still-mine" {
 		t.Errorf("the project's other key after the revokes: %+v %v", res, err)
+	}
+	// The history says why the terminals ended: no exit status, the revocation.
+	var h struct{ History []historyEntry }
+	req, _ = http.NewRequest("GET", s.url+"/v1/sandboxes/"+sb.ID+"/history", nil)
+	req.Header.Set("Authorization", "Bearer "+k2)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		err = json.NewDecoder(resp.Body).Decode(&h)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || err != nil {
+			t.Fatalf("history: %d %v", resp.StatusCode, err)
+		}
+	}
+	terms := 0
+	for _, e := range h.History {
+		if e.Kind == "terminal" {
+			terms++
+			if e.ExitCode != nil || !strings.Contains(e.Failure, "revoked") {
+				t.Errorf("a terminal whose key was revoked: exit code %v, failure %q; want the revocation", e.ExitCode, e.Failure)
+			}
+		}
+	}
+	if terms != 2 {
+		t.Errorf("%d terminal entries, want 2", terms)
 	}
 }
 

@@ -167,8 +167,26 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 	}()
 
 	rec := s.history.Begin(project, id, history.Entry{Kind: history.KindTerminal, Command: "terminal"})
-	exitCode := -1
-	defer func() { rec.End(func(e *history.Entry) { e.ExitCode = &exitCode }) }()
+	var exited *int // the shell's exit status, once it exited
+	defer func() {
+		rec.End(func(e *history.Entry) {
+			e.ExitCode = exited
+			if exited != nil {
+				return
+			}
+			// Closed before the shell exited: a plain close has no exit
+			// status (it had -1) and is no failure; these are.
+			if revokedErr(r.Context(), nil) != nil {
+				e.Failure = failure(r.Context(), nil)
+				return
+			}
+			select {
+			case <-s.stopping:
+				e.Failure = "ended: the PandaStack server shut down"
+			default:
+			}
+		})
+	}()
 
 	// Shell → browser.
 	outDone := make(chan struct{})
@@ -191,7 +209,7 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 				}
 			case agentproto.PTYExit:
 				code, _ := agentproto.ParseExit(p)
-				exitCode = code
+				exited = &code
 				msg, _ := json.Marshal(ptyControl{Type: "exit", ExitCode: &code})
 				ws.Write(ctx, websocket.MessageText, msg)
 				ws.Close(websocket.StatusNormalClosure, "the shell exited")
