@@ -55,6 +55,29 @@ def test_terminal_of_a_sandbox_that_stops_under_it(server) -> None:
         term.close()
 
 
+def test_terminal_whose_key_is_revoked_says_so(server) -> None:
+    import httpx
+
+    auth = {"Authorization": f"Bearer {server.api_key}"}
+    made = httpx.post(f"{server.url}/v1/api-keys", json={"name": "py-terminal-revoke"}, headers=auth).json()
+    sb = Sandbox.create(ttl_seconds=120)
+    try:
+        term = Sandbox.connect(sb.id, client=pandastack.Client(api_key=made["secret"], api_url=server.url)).terminal()
+        term.write("echo up$((2+2))\r")
+        term.read_until("up4")
+        assert httpx.delete(f"{server.url}/v1/api-keys/{made['id']}", headers=auth).status_code == 204
+        # Not "the shell exited (status None)": the revocation, as an
+        # AuthenticationError, from the read and from a write after it.
+        with pytest.raises(pandastack.AuthenticationError) as ei:
+            term.read_until("never", timeout=30)
+        assert "revoked" in ei.value.message and term.exit_code is None
+        with pytest.raises(pandastack.AuthenticationError):
+            term.write("echo more\r")
+        term.close()
+    finally:
+        sb.kill()
+
+
 class _Frames:
     """The terminal's WebSocket, as a list of output frames (a unit test of
     read_until's bookkeeping; the tests above drive a real shell)."""

@@ -8,13 +8,39 @@
  * cannot set headers.
  */
 
-import { PandaStackError, SandboxStoppedError, TimeoutError } from "./errors.js";
+import { APIConnectionError, PandaStackError, SandboxStoppedError, TimeoutError, errorFromCode } from "./errors.js";
 
 /**
  * The close code of a terminal whose sandbox stopped under it (4000 plus the
  * HTTP status of `sandbox_stopped`); the reason says why.
  */
 const closeSandboxStopped = 4410;
+
+/**
+ * WebSocket close codes the server ends a terminal with: the shell exited;
+ * the server shuts down; the caller's key was revoked (or a bad message);
+ * 1005 and 1006 come with no close frame from the server (the connection
+ * was lost).
+ */
+const closeNormal = 1000,
+  closeGoingAway = 1001,
+  closePolicy = 1008,
+  closeNoStatus = 1005,
+  closeAbnormal = 1006;
+
+/** Why a terminal closed by the server with code and reason ended, or undefined for its shell's exit. */
+function endedBy(code: number, reason: string, exited: boolean): PandaStackError | undefined {
+  if (code === closeSandboxStopped) {
+    return new SandboxStoppedError(`${reason || "the sandbox has stopped"} (sandbox_stopped, HTTP 410)`, "sandbox_stopped", 410);
+  }
+  if (code === closePolicy && reason.includes("revoked")) return errorFromCode("unauthorized", reason, 401);
+  if (code === closeGoingAway) return errorFromCode("sandbox_unavailable", reason || "the server is shutting down", 503);
+  if (code === closeNoStatus || code === closeAbnormal) {
+    return exited ? undefined : new APIConnectionError("the connection to the terminal was lost (no close from the server)", "connection_error");
+  }
+  if (code !== closeNormal) return new PandaStackError(`the terminal was closed (${code}): ${reason}`, "terminal_closed");
+  return undefined;
+}
 
 /**
  * An event handler property of a WebSocket, written as a method's type:
@@ -65,6 +91,13 @@ export class Terminal {
    * memory): what `readUntil` rejects with and `write` throws then.
    */
   stopped?: SandboxStoppedError;
+  /**
+   * Set when the terminal ended for another reason than its shell's exit or
+   * `close()` (the sandbox stopped, the API key was revoked, the server shut
+   * down, the connection was lost): what `readUntil` rejects with and
+   * `write` throws then.
+   */
+  ended?: PandaStackError;
   #ws: WebSocketLike;
   #dec = new TextDecoder();
   #out = "";
@@ -76,8 +109,9 @@ export class Terminal {
     this.#ws = ws;
     this.closed = new Promise((resolve) => {
       ws.onclose = (ev) => {
-        if (ev.code === closeSandboxStopped) {
-          this.stopped = new SandboxStoppedError(`${ev.reason || "the sandbox has stopped"} (sandbox_stopped, HTTP 410)`, "sandbox_stopped", 410);
+        if (!this.#closing) {
+          this.ended = endedBy(ev.code, ev.reason ?? "", this.exitCode !== undefined);
+          if (this.ended instanceof SandboxStoppedError) this.stopped = this.ended;
         }
         this.#done = true;
         this.#emit("");
@@ -135,13 +169,14 @@ export class Terminal {
   }
 
   /**
-   * Sends keys to the shell; throws `SandboxStoppedError` once its sandbox
-   * has stopped, and a `PandaStackError` (`terminal_closed`) once the
-   * session ended otherwise (closed, or the shell exited): keys sent then
-   * would be lost.
+   * Sends keys to the shell; throws `ended` once the session ended for a
+   * reason (`SandboxStoppedError` once its sandbox has stopped,
+   * `AuthenticationError` once the key was revoked, ...), and a
+   * `PandaStackError` (`terminal_closed`) once it was closed or the shell
+   * exited: keys sent then would be lost.
    */
   write(data: string | Uint8Array): void {
-    if (this.stopped) throw this.stopped;
+    if (this.ended) throw this.ended;
     if (this.#done || this.#closing) {
       const why = this.exitCode !== undefined ? `the shell exited with status ${this.exitCode}` : "it was closed";
       throw new PandaStackError(`the terminal is closed (${why})`, "terminal_closed");
@@ -162,7 +197,7 @@ export class Terminal {
     const since = opts.since ?? 0;
     const found = () => this.#out.indexOf(text, since) >= 0;
     if (found()) return Promise.resolve(this.#out);
-    const ended = () => this.stopped ?? new PandaStackError(`the terminal closed before ${JSON.stringify(text)} appeared`, "terminal_closed");
+    const ended = () => this.ended ?? new PandaStackError(`the terminal closed before ${JSON.stringify(text)} appeared`, "terminal_closed");
     if (this.#done) return Promise.reject(ended()); // no more output will come
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import WebSocket from "ws";
-import { ConflictError, NotFoundError, PandaStackError, SandboxStoppedError, type WebSocketConstructor } from "@pandastack/sdk";
+import { AuthenticationError, ConflictError, NotFoundError, PandaStackError, Sandbox, SandboxStoppedError, type WebSocketConstructor } from "@pandastack/sdk";
 import { haveServer, newSandbox } from "./helpers.js";
 
 // The `ws` package's WebSocket fits the SDK's type as it is: no cast.
@@ -63,6 +63,26 @@ test("a terminal whose sandbox stops under it rejects with SandboxStoppedError",
     return true;
   });
   assert.throws(() => term.write("echo more\r"), SandboxStoppedError);
+});
+
+test("a terminal whose API key is revoked rejects with AuthenticationError, not a shell's exit", async (t) => {
+  if (!haveServer(t)) return;
+  const api = process.env.PANDASTACK_API ?? "http://localhost:8080";
+  const auth = { Authorization: `Bearer ${process.env.PANDASTACK_API_KEY}`, "Content-Type": "application/json" };
+  const made = (await (await fetch(`${api}/v1/api-keys`, { method: "POST", headers: auth, body: JSON.stringify({ name: "ts-terminal-revoke" }) })).json()) as { id: string; secret: string };
+  const sb = await newSandbox(t);
+  const term = await (await Sandbox.connect(sb.id, { apiKey: made.secret })).terminal({ WebSocket: WS });
+  term.write("echo up$((2+2))\r");
+  await term.readUntil("up4");
+  assert.equal((await fetch(`${api}/v1/api-keys/${made.id}`, { method: "DELETE", headers: auth })).status, 204);
+  await assert.rejects(term.readUntil("never"), (err: unknown) => {
+    assert.ok(err instanceof AuthenticationError, String(err));
+    assert.equal(err.code, "unauthorized");
+    assert.match(err.message, /revoked/);
+    return true;
+  });
+  assert.equal(term.exitCode, undefined);
+  assert.throws(() => term.write("echo more\r"), AuthenticationError);
 });
 
 test("a terminal of a sandbox that is gone is refused with the API's typed error", async (t) => {

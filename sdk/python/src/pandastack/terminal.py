@@ -17,7 +17,7 @@ from contextlib import ExitStack
 from typing import TYPE_CHECKING, Optional, Union
 from urllib.parse import quote, urlencode
 
-from .exceptions import PandaStackError, SandboxStoppedError, TimeoutError, error_from_response
+from .exceptions import APIConnectionError, PandaStackError, SandboxStoppedError, TimeoutError, error_from_response
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -29,6 +29,9 @@ SUBPROTOCOL = "pandastack.pty"
 # The close code of a terminal whose sandbox stopped under it (4000 plus
 # the HTTP status of sandbox_stopped); the reason says why.
 CLOSE_SANDBOX_STOPPED = 4410
+# WebSocket close codes the server ends a terminal with: the shell exited;
+# the server shuts down; the caller's key was revoked (or a bad message).
+CLOSE_NORMAL, CLOSE_GOING_AWAY, CLOSE_POLICY = 1000, 1001, 1008
 
 
 class Terminal:
@@ -69,6 +72,11 @@ class Terminal:
         #: Set when the sandbox stopped under the terminal (killed, its TTL,
         #: out of memory): what :meth:`read` and :meth:`write` raise then.
         self.stopped: Optional[SandboxStoppedError] = None
+        #: Set when the terminal ended for another reason than its shell's
+        #: exit (the sandbox stopped, the API key was revoked, the server
+        #: shut down, the connection was lost): what :meth:`read` and
+        #: :meth:`write` raise then.
+        self.ended: Optional[PandaStackError] = None
         #: Everything the terminal has output so far, as :meth:`read` got it.
         self.output = ""
 
@@ -82,17 +90,32 @@ class Terminal:
             self._ws.send(data.encode() if isinstance(data, str) else bytes(data))
         except ConnectionClosed as e:
             self._closed_by(e)
-            if self.stopped is not None:
-                raise self.stopped from None
+            if self.ended is not None:
+                raise self.ended from None
             raise PandaStackError(f"the terminal is closed (the shell exited with status {self.exit_code})", code="terminal_closed") from None
 
     def _closed_by(self, e: Exception) -> None:
-        """Record the close that e reports, and the sandbox's end if that
-        was its cause."""
+        """Record the close that e reports, and why, when not for the
+        shell's exit or this side's close."""
+        if self.closed or self.ended is not None:
+            self.closed = True
+            return
         self.closed = True
         rcvd = getattr(e, "rcvd", None)
-        if rcvd is not None and rcvd.code == CLOSE_SANDBOX_STOPPED and self.stopped is None:
-            self.stopped = SandboxStoppedError(rcvd.reason or "the sandbox has stopped", code="sandbox_stopped", status=410)
+        if rcvd is None:
+            if self.exit_code is None:
+                self.ended = APIConnectionError("the connection to the terminal was lost (no close from the server)", code="connection_error")
+            return
+        reason = rcvd.reason or ""
+        if rcvd.code == CLOSE_SANDBOX_STOPPED:
+            self.stopped = SandboxStoppedError(reason or "the sandbox has stopped", code="sandbox_stopped", status=410)
+            self.ended = self.stopped
+        elif rcvd.code == CLOSE_POLICY and "revoked" in reason:
+            self.ended = error_from_response("unauthorized", reason, 401)
+        elif rcvd.code == CLOSE_GOING_AWAY:
+            self.ended = error_from_response("sandbox_unavailable", reason or "the server is shutting down", 503)
+        elif rcvd.code != CLOSE_NORMAL:
+            self.ended = PandaStackError(f"the terminal was closed ({rcvd.code}): {reason}", code="terminal_closed")
 
     def resize(self, cols: int, rows: int) -> None:
         """Change the terminal's size (the shell gets SIGWINCH)."""
@@ -102,8 +125,11 @@ class Terminal:
         """The next output of the terminal (decoded as UTF-8), or ``""`` once
         the shell has exited (then :attr:`exit_code` is set). Raises
         :class:`TimeoutError` when nothing comes within ``timeout`` seconds,
-        and :class:`SandboxStoppedError` when the sandbox stopped under the
-        terminal (killed, its TTL, out of memory)."""
+        :class:`SandboxStoppedError` when the sandbox stopped under the
+        terminal (killed, its TTL, out of memory), :class:`AuthenticationError`
+        when the API key was revoked, :class:`SandboxUnavailableError` when
+        the server shut down, :class:`APIConnectionError` when the
+        connection was lost."""
         from websockets.exceptions import ConnectionClosed
 
         while True:
@@ -111,8 +137,8 @@ class Terminal:
                 msg = self._ws.recv(timeout=timeout)
             except ConnectionClosed as e:
                 self._closed_by(e)
-                if self.stopped is not None:
-                    raise self.stopped from None
+                if self.ended is not None:
+                    raise self.ended from None
                 return ""
             except builtins.TimeoutError:
                 raise TimeoutError(f"no terminal output within {timeout} s", code="timeout") from None
@@ -143,8 +169,8 @@ class Terminal:
 
     def close(self) -> None:
         """End the session: the shell and its children are killed."""
-        self._stack.close()
         self.closed = True
+        self._stack.close()
 
     def __enter__(self) -> "Terminal":
         return self
