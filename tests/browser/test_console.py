@@ -254,6 +254,10 @@ def test_idle_sandbox_pauses_and_the_console_lets_it_sleep(page: Page, serve) ->
     expect(page.locator("figcaption").nth(1)).to_contain_text("MiB of")
     page.get_by_role("button", name=f"Kill {sid}").click()
     expect(page.locator("#sandbox-state .state")).to_have_text("killed")
+    # A terminal of it cannot connect, and says why rather than guessing.
+    page.get_by_role("tab", name="Terminal").click()
+    page.locator("#terminal-connect").click()
+    expect(page.locator("#terminal-state")).to_contain_text(re.compile(r"could not connect: .*not found"))
 
 
 # A page and a service worker served by a sandbox's own web server, which

@@ -2,7 +2,7 @@
 // (printable text, CR, LF, backspace, tab, erase in line and display,
 // cursor moves), rendered into a <pre>. Keys typed while it has focus go
 // to the sandbox over the PTY WebSocket.
-import { ptySocket } from "./api.js";
+import { api, ptySocket } from "./api.js";
 
 // What write() reads at a given index (sticky): an escape sequence, and a
 // run of printable characters.
@@ -83,9 +83,24 @@ export class Terminal {
       // says less.
       if (opened || ev.reason) this.onStatus(ev.reason ? "closed: " + ev.reason : "closed");
     };
-    ws.onerror = () => { if (!opened) this.onStatus("could not connect (is the sandbox running, and nothing snapshotting it?)"); };
+    ws.onerror = () => { if (!opened) this.refused(sandboxID); };
     this.observer = new ResizeObserver(() => this.resize());
     this.observer.observe(this.pre);
+  }
+
+  // refused says why a connection never opened: a browser keeps the
+  // handshake's answer from the page, so the sandbox is looked at instead
+  // (a revoked key there signs out, as any other request's does).
+  async refused(sandboxID) {
+    this.onStatus("could not connect; looking at the sandbox…");
+    try {
+      const s = await api("GET", `/v1/sandboxes/${encodeURIComponent(sandboxID)}`);
+      this.onStatus(s.state === "running"
+        ? "could not connect: a snapshot, fork or pause of the sandbox may be under way; try again"
+        : `could not connect: the sandbox is ${s.state}${s.state === "paused" ? " (resume it first)" : ""}`);
+    } catch (e) {
+      this.onStatus("could not connect: " + (e.message || e));
+    }
   }
 
   resize() {
