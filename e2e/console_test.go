@@ -497,6 +497,19 @@ func TestAPIKeysAndLineage(t *testing.T) {
 			t.Errorf("keys create %q succeeded", args)
 		}
 	}
+	// An unknown id of 5000 bytes is not echoed whole; JSON answers are
+	// never sniffed as a page.
+	if code, _, msg := api(t, s, admin, "DELETE", "/v1/api-keys/"+strings.Repeat("k", 5000), ""); code != 404 || len(msg) > 200 {
+		t.Errorf("revoke of a 5000-byte id: %d, a %d-byte message", code, len(msg))
+	}
+	if resp, err := http.Get(s.url + "/v1/nope/<script>"); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+		if resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Errorf("a JSON error answer without nosniff: %v", resp.Header)
+		}
+	}
 	// keys list names each key's project; create takes the name or the id,
 	// says when a name makes a new project, and refuses an id it does not know.
 	out, _, err := s.cli("keys", "list")

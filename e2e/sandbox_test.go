@@ -454,6 +454,12 @@ func TestProjectsAreIsolated(t *testing.T) {
 		if status, code, msg := api(t, s, key, "GET", "/v1/sandboxes", ""); status != 401 || code != "unauthorized" || !strings.Contains(msg, "revoked") {
 			t.Fatalf("revoked key: %d %s %s", status, code, msg)
 		}
+		if form == "prefix" {
+			// Again: it is there, revoked, not unknown.
+			if _, errOut, err := s.cli("keys", "revoke", which); err != nil || !strings.Contains(errOut, "already revoked") {
+				t.Errorf("a second revoke by its prefix: %v %q, want already revoked", err, errOut)
+			}
+		}
 	}
 	if _, errOut, err := s.cli("keys", "revoke", "pds_nosuchkeyatall"); err == nil || !strings.Contains(errOut, "the whole key") {
 		t.Fatalf("revoke of an unknown key: %v %q", err, errOut)

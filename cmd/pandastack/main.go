@@ -498,6 +498,16 @@ func keys(args []string) error {
 		}
 		if err := store.RevokeAPIKey(ctx, which, time.Now().UTC()); err != nil {
 			if pandastack.IsCode(err, pandastack.ENotFound) {
+				// A prefix matches unrevoked keys only: one of a revoked key
+				// is not unknown.
+				if ks, lerr := store.ListAPIKeys(ctx); lerr == nil {
+					for _, k := range ks {
+						if k.RevokedAt != nil && len(which) >= 4 && strings.HasPrefix(k.Prefix, which) {
+							fmt.Fprintln(os.Stderr, "already revoked:", k.ID, "at", k.RevokedAt.Format(time.RFC3339))
+							return nil
+						}
+					}
+				}
 				shown := which
 				if len(shown) > 14 {
 					shown = shown[:10] + "…" // maybe a whole key: not on the screen

@@ -105,7 +105,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request, project strin
 	}
 	i := slices.IndexFunc(all, func(k pandastack.APIKey) bool { return k.ID == kid && k.ProjectID == project })
 	if i < 0 {
-		writeError(w, pandastack.Errorf(pandastack.ENotFound, "no API key %s", kid))
+		writeError(w, pandastack.Errorf(pandastack.ENotFound, "no API key %.64q", kid)) // a 100 kB id is not echoed whole
 		return
 	}
 	if all[i].RevokedAt == nil {
