@@ -30,11 +30,11 @@ func (n *Network) Validate(pandastack.NetworkPolicy) error { return errUnsupport
 func (n *Network) Kept(_ string, p pandastack.NetworkPolicy) pandastack.NetworkPolicy {
 	return p
 }
-func (n *Network) Addr(string) (netip.Addr, bool)          { return netip.Addr{}, false }
-func (n *Network) Log(string) []pandastack.EgressEntry     { return nil }
-func (n *Network) Down(string)                             {}
-func (n *Network) Release(string)                          {}
-func (n *Network) Hold(string)                             {}
-func (n *Network) Namespaces() []string                    { return nil }
-func (n *Network) Drain()                                  {}
-func (n *Network) Close() error                            { return nil }
+func (n *Network) Addr(string) (netip.Addr, bool)      { return netip.Addr{}, false }
+func (n *Network) Log(string) []pandastack.EgressEntry { return nil }
+func (n *Network) Down(string)                         {}
+func (n *Network) Release(string)                      {}
+func (n *Network) Hold(string)                         {}
+func (n *Network) Namespaces() []string                { return nil }
+func (n *Network) Drain()                              {}
+func (n *Network) Close() error                        { return nil }
