@@ -288,6 +288,10 @@ func TestNodes(t *testing.T) {
 	if _, err := ca.Exec(ctx, theirs[0], client.ExecRequest{Cmd: "true"}); !client.IsCode(err, "sandbox_unavailable") {
 		t.Errorf("exec in a sandbox of a killed node: %v, want sandbox_unavailable", err)
 	}
+	// Its history is in the shared store: A answers it (it was a 503).
+	if status, code, msg := api(t, nodes[0], nodes[0].key, "GET", "/v1/sandboxes/"+theirs[0]+"/history", ""); status != 200 {
+		t.Errorf("history of a sandbox of a killed node: %d %s %s, want 200 from the store", status, code, msg)
+	}
 	for range 3 {
 		sb, err := ca.CreateSandbox(ctx, client.CreateSandboxRequest{TTLSeconds: 600})
 		if err != nil {

@@ -493,7 +493,13 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 		ctx, done := s.trackKey(r.Context(), key.ID)
 		defer done()
 		r = r.WithContext(ctx)
-		if id := r.PathValue("id"); id != "" && s.forwardSandbox(w, r, key.ProjectID, id) {
+		var local func(http.ResponseWriter, *http.Request)
+		if storeAnswers(r) {
+			// The owner answers with what is still running there; when it
+			// cannot be reached, the store's record is the answer.
+			local = func(w http.ResponseWriter, r *http.Request) { h(w, r, key.ProjectID) }
+		}
+		if id := r.PathValue("id"); id != "" && s.forwardSandbox(w, r, key.ProjectID, id, local) {
 			return // another node's sandbox (forward.go)
 		}
 		if r.Method == http.MethodPost && r.URL.Path == "/v1/sandboxes" && s.placeCreate(w, r, key.ProjectID, h) {

@@ -63,7 +63,7 @@ var placeTransport = func() *http.Transport {
 // matches any project: the port proxy, whose tokens the owner checks) and
 // reports whether it did. A request another node already passed on, about
 // a sandbox that is not this node's, is refused rather than acted on here.
-func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project, id string) bool {
+func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project, id string, unreached func(http.ResponseWriter, *http.Request)) bool {
 	target, err := s.mgr.Remote(r.Context(), project, id)
 	if err != nil {
 		writeError(w, err)
@@ -76,8 +76,15 @@ func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project,
 		writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s runs on another node, and this request was passed on to this node already: send it to any node without the %s header; if the caller did not set it, two nodes advertise the same URL (each node needs its own --advertise-url)", id, forwardedHeader))
 		return true
 	}
-	s.proxyTo(w, r, target, nil, project != "")
+	s.proxyTo(w, r, target, unreached, project != "")
 	return true
+}
+
+// storeAnswers reports whether r reads what the shared store keeps (a
+// sandbox's history), which this node can answer when the sandbox's own
+// node cannot be reached.
+func storeAnswers(r *http.Request) bool {
+	return r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/history")
 }
 
 // placeCreate places a POST /v1/sandboxes and passes it to the chosen node

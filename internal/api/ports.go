@@ -248,7 +248,7 @@ func (s *Server) revokePortTokens(w http.ResponseWriter, r *http.Request, projec
 // proxies to the sandbox's port.
 func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	if s.forwardSandbox(w, r, "", id) {
+	if s.forwardSandbox(w, r, "", id, nil) {
 		return // its node checks the token (forward.go)
 	}
 	port, err := parsePort(r)

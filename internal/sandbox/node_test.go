@@ -169,6 +169,16 @@ func TestLostNodeKeepsPaused(t *testing.T) {
 	if _, err := a.m.Resume(ctx, project, kept.ID); !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "node-b") {
 		t.Errorf("a resume on A of B's paused sandbox: %v, want %s naming node-b", err, pandastack.EUnavailable)
 	}
+	// Other work that needs it says the same, not "resume it first".
+	if _, err := a.m.Agent(ctx, project, kept.ID); !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "node-b") {
+		t.Errorf("work on A in B's paused sandbox: %v, want %s naming node-b", err, pandastack.EUnavailable)
+	}
+	if _, err := a.m.Snapshot(ctx, project, kept.ID, nil); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Errorf("a snapshot on A of B's paused sandbox: %v, want %s", err, pandastack.EUnavailable)
+	}
+	if _, err := a.m.Fork(ctx, project, kept.ID, 1, nil, nil); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Errorf("a fork on A of B's paused sandbox: %v, want %s", err, pandastack.EUnavailable)
+	}
 	a.store.SetSandboxExpiry(ctx, expiring.ID, time.Now().Add(-time.Second))
 	var stopped []string
 	a.rt.stopHook = func(id string) { stopped = append(stopped, id) }

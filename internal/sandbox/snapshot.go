@@ -451,6 +451,9 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 		}
 		switch {
 		case sb.State == pandastack.StatePaused && !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle:
+			if err := m.pausedElsewhere(sb); err != nil {
+				return sb, err // a resume could not help: its node is gone
+			}
 			if m.sbx.waitOut(ctx, id, phaseResuming, phaseReadingImage) {
 				continue // resumed on request right now: the next look finds it running
 			}
