@@ -73,6 +73,9 @@ type ForkRequest struct {
 	Count      int               `json:"count,omitempty"`
 	TTLSeconds int64             `json:"ttl_seconds,omitempty"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
+	// Network is each child's egress policy from its first instant; nil:
+	// the parent's.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // Fork makes independent copies of a running sandbox, each starting from

@@ -346,6 +346,21 @@ func TestNetworkPolicy(t *testing.T) {
 		reaches(k.ID)
 	}
 	reaches(sb.ID)
+	// A fork may give its children a narrower policy, in force from their
+	// first instant; the parent keeps its own.
+	narrow, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1, Network: &client.NetworkPolicy{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.KillSandbox(context.Background(), narrow[0].ID) })
+	if n := narrow[0].Network; n == nil || len(n.AllowOut) != 0 || n.AllowInternetAccess {
+		t.Errorf("a child forked with a policy of its own has network %+v, want nothing allowed", n)
+	}
+	refused(narrow[0].ID)
+	reaches(sb.ID)
+	if _, err := c.Fork(ctx, sb.ID, client.ForkRequest{Network: &client.NetworkPolicy{AllowOut: []string{"10.1.2.3"}}}); !client.IsCode(err, "network_denied") {
+		t.Errorf("a fork with a policy inside the platform deny set: %v, want network_denied", err)
+	}
 
 	// A paused parent's children (restored from its paused image) get the
 	// policy it has now, set while paused; the parent stays paused.

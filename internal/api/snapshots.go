@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, project string) {
@@ -71,9 +72,10 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request, project 
 
 func (s *Server) fork(w http.ResponseWriter, r *http.Request, project string) {
 	var req struct {
-		Count      *int              `json:"count"`
-		TTLSeconds *int64            `json:"ttl_seconds"`
-		Metadata   map[string]string `json:"metadata"`
+		Count      *int                      `json:"count"`
+		TTLSeconds *int64                    `json:"ttl_seconds"`
+		Metadata   map[string]string         `json:"metadata"`
+		Network    *pandastack.NetworkPolicy `json:"network"`
 	}
 	if err := decode(r, &req); err != nil {
 		writeError(w, err)
@@ -83,7 +85,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request, project string) {
 	if req.Count != nil {
 		count = *req.Count
 	}
-	kids, err := s.mgr.Fork(r.Context(), project, r.PathValue("id"), count, req.TTLSeconds, req.Metadata)
+	kids, err := s.mgr.ForkWith(r.Context(), project, r.PathValue("id"), sandbox.ForkOptions{Count: count, TTLSeconds: req.TTLSeconds, Metadata: req.Metadata, Network: req.Network})
 	if err != nil {
 		s.logFailure(r, err)
 		writeError(w, err)

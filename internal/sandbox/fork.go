@@ -25,6 +25,27 @@ import (
 // restores keep their files open, and deleting ~200 MB on ext4 took
 // 10-600 ms of the answer here.
 func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttlSeconds *int64, metadata map[string]string) ([]pandastack.Sandbox, error) {
+	return m.ForkWith(ctx, projectID, id, ForkOptions{Count: count, TTLSeconds: ttlSeconds, Metadata: metadata})
+}
+
+// ForkOptions are a fork's: how many children, their TTL and metadata (nil:
+// the parent's), and their network policy (nil: the parent's).
+type ForkOptions struct {
+	Count      int
+	TTLSeconds *int64
+	Metadata   map[string]string
+	// Network: the children start with this policy instead of the
+	// parent's, so that none runs a moment with more than it should
+	// (a PUT after the fork left that window).
+	Network *pandastack.NetworkPolicy
+}
+
+// ForkWith is Fork with the children's own network policy.
+func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOptions) ([]pandastack.Sandbox, error) {
+	count, ttlSeconds, metadata := o.Count, o.TTLSeconds, o.Metadata
+	if err := m.validNetwork(o.Network); err != nil {
+		return nil, err
+	}
 	if count < 1 || count > m.cfg.MaxFork {
 		return nil, pandastack.Errorf(pandastack.EInvalid, "count must be between 1 and %d, got %d", m.cfg.MaxFork, count)
 	}
@@ -37,7 +58,7 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 			return nil, err
 		}
 	}
-	if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata); done {
+	if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata, o.Network); done {
 		return kids, err
 	}
 	sb, err := m.usable(ctx, projectID, id)
@@ -86,7 +107,11 @@ func (m *Manager) Fork(ctx context.Context, projectID, id string, count int, ttl
 		return nil, fmt.Errorf("fork %s: %w", id, storageError(err, checkpointOutcome))
 	}
 	tCheckpoint := time.Now()
-	kids, steps, err := m.forkChildren(ctx, projectID, sb, rootfs, img, m.networkOf(id), count, ttl, metadata)
+	policy := o.Network
+	if policy == nil {
+		policy = m.networkOf(id)
+	}
+	kids, steps, err := m.forkChildren(ctx, projectID, sb, rootfs, img, policy, count, ttl, metadata)
 	if err != nil {
 		os.RemoveAll(img) // a failed fork leaves nothing, at once
 		return nil, fmt.Errorf("fork %s: %w", id, err)
@@ -140,14 +165,17 @@ func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandast
 // free. The parent is claimed (claimPaused) while its children restore, so
 // the image stays in place until runsc has opened its files. done is false
 // when the usual path (resume, then checkpoint) is to fork it instead.
-func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count int, ttl time.Duration, metadata map[string]string) (_ []pandastack.Sandbox, done bool, _ error) {
+func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count int, ttl time.Duration, metadata map[string]string, network *pandastack.NetworkPolicy) (_ []pandastack.Sandbox, done bool, _ error) {
 	sb, man, release, ok := m.claimPaused(ctx, projectID, id)
 	if !ok {
 		return nil, false, nil
 	}
 	defer release()
 	// Kept for its resume (pause holds it), and in its image's manifest.
-	policy := m.networkOf(id)
+	policy := network
+	if policy == nil {
+		policy = m.networkOf(id)
+	}
 	if policy == nil {
 		policy = m.keptNetwork(id, man.Network)
 	}

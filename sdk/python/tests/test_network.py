@@ -78,3 +78,18 @@ def test_get_url(server):
         assert httpx.get(plain.replace("/8000/", "/8001/"), headers={"Authorization": "Bearer " + server.api_key}).status_code == 502
     finally:
         sb.kill()
+
+
+def test_fork_with_a_policy_of_its_own(server):
+    sb = Sandbox.create(ttl_seconds=120, network={"allow_internet_access": True})
+    try:
+        kids = sb.fork(1, ttl_seconds=60, network={"allow_out": ["api.allowed.test"]})
+        try:
+            assert kids[0].network == {"allow_internet_access": False, "allow_out": ["api.allowed.test"], "deny_out": []}
+            assert sb.refresh().network["allow_internet_access"] is True
+        finally:
+            kids[0].kill()
+        with pytest.raises(NetworkDeniedError, match=r"allow_out\[0\]"):
+            sb.fork(1, network={"allow_out": ["169.254.169.254"]})
+    finally:
+        sb.kill()

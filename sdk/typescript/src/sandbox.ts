@@ -229,6 +229,8 @@ export interface ForkOptions {
   ttlSeconds?: number;
   /** Metadata of each child; default the parent's. */
   metadata?: Record<string, string>;
+  /** Egress policy of each child, in force from its first instant; default the parent's. */
+  network?: NetworkPolicy;
 }
 
 interface WireSandbox {
@@ -669,6 +671,7 @@ export class Sandbox implements SandboxInfo {
     const body: Record<string, unknown> = { count };
     if (opts.ttlSeconds !== undefined) body.ttl_seconds = opts.ttlSeconds;
     if (opts.metadata !== undefined) body.metadata = opts.metadata;
+    if (opts.network !== undefined) body.network = wireNetwork(opts.network);
     const w = await this.#http.json<{ sandboxes: WireSandbox[] | null }>("POST", this.#path("/fork"), { json: body });
     return (w.sandboxes ?? []).map((s) => new Sandbox(this.#http, s));
   }

@@ -42,6 +42,19 @@ test("network policy on create, live change, and bad entries", async (t) => {
   assert.ok(log.some((e) => e.kind === "dns" && e.domain === "blocked.example" && !e.allowed), JSON.stringify(log));
 });
 
+test("a fork may give its children a policy of their own", async (t) => {
+  if (!haveServer(t)) return;
+  const sb = await newSandbox(t, { network: { allowInternetAccess: true } });
+  const [kid] = await sb.fork(1, { ttlSeconds: 60, network: { allowOut: ["api.allowed.test"] } });
+  try {
+    assert.deepEqual(kid!.network, { allowInternetAccess: false, allowOut: ["api.allowed.test"], denyOut: [] });
+    assert.equal((await sb.getInfo()).network?.allowInternetAccess, true);
+  } finally {
+    await kid!.kill();
+  }
+  await assert.rejects(sb.fork(1, { network: { allowOut: ["169.254.169.254"] } }), NetworkDeniedError);
+});
+
 test("getUrl reaches a server in the sandbox, with a token or the key", async (t) => {
   if (!haveServer(t)) return;
   const sb = await newSandbox(t);

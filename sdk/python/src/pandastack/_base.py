@@ -114,12 +114,19 @@ def create_body(
     return body
 
 
-def fork_body(count: int, ttl_seconds: Optional[int], metadata: Optional[Mapping[str, str]]) -> Dict[str, Any]:
+def fork_body(
+    count: int,
+    ttl_seconds: Optional[int],
+    metadata: Optional[Mapping[str, str]],
+    network: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
     body: Dict[str, Any] = {"count": _int("count", count)}
     if ttl_seconds is not None:
         body["ttl_seconds"] = _int("ttl_seconds", ttl_seconds)
     if metadata is not None:
         body["metadata"] = _str_map("metadata", metadata)
+    if network is not None:
+        body["network"] = network_body(**network)
     return body
 
 

@@ -373,9 +373,11 @@ class AsyncSandbox(SandboxRecord):
         count: int = 1,
         ttl_seconds: Optional[int] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        network: Optional[Mapping[str, Any]] = None,
     ) -> List["AsyncSandbox"]:
-        """Make ``count`` independent copies of this sandbox as it is now."""
-        r = await self._client._arequest("POST", sandbox_path(self.id, "/fork"), json=fork_body(count, ttl_seconds, metadata))
+        """Make ``count`` independent copies of this sandbox as it is now;
+        see :meth:`pandastack.Sandbox.fork`."""
+        r = await self._client._arequest("POST", sandbox_path(self.id, "/fork"), json=fork_body(count, ttl_seconds, metadata, network))
         return [type(self)(d, self._client) for d in r.json().get("sandboxes") or []]
 
     async def pause(self) -> None:

@@ -528,6 +528,7 @@ class Sandbox(SandboxRecord):
         count: int = 1,
         ttl_seconds: Optional[int] = None,
         metadata: Optional[Mapping[str, str]] = None,
+        network: Optional[Mapping[str, Any]] = None,
     ) -> List["Sandbox"]:
         """Make ``count`` new sandboxes, each an independent copy of this one
         as it is now (warm kernels and their variables included). This one
@@ -538,8 +539,11 @@ class Sandbox(SandboxRecord):
             count: how many copies (the server allows 16 by default).
             ttl_seconds: TTL of each copy; default the server's.
             metadata: labels of each copy; default this sandbox's.
+            network: egress policy of each copy, in force from its first
+                instant, as ``create(network=...)`` takes it; default this
+                sandbox's.
         """
-        data = self._client._request("POST", sandbox_path(self.id, "/fork"), json=fork_body(count, ttl_seconds, metadata)).json()
+        data = self._client._request("POST", sandbox_path(self.id, "/fork"), json=fork_body(count, ttl_seconds, metadata, network)).json()
         return [type(self)(d, self._client) for d in data.get("sandboxes") or []]
 
     def pause(self) -> None:
