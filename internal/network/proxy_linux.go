@@ -593,6 +593,15 @@ func peekHost(br *bufio.Reader) (host string, malformed bool) {
 			h, ok := parseHead(b[:i+4])
 			return h.host, !ok
 		}
+		// A bare LF before the head's end: malformed now, rather than
+		// once the read deadline gives up waiting for a CRLF CRLF that
+		// such a client never sends.
+		start := len(b) - len(bytes.TrimLeft(b, "\r\n")) // empty lines before the request line are fine
+		for i := start; i < len(b); i++ {
+			if b[i] == '\n' && b[i-1] != '\r' {
+				return "", true
+			}
+		}
 		if len(b) >= br.Size() {
 			return "", true // a head longer than the buffer
 		}
