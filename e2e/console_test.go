@@ -515,8 +515,8 @@ func TestAPIKeysAndLineage(t *testing.T) {
 	out, _, err := s.cli("keys", "list")
 	var projectID string
 	for _, l := range strings.Split(out, "\n") {
-		if f := strings.Fields(l); len(f) > 2 && f[1] == "keys-test" {
-			projectID = f[2]
+		if f := strings.Fields(l); len(f) > 2 && f[len(f)-1] == "keys-test" {
+			projectID = f[1]
 		}
 	}
 	if err != nil || !strings.HasPrefix(projectID, "prj_") {
@@ -531,7 +531,7 @@ func TestAPIKeysAndLineage(t *testing.T) {
 	if _, errOut, err := s.cli("keys", "create", "--project", "prj_nosuchproject00"); err == nil || !strings.Contains(errOut, "no project has the id") {
 		t.Errorf("keys create --project prj_nosuchproject00: %v %q, want a refusal", err, errOut)
 	}
-	if out, _, _ := s.cli("keys", "list"); !regexp.MustCompile(`(?m)^key_\S+\s+keys-test\s+` + projectID + `\s+\S+\s+by-id\s`).MatchString(out) {
+	if out, _, _ := s.cli("keys", "list"); !regexp.MustCompile(`(?m)^key_\S+\s+` + projectID + `\s+\S+\s+by-id\s.*\skeys-test$`).MatchString(out) {
 		t.Errorf("the key made by project id is not in keys-test:\n%s", out)
 	}
 	// A data dir that holds no store (not the server's) is refused, and

@@ -724,6 +724,10 @@ func TestPortProxy(t *testing.T) {
 		if resp.StatusCode != 207 || string(b) != "PROPFIND /dav/x?depth=1" {
 			t.Errorf("PROPFIND through the path form: %d %q", resp.StatusCode, b)
 		}
+		// The path form's origin is the console's, whatever the method.
+		if resp.Header.Get("Clear-Site-Data") != "" {
+			t.Errorf("PROPFIND through the path form passed Clear-Site-Data on: %v", resp.Header)
+		}
 	}
 	// The path form shares the console's origin: a sandbox's server may
 	// not widen a service worker's scope to it, nor clear its data; the key
@@ -855,6 +859,7 @@ class H(http.server.BaseHTTPRequestHandler):
         b = ("PROPFIND " + self.path).encode()
         self.send_response(207)
         self.send_header("Content-Length", str(len(b)))
+        self.send_header("Clear-Site-Data", '"storage"')
         self.end_headers()
         self.wfile.write(b)
     def log_message(self, *a):

@@ -478,13 +478,13 @@ func keys(args []string) error {
 		for _, p := range projects {
 			names[p.ID] = p.Name
 		}
-		fmt.Printf("%-22s %-22s %-22s %-14s %-20s %-20s %s\n", "ID", "PROJECT", "PROJECT ID", "PREFIX", "NAME", "CREATED", "REVOKED")
+		fmt.Printf("%-22s %-22s %-14s %-20s %-20s %-20s %s\n", "ID", "PROJECT", "PREFIX", "NAME", "CREATED", "REVOKED", "PROJECT NAME")
 		for _, k := range ks {
 			revoked := "-"
 			if k.RevokedAt != nil {
 				revoked = k.RevokedAt.Format(time.RFC3339)
 			}
-			fmt.Printf("%-22s %-22s %-22s %-14s %-20s %-20s %s\n", k.ID, printable(names[k.ProjectID]), k.ProjectID, k.Prefix+"…", printable(k.Name), k.CreatedAt.Format(time.RFC3339), revoked)
+			fmt.Printf("%-22s %-22s %-14s %-20s %-20s %-20s %s\n", k.ID, k.ProjectID, k.Prefix+"…", printable(k.Name), k.CreatedAt.Format(time.RFC3339), revoked, printable(names[k.ProjectID]))
 		}
 	case "revoke":
 		if fs.NArg() != 1 {
@@ -501,11 +501,15 @@ func keys(args []string) error {
 				// A prefix matches unrevoked keys only: one of a revoked key
 				// is not unknown.
 				if ks, lerr := store.ListAPIKeys(ctx); lerr == nil {
+					var revoked []pandastack.APIKey
 					for _, k := range ks {
-						if k.RevokedAt != nil && len(which) >= 4 && strings.HasPrefix(k.Prefix, which) {
-							fmt.Fprintln(os.Stderr, "already revoked:", k.ID, "at", k.RevokedAt.Format(time.RFC3339))
-							return nil
+						if k.RevokedAt != nil && len(which) >= len(k.Prefix) && strings.HasPrefix(which, k.Prefix) {
+							revoked = append(revoked, k)
 						}
+					}
+					if len(revoked) == 1 {
+						fmt.Fprintln(os.Stderr, "already revoked:", revoked[0].ID, "at", revoked[0].RevokedAt.Format(time.RFC3339))
+						return nil
 					}
 				}
 				shown := which

@@ -155,6 +155,12 @@ func (s *Server) routes() {
 	// Ready when the store answers: without it every API request fails
 	// (a readiness probe; /healthz says only that the process runs).
 	s.mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-s.stopping:
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "reason": "the server is shutting down"})
+			return
+		default:
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), readyWait)
 		defer cancel()
 		if _, err := s.store.GetSandbox(ctx, "", "sbx_readyz"); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
@@ -357,7 +363,7 @@ func (s *Server) Handler() http.Handler {
 // allowed lists the methods r's path has routes for, for a 405's Allow.
 func (s *Server) allowed(r *http.Request) []string {
 	var out []string
-	for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions} {
+	for _, m := range routedMethods {
 		r2 := r.Clone(r.Context())
 		r2.Method = m
 		if _, pattern := s.mux.Handler(r2); pattern != "" {

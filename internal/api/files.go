@@ -277,7 +277,7 @@ func queryOrBody(r *http.Request, v any, given func() bool) error {
 	}
 	for k := range r.URL.Query() {
 		if k != "user" {
-			return pandastack.Errorf(pandastack.EInvalid, "the query gives %s and the JSON body gives parameters too: give them in one or the other (?user= may go with either)", k)
+			return pandastack.Errorf(pandastack.EInvalid, "the query gives %.40q and the JSON body gives parameters too: give them in one or the other (?user= may go with either)", k)
 		}
 	}
 	return nil

@@ -148,6 +148,7 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 	clearBodyDeadline(w) // the other node bounds the body itself
 	ctx, stop := s.watchNode(r.Context(), base)
 	defer stop()
+	orig := r // what unreached serves here: the caller's, not tied to the other node
 	r = r.WithContext(ctx)
 	u, err := url.Parse(base)
 	if err != nil {
@@ -193,13 +194,13 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 				// node by node): it made nothing, so this node, which
 				// has it, creates.
 				s.log.Warn("the node a create was placed on has not built its template; creating here", "node_url", base)
-				unreached(w, r)
+				unreached(w, orig)
 				return
 			}
 			s.log.Warn("forward to node failed", "node_url", base, "path", r.URL.Path, "err", err)
 			var op *net.OpError
 			if unreached != nil && errors.As(err, &op) && op.Op == "dial" {
-				unreached(w, r)
+				unreached(w, orig)
 				return
 			}
 			// Its heartbeat says nothing of whether this node reaches it: a
@@ -259,9 +260,15 @@ func (s *Server) watchNode(ctx context.Context, base string) (_ context.Context,
 	if nc.Heartbeat <= 0 {
 		return ctx, func() {}
 	}
-	lost := s.mgr.NodeLost
+	id := s.mgr.NodeAt(base)
+	lost := func() bool {
+		if id == "" {
+			id = s.mgr.NodeAt(base) // one that joined since the last heartbeat
+		}
+		return id != "" && s.mgr.NodeLost(id)
+	}
 	if s.nodeLost != nil {
-		lost = s.nodeLost
+		lost = func() bool { return s.nodeLost(base) }
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	done := make(chan struct{})
@@ -275,7 +282,7 @@ func (s *Server) watchNode(ctx context.Context, base string) (_ context.Context,
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if lost(base) {
+				if lost() {
 					cancel(nodeLostError{pandastack.Errorf(pandastack.EUnavailable, "the node that runs this sandbox was lost (silent for %s) while this request waited on it; its running sandboxes are stopped as lost: look at the sandbox before you retry", nc.Grace)})
 					return
 				}

@@ -131,14 +131,15 @@ func (s *Server) portRoutes() {
 	route("DELETE /v1/sandboxes/{id}/ports/{port}/token", s.authenticated(s.revokePortTokens))
 }
 
-// portMethods are the methods the mux routes to the port proxy.
-var portMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+// routedMethods are the methods the API's routes name (GET routes take
+// HEAD too): the port proxy's path form has a route for each.
+var routedMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
 
 // otherMethodToPort serves a request to the path form of the port proxy
 // in a method the mux does not route (WebDAV's PROPFIND, MKCOL, REPORT,
 // QUERY, ...): the proxy passes any method, as the host form does.
 func (s *Server) otherMethodToPort(w http.ResponseWriter, r *http.Request) bool {
-	if slices.Contains(portMethods, r.Method) {
+	if slices.Contains(routedMethods, r.Method) {
 		return false
 	}
 	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/sandboxes/")
@@ -273,8 +274,8 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 		if fromQuery {
 			// Later requests of the page (scripts, images) carry the cookie.
 			path := "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/"
-			if r.Pattern == "" {
-				path = "/" // host-routed: the whole host is the port's
+			if hostRouted(r) {
+				path = "/" // the whole host is the port's
 			}
 			setCookie = func() {
 				http.SetCookie(w, &http.Cookie{Name: portTokenCookie, Value: secret, Path: path,
@@ -354,7 +355,7 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 			pr.SetXForwarded()
 		},
 		ModifyResponse: func(res *http.Response) error {
-			if r.Pattern != "" {
+			if !hostRouted(r) {
 				sameOriginResponse(res.Header)
 			}
 			return nil
@@ -496,9 +497,23 @@ func (s *Server) hostRoute(w http.ResponseWriter, r *http.Request) bool {
 	if !ok || m == nil {
 		return false
 	}
+	r = r.WithContext(context.WithValue(r.Context(), hostRoutedKey{}, true))
 	r.SetPathValue("port", m[1])
 	r.SetPathValue("id", "sbx_"+m[2][4:])
 	r.SetPathValue("path", strings.TrimPrefix(r.URL.Path, "/"))
 	s.portProxy(w, r)
 	return true
+}
+
+// hostRoutedKey marks a request hostRoute serves: its whole host is the
+// port's (an origin of its own), unlike the path form's, which shares the
+// API's and the console's origin.
+type hostRoutedKey struct{}
+
+// hostRouted reports whether r came through hostRoute. Not r.Pattern:
+// the path form in a method the mux does not route (otherMethodToPort)
+// has none either.
+func hostRouted(r *http.Request) bool {
+	v, _ := r.Context().Value(hostRoutedKey{}).(bool)
+	return v
 }

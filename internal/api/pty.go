@@ -167,7 +167,8 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 	}()
 
 	rec := s.history.Begin(project, id, history.Entry{Kind: history.KindTerminal, Command: "terminal"})
-	var exited *int // the shell's exit status, once it exited
+	var exited *int                   // the shell's exit status, once it exited
+	var cutOff atomic.Pointer[string] // why, when the sandbox stopped under it
 	defer func() {
 		rec.End(func(e *history.Entry) {
 			e.ExitCode = exited
@@ -178,6 +179,10 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 			// status (it had -1) and is no failure; these are.
 			if revokedErr(r.Context(), nil) != nil {
 				e.Failure = failure(r.Context(), nil)
+				return
+			}
+			if stopped := cutOff.Load(); stopped != nil {
+				e.Failure = *stopped
 				return
 			}
 			select {
@@ -197,7 +202,9 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 			typ, p, err := agentproto.ReadPTYFrame(term)
 			if err != nil {
 				if !closing.Load() && ctx.Err() == nil {
-					s.terminalCutOff(ws, agent, id)
+					if why := s.terminalCutOff(ws, agent, id); why != "" {
+						cutOff.Store(&why)
+					}
 				}
 				return
 			}
@@ -260,16 +267,19 @@ func (s *Server) ptySession(w http.ResponseWriter, r *http.Request, project stri
 // terminalCutOff closes ws, a terminal of sandbox id whose agent stopped
 // answering, saying why when the sandbox has stopped (a kill, its TTL, out
 // of memory), as a request cut off so answers sandbox_stopped; a death the
-// manager has yet to notice is looked for first.
-func (s *Server) terminalCutOff(ws *websocket.Conn, agent *sandbox.AgentClient, id string) {
+// manager has yet to notice is looked for first. It returns that why ("":
+// not stopped).
+func (s *Server) terminalCutOff(ws *websocket.Conn, agent *sandbox.AgentClient, id string) (why string) {
 	err := agent.Ended("the terminal")
 	if err == nil {
 		s.mgr.Reconcile(id)
 		err = agent.Ended("the terminal")
 	}
 	if pandastack.IsCode(err, pandastack.EStopped) {
-		ws.Close(pandastack.CloseSandboxStopped, closeReason(pandastack.ErrorMessage(err)))
+		why = pandastack.ErrorMessage(err)
+		ws.Close(pandastack.CloseSandboxStopped, closeReason(why))
 	}
+	return why
 }
 
 // closeReason fits msg into a WebSocket close frame's 123 bytes, cut at a

@@ -747,7 +747,9 @@ func (n *Network) Adopt(id string) error {
 	}
 	n.mu.Lock()
 	n.slots[s.Slot] = id
-	s.comp = comp
+	if reflect.DeepEqual(s.Policy, pol) {
+		s.comp = comp
+	} // else a SetPolicy meanwhile recorded its own: startServices writes the chain with it
 	n.mu.Unlock()
 	return n.startServices(s, gw, addr, comp)
 }

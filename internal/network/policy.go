@@ -121,10 +121,8 @@ func domain(s string) (string, bool) {
 // holds p, or the zero Prefix. A wider p that only overlaps the deny set
 // is fine: the deny set still applies to the overlap.
 func denied(p netip.Prefix, deny, open []netip.Prefix) netip.Prefix {
-	for _, o := range open {
-		if o.Bits() <= p.Bits() && o.Contains(p.Addr()) {
-			return netip.Prefix{}
-		}
+	if within(p, open) {
+		return netip.Prefix{}
 	}
 	for _, d := range deny {
 		if d.Bits() <= p.Bits() && d.Contains(p.Addr()) {
@@ -221,15 +219,8 @@ func within(p netip.Prefix, ps []netip.Prefix) bool {
 }
 
 func platformDenied(a netip.Addr, deny, open []netip.Prefix) bool {
-	for _, o := range open {
-		if o.Contains(a) {
-			return false
-		}
+	if inAny(a, open) {
+		return false
 	}
-	for _, d := range deny {
-		if d.Contains(a) {
-			return true
-		}
-	}
-	return !a.Is4()
+	return inAny(a, deny) || !a.Is4()
 }

@@ -205,7 +205,7 @@ func (r *resolver) answer(q []byte, tcp bool) []byte {
 		// retries, 10 s), and the log shows the query all the same.
 		entry.Allowed = true // with no address: nothing came back
 		r.view.log(entry)
-		return refusal(h, dnsmessage.RCodeServerFailure)
+		return answerOnly(h, question, dnsmessage.RCodeServerFailure)
 	}
 	binary.BigEndian.PutUint16(a, h.ID) // the sandbox's id back
 	entry.Allowed = true
@@ -310,7 +310,14 @@ func refusal(h dnsmessage.Header, rcode dnsmessage.RCode) []byte {
 }
 
 func nxdomain(h dnsmessage.Header, q dnsmessage.Question) []byte {
-	h.Response, h.RecursionAvailable, h.RCode = true, true, dnsmessage.RCodeNameError
+	return answerOnly(h, q, dnsmessage.RCodeNameError)
+}
+
+// answerOnly is an answer to q with rcode and no records. The question
+// goes back with it: resolvers other than glibc's (Go's, c-ares,
+// dnspython) drop an answer without it and wait out their timeout.
+func answerOnly(h dnsmessage.Header, q dnsmessage.Question, rcode dnsmessage.RCode) []byte {
+	h.Response, h.RecursionAvailable, h.RCode = true, true, rcode
 	b := dnsmessage.NewBuilder(nil, h)
 	b.EnableCompression()
 	if b.StartQuestions() != nil || b.Question(q) != nil {

@@ -407,18 +407,27 @@ func (m *Manager) nodeURL(ctx context.Context, id string) (string, error) {
 	return "", nil
 }
 
-// NodeLost reports whether the node at url was found lost (silent for the
-// grace period), as of this node's last heartbeat: requests passed on to it
-// end then rather than wait on a node that may never answer.
-func (m *Manager) NodeLost(url string) bool {
+// NodeAt returns the id of the node up at url, as of this node's last
+// heartbeat; "" when none is known.
+func (m *Manager) NodeAt(url string) string {
 	m.node.mu.Lock()
 	defer m.node.mu.Unlock()
 	for id, u := range m.node.urls {
-		if u == url && m.node.lost[id] {
-			return true
+		if u == url && !m.node.lost[id] {
+			return id
 		}
 	}
-	return false
+	return ""
+}
+
+// NodeLost reports whether node id was found lost (silent for the grace
+// period), as of this node's last heartbeat: requests passed on to it end
+// then rather than wait on a node that may never answer. By id, not URL:
+// a lost node's record stays, and a new node may come up at its address.
+func (m *Manager) NodeLost(id string) bool {
+	m.node.mu.Lock()
+	defer m.node.mu.Unlock()
+	return m.node.lost[id]
 }
 
 // nodesUp counts the nodes up as of the last heartbeat.

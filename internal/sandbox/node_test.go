@@ -445,7 +445,7 @@ func TestPlaceSkipsSilentNodes(t *testing.T) {
 	if got := placed(); got["http://node-b.test"] != 0 {
 		t.Errorf("B, silent for 7 s, got creates: %v", got)
 	}
-	if a.m.NodeLost("http://node-b.test") {
+	if a.m.NodeLost("node-b") {
 		t.Error("B counted lost before its grace")
 	}
 }
@@ -460,8 +460,21 @@ func TestNodeLost(t *testing.T) {
 	if err := a.m.heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !a.m.NodeLost("http://node-b.test") || a.m.NodeLost("http://node-a.test") || a.m.NodeLost("http://other.test") {
-		t.Errorf("lost: b %v, a %v, unknown %v; want only b", a.m.NodeLost("http://node-b.test"), a.m.NodeLost("http://node-a.test"), a.m.NodeLost("http://other.test"))
+	if !a.m.NodeLost("node-b") || a.m.NodeLost("node-a") || a.m.NodeLost("node-x") {
+		t.Errorf("lost: b %v, a %v, unknown %v; want only b", a.m.NodeLost("node-b"), a.m.NodeLost("node-a"), a.m.NodeLost("node-x"))
+	}
+	// A new node up at the lost one's address is that new node, not lost.
+	n := nodeHarness(t, "node-c", a)
+	n.m.cfg.Node.URL = "http://node-b.test"
+	n.m.now = c.now
+	if err := n.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if id := a.m.NodeAt("http://node-b.test"); id != "node-c" || a.m.NodeLost(id) {
+		t.Errorf("the node at the lost one's URL: %q, lost %v; want node-c, up", id, a.m.NodeLost(id))
 	}
 }
 

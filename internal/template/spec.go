@@ -180,7 +180,7 @@ func yamlMessage(err error) string {
 		if m := unknownField.FindStringSubmatch(l); m != nil {
 			known := specFields
 			if m[3] == "File" {
-				known = "path, content, mode"
+				known = fileFields
 			}
 			l = fmt.Sprintf("line %s: unknown field %q (the fields are %s)", m[1], m[2], known)
 		} else if m := wrongType.FindStringSubmatch(l); m != nil {
@@ -209,9 +209,11 @@ func yamlMessage(err error) string {
 	return strings.Join(lines, "; ")
 }
 
-// specFields names the fields of a spec, for the message about an unknown one.
-var specFields = func() string {
-	t := reflect.TypeOf(Spec{})
+// specFields and fileFields name the fields of a spec and of one of its
+// files, for the message about an unknown one.
+var specFields, fileFields = yamlFields(reflect.TypeOf(Spec{})), yamlFields(reflect.TypeOf(File{}))
+
+func yamlFields(t reflect.Type) string {
 	var names []string
 	for i := range t.NumField() {
 		if n, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ","); n != "" && n != "-" {
@@ -219,7 +221,7 @@ var specFields = func() string {
 		}
 	}
 	return strings.Join(names, ", ")
-}()
+}
 
 func (s Spec) complete() (Spec, error) {
 	s.applyDefaults()

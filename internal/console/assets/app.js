@@ -218,7 +218,14 @@ function sandboxPage(id) {
   // The state last read: panels that poll leave a paused sandbox asleep
   // (any request that needs it would resume it).
   const known = { state: "", sig: "", onRunning: [], seen: false };
+  // looked resolves once the state was first read: a panel that must not
+  // wake a paused sandbox waits for it.
+  let lookedAt;
+  known.looked = new Promise((resolve) => { lookedAt = resolve; });
   async function refreshHead() {
+    try { await readHead(); } finally { lookedAt(); }
+  }
+  async function readHead() {
     try {
       const s = await api("GET", `/v1/sandboxes/${id}`);
       const wasRunning = known.state === "running";
@@ -412,8 +419,9 @@ function filesPanel(id, known) {
   h("table", { "aria-label": "Files" }, h("thead", {}, h("tr", {}, ["Name", "Type", "Size", "Modified", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody));
   // Opening the tab lists the folder of a running sandbox only: a listing
   // resumes a paused one, which is the user's to ask for (List).
-  panel.addEventListener("shown", () => {
-    if (known.state === "running" || known.state === "") { load(); return; } // "": not looked at yet
+  panel.addEventListener("shown", async () => {
+    await known.looked;
+    if (known.state === "running" || known.state === "") { load(); return; } // "": the look failed
     listed = null;
     tbody.replaceChildren(h("tr", {}, h("td", { colspan: 5, class: "muted", text: known.state === "paused" ? "The sandbox is paused: List resumes it to show its files." : "The sandbox is not running." })));
   });

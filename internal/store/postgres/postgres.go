@@ -306,7 +306,7 @@ func (s *Store) CreateProject(ctx context.Context, p pandastack.Project) error {
 	return nil
 }
 
-// ProjectByName implements pandastack.Store.
+// ListProjects implements pandastack.Store.
 func (s *Store) ListProjects(ctx context.Context) ([]pandastack.Project, error) {
 	rows, err := s.pool.Query(ctx, `SELECT id, name, created_at FROM projects ORDER BY created_at, id`)
 	if err != nil {
@@ -328,6 +328,7 @@ func (s *Store) ListProjects(ctx context.Context) ([]pandastack.Project, error) 
 	return out, nil
 }
 
+// ProjectByName implements pandastack.Store.
 func (s *Store) ProjectByName(ctx context.Context, name string) (pandastack.Project, error) {
 	if !pandastack.StorableText(name) {
 		return pandastack.Project{}, notFound("project", name)

@@ -303,7 +303,7 @@ func (s *Store) CreateProject(ctx context.Context, p pandastack.Project) error {
 	return nil
 }
 
-// ProjectByName implements pandastack.Store.
+// ListProjects implements pandastack.Store.
 func (s *Store) ListProjects(ctx context.Context) ([]pandastack.Project, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id, name, created_at FROM projects ORDER BY created_at, id`)
 	if err != nil {
@@ -326,6 +326,7 @@ func (s *Store) ListProjects(ctx context.Context) ([]pandastack.Project, error) 
 	return out, nil
 }
 
+// ProjectByName implements pandastack.Store.
 func (s *Store) ProjectByName(ctx context.Context, name string) (pandastack.Project, error) {
 	var p pandastack.Project
 	var created int64
