@@ -105,6 +105,26 @@ type APIKey struct {
 	Hash      string     `json:"-"`
 	CreatedAt time.Time  `json:"created_at"`
 	RevokedAt *time.Time `json:"revoked_at,omitempty"`
+	// Scope is what the key may do: ScopeAll (also "", keys made before
+	// scopes), or ScopeSandboxes, everything but managing the project's keys.
+	Scope string `json:"scope"`
+}
+
+// API key scopes.
+const (
+	ScopeAll       = "all"       // everything of its project, its keys included
+	ScopeSandboxes = "sandboxes" // sandboxes, snapshots and the rest, not the keys
+)
+
+// ParseScope checks an API key scope as a caller gives it; "" is ScopeAll.
+func ParseScope(s string) (string, error) {
+	switch s {
+	case "", ScopeAll:
+		return ScopeAll, nil
+	case ScopeSandboxes:
+		return s, nil
+	}
+	return "", Errorf(EInvalid, "scope must be %q (everything, the project's keys included) or %q (everything but the keys), got %.40q", ScopeAll, ScopeSandboxes, s)
 }
 
 // NewID returns prefix + "_" + 16 random lower-case base32 characters (80 bits).

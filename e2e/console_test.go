@@ -457,6 +457,38 @@ func TestAPIKeysAndLineage(t *testing.T) {
 	if code, _, _ := api(t, s, created.Secret, "GET", "/v1/sandboxes", ""); code != 200 {
 		t.Fatalf("the new key does not work: %d", code)
 	}
+	// A key of scope sandboxes (for an agent) uses the API but cannot
+	// manage the project's keys: it cannot make itself a lasting one.
+	var agent struct {
+		ID     string `json:"id"`
+		Scope  string `json:"scope"`
+		Secret string `json:"secret"`
+	}
+	req, _ = http.NewRequest("POST", s.url+"/v1/api-keys", strings.NewReader(`{"name":"agent","scope":"sandboxes"}`))
+	req.Header.Set("Authorization", "Bearer "+admin)
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	decodeJSON(t, resp, &agent)
+	if resp.StatusCode != 201 || agent.Scope != "sandboxes" {
+		t.Fatalf("create a key of scope sandboxes: %d %+v", resp.StatusCode, agent)
+	}
+	if code, _, _ := api(t, s, agent.Secret, "GET", "/v1/sandboxes", ""); code != 200 {
+		t.Errorf("a key of scope sandboxes lists sandboxes: %d", code)
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{"GET", "/v1/api-keys", ""}, {"POST", "/v1/api-keys", `{"name":"escape"}`}, {"DELETE", "/v1/api-keys/" + created.ID, ""},
+	} {
+		if code, ecode, msg := api(t, s, agent.Secret, c.method, c.path, c.body); code != 403 || ecode != "permission_denied" || !strings.Contains(msg, "scope") {
+			t.Errorf("%s %s with a key of scope sandboxes: %d %s %q, want 403 permission_denied", c.method, c.path, code, ecode, msg)
+		}
+	}
+	if code, ecode, msg := api(t, s, admin, "POST", "/v1/api-keys", `{"name":"x","scope":"root"}`); code != 400 || ecode != "invalid_request" || !strings.Contains(msg, "scope") {
+		t.Errorf("a key of an unknown scope: %d %s %q", code, ecode, msg)
+	}
+	if _, errOut, err := s.cli("keys", "create", "--project", "keys-test", "--scope", "root"); err == nil || !strings.Contains(errOut, "scope") {
+		t.Errorf("keys create --scope root: %v %q, want a refusal", err, errOut)
+	}
 	var list struct {
 		APIKeys []struct {
 			ID        string  `json:"id"`
@@ -471,8 +503,8 @@ func TestAPIKeysAndLineage(t *testing.T) {
 		t.Fatal(err)
 	}
 	decodeJSON(t, resp, &list)
-	if len(list.APIKeys) != 2 || list.APIKeys[1].ID != created.ID || list.APIKeys[1].Secret != "" {
-		t.Errorf("the project's keys = %+v, want the admin key and the new one, no secrets", list.APIKeys)
+	if len(list.APIKeys) != 3 || list.APIKeys[1].ID != created.ID || list.APIKeys[2].ID != agent.ID || list.APIKeys[1].Secret != "" || list.APIKeys[2].Secret != "" {
+		t.Errorf("the project's keys = %+v, want the admin key and the two new ones, no secrets", list.APIKeys)
 	}
 	// The shared project's key cannot revoke it; its own project can.
 	if code, ecode, _ := api(t, s, s.key, "DELETE", "/v1/api-keys/"+created.ID, ""); code != 404 || ecode != "not_found" {

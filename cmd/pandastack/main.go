@@ -317,7 +317,7 @@ func ensureFirstKey(ctx context.Context, store pandastack.Store, keyPath string)
 	if len(keys) > 0 {
 		return nil
 	}
-	secret, _, err := createKey(ctx, store, "default", "first key")
+	secret, _, err := createKey(ctx, store, "default", "first key", pandastack.ScopeAll)
 	if err != nil {
 		return err
 	}
@@ -331,7 +331,7 @@ func ensureFirstKey(ctx context.Context, store pandastack.Store, keyPath string)
 // createKey makes a key in the project named project (or, failing that,
 // whose id it is, as keys list shows both), creating a project of that
 // name if there is none; made says it did.
-func createKey(ctx context.Context, store pandastack.Store, project, name string) (secret string, made bool, _ error) {
+func createKey(ctx context.Context, store pandastack.Store, project, name, scope string) (secret string, made bool, _ error) {
 	p, err := store.ProjectByName(ctx, project)
 	if pandastack.IsCode(err, pandastack.ENotFound) {
 		all, lerr := store.ListProjects(ctx)
@@ -356,7 +356,7 @@ func createKey(ctx context.Context, store pandastack.Store, project, name string
 		return "", false, err
 	}
 	secret = pandastack.NewAPIKeySecret()
-	k := pandastack.APIKey{ID: pandastack.NewID("key"), ProjectID: p.ID, Name: name, Prefix: secret[:10], Hash: api.HashKey(secret), CreatedAt: time.Now().UTC()}
+	k := pandastack.APIKey{ID: pandastack.NewID("key"), ProjectID: p.ID, Name: name, Prefix: secret[:10], Hash: api.HashKey(secret), CreatedAt: time.Now().UTC(), Scope: scope}
 	if err := store.CreateAPIKey(ctx, k); err != nil {
 		return "", false, err
 	}
@@ -408,8 +408,9 @@ func keys(args []string) error {
 	cfg.bind(fs)
 	project := fs.String("project", "default", "project the key belongs to: its name (a new name makes a new project) or its id")
 	name := fs.String("name", "", "a label for the key")
+	scope := fs.String("scope", pandastack.ScopeAll, "what the key may do: all (the project's keys too) or sandboxes (everything but the keys)")
 	if args[0] == "create" {
-		showOnly(fs, "project", "name", "data-dir", "store")
+		showOnly(fs, "project", "name", "scope", "data-dir", "store")
 	} else {
 		showOnly(fs, "data-dir", "store")
 	}
@@ -455,7 +456,11 @@ func keys(args []string) error {
 				return err
 			}
 		}
-		secret, made, err := createKey(ctx, store, *project, *name)
+		sc, err := pandastack.ParseScope(*scope)
+		if err != nil {
+			return err
+		}
+		secret, made, err := createKey(ctx, store, *project, *name, sc)
 		if err != nil {
 			return err
 		}
@@ -478,13 +483,13 @@ func keys(args []string) error {
 		for _, p := range projects {
 			names[p.ID] = p.Name
 		}
-		fmt.Printf("%-22s %-22s %-14s %-20s %-20s %-20s %s\n", "ID", "PROJECT", "PREFIX", "NAME", "CREATED", "REVOKED", "PROJECT NAME")
+		fmt.Printf("%-22s %-22s %-14s %-20s %-20s %-20s %-10s %s\n", "ID", "PROJECT", "PREFIX", "NAME", "CREATED", "REVOKED", "SCOPE", "PROJECT NAME")
 		for _, k := range ks {
 			revoked := "-"
 			if k.RevokedAt != nil {
 				revoked = k.RevokedAt.Format(time.RFC3339)
 			}
-			fmt.Printf("%-22s %-22s %-14s %-20s %-20s %-20s %s\n", k.ID, k.ProjectID, k.Prefix+"…", printable(k.Name), k.CreatedAt.Format(time.RFC3339), revoked, printable(names[k.ProjectID]))
+			fmt.Printf("%-22s %-22s %-14s %-20s %-20s %-20s %-10s %s\n", k.ID, k.ProjectID, k.Prefix+"…", printable(k.Name), k.CreatedAt.Format(time.RFC3339), revoked, k.Scope, printable(names[k.ProjectID]))
 		}
 	case "revoke":
 		if fs.NArg() != 1 {

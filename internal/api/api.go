@@ -492,6 +492,10 @@ func (s *Server) authenticated(h func(http.ResponseWriter, *http.Request, string
 			refuse(w, r, pandastack.Errorf(pandastack.EUnauthorized, "API key %s… was revoked", key.Prefix))
 			return
 		}
+		if key.Scope == pandastack.ScopeSandboxes && (r.URL.Path == "/v1/api-keys" || strings.HasPrefix(r.URL.Path, "/v1/api-keys/")) {
+			writeError(w, pandastack.Errorf(pandastack.EPermission, "API key %s… has scope %q: it may use sandboxes, snapshots and the rest of the API, not list, create or revoke the project's keys; use a key of scope %q", key.Prefix, key.Scope, pandastack.ScopeAll))
+			return
+		}
 		if err := checkQuery(r); err != nil {
 			writeError(w, err)
 			return

@@ -77,7 +77,8 @@ func (s *Server) listKeys(w http.ResponseWriter, r *http.Request, project string
 
 func (s *Server) createKey(w http.ResponseWriter, r *http.Request, project string) {
 	var req struct {
-		Name string `json:"name"`
+		Name  string `json:"name"`
+		Scope string `json:"scope"`
 	}
 	if err := decode(r, &req); err != nil {
 		writeError(w, err)
@@ -87,8 +88,13 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request, project strin
 		writeError(w, err)
 		return
 	}
+	scope, err := pandastack.ParseScope(req.Scope)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	secret := pandastack.NewAPIKeySecret()
-	k := pandastack.APIKey{ID: pandastack.NewID("key"), ProjectID: project, Name: req.Name, Prefix: secret[:10], Hash: HashKey(secret), CreatedAt: time.Now().UTC().Truncate(time.Millisecond)}
+	k := pandastack.APIKey{ID: pandastack.NewID("key"), ProjectID: project, Name: req.Name, Prefix: secret[:10], Hash: HashKey(secret), CreatedAt: time.Now().UTC().Truncate(time.Millisecond), Scope: scope}
 	if err := s.store.CreateAPIKey(r.Context(), k); err != nil {
 		writeError(w, err)
 		return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import httpx
 from playwright.sync_api import Page, expect
 
 # Every form control and button must have an accessible name.
@@ -194,6 +195,12 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     secret = page.locator("#new-secret").inner_text()
     assert secret.startswith("pds_")
     key_row = page.locator("tr[data-id]", has_text="from-the-console")
+    # The console makes a key for agents by default: sandboxes, not the keys.
+    expect(key_row.locator("td").nth(3)).to_have_text("sandboxes")
+    scoped = {"Authorization": f"Bearer {secret}"}
+    assert httpx.get(f"{serve.url}/v1/sandboxes", headers=scoped).status_code == 200
+    refused = httpx.get(f"{serve.url}/v1/api-keys", headers=scoped)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "permission_denied", refused.text
     page.get_by_role("button", name=f"Revoke {key_row.get_attribute('data-id')}").click()
     expect(key_row).to_contain_text("revoked")
 

@@ -535,28 +535,32 @@ async function templatesPage() {
 async function keysPage() {
   const tbody = h("tbody");
   const name = h("input", { id: "key-name", placeholder: "e.g. ci, agent-42" });
+  const scope = h("select", { id: "key-scope" },
+    h("option", { value: "sandboxes", text: "sandboxes: everything but the keys (for agents, CI)" }),
+    h("option", { value: "all", text: "all: the project's keys too" }));
   const shown = h("div", { "aria-live": "polite" });
   const load = async () => {
     const r = await act("Listing keys", () => api("GET", "/v1/api-keys"));
     tbody.replaceChildren(...(r?.api_keys || []).map((k) => h("tr", { "data-id": k.id },
-      h("td", { class: "mono", text: k.id }), h("td", { text: k.name || "" }), h("td", { class: "mono", text: k.prefix + "…" }),
+      h("td", { class: "mono", text: k.id }), h("td", { text: k.name || "" }), h("td", { class: "mono", text: k.prefix + "…" }), h("td", { text: k.scope || "all" }),
       h("td", { text: new Date(k.created_at).toLocaleString() }), h("td", { text: k.revoked_at ? "revoked " + new Date(k.revoked_at).toLocaleString() : "active" }),
       h("td", {}, k.revoked_at ? null : h("button", { type: "button", class: "danger", text: "Revoke", "aria-label": `Revoke ${k.id}`, onclick: () => act("Revoke", async () => {
         if (!confirm(`Revoke ${k.id} (${k.prefix}…)? Anything using it stops working.`)) return;
         await api("DELETE", `/v1/api-keys/${k.id}`); say(`Revoked ${k.id}`); load();
       }) })))));
   };
-  const form = h("form", { class: "inline", "aria-label": "Create an API key" }, h("label", { for: "key-name", text: "Name" }), name, h("button", { type: "submit", class: "primary", text: "Create key" }));
+  const form = h("form", { class: "inline", "aria-label": "Create an API key" }, h("label", { for: "key-name", text: "Name" }), name,
+    h("label", { for: "key-scope", text: "May use" }), scope, h("button", { type: "submit", class: "primary", text: "Create key" }));
   form.addEventListener("submit", (e) => {
     e.preventDefault();
     act("Create key", async () => {
-      const k = await api("POST", "/v1/api-keys", { name: name.value });
+      const k = await api("POST", "/v1/api-keys", { name: name.value, scope: scope.value });
       shown.replaceChildren(h("div", { class: "secret", role: "alert" }, h("p", { text: `Key ${k.id} created. Copy it now: it is shown only once.` }), h("code", { id: "new-secret", text: k.secret })));
       name.value = "";
       load();
     });
   });
-  page("API keys", form, shown, h("table", { "aria-label": "API keys" }, h("thead", {}, h("tr", {}, ["Key", "Name", "Starts with", "Created", "Status", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody));
+  page("API keys", form, shown, h("table", { "aria-label": "API keys" }, h("thead", {}, h("tr", {}, ["Key", "Name", "Starts with", "Scope", "Created", "Status", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody));
   load();
 }
 

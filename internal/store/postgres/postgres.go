@@ -147,6 +147,16 @@ var migrations = []string{
 		placed_at      timestamptz NOT NULL DEFAULT 'epoch'
 	);`,
 	historyMigration,
+	// API key scopes: the keys made before them may do everything.
+	`ALTER TABLE api_keys ADD COLUMN scope text NOT NULL DEFAULT 'all';`,
+}
+
+// keyScope is the scope stored for s: ScopeAll when empty.
+func keyScope(s string) string {
+	if s == "" {
+		return pandastack.ScopeAll
+	}
+	return s
 }
 
 // migrateLock is the advisory lock key every pandastack process takes while
@@ -349,11 +359,11 @@ func (s *Store) ProjectByName(ctx context.Context, name string) (pandastack.Proj
 
 // --- API keys ---
 
-const keyColumns = `id, project_id, name, prefix, hash, created_at, revoked_at`
+const keyColumns = `id, project_id, name, prefix, hash, created_at, revoked_at, scope`
 
 func scanKey(row pgx.Row) (pandastack.APIKey, error) {
 	var k pandastack.APIKey
-	if err := row.Scan(&k.ID, &k.ProjectID, &k.Name, &k.Prefix, &k.Hash, &k.CreatedAt, &k.RevokedAt); err != nil {
+	if err := row.Scan(&k.ID, &k.ProjectID, &k.Name, &k.Prefix, &k.Hash, &k.CreatedAt, &k.RevokedAt, &k.Scope); err != nil {
 		return pandastack.APIKey{}, err
 	}
 	k.CreatedAt = k.CreatedAt.UTC()
@@ -363,12 +373,12 @@ func scanKey(row pgx.Row) (pandastack.APIKey, error) {
 
 // CreateAPIKey implements pandastack.Store. An unknown project is ENotFound.
 func (s *Store) CreateAPIKey(ctx context.Context, k pandastack.APIKey) error {
-	if !pandastack.StorableText(k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash) {
+	if !pandastack.StorableText(k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash, k.Scope) {
 		return pandastack.ErrUnstorableText("API key", k.ID)
 	}
 	_, err := s.pool.Exec(ctx,
-		`INSERT INTO api_keys (`+keyColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-		k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash, millis(k.CreatedAt), millisPtr(k.RevokedAt))
+		`INSERT INTO api_keys (`+keyColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+		k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash, millis(k.CreatedAt), millisPtr(k.RevokedAt), keyScope(k.Scope))
 	switch {
 	case pgCode(err) == uniqueViolation:
 		return pandastack.Errorf(pandastack.EConflict, "API key %q or its hash already exists", k.ID)

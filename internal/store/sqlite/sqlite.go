@@ -173,6 +173,16 @@ var migrations = []string{
 		placed_at      INTEGER NOT NULL DEFAULT 0
 	) STRICT;`,
 	historyMigration,
+	// API key scopes: the keys made before them may do everything.
+	`ALTER TABLE api_keys ADD COLUMN scope TEXT NOT NULL DEFAULT 'all';`,
+}
+
+// keyScope is the scope stored for s: ScopeAll when empty.
+func keyScope(s string) string {
+	if s == "" {
+		return pandastack.ScopeAll
+	}
+	return s
 }
 
 func (s *Store) migrate(ctx context.Context) error {
@@ -345,13 +355,13 @@ func (s *Store) ProjectByName(ctx context.Context, name string) (pandastack.Proj
 
 // --- API keys ---
 
-const keyColumns = `id, project_id, name, prefix, hash, created_at, revoked_at`
+const keyColumns = `id, project_id, name, prefix, hash, created_at, revoked_at, scope`
 
 func scanKey(row interface{ Scan(...any) error }) (pandastack.APIKey, error) {
 	var k pandastack.APIKey
 	var created int64
 	var revoked sql.NullInt64
-	if err := row.Scan(&k.ID, &k.ProjectID, &k.Name, &k.Prefix, &k.Hash, &created, &revoked); err != nil {
+	if err := row.Scan(&k.ID, &k.ProjectID, &k.Name, &k.Prefix, &k.Hash, &created, &revoked, &k.Scope); err != nil {
 		return pandastack.APIKey{}, err
 	}
 	k.CreatedAt = fromMillis(created)
@@ -361,12 +371,12 @@ func scanKey(row interface{ Scan(...any) error }) (pandastack.APIKey, error) {
 
 // CreateAPIKey implements pandastack.Store. An unknown project is ENotFound.
 func (s *Store) CreateAPIKey(ctx context.Context, k pandastack.APIKey) error {
-	if !pandastack.StorableText(k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash) {
+	if !pandastack.StorableText(k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash, k.Scope) {
 		return pandastack.ErrUnstorableText("API key", k.ID)
 	}
 	_, err := s.db.ExecContext(ctx,
-		`INSERT INTO api_keys (`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash, millis(k.CreatedAt), millisPtr(k.RevokedAt))
+		`INSERT INTO api_keys (`+keyColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
+		k.ID, k.ProjectID, k.Name, k.Prefix, k.Hash, millis(k.CreatedAt), millisPtr(k.RevokedAt), keyScope(k.Scope))
 	switch {
 	case isUnique(err):
 		return pandastack.Errorf(pandastack.EConflict, "API key %q or its hash already exists", k.ID)

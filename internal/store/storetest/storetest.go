@@ -355,8 +355,15 @@ func testProjectNotFound(t *testing.T, s pandastack.Store) {
 func testAPIKey(t *testing.T, s pandastack.Store) {
 	mustProject(t, s, "prj_1", "default")
 	want := mustKey(t, s, pandastack.APIKey{ID: "key_1", Name: "ci", Prefix: "pds_abcd", Hash: "h1"})
-	mustKey(t, s, pandastack.APIKey{ID: "key_2", Prefix: "pds_efgh", Hash: "h2"})
+	mustKey(t, s, pandastack.APIKey{ID: "key_2", Prefix: "pds_efgh", Hash: "h2", Scope: pandastack.ScopeSandboxes})
 	checkKey(t, mustKeyByHash(t, s, "h1"), want)
+	// A key made without a scope may do everything; a scope is kept.
+	if got := mustKeyByHash(t, s, "h1").Scope; got != pandastack.ScopeAll {
+		t.Errorf("the scope of a key made without one: %q, want %q", got, pandastack.ScopeAll)
+	}
+	if got := mustKeyByHash(t, s, "h2").Scope; got != pandastack.ScopeSandboxes {
+		t.Errorf("a key's scope: %q, want %q", got, pandastack.ScopeSandboxes)
+	}
 }
 
 func testAPIKeyConflict(t *testing.T, s pandastack.Store) {
