@@ -346,17 +346,22 @@ func TestNetworkPolicy(t *testing.T) {
 		reaches(k.ID)
 	}
 	reaches(sb.ID)
+	// forkClosed forks one child that should allow nothing, as what says.
+	forkClosed := func(req client.ForkRequest, what string) {
+		t.Helper()
+		kids, err := c.Fork(ctx, sb.ID, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.KillSandbox(context.Background(), kids[0].ID) })
+		if n := kids[0].Network; n == nil || len(n.AllowOut) != 0 || n.AllowInternetAccess {
+			t.Errorf("%s has network %+v, want nothing allowed", what, n)
+		}
+		refused(kids[0].ID)
+	}
 	// A fork may give its children a narrower policy, in force from their
 	// first instant; the parent keeps its own.
-	narrow, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1, Network: &client.NetworkPolicy{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.KillSandbox(context.Background(), narrow[0].ID) })
-	if n := narrow[0].Network; n == nil || len(n.AllowOut) != 0 || n.AllowInternetAccess {
-		t.Errorf("a child forked with a policy of its own has network %+v, want nothing allowed", n)
-	}
-	refused(narrow[0].ID)
+	forkClosed(client.ForkRequest{Count: 1, Network: &client.NetworkPolicy{}}, "a child forked with a policy of its own")
 	reaches(sb.ID)
 	if _, err := c.Fork(ctx, sb.ID, client.ForkRequest{Network: &client.NetworkPolicy{AllowOut: []string{"10.1.2.3"}}}); !client.IsCode(err, "network_denied") {
 		t.Errorf("a fork with a policy inside the platform deny set: %v, want network_denied", err)
@@ -370,15 +375,7 @@ func TestNetworkPolicy(t *testing.T) {
 	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{}); err != nil {
 		t.Fatal(err)
 	}
-	pkids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.KillSandbox(context.Background(), pkids[0].ID) })
-	if n := pkids[0].Network; n == nil || len(n.AllowOut) != 0 || n.AllowInternetAccess {
-		t.Errorf("the paused parent's fork child has network %+v, want the parent's present one (nothing allowed)", n)
-	}
-	refused(pkids[0].ID)
+	forkClosed(client.ForkRequest{Count: 1}, "the paused parent's fork child (the parent's present policy)")
 	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != "paused" {
 		t.Fatalf("the parent after its fork while paused: %+v %v", got, err)
 	}

@@ -225,45 +225,46 @@ func TestResumeOfADamagedOwnImageSaysSo(t *testing.T) {
 
 // A paused image a restart found is checked in full once, and then trusted
 // while its manifest stays the same file: each fork or snapshot of a
-// sandbox paused before the restart read all of it again.
+// sandbox paused before the restart read all of it again. Forgotten (the
+// image went, or a resume of it failed) or rewritten, it is checked again.
 func TestVerifyPausedOncePerManifest(t *testing.T) {
-	dir := sealedWarm(t)
-	m := &Manager{}
-	if _, err := m.verifyPaused("sb", dir, "paused"); err != nil {
-		t.Fatalf("a sound image: %v", err)
+	// damaged makes a sound image and has this process check it, then
+	// damages it behind its back, same size.
+	damaged := func(t *testing.T) (*Manager, string) {
+		dir := sealedWarm(t)
+		m := &Manager{}
+		if _, err := m.verifyPaused("sb", dir, "paused"); err != nil {
+			t.Fatalf("a sound image: %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "image", "checkpoint.img"), []byte("PAGES AND STATE"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return m, dir
 	}
-	// Damaged behind our back, same size: the check made holds.
-	if err := os.WriteFile(filepath.Join(dir, "image", "checkpoint.img"), []byte("PAGES AND STATE"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if man, err := m.verifyPaused("sb", dir, "paused"); err != nil || man.Template != "t" {
-		t.Fatalf("a second look read the image again: %+v %v", man, err)
-	}
-	if _, err := (&Manager{}).verifyPaused("sb", dir, "paused"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
-		t.Fatalf("a new process took a damaged image: %v", err)
-	}
-	// Forgotten (the image went, or a resume of it failed): checked again.
-	m.forgetPaused("sb")
-	if _, err := m.verifyPaused("sb", dir, "paused"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
-		t.Fatalf("a forgotten image was not checked again: %v", err)
-	}
-}
-
-// A rewritten manifest is a new image: checked in full again.
-func TestVerifyPausedAgainWhenRewritten(t *testing.T) {
-	dir := sealedWarm(t)
-	m := &Manager{}
-	if _, err := m.verifyPaused("sb", dir, "paused"); err != nil {
-		t.Fatalf("a sound image: %v", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "image", "checkpoint.img"), []byte("PAGES AND STATE"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	later := time.Now().Add(time.Minute)
-	if err := os.Chtimes(filepath.Join(dir, imagestore.ManifestName), later, later); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := m.verifyPaused("sb", dir, "paused"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
-		t.Fatalf("a rewritten manifest was not checked again: %v", err)
-	}
+	t.Run("trusted once checked", func(t *testing.T) {
+		m, dir := damaged(t)
+		if man, err := m.verifyPaused("sb", dir, "paused"); err != nil || man.Template != "t" {
+			t.Fatalf("a second look read the image again: %+v %v", man, err)
+		}
+		if _, err := (&Manager{}).verifyPaused("sb", dir, "paused"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+			t.Fatalf("a new process took a damaged image: %v", err)
+		}
+	})
+	t.Run("forgotten", func(t *testing.T) {
+		m, dir := damaged(t)
+		m.forgetPaused("sb")
+		if _, err := m.verifyPaused("sb", dir, "paused"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+			t.Fatalf("a forgotten image was not checked again: %v", err)
+		}
+	})
+	t.Run("rewritten", func(t *testing.T) {
+		m, dir := damaged(t)
+		later := time.Now().Add(time.Minute)
+		if err := os.Chtimes(filepath.Join(dir, imagestore.ManifestName), later, later); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.verifyPaused("sb", dir, "paused"); !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+			t.Fatalf("a rewritten manifest was not checked again: %v", err)
+		}
+	})
 }
