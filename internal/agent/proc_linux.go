@@ -211,8 +211,10 @@ func KillDescendants(pid int, mark uint32, spareChildren bool) {
 	killTree(pid, mark, keep)
 }
 
-// kidsStopWait bounds KillDescendants' wait for the children it stops.
-const kidsStopWait = 200 * time.Millisecond
+// kidsStopWait bounds KillDescendants' wait for the children it stops (a
+// wait that ends as soon as they are; 200 ms was too short under the load
+// of a full test run, and a shell's "[1]+ Stopped" came through).
+const kidsStopWait = time.Second
 
 // waitStopped waits until each of pids is stopped or gone, for limit at
 // most.
