@@ -47,7 +47,13 @@ package jupyter
 //   - A UTF-8 character split between two reads is decoded whole, not as
 //     U+FFFD, and the thread reads up to 64 KiB at a time.
 const PythonLauncher = `def main():
-    import os, sys, threading
+    import os, signal, sys, threading
+    # A SIGHUP does not end the kernel: job control sends one (and a
+    # SIGCONT) to a process group with a stopped member when it is
+    # orphaned, which the agent's freeze of a cell's children (stopped,
+    # then killed) did now and then, and the kernel died with its state.
+    # A handler, not SIG_IGN: what the kernel starts gets the default.
+    signal.signal(signal.SIGHUP, lambda signum, frame: None)
     # As ipykernel_launcher: no cwd on sys.path while ipykernel loads
     # (IPython puts it back for the user).
     if sys.path and sys.path[0] in ('', os.getcwd()):

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -206,4 +207,27 @@ func TestPythonLauncher(t *testing.T) {
 func pyString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
+}
+
+// A SIGHUP does not end a Python kernel (job control sent one when the
+// agent's freeze killed a cell's children, and the kernel died with its
+// state); what the kernel starts still gets SIGHUP's default action.
+func TestPythonKernelOutlivesSIGHUP(t *testing.T) {
+	k := startKernel(t)
+	runCode(t, k, "x = 41", ExecOptions{})
+	in, err := k.current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(in.proc.Pid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if e, _ := runCode(t, k, "x", ExecOptions{}); e.Error != nil || e.Text != "41" {
+		t.Fatalf("after a SIGHUP: %+v", e)
+	}
+	code := "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import signal; print(signal.getsignal(signal.SIGHUP) == signal.SIG_DFL)'], capture_output=True, text=True).stdout.strip()"
+	if e, _ := runCode(t, k, code, ExecOptions{}); e.Text != "'True'" {
+		t.Errorf("a child's SIGHUP: %+v, want the default", e)
+	}
 }
