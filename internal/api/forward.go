@@ -176,6 +176,11 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 			if unreached != nil && notBuiltThere(resp) {
 				return errNotBuiltThere
 			}
+			if api && resp.StatusCode == http.StatusSwitchingProtocols && strings.HasSuffix(r.URL.Path, "/pty") {
+				if conn, ok := resp.Body.(io.ReadWriteCloser); ok {
+					resp.Body = &wsTail{ReadWriteCloser: conn}
+				}
+			}
 			if api {
 				resp.Body = endStreamWithError(resp, r.Context())
 			}
@@ -212,6 +217,92 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 	}
 	s.log.Debug("forwarding", "method", r.Method, "path", r.URL.Path, "node_url", base)
 	serveProxy(p, w, r)
+}
+
+// wsTail wraps the owner's side of a terminal's WebSocket passed through
+// this node: when the owner's connection ends without the WebSocket's
+// close frame (the node died or stopped answering), the caller gets one,
+// 1001 with the reason, as from the owner's own shutdown, rather than a
+// connection that just breaks off. It follows the owner's frames (server
+// frames: unmasked, but the mask bit is honoured) to end at a frame's
+// boundary and to know whether a close frame came.
+type wsTail struct {
+	io.ReadWriteCloser
+	hdr    []byte // the current frame's header as far as read
+	left   int64  // payload bytes of the current frame still to come
+	closed bool   // a close frame came from the owner
+	tail   []byte // the close frame to give, once the connection ended
+	ended  bool
+}
+
+// wsNodeGone is the reason of the close frame wsTail adds.
+const wsNodeGone = "the node that runs this sandbox stopped answering"
+
+func (t *wsTail) Read(p []byte) (int, error) {
+	if t.ended {
+		if len(t.tail) == 0 {
+			return 0, io.EOF
+		}
+		n := copy(p, t.tail)
+		t.tail = t.tail[n:]
+		return n, nil
+	}
+	n, err := t.ReadWriteCloser.Read(p)
+	t.pass(p[:n])
+	if err == nil {
+		return n, nil
+	}
+	t.ended = true
+	if t.closed || t.left != 0 || len(t.hdr) != 0 {
+		return n, err // closed as it should be, or cut inside a frame
+	}
+	payload := binary.BigEndian.AppendUint16(nil, 1001)
+	payload = append(payload, wsNodeGone...)
+	t.tail = append([]byte{0x88, byte(len(payload))}, payload...)
+	return n, nil
+}
+
+// pass follows the frames in b.
+func (t *wsTail) pass(b []byte) {
+	for len(b) > 0 {
+		if t.left > 0 {
+			k := min(int64(len(b)), t.left)
+			t.left -= k
+			b = b[k:]
+			continue
+		}
+		t.hdr = append(t.hdr, b[0])
+		b = b[1:]
+		if len(t.hdr) < 2 {
+			continue
+		}
+		need := 2
+		switch t.hdr[1] & 0x7f {
+		case 126:
+			need += 2
+		case 127:
+			need += 8
+		}
+		if t.hdr[1]&0x80 != 0 {
+			need += 4
+		}
+		if len(t.hdr) < need {
+			continue
+		}
+		var size int64
+		switch l := t.hdr[1] & 0x7f; l {
+		case 126:
+			size = int64(binary.BigEndian.Uint16(t.hdr[2:4]))
+		case 127:
+			size = int64(binary.BigEndian.Uint64(t.hdr[2:10]) & (1<<63 - 1))
+		default:
+			size = int64(l)
+		}
+		if t.hdr[0]&0x0f == 0x8 {
+			t.closed = true
+		}
+		t.left, t.hdr = size, t.hdr[:0]
+	}
 }
 
 // errNotBuiltThere: the node a create was placed on answered that it has

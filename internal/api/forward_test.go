@@ -370,3 +370,44 @@ func TestPlacedCreateOfATemplateNotBuiltThere(t *testing.T) {
 		t.Errorf("another refusal of the chosen node: fell back %v, %d %s", fell, resp.StatusCode, b)
 	}
 }
+
+// A terminal's WebSocket through this node whose owner's connection ends
+// without a close frame (the node died) ends with one from this node,
+// 1001 and why, as the owner's own shutdown closes it; one the owner
+// closed properly gets nothing more.
+func TestProxyEndsATerminalWithACloseFrame(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		sends []byte
+		want  []byte
+	}{
+		{"the owner dies", []byte{0x82, 2, 'h', 'i'}, append([]byte{0x82, 2, 'h', 'i', 0x88, byte(2 + len(wsNodeGone)), 0x03, 0xe9}, wsNodeGone...)},
+		{"the owner closes", []byte{0x82, 2, 'h', 'i', 0x88, 2, 0x03, 0xe8}, []byte{0x82, 2, 'h', 'i', 0x88, 2, 0x03, 0xe8}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				conn, rw, err := w.(http.Hijacker).Hijack()
+				if err != nil {
+					return
+				}
+				rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+				rw.Write(c.sends)
+				rw.Flush()
+				conn.Close() // no more: as a node that died
+			}))
+			t.Cleanup(owner.Close)
+			conn := dialFront(t, serveProxied(t, forwarder(t), owner.URL, nil))
+			conn.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(conn, "GET /v1/sandboxes/sbx_a/pty HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+				t.Fatalf("upgrade through the proxy: %v %v", resp, err)
+			}
+			got, _ := io.ReadAll(br)
+			if string(got) != string(c.want) {
+				t.Errorf("the caller got %q, want %q", got, c.want)
+			}
+		})
+	}
+}
