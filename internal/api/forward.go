@@ -231,8 +231,24 @@ type wsTail struct {
 	hdr    []byte // the current frame's header as far as read
 	left   int64  // payload bytes of the current frame still to come
 	closed bool   // a close frame came from the owner
-	tail   []byte // the close frame to give, once the connection ended
-	ended  bool
+	ending        // the close frame to give, once the connection ended
+}
+
+// ending is what a wrapped stream gives once the stream under it ended:
+// tail (an error event, a close frame), then EOF.
+type ending struct {
+	tail  []byte
+	ended bool
+}
+
+// rest gives what is left of the tail, then EOF.
+func (e *ending) rest(p []byte) (int, error) {
+	if len(e.tail) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, e.tail)
+	e.tail = e.tail[n:]
+	return n, nil
 }
 
 // wsNodeGone is the reason of the close frame wsTail adds.
@@ -240,12 +256,7 @@ const wsNodeGone = "the node that runs this sandbox stopped answering"
 
 func (t *wsTail) Read(p []byte) (int, error) {
 	if t.ended {
-		if len(t.tail) == 0 {
-			return 0, io.EOF
-		}
-		n := copy(p, t.tail)
-		t.tail = t.tail[n:]
-		return n, nil
+		return t.rest(p)
 	}
 	n, err := t.ReadWriteCloser.Read(p)
 	t.pass(p[:n])
@@ -421,8 +432,7 @@ type streamTail struct {
 	io.ReadCloser
 	ctx    context.Context
 	ndjson bool
-	tail   []byte // the error event, once the read failed
-	ended  bool
+	ending // the error event, once the read failed
 	// Where the bytes passed so far stop: an event can follow only at a
 	// line's end (NDJSON) or a frame's (hdr bytes of a frame's header
 	// seen, then left bytes of its payload to come).
@@ -496,12 +506,7 @@ func (t *streamTail) atBoundary() bool {
 
 func (t *streamTail) Read(p []byte) (int, error) {
 	if t.ended {
-		if len(t.tail) == 0 {
-			return 0, io.EOF
-		}
-		n := copy(p, t.tail)
-		t.tail = t.tail[n:]
-		return n, nil
+		return t.rest(p)
 	}
 	n, err := t.ReadCloser.Read(p)
 	t.pass(p[:n])
