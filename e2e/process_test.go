@@ -9,7 +9,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/client"
 )
 
@@ -198,5 +200,88 @@ func TestProcessLimitIsAConflict(t *testing.T) {
 	}
 	if status, body = rawCall(t, s, "POST", base+"/exec", `{"cmd": "echo room"}`); status != 200 || !strings.Contains(string(body), "room") {
 		t.Fatalf("exec after one process was killed: %d %s", status, body)
+	}
+}
+
+// TestKillAllProcesses is the way out of a fork bomb and of stray
+// processes in one call: every process of the sandbox user ends but the
+// kernels, which keep their state (a shell context's variables too), and
+// the sandbox runs commands again at once.
+func TestKillAllProcesses(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 600})
+	base := "/v1/sandboxes/" + sb.ID
+	run := func(language, code string) *pandastack.Execution {
+		t.Helper()
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{Language: language, Code: code, TimeoutSeconds: 60})
+		if err != nil || ex.Error != nil {
+			t.Fatalf("%s %q: %+v %v", language, code, ex, err)
+		}
+		return ex
+	}
+	run("python", "import subprocess\nx = 41\nchild = subprocess.Popen(['sleep', '603'])")
+	run("bash", "kept=41")
+	status, body := rawCall(t, s, "POST", base+"/exec", `{"cmd": "sleep 601", "background": true}`)
+	var sleeper struct {
+		PID int `json:"pid"`
+	}
+	if status != 200 || json.Unmarshal(body, &sleeper) != nil {
+		t.Fatalf("background exec: %d %s", status, body)
+	}
+	// A daemon that left the command's tree, and a fork bomb.
+	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "setsid sleep 602 </dev/null >/dev/null 2>&1 &"}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("daemon: %+v %v", res, err)
+	}
+	if status, body := rawCall(t, s, "POST", base+"/exec", `{"cmd": "f(){ f|f& }; f; sleep 600", "background": true}`); status != 200 {
+		t.Fatalf("bomb: %d %s", status, body)
+	}
+	// Counted with no fork of the user's (the agent starts python3 as
+	// root, then drops to the user), which the bomb's fill would refuse.
+	count := client.ExecRequest{Argv: []string{"python3", "-c", "import os; print(sum(n.isdigit() for n in os.listdir('/proc')))"}}
+	for end := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		res, err := c.Exec(ctx, sb.ID, count)
+		if err == nil {
+			if n, _ := strconv.Atoi(strings.TrimSpace(res.Stdout)); n > 200 {
+				break
+			}
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the bomb did not take 200 processes in 30 s: %+v %v", res, err)
+		}
+	}
+
+	began := time.Now()
+	status, body = rawCall(t, s, "POST", base+"/processes/kill", "")
+	t.Logf("kill all: %s in %v", body, time.Since(began).Round(time.Millisecond))
+	var k struct{ Killed, Remaining int }
+	if status != 200 || json.Unmarshal(body, &k) != nil || k.Killed < 100 || k.Remaining != 0 {
+		t.Fatalf("kill all: %d %s", status, body)
+	}
+	// Commands run again at once, and nothing of before is left.
+	res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 60[0-9]' || true`})
+	if err != nil || res.Stdout != "0\n" {
+		t.Fatalf("sleeps left after the kill: %+v %v", res, err)
+	}
+	_, body = rawCall(t, s, "GET", base+"/processes/"+strconv.Itoa(sleeper.PID)+"/output", "")
+	if _, exit := stdoutOf(ndjsonEvents(t, body)); exit == nil || exit["signal"] != "SIGKILL" {
+		t.Fatalf("the background process after the kill: %s", body)
+	}
+	if ex := run("python", "print(x + 1, child.wait())"); ex.Stdout != "42 -9\n" {
+		t.Fatalf("the Python kernel after the kill: %q, want its state and its child killed", ex.Stdout)
+	}
+	if ex := run("bash", "echo $((kept + 1))"); ex.Stdout != "42\n" {
+		t.Fatalf("the bash context after the kill: %q, want its shell's variable", ex.Stdout)
+	}
+	// Nothing to kill: none killed.
+	if status, body = rawCall(t, s, "POST", base+"/processes/kill", ""); status != 200 || json.Unmarshal(body, &k) != nil || k.Killed != 0 {
+		t.Fatalf("kill all again: %d %s", status, body)
+	}
+	if status, code, _ := api(t, s, s.newKey("other-kill-all"), "POST", base+"/processes/kill", ""); status != 404 || code != "not_found" {
+		t.Errorf("other project's kill all: %d %s", status, code)
+	}
+	if status, body = rawCall(t, s, "POST", base+"/processes/kill", `{"all": true}`); status != 400 {
+		t.Errorf("kill all with a body: %d %s", status, body)
 	}
 }

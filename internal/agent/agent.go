@@ -127,6 +127,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/processes/{pid}/output", s.api(s.processOutput))
 	mux.HandleFunc("POST /v1/processes/{pid}/stdin", s.api(s.processStdin))
 	mux.HandleFunc("POST /v1/processes/{pid}/kill", s.api(s.killProcess))
+	mux.HandleFunc("POST /v1/processes/kill", s.api(s.killAll))
 	mux.HandleFunc("/", s.api(func(w http.ResponseWriter, r *http.Request) error {
 		return pandastack.Errorf(pandastack.ENotFound, "the agent has no endpoint %s %s; see internal/agentproto/api.go for its API", r.Method, r.URL.Path)
 	}))
@@ -213,7 +214,7 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 		Epoch:           s.epoch,
 		BootedAt:        s.cfg.BootedAt,
 		Contexts:        s.cfg.Contexts.readyIDs(),
-		Features:        []string{agentproto.FeatureRunCreates, agentproto.FeatureDisk},
+		Features:        []string{agentproto.FeatureRunCreates, agentproto.FeatureDisk, agentproto.FeatureKillAll},
 	}
 	if setsHostname() {
 		h.Features = append(h.Features, agentproto.FeatureHostname)

@@ -240,6 +240,26 @@ func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) 
 	return k, nil
 }
 
+// kernelPids returns the pids of the living kernels (spares included),
+// and of those that run their cells in a shell (bash_kernel).
+func (cs *Contexts) kernelPids() (kernels, shells map[int]bool) {
+	kernels, shells = map[int]bool{}, map[int]bool{}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for k := range cs.procs {
+		select {
+		case <-k.done:
+			continue
+		default:
+		}
+		kernels[k.p.Pid] = true
+		if k.shell {
+			shells[k.p.Pid] = true
+		}
+	}
+	return kernels, shells
+}
+
 // kernelProc adapts a reaper Process to jupyter.Proc.
 type kernelProc struct {
 	p      *Process

@@ -440,3 +440,74 @@ func TestWaitStopped(t *testing.T) {
 		t.Fatal("waitStopped waited for a process that is gone")
 	}
 }
+
+// KillUser ends every process of the user, a bomb whose processes each
+// leave their group included, but the kept (a kernel, and a shell
+// kernel's shell, by its parent), which go on running with their state;
+// what the kept shell started dies.
+func TestKillUserSparesTheKept(t *testing.T) {
+	needRoot(t)
+	const uid, gid = 4243, 4243 // this test's alone
+	killAllOf(t, uid, gid)
+	for end := time.Now().Add(20 * time.Second); tasksOf(uid) > 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("uid %d still has %d processes (zombies counted) on this host", uid, tasksOf(uid))
+		}
+	}
+	t.Cleanup(func() { killAllOf(t, uid, gid) })
+	prev := freezeIDs
+	freezeIDs = &[2]int{uid, gid}
+	t.Cleanup(func() { freezeIDs = prev })
+	as := &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}, Setsid: true}
+	start := func(env string, name string, args ...string) *exec.Cmd {
+		t.Helper()
+		cmd := exec.Command(name, args...)
+		cmd.SysProcAttr = as
+		cmd.Env = []string{"PATH=/usr/bin:/bin", env}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go cmd.Wait()
+		return cmd
+	}
+	kernel := start("", "sleep", "60")
+	// A shell kernel: its shell (a child) is kept, what the shell started
+	// is not.
+	shellKernel := start("", "sh", "-c", `sh -c 'sleep 61 & exec sleep 70'; :`)
+	start("", "sleep", "62") // a stray
+	start(`BOMB=setsid sh -c "$BOMB" & setsid sh -c "$BOMB" & sleep 60`, "prlimit", "--nproc=120", "sh", "-c", `sh -c "$BOMB"; sleep 60`)
+	for end := time.Now().Add(5 * time.Second); len(processesOf(uid)) < 40; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d processes of the user after 5 s, want a bomb", len(processesOf(uid)))
+		}
+	}
+	keep := map[int]bool{kernel.Process.Pid: true, shellKernel.Process.Pid: true}
+	killed, left, ok := KillUser(func(pid, ppid int) bool { return keep[pid] || ppid == shellKernel.Process.Pid })
+	if !ok || left != 0 || len(killed) < 40 {
+		t.Fatalf("KillUser: killed %d, left %d, ok %v; want a bomb's worth killed, none left", len(killed), left, ok)
+	}
+	if slices.Contains(killed, kernel.Process.Pid) || slices.Contains(killed, shellKernel.Process.Pid) {
+		t.Fatalf("KillUser killed a kept process: %v", killed)
+	}
+	time.Sleep(100 * time.Millisecond) // the kills land
+	var shell int
+	for _, p := range processesOf(uid) {
+		if keep[p] {
+			continue
+		}
+		if f, ok := statFields(p); ok && len(f) > 1 && f[1] == strconv.Itoa(shellKernel.Process.Pid) {
+			shell = p
+			continue
+		}
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p))
+		t.Errorf("process %d (%q) of the user is left", p, cmdline)
+	}
+	if shell == 0 {
+		t.Errorf("the shell kernel's shell was killed")
+	}
+	for _, p := range []int{kernel.Process.Pid, shellKernel.Process.Pid, shell} {
+		if f, ok := statFields(p); !ok || f[0] == "T" {
+			t.Errorf("kept process %d: %v, want it running (continued after the stops)", p, f)
+		}
+	}
+}

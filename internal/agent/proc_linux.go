@@ -446,6 +446,89 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, clean bool)
 	return true, clean
 }
 
+// KillUser SIGKILLs every process of the sandbox user (freezeIDs) but
+// those spare says to keep, given each process's pid and its parent's
+// (the code contexts' kernels, say, and a shell kernel's shell), until no
+// other is left. Like a freeze (killMarkedFrozen), each round first stops
+// every process of the user from a thread that is the user (kill(-1), a
+// few times over: a clone under way may give a child that runs on), then
+// looks at them all while they stand still and kills those not kept; a
+// fork bomb cannot outrun that. The kept are continued after. It gives up
+// after markRounds rounds or freezeBudget. It answers the pids it killed
+// and how many not kept it still found at its last look (each sent a kill
+// then; 0 when none was left), once the reaper has their zombies
+// (killAnswerWait at most); ok is false when it could not (no freezeIDs,
+// or the ids could not be taken) and did nothing.
+func KillUser(spare func(pid, ppid int) bool) (killed []int, left int, ok bool) {
+	ids := freezeIDs
+	if ids == nil {
+		return nil, 0, false
+	}
+	treeKills.Lock()
+	defer treeKills.Unlock()
+	end := time.Now().Add(freezeBudget)
+	dead := map[int]bool{}
+	err := asRealUser(ids[0], ids[1], func() {
+		want := strconv.Itoa(ids[0])
+		for range markRounds {
+			for range groupStops {
+				if syscall.Kill(-1, syscall.SIGSTOP) != nil {
+					left = 0 // none of the user's is left
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+			var victims []int
+			scanStatus(end, func(pid int, st procStatus) {
+				if st.ruid == want && st.living() && !spare(pid, st.ppid) {
+					victims = append(victims, pid)
+				}
+			})
+			if left = len(victims); left == 0 {
+				return
+			}
+			for _, p := range victims {
+				syscall.Kill(p, syscall.SIGKILL)
+				dead[p] = true
+			}
+			if time.Now().After(end) {
+				return
+			}
+		}
+	})
+	if err != nil {
+		return nil, 0, false
+	}
+	continueAll(ids[0])
+	// Their zombies count against the user's process limit until the
+	// reaper has them: a command started right after the answer would
+	// fail to fork. (A zombie whose parent is kept, a cell's child say,
+	// is its parent's to collect.)
+	want := strconv.Itoa(ids[0])
+	for reaped := time.Now().Add(killAnswerWait); time.Now().Before(reaped); time.Sleep(5 * time.Millisecond) {
+		kept, parents := map[int]bool{}, []int{}
+		scanStatus(reaped, func(pid int, st procStatus) {
+			if st.ruid != want {
+				return
+			}
+			if spare(pid, st.ppid) {
+				kept[pid] = true
+			} else {
+				parents = append(parents, st.ppid)
+			}
+		})
+		if !slices.ContainsFunc(parents, func(pp int) bool { return !kept[pp] }) {
+			break
+		}
+	}
+	treeLog.Info("killed the sandbox user's processes", "killed", len(dead), "left", left)
+	for p := range dead {
+		killed = append(killed, p)
+	}
+	slices.Sort(killed)
+	return killed, left, true
+}
+
 // continueAll sends SIGCONT to each living process whose real uid is uid:
 // not to every process the caller may signal (kill -1), which for SIGCONT
 // is also every process of its session, root's included. It lists them
@@ -724,6 +807,7 @@ type procStatus struct {
 	ruid   string // the real uid
 	groups string // the supplementary groups, separated by white space
 	rss    int64  // resident memory in bytes (VmRSS)
+	ppid   int    // the parent's pid
 }
 
 // mark returns the process's mark (Process.Mark): its supplementary group
@@ -771,6 +855,8 @@ func readStatus(pid string) (st procStatus, ok bool) {
 			}
 		case "Groups":
 			st.groups = v
+		case "PPid":
+			st.ppid, _ = strconv.Atoi(strings.TrimSpace(v))
 		case "VmRSS":
 			if f := strings.Fields(v); len(f) > 0 {
 				kib, _ := strconv.ParseInt(f[0], 10, 64)

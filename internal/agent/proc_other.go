@@ -29,6 +29,9 @@ func KillTree(pid int, mark uint32) {}
 // KillDescendants does nothing here.
 func KillDescendants(pid int, mark uint32, spareChildren bool) {}
 
+// KillUser cannot here.
+func KillUser(spare func(pid, ppid int) bool) (killed []int, left int, ok bool) { return nil, 0, false }
+
 // FreezeUserOnKill does nothing here.
 func FreezeUserOnKill() {}
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -115,6 +116,13 @@ func (ps *Processes) add(p *bgProc) {
 		ps.procs = append(ps.procs, q)
 	}
 	ps.procs = append(ps.procs, p)
+}
+
+// all returns the processes, oldest first.
+func (ps *Processes) all() []*bgProc {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	return slices.Clone(ps.procs)
 }
 
 func (p *bgProc) ended() bool {
@@ -398,6 +406,31 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request) error {
 	// (its exit comes once it is reaped and its output read, ~100 ms).
 	p.waitEnded(r.Context(), killAnswerWait)
 	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// killAll kills every process of the sandbox user but the code contexts'
+// kernels (and a shell kernel's shell, whose variables are the
+// context's): commands, background processes, terminals, and what cells
+// started. Root's processes (commands run as root) are left.
+func (s *Server) killAll(w http.ResponseWriter, r *http.Request) error {
+	if err := agentproto.CheckQuery(r.URL.Query()); err != nil {
+		return err
+	}
+	kernels, shells := s.cfg.Contexts.kernelPids()
+	killed, left, ok := KillUser(func(pid, ppid int) bool { return kernels[pid] || shells[ppid] })
+	if !ok {
+		return pandastack.Errorf(pandastack.EUnavailable, "this agent cannot kill the sandbox user's processes (it runs outside a sandbox, or could not take the user's ids)")
+	}
+	// The answer means they ended: a list right after says so.
+	ctx, cancel := context.WithTimeout(r.Context(), killAnswerWait)
+	defer cancel()
+	for _, p := range s.cfg.Processes.all() {
+		if _, found := slices.BinarySearch(killed, p.pid); found {
+			p.waitEnded(ctx, killAnswerWait)
+		}
+	}
+	writeJSON(w, http.StatusOK, agentproto.KillAll{Killed: len(killed), Remaining: left})
 	return nil
 }
 

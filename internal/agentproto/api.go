@@ -77,7 +77,20 @@ const (
 	FeatureHostname = "sets_hostname"
 	// FeatureDisk: GET /v1/disk answers the sandbox's disk use (Disk).
 	FeatureDisk = "disk"
+	// FeatureKillAll: POST /v1/processes/kill kills every process of the
+	// sandbox user but the code contexts' kernels (KillAll).
+	FeatureKillAll = "kill_all"
 )
+
+// KillAll answers POST /v1/processes/kill.
+type KillAll struct {
+	// Killed counts the processes killed.
+	Killed int `json:"killed"`
+	// Remaining counts the processes (not kernels) still found at the
+	// last look, each sent a kill then: 0 unless they forked faster than
+	// the kill went round for its 10 s.
+	Remaining int `json:"remaining"`
+}
 
 // Disk answers GET /v1/disk: the sandbox's root filesystem (its disk, the
 // writable layer over its template) as statfs sees it from inside.

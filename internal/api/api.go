@@ -190,6 +190,7 @@ func (s *Server) routes() {
 	auth("GET /v1/sandboxes/{id}/processes/{pid}/output", s.processOutput)
 	auth("POST /v1/sandboxes/{id}/processes/{pid}/stdin", s.processStdin)
 	auth("POST /v1/sandboxes/{id}/processes/{pid}/kill", bodiless(s.killProcess))
+	auth("POST /v1/sandboxes/{id}/processes/kill", bodiless(s.killAllProcesses))
 	auth("PUT /v1/sandboxes/{id}/files", s.putFile)
 	auth("GET /v1/sandboxes/{id}/files", s.getFile)
 	auth("DELETE /v1/sandboxes/{id}/files", s.deleteFile)

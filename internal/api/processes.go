@@ -153,3 +153,21 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request, project str
 	}
 	w.WriteHeader(http.StatusNoContent)
 }
+
+// killAllProcesses kills every process of the sandbox user but the code
+// contexts' kernels: the way out of a fork bomb that keeps the kernels'
+// state.
+func (s *Server) killAllProcesses(w http.ResponseWriter, r *http.Request, project string) {
+	agent, err := s.mgr.Agent(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	k, err := agent.KillAll(r.Context())
+	if err != nil {
+		s.logFailure(r, err)
+		writeError(w, agent.Explain(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, k)
+}

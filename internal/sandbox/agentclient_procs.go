@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"strconv"
 
+	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
@@ -78,4 +79,16 @@ func (c *AgentClient) ProcessStdin(ctx context.Context, pid int, req agentproto.
 // KillProcess SIGKILLs a background process and its descendants.
 func (c *AgentClient) KillProcess(ctx context.Context, pid int) error {
 	return c.do(ctx, http.MethodPost, processPath(pid, "/kill"), nil, nil, nil)
+}
+
+// KillAll kills every process of the sandbox user but the code contexts'
+// kernels; EUnavailable from an agent too old to (its hello lacks
+// agentproto.FeatureKillAll).
+func (c *AgentClient) KillAll(ctx context.Context) (agentproto.KillAll, error) {
+	var k agentproto.KillAll
+	if !c.Hello().HasFeature(agentproto.FeatureKillAll) {
+		return k, pandastack.Errorf(pandastack.EUnavailable, "the agent of sandbox %s is of a build that cannot kill all its processes; kill them one by one", c.id)
+	}
+	err := c.do(ctx, http.MethodPost, "/v1/processes/kill", nil, nil, &k)
+	return k, err
 }
