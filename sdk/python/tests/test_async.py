@@ -177,5 +177,9 @@ async def test_commands_e2b_names(server):
         sleeper = await sb.commands.run("sleep 600", background=True)
         await sb.commands.kill(sleeper.pid)
         assert (await sleeper.wait()).exit_code != 0
+        stray = await sb.commands.run("sleep 601", background=True)
+        killed = await sb.commands.kill_all()
+        assert killed.killed >= 1 and killed.remaining == 0
+        assert (await stray.wait()).signal == "SIGKILL"
         with pytest.raises(NotFoundError):
             await sb.connect_process(999999)

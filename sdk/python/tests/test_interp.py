@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pandastack import CommandHandle, ConflictError, ExecResult, NotFoundError, ProcessInfo, Sandbox
+from pandastack import CommandHandle, ConflictError, ExecResult, NotFoundError, ProcessesKilled, ProcessInfo, Sandbox
 
 from test_code import png_size
 
@@ -106,6 +106,24 @@ def test_e2b_names(sandbox: Sandbox):
     before = sandbox.refresh().expires_at
     sandbox.set_timeout(3000)
     assert sandbox.expires_at > before
+
+
+@pytest.mark.code_interpreter
+def test_kill_all_processes_keeps_the_kernels(code_sandbox: Sandbox):
+    ctx = code_sandbox.create_code_context(language="python")
+    try:
+        ctx.run_code("import subprocess\nx = 41\nchild = subprocess.Popen(['sleep', '602'])")
+        h = code_sandbox.exec("sleep 600", background=True)
+        code_sandbox.exec("setsid sleep 601 </dev/null >/dev/null 2>&1 &")  # a daemon
+        killed = code_sandbox.commands.kill_all()
+        assert isinstance(killed, ProcessesKilled) and killed.killed >= 3 and killed.remaining == 0
+        assert h.wait().signal == "SIGKILL"
+        ex = ctx.run_code("print(x + 1, child.wait())")
+        assert ex.error is None and ex.stdout == "42 -9\n"
+        left = code_sandbox.exec("for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -c '^sleep 60' || true")
+        assert left.stdout == "0\n"
+    finally:
+        ctx.close()
 
 
 @pytest.mark.code_interpreter

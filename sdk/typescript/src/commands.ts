@@ -104,6 +104,17 @@ export interface ProcessInfo {
   outputDropped?: number;
 }
 
+/** What `sandbox.killAllProcesses()` did. */
+export interface ProcessesKilled {
+  /** How many processes were killed. */
+  killed: number;
+  /**
+   * Processes still found at the end, each sent a kill then: 0 unless they
+   * forked faster than the kill went round for 10 s (call it again).
+   */
+  remaining: number;
+}
+
 /** @internal */
 export interface WireProcess {
   pid: number;

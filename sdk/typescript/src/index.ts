@@ -39,6 +39,7 @@ export {
 export {
   CommandHandle,
   type OutputChunk,
+  type ProcessesKilled,
   type ProcessInfo,
   type WaitOptions,
 } from "./commands.js";

@@ -16,6 +16,7 @@ import {
 import {
   CommandHandle,
   type ExecResult,
+  type ProcessesKilled,
   type ProcessInfo,
   type WireExecResult,
   type WireProcess,
@@ -602,6 +603,18 @@ export class Sandbox implements SandboxInfo {
   }
 
   /**
+   * SIGKILLs every process of the sandbox user but the code contexts'
+   * kernels, which keep their state: commands, background processes,
+   * terminals and what cells started (a fork bomb too; it cannot fork its
+   * way out). Processes run as root are left. The way out of a sandbox
+   * whose process table a runaway filled.
+   */
+  async killAllProcesses(): Promise<ProcessesKilled> {
+    const w = await this.#http.json<{ killed?: number; remaining?: number }>("POST", processesPath(this.id, "/kill"));
+    return { killed: w.killed ?? 0, remaining: w.remaining ?? 0 };
+  }
+
+  /**
    * E2B's names for commands: `commands.run(cmd, opts)` is `exec`, and
    * `list`, `kill`, `sendStdin`, `connect` act on background processes.
    * Unlike E2B's, `run` does not throw on a non-zero exit.
@@ -747,6 +760,11 @@ export class Commands {
   /** Alias of `sandbox.killProcess`. */
   kill(pid: number): Promise<void> {
     return this.#sb.killProcess(pid);
+  }
+
+  /** Alias of `sandbox.killAllProcesses`. */
+  killAll(): Promise<ProcessesKilled> {
+    return this.#sb.killAllProcesses();
   }
 
   /** Writes to background process `pid`'s standard input. */

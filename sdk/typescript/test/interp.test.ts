@@ -106,6 +106,11 @@ test("background commands", async (t) => {
     await sb.commands.kill(h.pid);
     assert.equal((await h.wait()).signal, "SIGKILL");
     await assert.rejects(sb.connectProcess(999999), NotFoundError);
+    const stray = await sb.commands.run("sleep 601", { background: true });
+    await sb.exec("setsid sleep 602 </dev/null >/dev/null 2>&1 &"); // a daemon
+    const killed = await sb.commands.killAll();
+    assert.ok(killed.killed >= 2 && killed.remaining === 0, JSON.stringify(killed));
+    assert.equal((await stray.wait()).signal, "SIGKILL");
     const res = await sb.commands.run("echo alias");
     assert.equal(res.stdout, "alias\n");
     const before = sb.expiresAt.getTime();

@@ -58,7 +58,7 @@ from ._base import (
 from .client import Client, default_client
 from .commands import AsyncCommandHandle, AsyncCommands
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SandboxStats, SnapshotInfo
+from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
 
 __all__ = ["AsyncSandbox", "AsyncCodeContext", "AsyncFiles"]
 
@@ -282,6 +282,12 @@ class AsyncSandbox(SandboxRecord):
     async def kill_process(self, pid: int) -> None:
         """SIGKILL background process ``pid`` and everything it started."""
         await self._client._arequest("POST", sandbox_path(self.id, f"/processes/{int(pid)}/kill"))
+
+    async def kill_all_processes(self) -> ProcessesKilled:
+        """SIGKILL every process of the sandbox user but the kernels; see
+        :meth:`pandastack.Sandbox.kill_all_processes`."""
+        data = (await self._client._arequest("POST", sandbox_path(self.id, "/processes/kill"))).json()
+        return ProcessesKilled.from_dict(data)
 
     async def connect_process(self, pid: int) -> AsyncCommandHandle:
         """An :class:`AsyncCommandHandle` for background process ``pid``; see

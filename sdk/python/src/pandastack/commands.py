@@ -7,7 +7,7 @@ import inspect
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ._base import ExecStreamParser, parse_line, sandbox_path, stream_failure
-from .models import ExecResult, ProcessInfo
+from .models import ExecResult, ProcessesKilled, ProcessInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from .async_sandbox import AsyncSandbox
@@ -152,6 +152,10 @@ class Commands:
         """Alias of :meth:`Sandbox.kill_process`."""
         self._sandbox.kill_process(pid)
 
+    def kill_all(self) -> ProcessesKilled:
+        """Alias of :meth:`Sandbox.kill_all_processes`."""
+        return self._sandbox.kill_all_processes()
+
     def send_stdin(self, pid: int, data: Union[str, bytes]) -> None:
         """Write to a background process's standard input."""
         self._sandbox.connect_process(pid).send_stdin(data)
@@ -262,6 +266,10 @@ class AsyncCommands:
     async def kill(self, pid: int) -> None:
         """Alias of :meth:`AsyncSandbox.kill_process`."""
         await self._sandbox.kill_process(pid)
+
+    async def kill_all(self) -> ProcessesKilled:
+        """Alias of :meth:`AsyncSandbox.kill_all_processes`."""
+        return await self._sandbox.kill_all_processes()
 
     async def send_stdin(self, pid: int, data: Union[str, bytes]) -> None:
         """Write to a background process's standard input."""

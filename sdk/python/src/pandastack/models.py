@@ -394,6 +394,22 @@ class ProcessInfo:
 
 
 @dataclass
+class ProcessesKilled:
+    """What :meth:`Sandbox.kill_all_processes` did: ``killed`` processes,
+    and ``remaining``, those still found at the end (each sent a kill
+    then; 0 unless they forked faster than the kill went round for 10 s:
+    call it again)."""
+
+    killed: int
+    remaining: int = 0
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ProcessesKilled":
+        """Build it from the API's JSON object."""
+        return cls(killed=int(d.get("killed") or 0), remaining=int(d.get("remaining") or 0))
+
+
+@dataclass
 class FileInfo:
     """A file or directory inside a sandbox."""
 

@@ -35,7 +35,7 @@ from ._base import (
 from .client import Client, default_client
 from .commands import CommandHandle, Commands
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessInfo, Result, SandboxStats, SnapshotInfo
+from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from .terminal import Terminal
@@ -418,6 +418,15 @@ class Sandbox(SandboxRecord):
         """SIGKILL the background process ``pid`` and everything it
         started."""
         self._client._request("POST", sandbox_path(self.id, f"/processes/{int(pid)}/kill"))
+
+    def kill_all_processes(self) -> ProcessesKilled:
+        """SIGKILL every process of the sandbox user but the code contexts'
+        kernels, which keep their state: commands, background processes,
+        terminals and what cells started (a fork bomb too; it cannot fork
+        its way out). Processes run as root are left. The way out of a
+        sandbox whose process table a runaway filled."""
+        data = self._client._request("POST", sandbox_path(self.id, "/processes/kill")).json()
+        return ProcessesKilled.from_dict(data)
 
     # ----- code ----------------------------------------------------------
 
