@@ -216,6 +216,24 @@ func (c *Client) KillSandbox(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id), nil, nil, nil)
 }
 
+// ProcessesKilled is what KillAllProcesses did: Remaining counts the
+// processes still found at the end, each sent a kill then (0 unless they
+// forked faster than the kill went round for 10 s; call it again).
+type ProcessesKilled struct {
+	Killed    int `json:"killed"`
+	Remaining int `json:"remaining"`
+}
+
+// KillAllProcesses SIGKILLs every process of the sandbox user but the code
+// contexts' kernels, which keep their state (POST …/processes/kill).
+func (c *Client) KillAllProcesses(ctx context.Context, id string) (*ProcessesKilled, error) {
+	var k ProcessesKilled
+	if err := c.do(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/processes/kill", nil, nil, &k); err != nil {
+		return nil, err
+	}
+	return &k, nil
+}
+
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Set Cmd (a shell
 // string) or Argv.
 type ExecRequest struct {

@@ -196,7 +196,7 @@ func TestTools(t *testing.T) {
 			}
 		}
 		slices.Sort(names)
-		want := []string{"create_sandbox", "delete_snapshot", "download_file", "exec", "kill_sandbox", "list_snapshots", "run_code", "snapshot", "upload_file"}
+		want := []string{"create_sandbox", "delete_snapshot", "download_file", "exec", "kill_processes", "kill_sandbox", "list_snapshots", "run_code", "snapshot", "upload_file"}
 		if !slices.Equal(names, want) {
 			t.Fatalf("tools %v, want %v", names, want)
 		}
@@ -311,6 +311,19 @@ func TestTools(t *testing.T) {
 		res = s.call(t, "exec", map[string]any{"cmd": "echo failing; exit 3"})
 		if txt := textOf(res); !res.IsError || !strings.Contains(txt, "exit code 3") || !strings.Contains(txt, "failing") {
 			t.Fatalf("exit 3: isError %v:\n%s", res.IsError, txt)
+		}
+	})
+
+	t.Run("kill_processes ends what commands left, not the kernel", func(t *testing.T) {
+		s.ok(t, "exec", map[string]any{"cmd": "setsid sleep 604 </dev/null >/dev/null 2>&1 &"})
+		if txt := textOf(s.ok(t, "kill_processes", map[string]any{})); !strings.HasPrefix(txt, "killed 1 process;") {
+			t.Fatalf("kill_processes: %q", txt)
+		}
+		if txt := textOf(s.ok(t, "exec", map[string]any{"cmd": `for p in /proc/[0-9]*; do tr '\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -c '^sleep 604' || true`})); !strings.Contains(txt, "[stdout]\n0") {
+			t.Fatalf("sleeps left: %q", txt)
+		}
+		if txt := textOf(s.ok(t, "run_code", map[string]any{"code": "x"})); !strings.Contains(txt, "41") {
+			t.Fatalf("x after kill_processes: %q", txt)
 		}
 	})
 

@@ -99,6 +99,10 @@ type deleteSnapshotIn struct {
 	SnapshotID string `json:"snapshot_id" jsonschema:"the snapshot to delete (snap_…)"`
 }
 
+type killProcessesIn struct {
+	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox whose processes to end; default: this session's sandbox"`
+}
+
 type killIn struct {
 	SandboxID string `json:"sandbox_id,omitempty" jsonschema:"sandbox to kill; default: this session's sandbox (the next call makes a new one)"`
 }
@@ -140,6 +144,11 @@ func (s *session) addTools(srv *mcp.Server) {
 		Name:        "delete_snapshot",
 		Description: "Delete a snapshot and free its disk. Sandboxes restored from it are not affected.",
 	}, s.deleteSnapshot)
+	mcp.AddTool(srv, &mcp.Tool{
+		Name: "kill_processes",
+		Description: "End every process in the sandbox but the run_code kernels, which keep their variables: commands left running in the background, servers, a fork bomb. " +
+			"Use it when exec fails because the sandbox has too many processes, or to stop what earlier commands left behind. Files stay.",
+	}, s.killProcesses)
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "kill_sandbox",
 		Description: "Kill a sandbox. Without sandbox_id, kills this session's sandbox; the next call then starts a fresh one.",
@@ -515,6 +524,36 @@ func (s *session) deleteSnapshot(ctx context.Context, _ *mcp.CallToolRequest, in
 	}
 	s.log.Info("snapshot deleted", "snapshot", in.SnapshotID)
 	return text("deleted %s", in.SnapshotID), nil, nil
+}
+
+func (s *session) killProcesses(ctx context.Context, _ *mcp.CallToolRequest, in killProcessesIn) (*mcp.CallToolResult, any, error) {
+	if in.SandboxID == "" {
+		s.mu.Lock()
+		own := s.id
+		s.mu.Unlock()
+		if own == "" {
+			return text("this session has no sandbox yet; nothing to end"), nil, nil
+		}
+	}
+	res, err := s.onSandbox(ctx, in.SandboxID, func(id string) (*mcp.CallToolResult, error) {
+		k, err := s.c.KillAllProcesses(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if k.Remaining > 0 {
+			return text("killed %s; %d were still forking at the end: call kill_processes again", processes(k.Killed), k.Remaining), nil
+		}
+		return text("killed %s; the kernels and their variables are kept", processes(k.Killed)), nil
+	})
+	return res, nil, err
+}
+
+// processes says "1 process" or "n processes".
+func processes(n int) string {
+	if n == 1 {
+		return "1 process"
+	}
+	return fmt.Sprintf("%d processes", n)
 }
 
 func (s *session) killSandbox(ctx context.Context, _ *mcp.CallToolRequest, in killIn) (*mcp.CallToolResult, any, error) {
