@@ -1,6 +1,6 @@
 """A CrewAI crew whose analyst runs Python in a PandaStack sandbox.
 
-    pip install 'pandastack[crewai]'
+    pip install './sdk/python[crewai]'   # from the repository's root
     export PANDASTACK_API_KEY=...        # and PANDASTACK_API if not localhost:8080
     export OPENAI_API_KEY=...            # CREWAI_MODEL picks another model, e.g. anthropic/claude-sonnet-4-5
     python examples/crewai_crew.py ["your task"]

@@ -4,7 +4,7 @@ The tool answers the model with text (stdout, `[result]`, `ERROR:` and a
 traceback, a `[chart]` line) and hands the charts to the application as its
 artifact: this script saves them as PNG files.
 
-    pip install 'pandastack[langchain]' langgraph langchain langchain-openai
+    pip install './sdk/python[langchain]'   # from the repository's root langgraph langchain langchain-openai
     export PANDASTACK_API_KEY=...        # and PANDASTACK_API if not localhost:8080
     export OPENAI_API_KEY=...            # or another provider: LANGCHAIN_MODEL=anthropic:claude-sonnet-4-5 ...
     python examples/langgraph_agent.py ["your task"]

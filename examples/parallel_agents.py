@@ -1,7 +1,7 @@
 """Several smolagents agents at once, each with its own PandaStack sandbox
 (one kernel per agent), so their variables never mix.
 
-    pip install 'pandastack[smolagents]'
+    pip install './sdk/python[smolagents]'   # from the repository's root
     export PANDASTACK_API_KEY=...        # and PANDASTACK_API if not localhost:8080
     export HF_TOKEN=...                  # a Hugging Face token for Inference Providers
     python examples/parallel_agents.py

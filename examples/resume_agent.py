@@ -3,7 +3,7 @@ run the sandbox is snapshotted (memory, kernel variables, files) and the
 snapshot id stored in a file; the next run restores it, so the agent finds
 the variables of the previous run.
 
-    pip install 'pandastack[smolagents]'
+    pip install './sdk/python[smolagents]'   # from the repository's root
     export PANDASTACK_API_KEY=...        # and PANDASTACK_API if not localhost:8080
     export HF_TOKEN=...                  # a Hugging Face token for Inference Providers
     python examples/resume_agent.py "Load the numbers 1..50 into a variable nums and report their sum"

@@ -4,7 +4,7 @@ A smolagents ToolCallingAgent whose `run_python` tool runs in a PandaStack
 sandbox: one persistent kernel for the session, errors fed back as `ERROR:`
 and a traceback, charts captured as PNGs.
 
-    pip install 'pandastack[smolagents]'
+    pip install './sdk/python[smolagents]'   # from the repository's root
     export PANDASTACK_API_KEY=...        # and PANDASTACK_API if not localhost:8080
     export HF_TOKEN=...                  # a Hugging Face token for Inference Providers
     python examples/smolagents_recipe.py ["your task"]

@@ -219,7 +219,7 @@ class Sandbox(SandboxRecord):
 
     def terminal(self, cols: int = 80, rows: int = 24) -> "Terminal":
         """Open an interactive shell on a real terminal in the sandbox (see
-        :class:`pandastack.terminal.Terminal`); needs ``pandastack[terminal]``."""
+        :class:`pandastack.terminal.Terminal`); needs the ``terminal`` extra (``websockets``)."""
         from .terminal import Terminal
 
         return Terminal(self._client, self.id, cols, rows)

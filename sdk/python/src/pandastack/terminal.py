@@ -5,7 +5,7 @@
         term.write("echo $((6*7))\\r")
         print(term.read_until("42"))
 
-Needs the ``websockets`` package (``pip install 'pandastack[terminal]'``).
+Needs the ``websockets`` package (the ``terminal`` extra).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Terminal:
             from websockets.exceptions import InvalidStatus
             from websockets.sync.client import connect
         except ImportError as e:  # pragma: no cover - depends on the environment
-            raise ImportError(f"Sandbox.terminal needs websockets: pip install 'pandastack[terminal]' ({e})") from e
+            raise ImportError(f"Sandbox.terminal needs websockets: pip install 'websockets>=13' ({e})") from e
         base = client.api_url.replace("http", "ws", 1)
         url = f"{base}/v1/sandboxes/{quote(sandbox_id)}/pty?{urlencode({'cols': cols, 'rows': rows})}"
         self._stack = ExitStack()

@@ -4,15 +4,15 @@ tool (or executor) of an agent.
 Each framework has its own module, imported on demand, so ``import
 pandastack`` never imports a framework:
 
-- :mod:`pandastack.integrations.smolagents` (``pip install
-  'pandastack[smolagents]'``): the ``run_python`` tool of the recipe,
+- :mod:`pandastack.integrations.smolagents` (the ``smolagents`` extra):
+  the ``run_python`` tool of the recipe,
   :class:`~pandastack.integrations.smolagents.PandaStackPythonTool` (one
   sandbox per instance, charts as observation images) and
   :class:`~pandastack.integrations.smolagents.PandaStackExecutor` for
   ``CodeAgent(executor=...)``.
-- :mod:`pandastack.integrations.langchain` (``pandastack[langchain]``): a
+- :mod:`pandastack.integrations.langchain` (the ``langchain`` extra): a
   LangChain tool for LangGraph agents; charts come back as its artifact.
-- :mod:`pandastack.integrations.crewai` (``pandastack[crewai]``): a CrewAI
+- :mod:`pandastack.integrations.crewai` (the ``crewai`` extra): a CrewAI
   tool, persistent by default, or attached to an existing sandbox.
 
 All of them answer with the same text: ``ERROR:`` and the traceback when

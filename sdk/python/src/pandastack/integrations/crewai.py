@@ -1,4 +1,4 @@
-"""CrewAI integration (``pip install 'pandastack[crewai]'``).
+"""CrewAI integration (the SDK's ``crewai`` extra).
 
 :class:`PandaStackPythonTool` is a CrewAI tool that runs Python in a
 PandaStack sandbox::
@@ -34,7 +34,7 @@ try:
         SerializableCallable = Any  # type: ignore[misc]
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"pandastack.integrations.crewai needs crewai (>= 1.15): pip install 'pandastack[crewai]' ({e})"
+        f"pandastack.integrations.crewai needs crewai (>= 1.15): pip install 'crewai>=1.15,<2' ({e})"
     ) from e
 
 from ..client import Client

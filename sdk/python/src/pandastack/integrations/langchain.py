@@ -1,4 +1,4 @@
-"""LangChain / LangGraph integration (``pip install 'pandastack[langchain]'``).
+"""LangChain / LangGraph integration (the SDK's ``langchain`` extra).
 
 :class:`PandaStackPythonTool` is a LangChain tool that runs Python in a
 PandaStack sandbox, for LangGraph's prebuilt agent or any tool-calling
@@ -32,7 +32,7 @@ try:
     from pydantic import BaseModel, Field, PrivateAttr
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"pandastack.integrations.langchain needs langchain-core (>= 1.0): pip install 'pandastack[langchain]' ({e})"
+        f"pandastack.integrations.langchain needs langchain-core (>= 1.0): pip install 'langchain-core>=1,<2' ({e})"
     ) from e
 
 from ..client import Client

@@ -1,4 +1,4 @@
-"""smolagents integration (``pip install 'pandastack[smolagents]'``).
+"""smolagents integration (the SDK's ``smolagents`` extra).
 
 Three ways to run an agent's code in a PandaStack sandbox:
 
@@ -46,7 +46,7 @@ try:
     from smolagents.utils import AgentError
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"pandastack.integrations.smolagents needs smolagents (>= 1.23): pip install 'pandastack[smolagents]' ({e})"
+        f"pandastack.integrations.smolagents needs smolagents (>= 1.23): pip install 'smolagents>=1.23,<2' ({e})"
     ) from e
 
 from ..client import Client
