@@ -23,6 +23,11 @@ type HistoryEntry struct {
 	Text            string        `json:"text,omitempty"`      // code: the main result's text
 	Results         []string      `json:"results,omitempty"`   // code: the kinds of rich outputs, e.g. "png", "html"
 	ExitCode        *int          `json:"exit_code,omitempty"` // exec and terminal
+	// Background: an exec with background: true, recorded when it started
+	// as process PID; its output and exit are the process's
+	// (GET …/processes/{pid}/output), not the entry's.
+	Background bool `json:"background,omitempty"`
+	PID        int  `json:"pid,omitempty"`
 	TimedOut        bool          `json:"timed_out,omitempty"`
 	Error           *HistoryError `json:"error,omitempty"`   // code: the cell's exception
 	Failure         string        `json:"failure,omitempty"` // the request itself failed (or the server stopped): why

@@ -167,17 +167,19 @@ func TestTerminal(t *testing.T) {
 }
 
 type historyEntry struct {
-	Kind     string   `json:"kind"`
-	Command  string   `json:"command"`
-	Code     string   `json:"code"`
-	Language string   `json:"language"`
-	Running  bool     `json:"running"`
-	Stdout   string   `json:"stdout"`
-	Text     string   `json:"text"`
-	Results  []string `json:"results"`
-	ExitCode *int     `json:"exit_code"`
-	Failure  string   `json:"failure"`
-	Error    *struct {
+	Kind       string   `json:"kind"`
+	Command    string   `json:"command"`
+	Code       string   `json:"code"`
+	Language   string   `json:"language"`
+	Running    bool     `json:"running"`
+	Stdout     string   `json:"stdout"`
+	Text       string   `json:"text"`
+	Results    []string `json:"results"`
+	ExitCode   *int     `json:"exit_code"`
+	Failure    string   `json:"failure"`
+	Background bool     `json:"background"`
+	PID        int      `json:"pid"`
+	Error      *struct {
 		Name      string `json:"name"`
 		Traceback string `json:"traceback"`
 	} `json:"error"`
@@ -224,6 +226,10 @@ func TestHistoryAndStats(t *testing.T) {
 	if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo from-exec; exit 3"}); err != nil {
 		t.Fatal(err)
 	}
+	var bg struct{ PID int }
+	if st, body := rawJSON(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/exec", `{"cmd": "echo in-the-background", "background": true}`, &bg); st != 200 {
+		t.Fatalf("background exec: %d %s", st, body)
+	}
 	if _, err := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\n6 * 7"}); err != nil {
 		t.Fatal(err)
 	}
@@ -252,10 +258,10 @@ func TestHistoryAndStats(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if len(h.History) != 4 {
-		t.Fatalf("history has %d entries, want 4: %+v", len(h.History), h.History)
+	if len(h.History) != 5 {
+		t.Fatalf("history has %d entries, want 5: %+v", len(h.History), h.History)
 	}
-	term0, zero, cell, ex := h.History[0], h.History[1], h.History[2], h.History[3]
+	term0, zero, cell, back, ex := h.History[0], h.History[1], h.History[2], h.History[3], h.History[4]
 	if term0.Kind != "terminal" || !strings.Contains(term0.Stdout, "T42T") || strings.Contains(term0.Stdout, "\x1b") {
 		t.Errorf("newest entry = %+v, want the terminal with T42T in a plain transcript", term0)
 	}
@@ -268,6 +274,9 @@ func TestHistoryAndStats(t *testing.T) {
 	}
 	if cell.Kind != "code" || cell.Language != "python" || cell.Text != "42" || len(cell.Results) == 0 || cell.Results[0] != "png" {
 		t.Errorf("third entry = %+v, want the plotting cell: text 42, a png", cell)
+	}
+	if back.Kind != "exec" || back.Command != "echo in-the-background" || !back.Background || back.PID != bg.PID || back.Running || back.ExitCode != nil || back.Failure != "" {
+		t.Errorf("fourth entry = %+v, want the background exec as it started, pid %d", back, bg.PID)
 	}
 	if ex.Kind != "exec" || ex.Command != "echo from-exec; exit 3" || ex.Stdout != "from-exec\n" || ex.ExitCode == nil || *ex.ExitCode != 3 {
 		t.Errorf("oldest entry = %+v, want the exec with exit 3", ex)
@@ -296,7 +305,7 @@ func TestHistoryAndStats(t *testing.T) {
 	if err := c.KillSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := rawJSON(t, s, "GET", "/v1/sandboxes/"+sb.ID+"/history", "", &h); code != 200 || len(h.History) != 4 {
+	if code, _ := rawJSON(t, s, "GET", "/v1/sandboxes/"+sb.ID+"/history", "", &h); code != 200 || len(h.History) != 5 {
 		t.Errorf("history after kill: %d, %d entries", code, len(h.History))
 	}
 	if code, ecode, _ := api(t, s, s.key, "GET", "/v1/sandboxes/sbx_never/history", ""); code != 404 || ecode != "not_found" {

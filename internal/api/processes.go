@@ -3,9 +3,11 @@ package api
 import (
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/history"
 	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
@@ -28,7 +30,19 @@ func (s *Server) execBackground(w http.ResponseWriter, r *http.Request, project 
 		return
 	}
 	defer done()
+	cmd := req.Cmd
+	if cmd == "" {
+		cmd = strings.Join(req.Argv, " ")
+	}
+	rec := s.history.Begin(project, r.PathValue("id"), history.Entry{Kind: history.KindExec, Command: cmd, Background: true})
 	p, err := agent.StartProcess(r.Context(), agentproto.ExecRequest{Argv: req.Argv, Cmd: req.Cmd, Env: req.Env, Cwd: req.Cwd, TimeoutMS: timeoutMS, Stdin: []byte(req.Stdin)})
+	rec.End(func(e *history.Entry) {
+		if err != nil {
+			e.Failure = failure(r.Context(), err)
+			return
+		}
+		e.PID = p.PID
+	})
 	if err != nil {
 		s.logFailure(r, err)
 		writeError(w, err)

@@ -334,7 +334,7 @@ function historyPanel(id) {
     if (!r) return;
     list.replaceChildren(...(r.history.length ? r.history.map((e) => {
       const what = e.kind === "exec" ? e.command : e.kind === "code" ? e.code : "interactive terminal";
-      const outcome = e.running ? "running" : e.failure ? "failed: " + e.failure : e.error ? `${e.error.name}: ${e.error.value}` : e.exit_code !== undefined ? `exit ${e.exit_code}` : e.kind === "terminal" ? "closed" : "ok";
+      const outcome = e.running ? "running" : e.failure ? "failed: " + e.failure : e.error ? `${e.error.name}: ${e.error.value}` : e.exit_code !== undefined ? `exit ${e.exit_code}` : e.background ? `started in the background as pid ${e.pid}` : e.kind === "terminal" ? "closed" : "ok";
       return h("article", { class: "history-entry", "data-kind": e.kind },
         h("header", {}, h("strong", { text: e.kind }), h("span", { class: "muted", text: `${new Date(e.started_at).toLocaleTimeString()} · ${e.duration_ms} ms · ${outcome}` }),
           e.language ? h("span", { class: "tag", text: e.language }) : null, ...(e.results || []).map((k) => h("span", { class: "tag", text: k }))),
