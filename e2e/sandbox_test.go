@@ -643,6 +643,10 @@ func TestCLI(t *testing.T) {
 			t.Errorf("pandastack %v: %v %q, want exit 2 naming the unknown verb", args, err, errOut)
 		}
 	}
+	// A flag of exec's after the id would run as the command (127).
+	if _, errOut, err := s.cli("sandbox", "exec", id, "--timeout", "1s", "--", "echo ran"); exitCode(err) != 2 || !strings.Contains(errOut, "goes before the sandbox id") {
+		t.Errorf("exec with a flag after the id: %v %q, want exit 2 saying where it goes", err, errOut)
+	}
 	if _, errOut, err := s.cli("template", "gc", "--dry-run", "--min-age", "-5s"); exitCode(err) == 0 || !strings.Contains(errOut, "negative") {
 		t.Errorf("template gc --min-age -5s: %v %q, want a refusal", err, errOut)
 	}

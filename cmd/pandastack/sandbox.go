@@ -144,6 +144,10 @@ func sandboxCmd(args []string) error {
 		argv := rest[1:]
 		if argv[0] == "--" {
 			argv = argv[1:]
+		} else if name, _, _ := strings.Cut(strings.TrimLeft(argv[0], "-"), "="); strings.HasPrefix(argv[0], "-") && fs.Lookup(name) != nil {
+			// A flag of exec's own after the id: it would run as the
+			// command ("command not found", 127).
+			return badVerb{fmt.Sprintf("sandbox exec: the flag %s goes before the sandbox id (pandastack sandbox exec [flags] %s -- COMMAND)", argv[0], id)}
 		}
 		req := client.ExecRequest{Cwd: *cwd, TimeoutSeconds: timeout.Seconds()}
 		if len(argv) == 1 {

@@ -179,7 +179,7 @@ def test_non_persistent_tool_carries_on_when_its_sandbox_stopped():
     killed from elsewhere says so once, then runs in a new sandbox (every
     later call failed with NotFoundError)."""
     from pandastack import Sandbox
-    from pandastack.integrations._kernel import SandboxLostError
+    from pandastack.integrations import SandboxLostError
     from pandastack.integrations.crewai import PandaStackPythonTool
 
     tool = PandaStackPythonTool(persistent=False)

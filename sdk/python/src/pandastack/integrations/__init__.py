@@ -19,3 +19,7 @@ All of them answer with the same text: ``ERROR:`` and the traceback when
 the code raised, else its stdout, a ``[stderr]`` block, ``[result] <value
 of the last expression>`` and a ``[chart]`` line when a chart was drawn.
 """
+
+from ._kernel import SandboxLostError
+
+__all__ = ["SandboxLostError"]
