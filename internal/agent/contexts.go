@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -167,7 +168,7 @@ func kernelArgv(language string) ([]string, error) {
 				Argv []string `json:"argv"`
 			}
 			if json.Unmarshal(b, &spec) == nil && len(spec.Argv) > 0 {
-				return spec.Argv, nil
+				return withPython(spec.Argv, exec.LookPath), nil
 			}
 		}
 	}
@@ -180,6 +181,23 @@ func kernelArgv(language string) ([]string, error) {
 		return nil, pandastack.Errorf(pandastack.EInvalid, "this sandbox's template has no python Jupyter kernel: use the code-interpreter template, or add ipykernel to the pip list of your template's spec")
 	}
 	return nil, pandastack.Errorf(pandastack.EInvalid, "this sandbox's template has no %s Jupyter kernel; use the code-interpreter template", language)
+}
+
+// withPython gives a kernelspec whose command is a bare "python" (as the
+// kernelspec of ipykernel's wheel has) the python3 on PATH when there is
+// no "python", as Debian has none; as Jupyter itself runs such a spec
+// with its own interpreter. Any other argv comes back as it is.
+func withPython(argv []string, lookPath func(string) (string, error)) []string {
+	if argv[0] != "python" {
+		return argv
+	}
+	if _, err := lookPath("python"); err == nil {
+		return argv
+	}
+	if _, err := lookPath("python3"); err != nil {
+		return argv
+	}
+	return append([]string{"python3"}, argv[1:]...)
 }
 
 func hasIPyKernel() bool {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -115,5 +116,35 @@ func TestMPLConfigDir(t *testing.T) {
 	os.Lchown(shared, user, user)
 	if got := mplConfigDir(shared, "c1"); got != own {
 		t.Errorf("a file: %s, want %s", got, own)
+	}
+}
+
+// The kernelspec of ipykernel's wheel runs "python", which Debian lacks:
+// such a spec gets python3; any other command is left as it is.
+func TestWithPython(t *testing.T) {
+	has := func(names ...string) func(string) (string, error) {
+		return func(n string) (string, error) {
+			if slices.Contains(names, n) {
+				return "/usr/bin/" + n, nil
+			}
+			return "", errors.New("not found")
+		}
+	}
+	spec := []string{"python", "-m", "ipykernel_launcher", "-f", "{connection_file}"}
+	for _, c := range []struct {
+		argv  []string
+		found []string
+		want  string
+	}{
+		{spec, []string{"python3"}, "python3"},
+		{spec, []string{"python", "python3"}, "python"},
+		{spec, nil, "python"}, // nothing better: its own error says what is missing
+		{[]string{"/opt/venv/bin/python", "-m", "ipykernel_launcher"}, []string{"python3"}, "/opt/venv/bin/python"},
+		{[]string{"deno", "jupyter", "--kernel"}, []string{"python3"}, "deno"},
+	} {
+		got := withPython(c.argv, has(c.found...))
+		if got[0] != c.want || !slices.Equal(got[1:], c.argv[1:]) {
+			t.Errorf("withPython(%q) with %v on PATH = %q, want %s first", c.argv, c.found, got, c.want)
+		}
 	}
 }
