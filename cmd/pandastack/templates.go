@@ -212,6 +212,8 @@ func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) 
 		}
 		if _, err := os.Stat(t.warmImage(spec)); err == nil && spec.Warmup != "" {
 			info.Warm = true
+		} else if t.mgr != nil && spec.Warmup != "" {
+			info.WarmError = t.mgr.WarmError(t.warmImage(spec))
 		}
 		if ps, ok := pools[spec.Name]; ok {
 			info.Pool = &api.PoolInfo{Ready: ps.Ready, Size: ps.Size, PSSBytes: ps.PSSBytes}

@@ -41,9 +41,10 @@ type TemplateInfo struct {
 	BuiltAt      time.Time `json:"built_at"`
 	CPU          int       `json:"cpu"`
 	MemoryMB     int       `json:"memory_mb"`
-	DiskMB       int       `json:"disk_mb"`        // its sandboxes' own disk; 0: writes stay in memory
-	Warm         bool      `json:"warm"`           // creates restore a warm snapshot
-	Pool         *PoolInfo `json:"pool,omitempty"` // sandboxes restored ahead of creates
+	DiskMB       int       `json:"disk_mb"`              // its sandboxes' own disk; 0: writes stay in memory
+	Warm         bool      `json:"warm"`                 // creates restore a warm snapshot
+	WarmError    string    `json:"warm_error,omitempty"` // why its warm-up failed (its creates boot cold)
+	Pool         *PoolInfo `json:"pool,omitempty"`       // sandboxes restored ahead of creates
 }
 
 // PoolInfo describes a template's pool of pre-restored sandboxes.

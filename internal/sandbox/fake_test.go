@@ -219,6 +219,13 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 			<-req.Context().Done()
 			return
 		}
+		if strings.HasPrefix(sr.Warmup, "raise ") { // a warm-up that fails
+			w.WriteHeader(http.StatusInternalServerError)
+			var eb agentproto.ErrorBody
+			eb.Error.Code, eb.Error.Message = pandastack.EInternal, "the warm-up failed: "+sr.Warmup
+			json.NewEncoder(w).Encode(eb)
+			return
+		}
 		r.mu.Lock()
 		b.vars["spares"] = fmt.Sprintf("%s %d %s", sr.Language, sr.Count, sr.Warmup)
 		r.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
@@ -187,8 +188,12 @@ func (m *Manager) warmOne(ctx context.Context, s WarmSpec) {
 		m.log.Info("warming template (creates boot cold until this is done)", "template", s.Template.Name)
 		if err := m.Warm(ctx, s.Template, s.Warmup, dir); err != nil {
 			m.log.Error("warming template failed; its sandboxes boot cold", "template", s.Template.Name, "err", err)
+			if ctx.Err() == nil {
+				m.warmFailed.Store(dir, pandastack.ErrorMessage(err))
+			}
 			return
 		}
+		m.warmFailed.Delete(dir)
 		m.log.Info("template warm", "template", s.Template.Name, "seconds", time.Since(start).Seconds())
 	}
 	// Held in the page cache while the server runs (pin.go); made by an
@@ -198,6 +203,15 @@ func (m *Manager) warmOne(ctx context.Context, s WarmSpec) {
 	}
 	m.EnablePool(s.Template, m.cfg.PoolSize)
 	m.enableStandby(s.Template)
+}
+
+// WarmError says why the warming of the warm image dir failed, if it did
+// in this process ("" otherwise): its template's sandboxes boot cold.
+func (m *Manager) WarmError(dir string) string {
+	if why, ok := m.warmFailed.Load(dir); ok {
+		return why.(string)
+	}
+	return ""
 }
 
 // goBackground runs f in the background as the manager's own work, which

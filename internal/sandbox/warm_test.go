@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -191,5 +192,28 @@ func TestWarmImagesStayMarkedAfterWarming(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if fi, err := os.Stat(img); err != nil || time.Since(fi.ModTime()) > time.Hour {
 		t.Fatalf("the warm image was not marked again after the warming: %v", err)
+	}
+}
+
+// A warm-up that fails says why (WarmError, shown by the template list),
+// until a warming of that image succeeds; a template never warmed says
+// nothing.
+func TestWarmErrorSaysWhy(t *testing.T) {
+	h := newHarness(t)
+	tpl := h.tpls.tpl
+	tpl.WarmImage = filepath.Join(h.m.cfg.WarmDir, "base-warm-error")
+	if why := h.m.WarmError(tpl.WarmImage); why != "" {
+		t.Fatalf("before any warming: %q", why)
+	}
+	h.m.warmOne(context.Background(), WarmSpec{Template: tpl, Warmup: "raise boom"})
+	if why := h.m.WarmError(tpl.WarmImage); !strings.Contains(why, "the warm-up failed: raise boom") {
+		t.Fatalf("after a failed warm-up: %q, want why", why)
+	}
+	if _, err := os.Stat(tpl.WarmImage); !os.IsNotExist(err) {
+		t.Fatalf("a failed warm-up left an image: %v", err)
+	}
+	h.m.warmOne(context.Background(), WarmSpec{Template: tpl, Warmup: "import x"})
+	if why := h.m.WarmError(tpl.WarmImage); why != "" {
+		t.Fatalf("after a warm-up that worked: %q", why)
 	}
 }

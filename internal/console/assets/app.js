@@ -529,7 +529,7 @@ async function templatesPage() {
     h("tbody", {}, (r?.templates || []).map((t) => h("tr", {},
       h("td", { class: "mono", text: t.name }), h("td", { text: t.description || "" }), h("td", { text: t.cpu }), h("td", { text: t.memory_mb + " MiB" }),
       h("td", { text: bytes(t.size_bytes) }), h("td", { text: `${new Date(t.built_at).toLocaleString()} (${t.build_seconds.toFixed(0)} s)` }),
-      h("td", { text: t.warm ? "yes" : "no" }), h("td", { text: t.pool ? `${t.pool.ready} of ${t.pool.size} ready (${bytes(t.pool.pss_bytes)})` : "none" }))))));
+      h("td", { text: t.warm ? "yes" : t.warm_error ? "no: its warm-up failed: " + t.warm_error : "no" }), h("td", { text: t.pool ? `${t.pool.ready} of ${t.pool.size} ready (${bytes(t.pool.pss_bytes)})` : "none" }))))));
 }
 
 async function keysPage() {

@@ -45,6 +45,8 @@ export interface TemplateInfo {
   buildSeconds: number;
   /** Creates restore a warm snapshot (the default Python context already up). */
   warm: boolean;
+  /** Why its warm-up failed on the server, when it did (its creates boot cold). */
+  warmError?: string;
   /** Sandboxes restored ahead of creates; undefined when the template has no pool. */
   pool?: { ready: number; size: number; pssBytes: number };
 }
@@ -60,6 +62,7 @@ interface WireTemplate {
   built_at: string;
   build_seconds?: number;
   warm?: boolean;
+  warm_error?: string;
   pool?: { ready: number; size: number; pss_bytes?: number };
 }
 
@@ -429,6 +432,7 @@ export class Sandbox implements SandboxInfo {
       builtAt: new Date(t.built_at),
       buildSeconds: t.build_seconds ?? 0,
       warm: Boolean(t.warm),
+      warmError: t.warm_error || undefined,
       pool: t.pool ? { ready: t.pool.ready, size: t.pool.size, pssBytes: t.pool.pss_bytes ?? 0 } : undefined,
     }));
   }

@@ -471,6 +471,8 @@ class TemplateInfo:
     disk_mb: int = 0
     #: Creates restore a warm snapshot (the default Python context already up).
     warm: bool = False
+    #: Why its warm-up failed on the server, when it did (its creates boot cold).
+    warm_error: str = ""
     #: Sandboxes restored ahead of creates, or None when the template has no pool.
     pool: Optional[PoolInfo] = None
 
@@ -489,6 +491,7 @@ class TemplateInfo:
             description=d.get("description") or "",
             disk_mb=int(d.get("disk_mb") or 0),
             warm=bool(d.get("warm")),
+            warm_error=d.get("warm_error") or "",
             pool=PoolInfo.from_dict(pool) if isinstance(pool, Mapping) else None,
         )
 
