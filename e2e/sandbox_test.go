@@ -958,3 +958,16 @@ func TestCreateCallerHangsUp(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// A sandbox's env applies to what runs in it, not to the platform's own
+// setup: a create whose env has a PATH of its own succeeds (it failed with
+// a 500), and HOME, USER and LOGNAME stay the sandbox user's.
+func TestSandboxEnv(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base", TTLSeconds: 120, Env: map[string]string{"PATH": "/nowhere", "GREETING": "hi", "HOME": "/tmp"}})
+	res, err := c.Exec(context.Background(), sb.ID, client.ExecRequest{Argv: []string{"/bin/sh", "-c", `echo "$PATH $GREETING $HOME"`}})
+	if err != nil || res.Stdout != "/nowhere hi /home/user\n" {
+		t.Fatalf("the sandbox's env: %+v %v", res, err)
+	}
+}

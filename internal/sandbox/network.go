@@ -197,7 +197,7 @@ func (m *Manager) setupSandbox(parent context.Context, c *AgentClient) error {
 	if err == nil && len(m.caPEM) > 0 && !m.hasCA(ctx, c) {
 		var ev agentproto.ExecEvent
 		cmd := installCA + "echo " + m.caDigest + " > " + caMarker + "\n"
-		ev, err = c.Exec(ctx, agentproto.ExecRequest{Cmd: cmd, Stdin: m.caPEM, Root: true, TimeoutMS: 15_000}, nil)
+		ev, err = c.Exec(ctx, agentproto.ExecRequest{Cmd: cmd, Stdin: m.caPEM, Root: true, TimeoutMS: 15_000, Env: setupEnv}, nil)
 		if err == nil && ev.ExitCode != 0 {
 			err = fmt.Errorf("exit status %d", ev.ExitCode)
 		}
@@ -212,6 +212,18 @@ func (m *Manager) setupSandbox(parent context.Context, c *AgentClient) error {
 		return fmt.Errorf("set up sandbox %s (resolver, CA bundle): %w", c.id, err)
 	}
 	return nil
+}
+
+// setupEnv overrides, for the platform's own setup commands, what of the
+// sandbox's environment (the create's env, the user's to choose) would
+// change how they run: a PATH without the system's directories made the
+// setup fail, and the create with it.
+var setupEnv = map[string]string{
+	"PATH":            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"LD_PRELOAD":      "",
+	"LD_LIBRARY_PATH": "",
+	"BASH_ENV":        "",
+	"ENV":             "",
 }
 
 // setupTimeout bounds a sandbox's setup after each boot, and its agent's
