@@ -578,9 +578,9 @@ func TestAPIKeysAndLineage(t *testing.T) {
 	// A data dir that holds no store (not the server's) is refused, and
 	// left as it was, rather than given a new store of its own.
 	wrong := filepath.Join(t.TempDir(), "not-the-servers")
-	for _, verb := range []string{"create", "list"} {
-		if out, errOut, err := s.cli("keys", verb, "--data-dir", wrong); err == nil || out != "" || !strings.Contains(errOut, "no PandaStack store at "+wrong) {
-			t.Errorf("keys %s in a data dir without a store: %v %q %q", verb, err, out, errOut)
+	for _, args := range [][]string{{"keys", "create"}, {"keys", "list"}, {"template", "gc", "--dry-run"}} {
+		if out, errOut, err := s.cli(append(args, "--data-dir", wrong)...); err == nil || out != "" || !strings.Contains(errOut, "no PandaStack store at "+wrong) {
+			t.Errorf("%v in a data dir without a store: %v %q %q", args, err, out, errOut)
 		}
 	}
 	if _, err := os.Stat(wrong); !os.IsNotExist(err) {

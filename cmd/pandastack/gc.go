@@ -39,6 +39,11 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 	if agentHash != "" {
 		isCurrentWarm = func(name string) bool { return currentWarm[name] }
 	}
+	// The server's store, never a new one: an empty store of a mistaken
+	// data dir refers to nothing, and every build would look unused.
+	if err := cfg.existingStore("template gc"); err != nil {
+		return err
+	}
 	store, _, err := openStore(ctx, cfg)
 	if err != nil {
 		return err

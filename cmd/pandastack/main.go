@@ -103,6 +103,29 @@ type badVerb struct{ msg string }
 
 func (b badVerb) Error() string { return b.msg }
 
+// existingStore refuses a SQLite store that is not there yet, or is not
+// PandaStack's, for the commands that work on the server's own (what says
+// verb): one made in a mistaken data dir would look valid and empty.
+func (cfg *Config) existingStore(verb string) error {
+	db := ""
+	switch {
+	case cfg.Store == "":
+		db = cfg.dbPath()
+	case strings.HasPrefix(cfg.Store, "sqlite://"):
+		db = strings.TrimPrefix(cfg.Store, "sqlite://")
+	}
+	if db == "" {
+		return nil
+	}
+	if _, err := os.Stat(db); errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("%s: no PandaStack store at %s: this command works on the server's store; give its --data-dir or --store, or start `pandastack serve` there first", verb, db)
+	}
+	if err := sqlite.IsStore(db); err != nil {
+		return fmt.Errorf("%s: %s is not a PandaStack store: %v; give the server's --data-dir or --store", verb, db, err)
+	}
+	return nil
+}
+
 func newLogger(level string, w io.Writer) *slog.Logger {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
@@ -425,20 +448,8 @@ func keys(args []string) error {
 	}
 	// The server's store, not a new one: a key made in an empty store of
 	// a mistaken data dir would look valid and be refused by the server.
-	db := ""
-	switch {
-	case cfg.Store == "":
-		db = cfg.dbPath()
-	case strings.HasPrefix(cfg.Store, "sqlite://"):
-		db = strings.TrimPrefix(cfg.Store, "sqlite://")
-	}
-	if _, err := os.Stat(db); db != "" && errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("keys %s: no PandaStack store at %s: these commands work on the server's store; give its --data-dir or --store, or start `pandastack serve` there first", args[0], db)
-	}
-	if db != "" {
-		if err := sqlite.IsStore(db); err != nil {
-			return fmt.Errorf("keys %s: %s is not a PandaStack store: %v; give the server's --data-dir or --store", args[0], db, err)
-		}
+	if err := cfg.existingStore("keys " + args[0]); err != nil {
+		return err
 	}
 	store, _, err := openStore(context.Background(), &cfg)
 	if err != nil {
