@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/api"
@@ -111,6 +112,8 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	if v, ok := os.LookupEnv("PANDASTACK_SNAPSHOT_CACHE_MAX_BYTES"); ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			c.SnapshotCacheMaxBytes = n
+		} else {
+			bad("PANDASTACK_SNAPSHOT_CACHE_MAX_BYTES", v, "a whole number of bytes")
 		}
 	}
 	fs.Int64Var(&c.SnapshotCacheMaxBytes, "snapshot-cache-max-bytes", c.SnapshotCacheMaxBytes, "most bytes of remote snapshots cached locally, least recently used evicted first (0: no limit) ($PANDASTACK_SNAPSHOT_CACHE_MAX_BYTES)")
@@ -146,7 +149,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		}
 	}
 	fs.Int64Var(&c.API.MaxUploadBytes, "max-upload-bytes", c.API.MaxUploadBytes, "largest file upload ($PANDASTACK_MAX_UPLOAD_BYTES)")
-	c.Net.bind(fs)
+	c.Net.bind(fs, bad)
 	c.Nodes.bind(str, dur)
 }
 
@@ -193,6 +196,33 @@ func (c *Config) validate() error {
 	}
 	if c.Sandbox.MaxDiskMB < 64 || (c.DiskMB > 0 && c.DiskMB > c.Sandbox.MaxDiskMB) {
 		return fmt.Errorf("--max-disk-mb %d must be at least 64 and at least --disk-mb (%d)", c.Sandbox.MaxDiskMB, c.DiskMB)
+	}
+	// A negative count or size would not mean "none" or "no limit" (an
+	// exec output cap of -1 emptied every answer, an upload limit of -5
+	// refused every upload): refused, naming the flag.
+	for _, n := range []struct {
+		flag  string
+		value int64
+		least int64
+	}{
+		{"pool-size", int64(c.Sandbox.PoolSize), 0},
+		{"pool-memory-mb", int64(c.Sandbox.PoolMemoryMB), 0},
+		{"prepared-resumes", int64(c.Sandbox.PreparedResumes), 0},
+		{"prepared-creates", int64(c.Sandbox.PreparedCreates), 0},
+		{"max-restores", int64(c.Sandbox.MaxRestores), 0},
+		{"max-cpu", int64(c.Sandbox.MaxCPU), 0},
+		{"max-memory-mb", int64(c.Sandbox.MaxMemoryMB), 0},
+		{"max-fork", int64(c.Sandbox.MaxFork), 0},
+		{"snapshot-cache-max-bytes", c.SnapshotCacheMaxBytes, 0},
+		{"exec-output-cap", int64(c.API.ExecOutputCap), 1},
+		{"max-upload-bytes", c.API.MaxUploadBytes, 1},
+	} {
+		if n.value < n.least {
+			return fmt.Errorf("--%s %d: want a whole number, at least %d", n.flag, n.value, n.least)
+		}
+	}
+	if d := c.Net.PublicDomain; strings.ContainsAny(d, ":/") {
+		return fmt.Errorf("--public-domain %q: want a bare domain name, such as sandboxes.example.com (no scheme, port or path)", d)
 	}
 	if c.Sandbox.DefaultTTL <= 0 || c.Sandbox.MaxTTL <= 0 || c.Sandbox.DefaultTTL > c.Sandbox.MaxTTL {
 		return fmt.Errorf("default TTL %s must be positive and at most the max TTL %s", c.Sandbox.DefaultTTL, c.Sandbox.MaxTTL)

@@ -54,6 +54,9 @@ func TestMalformedEnvironmentIsRefused(t *testing.T) {
 		"PANDASTACK_KILL_ON_EXIT":     "maybe",
 		"PANDASTACK_MAX_UPLOAD_BYTES": "4G",
 		"PANDASTACK_POOL_SIZE":        "-",
+		// These two were dropped without a word.
+		"PANDASTACK_SNAPSHOT_CACHE_MAX_BYTES": "lots",
+		"PANDASTACK_NETWORK_ALLOW_PRIVATE":    "172.16.0.0/12,x",
 	} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv(env, val)
@@ -81,6 +84,35 @@ func TestMalformedEnvironmentIsRefused(t *testing.T) {
 		cfg.bind(flag.NewFlagSet("serve", flag.ContinueOnError))
 		if err := cfg.validate(); err != nil || cfg.Warm || !cfg.KillOnExit {
 			t.Fatalf("validate = %v (warm %v, kill on exit %v)", err, cfg.Warm, cfg.KillOnExit)
+		}
+	})
+}
+
+// A negative count or size is refused, naming the flag: it would not mean
+// none or no limit (an exec output cap of -1 emptied every exec's answer).
+func TestNegativeSettingsAreRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"--exec-output-cap", "-1"},
+		{"--exec-output-cap", "0"},
+		{"--max-upload-bytes", "-5"},
+		{"--pool-size", "-3"},
+		{"--prepared-creates", "-2"},
+		{"--max-restores", "-1"},
+		{"--snapshot-cache-max-bytes", "-1"},
+		{"--public-domain", "http://sandboxes.example.com"},
+	} {
+		if _, err := bindWith(t, nil, args...); err == nil || !strings.Contains(err.Error(), args[0]) {
+			t.Errorf("%v: %v, want a refusal naming the flag", args, err)
+		}
+	}
+	for _, args := range [][]string{{"--pool-size", "0"}, {"--max-restores", "0"}, {"--public-domain", "sandboxes.example.com"}} {
+		if _, err := bindWith(t, nil, args...); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+	t.Run("from the environment", func(t *testing.T) {
+		if _, err := bindWith(t, map[string]string{"PANDASTACK_POOL_SIZE": "-3"}); err == nil || !strings.Contains(err.Error(), "--pool-size") {
+			t.Errorf("PANDASTACK_POOL_SIZE=-3: %v, want a refusal", err)
 		}
 	})
 }

@@ -60,7 +60,7 @@ func (l prefixList) Set(v string) error {
 	return nil
 }
 
-func (c *NetConfig) bind(fs *flag.FlagSet) {
+func (c *NetConfig) bind(fs *flag.FlagSet, bad func(env, v, want string)) {
 	// str binds a string flag whose default an environment variable overrides.
 	str := func(p *string, name, env, def, usage string) {
 		*p = def
@@ -84,7 +84,9 @@ func (c *NetConfig) bind(fs *flag.FlagSet) {
 	}
 	fs.IntVar(&c.MaxFlows, "network-max-flows", c.MaxFlows, "connections one sandbox may have open at once (TCP until closed, UDP until its tracking times out, 30 s or more), through NAT, DNS and the domain proxy together; new ones past it are refused, so one sandbox cannot fill the host's connection tracking table (0: no limit) ($PANDASTACK_NETWORK_MAX_FLOWS)")
 	if v := os.Getenv("PANDASTACK_NETWORK_ALLOW_PRIVATE"); v != "" {
-		prefixList{&c.AllowPrivate}.Set(v)
+		if err := (prefixList{&c.AllowPrivate}).Set(v); err != nil {
+			bad("PANDASTACK_NETWORK_ALLOW_PRIVATE", v, fmt.Sprintf("private IPv4 ranges (CIDR), comma-separated (%v)", err))
+		}
 	}
 	fs.Var(prefixList{&c.AllowPrivate}, "network-allow-private", "private range (CIDR) that a sandbox policy may open by naming it in allow_out (internet access alone does not reach it); repeatable ($PANDASTACK_NETWORK_ALLOW_PRIVATE, comma-separated)")
 }
