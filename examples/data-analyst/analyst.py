@@ -12,6 +12,7 @@ offline end to end.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -163,6 +164,26 @@ INSTRUCTIONS = (
 )
 
 
+# The sandboxes of the analyses under way, so that a server stopping in the
+# middle of one kills them (its run's thread dies with the process, before
+# its own kill): kill_live_sandboxes.
+_live: Dict[str, Sandbox] = {}
+_live_lock = threading.Lock()
+
+
+def kill_live_sandboxes() -> int:
+    """Kill the sandboxes of the analyses still running; how many."""
+    with _live_lock:
+        boxes = list(_live.values())
+        _live.clear()
+    for sb in boxes:
+        try:
+            sb.kill()
+        except Exception:  # the server may be gone too; its TTL ends them then
+            pass
+    return len(boxes)
+
+
 def analyse(csv: bytes, question: str, emit: Emit, client: Optional[Client] = None,
             model: Optional[Model] = None, max_steps: int = 10) -> str:
     """Run the agent on the CSV; emit every step; return its answer. The
@@ -171,6 +192,8 @@ def analyse(csv: bytes, question: str, emit: Emit, client: Optional[Client] = No
     sandbox = Sandbox.create(template="code-interpreter", ttl_seconds=1800,
                              metadata={"app": "data-analyst"}, network={"allow_internet_access": False},
                              client=client)
+    with _live_lock:
+        _live[sandbox.id] = sandbox
     emit({"type": "sandbox", "sandbox_id": sandbox.id})
     try:
         sandbox.files.write(DATA_PATH, csv)
@@ -179,4 +202,6 @@ def analyse(csv: bytes, question: str, emit: Emit, client: Optional[Client] = No
         answer = agent.run(INSTRUCTIONS.format(path=DATA_PATH, question=question or "What is in this data?"))
         return str(answer)
     finally:
+        with _live_lock:
+            _live.pop(sandbox.id, None)
         sandbox.kill()

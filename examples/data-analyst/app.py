@@ -22,11 +22,15 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 from urllib.parse import parse_qs
 
-from analyst import analyse
+from analyst import analyse, kill_live_sandboxes
 
 STATIC = Path(__file__).resolve().parent / "static"
 MAX_CSV = 50 << 20
 MAX_RUNS = 100
+# Analyses at once, each in a sandbox of its own: more are refused (429)
+# until one ends, so a burst of uploads cannot start sandboxes without end.
+MAX_RUNNING = int(os.environ.get("DATA_ANALYST_MAX_RUNNING", "4"))
+running = threading.BoundedSemaphore(MAX_RUNNING)
 
 
 class Run:
@@ -59,7 +63,11 @@ class Run:
 runs: Dict[str, Run] = {}
 
 
-def start_run(csv: bytes, question: str) -> str:
+def start_run(csv: bytes, question: str) -> Optional[str]:
+    """Start an analysis in the background; None when MAX_RUNNING are
+    running already."""
+    if not running.acquire(blocking=False):
+        return None
     rid = uuid.uuid4().hex[:12]
     run = Run()
     runs[rid] = run
@@ -72,6 +80,8 @@ def start_run(csv: bytes, question: str) -> str:
             run.emit({"type": "answer", "answer": answer})
         except Exception as e:  # reported to the page, not lost in a log
             run.emit({"type": "failed", "error": f"{type(e).__name__}: {e}"})
+        finally:
+            running.release()
 
     threading.Thread(target=work, name=f"run-{rid}", daemon=True).start()
     return rid
@@ -152,6 +162,10 @@ async def app(scope, receive, send) -> None:
             if msg["type"] == "lifespan.startup":
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
+                # The runs' threads end with the process, before they kill
+                # their sandboxes: killed here, or they would live on
+                # until their TTL.
+                await asyncio.to_thread(kill_live_sandboxes)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
     path, method = scope["path"], scope["method"]
@@ -169,6 +183,9 @@ async def app(scope, receive, send) -> None:
             await send_json(send, 400, {"error": f"send the CSV as the request body (at most {MAX_CSV >> 20} MiB)"})
             return
         rid = start_run(csv, q.get("question", [""])[0])
+        if rid is None:
+            await send_json(send, 429, {"error": f"{MAX_RUNNING} analyses are running; try again when one has ended"})
+            return
         await send_json(send, 201, {"id": rid})
         return
     if method == "GET" and path.startswith("/api/runs/") and path.endswith("/events"):

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import httpx
 from playwright.sync_api import Page, expect
+
+from conftest import REPO, free_port, stop, wait_http
 
 
 def sample_csv() -> bytes:
@@ -72,3 +77,37 @@ def test_demo_handles_awkward_csvs_offline(analyst_app, serve) -> None:
     answer = [ev for ev in events if ev["type"] == "answer"]
     assert answer and "Traceback" not in answer[0]["answer"], events[-1]
     assert networks and networks[0]["allow_internet_access"] is False, networks
+
+
+def test_stopping_the_app_kills_the_runs_sandboxes(serve, tmp_path) -> None:
+    """An app stopped in the middle of a run kills that run's sandbox (its
+    thread died with the process, and the sandbox lived on until its TTL),
+    and a run past DATA_ANALYST_MAX_RUNNING is refused, not started."""
+    port = free_port()
+    env = dict(os.environ, PANDASTACK_API=serve.url, PANDASTACK_API_KEY=serve.key,
+               DATA_ANALYST_LISTEN=f"127.0.0.1:{port}", DATA_ANALYST_DEMO_PACE="30", DATA_ANALYST_MAX_RUNNING="1")
+    for k in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
+        env.pop(k, None)
+    log = tmp_path / "app.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, str(REPO / "examples" / "data-analyst" / "app.py")], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/", proc, log, 120)
+        run_id = httpx.post(f"{url}/api/runs", content=sample_csv()).json()["id"]
+        second = httpx.post(f"{url}/api/runs", content=sample_csv())
+        assert second.status_code == 429 and "1 analyses are running" in second.json()["error"], second.text
+        sandbox_id = None
+        with httpx.stream("GET", f"{url}/api/runs/{run_id}/events", timeout=120) as r:
+            for line in r.iter_lines():
+                if line.startswith("data:") and json.loads(line[5:])["type"] == "sandbox":
+                    sandbox_id = json.loads(line[5:])["sandbox_id"]
+                    break
+        assert sandbox_id
+    finally:
+        stop(proc)
+    # (uvicorn ends a SIGTERM's shutdown by raising the signal again: -15.)
+    with serve.api() as api:
+        got = api.get(f"/v1/sandboxes/{sandbox_id}")
+    assert got.status_code == 404 or got.json().get("state") == "stopped", (got.text, log.read_text(errors="replace")[-4000:])
