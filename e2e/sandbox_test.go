@@ -643,6 +643,24 @@ func TestCLI(t *testing.T) {
 			t.Errorf("pandastack %v: %v %q, want exit 2 naming the unknown verb", args, err, errOut)
 		}
 	}
+	// A wrong server or key says which the CLI used; a URL with the
+	// routes' /v1 works.
+	host := strings.TrimPrefix(s.url, "http://")
+	for _, c := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"PANDASTACK_API_KEY=pds_notakey"}, "(the key from PANDASTACK_API_KEY, sent to " + s.url + ")"},
+		{[]string{"PANDASTACK_API=" + host}, "want the server's URL, such as http://" + host},
+		{[]string{"PANDASTACK_API=http://127.0.0.1:1"}, "cannot reach the PandaStack server at http://127.0.0.1:1"},
+	} {
+		if _, errOut, err := s.cliEnv(c.env, "sandbox", "ls"); err == nil || !strings.Contains(errOut, c.want) {
+			t.Errorf("sandbox ls with %v: %v %q, want %q", c.env, err, errOut, c.want)
+		}
+	}
+	if out, errOut, err := s.cliEnv([]string{"PANDASTACK_API=" + s.url + "/v1/"}, "sandbox", "ls"); err != nil || !strings.Contains(out, id) {
+		t.Errorf("sandbox ls with PANDASTACK_API ending in /v1/: %v %q %q", err, out, errOut)
+	}
 	// A flag of exec's after the id would run as the command (127).
 	if _, errOut, err := s.cli("sandbox", "exec", id, "--timeout", "1s", "--", "echo ran"); exitCode(err) != 2 || !strings.Contains(errOut, "goes before the sandbox id") {
 		t.Errorf("exec with a flag after the id: %v %q, want exit 2 saying where it goes", err, errOut)

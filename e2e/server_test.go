@@ -185,8 +185,14 @@ func (s *server) client() *client.Client { return client.New(s.url, s.key) }
 
 // cli runs the pandastack binary as a user would, against this server.
 func (s *server) cli(args ...string) (string, string, error) {
+	return s.cliEnv(nil, args...)
+}
+
+// cliEnv is cli with env (NAME=value) after this server's settings.
+func (s *server) cliEnv(env []string, args ...string) (string, string, error) {
 	cmd := exec.Command(filepath.Join(s.bin, "pandastack"), args...)
 	cmd.Env = append(os.Environ(), "PANDASTACK_API="+s.url, "PANDASTACK_API_KEY="+s.key, "PANDASTACK_DATA_DIR="+s.dataDir, "PANDASTACK_CACHE_DIR="+paths.CacheDir())
+	cmd.Env = append(cmd.Env, env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -30,7 +30,7 @@ func mcpCmd(args []string) error {
 	default:
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
 	}
-	c, err := cliClient()
+	c, _, err := cliClient()
 	if err != nil {
 		return err
 	}

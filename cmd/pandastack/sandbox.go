@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"slices"
@@ -17,9 +19,16 @@ import (
 )
 
 // cliClient builds an API client from PANDASTACK_API and PANDASTACK_API_KEY,
-// falling back to the key file of the local data directory.
-func cliClient() (*client.Client, error) {
-	key := os.Getenv("PANDASTACK_API_KEY")
+// falling back to the key file of the local data directory. keyFrom says
+// where the key came from, for errors (explainAPI).
+func cliClient() (c *client.Client, keyFrom string, err error) {
+	base := os.Getenv("PANDASTACK_API")
+	if base != "" && !strings.Contains(base, "://") {
+		return nil, "", fmt.Errorf("PANDASTACK_API=%q: want the server's URL, such as http://%s", base, base)
+	}
+	// The routes' own /v1 is the client's to add.
+	base = strings.TrimSuffix(strings.TrimSuffix(base, "/"), "/v1")
+	key, keyFrom := os.Getenv("PANDASTACK_API_KEY"), "PANDASTACK_API_KEY"
 	if key == "" {
 		cfg := defaultConfig()
 		if v := os.Getenv("PANDASTACK_DATA_DIR"); v != "" {
@@ -27,11 +36,39 @@ func cliClient() (*client.Client, error) {
 		}
 		b, err := os.ReadFile(cfg.keyPath())
 		if err != nil {
-			return nil, fmt.Errorf("no API key: set PANDASTACK_API_KEY (could not read %s: %v)", cfg.keyPath(), err)
+			return nil, "", fmt.Errorf("no API key: set PANDASTACK_API_KEY (could not read %s: %v)", cfg.keyPath(), err)
 		}
-		key = strings.TrimSpace(string(b))
+		key, keyFrom = strings.TrimSpace(string(b)), cfg.keyPath()
 	}
-	return client.New(os.Getenv("PANDASTACK_API"), key), nil
+	return client.New(base, key), keyFrom, nil
+}
+
+// hinted is an error with a message that says more than the error under
+// it, which it keeps (exit codes and codes are read from that one).
+type hinted struct {
+	msg string
+	err error
+}
+
+func (h hinted) Error() string { return h.msg }
+func (h hinted) Unwrap() error { return h.err }
+
+// explainAPI adds to an API call's error what tells a wrong server or key
+// from a failure: the URL the CLI used, and where its key came from.
+func explainAPI(err error, c *client.Client, keyFrom string) error {
+	var ae *client.Error
+	var ue *url.Error
+	switch {
+	case err == nil || c == nil || errors.Is(err, context.Canceled):
+		return err
+	case errors.As(err, &ae) && ae.Status == http.StatusUnauthorized:
+		return hinted{fmt.Sprintf("%v (the key from %s, sent to %s)", err, keyFrom, c.BaseURL), err}
+	case errors.As(err, &ae) && ae.Code == "http_error":
+		return hinted{fmt.Sprintf("%s answered HTTP %d, not as a PandaStack server does; is PANDASTACK_API right? (it said %.120q)", c.BaseURL, ae.Status, ae.Message), err}
+	case errors.As(err, &ue):
+		return hinted{fmt.Sprintf("cannot reach the PandaStack server at %s: %v; is `pandastack serve` running there? (PANDASTACK_API, default %s)", c.BaseURL, ue.Err, client.DefaultURL), err}
+	}
+	return err
 }
 
 type kvFlag map[string]string
@@ -60,12 +97,18 @@ func sandboxCmd(args []string) error {
 	}
 	// Asking a verb for its flags needs no key: the flags answer first.
 	var c *client.Client
+	var keyFrom string
 	if !asksHelp(args) {
 		var err error
-		if c, err = cliClient(); err != nil {
+		if c, keyFrom, err = cliClient(); err != nil {
 			return err
 		}
 	}
+	return explainAPI(sandboxVerb(verb, args, c, keyFrom), c, keyFrom)
+}
+
+// sandboxVerb runs one verb of pandastack sandbox with c.
+func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	switch verb {
@@ -175,7 +218,7 @@ func sandboxCmd(args []string) error {
 			// runnable, 125 anything else (the sandbox, the server, the
 			// connection); the command's own status is never one of these
 			// unless it chose it.
-			fmt.Fprintln(os.Stderr, "pandastack:", err)
+			fmt.Fprintln(os.Stderr, "pandastack:", explainAPI(err, c, keyFrom))
 			os.Exit(execErrorCode(err))
 		}
 		if code := execExitCode(res); code != 0 {
