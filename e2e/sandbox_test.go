@@ -24,6 +24,7 @@ import (
 
 	"github.com/pandastack/pandastack/client"
 	"github.com/pandastack/pandastack/internal/network/nettest"
+	"github.com/pandastack/pandastack/internal/paths"
 )
 
 func TestExec(t *testing.T) {
@@ -987,5 +988,32 @@ func TestSandboxEnv(t *testing.T) {
 	res, err := c.Exec(context.Background(), sb.ID, client.ExecRequest{Argv: []string{"/bin/sh", "-c", `echo "$PATH $GREETING $HOME"`}})
 	if err != nil || res.Stdout != "/nowhere hi /home/user\n" {
 		t.Fatalf("the sandbox's env: %+v %v", res, err)
+	}
+}
+
+// A serve that cannot start (an address it cannot listen on, one in use,
+// a template to build that does not exist) says so before it makes and
+// prints the first API key, which a start that fails would show for
+// nothing and the next start no longer shows.
+func TestServeRefusesBeforeTheFirstKey(t *testing.T) {
+	s := sharedServer(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--listen", "bogus"}, "--listen bogus"},
+		{[]string{"--listen", strings.TrimPrefix(s.url, "http://")}, "address already in use"},
+		{[]string{"--listen", "127.0.0.1:0", "--build-on-start", "no-such-template"}, `no template "no-such-template"`},
+	} {
+		dir := t.TempDir()
+		cmd := exec.Command(filepath.Join(s.bin, "pandastack"), append([]string{"serve", "--data-dir", dir, "--warm=false"}, c.args...)...)
+		cmd.Env = append(os.Environ(), "PANDASTACK_CACHE_DIR="+paths.CacheDir(), "PANDASTACK_NETWORK_DEFAULT=off")
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) || strings.Contains(string(out), "API key") {
+			t.Errorf("serve %v: %v\n%s\nwant a refusal saying %q, and no key", c.args, err, out, c.want)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "api-key")); !os.IsNotExist(err) {
+			t.Errorf("serve %v made a key file: %v", c.args, err)
+		}
 	}
 }

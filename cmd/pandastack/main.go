@@ -183,26 +183,37 @@ func serve(args []string) error {
 	// stdout or stderr fail instead. (Caught, not ignored: an ignored
 	// signal would stay ignored in every process serve starts.)
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
-	if err := ensureFirstKey(ctx, store, cfg.keyPath()); err != nil {
-		return err
+	// What cannot start is refused before the first key is made and
+	// printed as if the server were starting: the address, and the
+	// templates to build.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
-
+	defer ln.Close()
 	reg, err := loadTemplates(&cfg)
 	if err != nil {
 		return err
 	}
+	var buildOnStart []template.Spec
 	for _, name := range strings.Split(cfg.BuildOnStart, ",") {
 		if name = strings.TrimSpace(name); name == "" {
 			continue
 		}
 		spec, err := reg.Get(name)
 		if err != nil {
-			return err
+			return fmt.Errorf("--build-on-start: %w", err)
 		}
+		buildOnStart = append(buildOnStart, spec)
+	}
+	if err := ensureFirstKey(ctx, store, cfg.keyPath()); err != nil {
+		return err
+	}
+	for _, spec := range buildOnStart {
 		if _, ok := template.Lookup(cfg.CacheDir, spec); !ok {
 			fmt.Fprintf(os.Stderr, "Template %q is not built yet; building it now (once; later starts reuse it).\n", spec.Name)
 			if _, err := template.Build(ctx, spec, template.BuildOptions{CacheDir: cfg.CacheDir, Mirror: cfg.Mirror, Progress: os.Stderr}); err != nil {
-				return fmt.Errorf("build template %s: %w", spec.Name, err)
+				return err // it names the template
 			}
 		}
 	}
@@ -282,10 +293,6 @@ func serve(args []string) error {
 	cfg.API.PublicDomain = cfg.Net.PublicDomain
 	srv := api.New(cfg.API, mgr, store, tpls, log)
 
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return err
-	}
 	hs := newHTTPServer(srv.Handler())
 	if !cfg.KillOnExit {
 		// Terminals close with a reason; with --kill-on-exit each says
