@@ -599,6 +599,12 @@ func templates(args []string) error {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		defer stop()
 		b, err := template.Build(ctx, spec, template.BuildOptions{CacheDir: cfg.CacheDir, Mirror: cfg.Mirror, Progress: os.Stderr, Force: *force})
+		if err != nil && ctx.Err() != nil {
+			// As a shell reports a command a signal ended: 130 (Ctrl-C),
+			// so a script tells an interrupted build from a failed one.
+			fmt.Fprintln(os.Stderr, "pandastack:", err)
+			os.Exit(130)
+		}
 		if err != nil {
 			return err
 		}

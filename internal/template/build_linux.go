@@ -540,8 +540,8 @@ func (b *builder) step(ctx context.Context, title, sizeOf string, fn func() erro
 	took := fmtDuration(time.Since(start))
 	switch {
 	case err != nil && ctx.Err() != nil:
-		b.p.end("cancelled after " + took)
-		return fmt.Errorf("%s: %w", title, ctx.Err())
+		b.p.end("interrupted after " + took)
+		return fmt.Errorf("%s: %w", title, errInterrupted{ctx.Err()})
 	case err != nil:
 		b.p.end("failed after " + took)
 		return fmt.Errorf("%s: %w", title, err)
@@ -555,6 +555,13 @@ type Leftover struct {
 	Dir       string
 	SizeBytes int64
 }
+
+// errInterrupted is a build step cut short by its context (a Ctrl-C or
+// SIGTERM of the builder): "interrupted", not Go's "context canceled".
+type errInterrupted struct{ err error }
+
+func (e errInterrupted) Error() string { return "interrupted" }
+func (e errInterrupted) Unwrap() error { return e.err }
 
 // RemoveStale removes what builds left in cacheDir: the temp directories of
 // crashed (killed) builds, and the builds a --force rebuild set aside while
@@ -581,7 +588,9 @@ func RemoveStale(cacheDir string, dryRun bool) ([]Leftover, error) {
 				name := rest[:dot]
 				p := filepath.Join(dir, e.Name())
 				if dryRun {
-					if !treeInUse(p) {
+					// As the removal would: a build under way keeps its
+					// directory (its lock is held).
+					if !treeInUse(p) && !lockHeld(filepath.Join(dir, "."+name+".lock")) {
 						removed = append(removed, Leftover{p, dirSize(p)})
 					}
 					continue

@@ -181,6 +181,21 @@ func tryLock(path string) (unlock func(), err error) {
 	return func() { f.Close() }, nil
 }
 
+// lockHeld reports whether a process holds the lock file path, without
+// making it when it is missing (that is, not held).
+func lockHeld(path string) bool {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		return true
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return false
+}
+
 // syncFS flushes the disks, so the done marker never reaches the disk
 // before the files it vouches for. (syncfs(2) would do for one filesystem,
 // but package syscall lacks it; a build is rare enough for a full sync.)

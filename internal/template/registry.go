@@ -59,7 +59,7 @@ func (r *Registry) addFS(fsys fs.FS, label string) error {
 		}
 		file := path.Join(label, n)
 		if fi, err := fs.Stat(fsys, n); err == nil && fi.Size() > maxSpecBytes {
-			return fmt.Errorf("%s: %w", file, pandastack.Errorf(pandastack.EInvalid, "a template spec holds at most %d MiB (this one has %d MiB); copy large files in with a run step instead", maxSpecBytes>>20, fi.Size()>>20))
+			return fmt.Errorf("%s: %w", file, pandastack.Errorf(pandastack.EInvalid, "a template spec holds at most %d MiB (this one has %d bytes); copy large files in with a run step instead", maxSpecBytes>>20, fi.Size()))
 		}
 		data, err := fs.ReadFile(fsys, n)
 		if err != nil {
