@@ -103,6 +103,23 @@ type badVerb struct{ msg string }
 
 func (b badVerb) Error() string { return b.msg }
 
+// buildFlags are the flags of `pandastack template build` that make it
+// build where this configuration looks, those not at their defaults.
+func (cfg *Config) buildFlags() string {
+	def := defaultConfig()
+	var f string
+	if cfg.DataDir != def.DataDir {
+		f += " --data-dir " + cfg.DataDir
+	}
+	if cfg.TemplatesDir != def.TemplatesDir {
+		f += " --templates-dir " + cfg.TemplatesDir
+	}
+	if cfg.CacheDir != def.CacheDir {
+		f += " --cache-dir " + cfg.CacheDir
+	}
+	return f
+}
+
 // existingStore refuses a SQLite store that is not there yet, or is not
 // PandaStack's, for the commands that work on the server's own (what says
 // verb): one made in a mistaken data dir would look valid and empty.
@@ -249,7 +266,7 @@ func serve(args []string) error {
 		sandboxes = wrapped
 	}
 	tpls := &templateSource{reg: reg, load: func() (*template.Registry, error) { return loadTemplates(&cfg) }, dir: cfg.templatesDir(),
-		cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash, diskMB: cfg.DiskMB}
+		cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash, diskMB: cfg.DiskMB, buildFlags: cfg.buildFlags()}
 	scfg := cfg.Sandbox
 	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()
 	images, imagesDesc, err := openImages(ctx, &cfg)

@@ -27,6 +27,10 @@ type templateSource struct {
 	warmDir   string // where warm images live (sandbox.Config.WarmDir)
 	agentHash string
 	diskMB    int              // serve's --disk-mb, for templates without their own
+	// buildFlags are the flags `template build` needs to build where this
+	// server looks (its --data-dir, --templates-dir, --cache-dir when not
+	// the defaults), for the not-built error's advice.
+	buildFlags string
 	mgr       *sandbox.Manager // for pool stats; set once the manager exists
 
 	// warmLater warms a template built after serve started (the manager's
@@ -176,7 +180,7 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 	}
 	b, ok := template.Lookup(t.cacheDir, spec)
 	if !ok {
-		return sandbox.Template{}, pandastack.Errorf(pandastack.ETemplateMissing, "template %q is not built on this server; run `pandastack template build %s`", name, name)
+		return sandbox.Template{}, pandastack.Errorf(pandastack.ETemplateMissing, "template %q is not built on this server; run `pandastack template build %s%s`%s", name, name, t.buildFlags, t.specChanged(spec))
 	}
 	t.warmIfNew(spec, b)
 	tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB}
@@ -186,6 +190,24 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 		}
 	}
 	return tpl, nil
+}
+
+// specChanged says, for the not-built error, when spec's file changed
+// since serve read it: serve keeps the spec it read, so a build of the
+// new one is not what it looks for.
+func (t *templateSource) specChanged(spec template.Spec) string {
+	if t.load == nil {
+		return ""
+	}
+	reg, err := t.load()
+	if err != nil {
+		return ""
+	}
+	now, err := reg.Get(spec.Name)
+	if err != nil || now.Hash() == spec.Hash() {
+		return ""
+	}
+	return "; its spec changed since serve started, and serve keeps the spec it read: restart serve to use the new one"
 }
 
 func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) {

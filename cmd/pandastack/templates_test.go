@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -92,5 +93,40 @@ func TestLateBuiltTemplateIsWarmed(t *testing.T) {
 	src2.Resolve(context.Background(), "late")
 	if len(warmed) != 0 {
 		t.Fatalf("a template warmed at the start was warmed again: %q", warmed)
+	}
+}
+
+// A create of a template serve has not found built says how to build it
+// where serve looks, and, when its spec changed since serve read it, that
+// serve keeps the spec it read (a build of the new one is not the one it
+// looks for).
+func TestNotBuiltSaysHowAndWhy(t *testing.T) {
+	specs := t.TempDir()
+	file := filepath.Join(specs, "mine.yaml")
+	os.WriteFile(file, []byte("description: first\n"), 0o644)
+	reg, err := template.Load(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &templateSource{reg: reg, load: func() (*template.Registry, error) { return template.Load(specs) },
+		dir: specs, cacheDir: t.TempDir(), buildFlags: " --data-dir /srv/ps"}
+	_, err = src.Resolve(context.Background(), "mine")
+	if msg := err.Error(); !strings.Contains(msg, "run `pandastack template build mine --data-dir /srv/ps`") || strings.Contains(msg, "changed") {
+		t.Fatalf("not built: %v", err)
+	}
+	os.WriteFile(file, []byte("description: second\n"), 0o644)
+	if _, err = src.Resolve(context.Background(), "mine"); !strings.Contains(err.Error(), "its spec changed since serve started") {
+		t.Fatalf("not built, spec changed: %v", err)
+	}
+}
+
+func TestBuildFlags(t *testing.T) {
+	cfg := defaultConfig()
+	if f := cfg.buildFlags(); f != "" {
+		t.Errorf("defaults: %q", f)
+	}
+	cfg.DataDir, cfg.CacheDir = "/srv/ps", "/srv/cache"
+	if f := cfg.buildFlags(); f != " --data-dir /srv/ps --cache-dir /srv/cache" {
+		t.Errorf("other dirs: %q", f)
 	}
 }
