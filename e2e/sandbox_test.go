@@ -662,6 +662,43 @@ func TestCLI(t *testing.T) {
 	if out, errOut, err := s.cliEnv([]string{"PANDASTACK_API=" + s.url + "/v1/"}, "sandbox", "ls"); err != nil || !strings.Contains(out, id) {
 		t.Errorf("sandbox ls with PANDASTACK_API ending in /v1/: %v %q %q", err, out, errOut)
 	}
+	// The API's create fields, a pause and a resume, a restore: from the
+	// CLI too.
+	out, errOut, err = s.cli("sandbox", "create", "--ttl", "600", "--idle-timeout", "0", "--auto-resume", "--disk-mb", "256", "--metadata", "via=cli")
+	if err != nil {
+		t.Fatalf("create with the API's fields: %v %s", err, errOut)
+	}
+	other := strings.TrimSpace(out)
+	got, err := s.client().GetSandbox(context.Background(), other)
+	if err != nil || got.IdleTimeoutSeconds != 0 || !got.AutoResume || time.Until(got.ExpiresAt) < 500*time.Second {
+		t.Fatalf("created with --ttl 600 --idle-timeout 0 --auto-resume: %+v %v", got, err)
+	}
+	if out, _, err := s.cli("sandbox", "exec", other, "--", "df -m / | awk 'NR==2 {print $2}'"); err != nil {
+		t.Errorf("df: %v", err)
+	} else if mb, _ := strconv.Atoi(strings.TrimSpace(out)); mb < 200 || mb > 256 {
+		t.Errorf("--disk-mb 256: the root filesystem has %q MiB", out)
+	}
+	for _, verb := range []string{"pause", "resume"} {
+		if _, errOut, err := s.cli("sandbox", verb, other); err != nil || !strings.Contains(errOut, map[string]string{"pause": "paused", "resume": "running"}[verb]) {
+			t.Fatalf("sandbox %s: %v %q", verb, err, errOut)
+		}
+	}
+	snap, err := s.client().CreateSnapshot(context.Background(), other, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.client().DeleteSnapshot(context.Background(), snap.ID) })
+	if _, errOut, err := s.cli("sandbox", "create", "--snapshot", snap.ID, "--cpu", "1"); exitCode(err) != 1 || !strings.Contains(errOut, "--cpu with --snapshot") {
+		t.Errorf("create --snapshot --cpu: %v %q, want a refusal", err, errOut)
+	}
+	out, errOut, err = s.cli("sandbox", "create", "--snapshot", snap.ID, "--ttl", "2m")
+	if err != nil || !strings.HasPrefix(out, "sbx_") {
+		t.Fatalf("create --snapshot: %v %q %q", err, out, errOut)
+	}
+	restored := strings.TrimSpace(out)
+	if _, _, err := s.cli("sandbox", "kill", other, restored); err != nil {
+		t.Errorf("kill: %v", err)
+	}
 	// A flag of exec's after the id would run as the command (127).
 	if _, errOut, err := s.cli("sandbox", "exec", id, "--timeout", "1s", "--", "echo ran"); exitCode(err) != 2 || !strings.Contains(errOut, "goes before the sandbox id") {
 		t.Errorf("exec with a flag after the id: %v %q, want exit 2 saying where it goes", err, errOut)
@@ -716,7 +753,7 @@ func TestCLI(t *testing.T) {
 			t.Errorf("%q: exit %d, %q %q", args, exitCode(err), out, errOut)
 		}
 	}
-	if out, _, err := s.cli("sandbox", "-h"); err != nil || !strings.Contains(out, "create|ls|exec|kill") {
+	if out, _, err := s.cli("sandbox", "-h"); err != nil || !strings.Contains(out, "create|ls|exec|pause|resume|kill") {
 		t.Errorf("sandbox -h: %v %q", err, out)
 	}
 	if out, _, err := s.cli("sandbox", "kill", "-h"); err != nil || !strings.Contains(out, "usage: pandastack sandbox kill ID") {

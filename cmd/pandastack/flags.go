@@ -121,6 +121,21 @@ func flagGiven(fs *flag.FlagSet, name string) bool {
 	return given
 }
 
+// durationFlag defines a duration flag that also takes plain seconds
+// ("600"), as the API's *_seconds fields and the server's variables do.
+func durationFlag(fs *flag.FlagSet, name string, usage string) *time.Duration {
+	d := new(time.Duration)
+	fs.Func(name, usage, func(s string) error {
+		v, err := parseDuration(s)
+		if err != nil {
+			return fmt.Errorf("want a duration such as 90s or 10m, or seconds")
+		}
+		*d = v
+		return nil
+	})
+	return d
+}
+
 // wholeSeconds turns a duration flag into the API's seconds, refusing
 // what the API cannot say (0 stays 0: the server's default).
 func wholeSeconds(flagName string, d time.Duration) (int64, error) {

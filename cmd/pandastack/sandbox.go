@@ -85,11 +85,15 @@ func (k kvFlag) Set(s string) error {
 
 func sandboxCmd(args []string) error {
 	if len(args) == 0 || isHelp(args[0]) {
-		return verbsHelp(args, "usage: pandastack sandbox create|ls|exec|kill ... (pandastack sandbox VERB -h for its flags)")
+		return verbsHelp(args, "usage: pandastack sandbox create|ls|exec|pause|resume|kill ... (pandastack sandbox VERB -h for its flags)")
 	}
 	verb, args := args[0], args[1:]
-	if !slices.Contains([]string{"create", "ls", "list", "exec", "kill", "rm"}, verb) {
-		return badVerb{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)}
+	if !slices.Contains([]string{"create", "ls", "list", "exec", "kill", "rm", "pause", "resume"}, verb) {
+		return badVerb{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec, pause, resume or kill", verb)}
+	}
+	if (verb == "pause" || verb == "resume") && len(args) == 1 && isHelp(args[0]) {
+		fmt.Printf("usage: pandastack sandbox %s ID\n\nPause checkpoints the sandbox to disk and frees its memory; resume brings it back as it was.\n", verb)
+		return nil
 	}
 	if (verb == "kill" || verb == "rm") && len(args) == 1 && isHelp(args[0]) {
 		fmt.Println("usage: pandastack sandbox kill ID...\n\nKills each sandbox named (its files and memory are gone; snapshots stay) and reports those it could not.")
@@ -115,9 +119,13 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 	case "create":
 		fs := flag.NewFlagSet("sandbox create", flag.ContinueOnError)
 		tpl := fs.String("template", "base", "template name")
-		ttl := fs.Duration("ttl", 0, "time to live, e.g. 10m (default: the server's)")
+		snap := fs.String("snapshot", "", "restore this snapshot (snap_…) instead: its template, resources, env, files and kernels")
+		ttl := durationFlag(fs, "ttl", "time to live, e.g. 10m or 600 (seconds) (default: the server's)")
 		cpu := fs.Int("cpu", 0, "CPUs (default: the template's)")
 		mem := fs.Int("memory-mb", 0, "memory in MiB (default: the template's)")
+		disk := fs.Int("disk-mb", 0, "its own disk in MiB (default: the template's)")
+		idle := durationFlag(fs, "idle-timeout", "suspend it to disk after this long idle, e.g. 10m; 0 never (default: the server's)")
+		autoResume := fs.Bool("auto-resume", false, "while paused, any request resumes it instead of answering conflict")
 		md, env := kvFlag{}, kvFlag{}
 		fs.Var(md, "metadata", "KEY=VALUE metadata (repeatable)")
 		fs.Var(env, "env", "KEY=VALUE environment variable (repeatable)")
@@ -139,9 +147,30 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		if ttlSeconds == 0 && flagGiven(fs, "ttl") {
 			return fmt.Errorf("--ttl %v: give a positive time to live, such as 90s or 10m, or leave --ttl out for the server's default", *ttl)
 		}
-		sb, err := c.CreateSandbox(ctx, client.CreateSandboxRequest{
-			Template: *tpl, TTLSeconds: ttlSeconds, Metadata: md, Env: env, CPU: *cpu, MemoryMB: *mem, Network: pol,
-		})
+		var idleSeconds *int64
+		if flagGiven(fs, "idle-timeout") {
+			s, err := wholeSeconds("--idle-timeout", *idle)
+			if err != nil {
+				return err
+			}
+			idleSeconds = &s
+		}
+		var sb *client.Sandbox
+		if *snap != "" {
+			for _, name := range []string{"template", "cpu", "memory-mb", "disk-mb", "env"} {
+				if flagGiven(fs, name) {
+					return fmt.Errorf("--%s with --snapshot: a restore takes the snapshot's", name)
+				}
+			}
+			sb, err = c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{
+				SnapshotID: *snap, TTLSeconds: ttlSeconds, Metadata: md, AutoResume: *autoResume, IdleTimeoutSeconds: idleSeconds, Network: pol,
+			})
+		} else {
+			sb, err = c.CreateSandbox(ctx, client.CreateSandboxRequest{
+				Template: *tpl, TTLSeconds: ttlSeconds, Metadata: md, Env: env, CPU: *cpu, MemoryMB: *mem, DiskMB: *disk,
+				IdleTimeoutSeconds: idleSeconds, AutoResume: *autoResume, Network: pol,
+			})
+		}
 		if err != nil {
 			return err
 		}
@@ -170,7 +199,7 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		}
 	case "exec":
 		fs := flag.NewFlagSet("sandbox exec", flag.ContinueOnError)
-		timeout := fs.Duration("timeout", 0, "kill the command after this long (default: the server's, 60s)")
+		timeout := durationFlag(fs, "timeout", "kill the command after this long, e.g. 5m or 300 (seconds) (default: the server's, 60s)")
 		cwd := fs.String("cwd", "", "working directory (default /home/user)")
 		withStdin := fs.Bool("stdin", false, "send this command's standard input (read to its end first; text) to the command")
 		if err := parseFlags(fs, args, true); err != nil {
@@ -224,6 +253,19 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		if code := execExitCode(res); code != 0 {
 			os.Exit(code)
 		}
+	case "pause", "resume":
+		if len(args) != 1 || strings.HasPrefix(args[0], "-") {
+			return fmt.Errorf("usage: pandastack sandbox %s ID", verb)
+		}
+		do := c.Pause
+		if verb == "resume" {
+			do = c.Resume
+		}
+		sb, err := do(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "%s %s\n", sb.ID, sb.State)
 	case "kill", "rm":
 		if len(args) == 0 || slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "-") || a == "" }) {
 			return errors.New("usage: pandastack sandbox kill ID...")
