@@ -436,8 +436,18 @@ func stableAgent(path, cacheDir string) (string, string, error) {
 
 func loadTemplates(cfg *Config) (*template.Registry, error) {
 	dir := cfg.templatesDir()
-	if st, err := os.Stat(dir); err == nil && st.IsDir() {
+	st, err := os.Stat(dir)
+	if err == nil && st.IsDir() {
 		return template.Load(dir)
+	}
+	// The default directory may be missing (no templates of your own); a
+	// directory named on purpose must be there: a typo would leave the
+	// server without your specs, without a word.
+	if cfg.TemplatesDir != "" {
+		if err == nil {
+			err = errors.New("not a directory")
+		}
+		return nil, fmt.Errorf("--templates-dir %s: %w", dir, err)
 	}
 	return template.Load()
 }

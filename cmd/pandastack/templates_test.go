@@ -130,3 +130,18 @@ func TestBuildFlags(t *testing.T) {
 		t.Errorf("other dirs: %q", f)
 	}
 }
+
+// A templates directory given on purpose must exist (a typo left the
+// server with the built-in specs alone, without a word); the default one
+// may be missing.
+func TestTemplatesDirMustExistWhenGiven(t *testing.T) {
+	cfg := defaultConfig()
+	cfg.DataDir = t.TempDir()
+	if reg, err := loadTemplates(&cfg); err != nil || !slices.Contains(reg.Names(), "base") {
+		t.Fatalf("no templates dir of the default: %v", err)
+	}
+	cfg.TemplatesDir = filepath.Join(cfg.DataDir, "typo")
+	if _, err := loadTemplates(&cfg); err == nil || !strings.Contains(err.Error(), "--templates-dir "+cfg.TemplatesDir) {
+		t.Fatalf("a missing --templates-dir: %v", err)
+	}
+}
