@@ -2,12 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
+	"github.com/pandastack/pandastack/client"
 	"github.com/pandastack/pandastack/internal/mcpserver"
 )
 
@@ -30,18 +35,48 @@ func mcpCmd(args []string) error {
 	default:
 		return fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
 	}
-	c, _, err := cliClient()
+	c, keyFrom, err := cliClient()
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	log := newLogger(*level, os.Stderr)
+	if err := checkMCPSettings(ctx, c, *tpl); err != nil {
+		// A key or template that cannot work fails now, where the MCP
+		// client shows it, not in every tool call after a start that
+		// looked fine. A server not up yet may come: only a warning.
+		var ue *url.Error
+		if !errors.As(err, &ue) {
+			return explainAPI(err, c, keyFrom)
+		}
+		log.Warn("the PandaStack server does not answer yet; tools fail until it does", "err", explainAPI(err, c, keyFrom))
+	}
 	srv := mcpserver.New(mcpserver.Config{
-		Client: c, Log: newLogger(*level, os.Stderr), Template: *tpl, SessionTTL: *ttl, Version: version,
+		Client: c, Log: log, Template: *tpl, SessionTTL: *ttl, Version: version,
 	})
 	err = srv.Serve(ctx, mcpserver.StdioTransport(os.Stdin, os.Stdout))
 	if ctx.Err() != nil {
 		return nil // a signal ended the session; its sandbox is already killed
 	}
 	return err
+}
+
+// checkMCPSettings asks the server for its templates: the key works, and
+// the session's template is one it has built.
+func checkMCPSettings(ctx context.Context, c *client.Client, tpl string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	list, err := c.ListTemplates(ctx)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for _, t := range list {
+		if t.Name == tpl {
+			return nil
+		}
+		names = append(names, t.Name)
+	}
+	return fmt.Errorf("--template %s: the server has no such template built (built: %s)", tpl, strings.Join(names, ", "))
 }

@@ -544,7 +544,7 @@ func TestStdioBinary(t *testing.T) {
 	if err != nil {
 		t.Fatalf("tools/list: %v\n%s", err, stderr.String())
 	}
-	if len(tools.Tools) != 9 {
+	if len(tools.Tools) != 10 {
 		t.Errorf("%d tools", len(tools.Tools))
 	}
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_code", Arguments: map[string]any{"code": "print(6 * 7)"}})
@@ -563,6 +563,27 @@ func TestStdioBinary(t *testing.T) {
 		t.Errorf("pandastack mcp exited with %v\n%s", cmd.ProcessState, stderr.String())
 	}
 	assertStopped(t, api, id)
+}
+
+// A key or a template that cannot work stops `pandastack mcp` at its start,
+// where the MCP client shows it, rather than failing every tool call.
+func TestStdioBinaryRefusesBadSettings(t *testing.T) {
+	api := server(t)
+	for _, c := range []struct {
+		args []string
+		key  string
+		want string
+	}{
+		{[]string{"mcp", "--template", "nope"}, api.key, "--template nope: the server has no such template built"},
+		{[]string{"mcp"}, "pds_notakey", "unauthorized (401)"},
+	} {
+		cmd := exec.Command(filepath.Join(api.bin, "pandastack"), c.args...)
+		cmd.Env = append(os.Environ(), "PANDASTACK_API="+api.url, "PANDASTACK_API_KEY="+c.key)
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("%v with key %.8s…: %v %q, want it to stop saying %q", c.args, c.key, err, out, c.want)
+		}
+	}
 }
 
 // SIGTERM ends `pandastack mcp` cleanly, session sandbox included, even
