@@ -30,6 +30,9 @@ var (
 // over is refused: the flag package stops at the first one, so every flag
 // after it would be dropped unseen.
 func parseFlags(fs *flag.FlagSet, args []string, positional bool) error {
+	if asksHelp(args) {
+		fs.SetOutput(os.Stdout) // asked for: the answer, not an error (| less, | grep)
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return errHelp
@@ -108,7 +111,7 @@ func isHelp(arg string) bool {
 // (the usage on stdout, success).
 func verbsHelp(args []string, usage string) error {
 	if len(args) == 0 {
-		return errors.New(usage)
+		return badVerb{usage} // no verb: a command line it cannot parse (2)
 	}
 	fmt.Println(usage)
 	return errHelp
