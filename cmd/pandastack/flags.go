@@ -30,7 +30,7 @@ var (
 // over is refused: the flag package stops at the first one, so every flag
 // after it would be dropped unseen.
 func parseFlags(fs *flag.FlagSet, args []string, positional bool) error {
-	if asksHelp(args) {
+	if asksHelp(args) && fs.Output() == io.Writer(os.Stderr) {
 		fs.SetOutput(os.Stdout) // asked for: the answer, not an error (| less, | grep)
 	}
 	if err := fs.Parse(args); err != nil {
