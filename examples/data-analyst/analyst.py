@@ -135,6 +135,11 @@ class DemoModel(Model):
     def generate(self, messages, stop_sequences=None, response_format=None, tools_to_call_from=None, **kwargs):
         time.sleep(self.pace)
         self.turn += 1
+        first = _last_observation(messages).replace("Observation:", "").strip()
+        if self.turn == 2 and first.startswith("ERROR:"):
+            # The rest needs the table the first step could not read.
+            return _call(self.turn, "final_answer", answer="Demo analysis stopped (scripted model, no LLM): "
+                         "the upload could not be read as a CSV table.\n" + first)
         if self.turn <= len(self.TURNS):
             return _call(self.turn, "run_python", code=self.TURNS[self.turn - 1])
         summary = _last_observation(messages).replace("Observation:", "").split("[chart]")[0].strip() or "the analysis ran"

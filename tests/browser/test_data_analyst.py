@@ -79,6 +79,17 @@ def test_demo_handles_awkward_csvs_offline(analyst_app, serve) -> None:
     assert networks and networks[0]["allow_internet_access"] is False, networks
 
 
+def test_demo_stops_on_an_unreadable_upload(analyst_app) -> None:
+    """Bytes that are no CSV end the demo's analysis after its first step,
+    saying why (it went on with three more failing steps, then said
+    "analysis done")."""
+    run_id = httpx.post(f"{analyst_app}/api/runs", content=bytes(range(256)) * 12).json()["id"]
+    events = read_events(analyst_app, run_id)
+    steps = [ev for ev in events if ev["type"] == "step" and ev.get("status") != "running"]
+    answer = [ev["answer"] for ev in events if ev["type"] == "answer"]
+    assert len(steps) == 1 and answer and answer[0].startswith("Demo analysis stopped"), events
+
+
 def test_stopping_the_app_kills_the_runs_sandboxes(serve, tmp_path) -> None:
     """An app stopped in the middle of a run kills that run's sandbox (its
     thread died with the process, and the sandbox lived on until its TTL),
