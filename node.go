@@ -65,4 +65,9 @@ type NodeStore interface {
 	// paused sandboxes stay paused (their image is on the node's disk,
 	// back with the node). It returns the ids of the nodes it marked.
 	LoseNodes(ctx context.Context, before, at time.Time) ([]string, error)
+	// ForgetNode removes a lost node (a host retired for good) and records
+	// each of its sandboxes still paused, whose images were on its disk,
+	// as stopped at at with StopLost, in one transaction; it returns how
+	// many. ENotFound for no such node; EConflict for a node that is up.
+	ForgetNode(ctx context.Context, id string, at time.Time) (int, error)
 }

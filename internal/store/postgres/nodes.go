@@ -113,6 +113,40 @@ func (s *Store) PlaceSandbox(ctx context.Context, p pandastack.Placement) (panda
 	return n, nil
 }
 
+// ForgetNode implements pandastack.NodeStore.
+func (s *Store) ForgetNode(ctx context.Context, id string, at time.Time) (int, error) {
+	if !pandastack.StorableText(id) {
+		return 0, pandastack.Errorf(pandastack.ENotFound, "no node %q", id)
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var state string
+	switch err := tx.QueryRow(ctx, `SELECT state FROM nodes WHERE id = $1 FOR UPDATE`, id).Scan(&state); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return 0, pandastack.Errorf(pandastack.ENotFound, "no node %q", id)
+	case err != nil:
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	case state != string(pandastack.NodeLost):
+		return 0, pandastack.Errorf(pandastack.EConflict, "node %s is %s: only a lost node (one whose heartbeats stopped) is forgotten", id, state)
+	}
+	tag, err := tx.Exec(ctx,
+		`UPDATE sandboxes SET state = $1, stop_reason = $2, stopped_at = $3, pause_reason = '' WHERE node_id = $4 AND state = $5`,
+		string(pandastack.StateStopped), pandastack.StopLost, millis(at), id, string(pandastack.StatePaused))
+	if err != nil {
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM nodes WHERE id = $1`, id); err != nil {
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // LoseNodes implements pandastack.NodeStore. Nodes another survivor is
 // marking right now are skipped (SKIP LOCKED): it does the same work.
 func (s *Store) LoseNodes(ctx context.Context, before, at time.Time) ([]string, error) {

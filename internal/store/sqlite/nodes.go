@@ -113,6 +113,38 @@ func (s *Store) PlaceSandbox(ctx context.Context, p pandastack.Placement) (panda
 	return n, nil
 }
 
+// ForgetNode implements pandastack.NodeStore.
+func (s *Store) ForgetNode(ctx context.Context, id string, at time.Time) (int, error) {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	}
+	defer tx.Rollback()
+	var state string
+	switch err := tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ?`, id).Scan(&state); {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, pandastack.Errorf(pandastack.ENotFound, "no node %q", id)
+	case err != nil:
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	case state != string(pandastack.NodeLost):
+		return 0, pandastack.Errorf(pandastack.EConflict, "node %s is %s: only a lost node (one whose heartbeats stopped) is forgotten", id, state)
+	}
+	res, err := tx.ExecContext(ctx,
+		`UPDATE sandboxes SET state = ?1, stop_reason = ?2, stopped_at = ?3, pause_reason = '' WHERE node_id = ?4 AND state = ?5`,
+		string(pandastack.StateStopped), pandastack.StopLost, millis(at), id, string(pandastack.StatePaused))
+	if err != nil {
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	}
+	stopped, _ := res.RowsAffected()
+	if _, err := tx.ExecContext(ctx, `DELETE FROM nodes WHERE id = ?`, id); err != nil {
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("forget node %s: %w", id, err)
+	}
+	return int(stopped), nil
+}
+
 // LoseNodes implements pandastack.NodeStore.
 func (s *Store) LoseNodes(ctx context.Context, before, at time.Time) ([]string, error) {
 	tx, err := s.db.BeginTx(ctx, nil)

@@ -219,6 +219,50 @@ func testLoseNodes(t *testing.T, s pandastack.Store) {
 	}
 }
 
+// ForgetNode removes a lost node and stops its paused sandboxes (their
+// images were on its disk); a node that is up, or none, is refused.
+func testForgetNode(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	mustHeartbeat(t, s, node("node-a", 0))
+	mustHeartbeat(t, s, node("node-b", 60))
+	paused, other := sandbox("sbx_paused", 1), sandbox("sbx_other", 2)
+	paused.NodeID, other.NodeID = "node-a", "node-b"
+	paused.State, paused.PauseReason = pandastack.StatePaused, pandastack.PauseIdle
+	other.State = pandastack.StatePaused
+	for _, sb := range []pandastack.Sandbox{paused, other} {
+		mustSandbox(t, s, sb)
+	}
+	at := base.Add(2 * time.Minute)
+	_, err := s.ForgetNode(ctx, "node-a", at)
+	checkCode(t, "ForgetNode of a node that is up", err, pandastack.EConflict)
+	_, err = s.ForgetNode(ctx, "node-z", at)
+	checkCode(t, "ForgetNode of no node", err, pandastack.ENotFound)
+	if _, err := s.LoseNodes(ctx, base.Add(30*time.Second), at); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.ForgetNode(ctx, "node-a", at); err != nil || n != 1 {
+		t.Fatalf("ForgetNode(node-a) = %d, %v; want its 1 paused sandbox stopped", n, err)
+	}
+	if _, ok := nodesByID(t, s)["node-a"]; ok {
+		t.Error("node-a is still listed after ForgetNode")
+	}
+	g := mustGet(t, s, "sbx_paused")
+	if g.State != pandastack.StateStopped || g.StopReason != pandastack.StopLost || g.PauseReason != "" {
+		t.Errorf("sbx_paused of the forgotten node = %s/%q/%q, want stopped/lost", g.State, g.StopReason, g.PauseReason)
+	}
+	checkTimePtr(t, "sbx_paused StoppedAt", g.StoppedAt, &at)
+	if g := mustGet(t, s, "sbx_other"); g.State != pandastack.StatePaused {
+		t.Errorf("sbx_other (another node's) is %s", g.State)
+	}
+	_, err = s.ForgetNode(ctx, "node-a", at)
+	checkCode(t, "ForgetNode again", err, pandastack.ENotFound)
+	// A forgotten node that comes back is a node again.
+	mustHeartbeat(t, s, node("node-a", 90))
+	if st := nodesByID(t, s)["node-a"].State; st != pandastack.NodeUp {
+		t.Errorf("node-a back after ForgetNode is %q", st)
+	}
+}
+
 // Concurrent placements over equal nodes spread over them.
 func testRacingPlacements(t *testing.T, s pandastack.Store) {
 	mustHeartbeat(t, s, node("node-a", 0))

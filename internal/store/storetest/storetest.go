@@ -79,6 +79,7 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"PlaceSandbox", testPlaceSandbox},
 		{"PlaceByPool", testPlaceByPool},
 		{"LoseNodes", testLoseNodes},
+		{"ForgetNode", testForgetNode},
 		{"RacingPlacements", testRacingPlacements},
 		{"History", testHistory},
 		{"HistoryTrim", testHistoryTrim},
