@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -329,6 +330,28 @@ func TestNodes(t *testing.T) {
 		if err != nil || len(list) < len(sbs) {
 			t.Errorf("list through %s: %d sandboxes, %v", nodeID(t, s), len(list), err)
 		}
+	}
+	// The operator sees it lost, and may forget it (a node that is up is
+	// refused); a node forgotten that starts again is a node again.
+	var store string
+	for _, e := range nodes[0].env {
+		if v, ok := strings.CutPrefix(e, "PANDASTACK_STORE="); ok {
+			store = v
+		}
+	}
+	withStore := []string{"PANDASTACK_STORE=" + store}
+	out, errOut, err := nodes[0].cliEnv(withStore, "nodes", "ls")
+	if err != nil || !regexp.MustCompile(`(?m)^`+victimID+`\s+lost\s`).MatchString(out) || !regexp.MustCompile(`(?m)^`+nodeID(t, nodes[0])+`\s+up\s`).MatchString(out) {
+		t.Errorf("nodes ls: %v %q\n%s", err, errOut, out)
+	}
+	if _, errOut, err := nodes[0].cliEnv(withStore, "nodes", "forget", nodeID(t, nodes[0])); err == nil || !strings.Contains(errOut, "only a lost node") {
+		t.Errorf("nodes forget of a node that is up: %v %q, want a refusal", err, errOut)
+	}
+	if out, errOut, err := nodes[0].cliEnv(withStore, "nodes", "forget", victimID); err != nil || !strings.Contains(out, "forgot node "+victimID) {
+		t.Errorf("nodes forget of the lost node: %v %q %q", err, out, errOut)
+	}
+	if out, _, _ := nodes[0].cliEnv(withStore, "nodes", "ls"); strings.Contains(out, victimID) {
+		t.Errorf("the forgotten node is still listed:\n%s", out)
 	}
 	// The killed node's sandboxes still hold runsc processes: the node,
 	// started again with its data dir, keeps their records lost and

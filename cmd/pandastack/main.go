@@ -52,6 +52,8 @@ Usage:
   pandastack sandbox pause|resume ID       suspend a sandbox to disk, or bring it back
   pandastack sandbox kill ID               kill a sandbox
   pandastack mcp [flags]                   serve MCP tools on stdio (run code, exec, files, snapshots)
+  pandastack nodes ls                      list the nodes sharing the store (--store postgres://…)
+  pandastack nodes forget ID               forget a lost node retired for good (its paused sandboxes stop)
   pandastack version
 
 Run "pandastack serve -h" for the server's flags and their PANDASTACK_* variables.
@@ -76,6 +78,8 @@ func main() {
 		err = sandboxCmd(args)
 	case "mcp":
 		err = mcpCmd(args)
+	case "nodes", "node":
+		err = nodesCmd(args)
 	case "version", "--version":
 		fmt.Println("pandastack", version)
 	case "help", "-h", "--help":
