@@ -26,12 +26,12 @@ type templateSource struct {
 	cacheDir  string
 	warmDir   string // where warm images live (sandbox.Config.WarmDir)
 	agentHash string
-	diskMB    int              // serve's --disk-mb, for templates without their own
+	diskMB    int // serve's --disk-mb, for templates without their own
 	// buildFlags are the flags `template build` needs to build where this
 	// server looks (its --data-dir, --templates-dir, --cache-dir when not
 	// the defaults), for the not-built error's advice.
 	buildFlags string
-	mgr       *sandbox.Manager // for pool stats; set once the manager exists
+	mgr        *sandbox.Manager // for pool stats; set once the manager exists
 
 	// warmLater warms a template built after serve started (the manager's
 	// WarmLater); nil: serve does not warm. warming holds the warm images
