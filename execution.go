@@ -57,6 +57,15 @@ type Execution struct {
 	DurationMS     int64           `json:"duration_ms"`
 }
 
+// ProcessesKilled is what a kill of every process of the sandbox user
+// (but the kernels) did: Killed processes, and Remaining, those still found
+// at the end, each sent a kill then (0 unless they forked faster than the
+// kill went round for its 10 s; kill again).
+type ProcessesKilled struct {
+	Killed    int `json:"killed"`
+	Remaining int `json:"remaining"`
+}
+
 // ExecResult is the outcome of a command (exec) answered as one document.
 type ExecResult struct {
 	Stdout          string `json:"stdout"`

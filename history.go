@@ -9,25 +9,25 @@ import (
 // HistoryEntry is one thing run in a sandbox through the API (a command, a
 // code cell, a terminal session) with its output, as an operator reads it.
 type HistoryEntry struct {
-	ID              string        `json:"id"`
-	Kind            string        `json:"kind"`                 // exec, code or terminal
-	Command         string        `json:"command,omitempty"`    // exec: the command line (argv joined by spaces)
-	Code            string        `json:"code,omitempty"`       // code: the cell's source
-	Language        string        `json:"language,omitempty"`   // code
-	ContextID       string        `json:"context_id,omitempty"` // code
-	StartedAt       time.Time     `json:"started_at"`
-	DurationMS      int64         `json:"duration_ms"`
-	Running         bool          `json:"running"`
-	Stdout          string        `json:"stdout"` // for a terminal: its transcript, escape sequences removed
-	Stderr          string        `json:"stderr"`
-	Text            string        `json:"text,omitempty"`      // code: the main result's text
-	Results         []string      `json:"results,omitempty"`   // code: the kinds of rich outputs, e.g. "png", "html"
-	ExitCode        *int          `json:"exit_code,omitempty"` // exec and terminal
+	ID         string    `json:"id"`
+	Kind       string    `json:"kind"`                 // exec, code or terminal
+	Command    string    `json:"command,omitempty"`    // exec: the command line (argv joined by spaces)
+	Code       string    `json:"code,omitempty"`       // code: the cell's source
+	Language   string    `json:"language,omitempty"`   // code
+	ContextID  string    `json:"context_id,omitempty"` // code
+	StartedAt  time.Time `json:"started_at"`
+	DurationMS int64     `json:"duration_ms"`
+	Running    bool      `json:"running"`
+	Stdout     string    `json:"stdout"` // for a terminal: its transcript, escape sequences removed
+	Stderr     string    `json:"stderr"`
+	Text       string    `json:"text,omitempty"`      // code: the main result's text
+	Results    []string  `json:"results,omitempty"`   // code: the kinds of rich outputs, e.g. "png", "html"
+	ExitCode   *int      `json:"exit_code,omitempty"` // exec and terminal
 	// Background: an exec with background: true, recorded when it started
 	// as process PID; its output and exit are the process's
 	// (GET …/processes/{pid}/output), not the entry's.
-	Background bool `json:"background,omitempty"`
-	PID        int  `json:"pid,omitempty"`
+	Background      bool          `json:"background,omitempty"`
+	PID             int           `json:"pid,omitempty"`
 	TimedOut        bool          `json:"timed_out,omitempty"`
 	Error           *HistoryError `json:"error,omitempty"`   // code: the cell's exception
 	Failure         string        `json:"failure,omitempty"` // the request itself failed (or the server stopped): why

@@ -216,13 +216,8 @@ func (c *Client) KillSandbox(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/sandboxes/"+url.PathEscape(id), nil, nil, nil)
 }
 
-// ProcessesKilled is what KillAllProcesses did: Remaining counts the
-// processes still found at the end, each sent a kill then (0 unless they
-// forked faster than the kill went round for 10 s; call it again).
-type ProcessesKilled struct {
-	Killed    int `json:"killed"`
-	Remaining int `json:"remaining"`
-}
+// ProcessesKilled is what KillAllProcesses did.
+type ProcessesKilled = pandastack.ProcessesKilled
 
 // KillAllProcesses SIGKILLs every process of the sandbox user but the code
 // contexts' kernels, which keep their state (POST …/processes/kill).

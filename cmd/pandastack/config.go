@@ -214,8 +214,8 @@ func (c *Config) validate() error {
 		{"max-memory-mb", int64(c.Sandbox.MaxMemoryMB), 0},
 		{"max-fork", int64(c.Sandbox.MaxFork), 0},
 		{"snapshot-cache-max-bytes", c.SnapshotCacheMaxBytes, 0},
-		{"exec-output-cap", int64(c.API.ExecOutputCap), 1},
-		{"max-upload-bytes", c.API.MaxUploadBytes, 1},
+		{"exec-output-cap", int64(c.API.ExecOutputCap), 0}, // 0: the default
+		{"max-upload-bytes", c.API.MaxUploadBytes, 0},
 	} {
 		if n.value < n.least {
 			return fmt.Errorf("--%s %d: want a whole number, at least %d", n.flag, n.value, n.least)

@@ -93,7 +93,6 @@ func TestMalformedEnvironmentIsRefused(t *testing.T) {
 func TestNegativeSettingsAreRefused(t *testing.T) {
 	for _, args := range [][]string{
 		{"--exec-output-cap", "-1"},
-		{"--exec-output-cap", "0"},
 		{"--max-upload-bytes", "-5"},
 		{"--pool-size", "-3"},
 		{"--prepared-creates", "-2"},
@@ -105,7 +104,7 @@ func TestNegativeSettingsAreRefused(t *testing.T) {
 			t.Errorf("%v: %v, want a refusal naming the flag", args, err)
 		}
 	}
-	for _, args := range [][]string{{"--pool-size", "0"}, {"--max-restores", "0"}, {"--public-domain", "sandboxes.example.com"}} {
+	for _, args := range [][]string{{"--pool-size", "0"}, {"--max-restores", "0"}, {"--exec-output-cap", "0"}, {"--public-domain", "sandboxes.example.com"}} {
 		if _, err := bindWith(t, nil, args...); err != nil {
 			t.Errorf("%v: %v", args, err)
 		}

@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -206,13 +207,15 @@ func serve(args []string) error {
 	// signal would stay ignored in every process serve starts.)
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	// What cannot start is refused before the first key is made and
-	// printed as if the server were starting: the address, and the
-	// templates to build.
-	ln, err := net.Listen("tcp", cfg.Listen)
+	// printed as if the server were starting: the address (tried, and let
+	// go: held through a first start's template build, connections would
+	// wait minutes unanswered rather than be refused), and the templates
+	// to build.
+	probe, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
-	defer ln.Close()
+	probe.Close()
 	reg, err := loadTemplates(&cfg)
 	if err != nil {
 		return err
@@ -315,6 +318,10 @@ func serve(args []string) error {
 	cfg.API.PublicDomain = cfg.Net.PublicDomain
 	srv := api.New(cfg.API, mgr, store, tpls, log)
 
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("--listen %s: %w", cfg.Listen, err)
+	}
 	hs := newHTTPServer(srv.Handler())
 	if !cfg.KillOnExit {
 		// Terminals close with a reason; with --kill-on-exit each says
@@ -628,14 +635,25 @@ func templates(args []string) error {
 		if err != nil {
 			return err
 		}
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		sigc := make(chan os.Signal, 1)
+		signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+		defer signal.Stop(sigc)
+		var sig atomic.Value
+		go func() {
+			if s, ok := <-sigc; ok {
+				sig.Store(s)
+				cancel()
+			}
+		}()
 		b, err := template.Build(ctx, spec, template.BuildOptions{CacheDir: cfg.CacheDir, Mirror: cfg.Mirror, Progress: os.Stderr, Force: *force})
-		if err != nil && ctx.Err() != nil {
-			// As a shell reports a command a signal ended: 130 (Ctrl-C),
-			// so a script tells an interrupted build from a failed one.
+		if s, ok := sig.Load().(syscall.Signal); ok && err != nil {
+			// As a shell reports a command a signal ended, 128+N (130
+			// for Ctrl-C, 143 for SIGTERM), so a script tells an
+			// interrupted build from a failed one.
 			fmt.Fprintln(os.Stderr, "pandastack:", err)
-			os.Exit(130)
+			os.Exit(128 + int(s))
 		}
 		if err != nil {
 			return err

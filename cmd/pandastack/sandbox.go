@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -43,6 +44,13 @@ func cliClient() (c *client.Client, keyFrom string, err error) {
 	return client.New(base, key), keyFrom, nil
 }
 
+// isDial reports whether err is a failure to connect (not one of a
+// connection that broke later).
+func isDial(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
 // hinted is an error with a message that says more than the error under
 // it, which it keeps (exit codes and codes are read from that one).
 type hinted struct {
@@ -65,7 +73,7 @@ func explainAPI(err error, c *client.Client, keyFrom string) error {
 		return hinted{fmt.Sprintf("%v (the key from %s, sent to %s)", err, keyFrom, c.BaseURL), err}
 	case errors.As(err, &ae) && ae.Code == "http_error":
 		return hinted{fmt.Sprintf("%s answered HTTP %d, not as a PandaStack server does; is PANDASTACK_API right? (it said %.120q)", c.BaseURL, ae.Status, ae.Message), err}
-	case errors.As(err, &ue):
+	case errors.As(err, &ue) && isDial(err):
 		return hinted{fmt.Sprintf("cannot reach the PandaStack server at %s: %v; is `pandastack serve` running there? (PANDASTACK_API, default %s)", c.BaseURL, ue.Err, client.DefaultURL), err}
 	}
 	return err

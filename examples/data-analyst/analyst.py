@@ -174,11 +174,15 @@ INSTRUCTIONS = (
 # its own kill): kill_live_sandboxes.
 _live: Dict[str, Sandbox] = {}
 _live_lock = threading.Lock()
+_closing = False  # set by kill_live_sandboxes: a sandbox made after it is killed at once
 
 
 def kill_live_sandboxes() -> int:
-    """Kill the sandboxes of the analyses still running; how many."""
+    """Kill the sandboxes of the analyses still running, and of those that
+    start from now on (the app is stopping); how many."""
+    global _closing
     with _live_lock:
+        _closing = True
         boxes = list(_live.values())
         _live.clear()
     for sb in boxes:
@@ -198,7 +202,12 @@ def analyse(csv: bytes, question: str, emit: Emit, client: Optional[Client] = No
                              metadata={"app": "data-analyst"}, network={"allow_internet_access": False},
                              client=client)
     with _live_lock:
-        _live[sandbox.id] = sandbox
+        closing = _closing
+        if not closing:
+            _live[sandbox.id] = sandbox
+    if closing:  # made while the app stopped: nothing will run in it
+        sandbox.kill()
+        raise RuntimeError("the app is stopping")
     emit({"type": "sandbox", "sandbox_id": sandbox.id})
     try:
         sandbox.files.write(DATA_PATH, csv)

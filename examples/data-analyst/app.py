@@ -202,7 +202,15 @@ def main() -> None:
     import uvicorn
 
     host, _, port = os.environ.get("DATA_ANALYST_LISTEN", "127.0.0.1:8090").rpartition(":")
-    uvicorn.run(app, host=host or "127.0.0.1", port=int(port), log_level="info")
+    try:
+        # A page following a run keeps its event stream open until the run
+        # ends: cut off after a few seconds, so that a stop reaches the
+        # shutdown (which kills the runs' sandboxes) without waiting for it.
+        uvicorn.run(app, host=host or "127.0.0.1", port=int(port), log_level="info", timeout_graceful_shutdown=3)
+    finally:
+        # Also when uvicorn skipped its shutdown event (a second Ctrl-C,
+        # or one while a page still streams a run's events).
+        kill_live_sandboxes()
 
 
 if __name__ == "__main__":

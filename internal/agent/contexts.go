@@ -31,6 +31,10 @@ type Contexts struct {
 	ctxs    map[string]*codeContext
 	created uint64               // contexts made so far
 	procs   map[*kernelProc]bool // live kernel processes, for the memory watch
+	// starts is held for reading by a kernel's start until its process is
+	// in procs, and for writing by a kill of the user's processes, which
+	// spares the kernels in procs: one starting meanwhile would be killed.
+	starts  sync.RWMutex
 	watch   sync.Once
 	memKick chan struct{} // wakes the memory watch when a cell starts
 	spares  spareSet      // kernels warmed up ahead of time (spare.go)
@@ -236,13 +240,15 @@ func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) 
 		return nil, err
 	}
 	defer logf.Close()
+	cs := s.cfg.Contexts
+	cs.starts.RLock()
+	defer cs.starts.RUnlock()
 	p, err := s.cfg.Reaper.Start(path, argv, &os.ProcAttr{
 		Dir: cwd, Env: env, Files: []*os.File{devnull, logf, logf}, Sys: procAttr(false),
 	})
 	if err != nil {
 		return nil, err
 	}
-	cs := s.cfg.Contexts
 	k := newKernelProc(p)
 	k.shell = slices.Contains(argv, "bash_kernel")
 	cs.mu.Lock()

@@ -452,59 +452,79 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, clean bool)
 // other is left. Like a freeze (killMarkedFrozen), each round first stops
 // every process of the user from a thread that is the user (kill(-1), a
 // few times over: a clone under way may give a child that runs on), then
-// looks at them all while they stand still and kills those not kept; a
-// fork bomb cannot outrun that. The kept are continued after. It gives up
-// after markRounds rounds or freezeBudget. It answers the pids it killed
-// and how many not kept it still found at its last look (each sent a kill
-// then; 0 when none was left), once the reaper has their zombies
-// (killAnswerWait at most); ok is false when it could not (no freezeIDs,
-// or the ids could not be taken) and did nothing.
+// looks at them all while they stand still and kills those not kept. It
+// ends after a clean look: whole, every status read, every process of the
+// user stopped, none but the kept; a process caught in a fork or an exec,
+// which stops only once out of it, makes another round. So a fork bomb
+// cannot outrun it. The kept are continued after. It gives up after
+// markRounds rounds or freezeBudget. It answers the pids it killed and how
+// many processes not kept it could still not rule out at its last look
+// (those found were each sent a kill then; 0 after a clean look), once
+// the reaper has their zombies (killAnswerWait at most); ok is false when
+// it could not (no freezeIDs, or the ids could not be taken) and did
+// nothing.
 func KillUser(spare func(pid, ppid int) bool) (killed []int, left int, ok bool) {
 	ids := freezeIDs
 	if ids == nil {
 		return nil, 0, false
 	}
-	treeKills.Lock()
-	defer treeKills.Unlock()
-	end := time.Now().Add(freezeBudget)
 	dead := map[int]bool{}
-	err := asRealUser(ids[0], ids[1], func() {
-		want := strconv.Itoa(ids[0])
-		for range markRounds {
-			for range groupStops {
-				if syscall.Kill(-1, syscall.SIGSTOP) != nil {
-					left = 0 // none of the user's is left
+	want := strconv.Itoa(ids[0])
+	err := func() error {
+		treeKills.Lock()
+		defer treeKills.Unlock()
+		end := time.Now().Add(freezeBudget)
+		err := asRealUser(ids[0], ids[1], func() {
+			for range markRounds {
+				for range groupStops {
+					if syscall.Kill(-1, syscall.SIGSTOP) != nil {
+						left = 0 // none of the user's is left
+						return
+					}
+					time.Sleep(time.Millisecond)
+				}
+				var victims []int
+				running := 0
+				whole, unread := scanStatusUnread(end, func(pid int, st procStatus) {
+					if st.ruid != want || !st.living() {
+						return
+					}
+					if !st.stopped() {
+						running++
+					}
+					if !spare(pid, st.ppid) {
+						victims = append(victims, pid)
+					}
+				})
+				left = len(victims) + unread
+				if !whole {
+					left = max(left, 1)
+				}
+				if len(victims) == 0 && whole && unread == 0 && running == 0 {
+					return // a clean look: none but the kept
+				}
+				for _, p := range victims {
+					syscall.Kill(p, syscall.SIGKILL)
+					dead[p] = true
+				}
+				if time.Now().After(end) {
 					return
 				}
-				time.Sleep(time.Millisecond)
 			}
-			var victims []int
-			scanStatus(end, func(pid int, st procStatus) {
-				if st.ruid == want && st.living() && !spare(pid, st.ppid) {
-					victims = append(victims, pid)
-				}
-			})
-			if left = len(victims); left == 0 {
-				return
-			}
-			for _, p := range victims {
-				syscall.Kill(p, syscall.SIGKILL)
-				dead[p] = true
-			}
-			if time.Now().After(end) {
-				return
-			}
+		})
+		if err == nil {
+			continueAll(ids[0])
 		}
-	})
+		return err
+	}()
 	if err != nil {
 		return nil, 0, false
 	}
-	continueAll(ids[0])
 	// Their zombies count against the user's process limit until the
 	// reaper has them: a command started right after the answer would
 	// fail to fork. (A zombie whose parent is kept, a cell's child say,
-	// is its parent's to collect.)
-	want := strconv.Itoa(ids[0])
+	// is its parent's to collect.) Waited for without the lock, which
+	// other kills take.
 	for reaped := time.Now().Add(killAnswerWait); time.Now().Before(reaped); time.Sleep(5 * time.Millisecond) {
 		kept, parents := map[int]bool{}, []int{}
 		scanStatus(reaped, func(pid int, st procStatus) {

@@ -417,8 +417,11 @@ func (s *Server) killAll(w http.ResponseWriter, r *http.Request) error {
 	if err := agentproto.CheckQuery(r.URL.Query()); err != nil {
 		return err
 	}
-	kernels, shells := s.cfg.Contexts.kernelPids()
+	cs := s.cfg.Contexts
+	cs.starts.Lock() // no kernel starts unseen by the spares
+	kernels, shells := cs.kernelPids()
 	killed, left, ok := KillUser(func(pid, ppid int) bool { return kernels[pid] || shells[ppid] })
+	cs.starts.Unlock()
 	if !ok {
 		return pandastack.Errorf(pandastack.EUnavailable, "this agent cannot kill the sandbox user's processes (it runs outside a sandbox, or could not take the user's ids)")
 	}

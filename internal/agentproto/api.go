@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+
+	"github.com/pandastack/pandastack"
 )
 
 // The agent's HTTP API, spoken over each yamux stream (HTTP/1.1):
@@ -83,14 +85,7 @@ const (
 )
 
 // KillAll answers POST /v1/processes/kill.
-type KillAll struct {
-	// Killed counts the processes killed.
-	Killed int `json:"killed"`
-	// Remaining counts the processes (not kernels) still found at the
-	// last look, each sent a kill then: 0 unless they forked faster than
-	// the kill went round for its 10 s.
-	Remaining int `json:"remaining"`
-}
+type KillAll = pandastack.ProcessesKilled
 
 // Disk answers GET /v1/disk: the sandbox's root filesystem (its disk, the
 // writable layer over its template) as statfs sees it from inside.

@@ -110,12 +110,14 @@ def test_stopping_the_app_kills_the_runs_sandboxes(serve, tmp_path) -> None:
         second = httpx.post(f"{url}/api/runs", content=sample_csv())
         assert second.status_code == 429 and "1 analyses are running" in second.json()["error"], second.text
         sandbox_id = None
+        # As a page does, the run's events stay open while the app stops.
         with httpx.stream("GET", f"{url}/api/runs/{run_id}/events", timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data:") and json.loads(line[5:])["type"] == "sandbox":
                     sandbox_id = json.loads(line[5:])["sandbox_id"]
                     break
-        assert sandbox_id
+            assert sandbox_id
+            stop(proc)
     finally:
         stop(proc)
     # (uvicorn ends a SIGTERM's shutdown by raising the signal again: -15.)
