@@ -172,8 +172,8 @@ func (s *Server) killProcess(w http.ResponseWriter, r *http.Request, project str
 // contexts' kernels: the way out of a fork bomb that keeps the kernels'
 // state.
 func (s *Server) killAllProcesses(w http.ResponseWriter, r *http.Request, project string) {
-	// Work in flight: a snapshot, fork or pause waits for it rather than
-	// catch every process of the user stopped.
+	// Work in flight: a snapshot, fork or pause meanwhile answers
+	// conflict rather than catch every process of the user stopped.
 	agent, done, err := s.mgr.Acquire(r.Context(), project, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
