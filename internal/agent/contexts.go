@@ -266,8 +266,7 @@ func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) 
 
 // kernelPids returns the pids of the living kernels (spares included),
 // and of those that run their cells in a shell (bash_kernel).
-func (cs *Contexts) kernelPids() (kernels, shells map[int]bool) {
-	kernels, shells = map[int]bool{}, map[int]bool{}
+func (cs *Contexts) kernelPids() (kernels, shells []int) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	for k := range cs.procs {
@@ -276,9 +275,9 @@ func (cs *Contexts) kernelPids() (kernels, shells map[int]bool) {
 			continue
 		default:
 		}
-		kernels[k.p.Pid] = true
+		kernels = append(kernels, k.p.Pid)
 		if k.shell {
-			shells[k.p.Pid] = true
+			shells = append(shells, k.p.Pid)
 		}
 	}
 	return kernels, shells

@@ -482,7 +482,7 @@ func TestKillUserSparesTheKept(t *testing.T) {
 		}
 	}
 	keep := map[int]bool{kernel.Process.Pid: true, shellKernel.Process.Pid: true}
-	killed, left, ok := KillUser(func(pid, ppid int) bool { return keep[pid] || ppid == shellKernel.Process.Pid })
+	killed, left, ok := KillUser([]int{kernel.Process.Pid, shellKernel.Process.Pid}, []int{shellKernel.Process.Pid})
 	if !ok || left != 0 || len(killed) < 40 {
 		t.Fatalf("KillUser: killed %d, left %d, ok %v; want a bomb's worth killed, none left", len(killed), left, ok)
 	}

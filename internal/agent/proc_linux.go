@@ -447,27 +447,32 @@ func killMarkedFrozen(mark uint32, keep []int, first func()) (froze, clean bool)
 }
 
 // KillUser SIGKILLs every process of the sandbox user (freezeIDs) but
-// those spare says to keep, given each process's pid and its parent's
-// (the code contexts' kernels, say, and a shell kernel's shell), until no
-// other is left. Like a freeze (killMarkedFrozen), each round first stops
-// every process of the user from a thread that is the user (kill(-1), a
-// few times over: a clone under way may give a child that runs on), then
-// looks at them all while they stand still and kills those not kept. It
-// ends after a clean look: whole, every status read, every process of the
-// user stopped, none but the kept; a process caught in a fork or an exec,
-// which stops only once out of it, makes another round. So a fork bomb
-// cannot outrun it. The kept are continued after. It gives up after
-// markRounds rounds or freezeBudget. It answers the pids it killed and how
-// many processes not kept it could still not rule out at its last look
-// (those found were each sent a kill then; 0 after a clean look), once
-// the reaper has their zombies (killAnswerWait at most); ok is false when
-// it could not (no freezeIDs, or the ids could not be taken) and did
-// nothing.
-func KillUser(spare func(pid, ppid int) bool) (killed []int, left int, ok bool) {
+// keep (the code contexts' kernels, say) and the children of
+// keepChildrenOf (a shell kernel's shell), until no other is left. Like a
+// freeze (killMarkedFrozen), each round first stops every process of the
+// user from a thread that is the user (kill(-1), a few times over: a
+// clone under way may give a child that runs on), then looks at them all
+// while they stand still and kills those not kept. It ends after a clean
+// look: whole, every status read, every process of the user stopped, none
+// but the kept; a process caught in a fork or an exec, which stops only
+// once out of it, makes another round. So a fork bomb cannot outrun it.
+// The kept are continued after, by pid (and the children of
+// keepChildrenOf, as /proc/<pid>/task/*/children lists them): not the
+// user's other processes, which a freeze (continueAll) looks for in a
+// scan of /proc that a bomb it could not stop in time starves for
+// minutes; such a leftover stays stopped, counted in left, for the next
+// kill. It gives up after markRounds rounds or freezeBudget. It answers
+// the pids it killed and how many processes not kept it could still not
+// rule out at its last look (those found were each sent a kill then; 0
+// after a clean look), once the reaper has their zombies (killAnswerWait
+// at most); ok is false when it could not (no freezeIDs, or the ids could
+// not be taken) and did nothing.
+func KillUser(keep, keepChildrenOf []int) (killed []int, left int, ok bool) {
 	ids := freezeIDs
 	if ids == nil {
 		return nil, 0, false
 	}
+	spare := func(pid, ppid int) bool { return slices.Contains(keep, pid) || slices.Contains(keepChildrenOf, ppid) }
 	dead := map[int]bool{}
 	want := strconv.Itoa(ids[0])
 	err := func() error {
@@ -512,8 +517,13 @@ func KillUser(spare func(pid, ppid int) bool) (killed []int, left int, ok bool) 
 				}
 			}
 		})
-		if err == nil {
-			continueAll(ids[0])
+		for _, pid := range keep {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+		for _, pid := range keepChildrenOf {
+			for _, c := range childrenOf(pid) {
+				syscall.Kill(c, syscall.SIGCONT)
+			}
 		}
 		return err
 	}()

@@ -30,7 +30,7 @@ func KillTree(pid int, mark uint32) {}
 func KillDescendants(pid int, mark uint32, spareChildren bool) {}
 
 // KillUser cannot here.
-func KillUser(spare func(pid, ppid int) bool) (killed []int, left int, ok bool) { return nil, 0, false }
+func KillUser(keep, keepChildrenOf []int) (killed []int, left int, ok bool) { return nil, 0, false }
 
 // FreezeUserOnKill does nothing here.
 func FreezeUserOnKill() {}

@@ -418,9 +418,9 @@ func (s *Server) killAll(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	cs := s.cfg.Contexts
-	cs.starts.Lock() // no kernel starts unseen by the spares
+	cs.starts.Lock() // no kernel starts unseen by the kill
 	kernels, shells := cs.kernelPids()
-	killed, left, ok := KillUser(func(pid, ppid int) bool { return kernels[pid] || shells[ppid] })
+	killed, left, ok := KillUser(kernels, shells)
 	cs.starts.Unlock()
 	if !ok {
 		return pandastack.Errorf(pandastack.EUnavailable, "this agent cannot kill the sandbox user's processes (it runs outside a sandbox, or could not take the user's ids)")

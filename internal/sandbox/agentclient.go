@@ -198,6 +198,8 @@ func describe(method, path string) string {
 		return "running code"
 	case path == "/v1/exec":
 		return "exec"
+	case path == "/v1/processes/kill":
+		return "the kill of its processes"
 	}
 	return method + " " + path
 }
@@ -211,7 +213,7 @@ func (c *AgentClient) during(err error) string {
 }
 
 // duringRE finds what a request was doing in its error's message.
-var duringRE = regexp.MustCompile(`during (running code|exec|the output of process \d+)`)
+var duringRE = regexp.MustCompile(`during (running code|exec|the output of process \d+|the kill of its processes)`)
 
 // Alive reports whether the session still stands.
 func (c *AgentClient) Alive() bool { return !c.sess.IsClosed() }
