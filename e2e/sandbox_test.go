@@ -699,9 +699,18 @@ func TestCLI(t *testing.T) {
 	if _, _, err := s.cli("sandbox", "kill", other, restored); err != nil {
 		t.Errorf("kill: %v", err)
 	}
+	// The way out of a runaway, from the CLI too.
+	if _, _, err := s.cli("sandbox", "exec", id, "--", "setsid sleep 605 </dev/null >/dev/null 2>&1 &"); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, err := s.cli("sandbox", "kill-processes", id); err != nil || !strings.HasPrefix(out, "killed 1 process;") {
+		t.Errorf("sandbox kill-processes: %v %q %q", err, out, errOut)
+	}
 	// A flag of exec's after the id would run as the command (127).
-	if _, errOut, err := s.cli("sandbox", "exec", id, "--timeout", "1s", "--", "echo ran"); exitCode(err) != 2 || !strings.Contains(errOut, "goes before the sandbox id") {
-		t.Errorf("exec with a flag after the id: %v %q, want exit 2 saying where it goes", err, errOut)
+	for _, flag := range []string{"--timeout", "-h"} {
+		if _, errOut, err := s.cli("sandbox", "exec", id, flag, "1s", "--", "echo ran"); exitCode(err) != 2 || !strings.Contains(errOut, "goes before the sandbox id") {
+			t.Errorf("exec with %s after the id: %v %q, want exit 2 saying where it goes", flag, err, errOut)
+		}
 	}
 	if _, errOut, err := s.cli("template", "gc", "--dry-run", "--min-age", "-5s"); exitCode(err) == 0 || !strings.Contains(errOut, "negative") {
 		t.Errorf("template gc --min-age -5s: %v %q, want a refusal", err, errOut)
@@ -753,7 +762,7 @@ func TestCLI(t *testing.T) {
 			t.Errorf("%q: exit %d, %q %q", args, exitCode(err), out, errOut)
 		}
 	}
-	if out, _, err := s.cli("sandbox", "-h"); err != nil || !strings.Contains(out, "create|ls|exec|pause|resume|kill") {
+	if out, _, err := s.cli("sandbox", "-h"); err != nil || !strings.Contains(out, "create|ls|exec|kill-processes|pause|resume|kill") {
 		t.Errorf("sandbox -h: %v %q", err, out)
 	}
 	if out, _, err := s.cli("sandbox", "kill", "-h"); err != nil || !strings.Contains(out, "usage: pandastack sandbox kill ID") {

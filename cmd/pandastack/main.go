@@ -50,6 +50,7 @@ Usage:
   pandastack sandbox create [flags]        create a sandbox (through the API)
   pandastack sandbox ls                    list sandboxes
   pandastack sandbox exec ID -- CMD...     run a command in a sandbox
+  pandastack sandbox kill-processes ID     end every process in a sandbox but its kernels
   pandastack sandbox pause|resume ID       suspend a sandbox to disk, or bring it back
   pandastack sandbox kill ID               kill a sandbox
   pandastack mcp [flags]                   serve MCP tools on stdio (run code, exec, files, snapshots)

@@ -29,7 +29,7 @@ func cliClient() (c *client.Client, keyFrom string, err error) {
 	}
 	// The routes' own /v1 is the client's to add.
 	base = strings.TrimSuffix(strings.TrimSuffix(base, "/"), "/v1")
-	key, keyFrom := os.Getenv("PANDASTACK_API_KEY"), "PANDASTACK_API_KEY"
+	key, keyFrom := strings.TrimSpace(os.Getenv("PANDASTACK_API_KEY")), "PANDASTACK_API_KEY"
 	if key == "" {
 		cfg := defaultConfig()
 		if v := os.Getenv("PANDASTACK_DATA_DIR"); v != "" {
@@ -93,14 +93,18 @@ func (k kvFlag) Set(s string) error {
 
 func sandboxCmd(args []string) error {
 	if len(args) == 0 || isHelp(args[0]) {
-		return verbsHelp(args, "usage: pandastack sandbox create|ls|exec|pause|resume|kill ... (pandastack sandbox VERB -h for its flags)")
+		return verbsHelp(args, "usage: pandastack sandbox create|ls|exec|kill-processes|pause|resume|kill ... (pandastack sandbox VERB -h for its flags)")
 	}
 	verb, args := args[0], args[1:]
-	if !slices.Contains([]string{"create", "ls", "list", "exec", "kill", "rm", "pause", "resume"}, verb) {
-		return badVerb{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec, pause, resume or kill", verb)}
+	if !slices.Contains([]string{"create", "ls", "list", "exec", "kill", "rm", "pause", "resume", "kill-processes"}, verb) {
+		return badVerb{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec, kill-processes, pause, resume or kill", verb)}
 	}
 	if (verb == "pause" || verb == "resume") && len(args) == 1 && isHelp(args[0]) {
 		fmt.Printf("usage: pandastack sandbox %s ID\n\nPause checkpoints the sandbox to disk and frees its memory; resume brings it back as it was.\n", verb)
+		return nil
+	}
+	if verb == "kill-processes" && len(args) == 1 && isHelp(args[0]) {
+		fmt.Println("usage: pandastack sandbox kill-processes ID\n\nKills every process of the sandbox user but the code contexts' kernels, which keep their state:\nthe way out of a fork bomb or of processes left running.")
 		return nil
 	}
 	if (verb == "kill" || verb == "rm") && len(args) == 1 && isHelp(args[0]) {
@@ -224,7 +228,7 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		argv := rest[1:]
 		if argv[0] == "--" {
 			argv = argv[1:]
-		} else if name, _, _ := strings.Cut(strings.TrimLeft(argv[0], "-"), "="); strings.HasPrefix(argv[0], "-") && fs.Lookup(name) != nil {
+		} else if name, _, _ := strings.Cut(strings.TrimLeft(argv[0], "-"), "="); strings.HasPrefix(argv[0], "-") && (fs.Lookup(name) != nil || isHelp(argv[0])) {
 			// A flag of exec's own after the id: it would run as the
 			// command ("command not found", 127).
 			return badVerb{fmt.Sprintf("sandbox exec: the flag %s goes before the sandbox id (pandastack sandbox exec [flags] %s -- COMMAND)", argv[0], id)}
@@ -260,6 +264,22 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		}
 		if code := execExitCode(res); code != 0 {
 			os.Exit(code)
+		}
+	case "kill-processes":
+		if len(args) != 1 || strings.HasPrefix(args[0], "-") {
+			return errors.New("usage: pandastack sandbox kill-processes ID")
+		}
+		k, err := c.KillAllProcesses(ctx, args[0])
+		if err != nil {
+			return err
+		}
+		noun := "processes"
+		if k.Killed == 1 {
+			noun = "process"
+		}
+		fmt.Printf("killed %d %s; the kernels and their state are kept\n", k.Killed, noun)
+		if k.Remaining > 0 {
+			return fmt.Errorf("%d processes were still forking at the end: run it again", k.Remaining)
 		}
 	case "pause", "resume":
 		if len(args) != 1 || strings.HasPrefix(args[0], "-") {
