@@ -13,6 +13,7 @@ import (
 
 	"github.com/pandastack/pandastack/client"
 	"github.com/pandastack/pandastack/internal/paths"
+	"github.com/pandastack/pandastack/internal/store/sqlite"
 	"github.com/pandastack/pandastack/internal/template"
 	"github.com/pandastack/pandastack/internal/testutil"
 	"github.com/pandastack/pandastack/templates"
@@ -134,7 +135,12 @@ func TestTemplateGC(t *testing.T) {
 	// Seen from another data directory (another server sharing the cache
 	// and the specs), nothing in the store refers to v1: the sandbox's runsc
 	// mount keeps it.
-	other := t.TempDir() // gc makes its store, empty
+	other := t.TempDir() // with a store of its own, empty (gc refuses a dir without one)
+	st, err := sqlite.Open(filepath.Join(other, "pandastack.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
 	keptFor(gcIn(other), v1, "mounted by a running process")
 
 	if err := c.KillSandbox(ctx, sb.ID); err != nil {
