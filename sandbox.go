@@ -77,6 +77,10 @@ type Snapshot struct {
 	CreatedAt time.Time         `json:"created_at"`
 	CPU       int               `json:"cpu"`
 	MemoryMB  int               `json:"memory_mb"`
+	// Network is the egress policy a restore applies unless it gives one
+	// (that of the sandbox when it was taken); nil for a server without
+	// sandbox networking, and for snapshots taken before it was kept.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // SandboxFilter selects sandboxes in List. Zero fields match everything.

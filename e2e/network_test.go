@@ -379,6 +379,24 @@ func TestNetworkPolicy(t *testing.T) {
 	if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != "paused" {
 		t.Fatalf("the parent after its fork while paused: %+v %v", got, err)
 	}
+	// So does a snapshot of it, which shows the policy its restores get.
+	pausedSnap, err := c.CreateSnapshot(ctx, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.DeleteSnapshot(context.Background(), pausedSnap.ID) })
+	if got, err := c.GetSnapshot(ctx, pausedSnap.ID); err != nil || got.Network == nil || len(got.Network.AllowOut) != 0 || got.Network.AllowInternetAccess {
+		t.Errorf("the paused parent's snapshot: %+v %v, want its present policy (nothing allowed)", got, err)
+	}
+	fromPaused, err := c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: pausedSnap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.KillSandbox(context.Background(), fromPaused.ID) })
+	if n := fromPaused.Network; n == nil || len(n.AllowOut) != 0 || n.AllowInternetAccess {
+		t.Errorf("restored from the paused parent's snapshot: network %+v, want nothing allowed", n)
+	}
+	refused(fromPaused.ID)
 	if _, err := c.SetNetwork(ctx, sb.ID, client.NetworkPolicy{AllowOut: []string{pub}}); err != nil {
 		t.Fatal(err)
 	}
@@ -387,10 +405,14 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 	reaches(sb.ID)
 
-	// A sandbox restored from a snapshot gets the snapshotted policy.
+	// A sandbox restored from a snapshot gets the snapshotted policy,
+	// which the snapshot shows.
 	snap, err := c.CreateSnapshot(ctx, sb.ID, nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if got, err := c.GetSnapshot(ctx, snap.ID); err != nil || got.Network == nil || len(got.Network.AllowOut) != 1 || got.Network.AllowOut[0] != pub || got.Network.AllowInternetAccess {
+		t.Errorf("snapshot %+v %v, want its sandbox's policy (only %s)", got, err, pub)
 	}
 	restored, err := c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{SnapshotID: snap.ID})
 	if err != nil {

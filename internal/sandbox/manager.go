@@ -426,7 +426,14 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 		defer img.Close() // the restore has its files open by then
 		p.template, p.rootfs, p.image, p.cpu, p.mem = snap.Template, man.RootFS, filepath.Join(img.Dir(), imagestore.FilesDir), snap.CPU, snap.MemoryMB
 		if p.network == nil {
-			p.network = m.keptNetwork(snap.ID, man.Network) // the snapshotted sandbox's policy
+			// The snapshotted sandbox's policy: the record's (what the
+			// snapshot shows; a paused sandbox's present one), else, for
+			// a snapshot recorded before it was kept, its image's.
+			policy := snap.Network
+			if policy == nil {
+				policy = man.Network
+			}
+			p.network = m.keptNetwork(snap.ID, policy)
 		}
 		return m.launch(ctx, projectID, p)
 	}

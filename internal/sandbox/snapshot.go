@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/imagestore"
 )
 
 // Snapshots are sealed in SnapshotDir and handed to Config.Images (see
@@ -68,7 +69,16 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	}
 	if sb, _, release, ok := m.claimPaused(ctx, projectID, id); ok {
 		defer release()
-		return m.recordSnapshot(ctx, projectID, sb, metadata, func(snapID string) (int64, bool, error) {
+		// Its present policy (set while paused, perhaps), which a restore
+		// applies, as a fork of it does; its image's, sealed when it
+		// paused, when the network no longer knows it.
+		network := m.networkOf(id)
+		if network == nil {
+			if man, err := imagestore.ReadManifest(m.pausedPath(id), "the paused image of "+id); err == nil {
+				network = man.Network
+			}
+		}
+		return m.recordSnapshot(ctx, projectID, sb, metadata, network, func(snapID string) (int64, bool, error) {
 			return m.savePausedSnapshot(ctx, id, snapID)
 		})
 	}
@@ -79,19 +89,20 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if err := m.sbx.quiesce(id, phaseCheckpointing, "take the snapshot"); err != nil {
 		return pandastack.Snapshot{}, err
 	}
-	return m.recordSnapshot(ctx, projectID, sb, metadata, func(snapID string) (int64, bool, error) {
+	return m.recordSnapshot(ctx, projectID, sb, metadata, m.networkOf(id), func(snapID string) (int64, bool, error) {
 		return m.saveSnapshot(ctx, sb, snapID)
 	})
 }
 
 // recordSnapshot saves a snapshot of sb with save (its size, and whether
-// the image store was given anything) and records it; on a failure nothing
-// is left of it.
-func (m *Manager) recordSnapshot(ctx context.Context, projectID string, sb pandastack.Sandbox, metadata map[string]string, save func(snapID string) (int64, bool, error)) (pandastack.Snapshot, error) {
+// the image store was given anything) and records it, with network, the
+// policy its image holds; on a failure nothing is left of it.
+func (m *Manager) recordSnapshot(ctx context.Context, projectID string, sb pandastack.Sandbox, metadata map[string]string, network *pandastack.NetworkPolicy, save func(snapID string) (int64, bool, error)) (pandastack.Snapshot, error) {
 	id := sb.ID
 	snap := pandastack.Snapshot{
 		ID: pandastack.NewID("snap"), ProjectID: projectID, SandboxID: id, Template: sb.Template,
 		Metadata: maps.Clone(metadata), CreatedAt: m.now().UTC().Truncate(time.Millisecond), CPU: sb.CPU, MemoryMB: sb.MemoryMB,
+		Network: network,
 	}
 	if snap.Metadata == nil {
 		snap.Metadata = map[string]string{}

@@ -10,6 +10,7 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -149,6 +150,8 @@ var migrations = []string{
 	historyMigration,
 	// API key scopes: the keys made before them may do everything.
 	`ALTER TABLE api_keys ADD COLUMN scope text NOT NULL DEFAULT 'all';`,
+	// A snapshot's egress policy; NULL for none (those taken before).
+	`ALTER TABLE snapshots ADD COLUMN network jsonb CHECK (network IS NULL OR jsonb_typeof(network) = 'object');`,
 }
 
 // keyScope is the scope stored for s: ScopeAll when empty.
@@ -660,18 +663,24 @@ func (s *Store) PurgeStoppedSandboxes(ctx context.Context, before time.Time) (in
 
 // --- snapshots ---
 
-const snapshotColumns = `id, project_id, sandbox_id, template, size_bytes, metadata, cpu, memory_mb, created_at`
+const snapshotColumns = `id, project_id, sandbox_id, template, size_bytes, metadata, cpu, memory_mb, created_at, network`
 
 func scanSnapshot(row pgx.Row) (pandastack.Snapshot, error) {
 	var sn pandastack.Snapshot
-	var md []byte
+	var md, network []byte
 	if err := row.Scan(&sn.ID, &sn.ProjectID, &sn.SandboxID, &sn.Template, &sn.SizeBytes, &md,
-		&sn.CPU, &sn.MemoryMB, &sn.CreatedAt); err != nil {
+		&sn.CPU, &sn.MemoryMB, &sn.CreatedAt, &network); err != nil {
 		return pandastack.Snapshot{}, err
 	}
 	var err error
 	if sn.Metadata, err = metajson.Decode(md); err != nil {
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s metadata: %w", sn.ID, err)
+	}
+	if network != nil {
+		sn.Network = new(pandastack.NetworkPolicy)
+		if err := json.Unmarshal(network, sn.Network); err != nil {
+			return pandastack.Snapshot{}, fmt.Errorf("snapshot %s network: %w", sn.ID, err)
+		}
 	}
 	sn.CreatedAt = sn.CreatedAt.UTC()
 	return sn, nil
@@ -686,9 +695,15 @@ func (s *Store) CreateSnapshot(ctx context.Context, sn pandastack.Snapshot) erro
 	if err != nil {
 		return fmt.Errorf("create snapshot %s: %w", sn.ID, err)
 	}
+	var network []byte // NULL for none
+	if sn.Network != nil {
+		if network, err = json.Marshal(sn.Network); err != nil {
+			return fmt.Errorf("create snapshot %s: %w", sn.ID, err)
+		}
+	}
 	_, err = s.pool.Exec(ctx,
-		`INSERT INTO snapshots (`+snapshotColumns+`) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9)`,
-		sn.ID, sn.ProjectID, sn.SandboxID, sn.Template, sn.SizeBytes, md, sn.CPU, sn.MemoryMB, millis(sn.CreatedAt))
+		`INSERT INTO snapshots (`+snapshotColumns+`) VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10::jsonb)`,
+		sn.ID, sn.ProjectID, sn.SandboxID, sn.Template, sn.SizeBytes, md, sn.CPU, sn.MemoryMB, millis(sn.CreatedAt), network)
 	if pgCode(err) == uniqueViolation {
 		return pandastack.Errorf(pandastack.EConflict, "snapshot %q already exists", sn.ID)
 	}

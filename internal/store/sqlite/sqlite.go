@@ -5,6 +5,7 @@ package sqlite
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -175,6 +176,8 @@ var migrations = []string{
 	historyMigration,
 	// API key scopes: the keys made before them may do everything.
 	`ALTER TABLE api_keys ADD COLUMN scope TEXT NOT NULL DEFAULT 'all';`,
+	// A snapshot's egress policy, as JSON; '' for none (those taken before).
+	`ALTER TABLE snapshots ADD COLUMN network TEXT NOT NULL DEFAULT '' CHECK (network = '' OR json_valid(network));`,
 }
 
 // keyScope is the scope stored for s: ScopeAll when empty.
@@ -681,22 +684,40 @@ func (s *Store) PurgeStoppedSandboxes(ctx context.Context, before time.Time) (in
 // --- snapshots ---
 
 const snapshotColumns = `id, project_id, sandbox_id, template, size_bytes, metadata,
-	cpu, memory_mb, created_at`
+	cpu, memory_mb, created_at, network`
 
 func scanSnapshot(row interface{ Scan(...any) error }) (pandastack.Snapshot, error) {
 	var sn pandastack.Snapshot
-	var md string
+	var md, network string
 	var created int64
 	if err := row.Scan(&sn.ID, &sn.ProjectID, &sn.SandboxID, &sn.Template, &sn.SizeBytes, &md,
-		&sn.CPU, &sn.MemoryMB, &created); err != nil {
+		&sn.CPU, &sn.MemoryMB, &created, &network); err != nil {
 		return pandastack.Snapshot{}, err
 	}
 	var err error
 	if sn.Metadata, err = metajson.Decode([]byte(md)); err != nil {
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s metadata: %w", sn.ID, err)
 	}
+	if network != "" {
+		sn.Network = new(pandastack.NetworkPolicy)
+		if err := json.Unmarshal([]byte(network), sn.Network); err != nil {
+			return pandastack.Snapshot{}, fmt.Errorf("snapshot %s network: %w", sn.ID, err)
+		}
+	}
 	sn.CreatedAt = fromMillis(created)
 	return sn, nil
+}
+
+// snapshotNetwork is sn's policy as stored: JSON, or "" for none.
+func snapshotNetwork(sn pandastack.Snapshot) (string, error) {
+	if sn.Network == nil {
+		return "", nil
+	}
+	b, err := json.Marshal(sn.Network)
+	if err != nil {
+		return "", fmt.Errorf("create snapshot %s: %w", sn.ID, err)
+	}
+	return string(b), nil
 }
 
 // CreateSnapshot implements pandastack.Store.
@@ -708,10 +729,14 @@ func (s *Store) CreateSnapshot(ctx context.Context, sn pandastack.Snapshot) erro
 	if err != nil {
 		return fmt.Errorf("create snapshot %s: %w", sn.ID, err)
 	}
+	network, err := snapshotNetwork(sn)
+	if err != nil {
+		return err
+	}
 	_, err = s.db.ExecContext(ctx,
-		`INSERT INTO snapshots (`+snapshotColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+		`INSERT INTO snapshots (`+snapshotColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
 		sn.ID, sn.ProjectID, sn.SandboxID, sn.Template, sn.SizeBytes, md,
-		sn.CPU, sn.MemoryMB, millis(sn.CreatedAt))
+		sn.CPU, sn.MemoryMB, millis(sn.CreatedAt), network)
 	if isUnique(err) {
 		return pandastack.Errorf(pandastack.EConflict, "snapshot %q already exists", sn.ID)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -245,6 +246,9 @@ func checkSnapshot(t *testing.T, got, want pandastack.Snapshot) {
 	}
 	checkMetadata(t, "snapshot "+want.ID, got.Metadata, want.Metadata)
 	checkTime(t, want.ID+" CreatedAt", got.CreatedAt, want.CreatedAt)
+	if !reflect.DeepEqual(got.Network, want.Network) {
+		t.Errorf("snapshot %s network = %+v, want %+v", want.ID, got.Network, want.Network)
+	}
 }
 
 func checkKey(t *testing.T, got, want pandastack.APIKey) {
@@ -1133,8 +1137,9 @@ func testSnapshot(t *testing.T, s pandastack.Store) {
 	want.CPU = 4
 	want.MemoryMB = 8192
 	want.Metadata = map[string]string{"user": "ada", "run": "42"}
+	want.Network = &pandastack.NetworkPolicy{AllowOut: []string{"example.com", "*.example.org", "10.1.2.0/24"}, DenyOut: []string{}}
 	mustSnapshot(t, s, want)
-	mustSnapshot(t, s, snapshot("snap_2", 1))
+	mustSnapshot(t, s, snapshot("snap_2", 1)) // no policy: nil
 
 	got, err := s.GetSnapshot(t.Context(), "prj_1", "snap_1")
 	if err != nil {

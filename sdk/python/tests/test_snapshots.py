@@ -138,6 +138,8 @@ def test_snapshot_record_list_restore_delete(sandbox):
     assert info.id.startswith("snap_") and info.sandbox_id == sandbox.id
     assert info.template == "base" and info.size_bytes > 0 and info.metadata == {"tag": tag}
     assert info.created_at is not None
+    # the policy its restores get: the sandbox's (None without networking)
+    assert info.network == sandbox.network
 
     # the sandbox keeps running and changing; the snapshot does not
     sandbox.files.write("state.txt", "after snapshot")

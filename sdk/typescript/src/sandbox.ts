@@ -225,6 +225,11 @@ export interface SnapshotInfo {
   /** CPUs and memory (MiB) of sandboxes restored from it. */
   cpu: number;
   memoryMb: number;
+  /**
+   * The egress policy a restore applies unless it gives one; undefined on a
+   * server without networking, and for snapshots taken before it was kept.
+   */
+  network?: NetworkPolicy;
 }
 
 /** Options of `sandbox.fork`. */
@@ -299,6 +304,7 @@ interface WireSnapshot {
   metadata?: Record<string, string> | null;
   cpu?: number;
   memory_mb?: number;
+  network?: WireNetworkPolicy;
 }
 
 function toInfo(w: WireSandbox): SandboxInfo {
@@ -318,9 +324,13 @@ function toInfo(w: WireSandbox): SandboxInfo {
   if (w.stop_reason) info.stopReason = w.stop_reason;
   if (w.pause_reason) info.pauseReason = w.pause_reason;
   if (w.network) {
-    info.network = { allowInternetAccess: w.network.allow_internet_access, allowOut: w.network.allow_out ?? [], denyOut: w.network.deny_out ?? [] };
+    info.network = toNetworkPolicy(w.network);
   }
   return info;
+}
+
+function toNetworkPolicy(w: WireNetworkPolicy): NetworkPolicy {
+  return { allowInternetAccess: w.allow_internet_access, allowOut: w.allow_out ?? [], denyOut: w.deny_out ?? [] };
 }
 
 function toSnapshotInfo(w: WireSnapshot): SnapshotInfo {
@@ -333,6 +343,7 @@ function toSnapshotInfo(w: WireSnapshot): SnapshotInfo {
     createdAt: new Date(w.created_at),
     cpu: w.cpu ?? 0,
     memoryMb: w.memory_mb ?? 0,
+    network: w.network ? toNetworkPolicy(w.network) : undefined,
   };
 }
 

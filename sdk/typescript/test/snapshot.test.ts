@@ -52,6 +52,7 @@ test("snapshots, fork, pause/resume", async (t) => {
       assert.equal(info.id, snapshotId);
       assert.equal(info.sandboxId, sb.id);
       assert.ok(info.sizeBytes > 0);
+      assert.deepEqual(info.network, sb.network); // the policy its restores get
       await Snapshot.delete(snapshotId);
       await assert.rejects(Snapshot.get(snapshotId), NotFoundError);
     }

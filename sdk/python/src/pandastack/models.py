@@ -552,6 +552,10 @@ class SnapshotInfo:
     metadata: Dict[str, str] = field(default_factory=dict)
     cpu: int = 0
     memory_mb: int = 0
+    #: The egress policy a restore applies unless it gives one
+    #: (``allow_internet_access``, ``allow_out``, ``deny_out``); None on a
+    #: server without networking, and for snapshots taken before it was kept.
+    network: Optional[Dict[str, Any]] = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SnapshotInfo":
@@ -565,4 +569,5 @@ class SnapshotInfo:
             metadata=dict(d.get("metadata") or {}),
             cpu=int(d.get("cpu") or 0),
             memory_mb=int(d.get("memory_mb") or 0),
+            network=dict(d["network"]) if isinstance(d.get("network"), Mapping) else None,
         )
