@@ -166,6 +166,12 @@ def test_console_end_to_end(page: Page, serve, artifacts) -> None:
     expect(page.locator("figcaption").nth(1)).to_contain_text("MiB of")
     expect(page.get_by_text(re.compile(r"^Disk: \S+ \S+ of \S+ \S+ used$"))).to_be_visible()
 
+    # A runaway left behind: ended from the page, the kernels kept.
+    with serve.api() as api:
+        assert api.post(f"/v1/sandboxes/{sid}/exec", json={"cmd": "sleep 606", "background": True}).status_code == 200
+    page.get_by_role("button", name=f"End processes {sid}").click()
+    expect(page.locator("#status")).to_contain_text(f"Ended 1 process in {sid}; its kernels are kept")
+
     # Snapshot and fork from the sandbox's page, then the tree.
     page.get_by_role("button", name=f"Snapshot {sid}").click()
     expect(page.locator("#status")).to_contain_text("Snapshot snap_")

@@ -90,6 +90,12 @@ function sandboxActions(s, refresh) {
     out.push(b("Pause", "Pause", () => act("Pause", async () => { await api("POST", `/v1/sandboxes/${s.id}/pause`); say(`Paused ${s.id}`); refresh(); })));
     out.push(b("Snapshot", "Snapshot", () => act("Snapshot", async () => { const sn = await api("POST", `/v1/sandboxes/${s.id}/snapshots`, {}); say(`Snapshot ${sn.id} of ${s.id} taken`); refresh(); })));
     out.push(b("Fork", "Fork", () => act("Fork", async () => { const r = await api("POST", `/v1/sandboxes/${s.id}/fork`, { count: 1 }); say(`Forked ${s.id} into ${r.sandboxes.map((k) => k.id).join(", ")}`); refresh(); })));
+    out.push(b("End processes", "End processes", () => act("End processes", async () => {
+      if (!confirm(`End every process in sandbox ${s.id} but its code kernels (their variables stay)? Commands, background processes and terminals end.`)) return;
+      const r = await api("POST", `/v1/sandboxes/${s.id}/processes/kill`);
+      say(`Ended ${r.killed} process${r.killed === 1 ? "" : "es"} in ${s.id}; its kernels are kept` + (r.remaining ? ` (${r.remaining} still forking: end them again)` : ""));
+      refresh();
+    })));
   }
   if (s.state === "paused") out.push(b("Resume", "Resume", () => act("Resume", async () => { await api("POST", `/v1/sandboxes/${s.id}/resume`); say(`Resumed ${s.id}`); refresh(); })));
   if (s.state !== "stopped") out.push(b("Kill", "Kill", () => act("Kill", async () => {
