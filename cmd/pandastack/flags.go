@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -32,6 +33,11 @@ var (
 func parseFlags(fs *flag.FlagSet, args []string, positional bool) error {
 	if asksHelp(args) && fs.Output() == io.Writer(os.Stderr) {
 		fs.SetOutput(os.Stdout) // asked for: the answer, not an error (| less, | grep)
+	}
+	if !slices.ContainsFunc(args, isHelp) {
+		// A mistake gets its error and where the flags are, not every
+		// flag (serve's run to 6 KB, which buried the error).
+		fs.Usage = func() { fmt.Fprintf(fs.Output(), "Run 'pandastack %s -h' for its flags.\n", fs.Name()) }
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"reflect"
 	"strings"
@@ -77,6 +80,13 @@ func TestParseFlagsRefusesStrayArguments(t *testing.T) {
 	}
 	if err := parseFlags(newFS(), []string{"-h"}, false); err != errHelp {
 		t.Errorf("-h: %v, want errHelp", err)
+	}
+	var out strings.Builder
+	fs := newFS()
+	fs.SetOutput(&out)
+	if err := parseFlags(fs, []string{"--ttl", "soon"}, false); err != errUsage || !strings.Contains(out.String(), `invalid value "soon" for flag -ttl`) ||
+		!strings.HasSuffix(out.String(), "Run 'pandastack "+fs.Name()+" -h' for its flags.\n") || strings.Contains(out.String(), "Usage of") {
+		t.Errorf("a bad value: %v, said %q; want the error and where the flags are, not all of them", err, out.String())
 	}
 	if err := parseFlags(newFS(), []string{"--nope"}, false); err != errUsage {
 		t.Errorf("an unknown flag: %v, want errUsage", err)
@@ -248,5 +258,29 @@ func TestAsksHelp(t *testing.T) {
 		if got := asksHelp(strings.Fields(args)); got != want {
 			t.Errorf("asksHelp(%q) = %v, want %v", args, got, want)
 		}
+	}
+}
+
+// An API call's error says which server and which key the CLI used.
+func TestExplainAPI(t *testing.T) {
+	c := client.New("https://127.0.0.1:8080", "pds_x")
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{&url.Error{Op: "Get", URL: "https://127.0.0.1:8080/v1/sandboxes", Err: errors.New("http: server gave HTTP response to HTTPS client")}, "answered plain HTTP: PANDASTACK_API should start with http://"},
+		{&url.Error{Op: "Get", URL: "https://127.0.0.1:8080/v1/sandboxes", Err: &net.OpError{Op: "dial", Err: errors.New("connection refused")}}, "cannot reach the PandaStack server at https://127.0.0.1:8080"},
+		{&client.Error{Status: 401, Code: "unauthorized", Message: "unknown API key"}, "(the key from PANDASTACK_API_KEY, sent to https://127.0.0.1:8080)"},
+		{&client.Error{Status: 501, Code: "http_error", Message: "<html>not here</html>"}, "answered HTTP 501, not as a PandaStack server does"},
+	} {
+		got := explainAPI(tc.err, c, "PANDASTACK_API_KEY")
+		if !strings.Contains(got.Error(), tc.want) || !errors.Is(got, tc.err) {
+			t.Errorf("explainAPI(%v) = %q, want %q, wrapping the error", tc.err, got, tc.want)
+		}
+	}
+	// A connection that broke mid-way is not "cannot reach".
+	broken := &url.Error{Op: "Post", URL: "x", Err: &net.OpError{Op: "read", Err: errors.New("connection reset by peer")}}
+	if got := explainAPI(broken, c, "PANDASTACK_API_KEY"); got != error(broken) {
+		t.Errorf("a broken connection: %q, want it as it was", got)
 	}
 }

@@ -73,6 +73,8 @@ func explainAPI(err error, c *client.Client, keyFrom string) error {
 		return hinted{fmt.Sprintf("%v (the key from %s, sent to %s)", err, keyFrom, c.BaseURL), err}
 	case errors.As(err, &ae) && ae.Code == "http_error":
 		return hinted{fmt.Sprintf("%s answered HTTP %d, not as a PandaStack server does; is PANDASTACK_API right? (it said %.120q)", c.BaseURL, ae.Status, ae.Message), err}
+	case errors.As(err, &ue) && strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
+		return hinted{fmt.Sprintf("%s answered plain HTTP: PANDASTACK_API should start with http://, not https://", c.BaseURL), err}
 	case errors.As(err, &ue) && isDial(err):
 		return hinted{fmt.Sprintf("cannot reach the PandaStack server at %s: %v; is `pandastack serve` running there? (PANDASTACK_API, default %s)", c.BaseURL, ue.Err, client.DefaultURL), err}
 	}
