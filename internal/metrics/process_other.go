@@ -1,0 +1,5 @@
+//go:build !linux
+
+package metrics
+
+func readProc() (procStat, bool) { return procStat{}, false }
