@@ -19,19 +19,22 @@ import (
 // PANDASTACK_* environment variable; a flag wins over the variable, which
 // wins over the default.
 type Config struct {
-	Listen       string // address of the REST API
-	DataDir      string // SQLite database, API key file, runtime state
-	Store        string // "" or sqlite:///path: SQLite (default <data dir>/pandastack.db); postgres://…: PostgreSQL
-	CacheDir     string // runsc and template root filesystems, shareable between data dirs
-	Runsc        string // runsc binary; default: the pinned build in the cache, then PATH
-	Agent        string // pandastack-agent binary; default: beside this executable
-	TemplatesDir string // a user's own template specs (*.yaml); default <data dir>/templates
-	Mirror       string // Debian mirror for template builds
-	BuildOnStart string // templates built on start when missing, comma-separated ("" for none)
-	Warm         bool   // snapshot templates warm in the background so creates restore them
-	KillOnExit   bool   // kill every sandbox when serve stops, instead of keeping them for the next start
-	LogLevel     string // debug, info, warn or error
-	DiskMB       int    // each sandbox's own disk (the writable layer over its template), in MiB; negative: in memory
+	Listen string // address of the REST API
+	// MetricsListen is the address of GET /metrics (metrics.go), which
+	// takes no API key; "" serves none.
+	MetricsListen string
+	DataDir       string // SQLite database, API key file, runtime state
+	Store         string // "" or sqlite:///path: SQLite (default <data dir>/pandastack.db); postgres://…: PostgreSQL
+	CacheDir      string // runsc and template root filesystems, shareable between data dirs
+	Runsc         string // runsc binary; default: the pinned build in the cache, then PATH
+	Agent         string // pandastack-agent binary; default: beside this executable
+	TemplatesDir  string // a user's own template specs (*.yaml); default <data dir>/templates
+	Mirror        string // Debian mirror for template builds
+	BuildOnStart  string // templates built on start when missing, comma-separated ("" for none)
+	Warm          bool   // snapshot templates warm in the background so creates restore them
+	KillOnExit    bool   // kill every sandbox when serve stops, instead of keeping them for the next start
+	LogLevel      string // debug, info, warn or error
+	DiskMB        int    // each sandbox's own disk (the writable layer over its template), in MiB; negative: in memory
 
 	// Where snapshots are kept: "" (<data dir>/snapshots), file:///path or
 	// s3://bucket/prefix (see openImages), and the most bytes the local
@@ -106,6 +109,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		fs.BoolVar(p, name, *p, usage+" ($"+env+")")
 	}
 	str(&c.Listen, "listen", "PANDASTACK_LISTEN", "address of the REST API")
+	str(&c.MetricsListen, "metrics-listen", "PANDASTACK_METRICS_LISTEN", "address serving GET /metrics in Prometheus' text format, without an API key: keep it on loopback or a private network (empty: none)")
 	str(&c.DataDir, "data-dir", "PANDASTACK_DATA_DIR", "data directory (database, API key, runtime state)")
 	str(&c.Store, "store", "PANDASTACK_STORE", "database: empty for SQLite in the data dir, sqlite:///path, or postgres://user:pass@host/db")
 	str(&c.SnapshotStore, "snapshot-store", "PANDASTACK_SNAPSHOT_STORE", "where snapshots are kept: empty for <data dir>/snapshots, file:///path, or s3://bucket/prefix (endpoint from $PANDASTACK_S3_ENDPOINT, credentials from $AWS_ACCESS_KEY_ID/$AWS_SECRET_ACCESS_KEY)")
@@ -182,6 +186,9 @@ func (c *Config) snapshotCacheDir() string { return filepath.Join(c.DataDir, "sn
 func (c *Config) validate() error {
 	if len(c.envErrs) > 0 {
 		return fmt.Errorf("malformed environment: %w", errors.Join(c.envErrs...))
+	}
+	if c.MetricsListen != "" && c.MetricsListen == c.Listen {
+		return fmt.Errorf("--metrics-listen %s: want an address of its own, not the API's (--listen)", c.MetricsListen)
 	}
 	if c.Sandbox.IdleTimeout < 0 {
 		return fmt.Errorf("idle timeout %s must not be negative (0 disables idle suspend)", c.Sandbox.IdleTimeout)

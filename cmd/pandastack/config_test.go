@@ -99,12 +99,13 @@ func TestNegativeSettingsAreRefused(t *testing.T) {
 		{"--max-restores", "-1"},
 		{"--snapshot-cache-max-bytes", "-1"},
 		{"--public-domain", "http://sandboxes.example.com"},
+		{"--metrics-listen", "127.0.0.1:8080"}, // the API's own address
 	} {
 		if _, err := bindWith(t, nil, args...); err == nil || !strings.Contains(err.Error(), args[0]) {
 			t.Errorf("%v: %v, want a refusal naming the flag", args, err)
 		}
 	}
-	for _, args := range [][]string{{"--pool-size", "0"}, {"--max-restores", "0"}, {"--exec-output-cap", "0"}, {"--public-domain", "sandboxes.example.com"}} {
+	for _, args := range [][]string{{"--pool-size", "0"}, {"--max-restores", "0"}, {"--exec-output-cap", "0"}, {"--public-domain", "sandboxes.example.com"}, {"--metrics-listen", "127.0.0.1:9464"}} {
 		if _, err := bindWith(t, nil, args...); err != nil {
 			t.Errorf("%v: %v", args, err)
 		}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/api"
+	"github.com/pandastack/pandastack/internal/metrics"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/runtime/gvisor"
@@ -217,6 +218,13 @@ func serve(args []string) error {
 		return fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
 	probe.Close()
+	if cfg.MetricsListen != "" {
+		probe, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("--metrics-listen %s: %w", cfg.MetricsListen, err)
+		}
+		probe.Close()
+	}
 	reg, err := loadTemplates(&cfg)
 	if err != nil {
 		return err
@@ -286,6 +294,12 @@ func serve(args []string) error {
 	if scfg.Node, err = cfg.Nodes.node(cfg.DataDir, cfg.Listen, strings.HasPrefix(cfg.SnapshotStore, "s3://")); err != nil {
 		return err
 	}
+	var series *metrics.Registry
+	if cfg.MetricsListen != "" {
+		series = metrics.New()
+		metrics.RegisterProcess(series, "pandastack", version)
+		scfg.Metrics, cfg.API.Metrics = series, series
+	}
 	mgr := sandbox.New(scfg, store, sandboxes, tpls, log)
 	if netw != nil {
 		mgr.UseNetwork(netw)
@@ -335,6 +349,15 @@ func serve(args []string) error {
 	log.Info("pandastack serving", "url", "http://"+ln.Addr().String(), "data_dir", cfg.DataDir, "store", storeDesc, "snapshot_store", imagesDesc, "cache_dir", cfg.CacheDir, "runsc", runsc, "version", version, "node", scfg.Node.ID, "advertise_url", scfg.Node.URL)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
+	if series != nil {
+		ms, err := serveMetrics(cfg.MetricsListen, series, errc)
+		if err != nil {
+			hs.Close()
+			return err
+		}
+		defer ms.Close()
+		log.Info("serving metrics", "url", "http://"+cfg.MetricsListen+"/metrics")
+	}
 	select {
 	case err := <-errc:
 		return err

@@ -25,6 +25,7 @@ import (
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/console"
 	"github.com/pandastack/pandastack/internal/history"
+	"github.com/pandastack/pandastack/internal/metrics"
 	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
@@ -68,6 +69,9 @@ type Config struct {
 	DefaultRunTimeout  time.Duration // run_code without timeout_seconds
 	RunOutputCap       int           // bytes kept per stream per run_code
 	PublicDomain       string        // with it, {port}-{id}.PublicDomain is the port proxy too (ports.go)
+	// Metrics is where the API's series go (metrics.go); nil: none are
+	// kept.
+	Metrics *metrics.Registry
 }
 
 // DefaultConfig returns the defaults: the one place they are written. New
@@ -100,6 +104,7 @@ type Server struct {
 	stopping chan struct{}
 	stopOnce sync.Once
 	ptys     sync.WaitGroup // open terminal sessions
+	metrics  apiMetrics     // zero: none kept
 	// nodeLost stands for Manager.NodeLost when set (tests).
 	nodeLost func(url string) bool
 }
@@ -143,6 +148,9 @@ func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catal
 	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux(),
 		history: history.New(history.Limits{}, store, log), stopping: make(chan struct{})}
 	s.routes()
+	if cfg.Metrics != nil {
+		s.metrics = newAPIMetrics(cfg.Metrics)
+	}
 	return s
 }
 
@@ -309,6 +317,7 @@ func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		rec := &statusRecorder{ResponseWriter: w, status: 200, classify: s.classifyError}
+		route := routeUnmatched
 		defer func() {
 			if p := recover(); p != nil {
 				if p == http.ErrAbortHandler {
@@ -325,15 +334,18 @@ func (s *Server) Handler() http.Handler {
 				s.logFailure(r, rec.err) // a handler that answered an error without logging it
 			}
 			s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "status", rec.status, "ms", time.Since(start).Milliseconds())
+			s.metrics.request(route, rec, time.Since(start))
 		}()
 		r = r.WithContext(context.WithValue(r.Context(), recorderKey{}, rec))
 		if r.ContentLength != 0 && r.Header.Get("Upgrade") == "" {
 			r.Body = withBodyDeadline(w, r.Body)
 		}
 		if s.hostRoute(rec, r) || s.otherMethodToPort(rec, r) {
+			route = routePortProxy
 			return
 		}
 		if console.Serves(r.URL.Path) {
+			route = routeConsole
 			switch {
 			case r.Method != http.MethodGet && r.Method != http.MethodHead:
 				rec.Header().Set("Allow", "GET, HEAD")
@@ -345,7 +357,8 @@ func (s *Server) Handler() http.Handler {
 			}
 			return
 		}
-		if _, pattern := s.mux.Handler(r); pattern == "" {
+		_, pattern := s.mux.Handler(r)
+		if pattern == "" {
 			// Unknown path or method: answer in the API's error shape
 			// rather than the mux's plain text.
 			probe := &statusRecorder{ResponseWriter: discardWriter{h: http.Header{}}, status: 200}
@@ -358,6 +371,7 @@ func (s *Server) Handler() http.Handler {
 			writeError(rec, pandastack.Errorf(pandastack.ENotFound, "no route %s %s; see /v1/openapi.json", r.Method, r.URL.Path))
 			return
 		}
+		route = pattern
 		s.mux.ServeHTTP(rec, r)
 	})
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
+	"github.com/pandastack/pandastack/internal/metrics"
 	"github.com/pandastack/pandastack/internal/store/sqlite"
 )
 
@@ -469,6 +470,8 @@ type harness struct {
 	images pandastack.ImageStore // Config.Images of the next newManager (nil: the default)
 	node   NodeConfig            // Config.Node of the next newManager (node_test.go)
 	logs   logLines              // what its managers logged
+	// metrics holds the series of the last newManager.
+	metrics *metrics.Registry
 }
 
 const project = "prj_test"
@@ -498,7 +501,9 @@ func (h *harness) newManager() *Manager {
 		ReapInterval: time.Hour, // tests call reapOnce themselves
 		Images:       h.images,
 		Node:         h.node,
+		Metrics:      metrics.New(),
 	}
+	h.metrics = cfg.Metrics
 	for _, d := range []string{cfg.SnapshotDir, cfg.PausedDir, cfg.WarmDir} {
 		os.MkdirAll(d, 0o700)
 	}

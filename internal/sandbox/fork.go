@@ -41,7 +41,8 @@ type ForkOptions struct {
 }
 
 // ForkWith is Fork with the children's own network policy.
-func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOptions) ([]pandastack.Sandbox, error) {
+func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOptions) (_ []pandastack.Sandbox, err error) {
+	defer m.observe(opFork, time.Now(), &err)
 	count, ttlSeconds, metadata := o.Count, o.TTLSeconds, o.Metadata
 	if err := m.validNetwork(o.Network); err != nil {
 		return nil, err

@@ -183,7 +183,10 @@ func (m *Manager) suspend(idle []string) {
 			return
 		}
 		released := m.releaseForSuspend(id)
-		if _, err := m.pause(context.Background(), sb, pandastack.PauseIdle); err != nil {
+		start := time.Now()
+		_, err = m.pause(context.Background(), sb, pandastack.PauseIdle)
+		m.observe(opSuspend, start, &err)
+		if err != nil {
 			wait := m.sbx.suspendFailed(id)
 			m.log.Warn("idle suspend failed; the sandbox keeps running", "sandbox", id, "err", err, "next_try_in", wait)
 			if released != nil {

@@ -19,6 +19,7 @@ import (
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
 	"github.com/pandastack/pandastack/internal/imagestore"
+	"github.com/pandastack/pandastack/internal/metrics"
 )
 
 // Config holds the manager's limits and timings. DefaultConfig has the
@@ -65,6 +66,9 @@ type Config struct {
 	Images pandastack.ImageStore
 
 	Node NodeConfig // this server as one node of several (node.go); zero: the only one
+	// Metrics is where the manager's series go (metrics.go); nil: none
+	// are kept.
+	Metrics *metrics.Registry
 }
 
 // DefaultConfig returns the defaults: the one place they are written.
@@ -184,6 +188,7 @@ type Manager struct {
 	checkedPaused sync.Map        // sandbox id → time.Time: the manifest's mtime of a paused image a restart found, once verified (resume.go)
 	prepared      preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
 	warmHeld      heldImages      // the warm images, held in the page cache (pin.go)
+	metrics       managerMetrics  // the series it keeps (metrics.go); zero: none
 	warmFailed    sync.Map        // warm image dir → string: why its warming failed (warm.go)
 	refills       refillHolds     // sandboxes whose spare refills wait for the host (refills.go)
 	snapUse       snapshotUse     // snapshots being restored from (images.go)
@@ -198,10 +203,14 @@ func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Te
 	if cfg.Images == nil {
 		cfg.Images = imagestore.NewLocal(cfg.SnapshotDir)
 	}
-	return &Manager{
+	m := &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
 		sbx: newTable(), stop: make(chan struct{}), admit: newAdmission(cfg.MaxRestores), idleCPUs: idleCPUs,
 	}
+	if cfg.Metrics != nil {
+		m.useMetrics(cfg.Metrics)
+	}
+	return m
 }
 
 // Config returns the effective configuration.
@@ -386,7 +395,12 @@ func (m *Manager) ttl(seconds *int64) (time.Duration, error) {
 // req.SnapshotID is set, else from the template (restoring its warm
 // snapshot when it has one). On any failure nothing of it is left on the
 // host and its record says why it stopped.
-func (m *Manager) Create(ctx context.Context, projectID string, req CreateRequest) (pandastack.Sandbox, error) {
+func (m *Manager) Create(ctx context.Context, projectID string, req CreateRequest) (_ pandastack.Sandbox, err error) {
+	op := opCreate
+	if req.SnapshotID != "" {
+		op = opRestore
+	}
+	defer m.observe(op, time.Now(), &err)
 	ttl, err := m.ttl(req.TTLSeconds)
 	if err != nil {
 		return pandastack.Sandbox{}, err
@@ -520,6 +534,9 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	defer func() {
 		m.lastCreate.Store(m.now().UnixNano()) // before the count drops: a refill that sees none also sees this
 		m.creates.Add(-1)
+		if err == nil && p.line { // a create's, not a fork child's or a warm-up's
+			m.countCreate(p)
+		}
 	}()
 	if p.steps == nil {
 		// A create's own steps (a fork logs its children's): a boot's at
@@ -584,7 +601,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			// Rollback runs outside the request's context: a client that
 			// hung up must not leave a half-made sandbox behind.
 			m.rt.Stop(context.Background(), sb.ID)
-			m.store.SetSandboxState(context.Background(), sb.ID, pandastack.StateStopped, pandastack.StopFailed, m.now())
+			m.recordStop(context.Background(), sb.ID, pandastack.StopFailed)
 			m.sbx.end(sb.ID)
 		}
 	}()
@@ -791,7 +808,10 @@ func (m *Manager) AcquireTerminal(ctx context.Context, projectID, id string) (_ 
 // resume, a pause and an idle suspend: the kill then stops what they made
 // (a user who never asked for the suspend must not be told to retry).
 // A snapshot or fork under way answers conflict.
-func (m *Manager) Kill(ctx context.Context, projectID, id string) error {
+func (m *Manager) Kill(ctx context.Context, projectID, id string) (err error) {
+	if projectID != warmProject { // the server's own
+		defer m.observe(opKill, time.Now(), &err)
+	}
 	return m.kill(ctx, projectID, id, pandastack.StopKilled)
 }
 
@@ -818,7 +838,11 @@ func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
 	defer m.sbx.end(id)
 	// Until the record goes, it says killed: a run cut off by this kill
 	// fails saying so, and a GET meanwhile must not say running.
-	m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, pandastack.StopKilled, m.now())
+	if projectID == warmProject {
+		m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, pandastack.StopKilled, m.now())
+	} else {
+		m.recordStop(context.Background(), id, pandastack.StopKilled)
+	}
 	if m.owns(sb) {
 		m.teardown(id, why)
 	} // else another node's (lost, or paused there): nothing of it runs here, and that node removes what is left once back
@@ -854,7 +878,7 @@ func (m *Manager) teardown(id, reason string) {
 func (m *Manager) stopSandbox(id, reason string) {
 	// Recorded first: teardown fails the requests in flight, and a caller
 	// that looks right after must see why.
-	if err := m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, reason, m.now()); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+	if err := m.recordStop(context.Background(), id, reason); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 		m.log.Error("record stop", "sandbox", id, "err", err)
 	}
 	m.teardown(id, reason)
@@ -912,7 +936,7 @@ func (m *Manager) reapOnce() {
 		}
 		defer m.sbx.end(id)
 		if foreign[id] {
-			if err := m.store.SetSandboxState(ctx, id, pandastack.StateStopped, pandastack.StopExpired, m.now()); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+			if err := m.recordStop(ctx, id, pandastack.StopExpired); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 				m.log.Error("record stop", "sandbox", id, "err", err)
 			}
 			m.log.Info("sandbox of a lost node expired; its node removes its image once back", "sandbox", id)

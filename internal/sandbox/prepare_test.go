@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/metrics"
 )
 
 // preparingRuntime is the fake runtime with pandastack.RuntimePreparer: a
@@ -120,6 +121,8 @@ func preparingHarness(t *testing.T, keep int) (*harness, *clock, *preparingRunti
 	h.m.Close()
 	rt := &preparingRuntime{fakeRuntime: h.rt, prepared: map[string]pandastack.RuntimeSpec{}}
 	cfg := h.m.cfg
+	cfg.Metrics = metrics.New() // a new manager's series
+	h.metrics = cfg.Metrics
 	cfg.PreparedResumes = keep
 	m := New(cfg, h.store, rt, h.tpls, slog.New(slog.NewTextHandler(testWriter{t, &h.logs}, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err := m.Start(context.Background()); err != nil {
@@ -295,6 +298,8 @@ func standbyHarness(t *testing.T) (*harness, *preparingRuntime) {
 	ctx := context.Background()
 	h.m.Close()
 	cfg := h.m.cfg
+	cfg.Metrics = metrics.New() // a new manager's series
+	h.metrics = cfg.Metrics
 	cfg.PreparedCreates = 1
 	tpl := h.tpls.tpl
 	tpl.WarmImage = WarmImageDir(cfg.WarmDir, tpl.Name, "0123456789abcdef0123", "fedcba9876543210ffff")

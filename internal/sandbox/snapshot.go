@@ -63,7 +63,8 @@ func (m *Manager) checkpoint(ctx context.Context, sb pandastack.Sandbox, final s
 // paused one (as asked, or suspended for idleness) stays paused: its
 // paused image, sealed with its manifest when it paused, becomes the
 // snapshot's, linked rather than copied (savePausedSnapshot).
-func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata map[string]string) (pandastack.Snapshot, error) {
+func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata map[string]string) (_ pandastack.Snapshot, err error) {
+	defer m.observe(opSnap, time.Now(), &err)
 	if err := ValidateMetadata(metadata); err != nil {
 		return pandastack.Snapshot{}, err
 	}
@@ -173,7 +174,8 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 // A sandbox suspended for idleness stays paused as asked: from then on a
 // request no longer wakes it (unless it has auto_resume). An idle suspend
 // or a resume under way is waited for.
-func (m *Manager) Pause(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
+func (m *Manager) Pause(ctx context.Context, projectID, id string) (_ pandastack.Sandbox, err error) {
+	defer m.observe(opPause, time.Now(), &err)
 	for {
 		sb, err := m.store.GetSandbox(ctx, projectID, id)
 		if err != nil {
@@ -310,7 +312,12 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 // resumeWaiting is Resume; onDemand is a resume that a request wants (the
 // sandbox has auto_resume or was suspended for idleness), which does not
 // happen if a pause asked for meanwhile made it paused as asked.
-func (m *Manager) resumeWaiting(ctx context.Context, projectID, id string, onDemand bool) (pandastack.Sandbox, error) {
+func (m *Manager) resumeWaiting(ctx context.Context, projectID, id string, onDemand bool) (_ pandastack.Sandbox, err error) {
+	op := opResume
+	if onDemand {
+		op = opWake
+	}
+	defer m.observe(op, time.Now(), &err)
 	waited := false
 	for {
 		sb, err := m.resume(ctx, projectID, id, onDemand)
