@@ -214,6 +214,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	}
 	disk := sandboxDisk(r.dir(id)) // before a checkpoint that stops it removes the dir
 	caps := sandboxCaps(r.dir(id))
+	agent := sandboxAgent(r.dir(id))
 	args := []string{"checkpoint", "--image-path=" + imageDir, "--exclude-committed-zero-pages"}
 	if leaveRunning {
 		args = append(args, "--leave-running")
@@ -228,7 +229,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 		}
 		return fmt.Errorf("checkpoint %s: %w", id, err)
 	}
-	merr := errors.Join(markImageDisk(imageDir, disk), markImageCaps(imageDir, caps))
+	merr := errors.Join(markImageDisk(imageDir, disk), markImageCaps(imageDir, caps), markImageAgent(imageDir, agent))
 	if !leaveRunning {
 		// The container stopped with the checkpoint; remove what is left.
 		r.Stop(ctx, id)
@@ -247,7 +248,9 @@ func (r *Runtime) boot(ctx context.Context, spec pandastack.RuntimeSpec, imageDi
 	}
 	if imageDir != "" {
 		if p := r.takePrepared(spec.ID); p != nil {
-			if caps, err := r.capsFor(imageDir); p.err == nil && p.key == prepareKey(spec, p.disk) && r.imageDisk(imageDir) == p.disk && err == nil && caps == p.caps {
+			caps, err := r.capsFor(imageDir)
+			agent, aerr := r.agentFor(imageDir)
+			if p.err == nil && p.key == prepareKey(spec, p.disk) && r.imageDisk(imageDir) == p.disk && err == nil && caps == p.caps && aerr == nil && agent == p.agent {
 				conn, err := r.restorePrepared(ctx, spec, imageDir, p)
 				if err == nil || ctx.Err() != nil {
 					return conn, err
@@ -333,7 +336,11 @@ func (r *Runtime) launch(ctx context.Context, spec pandastack.RuntimeSpec, image
 	if err := os.WriteFile(filepath.Join(dir, capsFile), []byte(strconv.Itoa(caps)), 0o600); err != nil {
 		return 0, fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, disk > 0, capsOf(caps)), "", "  ")
+	agent, err := r.agentFor(imageDir)
+	if err != nil {
+		return 0, err
+	}
+	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, disk > 0, capsOf(caps), agent), "", "  ")
 	if err != nil {
 		return 0, err
 	}

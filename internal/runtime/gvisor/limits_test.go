@@ -20,7 +20,7 @@ import (
 // TestNProcBelowPIDs: a sandbox with a pids limit gets RLIMIT_NPROC below
 // it, so a fork bomb meets EAGAIN before the host limit kills the sandbox.
 func TestNProcBelowPIDs(t *testing.T) {
-	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", PIDs: 1536}, false, agentCaps)
+	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", PIDs: 1536}, false, agentCaps, "")
 	if !slices.Contains(spec.Process.Env, agentproto.NProcEnv+"=384") {
 		t.Fatalf("env %v, want %s=384", spec.Process.Env, agentproto.NProcEnv)
 	}
@@ -33,7 +33,7 @@ func TestNProcBelowPIDs(t *testing.T) {
 			t.Fatalf("RLIMIT_NPROC in the spec's rlimits: %+v", rl)
 		}
 	}
-	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/"}, false, agentCaps)
+	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/"}, false, agentCaps, "")
 	for _, e := range none.Process.Env {
 		if strings.HasPrefix(e, agentproto.NProcEnv+"=") {
 			t.Fatalf("%s without a pids limit", e)
@@ -73,12 +73,12 @@ func TestCgroupEvent(t *testing.T) {
 // TestCPUQuotaPeriod: cpu × the period per period, with the long period
 // that lets a restore's short burst over the quota run unthrottled.
 func TestCPUQuotaPeriod(t *testing.T) {
-	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", CPU: 2}, false, agentCaps)
+	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", CPU: 2}, false, agentCaps, "")
 	cpu := spec.Linux.Resources.CPU
 	if cpu == nil || cpu.Period != 1_000_000 || cpu.Quota != 2_000_000 {
 		t.Fatalf("cpu resources %+v, want 2 s of CPU per 1 s period", cpu)
 	}
-	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/", MemoryMB: 256}, false, agentCaps)
+	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/", MemoryMB: 256}, false, agentCaps, "")
 	if none.Linux.Resources.CPU != nil {
 		t.Fatalf("a CPU quota without cpu: %+v", none.Linux.Resources.CPU)
 	}

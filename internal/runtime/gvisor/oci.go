@@ -118,7 +118,10 @@ func cgroupPath(id string) string { return "/pandastack/" + id }
 // /tmp on that disk (runsc would still mount a tmpfs over an empty /tmp:
 // templates leave a file there); without, /tmp is a tmpfs in memory, as
 // images taken that way expect (a restore needs the checkpoint's mounts).
-func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool, caps []string) ociSpec {
+func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool, caps []string, agent string) ociSpec {
+	if agent == "" {
+		agent = r.cfg.AgentPath
+	}
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
 	spec := ociSpec{
 		Version: "1.0.2",
@@ -138,7 +141,7 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool, caps []string)
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-			{Destination: agentproto.AgentPath, Type: "bind", Source: r.cfg.AgentPath, Options: []string{"bind", "ro"}},
+			{Destination: agentproto.AgentPath, Type: "bind", Source: agent, Options: []string{"bind", "ro"}},
 		},
 		Linux: ociLinux{
 			Namespaces: []ociNS{{Type: "pid"}, {Type: "network", Path: s.NetNS}, {Type: "ipc"}, {Type: "uts"}, {Type: "mount"}},

@@ -25,11 +25,12 @@ import (
 
 // prepared is a container created ahead of a restore, or being created.
 type prepared struct {
-	done chan struct{} // closed when the create ended; then err and disk are set
-	err  error
-	key  string // prepareKey of the spec it was created with
-	disk int    // its disk size (0: in memory), as the image has it
-	caps int    // its capability revision (caps.go), as the image has it
+	done  chan struct{} // closed when the create ended; then err and disk are set
+	err   error
+	key   string // prepareKey of the spec it was created with
+	disk  int    // its disk size (0: in memory), as the image has it
+	caps  int    // its capability revision (caps.go), as the image has it
+	agent string // the agent binary it mounts (agent.go), as the image has it
 }
 
 // prepareKey is what a restore must share with the prepared container.
@@ -66,6 +67,7 @@ func (r *Runtime) Prepare(ctx context.Context, spec pandastack.RuntimeSpec, imag
 	disk, err := r.launch(ctx, spec, imageDir, modeCreate)
 	p.err, p.disk, p.key = err, disk, prepareKey(spec, disk)
 	p.caps, _ = r.capsFor(imageDir) // launch read it already
+	p.agent, _ = r.agentFor(imageDir)
 	close(p.done)
 	if err != nil {
 		r.mu.Lock()
