@@ -101,6 +101,26 @@ func (m *Manager) networkOf(id string) *pandastack.NetworkPolicy {
 	return nil
 }
 
+// keepNetwork gives a sandbox still paused after a failed resume its policy
+// p back when the failure took it away (the runtime's stop of what the
+// resume made releases the network, policy and all): the next resume would
+// otherwise apply the policy of pause time, and a policy tightened while
+// paused (no internet) would be lost.
+func (m *Manager) keepNetwork(id string, p *pandastack.NetworkPolicy) {
+	if m.net == nil || p == nil {
+		return
+	}
+	if _, ok := m.net.Policy(id); ok {
+		return
+	}
+	if sb, err := m.store.GetSandbox(context.Background(), "", id); err != nil || sb.State != pandastack.StatePaused {
+		return
+	}
+	if err := m.net.SetPolicy(id, *p); err != nil {
+		m.log.Error("keeping the network policy of a sandbox whose resume failed", "sandbox", id, "err", err)
+	}
+}
+
 // SetNetwork replaces the policy of a running or paused sandbox of the
 // project; it takes effect at once. A rejected policy changes nothing.
 func (m *Manager) SetNetwork(ctx context.Context, projectID, id string, p pandastack.NetworkPolicy) (pandastack.Sandbox, error) {

@@ -350,8 +350,10 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		return sb, err
 	}
 	resumed := false
+	kept := m.networkOf(id) // its policy now, set while paused perhaps
 	defer func() {
 		if !resumed {
+			m.keepNetwork(id, kept)
 			m.sbx.end(id)
 		}
 	}()

@@ -1,0 +1,94 @@
+package sandbox
+
+import (
+	"context"
+	"net/netip"
+	"sync"
+	"testing"
+
+	"github.com/pandastack/pandastack"
+)
+
+// fakeNet keeps policies as the network layer does: a stop releases the
+// sandbox's policy unless it was held (a pause).
+type fakeNet struct {
+	mu       sync.Mutex
+	policies map[string]pandastack.NetworkPolicy
+	held     map[string]bool
+}
+
+func newFakeNet() *fakeNet {
+	return &fakeNet{policies: map[string]pandastack.NetworkPolicy{}, held: map[string]bool{}}
+}
+
+func (n *fakeNet) Validate(pandastack.NetworkPolicy) error { return nil }
+func (n *fakeNet) Kept(_ string, p pandastack.NetworkPolicy) pandastack.NetworkPolicy {
+	return p
+}
+func (n *fakeNet) SetPolicy(id string, p pandastack.NetworkPolicy) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.policies[id] = p
+	return nil
+}
+func (n *fakeNet) Policy(id string) (pandastack.NetworkPolicy, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p, ok := n.policies[id]
+	return p, ok
+}
+func (n *fakeNet) Log(string) []pandastack.EgressEntry { return nil }
+func (n *fakeNet) Addr(string) (netip.Addr, bool)      { return netip.Addr{}, false }
+func (n *fakeNet) Hold(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.held[id] = true
+}
+
+// release is the network runtime's Stop (and a failed restore's clean-up).
+func (n *fakeNet) release(id string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.held[id] {
+		delete(n.held, id)
+		return
+	}
+	delete(n.policies, id)
+}
+
+// A resume that fails leaves the sandbox paused with the policy it had,
+// one set while it was paused included: the stop of what the resume made
+// released the network, and the next resume applied the policy of pause
+// time (internet open again after it had been shut).
+func TestFailedResumeKeepsThePolicy(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	net := newFakeNet()
+	h.m.UseNetwork(net)
+	h.rt.stopHook = net.release
+	sb := h.create()
+	open := pandastack.NetworkPolicy{AllowInternetAccess: true}
+	shut := pandastack.NetworkPolicy{AllowInternetAccess: false}
+	if _, err := h.m.SetNetwork(ctx, project, sb.ID, open); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.SetNetwork(ctx, project, sb.ID, shut); err != nil {
+		t.Fatal(err)
+	}
+	h.rt.restoreErr = func(spec pandastack.RuntimeSpec) error {
+		net.release(spec.ID) // as the network runtime's restore does on failure
+		return errInjected
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err == nil {
+		t.Fatal("resume succeeded")
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+		t.Fatalf("after the failed resume: %s", rec.State)
+	}
+	if p, ok := net.Policy(sb.ID); !ok || p.AllowInternetAccess {
+		t.Fatalf("policy after the failed resume: %+v %v, want the one set while paused (no internet)", p, ok)
+	}
+}
