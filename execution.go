@@ -66,6 +66,37 @@ type ProcessesKilled struct {
 	Remaining int `json:"remaining"`
 }
 
+// FileEvent is one line of a directory watch's stream (GET
+// …/files/watch): a change under the directory, or news of the watch.
+type FileEvent struct {
+	// Type is one of the FileEvent* constants.
+	Type  string `json:"type"`
+	Path  string `json:"path,omitempty"`   // the file the change is about (absolute); for FileEventWatching, the directory
+	Name  string `json:"name,omitempty"`   // Path relative to the watched directory
+	IsDir bool   `json:"is_dir,omitempty"` // the file is a directory
+	// Error says why the watch ended, on a FileEventError line (the last).
+	Error *StreamError `json:"error,omitempty"`
+}
+
+// Types of FileEvent.
+const (
+	FileEventWatching = "watching" // the first line: the watch is live, changes from now on are reported
+	FileEventCreate   = "create"   // a file or directory appeared (made, or moved here)
+	FileEventWrite    = "write"    // a file's contents changed (writes in a row come as one)
+	FileEventRemove   = "remove"   // a file or directory was deleted
+	FileEventRename   = "rename"   // moved away from Path; its new name, if watched, comes as a create
+	FileEventChmod    = "chmod"    // permissions, owner or times changed
+	FileEventOverflow = "overflow" // changes were lost (the kernel's queue filled up): list the directory again
+	FileEventError    = "error"    // the last line: the watch ended, Error says why
+)
+
+// StreamError is an error that ends a stream after its answer began: the
+// code and message an error answer would have had.
+type StreamError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
 // ExecResult is the outcome of a command (exec) answered as one document.
 type ExecResult struct {
 	Stdout          string `json:"stdout"`

@@ -375,6 +375,50 @@ func (c *Client) StatFile(ctx context.Context, id, path string) (*FileInfo, erro
 	return &fi, c.do(ctx, http.MethodGet, filesPath(id, "/stat"), url.Values{"path": {path}}, nil, &fi)
 }
 
+// FileEvent is one line of a directory watch (WatchDir).
+type FileEvent = pandastack.FileEvent
+
+// WatchDir streams the changes in the directory at path (and, with
+// recursive, beneath it) to onEvent, starting with a "watching" line once
+// the watch is live, until ctx ends (nil), the directory is removed or moved
+// (nil, after its event), the watch fails (an *Error), or onEvent returns an
+// error (that error).
+func (c *Client) WatchDir(ctx context.Context, id, path string, recursive bool, onEvent func(FileEvent) error) error {
+	q := url.Values{"path": {path}}
+	if recursive {
+		q.Set("recursive", "true")
+	}
+	req, err := c.newRequest(ctx, http.MethodGet, filesPath(id, "/watch"), q, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var ev FileEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return fmt.Errorf("bad watch event: %w", err)
+		}
+		if ev.Type == pandastack.FileEventError && ev.Error != nil {
+			return &Error{Status: 200, Code: ev.Error.Code, Message: ev.Error.Message}
+		}
+		if err := onEvent(ev); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return sc.Err()
+}
+
 // MakeDir creates a directory and its parents.
 func (c *Client) MakeDir(ctx context.Context, id, path string) (*FileInfo, error) {
 	var fi FileInfo

@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/yamux"
@@ -63,6 +64,8 @@ type Server struct {
 	home  string
 	log   *slog.Logger
 	conn  io.ReadWriteCloser // the session's stream from agentproto.Serve; nil when served otherwise
+	// watches counts the directory watches open (watch.go).
+	watches atomic.Int32
 }
 
 // NewServer returns the API of the session of the given epoch.
@@ -109,6 +112,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /v1/files/stat", s.afterNames(s.api(s.statFile)))
 	mux.HandleFunc("POST /v1/files/mkdir", s.afterNames(s.api(s.mkdir)))
 	mux.HandleFunc("POST /v1/files/rename", s.afterNames(s.api(s.renameFile)))
+	mux.HandleFunc("GET /v1/files/watch", s.afterNames(s.api(s.watchFiles)))
 	mux.HandleFunc("POST /v1/contexts", s.afterNames(s.api(s.createContext)))
 	mux.HandleFunc("GET /v1/contexts", s.api(s.listContexts))
 	mux.HandleFunc("POST /v1/contexts/spares", s.api(s.prepareSpares))
@@ -129,6 +133,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/processes/{pid}/kill", s.api(s.killProcess))
 	mux.HandleFunc("POST /v1/processes/kill", s.api(s.killAll))
 	mux.HandleFunc("/", s.api(func(w http.ResponseWriter, r *http.Request) error {
+		// The host reads this beginning (noEndpoint in internal/sandbox)
+		// as an agent of an older build.
 		return pandastack.Errorf(pandastack.ENotFound, "the agent has no endpoint %s %s; see internal/agentproto/api.go for its API", r.Method, r.URL.Path)
 	}))
 	return mux
@@ -214,7 +220,7 @@ func (s *Server) hello(w http.ResponseWriter, r *http.Request) error {
 		Epoch:           s.epoch,
 		BootedAt:        s.cfg.BootedAt,
 		Contexts:        s.cfg.Contexts.readyIDs(),
-		Features:        []string{agentproto.FeatureRunCreates, agentproto.FeatureDisk, agentproto.FeatureKillAll},
+		Features:        []string{agentproto.FeatureRunCreates, agentproto.FeatureDisk, agentproto.FeatureKillAll, agentproto.FeatureWatch},
 	}
 	if setsHostname() {
 		h.Features = append(h.Features, agentproto.FeatureHostname)

@@ -82,10 +82,16 @@ const (
 	// FeatureKillAll: POST /v1/processes/kill kills every process of the
 	// sandbox user but the code contexts' kernels (KillAll).
 	FeatureKillAll = "kill_all"
+	// FeatureWatch: GET /v1/files/watch streams the changes in a
+	// directory (FileEvent lines).
+	FeatureWatch = "watch"
 )
 
 // KillAll answers POST /v1/processes/kill.
 type KillAll = pandastack.ProcessesKilled
+
+// FileEvent is one line of GET /v1/files/watch's NDJSON stream.
+type FileEvent = pandastack.FileEvent
 
 // Disk answers GET /v1/disk: the sandbox's root filesystem (its disk, the
 // writable layer over its template) as statfs sees it from inside.

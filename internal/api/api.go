@@ -205,6 +205,7 @@ func (s *Server) routes() {
 	auth("DELETE /v1/sandboxes/{id}/files", s.deleteFile)
 	auth("GET /v1/sandboxes/{id}/files/list", s.listFiles)
 	auth("GET /v1/sandboxes/{id}/files/stat", s.statFile)
+	auth("GET /v1/sandboxes/{id}/files/watch", s.watchFiles)
 	auth("POST /v1/sandboxes/{id}/files/mkdir", s.mkdir)
 	auth("POST /v1/sandboxes/{id}/files/rename", s.renameFile)
 	auth("POST /v1/sandboxes/{id}/contexts", s.createContext)
@@ -282,7 +283,7 @@ var selfCheckedQuery = map[string]bool{
 	"GET /v1/sandboxes": true, "GET /v1/snapshots": true,
 	"PUT /v1/sandboxes/{id}/files": true, "GET /v1/sandboxes/{id}/files": true, "DELETE /v1/sandboxes/{id}/files": true,
 	"GET /v1/sandboxes/{id}/files/list": true, "GET /v1/sandboxes/{id}/files/stat": true, "POST /v1/sandboxes/{id}/files/mkdir": true,
-	"POST /v1/sandboxes/{id}/files/rename": true,
+	"POST /v1/sandboxes/{id}/files/rename": true, "GET /v1/sandboxes/{id}/files/watch": true,
 }
 
 // checkQuery refuses a query parameter the request's route does not take,

@@ -331,3 +331,39 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {
 		return a.MakeDir(ctx, fr.path, fr.root)
 	})
 }
+
+// watchFiles streams the changes in a directory (?path=, ?recursive=,
+// ?user=) as NDJSON FileEvent lines, the first saying the watch is live,
+// until the caller hangs up or the directory goes. Someone watching uses
+// the sandbox: it is not suspended for idleness meanwhile.
+func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, project string) {
+	fr, err := s.fileQuery(r, "recursive")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	agent, done, err := s.mgr.Hold(r.Context(), project, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer done()
+	nd := newNDJSON(w)
+	err = agent.WatchDir(r.Context(), fr.path, fr.root, fr.recursive, func(ev agentproto.FileEvent) error {
+		return nd.send(ev)
+	})
+	if err == nil || (r.Context().Err() != nil && revokedErr(r.Context(), nil) == nil) {
+		if !nd.started { // cannot be: the agent's first line says the watch is live
+			w.WriteHeader(http.StatusNoContent)
+		}
+		return
+	}
+	s.logFailure(r, err)
+	err = agent.Explain(err)
+	if !nd.started {
+		writeError(w, err)
+		return
+	}
+	eb := errorJSON(revokedErr(r.Context(), err))
+	nd.send(pandastack.FileEvent{Type: pandastack.FileEventError, Error: &pandastack.StreamError{Code: eb.Error.Code, Message: eb.Error.Message}})
+}

@@ -279,6 +279,7 @@ func TestOpenAPISchemasMatchTypes(t *testing.T) {
 		"NetworkPolicy":        pandastack.NetworkPolicy{},
 		"EgressEntry":          pandastack.EgressEntry{},
 		"FileInfo":             agentproto.FileInfo{},
+		"FileEvent":            pandastack.FileEvent{},
 		"Process":              agentproto.Process{},
 		"TemplateInfo":         TemplateInfo{},
 		"HistoryEntry":         history.Entry{},

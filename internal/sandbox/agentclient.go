@@ -200,6 +200,8 @@ func describe(method, path string) string {
 		return "exec"
 	case path == "/v1/processes/kill":
 		return "the kill of its processes"
+	case path == "/v1/files/rename":
+		return "a file rename"
 	}
 	return method + " " + path
 }
@@ -269,9 +271,24 @@ func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q 
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
-		return nil, decodeAgentError(resp)
+		err := decodeAgentError(resp)
+		if resp.StatusCode == http.StatusNotFound && strings.HasPrefix(pandastack.ErrorMessage(err), noEndpoint) {
+			return nil, c.tooOld(describe(method, path))
+		}
+		return nil, err
 	}
 	return resp, nil
+}
+
+// noEndpoint starts the agent's answer to a route it does not have (an
+// agent of an older build, started by an earlier server).
+const noEndpoint = "the agent has no endpoint"
+
+// tooOld is the error of an operation the sandbox's agent cannot do: it is
+// of an older build (the sandbox was started, or its image taken, by an
+// earlier server). Not a retry's matter: the sandbox keeps that agent.
+func (c *AgentClient) tooOld(what string) error {
+	return pandastack.Errorf(pandastack.EConflict, "sandbox %s runs the agent of an older server build, which cannot do %s; a sandbox created now can", c.id, what)
 }
 
 // BodyReader reads R and keeps its first failure (io.EOF is none): a
@@ -502,6 +519,48 @@ func (c *AgentClient) ListFiles(ctx context.Context, path string, asRoot bool) (
 		out = []agentproto.FileInfo{}
 	}
 	return out, err
+}
+
+// WatchDir streams the changes in the directory at path (and beneath it,
+// with recursive) to onEvent, the watch's first line included, until ctx
+// ends (nil), the directory goes (nil), or the watch fails (an error: the
+// agent's, or the stream's end); an error from onEvent ends it too.
+// An agent too old to watch (its hello lacks
+// agentproto.FeatureWatch: EConflict).
+func (c *AgentClient) WatchDir(ctx context.Context, path string, asRoot, recursive bool, onEvent func(agentproto.FileEvent) error) error {
+	if !c.Hello().HasFeature(agentproto.FeatureWatch) {
+		return c.tooOld("a directory watch")
+	}
+	q := fileQuery(path, asRoot)
+	if recursive {
+		q.Set("recursive", "true")
+	}
+	resp, err := c.request(ctx, http.MethodGet, "/v1/files/watch", q, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var ev agentproto.FileEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return fmt.Errorf("watch of %s: bad event: %w", path, err)
+		}
+		if ev.Type == pandastack.FileEventError && ev.Error != nil {
+			return &pandastack.Error{Code: ev.Error.Code, Message: ev.Error.Message}
+		}
+		if err := onEvent(ev); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil || ctx.Err() != nil || c.sess.IsClosed() {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return c.streamEnded(ctx, err, "the watch of "+path)
+	}
+	return nil
 }
 
 // StatFile describes one file.

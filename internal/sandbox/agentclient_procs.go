@@ -82,12 +82,12 @@ func (c *AgentClient) KillProcess(ctx context.Context, pid int) error {
 }
 
 // KillAll kills every process of the sandbox user but the code contexts'
-// kernels; EUnavailable from an agent too old to (its hello lacks
+// kernels; EConflict from an agent too old to (its hello lacks
 // agentproto.FeatureKillAll).
 func (c *AgentClient) KillAll(ctx context.Context) (agentproto.KillAll, error) {
 	var k agentproto.KillAll
 	if !c.Hello().HasFeature(agentproto.FeatureKillAll) {
-		return k, pandastack.Errorf(pandastack.EUnavailable, "the agent of sandbox %s is of a build that cannot kill all its processes; kill them one by one", c.id)
+		return k, pandastack.Errorf(pandastack.EConflict, "sandbox %s runs the agent of an older server build, which cannot kill all its processes at once; kill them one by one (a sandbox created now can)", c.id)
 	}
 	err := c.do(ctx, http.MethodPost, "/v1/processes/kill", nil, nil, &k)
 	return k, err

@@ -356,3 +356,29 @@ func TestBrokenBodyIsTheCallers(t *testing.T) {
 		t.Fatalf("a whole body: %v", err)
 	}
 }
+
+// An agent of an older build, which lacks a route or a feature, is
+// answered as such: a conflict that names what it cannot do, never the
+// not_found of its catch-all (an SDK's NotFoundError said the sandbox or
+// file was missing) nor a 503 that says to retry.
+func TestOlderAgentCannot(t *testing.T) {
+	c := fakeAgent(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusNotFound)
+			var b agentproto.ErrorBody
+			b.Error.Code, b.Error.Message = pandastack.ENotFound, "the agent has no endpoint "+r.Method+" "+r.URL.Path+"; see internal/agentproto/api.go for its API"
+			json.NewEncoder(w).Encode(b)
+		})
+	})
+	ctx := context.Background()
+	_, err := c.RenameFile(ctx, "a", "b", false, false)
+	if !pandastack.IsCode(err, pandastack.EConflict) || !strings.Contains(pandastack.ErrorMessage(err), "older server build") || !strings.Contains(pandastack.ErrorMessage(err), "a file rename") {
+		t.Errorf("rename on an older agent: %v", err)
+	}
+	if _, err := c.KillAll(ctx); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Errorf("kill-all on an agent without the feature: %v", err)
+	}
+	if err := c.WatchDir(ctx, "/home/user", false, false, func(agentproto.FileEvent) error { return nil }); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Errorf("watch on an agent without the feature: %v", err)
+	}
+}

@@ -183,3 +183,25 @@ async def test_commands_e2b_names(server):
         assert (await stray.wait()).signal == "SIGKILL"
         with pytest.raises(NotFoundError):
             await sb.connect_process(999999)
+
+
+async def test_files_watch_dir(server):
+    async with await AsyncSandbox.create(ttl_seconds=120) as sb:
+        await sb.files.mkdir("w")
+        got = []
+
+        async def on_event(ev):
+            got.append((ev.type, ev.name))
+
+        async with await sb.files.watch_dir("w", on_event=on_event) as w:
+            assert w.running
+            await sb.exec("echo hi > w/f.txt && rm w/f.txt")
+            for _ in range(400):
+                if ("remove", "f.txt") in got:
+                    break
+                await asyncio.sleep(0.05)
+            assert ("create", "f.txt") in got and ("remove", "f.txt") in got, got
+            assert [(e.type, e.name) for e in w.get_new_events()] == got
+        assert not w.running
+        with pytest.raises(NotFoundError):
+            await sb.files.watch_dir("nope")

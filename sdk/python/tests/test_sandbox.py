@@ -17,6 +17,7 @@ from pandastack import (
     CommandNotFoundError,
     ConflictError,
     ExecResult,
+    FileEvent,
     FileInfo,
     InvalidRequestError,
     NotFoundError,
@@ -275,6 +276,52 @@ def test_files_the_user_may_not_touch(sandbox):
     with pytest.raises(PermissionError):
         sandbox.files.write("/etc/pandastack-probe.txt", "x")
     assert not sandbox.files.exists("/etc/pandastack-probe.txt")
+
+
+def _events_until(handle, want, timeout=20.0):
+    """Poll handle until every (type, name) in want has come; return all."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    left = set(want)
+    while left and time.monotonic() < deadline:
+        for ev in handle.get_new_events():
+            seen.append(ev)
+            left.discard((ev.type, ev.name))
+        time.sleep(0.05)
+    assert not left, f"still waiting for {left}; saw {[(e.type, e.name) for e in seen]}"
+    return seen
+
+
+def test_files_watch_dir(sandbox):
+    sandbox.files.mkdir("watched")
+    called = []
+    with sandbox.files.watch_dir("watched", on_event=called.append, recursive=True) as w:
+        assert w.running
+        sandbox.exec("cd watched && echo one > a.txt && mkdir -p sub/deep && echo two > sub/deep/b.txt && mv a.txt c.txt && rm c.txt")
+        seen = _events_until(w, {("create", "a.txt"), ("write", "a.txt"), ("create", "sub"), ("create", "sub/deep"),
+                                 ("create", "sub/deep/b.txt"), ("rename", "a.txt"), ("create", "c.txt"), ("remove", "c.txt")})
+        ev = next(e for e in seen if e.name == "sub")
+        assert isinstance(ev, FileEvent) and ev.is_dir and ev.path == "/home/user/watched/sub"
+        assert [(e.type, e.name) for e in called[: len(seen)]] == [(e.type, e.name) for e in seen]
+    assert not w.running
+    with pytest.raises(NotFoundError):
+        sandbox.files.watch_dir("not-there")
+    sandbox.files.write("plain.txt", "x")
+    with pytest.raises(InvalidRequestError):
+        sandbox.files.watch_dir("plain.txt")
+
+
+def test_files_watch_dir_ends_with_its_sandbox(server):
+    sb = Sandbox.create(ttl_seconds=120)
+    w = sb.files.watch_dir(".")
+    sb.kill()
+    deadline = time.monotonic() + 20
+    while w.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not w.running
+    with pytest.raises(PandaStackError):
+        for _ in range(100):  # events of the kill's last moments, then its error
+            w.get_new_events()
 
 
 def test_create_with_a_disk_size(server):

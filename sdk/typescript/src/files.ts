@@ -3,8 +3,8 @@
  * `/home/user`, the sandbox user's home and default working directory.
  */
 
-import { NotFoundError } from "./errors.js";
-import type { HttpClient } from "./http.js";
+import { NotFoundError, PandaStackError } from "./errors.js";
+import { type HttpClient, streamError } from "./http.js";
 
 /** A file as the sandbox describes it. */
 export interface FileInfo {
@@ -18,6 +18,65 @@ export interface FileInfo {
   /** Permission bits in octal, e.g. `0644`. */
   mode: string;
   modTime: Date;
+}
+
+/**
+ * One change in a watched directory (`files.watchDir`). `type` is `create`
+ * (made, or moved here), `write` (contents changed; writes in a row come as
+ * one), `remove`, `rename` (moved away from `path`; its new name, if
+ * watched, comes as a `create`), `chmod` (permissions, owner or times) or
+ * `overflow` (changes were lost: list the directory again).
+ */
+export interface FileEvent {
+  type: "create" | "write" | "remove" | "rename" | "chmod" | "overflow";
+  /** Absolute path of the file the change is about. */
+  path: string;
+  /** `path` relative to the watched directory. */
+  name: string;
+  isDir: boolean;
+}
+
+/** Options of `files.watchDir`. */
+export interface WatchOptions {
+  /** Watch every directory beneath too, those made later included. */
+  recursive?: boolean;
+  /** Called once when the watch ends: with no error after `stop()` or the directory's removal, else with the failure. */
+  onExit?: (err?: Error) => void;
+}
+
+/** A running directory watch, from `files.watchDir`. */
+export class WatchHandle {
+  readonly #abort: AbortController;
+  readonly #done: Promise<void>;
+  #error: Error | undefined;
+
+  /** @internal */
+  constructor(abort: AbortController, run: Promise<void>, onExit?: (err?: Error) => void) {
+    this.#abort = abort;
+    this.#done = run.then(
+      () => onExit?.(),
+      (err: unknown) => {
+        this.#error = err instanceof Error ? err : new PandaStackError(String(err), "stream_error");
+        onExit?.(this.#error);
+      },
+    );
+  }
+
+  /** Ends the watch; resolves once it has ended. */
+  async stop(): Promise<void> {
+    this.#abort.abort();
+    await this.#done;
+  }
+
+  /** Resolves when the watch ends; rejects with its failure (the sandbox stopped or paused). */
+  async wait(): Promise<void> {
+    await this.#done;
+    if (this.#error) throw this.#error;
+  }
+}
+
+function toFileEvent(ev: Record<string, unknown>): FileEvent {
+  return { type: ev.type as FileEvent["type"], path: String(ev.path ?? ""), name: String(ev.name ?? ""), isDir: Boolean(ev.is_dir) };
 }
 
 /** What `files.write` accepts: text (written as UTF-8) or bytes. */
@@ -126,6 +185,40 @@ export class Files {
   /** Creates a directory and any missing parents, like `mkdir -p`. */
   async mkdir(path: string): Promise<FileInfo> {
     return toFileInfo(await this.#http.json<WireFileInfo>("POST", `${this.#base}/mkdir`, { query: { path } }));
+  }
+
+  /**
+   * Watches the directory at `path` and resolves once the watch is live:
+   * each change from then on is handed to `onEvent`, until `stop()`, the
+   * directory's removal (its own event comes last) or a failure (`onExit`
+   * and `wait()` tell). A watched sandbox is not suspended for idleness.
+   * A missing directory rejects with `NotFoundError`, a file with
+   * `InvalidRequestError`.
+   */
+  async watchDir(path: string, onEvent: (ev: FileEvent) => void, opts: WatchOptions = {}): Promise<WatchHandle> {
+    const abort = new AbortController();
+    const events = this.#http.ndjson("GET", `${this.#base}/watch`, {
+      query: { path, recursive: opts.recursive ? "true" : undefined },
+      signal: abort.signal,
+      long: true,
+    });
+    const first = await events.next();
+    if (first.done || first.value.type !== "watching") {
+      abort.abort();
+      if (!first.done && first.value.type === "error") throw streamError(first.value.error);
+      throw new PandaStackError("the watch ended before it started", "stream_error");
+    }
+    const run = (async () => {
+      try {
+        for await (const ev of events) {
+          if (ev.type === "error") throw streamError(ev.error);
+          onEvent(toFileEvent(ev));
+        }
+      } catch (err) {
+        if (!abort.signal.aborted) throw err;
+      }
+    })();
+    return new WatchHandle(abort, run, opts.onExit);
   }
 
   /**

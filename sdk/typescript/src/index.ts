@@ -55,7 +55,7 @@ export {
   type Result,
   type RunCodeOptions,
 } from "./code.js";
-export { Files, type FileData, type FileInfo } from "./files.js";
+export { Files, WatchHandle, type FileData, type FileEvent, type FileInfo, type WatchOptions } from "./files.js";
 export { DEFAULT_API_URL, type ConnectionOptions } from "./http.js";
 export {
   APIConnectionError,

@@ -26,6 +26,7 @@ import {
   SnapshotCorruptError,
   TemplateNotBuiltError,
   TimeoutError,
+  type FileEvent,
   type SandboxState,
 } from "@pandastack/sdk";
 import { haveServer, newSandbox } from "./helpers.js";
@@ -529,6 +530,26 @@ test("files", async (t) => {
     assert.equal(await gone.files.exists("f.txt"), true);
     await gone.kill();
     await assert.rejects(gone.files.exists("f.txt"), NotFoundError);
+  });
+
+  await t.test("watchDir reports what commands do, until stop; a missing directory rejects", async () => {
+    await sb.files.mkdir("watched");
+    const seen: FileEvent[] = [];
+    let exited: Error | undefined | null = null;
+    const w = await sb.files.watchDir("watched", (ev) => seen.push(ev), { recursive: true, onExit: (err) => (exited = err) });
+    await sb.exec("cd watched && echo one > a.txt && mkdir -p sub && echo two > sub/b.txt && rm a.txt");
+    const want = ["create a.txt", "write a.txt", "create sub", "create sub/b.txt", "remove a.txt"];
+    for (let i = 0; i < 400 && !want.every((k) => seen.some((ev) => `${ev.type} ${ev.name}` === k)); i++) {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    assert.deepEqual(want.filter((k) => !seen.some((ev) => `${ev.type} ${ev.name}` === k)), [], JSON.stringify(seen));
+    const sub = seen.find((ev) => ev.name === "sub");
+    assert.ok(sub?.isDir && sub.path === "/home/user/watched/sub", JSON.stringify(sub));
+    await w.stop();
+    assert.equal(exited, undefined, "onExit after stop() has no error");
+    await w.wait();
+    await assert.rejects(sb.files.watchDir("no-such-dir", () => {}), NotFoundError);
+    await assert.rejects(sb.files.watchDir("notes/hello.txt", () => {}), InvalidRequestError);
   });
 
   await t.test("a missing file is a NotFoundError", async () => {

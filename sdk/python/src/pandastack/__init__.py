@@ -48,6 +48,7 @@ from .models import (
     ExecResult,
     Execution,
     ExecutionError,
+    FileEvent,
     FileInfo,
     Logs,
     ProcessInfo,
@@ -61,6 +62,7 @@ from .models import (
 )
 from .sandbox import CodeContext, Files, Sandbox
 from .terminal import Terminal
+from .watch import AsyncWatchHandle, WatchHandle
 
 __all__ = [
     "Terminal",
@@ -77,12 +79,15 @@ __all__ = [
     "CommandHandle",
     "AsyncCommandHandle",
     "Commands",
+    "WatchHandle",
+    "AsyncWatchHandle",
     # data
     "Execution",
     "Result",
     "ExecutionError",
     "ExecResult",
     "FileInfo",
+    "FileEvent",
     "PoolInfo",
     "TemplateInfo",
     "SnapshotInfo",

@@ -58,7 +58,9 @@ from ._base import (
 from .client import Client, default_client
 from .commands import AsyncCommandHandle, AsyncCommands
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
+from .watch import AsyncEventHandler, AsyncWatchHandle
+from .watch import _params as _watch_params
+from .models import ExecResult, Execution, ExecutionError, FileEvent, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
 
 __all__ = ["AsyncSandbox", "AsyncCodeContext", "AsyncFiles"]
 
@@ -557,6 +559,11 @@ class AsyncFiles:
         """Create a directory and its missing parents."""
         r = await self._sandbox.client._arequest("POST", self._path("/mkdir"), params={"path": path})
         return FileInfo.from_dict(r.json())
+
+    async def watch_dir(self, path: str, on_event: Optional[AsyncEventHandler] = None, recursive: bool = False) -> AsyncWatchHandle:
+        """As :meth:`pandastack.sandbox.Files.watch_dir`; ``on_event`` may be a
+        coroutine function. The watch runs as an asyncio task."""
+        return await AsyncWatchHandle.start(self._sandbox.client, self._path("/watch"), _watch_params(path, recursive), on_event)
 
     async def rename(self, old_path: str, new_path: str, overwrite: bool = False) -> FileInfo:
         """Move or rename a file or directory (``overwrite`` to replace what

@@ -410,6 +410,28 @@ class ProcessesKilled:
 
 
 @dataclass
+class FileEvent:
+    """One change in a watched directory (:meth:`Files.watch_dir`).
+
+    ``type`` is ``"create"`` (made, or moved here), ``"write"`` (contents
+    changed; writes in a row come as one), ``"remove"``, ``"rename"`` (moved
+    away from ``path``; its new name, if watched, comes as a ``"create"``),
+    ``"chmod"`` (permissions, owner or times) or ``"overflow"`` (changes were
+    lost: list the directory again). ``name`` is ``path`` relative to the
+    watched directory."""
+
+    type: str
+    path: str
+    name: str
+    is_dir: bool
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FileEvent":
+        """Build a FileEvent from one line of the watch stream."""
+        return cls(type=d.get("type", ""), path=d.get("path", ""), name=d.get("name", ""), is_dir=bool(d.get("is_dir")))
+
+
+@dataclass
 class FileInfo:
     """A file or directory inside a sandbox."""
 

@@ -35,7 +35,9 @@ from ._base import (
 from .client import Client, default_client
 from .commands import CommandHandle, Commands
 from .exceptions import NotFoundError
-from .models import ExecResult, Execution, ExecutionError, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
+from .watch import WatchHandle
+from .watch import _params as _watch_params
+from .models import ExecResult, Execution, ExecutionError, FileEvent, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from .terminal import Terminal
@@ -777,6 +779,20 @@ class Files:
     def mkdir(self, path: str) -> FileInfo:
         """Create a directory and its missing parents (like ``mkdir -p``)."""
         return FileInfo.from_dict(self._sandbox.client._request("POST", self._path("/mkdir"), params={"path": path}).json())
+
+    def watch_dir(self, path: str, on_event: Optional[Callable[[FileEvent], Any]] = None, recursive: bool = False) -> WatchHandle:
+        """Watch the directory at ``path`` (and with ``recursive=True`` every
+        directory beneath it, those made later too) and return once the watch
+        is live: changes from then on come as :class:`FileEvent` objects, from
+        :meth:`WatchHandle.get_new_events` and to ``on_event`` (called on the
+        watch's thread). Stop it with :meth:`WatchHandle.stop` or a ``with``
+        block. A watched sandbox is not suspended for idleness.
+
+        Raises:
+            NotFoundError: no directory at ``path``.
+            InvalidRequestError: ``path`` is a file.
+        """
+        return WatchHandle(self._sandbox.client, self._path("/watch"), _watch_params(path, recursive), on_event)
 
     def rename(self, old_path: str, new_path: str, overwrite: bool = False) -> FileInfo:
         """Move or rename a file, a directory (with its contents) or a

@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack/client"
+)
+
+// TestWatchDir: a directory watch in a real sandbox reports what commands
+// do there (create, write, rename, chmod, remove, a new subdirectory and
+// what is made in it), goes on across a snapshot of the sandbox, ends when
+// the caller stops it, and is refused for a file, a bad query and another
+// project.
+func TestWatchDir(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{TTLSeconds: 300})
+	mustExec := func(cmd string) {
+		t.Helper()
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: cmd})
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("%s: %+v %v", cmd, res, err)
+		}
+	}
+	mustExec("mkdir -p /home/user/w && echo x > /home/user/file")
+
+	wctx, stop := context.WithCancel(ctx)
+	events := make(chan client.FileEvent, 256)
+	ended := make(chan error, 1)
+	go func() {
+		ended <- c.WatchDir(wctx, sb.ID, "w", true, func(ev client.FileEvent) error {
+			events <- ev
+			return nil
+		})
+	}()
+	var seen []string
+	wait := func(want ...string) {
+		t.Helper()
+		left := map[string]bool{}
+		for _, w := range want {
+			left[w] = true
+		}
+		deadline := time.After(20 * time.Second)
+		for len(left) > 0 {
+			select {
+			case ev := <-events:
+				k := ev.Type + " " + ev.Name
+				if ev.IsDir {
+					k += "/"
+				}
+				seen = append(seen, k)
+				delete(left, k)
+			case err := <-ended:
+				t.Fatalf("the watch ended (%v) while waiting for %v; saw %q", err, left, seen)
+			case <-deadline:
+				t.Fatalf("still waiting for %v; saw %q", left, seen)
+			}
+		}
+	}
+	wait("watching /")
+	mustExec("cd /home/user/w && echo hi > a.txt && echo more >> a.txt && chmod 600 a.txt && mv a.txt b.txt && rm b.txt")
+	wait("create a.txt", "write a.txt", "chmod a.txt", "rename a.txt", "create b.txt", "remove b.txt")
+	mustExec("mkdir -p /home/user/w/x/y && echo z > /home/user/w/x/y/f")
+	wait("create x/", "create x/y/", "create x/y/f")
+
+	// A snapshot of the watched sandbox: the watch goes on.
+	if _, err := c.CreateSnapshot(ctx, sb.ID, nil); err != nil {
+		t.Fatalf("snapshot while watched: %v", err)
+	}
+	mustExec("echo after > /home/user/w/x/y/after")
+	wait("create x/y/after")
+
+	t.Logf("events: %q", seen)
+	stop()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Errorf("a watch its caller stopped: %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch did not end when its caller stopped it")
+	}
+
+	for _, bad := range []struct {
+		client *client.Client
+		path   string
+		code   string
+	}{
+		{c, "/home/user/file", "invalid_request"},
+		{c, "/home/user/nothere", "not_found"},
+		{c, "/proc", "invalid_request"},
+		{client.New(s.url, s.newKey("watch-other")), "/home/user/w", "not_found"},
+	} {
+		err := bad.client.WatchDir(ctx, sb.ID, bad.path, false, func(ev client.FileEvent) error {
+			return fmt.Errorf("an event of a watch that should be refused: %+v", ev)
+		})
+		if !client.IsCode(err, bad.code) {
+			t.Errorf("watch of %s: %v, want %s", bad.path, err, bad.code)
+		}
+	}
+}
