@@ -350,7 +350,7 @@ func (m *Manager) claimNodeIDOnce(ctx context.Context) error {
 		return err
 	}
 	wait := min(2*nc.Heartbeat+time.Second, nc.Grace)
-	m.log.Info("this node's id heartbeats from a run of another data directory; waiting to see whether that server still runs", "node", nc.ID, "url", before.URL, "wait", wait)
+	m.log.Info("this node's id heartbeats from a run this data directory has no record of (another data directory, or a server of a build that kept none); waiting to see whether that server still runs", "node", nc.ID, "url", before.URL, "wait", wait)
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
