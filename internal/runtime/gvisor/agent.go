@@ -71,13 +71,16 @@ func (r *Runtime) agentFor(imageDir string) (string, error) {
 		return "", fmt.Errorf("restore: %w", err)
 	}
 	want := strings.TrimSpace(string(b))
-	if want == r.cfg.AgentPath || isFile(want) {
+	if want == r.cfg.AgentPath {
 		return want, nil
 	}
-	// Taken on another node, or with another cache dir: the same build
-	// in this server's cache, by its hash.
-	if mine := r.cachedAgent(filepath.Base(filepath.Dir(want))); mine != "" {
-		return mine, nil
+	// Another build: only ever one of this server's cache, found by its
+	// hash (taken here, on another node, or with another cache dir). The
+	// record names a host file mounted into the sandbox: never any other.
+	if filepath.Base(want) == "pandastack-agent" && filepath.Base(filepath.Dir(filepath.Dir(want))) == "agent" {
+		if mine := r.cachedAgent(filepath.Base(filepath.Dir(want))); mine != "" {
+			return mine, nil
+		}
 	}
 	return "", pandastack.Errorf(pandastack.EConflict, "the image was taken with the agent build %s, which this server does not have (it restores only with that build): copy that file here, or restore it with the server that took it", want)
 }

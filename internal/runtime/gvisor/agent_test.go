@@ -53,6 +53,8 @@ func TestAgentForImage(t *testing.T) {
 		{"recorded, the current build", image(cur, now), cur, ""},
 		{"taken on another node: the same build here", image("/elsewhere/agent/00000000000000bb/pandastack-agent", now), mid, ""},
 		{"a build this server never had", image("/elsewhere/agent/00000000000000dd/pandastack-agent", now), "", pandastack.EConflict},
+		{"a host file that is no agent build", image("/etc/passwd", now), "", pandastack.EConflict},
+		{"a path that climbs out of the cache", image(filepath.Join(cache, "agent", "..", "agent", "..", "x", "pandastack-agent"), now), "", pandastack.EConflict},
 		{"no record, written in the middle build's time", image("", now.Add(-30*time.Minute)), mid, ""},
 		{"no record, written in the oldest build's time", image("", now.Add(-90*time.Minute)), old, ""},
 		{"no record, written now", image("", now), cur, ""},
