@@ -48,7 +48,9 @@ func (r *Runtime) Restore(ctx context.Context, spec pandastack.RuntimeSpec, imag
 		}
 		rwc, err := r.Runtime.Restore(ctx, spec, imageDir)
 		if err != nil {
-			r.net.Release(spec.ID)
+			// A paused sandbox's resume that failed: it stays paused
+			// with its policy (the one set meanwhile included).
+			r.net.Down(spec.ID)
 			return nil, err
 		}
 		return rwc, nil
@@ -123,6 +125,7 @@ func (r *Runtime) Rename(ctx context.Context, from, to string) error {
 }
 
 func (r *Runtime) boot(spec pandastack.RuntimeSpec, start func(pandastack.RuntimeSpec) (io.ReadWriteCloser, error)) (io.ReadWriteCloser, error) {
+	_, had := r.net.Policy(spec.ID) // a paused sandbox's, for its resume
 	ns, err := r.net.Prepare(spec.ID, spec.Network)
 	if err != nil {
 		return nil, err
@@ -130,7 +133,13 @@ func (r *Runtime) boot(spec pandastack.RuntimeSpec, start func(pandastack.Runtim
 	spec.NetNS = ns
 	rwc, err := start(spec)
 	if err != nil {
-		r.net.Release(spec.ID)
+		// A resume that failed leaves the sandbox paused with its
+		// policy, as Prepare does; a new sandbox's network goes.
+		if had {
+			r.net.Down(spec.ID)
+		} else {
+			r.net.Release(spec.ID)
+		}
 		return nil, err
 	}
 	return rwc, nil

@@ -180,7 +180,8 @@ func (nopRWC) Close() error                { return nil }
 // for its restore (a second Prepare of the network would give runsc's
 // waiting sandbox a namespace it is not in); a policy given at the
 // restore applies; a failed Prepare of a sandbox that had a policy (a
-// paused one) keeps the policy; a failed restore releases the network.
+// paused one) keeps the policy; a failed restore takes the network down,
+// and the policy too unless the sandbox is a paused one.
 func TestRuntimePrepareKeepsNetwork(t *testing.T) {
 	up := nettest.StartUpstream(t, "r", 30, 30)
 	n := newTestNetwork(t, up, pandastack.InternetPolicy())
@@ -243,6 +244,30 @@ func TestRuntimePrepareKeepsNetwork(t *testing.T) {
 	}
 	if _, err := os.Stat(n.NSPath("sbx_rfail")); err == nil {
 		t.Error("namespace left after a failed restore")
+	}
+	rt.Stop(ctx, "sbx_rfail") // the caller's clean-up of a create takes the rest
+	if _, ok := n.Policy("sbx_rfail"); ok {
+		t.Error("policy left after the failed restore's stop")
+	}
+
+	// A paused sandbox whose resume fails in the restore keeps its policy
+	// (a resume that failed applied the policy of pause time next: one shut
+	// while paused was open again); a new sandbox's failed restore leaves
+	// nothing.
+	if _, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: "sbx_paused"}, "img"); err == nil {
+		t.Fatal("Restore succeeded")
+	}
+	if p, ok := n.Policy("sbx_paused"); !ok || len(p.DenyOut) != 1 {
+		t.Errorf("a failed resume lost the paused sandbox's policy: %+v %v", p, ok)
+	}
+	if _, err := os.Stat(n.NSPath("sbx_paused")); err == nil {
+		t.Error("namespace left after a failed resume")
+	}
+	if _, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: "sbx_new"}, "img"); err == nil {
+		t.Fatal("Restore succeeded")
+	}
+	if _, ok := n.Policy("sbx_new"); ok {
+		t.Error("policy left after a new sandbox's failed restore")
 	}
 	rt.Stop(ctx, "sbx_paused")
 }

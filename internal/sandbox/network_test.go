@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack"
 )
@@ -90,5 +91,37 @@ func TestFailedResumeKeepsThePolicy(t *testing.T) {
 	}
 	if p, ok := net.Policy(sb.ID); !ok || p.AllowInternetAccess {
 		t.Fatalf("policy after the failed resume: %+v %v, want the one set while paused (no internet)", p, ok)
+	}
+}
+
+// A resume whose restore worked but whose agent never answered stops what
+// it restored and keeps the policy the sandbox has then: one set while it
+// resumed (a PUT does not wait for the resume) survives, where the policy
+// of the resume's start came back before.
+func TestFailedResumeKeepsAPolicySetMeanwhile(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	net := newFakeNet()
+	h.m.UseNetwork(net)
+	h.rt.stopHook = net.release
+	sb := h.create()
+	if _, err := h.m.SetNetwork(ctx, project, sb.ID, pandastack.NetworkPolicy{AllowInternetAccess: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	meanwhile := pandastack.NetworkPolicy{AllowInternetAccess: false, AllowOut: []string{"192.0.2.1"}}
+	h.rt.restoreErr = func(spec pandastack.RuntimeSpec) error {
+		net.SetPolicy(spec.ID, meanwhile) // a PUT while the resume runs
+		return nil
+	}
+	h.m.cfg.StartTimeout = 200 * time.Millisecond
+	h.rt.noAgent = true
+	if _, err := h.m.Resume(ctx, project, sb.ID); err == nil {
+		t.Fatal("resume succeeded")
+	}
+	if p, ok := net.Policy(sb.ID); !ok || p.AllowInternetAccess || len(p.AllowOut) != 1 {
+		t.Fatalf("policy after the failed resume: %+v %v, want the one set while it resumed", p, ok)
 	}
 }

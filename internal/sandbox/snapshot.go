@@ -422,7 +422,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 			steps.done("setup_ms")
 		}
 		if err != nil {
-			m.rt.Stop(context.Background(), id)
+			m.stopFailedResume(id)
 		}
 	}
 	if err != nil {
@@ -449,7 +449,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	}
 	// Recorded running first: the image goes only once nothing needs it.
 	if sb, err = m.started(ctx, sb, client, false); err != nil {
-		m.rt.Stop(context.Background(), id)
+		m.stopFailedResume(id)
 		return sb, err
 	}
 	steps.done("record_ms")
@@ -457,6 +457,16 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	resumed = true
 	m.discardPaused(id)
 	return sb, nil
+}
+
+// stopFailedResume stops what a failed resume of paused sandbox id
+// restored: the sandbox stays paused, its network policy kept (the one set
+// while it resumed included) for the next resume.
+func (m *Manager) stopFailedResume(id string) {
+	if m.net != nil {
+		m.net.Hold(id) // the stop takes only the network down
+	}
+	m.rt.Stop(context.Background(), id)
 }
 
 // usable returns a running sandbox, resuming a paused one when it was
