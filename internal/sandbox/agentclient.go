@@ -370,12 +370,19 @@ func decodeAgentError(resp *http.Response) error {
 	var eb agentproto.ErrorBody
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	if json.Unmarshal(b, &eb) == nil && eb.Error.Code != "" {
-		if !agentCodes[eb.Error.Code] {
-			return fmt.Errorf("agent answered %s with code %q, which it may not give: %.200s", resp.Status, eb.Error.Code, eb.Error.Message)
-		}
-		return &pandastack.Error{Code: eb.Error.Code, Message: eb.Error.Message}
+		return fromAgent(resp.Status, eb.Error.Code, eb.Error.Message)
 	}
 	return fmt.Errorf("agent answered %s: %.200s", resp.Status, bytes.TrimSpace(b))
+}
+
+// fromAgent is the error an agent reported (in an answer, or in a stream
+// after it began), with its code if it is one an agent may give, else an
+// internal error that names it.
+func fromAgent(where, code, message string) error {
+	if !agentCodes[code] {
+		return fmt.Errorf("agent answered %s with code %.40q, which it may not give: %.200s", where, code, message)
+	}
+	return &pandastack.Error{Code: code, Message: message}
 }
 
 // Exec runs a command and calls onEvent for every output chunk and for the
@@ -547,9 +554,18 @@ func (c *AgentClient) WatchDir(ctx context.Context, path string, asRoot, recursi
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return fmt.Errorf("watch of %s: bad event: %w", path, err)
 		}
-		if ev.Type == pandastack.FileEventError && ev.Error != nil {
-			return &pandastack.Error{Code: ev.Error.Code, Message: ev.Error.Message}
+		switch ev.Type {
+		case pandastack.FileEventError:
+			if ev.Error == nil {
+				return fmt.Errorf("watch of %s: an error event without its error", path)
+			}
+			return fromAgent("a watch", ev.Error.Code, ev.Error.Message)
+		case pandastack.FileEventWatching, pandastack.FileEventCreate, pandastack.FileEventWrite, pandastack.FileEventRemove,
+			pandastack.FileEventRename, pandastack.FileEventChmod, pandastack.FileEventOverflow:
+		default:
+			continue // not one this host knows: the agent may be tampered with
 		}
+		ev.Error = nil
 		if err := onEvent(ev); err != nil {
 			return err
 		}

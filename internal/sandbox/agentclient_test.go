@@ -27,6 +27,13 @@ func fakeAgent(t *testing.T, handler func(mux *http.ServeMux)) *AgentClient {
 // fakeAgentWithContexts is fakeAgent whose hello lists contexts.
 func fakeAgentWithContexts(t *testing.T, contexts []string, handler func(mux *http.ServeMux)) *AgentClient {
 	t.Helper()
+	return fakeAgentWithHello(t, agentproto.Hello{Contexts: contexts}, handler)
+}
+
+// fakeAgentWithHello is fakeAgent whose hello says what h says (its
+// protocol version and epoch are filled in).
+func fakeAgentWithHello(t *testing.T, h agentproto.Hello, handler func(mux *http.ServeMux)) *AgentClient {
+	t.Helper()
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	go agentproto.Serve(inR, outW, func(epoch uint32, conn io.ReadWriteCloser) {
@@ -36,7 +43,9 @@ func fakeAgentWithContexts(t *testing.T, contexts []string, handler func(mux *ht
 		}
 		mux := http.NewServeMux()
 		mux.HandleFunc("GET /v1/hello", func(w http.ResponseWriter, r *http.Request) {
-			json.NewEncoder(w).Encode(agentproto.Hello{ProtocolVersion: agentproto.ProtocolVersion, Epoch: epoch, Contexts: contexts})
+			h := h
+			h.ProtocolVersion, h.Epoch = agentproto.ProtocolVersion, epoch
+			json.NewEncoder(w).Encode(h)
 		})
 		handler(mux)
 		http.Serve(sess, mux)
@@ -380,5 +389,33 @@ func TestOlderAgentCannot(t *testing.T) {
 	}
 	if err := c.WatchDir(ctx, "/home/user", false, false, func(agentproto.FileEvent) error { return nil }); !pandastack.IsCode(err, pandastack.EConflict) {
 		t.Errorf("watch on an agent without the feature: %v", err)
+	}
+}
+
+// A watch's stream comes from inside the sandbox, where it may be tampered
+// with: an error code an agent may not give is an internal error, not the
+// caller's (an "unauthorized" there made an SDK raise an authentication
+// error for a good key), and event types the host does not know are
+// dropped.
+func TestWatchDirDistrustsTheAgent(t *testing.T) {
+	c := fakeAgentWithHello(t, agentproto.Hello{Features: []string{agentproto.FeatureWatch}}, func(mux *http.ServeMux) {
+		mux.HandleFunc("GET /v1/files/watch", func(w http.ResponseWriter, r *http.Request) {
+			enc := json.NewEncoder(w)
+			enc.Encode(agentproto.FileEvent{Type: "watching", Path: "/home/user"})
+			enc.Encode(agentproto.FileEvent{Type: "bogus", Path: "/x"})
+			enc.Encode(agentproto.FileEvent{Type: "create", Path: "/home/user/a", Name: "a"})
+			enc.Encode(agentproto.FileEvent{Type: "error", Error: &pandastack.StreamError{Code: pandastack.EUnauthorized, Message: "no"}})
+		})
+	})
+	var got []string
+	err := c.WatchDir(context.Background(), "/home/user", false, false, func(ev agentproto.FileEvent) error {
+		got = append(got, ev.Type)
+		return nil
+	})
+	if strings.Join(got, ",") != "watching,create" {
+		t.Errorf("events %v, want watching and create", got)
+	}
+	if code := pandastack.ErrorCode(err); err == nil || code == pandastack.EUnauthorized {
+		t.Errorf("an agent's unauthorized: %v (code %s), want an internal error", err, code)
 	}
 }
