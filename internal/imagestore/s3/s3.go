@@ -306,6 +306,14 @@ func (s *Store) download(ctx context.Context, id, tmp, what string) error {
 	if err != nil {
 		return err
 	}
+	if !man.CreatedAt.IsZero() {
+		// The files keep the time the image was made, as the node's that
+		// took it do (the runtime dates an image of an older build by it,
+		// to restore it with the agent of its time).
+		for _, name := range names {
+			os.Chtimes(filepath.Join(tmp, imagestore.FilesDir, filepath.FromSlash(name)), man.CreatedAt, man.CreatedAt)
+		}
+	}
 	if err := os.WriteFile(filepath.Join(tmp, imagestore.ManifestName), b, 0o600); err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/credentials"
@@ -93,6 +94,33 @@ func TestS3(t *testing.T) {
 		defer img.Close()
 		if b, _ := os.ReadFile(filepath.Join(img.Dir(), imagestore.FilesDir, "f")); string(b) != "data" {
 			t.Errorf("after refetch the file holds %q, want %q", b, "data")
+		}
+	})
+
+	// A downloaded image's files keep the time it was made (the runtime
+	// dates an image of an older build by its files).
+	t.Run("DownloadKeepsTheImageTime", func(t *testing.T) {
+		bucket := srv.NewBucket(t)
+		made := time.Now().Add(-2 * time.Hour).UTC().Truncate(time.Second)
+		root := t.TempDir()
+		tmp := filepath.Join(root, "tmp")
+		os.MkdirAll(filepath.Join(tmp, imagestore.FilesDir), 0o700)
+		os.WriteFile(filepath.Join(tmp, imagestore.FilesDir, "checkpoint.img"), []byte("state"), 0o600)
+		if _, err := imagestore.Seal(tmp, filepath.Join(root, "img"), imagestore.Manifest{Template: "base", CreatedAt: made}); err != nil {
+			t.Fatal(err)
+		}
+		id := pandastack.NewID("snap")
+		if _, err := newStore(t, srv, bucket, t.TempDir()).Put(t.Context(), id, filepath.Join(root, "img")); err != nil {
+			t.Fatal(err)
+		}
+		img, err := newStore(t, srv, bucket, t.TempDir()).Open(t.Context(), id) // another node's cache: a download
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer img.Close()
+		st, err := os.Stat(filepath.Join(img.Dir(), imagestore.FilesDir, "checkpoint.img"))
+		if err != nil || !st.ModTime().Equal(made) {
+			t.Fatalf("the downloaded file's time: %v %v, want %v", st.ModTime(), err, made)
 		}
 	})
 
