@@ -151,7 +151,7 @@ func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandast
 		if err != nil {
 			for _, k := range kids {
 				if k.ID != "" {
-					m.Kill(context.Background(), projectID, k.ID)
+					m.kill(context.Background(), projectID, k.ID, pandastack.StopKilled) // not a kill a user asked for
 				}
 			}
 			return nil, nil, err

@@ -838,7 +838,8 @@ func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
 	defer m.sbx.end(id)
 	// Until the record goes, it says killed: a run cut off by this kill
 	// fails saying so, and a GET meanwhile must not say running.
-	if projectID == warmProject {
+	if projectID == warmProject || sb.State == pandastack.StateStopped {
+		// The server's own, or stopped already (and counted then).
 		m.store.SetSandboxState(context.Background(), id, pandastack.StateStopped, pandastack.StopKilled, m.now())
 	} else {
 		m.recordStop(context.Background(), id, pandastack.StopKilled)

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"maps"
+	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -40,6 +42,12 @@ const (
 // storeScrapeTimeout bounds the store's count of sandboxes at a scrape.
 const storeScrapeTimeout = 2 * time.Second
 
+// sandboxCountEvery is how often a scrape counts the sandboxes in the store:
+// scrapes sooner after one give its count (the metrics listener takes no
+// key, so whoever reaches it must not drive the store). A variable for
+// tests.
+var sandboxCountEvery = 250 * time.Millisecond
+
 // useMetrics registers the manager's series in r.
 func (m *Manager) useMetrics(r *metrics.Registry) {
 	m.metrics = managerMetrics{
@@ -52,37 +60,62 @@ func (m *Manager) useMetrics(r *metrics.Registry) {
 		stops: r.NewCounter("pandastack_sandbox_stops_total",
 			"Sandboxes this node stopped, by reason (the stop_reason users see).", "reason"),
 	}
+	var counted struct {
+		sync.Mutex
+		at time.Time
+		n  map[pandastack.SandboxState]int
+	}
 	r.NewGauge("pandastack_sandboxes", "Sandboxes of this node by state (the store's records), pool sandboxes not yet handed out excluded.", []string{"state"}, func(emit func(float64, ...string)) {
-		ctx, cancel := context.WithTimeout(context.Background(), storeScrapeTimeout)
-		defer cancel()
-		recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: m.cfg.Node.ID, States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}})
-		if err != nil {
-			m.log.Warn("metrics: counting sandboxes", "err", err)
-			return
-		}
-		n := map[pandastack.SandboxState]int{}
-		for _, sb := range recs {
-			if sb.ProjectID != warmProject {
-				n[sb.State]++
+		counted.Lock()
+		defer counted.Unlock()
+		if time.Since(counted.at) >= sandboxCountEvery { // scrapes in a burst cost one count
+			ctx, cancel := context.WithTimeout(context.Background(), storeScrapeTimeout)
+			defer cancel()
+			recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: m.cfg.Node.ID, States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}})
+			if err != nil {
+				m.log.Warn("metrics: counting sandboxes", "err", err)
+				return
+			}
+			counted.at, counted.n = time.Now(), map[pandastack.SandboxState]int{}
+			for _, sb := range recs {
+				if sb.ProjectID != warmProject {
+					counted.n[sb.State]++
+				}
 			}
 		}
 		for _, st := range []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused} {
-			emit(float64(n[st]), string(st))
+			emit(float64(counted.n[st]), string(st))
 		}
 	})
 	r.NewGauge("pandastack_pool_ready", "Sandboxes restored and waiting in each template's pool.", []string{"template"}, func(emit func(float64, ...string)) {
-		for name, st := range m.Pools(context.Background()) {
+		for name, st := range m.poolCounts() {
 			emit(float64(st.Ready), name)
 		}
 	})
 	r.NewGauge("pandastack_pool_size", "How many sandboxes each template's pool keeps ready now (it follows demand with --pool-memory-mb).", []string{"template"}, func(emit func(float64, ...string)) {
-		for name, st := range m.Pools(context.Background()) {
+		for name, st := range m.poolCounts() {
 			emit(float64(st.Size), name)
 		}
 	})
 	r.NewGauge("pandastack_creates_waiting", "Creates waiting in line for a free restore slot (--max-restores).", nil, func(emit func(float64, ...string)) {
 		emit(float64(m.admit.waiting()))
 	})
+}
+
+// poolCounts is Pools without the runtime's look at each sandbox (which
+// reads the host's process table): what a scrape may afford.
+func (m *Manager) poolCounts() map[string]PoolStats {
+	m.mu.Lock()
+	pools := maps.Clone(m.pools)
+	m.mu.Unlock()
+	out := map[string]PoolStats{}
+	for name, pl := range pools {
+		pl.mu.Lock()
+		ready := len(pl.ids)
+		pl.mu.Unlock()
+		out[name] = PoolStats{Ready: ready, Size: pl.size.target(m.now())}
+	}
+	return out
 }
 
 // observe counts an operation that started at start and ended with *err.

@@ -13,6 +13,8 @@ import (
 // its stops by reason, and its gauges say how many sandboxes are in each
 // state.
 func TestMetrics(t *testing.T) {
+	defer func(d time.Duration) { sandboxCountEvery = d }(sandboxCountEvery)
+	sandboxCountEvery = 0
 	h := newHarness(t)
 	ctx := context.Background()
 	sb := h.create()
@@ -41,6 +43,9 @@ func TestMetrics(t *testing.T) {
 	}
 	h.store.SetSandboxExpiry(ctx, kids[1].ID, time.Now().Add(-time.Second))
 	h.m.reapOnce()
+	if err := h.m.Kill(ctx, project, kids[1].ID); err != nil { // its record: a stop counted once
+		t.Fatal(err)
+	}
 	h.rt.startErr = func(pandastack.RuntimeSpec) error { return errInjected }
 	_, err = h.m.Create(ctx, project, CreateRequest{Template: "base"})
 	if err == nil {
@@ -56,7 +61,7 @@ func TestMetrics(t *testing.T) {
 	}{
 		{opCreate, "ok", 1}, {opCreate, failedCode, 1}, {opRestore, "ok", 1}, {opSnap, "ok", 1},
 		{opFork, "ok", 1}, {opFork, pandastack.ENotFound, 1}, {opPause, "ok", 1}, {opResume, "ok", 1},
-		{opKill, "ok", 1},
+		{opKill, "ok", 2},
 	} {
 		if got := mm.ops.Value(c.op, c.outcome); got != c.want {
 			t.Errorf("operations %s %s: %v, want %v", c.op, c.outcome, got, c.want)

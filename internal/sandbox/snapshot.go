@@ -312,12 +312,7 @@ func (m *Manager) Resume(ctx context.Context, projectID, id string) (pandastack.
 // resumeWaiting is Resume; onDemand is a resume that a request wants (the
 // sandbox has auto_resume or was suspended for idleness), which does not
 // happen if a pause asked for meanwhile made it paused as asked.
-func (m *Manager) resumeWaiting(ctx context.Context, projectID, id string, onDemand bool) (_ pandastack.Sandbox, err error) {
-	op := opResume
-	if onDemand {
-		op = opWake
-	}
-	defer m.observe(op, time.Now(), &err)
+func (m *Manager) resumeWaiting(ctx context.Context, projectID, id string, onDemand bool) (pandastack.Sandbox, error) {
 	waited := false
 	for {
 		sb, err := m.resume(ctx, projectID, id, onDemand)
@@ -332,7 +327,7 @@ func (m *Manager) resumeWaiting(ctx context.Context, projectID, id string, onDem
 	}
 }
 
-func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand bool) (pandastack.Sandbox, error) {
+func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand bool) (_ pandastack.Sandbox, err error) {
 	sb, err := m.store.GetSandbox(ctx, projectID, id)
 	if err != nil {
 		return sb, err
@@ -349,6 +344,17 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	if err := m.sbx.begin(id, phaseResuming); err != nil {
 		return sb, err
 	}
+	// Counted from here: a resume this request runs (not the ones it
+	// waited for, nor a look that found nothing to do).
+	op := opResume
+	if onDemand {
+		op = opWake
+	}
+	defer func(start time.Time) {
+		if !errors.Is(err, errNotOnDemand) {
+			m.observe(op, start, &err)
+		}
+	}(time.Now())
 	resumed := false
 	kept := m.networkOf(id) // its policy now, set while paused perhaps
 	defer func() {
