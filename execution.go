@@ -87,7 +87,10 @@ const (
 	FileEventRename   = "rename"   // moved away from Path; its new name, if watched, comes as a create
 	FileEventChmod    = "chmod"    // permissions, owner or times changed
 	FileEventOverflow = "overflow" // changes were lost (the kernel's queue filled up): list the directory again
-	FileEventError    = "error"    // the last line: the watch ended, Error says why
+	// FileEventKeepalive comes from the server every 30 s while nothing
+	// else does; clients skip it.
+	FileEventKeepalive = "keepalive"
+	FileEventError     = "error" // the last line: the watch ended, Error says why
 )
 
 // StreamError is an error that ends a stream after its answer began: the

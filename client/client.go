@@ -406,8 +406,13 @@ func (c *Client) WatchDir(ctx context.Context, id, path string, recursive bool, 
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
 			return fmt.Errorf("bad watch event: %w", err)
 		}
-		if ev.Type == pandastack.FileEventError && ev.Error != nil {
-			return &Error{Status: 200, Code: ev.Error.Code, Message: ev.Error.Message}
+		switch ev.Type {
+		case pandastack.FileEventKeepalive:
+			continue
+		case pandastack.FileEventError:
+			if ev.Error != nil {
+				return &Error{Status: 200, Code: ev.Error.Code, Message: ev.Error.Message}
+			}
 		}
 		if err := onEvent(ev); err != nil {
 			return err

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 	"time"
 
@@ -102,4 +103,54 @@ func TestWatchDir(t *testing.T) {
 			t.Errorf("watch of %s: %v, want %s", bad.path, err, bad.code)
 		}
 	}
+}
+
+// A watch open when serve stops ends at once with an error that says so
+// (it held the shutdown for its whole 10 s of grace before).
+func TestWatchEndsWithTheServer(t *testing.T) {
+	s := startServer(t, "", "PANDASTACK_POOL_SIZE=0", "PANDASTACK_WARM=0")
+	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
+	c := s.client()
+	sb := newSandboxNoCleanup(t, s)
+	ended := make(chan error, 1)
+	live := make(chan struct{})
+	go func() {
+		ended <- c.WatchDir(context.Background(), sb.ID, "/home/user", false, func(ev client.FileEvent) error {
+			if ev.Type == "watching" {
+				close(live)
+			}
+			return nil
+		})
+	}()
+	select {
+	case <-live:
+	case err := <-ended:
+		t.Fatalf("the watch ended before it started: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the watch did not start")
+	}
+	start := time.Now()
+	s.stop()
+	select {
+	case err := <-ended:
+		if !client.IsCode(err, "sandbox_unavailable") {
+			t.Errorf("the watch's end at shutdown: %v, want sandbox_unavailable", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the watch did not end with the server")
+	}
+	if d := time.Since(start); d > 8*time.Second {
+		t.Errorf("serve took %s to stop with a watch open", d)
+	}
+}
+
+// newSandboxNoCleanup creates a sandbox the test's server stop ends
+// (serve runs with --kill-on-exit in the tests).
+func newSandboxNoCleanup(t *testing.T, s *server) *client.Sandbox {
+	t.Helper()
+	sb, err := s.client().CreateSandbox(context.Background(), client.CreateSandboxRequest{TTLSeconds: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sb
 }

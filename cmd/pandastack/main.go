@@ -338,6 +338,7 @@ func serve(args []string) error {
 		return fmt.Errorf("--listen %s: %w", cfg.Listen, err)
 	}
 	hs := newHTTPServer(srv.Handler())
+	hs.RegisterOnShutdown(srv.Draining)
 	if !cfg.KillOnExit {
 		// Terminals close with a reason; with --kill-on-exit each says
 		// its sandbox was killed by the shutdown instead (4410).

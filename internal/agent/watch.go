@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"path/filepath"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -40,6 +41,13 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	defer s.watches.Add(-1)
 	var wt *watcher
 	err = t.run(func() error {
+		// The directory's real path: a link to it is followed, and the
+		// events name where the files are.
+		real, err := filepath.EvalSymlinks(t.path)
+		if err != nil {
+			return fsError(err, t.path, false)
+		}
+		t.path = real
 		fi, err := os.Stat(t.path)
 		if err != nil {
 			return fsError(err, t.path, false)

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -50,16 +51,22 @@ func newWatcher(t fileTarget, recursive bool) (*watcher, error) {
 
 func (w *watcher) close() { w.f.Close() }
 
+// maxFound bounds the creates one directory made or moved in reports
+// for what it already held; past it an overflow says to list it.
+const maxFound = 1000
+
 // addTree watches dir, and with recursive every directory beneath it (as
 // the caller's credentials allow: a directory the user may not read is
-// left out, as are those a walk finds gone). With found, what the walk
-// finds beneath dir is reported there as created: a directory made with
-// files in it, or moved in whole, shows its contents, which were there
-// before its watch was.
+// left out, as are those a walk finds gone, and the kernel's
+// pseudo-filesystems). With found, what the walk finds beneath dir is
+// reported there as created: a directory made with files in it, or moved
+// in whole, shows its contents, which were there before its watch was (at
+// most maxFound, then an overflow).
 func (w *watcher) addTree(dir string, found *[]agentproto.FileEvent) error {
 	if err := w.add(dir); err != nil || !w.recursive {
 		return err
 	}
+	reported := 0
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		switch {
 		case err != nil:
@@ -69,10 +76,18 @@ func (w *watcher) addTree(dir string, found *[]agentproto.FileEvent) error {
 			return fs.SkipDir // unreadable or gone: not followed
 		case p == dir:
 			return nil
+		case d.IsDir() && slices.ContainsFunc(agentproto.PseudoFS, func(pseudo string) bool { return p == pseudo }):
+			return fs.SkipDir
 		}
 		if found != nil {
-			rel, _ := filepath.Rel(w.t.path, p)
-			*found = append(*found, agentproto.FileEvent{Type: pandastack.FileEventCreate, Path: p, Name: rel, IsDir: d.IsDir()})
+			reported++
+			switch {
+			case reported <= maxFound:
+				rel, _ := filepath.Rel(w.t.path, p)
+				*found = append(*found, agentproto.FileEvent{Type: pandastack.FileEventCreate, Path: p, Name: rel, IsDir: d.IsDir()})
+			case reported == maxFound+1:
+				*found = append(*found, agentproto.FileEvent{Type: pandastack.FileEventOverflow})
+			}
 		}
 		if !d.IsDir() {
 			return nil
@@ -123,8 +138,9 @@ func isUnder(p, dir string) bool {
 }
 
 // run reads changes and hands them to emit, a batch at a time, until ctx
-// ends (nil), the watched directory goes (nil, after its event), or emit
-// or a read fails.
+// ends (nil), the watched directory goes (nil, after its event), a new
+// directory puts the watch over its limit (EConflict), or emit or a read
+// fails.
 func (w *watcher) run(ctx context.Context, emit func([]agentproto.FileEvent) error) error {
 	stop := context.AfterFunc(ctx, func() { w.f.SetReadDeadline(time.Now()) })
 	defer stop()
@@ -137,22 +153,23 @@ func (w *watcher) run(ctx context.Context, emit func([]agentproto.FileEvent) err
 			}
 			return fmt.Errorf("reading inotify events: %w", err)
 		}
-		evs, ended := w.parse(buf[:n])
+		evs, ended, perr := w.parse(buf[:n])
 		if len(evs) > 0 {
 			if err := emit(evs); err != nil {
 				return err
 			}
 		}
-		if ended {
-			return nil
+		if ended || perr != nil {
+			return perr
 		}
 	}
 }
 
 // parse turns a read's inotify records into events; ended says the watched
-// directory itself went.
-func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool) {
+// directory itself went, err that the watch cannot go on whole.
+func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool, err error) {
 	var added []string // directories made or moved in, to follow once parsed
+	overflowed := false
 	for off := 0; off+unix.SizeofInotifyEvent <= len(b); {
 		raw := (*unix.InotifyEvent)(unsafe.Pointer(&b[off]))
 		end := off + unix.SizeofInotifyEvent + int(raw.Len)
@@ -164,6 +181,7 @@ func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool) {
 		mask := raw.Mask
 		if mask&unix.IN_Q_OVERFLOW != 0 {
 			evs = append(evs, agentproto.FileEvent{Type: pandastack.FileEventOverflow})
+			overflowed = true
 			continue
 		}
 		dir, ok := w.dirs[raw.Wd]
@@ -174,7 +192,7 @@ func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool) {
 			delete(w.dirs, raw.Wd)
 			delete(w.wds, dir)
 			if dir == w.t.path {
-				return evs, true
+				return evs, true, nil
 			}
 			continue
 		}
@@ -194,7 +212,7 @@ func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool) {
 				typ = pandastack.FileEventRename
 			}
 			evs = append(evs, agentproto.FileEvent{Type: typ, Path: p, IsDir: true})
-			return evs, true
+			return evs, true, nil
 		case mask&unix.IN_CREATE != 0:
 			typ = pandastack.FileEventCreate
 		case mask&unix.IN_MOVED_TO != 0:
@@ -224,9 +242,19 @@ func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool) {
 		evs = append(evs, ev)
 	}
 	for _, d := range added {
-		// As whom the watch acts; a directory it cannot follow (unreadable,
-		// or over the limit) is left out, its siblings still followed.
-		w.t.run(func() error { return w.addTree(d, &evs) })
+		// As whom the watch acts; a directory it cannot read is left out,
+		// its siblings still followed; one over the limit ends the watch,
+		// which would no longer be whole.
+		if err := w.t.run(func() error { return w.addTree(d, &evs) }); pandastack.IsCode(err, pandastack.EConflict) {
+			return evs, false, err
+		}
 	}
-	return evs, false
+	if overflowed && w.recursive {
+		// Directories made while events were lost are followed from now
+		// on (the overflow told the caller to list what is there).
+		if err := w.t.run(func() error { return w.addTree(w.t.path, nil) }); pandastack.IsCode(err, pandastack.EConflict) {
+			return evs, false, err
+		}
+	}
+	return evs, false, nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -151,4 +152,43 @@ func must(t *testing.T, err error) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A watch through a symlink follows the directory it points to, beneath
+// too; a tree moved in whole reports what it holds up to a bound, then an
+// overflow (a million files moved in must not fill the agent's memory).
+func TestWatchLinkAndBigTree(t *testing.T) {
+	cfg := testConfig(t)
+	st := directStack(t, cfg, 1)
+	real := filepath.Join(cfg.Home, "real")
+	must(t, os.MkdirAll(filepath.Join(real, "sub"), 0o755))
+	must(t, os.Symlink(real, filepath.Join(cfg.Home, "link")))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	evs := watchStream(t, st, ctx, "path", "link", "recursive", "true")
+	if first := <-evs; first.Path != real {
+		t.Fatalf("watching %s, want the link's target %s", first.Path, real)
+	}
+	must(t, os.WriteFile(filepath.Join(real, "sub", "deep"), []byte("x"), 0o644))
+	expect(t, evs, agentproto.FileEvent{Type: "create", Name: "sub/deep"})
+
+	big := filepath.Join(cfg.Home, "big")
+	must(t, os.MkdirAll(filepath.Join(big, "d"), 0o755))
+	for i := range 1500 {
+		must(t, os.WriteFile(filepath.Join(big, "d", strconv.Itoa(i)), nil, 0o644))
+	}
+	must(t, os.Rename(big, filepath.Join(real, "big")))
+	seen := expect(t, evs, agentproto.FileEvent{Type: "create", Name: "big", IsDir: true}, agentproto.FileEvent{Type: "overflow"})
+	creates := 0
+	for _, ev := range seen {
+		if ev.Type == "create" {
+			creates++
+		}
+	}
+	if creates > 1002 { // the tree, sub/deep, and at most 1000 of what big holds
+		t.Errorf("%d creates for a tree of 1501 moved in, want at most 1000 of its entries then an overflow", creates)
+	}
+	// Still followed past the bound.
+	must(t, os.WriteFile(filepath.Join(real, "big", "d", "new"), nil, 0o644))
+	expect(t, evs, agentproto.FileEvent{Type: "create", Name: "big/d/new"})
 }

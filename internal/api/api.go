@@ -103,8 +103,13 @@ type Server struct {
 	// with a reason rather than being dropped.
 	stopping chan struct{}
 	stopOnce sync.Once
-	ptys     sync.WaitGroup // open terminal sessions
-	metrics  apiMetrics     // zero: none kept
+	// draining is closed when the server's shutdown begins (Draining),
+	// with or without --kill-on-exit: endless streams (directory
+	// watches) end then rather than hold the shutdown's grace.
+	draining  chan struct{}
+	drainOnce sync.Once
+	ptys      sync.WaitGroup // open terminal sessions
+	metrics   apiMetrics     // zero: none kept
 	// nodeLost stands for Manager.NodeLost when set (tests).
 	nodeLost func(url string) bool
 }
@@ -112,6 +117,10 @@ type Server struct {
 // Stopping tells the open terminals that the server shuts down; they close
 // with a reason. For http.Server.RegisterOnShutdown.
 func (s *Server) Stopping() { s.stopOnce.Do(func() { close(s.stopping) }) }
+
+// Draining tells the open directory watches that the server shuts down;
+// they end with an error that says so. For http.Server.RegisterOnShutdown.
+func (s *Server) Draining() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 // WaitTerminals waits, up to limit, for the open terminals to end (after
 // Stopping: for their close frames to go out before the process exits).
@@ -146,7 +155,7 @@ func New(cfg Config, mgr *sandbox.Manager, store pandastack.Store, catalog Catal
 		cfg.RunOutputCap = d.RunOutputCap
 	}
 	s := &Server{cfg: cfg, mgr: mgr, store: store, catalog: catalog, log: log, mux: http.NewServeMux(),
-		history: history.New(history.Limits{}, store, log), stopping: make(chan struct{})}
+		history: history.New(history.Limits{}, store, log), stopping: make(chan struct{}), draining: make(chan struct{})}
 	s.routes()
 	if cfg.Metrics != nil {
 		s.metrics = newAPIMetrics(cfg.Metrics)

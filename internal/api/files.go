@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -332,10 +333,17 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request, project string) {
 	})
 }
 
+// watchKeepalive is how often a quiet watch stream sends a keepalive line:
+// a proxy in front does not cut it for idleness, and a client that went
+// away is noticed (its watch then ends). A variable for tests.
+var watchKeepalive = 30 * time.Second
+
 // watchFiles streams the changes in a directory (?path=, ?recursive=,
 // ?user=) as NDJSON FileEvent lines, the first saying the watch is live,
-// until the caller hangs up or the directory goes. Someone watching uses
-// the sandbox: it is not suspended for idleness meanwhile.
+// with a keepalive line now and then, until the caller hangs up, the
+// directory goes, or the server shuts down (an error line says so).
+// Someone watching uses the sandbox: it is not suspended for idleness
+// meanwhile.
 func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, project string) {
 	fr, err := s.fileQuery(r, "recursive")
 	if err != nil {
@@ -348,10 +356,55 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, project stri
 		return
 	}
 	defer done()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	var shutdown atomic.Bool
+	go func() {
+		select {
+		case <-s.draining:
+			shutdown.Store(true)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	nd := newNDJSON(w)
-	err = agent.WatchDir(r.Context(), fr.path, fr.root, fr.recursive, func(ev agentproto.FileEvent) error {
-		return nd.send(ev)
+	var mu sync.Mutex // the agent's events and the keepalives
+	send := func(v any) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return nd.send(v)
+	}
+	keepalive := func() {
+		t := time.NewTicker(watchKeepalive)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				if send(pandastack.FileEvent{Type: pandastack.FileEventKeepalive}) != nil {
+					cancel() // the client is gone
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}
+	err = agent.WatchDir(ctx, fr.path, fr.root, fr.recursive, func(ev agentproto.FileEvent) error {
+		if err := send(ev); err != nil {
+			return err
+		}
+		if ev.Type == pandastack.FileEventWatching {
+			go keepalive() // after the first line, which says the watch is live
+		}
+		return nil
 	})
+	cancel()
+	mu.Lock()
+	defer mu.Unlock()
+	if shutdown.Load() && nd.started {
+		nd.send(pandastack.FileEvent{Type: pandastack.FileEventError, Error: &pandastack.StreamError{Code: pandastack.EUnavailable, Message: "the server is shutting down"}})
+		return
+	}
 	if err == nil || (r.Context().Err() != nil && revokedErr(r.Context(), nil) == nil) {
 		if !nd.started { // cannot be: the agent's first line says the watch is live
 			w.WriteHeader(http.StatusNoContent)

@@ -42,6 +42,8 @@ export interface WatchOptions {
   recursive?: boolean;
   /** Called once when the watch ends: with no error after `stop()` or the directory's removal, else with the failure. */
   onExit?: (err?: Error) => void;
+  /** Aborting it ends the watch (as `stop()`), or the wait for it to start. */
+  signal?: AbortSignal;
 }
 
 /** A running directory watch, from `files.watchDir`. */
@@ -53,11 +55,18 @@ export class WatchHandle {
   /** @internal */
   constructor(abort: AbortController, run: Promise<void>, onExit?: (err?: Error) => void) {
     this.#abort = abort;
+    const exit = (err?: Error) => {
+      try {
+        onExit?.(err);
+      } catch {
+        // The caller's callback: its failure must not become an unhandled rejection.
+      }
+    };
     this.#done = run.then(
-      () => onExit?.(),
+      () => exit(),
       (err: unknown) => {
         this.#error = err instanceof Error ? err : new PandaStackError(String(err), "stream_error");
-        onExit?.(this.#error);
+        exit(this.#error);
       },
     );
   }
@@ -189,14 +198,20 @@ export class Files {
 
   /**
    * Watches the directory at `path` and resolves once the watch is live:
-   * each change from then on is handed to `onEvent`, until `stop()`, the
-   * directory's removal (its own event comes last) or a failure (`onExit`
-   * and `wait()` tell). A watched sandbox is not suspended for idleness.
+   * each change from then on is handed to `onEvent` (awaited, if it is
+   * async), until `stop()`, `opts.signal`, the directory's removal (its own
+   * event comes last) or a failure, a throwing `onEvent`'s included
+   * (`onExit` and `wait()` tell). A watched sandbox is not suspended for
+   * idleness.
    * A missing directory rejects with `NotFoundError`, a file with
    * `InvalidRequestError`.
    */
-  async watchDir(path: string, onEvent: (ev: FileEvent) => void, opts: WatchOptions = {}): Promise<WatchHandle> {
+  async watchDir(path: string, onEvent: (ev: FileEvent) => unknown, opts: WatchOptions = {}): Promise<WatchHandle> {
     const abort = new AbortController();
+    if (opts.signal) {
+      if (opts.signal.aborted) abort.abort();
+      else opts.signal.addEventListener("abort", () => abort.abort(), { once: true });
+    }
     const events = this.#http.ndjson("GET", `${this.#base}/watch`, {
       query: { path, recursive: opts.recursive ? "true" : undefined },
       signal: abort.signal,
@@ -212,7 +227,8 @@ export class Files {
       try {
         for await (const ev of events) {
           if (ev.type === "error") throw streamError(ev.error);
-          onEvent(toFileEvent(ev));
+          if (ev.type === "keepalive") continue;
+          await onEvent(toFileEvent(ev)); // an async handler's failure ends the watch (onExit, wait())
         }
       } catch (err) {
         if (!abort.signal.aborted) throw err;

@@ -24,4 +24,6 @@ export async function readmeUsage(sandbox: Sandbox, ctx: CodeContext): Promise<v
   await h.wait({ onStdout: (d) => process.stdout.write(d) });
   const term = await sandbox.terminal({ cols: 100, rows: 30, WebSocket });
   await term.close();
+  const watch = await sandbox.files.watchDir("out", (ev) => console.log(ev.type, ev.name), { recursive: true });
+  await watch.stop();
 }

@@ -548,6 +548,12 @@ test("files", async (t) => {
     await w.stop();
     assert.equal(exited, undefined, "onExit after stop() has no error");
     await w.wait();
+    // A throwing async handler ends the watch, told by wait() (not an unhandled rejection).
+    const failing = await sb.files.watchDir("watched", async () => {
+      throw new Error("handler failed");
+    });
+    await sb.exec("touch watched/z");
+    await assert.rejects(failing.wait(), /handler failed/);
     await assert.rejects(sb.files.watchDir("no-such-dir", () => {}), NotFoundError);
     await assert.rejects(sb.files.watchDir("notes/hello.txt", () => {}), InvalidRequestError);
   });

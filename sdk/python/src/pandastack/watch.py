@@ -22,6 +22,18 @@ __all__ = ["WatchHandle", "AsyncWatchHandle"]
 EventHandler = Callable[[FileEvent], Any]
 AsyncEventHandler = Callable[[FileEvent], Union[Any, Awaitable[Any]]]
 
+# The most events a handle keeps for get_new_events; past it the oldest go
+# and an "overflow" event says so (as the server's own: list the directory
+# again). A watch read only through on_event never fills memory.
+MAX_PENDING = 10_000
+
+
+def _keep(pending: List[FileEvent], ev: FileEvent) -> None:
+    pending.append(ev)
+    if len(pending) > MAX_PENDING:
+        del pending[: len(pending) - MAX_PENDING + 1]
+        pending[0] = FileEvent(type="overflow", path="", name="", is_dir=False)
+
 
 def _params(path: str, recursive: bool) -> Mapping[str, str]:
     params = {"path": path}
@@ -37,7 +49,7 @@ def _event(line: str) -> Optional[FileEvent]:
     kind = d.get("type")
     if kind == "error":
         raise stream_failure(d.get("error"))
-    if kind == "watching":
+    if kind in ("watching", "keepalive"):
         return None
     return FileEvent.from_dict(d)
 
@@ -83,7 +95,7 @@ class WatchHandle:
                         self._ready.set()
                         continue
                     with self._lock:
-                        self._pending.append(ev)
+                        _keep(self._pending, ev)
                     if self._on_event is not None:
                         self._on_event(ev)
         except BaseException as e:  # noqa: BLE001 - handed to the caller
@@ -115,7 +127,7 @@ class WatchHandle:
 
     def stop(self) -> None:
         """End the watch (closing its stream); events not yet taken stay
-        for :meth:`get_new_events`."""
+        for :meth:`get_new_events`. May be called from ``on_event``."""
         self._stopping.set()
         resp = self._resp
         if resp is not None:
@@ -128,7 +140,8 @@ class WatchHandle:
                     sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # already closed
-        self._thread.join(timeout=10)
+        if threading.current_thread() is not self._thread:  # from on_event: the thread ends on its own
+            self._thread.join(timeout=10)
 
     def __enter__(self) -> "WatchHandle":
         return self
@@ -153,7 +166,11 @@ class AsyncWatchHandle:
     async def start(cls, client: "Client", path: str, params: Mapping[str, str], on_event: Optional[AsyncEventHandler]) -> "AsyncWatchHandle":
         h = cls()
         h._task = asyncio.get_running_loop().create_task(h._run(client, path, params, on_event))
-        await h._ready.wait()
+        try:
+            await h._ready.wait()
+        except BaseException:  # cancelled while the watch starts: it must not live on unseen
+            await h.stop()
+            raise
         if h._error is not None:
             err, h._error = h._error, None
             await asyncio.gather(h._task, return_exceptions=True)
@@ -170,7 +187,7 @@ class AsyncWatchHandle:
                     if ev is None:
                         self._ready.set()
                         continue
-                    self._pending.append(ev)
+                    _keep(self._pending, ev)
                     if on_event is not None:
                         r = on_event(ev)
                         if inspect.isawaitable(r):
