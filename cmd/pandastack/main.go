@@ -351,13 +351,16 @@ func serve(args []string) error {
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	if series != nil {
-		ms, err := serveMetrics(cfg.MetricsListen, series, errc)
+		ms, at, err := serveMetrics(cfg.MetricsListen, series, errc)
 		if err != nil {
 			hs.Close()
 			return err
 		}
 		defer ms.Close()
-		log.Info("serving metrics", "url", "http://"+cfg.MetricsListen+"/metrics")
+		log.Info("serving metrics", "url", "http://"+at.String()+"/metrics")
+		if !loopback(at) {
+			log.Warn("GET /metrics takes no API key and listens beyond this host: keep --metrics-listen on a network only your monitoring reaches", "addr", at.String())
+		}
 	}
 	select {
 	case err := <-errc:

@@ -12,10 +12,10 @@ import (
 // serveMetrics serves GET /metrics on addr, without an API key (so a
 // Prometheus needs no secret): the address should be loopback or a private
 // network's. A failure of the server is sent on errc.
-func serveMetrics(addr string, series *metrics.Registry, errc chan<- error) (*http.Server, error) {
+func serveMetrics(addr string, series *metrics.Registry, errc chan<- error) (*http.Server, net.Addr, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--metrics-listen %s: %w", addr, err)
+		return nil, nil, fmt.Errorf("--metrics-listen %s: %w", addr, err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", series.Handler())
@@ -31,5 +31,12 @@ func serveMetrics(addr string, series *metrics.Registry, errc chan<- error) (*ht
 			}
 		}
 	}()
-	return hs, nil
+	return hs, ln.Addr(), nil
+}
+
+// loopback says whether addr (a listener's) takes connections from this
+// host only.
+func loopback(addr net.Addr) bool {
+	a, ok := addr.(*net.TCPAddr)
+	return ok && a.IP.IsLoopback()
 }

@@ -192,3 +192,39 @@ func TestWatchLinkAndBigTree(t *testing.T) {
 	must(t, os.WriteFile(filepath.Join(real, "big", "d", "new"), nil, 0o644))
 	expect(t, evs, agentproto.FileEvent{Type: "create", Name: "big/d/new"})
 }
+
+// At most maxWatches watches at once (64): one more is refused while they
+// run, and a watch whose caller hung up frees its slot.
+func TestWatchSlots(t *testing.T) {
+	cfg := testConfig(t)
+	st := directStack(t, cfg, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	var streams []<-chan agentproto.FileEvent
+	for range 64 {
+		evs := watchStream(t, st, ctx, "path", ".")
+		<-evs
+		streams = append(streams, evs)
+	}
+	resp := st.request(t, context.Background(), http.MethodGet, "/v1/files/watch", q("path", "."), nil)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Fatalf("a 65th watch: %d, want 409", resp.StatusCode)
+	}
+	cancel()
+	for _, evs := range streams {
+		for range evs {
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp := st.request(t, context.Background(), http.MethodGet, "/v1/files/watch", q("path", "."), nil)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the 64 ended a watch still answers %d", resp.StatusCode)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -129,7 +129,7 @@ func (c *Counter) Add(v float64, values ...string) {
 	if len(values) != len(c.labels) {
 		panic(fmt.Sprintf("metrics: %s takes %d label values, got %d", c.name, len(c.labels), len(values)))
 	}
-	if v < 0 {
+	if !(v >= 0) || math.IsInf(v, 1) { // negative, NaN or infinite: a counter cannot take it
 		return
 	}
 	k := strings.Join(values, "\xff")

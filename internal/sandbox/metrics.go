@@ -65,7 +65,7 @@ func (m *Manager) useMetrics(r *metrics.Registry) {
 		at time.Time
 		n  map[pandastack.SandboxState]int
 	}
-	r.NewGauge("pandastack_sandboxes", "Sandboxes of this node by state (the store's records), pool sandboxes not yet handed out excluded.", []string{"state"}, func(emit func(float64, ...string)) {
+	r.NewGauge("pandastack_sandboxes", "Sandboxes of this node by state (the store's records: pool sandboxes count once handed out; the server's own warm-up sandboxes never).", []string{"state"}, func(emit func(float64, ...string)) {
 		counted.Lock()
 		defer counted.Unlock()
 		if time.Since(counted.at) >= sandboxCountEvery { // scrapes in a burst cost one count

@@ -82,7 +82,8 @@ func (r *Runtime) agentFor(imageDir string) (string, error) {
 			return mine, nil
 		}
 	}
-	return "", pandastack.Errorf(pandastack.EConflict, "the image was taken with the agent build %s, which this server does not have (it restores only with that build): copy that file here, or restore it with the server that took it", want)
+	// Internal, not a conflict: no wait or retry brings the build here.
+	return "", pandastack.Errorf(pandastack.EInternal, "the image was taken with the agent build %s, which this server does not have (it restores only with that build): copy that file here, or restore it with the server that took it", want)
 }
 
 // agentsDir is where serve keeps its agent builds, when the runtime's

@@ -28,6 +28,11 @@ AsyncEventHandler = Callable[[FileEvent], Union[Any, Awaitable[Any]]]
 MAX_PENDING = 10_000
 
 
+# The tasks of running asyncio watches: a handle dropped by its caller (one
+# used through on_event alone) must not leave its task to the collector.
+_TASKS: "set[asyncio.Task[None]]" = set()
+
+
 def _keep(pending: List[FileEvent], ev: FileEvent) -> None:
     pending.append(ev)
     if len(pending) > MAX_PENDING:
@@ -166,6 +171,8 @@ class AsyncWatchHandle:
     async def start(cls, client: "Client", path: str, params: Mapping[str, str], on_event: Optional[AsyncEventHandler]) -> "AsyncWatchHandle":
         h = cls()
         h._task = asyncio.get_running_loop().create_task(h._run(client, path, params, on_event))
+        _TASKS.add(h._task)
+        h._task.add_done_callback(_TASKS.discard)
         try:
             await h._ready.wait()
         except BaseException:  # cancelled while the watch starts: it must not live on unseen
