@@ -277,6 +277,9 @@ func (m *Manager) Close() {
 }
 
 func (m *Manager) recover(ctx context.Context) error {
+	if err := m.finishKills(ctx); err != nil {
+		return fmt.Errorf("recover: %w", err)
+	}
 	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: m.cfg.Node.ID, States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning}})
 	if err != nil {
 		return fmt.Errorf("recover: %w", err)
@@ -872,6 +875,31 @@ func (m *Manager) teardown(id, reason string) {
 		os.RemoveAll(m.pausedPath(id))
 		m.forgetPaused(id)
 	}
+}
+
+// finishKills deletes the records of this node's sandboxes whose kill the
+// last run did not finish: a kill records the sandbox stopped as killed,
+// tears it down, then deletes its record, and a crash in between left a
+// record that answered GET (stopped, killed) until the purge a day later.
+// What ran of them is removed with the rest of the runtime's orphans.
+func (m *Manager) finishKills(ctx context.Context) error {
+	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: m.cfg.Node.ID, States: []pandastack.SandboxState{pandastack.StateStopped}})
+	if err != nil {
+		return err
+	}
+	for _, s := range recs {
+		if s.StopReason != pandastack.StopKilled || s.NodeID != m.cfg.Node.ID {
+			continue
+		}
+		if m.cfg.PausedDir != "" {
+			os.RemoveAll(m.pausedPath(s.ID))
+		}
+		if err := m.store.DeleteSandbox(ctx, s.ID); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+			return err
+		}
+		m.log.Info("finished a kill the last run left half-done", "sandbox", s.ID)
+	}
+	return nil
 }
 
 // stopSandbox tears a sandbox down and records why. The caller holds the

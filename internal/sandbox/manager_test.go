@@ -675,3 +675,23 @@ func TestValidateMetadata(t *testing.T) {
 		t.Errorf("good metadata: %v", err)
 	}
 }
+
+// A kill cut short by a crash (the record says stopped, killed; the
+// delete never came) is finished at the next start: the record goes, so
+// GET answers 404 as for any killed sandbox (it answered the stopped
+// record for a day, until the purge). Other stopped records stay.
+func TestStartFinishesHalfDoneKills(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	half, expired := h.create(), h.create()
+	h.store.SetSandboxState(ctx, half.ID, pandastack.StateStopped, pandastack.StopKilled, time.Now())
+	h.store.SetSandboxState(ctx, expired.ID, pandastack.StateStopped, pandastack.StopExpired, time.Now())
+	h.m.Close()
+	h.m = h.newManager()
+	if _, err := h.m.Get(ctx, project, half.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Errorf("the half-killed sandbox after the restart: %v, want not_found", err)
+	}
+	if got, err := h.m.Get(ctx, project, expired.ID); err != nil || got.StopReason != pandastack.StopExpired {
+		t.Errorf("an expired sandbox's record after the restart: %+v %v, want it kept", got, err)
+	}
+}
