@@ -416,6 +416,22 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// killEverything kills every sandbox of s's first key's project, for the
+// clean-up of a test whose serve runs without --kill-on-exit.
+func killEverything(s *server) {
+	c := s.client()
+	list, err := c.ListSandboxes(context.Background(), nil, "")
+	if err != nil {
+		s.t.Logf("listing the sandboxes to kill: %v", err)
+		return
+	}
+	for _, sb := range list {
+		if err := c.KillSandbox(context.Background(), sb.ID); err != nil && !client.IsCode(err, "not_found") {
+			s.t.Logf("kill %s: %v", sb.ID, err)
+		}
+	}
+}
+
 func newSandbox(t *testing.T, s *server, req client.CreateSandboxRequest) *client.Sandbox {
 	t.Helper()
 	sb, err := s.client().CreateSandbox(context.Background(), req)

@@ -27,7 +27,13 @@ func TestUpgradeKeepsTheAgentBuild(t *testing.T) {
 		t.Fatalf("build the old agent: %v\n%s", err, out)
 	}
 	s := newServer(t, "", "PANDASTACK_KILL_ON_EXIT=0", "PANDASTACK_POOL_SIZE=0", "PANDASTACK_PREPARED_RESUMES=0", "PANDASTACK_WARM=0")
-	defer func() { s.stop(); os.RemoveAll(s.dataDir) }()
+	defer func() {
+		// Sandboxes outlive this serve (no --kill-on-exit): a test that
+		// failed half-way kills what it made first.
+		killEverything(s)
+		s.stop()
+		os.RemoveAll(s.dataDir)
+	}()
 	newEnv := s.env
 	s.env = append(append([]string(nil), newEnv...), "PANDASTACK_AGENT="+oldAgent)
 	s.start()
