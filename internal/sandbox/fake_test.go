@@ -43,6 +43,7 @@ type fakeRuntime struct {
 	markerReads   int             // GET /v1/files of caMarker (an older agent's setup)
 	helloSetup    bool            // the hello reports the CA marker when asked, as agents since ca_marker do
 	noAgent       bool            // sandboxes boot with an agent that never answers
+	agentDies     bool            // with noAgent: the sandbox is gone at once (its agent crashed)
 	unnamed       bool            // the hello does not name FeatureHostname, as agents before it
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 	// sparesHold, when set, makes the spares request signal sparesAsked
@@ -282,7 +283,7 @@ func (r *fakeRuntime) boot(spec pandastack.RuntimeSpec, vars map[string]string, 
 	if _, ok := r.boxes[spec.ID]; ok {
 		return nil, pandastack.Errorf(pandastack.EConflict, "sandbox %s exists", spec.ID)
 	}
-	b := &fakeBox{id: spec.ID, spec: spec, vars: vars, alive: true}
+	b := &fakeBox{id: spec.ID, spec: spec, vars: vars, alive: !(r.noAgent && r.agentDies)}
 	r.boxes[spec.ID] = b
 	return r.serve(b), nil
 }

@@ -639,7 +639,8 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	p.steps.done("restore_ms")
 	if err == nil {
 		var client *AgentClient
-		if client, err = dialAgentWith(startCtx, sb.ID, rwc, m.withSetup(sb.ID, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()})); err == nil {
+		client, err = dialAgentWith(startCtx, sb.ID, rwc, m.withSetup(sb.ID, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}))
+		if err = m.helloFailed(sb.ID, err); err == nil {
 			p.steps.done("agent_ms")
 			if err = m.setupSandbox(startCtx, client); err == nil {
 				p.steps.done("setup_ms")
@@ -654,6 +655,18 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not start within %s", sb.ID, m.cfg.StartTimeout)
 	}
 	return pandastack.Sandbox{}, fmt.Errorf("create %s: %w", sb.ID, storageError(err, "the sandbox was not created"))
+}
+
+// helloFailed explains a hello that timed out in a container that is gone:
+// the agent exited (it crashed at its start, or was restored with another
+// build of itself), which no wait would have helped; the hello's own
+// timeout said the host might be overloaded.
+func (m *Manager) helloFailed(id string, err error) error {
+	if err == nil || !pandastack.IsCode(err, pandastack.ETimeout) || m.rt.Alive(id) {
+		return err
+	}
+	m.log.Error("the agent exited before its hello", "sandbox", id, "err", err)
+	return pandastack.Errorf(pandastack.EInternal, "sandbox %s: its agent exited before it said hello (a crash at its start; the server's log tells more)", id)
 }
 
 // started records a claimed, booted sandbox as running and makes it so;

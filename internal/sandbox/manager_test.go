@@ -695,3 +695,23 @@ func TestStartFinishesHalfDoneKills(t *testing.T) {
 		t.Errorf("an expired sandbox's record after the restart: %+v %v, want it kept", got, err)
 	}
 }
+
+// An agent that exits before its hello (a crash at its start) is said to
+// have crashed, as an internal error, not as a timeout that blames an
+// overloaded host; a silent agent in a sandbox that runs is still a
+// timeout.
+func TestHelloOfADeadAgent(t *testing.T) {
+	old := setupTimeout
+	setupTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { setupTimeout = old })
+	h := newHarness(t)
+	h.rt.noAgent = true
+	_, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	wantCode(t, err, pandastack.ETimeout)
+	h.rt.agentDies = true
+	_, err = h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	wantCode(t, err, pandastack.EInternal)
+	if !strings.Contains(pandastack.ErrorMessage(err), "agent exited") {
+		t.Errorf("a dead agent's hello: %v", err)
+	}
+}

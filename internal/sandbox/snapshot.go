@@ -416,7 +416,8 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		if !own {
 			h = m.withSetup(id, h)
 		}
-		if client, err = dialAgentWith(startCtx, id, rwc, h); err == nil {
+		client, err = dialAgentWith(startCtx, id, rwc, h)
+		if err = m.helloFailed(id, err); err == nil {
 			steps.done("agent_ms")
 			if own {
 				client.knowContexts(m.contextsAtPause(id))
