@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"sync"
 	"time"
@@ -125,11 +126,25 @@ func (m *Manager) observe(op string, start time.Time, err *error) {
 		return
 	}
 	if *err != nil {
-		m.metrics.ops.Inc(op, pandastack.ErrorCode(*err))
+		m.metrics.ops.Inc(op, pandastack.ErrorCode(m.classify(*err)))
 		return
 	}
 	m.metrics.ops.Inc(op, "ok")
 	m.metrics.seconds.Observe(time.Since(start).Seconds(), op)
+}
+
+// classify gives a failure without a code the one the store finds for it
+// (pandastack.StoreErrors), as the API does before it answers: the
+// outcome is the code the caller got.
+func (m *Manager) classify(err error) error {
+	var e *pandastack.Error
+	if errors.As(err, &e) {
+		return err
+	}
+	if se, ok := m.store.(pandastack.StoreErrors); ok {
+		return se.ClassifyError(err)
+	}
+	return err
 }
 
 // countCreate counts a create's sandbox by how it came to be.

@@ -2,11 +2,14 @@ package sandbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/metrics"
 )
 
 // The manager counts its operations by outcome, its creates by source and
@@ -99,4 +102,32 @@ func scrape(t *testing.T, h *harness) string {
 		t.Fatal(err)
 	}
 	return b.String()
+}
+
+// classifyingStore classifies errInjected as a full disk, as a store that
+// knows its database's failures does.
+type classifyingStore struct{ pandastack.Store }
+
+func (classifyingStore) ClassifyError(err error) error {
+	if errors.Is(err, errInjected) {
+		return pandastack.Errorf(pandastack.EStorage, "the database's disk is full")
+	}
+	return err
+}
+
+// An operation's outcome is the code the caller got: a store failure the
+// API answers as insufficient_storage counts so, not as internal.
+func TestMetricsOutcomeIsTheCallersCode(t *testing.T) {
+	reg := metrics.New()
+	m := &Manager{store: classifyingStore{}}
+	m.useMetrics(reg)
+	for _, err := range []error{fmt.Errorf("record: %w", errInjected), pandastack.Errorf(pandastack.EConflict, "busy")} {
+		m.observe(opCreate, time.Now(), &err)
+	}
+	if got := m.metrics.ops.Value(opCreate, pandastack.EStorage); got != 1 {
+		t.Errorf("a store failure counted as %s: %v", pandastack.EStorage, got)
+	}
+	if got := m.metrics.ops.Value(opCreate, pandastack.EConflict); got != 1 {
+		t.Errorf("a coded failure: %v", got)
+	}
 }
