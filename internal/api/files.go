@@ -369,9 +369,13 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, project stri
 	}()
 	nd := newNDJSON(w)
 	var mu sync.Mutex // the agent's events and the keepalives
+	ended := false    // the handler returns: nothing may write any more
 	send := func(v any) error {
 		mu.Lock()
 		defer mu.Unlock()
+		if ended {
+			return context.Canceled
+		}
 		return nd.send(v)
 	}
 	keepalive := func() {
@@ -401,6 +405,7 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, project stri
 	cancel()
 	mu.Lock()
 	defer mu.Unlock()
+	defer func() { ended = true }() // under mu, as the handler returns
 	if shutdown.Load() && nd.started {
 		nd.send(pandastack.FileEvent{Type: pandastack.FileEventError, Error: &pandastack.StreamError{Code: pandastack.EUnavailable, Message: "the server is shutting down"}})
 		return
