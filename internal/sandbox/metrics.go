@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"errors"
-	"maps"
 	"sync"
 	"time"
 
@@ -101,22 +100,6 @@ func (m *Manager) useMetrics(r *metrics.Registry) {
 	r.NewGauge("pandastack_creates_waiting", "Creates waiting in line for a free restore slot (--max-restores).", nil, func(emit func(float64, ...string)) {
 		emit(float64(m.admit.waiting()))
 	})
-}
-
-// poolCounts is Pools without the runtime's look at each sandbox (which
-// reads the host's process table): what a scrape may afford.
-func (m *Manager) poolCounts() map[string]PoolStats {
-	m.mu.Lock()
-	pools := maps.Clone(m.pools)
-	m.mu.Unlock()
-	out := map[string]PoolStats{}
-	for name, pl := range pools {
-		pl.mu.Lock()
-		ready := len(pl.ids)
-		pl.mu.Unlock()
-		out[name] = PoolStats{Ready: ready, Size: pl.size.target(m.now())}
-	}
-	return out
 }
 
 // observe counts an operation that started at start and ended with *err.

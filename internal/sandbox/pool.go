@@ -357,24 +357,50 @@ func (m *Manager) drainPools() {
 	wg.Wait()
 }
 
-// Pools reports every pool's state, with the host memory it holds.
-func (m *Manager) Pools(ctx context.Context) map[string]PoolStats {
+// poolMembers is one pool as it stands: its sandboxes and how many it
+// keeps ready now.
+type poolMembers struct {
+	ids  []string
+	size int
+}
+
+// poolsNow returns every pool's members, by template.
+func (m *Manager) poolsNow() map[string]poolMembers {
 	m.mu.Lock()
 	pools := maps.Clone(m.pools)
 	m.mu.Unlock()
-	out := map[string]PoolStats{}
+	out := map[string]poolMembers{}
 	for name, pl := range pools {
-		st := PoolStats{Size: pl.size.target(m.now())}
 		pl.mu.Lock()
 		ids := slices.Collect(maps.Keys(pl.ids))
 		pl.mu.Unlock()
-		for _, id := range ids {
+		out[name] = poolMembers{ids: ids, size: pl.size.target(m.now())}
+	}
+	return out
+}
+
+// Pools reports every pool's state, with the host memory it holds.
+func (m *Manager) Pools(ctx context.Context) map[string]PoolStats {
+	out := map[string]PoolStats{}
+	for name, p := range m.poolsNow() {
+		st := PoolStats{Size: p.size}
+		for _, id := range p.ids {
 			if rs, err := m.rt.Stats(ctx, id); err == nil {
 				st.Ready++
 				st.PSSBytes += rs.PSSBytes
 			}
 		}
 		out[name] = st
+	}
+	return out
+}
+
+// poolCounts is Pools without the runtime's look at each sandbox (which
+// reads the host's process table): what a scrape may afford.
+func (m *Manager) poolCounts() map[string]PoolStats {
+	out := map[string]PoolStats{}
+	for name, p := range m.poolsNow() {
+		out[name] = PoolStats{Ready: len(p.ids), Size: p.size}
 	}
 	return out
 }
