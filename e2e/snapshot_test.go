@@ -383,6 +383,21 @@ func TestSnapshotDuringWorkIsConflict(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	// A snapshot asked for as soon as an exec's answer is in is taken:
+	// the caller reads the exit a moment before the server counts the
+	// exec done, and the checkpoint waits that moment out.
+	for i := 0; i < 10; i++ {
+		if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo hi"}); err != nil || res.Stdout != "hi\n" {
+			t.Fatalf("exec %d: %+v %v", i, res, err)
+		}
+		snap, err := c.CreateSnapshot(ctx, sb.ID, nil)
+		if err != nil {
+			t.Fatalf("snapshot %d right after an exec's answer: %v", i, err)
+		}
+		if err := c.DeleteSnapshot(ctx, snap.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // TestPausedForksAfterServerRestart: a sandbox paused as asked forks and

@@ -238,17 +238,8 @@ func TestForkShutsTheParentsReadySpare(t *testing.T) {
 		t.Fatalf("the parent's first cell: %+v %v", ex, err)
 	}
 	waitReadySpare(t, c, sb.ID)
-	// The last look's exec may not have ended on the server's side yet (its
-	// answer goes out before its handler returns): a fork then answers
-	// conflict, as documented; try again a moment later.
-	var kids []client.Sandbox
-	var err error
-	for try := 0; try < 20; try++ {
-		if kids, err = c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1, TTLSeconds: 900}); !client.IsCode(err, "conflict") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	// Right after the last look's exec: the fork waits for its end.
+	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1, TTLSeconds: 900})
 	if err != nil {
 		t.Fatalf("fork: %v\n%s", err, tail(s.out.String(), 60))
 	}

@@ -106,10 +106,16 @@ type table struct {
 	// for one still open, closeGrace, since its client's close may be on
 	// its way (the WebSocket answers a close before the session sees it).
 	endingGrace, closeGrace time.Duration
+	// How long it waits for other work: answerGrace, since a streamed
+	// answer (an exec's exit, an upload's result) can reach its caller a
+	// moment before the handler returns and the work is counted done, and
+	// the caller's next request (a fork right after an exec) must not be
+	// refused for it.
+	answerGrace time.Duration
 }
 
 func newTable() *table {
-	return &table{entries: map[string]*entry{}, now: time.Now, endingGrace: 3 * time.Second, closeGrace: 250 * time.Millisecond}
+	return &table{entries: map[string]*entry{}, now: time.Now, endingGrace: 3 * time.Second, closeGrace: 250 * time.Millisecond, answerGrace: 250 * time.Millisecond}
 }
 
 var errClosing = pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
@@ -142,31 +148,13 @@ func (t *table) begin(id string, p phase) error {
 
 // quiesce moves a running sandbox with nothing in flight to p
 // (checkpointing, pausing or suspending); what says what the caller wanted,
-// for the error when work is in flight. Checkpoints never wait for work;
-// only, briefly, for terminal sessions being closed (see closeGrace).
+// for the error when work is in flight. Checkpoints never wait for work
+// under way; only, briefly, for work ending (see answerGrace) and for
+// terminal sessions being closed (see closeGrace).
 func (t *table) quiesce(id string, p phase, what string) error {
-	start := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	e := t.entries[id]
-	for e != nil && e.inflight > 0 && e.inflight == e.terminals {
-		wait := t.endingGrace
-		if e.ending < e.terminals {
-			wait = t.closeGrace
-		}
-		wait -= time.Since(start)
-		if wait <= 0 {
-			break
-		}
-		changed := e.workChanged
-		t.mu.Unlock()
-		select {
-		case <-changed:
-		case <-time.After(wait):
-		}
-		t.mu.Lock()
-		e = t.entries[id]
-	}
+	e := t.waitWork(id, true)
 	if e != nil && e.inflight > 0 {
 		return inFlightError(id, e.inflight, what)
 	}
@@ -182,19 +170,49 @@ func (t *table) quiesce(id string, p phase, what string) error {
 	return nil
 }
 
+// waitWork waits, t.mu held (it lets go while it waits), until no work is
+// in flight in id (terminal sessions aside unless terminalsToo), or the
+// graces have passed; it returns id's entry then.
+func (t *table) waitWork(id string, terminalsToo bool) *entry {
+	start := time.Now()
+	e := t.entries[id]
+	for e != nil && e.inflight > 0 && (terminalsToo || e.inflight > e.terminals) {
+		wait := t.answerGrace
+		if e.inflight == e.terminals {
+			wait = t.endingGrace
+			if e.ending < e.terminals {
+				wait = t.closeGrace
+			}
+		}
+		wait -= time.Since(start)
+		if wait <= 0 {
+			break
+		}
+		changed := e.workChanged
+		t.mu.Unlock()
+		select {
+		case <-changed:
+		case <-time.After(wait):
+		}
+		t.mu.Lock()
+		e = t.entries[id]
+	}
+	return e
+}
+
 // inFlightError is quiesce's refusal for n pieces of work in flight.
 func inFlightError(id string, n int, what string) error {
 	return pandastack.Errorf(pandastack.EConflict, "sandbox %s has %d command(s), cell(s), upload(s) or terminal(s) running; %s once they finish (snapshots never wait for work)", id, n, what)
 }
 
-// refusesQuiesce is the refusal quiesce would give now for work in flight
+// refusesQuiesce is the refusal quiesce would give for work in flight
 // other than terminals (for which it waits a while), or nil: for a caller
-// with something to undo after a refusal to ask first. The work may start
-// or end just after.
+// with something to undo after a refusal to ask first. Like quiesce it
+// waits answerGrace for work ending. The work may start or end just after.
 func (t *table) refusesQuiesce(id, what string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e := t.entries[id]; e != nil && e.inflight > e.terminals {
+	if e := t.waitWork(id, false); e != nil && e.inflight > e.terminals {
 		return inFlightError(id, e.inflight, what)
 	}
 	return nil

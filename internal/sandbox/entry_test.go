@@ -74,12 +74,12 @@ func TestTableInflight(t *testing.T) {
 	}
 }
 
-// A checkpoint waits for terminal sessions being closed, and only for
-// those: other work in flight is refused at once, an open terminal after
-// closeGrace, a teardown that outlasts endingGrace after that.
+// A checkpoint waits a while for work to end: other work in flight is
+// refused after answerGrace, an open terminal after closeGrace, a
+// teardown that outlasts endingGrace after that.
 func TestTableTerminalTeardown(t *testing.T) {
 	tb := newTable()
-	tb.endingGrace, tb.closeGrace = time.Second, 300*time.Millisecond
+	tb.endingGrace, tb.closeGrace, tb.answerGrace = time.Second, 300*time.Millisecond, 200*time.Millisecond
 	tb.begin("s", phaseCreating)
 	tb.run("s", nil, 0)
 	e := tb.entries["s"]
@@ -108,9 +108,19 @@ func TestTableTerminalTeardown(t *testing.T) {
 
 	term, exec := take(true), take(false)
 	term.ending()
-	quiesce("a terminal tearing down and an exec", true, 0, tb.closeGrace)
+	quiesce("a terminal tearing down and an exec", true, tb.answerGrace, tb.closeGrace)
 	exec.done()
 	exec.done() // idempotent
+	exec = take(false)
+	go func() { time.Sleep(50 * time.Millisecond); exec.done() }()
+	if err := tb.refusesQuiesce("s", "fork it"); err != nil {
+		t.Fatalf("an exec that ends meanwhile: %v", err)
+	}
+	exec = take(false)
+	if err := tb.refusesQuiesce("s", "fork it"); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("an exec that runs on: %v", err)
+	}
+	go func() { time.Sleep(50 * time.Millisecond); exec.done() }()
 	go func() { time.Sleep(50 * time.Millisecond); term.done() }()
 	quiesce("a terminal tearing down", false, 0, tb.endingGrace)
 
