@@ -26,7 +26,14 @@ type watcher struct {
 	f         *os.File // the inotify descriptor, non-blocking, on Go's poller
 	dirs      map[int32]string
 	wds       map[string]int32
+	// The creates reported lately, by path, with their inode: a file made
+	// in a new directory between its watch's start and the walk of it
+	// shows in both, and is reported once (see reportCreate).
+	created map[string]uint64
 }
+
+// maxCreated bounds watcher.created; past it the record starts again.
+const maxCreated = 4096
 
 const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOVED_FROM | unix.IN_MOVED_TO |
 	unix.IN_ATTRIB | unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ONLYDIR | unix.IN_EXCL_UNLINK
@@ -41,7 +48,7 @@ func newWatcher(t fileTarget, recursive bool) (*watcher, error) {
 		}
 		return nil, fmt.Errorf("inotify_init1: %w", err)
 	}
-	w := &watcher{t: t, recursive: recursive, f: os.NewFile(uintptr(fd), "inotify"), dirs: map[int32]string{}, wds: map[string]int32{}}
+	w := &watcher{t: t, recursive: recursive, f: os.NewFile(uintptr(fd), "inotify"), dirs: map[int32]string{}, wds: map[string]int32{}, created: map[string]uint64{}}
 	if err := w.addTree(t.path, nil); err != nil {
 		w.close()
 		return nil, err
@@ -79,7 +86,7 @@ func (w *watcher) addTree(dir string, found *[]agentproto.FileEvent) error {
 		case d.IsDir() && slices.ContainsFunc(agentproto.PseudoFS, func(pseudo string) bool { return p == pseudo }):
 			return fs.SkipDir
 		}
-		if found != nil {
+		if found != nil && w.reportCreate(p) {
 			reported++
 			switch {
 			case reported <= maxFound:
@@ -100,6 +107,26 @@ func (w *watcher) addTree(dir string, found *[]agentproto.FileEvent) error {
 		}
 		return nil
 	})
+}
+
+// reportCreate says whether a create of p is news: not when the same file
+// (its inode) was reported created at p already, by its event or by a
+// walk, and nothing removed or renamed it since. One that is gone is
+// reported (its removal follows).
+func (w *watcher) reportCreate(p string) bool {
+	var st unix.Stat_t
+	if unix.Lstat(p, &st) != nil {
+		delete(w.created, p)
+		return true
+	}
+	if ino, ok := w.created[p]; ok && ino == st.Ino {
+		return false
+	}
+	if len(w.created) >= maxCreated {
+		clear(w.created)
+	}
+	w.created[p] = st.Ino
+	return true
 }
 
 // add watches one directory.
@@ -213,16 +240,19 @@ func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool, err e
 			}
 			evs = append(evs, agentproto.FileEvent{Type: typ, Path: p, IsDir: true})
 			return evs, true, nil
-		case mask&unix.IN_CREATE != 0:
-			typ = pandastack.FileEventCreate
-		case mask&unix.IN_MOVED_TO != 0:
+		case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
+			if !w.reportCreate(p) {
+				continue // a walk of its new directory reported it
+			}
 			typ = pandastack.FileEventCreate
 		case mask&unix.IN_MODIFY != 0:
 			typ = pandastack.FileEventWrite
 		case mask&unix.IN_DELETE != 0:
 			typ = pandastack.FileEventRemove
+			delete(w.created, p)
 		case mask&unix.IN_MOVED_FROM != 0:
 			typ = pandastack.FileEventRename
+			delete(w.created, p)
 			if isDir {
 				w.forget(p)
 			}
