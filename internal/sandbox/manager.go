@@ -403,7 +403,9 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	if req.SnapshotID != "" {
 		op = opRestore
 	}
-	defer m.observe(op, time.Now(), &err)
+	if projectID != warmProject { // the server's own
+		defer m.observe(op, time.Now(), &err)
+	}
 	ttl, err := m.ttl(req.TTLSeconds)
 	if err != nil {
 		return pandastack.Sandbox{}, err
@@ -604,7 +606,11 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			// Rollback runs outside the request's context: a client that
 			// hung up must not leave a half-made sandbox behind.
 			m.rt.Stop(context.Background(), sb.ID)
-			m.recordStop(context.Background(), sb.ID, pandastack.StopFailed)
+			if sb.ProjectID == warmProject { // the server's own: not a user's stop
+				m.store.SetSandboxState(context.Background(), sb.ID, pandastack.StateStopped, pandastack.StopFailed, m.now())
+			} else {
+				m.recordStop(context.Background(), sb.ID, pandastack.StopFailed)
+			}
 			m.sbx.end(sb.ID)
 		}
 	}()

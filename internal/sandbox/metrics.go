@@ -52,13 +52,13 @@ var sandboxCountEvery = 250 * time.Millisecond
 func (m *Manager) useMetrics(r *metrics.Registry) {
 	m.metrics = managerMetrics{
 		ops: r.NewCounter("pandastack_sandbox_operations_total",
-			"Sandbox operations this node ran, by operation and outcome (ok, or the error code the caller got).", "operation", "outcome"),
+			"Sandbox operations this node ran for users (its own warm-ups aside), by operation and outcome (ok, or the error code the caller got).", "operation", "outcome"),
 		seconds: r.NewHistogram("pandastack_sandbox_operation_duration_seconds",
 			"How long the successful sandbox operations took on this node, from the request to the answer.", metrics.DurationBuckets, "operation"),
 		creates: r.NewCounter("pandastack_sandbox_creates_total",
 			"Sandboxes this node created (from templates and snapshots, forks' children excluded), by how: pool, prepared, restore or boot.", "source"),
 		stops: r.NewCounter("pandastack_sandbox_stops_total",
-			"Sandboxes this node stopped, by reason (the stop_reason users see).", "reason"),
+			"Users' sandboxes this node stopped, by reason (the stop_reason users see).", "reason"),
 	}
 	var counted struct {
 		sync.Mutex

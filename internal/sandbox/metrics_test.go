@@ -55,6 +55,10 @@ func TestMetrics(t *testing.T) {
 		t.Fatal("create succeeded")
 	}
 	failedCode := pandastack.ErrorCode(err)
+	// The server's own warm-up sandboxes are no user's: not counted.
+	if _, err := h.m.Create(ctx, warmProject, CreateRequest{Template: "base"}); err == nil {
+		t.Fatal("the warm-up's create succeeded")
+	}
 	h.rt.startErr = nil
 
 	mm := h.m.metrics
