@@ -471,3 +471,26 @@ func TestShellForkBomb(t *testing.T) {
 		t.Fatalf("ending the bomb: %+v %v", res, err)
 	}
 }
+
+// TestKernelsWithTheSandboxsPATH: a sandbox whose env sets a PATH without
+// the system's directories still starts kernels (a context that takes
+// the warm spare and one with a cwd of its own, whose kernel starts on
+// demand: that one failed with command_not_found), and its cells see the
+// PATH given.
+func TestKernelsWithTheSandboxsPATH(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	waitWarmTemplate(t, s, "code-interpreter")
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 300, Env: map[string]string{"PATH": "/nowhere"}})
+	for _, cwd := range []string{"", "/tmp"} {
+		cc, err := c.CreateContext(ctx, sb.ID, "python", cwd)
+		if err != nil {
+			t.Fatalf("a context with cwd %q: %v", cwd, err)
+		}
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{ContextID: cc.ID, Code: "import os\nos.environ['PATH']"})
+		if err != nil || ex.Error != nil || ex.Text != "'/nowhere'" {
+			t.Fatalf("a cell in the context with cwd %q: %+v %v", cwd, ex, err)
+		}
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -172,7 +171,9 @@ func kernelArgv(language string) ([]string, error) {
 				Argv []string `json:"argv"`
 			}
 			if json.Unmarshal(b, &spec) == nil && len(spec.Argv) > 0 {
-				return withPython(spec.Argv, exec.LookPath), nil
+				return withPython(spec.Argv, func(name string) (string, error) {
+					return kernelLookPath(name, os.Getenv("PATH"), "/")
+				}), nil
 			}
 		}
 	}
@@ -204,6 +205,19 @@ func withPython(argv []string, lookPath func(string) (string, error)) []string {
 	return append([]string{"python3"}, argv[1:]...)
 }
 
+// kernelLookPath finds a kernel's program on the sandbox's PATH, then on
+// the default one: a PATH given to the sandbox for its commands (without
+// /usr/bin, say) must not cost it its kernels.
+func kernelLookPath(name, pathVar, cwd string) (string, error) {
+	p, err := lookPath(name, pathVar, cwd)
+	if err != nil && !strings.Contains(name, "/") && pathVar != defaultPath {
+		if p, derr := lookPath(name, defaultPath, cwd); derr == nil {
+			return p, nil
+		}
+	}
+	return p, err
+}
+
 func hasIPyKernel() bool {
 	m, _ := filepath.Glob("/usr/*/lib/python3*/*-packages/ipykernel")
 	m2, _ := filepath.Glob("/usr/lib/python3/dist-packages/ipykernel")
@@ -224,7 +238,7 @@ func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) 
 	path := argv[0]
 	if !strings.Contains(path, "/") {
 		_, pathVar := buildEnv(s.home, agentproto.UserName, nil)
-		p, err := lookPath(path, pathVar, cwd)
+		p, err := kernelLookPath(path, pathVar, cwd)
 		if err != nil {
 			return nil, err
 		}

@@ -148,3 +148,21 @@ func TestWithPython(t *testing.T) {
 		}
 	}
 }
+
+// A kernel's program is looked for on the sandbox's PATH, then on the
+// default one.
+func TestKernelLookPath(t *testing.T) {
+	own := t.TempDir()
+	if err := os.WriteFile(filepath.Join(own, "sh"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := kernelLookPath("sh", own, "/"); err != nil || p != filepath.Join(own, "sh") {
+		t.Errorf("on the sandbox's PATH: %q %v", p, err)
+	}
+	if p, err := kernelLookPath("true", own, "/"); err != nil || !strings.HasSuffix(p, "/true") {
+		t.Errorf("on the default PATH only: %q %v", p, err)
+	}
+	if _, err := kernelLookPath("no-such-kernel-program", own, "/"); err == nil || !strings.Contains(err.Error(), own) {
+		t.Errorf("nowhere: %v, want the sandbox's PATH named", err)
+	}
+}
