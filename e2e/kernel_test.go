@@ -473,24 +473,39 @@ func TestShellForkBomb(t *testing.T) {
 }
 
 // TestKernelsWithTheSandboxsPATH: a sandbox whose env sets a PATH without
-// the system's directories still starts kernels (a context that takes
-// the warm spare and one with a cwd of its own, whose kernel starts on
-// demand: that one failed with command_not_found), and its cells see the
-// PATH given.
+// the system's directories still starts kernels of every language (R's
+// failed with command_not_found, bash's with a 500), the python ones
+// whether from the warm spare or started on demand (a cwd of its own),
+// and their cells see the PATH given.
 func TestKernelsWithTheSandboxsPATH(t *testing.T) {
 	s := sharedServer(t)
 	c := s.client()
 	ctx := context.Background()
 	waitWarmTemplate(t, s, "code-interpreter")
 	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 300, Env: map[string]string{"PATH": "/nowhere"}})
-	for _, cwd := range []string{"", "/tmp"} {
-		cc, err := c.CreateContext(ctx, sb.ID, "python", cwd)
+	for _, k := range []struct{ lang, cwd, code, want string }{
+		{"python", "", "import os\nos.environ['PATH']", "'/nowhere'"},
+		{"python", "/tmp", "import os\nos.environ['PATH']", "'/nowhere'"},
+		{"bash", "", "echo $PATH", ""},
+		{"r", "", "Sys.getenv('PATH')", `[1] "/nowhere"`},
+		{"javascript", "", "Deno.env.get('PATH')", `"/nowhere"`},
+		{"java", "", `System.getenv("PATH")`, "/nowhere"},
+	} {
+		cc, err := c.CreateContext(ctx, sb.ID, k.lang, k.cwd)
 		if err != nil {
-			t.Fatalf("a context with cwd %q: %v", cwd, err)
+			t.Errorf("a %s context with cwd %q: %v", k.lang, k.cwd, err)
+			continue
 		}
-		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{ContextID: cc.ID, Code: "import os\nos.environ['PATH']"})
-		if err != nil || ex.Error != nil || ex.Text != "'/nowhere'" {
-			t.Fatalf("a cell in the context with cwd %q: %+v %v", cwd, ex, err)
+		ex, err := c.RunCode(ctx, sb.ID, client.RunRequest{ContextID: cc.ID, Code: k.code})
+		got := ex.Text
+		if k.lang == "bash" {
+			got = ex.Stdout
+		}
+		if k.want == "" {
+			k.want = "/nowhere\n"
+		}
+		if err != nil || ex.Error != nil || got != k.want {
+			t.Errorf("a %s cell in the context with cwd %q: %+v %v, want %q", k.lang, k.cwd, ex, err, k.want)
 		}
 	}
 }

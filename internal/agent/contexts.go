@@ -553,6 +553,17 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 		opts.WrapCode = jupyter.BashWrapCode
 		opts.ShellExited = jupyter.BashShellExited
 		opts.ShellSame = jupyter.BashShellSame
+		if i := slices.IndexFunc(env, func(kv string) bool { return strings.HasPrefix(kv, "PATH=") }); i >= 0 {
+			// The kernel starts its shell by PATH: without a bash on the
+			// sandbox's, it gets the default directories after those, and
+			// its shell the sandbox's PATH back.
+			path := strings.TrimPrefix(env[i], "PATH=")
+			if _, err := lookPath("bash", path, "/"); err != nil {
+				opts.Env = slices.Clone(env)
+				opts.Env[i] = "PATH=" + path + ":" + defaultPath
+				opts.SetupCode = jupyter.BashPathCode(path)
+			}
+		}
 	case "r":
 		opts.SetupCode = jupyter.RSetupCode
 		opts.ValueDisplays = true

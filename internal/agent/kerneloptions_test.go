@@ -166,3 +166,18 @@ func TestKernelLookPath(t *testing.T) {
 		t.Errorf("nowhere: %v, want the sandbox's PATH named", err)
 	}
 }
+
+// A bash kernel whose PATH has no bash finds one on the default PATH, and
+// its shell gets the sandbox's PATH back.
+func TestKernelOptionsBashPath(t *testing.T) {
+	s := NewServer(Config{Home: t.TempDir()}, 1)
+	argv := []string{"python3", "-m", "bash_kernel"}
+	o := s.kernelOptions("bash", argv, "c1", s.home, map[string]string{"PATH": "/nowhere"})
+	if !slices.Contains(o.Env, "PATH=/nowhere:"+defaultPath) || o.SetupCode != "export PATH='/nowhere'\n" {
+		t.Errorf("PATH=/nowhere: env %q, setup %q", o.Env, o.SetupCode)
+	}
+	o = s.kernelOptions("bash", argv, "c2", s.home, map[string]string{"PATH": "/usr/bin:/bin"})
+	if !slices.Contains(o.Env, "PATH=/usr/bin:/bin") || o.SetupCode != "" {
+		t.Errorf("a PATH with bash: env %q, setup %q", o.Env, o.SetupCode)
+	}
+}

@@ -327,6 +327,12 @@ func BashEnvCode(env map[string]string) (set, restore string) {
 	return s.String(), r.String()
 }
 
+// BashPathCode is an Options.SetupCode for the bash kernel: it sets its
+// shell's PATH to path (the kernel process had more, to find its bash).
+func BashPathCode(path string) string {
+	return "export PATH=" + shellQuote(path) + "\n"
+}
+
 // shellQuote quotes s for bash as one word.
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
