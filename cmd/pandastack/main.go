@@ -53,7 +53,7 @@ Usage:
   pandastack sandbox exec ID -- CMD...     run a command in a sandbox
   pandastack sandbox kill-processes ID     end every process in a sandbox but its kernels
   pandastack sandbox pause|resume ID       suspend a sandbox to disk, or bring it back
-  pandastack sandbox kill ID               kill a sandbox
+  pandastack sandbox kill ID...            kill sandboxes
   pandastack mcp [flags]                   serve MCP tools on stdio (run code, exec, files, snapshots)
   pandastack nodes ls                      list the nodes sharing the store (--store postgres://…)
   pandastack nodes forget ID               forget a lost node retired for good (its paused sandboxes stop)
