@@ -132,6 +132,41 @@ var PythonSetupCode = `def _pandastack_setup():
                 return orig_flush(self)
         iostream.OutStream._flush = do_flush
         iostream.OutStream.flush = flush
+    # A message with a lone surrogate (half of an emoji cut in two, as in
+    # JSON data) failed to encode, and the whole of it was lost: a cell's
+    # buffered stdout (with a traceback of tornado's on stderr instead), or
+    # its exception (a UnicodeEncodeError in its place). Such a message is
+    # sent with each lone surrogate as U+FFFD, pairs joined.
+    session = getattr(kernel, 'session', None)
+    orig_pack = getattr(session, 'pack', None)
+    if callable(orig_pack):
+        def clean(o):
+            if isinstance(o, str):
+                return o.encode('utf-16-le', 'surrogatepass').decode('utf-16-le', 'replace')
+            if isinstance(o, dict):
+                return {clean(k): clean(v) for k, v in o.items()}
+            if isinstance(o, (list, tuple)):
+                return [clean(v) for v in o]
+            return o
+        def pack(obj):
+            try:
+                return orig_pack(obj)
+            except UnicodeEncodeError:
+                return orig_pack(clean(obj))
+        session.pack = pack
+    # !cmd, %pip and x = !cmd run the command on a terminal nobody types
+    # into (pexpect's): one that reads its input (!cat, the prompt of pip
+    # uninstall) waited for the cell's timeout. They read /dev/null
+    # instead, as the kernel's own subprocesses do: end of file at once.
+    import IPython.core.interactiveshell as ishell
+    zmqshell = sys.modules.get('ipykernel.zmqshell')
+    def no_input(run):
+        def run_without_input(cmd, *args, **kwargs):
+            return run('exec </dev/null; ' + cmd, *args, **kwargs)
+        return run_without_input
+    for mod, name in ((zmqshell, 'system'), (ishell, 'system'), (ishell, 'getoutput')):
+        if callable(getattr(mod, name, None)):
+            setattr(mod, name, no_input(getattr(mod, name)))
     # The input history goes to its SQLite file every 20 cells rather
     # than after each (some 60 calls of its thread per cell); %history
     # writes it out first whenever it reads the file. A kernel killed

@@ -317,3 +317,35 @@ func TestExitEndsTheCellOnly(t *testing.T) {
 		mustText(t, k, "kept", "7")
 	}
 }
+
+// TestShellCommandsReadNoInput: !cmd and x = !cmd read end of file at
+// once; on pexpect's terminal a command that read its input waited for
+// the cell's timeout.
+func TestShellCommandsReadNoInput(t *testing.T) {
+	k := startKernel(t, guarded)
+	for _, c := range []struct{ code, stdout, text string }{
+		{"!cat; read x; echo done $?", "done 1\n", ""},
+		{"lines = !cat; echo end\nlines", "", "['end']"},
+		{"%system read x; echo got:$x", "", "['got:']"},
+	} {
+		e, _ := runCode(t, k, c.code, ExecOptions{Timeout: 20 * time.Second})
+		if e.Error != nil || strings.ReplaceAll(e.Stdout, "\r\n", "\n") != c.stdout || e.Text != c.text {
+			t.Errorf("%q: stdout %q, text %q, error %+v; want stdout %q, text %q", c.code, e.Stdout, e.Text, e.Error, c.stdout, c.text)
+		}
+	}
+}
+
+// TestLoneSurrogates: what a cell prints or raises with half of an emoji
+// in it comes out with U+FFFD in its place (a pair joined), not lost.
+func TestLoneSurrogates(t *testing.T) {
+	k := startKernel(t, guarded)
+	e, _ := runCode(t, k, "print('before')\nprint('cut \\ud83d here')\nprint('pair \\ud83d\\ude00')\nprint('after')", ExecOptions{})
+	if e.Error != nil || e.Stdout != "before\ncut \ufffd here\npair \U0001F600\nafter\n" || e.Stderr != "" {
+		t.Errorf("prints: stdout %q, stderr %q, error %+v", e.Stdout, e.Stderr, e.Error)
+	}
+	e, _ = runCode(t, k, "raise ValueError('bad \\ud800')", ExecOptions{})
+	if e.Error == nil || e.Error.Name != "ValueError" || e.Error.Value != "bad \ufffd" {
+		t.Errorf("raise: error %+v", e.Error)
+	}
+	mustText(t, k, "'\\udcff' + 'x'", "'\\udcffx'")
+}
