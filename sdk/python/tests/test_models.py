@@ -173,3 +173,32 @@ def test_format_execution_bounds_errors_and_results():
     res = Execution.from_dict({"results": [{"is_main_result": True, "text": huge}], "text": huge})
     text = format_execution(res)
     assert len(text.encode()) < OUTPUT_HEAD + OUTPUT_TAIL + 300 and text.startswith("[result] éé")
+
+
+def test_format_execution_shows_displays_and_what_a_terminal_leaves():
+    from pandastack.integrations._kernel import CHART_MARKER, format_execution
+
+    ex = Execution.from_dict({
+        "stdout": "\x1b[32mloading\x1b[0m\n 0%|   | 0/3\r 33%|#  | 1/3\r100%|###| 3/3\n\rstep 1\rstep 2\rdone\n",
+        "results": [
+            {"text": "   a\n0  1", "html": "<table/>"},  # display(df)
+            {"text": "<IPython.core.display.Markdown object>", "markdown": "**42**"},
+            {"text": "<IPython.core.display.JSON object>", "json": {"k": "v"}},
+            {"text": "<Figure size 640x480 with 1 Axes>", "png": "iVBO"},
+            {"is_main_result": True, "text": "<IPython.core.display.Latex object>", "latex": "$x^2$"},
+        ],
+    })
+    assert format_execution(ex) == (
+        "loading\n100%|###| 3/3\ndone\n\n[display]    a\n0  1\n\n[display] **42**\n\n"
+        '[display] {"k": "v"}\n\n[result] $x^2$\n\n' + CHART_MARKER
+    )
+    # On an error, what was displayed before it is kept.
+    failed = Execution.from_dict({
+        "stdout": "x\n",
+        "results": [{"text": "   a\n0  1"}],
+        "error": {"name": "ZeroDivisionError", "value": "division by zero", "traceback": "ZeroDivisionError: division by zero"},
+    })
+    assert format_execution(failed) == "ERROR:\nZeroDivisionError: division by zero\n\nstdout:\nx\n\n[display]    a\n0  1"
+    # A repr with nothing better stays; a figure's repr alone gives the chart marker only.
+    assert format_execution(Execution.from_dict({"results": [{"is_main_result": True, "text": "<Thing id=3>"}]})) == "[result] <Thing id=3>"
+    assert format_execution(Execution.from_dict({"results": [{"is_main_result": True, "text": "<Figure size 640x480 with 1 Axes>", "png": "iVBO"}]})) == CHART_MARKER

@@ -5,12 +5,14 @@ framework (the framework modules import this one, never the reverse)."""
 from __future__ import annotations
 
 import base64
+import json
+import re
 import threading
 from typing import List, Mapping, Optional
 
 from ..client import Client
 from ..exceptions import NotFoundError, SandboxStoppedError, SandboxUnavailableError
-from ..models import Execution
+from ..models import Execution, Result
 from ..sandbox import CodeContext, Sandbox
 
 __all__ = [
@@ -69,33 +71,87 @@ def format_execution(ex: Execution) -> str:
     """The recipe's contract: what the model reads after running code.
 
     An exception gives ``ERROR:``, the traceback (which names the exception),
-    what the cell printed before it, and ``[stderr]`` with what went to
-    stderr (often the reason, as a failed ``subprocess.run`` gives it).
-    Otherwise the parts present, in order and separated by blank lines:
-    stdout, ``[stderr]`` and what went to stderr, ``[result] <text of the
-    last expression>`` (unless the cell printed it last, as ``print(x); x``
-    does), and :data:`CHART_MARKER` when the cell produced a PNG; or ``(no
-    output)``. (The recipe's own version leaves the result out whenever its
-    text appears anywhere in stdout, so ``print(100); 1`` loses the ``1``;
-    this one does not.) A stdout, stderr, traceback or result longer than
-    :data:`OUTPUT_HEAD` plus :data:`OUTPUT_TAIL` bytes keeps its head and
-    tail with a note; the Execution keeps it all.
+    what the cell printed before it, what it showed with ``display()``, and
+    ``[stderr]`` with what went to stderr (often the reason, as a failed
+    ``subprocess.run`` gives it). Otherwise the parts present, in order and
+    separated by blank lines: stdout, ``[stderr]`` and what went to stderr,
+    ``[display]`` and the text of each thing shown with ``display()``,
+    ``[result] <text of the last expression>`` (unless the cell printed it
+    last, as ``print(x); x`` does), and :data:`CHART_MARKER` when the cell
+    produced a PNG; or ``(no output)``. The text of a result is its Markdown,
+    LaTeX or JSON when its plain text is only a repr (``<IPython.core.display.
+    Markdown object>``); a chart's repr is left out. (The recipe's own
+    version leaves the result out whenever its text appears anywhere in
+    stdout, so ``print(100); 1`` loses the ``1``; this one does not.)
+
+    stdout and stderr are given as a terminal would show them: a line
+    rewritten with ``\\r`` (a progress bar's frames) keeps its last state
+    only, and colour codes are dropped. A stdout, stderr, traceback or
+    result longer than :data:`OUTPUT_HEAD` plus :data:`OUTPUT_TAIL` bytes
+    keeps its head and tail with a note; the Execution keeps it all.
     """
+    stdout, stderr = _as_shown(ex.stdout or ""), _as_shown(ex.stderr or "")
+    shown = [f"[display] {_bounded(t)}" for t in (_result_text(r) for r in ex.results if not r.is_main_result) if t]
     if ex.error:
-        text = f"ERROR:\n{_bounded(str(ex.error))}\n\nstdout:\n{_bounded(ex.stdout or '')}".strip()
-        if ex.stderr:
-            text += f"\n\n[stderr]\n{_bounded(ex.stderr.rstrip())}"
+        text = f"ERROR:\n{_bounded(str(ex.error))}\n\nstdout:\n{_bounded(stdout)}".strip()
+        for part in shown:
+            text += f"\n\n{part}"
+        if stderr:
+            text += f"\n\n[stderr]\n{_bounded(stderr.rstrip())}"
         return text
     parts = []
-    if ex.stdout:
-        parts.append(_bounded(ex.stdout.rstrip()))
-    if ex.stderr:
-        parts.append(f"[stderr]\n{_bounded(ex.stderr.rstrip())}")
-    if ex.text and not _printed_last(ex.text, ex.stdout or ""):
-        parts.append(f"[result] {_bounded(ex.text)}")
+    if stdout:
+        parts.append(_bounded(stdout.rstrip()))
+    if stderr:
+        parts.append(f"[stderr]\n{_bounded(stderr.rstrip())}")
+    parts.extend(shown)
+    main = ex.main_result
+    value = _result_text(main) if main is not None else ex.text
+    if value and not _printed_last(value, stdout):
+        parts.append(f"[result] {_bounded(value)}")
     if ex.png:
         parts.append(CHART_MARKER)
     return "\n\n".join(parts) or "(no output)"
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+_REPR = re.compile(r"^<[\w.]+(?: object| at 0x[0-9a-f]+|[^<>]*)>$")
+
+
+def _as_shown(text: str) -> str:
+    """text as a terminal leaves it: colour and other escape codes dropped,
+    and each line rewritten with carriage returns (tqdm, pip) at its last
+    state."""
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if "\r" not in text:
+        return text
+    lines = []
+    for line in text.replace("\r\n", "\n").split("\n"):
+        frames = [f for f in line.split("\r") if f]
+        lines.append(frames[-1] if frames else "")
+    return "\n".join(lines)
+
+
+def _result_text(r: Optional[Result]) -> Optional[str]:
+    """What a model can read of a result: its plain text, unless that is
+    only a repr (``<IPython.core.display.Markdown object>``, ``<Figure size
+    640x480 with 1 Axes>``), then its Markdown, LaTeX or JSON; None for a
+    chart or an image alone."""
+    if r is None:
+        return None
+    text = r.text
+    if text and not _REPR.match(text.strip()):
+        return text
+    if r.markdown:
+        return r.markdown
+    if r.latex:
+        return r.latex
+    if r.json is not None:
+        return json.dumps(r.json, ensure_ascii=False)
+    if r.png or r.jpeg or r.svg:
+        return None
+    return text
 
 
 def _printed_last(text: str, stdout: str) -> bool:
