@@ -807,11 +807,34 @@ func (r *run) onReply(content json.RawMessage) {
 		// Put in the reply by PythonLauncher, after the cell's
 		// subprocess output is drained and whatever its status.
 		Dropped *struct{ Stdout, Stderr int } `json:"pandastack_dropped"`
+		// What IPython hands a frontend to show aside: a pager's text
+		// (obj?, obj??, %pinfo, %pdoc) and the next cell's input (%load).
+		Payload []struct {
+			Source string                     `json:"source"`
+			Data   map[string]json.RawMessage `json:"data"`
+			Text   string                     `json:"text"`
+		} `json:"payload"`
 	}
 	if json.Unmarshal(content, &c) != nil {
 		return
 	}
 	r.exec.ExecutionCount = c.ExecutionCount
+	// A client without a pager or an input to fill gets them as stdout.
+	for _, p := range c.Payload {
+		out := ""
+		switch p.Source {
+		case "page":
+			out = stripANSI(text(p.Data["text/plain"]))
+		case "set_next_input":
+			out = p.Text
+		}
+		if out != "" {
+			if !strings.HasSuffix(out, "\n") {
+				out += "\n"
+			}
+			r.onStream("stdout", out)
+		}
+	}
 	// Counted at the end: the cell's last output may come after this.
 	if c.Dropped != nil {
 		r.stdout.dropped, r.stderr.dropped = c.Dropped.Stdout, c.Dropped.Stderr

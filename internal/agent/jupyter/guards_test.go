@@ -349,3 +349,20 @@ func TestLoneSurrogates(t *testing.T) {
 	}
 	mustText(t, k, "'\\udcff' + 'x'", "'\\udcffx'")
 }
+
+// TestPagerAndLoadGoToStdout: what IPython hands a frontend aside (a
+// pager's text for obj?, the next input for %load) comes as stdout,
+// without colour codes; before, those cells answered nothing.
+func TestPagerAndLoadGoToStdout(t *testing.T) {
+	k := startKernel(t, guarded)
+	for _, c := range []struct{ code, want string }{
+		{"len?", "Return the number of items in a container."},
+		{"%pinfo len", "Return the number of items in a container."},
+		{"open('loaded.py', 'w').write('x = 41 + 1\\n')\n%load loaded.py", "x = 41 + 1"},
+	} {
+		e, _ := runCode(t, k, c.code, ExecOptions{})
+		if e.Error != nil || !strings.Contains(e.Stdout, c.want) || strings.Contains(e.Stdout, "\x1b") {
+			t.Errorf("%q: stdout %q, error %+v; want %q in it, no escapes", c.code, e.Stdout, e.Error, c.want)
+		}
+	}
+}
