@@ -154,6 +154,28 @@ var PythonSetupCode = `def _pandastack_setup():
             except UnicodeEncodeError:
                 return orig_pack(clean(obj))
         session.pack = pack
+    # A cell with a top-level await runs as a task on the kernel's loop,
+    # and SIGINT is to cancel it; ipykernel's handler hands the cancel to
+    # another thread's loop, so it took effect only when the cell's await
+    # ended of itself (an interrupt of await asyncio.sleep(60) waited the
+    # minute, and a timeout restarted the kernel, its state lost). The
+    # cancel goes to the cell's own loop, which it wakes.
+    if callable(getattr(kernel, '_cancel_on_sigint', None)):
+        import asyncio, contextlib, signal
+        @contextlib.contextmanager
+        def cancel_on_sigint(future):
+            loop = asyncio.get_running_loop()
+            def cancel():
+                if not future.done():
+                    future.cancel()
+            def on_sigint(*args):
+                loop.call_soon_threadsafe(cancel)
+            saved = signal.signal(signal.SIGINT, on_sigint)
+            try:
+                yield
+            finally:
+                signal.signal(signal.SIGINT, saved)
+        kernel._cancel_on_sigint = cancel_on_sigint
     # !cmd, %pip and x = !cmd run the command on a terminal nobody types
     # into (pexpect's): one that reads its input (!cat, the prompt of pip
     # uninstall) waited for the cell's timeout. They read /dev/null

@@ -366,3 +366,18 @@ func TestPagerAndLoadGoToStdout(t *testing.T) {
 		}
 	}
 }
+
+// TestAwaitCellTimeoutKeepsTheKernel: a cell waiting in a top-level await
+// is interrupted in time and the kernel keeps its variables; ipykernel's
+// own SIGINT handler woke the wrong loop, so the interrupt took effect
+// only when the await ended, and a timeout restarted the kernel.
+func TestAwaitCellTimeoutKeepsTheKernel(t *testing.T) {
+	k := startKernel(t, guarded)
+	mustText(t, k, "kept = 9\nkept", "9")
+	e, _ := runCode(t, k, "import asyncio\nawait asyncio.sleep(60)", ExecOptions{Timeout: 2 * time.Second})
+	if e.Error == nil || e.Error.Name != "TimeoutError" || strings.Contains(e.Error.Value, "restarted") {
+		t.Fatalf("error %+v, want a TimeoutError without a restart", e.Error)
+	}
+	mustText(t, k, "kept", "9")
+	mustText(t, k, "import asyncio\nawait asyncio.sleep(0.01)\nkept + 1", "10")
+}
