@@ -198,6 +198,27 @@ os.system('trap "" INT; sleep 100; echo never')`, 2)
 		if ex.Error == nil || ex.Error.Name == "TimeoutError" {
 			t.Fatalf("input(): %+v", ex.Error)
 		}
+		// Nor does a shell command that reads its input.
+		ex = run(t, c, sb, cc, "!cat; echo done", 20)
+		if ex.Error != nil || strings.TrimSpace(ex.Stdout) != "done" {
+			t.Fatalf("!cat: %+v", ex)
+		}
+	})
+	t.Run("half a character", func(t *testing.T) {
+		ex := run(t, c, sb, cc, "print('cut \\ud83d here')\nprint('after')", 20)
+		if ex.Error != nil || ex.Stdout != "cut \ufffd here\nafter\n" {
+			t.Fatalf("a lone surrogate: %+v", ex)
+		}
+	})
+	t.Run("an await interrupted", func(t *testing.T) {
+		run(t, c, sb, cc, "awaited = 'kept'", 0)
+		ex := run(t, c, sb, cc, "import asyncio\nawait asyncio.sleep(60)", 2)
+		if ex.Error == nil || ex.Error.Name != "TimeoutError" || strings.Contains(ex.Error.Value, "restarted") {
+			t.Fatalf("await past its timeout: %+v", ex.Error)
+		}
+		if ex := run(t, c, sb, cc, "awaited", 20); ex.Text != "'kept'" {
+			t.Fatalf("after the await's timeout: %+v", ex)
+		}
 	})
 	t.Run("kernel death and restart", func(t *testing.T) {
 		ex := run(t, c, sb, cc, "import os\nos._exit(1)", 30)
