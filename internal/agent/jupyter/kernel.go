@@ -324,7 +324,7 @@ func (k *Kernel) Restart(ctx context.Context) error {
 	if k.closed {
 		return ErrClosed
 	}
-	return k.restartLocked(ctx, "the kernel was restarted")
+	return k.restartLocked(ctx, "the kernel was restarted on request (a restart of its context), its state lost")
 }
 
 // RestartIfDead is Restart for a kernel found dead: it restarts it unless
