@@ -441,3 +441,76 @@ func TestPausedForksAfterServerRestart(t *testing.T) {
 		t.Fatalf("the parent after its fork and snapshot: %+v %v, want still paused", got, err)
 	}
 }
+
+// TestStopsGetThroughSnapshotLoops: clients that snapshot a sandbox over
+// and over keep neither a kill (it answered 409 for 11 s) nor its TTL (it
+// ran on past it) from stopping it; each waits for the snapshot under way.
+func TestStopsGetThroughSnapshotLoops(t *testing.T) {
+	s := sharedServer(t)
+	c := s.client()
+	ctx := context.Background()
+	loop := func(id, tag string) (stop func() int) {
+		lctx, cancel := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		taken := 0
+		for range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for lctx.Err() == nil {
+					snap, err := c.CreateSnapshot(lctx, id, map[string]string{"loop": tag})
+					if err == nil {
+						mu.Lock()
+						taken++
+						mu.Unlock()
+						c.DeleteSnapshot(ctx, snap.ID)
+					} else if !client.IsCode(err, "conflict") && lctx.Err() == nil {
+						return // stopped under it
+					}
+				}
+			}()
+		}
+		return func() int { cancel(); wg.Wait(); return taken }
+	}
+	cleanup := func(tag string) {
+		snaps, _, _ := c.ListSnapshots(ctx, map[string]string{"loop": tag})
+		for _, sn := range snaps {
+			c.DeleteSnapshot(ctx, sn.ID)
+		}
+	}
+
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base", TTLSeconds: 300})
+	stop := loop(sb.ID, "kill")
+	time.Sleep(time.Second)
+	err := c.KillSandbox(ctx, sb.ID)
+	n := stop()
+	cleanup("kill")
+	if err != nil {
+		t.Fatalf("a kill during a snapshot loop (%d snapshots taken): %v", n, err)
+	}
+	if _, err := c.GetSandbox(ctx, sb.ID); !client.IsCode(err, "not_found") {
+		t.Fatalf("after the kill: %v", err)
+	}
+
+	sb = newSandbox(t, s, client.CreateSandboxRequest{Template: "base", TTLSeconds: 3})
+	stop = loop(sb.ID, "ttl")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		got, err := c.GetSandbox(ctx, sb.ID)
+		if err != nil || got.State == "stopped" {
+			if err == nil && got.StopReason != "expired" {
+				t.Errorf("stop reason %q, want expired", got.StopReason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			n := stop()
+			cleanup("ttl")
+			t.Fatalf("still %s a minute after its 3 s TTL, %d snapshots taken", got.State, n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	stop()
+	cleanup("ttl")
+}

@@ -82,6 +82,12 @@ type entry struct {
 	// client has gone; only the shell's teardown is left).
 	terminals, ending int
 	workChanged       chan struct{} // closed when inflight, terminals or ending change
+	// A stop waits its turn: a kill (killsWaiting of them) behind a
+	// checkpoint, or the reaper (expired: past its TTL) behind whatever
+	// held the sandbox. No checkpoint begins meanwhile, so clients that
+	// snapshot or pause it in a loop cannot keep it from its stop.
+	killsWaiting int
+	expired      bool
 }
 
 func newEntry(p phase) *entry {
@@ -155,6 +161,9 @@ func (t *table) quiesce(id string, p phase, what string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.waitWork(id, true)
+	if e != nil && e.stopWaits() {
+		return busyError(id, phaseStopping)
+	}
 	if e != nil && e.inflight > 0 {
 		return inFlightError(id, e.inflight, what)
 	}
@@ -212,10 +221,59 @@ func inFlightError(id string, n int, what string) error {
 func (t *table) refusesQuiesce(id, what string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e := t.waitWork(id, false); e != nil && e.inflight > e.terminals {
+	e := t.waitWork(id, false)
+	switch {
+	case e != nil && e.stopWaits():
+		return busyError(id, phaseStopping)
+	case e != nil && e.inflight > e.terminals:
 		return inFlightError(id, e.inflight, what)
 	}
 	return nil
+}
+
+// stopWaits says a stop waits for the sandbox: nothing else may begin.
+func (e *entry) stopWaits() bool { return e.killsWaiting > 0 || e.expired }
+
+// waitToStop is a kill's wait for a sandbox it could not claim: until its
+// phase ends or ctx does; it reports whether it waited. From the first
+// wait until *release is called (the kill has claimed the sandbox or
+// given up), no checkpoint begins on it.
+func (t *table) waitToStop(ctx context.Context, id string, release *func()) bool {
+	if *release != nil {
+		// Held on the entry of an earlier wait; this one's may be new (a
+		// pause ends its sandbox's entry, a resume makes one anew).
+		(*release)()
+		*release = nil
+	}
+	t.mu.Lock()
+	e := t.entries[id]
+	if e == nil || !slices.Contains([]phase{phaseStopping, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage, phaseCheckpointing}, e.phase) {
+		t.mu.Unlock()
+		return false
+	}
+	e.killsWaiting++
+	*release = func() {
+		t.mu.Lock()
+		e.killsWaiting--
+		t.mu.Unlock()
+	}
+	ch := e.changed
+	t.mu.Unlock()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
+	return true
+}
+
+// expire marks a sandbox past its TTL that the reaper could not claim:
+// nothing more begins on it, and the reaper's next round stops it.
+func (t *table) expire(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.entries[id]; e != nil {
+		e.expired = true
+	}
 }
 
 // settle ends a checkpoint that left the sandbox running.

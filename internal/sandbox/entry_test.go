@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -162,4 +163,63 @@ func TestTableClose(t *testing.T) {
 	if len(tb.entries) != 0 {
 		t.Fatalf("entries left: %v", tb.entries)
 	}
+}
+
+// A kill waiting behind a checkpoint keeps new checkpoints out until it
+// has claimed the sandbox or given up; so does the reaper's mark of an
+// expired sandbox it could not claim.
+func TestTableStopWaits(t *testing.T) {
+	tb := newTable()
+	tb.answerGrace = 0
+	tb.begin("s", phaseCreating)
+	tb.run("s", nil, 0)
+	if err := tb.quiesce("s", phaseCheckpointing, "take the snapshot"); err != nil {
+		t.Fatal(err)
+	}
+	var release func()
+	waited := make(chan bool)
+	go func() { waited <- tb.waitToStop(context.Background(), "s", &release) }()
+	for {
+		tb.mu.Lock()
+		n := tb.entries["s"].killsWaiting
+		tb.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	tb.settle("s")
+	if !<-waited {
+		t.Fatal("the kill did not wait")
+	}
+	if err := tb.quiesce("s", phaseCheckpointing, "take the snapshot"); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("a snapshot while a kill waits: %v", err)
+	}
+	if err := tb.refusesQuiesce("s", "fork it"); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("a fork while a kill waits: %v", err)
+	}
+	release()
+	if err := tb.quiesce("s", phasePausing, "pause it"); err != nil {
+		t.Fatalf("a pause once the kill gave up: %v", err)
+	}
+	tb.settle("s")
+	if tb.waitToStop(context.Background(), "s", &release) {
+		t.Fatal("waited for a running sandbox")
+	}
+
+	tb.expire("s")
+	if err := tb.quiesce("s", phaseSuspending, "suspend it"); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("a suspend of an expired sandbox: %v", err)
+	}
+	if err := tb.begin("s", phaseStopping); err != nil {
+		t.Fatalf("the reaper's next round: %v", err)
+	}
+}
+
+// stopWaiting says a kill waits for sandbox id.
+func (t *table) stopWaiting(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[id]
+	return e != nil && e.killsWaiting > 0
 }

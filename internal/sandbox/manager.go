@@ -829,7 +829,8 @@ func (m *Manager) AcquireTerminal(ctx context.Context, projectID, id string) (_ 
 // for; the kill then removes what that stop left. So are a create, a
 // resume, a pause and an idle suspend: the kill then stops what they made
 // (a user who never asked for the suspend must not be told to retry).
-// A snapshot or fork under way answers conflict.
+// So is a snapshot or fork under way, and no other begins while the kill
+// waits (clients snapshotting in a loop kept a kill out: 409 for 11 s).
 func (m *Manager) Kill(ctx context.Context, projectID, id string) (err error) {
 	if projectID != warmProject { // the server's own
 		defer m.observe(opKill, time.Now(), &err)
@@ -841,6 +842,12 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) (err error) {
 // reasonKillOnExit).
 func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
 	var sb pandastack.Sandbox
+	var release func()
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
 	for {
 		var err error
 		if sb, err = m.store.GetSandbox(ctx, projectID, id); err != nil {
@@ -850,7 +857,7 @@ func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
 		if err == nil {
 			break
 		}
-		if !m.sbx.waitOut(ctx, id, phaseStopping, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage) {
+		if !m.sbx.waitToStop(ctx, id, &release) {
 			return err
 		}
 		if ctx.Err() != nil {
@@ -980,7 +987,10 @@ func (m *Manager) reapOnce() {
 	// bounded, so a burst of expiries cannot start hundreds at once.
 	forEachBounded(ids, maxConcurrentStops, func(id string) {
 		if m.sbx.begin(id, phaseStopping) != nil {
-			return // being created, checkpointed or killed right now
+			// Being created, checkpointed or killed right now: the next
+			// round, and nothing new begins on it meanwhile.
+			m.sbx.expire(id)
+			return
 		}
 		defer m.sbx.end(id)
 		if foreign[id] {

@@ -61,7 +61,7 @@ func TestExclusion(t *testing.T) {
 	done()
 	done() // idempotent: one piece of work counts once
 
-	// A checkpoint under way: new work and kill answer conflict.
+	// A checkpoint under way: new work and a pause answer conflict.
 	inCheckpoint, release := h.holdCheckpoint()
 	snapErr := make(chan error, 1)
 	go func() {
@@ -71,7 +71,6 @@ func TestExclusion(t *testing.T) {
 	<-inCheckpoint
 	_, _, err = h.m.Acquire(ctx, project, sb.ID)
 	wantCode(t, err, pandastack.EConflict)
-	wantCode(t, h.m.Kill(ctx, project, sb.ID), pandastack.EConflict)
 	_, err = h.m.Pause(ctx, project, sb.ID)
 	wantCode(t, err, pandastack.EConflict)
 	close(release)
@@ -84,8 +83,32 @@ func TestExclusion(t *testing.T) {
 	if _, err := h.exec(sb.ID, "set y=1"); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.m.Kill(ctx, project, sb.ID); err != nil {
+
+	// A kill waits for a checkpoint under way, and no other begins meanwhile.
+	inCheckpoint, release = h.holdCheckpoint()
+	go func() {
+		_, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+		snapErr <- err
+	}()
+	<-inCheckpoint
+	killErr := make(chan error, 1)
+	go func() { killErr <- h.m.Kill(ctx, project, sb.ID) }()
+	for !h.m.sbx.stopWaiting(sb.ID) {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	if err := <-snapErr; err != nil {
 		t.Fatal(err)
+	}
+	h.rt.mu.Lock()
+	h.rt.checkpointErr = nil
+	h.rt.mu.Unlock()
+	_, err = h.m.Snapshot(ctx, project, sb.ID, nil) // between the checkpoint's end and the kill's turn, or after the kill
+	if err == nil {
+		t.Fatal("a snapshot began while a kill waited")
+	}
+	if err := <-killErr; err != nil {
+		t.Fatalf("the kill after the checkpoint: %v", err)
 	}
 }
 
