@@ -54,7 +54,10 @@ func (m *Manager) savePausedSnapshot(ctx context.Context, id, snapID string) (in
 // once the restore has opened its files.
 func (m *Manager) openSnapshot(ctx context.Context, id string) (manifest, pandastack.OpenImage, error) {
 	what := "snapshot " + id
-	release := m.snapUse.take(id)
+	release, ok := m.snapUse.take(id)
+	if !ok {
+		return manifest{}, nil, pandastack.Errorf(pandastack.ENotFound, "%s is being deleted", what)
+	}
 	img, err := m.cfg.Images.Open(ctx, id)
 	if err != nil {
 		release()
@@ -102,16 +105,23 @@ func (m *Manager) localRootFS(ctx context.Context, man manifest) string {
 
 // snapshotUse counts the restores in flight from each snapshot, so that
 // deleting one under a restore is refused rather than failing the restore
-// (runsc opens the pages file while it restores).
+// (runsc opens the pages file while it restores); and it marks the ones
+// being deleted, so that a restore then is refused as not found rather
+// than finding half the files gone (snapshot_corrupt).
 type snapshotUse struct {
-	mu sync.Mutex
-	n  map[string]int
+	mu       sync.Mutex
+	n        map[string]int
+	deleting map[string]bool
 }
 
-// take counts a use of snapshot id; call the returned release once.
-func (u *snapshotUse) take(id string) (release func()) {
+// take counts a use of snapshot id; call the returned release once. It
+// reports false, counting nothing, while id is being deleted.
+func (u *snapshotUse) take(id string) (release func(), ok bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	if u.deleting[id] {
+		return func() {}, false
+	}
 	if u.n == nil {
 		u.n = make(map[string]int)
 	}
@@ -125,13 +135,32 @@ func (u *snapshotUse) take(id string) (release func()) {
 				delete(u.n, id)
 			}
 		})
-	}
+	}, true
 }
 
 func (u *snapshotUse) inUse(id string) bool {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.n[id] > 0
+}
+
+// deleteStarts marks id as being deleted, unless a restore uses it
+// (false); call the returned done once the delete has ended.
+func (u *snapshotUse) deleteStarts(id string) (done func(), ok bool) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.n[id] > 0 || u.deleting[id] {
+		return nil, false
+	}
+	if u.deleting == nil {
+		u.deleting = make(map[string]bool)
+	}
+	u.deleting[id] = true
+	return func() {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		delete(u.deleting, id)
+	}, true
 }
 
 // usedImage releases its snapshot's use when closed.

@@ -277,13 +277,21 @@ func TestDeleteSnapshotUnderARestore(t *testing.T) {
 	if h.m.snapUse.inUse(snap.ID) {
 		t.Fatal("a finished restore still counts as a use of its snapshot")
 	}
-	release := h.m.snapUse.take(snap.ID) // a restore in flight
+	release, _ := h.m.snapUse.take(snap.ID) // a restore in flight
 	wantCode(t, h.m.DeleteSnapshot(ctx, project, snap.ID), pandastack.EConflict)
 	release()
+	// A restore while the delete is under way: not found, not corrupt.
+	done, ok := h.m.snapUse.deleteStarts(snap.ID)
+	if !ok {
+		t.Fatal("a delete could not start")
+	}
+	_, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	wantCode(t, err, pandastack.ENotFound)
+	done()
 	if err := h.m.DeleteSnapshot(ctx, project, snap.ID); err != nil {
 		t.Fatal(err)
 	}
-	_, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	_, err = h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
 	wantCode(t, err, pandastack.ENotFound)
 }
 

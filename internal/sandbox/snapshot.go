@@ -161,9 +161,11 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 	if _, err := m.store.GetSnapshot(ctx, projectID, id); err != nil {
 		return err
 	}
-	if m.snapUse.inUse(id) {
-		return pandastack.Errorf(pandastack.EConflict, "snapshot %s is being restored into a new sandbox; delete it once that create is done", id)
+	done, ok := m.snapUse.deleteStarts(id)
+	if !ok {
+		return pandastack.Errorf(pandastack.EConflict, "snapshot %s is being restored into a new sandbox, or deleted; delete it once that is done", id)
 	}
+	defer done()
 	if err := m.cfg.Images.Delete(ctx, id); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}
