@@ -691,6 +691,9 @@ func (s *Server) interruptContext(w http.ResponseWriter, r *http.Request) error 
 		return err
 	}
 	if err := cc.kernel.Interrupt(); err != nil {
+		if errors.Is(err, jupyter.ErrClosed) { // deleted meanwhile
+			return pandastack.Errorf(pandastack.ENotFound, "context %s was deleted", cc.info.ID)
+		}
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -708,6 +711,9 @@ func (s *Server) restartContext(w http.ResponseWriter, r *http.Request) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 60*time.Second)
 	defer cancel()
 	if err := cc.kernel.Restart(ctx); err != nil {
+		if errors.Is(err, jupyter.ErrClosed) { // deleted meanwhile
+			return pandastack.Errorf(pandastack.ENotFound, "context %s was deleted", cc.info.ID)
+		}
 		return fmt.Errorf("restart %s: %w", cc.info.ID, err)
 	}
 	writeJSON(w, http.StatusOK, cc.info)

@@ -138,3 +138,38 @@ func TestContextWaitsForItsStart(t *testing.T) {
 		t.Fatalf("a request that gives up: %+v, want 409 still starting", a)
 	}
 }
+
+// TestRestartOfAContextBeingDeleted: a restart or an interrupt that finds
+// its context's kernel closed (the context deleted meanwhile) answers 404,
+// not 500.
+func TestRestartOfAContextBeingDeleted(t *testing.T) {
+	t.Setenv("PANDASTACK_SANDBOX_ID", "sbx_now")
+	home, err := os.MkdirTemp("", "agent-home-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(home)
+	os.Chmod(home, 0o755) // the sandbox user enters it
+	cs := NewContexts()
+	k := &jupyter.Kernel{}
+	cs.spares.want = map[string]int{"python": 1}
+	cs.spares.ready = map[string][]*jupyter.Kernel{"python": {k}}
+	cs.spares.startedWith(k, "sbx_now")
+	h := NewServer(Config{Home: home, Contexts: cs}, 1).Handler()
+	post := func(path, body string) (int, string) {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("POST", path, strings.NewReader(body)))
+		return rec.Code, rec.Body.String()
+	}
+	no := false
+	b, _ := json.Marshal(agentproto.RunRequest{Code: "1", Create: &agentproto.ContextRequest{ID: "ctx_a", Language: "python", AutoRestart: &no}})
+	if code, body := post("/v1/contexts/ctx_a/run", string(b)); code != http.StatusConflict {
+		t.Fatalf("the run that makes the context: %d %s", code, body)
+	}
+	k.Close() // as a delete does, before the context leaves the list
+	for _, op := range []string{"restart", "interrupt"} {
+		if code, body := post("/v1/contexts/ctx_a/"+op, ""); code != http.StatusNotFound || !strings.Contains(body, "deleted") {
+			t.Errorf("%s of a context being deleted: %d %s, want 404", op, code, body)
+		}
+	}
+}
