@@ -59,8 +59,13 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 			return nil, err
 		}
 	}
-	if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata, o.Network); done {
-		return kids, err
+	for {
+		if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata, o.Network); done {
+			return kids, err
+		}
+		if !m.awaitPause(ctx, id) {
+			break
+		}
 	}
 	sb, err := m.usable(ctx, projectID, id)
 	if err != nil {
@@ -240,6 +245,14 @@ func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pand
 	}
 	m.sbx.end(id)
 	return sb, manifest{}, nil, false
+}
+
+// awaitPause waits out a pause or an idle suspend of sandbox id under way,
+// and reports whether it did: a fork or snapshot then looks again and
+// reads the paused image (usable would refuse it, paused as asked, or
+// resume it, undoing the pause).
+func (m *Manager) awaitPause(ctx context.Context, id string) bool {
+	return m.sbx.waitOut(ctx, id, phasePausing, phaseSuspending) && ctx.Err() == nil
 }
 
 // forkSpareWait bounds how long a fork waits for its parent's agent to give

@@ -329,3 +329,45 @@ func TestForkAndRestoreKeepToTheLimits(t *testing.T) {
 		t.Fatalf("fork within the limit: %v", err)
 	}
 }
+
+// A fork or snapshot asked for while a pause is under way waits for it
+// and reads the paused image, leaving the sandbox paused (it answered
+// "paused; resume it first", or resumed a sandbox with auto_resume).
+func TestForkAndSnapshotDuringAPause(t *testing.T) {
+	for _, op := range []string{"fork", "snapshot"} {
+		for _, autoResume := range []bool{false, true} {
+			h := newHarness(t)
+			ctx := context.Background()
+			sb, err := h.m.Create(ctx, project, CreateRequest{Template: "base", AutoResume: autoResume})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.exec(sb.ID, "set k=v1")
+			inCheckpoint, release := h.holdCheckpoint()
+			paused := make(chan error, 1)
+			go func() { _, err := h.m.Pause(ctx, project, sb.ID); paused <- err }()
+			<-inCheckpoint
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				if op == "fork" {
+					_, err = h.m.Fork(ctx, project, sb.ID, 1, nil, nil)
+				} else {
+					_, err = h.m.Snapshot(ctx, project, sb.ID, nil)
+				}
+				done <- err
+			}()
+			time.Sleep(50 * time.Millisecond) // the fork or snapshot waits for the pause
+			close(release)
+			if err := <-paused; err != nil {
+				t.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("%s during a pause (auto_resume %v): %v", op, autoResume, err)
+			}
+			if r := h.record(sb.ID); r.State != pandastack.StatePaused {
+				t.Fatalf("%s during a pause (auto_resume %v): the sandbox is %s, want paused", op, autoResume, r.State)
+			}
+		}
+	}
+}

@@ -68,20 +68,15 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if err := ValidateMetadata(metadata); err != nil {
 		return pandastack.Snapshot{}, err
 	}
-	if sb, _, release, ok := m.claimPaused(ctx, projectID, id); ok {
-		defer release()
-		// Its present policy (set while paused, perhaps), which a restore
-		// applies, as a fork of it does; its image's, sealed when it
-		// paused, when the network no longer knows it.
-		network := m.networkOf(id)
-		if network == nil {
-			if man, err := imagestore.ReadManifest(m.pausedPath(id), "the paused image of "+id); err == nil {
-				network = man.Network
-			}
+	for {
+		sb, _, release, ok := m.claimPaused(ctx, projectID, id)
+		if ok {
+			defer release()
+			return m.snapshotPaused(ctx, projectID, id, sb, metadata)
 		}
-		return m.recordSnapshot(ctx, projectID, sb, metadata, network, func(snapID string) (int64, bool, error) {
-			return m.savePausedSnapshot(ctx, id, snapID)
-		})
+		if !m.awaitPause(ctx, id) {
+			break
+		}
 	}
 	sb, err := m.usable(ctx, projectID, id)
 	if err != nil {
@@ -92,6 +87,23 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	}
 	return m.recordSnapshot(ctx, projectID, sb, metadata, m.networkOf(id), func(snapID string) (int64, bool, error) {
 		return m.saveSnapshot(ctx, sb, snapID)
+	})
+}
+
+// snapshotPaused is Snapshot of a paused sandbox sb, whose image the
+// caller has claimed: read from its image, left paused.
+func (m *Manager) snapshotPaused(ctx context.Context, projectID, id string, sb pandastack.Sandbox, metadata map[string]string) (pandastack.Snapshot, error) {
+	// Its present policy (set while paused, perhaps), which a restore
+	// applies, as a fork of it does; its image's, sealed when it paused,
+	// when the network no longer knows it.
+	network := m.networkOf(id)
+	if network == nil {
+		if man, err := imagestore.ReadManifest(m.pausedPath(id), "the paused image of "+id); err == nil {
+			network = man.Network
+		}
+	}
+	return m.recordSnapshot(ctx, projectID, sb, metadata, network, func(snapID string) (int64, bool, error) {
+		return m.savePausedSnapshot(ctx, id, snapID)
 	})
 }
 
