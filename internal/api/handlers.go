@@ -91,8 +91,13 @@ func (s *Server) logFailure(r *http.Request, err error) {
 		s.log.Debug("request ended by its caller", "method", r.Method, "path", r.URL.Path, "err", err)
 		return
 	}
-	if code == pandastack.EInternal || code == pandastack.EUnavailable {
+	switch code {
+	case pandastack.EInternal:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+	case pandastack.EUnavailable:
+		// Often what a pause or a stop does to a stream under way, or a
+		// sandbox still starting: a warning, not a fault of the server's.
+		s.log.Warn("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 	}
 	if code == pandastack.EUnavailable && r.PathValue("id") != "" {
 		s.mgr.Reconcile(r.PathValue("id"))
