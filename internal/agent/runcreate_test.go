@@ -16,25 +16,32 @@ import (
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
-// TestRunCreatesItsContext: a run with Create makes its missing context
-// (here from a spare, a kernel without a process) before it runs, which
-// then fails as a dead kernel's run does, not as a missing context's; a
-// second such run uses the context made; a run without Create, or one
-// whose Create names another id, creates nothing.
-func TestRunCreatesItsContext(t *testing.T) {
+// withASpare makes an agent whose python spare k is a kernel without a
+// process, and returns its contexts and handler.
+func withASpare(t *testing.T) (*Contexts, *jupyter.Kernel, http.Handler) {
+	t.Helper()
 	t.Setenv("PANDASTACK_SANDBOX_ID", "sbx_now")
 	home, err := os.MkdirTemp("", "agent-home-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(home)
+	t.Cleanup(func() { os.RemoveAll(home) })
 	os.Chmod(home, 0o755) // the sandbox user enters it
 	cs := NewContexts()
 	k := &jupyter.Kernel{}
 	cs.spares.want = map[string]int{"python": 1}
 	cs.spares.ready = map[string][]*jupyter.Kernel{"python": {k}}
 	cs.spares.startedWith(k, "sbx_now")
-	h := NewServer(Config{Home: home, Contexts: cs}, 1).Handler()
+	return cs, k, NewServer(Config{Home: home, Contexts: cs}, 1).Handler()
+}
+
+// TestRunCreatesItsContext: a run with Create makes its missing context
+// (here from a spare, a kernel without a process) before it runs, which
+// then fails as a dead kernel's run does, not as a missing context's; a
+// second such run uses the context made; a run without Create, or one
+// whose Create names another id, creates nothing.
+func TestRunCreatesItsContext(t *testing.T) {
+	cs, k, h := withASpare(t)
 	run := func(id string, req agentproto.RunRequest) (int, string) {
 		t.Helper()
 		b, _ := json.Marshal(req)
@@ -143,19 +150,7 @@ func TestContextWaitsForItsStart(t *testing.T) {
 // its context's kernel closed (the context deleted meanwhile) answers 404,
 // not 500.
 func TestRestartOfAContextBeingDeleted(t *testing.T) {
-	t.Setenv("PANDASTACK_SANDBOX_ID", "sbx_now")
-	home, err := os.MkdirTemp("", "agent-home-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(home)
-	os.Chmod(home, 0o755) // the sandbox user enters it
-	cs := NewContexts()
-	k := &jupyter.Kernel{}
-	cs.spares.want = map[string]int{"python": 1}
-	cs.spares.ready = map[string][]*jupyter.Kernel{"python": {k}}
-	cs.spares.startedWith(k, "sbx_now")
-	h := NewServer(Config{Home: home, Contexts: cs}, 1).Handler()
+	_, k, h := withASpare(t)
 	post := func(path, body string) (int, string) {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest("POST", path, strings.NewReader(body)))

@@ -245,25 +245,14 @@ func (t *table) waitToStop(ctx context.Context, id string, release *func()) bool
 		(*release)()
 		*release = nil
 	}
-	t.mu.Lock()
-	e := t.entries[id]
-	if e == nil || !slices.Contains([]phase{phaseStopping, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage, phaseCheckpointing}, e.phase) {
-		t.mu.Unlock()
-		return false
-	}
-	e.killsWaiting++
-	*release = func() {
-		t.mu.Lock()
-		e.killsWaiting--
-		t.mu.Unlock()
-	}
-	ch := e.changed
-	t.mu.Unlock()
-	select {
-	case <-ch:
-	case <-ctx.Done():
-	}
-	return true
+	return t.waitOutThen(ctx, id, func(e *entry) {
+		e.killsWaiting++
+		*release = func() {
+			t.mu.Lock()
+			e.killsWaiting--
+			t.mu.Unlock()
+		}
+	}, phaseStopping, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage, phaseCheckpointing)
 }
 
 // expire marks a sandbox past its TTL that the reaper could not claim:
@@ -353,11 +342,20 @@ func (t *table) wait(ctx context.Context, id string) bool {
 // waitOut blocks while the sandbox is in one of phases, until its phase
 // changes or ctx is done, and reports whether it waited.
 func (t *table) waitOut(ctx context.Context, id string, phases ...phase) bool {
+	return t.waitOutThen(ctx, id, nil, phases...)
+}
+
+// waitOutThen is waitOut, calling before (if not nil) with the entry,
+// t.mu held, when it is about to wait.
+func (t *table) waitOutThen(ctx context.Context, id string, before func(*entry), phases ...phase) bool {
 	t.mu.Lock()
 	e := t.entries[id]
 	if e == nil || !slices.Contains(phases, e.phase) {
 		t.mu.Unlock()
 		return false
+	}
+	if before != nil {
+		before(e)
 	}
 	ch := e.changed
 	t.mu.Unlock()
