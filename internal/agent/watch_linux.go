@@ -129,6 +129,16 @@ func (w *watcher) reportCreate(p string) bool {
 	return true
 }
 
+// forgetCreated drops the record of creates at p and beneath it (a
+// directory removed or moved away: what comes back there is news).
+func (w *watcher) forgetCreated(p string) {
+	for q := range w.created {
+		if q == p || isUnder(q, p) {
+			delete(w.created, q)
+		}
+	}
+}
+
 // add watches one directory.
 func (w *watcher) add(dir string) error {
 	if _, ok := w.wds[dir]; ok {
@@ -209,6 +219,7 @@ func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool, err e
 		if mask&unix.IN_Q_OVERFLOW != 0 {
 			evs = append(evs, agentproto.FileEvent{Type: pandastack.FileEventOverflow})
 			overflowed = true
+			clear(w.created) // removals were lost too
 			continue
 		}
 		dir, ok := w.dirs[raw.Wd]
@@ -249,10 +260,10 @@ func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool, err e
 			typ = pandastack.FileEventWrite
 		case mask&unix.IN_DELETE != 0:
 			typ = pandastack.FileEventRemove
-			delete(w.created, p)
+			w.forgetCreated(p)
 		case mask&unix.IN_MOVED_FROM != 0:
 			typ = pandastack.FileEventRename
-			delete(w.created, p)
+			w.forgetCreated(p)
 			if isDir {
 				w.forget(p)
 			}

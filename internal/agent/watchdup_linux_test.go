@@ -82,3 +82,41 @@ func ok(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// A directory moved away and back shows its files created again.
+func TestWatchReportsADirectoryMovedBack(t *testing.T) {
+	root := t.TempDir()
+	away := t.TempDir()
+	w, err := newWatcher(fileTarget{path: root, root: true}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.close()
+	read := func() []agentproto.FileEvent {
+		t.Helper()
+		buf := make([]byte, 64<<10)
+		n, err := w.f.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, _, err := w.parse(buf[:n])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return evs
+	}
+	d := filepath.Join(root, "d")
+	ok(t, os.Mkdir(d, 0o755))
+	ok(t, os.WriteFile(filepath.Join(d, "f"), nil, 0o644))
+	read() // d made, and the walk reports d/f
+	ok(t, os.Rename(d, filepath.Join(away, "d")))
+	read()
+	ok(t, os.Rename(filepath.Join(away, "d"), d))
+	found := false
+	for _, ev := range read() {
+		found = found || (ev.Type == pandastack.FileEventCreate && ev.Name == "d/f")
+	}
+	if !found {
+		t.Fatal("d/f not reported when its directory came back")
+	}
+}

@@ -265,6 +265,18 @@ func (t *table) expire(id string) {
 	}
 }
 
+// unexpire drops the mark of expire from the sandboxes for which keep is
+// false: their TTL was extended since.
+func (t *table) unexpire(keep func(id string) bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, e := range t.entries {
+		if e.expired && !keep(id) {
+			e.expired = false
+		}
+	}
+}
+
 // settle ends a checkpoint that left the sandbox running.
 func (t *table) settle(id string) {
 	t.mu.Lock()

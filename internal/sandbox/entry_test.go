@@ -223,3 +223,21 @@ func (t *table) stopWaiting(id string) bool {
 	e := t.entries[id]
 	return e != nil && e.killsWaiting > 0
 }
+
+// The reaper's mark of an expired sandbox goes when its TTL is extended.
+func TestUnexpire(t *testing.T) {
+	tb := newTable()
+	tb.answerGrace = 0
+	for _, id := range []string{"a", "b"} {
+		tb.begin(id, phaseCreating)
+		tb.run(id, nil, 0)
+		tb.expire(id)
+	}
+	tb.unexpire(func(id string) bool { return id == "b" })
+	if err := tb.quiesce("a", phaseCheckpointing, "x"); err != nil {
+		t.Fatalf("a, extended: %v", err)
+	}
+	if err := tb.quiesce("b", phaseCheckpointing, "x"); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("b, still expired: %v", err)
+	}
+}

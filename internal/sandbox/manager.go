@@ -730,6 +730,7 @@ func (m *Manager) SetTTL(ctx context.Context, projectID, id string, seconds int6
 	if err := m.store.SetSandboxExpiry(ctx, id, sb.ExpiresAt); err != nil {
 		return sb, err
 	}
+	m.sbx.unexpire(func(other string) bool { return other != id }) // its mark of an earlier expiry
 	return sb, nil
 }
 
@@ -843,6 +844,7 @@ func (m *Manager) Kill(ctx context.Context, projectID, id string) (err error) {
 func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
 	var sb pandastack.Sandbox
 	var release func()
+	retried := false
 	defer func() {
 		if release != nil {
 			release()
@@ -858,8 +860,14 @@ func (m *Manager) kill(ctx context.Context, projectID, id, why string) error {
 			break
 		}
 		if !m.sbx.waitToStop(ctx, id, &release) {
-			return err
+			// What refused it ended just now: one more try.
+			if retried {
+				return err
+			}
+			retried = true
+			continue
 		}
+		retried = false
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -982,6 +990,10 @@ func (m *Manager) reapOnce() {
 			ids = append(ids, s.ID)
 			foreign[s.ID] = !m.owns(s)
 		}
+	}
+	if err == nil {
+		// Marked in an earlier round, their TTL extended since.
+		m.sbx.unexpire(func(id string) bool { _, ok := foreign[id]; return ok })
 	}
 	// Concurrently, since each stop may take a while (runsc delete), but
 	// bounded, so a burst of expiries cannot start hundreds at once.

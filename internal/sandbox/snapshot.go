@@ -178,6 +178,9 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 		return pandastack.Errorf(pandastack.EConflict, "snapshot %s is being restored into a new sandbox, or deleted; delete it once that is done", id)
 	}
 	defer done()
+	// Not cut short by a caller that hangs up: half a snapshot's files
+	// would be left under a record that still names it.
+	ctx = context.WithoutCancel(ctx)
 	if err := m.cfg.Images.Delete(ctx, id); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}

@@ -202,3 +202,12 @@ def test_format_execution_shows_displays_and_what_a_terminal_leaves():
     # A repr with nothing better stays; a figure's repr alone gives the chart marker only.
     assert format_execution(Execution.from_dict({"results": [{"is_main_result": True, "text": "<Thing id=3>"}]})) == "[result] <Thing id=3>"
     assert format_execution(Execution.from_dict({"results": [{"is_main_result": True, "text": "<Figure size 640x480 with 1 Axes>", "png": "iVBO"}]})) == CHART_MARKER
+
+
+def test_format_execution_bounds_the_displays_as_a_whole():
+    from pandastack.integrations._kernel import OUTPUT_HEAD, OUTPUT_TAIL, format_execution
+
+    ex = Execution.from_dict({"results": [{"text": f"row {i} " + "x" * 1000} for i in range(1000)]})
+    text = format_execution(ex)
+    assert len(text.encode()) < OUTPUT_HEAD + OUTPUT_TAIL + 300
+    assert text.startswith("[display] row 0 ") and "row 999 " in text and "bytes of output left out" in text

@@ -91,11 +91,13 @@ def format_execution(ex: Execution) -> str:
     keeps its head and tail with a note; the Execution keeps it all.
     """
     stdout, stderr = _as_shown(ex.stdout or ""), _as_shown(ex.stderr or "")
-    shown = [f"[display] {_bounded(t)}" for t in (_result_text(r) for r in ex.results if not r.is_main_result) if t]
+    # Bounded as a whole: a cell may show hundreds of things.
+    shown = "\n\n".join(f"[display] {t}" for t in (_result_text(r) for r in ex.results if not r.is_main_result) if t)
+    shown = _bounded(shown) if shown else ""
     if ex.error:
         text = f"ERROR:\n{_bounded(str(ex.error))}\n\nstdout:\n{_bounded(stdout)}".strip()
-        for part in shown:
-            text += f"\n\n{part}"
+        if shown:
+            text += f"\n\n{shown}"
         if stderr:
             text += f"\n\n[stderr]\n{_bounded(stderr.rstrip())}"
         return text
@@ -104,7 +106,8 @@ def format_execution(ex: Execution) -> str:
         parts.append(_bounded(stdout.rstrip()))
     if stderr:
         parts.append(f"[stderr]\n{_bounded(stderr.rstrip())}")
-    parts.extend(shown)
+    if shown:
+        parts.append(shown)
     main = ex.main_result
     value = _result_text(main) if main is not None else ex.text
     if value and not _printed_last(value, stdout):
