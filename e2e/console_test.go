@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -415,17 +416,25 @@ func TestRevokedKeyEndsWhatItOpened(t *testing.T) {
 	if res, err := c2.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "echo still-mine"}); err != nil || strings.TrimSpace(res.Stdout) != "still-mine" {
 		t.Errorf("the project's other key after the revokes: %+v %v", res, err)
 	}
-	// The history says why the terminals ended: no exit status, the revocation.
+	// The history says why the terminals ended: no exit status, the
+	// revocation. The server records a terminal's end just after its
+	// socket closes: read until no terminal entry is running.
 	var h struct{ History []historyEntry }
-	req, _ = http.NewRequest("GET", s.url+"/v1/sandboxes/"+sb.ID+"/history", nil)
-	req.Header.Set("Authorization", "Bearer "+k2)
-	if resp, err := http.DefaultClient.Do(req); err != nil {
-		t.Fatal(err)
-	} else {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		req, _ = http.NewRequest("GET", s.url+"/v1/sandboxes/"+sb.ID+"/history", nil)
+		req.Header.Set("Authorization", "Bearer "+k2)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.History = nil
 		err = json.NewDecoder(resp.Body).Decode(&h)
 		resp.Body.Close()
 		if resp.StatusCode != 200 || err != nil {
 			t.Fatalf("history: %d %v", resp.StatusCode, err)
+		}
+		if !slices.ContainsFunc(h.History, func(e historyEntry) bool { return e.Kind == "terminal" && e.Running }) || time.Now().After(deadline) {
+			break
 		}
 	}
 	terms := 0

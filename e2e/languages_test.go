@@ -118,7 +118,7 @@ norm({ x: 3, y: 4 })`,
 			t.Fatal("neither first run ran")
 		}
 		if ex := runIn(t, "typescript", "Math.hypot(6, 8) as number", nil); ex.Text != "10" {
-			t.Fatalf("a run after the first runs: %q", ex.Text)
+			t.Fatalf("a run after the first runs (%d ran): text %q, stdout %q, stderr %q, %d results, count %d", ran, ex.Text, ex.Stdout, ex.Stderr, len(ex.Results), ex.ExecutionCount)
 		}
 	})
 	t.Run("r: a data frame and a base plot", func(t *testing.T) {
