@@ -20,19 +20,7 @@ func TestWatchReportsACreateOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.close()
-	read := func() []agentproto.FileEvent {
-		t.Helper()
-		buf := make([]byte, 64<<10)
-		n, err := w.f.Read(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		evs, ended, err := w.parse(buf[:n])
-		if ended || err != nil {
-			t.Fatalf("parse: ended %v, %v", ended, err)
-		}
-		return evs
-	}
+	read := func() []agentproto.FileEvent { t.Helper(); return readEvents(t, w) }
 	creates := func(evs []agentproto.FileEvent, name string) int {
 		n := 0
 		for _, ev := range evs {
@@ -76,6 +64,21 @@ func TestWatchReportsACreateOnce(t *testing.T) {
 	}
 }
 
+// readEvents reads and parses one batch of w's events.
+func readEvents(t *testing.T, w *watcher) []agentproto.FileEvent {
+	t.Helper()
+	buf := make([]byte, 64<<10)
+	n, err := w.f.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, ended, err := w.parse(buf[:n])
+	if ended || err != nil {
+		t.Fatalf("parse: ended %v, %v", ended, err)
+	}
+	return evs
+}
+
 func ok(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
@@ -92,19 +95,7 @@ func TestWatchReportsADirectoryMovedBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.close()
-	read := func() []agentproto.FileEvent {
-		t.Helper()
-		buf := make([]byte, 64<<10)
-		n, err := w.f.Read(buf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		evs, _, err := w.parse(buf[:n])
-		if err != nil {
-			t.Fatal(err)
-		}
-		return evs
-	}
+	read := func() []agentproto.FileEvent { t.Helper(); return readEvents(t, w) }
 	d := filepath.Join(root, "d")
 	ok(t, os.Mkdir(d, 0o755))
 	ok(t, os.WriteFile(filepath.Join(d, "f"), nil, 0o644))
