@@ -88,6 +88,11 @@ type entry struct {
 	// snapshot or pause it in a loop cannot keep it from its stop.
 	killsWaiting int
 	expired      bool
+	// resumed: when a resume made it running. The requests that waited
+	// for that resume (an idle sandbox woken on demand) get answerGrace
+	// from then to count their work before a checkpoint may begin: a
+	// pause sent just after them must not undo the resume they caused.
+	resumed time.Time
 }
 
 func newEntry(p phase) *entry {
@@ -181,10 +186,18 @@ func (t *table) quiesce(id string, p phase, what string) error {
 
 // waitWork waits, t.mu held (it lets go while it waits), until no work is
 // in flight in id (terminal sessions aside unless terminalsToo), or the
-// graces have passed; it returns id's entry then.
+// graces have passed; it returns id's entry then. In a sandbox resumed
+// less than answerGrace ago it first waits for work to begin.
 func (t *table) waitWork(id string, terminalsToo bool) *entry {
-	start := time.Now()
 	e := t.entries[id]
+	for e != nil && e.inflight == 0 && !e.resumed.IsZero() {
+		wait := t.answerGrace - time.Since(e.resumed)
+		if wait <= 0 {
+			break
+		}
+		e = t.waitWorkChange(id, e, wait)
+	}
+	start := time.Now()
 	for e != nil && e.inflight > 0 && (terminalsToo || e.inflight > e.terminals) {
 		wait := t.answerGrace
 		if e.inflight == e.terminals {
@@ -197,16 +210,23 @@ func (t *table) waitWork(id string, terminalsToo bool) *entry {
 		if wait <= 0 {
 			break
 		}
-		changed := e.workChanged
-		t.mu.Unlock()
-		select {
-		case <-changed:
-		case <-time.After(wait):
-		}
-		t.mu.Lock()
-		e = t.entries[id]
+		e = t.waitWorkChange(id, e, wait)
 	}
 	return e
+}
+
+// waitWorkChange waits, t.mu held (it lets go while it waits), until the
+// work in flight in e changes or wait has passed; it returns id's entry
+// then.
+func (t *table) waitWorkChange(id string, e *entry, wait time.Duration) *entry {
+	changed := e.workChanged
+	t.mu.Unlock()
+	select {
+	case <-changed:
+	case <-time.After(wait):
+	}
+	t.mu.Lock()
+	return t.entries[id]
 }
 
 // inFlightError is quiesce's refusal for n pieces of work in flight.
@@ -308,6 +328,9 @@ func (t *table) run(id string, c *AgentClient, idleTimeout time.Duration) (time.
 	}
 	e.client = c
 	e.idle = idleState{timeout: idleTimeout, lastUse: t.now()}
+	if e.phase == phaseResuming {
+		e.resumed = time.Now()
+	}
 	e.setPhase(phaseRunning)
 	return idleTimeout, true
 }

@@ -149,6 +149,50 @@ func TestTableTerminalTeardown(t *testing.T) {
 	}
 }
 
+// A checkpoint of a sandbox resumed a moment ago gives the requests that
+// waited for the resume answerGrace to count their work: a pause sent just
+// after a request that woke an idle sandbox finds that request's work in
+// flight instead of undoing the resume it caused.
+func TestTableResumedWaitsForItsRequests(t *testing.T) {
+	tb := newTable()
+	tb.answerGrace = 200 * time.Millisecond
+	quiesce := func() (time.Duration, error) {
+		start := time.Now()
+		err := tb.quiesce("s", phasePausing, "pause it")
+		return time.Since(start), err
+	}
+
+	tb.begin("s", phaseCreating)
+	tb.run("s", nil, 0)
+	if took, err := quiesce(); err != nil || took >= tb.answerGrace/2 {
+		t.Fatalf("a pause of a sandbox just created: %v after %s, want at once", err, took)
+	}
+	tb.end("s")
+
+	tb.begin("s", phaseResuming)
+	tb.run("s", nil, 0)
+	e := tb.entries["s"]
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		tb.mu.Lock()
+		w := &work{t: tb, e: e}
+		w.change(1, 0) // what acquire counts
+		tb.mu.Unlock()
+	}()
+	took, err := quiesce()
+	if !pandastack.IsCode(err, pandastack.EConflict) || took < tb.answerGrace {
+		t.Fatalf("a pause just after a resume whose request runs: %v after %s, want conflict after the work's grace", err, took)
+	}
+	tb.end("s")
+
+	tb.begin("s", phaseResuming)
+	tb.run("s", nil, 0)
+	took, err = quiesce()
+	if err != nil || took < tb.answerGrace/2 || took >= 2*tb.answerGrace {
+		t.Fatalf("a pause just after a resume nothing used: %v after %s, want success after about %s", err, took, tb.answerGrace)
+	}
+}
+
 // After close nothing begins, and a create finishing late holds nothing.
 func TestTableClose(t *testing.T) {
 	tb := newTable()

@@ -173,6 +173,50 @@ func TestIdleConcurrentResume(t *testing.T) {
 	}
 }
 
+// A request that wakes an idle sandbox runs, though a pause arrives while
+// the resume is under way: the pause waits for the resume, then gives the
+// request its turn (it lost the race and answered "resume it first").
+func TestPauseDuringAWakeLetsTheRequestRun(t *testing.T) {
+	h, c := idleHarness(t)
+	sb := h.createIdle(10)
+	h.exec(sb.ID, "set v=1")
+	h.passIdle(c, 11*time.Second)
+	if h.record(sb.ID).State != pandastack.StatePaused {
+		t.Fatal("not suspended")
+	}
+	inRestore, release := make(chan struct{}), make(chan struct{})
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		close(inRestore)
+		h.rt.mu.Unlock()
+		<-release
+		h.rt.mu.Lock()
+		return nil
+	}
+	type answer struct {
+		out string
+		err error
+	}
+	woke := make(chan answer, 1)
+	go func() {
+		out, err := h.exec(sb.ID, "get v")
+		woke <- answer{out, err}
+	}()
+	<-inRestore
+	paused := make(chan error, 1)
+	go func() {
+		_, err := h.m.Pause(context.Background(), project, sb.ID)
+		paused <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // the pause waits for the resume
+	close(release)
+	if a := <-woke; a.err != nil || a.out != "1" {
+		t.Fatalf("the request that woke it: %q %v", a.out, a.err)
+	}
+	if err := <-paused; err != nil && !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("the pause: %v", err)
+	}
+}
+
 // A suspend (or a pause) on a full disk leaves the sandbox running as it was.
 func TestPauseOnFullDiskKeepsRunning(t *testing.T) {
 	h, c := idleHarness(t)
