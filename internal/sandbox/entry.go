@@ -132,6 +132,9 @@ func newTable() *table {
 var errClosing = pandastack.Errorf(pandastack.EUnavailable, "the server is shutting down")
 
 func busyError(id string, p phase) error {
+	if p == phaseStopping { // a retry meets a sandbox that is gone
+		return pandastack.Errorf(pandastack.EConflict, "sandbox %s is being stopped (killed, or past its TTL); it will not run again", id)
+	}
 	return pandastack.Errorf(pandastack.EConflict, "sandbox %s is being %s; retry in a moment", id, p)
 }
 

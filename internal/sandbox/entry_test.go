@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,8 +237,8 @@ func TestTableStopWaits(t *testing.T) {
 	if !<-waited {
 		t.Fatal("the kill did not wait")
 	}
-	if err := tb.quiesce("s", phaseCheckpointing, "take the snapshot"); !pandastack.IsCode(err, pandastack.EConflict) {
-		t.Fatalf("a snapshot while a kill waits: %v", err)
+	if err := tb.quiesce("s", phaseCheckpointing, "take the snapshot"); !pandastack.IsCode(err, pandastack.EConflict) || !strings.Contains(err.Error(), "will not run again") {
+		t.Fatalf("a snapshot while a kill waits: %v", err) // not "retry": it is about to go
 	}
 	if err := tb.refusesQuiesce("s", "fork it"); !pandastack.IsCode(err, pandastack.EConflict) {
 		t.Fatalf("a fork while a kill waits: %v", err)
