@@ -571,6 +571,40 @@ func TestRequestsDuringAPause(t *testing.T) {
 	}
 }
 
+// Pauses at once: one pauses the sandbox, the others wait for it and
+// answer the paused sandbox, as concurrent resumes answer the running one.
+// A pause of a sandbox already paused is still refused.
+func TestConcurrentPauses(t *testing.T) {
+	h := newHarness(t)
+	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inCheckpoint, release := h.holdCheckpoint()
+	res := make(chan error, 3)
+	pause := func() {
+		got, err := h.m.Pause(context.Background(), project, sb.ID)
+		if err == nil && (got.State != pandastack.StatePaused || got.PauseReason != pandastack.PauseRequested) {
+			err = fmt.Errorf("answered %s (pause_reason %q)", got.State, got.PauseReason)
+		}
+		res <- err
+	}
+	go pause()
+	<-inCheckpoint
+	go pause()
+	go pause()
+	time.Sleep(20 * time.Millisecond) // let them find the pause under way
+	close(release)
+	for range 3 {
+		if err := <-res; err != nil {
+			t.Errorf("a concurrent pause: %v", err)
+		}
+	}
+	if _, err := h.m.Pause(context.Background(), project, sb.ID); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("a pause of a paused sandbox: %v", err)
+	}
+}
+
 // A long-lived use (a follow of a process's output, a proxied connection)
 // cut off by a pause says the sandbox was paused, not that it died.
 func TestHoldCutByAPause(t *testing.T) {

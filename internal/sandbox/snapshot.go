@@ -190,9 +190,11 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 // Pause checkpoints a running sandbox to disk and frees its memory and CPU.
 // A sandbox suspended for idleness stays paused as asked: from then on a
 // request no longer wakes it (unless it has auto_resume). An idle suspend
-// or a resume under way is waited for.
+// or a resume under way is waited for; so is another pause, which then
+// answers as if this one had (as concurrent resumes do).
 func (m *Manager) Pause(ctx context.Context, projectID, id string) (_ pandastack.Sandbox, err error) {
 	defer m.observe(opPause, time.Now(), &err)
+	waitedPause := false
 	for {
 		sb, err := m.store.GetSandbox(ctx, projectID, id)
 		if err != nil {
@@ -209,9 +211,16 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (_ pandastack
 			if m.sbx.waitOut(ctx, id, phaseResuming) {
 				continue // being resumed: pause what that makes
 			}
+			if waitedPause && sb.PauseReason == pandastack.PauseRequested {
+				return sb, nil // paused as asked by the pause waited for
+			}
 			return sb, pandastack.Errorf(pandastack.EConflict, "sandbox %s is already paused", id)
 		} else if sb, err = m.running(ctx, projectID, id); err == nil {
 			sb, err = m.pause(ctx, sb, pandastack.PauseRequested)
+		}
+		if pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phasePausing) {
+			waitedPause = true
+			continue
 		}
 		if errors.Is(err, errResumedMeanwhile) || pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseSuspending, phaseResuming) {
 			continue
