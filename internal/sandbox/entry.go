@@ -88,11 +88,14 @@ type entry struct {
 	// snapshot or pause it in a loop cannot keep it from its stop.
 	killsWaiting int
 	expired      bool
-	// resumed: when a resume made it running. The requests that waited
-	// for that resume (an idle sandbox woken on demand) get answerGrace
-	// from then to count their work before a checkpoint may begin: a
-	// pause sent just after them must not undo the resume they caused.
-	resumed time.Time
+	// turn: when a resume made it running, or a checkpoint that requests
+	// waited for (waiting of them, see waitTurn) ended. Those requests get
+	// answerGrace from then to count their work before another checkpoint
+	// may begin: a pause sent just after requests that woke an idle
+	// sandbox must not undo the resume they caused, nor may clients that
+	// snapshot in a loop keep work out.
+	turn    time.Time
+	waiting int
 }
 
 func newEntry(p phase) *entry {
@@ -189,12 +192,12 @@ func (t *table) quiesce(id string, p phase, what string) error {
 
 // waitWork waits, t.mu held (it lets go while it waits), until no work is
 // in flight in id (terminal sessions aside unless terminalsToo), or the
-// graces have passed; it returns id's entry then. In a sandbox resumed
-// less than answerGrace ago it first waits for work to begin.
+// graces have passed; it returns id's entry then. Less than answerGrace
+// after its turn (see entry.turn) it first waits for work to begin.
 func (t *table) waitWork(id string, terminalsToo bool) *entry {
 	e := t.entries[id]
-	for e != nil && e.inflight == 0 && !e.resumed.IsZero() {
-		wait := t.answerGrace - time.Since(e.resumed)
+	for e != nil && e.inflight == 0 && !e.turn.IsZero() {
+		wait := t.answerGrace - time.Since(e.turn)
 		if wait <= 0 {
 			break
 		}
@@ -305,6 +308,9 @@ func (t *table) settle(id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if e := t.entries[id]; e != nil && (e.phase == phaseCheckpointing || e.phase == phasePausing || e.phase == phaseSuspending) {
+		if e.waiting > 0 {
+			e.turn = time.Now()
+		}
 		e.setPhase(phaseRunning)
 	}
 }
@@ -332,7 +338,7 @@ func (t *table) run(id string, c *AgentClient, idleTimeout time.Duration) (time.
 	e.client = c
 	e.idle = idleState{timeout: idleTimeout, lastUse: t.now()}
 	if e.phase == phaseResuming {
-		e.resumed = time.Now()
+		e.turn = time.Now()
 	}
 	e.setPhase(phaseRunning)
 	return idleTimeout, true
@@ -375,6 +381,21 @@ func (t *table) end(id string) {
 // sandbox has become.
 func (t *table) wait(ctx context.Context, id string) bool {
 	return t.waitOut(ctx, id, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage)
+}
+
+// waitTurn is wait for a request whose work the sandbox's phase refused,
+// a snapshot or fork under way (checkpointing) included: the request is
+// counted as waiting (see entry.turn) until *release is called, which the
+// caller does once it has its work counted, or has given up.
+func (t *table) waitTurn(ctx context.Context, id string, release *func()) bool {
+	return t.waitOutThen(ctx, id, func(e *entry) {
+		e.waiting++
+		*release = func() {
+			t.mu.Lock()
+			e.waiting--
+			t.mu.Unlock()
+		}
+	}, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage, phaseCheckpointing)
 }
 
 // waitOut blocks while the sandbox is in one of phases, until its phase

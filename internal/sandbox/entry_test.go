@@ -150,11 +150,12 @@ func TestTableTerminalTeardown(t *testing.T) {
 	}
 }
 
-// A checkpoint of a sandbox resumed a moment ago gives the requests that
-// waited for the resume answerGrace to count their work: a pause sent just
-// after a request that woke an idle sandbox finds that request's work in
-// flight instead of undoing the resume it caused.
-func TestTableResumedWaitsForItsRequests(t *testing.T) {
+// A checkpoint of a sandbox resumed a moment ago, or just out of a
+// checkpoint that requests waited for, gives those requests answerGrace to
+// count their work: a pause sent just after a request that woke an idle
+// sandbox finds that request's work in flight instead of undoing the
+// resume it caused, and snapshots in a loop do not keep work out.
+func TestTableTurnAfterAResumeOrCheckpoint(t *testing.T) {
 	tb := newTable()
 	tb.answerGrace = 200 * time.Millisecond
 	quiesce := func() (time.Duration, error) {
@@ -191,6 +192,42 @@ func TestTableResumedWaitsForItsRequests(t *testing.T) {
 	took, err = quiesce()
 	if err != nil || took < tb.answerGrace/2 || took >= 2*tb.answerGrace {
 		t.Fatalf("a pause just after a resume nothing used: %v after %s, want success after about %s", err, took, tb.answerGrace)
+	}
+	tb.settle("s")
+
+	// After a checkpoint that requests waited for, the same: they go first.
+	if err := tb.quiesce("s", phaseCheckpointing, "take the snapshot"); err != nil {
+		t.Fatal(err)
+	}
+	var release func()
+	waited := make(chan bool)
+	go func() { waited <- tb.waitTurn(context.Background(), "s", &release) }()
+	for !tb.waitingFor("s") {
+		time.Sleep(time.Millisecond)
+	}
+	tb.settle("s")
+	<-waited
+	e = tb.entries["s"]
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		tb.mu.Lock()
+		w := &work{t: tb, e: e}
+		w.change(1, 0)
+		tb.mu.Unlock()
+		release()
+	}()
+	if took, err := quiesce(); !pandastack.IsCode(err, pandastack.EConflict) || took < tb.answerGrace {
+		t.Fatalf("a pause just after a checkpoint a request waited for: %v after %s, want conflict after the work's grace", err, took)
+	}
+	// One that nobody waited for leaves none of that behind.
+	tb.entries["s"].inflight = 0
+	tb.entries["s"].turn = time.Time{}
+	if err := tb.quiesce("s", phaseCheckpointing, "take the snapshot"); err != nil {
+		t.Fatal(err)
+	}
+	tb.settle("s")
+	if took, err := quiesce(); err != nil || took >= tb.answerGrace/2 {
+		t.Fatalf("a pause after a checkpoint nobody waited for: %v after %s, want at once", err, took)
 	}
 }
 
@@ -259,6 +296,14 @@ func TestTableStopWaits(t *testing.T) {
 	if err := tb.begin("s", phaseStopping); err != nil {
 		t.Fatalf("the reaper's next round: %v", err)
 	}
+}
+
+// waitingFor says a request waits for sandbox id's phase to end.
+func (t *table) waitingFor(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[id]
+	return e != nil && e.waiting > 0
 }
 
 // stopWaiting says a kill waits for sandbox id.

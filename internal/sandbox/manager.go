@@ -782,14 +782,26 @@ func (m *Manager) Agent(ctx context.Context, projectID, id string) (*AgentClient
 
 // use makes the sandbox usable and then takes its channel with take (one
 // of the table's agent, acquire or hold). An idle suspend that began in
-// between is waited out, and the sandbox resumed, as for any request.
+// between is waited out, and the sandbox resumed, as for any request; so
+// is a snapshot or fork under way (a checkpoint takes a second or so, and
+// an agent's parallel calls must not fail for it).
 func (m *Manager) use(ctx context.Context, projectID, id string, take func(string) (*AgentClient, func(), error)) (*AgentClient, func(), error) {
+	var release func() // counted as waiting for a checkpoint's end
+	defer func() {
+		if release != nil {
+			release()
+		}
+	}()
 	for {
 		if _, err := m.usable(ctx, projectID, id); err != nil {
 			return nil, nil, err
 		}
 		c, done, err := take(id)
-		if err != nil && m.sbx.wait(ctx, id) {
+		if release != nil {
+			release()
+			release = nil
+		}
+		if err != nil && m.sbx.waitTurn(ctx, id, &release) {
 			continue
 		}
 		return c, done, err

@@ -61,7 +61,10 @@ func TestExclusion(t *testing.T) {
 	done()
 	done() // idempotent: one piece of work counts once
 
-	// A checkpoint under way: new work and a pause answer conflict.
+	// A checkpoint under way: new work and a pause wait for it; the work
+	// then goes first (it came first, and the pause waits for it to start:
+	// its acquire happens within answerGrace), and the pause answers
+	// conflict for it or, once it ended, pauses.
 	inCheckpoint, release := h.holdCheckpoint()
 	snapErr := make(chan error, 1)
 	go func() {
@@ -69,15 +72,44 @@ func TestExclusion(t *testing.T) {
 		snapErr <- err
 	}()
 	<-inCheckpoint
-	_, _, err = h.m.Acquire(ctx, project, sb.ID)
-	wantCode(t, err, pandastack.EConflict)
-	_, err = h.m.Pause(ctx, project, sb.ID)
-	wantCode(t, err, pandastack.EConflict)
+	type acquired struct {
+		done func()
+		err  error
+	}
+	work := make(chan acquired, 1)
+	go func() {
+		_, done, err := h.m.Acquire(ctx, project, sb.ID)
+		work <- acquired{done, err}
+	}()
+	for !h.m.sbx.waitingFor(sb.ID) {
+		time.Sleep(time.Millisecond)
+	}
+	pauseErr := make(chan error, 1)
+	go func() {
+		_, err := h.m.Pause(ctx, project, sb.ID)
+		pauseErr <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	select {
+	case w := <-work:
+		t.Fatalf("work during a checkpoint did not wait: %v", w.err)
+	case err := <-pauseErr:
+		t.Fatalf("a pause during a checkpoint did not wait: %v", err)
+	default:
+	}
 	close(release)
 	if err := <-snapErr; err != nil {
 		t.Fatal(err)
 	}
+	w := <-work
+	if w.err != nil {
+		t.Fatalf("work after the checkpoint it waited for: %v", w.err)
+	}
+	wantCode(t, <-pauseErr, pandastack.EConflict) // the work still runs
+	w.done()
+	h.rt.mu.Lock()
 	h.rt.checkpointErr = nil
+	h.rt.mu.Unlock()
 
 	// Afterwards everything works again.
 	if _, err := h.exec(sb.ID, "set y=1"); err != nil {

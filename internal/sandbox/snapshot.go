@@ -190,8 +190,9 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 // Pause checkpoints a running sandbox to disk and frees its memory and CPU.
 // A sandbox suspended for idleness stays paused as asked: from then on a
 // request no longer wakes it (unless it has auto_resume). An idle suspend
-// or a resume under way is waited for; so is another pause, which then
-// answers as if this one had (as concurrent resumes do).
+// or a resume under way is waited for, and so is a snapshot or fork; so is
+// another pause, which then answers as if this one had (as concurrent
+// resumes do).
 func (m *Manager) Pause(ctx context.Context, projectID, id string) (_ pandastack.Sandbox, err error) {
 	defer m.observe(opPause, time.Now(), &err)
 	waitedPause := false
@@ -222,7 +223,7 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (_ pandastack
 			waitedPause = true
 			continue
 		}
-		if errors.Is(err, errResumedMeanwhile) || pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseSuspending, phaseResuming) {
+		if errors.Is(err, errResumedMeanwhile) || pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseSuspending, phaseResuming, phaseCheckpointing) {
 			continue
 		}
 		return sb, err
