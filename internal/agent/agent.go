@@ -66,6 +66,8 @@ type Server struct {
 	conn  io.ReadWriteCloser // the session's stream from agentproto.Serve; nil when served otherwise
 	// watches counts the directory watches open (watch.go).
 	watches atomic.Int32
+	// uploads are the temp files of uploads, for watches to leave out.
+	uploads uploadTemps
 }
 
 // NewServer returns the API of the session of the given epoch.

@@ -254,12 +254,14 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	var tmp *os.File
 	mode := fs.FileMode(0o644)
+	replaces := false
 	err = t.run(func() error {
 		if fi, err := os.Stat(p); err == nil {
 			if fi.IsDir() {
 				return pandastack.Errorf(pandastack.EConflict, "%s is a directory; delete it first or upload to a path inside it", p)
 			}
 			mode = fi.Mode().Perm() // overwriting keeps the mode
+			replaces = true
 		}
 		dir := filepath.Dir(p)
 		if err := mkdirAll(dir); err != nil {
@@ -269,9 +271,10 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		var err error
 		// Its name is short whatever the file's (a name of up to 255 bytes
 		// must upload), with a bit of the file's to tell what it is for.
-		if tmp, err = os.CreateTemp(dir, "."+truncName(filepath.Base(p), 32)+".upload-*"); err != nil {
+		if tmp, err = os.CreateTemp(dir, "."+truncName(filepath.Base(p), 32)+uploadTempMark+"*"); err != nil {
 			return fsError(err, p, true)
 		}
+		s.uploads.add(filepath.Base(tmp.Name()), replaces)
 		return nil
 	})
 	if err != nil {

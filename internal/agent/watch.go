@@ -55,7 +55,7 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) error {
 		if !fi.IsDir() {
 			return pandastack.Errorf(pandastack.EInvalid, "%s is a file, not a directory: watch the directory it is in", t.path)
 		}
-		wt, err = newWatcher(t, recursive)
+		wt, err = newWatcher(t, recursive, &s.uploads)
 		return err
 	})
 	if err != nil {

@@ -30,6 +30,11 @@ type watcher struct {
 	// in a new directory between its watch's start and the walk of it
 	// shows in both, and is reported once (see reportCreate).
 	created map[string]uint64
+	// Uploads: their temp files are left out, and the rename of one into
+	// place (its cookie in moved, with whether it replaced a file) is a
+	// create or a write of the file.
+	uploads *uploadTemps
+	moved   map[uint32]bool
 }
 
 // maxCreated bounds watcher.created; past it the record starts again.
@@ -40,7 +45,7 @@ const watchMask = unix.IN_CREATE | unix.IN_MODIFY | unix.IN_DELETE | unix.IN_MOV
 
 // newWatcher watches t's directory, which exists. Call it with t's
 // credentials (t.run): a watch needs read access to the directory.
-func newWatcher(t fileTarget, recursive bool) (*watcher, error) {
+func newWatcher(t fileTarget, recursive bool, uploads *uploadTemps) (*watcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		if errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) {
@@ -48,7 +53,7 @@ func newWatcher(t fileTarget, recursive bool) (*watcher, error) {
 		}
 		return nil, fmt.Errorf("inotify_init1: %w", err)
 	}
-	w := &watcher{t: t, recursive: recursive, f: os.NewFile(uintptr(fd), "inotify"), dirs: map[int32]string{}, wds: map[string]int32{}, created: map[string]uint64{}}
+	w := &watcher{t: t, recursive: recursive, f: os.NewFile(uintptr(fd), "inotify"), dirs: map[int32]string{}, wds: map[string]int32{}, created: map[string]uint64{}, uploads: uploads, moved: map[uint32]bool{}}
 	if err := w.addTree(t.path, nil); err != nil {
 		w.close()
 		return nil, err
@@ -86,7 +91,7 @@ func (w *watcher) addTree(dir string, found *[]agentproto.FileEvent) error {
 		case d.IsDir() && slices.ContainsFunc(agentproto.PseudoFS, func(pseudo string) bool { return p == pseudo }):
 			return fs.SkipDir
 		}
-		if found != nil && w.reportCreate(p) {
+		if found != nil && !isUploadTemp(d.Name()) && w.reportCreate(p) {
 			reported++
 			switch {
 			case reported <= maxFound:
@@ -239,8 +244,24 @@ func (w *watcher) parse(b []byte) (evs []agentproto.FileEvent, ended bool, err e
 			p = filepath.Join(dir, name)
 		}
 		isDir := mask&unix.IN_ISDIR != 0
+		if !isDir && isUploadTemp(name) {
+			if mask&unix.IN_MOVED_FROM != 0 && raw.Cookie != 0 {
+				if len(w.moved) >= maxCreated {
+					clear(w.moved)
+				}
+				w.moved[raw.Cookie] = w.uploads.replaces(name)
+			}
+			continue // an upload's temp file: its rename into place says it
+		}
+		replaced, uploaded := w.moved[raw.Cookie]
+		if uploaded {
+			delete(w.moved, raw.Cookie)
+		}
 		typ := ""
 		switch {
+		case uploaded && replaced && mask&unix.IN_MOVED_TO != 0:
+			w.reportCreate(p) // its new inode
+			typ = pandastack.FileEventWrite
 		case mask&(unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0:
 			if dir != w.t.path {
 				continue // its parent's watch said so

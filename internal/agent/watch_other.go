@@ -11,7 +11,7 @@ import (
 
 type watcher struct{}
 
-func newWatcher(fileTarget, bool) (*watcher, error) {
+func newWatcher(fileTarget, bool, *uploadTemps) (*watcher, error) {
 	return nil, pandastack.Errorf(pandastack.EInvalid, "watching a directory needs Linux (inotify)")
 }
 

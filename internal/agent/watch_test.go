@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,6 +111,30 @@ func TestWatchDirectory(t *testing.T) {
 			t.Error("the stream did not end with its directory")
 		}
 	})
+}
+
+// An upload shows in a watch as one change of the file: a create, then a
+// write when another upload replaces it; never its temp file.
+func TestWatchUploads(t *testing.T) {
+	cfg := testConfig(t)
+	st := directStack(t, cfg, 1)
+	st.call(t, http.MethodPut, "/v1/files", q("path", "up/sub/keep"), strings.NewReader(""), http.StatusOK, nil) // the user's directories
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	evs := watchStream(t, st, ctx, "path", "up", "recursive", "true")
+	<-evs
+	st.call(t, http.MethodPut, "/v1/files", q("path", "up/sub/a.txt"), strings.NewReader("one"), http.StatusOK, nil)
+	st.call(t, http.MethodPut, "/v1/files", q("path", "up/sub/a.txt"), strings.NewReader("two"), http.StatusOK, nil)
+	st.call(t, http.MethodDelete, "/v1/files", q("path", "up/sub/keep"), nil, http.StatusNoContent, nil) // a marker: everything before it has come
+	seen := expect(t, evs, agentproto.FileEvent{Type: "remove", Name: "sub/keep"})
+	var got []string
+	for _, ev := range seen {
+		got = append(got, ev.Type+" "+ev.Name)
+	}
+	want := []string{"create sub/a.txt", "write sub/a.txt", "remove sub/keep"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("events %q, want %q", got, want)
+	}
 }
 
 func TestWatchRefusals(t *testing.T) {

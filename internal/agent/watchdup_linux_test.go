@@ -15,7 +15,7 @@ import (
 // at the same path after a removal is news.
 func TestWatchReportsACreateOnce(t *testing.T) {
 	root := t.TempDir()
-	w, err := newWatcher(fileTarget{path: root, root: true}, true)
+	w, err := newWatcher(fileTarget{path: root, root: true}, true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func ok(t *testing.T, err error) {
 func TestWatchReportsADirectoryMovedBack(t *testing.T) {
 	root := t.TempDir()
 	away := t.TempDir()
-	w, err := newWatcher(fileTarget{path: root, root: true}, true)
+	w, err := newWatcher(fileTarget{path: root, root: true}, true, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
