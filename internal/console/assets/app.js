@@ -147,6 +147,9 @@ function sandboxesPage() {
 
   let latest = 0;
   const shown = new Map(); // sandbox id → {sig, tr}
+  // The row an empty list shows is kept and compared like the others, so a
+  // first load with no sandboxes shows it too (an empty tbody matched).
+  const none = h("tr", {}, h("td", { colspan: 8, class: "muted", text: "No sandboxes. Create one above." }));
   async function refresh() {
     const n = ++latest;
     sessionStorage.setItem("pandastack.filter", filter.value);
@@ -182,8 +185,9 @@ function sandboxesPage() {
       return row.tr;
     });
     for (const id of [...shown.keys()]) if (!list.some((s) => s.id === id)) shown.delete(id);
+    if (!rows.length) rows.push(none);
     const same = rows.length === tbody.children.length && rows.every((tr, i) => tbody.children[i] === tr);
-    if (!same) tbody.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 8, class: "muted", text: "No sandboxes. Create one above." }))]));
+    if (!same) tbody.replaceChildren(...rows);
   }
   filter.addEventListener("input", refresh);
   showStopped.addEventListener("change", refresh);
@@ -292,7 +296,17 @@ function notebookPanel(id, known) {
       const cancel = new AbortController();
       const abort = () => cancel.abort();
       onLeave(abort);
-      stop.onclick = () => act("Interrupt", async () => { await api("POST", `/v1/sandboxes/${id}/contexts/${cid}/interrupt`); state.textContent = "interrupting…"; });
+      stop.onclick = async () => {
+        try {
+          await api("POST", `/v1/sandboxes/${id}/contexts/${cid}/interrupt`);
+          state.textContent = "interrupting…";
+        } catch (e) {
+          // A context's first cell waits for its kernel to start (seconds,
+          // for bash, R or Java), and until it runs no interrupt reaches it.
+          if (e.status === 409 && /still starting/.test(e.message)) state.textContent = "the kernel is still starting: the interrupt cannot reach it yet, and the cell runs once it is up (interrupt it then)";
+          else say(`Interrupt failed: ${e.message}`, true);
+        }
+      };
       stop.hidden = false;
       out.replaceChildren();
       state.textContent = "running…";
@@ -545,9 +559,21 @@ async function keysPage() {
     h("option", { value: "sandboxes", text: "sandboxes: everything but the keys (for agents, CI)" }),
     h("option", { value: "all", text: "all: the project's keys too" }));
   const shown = h("div", { "aria-live": "polite" });
+  const table = h("table", { "aria-label": "API keys" }, h("thead", {}, h("tr", {}, ["Key", "Name", "Starts with", "Scope", "Created", "Status", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody);
+  const listing = h("div", {}, table);
   const load = async () => {
-    const r = await act("Listing keys", () => api("GET", "/v1/api-keys"));
-    tbody.replaceChildren(...(r?.api_keys || []).map((k) => h("tr", { "data-id": k.id },
+    let r;
+    try { r = await api("GET", "/v1/api-keys"); } catch (e) {
+      // Said in the page, not in a passing message: an empty table and a
+      // live form would look like a project with no keys (a key of scope
+      // "sandboxes" gets 403 here).
+      form.hidden = true;
+      listing.replaceChildren(h("p", { class: "error", role: "alert", text: `Cannot list this project's keys: ${e.message}` }));
+      return;
+    }
+    form.hidden = false;
+    if (listing.firstChild !== table) listing.replaceChildren(table);
+    tbody.replaceChildren(...(r.api_keys || []).map((k) => h("tr", { "data-id": k.id },
       h("td", { class: "mono", text: k.id }), h("td", { text: k.name || "" }), h("td", { class: "mono", text: k.prefix + "…" }), h("td", { text: k.scope || "all" }),
       h("td", { text: new Date(k.created_at).toLocaleString() }), h("td", { text: k.revoked_at ? "revoked " + new Date(k.revoked_at).toLocaleString() : "active" }),
       h("td", {}, k.revoked_at ? null : h("button", { type: "button", class: "danger", text: "Revoke", "aria-label": `Revoke ${k.id}`, onclick: () => act("Revoke", async () => {
@@ -566,7 +592,8 @@ async function keysPage() {
       load();
     });
   });
-  page("API keys", form, shown, h("table", { "aria-label": "API keys" }, h("thead", {}, h("tr", {}, ["Key", "Name", "Starts with", "Scope", "Created", "Status", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody));
+  form.hidden = true; // until the list shows this key may manage keys
+  page("API keys", form, shown, listing);
   load();
 }
 

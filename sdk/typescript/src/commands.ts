@@ -3,7 +3,7 @@
  * true })`) and `sandbox.commands`, which uses the names of E2B's SDK.
  */
 
-import { NotFoundError, PandaStackError } from "./errors.js";
+import { PandaStackError, errorFromCode } from "./errors.js";
 import { type HttpClient, streamError } from "./http.js";
 
 /** The outcome of a command. A non-zero exit or a timeout is not an error. */
@@ -250,6 +250,8 @@ export async function listProcesses(http: HttpClient, sandboxId: string): Promis
 /** @internal */
 export async function connectProcess(http: HttpClient, sandboxId: string, pid: number): Promise<CommandHandle> {
   const p = (await listProcesses(http, sandboxId)).find((q) => q.pid === pid);
-  if (!p) throw new NotFoundError(`no background process ${pid} in sandbox ${sandboxId}`, "not_found", 404);
+  // Built as an answer's error is, so the message ends as every other one
+  // does: "(not_found, HTTP 404)".
+  if (!p) throw errorFromCode("not_found", `no background process ${pid} in sandbox ${sandboxId}`, 404);
   return new CommandHandle(http, sandboxId, p);
 }

@@ -90,6 +90,30 @@ test("each server error code has its own class, as in the Python SDK", async () 
   }
 });
 
+test("connectProcess of an unknown pid: a NotFoundError worded as the server's own", async () => {
+  // The SDK finds the pid missing in the list itself (a server of the
+  // test's own, that runs none); its message ends as every other does.
+  const http = await import("node:http");
+  const srv = http.createServer((req, res) => {
+    res.writeHead(200, { "Content-Type": "application/json" });
+    const processes = req.url?.endsWith("/processes");
+    res.end(JSON.stringify(processes ? { processes: [] } : { id: "sbx_fake", template: "base", state: "running", metadata: {} }));
+  });
+  await new Promise<void>((ok) => srv.listen(0, "127.0.0.1", ok));
+  try {
+    const apiUrl = `http://127.0.0.1:${(srv.address() as { port: number }).port}`;
+    const sb = await Sandbox.connect("sbx_fake", { apiKey: "pds_x", apiUrl });
+    await assert.rejects(sb.connectProcess(42), (err: unknown) => {
+      assert.ok(err instanceof NotFoundError, String(err));
+      assert.deepEqual([err.code, err.status], ["not_found", 404]);
+      assert.equal(err.message, "no background process 42 in sandbox sbx_fake (not_found, HTTP 404)");
+      return true;
+    });
+  } finally {
+    srv.close();
+  }
+});
+
 test("a run whose error comes only in its final event still calls onError", async () => {
   // As when the sandbox stops under a streamed run: no error event, the
   // final execution carries it (a server of the test's own).
