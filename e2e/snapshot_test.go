@@ -191,6 +191,51 @@ func TestSnapshotRestoreFork(t *testing.T) {
 	})
 }
 
+// A sandbox holding many files (a clone of a large repository, an npm
+// install) lives through its snapshot, fork and pause: gVisor encodes its
+// kernel state, a few KB a file, in memory charged to the sandbox, and at
+// 100,000 files that took the sandbox past its host limit (a 512 MiB
+// sandbox was stopped out_of_memory, an idle suspend included).
+func TestCheckpointsOfManyFiles(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base", TTLSeconds: 600})
+	if sb.MemoryMB != 512 {
+		t.Fatalf("base sandbox of %d MiB, want 512 (the figures above)", sb.MemoryMB)
+	}
+	mk := `mkdir m && cd m && python3 -c 'for i in range(100000): open(f"f{i}", "w").close()'`
+	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: mk, TimeoutSeconds: 300}); err != nil || res.ExitCode != 0 {
+		t.Fatalf("making the files: %+v %v", res, err)
+	}
+	count := func(id, when string) {
+		t.Helper()
+		res, err := c.Exec(ctx, id, client.ExecRequest{Cmd: "ls m | wc -l"})
+		if err != nil || strings.TrimSpace(res.Stdout) != "100000" {
+			t.Fatalf("%s: %+v %v", when, res, err)
+		}
+	}
+	snap, err := c.CreateSnapshot(ctx, sb.ID, nil)
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	t.Cleanup(func() { c.DeleteSnapshot(context.Background(), snap.ID) })
+	count(sb.ID, "after the snapshot")
+	kids, err := c.Fork(ctx, sb.ID, client.ForkRequest{Count: 1})
+	if err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	t.Cleanup(func() { c.KillSandbox(context.Background(), kids[0].ID) })
+	count(kids[0].ID, "in the fork's child")
+	if _, err := c.Pause(ctx, sb.ID); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if _, err := c.Resume(ctx, sb.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	count(sb.ID, "after pause and resume")
+}
+
 func TestPauseResume(t *testing.T) {
 	s := sharedServer(t)
 	ctx := context.Background()

@@ -110,7 +110,7 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 	m.sbx.settle(id)
 	if err != nil {
 		os.RemoveAll(img)
-		return nil, fmt.Errorf("fork %s: %w", id, storageError(err, checkpointOutcome))
+		return nil, fmt.Errorf("fork %s: %w", id, m.checkpointError(ctx, id, "its fork", storageError(err, checkpointOutcome)))
 	}
 	tCheckpoint := time.Now()
 	policy := o.Network

@@ -186,6 +186,10 @@ func (m *Manager) suspend(idle []string) {
 		start := time.Now()
 		_, err = m.pause(context.Background(), sb, pandastack.PauseIdle)
 		m.observe(opSuspend, start, &err)
+		if pandastack.IsCode(err, pandastack.EStopped) {
+			m.log.Warn("idle suspend failed: the sandbox died", "sandbox", id, "err", err)
+			return
+		}
 		if err != nil {
 			wait := m.sbx.suspendFailed(id)
 			m.log.Warn("idle suspend failed; the sandbox keeps running", "sandbox", id, "err", err, "next_try_in", wait)

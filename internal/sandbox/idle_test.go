@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -239,6 +240,45 @@ func TestPauseOnFullDiskKeepsRunning(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(h.m.cfg.PausedDir); len(ents) != 0 {
 		t.Fatalf("partial images left: %v", ents)
+	}
+}
+
+// A checkpoint that kills its sandbox (runsc's encoding of its state ran
+// it out of memory) answers that the sandbox stopped, with the reason,
+// and records it so at once: not unavailable, which says to retry.
+func TestCheckpointThatKillsTheSandbox(t *testing.T) {
+	for _, op := range []string{"snapshot", "fork", "pause", "idle suspend"} {
+		t.Run(op, func(t *testing.T) {
+			h, c := idleHarness(t)
+			ctx := context.Background()
+			sb := h.createIdle(10)
+			h.rt.checkpointErr = func(id string) error { // h.rt.mu held
+				b := h.rt.boxes[id]
+				b.stop()
+				b.alive, b.reason = false, pandastack.ReasonOutOfMemory
+				return errors.New("runsc checkpoint: exit status 128")
+			}
+			var err error
+			switch op {
+			case "snapshot":
+				_, err = h.m.Snapshot(ctx, project, sb.ID, nil)
+			case "fork":
+				_, err = h.m.Fork(ctx, project, sb.ID, 1, nil, nil)
+			case "pause":
+				_, err = h.m.Pause(ctx, project, sb.ID)
+			case "idle suspend":
+				h.passIdle(c, 11*time.Second)
+			}
+			if op != "idle suspend" {
+				wantCode(t, err, pandastack.EStopped)
+				if !strings.Contains(pandastack.ErrorMessage(err), pandastack.StopOOM) {
+					t.Errorf("the error does not say why: %v", err)
+				}
+			}
+			if rec := h.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopOOM {
+				t.Fatalf("after the checkpoint: %s %q, want stopped %s", rec.State, rec.StopReason, pandastack.StopOOM)
+			}
+		})
 	}
 }
 

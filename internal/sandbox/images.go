@@ -21,7 +21,7 @@ func (m *Manager) saveSnapshot(ctx context.Context, sb pandastack.Sandbox, snapI
 	_, err := m.checkpoint(ctx, sb, staged, true)
 	m.sbx.settle(sb.ID)
 	if err != nil {
-		return 0, false, err
+		return 0, false, m.checkpointError(ctx, sb.ID, "its snapshot", err)
 	}
 	// The snapshot is taken: a client that hangs up does not undo it.
 	size, err := m.cfg.Images.Put(context.WithoutCancel(ctx), snapID, staged)

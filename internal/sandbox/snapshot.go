@@ -187,6 +187,22 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 	return m.store.DeleteSnapshot(ctx, id)
 }
 
+// checkpointError is err, a failed checkpoint's, once the sandbox has
+// settled back to running: when the checkpoint killed it (runsc encoding
+// its state ran it out of memory), it is recorded stopped with its reason
+// at once, and that is the error, rather than unavailable, which says to
+// retry.
+func (m *Manager) checkpointError(ctx context.Context, id, during string, err error) error {
+	if err == nil || m.rt.Alive(id) {
+		return err
+	}
+	m.Reconcile(id)
+	if sb, gerr := m.store.GetSandbox(ctx, "", id); gerr == nil && sb.State == pandastack.StateStopped {
+		return pandastack.Errorf(pandastack.EStopped, "sandbox %s died during %s (%s) and was stopped", id, during, sb.StopReason)
+	}
+	return err
+}
+
 // Pause checkpoints a running sandbox to disk and frees its memory and CPU.
 // A sandbox suspended for idleness stays paused as asked: from then on a
 // request no longer wakes it (unless it has auto_resume). An idle suspend
@@ -281,7 +297,7 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	dir := m.pausedPath(id)
 	if _, err := m.checkpoint(ctx, sb, dir, true); err != nil {
 		m.sbx.settle(id)
-		return sb, fmt.Errorf("pause %s: %w", id, err)
+		return sb, fmt.Errorf("pause %s: %w", id, m.checkpointError(ctx, id, "its pause", err))
 	}
 	m.rememberPaused(id, dir)
 	// A node stalled during the checkpoint may have been found lost, and

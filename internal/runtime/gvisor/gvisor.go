@@ -58,9 +58,10 @@ type Runtime struct {
 	log     *slog.Logger
 
 	mu       sync.Mutex
-	renameMu sync.Mutex           // one Rename at a time
-	pids     map[string]aliveProc // the runsc-sandbox process of each sandbox, for Alive
-	prep     map[string]*prepared // containers created ahead of their restore (prepare.go)
+	renameMu sync.Mutex              // one Rename at a time
+	pids     map[string]aliveProc    // the runsc-sandbox process of each sandbox, for Alive
+	prep     map[string]*prepared    // containers created ahead of their restore (prepare.go)
+	widened  map[string]*memWidening // memory limits widened for checkpoints, by cgroup (checkpointmem.go)
 
 	stopRotate chan struct{}
 	closeOnce  sync.Once
@@ -97,7 +98,7 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.MaxAgentLog <= 0 {
 		cfg.MaxAgentLog = DefaultMaxAgentLog
 	}
-	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]aliveProc{}, prep: map[string]*prepared{}, stopRotate: make(chan struct{})}
+	r := &Runtime{cfg: cfg, root: filepath.Join(abs, "runsc"), sbxRoot: filepath.Join(abs, "sandboxes"), log: cfg.Log, pids: map[string]aliveProc{}, prep: map[string]*prepared{}, widened: map[string]*memWidening{}, stopRotate: make(chan struct{})}
 	for _, d := range []string{r.root, r.sbxRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor: %w", err)
@@ -219,7 +220,11 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	if leaveRunning {
 		args = append(args, "--leave-running")
 	}
-	if _, err := r.runsc(ctx, append(args, r.cid(id))...); err != nil {
+	cid := r.cid(id)
+	ended := r.widenForCheckpoint(cid)
+	_, err := r.runsc(ctx, append(args, cid)...)
+	ended(leaveRunning && err == nil)
+	if err != nil {
 		// Asked only now, on failure, why: a runsc process less (20-40
 		// ms here) on the path of every snapshot, fork and pause.
 		if st, serr := r.State(ctx, id); serr != nil {
