@@ -7,6 +7,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // Connections through NAT do not pass the domain proxy; the egress log
@@ -124,20 +125,47 @@ func (n *Network) sandboxesByAddr() map[netip.Addr]*sandboxNet {
 	return m
 }
 
-// cutRefusedFlows ends the tracking of the connections through NAT of the
-// sandbox at addr that policy comp refuses: the firewall accepts a tracked
-// connection's packets without asking the policy, so a connection opened
-// before a policy was narrowed (a UDP flow that keeps sending, a TCP
-// connection kept open) would go on for as long as it lives. Its next
-// packet is then a new connection, which the policy refuses. Connections
-// the policy still allows keep their tracking (and their NAT mapping).
+// cutRefusedFlows ends the connections through NAT of the sandbox at addr
+// that policy comp refuses: the firewall accepts a tracked connection's
+// packets without asking the policy, so a connection opened before a
+// policy was narrowed (a UDP flow that keeps sending, a TCP connection
+// kept open) would go on for as long as it lives. A TCP connection is
+// marked cut (ctMarkCut): the next packet of the sandbox's on it, or its
+// answer to the server's next, is refused with a reset. Any other loses
+// its tracking: its next packet is a new connection, which the policy
+// refuses. Connections the policy still allows keep their tracking (and
+// their NAT mapping).
 func (n *Network) cutRefusedFlows(addr netip.Addr, comp Compiled) {
-	cut, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, narrowedFlows{n: n, addr: addr, comp: comp})
+	refused := narrowedFlows{n: n, addr: addr, comp: comp}
+	marked := 0
+	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
+	if err != nil {
+		n.log.Warn("listing the connections the new policy refuses", "addr", addr, "err", err)
+	}
+	for _, f := range flows {
+		if f.Forward.Protocol != unix.IPPROTO_TCP || f.Mark == ctMarkCut || !refused.MatchConntrackFlow(f) {
+			continue
+		}
+		f.Mark = ctMarkCut
+		if err := netlink.ConntrackUpdate(netlink.ConntrackTable, netlink.FAMILY_V4, f); err != nil {
+			n.log.Debug("marking a connection the new policy refuses; its tracking goes instead", "addr", addr, "err", err)
+			continue
+		}
+		marked++
+	}
+	cut, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, unmarked{refused})
 	if err != nil {
 		n.log.Warn("ending connections the new policy refuses", "addr", addr, "err", err)
-	} else if cut > 0 {
-		n.log.Debug("ended connections the new policy refuses", "addr", addr, "count", cut)
+	} else if cut+uint(marked) > 0 {
+		n.log.Debug("ended connections the new policy refuses", "addr", addr, "reset", marked, "untracked", cut)
 	}
+}
+
+// unmarked matches the flows of narrowedFlows not marked cut.
+type unmarked struct{ narrowedFlows }
+
+func (f unmarked) MatchConntrackFlow(flow *netlink.ConntrackFlow) bool {
+	return flow.Mark != ctMarkCut && f.narrowedFlows.MatchConntrackFlow(flow)
 }
 
 // narrowedFlows matches the tracked connections from addr to a destination

@@ -1180,6 +1180,49 @@ func TestNarrowedPolicyCutsOpenConnections(t *testing.T) {
 	}
 }
 
+// A connection the sandbox only reads from (a download, a stream, a long
+// poll) ends with a reset when a narrowed policy refuses it: it waited for
+// the server forever, since only the sandbox's next packet was refused.
+func TestNarrowedPolicyResetsAReadingConnection(t *testing.T) {
+	up := nettest.StartUpstream(t, "rd", 102, 102)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	ns, err := n.Prepare("sbx_reader", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_reader")
+	var c net.Conn
+	nettest.InNS(t, ns, func() {
+		if c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(up.PublicIP, 80).String(), 5*time.Second); err != nil {
+			t.Error(err)
+		}
+	})
+	if c == nil {
+		t.FailNow()
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /ticks HTTP/1.0\r\nHost: test.example\r\n\r\n")
+	r := bufio.NewReader(c)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("before the change: %v", err)
+		}
+		if strings.HasPrefix(l, "tick 1") {
+			break
+		}
+	}
+	if err := n.SetPolicy("sbx_reader", pandastack.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{up.PublicIP.String() + "/32"}}); err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.Copy(io.Discard, r)
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("reading after the policy refused the connection: %v, want a reset", err)
+	}
+}
+
 // A download through the domain proxy goes on across a policy change that
 // still allows its name: the narrowing's clean-up leaves the proxy's
 // connections to the proxy.

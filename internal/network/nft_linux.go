@@ -17,7 +17,8 @@ import (
 //	input   (hook): from our veths → jump host
 //	prerouting (nat hook): DNS from our veths → redirect to the resolver on the gateway
 //	postrouting (nat hook): from our range to anywhere but our veths → masquerade
-//	out:      established → accept; IPv6 → reject; jump platform; per veth → goto sbx_N
+//	out:      cut connections → refused; established → accept; IPv6 → reject; jump platform;
+//	          per veth → goto sbx_N
 //	platform: other sandboxes → refused; opened private ranges → return; deny set → refused
 //	sbx_N:    the sandbox's policy (anti-spoofing, jump lim_N, allow_out entries inside opened
 //	          ranges, the opened ranges → refused, other allow_out, deny_out, internet)
@@ -104,6 +105,7 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	rule(forward, cat(ifname(unix.NFT_META_OIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "in"))...)
 	rule(input, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "host"))...)
 
+	rule(f.out, cat(cutFlow(), refuse(refusedPolicy))...)
 	rule(f.out, cat(established(), jump(expr.VerdictAccept, ""))...)
 	rule(f.out, cat(nfproto(unix.NFPROTO_IPV6), jump(expr.VerdictGoto, "reject"))...)
 	rule(f.out, jump(expr.VerdictJump, "platform")...)
@@ -373,6 +375,20 @@ func ownGateway() []expr.Any {
 	return []expr.Any{
 		&expr.Fib{Register: 1, FlagDADDR: true, FlagIIF: true, ResultADDRTYPE: true},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, unix.RTN_LOCAL)},
+	}
+}
+
+// ctMarkCut is the conntrack mark of a TCP connection a narrowed policy
+// refuses (cutRefusedFlows): what the sandbox sends on it is refused, with
+// a reset, while what the server sends still reaches the sandbox, whose
+// answer (an ACK) then meets that reset. A connection the sandbox only
+// reads from ends at the server's next segment instead of hanging.
+const ctMarkCut = 0x70645f63 // "pd_c"
+
+func cutFlow() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeyMARK},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binary.NativeEndian.AppendUint32(nil, ctMarkCut)},
 	}
 }
 

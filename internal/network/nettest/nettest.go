@@ -117,7 +117,8 @@ ip -n %[1]s link set eth0 up && ip -n %[1]s link set lo up && ip -n %[1]s route 
 		// The body names the Host asked for; X-Served-By the address the
 		// request reached, so a test sees which server answered.
 		// /bytes?n=N answers N zero bytes, for throughput; /echo answers
-		// the request's body; /upgrade switches to a protocol that echoes.
+		// the request's body; /upgrade switches to a protocol that echoes;
+		// /ticks sends a line every 100 ms until the client goes.
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("X-Served-By", r.Context().Value(http.LocalAddrContextKey).(net.Addr).String())
 			switch r.URL.Path {
@@ -134,6 +135,19 @@ ip -n %[1]s link set eth0 up && ip -n %[1]s link set lo up && ip -n %[1]s route 
 				rw.Flush()
 				io.Copy(c, rw)
 				return
+			}
+			if r.URL.Path == "/ticks" {
+				rc := http.NewResponseController(w)
+				for i := 0; ; i++ {
+					if _, err := fmt.Fprintf(w, "tick %d\n", i); err != nil || rc.Flush() != nil {
+						return
+					}
+					select {
+					case <-r.Context().Done():
+						return
+					case <-time.After(100 * time.Millisecond):
+					}
+				}
 			}
 			if r.URL.Path == "/bytes" {
 				n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
