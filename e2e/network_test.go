@@ -311,12 +311,20 @@ func TestNetworkPolicy(t *testing.T) {
 	}
 
 	// The policy survives pause/resume and goes to fork children, each
-	// with an address of its own.
+	// with an address of its own. A sandbox made while it is paused takes
+	// its address; it resumes behind a new gateway, which its resolv.conf
+	// names (it named the other sandbox's).
+	gwBefore := gateway(t, s, sb.ID)
 	if _, err := c.Pause(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
+	meanwhile := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
 	if _, err := c.Resume(ctx, sb.ID); err != nil {
 		t.Fatal(err)
+	}
+	gwAfter := gateway(t, s, sb.ID)
+	if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "grep ^nameserver /etc/resolv.conf"}); err != nil || strings.TrimSpace(res.Stdout) != "nameserver "+gwAfter {
+		t.Errorf("resolv.conf after a resume behind gateway %s (before the pause %s; %s's is %s): %+v, %v", gwAfter, gwBefore, meanwhile.ID, gateway(t, s, meanwhile.ID), res, err)
 	}
 	// The egress log is kept across the pause.
 	if log, err := c.NetworkLog(ctx, sb.ID); err != nil || !slices.ContainsFunc(log, func(e client.EgressEntry) bool { return e.Rule == "deny_out "+pub+"/32" }) {

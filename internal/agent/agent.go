@@ -256,7 +256,13 @@ func writeResolver(path, nameserver string) error {
 	if err != nil {
 		return pandastack.Errorf(pandastack.EInvalid, "resolver %q is not an IP address", nameserver)
 	}
-	return replaceFile(path, agentproto.ResolvConf(addr.String()))
+	want := agentproto.ResolvConf(addr.String())
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().IsRegular() {
+		if have, err := os.ReadFile(path); err == nil && string(have) == want {
+			return nil // as it is (a resume into the same slot)
+		}
+	}
+	return replaceFile(path, want)
 }
 
 // NameFiles is the latest hello's write of the name files; its zero

@@ -458,6 +458,8 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		h := hello{holdSpares: m.pacesRefills()}
 		if !own {
 			h = m.withSetup(id, h)
+		} else if ns, ok := m.resolverOf(id); ok {
+			h.resolver = ns // its gateway may have changed with its slot
 		}
 		client, err = dialAgentWith(startCtx, id, rwc, h)
 		if err = m.helloFailed(id, err); err == nil {
