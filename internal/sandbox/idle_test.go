@@ -278,6 +278,10 @@ func TestCheckpointThatKillsTheSandbox(t *testing.T) {
 			if rec := h.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopOOM {
 				t.Fatalf("after the checkpoint: %s %q, want stopped %s", rec.State, rec.StopReason, pandastack.StopOOM)
 			}
+			// Its egress log went with it: not an empty one, which would
+			// read as "it reached nothing".
+			_, err = h.m.NetworkLog(ctx, project, sb.ID)
+			wantCode(t, err, pandastack.EStopped)
 		})
 	}
 }

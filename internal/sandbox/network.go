@@ -305,8 +305,10 @@ func (m *Manager) setupResolver(ctx context.Context, c *AgentClient) error {
 // answers, connections through NAT or the domain proxy and connects the
 // firewall refused, newest kept.
 func (m *Manager) NetworkLog(ctx context.Context, projectID, id string) ([]pandastack.EgressEntry, error) {
-	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+	if sb, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
 		return nil, err
+	} else if sb.State == pandastack.StateStopped {
+		return nil, StoppedError(sb) // its log went with its network: not an empty one
 	}
 	if m.net == nil {
 		return nil, pandastack.Errorf(pandastack.EInvalid, "this server runs without sandbox networking")
