@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -373,6 +374,32 @@ func TestRevokedKeyEndsWhatItOpened(t *testing.T) {
 	}
 	defer term3.Close()
 	term3Done := ends(term3)
+	// A streamed cell, which has printed a line.
+	cell, err := c2.CreateSandbox(ctx, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.KillSandbox(context.Background(), cell.ID)
+	if _, err := c2.RunCode(ctx, cell.ID, client.RunRequest{Code: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	printed, runDone := make(chan struct{}), make(chan error, 1)
+	go func() {
+		var once sync.Once
+		_, err := c1.RunStream(ctx, cell.ID, "ctx_default_python", client.RunRequest{Code: "import time\nprint('before', flush=True)\ntime.sleep(120)"}, func(ev client.CodeEvent) {
+			if ev.Type == "stdout" {
+				once.Do(func() { close(printed) })
+			}
+		})
+		runDone <- err
+	}()
+	select {
+	case <-printed:
+	case err := <-runDone:
+		t.Fatalf("the cell ended before it printed: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the cell printed nothing in 30 s")
+	}
 	time.Sleep(500 * time.Millisecond) // the exec is under way
 
 	// Through the API, by another key of the project.
@@ -400,6 +427,7 @@ func TestRevokedKeyEndsWhatItOpened(t *testing.T) {
 	}
 	within("a terminal", term1Done)
 	within("a streamed exec", execDone)
+	within("a streamed cell", runDone)
 	resp, err = http.Get(tok.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -448,6 +476,21 @@ func TestRevokedKeyEndsWhatItOpened(t *testing.T) {
 	}
 	if terms != 2 {
 		t.Errorf("%d terminal entries, want 2", terms)
+	}
+	// The cell's entry keeps what it printed and says why it ended.
+	req, _ = http.NewRequest("GET", s.url+"/v1/sandboxes/"+cell.ID+"/history", nil)
+	req.Header.Set("Authorization", "Bearer "+k2)
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	h.History = nil
+	decodeJSON(t, resp, &h)
+	i := slices.IndexFunc(h.History, func(e historyEntry) bool { return strings.Contains(e.Code, "before") })
+	if i < 0 {
+		t.Fatalf("no history entry of the cut cell: %+v", h.History)
+	}
+	if e := h.History[i]; !strings.Contains(e.Stdout, "before") || !strings.Contains(e.Failure, "revoked") || e.Error != nil {
+		t.Errorf("the cell whose key was revoked: stdout %q, failure %q, error %+v; want its output and the revocation", e.Stdout, e.Failure, e.Error)
 	}
 }
 

@@ -94,6 +94,13 @@ func (s *Server) recordedRun(ctx context.Context, project, id, cid, language str
 		return onEvent(ev)
 	})
 	clock.agentDone, clock.agent = time.Now(), timing
+	if err == nil && ctx.Err() != nil && ex.Error != nil && ex.Error.Name == "SandboxError" {
+		// The agent answers a run its caller cut off (a hang-up, a
+		// revoked key) with an error of its own ("context canceled")
+		// and none of the output: it failed as exec's does, its output
+		// so far kept.
+		err = context.Cause(ctx)
+	}
 	rec.Finish(func(e *history.Entry) {
 		if err != nil {
 			e.Failure = failure(ctx, err)
