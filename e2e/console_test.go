@@ -400,6 +400,15 @@ func TestRevokedKeyEndsWhatItOpened(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the cell printed nothing in 30 s")
 	}
+	watching, watchDone := make(chan struct{}), make(chan error, 1)
+	go func() {
+		var once sync.Once
+		watchDone <- c1.WatchDir(ctx, sb.ID, "/home/user", false, func(ev client.FileEvent) error {
+			once.Do(func() { close(watching) })
+			return nil
+		})
+	}()
+	<-watching
 	time.Sleep(500 * time.Millisecond) // the exec is under way
 
 	// Through the API, by another key of the project.
@@ -428,6 +437,7 @@ func TestRevokedKeyEndsWhatItOpened(t *testing.T) {
 	within("a terminal", term1Done)
 	within("a streamed exec", execDone)
 	within("a streamed cell", runDone)
+	within("a directory watch", watchDone)
 	resp, err = http.Get(tok.URL)
 	if err != nil {
 		t.Fatal(err)

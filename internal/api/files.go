@@ -410,7 +410,13 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, project stri
 		nd.send(pandastack.FileEvent{Type: pandastack.FileEventError, Error: &pandastack.StreamError{Code: pandastack.EUnavailable, Message: "the server is shutting down"}})
 		return
 	}
-	if err == nil || (r.Context().Err() != nil && revokedErr(r.Context(), nil) == nil) {
+	if revoked := revokedErr(r.Context(), nil); revoked != nil && nd.started {
+		// The watch ended cleanly as its context did: say why.
+		eb := errorJSON(revoked)
+		nd.send(pandastack.FileEvent{Type: pandastack.FileEventError, Error: &pandastack.StreamError{Code: eb.Error.Code, Message: eb.Error.Message}})
+		return
+	}
+	if err == nil || r.Context().Err() != nil {
 		if !nd.started { // cannot be: the agent's first line says the watch is live
 			w.WriteHeader(http.StatusNoContent)
 		}
