@@ -211,7 +211,7 @@ func New(cfg Config) (*Network, error) {
 	if len(n.resolvers) == 0 {
 		return nil, errors.New("network: no DNS resolver in /etc/resolv.conf for the sandboxes' resolver to forward to")
 	}
-	n.deny = append(append([]netip.Prefix{}, PlatformDeny...), hostAddrs()...)
+	n.deny = append(append(append([]netip.Prefix{}, PlatformDeny...), hostAddrs()...), uplinkNets()...)
 	if _, err := n.compile(cfg.Default); err != nil {
 		return nil, fmt.Errorf("network: default policy: %w", err)
 	}
@@ -362,6 +362,39 @@ func hostAddrs() []netip.Prefix {
 	for _, a := range addrs {
 		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
 			out = append(out, netip.PrefixFrom(ip, 32))
+		}
+	}
+	return out
+}
+
+// uplinkNets returns the host's default gateways (as /32s) and the IPv4
+// networks of the interfaces that carry its default routes: the host's own
+// LAN (its router's management, its neighbours), which a sandbox with
+// internet access would reach through NAT when it is not a private range.
+func uplinkNets() []netip.Prefix {
+	routes, _ := netlink.RouteList(nil, netlink.FAMILY_V4)
+	var out []netip.Prefix
+	links := map[int]bool{}
+	for _, r := range routes {
+		if r.Dst != nil {
+			if ones, _ := r.Dst.Mask.Size(); ones != 0 {
+				continue // not a default route
+			}
+		}
+		links[r.LinkIndex] = true
+		if gw, ok := netip.AddrFromSlice(r.Gw.To4()); ok {
+			out = append(out, netip.PrefixFrom(gw, 32))
+		}
+	}
+	addrs, _ := netlink.AddrList(nil, netlink.FAMILY_V4)
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if !ok || !links[a.LinkIndex] || a.IPNet == nil {
+			continue
+		}
+		ones, _ := a.IPNet.Mask.Size()
+		if ones > 0 && ones < 32 {
+			out = append(out, netip.PrefixFrom(ip, ones).Masked())
 		}
 	}
 	return out

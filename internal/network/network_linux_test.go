@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -1130,6 +1131,45 @@ func TestOwnMountKeepsPinsRemovable(t *testing.T) {
 		t.Errorf("ownMount of a new directory: %v", err)
 	}
 	for syscall.Unmount(fresh, syscall.MNT_DETACH) == nil {
+	}
+}
+
+// The host's LAN is in the deny set: the gateway of each default route
+// (read here from /proc/net/route) and the network of its interface.
+// Checked in the set, not by a connect: no test sends to the host's LAN.
+func TestUplinkNetsDenied(t *testing.T) {
+	b, err := os.ReadFile("/proc/net/route")
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := uplinkNets()
+	defaults := 0
+	for _, l := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(l)
+		if len(f) < 3 || f[1] != "00000000" {
+			continue
+		}
+		defaults++
+		gw, err := strconv.ParseUint(f[2], 16, 32)
+		if err != nil || gw == 0 {
+			continue
+		}
+		a := netip.AddrFrom4([4]byte{byte(gw), byte(gw >> 8), byte(gw >> 16), byte(gw >> 24)})
+		if !slices.Contains(up, netip.PrefixFrom(a, 32)) {
+			t.Errorf("default gateway %s (%s) not among %v", a, f[0], up)
+		}
+		if !slices.ContainsFunc(up, func(p netip.Prefix) bool { return p.Bits() < 32 && p.Contains(a) }) {
+			t.Errorf("the network of %s, which holds gateway %s, not among %v", f[0], a, up)
+		}
+	}
+	if defaults == 0 {
+		t.Fatal("no default route on this host to check")
+	}
+	n := newTestNetwork(t, nettest.StartUpstream(t, "ul", 106, 106), pandastack.InternetPolicy())
+	for _, p := range up {
+		if !slices.Contains(n.deny, p) {
+			t.Errorf("%s not in the deny set %v", p, n.deny)
+		}
 	}
 }
 
