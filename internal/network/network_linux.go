@@ -212,6 +212,14 @@ func New(cfg Config) (*Network, error) {
 		return nil, errors.New("network: no DNS resolver in /etc/resolv.conf for the sandboxes' resolver to forward to")
 	}
 	n.deny = append(append(append([]netip.Prefix{}, PlatformDeny...), hostAddrs()...), uplinkNets()...)
+	for _, p := range cfg.AllowPrivate {
+		if !slices.ContainsFunc(n.deny, func(d netip.Prefix) bool { return d.Bits() <= p.Bits() && d.Contains(p.Addr()) }) {
+			return nil, fmt.Errorf("network: --network-allow-private %s: not within one range of the platform deny set (a private range, the host, its LAN), so there is nothing to open there: an allow_out entry or internet access reaches a public range already, and opening one would keep sandboxes with internet access from it", p)
+		}
+		if p.Overlaps(netip.MustParsePrefix("169.254.169.254/32")) {
+			n.log.Warn("--network-allow-private opens the cloud metadata address 169.254.169.254 to the policies that name it", "range", p)
+		}
+	}
 	if _, err := n.compile(cfg.Default); err != nil {
 		return nil, fmt.Errorf("network: default policy: %w", err)
 	}

@@ -850,6 +850,11 @@ func TestAllowPrivate(t *testing.T) {
 	if err := closed.Validate(pol); !pandastack.IsCode(err, pandastack.ENetworkDenied) {
 		t.Errorf("allow_out %s without --network-allow-private: %v, want %s", up.PrivateIP, err, pandastack.ENetworkDenied)
 	}
+	// A public range is not the deny set's to open: refused at start.
+	public := netip.MustParsePrefix("198.51.100.0/24")
+	if _, err := New(Config{Instance: InstanceID(t.TempDir()), StateDir: t.TempDir(), Default: pandastack.NoNetworkPolicy(), AllowPrivate: []netip.Prefix{public}, Resolvers: []netip.AddrPort{up.DNS}}); err == nil || !strings.Contains(err.Error(), "nothing to open") {
+		t.Errorf("opening the public range %s: %v, want refused", public, err)
+	}
 	inst := InstanceID(t.TempDir())
 	n, err := New(Config{Instance: inst, StateDir: t.TempDir(), Default: pandastack.NoNetworkPolicy(), AllowPrivate: []netip.Prefix{priv}, Resolvers: []netip.AddrPort{up.DNS}})
 	if err != nil {
