@@ -27,6 +27,7 @@ type flowSeen struct {
 	out, in uint64
 	sbx     *sandboxNet
 	logged  bool
+	rule    string // what let it through, as the policy was when it was first seen
 }
 
 const tcpTimeWait = 7 // conntrack's TCP state after a close
@@ -75,7 +76,7 @@ func (n *Network) pollFlows(seen map[flowKey]*flowSeen) {
 			if s == nil {
 				continue
 			}
-			fs = &flowSeen{first: now, sbx: s}
+			fs = &flowSeen{first: now, sbx: s, rule: n.flowRule(s, k)}
 			seen[k] = fs
 		}
 		fs.out, fs.in = f.Forward.Bytes, f.Reverse.Bytes
@@ -101,14 +102,29 @@ func (n *Network) logFlow(k flowKey, fs *flowSeen) {
 	} else if k.proto != 6 {
 		return
 	}
-	n.mu.Lock()
-	comp := fs.sbx.comp
-	n.mu.Unlock()
-	_, rule := comp.decideAddr(k.dst.Addr(), nil, n.cfg.AllowPrivate)
 	fs.sbx.elog.add(pandastack.EgressEntry{
 		Time: fs.first, Kind: kind, Address: k.dst.Addr().String(), Port: int(k.dst.Port()),
-		Domain: fs.sbx.nameOf(k.dst.Addr()), BytesOut: int64(fs.out), BytesIn: int64(fs.in), Allowed: true, Rule: rule,
+		Domain: fs.sbx.nameOf(k.dst.Addr()), BytesOut: int64(fs.out), BytesIn: int64(fs.in), Allowed: true, Rule: fs.rule,
 	})
+}
+
+// maxCutRules bounds sandboxNet.cutRules; past it the record starts again.
+const maxCutRules = 4096
+
+// flowRule is the rule that let connection k of s through: the rule of its
+// policy when the connection was cut by a narrower one, else of its policy
+// now (a flow is first seen within a second of its start). Its entry names
+// that, not the rule of a later policy which cut it.
+func (n *Network) flowRule(s *sandboxNet, k flowKey) string {
+	n.mu.Lock()
+	comp := s.comp
+	rule, cut := s.cutRules[k]
+	delete(s.cutRules, k)
+	n.mu.Unlock()
+	if !cut {
+		_, rule = comp.decideAddr(k.dst.Addr(), nil, n.cfg.AllowPrivate)
+	}
+	return rule
 }
 
 // sandboxesByAddr maps each sandbox address with its network up to it.
@@ -134,8 +150,9 @@ func (n *Network) sandboxesByAddr() map[netip.Addr]*sandboxNet {
 // answer to the server's next, is refused with a reset. Any other loses
 // its tracking: its next packet is a new connection, which the policy
 // refuses. Connections the policy still allows keep their tracking (and
-// their NAT mapping).
-func (n *Network) cutRefusedFlows(addr netip.Addr, comp Compiled) {
+// their NAT mapping). s is the sandbox, old its policy until now; n.mu is
+// held.
+func (n *Network) cutRefusedFlows(s *sandboxNet, addr netip.Addr, old, comp Compiled) {
 	refused := narrowedFlows{n: n, addr: addr, comp: comp}
 	marked := 0
 	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
@@ -152,6 +169,13 @@ func (n *Network) cutRefusedFlows(addr netip.Addr, comp Compiled) {
 			continue
 		}
 		marked++
+		// Its log entry, written once it ends, names what let it through.
+		dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
+		_, rule := old.decideAddr(dst, nil, n.cfg.AllowPrivate)
+		if s.cutRules == nil || len(s.cutRules) >= maxCutRules {
+			s.cutRules = map[flowKey]string{}
+		}
+		s.cutRules[flowKey{f.Forward.Protocol, netip.AddrPortFrom(addr, f.Forward.SrcPort), netip.AddrPortFrom(dst, f.Forward.DstPort)}] = rule
 	}
 	cut, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, unmarked{refused})
 	if err != nil {

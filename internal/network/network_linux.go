@@ -65,6 +65,9 @@ type sandboxNet struct {
 	elog   egressLog
 	names  sync.Map     // netip.Addr → the name the resolver answered it for
 	nNames atomic.Int64 // about how many names holds
+	// The rules that let through the connections a narrowed policy cut
+	// (cutRefusedFlows), for their log entries; guarded by Network.mu.
+	cutRules map[flowKey]string
 }
 
 // maxNames bounds what a sandbox's resolver remembers of its answers: a
@@ -884,7 +887,7 @@ func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
 		if err != nil {
 			return fmt.Errorf("network %s: firewall: %w", id, err)
 		}
-		n.cutRefusedFlows(addr, comp)
+		n.cutRefusedFlows(s, addr, s.comp, comp)
 	}
 	old := s.Policy
 	s.Policy = p.Normalized()

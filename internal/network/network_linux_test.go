@@ -1266,6 +1266,22 @@ func TestNarrowedPolicyResetsAReadingConnection(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("reading after the policy refused the connection: %v, want a reset", err)
 	}
+	// Its log entry names the rule that let it through, not the one that
+	// cut it.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		i := slices.IndexFunc(n.Log("sbx_reader"), func(e pandastack.EgressEntry) bool {
+			return e.Kind == "tcp" && e.Address == up.PublicIP.String() && e.Port == 80 && e.Allowed // not the refusals of its last packets
+		})
+		if i >= 0 {
+			if e := n.Log("sbx_reader")[i]; e.Rule != "internet" || e.BytesIn == 0 {
+				t.Errorf("the cut connection's log entry: %+v, want allowed by internet", e)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cut connection is not in the log: %+v", n.Log("sbx_reader"))
+		}
+	}
 }
 
 // A download through the domain proxy goes on across a policy change that
