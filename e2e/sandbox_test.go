@@ -751,15 +751,20 @@ func TestCLI(t *testing.T) {
 	if out, _, err := s.cli("sandbox", "exec", id, "--", "sleep 1; for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline; echo; done 2>/dev/null | grep -c '^sleep 30' || true"); err != nil || out != "0\n" {
 		t.Fatalf("the command after Ctrl-C of its exec: %q %v", out, err)
 	}
-	// Mistakes in the command line are refused before anything is made.
-	for _, args := range [][]string{
-		{"sandbox", "create", "code-interpreter", "--ttl", "1m"}, // a template given as an argument
-		{"sandbox", "create", "--ttl", "500ms"},                  // less than the API's second
-		{"sandbox", "create", "--ttl", "0"},                      // not the server's default, which leaving it out gives
-		{"sandbox", "kill"},
+	// Mistakes in the command line are refused before anything is made:
+	// a command line that does not parse (an argument too many or
+	// missing) exits 2, one that asks for what cannot be 1.
+	for _, c := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"sandbox", "create", "code-interpreter", "--ttl", "1m"}, 2}, // a template given as an argument
+		{[]string{"sandbox", "kill"}, 2},
+		{[]string{"sandbox", "create", "--ttl", "500ms"}, 1}, // less than the API's second
+		{[]string{"sandbox", "create", "--ttl", "0"}, 1},     // not the server's default, which leaving it out gives
 	} {
-		if out, errOut, err := s.cli(args...); exitCode(err) != 1 || out != "" || errOut == "" {
-			t.Errorf("%q: exit %d, %q %q", args, exitCode(err), out, errOut)
+		if out, errOut, err := s.cli(c.args...); exitCode(err) != c.code || out != "" || errOut == "" {
+			t.Errorf("%q: exit %d, %q %q; want exit %d", c.args, exitCode(err), out, errOut, c.code)
 		}
 	}
 	if out, _, err := s.cli("sandbox", "-h"); err != nil || !strings.Contains(out, "create|ls|exec|kill-processes|pause|resume|kill") {

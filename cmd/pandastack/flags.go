@@ -46,7 +46,7 @@ func parseFlags(fs *flag.FlagSet, args []string, positional bool) error {
 		return errUsage
 	}
 	if !positional && fs.NArg() > 0 {
-		return fmt.Errorf("%s: unexpected argument %q: it takes flags only (see pandastack %s -h)", fs.Name(), fs.Arg(0), fs.Name())
+		return badUsage{fmt.Sprintf("%s: unexpected argument %q: it takes flags only (see pandastack %s -h)", fs.Name(), fs.Arg(0), fs.Name())}
 	}
 	return nil
 }
@@ -117,7 +117,7 @@ func isHelp(arg string) bool {
 // (the usage on stdout, success).
 func verbsHelp(args []string, usage string) error {
 	if len(args) == 0 {
-		return badVerb{usage} // no verb: a command line it cannot parse (2)
+		return badUsage{usage} // no verb: a command line it cannot parse (2)
 	}
 	fmt.Println(usage)
 	return errHelp
@@ -146,9 +146,14 @@ func durationFlag(fs *flag.FlagSet, name string, usage string) *time.Duration {
 }
 
 // wholeSeconds turns a duration flag into the API's seconds, refusing
-// what the API cannot say (0 stays 0: the server's default).
+// what the API cannot say (0 stays 0: the server's default). Callers that
+// know what their flag's 0 and negatives mean say so first; a negative
+// that gets here is refused for its sign, not for a fraction it lacks.
 func wholeSeconds(flagName string, d time.Duration) (int64, error) {
-	if d < 0 || d%time.Second != 0 {
+	if d < 0 {
+		return 0, fmt.Errorf("%s %v is negative: give a time such as 90s or 10m", flagName, d)
+	}
+	if d%time.Second != 0 {
 		return 0, fmt.Errorf("%s %v: give a whole number of seconds, such as 90s or 10m", flagName, d)
 	}
 	return int64(d / time.Second), nil

@@ -43,9 +43,72 @@ func TestWholeSeconds(t *testing.T) {
 			t.Errorf("%v: %d %v", d, got, err)
 		}
 	}
-	for _, d := range []time.Duration{500 * time.Millisecond, 1500 * time.Millisecond, -time.Second} {
-		if _, err := wholeSeconds("--ttl", d); err == nil {
-			t.Errorf("%v accepted", d)
+	for d, says := range map[time.Duration]string{
+		500 * time.Millisecond:  "whole number of seconds",
+		1500 * time.Millisecond: "whole number of seconds",
+		-time.Second:            "is negative",
+	} {
+		if _, err := wholeSeconds("--ttl", d); err == nil || !strings.Contains(err.Error(), says) {
+			t.Errorf("%v: %v, want a refusal saying %q", d, err, says)
+		}
+	}
+}
+
+// Every verb exits as the README says: 2 for a command line pandastack
+// cannot parse (an unknown verb or flag, an argument missing or one too
+// many), 1 for one it parses but cannot carry out. None of these reach a
+// server or a store.
+func TestCommandLineExitCodes(t *testing.T) {
+	t.Setenv("PANDASTACK_API", "http://127.0.0.1:1") // refused, if anything got that far
+	t.Setenv("PANDASTACK_API_KEY", "pds_test")
+	t.Setenv("PANDASTACK_DATA_DIR", t.TempDir()) // no store in it
+	t.Setenv("PANDASTACK_STORE", "")
+	for _, tc := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"frob"}, 2, `unknown command "frob"`},
+		{[]string{"sandbox"}, 2, "usage: pandastack sandbox"},
+		{[]string{"sandbox", "frob"}, 2, "unknown verb"},
+		{[]string{"sandbox", "create", "base"}, 2, `unexpected argument "base"`},
+		{[]string{"sandbox", "create", "--ttl", "10x"}, 2, ""},
+		{[]string{"sandbox", "ls", "--nope"}, 2, ""},
+		{[]string{"sandbox", "exec"}, 2, "usage: pandastack sandbox exec"},
+		{[]string{"sandbox", "exec", "sbx_x"}, 2, "usage: pandastack sandbox exec"},
+		{[]string{"sandbox", "exec", "sbx_x", "--cwd", "/tmp"}, 2, "goes before the sandbox id"},
+		{[]string{"sandbox", "kill-processes"}, 2, "usage: pandastack sandbox kill-processes ID"},
+		{[]string{"sandbox", "pause"}, 2, "usage: pandastack sandbox pause ID"},
+		{[]string{"sandbox", "resume", "sbx_a", "sbx_b"}, 2, "usage: pandastack sandbox resume ID"},
+		{[]string{"sandbox", "kill"}, 2, "usage: pandastack sandbox kill ID..."},
+		{[]string{"keys"}, 2, "usage: pandastack keys"},
+		{[]string{"keys", "revoke"}, 2, "keys revoke: give one key"},
+		{[]string{"keys", "revoke", "key_a", "key_b"}, 2, "keys revoke: give one key"},
+		{[]string{"keys", "list", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"template", "build"}, 2, "template build: give one template name"},
+		{[]string{"template", "ls", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"nodes", "forget"}, 2, "usage: pandastack nodes forget ID"},
+		{[]string{"nodes", "ls", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"mcp", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"serve", "extra"}, 2, `unexpected argument "extra"`},
+		// Parsed, but asking for what cannot be.
+		{[]string{"sandbox", "create", "--ttl", "-5"}, 1, "--ttl -5s: give a positive time to live"},
+		{[]string{"sandbox", "create", "--ttl", "0"}, 1, "--ttl 0s: give a positive time to live"},
+		{[]string{"sandbox", "create", "--ttl", "1.5s"}, 1, "give a whole number of seconds"},
+		{[]string{"sandbox", "create", "--idle-timeout", "-1"}, 1, "--idle-timeout -1s: give a positive time, such as 10m, after which an idle sandbox is suspended to disk, or 0 to never suspend it"},
+		{[]string{"sandbox", "create", "--snapshot", "snap_x", "--template", "base"}, 1,
+			"--template with --snapshot: a restore takes its template, CPUs, memory, disk and env from the snapshot; leave --template out"},
+		{[]string{"keys", "revoke", "key_a"}, 1, "no PandaStack store"},
+		{[]string{"nodes", "forget", "node-a"}, 1, "no PandaStack store"},
+	} {
+		err := run(tc.args[0], tc.args[1:])
+		if code := exitCode(err); code != tc.code || err != nil && !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("pandastack %s: exit %d (%v), want %d saying %q", strings.Join(tc.args, " "), code, err, tc.code, tc.says)
+		}
+	}
+	for _, args := range [][]string{{"version"}, {"sandbox", "pause", "-h"}} {
+		if err := run(args[0], args[1:]); exitCode(err) != 0 {
+			t.Errorf("pandastack %s: %v, want exit 0", strings.Join(args, " "), err)
 		}
 	}
 }

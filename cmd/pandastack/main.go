@@ -69,47 +69,61 @@ func main() {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
-	var err error
-	switch verb, args := os.Args[1], os.Args[2:]; verb {
+	err := run(os.Args[1], os.Args[2:])
+	if code := exitCode(err); code != 0 {
+		if !errors.Is(err, errUsage) { // the flag package has said it
+			fmt.Fprintln(os.Stderr, "pandastack:", err)
+		}
+		os.Exit(code)
+	}
+}
+
+// run runs one command of pandastack: verb, with its arguments.
+func run(verb string, args []string) error {
+	switch verb {
 	case "serve":
-		err = serve(args)
+		return serve(args)
 	case "keys":
-		err = keys(args)
+		return keys(args)
 	case "template", "templates":
-		err = templates(args)
+		return templates(args)
 	case "sandbox", "sandboxes", "sbx":
-		err = sandboxCmd(args)
+		return sandboxCmd(args)
 	case "mcp":
-		err = mcpCmd(args)
+		return mcpCmd(args)
 	case "nodes", "node":
-		err = nodesCmd(args)
+		return nodesCmd(args)
 	case "version", "--version":
 		fmt.Println("pandastack", version)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:
-		fmt.Fprintf(os.Stderr, "pandastack: unknown command %q\n\n%s", verb, usage)
-		os.Exit(2)
+		return badUsage{fmt.Sprintf("unknown command %q\n\n%s", verb, strings.TrimSuffix(usage, "\n"))}
 	}
-	var bad badVerb
-	switch {
-	case err == nil, errors.Is(err, errHelp):
-	case errors.Is(err, errUsage):
-		os.Exit(2)
-	case errors.As(err, &bad):
-		fmt.Fprintln(os.Stderr, "pandastack:", err)
-		os.Exit(2) // a command line it cannot parse, as an unknown flag
-	default:
-		fmt.Fprintln(os.Stderr, "pandastack:", err)
-		os.Exit(1)
-	}
+	return nil
 }
 
-// badVerb is an unknown verb of a command: a command line pandastack
-// cannot parse, which exits 2 (as an unknown flag does).
-type badVerb struct{ msg string }
+// exitCode is pandastack's exit status for what a command returned, as the
+// README says: 0 for success or -h, 2 for a command line it cannot parse,
+// 1 for anything else (sandbox exec exits with codes of its own first).
+func exitCode(err error) int {
+	var bad badUsage
+	switch {
+	case err == nil, errors.Is(err, errHelp):
+		return 0
+	case errors.Is(err, errUsage), errors.As(err, &bad):
+		return 2
+	}
+	return 1
+}
 
-func (b badVerb) Error() string { return b.msg }
+// badUsage is a command line pandastack cannot parse: an unknown verb, an
+// argument missing or one too many. It exits 2, as an unknown flag or a
+// flag value of the wrong kind does (errUsage); a command line that parses
+// but asks for what cannot be (--ttl -5s, a key that is not there) exits 1.
+type badUsage struct{ msg string }
+
+func (b badUsage) Error() string { return b.msg }
 
 // buildFlags are the flags of `pandastack template build` that make it
 // build where this configuration looks, those not at their defaults.
@@ -499,7 +513,7 @@ func keys(args []string) error {
 	switch args[0] {
 	case "create", "list", "ls", "revoke":
 	default:
-		return badVerb{fmt.Sprintf("keys: unknown verb %q; want create, list or revoke", args[0])}
+		return badUsage{fmt.Sprintf("keys: unknown verb %q; want create, list or revoke", args[0])}
 	}
 	fs := flag.NewFlagSet("keys "+args[0], flag.ContinueOnError)
 	cfg.bind(fs)
@@ -515,7 +529,10 @@ func keys(args []string) error {
 		return err
 	}
 	if args[0] != "revoke" && fs.NArg() > 0 {
-		return fmt.Errorf("keys %s: unexpected argument %q: it takes flags only (see pandastack keys %s -h)", args[0], fs.Arg(0), args[0])
+		return badUsage{fmt.Sprintf("keys %s: unexpected argument %q: it takes flags only (see pandastack keys %s -h)", args[0], fs.Arg(0), args[0])}
+	}
+	if args[0] == "revoke" && fs.NArg() != 1 {
+		return badUsage{"keys revoke: give one key: its id, its prefix (as keys list shows it) or the whole key"}
 	}
 	if err := cfg.validate(); err != nil {
 		return err
@@ -577,9 +594,6 @@ func keys(args []string) error {
 			fmt.Printf("%-22s %-22s %-14s %-20s %-20s %-20s %-10s %s\n", k.ID, k.ProjectID, k.Prefix+"…", printable(k.Name), k.CreatedAt.Format(time.RFC3339), revoked, k.Scope, printable(names[k.ProjectID]))
 		}
 	case "revoke":
-		if fs.NArg() != 1 {
-			return errors.New("keys revoke: give one key: its id, its prefix (as keys list shows it) or the whole key")
-		}
 		which := strings.TrimSuffix(fs.Arg(0), "…") // the prefix as keys list shows it
 		if k, err := store.APIKeyByHash(ctx, api.HashKey(which)); err == nil {
 			which = k.ID // the whole key, as someone revoking a leaked one has it
@@ -612,7 +626,7 @@ func keys(args []string) error {
 		}
 		fmt.Fprintln(os.Stderr, "revoked", printable(which))
 	default:
-		return badVerb{fmt.Sprintf("keys: unknown verb %q; want create, list or revoke", args[0])}
+		return badUsage{fmt.Sprintf("keys: unknown verb %q; want create, list or revoke", args[0])}
 	}
 	return nil
 }
@@ -639,7 +653,7 @@ func templates(args []string) error {
 		return err
 	}
 	if args[0] != "build" && fs.NArg() > 0 {
-		return fmt.Errorf("template %s: unexpected argument %q: it takes flags only (see pandastack template %s -h)", args[0], fs.Arg(0), args[0])
+		return badUsage{fmt.Sprintf("template %s: unexpected argument %q: it takes flags only (see pandastack template %s -h)", args[0], fs.Arg(0), args[0])}
 	}
 	if *minAge < 0 {
 		return fmt.Errorf("template gc: --min-age %s is negative; give 0 to spare nothing for its age", *minAge)
@@ -654,7 +668,7 @@ func templates(args []string) error {
 	switch args[0] {
 	case "build":
 		if fs.NArg() != 1 {
-			return fmt.Errorf("template build: give one template name, one of %s", strings.Join(reg.Names(), ", "))
+			return badUsage{fmt.Sprintf("template build: give one template name, one of %s", strings.Join(reg.Names(), ", "))}
 		}
 		if os.Geteuid() != 0 {
 			return errors.New("template build needs root (debootstrap and chroot)")
@@ -699,7 +713,7 @@ func templates(args []string) error {
 	case "gc":
 		return templateGC(context.Background(), &cfg, reg, *minAge, *dryRun, os.Stdout)
 	default:
-		return badVerb{fmt.Sprintf("template: unknown verb %q; want build, ls or gc", args[0])}
+		return badUsage{fmt.Sprintf("template: unknown verb %q; want build, ls or gc", args[0])}
 	}
 	return nil
 }

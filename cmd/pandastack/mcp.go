@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"os/signal"
@@ -52,14 +53,21 @@ func mcpCmd(args []string) error {
 		}
 		log.Warn("the PandaStack server does not answer yet; tools fail until it does", "err", explainAPI(err, c, keyFrom))
 	}
-	srv := mcpserver.New(mcpserver.Config{
-		Client: c, Log: log, Template: *tpl, SessionTTL: *ttl, Version: version,
-	})
+	srv := mcpserver.New(mcpConfig(c, keyFrom, log, *tpl, *ttl))
 	err = srv.Serve(ctx, mcpserver.StdioTransport(os.Stdin, os.Stdout))
 	if ctx.Err() != nil {
 		return nil // a signal ended the session; its sandbox is already killed
 	}
 	return err
+}
+
+// mcpConfig is the MCP server's configuration for c, whose key came from
+// keyFrom: its tools' errors are explained as the CLI's are.
+func mcpConfig(c *client.Client, keyFrom string, log *slog.Logger, tpl string, ttl time.Duration) mcpserver.Config {
+	return mcpserver.Config{
+		Client: c, Log: log, Template: tpl, SessionTTL: ttl, Version: version,
+		Explain: func(err error) error { return explainAPI(err, c, keyFrom) },
+	}
 }
 
 // checkMCPSettings asks the server for its templates: the key works, and

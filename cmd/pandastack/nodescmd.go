@@ -24,13 +24,19 @@ func nodesCmd(args []string) error {
 	switch args[0] {
 	case "ls", "list", "forget":
 	default:
-		return badVerb{fmt.Sprintf("nodes: unknown verb %q; want ls or forget", args[0])}
+		return badUsage{fmt.Sprintf("nodes: unknown verb %q; want ls or forget", args[0])}
 	}
 	fs := flag.NewFlagSet("nodes "+args[0], flag.ContinueOnError)
 	cfg.bind(fs)
 	showOnly(fs, "data-dir", "store")
 	if err := parseInterspersed(fs, args[1:]); err != nil {
 		return err
+	}
+	switch {
+	case args[0] == "forget" && fs.NArg() != 1:
+		return badUsage{"usage: pandastack nodes forget ID (a lost node: see pandastack nodes ls)"}
+	case args[0] != "forget" && fs.NArg() > 0:
+		return badUsage{fmt.Sprintf("nodes ls: unexpected argument %q: it takes flags only", fs.Arg(0))}
 	}
 	if err := cfg.validate(); err != nil {
 		return err
@@ -45,9 +51,6 @@ func nodesCmd(args []string) error {
 	}
 	defer store.Close()
 	if args[0] == "forget" {
-		if fs.NArg() != 1 {
-			return badVerb{"usage: pandastack nodes forget ID (a lost node: see pandastack nodes ls)"}
-		}
 		id := fs.Arg(0)
 		n, err := store.ForgetNode(ctx, id, time.Now())
 		if err != nil {
@@ -59,9 +62,6 @@ func nodesCmd(args []string) error {
 		}
 		fmt.Println()
 		return nil
-	}
-	if fs.NArg() > 0 {
-		return badVerb{fmt.Sprintf("nodes ls: unexpected argument %q: it takes flags only", fs.Arg(0))}
 	}
 	nodes, err := store.ListNodes(ctx)
 	if err != nil {

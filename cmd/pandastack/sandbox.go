@@ -99,7 +99,7 @@ func sandboxCmd(args []string) error {
 	}
 	verb, args := args[0], args[1:]
 	if !slices.Contains([]string{"create", "ls", "list", "exec", "kill", "rm", "pause", "resume", "kill-processes"}, verb) {
-		return badVerb{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec, kill-processes, pause, resume or kill", verb)}
+		return badUsage{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec, kill-processes, pause, resume or kill", verb)}
 	}
 	if (verb == "pause" || verb == "resume") && len(args) == 1 && isHelp(args[0]) {
 		fmt.Printf("usage: pandastack sandbox %s ID\n\nPause checkpoints the sandbox to disk and frees its memory; resume brings it back as it was.\n", verb)
@@ -154,15 +154,18 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		if err != nil {
 			return err
 		}
+		if *ttl <= 0 && flagGiven(fs, "ttl") {
+			return fmt.Errorf("--ttl %v: give a positive time to live, such as 90s or 10m, or leave --ttl out for the server's default", *ttl)
+		}
 		ttlSeconds, err := wholeSeconds("--ttl", *ttl)
 		if err != nil {
 			return err
 		}
-		if ttlSeconds == 0 && flagGiven(fs, "ttl") {
-			return fmt.Errorf("--ttl %v: give a positive time to live, such as 90s or 10m, or leave --ttl out for the server's default", *ttl)
-		}
 		var idleSeconds *int64
 		if flagGiven(fs, "idle-timeout") {
+			if *idle < 0 {
+				return fmt.Errorf("--idle-timeout %v: give a positive time, such as 10m, after which an idle sandbox is suspended to disk, or 0 to never suspend it", *idle)
+			}
 			s, err := wholeSeconds("--idle-timeout", *idle)
 			if err != nil {
 				return err
@@ -173,7 +176,7 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		if *snap != "" {
 			for _, name := range []string{"template", "cpu", "memory-mb", "disk-mb", "env"} {
 				if flagGiven(fs, name) {
-					return fmt.Errorf("--%s with --snapshot: a restore takes the snapshot's", name)
+					return fmt.Errorf("--%s with --snapshot: a restore takes its template, CPUs, memory, disk and env from the snapshot; leave --%s out", name, name)
 				}
 			}
 			sb, err = c.CreateSandboxFromSnapshot(ctx, client.RestoreRequest{
@@ -224,7 +227,7 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 			rest = rest[1:]
 		}
 		if len(rest) < 2 {
-			return errors.New("usage: pandastack sandbox exec ID -- COMMAND [ARGS...]")
+			return badUsage{"usage: pandastack sandbox exec [flags] ID -- COMMAND [ARGS...]"}
 		}
 		id := rest[0]
 		argv := rest[1:]
@@ -233,7 +236,7 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		} else if name, _, _ := strings.Cut(strings.TrimLeft(argv[0], "-"), "="); strings.HasPrefix(argv[0], "-") && (fs.Lookup(name) != nil || isHelp(argv[0])) {
 			// A flag of exec's own after the id: it would run as the
 			// command ("command not found", 127).
-			return badVerb{fmt.Sprintf("sandbox exec: the flag %s goes before the sandbox id (pandastack sandbox exec [flags] %s -- COMMAND)", argv[0], id)}
+			return badUsage{fmt.Sprintf("sandbox exec: the flag %s goes before the sandbox id (pandastack sandbox exec [flags] %s -- COMMAND)", argv[0], id)}
 		}
 		req := client.ExecRequest{Cwd: *cwd, TimeoutSeconds: timeout.Seconds()}
 		if len(argv) == 1 {
@@ -269,7 +272,7 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		}
 	case "kill-processes":
 		if len(args) != 1 || strings.HasPrefix(args[0], "-") {
-			return errors.New("usage: pandastack sandbox kill-processes ID")
+			return badUsage{"usage: pandastack sandbox kill-processes ID"}
 		}
 		k, err := c.KillAllProcesses(ctx, args[0])
 		if err != nil {
@@ -285,7 +288,7 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		}
 	case "pause", "resume":
 		if len(args) != 1 || strings.HasPrefix(args[0], "-") {
-			return fmt.Errorf("usage: pandastack sandbox %s ID", verb)
+			return badUsage{fmt.Sprintf("usage: pandastack sandbox %s ID", verb)}
 		}
 		do := c.Pause
 		if verb == "resume" {
@@ -298,7 +301,7 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		fmt.Fprintf(os.Stderr, "%s %s\n", sb.ID, sb.State)
 	case "kill", "rm":
 		if len(args) == 0 || slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "-") || a == "" }) {
-			return errors.New("usage: pandastack sandbox kill ID...")
+			return badUsage{"usage: pandastack sandbox kill ID..."}
 		}
 		// Every sandbox named is tried; the errors are reported together.
 		var errs []error
@@ -311,7 +314,7 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 			return err
 		}
 	default:
-		return badVerb{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)}
+		return badUsage{fmt.Sprintf("sandbox: unknown verb %q; want create, ls, exec or kill", verb)}
 	}
 	return nil
 }

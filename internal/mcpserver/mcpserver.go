@@ -41,6 +41,12 @@ type Config struct {
 	SessionTTL time.Duration
 	// Version is reported to clients in the initialize answer.
 	Version string
+	// Explain, if not nil, rewrites a tool's error before the client sees
+	// it. `pandastack mcp` passes the CLI's own, so that a server it cannot
+	// reach, or one that refuses its key, is said as the CLI says it (the
+	// URL, PANDASTACK_API, where the key came from) rather than as a raw
+	// transport error.
+	Explain func(error) error
 }
 
 // Server serves MCP sessions. It holds no per-session state itself: each

@@ -3,9 +3,12 @@ package mcpserver_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"image/png"
 	"log/slog"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,7 +54,15 @@ func connect(t *testing.T, api *apiServer) *mcpSession {
 // connectWith is connect with cfg (its Client and Log are filled in).
 func connectWith(t *testing.T, api *apiServer, cfg mcpserver.Config) *mcpSession {
 	t.Helper()
-	cfg.Client, cfg.Log = api.client(), testLogger(t)
+	cfg.Client = api.client()
+	return serveSession(t, cfg)
+}
+
+// serveSession serves one session of an mcpserver.Server with cfg (its Log
+// filled in) and connects to it.
+func serveSession(t *testing.T, cfg mcpserver.Config) *mcpSession {
+	t.Helper()
+	cfg.Log = testLogger(t)
 	srv := mcpserver.New(cfg)
 	st, ct := mcp.NewInMemoryTransports()
 	served := make(chan error, 1)
@@ -175,6 +186,46 @@ func assertStopped(t *testing.T, api *apiServer, id string) {
 		if sb.ID == id {
 			t.Fatalf("sandbox %s still listed as running", id)
 		}
+	}
+}
+
+// A tool's error goes through Config.Explain before the client sees it
+// (pandastack mcp's says what an unreachable server means), and is as the
+// API client gave it without one. No server runs here: every call fails.
+func TestToolErrorsExplained(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	explain := func(err error) error {
+		var ue *url.Error
+		if !errors.As(err, &ue) {
+			return err
+		}
+		return fmt.Errorf("explained: %v", ue.Err)
+	}
+	calls := []*mcp.CallToolParams{
+		{Name: "run_code", Arguments: map[string]any{"code": "1"}},
+		{Name: "exec", Arguments: map[string]any{"cmd": "true", "sandbox_id": "sbx_x"}},
+		{Name: "list_snapshots", Arguments: map[string]any{}},
+		{Name: "create_sandbox", Arguments: map[string]any{}},
+	}
+	for _, withExplain := range []bool{true, false} {
+		cfg := mcpserver.Config{Client: client.New(down, "pds_test")}
+		if withExplain {
+			cfg.Explain = explain
+		}
+		s := serveSession(t, cfg)
+		for _, p := range calls {
+			res := s.call(t, p.Name, p.Arguments.(map[string]any))
+			txt := textOf(res)
+			if !res.IsError || !strings.Contains(txt, "connection refused") || strings.HasPrefix(txt, "explained: ") != withExplain {
+				t.Errorf("%s with the server down (Explain set: %v): isError %v, %q", p.Name, withExplain, res.IsError, txt)
+			}
+		}
+		s.end(t)
 	}
 }
 

@@ -108,51 +108,62 @@ type killIn struct {
 }
 
 func (s *session) addTools(srv *mcp.Server) {
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name:        "create_sandbox",
 		Description: "Create a new sandbox (or restore a snapshot) and return its id. Pass the id as sandbox_id to the other tools. It runs until kill_sandbox or its TTL; this session's own sandbox needs no create_sandbox.",
 	}, s.createSandbox)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name: "run_code",
 		Description: "Run code in a Jupyter kernel in the sandbox. Variables and imports persist between calls, like a notebook. " +
 			"Returns stdout, stderr and the last expression's value as text, and each chart (matplotlib plt.show(), plotly fig.show()) as a PNG image, with a matplotlib chart's data (type, axes, plotted values) as JSON text. " +
 			"An exception, a timeout or a dead kernel sets isError and the text starts with ERROR: and the traceback.",
 	}, s.runCode)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name:        "exec",
 		Description: "Run a shell command in the sandbox and wait for it. Returns the exit code, stdout and stderr; a non-zero exit or a timeout sets isError.",
 	}, s.exec)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name:        "upload_file",
 		Description: "Write a file in the sandbox from text, or from base64 for binary content.",
 	}, s.uploadFile)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name:        "download_file",
 		Description: fmt.Sprintf("Read a file from the sandbox: text (UTF-8) comes back as text; anything else as a line saying it is base64, then the base64 (at most %d MiB).", maxDownload>>20),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
 	}, s.downloadFile)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name:        "snapshot",
 		Description: "Save the sandbox's memory, processes and files as a snapshot and return its id; the sandbox keeps running. create_sandbox with snapshot_id brings it back, kernel state included.",
 	}, s.snapshot)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name:        "list_snapshots",
 		Description: "List this project's snapshots, newest first, with the sandbox each was taken of, its size and metadata; metadata filters them.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
 	}, s.listSnapshots)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name:        "delete_snapshot",
 		Description: "Delete a snapshot and free its disk. Sandboxes restored from it are not affected.",
 	}, s.deleteSnapshot)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name: "kill_processes",
 		Description: "End every process in the sandbox but the run_code kernels, which keep their variables: commands left running in the background, servers, a fork bomb. " +
 			"Use it when exec fails because the sandbox has too many processes, or to stop what earlier commands left behind. Files stay.",
 	}, s.killProcesses)
-	mcp.AddTool(srv, &mcp.Tool{
+	addTool(srv, s, &mcp.Tool{
 		Name:        "kill_sandbox",
 		Description: "Kill a sandbox. Without sandbox_id, kills this session's sandbox; the next call then starts a fresh one.",
 	}, s.killSandbox)
+}
+
+// addTool adds a tool of s whose errors go through Config.Explain.
+func addTool[In, Out any](srv *mcp.Server, s *session, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out]) {
+	mcp.AddTool(srv, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		res, out, err := h(ctx, req, in)
+		if err != nil && s.cfg.Explain != nil {
+			err = s.cfg.Explain(err)
+		}
+		return res, out, err
+	})
 }
 
 func text(format string, args ...any) *mcp.CallToolResult {
