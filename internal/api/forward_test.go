@@ -411,3 +411,44 @@ func TestProxyEndsATerminalWithACloseFrame(t *testing.T) {
 		})
 	}
 }
+
+// A port has one path: /ports/8000/, not /ports/+8000/ or /ports/08000/,
+// which reached port 8000 under paths its token's cookie is not scoped to.
+// Those get the 400 any bad port gets, in the path form and the host form
+// ({port}-{id}.PublicDomain) alike; a good port goes on to the key check.
+func TestPortOnlyInItsOwnForm(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s := New(Config{PublicDomain: "example.test"}, sandbox.New(sandbox.Config{}, nil, nil, nil, log), keyStore{}, nil, log)
+	for _, tc := range []struct {
+		port string
+		want int
+	}{
+		{"8000", http.StatusUnauthorized},
+		{"1", http.StatusUnauthorized},
+		{"65535", http.StatusUnauthorized},
+		{"+8000", http.StatusBadRequest},
+		{"08000", http.StatusBadRequest},
+		{"008000", http.StatusBadRequest},
+		{"-8000", http.StatusBadRequest},
+		{"0", http.StatusBadRequest},
+		{"00", http.StatusBadRequest},
+		{"65536", http.StatusBadRequest},
+		{"0x1f40", http.StatusBadRequest},
+	} {
+		reqs := []*http.Request{httptest.NewRequest("GET", "/v1/sandboxes/sbx_aaaaaaaaaaaaaaaa/ports/"+tc.port+"/", nil)}
+		if strings.Trim(tc.port, "0123456789") == "" && len(tc.port) <= 5 { // what a host label may hold
+			host := httptest.NewRequest("GET", "/", nil)
+			host.Host = tc.port + "-sbx-aaaaaaaaaaaaaaaa.example.test"
+			reqs = append(reqs, host)
+		}
+		for _, req := range reqs {
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, req)
+			var body errorBody
+			json.Unmarshal(rec.Body.Bytes(), &body)
+			if rec.Code != tc.want || tc.want == http.StatusBadRequest && (body.Error.Code != "invalid_request" || !strings.Contains(body.Error.Message, "port must be")) {
+				t.Errorf("port %q (host %s, path %s): %d %s, want %d", tc.port, req.Host, req.URL.Path, rec.Code, rec.Body, tc.want)
+			}
+		}
+	}
+}

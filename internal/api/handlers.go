@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 
@@ -86,7 +88,7 @@ func (s *Server) logFailure(r *http.Request, err error) {
 		rec.logged = true
 	}
 	code := pandastack.ErrorCode(err)
-	if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
+	if hungUp(r, err) {
 		// The caller hung up (or its deadline passed): nothing failed here.
 		s.log.Debug("request ended by its caller", "method", r.Method, "path", r.URL.Path, "err", err)
 		return
@@ -102,6 +104,20 @@ func (s *Server) logFailure(r *http.Request, err error) {
 	if code == pandastack.EUnavailable && r.PathValue("id") != "" {
 		s.mgr.Reconcile(r.PathValue("id"))
 	}
+}
+
+// hungUp reports whether err is the end of a request whose caller went
+// away: its context's error, or a write that found the caller's connection
+// gone (a `| head -1` that stopped reading a stream). net/http ends the
+// context when such a write fails, but the handler sees the write's error,
+// not the context's. The same errors with the caller still there come
+// from elsewhere (a sandbox's connection) and are failures.
+func hungUp(r *http.Request, err error) bool {
+	ctxErr := r.Context().Err()
+	if ctxErr == nil {
+		return false
+	}
+	return errors.Is(err, ctxErr) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed)
 }
 
 // singleValued refuses a query parameter given twice: a filter has one

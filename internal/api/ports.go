@@ -157,10 +157,14 @@ func (s *Server) otherMethodToPort(w http.ResponseWriter, r *http.Request) bool 
 	return true
 }
 
+// parsePort reads the {port} of r: 1 to 65535, written as the token URLs
+// write it. "+8000" and "08000" are refused rather than taken for 8000: a
+// port has one path, the one its token's cookie is scoped to.
 func parsePort(r *http.Request) (int, error) {
-	p, err := strconv.Atoi(r.PathValue("port"))
-	if err != nil || p < 1 || p > 65535 {
-		return 0, pandastack.Errorf(pandastack.EInvalid, "port must be between 1 and 65535, got %q", r.PathValue("port"))
+	v := r.PathValue("port")
+	p, err := strconv.Atoi(v)
+	if err != nil || p < 1 || p > 65535 || strconv.Itoa(p) != v {
+		return 0, pandastack.Errorf(pandastack.EInvalid, "port must be a number between 1 and 65535 without a sign or leading zeros, such as 8000, got %q", v)
 	}
 	return p, nil
 }
