@@ -43,6 +43,22 @@ func (h *harness) passIdle(c *clock, d time.Duration) {
 	h.m.suspend(h.m.idleNow()) // decides
 }
 
+// execAnswer is what an exec of execLater answered.
+type execAnswer struct {
+	out string
+	err error
+}
+
+// execLater runs h.exec in the background; its answer comes on the channel.
+func (h *harness) execLater(id, cmd string) <-chan execAnswer {
+	ch := make(chan execAnswer, 1)
+	go func() {
+		out, err := h.exec(id, cmd)
+		ch <- execAnswer{out, err}
+	}()
+	return ch
+}
+
 func TestIdleSuspendAndResume(t *testing.T) {
 	h, c := idleHarness(t)
 	sb := h.createIdle(10)
@@ -193,15 +209,7 @@ func TestPauseDuringAWakeLetsTheRequestRun(t *testing.T) {
 		h.rt.mu.Lock()
 		return nil
 	}
-	type answer struct {
-		out string
-		err error
-	}
-	woke := make(chan answer, 1)
-	go func() {
-		out, err := h.exec(sb.ID, "get v")
-		woke <- answer{out, err}
-	}()
+	woke := h.execLater(sb.ID, "get v")
 	<-inRestore
 	paused := make(chan error, 1)
 	go func() {
@@ -417,15 +425,7 @@ func TestRequestDuringSuspendWaits(t *testing.T) {
 	sb := h.createIdle(10)
 	h.exec(sb.ID, "set v=1")
 	release, suspended := h.suspendHeld(sb.ID)
-	type result struct {
-		out string
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		out, err := h.exec(sb.ID, "get v")
-		got <- result{out, err}
-	}()
+	got := h.execLater(sb.ID, "get v")
 	close(release)
 	if err := <-suspended; err != nil {
 		t.Fatal(err)
