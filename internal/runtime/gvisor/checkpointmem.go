@@ -1,9 +1,9 @@
 package gvisor
 
 import (
+	"encoding/json"
 	"errors"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -44,114 +44,149 @@ func readBytes(f string) (int64, bool) {
 	return n, err == nil
 }
 
-// widenMemoryLimit raises the memory limit of cgroup rel to
-// checkpointMemoryFactor times was, its limit out of checkpoints (read
-// from the cgroup when was is 0). It returns was; 0 when the cgroup has
-// no limit to raise.
-func widenMemoryLimit(rel string, was int64) (int64, error) {
-	limit, _ := memoryLimitFile(rel)
-	if limit == "" {
-		return 0, nil
+// sandboxMemoryLimit is the host memory limit a sandbox was started with
+// (hostMemoryLimit of its spec's memory), read from its bundle in dir; 0
+// for none.
+func sandboxMemoryLimit(dir string) int64 {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return 0
 	}
-	if was == 0 {
-		n, ok := readBytes(limit)
-		if !ok || n <= 0 || n > math.MaxInt64/checkpointMemoryFactor {
-			return 0, nil // unlimited
-		}
-		was = n
+	var spec struct {
+		Linux ociLinux `json:"linux"`
 	}
-	return was, os.WriteFile(limit, []byte(strconv.FormatInt(was*checkpointMemoryFactor, 10)), 0o644)
+	if json.Unmarshal(b, &spec) != nil || spec.Linux.Resources == nil || spec.Linux.Resources.Memory == nil || spec.Linux.Resources.Memory.Limit <= 0 {
+		return 0
+	}
+	return hostMemoryLimit(int(spec.Linux.Resources.Memory.Limit >> 20))
 }
 
-// narrowMemoryLimit sets the memory limit of cgroup rel back to was, once
-// its usage is below was (a v2 cgroup over a lowered limit is OOM-killed;
-// v1 refuses with EBUSY). It reports whether the limit is was, or the
-// cgroup gone.
+// setMemoryLimit writes the memory limit of cgroup rel.
+func setMemoryLimit(rel string, limit int64) error {
+	f, _ := memoryLimitFile(rel)
+	if f == "" {
+		return fs.ErrNotExist
+	}
+	return os.WriteFile(f, []byte(strconv.FormatInt(limit, 10)), 0o644)
+}
+
+// narrowMemoryLimit sets the memory limit of cgroup rel back to was. Under
+// cgroup v1 the kernel reclaims what it can (the page cache of the image
+// just written) and refuses with EBUSY what it cannot; under v2 a limit
+// below what cannot be reclaimed is an OOM kill, so it is written only
+// once the sandbox's memory less its file cache is below was. It reports
+// whether the limit is was, or the cgroup gone.
 func narrowMemoryLimit(rel string, was int64) bool {
 	limit, usage := memoryLimitFile(rel)
 	if limit == "" {
 		return true
 	}
-	if n, ok := readBytes(usage); ok && n >= was {
-		return false
+	if strings.HasSuffix(limit, "memory.max") {
+		n, ok := readBytes(usage)
+		if !ok || n-statBytes(filepath.Join(filepath.Dir(limit), "memory.stat"), "file") >= was {
+			return false
+		}
 	}
 	err := os.WriteFile(limit, []byte(strconv.FormatInt(was, 10)), 0o644)
 	return err == nil || errors.Is(err, fs.ErrNotExist)
 }
 
-// memWidening is a sandbox's memory limit widened for checkpoints.
-type memWidening struct {
-	was         int64 // its limit out of checkpoints
-	checkpoints int   // under way
-	narrowing   bool  // narrowLater is trying
+// statBytes reads one key of a cgroup's memory.stat; 0 for none.
+func statBytes(f, key string) int64 {
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, " "); ok && k == key {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
-// widenForCheckpoint widens the memory limit of container cid for a
-// checkpoint; call the returned func when the checkpoint has ended, with
-// whether the sandbox runs on (the limit then goes back once its usage
-// allows: the sentry keeps some of what the checkpoint took for a while).
-func (r *Runtime) widenForCheckpoint(cid string) func(runsOn bool) {
+// memWidening is a sandbox's memory limit widened for checkpoints.
+type memWidening struct {
+	was         int64 // its limit out of checkpoints, as it was started
+	checkpoints int   // under way
+	narrowing   bool  // a narrowLater is trying
+}
+
+// widenForCheckpoint widens the memory limit of sandbox id (container
+// cid) for a checkpoint; call the returned func when the checkpoint has
+// ended, however it ended. The limit then goes back to the one the sandbox
+// was started with (narrowLater), at once when the kernel can reclaim what
+// is over it; the sentry keeps some of what the checkpoint took for a
+// while, and a limit written below what it holds would be an OOM kill.
+func (r *Runtime) widenForCheckpoint(id, cid string) func() {
 	rel := cgroupPath(cid)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w := r.widened[rel]
 	if w == nil {
-		w = &memWidening{}
-	}
-	was, err := widenMemoryLimit(rel, w.was)
-	if err != nil || was == 0 {
-		if err != nil {
-			r.log.Warn("widening a sandbox's memory limit for a checkpoint", "container", cid, "err", err)
+		was := sandboxMemoryLimit(r.dir(id))
+		if was == 0 {
+			return func() {} // no limit of ours to widen
 		}
-		return func(bool) {}
+		w = &memWidening{was: was}
+		r.widened[rel] = w
 	}
-	w.was = was
+	if err := setMemoryLimit(rel, w.was*checkpointMemoryFactor); err != nil {
+		r.log.Warn("widening a sandbox's memory limit for a checkpoint", "container", cid, "err", err)
+	}
 	w.checkpoints++
-	r.widened[rel] = w
-	return func(runsOn bool) {
+	return func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		w.checkpoints--
-		switch {
-		case !runsOn:
-			delete(r.widened, rel)
-		case !w.narrowing:
+		if w.checkpoints == 0 && !w.narrowing && r.widened[rel] == w {
 			w.narrowing = true
 			go r.narrowLater(rel, w)
 		}
 	}
 }
 
-// narrowTries and narrowEvery pace narrowLater: ten minutes, then the
-// limit stays wide until the next checkpoint's end tries again.
-const (
-	narrowTries = 60
-	narrowEvery = 10 * time.Second
-)
+// narrowEvery paces narrowLater's tries.
+const narrowEvery = 10 * time.Second
 
-// narrowLater sets the memory limit of cgroup rel back to w.was once no
-// checkpoint is under way and the usage is below it.
+// narrowLater sets the memory limit of cgroup rel back to w.was: at once
+// if it can, else every narrowEvery until it can, the sandbox stops
+// (forgetWidened), a checkpoint begins (whose end tries again), or the
+// runtime closes.
 func (r *Runtime) narrowLater(rel string, w *memWidening) {
-	for try := 0; ; try++ {
+	logged := false
+	for {
 		r.mu.Lock()
-		if w.checkpoints == 0 && narrowMemoryLimit(rel, w.was) {
-			if r.widened[rel] == w {
-				delete(r.widened, rel)
-			}
+		switch {
+		case r.widened[rel] != w: // the sandbox stopped
 			r.mu.Unlock()
 			return
-		}
-		if try == narrowTries {
+		case w.checkpoints > 0:
 			w.narrowing = false
 			r.mu.Unlock()
-			r.log.Info("a sandbox's memory stays above its limit since a checkpoint; its limit stays widened", "cgroup", rel, "limit_bytes", w.was*checkpointMemoryFactor)
+			return
+		case narrowMemoryLimit(rel, w.was):
+			delete(r.widened, rel)
+			r.mu.Unlock()
 			return
 		}
 		r.mu.Unlock()
+		if !logged {
+			logged = true
+			r.log.Info("a sandbox holds more memory than its limit since a checkpoint; its limit stays widened until it holds less", "cgroup", rel, "limit_bytes", w.was)
+		}
 		select {
 		case <-time.After(narrowEvery):
 		case <-r.stopRotate:
 			return
 		}
 	}
+}
+
+// forgetWidened drops the widening record of container cid, which stops.
+func (r *Runtime) forgetWidened(cid string) {
+	r.mu.Lock()
+	delete(r.widened, cgroupPath(cid))
+	r.mu.Unlock()
 }

@@ -221,9 +221,9 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 		args = append(args, "--leave-running")
 	}
 	cid := r.cid(id)
-	ended := r.widenForCheckpoint(cid)
+	ended := r.widenForCheckpoint(id, cid)
 	_, err := r.runsc(ctx, append(args, cid)...)
-	ended(leaveRunning && err == nil)
+	ended()
 	if err != nil {
 		// Asked only now, on failure, why: a runsc process less (20-40
 		// ms here) on the path of every snapshot, fork and pause.
@@ -585,6 +585,7 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 func (r *Runtime) remove(id string) error {
 	r.forgetPID(id)
 	cid := r.cid(id)
+	r.forgetWidened(cid)
 	r.destroy(cid)
 	var err error
 	if pids := r.hostPIDs(cid); len(pids) > 0 {
