@@ -26,9 +26,11 @@ import (
 // Work in a sandbox (exec, run, upload) is acquired only while it is
 // running, and counts as in flight until done; quiesce refuses while anything
 // is in flight, and acquire refuses in any phase but running, so a checkpoint
-// never sees work under way. Requests that find a sandbox resuming or
-// suspending (an idle pause) wait for the phase to end (wait) instead of
-// failing: to them the sandbox is merely slow.
+// never sees work under way. Requests that find a sandbox resuming,
+// suspending (an idle pause), pausing or checkpointing wait for the phase to
+// end (wait, waitTurn) instead of failing: to them the sandbox is merely
+// slow; after a resume, or a checkpoint they waited for, they go before the
+// next checkpoint (entry.turn).
 
 // phase is where an entry is in its life.
 type phase int

@@ -792,6 +792,10 @@ func (m *Manager) use(ctx context.Context, projectID, id string, take func(strin
 			release()
 		}
 	}()
+	// Bounded: a checkpoint that hangs answers conflict, as it did before
+	// requests waited for checkpoints.
+	waitCtx, cancel := context.WithTimeout(ctx, phaseWait)
+	defer cancel()
 	for {
 		if _, err := m.usable(ctx, projectID, id); err != nil {
 			return nil, nil, err
@@ -801,17 +805,22 @@ func (m *Manager) use(ctx context.Context, projectID, id string, take func(strin
 			release()
 			release = nil
 		}
-		if err != nil && m.sbx.waitTurn(ctx, id, &release) {
+		if err != nil && waitCtx.Err() == nil && m.sbx.waitTurn(waitCtx, id, &release) {
 			continue
 		}
 		return c, done, err
 	}
 }
 
+// phaseWait bounds how long a request waits for a sandbox's phase (a
+// snapshot, fork, pause or create under way) to end before it answers what
+// the phase refuses it with. A variable for tests.
+var phaseWait = time.Minute
+
 // Acquire is Agent for work that changes the sandbox (exec, run, upload):
 // it also counts the work as in flight, in the same step, so a snapshot,
 // fork or pause either sees it and answers conflict, or is already under
-// way and this answers conflict. Call done when the work ends. While work
+// way and this waits for it (up to phaseWait, then answers conflict). Call done when the work ends. While work
 // is in flight the sandbox is never idle (idle.go); a long-lived use that
 // must not block snapshots (a proxied connection) takes Hold instead.
 func (m *Manager) Acquire(ctx context.Context, projectID, id string) (_ *AgentClient, done func(), _ error) {

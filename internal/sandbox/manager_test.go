@@ -144,6 +144,32 @@ func TestExclusion(t *testing.T) {
 	}
 }
 
+// Work waits for a checkpoint only so long (phaseWait): one that hangs
+// answers conflict, as before work waited for checkpoints.
+func TestWorkWaitsForACheckpointAWhile(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	defer func(d time.Duration) { phaseWait = d }(phaseWait)
+	phaseWait = 200 * time.Millisecond
+	inCheckpoint, release := h.holdCheckpoint()
+	snapErr := make(chan error, 1)
+	go func() {
+		_, err := h.m.Snapshot(context.Background(), project, sb.ID, nil)
+		snapErr <- err
+	}()
+	<-inCheckpoint
+	start := time.Now()
+	_, err := h.exec(sb.ID, "set a=1")
+	wantCode(t, err, pandastack.EConflict)
+	if took := time.Since(start); took < phaseWait || took > 10*phaseWait {
+		t.Errorf("work refused after %s, want after about %s", took, phaseWait)
+	}
+	close(release)
+	if err := <-snapErr; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // Concurrent work and snapshots: each snapshot either succeeds with no
 // work in flight or answers conflict; no work ever fails.
 func TestExclusionRace(t *testing.T) {
