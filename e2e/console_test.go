@@ -408,7 +408,13 @@ func TestRevokedKeyEndsWhatItOpened(t *testing.T) {
 			return nil
 		})
 	}()
-	<-watching
+	select {
+	case <-watching:
+	case err := <-watchDone:
+		t.Fatalf("the watch ended before it began: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the watch said nothing in 30 s")
+	}
 	time.Sleep(500 * time.Millisecond) // the exec is under way
 
 	// Through the API, by another key of the project.

@@ -301,6 +301,7 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 		if err := tmp.Close(); err != nil {
 			return fsError(err, p, true)
 		}
+		s.uploads.add(filepath.Base(tmp.Name()), replaces) // stamped afresh: a slow upload's record must outlast it
 		if err := os.Rename(tmp.Name(), p); err != nil {
 			return fsError(err, p, true)
 		}

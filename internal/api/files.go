@@ -410,8 +410,12 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request, project stri
 		nd.send(pandastack.FileEvent{Type: pandastack.FileEventError, Error: &pandastack.StreamError{Code: pandastack.EUnavailable, Message: "the server is shutting down"}})
 		return
 	}
-	if revoked := revokedErr(r.Context(), nil); revoked != nil && nd.started {
+	if revoked := revokedErr(r.Context(), nil); revoked != nil {
 		// The watch ended cleanly as its context did: say why.
+		if !nd.started {
+			writeError(w, revoked)
+			return
+		}
 		eb := errorJSON(revoked)
 		nd.send(pandastack.FileEvent{Type: pandastack.FileEventError, Error: &pandastack.StreamError{Code: eb.Error.Code, Message: eb.Error.Message}})
 		return

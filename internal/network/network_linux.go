@@ -386,15 +386,21 @@ func uplinkNets() []netip.Prefix {
 	routes, _ := netlink.RouteList(nil, netlink.FAMILY_V4)
 	var out []netip.Prefix
 	links := map[int]bool{}
+	hop := func(link int, gw net.IP) {
+		links[link] = true
+		if a, ok := netip.AddrFromSlice(gw.To4()); ok {
+			out = append(out, netip.PrefixFrom(a, 32))
+		}
+	}
 	for _, r := range routes {
 		if r.Dst != nil {
 			if ones, _ := r.Dst.Mask.Size(); ones != 0 {
 				continue // not a default route
 			}
 		}
-		links[r.LinkIndex] = true
-		if gw, ok := netip.AddrFromSlice(r.Gw.To4()); ok {
-			out = append(out, netip.PrefixFrom(gw, 32))
+		hop(r.LinkIndex, r.Gw)
+		for _, nh := range r.MultiPath {
+			hop(nh.LinkIndex, nh.Gw)
 		}
 	}
 	addrs, _ := netlink.AddrList(nil, netlink.FAMILY_V4)

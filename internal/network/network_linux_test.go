@@ -1163,12 +1163,23 @@ func TestUplinkNetsDenied(t *testing.T) {
 		if !slices.Contains(up, netip.PrefixFrom(a, 32)) {
 			t.Errorf("default gateway %s (%s) not among %v", a, f[0], up)
 		}
-		if !slices.ContainsFunc(up, func(p netip.Prefix) bool { return p.Bits() < 32 && p.Contains(a) }) {
+		// A network holding the gateway, unless the interface's address
+		// is a /32 reaching its gateway by a route of its own (clouds).
+		onLink := false
+		if ifc, err := net.InterfaceByName(f[0]); err == nil {
+			addrs, _ := ifc.Addrs()
+			for _, ad := range addrs {
+				if ipn, ok := ad.(*net.IPNet); ok && ipn.IP.To4() != nil && ipn.Contains(a.AsSlice()) {
+					onLink = true
+				}
+			}
+		}
+		if onLink && !slices.ContainsFunc(up, func(p netip.Prefix) bool { return p.Bits() < 32 && p.Contains(a) }) {
 			t.Errorf("the network of %s, which holds gateway %s, not among %v", f[0], a, up)
 		}
 	}
-	if defaults == 0 {
-		t.Fatal("no default route on this host to check")
+	if defaults == 0 && len(up) != 0 {
+		t.Errorf("no default route, yet uplink networks %v", up)
 	}
 	n := newTestNetwork(t, nettest.StartUpstream(t, "ul", 106, 106), pandastack.InternetPolicy())
 	for _, p := range up {

@@ -637,7 +637,7 @@ func TestConcurrentPauses(t *testing.T) {
 	<-inCheckpoint
 	go pause()
 	go pause()
-	time.Sleep(20 * time.Millisecond) // let them find the pause under way
+	time.Sleep(200 * time.Millisecond) // let them find the pause under way (it is held until release)
 	close(release)
 	for range 3 {
 		if err := <-res; err != nil {
