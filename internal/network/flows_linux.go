@@ -11,7 +11,8 @@ import (
 )
 
 // Connections through NAT do not pass the domain proxy; the egress log
-// learns of them from the kernel's connection tracking, read once a second.
+// learns of them from the kernel's connection tracking, read once a second,
+// and from its events of their ends (ctevents_linux.go).
 // A TCP connection is logged when it closes (or its tracking ends), a UDP
 // flow when its tracking times out, with the bytes each way (which needs
 // net.netfilter.nf_conntrack_acct=1: New sets it). Flows to the sandbox's
@@ -38,16 +39,51 @@ func enableConntrackAcct() {
 
 func (n *Network) watchFlows(stop <-chan struct{}) {
 	seen := map[flowKey]*flowSeen{}
+	var ended chan endedFlow // nil: no events, the poll alone
+	if ev, err := openCTEvents(); err != nil {
+		n.log.Warn("connections shorter than a second (a connect refused by the remote) will not be in the egress log", "err", err)
+	} else {
+		ended = make(chan endedFlow, 256)
+		go ev.read(ended, stop)
+		defer ev.close()
+	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
 		case <-stop:
 			return
+		case f := <-ended:
+			n.flowEnded(seen, f)
 		case <-t.C:
+			n.pollFlows(seen)
 		}
-		n.pollFlows(seen)
 	}
+}
+
+// flowEnded logs a tracked connection that ended: one the poll saw and has
+// not logged yet, or one too short for it to see.
+func (n *Network) flowEnded(seen map[flowKey]*flowSeen, f endedFlow) {
+	src, dst := f.key.src.Addr(), f.key.dst.Addr()
+	if !n.cidr.Contains(src) || n.cidr.Contains(dst) || n.cidr.Contains(f.replyFrom) {
+		return // not a sandbox's, or to its gateway: DNS and the domain proxy log their own
+	}
+	fs := seen[f.key]
+	if fs == nil {
+		n.mu.Lock()
+		s := n.sandboxAt(src)
+		n.mu.Unlock()
+		if s == nil {
+			return
+		}
+		fs = &flowSeen{first: time.Now().UTC(), sbx: s, rule: n.flowRule(s, f.key)}
+	}
+	delete(seen, f.key)
+	if fs.logged {
+		return
+	}
+	fs.out, fs.in = max(fs.out, f.out), max(fs.in, f.in)
+	n.logFlow(f.key, fs)
 }
 
 // pollFlows reads the tracking table once and logs the flows that ended.

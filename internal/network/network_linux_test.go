@@ -1236,6 +1236,44 @@ func TestNarrowedPolicyCutsOpenConnections(t *testing.T) {
 	}
 }
 
+// A connect the remote refuses (a reset to its SYN) is in the egress log:
+// its tracking ends before the once-a-second poll could see it, so the log
+// learns of it from the kernel's event of its end. A port scan leaves a
+// trace.
+func TestRefusedByTheRemoteIsLogged(t *testing.T) {
+	up := nettest.StartUpstream(t, "cr", 110, 110)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	ns, err := n.Prepare("sbx_scan", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_scan")
+	nettest.InNS(t, ns, func() {
+		for _, port := range []int{9, 81} {
+			if c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(up.PublicIP, uint16(port)).String(), 5*time.Second); err == nil {
+				c.Close()
+				t.Errorf("port %d of the upstream answered", port)
+			} else if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("port %d: %v, want refused by the remote", port, err)
+			}
+		}
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		found := 0
+		for _, e := range n.Log("sbx_scan") {
+			if e.Kind == "tcp" && e.Address == up.PublicIP.String() && (e.Port == 9 || e.Port == 81) && e.Allowed && e.Rule == "internet" {
+				found++
+			}
+		}
+		if found == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("connects refused by the remote: %d of 2 logged: %+v", found, n.Log("sbx_scan"))
+		}
+	}
+}
+
 // A connection the sandbox only reads from (a download, a stream, a long
 // poll) ends with a reset when a narrowed policy refuses it: it waited for
 // the server forever, since only the sandbox's next packet was refused.
