@@ -951,6 +951,26 @@ func TestServeOutlivesItsLogReader(t *testing.T) {
 	s.assertGone(t, second.ID)
 }
 
+// /dev/shm holds at most half the sandbox's memory: filling it is ENOSPC
+// to the writer, and the sandbox lives on (it was stopped out_of_memory),
+// in a sandbox booted cold and in one restored from the warm image alike.
+func TestSharedMemoryFillsUp(t *testing.T) {
+	s := sharedServer(t)
+	ctx := context.Background()
+	c := s.client()
+	for _, template := range []string{"base", "code-interpreter"} {
+		sb := newSandbox(t, s, client.CreateSandboxRequest{Template: template, MemoryMB: 512})
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "dd if=/dev/zero of=/dev/shm/big bs=1M count=400; echo rc=$?", TimeoutSeconds: 60})
+		if err != nil || !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "rc=1") {
+			t.Fatalf("%s: filling /dev/shm: %+v %v; want ENOSPC", template, res, err)
+		}
+		res, err = c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "rm /dev/shm/big; echo alive"})
+		if err != nil || strings.TrimSpace(res.Stdout) != "alive" {
+			t.Fatalf("%s: after /dev/shm filled up: %+v %v", template, res, err)
+		}
+	}
+}
+
 func TestOutOfMemoryIsReported(t *testing.T) {
 	s := sharedServer(t)
 	ctx := context.Background()

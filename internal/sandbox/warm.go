@@ -117,7 +117,10 @@ func WarmImageDir(root, template, specHash, agentHash string) string {
 // "-s3": the agent's RLIMIT_NPROC, which it sets on itself at boot from
 // the pids limit (Config.PIDsLimit), now 384 of 1536: an image warmed
 // before kept 256 (or 384 of 1024) in every sandbox restored from it.
-const warmRevision = "-s3"
+// "-s4": the runtime's spec revision 3, /dev/shm sized to half the
+// sandbox's memory: a sandbox restored from an image warmed before kept
+// the unsized mount the image was taken with.
+const warmRevision = "-s4"
 
 func short(h string) string { return h[:min(len(h), 16)] }
 

@@ -82,12 +82,12 @@ func TestAgentForImage(t *testing.T) {
 func TestSandboxAgentFromBundle(t *testing.T) {
 	dir := t.TempDir()
 	r := &Runtime{cfg: Config{AgentPath: "/cache/agent/new/pandastack-agent"}}
-	b, _ := json.Marshal(r.ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/"}, false, agentCaps, "/cache/agent/old/pandastack-agent"))
+	b, _ := json.Marshal(r.ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/"}, false, capsRevision, "/cache/agent/old/pandastack-agent"))
 	os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
 	if got := sandboxAgent(dir); got != "/cache/agent/old/pandastack-agent" {
 		t.Fatalf("sandboxAgent: %q", got)
 	}
-	b, _ = json.Marshal(r.ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/"}, false, agentCaps, ""))
+	b, _ = json.Marshal(r.ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/"}, false, capsRevision, ""))
 	os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600)
 	if got := sandboxAgent(dir); got != r.cfg.AgentPath {
 		t.Fatalf("sandboxAgent of a spec with the runtime's agent: %q", got)

@@ -12,21 +12,23 @@ import (
 	"github.com/pandastack/pandastack"
 )
 
-// The agent's capabilities are part of a container's spec, and runsc
-// checks a restore's spec against the one the image was taken with
-// (--restore-spec-validation, enforced by default): an image taken with
-// another set does not restore. So every container records the revision
-// of the set it runs with, each image takes that record along, and a
-// restore (or a container prepared for one) uses the image's set.
+// The agent's capabilities and the mounts are part of a container's spec,
+// and runsc checks a restore's spec against the one the image was taken
+// with (--restore-spec-validation, enforced by default): an image taken
+// with another set or other mount options does not restore. So every
+// container records the revision of the spec it runs with (the files keep
+// their first name, caps-revision), each image takes that record along,
+// and a restore (or a container prepared for one) uses the image's.
 
 const (
 	capsFile      = "caps-revision"            // in the sandbox's dir
 	imageCapsFile = "pandastack-caps-revision" // in an image dir
 )
 
-// capsRevision is the revision of agentCaps. 1: the set before the agent
-// held CAP_SYS_ADMIN (images without a record); 2: agentCaps.
-const capsRevision = 2
+// capsRevision is the revision of the spec new sandboxes get. 1: the
+// capabilities before the agent held CAP_SYS_ADMIN (images without a
+// record); 2: agentCaps; 3: agentCaps, and /dev/shm sized (shmOptions).
+const capsRevision = 3
 
 // capsOf is the capability set of a revision.
 func capsOf(rev int) []string {
@@ -35,6 +37,9 @@ func capsOf(rev int) []string {
 	}
 	return agentCaps
 }
+
+// shmSized says whether a revision's /dev/shm has a size.
+func shmSized(rev int) bool { return rev >= 3 }
 
 // capsFor is the revision a sandbox runs with: this one for a boot, the
 // image's for a restore.

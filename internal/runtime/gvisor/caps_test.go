@@ -22,7 +22,7 @@ func TestCapsRevisions(t *testing.T) {
 		record string // "" : none
 		want   int
 		bad    bool
-	}{{"", 1, false}, {"1", 1, false}, {"2", 2, false}, {"3", 0, true}, {"x", 0, true}} {
+	}{{"", 1, false}, {"1", 1, false}, {"2", 2, false}, {"3", 3, false}, {"4", 0, true}, {"x", 0, true}} {
 		os.Remove(filepath.Join(dir, imageCapsFile))
 		if c.record != "" {
 			if err := os.WriteFile(filepath.Join(dir, imageCapsFile), []byte(c.record), 0o644); err != nil {

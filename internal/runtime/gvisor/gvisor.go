@@ -345,7 +345,7 @@ func (r *Runtime) launch(ctx context.Context, spec pandastack.RuntimeSpec, image
 	if err != nil {
 		return 0, err
 	}
-	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, disk > 0, capsOf(caps), agent), "", "  ")
+	cfgJSON, err := json.MarshalIndent(r.ociSpec(spec, disk > 0, caps, agent), "", "  ")
 	if err != nil {
 		return 0, err
 	}

@@ -20,7 +20,7 @@ import (
 // TestNProcBelowPIDs: a sandbox with a pids limit gets RLIMIT_NPROC below
 // it, so a fork bomb meets EAGAIN before the host limit kills the sandbox.
 func TestNProcBelowPIDs(t *testing.T) {
-	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", PIDs: 1536}, false, agentCaps, "")
+	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", PIDs: 1536}, false, capsRevision, "")
 	if !slices.Contains(spec.Process.Env, agentproto.NProcEnv+"=384") {
 		t.Fatalf("env %v, want %s=384", spec.Process.Env, agentproto.NProcEnv)
 	}
@@ -33,7 +33,7 @@ func TestNProcBelowPIDs(t *testing.T) {
 			t.Fatalf("RLIMIT_NPROC in the spec's rlimits: %+v", rl)
 		}
 	}
-	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/"}, false, agentCaps, "")
+	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/"}, false, capsRevision, "")
 	for _, e := range none.Process.Env {
 		if strings.HasPrefix(e, agentproto.NProcEnv+"=") {
 			t.Fatalf("%s without a pids limit", e)
@@ -73,12 +73,12 @@ func TestCgroupEvent(t *testing.T) {
 // TestCPUQuotaPeriod: cpu × the period per period, with the long period
 // that lets a restore's short burst over the quota run unthrottled.
 func TestCPUQuotaPeriod(t *testing.T) {
-	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", CPU: 2}, false, agentCaps, "")
+	spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", CPU: 2}, false, capsRevision, "")
 	cpu := spec.Linux.Resources.CPU
 	if cpu == nil || cpu.Period != 1_000_000 || cpu.Quota != 2_000_000 {
 		t.Fatalf("cpu resources %+v, want 2 s of CPU per 1 s period", cpu)
 	}
-	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/", MemoryMB: 256}, false, agentCaps, "")
+	none := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_b", RootFS: "/", MemoryMB: 256}, false, capsRevision, "")
 	if none.Linux.Resources.CPU != nil {
 		t.Fatalf("a CPU quota without cpu: %+v", none.Linux.Resources.CPU)
 	}
@@ -128,5 +128,31 @@ func TestRemoveCgroupsWaitsForExit(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("%s is still there: %v", dir, err)
+	}
+}
+
+// TestShmSized: /dev/shm holds at most half the sandbox's memory from
+// spec revision 3 on; an image of an older revision restores with the
+// unsized mount it was taken with (runsc compares the mounts).
+func TestShmSized(t *testing.T) {
+	shm := func(rev int) []string {
+		spec := (&Runtime{}).ociSpec(pandastack.RuntimeSpec{ID: "sbx_a", RootFS: "/", MemoryMB: 512}, false, rev, "")
+		for _, m := range spec.Mounts {
+			if m.Destination == "/dev/shm" {
+				return m.Options
+			}
+		}
+		t.Fatalf("revision %d: no /dev/shm mount", rev)
+		return nil
+	}
+	if o := shm(capsRevision); !slices.Contains(o, "size=256m") {
+		t.Errorf("current revision: /dev/shm options %v, want size=256m", o)
+	}
+	for _, rev := range []int{1, 2} {
+		for _, o := range shm(rev) {
+			if strings.HasPrefix(o, "size=") {
+				t.Errorf("revision %d: /dev/shm options %v, want no size", rev, shm(rev))
+			}
+		}
 	}
 }

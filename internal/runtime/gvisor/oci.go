@@ -114,13 +114,30 @@ const cpuPeriodMicros = 1_000_000
 
 func cgroupPath(id string) string { return "/pandastack/" + id }
 
-// ociSpec is the bundle's spec. With a disk of its own the sandbox keeps
+// shmOptions are the mount options of /dev/shm, sized sizeMB (0: no size
+// of its own): half the sandbox's memory, so filling it is ENOSPC to the
+// writer, as a full disk is, rather than the whole sandbox stopped out of
+// memory.
+func shmOptions(sizeMB int) []string {
+	o := []string{"nosuid", "noexec", "nodev", "mode=1777"}
+	if sizeMB > 0 {
+		o = append(o, "size="+strconv.Itoa(sizeMB)+"m")
+	}
+	return o
+}
+
+// ociSpec is the bundle's spec, of spec revision rev (caps.go). With a disk of its own the sandbox keeps
 // /tmp on that disk (runsc would still mount a tmpfs over an empty /tmp:
 // templates leave a file there); without, /tmp is a tmpfs in memory, as
 // images taken that way expect (a restore needs the checkpoint's mounts).
-func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool, caps []string, agent string) ociSpec {
+func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool, rev int, agent string) ociSpec {
 	if agent == "" {
 		agent = r.cfg.AgentPath
+	}
+	caps := capsOf(rev)
+	shmMB := 0
+	if shmSized(rev) {
+		shmMB = s.MemoryMB / 2
 	}
 	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, s.Env...)
 	spec := ociSpec{
@@ -139,7 +156,7 @@ func (r *Runtime) ociSpec(s pandastack.RuntimeSpec, ownDisk bool, caps []string,
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: shmOptions(shmMB)},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: agentproto.AgentPath, Type: "bind", Source: agent, Options: []string{"bind", "ro"}},
 		},
