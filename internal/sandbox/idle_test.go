@@ -144,9 +144,9 @@ func TestIdleKeepsBusySandboxesAwake(t *testing.T) {
 	}
 }
 
-// Requests that arrive while a suspended sandbox resumes wait for it and
-// all succeed.
-func TestIdleConcurrentResume(t *testing.T) {
+// suspendedWithV is a harness with a sandbox suspended for idleness
+// whose state holds v=1.
+func suspendedWithV(t *testing.T) (*harness, pandastack.Sandbox) {
 	h, c := idleHarness(t)
 	sb := h.createIdle(10)
 	h.exec(sb.ID, "set v=1")
@@ -154,8 +154,13 @@ func TestIdleConcurrentResume(t *testing.T) {
 	if h.record(sb.ID).State != pandastack.StatePaused {
 		t.Fatal("not suspended")
 	}
-	inRestore := make(chan struct{})
-	release := make(chan struct{})
+	return h, sb
+}
+
+// holdRestore makes restores signal inRestore (at the first) and wait
+// until release is closed, letting other calls into the runtime through.
+func (h *harness) holdRestore() (inRestore, release chan struct{}) {
+	inRestore, release = make(chan struct{}), make(chan struct{})
 	var once sync.Once
 	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
 		once.Do(func() { close(inRestore) })
@@ -164,6 +169,14 @@ func TestIdleConcurrentResume(t *testing.T) {
 		h.rt.mu.Lock()
 		return nil
 	}
+	return inRestore, release
+}
+
+// Requests that arrive while a suspended sandbox resumes wait for it and
+// all succeed.
+func TestIdleConcurrentResume(t *testing.T) {
+	h, sb := suspendedWithV(t)
+	inRestore, release := h.holdRestore()
 	const n = 6
 	errs := make(chan error, n)
 	outs := make(chan string, n)
@@ -194,21 +207,8 @@ func TestIdleConcurrentResume(t *testing.T) {
 // the resume is under way: the pause waits for the resume, then gives the
 // request its turn (it lost the race and answered "resume it first").
 func TestPauseDuringAWakeLetsTheRequestRun(t *testing.T) {
-	h, c := idleHarness(t)
-	sb := h.createIdle(10)
-	h.exec(sb.ID, "set v=1")
-	h.passIdle(c, 11*time.Second)
-	if h.record(sb.ID).State != pandastack.StatePaused {
-		t.Fatal("not suspended")
-	}
-	inRestore, release := make(chan struct{}), make(chan struct{})
-	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
-		close(inRestore)
-		h.rt.mu.Unlock()
-		<-release
-		h.rt.mu.Lock()
-		return nil
-	}
+	h, sb := suspendedWithV(t)
+	inRestore, release := h.holdRestore()
 	woke := h.execLater(sb.ID, "get v")
 	<-inRestore
 	paused := make(chan error, 1)
