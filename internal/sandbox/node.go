@@ -121,13 +121,14 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	wasLost := false
+	wasLost, listed := false, false
 	urls, lost := map[string]string{}, map[string]bool{}
 	m.node.mu.Lock()
 	lastOK := m.node.lastOK
 	m.node.mu.Unlock()
 	for _, n := range nodes {
 		urls[n.ID] = n.URL
+		listed = listed || n.ID == nc.ID
 		if n.ID == nc.ID && !lastOK.IsZero() && n.HeartbeatAt.After(lastOK) && n.URL != nc.URL {
 			// Another server heartbeats as this node since this one last
 			// did (one started despite claimNodeID, on a clock ahead).
@@ -202,6 +203,11 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	}
 	if wasLost {
 		m.log.Warn("this node was marked lost by another; dropping the sandboxes it recorded lost", "node", nc.ID)
+		m.dropLost(ctx)
+	} else if !listed && !lastOK.IsZero() {
+		// Its row went since its last heartbeat: it was lost, then
+		// forgotten (`nodes forget`) while it stalled.
+		m.log.Warn("this node was forgotten by another while it stalled; dropping the sandboxes it recorded lost", "node", nc.ID)
 		m.dropLost(ctx)
 	}
 	return nil

@@ -142,6 +142,37 @@ func TestLostNode(t *testing.T) {
 	}
 }
 
+// A node lost while it stalled, then forgotten (`nodes forget`: its row
+// goes), drops what it still runs of its sandboxes when it wakes, as one
+// that finds itself lost does: they kept running, unreachable, until
+// the server restarted.
+func TestForgottenStalledNodeDropsItsLost(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	sb := b.create()
+	if err := b.m.heartbeat(ctx); err != nil { // B has heartbeated
+		t.Fatal(err)
+	}
+	c := &clock{t: time.Now().Add(time.Minute)}
+	a.m.now = c.now
+	if err := a.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := a.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopLost {
+		t.Fatalf("B's sandbox after B went silent: %s %s", rec.State, rec.StopReason)
+	}
+	if _, err := a.store.ForgetNode(ctx, "node-b", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := b.rt.ids(); len(ids) != 0 {
+		t.Errorf("B, forgotten while it stalled, still runs %v", ids)
+	}
+}
+
 // A lost node's paused sandboxes stay paused: their image is on its disk.
 // Another node answers a resume of one 503, and expires it when its TTL
 // ends; the node, back, resumes the other.
