@@ -191,6 +191,7 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	for _, id := range gone {
 		lost[id] = true
 		m.log.Warn("node lost: its running sandboxes are stopped as lost, its paused ones wait for it", "node", id, "grace", nc.Grace)
+		m.countLost(ctx, id, now)
 	}
 	m.node.mu.Lock()
 	before := m.node.urls
@@ -211,6 +212,29 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 		m.dropLost(ctx)
 	}
 	return nil
+}
+
+// countLost counts in the stops metric the sandboxes of node id that
+// this node's LoseNodes recorded lost at at (the store may keep less
+// than its nanoseconds): users' sandboxes ended, as a stop of this node's
+// own does.
+func (m *Manager) countLost(ctx context.Context, id string, at time.Time) {
+	if m.metrics.stops == nil {
+		return
+	}
+	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: id, States: []pandastack.SandboxState{pandastack.StateStopped}})
+	if err != nil {
+		return
+	}
+	n := 0
+	for _, r := range recs {
+		if r.NodeID == id && r.StopReason == pandastack.StopLost && r.StoppedAt != nil && r.StoppedAt.Sub(at).Abs() < time.Second && r.ProjectID != warmProject {
+			n++
+		}
+	}
+	if n > 0 {
+		m.metrics.stops.Add(float64(n), pandastack.StopLost)
+	}
 }
 
 // dropLost tears down what this node runs or keeps paused of its sandboxes

@@ -104,6 +104,10 @@ func TestLostNode(t *testing.T) {
 	if rec := a.record(sa.ID); rec.State != pandastack.StateRunning {
 		t.Errorf("A's own sandbox: %s %s", rec.State, rec.StopReason)
 	}
+	// Counted where operators alert on users' sandboxes ending.
+	if got := a.m.metrics.stops.Value(pandastack.StopLost); got != 1 {
+		t.Errorf("stops lost on A, which found B lost: %v, want 1", got)
+	}
 	if url, err := a.m.Remote(ctx, project, sb.ID); err != nil || url != "" {
 		t.Errorf("Remote of a lost sandbox = %q, %v; A answers it from the store", url, err)
 	}

@@ -61,7 +61,10 @@ func (m *Manager) Warm(ctx context.Context, tpl Template, warmup, dir string) er
 	if spares.Ready != WarmSpares {
 		return fmt.Errorf("warm %s: %d of %d python kernels ready", tpl.Name, spares.Ready, WarmSpares)
 	}
-	if _, err := m.checkpoint(ctx, sb, dir, false); err != nil {
+	// Left running for the Kill above: one stopped by its checkpoint was
+	// taken for dead by the reaper first, and counted as a sandbox that
+	// died.
+	if _, err := m.checkpoint(ctx, sb, dir, true); err != nil {
 		if _, statErr := os.Stat(dir); statErr == nil {
 			return nil
 		}
