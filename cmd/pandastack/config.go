@@ -112,6 +112,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	str(&c.MetricsListen, "metrics-listen", "PANDASTACK_METRICS_LISTEN", "address serving GET /metrics in Prometheus' text format, without an API key: keep it on loopback or a private network (empty: none)")
 	str(&c.DataDir, "data-dir", "PANDASTACK_DATA_DIR", "data directory (database, API key, runtime state)")
 	str(&c.Store, "store", "PANDASTACK_STORE", "database: empty for SQLite in the data dir, sqlite:///path, or postgres://user:pass@host/db")
+	fs.Lookup("store").DefValue = redact(c.Store) // -h shows no password
 	str(&c.SnapshotStore, "snapshot-store", "PANDASTACK_SNAPSHOT_STORE", "where snapshots are kept: empty for <data dir>/snapshots, file:///path, or s3://bucket/prefix (endpoint from $PANDASTACK_S3_ENDPOINT, credentials from $AWS_ACCESS_KEY_ID/$AWS_SECRET_ACCESS_KEY)")
 	if v, ok := os.LookupEnv("PANDASTACK_SNAPSHOT_CACHE_MAX_BYTES"); ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {

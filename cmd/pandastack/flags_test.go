@@ -347,3 +347,20 @@ func TestExplainAPI(t *testing.T) {
 		t.Errorf("a broken connection: %q, want it as it was", got)
 	}
 }
+
+// A store URL from the environment shows in -h without its password.
+func TestHelpHidesTheStorePassword(t *testing.T) {
+	t.Setenv("PANDASTACK_STORE", "postgres://u:S3CRETpw@db/ps")
+	c := defaultConfig()
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	c.bind(fs)
+	var out strings.Builder
+	fs.SetOutput(&out)
+	fs.PrintDefaults()
+	if strings.Contains(out.String(), "S3CRETpw") || !strings.Contains(out.String(), "postgres://u:") {
+		t.Errorf("-h shows the store as:\n%s", out.String())
+	}
+	if c.Store != "postgres://u:S3CRETpw@db/ps" {
+		t.Errorf("the store the server uses: %q", c.Store)
+	}
+}
