@@ -214,6 +214,19 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	return nil
 }
 
+// otherNodes says whether other nodes share this node's store, as the
+// last heartbeat saw them.
+func (m *Manager) otherNodes() bool {
+	m.node.mu.Lock()
+	defer m.node.mu.Unlock()
+	for id := range m.node.urls {
+		if id != m.cfg.Node.ID {
+			return true
+		}
+	}
+	return false
+}
+
 // countLost counts in the stops metric the sandboxes of node id that
 // this node's LoseNodes recorded lost at at (the store may keep less
 // than its nanoseconds): users' sandboxes ended, as a stop of this node's

@@ -177,6 +177,26 @@ func TestForgottenStalledNodeDropsItsLost(t *testing.T) {
 	}
 }
 
+// Nodes each with a snapshot store of its own disk: a restore through the
+// other node says where the files are, not to delete the snapshot.
+func TestRestoreOfAnotherNodesLocalSnapshot(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	b := nodeHarness(t, "node-b", a)
+	snap, err := a.m.Snapshot(ctx, project, a.create().ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.m.heartbeat(ctx); err != nil { // B learns of A
+		t.Fatal(err)
+	}
+	_, err = b.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	if msg := pandastack.ErrorMessage(err); !strings.Contains(msg, "s3://") || strings.Contains(msg, "delete it") {
+		t.Errorf("a restore of a snapshot on another node's disk: %q", msg)
+	}
+}
+
 // A lost node's paused sandboxes stay paused: their image is on its disk.
 // Another node answers a resume of one 503, and expires it when its TTL
 // ends; the node, back, resumes the other.
