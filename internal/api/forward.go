@@ -81,10 +81,15 @@ func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project,
 }
 
 // storeAnswers reports whether r reads what the shared store keeps (a
-// sandbox's history), which this node can answer when the sandbox's own
-// node cannot be reached.
+// sandbox's record, its history), which this node can answer when the
+// sandbox's own node cannot be reached (within its grace period, before
+// it is found lost, a poll of the sandbox's state answered 503).
 func storeAnswers(r *http.Request) bool {
-	return r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/history")
+	if r.Method != http.MethodGet {
+		return false
+	}
+	rest, ok := strings.CutPrefix(r.URL.Path, "/v1/sandboxes/")
+	return ok && (!strings.Contains(rest, "/") || strings.HasSuffix(r.URL.Path, "/history"))
 }
 
 // placeCreate places a POST /v1/sandboxes and passes it to the chosen node

@@ -452,3 +452,24 @@ func TestPortOnlyInItsOwnForm(t *testing.T) {
 		}
 	}
 }
+
+// What a node answers from the store when a sandbox's own node cannot be
+// reached: its record and its history, nothing that needs the sandbox.
+func TestStoreAnswers(t *testing.T) {
+	for path, want := range map[string]bool{
+		"/v1/sandboxes/sbx_a":          true,
+		"/v1/sandboxes/sbx_a/history":  true,
+		"/v1/sandboxes/sbx_a/files":    false,
+		"/v1/sandboxes/sbx_a/stats":    false,
+		"/v1/sandboxes/sbx_a/contexts": false,
+		"/v1/snapshots/snap_a":         false,
+	} {
+		r := httptest.NewRequest(http.MethodGet, path, nil)
+		if got := storeAnswers(r); got != want {
+			t.Errorf("GET %s: %v, want %v", path, got, want)
+		}
+	}
+	if storeAnswers(httptest.NewRequest(http.MethodDelete, "/v1/sandboxes/sbx_a", nil)) {
+		t.Error("a DELETE answered from the store")
+	}
+}
