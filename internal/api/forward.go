@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -151,7 +152,7 @@ func (e errReader) Read([]byte) (int, error) {
 // the port proxy: a stream of it cut off half-way ends with an error event.
 func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, unreached func(http.ResponseWriter, *http.Request), api bool) {
 	clearBodyDeadline(w) // the other node bounds the body itself
-	ctx, stop := s.watchNode(r.Context(), base)
+	ctx, stop := s.watchNode(r.Context(), base, r.Method == http.MethodPost && r.URL.Path == "/v1/sandboxes")
 	defer stop()
 	orig := r // what unreached serves here: the caller's, not tied to the other node
 	r = r.WithContext(ctx)
@@ -362,8 +363,12 @@ func nodeLostCause(ctx context.Context) error {
 // cuts nothing, and a request or stream passed to it waited for ever, well
 // after its sandboxes were stopped as lost. Call stop when the request is
 // over.
-func (s *Server) watchNode(ctx context.Context, base string) (_ context.Context, stop func()) {
+func (s *Server) watchNode(ctx context.Context, base string, create bool) (_ context.Context, stop func()) {
 	nc := s.mgr.Config().Node
+	why := fmt.Sprintf("the node that runs this sandbox was lost (silent for %s) while this request waited on it; its running sandboxes are stopped as lost: look at the sandbox before you retry", nc.Grace)
+	if create {
+		why = fmt.Sprintf("the node this create was placed on was lost (silent for %s) before it answered; create again (a sandbox it made there meanwhile is stopped as lost)", nc.Grace)
+	}
 	if nc.Heartbeat <= 0 {
 		return ctx, func() {}
 	}
@@ -390,7 +395,7 @@ func (s *Server) watchNode(ctx context.Context, base string) (_ context.Context,
 				return
 			case <-t.C:
 				if lost() {
-					cancel(nodeLostError{pandastack.Errorf(pandastack.EUnavailable, "the node that runs this sandbox was lost (silent for %s) while this request waited on it; its running sandboxes are stopped as lost: look at the sandbox before you retry", nc.Grace)})
+					cancel(nodeLostError{pandastack.Errorf(pandastack.EUnavailable, "%s", why)})
 					return
 				}
 			}

@@ -332,6 +332,16 @@ func TestProxyEndsWhenTheNodeIsLost(t *testing.T) {
 	if len(lines) != 2 || !strings.Contains(lines[0], `"stdout"`) || !strings.Contains(lines[1], `"error"`) || !strings.Contains(lines[1], "was lost") {
 		t.Errorf("a stream from a stalled node found lost: %q", all)
 	}
+	// A create placed there: its caller has no sandbox to look at.
+	resp, err = http.Post(front.URL+"/v1/sandboxes", "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "create again") {
+		t.Errorf("a create placed on a stalled node found lost: %d %s", resp.StatusCode, body)
+	}
 }
 
 // A create placed on a node that has not built its template (a rollout
