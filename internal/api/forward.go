@@ -184,7 +184,7 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 			}
 			if api && resp.StatusCode == http.StatusSwitchingProtocols && strings.HasSuffix(r.URL.Path, "/pty") {
 				if conn, ok := resp.Body.(io.ReadWriteCloser); ok {
-					resp.Body = &wsTail{ReadWriteCloser: conn}
+					resp.Body = &wsTail{ReadWriteCloser: conn, ctx: r.Context()}
 				}
 			}
 			if api {
@@ -234,10 +234,11 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 // boundary and to know whether a close frame came.
 type wsTail struct {
 	io.ReadWriteCloser
-	hdr    []byte // the current frame's header as far as read
-	left   int64  // payload bytes of the current frame still to come
-	closed bool   // a close frame came from the owner
-	ending        // the close frame to give, once the connection ended
+	ctx    context.Context // the caller's request: a revoked key ends it (1008, as on the owner)
+	hdr    []byte          // the current frame's header as far as read
+	left   int64           // payload bytes of the current frame still to come
+	closed bool            // a close frame came from the owner
+	ending                 // the close frame to give, once the connection ended
 }
 
 // ending is what a wrapped stream gives once the stream under it ended:
@@ -273,8 +274,17 @@ func (t *wsTail) Read(p []byte) (int, error) {
 	if t.closed || t.left != 0 || len(t.hdr) != 0 {
 		return n, err // closed as it should be, or cut inside a frame
 	}
-	payload := binary.BigEndian.AppendUint16(nil, 1001)
-	payload = append(payload, wsNodeGone...)
+	code, reason := uint16(1001), wsNodeGone
+	if t.ctx != nil {
+		if c := revokedErr(t.ctx, nil); c != nil {
+			code, reason = 1008, pandastack.ErrorMessage(c) // policy violation, as the owner closes it
+		}
+	}
+	if len(reason) > 123 { // a close frame's payload is at most 125 bytes
+		reason = reason[:123]
+	}
+	payload := binary.BigEndian.AppendUint16(nil, code)
+	payload = append(payload, reason...)
 	t.tail = append([]byte{0x88, byte(len(payload))}, payload...)
 	return n, nil
 }

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/sandbox"
 )
 
@@ -481,5 +483,25 @@ func TestStoreAnswers(t *testing.T) {
 	}
 	if storeAnswers(httptest.NewRequest(http.MethodDelete, "/v1/sandboxes/sbx_a", nil)) {
 		t.Error("a DELETE answered from the store")
+	}
+}
+
+// rwc is an io.ReadWriteCloser that reads r and swallows writes.
+type rwc struct{ io.Reader }
+
+func (rwc) Write(p []byte) (int, error) { return len(p), nil }
+func (rwc) Close() error                { return nil }
+
+// A terminal passed through this node whose key is revoked here ends with
+// the owner's close for it, 1008 and why, not "the node stopped answering".
+func TestProxiedTerminalOfARevokedKey(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cause := pandastack.Errorf(pandastack.EUnauthorized, "API key pds_x… was revoked")
+	cancel(cause)
+	tail := &wsTail{ReadWriteCloser: rwc{strings.NewReader("\x82\x02hi")}, ctx: ctx}
+	got, _ := io.ReadAll(tail)
+	want := append([]byte{0x82, 2, 'h', 'i', 0x88, byte(2 + len(pandastack.ErrorMessage(cause))), 0x03, 0xf0}, pandastack.ErrorMessage(cause)...)
+	if string(got) != string(want) {
+		t.Errorf("the caller got %q, want %q", got, want)
 	}
 }
