@@ -89,8 +89,12 @@ func (m *Manager) pausedElsewhere(sb pandastack.Sandbox) error {
 	if sb.State != pandastack.StatePaused || m.owns(sb) {
 		return nil
 	}
+	then := "it resumes once that node is back"
+	if !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle {
+		then = "once that node is back, resume it (POST /v1/sandboxes/" + sb.ID + "/resume): it was paused as asked"
+	}
 	return pandastack.Errorf(pandastack.EUnavailable,
-		"sandbox %s is paused on node %s, which does not answer; its image is on that node's disk, so it resumes once that node is back", sb.ID, sb.NodeID)
+		"sandbox %s is paused on node %s, which does not answer; its image is on that node's disk, so %s", sb.ID, sb.NodeID, then)
 }
 
 // reapsFor reports whether this node's reaper expires sb: its own, and

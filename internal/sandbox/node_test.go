@@ -225,8 +225,10 @@ func TestLostNodeKeepsPaused(t *testing.T) {
 		t.Errorf("a resume on A of B's paused sandbox: %v, want %s naming node-b", err, pandastack.EUnavailable)
 	}
 	// Other work that needs it says the same, not "resume it first".
-	if _, err := a.m.Agent(ctx, project, kept.ID); !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "node-b") {
-		t.Errorf("work on A in B's paused sandbox: %v, want %s naming node-b", err, pandastack.EUnavailable)
+	// Paused as asked (no auto_resume): the node's return alone does not
+	// resume it, and the message says what will.
+	if _, err := a.m.Agent(ctx, project, kept.ID); !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "node-b") || !strings.Contains(err.Error(), "/resume") {
+		t.Errorf("work on A in B's paused sandbox: %v, want %s naming node-b and the resume", err, pandastack.EUnavailable)
 	}
 	if _, err := a.m.Snapshot(ctx, project, kept.ID, nil); !pandastack.IsCode(err, pandastack.EUnavailable) {
 		t.Errorf("a snapshot on A of B's paused sandbox: %v, want %s", err, pandastack.EUnavailable)
