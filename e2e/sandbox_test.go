@@ -959,8 +959,12 @@ func TestSharedMemoryFillsUp(t *testing.T) {
 	ctx := context.Background()
 	c := s.client()
 	for _, template := range []string{"base", "code-interpreter"} {
-		sb := newSandbox(t, s, client.CreateSandboxRequest{Template: template, MemoryMB: 512})
-		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: "dd if=/dev/zero of=/dev/shm/big bs=1M count=400; echo rc=$?", TimeoutSeconds: 60})
+		// The template's memory: a create that sets none restores the
+		// warm image (code-interpreter's), one that does boots cold.
+		sb := newSandbox(t, s, client.CreateSandboxRequest{Template: template})
+		// Three quarters of its memory: past /dev/shm's half.
+		fill := "dd if=/dev/zero of=/dev/shm/big bs=1M count=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) * 3 / 4 / 1024 )); echo rc=$?"
+		res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: fill, TimeoutSeconds: 60})
 		if err != nil || !strings.Contains(res.Stderr, "No space left on device") || !strings.Contains(res.Stdout, "rc=1") {
 			t.Fatalf("%s: filling /dev/shm: %+v %v; want ENOSPC", template, res, err)
 		}

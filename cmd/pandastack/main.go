@@ -308,9 +308,6 @@ func serve(args []string) error {
 	if scfg.Node, err = cfg.Nodes.node(cfg.DataDir, cfg.Listen, strings.HasPrefix(cfg.SnapshotStore, "s3://")); err != nil {
 		return err
 	}
-	if strings.HasPrefix(cfg.Store, "postgres") && !strings.HasPrefix(cfg.SnapshotStore, "s3://") {
-		log.Warn("a shared database with a snapshot store on this host's disk: snapshots taken on another node are missing here, and those taken here on the others; give every node the same s3:// --snapshot-store (docs/deploy.md)", "snapshot_store", imagesDesc)
-	}
 	var series *metrics.Registry
 	if cfg.MetricsListen != "" {
 		series = metrics.New()

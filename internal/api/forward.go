@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/sandbox"
@@ -162,8 +163,8 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 		return
 	}
 	transport := forwardTransport
-	if unreached != nil {
-		transport = placeTransport
+	if r.Method == http.MethodPost && r.URL.Path == "/v1/sandboxes" {
+		transport = placeTransport // a placed create (see placeTransport)
 	}
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -210,7 +211,9 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 			}
 			s.log.Warn("forward to node failed", "node_url", base, "path", r.URL.Path, "err", err)
 			var op *net.OpError
-			if unreached != nil && errors.As(err, &op) && op.Op == "dial" {
+			if unreached != nil && (r.Method == http.MethodGet || errors.As(err, &op) && op.Op == "dial") {
+				// A read (the store answers it) on any failure; a create
+				// only when nothing of it reached the node.
 				unreached(w, orig)
 				return
 			}
@@ -280,8 +283,11 @@ func (t *wsTail) Read(p []byte) (int, error) {
 			code, reason = 1008, pandastack.ErrorMessage(c) // policy violation, as the owner closes it
 		}
 	}
-	if len(reason) > 123 { // a close frame's payload is at most 125 bytes
+	if len(reason) > 123 { // a close frame's payload is at most 125 bytes, in UTF-8
 		reason = reason[:123]
+		for !utf8.ValidString(reason) {
+			reason = reason[:len(reason)-1]
+		}
 	}
 	payload := binary.BigEndian.AppendUint16(nil, code)
 	payload = append(payload, reason...)

@@ -3,7 +3,10 @@ package network
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net/netip"
+	"os"
+	"strings"
 	"syscall"
 
 	"github.com/mdlayher/netlink"
@@ -46,11 +49,22 @@ type endedFlow struct {
 type ctEvents struct{ conn *netlink.Conn }
 
 func openCTEvents() (*ctEvents, error) {
+	// Events off host-wide (0) would leave the log without them; 2 (the
+	// default) sends them to listeners, as 1 does.
+	if b, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_events"); err == nil && strings.TrimSpace(string(b)) == "0" {
+		if err := os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_events", []byte("1"), 0o644); err != nil {
+			return nil, fmt.Errorf("net.netfilter.nf_conntrack_events is 0: %w", err)
+		}
+	}
 	c, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{Groups: 1 << (nfnlgrpConntrackDestroy - 1)})
 	if err != nil {
 		return nil, err
 	}
-	c.SetReadBuffer(4 << 20) // a burst of ends: past it some go unlogged (ENOBUFS), never memory of ours
+	// A burst of ends: past the buffer some go unlogged (ENOBUFS), never
+	// memory of ours. As root past net.core.rmem_max (SO_RCVBUFFORCE).
+	if rc, err := c.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 4<<20) })
+	}
 	return &ctEvents{conn: c}, nil
 }
 

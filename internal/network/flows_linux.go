@@ -28,7 +28,8 @@ type flowSeen struct {
 	out, in uint64
 	sbx     *sandboxNet
 	logged  bool
-	rule    string // what let it through, as the policy was when it was first seen
+	rule    string    // what let it through, as the policy was when it was first seen
+	gone    time.Time // when the poll found it gone from the table (flowsGone)
 }
 
 const tcpTimeWait = 7 // conntrack's TCP state after a close
@@ -44,8 +45,15 @@ func (n *Network) watchFlows(stop <-chan struct{}) {
 		n.log.Warn("connections shorter than a second (a connect refused by the remote) will not be in the egress log", "err", err)
 	} else {
 		ended = make(chan endedFlow, 256)
-		go ev.read(ended, stop)
-		defer ev.close()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			ev.read(ended, stop)
+		}()
+		defer func() {
+			ev.close()
+			<-done
+		}()
 	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -56,10 +64,15 @@ func (n *Network) watchFlows(stop <-chan struct{}) {
 		case f := <-ended:
 			n.flowEnded(seen, f)
 		case <-t.C:
-			n.pollFlows(seen)
+			n.pollFlows(seen, ended != nil)
 		}
 	}
 }
+
+// goneKeep is how long a flow the poll found gone stays in its record
+// when end events come: its event, which may come after the poll, finds
+// it logged rather than logging it twice.
+const goneKeep = 10 * time.Second
 
 // flowEnded logs a tracked connection that ended: one the poll saw and has
 // not logged yet, or one too short for it to see.
@@ -76,6 +89,8 @@ func (n *Network) flowEnded(seen map[flowKey]*flowSeen, f endedFlow) {
 		if s == nil {
 			return
 		}
+		// Its end is all the log learns of it: its time is that, within
+		// the poll's second of its start.
 		fs = &flowSeen{first: time.Now().UTC(), sbx: s, rule: n.flowRule(s, f.key)}
 	}
 	delete(seen, f.key)
@@ -87,7 +102,7 @@ func (n *Network) flowEnded(seen map[flowKey]*flowSeen, f endedFlow) {
 }
 
 // pollFlows reads the tracking table once and logs the flows that ended.
-func (n *Network) pollFlows(seen map[flowKey]*flowSeen) {
+func (n *Network) pollFlows(seen map[flowKey]*flowSeen, events bool) {
 	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
 	if err != nil {
 		return
@@ -108,7 +123,7 @@ func (n *Network) pollFlows(seen map[flowKey]*flowSeen) {
 		k := flowKey{f.Forward.Protocol, netip.AddrPortFrom(src, f.Forward.SrcPort), netip.AddrPortFrom(dst, f.Forward.DstPort)}
 		live[k] = true
 		fs := seen[k]
-		if fs == nil {
+		if fs == nil || !fs.gone.IsZero() { // new, or anew on the same addresses and ports
 			if s == nil {
 				continue
 			}
@@ -120,11 +135,23 @@ func (n *Network) pollFlows(seen map[flowKey]*flowSeen) {
 			n.logFlow(k, fs)
 		}
 	}
+	n.flowsGone(seen, live, events, now)
+}
+
+// flowsGone logs the flows of seen no longer in the table (live) and
+// forgets them; with end events, only goneKeep after.
+func (n *Network) flowsGone(seen map[flowKey]*flowSeen, live map[flowKey]bool, events bool, now time.Time) {
 	for k, fs := range seen {
-		if !live[k] {
-			if !fs.logged {
-				n.logFlow(k, fs)
-			}
+		if live[k] {
+			continue
+		}
+		if !fs.logged {
+			n.logFlow(k, fs)
+		}
+		if events && fs.gone.IsZero() {
+			fs.gone = now
+		}
+		if !events || now.Sub(fs.gone) >= goneKeep {
 			delete(seen, k)
 		}
 	}

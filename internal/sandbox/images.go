@@ -66,7 +66,7 @@ func (m *Manager) openSnapshot(ctx context.Context, id string) (manifest, pandas
 		// The record exists (the caller found it): its files do not.
 		if !m.cfg.Node.PlaceRestores && m.otherNodes() {
 			// Likely on another node's disk: not to be deleted for it.
-			return manifest{}, nil, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are not in this node's snapshot store, which is its own disk: nodes that share a database each need the same s3:// snapshot store (--snapshot-store), or snapshots taken on one are missing on the others", what)
+			return manifest{}, nil, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are not in this node's snapshot store; they are likely on another node's disk: nodes that share a database each need the same s3:// snapshot store (--snapshot-store), or snapshots taken on one are missing on the others", what)
 		}
 		return manifest{}, nil, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are gone from the snapshot store; delete it and take a new one", what)
 	}

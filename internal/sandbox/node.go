@@ -72,6 +72,7 @@ type nodeState struct {
 	urls            map[string]string // node id → URL, as of the last heartbeat
 	lost            map[string]bool   // node ids found lost
 	sameURL         map[string]bool   // other nodes found advertising this node's URL (logged once)
+	warnedImages    bool              // the warning of a snapshot store not shared was logged
 }
 
 // NodeID returns this node's id ("" without nodes).
@@ -89,7 +90,7 @@ func (m *Manager) pausedElsewhere(sb pandastack.Sandbox) error {
 	if sb.State != pandastack.StatePaused || m.owns(sb) {
 		return nil
 	}
-	then := "it resumes once that node is back"
+	then := "the first request after that node is back resumes it"
 	if !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle {
 		then = "once that node is back, resume it (POST /v1/sandboxes/" + sb.ID + "/resume): it was paused as asked"
 	}
@@ -204,6 +205,13 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	for id, url := range urls {
 		if _, seen := before[id]; !seen && id != nc.ID && !lost[id] {
 			m.log.Info("node seen", "node", id, "url", url)
+			m.node.mu.Lock()
+			warn := !nc.PlaceRestores && !m.node.warnedImages
+			m.node.warnedImages = m.node.warnedImages || warn
+			m.node.mu.Unlock()
+			if warn {
+				m.log.Warn("other nodes share this node's database, and its snapshot store is not s3://: unless it is one every node shares, snapshots taken on one node are missing on the others; give every node the same s3:// --snapshot-store (docs/deploy.md)", "node", id)
+			}
 		}
 	}
 	if wasLost {

@@ -59,7 +59,7 @@ func (r *Runtime) capsFor(imageDir string) (int, error) {
 	}
 	rev, err := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || rev < 1 || rev > capsRevision {
-		return 0, pandastack.Errorf(pandastack.ESnapshotCorrupt, "the image's capability record %q is damaged or from a newer server", strings.TrimSpace(string(b)))
+		return 0, pandastack.Errorf(pandastack.ESnapshotCorrupt, "the image's spec revision %q is damaged or from a newer server: restore it on a node of that version or later", strings.TrimSpace(string(b)))
 	}
 	return rev, nil
 }
