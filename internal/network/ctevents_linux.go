@@ -95,11 +95,54 @@ func (e *ctEvents) read(out chan<- endedFlow, stop <-chan struct{}) {
 	}
 }
 
+// ctTuple is one direction of a tracked connection.
+type ctTuple struct {
+	src, dst     netip.Addr
+	proto        uint8
+	sport, dport uint16
+}
+
+// tuple decodes a CTA_TUPLE_ORIG or CTA_TUPLE_REPLY into t.
+func (t *ctTuple) tuple(td *netlink.AttributeDecoder) error {
+	for td.Next() {
+		switch td.Type() {
+		case ctaTupleIP:
+			td.Nested(func(id *netlink.AttributeDecoder) error {
+				for id.Next() {
+					a, ok := netip.AddrFromSlice(id.Bytes())
+					switch {
+					case !ok:
+					case id.Type() == ctaIPv4Src:
+						t.src = a
+					case id.Type() == ctaIPv4Dst:
+						t.dst = a
+					}
+				}
+				return nil
+			})
+		case ctaTupleProto:
+			td.Nested(func(pd *netlink.AttributeDecoder) error {
+				for pd.Next() {
+					switch pd.Type() {
+					case ctaProtoNum:
+						t.proto = pd.Uint8()
+					case ctaProtoSrcPort:
+						t.sport = pd.Uint16()
+					case ctaProtoDstPort:
+						t.dport = pd.Uint16()
+					}
+				}
+				return nil
+			})
+		}
+	}
+	return nil
+}
+
 // parseCTEnd reads a conntrack message's attributes (after its nfgenmsg).
 func parseCTEnd(b []byte) (endedFlow, bool) {
 	var f endedFlow
-	var src, dst netip.Addr
-	var sport, dport uint16
+	var orig, reply ctTuple
 	ad, err := netlink.NewAttributeDecoder(b)
 	if err != nil {
 		return f, false
@@ -117,68 +160,20 @@ func parseCTEnd(b []byte) (endedFlow, bool) {
 	}
 	for ad.Next() {
 		switch ad.Type() {
-		case ctaTupleReply:
-			ad.Nested(func(td *netlink.AttributeDecoder) error {
-				for td.Next() {
-					if td.Type() != ctaTupleIP {
-						continue
-					}
-					td.Nested(func(id *netlink.AttributeDecoder) error {
-						for id.Next() {
-							if a, ok := netip.AddrFromSlice(id.Bytes()); ok && id.Type() == ctaIPv4Src {
-								f.replyFrom = a
-							}
-						}
-						return nil
-					})
-				}
-				return nil
-			})
 		case ctaTupleOrig:
-			ad.Nested(func(td *netlink.AttributeDecoder) error {
-				for td.Next() {
-					switch td.Type() {
-					case ctaTupleIP:
-						td.Nested(func(id *netlink.AttributeDecoder) error {
-							for id.Next() {
-								a, ok := netip.AddrFromSlice(id.Bytes())
-								switch {
-								case !ok:
-								case id.Type() == ctaIPv4Src:
-									src = a
-								case id.Type() == ctaIPv4Dst:
-									dst = a
-								}
-							}
-							return nil
-						})
-					case ctaTupleProto:
-						td.Nested(func(pd *netlink.AttributeDecoder) error {
-							for pd.Next() {
-								switch pd.Type() {
-								case ctaProtoNum:
-									f.key.proto = pd.Uint8()
-								case ctaProtoSrcPort:
-									sport = pd.Uint16()
-								case ctaProtoDstPort:
-									dport = pd.Uint16()
-								}
-							}
-							return nil
-						})
-					}
-				}
-				return nil
-			})
+			ad.Nested(orig.tuple)
+		case ctaTupleReply:
+			ad.Nested(reply.tuple)
 		case ctaCountersOrig:
 			ad.Nested(counter(&f.out))
 		case ctaCountersReply:
 			ad.Nested(counter(&f.in))
 		}
 	}
-	if ad.Err() != nil || !src.Is4() || !dst.Is4() {
+	if ad.Err() != nil || !orig.src.Is4() || !orig.dst.Is4() {
 		return f, false
 	}
-	f.key.src, f.key.dst = netip.AddrPortFrom(src, sport), netip.AddrPortFrom(dst, dport)
+	f.key = flowKey{orig.proto, netip.AddrPortFrom(orig.src, orig.sport), netip.AddrPortFrom(orig.dst, orig.dport)}
+	f.replyFrom = reply.src
 	return f, true
 }

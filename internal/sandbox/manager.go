@@ -793,9 +793,9 @@ func (m *Manager) use(ctx context.Context, projectID, id string, take func(strin
 		}
 	}()
 	// Bounded: a checkpoint that hangs answers conflict, as it did before
-	// requests waited for checkpoints.
-	waitCtx, cancel := context.WithTimeout(ctx, phaseWait)
-	defer cancel()
+	// requests waited for checkpoints. Made at the first wait: most
+	// requests never wait.
+	var waitCtx context.Context
 	for {
 		if _, err := m.usable(ctx, projectID, id); err != nil {
 			return nil, nil, err
@@ -804,6 +804,11 @@ func (m *Manager) use(ctx context.Context, projectID, id string, take func(strin
 		if release != nil {
 			release()
 			release = nil
+		}
+		if err != nil && waitCtx == nil {
+			var cancel context.CancelFunc
+			waitCtx, cancel = context.WithTimeout(ctx, phaseWait)
+			defer cancel()
 		}
 		if err != nil && waitCtx.Err() == nil && m.sbx.waitTurn(waitCtx, id, &release) {
 			continue
