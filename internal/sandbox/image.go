@@ -122,16 +122,25 @@ func (m *Manager) sweepImages(ctx context.Context) {
 	}
 	ents, _ := os.ReadDir(m.cfg.PausedDir)
 	for _, e := range ents {
-		if !strings.HasPrefix(e.Name(), ".tmp-") {
-			sb, err := m.store.GetSandbox(ctx, "", e.Name())
-			if err == nil && sb.State == pandastack.StatePaused {
-				continue
-			}
-			if err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
-				continue // the store failed: keep it rather than guess
-			}
+		id := e.Name()
+		if strings.HasPrefix(id, ".tmp-") {
+			remove(filepath.Join(m.cfg.PausedDir, id))
+			continue
 		}
-		remove(filepath.Join(m.cfg.PausedDir, e.Name()))
+		sb, err := m.store.GetSandbox(ctx, "", id)
+		if err == nil && sb.State == pandastack.StatePaused {
+			continue
+		}
+		if err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+			continue // the store failed: keep it rather than guess
+		}
+		remove(filepath.Join(m.cfg.PausedDir, id))
+		if err != nil || sb.State == pandastack.StateStopped {
+			// Ended while this node was down or lost: the runtime's Stop
+			// also drops what the network kept for its resume (the
+			// policy's file), which nothing else would remove.
+			m.rt.Stop(ctx, id)
+		}
 	}
 }
 

@@ -581,12 +581,29 @@ func TestRecoverySweepsLeftovers(t *testing.T) {
 		os.MkdirAll(filepath.Join(d, "image"), 0o700)
 		os.WriteFile(filepath.Join(d, "image", "pages"), []byte("x"), 0o600)
 	}
+	var mu sync.Mutex
+	stopped := map[string]bool{}
+	h.rt.stopHook = func(id string) {
+		mu.Lock()
+		stopped[id] = true
+		mu.Unlock()
+	}
 	h.m = h.newManager()
 	for _, d := range leftovers {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("%s survived the start: %v", d, err)
 		}
 	}
+	mu.Lock()
+	// The runtime's Stop releases what else it kept of a sandbox (its
+	// network's policy file, when there is a network in front of it).
+	if !stopped["sbx_gone"] {
+		t.Errorf("a paused image with no record was removed, its sandbox not stopped in the runtime (its network state stays)")
+	}
+	if stopped[running.ID] || stopped[paused.ID] {
+		t.Errorf("a running or paused sandbox was stopped by the sweep: %v", stopped)
+	}
+	mu.Unlock()
 	for _, d := range []string{filepath.Join(h.m.cfg.SnapshotDir, snap.ID), h.m.pausedPath(paused.ID)} {
 		if _, err := verifyImage(d, d); err != nil {
 			t.Errorf("a whole image was touched: %v", err)
