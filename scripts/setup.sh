@@ -23,9 +23,10 @@ fi
 # tests and operators inspect the sandbox firewall; postgresql-15's server
 # binaries run the throwaway clusters of the PostgreSQL store's tests (the
 # tests start their own; no system cluster is made); chromium runs the browser
-# tests of the web console (scripts/test-browser.sh); git and curl for the rest.
+# tests of the web console (scripts/test-browser.sh); gcc and libc6-dev the
+# race detector's cgo (scripts/test.sh); git and curl for the rest.
 missing=()
-for p in debootstrap busybox-static ca-certificates chromium curl git nftables python3 python3-venv postgresql-15; do
+for p in debootstrap busybox-static ca-certificates chromium curl gcc git libc6-dev nftables python3 python3-venv postgresql-15; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then

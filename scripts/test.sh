@@ -18,6 +18,10 @@ echo "==> go vet ./..." >&2
 go vet ./...
 echo "==> go test ./..." >&2
 go test -count=1 -timeout 45m ./...
+# The packages whose goroutines share the most state, again under the race
+# detector (a race there is a bug whatever the tests' other outcomes).
+echo "==> go test -race (sandbox manager, API, network, agent)" >&2
+CGO_ENABLED=1 go test -race -count=1 -timeout 20m ./internal/sandbox/ ./internal/api/ ./internal/network/ ./internal/agent/
 echo "==> Python SDK tests" >&2
 ./scripts/test-python.sh
 echo "==> TypeScript SDK tests" >&2

@@ -693,3 +693,12 @@ func (r *fakeRuntime) takeSuspendLog() []string {
 	r.suspendLog = nil
 	return l
 }
+
+// setFor sets *v, a package's tunable, to x for the test and back at its
+// end. Called before the test's harnesses are made, its cleanup runs after
+// theirs, once their managers' background work (which reads *v) is over.
+func setFor[T any](t *testing.T, v *T, x T) {
+	old := *v
+	*v = x
+	t.Cleanup(func() { *v = old })
+}

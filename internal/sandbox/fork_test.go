@@ -108,8 +108,8 @@ func TestForkRefusedForWorkKeepsTheSpares(t *testing.T) {
 // hellos', taken after it), once the host is quiet; the fork's log line
 // says how many ready spares were shut down.
 func TestForkPacesTheParentsRefill(t *testing.T) {
-	defer func(s, l time.Duration) { refillSpacing, refillLook = s, l }(refillSpacing, refillLook)
-	refillSpacing, refillLook = 20*time.Millisecond, 5*time.Millisecond
+	setFor(t, &refillSpacing, 20*time.Millisecond)
+	setFor(t, &refillLook, 5*time.Millisecond)
 	h := newHarness(t)
 	clk := &clock{t: time.Now()}
 	// Every reading a microsecond on: holds taken one after the other

@@ -147,10 +147,9 @@ func TestExclusion(t *testing.T) {
 // Work waits for a checkpoint only so long (phaseWait): one that hangs
 // answers conflict, as before work waited for checkpoints.
 func TestWorkWaitsForACheckpointAWhile(t *testing.T) {
+	setFor(t, &phaseWait, 200*time.Millisecond)
 	h := newHarness(t)
 	sb := h.create()
-	defer func(d time.Duration) { phaseWait = d }(phaseWait)
-	phaseWait = 200 * time.Millisecond
 	inCheckpoint, release := h.holdCheckpoint()
 	snapErr := make(chan error, 1)
 	go func() {

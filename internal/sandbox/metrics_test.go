@@ -16,8 +16,7 @@ import (
 // its stops by reason, and its gauges say how many sandboxes are in each
 // state.
 func TestMetrics(t *testing.T) {
-	defer func(d time.Duration) { sandboxCountEvery = d }(sandboxCountEvery)
-	sandboxCountEvery = 0
+	setFor(t, &sandboxCountEvery, 0)
 	h := newHarness(t)
 	ctx := context.Background()
 	sb := h.create()

@@ -15,7 +15,7 @@ import (
 // nodeHarness is a manager that is node id, on its own fake runtime and
 // directories, sharing shared's store (nil: a new store). Heartbeats are
 // left to the test (the loop's interval is an hour).
-func nodeHarness(t *testing.T, id string, shared *harness) *harness {
+func nodeHarness(t *testing.T, id string, shared *harness, opts ...func(*NodeConfig)) *harness {
 	t.Helper()
 	var h *harness
 	if shared == nil {
@@ -28,6 +28,9 @@ func nodeHarness(t *testing.T, id string, shared *harness) *harness {
 		h = &harness{t: t, dir: dir, rt: newFakeRuntime(), store: shared.store, tpls: &fakeTemplates{tpl: Template{Name: "base", RootFS: rootfs, CPU: 1, MemoryMB: 256}}}
 	}
 	h.node = NodeConfig{ID: id, URL: "http://" + id + ".test", Heartbeat: time.Hour, Grace: 10 * time.Second}
+	for _, o := range opts {
+		o(&h.node) // before the manager's heartbeat starts reading it
+	}
 	h.m = h.newManager()
 	return h
 }
@@ -410,23 +413,9 @@ func TestPauseDuringLossKeepsLost(t *testing.T) {
 // once.
 func TestDuplicateNodeIDRefused(t *testing.T) {
 	ctx := context.Background()
-	a := nodeHarness(t, "node-a", nil)
+	// A heartbeats on its own, as a live server does, until it closes.
+	a := nodeHarness(t, "node-a", nil, func(n *NodeConfig) { n.Heartbeat = 200 * time.Millisecond })
 	sa := a.create()
-	a.node.Heartbeat = 200 * time.Millisecond
-	a.m.cfg.Node.Heartbeat = a.node.Heartbeat
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() { // A keeps heartbeating, as a live server does
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(a.node.Heartbeat):
-				a.m.heartbeat(ctx)
-			}
-		}
-	}()
 	dir := t.TempDir()
 	started := filepath.Join(dir, "node-started")
 	start := func(url string) error {
@@ -442,11 +431,10 @@ func TestDuplicateNodeIDRefused(t *testing.T) {
 			t.Errorf("a second server of a live node's id, at %s, started: %v", url, err)
 		}
 	}
-	close(stop)
-	<-done
 	if rec := a.record(sa.ID); rec.State != pandastack.StateRunning {
 		t.Errorf("the live node's sandbox after the duplicates' starts: %s %s", rec.State, rec.StopReason)
 	}
+	a.m.Close()
 
 	// A no longer heartbeats: a server of its id elsewhere starts (after
 	// watching the record stand still), and its restart on the same data
@@ -468,11 +456,9 @@ func TestDuplicateNodeIDRefused(t *testing.T) {
 // (a stalled node took them, and held them, for the whole grace).
 func TestPlaceSkipsSilentNodes(t *testing.T) {
 	ctx := context.Background()
-	a := nodeHarness(t, "node-a", nil)
-	b := nodeHarness(t, "node-b", a)
-	for _, h := range []*harness{a, b} {
-		h.m.cfg.Node.Heartbeat = time.Second // placement wants heartbeats within 5 s; lost after 10
-	}
+	second := func(n *NodeConfig) { n.Heartbeat = time.Second } // placement wants heartbeats within 5 s; lost after 10
+	a := nodeHarness(t, "node-a", nil, second)
+	b := nodeHarness(t, "node-b", a, second)
 	if err := b.m.heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -521,8 +507,7 @@ func TestNodeLost(t *testing.T) {
 		t.Errorf("lost: b %v, a %v, unknown %v; want only b", a.m.NodeLost("node-b"), a.m.NodeLost("node-a"), a.m.NodeLost("node-x"))
 	}
 	// A new node up at the lost one's address is that new node, not lost.
-	n := nodeHarness(t, "node-c", a)
-	n.m.cfg.Node.URL = "http://node-b.test"
+	n := nodeHarness(t, "node-c", a, func(n *NodeConfig) { n.URL = "http://node-b.test" })
 	n.m.now = c.now
 	if err := n.m.heartbeat(ctx); err != nil {
 		t.Fatal(err)
@@ -571,8 +556,7 @@ func TestKillOfALostNodesSandboxLeavesTheRuntime(t *testing.T) {
 func TestSameURLLogged(t *testing.T) {
 	ctx := context.Background()
 	a := nodeHarness(t, "node-a", nil)
-	b := nodeHarness(t, "node-b", a)
-	b.m.cfg.Node.URL = a.node.URL
+	b := nodeHarness(t, "node-b", a, func(n *NodeConfig) { n.URL = a.node.URL })
 	if err := b.m.heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}

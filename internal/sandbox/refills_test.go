@@ -15,8 +15,8 @@ import (
 // CPU idle), or after refillMaxHold regardless; a stopped sandbox's hold is
 // dropped, and a cold boot (the warm-up) takes none.
 func TestRefillsPaced(t *testing.T) {
-	defer func(s, l time.Duration) { refillSpacing, refillLook = s, l }(refillSpacing, refillLook)
-	refillSpacing, refillLook = 50*time.Millisecond, 5*time.Millisecond
+	setFor(t, &refillSpacing, 50*time.Millisecond)
+	setFor(t, &refillLook, 5*time.Millisecond)
 	h := newHarness(t)
 	clk := &clock{t: time.Now()}
 	h.m.now = clk.now

@@ -178,8 +178,7 @@ func TestKeepWarmFresh(t *testing.T) {
 // marks stopped with the warming, so a day later another server or
 // template gc could remove an image in use).
 func TestWarmImagesStayMarkedAfterWarming(t *testing.T) {
-	defer func(d time.Duration) { warmTouchEvery = d }(warmTouchEvery)
-	warmTouchEvery = 20 * time.Millisecond
+	setFor(t, &warmTouchEvery, 20*time.Millisecond)
 	h := newHarness(t)
 	img := filepath.Join(h.m.cfg.WarmDir, "base-made-earlier")
 	os.MkdirAll(img, 0o700) // made by an earlier start: nothing to warm
