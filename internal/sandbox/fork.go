@@ -131,7 +131,10 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 
 // forkChildren restores count children of sb from the image img at once,
 // each with its own address and the network policy policy (sb's). If any
-// fails, it kills those made and returns that error.
+// fails, it kills those made and returns that error. The children's
+// records say starting until all of them run, and then running, so that
+// a server that dies in between stops them on its next start (recover)
+// rather than take back some of a fork that never answered.
 func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandastack.Sandbox, rootfs, img string, policy *pandastack.NetworkPolicy, count int, ttl time.Duration, metadata map[string]string) ([]pandastack.Sandbox, []*resumeSteps, error) {
 	kids := make([]pandastack.Sandbox, count)
 	errs := make([]error, count)
@@ -147,20 +150,30 @@ func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandast
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
 				idle:    time.Duration(sb.IdleTimeoutSeconds) * time.Second,
 				network: policy, // each child its own address, the parent's policy
-				steps:   steps[i],
+				steps:   steps[i], keepStarting: true,
 			})
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			for _, k := range kids {
-				if k.ID != "" {
-					m.kill(context.Background(), projectID, k.ID, pandastack.StopKilled) // not a kill a user asked for
-				}
-			}
-			return nil, nil, err
+	var err error
+	for _, e := range errs {
+		if err == nil {
+			err = e // the first: the others most often say the same
 		}
+	}
+	for i := range kids {
+		if err != nil {
+			break
+		}
+		err = m.store.SetSandboxState(context.WithoutCancel(ctx), kids[i].ID, pandastack.StateRunning, "", m.now())
+	}
+	if err != nil {
+		for _, k := range kids {
+			if k.ID != "" {
+				m.kill(context.Background(), projectID, k.ID, pandastack.StopKilled) // not a kill a user asked for
+			}
+		}
+		return nil, nil, err
 	}
 	return kids, steps, nil
 }

@@ -371,3 +371,63 @@ func TestForkAndSnapshotDuringAPause(t *testing.T) {
 		}
 	}
 }
+
+// A fork's children are recorded running together, once every one runs:
+// until then a child that is up says starting, so that a server that dies
+// before the fork answers stops it on its next start (start_failed) rather
+// than take back a sandbox its caller never learned of; a start does so.
+func TestForkChildrenRecordedRunningTogether(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	parent := h.create()
+	restores := 0 // under h.rt.mu, which the hook is called with
+	second, release := make(chan struct{}), make(chan struct{})
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		if restores++; restores == 2 {
+			close(second)
+			h.rt.mu.Unlock()
+			<-release
+			h.rt.mu.Lock()
+		}
+		return nil
+	}
+	forked := make(chan error, 1)
+	go func() {
+		_, err := h.m.Fork(ctx, project, parent.ID, 2, nil, nil)
+		forked <- err
+	}()
+	<-second
+	var up string
+	waitFor(t, func() bool {
+		for id := range h.m.sbx.running() {
+			if id != parent.ID {
+				up = id
+				return true
+			}
+		}
+		return false
+	})
+	if rec := h.record(up); rec.State != pandastack.StateStarting {
+		t.Errorf("a child up while its sibling restores is recorded %s, want starting", rec.State)
+	}
+	// The server dies here: its next start stops the child.
+	h.m.Close()
+	h.m = h.newManager()
+	if rec := h.record(up); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopFailed {
+		t.Errorf("after a restart, the child of a fork that never answered is %s %s, want stopped %s", rec.State, rec.StopReason, pandastack.StopFailed)
+	}
+	close(release)
+	<-forked
+
+	// A fork that answers: every child running.
+	h.rt.restoreErr = nil
+	kids, err := h.m.Fork(ctx, project, parent.ID, 3, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kids {
+		if rec := h.record(k.ID); rec.State != pandastack.StateRunning || k.State != pandastack.StateRunning {
+			t.Errorf("child %s after the fork: recorded %s, answered %s", k.ID, rec.State, k.State)
+		}
+	}
+}

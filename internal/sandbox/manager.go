@@ -520,7 +520,12 @@ type plan struct {
 	pooled     bool                      // served from a pool (launch sets it)
 	prepared   bool                      // restored into a container prepared for creates (launch sets it)
 	line       bool                      // wait in the admission line for the boot (admit.go)
-	steps      *resumeSteps              // times the boot's steps (a fork's children); nil: launch times and logs them itself
+	// keepStarting: a fork's child, whose record stays starting until
+	// every child of the fork runs (forkChildren marks them running then):
+	// a crash in between leaves children that a restart stops as
+	// start_failed, not sandboxes nobody was told of.
+	keepStarting bool
+	steps        *resumeSteps // times the boot's steps (a fork's children); nil: launch times and logs them itself
 }
 
 // launch records a new sandbox, boots or restores it, and says hello.
@@ -624,7 +629,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		if p.steps != nil {
 			p.steps.attrs = append(p.steps.attrs, "pooled", true)
 		}
-		return m.started(ctx, sb, pd.client, true)
+		return m.started(ctx, sb, pd.client, true, true)
 	}
 	env := make([]string, 0, len(p.env)+1)
 	for k, v := range p.env {
@@ -650,7 +655,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			p.steps.done("agent_ms")
 			if err = m.setupSandbox(startCtx, client); err == nil {
 				p.steps.done("setup_ms")
-				out, err := m.started(ctx, sb, client, true)
+				out, err := m.started(ctx, sb, client, true, !p.keepStarting)
 				p.steps.done("record_ms")
 				return out, err
 			}
@@ -677,11 +682,14 @@ func (m *Manager) helloFailed(id string, err error) error {
 
 // started records a claimed, booted sandbox as running and makes it so;
 // created says whether to log it as a new sandbox (a resume logs its own
-// line).
-func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *AgentClient, created bool) (pandastack.Sandbox, error) {
-	if err := m.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, pandastack.StateRunning, "", m.now()); err != nil {
-		client.Close()
-		return pandastack.Sandbox{}, err
+// line). record false leaves the record as it is, for the caller to mark
+// running (a fork's children, all at once).
+func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *AgentClient, created, record bool) (pandastack.Sandbox, error) {
+	if record {
+		if err := m.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, pandastack.StateRunning, "", m.now()); err != nil {
+			client.Close()
+			return pandastack.Sandbox{}, err
+		}
 	}
 	idle, ok := m.sbx.run(sb.ID, client, time.Duration(sb.IdleTimeoutSeconds)*time.Second)
 	if !ok {
