@@ -145,11 +145,13 @@ func (m *Manager) sweepImages(ctx context.Context) {
 }
 
 // pendingPrefix names the file in SnapshotDir that stands for a snapshot
-// whose image may be in the image store before its record is written.
+// whose image may be in the image store before its record is written, or
+// after its record was deleted.
 const pendingPrefix = ".pending-"
 
 // dropUnrecorded removes from the image store what a crash left of
-// snapshot id when no record of it was written: the objects of an upload
+// snapshot id when no record of it was written, or after its record was
+// deleted (DeleteSnapshot): the objects of an upload
 // cut short (object storage keeps them, and the parts of a multipart
 // upload, until someone deletes them), or a whole image uploaded just
 // before the crash. Its traces in SnapshotDir are its staged image
@@ -166,10 +168,10 @@ func (m *Manager) dropUnrecorded(ctx context.Context, id string) bool {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	if err := m.cfg.Images.Delete(ctx, id); err != nil {
-		m.log.Warn("remove what an interrupted snapshot left in the snapshot store; the next start tries again", "snapshot", id, "err", err)
+		m.log.Warn("remove what an interrupted snapshot or snapshot delete left in the snapshot store; the next start tries again", "snapshot", id, "err", err)
 		return false
 	}
-	m.log.Info("removed what an interrupted snapshot left in the snapshot store", "snapshot", id)
+	m.log.Info("removed what an interrupted snapshot or snapshot delete left in the snapshot store", "snapshot", id)
 	return true
 }
 

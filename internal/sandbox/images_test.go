@@ -23,6 +23,17 @@ type images struct {
 	mu              sync.Mutex
 	puts, opens     []string
 	putErr, openErr error
+	deleteErr       error
+}
+
+func (s *images) Delete(ctx context.Context, id string) error {
+	s.mu.Lock()
+	err := s.deleteErr
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return s.Local.Delete(ctx, id)
 }
 
 func (s *images) Put(ctx context.Context, id, dir string) (int64, error) {
@@ -95,6 +106,42 @@ func TestSnapshotGoesToImageStore(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(h.dir, "store", snap.ID)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("image still in the store after DeleteSnapshot: %v", err)
 	}
+}
+
+// A delete whose files cannot be removed (the server dies half-way, the
+// store stops answering) still deletes the snapshot: its record goes
+// first, so it is never listed over half its files, and what is left of
+// the files is named for the next start, which removes it.
+func TestDeleteSnapshotRecordFirst(t *testing.T) {
+	h, img := newImagesHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img.mu.Lock()
+	img.deleteErr = errors.New("the store stopped answering")
+	img.mu.Unlock()
+	if err := h.m.DeleteSnapshot(ctx, project, snap.ID); err != nil {
+		t.Fatalf("delete with the store down: %v, want the snapshot deleted", err)
+	}
+	if _, err := h.m.GetSnapshot(ctx, project, snap.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Errorf("the snapshot is still listed: %v", err)
+	}
+	stored := filepath.Join(h.dir, "store", snap.ID)
+	if _, err := os.Stat(stored); err != nil {
+		t.Fatalf("the fake store lost the files it failed to delete: %v", err)
+	}
+	img.mu.Lock()
+	img.deleteErr = nil
+	img.mu.Unlock()
+	h.m.Close()
+	h.m = h.newManager()
+	if _, err := os.Stat(stored); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the next start left the deleted snapshot's files: %v", err)
+	}
+	testutil.RequireEmptyDir(t, h.m.cfg.SnapshotDir)
 }
 
 // A store that fails the upload: no snapshot record, nothing staged left,

@@ -178,13 +178,23 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 		return pandastack.Errorf(pandastack.EConflict, "snapshot %s is being restored into a new sandbox, or deleted; delete it once that is done", id)
 	}
 	defer done()
-	// Not cut short by a caller that hangs up: half a snapshot's files
-	// would be left under a record that still names it.
-	ctx = context.WithoutCancel(ctx)
-	if err := m.cfg.Images.Delete(ctx, id); err != nil {
-		return fmt.Errorf("delete snapshot %s: %w", id, err)
+	ctx = context.WithoutCancel(ctx) // not cut short by a caller that hangs up
+	// The record first, then the files: a delete cut short (a crash, the
+	// store stopped answering) leaves files of no snapshot, which the
+	// pending file names for the next start to remove (sweepImages), not
+	// a snapshot still listed over half its files.
+	pending := filepath.Join(m.cfg.SnapshotDir, pendingPrefix+id)
+	os.WriteFile(pending, nil, 0o600)
+	if err := m.store.DeleteSnapshot(ctx, id); err != nil {
+		os.Remove(pending)
+		return err
 	}
-	return m.store.DeleteSnapshot(ctx, id)
+	if err := m.cfg.Images.Delete(ctx, id); err != nil {
+		m.log.Warn("remove a deleted snapshot's files; the next start tries again", "snapshot", id, "err", err)
+		return nil
+	}
+	os.Remove(pending)
+	return nil
 }
 
 // checkpointError is err, a failed checkpoint's, once the sandbox has
