@@ -144,7 +144,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	num(&c.Sandbox.MaxRestores, "max-restores", "PANDASTACK_MAX_RESTORES", "creates restoring at once; more wait in line, first come first served (0: no limit). Pool refills always wait for creates")
 	boolean(&c.Sandbox.UnpacedRefills, "unpaced-refills", "PANDASTACK_UNPACED_REFILLS", "let each sandbox replace the spare kernel it handed out whenever it is quiet itself, instead of one sandbox at a time when the host has a CPU to spare")
 	boolean(&c.Warm, "warm", "PANDASTACK_WARM", "snapshot templates warm so creates restore them")
-	boolean(&c.KillOnExit, "kill-on-exit", "PANDASTACK_KILL_ON_EXIT", "kill every sandbox when serve stops, instead of re-adopting them on the next start")
+	boolean(&c.KillOnExit, "kill-on-exit", "PANDASTACK_KILL_ON_EXIT", "kill every sandbox when serve stops (SIGTERM, SIGINT, SIGHUP), instead of re-adopting them on the next start; what a crash (SIGKILL) leaves running is re-adopted then all the same")
 	str(&c.LogLevel, "log-level", "PANDASTACK_LOG_LEVEL", "debug, info, warn or error")
 	if v, ok := os.LookupEnv("PANDASTACK_MAX_UPLOAD_BYTES"); ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
