@@ -202,8 +202,14 @@ func describe(method, path string) string {
 		return "the kill of its processes"
 	case path == "/v1/files/rename":
 		return "a file rename"
+	case path == "/v1/files" && method == http.MethodPut:
+		return "a file upload"
+	case path == "/v1/files" && method == http.MethodGet:
+		return "a file download"
+	case strings.HasPrefix(path, "/v1/files"):
+		return "a file operation"
 	}
-	return method + " " + path
+	return "the request" // the agent's own routes mean nothing to the caller
 }
 
 // during recovers what the request was doing from its error's message.
@@ -215,7 +221,7 @@ func (c *AgentClient) during(err error) string {
 }
 
 // duringRE finds what a request was doing in its error's message.
-var duringRE = regexp.MustCompile(`during (running code|exec|the output of process \d+|the kill of its processes)`)
+var duringRE = regexp.MustCompile(`during (running code|exec|the output of process \d+|the kill of its processes|a file (?:rename|upload|download|operation))`)
 
 // Alive reports whether the session still stands.
 func (c *AgentClient) Alive() bool { return !c.sess.IsClosed() }
@@ -267,7 +273,7 @@ func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q 
 		if c.sess.IsClosed() {
 			return nil, c.stopped(describe(method, path))
 		}
-		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering: %v", c.id, err)
+		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is not answering during %s: %v", c.id, describe(method, path), err)
 	}
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()

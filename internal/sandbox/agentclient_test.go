@@ -419,3 +419,28 @@ func TestWatchDirDistrustsTheAgent(t *testing.T) {
 		t.Errorf("an agent's unauthorized: %v (code %s), want an internal error", err, code)
 	}
 }
+
+// A request cut off by the server's shutdown is named as the caller knows
+// it, not by the agent's route, and Explain keeps that name.
+func TestCutOffRequestsNamed(t *testing.T) {
+	for _, c := range []struct{ method, path, want string }{
+		{"PUT", "/v1/files", "a file upload"},
+		{"GET", "/v1/files", "a file download"},
+		{"GET", "/v1/files/list", "a file operation"},
+		{"POST", "/v1/files/rename", "a file rename"},
+		{"POST", "/v1/exec", "exec"},
+		{"POST", "/v1/contexts/ctx_1/run", "running code"},
+		{"POST", "/v1/env", "the request"},
+	} {
+		what := describe(c.method, c.path)
+		if what != c.want {
+			t.Errorf("%s %s is described as %q, want %q", c.method, c.path, what, c.want)
+		}
+		ac := &AgentClient{id: "sbx_test"}
+		ac.markStopped(reasonShutdown)
+		err := ac.Explain(pandastack.Errorf(pandastack.EUnavailable, "sandbox sbx_test is not answering during %s: EOF", what))
+		if !strings.Contains(err.Error(), "cut off "+c.want+" in sandbox") {
+			t.Errorf("%s %s cut off by the shutdown: %v", c.method, c.path, err)
+		}
+	}
+}
