@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -321,5 +322,37 @@ func TestIsStore(t *testing.T) {
 		if after, _ := os.ReadFile(path); string(after) != string(before) {
 			t.Errorf("IsStore changed %s", filepath.Base(path))
 		}
+	}
+}
+
+// The reaper's query (every second) and the list of a project's live
+// sandboxes reach their rows through indexes that leave out the stopped
+// records kept for a day: SQLite's plan says which index it searches.
+func TestLiveQueriesSkipStoppedRecords(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "pandastack.db"))
+	defer s.Close()
+	plan := func(q string, args ...any) string {
+		rows, err := s.db.Query(`EXPLAIN QUERY PLAN `+q, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var out string
+		for rows.Next() {
+			var id, parent, unused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			out += detail + "; "
+		}
+		return out
+	}
+	if p := plan(expiredQuery, 0); !strings.Contains(p, "sandboxes_live_expires") {
+		t.Errorf("the reaper's query: %s; want the index sandboxes_live_expires", p)
+	}
+	live, args := listSandboxesQuery(pandastack.SandboxFilter{ProjectID: "prj_a", States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}})
+	if p := plan(live, args...); !strings.Contains(p, "sandboxes_project_state") {
+		t.Errorf("the list of live sandboxes: %s; want the index sandboxes_project_state", p)
 	}
 }
