@@ -35,6 +35,30 @@ const historyMigration = `CREATE TABLE history (
 	);
 	CREATE INDEX origins_project ON origins (project_id, seq);`
 
+// historyTotalsMigration keeps each project's history bytes in a row of
+// their own, up to date through a trigger, so that a trim (TrimHistory)
+// reads the projects' holdings without a pass over every entry, and walks
+// only the oldest entries of those over their share (history_project).
+const historyTotalsMigration = `CREATE TABLE history_totals (
+		project_id text PRIMARY KEY,
+		bytes      bigint NOT NULL
+	);
+	INSERT INTO history_totals (project_id, bytes) SELECT project_id, SUM(size) FROM history GROUP BY project_id;
+	CREATE INDEX history_project ON history (project_id, seq);
+	CREATE FUNCTION history_total() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		IF TG_OP IN ('UPDATE', 'DELETE') THEN
+			UPDATE history_totals SET bytes = bytes - OLD.size WHERE project_id = OLD.project_id;
+		END IF;
+		IF TG_OP IN ('INSERT', 'UPDATE') THEN
+			INSERT INTO history_totals (project_id, bytes) VALUES (NEW.project_id, NEW.size)
+			ON CONFLICT (project_id) DO UPDATE SET bytes = history_totals.bytes + excluded.bytes;
+		END IF;
+		RETURN NULL;
+	END $$;
+	CREATE TRIGGER history_total AFTER INSERT OR UPDATE OF size OR DELETE ON history
+		FOR EACH ROW EXECUTE FUNCTION history_total();`
+
 // PutHistory implements pandastack.HistoryStore.
 func (s *Store) PutHistory(ctx context.Context, projectID, sandboxID string, e pandastack.HistoryEntry, keep int) error {
 	if !pandastack.StorableText(projectID, sandboxID, e.ID) {
@@ -116,22 +140,31 @@ func (s *Store) ListHistory(ctx context.Context, projectID, sandboxID string) ([
 }
 
 // TrimHistory implements pandastack.HistoryStore: each project holding
-// more than the share (pandastack.HistoryShare) loses its entries whose
-// running total (its own, newest first) passes the share; one scan for the
-// projects' holdings, one statement for all the trims.
+// more than the share (pandastack.HistoryShare) loses its oldest entries
+// until the rest fit in it, which are those whose running total (its own,
+// newest first) passes the share. The holdings come from history_totals
+// (in the order of their keys, which concurrent trims then lock alike),
+// and each trim walks only the entries it removes and one more.
 func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT SUM(size) FROM history GROUP BY project_id`)
+	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("trim history: %w", err)
 	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	rows, err := tx.Query(ctx, `SELECT project_id, bytes FROM history_totals WHERE bytes > 0 ORDER BY project_id`)
+	if err != nil {
+		return 0, fmt.Errorf("trim history: %w", err)
+	}
+	var projects []string
 	var held []int64
 	for rows.Next() {
+		var p string
 		var h int64
-		if err := rows.Scan(&h); err != nil {
+		if err := rows.Scan(&p, &h); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("trim history: %w", err)
 		}
-		held = append(held, h)
+		projects, held = append(projects, p), append(held, h)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -141,13 +174,25 @@ func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
 	if share < 0 {
 		return 0, nil
 	}
-	tag, err := s.pool.Exec(ctx, `DELETE FROM history WHERE seq IN
-		(SELECT seq FROM (SELECT seq, SUM(size) OVER (PARTITION BY project_id ORDER BY seq DESC) AS total FROM history) AS t
-		 WHERE total > $1)`, share)
-	if err != nil {
+	gone := 0
+	for i, p := range projects {
+		if held[i] <= share {
+			continue
+		}
+		// The oldest entries that hold the excess: a running total,
+		// oldest first, that stops at the first to reach it.
+		tag, err := tx.Exec(ctx, `DELETE FROM history WHERE project_id = $1 AND seq <= (
+			SELECT seq FROM (SELECT seq, SUM(size) OVER (ORDER BY seq) AS total FROM history WHERE project_id = $1 ORDER BY seq) t
+			WHERE total >= $2 ORDER BY seq LIMIT 1)`, p, held[i]-share)
+		if err != nil {
+			return 0, fmt.Errorf("trim history: %w", err)
+		}
+		gone += int(tag.RowsAffected())
+	}
+	if err := tx.Commit(ctx); err != nil {
 		return 0, fmt.Errorf("trim history: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return gone, nil
 }
 
 // AddOrigin implements pandastack.HistoryStore.

@@ -157,6 +157,7 @@ var migrations = []string{
 	`CREATE INDEX sandboxes_live_expires ON sandboxes (expires_at) WHERE state != 'stopped';
 	DROP INDEX sandboxes_project;
 	CREATE INDEX sandboxes_project_state ON sandboxes (project_id, state, created_at);`,
+	historyTotalsMigration,
 }
 
 // keyScope is the scope stored for s: ScopeAll when empty.

@@ -32,6 +32,27 @@ const historyMigration = `CREATE TABLE history (
 	) STRICT;
 	CREATE INDEX origins_project ON origins(project_id, seq);`
 
+// historyTotalsMigration keeps each project's history bytes in a row of
+// their own, up to date through triggers, so that a trim (TrimHistory)
+// reads the projects' holdings without a pass over every entry, and walks
+// only the oldest entries of those over their share (history_project).
+const historyTotalsMigration = `CREATE TABLE history_totals (
+		project_id TEXT PRIMARY KEY,
+		bytes      INTEGER NOT NULL
+	) STRICT;
+	INSERT INTO history_totals (project_id, bytes) SELECT project_id, SUM(size) FROM history GROUP BY project_id;
+	CREATE INDEX history_project ON history(project_id, seq);
+	CREATE TRIGGER history_total_insert AFTER INSERT ON history BEGIN
+		INSERT INTO history_totals (project_id, bytes) VALUES (NEW.project_id, NEW.size)
+		ON CONFLICT (project_id) DO UPDATE SET bytes = bytes + excluded.bytes;
+	END;
+	CREATE TRIGGER history_total_update AFTER UPDATE OF size ON history BEGIN
+		UPDATE history_totals SET bytes = bytes - OLD.size + NEW.size WHERE project_id = NEW.project_id;
+	END;
+	CREATE TRIGGER history_total_delete AFTER DELETE ON history BEGIN
+		UPDATE history_totals SET bytes = bytes - OLD.size WHERE project_id = OLD.project_id;
+	END;`
+
 // PutHistory implements pandastack.HistoryStore.
 func (s *Store) PutHistory(ctx context.Context, projectID, sandboxID string, e pandastack.HistoryEntry, keep int) error {
 	if !pandastack.StorableText(projectID, sandboxID, e.ID) {
@@ -109,22 +130,31 @@ func (s *Store) ListHistory(ctx context.Context, projectID, sandboxID string) ([
 }
 
 // TrimHistory implements pandastack.HistoryStore: each project holding
-// more than the share (pandastack.HistoryShare) loses its entries whose
-// running total (its own, newest first) passes the share; one scan for the
-// projects' holdings, one statement for all the trims.
+// more than the share (pandastack.HistoryShare) loses its oldest entries
+// until the rest fit in it, which are those whose running total (its own,
+// newest first) passes the share. The holdings come from history_totals,
+// and each trim walks only the entries it removes and one more: a trim
+// of a history at its cap costs what it removes, not a pass over it all.
 func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT SUM(size) FROM history GROUP BY project_id`)
+	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("trim history: %w", err)
 	}
+	defer tx.Rollback()
+	rows, err := tx.QueryContext(ctx, `SELECT project_id, bytes FROM history_totals WHERE bytes > 0 ORDER BY project_id`)
+	if err != nil {
+		return 0, fmt.Errorf("trim history: %w", err)
+	}
+	var projects []string
 	var held []int64
 	for rows.Next() {
+		var p string
 		var h int64
-		if err := rows.Scan(&h); err != nil {
+		if err := rows.Scan(&p, &h); err != nil {
 			rows.Close()
 			return 0, fmt.Errorf("trim history: %w", err)
 		}
-		held = append(held, h)
+		projects, held = append(projects, p), append(held, h)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -134,14 +164,44 @@ func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
 	if share < 0 {
 		return 0, nil
 	}
-	res, err := s.db.ExecContext(ctx, `DELETE FROM history WHERE seq IN
-		(SELECT seq FROM (SELECT seq, SUM(size) OVER (PARTITION BY project_id ORDER BY seq DESC) AS total FROM history) AS t
-		 WHERE total > ?)`, share)
-	if err != nil {
+	gone := 0
+	for i, p := range projects {
+		if held[i] <= share {
+			continue
+		}
+		cut, err := oldestPast(ctx, tx, p, held[i]-share)
+		if err != nil {
+			return 0, fmt.Errorf("trim history: %w", err)
+		}
+		res, err := tx.ExecContext(ctx, `DELETE FROM history WHERE project_id = ? AND seq <= ?`, p, cut)
+		if err != nil {
+			return 0, fmt.Errorf("trim history: %w", err)
+		}
+		n, _ := res.RowsAffected()
+		gone += int(n)
+	}
+	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("trim history: %w", err)
 	}
-	n, err := res.RowsAffected()
-	return int(n), err
+	return gone, nil
+}
+
+// oldestPast returns the seq of the newest of project's oldest entries
+// that together hold at least excess bytes.
+func oldestPast(ctx context.Context, tx *sql.Tx, project string, excess int64) (int64, error) {
+	rows, err := tx.QueryContext(ctx, `SELECT seq, size FROM history WHERE project_id = ? ORDER BY seq`, project)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var seq, size, sum int64
+	for sum < excess && rows.Next() {
+		if err := rows.Scan(&seq, &size); err != nil {
+			return 0, err
+		}
+		sum += size
+	}
+	return seq, rows.Err()
 }
 
 // AddOrigin implements pandastack.HistoryStore.
