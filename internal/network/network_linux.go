@@ -134,15 +134,23 @@ func (n *Network) startServices(s *sandboxNet, gw, addr netip.Addr, written Comp
 	v := n.view(s)
 	dns, err := startResolver(gw, n.resolvers, v, n.log.With("sandbox", s.ID))
 	if err != nil {
-		return fmt.Errorf("network %s: resolver: %w", s.ID, err)
+		return fmt.Errorf("network %s: resolver: %w", s.ID, inUse(err))
 	}
 	px, err := startProxy(gw, addr, v)
 	if err != nil {
 		dns.Close()
-		return fmt.Errorf("network %s: domain proxy: %w", s.ID, err)
+		return fmt.Errorf("network %s: domain proxy: %w", s.ID, inUse(err))
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.sbx[s.ID] != s || n.slots[s.Slot] != s.ID {
+		// Released (a teardown) while these started: it found no
+		// resolver or proxy to close, and they would hold the gateway's
+		// ports for the next sandbox at this address.
+		dns.Close()
+		px.Close()
+		return pandastack.Errorf(pandastack.EUnavailable, "network %s: released while it was being set up", s.ID)
+	}
 	if !reflect.DeepEqual(s.comp, written) {
 		n.nftMu.Lock()
 		err := n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, s.Slot, n.veth(s.Slot), addr, s.comp) })
@@ -156,6 +164,16 @@ func (n *Network) startServices(s *sandboxNet, gw, addr netip.Addr, written Comp
 	}
 	s.dns, s.proxy, s.up = dns, px, true
 	return nil
+}
+
+// inUse turns a listen's "address already in use" into a retryable error:
+// another socket holds the gateway's port (one of the host's bound to that
+// port on every address, or a resolver or proxy not yet closed).
+func inUse(err error) error {
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return err
+	}
+	return pandastack.Errorf(pandastack.EUnavailable, "%v: another socket on the host holds that port of the sandbox's gateway (one bound to it on every address does too); retry, and if it lasts, free that port", err)
 }
 
 // Addr returns the address of a sandbox whose network is up.

@@ -2,6 +2,7 @@ package network
 
 import (
 	"bufio"
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -1429,4 +1430,35 @@ func TestSetPolicyDuringPrepare(t *testing.T) {
 		defer n.Release("sbx_suspended")
 		refused(t, ns, "sbx_suspended")
 	})
+}
+
+// A gateway port that another socket holds (one bound before the gateway
+// existed, as a host daemon's on every address would) fails the network's
+// setup with a retryable error that says so, and leaves nothing behind.
+func TestGatewayPortInUse(t *testing.T) {
+	up := nettest.StartUpstream(t, "pi", 114, 114)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	gw, _ := n.addrs(0) // the first sandbox's
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_IP, syscall.IP_FREEBIND, 1) })
+		return errors.Join(err, serr)
+	}}
+	held, err := lc.ListenPacket(context.Background(), "udp4", netip.AddrPortFrom(gw, 53).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.Prepare("sbx_inuse", nil)
+	held.Close()
+	if !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "another socket on the host holds that port") {
+		t.Fatalf("Prepare with the gateway's port 53 taken: %v, want %s saying so", err, pandastack.EUnavailable)
+	}
+	ns, err := n.Prepare("sbx_inuse", nil)
+	if err != nil {
+		t.Fatalf("Prepare once the port is free: %v", err)
+	}
+	if body, _, err := get(t, ns, up.PublicIP); err != nil || !strings.Contains(body, "upstream test.example") {
+		t.Errorf("GET %s from the sandbox = %q, %v", up.PublicIP, body, err)
+	}
+	n.Release("sbx_inuse")
 }
