@@ -188,6 +188,15 @@ func (m *Manager) keepWarmFreshUntilClose(specs []WarmSpec) {
 // keeps a pool and a standby of the template.
 func (m *Manager) warmOne(ctx context.Context, s WarmSpec) {
 	dir := s.Template.WarmImage
+	if over := m.defaultOver(s.Template); over != "" {
+		// Its warm image, pool and prepared container would serve only
+		// plain creates, which Create refuses: they would hold memory
+		// and runsc processes for nothing.
+		why := fmt.Sprintf("template %s asks for %s: every create that leaves that out is refused, so it is not warmed and has no pool; lower the template's default, or raise the flag", s.Template.Name, over)
+		m.log.Warn(why, "template", s.Template.Name)
+		m.warmFailed.Store(dir, why)
+		return
+	}
 	if _, err := os.Stat(dir); err != nil {
 		os.MkdirAll(filepath.Dir(dir), 0o700)
 		start := time.Now()
@@ -209,6 +218,24 @@ func (m *Manager) warmOne(ctx context.Context, s WarmSpec) {
 	}
 	m.EnablePool(s.Template, m.cfg.PoolSize)
 	m.enableStandby(s.Template)
+}
+
+// defaultOver names the first of tpl's defaults (cpu, memory_mb, disk_mb)
+// over this server's limit, with the flag that sets it; "" when none is.
+func (m *Manager) defaultOver(tpl Template) string {
+	for _, r := range []struct {
+		field, flag string
+		v, max      int
+	}{
+		{"cpu", "--max-cpu", tpl.CPU, m.cfg.MaxCPU},
+		{"memory_mb", "--max-memory-mb", tpl.MemoryMB, m.cfg.MaxMemoryMB},
+		{"disk_mb", "--max-disk-mb", tpl.DiskMB, m.cfg.MaxDiskMB},
+	} {
+		if r.v > r.max {
+			return fmt.Sprintf("%s %d by default, more than this server allows (%s %d)", r.field, r.v, r.flag, r.max)
+		}
+	}
+	return ""
 }
 
 // WarmError says why the warming of the warm image dir failed, if it did

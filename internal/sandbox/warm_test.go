@@ -216,3 +216,27 @@ func TestWarmErrorSaysWhy(t *testing.T) {
 		t.Fatalf("after a warm-up that worked: %q", why)
 	}
 }
+
+// A template whose default is over the server's limits is not warmed and
+// gets no pool or prepared container (a plain create of it is refused,
+// and nothing else could use them); the template list says why.
+func TestTemplateOverLimitsNotWarmed(t *testing.T) {
+	h := newHarness(t)
+	h.m.cfg.PoolSize = 1
+	tpl := h.tpls.tpl
+	tpl.MemoryMB = h.m.cfg.MaxMemoryMB + 1
+	tpl.WarmImage = filepath.Join(h.m.cfg.WarmDir, "base-over")
+	h.m.warmOne(context.Background(), WarmSpec{Template: tpl, Warmup: "import x"})
+	if why := h.m.WarmError(tpl.WarmImage); !strings.Contains(why, "memory_mb") || !strings.Contains(why, "--max-memory-mb") {
+		t.Errorf("WarmError = %q, want the limit named", why)
+	}
+	if _, err := os.Stat(tpl.WarmImage); !os.IsNotExist(err) {
+		t.Errorf("a warm image was made: %v", err)
+	}
+	h.m.mu.Lock()
+	pools := len(h.m.pools)
+	h.m.mu.Unlock()
+	if pools != 0 {
+		t.Errorf("%d pools kept for a template no plain create may use", pools)
+	}
+}
