@@ -297,7 +297,7 @@ func serve(args []string) error {
 		sandboxes = wrapped
 	}
 	tpls := &templateSource{reg: reg, load: func() (*template.Registry, error) { return loadTemplates(&cfg) }, dir: cfg.templatesDir(),
-		cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash, diskMB: cfg.DiskMB, buildFlags: cfg.buildFlags()}
+		cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash, diskMB: cfg.DiskMB, buildFlags: cfg.buildFlags(), log: log}
 	scfg := cfg.Sandbox
 	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()
 	images, imagesDesc, err := openImages(ctx, &cfg)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -31,6 +33,7 @@ type templateSource struct {
 	// server looks (its --data-dir, --templates-dir, --cache-dir when not
 	// the defaults), for the not-built error's advice.
 	buildFlags string
+	log        *slog.Logger     // where the not-built error's whole command goes; nil: nowhere
 	mgr        *sandbox.Manager // for pool stats; set once the manager exists
 
 	// warmLater warms a template built after serve started (the manager's
@@ -180,7 +183,7 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 	}
 	b, ok := template.Lookup(t.cacheDir, spec)
 	if !ok {
-		return sandbox.Template{}, pandastack.Errorf(pandastack.ETemplateMissing, "template %q is not built on this server; run `pandastack template build %s%s`%s", name, name, t.buildFlags, t.specChanged(spec))
+		return sandbox.Template{}, t.notBuilt(name, spec)
 	}
 	t.warmIfNew(spec, b)
 	tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB}
@@ -190,6 +193,21 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 		}
 	}
 	return tpl, nil
+}
+
+// notBuilt is the error of a create of a template not built here. Any
+// project reads it, so it leaves out the server's directories, which
+// `template build` needs when they are not the defaults: the command
+// with them goes to the server's log.
+func (t *templateSource) notBuilt(name string, spec template.Spec) error {
+	how := fmt.Sprintf("run `pandastack template build %s` where the server runs", name)
+	if t.buildFlags != "" {
+		how += ", with its directories (the server's log gives the whole command)"
+		if t.log != nil {
+			t.log.Warn("a create asked for a template that is not built", "template", name, "build_with", "pandastack template build "+name+t.buildFlags)
+		}
+	}
+	return pandastack.Errorf(pandastack.ETemplateMissing, "template %q is not built on this server; %s%s", name, how, t.specChanged(spec))
 }
 
 // specChanged says, for the not-built error, when spec's file changed

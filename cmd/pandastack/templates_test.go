@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -108,11 +110,16 @@ func TestNotBuiltSaysHowAndWhy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var logged bytes.Buffer
 	src := &templateSource{reg: reg, load: func() (*template.Registry, error) { return template.Load(specs) },
-		dir: specs, cacheDir: t.TempDir(), buildFlags: " --data-dir /srv/ps"}
+		dir: specs, cacheDir: t.TempDir(), buildFlags: " --data-dir /srv/ps", log: slog.New(slog.NewTextHandler(&logged, nil))}
 	_, err = src.Resolve(context.Background(), "mine")
-	if msg := err.Error(); !strings.Contains(msg, "run `pandastack template build mine --data-dir /srv/ps`") || strings.Contains(msg, "changed") {
+	// Any project reads the error: the server's directories go to its log.
+	if msg := err.Error(); !strings.Contains(msg, "run `pandastack template build mine` where the server runs") || strings.Contains(msg, "/srv/ps") || strings.Contains(msg, "changed") {
 		t.Fatalf("not built: %v", err)
+	}
+	if !strings.Contains(logged.String(), `build_with="pandastack template build mine --data-dir /srv/ps"`) {
+		t.Errorf("the server's log: %q, want the whole command", logged.String())
 	}
 	os.WriteFile(file, []byte("description: second\n"), 0o644)
 	if _, err = src.Resolve(context.Background(), "mine"); !strings.Contains(err.Error(), "its spec changed since serve started") {
