@@ -125,7 +125,8 @@ func Build(ctx context.Context, spec Spec, opts BuildOptions) (Built, error) {
 		return b, nil
 	}
 	b := &builder{spec: spec, hash: spec.Hash(), cache: cache, mirror: mirrors.Debian, security: mirrors.Security, p: p, ca: hostCABundle()}
-	b.env = buildEnv(b.ca != nil)
+	b.env = append(buildEnv(b.ca != nil), hostPipEnv("/etc", os.Getenv("HOME"), os.Getenv)...)
+	b.aptProxy = hostAptProxyOpts("/etc")
 	built, err := b.build(ctx)
 	if err != nil {
 		return Built{}, fmt.Errorf("build template %s: %w", spec.Name, err)
@@ -149,6 +150,7 @@ type builder struct {
 	p        *progress
 	ca       []byte   // the host's CA bundle, or nil
 	env      []string // of commands in the chroot
+	aptProxy []string // apt-get options for the host's apt proxies (hostindex.go)
 }
 
 type buildStep struct {
@@ -341,14 +343,14 @@ func (b *builder) chrootSteps() []buildStep {
 	if len(apt) > 0 {
 		steps = append(steps,
 			buildStep{"apt-get update", func(ctx context.Context, rootfs string) error {
-				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", "-q", "-o", "Acquire::Retries=3", "update")
+				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", slices.Concat([]string{"-q", "-o", "Acquire::Retries=3"}, b.aptProxy, []string{"update"})...)
 			}},
 			// The stage is cached for long; bring its packages up to date.
 			buildStep{"apt-get upgrade", func(ctx context.Context, rootfs string) error {
-				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", slices.Concat(aptOpts, []string{"upgrade"})...)
+				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", slices.Concat(aptOpts, b.aptProxy, []string{"upgrade"})...)
 			}},
 			buildStep{shorten("apt-get install "+strings.Join(apt, " "), 72), func(ctx context.Context, rootfs string) error {
-				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", slices.Concat(aptOpts, []string{"install"}, apt)...)
+				return b.command(ctx, rootfs, nil, "/usr/bin/apt-get", slices.Concat(aptOpts, b.aptProxy, []string{"install"}, apt)...)
 			}})
 	}
 	if len(s.Pip) > 0 {
