@@ -58,8 +58,13 @@ func (r *Registry) addFS(fsys fs.FS, label string) error {
 			continue // an editor's lock or backup file, not a spec
 		}
 		file := path.Join(label, n)
-		if fi, err := fs.Stat(fsys, n); err == nil && fi.Size() > maxSpecBytes {
-			return fmt.Errorf("%s: %w", file, pandastack.Errorf(pandastack.EInvalid, "a template spec holds at most %d MiB (this one has %d bytes); copy large files in with a run step instead", maxSpecBytes>>20, fi.Size()))
+		fi, err := fs.Stat(fsys, n)
+		if err == nil && !fi.Mode().IsRegular() {
+			// A FIFO would hang the read (and every listing with it).
+			return fmt.Errorf("%s: %w", file, pandastack.Errorf(pandastack.EInvalid, "not a regular file (%s); a template spec is a YAML file", fi.Mode().Type()))
+		}
+		if err == nil && fi.Size() > maxSpecBytes {
+			return fmt.Errorf("%s: %w", file, pandastack.Errorf(pandastack.EInvalid, "a template spec holds at most %d MiB (this one has %d bytes); download large files in a run step instead", maxSpecBytes>>20, fi.Size()))
 		}
 		data, err := fs.ReadFile(fsys, n)
 		if err != nil {

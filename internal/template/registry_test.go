@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -106,6 +107,21 @@ func TestLoadErrors(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing")); err == nil {
 		t.Error("Load of a missing directory succeeded")
+	}
+	// A FIFO or a directory named as a spec is refused at once, by name
+	// (reading the FIFO hung every listing).
+	for _, mk := range []func(string) error{
+		func(p string) error { return syscall.Mkfifo(p, 0o644) },
+		func(p string) error { return os.Mkdir(p, 0o755) },
+	} {
+		dir := t.TempDir()
+		if err := mk(filepath.Join(dir, "odd.yaml")); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(dir)
+		if !pandastack.IsCode(err, pandastack.EInvalid) || !strings.Contains(err.Error(), "odd.yaml") || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("Load of a directory with a non-file odd.yaml: %v", err)
+		}
 	}
 }
 

@@ -330,9 +330,33 @@ func (s Spec) Validate() error {
 		if strings.TrimSpace(r) == "" {
 			return bad("run[%d] is empty", i)
 		}
+		if len(r) > maxArgBytes {
+			return bad("run[%d] has %d bytes, more than one command line carries (%d): put a long script in files (say /usr/local/bin/setup.sh) and run that", i, len(r), maxArgBytes)
+		}
+	}
+	for _, l := range []struct {
+		field string
+		list  []string
+	}{{"apt", s.Apt}, {"pip", s.Pip}} {
+		n := 0
+		for _, e := range l.list {
+			n += len(e) + 1
+		}
+		if n > maxArgsBytes {
+			return bad("%s names %d bytes of packages, more than one command line carries (%d): split them with run steps", l.field, n, maxArgsBytes)
+		}
 	}
 	return nil
 }
+
+// maxArgBytes is the longest argument Linux passes to a program
+// (MAX_ARG_STRLEN, 128 KiB with its NUL), which each run line is;
+// maxArgsBytes a bound on an apt-get or pip command line, well within
+// the whole arguments' limit (ARG_MAX, commonly 2 MiB with the environment).
+const (
+	maxArgBytes  = 128<<10 - 1
+	maxArgsBytes = 1 << 20
+)
 
 // UserHome is the home of the sandbox user (uid and gid 1000); the files a
 // spec puts beneath it are the user's.

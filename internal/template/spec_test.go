@@ -99,6 +99,8 @@ func TestParseErrors(t *testing.T) {
 		{"name: x\nfiles: [{path: /a, mode: 0999}]\n", "octal permission"},
 		{"name: x\nfiles: [{path: /a, mode: 17777}]\n", "octal permission"},
 		{"name: x\nrun: [\"  \"]\n", "run[0] is empty"},
+		{"name: x\nrun: [\"echo " + strings.Repeat("x", 128<<10) + "\"]\n", "run[0] has 131077 bytes, more than one command line carries"},
+		{"name: x\napt: [" + strings.Repeat("abcdefghijklmno, ", 70000) + "]\n", "apt names 1120000 bytes of packages"},
 		{"null\n", "mapping of fields"},
 		{"just words\n", "where a mapping of fields is wanted"},
 		{"name: x\ndisk_mb: 100.7\n", `disk_mb "100.7" must be a whole number`},
