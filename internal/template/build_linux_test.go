@@ -493,3 +493,21 @@ func TestBuildPip(t *testing.T) {
 	}
 	assertNoLeftovers(t, cache, spec.Name)
 }
+
+// A build interrupted while another build of its template holds the lock
+// says it was interrupted waiting, as one interrupted in a step says it
+// was interrupted, not Go's "context canceled"; it still unwraps to the
+// context's error.
+func TestLockWaitInterrupted(t *testing.T) {
+	path := filepath.Join(t.TempDir(), ".t.lock")
+	unlock, err := lockFile(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err = lockFile(ctx, path, cancel) // told it waits: interrupted then
+	if err == nil || err.Error() != "waiting for another build: interrupted" || !errors.Is(err, context.Canceled) {
+		t.Fatalf("interrupted while waiting: %v", err)
+	}
+}

@@ -162,7 +162,7 @@ func lockFile(ctx context.Context, path string, waiting func()) (unlock func(), 
 		select {
 		case <-ctx.Done():
 			f.Close()
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("waiting for another build: %w", errInterrupted{ctx.Err()})
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
