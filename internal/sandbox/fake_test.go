@@ -39,6 +39,7 @@ type fakeRuntime struct {
 	checkpointErr func(id string) error
 	restores      int             // Restore calls that succeeded
 	envSets       map[string]int  // POST /v1/env calls (a sandbox's setup), by sandbox
+	hellos        map[string]int  // hellos answered, by sandbox
 	installs      int             // CA installs (the exec that writes caMarker)
 	markerReads   int             // GET /v1/files of caMarker (an older agent's setup)
 	helloSetup    bool            // the hello reports the CA marker when asked, as agents since ca_marker do
@@ -114,6 +115,10 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	mux.HandleFunc("GET /v1/hello", func(w http.ResponseWriter, req *http.Request) {
 		h := agentproto.Hello{ProtocolVersion: agentproto.ProtocolVersion, Epoch: epoch}
 		r.mu.Lock()
+		if r.hellos == nil {
+			r.hellos = map[string]int{}
+		}
+		r.hellos[b.id]++
 		if !r.unnamed {
 			h.Features = []string{agentproto.FeatureHostname}
 		}

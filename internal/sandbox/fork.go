@@ -131,12 +131,14 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 
 // forkChildren restores count children of sb from the image img at once,
 // each with its own address and the network policy policy (sb's). If any
-// fails, it kills those made and returns that error. The children's
-// records say starting until all of them run, and then running, so that
-// a server that dies in between stops them on its next start (recover)
-// rather than take back some of a fork that never answered.
+// fails, it removes those made and returns that error. The children's
+// records say starting, and the children are claimed as being created,
+// until all of them run; then each is recorded running, so that a server
+// that dies before then stops them on its next start (recover) rather
+// than take back some of a fork that never answered.
 func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandastack.Sandbox, rootfs, img string, policy *pandastack.NetworkPolicy, count int, ttl time.Duration, metadata map[string]string) ([]pandastack.Sandbox, []*resumeSteps, error) {
 	kids := make([]pandastack.Sandbox, count)
+	clients := make([]*AgentClient, count)
 	errs := make([]error, count)
 	steps := make([]*resumeSteps, count)
 	var wg sync.WaitGroup
@@ -150,7 +152,8 @@ func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandast
 				cpu: sb.CPU, mem: sb.MemoryMB, ttl: ttl, metadata: metadata, autoResume: sb.AutoResume,
 				idle:    time.Duration(sb.IdleTimeoutSeconds) * time.Second,
 				network: policy, // each child its own address, the parent's policy
-				steps:   steps[i], keepStarting: true,
+				steps:   steps[i],
+				hold:    func(c *AgentClient) { clients[i] = c },
 			})
 		}()
 	}
@@ -161,21 +164,46 @@ func (m *Manager) forkChildren(ctx context.Context, projectID string, sb pandast
 			err = e // the first: the others most often say the same
 		}
 	}
+	made, failed := 0, -1 // children recorded running; the one whose record failed
 	for i := range kids {
 		if err != nil {
 			break
 		}
-		err = m.store.SetSandboxState(context.WithoutCancel(ctx), kids[i].ID, pandastack.StateRunning, "", m.now())
+		var k pandastack.Sandbox
+		if k, err = m.started(ctx, kids[i], clients[i], true); err != nil {
+			failed = i
+			break
+		}
+		kids[i] = k
+		made++
+		steps[i].done("record_ms")
 	}
 	if err != nil {
-		for _, k := range kids {
-			if k.ID != "" {
+		for i, k := range kids {
+			switch {
+			case i < made:
 				m.kill(context.Background(), projectID, k.ID, pandastack.StopKilled) // not a kill a user asked for
+			case clients[i] != nil:
+				m.undoChild(k.ID, clients[i], i == failed) // started closed the channel it failed on
 			}
 		}
 		return nil, nil, err
 	}
 	return kids, steps, nil
+}
+
+// undoChild removes a child of a failed fork that launch booted and left
+// starting and claimed (plan.hold), as a kill would: its record goes.
+// closed says its channel is closed already.
+func (m *Manager) undoChild(id string, c *AgentClient, closed bool) {
+	if !closed {
+		c.Close()
+	}
+	ctx := context.Background()
+	m.rt.Stop(ctx, id)
+	m.recordStop(ctx, id, pandastack.StopKilled)
+	m.store.DeleteSandbox(ctx, id)
+	m.sbx.end(id)
 }
 
 // forkPaused forks a sandbox paused on this node straight from its paused

@@ -397,16 +397,7 @@ func TestForkChildrenRecordedRunningTogether(t *testing.T) {
 		forked <- err
 	}()
 	<-second
-	var up string
-	waitFor(t, func() bool {
-		for id := range h.m.sbx.running() {
-			if id != parent.ID {
-				up = id
-				return true
-			}
-		}
-		return false
-	})
+	up := h.childUp(parent.ID)
 	if rec := h.record(up); rec.State != pandastack.StateStarting {
 		t.Errorf("a child up while its sibling restores is recorded %s, want starting", rec.State)
 	}
@@ -429,5 +420,68 @@ func TestForkChildrenRecordedRunningTogether(t *testing.T) {
 		if rec := h.record(k.ID); rec.State != pandastack.StateRunning || k.State != pandastack.StateRunning {
 			t.Errorf("child %s after the fork: recorded %s, answered %s", k.ID, rec.State, k.State)
 		}
+	}
+}
+
+// childUp waits for a sandbox other than parent to have said hello and
+// returns its id.
+func (h *harness) childUp(parent string) string {
+	h.t.Helper()
+	var up string
+	waitFor(h.t, func() bool {
+		h.rt.mu.Lock()
+		defer h.rt.mu.Unlock()
+		for id, n := range h.rt.hellos {
+			if id != parent && n > 0 {
+				up = id
+				return true
+			}
+		}
+		return false
+	})
+	return up
+}
+
+// A kill of a fork's child by id while its siblings restore (the id is in
+// the list already) waits for the fork, and the child stays killed: the
+// fork's recording of its children running does not bring it back.
+func TestForkChildKilledDuringTheFork(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	parent := h.create()
+	restores := 0 // under h.rt.mu, which the hook is called with
+	second, release := make(chan struct{}), make(chan struct{})
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		if restores++; restores == 2 {
+			close(second)
+			h.rt.mu.Unlock()
+			<-release
+			h.rt.mu.Lock()
+		}
+		return nil
+	}
+	forked := make(chan error, 1)
+	go func() {
+		_, err := h.m.Fork(ctx, project, parent.ID, 2, nil, nil)
+		forked <- err
+	}()
+	<-second
+	up := h.childUp(parent.ID)
+	killed := make(chan error, 1)
+	go func() { killed <- h.m.Kill(ctx, project, up) }()
+	select {
+	case err := <-killed:
+		t.Fatalf("the kill of a child being forked ended before the fork: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	if err := <-forked; err != nil {
+		t.Fatalf("fork: %v", err)
+	}
+	if err := <-killed; err != nil {
+		t.Fatalf("kill: %v", err)
+	}
+	if _, err := h.store.GetSandbox(ctx, "", up); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Errorf("the killed child's record after the fork: %v, want it gone", err)
 	}
 }

@@ -520,11 +520,13 @@ type plan struct {
 	pooled     bool                      // served from a pool (launch sets it)
 	prepared   bool                      // restored into a container prepared for creates (launch sets it)
 	line       bool                      // wait in the admission line for the boot (admit.go)
-	// keepStarting: a fork's child, whose record stays starting until
-	// every child of the fork runs (forkChildren marks them running then):
-	// a crash in between leaves children that a restart stops as
+	// hold, for a fork's child, takes the booted child's channel instead
+	// of launch recording it running: the child stays starting, claimed
+	// as being created (a kill or reconcile waits), until every child of
+	// the fork runs and forkChildren records them running (or undoes
+	// them). A crash in between leaves records a restart stops as
 	// start_failed, not sandboxes nobody was told of.
-	keepStarting bool
+	hold func(*AgentClient)
 	steps        *resumeSteps // times the boot's steps (a fork's children); nil: launch times and logs them itself
 }
 
@@ -629,7 +631,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		if p.steps != nil {
 			p.steps.attrs = append(p.steps.attrs, "pooled", true)
 		}
-		return m.started(ctx, sb, pd.client, true, true)
+		return m.started(ctx, sb, pd.client, true)
 	}
 	env := make([]string, 0, len(p.env)+1)
 	for k, v := range p.env {
@@ -655,7 +657,11 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			p.steps.done("agent_ms")
 			if err = m.setupSandbox(startCtx, client); err == nil {
 				p.steps.done("setup_ms")
-				out, err := m.started(ctx, sb, client, true, !p.keepStarting)
+				if p.hold != nil {
+					p.hold(client)
+					return sb, nil
+				}
+				out, err := m.started(ctx, sb, client, true)
 				p.steps.done("record_ms")
 				return out, err
 			}
@@ -682,14 +688,11 @@ func (m *Manager) helloFailed(id string, err error) error {
 
 // started records a claimed, booted sandbox as running and makes it so;
 // created says whether to log it as a new sandbox (a resume logs its own
-// line). record false leaves the record as it is, for the caller to mark
-// running (a fork's children, all at once).
-func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *AgentClient, created, record bool) (pandastack.Sandbox, error) {
-	if record {
-		if err := m.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, pandastack.StateRunning, "", m.now()); err != nil {
-			client.Close()
-			return pandastack.Sandbox{}, err
-		}
+// line).
+func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *AgentClient, created bool) (pandastack.Sandbox, error) {
+	if err := m.store.SetSandboxState(context.WithoutCancel(ctx), sb.ID, pandastack.StateRunning, "", m.now()); err != nil {
+		client.Close()
+		return pandastack.Sandbox{}, err
 	}
 	idle, ok := m.sbx.run(sb.ID, client, time.Duration(sb.IdleTimeoutSeconds)*time.Second)
 	if !ok {

@@ -510,7 +510,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		sb.IdleTimeoutSeconds, sb.ExpiresAt = now.IdleTimeoutSeconds, now.ExpiresAt
 	}
 	// Recorded running first: the image goes only once nothing needs it.
-	if sb, err = m.started(ctx, sb, client, false, true); err != nil {
+	if sb, err = m.started(ctx, sb, client, false); err != nil {
 		m.stopFailedResume(id)
 		return sb, err
 	}
