@@ -47,7 +47,8 @@ type Limits struct {
 	TotalBytes        int64 // stored in all; beyond it the projects holding the most lose their oldest entries (TrimHistory); 256 MiB
 	OriginsPerProject int   // 10000
 	// TrimEvery is how many finished entries pass between two trims to
-	// TotalBytes (a trim reads every entry's size); 64.
+	// TotalBytes (a trim reads the projects' totals and the entries it
+	// removes); 64.
 	TrimEvery int
 }
 

@@ -36,28 +36,42 @@ const historyMigration = `CREATE TABLE history (
 	CREATE INDEX origins_project ON origins (project_id, seq);`
 
 // historyTotalsMigration keeps each project's history bytes in a row of
-// their own, up to date through a trigger, so that a trim (TrimHistory)
-// reads the projects' holdings without a pass over every entry, and walks
-// only the oldest entries of those over their share (history_project).
-const historyTotalsMigration = `CREATE TABLE history_totals (
+// their own, up to date through statement-level triggers (one update of a
+// project's row per statement, however many entries it adds or removes),
+// so that a trim (TrimHistory) reads the projects' holdings without a pass
+// over every entry, and walks only the oldest entries of those over their
+// share (history_project). The table is locked while the totals are first
+// summed: another node's history writes meanwhile wait, rather than go
+// uncounted.
+const historyTotalsMigration = `LOCK TABLE history IN SHARE ROW EXCLUSIVE MODE;
+	CREATE TABLE history_totals (
 		project_id text PRIMARY KEY,
 		bytes      bigint NOT NULL
 	);
 	INSERT INTO history_totals (project_id, bytes) SELECT project_id, SUM(size) FROM history GROUP BY project_id;
 	CREATE INDEX history_project ON history (project_id, seq);
-	CREATE FUNCTION history_total() RETURNS trigger LANGUAGE plpgsql AS $$
+	CREATE FUNCTION history_totals_add() RETURNS trigger LANGUAGE plpgsql AS $$
 	BEGIN
-		IF TG_OP IN ('UPDATE', 'DELETE') THEN
-			UPDATE history_totals SET bytes = bytes - OLD.size WHERE project_id = OLD.project_id;
-		END IF;
-		IF TG_OP IN ('INSERT', 'UPDATE') THEN
-			INSERT INTO history_totals (project_id, bytes) VALUES (NEW.project_id, NEW.size)
-			ON CONFLICT (project_id) DO UPDATE SET bytes = history_totals.bytes + excluded.bytes;
-		END IF;
+		INSERT INTO history_totals AS t (project_id, bytes)
+			SELECT project_id, SUM(size) FROM added GROUP BY project_id
+			ON CONFLICT (project_id) DO UPDATE SET bytes = t.bytes + excluded.bytes;
 		RETURN NULL;
 	END $$;
-	CREATE TRIGGER history_total AFTER INSERT OR UPDATE OF size OR DELETE ON history
-		FOR EACH ROW EXECUTE FUNCTION history_total();`
+	CREATE FUNCTION history_totals_remove() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		UPDATE history_totals t SET bytes = t.bytes - r.bytes
+			FROM (SELECT project_id, SUM(size) AS bytes FROM removed GROUP BY project_id) r
+			WHERE t.project_id = r.project_id;
+		RETURN NULL;
+	END $$;
+	CREATE TRIGGER history_totals_insert AFTER INSERT ON history
+		REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION history_totals_add();
+	CREATE TRIGGER history_totals_update_in AFTER UPDATE ON history
+		REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION history_totals_add();
+	CREATE TRIGGER history_totals_update_out AFTER UPDATE ON history
+		REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION history_totals_remove();
+	CREATE TRIGGER history_totals_delete AFTER DELETE ON history
+		REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION history_totals_remove();`
 
 // PutHistory implements pandastack.HistoryStore.
 func (s *Store) PutHistory(ctx context.Context, projectID, sandboxID string, e pandastack.HistoryEntry, keep int) error {
@@ -74,6 +88,13 @@ func (s *Store) PutHistory(ctx context.Context, projectID, sandboxID string, e p
 		return fmt.Errorf("put history %s: %w", e.ID, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// The project's total first, as TrimHistory locks it first: the
+	// triggers change it only after the entries, which a trim of the
+	// project locks after its total (the other order deadlocked).
+	if _, err := tx.Exec(ctx, `INSERT INTO history_totals AS t (project_id, bytes) VALUES ($1, 0)
+		ON CONFLICT (project_id) DO UPDATE SET bytes = t.bytes`, projectID); err != nil {
+		return fmt.Errorf("put history %s: %w", e.ID, err)
+	}
 	tag, err := tx.Exec(ctx, `INSERT INTO history (id, project_id, sandbox_id, size, entry) VALUES ($1, $2, $3, $4, $5)
 		ON CONFLICT (id) DO UPDATE SET size = $4, entry = $5
 		WHERE history.project_id = $2 AND history.sandbox_id = $3`,
@@ -142,16 +163,19 @@ func (s *Store) ListHistory(ctx context.Context, projectID, sandboxID string) ([
 // TrimHistory implements pandastack.HistoryStore: each project holding
 // more than the share (pandastack.HistoryShare) loses its oldest entries
 // until the rest fit in it, which are those whose running total (its own,
-// newest first) passes the share. The holdings come from history_totals
-// (in the order of their keys, which concurrent trims then lock alike),
-// and each trim walks only the entries it removes and one more.
+// newest first) passes the share. The holdings come from history_totals,
+// locked in the order of their keys (PutHistory locks its project's first
+// too, so neither waits on the other in the opposite order), and each
+// trim reads the project's entries from its oldest on, only as far as the
+// excess. A total that says more than the entries hold (it cannot, but
+// if) is summed again rather than trimmed by.
 func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("trim history: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	rows, err := tx.Query(ctx, `SELECT project_id, bytes FROM history_totals WHERE bytes > 0 ORDER BY project_id`)
+	rows, err := tx.Query(ctx, `SELECT project_id, bytes FROM history_totals WHERE bytes > 0 ORDER BY project_id FOR UPDATE`)
 	if err != nil {
 		return 0, fmt.Errorf("trim history: %w", err)
 	}
@@ -180,12 +204,21 @@ func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
 			continue
 		}
 		// The oldest entries that hold the excess: a running total,
-		// oldest first, that stops at the first to reach it.
-		tag, err := tx.Exec(ctx, `DELETE FROM history WHERE project_id = $1 AND seq <= (
-			SELECT seq FROM (SELECT seq, SUM(size) OVER (ORDER BY seq) AS total FROM history WHERE project_id = $1 ORDER BY seq) t
-			WHERE total >= $2 ORDER BY seq LIMIT 1)`, p, held[i]-share)
+		// oldest first, that stops at the first to reach it; both scans
+		// start at the project's oldest entry (history_project), or the
+		// planner walks the whole table for a project with only new ones.
+		tag, err := tx.Exec(ctx, `WITH first AS (SELECT min(seq) AS seq FROM history WHERE project_id = $1)
+			DELETE FROM history WHERE project_id = $1 AND seq >= (SELECT seq FROM first) AND seq <= (
+				SELECT seq FROM (SELECT seq, SUM(size) OVER (ORDER BY seq) AS total FROM history
+					WHERE project_id = $1 AND seq >= (SELECT seq FROM first) ORDER BY seq) t
+				WHERE total >= $2 ORDER BY seq LIMIT 1)`, p, held[i]-share)
 		if err != nil {
 			return 0, fmt.Errorf("trim history: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			if _, err := tx.Exec(ctx, `UPDATE history_totals SET bytes = (SELECT COALESCE(SUM(size), 0) FROM history WHERE project_id = $1) WHERE project_id = $1`, p); err != nil {
+				return 0, fmt.Errorf("trim history: %w", err)
+			}
 		}
 		gone += int(tag.RowsAffected())
 	}

@@ -155,6 +155,7 @@ var migrations = []string{
 	// Stopped records stay a day (the purge): the reaper, which looks
 	// every second, and the lists of live sandboxes go past them.
 	`CREATE INDEX sandboxes_live_expires ON sandboxes (expires_at) WHERE state != 'stopped';
+	DROP INDEX sandboxes_expires;
 	DROP INDEX sandboxes_project;
 	CREATE INDEX sandboxes_project_state ON sandboxes (project_id, state, created_at);`,
 	historyTotalsMigration,

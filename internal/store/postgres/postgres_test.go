@@ -299,3 +299,30 @@ func TestClassifyErrorServerGone(t *testing.T) {
 		}
 	}
 }
+
+// The history's totals follow its entries through puts, rewrites, keeps
+// and trims, also at once (a put and a trim deadlocked, each holding what
+// the other wanted).
+func TestHistoryTotals(t *testing.T) {
+	s := open(t, newDatabase(t))
+	defer s.Close()
+	storetest.ChurnHistory(t, s, func(stage string) {
+		t.Helper()
+		rows, err := s.pool.Query(t.Context(), `SELECT t.project_id, t.bytes, COALESCE((SELECT SUM(size) FROM history h WHERE h.project_id = t.project_id), 0)
+			FROM history_totals t`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var p string
+			var kept, sum int64
+			if err := rows.Scan(&p, &kept, &sum); err != nil {
+				t.Fatal(err)
+			}
+			if kept != sum {
+				t.Errorf("%s: %s's total %d, its entries %d bytes", stage, p, kept, sum)
+			}
+		}
+	})
+}

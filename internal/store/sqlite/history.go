@@ -169,9 +169,18 @@ func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
 		if held[i] <= share {
 			continue
 		}
-		cut, err := oldestPast(ctx, tx, p, held[i]-share)
+		cut, ok, err := oldestPast(ctx, tx, p, held[i]-share)
 		if err != nil {
 			return 0, fmt.Errorf("trim history: %w", err)
+		}
+		if !ok {
+			// The total says more than the entries hold (it cannot, but
+			// if): summed again, rather than trimmed by (which would
+			// take the project's whole history).
+			if _, err := tx.ExecContext(ctx, `UPDATE history_totals SET bytes = (SELECT COALESCE(SUM(size), 0) FROM history WHERE project_id = ?1) WHERE project_id = ?1`, p); err != nil {
+				return 0, fmt.Errorf("trim history: %w", err)
+			}
+			continue
 		}
 		res, err := tx.ExecContext(ctx, `DELETE FROM history WHERE project_id = ? AND seq <= ?`, p, cut)
 		if err != nil {
@@ -187,21 +196,22 @@ func (s *Store) TrimHistory(ctx context.Context, maxBytes int64) (int, error) {
 }
 
 // oldestPast returns the seq of the newest of project's oldest entries
-// that together hold at least excess bytes.
-func oldestPast(ctx context.Context, tx *sql.Tx, project string, excess int64) (int64, error) {
+// that together hold at least excess bytes; ok is false when all of them
+// hold less.
+func oldestPast(ctx context.Context, tx *sql.Tx, project string, excess int64) (seq int64, ok bool, err error) {
 	rows, err := tx.QueryContext(ctx, `SELECT seq, size FROM history WHERE project_id = ? ORDER BY seq`, project)
 	if err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	defer rows.Close()
-	var seq, size, sum int64
+	var size, sum int64
 	for sum < excess && rows.Next() {
 		if err := rows.Scan(&seq, &size); err != nil {
-			return 0, err
+			return 0, false, err
 		}
 		sum += size
 	}
-	return seq, rows.Err()
+	return seq, sum >= excess, rows.Err()
 }
 
 // AddOrigin implements pandastack.HistoryStore.

@@ -183,6 +183,7 @@ var migrations = []string{
 	// (project_id, created_at) ordered the list without a sort, but made
 	// SQLite walk every record of the project, stopped ones too.
 	`CREATE INDEX sandboxes_live_expires ON sandboxes(expires_at) WHERE state != 'stopped';
+	DROP INDEX sandboxes_expires;
 	DROP INDEX sandboxes_project;
 	CREATE INDEX sandboxes_project_state ON sandboxes(project_id, state, created_at);`,
 	historyTotalsMigration,

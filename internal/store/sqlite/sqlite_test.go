@@ -356,3 +356,56 @@ func TestLiveQueriesSkipStoppedRecords(t *testing.T) {
 		t.Errorf("the list of live sandboxes: %s; want the index sandboxes_project_state", p)
 	}
 }
+
+// The history's totals follow its entries through puts, rewrites, keeps
+// and trims, also at once.
+func TestHistoryTotals(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "pandastack.db"))
+	defer s.Close()
+	storetest.ChurnHistory(t, s, func(stage string) {
+		t.Helper()
+		rows, err := s.db.Query(`SELECT t.project_id, t.bytes, COALESCE((SELECT SUM(size) FROM history h WHERE h.project_id = t.project_id), 0)
+			FROM history_totals t`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var p string
+			var kept, sum int64
+			if err := rows.Scan(&p, &kept, &sum); err != nil {
+				t.Fatal(err)
+			}
+			if kept != sum {
+				t.Errorf("%s: %s's total %d, its entries %d bytes", stage, p, kept, sum)
+			}
+		}
+	})
+}
+
+// A total that says more than the entries hold is summed again by the
+// next trim, which takes nothing for it (taking the project's whole
+// history would have been the result).
+func TestHistoryTotalTooHighIsMended(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "pandastack.db"))
+	defer s.Close()
+	ctx := t.Context()
+	code := 0
+	for i := range 3 {
+		e := pandastack.HistoryEntry{ID: fmt.Sprintf("h_%d", i), Kind: "exec", Command: strings.Repeat("x", 100), ExitCode: &code}
+		if err := s.PutHistory(ctx, "prj_a", "sbx_a", e, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.db.Exec(`UPDATE history_totals SET bytes = bytes + 100000`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.TrimHistory(ctx, 50000); err != nil || n != 0 {
+		t.Fatalf("trim by a total too high: %d gone, %v; want none", n, err)
+	}
+	var kept, sum int64
+	s.db.QueryRow(`SELECT bytes, (SELECT SUM(size) FROM history) FROM history_totals WHERE project_id = 'prj_a'`).Scan(&kept, &sum)
+	if kept != sum {
+		t.Errorf("the total after the trim: %d, the entries hold %d", kept, sum)
+	}
+}

@@ -187,3 +187,53 @@ func mustJSON(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// ChurnHistory puts, rewrites, keeps and trims the history of a few
+// projects, then puts and trims from several goroutines at once, and calls
+// check after each stage: a store that keeps totals of its own checks
+// them against its entries there. None of it may fail (a deadlock between
+// a put and a trim did).
+func ChurnHistory(t *testing.T, s pandastack.Store, check func(stage string)) {
+	ctx := t.Context()
+	for i := range 30 {
+		project := fmt.Sprintf("prj_%d", i%3)
+		sandbox := fmt.Sprintf("sbx_%d", i%5)
+		e := entry(fmt.Sprintf("h_%d", i), strings.Repeat("x", 10*i), i)
+		mustPutHistory(t, s, project, sandbox, e, 4)
+		if i%2 == 0 { // the entry's end rewrites it, longer
+			e.Command += strings.Repeat("y", 50)
+			mustPutHistory(t, s, project, sandbox, e, 4)
+		}
+	}
+	check("after puts, rewrites and keeps")
+	if _, err := s.TrimHistory(ctx, 1500); err != nil {
+		t.Fatal(err)
+	}
+	check("after a trim")
+	errs := make(chan error, 200)
+	done := make(chan struct{})
+	for w := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range 40 {
+				e := entry(fmt.Sprintf("c_%d_%d", w, i), strings.Repeat("z", 20+i), i)
+				if err := s.PutHistory(ctx, fmt.Sprintf("prj_%d", i%2), fmt.Sprintf("sbx_c%d", w), e, 6); err != nil {
+					errs <- err
+				}
+				if i%5 == 0 {
+					if _, err := s.TrimHistory(ctx, 2000); err != nil {
+						errs <- err
+					}
+				}
+			}
+		}()
+	}
+	for range 4 {
+		<-done
+	}
+	close(errs)
+	for err := range errs {
+		t.Errorf("put or trim at once: %v", err)
+	}
+	check("after puts and trims at once")
+}
