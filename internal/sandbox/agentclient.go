@@ -279,7 +279,13 @@ func (c *AgentClient) requestAccept(ctx context.Context, method, path string, q 
 		defer resp.Body.Close()
 		err := decodeAgentError(resp)
 		if resp.StatusCode == http.StatusNotFound && strings.HasPrefix(pandastack.ErrorMessage(err), noEndpoint) {
-			return nil, c.tooOld(describe(method, path))
+			what := describe(method, path)
+			if what == "the request" || what == "a file operation" {
+				// What that agent lacks is a route, which these names
+				// for the caller would hide.
+				what = method + " " + path
+			}
+			return nil, c.tooOld(what)
 		}
 		return nil, err
 	}

@@ -183,10 +183,15 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) erro
 	// store stopped answering) leaves files of no snapshot, which the
 	// pending file names for the next start to remove (sweepImages), not
 	// a snapshot still listed over half its files.
+	// A pending file that cannot be written (a full disk) does not stop
+	// the delete, which frees space: only a crash between the record and
+	// the files would then leave files of no snapshot.
 	pending := filepath.Join(m.cfg.SnapshotDir, pendingPrefix+id)
 	os.WriteFile(pending, nil, 0o600)
 	if err := m.store.DeleteSnapshot(ctx, id); err != nil {
-		os.Remove(pending)
+		// The pending file stays: the record may be gone all the same
+		// (an answer lost on its way back), and the next start, which
+		// finds it there or not, does what is left (dropUnrecorded).
 		return err
 	}
 	if err := m.cfg.Images.Delete(ctx, id); err != nil {
