@@ -380,24 +380,7 @@ func TestForkChildrenRecordedRunningTogether(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	parent := h.create()
-	restores := 0 // under h.rt.mu, which the hook is called with
-	second, release := make(chan struct{}), make(chan struct{})
-	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
-		if restores++; restores == 2 {
-			close(second)
-			h.rt.mu.Unlock()
-			<-release
-			h.rt.mu.Lock()
-		}
-		return nil
-	}
-	forked := make(chan error, 1)
-	go func() {
-		_, err := h.m.Fork(ctx, project, parent.ID, 2, nil, nil)
-		forked <- err
-	}()
-	<-second
-	up := h.childUp(parent.ID)
+	up, release, forked := h.forkOfTwoHalfDone(parent.ID)
 	if rec := h.record(up); rec.State != pandastack.StateStarting {
 		t.Errorf("a child up while its sibling restores is recorded %s, want starting", rec.State)
 	}
@@ -449,24 +432,7 @@ func TestForkChildKilledDuringTheFork(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	parent := h.create()
-	restores := 0 // under h.rt.mu, which the hook is called with
-	second, release := make(chan struct{}), make(chan struct{})
-	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
-		if restores++; restores == 2 {
-			close(second)
-			h.rt.mu.Unlock()
-			<-release
-			h.rt.mu.Lock()
-		}
-		return nil
-	}
-	forked := make(chan error, 1)
-	go func() {
-		_, err := h.m.Fork(ctx, project, parent.ID, 2, nil, nil)
-		forked <- err
-	}()
-	<-second
-	up := h.childUp(parent.ID)
+	up, release, forked := h.forkOfTwoHalfDone(parent.ID)
 	killed := make(chan error, 1)
 	go func() { killed <- h.m.Kill(ctx, project, up) }()
 	select {
@@ -484,4 +450,29 @@ func TestForkChildKilledDuringTheFork(t *testing.T) {
 	if _, err := h.store.GetSandbox(ctx, "", up); !pandastack.IsCode(err, pandastack.ENotFound) {
 		t.Errorf("the killed child's record after the fork: %v, want it gone", err)
 	}
+}
+
+// forkOfTwoHalfDone forks parent into two children and returns once one
+// child has said hello while the other's restore waits: the child that is
+// up, a release for the other, and the fork's outcome to come.
+func (h *harness) forkOfTwoHalfDone(parent string) (up string, release chan struct{}, forked chan error) {
+	h.t.Helper()
+	restores := 0 // under h.rt.mu, which the hook is called with
+	second := make(chan struct{})
+	release, forked = make(chan struct{}), make(chan error, 1)
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		if restores++; restores == 2 {
+			close(second)
+			h.rt.mu.Unlock()
+			<-release
+			h.rt.mu.Lock()
+		}
+		return nil
+	}
+	go func() {
+		_, err := h.m.Fork(context.Background(), project, parent, 2, nil, nil)
+		forked <- err
+	}()
+	<-second
+	return h.childUp(parent), release, forked
 }

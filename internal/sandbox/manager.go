@@ -526,8 +526,8 @@ type plan struct {
 	// the fork runs and forkChildren records them running (or undoes
 	// them). A crash in between leaves records a restart stops as
 	// start_failed, not sandboxes nobody was told of.
-	hold func(*AgentClient)
-	steps        *resumeSteps // times the boot's steps (a fork's children); nil: launch times and logs them itself
+	hold  func(*AgentClient)
+	steps *resumeSteps // times the boot's steps (a fork's children); nil: launch times and logs them itself
 }
 
 // launch records a new sandbox, boots or restores it, and says hello.
