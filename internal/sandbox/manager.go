@@ -468,29 +468,22 @@ func (m *Manager) Create(ctx context.Context, projectID string, req CreateReques
 	// template; either must fit this server's limits. A template's default
 	// over them is the operator's to fix, and the message says so rather
 	// than quoting a value the caller never sent.
-	for _, r := range []struct {
-		field, flag string
-		asked       int
-		v           *int
-		lo, hi      int
-	}{
-		{"cpu", "--max-cpu", req.CPU, &p.cpu, 1, m.cfg.MaxCPU},
-		{"memory_mb", "--max-memory-mb", req.MemoryMB, &p.mem, 64, m.cfg.MaxMemoryMB},
-		{"disk_mb", "--max-disk-mb", req.DiskMB, &p.disk, 64, m.cfg.MaxDiskMB},
-	} {
-		if r.asked != 0 {
-			*r.v = r.asked
+	asked := [3]int{req.CPU, req.MemoryMB, req.DiskMB}
+	for i, v := range [3]*int{&p.cpu, &p.mem, &p.disk} {
+		r := m.limits()[i]
+		if asked[i] != 0 {
+			*v = asked[i]
 		}
-		if *r.v == 0 && r.field == "disk_mb" {
+		if *v == 0 && r.field == "disk_mb" {
 			continue // the server's --disk-mb
 		}
-		if *r.v >= r.lo && *r.v <= r.hi {
+		if *v >= r.lo && *v <= r.hi {
 			continue
 		}
-		if r.asked == 0 {
-			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "template %s asks for %s %d by default, more than this server allows (%s %d): give %s between %d and %d in the create, or lower the template's %s", tpl.Name, r.field, *r.v, r.flag, r.hi, r.field, r.lo, r.hi, r.field)
+		if asked[i] == 0 {
+			return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "template %s asks for %s: give %s between %d and %d in the create, or lower the template's %s", tpl.Name, r.over(*v), r.field, r.lo, r.hi, r.field)
 		}
-		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "%s must be between %d and %d, got %d", r.field, r.lo, r.hi, *r.v)
+		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.EInvalid, "%s must be between %d and %d, got %d", r.field, r.lo, r.hi, *v)
 	}
 	// A warm snapshot was taken with the template's own resources and no
 	// env, so only a plain create can use it.
@@ -672,6 +665,28 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not start within %s", sb.ID, m.cfg.StartTimeout)
 	}
 	return pandastack.Sandbox{}, fmt.Errorf("create %s: %w", sb.ID, storageError(err, "the sandbox was not created"))
+}
+
+// limit is the range this server allows of a sandbox's cpu, memory_mb or
+// disk_mb, and the flag that sets its top.
+type limit struct {
+	field, flag string
+	lo, hi      int
+}
+
+// over says that v, a template's default, is over the limit.
+func (l limit) over(v int) string {
+	return fmt.Sprintf("%s %d by default, more than this server allows (%s %d)", l.field, v, l.flag, l.hi)
+}
+
+// limits are the server's limits of cpu, memory_mb and disk_mb, in that
+// order.
+func (m *Manager) limits() [3]limit {
+	return [3]limit{
+		{"cpu", "--max-cpu", 1, m.cfg.MaxCPU},
+		{"memory_mb", "--max-memory-mb", 64, m.cfg.MaxMemoryMB},
+		{"disk_mb", "--max-disk-mb", 64, m.cfg.MaxDiskMB},
+	}
 }
 
 // helloFailed explains a hello that timed out in a container that is gone:

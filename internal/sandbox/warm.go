@@ -223,16 +223,10 @@ func (m *Manager) warmOne(ctx context.Context, s WarmSpec) {
 // defaultOver names the first of tpl's defaults (cpu, memory_mb, disk_mb)
 // over this server's limit, with the flag that sets it; "" when none is.
 func (m *Manager) defaultOver(tpl Template) string {
-	for _, r := range []struct {
-		field, flag string
-		v, max      int
-	}{
-		{"cpu", "--max-cpu", tpl.CPU, m.cfg.MaxCPU},
-		{"memory_mb", "--max-memory-mb", tpl.MemoryMB, m.cfg.MaxMemoryMB},
-		{"disk_mb", "--max-disk-mb", tpl.DiskMB, m.cfg.MaxDiskMB},
-	} {
-		if r.v > r.max {
-			return fmt.Sprintf("%s %d by default, more than this server allows (%s %d)", r.field, r.v, r.flag, r.max)
+	defaults := [3]int{tpl.CPU, tpl.MemoryMB, tpl.DiskMB}
+	for i, l := range m.limits() {
+		if defaults[i] > l.hi {
+			return l.over(defaults[i])
 		}
 	}
 	return ""
