@@ -25,6 +25,7 @@ const (
 	ETemplateMissing = "template_not_built"   // the template exists but has no built root filesystem
 	ESnapshotCorrupt = "snapshot_corrupt"     // a snapshot's files are missing, truncated or altered
 	EStorage         = "insufficient_storage" // the server's disk is full
+	EMemory          = "insufficient_memory"  // the host is short of memory for another running sandbox, and no quiet one was left to suspend: retry later, or pause or kill some
 	EInternal        = "internal"             // a bug or a host failure; the message is safe to show
 	EMethod          = "method_not_allowed"   // the path exists, the HTTP method does not
 	ENetworkDenied   = "network_denied"       // a network rule names a destination in the platform deny set
@@ -98,7 +99,7 @@ func HTTPStatus(code string) int {
 		return http.StatusGatewayTimeout
 	case EPortClosed:
 		return http.StatusBadGateway
-	case EUnavailable:
+	case EUnavailable, EMemory:
 		return http.StatusServiceUnavailable
 	case EStopped:
 		return http.StatusGone

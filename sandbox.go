@@ -32,9 +32,17 @@ const (
 
 // Reasons a sandbox is paused, reported in Sandbox.PauseReason.
 const (
-	PauseRequested = ""     // POST …/pause
-	PauseIdle      = "idle" // nothing ran in it for its idle timeout; the next request resumes it
+	PauseRequested = ""       // POST …/pause
+	PauseIdle      = "idle"   // nothing ran in it for its idle timeout; the next request resumes it
+	PauseMemory    = "memory" // the host ran short of memory and it was among the quietest; the next request resumes it
 )
+
+// Suspended says whether a paused sandbox's reason is the server's own
+// (idleness or the host's memory): such a sandbox resumes on its next
+// request, whatever its AutoResume.
+func Suspended(pauseReason string) bool {
+	return pauseReason == PauseIdle || pauseReason == PauseMemory
+}
 
 // Sandbox is the stored record of one sandbox.
 type Sandbox struct {
@@ -54,7 +62,7 @@ type Sandbox struct {
 	// quiet, the sandbox is paused to disk (PauseIdle) until the next
 	// request; 0 never.
 	IdleTimeoutSeconds int64  `json:"idle_timeout_seconds"`
-	PauseReason        string `json:"pause_reason,omitempty"` // while paused: PauseIdle, or "" when asked for
+	PauseReason        string `json:"pause_reason,omitempty"` // while paused: PauseIdle, PauseMemory, or "" when asked for
 	// RootFS is the host path of the root filesystem it runs on, which its
 	// checkpoints need; server-internal ("" in records older than it).
 	RootFS string `json:"-"`

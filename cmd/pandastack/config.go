@@ -138,6 +138,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	num(&c.Sandbox.MaxFork, "max-fork", "PANDASTACK_MAX_FORK", "most children of one fork")
 	dur(&c.Sandbox.IdleTimeout, "idle-timeout", "PANDASTACK_IDLE_TIMEOUT", "suspend a sandbox to disk after this long idle, unless it was created with its own idle_timeout_seconds (0: never)")
 	num(&c.Sandbox.PoolSize, "pool-size", "PANDASTACK_POOL_SIZE", "sandboxes of each warm template kept restored ahead of creates (0: none)")
+	num(&c.Sandbox.MemoryReserveMB, "memory-reserve-mb", "PANDASTACK_MEMORY_RESERVE_MB", "host memory kept available, in MiB: below it the pools are emptied and the quietest sandboxes suspended, and a create or resume that cannot be made room for is refused (insufficient_memory; 0: no reserve)")
 	num(&c.Sandbox.PoolMemoryMB, "pool-memory-mb", "PANDASTACK_POOL_MEMORY_MB", "memory the pools may hold, in MiB: each keeps --pool-size ready, and more while creates come faster (0: exactly --pool-size)")
 	num(&c.Sandbox.PreparedResumes, "prepared-resumes", "PANDASTACK_PREPARED_RESUMES", "sandboxes suspended last for idleness whose resume is prepared ahead: each keeps runsc's two processes waiting and its image in the page cache (0: none)")
 	num(&c.Sandbox.PreparedCreates, "prepared-creates", "PANDASTACK_PREPARED_CREATES", "containers of each warm template created ahead for creates no pool sandbox serves: each keeps runsc's two processes waiting (0: none)")
@@ -215,6 +216,7 @@ func (c *Config) validate() error {
 	}{
 		{"pool-size", int64(c.Sandbox.PoolSize), 0},
 		{"pool-memory-mb", int64(c.Sandbox.PoolMemoryMB), 0},
+		{"memory-reserve-mb", int64(c.Sandbox.MemoryReserveMB), 0},
 		{"prepared-resumes", int64(c.Sandbox.PreparedResumes), 0},
 		{"prepared-creates", int64(c.Sandbox.PreparedCreates), 0},
 		{"max-restores", int64(c.Sandbox.MaxRestores), 0},

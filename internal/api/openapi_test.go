@@ -236,7 +236,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 		pandastack.EInvalid, pandastack.EUnauthorized, pandastack.ENotFound, pandastack.EConflict,
 		pandastack.ETimeout, pandastack.EUnavailable, pandastack.ECommandNotFound, pandastack.ETooLarge,
 		pandastack.ETemplateMissing, pandastack.ESnapshotCorrupt, pandastack.EStorage, pandastack.EInternal, "method_not_allowed",
-		pandastack.ENetworkDenied, pandastack.EPortClosed, pandastack.EPermission, pandastack.EStopped,
+		pandastack.ENetworkDenied, pandastack.EPortClosed, pandastack.EPermission, pandastack.EStopped, pandastack.EMemory,
 	}
 	slices.Sort(want)
 	enum := slices.Clone(doc.Components.Schemas["ErrorDetail"].Properties["code"].Enum)

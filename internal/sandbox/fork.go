@@ -59,6 +59,9 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 			return nil, err
 		}
 	}
+	if err := m.roomFor(ctx, "a fork"); err != nil {
+		return nil, err
+	}
 	for {
 		if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata, o.Network); done {
 			return kids, err

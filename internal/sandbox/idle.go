@@ -156,7 +156,7 @@ func (m *Manager) suspendIdle() {
 	go func() {
 		defer m.wg.Done()
 		defer m.suspending.Store(false)
-		m.suspend(ids)
+		m.suspend(ids, pandastack.PauseIdle)
 	}()
 }
 
@@ -175,24 +175,29 @@ func (m *Manager) idleNow() []string {
 	return idle
 }
 
-// suspend pauses the given sandboxes for idleness, a few at a time.
-func (m *Manager) suspend(idle []string) {
-	forEachBounded(idle, maxConcurrentSuspends, func(id string) {
+// suspend pauses the given sandboxes for reason (PauseIdle, PauseMemory),
+// a few at a time.
+func (m *Manager) suspend(ids []string, reason string) {
+	forEachBounded(ids, maxConcurrentSuspends, func(id string) {
 		sb, err := m.store.GetSandbox(context.Background(), "", id)
 		if err != nil {
 			return
 		}
 		released := m.releaseForSuspend(id)
 		start := time.Now()
-		_, err = m.pause(context.Background(), sb, pandastack.PauseIdle)
-		m.observe(opSuspend, start, &err)
+		_, err = m.pause(context.Background(), sb, reason)
+		op := opSuspend
+		if reason == pandastack.PauseMemory {
+			op = opMemory
+		}
+		m.observe(op, start, &err)
 		if pandastack.IsCode(err, pandastack.EStopped) {
-			m.log.Warn("idle suspend failed: the sandbox died", "sandbox", id, "err", err)
+			m.log.Warn(reason+" suspend failed: the sandbox died", "sandbox", id, "err", err)
 			return
 		}
 		if err != nil {
 			wait := m.sbx.suspendFailed(id)
-			m.log.Warn("idle suspend failed; the sandbox keeps running", "sandbox", id, "err", err, "next_try_in", wait)
+			m.log.Warn(reason+" suspend failed; the sandbox keeps running", "sandbox", id, "err", err, "next_try_in", wait)
 			if released != nil {
 				ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 				defer cancel()
@@ -202,7 +207,7 @@ func (m *Manager) suspend(idle []string) {
 			}
 			return
 		}
-		m.log.Info("sandbox suspended (idle)", "sandbox", id)
+		m.log.Info("sandbox suspended", "sandbox", id, "reason", reason)
 	})
 }
 
@@ -210,8 +215,8 @@ func (m *Manager) suspend(idle []string) {
 // undoing): kernels to shut down.
 const releaseTimeout = 15 * time.Second
 
-// releaseForSuspend has the agent of a sandbox about to be suspended for
-// idleness shut its spare kernels down, so that its paused image does not
+// releaseForSuspend has the agent of a sandbox about to be suspended (for
+// idleness or the host's memory) shut its spare kernels down, so that its paused image does not
 // hold them (a spare is a whole warmed-up Python: about half of a
 // code-interpreter sandbox's image, 198 → 104 MiB). The agent starts them
 // again after the resume. It returns the agent to undo it with if the

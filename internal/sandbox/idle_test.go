@@ -38,9 +38,9 @@ func (h *harness) createIdle(seconds int64) pandastack.Sandbox {
 
 // passIdle runs the reaper's idle pass over a whole quiet spell.
 func (h *harness) passIdle(c *clock, d time.Duration) {
-	h.m.suspend(h.m.idleNow()) // opens the spell
+	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle) // opens the spell
 	c.advance(d)
-	h.m.suspend(h.m.idleNow()) // decides
+	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle) // decides
 }
 
 // execAnswer is what an exec of execLater answered.
@@ -70,7 +70,7 @@ func TestIdleSuspendAndResume(t *testing.T) {
 		t.Fatalf("suspended before its idle timeout: %s", rec.State)
 	}
 	c.advance(6 * time.Second)
-	h.m.suspend(h.m.idleNow())
+	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle)
 	rec := h.record(sb.ID)
 	if rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseIdle {
 		t.Fatalf("after the idle timeout: %s %q, want paused idle", rec.State, rec.PauseReason)
@@ -117,14 +117,14 @@ func TestIdleKeepsBusySandboxesAwake(t *testing.T) {
 	never := h.createIdle(0)
 	used := h.createIdle(10)
 
-	h.m.suspend(h.m.idleNow())
+	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle)
 	h.rt.mu.Lock()
 	h.rt.boxes[cpu.ID].cpu += int64(5 * time.Second) // half a CPU over the spell
 	h.rt.mu.Unlock()
 	c.advance(9 * time.Second)
 	h.exec(used.ID, "set a=1") // a request near the end of the spell
 	c.advance(2 * time.Second)
-	h.m.suspend(h.m.idleNow())
+	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle)
 	for _, sb := range []pandastack.Sandbox{inflight, held, cpu, never, used} {
 		if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
 			t.Errorf("%s was suspended", sb.ID)

@@ -57,6 +57,11 @@ type Config struct {
 	// (standby.go): each holds two waiting host processes. 0: none;
 	// DefaultConfig keeps 1.
 	PreparedCreates int
+	// MemoryReserveMB is the host memory (MemAvailable, MiB) the server
+	// keeps free: below it, pools are emptied and quiet sandboxes are
+	// suspended, and boots that cannot be made room for are refused
+	// (pressure.go). 0: none; DefaultConfig keeps 1024.
+	MemoryReserveMB int
 	// UnpacedRefills lets every agent refill its spare kernels on its own
 	// schedule, instead of when the host has a CPU to spare (refills.go).
 	UnpacedRefills bool
@@ -89,6 +94,7 @@ func DefaultConfig() Config {
 		PoolMemoryMB:     1024,
 		PreparedCreates:  1,
 		PreparedResumes:  4,
+		MemoryReserveMB:  1024,
 	}
 }
 
@@ -182,6 +188,8 @@ type Manager struct {
 	idleCPUs func(context.Context, time.Duration) (float64, error)
 
 	suspending    atomic.Bool     // idle suspends are under way (idle.go)
+	relieving     chan struct{}   // held by the relief of memory pressure under way (pressure.go)
+	memAvailable  func() int      // the host's available memory in MiB (pressure.go; unit tests replace it)
 	warmVerified  sync.Map        // key → *warmCheck: warm images checksummed (warm.go)
 	node          nodeState       // the other nodes as of the last heartbeat (node.go)
 	ownPaused     sync.Map        // sandbox id → ownPaused: paused images this process wrote (resume.go)
@@ -206,6 +214,7 @@ func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Te
 	m := &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
 		sbx: newTable(), stop: make(chan struct{}), admit: newAdmission(cfg.MaxRestores), idleCPUs: idleCPUs,
+		relieving: make(chan struct{}, 1), memAvailable: availableMiB,
 	}
 	if cfg.Metrics != nil {
 		m.useMetrics(cfg.Metrics)
@@ -563,6 +572,11 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	if pooledOK {
 		sb.ID = pd.id
 	} else if p.line {
+		if projectID != warmProject {
+			if err := m.roomFor(ctx, "a new sandbox"); err != nil {
+				return pandastack.Sandbox{}, err
+			}
+		}
 		// In line before the record: a caller that gives up waiting
 		// leaves nothing behind.
 		release, err := m.admit.acquire(ctx, false)
@@ -1013,6 +1027,7 @@ func (m *Manager) reapLoop() {
 		}
 		m.reapOnce()
 		m.suspendIdle()
+		m.relievePressure()
 		if time.Since(lastPurge) > time.Hour {
 			lastPurge = time.Now()
 			if n, err := m.store.PurgeStoppedSandboxes(context.Background(), m.now().Add(-m.cfg.StoppedRetention)); err == nil && n > 0 {

@@ -25,9 +25,10 @@ const (
 	opFork    = "fork"
 	opSnap    = "snapshot"
 	opPause   = "pause"
-	opResume  = "resume"  // asked for
-	opWake    = "wake"    // a request to a sandbox suspended for idleness (or with auto_resume)
-	opSuspend = "suspend" // paused for idleness
+	opResume  = "resume"         // asked for
+	opWake    = "wake"           // a request to a suspended sandbox (or one with auto_resume)
+	opSuspend = "suspend"        // paused for idleness
+	opMemory  = "suspend_memory" // paused for the host's memory (pressure.go)
 	opKill    = "kill"
 )
 

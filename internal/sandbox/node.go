@@ -91,7 +91,7 @@ func (m *Manager) pausedElsewhere(sb pandastack.Sandbox) error {
 		return nil
 	}
 	then := "the first request after that node is back resumes it"
-	if !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle {
+	if !sb.AutoResume && !pandastack.Suspended(sb.PauseReason) {
 		then = "once that node is back, resume it (POST /v1/sandboxes/" + sb.ID + "/resume): it was paused as asked"
 	}
 	return pandastack.Errorf(pandastack.EUnavailable,

@@ -108,6 +108,9 @@ func (m *Manager) fill(p *pool) {
 	defer t.Stop()
 	for {
 		target := p.size.target(m.now())
+		if _, short := m.memoryShort(poolHeadroomMiB); short {
+			target = 0 // the host's memory is for running sandboxes (pressure.go)
+		}
 		for int(p.filling.Load())+len(p.ready) < target && int(p.filling.Load()) < maxRefills {
 			p.filling.Add(1)
 			refills.Add(1)
@@ -195,6 +198,9 @@ func (m *Manager) refill(ctx context.Context, p *pool) bool {
 	asked := m.now()
 	if err := m.yieldToCreates(ctx); err != nil {
 		return true // shutting down
+	}
+	if _, short := m.memoryShort(poolHeadroomMiB); short {
+		return true // not now: the next look at the target finds it 0
 	}
 	release, err := m.admit.acquire(ctx, true)
 	if err != nil {
@@ -332,16 +338,37 @@ func (m *Manager) fromPool(p plan) (pooled, bool) {
 	return pd, true
 }
 
-// drainPools stops the sandboxes waiting in pools; Close calls it.
-func (m *Manager) drainPools() {
+// kickPools has every pool look at its target now.
+func (m *Manager) kickPools() {
 	m.mu.Lock()
-	pools := m.pools
+	defer m.mu.Unlock()
+	for _, p := range m.pools {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// drainPools stops the sandboxes waiting in pools and returns how many;
+// Close calls it, and so does the relief of memory pressure (pressure.go).
+func (m *Manager) drainPools() int {
+	m.mu.Lock()
+	pools := make([]*pool, 0, len(m.pools))
+	for _, pl := range m.pools {
+		pools = append(pools, pl)
+	}
 	m.mu.Unlock()
 	var wg sync.WaitGroup
+	n := 0
 	for _, pl := range pools {
 		for {
 			select {
 			case pd := <-pl.ready:
+				pl.mu.Lock()
+				delete(pl.ids, pd.id)
+				pl.mu.Unlock()
+				n++
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -355,6 +382,7 @@ func (m *Manager) drainPools() {
 		}
 	}
 	wg.Wait()
+	return n
 }
 
 // poolMembers is one pool as it stands: its sandboxes and how many it

@@ -169,10 +169,12 @@ func (m *Manager) prepareResume(sb pandastack.Sandbox) {
 	m.log.Debug("resume prepared", "sandbox", sb.ID)
 }
 
-// dropPrepared removes the prepared resumes beyond the newest keep. A
-// sandbox resuming or being killed right now is left to that.
-func (m *Manager) dropPrepared(keep int) {
-	for _, id := range m.prepared.over(keep) {
+// dropPrepared removes the prepared resumes beyond the newest keep and
+// returns how many there were. A sandbox resuming or being killed right
+// now is left to that.
+func (m *Manager) dropPrepared(keep int) int {
+	ids := m.prepared.over(keep)
+	for _, id := range ids {
 		if m.sbx.begin(id, phaseStopping) != nil {
 			continue
 		}
@@ -181,6 +183,7 @@ func (m *Manager) dropPrepared(keep int) {
 		}
 		m.sbx.end(id)
 	}
+	return len(ids)
 }
 
 // stopPrepared removes the prepared resume of paused sandbox id, taken out

@@ -147,7 +147,7 @@ func TestIdleSuspendPreparesResume(t *testing.T) {
 	rt.takeCalls()
 	// One at a time, so the order of the suspends is known.
 	for _, id := range ids {
-		h.m.suspend([]string{id})
+		h.m.suspend([]string{id}, pandastack.PauseIdle)
 		if rec := h.record(id); rec.State != pandastack.StatePaused {
 			t.Fatalf("%s not suspended: %s", id, rec.State)
 		}
@@ -207,7 +207,7 @@ func TestPrepareFailureKeepsSuspend(t *testing.T) {
 	sb := h.createIdle(10)
 	h.exec(sb.ID, "set v=kept")
 	locked := lockedKB(t)
-	h.m.suspend([]string{sb.ID})
+	h.m.suspend([]string{sb.ID}, pandastack.PauseIdle)
 	if got := lockedKB(t) - locked; got != 0 {
 		t.Fatalf("a failed prepare left %d kB of its image locked", got)
 	}
@@ -335,7 +335,7 @@ func TestResumeTakesAContainerPreparedForCreates(t *testing.T) {
 	}
 	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
 	ready := rt.preparedIDs()[0]
-	h.m.suspend([]string{sb.ID})
+	h.m.suspend([]string{sb.ID}, pandastack.PauseIdle)
 	if _, err := h.m.Pause(ctx, project, own.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestResumeTakesAContainerPreparedForCreates(t *testing.T) {
 	rt.fakeRuntime.mu.Unlock()
 	old := h.createIdle(10)
 	waitFor(t, func() bool { return len(rt.preparedIDs()) == 1 })
-	h.m.suspend([]string{old.ID})
+	h.m.suspend([]string{old.ID}, pandastack.PauseIdle)
 	rt.takeCalls()
 	if _, err := h.exec(old.ID, "get v"); err != nil {
 		t.Fatal(err)
@@ -609,7 +609,7 @@ func TestRequestDuringTheDropOfAPreparedResume(t *testing.T) {
 	if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
 		t.Fatal(err)
 	}
-	h.m.suspend([]string{sb.ID})
+	h.m.suspend([]string{sb.ID}, pandastack.PauseIdle)
 	if err := h.m.sbx.begin(sb.ID, phaseStopping); err != nil {
 		t.Fatal(err)
 	}

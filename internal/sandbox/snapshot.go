@@ -237,7 +237,7 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (_ pandastack
 				return sb, err
 			}
 		}
-		if sb.State == pandastack.StatePaused && sb.PauseReason == pandastack.PauseIdle {
+		if sb.State == pandastack.StatePaused && pandastack.Suspended(sb.PauseReason) {
 			sb, err = m.pauseSuspended(ctx, sb)
 		} else if sb.State == pandastack.StatePaused {
 			if m.sbx.waitOut(ctx, id, phaseResuming) {
@@ -278,7 +278,7 @@ func (m *Manager) pauseSuspended(ctx context.Context, sb pandastack.Sandbox) (pa
 	}
 	defer m.sbx.end(id)
 	// Still suspended? A resume may have ended just before the claim.
-	if rec, err := m.store.GetSandbox(ctx, sb.ProjectID, id); err != nil || rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseIdle {
+	if rec, err := m.store.GetSandbox(ctx, sb.ProjectID, id); err != nil || rec.State != pandastack.StatePaused || !pandastack.Suspended(rec.PauseReason) {
 		if err == nil {
 			err = errResumedMeanwhile
 		}
@@ -292,7 +292,7 @@ func (m *Manager) pauseSuspended(ctx context.Context, sb pandastack.Sandbox) (pa
 	_, pin := m.prepared.take(id)
 	pin.release()
 	m.stopPrepared(id)
-	m.log.Info("sandbox paused", "sandbox", id, "reason", pandastack.PauseRequested, "was", pandastack.PauseIdle)
+	m.log.Info("sandbox paused", "sandbox", id, "reason", pandastack.PauseRequested, "was", sb.PauseReason)
 	return m.store.GetSandbox(ctx, sb.ProjectID, id)
 }
 
@@ -302,7 +302,7 @@ func (m *Manager) pauseSuspended(ctx context.Context, sb pandastack.Sandbox) (pa
 func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason string) (pandastack.Sandbox, error) {
 	id := sb.ID
 	ph := phasePausing
-	if reason == pandastack.PauseIdle {
+	if pandastack.Suspended(reason) {
 		ph = phaseSuspending
 	}
 	if err := m.sbx.quiesce(id, ph, "pause it"); err != nil {
@@ -351,8 +351,11 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	sb.State, sb.PauseReason = pandastack.StatePaused, reason
 	if reason == pandastack.PauseIdle {
 		// Still suspending: a request that comes meanwhile waits, then
-		// resumes into what this prepared.
-		m.prepareResume(sb)
+		// resumes into what this prepared. Not on a host short of memory
+		// (pressure.go): a prepared resume holds its image in memory.
+		if _, short := m.memoryShort(0); !short {
+			m.prepareResume(sb)
+		}
 	}
 	m.sbx.end(id)
 	m.log.Info("sandbox paused", "sandbox", id, "reason", reason)
@@ -399,6 +402,9 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	if err := m.pausedElsewhere(sb); err != nil {
 		return sb, err
 	}
+	if err := m.roomFor(ctx, "its resume"); err != nil {
+		return sb, err
+	}
 	if err := m.sbx.begin(id, phaseResuming); err != nil {
 		return sb, err
 	}
@@ -427,7 +433,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		if sb, err = m.store.GetSandbox(ctx, projectID, id); err != nil {
 			return sb, err
 		}
-		if sb.State != pandastack.StatePaused || !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle {
+		if sb.State != pandastack.StatePaused || !sb.AutoResume && !pandastack.Suspended(sb.PauseReason) {
 			return sb, errNotOnDemand
 		}
 	}
@@ -547,7 +553,7 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 			return sb, err
 		}
 		switch {
-		case sb.State == pandastack.StatePaused && !sb.AutoResume && sb.PauseReason != pandastack.PauseIdle:
+		case sb.State == pandastack.StatePaused && !sb.AutoResume && !pandastack.Suspended(sb.PauseReason):
 			if err := m.pausedElsewhere(sb); err != nil {
 				return sb, err // a resume could not help: its node is gone
 			}
