@@ -19,6 +19,7 @@ from pandastack import (
     SandboxUnavailableError,
     StreamError,
     TemplateNotBuiltError,
+    InsufficientMemoryError,
 )
 from pandastack._base import CodeStreamParser, ExecStreamParser, create_body, exec_body
 from pandastack.exceptions import error_from_response
@@ -71,6 +72,8 @@ def test_errors_by_code_then_status():
     assert type(error_from_response(None, "m", 404)) is NotFoundError
     assert type(error_from_response("sandbox_stopped", "m", 410)) is SandboxStoppedError
     assert type(error_from_response(None, "m", 410)) is SandboxStoppedError
+    e = error_from_response("insufficient_memory", "m", 503)
+    assert type(e) is InsufficientMemoryError and e.status == 503
     e = error_from_response("brand_new_code", "m", 418)
     assert type(e) is PandaStackError and e.code == "brand_new_code" and e.status == 418
 

@@ -95,6 +95,14 @@ export class PortUnreachableError extends PandaStackError {}
 /** 507 `insufficient_storage`: the server's disk is full. */
 export class InsufficientStorageError extends PandaStackError {}
 
+/**
+ * 503 `insufficient_memory`: the server's host is short of memory for another
+ * running sandbox (a create, restore, fork, or the resume of a paused one),
+ * and no quiet sandbox was left to suspend for it; nothing was started: retry
+ * later, or pause or kill sandboxes.
+ */
+export class InsufficientMemoryError extends PandaStackError {}
+
 /** 500 `internal`: a bug or a host failure on the server; the message is safe to show. */
 export class InternalServerError extends PandaStackError {}
 
@@ -129,6 +137,8 @@ export function errorFromCode(code: string, message: string, status?: number): P
       return new PortUnreachableError(text, code, status);
     case "insufficient_storage":
       return new InsufficientStorageError(text, code, status);
+    case "insufficient_memory":
+      return new InsufficientMemoryError(text, code, status);
     case "internal":
       return new InternalServerError(text, code, status);
     case "network_denied":

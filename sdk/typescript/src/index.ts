@@ -63,6 +63,7 @@ export {
   CommandNotFoundError,
   ConflictError,
   InsufficientStorageError,
+  InsufficientMemoryError,
   InternalServerError,
   InvalidRequestError,
   MethodNotAllowedError,

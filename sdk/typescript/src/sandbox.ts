@@ -113,7 +113,11 @@ export interface SandboxInfo {
    * server suspends it to disk; the next request resumes it. 0: never.
    */
   idleTimeoutSeconds: number;
-  /** While paused: `idle` when the server suspended it for idleness. */
+  /**
+   * While paused: `idle` when the server suspended it for idleness, `memory`
+   * when it did so because its host ran short of memory (either way any
+   * request resumes it).
+   */
   pauseReason?: string;
   /** Whether any request resumes it while paused (else they answer `ConflictError`). */
   autoResume: boolean;

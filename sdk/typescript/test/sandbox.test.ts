@@ -13,6 +13,7 @@ import {
   CommandNotFoundError,
   ConflictError,
   InsufficientStorageError,
+  InsufficientMemoryError,
   InternalServerError,
   InvalidRequestError,
   MethodNotAllowedError,
@@ -62,7 +63,7 @@ test("each server error code has its own class, as in the Python SDK", async () 
   const http = await import("node:http");
   const statuses: Record<string, number> = {
     template_not_built: 409, command_not_found: 400, method_not_allowed: 405, payload_too_large: 413,
-    snapshot_corrupt: 422, port_unreachable: 502, insufficient_storage: 507, internal: 500,
+    snapshot_corrupt: 422, port_unreachable: 502, insufficient_storage: 507, insufficient_memory: 503, internal: 500,
   };
   const srv = http.createServer((req, res) => {
     const code = new URL(req.url ?? "/", "http://x").searchParams.get("metadata.code") ?? "internal";
@@ -76,7 +77,8 @@ test("each server error code has its own class, as in the Python SDK", async () 
       template_not_built: TemplateNotBuiltError, command_not_found: CommandNotFoundError,
       method_not_allowed: MethodNotAllowedError, payload_too_large: PayloadTooLargeError,
       snapshot_corrupt: SnapshotCorruptError, port_unreachable: PortUnreachableError,
-      insufficient_storage: InsufficientStorageError, internal: InternalServerError,
+      insufficient_storage: InsufficientStorageError, insufficient_memory: InsufficientMemoryError,
+      internal: InternalServerError,
     };
     for (const [code, cls] of Object.entries(want)) {
       await assert.rejects(Sandbox.list({ apiKey: "pds_x", apiUrl, metadata: { code } }), (err: unknown) => {

@@ -35,6 +35,7 @@ _STATUS_OF_CODE = {
     "sandbox_stopped": 410,
     "timeout": 504,
     "insufficient_storage": 507,
+    "insufficient_memory": 503,
 }
 
 Command = Union[str, Sequence[str]]
@@ -321,7 +322,8 @@ class SandboxRecord:
     @property
     def pause_reason(self) -> Optional[str]:
         """While paused: ``"idle"`` when the server suspended it for
-        idleness (any request resumes it), else None."""
+        idleness, ``"memory"`` when it did so because its host ran short of
+        memory (either way any request resumes it), else None."""
         return self._data.get("pause_reason") or None
 
     @property

@@ -40,6 +40,7 @@ __all__ = [
     "SandboxStoppedError",
     "SnapshotCorruptError",
     "InsufficientStorageError",
+    "InsufficientMemoryError",
     "TimeoutError",
     "StreamError",
     "error_from_response",
@@ -168,6 +169,13 @@ class InsufficientStorageError(PandaStackError):
     snapshot, fork or pause could not be written; nothing was left behind)."""
 
 
+class InsufficientMemoryError(PandaStackError):
+    """HTTP 503 ``insufficient_memory``: the server's host is short of memory
+    for another running sandbox (a create, restore, fork, or the resume of a
+    paused one), and no quiet sandbox was left to suspend for it. Nothing
+    was started: retry later, or pause or kill sandboxes."""
+
+
 class TimeoutError(PandaStackError, builtins.TimeoutError):
     """An operation ran past its deadline: HTTP 504 ``timeout`` from the
     server, or ``client_timeout`` when the HTTP request itself timed out.
@@ -198,6 +206,7 @@ _BY_CODE: Dict[str, Type[PandaStackError]] = {
     "sandbox_stopped": SandboxStoppedError,
     "snapshot_corrupt": SnapshotCorruptError,
     "insufficient_storage": InsufficientStorageError,
+    "insufficient_memory": InsufficientMemoryError,
     "timeout": TimeoutError,
     "network_denied": NetworkDeniedError,
     "port_unreachable": PortUnreachableError,
