@@ -75,6 +75,9 @@ function stateReason(s) {
   if (s.state === "paused" && s.pause_reason === "idle") {
     return h("span", { class: "reason muted", title: `Nothing ran in it for ${s.idle_timeout_seconds} s, so it was saved to disk and uses no CPU or memory; the next request resumes it.`, text: " (idle: resumes on the next request)" });
   }
+  if (s.state === "paused" && s.pause_reason === "memory") {
+    return h("span", { class: "reason muted", title: "The host ran short of memory and this sandbox was among the quietest, so it was saved to disk; the next request resumes it.", text: " (host memory: resumes on the next request)" });
+  }
   if (s.state === "paused") return h("span", { class: "reason muted", text: s.auto_resume ? " (asked for; resumes on the next request)" : " (asked for; resume it to use it)" });
   if (s.stop_reason) return h("span", { class: "reason muted", text: ` (${s.stop_reason})` });
   return null;
