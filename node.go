@@ -23,8 +23,10 @@ type Node struct {
 	HeartbeatAt time.Time `json:"heartbeat_at"`
 	CPUs        int       `json:"cpus"`      // CPUs it offers to sandboxes
 	MemoryMB    int       `json:"memory_mb"` // memory it offers to sandboxes, in MiB
-	// FreeMemoryMB is the host's available memory at the heartbeat;
-	// placement skips a node with less than a create asks for.
+	// FreeMemoryMB is the host's available memory at the heartbeat, less
+	// the reserve the node keeps (serve --memory-reserve-mb): what creates
+	// may take there. Placement skips a node with less than a create asks
+	// for.
 	FreeMemoryMB int `json:"free_memory_mb"`
 	// Pool counts the ready pre-restored sandboxes of each template.
 	Pool map[string]int `json:"pool,omitempty"`

@@ -570,6 +570,17 @@ func (t *table) client(id string) *AgentClient {
 	return nil
 }
 
+// clientIn returns the agent's channel of id while it is in phase p (one
+// the caller claimed), or nil.
+func (t *table) clientIn(id string, p phase) *AgentClient {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.entries[id]; e != nil && e.phase == p {
+		return e.client
+	}
+	return nil
+}
+
 // close refuses every later begin, quiesce and run, and hands back every
 // channel held, for the caller to close. Work already claimed finishes; a
 // create that finishes after this closes its own channel (see run).

@@ -59,7 +59,9 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 			return nil, err
 		}
 	}
-	if err := m.roomFor(ctx, "a fork"); err != nil {
+	// Its children boot at once: room for each beyond the first, at the
+	// size a sandbox is taken for until measured.
+	if err := m.roomFor(ctx, fmt.Sprintf("a fork of sandbox %s into %d", id, count), (count-1)*defaultPSSMiB); err != nil {
 		return nil, err
 	}
 	for {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -183,9 +184,14 @@ func (m *Manager) suspend(ids []string, reason string) {
 		if err != nil {
 			return
 		}
-		released := m.releaseForSuspend(id)
 		start := time.Now()
 		_, err = m.pause(context.Background(), sb, reason)
+		if pandastack.IsCode(err, pandastack.EConflict) || errors.Is(err, errClosing) {
+			// Taken meanwhile: by a request, a kill, or the other kind of
+			// suspend. No failure of the suspend, nothing to retry later.
+			m.log.Debug(reason+" suspend not done: the sandbox is busy", "sandbox", id, "err", err)
+			return
+		}
 		op := opSuspend
 		if reason == pandastack.PauseMemory {
 			op = opMemory
@@ -198,13 +204,6 @@ func (m *Manager) suspend(ids []string, reason string) {
 		if err != nil {
 			wait := m.sbx.suspendFailed(id)
 			m.log.Warn(reason+" suspend failed; the sandbox keeps running", "sandbox", id, "err", err, "next_try_in", wait)
-			if released != nil {
-				ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-				defer cancel()
-				if err := released.RefillSpares(ctx); err != nil {
-					m.log.Warn("restarting the spare kernels after a failed suspend", "sandbox", id, "err", err)
-				}
-			}
 			return
 		}
 		m.log.Info("sandbox suspended", "sandbox", id, "reason", reason)
@@ -220,9 +219,11 @@ const releaseTimeout = 15 * time.Second
 // hold them (a spare is a whole warmed-up Python: about half of a
 // code-interpreter sandbox's image, 198 → 104 MiB). The agent starts them
 // again after the resume. It returns the agent to undo it with if the
-// suspend fails, or nil if nothing was released.
+// suspend fails (refillAfter), or nil if nothing was released. The
+// caller holds the sandbox's claim (pause, after its quiesce): only the
+// suspend that will checkpoint it shuts its spares down.
 func (m *Manager) releaseForSuspend(id string) *AgentClient {
-	c := m.sbx.client(id)
+	c := m.sbx.clientIn(id, phaseSuspending)
 	if c == nil {
 		return nil
 	}
@@ -237,6 +238,19 @@ func (m *Manager) releaseForSuspend(id string) *AgentClient {
 	}
 	m.log.Debug("spares released for the suspend", "sandbox", id, "spares", r.Spares)
 	return c
+}
+
+// refillAfter restarts the spare kernels that releaseForSuspend shut down
+// (c, or nil for none) when the suspend failed and the sandbox runs on.
+func (m *Manager) refillAfter(id string, c *AgentClient) {
+	if c == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := c.RefillSpares(ctx); err != nil {
+		m.log.Warn("restarting the spare kernels after a failed suspend", "sandbox", id, "err", err)
+	}
 }
 
 // forEachBounded runs f for every id, at most n at a time, and waits.

@@ -189,6 +189,8 @@ type Manager struct {
 
 	suspending    atomic.Bool     // idle suspends are under way (idle.go)
 	relieving     chan struct{}   // held by the relief of memory pressure under way (pressure.go)
+	reliefGen     atomic.Uint64   // reliefs of memory pressure done (pressure.go)
+	reliefFutile  atomic.Int64    // when the last relief found nothing to free (m.now, unix ns); 0: it did
 	memAvailable  func() int      // the host's available memory in MiB (pressure.go; unit tests replace it)
 	warmVerified  sync.Map        // key → *warmCheck: warm images checksummed (warm.go)
 	node          nodeState       // the other nodes as of the last heartbeat (node.go)
@@ -234,6 +236,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.recover(ctx); err != nil {
 		return err
 	}
+	m.checkReserve()
 	m.wg.Add(1)
 	go m.reapLoop()
 	return nil
@@ -572,11 +575,6 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	if pooledOK {
 		sb.ID = pd.id
 	} else if p.line {
-		if projectID != warmProject {
-			if err := m.roomFor(ctx, "a new sandbox"); err != nil {
-				return pandastack.Sandbox{}, err
-			}
-		}
 		// In line before the record: a caller that gives up waiting
 		// leaves nothing behind.
 		release, err := m.admit.acquire(ctx, false)
@@ -585,6 +583,11 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		}
 		defer release()
 		p.steps.done("admit_ms")
+		// Looked at in the slot, not before the wait: creates that
+		// queued together would all pass on one early reading.
+		if err := m.roomFor(ctx, "a new sandbox", 0); err != nil {
+			return pandastack.Sandbox{}, err
+		}
 	}
 	standbyOK := false
 	if !pooledOK {

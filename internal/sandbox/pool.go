@@ -107,10 +107,7 @@ func (m *Manager) fill(p *pool) {
 	t := time.NewTicker(poolTick)
 	defer t.Stop()
 	for {
-		target := p.size.target(m.now())
-		if _, short := m.memoryShort(poolHeadroomMiB); short {
-			target = 0 // the host's memory is for running sandboxes (pressure.go)
-		}
+		target := m.poolTarget(p)
 		for int(p.filling.Load())+len(p.ready) < target && int(p.filling.Load()) < maxRefills {
 			p.filling.Add(1)
 			refills.Add(1)
@@ -199,8 +196,8 @@ func (m *Manager) refill(ctx context.Context, p *pool) bool {
 	if err := m.yieldToCreates(ctx); err != nil {
 		return true // shutting down
 	}
-	if _, short := m.memoryShort(poolHeadroomMiB); short {
-		return true // not now: the next look at the target finds it 0
+	if !m.poolRoom(p) {
+		return true // not now: the next look at the target keeps the pool as it is
 	}
 	release, err := m.admit.acquire(ctx, true)
 	if err != nil {
@@ -336,18 +333,6 @@ func (m *Manager) fromPool(p plan) (pooled, bool) {
 		return pooled{}, false
 	}
 	return pd, true
-}
-
-// kickPools has every pool look at its target now.
-func (m *Manager) kickPools() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, p := range m.pools {
-		select {
-		case p.kick <- struct{}{}:
-		default:
-		}
-	}
 }
 
 // drainPools stops the sandboxes waiting in pools and returns how many;

@@ -82,6 +82,17 @@ func (s *poolSizer) refilled(d time.Duration, pssBytes int64) {
 	}
 }
 
+// sandboxMiB is the memory of one ready sandbox, as measured (or
+// defaultPSSMiB until then).
+func (s *poolSizer) sandboxMiB() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pssMiB == 0 {
+		return defaultPSSMiB
+	}
+	return int(s.pssMiB)
+}
+
 // target returns how many ready sandboxes the pool should hold at t.
 func (s *poolSizer) target(t time.Time) int {
 	s.mu.Lock()

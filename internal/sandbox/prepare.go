@@ -96,6 +96,13 @@ func (p *preparedResumes) over(keep int) []string {
 	return out
 }
 
+// list returns the sandboxes whose resume is prepared, oldest first.
+func (p *preparedResumes) list() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.ids)
+}
+
 // pinnedBytes is how much of the prepared resumes' images is held.
 func (p *preparedResumes) pinnedBytes() int64 {
 	p.mu.Lock()
@@ -169,12 +176,10 @@ func (m *Manager) prepareResume(sb pandastack.Sandbox) {
 	m.log.Debug("resume prepared", "sandbox", sb.ID)
 }
 
-// dropPrepared removes the prepared resumes beyond the newest keep and
-// returns how many there were. A sandbox resuming or being killed right
-// now is left to that.
-func (m *Manager) dropPrepared(keep int) int {
-	ids := m.prepared.over(keep)
-	for _, id := range ids {
+// dropPrepared removes the prepared resumes beyond the newest keep. A
+// sandbox resuming or being killed right now is left to that.
+func (m *Manager) dropPrepared(keep int) {
+	for _, id := range m.prepared.over(keep) {
 		if m.sbx.begin(id, phaseStopping) != nil {
 			continue
 		}
@@ -183,7 +188,28 @@ func (m *Manager) dropPrepared(keep int) int {
 		}
 		m.sbx.end(id)
 	}
-	return len(ids)
+}
+
+// dropPreparedResumes removes every prepared resume whose sandbox nobody
+// is resuming or killing right now (those keep theirs, image held and
+// all) and returns how many it removed: the relief of memory pressure
+// (pressure.go) wants their memory.
+func (m *Manager) dropPreparedResumes() int {
+	n := 0
+	for _, id := range m.prepared.list() {
+		if m.sbx.begin(id, phaseStopping) != nil {
+			continue
+		}
+		if ok, pin := m.prepared.take(id); ok {
+			pin.release()
+			if sb, err := m.store.GetSandbox(context.Background(), "", id); err == nil && sb.State == pandastack.StatePaused {
+				m.stopPrepared(id)
+				n++
+			}
+		}
+		m.sbx.end(id)
+	}
+	return n
 }
 
 // stopPrepared removes the prepared resume of paused sandbox id, taken out

@@ -27,18 +27,19 @@ func pressureHarness(t *testing.T, base, perBox, reserve int) (*harness, *clock)
 // and leaves nothing behind; a suspended one resumes with its state on
 // its next request once there is room.
 func TestMemoryPressureSuspendsTheQuietest(t *testing.T) {
-	h, c := pressureHarness(t, 1300, 100, 1000) // room for 3
+	h, c := pressureHarness(t, 1400, 100, 1000) // room for 4
 	ctx := context.Background()
 	// Unused longest: never (asked never to be suspended), then busy
-	// (working in the background), then oldest.
+	// (working in the background), then older, then newer.
 	never := h.createIdle(0)
-	c.advance(time.Second)
 	busy := h.createIdle(300)
-	h.exec(busy.ID, "set w=1")
-	c.advance(time.Second)
-	oldest := h.createIdle(300)
-	if _, err := h.exec(oldest.ID, "set v=kept"); err != nil {
-		t.Fatal(err)
+	older := h.createIdle(300)
+	newer := h.createIdle(300)
+	for i, sb := range []pandastack.Sandbox{busy, older, newer} {
+		c.advance(time.Second)
+		if _, err := h.exec(sb.ID, "set v=kept"+string(rune('0'+i))); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c.advance(time.Second)
 	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle) // the reaper opens their quiet spells
@@ -46,60 +47,146 @@ func TestMemoryPressureSuspendsTheQuietest(t *testing.T) {
 	h.rt.mu.Lock()
 	h.rt.boxes[busy.ID].cpu += int64(pressureQuiet / 2)
 	h.rt.mu.Unlock()
-	recent := h.createIdle(300) // 4 alive: 900 MiB, short by 100
+	recent := h.createIdle(300) // 5 alive: 900 MiB, short by 100: one sandbox covers it
 
-	avail, err := h.m.relieveMemory(ctx, false)
-	if err != nil || avail != 1000 {
-		t.Fatalf("relief: %d MiB, %v; want 1000 (one sandbox suspended)", avail, err)
+	r, err := h.m.relieveMemory(ctx, false, 0)
+	if err != nil || r.avail != 1000 || r.suspended != 1 {
+		t.Fatalf("relief: %+v, %v; want 1000 MiB after one sandbox suspended", r, err)
 	}
-	if rec := h.record(oldest.ID); rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseMemory {
-		t.Fatalf("the longest unused: %s %q, want paused for memory", rec.State, rec.PauseReason)
+	if rec := h.record(older.ID); rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseMemory {
+		t.Fatalf("the longest unused quiet one: %s %q, want paused for memory", rec.State, rec.PauseReason)
 	}
-	if text := scrape(t, h); !strings.Contains(text, `pandastack_sandbox_operations_total{operation="suspend_memory",outcome="ok"} 1`+"\n") {
-		t.Errorf("the suspend is not counted as suspend_memory:\n%s", text)
-	}
-	for _, sb := range []pandastack.Sandbox{busy, never, recent} {
+	for _, sb := range []pandastack.Sandbox{never, busy, newer, recent} {
 		if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
 			t.Errorf("%s was suspended too: %s %q", sb.ID, rec.State, rec.PauseReason)
 		}
 	}
+	if text := scrape(t, h); !strings.Contains(text, `pandastack_sandbox_operations_total{operation="suspend_memory",outcome="ok"} 1`+"\n") {
+		t.Errorf("the suspend is not counted as suspend_memory:\n%s", text)
+	}
 
-	// Room for a fourth once more, but not a fifth: nothing quiet is left
-	// (busy still works, never may not be, the new ones were just used).
-	fourth := h.createIdle(300)
+	// Room for one more as it stands; the next one takes newer's place.
+	h.createIdle(300)
+	h.createIdle(300)
+	if rec := h.record(newer.ID); rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseMemory {
+		t.Fatalf("newer, quiet too, when a create needed room: %s %q", rec.State, rec.PauseReason)
+	}
+	// Nothing quiet is left: busy still works, never may not be suspended,
+	// the others were just used.
 	before := len(h.rt.ids())
 	_, err = h.m.Create(ctx, project, CreateRequest{Template: "base"})
-	if !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "900 MiB of memory available, under the 1000 MiB") {
+	if !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "no room for a new sandbox: the host has 900 MiB of memory available, under the 1000 MiB") || !strings.Contains(err.Error(), "no quiet sandbox was left") {
 		t.Fatalf("a create with no room: %v, want insufficient_memory with the figures", err)
 	}
 	if n := len(h.rt.ids()); n != before {
 		t.Fatalf("the refused create left %d sandboxes in the runtime, want %d", n, before)
 	}
-	list, err := h.m.List(ctx, project, pandastack.SandboxFilter{})
-	if err != nil || len(list) != 5 {
-		t.Fatalf("records after the refused create: %d %v, want 5", len(list), err)
+	if list, err := h.m.List(ctx, project, pandastack.SandboxFilter{}); err != nil || len(list) != 7 {
+		t.Fatalf("records after the refused create: %d %v, want 7", len(list), err)
 	}
 	// The suspended one's next request needs room too: refused, it stays
 	// paused with its image.
-	if _, err := h.exec(oldest.ID, "get v"); !pandastack.IsCode(err, pandastack.EMemory) {
-		t.Fatalf("a request to it with no room: %v, want insufficient_memory", err)
+	if _, err := h.exec(older.ID, "get v"); !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "the resume of sandbox "+older.ID) {
+		t.Fatalf("a request to it with no room: %v, want insufficient_memory naming it", err)
 	}
-	if rec := h.record(oldest.ID); rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseMemory {
+	if rec := h.record(older.ID); rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseMemory {
 		t.Fatalf("after the refused resume: %s %q", rec.State, rec.PauseReason)
 	}
-	if err := h.m.Kill(ctx, project, fourth.ID); err != nil {
+	if err := h.m.Kill(ctx, project, recent.ID); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := h.exec(oldest.ID, "get v"); err != nil || out != "kept" {
+	if out, err := h.exec(older.ID, "get v"); err != nil || out != "kept1" {
 		t.Fatalf("after room was made: %q %v", out, err)
 	}
-	if rec := h.record(oldest.ID); rec.State != pandastack.StateRunning || rec.PauseReason != "" {
+	if rec := h.record(older.ID); rec.State != pandastack.StateRunning || rec.PauseReason != "" {
 		t.Fatalf("resumed: %s %q", rec.State, rec.PauseReason)
 	}
 }
 
-// Under the reserve the pools' ready sandboxes go first, and pools refill
-// only with headroom over it.
+// A sandbox's CPU is judged over a whole quiet spell: one whose spell a
+// busy reading began again a moment ago is not taken for quiet, whatever
+// it used since.
+func TestMemoryPressureJudgesCPUOverAWholeSpell(t *testing.T) {
+	h, c := pressureHarness(t, 1000, 100, 1000) // short with any sandbox
+	ctx := context.Background()
+	bursty := h.createIdle(5)
+	c.advance(time.Second)
+	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle) // opens its quiet spell
+	h.rt.mu.Lock()
+	h.rt.boxes[bursty.ID].cpu += int64(3 * time.Second)
+	h.rt.mu.Unlock()
+	c.advance(6 * time.Second)
+	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle) // busy: its spell begins again now
+	c.advance(5 * time.Second)                       // quiet since, but not for pressureQuiet
+	if r, _ := h.m.relieveMemory(ctx, false, 0); r.suspended != 0 || !r.futile {
+		t.Fatalf("relief 5 s into a new spell: %+v, want nothing suspended", r)
+	}
+	if rec := h.record(bursty.ID); rec.State != pandastack.StateRunning {
+		t.Fatalf("suspended on a 5 s reading: %s", rec.State)
+	}
+	c.advance(pressureQuiet)
+	if r, _ := h.m.relieveMemory(ctx, false, 0); r.suspended != 1 {
+		t.Fatalf("relief after a whole quiet spell: %+v, want it suspended", r)
+	}
+}
+
+// Requests that come while a memory-suspended sandbox is being resumed
+// wait for that resume, though the host is short meanwhile: the memory is
+// the resume's own.
+func TestMemoryPressureConcurrentRequestsWaitForTheResume(t *testing.T) {
+	h, c := pressureHarness(t, 100000, 0, 1000)
+	var avail atomic.Int64
+	avail.Store(4000)
+	h.m.memAvailable = func() int { return int(avail.Load()) }
+	sb := h.createIdle(300)
+	if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
+		t.Fatal(err)
+	}
+	c.advance(time.Second)
+	h.m.suspend([]string{sb.ID}, pandastack.PauseMemory)
+	if err := h.m.sbx.begin(sb.ID, phaseResuming); err != nil { // another request resuming it
+		t.Fatal(err)
+	}
+	avail.Store(900) // its restore made the host short
+	errc := make(chan error, 1)
+	go func() { _, err := h.exec(sb.ID, "get v"); errc <- err }()
+	select {
+	case err := <-errc:
+		t.Fatalf("answered while the sandbox was being resumed by another request: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	// That resume gave up, and the host has room again: this request
+	// resumes it.
+	avail.Store(4000)
+	h.m.sbx.end(sb.ID)
+	if err := <-errc; err != nil {
+		t.Fatalf("the waiting request: %v", err)
+	}
+}
+
+// A fork needs room for all its children at once: refused, it leaves no
+// child behind and the parent running.
+func TestMemoryPressureRefusesAFork(t *testing.T) {
+	h, _ := pressureHarness(t, 1500, 100, 1000) // room for the parent and 4 more
+	parent := h.createIdle(0)
+	_, err := h.m.Fork(context.Background(), project, parent.ID, 8, nil, nil)
+	if !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "a fork of sandbox "+parent.ID+" into 8") {
+		t.Fatalf("a fork into 8 with room for 4: %v, want insufficient_memory", err)
+	}
+	if ids := h.rt.ids(); len(ids) != 1 || ids[0] != parent.ID {
+		t.Fatalf("the runtime holds %v, want only the parent", ids)
+	}
+	if rec := h.record(parent.ID); rec.State != pandastack.StateRunning {
+		t.Fatalf("the parent: %s", rec.State)
+	}
+	if _, err := h.m.Fork(context.Background(), project, parent.ID, 2, nil, nil); err != nil {
+		t.Fatalf("a fork into 2: %v", err)
+	}
+}
+
+// Under the reserve the pools' ready sandboxes go first; within the
+// headroom over it a pool keeps what it holds, neither refilling nor
+// shrinking; with room it fills again.
 func TestMemoryPressureEmptiesPoolsFirst(t *testing.T) {
 	var avail atomic.Int64
 	avail.Store(4000)
@@ -114,10 +201,13 @@ func TestMemoryPressureEmptiesPoolsFirst(t *testing.T) {
 	c.advance(2 * pressureQuiet)
 	h.m.EnablePool(tpl, 2)
 	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 2 })
+	h.m.mu.Lock()
+	p := h.m.pools["base"]
+	h.m.mu.Unlock()
 
 	avail.Store(1250) // with the pool's two and quiet: 950
-	if got, err := h.m.relieveMemory(ctx, false); err != nil || got != 1150 {
-		t.Fatalf("relief: %d MiB, %v; want 1150 (the pool emptied)", got, err)
+	if r, err := h.m.relieveMemory(ctx, false, 0); err != nil || r.avail != 1150 || r.suspended != 0 {
+		t.Fatalf("relief: %+v, %v; want 1150 MiB with the pool emptied, nothing suspended", r, err)
 	}
 	if rec := h.record(quiet.ID); rec.State != pandastack.StateRunning {
 		t.Fatalf("a sandbox was suspended though emptying the pool made room: %s %q", rec.State, rec.PauseReason)
@@ -125,26 +215,23 @@ func TestMemoryPressureEmptiesPoolsFirst(t *testing.T) {
 	if ids := h.rt.ids(); len(ids) != 1 || ids[0] != quiet.ID {
 		t.Fatalf("the runtime holds %v, want only %s", ids, quiet.ID)
 	}
-	// 1150 is under reserve + poolHeadroomMiB: the pool stays empty.
-	h.m.kickPools()
-	time.Sleep(100 * time.Millisecond)
-	if n := h.m.Pools(ctx)["base"].Ready; n != 0 || len(h.rt.ids()) != 1 {
-		t.Fatalf("the pool refilled into the reserve's headroom: %d ready", n)
+	// 1150 is within the headroom: the pool keeps what it holds (none).
+	if n := h.m.poolTarget(p); n != 0 {
+		t.Fatalf("target within the headroom, pool empty: %d, want 0", n)
 	}
 	avail.Store(4000)
-	h.m.kickPools()
 	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 2 })
-}
-
-// Without a reserve nothing is measured, suspended or refused.
-func TestNoMemoryReserve(t *testing.T) {
-	h, _ := idleHarness(t)
-	h.m.cfg.MemoryReserveMB = 0
-	h.m.memAvailable = func() int { t.Error("memory read without a reserve"); return 0 }
-	h.createIdle(300)
-	h.m.relievePressure()
-	if err := h.m.roomFor(context.Background(), "a test"); err != nil {
-		t.Fatal(err)
+	// Within the headroom with two ready: it keeps them, as it stands.
+	avail.Store(1800) // 1500 with three alive
+	if n := h.m.poolTarget(p); n != 2 {
+		t.Fatalf("target within the headroom, two ready: %d, want 2", n)
+	}
+	if h.m.poolRoom(p) {
+		t.Fatal("room for a refill within the headroom")
+	}
+	avail.Store(1250)
+	if n := h.m.poolTarget(p); n != 0 {
+		t.Fatalf("target under the reserve: %d, want 0", n)
 	}
 }
 
@@ -162,8 +249,8 @@ func TestMemoryPressureDropsPreparedResumes(t *testing.T) {
 	}
 	h.m.cfg.MemoryReserveMB = 1000
 	h.m.memAvailable = func() int { return 1000 - 20*len(rt.preparedIDs()) }
-	if got, err := h.m.relieveMemory(context.Background(), false); err != nil || got != 1000 {
-		t.Fatalf("relief: %d MiB, %v; want 1000", got, err)
+	if r, err := h.m.relieveMemory(context.Background(), false, 0); err != nil || r.avail != 1000 {
+		t.Fatalf("relief: %+v, %v; want 1000 MiB", r, err)
 	}
 	if got := rt.preparedIDs(); len(got) != 0 || h.m.prepared.pinnedBytes() != 0 {
 		t.Fatalf("still prepared under the reserve: %v, %d bytes held", got, h.m.prepared.pinnedBytes())
@@ -182,5 +269,17 @@ func TestMemoryPressureDropsPreparedResumes(t *testing.T) {
 		if _, err := h.exec(id, "get v"); err != nil {
 			t.Fatalf("%s: %v", id, err)
 		}
+	}
+}
+
+// Without a reserve nothing is measured, suspended or refused.
+func TestNoMemoryReserve(t *testing.T) {
+	h, _ := idleHarness(t)
+	h.m.cfg.MemoryReserveMB = 0
+	h.m.memAvailable = func() int { t.Error("memory read without a reserve"); return 0 }
+	h.createIdle(300)
+	h.m.relievePressure()
+	if err := h.m.roomFor(context.Background(), "a test", 0); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -309,9 +309,14 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 		return sb, err
 	}
 	ctx = context.WithoutCancel(ctx) // half a pause helps nobody
+	var released *AgentClient
+	if ph == phaseSuspending {
+		released = m.releaseForSuspend(id) // its image without the spare kernels
+	}
 	dir := m.pausedPath(id)
 	if _, err := m.checkpoint(ctx, sb, dir, true); err != nil {
 		m.sbx.settle(id)
+		m.refillAfter(id, released)
 		return sb, fmt.Errorf("pause %s: %w", id, m.checkpointError(ctx, id, "its pause", err))
 	}
 	m.rememberPaused(id, dir)
@@ -335,6 +340,7 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 		os.RemoveAll(dir)
 		m.forgetPaused(id)
 		m.sbx.settle(id)
+		m.refillAfter(id, released)
 		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
 	if c := m.sbx.detach(id); c != nil {
@@ -402,9 +408,6 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	if err := m.pausedElsewhere(sb); err != nil {
 		return sb, err
 	}
-	if err := m.roomFor(ctx, "its resume"); err != nil {
-		return sb, err
-	}
 	if err := m.sbx.begin(id, phaseResuming); err != nil {
 		return sb, err
 	}
@@ -436,6 +439,11 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		if sb.State != pandastack.StatePaused || !sb.AutoResume && !pandastack.Suspended(sb.PauseReason) {
 			return sb, errNotOnDemand
 		}
+	}
+	// Under the claim: requests that come meanwhile wait for this resume
+	// instead of each being refused for the memory it is about to take.
+	if err := m.roomFor(ctx, "the resume of sandbox "+id, 0); err != nil {
+		return sb, err
 	}
 	steps := newResumeSteps()
 	dir := m.pausedPath(id)
