@@ -6,10 +6,13 @@
 package testutil
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -23,6 +26,34 @@ func missing(t testing.TB, what, fix string) {
 		t.Fatalf("prerequisite missing: %s (fix: %s)", what, fix)
 	}
 	t.Skipf("skipping: %s (fix: %s)", what, fix)
+}
+
+// RequireMemory needs mib MiB of the host's memory available (MemAvailable).
+func RequireMemory(t testing.TB, mib int) {
+	t.Helper()
+	if avail := MemAvailableMiB(t); avail < mib {
+		missing(t, fmt.Sprintf("this test needs %d MiB of memory available, the host has %d", mib, avail), "run it on a larger host, or with less else running")
+	}
+}
+
+// MemAvailableMiB reads the host's MemAvailable from /proc/meminfo.
+func MemAvailableMiB(t testing.TB) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "MemAvailable:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			if err != nil {
+				t.Fatalf("MemAvailable: %q", v)
+			}
+			return kb / 1024
+		}
+	}
+	t.Fatal("no MemAvailable in /proc/meminfo")
+	return 0
 }
 
 // RequireRoot needs euid 0.
