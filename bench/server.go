@@ -131,6 +131,10 @@ func startServer(ctx context.Context, name, binDir, runsc string, poolSize int, 
 		// ("code run", section runcode).
 		"--log-level", "debug"}
 	s.cmd = exec.Command(filepath.Join(binDir, "pandastack"), append(args, extra...)...)
+	// No memory reserve (an environment variable, which a baseline too
+	// old to know it ignores): the density sections fill the host on
+	// purpose, and every revision must measure the same thing.
+	s.cmd.Env = append(os.Environ(), "PANDASTACK_MEMORY_RESERVE_MB=0")
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// Also if the benchmark is killed: serve ends with it.
