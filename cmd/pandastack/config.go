@@ -142,7 +142,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 	num(&c.Sandbox.PoolMemoryMB, "pool-memory-mb", "PANDASTACK_POOL_MEMORY_MB", "memory the pools may hold, in MiB: each keeps --pool-size ready, and more while creates come faster (0: exactly --pool-size)")
 	num(&c.Sandbox.PreparedResumes, "prepared-resumes", "PANDASTACK_PREPARED_RESUMES", "sandboxes suspended last for idleness whose resume is prepared ahead: each keeps runsc's two processes waiting and its image in the page cache (0: none)")
 	num(&c.Sandbox.PreparedCreates, "prepared-creates", "PANDASTACK_PREPARED_CREATES", "containers of each warm template created ahead for creates no pool sandbox serves: each keeps runsc's two processes waiting (0: none)")
-	num(&c.Sandbox.MaxRestores, "max-restores", "PANDASTACK_MAX_RESTORES", "creates restoring at once; more wait in line, first come first served (0: no limit). Pool refills always wait for creates")
+	num(&c.Sandbox.MaxRestores, "max-restores", "PANDASTACK_MAX_RESTORES", "creates restoring at once, by default one per CPU; more wait in line, first come first served (0: no limit). Pool refills always wait for creates")
 	boolean(&c.Sandbox.UnpacedRefills, "unpaced-refills", "PANDASTACK_UNPACED_REFILLS", "let each sandbox replace the spare kernel it handed out whenever it is quiet itself, instead of one sandbox at a time when the host has a CPU to spare")
 	boolean(&c.Warm, "warm", "PANDASTACK_WARM", "snapshot templates warm so creates restore them")
 	boolean(&c.KillOnExit, "kill-on-exit", "PANDASTACK_KILL_ON_EXIT", "kill every sandbox when serve stops (SIGTERM, SIGINT, SIGHUP), instead of re-adopting them on the next start; what a crash (SIGKILL) leaves running is re-adopted then all the same")

