@@ -97,6 +97,14 @@ type Runtime interface {
 	DeathReason(id string) string
 }
 
+// RuntimeCPU is a Runtime that reads a sandbox's CPU time alone, cheaper
+// than Stats (optional: the manager asks for it with a type assertion).
+type RuntimeCPU interface {
+	// CPUNanos is RuntimeStats.CPUNanos of sandbox id: -1 when unknown,
+	// ENotFound when the runtime has no such sandbox.
+	CPUNanos(ctx context.Context, id string) (int64, error)
+}
+
 // RuntimePreparer is a Runtime that can do the start of a Restore ahead of
 // it (optional: the manager asks for it with a type assertion).
 type RuntimePreparer interface {

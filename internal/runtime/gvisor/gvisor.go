@@ -727,6 +727,16 @@ func (r *Runtime) Stats(ctx context.Context, id string) (pandastack.RuntimeStats
 	return st, nil
 }
 
+// CPUNanos implements pandastack.RuntimeCPU: the CPU time in the
+// sandbox's cgroup, without Stats' walk of /proc.
+func (r *Runtime) CPUNanos(ctx context.Context, id string) (int64, error) {
+	cid, ok := r.container(id)
+	if _, err := os.Stat(r.dir(id)); !ok || !validID(id) || err != nil {
+		return -1, pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
+	}
+	return cpuNanos(cgroupPath(cid)), nil
+}
+
 // hostPIDs finds the host processes of a sandbox (runsc-sandbox, gofer) by
 // their command lines, which name our runsc root and the container id.
 func (r *Runtime) hostPIDs(id string) []int {

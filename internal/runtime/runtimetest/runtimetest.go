@@ -230,8 +230,18 @@ func testStartHelloStop(t *testing.T, env Env) {
 	s2 := dial(t, start(t, rt, pandastack.RuntimeSpec{ID: id2, RootFS: env.RootFS, CPU: 1, MemoryMB: 256}))
 	s2.exec(t, "true")
 	s2.close()
-	if st, err := rt.Stats(ctx, id2); err != nil || st.CPUNanos <= 0 {
+	st, err := rt.Stats(ctx, id2)
+	if err != nil || st.CPUNanos <= 0 {
 		t.Fatalf("Stats of a sandbox with a CPU limit = %+v %v; want its CPU time", st, err)
+	}
+	// A runtime that reads the CPU time alone reads the same clock.
+	if rc, ok := rt.(pandastack.RuntimeCPU); ok {
+		if n, err := rc.CPUNanos(ctx, id2); err != nil || n < st.CPUNanos {
+			t.Fatalf("CPUNanos = %d %v after Stats said %d", n, err, st.CPUNanos)
+		}
+		if _, err := rc.CPUNanos(ctx, newID()); !pandastack.IsCode(err, pandastack.ENotFound) {
+			t.Fatalf("CPUNanos of an unknown sandbox: %v, want not_found", err)
+		}
 	}
 	rt.Stop(ctx, id2)
 	if err := rt.Stop(ctx, id); err != nil {
