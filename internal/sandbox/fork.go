@@ -59,11 +59,12 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 			return nil, err
 		}
 	}
-	// Its children boot at once: room for each beyond the first, at the
-	// size a sandbox is taken for until measured.
-	if err := m.roomFor(ctx, fmt.Sprintf("a fork of sandbox %s into %d", id, count), (count-1)*defaultPSSMiB); err != nil {
+	// Its children boot at once, each as large as the parent.
+	booked, err := m.roomFor(ctx, fmt.Sprintf("a fork of sandbox %s into %d", id, count), count*m.memoryOf(ctx, id))
+	if err != nil {
 		return nil, err
 	}
+	defer booked()
 	for {
 		if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata, o.Network); done {
 			return kids, err

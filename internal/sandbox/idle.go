@@ -37,6 +37,9 @@ type idleState struct {
 	// retryAt: each try writes the sandbox's memory out and throws it away.
 	retryAt  time.Time
 	failures int
+	// CPU readings taken every pressureSample while nothing used it, the
+	// newest last (pressure.go); a use drops them.
+	samples []cpuSample
 }
 
 // Back-off of failed idle suspends: the first retry after a minute, each
@@ -66,6 +69,7 @@ func (t *table) suspendFailed(id string) time.Duration {
 func (s *idleState) used(now time.Time) {
 	s.lastUse = now
 	s.cpuAt = time.Time{}
+	s.samples = s.samples[:0]
 }
 
 // idleCheck is a sandbox the reaper must measure: to open its quiet spell

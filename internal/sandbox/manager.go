@@ -196,6 +196,9 @@ type Manager struct {
 	relieving     chan struct{}   // held by the relief of memory pressure under way (pressure.go)
 	reliefGen     atomic.Uint64   // reliefs of memory pressure done (pressure.go)
 	reliefFutile  atomic.Int64    // when the last relief found nothing to free (m.now, unix ns); 0: it did
+	lastRelief    relief          // what the last relief did; m.relieving guards it
+	booked        atomic.Int64    // MiB promised to boots under way, not yet in MemAvailable (pressure.go)
+	bootSettle    time.Duration   // how long a boot's memory stays booked after it (pressure.go; unit tests set 0)
 	memAvailable  func() int      // the host's available memory in MiB (pressure.go; unit tests replace it)
 	warmVerified  sync.Map        // key → *warmCheck: warm images checksummed (warm.go)
 	node          nodeState       // the other nodes as of the last heartbeat (node.go)
@@ -221,7 +224,7 @@ func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Te
 	m := &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
 		sbx: newTable(), stop: make(chan struct{}), admit: newAdmission(cfg.MaxRestores), idleCPUs: idleCPUs,
-		relieving: make(chan struct{}, 1), memAvailable: availableMiB,
+		relieving: make(chan struct{}, 1), memAvailable: availableMiB, bootSettle: bootSettle,
 	}
 	if cfg.Metrics != nil {
 		m.useMetrics(cfg.Metrics)
@@ -238,10 +241,13 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.startNode(ctx); err != nil {
 		return fmt.Errorf("node %s: %w", m.cfg.Node.ID, err)
 	}
+	total, _ := hostMemoryMB()
+	if err := m.checkReserve(total); err != nil {
+		return err
+	}
 	if err := m.recover(ctx); err != nil {
 		return err
 	}
-	m.checkReserve()
 	m.wg.Add(1)
 	go m.reapLoop()
 	return nil
@@ -590,9 +596,12 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		p.steps.done("admit_ms")
 		// Looked at in the slot, not before the wait: creates that
 		// queued together would all pass on one early reading.
-		if err := m.roomFor(ctx, "a new sandbox", 0); err != nil {
+		booked, err := m.roomFor(ctx, "a new sandbox", imageMiB(p.image))
+		if err != nil {
 			return pandastack.Sandbox{}, err
 		}
+		defer booked()
+		p.steps.done("memory_ms")
 	}
 	standbyOK := false
 	if !pooledOK {
@@ -1035,6 +1044,7 @@ func (m *Manager) reapLoop() {
 		}
 		m.reapOnce()
 		m.suspendIdle()
+		m.sampleCPU()
 		m.relievePressure()
 		if time.Since(lastPurge) > time.Hour {
 			lastPurge = time.Now()

@@ -335,9 +335,10 @@ func (m *Manager) fromPool(p plan) (pooled, bool) {
 	return pd, true
 }
 
-// drainPools stops the sandboxes waiting in pools and returns how many;
-// Close calls it, and so does the relief of memory pressure (pressure.go).
-func (m *Manager) drainPools() int {
+// drainPools stops the sandboxes waiting in pools and returns how many,
+// and the memory they held as their pools measure it (MiB); Close calls
+// it, and so does the relief of memory pressure (pressure.go).
+func (m *Manager) drainPools() (n, mib int) {
 	m.mu.Lock()
 	pools := make([]*pool, 0, len(m.pools))
 	for _, pl := range m.pools {
@@ -345,7 +346,6 @@ func (m *Manager) drainPools() int {
 	}
 	m.mu.Unlock()
 	var wg sync.WaitGroup
-	n := 0
 	for _, pl := range pools {
 		for {
 			select {
@@ -354,6 +354,7 @@ func (m *Manager) drainPools() int {
 				delete(pl.ids, pd.id)
 				pl.mu.Unlock()
 				n++
+				mib += pl.size.sandboxMiB()
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
@@ -367,7 +368,7 @@ func (m *Manager) drainPools() int {
 		}
 	}
 	wg.Wait()
-	return n
+	return n, mib
 }
 
 // poolMembers is one pool as it stands: its sandboxes and how many it

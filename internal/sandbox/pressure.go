@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -13,19 +15,21 @@ import (
 // must not get as far as the kernel's OOM killer, which ends whichever
 // process it finds largest: a user's sandbox with its work, or the server.
 // The server keeps Config.MemoryReserveMB of the host's memory available
-// (MemAvailable in /proc/meminfo):
+// (MemAvailable in /proc/meminfo), less what boots under way were promised
+// (book: a restore's pages load after it returns):
 //
 //   - Below it, the reaper (every ReapInterval) first stops the pools'
 //     ready sandboxes and the prepared resumes, then suspends quiet running
 //     sandboxes, the longest unused first, until their memory covers the
 //     shortfall: pause reason PauseMemory, resumed by their next request
-//     like an idle suspend (but with no prepared resume). Quiet is what
-//     idle means (idle.go) over a shorter spell: nothing in flight or
-//     held, no request, and their CPU under idleCPUShare, for
-//     pressureQuiet at least. A sandbox whose idle timeout is 0 asked never
+//     like an idle suspend (but with no prepared resume). Quiet: nothing in
+//     flight or held, no request, and under idleCPUShare of a CPU, over
+//     the last pressureQuiet at least (the reaper reads each sandbox's CPU
+//     every pressureSample). A sandbox whose idle timeout is 0 asked never
 //     to be suspended and is never chosen.
-//   - A create, restore, fork or resume that finds the host below it does
-//     the same first, and is refused with EMemory when that was not enough.
+//   - A create, restore, fork or resume must find room for the memory it
+//     will take (its image's size): if it does not, it does the same
+//     first, and is refused with EMemory when that was not enough.
 //   - Pools refill only with poolHeadroomMiB more than the reserve (and the
 //     memory of the refills under way) available, keep what they hold
 //     within that headroom, and are emptied under the reserve: a ready
@@ -38,10 +42,46 @@ const (
 	// likely used again at once, and a CPU reading over a shorter while
 	// says little.
 	pressureQuiet = 10 * time.Second
+	// pressureSample is how often the reaper reads a quiet sandbox's CPU.
+	pressureSample = 5 * time.Second
+	// keptSamples covers pressureQuiet and a sample more.
+	keptSamples = 4
 	// poolHeadroomMiB is the memory, over the reserve, that pools need
 	// to keep sandboxes ready: a few of them.
 	poolHeadroomMiB = 512
+	// bootSettle is how long a boot's memory stays booked after it
+	// returned: a lazy restore loads its pages in the second after.
+	bootSettle = 3 * time.Second
 )
+
+// imageMiB is the memory a sandbox restored from the image directory dir
+// will take: the size of its memory's file, at least defaultPSSMiB (a
+// cold boot's, or an unreadable image's).
+func imageMiB(dir string) int {
+	fi, err := os.Stat(filepath.Join(dir, "pages.img"))
+	if err != nil {
+		return defaultPSSMiB
+	}
+	return max(defaultPSSMiB, int(fi.Size()>>20))
+}
+
+// memoryOf is the memory sandbox id takes, running (its cgroup's) or
+// paused (its image's), in MiB; defaultPSSMiB when neither is known.
+func (m *Manager) memoryOf(ctx context.Context, id string) int {
+	if m.cfg.MemoryReserveMB <= 0 {
+		return 0 // not needed, and Stats costs a walk of /proc
+	}
+	if st, err := m.rt.Stats(ctx, id); err == nil && st.MemoryBytes > 0 {
+		return max(1, int(st.MemoryBytes>>20))
+	}
+	return imageMiB(filepath.Join(m.pausedPath(id), "image"))
+}
+
+// cpuSample is a sandbox's CPU time (ns) at a moment.
+type cpuSample struct {
+	at  time.Time
+	cpu int64
+}
 
 // poolTarget is how many sandboxes pool p keeps ready and restoring now:
 // its sizer's figure while the host has the reserve and headroom for
@@ -66,13 +106,17 @@ func (m *Manager) poolRoom(p *pool) bool {
 	return !short
 }
 
-// checkReserve warns at the start when the reserve leaves the host little
-// for sandboxes: over half its memory, or more than it has available.
-func (m *Manager) checkReserve() {
+// checkReserve refuses a reserve of all the host's memory or more (no
+// sandbox could ever start), and warns at the start when the reserve
+// leaves the host little for sandboxes: over half its memory, or more
+// than it has available now.
+func (m *Manager) checkReserve(total int) error {
 	if m.cfg.MemoryReserveMB <= 0 {
-		return
+		return nil
 	}
-	total, _ := hostMemoryMB()
+	if m.cfg.MemoryReserveMB >= total {
+		return pandastack.Errorf(pandastack.EInvalid, "--memory-reserve-mb %d is all of the host's memory (%d MiB) or more: no sandbox could start; give less, or 0 for no reserve", m.cfg.MemoryReserveMB, total)
+	}
 	avail := m.memAvailable()
 	switch {
 	case avail < m.cfg.MemoryReserveMB:
@@ -80,15 +124,17 @@ func (m *Manager) checkReserve() {
 	case m.cfg.MemoryReserveMB > total/2:
 		m.log.Warn("the memory reserve is over half the host's memory: few sandboxes will run (serve --memory-reserve-mb)", "total_mib", total, "reserve_mib", m.cfg.MemoryReserveMB)
 	}
+	return nil
 }
 
-// memoryShort returns the host's available memory in MiB and whether it
-// is under the reserve plus extraMiB. Without a reserve it is never short.
+// memoryShort returns the host's available memory in MiB, less what boots
+// under way were promised, and whether that is under the reserve plus
+// extraMiB. Without a reserve it is never short.
 func (m *Manager) memoryShort(extraMiB int) (availMiB int, short bool) {
 	if m.cfg.MemoryReserveMB <= 0 {
 		return 0, false
 	}
-	availMiB = m.memAvailable()
+	availMiB = m.memAvailable() - int(m.booked.Load())
 	return availMiB, availMiB < m.cfg.MemoryReserveMB+extraMiB
 }
 
@@ -99,39 +145,45 @@ func availableMiB() int {
 	return free
 }
 
-// roomFor makes sure the host has its reserve, plus extraMiB, available
-// before a boot adds running sandboxes (what names it, for the error): if
-// it has not, it frees memory first (relieveMemory) and refuses with
-// EMemory when that was not enough. Callers hold what they boot for (the
+// roomFor makes sure the host has its reserve, plus mib for what a boot
+// will take, available before the boot adds running sandboxes (what names
+// it, for the error): if it has not, it frees memory first
+// (relieveMemory) and refuses with EMemory when that was not enough. The
+// mib are then booked until bootSettle after the caller's done: boots at
+// once each count the others'. Callers hold what they boot for (the
 // admission slot, the resume's claim), so that requests waiting for the
 // same boot wait for it rather than each being refused.
-func (m *Manager) roomFor(ctx context.Context, what string, extraMiB int) error {
-	if _, short := m.memoryShort(extraMiB); !short {
-		return nil
+func (m *Manager) roomFor(ctx context.Context, what string, mib int) (done func(), err error) {
+	if m.cfg.MemoryReserveMB <= 0 {
+		return func() {}, nil
 	}
-	r, err := m.relieveMemory(ctx, true, extraMiB)
-	if err != nil {
-		return err
+	var r relief
+	for range 3 { // a suspend's memory may show in MemAvailable a moment late
+		if _, short := m.memoryShort(mib); !short {
+			m.booked.Add(int64(mib))
+			return func() {
+				if m.bootSettle <= 0 {
+					m.booked.Add(-int64(mib))
+					return
+				}
+				time.AfterFunc(m.bootSettle, func() { m.booked.Add(-int64(mib)) })
+			}, nil
+		}
+		if r, err = m.relieveMemory(ctx, true, mib); err != nil {
+			return nil, err
+		}
+		if r.freed == 0 {
+			break // nothing (more) to free
+		}
 	}
-	if r.avail >= m.cfg.MemoryReserveMB+extraMiB {
-		return nil
-	}
-	how := "and no quiet sandbox was left to suspend"
-	if r.suspended > 0 {
-		how = fmt.Sprintf("even after %d quiet sandboxes were suspended", r.suspended)
-	}
-	need := ""
-	if extraMiB > 0 {
-		need = fmt.Sprintf(" and %d MiB more for it", extraMiB)
-	}
-	return pandastack.Errorf(pandastack.EMemory,
-		"no room for %s: the host has %d MiB of memory available, under the %d MiB this server keeps free (serve --memory-reserve-mb)%s, %s; retry later, or pause or kill sandboxes",
-		what, r.avail, m.cfg.MemoryReserveMB, need, how)
+	avail, _ := m.memoryShort(mib)
+	return nil, pandastack.Errorf(pandastack.EMemory,
+		"no room for %s (about %d MiB): the host has %d MiB of memory available for sandboxes, and this server keeps %d MiB free (serve --memory-reserve-mb); %s; retry later, or pause or kill sandboxes",
+		what, mib, avail, m.cfg.MemoryReserveMB, r.why())
 }
 
 // reliefPause is how long the reaper leaves the host's memory alone after
-// a relief that found nothing to free: each looks at every running
-// sandbox's processes.
+// a relief that found nothing to free.
 const reliefPause = 5 * time.Second
 
 // relievePressure is the reaper's look at the host's memory: when it is
@@ -151,11 +203,34 @@ func (m *Manager) relievePressure() {
 	}()
 }
 
-// relief is what relieveMemory did: the memory available after it (MiB)
-// and how many sandboxes it suspended.
+// relief is what relieveMemory did and found.
 type relief struct {
-	avail, suspended int
-	futile           bool // still short, and nothing was left to free
+	avail     int // MiB available for sandboxes after it
+	freed     int // pool sandboxes and prepared resumes stopped, sandboxes suspended
+	suspended int // of which suspended
+	running   int // running sandboxes it looked at (their idle timeout not 0)
+	quiet     int // of which quiet long enough to be suspended
+	futile    bool
+}
+
+// why says, for the error of a boot refused after r, why no more memory
+// could be freed.
+func (r relief) why() string {
+	switch {
+	case r.suspended > 0:
+		return fmt.Sprintf("suspending %d quiet %s did not free enough", r.suspended, plural(r.suspended, "sandbox", "sandboxes"))
+	case r.running == 0:
+		return "no sandbox of this server runs that could be suspended: the memory is in use elsewhere on the host, or by sandboxes that may not be suspended (idle_timeout_seconds 0)"
+	default:
+		return fmt.Sprintf("none of its %d running %s has been quiet (no request, under 5%% of a CPU) for %s", r.running, plural(r.running, "sandbox", "sandboxes"), pressureQuiet)
+	}
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // relieveMemory frees memory while the host is under its reserve plus
@@ -181,8 +256,11 @@ func (m *Manager) relieveMemory(ctx context.Context, wait bool, extraMiB int) (r
 	}
 	defer func() { <-m.relieving }()
 	avail, short := m.memoryShort(extraMiB)
-	if !short || m.reliefGen.Load() != gen && m.reliefFutile.Load() != 0 {
+	if !short {
 		return relief{avail: avail}, nil
+	}
+	if m.reliefGen.Load() != gen && m.reliefFutile.Load() != 0 {
+		return m.lastRelief, nil
 	}
 	r := m.relieve(ctx, avail, extraMiB)
 	if r.futile {
@@ -190,83 +268,163 @@ func (m *Manager) relieveMemory(ctx context.Context, wait bool, extraMiB int) (r
 	} else {
 		m.reliefFutile.Store(0)
 	}
+	m.lastRelief = r
 	m.reliefGen.Add(1)
 	return r, nil
 }
 
-// relieve is relieveMemory's work, with the host avail MiB short of the
-// reserve plus extraMiB; the caller holds m.relieving.
+// relieve is relieveMemory's work, with avail MiB available for sandboxes,
+// short of the reserve plus extraMiB; the caller holds m.relieving.
 func (m *Manager) relieve(ctx context.Context, avail, extraMiB int) relief {
 	// What only speeds creates and resumes up goes first: the pools'
 	// sandboxes, and the prepared resumes with their images held in
 	// memory (prepare.go).
-	pooled, prepared := m.drainPools(), m.dropPreparedResumes()
-	if pooled+prepared > 0 {
+	need := int64(m.cfg.MemoryReserveMB+extraMiB-avail) << 20
+	pooled, poolMiB := m.drainPools()
+	prepared := m.dropPreparedResumes()
+	r := relief{freed: pooled + prepared}
+	if r.freed > 0 {
 		m.log.Info("the host is short of memory: pool sandboxes and prepared resumes stopped", "pool", pooled, "prepared_resumes", prepared, "available_mib", avail, "reserve_mib", m.cfg.MemoryReserveMB)
 		var short bool
-		if avail, short = m.memoryShort(extraMiB); !short {
-			return relief{avail: avail}
+		if r.avail, short = m.memoryShort(extraMiB); !short {
+			return r
 		}
+		// What they held may show in MemAvailable a moment late.
+		need = min(need-int64(poolMiB)<<20, int64(m.cfg.MemoryReserveMB+extraMiB-r.avail)<<20)
 	}
-	need := int64(m.cfg.MemoryReserveMB+extraMiB-avail) << 20
 	var pick []string
 	cands, now := m.sbx.quietest()
+	r.running = len(cands)
 	for _, c := range cands {
-		if need <= 0 {
-			break
+		if c.base.at.IsZero() {
+			continue // not quiet for pressureQuiet yet
 		}
-		st, err := m.rt.Stats(ctx, c.id)
+		cpu, err := m.cpuNanos(ctx, c.id)
 		if err != nil {
 			continue // gone meanwhile
 		}
-		if st.CPUNanos >= 0 && c.cpuStart >= 0 {
-			if share := float64(st.CPUNanos-c.cpuStart) / float64(now.Sub(c.cpuAt)); share >= idleCPUShare {
+		if cpu >= 0 && c.base.cpu >= 0 {
+			if share := float64(cpu-c.base.cpu) / float64(now.Sub(c.base.at)); share >= idleCPUShare {
 				continue // working in the background: not quiet
 			}
 		}
-		pick = append(pick, c.id)
-		if st.MemoryBytes > 0 {
-			need -= st.MemoryBytes
-		} else {
-			need -= defaultPSSMiB << 20
+		r.quiet++
+		if need <= 0 {
+			continue
 		}
+		pick = append(pick, c.id)
+		mem := int64(defaultPSSMiB) << 20
+		if st, err := m.rt.Stats(ctx, c.id); err == nil && st.MemoryBytes > 0 {
+			mem = st.MemoryBytes
+		}
+		need -= mem
 	}
 	if len(pick) == 0 {
-		return relief{avail: avail, futile: true}
+		r.avail, _ = m.memoryShort(extraMiB)
+		r.futile = r.freed == 0
+		return r
 	}
 	m.log.Warn("the host is short of memory: suspending the quietest sandboxes", "available_mib", avail, "reserve_mib", m.cfg.MemoryReserveMB, "sandboxes", len(pick))
 	m.suspend(pick, pandastack.PauseMemory)
-	avail, _ = m.memoryShort(extraMiB)
-	return relief{avail: avail, suspended: len(pick)}
+	r.suspended = len(pick)
+	r.freed += len(pick)
+	r.avail, _ = m.memoryShort(extraMiB)
+	return r
 }
 
-// quietCandidate is a running sandbox that may be suspended for the host's
-// memory, with the CPU reading its quiet spell began with.
+// cpuNanos reads sandbox id's CPU time: alone if the runtime can
+// (RuntimeCPU), else from Stats.
+func (m *Manager) cpuNanos(ctx context.Context, id string) (int64, error) {
+	if rc, ok := m.rt.(pandastack.RuntimeCPU); ok {
+		return rc.CPUNanos(ctx, id)
+	}
+	st, err := m.rt.Stats(ctx, id)
+	if err != nil {
+		return -1, err
+	}
+	return st.CPUNanos, nil
+}
+
+// sampleCPU is the reaper's reading of the CPU of the sandboxes that are
+// quiet so far, each every pressureSample, for the relief to judge them
+// by (quietest). Nothing without a reserve.
+func (m *Manager) sampleCPU() {
+	if m.cfg.MemoryReserveMB <= 0 {
+		return
+	}
+	for _, id := range m.sbx.sampleDue() {
+		cpu, err := m.cpuNanos(context.Background(), id)
+		if err != nil {
+			continue
+		}
+		m.sbx.addSample(id, cpu)
+	}
+}
+
+// sampleDue lists the running sandboxes, quiet so far, whose last CPU
+// reading is pressureSample old.
+func (t *table) sampleDue() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	now := t.now()
+	var out []string
+	for id, e := range t.entries {
+		s := &e.idle
+		if e.phase != phaseRunning || s.timeout <= 0 || e.inflight > 0 || e.holds > 0 {
+			continue
+		}
+		if n := len(s.samples); n == 0 || now.Sub(s.samples[n-1].at) >= pressureSample {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// addSample records a CPU reading of id taken now, unless a use came
+// meanwhile.
+func (t *table) addSample(id string, cpu int64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[id]
+	if e == nil || e.phase != phaseRunning || e.inflight > 0 || e.holds > 0 {
+		return
+	}
+	s := &e.idle
+	if len(s.samples) >= keptSamples {
+		s.samples = append(s.samples[:0], s.samples[1:]...)
+	}
+	s.samples = append(s.samples, cpuSample{at: t.now(), cpu: cpu})
+}
+
+// quietCandidate is a running sandbox that may be suspended for the
+// host's memory, with the CPU reading to judge it by: the newest at
+// least pressureQuiet old (zero: none yet).
 type quietCandidate struct {
-	id       string
-	lastUse  time.Time
-	cpuAt    time.Time
-	cpuStart int64
+	id      string
+	lastUse time.Time
+	base    cpuSample
 }
 
-// quietest lists the running sandboxes quiet enough to be suspended for
-// the host's memory (see the top of this file), the longest unused first,
-// and when it looked. Their CPU since the spell began is the caller's to
-// check.
+// quietest lists the running sandboxes that may be suspended for the
+// host's memory (see the top of this file), the longest unused first,
+// and when it looked. Their CPU since base is the caller's to check.
 func (t *table) quietest() (_ []quietCandidate, now time.Time) {
 	t.mu.Lock()
 	now = t.now()
 	var out []quietCandidate
 	for id, e := range t.entries {
 		s := &e.idle
-		// The CPU is judged over pressureQuiet at least: a spell that
-		// a busy reading has just begun again says nothing yet. (A use
-		// ends the spell, so the last use is longer ago still.)
-		if e.phase != phaseRunning || s.timeout <= 0 || e.inflight > 0 || e.holds > 0 || now.Before(s.retryAt) ||
-			s.cpuAt.IsZero() || now.Sub(s.cpuAt) < pressureQuiet {
+		if e.phase != phaseRunning || s.timeout <= 0 || e.inflight > 0 || e.holds > 0 || now.Before(s.retryAt) {
 			continue
 		}
-		out = append(out, quietCandidate{id: id, lastUse: s.lastUse, cpuAt: s.cpuAt, cpuStart: s.cpuStart})
+		c := quietCandidate{id: id, lastUse: s.lastUse}
+		for i := len(s.samples) - 1; i >= 0; i-- {
+			if now.Sub(s.samples[i].at) >= pressureQuiet {
+				c.base = s.samples[i] // a use drops them: none since
+				break
+			}
+		}
+		out = append(out, c)
 	}
 	t.mu.Unlock()
 	slices.SortFunc(out, func(a, b quietCandidate) int { return a.lastUse.Compare(b.lastUse) })

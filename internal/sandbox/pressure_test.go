@@ -12,12 +12,17 @@ import (
 
 // pressureHarness is an idle harness whose host has base MiB available,
 // less perBox MiB for every sandbox alive in the runtime (the pools'
-// included), with a reserve of reserve MiB.
-func pressureHarness(t *testing.T, base, perBox, reserve int) (*harness, *clock) {
+// included), with a reserve of reserve MiB. A boot's memory is booked
+// only while it runs (no bootSettle). Every boot of the fake runtime is
+// taken for defaultPSSMiB (its images are small).
+func pressureHarness(t *testing.T, base, perBox, reserve int) (*harness, *clock, *atomic.Int64) {
 	h, c := idleHarness(t)
 	h.m.cfg.MemoryReserveMB = reserve
-	h.m.memAvailable = func() int { return base - perBox*len(h.rt.ids()) }
-	return h, c
+	h.m.bootSettle = 0
+	var b atomic.Int64
+	b.Store(int64(base))
+	h.m.memAvailable = func() int { return int(b.Load()) - perBox*len(h.rt.ids()) }
+	return h, c, &b
 }
 
 // Under the reserve, the quietest sandboxes are suspended for the host's
@@ -27,7 +32,8 @@ func pressureHarness(t *testing.T, base, perBox, reserve int) (*harness, *clock)
 // and leaves nothing behind; a suspended one resumes with its state on
 // its next request once there is room.
 func TestMemoryPressureSuspendsTheQuietest(t *testing.T) {
-	h, c := pressureHarness(t, 1400, 100, 1000) // room for 4
+	const box = defaultPSSMiB
+	h, c, _ := pressureHarness(t, 1000+box+4*box-100, box, 1000) // a fifth create is 100 MiB short
 	ctx := context.Background()
 	// Unused longest: never (asked never to be suspended), then busy
 	// (working in the background), then older, then newer.
@@ -42,17 +48,12 @@ func TestMemoryPressureSuspendsTheQuietest(t *testing.T) {
 		}
 	}
 	c.advance(time.Second)
-	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle) // the reaper opens their quiet spells
+	h.m.sampleCPU() // the reaper's readings
 	c.advance(pressureQuiet)
 	h.rt.mu.Lock()
 	h.rt.boxes[busy.ID].cpu += int64(pressureQuiet / 2)
 	h.rt.mu.Unlock()
-	recent := h.createIdle(300) // 5 alive: 900 MiB, short by 100: one sandbox covers it
-
-	r, err := h.m.relieveMemory(ctx, false, 0)
-	if err != nil || r.avail != 1000 || r.suspended != 1 {
-		t.Fatalf("relief: %+v, %v; want 1000 MiB after one sandbox suspended", r, err)
-	}
+	recent := h.createIdle(300) // needs 100 MiB: one sandbox covers it
 	if rec := h.record(older.ID); rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseMemory {
 		t.Fatalf("the longest unused quiet one: %s %q, want paused for memory", rec.State, rec.PauseReason)
 	}
@@ -65,24 +66,23 @@ func TestMemoryPressureSuspendsTheQuietest(t *testing.T) {
 		t.Errorf("the suspend is not counted as suspend_memory:\n%s", text)
 	}
 
-	// Room for one more as it stands; the next one takes newer's place.
-	h.createIdle(300)
+	// The next create takes newer's place.
 	h.createIdle(300)
 	if rec := h.record(newer.ID); rec.State != pandastack.StatePaused || rec.PauseReason != pandastack.PauseMemory {
 		t.Fatalf("newer, quiet too, when a create needed room: %s %q", rec.State, rec.PauseReason)
 	}
 	// Nothing quiet is left: busy still works, never may not be suspended,
-	// the others were just used.
+	// the others were used a moment ago.
 	before := len(h.rt.ids())
-	_, err = h.m.Create(ctx, project, CreateRequest{Template: "base"})
-	if !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "no room for a new sandbox: the host has 900 MiB of memory available, under the 1000 MiB") || !strings.Contains(err.Error(), "no quiet sandbox was left") {
-		t.Fatalf("a create with no room: %v, want insufficient_memory with the figures", err)
+	_, err := h.m.Create(ctx, project, CreateRequest{Template: "base"})
+	if !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "no room for a new sandbox") || !strings.Contains(err.Error(), "none of its 3 running sandboxes has been quiet") {
+		t.Fatalf("a create with no room: %v, want insufficient_memory saying why", err)
 	}
 	if n := len(h.rt.ids()); n != before {
 		t.Fatalf("the refused create left %d sandboxes in the runtime, want %d", n, before)
 	}
-	if list, err := h.m.List(ctx, project, pandastack.SandboxFilter{}); err != nil || len(list) != 7 {
-		t.Fatalf("records after the refused create: %d %v, want 7", len(list), err)
+	if list, err := h.m.List(ctx, project, pandastack.SandboxFilter{}); err != nil || len(list) != 6 {
+		t.Fatalf("records after the refused create: %d %v, want 6", len(list), err)
 	}
 	// The suspended one's next request needs room too: refused, it stays
 	// paused with its image.
@@ -103,30 +103,35 @@ func TestMemoryPressureSuspendsTheQuietest(t *testing.T) {
 	}
 }
 
-// A sandbox's CPU is judged over a whole quiet spell: one whose spell a
-// busy reading began again a moment ago is not taken for quiet, whatever
-// it used since.
-func TestMemoryPressureJudgesCPUOverAWholeSpell(t *testing.T) {
-	h, c := pressureHarness(t, 1000, 100, 1000) // short with any sandbox
+// A sandbox's CPU is judged over the last seconds: one quiet for a minute
+// that has just begun to work is not quiet, one that worked a minute ago
+// and is quiet since is.
+func TestMemoryPressureJudgesTheLastSeconds(t *testing.T) {
+	h, c, base := pressureHarness(t, 4000, defaultPSSMiB, 1000)
 	ctx := context.Background()
-	bursty := h.createIdle(5)
-	c.advance(time.Second)
-	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle) // opens its quiet spell
-	h.rt.mu.Lock()
-	h.rt.boxes[bursty.ID].cpu += int64(3 * time.Second)
-	h.rt.mu.Unlock()
-	c.advance(6 * time.Second)
-	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle) // busy: its spell begins again now
-	c.advance(5 * time.Second)                       // quiet since, but not for pressureQuiet
-	if r, _ := h.m.relieveMemory(ctx, false, 0); r.suspended != 0 || !r.futile {
-		t.Fatalf("relief 5 s into a new spell: %+v, want nothing suspended", r)
+	worker := h.createIdle(300)
+	burst := h.createIdle(300)
+	cpu := func(id string, d time.Duration) {
+		h.rt.mu.Lock()
+		h.rt.boxes[id].cpu += int64(d)
+		h.rt.mu.Unlock()
 	}
-	if rec := h.record(bursty.ID); rec.State != pandastack.StateRunning {
-		t.Fatalf("suspended on a 5 s reading: %s", rec.State)
+	cpu(burst.ID, 8*time.Second)
+	for range 12 { // a minute, read every pressureSample
+		h.m.sampleCPU()
+		c.advance(pressureSample)
 	}
-	c.advance(pressureQuiet)
-	if r, _ := h.m.relieveMemory(ctx, false, 0); r.suspended != 1 {
-		t.Fatalf("relief after a whole quiet spell: %+v, want it suspended", r)
+	cpu(worker.ID, 2*time.Second) // 20 % over the last 10 s, 3 % over the minute
+	h.m.sampleCPU()
+	base.Store(1000 + 2*defaultPSSMiB - 50) // short by 50
+	if r, err := h.m.relieveMemory(ctx, false, 0); err != nil || r.suspended != 1 {
+		t.Fatalf("relief: %+v %v, want one suspended", r, err)
+	}
+	if rec := h.record(burst.ID); rec.State != pandastack.StatePaused {
+		t.Errorf("quiet for a minute after its burst, not suspended: %s", rec.State)
+	}
+	if rec := h.record(worker.ID); rec.State != pandastack.StateRunning {
+		t.Errorf("working for the last seconds, suspended: %s %q", rec.State, rec.PauseReason)
 	}
 }
 
@@ -134,10 +139,7 @@ func TestMemoryPressureJudgesCPUOverAWholeSpell(t *testing.T) {
 // wait for that resume, though the host is short meanwhile: the memory is
 // the resume's own.
 func TestMemoryPressureConcurrentRequestsWaitForTheResume(t *testing.T) {
-	h, c := pressureHarness(t, 100000, 0, 1000)
-	var avail atomic.Int64
-	avail.Store(4000)
-	h.m.memAvailable = func() int { return int(avail.Load()) }
+	h, c, avail := pressureHarness(t, 4000, 0, 1000)
 	sb := h.createIdle(300)
 	if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
 		t.Fatal(err)
@@ -167,11 +169,11 @@ func TestMemoryPressureConcurrentRequestsWaitForTheResume(t *testing.T) {
 // A fork needs room for all its children at once: refused, it leaves no
 // child behind and the parent running.
 func TestMemoryPressureRefusesAFork(t *testing.T) {
-	h, _ := pressureHarness(t, 1500, 100, 1000) // room for the parent and 4 more
+	h, _, _ := pressureHarness(t, 1500, 100, 1000) // room for the parent and about 2 more
 	parent := h.createIdle(0)
 	_, err := h.m.Fork(context.Background(), project, parent.ID, 8, nil, nil)
 	if !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "a fork of sandbox "+parent.ID+" into 8") {
-		t.Fatalf("a fork into 8 with room for 4: %v, want insufficient_memory", err)
+		t.Fatalf("a fork into 8 with room for about 2: %v, want insufficient_memory", err)
 	}
 	if ids := h.rt.ids(); len(ids) != 1 || ids[0] != parent.ID {
 		t.Fatalf("the runtime holds %v, want only the parent", ids)
@@ -180,7 +182,7 @@ func TestMemoryPressureRefusesAFork(t *testing.T) {
 		t.Fatalf("the parent: %s", rec.State)
 	}
 	if _, err := h.m.Fork(context.Background(), project, parent.ID, 2, nil, nil); err != nil {
-		t.Fatalf("a fork into 2: %v", err)
+		t.Fatalf("a fork into 2 (room for 256 MiB of 400): %v", err)
 	}
 }
 
@@ -195,6 +197,7 @@ func TestMemoryPressureEmptiesPoolsFirst(t *testing.T) {
 	tpl := h.warmBase()
 	h.tpls.tpl = tpl
 	h.m.cfg.MemoryReserveMB = 1000
+	h.m.bootSettle = 0
 	h.m.memAvailable = func() int { return int(avail.Load()) - 100*len(h.rt.ids()) }
 	quiet := h.createIdle(300)
 	h.m.suspend(h.m.idleNow(), pandastack.PauseIdle)
@@ -248,6 +251,7 @@ func TestMemoryPressureDropsPreparedResumes(t *testing.T) {
 		t.Fatalf("prepared %v, want both suspended", got)
 	}
 	h.m.cfg.MemoryReserveMB = 1000
+	h.m.bootSettle = 0
 	h.m.memAvailable = func() int { return 1000 - 20*len(rt.preparedIDs()) }
 	if r, err := h.m.relieveMemory(context.Background(), false, 0); err != nil || r.avail != 1000 {
 		t.Fatalf("relief: %+v, %v; want 1000 MiB", r, err)
@@ -279,7 +283,25 @@ func TestNoMemoryReserve(t *testing.T) {
 	h.m.memAvailable = func() int { t.Error("memory read without a reserve"); return 0 }
 	h.createIdle(300)
 	h.m.relievePressure()
-	if err := h.m.roomFor(context.Background(), "a test", 0); err != nil {
+	done, err := h.m.roomFor(context.Background(), "a test", 100)
+	if err != nil {
 		t.Fatal(err)
+	}
+	done()
+	if n := h.m.booked.Load(); n != 0 {
+		t.Fatalf("booked %d MiB without a reserve", n)
+	}
+}
+
+// A reserve of all the host's memory is refused: no sandbox could start.
+func TestMemoryReserveOverTheHost(t *testing.T) {
+	h, _ := idleHarness(t)
+	h.m.cfg.MemoryReserveMB = 24000
+	h.m.memAvailable = func() int { return 20000 }
+	if err := h.m.checkReserve(24000); !pandastack.IsCode(err, pandastack.EInvalid) || !strings.Contains(err.Error(), "--memory-reserve-mb 24000") {
+		t.Fatalf("a reserve of the whole host: %v", err)
+	}
+	if err := h.m.checkReserve(24576); err != nil {
+		t.Fatalf("a reserve under the host's memory: %v", err)
 	}
 }

@@ -442,9 +442,11 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	}
 	// Under the claim: requests that come meanwhile wait for this resume
 	// instead of each being refused for the memory it is about to take.
-	if err := m.roomFor(ctx, "the resume of sandbox "+id, 0); err != nil {
+	booked, err := m.roomFor(ctx, "the resume of sandbox "+id, imageMiB(filepath.Join(m.pausedPath(id), "image")))
+	if err != nil {
 		return sb, err
 	}
+	defer booked()
 	steps := newResumeSteps()
 	dir := m.pausedPath(id)
 	what := "paused sandbox " + id
