@@ -573,6 +573,10 @@ func writeError(w http.ResponseWriter, err error) {
 		rec.err = err // logged once the handler returns, unless it was
 	}
 	b := errorJSON(err)
+	if b.Error.Code == pandastack.EMemory {
+		// Memory frees as sandboxes go quiet (10 s) or end.
+		w.Header().Set("Retry-After", "10")
+	}
 	writeJSON(w, statusOf(b.Error.Code), b)
 }
 

@@ -62,3 +62,19 @@ func TestStoreErrorsKeepTheirCode(t *testing.T) {
 		}
 	}
 }
+
+// insufficient_memory is a 503 that says when to try again; other errors
+// say nothing of the kind.
+func TestInsufficientMemoryHasRetryAfter(t *testing.T) {
+	rec := httptest.NewRecorder()
+	writeError(rec, pandastack.Errorf(pandastack.EMemory, "no room for a new sandbox"))
+	var body errorBody
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != http.StatusServiceUnavailable || body.Error.Code != pandastack.EMemory || rec.Header().Get("Retry-After") != "10" {
+		t.Fatalf("got %d %q Retry-After %q (%v)", rec.Code, rec.Body.String(), rec.Header().Get("Retry-After"), err)
+	}
+	rec = httptest.NewRecorder()
+	writeError(rec, pandastack.Errorf(pandastack.EUnavailable, "shutting down"))
+	if rec.Header().Get("Retry-After") != "" {
+		t.Fatalf("Retry-After on %s", rec.Body.String())
+	}
+}
