@@ -205,14 +205,14 @@ func sandboxVerb(verb string, args []string, c *client.Client, keyFrom string) e
 		if err != nil {
 			return err
 		}
-		fmt.Printf("%-22s %-18s %-9s %-22s %s\n", "ID", "TEMPLATE", "STATE", "EXPIRES", "METADATA")
+		fmt.Printf("%-22s %-18s %-15s %-22s %s\n", "ID", "TEMPLATE", "STATE", "EXPIRES", "METADATA")
 		for _, sb := range list {
 			keys := make([]string, 0, len(sb.Metadata))
 			for k, v := range sb.Metadata {
 				keys = append(keys, printableMeta(k)+"="+printableMeta(v))
 			}
 			sort.Strings(keys)
-			fmt.Printf("%-22s %-18s %-9s %-22s %s\n", sb.ID, sb.Template, sb.State, sb.ExpiresAt.Local().Format(time.RFC3339), strings.Join(keys, ","))
+			fmt.Printf("%-22s %-18s %-15s %-22s %s\n", sb.ID, sb.Template, stateWithReason(sb), sb.ExpiresAt.Local().Format(time.RFC3339), strings.Join(keys, ","))
 		}
 	case "exec":
 		fs := flag.NewFlagSet("sandbox exec", flag.ContinueOnError)
@@ -355,4 +355,13 @@ func execErrorCode(err error) int {
 	default:
 		return 125
 	}
+}
+
+// stateWithReason is a sandbox's state for a listing, with why the server
+// suspended it: "paused (idle)", "paused (memory)".
+func stateWithReason(sb client.Sandbox) string {
+	if sb.State == "paused" && sb.PauseReason != "" {
+		return string(sb.State) + " (" + sb.PauseReason + ")"
+	}
+	return string(sb.State)
 }
