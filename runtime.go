@@ -97,12 +97,15 @@ type Runtime interface {
 	DeathReason(id string) string
 }
 
-// RuntimeCPU is a Runtime that reads a sandbox's CPU time alone, cheaper
-// than Stats (optional: the manager asks for it with a type assertion).
-type RuntimeCPU interface {
+// RuntimeUsage is a Runtime that reads a sandbox's CPU time or memory
+// alone, cheaper than Stats (optional: the manager asks for it with a
+// type assertion).
+type RuntimeUsage interface {
 	// CPUNanos is RuntimeStats.CPUNanos of sandbox id: -1 when unknown,
 	// ENotFound when the runtime has no such sandbox.
 	CPUNanos(ctx context.Context, id string) (int64, error)
+	// MemoryBytes is RuntimeStats.MemoryBytes of sandbox id, likewise.
+	MemoryBytes(ctx context.Context, id string) (int64, error)
 }
 
 // RuntimePreparer is a Runtime that can do the start of a Restore ahead of

@@ -727,14 +727,33 @@ func (r *Runtime) Stats(ctx context.Context, id string) (pandastack.RuntimeStats
 	return st, nil
 }
 
-// CPUNanos implements pandastack.RuntimeCPU: the CPU time in the
+// CPUNanos implements pandastack.RuntimeUsage: the CPU time in the
 // sandbox's cgroup, without Stats' walk of /proc.
 func (r *Runtime) CPUNanos(ctx context.Context, id string) (int64, error) {
+	cg, err := r.usageCgroup(id)
+	if err != nil {
+		return -1, err
+	}
+	return cpuNanos(cg), nil
+}
+
+// MemoryBytes implements pandastack.RuntimeUsage: the memory charged to
+// the sandbox's cgroup, as Stats counts it.
+func (r *Runtime) MemoryBytes(ctx context.Context, id string) (int64, error) {
+	cg, err := r.usageCgroup(id)
+	if err != nil {
+		return -1, err
+	}
+	return memoryBytes(cg), nil
+}
+
+// usageCgroup is the cgroup of sandbox id, which must be in the runtime.
+func (r *Runtime) usageCgroup(id string) (string, error) {
 	cid, ok := r.container(id)
 	if _, err := os.Stat(r.dir(id)); !ok || !validID(id) || err != nil {
-		return -1, pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
+		return "", pandastack.Errorf(pandastack.ENotFound, "no sandbox %q in the runtime", id)
 	}
-	return cpuNanos(cgroupPath(cid)), nil
+	return cgroupPath(cid), nil
 }
 
 // hostPIDs finds the host processes of a sandbox (runsc-sandbox, gofer) by

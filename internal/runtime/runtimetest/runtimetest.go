@@ -234,13 +234,20 @@ func testStartHelloStop(t *testing.T, env Env) {
 	if err != nil || st.CPUNanos <= 0 {
 		t.Fatalf("Stats of a sandbox with a CPU limit = %+v %v; want its CPU time", st, err)
 	}
-	// A runtime that reads the CPU time alone reads the same clock.
-	if rc, ok := rt.(pandastack.RuntimeCPU); ok {
-		if n, err := rc.CPUNanos(ctx, id2); err != nil || n < st.CPUNanos {
+	// A runtime that reads the CPU time or memory alone reads what Stats
+	// does.
+	if ru, ok := rt.(pandastack.RuntimeUsage); ok {
+		if n, err := ru.CPUNanos(ctx, id2); err != nil || n < st.CPUNanos {
 			t.Fatalf("CPUNanos = %d %v after Stats said %d", n, err, st.CPUNanos)
 		}
-		if _, err := rc.CPUNanos(ctx, newID()); !pandastack.IsCode(err, pandastack.ENotFound) {
+		if n, err := ru.MemoryBytes(ctx, id2); err != nil || (st.MemoryBytes != -1) != (n != -1) || n != -1 && n < 1<<20 {
+			t.Fatalf("MemoryBytes = %d %v; Stats said %d", n, err, st.MemoryBytes)
+		}
+		if _, err := ru.CPUNanos(ctx, newID()); !pandastack.IsCode(err, pandastack.ENotFound) {
 			t.Fatalf("CPUNanos of an unknown sandbox: %v, want not_found", err)
+		}
+		if _, err := ru.MemoryBytes(ctx, newID()); !pandastack.IsCode(err, pandastack.ENotFound) {
+			t.Fatalf("MemoryBytes of an unknown sandbox: %v, want not_found", err)
 		}
 	}
 	rt.Stop(ctx, id2)
