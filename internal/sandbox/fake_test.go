@@ -67,6 +67,7 @@ type fakeBox struct {
 	alive   bool
 	reason  string
 	cpu     int64 // CPU time used, in ns; tests move it
+	mem     int64 // memory its cgroup holds, in bytes; tests set it
 	// hold, when set, makes exec of "hold" wait until it is closed.
 	hold chan struct{}
 }
@@ -340,13 +341,25 @@ func (r *fakeRuntime) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
+// CPUNanos implements pandastack.RuntimeUsage.
+func (r *fakeRuntime) CPUNanos(ctx context.Context, id string) (int64, error) {
+	st, err := r.Stats(ctx, id)
+	return st.CPUNanos, err
+}
+
+// MemoryBytes implements pandastack.RuntimeUsage.
+func (r *fakeRuntime) MemoryBytes(ctx context.Context, id string) (int64, error) {
+	st, err := r.Stats(ctx, id)
+	return st.MemoryBytes, err
+}
+
 func (r *fakeRuntime) Stats(ctx context.Context, id string) (pandastack.RuntimeStats, error) {
 	if !r.Alive(id) {
 		return pandastack.RuntimeStats{}, pandastack.Errorf(pandastack.ENotFound, "no sandbox %s", id)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return pandastack.RuntimeStats{PSSBytes: 1 << 20, CPUNanos: r.boxes[id].cpu}, nil
+	return pandastack.RuntimeStats{PSSBytes: 1 << 20, CPUNanos: r.boxes[id].cpu, MemoryBytes: r.boxes[id].mem}, nil
 }
 
 type fakeImage struct {

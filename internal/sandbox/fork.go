@@ -54,17 +54,19 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 	if err != nil {
 		return nil, err
 	}
-	if sb, err := m.store.GetSandbox(ctx, projectID, id); err == nil {
-		if err := m.fitsLimits("sandbox "+id, sb.CPU, sb.MemoryMB); err != nil {
-			return nil, err
-		}
+	parent, err := m.store.GetSandbox(ctx, projectID, id)
+	if err != nil {
+		return nil, err // before any memory is freed for it: not the caller's, or none
+	}
+	if err := m.fitsLimits("sandbox "+id, parent.CPU, parent.MemoryMB); err != nil {
+		return nil, err
 	}
 	// Its children boot at once, each as large as the parent.
-	booked, err := m.roomFor(ctx, fmt.Sprintf("a fork of sandbox %s into %d", id, count), count*m.memoryOf(ctx, id))
+	booked, err := m.roomFor(ctx, fmt.Sprintf("a fork of sandbox %s into %d", id, count), count*m.memoryOf(ctx, parent))
 	if err != nil {
 		return nil, err
 	}
-	defer booked()
+	defer func() { booked.done(err == nil) }()
 	for {
 		if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata, o.Network); done {
 			return kids, err

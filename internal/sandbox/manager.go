@@ -192,24 +192,25 @@ type Manager struct {
 	// unit tests replace it).
 	idleCPUs func(context.Context, time.Duration) (float64, error)
 
-	suspending    atomic.Bool     // idle suspends are under way (idle.go)
-	relieving     chan struct{}   // held by the relief of memory pressure under way (pressure.go)
-	reliefGen     atomic.Uint64   // reliefs of memory pressure done (pressure.go)
-	reliefFutile  atomic.Int64    // when the last relief found nothing to free (m.now, unix ns); 0: it did
-	lastRelief    relief          // what the last relief did; m.relieving guards it
-	booked        atomic.Int64    // MiB promised to boots under way, not yet in MemAvailable (pressure.go)
-	bootSettle    time.Duration   // how long a boot's memory stays booked after it (pressure.go; unit tests set 0)
-	memAvailable  func() int      // the host's available memory in MiB (pressure.go; unit tests replace it)
-	warmVerified  sync.Map        // key → *warmCheck: warm images checksummed (warm.go)
-	node          nodeState       // the other nodes as of the last heartbeat (node.go)
-	ownPaused     sync.Map        // sandbox id → ownPaused: paused images this process wrote (resume.go)
-	checkedPaused sync.Map        // sandbox id → time.Time: the manifest's mtime of a paused image a restart found, once verified (resume.go)
-	prepared      preparedResumes // suspended sandboxes whose resume is prepared (prepare.go)
-	warmHeld      heldImages      // the warm images, held in the page cache (pin.go)
-	metrics       managerMetrics  // the series it keeps (metrics.go); zero: none
-	warmFailed    sync.Map        // warm image dir → string: why its warming failed (warm.go)
-	refills       refillHolds     // sandboxes whose spare refills wait for the host (refills.go)
-	snapUse       snapshotUse     // snapshots being restored from (images.go)
+	suspending    atomic.Bool           // idle suspends are under way (idle.go)
+	relieving     chan struct{}         // held by the relief of memory pressure under way (pressure.go)
+	reliefGen     atomic.Uint64         // reliefs of memory pressure done (pressure.go)
+	reliefFutile  atomic.Int64          // when the last relief found nothing to free (m.now, unix ns); 0: it did
+	lastRelief    relief                // what the last relief did; m.relieving guards it
+	bookMu        sync.Mutex            // guards bookings and their fields
+	bookings      map[*booking]struct{} // memory promised to boots under way (pressure.go)
+	bootSettle    time.Duration         // how long a boot's memory stays booked after it (pressure.go; unit tests set 0)
+	memAvailable  func() int            // the host's available memory in MiB (pressure.go; unit tests replace it)
+	warmVerified  sync.Map              // key → *warmCheck: warm images checksummed (warm.go)
+	node          nodeState             // the other nodes as of the last heartbeat (node.go)
+	ownPaused     sync.Map              // sandbox id → ownPaused: paused images this process wrote (resume.go)
+	checkedPaused sync.Map              // sandbox id → time.Time: the manifest's mtime of a paused image a restart found, once verified (resume.go)
+	prepared      preparedResumes       // suspended sandboxes whose resume is prepared (prepare.go)
+	warmHeld      heldImages            // the warm images, held in the page cache (pin.go)
+	metrics       managerMetrics        // the series it keeps (metrics.go); zero: none
+	warmFailed    sync.Map              // warm image dir → string: why its warming failed (warm.go)
+	refills       refillHolds           // sandboxes whose spare refills wait for the host (refills.go)
+	snapUse       snapshotUse           // snapshots being restored from (images.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -238,12 +239,12 @@ func (m *Manager) Config() Config { return m.cfg }
 // Start re-adopts or cleans up the sandboxes of an earlier run, removes
 // runtime state nobody owns, and starts the TTL reaper.
 func (m *Manager) Start(ctx context.Context) error {
-	if err := m.startNode(ctx); err != nil {
-		return fmt.Errorf("node %s: %w", m.cfg.Node.ID, err)
-	}
 	total, _ := hostMemoryMB()
 	if err := m.checkReserve(total); err != nil {
-		return err
+		return err // before this node shows itself to others
+	}
+	if err := m.startNode(ctx); err != nil {
+		return fmt.Errorf("node %s: %w", m.cfg.Node.ID, err)
 	}
 	if err := m.recover(ctx); err != nil {
 		return err
@@ -583,6 +584,8 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	pd, pooledOK := m.fromPool(p)
 	p.steps.done("pool_ms")
 	p.pooled = pooledOK
+	var booked *booking // the memory promised to this boot (pressure.go)
+	defer func() { booked.done(err == nil) }()
 	if pooledOK {
 		sb.ID = pd.id
 	} else if p.line {
@@ -596,11 +599,9 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		p.steps.done("admit_ms")
 		// Looked at in the slot, not before the wait: creates that
 		// queued together would all pass on one early reading.
-		booked, err := m.roomFor(ctx, "a new sandbox", imageMiB(p.image))
-		if err != nil {
+		if booked, err = m.roomFor(ctx, "a new sandbox", imageMiB(p.image)); err != nil {
 			return pandastack.Sandbox{}, err
 		}
-		defer booked()
 		p.steps.done("memory_ms")
 	}
 	standbyOK := false
@@ -611,6 +612,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		}
 		p.prepared = standbyOK
 		p.steps.prepared = standbyOK
+		booked.of(sb.ID)
 	}
 	if err := m.sbx.begin(sb.ID, phaseCreating); err != nil {
 		if pooledOK {

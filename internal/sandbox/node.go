@@ -159,7 +159,7 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 		}
 	}
 	total, free := hostMemoryMB()
-	free = max(0, free-m.cfg.MemoryReserveMB) // what creates may take (pressure.go)
+	free = max(0, free-m.cfg.MemoryReserveMB-m.bookedMiB()) // what creates may take (pressure.go)
 	if nc.MemoryMB > 0 {
 		total = nc.MemoryMB
 	}

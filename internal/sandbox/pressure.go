@@ -58,6 +58,9 @@ const (
 // will take: the size of its memory's file, at least defaultPSSMiB (a
 // cold boot's, or an unreadable image's).
 func imageMiB(dir string) int {
+	if dir == "" {
+		return defaultPSSMiB // a cold boot
+	}
 	fi, err := os.Stat(filepath.Join(dir, "pages.img"))
 	if err != nil {
 		return defaultPSSMiB
@@ -65,16 +68,17 @@ func imageMiB(dir string) int {
 	return max(defaultPSSMiB, int(fi.Size()>>20))
 }
 
-// memoryOf is the memory sandbox id takes, running (its cgroup's) or
-// paused (its image's), in MiB; defaultPSSMiB when neither is known.
-func (m *Manager) memoryOf(ctx context.Context, id string) int {
+// memoryOf is the memory sandbox sb takes, running (its cgroup's) or
+// paused (its image's; a prepared resume's container holds next to
+// nothing yet), in MiB; at least defaultPSSMiB.
+func (m *Manager) memoryOf(ctx context.Context, sb pandastack.Sandbox) int {
 	if m.cfg.MemoryReserveMB <= 0 {
-		return 0 // not needed, and Stats costs a walk of /proc
+		return 0 // not needed
 	}
-	if st, err := m.rt.Stats(ctx, id); err == nil && st.MemoryBytes > 0 {
-		return max(1, int(st.MemoryBytes>>20))
+	if sb.State == pandastack.StateRunning {
+		return max(defaultPSSMiB, m.memoryMiB(ctx, sb.ID))
 	}
-	return imageMiB(filepath.Join(m.pausedPath(id), "image"))
+	return imageMiB(filepath.Join(m.pausedPath(sb.ID), "image"))
 }
 
 // cpuSample is a sandbox's CPU time (ns) at a moment.
@@ -128,13 +132,13 @@ func (m *Manager) checkReserve(total int) error {
 }
 
 // memoryShort returns the host's available memory in MiB, less what boots
-// under way were promised, and whether that is under the reserve plus
-// extraMiB. Without a reserve it is never short.
+// under way were promised (bookedMiB), and whether that is under the
+// reserve plus extraMiB. Without a reserve it is never short.
 func (m *Manager) memoryShort(extraMiB int) (availMiB int, short bool) {
 	if m.cfg.MemoryReserveMB <= 0 {
 		return 0, false
 	}
-	availMiB = m.memAvailable() - int(m.booked.Load())
+	availMiB = m.memAvailable() - m.bookedMiB()
 	return availMiB, availMiB < m.cfg.MemoryReserveMB+extraMiB
 }
 
@@ -145,42 +149,147 @@ func availableMiB() int {
 	return free
 }
 
+// booking is the memory (MiB) a boot was promised by roomFor: all of it
+// while the boot is under way, then, until bootSettle after it returned,
+// what its sandboxes' cgroups do not hold yet (a restore loads its pages
+// after it returns; what they hold is in MemAvailable already).
+// Manager.bookMu guards its fields.
+type booking struct {
+	m        *Manager
+	mib      int
+	ids      []string  // its sandboxes, once known
+	returned time.Time // zero: under way
+}
+
+// of says the boot is sandbox id's. Nil-safe.
+func (b *booking) of(id string) {
+	if b == nil {
+		return
+	}
+	b.m.bookMu.Lock()
+	b.ids = append(b.ids, id)
+	b.m.bookMu.Unlock()
+}
+
+// done ends the boot: ok, its booking fades over bootSettle; failed, it
+// goes at once. Nil-safe.
+func (b *booking) done(ok bool) {
+	if b == nil {
+		return
+	}
+	m := b.m
+	drop := func() {
+		m.bookMu.Lock()
+		delete(m.bookings, b)
+		m.bookMu.Unlock()
+	}
+	if !ok || m.bootSettle <= 0 {
+		drop()
+		return
+	}
+	m.bookMu.Lock()
+	b.returned = m.now()
+	m.bookMu.Unlock()
+	time.AfterFunc(m.bootSettle, drop)
+}
+
+// bookedMiB is the memory the bookings still stand for.
+func (m *Manager) bookedMiB() int {
+	type view struct {
+		mib      int
+		ids      []string
+		returned bool
+	}
+	m.bookMu.Lock()
+	vs := make([]view, 0, len(m.bookings))
+	for b := range m.bookings {
+		vs = append(vs, view{b.mib, slices.Clone(b.ids), !b.returned.IsZero()})
+	}
+	m.bookMu.Unlock()
+	total := 0
+	for _, v := range vs {
+		left := v.mib
+		if v.returned {
+			for _, id := range v.ids {
+				left -= m.memoryMiB(context.Background(), id)
+			}
+		}
+		total += max(0, left)
+	}
+	return total
+}
+
+// memoryMiB is the memory sandbox id's cgroup holds now, in MiB (0 when
+// unknown).
+func (m *Manager) memoryMiB(ctx context.Context, id string) int {
+	var n int64 = -1
+	if ru, ok := m.rt.(pandastack.RuntimeUsage); ok {
+		n, _ = ru.MemoryBytes(ctx, id)
+	} else if st, err := m.rt.Stats(ctx, id); err == nil {
+		n = st.MemoryBytes
+	}
+	return int(max(n, 0) >> 20)
+}
+
 // roomFor makes sure the host has its reserve, plus mib for what a boot
 // will take, available before the boot adds running sandboxes (what names
 // it, for the error): if it has not, it frees memory first
 // (relieveMemory) and refuses with EMemory when that was not enough. The
-// mib are then booked until bootSettle after the caller's done: boots at
-// once each count the others'. Callers hold what they boot for (the
-// admission slot, the resume's claim), so that requests waiting for the
-// same boot wait for it rather than each being refused.
-func (m *Manager) roomFor(ctx context.Context, what string, mib int) (done func(), err error) {
+// mib are then booked (booking): boots at once each count the others'.
+// The caller tells the booking its sandboxes (of) and ends it (done).
+// Callers hold what they boot for (the admission slot, the resume's
+// claim), so that requests waiting for the same boot wait for it rather
+// than each being refused.
+func (m *Manager) roomFor(ctx context.Context, what string, mib int) (*booking, error) {
 	if m.cfg.MemoryReserveMB <= 0 {
-		return func() {}, nil
+		return nil, nil
 	}
-	var r relief
-	for range 3 { // a suspend's memory may show in MemAvailable a moment late
-		if _, short := m.memoryShort(mib); !short {
-			m.booked.Add(int64(mib))
-			return func() {
-				if m.bootSettle <= 0 {
-					m.booked.Add(-int64(mib))
-					return
-				}
-				time.AfterFunc(m.bootSettle, func() { m.booked.Add(-int64(mib)) })
-			}, nil
+	book := func() *booking {
+		b := &booking{m: m, mib: mib}
+		m.bookMu.Lock()
+		if m.bookings == nil {
+			m.bookings = map[*booking]struct{}{}
 		}
-		if r, err = m.relieveMemory(ctx, true, mib); err != nil {
+		m.bookings[b] = struct{}{}
+		m.bookMu.Unlock()
+		return b
+	}
+	var last relief
+	suspended := 0
+	for round := range 3 {
+		if _, short := m.memoryShort(mib); !short {
+			return book(), nil
+		}
+		if round > 0 {
+			// What the last round stopped may show in MemAvailable a
+			// moment late: look again before freeing more for it.
+			time.Sleep(reliefSettle)
+			if _, short := m.memoryShort(mib); !short {
+				return book(), nil
+			}
+		}
+		r, err := m.relieveMemory(ctx, true, mib)
+		if err != nil {
 			return nil, err
+		}
+		last, suspended = r, suspended+r.suspended
+		if _, short := m.memoryShort(mib); !short {
+			return book(), nil // this relief's work, or another's meanwhile
 		}
 		if r.freed == 0 {
 			break // nothing (more) to free
 		}
 	}
+	last.suspended = suspended
 	avail, _ := m.memoryShort(mib)
 	return nil, pandastack.Errorf(pandastack.EMemory,
 		"no room for %s (about %d MiB): the host has %d MiB of memory available for sandboxes, and this server keeps %d MiB free (serve --memory-reserve-mb); %s; retry later, or pause or kill sandboxes",
-		what, mib, avail, m.cfg.MemoryReserveMB, r.why())
+		what, mib, avail, m.cfg.MemoryReserveMB, last.why())
 }
+
+// reliefSettle is how long roomFor waits for what a relief stopped to show
+// in MemAvailable before it frees more.
+const reliefSettle = 200 * time.Millisecond
 
 // reliefPause is how long the reaper leaves the host's memory alone after
 // a relief that found nothing to free.
@@ -208,8 +317,7 @@ type relief struct {
 	avail     int // MiB available for sandboxes after it
 	freed     int // pool sandboxes and prepared resumes stopped, sandboxes suspended
 	suspended int // of which suspended
-	running   int // running sandboxes it looked at (their idle timeout not 0)
-	quiet     int // of which quiet long enough to be suspended
+	running   int // running sandboxes it looked at (their idle timeout not 0, no work in flight)
 	futile    bool
 }
 
@@ -220,9 +328,9 @@ func (r relief) why() string {
 	case r.suspended > 0:
 		return fmt.Sprintf("suspending %d quiet %s did not free enough", r.suspended, plural(r.suspended, "sandbox", "sandboxes"))
 	case r.running == 0:
-		return "no sandbox of this server runs that could be suspended: the memory is in use elsewhere on the host, or by sandboxes that may not be suspended (idle_timeout_seconds 0)"
+		return "none of this server's sandboxes could be suspended (none runs without work in flight, or they may not be: idle_timeout_seconds 0), so the memory is in use by those or elsewhere on the host"
 	default:
-		return fmt.Sprintf("none of its %d running %s has been quiet (no request, under 5%% of a CPU) for %s", r.running, plural(r.running, "sandbox", "sandboxes"), pressureQuiet)
+		return fmt.Sprintf("none of its %d running %s without work in flight has been quiet (no request, under 5%% of a CPU) for %s", r.running, plural(r.running, "sandbox", "sandboxes"), pressureQuiet)
 	}
 }
 
@@ -304,13 +412,13 @@ func (m *Manager) relieve(ctx context.Context, avail, extraMiB int) relief {
 			continue // gone meanwhile
 		}
 		if cpu >= 0 && c.base.cpu >= 0 {
-			if share := float64(cpu-c.base.cpu) / float64(now.Sub(c.base.at)); share >= idleCPUShare {
+			// (A count that went back says nothing: not quiet.)
+			if share := float64(cpu-c.base.cpu) / float64(now.Sub(c.base.at)); share >= idleCPUShare || cpu < c.base.cpu {
 				continue // working in the background: not quiet
 			}
 		}
-		r.quiet++
 		if need <= 0 {
-			continue
+			break
 		}
 		pick = append(pick, c.id)
 		mem := int64(defaultPSSMiB) << 20
@@ -333,9 +441,9 @@ func (m *Manager) relieve(ctx context.Context, avail, extraMiB int) relief {
 }
 
 // cpuNanos reads sandbox id's CPU time: alone if the runtime can
-// (RuntimeCPU), else from Stats.
+// (RuntimeUsage), else from Stats.
 func (m *Manager) cpuNanos(ctx context.Context, id string) (int64, error) {
-	if rc, ok := m.rt.(pandastack.RuntimeCPU); ok {
+	if rc, ok := m.rt.(pandastack.RuntimeUsage); ok {
 		return rc.CPUNanos(ctx, id)
 	}
 	st, err := m.rt.Stats(ctx, id)

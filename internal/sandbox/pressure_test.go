@@ -75,7 +75,7 @@ func TestMemoryPressureSuspendsTheQuietest(t *testing.T) {
 	// the others were used a moment ago.
 	before := len(h.rt.ids())
 	_, err := h.m.Create(ctx, project, CreateRequest{Template: "base"})
-	if !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "no room for a new sandbox") || !strings.Contains(err.Error(), "none of its 3 running sandboxes has been quiet") {
+	if !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "no room for a new sandbox") || !strings.Contains(err.Error(), "none of its 3 running sandboxes without work in flight has been quiet") {
 		t.Fatalf("a create with no room: %v, want insufficient_memory saying why", err)
 	}
 	if n := len(h.rt.ids()); n != before {
@@ -283,14 +283,12 @@ func TestNoMemoryReserve(t *testing.T) {
 	h.m.memAvailable = func() int { t.Error("memory read without a reserve"); return 0 }
 	h.createIdle(300)
 	h.m.relievePressure()
-	done, err := h.m.roomFor(context.Background(), "a test", 100)
-	if err != nil {
-		t.Fatal(err)
+	b, err := h.m.roomFor(context.Background(), "a test", 100)
+	if err != nil || b != nil {
+		t.Fatalf("a booking without a reserve: %v %v", b, err)
 	}
-	done()
-	if n := h.m.booked.Load(); n != 0 {
-		t.Fatalf("booked %d MiB without a reserve", n)
-	}
+	b.of("sbx_x")
+	b.done(true)
 }
 
 // A reserve of all the host's memory is refused: no sandbox could start.
@@ -303,5 +301,43 @@ func TestMemoryReserveOverTheHost(t *testing.T) {
 	}
 	if err := h.m.checkReserve(24576); err != nil {
 		t.Fatalf("a reserve under the host's memory: %v", err)
+	}
+}
+
+// Boots under way count each other's memory; a returned boot's booking
+// fades as its sandbox's cgroup fills, and a failed one's goes at once.
+func TestMemoryBookings(t *testing.T) {
+	h, _, _ := pressureHarness(t, 2000, 0, 1000)
+	ctx := context.Background()
+	sb := h.createIdle(300)
+	h.m.bootSettle = time.Hour // a returned booking fades through the cgroup alone
+	a, err := h.m.roomFor(ctx, "a", 600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.roomFor(ctx, "b", 600); !pandastack.IsCode(err, pandastack.EMemory) || !strings.Contains(err.Error(), "no room for b (about 600 MiB): the host has 1400 MiB") {
+		t.Fatalf("a second boot while the first is under way: %v, want insufficient_memory", err)
+	}
+	a.of(sb.ID)
+	a.done(true)
+	if got := h.m.bookedMiB(); got != 600 {
+		t.Fatalf("booked %d MiB right after the boot returned, want 600 (nothing loaded yet)", got)
+	}
+	h.rt.mu.Lock()
+	h.rt.boxes[sb.ID].mem = 400 << 20
+	h.rt.mu.Unlock()
+	if got := h.m.bookedMiB(); got != 200 {
+		t.Fatalf("booked %d MiB once 400 loaded, want 200", got)
+	}
+	b, err := h.m.roomFor(ctx, "b", 600)
+	if err != nil {
+		t.Fatalf("a second boot once the first loaded: %v", err)
+	}
+	b.done(false)
+	if got := h.m.bookedMiB(); got != 200 {
+		t.Fatalf("booked %d MiB after a failed boot, want 200 (the first's)", got)
+	}
+	if imageMiB("") != defaultPSSMiB || imageMiB(t.TempDir()) != defaultPSSMiB {
+		t.Fatal("imageMiB of no image")
 	}
 }

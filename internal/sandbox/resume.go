@@ -169,7 +169,8 @@ func (s *resumeSteps) debug(log *slog.Logger, msg, id string) {
 }
 
 // logCreate logs the steps of a create's boot (pool_ms: the look in the
-// pool; admit_ms: the wait in the admission line; store_ms: the new record; restore_ms: the network and
+// pool; admit_ms: the wait in the admission line; memory_ms: the look for
+// room in the host's memory (pressure.go); store_ms: the new record; restore_ms: the network and
 // the runtime's restore or start; agent_ms: the hello; setup_ms: resolver
 // and trust store; record_ms: the record says running), and whether it
 // restored into a container prepared for creates (standby.go).

@@ -446,7 +446,8 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	if err != nil {
 		return sb, err
 	}
-	defer booked()
+	booked.of(id)
+	defer func() { booked.done(err == nil) }()
 	steps := newResumeSteps()
 	dir := m.pausedPath(id)
 	what := "paused sandbox " + id
