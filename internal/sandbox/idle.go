@@ -170,8 +170,8 @@ func (m *Manager) idleNow() []string {
 	var idle []string
 	for _, c := range m.sbx.idleDue() {
 		cpu := int64(-1)
-		if st, err := m.rt.Stats(context.Background(), c.id); err == nil {
-			cpu = st.CPUNanos
+		if n, err := m.cpuNanos(context.Background(), c.id); err == nil {
+			cpu = n // the cgroup alone where the runtime can (pressure.go)
 		}
 		if m.sbx.idleMeasured(c, cpu) {
 			idle = append(idle, c.id)

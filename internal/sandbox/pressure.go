@@ -421,11 +421,11 @@ func (m *Manager) relieve(ctx context.Context, avail, extraMiB int) relief {
 			break
 		}
 		pick = append(pick, c.id)
-		mem := int64(defaultPSSMiB) << 20
-		if st, err := m.rt.Stats(ctx, c.id); err == nil && st.MemoryBytes > 0 {
-			mem = st.MemoryBytes
+		mem := m.memoryMiB(ctx, c.id)
+		if mem == 0 {
+			mem = defaultPSSMiB // unknown
 		}
-		need -= mem
+		need -= int64(mem) << 20
 	}
 	if len(pick) == 0 {
 		r.avail, _ = m.memoryShort(extraMiB)
