@@ -79,6 +79,12 @@ type idleCheck struct {
 	first bool
 }
 
+// quietSoFar says whether e may be suspended as it stands: running, with
+// an idle timeout, nothing in flight or held. t.mu is held.
+func (e *entry) quietSoFar() bool {
+	return e.phase == phaseRunning && e.idle.timeout > 0 && e.inflight == 0 && e.holds == 0
+}
+
 // idleDue lists the quiet sandboxes that need a CPU reading now.
 func (t *table) idleDue() []idleCheck {
 	t.mu.Lock()
@@ -87,7 +93,7 @@ func (t *table) idleDue() []idleCheck {
 	var out []idleCheck
 	for id, e := range t.entries {
 		s := &e.idle
-		if e.phase != phaseRunning || s.timeout <= 0 || e.inflight > 0 || e.holds > 0 || now.Before(s.retryAt) {
+		if !e.quietSoFar() || now.Before(s.retryAt) {
 			continue
 		}
 		switch {

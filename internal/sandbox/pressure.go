@@ -478,7 +478,7 @@ func (t *table) sampleDue() []string {
 	var out []string
 	for id, e := range t.entries {
 		s := &e.idle
-		if e.phase != phaseRunning || s.timeout <= 0 || e.inflight > 0 || e.holds > 0 {
+		if !e.quietSoFar() {
 			continue
 		}
 		if n := len(s.samples); n == 0 || now.Sub(s.samples[n-1].at) >= pressureSample {
@@ -494,7 +494,7 @@ func (t *table) addSample(id string, cpu int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	e := t.entries[id]
-	if e == nil || e.phase != phaseRunning || e.inflight > 0 || e.holds > 0 {
+	if e == nil || !e.quietSoFar() {
 		return
 	}
 	s := &e.idle
@@ -522,7 +522,7 @@ func (t *table) quietest() (_ []quietCandidate, now time.Time) {
 	var out []quietCandidate
 	for id, e := range t.entries {
 		s := &e.idle
-		if e.phase != phaseRunning || s.timeout <= 0 || e.inflight > 0 || e.holds > 0 || now.Before(s.retryAt) {
+		if !e.quietSoFar() || now.Before(s.retryAt) {
 			continue
 		}
 		c := quietCandidate{id: id, lastUse: s.lastUse}
