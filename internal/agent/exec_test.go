@@ -203,6 +203,33 @@ func TestExecTimeoutKillsDetached(t *testing.T) {
 	})
 }
 
+// With the central reaper (as PID 1), a timed-out command is answered once
+// what it started is reaped: the next command sees none of its zombies
+// (ps listed a fork bomb's hundred after its timeout), nor has them count
+// against the user's process limit.
+func TestExecTimeoutAnswersOnceReaped(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		res := st.exec(t, agentproto.ExecRequest{Cmd: `for i in $(seq 40); do sh -c 'echo $$; exec sleep 60' & done; sleep 60`, TimeoutMS: 1500})
+		if !res.exit.TimedOut {
+			t.Fatalf("exit %+v, want timed out", res.exit)
+		}
+		pids := parsePids(t, res.stdout.String(), 40)
+		if testReaper == nil {
+			waitGone(t, pids) // their zombies go to another reaper, in its time
+			return
+		}
+		var left []int
+		for _, pid := range pids {
+			if !processGone(pid) {
+				left = append(left, pid)
+			}
+		}
+		if len(left) > 0 {
+			t.Fatalf("processes %v still there (zombies, say) when the timed-out command was answered", left)
+		}
+	})
+}
+
 func TestExecCancelKillsTree(t *testing.T) {
 	if _, err := exec.LookPath("setsid"); err != nil {
 		t.Skip("needs setsid (util-linux)")

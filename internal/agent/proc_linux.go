@@ -46,6 +46,7 @@ func StartReaper(log *slog.Logger) *Reaper {
 	}
 	r := &Reaper{log: log, waiters: make(map[int]chan ExitStatus), wait4: syscall.Wait4}
 	treeLog = log
+	reapsOrphans.Store(true)
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGCHLD)
 	go func() {
@@ -231,8 +232,47 @@ func waitStopped(pids []int, limit time.Duration) {
 	}
 }
 
-// killTree is KillTree, sparing keep (then pid's group is not killed).
+// killTree is KillTree, sparing keep (then pid's group is not killed). It
+// returns once the reaper has the zombies of what it killed
+// (awaitReaped).
 func killTree(pid int, mark uint32, keep []int) {
+	killTreeOnly(pid, mark, keep)
+	awaitReaped(mark, keep, killAnswerWait)
+}
+
+// reapsOrphans says that the central reaper runs (StartReaper): the
+// orphans of a killed tree come to this process to be reaped. Elsewhere
+// (the agent's tests on a host) whoever they come to may leave them.
+var reapsOrphans atomic.Bool
+
+// awaitReaped waits, for limit at most, until no process that carries
+// mark is left but keep and the zombies of keep's, which are theirs to
+// collect (a kept parent may be stopped meanwhile). Killed processes stay
+// zombies until the reaper has them, a fork bomb's for a moment: listed
+// by ps, and counted against the user's process limit, so the next
+// command after a timed-out one saw a hundred of them, or failed to fork.
+// Only with the central reaper (reapsOrphans).
+func awaitReaped(mark uint32, keep []int, limit time.Duration) {
+	if mark == 0 || !reapsOrphans.Load() {
+		return
+	}
+	end := time.Now().Add(limit)
+	for {
+		left := false
+		whole := scanStatus(end, func(pid int, st procStatus) {
+			if st.has(mark) && !slices.Contains(keep, pid) && !slices.Contains(keep, st.ppid) {
+				left = true
+			}
+		})
+		if whole && !left || time.Now().After(end) {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// killTreeOnly is killTree without the wait for the reaper.
+func killTreeOnly(pid int, mark uint32, keep []int) {
 	// A freeze's SIGCONT would let a tree stopped here go on before its kill.
 	treeKills.RLock()
 	locked := true
