@@ -108,6 +108,16 @@ type RuntimeUsage interface {
 	MemoryBytes(ctx context.Context, id string) (int64, error)
 }
 
+// RuntimeLogs is a Runtime that keeps a sandbox's own logs (optional: the
+// manager asks for it with a type assertion when a sandbox died before its
+// agent answered, to say why).
+type RuntimeLogs interface {
+	// LogTail is the last lines of what the runtime logged for sandbox id,
+	// one line, or "" when it has nothing. Call it before Stop, which
+	// removes the logs.
+	LogTail(id string) string
+}
+
 // RuntimePreparer is a Runtime that can do the start of a Restore ahead of
 // it (optional: the manager asks for it with a type assertion).
 type RuntimePreparer interface {

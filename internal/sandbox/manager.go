@@ -730,7 +730,14 @@ func (m *Manager) helloFailed(id string, err error) error {
 	if err == nil || !pandastack.IsCode(err, pandastack.ETimeout) || m.rt.Alive(id) {
 		return err
 	}
-	m.log.Error("the agent exited before its hello", "sandbox", id, "err", err)
+	args := []any{"sandbox", id, "err", err}
+	if reason := m.rt.DeathReason(id); reason != "" {
+		args = append(args, "reason", reason)
+	}
+	if rl, ok := m.rt.(pandastack.RuntimeLogs); ok {
+		args = append(args, "runtime_log", rl.LogTail(id))
+	}
+	m.log.Error("the agent exited before its hello", args...)
 	return pandastack.Errorf(pandastack.EInternal, "sandbox %s: its agent exited before it said hello (a crash at its start; the server's log tells more)", id)
 }
 

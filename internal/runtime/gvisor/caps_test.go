@@ -1,9 +1,11 @@
 package gvisor
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -68,5 +70,36 @@ func TestContainerOfARenamedSandbox(t *testing.T) {
 	}
 	if c, ok := r.container("sbx_other"); c != "sbx_other" || !ok {
 		t.Fatalf("an id of its own: %s %v", c, ok)
+	}
+}
+
+// LogTail reads the last lines of a sandbox's runsc and agent logs, through
+// the container a Rename made it take over, and nothing for an unknown or
+// invalid id.
+func TestLogTail(t *testing.T) {
+	r := &Runtime{sbxRoot: t.TempDir()}
+	const from, to = "sbx_prep", "sbx_susp"
+	if err := os.Mkdir(r.dir(from), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var runscLog strings.Builder
+	for i := range 15 {
+		fmt.Fprintf(&runscLog, "line %d\n", i)
+	}
+	os.WriteFile(filepath.Join(r.dir(from), "runsc.log"), []byte(runscLog.String()), 0o600)
+	os.WriteFile(filepath.Join(r.dir(from), "agent.log"), []byte("panic: boom\n"), 0o600)
+	os.WriteFile(filepath.Join(r.dir(from), renamedFile), []byte(to), 0o600)
+	if err := os.Symlink(from, r.dir(to)); err != nil {
+		t.Fatal(err)
+	}
+	got := r.LogTail(to)
+	if want := "runsc.log: line 5 | line 6 | line 7 | line 8 | line 9 | line 10 | line 11 | line 12 | line 13 | line 14; agent.log: panic: boom"; got != want {
+		t.Errorf("LogTail = %q\nwant %q", got, want)
+	}
+	if got := r.LogTail("sbx_none"); got != "" {
+		t.Errorf("LogTail of an unknown sandbox = %q", got)
+	}
+	if got := r.LogTail("../x"); got != "" {
+		t.Errorf("LogTail of an invalid id = %q", got)
 	}
 }

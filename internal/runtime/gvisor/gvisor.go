@@ -806,8 +806,16 @@ func pss(pid int) int64 {
 	return 0
 }
 
-// logTail returns the last lines of the sandbox's runsc and agent logs, for
-// error messages.
+// LogTail implements pandastack.RuntimeLogs.
+func (r *Runtime) LogTail(id string) string {
+	if !validID(id) {
+		return ""
+	}
+	return r.logTail(r.cid(id))
+}
+
+// logTail returns the last lines of the runsc and agent logs of container
+// id, for error messages.
 func (r *Runtime) logTail(id string) string {
 	var parts []string
 	for _, f := range []string{"runsc.log", "agent.log"} {
