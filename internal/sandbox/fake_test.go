@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -488,6 +489,7 @@ type harness struct {
 
 	images pandastack.ImageStore // Config.Images of the next newManager (nil: the default)
 	node   NodeConfig            // Config.Node of the next newManager (node_test.go)
+	reap   time.Duration         // Config.ReapInterval of the next newManager (0: an hour; tests call reapOnce)
 	logs   logLines              // what its managers logged
 	// metrics holds the series of the last newManager.
 	metrics *metrics.Registry
@@ -517,7 +519,7 @@ func (h *harness) newManager() *Manager {
 	h.t.Helper()
 	cfg := Config{
 		SnapshotDir: filepath.Join(h.dir, "snapshots"), PausedDir: filepath.Join(h.dir, "paused"), WarmDir: filepath.Join(h.dir, "warm"),
-		ReapInterval: time.Hour, // tests call reapOnce themselves
+		ReapInterval: cmp.Or(h.reap, time.Hour), // tests call reapOnce themselves
 		Images:       h.images,
 		Node:         h.node,
 		Metrics:      metrics.New(),

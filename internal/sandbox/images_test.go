@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -406,5 +407,54 @@ func TestLocalRootFSOfAnotherNodesSnapshot(t *testing.T) {
 	}
 	if got := m.localRootFS(ctx, manifest{Template: "other", RootFS: "/elsewhere/templates/other-1/rootfs"}); got != "/elsewhere/templates/other-1/rootfs" {
 		t.Errorf("a template this node does not know: %s", got)
+	}
+}
+
+// slowSweep is images whose cache sweeps after the start's block until
+// released.
+type slowSweep struct {
+	*images
+	calls            atomic.Int32
+	entered, release chan struct{}
+}
+
+func (s *slowSweep) SweepCache(keep func(id string) bool, olderThan time.Duration) []string {
+	if s.calls.Add(1) == 2 { // the first is Start's
+		close(s.entered)
+		<-s.release
+	}
+	return nil
+}
+
+// The reaper goes on while its hourly sweep of the snapshot cache runs
+// (up to a minute on a large cache): a sandbox that dies meanwhile is
+// found and recorded stopped.
+func TestReaperGoesOnDuringTheCacheSweep(t *testing.T) {
+	h, img := newImagesHarness(t)
+	ss := &slowSweep{images: img, entered: make(chan struct{}), release: make(chan struct{})}
+	h.images, h.reap = ss, 20*time.Millisecond
+	h.m.Close()
+	h.m = h.newManager()
+	t.Cleanup(func() { close(ss.release) }) // before the manager's Close, which waits for the sweep
+	select {
+	case <-ss.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reaper did not sweep the cache at its first round")
+	}
+	sb := h.create()
+	h.rt.die(sb.ID, "")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := h.m.Get(context.Background(), project, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State == pandastack.StateStopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a sandbox that died during the sweep is still %s", got.State)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -1055,16 +1055,37 @@ func (m *Manager) reapLoop() {
 		m.suspendIdle()
 		m.sampleCPU()
 		m.relievePressure()
-		if time.Since(lastPurge) > time.Hour {
+		if time.Since(lastPurge) > housekeepEvery {
 			lastPurge = time.Now()
-			if n, err := m.store.PurgeStoppedSandboxes(context.Background(), m.now().Add(-m.cfg.StoppedRetention)); err == nil && n > 0 {
-				m.log.Info("purged old sandbox records", "count", n)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			m.sweepSnapshotCache(ctx) // bounded: reaping waits meanwhile
-			cancel()
+			// Beside the loop: a sweep of a large snapshot cache takes up
+			// to its minute, and the reaper's CPU readings and memory
+			// relief must not wait for it. At most one runs: it is bounded
+			// well within the hour.
+			m.wg.Add(1) // safe while Close waits: this loop's count is held
+			go func() {
+				defer m.wg.Done()
+				m.housekeep()
+			}()
 		}
 	}
+}
+
+// housekeepEvery is how often the reaper purges old records and sweeps
+// the snapshot cache (a variable for tests).
+var housekeepEvery = time.Hour
+
+// housekeep purges the records of sandboxes stopped longer than the
+// retention and drops cached copies of deleted snapshots, within a minute;
+// Close cuts it short.
+func (m *Manager) housekeep() {
+	ctx, cancel := m.untilClose()
+	defer cancel()
+	ctx, cancelTimeout := context.WithTimeout(ctx, time.Minute)
+	defer cancelTimeout()
+	if n, err := m.store.PurgeStoppedSandboxes(ctx, m.now().Add(-m.cfg.StoppedRetention)); err == nil && n > 0 {
+		m.log.Info("purged old sandbox records", "count", n)
+	}
+	m.sweepSnapshotCache(ctx)
 }
 
 // maxConcurrentStops bounds the expired sandboxes the reaper stops at once.
