@@ -56,11 +56,51 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bo
 // manager's refill pacer ends (refills.go); and the sandbox's setup
 // (setupSandbox) done in the same round trip: resolver, the nameserver to
 // write into its resolv.conf, and caMarker, to learn whether its trust
-// store has the host's certificates.
+// store has the host's certificates. alive, when set, is asked whether
+// the sandbox still runs once the hello is late (helloWatchAfter): the
+// dial gives up as soon as it is gone, instead of at setupTimeout.
 type hello struct {
 	reseed, holdSpares bool
 	resolver           string
 	caMarker           bool
+	alive              func(id string) bool
+}
+
+// helloWatchAfter is how long a hello may take before the dial asks every
+// helloWatchEvery whether the sandbox still runs: hellos take
+// milliseconds, and the first ask costs a runsc process (Runtime.Alive).
+var helloWatchAfter, helloWatchEvery = time.Second, 250 * time.Millisecond
+
+// errSandboxGone ends the wait for a hello whose sandbox is gone.
+var errSandboxGone = errors.New("the sandbox is gone")
+
+// watchAlive cancels ctx with errSandboxGone once alive says id is gone,
+// asking from helloWatchAfter on; stop ends the watch.
+func watchAlive(ctx context.Context, cancel context.CancelCauseFunc, id string, alive func(string) bool) (stop func()) {
+	if alive == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	after, every := helloWatchAfter, helloWatchEvery // read here: tests set them
+	go func() {
+		t := time.NewTimer(after)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if !alive(id) {
+				cancel(errSandboxGone)
+				return
+			}
+			t.Reset(every)
+		}
+	}()
+	return func() { close(done) }
 }
 
 // dialAgentWith is dialAgent with more to ask in the hello.
@@ -83,8 +123,11 @@ func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hel
 		// buffer than the default 4 KiB takes it in fewer stream reads.
 		ReadBufferSize: 64 << 10,
 	}}
-	hctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	tctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
+	hctx, cancelGone := context.WithCancelCause(tctx)
+	defer cancelGone(nil)
+	defer watchAlive(hctx, cancelGone, id, h.alive)()
 	// large_frames: this host reads the agent's frames of up to 1 MiB
 	// (agentproto.AllowLargeFrames); an older agent ignores it.
 	q := url.Values{"sandbox_id": {id}, "large_frames": {"1"}}
@@ -102,7 +145,11 @@ func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hel
 	}
 	if err := c.do(hctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
 		c.Close()
-		if ownDeadline(hctx, ctx) {
+		if context.Cause(hctx) == errSandboxGone {
+			// As a timeout: helloFailed, which sees it gone, says so.
+			return nil, pandastack.Errorf(pandastack.ETimeout, "sandbox %s: its agent did not answer its hello, and the sandbox is gone", id)
+		}
+		if ownDeadline(tctx, ctx) {
 			return nil, pandastack.Errorf(pandastack.ETimeout, "sandbox %s: its agent did not answer its hello within %s; the host may be overloaded", id, setupTimeout)
 		}
 		return nil, fmt.Errorf("agent hello %s: %w", id, err)

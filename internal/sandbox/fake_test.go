@@ -46,6 +46,7 @@ type fakeRuntime struct {
 	helloSetup    bool            // the hello reports the CA marker when asked, as agents since ca_marker do
 	noAgent       bool            // sandboxes boot with an agent that never answers
 	agentDies     bool            // with noAgent: the sandbox is gone at once (its agent crashed)
+	deadBoots     int             // so many next boots are gone at once, their agents silent (a crash at the start)
 	unnamed       bool            // the hello does not name FeatureHostname, as agents before it
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 	// sparesHold, when set, makes the spares request signal sparesAsked
@@ -95,7 +96,7 @@ func (r *fakeRuntime) serve(b *fakeBox) io.ReadWriteCloser {
 	outR, outW := io.Pipe()
 	b.stdinW, b.stdoutR = inW, outR
 	b.stop = func() { inW.Close(); outR.Close(); inR.Close(); outW.Close() }
-	if r.noAgent {
+	if r.noAgent || !b.alive {
 		go io.Copy(io.Discard, inR)
 		return pipeChannel{Reader: outR, Writer: inW, close: func() error { inW.Close(); return outR.Close() }}
 	}
@@ -290,7 +291,8 @@ func (r *fakeRuntime) boot(spec pandastack.RuntimeSpec, vars map[string]string, 
 	if _, ok := r.boxes[spec.ID]; ok {
 		return nil, pandastack.Errorf(pandastack.EConflict, "sandbox %s exists", spec.ID)
 	}
-	b := &fakeBox{id: spec.ID, spec: spec, vars: vars, alive: !(r.noAgent && r.agentDies)}
+	b := &fakeBox{id: spec.ID, spec: spec, vars: vars, alive: !(r.noAgent && r.agentDies) && r.deadBoots == 0}
+	r.deadBoots = max(r.deadBoots-1, 0)
 	r.boxes[spec.ID] = b
 	return r.serve(b), nil
 }

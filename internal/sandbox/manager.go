@@ -6,6 +6,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -670,29 +671,42 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 	defer cancel()
 	spec := pandastack.RuntimeSpec{ID: sb.ID, RootFS: p.rootfs, Env: env, CPU: p.cpu, MemoryMB: p.mem, DiskMB: p.disk, PIDs: m.cfg.PIDsLimit, Lazy: true, Network: p.network}
 	var rwc io.ReadWriteCloser
-	if p.image != "" {
-		rwc, err = m.rt.Restore(startCtx, spec, p.image)
-	} else {
-		rwc, err = m.rt.Start(startCtx, spec)
-	}
-	p.steps.done("restore_ms")
-	if err == nil {
-		var client *AgentClient
-		client, err = dialAgentWith(startCtx, sb.ID, rwc, m.withSetup(sb.ID, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}))
-		if err = m.helloFailed(sb.ID, err); err == nil {
-			p.steps.done("agent_ms")
-			if err = m.setupSandbox(startCtx, client); err == nil {
-				p.steps.done("setup_ms")
-				if p.hold != nil {
-					p.hold(client)
-					return sb, nil
-				}
-				out, err := m.started(ctx, sb, client, true)
-				p.steps.done("record_ms")
-				return out, err
-			}
-			client.Close()
+	var client *AgentClient
+	for retried := false; ; retried = true {
+		if p.image != "" {
+			rwc, err = m.rt.Restore(startCtx, spec, p.image)
+		} else {
+			rwc, err = m.rt.Start(startCtx, spec)
 		}
+		p.steps.done("restore_ms")
+		if err == nil {
+			client, err = dialAgentWith(startCtx, sb.ID, rwc, m.withSetup(sb.ID, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}))
+			err = m.helloFailed(sb.ID, err)
+		}
+		var died agentDied
+		if retried || !errors.As(err, &died) || startCtx.Err() != nil {
+			break
+		}
+		// A sandbox that died before its hello (helloFailed logged what
+		// the runtime knows) is booted once more, afresh: nothing of the
+		// first boot was handed out yet, and the caller gets a sandbox,
+		// not an internal error for a crash that may not come again.
+		m.log.Warn("booting the sandbox afresh", "sandbox", sb.ID)
+		m.rt.Stop(context.Background(), sb.ID)
+	}
+	if err == nil {
+		p.steps.done("agent_ms")
+		if err = m.setupSandbox(startCtx, client); err == nil {
+			p.steps.done("setup_ms")
+			if p.hold != nil {
+				p.hold(client)
+				return sb, nil
+			}
+			out, err := m.started(ctx, sb, client, true)
+			p.steps.done("record_ms")
+			return out, err
+		}
+		client.Close()
 	}
 	if startCtx.Err() != nil {
 		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not start within %s", sb.ID, m.cfg.StartTimeout)
@@ -738,8 +752,14 @@ func (m *Manager) helloFailed(id string, err error) error {
 		args = append(args, "runtime_log", rl.LogTail(id))
 	}
 	m.log.Error("the agent exited before its hello", args...)
-	return pandastack.Errorf(pandastack.EInternal, "sandbox %s: its agent exited before it said hello (a crash at its start; the server's log tells more)", id)
+	return agentDied{pandastack.Errorf(pandastack.EInternal, "sandbox %s: its agent exited before it said hello (a crash at its start; the server's log tells more)", id)}
 }
+
+// agentDied is helloFailed's error for a sandbox that died before its
+// agent's hello.
+type agentDied struct{ error }
+
+func (e agentDied) Unwrap() error { return e.error }
 
 // started records a claimed, booted sandbox as running and makes it so;
 // created says whether to log it as a new sandbox (a resume logs its own

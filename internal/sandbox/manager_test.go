@@ -819,4 +819,42 @@ func TestHelloOfADeadAgent(t *testing.T) {
 	if !strings.Contains(pandastack.ErrorMessage(err), "agent exited") {
 		t.Errorf("a dead agent's hello: %v", err)
 	}
+	if ids := h.rt.ids(); len(ids) != 0 {
+		t.Errorf("runtime holds %v after two dead boots", ids)
+	}
+}
+
+// A sandbox that dies before its agent's hello is found gone while the
+// hello waits (not after the hello's whole timeout), logged with what the
+// runtime knows, and booted once more: the create succeeds.
+func TestCreateBootsAfreshAfterADeadStart(t *testing.T) {
+	oldTimeout, oldAfter := setupTimeout, helloWatchAfter
+	setupTimeout, helloWatchAfter = time.Hour, 50*time.Millisecond
+	t.Cleanup(func() { setupTimeout, helloWatchAfter = oldTimeout, oldAfter })
+	h := newHarness(t)
+	h.m.cfg.StartTimeout = 20 * time.Second
+	h.rt.deadBoots = 1
+	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	if err != nil {
+		t.Fatalf("create after one dead boot: %v", err)
+	}
+	h.exec(sb.ID, "set v=1")
+	if got, err := h.exec(sb.ID, "get v"); got != "1" || err != nil {
+		t.Errorf("the sandbox booted afresh runs %q %v, want 1", got, err)
+	}
+	if len(h.logs.with("the agent exited before its hello")) != 1 || len(h.logs.with("booting the sandbox afresh")) != 1 {
+		t.Errorf("log lines of the dead boot and the new one missing:\n%s", strings.Join(h.logs.with("sandbox="+sb.ID), "\n"))
+	}
+	// Two dead boots in a row: an internal error, found long before the
+	// start's timeout, and nothing left.
+	h.rt.deadBoots = 2
+	start := time.Now()
+	_, err = h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	wantCode(t, err, pandastack.EInternal)
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("two dead boots took %s to fail", took)
+	}
+	if ids := h.rt.ids(); len(ids) != 1 {
+		t.Errorf("runtime holds %v, want the first sandbox alone", ids)
+	}
 }

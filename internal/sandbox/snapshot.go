@@ -487,7 +487,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	steps.done("restore_ms")
 	var client *AgentClient
 	if err == nil {
-		h := hello{holdSpares: m.pacesRefills()}
+		h := hello{holdSpares: m.pacesRefills(), alive: m.rt.Alive}
 		if !own {
 			h = m.withSetup(id, h)
 		} else if ns, ok := m.resolverOf(id); ok {
