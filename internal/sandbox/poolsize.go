@@ -82,6 +82,13 @@ func (s *poolSizer) refilled(d time.Duration, pssBytes int64) {
 	}
 }
 
+// refillTime is how long a refill takes, as measured (0: not yet).
+func (s *poolSizer) refillTime() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Duration(s.refill * float64(time.Second))
+}
+
 // sandboxMiB is the memory of one ready sandbox, as measured (or
 // defaultPSSMiB until then).
 func (s *poolSizer) sandboxMiB() int {

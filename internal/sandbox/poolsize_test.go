@@ -184,3 +184,33 @@ func TestRefillYieldsToCreates(t *testing.T) {
 	clk.advance(refillQuiet)
 	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
 }
+
+// A create waits for a pool's restore under way only if, by the refill
+// time measured so far, it should be ready sooner than the create's own
+// restore would be; each waiting create counts on the next oldest one.
+func TestPoolWaitsOnlyForARestoreAboutReady(t *testing.T) {
+	p := &pool{size: newPoolSizer(1, poolCeiling, 0)}
+	now := time.Unix(1000, 0)
+	if !p.readySoon(1, now) {
+		t.Error("no refill time measured yet: a create should wait, as before")
+	}
+	p.size.refilled(300*time.Millisecond, 0)
+	p.restoreBegan(now.Add(-250 * time.Millisecond)) // about 50 ms to go
+	p.restoreBegan(now.Add(-20 * time.Millisecond))  // about 280 ms to go
+	if !p.readySoon(1, now) {
+		t.Error("the first create should wait for the restore about to be ready")
+	}
+	if p.readySoon(2, now) {
+		t.Error("the second create should restore its own rather than wait for one just begun")
+	}
+	if p.readySoon(3, now) {
+		t.Error("a third create has no restore to wait for")
+	}
+	p.restoreEnded(now.Add(-250 * time.Millisecond))
+	if p.readySoon(1, now) {
+		t.Errorf("after the first restore ended, the one just begun counts: %v", p.started)
+	}
+	if !p.readySoon(1, now.Add(200*time.Millisecond)) {
+		t.Error("the restore begun 220 ms ago should be about ready")
+	}
+}
