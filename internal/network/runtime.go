@@ -23,7 +23,37 @@ type Runtime struct {
 var (
 	_ pandastack.Runtime         = (*Runtime)(nil)
 	_ pandastack.RuntimePreparer = (*Runtime)(nil)
+	_ pandastack.RuntimeUsage    = (*Runtime)(nil)
+	_ pandastack.RuntimeLogs     = (*Runtime)(nil)
 )
+
+// CPUNanos implements pandastack.RuntimeUsage: the wrapped runtime's
+// reading, or Stats' when it has no cheaper one.
+func (r *Runtime) CPUNanos(ctx context.Context, id string) (int64, error) {
+	if ru, ok := r.Runtime.(pandastack.RuntimeUsage); ok {
+		return ru.CPUNanos(ctx, id)
+	}
+	st, err := r.Runtime.Stats(ctx, id)
+	return st.CPUNanos, err
+}
+
+// MemoryBytes implements pandastack.RuntimeUsage, as CPUNanos does.
+func (r *Runtime) MemoryBytes(ctx context.Context, id string) (int64, error) {
+	if ru, ok := r.Runtime.(pandastack.RuntimeUsage); ok {
+		return ru.MemoryBytes(ctx, id)
+	}
+	st, err := r.Runtime.Stats(ctx, id)
+	return st.MemoryBytes, err
+}
+
+// LogTail implements pandastack.RuntimeLogs: the wrapped runtime's, or ""
+// when it keeps none.
+func (r *Runtime) LogTail(id string) string {
+	if rl, ok := r.Runtime.(pandastack.RuntimeLogs); ok {
+		return rl.LogTail(id)
+	}
+	return ""
+}
 
 // Wrap returns rt with sandbox networking from n.
 func Wrap(rt pandastack.Runtime, n *Network) *Runtime { return &Runtime{Runtime: rt, net: n} }
