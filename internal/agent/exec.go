@@ -383,6 +383,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		if !exited && !killed {
 			killed = true
 			KillTree(c.Pid, c.Mark)
+			// The answer comes once what the command started is reaped:
+			// the next command neither sees its zombies nor has them
+			// count against the user's process limit.
+			awaitReaped(c.Mark, killAnswerWait)
 		}
 	}
 	if broken {

@@ -214,8 +214,10 @@ func TestExecTimeoutAnswersOnceReaped(t *testing.T) {
 			t.Fatalf("exit %+v, want timed out", res.exit)
 		}
 		pids := parsePids(t, res.stdout.String(), 40)
-		if testReaper == nil {
-			waitGone(t, pids) // their zombies go to another reaper, in its time
+		if testReaper == nil || os.Geteuid() != 0 {
+			// Their zombies go to another reaper, in its time; or, not
+			// root, the agent gives no marks to wait on.
+			waitGone(t, pids)
 			return
 		}
 		var left []int

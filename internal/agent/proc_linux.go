@@ -232,13 +232,6 @@ func waitStopped(pids []int, limit time.Duration) {
 	}
 }
 
-// killTree is KillTree, sparing keep (then pid's group is not killed). It
-// returns once the reaper has the zombies of what it killed
-// (awaitReaped).
-func killTree(pid int, mark uint32, keep []int) {
-	killTreeOnly(pid, mark, keep)
-	awaitReaped(mark, keep, killAnswerWait)
-}
 
 // reapsOrphans says that the central reaper runs (StartReaper): the
 // orphans of a killed tree come to this process to be reaped. Elsewhere
@@ -246,13 +239,13 @@ func killTree(pid int, mark uint32, keep []int) {
 var reapsOrphans atomic.Bool
 
 // awaitReaped waits, for limit at most, until no process that carries
-// mark is left but keep and the zombies of keep's, which are theirs to
-// collect (a kept parent may be stopped meanwhile). Killed processes stay
+// mark is left: for after a KillTree of mark's tree. Killed processes stay
 // zombies until the reaper has them, a fork bomb's for a moment: listed
-// by ps, and counted against the user's process limit, so the next
-// command after a timed-out one saw a hundred of them, or failed to fork.
-// Only with the central reaper (reapsOrphans).
-func awaitReaped(mark uint32, keep []int, limit time.Duration) {
+// by ps, and counted against the user's process limit, so the command
+// after a timed-out one saw a hundred of them, or failed to fork. Only
+// with the central reaper (reapsOrphans); call it holding no lock, since
+// a tree that outlived its kill makes it wait its whole limit.
+func awaitReaped(mark uint32, limit time.Duration) {
 	if mark == 0 || !reapsOrphans.Load() {
 		return
 	}
@@ -260,7 +253,7 @@ func awaitReaped(mark uint32, keep []int, limit time.Duration) {
 	for {
 		left := false
 		whole := scanStatus(end, func(pid int, st procStatus) {
-			if st.has(mark) && !slices.Contains(keep, pid) && !slices.Contains(keep, st.ppid) {
+			if st.has(mark) {
 				left = true
 			}
 		})
@@ -271,8 +264,8 @@ func awaitReaped(mark uint32, keep []int, limit time.Duration) {
 	}
 }
 
-// killTreeOnly is killTree without the wait for the reaper.
-func killTreeOnly(pid int, mark uint32, keep []int) {
+// killTree is KillTree, sparing keep (then pid's group is not killed).
+func killTree(pid int, mark uint32, keep []int) {
 	// A freeze's SIGCONT would let a tree stopped here go on before its kill.
 	treeKills.RLock()
 	locked := true

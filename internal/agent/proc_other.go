@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"syscall"
+	"time"
 )
 
 // Reaper starts the agent's commands; the agent runs only on Linux, so
@@ -25,6 +26,8 @@ func procAttr(asRoot bool) *syscall.SysProcAttr { return nil }
 
 // KillTree does nothing here.
 func KillTree(pid int, mark uint32) {}
+
+func awaitReaped(mark uint32, limit time.Duration) {}
 
 // KillDescendants does nothing here.
 func KillDescendants(pid int, mark uint32, spareChildren bool) {}
