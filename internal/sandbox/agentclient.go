@@ -75,14 +75,17 @@ var helloWatchAfter, helloWatchEvery = time.Second, 250 * time.Millisecond
 var errSandboxGone = errors.New("the sandbox is gone")
 
 // watchAlive cancels ctx with errSandboxGone once alive says id is gone,
-// asking from helloWatchAfter on; stop ends the watch.
+// asking from helloWatchAfter on; stop ends the watch and waits for an ask
+// under way (a late answer about this boot must not land after the next
+// boot of the same id began).
 func watchAlive(ctx context.Context, cancel context.CancelCauseFunc, id string, alive func(string) bool) (stop func()) {
 	if alive == nil {
 		return func() {}
 	}
-	done := make(chan struct{})
-	after, every := helloWatchAfter, helloWatchEvery // read here: tests set them
+	done, ended := make(chan struct{}), make(chan struct{})
+	after, every := helloWatchAfter, helloWatchEvery // read here: a test sets them
 	go func() {
+		defer close(ended)
 		t := time.NewTimer(after)
 		defer t.Stop()
 		for {
@@ -100,7 +103,7 @@ func watchAlive(ctx context.Context, cancel context.CancelCauseFunc, id string, 
 			t.Reset(every)
 		}
 	}()
-	return func() { close(done) }
+	return func() { close(done); <-ended }
 }
 
 // dialAgentWith is dialAgent with more to ask in the hello.

@@ -47,6 +47,7 @@ type fakeRuntime struct {
 	noAgent       bool            // sandboxes boot with an agent that never answers
 	agentDies     bool            // with noAgent: the sandbox is gone at once (its agent crashed)
 	deadBoots     int             // so many next boots are gone at once, their agents silent (a crash at the start)
+	deadReason    string          // the DeathReason of those
 	unnamed       bool            // the hello does not name FeatureHostname, as agents before it
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 	// sparesHold, when set, makes the spares request signal sparesAsked
@@ -292,6 +293,9 @@ func (r *fakeRuntime) boot(spec pandastack.RuntimeSpec, vars map[string]string, 
 		return nil, pandastack.Errorf(pandastack.EConflict, "sandbox %s exists", spec.ID)
 	}
 	b := &fakeBox{id: spec.ID, spec: spec, vars: vars, alive: !(r.noAgent && r.agentDies) && r.deadBoots == 0}
+	if r.deadBoots > 0 {
+		b.reason = r.deadReason
+	}
 	r.deadBoots = max(r.deadBoots-1, 0)
 	r.boxes[spec.ID] = b
 	return r.serve(b), nil

@@ -684,15 +684,21 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			err = m.helloFailed(sb.ID, err)
 		}
 		var died agentDied
-		if retried || !errors.As(err, &died) || startCtx.Err() != nil {
+		if retried || !errors.As(err, &died) || died.reason != "" || startCtx.Err() != nil {
 			break
 		}
-		// A sandbox that died before its hello (helloFailed logged what
-		// the runtime knows) is booted once more, afresh: nothing of the
-		// first boot was handed out yet, and the caller gets a sandbox,
-		// not an internal error for a crash that may not come again.
+		// A sandbox that died before its hello for no reason the runtime
+		// knows (helloFailed logged what it does) is booted once more,
+		// afresh: nothing of the first boot was handed out yet, and the
+		// caller gets a sandbox, not an internal error for a crash that
+		// may not come again. One that ran out of memory or processes
+		// would only do so again.
 		m.log.Warn("booting the sandbox afresh", "sandbox", sb.ID)
 		m.rt.Stop(context.Background(), sb.ID)
+		// Its steps are the new boot's; the dead one's are kept apart.
+		p.steps.rename("restore_ms", "dead_restore_ms")
+		p.steps.done("dead_agent_ms")
+		p.prepared, p.steps.prepared = false, false
 	}
 	if err == nil {
 		p.steps.done("agent_ms")
@@ -745,19 +751,23 @@ func (m *Manager) helloFailed(id string, err error) error {
 		return err
 	}
 	args := []any{"sandbox", id, "err", err}
-	if reason := m.rt.DeathReason(id); reason != "" {
+	reason := m.rt.DeathReason(id)
+	if reason != "" {
 		args = append(args, "reason", reason)
 	}
 	if rl, ok := m.rt.(pandastack.RuntimeLogs); ok {
 		args = append(args, "runtime_log", rl.LogTail(id))
 	}
 	m.log.Error("the agent exited before its hello", args...)
-	return agentDied{pandastack.Errorf(pandastack.EInternal, "sandbox %s: its agent exited before it said hello (a crash at its start; the server's log tells more)", id)}
+	return agentDied{pandastack.Errorf(pandastack.EInternal, "sandbox %s: its agent exited before it said hello (a crash at its start; the server's log tells more)", id), reason}
 }
 
 // agentDied is helloFailed's error for a sandbox that died before its
-// agent's hello.
-type agentDied struct{ error }
+// agent's hello, with the runtime's reason for its death ("" unknown).
+type agentDied struct {
+	error
+	reason string
+}
 
 func (e agentDied) Unwrap() error { return e.error }
 
@@ -1091,12 +1101,13 @@ func (m *Manager) reapLoop() {
 }
 
 // housekeepEvery is how often the reaper purges old records and sweeps
-// the snapshot cache (a variable for tests).
-var housekeepEvery = time.Hour
+// the snapshot cache.
+const housekeepEvery = time.Hour
 
 // housekeep purges the records of sandboxes stopped longer than the
-// retention and drops cached copies of deleted snapshots, within a minute;
-// Close cuts it short.
+// retention and drops cached copies of deleted snapshots. Its store calls
+// end within a minute or at Close (the sweep's look-ups then keep every
+// copy); what takes longer is the removal of the copies it drops.
 func (m *Manager) housekeep() {
 	ctx, cancel := m.untilClose()
 	defer cancel()

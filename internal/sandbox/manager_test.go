@@ -857,4 +857,12 @@ func TestCreateBootsAfreshAfterADeadStart(t *testing.T) {
 	if ids := h.rt.ids(); len(ids) != 1 {
 		t.Errorf("runtime holds %v, want the first sandbox alone", ids)
 	}
+	// A death the runtime has a reason for (out of memory) would come
+	// again: no second boot.
+	h.rt.deadBoots, h.rt.deadReason = 2, pandastack.ReasonOutOfMemory
+	_, err = h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	wantCode(t, err, pandastack.EInternal)
+	if h.rt.deadBoots != 1 {
+		t.Errorf("a sandbox out of memory at its start was booted %d times, want once", 2-h.rt.deadBoots)
+	}
 }

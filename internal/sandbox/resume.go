@@ -147,6 +147,18 @@ func (s *resumeSteps) done(step string) {
 	s.last = now
 }
 
+// rename gives the step done under old the key new.
+func (s *resumeSteps) rename(old, new string) {
+	if s == nil {
+		return
+	}
+	for i := 0; i+1 < len(s.attrs); i += 2 {
+		if s.attrs[i] == old {
+			s.attrs[i] = new
+		}
+	}
+}
+
 // get returns the time of a step that is done.
 func (s *resumeSteps) get(step string) (float64, bool) {
 	for i := 0; i+1 < len(s.attrs); i += 2 {
