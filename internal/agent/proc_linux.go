@@ -232,7 +232,6 @@ func waitStopped(pids []int, limit time.Duration) {
 	}
 }
 
-
 // reapsOrphans says that the central reaper runs (StartReaper): the
 // orphans of a killed tree come to this process to be reaped. Elsewhere
 // (the agent's tests on a host) whoever they come to may leave them.
