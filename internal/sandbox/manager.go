@@ -680,14 +680,13 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		}
 		p.steps.done("restore_ms")
 		if err == nil {
-			client, err = dialAgentWith(startCtx, sb.ID, rwc, m.withSetup(sb.ID, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}))
-			err = m.helloFailed(sb.ID, err)
+			client, err = m.dialAndSetup(startCtx, sb.ID, rwc, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}, p.steps)
 		}
 		var died agentDied
 		if retried || !errors.As(err, &died) || died.reason != "" || startCtx.Err() != nil {
 			break
 		}
-		// A sandbox that died before its hello for no reason the runtime
+		// A sandbox that died during its start for no reason the runtime
 		// knows (helloFailed logged what it does) is booted once more,
 		// afresh: nothing of the first boot was handed out yet, and the
 		// caller gets a sandbox, not an internal error for a crash that
@@ -697,22 +696,19 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		m.rt.Stop(context.Background(), sb.ID)
 		// Its steps are the new boot's; the dead one's are kept apart.
 		p.steps.rename("restore_ms", "dead_restore_ms")
-		p.steps.done("dead_agent_ms")
+		p.steps.rename("agent_ms", "dead_agent_ms")
+		p.steps.done("dead_setup_ms")
 		p.prepared, p.steps.prepared = false, false
 	}
 	if err == nil {
-		p.steps.done("agent_ms")
-		if err = m.setupSandbox(startCtx, client); err == nil {
-			p.steps.done("setup_ms")
-			if p.hold != nil {
-				p.hold(client)
-				return sb, nil
-			}
-			out, err := m.started(ctx, sb, client, true)
-			p.steps.done("record_ms")
-			return out, err
+		p.steps.done("setup_ms")
+		if p.hold != nil {
+			p.hold(client)
+			return sb, nil
 		}
-		client.Close()
+		out, err := m.started(ctx, sb, client, true)
+		p.steps.done("record_ms")
+		return out, err
 	}
 	if startCtx.Err() != nil {
 		return pandastack.Sandbox{}, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not start within %s", sb.ID, m.cfg.StartTimeout)
@@ -742,10 +738,10 @@ func (m *Manager) limits() [3]limit {
 	}
 }
 
-// helloFailed explains a hello that timed out in a container that is gone:
-// the agent exited (it crashed at its start, or was restored with another
-// build of itself), which no wait would have helped; the hello's own
-// timeout said the host might be overloaded.
+// helloFailed explains a hello (or a setup after it) that timed out in a
+// container that is gone: the agent exited (it crashed at its start, or
+// was restored with another build of itself), which no wait would have
+// helped; the timeout's own message said the host might be overloaded.
 func (m *Manager) helloFailed(id string, err error) error {
 	if err == nil || !pandastack.IsCode(err, pandastack.ETimeout) || m.rt.Alive(id) {
 		return err
@@ -758,8 +754,35 @@ func (m *Manager) helloFailed(id string, err error) error {
 	if rl, ok := m.rt.(pandastack.RuntimeLogs); ok {
 		args = append(args, "runtime_log", rl.LogTail(id))
 	}
-	m.log.Error("the agent exited before its hello", args...)
-	return agentDied{pandastack.Errorf(pandastack.EInternal, "sandbox %s: its agent exited before it said hello (a crash at its start; the server's log tells more)", id), reason}
+	m.log.Error("the sandbox died during its start", args...)
+	return agentDied{pandastack.Errorf(pandastack.EInternal, "sandbox %s: its agent exited during the sandbox's start (a crash; the server's log tells more)", id), reason}
+}
+
+// dialAndSetup says hello to a sandbox just booted (dialAgentWith, with
+// withSetup) and sets it up (setupSandbox), timing the hello as agent_ms,
+// while it watches whether the sandbox still runs (watchAlive): one that
+// dies on the way, before its hello or after it, ends the wait at once
+// and is said to have died (helloFailed, agentDied), not to have run
+// out of time on an overloaded host.
+func (m *Manager) dialAndSetup(ctx context.Context, id string, rwc io.ReadWriteCloser, h hello, steps *resumeSteps) (*AgentClient, error) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer watchAlive(wctx, cancel, id, m.rt.Alive)()
+	h = m.withSetup(id, h)
+	h.alive = nil // watched here, through the setup too
+	client, err := dialAgentWith(wctx, id, rwc, h)
+	if err == nil {
+		steps.done("agent_ms")
+		if err = m.setupSandbox(wctx, client); err != nil {
+			client.Close()
+			client = nil
+		}
+	}
+	if err != nil && context.Cause(wctx) == errSandboxGone {
+		// As a timeout: helloFailed, which sees it gone, says so.
+		err = pandastack.Errorf(pandastack.ETimeout, "sandbox %s: it stopped answering during its start, and the sandbox is gone", id)
+	}
+	return client, m.helloFailed(id, err)
 }
 
 // agentDied is helloFailed's error for a sandbox that died before its

@@ -842,7 +842,7 @@ func TestCreateBootsAfreshAfterADeadStart(t *testing.T) {
 	if got, err := h.exec(sb.ID, "get v"); got != "1" || err != nil {
 		t.Errorf("the sandbox booted afresh runs %q %v, want 1", got, err)
 	}
-	if len(h.logs.with("the agent exited before its hello")) != 1 || len(h.logs.with("booting the sandbox afresh")) != 1 {
+	if len(h.logs.with("the sandbox died during its start")) != 1 || len(h.logs.with("booting the sandbox afresh")) != 1 {
 		t.Errorf("log lines of the dead boot and the new one missing:\n%s", strings.Join(h.logs.with("sandbox="+sb.ID), "\n"))
 	}
 	// Two dead boots in a row: an internal error, found long before the
