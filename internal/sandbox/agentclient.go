@@ -117,7 +117,7 @@ func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hel
 	c := &AgentClient{id: id, epoch: epoch, sess: sess}
 	c.http = &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return sess.Open()
+			return openStream(sess)
 		},
 		MaxIdleConnsPerHost: 32,
 		IdleConnTimeout:     60 * time.Second,
@@ -168,6 +168,29 @@ func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hel
 	c.knowContexts(c.hello.Contexts)
 	c.heldSpares = h.holdSpares
 	return c, nil
+}
+
+// openStream opens a stream of sess for one HTTP connection (fullClose).
+func openStream(sess *yamux.Session) (net.Conn, error) {
+	st, err := sess.Open()
+	if err != nil {
+		return nil, err
+	}
+	return fullClose{st}, nil
+}
+
+// fullClose is a yamux stream whose Close also ends a Read under way. A
+// yamux Close only half-closes the stream (it sends FIN and reads on), and
+// net/http cancels a request by closing its connection: the read of an
+// answer's body, a command's output say, whose request was cancelled
+// waited for the agent's next bytes, forever from a dead sandbox, until
+// the session's keepalive failed (45 s: a create whose sandbox died during
+// its setup answered only then).
+type fullClose struct{ net.Conn }
+
+func (c fullClose) Close() error {
+	c.Conn.SetReadDeadline(time.Now())
+	return c.Conn.Close()
 }
 
 // Close ends the session; the sandbox keeps running.

@@ -444,3 +444,34 @@ func TestCutOffRequestsNamed(t *testing.T) {
 		}
 	}
 }
+
+// A request cancelled while its answer's body is read ends at once, even
+// when the agent sends nothing more (a dead sandbox's): yamux's Close only
+// half-closes a stream, and the read waited for the session's keepalive.
+func TestCancelEndsABodyReadFromASilentAgent(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	c := fakeAgent(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("POST /v1/exec", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			<-release // says nothing more, whatever the client does
+		})
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: "true"}, nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a cancelled exec returned no error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a cancelled exec still waits for the silent agent after 10 s")
+	}
+}
