@@ -109,7 +109,14 @@ func watchAlive(ctx context.Context, cancel context.CancelCauseFunc, id string, 
 // dialAgentWith is dialAgent with more to ask in the hello.
 func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hello) (*AgentClient, error) {
 	epoch := rand.Uint32() | 1 // never 0, so a zeroed header is never ours
-	sess, err := yamux.Client(agentproto.HostConn(rwc, epoch), agentproto.MuxConfig())
+	mc := agentproto.MuxConfig()
+	// A stream this side closed first (fullClose) is read no more: the
+	// agent's writes into it block once its window is used up, holding a
+	// cancelled cell from its interrupt, until a reset; yamux's default
+	// sends it after 5 minutes. Host side only: a reset makes the reader
+	// drop what it has buffered.
+	mc.StreamCloseTimeout = 10 * time.Second
+	sess, err := yamux.Client(agentproto.HostConn(rwc, epoch), mc)
 	if err != nil {
 		rwc.Close()
 		return nil, fmt.Errorf("agent session %s: %w", id, err)
@@ -185,7 +192,9 @@ func openStream(sess *yamux.Session) (net.Conn, error) {
 // answer's body, a command's output say, whose request was cancelled
 // waited for the agent's next bytes, forever from a dead sandbox, until
 // the session's keepalive failed (45 s: a create whose sandbox died during
-// its setup answered only then).
+// its setup answered only then). What was received before the Close is
+// still read; then the read fails with a timeout, not EOF, so a cut answer
+// never passes for a whole one.
 type fullClose struct{ net.Conn }
 
 func (c fullClose) Close() error {
