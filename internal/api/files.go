@@ -135,6 +135,22 @@ func (g *idleGuard) reader(r io.Reader) io.Reader {
 	})
 }
 
+// writer wraps w so that the guard waits while a write to the client is
+// under way: the guard is for a sandbox that stops sending, not for a
+// client that reads slowly (a download paused by its client for minutes
+// must not be cut for it).
+func (g *idleGuard) writer(w io.Writer) io.Writer {
+	return writerFunc(func(p []byte) (int, error) {
+		g.timer.Stop()
+		defer g.touch()
+		return w.Write(p)
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
 type readerFunc func([]byte) (int, error)
 
 func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
@@ -214,7 +230,7 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request, project string)
 		w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
 	}
 	w.WriteHeader(http.StatusOK)
-	n, err := io.Copy(w, idle.reader(rc))
+	n, err := io.Copy(idle.writer(w), idle.reader(rc))
 	if err == nil && size >= 0 && n != size {
 		err = io.ErrUnexpectedEOF
 	}

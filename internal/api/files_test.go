@@ -246,3 +246,28 @@ func TestReadyz(t *testing.T) {
 		}
 	}
 }
+
+// A download's guard is for a sandbox that stops sending, not for a client
+// that reads slowly: it waits while a write to the client is under way,
+// and gives up once the sandbox sends nothing for fileIdle after it.
+func TestDownloadGuardWaitsForASlowClient(t *testing.T) {
+	defer func(d time.Duration) { fileIdle = d }(fileIdle)
+	fileIdle = 100 * time.Millisecond
+	ctx, g := newIdleGuard(context.Background())
+	defer g.stop()
+	slowClient := writerFunc(func(p []byte) (int, error) {
+		time.Sleep(3 * fileIdle)
+		return len(p), nil
+	})
+	if _, err := g.writer(slowClient).Write([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the guard gave the download up while its client was reading")
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the guard no longer ends a download whose sandbox sends nothing")
+	}
+}
