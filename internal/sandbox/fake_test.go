@@ -48,6 +48,7 @@ type fakeRuntime struct {
 	agentDies     bool            // with noAgent: the sandbox is gone at once (its agent crashed)
 	deadBoots     int             // so many next boots are gone at once, their agents silent (a crash at the start)
 	deadReason    string          // the DeathReason of those
+	setupDeaths   int             // so many next CA setups (after the hello) die once their answer has begun
 	unnamed       bool            // the hello does not name FeatureHostname, as agents before it
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 	// sparesHold, when set, makes the spares request signal sparesAsked
@@ -137,6 +138,21 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 		var er agentproto.ExecRequest
 		json.NewDecoder(req.Body).Decode(&er)
 		var out string
+		r.mu.Lock()
+		dies := strings.Contains(er.Cmd, " > "+caMarker) && r.setupDeaths > 0
+		if dies {
+			r.setupDeaths--
+			b.alive = false
+		}
+		r.mu.Unlock()
+		if dies {
+			// The sandbox dies after the answer's head: it says nothing
+			// more, whatever the host does.
+			w.Header().Set("Content-Type", "application/x-ndjson")
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			select {} // not even the host's hang-up ends it
+		}
 		switch {
 		case strings.Contains(er.Cmd, " > "+caMarker):
 			// The CA setup: its last line writes the marker.

@@ -696,8 +696,12 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		m.rt.Stop(context.Background(), sb.ID)
 		// Its steps are the new boot's; the dead one's are kept apart.
 		p.steps.rename("restore_ms", "dead_restore_ms")
-		p.steps.rename("agent_ms", "dead_agent_ms")
-		p.steps.done("dead_setup_ms")
+		if _, ok := p.steps.get("agent_ms"); ok {
+			p.steps.rename("agent_ms", "dead_agent_ms")
+			p.steps.done("dead_setup_ms")
+		} else {
+			p.steps.done("dead_agent_ms")
+		}
 		p.prepared, p.steps.prepared = false, false
 	}
 	if err == nil {

@@ -824,6 +824,35 @@ func TestHelloOfADeadAgent(t *testing.T) {
 	}
 }
 
+// A sandbox that dies after its hello, during its setup (the CA's
+// install), is found gone too, its setup's request ends at once though
+// the agent says nothing more, and it is booted afresh.
+func TestCreateBootsAfreshAfterADeathInItsSetup(t *testing.T) {
+	oldTimeout, oldAfter := setupTimeout, helloWatchAfter
+	setupTimeout, helloWatchAfter = time.Hour, 50*time.Millisecond
+	t.Cleanup(func() { setupTimeout, helloWatchAfter = oldTimeout, oldAfter })
+	h := newHarness(t)
+	h.m.cfg.StartTimeout = 20 * time.Second
+	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\nA\n"))
+	h.rt.setupDeaths = 1
+	start := time.Now()
+	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	if err != nil {
+		t.Fatalf("create after a death in its setup: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the create took %s", took)
+	}
+	if got, err := h.exec(sb.ID, "get file:"+caMarker); got == "" || err != nil {
+		t.Errorf("the sandbox booted afresh has no CA marker: %q %v", got, err)
+	}
+	lines := h.logs.with("sandbox=" + sb.ID)
+	joined := strings.Join(lines, "\n")
+	if !strings.Contains(joined, "the sandbox died during its start") || !strings.Contains(joined, "dead_agent_ms") || !strings.Contains(joined, "dead_setup_ms") {
+		t.Errorf("log of the create:\n%s", joined)
+	}
+}
+
 // A sandbox that dies before its agent's hello is found gone while the
 // hello waits (not after the hello's whole timeout), logged with what the
 // runtime knows, and booted once more: the create succeeds.

@@ -161,6 +161,9 @@ func (s *resumeSteps) rename(old, new string) {
 
 // get returns the time of a step that is done.
 func (s *resumeSteps) get(step string) (float64, bool) {
+	if s == nil {
+		return 0, false
+	}
 	for i := 0; i+1 < len(s.attrs); i += 2 {
 		if s.attrs[i] == step {
 			return s.attrs[i+1].(float64), true
