@@ -789,8 +789,8 @@ func (m *Manager) dialAndSetup(ctx context.Context, id string, rwc io.ReadWriteC
 	return client, m.helloFailed(id, err)
 }
 
-// agentDied is helloFailed's error for a sandbox that died before its
-// agent's hello, with the runtime's reason for its death ("" unknown).
+// agentDied is helloFailed's error for a sandbox that died during its
+// start, with the runtime's reason for its death ("" unknown).
 type agentDied struct {
 	error
 	reason string

@@ -824,15 +824,23 @@ func TestHelloOfADeadAgent(t *testing.T) {
 	}
 }
 
-// A sandbox that dies after its hello, during its setup (the CA's
-// install), is found gone too, its setup's request ends at once though
-// the agent says nothing more, and it is booted afresh.
-func TestCreateBootsAfreshAfterADeathInItsSetup(t *testing.T) {
+// watchingHarness is a harness whose boots wait for their hello and setup
+// far longer than their watch (50 ms) takes to see a dead sandbox: only
+// the watch can end them before the start's 20 s.
+func watchingHarness(t *testing.T) *harness {
 	oldTimeout, oldAfter := setupTimeout, helloWatchAfter
 	setupTimeout, helloWatchAfter = time.Hour, 50*time.Millisecond
 	t.Cleanup(func() { setupTimeout, helloWatchAfter = oldTimeout, oldAfter })
 	h := newHarness(t)
 	h.m.cfg.StartTimeout = 20 * time.Second
+	return h
+}
+
+// A sandbox that dies after its hello, during its setup (the CA's
+// install), is found gone too, its setup's request ends at once though
+// the agent says nothing more, and it is booted afresh.
+func TestCreateBootsAfreshAfterADeathInItsSetup(t *testing.T) {
+	h := watchingHarness(t)
 	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\nA\n"))
 	h.rt.setupDeaths = 1
 	start := time.Now()
@@ -857,11 +865,7 @@ func TestCreateBootsAfreshAfterADeathInItsSetup(t *testing.T) {
 // hello waits (not after the hello's whole timeout), logged with what the
 // runtime knows, and booted once more: the create succeeds.
 func TestCreateBootsAfreshAfterADeadStart(t *testing.T) {
-	oldTimeout, oldAfter := setupTimeout, helloWatchAfter
-	setupTimeout, helloWatchAfter = time.Hour, 50*time.Millisecond
-	t.Cleanup(func() { setupTimeout, helloWatchAfter = oldTimeout, oldAfter })
-	h := newHarness(t)
-	h.m.cfg.StartTimeout = 20 * time.Second
+	h := watchingHarness(t)
 	h.rt.deadBoots = 1
 	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
 	if err != nil {
