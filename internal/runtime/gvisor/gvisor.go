@@ -216,7 +216,14 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	disk := sandboxDisk(r.dir(id)) // before a checkpoint that stops it removes the dir
 	caps := sandboxCaps(r.dir(id))
 	agent := sandboxAgent(r.dir(id))
-	args := []string{"checkpoint", "--image-path=" + imageDir, "--exclude-committed-zero-pages"}
+	// Without --exclude-committed-zero-pages: with it, the sentry reads
+	// every page the sandbox holds to find zeroed ones, under the memory
+	// file's lock, which the kernel state's save waits on for each memory
+	// range it writes. A warm code-interpreter sandbox had 0.4 MB of such
+	// pages in 189 MB, and its fork's checkpoint took 75 ms without the
+	// flag against 84-94 ms with it (bench, session 45). Pages never
+	// touched are still left out either way.
+	args := []string{"checkpoint", "--image-path=" + imageDir}
 	if leaveRunning {
 		args = append(args, "--leave-running")
 	}
