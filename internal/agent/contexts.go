@@ -363,6 +363,17 @@ func (k *kernelProc) Kill() {
 		KillTree(k.p.Pid, k.p.Mark)
 	}
 }
+
+// KillGroup SIGKILLs the kernel's process group, while the kernel is
+// unreaped (jupyter.GroupKiller).
+func (k *kernelProc) KillGroup() {
+	select {
+	case <-k.done:
+	default:
+		KillGroupNow(k.p.Pid)
+	}
+}
+
 func (k *kernelProc) ExitReason() string {
 	select {
 	case <-k.done:

@@ -511,3 +511,38 @@ func TestKillUserSparesTheKept(t *testing.T) {
 		}
 	}
 }
+
+// KillGroupNow kills every member of the group at once: the kernel and
+// what its warm-up may have left running in its group.
+func TestKillGroupNowKillsTheGroup(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 30 & sleep 30 & wait")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	pgid := cmd.Process.Pid
+	t.Cleanup(func() { syscall.Kill(-pgid, syscall.SIGKILL) }) // whatever fails
+	time.Sleep(200 * time.Millisecond)
+	if n := livingInGroup(t, pgid); n != 3 {
+		t.Fatalf("%d living processes in the group, want the shell and its two sleeps", n)
+	}
+	KillGroupNow(pgid)
+	select {
+	case err := <-exited:
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+			t.Fatalf("the group's leader ended with %v, want SIGKILL", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the group's leader lives 5 s after KillGroupNow")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for livingInGroup(t, pgid) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d processes of the group live 5 s after KillGroupNow", livingInGroup(t, pgid))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	KillGroupNow(0) // no group: nothing happens (not a kill of this process's own group)
+}

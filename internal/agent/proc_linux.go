@@ -182,6 +182,16 @@ func procAttr(asRoot bool) *syscall.SysProcAttr {
 // most).
 func KillTree(pid int, mark uint32) { killTree(pid, mark, nil) }
 
+// KillGroupNow SIGKILLs process group pgid once, without KillTree's stop
+// and search: for a process known to have started nothing that could
+// outrun it, whose death a caller waits on (a spare kernel shut down for a
+// fork), before the KillTree that still follows.
+func KillGroupNow(pgid int) {
+	if pgid > 0 {
+		syscall.Kill(-pgid, syscall.SIGKILL)
+	}
+}
+
 // KillDescendants is KillTree for what pid started (its descendants and
 // the other processes that carry mark), pid itself left running: for a
 // kernel whose cell its children hold up (a fork bomb that starves it).

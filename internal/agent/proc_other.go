@@ -29,6 +29,9 @@ func KillTree(pid int, mark uint32) {}
 
 func awaitReaped(mark uint32, limit time.Duration) {}
 
+// KillGroupNow does nothing here.
+func KillGroupNow(pgid int) {}
+
 // KillDescendants does nothing here.
 func KillDescendants(pid int, mark uint32, spareChildren bool) {}
 

@@ -81,6 +81,13 @@ type ChildKiller interface {
 	KillChildren()
 }
 
+// GroupKiller is a Proc that can SIGKILL its process group at once, ahead
+// of Kill's search of the tree: for a kernel whose death someone waits on
+// (KillNow).
+type GroupKiller interface {
+	KillGroup()
+}
+
 // Noter is a Proc that may have something to tell the cell that runs:
 // what the sandbox did to what the kernel started (the memory watch killed
 // it, the kernel lives on). Execute adds it to the cell's stderr as the
@@ -382,6 +389,20 @@ func (k *Kernel) Close() error { return k.closeWithin(k.opts.ShutdownGrace) }
 // kernel whose work is to be thrown away (a start given up), which may be
 // too busy to answer the request within the grace.
 func (k *Kernel) Kill() error { return k.closeWithin(0) }
+
+// KillNow is Kill for a kernel whose death a caller waits on: a Proc that
+// is a GroupKiller has its group killed first, so the process dies while
+// Kill's search of its tree goes on, instead of after it.
+func (k *Kernel) KillNow() error {
+	k.mu.Lock()
+	if k.inst != nil {
+		if g, ok := k.inst.proc.(GroupKiller); ok {
+			g.KillGroup()
+		}
+	}
+	k.mu.Unlock()
+	return k.Kill()
+}
 
 func (k *Kernel) closeWithin(grace time.Duration) error {
 	k.mu.Lock()

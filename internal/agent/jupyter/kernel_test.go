@@ -589,6 +589,56 @@ func (p deadProc) Done() <-chan struct{} { return p.done }
 func (p deadProc) ExitReason() string    { return "exit status 1" }
 func (p deadProc) Kill()                 {}
 
+// orderProc is a live kernel process that notes the kills it gets; Kill
+// ends it.
+type orderProc struct {
+	group bool // a GroupKiller
+	calls []string
+	done  chan struct{}
+}
+
+func (p *orderProc) Pid() int              { return 4242 }
+func (p *orderProc) Done() <-chan struct{} { return p.done }
+func (p *orderProc) ExitReason() string    { return "killed by SIGKILL" }
+func (p *orderProc) Kill() {
+	p.calls = append(p.calls, "tree")
+	select {
+	case <-p.done:
+	default:
+		close(p.done)
+	}
+}
+
+type groupProc struct{ *orderProc }
+
+func (p groupProc) KillGroup() { p.calls = append(p.calls, "group") }
+
+// TestKillNowKillsTheGroupFirst: KillNow has a GroupKiller's group killed
+// before the tree kill; a Proc that is none gets the tree kill alone, as
+// from Kill; a closed kernel gets nothing more.
+func TestKillNowKillsTheGroupFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mk   func(*orderProc) Proc
+		want []string
+	}{
+		{"group killer", func(p *orderProc) Proc { return groupProc{p} }, []string{"group", "tree"}},
+		{"plain proc", func(p *orderProc) Proc { return p }, []string{"tree"}},
+	} {
+		p := &orderProc{done: make(chan struct{})}
+		k := &Kernel{inst: &instance{proc: tc.mk(p), close: func() {}}}
+		if err := k.KillNow(); err != nil {
+			t.Fatalf("%s: KillNow: %v", tc.name, err)
+		}
+		if !slices.Equal(p.calls, tc.want) {
+			t.Fatalf("%s: kills %v, want %v", tc.name, p.calls, tc.want)
+		}
+		if err := k.KillNow(); err != nil || len(p.calls) != len(tc.want) {
+			t.Fatalf("%s: a second KillNow: %v, kills %v", tc.name, err, p.calls)
+		}
+	}
+}
+
 func TestKilledFromOutside(t *testing.T) {
 	k := startKernel(t)
 	pid := k.Pid()
