@@ -338,8 +338,9 @@ func TestFlowLimit(t *testing.T) {
 	if k := tracked(); k > limit+2 {
 		t.Errorf("%d flows of the sandbox tracked; its limit is %d", k, limit)
 	}
-	// A policy change does not start the count again.
-	if err := n.SetPolicy("sbx_flows", pandastack.InternetPolicy()); err != nil {
+	// A policy change (one that rewrites the chain, and still lets the
+	// upstream through) does not start the count again.
+	if err := n.SetPolicy("sbx_flows", pandastack.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{"192.0.2.1"}}); err != nil {
 		t.Fatal(err)
 	}
 	flood(30000)
@@ -1461,4 +1462,55 @@ func TestGatewayPortInUse(t *testing.T) {
 		t.Errorf("GET %s from the sandbox = %q, %v", up.PublicIP, body, err)
 	}
 	n.Release("sbx_inuse")
+}
+
+// TestSetPolicyOfTheSamePolicyChangesNothing: the policy a sandbox has
+// already leaves its chain as it is (here emptied by hand, so that a
+// rewrite would show); another policy rewrites it.
+func TestSetPolicyOfTheSamePolicyChangesNothing(t *testing.T) {
+	up := nettest.StartUpstream(t, "sp", 118, 118)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	if _, err := n.Prepare("sbx_same", nil); err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_same")
+	n.mu.Lock()
+	chain := "sbx_" + strconv.Itoa(n.sbx["sbx_same"].Slot)
+	n.mu.Unlock()
+	table := "pandastack_" + n.cfg.Instance
+	rules := func() int {
+		out, err := exec.Command("nft", "-a", "list", "chain", "inet", table, chain).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list chain: %v: %s", err, out)
+		}
+		k := 0
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, "# handle") && !strings.Contains(l, "chain ") {
+				k++
+			}
+		}
+		return k
+	}
+	if rules() == 0 {
+		t.Fatal("the sandbox's chain has no rules after Prepare")
+	}
+	if out, err := exec.Command("nft", "flush", "chain", "inet", table, chain).CombinedOutput(); err != nil {
+		t.Fatalf("nft flush chain: %v: %s", err, out)
+	}
+	// nil and empty lists alike: the same policy.
+	if err := n.SetPolicy("sbx_same", pandastack.NetworkPolicy{AllowInternetAccess: true}); err != nil {
+		t.Fatal(err)
+	}
+	if k := rules(); k != 0 {
+		t.Errorf("the same policy rewrote the chain: %d rules", k)
+	}
+	if err := n.SetPolicy("sbx_same", pandastack.NoNetworkPolicy()); err != nil {
+		t.Fatal(err)
+	}
+	if rules() == 0 {
+		t.Error("another policy left the chain empty")
+	}
+	if _, _, err := get(t, n.NSPath("sbx_same"), up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("after a policy with no internet: %v, want refused", err)
+	}
 }

@@ -23,6 +23,9 @@ func (n *Network) Prepare(string, *pandastack.NetworkPolicy) (string, error) {
 func (n *Network) Adopt(string) error                               { return errUnsupported }
 func (n *Network) Rename(string, string) (string, error)            { return "", errUnsupported }
 func (n *Network) SetPolicy(string, pandastack.NetworkPolicy) error { return errUnsupported }
+func (n *Network) setPolicy(string, pandastack.NetworkPolicy, bool) error {
+	return errUnsupported
+}
 func (n *Network) Policy(string) (pandastack.NetworkPolicy, bool) {
 	return pandastack.NetworkPolicy{}, false
 }

@@ -70,7 +70,9 @@ func (r *Runtime) Restore(ctx context.Context, spec pandastack.RuntimeSpec, imag
 	if ns, ok := r.prepared.LoadAndDelete(spec.ID); ok {
 		spec.NetNS = ns.(string)
 		if spec.Network != nil {
-			if err := r.net.SetPolicy(spec.ID, *spec.Network); err != nil {
+			// Nothing ran in it since its network was made: no
+			// connections to cut.
+			if err := r.net.setPolicy(spec.ID, *spec.Network, false); err != nil {
 				r.Runtime.Stop(ctx, spec.ID)
 				r.net.Release(spec.ID)
 				return nil, err

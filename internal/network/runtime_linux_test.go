@@ -199,9 +199,17 @@ func TestRuntimePrepareKeepsNetwork(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no namespace after Prepare: %v", err)
 	}
+	if _, _, err := get(t, ns, up.PublicIP); err != nil {
+		t.Fatalf("the prepared namespace with internet access: %v", err)
+	}
 	none := pandastack.NetworkPolicy{}
 	if _, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: "sbx_prep", Network: &none}, "img"); err != nil {
 		t.Fatal(err)
+	}
+	// The restore's own policy is the firewall's (a fork's child given
+	// another than the one prepared).
+	if _, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("after a restore with no internet: %v, want refused", err)
 	}
 	fi2, err := os.Stat(ns)
 	if err != nil || !os.SameFile(fi, fi2) {
