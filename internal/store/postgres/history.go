@@ -105,7 +105,10 @@ func (s *Store) PutHistory(ctx context.Context, projectID, sandboxID string, e p
 	if tag.RowsAffected() == 0 {
 		return pandastack.Errorf(pandastack.EConflict, "history entry %q belongs to another sandbox", e.ID)
 	}
-	if err := keepNewest(ctx, tx, "history", "sandbox_id", sandboxID, keep); err != nil {
+	// The sandbox's entries of this project alone: a delete of another
+	// project's (a sandbox id stored under two) would change that
+	// project's total, not locked first, and deadlocked with a put there.
+	if err := keepNewestOfSandbox(ctx, tx, projectID, sandboxID, keep); err != nil {
 		return fmt.Errorf("put history %s: %w", e.ID, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -125,6 +128,20 @@ func keepNewest(ctx context.Context, tx pgx.Tx, table, column, value string, kee
 		(SELECT seq FROM `+table+` WHERE `+column+` = $1 ORDER BY seq DESC LIMIT 1 OFFSET $2)`, value, keep)
 	if err != nil {
 		return fmt.Errorf("keep the newest %d of %s: %w", keep, table, err)
+	}
+	return nil
+}
+
+// keepNewestOfSandbox deletes the history of the project's sandbox but for
+// its newest keep entries (by seq); keep <= 0 keeps all.
+func keepNewestOfSandbox(ctx context.Context, tx pgx.Tx, projectID, sandboxID string, keep int) error {
+	if keep <= 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, `DELETE FROM history WHERE project_id = $1 AND sandbox_id = $2 AND seq <=
+		(SELECT seq FROM history WHERE project_id = $1 AND sandbox_id = $2 ORDER BY seq DESC LIMIT 1 OFFSET $3)`, projectID, sandboxID, keep)
+	if err != nil {
+		return fmt.Errorf("keep the newest %d of the history: %w", keep, err)
 	}
 	return nil
 }

@@ -78,11 +78,25 @@ func (s *Store) PutHistory(ctx context.Context, projectID, sandboxID string, e p
 	if n, err := res.RowsAffected(); err == nil && n == 0 {
 		return pandastack.Errorf(pandastack.EConflict, "history entry %q belongs to another sandbox", e.ID)
 	}
-	if err := keepNewest(ctx, tx, "history", "sandbox_id", sandboxID, keep); err != nil {
+	if err := keepNewestOfSandbox(ctx, tx, projectID, sandboxID, keep); err != nil {
 		return fmt.Errorf("put history %s: %w", e.ID, err)
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("put history %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// keepNewestOfSandbox deletes the history of the project's sandbox but for
+// its newest keep entries (by seq); keep <= 0 keeps all.
+func keepNewestOfSandbox(ctx context.Context, tx *sql.Tx, projectID, sandboxID string, keep int) error {
+	if keep <= 0 {
+		return nil
+	}
+	_, err := tx.ExecContext(ctx, `DELETE FROM history WHERE project_id = ?1 AND sandbox_id = ?2 AND seq <=
+		(SELECT seq FROM history WHERE project_id = ?1 AND sandbox_id = ?2 ORDER BY seq DESC LIMIT 1 OFFSET ?3)`, projectID, sandboxID, keep)
+	if err != nil {
+		return fmt.Errorf("keep the newest %d of the history: %w", keep, err)
 	}
 	return nil
 }

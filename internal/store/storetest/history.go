@@ -87,6 +87,12 @@ func testHistory(t *testing.T, s pandastack.Store) {
 	}
 	checkIDs(t, "sbx_1 kept to 3", historyIDs(t, s, "prj_1", "sbx_1"), "run_8", "run_7", "run_6")
 	checkIDs(t, "sbx_2 untouched by sbx_1's keep", historyIDs(t, s, "prj_1", "sbx_2"), "run_3")
+	// The history of the project's sandbox: a keep in one project leaves
+	// the same sandbox id's entries in another alone.
+	mustPutHistory(t, s, "prj_1", "sbx_3", entry("run_9", "k", 9), 1)
+	mustPutHistory(t, s, "prj_1", "sbx_3", entry("run_10", "k", 10), 1)
+	checkIDs(t, "sbx_3 of prj_1 kept to 1", historyIDs(t, s, "prj_1", "sbx_3"), "run_10")
+	checkIDs(t, "sbx_3 of prj_2 untouched by prj_1's keep", historyIDs(t, s, "prj_2", "sbx_3"), "run_4")
 
 	for _, bad := range unstorable {
 		checkCode(t, fmt.Sprintf("PutHistory with sandbox %q", bad), s.PutHistory(ctx, "prj_1", bad, entry("run_bad", "x", 9), 0), pandastack.EInvalid)
