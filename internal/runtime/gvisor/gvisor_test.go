@@ -16,8 +16,10 @@ import (
 	"testing"
 
 	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/agentproto"
 	"github.com/pandastack/pandastack/internal/runtime/gvisor"
 	"github.com/pandastack/pandastack/internal/runtime/runtimetest"
+	"github.com/pandastack/pandastack/internal/sandbox"
 	"github.com/pandastack/pandastack/internal/testutil"
 )
 
@@ -198,5 +200,52 @@ func TestRestoreOfAnImageWithTheOldCapabilities(t *testing.T) {
 		if err := rt.Stop(ctx, kid); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestCheckpointLeavesZeroedMemoryOut: memory the sandbox filled with
+// zeroes stays out of its image (its children or its resume would load
+// it in full, and it would take the disk).
+func TestCheckpointLeavesZeroedMemoryOut(t *testing.T) {
+	rt := newRuntime(t)
+	ctx := context.Background()
+	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
+	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Stop(context.Background(), id)
+	c, err := sandbox.DialAgent(ctx, id, rwc, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pages := func() int64 {
+		t.Helper()
+		dir := t.TempDir()
+		if err := rt.Checkpoint(ctx, id, dir, true); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(filepath.Join(dir, "pages.img"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	before := pages()
+	// 64 MiB of zeroes in the sandbox's memory: a file in its tmpfs.
+	ev, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: "dd if=/dev/zero of=/dev/shm/zeroes bs=1M count=64 2>&1"}, nil)
+	if err != nil || ev.ExitCode != 0 {
+		t.Fatalf("filling memory with zeroes: %+v %v", ev, err)
+	}
+	// And 8 MiB of data, which goes into the image.
+	ev, err = c.Exec(ctx, agentproto.ExecRequest{Cmd: "head -c 8388608 /dev/urandom > /dev/shm/data"}, nil)
+	if err != nil || ev.ExitCode != 0 {
+		t.Fatalf("filling memory with data: %+v %v", ev, err)
+	}
+	after := pages()
+	t.Logf("pages: %d MiB, then %d MiB", before>>20, after>>20)
+	if grew := after - before; grew < 8<<20 || grew > 24<<20 {
+		t.Errorf("the image grew by %d MiB for 8 MiB of data and 64 MiB of zeroes, want about 8", grew>>20)
 	}
 }
