@@ -68,6 +68,10 @@ type sandboxNet struct {
 	// The rules that let through the connections a narrowed policy cut
 	// (cutRefusedFlows), for their log entries; guarded by Network.mu.
 	cutRules map[flowKey]string
+	// chainStale: the firewall chain may not say comp (a write of it
+	// failed), so that setting the same policy again writes it; guarded
+	// by Network.mu.
+	chainStale bool
 }
 
 // maxNames bounds what a sandbox's resolver remembers of its answers: a
@@ -886,11 +890,12 @@ func (n *Network) Kept(id string, p pandastack.NetworkPolicy) pandastack.Network
 
 // SetPolicy replaces a sandbox's policy at once; a policy that does not
 // validate changes nothing. For a sandbox with no network now (a paused
-// one, whose runtime was stopped) it is kept for its next Prepare. The
-// policy the sandbox has already changes nothing either: its chain says
-// it (the firewall's rewrite and the scan of the host's connections took
-// 18 ms of a fork's child, restored into a container prepared with the
-// default policy its parent had too).
+// one, whose runtime was stopped) it is kept for its next Prepare. On
+// failure the policy stays the one it was. A sandbox whose network is up
+// with that policy already, its chain written with it, is left alone:
+// the chain's rewrite and two scans of the host's connections took 18 ms
+// of a fork's child, restored into a container prepared with the
+// server's default policy, which its parent had too.
 func (n *Network) SetPolicy(id string, p pandastack.NetworkPolicy) error {
 	return n.setPolicy(id, p, true)
 }
@@ -906,7 +911,7 @@ func (n *Network) setPolicy(id string, p pandastack.NetworkPolicy, cut bool) err
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	s := n.sbx[id]
-	if s != nil && samePolicy(s.Policy, p) {
+	if s != nil && s.up && !s.chainStale && samePolicy(s.Policy, p) && reflect.DeepEqual(s.comp, comp) {
 		return nil
 	}
 	if s == nil {
@@ -917,14 +922,19 @@ func (n *Network) setPolicy(id string, p pandastack.NetworkPolicy, cut bool) err
 		n.sbx[id] = s
 		return nil
 	}
-	if s.up {
-		_, addr := n.addrs(s.Slot)
+	_, addr := n.addrs(s.Slot)
+	write := func(comp Compiled) error {
 		n.nftMu.Lock()
-		err = n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, s.Slot, n.veth(s.Slot), addr, comp) })
-		n.nftMu.Unlock()
-		if err != nil {
+		defer n.nftMu.Unlock()
+		return n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, s.Slot, n.veth(s.Slot), addr, comp) })
+	}
+	if s.up {
+		if err := write(comp); err != nil {
+			// The kernel may have taken the rules all the same.
+			s.chainStale = true
 			return fmt.Errorf("network %s: firewall: %w", id, err)
 		}
+		s.chainStale = false
 		if cut {
 			n.cutRefusedFlows(s, addr, s.comp, comp)
 		}
@@ -933,6 +943,13 @@ func (n *Network) setPolicy(id string, p pandastack.NetworkPolicy, cut bool) err
 	s.Policy = p.Normalized()
 	if err := n.saveState(s); err != nil {
 		s.Policy = old
+		if s.up {
+			// Its chain goes back to the policy it keeps.
+			if werr := write(s.comp); werr != nil {
+				s.chainStale = true
+				n.log.Warn("putting a sandbox's firewall back after a failed policy change", "sandbox", id, "err", werr)
+			}
+		}
 		return fmt.Errorf("network %s: %w", id, err)
 	}
 	s.comp = comp

@@ -1514,3 +1514,38 @@ func TestSetPolicyOfTheSamePolicyChangesNothing(t *testing.T) {
 		t.Errorf("after a policy with no internet: %v, want refused", err)
 	}
 }
+
+// TestFailedSetPolicyLeavesTheFirewallAsItWas: a policy change whose
+// record cannot be written fails and leaves the sandbox's firewall with
+// the policy it keeps; setting that policy again is then a no-op that
+// leaves it so.
+func TestFailedSetPolicyLeavesTheFirewallAsItWas(t *testing.T) {
+	up := nettest.StartUpstream(t, "fp", 122, 122)
+	n := newTestNetwork(t, up, pandastack.InternetPolicy())
+	ns, err := n.Prepare("sbx_fail", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_fail")
+	// The record's temp file cannot be written: a directory is in its way.
+	blocker := n.statePath("sbx_fail") + ".tmp"
+	if err := os.Mkdir(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.SetPolicy("sbx_fail", pandastack.NoNetworkPolicy()); err == nil {
+		t.Fatal("SetPolicy succeeded without its record")
+	}
+	if p, _ := n.Policy("sbx_fail"); !p.AllowInternetAccess {
+		t.Errorf("the policy after a failed change: %+v, want the one it had", p)
+	}
+	if _, _, err := get(t, ns, up.PublicIP); err != nil {
+		t.Errorf("the internet after a failed change that would close it: %v", err)
+	}
+	os.Remove(blocker)
+	if err := n.SetPolicy("sbx_fail", pandastack.InternetPolicy()); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := get(t, ns, up.PublicIP); err != nil {
+		t.Errorf("the internet after setting the policy it kept: %v", err)
+	}
+}
