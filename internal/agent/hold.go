@@ -55,13 +55,15 @@ func (s *Server) holdSpares(w http.ResponseWriter, r *http.Request) error {
 	defer cancel()
 	out, shut := s.cfg.Contexts.spares.hold(ctx, release)
 	// Killed, not asked to shut down: they ran nothing of the user's, and
-	// the checkpoint waits. KillNow returns once the process has exited;
-	// its group is killed before the search of its tree (a stop of the
-	// group, a walk of /proc), which then runs while the process dies:
-	// a fork of a parent with a ready spare waited 19 ms for the two one
-	// after the other.
+	// the checkpoint waits. Their groups first, all of them: the searches
+	// of their trees (a stop of the group, a walk of /proc) then run while
+	// they die (a fork of a parent with a ready spare waited 19 ms for the
+	// two one after the other). Kill returns once the process has exited.
 	for _, k := range shut {
-		if err := k.KillNow(); err != nil {
+		k.KillGroup()
+	}
+	for _, k := range shut {
+		if err := k.Kill(); err != nil {
 			s.log.Warn("shutting a spare kernel down for a fork", "err", err)
 		}
 	}

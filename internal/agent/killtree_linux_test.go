@@ -524,9 +524,10 @@ func TestKillGroupNowKillsTheGroup(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	pgid := cmd.Process.Pid
 	t.Cleanup(func() { syscall.Kill(-pgid, syscall.SIGKILL) }) // whatever fails
-	time.Sleep(200 * time.Millisecond)
-	if n := livingInGroup(t, pgid); n != 3 {
-		t.Fatalf("%d living processes in the group, want the shell and its two sleeps", n)
+	for deadline := time.Now().Add(5 * time.Second); livingInGroup(t, pgid) < 3; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d living processes in the group after 5 s, want the shell and its two sleeps", livingInGroup(t, pgid))
+		}
 	}
 	KillGroupNow(pgid)
 	select {

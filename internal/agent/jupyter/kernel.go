@@ -83,7 +83,8 @@ type ChildKiller interface {
 
 // GroupKiller is a Proc that can SIGKILL its process group at once, ahead
 // of Kill's search of the tree: for a kernel whose death someone waits on
-// (KillNow).
+// (KillGroup). Like Kill, it must never signal a group whose leader was
+// reaped (its id may be reused).
 type GroupKiller interface {
 	KillGroup()
 }
@@ -390,18 +391,18 @@ func (k *Kernel) Close() error { return k.closeWithin(k.opts.ShutdownGrace) }
 // too busy to answer the request within the grace.
 func (k *Kernel) Kill() error { return k.closeWithin(0) }
 
-// KillNow is Kill for a kernel whose death a caller waits on: a Proc that
-// is a GroupKiller has its group killed first, so the process dies while
-// Kill's search of its tree goes on, instead of after it.
-func (k *Kernel) KillNow() error {
+// KillGroup SIGKILLs the kernel's process group, when its Proc is a
+// GroupKiller, and returns at once: a Kill after it then searches the
+// kernel's tree while the kernel dies, instead of before. For kernels
+// whose death a caller waits on (spares shut down for a fork).
+func (k *Kernel) KillGroup() {
 	k.mu.Lock()
+	defer k.mu.Unlock()
 	if k.inst != nil {
 		if g, ok := k.inst.proc.(GroupKiller); ok {
 			g.KillGroup()
 		}
 	}
-	k.mu.Unlock()
-	return k.Kill()
 }
 
 func (k *Kernel) closeWithin(grace time.Duration) error {

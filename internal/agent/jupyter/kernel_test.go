@@ -613,10 +613,10 @@ type groupProc struct{ *orderProc }
 
 func (p groupProc) KillGroup() { p.calls = append(p.calls, "group") }
 
-// TestKillNowKillsTheGroupFirst: KillNow has a GroupKiller's group killed
-// before the tree kill; a Proc that is none gets the tree kill alone, as
-// from Kill; a closed kernel gets nothing more.
-func TestKillNowKillsTheGroupFirst(t *testing.T) {
+// TestKillGroupThenKill: KillGroup has a GroupKiller's group killed, and
+// the Kill after it the tree; a Proc that is none gets the tree kill
+// alone; a closed kernel gets nothing more.
+func TestKillGroupThenKill(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		mk   func(*orderProc) Proc
@@ -627,14 +627,16 @@ func TestKillNowKillsTheGroupFirst(t *testing.T) {
 	} {
 		p := &orderProc{done: make(chan struct{})}
 		k := &Kernel{inst: &instance{proc: tc.mk(p), close: func() {}}}
-		if err := k.KillNow(); err != nil {
-			t.Fatalf("%s: KillNow: %v", tc.name, err)
+		k.KillGroup()
+		if err := k.Kill(); err != nil {
+			t.Fatalf("%s: Kill: %v", tc.name, err)
 		}
 		if !slices.Equal(p.calls, tc.want) {
 			t.Fatalf("%s: kills %v, want %v", tc.name, p.calls, tc.want)
 		}
-		if err := k.KillNow(); err != nil || len(p.calls) != len(tc.want) {
-			t.Fatalf("%s: a second KillNow: %v, kills %v", tc.name, err, p.calls)
+		k.KillGroup()
+		if err := k.Kill(); err != nil || len(p.calls) != len(tc.want) {
+			t.Fatalf("%s: a second KillGroup and Kill: %v, kills %v", tc.name, err, p.calls)
 		}
 	}
 }
