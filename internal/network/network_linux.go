@@ -167,6 +167,7 @@ func (n *Network) startServices(s *sandboxNet, gw, addr netip.Addr, written Comp
 		n.log.Debug("network policy changed while the network was prepared; its chain written again", "sandbox", s.ID)
 	}
 	s.dns, s.proxy, s.up = dns, px, true
+	s.chainStale = false // written with s.comp, above or by the caller
 	return nil
 }
 
@@ -935,9 +936,6 @@ func (n *Network) setPolicy(id string, p pandastack.NetworkPolicy, cut bool) err
 			return fmt.Errorf("network %s: firewall: %w", id, err)
 		}
 		s.chainStale = false
-		if cut {
-			n.cutRefusedFlows(s, addr, s.comp, comp)
-		}
 	}
 	old := s.Policy
 	s.Policy = p.Normalized()
@@ -951,6 +949,10 @@ func (n *Network) setPolicy(id string, p pandastack.NetworkPolicy, cut bool) err
 			}
 		}
 		return fmt.Errorf("network %s: %w", id, err)
+	}
+	// Once the change stands: a failed one cuts nothing.
+	if s.up && cut {
+		n.cutRefusedFlows(s, addr, s.comp, comp)
 	}
 	s.comp = comp
 	return nil

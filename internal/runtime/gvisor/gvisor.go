@@ -219,7 +219,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, imageDir string, leaveRunn
 	// Zeroed memory (a DataFrame of zeros, a cleared buffer) is left out
 	// of the image. The search for it reads every page the sandbox holds,
 	// and a fork of a warm code-interpreter sandbox (0.4 MB of zeroes in
-	// 189 MB) took 75 ms to checkpoint without it against 84-94 ms; but a
+	// 189 MB) took 75 ms to checkpoint without it against 81-94 ms; but a
 	// parent holding 512 MB of zeroes then made 655 MB images, and its
 	// fork of 4 took 1.1-1.7 s against 0.45 s (session 45).
 	args := []string{"checkpoint", "--image-path=" + imageDir, "--exclude-committed-zero-pages"}

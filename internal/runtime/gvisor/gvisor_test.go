@@ -233,8 +233,11 @@ func TestCheckpointLeavesZeroedMemoryOut(t *testing.T) {
 		return fi.Size()
 	}
 	before := pages()
-	// 64 MiB of zeroes in the sandbox's memory: a file in its tmpfs.
-	ev, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: "dd if=/dev/zero of=/dev/shm/zeroes bs=1M count=64 2>&1"}, nil)
+	// 64 MiB of zeroes in the sandbox's memory: a file in its tmpfs. A
+	// read of /proc/meminfo has gVisor count them committed, as the
+	// agent's memory watch does in larger sandboxes: only committed
+	// pages need the search to stay out.
+	ev, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: "dd if=/dev/zero of=/dev/shm/zeroes bs=1M count=64 2>&1 && cat /proc/meminfo >/dev/null"}, nil)
 	if err != nil || ev.ExitCode != 0 {
 		t.Fatalf("filling memory with zeroes: %+v %v", ev, err)
 	}
@@ -245,7 +248,7 @@ func TestCheckpointLeavesZeroedMemoryOut(t *testing.T) {
 	}
 	after := pages()
 	t.Logf("pages: %d MiB, then %d MiB", before>>20, after>>20)
-	if grew := after - before; grew < 8<<20 || grew > 24<<20 {
+	if grew := after - before; grew < 6<<20 || grew > 24<<20 {
 		t.Errorf("the image grew by %d MiB for 8 MiB of data and 64 MiB of zeroes, want about 8", grew>>20)
 	}
 }
