@@ -84,7 +84,7 @@ type ChildKiller interface {
 // GroupKiller is a Proc that can SIGKILL its process group at once, ahead
 // of Kill's search of the tree: for a kernel whose death someone waits on
 // (KillGroup). Like Kill, it must never signal a group whose leader was
-// reaped (its id may be reused).
+// reaped (its id may be reused); unlike Kill, it returns at once.
 type GroupKiller interface {
 	KillGroup()
 }
