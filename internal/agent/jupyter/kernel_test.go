@@ -592,7 +592,6 @@ func (p deadProc) Kill()                 {}
 // orderProc is a live kernel process that notes the kills it gets; Kill
 // ends it.
 type orderProc struct {
-	group bool // a GroupKiller
 	calls []string
 	done  chan struct{}
 }
