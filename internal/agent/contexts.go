@@ -583,6 +583,7 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 		opts.EnvCode, opts.Transport, opts.InterruptByMessage, opts.ReseedCode = lk.envCode, lk.transport, lk.byMessage, lk.reseedCode
 	}
 	if language == "javascript" || language == "typescript" {
+		opts.LateOutput = denoLateOutput
 		// The kernel's argv runs deno (through env): the same binary parses.
 		// Parsed as TypeScript either way: a javascript context runs it too.
 		if deno := denoPath(argv); deno != "" {
@@ -591,6 +592,10 @@ func (s *Server) kernelOptions(language string, argv []string, id, cwd string, e
 	}
 	return opts
 }
+
+// denoLateOutput is jupyter.Options.LateOutput for Deno's kernel, which
+// itself sleeps 5 ms after a reply for the task that sends its streams.
+const denoLateOutput = 50 * time.Millisecond
 
 // context returns a started context by id. One still starting is waited
 // for (until ctx ends): a request that names it, such as a second first

@@ -105,6 +105,7 @@ func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEven
 	start := time.Now()
 	r := newRun(o.OutputCap)
 	r.valueDisplays = k.opts.ValueDisplays
+	r.lateFor = k.opts.LateOutput
 	// The kernel runs shell requests in order, so the env code can be
 	// queued around the cell without waiting for its replies.
 	if k.opts.OutputCapCode != nil && in.outputCap != o.OutputCap {
@@ -421,6 +422,13 @@ type run struct {
 	clearWait bool
 	// valueDisplays: Options.ValueDisplays.
 	valueDisplays bool
+	// lateFor: Options.LateOutput. Until sealed (the run's Execution is
+	// being made), messages that come after the reply and idle status
+	// still count; lateResult is closed by the first result among them.
+	lateFor    time.Duration
+	sealed     bool
+	doneClosed bool
+	lateResult chan struct{}
 
 	// For ExecOptions.Timing: when the request went, when the reply and
 	// the idle status came, and the kernel's own stamps of its busy
@@ -432,12 +440,13 @@ type run struct {
 
 func newRun(outputCap int) *run {
 	return &run{
-		notify:  make(chan struct{}, 1),
-		done:    make(chan struct{}),
-		started: make(chan struct{}),
-		stdout:  capped{limit: outputCap},
-		stderr:  capped{limit: outputCap},
-		exec:    agentproto.Execution{Results: []agentproto.Result{}},
+		notify:     make(chan struct{}, 1),
+		done:       make(chan struct{}),
+		started:    make(chan struct{}),
+		stdout:     capped{limit: outputCap},
+		stderr:     capped{limit: outputCap},
+		exec:       agentproto.Execution{Results: []agentproto.Result{}},
+		lateResult: make(chan struct{}),
 	}
 }
 
@@ -449,6 +458,7 @@ func (r *run) wait(ctx context.Context, in *instance, deadline <-chan time.Time,
 		case <-r.notify:
 			r.flush(onEvent)
 		case <-r.done:
+			r.awaitLate(ctx)
 			return finished
 		case <-in.proc.Done():
 			// What the kernel sent before it died (a flushed print, say)
@@ -473,6 +483,25 @@ func (r *run) wait(ctx context.Context, in *instance, deadline <-chan time.Time,
 		case <-ctx.Done():
 			return cancelled
 		}
+	}
+}
+
+// awaitLate waits, for a kernel that may send a cell's output after its
+// idle status (Options.LateOutput), until a result came or lateFor has
+// passed; not after a cell that failed or already has its result.
+func (r *run) awaitLate(ctx context.Context) {
+	r.mu.Lock()
+	wait := r.lateFor > 0 && r.replyErr == nil && r.exec.Error == nil && len(r.exec.Results) == 0
+	r.mu.Unlock()
+	if !wait {
+		return
+	}
+	t := time.NewTimer(r.lateFor)
+	defer t.Stop()
+	select {
+	case <-r.lateResult:
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
 
@@ -637,6 +666,9 @@ func (r *run) shellExited(marker string) *agentproto.ExecutionError {
 // finish delivers the last events and returns the Execution, with override
 // as its error if not nil.
 func (r *run) finish(start time.Time, override *agentproto.ExecutionError, onEvent func(agentproto.CodeEvent)) agentproto.Execution {
+	r.mu.Lock()
+	r.sealed = true
+	r.mu.Unlock()
 	r.flush(onEvent)
 	e := r.execution(start)
 	if override != nil {
@@ -686,7 +718,7 @@ func (r *run) timing(start time.Time, t *agentproto.RunTiming) {
 func (r *run) handle(channel string, m *message) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.gotIdle && r.gotReply {
+	if r.sealed || r.gotIdle && r.gotReply && r.lateFor == 0 {
 		return
 	}
 	r.messages++
@@ -754,6 +786,13 @@ func (r *run) handle(channel string, m *message) {
 				}
 				r.displays[id] = append(r.displays[id], n)
 			}
+			if r.doneClosed && m.Header.MsgType == "execute_result" {
+				select {
+				case <-r.lateResult:
+				default:
+					close(r.lateResult) // what awaitLate waits for
+				}
+			}
 		case "clear_output":
 			var c struct {
 				Wait bool `json:"wait"`
@@ -769,7 +808,8 @@ func (r *run) handle(channel string, m *message) {
 			}
 		}
 	}
-	if r.gotIdle && r.gotReply {
+	if r.gotIdle && r.gotReply && !r.doneClosed {
+		r.doneClosed = true
 		close(r.done)
 	}
 }

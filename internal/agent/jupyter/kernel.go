@@ -153,6 +153,13 @@ type Options struct {
 	// not as an execute_result (IRkernel): the run's last display that is
 	// not an image becomes its main result, and so its text.
 	ValueDisplays bool
+	// LateOutput, when set, is how long a cell's output may follow its
+	// reply and idle status: Deno's kernel sends results and streams
+	// through another task than its status, and a cell's value came after
+	// its idle status now and then (a run without its text). A run that
+	// has no result or error by its idle status waits that long for one,
+	// and ends as soon as an execute_result comes.
+	LateOutput time.Duration
 	// SetupCode runs silently in every new kernel process, at start and
 	// after each restart, before any cell: PythonSetupCode installs the
 	// output and result caps of ipykernel.

@@ -581,6 +581,41 @@ func TestLastWordsBeforeDeath(t *testing.T) {
 	}
 }
 
+// TestLateResultCounts: with Options.LateOutput, a result that comes
+// after the cell's reply and idle status (Deno's kernel sends it from
+// another task) is the run's, and the run ends as it comes; without, the
+// run ends at the idle status. Nothing counts once the run is sealed.
+func TestLateResultCounts(t *testing.T) {
+	live := &instance{proc: deadProc{make(chan struct{})}, iopubDropped: make(chan struct{})}
+	result := &message{Header: header{MsgType: "execute_result"}, Content: json.RawMessage(`{"data":{"text/plain":"5"}}`)}
+	for _, late := range []time.Duration{0, 10 * time.Second} {
+		r := newRun(DefaultOutputCap)
+		r.lateFor = late
+		r.handle("shell", &message{Header: header{MsgType: "execute_reply"}, Content: json.RawMessage(`{"status":"ok"}`)})
+		r.handle("iopub", &message{Header: header{MsgType: "status"}, Content: json.RawMessage(`{"execution_state":"idle"}`)})
+		go func() {
+			time.Sleep(50 * time.Millisecond)
+			r.handle("iopub", result)
+		}()
+		t0 := time.Now()
+		if out := r.wait(context.Background(), live, nil, func(agentproto.CodeEvent) {}); out != finished {
+			t.Fatalf("late %s: outcome %v, want finished", late, out)
+		}
+		took := time.Since(t0)
+		e := r.finish(time.Now(), nil, func(agentproto.CodeEvent) {})
+		switch {
+		case late == 0 && e.Text != "":
+			t.Errorf("without LateOutput: text %q, want none (the run ended at the idle status)", e.Text)
+		case late > 0 && (e.Text != "5" || took > 5*time.Second):
+			t.Errorf("with LateOutput: text %q after %s, want the late result as it came", e.Text, took)
+		}
+		r.handle("iopub", result) // sealed: changes nothing
+		if n := len(r.exec.Results); n > 1 {
+			t.Errorf("late %s: %d results after the run was sealed", late, n)
+		}
+	}
+}
+
 // deadProc is a kernel process that has exited.
 type deadProc struct{ done chan struct{} }
 
