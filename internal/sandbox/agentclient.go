@@ -56,14 +56,12 @@ func dialAgent(ctx context.Context, id string, rwc io.ReadWriteCloser, reseed bo
 // manager's refill pacer ends (refills.go); and the sandbox's setup
 // (setupSandbox) done in the same round trip: resolver, the nameserver to
 // write into its resolv.conf, and caMarker, to learn whether its trust
-// store has the host's certificates. alive, when set, is asked whether
-// the sandbox still runs once the hello is late (helloWatchAfter): the
-// dial gives up as soon as it is gone, instead of at setupTimeout.
+// store has the host's certificates. A dial that must give up as soon as
+// its sandbox is gone runs under watchAlive (Manager.dialAndSetup).
 type hello struct {
 	reseed, holdSpares bool
 	resolver           string
 	caMarker           bool
-	alive              func(id string) bool
 }
 
 // helloWatchAfter is how long a hello may take before the dial asks every
@@ -135,9 +133,6 @@ func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hel
 	}}
 	tctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
-	hctx, cancelGone := context.WithCancelCause(tctx)
-	defer cancelGone(nil)
-	defer watchAlive(hctx, cancelGone, id, h.alive)()
 	// large_frames: this host reads the agent's frames of up to 1 MiB
 	// (agentproto.AllowLargeFrames); an older agent ignores it.
 	q := url.Values{"sandbox_id": {id}, "large_frames": {"1"}}
@@ -153,9 +148,9 @@ func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hel
 	if h.caMarker {
 		q.Set("ca_marker", "1")
 	}
-	if err := c.do(hctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
+	if err := c.do(tctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
 		c.Close()
-		if context.Cause(hctx) == errSandboxGone {
+		if context.Cause(tctx) == errSandboxGone {
 			// As a timeout: helloFailed, which sees it gone, says so.
 			return nil, pandastack.Errorf(pandastack.ETimeout, "sandbox %s: its agent did not answer its hello, and the sandbox is gone", id)
 		}

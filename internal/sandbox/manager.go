@@ -680,7 +680,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		}
 		p.steps.done("restore_ms")
 		if err == nil {
-			client, err = m.dialAndSetup(startCtx, sb.ID, rwc, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}, p.steps)
+			client, err = m.dialAndSetup(startCtx, sb.ID, rwc, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}, p.steps, true)
 		}
 		var died agentDied
 		if retried || !errors.As(err, &died) || died.reason != "" || startCtx.Err() != nil {
@@ -742,12 +742,13 @@ func (m *Manager) limits() [3]limit {
 	}
 }
 
-// helloFailed explains a hello (or a setup after it) that timed out in a
+// helloFailed explains a hello (or a setup after it) that failed in a
 // container that is gone: the agent exited (it crashed at its start, or
 // was restored with another build of itself), which no wait would have
-// helped; the timeout's own message said the host might be overloaded.
+// helped; a timeout's own message said the host might be overloaded, and
+// a request cut by the death (its stream reset) named no cause at all.
 func (m *Manager) helloFailed(id string, err error) error {
-	if err == nil || !pandastack.IsCode(err, pandastack.ETimeout) || m.rt.Alive(id) {
+	if err == nil || m.rt.Alive(id) {
 		return err
 	}
 	args := []any{"sandbox", id, "err", err}
@@ -762,22 +763,26 @@ func (m *Manager) helloFailed(id string, err error) error {
 	return agentDied{pandastack.Errorf(pandastack.EInternal, "sandbox %s: its agent exited during the sandbox's start (a crash; the server's log tells more)", id), reason}
 }
 
-// dialAndSetup says hello to a sandbox just booted (dialAgentWith, with
-// withSetup) and sets it up (setupSandbox), timing the hello as agent_ms,
-// while it watches whether the sandbox still runs (watchAlive): one that
-// dies on the way, before its hello or after it, ends the wait at once
-// and is said to have died (helloFailed, agentDied), not to have run
-// out of time on an overloaded host.
-func (m *Manager) dialAndSetup(ctx context.Context, id string, rwc io.ReadWriteCloser, h hello, steps *resumeSteps) (*AgentClient, error) {
+// dialAndSetup says hello to a sandbox just booted (dialAgentWith), with
+// setup also its setup (withSetup, then setupSandbox), timing the hello
+// as agent_ms, while it watches whether the sandbox still runs
+// (watchAlive): one that dies on the way, before its hello or after it,
+// ends the wait at once and is said to have died (helloFailed,
+// agentDied), not to have run out of time on an overloaded host.
+func (m *Manager) dialAndSetup(ctx context.Context, id string, rwc io.ReadWriteCloser, h hello, steps *resumeSteps, setup bool) (*AgentClient, error) {
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer watchAlive(wctx, cancel, id, m.rt.Alive)()
-	h = m.withSetup(id, h)
-	h.alive = nil // watched here, through the setup too
+	if setup {
+		h = m.withSetup(id, h)
+	}
 	client, err := dialAgentWith(wctx, id, rwc, h)
 	if err == nil {
 		steps.done("agent_ms")
-		if err = m.setupSandbox(wctx, client); err != nil {
+		if setup {
+			err = m.setupSandbox(wctx, client)
+		}
+		if err != nil {
 			client.Close()
 			client = nil
 		}

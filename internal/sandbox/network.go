@@ -194,14 +194,12 @@ func (m *Manager) UseSandboxCA(pem []byte) {
 // withSetup adds to h what the agent of sandbox id (booted or restored,
 // its network up) can do of setupSandbox in its hello: write the resolver,
 // report the CA marker. An older agent ignores both, and setupSandbox
-// then does them itself. A late hello watches whether the sandbox runs
-// (hello.alive).
+// then does them itself.
 func (m *Manager) withSetup(id string, h hello) hello {
 	if ns, ok := m.resolverOf(id); ok {
 		h.resolver = ns
 	}
 	h.caMarker = len(m.caPEM) > 0
-	h.alive = m.rt.Alive
 	return h
 }
 

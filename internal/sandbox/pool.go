@@ -308,10 +308,9 @@ func (m *Manager) restoreForPool(ctx context.Context, tpl Template) (pooled, err
 	if err != nil {
 		return pooled{}, err
 	}
-	client, err := dialAgentWith(ctx, id, rwc, m.withSetup(id, hello{reseed: true}))
-	if err == nil {
-		err = m.setupSandbox(ctx, client)
-	}
+	// Watched (dialAndSetup): a refill whose sandbox dies on its way up
+	// ends then, not at the hello's timeout.
+	client, err := m.dialAndSetup(ctx, id, rwc, hello{reseed: true}, nil, true)
 	if err == nil {
 		// A no-op in the warm kernels pulls their pages in, so the user's
 		// first cell does not pay for the lazy restore.

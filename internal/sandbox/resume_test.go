@@ -268,3 +268,111 @@ func TestVerifyPausedOncePerManifest(t *testing.T) {
 		}
 	})
 }
+
+// A sandbox that dies during its resume, before its hello, is found gone
+// while the hello waits, logged, and restored once more from its image:
+// the resume succeeds with the sandbox's state. Two deaths in a row fail
+// the resume long before its timeout, and the sandbox stays paused, its
+// image there for the next resume.
+func TestResumeRestoresAgainAfterADeadStart(t *testing.T) {
+	h := watchingHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.exec(sb.ID, "set v=kept")
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.rt.deadBoots = 1
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatalf("resume after one dead restore: %v", err)
+	}
+	if got, err := h.exec(sb.ID, "get v"); got != "kept" || err != nil {
+		t.Errorf("the sandbox restored again holds %q %v, want kept", got, err)
+	}
+	joined := strings.Join(h.logs.with("sandbox="+sb.ID), "\n")
+	if !strings.Contains(joined, "the sandbox died during its start") || !strings.Contains(joined, "restoring the sandbox again") || !strings.Contains(joined, "dead_agent_ms") {
+		t.Errorf("log of the resume:\n%s", joined)
+	}
+
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.rt.deadBoots = 2
+	start := time.Now()
+	_, err := h.m.Resume(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.EInternal)
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("two dead restores took %s to fail", took)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+		t.Fatalf("after two dead restores: %s, want paused", rec.State)
+	}
+	if ids := h.rt.ids(); len(ids) != 0 {
+		t.Errorf("runtime holds %v after the failed resume, want nothing", ids)
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatalf("the next resume: %v", err)
+	}
+	if got, err := h.exec(sb.ID, "get v"); got != "kept" || err != nil {
+		t.Errorf("after the next resume: %q %v, want kept", got, err)
+	}
+}
+
+// The resume of an image a restart found sets the sandbox up again; a
+// sandbox that dies during that setup, after its hello, is found gone at
+// once (the setup's request does not wait for the silent agent) and is
+// restored and set up once more.
+func TestResumeRestoresAgainAfterADeathInItsSetup(t *testing.T) {
+	h := watchingHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.exec(sb.ID, "set v=kept")
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.m.Close()
+	h.m = h.newManager()
+	h.m.cfg.StartTimeout = 20 * time.Second
+	h.m.UseSandboxCA([]byte("-----BEGIN CERTIFICATE-----\nA\n"))
+	h.rt.setupDeaths = 1
+	start := time.Now()
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatalf("resume after a death in its setup: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the resume took %s", took)
+	}
+	if got, err := h.exec(sb.ID, "get v"); got != "kept" || err != nil {
+		t.Errorf("the sandbox restored again holds %q %v, want kept", got, err)
+	}
+	if got, err := h.exec(sb.ID, "get file:"+caMarker); got == "" || err != nil {
+		t.Errorf("the sandbox restored again has no CA marker: %q %v", got, err)
+	}
+	joined := strings.Join(h.logs.with("sandbox="+sb.ID), "\n")
+	if !strings.Contains(joined, "restoring the sandbox again") || !strings.Contains(joined, "dead_setup_ms") {
+		t.Errorf("log of the resume:\n%s", joined)
+	}
+}
+
+// A pool refill whose sandbox dies on its way up is found gone while its
+// hello waits (not at the hello's timeout), and the next refill fills the
+// pool.
+func TestPoolRefillEndsWhenItsSandboxDies(t *testing.T) {
+	h := watchingHarness(t)
+	first := true
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		if first { // called with h.rt.mu held, before the boot
+			first = false
+			h.rt.deadBoots = 1
+		}
+		return nil
+	}
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, "base", "aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb")
+	h.m.cfg.PoolSize = 1
+	h.m.StartWarming([]WarmSpec{{Template: tpl, Warmup: "import x"}})
+	waitFor(t, func() bool { return h.m.Pools(context.Background())["base"].Ready == 1 })
+	if len(h.logs.with("the sandbox died during its start")) != 1 {
+		t.Errorf("no log line of the dead refill:\n%s", strings.Join(h.logs.with("pool"), "\n"))
+	}
+}

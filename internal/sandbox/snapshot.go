@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -480,43 +481,56 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 			steps.attrs = append(steps.attrs, "standby", cid)
 		}
 	}
-	rwc, err := m.rt.Restore(startCtx, m.resumeSpec(sb, man), filepath.Join(dir, "image"))
-	// runsc fails for want of disk without saying so (exit status 128, no
-	// message); the disk's fault only when the restore itself failed.
-	err = roomError(err, filepath.Join(dir, "image"), "the sandbox stays paused")
-	steps.done("restore_ms")
 	var client *AgentClient
-	if err == nil {
-		h := hello{holdSpares: m.pacesRefills(), alive: m.rt.Alive}
-		if !own {
-			h = m.withSetup(id, h)
-		} else if ns, ok := m.resolverOf(id); ok {
-			h.resolver = ns // its gateway may have changed with its slot
-		}
-		client, err = dialAgentWith(startCtx, id, rwc, h)
-		if err = m.helloFailed(id, err); err == nil {
-			steps.done("agent_ms")
-			if own {
-				client.knowContexts(m.contextsAtPause(id))
-			} else {
-				if err = m.setupSandbox(startCtx, client); err != nil {
-					client.Close()
-				}
+	for retried := false; ; retried = true {
+		var rwc io.ReadWriteCloser
+		rwc, err = m.rt.Restore(startCtx, m.resumeSpec(sb, man), filepath.Join(dir, "image"))
+		// runsc fails for want of disk without saying so (exit status 128, no
+		// message); the disk's fault only when the restore itself failed.
+		err = roomError(err, filepath.Join(dir, "image"), "the sandbox stays paused")
+		steps.done("restore_ms")
+		if err == nil {
+			// An image a restart found is set up again (its CA, resolver
+			// and variables may have changed); one this process paused
+			// has its own, only its resolver may have moved with its slot.
+			h := hello{holdSpares: m.pacesRefills()}
+			if ns, ok := m.resolverOf(id); ok && own {
+				h.resolver = ns
 			}
-			steps.done("setup_ms")
+			if client, err = m.dialAndSetup(startCtx, id, rwc, h, steps, !own); err == nil {
+				if own {
+					client.knowContexts(m.contextsAtPause(id))
+				}
+				steps.done("setup_ms")
+			} else {
+				m.stopFailedResume(id)
+			}
 		}
-		if err != nil {
-			m.stopFailedResume(id)
+		var died agentDied
+		if retried || !errors.As(err, &died) || died.reason != "" || startCtx.Err() != nil {
+			break
+		}
+		// As a create's (launch): a sandbox that died during its resume for
+		// no reason the runtime knows is restored once more from the same
+		// image, which nothing has used yet, unless that image is damaged.
+		if own {
+			if verr := m.damagedPaused(id, dir, what, err); verr != nil {
+				return sb, verr
+			}
+		}
+		m.log.Warn("restoring the sandbox again", "sandbox", id)
+		prepared = false
+		steps.rename("restore_ms", "dead_restore_ms")
+		if _, ok := steps.get("agent_ms"); ok {
+			steps.rename("agent_ms", "dead_agent_ms")
+			steps.done("dead_setup_ms")
+		} else {
+			steps.done("dead_agent_ms")
 		}
 	}
 	if err != nil {
 		if own {
-			// Trusted as this process wrote it, and it failed: look at its
-			// files now, and from now on (a damaged image hung the hello
-			// for the whole start timeout, each time, saying "overloaded").
-			m.forgetPaused(id)
-			if _, verr := verifyImage(dir, what); verr != nil {
-				m.log.Warn("resume failed: the paused image is damaged; the sandbox stays paused", "sandbox", id, "err", err, "check", verr)
+			if verr := m.damagedPaused(id, dir, what, err); verr != nil {
 				return sb, verr
 			}
 		}
@@ -541,6 +555,20 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 	resumed = true
 	m.discardPaused(id)
 	return sb, nil
+}
+
+// damagedPaused looks at the files of the image in dir that this process
+// paused sandbox id into, after a resume from it failed with err: trusted
+// as this process wrote it until then, it is checked now and from now on
+// (a damaged image hung the hello for the whole start timeout, each time,
+// saying "overloaded"). It returns why the image is damaged, nil if sound.
+func (m *Manager) damagedPaused(id, dir, what string, err error) error {
+	m.forgetPaused(id)
+	_, verr := verifyImage(dir, what)
+	if verr != nil {
+		m.log.Warn("resume failed: the paused image is damaged; the sandbox stays paused", "sandbox", id, "err", err, "check", verr)
+	}
+	return verr
 }
 
 // stopFailedResume stops what a failed resume of paused sandbox id
