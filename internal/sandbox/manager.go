@@ -679,11 +679,11 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 			rwc, err = m.rt.Start(startCtx, spec)
 		}
 		p.steps.done("restore_ms")
-		if err == nil {
+		booted := err == nil
+		if booted {
 			client, err = m.dialAndSetup(startCtx, sb.ID, rwc, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}, p.steps, true)
 		}
-		var died agentDied
-		if retried || !errors.As(err, &died) || died.reason != "" || startCtx.Err() != nil {
+		if retried || !bootAgain(err, booted) || startCtx.Err() != nil {
 			break
 		}
 		// A sandbox that died during its start for no reason the runtime
@@ -692,7 +692,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		// caller gets a sandbox, not an internal error for a crash that
 		// may not come again. One that ran out of memory or processes
 		// would only do so again.
-		m.log.Warn("booting the sandbox afresh", "sandbox", sb.ID)
+		m.log.Warn("booting the sandbox afresh", "sandbox", sb.ID, "err", err)
 		m.rt.Stop(context.Background(), sb.ID)
 		// Its steps are the new boot's; the dead one's are kept apart.
 		p.steps.rename("restore_ms", "dead_restore_ms")
@@ -792,6 +792,23 @@ func (m *Manager) dialAndSetup(ctx context.Context, id string, rwc io.ReadWriteC
 		err = pandastack.Errorf(pandastack.ETimeout, "sandbox %s: it stopped answering during its start, and the sandbox is gone", id)
 	}
 	return client, m.helloFailed(id, err)
+}
+
+// bootAgain says whether a start that failed with err is worth one more
+// boot: its sandbox died during the start for no reason the runtime
+// knows (agentDied), or, not booted, the runtime's boot failed with no
+// cause the server can name (an error without a code: runsc's exit
+// status, as when a process of the sandbox is killed half-way through
+// runsc's run or restore). A refused boot (a bad image, a full disk,
+// a conflict) carries a code, and would only fail again.
+func bootAgain(err error, booted bool) bool {
+	var died agentDied
+	if errors.As(err, &died) {
+		return died.reason == ""
+	}
+	var coded *pandastack.Error
+	return err != nil && !booted && !errors.As(err, &coded) &&
+		!errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
 // agentDied is helloFailed's error for a sandbox that died during its

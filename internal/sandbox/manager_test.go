@@ -236,17 +236,22 @@ func TestCreateRollback(t *testing.T) {
 	}
 }
 
-// A fork whose children fail leaves no child, no image, and the parent running.
+// A fork whose children fail leaves no child, no image, and the parent
+// running. (The second child's restores all fail: a failed boot is tried
+// once more.)
 func TestForkChildFailure(t *testing.T) {
 	h := newHarness(t)
 	parent := h.create()
 	h.exec(parent.ID, "set v=parent")
 	var mu sync.Mutex
-	n := 0
-	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+	n, failing := 0, ""
+	h.rt.restoreErr = func(spec pandastack.RuntimeSpec) error {
 		mu.Lock()
 		defer mu.Unlock()
 		if n++; n == 2 {
+			failing = spec.ID
+		}
+		if spec.ID == failing {
 			return errInjected
 		}
 		return nil
@@ -858,6 +863,38 @@ func TestCreateBootsAfreshAfterADeathInItsSetup(t *testing.T) {
 	joined := strings.Join(lines, "\n")
 	if !strings.Contains(joined, "the sandbox died during its start") || !strings.Contains(joined, "dead_agent_ms") || !strings.Contains(joined, "dead_setup_ms") {
 		t.Errorf("log of the create:\n%s", joined)
+	}
+}
+
+// A boot the runtime fails with no cause the server can name (runsc's exit
+// status, as when its processes are killed half-way) is tried once more;
+// one refused for a cause (a coded error: a damaged image) is not.
+func TestCreateBootsAgainAfterAnUnexplainedRuntimeFailure(t *testing.T) {
+	h := newHarness(t)
+	parent := h.create()
+	fail := func(err error) *int {
+		calls := 0
+		h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+			if calls++; calls == 1 {
+				return err
+			}
+			return nil
+		}
+		return &calls
+	}
+	calls := fail(errInjected)
+	kids, err := h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil)
+	if err != nil {
+		t.Fatalf("fork after one failed restore: %v", err)
+	}
+	if *calls != 2 || len(h.logs.with("booting the sandbox afresh")) != 1 {
+		t.Errorf("restores %d, log:\n%s", *calls, strings.Join(h.logs.with("sandbox="+kids[0].ID), "\n"))
+	}
+	calls = fail(pandastack.Errorf(pandastack.ESnapshotCorrupt, "damaged"))
+	_, err = h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil)
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	if *calls != 1 {
+		t.Errorf("a refused restore was tried %d times, want once", *calls)
 	}
 }
 

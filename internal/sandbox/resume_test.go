@@ -318,6 +318,31 @@ func TestResumeRestoresAgainAfterADeadStart(t *testing.T) {
 	}
 }
 
+// A resume whose restore the runtime fails with no cause the server can
+// name is restored once more.
+func TestResumeRestoresAgainAfterAnUnexplainedRuntimeFailure(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.exec(sb.ID, "set v=kept")
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		if calls++; calls == 1 {
+			return errInjected
+		}
+		return nil
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatalf("resume after one failed restore: %v", err)
+	}
+	if got, err := h.exec(sb.ID, "get v"); got != "kept" || err != nil || calls != 2 {
+		t.Errorf("after the resume: %q %v, %d restores", got, err, calls)
+	}
+}
+
 // The resume of an image a restart found sets the sandbox up again; a
 // sandbox that dies during that setup, after its hello, is found gone at
 // once (the setup's request does not wait for the silent agent) and is

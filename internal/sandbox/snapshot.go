@@ -489,7 +489,8 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		// message); the disk's fault only when the restore itself failed.
 		err = roomError(err, filepath.Join(dir, "image"), "the sandbox stays paused")
 		steps.done("restore_ms")
-		if err == nil {
+		booted := err == nil
+		if booted {
 			// An image a restart found is set up again (its CA, resolver
 			// and variables may have changed); one this process paused
 			// has its own, only its resolver may have moved with its slot.
@@ -506,19 +507,19 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 				m.stopFailedResume(id)
 			}
 		}
-		var died agentDied
-		if retried || !errors.As(err, &died) || died.reason != "" || startCtx.Err() != nil {
+		if retried || !bootAgain(err, booted) || startCtx.Err() != nil {
 			break
 		}
 		// As a create's (launch): a sandbox that died during its resume for
-		// no reason the runtime knows is restored once more from the same
-		// image, which nothing has used yet, unless that image is damaged.
+		// no reason the runtime knows, or whose restore failed for none the
+		// server can name, is restored once more from the same image,
+		// which nothing has used yet, unless that image is damaged.
 		if own {
 			if verr := m.damagedPaused(id, dir, what, err); verr != nil {
 				return sb, verr
 			}
 		}
-		m.log.Warn("restoring the sandbox again", "sandbox", id)
+		m.log.Warn("restoring the sandbox again", "sandbox", id, "err", err)
 		prepared = false
 		steps.rename("restore_ms", "dead_restore_ms")
 		if _, ok := steps.get("agent_ms"); ok {
