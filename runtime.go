@@ -59,8 +59,11 @@ type RuntimeStats struct {
 type Runtime interface {
 	// Start boots a sandbox and returns the channel to its agent: writes go
 	// to the agent's stdin, reads come from its stdout. On any failure
-	// nothing of the sandbox is left on the host. Costs one sandbox boot
-	// (about 0.2 s on gVisor).
+	// nothing of the sandbox is left on the host. A failure the runtime
+	// knows would come again (a bad spec or image, no room) carries an
+	// *Error code; the manager boots once more after one that carries
+	// none (a process of the sandbox killed half-way). Costs one sandbox
+	// boot (about 0.2 s on gVisor).
 	Start(ctx context.Context, spec RuntimeSpec) (io.ReadWriteCloser, error)
 	// Attach opens a new channel to a running sandbox, e.g. after the server
 	// restarted. Bytes of an earlier channel may still be in flight; the

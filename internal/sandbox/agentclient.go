@@ -150,10 +150,6 @@ func dialAgentWith(ctx context.Context, id string, rwc io.ReadWriteCloser, h hel
 	}
 	if err := c.do(tctx, http.MethodGet, "/v1/hello", q, nil, &c.hello); err != nil {
 		c.Close()
-		if context.Cause(tctx) == errSandboxGone {
-			// As a timeout: helloFailed, which sees it gone, says so.
-			return nil, pandastack.Errorf(pandastack.ETimeout, "sandbox %s: its agent did not answer its hello, and the sandbox is gone", id)
-		}
 		if ownDeadline(tctx, ctx) {
 			return nil, pandastack.Errorf(pandastack.ETimeout, "sandbox %s: its agent did not answer its hello within %s; the host may be overloaded", id, setupTimeout)
 		}

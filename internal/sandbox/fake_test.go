@@ -49,6 +49,7 @@ type fakeRuntime struct {
 	deadBoots     int             // so many next boots are gone at once, their agents silent (a crash at the start)
 	deadReason    string          // the DeathReason of those
 	setupDeaths   int             // so many next CA setups (after the hello) die once their answer has begun
+	resetBoots    int             // so many next boots die as their hello comes: their pipes close, the host reads EOF
 	unnamed       bool            // the hello does not name FeatureHostname, as agents before it
 	stopHook      func(id string) // called before Stop does anything, without r.mu
 	// sparesHold, when set, makes the spares request signal sparesAsked
@@ -74,6 +75,8 @@ type fakeBox struct {
 	mem     int64 // memory its cgroup holds, in bytes; tests set it
 	// hold, when set, makes exec of "hold" wait until it is closed.
 	hold chan struct{}
+	// resetAtHello: the agent dies as its hello comes (resetBoots).
+	resetAtHello bool
 }
 
 func newFakeRuntime() *fakeRuntime { return &fakeRuntime{boxes: map[string]*fakeBox{}} }
@@ -120,6 +123,13 @@ func (r *fakeRuntime) agentHandler(b *fakeBox, epoch uint32) http.Handler {
 	mux.HandleFunc("GET /v1/hello", func(w http.ResponseWriter, req *http.Request) {
 		h := agentproto.Hello{ProtocolVersion: agentproto.ProtocolVersion, Epoch: epoch}
 		r.mu.Lock()
+		if b.resetAtHello {
+			b.alive = false
+			stop := b.stop
+			r.mu.Unlock()
+			stop()
+			return
+		}
 		if r.hellos == nil {
 			r.hellos = map[string]int{}
 		}
@@ -313,6 +323,10 @@ func (r *fakeRuntime) boot(spec pandastack.RuntimeSpec, vars map[string]string, 
 		b.reason = r.deadReason
 	}
 	r.deadBoots = max(r.deadBoots-1, 0)
+	if r.resetBoots > 0 {
+		b.resetAtHello = true
+		r.resetBoots--
+	}
 	r.boxes[spec.ID] = b
 	return r.serve(b), nil
 }

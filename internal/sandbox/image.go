@@ -51,6 +51,9 @@ func checkRootFS(man manifest, what string) error {
 // ends with outcome (what became of the operation); the details (host
 // paths, runsc's own trace) stay in the wrapped error, for the log.
 func storageError(err error, outcome string) error {
+	if err == nil || pandastack.IsCode(err, pandastack.EStorage) {
+		return err
+	}
 	if errors.Is(err, syscall.ENOSPC) || strings.Contains(err.Error(), "no space left on device") {
 		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EStorage, "the server's disk is full; %s", outcome), err)
 	}

@@ -680,6 +680,13 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		}
 		p.steps.done("restore_ms")
 		booted := err == nil
+		if !booted && p.image != "" {
+			// runsc fails for want of disk without saying so: the disk's
+			// fault is a refusal, not tried again.
+			err = roomError(err, p.image, "the sandbox was not created")
+		} else if !booted {
+			err = storageError(err, "the sandbox was not created")
+		}
 		if booted {
 			client, err = m.dialAndSetup(startCtx, sb.ID, rwc, hello{reseed: p.image != "", holdSpares: p.image != "" && m.pacesRefills()}, p.steps, true)
 		}
@@ -695,13 +702,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		m.log.Warn("booting the sandbox afresh", "sandbox", sb.ID, "err", err)
 		m.rt.Stop(context.Background(), sb.ID)
 		// Its steps are the new boot's; the dead one's are kept apart.
-		p.steps.rename("restore_ms", "dead_restore_ms")
-		if _, ok := p.steps.get("agent_ms"); ok {
-			p.steps.rename("agent_ms", "dead_agent_ms")
-			p.steps.done("dead_setup_ms")
-		} else {
-			p.steps.done("dead_agent_ms")
-		}
+		p.steps.deadBoot(booted)
 		p.prepared, p.steps.prepared = false, false
 	}
 	if err == nil {
@@ -788,8 +789,7 @@ func (m *Manager) dialAndSetup(ctx context.Context, id string, rwc io.ReadWriteC
 		}
 	}
 	if err != nil && context.Cause(wctx) == errSandboxGone {
-		// As a timeout: helloFailed, which sees it gone, says so.
-		err = pandastack.Errorf(pandastack.ETimeout, "sandbox %s: it stopped answering during its start, and the sandbox is gone", id)
+		err = fmt.Errorf("sandbox %s: it stopped answering during its start, and the sandbox is gone", id)
 	}
 	return client, m.helloFailed(id, err)
 }

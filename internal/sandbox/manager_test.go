@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -866,10 +867,27 @@ func TestCreateBootsAfreshAfterADeathInItsSetup(t *testing.T) {
 	}
 }
 
+// A sandbox whose agent dies as its hello comes, its channel closed (the
+// host reads EOF at once, no timeout), is found dead and booted afresh.
+func TestCreateBootsAfreshAfterAnAgentGoneAtItsHello(t *testing.T) {
+	h := watchingHarness(t)
+	h.rt.resetBoots = 1
+	sb, err := h.m.Create(context.Background(), project, CreateRequest{Template: "base"})
+	if err != nil {
+		t.Fatalf("create after an agent gone at its hello: %v", err)
+	}
+	if got, err := h.exec(sb.ID, "get v"); err != nil || got != "" {
+		t.Errorf("the sandbox booted afresh: %q %v", got, err)
+	}
+	if len(h.logs.with("the sandbox died during its start")) != 1 || len(h.logs.with("booting the sandbox afresh")) != 1 {
+		t.Errorf("log lines of the dead boot and the new one missing:\n%s", strings.Join(h.logs.with("sandbox="+sb.ID), "\n"))
+	}
+}
+
 // A boot the runtime fails with no cause the server can name (runsc's exit
 // status, as when its processes are killed half-way) is tried once more;
 // one refused for a cause (a coded error: a damaged image) is not.
-func TestCreateBootsAgainAfterAnUnexplainedRuntimeFailure(t *testing.T) {
+func TestForkChildBootsAgainAfterAnUnexplainedRuntimeFailure(t *testing.T) {
 	h := newHarness(t)
 	parent := h.create()
 	fail := func(err error) *int {
@@ -890,11 +908,18 @@ func TestCreateBootsAgainAfterAnUnexplainedRuntimeFailure(t *testing.T) {
 	if *calls != 2 || len(h.logs.with("booting the sandbox afresh")) != 1 {
 		t.Errorf("restores %d, log:\n%s", *calls, strings.Join(h.logs.with("sandbox="+kids[0].ID), "\n"))
 	}
-	calls = fail(pandastack.Errorf(pandastack.ESnapshotCorrupt, "damaged"))
-	_, err = h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil)
-	wantCode(t, err, pandastack.ESnapshotCorrupt)
-	if *calls != 1 {
-		t.Errorf("a refused restore was tried %d times, want once", *calls)
+	for _, refusal := range []error{
+		pandastack.Errorf(pandastack.ESnapshotCorrupt, "damaged"),
+		fmt.Errorf("restore: %w", syscall.ENOSPC), // the disk's fault: a refusal too
+	} {
+		calls = fail(refusal)
+		_, err = h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil)
+		if pandastack.ErrorCode(err) != pandastack.ESnapshotCorrupt && pandastack.ErrorCode(err) != pandastack.EStorage {
+			t.Errorf("fork after %v: %v", refusal, err)
+		}
+		if *calls != 1 {
+			t.Errorf("a restore refused with %v was tried %d times, want once", refusal, *calls)
+		}
 	}
 }
 

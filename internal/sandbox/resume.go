@@ -159,6 +159,39 @@ func (s *resumeSteps) rename(old, new string) {
 	}
 }
 
+// deadBoot keeps the steps of a boot that failed apart from the next
+// one's: its restore as dead_restore_ms, and, if it booted, its hello (or
+// the wait that found it dead) as dead_agent_ms and what followed as
+// dead_setup_ms.
+func (s *resumeSteps) deadBoot(booted bool) {
+	if s == nil {
+		return
+	}
+	s.rename("restore_ms", "dead_restore_ms")
+	if !booted {
+		return
+	}
+	if _, ok := s.get("agent_ms"); ok {
+		s.rename("agent_ms", "dead_agent_ms")
+		s.done("dead_setup_ms")
+	} else {
+		s.done("dead_agent_ms")
+	}
+}
+
+// drop removes the attribute key (one not a step, such as "standby").
+func (s *resumeSteps) drop(key string) {
+	if s == nil {
+		return
+	}
+	for i := 0; i+1 < len(s.attrs); i += 2 {
+		if s.attrs[i] == key {
+			s.attrs = append(s.attrs[:i], s.attrs[i+2:]...)
+			return
+		}
+	}
+}
+
 // get returns the time of a step that is done.
 func (s *resumeSteps) get(step string) (float64, bool) {
 	if s == nil {

@@ -343,6 +343,84 @@ func TestResumeRestoresAgainAfterAnUnexplainedRuntimeFailure(t *testing.T) {
 	}
 }
 
+// A resume whose restore is refused for a cause (a coded error) is not
+// tried again; and one whose own image was damaged after the pause, its
+// sandbox dying during the restore, is checked before it is tried again:
+// the damage is found, and the sandbox stays paused.
+func TestResumeIsNotTriedAgainWhenRefusedOrDamaged(t *testing.T) {
+	h := watchingHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		calls++
+		return pandastack.Errorf(pandastack.ESnapshotCorrupt, "damaged")
+	}
+	_, err := h.m.Resume(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	if calls != 1 {
+		t.Errorf("a refused restore was tried %d times, want once", calls)
+	}
+	// (That failure had the image checked: a new sandbox's, trusted as
+	// this process wrote it.)
+	h.rt.restoreErr = nil
+	sb = h.create()
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	pages := filepath.Join(h.m.pausedPath(sb.ID), "image", "pages.img")
+	if err := os.WriteFile(pages, make([]byte, fakePagesSize-1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.rt.deadBoots = 1
+	_, err = h.m.Resume(ctx, project, sb.ID)
+	wantCode(t, err, pandastack.ESnapshotCorrupt)
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+		t.Fatalf("after the resume of a damaged image: %s, want paused", rec.State)
+	}
+}
+
+// A resume tried again after a restore whose clean-up released the
+// sandbox's network policy restores with the policy set while it was
+// paused, not the one of pause time.
+func TestResumeTriedAgainKeepsThePolicy(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	net := newFakeNet()
+	h.m.UseNetwork(net)
+	h.rt.stopHook = net.release
+	sb := h.create()
+	if _, err := h.m.SetNetwork(ctx, project, sb.ID, pandastack.NetworkPolicy{AllowInternetAccess: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.SetNetwork(ctx, project, sb.ID, pandastack.NetworkPolicy{AllowInternetAccess: false}); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h.rt.restoreErr = func(spec pandastack.RuntimeSpec) error {
+		if calls++; calls == 1 {
+			net.release(spec.ID) // as the network runtime's restore does on failure
+			return errInjected
+		}
+		if spec.Network != nil && spec.Network.AllowInternetAccess {
+			t.Errorf("the second restore applies the policy of pause time: %+v", *spec.Network)
+		}
+		return nil
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if p, ok := net.Policy(sb.ID); !ok || p.AllowInternetAccess || calls != 2 {
+		t.Fatalf("policy after the resume: %+v %v (%d restores), want the one set while paused (no internet)", p, ok, calls)
+	}
+}
+
 // The resume of an image a restart found sets the sandbox up again; a
 // sandbox that dies during that setup, after its hello, is found gone at
 // once (the setup's request does not wait for the silent agent) and is
@@ -395,9 +473,11 @@ func TestPoolRefillEndsWhenItsSandboxDies(t *testing.T) {
 	tpl := h.tpls.tpl
 	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, "base", "aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb")
 	h.m.cfg.PoolSize = 1
+	start := time.Now()
 	h.m.StartWarming([]WarmSpec{{Template: tpl, Warmup: "import x"}})
-	waitFor(t, func() bool { return h.m.Pools(context.Background())["base"].Ready == 1 })
-	if len(h.logs.with("the sandbox died during its start")) != 1 {
-		t.Errorf("no log line of the dead refill:\n%s", strings.Join(h.logs.with("pool"), "\n"))
+	waitFor(t, func() bool { return len(h.logs.with("the sandbox died during its start")) == 1 })
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("the dead refill was found after %s", took)
 	}
+	waitFor(t, func() bool { return h.m.Pools(context.Background())["base"].Ready == 1 })
 }

@@ -481,8 +481,13 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 			steps.attrs = append(steps.attrs, "standby", cid)
 		}
 	}
+	var contexts []string
+	if own {
+		contexts = m.contextsAtPause(id) // before a check of the image forgets them
+	}
 	var client *AgentClient
-	for retried := false; ; retried = true {
+	checked, retried := false, false
+	for ; ; retried = true {
 		var rwc io.ReadWriteCloser
 		rwc, err = m.rt.Restore(startCtx, m.resumeSpec(sb, man), filepath.Join(dir, "image"))
 		// runsc fails for want of disk without saying so (exit status 128, no
@@ -500,7 +505,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 			}
 			if client, err = m.dialAndSetup(startCtx, id, rwc, h, steps, !own); err == nil {
 				if own {
-					client.knowContexts(m.contextsAtPause(id))
+					client.knowContexts(contexts)
 				}
 				steps.done("setup_ms")
 			} else {
@@ -513,24 +518,25 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		// As a create's (launch): a sandbox that died during its resume for
 		// no reason the runtime knows, or whose restore failed for none the
 		// server can name, is restored once more from the same image,
-		// which nothing has used yet, unless that image is damaged.
+		// which nothing has used yet, unless that image is damaged. Its
+		// policy goes back first: a failed restore's clean-up may have
+		// released it, and the next restore would apply the one of pause
+		// time.
+		steps.deadBoot(booted)
+		m.keepNetwork(id, kept)
 		if own {
+			checked = true
 			if verr := m.damagedPaused(id, dir, what, err); verr != nil {
 				return sb, verr
 			}
+			steps.done("dead_verify_ms")
 		}
 		m.log.Warn("restoring the sandbox again", "sandbox", id, "err", err)
 		prepared = false
-		steps.rename("restore_ms", "dead_restore_ms")
-		if _, ok := steps.get("agent_ms"); ok {
-			steps.rename("agent_ms", "dead_agent_ms")
-			steps.done("dead_setup_ms")
-		} else {
-			steps.done("dead_agent_ms")
-		}
+		steps.drop("standby") // the container it took went with the failed boot
 	}
 	if err != nil {
-		if own {
+		if own && !checked {
 			if verr := m.damagedPaused(id, dir, what, err); verr != nil {
 				return sb, verr
 			}
@@ -539,6 +545,17 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 			return sb, pandastack.Errorf(pandastack.ETimeout, "sandbox %s did not resume within %s; it is still paused", id, m.cfg.StartTimeout)
 		}
 		m.log.Warn("resume failed; the sandbox stays paused", "sandbox", id, "err", err)
+		var died agentDied
+		if errors.As(err, &died) {
+			how := "a crash"
+			if died.reason != "" {
+				how = died.reason
+			}
+			if retried {
+				how += ", twice"
+			}
+			return sb, fmt.Errorf("resume %s: %w", id, pandastack.Errorf(pandastack.EInternal, "sandbox %s died during its resume (%s; the server's log tells more); it stays paused", id, how))
+		}
 		return sb, fmt.Errorf("resume %s: %w", id, err)
 	}
 	// The record as it is now: a TTL or idle timeout changed since the
