@@ -301,6 +301,9 @@ func TestResumeRestoresAgainAfterADeadStart(t *testing.T) {
 	start := time.Now()
 	_, err := h.m.Resume(ctx, project, sb.ID)
 	wantCode(t, err, pandastack.EInternal)
+	if msg := pandastack.ErrorMessage(err); !strings.Contains(msg, "died during its resume") || !strings.Contains(msg, "stays paused") {
+		t.Errorf("the user is told %q", msg)
+	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Errorf("two dead restores took %s to fail", took)
 	}

@@ -548,11 +548,14 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		var died agentDied
 		if errors.As(err, &died) {
 			how := "a crash"
-			if died.reason != "" {
-				how = died.reason
+			switch died.reason {
+			case pandastack.ReasonOutOfMemory:
+				how = "out of memory"
+			case pandastack.ReasonPIDsLimit:
+				how = "at its process limit"
 			}
 			if retried {
-				how += ", twice"
+				how += ", after its restore was tried again"
 			}
 			return sb, fmt.Errorf("resume %s: %w", id, pandastack.Errorf(pandastack.EInternal, "sandbox %s died during its resume (%s; the server's log tells more); it stays paused", id, how))
 		}
