@@ -529,7 +529,8 @@ func (n *Network) Validate(p pandastack.NetworkPolicy) error {
 // the namespace's path. p nil keeps the sandbox's policy (a resume) or takes
 // the default. runsc moves the interface's addresses into its own stack,
 // so every boot needs a fresh namespace: an existing one is rebuilt. On
-// failure nothing of it is left.
+// failure nothing of it is left but the policy a sandbox had before (a
+// paused one's, kept for its resume), down.
 func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err error) {
 	n.mu.Lock()
 	if n.closing {
@@ -539,9 +540,11 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 	n.preparing.Add(1)
 	defer n.preparing.Done()
 	s := n.sbx[id]
+	had := s != nil
 	if s == nil {
 		s = &sandboxNet{ID: id, Policy: n.cfg.Default}
 	}
+	oldPolicy, oldComp := s.Policy, s.comp
 	var comp Compiled
 	if p != nil {
 		s.Policy = p.Normalized()
@@ -577,13 +580,29 @@ func (n *Network) Prepare(id string, p *pandastack.NetworkPolicy) (_ string, err
 	n.sbx[id] = s
 	n.mu.Unlock()
 	defer func() {
-		if err != nil {
-			n.teardown(s)
-			n.mu.Lock()
-			delete(n.sbx, id)
-			n.mu.Unlock()
-			os.Remove(n.statePath(id))
+		if err == nil {
+			return
 		}
+		n.teardown(s)
+		if had {
+			// Its policy kept for the next Prepare: one set while it was
+			// paused must not give way to the one of pause time. (Given
+			// p, this Prepare replaced it: put back. Without, it is the
+			// one it had, or one set since by SetPolicy.)
+			n.mu.Lock()
+			if p != nil {
+				s.Policy, s.comp = oldPolicy, oldComp
+			}
+			n.mu.Unlock()
+			if serr := n.saveState(s); serr != nil {
+				n.log.Warn("keep the network policy of a sandbox whose network failed", "sandbox", id, "err", serr)
+			}
+			return
+		}
+		n.mu.Lock()
+		delete(n.sbx, id)
+		n.mu.Unlock()
+		os.Remove(n.statePath(id))
 	}()
 	t0 := time.Now()
 	if err := n.saveState(s); err != nil {

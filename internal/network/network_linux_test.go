@@ -1549,3 +1549,35 @@ func TestFailedSetPolicyLeavesTheFirewallAsItWas(t *testing.T) {
 		t.Errorf("the internet after setting the policy it kept: %v", err)
 	}
 }
+
+// A Prepare that fails leaves a sandbox that had a policy before (a paused
+// one's, kept for its resume) with that policy, down: the resume tried
+// again applied the policy of pause time instead, internet open again
+// after it had been shut while paused.
+func TestFailedPrepareKeepsThePolicyItHad(t *testing.T) {
+	n := newTestNetworkWith(t, Config{Default: pandastack.InternetPolicy()})
+	const id = "sbx_kept"
+	if err := n.SetPolicy(id, pandastack.NoNetworkPolicy()); err != nil { // as while paused
+		t.Fatal(err)
+	}
+	defer n.Release(id)
+	blocker := n.statePath(id) + ".tmp" // the record cannot be written
+	if err := os.Mkdir(blocker, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*pandastack.NetworkPolicy{nil, new(pandastack.InternetPolicy())} {
+		if _, err := n.Prepare(id, p); err == nil {
+			t.Fatal("Prepare succeeded without its record")
+		}
+		if got, ok := n.Policy(id); !ok || got.AllowInternetAccess {
+			t.Errorf("after a failed Prepare(%v): %+v %v, want the policy it had (no internet)", p, got, ok)
+		}
+	}
+	os.Remove(blocker)
+	if _, err := n.Prepare(id, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := n.Policy(id); got.AllowInternetAccess {
+		t.Errorf("after the next Prepare: %+v, want the policy it kept", got)
+	}
+}
