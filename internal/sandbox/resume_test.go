@@ -163,6 +163,23 @@ func TestResumeKnowsThePausedContexts(t *testing.T) {
 		}
 		known("after resuming its own image", true)
 	}
+	// A restore that failed and was tried again (its image checked in
+	// between, which forgets what this process knew of it) knows them too.
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	calls := 0
+	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
+		if calls++; calls == 1 {
+			return errInjected
+		}
+		return nil
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil || calls != 2 {
+		t.Fatalf("resume tried again: %v, %d restores", err, calls)
+	}
+	h.rt.restoreErr = nil
+	known("after a resume tried again", true)
 
 	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
 		t.Fatal(err)
