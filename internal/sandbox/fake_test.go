@@ -465,6 +465,22 @@ func (r *fakeRuntime) Restore(ctx context.Context, spec pandastack.RuntimeSpec, 
 	return rwc, err
 }
 
+// failRestoreOnce makes the next restore fail with err and the ones after
+// it go through; it returns the count of restores tried from now on.
+// (restoreErr runs under r.mu.)
+func (r *fakeRuntime) failRestoreOnce(err error) *int {
+	calls := new(int)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.restoreErr = func(pandastack.RuntimeSpec) error {
+		if *calls++; *calls == 1 {
+			return err
+		}
+		return nil
+	}
+	return calls
+}
+
 func (r *fakeRuntime) Alive(id string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()

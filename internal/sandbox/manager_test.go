@@ -890,17 +890,7 @@ func TestCreateBootsAfreshAfterAnAgentGoneAtItsHello(t *testing.T) {
 func TestForkChildBootsAgainAfterAnUnexplainedRuntimeFailure(t *testing.T) {
 	h := newHarness(t)
 	parent := h.create()
-	fail := func(err error) *int {
-		calls := 0
-		h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
-			if calls++; calls == 1 {
-				return err
-			}
-			return nil
-		}
-		return &calls
-	}
-	calls := fail(errInjected)
+	calls := h.rt.failRestoreOnce(errInjected)
 	kids, err := h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil)
 	if err != nil {
 		t.Fatalf("fork after one failed restore: %v", err)
@@ -912,7 +902,7 @@ func TestForkChildBootsAgainAfterAnUnexplainedRuntimeFailure(t *testing.T) {
 		pandastack.Errorf(pandastack.ESnapshotCorrupt, "damaged"),
 		fmt.Errorf("restore: %w", syscall.ENOSPC), // the disk's fault: a refusal too
 	} {
-		calls = fail(refusal)
+		calls = h.rt.failRestoreOnce(refusal)
 		_, err = h.m.Fork(context.Background(), project, parent.ID, 1, nil, nil)
 		if pandastack.ErrorCode(err) != pandastack.ESnapshotCorrupt && pandastack.ErrorCode(err) != pandastack.EStorage {
 			t.Errorf("fork after %v: %v", refusal, err)

@@ -168,15 +168,9 @@ func TestResumeKnowsThePausedContexts(t *testing.T) {
 	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	calls := 0
-	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
-		if calls++; calls == 1 {
-			return errInjected
-		}
-		return nil
-	}
-	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil || calls != 2 {
-		t.Fatalf("resume tried again: %v, %d restores", err, calls)
+	calls := h.rt.failRestoreOnce(errInjected)
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil || *calls != 2 {
+		t.Fatalf("resume tried again: %v, %d restores", err, *calls)
 	}
 	h.rt.restoreErr = nil
 	known("after a resume tried again", true)
@@ -348,18 +342,12 @@ func TestResumeRestoresAgainAfterAnUnexplainedRuntimeFailure(t *testing.T) {
 	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	calls := 0
-	h.rt.restoreErr = func(pandastack.RuntimeSpec) error {
-		if calls++; calls == 1 {
-			return errInjected
-		}
-		return nil
-	}
+	calls := h.rt.failRestoreOnce(errInjected)
 	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
 		t.Fatalf("resume after one failed restore: %v", err)
 	}
-	if got, err := h.exec(sb.ID, "get v"); got != "kept" || err != nil || calls != 2 {
-		t.Errorf("after the resume: %q %v, %d restores", got, err, calls)
+	if got, err := h.exec(sb.ID, "get v"); got != "kept" || err != nil || *calls != 2 {
+		t.Errorf("after the resume: %q %v, %d restores", got, err, *calls)
 	}
 }
 
