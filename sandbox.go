@@ -99,6 +99,26 @@ type SandboxFilter struct {
 	// Node: only the sandboxes of this node, and those of no node (records
 	// made before nodes existed).
 	Node string
+	// A page of the list: at most Limit sandboxes (0: all of them), only
+	// those after After (nil: from the start) in the list's order, and
+	// newest first when Newest is set.
+	Limit  int
+	After  *SandboxCursor
+	Newest bool
+}
+
+// SandboxCursor is a place in a list of sandboxes: the last sandbox of a
+// page. Lists are ordered by CreatedAt (in milliseconds, as stored) and
+// then by ID, so a cursor stays valid whatever is created or removed
+// meanwhile.
+type SandboxCursor struct {
+	CreatedAt time.Time
+	ID        string
+}
+
+// CursorOf is the cursor of sb, the last sandbox of a page.
+func CursorOf(sb Sandbox) *SandboxCursor {
+	return &SandboxCursor{CreatedAt: sb.CreatedAt, ID: sb.ID}
 }
 
 // Project owns API keys and everything created with them.

@@ -39,7 +39,9 @@ type Store interface {
 	// GetSandbox returns the sandbox id of project projectID; an empty
 	// projectID matches any project. Another project's sandbox is ENotFound.
 	GetSandbox(ctx context.Context, projectID, id string) (Sandbox, error)
-	// ListSandboxes returns the matching sandboxes, oldest first.
+	// ListSandboxes returns the matching sandboxes, oldest first (those
+	// created in the same millisecond by id), or a page of them (f.Limit,
+	// f.After, f.Newest).
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, error)
 	// SetSandboxState records a state change. For StateStopped reason and
 	// at are kept as StopReason and StoppedAt; for StatePaused reason is

@@ -573,10 +573,28 @@ func (s *Store) ListSandboxes(ctx context.Context, f pandastack.SandboxFilter) (
 	if f.Node != "" {
 		w.add(`node_id IN ('', ` + w.arg(f.Node) + `)`)
 	}
+	// Pages: oldest (or newest) first, those of the same millisecond by
+	// id (in byte order, as SQLite's), so that the last of a page is a
+	// place in the list (a cursor).
+	cmp, order := `>`, ` ORDER BY created_at, id COLLATE "C"`
+	if f.Newest {
+		cmp, order = `<`, ` ORDER BY created_at DESC, id COLLATE "C" DESC`
+	}
+	if f.After != nil {
+		if !pandastack.StorableText(f.After.ID) {
+			return nil, pandastack.Errorf(pandastack.EInvalid, "the list's cursor holds an id no sandbox has")
+		}
+		at := w.arg(millis(f.After.CreatedAt))
+		w.add(`(created_at ` + cmp + ` ` + at + ` OR (created_at = ` + at + ` AND id COLLATE "C" ` + cmp + ` ` + w.arg(f.After.ID) + `))`)
+	}
 	if !pandastack.StorableText(f.ProjectID, f.Node) || !w.metadata(f.Metadata) {
 		return nil, ctx.Err() // nothing stored can match
 	}
-	out, err := s.querySandboxes(ctx, `SELECT `+sandboxColumns+` FROM sandboxes`+w.sql()+` ORDER BY created_at, seq`, w.args...)
+	q := `SELECT ` + sandboxColumns + ` FROM sandboxes` + w.sql() + order
+	if f.Limit > 0 {
+		q += ` LIMIT ` + w.arg(f.Limit)
+	}
+	out, err := s.querySandboxes(ctx, q, w.args...)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}

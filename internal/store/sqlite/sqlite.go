@@ -607,11 +607,26 @@ func listSandboxesQuery(f pandastack.SandboxFilter) (string, []any) {
 	mdWhere, mdArgs := metadataWhere("sandboxes", f.Metadata)
 	where = append(where, mdWhere...)
 	args = append(args, mdArgs...)
+	// Pages: oldest (or newest) first, those of the same millisecond by
+	// id, so that the last of a page is a place in the list (a cursor).
+	cmp, order := `>`, ` ORDER BY created_at, id`
+	if f.Newest {
+		cmp, order = `<`, ` ORDER BY created_at DESC, id DESC`
+	}
+	if f.After != nil {
+		at := millis(f.After.CreatedAt)
+		where = append(where, `(created_at `+cmp+` ? OR (created_at = ? AND id `+cmp+` ?))`)
+		args = append(args, at, at, f.After.ID)
+	}
 	q := `SELECT ` + sandboxColumns + ` FROM sandboxes`
 	if len(where) > 0 {
 		q += ` WHERE ` + strings.Join(where, ` AND `)
 	}
-	q += ` ORDER BY created_at, rowid`
+	q += order
+	if f.Limit > 0 {
+		q += ` LIMIT ?`
+		args = append(args, f.Limit)
+	}
 	return q, args
 }
 

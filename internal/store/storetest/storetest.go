@@ -47,6 +47,7 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"MetadataNilAndEmpty", testMetadataNilAndEmpty},
 		{"ListSandboxes", testListSandboxes},
 		{"ListByState", testListByState},
+		{"ListPages", testListPages},
 		{"ListByMetadata", testListByMetadata},
 		{"ListByAwkwardMetadataKeys", testListByAwkwardMetadataKeys},
 		{"SetSandboxState", testSetSandboxState},
@@ -689,6 +690,67 @@ func testListSandboxes(t *testing.T, s pandastack.Store) {
 	// Zero-length but non-nil filter fields match everything too.
 	f := pandastack.SandboxFilter{States: []pandastack.SandboxState{}, Metadata: map[string]string{}}
 	checkIDs(t, "empty filter fields", list(t, s, f), "sbx_a", "sbx_b", "sbx_c", "sbx_d")
+}
+
+// Pages of a list: oldest or newest first, those of the same millisecond
+// by id (byte order), each page after the cursor of the one before, with
+// the filters applied; a cursor stays valid when its sandbox is gone.
+func testListPages(t *testing.T, s pandastack.Store) {
+	// Inserted out of order; sbx_b, sbx_B and sbx_c share a millisecond
+	// (byte order puts the upper case first).
+	for _, c := range []struct {
+		id     string
+		minute int
+		state  pandastack.SandboxState
+	}{{"sbx_c", 2, pandastack.StateStopped}, {"sbx_e", 4, pandastack.StateRunning}, {"sbx_a", 1, pandastack.StateRunning},
+		{"sbx_b", 2, pandastack.StateRunning}, {"sbx_d", 3, pandastack.StateStopped}, {"sbx_B", 2, pandastack.StateRunning}} {
+		sb := sandbox(c.id, c.minute)
+		sb.State = c.state
+		mustSandbox(t, s, sb)
+	}
+	other := sandbox("sbx_other", 2)
+	other.ProjectID = "prj_2"
+	mustSandbox(t, s, other)
+	all := []string{"sbx_a", "sbx_B", "sbx_b", "sbx_c", "sbx_d", "sbx_e"}
+	pages := func(f pandastack.SandboxFilter) (out [][]string) {
+		t.Helper()
+		for range 10 {
+			got, err := s.ListSandboxes(t.Context(), f)
+			if err != nil {
+				t.Fatalf("ListSandboxes(%+v): %v", f, err)
+			}
+			if len(got) == 0 {
+				return out
+			}
+			out = append(out, ids(got))
+			f.After = pandastack.CursorOf(got[len(got)-1])
+		}
+		t.Fatalf("ListSandboxes(%+v): no end after 10 pages", f)
+		return nil
+	}
+	checkPages := func(what string, got [][]string, want ...[]string) {
+		t.Helper()
+		if !slices.EqualFunc(got, want, slices.Equal[[]string]) {
+			t.Errorf("%s: pages %q, want %q", what, got, want)
+		}
+	}
+	checkIDs(t, "the whole list", list(t, s, pandastack.SandboxFilter{ProjectID: "prj_1"}), all...)
+	checkPages("oldest first, 2 a page", pages(pandastack.SandboxFilter{ProjectID: "prj_1", Limit: 2}),
+		all[0:2], all[2:4], all[4:6])
+	checkPages("oldest first, 4 a page", pages(pandastack.SandboxFilter{ProjectID: "prj_1", Limit: 4}),
+		all[0:4], all[4:6])
+	rev := slices.Clone(all)
+	slices.Reverse(rev)
+	checkIDs(t, "newest first", list(t, s, pandastack.SandboxFilter{ProjectID: "prj_1", Newest: true}), rev...)
+	checkPages("newest first, 4 a page", pages(pandastack.SandboxFilter{ProjectID: "prj_1", Limit: 4, Newest: true}),
+		rev[0:4], rev[4:6])
+	checkPages("running ones, 2 a page", pages(pandastack.SandboxFilter{ProjectID: "prj_1", Limit: 2, States: []pandastack.SandboxState{pandastack.StateRunning}}),
+		[]string{"sbx_a", "sbx_B"}, []string{"sbx_b", "sbx_e"})
+	// A page after a sandbox that is no longer there starts where it was.
+	gone := pandastack.SandboxCursor{CreatedAt: base.Add(2 * time.Minute), ID: "sbx_bb"}
+	checkIDs(t, "after a place of no sandbox", list(t, s, pandastack.SandboxFilter{ProjectID: "prj_1", After: &gone}), "sbx_c", "sbx_d", "sbx_e")
+	checkIDs(t, "before it, newest first", list(t, s, pandastack.SandboxFilter{ProjectID: "prj_1", After: &gone, Newest: true}), "sbx_b", "sbx_B", "sbx_a")
+	checkIDs(t, "every project's, after sbx_b", list(t, s, pandastack.SandboxFilter{After: &pandastack.SandboxCursor{CreatedAt: base.Add(2 * time.Minute), ID: "sbx_b"}, Limit: 2}), "sbx_c", "sbx_other")
 }
 
 func testListByState(t *testing.T, s pandastack.Store) {
