@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -158,13 +160,40 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 					return
 				}
 			}
+		case k == "limit":
+			n, err := strconv.Atoi(vs[0])
+			if err != nil || n < 1 || n > maxListLimit {
+				writeError(w, pandastack.Errorf(pandastack.EInvalid, "limit must be a whole number from 1 to %d, got %q", maxListLimit, vs[0]))
+				return
+			}
+			f.Limit = n
+		case k == "after":
+			c, err := parseListCursor(vs[0])
+			if err != nil {
+				writeError(w, err)
+				return
+			}
+			f.After = c
+		case k == "order":
+			switch vs[0] {
+			case "oldest", "":
+			case "newest":
+				f.Newest = true
+			default:
+				writeError(w, pandastack.Errorf(pandastack.EInvalid, "order must be oldest or newest, got %q", vs[0]))
+				return
+			}
 		default:
-			writeError(w, pandastack.Errorf(pandastack.EInvalid, "unknown query parameter %q; filter with metadata.<key>=<value> or state=", k))
+			writeError(w, pandastack.Errorf(pandastack.EInvalid, "unknown query parameter %q; filter with metadata.<key>=<value> or state=, page with limit=, after= and order=", k))
 			return
 		}
 	}
 	if q.Get("state") == "" {
 		f.States = []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}
+	}
+	limit := f.Limit
+	if limit > 0 {
+		f.Limit++ // one more than asked: whether there is a next page
 	}
 	list, err := s.mgr.List(r.Context(), project, f)
 	if err != nil {
@@ -174,10 +203,54 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 	if list == nil {
 		list = []pandastack.Sandbox{}
 	}
+	out := map[string]any{}
+	if limit > 0 && len(list) > limit {
+		list = list[:limit]
+		out["next"] = listCursor(list[limit-1])
+	}
 	for i := range list {
 		list[i] = s.mgr.WithNetwork(list[i])
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": list})
+	out["sandboxes"] = list
+	writeJSON(w, http.StatusOK, out)
+}
+
+// maxListLimit is the largest page of a list of sandboxes.
+const maxListLimit = 1000
+
+// listCursor is the after= of the page that follows sb's: its creation
+// time (in milliseconds, as stored) and id, opaque to the caller.
+func listCursor(sb pandastack.Sandbox) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(sb.CreatedAt.UnixMilli(), 10) + ":" + sb.ID))
+}
+
+// parseListCursor reads an after= that listCursor made.
+func parseListCursor(s string) (*pandastack.SandboxCursor, error) {
+	bad := pandastack.Errorf(pandastack.EInvalid, "after must be the next of an earlier page of this list, got %q", s)
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return nil, bad
+	}
+	ms, id, ok := strings.Cut(string(b), ":")
+	at, err := strconv.ParseInt(ms, 10, 64)
+	if !ok || err != nil || at < 0 || !validCursorID(id) {
+		return nil, bad
+	}
+	return &pandastack.SandboxCursor{CreatedAt: time.UnixMilli(at).UTC(), ID: id}, nil
+}
+
+// validCursorID: an id as the server makes them (a prefix, an underscore,
+// letters and digits), at most 64 bytes.
+func validCursorID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request, project string) {
