@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -170,9 +171,39 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (*Sandbox, error) {
 }
 
 // ListSandboxes lists the sandboxes whose metadata has all the given
-// pairs; state is "" (starting, running and paused ones), "all", or states
-// separated by commas ("running", "paused", "stopped", "starting").
+// pairs, oldest first; state is "" (starting, running and paused ones),
+// "all", or states separated by commas ("running", "paused", "stopped",
+// "starting"). It reads the list a page at a time.
 func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string, state string) ([]Sandbox, error) {
+	var all []Sandbox
+	page := ListPage{Limit: listPageSize}
+	for {
+		list, next, err := c.ListSandboxesPage(ctx, metadata, state, page)
+		if err != nil {
+			return nil, err
+		}
+		all = append(all, list...)
+		if next == "" {
+			return all, nil
+		}
+		page.After = next
+	}
+}
+
+// listPageSize is how many sandboxes ListSandboxes asks for at a time.
+const listPageSize = 500
+
+// ListPage selects a page of a list: at most Limit items (0: all), after
+// the place an earlier page's next names (After), newest first if Newest.
+type ListPage struct {
+	Limit  int
+	After  string
+	Newest bool
+}
+
+// ListSandboxesPage is one page of ListSandboxes; next is the After of the
+// page that follows, "" after the last.
+func (c *Client) ListSandboxesPage(ctx context.Context, metadata map[string]string, state string, page ListPage) (list []Sandbox, next string, err error) {
 	q := url.Values{}
 	for k, v := range metadata {
 		q.Set("metadata."+k, v)
@@ -180,10 +211,21 @@ func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string, 
 	if state != "" {
 		q.Set("state", state)
 	}
+	if page.Limit > 0 {
+		q.Set("limit", strconv.Itoa(page.Limit))
+	}
+	if page.After != "" {
+		q.Set("after", page.After)
+	}
+	if page.Newest {
+		q.Set("order", "newest")
+	}
 	var out struct {
 		Sandboxes []Sandbox `json:"sandboxes"`
+		Next      string    `json:"next"`
 	}
-	return out.Sandboxes, c.do(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &out)
+	err = c.do(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &out)
+	return out.Sandboxes, out.Next, err
 }
 
 // SetTTL makes the sandbox expire ttl from now.

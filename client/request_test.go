@@ -2,6 +2,7 @@ package client
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -49,5 +50,37 @@ func TestPortTokenTTLRoundsUp(t *testing.T) {
 	}
 	if body["ttl_seconds"] != 1.0 {
 		t.Errorf("ttl_seconds %v, want 1", body["ttl_seconds"])
+	}
+}
+
+// ListSandboxes reads the list a page at a time, passing each page's next
+// as the following page's after with the same filters, until a page has
+// none.
+func TestListSandboxesReadsEveryPage(t *testing.T) {
+	var queries []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		queries = append(queries, r.URL.RawQuery)
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Query().Get("after") {
+		case "":
+			io.WriteString(w, `{"sandboxes":[{"id":"sbx_a"},{"id":"sbx_b"}],"next":"p2"}`)
+		case "p2":
+			io.WriteString(w, `{"sandboxes":[{"id":"sbx_c"}],"next":"p3"}`)
+		default:
+			io.WriteString(w, `{"sandboxes":[]}`)
+		}
+	}))
+	defer srv.Close()
+	list, err := New(srv.URL, "pds_x").ListSandboxes(t.Context(), map[string]string{"k": "v"}, "all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, sb := range list {
+		ids = append(ids, sb.ID)
+	}
+	want := []string{"limit=500&metadata.k=v&state=all", "after=p2&limit=500&metadata.k=v&state=all", "after=p3&limit=500&metadata.k=v&state=all"}
+	if fmt.Sprint(ids) != "[sbx_a sbx_b sbx_c]" || fmt.Sprint(queries) != fmt.Sprint(want) {
+		t.Errorf("got %v from queries %q, want [sbx_a sbx_b sbx_c] from %q", ids, queries, want)
 	}
 }
