@@ -381,6 +381,25 @@ def test_explicit_client(server):
         assert Sandbox.connect(sb.id, client=c).id == sb.id
 
 
+def test_list_reads_every_page(server, monkeypatch):
+    """list() reads the server's list a page at a time (500 a page; 2
+    here) and returns every match, oldest first."""
+    import pandastack._base as base
+
+    monkeypatch.setattr(base, "LIST_PAGE", 2)
+    tag = uuid.uuid4().hex
+    made = []
+    try:
+        for _ in range(3):
+            made.append(Sandbox.create(ttl_seconds=120, metadata={"tag": tag}))
+        assert [s.id for s in Sandbox.list(metadata={"tag": tag})] == [s.id for s in made]
+        assert [s.id for s in Sandbox.list(metadata={"tag": tag}, state="all")] == [s.id for s in made]
+    finally:
+        for s in made:
+            s.kill()
+    assert Sandbox.list(metadata={"tag": tag}) == []
+
+
 def test_list_by_state(sandbox):
     assert sandbox.id in [s.id for s in Sandbox.list(state="running")]
     assert sandbox.id in [s.id for s in Sandbox.list(state=["running", "stopped"])]

@@ -172,6 +172,8 @@ export interface SandboxListOptions extends ConnectionOptions {
   metadata?: Record<string, string>;
   /** States to include, or `all`. Default: starting, running and paused ones. */
   state?: SandboxState[] | "all";
+  /** How many sandboxes each request asks the server for (1 to 1000; default 500): the list is read a page at a time. */
+  pageSize?: number;
 }
 
 /** Options of `sandbox.exec`. */
@@ -452,14 +454,19 @@ export class Sandbox implements SandboxInfo {
     }));
   }
 
-  /** Lists your project's sandboxes, optionally filtered by metadata and state. */
+  /** Lists your project's sandboxes, oldest first, optionally filtered by metadata and state (read a page at a time). */
   static async list(opts: SandboxListOptions = {}): Promise<Sandbox[]> {
     const http = HttpClient.resolve(opts);
-    const query: Record<string, string> = {};
+    const query: Record<string, string> = { limit: String(opts.pageSize ?? 500) };
     for (const [k, v] of Object.entries(opts.metadata ?? {})) query[`metadata.${k}`] = v;
     if (opts.state !== undefined) query.state = opts.state === "all" ? "all" : opts.state.join(",");
-    const w = await http.json<{ sandboxes: WireSandbox[] | null }>("GET", "/v1/sandboxes", { query });
-    return (w.sandboxes ?? []).map((s) => new Sandbox(http, s));
+    const out: Sandbox[] = [];
+    for (;;) {
+      const w = await http.json<{ sandboxes: WireSandbox[] | null; next?: string }>("GET", "/v1/sandboxes", { query });
+      for (const s of w.sandboxes ?? []) out.push(new Sandbox(http, s));
+      if (!w.next) return out;
+      query.after = w.next;
+    }
   }
 
   /** Fetches the sandbox's current description (and updates this object). */

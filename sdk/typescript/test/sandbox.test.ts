@@ -307,6 +307,18 @@ test("sandbox lifecycle", async (t) => {
     },
   );
 
+  await t.test("list reads every page", async () => {
+    const more = [await Sandbox.create({ metadata: { tag }, ttlSeconds: 120 }), await Sandbox.create({ metadata: { tag }, ttlSeconds: 120 })];
+    try {
+      const want = [sb.id, ...more.map((s) => s.id)];
+      assert.deepEqual((await Sandbox.list({ metadata: { tag }, pageSize: 2 })).map((s) => s.id), want);
+      assert.deepEqual((await Sandbox.list({ metadata: { tag }, state: "all", pageSize: 1 })).map((s) => s.id), want);
+    } finally {
+      for (const s of more) await s.kill();
+    }
+    await assert.rejects(Sandbox.list({ metadata: { tag }, pageSize: 0 }), InvalidRequestError);
+  });
+
   await t.test("kill deletes it", async () => {
     await sb.kill();
     await assert.rejects(Sandbox.connect(sb.id), NotFoundError);

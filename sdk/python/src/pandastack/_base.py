@@ -143,11 +143,20 @@ def snapshot_params(metadata: Optional[Mapping[str, str]]) -> List[Tuple[str, st
     return [(f"metadata.{k}", str(v)) for k, v in (metadata or {}).items()]
 
 
-def list_params(metadata: Optional[Mapping[str, str]], state: Optional[Union[str, Sequence[str]]]) -> List[Tuple[str, str]]:
+def list_params(metadata: Optional[Mapping[str, str]], state: Optional[Union[str, Sequence[str]]], after: Optional[str] = None) -> List[Tuple[str, str]]:
+    """The query of one page of a list of sandboxes (LIST_PAGE of them,
+    after the place ``after``, an earlier page's ``next``, names)."""
     params = [(f"metadata.{k}", str(v)) for k, v in (metadata or {}).items()]
     if state:
         params.append(("state", state if isinstance(state, str) else ",".join(state)))
+    params.append(("limit", str(LIST_PAGE)))
+    if after:
+        params.append(("after", after))
     return params
+
+
+# How many sandboxes a list asks the server for at a time.
+LIST_PAGE = 500
 
 
 def exec_body(

@@ -158,8 +158,14 @@ class AsyncSandbox(SandboxRecord):
     ) -> List["AsyncSandbox"]:
         """The project's sandboxes whose metadata has every given pair."""
         c = client or default_client()
-        data = (await c._arequest("GET", "/v1/sandboxes", params=list_params(metadata, state))).json()
-        return [cls(d, c) for d in data.get("sandboxes") or []]
+        out: List["AsyncSandbox"] = []
+        after: Optional[str] = None
+        while True:  # a page at a time, oldest first
+            data = (await c._arequest("GET", "/v1/sandboxes", params=list_params(metadata, state, after))).json()
+            out += [cls(d, c) for d in data.get("sandboxes") or []]
+            after = data.get("next")
+            if not after:
+                return out
 
     async def refresh(self) -> "AsyncSandbox":
         """Fetch the sandbox's current state; returns self."""

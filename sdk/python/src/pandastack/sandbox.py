@@ -194,8 +194,14 @@ class Sandbox(SandboxRecord):
                 paused.
         """
         c = client or default_client()
-        data = c._request("GET", "/v1/sandboxes", params=list_params(metadata, state)).json()
-        return [cls(d, c) for d in data.get("sandboxes") or []]
+        out: List["Sandbox"] = []
+        after: Optional[str] = None
+        while True:  # a page at a time, oldest first
+            data = c._request("GET", "/v1/sandboxes", params=list_params(metadata, state, after)).json()
+            out += [cls(d, c) for d in data.get("sandboxes") or []]
+            after = data.get("next")
+            if not after:
+                return out
 
     def refresh(self) -> "Sandbox":
         """Fetch the sandbox's current state from the server; returns self."""
