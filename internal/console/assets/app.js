@@ -59,6 +59,8 @@ document.getElementById("signout").addEventListener("click", () => { session.key
 // ---- sandboxes ----
 
 const cpuSamples = new Map(); // sandbox id → last {cpu_seconds, at}
+// How many sandboxes a list in the console shows at most (the newest).
+const LIST_PAGE = 500;
 
 function cpuPercent(id, st) {
   const now = Date.parse(st.sampled_at), prev = cpuSamples.get(id);
@@ -153,21 +155,26 @@ function sandboxesPage() {
   // The row an empty list shows is kept and compared like the others, so a
   // first load with no sandboxes shows it too (an empty tbody matched).
   const none = h("tr", {}, h("td", { colspan: 8, class: "muted", text: "No sandboxes. Create one above." }));
+  // The list is the newest LIST_PAGE (stopped records are kept a day, and
+  // a busy server has thousands): the row below says when more are left.
+  const more = h("tr", {}, h("td", { colspan: 8, class: "muted", text: `Only the newest ${LIST_PAGE} are shown: filter by metadata to find older ones.` }));
   async function refresh() {
     const n = ++latest;
     sessionStorage.setItem("pandastack.filter", filter.value);
     const q = new URLSearchParams();
     for (const [k, v] of Object.entries(parsePairs(filter.value))) q.set("metadata." + k, v);
     if (showStopped.checked) q.set("state", "all");
-    let list;
-    try { list = (await api("GET", "/v1/sandboxes?" + q)).sandboxes; } catch (e) { if (n === latest) say("Listing sandboxes failed: " + e.message, true); return; }
+    q.set("order", "newest");
+    q.set("limit", String(LIST_PAGE));
+    let list, next;
+    try { ({ sandboxes: list, next } = await api("GET", "/v1/sandboxes?" + q)); } catch (e) { if (n === latest) say("Listing sandboxes failed: " + e.message, true); return; }
     const stats = await Promise.all(list.map((s) => s.state === "running" ? api("GET", `/v1/sandboxes/${s.id}/stats`).catch(() => null) : null));
     if (n !== latest) return;
     // A row is rebuilt only when what its buttons act on changed; the
     // figures change in place. Rebuilding every poll would take the
     // keyboard's focus, and a click under way, away from its button.
-    const rows = list.slice().reverse().map((s, i) => {
-      const st = stats[list.length - 1 - i];
+    const rows = list.map((s, i) => {
+      const st = stats[i];
       const cpu = st ? cpuPercent(s.id, st) : null;
       const sig = JSON.stringify([s.state, s.pause_reason, s.stop_reason, s.auto_resume, s.idle_timeout_seconds, s.template, s.metadata, s.expires_at]);
       let row = shown.get(s.id);
@@ -189,6 +196,7 @@ function sandboxesPage() {
     });
     for (const id of [...shown.keys()]) if (!list.some((s) => s.id === id)) shown.delete(id);
     if (!rows.length) rows.push(none);
+    if (next) rows.push(more);
     const same = rows.length === tbody.children.length && rows.every((tr, i) => tbody.children[i] === tr);
     if (!same) tbody.replaceChildren(...rows);
   }
@@ -519,8 +527,11 @@ async function snapshotsPage() {
     h("thead", {}, h("tr", {}, ["Snapshot", "Of sandbox", "Template", "Size", "Taken", "Metadata", "Actions"].map((t) => h("th", { scope: "col", text: t })))), tbody),
   h("h2", { text: "Lineage: which sandbox came from which snapshot or fork" }), tree);
   const load = async () => {
-    const [snaps, sbx, lin] = await Promise.all([api("GET", "/v1/snapshots"), api("GET", "/v1/sandboxes?state=all"), api("GET", "/v1/lineage")]).catch((e) => { say("Loading snapshots failed: " + e.message, true); return []; });
+    // Every live sandbox, and the newest stopped records (kept a day; an
+    // older one shows as gone).
+    const [snaps, live, stopped, lin] = await Promise.all([api("GET", "/v1/snapshots"), api("GET", "/v1/sandboxes"), api("GET", `/v1/sandboxes?state=stopped&order=newest&limit=${LIST_PAGE}`), api("GET", "/v1/lineage")]).catch((e) => { say("Loading snapshots failed: " + e.message, true); return []; });
     if (!snaps) return;
+    const sbx = { sandboxes: [...live.sandboxes, ...stopped.sandboxes] };
     total.textContent = `${snaps.snapshots.length} snapshots, ${bytes(snaps.total_size_bytes)} in all`;
     tbody.replaceChildren(...snaps.snapshots.slice().reverse().map((sn) => h("tr", { "data-id": sn.id },
       h("td", { class: "mono", text: sn.id }), h("td", {}, h("a", { href: `#/sandboxes/${sn.sandbox_id}`, class: "mono", text: sn.sandbox_id })), h("td", { text: sn.template }),
