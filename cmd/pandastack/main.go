@@ -300,6 +300,7 @@ func serve(args []string) error {
 		cacheDir: cfg.CacheDir, warmDir: cfg.warmDir(), agentHash: agentHash, diskMB: cfg.DiskMB, buildFlags: cfg.buildFlags(), log: log}
 	scfg := cfg.Sandbox
 	scfg.SnapshotDir, scfg.PausedDir, scfg.WarmDir = cfg.snapshotDir(), cfg.pausedDir(), cfg.warmDir()
+	scfg.DiskDir = cfg.runtimeDir() // the runtime's state directory, where the disks are
 	images, imagesDesc, err := openImages(ctx, &cfg)
 	if err != nil {
 		return err

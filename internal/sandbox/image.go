@@ -61,22 +61,38 @@ func storageError(err error, outcome string) error {
 }
 
 // roomError turns the failure of a restore of image into a clear
-// EStorage when the filesystem holding it has less room left than the image
-// takes: runsc then fails for want of space without saying so (exit status
-// 128, no message), since a restore writes the sandbox's disk out again.
-func roomError(err error, image, outcome string) error {
+// EStorage when the filesystem the sandbox's disk is written to (diskDir's;
+// "": image's) has less room left than the image takes: runsc then fails
+// for want of space without saying so (exit status 128, no message), since
+// a restore writes the sandbox's disk out again. A warm template's image
+// is in the cache directory, which may be on another filesystem than the
+// data directory the disks go to.
+func roomError(err error, image, diskDir, outcome string) error {
 	if err == nil || pandastack.IsCode(err, pandastack.EStorage) {
 		return err
 	}
-	var st unix.Statfs_t
-	if unix.Statfs(image, &st) != nil {
+	if diskDir == "" {
+		diskDir = image
+	}
+	free, ferr := freeBytes(diskDir)
+	if ferr != nil {
 		return err
 	}
-	free, need := int64(st.Bavail)*int64(st.Bsize), dirSize(image)
+	need := dirSize(image)
 	if need < 0 || free >= need {
 		return storageError(err, outcome)
 	}
 	return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EStorage, "the server's disk is nearly full (%d MiB free, and the restore writes up to %d MiB); %s", free>>20, need>>20, outcome), err)
+}
+
+// freeBytes is the room left for an unprivileged writer on dir's
+// filesystem (a variable for the tests).
+var freeBytes = func(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, err
+	}
+	return int64(st.Bavail) * int64(st.Bsize), nil
 }
 
 // What a failed checkpoint leaves: nothing, and the sandbox as it was.

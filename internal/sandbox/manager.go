@@ -39,6 +39,11 @@ type Config struct {
 	SnapshotDir      string        // scratch space of snapshots and forks on their way (required)
 	PausedDir        string        // where paused sandboxes are kept (required)
 	WarmDir          string        // where warm template images are kept (required for StartWarming)
+	// DiskDir is where the runtime writes the sandboxes' disks (its state
+	// directory): a restore that fails is blamed on a full disk when this
+	// directory's filesystem has less room than the image. Empty: the
+	// image's own filesystem.
+	DiskDir string
 	MaxFork          int           // the most children of one fork
 	PoolSize         int           // sandboxes of each warm template kept restored ahead of creates (0: none; never filled in)
 	IdleTimeout      time.Duration // idle timeout of a sandbox created without one (0: never; never filled in); see idle.go
@@ -683,7 +688,7 @@ func (m *Manager) launch(ctx context.Context, projectID string, p plan) (_ panda
 		if !booted && p.image != "" {
 			// runsc fails for want of disk without saying so: the disk's
 			// fault is a refusal, not tried again.
-			err = roomError(err, p.image, "the sandbox was not created")
+			err = roomError(err, p.image, m.cfg.DiskDir, "the sandbox was not created")
 		} else if !booted {
 			err = storageError(err, "the sandbox was not created")
 		}

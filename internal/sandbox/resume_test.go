@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -191,7 +192,7 @@ func TestResumeKnowsThePausedContexts(t *testing.T) {
 func TestRoomError(t *testing.T) {
 	image := t.TempDir()
 	cause := errors.New("runsc restore: exit status 128: ")
-	if err := roomError(cause, image, "the sandbox stays paused"); err != cause {
+	if err := roomError(cause, image, "", "the sandbox stays paused"); err != cause {
 		t.Errorf("an empty image: %v", err)
 	}
 	var st unix.Statfs_t
@@ -204,9 +205,39 @@ func TestRoomError(t *testing.T) {
 	}
 	f.Truncate(int64(st.Bavail)*int64(st.Bsize) + 1<<30) // sparse: takes no room
 	f.Close()
-	err = roomError(cause, image, "the sandbox stays paused")
+	err = roomError(cause, image, "", "the sandbox stays paused")
 	if !pandastack.IsCode(err, pandastack.EStorage) || !strings.Contains(pandastack.ErrorMessage(err), "the sandbox stays paused") {
 		t.Errorf("an image larger than the room left: %v", err)
+	}
+}
+
+// The room looked at is that of the filesystem the sandbox's disk is
+// written to (the runtime's state directory), not the image's: a warm
+// template's image is in the cache directory, which may be another
+// filesystem.
+func TestRoomErrorLooksWhereTheDiskGoes(t *testing.T) {
+	image, disks := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(image, "pages.img"), make([]byte, 3<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	free := map[string]int64{image: 1 << 40, disks: 1 << 20} // the image's roomy, the disks' 1 MiB
+	defer func(f func(string) (int64, error)) { freeBytes = f }(freeBytes)
+	var asked []string
+	freeBytes = func(dir string) (int64, error) {
+		asked = append(asked, dir)
+		return free[dir], nil
+	}
+	cause := errors.New("runsc restore: exit status 128: ")
+	err := roomError(cause, image, disks, "the sandbox was not created")
+	if !pandastack.IsCode(err, pandastack.EStorage) || !strings.Contains(pandastack.ErrorMessage(err), "1 MiB free") {
+		t.Errorf("disks' filesystem short of room: %v", err)
+	}
+	free[image], free[disks] = 1<<20, 1<<40
+	if err := roomError(cause, image, disks, "the sandbox was not created"); err != cause {
+		t.Errorf("the image's filesystem short, the disks' roomy: %v, want the error as it was", err)
+	}
+	if !slices.Equal(asked, []string{disks, disks}) {
+		t.Errorf("asked the room of %q, want the disks' directory's twice", asked)
 	}
 }
 

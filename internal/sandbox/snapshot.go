@@ -492,7 +492,7 @@ func (m *Manager) resume(ctx context.Context, projectID, id string, onDemand boo
 		rwc, err = m.rt.Restore(startCtx, m.resumeSpec(sb, man), filepath.Join(dir, "image"))
 		// runsc fails for want of disk without saying so (exit status 128, no
 		// message); the disk's fault only when the restore itself failed.
-		err = roomError(err, filepath.Join(dir, "image"), "the sandbox stays paused")
+		err = roomError(err, filepath.Join(dir, "image"), m.cfg.DiskDir, "the sandbox stays paused")
 		steps.done("restore_ms")
 		booted := err == nil
 		if booted {
