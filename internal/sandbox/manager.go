@@ -39,11 +39,7 @@ type Config struct {
 	SnapshotDir      string        // scratch space of snapshots and forks on their way (required)
 	PausedDir        string        // where paused sandboxes are kept (required)
 	WarmDir          string        // where warm template images are kept (required for StartWarming)
-	// DiskDir is where the runtime writes the sandboxes' disks (its state
-	// directory): a restore that fails is blamed on a full disk when this
-	// directory's filesystem has less room than the image. Empty: the
-	// image's own filesystem.
-	DiskDir string
+	DiskDir          string        // where the runtime writes the sandboxes' disks: a failed restore is blamed on a full disk by its filesystem's room ("": the image's)
 	MaxFork          int           // the most children of one fork
 	PoolSize         int           // sandboxes of each warm template kept restored ahead of creates (0: none; never filled in)
 	IdleTimeout      time.Duration // idle timeout of a sandbox created without one (0: never; never filled in); see idle.go
