@@ -41,7 +41,9 @@ type Store interface {
 	GetSandbox(ctx context.Context, projectID, id string) (Sandbox, error)
 	// ListSandboxes returns the matching sandboxes, oldest first (those
 	// created in the same millisecond by id), or a page of them (f.Limit,
-	// f.After, f.Newest).
+	// f.After, f.Newest): a page starts at its cursor in an index, so its
+	// cost does not grow with the pages before it. A cursor whose ID is
+	// not text a store keeps (a NUL) may be refused with EInvalid.
 	ListSandboxes(ctx context.Context, f SandboxFilter) ([]Sandbox, error)
 	// SetSandboxState records a state change. For StateStopped reason and
 	// at are kept as StopReason and StoppedAt; for StatePaused reason is

@@ -76,8 +76,8 @@ func (s *Store) Close() error {
 // schema_migrations. Append new ones; never edit or reorder a released one.
 //
 // Times are timestamptz (microseconds; we store milliseconds, as SQLite
-// does). seq orders records created in the same millisecond by insertion,
-// as SQLite's rowid does.
+// does). seq orders records created (or expiring) in the same millisecond
+// by insertion, as SQLite's rowid does; lists of sandboxes go by id then.
 var migrations = []string{
 	`CREATE TABLE projects (
 		id         text PRIMARY KEY,
@@ -159,6 +159,12 @@ var migrations = []string{
 	DROP INDEX sandboxes_project;
 	CREATE INDEX sandboxes_project_state ON sandboxes (project_id, state, created_at);`,
 	historyTotalsMigration,
+	// Pages of a list: a project's records in the list's order (creation,
+	// then id in byte order), for pages of every state; and of one state
+	// (stopped ones, newest first, in the console), without a sort.
+	`CREATE INDEX sandboxes_project_order ON sandboxes (project_id, created_at, id COLLATE "C");
+	DROP INDEX sandboxes_project_state;
+	CREATE INDEX sandboxes_project_state ON sandboxes (project_id, state, created_at, id COLLATE "C");`,
 }
 
 // keyScope is the scope stored for s: ScopeAll when empty.
@@ -584,8 +590,8 @@ func (s *Store) ListSandboxes(ctx context.Context, f pandastack.SandboxFilter) (
 		if !pandastack.StorableText(f.After.ID) {
 			return nil, pandastack.Errorf(pandastack.EInvalid, "the list's cursor holds an id no sandbox has")
 		}
-		at := w.arg(millis(f.After.CreatedAt))
-		w.add(`(created_at ` + cmp + ` ` + at + ` OR (created_at = ` + at + ` AND id COLLATE "C" ` + cmp + ` ` + w.arg(f.After.ID) + `))`)
+		// A row value, so that the index in the list's order starts there.
+		w.add(`(created_at, id COLLATE "C") ` + cmp + ` (` + w.arg(millis(f.After.CreatedAt)) + `, ` + w.arg(f.After.ID) + `)`)
 	}
 	if !pandastack.StorableText(f.ProjectID, f.Node) || !w.metadata(f.Metadata) {
 		return nil, ctx.Err() // nothing stored can match

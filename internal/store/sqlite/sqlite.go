@@ -187,6 +187,12 @@ var migrations = []string{
 	DROP INDEX sandboxes_project;
 	CREATE INDEX sandboxes_project_state ON sandboxes(project_id, state, created_at);`,
 	historyTotalsMigration,
+	// Pages of a list: a project's records in the list's order (creation,
+	// then id), for pages of every state (state=all); and of one state
+	// (stopped ones, newest first, in the console), without a sort.
+	`CREATE INDEX sandboxes_project_order ON sandboxes(project_id, created_at, id);
+	DROP INDEX sandboxes_project_state;
+	CREATE INDEX sandboxes_project_state ON sandboxes(project_id, state, created_at, id);`,
 }
 
 // keyScope is the scope stored for s: ScopeAll when empty.
@@ -608,15 +614,25 @@ func listSandboxesQuery(f pandastack.SandboxFilter) (string, []any) {
 	where = append(where, mdWhere...)
 	args = append(args, mdArgs...)
 	// Pages: oldest (or newest) first, those of the same millisecond by
-	// id, so that the last of a page is a place in the list (a cursor).
-	cmp, order := `>`, ` ORDER BY created_at, id`
+	// id, so that the last of a page is a place in the list (a cursor);
+	// the row value lets an index start at the cursor.
+	cmp, order := `>`, ` ORDER BY %[1]screated_at, %[1]sid`
 	if f.Newest {
-		cmp, order = `<`, ` ORDER BY created_at DESC, id DESC`
+		cmp, order = `<`, ` ORDER BY %[1]screated_at DESC, %[1]sid DESC`
 	}
+	// Of several states (the live ones), the few records of each come
+	// from sandboxes_project_state and are sorted: ordered by the plain
+	// columns, SQLite would rather walk the project's whole list in order
+	// (sandboxes_project_order), stopped records and all. The + keeps the
+	// order from any index.
+	plus := ""
+	if len(f.States) > 1 {
+		plus = "+"
+	}
+	order = fmt.Sprintf(order, plus)
 	if f.After != nil {
-		at := millis(f.After.CreatedAt)
-		where = append(where, `(created_at `+cmp+` ? OR (created_at = ? AND id `+cmp+` ?))`)
-		args = append(args, at, at, f.After.ID)
+		where = append(where, `(created_at, id) `+cmp+` (?, ?)`)
+		args = append(args, millis(f.After.CreatedAt), f.After.ID)
 	}
 	q := `SELECT ` + sandboxColumns + ` FROM sandboxes`
 	if len(where) > 0 {

@@ -355,6 +355,23 @@ func TestLiveQueriesSkipStoppedRecords(t *testing.T) {
 	if p := plan(live, args...); !strings.Contains(p, "sandboxes_project_state") {
 		t.Errorf("the list of live sandboxes: %s; want the index sandboxes_project_state", p)
 	}
+	// Pages start at their cursor in an index that is in the list's
+	// order: no walk from the start, no sort.
+	after := &pandastack.SandboxCursor{CreatedAt: time.UnixMilli(1e12), ID: "sbx_x"}
+	for _, c := range []struct {
+		what, index string
+		f           pandastack.SandboxFilter
+	}{
+		{"a page of every state", "sandboxes_project_order (project_id=? AND (created_at,id)>(?,?))", pandastack.SandboxFilter{ProjectID: "prj_a", Limit: 501, After: after}},
+		{"a page of every state, newest first", "sandboxes_project_order (project_id=? AND (created_at,id)<(?,?))", pandastack.SandboxFilter{ProjectID: "prj_a", Limit: 501, After: after, Newest: true}},
+		{"a page of stopped ones, newest first", "sandboxes_project_state (project_id=? AND state=? AND (created_at,id)<(?,?))",
+			pandastack.SandboxFilter{ProjectID: "prj_a", States: []pandastack.SandboxState{pandastack.StateStopped}, Limit: 501, After: after, Newest: true}},
+	} {
+		q, args := listSandboxesQuery(c.f)
+		if p := plan(q, args...); !strings.Contains(p, c.index) || strings.Contains(p, "TEMP B-TREE") {
+			t.Errorf("%s: %s; want the index %s and no sort", c.what, p, c.index)
+		}
+	}
 }
 
 // The history's totals follow its entries through puts, rewrites, keeps
