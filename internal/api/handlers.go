@@ -163,7 +163,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 		case k == "limit":
 			n, err := strconv.Atoi(vs[0])
 			if err != nil || n < 1 || n > maxListLimit {
-				writeError(w, pandastack.Errorf(pandastack.EInvalid, "limit must be a whole number from 1 to %d, got %q", maxListLimit, vs[0]))
+				writeError(w, pandastack.Errorf(pandastack.EInvalid, "limit must be a whole number from 1 to %d, got %.40q", maxListLimit, vs[0]))
 				return
 			}
 			f.Limit = n
@@ -180,7 +180,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 			case "newest":
 				f.Newest = true
 			default:
-				writeError(w, pandastack.Errorf(pandastack.EInvalid, "order must be oldest or newest, got %q", vs[0]))
+				writeError(w, pandastack.Errorf(pandastack.EInvalid, "order must be oldest or newest, got %.40q", vs[0]))
 				return
 			}
 		default:
@@ -226,18 +226,22 @@ func listCursor(sb pandastack.Sandbox) string {
 
 // parseListCursor reads an after= that listCursor made.
 func parseListCursor(s string) (*pandastack.SandboxCursor, error) {
-	bad := pandastack.Errorf(pandastack.EInvalid, "after must be the next of an earlier page of this list, got %q", s)
+	bad := pandastack.Errorf(pandastack.EInvalid, "after must be the next of an earlier page of this list, got %.80q", s)
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil {
 		return nil, bad
 	}
 	ms, id, ok := strings.Cut(string(b), ":")
 	at, err := strconv.ParseInt(ms, 10, 64)
-	if !ok || err != nil || at < 0 || !validCursorID(id) {
+	if !ok || err != nil || at < 0 || at > maxCursorMillis || !validCursorID(id) {
 		return nil, bad
 	}
 	return &pandastack.SandboxCursor{CreatedAt: time.UnixMilli(at).UTC(), ID: id}, nil
 }
+
+// maxCursorMillis is the last millisecond of the year 9999, the latest time
+// both stores keep.
+const maxCursorMillis = 253402300799999
 
 // validCursorID: an id as the server makes them (a prefix, an underscore,
 // letters and digits), at most 64 bytes.

@@ -131,8 +131,9 @@ func TestListPagesRefuseBadParameters(t *testing.T) {
 		{"limit=ten", "limit must be"},
 		{"after=sbx_00", "after must be the next of an earlier page"},
 		{"after=" + "MTIzOnNieF8w!", "after must be"},
-		{"after=" + "LTE6c2J4XzA", "after must be"},     // -1:sbx_0
-		{"after=" + "MTIzOnNieCAw", "after must be"},     // 123:sbx 0
+		{"after=" + "LTE6c2J4XzA", "after must be"},                  // -1:sbx_0
+		{"after=" + "MTIzOnNieCAw", "after must be"},                 // 123:sbx 0
+		{"after=" + "MjUzNDAyMzAwODAwMDAwOnNieF8w", "after must be"}, // 253402300800000:sbx_0, past the year 9999
 		{"order=random", "order must be oldest or newest"},
 		{"page=2", "page with limit=, after= and order="},
 	} {
