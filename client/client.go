@@ -179,12 +179,21 @@ func (c *Client) ListSandboxes(ctx context.Context, metadata map[string]string, 
 	page := ListPage{Limit: listPageSize}
 	for {
 		list, next, err := c.ListSandboxesPage(ctx, metadata, state, page)
+		var apiErr *Error
+		if err != nil && page.After == "" && errors.As(err, &apiErr) && apiErr.Code == "invalid_request" && strings.Contains(apiErr.Message, `"limit"`) {
+			// A server from before pages lists everything at once.
+			list, _, err = c.ListSandboxesPage(ctx, metadata, state, ListPage{})
+			return list, err
+		}
 		if err != nil {
 			return nil, err
 		}
 		all = append(all, list...)
 		if next == "" {
 			return all, nil
+		}
+		if next == page.After || len(list) == 0 {
+			return nil, fmt.Errorf("list sandboxes: the server answered next %q to the page after %q, which would never end", next, page.After)
 		}
 		page.After = next
 	}

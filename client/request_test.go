@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -82,5 +83,33 @@ func TestListSandboxesReadsEveryPage(t *testing.T) {
 	want := []string{"limit=500&metadata.k=v&state=all", "after=p2&limit=500&metadata.k=v&state=all", "after=p3&limit=500&metadata.k=v&state=all"}
 	if fmt.Sprint(ids) != "[sbx_a sbx_b sbx_c]" || fmt.Sprint(queries) != fmt.Sprint(want) {
 		t.Errorf("got %v from queries %q, want [sbx_a sbx_b sbx_c] from %q", ids, queries, want)
+	}
+}
+
+// Against a server from before pages (it refuses limit as an unknown
+// parameter) ListSandboxes asks once without it; one that answers the
+// same next again is an error, not a loop without end.
+func TestListSandboxesOldServerAndRepeatedNext(t *testing.T) {
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Has("limit") {
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, `{"error":{"code":"invalid_request","message":"unknown query parameter \"limit\"; filter with metadata.<key>=<value> or state="}}`)
+			return
+		}
+		io.WriteString(w, `{"sandboxes":[{"id":"sbx_a"},{"id":"sbx_b"}]}`)
+	}))
+	defer old.Close()
+	list, err := New(old.URL, "pds_x").ListSandboxes(t.Context(), nil, "")
+	if err != nil || len(list) != 2 {
+		t.Errorf("an old server: %v, %v", list, err)
+	}
+	stuck := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"sandboxes":[{"id":"sbx_a"}],"next":"same"}`)
+	}))
+	defer stuck.Close()
+	if _, err := New(stuck.URL, "pds_x").ListSandboxes(t.Context(), nil, ""); err == nil || !strings.Contains(err.Error(), "never end") {
+		t.Errorf("a server that repeats next: %v, want an error", err)
 	}
 }

@@ -45,7 +45,7 @@ function signIn(message) {
   form.addEventListener("submit", async (e) => {
     e.preventDefault();
     session.key = input.value.trim();
-    try { await api("GET", "/v1/sandboxes"); } catch (err) { session.key = ""; signIn(err.message); return; }
+    try { await api("GET", "/v1/sandboxes?limit=1"); } catch (err) { session.key = ""; signIn(err.message); return; }
     location.hash = "#/sandboxes";
     route();
   });

@@ -461,10 +461,23 @@ export class Sandbox implements SandboxInfo {
     for (const [k, v] of Object.entries(opts.metadata ?? {})) query[`metadata.${k}`] = v;
     if (opts.state !== undefined) query.state = opts.state === "all" ? "all" : opts.state.join(",");
     const out: Sandbox[] = [];
+    type Page = { sandboxes: WireSandbox[] | null; next?: string };
     for (;;) {
-      const w = await http.json<{ sandboxes: WireSandbox[] | null; next?: string }>("GET", "/v1/sandboxes", { query });
+      let w: Page;
+      try {
+        w = await http.json<Page>("GET", "/v1/sandboxes", { query });
+      } catch (err) {
+        // A server from before pages refuses limit, and lists everything at once.
+        const old = query.after === undefined && err instanceof PandaStackError && err.code === "invalid_request" && err.message.includes('"limit"');
+        if (!old) throw err;
+        delete query.limit;
+        w = await http.json<Page>("GET", "/v1/sandboxes", { query });
+      }
       for (const s of w.sandboxes ?? []) out.push(new Sandbox(http, s));
       if (!w.next) return out;
+      if (w.next === query.after || !w.sandboxes?.length) {
+        throw new PandaStackError(`the server answered next ${JSON.stringify(w.next)} to the page after ${JSON.stringify(query.after ?? null)}, which would never end`, "internal");
+      }
       query.after = w.next;
     }
   }

@@ -92,6 +92,34 @@ test("each server error code has its own class, as in the Python SDK", async () 
   }
 });
 
+test("list asks a server from before pages once without them, and refuses a list that would never end", async () => {
+  const http = await import("node:http");
+  const queries: string[] = [];
+  const srv = http.createServer((req, res) => {
+    const q = new URL(req.url ?? "/", "http://x").searchParams;
+    queries.push(q.toString());
+    res.setHeader("Content-Type", "application/json");
+    if (q.get("metadata.server") === "old" && q.has("limit")) {
+      res.writeHead(400);
+      res.end(JSON.stringify({ error: { code: "invalid_request", message: 'unknown query parameter "limit"; filter with metadata.<key>=<value> or state=' } }));
+    } else if (q.get("metadata.server") === "old") {
+      res.end(JSON.stringify({ sandboxes: [{ id: "sbx_a" }, { id: "sbx_b" }] }));
+    } else {
+      res.end(JSON.stringify({ sandboxes: [{ id: "sbx_a" }], next: "same" }));
+    }
+  });
+  await new Promise<void>((ok) => srv.listen(0, "127.0.0.1", ok));
+  try {
+    const apiUrl = `http://127.0.0.1:${(srv.address() as { port: number }).port}`;
+    const old = await Sandbox.list({ apiKey: "pds_x", apiUrl, metadata: { server: "old" } });
+    assert.deepEqual(old.map((s) => s.id), ["sbx_a", "sbx_b"]);
+    assert.deepEqual(queries, ["limit=500&metadata.server=old", "metadata.server=old"]);
+    await assert.rejects(Sandbox.list({ apiKey: "pds_x", apiUrl, metadata: { server: "stuck" } }), /never end/);
+  } finally {
+    srv.close();
+  }
+});
+
 test("connectProcess of an unknown pid: a NotFoundError worded as the server's own", async () => {
   // The SDK finds the pid missing in the list itself (a server of the
   // test's own, that runs none); its message ends as every other does.

@@ -143,16 +143,36 @@ def snapshot_params(metadata: Optional[Mapping[str, str]]) -> List[Tuple[str, st
     return [(f"metadata.{k}", str(v)) for k, v in (metadata or {}).items()]
 
 
-def list_params(metadata: Optional[Mapping[str, str]], state: Optional[Union[str, Sequence[str]]], after: Optional[str] = None) -> List[Tuple[str, str]]:
+def list_params(
+    metadata: Optional[Mapping[str, str]], state: Optional[Union[str, Sequence[str]]], after: Optional[str] = None, paged: bool = True
+) -> List[Tuple[str, str]]:
     """The query of one page of a list of sandboxes (LIST_PAGE of them,
-    after the place ``after``, an earlier page's ``next``, names)."""
+    after the place ``after``, an earlier page's ``next``, names), or of
+    the whole list when not ``paged``."""
     params = [(f"metadata.{k}", str(v)) for k, v in (metadata or {}).items()]
     if state:
         params.append(("state", state if isinstance(state, str) else ",".join(state)))
-    params.append(("limit", str(LIST_PAGE)))
+    if paged:
+        params.append(("limit", str(LIST_PAGE)))
     if after:
         params.append(("after", after))
     return params
+
+
+def unpaged_server(err: PandaStackError, after: Optional[str]) -> bool:
+    """Whether err is a server from before pages refusing the first page's
+    limit (it lists everything at once)."""
+    return after is None and err.code == "invalid_request" and '"limit"' in err.message
+
+
+def next_page(data: Mapping[str, Any], after: Optional[str]) -> Optional[str]:
+    """The after of the page that follows data (a page read after
+    ``after``), or None after the last; a server that would have the list
+    go on for ever is an error."""
+    nxt = data.get("next")
+    if nxt and (nxt == after or not data.get("sandboxes")):
+        raise PandaStackError(f"the server answered next {nxt!r} to the page after {after!r}, which would never end", code="internal")
+    return nxt or None
 
 
 # How many sandboxes a list asks the server for at a time.

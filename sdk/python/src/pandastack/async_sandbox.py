@@ -46,6 +46,8 @@ from ._base import (
     exec_body,
     fork_body,
     list_params,
+    next_page,
+    unpaged_server,
     port_path,
     read_timeout,
     run_body,
@@ -57,7 +59,7 @@ from ._base import (
 )
 from .client import Client, default_client
 from .commands import AsyncCommandHandle, AsyncCommands
-from .exceptions import NotFoundError
+from .exceptions import NotFoundError, PandaStackError
 from .watch import AsyncEventHandler, AsyncWatchHandle
 from .watch import _params as _watch_params
 from .models import ExecResult, Execution, ExecutionError, FileEvent, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
@@ -161,10 +163,15 @@ class AsyncSandbox(SandboxRecord):
         out: List["AsyncSandbox"] = []
         after: Optional[str] = None
         while True:  # a page at a time, oldest first
-            data = (await c._arequest("GET", "/v1/sandboxes", params=list_params(metadata, state, after))).json()
+            try:
+                data = (await c._arequest("GET", "/v1/sandboxes", params=list_params(metadata, state, after))).json()
+            except PandaStackError as e:
+                if not unpaged_server(e, after):
+                    raise
+                data = (await c._arequest("GET", "/v1/sandboxes", params=list_params(metadata, state, paged=False))).json()
             out += [cls(d, c) for d in data.get("sandboxes") or []]
-            after = data.get("next")
-            if not after:
+            after = next_page(data, after)
+            if after is None:
                 return out
 
     async def refresh(self) -> "AsyncSandbox":

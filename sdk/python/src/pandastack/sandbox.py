@@ -23,6 +23,8 @@ from ._base import (
     exec_body,
     fork_body,
     list_params,
+    next_page,
+    unpaged_server,
     port_path,
     read_timeout,
     run_body,
@@ -34,7 +36,7 @@ from ._base import (
 )
 from .client import Client, default_client
 from .commands import CommandHandle, Commands
-from .exceptions import NotFoundError
+from .exceptions import NotFoundError, PandaStackError
 from .watch import WatchHandle
 from .watch import _params as _watch_params
 from .models import ExecResult, Execution, ExecutionError, FileEvent, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
@@ -197,10 +199,15 @@ class Sandbox(SandboxRecord):
         out: List["Sandbox"] = []
         after: Optional[str] = None
         while True:  # a page at a time, oldest first
-            data = c._request("GET", "/v1/sandboxes", params=list_params(metadata, state, after)).json()
+            try:
+                data = c._request("GET", "/v1/sandboxes", params=list_params(metadata, state, after)).json()
+            except PandaStackError as e:
+                if not unpaged_server(e, after):
+                    raise
+                data = c._request("GET", "/v1/sandboxes", params=list_params(metadata, state, paged=False)).json()
             out += [cls(d, c) for d in data.get("sandboxes") or []]
-            after = data.get("next")
-            if not after:
+            after = next_page(data, after)
+            if after is None:
                 return out
 
     def refresh(self) -> "Sandbox":
