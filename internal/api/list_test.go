@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -19,16 +18,9 @@ import (
 	"github.com/pandastack/pandastack/internal/store/sqlite"
 )
 
-// listStore is a real store whose every key is project prj_1's.
-type listStore struct{ pandastack.Store }
-
-func (listStore) APIKeyByHash(context.Context, string) (pandastack.APIKey, error) {
-	return pandastack.APIKey{ID: "key_1", ProjectID: "prj_1", Prefix: "pds_0123"}, nil
-}
-
-// listServer serves GET /v1/sandboxes over a SQLite store holding n
-// sandboxes of prj_1 (sbx_00…, one a second, the odd ones stopped) and one
-// of another project.
+// listServer serves GET /v1/sandboxes over a SQLite store (every key
+// prj_1's, keyStore) holding n sandboxes of prj_1 (sbx_00…, one a second,
+// the odd ones stopped) and one of another project.
 func listServer(t *testing.T, n int) *Server {
 	t.Helper()
 	st, err := sqlite.Open(filepath.Join(t.TempDir(), "db"))
@@ -53,7 +45,7 @@ func listServer(t *testing.T, n int) *Server {
 	}
 	add("sbx_other", "prj_2", 1, pandastack.StateRunning)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	return New(Config{}, sandbox.New(sandbox.Config{}, st, nil, nil, log), listStore{st}, nil, log)
+	return New(Config{}, sandbox.New(sandbox.Config{}, st, nil, nil, log), keyStore{st}, nil, log)
 }
 
 type listPage struct {
