@@ -41,14 +41,12 @@ func startNodes(t *testing.T, n int, env ...string) []*server {
 	}, s3.Env()...), env...)
 	nodes := []*server{startServer(t, "", env...)}
 	for range n - 1 {
-		dir, err := os.MkdirTemp("", "pandastack-e2e-")
-		if err != nil {
+		s := newServer(t, "", env...)
+		if err := os.WriteFile(filepath.Join(s.dataDir, "api-key"), []byte(nodes[0].key+"\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(filepath.Join(dir, "api-key"), []byte(nodes[0].key+"\n"), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		nodes = append(nodes, startServer(t, dir, env...))
+		s.start()
+		nodes = append(nodes, s)
 	}
 	// A failure between nodes shows in their logs, not in the test's.
 	t.Cleanup(func() {

@@ -106,14 +106,24 @@ func newServer(t testing.TB, dataDir string, env ...string) *server {
 	testutil.Runsc(t)
 	testutil.RequireDebootstrap(t)
 	bin := testutil.Binaries(t)
+	s := &server{t: t, bin: bin, dataDir: dataDir, env: env}
 	if dataDir == "" {
 		var err error
-		dataDir, err = os.MkdirTemp("", "pandastack-e2e-")
-		if err != nil {
+		if s.dataDir, err = os.MkdirTemp("", "pandastack-e2e-"); err != nil {
 			t.Fatal(err)
 		}
+		// A data directory made here goes with the test (each run left
+		// one or two in /tmp): its server stopped if the test left it
+		// running, and only once no process names the directory (a
+		// server the test started again on it and left running).
+		t.Cleanup(func() {
+			s.stop()
+			if len(processesMentioning(s.dataDir)) == 0 {
+				os.RemoveAll(s.dataDir)
+			}
+		})
 	}
-	return &server{t: t, bin: bin, dataDir: dataDir, env: env}
+	return s
 }
 
 func (s *server) start() {
@@ -361,9 +371,15 @@ var shared *server
 func sharedServer(t *testing.T) *server {
 	t.Helper()
 	if shared == nil {
+		// Its own data directory, not one that goes with the first test
+		// that asks for it: TestMain removes it.
+		dir, err := os.MkdirTemp("", "pandastack-e2e-")
+		if err != nil {
+			t.Fatal(err)
+		}
 		// With prepared resumes (off by default), so that path is tested
 		// end to end too.
-		shared = startServer(t, "", "PANDASTACK_PREPARED_RESUMES=4")
+		shared = startServer(t, dir, "PANDASTACK_PREPARED_RESUMES=4")
 	}
 	return shared
 }
