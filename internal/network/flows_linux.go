@@ -38,13 +38,20 @@ func enableConntrackAcct() {
 	os.WriteFile("/proc/sys/net/netfilter/nf_conntrack_acct", []byte("1"), 0o644)
 }
 
-func (n *Network) watchFlows(stop <-chan struct{}) {
+// watchFlows polls the tracking table and reads the end events of ev (nil:
+// none, evErr says why), which the caller opened before any sandbox's
+// network was up: a subscription opened here, once this goroutine ran,
+// missed the ends that came before it (a connect refused right after New).
+func (n *Network) watchFlows(stop <-chan struct{}, ev *ctEvents, evErr error) {
 	seen := map[flowKey]*flowSeen{}
 	var ended chan endedFlow // nil: no events, the poll alone
-	if ev, err := openCTEvents(); err != nil {
-		n.log.Warn("connections shorter than a second (a connect refused by the remote) will not be in the egress log", "err", err)
+	if ev == nil {
+		n.log.Warn("connections shorter than a second (a connect refused by the remote) will not be in the egress log", "err", evErr)
 	} else {
-		ended = make(chan endedFlow, 256)
+		// Room for the ends that come while a poll reads the table (a busy
+		// host's is long): past it the reader waits, and the socket's own
+		// buffer fills and drops (ENOBUFS).
+		ended = make(chan endedFlow, 4096)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)

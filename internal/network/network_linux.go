@@ -282,11 +282,12 @@ func New(cfg Config) (*Network, error) {
 	}
 	n.loadState()
 	enableConntrackAcct()
+	ev, evErr := openCTEvents() // before New returns: see watchFlows
 	stop, done := make(chan struct{}), make(chan struct{})
 	n.stopFlows, n.flowsDone = stop, done
 	go func() {
 		defer close(done)
-		n.watchFlows(stop) // not n.stopFlows: a Close right away sets it to nil
+		n.watchFlows(stop, ev, evErr) // not n.stopFlows: a Close right away sets it to nil
 	}()
 	n.log.Info("sandbox network ready", "cidr", n.cidr, "table", "inet "+n.fw.table.Name, "instance", cfg.Instance)
 	return n, nil
