@@ -15,12 +15,12 @@ const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 
 // RunscBuild names what PandaStack's build of runsc changes in gVisor's
 // source (scripts/runsc-precompiled: precompiled seccomp filters, the
-// systrap filter's PID, the pages file's parallel reads, no garbage
-// collection during a restore's decode, clocks calibrated sooner after a
-// boot or restore). It keys the cached build with
+// systrap filter's PID, the pages file's parallel reads and its pages
+// written into the memory file, no garbage collection during a restore's
+// decode, clocks calibrated sooner after a boot or restore). It keys the cached build with
 // RunscVersion, so a changed build is built again; change it whenever that
 // script changes what it patches.
-const RunscBuild = "precompiled-4"
+const RunscBuild = "precompiled-5"
 
 // DataDir is the default data directory: /var/lib/pandastack for root,
 // $XDG_DATA_HOME/pandastack (or ~/.local/share/pandastack) otherwise.

@@ -66,11 +66,59 @@ func TestApplyEditsFailsOnUnknownSource(t *testing.T) {
 func TestPagesEdits(t *testing.T) {
 	src := "package stateio\n\nimport (\n\t\"gvisor.dev/gvisor/pkg/hostarch\"\n)\n\n" +
 		"const (\n\tpagesFileFDDefaultMaxIOBytes  = 256 << 10\n\tpagesFileFDDefaultMaxParallel = 128\n)\n\n" +
+		"func NewPagesFileFDReader(fd int32, maxReadBytes uint64, maxParallel int) *FDReader {\n" +
+		"\treturn NewFDReader(fd, maxReadBytes, int(maxReadBytes/hostarch.PageSize), maxParallel)\n}\n\n" +
 		"func NewPagesFileFDReaderDefault(fd int32) *FDReader {\n" +
 		"\treturn NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pagesFileFDDefaultMaxParallel)\n}\n"
 	got := patched(t, src, pagesEdits)
 	if !strings.Contains(got, "NewPagesFileFDReader(fd, pagesFileFDDefaultMaxIOBytes, pandastackReadParallel())") || !strings.Contains(got, "runtime.NumCPU()") {
 		t.Errorf("the reader is not sized by the CPUs:\n%s", got)
+	}
+	if !strings.Contains(got, "r.pw.mapSource(fd)") {
+		t.Errorf("a pages file's reader does not map its source:\n%s", got)
+	}
+}
+
+// The reader edits apply to source shaped as gVisor's FDReader and leave
+// valid Go in which each read first tries the pwrite path, a partial write
+// goes on on it, and Close releases it. (The tagged pwrite test checks the
+// patched reader itself, in the gVisor copy.)
+func TestFDReaderEdits(t *testing.T) {
+	src := "package stateio\n\n" +
+		"type FDReader struct {\n\tinflight []fdRead\n\tcs       []aio.Completion\n}\n\n" +
+		"type fdRead struct {\n\toff   int64\n\tdst   LocalClientRanges\n}\n\n" +
+		"func (r *FDReader) Close() error {\n\tr.q.Destroy()\n\treturn nil\n}\n\n" +
+		"func (r *FDReader) AddRead(id int, off int64, _ DestinationFile, _ memmap.FileRange, dstMap []byte) {\n\tread()\n}\n\n" +
+		"func (r *FDReader) AddReadv(id int, off int64, total uint64, _ DestinationFile, _ []memmap.FileRange, dstMaps []unix.Iovec) {\n\treadv()\n}\n\n" +
+		"func (r *FDReader) Wait() {\n\tfor {\n\t\tswitch {\n\t\tdefault:\n\t\t\tif x {\n" +
+		"\t\t\t} else {\n\t\t\t\tinflight.dst = inflight.dst.DropFirst(n)\n\t\t\t\tif inflight.dst.Mapping != nil {\n" +
+		"\t\t\t\t\tread()\n\t\t\t\t}\n\t\t\t}\n\t\t}\n\t}\n}\n"
+	got := patched(t, src, fdreaderEdits)
+	for _, want := range []string{
+		"pw       pandastackPwrite",
+		"pw    pandastackPwriteRead",
+		"r.q.Destroy()\n\tr.pw.release()",
+		"if r.pw.add(r, id, off, uint64(len(dstMap)), df, []memmap.FileRange{dstFR}) {\n\t\treturn\n\t}\n\tread()",
+		"if r.pw.add(r, id, off, total, df, dstFRs) {\n\t\treturn\n\t}\n\treadv()",
+		"if inflight.pw.active {\n\t\t\t\t\tr.pw.next(r.q, aioC.ID, inflight, n)\n\t\t\t\t} else if inflight.dst.Mapping != nil {",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("patched reader lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// The file -patch adds is gofmt-clean Go of the reader's package.
+func TestPwriteSourceIsGo(t *testing.T) {
+	out, err := format.Source([]byte(pwriteSource))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != pwriteSource {
+		t.Error("pwriteSource is not gofmt-clean")
+	}
+	if !strings.Contains(pwriteSource, "\npackage stateio\n") {
+		t.Error("pwriteSource is not of package stateio")
 	}
 }
 

@@ -1,0 +1,123 @@
+package main
+
+// pwriteFile is the file -patch adds to the pages file reader's package,
+// pwriteSource its content (see the package doc and fdreaderEdits).
+const pwriteFile = "pkg/sentry/state/stateio/pandastack_pwrite.go"
+
+const pwriteSource = `// Added by PandaStack's scripts/runsc-precompiled (-patch); not part of
+// gVisor.
+
+package stateio
+
+import (
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/aio"
+	"gvisor.dev/gvisor/pkg/sentry/memmap"
+)
+
+// PandaStack (scripts/runsc-precompiled): a pages file's FDReader copies
+// pages into a registered destination file (a restore's MemoryFile) with
+// pwrite(2) from a read-only shared mapping of the pages file, instead of
+// pread(2) into a mapping of the destination. A write fills each page of
+// the destination as it allocates it; a read into the mapping takes a page
+// fault for every page and zeroes it before the copy. Reads the mapping
+// cannot serve (a pages file that is not a regular file or cannot be
+// mapped, a range past its end, a destination never registered) take
+// gVisor's own path.
+type pandastackPwrite struct {
+	src  []byte  // the whole pages file, mapped read-only; nil: not in use
+	dsts []int32 // the registered destinations' duplicates, closed with the reader
+}
+
+// pandastackPwriteRead is an inflight read's state on the pwrite path.
+type pandastackPwriteRead struct {
+	active bool
+	dstFD  int32
+	// frs are the destination ranges not written yet; the write in flight
+	// is of the first.
+	frs []memmap.FileRange
+}
+
+// pandastackDest is a DestinationFile of a reader on the pwrite path.
+type pandastackDest int32
+
+// mapSource maps the pages file fd, if it can be.
+func (p *pandastackPwrite) mapSource(fd int32) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(fd), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size <= 0 || int64(int(st.Size)) != st.Size {
+		return
+	}
+	m, err := unix.Mmap(int(fd), 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return
+	}
+	p.src = m
+}
+
+// NeedRegisterDestinationFD implements AsyncReader.NeedRegisterDestinationFD.
+func (r *FDReader) NeedRegisterDestinationFD() bool {
+	return r.pw.src != nil
+}
+
+// RegisterDestinationFD implements AsyncReader.RegisterDestinationFD.
+func (r *FDReader) RegisterDestinationFD(fd int32, size uint64, settings []ClientFileRangeSetting) (DestinationFile, error) {
+	if r.pw.src == nil {
+		return nil, nil
+	}
+	d, err := unix.Dup(int(fd))
+	if err != nil {
+		return nil, err
+	}
+	r.pw.dsts = append(r.pw.dsts, int32(d))
+	return pandastackDest(d), nil
+}
+
+// add starts the read of total bytes of the pages file at off into the
+// destination ranges frs on the pwrite path, and reports whether it did.
+func (p *pandastackPwrite) add(r *FDReader, id int, off int64, total uint64, df DestinationFile, frs []memmap.FileRange) bool {
+	d, ok := df.(pandastackDest)
+	if !ok || p.src == nil || len(frs) == 0 || off < 0 || uint64(off)+total > uint64(len(p.src)) {
+		return false
+	}
+	in := &r.inflight[id]
+	buf := in.pw.frs[:0]
+	*in = fdRead{off: off, total: total}
+	in.pw = pandastackPwriteRead{active: true, dstFD: int32(d), frs: append(buf, frs...)}
+	p.write(r.q, uint64(id), in)
+	return true
+}
+
+// next goes on with a read on the pwrite path after n more of its bytes
+// were written (in.off has moved past them already).
+func (p *pandastackPwrite) next(q *aio.GoQueue, id uint64, in *fdRead, n uint64) {
+	for n > 0 {
+		fr := &in.pw.frs[0]
+		if l := fr.Length(); n >= l {
+			n -= l
+			in.pw.frs = in.pw.frs[1:]
+		} else {
+			fr.Start += n
+			n = 0
+		}
+	}
+	p.write(q, id, in)
+}
+
+// write enqueues the write of in's first destination range.
+func (p *pandastackPwrite) write(q *aio.GoQueue, id uint64, in *fdRead) {
+	fr := in.pw.frs[0]
+	aio.Write(q, id, in.pw.dstFD, int64(fr.Start), p.src[in.off:in.off+int64(fr.Length())])
+}
+
+// release unmaps the pages file and closes the destinations' duplicates.
+func (p *pandastackPwrite) release() {
+	if p.src != nil {
+		unix.Munmap(p.src)
+		p.src = nil
+	}
+	for _, d := range p.dsts {
+		unix.Close(int(d))
+	}
+	p.dsts = nil
+}
+`
