@@ -10,6 +10,8 @@ const pwriteSource = `// Added by PandaStack's scripts/runsc-precompiled (-patch
 package stateio
 
 import (
+	"sync"
+
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/aio"
 	"gvisor.dev/gvisor/pkg/sentry/memmap"
@@ -22,11 +24,19 @@ import (
 // the destination as it allocates it; a read into the mapping takes a page
 // fault for every page and zeroes it before the copy. Reads the mapping
 // cannot serve (a pages file that is not a regular file or cannot be
-// mapped, a range past its end, a destination never registered) take
-// gVisor's own path.
+// mapped, a range past its end, a destination never registered or one
+// with huge page settings) take gVisor's own path. (The faults move rather
+// than vanish: minor ones on the pages file's mapping, which the kernel
+// maps some pages at a time, and the sentry's first touch of a written
+// page, which zeroes nothing.)
 type pandastackPwrite struct {
-	src  []byte  // the whole pages file, mapped read-only; nil: not in use
-	dsts []int32 // the registered destinations' duplicates, closed with the reader
+	src []byte // the whole pages file, mapped read-only; nil: not in use
+
+	// mu guards dsts and released: a failed load may close the reader
+	// while a memory file registers.
+	mu       sync.Mutex
+	dsts     []int32 // the registered destinations' duplicates, closed with the reader
+	released bool
 }
 
 // pandastackPwriteRead is an inflight read's state on the pwrite path.
@@ -59,11 +69,21 @@ func (r *FDReader) NeedRegisterDestinationFD() bool {
 	return r.pw.src != nil
 }
 
-// RegisterDestinationFD implements AsyncReader.RegisterDestinationFD.
+// RegisterDestinationFD implements AsyncReader.RegisterDestinationFD. A
+// destination with settings (huge pages advised or not, per range) gets
+// none: gVisor's reads apply them through the advised mappings they fill,
+// which a write does not go through, so its reads take gVisor's path.
 func (r *FDReader) RegisterDestinationFD(fd int32, size uint64, settings []ClientFileRangeSetting) (DestinationFile, error) {
-	if r.pw.src == nil {
+	if r.pw.src == nil || len(settings) != 0 {
 		return nil, nil
 	}
+	r.pw.mu.Lock()
+	defer r.pw.mu.Unlock()
+	if r.pw.released {
+		return nil, nil
+	}
+	// dup, not fcntl(F_DUPFD_CLOEXEC): the sentry's seccomp filter allows
+	// the one and not the other, and the sentry never execs.
 	d, err := unix.Dup(int(fd))
 	if err != nil {
 		return nil, err
@@ -109,15 +129,22 @@ func (p *pandastackPwrite) write(q *aio.GoQueue, id uint64, in *fdRead) {
 	aio.Write(q, id, in.pw.dstFD, int64(fr.Start), p.src[in.off:in.off+int64(fr.Length())])
 }
 
-// release unmaps the pages file and closes the destinations' duplicates.
+// release unmaps the pages file and closes the destinations' duplicates,
+// once the reader's writes are done (Close destroys its queue first). src
+// stays set: a late RegisterDestinationFD sees released, not src.
 func (p *pandastackPwrite) release() {
-	if p.src != nil {
-		unix.Munmap(p.src)
-		p.src = nil
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.released {
+		return
 	}
+	p.released = true
 	for _, d := range p.dsts {
 		unix.Close(int(d))
 	}
 	p.dsts = nil
+	if p.src != nil {
+		unix.Munmap(p.src)
+	}
 }
 `
