@@ -125,8 +125,9 @@ build_runsc() {
         go run ./pandastack-precompiled -patch -root . &&
         echo "  precompiling the seccomp programs (gVisor computes every variant: minutes of CPU)" >&2 &&
         go run ./pandastack-precompiled -root . &&
-        echo "  checking each precompiled program against runsc's run-time build of it" >&2 &&
+        echo "  checking each precompiled program against runsc's run-time build of it, and the patched pages reader" >&2 &&
         go test -count=1 -tags pandastack_generated ./pandastack-precompiled >&2 &&
+        go test -count=1 -run Pandastack ./pkg/sentry/state/stateio >&2 &&
         echo "  building runsc" >&2 &&
         go build -o "$tmp/runsc" ./runsc
     ) || { rm -rf "$tmp"; echo "building runsc failed" >&2; return 1; }

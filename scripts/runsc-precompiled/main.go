@@ -259,8 +259,8 @@ type edit struct{ old, new string }
 // and timekeeperEdits, each of which must match exactly once: a gVisor
 // version whose source differs fails here rather than building a runsc
 // with a wrong filter (the verify test would catch that too) or without
-// the pages file's changes. It then adds pwriteSource, which a source that
-// has the file already refuses.
+// the pages file's changes. It then adds pwriteSource and its test, which
+// a source that has either file already refuses.
 func patchSource(root string) error {
 	for _, f := range []struct {
 		path  string
@@ -279,11 +279,21 @@ func patchSource(root string) error {
 			return err
 		}
 	}
-	f, err := os.OpenFile(filepath.Join(root, pwriteFile), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
-	if err != nil {
-		return fmt.Errorf("adding the pwrite path: %w", err)
+	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource} {
+		if err := addFile(filepath.Join(root, path), src); err != nil {
+			return fmt.Errorf("adding the pwrite path: %w", err)
+		}
 	}
-	if _, err := f.WriteString(pwriteSource); err != nil {
+	return nil
+}
+
+// addFile writes a new file, and refuses one that is there already.
+func addFile(path, src string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(src); err != nil {
 		f.Close()
 		return err
 	}

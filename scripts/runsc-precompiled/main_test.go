@@ -108,17 +108,19 @@ func TestFDReaderEdits(t *testing.T) {
 	}
 }
 
-// The file -patch adds is gofmt-clean Go of the reader's package.
+// The files -patch adds are gofmt-clean Go of the reader's package.
 func TestPwriteSourceIsGo(t *testing.T) {
-	out, err := format.Source([]byte(pwriteSource))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(out) != pwriteSource {
-		t.Error("pwriteSource is not gofmt-clean")
-	}
-	if !strings.Contains(pwriteSource, "\npackage stateio\n") {
-		t.Error("pwriteSource is not of package stateio")
+	for name, src := range map[string]string{"pwriteSource": pwriteSource, "pwriteTestSource": pwriteTestSource} {
+		out, err := format.Source([]byte(src))
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if string(out) != src {
+			t.Errorf("%s is not gofmt-clean", name)
+		}
+		if !strings.Contains(src, "\npackage stateio\n") {
+			t.Errorf("%s is not of package stateio", name)
+		}
 	}
 }
 
