@@ -116,6 +116,8 @@ build_runsc() {
   src=$(cd "$gen" && go mod download -json gvisor.dev/gvisor | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
   [ -d "$src" ] || { echo "go mod download gvisor.dev/gvisor@$RUNSC_VERSION gave no source directory" >&2; return 1; }
   tmp=$(mktemp -d)
+  # A build interrupted (Ctrl-C, a killed CI run) leaves no copy behind.
+  trap "rm -rf '$tmp'" EXIT
   cp -r "$src" "$tmp/gvisor" && chmod -R u+w "$tmp/gvisor" &&
     mkdir "$tmp/gvisor/pandastack-precompiled" && cp "$gen"/*.go "$tmp/gvisor/pandastack-precompiled/" &&
     (
@@ -134,6 +136,7 @@ build_runsc() {
   mkdir -p "$(dirname "$dest")"
   mv "$tmp/runsc" "$dest"
   rm -rf "$tmp"
+  trap - EXIT
 }
 RUNSC="$CACHE/runsc/$RUNSC_VERSION-$RUNSC_BUILD/runsc"
 build_runsc "$RUNSC"
