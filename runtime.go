@@ -121,6 +121,20 @@ type RuntimeLogs interface {
 	LogTail(id string) string
 }
 
+// RuntimeOOMKills is a Runtime that counts the processes its host's
+// out-of-memory killer killed in a sandbox (optional: the manager asks for
+// it with a type assertion). The agent's memory watch kills a process
+// filling the sandbox and says so on its stderr; a process growing faster
+// than the watch looks can reach the host's limit first, and the host
+// kills it without a word. A count that went up while a command ran
+// tells the manager to say so instead.
+type RuntimeOOMKills interface {
+	// OOMKills is how many processes of sandbox id the host's
+	// out-of-memory killer has killed since it started, or -1 when the
+	// runtime cannot tell. Cheap: a file read.
+	OOMKills(id string) int64
+}
+
 // RuntimePreparer is a Runtime that can do the start of a Restore ahead of
 // it (optional: the manager asks for it with a type assertion).
 type RuntimePreparer interface {

@@ -25,6 +25,7 @@ var (
 	_ pandastack.RuntimePreparer = (*Runtime)(nil)
 	_ pandastack.RuntimeUsage    = (*Runtime)(nil)
 	_ pandastack.RuntimeLogs     = (*Runtime)(nil)
+	_ pandastack.RuntimeOOMKills = (*Runtime)(nil)
 )
 
 // CPUNanos implements pandastack.RuntimeUsage: the wrapped runtime's
@@ -53,6 +54,15 @@ func (r *Runtime) LogTail(id string) string {
 		return rl.LogTail(id)
 	}
 	return ""
+}
+
+// OOMKills implements pandastack.RuntimeOOMKills: the wrapped runtime's
+// count, or -1 when it keeps none.
+func (r *Runtime) OOMKills(id string) int64 {
+	if ro, ok := r.Runtime.(pandastack.RuntimeOOMKills); ok {
+		return ro.OOMKills(id)
+	}
+	return -1
 }
 
 // Wrap returns rt with sandbox networking from n.

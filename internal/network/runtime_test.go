@@ -21,6 +21,7 @@ type usageRuntime struct{ statsRuntime }
 func (usageRuntime) CPUNanos(context.Context, string) (int64, error)    { return 70, nil }
 func (usageRuntime) MemoryBytes(context.Context, string) (int64, error) { return 80 << 20, nil }
 func (usageRuntime) LogTail(id string) string                           { return "runsc.log: " + id }
+func (usageRuntime) OOMKills(string) int64                              { return 3 }
 
 // The wrapper passes the optional interfaces of the runtime it wraps on:
 // the manager asks for them with a type assertion on the wrapper (the
@@ -37,6 +38,9 @@ func TestRuntimePassesOptionalInterfacesOn(t *testing.T) {
 	if got := rt.LogTail("sbx_a"); got != "runsc.log: sbx_a" {
 		t.Errorf("LogTail = %q", got)
 	}
+	if n := rt.OOMKills("sbx_a"); n != 3 {
+		t.Errorf("OOMKills = %d, want the wrapped runtime's 3", n)
+	}
 	plain := Wrap(statsRuntime{}, nil)
 	if n, err := plain.CPUNanos(ctx, "sbx_a"); n != 7 || err != nil {
 		t.Errorf("CPUNanos of a runtime without readings = %d %v, want Stats' 7", n, err)
@@ -46,5 +50,8 @@ func TestRuntimePassesOptionalInterfacesOn(t *testing.T) {
 	}
 	if got := plain.LogTail("sbx_a"); got != "" {
 		t.Errorf("LogTail of a runtime without logs = %q", got)
+	}
+	if n := plain.OOMKills("sbx_a"); n != -1 {
+		t.Errorf("OOMKills of a runtime without the count = %d, want -1", n)
 	}
 }

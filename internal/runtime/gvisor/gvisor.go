@@ -565,6 +565,18 @@ func (r *Runtime) DeathReason(id string) string {
 	return ""
 }
 
+// OOMKills implements pandastack.RuntimeOOMKills: the host's OOM killer
+// picks the process with the most memory in the sandbox's cgroup, which
+// is the stub process running the task that filled it (it maps that
+// task's memory); gVisor then kills the task with SIGKILL, and the sandbox
+// lives on (seen in every run that forced it, e2e TestKernelLimits).
+func (r *Runtime) OOMKills(id string) int64 {
+	if !validID(id) {
+		return -1
+	}
+	return oomKills(cgroupPath(r.cid(id)))
+}
+
 // Attach implements pandastack.Runtime.
 func (r *Runtime) Attach(ctx context.Context, id string) (io.ReadWriteCloser, error) {
 	st, err := r.State(ctx, id)

@@ -68,6 +68,24 @@ func TestCgroupEvent(t *testing.T) {
 			t.Errorf("cgroupEvent(%s, %v) = %v, want %v", c.key, c.files, got, c.want)
 		}
 	}
+	// The count itself (OOMKills), -1 when no file names the key.
+	bad := write("memory.events", "oom_kill many\n")
+	for _, c := range []struct {
+		key   string
+		files []string
+		want  int64
+	}{
+		{"oom_kill", []string{oom}, 1},
+		{"oom_kill", []string{filepath.Join(dir, "absent"), write("memory.events.2", "low 0\noom 4\noom_kill 3\n")}, 3},
+		{"under_oom", []string{oom}, 0},
+		{"oom_kill", []string{hit}, -1},
+		{"oom_kill", []string{bad}, -1},
+		{"oom_kill", nil, -1},
+	} {
+		if got := cgroupCount(c.key, c.files...); got != c.want {
+			t.Errorf("cgroupCount(%s, %v) = %d, want %d", c.key, c.files, got, c.want)
+		}
+	}
 }
 
 // TestCPUQuotaPeriod: cpu × the period per period, with the long period

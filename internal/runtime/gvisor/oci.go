@@ -290,18 +290,33 @@ func oomKilled(rel string) bool {
 // cgroupEvent reports whether any of the files (of "key count" lines)
 // counts key at least once.
 func cgroupEvent(key string, files ...string) bool {
+	return cgroupCount(key, files...) > 0
+}
+
+// cgroupCount is the count key has in the first of files that can be read
+// and names it ("key N" lines: memory.events, memory.oom_control), or -1.
+func cgroupCount(key string, files ...string) int64 {
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
 		}
 		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, " "); ok && k == key && v != "0" {
-				return true
+			if k, v, ok := strings.Cut(l, " "); ok && k == key {
+				if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+					return n
+				}
 			}
 		}
 	}
-	return false
+	return -1
+}
+
+// oomKills is how many processes the kernel's OOM killer killed in the
+// sandbox's memory cgroup (v1 memory.oom_control, v2 memory.events), or
+// -1.
+func oomKills(rel string) int64 {
+	return cgroupCount("oom_kill", filepath.Join("/sys/fs/cgroup/memory", rel, "memory.oom_control"), filepath.Join("/sys/fs/cgroup", rel, "memory.events"))
 }
 
 // memoryBytes reads the memory charged to the sandbox's cgroup less the

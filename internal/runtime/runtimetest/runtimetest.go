@@ -250,6 +250,17 @@ func testStartHelloStop(t *testing.T, env Env) {
 			t.Fatalf("MemoryBytes of an unknown sandbox: %v, want not_found", err)
 		}
 	}
+	// A runtime that counts its host's out-of-memory kills counts none in
+	// a sandbox that never came near its limit, and cannot tell of an
+	// unknown one.
+	if ro, ok := rt.(pandastack.RuntimeOOMKills); ok {
+		if n := ro.OOMKills(id2); n != 0 {
+			t.Fatalf("OOMKills of a sandbox far under its limit = %d, want 0", n)
+		}
+		if n := ro.OOMKills(newID()); n != -1 {
+			t.Fatalf("OOMKills of an unknown sandbox = %d, want -1", n)
+		}
+	}
 	rt.Stop(ctx, id2)
 	if err := rt.Stop(ctx, id); err != nil {
 		t.Fatal(err)
