@@ -39,6 +39,11 @@ type AgentClient struct {
 	contexts sync.Map
 	// heldSpares: the hello held the agent's spare refills (refills.go).
 	heldSpares bool
+	// hostOOMKills counts the host's out-of-memory kills in the sandbox
+	// (hostoom.go); nil when the runtime cannot. Set before the client is
+	// shared (Manager.countHostKills).
+	hostOOMKills func() int64
+	procKills    procKills
 }
 
 // dialAgent opens a new session (a new epoch) on rwc and says hello. On
@@ -484,6 +489,7 @@ func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEv
 	if err != nil {
 		return agentproto.ExecEvent{}, err
 	}
+	kills := c.oomKills()
 	resp, err := c.requestAccept(ctx, http.MethodPost, "/v1/exec", nil, bytes.NewReader(b), streamframe.MediaType+", application/x-ndjson")
 	if err != nil {
 		return agentproto.ExecEvent{}, err
@@ -492,6 +498,7 @@ func (c *AgentClient) Exec(ctx context.Context, req agentproto.ExecRequest, onEv
 	if onEvent == nil {
 		onEvent = func(agentproto.ExecEvent) error { return nil }
 	}
+	onEvent = explainHostKills("command", kills, c.oomKills, onEvent)
 	if resp.Header.Get("Content-Type") == streamframe.MediaType {
 		return c.execFrames(ctx, resp.Body, onEvent)
 	}

@@ -105,6 +105,7 @@ func (c *AgentClient) RunCodeTimed(ctx context.Context, id string, req agentprot
 	if err != nil {
 		return agentproto.Execution{}, nil, err
 	}
+	kills := c.oomKills()
 	resp, err := c.request(ctx, http.MethodPost, contextPath(id, "/run"), nil, bytes.NewReader(b))
 	if err != nil {
 		if pandastack.IsCode(err, pandastack.ENotFound) {
@@ -128,6 +129,7 @@ func (c *AgentClient) RunCodeTimed(ctx context.Context, id string, req agentprot
 			return agentproto.Execution{}, nil, fmt.Errorf("run %s: bad event: %w", id, err)
 		}
 		if ev.Type == "execution" && ev.Execution != nil {
+			explainHostKernelKill(ev.Execution, kills, c.oomKills)
 			return *ev.Execution, ev.Timing, nil
 		}
 		if onEvent != nil {

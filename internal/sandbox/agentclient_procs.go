@@ -19,7 +19,11 @@ func processPath(pid int, sub string) string { return "/v1/processes/" + strconv
 // agent keeps its output (see agentproto/procs.go).
 func (c *AgentClient) StartProcess(ctx context.Context, req agentproto.ExecRequest) (agentproto.Process, error) {
 	var out agentproto.Process
+	kills := c.oomKills()
 	err := c.do(ctx, http.MethodPost, "/v1/processes", nil, req, &out)
+	if err == nil {
+		c.procKills.set(out.PID, kills)
+	}
 	return out, err
 }
 
@@ -48,6 +52,7 @@ func (c *AgentClient) ProcessOutput(ctx context.Context, pid int, follow bool, o
 		return nil, err
 	}
 	defer resp.Body.Close()
+	onEvent = explainHostKills("background process", c.procKills.get(pid), c.oomKills, onEvent)
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {

@@ -366,6 +366,7 @@ func (m *Manager) adopt(ctx context.Context, sb pandastack.Sandbox) error {
 	if err != nil {
 		return err
 	}
+	m.countHostKills(sb.ID, c)
 	if _, ok := m.sbx.run(sb.ID, c, time.Duration(sb.IdleTimeoutSeconds)*time.Second); !ok {
 		c.Close()
 	}
@@ -821,6 +822,15 @@ type agentDied struct {
 
 func (e agentDied) Unwrap() error { return e.error }
 
+// countHostKills lets client tell a command the host's out-of-memory
+// killer killed (hostoom.go), when the runtime counts those kills. Before
+// the client is shared.
+func (m *Manager) countHostKills(id string, client *AgentClient) {
+	if o, ok := m.rt.(pandastack.RuntimeOOMKills); ok {
+		client.hostOOMKills = func() int64 { return o.OOMKills(id) }
+	}
+}
+
 // started records a claimed, booted sandbox as running and makes it so;
 // created says whether to log it as a new sandbox (a resume logs its own
 // line).
@@ -829,6 +839,7 @@ func (m *Manager) started(ctx context.Context, sb pandastack.Sandbox, client *Ag
 		client.Close()
 		return pandastack.Sandbox{}, err
 	}
+	m.countHostKills(sb.ID, client)
 	idle, ok := m.sbx.run(sb.ID, client, time.Duration(sb.IdleTimeoutSeconds)*time.Second)
 	if !ok {
 		client.Close() // shutting down: the next start re-adopts it
