@@ -445,6 +445,9 @@ func (r *Runtime) runDetached(ctx context.Context, spec pandastack.RuntimeSpec, 
 			r.log.Warn("raising a sandbox's host memory limit", "sandbox", spec.ID, "err", err)
 		}
 	}
+	if err := raiseStubOOMScores(cgroupPath(cid)); err != nil {
+		r.log.Warn("marking a sandbox's stub processes for the host's OOM killer", "sandbox", spec.ID, "err", err)
+	}
 	return nil
 }
 

@@ -252,3 +252,50 @@ func TestCheckpointLeavesZeroedMemoryOut(t *testing.T) {
 		t.Errorf("the image grew by %d MiB for 8 MiB of data and 64 MiB of zeroes, want about 8", grew>>20)
 	}
 }
+
+// TestStubsGoFirst: the stub processes that run a sandbox's tasks score
+// higher for the host's OOM killer than the sentry and the gofer, so that
+// the host, at the sandbox's limit, kills a task rather than the whole
+// sandbox (e2e TestHostOutOfMemory shows the outcome).
+func TestStubsGoFirst(t *testing.T) {
+	rt := newRuntime(t)
+	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
+	rwc, err := rt.Start(context.Background(), pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rwc.Close()
+	defer rt.Stop(context.Background(), id)
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/pandastack", id, "cgroup.procs"))
+	if errors.Is(err, fs.ErrNotExist) {
+		b, err = os.ReadFile(filepath.Join("/sys/fs/cgroup/pandastack", id, "cgroup.procs"))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := os.ReadFile("/proc/self/oom_score_adj") // runsc's processes start with it
+	if err != nil {
+		t.Fatal(err)
+	}
+	stubs := 0
+	for _, p := range strings.Fields(string(b)) {
+		cmd, err1 := os.ReadFile("/proc/" + p + "/cmdline")
+		adj, err2 := os.ReadFile("/proc/" + p + "/oom_score_adj")
+		if err1 != nil || err2 != nil {
+			continue // gone meanwhile
+		}
+		name, _, _ := strings.Cut(string(cmd), "\x00")
+		switch got := strings.TrimSpace(string(adj)); {
+		case len(cmd) == 0:
+			stubs++
+			if got != "500" {
+				t.Errorf("stub process %s: oom_score_adj %s, want 500", p, got)
+			}
+		case got != strings.TrimSpace(string(own)):
+			t.Errorf("process %s (%s): oom_score_adj %s, want the host's %s", p, name, got, own)
+		}
+	}
+	if stubs == 0 {
+		t.Fatalf("no stub process among %q", b)
+	}
+}

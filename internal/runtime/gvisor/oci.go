@@ -3,6 +3,7 @@ package gvisor
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -229,6 +230,48 @@ func raiseMemoryLimit(rel string, memMB int) error {
 		}
 	}
 	return fmt.Errorf("no memory cgroup %s", rel)
+}
+
+// stubOOMScoreAdj is the oom_score_adj of a sandbox's stub processes, those
+// that run its tasks' code (systrap): the host's OOM killer, when the
+// sandbox reaches its host limit before the agent's watch acts, takes the
+// process with the highest score, and without this that was sometimes
+// the sentry, and the whole sandbox with it (a command filling a sandbox
+// whose limit was lowered to 420 MiB: the sentry, 90 MiB resident, was
+// taken over the filler's stub, which shows little of what its task holds
+// as resident). With half the limit added to each stub's score, a stub
+// goes first, the largest one; gVisor then kills its task with SIGKILL and
+// the sandbox lives on. Lowering the sentry's score would say the same,
+// but needs CAP_SYS_RESOURCE, which a server in a container may lack.
+const stubOOMScoreAdj = 500
+
+// raiseStubOOMScores gives the stub processes in the sandbox's cgroup rel
+// stubOOMScoreAdj. Stubs are the processes without a command line (the
+// sentry clones them and unmaps all but the stub's code); the stubs the
+// sentry makes later are cloned from the first one, which is among them,
+// and inherit its score.
+func raiseStubOOMScores(rel string) error {
+	var procs []byte
+	var err error
+	for _, f := range []string{filepath.Join("/sys/fs/cgroup/memory", rel, "cgroup.procs"), filepath.Join("/sys/fs/cgroup", rel, "cgroup.procs")} {
+		if procs, err = os.ReadFile(f); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		return err
+	}
+	adj := []byte(strconv.Itoa(stubOOMScoreAdj))
+	var errs []error
+	for _, p := range strings.Fields(string(procs)) {
+		if cmd, err := os.ReadFile("/proc/" + p + "/cmdline"); err != nil || len(cmd) > 0 {
+			continue // gone, or runsc's sentry or gofer
+		}
+		if err := os.WriteFile("/proc/"+p+"/oom_score_adj", adj, 0); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // cgroupRemoveWait bounds removeCgroups' wait for the processes of a
