@@ -445,10 +445,37 @@ func (r *Runtime) runDetached(ctx context.Context, spec pandastack.RuntimeSpec, 
 			r.log.Warn("raising a sandbox's host memory limit", "sandbox", spec.ID, "err", err)
 		}
 	}
-	if err := raiseStubOOMScores(cgroupPath(cid)); err != nil {
-		r.log.Warn("marking a sandbox's stub processes for the host's OOM killer", "sandbox", spec.ID, "err", err)
+	if args[0] != "create" { // no task runs yet
+		go r.raiseStubs(spec.ID, cid)
 	}
 	return nil
+}
+
+// stubWait bounds raiseStubs' wait for the agent's stub process.
+const stubWait = 5 * time.Second
+
+// raiseStubs raises the OOM scores of sandbox id's stub processes
+// (raiseStubOOMScores) as soon as its agent's stub runs, looking every
+// 10 ms for at most stubWait: runsc returns before a restored sandbox's
+// tasks have their stubs, and a sandbox's agent answers within
+// milliseconds of that.
+func (r *Runtime) raiseStubs(id, cid string) {
+	deadline := time.Now().Add(stubWait)
+	for {
+		agent, err := raiseStubOOMScores(cgroupPath(cid))
+		if err != nil {
+			r.log.Warn("marking a sandbox's stub processes for the host's OOM killer", "sandbox", id, "err", err)
+			return
+		}
+		if agent {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.log.Debug("no stub process of the agent to mark for the host's OOM killer", "sandbox", id)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // open returns the host's ends of the agent's stdin and stdout.

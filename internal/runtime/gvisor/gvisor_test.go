@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -254,48 +255,82 @@ func TestCheckpointLeavesZeroedMemoryOut(t *testing.T) {
 }
 
 // TestStubsGoFirst: the stub processes that run a sandbox's tasks score
-// higher for the host's OOM killer than the sentry and the gofer, so that
-// the host, at the sandbox's limit, kills a task rather than the whole
-// sandbox (e2e TestHostOutOfMemory shows the outcome).
+// higher for the host's OOM killer than the sentry, the gofer and the
+// agent's stub, so that the host, at the sandbox's limit, kills a task of
+// its user rather than the whole sandbox (e2e TestHostOutOfMemory shows
+// the outcome); in a sandbox started afresh and in one restored.
 func TestStubsGoFirst(t *testing.T) {
 	rt := newRuntime(t)
-	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
-	rwc, err := rt.Start(context.Background(), pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rwc.Close()
-	defer rt.Stop(context.Background(), id)
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/pandastack", id, "cgroup.procs"))
-	if errors.Is(err, fs.ErrNotExist) {
-		b, err = os.ReadFile(filepath.Join("/sys/fs/cgroup/pandastack", id, "cgroup.procs"))
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx := context.Background()
 	own, err := os.ReadFile("/proc/self/oom_score_adj") // runsc's processes start with it
 	if err != nil {
 		t.Fatal(err)
 	}
-	stubs := 0
-	for _, p := range strings.Fields(string(b)) {
-		cmd, err1 := os.ReadFile("/proc/" + p + "/cmdline")
-		adj, err2 := os.ReadFile("/proc/" + p + "/oom_score_adj")
-		if err1 != nil || err2 != nil {
-			continue // gone meanwhile
-		}
-		name, _, _ := strings.Cut(string(cmd), "\x00")
-		switch got := strings.TrimSpace(string(adj)); {
-		case len(cmd) == 0:
-			stubs++
-			if got != "500" {
-				t.Errorf("stub process %s: oom_score_adj %s, want 500", p, got)
+	host := strings.TrimSpace(string(own))
+	// check waits until the stubs but the agent's are raised, and fails
+	// if one of the rest is.
+	check := func(t *testing.T, id string) {
+		t.Helper()
+		var last string
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/pandastack", id, "cgroup.procs"))
+			if errors.Is(err, fs.ErrNotExist) {
+				b, err = os.ReadFile(filepath.Join("/sys/fs/cgroup/pandastack", id, "cgroup.procs"))
 			}
-		case got != strings.TrimSpace(string(own)):
-			t.Errorf("process %s (%s): oom_score_adj %s, want the host's %s", p, name, got, own)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var raised, agent int
+			var wrong []string
+			for _, p := range strings.Fields(string(b)) {
+				cmd, err1 := os.ReadFile("/proc/" + p + "/cmdline")
+				adj, err2 := os.ReadFile("/proc/" + p + "/oom_score_adj")
+				maps, err3 := os.ReadFile("/proc/" + p + "/maps")
+				if err1 != nil || err2 != nil || err3 != nil {
+					continue // gone meanwhile
+				}
+				name, _, _ := strings.Cut(string(cmd), "\x00")
+				got := strings.TrimSpace(string(adj))
+				switch {
+				case len(cmd) > 0 && got != host:
+					wrong = append(wrong, fmt.Sprintf("%s (%s) at %s", p, name, got))
+				case len(cmd) > 0:
+				case strings.Contains(string(maps), agentproto.AgentPath+"\n"):
+					agent++
+					if got != host {
+						wrong = append(wrong, fmt.Sprintf("the agent's stub %s at %s", p, got))
+					}
+				case got == "500":
+					raised++
+				default:
+					wrong = append(wrong, fmt.Sprintf("stub %s at %s", p, got))
+				}
+			}
+			last = fmt.Sprintf("%d stubs raised, %d of the agent, wrong: %v", raised, agent, wrong)
+			if agent > 0 && raised > 0 && len(wrong) == 0 {
+				return
+			}
 		}
+		t.Fatalf("oom_score_adj of sandbox %s's processes (the host's: %s): %s", id, host, last)
 	}
-	if stubs == 0 {
-		t.Fatalf("no stub process among %q", b)
+	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
+	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: 256})
+	if err != nil {
+		t.Fatal(err)
 	}
+	rwc.Close()
+	defer rt.Stop(ctx, id)
+	check(t, id)
+	img := t.TempDir()
+	if err := rt.Checkpoint(ctx, id, img, false); err != nil {
+		t.Fatal(err)
+	}
+	id2 := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
+	rwc, err = rt.Restore(ctx, pandastack.RuntimeSpec{ID: id2, RootFS: busyboxRootFS(t), MemoryMB: 256}, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rwc.Close()
+	defer rt.Stop(ctx, id2)
+	check(t, id2)
 }

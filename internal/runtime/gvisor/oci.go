@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -233,45 +234,71 @@ func raiseMemoryLimit(rel string, memMB int) error {
 }
 
 // stubOOMScoreAdj is the oom_score_adj of a sandbox's stub processes, those
-// that run its tasks' code (systrap): the host's OOM killer, when the
-// sandbox reaches its host limit before the agent's watch acts, takes the
-// process with the highest score, and without this that was sometimes
-// the sentry, and the whole sandbox with it (a command filling a sandbox
-// whose limit was lowered to 420 MiB: the sentry, 90 MiB resident, was
-// taken over the filler's stub, which shows little of what its task holds
-// as resident). With half the limit added to each stub's score, a stub
-// goes first, the largest one; gVisor then kills its task with SIGKILL and
-// the sandbox lives on. Lowering the sentry's score would say the same,
-// but needs CAP_SYS_RESOURCE, which a server in a container may lack.
+// that run its tasks' code (systrap), but the agent's. When the sandbox
+// reaches its host limit before the agent's watch acts, the host's OOM
+// killer takes the process with the highest score in the sandbox's cgroup,
+// by resident memory; gVisor commits a task's memory in its memory file,
+// which no process shows as resident, so every stub shows about its code,
+// and the sentry (40-90 MiB) was taken, the whole sandbox with it (a
+// command filling a code-interpreter sandbox whose host limit was lowered
+// to 300 MiB above its use: stopped in 3 runs of 3). With half the limit
+// added to their scores, the stubs go first, and gVisor kills the task of
+// the stub taken with SIGKILL; the sandbox lives on. Which task is
+// arbitrary (a stub's resident memory says little), but never the agent:
+// its stub keeps the sentry's score, so that the sandbox, with every
+// process of its user gone, stops rather than lives without its agent.
+// Lowering the sentry's score instead would need CAP_SYS_RESOURCE, which a
+// server in a container may lack; without it no score can be lowered
+// either, so the agent's stub must never be raised.
 const stubOOMScoreAdj = 500
 
 // raiseStubOOMScores gives the stub processes in the sandbox's cgroup rel
-// stubOOMScoreAdj. Stubs are the processes without a command line (the
-// sentry clones them and unmaps all but the stub's code); the stubs the
-// sentry makes later are cloned from the first one, which is among them,
-// and inherit its score.
-func raiseStubOOMScores(rel string) error {
+// stubOOMScoreAdj, but for the agent's, once the agent's stub exists:
+// agent says whether it did (or there is no cgroup, and nothing to do). Stubs are the processes without a command
+// line (the sentry clones them and unmaps all but the stub's code); the
+// agent's maps the agent's binary. The stubs the sentry makes later are
+// cloned from the first one, which is among them, and inherit its score;
+// so the raise must wait for the agent's stub (a restore's tasks start as
+// runsc returns, their stubs a moment later), which would inherit it too.
+func raiseStubOOMScores(rel string) (agent bool, err error) {
 	var procs []byte
-	var err error
 	for _, f := range []string{filepath.Join("/sys/fs/cgroup/memory", rel, "cgroup.procs"), filepath.Join("/sys/fs/cgroup", rel, "cgroup.procs")} {
 		if procs, err = os.ReadFile(f); err == nil {
 			break
 		}
 	}
-	if err != nil {
-		return err
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil // no cgroup of its own (no limits): nothing to mark
 	}
-	adj := []byte(strconv.Itoa(stubOOMScoreAdj))
-	var errs []error
+	if err != nil {
+		return false, err
+	}
+	var stubs []string
 	for _, p := range strings.Fields(string(procs)) {
 		if cmd, err := os.ReadFile("/proc/" + p + "/cmdline"); err != nil || len(cmd) > 0 {
 			continue // gone, or runsc's sentry or gofer
 		}
+		maps, err := os.ReadFile("/proc/" + p + "/maps")
+		if err != nil {
+			continue
+		}
+		if bytes.Contains(maps, []byte(agentproto.AgentPath+"\n")) {
+			agent = true // the agent's, or a thread of its address space
+			continue
+		}
+		stubs = append(stubs, p)
+	}
+	if !agent {
+		return false, nil
+	}
+	adj := []byte(strconv.Itoa(stubOOMScoreAdj))
+	var errs []error
+	for _, p := range stubs {
 		if err := os.WriteFile("/proc/"+p+"/oom_score_adj", adj, 0); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	return true, errors.Join(errs...)
 }
 
 // cgroupRemoveWait bounds removeCgroups' wait for the processes of a
