@@ -22,7 +22,7 @@ func (c *AgentClient) StartProcess(ctx context.Context, req agentproto.ExecReque
 	kills := c.oomKills()
 	err := c.do(ctx, http.MethodPost, "/v1/processes", nil, req, &out)
 	if err == nil {
-		c.procKills.set(out.PID, kills)
+		c.procKills.start(out.PID, kills)
 	}
 	return out, err
 }
@@ -52,7 +52,7 @@ func (c *AgentClient) ProcessOutput(ctx context.Context, pid int, follow bool, o
 		return nil, err
 	}
 	defer resp.Body.Close()
-	onEvent = explainHostKills("background process", c.procKills.get(pid), c.oomKills, onEvent)
+	onEvent = c.procKills.explain(pid, c.oomKills, onEvent)
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
@@ -83,6 +83,7 @@ func (c *AgentClient) ProcessStdin(ctx context.Context, pid int, req agentproto.
 
 // KillProcess SIGKILLs a background process and its descendants.
 func (c *AgentClient) KillProcess(ctx context.Context, pid int) error {
+	c.procKills.forget(pid) // its SIGKILL is the caller's, not the host's
 	return c.do(ctx, http.MethodPost, processPath(pid, "/kill"), nil, nil, nil)
 }
 
@@ -94,6 +95,7 @@ func (c *AgentClient) KillAll(ctx context.Context) (agentproto.KillAll, error) {
 	if !c.Hello().HasFeature(agentproto.FeatureKillAll) {
 		return k, pandastack.Errorf(pandastack.EConflict, "sandbox %s runs the agent of an older server build, which cannot kill all its processes at once; kill them one by one (a sandbox created now can)", c.id)
 	}
+	c.procKills.forget(0)
 	err := c.do(ctx, http.MethodPost, "/v1/processes/kill", nil, nil, &k)
 	return k, err
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -31,6 +32,7 @@ func TestHostKillNote(t *testing.T) {
 		{"timed out", `{"type":"exit","exit_code":-1,"signal":"SIGKILL","timed_out":true}`, true, true, false},
 		{"kill -9", `{"type":"exit","exit_code":-1,"signal":"SIGKILL"}`, true, false, false},
 		{"exit 1", `{"type":"exit","exit_code":1}`, true, true, false},
+		{"bash's 137", `{"type":"exit","exit_code":137}`, true, true, true},
 		{"no count", `{"type":"exit","exit_code":-1,"signal":"SIGKILL"}`, false, true, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -59,7 +61,7 @@ func TestHostKillNote(t *testing.T) {
 			if err != nil || exit.Type != "exit" {
 				t.Fatalf("exec: %+v %v", exit, err)
 			}
-			host := strings.Count(stderr.String(), "and the host killed this command")
+			host := strings.Count(stderr.String(), "the host's out-of-memory killer killed this command")
 			if c.wantNote && (host != 1 || types[len(types)-2] != "stderr" || !strings.HasPrefix(stderr.String(), "\npandastack: out_of_memory: ")) {
 				t.Fatalf("events %v, stderr %q; want the host's note once, just before the exit", types, stderr.String())
 			}
@@ -71,25 +73,32 @@ func TestHostKillNote(t *testing.T) {
 }
 
 // TestHostKillNoteBackground: a background process's output ends with the
-// host's note when the count went up after the process started, on every
-// read of it; a process the client did not start (another server's
-// session) gets none.
+// host's note when the count went up after the process started, and every
+// read of it says what the first read that saw the exit decided; a process
+// the client did not start (another server's session) or killed through
+// the API gets none.
 func TestHostKillNoteBackground(t *testing.T) {
 	var kills atomic.Int64
+	var next atomic.Int64
+	next.Store(40)
 	ac := fakeAgent(t, func(mux *http.ServeMux) {
 		mux.HandleFunc("POST /v1/processes", func(w http.ResponseWriter, r *http.Request) {
-			w.Write([]byte(`{"pid":41}`))
+			fmt.Fprintf(w, `{"pid":%d}`, next.Add(1))
 		})
+		mux.HandleFunc("POST /v1/processes/{pid}/kill", func(w http.ResponseWriter, r *http.Request) {})
 		mux.HandleFunc("GET /v1/processes/{pid}/output", func(w http.ResponseWriter, r *http.Request) {
 			w.Write([]byte(`{"type":"exit","exit_code":-1,"signal":"SIGKILL"}` + "\n"))
 		})
 	})
 	ac.hostOOMKills = kills.Load
-	if p, err := ac.StartProcess(context.Background(), agentproto.ExecRequest{Argv: []string{"fill"}}); err != nil || p.PID != 41 {
-		t.Fatalf("start: %+v %v", p, err)
+	start := func() int {
+		p, err := ac.StartProcess(context.Background(), agentproto.ExecRequest{Argv: []string{"fill"}})
+		if err != nil {
+			t.Fatalf("start: %+v %v", p, err)
+		}
+		return p.PID
 	}
-	kills.Add(1)
-	read := func(pid int) string {
+	read := func(pid int) bool {
 		var stderr strings.Builder
 		if _, err := ac.ProcessOutput(context.Background(), pid, true, func(ev agentproto.ExecEvent) error {
 			if ev.Type == "stderr" {
@@ -99,19 +108,33 @@ func TestHostKillNoteBackground(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		return stderr.String()
+		return strings.Contains(stderr.String(), "killed this background process")
+	}
+	calm := start()   // read before any kill: no note, then or later
+	filler := start() // the host kills while it runs
+	killed := start() // killed through the API
+	if read(calm) {
+		t.Fatal("a process that exited before any host kill got the host's note")
+	}
+	kills.Add(1)
+	if err := ac.KillProcess(context.Background(), killed); err != nil {
+		t.Fatal(err)
 	}
 	for i := range 2 {
-		if got := read(41); !strings.Contains(got, "the host killed this background process") {
-			t.Fatalf("read %d of the output: stderr %q, want the host's note", i, got)
+		if !read(filler) {
+			t.Fatalf("read %d of the filler's output: no host note", i)
+		}
+		if read(calm) {
+			t.Fatalf("read %d of a process decided before the host's kill: a host note", i)
+		}
+		if read(killed) {
+			t.Fatalf("read %d of a process killed through the API: a host note", i)
 		}
 	}
-	if got := read(42); got != "" {
-		t.Fatalf("a process not started here: stderr %q", got)
+	if read(99) {
+		t.Fatal("a process not started here: a host note")
 	}
 }
-
-func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
 
 // TestHostKillNoteKernel: a run whose kernel died while the host's count
 // went up says the host killed it; one the agent's watch killed, or with
@@ -122,7 +145,8 @@ func TestHostKillNoteKernel(t *testing.T) {
 		kill        bool
 		want        string
 	}{
-		{"host kill", "the kernel process exited (killed by SIGKILL)", true, "the kernel process exited (killed by SIGKILL); out_of_memory: the sandbox ran out of memory before its memory watch could act, and the host killed the kernel"},
+		{"host kill", "the kernel process exited (killed by SIGKILL (out of memory, or killed))", true, "the kernel process exited (killed by SIGKILL (out of memory, or killed)); out_of_memory: the sandbox reached its host memory limit, and the host's out-of-memory killer killed the kernel"},
+		{"exit 1", "the kernel process exited (exit status 1)", true, "the kernel process exited (exit status 1)"},
 		{"watch kill", "out_of_memory: the kernel used 805 MiB, more than its limit", true, "out_of_memory: the kernel used 805 MiB, more than its limit"},
 		{"no host kill", "the kernel process exited (exit status 1)", false, "the kernel process exited (exit status 1)"},
 	} {
@@ -144,3 +168,5 @@ func TestHostKillNoteKernel(t *testing.T) {
 		})
 	}
 }
+
+func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
