@@ -92,7 +92,7 @@ type Runtime interface {
 	// channel and failure behaviour are as for Start.
 	Restore(ctx context.Context, spec RuntimeSpec, imageDir string) (io.ReadWriteCloser, error)
 	// Alive reports whether the sandbox's processes still run. Cheap (a
-	// /proc read after the first call), so it can be polled.
+	// file read or two after the first call), so it can be polled.
 	Alive(id string) bool
 	// DeathReason says why a sandbox that stopped answering died, when the
 	// runtime knows: ReasonOutOfMemory, ReasonPIDsLimit, or "" for unknown. Call it before
@@ -126,12 +126,12 @@ type RuntimeLogs interface {
 // it with a type assertion). The agent's memory watch kills a process
 // filling the sandbox and says so on its stderr; a process growing faster
 // than the watch looks can reach the host's limit first, and the host
-// kills it without a word. A count that went up while a command ran
-// tells the manager to say so instead.
+// kills a task without a word. A count that went up while a command ran
+// tells the server to say so instead.
 type RuntimeOOMKills interface {
 	// OOMKills is how many processes of sandbox id the host's
-	// out-of-memory killer has killed since it started, or -1 when the
-	// runtime cannot tell. Cheap: a file read.
+	// out-of-memory killer has killed since it started or was restored,
+	// or -1 when the runtime cannot tell. Cheap: a file read.
 	OOMKills(id string) int64
 }
 

@@ -451,27 +451,35 @@ func (r *Runtime) runDetached(ctx context.Context, spec pandastack.RuntimeSpec, 
 	return nil
 }
 
-// stubWait bounds raiseStubs' wait for the agent's stub process.
-const stubWait = 5 * time.Second
+// stubWait bounds raiseStubs' wait for the agent's stub process: a
+// restore in a burst of 20 took over 3 s (DESIGN.md).
+const stubWait = 30 * time.Second
 
 // raiseStubs raises the OOM scores of sandbox id's stub processes
 // (raiseStubOOMScores) as soon as its agent's stub runs, looking every
 // 10 ms for at most stubWait: runsc returns before a restored sandbox's
 // tasks have their stubs, and a sandbox's agent answers within
-// milliseconds of that.
+// milliseconds of that. One more look 50 ms after the first raise takes
+// the stubs cloned meanwhile from the first one before it was raised.
 func (r *Runtime) raiseStubs(id, cid string) {
 	deadline := time.Now().Add(stubWait)
 	for {
-		agent, err := raiseStubOOMScores(cgroupPath(cid))
+		agent, raised, err := raiseStubOOMScores(cgroupPath(cid))
 		if err != nil {
-			r.log.Warn("marking a sandbox's stub processes for the host's OOM killer", "sandbox", id, "err", err)
+			r.log.Warn("raising a sandbox's stub processes for the host's OOM killer", "sandbox", id, "err", err)
 			return
 		}
 		if agent {
+			if raised > 0 {
+				time.Sleep(50 * time.Millisecond)
+				if _, _, err := raiseStubOOMScores(cgroupPath(cid)); err != nil {
+					r.log.Warn("raising a sandbox's stub processes for the host's OOM killer", "sandbox", id, "err", err)
+				}
+			}
 			return
 		}
 		if time.Now().After(deadline) {
-			r.log.Debug("no stub process of the agent to mark for the host's OOM killer", "sandbox", id)
+			r.log.Warn("no stub process of the agent after a while: the host's OOM killer may take the sandbox's sentry rather than a task", "sandbox", id, "waited", stubWait)
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -550,15 +558,29 @@ func (r *Runtime) Alive(id string) bool {
 		r.pids[id] = p
 		r.mu.Unlock()
 	}
+	kills := oomKills(cgroupPath(p.cid)) // before: a kill after the look below is not survived
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
-	return cmdlineAlive(b, err, p.cid)
+	alive := cmdlineAlive(b, err, p.cid)
+	if alive && kills > p.kills {
+		r.mu.Lock()
+		if q, ok := r.pids[id]; ok && q.pid == p.pid {
+			q.kills = kills
+			r.pids[id] = q
+		}
+		r.mu.Unlock()
+	}
+	return alive
 }
 
-// aliveProc is what Alive keeps of a sandbox: its runsc-sandbox process and
-// the container whose id that process's command line names.
+// aliveProc is what Alive keeps of a sandbox: its runsc-sandbox process,
+// the container whose id that process's command line names, and the
+// host's out-of-memory kills in it that it was seen to survive (the host
+// kills a task before the sentry, raiseStubOOMScores): a death after
+// those is the host's doing only if the count rose since.
 type aliveProc struct {
-	pid int
-	cid string
+	pid   int
+	cid   string
+	kills int64
 }
 
 // cmdlineAlive reads the answer to a read of a sandbox process's
@@ -586,8 +608,11 @@ func (r *Runtime) DeathReason(id string) string {
 		return ""
 	}
 	cg := cgroupPath(r.cid(id))
+	r.mu.Lock()
+	survived := r.pids[id].kills
+	r.mu.Unlock()
 	switch {
-	case oomKilled(cg):
+	case oomKills(cg) > survived:
 		return pandastack.ReasonOutOfMemory
 	case pidsExhausted(cg):
 		return pandastack.ReasonPIDsLimit
@@ -595,16 +620,18 @@ func (r *Runtime) DeathReason(id string) string {
 	return ""
 }
 
-// OOMKills implements pandastack.RuntimeOOMKills: the host's OOM killer
-// picks the process with the most memory in the sandbox's cgroup, which
-// is the stub process running the task that filled it (it maps that
-// task's memory); gVisor then kills the task with SIGKILL, and the sandbox
-// lives on (seen in every run that forced it, e2e TestKernelLimits).
+// OOMKills implements pandastack.RuntimeOOMKills: the oom_kill count of
+// the sandbox's memory cgroup, which a restore starts afresh (a new
+// cgroup); -1 for an id another took over (Rename).
 func (r *Runtime) OOMKills(id string) int64 {
 	if !validID(id) {
 		return -1
 	}
-	return oomKills(cgroupPath(r.cid(id)))
+	cid, own := r.container(id)
+	if !own {
+		return -1
+	}
+	return oomKills(cgroupPath(cid))
 }
 
 // Attach implements pandastack.Runtime.
@@ -616,6 +643,7 @@ func (r *Runtime) Attach(ctx context.Context, id string) (io.ReadWriteCloser, er
 	if st != pandastack.RuntimeRunning {
 		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is %s", id, st)
 	}
+	go r.raiseStubs(id, r.cid(id)) // one started by an older build has none raised
 	return r.open(id)
 }
 

@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -258,15 +259,20 @@ func TestCheckpointLeavesZeroedMemoryOut(t *testing.T) {
 // higher for the host's OOM killer than the sentry, the gofer and the
 // agent's stub, so that the host, at the sandbox's limit, kills a task of
 // its user rather than the whole sandbox (e2e TestHostOutOfMemory shows
-// the outcome); in a sandbox started afresh and in one restored.
+// the outcome); in a sandbox started afresh, for a task started later,
+// and in one restored.
 func TestStubsGoFirst(t *testing.T) {
 	rt := newRuntime(t)
 	ctx := context.Background()
-	own, err := os.ReadFile("/proc/self/oom_score_adj") // runsc's processes start with it
+	b, err := os.ReadFile("/proc/self/oom_score_adj") // runsc's processes start with it
 	if err != nil {
 		t.Fatal(err)
 	}
-	host := strings.TrimSpace(string(own))
+	host, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raised := strconv.Itoa(min(host+1000, 1000))
 	// check waits until the stubs but the agent's are raised, and fails
 	// if one of the rest is.
 	check := func(t *testing.T, id string) {
@@ -280,7 +286,7 @@ func TestStubsGoFirst(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var raised, agent int
+			var up, agent int
 			var wrong []string
 			for _, p := range strings.Fields(string(b)) {
 				cmd, err1 := os.ReadFile("/proc/" + p + "/cmdline")
@@ -292,35 +298,46 @@ func TestStubsGoFirst(t *testing.T) {
 				name, _, _ := strings.Cut(string(cmd), "\x00")
 				got := strings.TrimSpace(string(adj))
 				switch {
-				case len(cmd) > 0 && got != host:
+				case len(cmd) > 0 && got != strconv.Itoa(host):
 					wrong = append(wrong, fmt.Sprintf("%s (%s) at %s", p, name, got))
 				case len(cmd) > 0:
 				case strings.Contains(string(maps), agentproto.AgentPath+"\n"):
 					agent++
-					if got != host {
+					if got != strconv.Itoa(host) {
 						wrong = append(wrong, fmt.Sprintf("the agent's stub %s at %s", p, got))
 					}
-				case got == "500":
-					raised++
+				case got == raised:
+					up++
 				default:
 					wrong = append(wrong, fmt.Sprintf("stub %s at %s", p, got))
 				}
 			}
-			last = fmt.Sprintf("%d stubs raised, %d of the agent, wrong: %v", raised, agent, wrong)
-			if agent > 0 && raised > 0 && len(wrong) == 0 {
+			last = fmt.Sprintf("%d stubs raised, %d of the agent, wrong: %v", up, agent, wrong)
+			if agent > 0 && up > 0 && len(wrong) == 0 {
 				return
 			}
 		}
-		t.Fatalf("oom_score_adj of sandbox %s's processes (the host's: %s): %s", id, host, last)
+		t.Fatalf("oom_score_adj of sandbox %s's processes (the host's: %d): %s", id, host, last)
 	}
 	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
 	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: 256})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rwc.Close()
 	defer rt.Stop(ctx, id)
+	c, err := sandbox.DialAgent(ctx, id, rwc, false)
+	if err != nil {
+		t.Fatal(err)
+	}
 	check(t, id)
+	// A task started now gets a stub cloned from the raised first one:
+	// nothing raises it any more.
+	if _, err := c.StartProcess(ctx, agentproto.ExecRequest{Argv: []string{"sleep", "30"}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	check(t, id)
+	c.Close()
 	img := t.TempDir()
 	if err := rt.Checkpoint(ctx, id, img, false); err != nil {
 		t.Fatal(err)
@@ -333,4 +350,65 @@ func TestStubsGoFirst(t *testing.T) {
 	rwc.Close()
 	defer rt.Stop(ctx, id2)
 	check(t, id2)
+}
+
+// TestDeathAfterASurvivedKill: a sandbox that outlived a kill of the host's
+// OOM killer (a task taken, TestStubsGoFirst) and then dies of something
+// else is not said to have died of memory; the kill is counted.
+func TestDeathAfterASurvivedKill(t *testing.T) {
+	rt := newRuntime(t)
+	ctx := context.Background()
+	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
+	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Stop(ctx, id)
+	c, err := sandbox.DialAgent(ctx, id, rwc, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dir := filepath.Join("/sys/fs/cgroup/memory/pandastack", id)
+	usageFile, limitFile := "memory.usage_in_bytes", "memory.limit_in_bytes"
+	if _, err := os.Stat(dir); err != nil {
+		dir, usageFile, limitFile = filepath.Join("/sys/fs/cgroup/pandastack", id), "memory.current", "memory.max"
+	}
+	b, err := os.ReadFile(filepath.Join(dir, usageFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	// 64 MiB over what it holds, far under the 512 MiB it sees: a task
+	// allocating 256 MiB meets the host's limit.
+	if err := os.WriteFile(filepath.Join(dir, limitFile), []byte(strconv.FormatInt(usage+64<<20, 10)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: "awk 'BEGIN { s = \"x\"; while (1) s = s s }'"}, nil)
+	if err != nil {
+		t.Fatalf("the sandbox died of a task's allocation: %v", err)
+	}
+	if n := rt.OOMKills(id); n < 1 || !rt.Alive(id) {
+		t.Fatalf("after the allocation (exit %+v): OOMKills %d, alive %v; want a kill counted, the sandbox alive", ev, n, rt.Alive(id))
+	}
+	// Now it dies of something else: its sentry is killed.
+	procs, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range strings.Fields(string(procs)) {
+		if cmd, _ := os.ReadFile("/proc/" + p + "/cmdline"); strings.HasPrefix(string(cmd), "runsc-sandbox\x00") {
+			pid, _ := strconv.Atoi(p)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); rt.Alive(id) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rt.Alive(id) {
+		t.Fatal("alive after its sentry was killed")
+	}
+	if r, n := rt.DeathReason(id), rt.OOMKills(id); r == pandastack.ReasonOutOfMemory || n < 1 {
+		t.Fatalf("DeathReason = %q with OOMKills %d, after a kill the sandbox outlived and a death of another cause; want not out_of_memory, the kill still counted", r, n)
+	}
 }

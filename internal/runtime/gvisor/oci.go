@@ -233,50 +233,61 @@ func raiseMemoryLimit(rel string, memMB int) error {
 	return fmt.Errorf("no memory cgroup %s", rel)
 }
 
-// stubOOMScoreAdj is the oom_score_adj of a sandbox's stub processes, those
-// that run its tasks' code (systrap), but the agent's. When the sandbox
-// reaches its host limit before the agent's watch acts, the host's OOM
-// killer takes the process with the highest score in the sandbox's cgroup,
-// by resident memory; gVisor commits a task's memory in its memory file,
-// which no process shows as resident, so every stub shows about its code,
-// and the sentry (40-90 MiB) was taken, the whole sandbox with it (a
-// command filling a code-interpreter sandbox whose host limit was lowered
-// to 300 MiB above its use: stopped in 3 runs of 3). With half the limit
-// added to their scores, the stubs go first, and gVisor kills the task of
-// the stub taken with SIGKILL; the sandbox lives on. Which task is
-// arbitrary (a stub's resident memory says little), but never the agent:
-// its stub keeps the sentry's score, so that the sandbox, with every
-// process of its user gone, stops rather than lives without its agent.
-// Lowering the sentry's score instead would need CAP_SYS_RESOURCE, which a
-// server in a container may lack; without it no score can be lowered
-// either, so the agent's stub must never be raised.
-const stubOOMScoreAdj = 500
+// stubOOMScoreRaise is what a sandbox's stub processes, those that run
+// its tasks' code (systrap), but the agent's, get added to the sentry's
+// oom_score_adj (up to the top, 1000). When the sandbox reaches its host
+// limit before the agent's watch acts, the host's OOM killer takes the
+// process with the highest score in the sandbox's cgroup, by resident
+// memory; gVisor commits a task's memory in its memory file, which no
+// process shows as resident, so every stub shows about its code, and the
+// sentry (40-90 MiB, more when it copied a task's data through its own
+// mapping: 230 MiB for a pipe into tail) was taken, the whole sandbox with
+// it (a command filling a code-interpreter sandbox whose host limit was
+// lowered to 300 MiB above its use: stopped in 3 runs of 3). 1000 adds the
+// whole limit to a score, so the stubs go first whatever the sentry
+// holds (500 still lost to the sentry at a 200 MiB limit), and gVisor kills
+// the task of the stub taken with SIGKILL; the sandbox lives on. Which task is arbitrary (a stub's
+// resident memory says little), but never the agent: its stub keeps the
+// sentry's score, so that the sandbox, with every process of its user
+// gone, stops rather than lives without its agent. A raise needs no
+// privilege; lowering the sentry's score instead would need
+// CAP_SYS_RESOURCE, which a server in a container may lack, and without it
+// no score can be lowered again: the agent's stub must never be raised.
+const stubOOMScoreRaise = 1000
 
-// raiseStubOOMScores gives the stub processes in the sandbox's cgroup rel
-// stubOOMScoreAdj, but for the agent's, once the agent's stub exists:
-// agent says whether it did (or there is no cgroup, and nothing to do). Stubs are the processes without a command
-// line (the sentry clones them and unmaps all but the stub's code); the
-// agent's maps the agent's binary. The stubs the sentry makes later are
-// cloned from the first one, which is among them, and inherit its score;
-// so the raise must wait for the agent's stub (a restore's tasks start as
-// runsc returns, their stubs a moment later), which would inherit it too.
-func raiseStubOOMScores(rel string) (agent bool, err error) {
-	var procs []byte
-	for _, f := range []string{filepath.Join("/sys/fs/cgroup/memory", rel, "cgroup.procs"), filepath.Join("/sys/fs/cgroup", rel, "cgroup.procs")} {
-		if procs, err = os.ReadFile(f); err == nil {
-			break
-		}
+// raiseStubOOMScores raises the scores of the stub processes in the
+// sandbox's cgroup rel but the agent's (stubOOMScoreRaise), once the
+// agent's stub exists: agent says whether it did, or whether the cgroup is
+// gone (nothing to do); raised is how many it raised. Stubs are the
+// processes without a command line (the sentry clones them and unmaps all
+// but the stub's code); the agent's maps the agent's binary. The stubs the
+// sentry makes later are cloned from its first one, which is among them,
+// and inherit its score; so the raise must wait for the agent's stub (a
+// restore's tasks start as runsc returns, their stubs a moment later),
+// which would inherit it too. A stub already raised is left as it is.
+func raiseStubOOMScores(rel string) (agent bool, raised int, err error) {
+	procs, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", rel, "cgroup.procs"))
+	if errors.Is(err, fs.ErrNotExist) {
+		procs, err = os.ReadFile(filepath.Join("/sys/fs/cgroup", rel, "cgroup.procs"))
 	}
 	if errors.Is(err, fs.ErrNotExist) {
-		return true, nil // no cgroup of its own (no limits): nothing to mark
+		return true, 0, nil // the sandbox is gone
 	}
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
+	sentry := unknownAdj
 	var stubs []string
 	for _, p := range strings.Fields(string(procs)) {
-		if cmd, err := os.ReadFile("/proc/" + p + "/cmdline"); err != nil || len(cmd) > 0 {
-			continue // gone, or runsc's sentry or gofer
+		cmd, err := os.ReadFile("/proc/" + p + "/cmdline")
+		if err != nil {
+			continue // gone
+		}
+		if len(cmd) > 0 {
+			if bytes.HasPrefix(cmd, []byte("runsc-sandbox\x00")) {
+				sentry = oomScoreAdj(p)
+			}
+			continue // runsc's sentry or gofer
 		}
 		maps, err := os.ReadFile("/proc/" + p + "/maps")
 		if err != nil {
@@ -288,17 +299,40 @@ func raiseStubOOMScores(rel string) (agent bool, err error) {
 		}
 		stubs = append(stubs, p)
 	}
-	if !agent {
-		return false, nil
+	if !agent || sentry == unknownAdj {
+		return false, 0, nil
 	}
-	adj := []byte(strconv.Itoa(stubOOMScoreAdj))
+	want := min(sentry+stubOOMScoreRaise, 1000)
+	adj := []byte(strconv.Itoa(want))
 	var errs []error
 	for _, p := range stubs {
-		if err := os.WriteFile("/proc/"+p+"/oom_score_adj", adj, 0); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
+		if oomScoreAdj(p) >= want {
+			continue
+		}
+		if err := os.WriteFile("/proc/"+p+"/oom_score_adj", adj, 0); err == nil {
+			raised++
+		} else if !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.ESRCH) {
 			errs = append(errs, err)
 		}
 	}
-	return true, errors.Join(errs...)
+	return true, raised, errors.Join(errs...)
+}
+
+// unknownAdj is oomScoreAdj's answer when it cannot tell (the range is
+// -1000 to 1000).
+const unknownAdj = -1001
+
+// oomScoreAdj is process p's oom_score_adj, or unknownAdj.
+func oomScoreAdj(p string) int {
+	b, err := os.ReadFile("/proc/" + p + "/oom_score_adj")
+	if err != nil {
+		return unknownAdj
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return unknownAdj
+	}
+	return n
 }
 
 // cgroupRemoveWait bounds removeCgroups' wait for the processes of a
@@ -351,14 +385,8 @@ func pidsExhausted(rel string) bool {
 	return cgroupEvent("max", filepath.Join("/sys/fs/cgroup/pids", rel, "pids.events"), filepath.Join("/sys/fs/cgroup", rel, "pids.events"))
 }
 
-// oomKilled reports whether the kernel's OOM killer struck in the
-// sandbox's memory cgroup (cgroup v1 memory.oom_control, or v2 memory.events).
-func oomKilled(rel string) bool {
-	return cgroupEvent("oom_kill", filepath.Join("/sys/fs/cgroup/memory", rel, "memory.oom_control"), filepath.Join("/sys/fs/cgroup", rel, "memory.events"))
-}
-
-// cgroupEvent reports whether any of the files (of "key count" lines)
-// counts key at least once.
+// cgroupEvent reports whether the first of the files (of "key count"
+// lines) that can be read and names key counts it at least once.
 func cgroupEvent(key string, files ...string) bool {
 	return cgroupCount(key, files...) > 0
 }
