@@ -70,7 +70,7 @@ func TestHostOutOfMemory(t *testing.T) {
 	const filler = "a = []\nwhile True:\n    a.append(b'x' * 50_000_000)"
 	told := func(t *testing.T, what, stderr string, code float64, signal string) {
 		t.Helper()
-		if code != -1 || signal != "SIGKILL" || !strings.Contains(stderr, "pandastack: out_of_memory: ") || !strings.Contains(stderr, "the host killed this "+what) {
+		if code != -1 || signal != "SIGKILL" || !strings.Contains(stderr, "pandastack: out_of_memory: ") || !strings.Contains(stderr, "the host's out-of-memory killer killed this "+what) {
 			t.Fatalf("%s past the host's limit: exit %v, signal %q, stderr %q; want killed, the host's note on stderr", what, code, signal, stderr)
 		}
 		if res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"echo", "alive"}}); err != nil || res.Stdout != "alive\n" {
