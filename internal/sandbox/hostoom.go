@@ -61,13 +61,21 @@ func explainHostKills(what string, before int64, count func() int64, onEvent fun
 	if before < 0 {
 		return onEvent
 	}
+	return withHostNote(what, onEvent, func(ev agentproto.ExecEvent, told bool) bool {
+		return hostKilled(ev, told, before, count)
+	})
+}
+
+// withHostNote wraps onEvent, the events of a command of kind what: its
+// exit comes after the host's note on stderr when killed, given the exit
+// and whether the agent's own note came before, says the host killed it.
+func withHostNote(what string, onEvent func(agentproto.ExecEvent) error, killed func(ev agentproto.ExecEvent, told bool) bool) func(agentproto.ExecEvent) error {
 	told := false
 	return func(ev agentproto.ExecEvent) error {
 		switch {
 		case ev.Type == "stderr" && bytes.Contains(ev.Data, agentOOMNote):
 			told = true
-		case ev.Type == "exit" && hostKilled(ev, told, before, count):
-			told = true
+		case ev.Type == "exit" && killed(ev, told):
 			if err := onEvent(agentproto.ExecEvent{Type: "stderr", Data: hostKillNote(what)}); err != nil {
 				return err
 			}
@@ -141,18 +149,9 @@ func (p *procKills) explain(pid int, count func() int64, onEvent func(agentproto
 	if !ok {
 		return onEvent
 	}
-	told := false
-	return func(ev agentproto.ExecEvent) error {
-		switch {
-		case ev.Type == "stderr" && bytes.Contains(ev.Data, agentOOMNote):
-			told = true
-		case ev.Type == "exit" && p.decide(pid, ev, told, count):
-			if err := onEvent(agentproto.ExecEvent{Type: "stderr", Data: hostKillNote("background process")}); err != nil {
-				return err
-			}
-		}
-		return onEvent(ev)
-	}
+	return withHostNote("background process", onEvent, func(ev agentproto.ExecEvent, told bool) bool {
+		return p.decide(pid, ev, told, count)
+	})
 }
 
 // decide is whether the host killed pid, which exited with ev, decided
