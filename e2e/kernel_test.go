@@ -229,38 +229,12 @@ func TestKernelLimits(t *testing.T) {
 		t.Logf("the host's charge to the sandbox still falls (%d MiB); going on", prev>>20)
 		return prev
 	}
-	// fillInBackground runs the filler as a background process, follows
-	// its output to its end, and says whether the host killed it (filled).
+	// fillInBackground runs the filler as a background process to its
+	// end, and says whether the host killed it (filled).
 	fillInBackground := func(t *testing.T) bool {
 		t.Helper()
-		body, _ := json.Marshal(map[string]any{"argv": []string{"python3", "-c", filler}, "background": true})
-		status, out := rawCall(t, s, "POST", "/v1/sandboxes/"+sb.ID+"/exec", string(body))
-		var p struct {
-			PID int `json:"pid"`
-		}
-		if status != 200 || json.Unmarshal(out, &p) != nil || p.PID <= 0 {
-			t.Fatalf("background exec: %d %s", status, out)
-		}
-		status, out = rawCall(t, s, "GET", fmt.Sprintf("/v1/sandboxes/%s/processes/%d/output?follow=true", sb.ID, p.PID), "")
-		if status != 200 {
-			t.Fatalf("output: %d %s", status, out)
-		}
-		var stderr strings.Builder
-		var exit map[string]any
-		for _, ev := range ndjsonEvents(t, out) {
-			switch ev["type"] {
-			case "stderr":
-				stderr.WriteString(ev["data"].(string))
-			case "exit":
-				exit = ev
-			}
-		}
-		if exit == nil {
-			t.Fatalf("no exit event: %s", out)
-		}
-		code, _ := exit["exit_code"].(float64)
-		signal, _ := exit["signal"].(string)
-		return filled(t, "background process", stderr.String(), code, signal)
+		stderr, code, signal := runInBackground(t, s, sb.ID, "python3", "-c", filler)
+		return filled(t, "background process", stderr, code, signal)
 	}
 	t.Run("a command filling the memory is killed, not the sandbox", func(t *testing.T) {
 		for try := 1; ; try++ {

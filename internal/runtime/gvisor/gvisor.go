@@ -455,14 +455,23 @@ func (r *Runtime) runDetached(ctx context.Context, spec pandastack.RuntimeSpec, 
 // restore in a burst of 20 took over 3 s (DESIGN.md).
 const stubWait = 30 * time.Second
 
+// stubFirstLook is how long raiseStubs waits before its first look: the
+// looks read every process's /proc files, and made at once they slowed a
+// create with no pool to its first result by 20-30 ms (bench, p50, side by
+// side), in the middle of the agent's hello and the first cell. A sandbox
+// that fills the host's limit sooner than this is left with the sentry
+// first, as all were before.
+const stubFirstLook = 250 * time.Millisecond
+
 // raiseStubs raises the OOM scores of sandbox id's stub processes
-// (raiseStubOOMScores) as soon as its agent's stub runs, looking every
-// 10 ms for at most stubWait: runsc returns before a restored sandbox's
-// tasks have their stubs, and a sandbox's agent answers within
-// milliseconds of that. One more look 50 ms after the first raise takes
-// the stubs cloned meanwhile from the first one before it was raised.
+// (raiseStubOOMScores) once its agent's stub runs, looking after
+// stubFirstLook, then every 20 ms for at most stubWait: runsc returns
+// before a restored sandbox's tasks have their stubs. One more look 50 ms
+// after the first raise takes the stubs cloned meanwhile from the first
+// one before it was raised.
 func (r *Runtime) raiseStubs(id, cid string) {
 	deadline := time.Now().Add(stubWait)
+	time.Sleep(stubFirstLook)
 	for {
 		agent, raised, err := raiseStubOOMScores(cgroupPath(cid))
 		if err != nil {
@@ -482,7 +491,7 @@ func (r *Runtime) raiseStubs(id, cid string) {
 			r.log.Warn("no stub process of the agent after a while: the host's OOM killer may take the sandbox's sentry rather than a task", "sandbox", id, "waited", stubWait)
 			return
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -124,6 +124,39 @@ func newRuntime(t *testing.T) *gvisor.Runtime {
 	return rt
 }
 
+// startDialed starts a busybox sandbox of memMB with a client of its
+// agent, both gone with the test.
+func startDialed(t *testing.T, rt *gvisor.Runtime, memMB int) (string, *sandbox.AgentClient) {
+	t.Helper()
+	ctx := context.Background()
+	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
+	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: memMB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Stop(context.Background(), id) })
+	c, err := sandbox.DialAgent(ctx, id, rwc, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return id, c
+}
+
+// memoryCgroup is sandbox id's memory cgroup directory on this host, in
+// cgroup v1's memory hierarchy or v2's, and whether it is v1's.
+func memoryCgroup(id string) (dir string, v1 bool) {
+	if dir := filepath.Join("/sys/fs/cgroup/memory/pandastack", id); dirExists(dir) {
+		return dir, true
+	}
+	return filepath.Join("/sys/fs/cgroup/pandastack", id), false
+}
+
+func dirExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.IsDir()
+}
+
 // TestHostMemoryHeadroom: the host lets a sandbox hold an eighth more than
 // its memory (at least 64 MiB more), for gVisor's own; the sandbox still
 // sees its memory (the conformance suite checks /proc/meminfo).
@@ -211,17 +244,7 @@ func TestRestoreOfAnImageWithTheOldCapabilities(t *testing.T) {
 func TestCheckpointLeavesZeroedMemoryOut(t *testing.T) {
 	rt := newRuntime(t)
 	ctx := context.Background()
-	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
-	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: 512})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Stop(context.Background(), id)
-	c, err := sandbox.DialAgent(ctx, id, rwc, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	id, c := startDialed(t, rt, 512)
 	pages := func() int64 {
 		t.Helper()
 		dir := t.TempDir()
@@ -279,10 +302,8 @@ func TestStubsGoFirst(t *testing.T) {
 		t.Helper()
 		var last string
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-			b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory/pandastack", id, "cgroup.procs"))
-			if errors.Is(err, fs.ErrNotExist) {
-				b, err = os.ReadFile(filepath.Join("/sys/fs/cgroup/pandastack", id, "cgroup.procs"))
-			}
+			dir, _ := memoryCgroup(id)
+			b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -319,16 +340,7 @@ func TestStubsGoFirst(t *testing.T) {
 		}
 		t.Fatalf("oom_score_adj of sandbox %s's processes (the host's: %d): %s", id, host, last)
 	}
-	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
-	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: 256})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Stop(ctx, id)
-	c, err := sandbox.DialAgent(ctx, id, rwc, false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	id, c := startDialed(t, rt, 256)
 	check(t, id)
 	// A task started now gets a stub cloned from the raised first one:
 	// nothing raises it any more.
@@ -343,7 +355,7 @@ func TestStubsGoFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	id2 := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
-	rwc, err = rt.Restore(ctx, pandastack.RuntimeSpec{ID: id2, RootFS: busyboxRootFS(t), MemoryMB: 256}, img)
+	rwc, err := rt.Restore(ctx, pandastack.RuntimeSpec{ID: id2, RootFS: busyboxRootFS(t), MemoryMB: 256}, img)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,30 +370,21 @@ func TestStubsGoFirst(t *testing.T) {
 func TestDeathAfterASurvivedKill(t *testing.T) {
 	rt := newRuntime(t)
 	ctx := context.Background()
-	id := fmt.Sprintf("sbx_rt%08x", rand.Uint32())
-	rwc, err := rt.Start(ctx, pandastack.RuntimeSpec{ID: id, RootFS: busyboxRootFS(t), MemoryMB: 512})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Stop(ctx, id)
-	c, err := sandbox.DialAgent(ctx, id, rwc, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	dir := filepath.Join("/sys/fs/cgroup/memory/pandastack", id)
-	usageFile, limitFile := "memory.usage_in_bytes", "memory.limit_in_bytes"
-	if _, err := os.Stat(dir); err != nil {
-		dir, usageFile, limitFile = filepath.Join("/sys/fs/cgroup/pandastack", id), "memory.current", "memory.max"
+	id, c := startDialed(t, rt, 512)
+	time.Sleep(time.Second) // past the driver's first look: its stubs raised (stubFirstLook)
+	dir, v1 := memoryCgroup(id)
+	usageFile, limitFile := "memory.current", "memory.max"
+	if v1 {
+		usageFile, limitFile = "memory.usage_in_bytes", "memory.limit_in_bytes"
 	}
 	b, err := os.ReadFile(filepath.Join(dir, usageFile))
 	if err != nil {
 		t.Fatal(err)
 	}
 	usage, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	// 64 MiB over what it holds, far under the 512 MiB it sees: a task
-	// allocating 256 MiB meets the host's limit.
-	if err := os.WriteFile(filepath.Join(dir, limitFile), []byte(strconv.FormatInt(usage+64<<20, 10)), 0o644); err != nil {
+	// 160 MiB over what it holds, far under the 512 MiB it sees: a task
+	// doubling a string meets the host's limit.
+	if err := os.WriteFile(filepath.Join(dir, limitFile), []byte(strconv.FormatInt(usage+160<<20, 10)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ev, err := c.Exec(ctx, agentproto.ExecRequest{Cmd: "awk 'BEGIN { s = \"x\"; while (1) s = s s }'"}, nil)

@@ -289,7 +289,7 @@ func raiseStubOOMScores(rel string) (agent bool, raised int, err error) {
 			}
 			continue // runsc's sentry or gofer
 		}
-		maps, err := os.ReadFile("/proc/" + p + "/maps")
+		maps, err := mapsHead(p)
 		if err != nil {
 			continue
 		}
@@ -316,6 +316,25 @@ func raiseStubOOMScores(rel string) (agent bool, raised int, err error) {
 		}
 	}
 	return true, raised, errors.Join(errs...)
+}
+
+// mapsHead is the start of process p's /proc/p/maps: one read of 4 KiB,
+// which the kernel fills with the lowest mappings alone (a kernel's stub
+// has some 130 mappings, which a look every few ms while a sandbox starts
+// would read whole). A task's program is mapped at the bottom of its
+// address space: the agent's (a static Go binary) first of all.
+func mapsHead(p string) ([]byte, error) {
+	f, err := os.Open("/proc/" + p + "/maps")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b := make([]byte, 4096)
+	n, err := f.Read(b)
+	if n == 0 {
+		return nil, err
+	}
+	return b[:n], nil
 }
 
 // unknownAdj is oomScoreAdj's answer when it cannot tell (the range is
