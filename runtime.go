@@ -96,7 +96,9 @@ type Runtime interface {
 	Alive(id string) bool
 	// DeathReason says why a sandbox that stopped answering died, when the
 	// runtime knows: ReasonOutOfMemory, ReasonPIDsLimit, or "" for unknown. Call it before
-	// Stop, which removes the evidence. Cheap: a file read.
+	// Stop, which removes the evidence. Cheap: a file read. A runtime whose
+	// sandboxes outlive some kills of the host's OOM killer tells a death
+	// of one by what Alive last saw survived, so Alive must be polled.
 	DeathReason(id string) string
 }
 

@@ -567,13 +567,17 @@ func (r *Runtime) Alive(id string) bool {
 		r.pids[id] = p
 		r.mu.Unlock()
 	}
-	kills := oomKills(cgroupPath(p.cid)) // before: a kill after the look below is not survived
+	kills := oomKills(cgroupPath(p.cid))
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.pid))
 	alive := cmdlineAlive(b, err, p.cid)
-	if alive && kills > p.kills {
+	if alive {
+		// The kernel counts a kill before the victim is gone: a count read
+		// now may be the sentry's own kill. One read by an earlier call
+		// that finds the sandbox alive still was survived.
 		r.mu.Lock()
 		if q, ok := r.pids[id]; ok && q.pid == p.pid {
-			q.kills = kills
+			q.survived = max(q.survived, q.seen)
+			q.seen = max(q.seen, kills)
 			r.pids[id] = q
 		}
 		r.mu.Unlock()
@@ -583,13 +587,14 @@ func (r *Runtime) Alive(id string) bool {
 
 // aliveProc is what Alive keeps of a sandbox: its runsc-sandbox process,
 // the container whose id that process's command line names, and the
-// host's out-of-memory kills in it that it was seen to survive (the host
-// kills a task before the sentry, raiseStubOOMScores): a death after
-// those is the host's doing only if the count rose since.
+// host's out-of-memory kills in it: the count it read last (seen) and the
+// count it saw the sandbox survive, as the host kills a task before the
+// sentry (raiseStubOOMScores): a death is the host's doing only if the
+// count rose past that (DeathReason).
 type aliveProc struct {
-	pid   int
-	cid   string
-	kills int64
+	pid            int
+	cid            string
+	seen, survived int64
 }
 
 // cmdlineAlive reads the answer to a read of a sandbox process's
@@ -618,7 +623,7 @@ func (r *Runtime) DeathReason(id string) string {
 	}
 	cg := cgroupPath(r.cid(id))
 	r.mu.Lock()
-	survived := r.pids[id].kills
+	survived := r.pids[id].survived
 	r.mu.Unlock()
 	switch {
 	case oomKills(cg) > survived:

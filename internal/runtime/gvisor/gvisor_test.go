@@ -343,7 +343,9 @@ func TestStubsGoFirst(t *testing.T) {
 	id, c := startDialed(t, rt, 256)
 	check(t, id)
 	// A task started now gets a stub cloned from the raised first one:
-	// nothing raises it any more.
+	// nothing raises it any more (the driver's second look comes 50 ms
+	// after its first raise).
+	time.Sleep(300 * time.Millisecond)
 	if _, err := c.StartProcess(ctx, agentproto.ExecRequest{Argv: []string{"sleep", "30"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -391,6 +393,7 @@ func TestDeathAfterASurvivedKill(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the sandbox died of a task's allocation: %v", err)
 	}
+	rt.Alive(id) // the first look counts a kill as seen, the next as survived
 	if n := rt.OOMKills(id); n < 1 || !rt.Alive(id) {
 		t.Fatalf("after the allocation (exit %+v): OOMKills %d, alive %v; want a kill counted, the sandbox alive", ev, n, rt.Alive(id))
 	}
@@ -402,7 +405,9 @@ func TestDeathAfterASurvivedKill(t *testing.T) {
 	for _, p := range strings.Fields(string(procs)) {
 		if cmd, _ := os.ReadFile("/proc/" + p + "/cmdline"); strings.HasPrefix(string(cmd), "runsc-sandbox\x00") {
 			pid, _ := strconv.Atoi(p)
-			syscall.Kill(pid, syscall.SIGKILL)
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	for deadline := time.Now().Add(10 * time.Second); rt.Alive(id) && time.Now().Before(deadline); {
