@@ -17,10 +17,11 @@ const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 // source (scripts/runsc-precompiled: precompiled seccomp filters, the
 // systrap filter's PID, the pages file's parallel reads and its pages
 // written into the memory file, no garbage collection during a restore's
-// decode, clocks calibrated sooner after a boot or restore). It keys the cached build with
+// decode, clocks calibrated sooner after a boot or restore, a checkpoint's
+// scan for zeroed pages that skips holes). It keys the cached build with
 // RunscVersion, so a changed build is built again; change it whenever that
 // script changes what it patches.
-const RunscBuild = "precompiled-5"
+const RunscBuild = "precompiled-6"
 
 // DataDir is the default data directory: /var/lib/pandastack for root,
 // $XDG_DATA_HOME/pandastack (or ~/.local/share/pandastack) otherwise.

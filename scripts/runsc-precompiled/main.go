@@ -51,6 +51,15 @@
 // the samples come once a second as before, and each refines the frequency
 // over a longer span.
 //
+// -patch also has a checkpoint's scan for zeroed pages skip the memory
+// file's holes (saveEdits, holesSource): gVisor reads every page of the
+// sandbox's memory it has allocated to compare it with zeroes, and a page
+// never written, a hole in the file, is then allocated and zeroed by the
+// read and given back after it. A restore that writes its pages leaves
+// every page the image did not hold a hole (a warm code-interpreter
+// sandbox: 55 MB of its 169 MB), so a fork's checkpoint read them all:
+// its scan took 55 ms; skipping them, 11-29 ms (docs/code-and-snapshots.md).
+//
 //	go run ./pandastack-precompiled -patch -root .
 //	go run ./pandastack-precompiled -root . [-all]
 package main
@@ -80,7 +89,7 @@ const (
 
 func main() {
 	root := flag.String("root", ".", "root of the writable gVisor source copy")
-	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy: see the package doc), then exit")
+	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the save's scan of holes: see the package doc), then exit")
 	all := flag.Bool("all", false, "keep every sentry variant gVisor lists (all platforms, GPU/TPU/RDMA proxies), not only the ones PandaStack runs")
 	flag.Parse()
 	do := func() error { return run(*root, *all) }
@@ -255,17 +264,17 @@ var timekeeperEdits = []edit{
 
 type edit struct{ old, new string }
 
-// patchSource applies systrapEdits, pagesEdits, fdreaderEdits, kernelEdits
-// and timekeeperEdits, each of which must match exactly once: a gVisor
-// version whose source differs fails here rather than building a runsc
-// with a wrong filter (the verify test would catch that too) or without
-// the pages file's changes. It then adds pwriteSource and its test, which
-// a source that has either file already refuses.
+// patchSource applies systrapEdits, pagesEdits, fdreaderEdits, kernelEdits,
+// timekeeperEdits and saveEdits, each of which must match exactly once: a
+// gVisor version whose source differs fails here rather than building a
+// runsc with a wrong filter (the verify test would catch that too) or
+// without the other changes. It then adds pwriteSource, holesSource and
+// their tests, which a source that has any of them already refuses.
 func patchSource(root string) error {
 	for _, f := range []struct {
 		path  string
 		edits []edit
-	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}, {fdreaderFile, fdreaderEdits}, {kernelFile, kernelEdits}, {timekeeperFile, timekeeperEdits}} {
+	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}, {fdreaderFile, fdreaderEdits}, {kernelFile, kernelEdits}, {timekeeperFile, timekeeperEdits}, {saveFile, saveEdits}} {
 		path := filepath.Join(root, f.path)
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -279,9 +288,9 @@ func patchSource(root string) error {
 			return err
 		}
 	}
-	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource} {
+	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource} {
 		if err := addFile(filepath.Join(root, path), src); err != nil {
-			return fmt.Errorf("adding the pwrite path: %w", err)
+			return fmt.Errorf("adding %s: %w", path, err)
 		}
 	}
 	return nil

@@ -108,9 +108,15 @@ func TestFDReaderEdits(t *testing.T) {
 	}
 }
 
-// The files -patch adds are gofmt-clean Go of the reader's package.
-func TestPwriteSourceIsGo(t *testing.T) {
-	for name, src := range map[string]string{"pwriteSource": pwriteSource, "pwriteTestSource": pwriteTestSource} {
+// The files -patch adds are gofmt-clean Go of the packages they go to.
+func TestAddedSourcesAreGo(t *testing.T) {
+	for name, c := range map[string]struct{ src, pkg string }{
+		"pwriteSource":     {pwriteSource, "stateio"},
+		"pwriteTestSource": {pwriteTestSource, "stateio"},
+		"holesSource":      {holesSource, "pgalloc"},
+		"holesTestSource":  {holesTestSource, "pgalloc"},
+	} {
+		src := c.src
 		out, err := format.Source([]byte(src))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -118,8 +124,8 @@ func TestPwriteSourceIsGo(t *testing.T) {
 		if string(out) != src {
 			t.Errorf("%s is not gofmt-clean", name)
 		}
-		if !strings.Contains(src, "\npackage stateio\n") {
-			t.Errorf("%s is not of package stateio", name)
+		if !strings.Contains(src, "\npackage "+c.pkg+"\n") {
+			t.Errorf("%s is not of package %s", name, c.pkg)
 		}
 	}
 }
@@ -157,6 +163,27 @@ func TestTimekeeperEdits(t *testing.T) {
 	reset := strings.Index(got, "if !pandastackReady {\n\t\tt.timer.Reset(pandastackCalibrationInterval)")
 	if ready < 0 || reset < ready || !strings.Contains(got, "pandastackCalibrationInterval = 20 * time.Millisecond") {
 		t.Errorf("the next sample is not brought forward while the clocks are not ready:\n%s", got)
+	}
+}
+
+// The save's edit applies to source shaped as gVisor's scan and leaves
+// valid Go that asks for the next data before it reads a page, and reads
+// no page of a hole.
+func TestSaveEdits(t *testing.T) {
+	src := "package pgalloc\n\nfunc scan() {\n\tfor maseg.Ok() {\n" +
+		"\t\tf.forEachChunk(fr, func(chunk *chunkInfo, chunkFR memmap.FileRange) bool {\n" +
+		"\t\t\tbs := chunk.sliceAt(chunkFR)\n" +
+		"\t\t\tfor pgoff := 0; pgoff < len(bs); pgoff += hostarch.PageSize {\n" +
+		"\t\t\t\tpg := bs[pgoff : pgoff+hostarch.PageSize]\n" +
+		"\t\t\t\toff := chunkFR.Start + uint64(pgoff)\n" +
+		"\t\t\t\tisZeroed := bytes.Equal(pg, zeroPage)\n\t\t\t\t_, _ = off, isZeroed\n" +
+		"\t\t\t}\n\t\t\treturn true\n\t\t})\n\t}\n}\n"
+	got := patched(t, src, saveEdits)
+	next := strings.Index(got, "pandastackNextData(int(f.file.Fd()), off, chunkFR.End)")
+	skip := strings.Index(got, "pgoff = int(off - chunkFR.Start)")
+	read := strings.Index(got, "pg := bs[pgoff : pgoff+hostarch.PageSize]")
+	if next < 0 || !(next < skip && skip < read) || !strings.Contains(got, "maseg = updateAddRange(maseg, hole, wasCommitted, false)") {
+		t.Errorf("the scan does not skip a hole before it reads a page:\n%s", got)
 	}
 }
 
