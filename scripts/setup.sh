@@ -123,7 +123,7 @@ build_runsc() {
     (
       cd "$tmp/gvisor" &&
         export CGO_ENABLED=0 && # as runsc is built: cgo changes the filters' keys
-        echo "  patching the source: the systrap filter's PID, the pages file's parallel reads and its copy by pwrite, the restore's collector, the clocks' calibration, the save's scan of holes" >&2 &&
+        echo "  patching the source: the systrap filter's PID, the pages file's parallel reads and its copy by pwrite, the restore's collector, the clocks' calibration, the save's scan of holes and its flush" >&2 &&
         go run ./pandastack-precompiled -patch -root . &&
         echo "  precompiling the seccomp programs (gVisor computes every variant: minutes of CPU)" >&2 &&
         go run ./pandastack-precompiled -root . &&

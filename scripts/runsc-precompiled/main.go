@@ -60,6 +60,13 @@
 // sandbox: 55 MB of its 169 MB), so a fork's checkpoint read them all:
 // its scan took 55 ms; skipping them, 11-29 ms (docs/code-and-snapshots.md).
 //
+// -patch also has a checkpoint flush only the files of the root file
+// system opened for writing (goferSaveEdits, syncSource): gVisor fsyncs
+// every file the sandbox has opened, one system call each, also those
+// only read, which holds nothing of the sandbox's. A warm code-interpreter
+// sandbox has read a few hundred (its kernels' imports): 8-12 ms of each
+// checkpoint.
+//
 //	go run ./pandastack-precompiled -patch -root .
 //	go run ./pandastack-precompiled -root . [-all]
 package main
@@ -89,7 +96,7 @@ const (
 
 func main() {
 	root := flag.String("root", ".", "root of the writable gVisor source copy")
-	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the save's scan of holes: see the package doc), then exit")
+	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the save's scan of holes and flush: see the package doc), then exit")
 	all := flag.Bool("all", false, "keep every sentry variant gVisor lists (all platforms, GPU/TPU/RDMA proxies), not only the ones PandaStack runs")
 	flag.Parse()
 	do := func() error { return run(*root, *all) }
@@ -265,16 +272,17 @@ var timekeeperEdits = []edit{
 type edit struct{ old, new string }
 
 // patchSource applies systrapEdits, pagesEdits, fdreaderEdits, kernelEdits,
-// timekeeperEdits and saveEdits, each of which must match exactly once: a
-// gVisor version whose source differs fails here rather than building a
-// runsc with a wrong filter (the verify test would catch that too) or
-// without the other changes. It then adds pwriteSource, holesSource and
-// their tests, which a source that has any of them already refuses.
+// timekeeperEdits, saveEdits and goferSaveEdits, each of which must match
+// exactly once: a gVisor version whose source differs fails here rather
+// than building a runsc with a wrong filter (the verify test would catch
+// that too) or without the other changes. It then adds pwriteSource,
+// holesSource, syncSource and the tests of the first two, which a source
+// that has any of them already refuses.
 func patchSource(root string) error {
 	for _, f := range []struct {
 		path  string
 		edits []edit
-	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}, {fdreaderFile, fdreaderEdits}, {kernelFile, kernelEdits}, {timekeeperFile, timekeeperEdits}, {saveFile, saveEdits}} {
+	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}, {fdreaderFile, fdreaderEdits}, {kernelFile, kernelEdits}, {timekeeperFile, timekeeperEdits}, {saveFile, saveEdits}, {goferSaveFile, goferSaveEdits}} {
 		path := filepath.Join(root, f.path)
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -288,7 +296,7 @@ func patchSource(root string) error {
 			return err
 		}
 	}
-	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource} {
+	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, syncFile: syncSource} {
 		if err := addFile(filepath.Join(root, path), src); err != nil {
 			return fmt.Errorf("adding %s: %w", path, err)
 		}

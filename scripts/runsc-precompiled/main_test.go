@@ -115,6 +115,7 @@ func TestAddedSourcesAreGo(t *testing.T) {
 		"pwriteTestSource": {pwriteTestSource, "stateio"},
 		"holesSource":      {holesSource, "pgalloc"},
 		"holesTestSource":  {holesTestSource, "pgalloc"},
+		"syncSource":       {syncSource, "gofer"},
 	} {
 		src := c.src
 		out, err := format.Source([]byte(src))
@@ -184,6 +185,18 @@ func TestSaveEdits(t *testing.T) {
 	read := strings.Index(got, "pg := bs[pgoff : pgoff+hostarch.PageSize]")
 	if next < 0 || !(next < skip && skip < read) || !strings.Contains(got, "maseg = updateAddRange(maseg, hole, wasCommitted, false)") {
 		t.Errorf("the scan does not skip a hole before it reads a page:\n%s", got)
+	}
+}
+
+// The gofer's edit applies to source shaped as gVisor's PrepareSave and
+// leaves valid Go that flushes through the added function, not Sync.
+func TestGoferSaveEdits(t *testing.T) {
+	src := "package gofer\n\nfunc (fs *filesystem) PrepareSave(ctx context.Context) error {\n" +
+		"\t// Flush local state to the remote filesystem.\n\tif err := fs.Sync(ctx); err != nil {\n\t\treturn err\n\t}\n" +
+		"\treturn fs.root.prepareSaveRecursive(ctx)\n}\n"
+	got := patched(t, src, goferSaveEdits)
+	if strings.Contains(got, "fs.Sync(ctx)") || !strings.Contains(got, "if err := fs.pandastackSyncWritten(ctx); err != nil {\n\t\treturn err") {
+		t.Errorf("the checkpoint's flush is not the written files' alone:\n%s", got)
 	}
 }
 
