@@ -37,6 +37,29 @@ func sandboxCgroup(t *testing.T, s *server, id string) (dir, limit string) {
 	return "", ""
 }
 
+// hostKills is the count of the host's out-of-memory kills in sandbox
+// id's memory cgroup (the oom_kill line of cgroup v1's memory.oom_control
+// or v2's memory.events).
+func hostKills(t *testing.T, s *server, id string) int64 {
+	t.Helper()
+	dir, _ := sandboxCgroup(t, s, id)
+	for _, f := range []string{"memory.oom_control", "memory.events"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, " "); ok && k == "oom_kill" {
+				if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+					return n
+				}
+			}
+		}
+	}
+	t.Fatalf("no oom_kill count in %s", dir)
+	return 0
+}
+
 // pastStubRaise waits until the driver has raised the OOM scores of a
 // sandbox just created (it waits 250 ms from the start before it looks,
 // gvisor.stubFirstLook, so as not to slow the start): a sandbox filled
