@@ -59,13 +59,18 @@
 // every page the image did not hold a hole (a warm code-interpreter
 // sandbox: 55 MB of its 169 MB), so a fork's checkpoint read them all:
 // its scan took 55 ms; skipping them, 11-29 ms (docs/code-and-snapshots.md).
+// It skips holes only in a memory file in memory (a memfd): a file
+// system on disk may count pages written through a mapping and not yet
+// written back as holes, so a disk-backed memory file (a sandbox's disk)
+// is read page by page as before.
 //
-// -patch also has a checkpoint flush only the files of the root file
-// system opened for writing (goferSaveEdits, syncSource): gVisor fsyncs
-// every file the sandbox has opened, one system call each, also those
-// only read, which holds nothing of the sandbox's. A warm code-interpreter
-// sandbox has read a few hundred (its kernels' imports): 8-12 ms of each
-// checkpoint.
+// -patch also has a checkpoint flush only the files of its gofer file
+// systems opened for writing (goferSaveEdits, syncSource): gVisor fsyncs
+// every file and directory the sandbox has open, one system call each,
+// also those only read, which hold no cached page of the sandbox's (only
+// their durability across a host crash is given up). A warm
+// code-interpreter sandbox has about 150 open (its kernels' imports):
+// 8-12 ms of each checkpoint.
 //
 //	go run ./pandastack-precompiled -patch -root .
 //	go run ./pandastack-precompiled -root . [-all]

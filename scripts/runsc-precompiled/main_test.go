@@ -183,6 +183,10 @@ func TestSaveEdits(t *testing.T) {
 	next := strings.Index(got, "pandastackNextData(int(f.file.Fd()), off, chunkFR.End)")
 	skip := strings.Index(got, "pgoff = int(off - chunkFR.Start)")
 	read := strings.Index(got, "pg := bs[pgoff : pgoff+hostarch.PageSize]")
+	disk := strings.Index(got, "if f.opts.DiskBackedFile {\n\t\t\t\tdataEnd = chunkFR.End\n\t\t\t}")
+	if disk < 0 || disk > next {
+		t.Errorf("a disk-backed memory file is looked at for holes:\n%s", got)
+	}
 	if next < 0 || !(next < skip && skip < read) || !strings.Contains(got, "maseg = updateAddRange(maseg, hole, wasCommitted, false)") {
 		t.Errorf("the scan does not skip a hole before it reads a page:\n%s", got)
 	}
