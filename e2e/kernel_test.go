@@ -179,6 +179,56 @@ func TestKernelLimits(t *testing.T) {
 		alive(t, "a "+what+" filled the memory")
 		return false
 	}
+	// hostMemory is the host memory charged to the sandbox (its stats).
+	hostMemory := func(t *testing.T) int64 {
+		t.Helper()
+		status, out := rawCall(t, s, "GET", "/v1/sandboxes/"+sb.ID+"/stats", "")
+		var st struct {
+			MemoryBytes int64 `json:"memory_bytes"`
+		}
+		if status != 200 || json.Unmarshal(out, &st) != nil {
+			t.Fatalf("stats: %d %s", status, out)
+		}
+		return st.MemoryBytes
+	}
+	// released waits until the host has back what a killed filler held:
+	// gVisor returns freed memory to the host a moment after the kill (on
+	// a busy host, later), and until then the host counts it against the
+	// sandbox's limit, so a second fill at once could pass the host's limit
+	// before the watch's (the CI runs saw the sandbox stopped so). Not an
+	// assertion: a kernel starting meanwhile (a spare's refill) may hold
+	// more than before, and the wait then ends after 30 s.
+	released := func(t *testing.T, base int64) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for m := hostMemory(t); m > base+64<<20; m = hostMemory(t) {
+			if time.Now().After(deadline) {
+				t.Logf("the host still charges the sandbox %d MiB, %d before the fill; going on", m>>20, base>>20)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	// settledMemory waits until the host memory charged to the sandbox
+	// stops falling, at most 30 s, and returns it: the kernel the hog
+	// above filled was killed a moment ago, and what it held comes back
+	// to the host as released (below) says (one CI run saw the first
+	// fill stop the sandbox so).
+	settledMemory := func(t *testing.T) int64 {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		prev := hostMemory(t)
+		for time.Now().Before(deadline) {
+			time.Sleep(time.Second)
+			m := hostMemory(t)
+			if m > prev-16<<20 {
+				return m
+			}
+			prev = m
+		}
+		t.Logf("the host's charge to the sandbox still falls (%d MiB); going on", prev>>20)
+		return prev
+	}
 	// fillInBackground runs the filler as a background process to its
 	// end, and says whether the host killed it (filled).
 	fillInBackground := func(t *testing.T) bool {
@@ -188,13 +238,13 @@ func TestKernelLimits(t *testing.T) {
 	}
 	t.Run("a command filling the memory is killed, not the sandbox", func(t *testing.T) {
 		for try := 1; ; try++ {
-			base := settledMemory(t, s, sb.ID)
+			base := settledMemory(t)
 			res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Argv: []string{"python3", "-c", filler}, TimeoutSeconds: 300})
 			if err != nil {
 				t.Fatalf("exec: %v", err)
 			}
 			host := filled(t, "command", res.Stderr, float64(res.ExitCode), res.Signal)
-			released(t, s, sb.ID, base)
+			released(t, base)
 			if !host {
 				break
 			}
@@ -205,11 +255,11 @@ func TestKernelLimits(t *testing.T) {
 	})
 	t.Run("a background process filling the memory is killed, not the sandbox", func(t *testing.T) {
 		for try := 1; ; try++ {
-			base := settledMemory(t, s, sb.ID)
+			base := settledMemory(t)
 			if !fillInBackground(t) {
 				break
 			}
-			released(t, s, sb.ID, base)
+			released(t, base)
 			if try == 2 {
 				t.Fatal("the host, not the watch, killed the background process twice")
 			}
@@ -299,58 +349,6 @@ print(len(kids), err.errno if err else None)`, 600)
 			t.Errorf("javascript in a python context: %v, want invalid_request", err)
 		}
 	})
-}
-
-// hostMemory is the host memory charged to sandbox id (its stats).
-func hostMemory(t *testing.T, s *server, id string) int64 {
-	t.Helper()
-	status, out := rawCall(t, s, "GET", "/v1/sandboxes/"+id+"/stats", "")
-	var st struct {
-		MemoryBytes int64 `json:"memory_bytes"`
-	}
-	if status != 200 || json.Unmarshal(out, &st) != nil {
-		t.Fatalf("stats: %d %s", status, out)
-	}
-	return st.MemoryBytes
-}
-
-// released waits until the host has back what a killed filler in sandbox
-// id held: gVisor returns freed memory to the host a moment after the kill
-// (on a busy host, later), and until then the host counts it against the
-// sandbox's limit, so a second fill at once could pass the host's limit
-// before the watch's (the CI runs saw the sandbox stopped so). Not an
-// assertion: a kernel starting meanwhile (a spare's refill) may hold more
-// than before, and the wait then ends after 30 s.
-func released(t *testing.T, s *server, id string, base int64) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for m := hostMemory(t, s, id); m > base+64<<20; m = hostMemory(t, s, id) {
-		if time.Now().After(deadline) {
-			t.Logf("the host still charges the sandbox %d MiB, %d before the fill; going on", m>>20, base>>20)
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// settledMemory waits until the host memory charged to sandbox id stops
-// falling, at most 30 s, and returns it: what a killed kernel or filler
-// held comes back to the host as released says (one CI run saw a fill
-// right after a kill stop the sandbox so).
-func settledMemory(t *testing.T, s *server, id string) int64 {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	prev := hostMemory(t, s, id)
-	for time.Now().Before(deadline) {
-		time.Sleep(time.Second)
-		m := hostMemory(t, s, id)
-		if m > prev-16<<20 {
-			return m
-		}
-		prev = m
-	}
-	t.Logf("the host's charge to the sandbox still falls (%d MiB); going on", prev>>20)
-	return prev
 }
 
 // TestMemoryKillSparesAStillKernel: a command that fills the sandbox's
