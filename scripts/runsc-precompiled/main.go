@@ -72,6 +72,12 @@
 // code-interpreter sandbox has about 150 open (its kernels' imports):
 // 8-12 ms of each checkpoint.
 //
+// -patch also has the sentry register its forwarding of the host's
+// signals while it waits for its start (signalEdits, loaderEdits,
+// signalsSource) rather than once started: its signal.Notify calls, one
+// round trip each to the Go runtime's signal thread, took 1-11 ms of every
+// restore's start here, in the path of each create, fork and resume.
+//
 //	go run ./pandastack-precompiled -patch -root .
 //	go run ./pandastack-precompiled -root . [-all]
 package main
@@ -101,7 +107,7 @@ const (
 
 func main() {
 	root := flag.String("root", ".", "root of the writable gVisor source copy")
-	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the save's scan of holes and flush: see the package doc), then exit")
+	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the save's scan of holes and flush, the signal forwarding: see the package doc), then exit")
 	all := flag.Bool("all", false, "keep every sentry variant gVisor lists (all platforms, GPU/TPU/RDMA proxies), not only the ones PandaStack runs")
 	flag.Parse()
 	do := func() error { return run(*root, *all) }
@@ -277,17 +283,18 @@ var timekeeperEdits = []edit{
 type edit struct{ old, new string }
 
 // patchSource applies systrapEdits, pagesEdits, fdreaderEdits, kernelEdits,
-// timekeeperEdits, saveEdits and goferSaveEdits, each of which must match
-// exactly once: a gVisor version whose source differs fails here rather
-// than building a runsc with a wrong filter (the verify test would catch
-// that too) or without the other changes. It then adds pwriteSource,
-// holesSource, syncSource and the tests of the first two, which a source
-// that has any of them already refuses.
+// timekeeperEdits, saveEdits, goferSaveEdits, signalEdits and loaderEdits,
+// each of which must match exactly once: a gVisor version whose source
+// differs fails here rather than building a runsc with a wrong filter (the
+// verify test would catch that too) or without the other changes. It then
+// adds pwriteSource, holesSource, syncSource, signalsSource and the tests
+// of the first, second and fourth, which a source that has any of them
+// already refuses.
 func patchSource(root string) error {
 	for _, f := range []struct {
 		path  string
 		edits []edit
-	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}, {fdreaderFile, fdreaderEdits}, {kernelFile, kernelEdits}, {timekeeperFile, timekeeperEdits}, {saveFile, saveEdits}, {goferSaveFile, goferSaveEdits}} {
+	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}, {fdreaderFile, fdreaderEdits}, {kernelFile, kernelEdits}, {timekeeperFile, timekeeperEdits}, {saveFile, saveEdits}, {goferSaveFile, goferSaveEdits}, {signalFile, signalEdits}, {loaderFile, loaderEdits}} {
 		path := filepath.Join(root, f.path)
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -301,7 +308,7 @@ func patchSource(root string) error {
 			return err
 		}
 	}
-	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, syncFile: syncSource} {
+	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, syncFile: syncSource, signalsFile: signalsSource, signalsTestFile: signalsTestSource} {
 		if err := addFile(filepath.Join(root, path), src); err != nil {
 			return fmt.Errorf("adding %s: %w", path, err)
 		}

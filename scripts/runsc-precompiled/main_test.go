@@ -111,11 +111,13 @@ func TestFDReaderEdits(t *testing.T) {
 // The files -patch adds are gofmt-clean Go of the packages they go to.
 func TestAddedSourcesAreGo(t *testing.T) {
 	for name, c := range map[string]struct{ src, pkg string }{
-		"pwriteSource":     {pwriteSource, "stateio"},
-		"pwriteTestSource": {pwriteTestSource, "stateio"},
-		"holesSource":      {holesSource, "pgalloc"},
-		"holesTestSource":  {holesTestSource, "pgalloc"},
-		"syncSource":       {syncSource, "gofer"},
+		"pwriteSource":      {pwriteSource, "stateio"},
+		"pwriteTestSource":  {pwriteTestSource, "stateio"},
+		"holesSource":       {holesSource, "pgalloc"},
+		"holesTestSource":   {holesTestSource, "pgalloc"},
+		"syncSource":        {syncSource, "gofer"},
+		"signalsSource":     {signalsSource, "sighandling"},
+		"signalsTestSource": {signalsTestSource, "sighandling"},
 	} {
 		src := c.src
 		out, err := format.Source([]byte(src))
@@ -201,6 +203,27 @@ func TestGoferSaveEdits(t *testing.T) {
 	got := patched(t, src, goferSaveEdits)
 	if strings.Contains(got, "fs.Sync(ctx)") || !strings.Contains(got, "if err := fs.pandastackSyncWritten(ctx); err != nil {\n\t\treturn err") {
 		t.Errorf("the checkpoint's flush is not the written files' alone:\n%s", got)
+	}
+}
+
+// The signal edits apply to source shaped as gVisor's forwarding and its
+// loader's wait for the start, and leave valid Go that starts a prepared
+// forwarding when there is one and prepares it before the wait.
+func TestSignalEdits(t *testing.T) {
+	src := "package sighandling\n\nfunc StartSignalForwarding(handler func(linux.Signal)) func() {\n" +
+		"\tstop := make(chan struct{})\n\tdone := make(chan struct{})\n\t_ = done\n\treturn func() { close(stop) }\n}\n"
+	got := patched(t, src, signalEdits)
+	prepared := strings.Index(got, "if stop, ok := pandastackStartPrepared(handler); ok {\n\t\treturn stop\n\t}")
+	own := strings.Index(got, "\tstop := make(chan struct{})")
+	if prepared < 0 || own < prepared {
+		t.Errorf("the forwarding does not take a prepared one first:\n%s", got)
+	}
+	src = "package boot\n\nfunc (l *Loader) WaitForStartSignal() {\n\t<-l.ctrl.manager.startChan\n}\n"
+	got = patched(t, src, loaderEdits)
+	prepare := strings.Index(got, "sighandling.PrepareSignalForwarding()")
+	wait := strings.Index(got, "<-l.ctrl.manager.startChan")
+	if prepare < 0 || wait < prepare {
+		t.Errorf("the forwarding is not prepared before the wait for the start:\n%s", got)
 	}
 }
 
