@@ -45,8 +45,11 @@ const signalsSource = `// Added by PandaStack's scripts/runsc-precompiled (-patc
 package sighandling
 
 import (
+	"os"
+	"os/signal"
 	"sync"
 
+	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/abi/linux"
 )
 
@@ -62,15 +65,22 @@ var pandastackPrepared struct {
 	f  *pandastackForwarding
 }
 
+// pandastackEndingSignals are the signals that end a Go program that does
+// not ask for them (os/signal's package doc); the others it ignores.
+var pandastackEndingSignals = map[linux.Signal]bool{
+	linux.SIGHUP: true, linux.SIGINT: true, linux.SIGTERM: true, linux.SIGQUIT: true,
+	linux.SIGILL: true, linux.SIGTRAP: true, linux.SIGABRT: true, linux.SIGSTKFLT: true,
+	linux.SIGSYS: true,
+}
+
 // PrepareSignalForwarding makes the registrations of the next
-// StartSignalForwarding now. Each of its signal.Notify calls is a round
-// trip to the Go runtime's signal thread: for the some 60 signals a
-// forwarding takes, 1-11 ms of a restored sandbox's start on a 2-CPU host,
-// which the sentry can spend while it waits for that start instead. A
-// signal that arrives before the start is forwarded once it has begun
-// (until then it neither reaches the sandbox nor has its default effect
-// on the sentry; SIGKILL, which the runtime uses to end a sandbox, is not
-// one of them). Later calls, until that start, do nothing.
+// StartSignalForwarding now: 30 signal.Notify calls, 18 of them a round
+// trip to the Go runtime's signal thread, 1-11 ms of a restored sandbox's
+// start on a 2-CPU host, which the sentry can spend while it waits for that
+// start instead. Until the start a signal has the effect it had before the
+// forwarding was registered: one that ends a Go program still ends the
+// sentry, the others are dropped (none reaches the sandbox). Later calls,
+// until that start, do nothing.
 func PrepareSignalForwarding() {
 	pandastackPrepared.mu.Lock()
 	prepared := pandastackPrepared.f != nil
@@ -80,8 +90,15 @@ func PrepareSignalForwarding() {
 	}
 	f := &pandastackForwarding{start: make(chan struct{})}
 	f.stop = StartSignalForwarding(func(sig linux.Signal) {
-		<-f.start
-		f.handler(sig)
+		select {
+		case <-f.start:
+			f.handler(sig)
+		default:
+			if pandastackEndingSignals[sig] {
+				signal.Reset(unix.Signal(sig))
+				unix.Kill(os.Getpid(), unix.Signal(sig))
+			}
+		}
 	})
 	pandastackPrepared.mu.Lock()
 	pandastackPrepared.f = f
@@ -111,7 +128,10 @@ const signalsTestSource = `// Added by PandaStack's scripts/runsc-precompiled (-
 package sighandling
 
 import (
+	"errors"
 	"os"
+	"os/exec"
+	"syscall"
 	"testing"
 	"time"
 
@@ -121,19 +141,27 @@ import (
 
 // forwarded returns a handler that passes what it forwards to a channel.
 func forwarded() (func(linux.Signal), chan linux.Signal) {
-	c := make(chan linux.Signal, 8)
+	c := make(chan linux.Signal, 64)
 	return func(sig linux.Signal) { c <- sig }, c
 }
 
-func expectSignal(t *testing.T, c chan linux.Signal, want linux.Signal) {
+// expectSignal waits for want among the forwarded signals (a terminal's
+// SIGWINCH may come too), failing on never.
+func expectSignal(t *testing.T, c chan linux.Signal, want, never linux.Signal) {
 	t.Helper()
-	select {
-	case got := <-c:
-		if got != want {
-			t.Fatalf("forwarded %v, want %v", got, want)
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case got := <-c:
+			if got == never {
+				t.Fatalf("%v was forwarded", never)
+			}
+			if got == want {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("%v was not forwarded", want)
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%v was not forwarded", want)
 	}
 }
 
@@ -144,32 +172,65 @@ func raise(t *testing.T, sig unix.Signal) {
 	}
 }
 
-// A prepared forwarding holds a signal that comes before its start and
-// forwards it, and the later ones, to the handler its start gives.
-func TestPandastackPreparedForwardingDeliversAfterStart(t *testing.T) {
+// dropPrepared starts and stops a prepared forwarding an earlier test left.
+func dropPrepared() {
+	if stop, ok := pandastackStartPrepared(func(linux.Signal) {}); ok {
+		stop()
+	}
+}
+
+// A prepared forwarding forwards what comes after its start to the handler
+// its start gives, and drops what came before that Go ignores.
+func TestPandastackPreparedForwardingStartsWithItsHandler(t *testing.T) {
+	dropPrepared()
 	PrepareSignalForwarding()
-	PrepareSignalForwarding() // a second call keeps the first
+	first := pandastackPrepared.f
+	PrepareSignalForwarding()
+	if pandastackPrepared.f != first {
+		t.Fatal("a second preparation replaced the first")
+	}
 	raise(t, unix.SIGUSR1)
-	time.Sleep(50 * time.Millisecond) // delivered to the forwarding, held
+	time.Sleep(50 * time.Millisecond) // received by the forwarding, before its start
 	handler, c := forwarded()
 	stop := StartSignalForwarding(handler)
 	defer stop()
-	expectSignal(t, c, linux.SIGUSR1)
 	raise(t, unix.SIGUSR2)
-	expectSignal(t, c, linux.SIGUSR2)
+	expectSignal(t, c, linux.SIGUSR2, linux.SIGUSR1)
 	if stop2, ok := pandastackStartPrepared(handler); ok {
 		stop2()
 		t.Fatal("a prepared forwarding was started twice")
 	}
 }
 
+// A signal that ends a Go program, sent before the start, still ends the
+// process (run in a child process of the test).
+func TestPandastackEndingSignalBeforeStart(t *testing.T) {
+	if os.Getenv("PANDASTACK_SIGNAL_CHILD") == "1" {
+		PrepareSignalForwarding()
+		unix.Kill(os.Getpid(), unix.SIGTERM)
+		time.Sleep(10 * time.Second)
+		os.Exit(0)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPandastackEndingSignalBeforeStart$")
+	cmd.Env = append(os.Environ(), "PANDASTACK_SIGNAL_CHILD=1")
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("the child was not ended by SIGTERM: %v", err)
+	}
+	if ws := ee.Sys().(syscall.WaitStatus); !ws.Signaled() || ws.Signal() != syscall.SIGTERM {
+		t.Fatalf("the child ended with %v, not by SIGTERM", ws)
+	}
+}
+
 // Without a preparation StartSignalForwarding registers its own, as
 // gVisor's does.
 func TestPandastackStartWithoutPreparation(t *testing.T) {
+	dropPrepared()
 	handler, c := forwarded()
 	stop := StartSignalForwarding(handler)
 	defer stop()
 	raise(t, unix.SIGUSR2)
-	expectSignal(t, c, linux.SIGUSR2)
+	expectSignal(t, c, linux.SIGUSR2, 0)
 }
 `
