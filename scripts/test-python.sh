@@ -49,7 +49,12 @@ for a in "$@"; do
 done
 echo "==> python -m pytest ${targets[*]} $*" >&2
 set +e
-"$venv/bin/python" -m pytest "${targets[@]}" -q "$@"
+# The tests' temp dirs (tmp_path) in one of this run's own, removed after
+# it, rather than in pytest's per-user dir under /tmp, which keeps the last
+# three runs'.
+base=$(mktemp -d -t pandastack-pytest.XXXXXX)
+trap 'rm -rf "$base"' EXIT
+"$venv/bin/python" -m pytest "${targets[@]}" -q --basetemp="$base" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

@@ -13,24 +13,28 @@ import (
 // figure's PNG and PDF (which embeds the font from fname) must still work.
 const fontCheck = `import os, shutil, tempfile, io
 import matplotlib.font_manager as fm
-p = os.path.join(tempfile.mkdtemp(), 'f.ttf')
-shutil.copy(fm.findfont('DejaVu Sans'), p)
-font = fm.get_font(p)
-open(p, 'w').close()
+d = tempfile.mkdtemp()
 try:
-    font.set_text('Hello, world', 0.0)
-    print('glyphs from', 'memory' if font.get_width_height()[0] > 0 else 'nowhere')
-except RuntimeError:
-    print('glyphs from the file')
-print('fname', font.fname == p)
-fig = plt.figure()
-plt.plot([1, 2, 3])
-plt.title('a title')
-for fmt in ('png', 'pdf'):
-    b = io.BytesIO()
-    fig.savefig(b, format=fmt)
-    print(fmt, len(b.getvalue()) > 1000)
-plt.close(fig)
+    p = os.path.join(d, 'f.ttf')
+    shutil.copy(fm.findfont('DejaVu Sans'), p)
+    font = fm.get_font(p)
+    open(p, 'w').close()
+    try:
+        font.set_text('Hello, world', 0.0)
+        print('glyphs from', 'memory' if font.get_width_height()[0] > 0 else 'nowhere')
+    except RuntimeError:
+        print('glyphs from the file')
+    print('fname', font.fname == p)
+    fig = plt.figure()
+    plt.plot([1, 2, 3])
+    plt.title('a title')
+    for fmt in ('png', 'pdf'):
+        b = io.BytesIO()
+        fig.savefig(b, format=fmt)
+        print(fmt, len(b.getvalue()) > 1000)
+    plt.close(fig)
+finally:
+    shutil.rmtree(d, ignore_errors=True)
 print(sorted(n for n in globals() if 'pandastack' in n))
 `
 

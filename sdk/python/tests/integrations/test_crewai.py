@@ -4,11 +4,13 @@ BaseLLM with native function calling), against the real server."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, List
+import threading
+from typing import Any, Dict, Iterator, List
 
 import pytest
 
@@ -30,6 +32,34 @@ if "CREWAI_STORAGE_DIR" not in os.environ:
     os.environ["CREWAI_STORAGE_DIR"] = _storage
 
 pytest.importorskip("crewai")
+
+
+# Its locks too: by default each is a file in the system's temp dir that
+# CrewAI never removes (one was left by every run); the tests are one
+# process, which an in-process lock serves (CrewAI's set_lock_backend, meant
+# for this).
+_locks: Dict[str, threading.RLock] = {}
+_locks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def _in_process_lock(name: str, timeout: float = 120) -> Iterator[None]:
+    with _locks_guard:
+        lock = _locks.setdefault(name, threading.RLock())
+    if not lock.acquire(timeout=timeout):
+        raise TimeoutError(f"CrewAI lock {name!r} not acquired within {timeout} s")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+try:
+    from crewai_core import lock_store as _lock_store
+except ImportError:  # a CrewAI without the central lock store
+    _lock_store = None
+if _lock_store is not None and hasattr(_lock_store, "set_lock_backend"):
+    _lock_store.set_lock_backend(_in_process_lock)
 
 from crewai import Agent, Crew, Task  # noqa: E402
 from crewai.llms.base_llm import BaseLLM  # noqa: E402
