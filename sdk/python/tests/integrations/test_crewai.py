@@ -39,13 +39,11 @@ pytest.importorskip("crewai")
 # process, which an in-process lock serves (CrewAI's set_lock_backend, meant
 # for this).
 _locks: Dict[str, threading.RLock] = {}
-_locks_guard = threading.Lock()
 
 
 @contextlib.contextmanager
 def _in_process_lock(name: str, timeout: float = 120) -> Iterator[None]:
-    with _locks_guard:
-        lock = _locks.setdefault(name, threading.RLock())
+    lock = _locks.setdefault(name, threading.RLock())  # atomic under the GIL
     if not lock.acquire(timeout=timeout):
         raise TimeoutError(f"CrewAI lock {name!r} not acquired within {timeout} s")
     try:
