@@ -19,11 +19,12 @@ const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 // written into the memory file, no garbage collection during a restore's
 // decode, clocks calibrated sooner after a boot or restore, a checkpoint's
 // scan for zeroed pages that skips a memfd's holes, its flush of only
-// the files opened for writing, and the sentry's signal forwarding
-// registered before its start). It keys the cached build with
+// the files opened for writing, the sentry's signal forwarding
+// registered before its start, and its host fd table grown at its boot).
+// It keys the cached build with
 // RunscVersion, so a changed build is built again; change it whenever that
 // script changes what it patches.
-const RunscBuild = "precompiled-9"
+const RunscBuild = "precompiled-10"
 
 // DataDir is the default data directory: /var/lib/pandastack for root,
 // $XDG_DATA_HOME/pandastack (or ~/.local/share/pandastack) otherwise.

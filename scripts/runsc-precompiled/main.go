@@ -80,6 +80,15 @@
 // Until the start a signal does what it did before the registration: one
 // that ends a Go program ends the sentry, the others are dropped.
 //
+// -patch also has the sentry's boot grow its host fd table to 2048 slots
+// (bootEdits, fdtableSource): Linux grows a table that an fd does not fit,
+// and in a process whose threads share it each growth waits for an RCU
+// grace period, 7 ms in a scheduler trace here. A restore reopens every
+// file the sandbox holds (about 360 host fds for a warm code-interpreter
+// sandbox) and so waited for a growth past 256 in the middle of it; grown
+// at the boot, in a container prepared ahead, the table is big enough long
+// before the restore.
+//
 //	go run ./pandastack-precompiled -patch -root .
 //	go run ./pandastack-precompiled -root . [-all]
 package main
@@ -109,7 +118,7 @@ const (
 
 func main() {
 	root := flag.String("root", ".", "root of the writable gVisor source copy")
-	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the save's scan of holes and flush, the signal forwarding: see the package doc), then exit")
+	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the save's scan of holes and flush, the signal forwarding, the boot's fd table: see the package doc), then exit")
 	all := flag.Bool("all", false, "keep every sentry variant gVisor lists (all platforms, GPU/TPU/RDMA proxies), not only the ones PandaStack runs")
 	flag.Parse()
 	do := func() error { return run(*root, *all) }
@@ -285,18 +294,18 @@ var timekeeperEdits = []edit{
 type edit struct{ old, new string }
 
 // patchSource applies systrapEdits, pagesEdits, fdreaderEdits, kernelEdits,
-// timekeeperEdits, saveEdits, goferSaveEdits, signalEdits and loaderEdits,
-// each of which must match exactly once: a gVisor version whose source
-// differs fails here rather than building a runsc with a wrong filter (the
-// verify test would catch that too) or without the other changes. It then
-// adds pwriteSource, holesSource, syncSource, signalsSource and the tests
-// of the first, second and fourth, which a source that has any of them
-// already refuses.
+// timekeeperEdits, saveEdits, goferSaveEdits, signalEdits, loaderEdits and
+// bootEdits, each of which must match exactly once: a gVisor version whose
+// source differs fails here rather than building a runsc with a wrong
+// filter (the verify test would catch that too) or without the other
+// changes. It then adds pwriteSource, holesSource, syncSource,
+// signalsSource, fdtableSource and the tests of all but the third, which a
+// source that has any of them already refuses.
 func patchSource(root string) error {
 	for _, f := range []struct {
 		path  string
 		edits []edit
-	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}, {fdreaderFile, fdreaderEdits}, {kernelFile, kernelEdits}, {timekeeperFile, timekeeperEdits}, {saveFile, saveEdits}, {goferSaveFile, goferSaveEdits}, {signalFile, signalEdits}, {loaderFile, loaderEdits}} {
+	}{{systrapFile, systrapEdits}, {pagesFile, pagesEdits}, {fdreaderFile, fdreaderEdits}, {kernelFile, kernelEdits}, {timekeeperFile, timekeeperEdits}, {saveFile, saveEdits}, {goferSaveFile, goferSaveEdits}, {signalFile, signalEdits}, {loaderFile, loaderEdits}, {bootFile, bootEdits}} {
 		path := filepath.Join(root, f.path)
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -310,7 +319,10 @@ func patchSource(root string) error {
 			return err
 		}
 	}
-	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, syncFile: syncSource, signalsFile: signalsSource, signalsTestFile: signalsTestSource} {
+	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, syncFile: syncSource, signalsFile: signalsSource, signalsTestFile: signalsTestSource, fdtableFile: fdtableSource, fdtableTestFile: fdtableTestSource} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, path)), 0o755); err != nil {
+			return err
+		}
 		if err := addFile(filepath.Join(root, path), src); err != nil {
 			return fmt.Errorf("adding %s: %w", path, err)
 		}

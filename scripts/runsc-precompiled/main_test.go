@@ -118,6 +118,8 @@ func TestAddedSourcesAreGo(t *testing.T) {
 		"syncSource":        {syncSource, "gofer"},
 		"signalsSource":     {signalsSource, "sighandling"},
 		"signalsTestSource": {signalsTestSource, "sighandling"},
+		"fdtableSource":     {fdtableSource, "pandastackfd"},
+		"fdtableTestSource": {fdtableTestSource, "pandastackfd"},
 	} {
 		src := c.src
 		out, err := format.Source([]byte(src))
@@ -224,6 +226,24 @@ func TestSignalEdits(t *testing.T) {
 	wait := strings.Index(got, "<-l.ctrl.manager.startChan")
 	if prepare < 0 || wait < prepare {
 		t.Errorf("the forwarding is not prepared before the wait for the start:\n%s", got)
+	}
+}
+
+// The boot edits apply to source shaped as gVisor's boot command and leave
+// valid Go that imports the package and grows the fd table once the fd
+// limit is set, before the loader is made.
+func TestBootEdits(t *testing.T) {
+	src := "package sentrycmd\n\nimport (\n\t\"gvisor.dev/gvisor/pkg/log\"\n\t\"gvisor.dev/gvisor/pkg/metric\"\n\t\"gvisor.dev/gvisor/pkg/prometheus\"\n)\n\n" +
+		"func execute() {\n\tif conf.FDLimit > -1 {\n\t\ttimer.Reached(\"FD limit applied\")\n\t}\n\n\tl, err := boot.New(bootArgs)\n\t_, _ = l, err\n}\n"
+	got := patched(t, src, bootEdits)
+	if !strings.Contains(got, "\t\"gvisor.dev/gvisor/pkg/pandastackfd\"\n") {
+		t.Errorf("the package is not imported:\n%s", got)
+	}
+	limit := strings.Index(got, "timer.Reached(\"FD limit applied\")\n\t}")
+	grow := strings.Index(got, "pandastackfd.GrowTable(pandastackfd.TableSize)")
+	loader := strings.Index(got, "boot.New(bootArgs)")
+	if limit < 0 || grow < limit || loader < grow {
+		t.Errorf("the fd table is not grown between the fd limit and the loader:\n%s", got)
 	}
 }
 
