@@ -21,9 +21,8 @@ const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 // scan for zeroed pages that skips a memfd's holes, its flush of only
 // the files opened for writing, the sentry's signal forwarding
 // registered before its start, and its host fd table grown at its boot).
-// It keys the cached build with
-// RunscVersion, so a changed build is built again; change it whenever that
-// script changes what it patches.
+// It keys the cached build with RunscVersion, so a changed build is built
+// again; change it whenever that script changes what it patches.
 const RunscBuild = "precompiled-10"
 
 // DataDir is the default data directory: /var/lib/pandastack for root,

@@ -321,7 +321,7 @@ func patchSource(root string) error {
 	}
 	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, syncFile: syncSource, signalsFile: signalsSource, signalsTestFile: signalsTestSource, fdtableFile: fdtableSource, fdtableTestFile: fdtableTestSource} {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, path)), 0o755); err != nil {
-			return err
+			return fmt.Errorf("adding %s: %w", path, err)
 		}
 		if err := addFile(filepath.Join(root, path), src); err != nil {
 			return fmt.Errorf("adding %s: %w", path, err)
