@@ -15,10 +15,11 @@ import (
 // image written by an idle suspend. Which turn that work lands in depends on
 // the order the bench takes the servers in, and on 2 cores it moved whole
 // series by hundreds of ms (docs/code-and-snapshots.md, prepared creates).
-// With -quiet, the create, burst and idle sections wait before each timed turn
-// until the host's CPUs have been quiet for a window, so every turn starts
-// from the same state; the back-to-back series keep no gate (there the
-// leftover work is what they measure).
+// With -quiet, the create, burst, idle, paused and (since session 52) fork
+// sections wait before each timed turn until the host's CPUs have been quiet
+// for a window, so every turn starts from the same state; the back-to-back
+// series and the fork of a fresh parent keep no gate (there the leftover
+// work is what they measure).
 
 const (
 	quietWindow  = 300 * time.Millisecond

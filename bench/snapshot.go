@@ -20,11 +20,19 @@ import (
 // until that child answers run_code; each child must see the parent's
 // variable, set anew before every fork. With -baseline the other
 // revision's server forks a parent of its own in every round too, the two
-// taking turns first.
+// taking turns first. With -quiet each fork waits, once the token is set,
+// for a quiet host: the last fork's children are torn down (their network
+// namespaces and cgroups, tens of ms of the host's work, much of it in
+// kernel workers) and the container prepared for the next create is
+// remade after every fork, and without the gate that work lands in
+// whichever fork comes next, on either side.
 func (b *bench) forks(ctx context.Context) error {
 	sides := []*forkSide{newForkSide(b.pool, "")}
 	if b.baseline != nil {
 		sides = append(sides, newForkSide(b.baseline, " (baseline)"))
+	}
+	for _, sd := range sides {
+		sd.beforeFork = b.gate.wait
 	}
 	done, err := startParents(ctx, sides)
 	defer done()
@@ -43,6 +51,7 @@ func (b *bench) forks(ctx context.Context) error {
 	for _, sd := range sides {
 		sd.report(b)
 	}
+	b.gate.report(b, "fork")
 	if err := b.freshForks(ctx); err != nil {
 		return err
 	}
@@ -239,6 +248,9 @@ func (b *bench) suspendedForks(ctx context.Context) error {
 		b.add(summarize("fork", "snapshot of a suspended sandbox → its answer"+suffix, "ms", snaps[sd],
 			fmt.Sprintf("the parent of this series, suspended again after its fork; the sandbox still paused after %d of %d", snapStayed[sd], len(snaps[sd]))))
 	}
+	// Its own waits, which the next section's report took in until
+	// session 52.
+	b.gate.report(b, "paused")
 	return nil
 }
 
