@@ -39,7 +39,12 @@
 // kernel's state (kernelEdits), unless the sentry's heap passes 256 MiB:
 // the decode allocates what it keeps, and the collector's cycles as the
 // heap grows from nothing only cost the restore time (measured: 10 to 40
-// ms of a restore step of about 200-280 ms; docs/architecture.md).
+// ms of a restore step of about 200-280 ms; docs/architecture.md). And
+// while a checkpoint encodes it (kernelEdits, gcSource), unless the
+// sentry's memory grows by 256 MiB meanwhile: the encode's garbage waits
+// for the next cycle, which otherwise ran beside the encode and the pages'
+// write, in the path of every fork (measured: the parent's checkpoint 74
+// against 90 ms p50; docs/code-and-snapshots.md).
 //
 // -patch also calibrates the sandbox's clocks sooner after a boot or a
 // restore (timekeeperEdits). The VDSO computes the time from the TSC only
@@ -118,7 +123,7 @@ const (
 
 func main() {
 	root := flag.String("root", ".", "root of the writable gVisor source copy")
-	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the save's scan of holes and flush, the signal forwarding, the boot's fd table: see the package doc), then exit")
+	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the collector off during the decode and the encode, the save's scan of holes and flush, the signal forwarding, the boot's fd table: see the package doc), then exit")
 	all := flag.Bool("all", false, "keep every sentry variant gVisor lists (all platforms, GPU/TPU/RDMA proxies), not only the ones PandaStack runs")
 	flag.Parse()
 	do := func() error { return run(*root, *all) }
@@ -245,8 +250,9 @@ var fdreaderEdits = []edit{
 	},
 }
 
-// The kernel's restore and the edits that keep the Go garbage collector
-// off while it decodes the kernel's state (see the package doc).
+// The kernel's restore and save, and the edits that keep the Go garbage
+// collector off while they decode or encode the kernel's state (see the
+// package doc and gcSource).
 const kernelFile = "pkg/sentry/kernel/kernel.go"
 
 var kernelEdits = []edit{
@@ -265,6 +271,18 @@ var kernelEdits = []edit{
 			"\tstats, err := state.Load(ctx, r, k)\n" +
 			"\tdebug.SetMemoryLimit(pandastackLimit)\n" +
 			"\tdebug.SetGCPercent(pandastackGC)\n",
+	},
+	{
+		"\t\t// Save the kernel state.\n\t\tkernelStart := time.Now()\n\t\tstats, err := state.Save(ctx, stateFile, k)\n",
+		"\t\t// Save the kernel state.\n\t\tkernelStart := time.Now()\n" +
+			"\t\t// PandaStack (scripts/runsc-precompiled): no garbage collection\n" +
+			"\t\t// during the encode either, unless the sentry's memory grows by\n" +
+			"\t\t// 256 MiB meanwhile (pandastack_gc.go).\n" +
+			"\t\tpandastackGC := debug.SetGCPercent(-1)\n" +
+			"\t\tpandastackLimit := debug.SetMemoryLimit(pandastackMemory() + 256<<20)\n" +
+			"\t\tstats, err := state.Save(ctx, stateFile, k)\n" +
+			"\t\tdebug.SetMemoryLimit(pandastackLimit)\n" +
+			"\t\tdebug.SetGCPercent(pandastackGC)\n",
 	},
 }
 
@@ -298,9 +316,9 @@ type edit struct{ old, new string }
 // bootEdits, each of which must match exactly once: a gVisor version whose
 // source differs fails here rather than building a runsc with a wrong
 // filter (the verify test would catch that too) or without the other
-// changes. It then adds pwriteSource, holesSource, syncSource,
-// signalsSource, fdtableSource and the tests of all but the third, which a
-// source that has any of them already refuses.
+// changes. It then adds pwriteSource, holesSource,
+// gcSource, syncSource, signalsSource, fdtableSource and the tests of all
+// but syncSource, which a source that has any of them already refuses.
 func patchSource(root string) error {
 	for _, f := range []struct {
 		path  string
@@ -319,7 +337,7 @@ func patchSource(root string) error {
 			return err
 		}
 	}
-	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, syncFile: syncSource, signalsFile: signalsSource, signalsTestFile: signalsTestSource, fdtableFile: fdtableSource, fdtableTestFile: fdtableTestSource} {
+	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, gcFile: gcSource, gcTestFile: gcTestSource, syncFile: syncSource, signalsFile: signalsSource, signalsTestFile: signalsTestSource, fdtableFile: fdtableSource, fdtableTestFile: fdtableTestSource} {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, path)), 0o755); err != nil {
 			return fmt.Errorf("adding %s: %w", path, err)
 		}

@@ -115,6 +115,8 @@ func TestAddedSourcesAreGo(t *testing.T) {
 		"pwriteTestSource":  {pwriteTestSource, "stateio"},
 		"holesSource":       {holesSource, "pgalloc"},
 		"holesTestSource":   {holesTestSource, "pgalloc"},
+		"gcSource":          {gcSource, "kernel"},
+		"gcTestSource":      {gcTestSource, "kernel"},
 		"syncSource":        {syncSource, "gofer"},
 		"signalsSource":     {signalsSource, "sighandling"},
 		"signalsTestSource": {signalsTestSource, "sighandling"},
@@ -135,21 +137,33 @@ func TestAddedSourcesAreGo(t *testing.T) {
 	}
 }
 
-// The kernel edits apply to source shaped as gVisor's LoadFrom and leave
-// valid Go that turns the collector off around the state's decode only.
+// The kernel edits apply to source shaped as gVisor's SaveTo and LoadFrom
+// and leave valid Go that turns the collector off around the state's
+// encode and decode only.
 func TestKernelEdits(t *testing.T) {
 	src := "package kernel\n\nimport (\n\t\"path/filepath\"\n\t\"time\"\n)\n\n" +
+		"func save() {\n\tfunc() {\n" +
+		"\t\t// Save the kernel state.\n\t\tkernelStart := time.Now()\n\t\tstats, err := state.Save(ctx, stateFile, k)\n\t\t_, _, _ = kernelStart, stats, err\n\t}()\n}\n\n" +
 		"func load() {\n\t_ = filepath.Join\n" +
 		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n\tstats, err := state.Load(ctx, r, k)\n\t_, _, _ = kernelStart, stats, err\n}\n"
 	got := patched(t, src, kernelEdits)
-	off := strings.Index(got, "debug.SetGCPercent(-1)")
-	load := strings.Index(got, "state.Load(ctx, r, k)")
-	on := strings.Index(got, "debug.SetGCPercent(pandastackGC)")
-	if !strings.Contains(got, "debug.SetMemoryLimit(256 << 20)") || strings.Index(got, "debug.SetMemoryLimit(pandastackLimit)") < load {
-		t.Errorf("the decode's heap has no bound, or it stays after the decode:\n%s", got)
+	saveFn, loadFn := got[:strings.Index(got, "func load()")], got[strings.Index(got, "func load()"):]
+	for _, c := range []struct{ name, fn, call, limit string }{
+		{"encode", saveFn, "state.Save(ctx, stateFile, k)", "debug.SetMemoryLimit(pandastackMemory() + 256<<20)"},
+		{"decode", loadFn, "state.Load(ctx, r, k)", "debug.SetMemoryLimit(256 << 20)"},
+	} {
+		off := strings.Index(c.fn, "debug.SetGCPercent(-1)")
+		call := strings.Index(c.fn, c.call)
+		on := strings.Index(c.fn, "debug.SetGCPercent(pandastackGC)")
+		if !strings.Contains(c.fn, c.limit) || strings.Index(c.fn, "debug.SetMemoryLimit(pandastackLimit)") < call {
+			t.Errorf("the %s's memory has no bound, or it stays after the %s:\n%s", c.name, c.name, c.fn)
+		}
+		if off < 0 || !(off < call && call < on) {
+			t.Errorf("the collector is not off around the %s alone:\n%s", c.name, c.fn)
+		}
 	}
-	if off < 0 || !(off < load && load < on) || !strings.Contains(got, "\"runtime/debug\"") {
-		t.Errorf("the collector is not off around the decode alone:\n%s", got)
+	if !strings.Contains(got, "\"runtime/debug\"") {
+		t.Errorf("runtime/debug is not imported:\n%s", got)
 	}
 }
 
