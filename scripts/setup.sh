@@ -123,7 +123,7 @@ build_runsc() {
     (
       cd "$tmp/gvisor" &&
         export CGO_ENABLED=0 && # as runsc is built: cgo changes the filters' keys
-        echo "  patching the source: the systrap filter's PID, the pages file's parallel reads and its copy by pwrite, the collector off during a restore's decode and a checkpoint's encode, the clocks' calibration, the save's scan of holes and its flush, the signal forwarding registered before the start, the boot's fd table grown ahead" >&2 &&
+        echo "  patching the source: the systrap filter's PID, the pages file's parallel reads and its copy by pwrite, the collector off during a restore's decode and a checkpoint's encode (their statistics for a debug log only), the clocks' calibration, the save's scan of holes and its flush, the signal forwarding registered before the start, the boot's fd table grown ahead" >&2 &&
         go run ./pandastack-precompiled -patch -root . &&
         echo "  precompiling the seccomp programs (gVisor computes every variant: minutes of CPU)" >&2 &&
         go run ./pandastack-precompiled -root . &&

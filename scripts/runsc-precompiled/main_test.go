@@ -139,18 +139,21 @@ func TestAddedSourcesAreGo(t *testing.T) {
 
 // The kernel edits apply to source shaped as gVisor's SaveTo and LoadFrom
 // and leave valid Go that turns the collector off around the state's
-// encode and decode only.
+// encode and decode only, and formats their statistics for a debug log
+// alone.
 func TestKernelEdits(t *testing.T) {
 	src := "package kernel\n\nimport (\n\t\"path/filepath\"\n\t\"time\"\n)\n\n" +
 		"func save() {\n\tfunc() {\n" +
-		"\t\t// Save the kernel state.\n\t\tkernelStart := time.Now()\n\t\tstats, err := state.Save(ctx, stateFile, k)\n\t\t_, _, _ = kernelStart, stats, err\n\t}()\n}\n\n" +
+		"\t\t// Save the kernel state.\n\t\tkernelStart := time.Now()\n\t\tstats, err := state.Save(ctx, stateFile, k)\n" +
+		"\t\tif err != nil {\n\t\t\treturn err\n\t\t}\n\t\tlog.Infof(\"Kernel save stats: %s\", stats.String())\n\t\t_ = kernelStart\n\t}()\n}\n\n" +
 		"func load() {\n\t_ = filepath.Join\n" +
-		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n\tstats, err := state.Load(ctx, r, k)\n\t_, _, _ = kernelStart, stats, err\n}\n"
+		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n\tstats, err := state.Load(ctx, r, k)\n" +
+		"\tif err != nil {\n\t\treturn err\n\t}\n\tlog.Infof(\"Kernel load stats: %s\", stats.String())\n\t_ = kernelStart\n}\n"
 	got := patched(t, src, kernelEdits)
 	saveFn, loadFn := got[:strings.Index(got, "func load()")], got[strings.Index(got, "func load()"):]
-	for _, c := range []struct{ name, fn, call, limit string }{
-		{"encode", saveFn, "state.Save(ctx, stateFile, k)", "debug.SetMemoryLimit(pandastackMemory() + 256<<20)"},
-		{"decode", loadFn, "state.Load(ctx, r, k)", "debug.SetMemoryLimit(256 << 20)"},
+	for _, c := range []struct{ name, fn, call, limit, stats string }{
+		{"encode", saveFn, "state.Save(ctx, stateFile, k)", "debug.SetMemoryLimit(pandastackMemory() + 256<<20)", "Kernel save stats"},
+		{"decode", loadFn, "state.Load(ctx, r, k)", "debug.SetMemoryLimit(256 << 20)", "Kernel load stats"},
 	} {
 		off := strings.Index(c.fn, "debug.SetGCPercent(-1)")
 		call := strings.Index(c.fn, c.call)
@@ -160,6 +163,9 @@ func TestKernelEdits(t *testing.T) {
 		}
 		if off < 0 || !(off < call && call < on) {
 			t.Errorf("the collector is not off around the %s alone:\n%s", c.name, c.fn)
+		}
+		if !strings.Contains(c.fn, "if log.IsLogging(log.Debug) {") || !strings.Contains(c.fn, "log.Debugf(\""+c.stats) || strings.Contains(c.fn, "log.Infof(\""+c.stats) {
+			t.Errorf("the %s's statistics are formatted without a debug log:\n%s", c.name, c.fn)
 		}
 	}
 	if !strings.Contains(got, "\"runtime/debug\"") {
