@@ -953,8 +953,10 @@ func (m *Manager) use(ctx context.Context, projectID, id string, take func(strin
 	// requests waited for checkpoints. Made at the first wait: most
 	// requests never wait.
 	var waitCtx context.Context
+	relooks := 0
 	for {
-		if _, err := m.usable(ctx, projectID, id); err != nil {
+		sb, err := m.usable(ctx, projectID, id)
+		if err != nil {
 			return nil, nil, err
 		}
 		c, done, err := take(id)
@@ -969,6 +971,14 @@ func (m *Manager) use(ctx context.Context, projectID, id string, take func(strin
 		}
 		if err != nil && waitCtx.Err() == nil && m.sbx.waitTurn(waitCtx, id, &release) {
 			continue
+		}
+		if err != nil && relooks < maxRelooks {
+			// Paused (or stopped) between the look that found it running
+			// and the take, with no phase left to wait for: look again.
+			if now, gerr := m.store.GetSandbox(ctx, projectID, id); gerr == nil && now.State != sb.State {
+				relooks++
+				continue
+			}
 		}
 		return c, done, err
 	}

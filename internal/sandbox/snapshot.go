@@ -607,6 +607,7 @@ func (m *Manager) stopFailedResume(id string) {
 // it resuming or suspending waits for that, then looks again.
 func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.Sandbox, error) {
 	t0 := time.Now()
+	relooks := 0
 	for {
 		sb, err := m.store.GetSandbox(ctx, projectID, id)
 		if err != nil {
@@ -647,6 +648,18 @@ func (m *Manager) usable(ctx context.Context, projectID, id string) (pandastack.
 		if err := ctx.Err(); err != nil {
 			return sb, err
 		}
-		return m.running(ctx, projectID, id)
+		got, err := m.running(ctx, projectID, id)
+		if err != nil && got.State != sb.State && relooks < maxRelooks {
+			// It changed between the two looks: a whole pause can fit
+			// between them (found running, no phase under way, then
+			// paused). The next look resumes it, or says what it is.
+			relooks++
+			continue
+		}
+		return got, err
 	}
 }
+
+// maxRelooks bounds how many times a request looks again at a sandbox
+// that changed under it (usable, use) before it answers what it found.
+const maxRelooks = 3
