@@ -39,12 +39,15 @@
 // kernel's state (kernelEdits), unless the sentry's heap passes 256 MiB:
 // the decode allocates what it keeps, and the collector's cycles as the
 // heap grows from nothing only cost the restore time (measured: 10 to 40
-// ms of a restore step of about 200-280 ms; docs/architecture.md). And
-// while a checkpoint encodes it (kernelEdits, gcSource), unless the
-// sentry's memory grows by 256 MiB meanwhile: the encode's garbage waits
-// for the next cycle, which otherwise ran beside the encode and the pages'
-// write, in the path of every fork (measured: the parent's checkpoint 74
-// against 90 ms p50; docs/code-and-snapshots.md). Both then format their
+// ms of a restore step of about 200-280 ms; docs/architecture.md). A
+// checkpoint's encode of it runs with the collector's percent raised so
+// that the heap's goal is 256 MiB above its live objects (kernelEdits,
+// gcSource; the percent stays for a live heap of 256 MiB or more, and no
+// memory limit is set, so a large heap is paced as before): the collector
+// otherwise ran beside the encode and the pages' write, in the path of
+// every fork (measured with a first version, off with a memory limit: the
+// parent's checkpoint 74 against 90 ms p50; docs/code-and-snapshots.md).
+// Both then format their
 // tables of per-type statistics only for a debug log: in a CPU profile of
 // a fork child, the formatting and the collector's assists its allocations
 // paid for (the collector just back on) took 6.5 ms of the restore's path.
@@ -126,7 +129,7 @@ const (
 
 func main() {
 	root := flag.String("root", ".", "root of the writable gVisor source copy")
-	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the collector off during the decode and the encode, their statistics for a debug log only, the save's scan of holes and flush, the signal forwarding, the boot's fd table: see the package doc), then exit")
+	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the collector off during the decode and paced for the encode, their statistics for a debug log only, the save's scan of holes and flush, the signal forwarding, the boot's fd table: see the package doc), then exit")
 	all := flag.Bool("all", false, "keep every sentry variant gVisor lists (all platforms, GPU/TPU/RDMA proxies), not only the ones PandaStack runs")
 	flag.Parse()
 	do := func() error { return run(*root, *all) }
@@ -254,8 +257,8 @@ var fdreaderEdits = []edit{
 }
 
 // The kernel's restore and save, and the edits that keep the Go garbage
-// collector off while they decode or encode the kernel's state (see the
-// package doc and gcSource).
+// collector off while the restore decodes the kernel's state and paced
+// for the save's encode of it (see the package doc and gcSource).
 const kernelFile = "pkg/sentry/kernel/kernel.go"
 
 var kernelEdits = []edit{
@@ -278,23 +281,19 @@ var kernelEdits = []edit{
 	{
 		"\t\t// Save the kernel state.\n\t\tkernelStart := time.Now()\n\t\tstats, err := state.Save(ctx, stateFile, k)\n",
 		"\t\t// Save the kernel state.\n\t\tkernelStart := time.Now()\n" +
-			"\t\t// PandaStack (scripts/runsc-precompiled): no garbage collection\n" +
-			"\t\t// during the encode either, unless the sentry's memory grows by\n" +
-			"\t\t// 256 MiB meanwhile (pandastack_gc.go).\n" +
-			"\t\tpandastackGC := debug.SetGCPercent(-1)\n" +
-			"\t\tpandastackLimit := debug.SetMemoryLimit(pandastackMemory() + 256<<20)\n" +
+			"\t\t// PandaStack (scripts/runsc-precompiled): no collection during\n" +
+			"\t\t// the encode unless the heap grows 256 MiB past its live objects\n" +
+			"\t\t// (pandastack_gc.go).\n" +
+			"\t\tpandastackGC, pandastackSet := pandastackEncodeGC()\n" +
 			"\t\tstats, err := state.Save(ctx, stateFile, k)\n" +
-			"\t\tdebug.SetMemoryLimit(pandastackLimit)\n" +
-			"\t\tdebug.SetGCPercent(pandastackGC)\n",
+			"\t\tif pandastackSet {\n\t\t\tdebug.SetGCPercent(pandastackGC)\n\t\t}\n",
 	},
 	// The tables of per-type statistics, formatted only for a debug log
 	// (see the package doc: with the assists its allocations paid for,
 	// 6.5 ms of a fork child's restore).
 	{
-		"\t\tdebug.SetGCPercent(pandastackGC)\n\t\tif err != nil {\n\t\t\treturn err\n\t\t}\n" +
-			"\t\tlog.Infof(\"Kernel save stats: %s\", stats.String())\n",
-		"\t\tdebug.SetGCPercent(pandastackGC)\n\t\tif err != nil {\n\t\t\treturn err\n\t\t}\n" +
-			"\t\tif log.IsLogging(log.Debug) {\n\t\t\tlog.Debugf(\"Kernel save stats: %s\", stats.String())\n\t\t}\n",
+		"\t\tlog.Infof(\"Kernel save stats: %s\", stats.String())\n",
+		"\t\tif log.IsLogging(log.Debug) {\n\t\t\tlog.Debugf(\"Kernel save stats: %s\", stats.String())\n\t\t}\n",
 	},
 	{
 		"\tdebug.SetGCPercent(pandastackGC)\n\tif err != nil {\n\t\treturn err\n\t}\n" +

@@ -138,9 +138,9 @@ func TestAddedSourcesAreGo(t *testing.T) {
 }
 
 // The kernel edits apply to source shaped as gVisor's SaveTo and LoadFrom
-// and leave valid Go that turns the collector off around the state's
-// encode and decode only, and formats their statistics for a debug log
-// alone.
+// and leave valid Go that sets the collector for the state's encode and
+// decode alone, puts it back before either's error returns, and formats
+// their statistics for a debug log alone.
 func TestKernelEdits(t *testing.T) {
 	src := "package kernel\n\nimport (\n\t\"path/filepath\"\n\t\"time\"\n)\n\n" +
 		"func save() {\n\tfunc() {\n" +
@@ -151,20 +151,26 @@ func TestKernelEdits(t *testing.T) {
 		"\tif err != nil {\n\t\treturn err\n\t}\n\tlog.Infof(\"Kernel load stats: %s\", stats.String())\n\t_ = kernelStart\n}\n"
 	got := patched(t, src, kernelEdits)
 	saveFn, loadFn := got[:strings.Index(got, "func load()")], got[strings.Index(got, "func load()"):]
-	for _, c := range []struct{ name, fn, call, limit, stats string }{
-		{"encode", saveFn, "state.Save(ctx, stateFile, k)", "debug.SetMemoryLimit(pandastackMemory() + 256<<20)", "Kernel save stats"},
-		{"decode", loadFn, "state.Load(ctx, r, k)", "debug.SetMemoryLimit(256 << 20)", "Kernel load stats"},
+	for _, c := range []struct{ name, fn, around, stats string }{
+		{"encode", saveFn,
+			"\t\tpandastackGC, pandastackSet := pandastackEncodeGC()\n" +
+				"\t\tstats, err := state.Save(ctx, stateFile, k)\n" +
+				"\t\tif pandastackSet {\n\t\t\tdebug.SetGCPercent(pandastackGC)\n\t\t}\n" +
+				"\t\tif err != nil {\n",
+			"\t\tif log.IsLogging(log.Debug) {\n\t\t\tlog.Debugf(\"Kernel save stats: %s\", stats.String())\n\t\t}\n"},
+		{"decode", loadFn,
+			"\tpandastackGC := debug.SetGCPercent(-1)\n" +
+				"\tpandastackLimit := debug.SetMemoryLimit(256 << 20)\n" +
+				"\tstats, err := state.Load(ctx, r, k)\n" +
+				"\tdebug.SetMemoryLimit(pandastackLimit)\n" +
+				"\tdebug.SetGCPercent(pandastackGC)\n" +
+				"\tif err != nil {\n",
+			"\tif log.IsLogging(log.Debug) {\n\t\tlog.Debugf(\"Kernel load stats: %s\", stats.String())\n\t}\n"},
 	} {
-		off := strings.Index(c.fn, "debug.SetGCPercent(-1)")
-		call := strings.Index(c.fn, c.call)
-		on := strings.Index(c.fn, "debug.SetGCPercent(pandastackGC)")
-		if !strings.Contains(c.fn, c.limit) || strings.Index(c.fn, "debug.SetMemoryLimit(pandastackLimit)") < call {
-			t.Errorf("the %s's memory has no bound, or it stays after the %s:\n%s", c.name, c.name, c.fn)
+		if !strings.Contains(c.fn, c.around) || strings.Count(c.fn, "SetGCPercent(") != strings.Count(c.around, "SetGCPercent(") {
+			t.Errorf("the collector is not set around the %s alone, or not put back before its error returns:\n%s", c.name, c.fn)
 		}
-		if off < 0 || !(off < call && call < on) {
-			t.Errorf("the collector is not off around the %s alone:\n%s", c.name, c.fn)
-		}
-		if !strings.Contains(c.fn, "if log.IsLogging(log.Debug) {") || !strings.Contains(c.fn, "log.Debugf(\""+c.stats) || strings.Contains(c.fn, "log.Infof(\""+c.stats) {
+		if !strings.Contains(c.fn, c.stats) || strings.Count(c.fn, "stats.String()") != 1 {
 			t.Errorf("the %s's statistics are formatted without a debug log:\n%s", c.name, c.fn)
 		}
 	}
