@@ -127,7 +127,7 @@ build_runsc() {
         go run ./pandastack-precompiled -patch -root . &&
         echo "  precompiling the seccomp programs (gVisor computes every variant: minutes of CPU)" >&2 &&
         go run ./pandastack-precompiled -root . &&
-        echo "  checking each precompiled program against runsc's run-time build of it, the patched pages reader, the encode's collector percent, the save's scan, the signal forwarding and the fd table's growth" >&2 &&
+        echo "  checking each precompiled program against runsc's run-time build of it, the patched pages reader, the encode's collector percent and the reset after a first cycle, the save's scan, the signal forwarding and the fd table's growth" >&2 &&
         go test -count=1 -tags pandastack_generated ./pandastack-precompiled >&2 &&
         go test -count=1 -run Pandastack ./pkg/sentry/state/stateio ./pkg/sentry/pgalloc ./pkg/sentry/kernel ./pkg/sighandling ./pkg/pandastackfd >&2 &&
         echo "  building runsc" >&2 &&

@@ -17,15 +17,15 @@ const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 // source (scripts/runsc-precompiled: precompiled seccomp filters, the
 // systrap filter's PID, the pages file's parallel reads and its pages
 // written into the memory file, no garbage collection during a restore's
-// decode or (up to 256 MiB past the live heap) a checkpoint's encode,
-// their statistics formatted only for a debug log, clocks calibrated
-// sooner after a boot or restore, a checkpoint's scan for zeroed pages
-// that skips a memfd's holes, its flush of only the files opened for
-// writing, the sentry's signal forwarding registered before its start,
-// and its host fd table grown at its boot).
+// decode or (up to 256 MiB past the live heap) a checkpoint's encode
+// until a first cycle, their statistics formatted only for a debug log,
+// clocks calibrated sooner after a boot or restore, a checkpoint's scan
+// for zeroed pages that skips a memfd's holes, its flush of only the
+// files opened for writing, the sentry's signal forwarding registered
+// before its start, and its host fd table grown at its boot).
 // It keys the cached build with RunscVersion, so a changed build is built
 // again; change it whenever that script changes what it patches.
-const RunscBuild = "precompiled-13"
+const RunscBuild = "precompiled-14"
 
 // DataDir is the default data directory: /var/lib/pandastack for root,
 // $XDG_DATA_HOME/pandastack (or ~/.local/share/pandastack) otherwise.

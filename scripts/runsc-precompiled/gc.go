@@ -15,8 +15,10 @@ package kernel
 
 import (
 	"math"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"sync/atomic"
 )
 
 // pandastackEncodeHeadroom is how far above the live heap a checkpoint's
@@ -30,8 +32,9 @@ const pandastackEncodeHeadroom = 256 << 20
 // thread (assists) and on the CPU the pages' write needs. The percent it
 // sets puts the heap's goal 256 MiB above the live heap the last cycle
 // marked, so that a sentry of a usual size encodes without a cycle; no
-// memory limit is involved, so a heap that outgrows that goal is paced
-// by the percent as before rather than collected over and over.
+// memory limit is involved, and the caller puts the percent back after
+// the first cycle (pandastackAfterFirstCycle), so a heap that outgrows
+// that goal is paced as before rather than let grow by the raised percent.
 func pandastackEncodeGC() (restore int, set bool) {
 	s := []metrics.Sample{
 		{Name: "/gc/gogc:percent"},
@@ -55,6 +58,31 @@ func pandastackEncodePercent(current int, live uint64) int {
 	}
 	return max(current, int(min(100*pandastackEncodeHeadroom/live, math.MaxInt32)))
 }
+
+// pandastackAfterFirstCycle calls reset once the collector has finished a
+// cycle (shortly after it, from the runtime's cleanup goroutine), unless
+// stop, which it returns, was called first. An encode or a decode sets the
+// collector for a heap that grows by less than 256 MiB; one that grows
+// more (a sandbox of 100 000 files: a live heap of about 200 MiB after its
+// decode) would otherwise be collected over and over under the decode's
+// memory limit (21 cycles, 4 s of a restore), or, under the encode's
+// raised percent, let grow to many times its live heap. reset puts the
+// settings from before back, so the rest is paced as without the change.
+// reset may run after stop, at most once; it must only set what the
+// caller sets again itself after stop.
+func pandastackAfterFirstCycle(reset func()) (stop func()) {
+	var stopped atomic.Bool
+	// Not a tiny allocation (those share a block with others and may stay
+	// reachable): a cleanup on it runs after the first cycle that begins
+	// once it is made.
+	sentinel := new([64]byte)
+	runtime.AddCleanup(sentinel, func(stopped *atomic.Bool) {
+		if !stopped.Load() {
+			reset()
+		}
+	}, &stopped)
+	return func() { stopped.Store(true) }
+}
 `
 
 const gcTestSource = `// Added by PandaStack's scripts/runsc-precompiled (-patch); not part of
@@ -67,6 +95,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"testing"
+	"time"
 )
 
 func TestPandastackEncodePercent(t *testing.T) {
@@ -117,5 +146,73 @@ func TestPandastackEncodeGC(t *testing.T) {
 		}
 		runtime.KeepAlive(keep)
 	}
+}
+
+// TestPandastackAfterFirstCycle: reset runs once a cycle has run, and not
+// if stop came first.
+func TestPandastackAfterFirstCycle(t *testing.T) {
+	done := make(chan struct{}, 2)
+	pandastackAfterFirstCycle(func() { done <- struct{}{} })
+	select {
+	case <-done:
+		t.Fatal("reset ran before any cycle")
+	case <-time.After(50 * time.Millisecond):
+	}
+	runtime.GC()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("reset did not run within 10 s of a cycle")
+	}
+
+	stop := pandastackAfterFirstCycle(func() { done <- struct{}{} })
+	stop()
+	runtime.GC()
+	runtime.GC()
+	select {
+	case <-done:
+		t.Fatal("reset ran after stop")
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestPandastackDecodeOfALargeHeap: the decode's settings (the collector
+// off under a limit of 256 MiB) with the reset after the first cycle, as
+// the kernel's LoadFrom sets them; a heap that grows to 400 MiB live is
+// collected a few times, not over and over as under the limit alone, and
+// the settings from before are back after it.
+func TestPandastackDecodeOfALargeHeap(t *testing.T) {
+	defer debug.SetGCPercent(debug.SetGCPercent(100))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+
+	gc := debug.SetGCPercent(-1)
+	limit := debug.SetMemoryLimit(256 << 20)
+	stop := pandastackAfterFirstCycle(func() {
+		debug.SetMemoryLimit(limit)
+		debug.SetGCPercent(gc)
+	})
+	keep := make([][]byte, 400)
+	for i := range keep {
+		keep[i] = make([]byte, 1<<20)
+	}
+	stop()
+	debug.SetMemoryLimit(limit)
+	debug.SetGCPercent(gc)
+
+	runtime.ReadMemStats(&after)
+	cycles := after.NumGC - before.NumGC
+	if cycles == 0 || cycles > 6 {
+		t.Errorf("%d cycles while the heap grew to 400 MiB live, want 1 to 6 (under the limit alone: 9 on the host this was written on)", cycles)
+	}
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("the percent is %d after the decode, want 100", got)
+	}
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Errorf("the memory limit is %d after the decode, want none", got)
+	}
+	runtime.KeepAlive(keep)
 }
 `

@@ -139,8 +139,8 @@ func TestAddedSourcesAreGo(t *testing.T) {
 
 // The kernel edits apply to source shaped as gVisor's SaveTo and LoadFrom
 // and leave valid Go that sets the collector for the state's encode and
-// decode alone, puts it back before either's error returns, and formats
-// their statistics for a debug log alone.
+// decode alone (until a first cycle), puts it back before either's error
+// returns, and formats their statistics for a debug log alone.
 func TestKernelEdits(t *testing.T) {
 	src := "package kernel\n\nimport (\n\t\"path/filepath\"\n\t\"time\"\n)\n\n" +
 		"func save() {\n\tfunc() {\n" +
@@ -154,14 +154,24 @@ func TestKernelEdits(t *testing.T) {
 	for _, c := range []struct{ name, fn, around, stats string }{
 		{"encode", saveFn,
 			"\t\tpandastackGC, pandastackSet := pandastackEncodeGC()\n" +
+				"\t\tpandastackStop := func() {}\n" +
+				"\t\tif pandastackSet {\n" +
+				"\t\t\tpandastackStop = pandastackAfterFirstCycle(func() { debug.SetGCPercent(pandastackGC) })\n" +
+				"\t\t}\n" +
 				"\t\tstats, err := state.Save(ctx, stateFile, k)\n" +
+				"\t\tpandastackStop()\n" +
 				"\t\tif pandastackSet {\n\t\t\tdebug.SetGCPercent(pandastackGC)\n\t\t}\n" +
 				"\t\tif err != nil {\n",
 			"\t\tif log.IsLogging(log.Debug) {\n\t\t\tlog.Debugf(\"Kernel save stats: %s\", stats.String())\n\t\t}\n"},
 		{"decode", loadFn,
 			"\tpandastackGC := debug.SetGCPercent(-1)\n" +
 				"\tpandastackLimit := debug.SetMemoryLimit(256 << 20)\n" +
+				"\tpandastackStop := pandastackAfterFirstCycle(func() {\n" +
+				"\t\tdebug.SetMemoryLimit(pandastackLimit)\n" +
+				"\t\tdebug.SetGCPercent(pandastackGC)\n" +
+				"\t})\n" +
 				"\tstats, err := state.Load(ctx, r, k)\n" +
+				"\tpandastackStop()\n" +
 				"\tdebug.SetMemoryLimit(pandastackLimit)\n" +
 				"\tdebug.SetGCPercent(pandastackGC)\n" +
 				"\tif err != nil {\n",
