@@ -18,7 +18,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"sync/atomic"
+	"sync"
 )
 
 // pandastackEncodeHeadroom is how far above the live heap a checkpoint's
@@ -59,29 +59,38 @@ func pandastackEncodePercent(current int, live uint64) int {
 	return max(current, int(min(100*pandastackEncodeHeadroom/live, math.MaxInt32)))
 }
 
-// pandastackAfterFirstCycle calls reset once the collector has finished a
-// cycle (shortly after it, from the runtime's cleanup goroutine), unless
-// stop, which it returns, was called first. An encode or a decode sets the
-// collector for a heap that grows by less than 256 MiB; one that grows
-// more (a sandbox of 100 000 files: a live heap of about 200 MiB after its
-// decode) would otherwise be collected over and over under the decode's
-// memory limit (21 cycles, 4 s of a restore), or, under the encode's
-// raised percent, let grow to many times its live heap. reset puts the
-// settings from before back, so the rest is paced as without the change.
-// reset may run after stop, at most once; it must only set what the
-// caller sets again itself after stop.
+// pandastackAfterFirstCycle calls reset once a cycle of the collector that
+// began after this call has been swept (from the runtime's cleanup
+// goroutine; with cycles back to back, about one cycle later), unless stop,
+// which it returns, was called first: once stop has returned, reset neither
+// runs nor will. The decode turns the collector off under a memory limit of
+// 256 MiB, which counts all of the sentry's Go memory (live objects, the
+// garbage made along the way, stacks); the encode raises the percent so
+// that the heap's goal is 256 MiB past its live objects. A sandbox of
+// 100 000 files (a live heap of about 200 MiB after its decode) outgrew the
+// first: under the limit alone it was collected over and over (21 cycles,
+// 4 s of a restore); and a heap that outgrew the encode's goal would next
+// have been let grow to many times its live size at the raised percent.
+// reset puts the settings from before back, so the rest is paced as
+// without the change.
 func pandastackAfterFirstCycle(reset func()) (stop func()) {
-	var stopped atomic.Bool
+	var mu sync.Mutex
+	stopped := false
 	// Not a tiny allocation (those share a block with others and may stay
-	// reachable): a cleanup on it runs after the first cycle that begins
-	// once it is made.
+	// reachable), and not reachable from the cleanup.
 	sentinel := new([64]byte)
-	runtime.AddCleanup(sentinel, func(stopped *atomic.Bool) {
-		if !stopped.Load() {
+	runtime.AddCleanup(sentinel, func(struct{}) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
 			reset()
 		}
-	}, &stopped)
-	return func() { stopped.Store(true) }
+	}, struct{}{})
+	return func() {
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+	}
 }
 `
 
@@ -94,6 +103,7 @@ import (
 	"math"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"testing"
 	"time"
 )
@@ -149,69 +159,101 @@ func TestPandastackEncodeGC(t *testing.T) {
 }
 
 // TestPandastackAfterFirstCycle: reset runs once a cycle has run, and not
-// if stop came first.
+// after stop, while one registered beside it and not stopped runs.
 func TestPandastackAfterFirstCycle(t *testing.T) {
-	done := make(chan struct{}, 2)
-	pandastackAfterFirstCycle(func() { done <- struct{}{} })
+	ran := make(chan struct{})
+	pandastackAfterFirstCycle(func() { close(ran) })
 	select {
-	case <-done:
+	case <-ran:
 		t.Fatal("reset ran before any cycle")
 	case <-time.After(50 * time.Millisecond):
 	}
 	runtime.GC()
 	select {
-	case <-done:
+	case <-ran:
 	case <-time.After(10 * time.Second):
 		t.Fatal("reset did not run within 10 s of a cycle")
 	}
 
-	stop := pandastackAfterFirstCycle(func() { done <- struct{}{} })
+	stoppedRan := make(chan struct{}, 1)
+	stop := pandastackAfterFirstCycle(func() { stoppedRan <- struct{}{} })
 	stop()
-	runtime.GC()
+	control := make(chan struct{})
+	pandastackAfterFirstCycle(func() { close(control) })
 	runtime.GC()
 	select {
-	case <-done:
+	case <-control:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a reset not stopped did not run within 10 s of a cycle")
+	}
+	select {
+	case <-stoppedRan:
 		t.Fatal("reset ran after stop")
-	case <-time.After(200 * time.Millisecond):
+	case <-time.After(100 * time.Millisecond):
 	}
 }
 
-// TestPandastackDecodeOfALargeHeap: the decode's settings (the collector
-// off under a limit of 256 MiB) with the reset after the first cycle, as
-// the kernel's LoadFrom sets them; a heap that grows to 400 MiB live is
-// collected a few times, not over and over as under the limit alone, and
-// the settings from before are back after it.
+func gcSetting(t *testing.T, name string) uint64 {
+	t.Helper()
+	s := []metrics.Sample{{Name: name}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		t.Fatalf("no metric %s", name)
+	}
+	return s[0].Value.Uint64()
+}
+
+// TestPandastackDecodeOfALargeHeap: with the decode's settings (the
+// collector off under a limit of 256 MiB) and the reset, as the kernel's
+// LoadFrom sets them, a heap that grows past the limit is collected, the
+// settings from before come back, and its growth to 400 MiB live takes at
+// most two more cycles (under the limit alone, one every MiB or so).
 func TestPandastackDecodeOfALargeHeap(t *testing.T) {
 	defer debug.SetGCPercent(debug.SetGCPercent(100))
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
 	runtime.GC()
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
 
 	gc := debug.SetGCPercent(-1)
 	limit := debug.SetMemoryLimit(256 << 20)
+	reset := make(chan struct{})
 	stop := pandastackAfterFirstCycle(func() {
 		debug.SetMemoryLimit(limit)
 		debug.SetGCPercent(gc)
+		close(reset)
 	})
-	keep := make([][]byte, 400)
-	for i := range keep {
-		keep[i] = make([]byte, 1<<20)
-	}
-	stop()
-	debug.SetMemoryLimit(limit)
-	debug.SetGCPercent(gc)
+	defer func() {
+		stop()
+		debug.SetMemoryLimit(limit)
+		debug.SetGCPercent(gc)
+	}()
 
-	runtime.ReadMemStats(&after)
-	cycles := after.NumGC - before.NumGC
-	if cycles == 0 || cycles > 6 {
-		t.Errorf("%d cycles while the heap grew to 400 MiB live, want 1 to 6 (under the limit alone: 9 on the host this was written on)", cycles)
+	// Grow the heap as a decode does, until the limit brings a cycle and
+	// the reset follows it.
+	var keep [][]byte
+	deadline := time.Now().Add(30 * time.Second)
+	for waiting := true; waiting; {
+		select {
+		case <-reset:
+			waiting = false
+		default:
+			if len(keep) >= 1024 || time.Now().After(deadline) {
+				t.Fatalf("no reset with %d MiB live", len(keep))
+			}
+			keep = append(keep, make([]byte, 1<<20))
+		}
 	}
-	if got := debug.SetGCPercent(100); got != 100 {
-		t.Errorf("the percent is %d after the decode, want 100", got)
+	if got := gcSetting(t, "/gc/gogc:percent"); got != 100 {
+		t.Errorf("the percent is %d after the reset, want 100", got)
 	}
-	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
-		t.Errorf("the memory limit is %d after the decode, want none", got)
+	if got := gcSetting(t, "/gc/gomemlimit:bytes"); got != math.MaxInt64 {
+		t.Errorf("the memory limit is %d after the reset, want none", got)
+	}
+	before := gcSetting(t, "/gc/cycles/total:gc-cycles")
+	for len(keep) < 400 {
+		keep = append(keep, make([]byte, 1<<20))
+	}
+	if n := gcSetting(t, "/gc/cycles/total:gc-cycles") - before; n > 2 {
+		t.Errorf("%d cycles from the reset (%d MiB live then) to 400 MiB live, want at most 2", n, len(keep))
 	}
 	runtime.KeepAlive(keep)
 }

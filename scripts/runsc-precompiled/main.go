@@ -36,7 +36,8 @@
 // file took 35 ms of CPU against 49 (docs/code-and-snapshots.md).
 //
 // -patch also turns Go's garbage collector off while a restore decodes the
-// kernel's state (kernelEdits), unless the sentry's heap passes 256 MiB:
+// kernel's state (kernelEdits), unless the sentry's Go memory passes 256
+// MiB:
 // the decode allocates what it keeps, and the collector's cycles as the
 // heap grows from nothing only cost the restore time (measured: 10 to 40
 // ms of a restore step of about 200-280 ms; docs/architecture.md). A
@@ -48,13 +49,13 @@
 // version, off with a memory limit: the parent's checkpoint 74 against 90
 // ms p50; docs/code-and-snapshots.md). Either puts the collector back as
 // it was after a first cycle (pandastackAfterFirstCycle), so a heap that
-// outgrows those 256 MiB is paced as without the change: under the limit
+// outgrows what they allow is paced as without the change: under the limit
 // alone, the decode of a sandbox of 100 000 files (a live heap of about
-// 200 MiB) ran 21 cycles in 4.0 s; with the reset, 3 in 1.4-2.4 s.
-// Both then format their
-// tables of per-type statistics only for a debug log: in a CPU profile of
-// a fork child, the formatting and the collector's assists its allocations
-// paid for (the collector just back on) took 6.5 ms of the restore's path.
+// 200 MiB, its Go memory past the limit) ran 21 cycles in 4.0 s; with the
+// reset, 3 in 1.4-2.4 s. Both then format their tables of per-type
+// statistics only for a debug log: in a CPU profile of a fork child, the
+// formatting and the collector's assists its allocations paid for (the
+// collector just back on) took 6.5 ms of the restore's path.
 //
 // -patch also calibrates the sandbox's clocks sooner after a boot or a
 // restore (timekeeperEdits). The VDSO computes the time from the TSC only
@@ -274,7 +275,7 @@ var kernelEdits = []edit{
 		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n\tstats, err := state.Load(ctx, r, k)\n",
 		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n" +
 			"\t// PandaStack (scripts/runsc-precompiled): no garbage collection\n" +
-			"\t// during the decode, whose heap mostly grows, unless the heap\n" +
+			"\t// during the decode, whose heap mostly grows, unless its Go memory\n" +
 			"\t// passes 256 MiB (a very large image); after a first cycle,\n" +
 			"\t// the collector as before (pandastack_gc.go).\n" +
 			"\tpandastackGC := debug.SetGCPercent(-1)\n" +
@@ -292,8 +293,8 @@ var kernelEdits = []edit{
 		"\t\t// Save the kernel state.\n\t\tkernelStart := time.Now()\n\t\tstats, err := state.Save(ctx, stateFile, k)\n",
 		"\t\t// Save the kernel state.\n\t\tkernelStart := time.Now()\n" +
 			"\t\t// PandaStack (scripts/runsc-precompiled): no collection during\n" +
-			"\t\t// the encode unless the heap grows 256 MiB past its live objects\n" +
-			"\t\t// (pandastack_gc.go).\n" +
+			"\t\t// the encode unless the heap grows 256 MiB past its live objects;\n" +
+			"\t\t// after a first cycle, the percent from before (pandastack_gc.go).\n" +
 			"\t\tpandastackGC, pandastackSet := pandastackEncodeGC()\n" +
 			"\t\tpandastackStop := func() {}\n" +
 			"\t\tif pandastackSet {\n" +
