@@ -36,11 +36,10 @@
 // file took 35 ms of CPU against 49 (docs/code-and-snapshots.md).
 //
 // -patch also turns Go's garbage collector off while a restore decodes the
-// kernel's state (kernelEdits), unless the sentry's Go memory passes 256
-// MiB:
-// the decode allocates what it keeps, and the collector's cycles as the
-// heap grows from nothing only cost the restore time (measured: 10 to 40
-// ms of a restore step of about 200-280 ms; docs/architecture.md). A
+// kernel's state (kernelEdits), unless the sentry's Go memory passes
+// 256 MiB: the decode allocates what it keeps, and the collector's cycles
+// as the heap grows from nothing only cost the restore time (measured: 10
+// to 40 ms of a restore step of about 200-280 ms; docs/architecture.md). A
 // checkpoint's encode of it runs with the collector's percent raised so
 // that the heap's goal is 256 MiB above its live objects (kernelEdits,
 // gcSource; the percent stays for a live heap of 256 MiB or more, and no
