@@ -22,10 +22,11 @@ const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 // clocks calibrated sooner after a boot or restore, a checkpoint's scan
 // for zeroed pages that skips a memfd's holes, its flush of only the
 // files opened for writing, the sentry's signal forwarding registered
-// before its start, and its host fd table grown at its boot).
+// before its start, its host fd table grown at its boot, and Ps to spare
+// for Go's scheduler while a kernel's tasks start).
 // It keys the cached build with RunscVersion, so a changed build is built
 // again; change it whenever that script changes what it patches.
-const RunscBuild = "precompiled-15"
+const RunscBuild = "precompiled-16"
 
 // DataDir is the default data directory: /var/lib/pandastack for root,
 // $XDG_DATA_HOME/pandastack (or ~/.local/share/pandastack) otherwise.

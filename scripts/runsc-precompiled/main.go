@@ -104,6 +104,17 @@
 // at the boot, in a container prepared ahead, the table is big enough long
 // before the restore.
 //
+// -patch also gives Go's scheduler two more Ps for 250 ms whenever a
+// kernel starts its tasks (kernelEdits, startSource). The sentry runs one P
+// per host CPU, and a goroutine in a blocking system call keeps its P
+// until the runtime's monitor takes it back, every 10 ms in an idle
+// sentry: with both Ps so held after a restore's start (the control
+// server back in its ppoll), the task goroutines the start made runnable
+// waited with both CPUs idle, 0.2-17.5 ms in runsc's debug log of fork
+// children; with Ps to spare, 0-1.3 ms. A no-pool create's first result
+// came 14 and 25 ms sooner in two bench runs with the sides swapped
+// (docs/code-and-snapshots.md).
+//
 //	go run ./pandastack-precompiled -patch -root .
 //	go run ./pandastack-precompiled -root . [-all]
 package main
@@ -133,7 +144,7 @@ const (
 
 func main() {
 	root := flag.String("root", ".", "root of the writable gVisor source copy")
-	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the collector off during the decode and paced for the encode, their statistics for a debug log only, the save's scan of holes and flush, the signal forwarding, the boot's fd table: see the package doc), then exit")
+	patch := flag.Bool("patch", false, "only patch the source (the systrap filter's PID, the pages file's parallel reads and pwrite copy, the collector off during the decode and paced for the encode, their statistics for a debug log only, the save's scan of holes and flush, the signal forwarding, the boot's fd table, the start's Ps: see the package doc), then exit")
 	all := flag.Bool("all", false, "keep every sentry variant gVisor lists (all platforms, GPU/TPU/RDMA proxies), not only the ones PandaStack runs")
 	flag.Parse()
 	do := func() error { return run(*root, *all) }
@@ -303,6 +314,14 @@ var kernelEdits = []edit{
 			"\t\tpandastackStop()\n" +
 			"\t\tif pandastackSet {\n\t\t\tdebug.SetGCPercent(pandastackGC)\n\t\t}\n",
 	},
+	// More Ps for a while after the start (startSource).
+	{
+		"\t// Start task goroutines.\n",
+		"\t// PandaStack (scripts/runsc-precompiled): Ps to spare while the\n" +
+			"\t// tasks start, so none waits for one (pandastack_start.go).\n" +
+			"\tpandastackBoostProcs(pandastackStartProcs, pandastackStartSpan)\n" +
+			"\t// Start task goroutines.\n",
+	},
 	// The tables of per-type statistics, formatted only for a debug log
 	// (see the package doc: with the assists its allocations paid for,
 	// 6.5 ms of a fork child's restore).
@@ -349,8 +368,8 @@ type edit struct{ old, new string }
 // source differs fails here rather than building a runsc with a wrong
 // filter (the verify test would catch that too) or without the other
 // changes. It then adds pwriteSource, holesSource, gcSource, syncSource,
-// signalsSource, fdtableSource and the tests of all but syncSource, which a
-// source that has any of them already refuses.
+// signalsSource, fdtableSource, startSource and the tests of all but
+// syncSource, which a source that has any of them already refuses.
 func patchSource(root string) error {
 	for _, f := range []struct {
 		path  string
@@ -369,7 +388,7 @@ func patchSource(root string) error {
 			return err
 		}
 	}
-	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, gcFile: gcSource, gcTestFile: gcTestSource, syncFile: syncSource, signalsFile: signalsSource, signalsTestFile: signalsTestSource, fdtableFile: fdtableSource, fdtableTestFile: fdtableTestSource} {
+	for path, src := range map[string]string{pwriteFile: pwriteSource, pwriteTestFile: pwriteTestSource, holesFile: holesSource, holesTestFile: holesTestSource, gcFile: gcSource, gcTestFile: gcTestSource, syncFile: syncSource, signalsFile: signalsSource, signalsTestFile: signalsTestSource, fdtableFile: fdtableSource, fdtableTestFile: fdtableTestSource, startFile: startSource, startTestFile: startTestSource} {
 		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, path)), 0o755); err != nil {
 			return fmt.Errorf("adding %s: %w", path, err)
 		}

@@ -122,6 +122,8 @@ func TestAddedSourcesAreGo(t *testing.T) {
 		"signalsTestSource": {signalsTestSource, "sighandling"},
 		"fdtableSource":     {fdtableSource, "pandastackfd"},
 		"fdtableTestSource": {fdtableTestSource, "pandastackfd"},
+		"startSource":       {startSource, "kernel"},
+		"startTestSource":   {startTestSource, "kernel"},
 	} {
 		src := c.src
 		out, err := format.Source([]byte(src))
@@ -137,10 +139,11 @@ func TestAddedSourcesAreGo(t *testing.T) {
 	}
 }
 
-// The kernel edits apply to source shaped as gVisor's SaveTo and LoadFrom
-// and leave valid Go that sets the collector for the state's encode and
-// decode alone (until a first cycle), puts it back before either's error
-// returns, and formats their statistics for a debug log alone.
+// The kernel edits apply to source shaped as gVisor's SaveTo, LoadFrom and
+// Start and leave valid Go that sets the collector for the state's encode
+// and decode alone (until a first cycle), puts it back before either's
+// error returns, formats their statistics for a debug log alone, and adds
+// the start's Ps before the task goroutines start.
 func TestKernelEdits(t *testing.T) {
 	src := "package kernel\n\nimport (\n\t\"path/filepath\"\n\t\"time\"\n)\n\n" +
 		"func save() {\n\tfunc() {\n" +
@@ -148,8 +151,12 @@ func TestKernelEdits(t *testing.T) {
 		"\t\tif err != nil {\n\t\t\treturn err\n\t\t}\n\t\tlog.Infof(\"Kernel save stats: %s\", stats.String())\n\t\t_ = kernelStart\n\t}()\n}\n\n" +
 		"func load() {\n\t_ = filepath.Join\n" +
 		"\t// Load the kernel state.\n\tkernelStart := time.Now()\n\tstats, err := state.Load(ctx, r, k)\n" +
-		"\tif err != nil {\n\t\treturn err\n\t}\n\tlog.Infof(\"Kernel load stats: %s\", stats.String())\n\t_ = kernelStart\n}\n"
+		"\tif err != nil {\n\t\treturn err\n\t}\n\tlog.Infof(\"Kernel load stats: %s\", stats.String())\n\t_ = kernelStart\n}\n\n" +
+		"func start(ts []*Task) {\n\t// Start task goroutines.\n\tfor _, t := range ts {\n\t\tt.Start(t.ThreadID())\n\t}\n}\n"
 	got := patched(t, src, kernelEdits)
+	if want := "\tpandastackBoostProcs(pandastackStartProcs, pandastackStartSpan)\n\t// Start task goroutines.\n\tfor _, t := range ts {\n"; !strings.Contains(got, want) || strings.Count(got, "pandastackBoostProcs(") != 1 {
+		t.Errorf("the start's Ps are not added once, before the task goroutines start:\n%s", got)
+	}
 	saveFn, loadFn := got[:strings.Index(got, "func load()")], got[strings.Index(got, "func load()"):]
 	for _, c := range []struct{ name, fn, around, stats string }{
 		{"encode", saveFn,
