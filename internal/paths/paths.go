@@ -26,7 +26,7 @@ const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 // for Go's scheduler while a kernel's tasks start).
 // It keys the cached build with RunscVersion, so a changed build is built
 // again; change it whenever that script changes what it patches.
-const RunscBuild = "precompiled-16"
+const RunscBuild = "precompiled-17"
 
 // DataDir is the default data directory: /var/lib/pandastack for root,
 // $XDG_DATA_HOME/pandastack (or ~/.local/share/pandastack) otherwise.

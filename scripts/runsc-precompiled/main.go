@@ -107,13 +107,14 @@
 // -patch also gives Go's scheduler two more Ps for 250 ms whenever a
 // kernel starts its tasks (kernelEdits, startSource). The sentry runs one P
 // per host CPU, and a goroutine in a blocking system call keeps its P
-// until the runtime's monitor takes it back, every 10 ms in an idle
-// sentry: with both Ps so held after a restore's start (the control
-// server back in its ppoll), the task goroutines the start made runnable
-// waited with both CPUs idle, 0.2-17.5 ms in runsc's debug log of fork
-// children; with Ps to spare, 0-1.3 ms. A no-pool create's first result
-// came 14 and 25 ms sooner in two bench runs with the sides swapped
-// (docs/code-and-snapshots.md).
+// until the runtime's monitor takes it back, which in an idle sentry (a
+// monitor waking every 10 ms) can take up to two of its ticks: with both
+// Ps so held after a restore's start (the control server back in its
+// ppoll), the task goroutines the start made runnable waited with both
+// CPUs idle, 0.2-17.5 ms in runsc's debug log of fork children; with Ps to
+// spare, 0-1.3 ms. In two bench runs with the sides swapped, a no-pool
+// create's hello (the server's agent_ms) took 24.1 and 25.3 ms against
+// 38.6 and 28.2 p50 (docs/code-and-snapshots.md).
 //
 //	go run ./pandastack-precompiled -patch -root .
 //	go run ./pandastack-precompiled -root . [-all]

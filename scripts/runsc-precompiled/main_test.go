@@ -157,7 +157,7 @@ func TestKernelEdits(t *testing.T) {
 	if want := "\tpandastackBoostProcs(pandastackStartProcs, pandastackStartSpan)\n\t// Start task goroutines.\n\tfor _, t := range ts {\n"; !strings.Contains(got, want) || strings.Count(got, "pandastackBoostProcs(") != 1 {
 		t.Errorf("the start's Ps are not added once, before the task goroutines start:\n%s", got)
 	}
-	saveFn, loadFn := got[:strings.Index(got, "func load()")], got[strings.Index(got, "func load()"):]
+	saveFn, loadFn := got[:strings.Index(got, "func load()")], got[strings.Index(got, "func load()"):strings.Index(got, "func start(")]
 	for _, c := range []struct{ name, fn, around, stats string }{
 		{"encode", saveFn,
 			"\t\tpandastackGC, pandastackSet := pandastackEncodeGC()\n" +
