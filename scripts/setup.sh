@@ -123,13 +123,13 @@ build_runsc() {
     (
       cd "$tmp/gvisor" &&
         export CGO_ENABLED=0 && # as runsc is built: cgo changes the filters' keys
-        echo "  patching the source: the systrap filter's PID, the pages file's parallel reads and its copy by pwrite, the collector off during a restore's decode and paced for a checkpoint's encode (their statistics for a debug log only), the clocks' calibration, the save's scan of holes and its flush, the signal forwarding registered before the start, the boot's fd table grown ahead, Ps to spare while the tasks start" >&2 &&
+        echo "  patching the source: the systrap filter's PID, the pages file's parallel reads and its copy by pwrite, the collector off during a restore's decode and paced for a checkpoint's encode (their statistics for a debug log only), the clocks' calibration, the save's scan of holes and its flush, the signal forwarding registered before the start, the boot's fd table grown ahead, Ps to spare while the tasks start, the state's statistics for a debug log only and its bytes read from the buffer" >&2 &&
         go run ./pandastack-precompiled -patch -root . &&
         echo "  precompiling the seccomp programs (gVisor computes every variant: minutes of CPU)" >&2 &&
         go run ./pandastack-precompiled -root . &&
-        echo "  checking each precompiled program against runsc's run-time build of it, the patched pages reader, the encode's collector percent and the reset after a first cycle, the save's scan, the signal forwarding, the fd table's growth and the start's Ps" >&2 &&
+        echo "  checking each precompiled program against runsc's run-time build of it, the patched pages reader, the encode's collector percent and the reset after a first cycle, the save's scan, the signal forwarding, the fd table's growth, the start's Ps and the state's statistics and byte reads" >&2 &&
         go test -count=1 -tags pandastack_generated ./pandastack-precompiled >&2 &&
-        go test -count=1 -run Pandastack ./pkg/sentry/state/stateio ./pkg/sentry/pgalloc ./pkg/sentry/kernel ./pkg/sighandling ./pkg/pandastackfd >&2 &&
+        go test -count=1 -run Pandastack ./pkg/sentry/state/stateio ./pkg/sentry/pgalloc ./pkg/sentry/kernel ./pkg/sighandling ./pkg/pandastackfd ./pkg/state ./pkg/state/wire ./pkg/compressio >&2 &&
         echo "  building runsc" >&2 &&
         go build -o "$tmp/runsc" ./runsc
     ) || { rm -rf "$tmp"; echo "building runsc failed" >&2; return 1; }

@@ -22,11 +22,13 @@ const RunscVersion = "v0.0.0-20260905035102-160fafc42237"
 // clocks calibrated sooner after a boot or restore, a checkpoint's scan
 // for zeroed pages that skips a memfd's holes, its flush of only the
 // files opened for writing, the sentry's signal forwarding registered
-// before its start, its host fd table grown at its boot, and Ps to spare
-// for Go's scheduler while a kernel's tasks start).
+// before its start, its host fd table grown at its boot, Ps to spare for
+// Go's scheduler while a kernel's tasks start, and the state's per-object
+// statistics collected only for a debug log and its bytes read from the
+// buffer).
 // It keys the cached build with RunscVersion, so a changed build is built
 // again; change it whenever that script changes what it patches.
-const RunscBuild = "precompiled-17"
+const RunscBuild = "precompiled-18"
 
 // DataDir is the default data directory: /var/lib/pandastack for root,
 // $XDG_DATA_HOME/pandastack (or ~/.local/share/pandastack) otherwise.

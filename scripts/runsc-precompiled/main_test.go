@@ -111,19 +111,24 @@ func TestFDReaderEdits(t *testing.T) {
 // The files -patch adds are gofmt-clean Go of the packages they go to.
 func TestAddedSourcesAreGo(t *testing.T) {
 	for name, c := range map[string]struct{ src, pkg string }{
-		"pwriteSource":      {pwriteSource, "stateio"},
-		"pwriteTestSource":  {pwriteTestSource, "stateio"},
-		"holesSource":       {holesSource, "pgalloc"},
-		"holesTestSource":   {holesTestSource, "pgalloc"},
-		"gcSource":          {gcSource, "kernel"},
-		"gcTestSource":      {gcTestSource, "kernel"},
-		"syncSource":        {syncSource, "gofer"},
-		"signalsSource":     {signalsSource, "sighandling"},
-		"signalsTestSource": {signalsTestSource, "sighandling"},
-		"fdtableSource":     {fdtableSource, "pandastackfd"},
-		"fdtableTestSource": {fdtableTestSource, "pandastackfd"},
-		"startSource":       {startSource, "kernel"},
-		"startTestSource":   {startTestSource, "kernel"},
+		"pwriteSource":         {pwriteSource, "stateio"},
+		"pwriteTestSource":     {pwriteTestSource, "stateio"},
+		"holesSource":          {holesSource, "pgalloc"},
+		"holesTestSource":      {holesTestSource, "pgalloc"},
+		"gcSource":             {gcSource, "kernel"},
+		"gcTestSource":         {gcTestSource, "kernel"},
+		"syncSource":           {syncSource, "gofer"},
+		"signalsSource":        {signalsSource, "sighandling"},
+		"signalsTestSource":    {signalsTestSource, "sighandling"},
+		"fdtableSource":        {fdtableSource, "pandastackfd"},
+		"fdtableTestSource":    {fdtableTestSource, "pandastackfd"},
+		"startSource":          {startSource, "kernel"},
+		"startTestSource":      {startTestSource, "kernel"},
+		"statsTestSource":      {statsTestSource, "state"},
+		"wireByteSource":       {wireByteSource, "wire"},
+		"wireTestSource":       {wireTestSource, "wire"},
+		"compressioByteSource": {compressioByteSource, "compressio"},
+		"compressioTestSource": {compressioTestSource, "compressio"},
 	} {
 		src := c.src
 		out, err := format.Source([]byte(src))
@@ -287,6 +292,45 @@ func TestBootEdits(t *testing.T) {
 	loader := strings.Index(got, "boot.New(bootArgs)")
 	if limit < 0 || grow < limit || loader < grow {
 		t.Errorf("the fd table is not grown between the fd limit and the loader:\n%s", got)
+	}
+}
+
+// The stats edits apply to source shaped as gVisor's stats.go and leave
+// valid Go whose collecting methods return at once unless the log is at
+// debug level, and whose table divides by its count only when there is one.
+func TestStatsEdits(t *testing.T) {
+	src := "package state\n\nimport (\n\t\"time\"\n\n\t\"gvisor.dev/gvisor/pkg/gohacks\"\n)\n\n" +
+		"type Stats struct {\n\t// last is the monotonic time of the last sample.\n\tlast int64\n}\n\n" +
+		"func (s *Stats) init() {\n\ts.last = gohacks.Nanotime()\n}\n\n" +
+		"func (s *Stats) fini(resolve func(id typeID) string) {\n\ts.done()\n}\n\n" +
+		"func (s *Stats) start(id typeID) {\n\ts.sample(id)\n}\n\n" +
+		"func (s *Stats) done() {\n\ts.sample(0)\n}\n\n" +
+		"func (s *Stats) String() string {\n\tvar total time.Duration\n\tvar count uint\n" +
+		"\tfmt.Fprintf(&buf, \"% 16s | % 8d | % 16s | [all]\",\n\t\ttotal, count, total/time.Duration(count))\n\treturn \"\"\n}\n"
+	got := patched(t, src, statsEdits)
+	if !strings.Contains(got, "\t\"gvisor.dev/gvisor/pkg/log\"\n") || !strings.Contains(got, "\ton bool\n}") {
+		t.Errorf("the log is not imported or the field not added:\n%s", got)
+	}
+	for _, fn := range []string{"init() {\n\tif s.on = log.IsLogging(log.Debug); !s.on {\n\t\treturn", "fini(resolve func(id typeID) string) {\n\tif !s.on {\n\t\treturn", "start(id typeID) {\n\tif !s.on {\n\t\treturn", "done() {\n\tif !s.on {\n\t\treturn"} {
+		if !strings.Contains(got, fn) {
+			t.Errorf("%q does not return at once:\n%s", fn[:strings.Index(fn, "{")], got)
+		}
+	}
+	if strings.Contains(got, "total/time.Duration(count)") || !strings.Contains(got, "if count > 0 {\n\t\tper = total / time.Duration(count)") {
+		t.Errorf("the table still divides by a count of zero:\n%s", got)
+	}
+}
+
+// The wire edits apply to source shaped as gVisor's wire.go and leave
+// valid Go whose readByte asks a source with ReadByte before it reads.
+func TestWireEdits(t *testing.T) {
+	src := "package wire\n\nimport \"io\"\n\ntype Reader struct {\n\tio.Reader\n\n\tbuf [1]byte\n}\n\n" +
+		"func (r *Reader) readByte() byte {\n\tn, err := r.Read(r.buf[:])\n\tif n != 1 {\n\t\tpanic(err)\n\t}\n\treturn r.buf[0]\n}\n"
+	got := patched(t, src, wireEdits)
+	ask := strings.Index(got, "if br := r.pb.of(r.Reader); br != nil {\n\t\treturn r.pb.read(br)")
+	read := strings.Index(got, "n, err := r.Read(r.buf[:])")
+	if !strings.Contains(got, "\tpb pandastackBytes") || ask < 0 || read < ask {
+		t.Errorf("readByte does not ask for ReadByte first:\n%s", got)
 	}
 }
 
