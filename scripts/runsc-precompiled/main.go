@@ -119,7 +119,8 @@
 // -patch also makes the encode and decode of the kernel's state cheaper
 // per object (statsEdits, wireEdits, wireByteSource, compressioByteSource):
 // gVisor timed every object of both for its table of per-type statistics,
-// which runsc prints only for a debug log, and read each byte of the
+// which runsc prints on a checkpoint or a restore only for a debug log,
+// and read each byte of the
 // state's varints through two Read methods and a copy. The statistics are
 // now collected only at debug level, and the bytes read through the
 // state file's buffer directly (io.ByteReader). In a CPU profile of fork
