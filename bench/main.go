@@ -230,6 +230,15 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 		rep.Baseline = baselineBin
 	}
 	rep.Machine["other_gvisor_sandboxes_at_start"] = fmt.Sprint(otherSandboxes(pool.runscRoot, noPool.runscRoot))
+	fmt.Fprintf(os.Stderr, "waiting for the host to settle (at most %.0f%% busy over %s, at most %s)\n", quietBusy*100, settleWindow, settleLimit)
+	waited, limited, err := settle(ctx)
+	if err != nil {
+		return err
+	}
+	rep.Machine["settle_wait_ms"] = fmt.Sprintf("%.0f", ms(waited))
+	if limited {
+		rep.Machine["settle_wait_ms"] += " (the limit: the host stayed busy)"
+	}
 
 	sections := []struct {
 		key, title string
