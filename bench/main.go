@@ -229,16 +229,11 @@ func run(ctx context.Context, set Settings, outDir, baselineBin, baselineRunsc s
 		defer b.baselineNoPool.stop()
 		rep.Baseline = baselineBin
 	}
-	rep.Machine["other_gvisor_sandboxes_at_start"] = fmt.Sprint(otherSandboxes(pool.runscRoot, noPool.runscRoot))
-	fmt.Fprintf(os.Stderr, "waiting for the host to settle (at most %.0f%% busy over %s, at most %s)\n", quietBusy*100, settleWindow, settleLimit)
-	waited, limited, err := settle(ctx)
-	if err != nil {
-		return err
+	roots := []string{pool.runscRoot, noPool.runscRoot}
+	if b.baseline != nil {
+		roots = append(roots, b.baseline.runscRoot, b.baselineNoPool.runscRoot)
 	}
-	rep.Machine["settle_wait_ms"] = fmt.Sprintf("%.0f", ms(waited))
-	if limited {
-		rep.Machine["settle_wait_ms"] += " (the limit: the host stayed busy)"
-	}
+	rep.Machine["other_gvisor_sandboxes_at_start"] = fmt.Sprint(otherSandboxes(roots...))
 
 	sections := []struct {
 		key, title string

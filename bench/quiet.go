@@ -75,35 +75,3 @@ func (g *quietGate) report(b *bench, group string) {
 			quietBusy*100, quietWindow.Milliseconds(), quietLimit, g.timeouts)))
 	g.waits, g.timeouts = nil, 0
 }
-
-// The servers' own start-up work goes on after they answer warm: the
-// sandboxes of their pools start their spare kernels when the host has a
-// CPU idle (a kernel and the template's imports, seconds of CPU each). A
-// 300 ms window of the quiet gate can let the first measurement through
-// just before such work; once, with a baseline whose warm image was new,
-// the first burst of 20 took 12.7 s p50 against about 2 s in the runs
-// after (the cause was not caught). So before the first section the
-// bench waits until the host has been quiet over a longer window.
-const (
-	settleWindow = 3 * time.Second
-	settleLimit  = 3 * time.Minute
-)
-
-// settle waits until the host's CPUs were at most quietBusy busy over
-// settleWindow, or settleLimit passed, and returns how long it waited and
-// whether it met the limit instead.
-func settle(ctx context.Context) (time.Duration, bool, error) {
-	t0 := time.Now()
-	for {
-		idle, err := sandbox.IdleCPUs(ctx, settleWindow)
-		if err != nil {
-			return time.Since(t0), false, err
-		}
-		if quietEnough(idle, runtime.NumCPU()) {
-			return time.Since(t0), false, nil
-		}
-		if time.Since(t0) >= settleLimit {
-			return time.Since(t0), true, nil
-		}
-	}
-}
