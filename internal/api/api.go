@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"reflect"
 	"slices"
 	"strings"
@@ -295,16 +296,29 @@ var selfCheckedQuery = map[string]bool{
 	"POST /v1/sandboxes/{id}/files/rename": true, "GET /v1/sandboxes/{id}/files/watch": true,
 }
 
-// checkQuery refuses a query parameter the request's route does not take,
-// as the strict bodies refuse unknown fields: a typo, or a filter a route
-// does not have (GET /v1/lineage?sandbox_id=…), was ignored, and the
-// caller believed it had filtered.
+// checkQuery refuses a query string that does not parse, a parameter
+// given twice, and a parameter the request's route does not take, as the
+// strict bodies refuse unknown fields: a typo, or a filter a route does
+// not have (GET /v1/lineage?sandbox_id=…), was ignored, and the caller
+// believed it had filtered. So was a pair Go's parser skips (a bad %
+// escape, a ";"): GET /v1/sandboxes?metadata.job=50% listed every
+// sandbox of the project.
 func checkQuery(r *http.Request) error {
-	allowed, ok := routeQuery[r.Pattern]
-	if !ok || selfCheckedQuery[r.Pattern] || r.URL.RawQuery == "" || strings.HasSuffix(r.Pattern, "/{path...}") {
+	if r.URL.RawQuery == "" || strings.HasSuffix(r.Pattern, "/{path...}") {
 		return nil // the port proxy's query is the sandbox server's
 	}
-	for k := range r.URL.Query() {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return pandastack.Errorf(pandastack.EInvalid, "malformed query string: %v (in a value, write %% as %%25, ; as %%3B and & as %%26)", err)
+	}
+	if err := singleValued(q); err != nil {
+		return err
+	}
+	allowed, ok := routeQuery[r.Pattern]
+	if !ok || selfCheckedQuery[r.Pattern] {
+		return nil
+	}
+	for k := range q {
 		if allowed[k] {
 			continue
 		}
@@ -634,7 +648,7 @@ func bodiless(h func(http.ResponseWriter, *http.Request, string)) func(http.Resp
 // fields and nothing after it. An empty body decodes as {}; null, an array
 // or any other value is refused.
 func decode(r *http.Request, v any) error {
-	body := http.MaxBytesReader(nil, r.Body, 8<<20)
+	body := http.MaxBytesReader(nil, r.Body, maxJSONBody)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	var raw json.RawMessage
@@ -652,14 +666,23 @@ func decode(r *http.Request, v any) error {
 	return decodeObject(raw, v)
 }
 
+// maxJSONBody is the largest JSON request body the API reads.
+const maxJSONBody = 8 << 20
+
 // decodeRequired is decode for a route whose body is the whole request
-// (PUT …/network): an empty body is refused rather than read as {}.
+// (PUT …/network): an empty body is refused rather than read as {}. The
+// white space it skips counts toward maxJSONBody (500 MB of spaces were
+// read to the end).
 func decodeRequired(r *http.Request, v any, example string) error {
-	br := bufio.NewReader(r.Body)
+	br := bufio.NewReader(http.MaxBytesReader(nil, r.Body, maxJSONBody))
 	for {
 		c, err := br.ReadByte()
 		if errors.Is(err, io.EOF) {
 			return pandastack.Errorf(pandastack.EInvalid, "the request body is required: a JSON object, e.g. %s", example)
+		}
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return jsonError(err)
 		}
 		if err != nil || !strings.ContainsRune(" \t\r\n", rune(c)) {
 			if err == nil {

@@ -200,6 +200,8 @@ func TestDecodeRequired(t *testing.T) {
 		{"null", "must be a JSON object"},
 		{`{"x": 1}`, "unknown field"},
 		{` {"a": "b"}`, ""},
+		// The white space before the object counts toward the limit.
+		{strings.Repeat(" ", maxJSONBody+1) + "{}", "larger than"},
 	} {
 		r := httptest.NewRequest(http.MethodPut, "/", strings.NewReader(c.body))
 		var v struct {

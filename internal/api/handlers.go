@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -122,6 +123,17 @@ func hungUp(r *http.Request, err error) bool {
 	return errors.Is(err, ctxErr) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed)
 }
 
+// checkMetadataFilters refuses more metadata.<key> filters than a
+// sandbox's or a snapshot's metadata has keys: each is a term of the
+// store's query, and SQLite refused a thousand of them as too deep (an
+// internal error).
+func checkMetadataFilters(md map[string]string) error {
+	if len(md) > sandbox.MaxMetadataKeys {
+		return pandastack.Errorf(pandastack.EInvalid, "at most %d metadata.<key> filters, got %d (a sandbox or snapshot holds at most %d metadata keys)", sandbox.MaxMetadataKeys, len(md), sandbox.MaxMetadataKeys)
+	}
+	return nil
+}
+
 // singleValued refuses a query parameter given twice: a filter has one
 // value, and the second was silently dropped.
 func singleValued(q url.Values) error {
@@ -150,7 +162,9 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 			for _, v := range strings.Split(vs[0], ",") {
 				switch st := pandastack.SandboxState(v); st {
 				case pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused, pandastack.StateStopped:
-					f.States = append(f.States, st)
+					if !slices.Contains(f.States, st) {
+						f.States = append(f.States, st)
+					}
 				case "all":
 					// "all,running" listed only the running ones.
 					writeError(w, pandastack.Errorf(pandastack.EInvalid, "state=all stands alone; it cannot be combined with other states"))
@@ -187,6 +201,10 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project s
 			writeError(w, pandastack.Errorf(pandastack.EInvalid, "unknown query parameter %q; filter with metadata.<key>=<value> or state=, page with limit=, after= and order=", k))
 			return
 		}
+	}
+	if err := checkMetadataFilters(f.Metadata); err != nil {
+		writeError(w, err)
+		return
 	}
 	if q.Get("state") == "" {
 		f.States = []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}

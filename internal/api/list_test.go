@@ -135,3 +135,44 @@ func TestListPagesRefuseBadParameters(t *testing.T) {
 		}
 	}
 }
+
+// More metadata filters than a record can have keys are refused: each is
+// a term of the store's query, and a thousand were an internal error of
+// SQLite's (its expression depth). As many as a record can have are
+// answered. A state named again and again is one filter (32 767 of them
+// were too many SQL variables).
+func TestListFilterLimits(t *testing.T) {
+	s := listServer(t, 4)
+	filters := func(n int) string {
+		var q []string
+		for i := range n {
+			q = append(q, fmt.Sprintf("metadata.k%d=v", i))
+		}
+		return strings.Join(q, "&")
+	}
+	for _, n := range []int{sandbox.MaxMetadataKeys + 1, 1000} {
+		code, _, body := getList(t, s, filters(n))
+		if code != http.StatusBadRequest || !strings.Contains(body, `"invalid_request"`) || !strings.Contains(body, fmt.Sprintf("at most %d metadata.<key> filters, got %d", sandbox.MaxMetadataKeys, n)) {
+			t.Errorf("%d metadata filters: %d %s, want 400 invalid_request", n, code, body)
+		}
+		req := httptest.NewRequest(http.MethodGet, "/v1/snapshots?"+filters(n), nil)
+		req.Header.Set("Authorization", "Bearer pds_0123456789abcdef")
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), "metadata.<key> filters") {
+			t.Errorf("%d metadata filters on snapshots: %d %s, want 400 invalid_request", n, rec.Code, rec.Body)
+		}
+	}
+	code, p, body := getList(t, s, filters(sandbox.MaxMetadataKeys))
+	if code != http.StatusOK || len(p.Sandboxes) != 0 {
+		t.Errorf("%d metadata filters: %d %s, want 200 and none", sandbox.MaxMetadataKeys, code, body)
+	}
+	code, p, body = getList(t, s, "state="+strings.TrimSuffix(strings.Repeat("running,", 32767), ","))
+	var ids []string
+	for _, sb := range p.Sandboxes {
+		ids = append(ids, sb.ID)
+	}
+	if code != http.StatusOK || !slices.Equal(ids, []string{"sbx_00", "sbx_02"}) {
+		t.Errorf("state=running 32767 times: %d %q %.200s, want 200 and the running ones", code, ids, body)
+	}
+}

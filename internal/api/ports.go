@@ -472,13 +472,30 @@ func sameOriginResponse(h http.Header) {
 	h.Del("Clear-Site-Data")
 }
 
+// removeCookie drops the pairs named name from r's Cookie header and
+// leaves every other pair as the client sent it. Parsing the header and
+// writing it again (Request.Cookies, AddCookie) dropped the sandbox
+// app's cookies whose values Go's parser refuses (a quote, a backslash,
+// a non-ASCII byte: prefs={"theme":"dark"}), quoted others, and dropped
+// them all past 3000.
 func removeCookie(r *http.Request, name string) {
-	cs := r.Cookies()
-	r.Header.Del("Cookie")
-	for _, c := range cs {
-		if c.Name != name {
-			r.AddCookie(c)
+	lines := r.Header.Values("Cookie")
+	if !slices.ContainsFunc(lines, func(l string) bool { return strings.Contains(l, name) }) {
+		return
+	}
+	var kept []string
+	for _, l := range lines {
+		for _, pair := range strings.Split(l, ";") {
+			pair = strings.TrimSpace(pair)
+			if n, _, _ := strings.Cut(pair, "="); pair == "" || strings.TrimSpace(n) == name {
+				continue
+			}
+			kept = append(kept, pair)
 		}
+	}
+	r.Header.Del("Cookie")
+	if len(kept) > 0 {
+		r.Header.Set("Cookie", strings.Join(kept, "; "))
 	}
 }
 

@@ -128,3 +128,39 @@ func TestRepeatedFilterRefused(t *testing.T) {
 		}
 	}
 }
+
+// A query string Go's parser cannot read whole is refused, not read in
+// part: the pairs it skips (a bad % escape, a ";") were dropped, and
+// GET /v1/sandboxes?metadata.job=50% listed every sandbox of the project.
+// So is a parameter given twice on a route that takes one (the first
+// value won). The port proxy's query is the sandbox server's, whatever it
+// holds.
+func TestMalformedQueryRefused(t *testing.T) {
+	s := New(Config{}, nil, keyStore{}, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, c := range []struct{ method, url, says string }{
+		{"GET", "/v1/sandboxes?metadata.job=50%", `malformed query string: invalid URL escape "%"`},
+		{"GET", "/v1/snapshots?metadata.tag=a%zz", "malformed query string"},
+		{"GET", "/v1/lineage?sandbox_id=x;", "malformed query string: invalid semicolon separator"},
+		{"GET", "/v1/sandboxes/sbx_x/processes/1/output?follow=true;", "malformed query string"},
+		{"PUT", "/v1/sandboxes/sbx_x/files?path=/etc/app.conf&user=root%", "malformed query string"},
+		{"GET", "/v1/sandboxes?" + strings.Repeat("a=1&", 10001), "malformed query string"},
+		{"GET", "/v1/sandboxes/sbx_x/pty?cols=80&cols=200", `query parameter "cols" is given 2 times; give it once`},
+		{"GET", "/v1/sandboxes/sbx_x/files?path=/a&path=/b", `query parameter "path" is given 2 times`},
+	} {
+		req := httptest.NewRequest(c.method, c.url, nil)
+		req.Header.Set("Authorization", "Bearer pds_0123456789abcdef")
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		var body errorBody
+		json.Unmarshal(rec.Body.Bytes(), &body)
+		if rec.Code != http.StatusBadRequest || body.Error.Code != pandastack.EInvalid || !strings.Contains(body.Error.Message, c.says) {
+			t.Errorf("%s %.80s: %d %s, want 400 invalid_request saying %q", c.method, c.url, rec.Code, rec.Body, c.says)
+		}
+	}
+	for _, u := range []string{"/v1/sandboxes/sbx_x/ports/8000/app?q=50%&x=1;y=2&x=3", "/v1/sandboxes/sbx_x/ports/8000/?a=%zz"} {
+		req := httptest.NewRequest("GET", u, nil)
+		if err := checkQuery(withPattern(s, req)); err != nil {
+			t.Errorf("the port proxy's %s: %v, want it passed on", u, err)
+		}
+	}
+}

@@ -38,6 +38,10 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, project s
 		}
 		md[strings.TrimPrefix(k, "metadata.")] = vs[0]
 	}
+	if err := checkMetadataFilters(md); err != nil {
+		writeError(w, err)
+		return
+	}
 	list, err := s.mgr.ListSnapshots(r.Context(), project, md)
 	if err != nil {
 		writeError(w, err)
