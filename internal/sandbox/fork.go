@@ -41,7 +41,7 @@ type ForkOptions struct {
 }
 
 // ForkWith is Fork with the children's own network policy.
-func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOptions) (_ []pandastack.Sandbox, err error) {
+func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOptions) (children []pandastack.Sandbox, err error) {
 	defer m.observe(opFork, time.Now(), &err)
 	count, ttlSeconds, metadata := o.Count, o.TTLSeconds, o.Metadata
 	if err := m.validNetwork(o.Network); err != nil {
@@ -66,7 +66,15 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 	if err != nil {
 		return nil, err
 	}
-	defer func() { booked.done(err == nil) }()
+	defer func() {
+		// The booking fades as the children's cgroups fill (their pages
+		// load after the fork returns); told none, it stood whole on top
+		// of them, and the reaper freed memory for a shortage not there.
+		for _, k := range children {
+			booked.of(k.ID)
+		}
+		booked.done(err == nil)
+	}()
 	for {
 		if kids, done, err := m.forkPaused(ctx, projectID, id, count, ttl, metadata, o.Network); done {
 			return kids, err

@@ -374,14 +374,16 @@ func (m *Manager) adopt(ctx context.Context, sb pandastack.Sandbox) error {
 }
 
 const (
-	maxMetadataKeys = 64
+	// MaxMetadataKeys is the most keys a sandbox's or a snapshot's
+	// metadata holds.
+	MaxMetadataKeys = 64
 	maxMetadataLen  = 1024
 )
 
 // ValidateMetadata checks metadata limits.
 func ValidateMetadata(md map[string]string) error {
-	if len(md) > maxMetadataKeys {
-		return pandastack.Errorf(pandastack.EInvalid, "metadata: at most %d keys, got %d", maxMetadataKeys, len(md))
+	if len(md) > MaxMetadataKeys {
+		return pandastack.Errorf(pandastack.EInvalid, "metadata: at most %d keys, got %d", MaxMetadataKeys, len(md))
 	}
 	for k, v := range md {
 		if k == "" || len(k) > 256 {

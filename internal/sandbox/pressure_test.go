@@ -186,6 +186,30 @@ func TestMemoryPressureRefusesAFork(t *testing.T) {
 	}
 }
 
+// A fork's booking fades as its children's memory fills, as a create's
+// does: it named none of them, and stood whole for bootSettle on top of
+// the children's own memory once their pages had loaded.
+func TestForkBookingFadesWithItsChildren(t *testing.T) {
+	h, _, _ := pressureHarness(t, 5000, 0, 1000)
+	parent := h.createIdle(0)
+	h.m.bootSettle = time.Hour // a returned booking fades through the cgroups alone
+	kids, err := h.m.Fork(context.Background(), project, parent.ID, 2, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := h.m.bookedMiB(), 2*defaultPSSMiB; got != want {
+		t.Fatalf("booked %d MiB right after the fork, want %d (nothing loaded yet)", got, want)
+	}
+	h.rt.mu.Lock()
+	for _, k := range kids {
+		h.rt.boxes[k.ID].mem = defaultPSSMiB << 20
+	}
+	h.rt.mu.Unlock()
+	if got := h.m.bookedMiB(); got != 0 {
+		t.Fatalf("booked %d MiB once the children loaded, want 0", got)
+	}
+}
+
 // Under the reserve the pools' ready sandboxes go first; within the
 // headroom over it a pool keeps what it holds, neither refilling nor
 // shrinking; with room it fills again.
