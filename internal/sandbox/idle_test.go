@@ -479,6 +479,21 @@ func TestIdleSuspendReleasesSpares(t *testing.T) {
 	if got := h.rt.takeSuspendLog(); !slices.Equal(got, want) {
 		t.Fatalf("failed idle suspend: %q, want %q", got, want)
 	}
+
+	// So does one cut short after its checkpoint, the record no longer
+	// saying running (here: starting, as no request would leave it).
+	h.rt.checkpointErr = func(id string) error {
+		return h.store.Store.SetSandboxState(ctx, id, pandastack.StateStarting, "", h.m.now())
+	}
+	c.advance(time.Minute) // the failed one's next try
+	h.passIdle(c, 11*time.Second)
+	h.rt.checkpointErr = nil
+	if rec := h.record(sb.ID); rec.State == pandastack.StatePaused {
+		t.Fatalf("after a suspend cut short: %s", rec.State)
+	}
+	if got := h.rt.takeSuspendLog(); !slices.Equal(got, want) {
+		t.Fatalf("idle suspend cut short after its checkpoint: %q, want %q", got, want)
+	}
 }
 
 // A sandbox still being created: a request waits for it and then runs,

@@ -328,6 +328,7 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 		os.RemoveAll(dir)
 		m.forgetPaused(id)
 		m.sbx.settle(id)
+		m.refillAfter(id, released) // running still, for all it knows: its spares back
 		if err == nil && rec.State == pandastack.StateStopped {
 			err = pandastack.Errorf(pandastack.EStopped, "sandbox %s was stopped (%s) while it was being paused", id, rec.StopReason)
 		} else if err == nil {
