@@ -83,17 +83,12 @@ func releaseLater(pin *pinnedImage) {
 // pinReleaseDelay is how long a resume keeps its image held after it.
 const pinReleaseDelay = 5 * time.Second
 
-// over takes out and returns the oldest ids beyond the newest keep.
+// over returns the oldest ids beyond the newest keep; they stay listed
+// until taken.
 func (p *preparedResumes) over(keep int) []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := max(len(p.ids)-keep, 0)
-	out := slices.Clone(p.ids[:n])
-	p.ids = slices.Delete(p.ids, 0, n)
-	for _, id := range out {
-		p.unpin(id)
-	}
-	return out
+	return slices.Clone(p.ids[:max(len(p.ids)-keep, 0)])
 }
 
 // list returns the sandboxes whose resume is prepared, oldest first.
@@ -176,40 +171,56 @@ func (m *Manager) prepareResume(sb pandastack.Sandbox) {
 	m.log.Debug("resume prepared", "sandbox", sb.ID)
 }
 
-// dropPrepared removes the prepared resumes beyond the newest keep. A
-// sandbox resuming or being killed right now is left to that.
+// dropPrepared removes the prepared resumes beyond the newest keep. One
+// whose sandbox is claimed right now (resuming, its image read by a fork
+// or a snapshot, being killed) stays listed, for that or a later drop:
+// taken off the list first, it was left standing and never counted again.
 func (m *Manager) dropPrepared(keep int) {
 	for _, id := range m.prepared.over(keep) {
 		if m.sbx.begin(id, phaseStopping) != nil {
 			continue
 		}
-		if sb, err := m.store.GetSandbox(context.Background(), "", id); err == nil && sb.State == pandastack.StatePaused {
-			m.stopPrepared(id)
-		}
+		m.dropOnePrepared(id)
 		m.sbx.end(id)
 	}
 }
 
 // dropPreparedResumes removes every prepared resume whose sandbox nobody
-// is resuming or killing right now (those keep theirs, image held and
-// all) and returns how many it removed: the relief of memory pressure
-// (pressure.go) wants their memory.
+// is resuming, reading or killing right now (those keep theirs, image
+// held and all) and returns how many it removed: the relief of memory
+// pressure (pressure.go) wants their memory.
 func (m *Manager) dropPreparedResumes() int {
 	n := 0
 	for _, id := range m.prepared.list() {
 		if m.sbx.begin(id, phaseStopping) != nil {
 			continue
 		}
-		if ok, pin := m.prepared.take(id); ok {
-			pin.release()
-			if sb, err := m.store.GetSandbox(context.Background(), "", id); err == nil && sb.State == pandastack.StatePaused {
-				m.stopPrepared(id)
-				n++
-			}
+		if m.dropOnePrepared(id) {
+			n++
 		}
 		m.sbx.end(id)
 	}
 	return n
+}
+
+// dropOnePrepared removes id's prepared resume, the caller holding the
+// sandbox's claim, and says whether it stopped a container. A record the
+// store cannot read leaves it listed, for a later drop; a sandbox no
+// longer paused (its record gone: its kill stops what it had) is only
+// taken off the list.
+func (m *Manager) dropOnePrepared(id string) bool {
+	sb, err := m.store.GetSandbox(context.Background(), "", id)
+	if err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+		m.log.Warn("dropping a prepared resume: its record could not be read; it stays for now", "sandbox", id, "err", err)
+		return false
+	}
+	ok, pin := m.prepared.take(id)
+	pin.release()
+	if !ok || err != nil || sb.State != pandastack.StatePaused {
+		return false
+	}
+	m.stopPrepared(id)
+	return true
 }
 
 // stopPrepared removes the prepared resume of paused sandbox id, taken out

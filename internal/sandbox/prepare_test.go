@@ -233,6 +233,42 @@ func TestPauseOnRequestPreparesNothing(t *testing.T) {
 	}
 }
 
+// A prepared resume due to go while its sandbox is claimed (a fork or a
+// snapshot reading its image) stays listed and goes with a later
+// suspend's drop: taken off the list before the claim was asked, it was
+// left standing, counted nowhere, for the sandbox's whole TTL.
+func TestPreparedResumeOfAClaimedSandboxStaysListed(t *testing.T) {
+	h, _, rt := preparingHarness(t, 1)
+	var ids []string
+	for range 3 {
+		sb := h.createIdle(10)
+		ids = append(ids, sb.ID)
+	}
+	h.m.suspend([]string{ids[0]}, pandastack.PauseIdle)
+	if err := h.m.sbx.begin(ids[0], phaseReadingImage); err != nil {
+		t.Fatal(err)
+	}
+	h.m.suspend([]string{ids[1]}, pandastack.PauseIdle)
+	if got, want := h.m.prepared.list(), ids[:2]; !slices.Equal(got, want) {
+		t.Fatalf("prepared resumes listed %v, want %v (the claimed one kept)", got, want)
+	}
+	h.m.sbx.end(ids[0])
+	rt.takeCalls()
+	h.m.suspend([]string{ids[2]}, pandastack.PauseIdle)
+	want := []string{"stop " + ids[0], "stop " + ids[1], "prepare " + ids[2]}
+	if got := rt.takeCalls(); !slices.Equal(got, want) {
+		t.Fatalf("runtime calls %q, want %q", got, want)
+	}
+	if got := rt.preparedIDs(); !slices.Equal(got, ids[2:]) {
+		t.Fatalf("prepared containers %v, want %v", got, ids[2:])
+	}
+	for i, id := range ids {
+		if rec := h.record(id); rec.State != pandastack.StatePaused {
+			t.Fatalf("sandbox %d: %s, want paused", i, rec.State)
+		}
+	}
+}
+
 func TestPreparedResumesList(t *testing.T) {
 	var p preparedResumes
 	for _, id := range []string{"a", "b", "c", "b"} {
@@ -241,10 +277,10 @@ func TestPreparedResumesList(t *testing.T) {
 	if !slices.Equal(p.ids, []string{"a", "c", "b"}) {
 		t.Fatalf("ids %v", p.ids)
 	}
-	if got := p.over(1); !slices.Equal(got, []string{"a", "c"}) || !slices.Equal(p.ids, []string{"b"}) {
-		t.Fatalf("over(1) = %v, left %v", got, p.ids)
+	if got := p.over(1); !slices.Equal(got, []string{"a", "c"}) || !slices.Equal(p.ids, []string{"a", "c", "b"}) {
+		t.Fatalf("over(1) = %v, left %v, want them still listed", got, p.ids)
 	}
-	if !p.forget("b") || p.forget("b") || len(p.over(0)) != 0 {
+	if !p.forget("b") || p.forget("b") || len(p.over(2)) != 0 || !slices.Equal(p.over(0), []string{"a", "c"}) {
 		t.Fatal("forget")
 	}
 }
@@ -537,7 +573,7 @@ func TestPinnedImages(t *testing.T) {
 		t.Fatalf("%d kB locked once taken: released before its taker did", got)
 	}
 	pin.release()
-	p.over(0)
+	p.releaseAll()
 	if got := lockedKB(t) - before; got != 0 || p.pinnedBytes() != 0 {
 		t.Fatalf("%d kB locked, %d bytes counted with none held", got, p.pinnedBytes())
 	}
