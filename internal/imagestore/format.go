@@ -103,7 +103,11 @@ func Checksum(dir string) (map[string]FileSum, int64, error) {
 }
 
 // Seal writes the manifest into tmp (which holds FilesDir), syncs
-// everything and renames tmp to final. It returns the image's size.
+// everything and renames tmp to final. It returns the image's size. On an
+// error nothing is at final: a sync of final's directory that failed
+// after the rename left a whole image there, which the caller, removing
+// only tmp, never removed (a paused sandbox's then refused every later
+// pause, its rename finding the directory taken).
 func Seal(tmp, final string, man Manifest) (int64, error) {
 	sums, size, err := Checksum(filepath.Join(tmp, FilesDir))
 	if err != nil {
@@ -123,7 +127,11 @@ func Seal(tmp, final string, man Manifest) (int64, error) {
 	if err := os.Rename(tmp, final); err != nil {
 		return 0, err
 	}
-	return size, syncDir(filepath.Dir(final))
+	if err := syncDir(filepath.Dir(final)); err != nil {
+		os.RemoveAll(final)
+		return 0, err
+	}
+	return size, nil
 }
 
 // ParseManifest decodes a manifest and checks its shape; what names the
@@ -205,7 +213,8 @@ func SyncTree(dir string) error {
 	})
 }
 
-func syncDir(dir string) error {
+// syncDir is a variable for tests.
+var syncDir = func(dir string) error {
 	f, err := os.Open(dir)
 	if err != nil {
 		return err

@@ -89,3 +89,33 @@ func TestLinkTree(t *testing.T) {
 		t.Error("a second LinkTree into the same dst did not fail")
 	}
 }
+
+// A Seal that fails leaves nothing at final, also when only the sync of
+// final's directory failed after the rename (the caller removes tmp, and a
+// whole image at final refused every later seal there).
+func TestSealFailingAfterTheRenameLeavesNothing(t *testing.T) {
+	dir := t.TempDir()
+	tmp, final := filepath.Join(dir, ".tmp-x"), filepath.Join(dir, "x")
+	if err := os.MkdirAll(filepath.Join(tmp, FilesDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, FilesDir, "pages.img"), []byte("abc"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer func(f func(string) error) { syncDir = f }(syncDir)
+	sync := syncDir
+	syncDir = func(d string) error {
+		if d == dir {
+			return os.ErrDeadlineExceeded // final's directory, after the rename
+		}
+		return sync(d)
+	}
+	if _, err := Seal(tmp, final, Manifest{Template: "base"}); err == nil {
+		t.Fatal("Seal succeeded with its directory's sync failing")
+	}
+	for _, p := range []string{tmp, final} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s after the failed seal: %v, want it gone", filepath.Base(p), err)
+		}
+	}
+}
