@@ -304,8 +304,12 @@ var selfCheckedQuery = map[string]bool{
 // escape, a ";"): GET /v1/sandboxes?metadata.job=50% listed every
 // sandbox of the project.
 func checkQuery(r *http.Request) error {
-	if r.URL.RawQuery == "" || strings.HasSuffix(r.Pattern, "/{path...}") {
-		return nil // the port proxy's query is the sandbox server's
+	if r.URL.RawQuery == "" || r.Pattern == "" || strings.HasSuffix(r.Pattern, "/{path...}") {
+		// The port proxy's query is the sandbox server's: its path form,
+		// and, with no route's pattern, its host form ({port}-{id}.domain,
+		// hostRoute) and the methods the mux does not route
+		// (otherMethodToPort).
+		return nil
 	}
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {

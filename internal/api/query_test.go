@@ -163,4 +163,10 @@ func TestMalformedQueryRefused(t *testing.T) {
 			t.Errorf("the port proxy's %s: %v, want it passed on", u, err)
 		}
 	}
+	// The host form ({port}-{id}.domain) and a method the mux does not
+	// route reach the API key's check with no route's pattern.
+	req := httptest.NewRequest("PROPFIND", "/search?tag=a&tag=b&q=50%;x", nil)
+	if err := checkQuery(req); err != nil {
+		t.Errorf("the port proxy's host form: %v, want its query passed on", err)
+	}
 }

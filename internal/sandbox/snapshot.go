@@ -288,8 +288,8 @@ func (m *Manager) pauseSuspended(ctx context.Context, sb pandastack.Sandbox) (pa
 	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, pandastack.PauseRequested, m.now()); err != nil {
 		return sb, fmt.Errorf("pause %s: %w", id, err)
 	}
-	// Its prepared resume, if any: also one that dropPrepared took out of
-	// the list while this held the claim, and so left standing.
+	// Its prepared resume, if any (one that dropPrepared found claimed
+	// by this pause stayed listed).
 	_, pin := m.prepared.take(id)
 	pin.release()
 	m.stopPrepared(id)
