@@ -169,6 +169,10 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 	p := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(u)
+			// As sent: the reverse proxy drops the pairs Go cannot parse
+			// (a ';', a bad %) and sorts the rest, and a port proxy's
+			// query is the sandbox server's to read.
+			pr.Out.URL.RawQuery = pr.In.URL.RawQuery
 			pr.Out.Host = pr.In.Host // the port proxy's {port}-{id}.domain routes by it
 			pr.SetXForwarded()
 			pr.Out.Header.Set(forwardedHeader, s.mgr.NodeID())
