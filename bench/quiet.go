@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/pandastack/pandastack/internal/sandbox"
@@ -49,11 +48,13 @@ func (g *quietGate) wait(ctx context.Context) error {
 	}
 	t0 := time.Now()
 	for {
-		idle, err := sandbox.IdleCPUs(ctx, quietWindow)
+		// The CPUs /proc/stat counts, not runtime.NumCPU: under a smaller
+		// cpuset the idle ones of the whole host made every window quiet.
+		idle, cpus, err := sandbox.IdleCPUs(ctx, quietWindow)
 		if err != nil {
 			return err
 		}
-		if quietEnough(idle, runtime.NumCPU()) {
+		if quietEnough(idle, cpus) {
 			break
 		}
 		if time.Since(t0) >= quietLimit {

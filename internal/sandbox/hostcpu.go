@@ -14,28 +14,33 @@ import (
 // I/O) over d, from /proc/stat: 1.5 on a 2-CPU host means a quarter busy.
 // It returns ctx's error if ctx ends first.
 func idleCPUs(ctx context.Context, d time.Duration) (float64, error) {
+	idle, _, err := IdleCPUs(ctx, d)
+	return idle, err
+}
+
+// IdleCPUs is idleCPUs for tools outside the package, such as the
+// benchmark's quiet gate, with the number of CPUs /proc/stat counts: the
+// host's, which runtime.NumCPU (the process's own, under a cpuset or an
+// affinity mask) may not be.
+func IdleCPUs(ctx context.Context, d time.Duration) (idle float64, cpus int, err error) {
 	idle0, total0, n, err := cpuTicks()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	select {
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return 0, 0, ctx.Err()
 	case <-time.After(d):
 	}
 	idle1, total1, _, err := cpuTicks()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if total1 <= total0 {
-		return float64(n), nil // no tick went by: nothing says busy
+		return float64(n), n, nil // no tick went by: nothing says busy
 	}
-	return float64(n) * float64(idle1-idle0) / float64(total1-total0), nil
+	return float64(n) * float64(idle1-idle0) / float64(total1-total0), n, nil
 }
-
-// IdleCPUs is idleCPUs for tools outside the package, such as the
-// benchmark's quiet gate.
-func IdleCPUs(ctx context.Context, d time.Duration) (float64, error) { return idleCPUs(ctx, d) }
 
 // cpuTicks reads the host's CPU time so far from /proc/stat: idle and
 // I/O wait ticks, all ticks, and the number of CPUs.

@@ -30,6 +30,10 @@ func TestIdleCPUs(t *testing.T) {
 	if err != nil || idle < 0 || idle > float64(n) {
 		t.Fatalf("idle CPUs %v, err %v; want 0 to %d", idle, err, n)
 	}
+	// The exported form says how many CPUs that is of: /proc/stat's.
+	if idle, cpus, err := IdleCPUs(context.Background(), 50*time.Millisecond); err != nil || cpus != n || idle < 0 || idle > float64(cpus) {
+		t.Fatalf("IdleCPUs: %v of %d, err %v; want 0 to %d of %d", idle, cpus, err, n, n)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := idleCPUs(ctx, time.Hour); err != context.Canceled {
