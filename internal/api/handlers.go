@@ -135,7 +135,8 @@ func checkMetadataFilters(md map[string]string) error {
 }
 
 // singleValued refuses a query parameter given twice: a filter has one
-// value, and the second was silently dropped.
+// value, and the second was silently dropped. checkQuery asks it of every
+// API route.
 func singleValued(q url.Values) error {
 	for k, vs := range q {
 		if len(vs) > 1 {
@@ -147,11 +148,7 @@ func singleValued(q url.Values) error {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request, project string) {
 	f := pandastack.SandboxFilter{Metadata: map[string]string{}}
-	q := r.URL.Query()
-	if err := singleValued(q); err != nil {
-		writeError(w, err)
-		return
-	}
+	q := r.URL.Query() // one value each: checkQuery refused repeats
 	for k, vs := range q {
 		switch {
 		case strings.HasPrefix(k, "metadata."):

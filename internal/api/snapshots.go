@@ -27,11 +27,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request, project 
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request, project string) {
 	md := map[string]string{}
-	if err := singleValued(r.URL.Query()); err != nil {
-		writeError(w, err)
-		return
-	}
-	for k, vs := range r.URL.Query() {
+	for k, vs := range r.URL.Query() { // one value each: checkQuery refused repeats
 		if !strings.HasPrefix(k, "metadata.") {
 			writeError(w, pandastack.Errorf(pandastack.EInvalid, "unknown query parameter %q; filter with metadata.<key>=<value>", k))
 			return
