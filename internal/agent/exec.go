@@ -461,10 +461,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 }
 
 // readChunks hands what f yields, in chunks of at most outputChunk bytes,
-// to emit as events of type typ, until f ends or fails.
+// to emit as events of type typ, until f ends or fails. The chunks share
+// one buffer: emit keeps a copy of what it keeps.
 func readChunks(f *os.File, typ string, emit func(agentproto.ExecEvent)) {
+	buf := make([]byte, outputChunk)
 	for {
-		buf := make([]byte, outputChunk)
 		n, err := f.Read(buf)
 		if n > 0 {
 			emit(agentproto.ExecEvent{Type: typ, Data: buf[:n]})

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -55,14 +56,17 @@ type bgProc struct {
 	oom     atomic.Pointer[string]
 	release func()
 
-	mu      sync.Mutex
-	info    agentproto.Process
-	events  []agentproto.ExecEvent // kept output, oldest first
-	first   int                    // sequence number of events[0]
-	size    int                    // bytes in events
-	reaped  bool                   // it exited: its pid may be reused
-	exit    *agentproto.ExecEvent  // set once it ended and its output is read
-	changed chan struct{}          // closed and replaced on every change
+	mu     sync.Mutex
+	info   agentproto.Process
+	events []agentproto.ExecEvent // kept output, oldest first
+	first  int                    // sequence number of events[0]
+	size   int                    // memory events hold: keptCost of each
+	// sealed is the sequence number past the last event a reader has
+	// taken: events before it may no longer grow.
+	sealed  int
+	reaped  bool                  // it exited: its pid may be reused
+	exit    *agentproto.ExecEvent // set once it ended and its output is read
+	changed chan struct{}         // closed and replaced on every change
 }
 
 func (p *bgProc) notify() {
@@ -70,19 +74,55 @@ func (p *bgProc) notify() {
 	p.changed = make(chan struct{})
 }
 
+// eventCost is what an event kept costs beyond its bytes' array: the
+// event itself in the slice and its allocation's header, roughly.
+const eventCost = 96
+
+// keptCost is the memory a kept event holds.
+func keptCost(ev agentproto.ExecEvent) int { return cap(ev.Data) + eventCost }
+
+// append keeps ev, the output's next piece. A piece of the same stream as
+// the last event, which no reader has taken yet, grows that event up to
+// outputChunk: a process that writes a line at a time (a server's log)
+// yields a read per line, and kept one event each, its 4 MiB would be a
+// million events. Past keptOutput, counted as memory held, the oldest go.
 func (p *bgProc) append(ev agentproto.ExecEvent) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if n := len(p.events); n > 0 && p.first+n > p.sealed {
+		last := &p.events[n-1]
+		if last.Type == ev.Type && len(last.Data)+len(ev.Data) <= outputChunk {
+			p.size -= keptCost(*last)
+			if need := len(last.Data) + len(ev.Data); need > cap(last.Data) {
+				// Grown by a quarter, not append's doubling: the kept
+				// bytes stay most of the memory counted.
+				grown := make([]byte, len(last.Data), min(outputChunk, need+need/4))
+				copy(grown, last.Data)
+				last.Data = grown
+			}
+			last.Data = append(last.Data, ev.Data...)
+			p.size += keptCost(*last)
+			p.trim()
+			p.notify()
+			return
+		}
+	}
+	ev.Data = bytes.Clone(ev.Data) // not the reader's buffer
 	p.events = append(p.events, ev)
-	p.size += len(ev.Data)
+	p.size += keptCost(ev)
+	p.trim()
+	p.notify()
+}
+
+// trim drops the oldest events while those kept hold more than keptOutput.
+func (p *bgProc) trim() {
 	for p.size > keptOutput && len(p.events) > 1 {
-		p.size -= len(p.events[0].Data)
+		p.size -= keptCost(p.events[0])
 		p.info.OutputDropped += int64(len(p.events[0].Data))
 		p.events[0] = agentproto.ExecEvent{}
 		p.events = p.events[1:]
 		p.first++
 	}
-	p.notify()
 }
 
 func (p *bgProc) snapshot() agentproto.Process {
@@ -314,6 +354,7 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) error {
 		next = max(next, p.first)
 		pending := append([]agentproto.ExecEvent(nil), p.events[next-p.first:]...)
 		next += len(pending)
+		p.sealed = max(p.sealed, next)
 		exit, changed := p.exit, p.changed
 		p.mu.Unlock()
 		for _, ev := range pending {
