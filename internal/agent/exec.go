@@ -368,16 +368,28 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		killed   bool
 		timedOut bool
 		elapsed  time.Duration
-		timeoutC <-chan time.Time
+		timeoutC <-chan struct{}
 		drainC   <-chan time.Time
 		drainT   *time.Timer
 		done     = c.Done
 		ctxDone  = ans.ctx.Done()
 	)
+	// The timeout kills the command even while the loop below is stuck in
+	// a write to a client that stopped reading (it would run on for as
+	// long as the client stalls); the loop then records it and waits for
+	// the reaping as after any kill.
+	var pastTimeout atomic.Bool
 	if req.TimeoutMS > 0 {
-		t := time.NewTimer(time.Duration(req.TimeoutMS) * time.Millisecond)
+		expired := make(chan struct{})
+		t := time.AfterFunc(time.Duration(req.TimeoutMS)*time.Millisecond, func() {
+			if !gone.Load() {
+				pastTimeout.Store(true)
+				KillTree(c.Pid, c.Mark)
+			}
+			close(expired)
+		})
 		defer t.Stop()
-		timeoutC = t.C
+		timeoutC = expired
 	}
 	kill := func() {
 		if !exited && !killed {
@@ -442,6 +454,9 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 			errR.Close()
 		}
 	}
+	// Killed by the timer while the loop was writing: the exit came
+	// first there.
+	timedOut = timedOut || pastTimeout.Load() && status.Signal != ""
 	if why := oom.Load(); why != nil && !broken {
 		// Last on stderr, as a shell says "Killed".
 		send(agentproto.ExecEvent{Type: "stderr", Data: []byte(oomNote(*why))})

@@ -232,6 +232,45 @@ func TestExecTimeoutAnswersOnceReaped(t *testing.T) {
 	})
 }
 
+// A client that keeps the stream open but stops reading does not keep a
+// command alive past its timeout: the agent, stuck writing to it, still
+// kills the command on time, and says so once the client reads again.
+func TestExecTimeoutWhileClientStalls(t *testing.T) {
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		pidFile := filepath.Join(cfg.Home, "pid")
+		// More output than the pipe, the queue and the connection hold.
+		cmd := "echo $$ > " + pidFile + "; head -c 64000000 /dev/zero; sleep 60"
+		resp := st.request(t, t.Context(), http.MethodPost, "/v1/exec", nil, jsonBody(t, agentproto.ExecRequest{Cmd: cmd, TimeoutMS: 1000}))
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		var b []byte
+		for deadline := time.Now().Add(5 * time.Second); !strings.HasSuffix(string(b), "\n"); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the command did not start")
+			}
+			b, _ = os.ReadFile(pidFile)
+		}
+		pids := parsePids(t, string(b), 1)
+		time.Sleep(time.Second) // the timeout passes, nothing read
+		waitGone(t, pids)
+		dec := json.NewDecoder(resp.Body)
+		for {
+			var ev agentproto.ExecEvent
+			if err := dec.Decode(&ev); err != nil {
+				t.Fatalf("stream ended without its exit: %v", err)
+			}
+			if ev.Type == "exit" {
+				if !ev.TimedOut || ev.Signal != "SIGKILL" {
+					t.Fatalf("exit %+v, want timed out", ev)
+				}
+				return
+			}
+		}
+	})
+}
+
 func TestExecCancelKillsTree(t *testing.T) {
 	if _, err := exec.LookPath("setsid"); err != nil {
 		t.Skip("needs setsid (util-linux)")

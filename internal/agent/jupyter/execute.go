@@ -62,6 +62,10 @@ type ExecOptions struct {
 func (k *Kernel) Execute(ctx context.Context, code string, o ExecOptions, onEvent func(agentproto.CodeEvent)) (agentproto.Execution, error) {
 	if onEvent == nil {
 		onEvent = func(agentproto.CodeEvent) {}
+	} else {
+		pump := newEventPump(onEvent)
+		defer pump.close() // after the kernel is released (a later defer)
+		onEvent = pump.send
 	}
 	if len(o.Env) > 0 {
 		if k.opts.EnvCode == nil {

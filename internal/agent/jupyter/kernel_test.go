@@ -943,3 +943,48 @@ func TestInterruptByMessage(t *testing.T) {
 		t.Fatalf("after the interrupt: %+v, pid %d then %d", e, pid, k.Pid())
 	}
 }
+
+// TestTimeoutWhileConsumerStalls: a caller stuck taking the cell's events
+// (a client that stopped reading its stream) does not hold up the cell's
+// timeout: the cell is interrupted on time, and the events, the error
+// last, arrive in order once the caller takes them again.
+func TestTimeoutWhileConsumerStalls(t *testing.T) {
+	k := startKernel(t)
+	mark := filepath.Join(t.TempDir(), "interrupted")
+	code := "import time\nprint('first', flush=True)\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    open(" + strconv.Quote(mark) + ", 'w').close()\n    raise"
+	stall := make(chan struct{})
+	var evs []agentproto.CodeEvent
+	type answer struct {
+		e   agentproto.Execution
+		err error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		e, err := k.Execute(t.Context(), code, ExecOptions{Timeout: 2 * time.Second}, func(ev agentproto.CodeEvent) {
+			if len(evs) == 0 {
+				<-stall // the first event: the caller stops taking them
+			}
+			evs = append(evs, ev)
+		})
+		got <- answer{e, err}
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(mark); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			close(stall)
+			t.Fatal("the cell was not interrupted while its caller was stuck on its first event")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stall)
+	a := <-got
+	if a.err != nil || a.e.Error == nil || a.e.Error.Name != "TimeoutError" || a.e.Stdout != "first\n" {
+		t.Fatalf("execution %+v, err %v", a.e, a.err)
+	}
+	if len(evs) < 2 || evs[0].Type != "stdout" || evs[0].Data != "first\n" || evs[len(evs)-1].Type != "execution" {
+		t.Fatalf("events %+v", evs)
+	}
+}
