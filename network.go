@@ -48,5 +48,5 @@ type EgressEntry struct {
 	BytesOut int64     `json:"bytes_out"`        // sandbox → destination
 	BytesIn  int64     `json:"bytes_in"`         // destination → sandbox
 	Allowed  bool      `json:"allowed"`
-	Rule     string    `json:"rule"` // what decided: "allow_out api.example.com", "deny_out 1.2.3.0/24", "platform", "internet", "no_internet", "no_domain_rule", "quic", "flow_limit"
+	Rule     string    `json:"rule"` // what decided: "allow_out api.example.com", "deny_out 1.2.3.0/24", "platform", "internet", "no_internet", "no_domain_rule", "quic", "flow_limit", "before_restart"
 }

@@ -220,9 +220,10 @@ func (n *Network) sandboxesByAddr() map[netip.Addr]*sandboxNet {
 // answer to the server's next, is refused with a reset. Any other loses
 // its tracking: its next packet is a new connection, which the policy
 // refuses. Connections the policy still allows keep their tracking (and
-// their NAT mapping). s is the sandbox, old its policy until now; n.mu is
-// held.
-func (n *Network) cutRefusedFlows(s *sandboxNet, addr netip.Addr, old, comp Compiled) {
+// their NAT mapping). s is the sandbox, old its policy until now (nil:
+// unknown, a restarted server's adoption, whose cut flows are logged with
+// the rule "before_restart"); n.mu is held.
+func (n *Network) cutRefusedFlows(s *sandboxNet, addr netip.Addr, old *Compiled, comp Compiled) {
 	refused := narrowedFlows{n: n, addr: addr, comp: comp}
 	marked := 0
 	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
@@ -241,7 +242,10 @@ func (n *Network) cutRefusedFlows(s *sandboxNet, addr netip.Addr, old, comp Comp
 		marked++
 		// Its log entry, written once it ends, names what let it through.
 		dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
-		_, rule := old.decideAddr(dst, nil, n.cfg.AllowPrivate)
+		rule := "before_restart"
+		if old != nil {
+			_, rule = old.decideAddr(dst, nil, n.cfg.AllowPrivate)
+		}
 		if s.cutRules == nil || len(s.cutRules) >= maxCutRules {
 			s.cutRules = map[flowKey]string{}
 		}

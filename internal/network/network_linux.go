@@ -828,9 +828,7 @@ func (n *Network) Adopt(id string) error {
 	if err != nil {
 		return fmt.Errorf("network %s: veth: %w", id, err)
 	}
-	if err := netlink.LinkSetUp(l); err != nil {
-		return fmt.Errorf("network %s: %w", id, err)
-	}
+	// Its chain first, then its link: not a moment up without its policy.
 	gw, addr := n.addrs(s.Slot)
 	n.nftMu.Lock()
 	err = n.withConn(func(c *nftables.Conn) error { return n.fw.setSandbox(c, s.Slot, n.veth(s.Slot), addr, comp) })
@@ -838,7 +836,15 @@ func (n *Network) Adopt(id string) error {
 	if err != nil {
 		return fmt.Errorf("network %s: firewall: %w", id, err)
 	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return fmt.Errorf("network %s: %w", id, err)
+	}
 	n.mu.Lock()
+	// Connections tracked from before (opened under the policy as it was,
+	// which the operator's openings may since have narrowed) go on only
+	// if this policy allows them: an established one is accepted before
+	// any sandbox's chain.
+	n.cutRefusedFlows(s, addr, nil, comp)
 	n.slots[s.Slot] = id
 	if reflect.DeepEqual(s.Policy, pol) {
 		s.comp = comp
@@ -972,7 +978,7 @@ func (n *Network) setPolicy(id string, p pandastack.NetworkPolicy, cut bool) err
 	}
 	// Once the change stands: a failed one cuts nothing.
 	if s.up && cut {
-		n.cutRefusedFlows(s, addr, s.comp, comp)
+		n.cutRefusedFlows(s, addr, &s.comp, comp)
 	}
 	s.comp = comp
 	return nil

@@ -1581,3 +1581,127 @@ func TestFailedPrepareKeepsThePolicyItHad(t *testing.T) {
 		t.Errorf("after the next Prepare: %+v, want the policy it kept", got)
 	}
 }
+
+// A crashed server leaves its sandboxes' veths up. The next server's
+// firewall refuses what they send until it adopts each (the hook's accept
+// let it all through, whatever the policy), and once adopted, a sandbox
+// has its own policy again.
+func TestUnadoptedSandboxRefused(t *testing.T) {
+	up := nettest.StartUpstream(t, "ad", 126, 126)
+	inst, state := InstanceID(t.TempDir()), t.TempDir()
+	cfg := Config{Instance: inst, StateDir: state, Default: pandastack.NoNetworkPolicy(), Resolvers: []netip.AddrPort{up.DNS}}
+	testutil.RequireRoot(t)
+	n1, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := n1.Prepare("sbx_adopt", &pandastack.NetworkPolicy{AllowInternetAccess: true})
+	if err != nil {
+		n1.Close()
+		t.Fatal(err)
+	}
+	veth := n1.veth(n1.sbx["sbx_adopt"].Slot)
+	n1.Close()
+	// What a crash leaves: the veth up (a stop sets it down).
+	l, err := netlink.LinkByName(veth)
+	if err == nil {
+		err = netlink.LinkSetUp(l)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n2.Release("sbx_adopt")
+		n2.Close()
+		assertNoLeaks(t, inst)
+	})
+	if body, _, err := get(t, ns, up.PublicIP); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("before its adoption: GET %s = %q, %v; want refused", up.PublicIP, body, err)
+	}
+	if err := n2.Adopt("sbx_adopt"); err != nil {
+		t.Fatal(err)
+	}
+	if body, _, err := get(t, ns, up.PublicIP); err != nil || !strings.Contains(body, "upstream test.example") {
+		t.Fatalf("adopted, with internet access: GET %s = %q, %v", up.PublicIP, body, err)
+	}
+}
+
+// A connection a sandbox holds across a server restart goes on only if its
+// policy still allows it once adopted: here the operator no longer opens
+// the private range it reached. Its log entry says it was let through
+// before the restart.
+func TestAdoptionCutsWhatThePolicyNoLongerAllows(t *testing.T) {
+	testutil.RequireRoot(t)
+	up := nettest.StartUpstream(t, "ac", 130, 130)
+	priv := netip.PrefixFrom(up.PrivateIP, 30).Masked()
+	inst, state := InstanceID(t.TempDir()), t.TempDir()
+	cfg := Config{Instance: inst, StateDir: state, Default: pandastack.NoNetworkPolicy(), Resolvers: []netip.AddrPort{up.DNS}}
+	opened := cfg
+	opened.AllowPrivate = []netip.Prefix{priv}
+	n1, err := New(opened)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := n1.Prepare("sbx_held", &pandastack.NetworkPolicy{AllowOut: []string{up.PrivateIP.String()}})
+	if err != nil {
+		n1.Close()
+		t.Fatal(err)
+	}
+	var c net.Conn
+	nettest.InNS(t, ns, func() {
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(up.PrivateIP, 80).String(), 5*time.Second)
+	})
+	if err != nil {
+		n1.Close()
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /ticks HTTP/1.0\r\nHost: test.example\r\n\r\n")
+	r := bufio.NewReader(c)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			n1.Close()
+			t.Fatalf("before the restart: %v", err)
+		}
+		if strings.HasPrefix(l, "tick 1") {
+			break
+		}
+	}
+	n1.Close()
+	n2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		n2.Release("sbx_held")
+		n2.Close()
+		assertNoLeaks(t, inst)
+	})
+	if err := n2.Adopt("sbx_held"); err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, r); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("reading once adopted under a policy that no longer allows it: %v, want a reset", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		i := slices.IndexFunc(n2.Log("sbx_held"), func(e pandastack.EgressEntry) bool {
+			return e.Kind == "tcp" && e.Address == up.PrivateIP.String() && e.Allowed
+		})
+		if i >= 0 {
+			if e := n2.Log("sbx_held")[i]; e.Rule != "before_restart" {
+				t.Errorf("the cut connection's log entry: %+v, want rule before_restart", e)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cut connection is not in the log: %+v", n2.Log("sbx_held"))
+		}
+	}
+}

@@ -62,14 +62,14 @@ func chainRef(t *nftables.Table, name string) *nftables.Chain {
 	return &nftables.Chain{Name: name, Table: t}
 }
 
-// install (re)creates the instance's table from nothing.
+// install (re)creates the instance's table from nothing. A table a crashed
+// server left is deleted in the same batch that makes the new one: an
+// nftables batch applies whole, so its sandboxes, whose veths are still
+// up, meet no moment without a firewall.
 func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []netip.Prefix) error {
 	f.open = open
 	if old, _ := c.ListTableOfFamily(f.table.Name, nftables.TableFamilyINet); old != nil {
 		c.DelTable(f.table)
-		if err := c.Flush(); err != nil {
-			return fmt.Errorf("remove stale table %s: %w", f.table.Name, err)
-		}
 	}
 	t := c.AddTable(f.table)
 	accept := nftables.ChainPolicyAccept
@@ -102,6 +102,11 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	rule(f.refus, jump(expr.VerdictGoto, "reject")...) // per-sandbox logging rules go before this
 
 	rule(forward, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "out"))...)
+	// A veth of ours with no chain of its own yet (a crashed server's
+	// sandbox, until this one adopts it) comes back from "out": refused,
+	// not let through by the hook's accept. A known one never comes back,
+	// every sandbox's chain ends in a verdict.
+	rule(forward, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), refuse(refusedPolicy))...)
 	rule(forward, cat(ifname(unix.NFT_META_OIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "in"))...)
 	rule(input, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), jump(expr.VerdictJump, "host"))...)
 
@@ -109,7 +114,8 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	rule(f.out, cat(established(), jump(expr.VerdictAccept, ""))...)
 	rule(f.out, cat(nfproto(unix.NFPROTO_IPV6), jump(expr.VerdictGoto, "reject"))...)
 	rule(f.out, jump(expr.VerdictJump, "platform")...)
-	// Per-sandbox rules are appended here; an unknown veth falls through.
+	// Per-sandbox rules are appended here; an unknown veth returns, and
+	// the forward hook refuses it.
 	rule(in, cat(established(), jump(expr.VerdictAccept, ""))...)
 	rule(in, jump(expr.VerdictGoto, "reject")...)
 	rule(host, cat(established(), jump(expr.VerdictAccept, ""))...)

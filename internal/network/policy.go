@@ -14,8 +14,10 @@ const MaxRules = 256
 
 // PlatformDeny are the destinations no sandbox policy can open: "this
 // network", RFC 1918 private ranges, CGNAT, loopback, link-local (with
-// cloud metadata at 169.254.169.254), multicast and the reserved range
-// above it. The host's own addresses and the sandboxes' range are added
+// cloud metadata at 169.254.169.254), the IETF protocol assignments (a
+// cloud's metadata at 192.0.0.192), a cloud's host agent at the public
+// 168.63.129.16 (Azure's, which hands any guest the VM's settings),
+// multicast and the reserved range above it. The host's own addresses and the sandboxes' range are added
 // per server; an operator opens private ranges with --network-allow-private.
 // The documentation nets are not here: tests play the internet on them.
 var PlatformDeny = []netip.Prefix{
@@ -23,8 +25,10 @@ var PlatformDeny = []netip.Prefix{
 	netip.MustParsePrefix("10.0.0.0/8"),
 	netip.MustParsePrefix("100.64.0.0/10"),
 	netip.MustParsePrefix("127.0.0.0/8"),
+	netip.MustParsePrefix("168.63.129.16/32"),
 	netip.MustParsePrefix("169.254.0.0/16"),
 	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.0.0.0/24"),
 	netip.MustParsePrefix("192.168.0.0/16"),
 	netip.MustParsePrefix("224.0.0.0/4"),
 	netip.MustParsePrefix("240.0.0.0/4"),

@@ -29,6 +29,9 @@ func TestDecideAddr(t *testing.T) {
 		{"the whole opened range", pandastack.NetworkPolicy{AllowInternetAccess: true, AllowOut: []string{"172.31.253.0/30"}}, priv, true, "allow_out 172.31.253.0/30"},
 		{"a private address not opened", pandastack.NetworkPolicy{AllowInternetAccess: true, AllowOut: []string{"0.0.0.0/0"}}, other, false, "platform"},
 		{"no internet", pandastack.NetworkPolicy{}, public, false, "no_internet"},
+		{"a cloud's host agent, public but denied", pandastack.NetworkPolicy{AllowInternetAccess: true, AllowOut: []string{"0.0.0.0/0"}}, netip.MustParseAddr("168.63.129.16"), false, "platform"},
+		{"a cloud's metadata among the protocol assignments", pandastack.NetworkPolicy{AllowInternetAccess: true}, netip.MustParseAddr("192.0.0.192"), false, "platform"},
+		{"the addresses beside them are the internet", pandastack.NetworkPolicy{AllowInternetAccess: true}, netip.MustParseAddr("168.63.129.17"), true, "internet"},
 	} {
 		comp, err := Compile(c.policy, deny, open)
 		if err != nil {
