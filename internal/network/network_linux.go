@@ -104,7 +104,7 @@ func (n *Network) view(s *sandboxNet) sandboxView {
 			return s.comp
 		},
 		denied: func(a netip.Addr) bool {
-			return n.cidr.Contains(a) || platformDenied(a, n.deny, n.cfg.AllowPrivate)
+			return n.cidr.Contains(a) || platformDenied(a, n.deny, n.cfg.AllowPrivate) || isLocal(a)
 		},
 		open:    n.cfg.AllowPrivate,
 		resolve: n.lookup,
@@ -400,6 +400,25 @@ func hostAddrs() []netip.Prefix {
 		}
 	}
 	return out
+}
+
+// isLocal reports whether the host delivers a to itself: one of its own
+// addresses as they are now (the deny set has them as they were at start;
+// an opened private range may hold one). The domain proxy connects from
+// the host, past the firewall's host chain, so it asks this before each
+// connection. An address the host cannot route is not (its connect
+// fails: "unreachable").
+func isLocal(a netip.Addr) bool {
+	routes, err := netlink.RouteGet(a.AsSlice())
+	if err != nil {
+		return false
+	}
+	for _, r := range routes {
+		if r.Type == unix.RTN_LOCAL {
+			return true
+		}
+	}
+	return false
 }
 
 // uplinkNets returns the host's default gateways (as /32s) and the IPv4

@@ -1705,3 +1705,33 @@ func TestAdoptionCutsWhatThePolicyNoLongerAllows(t *testing.T) {
 		}
 	}
 }
+
+// The domain proxy connects from the host: an opened private range that
+// holds one of the host's own addresses does not bring a sandbox's
+// connection, passed on by the proxy, to a server of the host's there.
+func TestProxyNeverReachesTheHost(t *testing.T) {
+	up := nettest.StartUpstream(t, "hl", 134, 134)
+	priv := netip.PrefixFrom(up.PrivateIP, 30).Masked()
+	hostAddr := up.PrivateIP.Prev() // the host's end of the upstream's link
+	ln, err := net.Listen("tcp4", netip.AddrPortFrom(hostAddr, 80).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "the host's own server") })}
+	go srv.Serve(ln)
+	defer srv.Close()
+	n := newTestNetworkWith(t, Config{Default: pandastack.NoNetworkPolicy(), AllowPrivate: []netip.Prefix{priv}, Resolvers: []netip.AddrPort{up.DNS}})
+	// The whole range, and a name: domain rules, so port 80 goes to the proxy.
+	pol := pandastack.NetworkPolicy{AllowOut: []string{priv.String(), "api.allowed.test"}}
+	ns, err := n.Prepare("sbx_hostl", &pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Release("sbx_hostl")
+	if body, _, err := get(t, ns, up.PrivateIP); err != nil || !strings.Contains(body, "upstream") {
+		t.Fatalf("the opened range's server: %q, %v", body, err)
+	}
+	if body, _, err := get(t, ns, hostAddr); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("the host's address %s in the opened range: %q, %v; want a reset", hostAddr, body, err)
+	}
+}
