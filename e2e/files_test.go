@@ -178,8 +178,11 @@ func TestFileAPIHardening(t *testing.T) {
 		if out := mustExec(t, s, sb.ID, "ls /etc | grep -c pwned || true"); strings.TrimSpace(out) != "0" {
 			t.Fatalf("the upload wrote into /etc as root: %q", out)
 		}
-		// Asked for, root may; and the file is root's.
-		expect(t, "PUT", files, qv("path", "/home/user/link/asroot", "user", "root"), "r", 200, `"path":"/home/user/link/asroot"`)
+		// Asked for, root may, at the path itself; and the file is root's.
+		// Not through the user's link: the user's code could have
+		// planted it to steer root's writes.
+		expect(t, "PUT", files, qv("path", "/home/user/link/asroot", "user", "root"), "r", 403, "which the sandbox's user can change")
+		expect(t, "PUT", files, qv("path", "/etc/asroot", "user", "root"), "r", 200, `"path":"/etc/asroot"`)
 		if out := mustExec(t, s, sb.ID, "stat -c %U /etc/asroot"); out != "root\n" {
 			t.Fatalf("owner of a file uploaded as root: %q", out)
 		}

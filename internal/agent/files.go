@@ -30,9 +30,13 @@ type fileTarget struct {
 	root bool   // act as root (?user=root) instead of the sandbox user
 }
 
-// run runs f with the target's credentials.
+// run runs f with the target's credentials; as root, once rootPathSafe
+// let the target's path through.
 func (t fileTarget) run(f func() error) error {
 	if t.root {
+		if err := rootPathSafe(t.path); err != nil {
+			return err
+		}
 		return f()
 	}
 	return asUser(f)
@@ -688,6 +692,11 @@ func (s *Server) renameFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err := guard(to, false, true); err != nil {
 		return err
+	}
+	if t.root {
+		if err := rootPathSafe(to); err != nil {
+			return err
+		}
 	}
 	var fi fs.FileInfo
 	err = t.run(func() error {

@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -385,4 +386,67 @@ func TestFilesListOfADirectoryNotEntered(t *testing.T) {
 			t.Errorf("listing a directory not entered: %v, want a:file sub:dir", got)
 		}
 	})
+}
+
+// As root (?user=root) the file API does not follow a link the sandbox's
+// code controls: ~/out turned into a link to a directory of root's would
+// have a root upload, move or delete land there. A link root made where
+// only root writes is followed.
+func TestFilesAsRootRefuseTheUsersLinks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the user's links and root's differ by owner")
+	}
+	cfg := testConfig(t)
+	st := directStack(t, cfg, 1)
+	home := cfg.Home
+	protected := t.TempDir() // root's, as /etc
+	if err := os.WriteFile(filepath.Join(protected, "kept"), []byte("k"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	userLink := filepath.Join(home, "out")
+	if err := os.Symlink(protected, userLink); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(userLink, agentproto.UserUID, agentproto.UserGID); err != nil {
+		t.Fatal(err)
+	}
+	// Root's own link, but in the user's home: the user may replace it.
+	rootLinkInHome := filepath.Join(home, "rootlink")
+	if err := os.Symlink(protected, rootLinkInHome); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		method, path string
+		q            url.Values
+	}{
+		{http.MethodPut, "/v1/files", q("path", "out/motd", "user", "root")},
+		{http.MethodPut, "/v1/files", q("path", "out/sub/motd", "user", "root")},
+		{http.MethodPut, "/v1/files", q("path", "rootlink/motd", "user", "root")},
+		{http.MethodDelete, "/v1/files", q("path", "out/kept", "user", "root")},
+		{http.MethodPost, "/v1/files/mkdir", q("path", "out/d", "user", "root")},
+		{http.MethodPost, "/v1/files/rename", q("path", "mine", "to", "out/moved", "user", "root")},
+	} {
+		if c.method == http.MethodPost && c.path == "/v1/files/rename" {
+			if err := os.WriteFile(filepath.Join(home, "mine"), []byte("m"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		st.callError(t, c.method, c.path, c.q, strings.NewReader("x"), http.StatusForbidden, "permission_denied")
+	}
+	ents, _ := os.ReadDir(protected)
+	if len(ents) != 1 || ents[0].Name() != "kept" {
+		t.Fatalf("root's directory holds %v after the refused requests, want only kept", ents)
+	}
+	// Root's link in a directory only root writes: followed.
+	rootDir := t.TempDir()
+	if err := os.Symlink(protected, filepath.Join(rootDir, "etc")); err != nil {
+		t.Fatal(err)
+	}
+	st.call(t, http.MethodPut, "/v1/files", q("path", filepath.Join(rootDir, "etc", "motd"), "user", "root"), strings.NewReader("hello"), http.StatusOK, nil)
+	if b, err := os.ReadFile(filepath.Join(protected, "motd")); err != nil || string(b) != "hello" {
+		t.Fatalf("through root's link: %q, %v", b, err)
+	}
+	// As the user, the user's own link is theirs to follow (and root's
+	// directory refuses the write, as before).
+	st.callError(t, http.MethodPut, "/v1/files", q("path", "out/motd2"), strings.NewReader("x"), http.StatusForbidden, "permission_denied")
 }
