@@ -11,15 +11,33 @@ import (
 // once nothing is left unread: on a loaded host they may lag behind the
 // last output, which would otherwise be lost. drainMax bounds that too (a
 // child that keeps writing).
-const (
-	drainMax  = 5 * time.Second
-	drainPoll = 10 * time.Millisecond
-)
+//
+// A command's own output still in the pipe when it exited is another
+// matter: a client reading slowly holds it there, and no bound of time is
+// right for it. So an exec goes on draining past drainMax for as long as
+// the pipe keeps emptying and no process of the command's tree (which
+// alone could hold the pipe) lives (exec.go).
+var drainMax = 5 * time.Second
+
+const drainPoll = 10 * time.Millisecond
 
 // keepDraining reports whether output is still to be read from files,
 // whose command exited at exited.
 func keepDraining(exited time.Time, files ...*os.File) bool {
 	return time.Since(exited) < drainMax && unread(files...) > 0
+}
+
+// keepDrainingExec says whether an exec whose command exited at exited
+// reads on: left bytes wait in its pipes, whose count last went down at
+// movedAt; alive says whether a process of the command's tree lives.
+func keepDrainingExec(left int, exited, movedAt time.Time, alive func() bool) bool {
+	if left == 0 {
+		return false
+	}
+	if time.Since(exited) < drainMax {
+		return true
+	}
+	return time.Since(movedAt) < drainMax && !alive()
 }
 
 // drained waits, after a command exited at exited, until its readers end

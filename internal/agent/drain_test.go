@@ -62,3 +62,30 @@ func TestDrainedWaitsForLaggingReader(t *testing.T) {
 	r.Close()
 	<-readers
 }
+
+// An exec reads on past drainMax after its command's exit while its own
+// output still empties out of the pipe (a slow client) and no process of
+// its tree is left to write more; not when one is, nor once the pipe stops
+// emptying.
+func TestKeepDrainingExec(t *testing.T) {
+	now := time.Now()
+	long := now.Add(-2 * drainMax)
+	alive, gone := func() bool { return true }, func() bool { return false }
+	for _, c := range []struct {
+		name          string
+		left          int
+		exited, moved time.Time
+		tree          func() bool
+		want          bool
+	}{
+		{"nothing left", 0, now, now, gone, false},
+		{"within drainMax of the exit", 10, now, now, alive, true},
+		{"a slow client: the pipe empties, the tree is gone", 10, long, now, gone, true},
+		{"a stray writer holds the pipe", 10, long, now, alive, false},
+		{"the pipe stopped emptying", 10, long, long, gone, false},
+	} {
+		if got := keepDrainingExec(c.left, c.exited, c.moved, c.tree); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -371,6 +372,11 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		timeoutC <-chan struct{}
 		drainC   <-chan time.Time
 		drainT   *time.Timer
+		// While draining: the bytes left in the pipes at the last look,
+		// when that last went down, and those left when the drain ended.
+		lastLeft = math.MaxInt
+		movedAt  time.Time
+		dropped  int
 		done     = c.Done
 		ctxDone  = ans.ctx.Done()
 	)
@@ -430,6 +436,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		case status = <-done:
 			gone.Store(true)
 			exited, elapsed = true, time.Since(start)
+			movedAt = time.Now()
 			done, timeoutC, ctxDone = nil, nil, nil
 			if readersDone != nil {
 				drainT = time.NewTimer(drainAfterExit)
@@ -445,14 +452,23 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 			broken = true
 			kill()
 		case <-drainC:
-			if keepDraining(start.Add(elapsed), outR, errR) {
-				drainT.Reset(drainPoll) // the readers lag behind
+			left := unread(outR, errR)
+			if left < lastLeft {
+				movedAt = time.Now()
+			}
+			lastLeft = left
+			if keepDrainingExec(left, start.Add(elapsed), movedAt, func() bool { return markAlive(c.Mark) }) {
+				drainT.Reset(drainPoll) // the readers lag behind, or the client
 				continue
 			}
 			drainC = nil
+			dropped = left
 			outR.Close() // unblocks the readers
 			errR.Close()
 		}
+	}
+	if dropped > 0 && !broken {
+		send(agentproto.ExecEvent{Type: "stderr", Data: []byte(fmt.Sprintf("\npandastack: the last %d bytes of output were not read: %s after the command exited, a process it started still held its output open\n", dropped, drainMax))})
 	}
 	// Killed by the timer while the loop was writing: the exit came
 	// first there.

@@ -5,7 +5,9 @@ package agent_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"os/exec"
@@ -267,6 +269,65 @@ func TestExecTimeoutWhileClientStalls(t *testing.T) {
 				}
 				return
 			}
+		}
+	})
+}
+
+// A client reading slowly gets a command's whole output, however long
+// after the exit it takes to read what the pipe and the queue hold then:
+// the bound on the drain is for a process the command left holding the
+// pipe, not for the command's own output.
+func TestExecSlowReaderGetsAllOutput(t *testing.T) {
+	defer agent.SetDrainMax(300 * time.Millisecond)()
+	cfg := testConfig(t)
+	// Small socket buffers both ways: what the pipe and the queue hold at
+	// the exit stays there until the client reads it.
+	srv := httptest.NewUnstartedServer(agent.NewServer(cfg, 1).Handler())
+	srv.Listener = smallBuffers{srv.Listener}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	st := &stack{base: srv.URL, hc: &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err == nil {
+			c.(*net.TCPConn).SetReadBuffer(16 << 10)
+		}
+		return c, err
+	}}}}
+	const size = 4 << 20
+	n, notes := 0, ""
+	res := st.execStream(t, t.Context(), agentproto.ExecRequest{Cmd: "head -c " + strconv.Itoa(size) + " /dev/zero"}, func(ev agentproto.ExecEvent) {
+		switch ev.Type {
+		case "stdout":
+			n += len(ev.Data)
+			time.Sleep(time.Duration(len(ev.Data)) * time.Second / (1 << 20)) // 1 MiB/s
+		case "stderr":
+			notes += string(ev.Data)
+		}
+	})
+	if n != size || res.exit.ExitCode != 0 || notes != "" {
+		t.Fatalf("read %d of %d bytes, exit %+v, stderr %q", n, size, res.exit, notes)
+	}
+}
+
+// smallBuffers gives the connections it accepts a small send buffer.
+type smallBuffers struct{ net.Listener }
+
+func (l smallBuffers) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		c.(*net.TCPConn).SetWriteBuffer(16 << 10)
+	}
+	return c, err
+}
+
+// A process the command left holding its output, writing on, is cut off
+// drainMax after the command's exit, and the stream says so.
+func TestExecDrainStopsForAStrayWriter(t *testing.T) {
+	defer agent.SetDrainMax(300 * time.Millisecond)()
+	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
+		res := st.exec(t, agentproto.ExecRequest{Cmd: "(yes | head -c 100000000; sleep 5) & sleep 0.2"})
+		if res.exit.ExitCode != 0 || !strings.Contains(res.stderr.String(), "were not read") {
+			t.Fatalf("exit %+v, stderr %q", res.exit, res.stderr.String())
 		}
 	})
 }
