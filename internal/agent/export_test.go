@@ -8,3 +8,10 @@ func SetDrainMax(d time.Duration) (restore func()) {
 	drainMax = d
 	return func() { drainMax = old }
 }
+
+// SetMaxListed sets maxListed for a test; the returned func puts it back.
+func SetMaxListed(n int) (restore func()) {
+	old := maxListed
+	maxListed = n
+	return func() { maxListed = old }
+}

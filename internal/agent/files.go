@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -550,6 +551,34 @@ func removeIn(ctx context.Context, root *os.Root, top, rel string, dev uint64) e
 	}
 }
 
+// maxListed bounds the entries a listing answers: code in the sandbox can
+// make millions of empty files, and their listing was held whole here, on
+// the server and in the caller (a variable for tests).
+var maxListed = 100_000
+
+// readDirUpTo reads the entries of directory p, sorted by name, stopping
+// once it has more than max.
+func readDirUpTo(p string, max int) ([]fs.DirEntry, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var ents []fs.DirEntry
+	for len(ents) <= max {
+		batch, err := f.ReadDir(1024)
+		ents = append(ents, batch...)
+		if err == io.EOF || len(batch) == 0 {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	slices.SortFunc(ents, func(a, b fs.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	return ents, nil
+}
+
 func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
 	t, err := s.target(r)
 	if err != nil {
@@ -568,9 +597,12 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
 		if !fi.IsDir() {
 			return pandastack.Errorf(pandastack.EInvalid, "%s is a file, not a directory; use GET /v1/sandboxes/{id}/files/stat for its details", p)
 		}
-		ents, err := os.ReadDir(p) // sorted by name
+		ents, err := readDirUpTo(p, maxListed)
 		if err != nil {
 			return fsError(err, p, false)
+		}
+		if len(ents) > maxListed {
+			return pandastack.Errorf(pandastack.ETooLarge, "%s holds more than %d entries, more than a listing answers; list it with exec (ls -f %s | head), or list a directory below it", p, maxListed, p)
 		}
 		out = make([]agentproto.FileInfo, 0, len(ents))
 		for _, e := range ents {

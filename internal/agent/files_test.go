@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -449,4 +450,36 @@ func TestFilesAsRootRefuseTheUsersLinks(t *testing.T) {
 	// As the user, the user's own link is theirs to follow (and root's
 	// directory refuses the write, as before).
 	st.callError(t, http.MethodPut, "/v1/files", q("path", "out/motd2"), strings.NewReader("x"), http.StatusForbidden, "permission_denied")
+}
+
+// A listing answers at most maxListed entries, sorted by name; a directory
+// that holds more is refused with payload_too_large, saying how to list it.
+func TestFilesListBounded(t *testing.T) {
+	defer agent.SetMaxListed(2500)()
+	cfg := testConfig(t)
+	st := directStack(t, cfg, 1)
+	dir := filepath.Join(cfg.Home, "many")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	add := func(from, to int) {
+		for i := from; i < to; i++ {
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%05d", i)), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	add(0, 2500)
+	var list []agentproto.FileInfo
+	st.call(t, http.MethodGet, "/v1/files/list", q("path", "many"), nil, http.StatusOK, &list)
+	if len(list) != 2500 || list[0].Name != "f00000" || list[2499].Name != "f02499" {
+		t.Fatalf("listed %d entries, first %q", len(list), list[0].Name)
+	}
+	for i := 1; i < len(list); i++ {
+		if list[i-1].Name >= list[i].Name {
+			t.Fatalf("not sorted at %d: %q, %q", i, list[i-1].Name, list[i].Name)
+		}
+	}
+	add(2500, 2501)
+	st.callError(t, http.MethodGet, "/v1/files/list", q("path", "many"), nil, http.StatusRequestEntityTooLarge, "payload_too_large")
 }

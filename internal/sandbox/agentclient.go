@@ -441,10 +441,36 @@ func (c *AgentClient) do(ctx context.Context, method, path string, q url.Values,
 		io.Copy(io.Discard, resp.Body)
 		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	if err := json.NewDecoder(&capped{r: resp.Body, left: maxAgentAnswer}).Decode(out); err != nil {
 		return fmt.Errorf("agent %s %s: bad answer: %w", method, path, err)
 	}
 	return nil
+}
+
+// maxAgentAnswer bounds a JSON answer of the agent's, which code in the
+// sandbox could tamper with: its largest, a listing of the 100 000 entries
+// the agent lists at most, is some 20 MB.
+const maxAgentAnswer = 64 << 20
+
+// errAnswerTooLarge ends an answer read past maxAgentAnswer.
+var errAnswerTooLarge = errors.New("the answer is larger than 64 MiB")
+
+// capped reads r until left bytes have been read, then fails.
+type capped struct {
+	r    io.Reader
+	left int64
+}
+
+func (c *capped) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		return 0, errAnswerTooLarge
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
 }
 
 // agentCodes are the error codes an agent may give a client: the agent

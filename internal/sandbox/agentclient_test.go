@@ -475,3 +475,36 @@ func TestCancelEndsABodyReadFromASilentAgent(t *testing.T) {
 		t.Fatal("a cancelled exec still waits for the silent agent after 10 s")
 	}
 }
+
+// endless is an answer that never ends: `[0,0,0,…`.
+type endless struct{ at int }
+
+func (e *endless) Read(p []byte) (int, error) {
+	for i := range p {
+		switch {
+		case e.at == 0:
+			p[i] = '['
+		case e.at%2 == 1:
+			p[i] = '0'
+		default:
+			p[i] = ','
+		}
+		e.at++
+	}
+	return len(p), nil
+}
+
+// An agent's answer is read up to maxAgentAnswer: one that goes on (code
+// in the sandbox tampering with the agent) fails, rather than filling the
+// server's memory.
+func TestAgentAnswerCapped(t *testing.T) {
+	var v []int
+	err := json.NewDecoder(&capped{r: &endless{}, left: 1 << 20}).Decode(&v)
+	if !errors.Is(err, errAnswerTooLarge) {
+		t.Fatalf("decoding an endless answer: %v, want %v", err, errAnswerTooLarge)
+	}
+	var ok []int
+	if err := json.NewDecoder(&capped{r: strings.NewReader("[1,2,3]"), left: 7}).Decode(&ok); err != nil || len(ok) != 3 {
+		t.Fatalf("an answer of exactly the cap: %v, %v", ok, err)
+	}
+}
