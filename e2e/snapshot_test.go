@@ -85,6 +85,10 @@ func TestSnapshotRestoreFork(t *testing.T) {
 		if strings.TrimSpace(res.Stdout) != got.ID {
 			t.Fatalf("restored sandbox thinks it is %q", res.Stdout)
 		}
+		// The context it holds from the snapshot's sandbox says so too.
+		if ex, err := c.RunCode(ctx, got.ID, client.RunRequest{Code: "os.environ['PANDASTACK_SANDBOX_ID']"}); err != nil || ex.Text != "'"+got.ID+"'" {
+			t.Fatalf("the restored context thinks it runs in %+v, %v; want %s", ex, err, got.ID)
+		}
 	})
 
 	t.Run("fork gives independent children", func(t *testing.T) {
@@ -106,6 +110,11 @@ func TestSnapshotRestoreFork(t *testing.T) {
 			ex, err := c.RunCode(ctx, k.ID, client.RunRequest{Code: "secret"})
 			if err != nil || ex.Text != fmt.Sprint(100+i) {
 				t.Fatalf("child %d: %+v %v", i, ex, err)
+			}
+			// Its context, the parent's until the fork, names the child.
+			ex, err = c.RunCode(ctx, k.ID, client.RunRequest{Code: "os.environ['PANDASTACK_SANDBOX_ID']"})
+			if err != nil || ex.Text != "'"+k.ID+"'" {
+				t.Fatalf("child %d's context thinks it runs in %+v, %v; want %s", i, ex, err, k.ID)
 			}
 		}
 		if ex, _ := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"}); ex.Text != "41" {

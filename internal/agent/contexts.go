@@ -51,6 +51,9 @@ type codeContext struct {
 	// name a context still starting wait on it.
 	started  chan struct{}
 	startErr error
+	// sandboxID is the PANDASTACK_SANDBOX_ID its kernel has (Restored
+	// gives it a restored sandbox's); guarded by Contexts.mu.
+	sandboxID string
 }
 
 // NewContexts returns an empty registry.
@@ -124,18 +127,40 @@ func (cs *Contexts) wakeMemoryWatch() {
 // ids alone), every ready spare whose kernel has another id learns it. A
 // spare needing both gets them in one silent cell, so a context's first
 // cell waits behind one cell rather than two.
+//
+// The contexts' kernels learn the id too: a fork's child, or a sandbox
+// restored from a snapshot, holds the contexts of the sandbox it was made
+// from, whose kernels said that sandbox's id (code reporting where it
+// runs named the parent, while exec and the hostname said the child).
 func (cs *Contexts) Restored(id string, reseed bool) {
+	type kernelID struct {
+		k    *jupyter.Kernel
+		code string // sets the id; "" when it has it, or cannot be told
+	}
 	cs.mu.Lock()
-	var ks []*jupyter.Kernel
+	var ks []kernelID
 	for _, cc := range cs.ctxs {
-		if cc.kernel != nil {
-			ks = append(ks, cc.kernel)
+		if cc.kernel == nil {
+			continue
 		}
+		ki := kernelID{k: cc.kernel}
+		if id != "" && cc.sandboxID != id {
+			if cc.info.Language == "python" {
+				ki.code = sandboxIDCode(id)
+			} else {
+				ki.code = cc.kernel.EnvSetCode(map[string]string{"PANDASTACK_SANDBOX_ID": id})
+			}
+			cc.sandboxID = id
+		}
+		ks = append(ks, ki)
 	}
 	cs.mu.Unlock()
-	if reseed {
-		for _, k := range ks {
-			k.Reseed()
+	for _, ki := range ks {
+		switch {
+		case reseed:
+			ki.k.ReseedThen(ki.code)
+		case ki.code != "":
+			ki.k.QueueSilent(ki.code)
 		}
 	}
 	cs.spares.restored(id, reseed)
@@ -484,6 +509,7 @@ func (s *Server) newContext(rctx context.Context, req agentproto.ContextRequest)
 	}
 	cs.mu.Lock()
 	cc.kernel = k
+	cc.sandboxID = os.Getenv("PANDASTACK_SANDBOX_ID") // a spare's was set at its hand-out
 	cs.mu.Unlock()
 	close(cc.started)
 	return cc, nil

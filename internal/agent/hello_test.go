@@ -235,3 +235,32 @@ func TestExecWaitsForTheNameFiles(t *testing.T) {
 		t.Fatal("exec still waiting after the name files were written")
 	}
 }
+
+// TestRestoredGivesContextsTheID: a hello naming the sandbox's id (a
+// fork's child, a restore from a snapshot) marks every context whose
+// kernel had another id as having this one (the cell that sets it is
+// queued; these kernels have no process to run it), and leaves the others.
+func TestRestoredGivesContextsTheID(t *testing.T) {
+	cs := NewContexts()
+	cs.spares.log = func(string, ...any) {}
+	old := &codeContext{info: agentproto.Context{ID: "ctx_old", Language: "python"}, kernel: &jupyter.Kernel{}, sandboxID: "sbx_parent"}
+	bash := &codeContext{info: agentproto.Context{ID: "ctx_bash", Language: "bash"}, kernel: &jupyter.Kernel{}, sandboxID: "sbx_parent"}
+	cur := &codeContext{info: agentproto.Context{ID: "ctx_cur", Language: "python"}, kernel: &jupyter.Kernel{}, sandboxID: "sbx_child"}
+	starting := &codeContext{info: agentproto.Context{ID: "ctx_starting", Language: "python"}}
+	for _, cc := range []*codeContext{old, bash, cur, starting} {
+		cs.ctxs[cc.info.ID] = cc
+	}
+	cs.Restored("", true) // no id: ids are left alone
+	if old.sandboxID != "sbx_parent" {
+		t.Fatalf("a hello without an id changed a context's to %q", old.sandboxID)
+	}
+	cs.Restored("sbx_child", false)
+	for _, cc := range []*codeContext{old, bash, cur} {
+		if cc.sandboxID != "sbx_child" {
+			t.Errorf("context %s has id %q after the hello, want sbx_child", cc.info.ID, cc.sandboxID)
+		}
+	}
+	if starting.sandboxID != "" {
+		t.Errorf("a context still starting got id %q (its kernel will start with the agent's)", starting.sandboxID)
+	}
+}

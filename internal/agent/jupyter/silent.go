@@ -69,3 +69,14 @@ func (k *Kernel) QueueSilent(code string) error {
 	in.sendSilent(code)
 	return nil
 }
+
+// EnvSetCode is the code that sets env in the kernel for good (its
+// Options.EnvCode's set part, whose saved values only a run's restore
+// would use); "" for a kernel without EnvCode.
+func (k *Kernel) EnvSetCode(env map[string]string) string {
+	if k.opts.EnvCode == nil || checkEnv(env) != nil {
+		return ""
+	}
+	set, _ := k.opts.EnvCode(env)
+	return set
+}
