@@ -476,3 +476,45 @@ func (h *harness) forkOfTwoHalfDone(parent string) (up string, release chan stru
 	<-second
 	return h.childUp(parent), release, forked
 }
+
+// Another project's sandbox is not found by a fork or a snapshot at once,
+// as a missing one, even while it pauses: a snapshot waited out the pause
+// first, and its late 404 told the caller the sandbox was there.
+func TestForkAndSnapshotOfAnotherProjectsPausingSandbox(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	inCheckpoint, release := h.holdCheckpoint()
+	paused := make(chan error, 1)
+	go func() { _, err := h.m.Pause(ctx, project, sb.ID); paused <- err }()
+	<-inCheckpoint
+	for _, op := range []string{"fork", "snapshot"} {
+		done := make(chan error, 1)
+		go func() {
+			var err error
+			if op == "fork" {
+				_, err = h.m.Fork(ctx, "prj_other", sb.ID, 1, nil, nil)
+			} else {
+				_, err = h.m.Snapshot(ctx, "prj_other", sb.ID, nil)
+			}
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !pandastack.IsCode(err, pandastack.ENotFound) {
+				t.Errorf("%s of another project's sandbox: %v, want not_found", op, err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Errorf("%s of another project's sandbox waits for its pause", op)
+			close(release)
+			<-done
+			release = nil
+		}
+	}
+	if release != nil {
+		close(release)
+	}
+	if err := <-paused; err != nil {
+		t.Fatal(err)
+	}
+}

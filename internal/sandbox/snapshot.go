@@ -69,6 +69,11 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	if err := ValidateMetadata(metadata); err != nil {
 		return pandastack.Snapshot{}, err
 	}
+	// Another project's sandbox is not found at once, as a missing one:
+	// not after waiting out its pause (which said it was there).
+	if _, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+		return pandastack.Snapshot{}, err
+	}
 	for {
 		sb, _, release, ok := m.claimPaused(ctx, projectID, id)
 		if ok {
