@@ -715,6 +715,35 @@ func TestPortProxy(t *testing.T) {
 	if resp, _ := viaHost(strings.Replace(u.Host, "8000-", "8765-", 1)); resp.StatusCode != 401 {
 		t.Errorf("token of port 8000 on port 8765: %d, want 401", resp.StatusCode)
 	}
+	// The cookie lets in the port's own pages, and a page of another port
+	// of the sandbox; not another sandbox's page, whose host is the same
+	// site, so the browser sends the cookie along.
+	if cookies := resp.Cookies(); len(cookies) > 0 {
+		byPage := func(origin, site string) int {
+			t.Helper()
+			req, _ := http.NewRequest("POST", s.url+u.Path, strings.NewReader("x"))
+			req.Host = u.Host
+			req.AddCookie(cookies[0])
+			req.Header.Set("Origin", origin)
+			req.Header.Set("Sec-Fetch-Site", site)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			return resp.StatusCode
+		}
+		if st := byPage("http://"+u.Host, "same-origin"); st == 401 || st == 403 {
+			t.Errorf("the port's own page with the cookie: %d", st)
+		}
+		if st := byPage("http://"+strings.Replace(u.Host, "8000-", "3000-", 1), "same-site"); st == 401 || st == 403 {
+			t.Errorf("a page of another port of the sandbox with the cookie: %d", st)
+		}
+		if st := byPage("http://8000-sbx-aaaaaaaaaaaaaaaa.sbx.test", "same-site"); st != 403 {
+			t.Errorf("another sandbox's page with the cookie: %d, want 403", st)
+		}
+	}
 	// The path form takes the same token.
 	if resp, body := get(c.PortURL(sb.ID, 8000)+"page.txt?"+u.RawQuery, false); resp.StatusCode != 200 || body != "hello-from-sandbox\n" {
 		t.Errorf("token on the path form: %d %q", resp.StatusCode, body)

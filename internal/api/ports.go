@@ -274,6 +274,10 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 			refuse(w, r, pandastack.Errorf(pandastack.EUnauthorized, "this port token is unknown, expired, revoked or for another sandbox port"))
 			return
 		}
+		if !fromQuery && s.foreignPage(r, id) {
+			refuse(w, r, pandastack.Errorf(pandastack.EPermission, "this request was sent by a page of another origin than sandbox %s's, and carries the port token only as the browser's cookie: refused, so that another sandbox's page cannot act with it; open the port's URL itself, or send the token in ?%s=", id, tokenParam))
+			return
+		}
 		var setCookie func()
 		if fromQuery {
 			// Later requests of the page (scripts, images) carry the cookie.
@@ -497,6 +501,51 @@ func removeCookie(r *http.Request, name string) {
 	if len(kept) > 0 {
 		r.Header.Set("Cookie", strings.Join(kept, "; "))
 	}
+}
+
+// foreignPage reports whether r, let in by its port-token cookie, was
+// sent by a browser for a page of another origin than sandbox id's ports:
+// every {port}-{id}.PublicDomain host is one site, so another sandbox's
+// page gets the cookie sent along (SameSite counts sites, not origins),
+// and its script could drive this port's app (a WebSocket) or post to it.
+// A link followed (a top-level GET) is let through, as Lax lets it; a
+// page of another port of the same sandbox too, on the host form.
+// Requests without the browser's Sec-Fetch-Site or Origin (curl, an SDK)
+// are not a page's.
+func (s *Server) foreignPage(r *http.Request, id string) bool {
+	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Sec-Fetch-Mode") == "navigate" {
+		return false
+	}
+	if origin := r.Header.Get("Origin"); origin != "" && origin != "null" {
+		u, err := url.Parse(origin)
+		if err != nil {
+			return true
+		}
+		if strings.EqualFold(u.Host, r.Host) {
+			return false
+		}
+		return !hostRouted(r) || s.sandboxOfHost(u.Host) != id
+	}
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "cross-site", "same-site", "null":
+		return true // without an Origin to say which page: not this port's
+	}
+	return false
+}
+
+// sandboxOfHost is the sandbox whose port host is host
+// ({port}-{id}.PublicDomain), or "".
+func (s *Server) sandboxOfHost(host string) string {
+	host = strings.ToLower(host)
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	label, ok := strings.CutSuffix(host, "."+strings.ToLower(s.cfg.PublicDomain))
+	m := hostRouteRE.FindStringSubmatch(label)
+	if s.cfg.PublicDomain == "" || !ok || m == nil {
+		return ""
+	}
+	return "sbx_" + m[2][4:]
 }
 
 // hostRouteRE matches the first label of {port}-{id}.PublicDomain; the id
