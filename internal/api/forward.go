@@ -184,6 +184,14 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 		// ends with an error event, as on the sandbox's own node, rather
 		// than with a broken connection.
 		ModifyResponse: func(resp *http.Response) error {
+			if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+				// Refused there: the rest of the body is not waited for.
+				// Its deadline was lifted for the other node to bound, and
+				// a port proxy's caller needs no key to hold it back for
+				// ever, keeping this handler, stuck closing the body it
+				// reads, and its connection.
+				http.NewResponseController(w).SetReadDeadline(time.Now())
+			}
 			if unreached != nil && notBuiltThere(resp) {
 				return errNotBuiltThere
 			}

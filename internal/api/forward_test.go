@@ -507,3 +507,45 @@ func TestProxiedTerminalOfARevokedKey(t *testing.T) {
 		t.Errorf("the caller got %q, want %q", got, want)
 	}
 }
+
+// A request the owner refuses (401: a port proxy's caller without a valid
+// token) ends here at once, though its caller announced a body it never
+// sends: the body's read deadline, lifted for the owner to bound, would
+// have let it hold this node's handler and connection for ever.
+func TestRefusedForwardDoesNotWaitForTheBody(t *testing.T) {
+	// It answers at once, before the body, as the owner does once its own
+	// deadline for the body passed (or for a body too large to discard).
+	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		buf.WriteString("HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		buf.Flush()
+		conn.Close()
+	}))
+	defer owner.Close()
+	ended := make(chan struct{})
+	s := forwarder(t)
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(ended)
+		s.proxyTo(w, r, owner.URL, nil, false)
+	}))
+	defer front.Close()
+	conn := dialFront(t, front)
+	fmt.Fprintf(conn, "POST /v1/sandboxes/sbx_a/ports/80/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("status %d, want 401", resp.StatusCode)
+	}
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the handler still waits for the body its caller never sends")
+	}
+}
