@@ -35,6 +35,9 @@ type Network interface {
 	// Hold keeps the sandbox's policy and log through the runtime's next
 	// Stop (a pause), for its resume.
 	Hold(id string)
+	// Release drops what the network keeps of a sandbox (the runtime's
+	// Stop does so for one that ran).
+	Release(id string)
 }
 
 // keptNetwork is p, a policy stored in an image of what (a snapshot, a
@@ -139,6 +142,19 @@ func (m *Manager) SetNetwork(ctx context.Context, projectID, id string, p pandas
 	}
 	if err := m.net.SetPolicy(id, p); err != nil {
 		return sb, err
+	}
+	// Killed meanwhile (this holds no claim on it): the policy went to a
+	// sandbox the network no longer knew, which kept it, with its state
+	// file, for good. Dropped, and the caller told it is gone (a killed
+	// sandbox's record goes: not found, as a GET says then).
+	now, err := m.store.GetSandbox(ctx, projectID, id)
+	switch {
+	case pandastack.IsCode(err, pandastack.ENotFound):
+		m.net.Release(id)
+		return sb, err
+	case err == nil && now.State == pandastack.StateStopped:
+		m.net.Release(id)
+		return now, StoppedError(now)
 	}
 	sb.Network = m.networkOf(id)
 	return sb, nil

@@ -16,6 +16,8 @@ type fakeNet struct {
 	mu       sync.Mutex
 	policies map[string]pandastack.NetworkPolicy
 	held     map[string]bool
+	// beforeSet, if set, runs as SetPolicy begins.
+	beforeSet func(id string)
 }
 
 func newFakeNet() *fakeNet {
@@ -27,6 +29,9 @@ func (n *fakeNet) Kept(_ string, p pandastack.NetworkPolicy) pandastack.NetworkP
 	return p
 }
 func (n *fakeNet) SetPolicy(id string, p pandastack.NetworkPolicy) error {
+	if n.beforeSet != nil {
+		n.beforeSet(id)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.policies[id] = p
@@ -45,6 +50,8 @@ func (n *fakeNet) Hold(id string) {
 	defer n.mu.Unlock()
 	n.held[id] = true
 }
+
+func (n *fakeNet) Release(id string) { n.release(id) }
 
 // release is the network runtime's Stop (and a failed restore's clean-up).
 func (n *fakeNet) release(id string) {
@@ -123,5 +130,29 @@ func TestFailedResumeKeepsAPolicySetMeanwhile(t *testing.T) {
 	}
 	if p, ok := net.Policy(sb.ID); !ok || p.AllowInternetAccess || len(p.AllowOut) != 1 {
 		t.Fatalf("policy after the failed resume: %+v %v, want the one set while it resumed", p, ok)
+	}
+}
+
+// A policy set while the sandbox is killed is not kept for the sandbox
+// that is gone: the caller is told it is not found, as a GET says then,
+// and the network forgets it (the record and state file stayed for good).
+func TestSetNetworkRacingAKill(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	net := newFakeNet()
+	h.m.UseNetwork(net)
+	h.rt.stopHook = net.release
+	sb := h.create()
+	net.beforeSet = func(id string) {
+		if err := h.m.Kill(ctx, project, id); err != nil {
+			t.Error(err)
+		}
+	}
+	_, err := h.m.SetNetwork(ctx, project, sb.ID, pandastack.NetworkPolicy{AllowInternetAccess: true})
+	if !pandastack.IsCode(err, pandastack.ENotFound) { // a killed sandbox's record is gone
+		t.Fatalf("a policy set as the sandbox is killed: %v, want %s", err, pandastack.ENotFound)
+	}
+	if p, ok := net.Policy(sb.ID); ok {
+		t.Fatalf("the network keeps policy %+v of a killed sandbox", p)
 	}
 }
