@@ -15,3 +15,10 @@ func SetMaxListed(n int) (restore func()) {
 	maxListed = n
 	return func() { maxListed = old }
 }
+
+// SetStdinWait sets stdinWait for a test; the returned func puts it back.
+func SetStdinWait(d time.Duration) (restore func()) {
+	old := stdinWait
+	stdinWait = d
+	return func() { stdinWait = old }
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -240,7 +241,7 @@ func (s *Server) startProcess(w http.ResponseWriter, r *http.Request) error {
 		// Its turn taken now, before the answer: a write or an EOF sent
 		// right after waits for it, rather than going first or cutting it.
 		p.stdinTurn <- struct{}{}
-		go p.writeStdinTaken(context.Background(), req.Stdin)
+		go p.writeStartStdin(req.Stdin)
 	}
 	s.cfg.Processes.add(p)
 	p.release = s.cfg.Contexts.guardMemory(c.Mark, "background process", false, s.log, func(why string) {
@@ -404,15 +405,20 @@ func (s *Server) processStdin(w http.ResponseWriter, r *http.Request) error {
 	}
 	if len(req.Data) > 0 {
 		err := p.writeStdin(r.Context(), req.Data)
+		written := 0
+		var se *stdinError
+		if errors.As(err, &se) {
+			written = se.written
+		}
 		switch {
 		case errors.Is(err, errStdinBusy):
 			return pandastack.Errorf(pandastack.EConflict, "process %d is not reading its input: an earlier write to it still waits (for %s)", p.pid, stdinWait)
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			return pandastack.Errorf(pandastack.EConflict, "process %d is not reading its input (nothing taken for %s)", p.pid, stdinWait)
+			return pandastack.Errorf(pandastack.EConflict, "process %d is not reading its input (nothing taken for %s); %d of the %d bytes were written", p.pid, stdinWait, written, len(req.Data))
 		case errors.Is(err, os.ErrClosed):
-			return pandastack.Errorf(pandastack.EConflict, "the input of process %d is closed", p.pid)
+			return pandastack.Errorf(pandastack.EConflict, "the input of process %d is closed; %d of the %d bytes were written", p.pid, written, len(req.Data))
 		case err != nil:
-			return pandastack.Errorf(pandastack.EConflict, "writing to process %d: %v", p.pid, err)
+			return pandastack.Errorf(pandastack.EConflict, "writing to process %d: %v (of %d bytes)", p.pid, err, len(req.Data))
 		}
 	}
 	if req.EOF {
@@ -505,22 +511,65 @@ func (p *bgProc) takeStdinTurn(ctx context.Context) error {
 	}
 }
 
+// stdinChunk is how much of a write to a process's input goes at once:
+// each chunk has stdinWait to be taken, so a process that reads its input
+// slowly, but reads it, gets all of it.
+const stdinChunk = 64 << 10
+
+// stdinError is a write to a process's input that stopped part way.
+type stdinError struct {
+	written int
+	err     error
+}
+
+func (e *stdinError) Error() string {
+	return fmt.Sprintf("%d bytes written, then: %v", e.written, e.err)
+}
+func (e *stdinError) Unwrap() error { return e.err }
+
 // writeStdinTaken is writeStdin with the turn already taken; it gives the
-// turn back.
+// turn back. A write cut short says how much of b went (*stdinError).
 func (p *bgProc) writeStdinTaken(ctx context.Context, b []byte) error {
-	p.stdin.SetWriteDeadline(time.Now().Add(stdinWait))
 	cut := make(chan struct{})
+	var gone atomic.Bool
 	stop := context.AfterFunc(ctx, func() {
+		gone.Store(true)
 		p.stdin.SetWriteDeadline(time.Now())
 		close(cut)
 	})
-	_, err := p.stdin.Write(b)
+	written := 0
+	var err error
+	for written < len(b) && err == nil {
+		if !gone.Load() {
+			p.stdin.SetWriteDeadline(time.Now().Add(stdinWait))
+		}
+		var n int
+		n, err = p.stdin.Write(b[written:min(len(b), written+stdinChunk)])
+		written += n
+	}
 	if !stop() {
 		<-cut // its deadline set before this one's reset, not in the next turn
 	}
 	p.stdin.SetWriteDeadline(time.Time{})
 	<-p.stdinTurn
-	return err
+	if err != nil {
+		return &stdinError{written, err}
+	}
+	return nil
+}
+
+// writeStartStdin writes the input given with the process's start, its
+// turn taken; a write cut short is said on the process's stderr, as the
+// start has answered already.
+func (p *bgProc) writeStartStdin(b []byte) {
+	var se *stdinError
+	if err := p.writeStdinTaken(context.Background(), b); errors.As(err, &se) {
+		why := "it took none of it for " + stdinWait.String()
+		if !errors.Is(se.err, os.ErrDeadlineExceeded) {
+			why = se.err.Error()
+		}
+		p.append(agentproto.ExecEvent{Type: "stderr", Data: []byte(fmt.Sprintf("\npandastack: %d of the %d bytes of input given with the start reached the process: %s\n", se.written, len(b), why))})
+	}
 }
 
 // killAnswerWait bounds how long a kill waits for the process's exit to be

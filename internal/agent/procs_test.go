@@ -131,3 +131,33 @@ func TestBackgroundOutputKeepsTheLatest(t *testing.T) {
 }
 
 func len64(s string) int64 { return int64(len(s)) }
+
+// Input given with the start that the process does not take is reported
+// on its stderr, with how much of it did reach it: the start had answered
+// already, and the process would read a cut input as whole.
+func TestBackgroundStartInputNotTaken(t *testing.T) {
+	defer agent.SetStdinWait(200 * time.Millisecond)()
+	cfg := testConfig(t)
+	st := directStack(t, cfg, 1)
+	var p agentproto.Process
+	st.call(t, http.MethodPost, "/v1/processes", nil, jsonBody(t, agentproto.ExecRequest{Cmd: "sleep 1", Stdin: make([]byte, 1<<20)}), http.StatusOK, &p)
+	resp := st.request(t, t.Context(), http.MethodGet, "/v1/processes/"+strconv.Itoa(p.PID)+"/output?follow=1", nil, nil)
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	var stderr strings.Builder
+	for {
+		var ev agentproto.ExecEvent
+		if err := dec.Decode(&ev); err != nil {
+			t.Fatalf("output ended without the exit: %v", err)
+		}
+		if ev.Type == "stderr" {
+			stderr.Write(ev.Data)
+		}
+		if ev.Type == "exit" {
+			break
+		}
+	}
+	if !strings.Contains(stderr.String(), "of the 1048576 bytes of input given with the start reached the process") {
+		t.Fatalf("stderr %q, want the note on the input not taken", stderr.String())
+	}
+}

@@ -81,3 +81,46 @@ func TestStdinEOFAfterTheStartsInput(t *testing.T) {
 		t.Fatalf("the process read %d bytes before its input ended, want all %d", n, 1<<20)
 	}
 }
+
+// A process that reads its input slowly, but reads it, gets all of it: the
+// bound is on a chunk taking stdinWait, not on the whole write. One that
+// stops reading fails the write, which says how much went.
+func TestStdinSlowReaderGetsItAll(t *testing.T) {
+	defer func(w time.Duration) { stdinWait = w }(stdinWait)
+	stdinWait = 300 * time.Millisecond
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	p := &bgProc{stdin: w, stdinTurn: make(chan struct{}, 1)}
+	const size = 1 << 20
+	got := make(chan int, 1)
+	go func() {
+		n := 0
+		buf := make([]byte, stdinChunk)
+		for n < size {
+			k, err := r.Read(buf)
+			n += k
+			if err != nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // 640 KiB/s: the whole takes longer than stdinWait
+		}
+		got <- n
+	}()
+	if err := p.writeStdin(context.Background(), make([]byte, size)); err != nil {
+		t.Fatalf("a write to a slow reader: %v", err)
+	}
+	if n := <-got; n != size {
+		t.Fatalf("the reader got %d of %d bytes", n, size)
+	}
+	// Nobody reads now: the write stops once the pipe is full, and says
+	// how much of it went.
+	err = p.writeStdin(context.Background(), make([]byte, size))
+	var se *stdinError
+	if !errors.As(err, &se) || !errors.Is(err, os.ErrDeadlineExceeded) || se.written <= 0 || se.written >= size {
+		t.Fatalf("a write nobody reads: %v, want a deadline after part of it", err)
+	}
+}
