@@ -352,12 +352,18 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) error {
 	next := 0
 	for {
 		p.mu.Lock()
+		// A reader that lagged: what it had not read yet is gone. Said
+		// where it happened, not skipped over in silence.
+		lagged := next < p.first
 		next = max(next, p.first)
 		pending := append([]agentproto.ExecEvent(nil), p.events[next-p.first:]...)
 		next += len(pending)
 		p.sealed = max(p.sealed, next)
 		exit, changed := p.exit, p.changed
 		p.mu.Unlock()
+		if lagged {
+			pending = append([]agentproto.ExecEvent{{Type: "stderr", Data: []byte(lostOutputNote)}}, pending...)
+		}
 		for _, ev := range pending {
 			if enc.Encode(ev) != nil {
 				return nil
@@ -378,6 +384,10 @@ func (s *Server) processOutput(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 }
+
+// lostOutputNote marks, in a followed output, where output the reader had
+// not read yet was dropped (past keptOutput).
+const lostOutputNote = "\npandastack: output dropped here: the process wrote more than the 4 MiB the agent keeps before this reader read it\n"
 
 func isTrue(v string) bool {
 	switch strings.ToLower(v) {

@@ -128,6 +128,13 @@ func TestBackgroundOutputKeepsTheLatest(t *testing.T) {
 	if len(list) != 1 || list[0].OutputDropped+int64(len(out)) != 6291456+len64("\nLAST\n") {
 		t.Fatalf("dropped %d + kept %d", list[0].OutputDropped, len(out))
 	}
+	// The stream says where the output it never got was dropped: first.
+	resp := st.request(t, t.Context(), http.MethodGet, "/v1/processes/"+strconv.Itoa(p.PID)+"/output", nil, nil)
+	defer resp.Body.Close()
+	var first agentproto.ExecEvent
+	if err := json.NewDecoder(resp.Body).Decode(&first); err != nil || first.Type != "stderr" || !strings.Contains(string(first.Data), "output dropped here") {
+		t.Fatalf("the stream of a process whose output was dropped begins with %+v, %v; want the note", first, err)
+	}
 }
 
 func len64(s string) int64 { return int64(len(s)) }
