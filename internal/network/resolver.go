@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -138,6 +139,30 @@ func (r *resolver) serveTCP() {
 	}
 }
 
+// hostViewName reports whether name, lower case without its final dot, is
+// one only the host's own network answers: under localhost, local (mDNS),
+// internal, home.arpa or ip6.arpa, or the reverse name of an IPv4
+// address denied says no sandbox reaches (or of a whole range: a name of
+// fewer than four octets under in-addr.arpa).
+func hostViewName(name string, denied func(netip.Addr) bool) bool {
+	for _, zone := range []string{"localhost", "local", "internal", "home.arpa", "ip6.arpa"} {
+		if name == zone || strings.HasSuffix(name, "."+zone) {
+			return true
+		}
+	}
+	rev, ok := strings.CutSuffix(name, ".in-addr.arpa")
+	if !ok {
+		return name == "in-addr.arpa"
+	}
+	labels := strings.Split(rev, ".")
+	if len(labels) != 4 {
+		return true
+	}
+	slices.Reverse(labels)
+	a, err := netip.ParseAddr(strings.Join(labels, "."))
+	return err != nil || denied == nil || denied(a)
+}
+
 // answer returns the reply to query q, which came over TCP or not, or nil
 // to stay silent.
 func (r *resolver) answer(q []byte, tcp bool) []byte {
@@ -158,6 +183,22 @@ func (r *resolver) answer(q []byte, tcp bool) []byte {
 		// name on the internet: sent on, it would tell the upstream the
 		// sandbox's id, and an upstream's answer would redirect it.
 		entry.Rule = "single_label"
+		r.view.log(entry)
+		return nxdomain(h, question)
+	}
+	if question.Class != dnsmessage.ClassINET {
+		// CHAOS and the like ask the resolver of itself (hostname.bind,
+		// version.bind): the host's, which is none of the sandbox's.
+		entry.Rule = "platform"
+		r.view.log(entry)
+		return refusal(h, dnsmessage.RCodeRefused)
+	}
+	if hostViewName(name, r.view.denied) {
+		// Names only the host's own resolver knows: the reverse names of
+		// the addresses no sandbox reaches (the host's, its LAN's, the
+		// sandboxes'), which tell the host's name; local and private-use
+		// zones. Sent on, they showed the sandbox the host's view.
+		entry.Rule = "platform"
 		r.view.log(entry)
 		return nxdomain(h, question)
 	}

@@ -314,3 +314,42 @@ func TestResolverServfailWhenNoUpstreamAnswers(t *testing.T) {
 		t.Errorf("logged %+v, want the query, allowed, with no address", logged)
 	}
 }
+
+// Names only the host's own network answers are not sent on: the reverse
+// names of addresses no sandbox reaches (a host's resolver names the host
+// there), local and private-use zones, and classes other than IN (CHAOS
+// hostname.bind asks the resolver of itself). Public reverse names are.
+func TestResolverKeepsTheHostsView(t *testing.T) {
+	up := startUpstreamRecorder(t)
+	var logged []pandastack.EgressEntry
+	deny := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("192.168.0.0/16")}
+	r := &resolver{upstreams: []netip.AddrPort{up.addr}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		view: sandboxView{policy: func() Compiled { return Compiled{Internet: true} }, log: func(e pandastack.EgressEntry) { logged = append(logged, e) },
+			denied: func(a netip.Addr) bool { return inAny(a, deny) }}}
+	for _, name := range []string{"1.0.0.10.in-addr.arpa.", "7.1.168.192.IN-ADDR.ARPA.", "168.192.in-addr.arpa.", "printer.local.", "db.internal.", "x.localhost.", "router.home.arpa.", "1.0.0.0.ip6.arpa.", "x.y.z.w.v.in-addr.arpa."} {
+		var p dnsmessage.Parser
+		if h, err := p.Start(r.answer(query(t, name, nil), false)); err != nil || h.RCode != dnsmessage.RCodeNameError {
+			t.Errorf("%s: answered %+v %v, want NXDOMAIN", name, h, err)
+		}
+	}
+	chaos := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: 7})
+	chaos.StartQuestions()
+	chaos.Question(dnsmessage.Question{Name: dnsmessage.MustNewName("hostname.bind."), Type: dnsmessage.TypeTXT, Class: dnsmessage.ClassCHAOS})
+	q, _ := chaos.Finish()
+	var p dnsmessage.Parser
+	if h, err := p.Start(r.answer(q, false)); err != nil || h.RCode != dnsmessage.RCodeRefused {
+		t.Errorf("CHAOS hostname.bind: answered %+v %v, want REFUSED", h, err)
+	}
+	if n := len(up.sent()); n != 0 {
+		t.Errorf("upstream got %d queries of the host's view", n)
+	}
+	if len(logged) != 10 || logged[0].Rule != "platform" || logged[0].Allowed {
+		t.Errorf("logged %+v, want each refused with rule platform", logged)
+	}
+	for _, name := range []string{"4.3.2.1.in-addr.arpa.", "example.test."} {
+		r.answer(query(t, name, nil), false)
+	}
+	if n := len(up.sent()); n != 2 {
+		t.Errorf("upstream got %d queries for a public reverse name and a public name, want 2", n)
+	}
+}
