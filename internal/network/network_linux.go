@@ -1174,6 +1174,10 @@ func (n *Network) makeNamespace(id, veth string, gw, addr netip.Addr) error {
 	if err := netlink.AddrAdd(host, &netlink.Addr{IPNet: ipnet(gw, 30)}); err != nil {
 		return fmt.Errorf("gateway address: %w", err)
 	}
+	// No IPv6 address on the host's end (a link-local one comes with the
+	// link otherwise): sandboxes have IPv4 only. On a host without IPv6
+	// the file is missing, which is as good.
+	os.WriteFile("/proc/sys/net/ipv6/conf/"+veth+"/disable_ipv6", []byte("1"), 0o644)
 	if err := netlink.LinkSetUp(host); err != nil {
 		return err
 	}

@@ -103,6 +103,8 @@ func TestSandboxNetwork(t *testing.T) {
 	}
 	if l, err := netlink.LinkByName(n.veth(n.sbx["sbx_neta"].Slot)); err != nil || l.Attrs().MTU != vethMTU {
 		t.Errorf("host end of the veth: %v, want MTU %d", err, vethMTU)
+	} else if v6, _ := netlink.AddrList(l, netlink.FAMILY_V6); len(v6) != 0 {
+		t.Errorf("host end of the veth has IPv6 addresses %v, want none", v6)
 	}
 	body, _, err := get(t, ns, up.PublicIP)
 	if err != nil || !strings.Contains(body, "upstream test.example") {

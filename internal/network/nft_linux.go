@@ -118,6 +118,9 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 	// the forward hook refuses it.
 	rule(in, cat(established(), jump(expr.VerdictAccept, ""))...)
 	rule(in, jump(expr.VerdictGoto, "reject")...)
+	// IPv6 is not the sandboxes' (their addresses and the policy are IPv4):
+	// nothing of it reaches the host's services, whatever they listen on.
+	rule(host, cat(nfproto(unix.NFPROTO_IPV6), jump(expr.VerdictGoto, "reject"))...)
 	rule(host, cat(established(), jump(expr.VerdictAccept, ""))...)
 	// Only its own gateway's services: not another sandbox's gateway, nor
 	// anything else of the host's listening on those ports.
@@ -139,7 +142,7 @@ func (f *firewall) install(c *nftables.Conn, cidr netip.Prefix, deny, open []net
 
 	// DNS of any destination goes to our resolver on the sandbox's gateway.
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-		rule(pre, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), l4proto(proto), dport(53), []expr.Any{&expr.Redir{}})...)
+		rule(pre, cat(ifname(unix.NFT_META_IIFNAME, f.prefix, true, expr.CmpOpEq), nfproto(unix.NFPROTO_IPV4), l4proto(proto), dport(53), []expr.Any{&expr.Redir{}})...)
 	}
 	rule(post, cat(saddr(cidr), ifname(unix.NFT_META_OIFNAME, f.prefix, true, expr.CmpOpNeq), []expr.Any{&expr.Masq{}})...)
 	_ = in
