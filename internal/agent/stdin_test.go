@@ -9,19 +9,25 @@ import (
 	"time"
 )
 
+// stdinPipe is a process's input as a pipe: its read end, and the process
+// writing to the other, both closed when the test ends.
+func stdinPipe(t *testing.T) (*os.File, *bgProc) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	return r, &bgProc{stdin: w, stdinTurn: make(chan struct{}, 1)}
+}
+
 // Writes to the input of a process that does not read it each answer
 // within their bounds, however many come at once, and one whose request
 // ends stops; once the process reads, writes go through again.
 func TestWriteStdinOneAtATime(t *testing.T) {
 	defer func(w time.Duration) { stdinWait = w }(stdinWait)
 	stdinWait = 200 * time.Millisecond
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	defer w.Close()
-	p := &bgProc{stdin: w, stdinTurn: make(chan struct{}, 1)}
+	r, p := stdinPipe(t)
 	errs := make(chan error, 3)
 	start := time.Now()
 	go func() { errs <- p.writeStdin(context.Background(), make([]byte, 3<<20)) }()
@@ -88,13 +94,7 @@ func TestStdinEOFAfterTheStartsInput(t *testing.T) {
 func TestStdinSlowReaderGetsItAll(t *testing.T) {
 	defer func(w time.Duration) { stdinWait = w }(stdinWait)
 	stdinWait = 300 * time.Millisecond
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	defer w.Close()
-	p := &bgProc{stdin: w, stdinTurn: make(chan struct{}, 1)}
+	r, p := stdinPipe(t)
 	const size = 1 << 20
 	got := make(chan int, 1)
 	go func() {
@@ -118,7 +118,7 @@ func TestStdinSlowReaderGetsItAll(t *testing.T) {
 	}
 	// Nobody reads now: the write stops once the pipe is full, and says
 	// how much of it went.
-	err = p.writeStdin(context.Background(), make([]byte, size))
+	err := p.writeStdin(context.Background(), make([]byte, size))
 	var se *stdinError
 	if !errors.As(err, &se) || !errors.Is(err, os.ErrDeadlineExceeded) || se.written <= 0 || se.written >= size {
 		t.Fatalf("a write nobody reads: %v, want a deadline after part of it", err)

@@ -1289,28 +1289,7 @@ func TestNarrowedPolicyResetsAReadingConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Release("sbx_reader")
-	var c net.Conn
-	nettest.InNS(t, ns, func() {
-		if c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(up.PublicIP, 80).String(), 5*time.Second); err != nil {
-			t.Error(err)
-		}
-	})
-	if c == nil {
-		t.FailNow()
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "GET /ticks HTTP/1.0\r\nHost: test.example\r\n\r\n")
-	r := bufio.NewReader(c)
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	for {
-		l, err := r.ReadString('\n')
-		if err != nil {
-			t.Fatalf("before the change: %v", err)
-		}
-		if strings.HasPrefix(l, "tick 1") {
-			break
-		}
-	}
+	c, r := openTicks(t, ns, up.PublicIP)
 	if err := n.SetPolicy("sbx_reader", pandastack.NetworkPolicy{AllowInternetAccess: true, DenyOut: []string{up.PublicIP.String() + "/32"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -1321,18 +1300,51 @@ func TestNarrowedPolicyResetsAReadingConnection(t *testing.T) {
 	}
 	// Its log entry names the rule that let it through, not the one that
 	// cut it.
+	if e := cutEntry(t, n, "sbx_reader", up.PublicIP); e.Rule != "internet" || e.BytesIn == 0 {
+		t.Errorf("the cut connection's log entry: %+v, want allowed by internet", e)
+	}
+}
+
+// openTicks opens, from inside ns, a connection to addr's /ticks, which
+// sends a line every 100 ms, and reads until its first tick.
+func openTicks(t *testing.T, ns string, addr netip.Addr) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	var c net.Conn
+	var err error
+	nettest.InNS(t, ns, func() {
+		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(addr, 80).String(), 5*time.Second)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "GET /ticks HTTP/1.0\r\nHost: test.example\r\n\r\n")
+	r := bufio.NewReader(c)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	for {
+		l, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("before the change: %v", err)
+		}
+		if strings.HasPrefix(l, "tick 1") {
+			return c, r
+		}
+	}
+}
+
+// cutEntry waits for the egress log entry of sandbox id's connection to
+// addr:80 that was let through (not the refusals of its last packets).
+func cutEntry(t *testing.T, n *Network, id string, addr netip.Addr) pandastack.EgressEntry {
+	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		i := slices.IndexFunc(n.Log("sbx_reader"), func(e pandastack.EgressEntry) bool {
-			return e.Kind == "tcp" && e.Address == up.PublicIP.String() && e.Port == 80 && e.Allowed // not the refusals of its last packets
-		})
-		if i >= 0 {
-			if e := n.Log("sbx_reader")[i]; e.Rule != "internet" || e.BytesIn == 0 {
-				t.Errorf("the cut connection's log entry: %+v, want allowed by internet", e)
-			}
-			break
+		log := n.Log(id)
+		if i := slices.IndexFunc(log, func(e pandastack.EgressEntry) bool {
+			return e.Kind == "tcp" && e.Address == addr.String() && e.Port == 80 && e.Allowed
+		}); i >= 0 {
+			return log[i]
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the cut connection is not in the log: %+v", n.Log("sbx_reader"))
+			t.Fatalf("the cut connection is not in the log: %+v", log)
 		}
 	}
 }
@@ -1648,34 +1660,20 @@ func TestAdoptionCutsWhatThePolicyNoLongerAllows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			n1.Release("sbx_held")
+			n1.Close()
+		}
+	})
 	ns, err := n1.Prepare("sbx_held", &pandastack.NetworkPolicy{AllowOut: []string{up.PrivateIP.String()}})
 	if err != nil {
-		n1.Close()
 		t.Fatal(err)
 	}
-	var c net.Conn
-	nettest.InNS(t, ns, func() {
-		c, err = net.DialTimeout("tcp4", netip.AddrPortFrom(up.PrivateIP, 80).String(), 5*time.Second)
-	})
-	if err != nil {
-		n1.Close()
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "GET /ticks HTTP/1.0\r\nHost: test.example\r\n\r\n")
-	r := bufio.NewReader(c)
-	c.SetDeadline(time.Now().Add(5 * time.Second))
-	for {
-		l, err := r.ReadString('\n')
-		if err != nil {
-			n1.Close()
-			t.Fatalf("before the restart: %v", err)
-		}
-		if strings.HasPrefix(l, "tick 1") {
-			break
-		}
-	}
+	c, r := openTicks(t, ns, up.PrivateIP)
 	n1.Close()
+	closed = true
 	n2, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -1692,19 +1690,8 @@ func TestAdoptionCutsWhatThePolicyNoLongerAllows(t *testing.T) {
 	if _, err := io.Copy(io.Discard, r); !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("reading once adopted under a policy that no longer allows it: %v, want a reset", err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		i := slices.IndexFunc(n2.Log("sbx_held"), func(e pandastack.EgressEntry) bool {
-			return e.Kind == "tcp" && e.Address == up.PrivateIP.String() && e.Allowed
-		})
-		if i >= 0 {
-			if e := n2.Log("sbx_held")[i]; e.Rule != "before_restart" {
-				t.Errorf("the cut connection's log entry: %+v, want rule before_restart", e)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the cut connection is not in the log: %+v", n2.Log("sbx_held"))
-		}
+	if e := cutEntry(t, n2, "sbx_held", up.PrivateIP); e.Rule != "before_restart" {
+		t.Errorf("the cut connection's log entry: %+v, want rule before_restart", e)
 	}
 }
 

@@ -20,6 +20,14 @@ type fakeNet struct {
 	beforeSet func(id string)
 }
 
+// useFakeNet gives h's manager a fakeNet, released by the runtime's stops.
+func useFakeNet(h *harness) *fakeNet {
+	net := newFakeNet()
+	h.m.UseNetwork(net)
+	h.rt.stopHook = net.release
+	return net
+}
+
 func newFakeNet() *fakeNet {
 	return &fakeNet{policies: map[string]pandastack.NetworkPolicy{}, held: map[string]bool{}}
 }
@@ -71,9 +79,7 @@ func (n *fakeNet) release(id string) {
 func TestFailedResumeKeepsThePolicy(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	net := newFakeNet()
-	h.m.UseNetwork(net)
-	h.rt.stopHook = net.release
+	net := useFakeNet(h)
 	sb := h.create()
 	open := pandastack.NetworkPolicy{AllowInternetAccess: true}
 	shut := pandastack.NetworkPolicy{AllowInternetAccess: false}
@@ -108,9 +114,7 @@ func TestFailedResumeKeepsThePolicy(t *testing.T) {
 func TestFailedResumeKeepsAPolicySetMeanwhile(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	net := newFakeNet()
-	h.m.UseNetwork(net)
-	h.rt.stopHook = net.release
+	net := useFakeNet(h)
 	sb := h.create()
 	if _, err := h.m.SetNetwork(ctx, project, sb.ID, pandastack.NetworkPolicy{AllowInternetAccess: true}); err != nil {
 		t.Fatal(err)
@@ -139,9 +143,7 @@ func TestFailedResumeKeepsAPolicySetMeanwhile(t *testing.T) {
 func TestSetNetworkRacingAKill(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	net := newFakeNet()
-	h.m.UseNetwork(net)
-	h.rt.stopHook = net.release
+	net := useFakeNet(h)
 	sb := h.create()
 	net.beforeSet = func(id string) {
 		if err := h.m.Kill(ctx, project, id); err != nil {

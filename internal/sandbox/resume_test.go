@@ -428,9 +428,7 @@ func TestResumeIsNotTriedAgainWhenRefusedOrDamaged(t *testing.T) {
 func TestResumeTriedAgainKeepsThePolicy(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
-	net := newFakeNet()
-	h.m.UseNetwork(net)
-	h.rt.stopHook = net.release
+	net := useFakeNet(h)
 	sb := h.create()
 	if _, err := h.m.SetNetwork(ctx, project, sb.ID, pandastack.NetworkPolicy{AllowInternetAccess: true}); err != nil {
 		t.Fatal(err)
