@@ -222,34 +222,45 @@ func (n *Network) sandboxesByAddr() map[netip.Addr]*sandboxNet {
 // refuses. Connections the policy still allows keep their tracking (and
 // their NAT mapping). s is the sandbox, old its policy until now (nil:
 // unknown, a restarted server's adoption, whose cut flows are logged with
-// the rule "before_restart"); n.mu is held.
+// the rule "before_restart"). n.mu is not held: it is taken only to
+// record the rules.
 func (n *Network) cutRefusedFlows(s *sandboxNet, addr netip.Addr, old *Compiled, comp Compiled) {
 	refused := narrowedFlows{n: n, addr: addr, comp: comp}
-	marked := 0
 	flows, err := netlink.ConntrackTableList(netlink.ConntrackTable, netlink.FAMILY_V4)
 	if err != nil {
 		n.log.Warn("listing the connections the new policy refuses", "addr", addr, "err", err)
 	}
+	var toCut []*netlink.ConntrackFlow
 	for _, f := range flows {
-		if f.Forward.Protocol != unix.IPPROTO_TCP || f.Mark == ctMarkCut || !refused.MatchConntrackFlow(f) {
-			continue
+		if f.Forward.Protocol == unix.IPPROTO_TCP && f.Mark != ctMarkCut && refused.MatchConntrackFlow(f) {
+			toCut = append(toCut, f)
 		}
+	}
+	// Their log entries, written once they end, name what let them
+	// through: recorded before the cut, which may end them at once.
+	if len(toCut) > 0 {
+		n.mu.Lock()
+		for _, f := range toCut {
+			dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
+			rule := "before_restart"
+			if old != nil {
+				_, rule = old.decideAddr(dst, nil, n.cfg.AllowPrivate)
+			}
+			if s.cutRules == nil || len(s.cutRules) >= maxCutRules {
+				s.cutRules = map[flowKey]string{}
+			}
+			s.cutRules[flowKey{f.Forward.Protocol, netip.AddrPortFrom(addr, f.Forward.SrcPort), netip.AddrPortFrom(dst, f.Forward.DstPort)}] = rule
+		}
+		n.mu.Unlock()
+	}
+	marked := 0
+	for _, f := range toCut {
 		f.Mark = ctMarkCut
 		if err := netlink.ConntrackUpdate(netlink.ConntrackTable, netlink.FAMILY_V4, f); err != nil {
 			n.log.Debug("marking a connection the new policy refuses; its tracking goes instead", "addr", addr, "err", err)
 			continue
 		}
 		marked++
-		// Its log entry, written once it ends, names what let it through.
-		dst, _ := netip.AddrFromSlice(f.Forward.DstIP.To4())
-		rule := "before_restart"
-		if old != nil {
-			_, rule = old.decideAddr(dst, nil, n.cfg.AllowPrivate)
-		}
-		if s.cutRules == nil || len(s.cutRules) >= maxCutRules {
-			s.cutRules = map[flowKey]string{}
-		}
-		s.cutRules[flowKey{f.Forward.Protocol, netip.AddrPortFrom(addr, f.Forward.SrcPort), netip.AddrPortFrom(dst, f.Forward.DstPort)}] = rule
 	}
 	cut, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.FAMILY_V4, unmarked{refused})
 	if err != nil {

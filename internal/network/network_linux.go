@@ -858,12 +858,12 @@ func (n *Network) Adopt(id string) error {
 	if err := netlink.LinkSetUp(l); err != nil {
 		return fmt.Errorf("network %s: %w", id, err)
 	}
-	n.mu.Lock()
 	// Connections tracked from before (opened under the policy as it was,
 	// which the operator's openings may since have narrowed) go on only
 	// if this policy allows them: an established one is accepted before
 	// any sandbox's chain.
 	n.cutRefusedFlows(s, addr, nil, comp)
+	n.mu.Lock()
 	n.slots[s.Slot] = id
 	if reflect.DeepEqual(s.Policy, pol) {
 		s.comp = comp
@@ -955,18 +955,32 @@ func (n *Network) setPolicy(id string, p pandastack.NetworkPolicy, cut bool) err
 		return err
 	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	after, err := n.setPolicyLocked(id, p, comp, cut)
+	n.mu.Unlock()
+	if after != nil {
+		// Outside n.mu: two dumps of the host's connection tracking, which
+		// every sandbox's DNS answers, proxied connections and creates
+		// would otherwise wait for.
+		after()
+	}
+	return err
+}
+
+// setPolicyLocked is setPolicy with n.mu held; after, if not nil, is what
+// remains to do once it is released (ending the connections the new
+// policy refuses).
+func (n *Network) setPolicyLocked(id string, p pandastack.NetworkPolicy, comp Compiled, cut bool) (after func(), _ error) {
 	s := n.sbx[id]
 	if s != nil && s.up && !s.chainStale && samePolicy(s.Policy, p) && reflect.DeepEqual(s.comp, comp) {
-		return nil
+		return nil, nil
 	}
 	if s == nil {
 		s = &sandboxNet{ID: id, Slot: -1, Policy: p.Normalized(), comp: comp}
 		if err := n.saveState(s); err != nil {
-			return fmt.Errorf("network %s: %w", id, err)
+			return nil, fmt.Errorf("network %s: %w", id, err)
 		}
 		n.sbx[id] = s
-		return nil
+		return nil, nil
 	}
 	_, addr := n.addrs(s.Slot)
 	write := func(comp Compiled) error {
@@ -978,7 +992,7 @@ func (n *Network) setPolicy(id string, p pandastack.NetworkPolicy, cut bool) err
 		if err := write(comp); err != nil {
 			// The kernel may have taken the rules all the same.
 			s.chainStale = true
-			return fmt.Errorf("network %s: firewall: %w", id, err)
+			return nil, fmt.Errorf("network %s: firewall: %w", id, err)
 		}
 		s.chainStale = false
 	}
@@ -993,14 +1007,24 @@ func (n *Network) setPolicy(id string, p pandastack.NetworkPolicy, cut bool) err
 				n.log.Warn("putting a sandbox's firewall back after a failed policy change", "sandbox", id, "err", werr)
 			}
 		}
-		return fmt.Errorf("network %s: %w", id, err)
+		return nil, fmt.Errorf("network %s: %w", id, err)
 	}
 	// Once the change stands: a failed one cuts nothing.
 	if s.up && cut {
-		n.cutRefusedFlows(s, addr, &s.comp, comp)
+		old := s.comp
+		after = func() {
+			// Not if a later change came meanwhile: its own cut follows,
+			// and this one could end what it allows again.
+			n.mu.Lock()
+			current := reflect.DeepEqual(s.comp, comp)
+			n.mu.Unlock()
+			if current {
+				n.cutRefusedFlows(s, addr, &old, comp)
+			}
+		}
 	}
 	s.comp = comp
-	return nil
+	return after, nil
 }
 
 // samePolicy says whether a and b are the same policy (nil and empty lists
