@@ -15,8 +15,8 @@ import (
 // A command's own output still in the pipe when it exited is another
 // matter: a client reading slowly holds it there, and no bound of time is
 // right for it. So an exec goes on draining past drainMax for as long as
-// the pipe keeps emptying and no process of the command's tree (which
-// alone could hold the pipe) lives (exec.go).
+// no writer is left on its pipes (exec.go): what they hold then is
+// finite, the readers meet its end.
 var drainMax = 5 * time.Second
 
 const drainPoll = 10 * time.Millisecond
@@ -28,16 +28,13 @@ func keepDraining(exited time.Time, files ...*os.File) bool {
 }
 
 // keepDrainingExec says whether an exec whose command exited at exited
-// reads on: left bytes wait in its pipes, whose count last went down at
-// movedAt; alive says whether a process of the command's tree lives.
-func keepDrainingExec(left int, exited, movedAt time.Time, alive func() bool) bool {
+// reads on: left bytes wait in its pipes; writerless says whether no
+// process holds their write ends any more.
+func keepDrainingExec(left int, exited time.Time, writerless func() bool) bool {
 	if left == 0 {
 		return false
 	}
-	if time.Since(exited) < drainMax {
-		return true
-	}
-	return time.Since(movedAt) < drainMax && !alive()
+	return time.Since(exited) < drainMax || writerless()
 }
 
 // drained waits, after a command exited at exited, until its readers end

@@ -63,29 +63,44 @@ func TestDrainedWaitsForLaggingReader(t *testing.T) {
 	<-readers
 }
 
-// An exec reads on past drainMax after its command's exit while its own
-// output still empties out of the pipe (a slow client) and no process of
-// its tree is left to write more; not when one is, nor once the pipe stops
-// emptying.
+// An exec reads on past drainMax after its command's exit while no writer
+// is left on its pipes (a slow client: what they hold is all there is);
+// not while one is (a process holding them, writing on).
 func TestKeepDrainingExec(t *testing.T) {
 	now := time.Now()
 	long := now.Add(-2 * drainMax)
-	alive, gone := func() bool { return true }, func() bool { return false }
+	yes, no := func() bool { return true }, func() bool { return false }
 	for _, c := range []struct {
-		name          string
-		left          int
-		exited, moved time.Time
-		tree          func() bool
-		want          bool
+		name       string
+		left       int
+		exited     time.Time
+		writerless func() bool
+		want       bool
 	}{
-		{"nothing left", 0, now, now, gone, false},
-		{"within drainMax of the exit", 10, now, now, alive, true},
-		{"a slow client: the pipe empties, the tree is gone", 10, long, now, gone, true},
-		{"a stray writer holds the pipe", 10, long, now, alive, false},
-		{"the pipe stopped emptying", 10, long, long, gone, false},
+		{"nothing left", 0, now, yes, false},
+		{"within drainMax of the exit", 10, now, no, true},
+		{"a slow client: no writer left", 10, long, yes, true},
+		{"a writer holds the pipe", 10, long, no, false},
 	} {
-		if got := keepDrainingExec(c.left, c.exited, c.moved, c.tree); got != c.want {
+		if got := keepDrainingExec(c.left, c.exited, c.writerless); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// writerless tells a pipe whose writers are all gone from one still held.
+func TestWriterless(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	w.Write([]byte("left"))
+	if writerless(r) {
+		t.Fatal("a pipe whose writer is open says writerless")
+	}
+	w.Close()
+	if !writerless(r) {
+		t.Fatal("a pipe whose writer closed, data still in it, does not say writerless")
 	}
 }

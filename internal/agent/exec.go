@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -372,14 +371,17 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		timeoutC <-chan struct{}
 		drainC   <-chan time.Time
 		drainT   *time.Timer
-		// While draining: the bytes left in the pipes at the last look,
-		// when that last went down, and those left when the drain ended.
-		lastLeft = math.MaxInt
-		movedAt  time.Time
-		dropped  int
-		done     = c.Done
+		dropped  int // the bytes left in the pipes when the drain ended
+		done     = make(chan ExitStatus, 1)
 		ctxDone  = ans.ctx.Done()
 	)
+	// gone is set as the status comes, not when the loop takes it (the
+	// loop may be stuck writing): the timer must not kill a pid reaped.
+	go func() {
+		st := <-c.Done
+		gone.Store(true)
+		done <- st
+	}()
 	// The timeout kills the command even while the loop below is stuck in
 	// a write to a client that stopped reading (it would run on for as
 	// long as the client stalls); the loop then records it and waits for
@@ -436,7 +438,6 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		case status = <-done:
 			gone.Store(true)
 			exited, elapsed = true, time.Since(start)
-			movedAt = time.Now()
 			done, timeoutC, ctxDone = nil, nil, nil
 			if readersDone != nil {
 				drainT = time.NewTimer(drainAfterExit)
@@ -453,11 +454,7 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 			kill()
 		case <-drainC:
 			left := unread(outR, errR)
-			if left < lastLeft {
-				movedAt = time.Now()
-			}
-			lastLeft = left
-			if keepDrainingExec(left, start.Add(elapsed), movedAt, func() bool { return markAlive(c.Mark) }) {
+			if keepDrainingExec(left, start.Add(elapsed), func() bool { return writerless(outR, errR) }) {
 				drainT.Reset(drainPoll) // the readers lag behind, or the client
 				continue
 			}
@@ -472,7 +469,12 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	}
 	// Killed by the timer while the loop was writing: the exit came
 	// first there.
-	timedOut = timedOut || pastTimeout.Load() && status.Signal != ""
+	if pastTimeout.Load() && !killed {
+		// The timer's kill, which the exit came before the loop saw: the
+		// answer waits for the reaping as after the loop's own.
+		timedOut = status.Signal != ""
+		awaitReaped(c.Mark, killAnswerWait)
+	}
 	if why := oom.Load(); why != nil && !broken {
 		// Last on stderr, as a shell says "Killed".
 		send(agentproto.ExecEvent{Type: "stderr", Data: []byte(oomNote(*why))})

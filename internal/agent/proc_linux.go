@@ -1133,19 +1133,3 @@ func atProcessLimit() bool {
 	})
 	return n >= limit*9/10
 }
-
-// markAlive reports whether a living process carries mark: one of a
-// command's tree, which may hold its output's pipe. True when it cannot
-// tell (no mark: not root; a scan cut short).
-func markAlive(mark uint32) bool {
-	if mark == 0 {
-		return true
-	}
-	alive := false
-	whole := scanStatus(time.Now().Add(100*time.Millisecond), func(pid int, st procStatus) {
-		if st.living() && st.has(mark) {
-			alive = true
-		}
-	})
-	return alive || !whole
-}

@@ -55,5 +55,5 @@ func unread(files ...*os.File) int { return 0 }
 // atProcessLimit cannot tell elsewhere.
 func atProcessLimit() bool { return false }
 
-// markAlive cannot tell elsewhere.
-func markAlive(mark uint32) bool { return true }
+// writerless cannot tell elsewhere.
+func writerless(files ...*os.File) bool { return false }

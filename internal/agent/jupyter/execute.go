@@ -42,7 +42,8 @@ type ExecOptions struct {
 }
 
 // Execute runs code as one cell and returns its outcome. onEvent (may be
-// nil) sees the output live, in order, from the calling goroutine: "stdout"
+// nil) sees the output live, in order, from a goroutine of its own (never
+// after Execute returned; see eventPump): "stdout"
 // and "stderr" chunks, a "result" per rich output, an "error", and last an
 // "execution" event with the same Execution that is returned.
 //
