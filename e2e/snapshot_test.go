@@ -117,6 +117,15 @@ func TestSnapshotRestoreFork(t *testing.T) {
 				t.Fatalf("child %d's context thinks it runs in %+v, %v; want %s", i, ex, err, k.ID)
 			}
 		}
+		// Restarted, the kernel starts in the child, not in the parent its
+		// context was made in.
+		k := out.Sandboxes[0]
+		if _, err := c.RestartContext(ctx, k.ID, "ctx_default_python"); err != nil {
+			t.Fatal(err)
+		}
+		if ex, err := c.RunCode(ctx, k.ID, client.RunRequest{Code: "import os; os.environ['PANDASTACK_SANDBOX_ID']"}); err != nil || ex.Text != "'"+k.ID+"'" {
+			t.Fatalf("a child's restarted context thinks it runs in %+v, %v; want %s", ex, err, k.ID)
+		}
 		if ex, _ := c.RunCode(ctx, sb.ID, client.RunRequest{Code: "secret"}); ex.Text != "41" {
 			t.Fatalf("parent changed by its children: %+v", ex)
 		}

@@ -260,6 +260,13 @@ func supportedLanguages() []string {
 
 // launcher starts kernels through the agent's reaper as the sandbox user.
 func (s *Server) launcher(argv, env []string, cwd string) (jupyter.Proc, error) {
+	// Started, or restarted, in the sandbox it is in now: the options'
+	// env holds the id of the sandbox the context was made in (a fork's
+	// parent, a snapshot's sandbox, a pool's image).
+	if id := os.Getenv("PANDASTACK_SANDBOX_ID"); id != "" {
+		env = slices.DeleteFunc(slices.Clone(env), func(e string) bool { return strings.HasPrefix(e, "PANDASTACK_SANDBOX_ID=") })
+		env = append(env, "PANDASTACK_SANDBOX_ID="+id)
+	}
 	path := argv[0]
 	if !strings.Contains(path, "/") {
 		_, pathVar := buildEnv(s.home, agentproto.UserName, nil)
