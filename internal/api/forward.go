@@ -14,6 +14,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -152,7 +153,10 @@ func (e errReader) Read([]byte) (int, error) {
 // api says the answer is the API's own, not a sandbox's server's through
 // the port proxy: a stream of it cut off half-way ends with an error event.
 func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, unreached func(http.ResponseWriter, *http.Request), api bool) {
-	clearBodyDeadline(w) // the other node bounds the body itself
+	if api || hasCredential(r) {
+		clearBodyDeadline(w) // the other node bounds the body itself
+	} // else a port proxy's request that can only be refused there: a caller with no key keeps the deadline
+	var body *eofBody
 	ctx, stop := s.watchNode(r.Context(), base, r.Method == http.MethodPost && r.URL.Path == "/v1/sandboxes")
 	defer stop()
 	orig := r // what unreached serves here: the caller's, not tied to the other node
@@ -176,6 +180,10 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 			pr.Out.Host = pr.In.Host // the port proxy's {port}-{id}.domain routes by it
 			pr.SetXForwarded()
 			pr.Out.Header.Set(forwardedHeader, s.mgr.NodeID())
+			if pr.Out.Body != nil && pr.Out.Body != http.NoBody {
+				body = &eofBody{ReadCloser: pr.Out.Body}
+				pr.Out.Body = body
+			}
 		},
 		Transport:     transport,
 		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
@@ -184,12 +192,15 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 		// ends with an error event, as on the sandbox's own node, rather
 		// than with a broken connection.
 		ModifyResponse: func(resp *http.Response) error {
-			if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
-				// Refused there: the rest of the body is not waited for.
-				// Its deadline was lifted for the other node to bound, and
-				// a port proxy's caller needs no key to hold it back for
-				// ever, keeping this handler, stuck closing the body it
-				// reads, and its connection.
+			if resp.StatusCode >= 400 && body != nil && !body.eof.Load() {
+				// Refused there before its body was all sent: the rest is
+				// not waited for. Its deadline was lifted for the other
+				// node to bound, and a caller that holds the body back
+				// would keep this handler, stuck closing the body it
+				// reads, and its connection, for ever. (Only while the
+				// body is unfinished: once at its end, the server reads
+				// on in the background, and a deadline passed would
+				// cancel the request mid-answer.)
 				http.NewResponseController(w).SetReadDeadline(time.Now())
 			}
 			if unreached != nil && notBuiltThere(resp) {
@@ -238,6 +249,31 @@ func (s *Server) proxyTo(w http.ResponseWriter, r *http.Request, base string, un
 	}
 	s.log.Debug("forwarding", "method", r.Method, "path", r.URL.Path, "node_url", base)
 	serveProxy(p, w, r)
+}
+
+// hasCredential reports whether r carries any credential: an API key or a
+// port token, in a header, the query or the port's cookie.
+func hasCredential(r *http.Request) bool {
+	if r.Header.Get("Authorization") != "" || r.Header.Get("X-API-Key") != "" || r.URL.Query().Get(tokenParam) != "" {
+		return true
+	}
+	_, err := r.Cookie(portTokenCookie)
+	return err == nil
+}
+
+// eofBody is a request body passed on that tells whether it was read to
+// its end.
+type eofBody struct {
+	io.ReadCloser
+	eof atomic.Bool
+}
+
+func (b *eofBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
 }
 
 // wsTail wraps the owner's side of a terminal's WebSocket passed through

@@ -508,44 +508,73 @@ func TestProxiedTerminalOfARevokedKey(t *testing.T) {
 	}
 }
 
-// A request the owner refuses (401: a port proxy's caller without a valid
-// token) ends here at once, though its caller announced a body it never
-// sends: the body's read deadline, lifted for the owner to bound, would
-// have let it hold this node's handler and connection for ever.
+// A request the owner refuses before its body (a 401 for a port proxy's
+// caller without a valid token, a 400 for a bad port) ends here at once,
+// though its caller announced a body it never sends: the body's read
+// deadline, lifted for the owner to bound, would have let it hold this
+// node's handler and connection for ever.
 func TestRefusedForwardDoesNotWaitForTheBody(t *testing.T) {
-	// It answers at once, before the body, as the owner does once its own
-	// deadline for the body passed (or for a body too large to discard).
-	owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		conn, buf, err := http.NewResponseController(w).Hijack()
+	for _, status := range []int{http.StatusUnauthorized, http.StatusBadRequest} {
+		// It answers at once, before the body, as the owner does once its
+		// own deadline for the body passed, or for a body too large to
+		// discard.
+		owner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			fmt.Fprintf(buf, "HTTP/1.1 %d %s\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", status, http.StatusText(status))
+			buf.Flush()
+			conn.Close()
+		}))
+		t.Cleanup(owner.Close)
+		ended := make(chan struct{})
+		s := forwarder(t)
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			defer close(ended)
+			s.proxyTo(w, r, owner.URL, nil, false)
+		}))
+		t.Cleanup(front.Close) // after the connection's close (cleanups run last first)
+		conn := dialFront(t, front)
+		fmt.Fprintf(conn, "POST /v1/sandboxes/sbx_a/ports/80/?pandastack_token=pst_x HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 		if err != nil {
-			t.Error(err)
-			return
+			t.Fatal(err)
 		}
-		buf.WriteString("HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-		buf.Flush()
-		conn.Close()
-	}))
-	defer owner.Close()
-	ended := make(chan struct{})
-	s := forwarder(t)
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		defer close(ended)
-		s.proxyTo(w, r, owner.URL, nil, false)
-	}))
-	defer front.Close()
-	conn := dialFront(t, front)
-	fmt.Fprintf(conn, "POST /v1/sandboxes/sbx_a/ports/80/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
+		if resp.StatusCode != status {
+			t.Fatalf("status %d, want %d", resp.StatusCode, status)
+		}
+		select {
+		case <-ended:
+		case <-time.After(5 * time.Second):
+			conn.Close()
+			t.Fatalf("answered %d: the handler still waits for the body its caller never sends", status)
+		}
 	}
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("status %d, want 401", resp.StatusCode)
-	}
-	select {
-	case <-ended:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the handler still waits for the body its caller never sends")
+}
+
+// hasCredential tells a port proxy's request with a key or a token, which
+// its node may let in, from one with none, which it refuses: only the
+// first gets its body's deadline lifted when passed on.
+func TestHasCredential(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		mod  func(r *http.Request)
+		want bool
+	}{
+		{"none", func(r *http.Request) {}, false},
+		{"a key", func(r *http.Request) { r.Header.Set("Authorization", "Bearer pds_x") }, true},
+		{"a key header", func(r *http.Request) { r.Header.Set("X-API-Key", "pds_x") }, true},
+		{"a token in the query", func(r *http.Request) { r.URL.RawQuery = "pandastack_token=pst_x" }, true},
+		{"the port's cookie", func(r *http.Request) { r.AddCookie(&http.Cookie{Name: portTokenCookie, Value: "pst_x"}) }, true},
+		{"another cookie", func(r *http.Request) { r.AddCookie(&http.Cookie{Name: "sid", Value: "1"}) }, false},
+	} {
+		r := httptest.NewRequest("POST", "/v1/sandboxes/sbx_a/ports/80/", nil)
+		c.mod(r)
+		if got := hasCredential(r); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -508,17 +508,24 @@ func removeCookie(r *http.Request, name string) {
 // every {port}-{id}.PublicDomain host is one site, so another sandbox's
 // page gets the cookie sent along (SameSite counts sites, not origins),
 // and its script could drive this port's app (a WebSocket) or post to it.
-// A link followed (a top-level GET) is let through, as Lax lets it; a
-// page of another port of the same sandbox too, on the host form.
-// Requests without the browser's Sec-Fetch-Site or Origin (curl, an SDK)
-// are not a page's.
+// The page is the request's Origin, or its Referer without one (an image,
+// a script); "null" (a page behind a redirect, a sandboxed frame) is
+// foreign. A link followed to a top-level page is let through, as Lax
+// lets it, when the browser says so (Sec-Fetch-Dest: document; a frame is
+// not); so is a page of another port of the same sandbox, on the host
+// form. A request without Origin, Referer or Sec-Fetch-Site (curl, an
+// SDK, a bookmark) is not a page's.
 func (s *Server) foreignPage(r *http.Request, id string) bool {
-	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Sec-Fetch-Mode") == "navigate" {
+	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Header.Get("Sec-Fetch-Mode") == "navigate" && r.Header.Get("Sec-Fetch-Dest") == "document" {
 		return false
 	}
-	if origin := r.Header.Get("Origin"); origin != "" && origin != "null" {
-		u, err := url.Parse(origin)
-		if err != nil {
+	page := r.Header.Get("Origin")
+	if page == "" {
+		page = r.Header.Get("Referer")
+	}
+	if page != "" {
+		u, err := url.Parse(page)
+		if err != nil || page == "null" || u.Host == "" {
 			return true
 		}
 		if strings.EqualFold(u.Host, r.Host) {
@@ -527,8 +534,8 @@ func (s *Server) foreignPage(r *http.Request, id string) bool {
 		return !hostRouted(r) || s.sandboxOfHost(u.Host) != id
 	}
 	switch r.Header.Get("Sec-Fetch-Site") {
-	case "cross-site", "same-site", "null":
-		return true // without an Origin to say which page: not this port's
+	case "cross-site", "same-site":
+		return true // a page's, which does not say which
 	}
 	return false
 }
