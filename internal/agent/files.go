@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -556,6 +557,10 @@ func removeIn(ctx context.Context, root *os.Root, top, rel string, dev uint64) e
 // the server and in the caller (a variable for tests).
 var maxListed = 100_000
 
+// maxListedBytes bounds a listing's JSON (long paths, names of bytes that
+// are not UTF-8), below what the server reads of an agent's answer.
+const maxListedBytes = 48 << 20
+
 // readDirUpTo reads the entries of directory p, sorted by name, stopping
 // once it has more than max.
 func readDirUpTo(p string, max int) ([]fs.DirEntry, error) {
@@ -623,7 +628,17 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, out)
+	b, err := json.Marshal(out)
+	if err != nil {
+		return err
+	}
+	if len(b) > maxListedBytes {
+		return pandastack.Errorf(pandastack.ETooLarge, "the listing of %s is %d MB, more than a listing answers (%d MB: long names); list it with exec (ls -f %s | head), or list a directory below it", p, len(b)>>20, maxListedBytes>>20, p)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(http.StatusOK)
+	w.Write(append(b, '\n'))
 	return nil
 }
 

@@ -438,7 +438,7 @@ func (c *AgentClient) do(ctx context.Context, method, path string, q url.Values,
 	}
 	defer resp.Body.Close()
 	if out == nil {
-		io.Copy(io.Discard, resp.Body)
+		io.CopyN(io.Discard, resp.Body, maxAgentAnswer) // an answer that goes on is not read for ever
 		return nil
 	}
 	if err := json.NewDecoder(&capped{r: resp.Body, left: maxAgentAnswer}).Decode(out); err != nil {
