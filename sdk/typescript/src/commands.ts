@@ -100,7 +100,7 @@ export interface ProcessInfo {
   exitCode?: number;
   signal?: string;
   timedOut?: boolean;
-  /** Bytes of its oldest output no longer kept (the server keeps the latest 4 MiB). */
+  /** Bytes of its oldest output no longer kept (the server keeps the latest, in at most 4 MiB of memory: less when it comes a line at a time while followed). */
   outputDropped?: number;
 }
 

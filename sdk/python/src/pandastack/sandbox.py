@@ -364,7 +364,9 @@ class Sandbox(SandboxRecord):
                 produced; giving either streams the command's output. With
                 ``background=True`` give them to :meth:`CommandHandle.wait`.
             background: start the command and return without waiting; its
-                output is kept by the server (the latest 4 MiB).
+                output is kept by the server (the latest of it, in at most
+                4 MiB of memory: less when it comes a line at a time while
+                someone follows it).
 
         Returns:
             An :class:`ExecResult` (a non-zero exit status is not an error),
