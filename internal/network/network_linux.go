@@ -855,14 +855,14 @@ func (n *Network) Adopt(id string) error {
 	if err != nil {
 		return fmt.Errorf("network %s: firewall: %w", id, err)
 	}
-	if err := netlink.LinkSetUp(l); err != nil {
-		return fmt.Errorf("network %s: %w", id, err)
-	}
 	// Connections tracked from before (opened under the policy as it was,
 	// which the operator's openings may since have narrowed) go on only
 	// if this policy allows them: an established one is accepted before
-	// any sandbox's chain.
+	// any sandbox's chain. Cut before the link is up again.
 	n.cutRefusedFlows(s, addr, nil, comp)
+	if err := netlink.LinkSetUp(l); err != nil {
+		return fmt.Errorf("network %s: %w", id, err)
+	}
 	n.mu.Lock()
 	n.slots[s.Slot] = id
 	if reflect.DeepEqual(s.Policy, pol) {
