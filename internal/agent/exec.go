@@ -467,11 +467,10 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 	if dropped > 0 && !broken {
 		send(agentproto.ExecEvent{Type: "stderr", Data: []byte(fmt.Sprintf("\npandastack: the last %d bytes of output were not read: %s after the command exited, a process it started still held its output open\n", dropped, drainMax))})
 	}
-	// Killed by the timer while the loop was writing: the exit came
-	// first there.
 	if pastTimeout.Load() && !killed {
-		// The timer's kill, which the exit came before the loop saw: the
-		// answer waits for the reaping as after the loop's own.
+		// Killed by the timer while the loop was writing, its exit seen
+		// before the timeout: the answer waits for the reaping as after
+		// the loop's own kill.
 		timedOut = status.Signal != ""
 		awaitReaped(c.Mark, killAnswerWait)
 	}
