@@ -424,6 +424,14 @@ func TestNodesPortProxy(t *testing.T) {
 	if st, _ := get(page, "", false); st != http.StatusUnauthorized {
 		t.Errorf("without key or token through the other node: %d, want 401", st)
 	}
+	// Nor does the forwarding header make it say where the sandbox runs.
+	claimed, _ := http.NewRequest("GET", page, nil)
+	claimed.Header.Set("X-Pandastack-Forwarded-By", "someone")
+	if resp, err := http.DefaultClient.Do(claimed); err != nil {
+		t.Fatal(err)
+	} else if resp.Body.Close(); resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("without key or token, claiming to be forwarded, through the other node: %d, want 401", resp.StatusCode)
+	}
 	tok, err := co.CreatePortToken(ctx, sb.ID, 8000, time.Minute)
 	if err != nil {
 		t.Fatal(err)

@@ -75,6 +75,13 @@ func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project,
 	if target == "" {
 		return false
 	}
+	if r.Header.Get(forwardedHeader) != "" && project == "" && !hasCredential(r) {
+		// A port proxy's request without a key or token, the header set
+		// by its caller: refused here as any such request is (401),
+		// rather than answered with where the sandbox runs, which told a
+		// caller with no key that the sandbox lives, and on which node.
+		return false
+	}
 	if r.Header.Get(forwardedHeader) != "" {
 		writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s runs on another node, and this request was passed on to this node already: send it to any node without the %s header; if the caller did not set it, two nodes advertise the same URL (each node needs its own --advertise-url)", id, forwardedHeader))
 		return true
