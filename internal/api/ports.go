@@ -531,7 +531,8 @@ func (s *Server) foreignPage(r *http.Request, id string) bool {
 		if strings.EqualFold(u.Host, r.Host) {
 			return false
 		}
-		return !hostRouted(r) || s.sandboxOfHost(u.Host) != id
+		_, pageID, ok := s.portHost(u.Host)
+		return !hostRouted(r) || !ok || pageID != id
 	}
 	switch r.Header.Get("Sec-Fetch-Site") {
 	case "cross-site", "same-site":
@@ -540,19 +541,22 @@ func (s *Server) foreignPage(r *http.Request, id string) bool {
 	return false
 }
 
-// sandboxOfHost is the sandbox whose port host is host
-// ({port}-{id}.PublicDomain), or "".
-func (s *Server) sandboxOfHost(host string) string {
+// portHost parses host as {port}-{id}.PublicDomain: the port and the
+// sandbox id; ok false when it is not one (or there is no PublicDomain).
+func (s *Server) portHost(host string) (port, id string, ok bool) {
+	if s.cfg.PublicDomain == "" {
+		return "", "", false
+	}
 	host = strings.ToLower(host)
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
 	label, ok := strings.CutSuffix(host, "."+strings.ToLower(s.cfg.PublicDomain))
 	m := hostRouteRE.FindStringSubmatch(label)
-	if s.cfg.PublicDomain == "" || !ok || m == nil {
-		return ""
+	if !ok || m == nil {
+		return "", "", false
 	}
-	return "sbx_" + m[2][4:]
+	return m[1], "sbx_" + m[2][4:], true
 }
 
 // hostRouteRE matches the first label of {port}-{id}.PublicDomain; the id
@@ -562,21 +566,13 @@ var hostRouteRE = regexp.MustCompile(`^([0-9]{1,5})-(sbx[_-][a-z2-7]{16})$`)
 // hostRoute serves {port}-{id}.PublicDomain as the port proxy of that
 // sandbox port, the whole path passed on; false when r is not for one.
 func (s *Server) hostRoute(w http.ResponseWriter, r *http.Request) bool {
-	if s.cfg.PublicDomain == "" {
-		return false
-	}
-	host := strings.ToLower(r.Host)
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
-	}
-	label, ok := strings.CutSuffix(host, "."+strings.ToLower(s.cfg.PublicDomain))
-	m := hostRouteRE.FindStringSubmatch(label)
-	if !ok || m == nil {
+	port, id, ok := s.portHost(r.Host)
+	if !ok {
 		return false
 	}
 	r = r.WithContext(context.WithValue(r.Context(), hostRoutedKey{}, true))
-	r.SetPathValue("port", m[1])
-	r.SetPathValue("id", "sbx_"+m[2][4:])
+	r.SetPathValue("port", port)
+	r.SetPathValue("id", id)
 	r.SetPathValue("path", strings.TrimPrefix(r.URL.Path, "/"))
 	s.portProxy(w, r)
 	return true
