@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"time"
 )
@@ -28,13 +29,17 @@ func keepDraining(exited time.Time, files ...*os.File) bool {
 }
 
 // keepDrainingExec says whether an exec whose command exited at exited
-// reads on: left bytes wait in its pipes; writerless says whether no
-// process holds their write ends any more.
-func keepDrainingExec(left int, exited time.Time, writerless func() bool) bool {
-	if left == 0 {
-		return false
+// reads on: left bytes wait in its pipes, lastRead is when its readers
+// last took output; writerless says whether no process holds the pipes'
+// write ends any more. Within drainMax of the exit it reads on while
+// bytes wait or output still comes (a pipe a fast writer fills may be
+// empty at the moment it is asked); past drainMax, only while the bytes
+// that wait are all there will be.
+func keepDrainingExec(left int, exited, lastRead time.Time, writerless func() bool) bool {
+	if time.Since(exited) < drainMax {
+		return left > 0 || time.Since(lastRead) < drainAfterExit
 	}
-	return time.Since(exited) < drainMax || writerless()
+	return left > 0 && writerless()
 }
 
 // drained waits, after a command exited at exited, until its readers end
@@ -55,4 +60,15 @@ func drained(readers <-chan struct{}, exited time.Time, files ...*os.File) bool 
 		}
 		t.Reset(drainPoll)
 	}
+}
+
+// drainNote tells, last on stderr, that an exec's output stopped being
+// read while a process its command started still wrote to it; dropped
+// bytes were left in the pipes.
+func drainNote(dropped int) string {
+	left := ""
+	if dropped > 0 {
+		left = fmt.Sprintf(" (%d bytes were left unread)", dropped)
+	}
+	return fmt.Sprintf("\npandastack: output after this point was not read%s: a process the command started still wrote to it %s after the command exited\n", left, drainMax)
 }

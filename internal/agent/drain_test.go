@@ -63,26 +63,32 @@ func TestDrainedWaitsForLaggingReader(t *testing.T) {
 	<-readers
 }
 
-// An exec reads on past drainMax after its command's exit while no writer
-// is left on its pipes (a slow client: what they hold is all there is);
-// not while one is (a process holding them, writing on).
+// An exec reads on within drainMax of its command's exit while bytes wait
+// or output still comes; past it, only while no writer is left on its
+// pipes (a slow client: what they hold is all there is), not while one
+// is (a process holding them, writing on).
 func TestKeepDrainingExec(t *testing.T) {
 	now := time.Now()
 	long := now.Add(-2 * drainMax)
+	quiet := now.Add(-2 * drainAfterExit)
 	yes, no := func() bool { return true }, func() bool { return false }
 	for _, c := range []struct {
 		name       string
 		left       int
 		exited     time.Time
+		lastRead   time.Time
 		writerless func() bool
 		want       bool
 	}{
-		{"nothing left", 0, now, yes, false},
-		{"within drainMax of the exit", 10, now, no, true},
-		{"a slow client: no writer left", 10, long, yes, true},
-		{"a writer holds the pipe", 10, long, no, false},
+		{"nothing left, nothing coming", 0, now, quiet, yes, false},
+		{"nothing left, no output at all", 0, now, time.Time{}, no, false},
+		{"within drainMax of the exit", 10, now, quiet, no, true},
+		{"an empty pipe while output still comes", 0, now, now, no, true},
+		{"a slow client: no writer left", 10, long, quiet, yes, true},
+		{"a writer holds the pipe", 10, long, now, no, false},
+		{"past drainMax, output still coming", 0, long, now, no, false},
 	} {
-		if got := keepDrainingExec(c.left, c.exited, c.writerless); got != c.want {
+		if got := keepDrainingExec(c.left, c.exited, c.lastRead, c.writerless); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}

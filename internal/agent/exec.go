@@ -371,7 +371,8 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 		timeoutC <-chan struct{}
 		drainC   <-chan time.Time
 		drainT   *time.Timer
-		dropped  int // the bytes left in the pipes when the drain ended
+		dropped  int  // the bytes left in the pipes when the drain ended
+		cut      bool // the drain ended while output still came
 		done     = make(chan ExitStatus, 1)
 		ctxDone  = ans.ctx.Done()
 	)
@@ -454,18 +455,21 @@ func (s *Server) run(w http.ResponseWriter, r *http.Request, spec *execSpec, req
 			kill()
 		case <-drainC:
 			left := unread(outR, errR)
-			if keepDrainingExec(left, start.Add(elapsed), func() bool { return writerless(outR, errR) }) {
+			if keepDrainingExec(left, start.Add(elapsed), out.lastRead(), func() bool { return writerless(outR, errR) }) {
 				drainT.Reset(drainPoll) // the readers lag behind, or the client
 				continue
 			}
 			drainC = nil
 			dropped = left
+			// Cut off while output still came: a process the command
+			// started writes on into pipes no one reads any more.
+			cut = left > 0 || time.Since(out.lastRead()) < drainAfterExit
 			outR.Close() // unblocks the readers
 			errR.Close()
 		}
 	}
-	if dropped > 0 && !broken {
-		send(agentproto.ExecEvent{Type: "stderr", Data: []byte(fmt.Sprintf("\npandastack: the last %d bytes of output were not read: %s after the command exited, a process it started still held its output open\n", dropped, drainMax))})
+	if cut && !broken {
+		send(agentproto.ExecEvent{Type: "stderr", Data: []byte(drainNote(dropped))})
 	}
 	if pastTimeout.Load() && !killed {
 		// Killed by the timer while the loop was writing, its exit seen

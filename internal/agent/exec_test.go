@@ -327,7 +327,7 @@ func TestExecDrainStopsForAStrayWriter(t *testing.T) {
 	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
 		// An endless writer, which dies of SIGPIPE once the pipe is closed.
 		res := st.exec(t, agentproto.ExecRequest{Cmd: "yes & sleep 0.2"})
-		if res.exit.ExitCode != 0 || !strings.Contains(res.stderr.String(), "were not read") {
+		if res.exit.ExitCode != 0 || !strings.Contains(res.stderr.String(), "output after this point was not read") {
 			t.Fatalf("exit %+v, stderr %q", res.exit, res.stderr.String())
 		}
 	})

@@ -4,6 +4,8 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
@@ -38,6 +40,7 @@ const (
 // stream merge.
 type outputQueue struct {
 	ready chan struct{} // holds a token while events wait
+	last  atomic.Int64  // when output last came, in Unix nanoseconds
 
 	mu     sync.Mutex
 	space  *sync.Cond // signalled when the writer took events
@@ -54,6 +57,7 @@ func newOutputQueue() *outputQueue {
 // push appends a copy of p as output of stream typ. It waits while
 // outputQueued bytes are already waiting, until the writer takes them.
 func (q *outputQueue) push(typ string, p []byte) {
+	q.last.Store(time.Now().UnixNano())
 	q.mu.Lock()
 	for q.size >= outputQueued {
 		q.space.Wait()
@@ -84,6 +88,14 @@ func (q *outputQueue) push(typ string, p []byte) {
 	case q.ready <- struct{}{}:
 	default: // a token is already there
 	}
+}
+
+// lastRead says when output last came; the zero time if none did.
+func (q *outputQueue) lastRead() time.Time {
+	if n := q.last.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // take returns every waiting event, oldest first, and frees their room.
