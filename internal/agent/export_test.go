@@ -22,3 +22,10 @@ func SetStdinWait(d time.Duration) (restore func()) {
 	stdinWait = d
 	return func() { stdinWait = old }
 }
+
+// SetRootPlaced sets rootPlaced for a test; the returned func puts it back.
+func SetRootPlaced(f func(p string)) (restore func()) {
+	old := rootPlaced
+	rootPlaced = f
+	return func() { rootPlaced = old }
+}

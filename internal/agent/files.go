@@ -32,16 +32,70 @@ type fileTarget struct {
 	root bool   // act as root (?user=root) instead of the sandbox user
 }
 
-// run runs f with the target's credentials; as root, once rootPathSafe
-// let the target's path through.
+// run runs f with the target's credentials. Acting as root, f reaches
+// its paths through a place (t.place), never by the request's path.
 func (t fileTarget) run(f func() error) error {
 	if t.root {
-		if err := rootPathSafe(t.path); err != nil {
-			return err
-		}
 		return f()
 	}
 	return asUser(f)
+}
+
+// place is where a request's operations reach its path: the path itself
+// for the sandbox user (the kernel resolves it with the user's rights and
+// refuses what they may not do), or, acting as root, the path's name in its
+// parent directory held open (heldDir), which code in the sandbox cannot
+// redirect once it is held.
+type place struct {
+	sys  string   // the path the operations use
+	held *heldDir // root's parent directory; nil for the user
+}
+
+// place readies p for the request's operations. create makes p's missing
+// parents, acting as root (the user's are made by mkdirAll in the
+// operation, with the user's rights); follow and write are guard's, asked
+// again of the held directory's real path. Close the place when done.
+func (t fileTarget) place(p string, create, follow, write bool) (*place, error) {
+	if !t.root {
+		return &place{sys: p}, nil
+	}
+	h, err := holdDir(filepath.Dir(p), p, create, write)
+	if err != nil {
+		return nil, err
+	}
+	if rootPlaced != nil {
+		rootPlaced(p)
+	}
+	real, err := h.real()
+	if err == nil {
+		err = guard(filepath.Join(real, filepath.Base(p)), follow, write)
+	}
+	if err != nil {
+		h.unmake()
+		h.close()
+		return nil, fsError(err, p, write)
+	}
+	return &place{sys: h.at(filepath.Base(p)), held: h}, nil
+}
+
+// rootPlaced, when set (by tests), is called once a root request's place
+// is held, before its operations.
+var rootPlaced func(p string)
+
+// dir is the path by which the operations reach the place's parent.
+func (pl *place) dir() string { return filepath.Dir(pl.sys) }
+
+// unmake removes the parents the place made, as long as they are empty.
+func (pl *place) unmake() {
+	if pl.held != nil {
+		pl.held.unmake()
+	}
+}
+
+func (pl *place) close() {
+	if pl.held != nil {
+		pl.held.close()
+	}
 }
 
 // target reads ?path= (resolved against the user's home) and ?user=, and
@@ -258,26 +312,30 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 	if err := guard(p, false, true); err != nil {
 		return err
 	}
+	pl, err := t.place(p, true, false, true)
+	if err != nil {
+		return err
+	}
+	defer pl.close()
 	var tmp *os.File
 	mode := fs.FileMode(0o644)
 	replaces := false
 	err = t.run(func() error {
-		if fi, err := os.Stat(p); err == nil {
+		if fi, err := os.Stat(pl.sys); err == nil {
 			if fi.IsDir() {
 				return pandastack.Errorf(pandastack.EConflict, "%s is a directory; delete it first or upload to a path inside it", p)
 			}
 			mode = fi.Mode().Perm() // overwriting keeps the mode
 			replaces = true
 		}
-		dir := filepath.Dir(p)
-		if err := mkdirAll(dir); err != nil {
-			return fsError(err, dir, true)
+		if err := mkdirAll(pl.dir()); err != nil {
+			return fsError(err, filepath.Dir(p), true)
 		}
 		// A temp file renamed into place: readers never see half an upload.
 		var err error
 		// Its name is short whatever the file's (a name of up to 255 bytes
 		// must upload), with a bit of the file's to tell what it is for.
-		if tmp, err = os.CreateTemp(dir, "."+truncName(filepath.Base(p), 32)+uploadTempMark+"*"); err != nil {
+		if tmp, err = os.CreateTemp(pl.dir(), "."+truncName(filepath.Base(p), 32)+uploadTempMark+"*"); err != nil {
 			return fsError(err, p, true)
 		}
 		s.uploads.add(filepath.Base(tmp.Name()), replaces)
@@ -308,12 +366,12 @@ func (s *Server) putFile(w http.ResponseWriter, r *http.Request) error {
 			return fsError(err, p, true)
 		}
 		s.uploads.add(filepath.Base(tmp.Name()), replaces) // stamped afresh: a slow upload's record must outlast it
-		if err := os.Rename(tmp.Name(), p); err != nil {
+		if err := os.Rename(tmp.Name(), pl.sys); err != nil {
 			return fsError(err, p, true)
 		}
 		tmp = nil
 		var err error
-		if fi, err = os.Lstat(p); err != nil {
+		if fi, err = os.Lstat(pl.sys); err != nil {
 			return fsError(err, p, false)
 		}
 		return nil
@@ -339,10 +397,15 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) error {
 	if err := guard(p, true, false); err != nil {
 		return err
 	}
+	pl, err := t.place(p, false, true, false)
+	if err != nil {
+		return err
+	}
+	defer pl.close()
 	var f *os.File
 	err = t.run(func() error {
 		var err error
-		f, err = os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
+		f, err = os.OpenFile(pl.sys, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 		return err
 	})
 	if err != nil {
@@ -426,15 +489,20 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
 	if err := guard(p, false, true); err != nil {
 		return err
 	}
+	pl, err := t.place(p, false, false, true)
+	if err != nil {
+		return err
+	}
+	defer pl.close()
 	ctx, cancel := context.WithTimeout(r.Context(), fileOpTimeout)
 	defer cancel()
 	err = t.run(func() error {
-		fi, err := os.Lstat(p)
+		fi, err := os.Lstat(pl.sys)
 		if err != nil {
 			return fsError(err, p, false)
 		}
 		if fi.IsDir() && recursive {
-			if err := mayRemove(p, fi); err != nil {
+			if err := mayRemove(pl.sys, fi); err != nil {
 				if errors.Is(err, fs.ErrPermission) {
 					who := "the sandbox user"
 					if t.root {
@@ -444,12 +512,12 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) error {
 				}
 				return fsError(err, p, true)
 			}
-			if err = removeTree(ctx, p, fi); err != nil {
+			if err = removeTree(ctx, pl.sys, p, fi); err != nil {
 				return treeError(err, p)
 			}
 			return nil
 		} else {
-			err = os.Remove(p)
+			err = os.Remove(pl.sys)
 		}
 		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
 			return pandastack.Errorf(pandastack.EConflict, "directory %s is not empty; pass recursive=true to delete it with its contents", p)
@@ -492,24 +560,34 @@ func treeError(err error, top string) error {
 // it. It never follows a symlink (links are deleted, not their targets),
 // stays inside dir even if entries are swapped for links meanwhile (it works
 // through an os.Root), does not cross into another filesystem, and stops at
-// ctx's deadline.
-func removeTree(ctx context.Context, dir string, fi fs.FileInfo) error {
+// ctx's deadline. Messages name the directory shown.
+func removeTree(ctx context.Context, dir, shown string, fi fs.FileInfo) error {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return err
+		return shownAs(err, shown)
 	}
 	// OpenRoot follows a symlink: dir swapped for one since its Lstat
 	// (by the sandbox user, under a delete as root) must not lead there.
 	if opened, err := root.Stat("."); err != nil || !os.SameFile(opened, fi) {
 		root.Close()
-		return pandastack.Errorf(pandastack.EConflict, "%s changed while it was being deleted (replaced by a link?); nothing was deleted", dir)
+		return pandastack.Errorf(pandastack.EConflict, "%s changed while it was being deleted (replaced by a link?); nothing was deleted", shown)
 	}
-	err = removeIn(ctx, root, dir, ".", deviceOf(fi))
+	err = removeIn(ctx, root, shown, ".", deviceOf(fi))
 	root.Close()
 	if err != nil {
 		return err
 	}
-	return os.Remove(dir)
+	return shownAs(os.Remove(dir), shown)
+}
+
+// shownAs names p in err, a failure on the path a place's operations use,
+// where the caller must see the path it asked for.
+func shownAs(err error, p string) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		pe.Path = p
+	}
+	return err
 }
 
 func removeIn(ctx context.Context, root *os.Root, top, rel string, dev uint64) error {
@@ -593,16 +671,21 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) error {
 	if err := guard(p, true, false); err != nil {
 		return err
 	}
+	pl, err := t.place(p, false, true, false)
+	if err != nil {
+		return err
+	}
+	defer pl.close()
 	var out []agentproto.FileInfo
 	err = t.run(func() error {
-		fi, err := os.Stat(p)
+		fi, err := os.Stat(pl.sys)
 		if err != nil {
 			return fsError(err, p, false)
 		}
 		if !fi.IsDir() {
 			return pandastack.Errorf(pandastack.EInvalid, "%s is a file, not a directory; use GET /v1/sandboxes/{id}/files/stat for its details", p)
 		}
-		ents, err := readDirUpTo(p, maxListed)
+		ents, err := readDirUpTo(pl.sys, maxListed)
 		if err != nil {
 			return fsError(err, p, false)
 		}
@@ -651,8 +734,13 @@ func (s *Server) statFile(w http.ResponseWriter, r *http.Request) error {
 	if err := guard(p, false, false); err != nil {
 		return err
 	}
+	pl, err := t.place(p, false, false, false)
+	if err != nil {
+		return err
+	}
+	defer pl.close()
 	var fi fs.FileInfo
-	if err := t.run(func() (err error) { fi, err = os.Lstat(p); return }); err != nil {
+	if err := t.run(func() (err error) { fi, err = os.Lstat(pl.sys); return }); err != nil {
 		return fsError(err, p, false)
 	}
 	writeJSON(w, http.StatusOK, fileInfo(p, fi))
@@ -668,16 +756,21 @@ func (s *Server) mkdir(w http.ResponseWriter, r *http.Request) error {
 	if err := guard(p, false, true); err != nil {
 		return err
 	}
+	pl, err := t.place(p, true, false, true)
+	if err != nil {
+		return err
+	}
+	defer pl.close()
 	var fi fs.FileInfo
 	err = t.run(func() error {
-		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+		if fi, err := os.Stat(pl.sys); err == nil && !fi.IsDir() {
 			return pandastack.Errorf(pandastack.EConflict, "%s exists and is a file; delete it first or choose another path", p)
 		}
-		if err := mkdirAll(p); err != nil {
+		if err := mkdirAll(pl.sys); err != nil {
 			return fsError(err, p, true)
 		}
 		var err error
-		if fi, err = os.Lstat(p); err != nil {
+		if fi, err = os.Lstat(pl.sys); err != nil {
 			return fsError(err, p, false)
 		}
 		return nil
@@ -740,34 +833,40 @@ func (s *Server) renameFile(w http.ResponseWriter, r *http.Request) error {
 	if err := guard(to, false, true); err != nil {
 		return err
 	}
-	if t.root {
-		if err := rootPathSafe(to); err != nil {
-			return err
-		}
+	src, err := t.place(from, false, false, true)
+	if err != nil {
+		return err
 	}
+	defer src.close()
+	dst, err := t.place(to, to != from, false, true)
+	if err != nil {
+		return err
+	}
+	defer dst.close()
 	var fi fs.FileInfo
 	err = t.run(func() error {
-		if _, err := os.Lstat(from); err != nil {
+		if _, err := os.Lstat(src.sys); err != nil {
 			return fsError(err, from, false)
 		}
 		if to != from {
-			dir := filepath.Dir(to)
-			made := topMissing(dir)
+			dir := dst.dir()
+			made := topMissing(dir) // the user's; root's place made them
 			if err := mkdirAll(dir); err != nil {
-				return fsError(err, dir, true)
+				return fsError(err, filepath.Dir(to), true)
 			}
-			if err := renameError(rename(from, to, overwrite), from, to); err != nil {
+			if err := renameError(rename(src.sys, dst.sys, overwrite), from, to); err != nil {
 				unmake(dir, made)
 				return err
 			}
 		}
 		var err error
-		if fi, err = os.Lstat(to); err != nil {
+		if fi, err = os.Lstat(dst.sys); err != nil {
 			return fsError(err, to, false)
 		}
 		return nil
 	})
 	if err != nil {
+		dst.unmake() // the parents root's place made, if they stayed empty
 		return err
 	}
 	writeJSON(w, http.StatusOK, fileInfo(to, fi))

@@ -7,8 +7,10 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"net/url"
 	"os"
@@ -450,6 +452,143 @@ func TestFilesAsRootRefuseTheUsersLinks(t *testing.T) {
 	// As the user, the user's own link is theirs to follow (and root's
 	// directory refuses the write, as before).
 	st.callError(t, http.MethodPut, "/v1/files", q("path", "out/motd2"), strings.NewReader("x"), http.StatusForbidden, "permission_denied")
+}
+
+// Code in the sandbox that swaps a directory on a root request's path for a
+// link to root's files after the request looked at the path moves nothing:
+// the request goes on in the directory it walked to, held open.
+func TestFilesAsRootHoldTheirDirectory(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the user's links and root's differ by owner")
+	}
+	cfg := testConfig(t)
+	st := directStack(t, cfg, 1)
+	home := cfg.Home
+	protected := t.TempDir() // root's, as /etc
+	for _, name := range []string{"kept", "secret"} {
+		if err := os.WriteFile(filepath.Join(protected, name), []byte("root's"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, moved := filepath.Join(home, "out"), filepath.Join(home, "out.real")
+	for _, c := range []struct {
+		name, method, path string
+		q                  url.Values
+		body               string
+		// check looks at the directory the request walked to, moved away.
+		check func(t *testing.T)
+	}{
+		{"upload", http.MethodPut, "/v1/files", q("path", "out/motd", "user", "root"), "hello", func(t *testing.T) {
+			if b, err := os.ReadFile(filepath.Join(moved, "motd")); err != nil || string(b) != "hello" {
+				t.Errorf("the upload is not in the directory walked to: %q, %v", b, err)
+			}
+		}},
+		{"delete", http.MethodDelete, "/v1/files", q("path", "out/kept", "user", "root"), "", func(t *testing.T) {
+			if _, err := os.Lstat(filepath.Join(moved, "kept")); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("the delete did not delete in the directory walked to: %v", err)
+			}
+		}},
+		{"mkdir", http.MethodPost, "/v1/files/mkdir", q("path", "out/d", "user", "root"), "", func(t *testing.T) {
+			if fi, err := os.Stat(filepath.Join(moved, "d")); err != nil || !fi.IsDir() {
+				t.Errorf("mkdir did not make the directory where it walked: %v", err)
+			}
+		}},
+		{"rename", http.MethodPost, "/v1/files/rename", q("path", "mine", "to", "out/moved", "user", "root"), "", func(t *testing.T) {
+			if _, err := os.Stat(filepath.Join(moved, "moved")); err != nil {
+				t.Errorf("the rename did not land where it walked: %v", err)
+			}
+		}},
+		{"download", http.MethodGet, "/v1/files", q("path", "out/secret", "user", "root"), "", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			os.RemoveAll(moved)
+			os.Remove(out)
+			if err := os.Mkdir(out, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, name := range []string{"kept", "secret"} {
+				if err := os.WriteFile(filepath.Join(out, name), []byte("user's"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.WriteFile(filepath.Join(home, "mine"), []byte("m"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(out, agentproto.UserUID, agentproto.UserGID); err != nil {
+				t.Fatal(err)
+			}
+			swapped := false
+			defer agent.SetRootPlaced(func(p string) {
+				if swapped || !strings.HasPrefix(p, out+"/") {
+					return // a rename's source, in the home
+				}
+				swapped = true
+				// The user's code: ~/out becomes a link to root's directory.
+				if err := os.Rename(out, moved); err != nil {
+					t.Error(err)
+				}
+				if err := os.Symlink(protected, out); err != nil {
+					t.Error(err)
+				}
+				os.Lchown(out, agentproto.UserUID, agentproto.UserGID)
+			})()
+			resp := st.request(t, t.Context(), c.method, c.path, c.q, strings.NewReader(c.body))
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !swapped {
+				t.Fatal("the request never held its directory")
+			}
+			if resp.StatusCode/100 != 2 {
+				t.Fatalf("%s: %d %s", c.name, resp.StatusCode, b)
+			}
+			if c.method == http.MethodGet && string(b) != "user's" {
+				t.Errorf("the download read %q, want the file of the directory walked to", b)
+			}
+			if c.check != nil {
+				c.check(t)
+			}
+			ents, _ := os.ReadDir(protected)
+			var names []string
+			for _, e := range ents {
+				names = append(names, e.Name())
+			}
+			if strings.Join(names, " ") != "kept secret" {
+				t.Errorf("root's directory holds %v after the request, want only kept and secret", names)
+			}
+		})
+	}
+}
+
+// A rename as root that fails leaves none of the destination's parents it
+// made.
+func TestFilesAsRootFailedRenameUnmakes(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	cfg := testConfig(t)
+	st := directStack(t, cfg, 1)
+	st.callError(t, http.MethodPost, "/v1/files/rename", q("path", "absent", "to", "new/sub/x", "user", "root"), nil, http.StatusNotFound, "not_found")
+	if _, err := os.Lstat(filepath.Join(cfg.Home, "new")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the failed rename left its parents: %v", err)
+	}
+	// Through a link root made where only root writes, with a "..": the
+	// walk follows it as the kernel would.
+	rootDir := t.TempDir()
+	target := filepath.Join(rootDir, "a", "b")
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("a/b/../b", filepath.Join(rootDir, "l")); err != nil {
+		t.Fatal(err)
+	}
+	var fi agentproto.FileInfo
+	st.call(t, http.MethodPut, "/v1/files", q("path", filepath.Join(rootDir, "l", "f"), "user", "root"), strings.NewReader("v"), http.StatusOK, &fi)
+	if b, err := os.ReadFile(filepath.Join(target, "f")); err != nil || string(b) != "v" {
+		t.Fatalf("through root's link: %q, %v", b, err)
+	}
+	if fi.Path != filepath.Join(rootDir, "l", "f") {
+		t.Errorf("the answer names %s, want the path asked for", fi.Path)
+	}
 }
 
 // A listing answers at most maxListed entries, sorted by name; a directory

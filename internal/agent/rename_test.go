@@ -62,7 +62,7 @@ func TestRemoveTreeRefusesASwap(t *testing.T) {
 	if err := os.Symlink(other, dir); err != nil {
 		t.Fatal(err)
 	}
-	if err := removeTree(t.Context(), dir, fi); !pandastack.IsCode(err, pandastack.EConflict) {
+	if err := removeTree(t.Context(), dir, dir, fi); !pandastack.IsCode(err, pandastack.EConflict) {
 		t.Fatalf("delete of a directory swapped for a link: %v, want conflict", err)
 	}
 	if _, err := os.Stat(filepath.Join(other, "passwd")); err != nil {

@@ -1,31 +1,108 @@
 package agent
 
 import (
-	"io/fs"
+	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
 )
 
-// rootPathSafe refuses a path a file request acting as root (?user=root)
-// would reach through a symbolic link the sandbox's code controls: one the
-// sandbox user owns, or one in a directory where the user may replace it.
-// Code in the sandbox that turned ~/out into a link to /etc would
-// otherwise have a root upload, delete or move land in /etc. Only the
-// directories above p are walked: the request's own last element is its
-// operation's (an upload replaces a link there, a delete removes it).
-// Links root made where only root writes (/bin on a merged /usr, say) are
-// followed as the kernel would.
+// heldDir is a directory a file request acting as root (?user=root)
+// reached from / one component at a time, held open. The walk does not
+// follow a symbolic link the sandbox's code controls: one the sandbox user
+// owns, or one in a directory where the user may replace it. Code in the
+// sandbox that turned ~/out into a link to /etc would otherwise have a root
+// upload, delete or move land in /etc. Links root made where only root
+// writes (/bin on a merged /usr, say) are followed as the kernel would.
 //
-// This is a check before the operation: code racing it, swapping a
-// directory for a link in between, is not stopped by it.
-func rootPathSafe(p string) error {
-	rest := strings.Split(strings.Trim(filepath.Dir(p), "/"), "/")
-	cur := "/"
+// The request's operations then go through the open directory
+// (/proc/self/fd/N/name), not through its path again: code that swaps a
+// directory on the way for a link once the walk has passed it does not
+// move where they land. Only the directories above the request's path are
+// walked; its own last element is its operation's (an upload replaces a
+// link there, a delete removes it).
+type heldDir struct {
+	f *os.File
+	// made are the directories the walk made (create), outermost first,
+	// each with its parent held open, so that a failed request removes
+	// them again by handle and not by a path the user could redirect.
+	made []madeDir
+}
+
+type madeDir struct {
+	parent *os.File
+	name   string
+}
+
+// at is the path by which name in the held directory is reached without
+// resolving its path again; the directory itself for "".
+func (d *heldDir) at(name string) string {
+	p := "/proc/self/fd/" + strconv.Itoa(int(d.f.Fd()))
+	if name == "" {
+		return p
+	}
+	return p + "/" + name
+}
+
+// real is the directory's path as the kernel knows it now.
+func (d *heldDir) real() (string, error) {
+	return os.Readlink(d.at(""))
+}
+
+// unmake removes the directories the walk made, innermost first, as long as
+// they are empty: a failed request leaves no trace of them.
+func (d *heldDir) unmake() {
+	for i := len(d.made) - 1; i >= 0; i-- {
+		m := d.made[i]
+		if unix.Unlinkat(int(m.parent.Fd()), m.name, unix.AT_REMOVEDIR) != nil {
+			return
+		}
+	}
+}
+
+func (d *heldDir) close() {
+	for _, m := range d.made {
+		m.parent.Close()
+	}
+	d.made = nil
+	d.f.Close()
+}
+
+// maxLinkHops bounds the links one walk follows, as the kernel's ELOOP.
+const maxLinkHops = 40
+
+// holdDir walks to the directory dir as root and holds it open (heldDir).
+// With create it makes missing directories, root's and mode 0755, as
+// mkdir -p does. Errors name p, the request's path; write says whether the
+// request writes (a file in the way is then a conflict, not a miss).
+func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
+	fd, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fsError(err, p, write)
+	}
+	h := &heldDir{}
+	defer func() {
+		if err != nil {
+			h.unmake()
+			for _, m := range h.made {
+				m.parent.Close()
+			}
+			unix.Close(fd)
+		}
+	}()
+	step := func(next int) {
+		unix.Close(fd)
+		fd = next
+	}
+	rest := strings.Split(strings.Trim(dir, "/"), "/")
+	cur := "/" // the path walked so far, for messages
 	for hops := 0; len(rest) > 0; {
 		c := rest[0]
 		rest = rest[1:]
@@ -33,52 +110,103 @@ func rootPathSafe(p string) error {
 		case "", ".":
 			continue
 		case "..":
+			next, err := unix.Openat(fd, "..", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return nil, fsError(err, p, write)
+			}
+			step(next)
 			cur = filepath.Dir(cur)
 			continue
 		}
 		next := filepath.Join(cur, c)
-		fi, err := os.Lstat(next)
-		if err != nil {
-			return nil // missing: made by root from here on, or the operation says so
+		var st unix.Stat_t
+		err := unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if errors.Is(err, unix.ENOENT) && create {
+			if err = unix.Mkdirat(fd, c, 0o755); err == nil {
+				parent, derr := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+				if derr != nil {
+					unix.Unlinkat(fd, c, unix.AT_REMOVEDIR)
+					return nil, fsError(derr, p, write)
+				}
+				h.made = append(h.made, madeDir{parent: os.NewFile(uintptr(parent), cur), name: c})
+			}
+			if err == nil || errors.Is(err, unix.EEXIST) { // or made meanwhile
+				err = unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW)
+			}
 		}
-		if fi.Mode()&fs.ModeSymlink == 0 {
+		if err != nil {
+			return nil, fsError(err, p, write)
+		}
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			opened, err := unix.Openat(fd, c, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+			if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+				// Swapped for a link (or a file) since the look: look again.
+				if hops++; hops > maxLinkHops {
+					return nil, fsError(unix.ELOOP, p, write)
+				}
+				rest = append([]string{c}, rest...)
+				continue
+			}
+			if err != nil {
+				return nil, fsError(err, p, write)
+			}
+			step(opened)
 			cur = next
-			continue
+		case unix.S_IFLNK:
+			if hops++; hops > maxLinkHops {
+				return nil, fsError(unix.ELOOP, p, write)
+			}
+			var ds unix.Stat_t
+			if err := unix.Fstat(fd, &ds); err != nil {
+				return nil, fsError(err, p, write)
+			}
+			if userControls(&st, &ds) {
+				return nil, pandastack.Errorf(pandastack.EPermission, "%s is reached through the symbolic link %s, which the sandbox's user can change: acting as root, the file API does not follow it; give the path it leads to", p, next)
+			}
+			target, err := readlinkat(fd, c)
+			if err != nil {
+				return nil, fsError(err, next, false)
+			}
+			if filepath.IsAbs(target) {
+				root, err := unix.Open("/", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return nil, fsError(err, p, write)
+				}
+				step(root)
+				cur = "/"
+			}
+			rest = append(strings.Split(strings.Trim(target, "/"), "/"), rest...)
+		default:
+			return nil, fsError(unix.ENOTDIR, p, write)
 		}
-		if hops++; hops > 40 {
-			return fsError(syscall.ELOOP, p, true)
-		}
-		if userControls(cur, fi) {
-			return pandastack.Errorf(pandastack.EPermission, "%s is reached through the symbolic link %s, which the sandbox's user can change: acting as root, the file API does not follow it; give the path it leads to", p, next)
-		}
-		target, err := os.Readlink(next)
-		if err != nil {
-			return fsError(err, next, false)
-		}
-		if filepath.IsAbs(target) {
-			cur = "/"
-		}
-		rest = append(strings.Split(strings.Trim(target, "/"), "/"), rest...)
 	}
-	return nil
+	h.f = os.NewFile(uintptr(fd), dir)
+	return h, nil
 }
 
-// userControls says whether the sandbox user owns link, an entry of dir,
-// or may replace it there.
-func userControls(dir string, link fs.FileInfo) bool {
-	ls, ok := link.Sys().(*syscall.Stat_t)
-	if !ok || ls.Uid != 0 {
+// readlinkat is the target of the link name in the directory fd.
+func readlinkat(fd int, name string) (string, error) {
+	for size := 256; ; size *= 2 {
+		buf := make([]byte, size)
+		n, err := unix.Readlinkat(fd, name, buf)
+		if err != nil {
+			return "", err
+		}
+		if n < size {
+			return string(buf[:n]), nil
+		}
+	}
+}
+
+// userControls says whether the sandbox user owns the link whose lstat is
+// link, or may replace it in its directory, whose stat is dir.
+func userControls(link, dir *unix.Stat_t) bool {
+	if link.Uid != 0 || dir.Uid == agentproto.UserUID {
 		return true
 	}
-	var ds syscall.Stat_t
-	if err := syscall.Stat(dir, &ds); err != nil {
-		return true
-	}
-	if ds.Uid == agentproto.UserUID {
-		return true
-	}
-	if ds.Mode&syscall.S_ISVTX != 0 {
+	if dir.Mode&syscall.S_ISVTX != 0 {
 		return false // only an entry's owner may replace it, and root owns this one
 	}
-	return ds.Mode&0o002 != 0 || ds.Mode&0o020 != 0 && ds.Gid == agentproto.UserGID
+	return dir.Mode&0o002 != 0 || dir.Mode&0o020 != 0 && dir.Gid == agentproto.UserGID
 }
