@@ -1062,6 +1062,19 @@ func (n *Network) Release(id string) {
 	os.Remove(n.statePath(id))
 }
 
+// Known lists the sandboxes whose policy the network keeps: running or
+// paused ones, and those whose state an earlier run left.
+func (n *Network) Known() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ids := make([]string, 0, len(n.sbx))
+	for id := range n.sbx {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
 // Hold keeps a sandbox's policy and egress log through the next Release:
 // a pause stops the sandbox's runtime, and its resume is a new Prepare.
 func (n *Network) Hold(id string) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/netip"
@@ -958,10 +959,22 @@ func TestPolicyKeptWhenAnOpeningIsGone(t *testing.T) {
 		n.Close()
 		assertNoLeaks(t, inst)
 	})
+	if got := n.Known(); !slices.Equal(got, []string{"sbx_kept"}) {
+		t.Fatalf("after the restart the network knows %v, want sbx_kept", got)
+	}
 	if _, err := n.Prepare("sbx_kept", nil); err != nil {
 		t.Fatalf("resume with a policy made under an opening that is gone: %v", err)
 	}
-	defer n.Release("sbx_kept")
+	defer func() {
+		// The release the server's start does for a sandbox that is gone.
+		n.Release("sbx_kept")
+		if got := n.Known(); len(got) != 0 {
+			t.Errorf("after the release the network knows %v", got)
+		}
+		if _, err := os.Stat(n.statePath("sbx_kept")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("the released sandbox's state file: %v", err)
+		}
+	}()
 	if got, _ := n.Policy("sbx_kept"); !slices.Equal(got.AllowOut, []string{"api.allowed.test"}) {
 		t.Errorf("policy after the resume: %+v", got)
 	}

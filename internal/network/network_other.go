@@ -38,6 +38,7 @@ func (n *Network) Log(string) []pandastack.EgressEntry { return nil }
 func (n *Network) Down(string)                         {}
 func (n *Network) Release(string)                      {}
 func (n *Network) Hold(string)                         {}
+func (n *Network) Known() []string                     { return nil }
 func (n *Network) Namespaces() []string                { return nil }
 func (n *Network) Drain()                              {}
 func (n *Network) Close() error                        { return nil }

@@ -542,6 +542,7 @@ type harness struct {
 	images pandastack.ImageStore // Config.Images of the next newManager (nil: the default)
 	node   NodeConfig            // Config.Node of the next newManager (node_test.go)
 	reap   time.Duration         // Config.ReapInterval of the next newManager (0: an hour; tests call reapOnce)
+	net    *fakeNet              // the network of the next newManager (nil: none)
 	logs   logLines              // what its managers logged
 	// metrics holds the series of the last newManager.
 	metrics *metrics.Registry
@@ -585,6 +586,10 @@ func (h *harness) newManager() *Manager {
 	// The host's CPU load is no business of these tests: always idle
 	// (TestRefillYieldsToCreates sets its own).
 	m.idleCPUs = func(context.Context, time.Duration) (float64, error) { return 64, nil }
+	if h.net != nil {
+		m.UseNetwork(h.net)
+		h.rt.stopHook = h.net.release
+	}
 	if err := m.Start(context.Background()); err != nil {
 		h.t.Fatal(err)
 	}

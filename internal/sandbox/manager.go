@@ -354,7 +354,32 @@ func (m *Manager) recover(ctx context.Context) error {
 			}
 		}
 	}
+	m.forgetGoneNetworks(ctx, owned)
 	return nil
+}
+
+// forgetGoneNetworks drops what the network keeps (a policy, its state
+// file) of sandboxes an earlier run left it that neither run here now
+// (owned) nor wait paused for a resume: killed while the server was down,
+// or stopped by this recovery. Kept otherwise for good, one per sandbox.
+func (m *Manager) forgetGoneNetworks(ctx context.Context, owned map[string]bool) {
+	if m.net == nil {
+		return
+	}
+	for _, id := range m.net.Known() {
+		if owned[id] {
+			continue
+		}
+		sb, err := m.store.GetSandbox(ctx, "", id)
+		switch {
+		case err == nil && sb.State == pandastack.StatePaused:
+			continue
+		case err != nil && !pandastack.IsCode(err, pandastack.ENotFound):
+			continue // cannot tell: kept, as before
+		}
+		m.log.Info("dropping the network state of a sandbox that is gone", "sandbox", id)
+		m.net.Release(id)
+	}
 }
 
 func (m *Manager) adopt(ctx context.Context, sb pandastack.Sandbox) error {

@@ -38,6 +38,8 @@ type Network interface {
 	// Release drops what the network keeps of a sandbox (the runtime's
 	// Stop does so for one that ran).
 	Release(id string)
+	// Known lists the sandboxes whose policy the network keeps.
+	Known() []string
 }
 
 // keptNetwork is p, a policy stored in an image of what (a snapshot, a

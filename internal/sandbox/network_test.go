@@ -2,7 +2,9 @@ package sandbox
 
 import (
 	"context"
+	"maps"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -60,6 +62,12 @@ func (n *fakeNet) Hold(id string) {
 }
 
 func (n *fakeNet) Release(id string) { n.release(id) }
+
+func (n *fakeNet) Known() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Sorted(maps.Keys(n.policies))
+}
 
 // release is the network runtime's Stop (and a failed restore's clean-up).
 func (n *fakeNet) release(id string) {
@@ -156,5 +164,33 @@ func TestSetNetworkRacingAKill(t *testing.T) {
 	}
 	if p, ok := net.Policy(sb.ID); ok {
 		t.Fatalf("the network keeps policy %+v of a killed sandbox", p)
+	}
+}
+
+// A start drops what the network kept of sandboxes that are gone (killed
+// while the server was down, or with no record at all), and keeps the
+// policies of those that run or wait paused.
+func TestRecoveryForgetsGoneNetworks(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	running, paused, killed := h.create(), h.create(), h.create()
+	if _, err := h.m.Pause(ctx, project, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	h.m.Close()
+	// The server went down; meanwhile a kill recorded the sandbox gone
+	// (another node's API, the CLI against the database).
+	h.rt.Stop(ctx, killed.ID)
+	h.store.DeleteSandbox(ctx, killed.ID)
+	net := newFakeNet()
+	for _, id := range []string{running.ID, paused.ID, killed.ID, "sbx_never_recorded"} {
+		net.policies[id] = pandastack.NetworkPolicy{}
+	}
+	h.net = net
+	h.m = h.newManager()
+	want := []string{paused.ID, running.ID}
+	slices.Sort(want)
+	if got := net.Known(); !slices.Equal(got, want) {
+		t.Fatalf("after the start the network keeps %v, want %v", got, want)
 	}
 }
