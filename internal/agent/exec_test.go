@@ -211,7 +211,10 @@ func TestExecTimeoutKillsDetached(t *testing.T) {
 // against the user's process limit.
 func TestExecTimeoutAnswersOnceReaped(t *testing.T) {
 	forEachStack(t, func(t *testing.T, cfg agent.Config, st *stack) {
-		res := st.exec(t, agentproto.ExecRequest{Cmd: `for i in $(seq 40); do sh -c 'echo $$; exec sleep 60' & done; sleep 60`, TimeoutMS: 1500})
+		// The timeout comes once all forty have started (each says so in
+		// the file p after its pid on stdout): forty starts may take a
+		// while on a loaded host, and only the reaping after it is tested.
+		res := st.exec(t, agentproto.ExecRequest{Cmd: `p=$(mktemp); for i in $(seq 40); do sh -c 'echo $$; echo >> "$1"; exec sleep 60' sh "$p" & done; until [ "$(wc -l < "$p")" -ge 40 ]; do sleep 0.01; done; rm "$p"; sleep 60`, TimeoutMS: 4000})
 		if !res.exit.TimedOut {
 			t.Fatalf("exit %+v, want timed out", res.exit)
 		}

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -420,7 +421,7 @@ func TestMemoryWatchKillsTheTreeThatGrows(t *testing.T) {
 	// It takes 64 MiB when told (SIGUSR1).
 	grower, growerWhy := start("command", "import signal, time\nx = []\nsignal.signal(signal.SIGUSR1, lambda *a: x.append(b'a' * (64 << 20)))\nwhile True:\n    time.sleep(0.01)")
 	waitHolding(t, big, 90<<20)
-	time.Sleep(200 * time.Millisecond) // the grower's Python up and holding still
+	waitCatching(t, grower.Pid, syscall.SIGUSR1) // the grower's Python up and holding still
 	_, look := watchLooks(t, cs)
 	// Just past the level, no earlier look: nothing is killed yet.
 	look(170<<20, 170<<20)
@@ -563,6 +564,25 @@ func TestMemUnitChildren(t *testing.T) {
 	} {
 		if got := c.u.children(); got != c.want {
 			t.Errorf("%+v: children %v, want %v", c.u, got, c.want)
+		}
+	}
+}
+
+// waitCatching waits until process pid catches sig (its handler is set:
+// the signal's default would kill it).
+func waitCatching(t *testing.T, pid int, sig syscall.Signal) {
+	t.Helper()
+	for end := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "SigCgt:"); ok {
+				if mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && mask&(1<<(uint(sig)-1)) != 0 {
+					return
+				}
+			}
+		}
+		if time.Now().After(end) {
+			t.Fatalf("process %d never set its handler of %v", pid, sig)
 		}
 	}
 }

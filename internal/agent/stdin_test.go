@@ -54,7 +54,9 @@ func TestWriteStdinOneAtATime(t *testing.T) {
 	if err := p.writeStdin(ctx, []byte("x")); err == nil || time.Since(t0) > time.Second {
 		t.Errorf("a write whose request ended: %v after %s", err, time.Since(t0))
 	}
-	// The process reads: the next write goes through.
+	// The process reads: the next write goes through (in its time: the
+	// reader may start late on a loaded host).
+	stdinWait = 5 * time.Second
 	go io.Copy(io.Discard, r)
 	if err := p.writeStdin(context.Background(), []byte("ok")); err != nil {
 		t.Errorf("a write once the process reads: %v", err)
@@ -93,7 +95,7 @@ func TestStdinEOFAfterTheStartsInput(t *testing.T) {
 // stops reading fails the write, which says how much went.
 func TestStdinSlowReaderGetsItAll(t *testing.T) {
 	defer func(w time.Duration) { stdinWait = w }(stdinWait)
-	stdinWait = 300 * time.Millisecond
+	stdinWait = time.Second // a reader late by most of it still passes
 	r, p := stdinPipe(t)
 	const size = 1 << 20
 	got := make(chan int, 1)
@@ -106,7 +108,7 @@ func TestStdinSlowReaderGetsItAll(t *testing.T) {
 			if err != nil {
 				break
 			}
-			time.Sleep(100 * time.Millisecond) // 640 KiB/s: the whole takes longer than stdinWait
+			time.Sleep(100 * time.Millisecond) // 640 KiB/s: the whole, 1.6 s, takes longer than stdinWait
 		}
 		got <- n
 	}()

@@ -950,6 +950,9 @@ func TestInterruptByMessage(t *testing.T) {
 // last, arrive in order once the caller takes them again.
 func TestTimeoutWhileConsumerStalls(t *testing.T) {
 	k := startKernel(t)
+	// A first cell: a new kernel's first one does IPython's one-time set-up,
+	// which on a loaded host can outlast the timeout before the try.
+	runCode(t, k, "1", ExecOptions{})
 	mark := filepath.Join(t.TempDir(), "interrupted")
 	code := "import time\nprint('first', flush=True)\ntry:\n    time.sleep(30)\nexcept KeyboardInterrupt:\n    open(" + strconv.Quote(mark) + ", 'w').close()\n    raise"
 	stall := make(chan struct{})
@@ -960,7 +963,7 @@ func TestTimeoutWhileConsumerStalls(t *testing.T) {
 	}
 	got := make(chan answer, 1)
 	go func() {
-		e, err := k.Execute(t.Context(), code, ExecOptions{Timeout: 2 * time.Second}, func(ev agentproto.CodeEvent) {
+		e, err := k.Execute(t.Context(), code, ExecOptions{Timeout: 4500 * time.Millisecond}, func(ev agentproto.CodeEvent) {
 			if len(evs) == 0 {
 				<-stall // the first event: the caller stops taking them
 			}
