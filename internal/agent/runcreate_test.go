@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -121,7 +122,7 @@ func TestContextWaitsForItsStart(t *testing.T) {
 
 	failed := starting("ctx_failed")
 	got = ask(t.Context(), "ctx_failed")
-	time.Sleep(100 * time.Millisecond) // the request is waiting before the start fails
+	waitParkedIn(t, ".(*Server).context(") // the request is waiting before the start fails
 	cs.mu.Lock()
 	delete(cs.ctxs, "ctx_failed")
 	failed.startErr = pandastack.Errorf(pandastack.EInvalid, "no kernel for language cobol")
@@ -165,6 +166,24 @@ func TestRestartOfAContextBeingDeleted(t *testing.T) {
 	for _, op := range []string{"restart", "interrupt"} {
 		if code, body := post("/v1/contexts/ctx_a/"+op, ""); code != http.StatusNotFound || !strings.Contains(body, "deleted") {
 			t.Errorf("%s of a context being deleted: %d %s, want 404", op, code, body)
+		}
+	}
+}
+
+// waitParkedIn waits until a goroutine is blocked in a select within the
+// function fn names (as it appears in a stack trace).
+func waitParkedIn(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		n := runtime.Stack(buf, true)
+		for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+			if header, _, _ := strings.Cut(g, "\n"); strings.Contains(header, "[select") && strings.Contains(g, fn) {
+				return
+			}
+		}
+		if time.Now().After(end) {
+			t.Fatalf("no goroutine waits in %s", fn)
 		}
 	}
 }

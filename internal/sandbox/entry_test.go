@@ -81,7 +81,9 @@ func TestTableInflight(t *testing.T) {
 // teardown that outlasts endingGrace after that.
 func TestTableTerminalTeardown(t *testing.T) {
 	tb := newTable()
-	tb.endingGrace, tb.closeGrace, tb.answerGrace = time.Second, 300*time.Millisecond, 200*time.Millisecond
+	// Graces far apart, and far from the 50 ms the helpers below take: the
+	// bounds tell which grace was waited, on a loaded host too.
+	tb.endingGrace, tb.closeGrace, tb.answerGrace = 3*time.Second, 1500*time.Millisecond, 500*time.Millisecond
 	tb.begin("s", phaseCreating)
 	tb.run("s", nil, 0)
 	e := tb.entries["s"]
@@ -157,7 +159,7 @@ func TestTableTerminalTeardown(t *testing.T) {
 // resume it caused, and snapshots in a loop do not keep work out.
 func TestTableTurnAfterAResumeOrCheckpoint(t *testing.T) {
 	tb := newTable()
-	tb.answerGrace = 200 * time.Millisecond
+	tb.answerGrace = time.Second // far from the 50 ms the helpers below take, on a loaded host too
 	quiesce := func() (time.Duration, error) {
 		start := time.Now()
 		err := tb.quiesce("s", phasePausing, "pause it")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -608,7 +609,7 @@ func TestRequestsDuringAPause(t *testing.T) {
 			for range 3 {
 				<-asking
 			}
-			time.Sleep(200 * time.Millisecond)
+			waitParkedIn(t, ".(*table).waitOutThen(", 2) // the other two
 		}
 		return nil
 	}
@@ -652,7 +653,7 @@ func TestConcurrentPauses(t *testing.T) {
 	<-inCheckpoint
 	go pause()
 	go pause()
-	time.Sleep(200 * time.Millisecond) // let them find the pause under way (it is held until release)
+	waitParkedIn(t, ".(*table).waitOutThen(", 2) // they found the pause under way (it is held until release)
 	close(release)
 	for range 3 {
 		if err := <-res; err != nil {
@@ -711,5 +712,27 @@ func TestKillDuringAPause(t *testing.T) {
 	}
 	if _, err := h.store.GetSandbox(context.Background(), project, sb.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
 		t.Fatalf("the record after the kill: %v", err)
+	}
+}
+
+// waitParkedIn waits until n goroutines are blocked in a select within
+// the function fn names (as it appears in a stack trace).
+func waitParkedIn(t *testing.T, fn string, n int) {
+	t.Helper()
+	buf := make([]byte, 4<<20)
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		got := 0
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if header, _, _ := strings.Cut(g, "\n"); strings.Contains(header, "[select") && strings.Contains(g, fn) {
+				got++
+			}
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(end) {
+			t.Errorf("%d goroutines wait in %s, want %d", got, fn, n)
+			return
+		}
 	}
 }
