@@ -127,8 +127,22 @@ func newServer(t testing.TB, dataDir string, env ...string) *server {
 }
 
 func (s *server) start() {
+	// The port is free when picked, and taken by serve only later: another
+	// process may bind it in between (packages run side by side, and their
+	// outgoing connections take ports of the same range). Then serve says
+	// so and exits, and a start on another port is tried.
+	for attempt := 1; ; attempt++ {
+		if s.startOn(freePort(s.t), attempt < 3) {
+			return
+		}
+		s.t.Logf("serve's port was taken before it bound it; starting it on another")
+	}
+}
+
+// startOn starts serve on port; with retry, one that exits because the
+// port was taken returns false rather than failing the test.
+func (s *server) startOn(port int, retry bool) bool {
 	t := s.t
-	port := freePort(t)
 	s.url = "http://127.0.0.1:" + strconv.Itoa(port)
 	s.out = newServeLog(t)
 	s.cmd = exec.Command(filepath.Join(s.bin, "pandastack"), "serve")
@@ -149,11 +163,17 @@ func (s *server) start() {
 	}
 	// The first start may build the base template: give it time.
 	deadline := time.Now().Add(15 * time.Minute)
+	// Each look bounded: whatever else holds the port may never answer.
+	hc := &http.Client{Timeout: 5 * time.Second}
 	for {
-		resp, err := http.Get(s.url + "/healthz")
+		resp, err := hc.Get(s.url + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			break
+		}
+		if retry && strings.Contains(s.out.String(), "address already in use") {
+			s.cmd.Wait() // it exits on it
+			return false
 		}
 		if s.cmd.ProcessState != nil || time.Now().After(deadline) {
 			t.Fatalf("server did not come up: %v\n%s", err, s.out.String())
@@ -168,6 +188,7 @@ func (s *server) start() {
 		t.Fatalf("api-key file: %v", err)
 	}
 	s.key = strings.TrimSpace(string(b))
+	return true
 }
 
 // stop ends serve with SIGTERM, as an operator would; sandboxes live on.

@@ -2,10 +2,11 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,12 +20,21 @@ import (
 // as the CLI does, with what to check, not as Go's transport error
 // (`Post "http://…": dial tcp …: connection refused`).
 func TestMCPToolsExplainAnUnreachableServer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	// A port bound but not listening: a connection to it is refused, and
+	// nothing else can take it while the test runs.
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	down := "http://" + ln.Addr().String()
-	ln.Close() // nothing listens there now
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := fmt.Sprintf("http://127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv := mcpserver.New(mcpConfig(client.New(down, "pds_test"), "PANDASTACK_API_KEY", log, mcpserver.DefaultTemplate, time.Minute))
 	st, ct := mcp.NewInMemoryTransports()

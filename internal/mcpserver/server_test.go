@@ -66,7 +66,16 @@ func server(t *testing.T) *apiServer {
 	testutil.Runsc(t)
 	testutil.RequireDebootstrap(t)
 	bin := testutil.Binaries(t)
-	sharedOnce.Do(func() { shared, sharedErr = startServer(bin) })
+	sharedOnce.Do(func() {
+		// The port is free when picked and bound by serve only later:
+		// another process may take it in between, and serve exits on it.
+		for attempt := 1; ; attempt++ {
+			shared, sharedErr = startServer(bin)
+			if shared != nil || attempt == 3 || !strings.Contains(sharedErr, "address already in use") {
+				break
+			}
+		}
+	})
 	if shared == nil {
 		t.Fatal(sharedErr)
 	}
@@ -103,8 +112,9 @@ func startServer(bin string) (*apiServer, string) {
 	go func() { s.cmd.Wait(); close(s.exited) }()
 	// A first start on a fresh cache builds the templates: give it time.
 	deadline := time.Now().Add(30 * time.Minute)
+	hc := &http.Client{Timeout: 5 * time.Second} // whatever else holds the port may never answer
 	for {
-		resp, err := http.Get(s.url + "/healthz")
+		resp, err := hc.Get(s.url + "/healthz")
 		if err == nil {
 			resp.Body.Close()
 			break
