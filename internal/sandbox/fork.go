@@ -61,6 +61,25 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 	if err := m.fitsLimits("sandbox "+id, parent.CPU, parent.MemoryMB); err != nil {
 		return nil, err
 	}
+	// What refuses the fork anyway is said before memory is freed for it
+	// (pools drained, other sandboxes suspended): a fork of a stopped
+	// sandbox, bad metadata, a command under way.
+	if parent.State == pandastack.StateStopped {
+		return nil, StoppedError(parent)
+	}
+	if err := m.pausedElsewhere(parent); err != nil {
+		return nil, err
+	}
+	if metadata != nil {
+		if err := ValidateMetadata(metadata); err != nil {
+			return nil, err
+		}
+	}
+	if parent.State == pandastack.StateRunning {
+		if err := m.sbx.refusesQuiesce(id, "fork it"); err != nil {
+			return nil, err
+		}
+	}
 	// Its children boot at once, each as large as the parent.
 	booked, err := m.roomFor(ctx, fmt.Sprintf("a fork of sandbox %s into %d", id, count), count*m.memoryOf(ctx, parent))
 	if err != nil {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -363,5 +364,37 @@ func TestMemoryBookings(t *testing.T) {
 	}
 	if imageMiB("") != defaultPSSMiB || imageMiB(t.TempDir()) != defaultPSSMiB {
 		t.Fatal("imageMiB of no image")
+	}
+}
+
+// A fork refused anyway (bad metadata, a stopped parent) is refused before
+// memory is freed for its children: no other sandbox is suspended for it.
+func TestRefusedForkFreesNoMemory(t *testing.T) {
+	const box = defaultPSSMiB
+	h, c, base := pressureHarness(t, 100_000, box, 1000)
+	ctx := context.Background()
+	quiet := h.createIdle(300)
+	parent := h.createIdle(300)
+	stopped := h.createIdle(300)
+	h.store.SetSandboxExpiry(ctx, stopped.ID, time.Now().Add(-time.Second))
+	h.m.reapOnce()
+	c.advance(time.Second)
+	h.m.sampleCPU()
+	c.advance(pressureQuiet)
+	base.Store(int64(1000 + 2*box + box - 50)) // a child is 50 MiB short: a quiet one would go
+	md := map[string]string{}
+	for i := range MaxMetadataKeys + 1 {
+		md[fmt.Sprintf("k%d", i)] = "v"
+	}
+	if _, err := h.m.ForkWith(ctx, project, parent.ID, ForkOptions{Count: 1, Metadata: md}); !pandastack.IsCode(err, pandastack.EInvalid) {
+		t.Fatalf("a fork with %d metadata keys: %v, want invalid_request", len(md), err)
+	}
+	if _, err := h.m.ForkWith(ctx, project, stopped.ID, ForkOptions{Count: 1}); !pandastack.IsCode(err, pandastack.EStopped) {
+		t.Fatalf("a fork of a stopped sandbox: %v, want sandbox_stopped", err)
+	}
+	for _, sb := range []pandastack.Sandbox{quiet, parent} {
+		if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
+			t.Errorf("%s after the refused forks: %s %q, want running", sb.ID, rec.State, rec.PauseReason)
+		}
 	}
 }
