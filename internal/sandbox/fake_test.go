@@ -730,6 +730,19 @@ type hookStore struct {
 	pandastack.Store
 	mu          sync.Mutex
 	setStateErr func(id string, state pandastack.SandboxState) error
+	// afterExpired, if set, runs once the expired sandboxes are listed.
+	afterExpired func(expired []pandastack.Sandbox)
+}
+
+func (s *hookStore) ExpiredSandboxes(ctx context.Context, now time.Time) ([]pandastack.Sandbox, error) {
+	expired, err := s.Store.ExpiredSandboxes(ctx, now)
+	s.mu.Lock()
+	hook := s.afterExpired
+	s.mu.Unlock()
+	if hook != nil && err == nil {
+		hook(expired)
+	}
+	return expired, err
 }
 
 func (s *hookStore) SetSandboxState(ctx context.Context, id string, state pandastack.SandboxState, reason string, at time.Time) error {

@@ -1249,6 +1249,11 @@ func (m *Manager) reapOnce() {
 			return
 		}
 		defer m.sbx.end(id)
+		// The list is a moment old, and a stop may have waited behind
+		// others: a TTL extended since (its PATCH answered) stands.
+		if now, err := m.store.GetSandbox(ctx, "", id); err != nil || now.State == pandastack.StateStopped || now.ExpiresAt.After(m.now()) {
+			return
+		}
 		if foreign[id] {
 			if err := m.recordStop(ctx, id, pandastack.StopExpired); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 				m.log.Error("record stop", "sandbox", id, "err", err)

@@ -409,6 +409,25 @@ func TestReaper(t *testing.T) {
 	}
 }
 
+// A TTL extended after the reaper listed the sandbox as expired stands:
+// the extension answered, and the sandbox runs on.
+func TestReaperHonoursATTLExtendedMeanwhile(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.store.SetSandboxExpiry(ctx, sb.ID, time.Now().Add(-time.Second))
+	h.store.afterExpired = func([]pandastack.Sandbox) {
+		h.store.afterExpired = nil
+		if _, err := h.m.SetTTL(ctx, project, sb.ID, 600); err != nil {
+			t.Error(err)
+		}
+	}
+	h.m.reapOnce()
+	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
+		t.Fatalf("after a TTL extended meanwhile: %s %s, want running", rec.State, rec.StopReason)
+	}
+}
+
 // Warm makes a template image; the pool restores from it ahead of creates,
 // a create takes a pooled sandbox, and Close stops what waits in the pool.
 func TestWarmAndPool(t *testing.T) {
