@@ -175,9 +175,13 @@ func (m *Manager) prepareResume(sb pandastack.Sandbox) {
 // whose sandbox is claimed right now (resuming, its image read by a fork
 // or a snapshot, being killed) stays listed, for that or a later drop:
 // taken off the list first, it was left standing and never counted again.
+// The drop holds the sandbox as a read of its image does (it stays
+// paused, held a moment), which a resume, a pause, a snapshot or fork and
+// a kill wait for; as stopping, they were told it would not run again, or
+// resumed it to read it.
 func (m *Manager) dropPrepared(keep int) {
 	for _, id := range m.prepared.over(keep) {
-		if m.sbx.begin(id, phaseStopping) != nil {
+		if m.sbx.begin(id, phaseReadingImage) != nil {
 			continue
 		}
 		m.dropOnePrepared(id)
@@ -192,7 +196,7 @@ func (m *Manager) dropPrepared(keep int) {
 func (m *Manager) dropPreparedResumes() int {
 	n := 0
 	for _, id := range m.prepared.list() {
-		if m.sbx.begin(id, phaseStopping) != nil {
+		if m.sbx.begin(id, phaseReadingImage) != nil { // as dropPrepared
 			continue
 		}
 		if m.dropOnePrepared(id) {

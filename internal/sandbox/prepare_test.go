@@ -637,29 +637,68 @@ func TestPauseOfAnIdleSuspend(t *testing.T) {
 }
 
 // A request that comes while the server removes a suspended sandbox's
-// prepared resume (dropPrepared holds it as stopping) waits and resumes
-// it, rather than answering 503.
+// prepared resume waits and resumes it, rather than answering 503; so do
+// an explicit resume and a pause, rather than 409 (the drop held the
+// sandbox as stopping: "it will not run again").
 func TestRequestDuringTheDropOfAPreparedResume(t *testing.T) {
-	h, _, _ := preparingHarness(t, 1)
-	sb := h.createIdle(10)
-	if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
-		t.Fatal(err)
-	}
-	h.m.suspend([]string{sb.ID}, pandastack.PauseIdle)
-	if err := h.m.sbx.begin(sb.ID, phaseStopping); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		out, err := h.exec(sb.ID, "get v")
-		if err == nil && out != "kept" {
-			err = errors.New("got " + out)
-		}
-		done <- err
-	}()
-	time.Sleep(100 * time.Millisecond)
-	h.m.sbx.end(sb.ID)
-	if err := <-done; err != nil {
-		t.Fatalf("a request during the drop: %v", err)
+	for _, c := range []struct {
+		name string
+		call func(h *harness, id string) error
+	}{
+		{"a request", func(h *harness, id string) error {
+			out, err := h.exec(id, "get v")
+			if err == nil && out != "kept" {
+				err = errors.New("got " + out)
+			}
+			return err
+		}},
+		{"a resume", func(h *harness, id string) error {
+			sb, err := h.m.Resume(context.Background(), project, id)
+			if err == nil && sb.State != pandastack.StateRunning {
+				err = errors.New("answered " + string(sb.State))
+			}
+			return err
+		}},
+		{"a pause", func(h *harness, id string) error {
+			sb, err := h.m.Pause(context.Background(), project, id)
+			if err == nil && (sb.State != pandastack.StatePaused || sb.PauseReason != pandastack.PauseRequested) {
+				err = errors.New("answered " + string(sb.State) + " " + sb.PauseReason)
+			}
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, _, rt := preparingHarness(t, 1)
+			sb := h.createIdle(10)
+			if _, err := h.exec(sb.ID, "set v=kept"); err != nil {
+				t.Fatal(err)
+			}
+			h.m.suspend([]string{sb.ID}, pandastack.PauseIdle)
+			if got := rt.preparedIDs(); !slices.Equal(got, []string{sb.ID}) {
+				t.Fatalf("prepared containers %v, want %s's", got, sb.ID)
+			}
+			// The drop, held in the stop of the prepared container.
+			entered, release := make(chan struct{}), make(chan struct{})
+			var first sync.Once
+			h.rt.stopHook = func(id string) {
+				if id == sb.ID {
+					first.Do(func() {
+						close(entered)
+						<-release
+					})
+				}
+			}
+			dropped := make(chan struct{})
+			go func() { h.m.dropPrepared(0); close(dropped) }()
+			<-entered
+			done := make(chan error, 1)
+			go func() { done <- c.call(h, sb.ID) }()
+			waitParkedIn(t, ".(*table).waitOutThen(", 1)
+			close(release)
+			<-dropped
+			if err := <-done; err != nil {
+				t.Fatalf("%s during the drop: %v", c.name, err)
+			}
+		})
 	}
 }

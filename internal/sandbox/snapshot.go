@@ -260,7 +260,7 @@ func (m *Manager) Pause(ctx context.Context, projectID, id string) (_ pandastack
 			waitedPause = true
 			continue
 		}
-		if errors.Is(err, errResumedMeanwhile) || pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseSuspending, phaseResuming, phaseCheckpointing) {
+		if errors.Is(err, errResumedMeanwhile) || pandastack.IsCode(err, pandastack.EConflict) && m.sbx.waitOut(ctx, id, phaseSuspending, phaseResuming, phaseCheckpointing, phaseReadingImage) {
 			continue
 		}
 		return sb, err
