@@ -428,6 +428,28 @@ func TestReaperHonoursATTLExtendedMeanwhile(t *testing.T) {
 	}
 }
 
+// A pool sandbox that dies while it waits is stopped and replaced at the
+// pool's next look, not left counted as ready until a create claims it.
+func TestPoolReplacesADeadSandbox(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	tpl := h.warmBase()
+	h.tpls.tpl = tpl
+	h.m.EnablePool(tpl, 2)
+	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 2 })
+	dead := h.rt.ids()[0]
+	h.rt.die(dead, "")
+	h.m.mu.Lock()
+	p := h.m.pools["base"]
+	h.m.mu.Unlock()
+	h.m.pruneDead(p) // the pool's tick
+	waitFor(t, func() bool {
+		ids := h.rt.ids()
+		return len(ids) == 2 && !slices.Contains(ids, dead)
+	})
+	waitFor(t, func() bool { return len(p.ready) == 2 })
+}
+
 // Warm makes a template image; the pool restores from it ahead of creates,
 // a create takes a pooled sandbox, and Close stops what waits in the pool.
 func TestWarmAndPool(t *testing.T) {

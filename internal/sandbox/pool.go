@@ -176,6 +176,7 @@ func (m *Manager) fill(p *pool) {
 			return
 		case <-p.kick:
 		case <-t.C:
+			m.pruneDead(p)
 		case <-failed:
 			m.log.Warn("pool restore failed; retrying in 5 s", "template", p.tpl.Name)
 			select {
@@ -275,6 +276,37 @@ func (m *Manager) refill(ctx context.Context, p *pool) bool {
 }
 
 // shrink stops n ready sandboxes of the pool.
+// pruneDead stops the ready sandboxes of p that died while they waited
+// (the host's OOM killer, a crash): nothing else looks at them before a
+// create claims one, so the pool counted them ready and did not refill,
+// and their container, cgroup and namespace stayed. The living go back.
+func (m *Manager) pruneDead(p *pool) {
+	var alive []pooled
+	for range len(p.ready) {
+		var pd pooled
+		select {
+		case pd = <-p.ready:
+		default:
+		}
+		if pd.id == "" {
+			break // claimed meanwhile
+		}
+		if pd.client.Alive() && m.rt.Alive(pd.id) {
+			alive = append(alive, pd)
+			continue
+		}
+		m.log.Warn("a pool sandbox died while it waited; replacing it", "template", p.tpl.Name, "sandbox", pd.id)
+		p.mu.Lock()
+		delete(p.ids, pd.id)
+		p.mu.Unlock()
+		pd.client.Close()
+		m.rt.Stop(context.Background(), pd.id)
+	}
+	for _, pd := range alive {
+		p.ready <- pd // never blocks: they were in it, and refills stay within the target
+	}
+}
+
 func (m *Manager) shrink(p *pool, n int) {
 	for range n {
 		select {
