@@ -184,6 +184,31 @@ func (r *Runtime) narrowLater(rel string, w *memWidening) {
 	}
 }
 
+// narrowAdopted sets the memory limit of sandbox id (container cid), one
+// an earlier run of the server started, back to the one it was started
+// with when a checkpoint of that run widened it and the run ended (a
+// shutdown, a crash) before narrowLater could: it kept three times its
+// limit for the rest of its life.
+func (r *Runtime) narrowAdopted(id, cid string) {
+	rel := cgroupPath(cid)
+	was := sandboxMemoryLimit(r.dir(id))
+	if was == 0 {
+		return
+	}
+	f, _ := memoryLimitFile(rel)
+	if now, ok := readBytes(f); !ok || now <= was {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.widened[rel] != nil {
+		return // this run widened it itself: its checkpoint's end narrows it
+	}
+	w := &memWidening{was: was, narrowing: true}
+	r.widened[rel] = w
+	go r.narrowLater(rel, w)
+}
+
 // forgetWidened drops the widening record of container cid, which stops.
 func (r *Runtime) forgetWidened(cid string) {
 	r.mu.Lock()

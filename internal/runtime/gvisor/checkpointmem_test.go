@@ -103,6 +103,16 @@ func TestCheckpointWidensTheMemoryLimit(t *testing.T) {
 	second()
 	narrowed("after two checkpoints")
 
+	// A run that ended with the limit widened (a shutdown before the
+	// narrowing, a crash): the next run's adoption narrows it.
+	setMemoryLimit(rel, was*checkpointMemoryFactor)
+	r.narrowAdopted(id, id)
+	narrowed("after an adoption")
+	r.narrowAdopted(id, id) // at its limit: nothing to do
+	if len(r.widened) != 0 {
+		t.Fatalf("records after adopting a sandbox at its limit: %v", r.widened)
+	}
+
 	// A stop drops the record: nothing is written into the cgroup after.
 	r.widenForCheckpoint(id, id)
 	r.forgetWidened(id)

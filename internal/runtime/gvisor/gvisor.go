@@ -658,6 +658,7 @@ func (r *Runtime) Attach(ctx context.Context, id string) (io.ReadWriteCloser, er
 		return nil, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s is %s", id, st)
 	}
 	go r.raiseStubs(id, r.cid(id)) // one started by an older build has none raised
+	r.narrowAdopted(id, r.cid(id))
 	return r.open(id)
 }
 
