@@ -111,12 +111,34 @@ func (e *entry) setPhase(p phase) {
 	e.changed = make(chan struct{})
 }
 
+// refuseStarts makes begin refuse creates and resumes from now on.
+func (t *table) refuseStarts() {
+	t.mu.Lock()
+	t.noStarts = true
+	t.mu.Unlock()
+}
+
+// starting reports whether a create or a resume is under way.
+func (t *table) starting() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, e := range t.entries {
+		if e.phase == phaseCreating || e.phase == phaseResuming {
+			return true
+		}
+	}
+	return false
+}
+
 // table is the manager's entries and their transitions.
 type table struct {
 	mu      sync.Mutex
 	entries map[string]*entry
-	closed  bool             // the manager is closing: nothing new begins
-	now     func() time.Time // the clock of idleness
+	closed  bool // the manager is closing: nothing new begins
+	// noStarts refuses new creates and resumes: every sandbox is being
+	// killed (KillAll), and one started after its list would outlive it.
+	noStarts bool
+	now      func() time.Time // the clock of idleness
 	// How long a checkpoint that finds only terminal sessions in flight
 	// waits before it answers conflict: for those ending, endingGrace;
 	// for one still open, closeGrace, since its client's close may be on
@@ -150,7 +172,7 @@ func busyError(id string, p phase) error {
 func (t *table) begin(id string, p phase) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	if t.closed || t.noStarts && (p == phaseCreating || p == phaseResuming) {
 		return errClosing
 	}
 	e := t.entries[id]

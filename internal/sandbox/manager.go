@@ -257,23 +257,39 @@ func (m *Manager) Start(ctx context.Context) error {
 }
 
 // KillAll kills every sandbox of this node (running, paused or starting)
-// of every project, for a server run with --kill-on-exit.
+// of every project, for a server run with --kill-on-exit. Nothing starts
+// from then on, and it lists again until nothing is left: creates under
+// way when it began (their records written after a list) die too.
 func (m *Manager) KillAll(ctx context.Context) {
-	recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: m.cfg.Node.ID, States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}})
-	if err != nil {
-		m.log.Error("kill all", "err", err)
-		return
+	m.sbx.refuseStarts()
+	for range killAllRounds {
+		recs, err := m.store.ListSandboxes(ctx, pandastack.SandboxFilter{Node: m.cfg.Node.ID, States: []pandastack.SandboxState{pandastack.StateStarting, pandastack.StateRunning, pandastack.StatePaused}})
+		if err != nil {
+			m.log.Error("kill all", "err", err)
+			return
+		}
+		if len(recs) == 0 {
+			if !m.sbx.starting() {
+				return
+			}
+			time.Sleep(50 * time.Millisecond) // a start under way writes its record
+			continue
+		}
+		var wg sync.WaitGroup
+		for _, sb := range recs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				m.kill(ctx, sb.ProjectID, sb.ID, reasonKillOnExit)
+			}()
+		}
+		wg.Wait()
 	}
-	var wg sync.WaitGroup
-	for _, sb := range recs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			m.kill(ctx, sb.ProjectID, sb.ID, reasonKillOnExit)
-		}()
-	}
-	wg.Wait()
+	m.log.Error("kill all: sandboxes were still starting after every round; they may outlive the server")
 }
+
+// killAllRounds bounds KillAll's lists: each waits for the starts under way.
+const killAllRounds = 100
 
 // Close stops the reaper and closes agent channels. Sandboxes keep running,
 // so the next Start re-adopts them.

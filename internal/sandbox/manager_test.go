@@ -992,3 +992,46 @@ func TestCreateBootsAfreshAfterADeadStart(t *testing.T) {
 		t.Errorf("a sandbox out of memory at its start was booted %d times, want once", 2-h.rt.deadBoots)
 	}
 }
+
+// KillAll (--kill-on-exit) kills a create under way when it began, whose
+// record came after its first list, and refuses creates from then on:
+// nothing of them outlives the server.
+func TestKillAllKillsCreatesUnderWay(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	running := h.create()
+	booting, release := make(chan struct{}), make(chan struct{})
+	var first sync.Once
+	h.rt.startErr = func(pandastack.RuntimeSpec) error { // with the runtime's lock held
+		first.Do(func() {
+			close(booting)
+			<-release
+		})
+		return nil
+	}
+	created := make(chan error, 1)
+	go func() {
+		_, err := h.m.Create(ctx, project, CreateRequest{Template: "base"})
+		created <- err
+	}()
+	<-booting
+	killed := make(chan struct{})
+	go func() { h.m.KillAll(ctx); close(killed) }()
+	waitFor(t, func() bool {
+		h.m.sbx.mu.Lock()
+		defer h.m.sbx.mu.Unlock()
+		return h.m.sbx.noStarts
+	})
+	if _, err := h.m.Create(ctx, project, CreateRequest{Template: "base"}); !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Errorf("a create while every sandbox is killed: %v, want sandbox_unavailable", err)
+	}
+	close(release)
+	<-killed
+	<-created
+	if ids := h.rt.ids(); len(ids) != 0 {
+		t.Fatalf("after KillAll the runtime holds %v", ids)
+	}
+	if _, err := h.m.Get(ctx, project, running.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("the running sandbox after KillAll: %v", err)
+	}
+}
