@@ -104,3 +104,25 @@ async def test_sandbox_run_code(asb):
     chunks = []
     ex = await asb.run_code("echo hi from bash", language="bash", on_stdout=chunks.append)
     assert "".join(chunks).strip() == "hi from bash" and ex.stdout.strip() == "hi from bash"
+
+
+async def test_close_after_the_sandbox_stopped(server):
+    """As the sync twin: closing the context of a sandbox its TTL stopped is
+    not an error."""
+    import asyncio
+
+    from conftest import CODE_TEMPLATE, require_code_interpreter
+
+    from pandastack import SandboxStoppedError
+
+    require_code_interpreter(server)
+    sb = await AsyncSandbox.create(template=CODE_TEMPLATE, ttl_seconds=5)
+    c = await sb.create_code_context()
+    for _ in range(120):
+        if (await sb.refresh()).state == "stopped":
+            break
+        await asyncio.sleep(0.5)
+    assert sb.state == "stopped", f"the sandbox is still {sb.state} past its TTL"
+    await c.close()
+    with pytest.raises(SandboxStoppedError):
+        await c.run_code("1")

@@ -254,3 +254,23 @@ def test_bad_language(code_sandbox):
     with pytest.raises(InvalidRequestError) as ei:
         code_sandbox.create_code_context(language="cobol")
     assert ei.value.code == "invalid_request" and "cobol" in ei.value.message
+
+
+def test_close_after_the_sandbox_stopped(server):
+    """The recipe's clean-up, ``ctx.close()``, after its sandbox's TTL ran
+    out: the sandbox is stopped (its record stays a while), and closing its
+    context is not an error; using it is."""
+    from conftest import require_code_interpreter
+
+    from pandastack import Sandbox, SandboxStoppedError
+
+    require_code_interpreter(server)
+    sb = Sandbox.create(template="code-interpreter", ttl_seconds=5)
+    c = sb.create_code_context()
+    deadline = time.monotonic() + 60
+    while sb.refresh().state != "stopped":
+        assert time.monotonic() < deadline, f"the sandbox is still {sb.state} past its TTL"
+        time.sleep(0.5)
+    c.close()
+    with pytest.raises(SandboxStoppedError):
+        c.run_code("1")

@@ -3,7 +3,7 @@
  * Execution a run of code returns (stdout, stderr, rich results, error).
  */
 
-import { NotFoundError, PandaStackError } from "./errors.js";
+import { NotFoundError, PandaStackError, SandboxStoppedError } from "./errors.js";
 import { type HttpClient, streamError } from "./http.js";
 
 /** Languages a code context can run. */
@@ -421,13 +421,16 @@ export class CodeContext {
     await this.#http.empty("POST", this.#path("/restart"));
   }
 
-  /** Shuts the kernel down; the context cannot be used afterwards. */
+  /**
+   * Shuts the kernel down; the context cannot be used afterwards. Closing a
+   * context that is already gone (or whose sandbox is gone: killed, or
+   * stopped by its TTL or a failure) is not an error.
+   */
   async close(): Promise<void> {
     try {
       await this.#http.empty("DELETE", this.#path());
     } catch (e) {
-      // Closing a context that is already gone (or whose sandbox is) is not an error.
-      if (!(e instanceof NotFoundError)) throw e;
+      if (!(e instanceof NotFoundError || e instanceof SandboxStoppedError)) throw e;
     }
   }
 }

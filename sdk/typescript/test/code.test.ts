@@ -220,3 +220,16 @@ test("a sandbox killed mid-run throws SandboxStoppedError from a streamed run", 
   });
   assert.deepEqual(seen, ["started\n"]);
 });
+
+test("closing the context of a sandbox its TTL stopped is not an error; using it is", async (t) => {
+  const sb = await codeSandbox(t, { ttlSeconds: 5 });
+  if (!sb) return;
+  const ctx = await sb.createCodeContext();
+  const deadline = Date.now() + 60_000;
+  for (let info = await sb.getInfo(); info.state !== "stopped"; info = await sb.getInfo()) {
+    assert.ok(Date.now() < deadline, `the sandbox is still ${info.state} past its TTL`);
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  await ctx.close();
+  await assert.rejects(ctx.runCode("1"), SandboxStoppedError);
+});

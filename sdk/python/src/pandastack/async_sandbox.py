@@ -59,7 +59,7 @@ from ._base import (
 )
 from .client import Client, default_client
 from .commands import AsyncCommandHandle, AsyncCommands
-from .exceptions import NotFoundError, PandaStackError
+from .exceptions import NotFoundError, PandaStackError, SandboxStoppedError
 from .watch import AsyncEventHandler, AsyncWatchHandle
 from .watch import _params as _watch_params
 from .models import ExecResult, Execution, ExecutionError, FileEvent, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
@@ -467,10 +467,12 @@ class AsyncCodeContext:
         self.cwd = str(d.get("cwd") or self.cwd)
 
     async def close(self) -> None:
-        """Shut the kernel down; idempotent."""
+        """Shut the kernel down; idempotent. Closing a context that is
+        already gone (or whose sandbox is gone: killed, or stopped by its TTL
+        or a failure) is not an error."""
         try:
             await self.sandbox.client._arequest("DELETE", context_path(self.sandbox.id, self.id))
-        except NotFoundError:
+        except (NotFoundError, SandboxStoppedError):
             pass
 
 

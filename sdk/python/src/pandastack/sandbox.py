@@ -36,7 +36,7 @@ from ._base import (
 )
 from .client import Client, default_client
 from .commands import CommandHandle, Commands
-from .exceptions import NotFoundError, PandaStackError
+from .exceptions import NotFoundError, PandaStackError, SandboxStoppedError
 from .watch import WatchHandle
 from .watch import _params as _watch_params
 from .models import ExecResult, Execution, ExecutionError, FileEvent, FileInfo, ProcessesKilled, ProcessInfo, Result, SandboxStats, SnapshotInfo
@@ -142,7 +142,9 @@ class Sandbox(SandboxRecord):
             env: environment variables of every command and kernel in it.
             snapshot_id: restore this snapshot (see :meth:`snapshot`)
                 instead of booting a template: files, processes and code
-                contexts come back as they were.
+                contexts come back as they were. ``env``, ``cpu``,
+                ``memory_mb`` and ``disk_mb`` are the snapshot's then:
+                giving them too is an :class:`InvalidRequestError`.
             cpu, memory_mb: override the template's limits.
             disk_mb: the sandbox's disk (its writable layer) in MiB; default
                 the template's.
@@ -682,10 +684,11 @@ class CodeContext:
 
     def close(self) -> None:
         """Shut the kernel down. Closing a context that is already gone (or
-        whose sandbox is gone) is not an error."""
+        whose sandbox is gone: killed, or stopped by its TTL or a failure)
+        is not an error."""
         try:
             self.sandbox.client._request("DELETE", context_path(self.sandbox.id, self.id))
-        except NotFoundError:
+        except (NotFoundError, SandboxStoppedError):
             pass
 
 
