@@ -29,6 +29,10 @@ def test_terminal_runs_a_shell_and_reports_its_exit(sandbox: Sandbox) -> None:
         while term.read(timeout=30):
             pass
         assert term.exit_code == 5
+        # A resize after the end fails as a write does, in the SDK's terms.
+        with pytest.raises(pandastack.PandaStackError) as ei:
+            term.resize(100, 30)
+        assert ei.value.code == "terminal_closed", ei.value
 
 
 def test_terminal_errors(sandbox: Sandbox) -> None:
@@ -104,3 +108,19 @@ def test_read_until_since_sees_what_an_earlier_read_got() -> None:
     assert term.output == "echo hi\r\nhi\r\nE2ND\r\n$ more"
     with pytest.raises(pandastack.TimeoutError):
         term.read_until("never", timeout=0.5)
+
+
+def test_terminal_of_an_unreachable_server_says_so() -> None:
+    """A server that cannot be reached is an APIConnectionError, as for any
+    other call, not the transport's own exception."""
+    import socket
+
+    from pandastack.client import Client
+    from pandastack.terminal import Terminal
+
+    with socket.socket() as held:  # bound, never listening: connections are refused
+        held.bind(("127.0.0.1", 0))
+        url = "http://127.0.0.1:%d" % held.getsockname()[1]
+        with pytest.raises(pandastack.APIConnectionError) as ei:
+            Terminal(Client(api_key="pds_test", api_url=url), "sbx_none")
+    assert ei.value.code == "connection_error" and url in ei.value.message

@@ -208,17 +208,28 @@ export class Files {
    */
   async watchDir(path: string, onEvent: (ev: FileEvent) => unknown, opts: WatchOptions = {}): Promise<WatchHandle> {
     const abort = new AbortController();
+    // The caller's signal ends the watch; a watch that ends otherwise lets
+    // go of it (one long-lived signal serves many watches).
+    const onAbort = () => abort.abort();
+    const detach = () => opts.signal?.removeEventListener("abort", onAbort);
     if (opts.signal) {
       if (opts.signal.aborted) abort.abort();
-      else opts.signal.addEventListener("abort", () => abort.abort(), { once: true });
+      else opts.signal.addEventListener("abort", onAbort, { once: true });
     }
     const events = this.#http.ndjson("GET", `${this.#base}/watch`, {
       query: { path, recursive: opts.recursive ? "true" : undefined },
       signal: abort.signal,
       long: true,
     });
-    const first = await events.next();
+    let first: Awaited<ReturnType<typeof events.next>>;
+    try {
+      first = await events.next();
+    } catch (err) {
+      detach();
+      throw err;
+    }
     if (first.done || first.value.type !== "watching") {
+      detach();
       abort.abort();
       if (!first.done && first.value.type === "error") throw streamError(first.value.error);
       throw new PandaStackError("the watch ended before it started", "stream_error");
@@ -232,6 +243,8 @@ export class Files {
         }
       } catch (err) {
         if (!abort.signal.aborted) throw err;
+      } finally {
+        detach();
       }
     })();
     return new WatchHandle(abort, run, opts.onExit);

@@ -27,7 +27,14 @@ import {
   toExecResult,
   toProcessInfo,
 } from "./commands.js";
-import { NotFoundError, PandaStackError, SandboxStoppedError } from "./errors.js";
+import {
+  ConflictError,
+  InvalidRequestError,
+  NotFoundError,
+  PandaStackError,
+  SandboxStoppedError,
+  SandboxUnavailableError,
+} from "./errors.js";
 import { Files } from "./files.js";
 import { type ConnectionOptions, HttpClient } from "./http.js";
 
@@ -142,8 +149,10 @@ export interface SandboxCreateOptions extends ConnectionOptions {
   /**
    * Restore this snapshot (`snap_...`) instead of booting a template: the
    * variables of every code context, files and installed packages come back.
-   * With a snapshot only `ttlSeconds`, `idleTimeoutSeconds`, `metadata` and
-   * `autoResume` apply.
+   * With a snapshot only `ttlSeconds`, `idleTimeoutSeconds`, `metadata`,
+   * `autoResume` and `network` may be given; `template`, `cpu`, `memoryMb`,
+   * `diskMb` and `env` are the snapshot's (giving them is an
+   * `InvalidRequestError`).
    */
   snapshotId?: string;
   /**
@@ -184,7 +193,11 @@ export interface ExecOptions {
   env?: Record<string, string>;
   /** Working directory; relative to `/home/user`, the default. It must exist. */
   cwd?: string;
-  /** Text written to the command's standard input, which is then closed. */
+  /**
+   * Text written to the command's standard input, which is then closed; a
+   * background command's input stays open for its handle's `sendStdin` (`{ eof: true }`
+   * closes it).
+   */
   stdin?: string;
   /**
    * Called with each chunk of standard output as it is produced. Giving
@@ -563,6 +576,13 @@ export class Sandbox implements SandboxInfo {
    * (e.g. the `ws` package's on Node 20).
    */
   async terminal(opts: TerminalOptions = {}): Promise<Terminal> {
+    // A refused WebSocket tells no reason: sizes are checked here, as the
+    // server checks them, to say what is wrong.
+    for (const [name, v] of [["cols", opts.cols], ["rows", opts.rows]] as const) {
+      if (v !== undefined && !(Number.isInteger(v) && v >= 1 && v <= 1000)) {
+        throw new InvalidRequestError(`${name} must be a whole number from 1 to 1000, got ${v}`, "invalid_request", 400);
+      }
+    }
     try {
       return await Terminal.open(this.#http.apiUrl, this.#http.apiKey, this.id, opts);
     } catch (err) {
@@ -577,6 +597,12 @@ export class Sandbox implements SandboxInfo {
           "sandbox_stopped",
           410,
         );
+      }
+      if (w.state === "paused" && !w.auto_resume) {
+        throw new ConflictError(`sandbox ${this.id} is paused; resume it first (conflict, HTTP 409)`, "conflict", 409);
+      }
+      if (w.state === "starting") {
+        throw new SandboxUnavailableError(`sandbox ${this.id} is still starting; try again in a moment`, "sandbox_unavailable", 503);
       }
       throw err;
     }

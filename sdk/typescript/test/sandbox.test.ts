@@ -5,6 +5,7 @@
 
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
+import { getEventListeners } from "node:events";
 import { createServer } from "node:net";
 import { test } from "node:test";
 import {
@@ -622,6 +623,15 @@ test("files", async (t) => {
     await assert.rejects(failing.wait(), /handler failed/);
     await assert.rejects(sb.files.watchDir("no-such-dir", () => {}), NotFoundError);
     await assert.rejects(sb.files.watchDir("notes/hello.txt", () => {}), InvalidRequestError);
+    // One long-lived signal for many watches: a watch that ended without
+    // it (stop(), a failure to start) holds no listener on it.
+    const app = new AbortController();
+    for (let i = 0; i < 3; i++) {
+      const each = await sb.files.watchDir("watched", () => {}, { signal: app.signal });
+      await each.stop();
+    }
+    await assert.rejects(sb.files.watchDir("no-such-dir", () => {}, { signal: app.signal }), NotFoundError);
+    assert.equal(getEventListeners(app.signal, "abort").length, 0);
   });
 
   await t.test("a missing file is a NotFoundError", async () => {

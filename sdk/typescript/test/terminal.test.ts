@@ -6,7 +6,16 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import WebSocket from "ws";
-import { AuthenticationError, ConflictError, NotFoundError, PandaStackError, Sandbox, SandboxStoppedError, type WebSocketConstructor } from "@pandastack/sdk";
+import {
+  AuthenticationError,
+  ConflictError,
+  InvalidRequestError,
+  NotFoundError,
+  PandaStackError,
+  Sandbox,
+  SandboxStoppedError,
+  type WebSocketConstructor,
+} from "@pandastack/sdk";
 import { haveServer, newSandbox } from "./helpers.js";
 
 // The `ws` package's WebSocket fits the SDK's type as it is: no cast.
@@ -92,6 +101,20 @@ test("a terminal of a sandbox that is gone is refused with the API's typed error
   await assert.rejects(sb.terminal({ WebSocket: WS }), (err: unknown) => {
     assert.ok(err instanceof NotFoundError, String(err));
     assert.equal(err.status, 404);
+    return true;
+  });
+});
+
+test("a terminal that cannot open says why: a paused sandbox, a bad size", async (t) => {
+  if (!haveServer(t)) return;
+  const sb = await newSandbox(t);
+  await assert.rejects(sb.terminal({ cols: 0, WebSocket: WS }), (err: unknown) => {
+    assert.ok(err instanceof InvalidRequestError && /cols/.test(err.message), String(err));
+    return true;
+  });
+  await sb.pause();
+  await assert.rejects(sb.terminal({ WebSocket: WS }), (err: unknown) => {
+    assert.ok(err instanceof ConflictError && /paused/.test(err.message) && err.status === 409, String(err));
     return true;
   });
 });

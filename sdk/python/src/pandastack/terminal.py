@@ -43,7 +43,7 @@ class Terminal:
 
     def __init__(self, client: "Client", sandbox_id: str, cols: int = 80, rows: int = 24) -> None:
         try:
-            from websockets.exceptions import InvalidStatus
+            from websockets.exceptions import InvalidHandshake, InvalidStatus
             from websockets.sync.client import connect
         except ImportError as e:  # pragma: no cover - depends on the environment
             raise ImportError(f"Sandbox.terminal needs websockets: pip install 'websockets>=13' ({e})") from e
@@ -67,6 +67,13 @@ class Terminal:
             except (ValueError, KeyError, TypeError):
                 pass
             raise error_from_response(code, message, e.response.status_code) from None
+        except builtins.TimeoutError as e:
+            raise TimeoutError(f"the terminal of {sandbox_id} did not open within 60 s", code="client_timeout") from e
+        except (OSError, InvalidHandshake) as e:
+            raise APIConnectionError(
+                f"cannot open the terminal of {sandbox_id} at {client.api_url}: {e}. Is `pandastack serve` running there?",
+                code="connection_error",
+            ) from e
         self.exit_code: Optional[int] = None
         self.closed = False
         #: Set when the sandbox stopped under the terminal (killed, its TTL,
@@ -84,10 +91,14 @@ class Terminal:
         """Send keys to the shell. Raises :class:`SandboxStoppedError` when
         the sandbox has stopped, :class:`PandaStackError` once the terminal
         is closed otherwise."""
+        self._send(data.encode() if isinstance(data, str) else bytes(data))
+
+    def _send(self, message: Union[str, bytes]) -> None:
+        """Send a message; once the terminal has closed, raise why."""
         from websockets.exceptions import ConnectionClosed
 
         try:
-            self._ws.send(data.encode() if isinstance(data, str) else bytes(data))
+            self._ws.send(message)
         except ConnectionClosed as e:
             self._closed_by(e)
             if self.ended is not None:
@@ -118,8 +129,9 @@ class Terminal:
             self.ended = PandaStackError(f"the terminal was closed ({rcvd.code}): {reason}", code="terminal_closed")
 
     def resize(self, cols: int, rows: int) -> None:
-        """Change the terminal's size (the shell gets SIGWINCH)."""
-        self._ws.send(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
+        """Change the terminal's size (the shell gets SIGWINCH). Raises as
+        :meth:`write` does once the terminal has closed."""
+        self._send(json.dumps({"type": "resize", "cols": cols, "rows": rows}))
 
     def read(self, timeout: Optional[float] = None) -> str:
         """The next output of the terminal (decoded as UTF-8), or ``""`` once
