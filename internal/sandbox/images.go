@@ -33,7 +33,9 @@ func (m *Manager) saveSnapshot(ctx context.Context, sb pandastack.Sandbox, snapI
 // manifest and checksums when it paused, whose files are hard links to
 // the paused image's. Neither is written again, and each outlives the
 // other: the resume removes the paused image, a snapshot's delete its own.
-func (m *Manager) savePausedSnapshot(ctx context.Context, id, snapID string) (int64, bool, error) {
+// linked is called once the links are made, before the upload: the
+// caller's claim on the sandbox can go then.
+func (m *Manager) savePausedSnapshot(ctx context.Context, id, snapID string, linked func()) (int64, bool, error) {
 	staged := filepath.Join(m.cfg.SnapshotDir, ".tmp-"+snapID+"-sealed")
 	err := imagestore.LinkTree(m.pausedPath(id), staged)
 	if err == nil {
@@ -45,6 +47,9 @@ func (m *Manager) savePausedSnapshot(ctx context.Context, id, snapID string) (in
 		os.RemoveAll(staged)
 		return 0, false, storageError(err, "no snapshot was taken")
 	}
+	// The links outlive the paused image (a resume or a kill removes it):
+	// the sandbox is free from here on.
+	linked()
 	size, err := m.cfg.Images.Put(context.WithoutCancel(ctx), snapID, staged)
 	return size, true, err
 }

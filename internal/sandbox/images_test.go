@@ -25,6 +25,7 @@ type images struct {
 	puts, opens     []string
 	putErr, openErr error
 	deleteErr       error
+	putHook         func() // if set, runs as Put begins
 }
 
 func (s *images) Delete(ctx context.Context, id string) error {
@@ -40,8 +41,11 @@ func (s *images) Delete(ctx context.Context, id string) error {
 func (s *images) Put(ctx context.Context, id, dir string) (int64, error) {
 	s.mu.Lock()
 	s.puts = append(s.puts, id)
-	err := s.putErr
+	err, hook := s.putErr, s.putHook
 	s.mu.Unlock()
+	if hook != nil {
+		hook()
+	}
 	if err != nil {
 		os.RemoveAll(dir) // as the contract says
 		return 0, err
@@ -456,5 +460,52 @@ func TestReaperGoesOnDuringTheCacheSweep(t *testing.T) {
 			t.Fatalf("a sandbox that died during the sweep is still %s", got.State)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A snapshot of a paused sandbox holds it only while its image is linked:
+// a resume does not wait for the image store's upload.
+func TestSnapshotOfAPausedSandboxFreesItBeforeTheUpload(t *testing.T) {
+	h, img := newImagesHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.exec(sb.ID, "set v=kept")
+	if _, err := h.m.Pause(ctx, project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	uploading, release := make(chan struct{}), make(chan struct{})
+	img.mu.Lock()
+	img.putHook = func() {
+		close(uploading)
+		<-release
+	}
+	img.mu.Unlock()
+	type result struct {
+		snap pandastack.Snapshot
+		err  error
+	}
+	snapped := make(chan result, 1)
+	go func() {
+		snap, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+		snapped <- result{snap, err}
+	}()
+	<-uploading
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := h.m.Resume(rctx, project, sb.ID); err != nil {
+		close(release)
+		t.Fatalf("a resume during the snapshot's upload: %v", err)
+	}
+	close(release)
+	r := <-snapped
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	restored, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: r.snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.exec(restored.ID, "get v"); err != nil || out != "kept" {
+		t.Fatalf("restored from the snapshot: %q %v", out, err)
 	}
 }

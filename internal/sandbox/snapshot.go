@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -77,8 +78,9 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 	for {
 		sb, _, release, ok := m.claimPaused(ctx, projectID, id)
 		if ok {
+			release = sync.OnceFunc(release)
 			defer release()
-			return m.snapshotPaused(ctx, projectID, id, sb, metadata)
+			return m.snapshotPaused(ctx, projectID, id, sb, metadata, release)
 		}
 		if !m.awaitPause(ctx, id) {
 			break
@@ -97,8 +99,10 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 }
 
 // snapshotPaused is Snapshot of a paused sandbox sb, whose image the
-// caller has claimed: read from its image, left paused.
-func (m *Manager) snapshotPaused(ctx context.Context, projectID, id string, sb pandastack.Sandbox, metadata map[string]string) (pandastack.Snapshot, error) {
+// caller has claimed: read from its image, left paused. release lets the
+// claim go once the image is linked, before its upload: a resume, a pause
+// or a kill of the sandbox need not wait for that.
+func (m *Manager) snapshotPaused(ctx context.Context, projectID, id string, sb pandastack.Sandbox, metadata map[string]string, release func()) (pandastack.Snapshot, error) {
 	// Its present policy (set while paused, perhaps), which a restore
 	// applies, as a fork of it does; its image's, sealed when it paused,
 	// when the network no longer knows it.
@@ -109,7 +113,7 @@ func (m *Manager) snapshotPaused(ctx context.Context, projectID, id string, sb p
 		}
 	}
 	return m.recordSnapshot(ctx, projectID, sb, metadata, network, func(snapID string) (int64, bool, error) {
-		return m.savePausedSnapshot(ctx, id, snapID)
+		return m.savePausedSnapshot(ctx, id, snapID, release)
 	})
 }
 
