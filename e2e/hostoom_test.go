@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/client"
+	"github.com/pandastack/pandastack/internal/testutil"
 )
 
 // sandboxCgroup is the memory cgroup directory of sandbox id on this host
@@ -60,34 +61,6 @@ func hostKills(t *testing.T, s *server, id string) int64 {
 	return 0
 }
 
-// pastStubRaise waits until the driver has raised the OOM scores of a
-// sandbox just created, whose cgroup is dir (it waits 250 ms from the
-// start before it looks, gvisor.stubFirstLook, so as not to slow the
-// start): a sandbox filled sooner leaves the host's OOM killer the sentry
-// first. A stub (a process with no command line) scoring above this test
-// process, whose score runsc's processes start with, says it is done.
-func pastStubRaise(t *testing.T, dir string) {
-	t.Helper()
-	own, _ := os.ReadFile("/proc/self/oom_score_adj")
-	host, _ := strconv.Atoi(strings.TrimSpace(string(own)))
-	if host >= 1000 {
-		return // nothing scores above it
-	}
-	for end := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-		for _, p := range strings.Fields(string(b)) {
-			cmd, err1 := os.ReadFile("/proc/" + p + "/cmdline")
-			adj, err2 := os.ReadFile("/proc/" + p + "/oom_score_adj")
-			if n, err := strconv.Atoi(strings.TrimSpace(string(adj))); err1 == nil && err2 == nil && len(cmd) == 0 && err == nil && n > host {
-				return
-			}
-		}
-		if time.Now().After(end) {
-			t.Fatalf("the sandbox's stubs in %s were never raised above the host's OOM score %d", dir, host)
-		}
-	}
-}
-
 // TestHostOutOfMemory: a command that reaches the host's memory limit
 // before the agent's memory watch acts is killed by the host's OOM killer,
 // not the sandbox, and its stderr says so. The test forces that outcome
@@ -101,7 +74,7 @@ func TestHostOutOfMemory(t *testing.T) {
 	ctx := context.Background()
 	sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "code-interpreter", TTLSeconds: 600})
 	dir, limitFile := sandboxCgroup(t, s, sb.ID)
-	pastStubRaise(t, dir)
+	testutil.WaitStubRaised(t, dir)
 	usage := func() int64 {
 		t.Helper()
 		for _, f := range []string{"memory.usage_in_bytes", "memory.current"} {

@@ -25,6 +25,7 @@ import (
 	"github.com/pandastack/pandastack/client"
 	"github.com/pandastack/pandastack/internal/network/nettest"
 	"github.com/pandastack/pandastack/internal/paths"
+	"github.com/pandastack/pandastack/internal/testutil"
 )
 
 func TestExec(t *testing.T) {
@@ -989,7 +990,7 @@ func TestOutOfMemoryInASmallSandbox(t *testing.T) {
 	c := s.client()
 	sb := newSandbox(t, s, client.CreateSandboxRequest{MemoryMB: 256})
 	dir, _ := sandboxCgroup(t, s, sb.ID)
-	pastStubRaise(t, dir)
+	testutil.WaitStubRaised(t, dir)
 	res, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `python3 -c "x = bytearray(700*1024*1024); print(len(x))"`, TimeoutSeconds: 120})
 	if err != nil || res.ExitCode != -1 || res.Signal != "SIGKILL" || res.Stdout != "" || !strings.Contains(res.Stderr, "the host's out-of-memory killer killed this command") {
 		t.Fatalf("allocating 700 MB in a 256 MB sandbox: %+v %v; want SIGKILL, the host's note on stderr", res, err)

@@ -373,8 +373,8 @@ func TestDeathAfterASurvivedKill(t *testing.T) {
 	rt := newRuntime(t)
 	ctx := context.Background()
 	id, c := startDialed(t, rt, 512)
-	waitStubRaised(t, id) // past the driver's first look (stubFirstLook)
 	dir, v1 := memoryCgroup(id)
+	testutil.WaitStubRaised(t, dir) // past the driver's first look (stubFirstLook)
 	usageFile, limitFile := "memory.current", "memory.max"
 	if v1 {
 		usageFile, limitFile = "memory.usage_in_bytes", "memory.limit_in_bytes"
@@ -418,31 +418,5 @@ func TestDeathAfterASurvivedKill(t *testing.T) {
 	}
 	if r, n := rt.DeathReason(id), rt.OOMKills(id); r == pandastack.ReasonOutOfMemory || n < 1 {
 		t.Fatalf("DeathReason = %q with OOMKills %d, after a kill the sandbox outlived and a death of another cause; want not out_of_memory, the kill still counted", r, n)
-	}
-}
-
-// waitStubRaised waits until a stub of sandbox id (a process with no
-// command line) scores above this test process for the host's OOM killer,
-// as runsc's processes start: the driver's raise came.
-func waitStubRaised(t *testing.T, id string) {
-	t.Helper()
-	own, _ := os.ReadFile("/proc/self/oom_score_adj")
-	host, _ := strconv.Atoi(strings.TrimSpace(string(own)))
-	if host >= 1000 {
-		return // nothing scores above it
-	}
-	dir, _ := memoryCgroup(id)
-	for end := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		b, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-		for _, p := range strings.Fields(string(b)) {
-			cmd, err1 := os.ReadFile("/proc/" + p + "/cmdline")
-			adj, err2 := os.ReadFile("/proc/" + p + "/oom_score_adj")
-			if n, err := strconv.Atoi(strings.TrimSpace(string(adj))); err1 == nil && err2 == nil && len(cmd) == 0 && err == nil && n > host {
-				return
-			}
-		}
-		if time.Now().After(end) {
-			t.Fatalf("the stubs of sandbox %s were never raised above the host's OOM score %d", id, host)
-		}
 	}
 }
