@@ -63,12 +63,12 @@ func drained(readers <-chan struct{}, exited time.Time, files ...*os.File) bool 
 }
 
 // drainNote tells, last on stderr, that an exec's output stopped being
-// read while a process its command started still wrote to it; dropped
+// read while a process its command started still held it open; dropped
 // bytes were left in the pipes.
 func drainNote(dropped int) string {
 	left := ""
 	if dropped > 0 {
 		left = fmt.Sprintf(" (%d bytes were left unread)", dropped)
 	}
-	return fmt.Sprintf("\npandastack: output after this point was not read%s: a process the command started still wrote to it %s after the command exited\n", left, drainMax)
+	return fmt.Sprintf("\npandastack: output after this point was not read%s: a process the command started still held it open %s after the command exited\n", left, drainMax)
 }

@@ -59,7 +59,9 @@ func (t fileTarget) place(p string, create, follow, write bool) (*place, error) 
 	if !t.root {
 		return &place{sys: p}, nil
 	}
-	h, err := holdDir(filepath.Dir(p), p, create, write)
+	// A file in the way of a parent is a conflict where the request makes
+	// parents, else a miss, as for the user (mkdirAll, Lstat).
+	h, err := holdDir(filepath.Dir(p), p, create, create)
 	if err != nil {
 		return nil, err
 	}
@@ -84,6 +86,15 @@ var rootPlaced func(p string)
 
 // dir is the path by which the operations reach the place's parent.
 func (pl *place) dir() string { return filepath.Dir(pl.sys) }
+
+// real is the path the place leads to with every link resolved, its last
+// element's too.
+func (pl *place) real() (string, error) {
+	if pl.held == nil {
+		return filepath.EvalSymlinks(pl.sys)
+	}
+	return realOf(pl.sys) // through the held directory, not by the path again
+}
 
 // unmake removes the parents the place made, as long as they are empty.
 func (pl *place) unmake() {
@@ -854,7 +865,7 @@ func (s *Server) renameFile(w http.ResponseWriter, r *http.Request) error {
 			if err := mkdirAll(dir); err != nil {
 				return fsError(err, filepath.Dir(to), true)
 			}
-			if err := renameError(rename(src.sys, dst.sys, overwrite), from, to); err != nil {
+			if err := renameError(rename(src.sys, dst.sys, overwrite), from, to, src.sys, dst.sys); err != nil {
 				unmake(dir, made)
 				return err
 			}
@@ -888,14 +899,14 @@ func rename(from, to string, overwrite bool) error {
 }
 
 // renameError says what a failed rename of from to to means for the
-// caller.
-func renameError(err error, from, to string) error {
+// caller; sysFrom and sysTo are where the rename reached them (place.sys).
+func renameError(err error, from, to, sysFrom, sysTo string) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, fs.ErrExist) && !errors.Is(err, syscall.ENOTEMPTY):
-		fi, serr := os.Lstat(to)
-		src, derr := os.Lstat(from)
+		fi, serr := os.Lstat(sysTo)
+		src, derr := os.Lstat(sysFrom)
 		switch {
 		case serr == nil && derr == nil && fi.IsDir() && !src.IsDir():
 			return pandastack.Errorf(pandastack.EConflict, "%s is a directory; a file cannot replace it (give a path inside it)", to)
@@ -910,7 +921,7 @@ func renameError(err error, from, to string) error {
 	case errors.Is(err, syscall.EISDIR):
 		return pandastack.Errorf(pandastack.EConflict, "%s is a directory; a file cannot replace it (give a path inside it)", to)
 	case errors.Is(err, syscall.ENOTDIR):
-		if fi, serr := os.Lstat(to); serr == nil && !fi.IsDir() {
+		if fi, serr := os.Lstat(sysTo); serr == nil && !fi.IsDir() {
 			return pandastack.Errorf(pandastack.EConflict, "%s is not a directory; a directory cannot replace it", to)
 		}
 		return pandastack.Errorf(pandastack.EConflict, "a parent of %s is a file, not a directory", to)

@@ -428,6 +428,10 @@ func TestFilesAsRootRefuseTheUsersLinks(t *testing.T) {
 		{http.MethodDelete, "/v1/files", q("path", "out/kept", "user", "root")},
 		{http.MethodPost, "/v1/files/mkdir", q("path", "out/d", "user", "root")},
 		{http.MethodPost, "/v1/files/rename", q("path", "mine", "to", "out/moved", "user", "root")},
+		{http.MethodGet, "/v1/files/watch", q("path", "out/sub", "user", "root")},
+		{http.MethodGet, "/v1/files/stat", q("path", "out/kept", "user", "root")},
+		{http.MethodGet, "/v1/files/list", q("path", "out/sub", "user", "root")},
+		{http.MethodGet, "/v1/files", q("path", "out/kept", "user", "root")},
 	} {
 		if c.method == http.MethodPost && c.path == "/v1/files/rename" {
 			if err := os.WriteFile(filepath.Join(home, "mine"), []byte("m"), 0o644); err != nil {
@@ -588,6 +592,26 @@ func TestFilesAsRootFailedRenameUnmakes(t *testing.T) {
 	}
 	if fi.Path != filepath.Join(rootDir, "l", "f") {
 		t.Errorf("the answer names %s, want the path asked for", fi.Path)
+	}
+	// A link leading nowhere: its target is not made, as mkdir -p makes
+	// none.
+	if err := os.Symlink(filepath.Join(rootDir, "nowhere"), filepath.Join(rootDir, "dangling")); err != nil {
+		t.Fatal(err)
+	}
+	resp := st.request(t, t.Context(), http.MethodPut, "/v1/files", q("path", filepath.Join(rootDir, "dangling", "f"), "user", "root"), strings.NewReader("v"))
+	resp.Body.Close()
+	if resp.StatusCode < 400 || resp.StatusCode >= 500 {
+		t.Errorf("an upload through a link leading nowhere: %d, want a refusal", resp.StatusCode)
+	}
+	if _, err := os.Lstat(filepath.Join(rootDir, "nowhere")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the link's target was made: %v", err)
+	}
+	// A parent that is a file: a delete misses, as the user's does.
+	if err := os.WriteFile(filepath.Join(cfg.Home, "afile"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, user := range []string{"root", "user"} {
+		st.callError(t, http.MethodDelete, "/v1/files", q("path", "afile/x", "user", user), nil, http.StatusNotFound, "not_found")
 	}
 }
 

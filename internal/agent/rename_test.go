@@ -36,12 +36,12 @@ func TestRenameError(t *testing.T) {
 		{"parent a file", link(syscall.ENOTDIR), sub, filepath.Join(file, "x"), pandastack.EConflict, "a parent"},
 		{"permission", link(syscall.EACCES), file, "/x", pandastack.EPermission, "permission denied"},
 	} {
-		err := renameError(c.err, c.from, c.to)
+		err := renameError(c.err, c.from, c.to, c.from, c.to)
 		if !pandastack.IsCode(err, c.code) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want code %s with %q", c.name, err, c.code, c.want)
 		}
 	}
-	if renameError(nil, file, sub) != nil {
+	if renameError(nil, file, sub, file, sub) != nil {
 		t.Error("no failure made an error")
 	}
 }

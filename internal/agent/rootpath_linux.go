@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -30,15 +31,12 @@ import (
 // link there, a delete removes it).
 type heldDir struct {
 	f *os.File
-	// made are the directories the walk made (create), outermost first,
-	// each with its parent held open, so that a failed request removes
-	// them again by handle and not by a path the user could redirect.
-	made []madeDir
-}
-
-type madeDir struct {
-	parent *os.File
-	name   string
+	// made names the directories the walk made (create), outermost first,
+	// each in the one before, the first in madeIn, held open: a failed
+	// request removes them again by handle, never by a path the user
+	// could redirect.
+	madeIn *os.File
+	made   []string
 }
 
 // at is the path by which name in the held directory is reached without
@@ -57,19 +55,37 @@ func (d *heldDir) real() (string, error) {
 }
 
 // unmake removes the directories the walk made, innermost first, as long as
-// they are empty: a failed request leaves no trace of them.
+// they are empty: a failed request leaves no trace of them. Each is opened
+// from the one before without following links (root's own, 0755: nothing
+// in the chain is the user's to swap, but a link found there ends it).
 func (d *heldDir) unmake() {
-	for i := len(d.made) - 1; i >= 0; i-- {
-		m := d.made[i]
-		if unix.Unlinkat(int(m.parent.Fd()), m.name, unix.AT_REMOVEDIR) != nil {
+	if d.madeIn == nil {
+		return
+	}
+	parents := []int{int(d.madeIn.Fd())}
+	defer func() {
+		for _, fd := range parents[1:] {
+			unix.Close(fd)
+		}
+	}()
+	for _, name := range d.made[:len(d.made)-1] {
+		fd, err := unix.Openat(parents[len(parents)-1], name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			break
+		}
+		parents = append(parents, fd)
+	}
+	for i := len(parents) - 1; i >= 0; i-- {
+		if unix.Unlinkat(parents[i], d.made[i], unix.AT_REMOVEDIR) != nil {
 			return
 		}
 	}
 }
 
 func (d *heldDir) close() {
-	for _, m := range d.made {
-		m.parent.Close()
+	if d.madeIn != nil {
+		d.madeIn.Close()
+		d.madeIn = nil
 	}
 	d.made = nil
 	d.f.Close()
@@ -91,8 +107,8 @@ func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
 	defer func() {
 		if err != nil {
 			h.unmake()
-			for _, m := range h.made {
-				m.parent.Close()
+			if h.madeIn != nil {
+				h.madeIn.Close()
 			}
 			unix.Close(fd)
 		}
@@ -103,9 +119,21 @@ func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
 	}
 	rest := strings.Split(strings.Trim(dir, "/"), "/")
 	cur := "/" // the path walked so far, for messages
+	// fromLinks is how many of rest's first components came from links'
+	// targets: those are not made (a link leading nowhere is an error, as
+	// for mkdir -p), only the request's own.
+	fromLinks := 0
+	// chained says whether the directory walked to is the last one made:
+	// made records a chain, each in the one before, and stops where
+	// another made one.
+	chained := false
 	for hops := 0; len(rest) > 0; {
 		c := rest[0]
 		rest = rest[1:]
+		ownComponent := fromLinks == 0
+		if !ownComponent {
+			fromLinks--
+		}
 		switch c {
 		case "", ".":
 			continue
@@ -121,14 +149,22 @@ func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
 		next := filepath.Join(cur, c)
 		var st unix.Stat_t
 		err := unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW)
-		if errors.Is(err, unix.ENOENT) && create {
+		made := false
+		if errors.Is(err, unix.ENOENT) && create && ownComponent {
 			if err = unix.Mkdirat(fd, c, 0o755); err == nil {
-				parent, derr := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
-				if derr != nil {
-					unix.Unlinkat(fd, c, unix.AT_REMOVEDIR)
-					return nil, fsError(derr, p, write)
+				made = true
+				switch {
+				case h.madeIn == nil:
+					parent, derr := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+					if derr != nil {
+						unix.Unlinkat(fd, c, unix.AT_REMOVEDIR)
+						return nil, fsError(derr, p, write)
+					}
+					h.madeIn = os.NewFile(uintptr(parent), cur)
+					h.made = append(h.made, c)
+				case chained:
+					h.made = append(h.made, c)
 				}
-				h.made = append(h.made, madeDir{parent: os.NewFile(uintptr(parent), cur), name: c})
 			}
 			if err == nil || errors.Is(err, unix.EEXIST) { // or made meanwhile
 				err = unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW)
@@ -146,6 +182,9 @@ func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
 					return nil, fsError(unix.ELOOP, p, write)
 				}
 				rest = append([]string{c}, rest...)
+				if !ownComponent {
+					fromLinks++
+				}
 				continue
 			}
 			if err != nil {
@@ -153,6 +192,7 @@ func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
 			}
 			step(opened)
 			cur = next
+			chained = made && (chained || len(h.made) == 1)
 		case unix.S_IFLNK:
 			if hops++; hops > maxLinkHops {
 				return nil, fsError(unix.ELOOP, p, write)
@@ -176,7 +216,9 @@ func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
 				step(root)
 				cur = "/"
 			}
-			rest = append(strings.Split(strings.Trim(target, "/"), "/"), rest...)
+			targetParts := strings.Split(strings.Trim(target, "/"), "/")
+			rest = append(targetParts, rest...)
+			fromLinks += len(targetParts)
 		default:
 			return nil, fsError(unix.ENOTDIR, p, write)
 		}
@@ -209,4 +251,15 @@ func userControls(link, dir *unix.Stat_t) bool {
 		return false // only an entry's owner may replace it, and root owns this one
 	}
 	return dir.Mode&0o002 != 0 || dir.Mode&0o020 != 0 && dir.Gid == agentproto.UserGID
+}
+
+// realOf is the path the kernel knows for what p leads to, links followed:
+// p opened, then its descriptor's path.
+func realOf(p string) (string, error) {
+	fd, err := unix.Open(p, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", &fs.PathError{Op: "open", Path: p, Err: err}
+	}
+	defer unix.Close(fd)
+	return os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 }

@@ -24,3 +24,5 @@ func holdDir(dir, p string, create, write bool) (*heldDir, error) {
 	}
 	return &heldDir{dir: dir}, nil
 }
+
+func realOf(p string) (string, error) { return filepath.EvalSymlinks(p) }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
-	"path/filepath"
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/agentproto"
@@ -34,6 +33,11 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	if err := guard(t.path, true, false); err != nil {
 		return err
 	}
+	pl, err := t.place(t.path, false, true, false)
+	if err != nil {
+		return err
+	}
+	defer pl.close()
 	if s.watches.Add(1) > maxWatches {
 		s.watches.Add(-1)
 		return pandastack.Errorf(pandastack.EConflict, "%d directory watches are open in this sandbox, the most it keeps: stop one first", maxWatches)
@@ -43,7 +47,7 @@ func (s *Server) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	err = t.run(func() error {
 		// The directory's real path: a link to it is followed, and the
 		// events name where the files are.
-		real, err := filepath.EvalSymlinks(t.path)
+		real, err := pl.real()
 		if err != nil {
 			return fsError(err, t.path, false)
 		}

@@ -276,16 +276,22 @@ func (m *Manager) KillAll(ctx context.Context) {
 			continue
 		}
 		var wg sync.WaitGroup
+		var failed atomic.Bool
 		for _, sb := range recs {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				m.kill(ctx, sb.ProjectID, sb.ID, reasonKillOnExit)
+				if err := m.kill(ctx, sb.ProjectID, sb.ID, reasonKillOnExit); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
+					failed.Store(true)
+				}
 			}()
 		}
 		wg.Wait()
+		if failed.Load() {
+			time.Sleep(100 * time.Millisecond) // a kill that failed is tried again, not at once
+		}
 	}
-	m.log.Error("kill all: sandboxes were still starting after every round; they may outlive the server")
+	m.log.Error("kill all: sandboxes were still there, or starting, after every round; they may outlive the server")
 }
 
 // killAllRounds bounds KillAll's lists: each waits for the starts under way.

@@ -275,13 +275,12 @@ func (m *Manager) refill(ctx context.Context, p *pool) bool {
 	return true
 }
 
-// shrink stops n ready sandboxes of the pool.
 // pruneDead stops the ready sandboxes of p that died while they waited
 // (the host's OOM killer, a crash): nothing else looks at them before a
 // create claims one, so the pool counted them ready and did not refill,
 // and their container, cgroup and namespace stayed. The living go back.
 func (m *Manager) pruneDead(p *pool) {
-	var alive []pooled
+	var alive, dead []pooled
 	for range len(p.ready) {
 		var pd pooled
 		select {
@@ -293,8 +292,14 @@ func (m *Manager) pruneDead(p *pool) {
 		}
 		if pd.client.Alive() && m.rt.Alive(pd.id) {
 			alive = append(alive, pd)
-			continue
+		} else {
+			dead = append(dead, pd)
 		}
+	}
+	for _, pd := range alive {
+		p.ready <- pd // never blocks: they were in it, and refills stay within the target
+	}
+	for _, pd := range dead { // after: creates find the living meanwhile
 		m.log.Warn("a pool sandbox died while it waited; replacing it", "template", p.tpl.Name, "sandbox", pd.id)
 		p.mu.Lock()
 		delete(p.ids, pd.id)
@@ -302,11 +307,9 @@ func (m *Manager) pruneDead(p *pool) {
 		pd.client.Close()
 		m.rt.Stop(context.Background(), pd.id)
 	}
-	for _, pd := range alive {
-		p.ready <- pd // never blocks: they were in it, and refills stay within the target
-	}
 }
 
+// shrink stops n ready sandboxes of the pool.
 func (m *Manager) shrink(p *pool, n int) {
 	for range n {
 		select {

@@ -598,7 +598,9 @@ export class Sandbox implements SandboxInfo {
           410,
         );
       }
-      if (w.state === "paused" && !w.auto_resume) {
+      // Paused as asked, without autoResume: a request does not wake it (one
+      // suspended for idleness or memory wakes, and the refusal was another).
+      if (w.state === "paused" && !w.auto_resume && !w.pause_reason) {
         throw new ConflictError(`sandbox ${this.id} is paused; resume it first (conflict, HTTP 409)`, "conflict", 409);
       }
       if (w.state === "starting") {
