@@ -149,10 +149,9 @@ func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
 		next := filepath.Join(cur, c)
 		var st unix.Stat_t
 		err := unix.Fstatat(fd, c, &st, unix.AT_SYMLINK_NOFOLLOW)
-		made := false
+		recorded := false // made here, and in made's chain
 		if errors.Is(err, unix.ENOENT) && create && ownComponent {
 			if err = unix.Mkdirat(fd, c, 0o755); err == nil {
-				made = true
 				switch {
 				case h.madeIn == nil:
 					parent, derr := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
@@ -161,9 +160,9 @@ func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
 						return nil, fsError(derr, p, write)
 					}
 					h.madeIn = os.NewFile(uintptr(parent), cur)
-					h.made = append(h.made, c)
+					h.made, recorded = append(h.made, c), true
 				case chained:
-					h.made = append(h.made, c)
+					h.made, recorded = append(h.made, c), true
 				}
 			}
 			if err == nil || errors.Is(err, unix.EEXIST) { // or made meanwhile
@@ -192,7 +191,7 @@ func holdDir(dir, p string, create, write bool) (held *heldDir, err error) {
 			}
 			step(opened)
 			cur = next
-			chained = made && (chained || len(h.made) == 1)
+			chained = recorded
 		case unix.S_IFLNK:
 			if hops++; hops > maxLinkHops {
 				return nil, fsError(unix.ELOOP, p, write)
