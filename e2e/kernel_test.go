@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -432,8 +434,24 @@ func watchFirst(t *testing.T, s *server, fill func(*client.Sandbox, *client.Cont
 			s.client().KillSandbox(context.Background(), sb.ID)
 			continue
 		}
-		t.Fatal(err)
+		t.Fatalf("%v\nthe memory watch's log in the sandbox:\n%s", err, watchLog(s, sb.ID))
 	}
+}
+
+// watchLog is what the memory watch logged in a sandbox's agent.log: why
+// it killed what it killed.
+func watchLog(s *server, id string) string {
+	b, err := os.ReadFile(filepath.Join(s.dataDir, "runtime", "sandboxes", id, "agent.log"))
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.Contains(l, "memory") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // watchTries bounds watchFirst's fills.

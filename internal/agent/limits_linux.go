@@ -409,17 +409,28 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 	// memInfo), below which none of memVictim's rules kills, the trees'
 	// sizes are kept for a while, to see which one grows (growth). A scan
 	// of /proc costs, so at most one every memGrowSample below the level,
-	// and none while what is used is file cache.
-	if mi.anon <= perKernel-(pressure-perKernel) || now.Sub(w.killedAt) < memKillGrace {
+	// and none while what is used is file cache. Lower, from half a
+	// kernel's limit, where a tree may hold so much that it is the larger
+	// one when the level is reached, a look every memEarlyLook: a command
+	// filling the sandbox at a GiB a second crosses from there to the
+	// level in a few of the busy pace's looks, and a watch starved of CPU
+	// on a busy host first looked when it was full (a CI run killed that
+	// command as the largest, by luck the right one, for want of a look
+	// to tell it grew).
+	if mi.anon <= perKernel/2 || now.Sub(w.killedAt) < memKillGrace {
 		w.looks = nil // what grew before a kill, or long ago, says nothing now
 		return grew
 	}
-	if used <= pressure && len(w.looks) > 0 && now.Sub(w.looks[len(w.looks)-1].at) < memGrowSample {
+	early, every := mi.anon <= perKernel-(pressure-perKernel), memGrowSample
+	if early {
+		every = memEarlyLook // and no kill: memVictim's rules want more held
+	}
+	if (used <= pressure || early) && len(w.looks) > 0 && now.Sub(w.looks[len(w.looks)-1].at) < every {
 		return grew
 	}
 	units := cs.memUnits(procs, pf)
 	since, seen := w.growth(units, now)
-	if used <= pressure {
+	if used <= pressure || early {
 		return grew
 	}
 	if (!seen || now.Sub(since) < memGrowSample) && used < pressure+(total-pressure)/2 {
@@ -462,6 +473,9 @@ const (
 	memGrowWindow = time.Second
 	memGrowSample = 100 * time.Millisecond
 	memGrowerRate = 16 << 20 // bytes per second
+	// memEarlyLook is how often the watch takes the trees' sizes while
+	// what is held is high but not yet close to a kernel's limit.
+	memEarlyLook = memGrowWindow / 2
 	// memMinKill is the least a tree must hold to be killed: killing a
 	// smaller one frees nothing that matters. A sandbox whose memory is
 	// files in /dev/shm had small commands killed one after another (what

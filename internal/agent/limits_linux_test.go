@@ -453,6 +453,38 @@ func TestMemoryWatchKillsTheTreeThatGrows(t *testing.T) {
 	}
 }
 
+// TestMemoryWatchTellsTheGrowerByAnEarlyLook: a look taken while what is
+// held is still under the level where the watch follows the trees closely
+// (from half a kernel's limit) tells the tree that grows, when the next
+// look comes late, past the middle between the level and the sandbox's
+// memory (a watch starved of CPU): the grower goes, not the larger tree
+// that held still.
+func TestMemoryWatchTellsTheGrowerByAnEarlyLook(t *testing.T) {
+	cs, start := memWatchTrees(t)
+	big, bigWhy := start("background process", "import time\nx = b'a' * (96 << 20)\ntime.sleep(120)")
+	grower, growerWhy := start("command", "import signal, time\nx = []\nsignal.signal(signal.SIGUSR1, lambda *a: x.append(b'a' * (64 << 20)))\nwhile True:\n    time.sleep(0.01)")
+	waitHolding(t, big, 90<<20)
+	waitCatching(t, grower.Pid, syscall.SIGUSR1)
+	_, look := watchLooks(t, cs)
+	look(120<<20, 70<<20) // over half the floor of 120, under 80 where close looks start
+	syscall.Kill(grower.Pid, syscall.SIGUSR1)
+	waitHolding(t, grower, 64<<20)
+	look(250<<20, 240<<20) // past the middle, 208
+	select {
+	case <-grower.Done:
+	case st := <-big.Done:
+		t.Fatalf("the larger process that held still was killed: %v", st)
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing was killed")
+	}
+	if w := growerWhy.Load(); w == nil || !strings.Contains(*w, "the one growing") {
+		t.Fatalf("the command was told %v, want out_of_memory naming it as the one growing", w)
+	}
+	if w := bigWhy.Load(); w != nil {
+		t.Fatalf("the larger process was told %q", *w)
+	}
+}
+
 func TestParseMeminfo(t *testing.T) {
 	// As gVisor writes it: MemAvailable is MemFree, the file cache counted
 	// as used.
