@@ -305,6 +305,14 @@ func (t *table) waitToStop(ctx context.Context, id string, release *func()) bool
 	}, phaseStopping, phaseCreating, phaseResuming, phasePausing, phaseSuspending, phaseReadingImage, phaseCheckpointing)
 }
 
+// stopping reports whether the sandbox is being stopped.
+func (t *table) stopping(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.entries[id]
+	return e != nil && e.phase == phaseStopping
+}
+
 // expire marks a sandbox past its TTL that the reaper could not claim:
 // nothing more begins on it, and the reaper's next round stops it.
 func (t *table) expire(id string) {

@@ -732,6 +732,18 @@ type hookStore struct {
 	setStateErr func(id string, state pandastack.SandboxState) error
 	// afterExpired, if set, runs once the expired sandboxes are listed.
 	afterExpired func(expired []pandastack.Sandbox)
+	// beforeSetExpiry, if set, runs before a sandbox's expiry is written.
+	beforeSetExpiry func(id string)
+}
+
+func (s *hookStore) SetSandboxExpiry(ctx context.Context, id string, at time.Time) error {
+	s.mu.Lock()
+	hook := s.beforeSetExpiry
+	s.mu.Unlock()
+	if hook != nil {
+		hook(id)
+	}
+	return s.Store.SetSandboxExpiry(ctx, id, at)
 }
 
 func (s *hookStore) ExpiredSandboxes(ctx context.Context, now time.Time) ([]pandastack.Sandbox, error) {

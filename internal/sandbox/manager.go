@@ -200,6 +200,7 @@ type Manager struct {
 	reliefFutile  atomic.Int64          // when the last relief found nothing to free (m.now, unix ns); 0: it did
 	lastRelief    relief                // what the last relief did; m.relieving guards it
 	bookMu        sync.Mutex            // guards bookings and their fields
+	expiryMu      sync.Mutex            // orders a TTL's change against the reaper's last look (SetTTL, reapOnce)
 	bookings      map[*booking]struct{} // memory promised to boots under way (pressure.go)
 	bootSettle    time.Duration         // how long a boot's memory stays booked after it (pressure.go; unit tests set 0)
 	memAvailable  func() int            // the host's available memory in MiB (pressure.go; unit tests replace it)
@@ -932,6 +933,20 @@ func (m *Manager) SetTTL(ctx context.Context, projectID, id string, seconds int6
 	if sb.State != pandastack.StateRunning && sb.State != pandastack.StatePaused {
 		return m.running(ctx, projectID, id) // the error that says why
 	}
+	// The reaper claims an expired sandbox, then looks at its record once
+	// more under expiryMu: a change written before that look keeps it, and
+	// one that comes after finds it being stopped and says so, rather
+	// than answering a TTL the sandbox will not live to see.
+	m.expiryMu.Lock()
+	defer m.expiryMu.Unlock()
+	if m.sbx.stopping(id) {
+		return sb, busyError(id, phaseStopping)
+	}
+	if now, err := m.store.GetSandbox(ctx, projectID, id); err != nil {
+		return now, err
+	} else if now.State == pandastack.StateStopped {
+		return m.running(ctx, projectID, id) // stopped since the look above
+	}
 	sb.ExpiresAt = m.now().UTC().Add(ttl).Truncate(time.Millisecond)
 	if err := m.store.SetSandboxExpiry(ctx, id, sb.ExpiresAt); err != nil {
 		return sb, err
@@ -1264,18 +1279,29 @@ func (m *Manager) reapOnce() {
 	// Concurrently, since each stop may take a while (runsc delete), but
 	// bounded, so a burst of expiries cannot start hundreds at once.
 	forEachBounded(ids, maxConcurrentStops, func(id string) {
-		if m.sbx.begin(id, phaseStopping) != nil {
+		// The list is a moment old, and a stop may have waited behind
+		// others: a TTL extended since (its PATCH answered) stands. The
+		// look and the claim are one step under expiryMu, so a PATCH
+		// after them finds the sandbox stopping (SetTTL). Looked at
+		// after the claim, a sandbox kept had lost its entry with the
+		// claim's end: it ran on with no channel to its agent.
+		m.expiryMu.Lock()
+		now, err := m.store.GetSandbox(ctx, "", id)
+		if err != nil || now.State == pandastack.StateStopped || now.ExpiresAt.After(m.now()) {
+			m.expiryMu.Unlock()
+			return
+		}
+		err = m.sbx.begin(id, phaseStopping)
+		if err != nil {
 			// Being created, checkpointed or killed right now: the next
 			// round, and nothing new begins on it meanwhile.
 			m.sbx.expire(id)
+		}
+		m.expiryMu.Unlock()
+		if err != nil {
 			return
 		}
 		defer m.sbx.end(id)
-		// The list is a moment old, and a stop may have waited behind
-		// others: a TTL extended since (its PATCH answered) stands.
-		if now, err := m.store.GetSandbox(ctx, "", id); err != nil || now.State == pandastack.StateStopped || now.ExpiresAt.After(m.now()) {
-			return
-		}
 		if foreign[id] {
 			if err := m.recordStop(ctx, id, pandastack.StopExpired); err != nil && !pandastack.IsCode(err, pandastack.ENotFound) {
 				m.log.Error("record stop", "sandbox", id, "err", err)

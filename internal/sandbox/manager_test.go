@@ -426,6 +426,71 @@ func TestReaperHonoursATTLExtendedMeanwhile(t *testing.T) {
 	if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
 		t.Fatalf("after a TTL extended meanwhile: %s %s, want running", rec.State, rec.StopReason)
 	}
+	if _, err := h.exec(sb.ID, "set k=v"); err != nil {
+		t.Fatalf("the sandbox kept answers no more: %v", err)
+	}
+}
+
+// A TTL extended once the reaper has looked at the record a last time and
+// is stopping the sandbox is refused (conflict, being stopped), not
+// answered with an expiry the sandbox will not live to see.
+func TestTTLExtendedWhileTheReaperStopsIsRefused(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.store.SetSandboxExpiry(ctx, sb.ID, time.Now().Add(-time.Second))
+	var patchErr error
+	h.store.mu.Lock()
+	h.store.setStateErr = func(id string, state pandastack.SandboxState) error {
+		if id == sb.ID && state == pandastack.StateStopped { // the reaper records its stop
+			_, patchErr = h.m.SetTTL(ctx, project, sb.ID, 600)
+		}
+		return nil
+	}
+	h.store.mu.Unlock()
+	h.m.reapOnce()
+	if !pandastack.IsCode(patchErr, pandastack.EConflict) || !strings.Contains(patchErr.Error(), "being stopped") {
+		t.Fatalf("TTL extended during the reaper's stop: %v, want conflict saying it is being stopped", patchErr)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopExpired {
+		t.Fatalf("after the reaper: %s %s, want stopped expired", rec.State, rec.StopReason)
+	}
+}
+
+// A TTL change being written when the reaper claims the sandbox is what
+// the reaper's last look sees: an extension that answered leaves the
+// sandbox running.
+func TestReaperWaitsForATTLBeingWritten(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	h.store.SetSandboxExpiry(ctx, sb.ID, time.Now().Add(-time.Second))
+	reaped := make(chan struct{})
+	h.store.mu.Lock()
+	h.store.beforeSetExpiry = func(string) {
+		h.store.mu.Lock()
+		h.store.beforeSetExpiry = nil
+		h.store.mu.Unlock()
+		go func() { h.m.reapOnce(); close(reaped) }()
+		// The reaper has the time to claim and look; ordered, it waits.
+		select {
+		case <-reaped:
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+	h.store.mu.Unlock()
+	_, err := h.m.SetTTL(ctx, project, sb.ID, 600)
+	<-reaped
+	rec := h.record(sb.ID)
+	if err == nil && rec.State != pandastack.StateRunning {
+		t.Fatalf("the TTL extension answered, yet the sandbox is %s %s", rec.State, rec.StopReason)
+	}
+	if err != nil {
+		t.Fatalf("TTL extension: %v", err)
+	}
+	if _, err := h.exec(sb.ID, "set k=v"); err != nil {
+		t.Fatalf("the sandbox kept answers no more: %v", err)
+	}
 }
 
 // A pool sandbox that dies while it waits is stopped and replaced at the
