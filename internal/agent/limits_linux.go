@@ -411,18 +411,23 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 	// of /proc costs, so at most one every memGrowSample below the level,
 	// and none while what is used is file cache. Lower, from half a
 	// kernel's limit, where a tree may hold so much that it is the larger
-	// one when the level is reached, a look every memEarlyLook: a command
-	// filling the sandbox at a GiB a second crosses from there to the
-	// level in a few of the busy pace's looks, and a watch starved of CPU
-	// on a busy host first looked when it was full (a CI run killed that
-	// command as the largest, by luck the right one, for want of a look
-	// to tell it grew).
+	// one when the level is reached, a look every memEarlyLook while
+	// something runs or the sandbox's memory grows (not in an idle
+	// sandbox, which a scan a second would cost CPU for nothing): a
+	// command filling the sandbox at a GiB a second crosses from there to
+	// the level in a few of the busy pace's looks, and a watch starved of
+	// CPU on a busy host first looked when it was full (a CI run killed
+	// that command as the largest, by luck the right one, for want of a
+	// look to tell it grew).
 	if mi.anon <= perKernel/2 || now.Sub(w.killedAt) < memKillGrace {
 		w.looks = nil // what grew before a kill, or long ago, says nothing now
 		return grew
 	}
 	early, every := mi.anon <= perKernel-(pressure-perKernel), memGrowSample
 	if early {
+		if grew < memWatchGrowth && !cs.busyForMemory() {
+			return grew
+		}
 		every = memEarlyLook // and no kill: memVictim's rules want more held
 	}
 	if (used <= pressure || early) && len(w.looks) > 0 && now.Sub(w.looks[len(w.looks)-1].at) < every {

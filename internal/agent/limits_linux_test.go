@@ -485,6 +485,32 @@ func TestMemoryWatchTellsTheGrowerByAnEarlyLook(t *testing.T) {
 	}
 }
 
+// TestMemoryWatchTakesNoEarlyLookWhenIdle: under the level where the watch
+// follows the trees closely, it takes their sizes (a scan of /proc) only
+// while something runs or is young, or the memory grows: an idle sandbox
+// holding that much is not scanned every second.
+func TestMemoryWatchTakesNoEarlyLookWhenIdle(t *testing.T) {
+	cs, start := memWatchTrees(t)
+	p, _ := start("background process", "import time\ntime.sleep(120)")
+	setYoung := func(at time.Time) {
+		cs.mu.Lock()
+		cs.owners[p.Mark].young = at
+		cs.mu.Unlock()
+	}
+	setYoung(time.Time{}) // started long ago
+	w, look := watchLooks(t, cs)
+	look(120<<20, 70<<20)
+	look(120<<20, 70<<20) // the same: the memory does not grow
+	if len(w.looks) != 0 {
+		t.Fatalf("an idle sandbox under the level had %d looks taken, want none", len(w.looks))
+	}
+	setYoung(time.Now().Add(time.Minute))
+	look(120<<20, 70<<20)
+	if len(w.looks) != 1 {
+		t.Fatalf("with a young process: %d looks, want 1", len(w.looks))
+	}
+}
+
 func TestParseMeminfo(t *testing.T) {
 	// As gVisor writes it: MemAvailable is MemFree, the file cache counted
 	// as used.
