@@ -265,9 +265,11 @@ func inFlightError(id string, n int, what string) error {
 }
 
 // refusesQuiesce is the refusal quiesce would give for work in flight
-// other than terminals (for which it waits a while), or nil: for a caller
-// with something to undo after a refusal to ask first. Like quiesce it
-// waits answerGrace for work ending. The work may start or end just after.
+// other than terminals (for which it waits a while), or for a snapshot,
+// fork or stop under way, or nil: for a caller with something to undo
+// after a refusal to ask first. Like quiesce it waits answerGrace for work
+// ending. The work may start or end just after. A pause, a resume or a
+// create under way is no refusal: the caller waits those out.
 func (t *table) refusesQuiesce(id, what string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -275,6 +277,8 @@ func (t *table) refusesQuiesce(id, what string) error {
 	switch {
 	case e != nil && e.stopWaits():
 		return busyError(id, phaseStopping)
+	case e != nil && (e.phase == phaseCheckpointing || e.phase == phaseStopping):
+		return busyError(id, e.phase)
 	case e != nil && e.inflight > e.terminals:
 		return inFlightError(id, e.inflight, what)
 	}

@@ -63,7 +63,7 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 	}
 	// What refuses the fork anyway is said before memory is freed for it
 	// (pools drained, other sandboxes suspended): a fork of a stopped
-	// sandbox, bad metadata, a command under way.
+	// sandbox, bad metadata, a command, a snapshot or a stop under way.
 	if parent.State == pandastack.StateStopped {
 		return nil, StoppedError(parent)
 	}

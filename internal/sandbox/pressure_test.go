@@ -392,6 +392,15 @@ func TestRefusedForkFreesNoMemory(t *testing.T) {
 	if _, err := h.m.ForkWith(ctx, project, stopped.ID, ForkOptions{Count: 1}); !pandastack.IsCode(err, pandastack.EStopped) {
 		t.Fatalf("a fork of a stopped sandbox: %v, want sandbox_stopped", err)
 	}
+	// A snapshot of the parent under way: quiesce would refuse the fork.
+	if err := h.m.sbx.quiesce(parent.ID, phaseCheckpointing, "snapshot it"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := h.m.ForkWith(ctx, project, parent.ID, ForkOptions{Count: 1})
+	h.m.sbx.settle(parent.ID)
+	if !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("a fork of a sandbox being snapshotted: %v, want conflict", err)
+	}
 	for _, sb := range []pandastack.Sandbox{quiet, parent} {
 		if rec := h.record(sb.ID); rec.State != pandastack.StateRunning {
 			t.Errorf("%s after the refused forks: %s %q, want running", sb.ID, rec.State, rec.PauseReason)
