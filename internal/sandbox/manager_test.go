@@ -457,6 +457,21 @@ func TestTTLExtendedWhileTheReaperStopsIsRefused(t *testing.T) {
 	}
 }
 
+// A TTL change that waits behind the reaper's look at the records (a
+// store slow to answer) gives up with its request.
+func TestTTLChangeGivesUpWithItsRequest(t *testing.T) {
+	h := newHarness(t)
+	sb := h.create()
+	h.m.expiry <- struct{}{} // the reaper's look, held
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := h.m.SetTTL(ctx, project, sb.ID, 600)
+	<-h.m.expiry
+	if !pandastack.IsCode(err, pandastack.ETimeout) {
+		t.Fatalf("TTL change behind a held look: %v, want timeout", err)
+	}
+}
+
 // A TTL change being written when the reaper claims the sandbox is what
 // the reaper's last look sees: an extension that answered leaves the
 // sandbox running.
