@@ -49,6 +49,9 @@ type Config struct {
 	Parallel      int    // objects or parts in flight at once; 0: 4
 
 	HTTPClient *http.Client // nil: a client of its own
+	// StallTimeout gives up a request that moves no byte for this long
+	// (sandbox_unavailable); 0: DefaultStallTimeout.
+	StallTimeout time.Duration
 }
 
 // DefaultPartSize is the multipart threshold and part size.
@@ -103,6 +106,16 @@ func New(ctx context.Context, cfg Config) (*Store, error) {
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 	}
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = DefaultStallTimeout
+	}
+	next := cfg.HTTPClient.Transport
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	guarded := *cfg.HTTPClient // the caller's client stays as it was
+	guarded.Transport = &stallGuard{next: next, after: cfg.StallTimeout}
+	cfg.HTTPClient = &guarded
 	client := awss3.New(awss3.Options{
 		Region:       cfg.Region,
 		BaseEndpoint: aws.String(cfg.Endpoint),

@@ -2,6 +2,7 @@ package s3_test
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
 	"io"
@@ -283,6 +284,55 @@ func TestS3(t *testing.T) {
 		}
 	})
 
+	// A bucket that takes requests and then answers nothing, or stops in
+	// the middle of a download, is given up after the stall timeout:
+	// sandbox_unavailable, not a request that never ends.
+	t.Run("StalledIsUnavailable", func(t *testing.T) {
+		bucket := srv.NewBucket(t)
+		stuck := &failing{next: http.DefaultTransport}
+		cfg := s3.Config{
+			Endpoint: srv.Endpoint, Bucket: bucket, AccessKey: srv.AccessKey, SecretKey: srv.SecretKey,
+			CacheDir: t.TempDir(), HTTPClient: &http.Client{Transport: stuck}, StallTimeout: 300 * time.Millisecond,
+		}
+		s, err := s3.New(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Put(t.Context(), "snap_s", sealFiles(t, map[string][]byte{"f": bytes.Repeat([]byte("data"), 1000)})); err != nil {
+			t.Fatal(err)
+		}
+		stuck.hang.Store(true)
+		// Without a deadline of the caller's, as a snapshot's upload and
+		// delete run.
+		ctx := context.WithoutCancel(t.Context())
+		if _, err := s.Put(ctx, "snap_t", sealFiles(t, map[string][]byte{"f": []byte("data")})); !pandastack.IsCode(err, pandastack.EUnavailable) || !strings.Contains(err.Error(), "took nothing") {
+			t.Errorf("Put to a bucket that answers nothing: %v, want %s saying it stalled", err, pandastack.EUnavailable)
+		}
+		if err := s.Delete(ctx, "snap_s"); !pandastack.IsCode(err, pandastack.EUnavailable) {
+			t.Errorf("Delete: %v, want %s", err, pandastack.EUnavailable)
+		}
+		stuck.hang.Store(false)
+		stuck.stall.Store(true)
+		cfg.CacheDir = t.TempDir()
+		other, err := s3.New(t.Context(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := other.Open(ctx, "snap_s"); !pandastack.IsCode(err, pandastack.EUnavailable) {
+			t.Errorf("Open of a download that stops: %v, want %s", err, pandastack.EUnavailable)
+		}
+		if left, _ := os.ReadDir(cfg.CacheDir); len(left) != 0 {
+			t.Errorf("the cache holds %d entries after the stalled download", len(left))
+		}
+		// Once it answers again, so does the store: the image is whole.
+		stuck.stall.Store(false)
+		img, err := other.Open(ctx, "snap_s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		img.Close()
+	})
+
 	t.Run("WrongCredentials", func(t *testing.T) {
 		_, err := s3.New(t.Context(), s3.Config{Endpoint: srv.Endpoint, Bucket: srv.NewBucket(t), AccessKey: "nobody", SecretKey: "wrong", CacheDir: t.TempDir()})
 		if err == nil || !strings.Contains(err.Error(), "AWS_ACCESS_KEY_ID") {
@@ -307,17 +357,45 @@ type failing struct {
 	next http.RoundTripper
 	down atomic.Bool
 	cut  atomic.Bool // bodies of object downloads end early, as when the server dies mid-transfer
+	// hang: requests get no answer; stall: object downloads' bodies stop
+	// after their first byte. Both until the request is given up.
+	hang, stall atomic.Bool
 }
 
 func (f *failing) RoundTrip(req *http.Request) (*http.Response, error) {
 	if f.down.Load() {
 		return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	}
+	if f.hang.Load() {
+		<-req.Context().Done()
+		return nil, req.Context().Err()
+	}
 	resp, err := f.next.RoundTrip(req)
-	if err == nil && f.cut.Load() && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/"+imagestore.FilesDir+"/") {
+	download := err == nil && req.Method == http.MethodGet && strings.Contains(req.URL.Path, "/"+imagestore.FilesDir+"/")
+	if download && f.cut.Load() {
 		resp.Body = cutBody{resp.Body}
 	}
+	if download && f.stall.Load() {
+		resp.Body = &stalledBody{ReadCloser: resp.Body, ctx: req.Context()}
+	}
 	return resp, err
+}
+
+// stalledBody gives a byte of its body, then nothing until its request
+// is given up.
+type stalledBody struct {
+	io.ReadCloser
+	ctx  context.Context
+	gave bool
+}
+
+func (b *stalledBody) Read(p []byte) (int, error) {
+	if !b.gave && len(p) > 0 {
+		b.gave = true
+		return b.ReadCloser.Read(p[:1])
+	}
+	<-b.ctx.Done()
+	return 0, b.ctx.Err()
 }
 
 // cutBody gives a byte of its body, then io.ErrUnexpectedEOF, as Go's
