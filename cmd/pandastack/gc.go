@@ -8,8 +8,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
+	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/paths"
 	"github.com/pandastack/pandastack/internal/sandbox"
 	"github.com/pandastack/pandastack/internal/template"
@@ -49,9 +51,15 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 		return err
 	}
 	defer store.Close()
-	images, _, err := openImages(ctx, cfg)
-	if err != nil {
-		return err
+	// A local store's manifests name their builds; an S3 store is not
+	// opened: its snapshots count as of unknown builds all the same, and
+	// opening it sweeps the snapshot cache of temp directories, the
+	// downloads a running server has under way, whose restores then failed.
+	var images pandastack.ImageStore
+	if !strings.HasPrefix(cfg.SnapshotStore, "s3://") {
+		if images, _, err = openImages(ctx, cfg); err != nil {
+			return err
+		}
 	}
 	refs, warm, err := sandbox.CollectRootFSRefs(ctx, sandbox.RefSources{
 		Store: store, Images: images, PausedDir: cfg.pausedDir(), WarmDir: cfg.warmDir(),
