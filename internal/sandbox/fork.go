@@ -248,7 +248,10 @@ func (m *Manager) undoChild(id string, c *AgentClient, closed bool) {
 // the image stays in place until runsc has opened its files. done is false
 // when the usual path (resume, then checkpoint) is to fork it instead.
 func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count int, ttl time.Duration, metadata map[string]string, network *pandastack.NetworkPolicy) (_ []pandastack.Sandbox, done bool, _ error) {
-	sb, man, release, ok := m.claimPaused(ctx, projectID, id)
+	sb, man, release, ok, err := m.claimPaused(ctx, projectID, id)
+	if err != nil {
+		return nil, true, err
+	}
 	if !ok {
 		return nil, false, nil
 	}
@@ -290,12 +293,13 @@ func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count in
 // node or by an image that fails its check, or is claimed for something else right
 // now (a resume, a kill): the caller then takes the usual path, through a
 // resume. A pause still stopping its container, and another read of the
-// image (a fork or snapshot of it), are waited for.
-func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pandastack.Sandbox, _ manifest, release func(), ok bool) {
+// image (a fork or snapshot of it), are waited for. A sandbox past its TTL
+// is refused (err, conflict: it is being stopped).
+func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pandastack.Sandbox, _ manifest, release func(), ok bool, _ error) {
 	for {
 		sb, err := m.store.GetSandbox(ctx, projectID, id)
 		if err != nil || sb.State != pandastack.StatePaused || m.pausedElsewhere(sb) != nil {
-			return sb, manifest{}, nil, false
+			return sb, manifest{}, nil, false, nil
 		}
 		if m.sbx.begin(id, phaseReadingImage) == nil {
 			break
@@ -303,24 +307,31 @@ func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pand
 		// Recorded paused just before its container stops, or another
 		// fork or snapshot reading the image: wait for that.
 		if !m.sbx.waitOut(ctx, id, phasePausing, phaseSuspending, phaseReadingImage) || ctx.Err() != nil {
-			return sb, manifest{}, nil, false
+			return sb, manifest{}, nil, false, nil
 		}
 	}
 	// The record as of the claim: a resume may have ended just before it.
 	sb, err := m.store.GetSandbox(ctx, projectID, id)
 	if err == nil && sb.State == pandastack.StatePaused {
+		if !sb.ExpiresAt.IsZero() && !sb.ExpiresAt.After(m.now()) {
+			// Past its TTL: the reaper stops it, and a claim it met
+			// marked it on an entry that went with the claim, so reads
+			// back to back kept it from its stop.
+			m.sbx.end(id)
+			return sb, manifest{}, nil, false, busyError(id, phaseStopping)
+		}
 		if man, own := m.pausedByUs(id, m.pausedPath(id)); own {
-			return sb, man, func() { m.sbx.end(id) }, true
+			return sb, man, func() { m.sbx.end(id) }, true, nil
 		}
 		// An image a restart found (or one that changed): read only once
 		// checked, as a resume checks it. A damaged one takes the usual
 		// path, whose resume says what is wrong.
 		if man, err := m.verifyPaused(id, m.pausedPath(id), "paused sandbox "+id); err == nil {
-			return sb, man, func() { m.sbx.end(id) }, true
+			return sb, man, func() { m.sbx.end(id) }, true, nil
 		}
 	}
 	m.sbx.end(id)
-	return sb, manifest{}, nil, false
+	return sb, manifest{}, nil, false, nil
 }
 
 // awaitPause waits out a pause or an idle suspend of sandbox id under way,

@@ -269,6 +269,26 @@ func (h *harness) pausedWith(kv string) pandastack.Sandbox {
 	return sb
 }
 
+// A paused sandbox past its TTL is neither forked nor snapshotted from
+// its image: the reaper stops it, and reads of it back to back kept it from
+// that stop (a claim the reaper met lost its mark with the claim).
+func TestPausedSandboxPastItsTTLIsNotRead(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.pausedWith("k=v")
+	h.store.SetSandboxExpiry(ctx, sb.ID, time.Now().Add(-time.Second))
+	if _, err := h.m.ForkWith(ctx, project, sb.ID, ForkOptions{Count: 1}); !pandastack.IsCode(err, pandastack.EConflict) || !strings.Contains(err.Error(), "being stopped") {
+		t.Fatalf("fork of a paused sandbox past its TTL: %v, want conflict, being stopped", err)
+	}
+	if _, err := h.m.Snapshot(ctx, project, sb.ID, nil); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("snapshot of a paused sandbox past its TTL: %v, want conflict", err)
+	}
+	h.m.reapOnce()
+	if rec := h.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopExpired {
+		t.Fatalf("after the reaper: %s %s, want stopped expired", rec.State, rec.StopReason)
+	}
+}
+
 // Two forks of one paused sandbox at once: the second waits for the
 // first's read of the image, then reads it too; neither resumes it.
 func TestConcurrentForksOfAPausedSandbox(t *testing.T) {

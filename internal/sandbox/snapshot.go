@@ -76,7 +76,10 @@ func (m *Manager) Snapshot(ctx context.Context, projectID, id string, metadata m
 		return pandastack.Snapshot{}, err
 	}
 	for {
-		sb, _, release, ok := m.claimPaused(ctx, projectID, id)
+		sb, _, release, ok, err := m.claimPaused(ctx, projectID, id)
+		if err != nil {
+			return pandastack.Snapshot{}, err
+		}
 		if ok {
 			release = sync.OnceFunc(release)
 			defer release()
