@@ -732,6 +732,11 @@ type hookStore struct {
 	setStateErr func(id string, state pandastack.SandboxState) error
 	// afterExpired, if set, runs once the expired sandboxes are listed.
 	afterExpired func(expired []pandastack.Sandbox)
+	// lostAnswer, if set and true for a state written, fails the write
+	// after it was made, as a database whose answer is lost does.
+	lostAnswer func(id string, state pandastack.SandboxState) bool
+	// lostSnapshot: a snapshot's record is made, its answer lost.
+	lostSnapshot bool
 	// beforeSetExpiry, if set, runs before a sandbox's expiry is written.
 	beforeSetExpiry func(id string)
 }
@@ -757,16 +762,31 @@ func (s *hookStore) ExpiredSandboxes(ctx context.Context, now time.Time) ([]pand
 	return expired, err
 }
 
+func (s *hookStore) CreateSnapshot(ctx context.Context, snap pandastack.Snapshot) error {
+	s.mu.Lock()
+	lost := s.lostSnapshot
+	s.mu.Unlock()
+	err := s.Store.CreateSnapshot(ctx, snap)
+	if err == nil && lost {
+		return errInjected
+	}
+	return err
+}
+
 func (s *hookStore) SetSandboxState(ctx context.Context, id string, state pandastack.SandboxState, reason string, at time.Time) error {
 	s.mu.Lock()
-	hook := s.setStateErr
+	hook, lost := s.setStateErr, s.lostAnswer
 	s.mu.Unlock()
 	if hook != nil {
 		if err := hook(id, state); err != nil {
 			return err
 		}
 	}
-	return s.Store.SetSandboxState(ctx, id, state, reason, at)
+	err := s.Store.SetSandboxState(ctx, id, state, reason, at)
+	if err == nil && lost != nil && lost(id, state) {
+		return errInjected // made, but its answer lost on the way back
+	}
+	return err
 }
 
 // clock is a settable time for idleness.

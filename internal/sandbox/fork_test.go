@@ -289,6 +289,74 @@ func TestPausedSandboxPastItsTTLIsNotRead(t *testing.T) {
 	}
 }
 
+// A pause whose record was written though the store's answer was lost
+// goes on: the record says paused, so the image stays, the sandbox stops,
+// and a resume brings its state back.
+func TestPauseWhoseRecordWasMadeThoughItsAnswerWasLost(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	if _, err := h.exec(sb.ID, "set k=v"); err != nil {
+		t.Fatal(err)
+	}
+	h.store.mu.Lock()
+	h.store.lostAnswer = func(id string, state pandastack.SandboxState) bool {
+		return id == sb.ID && state == pandastack.StatePaused
+	}
+	h.store.mu.Unlock()
+	_, err := h.m.Pause(ctx, project, sb.ID)
+	h.store.mu.Lock()
+	h.store.lostAnswer = nil
+	h.store.mu.Unlock()
+	if err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+		t.Fatalf("after the pause: %s", rec.State)
+	}
+	if h.rt.Alive(sb.ID) {
+		t.Fatal("the paused sandbox still runs")
+	}
+	if _, err := h.m.Resume(ctx, project, sb.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if got, err := h.exec(sb.ID, "get k"); err != nil || got != "v" {
+		t.Fatalf("after the resume: %q %v, want the state kept", got, err)
+	}
+}
+
+// A snapshot whose record was written though the store's answer was lost
+// keeps its image: it is listed, and a sandbox restores from it.
+func TestSnapshotWhoseRecordWasMadeThoughItsAnswerWasLost(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	if _, err := h.exec(sb.ID, "set k=v"); err != nil {
+		t.Fatal(err)
+	}
+	h.store.mu.Lock()
+	h.store.lostSnapshot = true
+	h.store.mu.Unlock()
+	_, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	h.store.mu.Lock()
+	h.store.lostSnapshot = false
+	h.store.mu.Unlock()
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	snaps, err := h.m.ListSnapshots(ctx, project, nil)
+	if err != nil || len(snaps) != 1 {
+		t.Fatalf("listed: %v %v", snaps, err)
+	}
+	kid, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snaps[0].ID})
+	if err != nil {
+		t.Fatalf("restore from the snapshot: %v", err)
+	}
+	if got, err := h.exec(kid.ID, "get k"); err != nil || got != "v" {
+		t.Fatalf("restored: %q %v, want the state kept", got, err)
+	}
+}
+
 // Two forks of one paused sandbox at once: the second waits for the
 // first's read of the image, then reads it too; neither resumes it.
 func TestConcurrentForksOfAPausedSandbox(t *testing.T) {

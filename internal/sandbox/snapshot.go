@@ -162,8 +162,12 @@ func (m *Manager) recordSnapshot(ctx context.Context, projectID string, sb panda
 		return pandastack.Snapshot{}, fmt.Errorf("snapshot %s: %w", id, err)
 	}
 	if err := m.store.CreateSnapshot(context.WithoutCancel(ctx), snap); err != nil {
-		dropped()
-		return pandastack.Snapshot{}, err
+		// Made all the same if its answer was lost on the way back: a
+		// listed snapshot keeps its image.
+		if _, gerr := m.store.GetSnapshot(context.WithoutCancel(ctx), "", snap.ID); gerr != nil {
+			dropped()
+			return pandastack.Snapshot{}, err
+		}
 	}
 	os.Remove(pending)
 	m.log.Info("snapshot taken", "sandbox", id, "snapshot", snap.ID, "bytes", snap.SizeBytes)
@@ -309,6 +313,13 @@ func (m *Manager) pauseSuspended(ctx context.Context, sb pandastack.Sandbox) (pa
 	return m.store.GetSandbox(ctx, sb.ProjectID, id)
 }
 
+// recordSays reports whether sandbox id's record is in state now (false
+// when it cannot be read).
+func (m *Manager) recordSays(ctx context.Context, id string, state pandastack.SandboxState) bool {
+	rec, err := m.store.GetSandbox(ctx, "", id)
+	return err == nil && rec.State == state
+}
+
 // pause checkpoints sb into its paused image and then stops it, recording
 // reason. The checkpoint leaves the sandbox running, so a pause that fails
 // (a full disk) leaves it running as it was.
@@ -350,7 +361,9 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	}
 	// Recorded before the sandbox stops: a record that says running must
 	// never outlive its sandbox, nor may one that says paused lack its image.
-	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, reason, m.now()); err != nil {
+	// A write that failed may have been made all the same (its answer lost
+	// on the way back): the pause goes on when the record says so.
+	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, reason, m.now()); err != nil && !m.recordSays(ctx, id, pandastack.StatePaused) {
 		os.RemoveAll(dir)
 		m.forgetPaused(id)
 		m.sbx.settle(id)
