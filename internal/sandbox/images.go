@@ -120,7 +120,7 @@ func (m *Manager) localRootFS(ctx context.Context, man manifest) string {
 type snapshotUse struct {
 	mu       sync.Mutex
 	n        map[string]int
-	deleting map[string]bool
+	deleting map[string]chan struct{} // closed when the delete ends
 }
 
 // take counts a use of snapshot id; call the returned release once. It
@@ -128,7 +128,7 @@ type snapshotUse struct {
 func (u *snapshotUse) take(id string) (release func(), ok bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.deleting[id] {
+	if u.deleting[id] != nil {
 		return func() {}, false
 	}
 	if u.n == nil {
@@ -153,23 +153,29 @@ func (u *snapshotUse) inUse(id string) bool {
 	return u.n[id] > 0
 }
 
-// deleteStarts marks id as being deleted, unless a restore uses it
-// (false); call the returned done once the delete has ended.
-func (u *snapshotUse) deleteStarts(id string) (done func(), ok bool) {
+// deleteStarts marks id as being deleted, unless a restore uses it, or
+// another delete runs (false; deleting is then closed when that one
+// ends); call the returned done once the delete has ended.
+func (u *snapshotUse) deleteStarts(id string) (done func(), deleting <-chan struct{}, ok bool) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if u.n[id] > 0 || u.deleting[id] {
-		return nil, false
+	if ch := u.deleting[id]; ch != nil {
+		return nil, ch, false
+	}
+	if u.n[id] > 0 {
+		return nil, nil, false
 	}
 	if u.deleting == nil {
-		u.deleting = make(map[string]bool)
+		u.deleting = make(map[string]chan struct{})
 	}
-	u.deleting[id] = true
+	ch := make(chan struct{})
+	u.deleting[id] = ch
 	return func() {
 		u.mu.Lock()
 		defer u.mu.Unlock()
 		delete(u.deleting, id)
-	}, true
+		close(ch)
+	}, nil, true
 }
 
 // usedImage releases its snapshot's use when closed.

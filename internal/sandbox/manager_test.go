@@ -344,15 +344,27 @@ func TestDeleteSnapshotUnderARestore(t *testing.T) {
 	wantCode(t, h.m.DeleteSnapshot(ctx, project, snap.ID), pandastack.EConflict)
 	release()
 	// A restore while the delete is under way: not found, not corrupt.
-	done, ok := h.m.snapUse.deleteStarts(snap.ID)
+	done, _, ok := h.m.snapUse.deleteStarts(snap.ID)
 	if !ok {
 		t.Fatal("a delete could not start")
 	}
 	_, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
 	wantCode(t, err, pandastack.ENotFound)
+	// A second delete meanwhile (a retry) waits for the first, then says
+	// what the record says; here the first made no change.
+	second := make(chan error, 1)
+	go func() { second <- h.m.DeleteSnapshot(ctx, project, snap.ID) }()
+	select {
+	case err := <-second:
+		t.Fatalf("a second delete during the first answered at once: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
 	done()
-	if err := h.m.DeleteSnapshot(ctx, project, snap.ID); err != nil {
+	if err := <-second; err != nil {
 		t.Fatal(err)
+	}
+	if err := h.m.DeleteSnapshot(ctx, project, snap.ID); !pandastack.IsCode(err, pandastack.ENotFound) {
+		t.Fatalf("a delete after the delete: %v, want not_found", err)
 	}
 	_, err = h.m.Create(ctx, project, CreateRequest{SnapshotID: snap.ID})
 	wantCode(t, err, pandastack.ENotFound)

@@ -187,12 +187,27 @@ func (m *Manager) ListSnapshots(ctx context.Context, projectID string, metadata 
 // DeleteSnapshot removes a snapshot and its files. Sandboxes restored from
 // it are not affected.
 func (m *Manager) DeleteSnapshot(ctx context.Context, projectID, id string) error {
-	if _, err := m.store.GetSnapshot(ctx, projectID, id); err != nil {
-		return err
-	}
-	done, ok := m.snapUse.deleteStarts(id)
-	if !ok {
-		return pandastack.Errorf(pandastack.EConflict, "snapshot %s is being restored into a new sandbox, or deleted; delete it once that is done", id)
+	var done func()
+	for done == nil {
+		if _, err := m.store.GetSnapshot(ctx, projectID, id); err != nil {
+			return err
+		}
+		var deleting <-chan struct{}
+		var ok bool
+		if done, deleting, ok = m.snapUse.deleteStarts(id); ok {
+			break
+		}
+		if deleting == nil {
+			return pandastack.Errorf(pandastack.EConflict, "snapshot %s is being restored into a new sandbox; delete it once that is done", id)
+		}
+		// Another delete of it (a client's retry after its own timeout):
+		// its outcome, then, as the record says (not found once it is
+		// through).
+		select {
+		case <-deleting:
+		case <-ctx.Done():
+			return pandastack.Errorf(pandastack.ETimeout, "gave up waiting for another delete of snapshot %s: %v", id, ctx.Err())
+		}
 	}
 	defer done()
 	ctx = context.WithoutCancel(ctx) // not cut short by a caller that hangs up
