@@ -154,9 +154,27 @@ func ParseManifest(b []byte, what string) (Manifest, error) {
 func ReadManifest(dir, what string) (Manifest, error) {
 	b, err := os.ReadFile(filepath.Join(dir, ManifestName))
 	if err != nil {
+		if f := hostFault(err, what); f != nil {
+			return Manifest{}, f
+		}
 		return Manifest{}, pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its manifest is missing or unreadable; delete it and take a new one", what)
 	}
 	return ParseManifest(b, what)
+}
+
+// hostFault is the error for a read of an image that failed for a reason
+// of the host's rather than the image's (no file descriptor or memory
+// left, no permission), or nil: such an image may be whole, and the
+// caller is not told to delete it (ESnapshotCorrupt) nor does a cache
+// drop its copy. Out of descriptors or memory, a retry may pass.
+func hostFault(err error, what string) error {
+	switch {
+	case errors.Is(err, syscall.EMFILE), errors.Is(err, syscall.ENFILE), errors.Is(err, syscall.ENOMEM):
+		return fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.EUnavailable, "%s could not be read now: the server is short of file descriptors or memory; retry", what), err)
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("%s could not be read: %w", what, err)
+	}
+	return nil
 }
 
 // Verify reads the manifest of an image directory and checks every file
@@ -169,6 +187,9 @@ func Verify(dir, what string) (Manifest, error) {
 	}
 	sums, _, err := Checksum(filepath.Join(dir, FilesDir))
 	if err != nil {
+		if f := hostFault(err, what); f != nil {
+			return man, f
+		}
 		// The message names no host path; the log has the details.
 		return man, fmt.Errorf("%w (%v)", pandastack.Errorf(pandastack.ESnapshotCorrupt, "%s: its files are missing or unreadable; delete it and take a new one", what), err)
 	}

@@ -3,6 +3,7 @@ package imagestore
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/pandastack/pandastack"
@@ -117,5 +118,46 @@ func TestSealFailingAfterTheRenameLeavesNothing(t *testing.T) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s after the failed seal: %v, want it gone", filepath.Base(p), err)
 		}
+	}
+}
+
+// An image the server cannot read for want of file descriptors is not
+// called corrupt (the user would be told to delete a whole snapshot): it
+// answers unavailable, to retry; once descriptors are back it verifies.
+func TestVerifyOutOfDescriptorsIsNotCorrupt(t *testing.T) {
+	dir := t.TempDir()
+	tmp, final := filepath.Join(dir, ".tmp-x"), filepath.Join(dir, "x")
+	if err := os.MkdirAll(filepath.Join(tmp, FilesDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(tmp, FilesDir, "pages.img"), []byte("abc"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Seal(tmp, final, Manifest{Template: "base"}); err != nil {
+		t.Fatal(err)
+	}
+	var was syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &was); err != nil {
+		t.Fatal(err)
+	}
+	free, err := syscall.Dup(0) // the lowest descriptor free
+	if err != nil {
+		t.Fatal(err)
+	}
+	syscall.Close(free)
+	short := was
+	short.Cur = uint64(free) // none free below the limit
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &short); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Verify(final, "snapshot x")
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &was); err != nil {
+		t.Fatal(err)
+	}
+	if pandastack.IsCode(err, pandastack.ESnapshotCorrupt) || !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Fatalf("Verify with no descriptor free: %v, want unavailable, not corrupt", err)
+	}
+	if _, err := Verify(final, "snapshot x"); err != nil {
+		t.Fatalf("Verify once descriptors are back: %v", err)
 	}
 }

@@ -194,7 +194,9 @@ func (c *Cache) Open(id, what string) (_ pandastack.OpenImage, ok bool) {
 	release := c.lease(id)
 	if _, err := Verify(dir, what); err != nil {
 		release()
-		c.Remove(id)
+		if pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+			c.Remove(id) // not a copy that failed to be read for want of descriptors
+		}
 		return nil, false
 	}
 	now := time.Now()
