@@ -125,17 +125,7 @@ func TestSealFailingAfterTheRenameLeavesNothing(t *testing.T) {
 // called corrupt (the user would be told to delete a whole snapshot): it
 // answers unavailable, to retry; once descriptors are back it verifies.
 func TestVerifyOutOfDescriptorsIsNotCorrupt(t *testing.T) {
-	dir := t.TempDir()
-	tmp, final := filepath.Join(dir, ".tmp-x"), filepath.Join(dir, "x")
-	if err := os.MkdirAll(filepath.Join(tmp, FilesDir), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(tmp, FilesDir, "pages.img"), []byte("abc"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Seal(tmp, final, Manifest{Template: "base"}); err != nil {
-		t.Fatal(err)
-	}
+	final := sealedImage(t)
 	var was syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &was); err != nil {
 		t.Fatal(err)

@@ -3,6 +3,7 @@ package imagestore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -188,10 +189,17 @@ func (c *Cache) Fill(ctx context.Context, id string) (done func(), err error) {
 // so the caller fetches it again.
 func (c *Cache) Open(id, what string) (_ pandastack.OpenImage, ok bool) {
 	dir := filepath.Join(c.root, id)
+	// Looked at and leased as one step, under c.mu, as drop looks at the
+	// leases and moves a copy away: a copy this finds is not removed under
+	// it.
+	c.mu.Lock()
 	if _, err := os.Stat(dir); err != nil {
+		c.mu.Unlock()
 		return nil, false
 	}
-	release := c.lease(id)
+	c.leases[id]++
+	c.mu.Unlock()
+	release := c.unlease(id)
 	if _, err := Verify(dir, what); err != nil {
 		release()
 		if pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
@@ -233,18 +241,44 @@ func (c *Cache) Sweep(keep func(id string) bool, olderThan time.Duration) []stri
 		if info, err := e.Info(); err != nil || time.Since(info.ModTime()) < olderThan {
 			continue // (an image admitted before its record is written)
 		}
-		c.mu.Lock()
-		held := c.leases[id] > 0 || c.fetching[id] != nil
-		c.mu.Unlock()
-		if held || keep(id) {
+		if keep(id) {
 			continue
 		}
-		if os.RemoveAll(filepath.Join(c.root, id)) == nil {
+		if c.drop(id) {
 			gone = append(gone, id)
 		}
 	}
 	return gone
 }
+
+// drop removes the copy of id unless it is open or being filled, and
+// reports whether it did. The look at the leases and the copy's move out
+// of its place are one step under c.mu, which Open takes to lease it: a
+// restore either holds the copy first, and it stays, or finds none and
+// fetches it again; removed after a look, a copy could go while a restore
+// that had just checked it was about to open its files.
+func (c *Cache) drop(id string) bool {
+	c.mu.Lock()
+	if c.leases[id] > 0 || c.fetching[id] != nil {
+		c.mu.Unlock()
+		return false
+	}
+	gone := filepath.Join(c.root, fmt.Sprintf(".tmp-gone-%s-%d", id, time.Now().UnixNano()))
+	err := os.Rename(filepath.Join(c.root, id), gone)
+	c.mu.Unlock()
+	if err != nil {
+		return false
+	}
+	if beforeRemove != nil {
+		beforeRemove(id)
+	}
+	os.RemoveAll(gone) // what a crash leaves here, NewCache sweeps
+	return true
+}
+
+// beforeRemove, if set (tests), runs once drop has taken a copy away and
+// before it removes its files.
+var beforeRemove func(id string)
 
 // Remove drops id from the cache. Restores that opened its files keep them.
 func (c *Cache) Remove(id string) {
@@ -257,6 +291,11 @@ func (c *Cache) lease(id string) func() {
 	c.mu.Lock()
 	c.leases[id]++
 	c.mu.Unlock()
+	return c.unlease(id)
+}
+
+// unlease returns the release of a lease of id taken.
+func (c *Cache) unlease(id string) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -300,13 +339,7 @@ func (c *Cache) evict() {
 		if total <= c.max {
 			return
 		}
-		c.mu.Lock()
-		held := c.leases[e.id] > 0 || c.fetching[e.id] != nil
-		c.mu.Unlock()
-		if held {
-			continue
-		}
-		if os.RemoveAll(filepath.Join(c.root, e.id)) == nil {
+		if c.drop(e.id) {
 			total -= e.size
 		}
 	}

@@ -1,0 +1,67 @@
+package imagestore
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// A restore that opens a cached copy while the sweep takes it away either
+// holds it first, and it stays, or finds none and fetches it again: a copy
+// on its way out is not handed out, and one handed out stays whole.
+func TestCacheOpenDuringADrop(t *testing.T) {
+	root := t.TempDir()
+	c, err := NewCache(root, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := c.Admit("snap_a", sealedImage(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	past := time.Now().Add(-time.Hour)
+	os.Chtimes(filepath.Join(root, "snap_a"), past, past)
+
+	var got []string
+	beforeRemove = func(id string) {
+		if o, ok := c.Open(id, "snapshot "+id); ok {
+			defer o.Close()
+			if _, err := Verify(o.Dir(), "snapshot "+id); err != nil {
+				t.Errorf("a copy handed out while the sweep removed it: %v", err)
+			}
+			got = append(got, id)
+		}
+	}
+	defer func() { beforeRemove = nil }()
+	c.Sweep(func(string) bool { return false }, time.Minute)
+	if len(got) != 0 {
+		t.Errorf("a copy on its way out was handed out: %v", got)
+	}
+	if ents, _ := os.ReadDir(root); len(ents) != 0 {
+		t.Errorf("the cache holds %d entries after the sweep", len(ents))
+	}
+	// Held first, it stays.
+	o, err = c.Admit("snap_b", sealedImage(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	os.Chtimes(filepath.Join(root, "snap_b"), past, past)
+	if gone := c.Sweep(func(string) bool { return false }, time.Minute); len(gone) != 0 {
+		t.Errorf("swept %v, open", gone)
+	}
+}
+
+// sealedImage is a sealed image of one file, made afresh.
+func sealedImage(t *testing.T) string {
+	tmp := filepath.Join(t.TempDir(), "tmp")
+	os.MkdirAll(filepath.Join(tmp, FilesDir), 0o700)
+	os.WriteFile(filepath.Join(tmp, FilesDir, "f"), []byte("x"), 0o600)
+	img := filepath.Join(t.TempDir(), "img")
+	if _, err := Seal(tmp, img, Manifest{Template: "base"}); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
