@@ -426,6 +426,10 @@ func (cs *Contexts) checkMemory(w *memWatch, total, perKernel, pressure int64, l
 	early, every := mi.anon <= perKernel-(pressure-perKernel), memGrowSample
 	if early {
 		if grew < memWatchGrowth && !cs.busyForMemory() {
+			// Idle: no look, and none kept from before, against which a
+			// tree that starts growing later would seem to grow slowly
+			// (over minutes), and the largest go in its stead.
+			w.looks = nil
 			return grew
 		}
 		every = memEarlyLook // and no kill: memVictim's rules want more held

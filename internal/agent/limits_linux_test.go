@@ -509,6 +509,13 @@ func TestMemoryWatchTakesNoEarlyLookWhenIdle(t *testing.T) {
 	if len(w.looks) != 1 {
 		t.Fatalf("with a young process: %d looks, want 1", len(w.looks))
 	}
+	// Idle again: the look is dropped, not kept to measure a later
+	// growth against (over minutes, it would seem slow).
+	setYoung(time.Time{})
+	look(120<<20, 70<<20)
+	if len(w.looks) != 0 {
+		t.Fatalf("idle again: %d looks kept, want none", len(w.looks))
+	}
 }
 
 func TestParseMeminfo(t *testing.T) {
