@@ -67,6 +67,9 @@ func (m *Manager) ForkWith(ctx context.Context, projectID, id string, o ForkOpti
 	if parent.State == pandastack.StateStopped {
 		return nil, StoppedError(parent)
 	}
+	if m.pastTTL(parent) {
+		return nil, busyError(id, phaseStopping)
+	}
 	if err := m.pausedElsewhere(parent); err != nil {
 		return nil, err
 	}
@@ -284,6 +287,11 @@ func (m *Manager) forkPaused(ctx context.Context, projectID, id string, count in
 	return kids, true, nil
 }
 
+// pastTTL reports whether sb's TTL has passed: the reaper stops it.
+func (m *Manager) pastTTL(sb pandastack.Sandbox) bool {
+	return !sb.ExpiresAt.IsZero() && !sb.ExpiresAt.After(m.now())
+}
+
 // claimPaused claims sandbox id, paused on this node, for a read of its
 // paused image (phaseReadingImage): its resume,
 // by request or asked for, and its kill wait until release. It returns the
@@ -313,7 +321,7 @@ func (m *Manager) claimPaused(ctx context.Context, projectID, id string) (_ pand
 	// The record as of the claim: a resume may have ended just before it.
 	sb, err := m.store.GetSandbox(ctx, projectID, id)
 	if err == nil && sb.State == pandastack.StatePaused {
-		if !sb.ExpiresAt.IsZero() && !sb.ExpiresAt.After(m.now()) {
+		if m.pastTTL(sb) {
 			// Past its TTL: the reaper stops it, and a claim it met
 			// marked it on an entry that went with the claim, so reads
 			// back to back kept it from its stop.

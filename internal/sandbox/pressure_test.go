@@ -376,12 +376,14 @@ func TestRefusedForkFreesNoMemory(t *testing.T) {
 	quiet := h.createIdle(300)
 	parent := h.createIdle(300)
 	stopped := h.createIdle(300)
+	expired := h.createIdle(300)
 	h.store.SetSandboxExpiry(ctx, stopped.ID, time.Now().Add(-time.Second))
 	h.m.reapOnce()
+	h.store.SetSandboxExpiry(ctx, expired.ID, time.Now().Add(-time.Second))
 	c.advance(time.Second)
 	h.m.sampleCPU()
 	c.advance(pressureQuiet)
-	base.Store(int64(1000 + 2*box + box - 50)) // a child is 50 MiB short: a quiet one would go
+	base.Store(int64(1000 + 3*box + box - 50)) // a child is 50 MiB short: a quiet one would go
 	md := map[string]string{}
 	for i := range MaxMetadataKeys + 1 {
 		md[fmt.Sprintf("k%d", i)] = "v"
@@ -391,6 +393,10 @@ func TestRefusedForkFreesNoMemory(t *testing.T) {
 	}
 	if _, err := h.m.ForkWith(ctx, project, stopped.ID, ForkOptions{Count: 1}); !pandastack.IsCode(err, pandastack.EStopped) {
 		t.Fatalf("a fork of a stopped sandbox: %v, want sandbox_stopped", err)
+	}
+	// A parent past its TTL, not yet reaped.
+	if _, err := h.m.ForkWith(ctx, project, expired.ID, ForkOptions{Count: 1}); !pandastack.IsCode(err, pandastack.EConflict) {
+		t.Fatalf("a fork of a sandbox past its TTL: %v, want conflict", err)
 	}
 	// A snapshot of the parent under way: quiesce would refuse the fork.
 	if err := h.m.sbx.quiesce(parent.ID, phaseCheckpointing, "snapshot it"); err != nil {
