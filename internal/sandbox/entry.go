@@ -634,3 +634,39 @@ func (t *table) close() []*AgentClient {
 	}
 	return out
 }
+
+// turns lets one caller at a time act on a sandbox, by id: a change of its
+// TTL and the reaper's last look before its stop. The zero value is ready.
+type turns struct {
+	mu   sync.Mutex
+	held map[string]chan struct{} // closed when the turn ends
+}
+
+// take waits for id's turn, or until ctx ends (its error); call done when
+// through.
+func (t *turns) take(ctx context.Context, id string) (done func(), err error) {
+	for {
+		t.mu.Lock()
+		ch := t.held[id]
+		if ch == nil {
+			if t.held == nil {
+				t.held = map[string]chan struct{}{}
+			}
+			ch = make(chan struct{})
+			t.held[id] = ch
+			t.mu.Unlock()
+			return func() {
+				t.mu.Lock()
+				delete(t.held, id)
+				t.mu.Unlock()
+				close(ch)
+			}, nil
+		}
+		t.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}

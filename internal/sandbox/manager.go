@@ -200,7 +200,7 @@ type Manager struct {
 	reliefFutile  atomic.Int64          // when the last relief found nothing to free (m.now, unix ns); 0: it did
 	lastRelief    relief                // what the last relief did; m.relieving guards it
 	bookMu        sync.Mutex            // guards bookings and their fields
-	expiry        chan struct{}         // held (one slot) to order a TTL's change against the reaper's last look (SetTTL, reapOnce)
+	expiry        turns                 // per sandbox: orders a TTL's change against the reaper's last look (SetTTL, reapOnce)
 	bookings      map[*booking]struct{} // memory promised to boots under way (pressure.go)
 	bootSettle    time.Duration         // how long a boot's memory stays booked after it (pressure.go; unit tests set 0)
 	memAvailable  func() int            // the host's available memory in MiB (pressure.go; unit tests replace it)
@@ -228,7 +228,7 @@ func New(cfg Config, store pandastack.Store, rt pandastack.Runtime, templates Te
 	m := &Manager{
 		cfg: cfg, store: store, rt: rt, templates: templates, log: log, now: time.Now,
 		sbx: newTable(), stop: make(chan struct{}), admit: newAdmission(cfg.MaxRestores), idleCPUs: idleCPUs,
-		relieving: make(chan struct{}, 1), expiry: make(chan struct{}, 1), memAvailable: availableMiB, bootSettle: bootSettle,
+		relieving: make(chan struct{}, 1), memAvailable: availableMiB, bootSettle: bootSettle,
 	}
 	if cfg.Metrics != nil {
 		m.useMetrics(cfg.Metrics)
@@ -934,15 +934,14 @@ func (m *Manager) SetTTL(ctx context.Context, projectID, id string, seconds int6
 		return m.running(ctx, projectID, id) // the error that says why
 	}
 	// The reaper looks at an expired sandbox's record once more and claims
-	// it holding m.expiry: a change written before that keeps it, and one
-	// that comes after finds it being stopped and says so, rather than
-	// answering a TTL the sandbox will not live to see.
-	select {
-	case m.expiry <- struct{}{}:
-	case <-ctx.Done():
-		return sb, pandastack.Errorf(pandastack.ETimeout, "gave up waiting to change the TTL of %s: %v", id, ctx.Err())
+	// it in its turn (m.expiry): a change written before that keeps it,
+	// and one that comes after finds it being stopped and says so, rather
+	// than answering a TTL the sandbox will not live to see.
+	done, err := m.expiry.take(ctx, id)
+	if err != nil {
+		return sb, pandastack.Errorf(pandastack.ETimeout, "gave up waiting to change the TTL of %s: %v", id, err)
 	}
-	defer func() { <-m.expiry }()
+	defer done()
 	if m.sbx.stopping(id) {
 		return sb, busyError(id, phaseStopping)
 	}
@@ -1285,14 +1284,14 @@ func (m *Manager) reapOnce() {
 	forEachBounded(ids, maxConcurrentStops, func(id string) {
 		// The list is a moment old, and a stop may have waited behind
 		// others: a TTL extended since (its PATCH answered) stands. The
-		// look and the claim are one step, holding m.expiry, so a PATCH
+		// look and the claim are one step, in the sandbox's turn, so a PATCH
 		// after them finds the sandbox stopping (SetTTL). Looked at
 		// after the claim, a sandbox kept had lost its entry with the
 		// claim's end: it ran on with no channel to its agent.
-		m.expiry <- struct{}{}
+		turnDone, _ := m.expiry.take(ctx, id) // ctx never ends
 		now, err := m.store.GetSandbox(ctx, "", id)
 		if err != nil || now.State == pandastack.StateStopped || now.ExpiresAt.After(m.now()) {
-			<-m.expiry
+			turnDone()
 			return
 		}
 		err = m.sbx.begin(id, phaseStopping)
@@ -1301,7 +1300,7 @@ func (m *Manager) reapOnce() {
 			// round, and nothing new begins on it meanwhile.
 			m.sbx.expire(id)
 		}
-		<-m.expiry
+		turnDone()
 		if err != nil {
 			return
 		}

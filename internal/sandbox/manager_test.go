@@ -474,13 +474,24 @@ func TestTTLExtendedWhileTheReaperStopsIsRefused(t *testing.T) {
 func TestTTLChangeGivesUpWithItsRequest(t *testing.T) {
 	h := newHarness(t)
 	sb := h.create()
-	h.m.expiry <- struct{}{} // the reaper's look, held
+	other := h.create()
+	done, err := h.m.expiry.take(context.Background(), sb.ID) // the reaper's look, held
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another sandbox's TTL does not wait for it.
+	if _, err := h.m.SetTTL(context.Background(), project, other.ID, 600); err != nil {
+		t.Fatalf("TTL of another sandbox: %v", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	_, err := h.m.SetTTL(ctx, project, sb.ID, 600)
-	<-h.m.expiry
+	_, err = h.m.SetTTL(ctx, project, sb.ID, 600)
+	done()
 	if !pandastack.IsCode(err, pandastack.ETimeout) {
 		t.Fatalf("TTL change behind a held look: %v, want timeout", err)
+	}
+	if _, err := h.m.SetTTL(context.Background(), project, sb.ID, 600); err != nil {
+		t.Fatalf("TTL change once the look is through: %v", err)
 	}
 }
 
