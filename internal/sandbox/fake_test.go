@@ -737,6 +737,8 @@ type hookStore struct {
 	lostAnswer func(id string, state pandastack.SandboxState) bool
 	// lostSnapshot: a snapshot's record is made, its answer lost.
 	lostSnapshot bool
+	// getSnapshotErr, if set, fails reads of a snapshot.
+	getSnapshotErr error
 	// beforeSetExpiry, if set, runs before a sandbox's expiry is written.
 	beforeSetExpiry func(id string)
 }
@@ -760,6 +762,16 @@ func (s *hookStore) ExpiredSandboxes(ctx context.Context, now time.Time) ([]pand
 		hook(expired)
 	}
 	return expired, err
+}
+
+func (s *hookStore) GetSnapshot(ctx context.Context, projectID, id string) (pandastack.Snapshot, error) {
+	s.mu.Lock()
+	err := s.getSnapshotErr
+	s.mu.Unlock()
+	if err != nil {
+		return pandastack.Snapshot{}, err
+	}
+	return s.Store.GetSnapshot(ctx, projectID, id)
 }
 
 func (s *hookStore) CreateSnapshot(ctx context.Context, snap pandastack.Snapshot) error {

@@ -357,6 +357,44 @@ func TestSnapshotWhoseRecordWasMadeThoughItsAnswerWasLost(t *testing.T) {
 	}
 }
 
+// A snapshot whose record may or may not be written (the store answers
+// neither the write nor the read after it) keeps its image and its
+// pending file: the next start settles it, keeping the image of a record
+// that was made.
+func TestSnapshotWhoseRecordIsNotKnownIsSettledAtStart(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	sb := h.create()
+	if _, err := h.exec(sb.ID, "set k=v"); err != nil {
+		t.Fatal(err)
+	}
+	h.store.mu.Lock()
+	h.store.lostSnapshot = true
+	h.store.getSnapshotErr = errInjected
+	h.store.mu.Unlock()
+	_, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+	h.store.mu.Lock()
+	h.store.lostSnapshot = false
+	h.store.getSnapshotErr = nil
+	h.store.mu.Unlock()
+	if err == nil {
+		t.Fatal("the snapshot answered though its record is not known")
+	}
+	snaps, err := h.m.ListSnapshots(ctx, project, nil)
+	if err != nil || len(snaps) != 1 {
+		t.Fatalf("listed: %v %v", snaps, err)
+	}
+	h.m.Close()
+	h.m = h.newManager() // its start settles what was left
+	kid, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snaps[0].ID})
+	if err != nil {
+		t.Fatalf("restore from the snapshot made: %v", err)
+	}
+	if got, err := h.exec(kid.ID, "get k"); err != nil || got != "v" {
+		t.Fatalf("restored: %q %v, want the state kept", got, err)
+	}
+}
+
 // Two forks of one paused sandbox at once: the second waits for the
 // first's read of the image, then reads it too; neither resumes it.
 func TestConcurrentForksOfAPausedSandbox(t *testing.T) {

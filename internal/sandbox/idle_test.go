@@ -337,6 +337,7 @@ func TestFailedIdleSuspendBacksOff(t *testing.T) {
 // If the paused state cannot be recorded, the sandbox keeps running and the
 // image goes: a record must never say running for a stopped sandbox.
 func TestPauseRecordFailureKeepsRunning(t *testing.T) {
+	setFor(t, &recordRetry, []time.Duration{time.Millisecond, time.Millisecond, 0})
 	h := newHarness(t)
 	sb := h.create()
 	h.exec(sb.ID, "set v=1")
@@ -355,6 +356,41 @@ func TestPauseRecordFailureKeepsRunning(t *testing.T) {
 	}
 	if _, err := os.Stat(h.m.pausedPath(sb.ID)); !os.IsNotExist(err) {
 		t.Fatalf("image of a failed pause kept: %v", err)
+	}
+}
+
+// A write of the paused state that fails once (a database failing over)
+// is tried again, and the pause is made.
+func TestPauseRecordRetried(t *testing.T) {
+	setFor(t, &recordRetry, []time.Duration{time.Millisecond, time.Millisecond, 0})
+	h := newHarness(t)
+	sb := h.create()
+	h.exec(sb.ID, "set v=1")
+	failed := 0
+	h.store.mu.Lock()
+	h.store.setStateErr = func(id string, st pandastack.SandboxState) error {
+		if st == pandastack.StatePaused && failed == 0 {
+			failed++
+			return errInjected
+		}
+		return nil
+	}
+	h.store.mu.Unlock()
+	_, err := h.m.Pause(context.Background(), project, sb.ID)
+	h.store.mu.Lock()
+	h.store.setStateErr = nil
+	h.store.mu.Unlock()
+	if err != nil || failed != 1 {
+		t.Fatalf("pause with one failed write: %v (%d failed)", err, failed)
+	}
+	if rec := h.record(sb.ID); rec.State != pandastack.StatePaused {
+		t.Fatalf("after the pause: %s", rec.State)
+	}
+	if _, err := h.m.Resume(context.Background(), project, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.exec(sb.ID, "get v"); err != nil || out != "1" {
+		t.Fatalf("after the resume: %q %v", out, err)
 	}
 }
 

@@ -163,9 +163,16 @@ func (m *Manager) recordSnapshot(ctx context.Context, projectID string, sb panda
 	}
 	if err := m.store.CreateSnapshot(context.WithoutCancel(ctx), snap); err != nil {
 		// Made all the same if its answer was lost on the way back: a
-		// listed snapshot keeps its image.
-		if _, gerr := m.store.GetSnapshot(context.WithoutCancel(ctx), "", snap.ID); gerr != nil {
+		// listed snapshot keeps its image. When the store answers neither,
+		// the image and its pending file stay for the next start, which
+		// removes the image if no record was made (dropUnrecorded).
+		_, gerr := m.store.GetSnapshot(context.WithoutCancel(ctx), "", snap.ID)
+		switch {
+		case pandastack.IsCode(gerr, pandastack.ENotFound):
 			dropped()
+			return pandastack.Snapshot{}, err
+		case gerr != nil:
+			m.log.Warn("a snapshot's record may or may not be written: its image stays until the next start settles it", "snapshot", snap.ID, "err", err, "read_err", gerr)
 			return pandastack.Snapshot{}, err
 		}
 	}
@@ -328,12 +335,34 @@ func (m *Manager) pauseSuspended(ctx context.Context, sb pandastack.Sandbox) (pa
 	return m.store.GetSandbox(ctx, sb.ProjectID, id)
 }
 
-// recordSays reports whether sandbox id's record is in state now (false
-// when it cannot be read).
-func (m *Manager) recordSays(ctx context.Context, id string, state pandastack.SandboxState) bool {
-	rec, err := m.store.GetSandbox(ctx, "", id)
-	return err == nil && rec.State == state
+// recordPaused records sandbox id paused for reason. A write that fails
+// may have been made all the same (its answer lost on the way back, a
+// database failing over): the record is read, and the write tried again
+// (it may be repeated) a few times over about a second while neither
+// tells. It returns nil once the record says paused. (Should the store
+// answer neither all that while, the caller undoes the pause: a paused
+// image kept for a record that says running would stand in the way of the
+// sandbox's next pause.)
+func (m *Manager) recordPaused(ctx context.Context, id, reason string) (err error) {
+	for _, wait := range recordRetry {
+		if err = m.store.SetSandboxState(ctx, id, pandastack.StatePaused, reason, m.now()); err == nil {
+			return nil
+		}
+		rec, gerr := m.store.GetSandbox(ctx, "", id)
+		switch {
+		case gerr == nil && rec.State == pandastack.StatePaused:
+			return nil
+		case gerr == nil && rec.State != pandastack.StateRunning:
+			return err // stopped or gone meanwhile: no retry
+		}
+		time.Sleep(wait)
+	}
+	return err
 }
+
+// recordRetry is how long recordPaused waits after each failed try, one
+// per try (a variable for tests).
+var recordRetry = []time.Duration{250 * time.Millisecond, time.Second, 0}
 
 // pause checkpoints sb into its paused image and then stops it, recording
 // reason. The checkpoint leaves the sandbox running, so a pause that fails
@@ -378,7 +407,7 @@ func (m *Manager) pause(ctx context.Context, sb pandastack.Sandbox, reason strin
 	// never outlive its sandbox, nor may one that says paused lack its image.
 	// A write that failed may have been made all the same (its answer lost
 	// on the way back): the pause goes on when the record says so.
-	if err := m.store.SetSandboxState(ctx, id, pandastack.StatePaused, reason, m.now()); err != nil && !m.recordSays(ctx, id, pandastack.StatePaused) {
+	if err := m.recordPaused(ctx, id, reason); err != nil {
 		os.RemoveAll(dir)
 		m.forgetPaused(id)
 		m.sbx.settle(id)
