@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/pandastack/pandastack"
 )
 
 // A restore that opens a cached copy while the sweep takes it away either
@@ -26,7 +28,7 @@ func TestCacheOpenDuringADrop(t *testing.T) {
 
 	var got []string
 	beforeRemove = func(id string) {
-		if o, ok := c.Open(id, "snapshot "+id); ok {
+		if o, ok, _ := c.Open(id, "snapshot "+id); ok {
 			defer o.Close()
 			if _, err := Verify(o.Dir(), "snapshot "+id); err != nil {
 				t.Errorf("a copy handed out while the sweep removed it: %v", err)
@@ -64,4 +66,30 @@ func sealedImage(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return img
+}
+
+// A cached copy that cannot be read for want of file descriptors is kept,
+// and Open says why, rather than send its caller to fetch it again (which
+// would fail alike, or replace a copy another restore holds).
+func TestCacheOpenOutOfDescriptorsKeepsTheCopy(t *testing.T) {
+	root := t.TempDir()
+	c, err := NewCache(root, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := c.Admit("snap_a", sealedImage(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.Close()
+	var ok bool
+	withNoDescriptors(t, func() { _, ok, err = c.Open("snap_a", "snapshot snap_a") })
+	if ok || !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Fatalf("Open with no descriptor free: ok %v, %v; want unavailable", ok, err)
+	}
+	o, ok, err = c.Open("snap_a", "snapshot snap_a")
+	if !ok || err != nil {
+		t.Fatalf("Open once descriptors are back: ok %v, %v; want the copy kept", ok, err)
+	}
+	o.Close()
 }

@@ -126,6 +126,19 @@ func TestSealFailingAfterTheRenameLeavesNothing(t *testing.T) {
 // answers unavailable, to retry; once descriptors are back it verifies.
 func TestVerifyOutOfDescriptorsIsNotCorrupt(t *testing.T) {
 	final := sealedImage(t)
+	var err error
+	withNoDescriptors(t, func() { _, err = Verify(final, "snapshot x") })
+	if pandastack.IsCode(err, pandastack.ESnapshotCorrupt) || !pandastack.IsCode(err, pandastack.EUnavailable) {
+		t.Fatalf("Verify with no descriptor free: %v, want unavailable, not corrupt", err)
+	}
+	if _, err := Verify(final, "snapshot x"); err != nil {
+		t.Fatalf("Verify once descriptors are back: %v", err)
+	}
+}
+
+// withNoDescriptors runs f with no file descriptor free to the process.
+func withNoDescriptors(t *testing.T, f func()) {
+	t.Helper()
 	var was syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &was); err != nil {
 		t.Fatal(err)
@@ -140,14 +153,8 @@ func TestVerifyOutOfDescriptorsIsNotCorrupt(t *testing.T) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &short); err != nil {
 		t.Fatal(err)
 	}
-	_, err = Verify(final, "snapshot x")
+	f()
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &was); err != nil {
 		t.Fatal(err)
-	}
-	if pandastack.IsCode(err, pandastack.ESnapshotCorrupt) || !pandastack.IsCode(err, pandastack.EUnavailable) {
-		t.Fatalf("Verify with no descriptor free: %v, want unavailable, not corrupt", err)
-	}
-	if _, err := Verify(final, "snapshot x"); err != nil {
-		t.Fatalf("Verify once descriptors are back: %v", err)
 	}
 }

@@ -186,8 +186,10 @@ func (c *Cache) Fill(ctx context.Context, id string) (done func(), err error) {
 
 // Open returns the cached image id after checking it, or ok false when it
 // is not cached. A copy that fails its check is removed (and ok is false),
-// so the caller fetches it again.
-func (c *Cache) Open(id, what string) (_ pandastack.OpenImage, ok bool) {
+// so the caller fetches it again. One that could not be read for a reason
+// of the host's (no file descriptor free) is kept, and err says why: a
+// fetch would fail alike, or replace a copy another restore holds.
+func (c *Cache) Open(id, what string) (_ pandastack.OpenImage, ok bool, err error) {
 	dir := filepath.Join(c.root, id)
 	// Looked at and leased as one step, under c.mu, as drop looks at the
 	// leases and moves a copy away: a copy this finds is not removed under
@@ -195,21 +197,22 @@ func (c *Cache) Open(id, what string) (_ pandastack.OpenImage, ok bool) {
 	c.mu.Lock()
 	if _, err := os.Stat(dir); err != nil {
 		c.mu.Unlock()
-		return nil, false
+		return nil, false, nil
 	}
 	c.leases[id]++
 	c.mu.Unlock()
 	release := c.unlease(id)
 	if _, err := Verify(dir, what); err != nil {
 		release()
-		if pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
-			c.Remove(id) // not a copy that failed to be read for want of descriptors
+		if !pandastack.IsCode(err, pandastack.ESnapshotCorrupt) {
+			return nil, false, err
 		}
-		return nil, false
+		c.Remove(id)
+		return nil, false, nil
 	}
 	now := time.Now()
 	os.Chtimes(dir, now, now) // recently used: evicted last
-	return openDir{dir: dir, release: release}, true
+	return openDir{dir: dir, release: release}, true, nil
 }
 
 // Admit moves the sealed image directory dir into the cache as id, opens

@@ -98,7 +98,7 @@ func TestCacheSweep(t *testing.T) {
 	for _, id := range []string{"snap_deleted", "snap_kept", "snap_open"} {
 		os.Chtimes(filepath.Join(root, id), past, past)
 	}
-	open, ok := c.Open("snap_open", "snapshot snap_open")
+	open, ok, _ := c.Open("snap_open", "snapshot snap_open")
 	if !ok {
 		t.Fatal("snap_open is not cached")
 	}

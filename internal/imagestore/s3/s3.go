@@ -269,16 +269,16 @@ func (s *Store) Open(ctx context.Context, id string) (pandastack.OpenImage, erro
 		return nil, pandastack.Errorf(pandastack.ENotFound, "no image %q", id)
 	}
 	what := "snapshot " + id
-	if img, ok := s.cache.Open(id, what); ok {
-		return img, nil
+	if img, ok, err := s.cache.Open(id, what); ok || err != nil {
+		return img, err
 	}
 	done, err := s.cache.Fill(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	if img, ok := s.cache.Open(id, what); ok { // another request fetched it meanwhile
-		return img, nil
+	if img, ok, err := s.cache.Open(id, what); ok || err != nil { // another request fetched it meanwhile
+		return img, err
 	}
 	tmp, err := s.cache.TempDir(id)
 	if err != nil {
