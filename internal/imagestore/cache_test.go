@@ -13,16 +13,7 @@ import (
 // holds it first, and it stays, or finds none and fetches it again: a copy
 // on its way out is not handed out, and one handed out stays whole.
 func TestCacheOpenDuringADrop(t *testing.T) {
-	root := t.TempDir()
-	c, err := NewCache(root, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := c.Admit("snap_a", sealedImage(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.Close()
+	c, root := cacheOf(t, "snap_a")
 	past := time.Now().Add(-time.Hour)
 	os.Chtimes(filepath.Join(root, "snap_a"), past, past)
 
@@ -45,7 +36,7 @@ func TestCacheOpenDuringADrop(t *testing.T) {
 		t.Errorf("the cache holds %d entries after the sweep", len(ents))
 	}
 	// Held first, it stays.
-	o, err = c.Admit("snap_b", sealedImage(t))
+	o, err := c.Admit("snap_b", sealedImage(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,6 +45,24 @@ func TestCacheOpenDuringADrop(t *testing.T) {
 	if gone := c.Sweep(func(string) bool { return false }, time.Minute); len(gone) != 0 {
 		t.Errorf("swept %v, open", gone)
 	}
+}
+
+// cacheOf is a new cache holding a copy of each of ids, none open.
+func cacheOf(t *testing.T, ids ...string) (*Cache, string) {
+	t.Helper()
+	root := t.TempDir()
+	c, err := NewCache(root, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		o, err := c.Admit(id, sealedImage(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Close()
+	}
+	return c, root
 }
 
 // sealedImage is a sealed image of one file, made afresh.
@@ -72,22 +81,14 @@ func sealedImage(t *testing.T) string {
 // and Open says why, rather than send its caller to fetch it again (which
 // would fail alike, or replace a copy another restore holds).
 func TestCacheOpenOutOfDescriptorsKeepsTheCopy(t *testing.T) {
-	root := t.TempDir()
-	c, err := NewCache(root, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	o, err := c.Admit("snap_a", sealedImage(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	o.Close()
+	c, _ := cacheOf(t, "snap_a")
 	var ok bool
+	var err error
 	withNoDescriptors(t, func() { _, ok, err = c.Open("snap_a", "snapshot snap_a") })
 	if ok || !pandastack.IsCode(err, pandastack.EUnavailable) {
 		t.Fatalf("Open with no descriptor free: ok %v, %v; want unavailable", ok, err)
 	}
-	o, ok, err = c.Open("snap_a", "snapshot snap_a")
+	o, ok, err := c.Open("snap_a", "snapshot snap_a")
 	if !ok || err != nil {
 		t.Fatalf("Open once descriptors are back: ok %v, %v; want the copy kept", ok, err)
 	}

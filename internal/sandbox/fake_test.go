@@ -695,6 +695,15 @@ func (h *harness) exec(id, cmd string) (string, error) {
 	return out, err
 }
 
+// wantStopped fails the test unless sandbox id's record says stopped for
+// reason.
+func (h *harness) wantStopped(id, reason string) {
+	h.t.Helper()
+	if rec := h.record(id); rec.State != pandastack.StateStopped || rec.StopReason != reason {
+		h.t.Fatalf("%s: %s %s, want stopped %s", id, rec.State, rec.StopReason, reason)
+	}
+}
+
 func (h *harness) record(id string) pandastack.Sandbox {
 	h.t.Helper()
 	sb, err := h.store.GetSandbox(context.Background(), "", id)
@@ -741,6 +750,13 @@ type hookStore struct {
 	getSnapshotErr error
 	// beforeSetExpiry, if set, runs before a sandbox's expiry is written.
 	beforeSetExpiry func(id string)
+}
+
+// set changes the store's hooks, under its lock.
+func (s *hookStore) set(f func(*hookStore)) {
+	s.mu.Lock()
+	f(s)
+	s.mu.Unlock()
 }
 
 func (s *hookStore) SetSandboxExpiry(ctx context.Context, id string, at time.Time) error {

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -284,9 +285,7 @@ func TestPausedSandboxPastItsTTLIsNotRead(t *testing.T) {
 		t.Fatalf("snapshot of a paused sandbox past its TTL: %v, want conflict", err)
 	}
 	h.m.reapOnce()
-	if rec := h.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopExpired {
-		t.Fatalf("after the reaper: %s %s, want stopped expired", rec.State, rec.StopReason)
-	}
+	h.wantStopped(sb.ID, pandastack.StopExpired)
 }
 
 // A pause whose record was written though the store's answer was lost
@@ -299,15 +298,13 @@ func TestPauseWhoseRecordWasMadeThoughItsAnswerWasLost(t *testing.T) {
 	if _, err := h.exec(sb.ID, "set k=v"); err != nil {
 		t.Fatal(err)
 	}
-	h.store.mu.Lock()
-	h.store.lostAnswer = func(id string, state pandastack.SandboxState) bool {
-		return id == sb.ID && state == pandastack.StatePaused
-	}
-	h.store.mu.Unlock()
+	h.store.set(func(s *hookStore) {
+		s.lostAnswer = func(id string, state pandastack.SandboxState) bool {
+			return id == sb.ID && state == pandastack.StatePaused
+		}
+	})
 	_, err := h.m.Pause(ctx, project, sb.ID)
-	h.store.mu.Lock()
-	h.store.lostAnswer = nil
-	h.store.mu.Unlock()
+	h.store.set(func(s *hookStore) { s.lostAnswer = nil })
 	if err != nil {
 		t.Fatalf("pause: %v", err)
 	}
@@ -326,72 +323,46 @@ func TestPauseWhoseRecordWasMadeThoughItsAnswerWasLost(t *testing.T) {
 }
 
 // A snapshot whose record was written though the store's answer was lost
-// keeps its image: it is listed, and a sandbox restores from it.
+// keeps its image: it is listed, and a sandbox restores from it. When the
+// store answers neither the write nor the read after it, the snapshot
+// answers an error but keeps its image and pending file, and the next
+// start settles it, keeping the image of a record that was made.
 func TestSnapshotWhoseRecordWasMadeThoughItsAnswerWasLost(t *testing.T) {
-	h := newHarness(t)
-	ctx := context.Background()
-	sb := h.create()
-	if _, err := h.exec(sb.ID, "set k=v"); err != nil {
-		t.Fatal(err)
-	}
-	h.store.mu.Lock()
-	h.store.lostSnapshot = true
-	h.store.mu.Unlock()
-	_, err := h.m.Snapshot(ctx, project, sb.ID, nil)
-	h.store.mu.Lock()
-	h.store.lostSnapshot = false
-	h.store.mu.Unlock()
-	if err != nil {
-		t.Fatalf("snapshot: %v", err)
-	}
-	snaps, err := h.m.ListSnapshots(ctx, project, nil)
-	if err != nil || len(snaps) != 1 {
-		t.Fatalf("listed: %v %v", snaps, err)
-	}
-	kid, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snaps[0].ID})
-	if err != nil {
-		t.Fatalf("restore from the snapshot: %v", err)
-	}
-	if got, err := h.exec(kid.ID, "get k"); err != nil || got != "v" {
-		t.Fatalf("restored: %q %v, want the state kept", got, err)
-	}
-}
-
-// A snapshot whose record may or may not be written (the store answers
-// neither the write nor the read after it) keeps its image and its
-// pending file: the next start settles it, keeping the image of a record
-// that was made.
-func TestSnapshotWhoseRecordIsNotKnownIsSettledAtStart(t *testing.T) {
-	h := newHarness(t)
-	ctx := context.Background()
-	sb := h.create()
-	if _, err := h.exec(sb.ID, "set k=v"); err != nil {
-		t.Fatal(err)
-	}
-	h.store.mu.Lock()
-	h.store.lostSnapshot = true
-	h.store.getSnapshotErr = errInjected
-	h.store.mu.Unlock()
-	_, err := h.m.Snapshot(ctx, project, sb.ID, nil)
-	h.store.mu.Lock()
-	h.store.lostSnapshot = false
-	h.store.getSnapshotErr = nil
-	h.store.mu.Unlock()
-	if err == nil {
-		t.Fatal("the snapshot answered though its record is not known")
-	}
-	snaps, err := h.m.ListSnapshots(ctx, project, nil)
-	if err != nil || len(snaps) != 1 {
-		t.Fatalf("listed: %v %v", snaps, err)
-	}
-	h.m.Close()
-	h.m = h.newManager() // its start settles what was left
-	kid, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snaps[0].ID})
-	if err != nil {
-		t.Fatalf("restore from the snapshot made: %v", err)
-	}
-	if got, err := h.exec(kid.ID, "get k"); err != nil || got != "v" {
-		t.Fatalf("restored: %q %v, want the state kept", got, err)
+	for _, unread := range []bool{false, true} {
+		t.Run(fmt.Sprintf("unread=%v", unread), func(t *testing.T) {
+			h := newHarness(t)
+			ctx := context.Background()
+			sb := h.create()
+			if _, err := h.exec(sb.ID, "set k=v"); err != nil {
+				t.Fatal(err)
+			}
+			h.store.set(func(s *hookStore) {
+				s.lostSnapshot = true
+				if unread {
+					s.getSnapshotErr = errInjected
+				}
+			})
+			_, err := h.m.Snapshot(ctx, project, sb.ID, nil)
+			h.store.set(func(s *hookStore) { s.lostSnapshot, s.getSnapshotErr = false, nil })
+			if (err != nil) != unread {
+				t.Fatalf("snapshot: %v, want an error only when its record cannot be read", err)
+			}
+			snaps, err := h.m.ListSnapshots(ctx, project, nil)
+			if err != nil || len(snaps) != 1 {
+				t.Fatalf("listed: %v %v", snaps, err)
+			}
+			if unread {
+				h.m.Close()
+				h.m = h.newManager() // its start settles what was left
+			}
+			kid, err := h.m.Create(ctx, project, CreateRequest{SnapshotID: snaps[0].ID})
+			if err != nil {
+				t.Fatalf("restore from the snapshot: %v", err)
+			}
+			if got, err := h.exec(kid.ID, "get k"); err != nil || got != "v" {
+				t.Fatalf("restored: %q %v, want the state kept", got, err)
+			}
+		})
 	}
 }
 

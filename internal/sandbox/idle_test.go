@@ -367,19 +367,17 @@ func TestPauseRecordRetried(t *testing.T) {
 	sb := h.create()
 	h.exec(sb.ID, "set v=1")
 	failed := 0
-	h.store.mu.Lock()
-	h.store.setStateErr = func(id string, st pandastack.SandboxState) error {
-		if st == pandastack.StatePaused && failed == 0 {
-			failed++
-			return errInjected
+	h.store.set(func(s *hookStore) {
+		s.setStateErr = func(id string, st pandastack.SandboxState) error {
+			if st == pandastack.StatePaused && failed == 0 {
+				failed++
+				return errInjected
+			}
+			return nil
 		}
-		return nil
-	}
-	h.store.mu.Unlock()
+	})
 	_, err := h.m.Pause(context.Background(), project, sb.ID)
-	h.store.mu.Lock()
-	h.store.setStateErr = nil
-	h.store.mu.Unlock()
+	h.store.set(func(s *hookStore) { s.setStateErr = nil })
 	if err != nil || failed != 1 {
 		t.Fatalf("pause with one failed write: %v (%d failed)", err, failed)
 	}

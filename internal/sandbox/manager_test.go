@@ -452,21 +452,19 @@ func TestTTLExtendedWhileTheReaperStopsIsRefused(t *testing.T) {
 	sb := h.create()
 	h.store.SetSandboxExpiry(ctx, sb.ID, time.Now().Add(-time.Second))
 	var patchErr error
-	h.store.mu.Lock()
-	h.store.setStateErr = func(id string, state pandastack.SandboxState) error {
-		if id == sb.ID && state == pandastack.StateStopped { // the reaper records its stop
-			_, patchErr = h.m.SetTTL(ctx, project, sb.ID, 600)
+	h.store.set(func(s *hookStore) {
+		s.setStateErr = func(id string, state pandastack.SandboxState) error {
+			if id == sb.ID && state == pandastack.StateStopped { // the reaper records its stop
+				_, patchErr = h.m.SetTTL(ctx, project, sb.ID, 600)
+			}
+			return nil
 		}
-		return nil
-	}
-	h.store.mu.Unlock()
+	})
 	h.m.reapOnce()
 	if !pandastack.IsCode(patchErr, pandastack.EConflict) || !strings.Contains(patchErr.Error(), "being stopped") {
 		t.Fatalf("TTL extended during the reaper's stop: %v, want conflict saying it is being stopped", patchErr)
 	}
-	if rec := h.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopExpired {
-		t.Fatalf("after the reaper: %s %s, want stopped expired", rec.State, rec.StopReason)
-	}
+	h.wantStopped(sb.ID, pandastack.StopExpired)
 }
 
 // A TTL change that waits behind the reaper's look at the records (a
@@ -504,19 +502,17 @@ func TestReaperWaitsForATTLBeingWritten(t *testing.T) {
 	sb := h.create()
 	h.store.SetSandboxExpiry(ctx, sb.ID, time.Now().Add(-time.Second))
 	reaped := make(chan struct{})
-	h.store.mu.Lock()
-	h.store.beforeSetExpiry = func(string) {
-		h.store.mu.Lock()
-		h.store.beforeSetExpiry = nil
-		h.store.mu.Unlock()
-		go func() { h.m.reapOnce(); close(reaped) }()
-		// The reaper has the time to claim and look; ordered, it waits.
-		select {
-		case <-reaped:
-		case <-time.After(300 * time.Millisecond):
+	h.store.set(func(s *hookStore) {
+		s.beforeSetExpiry = func(string) {
+			h.store.set(func(s *hookStore) { s.beforeSetExpiry = nil })
+			go func() { h.m.reapOnce(); close(reaped) }()
+			// The reaper has the time to claim and look; ordered, it waits.
+			select {
+			case <-reaped:
+			case <-time.After(300 * time.Millisecond):
+			}
 		}
-	}
-	h.store.mu.Unlock()
+	})
 	_, err := h.m.SetTTL(ctx, project, sb.ID, 600)
 	<-reaped
 	rec := h.record(sb.ID)
