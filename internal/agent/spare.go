@@ -107,6 +107,14 @@ func (cs *Contexts) takeSpare(ctx context.Context, language string, fits bool) *
 		delete(sp.ids, k)
 		sp.wake()
 		sp.mu.Unlock()
+		if k.Exited() {
+			// Died while it waited (a fork bomb in the sandbox left its
+			// Python no thread, the memory watch, a kill): a context made
+			// of it answered its first cell "the kernel has died".
+			sp.log("a spare kernel had died while it waited; trying the next")
+			go k.Close()
+			continue
+		}
 		// A spare that started before the sandbox got its present id, and
 		// missed the hello that gave it (restored), gets the id the
 		// agent has now (its random generators were reseeded when the host

@@ -167,8 +167,9 @@ func pythonWith(t *testing.T, modules string) string {
 
 // A hand-out queues the cell that sets PANDASTACK_SANDBOX_ID only in a
 // spare whose kernel has another id than the agent's: one that started
-// with it (or got it from a hello) is handed out as it is. The kernels here
-// have no process, so a hand-out that must queue the cell fails.
+// with it (or got it from a hello) is handed out as it is, and one that
+// died while it waited not at all. The kernels here have no process, so a
+// hand-out that must queue the cell fails.
 func TestSpareHandOutSetsTheIDOnlyWhenStale(t *testing.T) {
 	t.Setenv("PANDASTACK_SANDBOX_ID", "sbx_now")
 	cs := NewContexts()
@@ -180,8 +181,15 @@ func TestSpareHandOutSetsTheIDOnlyWhenStale(t *testing.T) {
 	sp.startedWith(stale, "sbx_warm")
 	sp.startedWith(current, "sbx_now")
 
+	// A spare that died while it waited is not handed out: the next is.
+	dead := &jupyter.Kernel{}
+	dead.Close()
+	sp.mu.Lock()
+	sp.ready["python"] = append(sp.ready["python"], dead)
+	sp.mu.Unlock()
+	sp.startedWith(dead, "sbx_now")
 	if k := cs.takeSpare(context.Background(), "python", true); k != current {
-		t.Fatalf("the spare with the present id: handed out %p, want %p", k, current)
+		t.Fatalf("the spare with the present id: handed out %p, want %p (%p died)", k, current, dead)
 	}
 	if k := cs.takeSpare(context.Background(), "python", true); k != nil {
 		t.Fatal("the spare with an old id was handed out without its variable set")

@@ -247,6 +247,14 @@ func (k *Kernel) Stopping() bool { return k.stopping.Load() != nil }
 // being stopped).
 func (k *Kernel) Busy() bool { return k.busy.Load() }
 
+// Exited reports whether the kernel's process has exited (it died, or was
+// killed) or the kernel was closed: it runs nothing until a restart.
+func (k *Kernel) Exited() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.closed || k.inst != nil && k.inst.exited()
+}
+
 // Pid is the kernel process's id, or 0 when there is none.
 func (k *Kernel) Pid() int {
 	k.mu.Lock()

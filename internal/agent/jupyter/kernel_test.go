@@ -677,11 +677,17 @@ func TestKillGroupThenKill(t *testing.T) {
 
 func TestKilledFromOutside(t *testing.T) {
 	k := startKernel(t)
+	if k.Exited() {
+		t.Fatal("a kernel just started says it exited")
+	}
 	pid := k.Pid()
 	time.AfterFunc(500*time.Millisecond, func() { syscall.Kill(pid, syscall.SIGKILL) })
 	e, _ := runCode(t, k, "import time; time.sleep(30)", ExecOptions{})
 	if e.Error == nil || e.Error.Name != "KernelDied" || e.Error.Value != "the kernel process exited (killed by SIGKILL)" {
 		t.Fatalf("error %+v", e.Error)
+	}
+	if !k.Exited() {
+		t.Fatal("a kernel killed from outside does not say it exited")
 	}
 }
 
