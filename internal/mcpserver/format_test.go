@@ -3,6 +3,7 @@ package mcpserver
 import (
 	"bytes"
 	"encoding/base64"
+	"fmt"
 	"image"
 	"image/color"
 	"image/png"
@@ -176,5 +177,97 @@ func TestForModel(t *testing.T) {
 	cut := "out\n[pandastack: output truncated, 123 more bytes not kept; stream the exec to get all of it (the SDKs: pass on_stdout / onStdout; HTTP: Accept: application/x-ndjson)]\n"
 	if got := forModel(cut); strings.Contains(got, "Accept") || !strings.HasSuffix(got, "out\n[… 123 bytes of output left out after this: the output went on; to see them, write the output to a file and read parts of it (head, tail, grep, sed -n)]") {
 		t.Errorf("the server's note: %q", got)
+	}
+}
+
+// allText is every text block of an answer, joined: what a model reads.
+func allText(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+// A cell that displays much (a display in a loop, a chart per column) is
+// one bounded answer: its head and tail, a note of what was left out and
+// how to see it, and the first images. Each display was cut alone, and
+// 300 of them came through as 30 MB of text and 50 images.
+func TestExecutionResultBoundsTheWholeAnswer(t *testing.T) {
+	b64, _ := pngBase64(t)
+	ex := &client.Execution{Stdout: "starting\n"}
+	for i := range 300 {
+		ex.Results = append(ex.Results, client.Result{Text: fmt.Sprintf("display %d ", i) + strings.Repeat("x", 100_000)})
+		if i%6 == 0 {
+			ex.Results = append(ex.Results, client.Result{Text: "<Figure size 640x480 with 1 Axes>", PNG: b64, Chart: map[string]any{"type": "line"}})
+		}
+	}
+	ex.Results = append(ex.Results, client.Result{IsMainResult: true, Text: "42"})
+	res := executionResult(ex)
+	txt := allText(res)
+	if len(txt) > outputHead+outputTail+2048 {
+		t.Errorf("%d bytes of text, want about %d", len(txt), outputHead+outputTail)
+	}
+	if !strings.HasPrefix(txt, "starting\n\n[display] display 0 xxx") || !strings.Contains(txt, "[result] 42") {
+		t.Errorf("the head (stdout, the first display) or the last result is missing: %.100q … %.300q", txt, txt[max(0, len(txt)-300):])
+	}
+	if !strings.Contains(txt, "displays") || !strings.Contains(txt, "left out here") || !strings.Contains(txt, "write them to a file") {
+		t.Errorf("no note of the displays left out and how to see them:\n%s", noteLines(txt))
+	}
+	if imgs := len(res.Content) - 1; imgs > maxImages || imgs == 0 {
+		t.Errorf("%d images attached, want 1 to %d", imgs, maxImages)
+	}
+	if !strings.Contains(txt, "42 of 50 charts not attached") {
+		t.Errorf("no note of the charts not attached:\n%s", noteLines(txt))
+	}
+}
+
+// noteLines is the notes in txt of what was left out, for a failure's message.
+func noteLines(txt string) string {
+	var notes []string
+	for _, l := range strings.Split(txt, "\n") {
+		if strings.HasPrefix(l, "[") && (strings.Contains(l, "left out") || strings.Contains(l, "not attached")) {
+			notes = append(notes, fmt.Sprintf("%.300s", l))
+		}
+	}
+	return strings.Join(notes, "\n")
+}
+
+// Large images stop at maxImageBytes in all, however few they are.
+func TestExecutionResultBoundsImageBytes(t *testing.T) {
+	big := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x89, 'P', 'N', 'G'}, (3<<20)/4)) // 3 MiB each
+	ex := &client.Execution{Results: []client.Result{{PNG: big}, {PNG: big}, {PNG: big}}}
+	res := executionResult(ex)
+	n, size := 0, 0
+	for _, c := range res.Content[1:] {
+		n++
+		size += len(c.(*mcp.ImageContent).Data)
+	}
+	if size > maxImageBytes || n != 1 {
+		t.Errorf("%d images, %d bytes attached; want 1, at most %d bytes", n, size, maxImageBytes)
+	}
+	if txt := allText(res); !strings.Contains(txt, "2 of 3 charts not attached") {
+		t.Errorf("no note of the charts not attached:\n%s", txt)
+	}
+}
+
+// A text file larger than an answer holds comes back as its head and tail
+// with a note saying how to read the rest; base64 still gives all of it.
+func TestFileResultBoundsText(t *testing.T) {
+	small := []byte("héllo\n")
+	if got := allText(fileResult("/tmp/a.txt", small, false)); got != string(small) {
+		t.Errorf("a small text file: %q", got)
+	}
+	big := []byte(strings.Repeat("a", outputHead) + strings.Repeat("b", 1<<20) + strings.Repeat("c", outputTail))
+	txt := allText(fileResult("/tmp/big.txt", big, false))
+	if len(txt) > outputHead+outputTail+512 || !strings.HasPrefix(txt, strings.Repeat("a", outputHead)) || !strings.HasSuffix(txt, strings.Repeat("c", outputTail)) ||
+		!strings.Contains(txt, "1048576 bytes of /tmp/big.txt left out here") || !strings.Contains(txt, "base64") {
+		t.Errorf("a 1 MiB text file: %d bytes: %s", len(txt), noteLines(txt))
+	}
+	res := fileResult("/tmp/big.txt", big, true)
+	if len(res.Content) != 2 || res.Content[1].(*mcp.TextContent).Text != base64.StdEncoding.EncodeToString(big) {
+		t.Errorf("base64 of a big text file: not all of it")
 	}
 }

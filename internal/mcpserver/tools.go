@@ -24,6 +24,12 @@ import (
 // maxDownload bounds download_file: its answer goes into a model's context.
 const maxDownload = 8 << 20
 
+// A run_code answer attaches at most maxImages images, maxImageBytes in all.
+const (
+	maxImages     = 8
+	maxImageBytes = 4 << 20
+)
+
 type createSandboxIn struct {
 	Template   string            `json:"template,omitempty" jsonschema:"template name; default code-interpreter (Python with pandas, numpy, matplotlib, plotly)"`
 	TTLSeconds int64             `json:"ttl_seconds,omitempty" jsonschema:"seconds until the sandbox is killed; default: the server's"`
@@ -116,7 +122,8 @@ func (s *session) addTools(srv *mcp.Server) {
 		Name: "run_code",
 		Description: "Run code in a Jupyter kernel in the sandbox. Variables and imports persist between calls, like a notebook. " +
 			"Returns stdout, stderr and the last expression's value as text, and each chart (matplotlib plt.show(), plotly fig.show()) as a PNG image, with a matplotlib chart's data (type, axes, plotted values) as JSON text. " +
-			"An exception, a timeout or a dead kernel sets isError and the text starts with ERROR: and the traceback.",
+			"An exception, a timeout or a dead kernel sets isError and the text starts with ERROR: and the traceback. " +
+			fmt.Sprintf("An answer holds at most %d KiB of text (past that, its head and tail, with a note of what was left out) and the first %d images (%d MiB in all): write large output to a file and read parts of it.", answerLimit>>10, maxImages, maxImageBytes>>20),
 	}, s.runCode)
 	addTool(srv, s, &mcp.Tool{
 		Name:        "exec",
@@ -128,7 +135,7 @@ func (s *session) addTools(srv *mcp.Server) {
 	}, s.uploadFile)
 	addTool(srv, s, &mcp.Tool{
 		Name:        "download_file",
-		Description: fmt.Sprintf("Read a file from the sandbox: text (UTF-8) comes back as text; anything else as a line saying it is base64, then the base64 (at most %d MiB).", maxDownload>>20),
+		Description: fmt.Sprintf("Read a file from the sandbox (at most %d MiB): text (UTF-8) comes back as text, its head and tail with a note when longer than %d KiB; anything else, or any file with base64 true, as a line saying it is base64, then the base64 of all of it.", maxDownload>>20, answerLimit>>10),
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true},
 	}, s.downloadFile)
 	addTool(srv, s, &mcp.Tool{
@@ -225,9 +232,15 @@ func (s *session) runCode(ctx context.Context, _ *mcp.CallToolRequest, in runCod
 
 // executionResult turns an Execution into one text block (the error and
 // traceback first, so a model reads them before anything else) and one
-// image block per chart.
+// image block per chart. Each part is cut alone, and the whole answer
+// again, to answerLimit of text and maxImages images: a display in a
+// loop, or a chart per column, would otherwise put megabytes into the
+// model's context, which clients refuse or drop.
 func executionResult(ex *client.Execution) *mcp.CallToolResult {
-	var parts []string
+	var parts []part
+	add := func(kind, header, s string) {
+		parts = append(parts, part{kind: kind, text: header + forModel(s), size: len(s)})
+	}
 	if e := ex.Error; e != nil {
 		msg := "ERROR: " + e.Name
 		if e.Value != "" {
@@ -236,42 +249,142 @@ func executionResult(ex *client.Execution) *mcp.CallToolResult {
 		if tb := strings.TrimSpace(e.Traceback); tb != "" {
 			msg += "\n" + tb
 		}
-		parts = append(parts, forModel(msg)) // an exception's message can be megabytes too
+		add("error", "", msg) // an exception's message can be megabytes too
 	}
 	if ex.Stdout != "" {
 		if len(parts) > 0 {
-			parts = append(parts, "[stdout]\n"+forModel(ex.Stdout))
+			add("stdout", "[stdout]\n", ex.Stdout)
 		} else {
-			parts = append(parts, forModel(ex.Stdout))
+			add("stdout", "", ex.Stdout)
 		}
 	}
 	if ex.Stderr != "" {
-		parts = append(parts, "[stderr]\n"+forModel(ex.Stderr))
+		add("stderr", "[stderr]\n", ex.Stderr)
 	}
 	var images []mcp.Content
+	charts, imageBytes, dropped := 0, 0, 0
 	for _, r := range ex.Results {
 		img, mime, err := resultImage(r)
 		switch {
 		case err != nil:
-			parts = append(parts, fmt.Sprintf("[chart] not attached: %v", err))
+			parts = append(parts, part{kind: "chart", text: fmt.Sprintf("[chart] not attached: %v", err)})
 		case img != nil:
-			images = append(images, &mcp.ImageContent{Data: img, MIMEType: mime})
-			parts = append(parts, fmt.Sprintf("[chart] %s attached as image %d", mime, len(images)))
-			if r.Chart != nil {
-				parts = append(parts, chartText(r.Chart))
+			charts++
+			// The first ones, in order: once one does not fit, none after it
+			// is attached, so that "the first n" is what the model gets.
+			var line string
+			if dropped == 0 && len(images) < maxImages && imageBytes+len(img) <= maxImageBytes {
+				images = append(images, &mcp.ImageContent{Data: img, MIMEType: mime})
+				imageBytes += len(img)
+				line = fmt.Sprintf("[chart] %s attached as image %d", mime, len(images))
+			} else {
+				dropped++
+				line = fmt.Sprintf("[chart] %s not attached (see the note at the end)", mime)
 			}
+			size := len(img)
+			if r.Chart != nil {
+				line += "\n\n" + chartText(r.Chart)
+			}
+			parts = append(parts, part{kind: "chart", text: line, size: size})
 		case r.IsMainResult && resultText(r) != "":
-			parts = append(parts, "[result] "+forModel(resultText(r)))
+			add("result", "[result] ", resultText(r))
 		case resultText(r) != "":
-			parts = append(parts, "[display] "+forModel(resultText(r)))
+			add("display", "[display] ", resultText(r))
 		}
 	}
-	if len(parts) == 0 {
-		parts = append(parts, "(no output)")
+	txt := "(no output)"
+	if len(parts) > 0 {
+		txt = joinBounded(parts)
 	}
-	res := &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: strings.Join(parts, "\n\n")}}, images...)}
+	if dropped > 0 {
+		txt += fmt.Sprintf("\n\n[%d of %d charts not attached: an answer holds the first %d images, %d MiB in all; show fewer per run (subplots in one figure, or one run per chart), or save them to files (plt.savefig) and display the ones to look at in later runs]",
+			dropped, charts, maxImages, maxImageBytes>>20)
+	}
+	res := &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: txt}}, images...)}
 	res.IsError = ex.Error != nil
 	return res
+}
+
+// answerLimit bounds the text of a run_code answer, all its parts
+// together, and of a text file download_file returns: what one stream of
+// an exec gets.
+const answerLimit = outputHead + outputTail
+
+// A part is one item of a run's answer: its text for the model, what
+// kind it is and how many bytes of output it stood for, for the note of
+// what was left out.
+type part struct {
+	kind string // error, stdout, stderr, result, display or chart
+	text string
+	size int
+}
+
+// joinBounded joins parts; past answerLimit (and a little more, for the
+// note of one part cut alone), it keeps the head and tail of them all,
+// with a note of which parts were left out, whole or in part.
+func joinBounded(parts []part) string {
+	texts := make([]string, len(parts))
+	total := 0
+	for i, p := range parts {
+		texts[i] = p.text
+		total += p.size
+	}
+	const sep = "\n\n"
+	s := strings.Join(texts, sep)
+	if len(s) <= answerLimit+1<<10 {
+		return s
+	}
+	return headTail(s, func(head, tail int) string {
+		var kinds []string
+		counts := map[string]int{}
+		off := 0
+		for _, p := range parts {
+			start, end := off, off+len(p.text)
+			off = end + len(sep)
+			if end > head && start < len(s)-tail {
+				if counts[p.kind] == 0 {
+					kinds = append(kinds, p.kind)
+				}
+				counts[p.kind]++
+			}
+		}
+		var out []string
+		for _, k := range kinds {
+			switch n := counts[k]; k {
+			case "display", "chart":
+				if n == 1 {
+					out = append(out, "1 "+k)
+				} else {
+					out = append(out, fmt.Sprintf("%d %ss", n, k))
+				}
+			case "error", "result":
+				out = append(out, "the "+k)
+			default:
+				out = append(out, k)
+			}
+		}
+		return fmt.Sprintf("[… %d bytes left out here, of %s (whole or in part): the run gave %d bytes of output, and an answer holds %d KiB of text; to see them, write them to a file in the code and read parts of it with exec (head, tail, grep, sed -n)]",
+			len(s)-head-tail, joinAnd(out), total, answerLimit>>10)
+	})
+}
+
+// joinAnd joins items as a list in a sentence: "a", "a and b", "a, b and c".
+func joinAnd(items []string) string {
+	if len(items) <= 1 {
+		return strings.Join(items, "")
+	}
+	return strings.Join(items[:len(items)-1], ", ") + " and " + items[len(items)-1]
+}
+
+// headTail returns s's first outputHead and last outputTail bytes, on
+// character boundaries, with note(len(head), len(tail)) on a line between.
+func headTail(s string, note func(head, tail int) string) string {
+	head := truncUTF8(s, outputHead)
+	tail := s[len(s)-outputTail:]
+	for len(tail) > 0 && !utf8.RuneStart(tail[0]) {
+		tail = tail[1:]
+	}
+	return head + "\n" + note(len(head), len(tail)) + "\n" + tail
 }
 
 // reprRE matches the text/plain of an object that has no text of its own,
@@ -333,13 +446,8 @@ func forModel(s string) string {
 		s = s[:m[0]]
 	}
 	s = strings.TrimRight(s, "\n")
-	if len(s) > outputHead+outputTail {
-		head := truncUTF8(s, outputHead)
-		tail := s[len(s)-outputTail:]
-		for len(tail) > 0 && !utf8.RuneStart(tail[0]) {
-			tail = tail[1:]
-		}
-		s = head + "\n" + cutNote(len(s)-len(head)-len(tail), "here") + "\n" + tail
+	if len(s) > answerLimit {
+		s = headTail(s, func(head, tail int) string { return cutNote(len(s)-head-tail, "here") })
 	}
 	if lost > 0 {
 		s += "\n" + cutNote(lost, "after this: the output went on")
@@ -468,22 +576,33 @@ func (s *session) downloadFile(ctx context.Context, _ *mcp.CallToolRequest, in d
 		if len(b) > maxDownload {
 			return nil, fmt.Errorf("%s is larger than %d MiB; read part of it with exec (head, tail, split)", in.Path, maxDownload>>20)
 		}
-		if !in.Base64 && isText(b) {
-			return text("%s", b), nil
-		}
-		// Said apart from the data, so that a model can tell base64 from a
-		// file whose text looks like it, and a program can take the last
-		// item as it is.
-		why := "binary, or text that is not UTF-8"
-		if in.Base64 {
-			why = "as asked"
-		}
-		return &mcp.CallToolResult{Content: []mcp.Content{
-			&mcp.TextContent{Text: fmt.Sprintf("[base64 of the %d bytes of %s (%s); the next item is the data]", len(b), in.Path, why)},
-			&mcp.TextContent{Text: base64.StdEncoding.EncodeToString(b)},
-		}}, nil
+		return fileResult(in.Path, b, in.Base64), nil
 	})
 	return res, nil, err
+}
+
+// fileResult is download_file's answer for the content b of path.
+func fileResult(path string, b []byte, asBase64 bool) *mcp.CallToolResult {
+	if !asBase64 && isText(b) {
+		if len(b) <= answerLimit {
+			return text("%s", b)
+		}
+		return text("%s", headTail(string(b), func(head, tail int) string {
+			return fmt.Sprintf("[… %d bytes of %s left out here: an answer holds %d KiB of a text file; read parts of it with exec (head, tail, grep, sed -n), or all of it (at most %d MiB) with base64 true]",
+				len(b)-head-tail, path, answerLimit>>10, maxDownload>>20)
+		}))
+	}
+	// Said apart from the data, so that a model can tell base64 from a
+	// file whose text looks like it, and a program can take the last
+	// item as it is.
+	why := "binary, or text that is not UTF-8"
+	if asBase64 {
+		why = "as asked"
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{
+		&mcp.TextContent{Text: fmt.Sprintf("[base64 of the %d bytes of %s (%s); the next item is the data]", len(b), path, why)},
+		&mcp.TextContent{Text: base64.StdEncoding.EncodeToString(b)},
+	}}
 }
 
 // isText reports whether b reads as text: valid UTF-8 without NUL bytes.
