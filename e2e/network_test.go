@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/client"
 	"github.com/pandastack/pandastack/internal/network"
 	"github.com/pandastack/pandastack/internal/network/nettest"
@@ -1036,16 +1037,34 @@ func TestPortStreamEndsWithTheSandbox(t *testing.T) {
 	s := sharedServer(t)
 	ctx := context.Background()
 	c := s.client()
-	for _, how := range []string{"pause", "kill"} {
+	// The stream ends too when the port token that opened it is revoked
+	// or expires, as it does when its API key is revoked.
+	for _, how := range []string{"pause", "kill", "revoke token", "token expires"} {
 		t.Run(how, func(t *testing.T) {
 			sb := newSandbox(t, s, client.CreateSandboxRequest{Template: "base"})
 			if _, err := c.Exec(ctx, sb.ID, client.ExecRequest{Cmd: `nohup python3 -c "$SRV" >/dev/null 2>&1 &`, Env: map[string]string{"SRV": tickServer}}); err != nil {
 				t.Fatal(err)
 			}
+			byToken := strings.Contains(how, "token")
+			var token *client.PortToken
+			if byToken {
+				ttl := time.Hour
+				if how == "token expires" {
+					ttl = 4 * time.Second
+				}
+				var err error
+				if token, err = c.CreatePortToken(ctx, sb.ID, 8000, ttl); err != nil {
+					t.Fatal(err)
+				}
+			}
 			var resp *http.Response
 			for deadline := time.Now().Add(20 * time.Second); ; {
 				req, _ := http.NewRequest("GET", c.PortURL(sb.ID, 8000), nil)
-				req.Header.Set("Authorization", "Bearer "+s.key)
+				if byToken {
+					req, _ = http.NewRequest("GET", token.URL, nil)
+				} else {
+					req.Header.Set("Authorization", "Bearer "+s.key)
+				}
 				r, err := http.DefaultClient.Do(req)
 				if err == nil && r.StatusCode == 200 {
 					resp = r
@@ -1070,10 +1089,13 @@ func TestPortStreamEndsWithTheSandbox(t *testing.T) {
 				ended <- err
 			}()
 			var err error
-			if how == "pause" {
+			switch how {
+			case "pause":
 				_, err = c.Pause(ctx, sb.ID)
-			} else {
+			case "kill":
 				err = c.KillSandbox(ctx, sb.ID)
+			case "revoke token":
+				err = c.RevokePortTokens(ctx, sb.ID, 8000)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -1082,6 +1104,12 @@ func TestPortStreamEndsWithTheSandbox(t *testing.T) {
 			case <-ended:
 			case <-time.After(15 * time.Second):
 				t.Fatalf("the stream still ran 15 s after the %s", how)
+			}
+			if byToken {
+				// And the sandbox runs on: only the token's stream ended.
+				if got, err := c.GetSandbox(ctx, sb.ID); err != nil || got.State != pandastack.StateRunning {
+					t.Fatalf("after the token's end the sandbox is %v, %v; want running", got.State, err)
+				}
 			}
 		})
 	}

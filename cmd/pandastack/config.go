@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -109,6 +110,7 @@ func (c *Config) bind(fs *flag.FlagSet) {
 		fs.BoolVar(p, name, *p, usage+" ($"+env+")")
 	}
 	str(&c.Listen, "listen", "PANDASTACK_LISTEN", "address of the REST API")
+	str(&c.API.PublicURL, "public-url", "PANDASTACK_PUBLIC_URL", "URL clients reach this server at, such as https://sandboxes.example.com behind a proxy that ends TLS: port token URLs are made on its scheme and host, and their cookie is Secure when it is https (default: each request's own)")
 	str(&c.MetricsListen, "metrics-listen", "PANDASTACK_METRICS_LISTEN", "address serving GET /metrics in Prometheus' text format, without an API key: keep it on loopback or a private network (empty: none)")
 	str(&c.DataDir, "data-dir", "PANDASTACK_DATA_DIR", "data directory (database, API key, runtime state)")
 	str(&c.Store, "store", "PANDASTACK_STORE", "database: empty for SQLite in the data dir, sqlite:///path, or postgres://user:pass@host/db")
@@ -230,6 +232,14 @@ func (c *Config) validate() error {
 		if n.value < n.least {
 			return fmt.Errorf("--%s %d: want a whole number, at least %d", n.flag, n.value, n.least)
 		}
+	}
+	if v := c.API.PublicURL; v != "" {
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+			(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+			return fmt.Errorf("--public-url %q: want the scheme and host clients reach this server at, such as https://sandboxes.example.com (no path, query or user)", v)
+		}
+		c.API.PublicURL = u.Scheme + "://" + u.Host
 	}
 	if d := c.Net.PublicDomain; strings.ContainsAny(d, ":/") {
 		return fmt.Errorf("--public-domain %q: want a bare domain name, such as sandboxes.example.com (no scheme, port or path)", d)

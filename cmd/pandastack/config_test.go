@@ -167,3 +167,17 @@ func TestMaxDiskMB(t *testing.T) {
 		}
 	}
 }
+
+// --public-url is a scheme and a host, which token URLs are made on; a
+// trailing slash is dropped, anything more is refused.
+func TestPublicURL(t *testing.T) {
+	cfg, err := bindWith(t, map[string]string{"PANDASTACK_PUBLIC_URL": "https://sandboxes.example.com/"})
+	if err != nil || cfg.API.PublicURL != "https://sandboxes.example.com" {
+		t.Fatalf("public URL %q, %v", cfg.API.PublicURL, err)
+	}
+	for _, v := range []string{"sandboxes.example.com", "ftp://sandboxes.example.com", "https://", "https://sandboxes.example.com/api", "https://u:p@sandboxes.example.com", "https://sandboxes.example.com?x=1"} {
+		if _, err := bindWith(t, nil, "--public-url", v); err == nil || !strings.Contains(err.Error(), "public-url") {
+			t.Errorf("%s: %v", v, err)
+		}
+	}
+}

@@ -70,6 +70,11 @@ type Config struct {
 	DefaultRunTimeout  time.Duration // run_code without timeout_seconds
 	RunOutputCap       int           // bytes kept per stream per run_code
 	PublicDomain       string        // with it, {port}-{id}.PublicDomain is the port proxy too (ports.go)
+	// PublicURL is the scheme and host clients reach the server at
+	// (https://… behind a proxy that ends TLS): port token URLs are made
+	// on it, and their cookie is Secure when it is https. "": the
+	// request's own.
+	PublicURL string
 	// Metrics is where the API's series go (metrics.go); nil: none are
 	// kept.
 	Metrics *metrics.Registry

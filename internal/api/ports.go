@@ -34,6 +34,9 @@ const (
 	maxTokenTTL     = 7 * 24 * time.Hour
 	portTokenPrefix = "pst_"
 	portTokenCookie = "pandastack_port_token"
+	// hostCookiePrefix names a cookie a browser keeps only for the host
+	// that set it over HTTPS (no Domain, Path=/).
+	hostCookiePrefix = "__Host-"
 )
 
 type portToken struct {
@@ -46,6 +49,55 @@ type portToken struct {
 type portTokens struct {
 	mu sync.Mutex
 	m  map[string]portToken
+	// open holds the cuts of the proxied requests in flight by the token
+	// that let them in: a revoked or expired token ends them (a
+	// WebSocket, a stream), as a revoked key ends its own.
+	open map[string]map[*context.CancelCauseFunc]struct{}
+}
+
+var (
+	errTokenRevoked = pandastack.Errorf(pandastack.EUnauthorized, "the port token this request came with was revoked during it")
+	errTokenExpired = pandastack.Errorf(pandastack.EUnauthorized, "the port token this request came with expired during it")
+)
+
+// use returns ctx, cut when the token secret (tok) is revoked or expires;
+// done ends the tracking. A token revoked since the caller's get cuts it
+// at once.
+func (t *portTokens) use(ctx context.Context, secret string, tok portToken) (_ context.Context, done func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	t.mu.Lock()
+	if _, live := t.m[secret]; !live {
+		t.mu.Unlock()
+		cancel(errTokenRevoked)
+		return ctx, func() {}
+	}
+	if t.open == nil {
+		t.open = map[string]map[*context.CancelCauseFunc]struct{}{}
+	}
+	if t.open[secret] == nil {
+		t.open[secret] = map[*context.CancelCauseFunc]struct{}{}
+	}
+	t.open[secret][&cancel] = struct{}{}
+	t.mu.Unlock()
+	timer := time.AfterFunc(time.Until(tok.expires), func() { cancel(errTokenExpired) })
+	return ctx, func() {
+		timer.Stop()
+		t.mu.Lock()
+		delete(t.open[secret], &cancel)
+		if len(t.open[secret]) == 0 {
+			delete(t.open, secret)
+		}
+		t.mu.Unlock()
+		cancel(nil)
+	}
+}
+
+// dropLocked removes the token secret and cuts the requests it let in.
+func (t *portTokens) dropLocked(secret string) {
+	delete(t.m, secret)
+	for cancel := range t.open[secret] {
+		(*cancel)(errTokenRevoked)
+	}
 }
 
 func (t *portTokens) add(secret string, tok portToken) {
@@ -80,7 +132,7 @@ func (t *portTokens) revoke(sandbox string, port int) int {
 	n := 0
 	for k, v := range t.m {
 		if v.sandbox == sandbox && v.port == port {
-			delete(t.m, k)
+			t.dropLocked(k)
 			n++
 		}
 	}
@@ -94,7 +146,7 @@ func (t *portTokens) revokeKey(keyID string) int {
 	n := 0
 	for k, v := range t.m {
 		if v.keyID == keyID {
-			delete(t.m, k)
+			t.dropLocked(k)
 			n++
 		}
 	}
@@ -217,21 +269,56 @@ func (s *Server) createPortToken(w http.ResponseWriter, r *http.Request, project
 	secret := portTokenPrefix + strings.TrimPrefix(pandastack.NewAPIKeySecret(), "pds_")
 	exp := time.Now().Add(ttl).UTC().Truncate(time.Second)
 	s.tokens.add(secret, portToken{project: project, sandbox: id, port: port, expires: exp, keyID: keyIDOf(r.Context())})
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
+	u := s.portURL(r, id, port, "/", tokenParam+"="+secret)
+	writeJSON(w, http.StatusCreated, PortToken{URL: u, Token: secret, ExpiresAt: exp})
+}
+
+// publicBase is the scheme and host clients reach this server at: the
+// configured public URL's (serve --public-url: behind a proxy that ends
+// TLS, the request alone says http and maybe another host), else the
+// request's own.
+func (s *Server) publicBase(r *http.Request) (scheme, host string) {
+	if u, err := url.Parse(s.cfg.PublicURL); err == nil && s.cfg.PublicURL != "" {
+		return u.Scheme, u.Host
 	}
-	u := scheme + "://" + r.Host + "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/?" + tokenParam + "=" + secret
+	if r.TLS != nil {
+		return "https", r.Host
+	}
+	return "http", r.Host
+}
+
+// portURL is the URL of path (escaped) and rawQuery on sandbox id's port
+// as a browser should open it: with --public-domain D the port's own
+// origin, {port}-sbx-….D on the public URL's port (or the one the request
+// came to), not the console's, so that what the page runs stays there;
+// else the path form on the public URL.
+func (s *Server) portURL(r *http.Request, id string, port int, path, rawQuery string) string {
+	scheme, host := s.publicBase(r)
+	u := scheme + "://" + host + "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + path
 	if d := s.cfg.PublicDomain; d != "" {
-		// The port's own origin ({port}-{id}.D, on the port this request
-		// came to), not the console's: what the page runs stays there.
 		listen := ""
-		if _, p, err := net.SplitHostPort(r.Host); err == nil {
+		if _, p, err := net.SplitHostPort(host); err == nil {
 			listen = ":" + p
 		}
-		u = scheme + "://" + strconv.Itoa(port) + "-sbx-" + strings.TrimPrefix(id, "sbx_") + "." + d + listen + "/?" + tokenParam + "=" + secret
+		u = scheme + "://" + strconv.Itoa(port) + "-sbx-" + strings.TrimPrefix(id, "sbx_") + "." + d + listen + path
 	}
-	writeJSON(w, http.StatusCreated, PortToken{URL: u, Token: secret, ExpiresAt: exp})
+	if rawQuery != "" {
+		u += "?" + rawQuery
+	}
+	return u
+}
+
+// tokenCookie is the port-token cookie's name for r: on the host form
+// over HTTPS the __Host- name, which a browser takes only from the host
+// itself with Secure and no Domain, so that another sandbox's page (the
+// same site) cannot set one that shadows it.
+func (s *Server) tokenCookie(r *http.Request) (name string, secure bool) {
+	scheme, _ := s.publicBase(r)
+	secure = scheme == "https"
+	if secure && hostRouted(r) {
+		return hostCookiePrefix + portTokenCookie, true
+	}
+	return portTokenCookie, secure
 }
 
 func (s *Server) revokePortTokens(w http.ResponseWriter, r *http.Request, project string) {
@@ -264,14 +351,29 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 	secret := r.URL.Query().Get(tokenParam)
 	fromQuery := secret != ""
 	if !fromQuery {
-		if c, err := r.Cookie(portTokenCookie); err == nil {
-			secret = c.Value
+		for _, name := range []string{hostCookiePrefix + portTokenCookie, portTokenCookie} {
+			if c, err := r.Cookie(name); err == nil && secret == "" {
+				secret = c.Value
+			}
 		}
 	}
 	if secret != "" && r.Header.Get("Authorization") == "" && r.Header.Get("X-API-Key") == "" {
 		tok, ok := s.tokens.get(secret)
 		if !ok || subtle.ConstantTimeCompare([]byte(tok.sandbox), []byte(id)) != 1 || tok.port != port {
 			refuse(w, r, pandastack.Errorf(pandastack.EUnauthorized, "this port token is unknown, expired, revoked or for another sandbox port"))
+			return
+		}
+		if s.cfg.PublicDomain != "" && !hostRouted(r) {
+			// Ports have origins of their own here: a page opened by
+			// token on the path form would run on the API's and the
+			// console's origin, where it could script the console. A
+			// browser's GET goes to the port's own host; the rest is
+			// refused (an API key still reaches the path form).
+			if fromQuery && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+				http.Redirect(w, r, s.portURL(r, id, port, proxiedPath(r), r.URL.RawQuery), http.StatusTemporaryRedirect)
+				return
+			}
+			refuse(w, r, pandastack.Errorf(pandastack.EPermission, "this server serves sandbox ports to browsers on their own hosts (%s): a port token is taken there, not on the API's path form; open the URL POST …/ports/%d/token answers, or send an API key", s.portURL(r, id, port, "/", ""), port))
 			return
 		}
 		if !fromQuery && s.foreignPage(r, id) {
@@ -285,13 +387,16 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 			if hostRouted(r) {
 				path = "/" // the whole host is the port's
 			}
+			name, secure := s.tokenCookie(r)
 			setCookie = func() {
-				http.SetCookie(w, &http.Cookie{Name: portTokenCookie, Value: secret, Path: path,
-					HttpOnly: true, SameSite: http.SameSiteLaxMode, Expires: tok.expires})
+				http.SetCookie(w, &http.Cookie{Name: name, Value: secret, Path: path,
+					HttpOnly: true, Secure: secure, SameSite: http.SameSiteLaxMode, Expires: tok.expires})
 			}
 		}
 		ctx, done := s.trackKey(r.Context(), tok.keyID)
 		defer done()
+		ctx, unuse := s.tokens.use(ctx, secret, tok)
+		defer unuse()
 		s.proxyPort(w, r.WithContext(ctx), tok.project, id, port, setCookie)
 		return
 	}
@@ -359,6 +464,7 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 			pr.Out.Header.Del("Authorization")
 			pr.Out.Header.Del("X-API-Key")
 			removeCookie(pr.Out, portTokenCookie)
+			removeCookie(pr.Out, hostCookiePrefix+portTokenCookie)
 			removeBearerProtocols(pr.Out.Header)
 			pr.SetXForwarded()
 		},
@@ -379,6 +485,10 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 		ErrorLog:      slog.NewLogLogger(s.log.Handler(), slog.LevelDebug), // the sandbox's server broke off
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() == context.Canceled {
+				if cause := context.Cause(r.Context()); pandastack.IsCode(cause, pandastack.EUnauthorized) {
+					writeError(w, cause) // its key or token revoked (or expired) during it
+					return
+				}
 				if c != nil && !c.Alive() {
 					writeError(w, pandastack.Errorf(pandastack.EUnavailable, "sandbox %s was paused or stopped during the request to its port %d", id, port))
 				}

@@ -1,0 +1,196 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pandastack/pandastack"
+	"github.com/pandastack/pandastack/internal/sandbox"
+)
+
+// ended waits for ctx's end (bounded, so a failure does not hang) and
+// returns its cause.
+func ended(t *testing.T, ctx context.Context) error {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request's context did not end")
+		return nil
+	}
+}
+
+// A request a port token let in (a WebSocket, a stream) ends when the
+// token is revoked, by its port's DELETE or with its key, or expires, as
+// one its API key let in ends with the key's revocation; one whose token
+// was revoked between its check and its start ends at once.
+func TestPortTokenEndsItsRequests(t *testing.T) {
+	tok := func(key string, ttl time.Duration) portToken {
+		return portToken{project: "prj_a", sandbox: "sbx_a", port: 8000, expires: time.Now().Add(ttl), keyID: key}
+	}
+	t.Run("revoked", func(t *testing.T) {
+		var ts portTokens
+		ts.add("pst_1", tok("key_1", time.Hour))
+		ts.add("pst_2", portToken{project: "prj_a", sandbox: "sbx_a", port: 3000, expires: time.Now().Add(time.Hour), keyID: "key_1"})
+		ctx, done := ts.use(context.Background(), "pst_1", tok("key_1", time.Hour))
+		defer done()
+		other, done2 := ts.use(context.Background(), "pst_2", tok("key_1", time.Hour))
+		defer done2()
+		if n := ts.revoke("sbx_a", 8000); n != 1 {
+			t.Fatalf("revoked %d tokens, want 1", n)
+		}
+		if err := ended(t, ctx); err != errTokenRevoked {
+			t.Fatalf("cause %v, want the revocation", err)
+		}
+		if other.Err() != nil {
+			t.Fatal("revoking port 8000's tokens ended a request of port 3000")
+		}
+	})
+	t.Run("with its key", func(t *testing.T) {
+		var ts portTokens
+		ts.add("pst_1", tok("key_1", time.Hour))
+		ctx, done := ts.use(context.Background(), "pst_1", tok("key_1", time.Hour))
+		defer done()
+		ts.revokeKey("key_1")
+		if err := ended(t, ctx); !pandastack.IsCode(err, pandastack.EUnauthorized) {
+			t.Fatalf("cause %v, want unauthorized", err)
+		}
+	})
+	t.Run("expired", func(t *testing.T) {
+		var ts portTokens
+		ts.add("pst_1", tok("key_1", 50*time.Millisecond))
+		ctx, done := ts.use(context.Background(), "pst_1", tok("key_1", 50*time.Millisecond))
+		defer done()
+		if err := ended(t, ctx); err != errTokenExpired {
+			t.Fatalf("cause %v, want the expiry", err)
+		}
+	})
+	t.Run("revoked before its start", func(t *testing.T) {
+		var ts portTokens
+		ts.add("pst_1", tok("key_1", time.Hour))
+		ts.revoke("sbx_a", 8000)
+		ctx, done := ts.use(context.Background(), "pst_1", tok("key_1", time.Hour))
+		defer done()
+		if ctx.Err() == nil {
+			t.Fatal("a request whose token was revoked since its check was let run")
+		}
+	})
+	t.Run("done", func(t *testing.T) {
+		var ts portTokens
+		ts.add("pst_1", tok("key_1", time.Hour))
+		_, done := ts.use(context.Background(), "pst_1", tok("key_1", time.Hour))
+		done()
+		ts.mu.Lock()
+		defer ts.mu.Unlock()
+		if len(ts.open) != 0 {
+			t.Fatalf("%d tokens still hold ended requests", len(ts.open))
+		}
+	})
+}
+
+// Token URLs are made on the public URL when one is set (behind a proxy
+// that ends TLS the request says http, and maybe another host), and on
+// the port's own host with --public-domain.
+func TestPortTokenURL(t *testing.T) {
+	const id = "sbx_abcdefghijklmnop"
+	for _, c := range []struct {
+		name, publicURL, domain, host string
+		want                          string
+	}{
+		{"the request's own", "", "", "localhost:8080", "http://localhost:8080/v1/sandboxes/" + id + "/ports/8000/?pandastack_token=pst_x"},
+		{"behind a TLS proxy", "https://sandboxes.example.test", "", "10.0.0.5:8080", "https://sandboxes.example.test/v1/sandboxes/" + id + "/ports/8000/?pandastack_token=pst_x"},
+		{"host form", "", "ports.example.test", "api.example.test:8080", "http://8000-sbx-abcdefghijklmnop.ports.example.test:8080/?pandastack_token=pst_x"},
+		{"host form behind a TLS proxy", "https://sandboxes.example.test", "ports.example.test", "10.0.0.5:8080", "https://8000-sbx-abcdefghijklmnop.ports.example.test/?pandastack_token=pst_x"},
+		{"host form, the public URL's port", "https://sandboxes.example.test:8443", "ports.example.test", "10.0.0.5:8080", "https://8000-sbx-abcdefghijklmnop.ports.example.test:8443/?pandastack_token=pst_x"},
+	} {
+		s := &Server{cfg: Config{PublicURL: c.publicURL, PublicDomain: c.domain}}
+		r := httptest.NewRequest("POST", "/v1/sandboxes/"+id+"/ports/8000/token", nil)
+		r.Host = c.host
+		if got := s.portURL(r, id, 8000, "/", "pandastack_token=pst_x"); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// The token's cookie is Secure when the server is reached over HTTPS,
+// and on a port's own host it is a __Host- cookie, which another
+// sandbox's page (the same site) cannot shadow with one of its own.
+func TestPortTokenCookie(t *testing.T) {
+	for _, c := range []struct {
+		name, publicURL string
+		host            bool
+		want            string
+		secure          bool
+	}{
+		{"plain HTTP", "", false, portTokenCookie, false},
+		{"plain HTTP, host form", "", true, portTokenCookie, false},
+		{"HTTPS, path form", "https://sandboxes.example.test", false, portTokenCookie, true},
+		{"HTTPS, host form", "https://sandboxes.example.test", true, "__Host-" + portTokenCookie, true},
+	} {
+		s := &Server{cfg: Config{PublicURL: c.publicURL, PublicDomain: "ports.example.test"}}
+		r := httptest.NewRequest("GET", "/", nil)
+		if c.host {
+			r = r.WithContext(context.WithValue(r.Context(), hostRoutedKey{}, true))
+		}
+		if name, secure := s.tokenCookie(r); name != c.want || secure != c.secure {
+			t.Errorf("%s: %s secure %v, want %s secure %v", c.name, name, secure, c.want, c.secure)
+		}
+	}
+}
+
+// With --public-domain, ports have origins of their own, and a port
+// token does not open the path form, which shares the API's and the
+// console's origin (a page there could script the console and read a key
+// typed into it): a browser's GET is sent to the port's own host, with
+// its path and query; anything else is refused. An API key still reaches
+// the path form (past the check, it fails here for want of a store).
+func TestPathFormSendsTokensToThePortsHost(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	s := New(Config{PublicDomain: "ports.example.test", PublicURL: "https://sandboxes.example.test"}, sandbox.New(sandbox.Config{}, nil, nil, nil, log), keyStore{}, nil, log)
+	const id = "sbx_abcdefghijklmnop"
+	s.tokens.add("pst_x", portToken{project: "prj_a", sandbox: id, port: 8000, expires: time.Now().Add(time.Hour), keyID: "key_1"})
+	path := "/v1/sandboxes/" + id + "/ports/8000/app/a%2Fb?q=1&pandastack_token=pst_x"
+	for _, c := range []struct {
+		name, method, cookie, auth string
+		want                       int
+		code, location             string
+	}{
+		{"a browser's GET", "GET", "", "", http.StatusTemporaryRedirect, "", "https://8000-sbx-abcdefghijklmnop.ports.example.test/app/a%2Fb?q=1&pandastack_token=pst_x"},
+		{"a POST", "POST", "", "", http.StatusForbidden, "permission_denied", ""},
+		{"the cookie alone", "GET", portTokenCookie + "=pst_x", "", http.StatusForbidden, "permission_denied", ""},
+		{"an API key", "GET", "", "Bearer pds_0123456789abcdef", 0, "", ""},
+	} {
+		p := path
+		if c.cookie != "" || c.auth != "" {
+			p = strings.TrimSuffix(path, "&pandastack_token=pst_x")
+		}
+		r := httptest.NewRequest(c.method, p, nil)
+		if c.cookie != "" {
+			r.Header.Set("Cookie", c.cookie)
+		}
+		if c.auth != "" {
+			r.Header.Set("Authorization", c.auth)
+		}
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, r)
+		var body errorBody
+		json.Unmarshal(rec.Body.Bytes(), &body)
+		if c.want == 0 {
+			if rec.Code == http.StatusTemporaryRedirect || rec.Code == http.StatusForbidden {
+				t.Errorf("%s: %d %s, want it past the token's check", c.name, rec.Code, rec.Body)
+			}
+			continue
+		}
+		if rec.Code != c.want || body.Error.Code != c.code || rec.Header().Get("Location") != c.location {
+			t.Errorf("%s: %d %q %s, want %d %q %s", c.name, rec.Code, body.Error.Code, rec.Header().Get("Location"), c.want, c.code, c.location)
+		}
+	}
+}
