@@ -33,7 +33,7 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 	current, currentWarm := map[string]string{}, map[string]bool{}
 	for _, spec := range reg.List() {
 		if b, ok := template.Lookup(cfg.CacheDir, spec); ok {
-			current[filepath.Clean(b.RootFS)] = "current build of " + spec.Name
+			current[sandbox.CanonicalPath(b.RootFS)] = "current build of " + spec.Name
 			currentWarm[filepath.Base(sandbox.WarmImageDir(cfg.warmDir(), spec.Name, spec.Hash(), agentHash))] = true
 		}
 	}
@@ -63,7 +63,8 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 	}
 	refs, warm, err := sandbox.CollectRootFSRefs(ctx, sandbox.RefSources{
 		Store: store, Images: images, PausedDir: cfg.pausedDir(), WarmDir: cfg.warmDir(),
-		Current:     func(rootfs string) bool { return current[filepath.Clean(rootfs)] != "" },
+		// The server's spelling of the cache dir may not be gc's.
+		Current:     func(rootfs string) bool { return current[sandbox.CanonicalPath(rootfs)] != "" },
 		CurrentWarm: isCurrentWarm,
 		WarmMinAge:  minAge, DryRun: dryRun,
 	})
@@ -92,7 +93,7 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 	res, err := template.GC(cfg.CacheDir, template.GCOptions{
 		MinAge: minAge, DryRun: dryRun,
 		Keep: func(b template.Built) (string, bool) {
-			if why := current[filepath.Clean(b.RootFS)]; why != "" {
+			if why := current[sandbox.CanonicalPath(b.RootFS)]; why != "" {
 				return why, true
 			}
 			return refs.Keeps(b.Name, b.RootFS, b.BuiltAt)

@@ -31,9 +31,10 @@ type RootFSRefs struct {
 }
 
 // Keeps reports whether the build of template at rootfs, built at builtAt,
-// is referenced, and by what.
+// is referenced, and by what. Paths are compared resolved (see
+// CanonicalPath): the server and gc may spell the cache directory two ways.
 func (r RootFSRefs) Keeps(template, rootfs string, builtAt time.Time) (string, bool) {
-	if by, ok := r.Paths[filepath.Clean(rootfs)]; ok {
+	if by, ok := r.Paths[CanonicalPath(rootfs)]; ok {
 		return by, true
 	}
 	if t, ok := r.Unknown[template]; ok && !builtAt.After(t) {
@@ -43,9 +44,22 @@ func (r RootFSRefs) Keeps(template, rootfs string, builtAt time.Time) (string, b
 }
 
 func (r *RootFSRefs) add(rootfs, by string) {
-	if _, ok := r.Paths[filepath.Clean(rootfs)]; !ok {
-		r.Paths[filepath.Clean(rootfs)] = by
+	p := CanonicalPath(rootfs)
+	if _, ok := r.Paths[p]; !ok {
+		r.Paths[p] = by
 	}
+}
+
+// CanonicalPath is p with its symlinks resolved, so that a cache directory
+// reached through a symlink (the server's PANDASTACK_CACHE_DIR, a default
+// path that sudo leaves gc with) names the same builds; a path that does
+// not resolve (a build gone) stays as it is spelled, cleaned.
+func CanonicalPath(p string) string {
+	p = filepath.Clean(p)
+	if real, err := filepath.EvalSymlinks(p); err == nil {
+		return real
+	}
+	return p
 }
 
 func (r *RootFSRefs) unknown(template string, at time.Time) {

@@ -116,3 +116,33 @@ func TestCollectRootFSRefs(t *testing.T) {
 		t.Errorf("a build of another template is kept by %q", by)
 	}
 }
+
+// A cache directory spelled another way than the server's (a symlink to a
+// bigger disk, the default path under sudo) names the same builds: a
+// sandbox recorded on the build through one spelling keeps it when gc
+// lists the builds through the other.
+func TestRootFSRefsSeeThroughSymlinks(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	real := filepath.Join(h.dir, "big-disk", "cache")
+	rootfs := filepath.Join(real, "templates", "base-0123456789abcdef", "rootfs")
+	if err := os.MkdirAll(rootfs, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(h.dir, "cache-link")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	h.tpls.tpl.RootFS = filepath.Join(link, "templates", "base-0123456789abcdef", "rootfs")
+	sb := h.create()
+	refs, _, err := CollectRootFSRefs(ctx, RefSources{Store: h.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if by, ok := refs.Keeps("base", rootfs+"/", time.Now().Add(time.Hour)); !ok || !strings.Contains(by, sb.ID) {
+		t.Errorf("the build under its real path: kept=%v by %q, want by %s", ok, by, sb.ID)
+	}
+	if by, ok := refs.Keeps("base", h.tpls.tpl.RootFS, time.Now().Add(time.Hour)); !ok || !strings.Contains(by, sb.ID) {
+		t.Errorf("the build under the server's spelling: kept=%v by %q, want by %s", ok, by, sb.ID)
+	}
+}
