@@ -745,9 +745,25 @@ func TestPortProxy(t *testing.T) {
 			t.Errorf("another sandbox's page with the cookie: %d, want 403", st)
 		}
 	}
-	// The path form takes the same token.
-	if resp, body := get(c.PortURL(sb.ID, 8000)+"page.txt?"+u.RawQuery, false); resp.StatusCode != 200 || body != "hello-from-sandbox\n" {
-		t.Errorf("token on the path form: %d %q", resp.StatusCode, body)
+	// The path form, on the console's origin, takes no token here: a
+	// browser's GET goes to the port's own host, path and query kept;
+	// a POST is refused.
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, method := range []string{"GET", "POST"} {
+		req, _ := http.NewRequest(method, c.PortURL(sb.ID, 8000)+"page.txt?"+u.RawQuery, nil)
+		resp, err := noRedirect.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		to, _ := url.Parse(resp.Header.Get("Location"))
+		switch {
+		case method == "GET" && (resp.StatusCode != 307 || to == nil || to.Host != u.Host || to.RequestURI() != u.RequestURI()):
+			t.Errorf("token on the path form, GET: %d to %s, want 307 to %s", resp.StatusCode, resp.Header.Get("Location"), u)
+		case method == "POST" && (resp.StatusCode != 403 || !strings.Contains(string(b), "permission_denied")):
+			t.Errorf("token on the path form, POST: %d %s, want 403", resp.StatusCode, b)
+		}
 	}
 	if err := c.RevokePortTokens(ctx, sb.ID, 8000); err != nil {
 		t.Fatal(err)
