@@ -713,6 +713,21 @@ func TestPortProxy(t *testing.T) {
 	if resp.StatusCode != 200 || body != "hello-from-sandbox\n" || len(resp.Cookies()) == 0 {
 		t.Errorf("token URL: %d %q cookies %v", resp.StatusCode, body, resp.Cookies())
 	}
+	// A browser's navigation to it (over HTTPS, where browsers say so) is
+	// sent on without the token once the cookie is set, so the token
+	// leaves the address bar and the Referer.
+	nav, _ := http.NewRequest("GET", s.url+u.RequestURI(), nil)
+	nav.Host = u.Host
+	nav.Header.Set("Sec-Fetch-Mode", "navigate")
+	nav.Header.Set("Sec-Fetch-Dest", "document")
+	if resp, err := (&http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}).Do(nav); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+		if resp.StatusCode != 303 || resp.Header.Get("Location") != u.Path || len(resp.Cookies()) == 0 {
+			t.Errorf("a browser's navigation to the token URL: %d to %q, cookies %v; want 303 to %s with the cookie", resp.StatusCode, resp.Header.Get("Location"), resp.Cookies(), u.Path)
+		}
+	}
 	if resp, _ := viaHost(strings.Replace(u.Host, "8000-", "8765-", 1)); resp.StatusCode != 401 {
 		t.Errorf("token of port 8000 on port 8765: %d, want 401", resp.StatusCode)
 	}

@@ -380,7 +380,7 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 			refuse(w, r, pandastack.Errorf(pandastack.EPermission, "this request was sent by a page of another origin than sandbox %s's, and carries the port token only as the browser's cookie: refused, so that another sandbox's page cannot act with it; open the port's URL itself, or send the token in ?%s=", id, tokenParam))
 			return
 		}
-		var setCookie func()
+		var setCookie func() bool
 		if fromQuery {
 			// Later requests of the page (scripts, images) carry the cookie.
 			path := "/v1/sandboxes/" + id + "/ports/" + strconv.Itoa(port) + "/"
@@ -388,9 +388,10 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 				path = "/" // the whole host is the port's
 			}
 			name, secure := s.tokenCookie(r)
-			setCookie = func() {
+			setCookie = func() bool {
 				http.SetCookie(w, &http.Cookie{Name: name, Value: secret, Path: path,
 					HttpOnly: true, Secure: secure, SameSite: http.SameSiteLaxMode, Expires: tok.expires})
+				return stripToken(w, r)
 			}
 		}
 		ctx, done := s.trackKey(r.Context(), tok.keyID)
@@ -405,9 +406,32 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 	})(w, r)
 }
 
+// stripToken answers a browser's navigation to a token URL, once its
+// cookie is set, with a redirect to the same URL without the token, and
+// reports whether it did: the token then stays out of the address bar,
+// the history, and the Referer of what the page loads. Browsers say a
+// navigation (Sec-Fetch-*) only over HTTPS; other callers (curl, an SDK)
+// are answered at once, as they may keep no cookie.
+func stripToken(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodGet || r.Header.Get("Sec-Fetch-Mode") != "navigate" || r.Header.Get("Sec-Fetch-Dest") != "document" {
+		return false
+	}
+	loc := r.URL.EscapedPath()
+	if q := withoutParam(r.URL.RawQuery, tokenParam); q != "" {
+		loc += "?" + q
+	}
+	// Not http.Redirect, which cleans the path (a // the host form
+	// passes on would become /).
+	w.Header().Set("Location", loc)
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusSeeOther)
+	return true
+}
+
 // proxyPort passes r to the sandbox's port; setCookie, if not nil, is
-// called once the sandbox is found running, before the answer.
-func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id string, port int, setCookie func()) {
+// called once the sandbox is found running, before the answer, and may
+// answer itself (true: stripToken's redirect).
+func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id string, port int, setCookie func() bool) {
 	clearBodyDeadline(w) // the sandbox's server decides how long a body may take
 	// A proxied request or connection is work in flight: the sandbox is
 	// not idle (nor suspended under it) until it ends.
@@ -437,8 +461,8 @@ func (s *Server) proxyPort(w http.ResponseWriter, r *http.Request, project, id s
 		writeError(w, err)
 		return
 	}
-	if setCookie != nil {
-		setCookie() // not for a sandbox that is gone
+	if setCookie != nil && setCookie() { // not for a sandbox that is gone
+		return
 	}
 	rawPath := proxiedPath(r)
 	// A body the caller broke (malformed chunks, cut off) is the caller's

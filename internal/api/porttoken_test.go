@@ -194,3 +194,50 @@ func TestPathFormSendsTokensToThePortsHost(t *testing.T) {
 		}
 	}
 }
+
+// A browser's navigation to a token URL, once its cookie is set, is sent
+// to the same URL without the token (path as written, the other
+// parameters kept), so the token leaves the address bar, the history and
+// the Referer; a page's own requests and non-browser callers are not.
+func TestStripToken(t *testing.T) {
+	const u = "/v1/sandboxes/sbx_a/ports/8000/a//b%2Fc?x=1&pandastack_token=pst_y&flag"
+	for _, c := range []struct {
+		name    string
+		method  string
+		headers map[string]string
+		want    string // Location; "": not answered
+	}{
+		{"a navigation", "GET", map[string]string{"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, "/v1/sandboxes/sbx_a/ports/8000/a//b%2Fc?x=1&flag"},
+		{"a frame", "GET", map[string]string{"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "iframe"}, ""},
+		{"a script's fetch", "GET", map[string]string{"Sec-Fetch-Mode": "cors", "Sec-Fetch-Dest": "empty"}, ""},
+		{"curl, or a browser over plain HTTP", "GET", nil, ""},
+		{"a form's POST", "POST", map[string]string{"Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}, ""},
+	} {
+		r := httptest.NewRequest(c.method, u, nil)
+		for k, v := range c.headers {
+			r.Header.Set(k, v)
+		}
+		rec := httptest.NewRecorder()
+		answered := stripToken(rec, r)
+		if c.want == "" {
+			if answered || rec.Code != http.StatusOK || rec.Header().Get("Location") != "" {
+				t.Errorf("%s: answered %v, %d %s", c.name, answered, rec.Code, rec.Header().Get("Location"))
+			}
+			continue
+		}
+		if !answered || rec.Code != http.StatusSeeOther || rec.Header().Get("Location") != c.want {
+			t.Errorf("%s: answered %v, %d to %s, want 303 to %s", c.name, answered, rec.Code, rec.Header().Get("Location"), c.want)
+		}
+	}
+}
+
+// A token URL with only the token in its query loses the "?" too.
+func TestStripTokenAlone(t *testing.T) {
+	r := httptest.NewRequest("GET", "/?pandastack_token=pst_y", nil)
+	r.Header.Set("Sec-Fetch-Mode", "navigate")
+	r.Header.Set("Sec-Fetch-Dest", "document")
+	rec := httptest.NewRecorder()
+	if !stripToken(rec, r) || rec.Header().Get("Location") != "/" {
+		t.Errorf("%d to %q, want 303 to /", rec.Code, rec.Header().Get("Location"))
+	}
+}
