@@ -47,8 +47,14 @@ type Placement struct {
 // Errors follow Store's rules.
 type NodeStore interface {
 	// Heartbeat records n (inserting it the first time) as up at
-	// n.HeartbeatAt, with the capacity it reports.
-	Heartbeat(ctx context.Context, n Node) error
+	// n.HeartbeatAt, with the capacity it reports. It returns the state
+	// it replaced: NodeUp, NodeLost, or "" when there was no record (the
+	// first heartbeat, or the node was forgotten since). That state is
+	// read under the record's lock in the write's transaction, so a
+	// LoseNodes or ForgetNode of the node either shows in it or comes
+	// after the write: a node never makes itself up over a "lost" it is
+	// not told of.
+	Heartbeat(ctx context.Context, n Node) (was NodeState, err error)
 	// ListNodes returns every node, lost ones included, by id.
 	ListNodes(ctx context.Context) ([]Node, error)
 	// PlaceSandbox picks the node for a new sandbox among those up since

@@ -112,7 +112,9 @@ func (m *Manager) reapsFor(sb pandastack.Sandbox) bool {
 // heartbeat records this node as up with its capacity, marks nodes silent
 // for the grace period lost, and drops what this node still runs of its
 // own sandboxes that another node marked lost meanwhile (a stall longer
-// than the grace period).
+// than the grace period). Whether it was lost is what its own write
+// replaced, not what the list before it said: another node may mark it
+// lost between the two, and the write would then make it up unawares.
 func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	nc := m.cfg.Node
 	defer func() {
@@ -126,14 +128,12 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	wasLost, listed := false, false
 	urls, lost := map[string]string{}, map[string]bool{}
 	m.node.mu.Lock()
 	lastOK := m.node.lastOK
 	m.node.mu.Unlock()
 	for _, n := range nodes {
 		urls[n.ID] = n.URL
-		listed = listed || n.ID == nc.ID
 		if n.ID == nc.ID && !lastOK.IsZero() && n.HeartbeatAt.After(lastOK) && n.URL != nc.URL {
 			// Another server heartbeats as this node since this one last
 			// did (one started despite claimNodeID, on a clock ahead).
@@ -141,7 +141,6 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 		}
 		if n.State == pandastack.NodeLost {
 			lost[n.ID] = true
-			wasLost = wasLost || n.ID == nc.ID
 		} else if n.ID != nc.ID && n.URL == nc.URL && m.now().Sub(n.HeartbeatAt) < nc.Grace {
 			m.node.mu.Lock()
 			first := !m.node.sameURL[n.ID]
@@ -170,10 +169,11 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 	}
 	m.mu.Unlock()
 	now := m.now()
-	if err := m.store.Heartbeat(ctx, pandastack.Node{
+	was, err := m.store.Heartbeat(ctx, pandastack.Node{
 		ID: nc.ID, URL: nc.URL, StartedAt: m.node.started, HeartbeatAt: now,
 		CPUs: nc.CPUs, MemoryMB: total, FreeMemoryMB: free, Pool: pool,
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	urls[nc.ID], lost[nc.ID] = nc.URL, false
@@ -215,10 +215,10 @@ func (m *Manager) heartbeat(ctx context.Context) (err error) {
 			}
 		}
 	}
-	if wasLost {
+	if was == pandastack.NodeLost {
 		m.log.Warn("this node was marked lost by another; dropping the sandboxes it recorded lost", "node", nc.ID)
 		m.dropLost(ctx)
-	} else if !listed && !lastOK.IsZero() {
+	} else if was == "" && !lastOK.IsZero() {
 		// Its row went since its last heartbeat: it was lost, then
 		// forgotten (`nodes forget`) while it stalled.
 		m.log.Warn("this node was forgotten by another while it stalled; dropping the sandboxes it recorded lost", "node", nc.ID)

@@ -482,7 +482,7 @@ func TestPlaceSkipsSilentNodes(t *testing.T) {
 	// 7 s on, by A's clock (which heartbeats on): B silent, not yet lost.
 	c := &clock{t: time.Now().Add(7 * time.Second)}
 	a.m.now = c.now
-	if err := a.store.Heartbeat(ctx, pandastack.Node{ID: "node-a", URL: "http://node-a.test", StartedAt: time.Now(), HeartbeatAt: c.now(), CPUs: 1, MemoryMB: 4096, FreeMemoryMB: 4096}); err != nil {
+	if _, err := a.store.Heartbeat(ctx, pandastack.Node{ID: "node-a", URL: "http://node-a.test", StartedAt: time.Now(), HeartbeatAt: c.now(), CPUs: 1, MemoryMB: 4096, FreeMemoryMB: 4096}); err != nil {
 		t.Fatal(err)
 	}
 	if got := placed(); got["http://node-b.test"] != 0 {
@@ -567,5 +567,52 @@ func TestSameURLLogged(t *testing.T) {
 	}
 	if got := a.logs.with("another node advertises this node's URL"); len(got) != 1 || !strings.Contains(got[0], "other=node-b") {
 		t.Errorf("A's log: %q, want one error naming node-b", got)
+	}
+}
+
+// listNodesHook is a store whose ListNodes runs after, once listed.
+type listNodesHook struct {
+	pandastack.Store
+	after func()
+}
+
+func (s *listNodesHook) ListNodes(ctx context.Context) ([]pandastack.Node, error) {
+	nodes, err := s.Store.ListNodes(ctx)
+	if after := s.after; after != nil {
+		s.after = nil
+		after()
+	}
+	return nodes, err
+}
+
+// A node marked lost between its heartbeat's read of the nodes and its
+// write (another node judged it as its stall ended) learns it all the
+// same: the write that makes it up again says what it replaced. It wrote
+// over "lost" unawares and ran on its sandboxes, which every node
+// answered as stopped, until it restarted.
+func TestLostDuringHeartbeat(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	hook := &listNodesHook{Store: a.store}
+	b := nodeHarness(t, "node-b", &harness{store: &hookStore{Store: hook}})
+	sb := b.create()
+	c := &clock{t: time.Now().Add(time.Minute)} // A's clock: B last heartbeat a minute ago
+	a.m.now = c.now
+	hook.after = func() {
+		if err := a.m.heartbeat(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := b.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := a.record(sb.ID); rec.State != pandastack.StateStopped || rec.StopReason != pandastack.StopLost {
+		t.Fatalf("B's sandbox after A found B lost: %s %s", rec.State, rec.StopReason)
+	}
+	if ids := b.rt.ids(); len(ids) != 0 {
+		t.Errorf("B still runs %v, which every node answers as stopped (lost)", ids)
+	}
+	if _, err := b.m.Agent(ctx, project, sb.ID); !pandastack.IsCode(err, pandastack.EStopped) {
+		t.Errorf("the lost sandbox on B answers %v, want %s", err, pandastack.EStopped)
 	}
 }

@@ -27,25 +27,40 @@ func scanNode(row pgx.Row) (pandastack.Node, error) {
 	return n, nil
 }
 
-// Heartbeat implements pandastack.NodeStore.
-func (s *Store) Heartbeat(ctx context.Context, n pandastack.Node) error {
+// Heartbeat implements pandastack.NodeStore: the state it replaces is read
+// FOR UPDATE in the upsert's transaction. A LoseNodes holding the row
+// makes it wait, and then read "lost"; a ForgetNode, read no row.
+func (s *Store) Heartbeat(ctx context.Context, n pandastack.Node) (pandastack.NodeState, error) {
 	if !pandastack.StorableText(n.ID, n.URL) {
-		return pandastack.ErrUnstorableText("node", n.ID)
+		return "", pandastack.ErrUnstorableText("node", n.ID)
 	}
 	pool, err := json.Marshal(n.Pool)
 	if err != nil || n.Pool == nil {
 		pool = []byte("{}")
 	}
-	_, err = s.pool.Exec(ctx,
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return "", fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	var was pandastack.NodeState
+	err = tx.QueryRow(ctx, `SELECT state FROM nodes WHERE id = $1 FOR UPDATE`, n.ID).Scan(&was)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
+	}
+	_, err = tx.Exec(ctx,
 		`INSERT INTO nodes (`+nodeColumns+`) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb)
 		 ON CONFLICT (id) DO UPDATE SET url = excluded.url, state = excluded.state,
 		   started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, cpus = excluded.cpus,
 		   memory_mb = excluded.memory_mb, free_memory_mb = excluded.free_memory_mb, pool = excluded.pool`,
 		n.ID, n.URL, string(pandastack.NodeUp), millis(n.StartedAt), millis(n.HeartbeatAt), n.CPUs, n.MemoryMB, n.FreeMemoryMB, string(pool))
 	if err != nil {
-		return fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
+		return "", fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
 	}
-	return nil
+	if err := tx.Commit(ctx); err != nil {
+		return "", fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
+	}
+	return was, nil
 }
 
 // ListNodes implements pandastack.NodeStore.

@@ -31,25 +31,39 @@ func scanNode(row interface{ Scan(...any) error }) (pandastack.Node, error) {
 	return n, nil
 }
 
-// Heartbeat implements pandastack.NodeStore.
-func (s *Store) Heartbeat(ctx context.Context, n pandastack.Node) error {
+// Heartbeat implements pandastack.NodeStore: the state it replaces is read
+// in the upsert's (immediate) transaction.
+func (s *Store) Heartbeat(ctx context.Context, n pandastack.Node) (pandastack.NodeState, error) {
 	if !pandastack.StorableText(n.ID, n.URL) {
-		return pandastack.ErrUnstorableText("node", n.ID)
+		return "", pandastack.ErrUnstorableText("node", n.ID)
 	}
 	pool, err := json.Marshal(n.Pool)
 	if err != nil || n.Pool == nil {
 		pool = []byte("{}")
 	}
-	_, err = s.db.ExecContext(ctx,
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return "", fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
+	}
+	defer tx.Rollback()
+	var was pandastack.NodeState
+	err = tx.QueryRowContext(ctx, `SELECT state FROM nodes WHERE id = ?`, n.ID).Scan(&was)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return "", fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
+	}
+	_, err = tx.ExecContext(ctx,
 		`INSERT INTO nodes (`+nodeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 		 ON CONFLICT (id) DO UPDATE SET url = excluded.url, state = excluded.state,
 		   started_at = excluded.started_at, heartbeat_at = excluded.heartbeat_at, cpus = excluded.cpus,
 		   memory_mb = excluded.memory_mb, free_memory_mb = excluded.free_memory_mb, pool = excluded.pool`,
 		n.ID, n.URL, string(pandastack.NodeUp), millis(n.StartedAt), millis(n.HeartbeatAt), n.CPUs, n.MemoryMB, n.FreeMemoryMB, string(pool))
 	if err != nil {
-		return fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
+		return "", fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
 	}
-	return nil
+	if err := tx.Commit(); err != nil {
+		return "", fmt.Errorf("heartbeat of node %s: %w", n.ID, err)
+	}
+	return was, nil
 }
 
 // ListNodes implements pandastack.NodeStore.

@@ -3,6 +3,7 @@ package storetest
 import (
 	"fmt"
 	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -19,11 +20,14 @@ func node(id string, second int) pandastack.Node {
 	}
 }
 
-func mustHeartbeat(t *testing.T, s pandastack.Store, n pandastack.Node) {
+// mustHeartbeat heartbeats n and returns the state it replaced.
+func mustHeartbeat(t *testing.T, s pandastack.Store, n pandastack.Node) pandastack.NodeState {
 	t.Helper()
-	if err := s.Heartbeat(t.Context(), n); err != nil {
+	was, err := s.Heartbeat(t.Context(), n)
+	if err != nil {
 		t.Fatalf("Heartbeat(%s): %v", n.ID, err)
 	}
+	return was
 }
 
 func nodesByID(t *testing.T, s pandastack.Store) map[string]pandastack.Node {
@@ -89,7 +93,68 @@ func testNodes(t *testing.T, s pandastack.Store) {
 		t.Errorf("node-b after a new heartbeat is %q", st)
 	}
 	bad := node("node-\x00", 0)
-	checkCode(t, "Heartbeat of a NUL id", s.Heartbeat(t.Context(), bad), pandastack.EInvalid)
+	_, err := s.Heartbeat(t.Context(), bad)
+	checkCode(t, "Heartbeat of a NUL id", err, pandastack.EInvalid)
+}
+
+// A heartbeat says what it replaced: nothing the first time and after
+// ForgetNode, up, or lost when another node found it silent meanwhile.
+// That is how a stalled node learns it was lost, so a heartbeat that
+// races LoseNodes must tell it too: either LoseNodes came first and the
+// heartbeat says lost, or the heartbeat did and the node stays lost.
+func testHeartbeatSaysWhatItReplaced(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	for i, want := range []pandastack.NodeState{"", pandastack.NodeUp} {
+		if was := mustHeartbeat(t, s, node("node-a", i)); was != want {
+			t.Errorf("heartbeat %d replaced %q, want %q", i+1, was, want)
+		}
+	}
+	if _, err := s.LoseNodes(ctx, base.Add(time.Minute), base.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if was := mustHeartbeat(t, s, node("node-a", 90)); was != pandastack.NodeLost {
+		t.Errorf("the heartbeat of a node found lost replaced %q, want %q", was, pandastack.NodeLost)
+	}
+	if _, err := s.LoseNodes(ctx, base.Add(2*time.Minute), base.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ForgetNode(ctx, "node-a", base.Add(2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if was := mustHeartbeat(t, s, node("node-a", 150)); was != "" {
+		t.Errorf("the heartbeat of a forgotten node replaced %q, want none", was)
+	}
+
+	// Races: each round, a stalled node's heartbeat (at the stale time,
+	// so LoseNodes may find it silent either way) against LoseNodes.
+	for round := range 20 {
+		id := fmt.Sprintf("node-r%d", round)
+		mustHeartbeat(t, s, node(id, 0))
+		var was pandastack.NodeState
+		var lost []string
+		errs := race(func(i int) error {
+			var err error
+			switch i {
+			case 0:
+				was, err = s.Heartbeat(ctx, node(id, 0))
+			case 1:
+				lost, err = s.LoseNodes(ctx, base.Add(time.Second), base.Add(time.Second))
+			}
+			return err
+		})
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d, racer %d: %v", round, i, err)
+			}
+		}
+		state := nodesByID(t, s)[id].State
+		if slices.Contains(lost, id) && was != pandastack.NodeLost && state != pandastack.NodeLost {
+			t.Fatalf("round %d: LoseNodes marked %s lost, yet its heartbeat replaced %q and left it %s: the node never learns it", round, id, was, state)
+		}
+		if _, err := s.LoseNodes(ctx, base.Add(time.Second), base.Add(time.Second)); err != nil { // tidy: every round's node lost
+			t.Fatal(err)
+		}
+	}
 }
 
 // The Node filter matches a node's own sandboxes and those of no node.

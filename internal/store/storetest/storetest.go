@@ -77,6 +77,7 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"UnstorableTextRefused", testUnstorableTextRefused},
 		{"UnstorableTextLookups", testUnstorableTextLookups},
 		{"Nodes", testNodes},
+		{"HeartbeatSaysWhatItReplaced", testHeartbeatSaysWhatItReplaced},
 		{"ListByNode", testListByNode},
 		{"PlaceSandbox", testPlaceSandbox},
 		{"PlaceByPool", testPlaceByPool},
