@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/pandastack/pandastack"
@@ -21,6 +24,15 @@ import (
 // this data directory refers to (see sandbox.CollectRootFSRefs and
 // template.GC), printing one line per build or image it removes or keeps.
 func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge time.Duration, dryRun bool, w io.Writer) error {
+	// A Ctrl-C or SIGTERM stops gc between two builds rather than inside
+	// one's removal; a second one kills it, which is safe too (a build
+	// leaves its place before its files go).
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
 	// The warm images a server with the agent beside this binary restores;
 	// without an agent to go by, those of every agent are current.
 	agentHash := ""
@@ -90,7 +102,7 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 		freed += l.SizeBytes
 		fmt.Fprintf(w, "%s leftover %s (%d MB)\n", verb, l.Dir, l.SizeBytes>>20)
 	}
-	res, err := template.GC(cfg.CacheDir, template.GCOptions{
+	res, err := template.GC(ctx, cfg.CacheDir, template.GCOptions{
 		MinAge: minAge, DryRun: dryRun,
 		Keep: func(b template.Built) (string, bool) {
 			if why := current[sandbox.CanonicalPath(b.RootFS)]; why != "" {
@@ -99,7 +111,7 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 			return refs.Keeps(b.Name, b.RootFS, b.BuiltAt)
 		},
 	})
-	if err != nil {
+	if err != nil && ctx.Err() == nil {
 		return err
 	}
 	for _, r := range res {
@@ -111,5 +123,8 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 		}
 	}
 	fmt.Fprintf(w, "%s %d MB of template builds and %d MB of warm images\n", verb, freed>>20, freedWarm>>20)
+	if ctx.Err() != nil {
+		return errors.New("template gc: interrupted: it did what it printed; run it again for the rest")
+	}
 	return nil
 }

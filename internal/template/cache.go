@@ -122,17 +122,40 @@ func ListBuilt(cacheDir string) ([]Built, error) {
 var errInUse = errors.New("mounted by a running process")
 
 // Remove deletes a build from the cache. It refuses while anything is
-// mounted beneath it. The caller must know no sandbox still uses its rootfs.
+// mounted beneath it. The caller must know no sandbox still uses its rootfs,
+// and hold the build lock of its name. The build first leaves its place for
+// a .old.NAME.N one, as a --force rebuild's old build does: a removal cut
+// short (killed, a disk error) leaves no half-deleted build that Lookup
+// takes for built, and RemoveStale finishes it.
 func Remove(b Built) error {
-	if b.Dir == "" || filepath.Base(filepath.Dir(b.Dir)) != templatesDir {
+	if b.Dir == "" || filepath.Base(filepath.Dir(b.Dir)) != templatesDir || !nameRE.MatchString(b.Name) {
 		return fmt.Errorf("remove template: %q is not a build directory", b.Dir)
 	}
-	return removeTree(b.Dir)
+	if err := checkUnused(b.Dir); err != nil {
+		return err
+	}
+	aside := filepath.Join(filepath.Dir(b.Dir), fmt.Sprintf(".old.%s.%d", b.Name, time.Now().UnixNano()))
+	if err := os.Rename(b.Dir, aside); err != nil {
+		return fmt.Errorf("remove %s: %w", b.Dir, err)
+	}
+	return removeTree(aside)
 }
 
 // removeTree removes dir after making sure nothing is mounted beneath it:
 // os.RemoveAll through a bind mount would delete the host's files.
 func removeTree(dir string) error {
+	if err := checkUnused(dir); err != nil {
+		return err
+	}
+	if err := removeAll(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", dir, err)
+	}
+	return nil
+}
+
+// checkUnused fails when something is mounted beneath dir, in this mount
+// namespace or any other.
+func checkUnused(dir string) error {
 	mounted, err := mountsUnder(dir)
 	if err != nil {
 		return fmt.Errorf("remove %s: %w", dir, err)
@@ -150,11 +173,11 @@ func removeTree(dir string) error {
 	if m := used(dir); m != "" {
 		return fmt.Errorf("remove %s: %w (%s)", dir, errInUse, m)
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("remove %s: %w", dir, err)
-	}
 	return nil
 }
+
+// removeAll is os.RemoveAll; a test cuts it short.
+var removeAll = os.RemoveAll
 
 // mirrors resolves the archives a build of spec uses: the spec's own mirror,
 // else the operator's, else the host's apt sources.

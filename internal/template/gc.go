@@ -1,6 +1,7 @@
 package template
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -33,8 +34,10 @@ type GCResult struct {
 // sharing the cache, which o.Keep cannot know about). Removal refuses
 // anything mounted beneath the build. The debootstrap stages and builds in
 // progress are never touched. Cost: a read of every process's mount table
-// and a recursive delete per removed build.
-func GC(cacheDir string, o GCOptions) ([]GCResult, error) {
+// and a recursive delete per removed build. Once ctx ends GC looks at no
+// further build (a removal under way finishes) and returns what it did
+// with ctx's error.
+func GC(ctx context.Context, cacheDir string, o GCOptions) ([]GCResult, error) {
 	if o.Keep == nil {
 		return nil, fmt.Errorf("template gc: no Keep function")
 	}
@@ -52,6 +55,9 @@ func GC(cacheDir string, o GCOptions) ([]GCResult, error) {
 	}
 	var out []GCResult
 	for _, b := range builds {
+		if err := ctx.Err(); err != nil {
+			return out, fmt.Errorf("template gc: stopped: %w", err)
+		}
 		r := GCResult{Build: b}
 		if reason, keep := o.Keep(b); keep {
 			r.Reason = reason

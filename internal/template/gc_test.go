@@ -2,6 +2,7 @@ package template
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"os"
@@ -58,7 +59,7 @@ func TestGCRemovesOnlyUnreferencedOldBuilds(t *testing.T) {
 		return "", false
 	}
 
-	res, err := GC(cache, GCOptions{Keep: keep, MinAge: time.Hour, DryRun: true})
+	res, err := GC(context.Background(), cache, GCOptions{Keep: keep, MinAge: time.Hour, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +75,7 @@ func TestGCRemovesOnlyUnreferencedOldBuilds(t *testing.T) {
 		t.Fatal("a dry run removed a build")
 	}
 
-	if _, err := GC(cache, GCOptions{Keep: keep, MinAge: time.Hour}); err != nil {
+	if _, err := GC(context.Background(), cache, GCOptions{Keep: keep, MinAge: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	if exists(garbage.Dir) {
@@ -92,15 +93,15 @@ func TestGCRemovesOnlyUnreferencedOldBuilds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err = GC(cache, GCOptions{Keep: keep, MinAge: time.Hour})
+	res, err = GC(context.Background(), cache, GCOptions{Keep: keep, MinAge: time.Hour})
 	unlock()
 	if err != nil || !exists(busy.Dir) {
 		t.Fatalf("GC removed a build while a build of its name ran: %v %+v", err, res)
 	}
-	if _, err := GC(cache, GCOptions{Keep: keep, MinAge: time.Hour}); err != nil || exists(busy.Dir) {
+	if _, err := GC(context.Background(), cache, GCOptions{Keep: keep, MinAge: time.Hour}); err != nil || exists(busy.Dir) {
 		t.Fatalf("the build is still there once the lock is free: %v", err)
 	}
-	if _, err := GC(cache, GCOptions{}); err == nil {
+	if _, err := GC(context.Background(), cache, GCOptions{}); err == nil {
 		t.Error("GC without a Keep function succeeded")
 	}
 }
@@ -144,7 +145,7 @@ func TestGCKeepsABuildMountedElsewhere(t *testing.T) {
 	if m := hostMountsUnder(t, used.Dir); len(m) != 0 {
 		t.Fatalf("the mount leaked into the test's namespace: %v", m)
 	}
-	res, err := GC(cache, GCOptions{Keep: func(Built) (string, bool) { return "", false }, MinAge: time.Hour})
+	res, err := GC(context.Background(), cache, GCOptions{Keep: func(Built) (string, bool) { return "", false }, MinAge: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,5 +196,64 @@ func TestRemoveTreeKeepsWhatASandboxHasMounted(t *testing.T) {
 	}
 	if exists(old) {
 		t.Error("RemoveStale kept the leftover once nothing had it mounted")
+	}
+}
+
+// A gc cut short while it deletes a build (killed, a disk error) leaves no
+// half-deleted build that still counts as built: the build leaves its
+// place first, and the next RemoveStale (serve's start, gc) removes the
+// rest.
+func TestGCCutShortLeavesNoHalfBuild(t *testing.T) {
+	cache := t.TempDir()
+	old := time.Now().Add(-48 * time.Hour)
+	b := fakeBuild(t, cache, "base", "aaaaaaaaaaaaaaaa", old)
+	os.WriteFile(filepath.Join(b.RootFS, "etc", "os-release"), []byte("x"), 0o644)
+	defer func(orig func(string) error) { removeAll = orig }(removeAll)
+	removeAll = func(dir string) error {
+		// Gone as far as the root filesystem's files, then killed.
+		if err := os.RemoveAll(filepath.Join(dir, rootfsDir, "etc")); err != nil {
+			return err
+		}
+		return errors.New("killed")
+	}
+	res, err := GC(context.Background(), cache, GCOptions{Keep: func(Built) (string, bool) { return "", false }, MinAge: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 1 || res[0].Removed {
+		t.Fatalf("GC results %+v, want the build not removed", res)
+	}
+	if left, _ := ListBuilt(cache); len(left) != 0 {
+		t.Fatalf("a half-deleted build counts as built: %+v", left)
+	}
+	if exists(b.Dir) {
+		t.Fatalf("the half-deleted build is still at %s", b.Dir)
+	}
+	removeAll = os.RemoveAll
+	if _, err := RemoveStale(cache, false); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(cache, templatesDir))
+	for _, e := range ents {
+		if e.IsDir() {
+			t.Errorf("left in the cache after RemoveStale: %s", e.Name())
+		}
+	}
+}
+
+// A gc stopped (Ctrl-C) before it looks at a build removes nothing more
+// and says why.
+func TestGCStopsWhenCancelled(t *testing.T) {
+	cache := t.TempDir()
+	old := time.Now().Add(-48 * time.Hour)
+	a := fakeBuild(t, cache, "base", "aaaaaaaaaaaaaaaa", old)
+	b := fakeBuild(t, cache, "base", "bbbbbbbbbbbbbbbb", old)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := GC(ctx, cache, GCOptions{Keep: func(Built) (string, bool) { return "", false }}); !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled GC returned %v, want it cancelled", err)
+	}
+	if !exists(a.Dir) || !exists(b.Dir) {
+		t.Error("a cancelled GC removed a build")
 	}
 }
