@@ -75,11 +75,16 @@ func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request, project,
 	if target == "" {
 		return false
 	}
-	if r.Header.Get(forwardedHeader) != "" && project == "" && !hasCredential(r) {
-		// A port proxy's request without a key or token, the header set
-		// by its caller: refused here as any such request is (401),
-		// rather than answered with where the sandbox runs, which told a
-		// caller with no key that the sandbox lives, and on which node.
+	if r.Header.Get(forwardedHeader) != "" && project == "" {
+		// A port proxy's request, not yet authenticated, the header set
+		// by its caller (or by a node at this node's URL): the port
+		// proxy here checks its credential as it does for a sandbox
+		// that does not exist. A token is the owner's, unknown here
+		// (401), as is a key that does not check out; a key of another
+		// project finds no such sandbox (404); one of the sandbox's
+		// project comes back here with it, and gets the 503 below. Only
+		// a credential's presence was checked before, and a made-up one
+		// got the 503: the sandbox lives, on another node.
 		return false
 	}
 	if r.Header.Get(forwardedHeader) != "" {

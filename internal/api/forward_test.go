@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/pandastack/pandastack"
 	"github.com/pandastack/pandastack/internal/sandbox"
+	"github.com/pandastack/pandastack/internal/store/sqlite"
 )
 
 // forwarder is a Server with only what proxyTo uses: a manager that is
@@ -576,5 +578,82 @@ func TestHasCredential(t *testing.T) {
 		if got := hasCredential(r); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// A port proxy's request that says it was forwarded, with no credential
+// that checks out, about a sandbox that runs on another node gets the
+// answer it gets about a sandbox that does not exist: a made-up token or
+// key told it (503, "runs on another node") that the sandbox lives.
+func TestForwardedPortRequestSaysNothingOfWhereASandboxRuns(t *testing.T) {
+	ctx := t.Context()
+	st, err := sqlite.Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	now := time.Now()
+	if _, err := st.Heartbeat(ctx, pandastack.Node{ID: "node-y", URL: "http://node-y.invalid", StartedAt: now, HeartbeatAt: now, CPUs: 1, MemoryMB: 1024}); err != nil {
+		t.Fatal(err)
+	}
+	far := pandastack.Sandbox{ID: "sbx_far", ProjectID: "prj_1", Template: "base", State: pandastack.StateRunning, CPU: 1, MemoryMB: 256,
+		CreatedAt: now, ExpiresAt: now.Add(time.Hour), NodeID: "node-y"}
+	if err := st.CreateSandbox(ctx, far); err != nil {
+		t.Fatal(err)
+	}
+	const stranger = "pds_stranger0123456789"
+	if err := st.CreateProject(ctx, pandastack.Project{ID: "prj_2", Name: "other", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateAPIKey(ctx, pandastack.APIKey{ID: "key_2", ProjectID: "prj_2", Name: "stranger", Prefix: stranger[:8], Hash: HashKey(stranger), CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	mgr := sandbox.New(sandbox.Config{Node: sandbox.NodeConfig{ID: "node-x", URL: "http://node-x.invalid"}}, st, nil, nil, log)
+	if url, err := mgr.Remote(ctx, "", far.ID); err != nil || url != "http://node-y.invalid" {
+		t.Fatalf("Remote(%s) = %q, %v: the test needs it on node-y", far.ID, url, err)
+	}
+	s := New(Config{}, mgr, st, nil, log)
+	for _, c := range []struct {
+		name string
+		mod  func(r *http.Request)
+	}{
+		{"no credential", func(r *http.Request) {}},
+		{"a made-up cookie", func(r *http.Request) { r.AddCookie(&http.Cookie{Name: portTokenCookie, Value: "pst_junk"}) }},
+		{"a made-up token", func(r *http.Request) { r.URL.RawQuery = tokenParam + "=pst_junk" }},
+		{"a made-up key", func(r *http.Request) { r.Header.Set("Authorization", "Bearer pds_junk") }},
+		{"a made-up key header", func(r *http.Request) { r.Header.Set("X-API-Key", "pds_junk") }},
+		{"another project's key", func(r *http.Request) { r.Header.Set("Authorization", "Bearer "+stranger) }},
+	} {
+		answer := func(id string) (int, string) {
+			r := httptest.NewRequest("GET", "/v1/sandboxes/"+id+"/ports/80/", nil)
+			r.Header.Set(forwardedHeader, "node-made-up")
+			c.mod(r)
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, r)
+			return rec.Code, strings.ReplaceAll(rec.Body.String(), id, "{id}")
+		}
+		farCode, farBody := answer(far.ID)
+		noneCode, noneBody := answer("sbx_nonesuch")
+		if farCode != noneCode || farBody != noneBody {
+			t.Errorf("%s: another node's sandbox answers %d %s; one that does not exist %d %s", c.name, farCode, farBody, noneCode, noneBody)
+		}
+	}
+	// A key of the sandbox's own project is told why this node does not
+	// act on it: it is not handled here as if it ran here.
+	const owner = "pds_owner0123456789"
+	if err := st.CreateProject(ctx, pandastack.Project{ID: "prj_1", Name: "owner", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateAPIKey(ctx, pandastack.APIKey{ID: "key_1", ProjectID: "prj_1", Name: "owner", Prefix: owner[:8], Hash: HashKey(owner), CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest("GET", "/v1/sandboxes/"+far.ID+"/ports/80/", nil)
+	r.Header.Set(forwardedHeader, "node-made-up")
+	r.Header.Set("Authorization", "Bearer "+owner)
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, r)
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "runs on another node") {
+		t.Errorf("the sandbox's project's key: %d %s, want 503 saying it runs on another node", rec.Code, rec.Body)
 	}
 }
