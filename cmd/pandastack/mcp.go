@@ -40,8 +40,21 @@ func mcpCmd(args []string) error {
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP too: a client in a terminal that closes takes `pandastack mcp`
+	// with it (one process group); the session's sandbox is killed as on
+	// SIGTERM, not left to its TTL. Unless it was started to ignore it
+	// (nohup), which a handler would undo.
+	stopOn := []os.Signal{os.Interrupt, syscall.SIGTERM}
+	if !signal.Ignored(syscall.SIGHUP) {
+		stopOn = append(stopOn, syscall.SIGHUP)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), stopOn...)
 	defer stop()
+	// A client that read stderr and went away (crashed, force-quit) leaves
+	// the log line written as the session ends no reader: with SIGPIPE
+	// caught, the write fails and the sandbox is still killed. (Caught,
+	// not ignored, as in serve.)
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	log := newLogger(*level, os.Stderr)
 	if err := checkMCPSettings(ctx, c, *tpl); err != nil {
 		// A key or template that cannot work fails now, where the MCP

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -671,6 +672,39 @@ func TestStdioBinarySignal(t *testing.T) {
 	case <-done:
 	case <-time.After(20 * time.Second):
 		t.Fatalf("pandastack mcp did not exit on SIGTERM with a call in flight\n%s", stderr.String())
+	}
+	assertStopped(t, api, id)
+}
+
+// SIGHUP (the terminal of the client that started `pandastack mcp` closed)
+// ends it as SIGTERM does: the session's sandbox is killed, not left
+// running to its TTL.
+func TestStdioBinaryHangup(t *testing.T) {
+	api := server(t)
+	if signal.Ignored(syscall.SIGHUP) {
+		t.Skip("SIGHUP is ignored here (nohup), and so in `pandastack mcp` started by this test, which then rightly keeps running")
+	}
+	before := sessionSandboxes(t, api)
+	var stderr syncBuffer
+	cmd := exec.Command(filepath.Join(api.bin, "pandastack"), "mcp")
+	cmd.Env = append(os.Environ(), "PANDASTACK_API="+api.url, "PANDASTACK_API_KEY="+api.key)
+	cmd.Stderr = &stderr
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "0"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, nil)
+	if err != nil {
+		t.Fatalf("initialize: %v\n%s", err, stderr.String())
+	}
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"cmd": "true"}})
+	if err != nil || res.IsError {
+		t.Fatalf("exec: %v %s\n%s", err, textOf(res), stderr.String())
+	}
+	id := newSessionSandbox(t, before, sessionSandboxes(t, api))
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	cs.Wait()
+	cs.Close()
+	if cmd.ProcessState == nil || !cmd.ProcessState.Success() {
+		t.Errorf("pandastack mcp ended %v on SIGHUP, want a clean exit\n%s", cmd.ProcessState, stderr.String())
 	}
 	assertStopped(t, api, id)
 }
