@@ -254,7 +254,7 @@ func serve(args []string) error {
 		}
 		buildOnStart = append(buildOnStart, spec)
 	}
-	if err := ensureFirstKey(ctx, store, cfg.keyPath()); err != nil {
+	if err := ensureFirstKey(ctx, store, cfg.keyPath(), os.Stdout, isTerminal(os.Stdout)); err != nil {
 		return err
 	}
 	for _, spec := range buildOnStart {
@@ -410,8 +410,11 @@ func serve(args []string) error {
 }
 
 // ensureFirstKey creates the default project and its first key when the
-// store has no key at all, prints the key once and writes it to keyPath.
-func ensureFirstKey(ctx context.Context, store pandastack.Store, keyPath string) error {
+// store has no key at all and writes it to keyPath. It prints the key to
+// out once when out is a terminal; otherwise (systemd's journal, a pod's
+// log, read by more than the key file's owner) only its prefix and where
+// to read it.
+func ensureFirstKey(ctx context.Context, store pandastack.Store, keyPath string, out io.Writer, terminal bool) error {
 	keys, err := store.ListAPIKeys(ctx)
 	if err != nil {
 		return err
@@ -426,8 +429,23 @@ func ensureFirstKey(ctx context.Context, store pandastack.Store, keyPath string)
 	if err := os.WriteFile(keyPath, []byte(secret+"\n"), 0o600); err != nil {
 		return err
 	}
-	fmt.Printf("Created API key (shown once; also saved to %s, readable only by its owner):\n\n    export PANDASTACK_API_KEY=%s\n\n", keyPath, secret)
+	if terminal {
+		fmt.Fprintf(out, "Created API key (shown once; also saved to %s, readable only by its owner):\n\n    export PANDASTACK_API_KEY=%s\n\n", keyPath, secret)
+		return nil
+	}
+	fmt.Fprintf(out, "Created API key %s… (its prefix, as keys list shows it), saved to %s, readable only by its owner; not printed here, since this output is not a terminal and may be a log. Read it with:\n\n    export PANDASTACK_API_KEY=$(cat %s)\n\n", keyPrefix(secret), keyPath, keyPath)
 	return nil
+}
+
+// keyPrefix is the start of secret kept in its key's record, by which keys
+// list shows it and keys revoke finds it.
+func keyPrefix(secret string) string { return secret[:10] }
+
+// isTerminal reports whether f is a terminal (a character device: /dev/null
+// is one too, and what is written there is read by no one).
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // createKey makes a key in the project named project (or, failing that,
@@ -458,7 +476,7 @@ func createKey(ctx context.Context, store pandastack.Store, project, name, scope
 		return "", false, err
 	}
 	secret = pandastack.NewAPIKeySecret()
-	k := pandastack.APIKey{ID: pandastack.NewID("key"), ProjectID: p.ID, Name: name, Prefix: secret[:10], Hash: api.HashKey(secret), CreatedAt: time.Now().UTC(), Scope: scope}
+	k := pandastack.APIKey{ID: pandastack.NewID("key"), ProjectID: p.ID, Name: name, Prefix: keyPrefix(secret), Hash: api.HashKey(secret), CreatedAt: time.Now().UTC(), Scope: scope}
 	if err := store.CreateAPIKey(ctx, k); err != nil {
 		return "", false, err
 	}
