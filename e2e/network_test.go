@@ -888,7 +888,8 @@ func TestPortProxy(t *testing.T) {
 	if err := c.KillSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
-	if resp, body := get(c.PortURL(sb.ID, 8000)+"page.txt?"+tok.URL[strings.Index(tok.URL, "?")+1:], false); resp.StatusCode < 400 || len(resp.Cookies()) != 0 {
+	killed, _ := url.Parse(tok.URL) // the port's own host
+	if resp, body := getAs(s.url+"/page.txt?"+killed.RawQuery, killed.Host, false); resp.StatusCode < 400 || len(resp.Cookies()) != 0 {
 		t.Errorf("the token of a killed sandbox: %d %q, cookies %v", resp.StatusCode, body, resp.Cookies())
 	}
 
