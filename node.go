@@ -73,6 +73,13 @@ type NodeStore interface {
 	// paused sandboxes stay paused (their image is on the node's disk,
 	// back with the node). It returns the ids of the nodes it marked.
 	LoseNodes(ctx context.Context, before, at time.Time) ([]string, error)
+	// ClaimSandboxesOfNoNode records node as the node of every sandbox
+	// of no node (records made before nodes existed), whatever its state,
+	// and returns how many. A node calls it as it starts, before its
+	// recovery: the first node to start on a store takes them all, and
+	// two starting at once do not share them (one waits for the other,
+	// then finds none). The rest find none and leave them to it.
+	ClaimSandboxesOfNoNode(ctx context.Context, node string) (int, error)
 	// ForgetNode removes a lost node (a host retired for good) and records
 	// each of its sandboxes still paused, whose images were on its disk,
 	// as stopped at at with StopLost, in one transaction; it returns how

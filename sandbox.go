@@ -70,7 +70,8 @@ type Sandbox struct {
 	// sandbox networking. Kept by the network layer, not the store.
 	Network *NetworkPolicy `json:"network,omitempty"`
 	// NodeID is the node that runs it (node.go); "" in records made
-	// before nodes existed, which belong to whichever node finds them.
+	// before nodes existed, until the first node to start on the store
+	// claims them (NodeStore.ClaimSandboxesOfNoNode).
 	NodeID string `json:"node_id,omitempty"`
 }
 

@@ -78,7 +78,9 @@ type nodeState struct {
 // NodeID returns this node's id ("" without nodes).
 func (m *Manager) NodeID() string { return m.cfg.Node.ID }
 
-// owns reports whether a sandbox record is this node's to act on.
+// owns reports whether a sandbox record is this node's to act on. A
+// record of no node is every manager's without nodes; with them, none is
+// left once the first node has started (startNode).
 func (m *Manager) owns(sb pandastack.Sandbox) bool {
 	return sb.NodeID == "" || sb.NodeID == m.cfg.Node.ID
 }
@@ -334,7 +336,8 @@ func (m *Manager) heartbeatLoop() {
 }
 
 // startNode heartbeats once, so that this node is up before it recovers,
-// and then keeps heartbeating.
+// takes the sandboxes of no node if it is the first node to start on the
+// store, and then keeps heartbeating.
 func (m *Manager) startNode(ctx context.Context) error {
 	if m.cfg.Node.ID == "" {
 		return nil
@@ -345,6 +348,17 @@ func (m *Manager) startNode(ctx context.Context) error {
 	}
 	if err := m.heartbeat(ctx); err != nil {
 		return err
+	}
+	// Records made before nodes existed are the first node's: most likely
+	// the server that ran them, restarted as a node. Left of no node,
+	// every node took them for its own, and a later node's recovery,
+	// which cannot attach to them, recorded them lost while they ran on.
+	n, err := m.store.ClaimSandboxesOfNoNode(ctx, m.cfg.Node.ID)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		m.log.Warn("this node took the sandboxes recorded before nodes existed, as the first node to start on this store; if another server runs them, they are recorded lost now", "node", m.cfg.Node.ID, "sandboxes", n)
 	}
 	m.wg.Add(1)
 	go m.heartbeatLoop()

@@ -616,3 +616,41 @@ func TestLostDuringHeartbeat(t *testing.T) {
 		t.Errorf("the lost sandbox on B answers %v, want %s", err, pandastack.EStopped)
 	}
 }
+
+// A sandbox recorded before nodes existed (no node) is the first node's
+// to start on the store: the server that ran it, restarted as a node,
+// keeps it, and a second node that starts later leaves it alone and
+// passes requests about it on. Every node took such records for its own:
+// the second one's recovery, which could not attach to it, recorded it
+// stopped (lost) while the first ran on with it, unreachable.
+func TestSandboxOfNoNodeIsTheFirstNodes(t *testing.T) {
+	ctx := context.Background()
+	a := nodeHarness(t, "node-a", nil)
+	sb := a.create()
+	a.exec(sb.ID, "set v=from-before-nodes")
+	// Its record as a server before nodes wrote it.
+	rec := a.record(sb.ID)
+	rec.NodeID = ""
+	if err := a.store.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.store.CreateSandbox(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	// The server is upgraded: it restarts as node A, then B joins.
+	a.m.Close()
+	a.m = a.newManager()
+	b := nodeHarness(t, "node-b", a)
+	if rec := a.record(sb.ID); rec.State != pandastack.StateRunning || rec.NodeID != "node-a" {
+		t.Errorf("the sandbox after B started: %s %s on node %q, want running on node-a", rec.State, rec.StopReason, rec.NodeID)
+	}
+	if out, err := a.exec(sb.ID, "get v"); err != nil || out != "from-before-nodes" {
+		t.Errorf("the sandbox on A: %q %v", out, err)
+	}
+	if err := b.m.heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if url, err := b.m.Remote(ctx, project, sb.ID); err != nil || url != "http://node-a.test" {
+		t.Errorf("Remote of the sandbox from B = %q, %v; want A's URL", url, err)
+	}
+}

@@ -128,6 +128,25 @@ func (s *Store) PlaceSandbox(ctx context.Context, p pandastack.Placement) (panda
 	return n, nil
 }
 
+// ClaimSandboxesOfNoNode implements pandastack.NodeStore: the rows are
+// locked in id order, so a second claim at once waits on the first row
+// and then finds it, like the rest, claimed.
+func (s *Store) ClaimSandboxesOfNoNode(ctx context.Context, node string) (int, error) {
+	if node == "" {
+		return 0, pandastack.Errorf(pandastack.EInvalid, "claim the sandboxes of no node: no node named")
+	}
+	if !pandastack.StorableText(node) {
+		return 0, pandastack.ErrUnstorableText("node", node)
+	}
+	tag, err := s.pool.Exec(ctx,
+		`UPDATE sandboxes SET node_id = $1
+		 WHERE id IN (SELECT id FROM sandboxes WHERE node_id = '' ORDER BY id COLLATE "C" FOR UPDATE)`, node)
+	if err != nil {
+		return 0, fmt.Errorf("claim the sandboxes of no node for %s: %w", node, err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // ForgetNode implements pandastack.NodeStore.
 func (s *Store) ForgetNode(ctx context.Context, id string, at time.Time) (int, error) {
 	if !pandastack.StorableText(id) {

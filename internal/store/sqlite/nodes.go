@@ -127,6 +127,25 @@ func (s *Store) PlaceSandbox(ctx context.Context, p pandastack.Placement) (panda
 	return n, nil
 }
 
+// ClaimSandboxesOfNoNode implements pandastack.NodeStore.
+func (s *Store) ClaimSandboxesOfNoNode(ctx context.Context, node string) (int, error) {
+	if node == "" {
+		return 0, pandastack.Errorf(pandastack.EInvalid, "claim the sandboxes of no node: no node named")
+	}
+	if !pandastack.StorableText(node) {
+		return 0, pandastack.ErrUnstorableText("node", node)
+	}
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET node_id = ? WHERE node_id = ''`, node)
+	if err != nil {
+		return 0, fmt.Errorf("claim the sandboxes of no node for %s: %w", node, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("claim the sandboxes of no node for %s: %w", node, err)
+	}
+	return int(n), nil
+}
+
 // ForgetNode implements pandastack.NodeStore.
 func (s *Store) ForgetNode(ctx context.Context, id string, at time.Time) (int, error) {
 	tx, err := s.db.BeginTx(ctx, nil)

@@ -170,6 +170,60 @@ func testListByNode(t *testing.T, s pandastack.Store) {
 	checkIDs(t, "every node", list(t, s, pandastack.SandboxFilter{}), "sbx_mine", "sbx_theirs", "sbx_legacy")
 }
 
+// ClaimSandboxesOfNoNode gives the sandboxes of no node, whatever their
+// state, to the node named, once: a second node finds none, and the
+// first's list no longer shares them with every node's.
+func testClaimSandboxesOfNoNode(t *testing.T, s pandastack.Store) {
+	ctx := t.Context()
+	running, paused, stopped, theirs := sandbox("sbx_running", 1), sandbox("sbx_paused", 2), sandbox("sbx_stopped", 3), sandbox("sbx_theirs", 4)
+	paused.State = pandastack.StatePaused
+	stoppedAt := base.Add(time.Minute)
+	stopped.State, stopped.StopReason, stopped.StoppedAt = pandastack.StateStopped, pandastack.StopKilled, &stoppedAt
+	theirs.NodeID = "node-b"
+	for _, sb := range []pandastack.Sandbox{running, paused, stopped, theirs} {
+		mustSandbox(t, s, sb)
+	}
+	if n, err := s.ClaimSandboxesOfNoNode(ctx, "node-a"); err != nil || n != 3 {
+		t.Fatalf("ClaimSandboxesOfNoNode(node-a) = %d, %v; want its 3", n, err)
+	}
+	for _, id := range []string{"sbx_running", "sbx_paused", "sbx_stopped"} {
+		if g := mustGet(t, s, id); g.NodeID != "node-a" {
+			t.Errorf("%s after the claim is node %q's, want node-a's", id, g.NodeID)
+		}
+	}
+	if g := mustGet(t, s, "sbx_theirs"); g.NodeID != "node-b" {
+		t.Errorf("another node's sandbox after the claim is node %q's", g.NodeID)
+	}
+	if n, err := s.ClaimSandboxesOfNoNode(ctx, "node-b"); err != nil || n != 0 {
+		t.Errorf("a second claim = %d, %v; want none", n, err)
+	}
+	checkIDs(t, "node-b's", list(t, s, pandastack.SandboxFilter{Node: "node-b"}), "sbx_theirs")
+	_, err := s.ClaimSandboxesOfNoNode(ctx, "")
+	checkCode(t, "a claim for no node", err, pandastack.EInvalid)
+	_, err = s.ClaimSandboxesOfNoNode(ctx, "node-\x00")
+	checkCode(t, "a claim for a NUL node", err, pandastack.EInvalid)
+
+	// Two nodes starting at once: each sandbox is one node's, and only
+	// one node claims any.
+	for i := range 10 {
+		mustSandbox(t, s, sandbox(fmt.Sprintf("sbx_race%d", i), 10+i))
+	}
+	claimed := make([]int, racers)
+	for i, err := range race(func(i int) error {
+		var err error
+		claimed[i], err = s.ClaimSandboxesOfNoNode(ctx, fmt.Sprintf("node-r%d", i))
+		return err
+	}) {
+		if err != nil {
+			t.Fatalf("racer %d: %v", i, err)
+		}
+	}
+	slices.Sort(claimed)
+	if claimed[len(claimed)-1] != 10 || claimed[len(claimed)-2] != 0 {
+		t.Errorf("racing claims of 10 sandboxes took %v, want all by one node", claimed)
+	}
+}
+
 // Placement takes the node with the most memory not committed to starting
 // and running sandboxes; it skips nodes silent since p.Since, lost nodes,
 // and nodes with less free memory than asked; ties rotate.

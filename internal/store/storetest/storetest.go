@@ -79,6 +79,7 @@ func Run(t *testing.T, open func(t *testing.T) pandastack.Store) {
 		{"Nodes", testNodes},
 		{"HeartbeatSaysWhatItReplaced", testHeartbeatSaysWhatItReplaced},
 		{"ListByNode", testListByNode},
+		{"ClaimSandboxesOfNoNode", testClaimSandboxesOfNoNode},
 		{"PlaceSandbox", testPlaceSandbox},
 		{"PlaceByPool", testPlaceByPool},
 		{"LoseNodes", testLoseNodes},
