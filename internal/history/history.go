@@ -10,6 +10,7 @@ package history
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"regexp"
 	"slices"
@@ -153,6 +154,45 @@ func (l *Log) cut(s string) (string, bool) {
 	return s[:n], true
 }
 
+// cutKinds returns a copy of a cell's list of output kinds, of at most
+// OutputBytes as JSON, as each output is: past that, its first kinds and
+// an item saying how many more of each kind there were ("… 9000 more:
+// text 8990, png 10"). It says whether it cut.
+func (l *Log) cutKinds(kinds []string) ([]string, bool) {
+	jsonSize := func(k string) int { return len(k) + 3 } // quoted, and a comma
+	size := 2                                            // [ ]
+	for _, k := range kinds {
+		size += jsonSize(k)
+	}
+	if size <= l.lim.OutputBytes {
+		return slices.Clone(kinds), false
+	}
+	// The kinds are a few short names, so the note of the rest is short:
+	// room for it is kept.
+	budget := max(l.lim.OutputBytes-256, l.lim.OutputBytes/2)
+	size, n := 2, 0
+	for n < len(kinds) && size+jsonSize(kinds[n]) <= budget {
+		size += jsonSize(kinds[n])
+		n++
+	}
+	out := slices.Clone(kinds[:n])
+	counts := map[string]int{}
+	var order []string
+	for _, k := range kinds[n:] {
+		if counts[k] == 0 {
+			order = append(order, k)
+		}
+		counts[k]++
+	}
+	slices.SortStableFunc(order, func(a, b string) int { return counts[b] - counts[a] })
+	rest := make([]string, len(order))
+	for i, k := range order {
+		rest[i] = fmt.Sprintf("%s %d", k, counts[k])
+	}
+	note, _ := l.cut(fmt.Sprintf("… %d more: %s", len(kinds)-n, strings.Join(rest, ", ")))
+	return append(out, note), true
+}
+
 // Stdout appends to the entry's stdout (the transcript, for a terminal).
 func (r *Record) Stdout(p []byte) { r.append(&r.e.Stdout, p) }
 
@@ -208,7 +248,10 @@ func (r *Record) Finish(set func(e *Entry)) bool {
 		ce.Traceback, _ = l.cut(ce.Traceback)
 		r.e.Error = &ce
 	}
-	r.e.Results = slices.Clone(r.e.Results)
+	var cut bool
+	if r.e.Results, cut = l.cutKinds(r.e.Results); cut {
+		r.e.OutputTruncated = true
+	}
 	r.finished = true
 	return true
 }

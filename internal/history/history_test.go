@@ -2,6 +2,7 @@ package history
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -236,5 +237,46 @@ func TestFinishThenStore(t *testing.T) {
 	r.End(func(e *Entry) { e.Text = "4" })
 	if got := list(t, reopen(), "s"); len(got) != 1 || got[0].Running || got[0].Text != "2" || got[0].DurationMS != 1500 {
 		t.Fatalf("stored, seen by a restarted serve: %+v", got)
+	}
+}
+
+// A cell that displays much (display(i) in a loop of a million) keeps a
+// bounded list of its outputs' kinds, as every output is bounded, with an
+// item saying how many more there were: the list grew with the results,
+// and one entry of megabytes was written twice and read by every history
+// page.
+func TestResultKindsBounded(t *testing.T) {
+	const limit = 1 << 10
+	l, _, _ := newLog(t, Limits{OutputBytes: limit})
+	kinds := make([]string, 0, 200_010)
+	for range 10 {
+		kinds = append(kinds, "png")
+	}
+	for range 200_000 {
+		kinds = append(kinds, "text")
+	}
+	r := l.Begin("p", "sbx_1", Entry{Kind: KindCode, Code: "for i in range(200_000): display(i)"})
+	r.End(func(e *Entry) { e.Results = kinds })
+	e := list(t, l, "sbx_1")[0]
+	b, err := json.Marshal(e.Results)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > limit+256 {
+		t.Errorf("the results list is %d bytes of JSON, want about %d", len(b), limit)
+	}
+	if len(e.Results) < 10 || e.Results[0] != "png" || e.Results[10] != "text" || !e.OutputTruncated {
+		t.Errorf("the list does not start as the results did, or is not flagged cut: %d items, truncated %v", len(e.Results), e.OutputTruncated)
+	}
+	kept := len(e.Results) - 1
+	if last := e.Results[kept]; last != fmt.Sprintf("… %d more: text %d", 200_010-kept, 200_010-kept) {
+		t.Errorf("last item %q, want how many more there were", last)
+	}
+
+	// A short list is kept as it is.
+	r = l.Begin("p", "sbx_1", Entry{Kind: KindCode, Code: "plt.show()"})
+	r.End(func(e *Entry) { e.Results = []string{"png", "text"} })
+	if e := list(t, l, "sbx_1")[0]; strings.Join(e.Results, ",") != "png,text" || e.OutputTruncated {
+		t.Errorf("a short list: %q, truncated %v", e.Results, e.OutputTruncated)
 	}
 }
