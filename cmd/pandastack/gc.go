@@ -42,16 +42,26 @@ func templateGC(ctx context.Context, cfg *Config, reg *template.Registry, minAge
 			agentHash = hex.EncodeToString(sum[:])
 		}
 	}
-	current, currentWarm := map[string]string{}, map[string]bool{}
+	agentKey := agentHash
+	if agentKey == "" {
+		agentKey = "*" // a pattern: any agent's
+	}
+	current, currentWarm := map[string]string{}, []string{}
 	for _, spec := range reg.List() {
 		if b, ok := template.Lookup(cfg.CacheDir, spec); ok {
 			current[sandbox.CanonicalPath(b.RootFS)] = "current build of " + spec.Name
-			currentWarm[filepath.Base(sandbox.WarmImageDir(cfg.warmDir(), spec.Name, spec.Hash(), agentHash))] = true
+			// Of this very build: the warm image of the build a --force
+			// rebuild replaced has its rootfs path, not its files.
+			currentWarm = append(currentWarm, filepath.Base(sandbox.WarmImageDirOfBuild(cfg.warmDir(), spec.Name, spec.Hash(), b.ID(), agentKey)))
 		}
 	}
-	var isCurrentWarm func(string) bool
-	if agentHash != "" {
-		isCurrentWarm = func(name string) bool { return currentWarm[name] }
+	isCurrentWarm := func(name string) bool {
+		for _, pattern := range currentWarm {
+			if ok, _ := filepath.Match(pattern, name); ok {
+				return true
+			}
+		}
+		return false
 	}
 	// The server's store, never a new one: an empty store of a mistaken
 	// data dir refers to nothing, and every build would look unused.

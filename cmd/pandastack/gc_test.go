@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pandastack/pandastack/internal/imagestore"
+	"github.com/pandastack/pandastack/internal/sandbox"
 	"github.com/pandastack/pandastack/internal/template"
 )
 
@@ -107,7 +108,7 @@ func TestTemplateGCSeesTheCacheThroughASymlink(t *testing.T) {
 	old := time.Now().Add(-48 * time.Hour)
 	b := fakeBuilt(t, real, spec, old, nil)
 	cfg := gcConfig(t, link)
-	warm := filepath.Join(real, "warm", "base-warm")
+	warm := sandbox.WarmImageDirOfBuild(filepath.Join(real, "warm"), spec.Name, spec.Hash(), b.ID(), "agent")
 	fakeWarmImage(t, warm, b.RootFS, old)
 	var out strings.Builder
 	if err := templateGC(t.Context(), cfg, reg, time.Hour, false, &out); err != nil {

@@ -43,9 +43,9 @@ type templateSource struct {
 	warming   map[string]bool
 }
 
-// warmImage is the warm image directory of a template build.
-func (t *templateSource) warmImage(spec template.Spec) string {
-	return sandbox.WarmImageDir(t.warmDir, spec.Name, spec.Hash(), t.agentHash)
+// warmImage is the warm image directory of b, a build of spec.
+func (t *templateSource) warmImage(spec template.Spec, b template.Built) string {
+	return sandbox.WarmImageDirOfBuild(t.warmDir, spec.Name, spec.Hash(), b.ID(), t.agentHash)
 }
 
 // warmSpecs lists the built templates that have warm-up code, for the
@@ -71,7 +71,7 @@ func (t *templateSource) warmSpecs() []sandbox.WarmSpec {
 
 func (t *templateSource) warmSpec(spec template.Spec, b template.Built) sandbox.WarmSpec {
 	return sandbox.WarmSpec{
-		Template: sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, WarmImage: t.warmImage(spec)},
+		Template: sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, WarmImage: t.warmImage(spec, b)},
 		Warmup:   spec.Warmup,
 	}
 }
@@ -187,7 +187,7 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 	}
 	t.warmIfNew(spec, b)
 	tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB}
-	if dir := t.warmImage(spec); spec.Warmup != "" {
+	if dir := t.warmImage(spec, b); spec.Warmup != "" {
 		if _, err := os.Stat(dir); err == nil {
 			tpl.WarmImage = dir
 		}
@@ -250,10 +250,10 @@ func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) 
 		if info.DiskMB == 0 {
 			info.DiskMB = max(t.diskMB, 0)
 		}
-		if _, err := os.Stat(t.warmImage(spec)); err == nil && spec.Warmup != "" {
+		if _, err := os.Stat(t.warmImage(spec, b)); err == nil && spec.Warmup != "" {
 			info.Warm = true
 		} else if t.mgr != nil && spec.Warmup != "" {
-			info.WarmError = t.mgr.WarmError(t.warmImage(spec))
+			info.WarmError = t.mgr.WarmError(t.warmImage(spec, b))
 		}
 		if ps, ok := pools[spec.Name]; ok {
 			info.Pool = &api.PoolInfo{Ready: ps.Ready, Size: ps.Size, PSSBytes: ps.PSSBytes}

@@ -152,3 +152,53 @@ func TestTemplatesDirMustExistWhenGiven(t *testing.T) {
 		t.Fatalf("a missing --templates-dir: %v", err)
 	}
 }
+
+// A forced rebuild (same spec, same hash, other files) is warmed anew: the
+// warm image of the build before it held that build's libraries in
+// memory, and restoring it onto the new files mixed the two. template gc
+// then removes the old warm image, as one of a build no longer current.
+func TestForcedRebuildIsWarmedAnew(t *testing.T) {
+	specs, cache := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(specs, "py.yaml"), []byte("warmup: import numpy\n"), 0o644)
+	reg, err := template.Load(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := reg.Get("py")
+	old := time.Now().Add(-48 * time.Hour)
+	fakeBuilt(t, cache, spec, old, map[string]any{"build_id": "1111111111111111"})
+	cfg := gcConfig(t, cache)
+	src := &templateSource{reg: reg, cacheDir: cache, warmDir: cfg.warmDir(), agentHash: "agent"}
+	ws := src.warmSpecs()
+	if len(ws) != 1 {
+		t.Fatalf("warm specs: %+v", ws)
+	}
+	first := ws[0].Template.WarmImage
+	fakeWarmImage(t, first, ws[0].Template.RootFS, old)
+	if tpl, err := src.Resolve(context.Background(), "py"); err != nil || tpl.WarmImage != first {
+		t.Fatalf("before the rebuild: %+v %v, want the warm image %s", tpl, err, first)
+	}
+	var warmed []string
+	src.startWarmingLater(func(ws sandbox.WarmSpec) { warmed = append(warmed, ws.Template.WarmImage) })
+
+	// template build --force py: the same directory, a new marker.
+	fakeBuilt(t, cache, spec, time.Now(), map[string]any{"build_id": "2222222222222222"})
+	tpl, err := src.Resolve(context.Background(), "py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tpl.WarmImage != "" {
+		t.Errorf("after a forced rebuild a create restores %s, a warm image of the build before", tpl.WarmImage)
+	}
+	if len(warmed) != 1 || warmed[0] == first {
+		t.Fatalf("after a forced rebuild, warmed %q; want one new warm image", warmed)
+	}
+
+	var out strings.Builder
+	if err := templateGC(t.Context(), cfg, reg, time.Hour, false, &out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(first); err == nil {
+		t.Errorf("template gc kept the warm image of the build before the rebuild:\n%s", out.String())
+	}
+}

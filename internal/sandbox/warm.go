@@ -107,11 +107,24 @@ type warmCheck struct {
 	err  error
 }
 
-// WarmImageDir is where the warm image of a template build lives under
-// root: keyed by the spec's hash and the agent's build, since a restore
-// needs both as they were at checkpoint time, and by warmRevision.
+// WarmImageDir is WarmImageDirOfBuild for a build with no identity of its
+// own (a directory no build of today's is warmed into).
 func WarmImageDir(root, template, specHash, agentHash string) string {
-	return filepath.Join(root, template+"-"+short(specHash)+"-"+short(agentHash)+warmRevision)
+	return WarmImageDirOfBuild(root, template, specHash, "", agentHash)
+}
+
+// WarmImageDirOfBuild is where the warm image of a template build lives
+// under root: keyed by the spec's hash, the build's identity
+// (template.Built.ID) and the agent's build, since a restore needs the
+// three as they were at checkpoint time (a forced rebuild has the hash of
+// the build before it, not its files), and by warmRevision. A warm image
+// of an older key is never restored; gc and removeStaleWarm remove it.
+func WarmImageDirOfBuild(root, template, specHash, buildID, agentHash string) string {
+	build := ""
+	if buildID != "" {
+		build = "-" + short(buildID)
+	}
+	return filepath.Join(root, template+"-"+short(specHash)+build+"-"+short(agentHash)+warmRevision)
 }
 
 // warmRevision names what the manager itself puts into a warm image

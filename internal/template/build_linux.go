@@ -221,6 +221,7 @@ func (b *builder) build(ctx context.Context) (Built, error) {
 		SizeBytes:    dirSize(rootfs),
 		BuildSeconds: time.Since(start).Seconds(),
 		BuiltAt:      time.Now().UTC(),
+		BuildID:      newBuildID(),
 		Spec:         b.spec,
 	}
 	syncFS()

@@ -1,6 +1,8 @@
 package template
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,10 +48,31 @@ type Built struct {
 	SizeBytes    int64     `json:"size_bytes"`
 	BuildSeconds float64   `json:"build_seconds"`
 	BuiltAt      time.Time `json:"built_at"`
-	Spec         Spec      `json:"spec"`
+	// BuildID is random, one per build: a --force rebuild has the same
+	// hash and directory as the build before it but other files. Empty in
+	// builds made before it was recorded; see ID.
+	BuildID string `json:"build_id,omitempty"`
+	Spec    Spec   `json:"spec"`
 
 	Dir    string `json:"-"` // the build's directory in the cache
 	RootFS string `json:"-"` // Dir/rootfs: give it to the runtime read-only
+}
+
+// ID names this build among the builds of its spec, for what was made of
+// its files (a warm image) and must not outlive them: BuildID, or for a
+// build made before build ids, its build time.
+func (b Built) ID() string {
+	if b.BuildID != "" {
+		return b.BuildID
+	}
+	return fmt.Sprintf("t%x", b.BuiltAt.UnixNano())
+}
+
+// newBuildID returns a random BuildID.
+func newBuildID() string {
+	var id [8]byte
+	rand.Read(id[:])
+	return hex.EncodeToString(id[:])
 }
 
 // Dir returns the directory Build uses for spec under cacheDir, whether or
