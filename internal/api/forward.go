@@ -40,12 +40,29 @@ import (
 // request from being passed on.
 const forwardedHeader = "X-Pandastack-Forwarded-By"
 
+// forwardUserTimeout bounds how long a connection to another node waits
+// for it to acknowledge what was sent, or to answer keep-alive probes,
+// before it fails (503). A node that runs on but is cut off (a firewall
+// change, a partition between nodes) is never marked lost, and a request
+// written to a connection kept alive to it waited for TCP's
+// retransmissions, about 15 minutes. An answer awaited long (a run_code)
+// is not cut: a node that is there acknowledges the probes.
+const forwardUserTimeout = 30 * time.Second
+
+// forwardDialer dials other nodes: bounded dials, keep-alive probes after
+// a quiet spell well within forwardUserTimeout, which userTimeout sets
+// where the platform has it (forward_linux.go).
+var forwardDialer = &net.Dialer{
+	Timeout:         10 * time.Second,
+	KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: forwardUserTimeout / 2, Interval: 5 * time.Second, Count: 3},
+}
+
 // forwardTransport is the proxies' transport: direct (no proxy from the
 // environment: nodes talk to each other on their own network), with
 // bounded dials.
 var forwardTransport = &http.Transport{
 	Proxy:                 nil,
-	DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+	DialContext:           forwardDialer.DialContext,
 	MaxIdleConnsPerHost:   64,
 	IdleConnTimeout:       90 * time.Second,
 	ResponseHeaderTimeout: 0, // a run_code may take its whole timeout before its first byte
