@@ -41,6 +41,41 @@ type templateSource struct {
 	// asked for already, at the start or since.
 	warmLater func(sandbox.WarmSpec)
 	warming   map[string]bool
+
+	// held are the builds this server has resolved, by directory: held
+	// (template.Hold) until it exits, so that template gc keeps them after
+	// their spec changed on disk (serve keeps the spec it read).
+	held map[string]heldBuild
+}
+
+type heldBuild struct {
+	id      string // the build's template.Built.ID
+	release func()
+}
+
+// hold has template gc keep b while this server runs (see held). A build
+// that is being removed right then is not held: the create that resolved
+// it fails as it would have anyway.
+func (t *templateSource) hold(b template.Built) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if h, ok := t.held[b.Dir]; ok && h.id == b.ID() {
+		return
+	}
+	release, err := template.Hold(b)
+	if err != nil {
+		if t.log != nil {
+			t.log.Warn("marking a template build in use; template gc may remove it", "template", b.Name, "err", err)
+		}
+		return
+	}
+	if t.held == nil {
+		t.held = map[string]heldBuild{}
+	}
+	if h, ok := t.held[b.Dir]; ok {
+		h.release() // the build a --force rebuild replaced
+	}
+	t.held[b.Dir] = heldBuild{id: b.ID(), release: release}
 }
 
 // warmImage is the warm image directory of b, a build of spec.
@@ -54,6 +89,9 @@ func (t *templateSource) warmSpecs() []sandbox.WarmSpec {
 	var out []sandbox.WarmSpec
 	for _, spec := range t.specs() {
 		b, ok := template.Lookup(t.cacheDir, spec)
+		if ok {
+			t.hold(b) // at serve's start: every build it may use
+		}
 		if spec.Warmup == "" || !ok {
 			continue
 		}
@@ -185,6 +223,7 @@ func (t *templateSource) Resolve(ctx context.Context, name string) (sandbox.Temp
 	if !ok {
 		return sandbox.Template{}, t.notBuilt(name, spec)
 	}
+	t.hold(b)
 	t.warmIfNew(spec, b)
 	tpl := sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB}
 	if dir := t.warmImage(spec, b); spec.Warmup != "" {
@@ -240,6 +279,7 @@ func (t *templateSource) Built(ctx context.Context) ([]api.TemplateInfo, error) 
 		if !ok {
 			continue
 		}
+		t.hold(b)
 		t.warmIfNew(spec, b)
 		out = append(out, api.TemplateInfo{
 			Name: spec.Name, Description: spec.Description, Hash: b.Hash, SizeBytes: b.SizeBytes,

@@ -202,3 +202,43 @@ func TestForcedRebuildIsWarmedAnew(t *testing.T) {
 		t.Errorf("template gc kept the warm image of the build before the rebuild:\n%s", out.String())
 	}
 }
+
+// A build a running server resolves stays while it runs, though its spec
+// changed on disk since and the new spec is built: serve keeps the spec it
+// read at its start, and template gc removing that build made every create
+// of the template fail until a restart.
+func TestTemplateGCKeepsWhatARunningServerUses(t *testing.T) {
+	specs, cache := t.TempDir(), t.TempDir()
+	file := filepath.Join(specs, "plain.yaml")
+	os.WriteFile(file, []byte("description: first\n"), 0o644)
+	reg, err := template.Load(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, _ := reg.Get("plain")
+	old := time.Now().Add(-48 * time.Hour)
+	first := fakeBuilt(t, cache, spec, old, map[string]any{"build_id": "1111111111111111"})
+	cfg := gcConfig(t, cache)
+	// serve starts, and (with --warm, the default) looks up every build.
+	src := &templateSource{reg: reg, cacheDir: cache, warmDir: cfg.warmDir(), agentHash: "agent"}
+	src.warmSpecs()
+
+	// The spec is edited and built again, then gc runs.
+	os.WriteFile(file, []byte("description: second\n"), 0o644)
+	now, err := template.Load(specs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited, _ := now.Get("plain")
+	fakeBuilt(t, cache, edited, old, nil)
+	var out strings.Builder
+	if err := templateGC(t.Context(), cfg, now, time.Hour, false, &out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.Resolve(context.Background(), "plain"); err != nil {
+		t.Fatalf("a create of the running server after gc: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "kept "+first.Dir+": in use by a running server") {
+		t.Errorf("gc does not say why it kept the build:\n%s", out.String())
+	}
+}

@@ -2,6 +2,7 @@ package template
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -29,8 +30,9 @@ type GCResult struct {
 }
 
 // GC removes the builds in cacheDir that nothing references: a build goes
-// only when o.Keep refuses it, it is older than o.MinAge, and no process on
-// this machine has its root filesystem mounted (a sandbox of another server
+// only when o.Keep refuses it, no running server holds it (Hold), it is
+// older than o.MinAge, and no process on this machine has its root
+// filesystem mounted (a sandbox of another server
 // sharing the cache, which o.Keep cannot know about). Removal refuses
 // anything mounted beneath the build. The debootstrap stages and builds in
 // progress are never touched. Cost: a read of every process's mount table
@@ -61,6 +63,8 @@ func GC(ctx context.Context, cacheDir string, o GCOptions) ([]GCResult, error) {
 		r := GCResult{Build: b}
 		if reason, keep := o.Keep(b); keep {
 			r.Reason = reason
+		} else if held := heldBy(b); held != "" {
+			r.Reason = held
 		} else if age := now().Sub(builtAt(b)); age < o.MinAge {
 			r.Reason = fmt.Sprintf("built %s ago (younger than %s)", age.Round(time.Second), o.MinAge)
 		} else if m := mounted(b.Dir); m != "" {
@@ -94,6 +98,12 @@ func removeUnlessBuilding(cacheDir string, b Built) (bool, string) {
 		return false, "a build of " + b.Name + " is running"
 	}
 	defer unlock()
+	// Held until the build has left its place: no server takes it meanwhile.
+	unlockBuild, err := lockBuild(b)
+	if err != nil {
+		return false, err.Error()
+	}
+	defer unlockBuild()
 	// Again, right before: a sandbox may have started on it since.
 	if mounted, err := inUseBy(); err != nil {
 		return false, err.Error()
@@ -104,4 +114,16 @@ func removeUnlessBuilding(cacheDir string, b Built) (bool, string) {
 		return false, err.Error()
 	}
 	return true, ""
+}
+
+// heldBy says why b is kept when a running server holds it (Hold), or "".
+func heldBy(b Built) string {
+	unlock, err := lockBuild(b)
+	if errors.Is(err, errHeld) {
+		return err.Error()
+	}
+	if err == nil {
+		unlock()
+	}
+	return ""
 }

@@ -2,9 +2,12 @@ package template
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/pandastack/pandastack/internal/mountinfo"
 )
@@ -95,4 +98,51 @@ func readMountinfo(path string) ([]mountEntry, error) {
 // tryLockName takes the build lock of a template name without waiting.
 func tryLockName(cacheDir, name string) (func(), error) {
 	return tryLock(filepath.Join(cacheDir, templatesDir, "."+name+".lock"))
+}
+
+// Hold marks b in use by this process until release is called or the
+// process exits, however it exits: a shared flock(2) on its template.json,
+// which GC takes for a running server's build and keeps. It fails when b
+// is no longer at its place (removed, or replaced by a --force rebuild), or
+// a gc is removing it right then. It costs an open file per build held.
+func Hold(b Built) (release func(), err error) {
+	marker := filepath.Join(b.Dir, markerFile)
+	f, err := os.Open(marker)
+	if err != nil {
+		return nil, fmt.Errorf("hold template build: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("hold template build %s: %w", b.Dir, err)
+	}
+	// gc renames a build away while it holds the lock exclusively: the
+	// marker locked must still be the one at b's place, of b.
+	held, err1 := f.Stat()
+	now, err2 := os.Stat(marker)
+	cur, err3 := readBuilt(b.Dir)
+	if err := errors.Join(err1, err2, err3); err != nil || !os.SameFile(held, now) || cur.ID() != b.ID() {
+		f.Close()
+		return nil, fmt.Errorf("hold template build %s: replaced or removed (%v)", b.Dir, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// errHeld: a running server holds the build (Hold).
+var errHeld = errors.New("in use by a running server (it has resolved the build since it started)")
+
+// lockBuild takes b's template.json exclusively, without waiting: while it
+// is held no server takes a Hold of b. It fails with errHeld when one has.
+func lockBuild(b Built) (unlock func(), err error) {
+	f, err := os.Open(filepath.Join(b.Dir, markerFile))
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, errHeld
+		}
+		return nil, err
+	}
+	return func() { f.Close() }, nil
 }

@@ -257,3 +257,36 @@ func TestGCStopsWhenCancelled(t *testing.T) {
 		t.Error("a cancelled GC removed a build")
 	}
 }
+
+// A build a running server holds (Hold) is kept, whatever Keep says and
+// however old; once the server lets go (it stops), gc removes it.
+func TestGCKeepsAHeldBuild(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("builds are held with flock(2) on Linux")
+	}
+	cache := t.TempDir()
+	b := fakeBuild(t, cache, "base", "aaaaaaaaaaaaaaaa", time.Now().Add(-48*time.Hour))
+	release, err := Hold(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unused := func(Built) (string, bool) { return "", false }
+	for _, dry := range []bool{true, false} {
+		res, err := GC(context.Background(), cache, GCOptions{Keep: unused, MinAge: time.Hour, DryRun: dry})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res) != 1 || res[0].Removed || !strings.Contains(res[0].Reason, "in use by a running server") {
+			t.Fatalf("dry run %v: %+v, want the held build kept", dry, res)
+		}
+	}
+	release()
+	if _, err := GC(context.Background(), cache, GCOptions{Keep: unused, MinAge: time.Hour}); err != nil || exists(b.Dir) {
+		t.Fatalf("the build let go of is still there: %v", err)
+	}
+	// A build gone (removed, or replaced by a --force rebuild) cannot be
+	// held: the hold would keep nothing.
+	if _, err := Hold(b); err == nil {
+		t.Error("a removed build was held")
+	}
+}
