@@ -133,15 +133,16 @@ func TestTemplateGC(t *testing.T) {
 	keptFor(out, v1, "sandbox "+sb.ID)
 	keptFor(out, v2, "current build of base")
 	// Seen from another data directory (another server sharing the cache
-	// and the specs), nothing in the store refers to v1: the sandbox's runsc
-	// mount keeps it.
+	// and the specs), nothing in the store refers to v1: the server that
+	// resolved it holds it (it keeps the spec it read, and creates from v1
+	// until it restarts).
 	other := t.TempDir() // with a store of its own, empty (gc refuses a dir without one)
 	st, err := sqlite.Open(filepath.Join(other, "pandastack.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	st.Close()
-	keptFor(gcIn(other), v1, "mounted by a running process")
+	keptFor(gcIn(other), v1, "in use by a running server")
 
 	if err := c.KillSandbox(ctx, sb.ID); err != nil {
 		t.Fatal(err)
@@ -152,6 +153,8 @@ func TestTemplateGC(t *testing.T) {
 	if err := c.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatal(err)
 	}
+	keptFor(gc(), v1, "in use by a running server")
+	s.stop() // which lets go of v1
 	aside = leftover(".old.base.8")
 	out = gc("--dry-run")
 	if !strings.Contains(out, "would remove "+v1) || !exists(v1) {
