@@ -210,6 +210,7 @@ type Manager struct {
 	checkedPaused sync.Map              // sandbox id → time.Time: the manifest's mtime of a paused image a restart found, once verified (resume.go)
 	prepared      preparedResumes       // suspended sandboxes whose resume is prepared (prepare.go)
 	warmHeld      heldImages            // the warm images, held in the page cache (pin.go)
+	warmNow       sync.Map              // template name → the warm image dir it restores now (retireWarm)
 	metrics       managerMetrics        // the series it keeps (metrics.go); zero: none
 	warmFailed    sync.Map              // warm image dir → string: why its warming failed (warm.go)
 	refills       refillHolds           // sandboxes whose spare refills wait for the host (refills.go)

@@ -84,6 +84,16 @@ func (h *heldImages) hold(dir string) error {
 	return nil
 }
 
+// release lets go of the image in dir, if it is held.
+func (h *heldImages) release(dir string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p := h.pins[dir]; p != nil {
+		p.release()
+	}
+	delete(h.pins, dir)
+}
+
 func (h *heldImages) bytes() int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()

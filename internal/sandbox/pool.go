@@ -31,6 +31,7 @@ type pool struct {
 	tpl   Template
 	ready chan pooled // capacity: poolCeiling
 	kick  chan struct{}
+	stop  chan struct{} // closed when the pool is retired (retireWarm)
 	size  *poolSizer
 	mu    sync.Mutex
 	ids   map[string]bool // the ready sandboxes, for stats
@@ -124,7 +125,7 @@ func (m *Manager) EnablePool(tpl Template, size int) {
 		pl.size.budgetMiB = budget
 		pl.size.mu.Unlock()
 	}
-	p := &pool{tpl: tpl, ready: make(chan pooled, max(poolCeiling, size)), kick: make(chan struct{}, 1), ids: map[string]bool{},
+	p := &pool{tpl: tpl, ready: make(chan pooled, max(poolCeiling, size)), kick: make(chan struct{}, 1), stop: make(chan struct{}), ids: map[string]bool{},
 		size: newPoolSizer(size, poolCeiling, budget)}
 	m.pools[tpl.Name] = p
 	m.wg.Add(1)
@@ -141,8 +142,16 @@ func (m *Manager) fill(p *pool) {
 	defer m.wg.Done()
 	ctx, cancel := m.untilClose()
 	defer cancel()
+	go func() {
+		select {
+		case <-p.stop: // retired: it ends, and what it holds is stopped
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer m.drain(p) // after its refills: what they restored goes too
 	var refills sync.WaitGroup
-	defer refills.Wait() // before Close drains the pool
+	defer refills.Wait() // before the pool is drained
 	failed := make(chan struct{}, 1)
 	t := time.NewTicker(poolTick)
 	defer t.Stop()
@@ -424,27 +433,35 @@ func (m *Manager) drainPools() (n, mib int) {
 		pools = append(pools, pl)
 	}
 	m.mu.Unlock()
-	var wg sync.WaitGroup
 	for _, pl := range pools {
-		for {
-			select {
-			case pd := <-pl.ready:
-				pl.mu.Lock()
-				delete(pl.ids, pd.id)
-				pl.mu.Unlock()
-				n++
-				mib += pl.size.sandboxMiB()
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					pd.client.Close()
-					m.rt.Stop(context.Background(), pd.id)
-				}()
-				continue
-			default:
-			}
-			break
+		k, km := m.drain(pl)
+		n, mib = n+k, mib+km
+	}
+	return n, mib
+}
+
+// drain stops the sandboxes waiting in pl and returns how many, and the
+// memory they held as pl measures it (MiB).
+func (m *Manager) drain(pl *pool) (n, mib int) {
+	var wg sync.WaitGroup
+	for {
+		select {
+		case pd := <-pl.ready:
+			pl.mu.Lock()
+			delete(pl.ids, pd.id)
+			pl.mu.Unlock()
+			n++
+			mib += pl.size.sandboxMiB()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				pd.client.Close()
+				m.rt.Stop(context.Background(), pd.id)
+			}()
+			continue
+		default:
 		}
+		break
 	}
 	wg.Wait()
 	return n, mib

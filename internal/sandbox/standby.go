@@ -40,6 +40,7 @@ import (
 type standby struct {
 	tpl  Template
 	kick chan struct{} // a container was taken: prepare another
+	stop chan struct{} // closed when it is retired (retireWarm)
 	mu   sync.Mutex
 	ids  []string
 	// preparing: a container is being prepared; ended is closed (and
@@ -49,7 +50,7 @@ type standby struct {
 }
 
 func newStandby(tpl Template) *standby {
-	return &standby{tpl: tpl, kick: make(chan struct{}, 1), ended: make(chan struct{})}
+	return &standby{tpl: tpl, kick: make(chan struct{}, 1), stop: make(chan struct{}), ended: make(chan struct{})}
 }
 
 // take hands out a prepared container's id. When none is ready but one is
@@ -139,11 +140,18 @@ func (m *Manager) enableStandby(tpl Template) {
 }
 
 // keepStandby prepares containers while s has fewer than it keeps, and
-// after each kick; on Close it removes those left.
+// after each kick; on Close, or once s is retired, it removes those left.
 func (m *Manager) keepStandby(s *standby, rp pandastack.RuntimePreparer) {
 	defer m.wg.Done()
 	ctx, cancel := m.untilClose()
 	defer cancel()
+	go func() {
+		select {
+		case <-s.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	image := filepath.Join(s.tpl.WarmImage, "image")
 	for {
 		for s.count() < m.cfg.PreparedCreates && ctx.Err() == nil {

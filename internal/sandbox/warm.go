@@ -201,6 +201,7 @@ func (m *Manager) keepWarmFreshUntilClose(specs []WarmSpec) {
 // keeps a pool and a standby of the template.
 func (m *Manager) warmOne(ctx context.Context, s WarmSpec) {
 	dir := s.Template.WarmImage
+	m.retireWarm(s.Template.Name, dir)
 	if over := m.defaultOver(s.Template); over != "" {
 		// Its warm image, pool and prepared container would serve only
 		// plain creates, which Create refuses: they would hold memory
@@ -281,6 +282,9 @@ func (m *Manager) keepWarmFresh(ctx context.Context, specs []WarmSpec) {
 	for {
 		now := time.Now()
 		for _, s := range specs {
+			if cur, ok := m.warmNow.Load(s.Template.Name); ok && cur != s.Template.WarmImage {
+				continue // of a build replaced since (retireWarm): gc may take it
+			}
 			os.Chtimes(s.Template.WarmImage, now, now) // none yet: nothing to mark
 		}
 		select {
@@ -289,6 +293,34 @@ func (m *Manager) keepWarmFresh(ctx context.Context, specs []WarmSpec) {
 		case <-t.C:
 		}
 	}
+}
+
+// retireWarm makes dir the warm image of template name from now on. A
+// template rebuilt while the server runs (template build --force: the
+// same spec, a new build at the same path) has a new warm image, keyed by
+// the build's id; the pool and the prepared containers of the build before
+// restore the old one, onto the new build's files (its libraries in memory,
+// the new ones on disk), and no create would take from them. So they are
+// retired, their sandboxes and containers stopped, and the old image let
+// go: no longer held in memory, nor marked in use (keepWarmFresh), so gc
+// removes it.
+func (m *Manager) retireWarm(name, dir string) {
+	prev, had := m.warmNow.Swap(name, dir)
+	if !had || prev == dir {
+		return
+	}
+	m.mu.Lock()
+	if p := m.pools[name]; p != nil && p.tpl.WarmImage != dir {
+		delete(m.pools, name)
+		close(p.stop) // its fill stops what it holds (drain)
+	}
+	if s := m.standbys[name]; s != nil && s.tpl.WarmImage != dir {
+		delete(m.standbys, name)
+		close(s.stop) // keepStandby removes its containers
+	}
+	m.mu.Unlock()
+	m.warmHeld.release(filepath.Join(prev.(string), "image"))
+	m.log.Info("template rebuilt: the pool and prepared containers of the build before are stopped, and its warm image let go", "template", name, "was", filepath.Base(prev.(string)), "now", filepath.Base(dir))
 }
 
 // warmTouchEvery is how often a server marks its warm images in use.

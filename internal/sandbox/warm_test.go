@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -238,5 +239,60 @@ func TestTemplateOverLimitsNotWarmed(t *testing.T) {
 	h.m.mu.Unlock()
 	if pools != 0 {
 		t.Errorf("%d pools kept for a template no plain create may use", pools)
+	}
+}
+
+// A template rebuilt while the server runs (template build --force) gets a
+// new warm image. Warming it retires the pool of the build before, whose
+// sandboxes restored the old image onto the new build's files and which
+// no create took from any more; the old image is let go (no longer held
+// in memory, nor marked in use, so gc removes it); and the new image has
+// a pool, which creates take from.
+func TestRebuiltTemplateRetiresItsPool(t *testing.T) {
+	setFor(t, &warmTouchEvery, 20*time.Millisecond)
+	h := newHarness(t)
+	ctx := context.Background()
+	h.m.cfg.PoolSize = 1
+	tpl := h.tpls.tpl
+	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, "base", "aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb")
+	h.m.StartWarming([]WarmSpec{{Template: tpl, Warmup: "import x"}})
+	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
+	before := h.m.poolsNow()["base"].ids
+
+	rebuilt := tpl
+	rebuilt.WarmImage = filepath.Join(h.m.cfg.WarmDir, "base-rebuilt")
+	h.m.WarmLater(WarmSpec{Template: rebuilt, Warmup: "import x"})
+	poolOf := func() string {
+		h.m.mu.Lock()
+		defer h.m.mu.Unlock()
+		if p := h.m.pools["base"]; p != nil {
+			return p.tpl.WarmImage
+		}
+		return ""
+	}
+	waitFor(t, func() bool { return poolOf() == rebuilt.WarmImage && h.m.Pools(ctx)["base"].Ready == 1 })
+	waitFor(t, func() bool {
+		ids := h.rt.ids()
+		return !slices.ContainsFunc(before, func(id string) bool { return slices.Contains(ids, id) })
+	})
+	if got := h.m.warmHeld.bytes(); got != fakePagesSize {
+		t.Errorf("warm images held: %d bytes, want one image's %d", got, fakePagesSize)
+	}
+	old := time.Now().Add(-48 * time.Hour)
+	os.Chtimes(tpl.WarmImage, old, old)
+	time.Sleep(200 * time.Millisecond) // ten rounds of marks
+	if fi, err := os.Stat(tpl.WarmImage); err != nil || time.Since(fi.ModTime()) < time.Hour {
+		t.Errorf("the replaced warm image is still marked in use: %v", err)
+	}
+
+	h.tpls.tpl = rebuilt
+	ready := h.m.poolsNow()["base"].ids
+	sb := h.create()
+	if !slices.Contains(ready, sb.ID) {
+		t.Fatalf("create got %s, not the new pool's %v", sb.ID, ready)
+	}
+	h.m.Close()
+	if ids := h.rt.ids(); !slices.Equal(ids, []string{sb.ID}) {
+		t.Fatalf("after close the runtime holds %v, want only the created %s", ids, sb.ID)
 	}
 }
