@@ -286,8 +286,7 @@ func hasCredential(r *http.Request) bool {
 	if r.Header.Get("Authorization") != "" || r.Header.Get("X-API-Key") != "" || r.URL.Query().Get(tokenParam) != "" {
 		return true
 	}
-	_, err := r.Cookie(portTokenCookie)
-	return err == nil
+	return tokenCookieOf(r) != ""
 }
 
 // eofBody is a request body passed on that tells whether it was read to

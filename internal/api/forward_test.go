@@ -571,6 +571,9 @@ func TestHasCredential(t *testing.T) {
 		{"a key header", func(r *http.Request) { r.Header.Set("X-API-Key", "pds_x") }, true},
 		{"a token in the query", func(r *http.Request) { r.URL.RawQuery = "pandastack_token=pst_x" }, true},
 		{"the port's cookie", func(r *http.Request) { r.AddCookie(&http.Cookie{Name: portTokenCookie, Value: "pst_x"}) }, true},
+		{"the port's __Host- cookie (HTTPS)", func(r *http.Request) {
+			r.AddCookie(&http.Cookie{Name: hostCookiePrefix + portTokenCookie, Value: "pst_x"})
+		}, true},
 		{"another cookie", func(r *http.Request) { r.AddCookie(&http.Cookie{Name: "sid", Value: "1"}) }, false},
 	} {
 		r := httptest.NewRequest("POST", "/v1/sandboxes/sbx_a/ports/80/", nil)

@@ -308,6 +308,17 @@ func (s *Server) portURL(r *http.Request, id string, port int, path, rawQuery st
 	return u
 }
 
+// tokenCookieOf is the port token r carries as a cookie, under either
+// name (tokenCookie), or "".
+func tokenCookieOf(r *http.Request) string {
+	for _, name := range []string{hostCookiePrefix + portTokenCookie, portTokenCookie} {
+		if c, err := r.Cookie(name); err == nil && c.Value != "" {
+			return c.Value
+		}
+	}
+	return ""
+}
+
 // tokenCookie is the port-token cookie's name for r: on the host form
 // over HTTPS the __Host- name, which a browser takes only from the host
 // itself with Secure and no Domain, so that another sandbox's page (the
@@ -351,11 +362,7 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 	secret := r.URL.Query().Get(tokenParam)
 	fromQuery := secret != ""
 	if !fromQuery {
-		for _, name := range []string{hostCookiePrefix + portTokenCookie, portTokenCookie} {
-			if c, err := r.Cookie(name); err == nil && secret == "" {
-				secret = c.Value
-			}
-		}
+		secret = tokenCookieOf(r)
 	}
 	if secret != "" && r.Header.Get("Authorization") == "" && r.Header.Get("X-API-Key") == "" {
 		tok, ok := s.tokens.get(secret)
@@ -391,7 +398,7 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 			setCookie = func() bool {
 				http.SetCookie(w, &http.Cookie{Name: name, Value: secret, Path: path,
 					HttpOnly: true, Secure: secure, SameSite: http.SameSiteLaxMode, Expires: tok.expires})
-				return stripToken(w, r)
+				return s.stripToken(w, r)
 			}
 		}
 		ctx, done := s.trackKey(r.Context(), tok.keyID)
@@ -412,11 +419,17 @@ func (s *Server) portProxy(w http.ResponseWriter, r *http.Request) {
 // the history, and the Referer of what the page loads. Browsers say a
 // navigation (Sec-Fetch-*) only over HTTPS; other callers (curl, an SDK)
 // are answered at once, as they may keep no cookie.
-func stripToken(w http.ResponseWriter, r *http.Request) bool {
+func (s *Server) stripToken(w http.ResponseWriter, r *http.Request) bool {
 	if r.Method != http.MethodGet || r.Header.Get("Sec-Fetch-Mode") != "navigate" || r.Header.Get("Sec-Fetch-Dest") != "document" {
 		return false
 	}
 	loc := r.URL.EscapedPath()
+	if strings.HasPrefix(loc, "//") {
+		// A path the host form passes on whole: alone, //x would name
+		// another host.
+		scheme, _ := s.publicBase(r)
+		loc = scheme + "://" + r.Host + loc
+	}
 	if q := withoutParam(r.URL.RawQuery, tokenParam); q != "" {
 		loc += "?" + q
 	}

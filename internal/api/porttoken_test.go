@@ -218,7 +218,7 @@ func TestStripToken(t *testing.T) {
 			r.Header.Set(k, v)
 		}
 		rec := httptest.NewRecorder()
-		answered := stripToken(rec, r)
+		answered := (&Server{}).stripToken(rec, r)
 		if c.want == "" {
 			if answered || rec.Code != http.StatusOK || rec.Header().Get("Location") != "" {
 				t.Errorf("%s: answered %v, %d %s", c.name, answered, rec.Code, rec.Header().Get("Location"))
@@ -237,7 +237,22 @@ func TestStripTokenAlone(t *testing.T) {
 	r.Header.Set("Sec-Fetch-Mode", "navigate")
 	r.Header.Set("Sec-Fetch-Dest", "document")
 	rec := httptest.NewRecorder()
-	if !stripToken(rec, r) || rec.Header().Get("Location") != "/" {
+	if !(&Server{}).stripToken(rec, r) || rec.Header().Get("Location") != "/" {
 		t.Errorf("%d to %q, want 303 to /", rec.Code, rec.Header().Get("Location"))
+	}
+}
+
+// On a port's own host the whole path is the app's: one that starts with
+// // is sent back to this host, not (as //x alone would say) to host x.
+func TestStripTokenKeepsTheHost(t *testing.T) {
+	r := httptest.NewRequest("GET", "/", nil)
+	r.URL.Path, r.URL.RawPath, r.URL.RawQuery = "//evil.example/x", "", "pandastack_token=pst_y"
+	r.Host = "8000-sbx-abcdefghijklmnop.ports.example.test"
+	r.Header.Set("Sec-Fetch-Mode", "navigate")
+	r.Header.Set("Sec-Fetch-Dest", "document")
+	rec := httptest.NewRecorder()
+	s := &Server{cfg: Config{PublicURL: "https://sandboxes.example.test"}}
+	if want := "https://8000-sbx-abcdefghijklmnop.ports.example.test//evil.example/x"; !s.stripToken(rec, r) || rec.Header().Get("Location") != want {
+		t.Errorf("%d to %q, want 303 to %s", rec.Code, rec.Header().Get("Location"), want)
 	}
 }
