@@ -40,21 +40,19 @@ import (
 // request from being passed on.
 const forwardedHeader = "X-Pandastack-Forwarded-By"
 
-// forwardUserTimeout bounds how long a connection to another node waits
-// for it to acknowledge what was sent, or to answer keep-alive probes,
-// before it fails (503). A node that runs on but is cut off (a firewall
-// change, a partition between nodes) is never marked lost, and a request
-// written to a connection kept alive to it waited for TCP's
-// retransmissions, about 15 minutes. An answer awaited long (a run_code)
-// is not cut: a node that is there acknowledges the probes.
-const forwardUserTimeout = 30 * time.Second
-
-// forwardDialer dials other nodes: bounded dials, keep-alive probes after
-// a quiet spell well within forwardUserTimeout, which userTimeout sets
-// where the platform has it (forward_linux.go).
+// forwardDialer dials other nodes: bounded dials, and keep-alive probes
+// on connections kept alive (after 15 s quiet, 3 unanswered 5 s apart): a
+// node that runs on but is cut off (a partition, a firewall change) is
+// never marked lost, and the next request written to a connection kept
+// alive to it waited for TCP's retransmissions, about 15 minutes, before
+// its 503; now that connection is gone within 30 s of the cut, and the
+// request's own dial fails in 10. Not TCP_USER_TIMEOUT, which would bound
+// a request already under way too, but (on Linux 5.11 and later) also
+// cut one whose node stopped reading its body for that long: an exec's
+// stdin that its process does not read, streamed through another node.
 var forwardDialer = &net.Dialer{
 	Timeout:         10 * time.Second,
-	KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: forwardUserTimeout / 2, Interval: 5 * time.Second, Count: 3},
+	KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3},
 }
 
 // forwardTransport is the proxies' transport: direct (no proxy from the
