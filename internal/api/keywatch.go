@@ -28,8 +28,38 @@ func keyIDOf(ctx context.Context) string {
 // liveKeys holds the cancels of the requests in flight, by key id.
 type liveKeys struct {
 	mu       sync.Mutex
-	reqs     map[string]map[*context.CancelCauseFunc]struct{}
+	reqs     cuts
 	watching bool
+}
+
+// cuts holds the cancels of requests in flight by what let them in (an
+// API key's id, a port token), so that its revocation ends them. The zero
+// value is ready; its owner locks around it.
+type cuts map[string]map[*context.CancelCauseFunc]struct{}
+
+func (c *cuts) add(key string, cancel *context.CancelCauseFunc) {
+	if *c == nil {
+		*c = cuts{}
+	}
+	if (*c)[key] == nil {
+		(*c)[key] = map[*context.CancelCauseFunc]struct{}{}
+	}
+	(*c)[key][cancel] = struct{}{}
+}
+
+func (c cuts) remove(key string, cancel *context.CancelCauseFunc) {
+	delete(c[key], cancel)
+	if len(c[key]) == 0 {
+		delete(c, key)
+	}
+}
+
+// cut ends the requests key let in, with cause.
+func (c cuts) cut(key string, cause error) {
+	for cancel := range c[key] {
+		(*cancel)(cause)
+	}
+	delete(c, key)
 }
 
 // track returns ctx, carrying keyID and cut when the key is revoked; done
@@ -38,13 +68,7 @@ func (s *Server) trackKey(ctx context.Context, keyID string) (context.Context, f
 	ctx, cancel := context.WithCancelCause(context.WithValue(ctx, keyIDContextKey{}, keyID))
 	l := &s.live
 	l.mu.Lock()
-	if l.reqs == nil {
-		l.reqs = map[string]map[*context.CancelCauseFunc]struct{}{}
-	}
-	if l.reqs[keyID] == nil {
-		l.reqs[keyID] = map[*context.CancelCauseFunc]struct{}{}
-	}
-	l.reqs[keyID][&cancel] = struct{}{}
+	l.reqs.add(keyID, &cancel)
 	s.watchKeysLocked()
 	l.mu.Unlock()
 	if rec, ok := ctx.Value(recorderKey{}).(*statusRecorder); ok {
@@ -52,10 +76,7 @@ func (s *Server) trackKey(ctx context.Context, keyID string) (context.Context, f
 	}
 	return ctx, func() {
 		l.mu.Lock()
-		delete(l.reqs[keyID], &cancel)
-		if len(l.reqs[keyID]) == 0 {
-			delete(l.reqs, keyID)
-		}
+		l.reqs.remove(keyID, &cancel)
 		l.mu.Unlock()
 		cancel(nil)
 	}
@@ -77,10 +98,7 @@ func revokedErr(ctx context.Context, err error) error {
 func (s *Server) keyRevoked(keyID, prefix string) {
 	cause := pandastack.Errorf(pandastack.EUnauthorized, "API key %s… was revoked", prefix)
 	s.live.mu.Lock()
-	for c := range s.live.reqs[keyID] {
-		(*c)(cause)
-	}
-	delete(s.live.reqs, keyID)
+	s.live.reqs.cut(keyID, cause)
 	s.live.mu.Unlock()
 	if n := s.tokens.revokeKey(keyID); n > 0 {
 		s.log.Info("port tokens of a revoked API key dropped", "key", keyID, "tokens", n)

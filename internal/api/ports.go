@@ -52,7 +52,7 @@ type portTokens struct {
 	// open holds the cuts of the proxied requests in flight by the token
 	// that let them in: a revoked or expired token ends them (a
 	// WebSocket, a stream), as a revoked key ends its own.
-	open map[string]map[*context.CancelCauseFunc]struct{}
+	open cuts
 }
 
 var (
@@ -71,22 +71,13 @@ func (t *portTokens) use(ctx context.Context, secret string, tok portToken) (_ c
 		cancel(errTokenRevoked)
 		return ctx, func() {}
 	}
-	if t.open == nil {
-		t.open = map[string]map[*context.CancelCauseFunc]struct{}{}
-	}
-	if t.open[secret] == nil {
-		t.open[secret] = map[*context.CancelCauseFunc]struct{}{}
-	}
-	t.open[secret][&cancel] = struct{}{}
+	t.open.add(secret, &cancel)
 	t.mu.Unlock()
 	timer := time.AfterFunc(time.Until(tok.expires), func() { cancel(errTokenExpired) })
 	return ctx, func() {
 		timer.Stop()
 		t.mu.Lock()
-		delete(t.open[secret], &cancel)
-		if len(t.open[secret]) == 0 {
-			delete(t.open, secret)
-		}
+		t.open.remove(secret, &cancel)
 		t.mu.Unlock()
 		cancel(nil)
 	}
@@ -95,9 +86,7 @@ func (t *portTokens) use(ctx context.Context, secret string, tok portToken) (_ c
 // dropLocked removes the token secret and cuts the requests it let in.
 func (t *portTokens) dropLocked(secret string) {
 	delete(t.m, secret)
-	for cancel := range t.open[secret] {
-		(*cancel)(errTokenRevoked)
-	}
+	t.open.cut(secret, errTokenRevoked)
 }
 
 func (t *portTokens) add(secret string, tok portToken) {
