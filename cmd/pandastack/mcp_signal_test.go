@@ -98,9 +98,12 @@ func connectMCP(t *testing.T, cmd *exec.Cmd) *mcp.ClientSession {
 // it SIGHUP: it kills the session's sandbox and exits, as on SIGTERM,
 // rather than dying and leaving the sandbox to its TTL.
 func TestMCPSighupKillsTheSessionSandbox(t *testing.T) {
-	if signal.Ignored(syscall.SIGHUP) {
-		t.Skip("SIGHUP is ignored here (nohup), and so in `pandastack mcp` started by this test, which then rightly keeps running")
-	}
+	// Under nohup this process ignores SIGHUP, and so would the one it
+	// starts (which then rightly keeps running): caught here instead, the
+	// signal is at its default in the child.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	api := newFakeAPI(t)
 	cmd := mcpProcess(t, api)
 	var stderr lockedBuffer

@@ -681,9 +681,12 @@ func TestStdioBinarySignal(t *testing.T) {
 // running to its TTL.
 func TestStdioBinaryHangup(t *testing.T) {
 	api := server(t)
-	if signal.Ignored(syscall.SIGHUP) {
-		t.Skip("SIGHUP is ignored here (nohup), and so in `pandastack mcp` started by this test, which then rightly keeps running")
-	}
+	// Under nohup this process ignores SIGHUP, and so would the one it
+	// starts (which then rightly keeps running): caught here instead, the
+	// signal is at its default in the child.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	before := sessionSandboxes(t, api)
 	var stderr syncBuffer
 	cmd := exec.Command(filepath.Join(api.bin, "pandastack"), "mcp")
