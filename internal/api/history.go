@@ -18,16 +18,28 @@ import (
 // outlives the sandbox and a restart of serve (until the bounds push it out).
 func (s *Server) getHistory(w http.ResponseWriter, r *http.Request, project string) {
 	id := r.PathValue("id")
-	list, ok, err := s.history.List(r.Context(), project, id)
+	// Where the sandbox is tells an entry recorded running that no one
+	// runs any more (its sandbox stopped, or its node lost) from one
+	// another node runs (this node answers from the store when that node
+	// cannot be reached).
+	sb, gerr := s.mgr.Get(r.Context(), project, id)
+	if gerr != nil && !pandastack.IsCode(gerr, pandastack.ENotFound) {
+		writeError(w, gerr)
+		return
+	}
+	node := s.mgr.NodeID()
+	where := history.Where{
+		Stopped:   gerr != nil || sb.State == pandastack.StateStopped,
+		Elsewhere: node != "" && sb.NodeID != "" && sb.NodeID != node,
+	}
+	list, ok, err := s.history.ListAt(r.Context(), project, id, where)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if !ok {
-		if _, err := s.mgr.Get(r.Context(), project, id); err != nil {
-			writeError(w, err)
-			return
-		}
+	if !ok && gerr != nil {
+		writeError(w, gerr)
+		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"history": list})
 }

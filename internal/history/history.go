@@ -41,6 +41,24 @@ type (
 // Interrupted is the Failure of an entry that was running when serve stopped.
 const Interrupted = "interrupted: the server stopped before this finished"
 
+// Unfinished is the Failure of an entry recorded running, on another node
+// or in a run of this one it cannot tell, of a sandbox that has stopped
+// since (killed, expired, or its node lost).
+const Unfinished = "interrupted: the sandbox stopped before this finished"
+
+// Where says, for ListAt, where the sandbox is: what tells an entry still
+// recorded running, and not running in this process, that is cut off
+// from one that runs elsewhere.
+type Where struct {
+	// Stopped: the sandbox has stopped; nothing of it runs any more.
+	Stopped bool
+	// Elsewhere: it runs, or ran, on another node, whose entries this
+	// process does not hold (it answers from the store when that node
+	// cannot be reached): one that began before this process did is not
+	// for that reason cut off.
+	Elsewhere bool
+}
+
 // Limits bound the log. Zero fields take the documented defaults.
 type Limits struct {
 	EntriesPerSandbox int   // 100
@@ -301,8 +319,16 @@ func (l *Log) Trim() {
 // show their output so far and the time since they began; an entry that
 // was running when a previous serve stopped shows as Interrupted (one that
 // began since this log was made, elsewhere, is another serve's on the same
-// store, and shows as running).
+// store, and shows as running). ListAt knows more of the sandbox.
 func (l *Log) List(ctx context.Context, projectID, sandboxID string) ([]Entry, bool, error) {
+	return l.ListAt(ctx, projectID, sandboxID, Where{})
+}
+
+// ListAt is List for a sandbox at where: an entry recorded running that
+// this process does not run is Interrupted when this node ran it before
+// this process began, Unfinished when the sandbox has stopped, and else
+// running (another node's, or another serve's on the same store).
+func (l *Log) ListAt(ctx context.Context, projectID, sandboxID string, where Where) ([]Entry, bool, error) {
 	list, err := l.store.ListHistory(ctx, projectID, sandboxID)
 	if err != nil {
 		return nil, false, err
@@ -322,10 +348,13 @@ func (l *Log) List(ctx context.Context, projectID, sandboxID string) ([]Entry, b
 					e.Stderr, _ = l.cut(e.Stderr)
 					e.DurationMS = now.Sub(e.StartedAt).Milliseconds()
 				}
-			} else if e.StartedAt.Before(l.born) {
+			} else if !where.Elsewhere && e.StartedAt.Before(l.born) {
 				e.Running = false
 				e.Failure = Interrupted
-			} // else another serve on the same store runs it
+			} else if where.Stopped {
+				e.Running = false
+				e.Failure = Unfinished
+			} // else another node, or serve on the same store, runs it
 		}
 		if e.Kind == KindTerminal {
 			e.Stdout = PlainText(e.Stdout)

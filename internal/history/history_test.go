@@ -280,3 +280,43 @@ func TestResultKindsBounded(t *testing.T) {
 		t.Errorf("a short list: %q, truncated %v", e.Results, e.OutputTruncated)
 	}
 }
+
+// An entry recorded running that this process does not run reads by
+// where its sandbox is: cut off when this node ran it before this process
+// began (Interrupted) or when the sandbox has stopped (Unfinished: killed,
+// expired, its node lost); running when another node runs the sandbox,
+// whose entries a node that cannot reach it answers from the store.
+func TestListAtWhere(t *testing.T) {
+	l, clock, reopen := newLog(t, Limits{})
+	before := l.Begin("p", "s", Entry{Kind: KindExec, Command: "sleep 100"})
+	<-before.begun
+	*clock = clock.Add(time.Minute)
+	l2 := reopen() // a process begun after it: another node, or this node restarted
+	*clock = clock.Add(time.Minute)
+	after := l.Begin("p", "s", Entry{Kind: KindExec, Command: "sleep 200"}) // begun since, by another process
+	<-after.begun
+	for _, c := range []struct {
+		name          string
+		where         Where
+		before, after string // the entries' Failure; "running": still running
+	}{
+		{"this node's, running", Where{}, Interrupted, "running"},
+		{"this node's, stopped", Where{Stopped: true}, Interrupted, Unfinished},
+		{"another node's, running", Where{Elsewhere: true}, "running", "running"},
+		{"another node's, stopped or lost", Where{Elsewhere: true, Stopped: true}, Unfinished, Unfinished},
+	} {
+		got, _, err := l2.ListAt(context.Background(), "p", "s", c.where)
+		if err != nil || len(got) != 2 {
+			t.Fatalf("%s: %+v, %v", c.name, got, err)
+		}
+		for i, want := range []string{c.after, c.before} { // newest first
+			state := got[i].Failure
+			if got[i].Running {
+				state = "running"
+			}
+			if state != want {
+				t.Errorf("%s: %s reads %q, want %q", c.name, got[i].Command, state, want)
+			}
+		}
+	}
+}
