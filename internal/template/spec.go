@@ -29,7 +29,7 @@ import (
 
 // BuilderVersion is part of every spec's hash and of the debootstrap stage's
 // key. Bump it whenever the build recipe changes, so every template is
-// rebuilt with the new recipe.
+// rebuilt with the new recipe (TestRecipeIsVersioned fails until then).
 const BuilderVersion = "3"
 
 // stageVersion keys the cached debootstrap stages; bump it only when the
