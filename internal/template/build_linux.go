@@ -151,6 +151,9 @@ type builder struct {
 	ca       []byte   // the host's CA bundle, or nil
 	env      []string // of commands in the chroot
 	aptProxy []string // apt-get options for the host's apt proxies (hostindex.go)
+	// record, when set (a test's), is told each command instead of its
+	// run: chrooted or not, the program, its arguments and its input.
+	record func(chroot bool, name string, args []string, stdin []byte)
 }
 
 type buildStep struct {
@@ -471,6 +474,14 @@ func (b *builder) shell(ctx context.Context, rootfs, script string) error {
 // The shell is there because apt-get switches its euid, which clears its own
 // parent-death signal. The output is kept and its end goes into the error.
 func (b *builder) command(ctx context.Context, rootfs string, stdin io.Reader, name string, args ...string) error {
+	if b.record != nil {
+		var in []byte
+		if stdin != nil {
+			in, _ = io.ReadAll(stdin)
+		}
+		b.record(rootfs != "", name, args, in)
+		return nil
+	}
 	// Not `exec "$@"`: the shell itself must stay PID 1.
 	script := `"$@"; exit $?`
 	flags := uintptr(syscall.CLONE_NEWPID)
