@@ -111,6 +111,7 @@ func (t *templateSource) warmSpec(spec template.Spec, b template.Built) sandbox.
 	return sandbox.WarmSpec{
 		Template: sandbox.Template{Name: spec.Name, RootFS: b.RootFS, CPU: spec.CPU, MemoryMB: spec.MemoryMB, DiskMB: spec.DiskMB, WarmImage: t.warmImage(spec, b)},
 		Warmup:   spec.Warmup,
+		Built:    b.BuiltAt,
 	}
 }
 

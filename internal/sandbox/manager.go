@@ -194,27 +194,27 @@ type Manager struct {
 	// unit tests replace it).
 	idleCPUs func(context.Context, time.Duration) (float64, error)
 
-	suspending    atomic.Bool           // idle suspends are under way (idle.go)
-	relieving     chan struct{}         // held by the relief of memory pressure under way (pressure.go)
-	reliefGen     atomic.Uint64         // reliefs of memory pressure done (pressure.go)
-	reliefFutile  atomic.Int64          // when the last relief found nothing to free (m.now, unix ns); 0: it did
-	lastRelief    relief                // what the last relief did; m.relieving guards it
-	bookMu        sync.Mutex            // guards bookings and their fields
-	expiry        turns                 // per sandbox: orders a TTL's change against the reaper's last look (SetTTL, reapOnce)
-	bookings      map[*booking]struct{} // memory promised to boots under way (pressure.go)
-	bootSettle    time.Duration         // how long a boot's memory stays booked after it (pressure.go; unit tests set 0)
-	memAvailable  func() int            // the host's available memory in MiB (pressure.go; unit tests replace it)
-	warmVerified  sync.Map              // key → *warmCheck: warm images checksummed (warm.go)
-	node          nodeState             // the other nodes as of the last heartbeat (node.go)
-	ownPaused     sync.Map              // sandbox id → ownPaused: paused images this process wrote (resume.go)
-	checkedPaused sync.Map              // sandbox id → time.Time: the manifest's mtime of a paused image a restart found, once verified (resume.go)
-	prepared      preparedResumes       // suspended sandboxes whose resume is prepared (prepare.go)
-	warmHeld      heldImages            // the warm images, held in the page cache (pin.go)
-	warmNow       sync.Map              // template name → the warm image dir it restores now (retireWarm)
-	metrics       managerMetrics        // the series it keeps (metrics.go); zero: none
-	warmFailed    sync.Map              // warm image dir → string: why its warming failed (warm.go)
-	refills       refillHolds           // sandboxes whose spare refills wait for the host (refills.go)
-	snapUse       snapshotUse           // snapshots being restored from (images.go)
+	suspending    atomic.Bool            // idle suspends are under way (idle.go)
+	relieving     chan struct{}          // held by the relief of memory pressure under way (pressure.go)
+	reliefGen     atomic.Uint64          // reliefs of memory pressure done (pressure.go)
+	reliefFutile  atomic.Int64           // when the last relief found nothing to free (m.now, unix ns); 0: it did
+	lastRelief    relief                 // what the last relief did; m.relieving guards it
+	bookMu        sync.Mutex             // guards bookings and their fields
+	expiry        turns                  // per sandbox: orders a TTL's change against the reaper's last look (SetTTL, reapOnce)
+	bookings      map[*booking]struct{}  // memory promised to boots under way (pressure.go)
+	bootSettle    time.Duration          // how long a boot's memory stays booked after it (pressure.go; unit tests set 0)
+	memAvailable  func() int             // the host's available memory in MiB (pressure.go; unit tests replace it)
+	warmVerified  sync.Map               // key → *warmCheck: warm images checksummed (warm.go)
+	node          nodeState              // the other nodes as of the last heartbeat (node.go)
+	ownPaused     sync.Map               // sandbox id → ownPaused: paused images this process wrote (resume.go)
+	checkedPaused sync.Map               // sandbox id → time.Time: the manifest's mtime of a paused image a restart found, once verified (resume.go)
+	prepared      preparedResumes        // suspended sandboxes whose resume is prepared (prepare.go)
+	warmHeld      heldImages             // the warm images, held in the page cache (pin.go)
+	warmNow       map[string]warmCurrent // template name → the warm image it restores now (retireWarm; mu)
+	metrics       managerMetrics         // the series it keeps (metrics.go); zero: none
+	warmFailed    sync.Map               // warm image dir → string: why its warming failed (warm.go)
+	refills       refillHolds            // sandboxes whose spare refills wait for the host (refills.go)
+	snapUse       snapshotUse            // snapshots being restored from (images.go)
 
 	stop chan struct{}
 	wg   sync.WaitGroup

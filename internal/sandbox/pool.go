@@ -115,8 +115,8 @@ func (m *Manager) EnablePool(tpl Template, size int) {
 	if m.pools == nil {
 		m.pools = map[string]*pool{}
 	}
-	if _, ok := m.pools[tpl.Name]; ok {
-		return
+	if _, ok := m.pools[tpl.Name]; ok || !m.isWarmNowLocked(tpl) {
+		return // a pool of it already, or its template has a newer image
 	}
 	// The budget is shared by the pools alike; warm templates are few.
 	budget := float64(m.cfg.PoolMemoryMB) / float64(len(m.pools)+1)

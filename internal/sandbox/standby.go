@@ -130,7 +130,7 @@ func (m *Manager) enableStandby(tpl Template) {
 	if m.standbys == nil {
 		m.standbys = map[string]*standby{}
 	}
-	if _, ok := m.standbys[tpl.Name]; ok {
+	if _, ok := m.standbys[tpl.Name]; ok || !m.isWarmNowLocked(tpl) {
 		return
 	}
 	s := newStandby(tpl)

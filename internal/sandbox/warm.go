@@ -145,6 +145,10 @@ func short(h string) string { return h[:min(len(h), 16)] }
 type WarmSpec struct {
 	Template Template
 	Warmup   string
+	// Built is when the template's build was made: of two warm images of
+	// one template (a build replaced while the server runs), the newer
+	// build's is the one kept (retireWarm), whichever is warmed last.
+	Built time.Time
 }
 
 // StartWarming removes stale warm images from cfg.WarmDir, then, in the
@@ -201,7 +205,10 @@ func (m *Manager) keepWarmFreshUntilClose(specs []WarmSpec) {
 // keeps a pool and a standby of the template.
 func (m *Manager) warmOne(ctx context.Context, s WarmSpec) {
 	dir := s.Template.WarmImage
-	m.retireWarm(s.Template.Name, dir)
+	if !m.retireWarm(s) {
+		m.log.Info("not warming a build older than the one the template has now", "template", s.Template.Name, "image", filepath.Base(dir))
+		return
+	}
 	if over := m.defaultOver(s.Template); over != "" {
 		// Its warm image, pool and prepared container would serve only
 		// plain creates, which Create refuses: they would hold memory
@@ -230,8 +237,28 @@ func (m *Manager) warmOne(ctx context.Context, s WarmSpec) {
 	if err := m.warmHeld.hold(filepath.Join(dir, "image")); err != nil {
 		m.log.Warn("holding a warm image in memory; creates may read it from disk", "template", s.Template.Name, "err", err)
 	}
+	if !m.isWarmNow(s.Template) {
+		// A newer build came while this one was warmed: its warming
+		// retired what this one had, and its pool is the template's.
+		m.warmHeld.release(filepath.Join(dir, "image"))
+		return
+	}
 	m.EnablePool(s.Template, m.cfg.PoolSize)
 	m.enableStandby(s.Template)
+}
+
+// isWarmNow reports whether tpl's warm image is the one its template has
+// now (retireWarm), or the template has none recorded (a caller that does
+// not warm through warmOne).
+func (m *Manager) isWarmNow(tpl Template) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.isWarmNowLocked(tpl)
+}
+
+func (m *Manager) isWarmNowLocked(tpl Template) bool {
+	cur, ok := m.warmNow[tpl.Name]
+	return !ok || cur.dir == tpl.WarmImage
 }
 
 // defaultOver names the first of tpl's defaults (cpu, memory_mb, disk_mb)
@@ -282,7 +309,7 @@ func (m *Manager) keepWarmFresh(ctx context.Context, specs []WarmSpec) {
 	for {
 		now := time.Now()
 		for _, s := range specs {
-			if cur, ok := m.warmNow.Load(s.Template.Name); ok && cur != s.Template.WarmImage {
+			if !m.isWarmNow(s.Template) {
 				continue // of a build replaced since (retireWarm): gc may take it
 			}
 			os.Chtimes(s.Template.WarmImage, now, now) // none yet: nothing to mark
@@ -295,32 +322,53 @@ func (m *Manager) keepWarmFresh(ctx context.Context, specs []WarmSpec) {
 	}
 }
 
-// retireWarm makes dir the warm image of template name from now on. A
-// template rebuilt while the server runs (template build --force: the
-// same spec, a new build at the same path) has a new warm image, keyed by
-// the build's id; the pool and the prepared containers of the build before
-// restore the old one, onto the new build's files (its libraries in memory,
-// the new ones on disk), and no create would take from them. So they are
-// retired, their sandboxes and containers stopped, and the old image let
-// go: no longer held in memory, nor marked in use (keepWarmFresh), so gc
-// removes it.
-func (m *Manager) retireWarm(name, dir string) {
-	prev, had := m.warmNow.Swap(name, dir)
-	if !had || prev == dir {
-		return
-	}
+// warmCurrent is the warm image a template restores now, and when its
+// build was made.
+type warmCurrent struct {
+	dir   string
+	built time.Time
+}
+
+// retireWarm makes s's image the warm image of its template from now on,
+// unless the template has one of a newer build already (false: s is not to
+// be warmed). A template rebuilt while the server runs (template build
+// --force: the same spec, a new build at the same path) has a new warm
+// image, keyed by the build's id; the pool and the prepared containers of
+// the build before restore the old one, onto the new build's files (its
+// libraries in memory, the new ones on disk), and no create would take
+// from them. So they are retired, their sandboxes and containers stopped,
+// and the old image let go: no longer held in memory, nor marked in use
+// (keepWarmFresh), so gc removes it. Newer goes by the builds' times, not
+// by the order of the warmings: the server's start may reach a template
+// after a rebuild's warming began.
+func (m *Manager) retireWarm(s WarmSpec) bool {
+	name, dir := s.Template.Name, s.Template.WarmImage
 	m.mu.Lock()
+	prev, had := m.warmNow[name]
+	if had && prev.dir != dir && s.Built.Before(prev.built) {
+		m.mu.Unlock()
+		return false
+	}
+	if m.warmNow == nil {
+		m.warmNow = map[string]warmCurrent{}
+	}
+	m.warmNow[name] = warmCurrent{dir: dir, built: s.Built}
+	if !had || prev.dir == dir {
+		m.mu.Unlock()
+		return true
+	}
 	if p := m.pools[name]; p != nil && p.tpl.WarmImage != dir {
 		delete(m.pools, name)
 		close(p.stop) // its fill stops what it holds (drain)
 	}
-	if s := m.standbys[name]; s != nil && s.tpl.WarmImage != dir {
+	if sb := m.standbys[name]; sb != nil && sb.tpl.WarmImage != dir {
 		delete(m.standbys, name)
-		close(s.stop) // keepStandby removes its containers
+		close(sb.stop) // keepStandby removes its containers
 	}
 	m.mu.Unlock()
-	m.warmHeld.release(filepath.Join(prev.(string), "image"))
-	m.log.Info("template rebuilt: the pool and prepared containers of the build before are stopped, and its warm image let go", "template", name, "was", filepath.Base(prev.(string)), "now", filepath.Base(dir))
+	m.warmHeld.release(filepath.Join(prev.dir, "image"))
+	m.log.Info("template rebuilt: the pool and prepared containers of the build before are stopped, and its warm image let go", "template", name, "was", filepath.Base(prev.dir), "now", filepath.Base(dir))
+	return true
 }
 
 // warmTouchEvery is how often a server marks its warm images in use.

@@ -255,13 +255,14 @@ func TestRebuiltTemplateRetiresItsPool(t *testing.T) {
 	h.m.cfg.PoolSize = 1
 	tpl := h.tpls.tpl
 	tpl.WarmImage = WarmImageDir(h.m.cfg.WarmDir, "base", "aaaaaaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbbbbbb")
-	h.m.StartWarming([]WarmSpec{{Template: tpl, Warmup: "import x"}})
+	built := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	h.m.StartWarming([]WarmSpec{{Template: tpl, Warmup: "import x", Built: built}})
 	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
 	before := h.m.poolsNow()["base"].ids
 
 	rebuilt := tpl
 	rebuilt.WarmImage = filepath.Join(h.m.cfg.WarmDir, "base-rebuilt")
-	h.m.WarmLater(WarmSpec{Template: rebuilt, Warmup: "import x"})
+	h.m.WarmLater(WarmSpec{Template: rebuilt, Warmup: "import x", Built: built.Add(time.Hour)})
 	poolOf := func() string {
 		h.m.mu.Lock()
 		defer h.m.mu.Unlock()
@@ -294,5 +295,46 @@ func TestRebuiltTemplateRetiresItsPool(t *testing.T) {
 	h.m.Close()
 	if ids := h.rt.ids(); !slices.Equal(ids, []string{sb.ID}) {
 		t.Fatalf("after close the runtime holds %v, want only the created %s", ids, sb.ID)
+	}
+}
+
+// Of two warm images of one template, the newer build's is kept whichever
+// is warmed last: the server's start may reach a template after the
+// warming of its rebuild began. An older build's warming is not started
+// once a newer one is the template's, and one that was under way when the
+// newer came gets no pool and no prepared container.
+func TestRebuiltTemplateKeepsTheNewerBuild(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.m.cfg.PoolSize = 1
+	built := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	older, newer := h.tpls.tpl, h.tpls.tpl
+	older.WarmImage = filepath.Join(h.m.cfg.WarmDir, "base-older")
+	newer.WarmImage = filepath.Join(h.m.cfg.WarmDir, "base-newer")
+
+	h.m.WarmLater(WarmSpec{Template: newer, Warmup: "import x", Built: built.Add(time.Hour)})
+	waitFor(t, func() bool { return h.m.Pools(ctx)["base"].Ready == 1 })
+	h.m.StartWarming([]WarmSpec{{Template: older, Warmup: "import x", Built: built}})
+	time.Sleep(200 * time.Millisecond) // its warming would be long done
+	if _, err := os.Stat(older.WarmImage); !os.IsNotExist(err) {
+		t.Errorf("the older build was warmed after the newer: %v", err)
+	}
+	h.m.mu.Lock()
+	img := h.m.pools["base"].tpl.WarmImage
+	h.m.mu.Unlock()
+	if img != newer.WarmImage {
+		t.Errorf("the template's pool restores %s, want the newer build's %s", img, newer.WarmImage)
+	}
+
+	// One whose warming was under way when the newer build came: the
+	// newer retired it before it was done.
+	h2 := newHarness(t)
+	if !h2.m.retireWarm(WarmSpec{Template: older, Built: built}) || !h2.m.retireWarm(WarmSpec{Template: newer, Built: built.Add(time.Hour)}) {
+		t.Fatal("a warming refused")
+	}
+	h2.m.EnablePool(older, 1)
+	h2.m.enableStandby(older)
+	if len(h2.m.Pools(ctx)) != 0 || len(h2.m.standbys) != 0 {
+		t.Errorf("the older build got a pool (%v) or prepared containers (%d)", h2.m.Pools(ctx), len(h2.m.standbys))
 	}
 }
