@@ -415,9 +415,9 @@ func (s *Server) stripToken(w http.ResponseWriter, r *http.Request) bool {
 	loc := r.URL.EscapedPath()
 	if strings.HasPrefix(loc, "//") {
 		// A path the host form passes on whole: alone, //x would name
-		// another host.
-		scheme, _ := s.publicBase(r)
-		loc = scheme + "://" + r.Host + loc
+		// another host; /.//x is this host's //x (the dot segment goes
+		// when the browser resolves it), on the scheme the browser used.
+		loc = "/." + loc
 	}
 	if q := withoutParam(r.URL.RawQuery, tokenParam); q != "" {
 		loc += "?" + q
