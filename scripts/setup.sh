@@ -10,7 +10,9 @@ CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
 RUNSC_VERSION=$(sed -n 's/^const RunscVersion = "\(.*\)"$/\1/p' internal/paths/paths.go)
 RUNSC_BUILD=$(sed -n 's/^const RunscBuild = "\(.*\)"$/\1/p' internal/paths/paths.go)
 VERSITYGW_VERSION=$(sed -n 's/^const VersityGWVersion = "\(.*\)"$/\1/p' internal/testutil/s3.go)
-GO_WANT=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod)
+# The newest go line of the modules setup builds: runsc's build module
+# follows gVisor's, which may be ahead of ours.
+GO_WANT=$(sed -n 's/^go \([0-9.]*\)$/\1/p' go.mod scripts/runsc-precompiled/go.mod | sort -V | tail -1)
 step() { printf '\n==> %s\n' "$*" >&2; }
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -47,7 +49,9 @@ fi
 # module proxy it is configured with (`go env GOPROXY`). With no Go at all,
 # Debian's golang-go serves to bootstrap; one older than 1.21 cannot switch
 # toolchains, so the same toolchain module is fetched from that proxy here.
-go_ok() { command -v go >/dev/null 2>&1 && [ "$(printf '%s\n' "$GO_WANT" "$(go env GOVERSION | sed 's/^go//')" | sort -V | head -1)" = "$GO_WANT" ]; }
+# (GOTOOLCHAIN=local: asked in this module, a Go of 1.21 or later would
+# otherwise fetch the toolchain go.mod names and answer for it.)
+go_ok() { command -v go >/dev/null 2>&1 && [ "$(printf '%s\n' "$GO_WANT" "$(GOTOOLCHAIN=local go env GOVERSION | sed 's/^go//')" | sort -V | head -1)" = "$GO_WANT" ]; }
 if ! go_ok; then
   if ! command -v go >/dev/null 2>&1; then
     step "apt-get install golang-go (to bootstrap the Go toolchain $GO_WANT)"
@@ -55,7 +59,7 @@ if ! go_ok; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends golang-go
   fi
   GOV=go$GO_WANT
-  HAVE=$(go env GOVERSION | sed 's/^go//')
+  HAVE=$(GOTOOLCHAIN=local go env GOVERSION | sed 's/^go//')
   if [ "$(printf '%s\n' 1.21 "$HAVE" | sort -V | head -1)" = 1.21 ]; then
     step "fetching the Go toolchain $GOV through GOTOOLCHAIN"
     GODIR=$(GOTOOLCHAIN=$GOV go env GOROOT)
@@ -81,6 +85,9 @@ if ! go_ok; then
   export PATH="$GODIR/bin:$PATH"
 fi
 export GOTOOLCHAIN=local
+# test.sh uses the Go chosen here (written whole, then moved into place).
+mkdir -p "$CACHE/go"
+go env GOROOT > "$CACHE/go/.selected.$$" && mv "$CACHE/go/.selected.$$" "$CACHE/go/selected"
 
 # go_install_cached PKG@VERSION DEST WHAT: builds a Go program from the Go
 # module proxy into DEST (in the cache), once.

@@ -10,15 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../sdk/typescript"
 
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-	echo "node and npm (Node 20 or newer) are needed for the TypeScript SDK tests" >&2
-	exit 1
-fi
-major=$(node -p 'process.versions.node.split(".")[0]')
-if [ "$major" -lt 20 ]; then
-	echo "Node $(node --version) is too old: the SDK needs Node 20 or newer (global fetch, web streams)" >&2
-	exit 1
-fi
+# Node 20 or newer (global fetch, web streams), fetched into the cache if
+# this machine has none.
+source ../../scripts/node-env.sh || exit 1
+export PATH
 
 if [ -f package-lock.json ]; then
 	echo "==> npm ci" >&2

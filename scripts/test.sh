@@ -8,8 +8,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
-for d in "$CACHE"/go/go*/bin; do [ -x "$d/go" ] && PATH="$d:$PATH"; done
+# The Go setup chose and built with (setup.sh).
+if [ -s "$CACHE/go/selected" ]; then PATH="$(cat "$CACHE/go/selected")/bin:$PATH"; fi
 export PATH GOTOOLCHAIN=local PANDASTACK_CACHE_DIR="$CACHE"
+# Node for the TypeScript suite, checked (and fetched) before the long Go one.
+source ./scripts/node-env.sh
+export PATH
 # A Python with ipykernel for the Jupyter client's tests on the host.
 PANDASTACK_TEST_PYTHON=$(./scripts/test-python-env.sh)
 export PANDASTACK_TEST_PYTHON
