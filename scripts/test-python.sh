@@ -14,6 +14,11 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
+# The suites talk to their server on loopback: never through a proxy of the
+# environment (httpx, unlike Go, has no rule of its own for loopback).
+for v in NO_PROXY no_proxy; do
+  export "$v=${!v:+${!v},}127.0.0.1,localhost,::1"
+done
 # Besides the [dev] extra: what the install itself needs.
 EXTRA_REQUIREMENTS='pip>=23
 hatchling>=1.21'
