@@ -7,6 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CACHE=${PANDASTACK_CACHE_DIR:-/var/cache/pandastack}
+# The go command keeps its caches under HOME (a systemd unit may set none).
+if [ -z "${HOME:-}" ]; then
+  HOME=$(getent passwd "$(id -u)" | cut -d: -f6)
+  export HOME
+fi
 RUNSC_VERSION=$(sed -n 's/^const RunscVersion = "\(.*\)"$/\1/p' internal/paths/paths.go)
 RUNSC_BUILD=$(sed -n 's/^const RunscBuild = "\(.*\)"$/\1/p' internal/paths/paths.go)
 VERSITYGW_VERSION=$(sed -n 's/^const VersityGWVersion = "\(.*\)"$/\1/p' internal/testutil/s3.go)
@@ -29,7 +34,8 @@ fi
 # race detector's cgo (scripts/test.sh); git and curl for the rest.
 missing=()
 for p in debootstrap busybox-static ca-certificates chromium curl gcc git libc6-dev nftables python3 python3-venv postgresql-15; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  # Installed, not merely known (a package removed but not purged is).
+  [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" = installed ] || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   step "apt-get install ${missing[*]}"

@@ -33,6 +33,8 @@ if [ ! -f "$dir/.complete" ]; then
 	"$dir/bin/python3" -m pip install --quiet --disable-pip-version-check \
 		-r /dev/stdin >&2 <<<"$REQUIREMENTS"
 	"$dir/bin/python3" -c 'import ipykernel, matplotlib, pandas' >&2
+	# Readable by all whatever root's umask: a test runs kernels as another user.
+	chmod -R a+rX "$dir"
 	touch "$dir/.complete"
 fi
 echo "$dir/bin/python3"
