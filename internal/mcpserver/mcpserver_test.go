@@ -578,18 +578,27 @@ func TestShortSessionTTL(t *testing.T) {
 	s.end(t)
 }
 
-// The real binary over stdio, as an MCP client such as Claude Desktop runs it.
-func TestStdioBinary(t *testing.T) {
-	api := server(t)
-	before := sessionSandboxes(t, api)
-	var stderr syncBuffer
+// startStdio starts the real `pandastack mcp` against api, as an MCP
+// client such as Claude Desktop runs it, and connects to it over stdio;
+// stderr collects what it logs.
+func startStdio(t *testing.T, api *apiServer) (*exec.Cmd, *mcp.ClientSession, *syncBuffer) {
+	t.Helper()
+	stderr := &syncBuffer{}
 	cmd := exec.Command(filepath.Join(api.bin, "pandastack"), "mcp")
 	cmd.Env = append(os.Environ(), "PANDASTACK_API="+api.url, "PANDASTACK_API_KEY="+api.key)
-	cmd.Stderr = &stderr
+	cmd.Stderr = stderr
 	cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "0"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, nil)
 	if err != nil {
 		t.Fatalf("initialize: %v\n%s", err, stderr.String())
 	}
+	return cmd, cs, stderr
+}
+
+// The real binary over stdio, as an MCP client such as Claude Desktop runs it.
+func TestStdioBinary(t *testing.T) {
+	api := server(t)
+	before := sessionSandboxes(t, api)
+	cmd, cs, stderr := startStdio(t, api)
 	if name := cs.InitializeResult().ServerInfo.Name; name != "pandastack" {
 		t.Errorf("server name %q", name)
 	}
@@ -644,14 +653,7 @@ func TestStdioBinaryRefusesBadSettings(t *testing.T) {
 func TestStdioBinarySignal(t *testing.T) {
 	api := server(t)
 	before := sessionSandboxes(t, api)
-	var stderr syncBuffer
-	cmd := exec.Command(filepath.Join(api.bin, "pandastack"), "mcp")
-	cmd.Env = append(os.Environ(), "PANDASTACK_API="+api.url, "PANDASTACK_API_KEY="+api.key)
-	cmd.Stderr = &stderr
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "0"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, nil)
-	if err != nil {
-		t.Fatalf("initialize: %v\n%s", err, stderr.String())
-	}
+	cmd, cs, stderr := startStdio(t, api)
 	defer cs.Close()
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"cmd": "true"}})
 	if err != nil || res.IsError {
@@ -688,14 +690,7 @@ func TestStdioBinaryHangup(t *testing.T) {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	before := sessionSandboxes(t, api)
-	var stderr syncBuffer
-	cmd := exec.Command(filepath.Join(api.bin, "pandastack"), "mcp")
-	cmd.Env = append(os.Environ(), "PANDASTACK_API="+api.url, "PANDASTACK_API_KEY="+api.key)
-	cmd.Stderr = &stderr
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "stdio-test", Version: "0"}, nil).Connect(context.Background(), &mcp.CommandTransport{Command: cmd, TerminateDuration: 30 * time.Second}, nil)
-	if err != nil {
-		t.Fatalf("initialize: %v\n%s", err, stderr.String())
-	}
+	cmd, cs, stderr := startStdio(t, api)
 	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "exec", Arguments: map[string]any{"cmd": "true"}})
 	if err != nil || res.IsError {
 		t.Fatalf("exec: %v %s\n%s", err, textOf(res), stderr.String())
